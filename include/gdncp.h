@@ -1,0 +1,184 @@
+/*
+ * gdncp — the Gated DeltaNet token mixer (Qwen3.5 / Qwen3-Next), exact and fast.
+ *
+ * The whole public API. Conventions (see DESIGN.md §1):
+ *   - fp32 row-major tensors in the BTHD layout: q, k [B,T,Hk,K]; v, o [B,T,Hv,V];
+ *     g, beta [B,T,Hv]; states h0, ht [B,Hv,K,V].
+ *   - value head j uses key head j / (Hv/Hk)  (PyTorch repeat_interleave order).
+ *   - g is the log-decay; per-token decay is exp(g).
+ *   - every function returns a gdn_status; on failure gdn_errmsg() names what is wrong.
+ */
+#ifndef GDNCP_H
+#define GDNCP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status codes */
+
+typedef enum {
+    GDN_OK = 0,
+    GDN_ERR_ARG = 1,       /* a NULL pointer or an option out of range */
+    GDN_ERR_SHAPE = 2,     /* sizes that are zero, negative, too large or inconsistent */
+    GDN_ERR_NONFINITE = 3, /* NaN or Inf in an input tensor */
+    GDN_ERR_NOMEM = 4,     /* allocation failed */
+    GDN_ERR_IO = 5,        /* open/read/write/rename failed */
+    GDN_ERR_FORMAT = 6,    /* a malformed or truncated file */
+    GDN_ERR_MISSING = 7,   /* a required tensor is absent from a file */
+    GDN_ERR_DTYPE = 8      /* a tensor has a dtype this operation cannot use */
+} gdn_status;
+
+/* Short fixed text for a status code. */
+const char *gdn_strerror(int status);
+/* Detailed message of the last failure on the calling thread (names the tensor or dimension). */
+const char *gdn_errmsg(void);
+
+/* ---------------------------------------------------------------- configuration */
+
+#define GDN_MAX_HEAD_DIM 256 /* K and V may be any size from 1 to this */
+#define GDN_SCALE_DEFAULT 0.0f /* scale == 0 means 1/sqrt(K) */
+
+typedef struct {
+    int64_t B, T;   /* batch rows, tokens */
+    int64_t Hk, Hv; /* key heads, value heads; Hv % Hk == 0 */
+    int64_t K, V;   /* key and value head dims, 1..GDN_MAX_HEAD_DIM */
+    int chunk;      /* 16, 32, 64 or 128; 0 means 64 */
+    float scale;    /* multiplies q after the norm; GDN_SCALE_DEFAULT means 1/sqrt(K) */
+    int l2norm;     /* 1: in-kernel L2 norm of q and k (Qwen); 0: use them as given */
+    int threads;    /* OpenMP threads; 0 means all available */
+    int check_finite; /* 1: reject NaN/Inf in inputs before computing (default via gdn_config_default) */
+} gdn_config;
+
+/* A config with the library defaults: chunk 64, default scale, L2 norm on, all threads, checks on. */
+gdn_config gdn_config_default(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K, int64_t V);
+
+/* Validate a config; returns GDN_OK or an error naming the offending field. */
+int gdn_config_check(const gdn_config *cfg);
+
+/* ---------------------------------------------------------------- the fast chunked kernel */
+
+/* A plan fixes shapes, chunk size, threads, kernel path and owns all workspace:
+ * executing it allocates nothing. A plan may be executed from one thread at a time. */
+typedef struct gdn_plan gdn_plan;
+
+int gdn_plan_create(gdn_plan **plan, const gdn_config *cfg);
+void gdn_plan_destroy(gdn_plan *plan);
+/* The config the plan was made with (chunk, scale and threads resolved). */
+const gdn_config *gdn_plan_config(const gdn_plan *plan);
+/* Name of the micro-kernel path the plan runs (for benchmarks and logs). */
+const char *gdn_plan_path(const gdn_plan *plan);
+
+/* Forward: o [B,T,Hv,V] and ht [B,Hv,K,V] (ht may be NULL) from q, k, v, g, beta and the
+ * initial state h0 (NULL means zeros). */
+int gdn_forward(gdn_plan *plan, float *o, float *ht, const float *q, const float *k,
+                const float *v, const float *g, const float *beta, const float *h0);
+
+/* ---------------------------------------------------------------- segment summaries (affine view)
+ *
+ * A token segment maps the state entering it affinely: S_out = A S_in + B, with
+ * A [B,Hv,K,K] and B [B,Hv,K,V] (named sa, sb here). Composition is not commutative:
+ * applying (A1,B1) first, then (A2,B2), gives (A2 A1, A2 B1 + B2). */
+
+/* The segment's exact map, computed in one pass over the augmented state [S | A]
+ * without forming per-chunk pairs. sa [B,Hv,K,K], sb [B,Hv,K,V]. */
+int gdn_summary(gdn_plan *plan, float *sa, float *sb, const float *q, const float *k,
+                const float *v, const float *g, const float *beta);
+
+/* (out_a, out_b) = (a2,b2) o (a1,b1), i.e. first 1 then 2. Outputs may not alias inputs.
+ * nmaps = B*Hv maps, each K x K and K x V. */
+int gdn_summary_compose(float *out_a, float *out_b, const float *a2, const float *b2,
+                        const float *a1, const float *b1, int64_t nmaps, int64_t K, int64_t V);
+
+/* out = a s + b for each of nmaps maps; out may not alias s. */
+int gdn_summary_apply(float *out, const float *a, const float *b, const float *s, int64_t nmaps,
+                      int64_t K, int64_t V);
+
+/* ---------------------------------------------------------------- the double-precision oracle */
+
+/* The token-by-token recurrence of DESIGN §2 in double precision. Same layouts and
+ * options as the fast path (chunk and threads are ignored). ht and h0 may be NULL. */
+int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const double *q,
+                          const double *k, const double *v, const double *g, const double *beta,
+                          const double *h0);
+
+/* ---------------------------------------------------------------- safetensors I/O */
+
+/* Readable/writable dtypes; other safetensors dtypes are accepted in a file (GDN_DTYPE_OTHER)
+ * but reading them is refused with GDN_ERR_DTYPE. */
+typedef enum { GDN_F32 = 0, GDN_F64 = 1, GDN_BF16 = 2, GDN_DTYPE_OTHER = 3 } gdn_dtype;
+
+#define GDN_ST_MAX_DIMS 8
+
+typedef struct {
+    const char *name;
+    gdn_dtype dtype;
+    const char *dtype_name; /* as written in the file, e.g. "F32" */
+    int ndim;
+    int64_t shape[GDN_ST_MAX_DIMS];
+    uint64_t begin, end; /* byte offsets within the data section */
+} gdn_st_tensor;
+
+typedef struct gdn_st_file gdn_st_file;
+
+/* Open a file and validate its whole header (JSON, dtypes, shapes, offsets, overlaps, size). */
+int gdn_st_open(gdn_st_file **f, const char *path);
+void gdn_st_close(gdn_st_file *f);
+int gdn_st_count(const gdn_st_file *f);
+const gdn_st_tensor *gdn_st_at(const gdn_st_file *f, int i);
+/* NULL if absent. */
+const gdn_st_tensor *gdn_st_find(const gdn_st_file *f, const char *name);
+/* A metadata value, or NULL. */
+const char *gdn_st_metadata(const gdn_st_file *f, const char *key);
+
+/* Read a whole tensor converting to f32 / f64. n is the capacity of dst in elements. */
+int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n);
+int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n);
+/* Number of elements of a tensor (product of its shape). */
+int64_t gdn_st_numel(const gdn_st_tensor *t);
+
+/* A writer gathers tensors, then writes the file atomically (temp file, fsync, rename). */
+typedef struct gdn_st_writer gdn_st_writer;
+
+int gdn_st_writer_create(gdn_st_writer **w);
+void gdn_st_writer_destroy(gdn_st_writer *w);
+/* data is f32; it is stored as dtype (F32, F64 or BF16 round-to-nearest-even) and copied now. */
+int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
+                          const int64_t *shape, const float *data);
+int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
+                          const int64_t *shape, const double *data);
+int gdn_st_writer_metadata(gdn_st_writer *w, const char *key, const char *value);
+int gdn_st_writer_save(gdn_st_writer *w, const char *path);
+
+/* ---------------------------------------------------------------- problem files
+ * A gated-delta-rule problem in one safetensors file: q, k, v, g, beta, optional h0, and for
+ * gradients do (required) and dht (optional), in the layouts above, any readable dtype. */
+typedef struct {
+    gdn_config cfg; /* shapes inferred from the tensors; options at their defaults */
+    float *q, *k, *v, *g, *beta;
+    float *h0;      /* NULL when the file has none */
+    float *dout;    /* "do", only when asked for */
+    float *dht;     /* NULL when absent */
+} gdn_problem;
+
+/* Read and validate. want_grads: also read "do" (required) and "dht" (optional). */
+int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads);
+void gdn_problem_free(gdn_problem *pb);
+
+/* Write named f32 tensors atomically. */
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+    const float *data;
+} gdn_named_tensor;
+int gdn_save_tensors(const char *path, const gdn_named_tensor *t, int n, const char *tool);
+
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GDNCP_H */

@@ -1,0 +1,127 @@
+/* The chunked gated delta rule, one fused loop per (batch row, value head, column block):
+ * every chunk is gathered once into the thread's workspace, all of its products run while
+ * the data is hot in L1/L2, and only the K x w state survives to the next chunk (DESIGN §3). */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Gather chunk rows [t0, t0+n) of this stream: normalised, scaled q and normalised k,
+ * gates, betas; G = in-chunk cumulative gate, eg = exp(G), egd = exp(Gc - G). */
+static void gather(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                   int64_t h, int64_t t0, int n, float scale) {
+    const gdn_config *c = &p->cfg;
+    const int64_t K = c->K, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
+    for (int i = 0; i < n; i++) {
+        const int64_t row = b * c->T + t0 + i;
+        const float *qsrc = in->q + (row * Hk + hk) * K, *ksrc = in->k + (row * Hk + hk) * K;
+        float qinv = scale, kinv = 1.0f;
+        if (c->l2norm) {
+            float sq = 0.0f, sk = 0.0f;
+            for (int64_t j = 0; j < K; j++) sq += qsrc[j] * qsrc[j], sk += ksrc[j] * ksrc[j];
+            qinv = scale / sqrtf(sq + 1e-6f);
+            kinv = 1.0f / sqrtf(sk + 1e-6f);
+        }
+        float *qd = ws->qs + (size_t)i * K, *kd = ws->kn + (size_t)i * K;
+        for (int64_t j = 0; j < K; j++) qd[j] = qsrc[j] * qinv, kd[j] = ksrc[j] * kinv;
+        ws->g[i] = in->g[row * Hv + h];
+        ws->beta[i] = in->beta[row * Hv + h];
+    }
+    double G = 0.0;
+    for (int i = 0; i < n; i++) ws->G[i] = G += ws->g[i];
+    for (int i = 0; i < n; i++) {
+        ws->eg[i] = gdn_expf_ftz((float)ws->G[i]);
+        ws->egd[i] = gdn_expf_ftz((float)(G - ws->G[i]));
+    }
+}
+
+/* tm = (I + L)^-1 with L_ij = beta_i (k_i.k_j) exp(G_i - G_j), i > j, by forward substitution.
+ * On entry pk holds k_i.k_j for j <= i. The decay is masked before exponentiating. */
+static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C) {
+    float *L = ws->pk, *tm = ws->tm;
+    for (int i = 0; i < n; i++) {
+        float *li = L + (size_t)i * C;
+        for (int j = 0; j < i; j++) li[j] *= ws->beta[i] * gdn_expf_ftz((float)(ws->G[i] - ws->G[j]));
+    }
+    for (int i = 0; i < n; i++) {
+        float *ti = tm + (size_t)i * C;
+        const float *li = L + (size_t)i * C;
+        memset(ti, 0, sizeof(float) * C);
+        ti[i] = 1.0f;
+        for (int m = 0; m < i; m++) {
+            const float f = li[m];
+            const float *tmr = tm + (size_t)m * C;
+            for (int j = 0; j <= m; j++) ti[j] -= f * tmr[j];
+        }
+    }
+}
+
+void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                      int64_t h, int c0, int w, float *o) {
+    const gdn_config *c = &p->cfg;
+    const int C = c->chunk, K = (int)c->K, V = (int)c->V;
+    const int64_t T = c->T, Hv = c->Hv;
+    const float scale = c->scale;
+    float *S = ws->state;
+    const int vcols = V - c0 < w ? (V - c0 > 0 ? V - c0 : 0) : w; /* value columns in block */
+
+    for (int64_t t0 = 0; t0 < T; t0 += C) {
+        const int n = T - t0 < C ? (int)(T - t0) : C;
+        gather(p, ws, in, b, h, t0, n, scale);
+        gdn_transpose(n, K, ws->kn, K, ws->kt, C);
+
+        /* W = (I+L)^-1 diag(beta eG) K  ->  rows 0..n-1 of xw */
+        gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->kn, K, ws->kt, C, ws->pk, C);
+        invert_unit_lower(ws, n, C);
+        for (int i = 0; i < n; i++) {
+            const float f = ws->beta[i] * ws->eg[i];
+            for (int j = 0; j < K; j++) ws->rk[(size_t)i * K + j] = f * ws->kn[(size_t)i * K + j];
+        }
+        gdn_gemm(GDN_GEMM_A_LOWER, n, K, n, ws->tm, C, ws->rk, K, ws->xw, K);
+
+        /* U = (I+L)^-1 diag(beta) V over this block's columns (zero past V). */
+        for (int i = 0; i < n; i++) {
+            const float *vsrc = in->v + ((b * T + t0 + i) * Hv + h) * V + c0;
+            float *rv = ws->rv + (size_t)i * w;
+            for (int j = 0; j < vcols; j++) rv[j] = ws->beta[i] * vsrc[j];
+            for (int j = vcols; j < w; j++) rv[j] = 0.0f;
+        }
+        gdn_gemm(GDN_GEMM_A_LOWER, n, w, n, ws->tm, C, ws->rv, w, ws->u, w);
+
+        /* [W ; diag(eG) Q] S in one product: rows 0..n-1 give W S, rows n..2n-1 the inter-chunk output. */
+        int rows = n;
+        if (o) {
+            for (int i = 0; i < n; i++) {
+                float *dst = ws->xw + (size_t)(n + i) * K;
+                const float *qs = ws->qs + (size_t)i * K;
+                for (int j = 0; j < K; j++) dst[j] = ws->eg[i] * qs[j];
+            }
+            rows = 2 * n;
+        }
+        gdn_gemm(0, rows, w, K, ws->xw, K, S, w, ws->m2, w);
+        for (int64_t i = 0; i < (int64_t)n * w; i++) ws->u[i] -= ws->m2[i]; /* u <- Dl */
+
+        if (o) {
+            /* O = eG Q S + (Q K^T . E . M) Dl ; scale is already inside Q. */
+            gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->qs, K, ws->kt, C, ws->am, C);
+            for (int i = 0; i < n; i++) {
+                float *ai = ws->am + (size_t)i * C;
+                for (int j = 0; j <= i; j++) ai[j] *= gdn_expf_ftz((float)(ws->G[i] - ws->G[j]));
+                for (int j = i + 1; j < C; j++) ai[j] = 0.0f;
+            }
+            float *oc = ws->m2 + (size_t)n * w;
+            gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, w, n, ws->am, C, ws->u, w, oc, w);
+            for (int i = 0; i < n; i++)
+                memcpy(o + ((b * T + t0 + i) * Hv + h) * V + c0, oc + (size_t)i * w,
+                       sizeof(float) * vcols);
+        }
+
+        /* S' = exp(Gc) S + Kd^T Dl, Kd = diag(exp(Gc - G)) K */
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < K; j++)
+                ws->kdt[(size_t)j * C + i] = ws->egd[i] * ws->kn[(size_t)i * K + j];
+        const float egc = ws->eg[n - 1];
+        for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] *= egc;
+        gdn_gemm(GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
+    }
+}

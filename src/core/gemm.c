@@ -1,0 +1,143 @@
+/* Small fp32 GEMM for the chunk kernel: register-tiled 6 x 16 micro-kernel written with
+ * GCC/Clang vector extensions, so one source compiles to AVX-512/AVX2/SSE/NEON as the
+ * target allows. The hot shapes are 64x64x128 .. 128x128x64: everything fits in L1/L2,
+ * so no packing; the B panel (16 columns) stays in L1 while all row blocks stream past it. */
+#include "internal.h"
+
+#include <string.h>
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v8f_u __attribute__((vector_size(32), aligned(4))); /* unaligned access */
+
+#define MR 6
+
+static inline v8f load8(const float *p) { return *(const v8f_u *)p; }
+static inline void store8(float *p, v8f x) { *(v8f_u *)p = x; }
+
+/* mr x (8*nv) block of C from kk products; mr and nv are compile-time after inlining. */
+static inline __attribute__((always_inline)) void micro(int mr, int nv, int acc, int kk,
+                                                        const float *A, int lda,
+                                                        const float *B, int ldb, float *C,
+                                                        int ldc) {
+    v8f c0[MR], c1[MR];
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; i++) c0[i] = c1[i] = (v8f){0};
+    for (int p = 0; p < kk; p++) {
+        v8f b0 = load8(B + (size_t)p * ldb);
+        v8f b1 = nv > 1 ? load8(B + (size_t)p * ldb + 8) : (v8f){0};
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; i++) {
+            if (i < mr) {
+                float a = A[(size_t)i * lda + p];
+                c0[i] += a * b0;
+                if (nv > 1) c1[i] += a * b1;
+            }
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; i++) {
+        if (i < mr) {
+            float *ci = C + (size_t)i * ldc;
+            store8(ci, acc ? load8(ci) + c0[i] : c0[i]);
+            if (nv > 1) store8(ci + 8, acc ? load8(ci + 8) + c1[i] : c1[i]);
+        }
+    }
+}
+
+/* Columns fewer than 8: plain loops. */
+static void edge(int acc, int mr, int nc, int kk, const float *A, int lda, const float *B, int ldb,
+                 float *C, int ldc) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nc; j++) {
+            float s = 0.0f;
+            for (int p = 0; p < kk; p++) s += A[(size_t)i * lda + p] * B[(size_t)p * ldb + j];
+            C[(size_t)i * ldc + j] = acc ? C[(size_t)i * ldc + j] + s : s;
+        }
+}
+
+#define DISPATCH(mr_, nv_)                                                   \
+    micro(mr_, nv_, acc, kk_eff, A + (size_t)i0 * lda, lda, B + j0, ldb,    \
+          C + (size_t)i0 * ldc + j0, ldc)
+
+static void block(int acc, int mr, int nv, int kk_eff, int i0, int j0, const float *A, int lda,
+                  const float *B, int ldb, float *C, int ldc) {
+    if (acc) {
+        if (nv == 2) {
+            switch (mr) {
+            case 6: DISPATCH(6, 2); return; case 5: DISPATCH(5, 2); return;
+            case 4: DISPATCH(4, 2); return; case 3: DISPATCH(3, 2); return;
+            case 2: DISPATCH(2, 2); return; default: DISPATCH(1, 2); return;
+            }
+        }
+        switch (mr) {
+        case 6: DISPATCH(6, 1); return; case 5: DISPATCH(5, 1); return;
+        case 4: DISPATCH(4, 1); return; case 3: DISPATCH(3, 1); return;
+        case 2: DISPATCH(2, 1); return; default: DISPATCH(1, 1); return;
+        }
+    }
+    if (nv == 2) {
+        switch (mr) {
+        case 6: DISPATCH(6, 2); return; case 5: DISPATCH(5, 2); return;
+        case 4: DISPATCH(4, 2); return; case 3: DISPATCH(3, 2); return;
+        case 2: DISPATCH(2, 2); return; default: DISPATCH(1, 2); return;
+        }
+    }
+    switch (mr) {
+    case 6: DISPATCH(6, 1); return; case 5: DISPATCH(5, 1); return;
+    case 4: DISPATCH(4, 1); return; case 3: DISPATCH(3, 1); return;
+    case 2: DISPATCH(2, 1); return; default: DISPATCH(1, 1); return;
+    }
+}
+
+void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
+              float *C, int ldc) {
+    const int acc = (flags & GDN_GEMM_ACC) != 0;
+    const int a_lower = (flags & GDN_GEMM_A_LOWER) != 0;
+    const int c_lower = (flags & GDN_GEMM_C_LOWER) != 0;
+    if (m <= 0 || n <= 0) return;
+    if (kk <= 0) {
+        if (!acc)
+            for (int i = 0; i < m; i++) memset(C + (size_t)i * ldc, 0, sizeof(float) * n);
+        return;
+    }
+    for (int j0 = 0; j0 < n; j0 += 16) {
+        int nc = n - j0 < 16 ? n - j0 : 16;
+        /* With a lower-triangular result, row blocks entirely above this panel are skipped. */
+        int i_start = c_lower ? (j0 / MR) * MR : 0;
+        for (int i0 = i_start; i0 < m; i0 += MR) {
+            int mr = m - i0 < MR ? m - i0 : MR;
+            int kk_eff = a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk;
+            int j = j0, left = nc;
+            if (left >= 16) {
+                block(acc, mr, 2, kk_eff, i0, j, A, lda, B, ldb, C, ldc);
+                continue;
+            }
+            if (left >= 8) {
+                block(acc, mr, 1, kk_eff, i0, j, A, lda, B, ldb, C, ldc);
+                j += 8, left -= 8;
+            }
+            if (left > 0)
+                edge(acc, mr, left, kk_eff, A + (size_t)i0 * lda, lda, B + j, ldb,
+                     C + (size_t)i0 * ldc + j, ldc);
+        }
+    }
+}
+
+void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+}
+
+const char *gdn_gemm_path(void) {
+#if defined(__AVX512F__)
+    return "fused-chunk/vec8x6x16 (AVX-512 target)";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "fused-chunk/vec8x6x16 (AVX2+FMA)";
+#elif defined(__AVX__)
+    return "fused-chunk/vec8x6x16 (AVX)";
+#elif defined(__SSE2__)
+    return "fused-chunk/vec8x6x16 (SSE2, portable build)";
+#else
+    return "fused-chunk/vec8x6x16 (generic vectors)";
+#endif
+}

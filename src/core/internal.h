@@ -1,0 +1,80 @@
+/* Internal helpers shared by the compute core: errors, small GEMM kernels, plan layout. */
+#ifndef GDNCP_INTERNAL_H
+#define GDNCP_INTERNAL_H
+
+#include "gdncp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Record a failure for gdn_errmsg() and return its code: `return gdn_fail(GDN_ERR_SHAPE, "...")`. */
+int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A broken internal invariant (never a user error): abort with file:line. */
+#define GDN_ASSERT(cond)                                                                    \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "gdncp: internal error %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            abort();                                                                        \
+        }                                                                                   \
+    } while (0)
+
+/* First non-finite element of x[0..n), or -1. */
+int64_t gdn_find_nonfinite_f32(const float *x, int64_t n);
+int64_t gdn_find_nonfinite_f64(const double *x, int64_t n);
+
+/* ---- small GEMM: C[m x n] (+)= A[m x kk] B[kk x n], row-major with row strides.
+ * flags: GDN_GEMM_ACC adds into C (else overwrites);
+ *        GDN_GEMM_A_LOWER: A[i][p] == 0 for p > i, so those products are skipped;
+ *        GDN_GEMM_C_LOWER: only C[i][j] with j <= i is needed (others may hold anything). */
+enum { GDN_GEMM_ACC = 1, GDN_GEMM_A_LOWER = 2, GDN_GEMM_C_LOWER = 4 };
+void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
+              float *C, int ldc);
+/* dst[c][r] = src[r][c] for an r x c block. */
+void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd);
+/* The name of the GEMM micro-kernel compiled in. */
+const char *gdn_gemm_path(void);
+
+/* exp() that returns exactly 0 below 1e-30 (avoids denormal slow paths; far below fp32 rounding). */
+static inline float gdn_expf_ftz(float x) {
+    return x < -69.0f ? 0.0f : __builtin_expf(x);
+}
+
+/* ---- per-thread chunk workspace (sized at plan time for the widest use). */
+typedef struct {
+    float *qs, *kn, *kt, *kdt; /* C x K, C x K, K x C, K x C */
+    float *pk, *tm, *am;       /* C x C each */
+    float *xw;                 /* 2C x K : [W ; diag(eG) Qs] */
+    float *rk;                 /* C x K : diag(beta eG) Kn */
+    float *rv, *u, *m2;        /* C x W, C x W, 2C x W   (W = widest column block) */
+    float *state;              /* K x W */
+    float *g, *beta, *eg, *egd; /* C each */
+    double *G;                  /* C: in-chunk cumulative gate, in double because G_i - G_j
+                                   cancels: |G| reaches 20*128 where fp32 spacing is 1e-4 */
+} gdn_chunk_ws;
+
+struct gdn_plan {
+    gdn_config cfg;
+    int threads;
+    int max_width;   /* widest column block the workspace holds (V + K for summaries) */
+    gdn_chunk_ws *ws; /* one per thread */
+    void *arena;
+};
+
+/* Inputs of one (batch row, value head) stream seen by the chunk loop. */
+typedef struct {
+    const float *q, *k, *v, *g, *beta; /* base pointers of the full tensors */
+} gdn_inputs;
+
+/* Run the chunk loop for batch row b, value head h over state columns [c0, c0+w) of the
+ * augmented width: columns below V are value columns, columns from V on carry zero values
+ * (used by summaries to push the identity through, giving A). The state enters and leaves in
+ * ws->state (K x w, row stride w). o: output base (the full [B,T,Hv,V] tensor) or NULL. */
+void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                      int64_t h, int c0, int w, float *o);
+
+/* Column blocking: the width of the column blocks a stream of `width` state columns is split
+ * into so that all threads have work (== width when there are enough streams). */
+int gdn_column_block_width(const gdn_plan *p, int width);
+
+#endif

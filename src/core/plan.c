@@ -1,0 +1,173 @@
+/* Plans (FFTW style: shapes, chunk, threads, workspace fixed once), the forward entry point
+ * and segment summaries. Executing a plan allocates nothing. */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static size_t ws_floats(int C, int K, int W) {
+    return (size_t)4 * C * K            /* qs kn kt kdt */
+           + (size_t)3 * C * C          /* pk tm am */
+           + (size_t)2 * C * K + (size_t)C * K /* xw rk */
+           + (size_t)4 * C * W          /* rv u m2(2) */
+           + (size_t)K * W              /* state */
+           + (size_t)6 * C;             /* g beta eg egd, G (double) */
+}
+
+/* Carve one thread's workspace; each piece starts on a 64-byte boundary. */
+static float *carve(float **cur, size_t n) {
+    float *p = *cur;
+    *cur += (n + 15) & ~(size_t)15;
+    return p;
+}
+
+int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
+    if (!out) return gdn_fail(GDN_ERR_ARG, "plan output pointer is NULL");
+    *out = NULL;
+    int rc = gdn_config_check(cfg);
+    if (rc) return rc;
+    gdn_plan *p = calloc(1, sizeof *p);
+    if (!p) return gdn_fail(GDN_ERR_NOMEM, "plan");
+    p->cfg = *cfg;
+    if (p->cfg.chunk == 0) p->cfg.chunk = 64;
+    if (p->cfg.scale == 0.0f) p->cfg.scale = 1.0f / sqrtf((float)cfg->K);
+#ifdef _OPENMP
+    p->threads = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
+#else
+    p->threads = 1;
+#endif
+    p->cfg.threads = p->threads;
+    const int C = p->cfg.chunk, K = (int)cfg->K;
+    p->max_width = (int)(cfg->V + cfg->K); /* summaries carry [S | A] */
+    const size_t per = ws_floats(C, K, p->max_width) + 32 * 16;
+    p->ws = calloc((size_t)p->threads, sizeof *p->ws);
+    p->arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
+    if (!p->ws || !p->arena) {
+        gdn_plan_destroy(p);
+        return gdn_fail(GDN_ERR_NOMEM, "plan workspace (%zu bytes per thread, %d threads)",
+                        per * sizeof(float), p->threads);
+    }
+    const int W = p->max_width;
+    for (int t = 0; t < p->threads; t++) {
+        float *cur = (float *)p->arena + per * t;
+        gdn_chunk_ws *ws = &p->ws[t];
+        ws->qs = carve(&cur, (size_t)C * K), ws->kn = carve(&cur, (size_t)C * K);
+        ws->kt = carve(&cur, (size_t)K * C), ws->kdt = carve(&cur, (size_t)K * C);
+        ws->pk = carve(&cur, (size_t)C * C), ws->tm = carve(&cur, (size_t)C * C);
+        ws->am = carve(&cur, (size_t)C * C);
+        ws->xw = carve(&cur, (size_t)2 * C * K), ws->rk = carve(&cur, (size_t)C * K);
+        ws->rv = carve(&cur, (size_t)C * W), ws->u = carve(&cur, (size_t)C * W);
+        ws->m2 = carve(&cur, (size_t)2 * C * W), ws->state = carve(&cur, (size_t)K * W);
+        ws->g = carve(&cur, C), ws->beta = carve(&cur, C), ws->G = (double *)carve(&cur, 2 * (size_t)C);
+        ws->eg = carve(&cur, C), ws->egd = carve(&cur, C);
+        GDN_ASSERT(cur <= (float *)p->arena + per * (t + 1));
+    }
+    *out = p;
+    return GDN_OK;
+}
+
+void gdn_plan_destroy(gdn_plan *p) {
+    if (!p) return;
+    free(p->arena);
+    free(p->ws);
+    free(p);
+}
+
+const gdn_config *gdn_plan_config(const gdn_plan *p) { return p ? &p->cfg : NULL; }
+
+const char *gdn_plan_path(const gdn_plan *p) {
+    (void)p;
+    return gdn_gemm_path();
+}
+
+/* Split columns only when there are fewer (batch, head) streams than threads; blocks stay
+ * multiples of 16 so the micro-kernel runs full width. */
+int gdn_column_block_width(const gdn_plan *p, int width) {
+    const int64_t streams = p->cfg.B * p->cfg.Hv;
+    if (streams >= p->threads) return width;
+    int want = (int)((p->threads + streams - 1) / streams);
+    int max_blocks = width / 16 > 0 ? width / 16 : 1;
+    int nb = want < max_blocks ? want : max_blocks;
+    int bw = ((width + nb - 1) / nb + 15) / 16 * 16;
+    return bw < width ? bw : width;
+}
+
+static int check_tensor(const char *name, const float *x, int64_t n, int check_finite) {
+    if (!x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", name);
+    if (check_finite) {
+        int64_t at = gdn_find_nonfinite_f32(x, n);
+        if (at >= 0)
+            return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
+                            name, (double)x[at], (long long)at);
+    }
+    return GDN_OK;
+}
+
+static int check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
+                        const float *g, const float *beta, const float *h0) {
+    const gdn_config *c = &p->cfg;
+    const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
+                  ng = c->B * c->T * c->Hv;
+    int rc;
+    if ((rc = check_tensor("q", q, nqk, c->check_finite))) return rc;
+    if ((rc = check_tensor("k", k, nqk, c->check_finite))) return rc;
+    if ((rc = check_tensor("v", v, nv, c->check_finite))) return rc;
+    if ((rc = check_tensor("g", g, ng, c->check_finite))) return rc;
+    if ((rc = check_tensor("beta", beta, ng, c->check_finite))) return rc;
+    if (h0 && (rc = check_tensor("h0", h0, c->B * c->Hv * c->K * c->V, c->check_finite)))
+        return rc;
+    return GDN_OK;
+}
+
+/* Outputs that overflowed (e.g. from large positive gates) are reported, never returned silently. */
+static int check_output(const char *name, const float *x, int64_t n) {
+    int64_t at = gdn_find_nonfinite_f32(x, n);
+    if (at >= 0)
+        return gdn_fail(GDN_ERR_NONFINITE,
+                        "output '%s' is non-finite at flat index %lld (overflow: are gates g > 0 "
+                        "or keys unnormalised?)",
+                        name, (long long)at);
+    return GDN_OK;
+}
+
+int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k, const float *v,
+                const float *g, const float *beta, const float *h0) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    int rc = check_inputs(p, q, k, v, g, beta, h0);
+    if (rc) return rc;
+    const gdn_config *c = &p->cfg;
+    const int64_t Hv = c->Hv, K = c->K, V = c->V;
+    const int bw = gdn_column_block_width(p, (int)V);
+    const int nblk = (int)((V + bw - 1) / bw);
+    const int64_t items = c->B * Hv * nblk;
+    const gdn_inputs in = {q, k, v, g, beta};
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
+    for (int64_t it = 0; it < items; it++) {
+#ifdef _OPENMP
+        gdn_chunk_ws *ws = &p->ws[omp_get_thread_num()];
+#else
+        gdn_chunk_ws *ws = &p->ws[0];
+#endif
+        const int64_t b = it / (Hv * nblk), h = (it / nblk) % Hv;
+        const int c0 = (int)(it % nblk) * bw;
+        const int w = (int)(V - c0 < bw ? V - c0 : bw);
+        if (w <= 0) continue;
+        const int64_t base = (b * Hv + h) * K * V + c0;
+        for (int64_t i = 0; i < K; i++)
+            for (int j = 0; j < w; j++)
+                ws->state[i * w + j] = h0 ? h0[base + i * V + j] : 0.0f;
+        gdn_chunk_stream(p, ws, &in, b, h, c0, w, o);
+        if (ht)
+            for (int64_t i = 0; i < K; i++)
+                memcpy(ht + base + i * V, ws->state + i * w, sizeof(float) * w);
+    }
+    if (c->check_finite) {
+        if ((rc = check_output("o", o, c->B * c->T * Hv * V))) return rc;
+        if (ht && (rc = check_output("ht", ht, c->B * Hv * K * V))) return rc;
+    }
+    return GDN_OK;
+}

@@ -1,0 +1,83 @@
+/* The oracle: the gated delta rule token by token in double precision (DESIGN §2).
+ * Deliberately plain — every fast path is tested against this. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Normalised (optional) and scaled copy of one head vector. */
+static void prep(double *dst, const double *src, int64_t n, int l2norm, double scale) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += src[i] * src[i];
+    double inv = l2norm ? 1.0 / sqrt(ss + 1e-6) : 1.0;
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i] * inv * scale;
+}
+
+static int check_inputs_f64(const gdn_config *c, const double *q, const double *k,
+                            const double *v, const double *g, const double *beta,
+                            const double *h0) {
+    const struct { const char *name; const double *p; int64_t n; } t[] = {
+        {"q", q, c->B * c->T * c->Hk * c->K}, {"k", k, c->B * c->T * c->Hk * c->K},
+        {"v", v, c->B * c->T * c->Hv * c->V}, {"g", g, c->B * c->T * c->Hv},
+        {"beta", beta, c->B * c->T * c->Hv}, {"h0", h0, c->B * c->Hv * c->K * c->V}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (!t[i].p) {
+            if (i == 5) continue; /* h0 is optional */
+            return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", t[i].name);
+        }
+        if (c->check_finite) {
+            int64_t at = gdn_find_nonfinite_f64(t[i].p, t[i].n);
+            if (at >= 0)
+                return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
+                                t[i].name, t[i].p[at], (long long)at);
+        }
+    }
+    return GDN_OK;
+}
+
+int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const double *q,
+                          const double *k, const double *v, const double *g, const double *beta,
+                          const double *h0) {
+    int rc = gdn_config_check(cfg);
+    if (rc) return rc;
+    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    rc = check_inputs_f64(cfg, q, k, v, g, beta, h0);
+    if (rc) return rc;
+    const int64_t B = cfg->B, T = cfg->T, Hk = cfg->Hk, Hv = cfg->Hv, K = cfg->K, V = cfg->V;
+    const int64_t r = Hv / Hk;
+    const double scale = cfg->scale != 0.0f ? (double)cfg->scale : 1.0 / sqrt((double)K);
+    double *S = malloc(sizeof(double) * (K * V + 2 * K + V));
+    if (!S) return gdn_fail(GDN_ERR_NOMEM, "oracle state (%lld doubles)", (long long)(K * V));
+    double *qt = S + K * V, *kt = qt + K, *d = kt + K;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hv; h++) {
+            const int64_t hk = h / r;
+            if (h0) memcpy(S, h0 + (b * Hv + h) * K * V, sizeof(double) * K * V);
+            else memset(S, 0, sizeof(double) * K * V);
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t row = b * T + t;
+                prep(qt, q + (row * Hk + hk) * K, K, cfg->l2norm, scale);
+                prep(kt, k + (row * Hk + hk) * K, K, cfg->l2norm, 1.0);
+                const double *vt = v + (row * Hv + h) * V;
+                const double decay = exp(g[row * Hv + h]), bt = beta[row * Hv + h];
+                for (int64_t i = 0; i < K * V; i++) S[i] *= decay;
+                for (int64_t j = 0; j < V; j++) {
+                    double ks = 0.0;
+                    for (int64_t i = 0; i < K; i++) ks += kt[i] * S[i * V + j];
+                    d[j] = bt * (vt[j] - ks);
+                }
+                for (int64_t i = 0; i < K; i++)
+                    for (int64_t j = 0; j < V; j++) S[i * V + j] += kt[i] * d[j];
+                double *ot = o + (row * Hv + h) * V;
+                for (int64_t j = 0; j < V; j++) {
+                    double acc = 0.0;
+                    for (int64_t i = 0; i < K; i++) acc += qt[i] * S[i * V + j];
+                    ot[j] = acc;
+                }
+            }
+            if (ht) memcpy(ht + (b * Hv + h) * K * V, S, sizeof(double) * K * V);
+        }
+    free(S);
+    return GDN_OK;
+}

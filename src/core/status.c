@@ -1,0 +1,93 @@
+/* Status codes, per-thread error messages and config validation. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+
+static _Thread_local char last_message[512];
+
+const char *gdn_strerror(int status) {
+    switch (status) {
+    case GDN_OK: return "ok";
+    case GDN_ERR_ARG: return "invalid argument";
+    case GDN_ERR_SHAPE: return "invalid or inconsistent shape";
+    case GDN_ERR_NONFINITE: return "non-finite value";
+    case GDN_ERR_NOMEM: return "out of memory";
+    case GDN_ERR_IO: return "I/O error";
+    case GDN_ERR_FORMAT: return "malformed file";
+    case GDN_ERR_MISSING: return "missing tensor";
+    case GDN_ERR_DTYPE: return "unsupported dtype";
+    default: return "unknown status";
+    }
+}
+
+const char *gdn_errmsg(void) { return last_message[0] ? last_message : "no error"; }
+
+int gdn_fail(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_message, sizeof last_message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int64_t gdn_find_nonfinite_f32(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
+}
+
+int64_t gdn_find_nonfinite_f64(const double *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
+}
+
+gdn_config gdn_config_default(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K, int64_t V) {
+    gdn_config c = {0};
+    c.B = B, c.T = T, c.Hk = Hk, c.Hv = Hv, c.K = K, c.V = V;
+    c.chunk = 64;
+    c.scale = GDN_SCALE_DEFAULT;
+    c.l2norm = 1;
+    c.threads = 0;
+    c.check_finite = 1;
+    return c;
+}
+
+/* Products of the sizes must stay addressable: refuse tensors above 2^62 elements. */
+static int too_big(int64_t a, int64_t b, int64_t c, int64_t d) {
+    const double lim = 4.6e18;
+    return (double)a * (double)b * (double)c * (double)d > lim;
+}
+
+int gdn_config_check(const gdn_config *cfg) {
+    if (!cfg) return gdn_fail(GDN_ERR_ARG, "config is NULL");
+    const struct { const char *name; int64_t v; } dims[] = {
+        {"B (batch)", cfg->B}, {"T (tokens)", cfg->T}, {"Hk (key heads)", cfg->Hk},
+        {"Hv (value heads)", cfg->Hv}, {"K (key head dim)", cfg->K}, {"V (value head dim)", cfg->V}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v <= 0)
+            return gdn_fail(GDN_ERR_SHAPE, "%s must be >= 1, got %lld", dims[i].name,
+                            (long long)dims[i].v);
+    if (cfg->Hv % cfg->Hk != 0)
+        return gdn_fail(GDN_ERR_SHAPE, "Hv (%lld) must be a multiple of Hk (%lld)",
+                        (long long)cfg->Hv, (long long)cfg->Hk);
+    if (cfg->K > GDN_MAX_HEAD_DIM)
+        return gdn_fail(GDN_ERR_SHAPE, "K (key head dim) is %lld, the maximum is %d",
+                        (long long)cfg->K, GDN_MAX_HEAD_DIM);
+    if (cfg->V > GDN_MAX_HEAD_DIM)
+        return gdn_fail(GDN_ERR_SHAPE, "V (value head dim) is %lld, the maximum is %d",
+                        (long long)cfg->V, GDN_MAX_HEAD_DIM);
+    if (too_big(cfg->B, cfg->T, cfg->Hv, cfg->V > cfg->K ? cfg->V : cfg->K))
+        return gdn_fail(GDN_ERR_SHAPE, "tensors of B*T*H*D = %lld*%lld*%lld*%lld are too large",
+                        (long long)cfg->B, (long long)cfg->T, (long long)cfg->Hv,
+                        (long long)(cfg->V > cfg->K ? cfg->V : cfg->K));
+    if (cfg->chunk != 0 && cfg->chunk != 16 && cfg->chunk != 32 && cfg->chunk != 64 &&
+        cfg->chunk != 128)
+        return gdn_fail(GDN_ERR_ARG, "chunk must be 16, 32, 64 or 128, got %d", cfg->chunk);
+    if (!isfinite(cfg->scale))
+        return gdn_fail(GDN_ERR_ARG, "scale must be finite, got %g", (double)cfg->scale);
+    if (cfg->threads < 0)
+        return gdn_fail(GDN_ERR_ARG, "threads must be >= 0, got %d", cfg->threads);
+    return GDN_OK;
+}

@@ -1,0 +1,93 @@
+/* Segment summaries: the exact affine map S_out = A S_in + B of a token segment (DESIGN §4),
+ * and composing / applying such maps. */
+#include "internal.h"
+
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *k,
+                const float *v, const float *g, const float *beta) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!sa || !sb) return gdn_fail(GDN_ERR_ARG, "summary output '%s' is NULL", sa ? "B" : "A");
+    const gdn_config *c = &p->cfg;
+    const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
+                  ng = c->B * c->T * c->Hv;
+    const struct { const char *name; const float *x; int64_t n; } t[] = {
+        {"q", q, nqk}, {"k", k, nqk}, {"v", v, nv}, {"g", g, ng}, {"beta", beta, ng}};
+    for (size_t i = 0; i < 5; i++) {
+        if (!t[i].x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", t[i].name);
+        int64_t at = c->check_finite ? gdn_find_nonfinite_f32(t[i].x, t[i].n) : -1;
+        if (at >= 0)
+            return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value at flat index %lld",
+                            t[i].name, (long long)at);
+    }
+    const int64_t Hv = c->Hv, K = c->K, V = c->V;
+    const int width = (int)(V + K); /* the augmented state [S | A] */
+    const int bw = gdn_column_block_width(p, width);
+    const int nblk = (width + bw - 1) / bw;
+    const int64_t items = c->B * Hv * nblk;
+    const gdn_inputs in = {q, k, v, g, beta};
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
+    for (int64_t it = 0; it < items; it++) {
+#ifdef _OPENMP
+        gdn_chunk_ws *ws = &p->ws[omp_get_thread_num()];
+#else
+        gdn_chunk_ws *ws = &p->ws[0];
+#endif
+        const int64_t b = it / (Hv * nblk), h = (it / nblk) % Hv;
+        const int c0 = (int)(it % nblk) * bw;
+        const int w = width - c0 < bw ? width - c0 : bw;
+        /* [S | A] starts as [0 | I]: B is the final state from zero, A the pushed identity. */
+        for (int64_t i = 0; i < K; i++)
+            for (int j = 0; j < w; j++) ws->state[i * w + j] = (c0 + j - V == i) ? 1.0f : 0.0f;
+        gdn_chunk_stream(p, ws, &in, b, h, c0, w, NULL);
+        float *A = sa + (b * Hv + h) * K * K, *Bm = sb + (b * Hv + h) * K * V;
+        for (int64_t i = 0; i < K; i++)
+            for (int j = 0; j < w; j++) {
+                const int64_t col = c0 + j;
+                if (col < V) Bm[i * V + col] = ws->state[i * w + j];
+                else A[i * K + col - V] = ws->state[i * w + j];
+            }
+    }
+    return GDN_OK;
+}
+
+static int check_maps(int64_t nmaps, int64_t K, int64_t V) {
+    if (nmaps <= 0 || K <= 0 || V <= 0 || K > GDN_MAX_HEAD_DIM || V > GDN_MAX_HEAD_DIM)
+        return gdn_fail(GDN_ERR_SHAPE, "summary sizes nmaps=%lld K=%lld V=%lld out of range",
+                        (long long)nmaps, (long long)K, (long long)V);
+    return GDN_OK;
+}
+
+int gdn_summary_compose(float *out_a, float *out_b, const float *a2, const float *b2,
+                        const float *a1, const float *b1, int64_t nmaps, int64_t K, int64_t V) {
+    int rc = check_maps(nmaps, K, V);
+    if (rc) return rc;
+    if (!out_a || !out_b || !a2 || !b2 || !a1 || !b1)
+        return gdn_fail(GDN_ERR_ARG, "summary compose: a pointer is NULL");
+    for (int64_t m = 0; m < nmaps; m++) {
+        const float *A2 = a2 + m * K * K, *A1 = a1 + m * K * K;
+        gdn_gemm(0, (int)K, (int)K, (int)K, A2, (int)K, A1, (int)K, out_a + m * K * K, (int)K);
+        float *ob = out_b + m * K * V;
+        memcpy(ob, b2 + m * K * V, sizeof(float) * K * V);
+        gdn_gemm(GDN_GEMM_ACC, (int)K, (int)V, (int)K, A2, (int)K, b1 + m * K * V, (int)V, ob,
+                 (int)V);
+    }
+    return GDN_OK;
+}
+
+int gdn_summary_apply(float *out, const float *a, const float *b, const float *s, int64_t nmaps,
+                      int64_t K, int64_t V) {
+    int rc = check_maps(nmaps, K, V);
+    if (rc) return rc;
+    if (!out || !a || !b || !s) return gdn_fail(GDN_ERR_ARG, "summary apply: a pointer is NULL");
+    for (int64_t m = 0; m < nmaps; m++) {
+        float *om = out + m * K * V;
+        memcpy(om, b + m * K * V, sizeof(float) * K * V);
+        gdn_gemm(GDN_GEMM_ACC, (int)K, (int)V, (int)K, a + m * K * K, (int)K, s + m * K * V,
+                 (int)V, om, (int)V);
+    }
+    return GDN_OK;
+}

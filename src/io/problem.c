@@ -1,0 +1,97 @@
+/* Loading a gated-delta-rule problem from safetensors with every shape cross-checked, and
+ * saving named f32 tensors. */
+#include "../core/internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void shape_str(char *buf, size_t n, const int64_t *s, int nd) {
+    size_t off = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < nd && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%lld", i ? "," : "", (long long)s[i]);
+    if (off < n) snprintf(buf + off, n - off, "]");
+}
+
+/* Check that tensor `name` exists with exactly the expected shape, then read it as f32. */
+static int read_exact(gdn_st_file *f, const char *path, const char *name, int nd,
+                      const int64_t *want, float **dst) {
+    const gdn_st_tensor *t = gdn_st_find(f, name);
+    if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: required tensor '%s' is missing", path, name);
+    int same = t->ndim == nd;
+    for (int i = 0; same && i < nd; i++) same = t->shape[i] == want[i];
+    if (!same) {
+        char a[128], b[128];
+        shape_str(a, sizeof a, t->shape, t->ndim);
+        shape_str(b, sizeof b, want, nd);
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has shape %s, expected %s", path, name, a, b);
+    }
+    size_t n = 1;
+    for (int i = 0; i < nd; i++) n *= (size_t)want[i];
+    *dst = malloc(sizeof(float) * (n ? n : 1));
+    if (!*dst) return gdn_fail(GDN_ERR_NOMEM, "%s: tensor '%s' (%zu floats)", path, name, n);
+    return gdn_st_read_f32(f, name, *dst, n);
+}
+
+int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads) {
+    memset(pb, 0, sizeof *pb);
+    gdn_st_file *f = NULL;
+    int rc = gdn_st_open(&f, path);
+    if (rc) return rc;
+    const gdn_st_tensor *tq = gdn_st_find(f, "q"), *tv = gdn_st_find(f, "v");
+    if (!tq || !tv) {
+        rc = gdn_fail(GDN_ERR_MISSING, "%s: required tensor '%s' is missing", path, tq ? "v" : "q");
+        goto done;
+    }
+    if (tq->ndim != 4 || tv->ndim != 4) {
+        rc = gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' must be 4-D [B,T,H,D], it has %d dims", path,
+                      tq->ndim != 4 ? "q" : "v", tq->ndim != 4 ? tq->ndim : tv->ndim);
+        goto done;
+    }
+    const int64_t B = tq->shape[0], T = tq->shape[1], Hk = tq->shape[2], K = tq->shape[3];
+    const int64_t Hv = tv->shape[2], V = tv->shape[3];
+    if (tv->shape[0] != B || tv->shape[1] != T) {
+        rc = gdn_fail(GDN_ERR_SHAPE, "%s: 'v' is [%lld,%lld,...] but 'q' is [%lld,%lld,...] (B, T must match)",
+                      path, (long long)tv->shape[0], (long long)tv->shape[1], (long long)B,
+                      (long long)T);
+        goto done;
+    }
+    pb->cfg = gdn_config_default(B, T, Hk, Hv, K, V);
+    if ((rc = gdn_config_check(&pb->cfg))) goto done;
+    const int64_t sqk[4] = {B, T, Hk, K}, sv[4] = {B, T, Hv, V}, sg[3] = {B, T, Hv},
+                  ss[4] = {B, Hv, K, V};
+    if ((rc = read_exact(f, path, "q", 4, sqk, &pb->q)) ||
+        (rc = read_exact(f, path, "k", 4, sqk, &pb->k)) ||
+        (rc = read_exact(f, path, "v", 4, sv, &pb->v)) ||
+        (rc = read_exact(f, path, "g", 3, sg, &pb->g)) ||
+        (rc = read_exact(f, path, "beta", 3, sg, &pb->beta)))
+        goto done;
+    if (gdn_st_find(f, "h0") && (rc = read_exact(f, path, "h0", 4, ss, &pb->h0))) goto done;
+    if (want_grads) {
+        if ((rc = read_exact(f, path, "do", 4, sv, &pb->dout))) goto done;
+        if (gdn_st_find(f, "dht") && (rc = read_exact(f, path, "dht", 4, ss, &pb->dht))) goto done;
+    }
+done:
+    gdn_st_close(f);
+    if (rc) gdn_problem_free(pb);
+    return rc;
+}
+
+void gdn_problem_free(gdn_problem *pb) {
+    free(pb->q), free(pb->k), free(pb->v), free(pb->g), free(pb->beta);
+    free(pb->h0), free(pb->dout), free(pb->dht);
+    memset(pb, 0, sizeof *pb);
+}
+
+int gdn_save_tensors(const char *path, const gdn_named_tensor *t, int n, const char *tool) {
+    gdn_st_writer *w = NULL;
+    int rc = gdn_st_writer_create(&w);
+    if (rc) return rc;
+    if (tool) rc = gdn_st_writer_metadata(w, "producer", tool);
+    for (int i = 0; i < n && !rc; i++)
+        if (t[i].data)
+            rc = gdn_st_writer_add_f32(w, t[i].name, GDN_F32, t[i].ndim, t[i].shape, t[i].data);
+    if (!rc) rc = gdn_st_writer_save(w, path);
+    gdn_st_writer_destroy(w);
+    return rc;
+}

@@ -1,0 +1,467 @@
+/* safetensors reading and writing. Format: 8-byte little-endian header length N, N bytes of
+ * JSON {name: {dtype, shape, data_offsets:[begin,end]}, "__metadata__": {str: str}}, then the
+ * data section. Every header field is validated before any tensor is read: a truncated or
+ * hostile file yields GDN_ERR_FORMAT with a message, never a crash. JSON parsing: jansson. */
+#include "../core/internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gdncp's safetensors I/O assumes a little-endian host"
+#endif
+
+#define MAX_HEADER_BYTES (100u << 20)
+
+struct gdn_st_file {
+    FILE *fp;
+    char *path;
+    uint64_t data_start, data_size;
+    int count;
+    gdn_st_tensor *tensors;
+    json_t *root; /* owns the name and metadata strings */
+};
+
+static const struct { const char *name; int size; gdn_dtype dt; } dtype_table[] = {
+    {"F32", 4, GDN_F32}, {"F64", 8, GDN_F64}, {"BF16", 2, GDN_BF16},
+    {"F16", 2, GDN_DTYPE_OTHER}, {"I8", 1, GDN_DTYPE_OTHER}, {"U8", 1, GDN_DTYPE_OTHER},
+    {"BOOL", 1, GDN_DTYPE_OTHER}, {"I16", 2, GDN_DTYPE_OTHER}, {"U16", 2, GDN_DTYPE_OTHER},
+    {"I32", 4, GDN_DTYPE_OTHER}, {"U32", 4, GDN_DTYPE_OTHER}, {"I64", 8, GDN_DTYPE_OTHER},
+    {"U64", 8, GDN_DTYPE_OTHER}, {"F8_E4M3", 1, GDN_DTYPE_OTHER}, {"F8_E5M2", 1, GDN_DTYPE_OTHER}};
+
+static int dtype_size(gdn_dtype dt) { return dt == GDN_F32 ? 4 : dt == GDN_F64 ? 8 : 2; }
+
+int64_t gdn_st_numel(const gdn_st_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+static int parse_tensor(gdn_st_file *f, const char *name, json_t *val, gdn_st_tensor *t) {
+    const char *path = f->path;
+    if (!json_is_object(val))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: header entry '%s' is not an object", path, name);
+    json_t *dt = json_object_get(val, "dtype"), *shape = json_object_get(val, "shape"),
+           *off = json_object_get(val, "data_offsets");
+    if (!json_is_string(dt))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' has no string 'dtype'", path, name);
+    int esize = 0;
+    t->name = name;
+    t->dtype_name = json_string_value(dt);
+    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++)
+        if (!strcmp(dtype_table[i].name, t->dtype_name))
+            esize = dtype_table[i].size, t->dtype = dtype_table[i].dt;
+    if (!esize)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' has unknown dtype '%s'", path, name,
+                        t->dtype_name);
+    if (!json_is_array(shape))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' has no 'shape' array", path, name);
+    if (json_array_size(shape) > GDN_ST_MAX_DIMS)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' has %zu dims (max %d)", path, name,
+                        json_array_size(shape), GDN_ST_MAX_DIMS);
+    t->ndim = (int)json_array_size(shape);
+    uint64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        json_t *d = json_array_get(shape, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 0)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' shape[%d] is not a non-negative integer",
+                            path, name, i);
+        t->shape[i] = json_integer_value(d);
+        if (t->shape[i] != 0 && numel > (UINT64_MAX / 16) / (uint64_t)t->shape[i])
+            return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' shape overflows", path, name);
+        numel *= (uint64_t)t->shape[i];
+    }
+    if (!json_is_array(off) || json_array_size(off) != 2 ||
+        !json_is_integer(json_array_get(off, 0)) || !json_is_integer(json_array_get(off, 1)))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' needs 'data_offsets' [begin, end]", path,
+                        name);
+    json_int_t b = json_integer_value(json_array_get(off, 0)),
+               e = json_integer_value(json_array_get(off, 1));
+    if (b < 0 || e < b)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' has invalid data_offsets [%lld, %lld]",
+                        path, name, (long long)b, (long long)e);
+    t->begin = (uint64_t)b, t->end = (uint64_t)e;
+    if (t->end - t->begin != numel * (uint64_t)esize)
+        return gdn_fail(GDN_ERR_FORMAT,
+                        "%s: tensor '%s' data_offsets span %llu bytes but shape x dtype needs %llu",
+                        path, name, (unsigned long long)(t->end - t->begin),
+                        (unsigned long long)(numel * esize));
+    if (t->end > f->data_size)
+        return gdn_fail(GDN_ERR_FORMAT,
+                        "%s: tensor '%s' ends at byte %llu past the data section (%llu bytes): "
+                        "truncated file?",
+                        path, name, (unsigned long long)t->end, (unsigned long long)f->data_size);
+    return GDN_OK;
+}
+
+static int by_begin(const void *a, const void *b) {
+    const gdn_st_tensor *x = *(gdn_st_tensor *const *)a, *y = *(gdn_st_tensor *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static int parse_header(gdn_st_file *f, const char *text, size_t n) {
+    json_error_t err;
+    f->root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &err);
+    if (!f->root)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: header JSON is invalid at line %d column %d: %s",
+                        f->path, err.line, err.column, err.text);
+    if (!json_is_object(f->root))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: header JSON is not an object", f->path);
+    size_t cap = json_object_size(f->root);
+    f->tensors = calloc(cap ? cap : 1, sizeof *f->tensors);
+    if (!f->tensors) return gdn_fail(GDN_ERR_NOMEM, "safetensors header");
+    const char *key;
+    json_t *val;
+    json_object_foreach(f->root, key, val) {
+        if (!strcmp(key, "__metadata__")) {
+            if (!json_is_object(val))
+                return gdn_fail(GDN_ERR_FORMAT, "%s: __metadata__ is not an object", f->path);
+            const char *mk;
+            json_t *mv;
+            json_object_foreach(val, mk, mv) if (!json_is_string(mv)) return gdn_fail(
+                GDN_ERR_FORMAT, "%s: __metadata__ value '%s' is not a string", f->path, mk);
+            continue;
+        }
+        int rc = parse_tensor(f, key, val, &f->tensors[f->count]);
+        if (rc) return rc;
+        f->count++;
+    }
+    /* No two tensors may share bytes. */
+    gdn_st_tensor **order = malloc(sizeof(*order) * (f->count ? f->count : 1));
+    if (!order) return gdn_fail(GDN_ERR_NOMEM, "safetensors header");
+    for (int i = 0; i < f->count; i++) order[i] = &f->tensors[i];
+    qsort(order, f->count, sizeof *order, by_begin);
+    int rc = GDN_OK;
+    for (int i = 1; i < f->count && !rc; i++) {
+        const gdn_st_tensor *a = order[i - 1], *b = order[i];
+        if (b->begin < a->end && b->end > b->begin)
+            rc = gdn_fail(GDN_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap in the data section",
+                          f->path, a->name, b->name);
+    }
+    free(order);
+    return rc;
+}
+
+int gdn_st_open(gdn_st_file **out, const char *path) {
+    if (!out || !path) return gdn_fail(GDN_ERR_ARG, "safetensors open: NULL argument");
+    *out = NULL;
+    gdn_st_file *f = calloc(1, sizeof *f);
+    if (!f) return gdn_fail(GDN_ERR_NOMEM, "safetensors file");
+    f->path = strdup(path);
+    f->fp = fopen(path, "rb");
+    int rc = GDN_OK;
+    char *text = NULL;
+    struct stat st;
+    unsigned char len8[8];
+    if (!f->path) {
+        rc = gdn_fail(GDN_ERR_NOMEM, "safetensors path");
+    } else if (!f->fp) {
+        rc = gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    } else if (fstat(fileno(f->fp), &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = gdn_fail(GDN_ERR_IO, "%s: not a regular file", path);
+    } else if (st.st_size < 8 || fread(len8, 1, 8, f->fp) != 8) {
+        rc = gdn_fail(GDN_ERR_FORMAT, "%s: file is %lld bytes, too short for a safetensors header",
+                      path, (long long)st.st_size);
+    } else {
+        uint64_t n = 0;
+        for (int i = 7; i >= 0; i--) n = (n << 8) | len8[i];
+        if (n > MAX_HEADER_BYTES || n > (uint64_t)st.st_size - 8) {
+            rc = gdn_fail(GDN_ERR_FORMAT,
+                          "%s: header length %llu exceeds the file (%lld bytes) or the %u-byte limit",
+                          path, (unsigned long long)n, (long long)st.st_size, MAX_HEADER_BYTES);
+        } else if (!(text = malloc(n + 1))) {
+            rc = gdn_fail(GDN_ERR_NOMEM, "%s: header of %llu bytes", path, (unsigned long long)n);
+        } else if (fread(text, 1, n, f->fp) != n) {
+            rc = gdn_fail(GDN_ERR_FORMAT, "%s: header truncated", path);
+        } else {
+            f->data_start = 8 + n;
+            f->data_size = (uint64_t)st.st_size - 8 - n;
+            rc = parse_header(f, text, n);
+        }
+    }
+    free(text);
+    if (rc) {
+        gdn_st_close(f);
+        return rc;
+    }
+    *out = f;
+    return GDN_OK;
+}
+
+void gdn_st_close(gdn_st_file *f) {
+    if (!f) return;
+    if (f->fp) fclose(f->fp);
+    json_decref(f->root);
+    free(f->tensors);
+    free(f->path);
+    free(f);
+}
+
+int gdn_st_count(const gdn_st_file *f) { return f ? f->count : 0; }
+
+const gdn_st_tensor *gdn_st_at(const gdn_st_file *f, int i) {
+    return f && i >= 0 && i < f->count ? &f->tensors[i] : NULL;
+}
+
+const gdn_st_tensor *gdn_st_find(const gdn_st_file *f, const char *name) {
+    for (int i = 0; f && name && i < f->count; i++)
+        if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
+    return NULL;
+}
+
+const char *gdn_st_metadata(const gdn_st_file *f, const char *key) {
+    if (!f || !key) return NULL;
+    return json_string_value(json_object_get(json_object_get(f->root, "__metadata__"), key));
+}
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static uint16_t f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if (isnan(x)) return (uint16_t)((u >> 16) | 0x40); /* keep it a NaN */
+    u += 0x7fff + ((u >> 16) & 1);                     /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* Read tensor bytes and convert element by element; dst_is_f64 chooses the output type. */
+static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap, int dst_is_f64) {
+    if (!f || !name || !dst) return gdn_fail(GDN_ERR_ARG, "safetensors read: NULL argument");
+    const gdn_st_tensor *t = gdn_st_find(f, name);
+    if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: no tensor named '%s'", f->path, name);
+    if (t->dtype == GDN_DTYPE_OTHER)
+        return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; only F32, F64 and BF16 are read",
+                        f->path, name, t->dtype_name);
+    const uint64_t n = (uint64_t)gdn_st_numel(t);
+    if (n > cap)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %llu elements, buffer holds %zu",
+                        f->path, name, (unsigned long long)n, cap);
+    const int es = dtype_size(t->dtype);
+    enum { BLOCK = 1 << 16 };
+    static _Thread_local unsigned char buf[BLOCK];
+    if (fseeko(f->fp, (off_t)(f->data_start + t->begin), SEEK_SET) != 0)
+        return gdn_fail(GDN_ERR_IO, "%s: seek failed for '%s'", f->path, name);
+    for (uint64_t done = 0; done < n;) {
+        uint64_t m = n - done < sizeof buf / es ? n - done : sizeof buf / es;
+        if (fread(buf, es, m, f->fp) != m)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' truncated", f->path, name);
+        for (uint64_t i = 0; i < m; i++) {
+            double x;
+            if (t->dtype == GDN_F32) {
+                float v;
+                memcpy(&v, buf + i * 4, 4);
+                x = v;
+            } else if (t->dtype == GDN_F64) {
+                memcpy(&x, buf + i * 8, 8);
+            } else {
+                uint16_t h;
+                memcpy(&h, buf + i * 2, 2);
+                x = bf16_to_f32(h);
+            }
+            if (dst_is_f64) ((double *)dst)[done + i] = x;
+            else ((float *)dst)[done + i] = (float)x;
+        }
+        done += m;
+    }
+    return GDN_OK;
+}
+
+int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n) {
+    return read_convert(f, name, dst, n, 0);
+}
+
+int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n) {
+    return read_convert(f, name, dst, n, 1);
+}
+
+/* ------------------------------------------------------------------------ writer */
+
+typedef struct {
+    char *name;
+    gdn_dtype dtype;
+    int ndim;
+    int64_t shape[GDN_ST_MAX_DIMS];
+    unsigned char *bytes;
+    size_t nbytes;
+} st_entry;
+
+struct gdn_st_writer {
+    st_entry *entries;
+    int count, cap;
+    json_t *metadata;
+};
+
+int gdn_st_writer_create(gdn_st_writer **w) {
+    if (!w) return gdn_fail(GDN_ERR_ARG, "writer output pointer is NULL");
+    *w = calloc(1, sizeof **w);
+    if (!*w || !((*w)->metadata = json_object())) {
+        free(*w);
+        *w = NULL;
+        return gdn_fail(GDN_ERR_NOMEM, "safetensors writer");
+    }
+    return GDN_OK;
+}
+
+void gdn_st_writer_destroy(gdn_st_writer *w) {
+    if (!w) return;
+    for (int i = 0; i < w->count; i++) free(w->entries[i].name), free(w->entries[i].bytes);
+    free(w->entries);
+    json_decref(w->metadata);
+    free(w);
+}
+
+static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
+                      const int64_t *shape, const void *data, int src_is_f64) {
+    if (!w || !name || !data || (ndim > 0 && !shape))
+        return gdn_fail(GDN_ERR_ARG, "writer add: NULL argument");
+    if (dtype != GDN_F32 && dtype != GDN_F64 && dtype != GDN_BF16)
+        return gdn_fail(GDN_ERR_DTYPE, "writer add '%s': dtype must be F32, F64 or BF16", name);
+    if (ndim < 0 || ndim > GDN_ST_MAX_DIMS)
+        return gdn_fail(GDN_ERR_SHAPE, "writer add '%s': %d dims (max %d)", name, ndim,
+                        GDN_ST_MAX_DIMS);
+    if (!strcmp(name, "__metadata__") || !*name)
+        return gdn_fail(GDN_ERR_ARG, "writer add: invalid tensor name '%s'", name);
+    for (int i = 0; i < w->count; i++)
+        if (!strcmp(w->entries[i].name, name))
+            return gdn_fail(GDN_ERR_ARG, "writer add: tensor '%s' added twice", name);
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return gdn_fail(GDN_ERR_SHAPE, "writer add '%s': negative dim", name);
+        n *= (size_t)shape[i];
+    }
+    if (w->count == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 8;
+        st_entry *e = realloc(w->entries, sizeof *e * cap);
+        if (!e) return gdn_fail(GDN_ERR_NOMEM, "writer");
+        w->entries = e, w->cap = cap;
+    }
+    st_entry *e = &w->entries[w->count];
+    memset(e, 0, sizeof *e);
+    e->nbytes = n * dtype_size(dtype);
+    e->name = strdup(name);
+    e->bytes = malloc(e->nbytes ? e->nbytes : 1);
+    if (!e->name || !e->bytes) {
+        free(e->name), free(e->bytes);
+        return gdn_fail(GDN_ERR_NOMEM, "writer: tensor '%s' (%zu bytes)", name, e->nbytes);
+    }
+    e->dtype = dtype, e->ndim = ndim;
+    for (int i = 0; i < ndim; i++) e->shape[i] = shape[i];
+    for (size_t i = 0; i < n; i++) {
+        double x = src_is_f64 ? ((const double *)data)[i] : ((const float *)data)[i];
+        if (dtype == GDN_F32) {
+            float v = (float)x;
+            memcpy(e->bytes + 4 * i, &v, 4);
+        } else if (dtype == GDN_F64) {
+            memcpy(e->bytes + 8 * i, &x, 8);
+        } else {
+            uint16_t h = f32_to_bf16((float)x);
+            memcpy(e->bytes + 2 * i, &h, 2);
+        }
+    }
+    w->count++;
+    return GDN_OK;
+}
+
+int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
+                          const int64_t *shape, const float *data) {
+    return writer_add(w, name, dtype, ndim, shape, data, 0);
+}
+
+int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
+                          const int64_t *shape, const double *data) {
+    return writer_add(w, name, dtype, ndim, shape, data, 1);
+}
+
+int gdn_st_writer_metadata(gdn_st_writer *w, const char *key, const char *value) {
+    if (!w || !key || !value) return gdn_fail(GDN_ERR_ARG, "writer metadata: NULL argument");
+    if (json_object_set_new(w->metadata, key, json_string(value)))
+        return gdn_fail(GDN_ERR_ARG, "writer metadata: key or value is not valid UTF-8");
+    return GDN_OK;
+}
+
+static char *build_header(gdn_st_writer *w, size_t *len) {
+    static const char *names[] = {"F32", "F64", "BF16"};
+    json_t *root = json_object();
+    if (!root) return NULL;
+    if (json_object_size(w->metadata)) json_object_set(root, "__metadata__", w->metadata);
+    uint64_t off = 0;
+    for (int i = 0; i < w->count; i++) {
+        const st_entry *e = &w->entries[i];
+        json_t *shape = json_array();
+        for (int d = 0; d < e->ndim; d++) json_array_append_new(shape, json_integer(e->shape[d]));
+        json_t *t = json_pack("{s:s, s:o, s:[I,I]}", "dtype", names[e->dtype], "shape", shape,
+                              "data_offsets", (json_int_t)off, (json_int_t)(off + e->nbytes));
+        if (!t || json_object_set_new(root, e->name, t)) {
+            json_decref(root);
+            return NULL;
+        }
+        off += e->nbytes;
+    }
+    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!text) return NULL;
+    /* Pad with spaces to a multiple of 8 so the data section stays aligned. */
+    size_t n = strlen(text), padded = (n + 7) & ~(size_t)7;
+    char *out = realloc(text, padded + 1);
+    if (!out) {
+        free(text);
+        return NULL;
+    }
+    memset(out + n, ' ', padded - n);
+    out[padded] = 0;
+    *len = padded;
+    return out;
+}
+
+int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
+    if (!w || !path) return gdn_fail(GDN_ERR_ARG, "writer save: NULL argument");
+    size_t hlen = 0;
+    char *header = build_header(w, &hlen);
+    if (!header) return gdn_fail(GDN_ERR_NOMEM, "writer: header");
+    /* Atomic: write a temporary file in the same directory, fsync, then rename over path. */
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    if (!tmp) {
+        free(header);
+        return gdn_fail(GDN_ERR_NOMEM, "writer: path");
+    }
+    snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int rc = gdn_fail(GDN_ERR_IO, "%s: cannot create temporary file: %s", path, strerror(errno));
+        free(header), free(tmp);
+        return rc;
+    }
+    fchmod(fd, 0644);
+    FILE *fp = fdopen(fd, "wb");
+    int ok = fp != NULL;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    ok = ok && fwrite(len8, 1, 8, fp) == 8 && fwrite(header, 1, hlen, fp) == hlen;
+    for (int i = 0; ok && i < w->count; i++)
+        ok = fwrite(w->entries[i].bytes, 1, w->entries[i].nbytes, fp) == w->entries[i].nbytes;
+    ok = ok && fflush(fp) == 0 && fsync(fd) == 0;
+    int saved_errno = errno;
+    if (fp) ok = (fclose(fp) == 0) && ok;
+    else close(fd);
+    ok = ok && rename(tmp, path) == 0;
+    if (!ok) saved_errno = errno ? errno : saved_errno;
+    int rc = GDN_OK;
+    if (!ok) {
+        unlink(tmp);
+        rc = gdn_fail(GDN_ERR_IO, "%s: write failed: %s (previous file, if any, left intact)", path,
+                      strerror(saved_errno));
+    }
+    free(header), free(tmp);
+    return rc;
+}

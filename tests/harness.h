@@ -1,0 +1,65 @@
+/* A small test harness: one line per case (what, error, tolerance, PASS/FAIL), BLIS style,
+ * and the closing "N passed, N failed" line. Numerical checks come in pairs: expect_close for
+ * the real comparison, expect_far for its negative control (a deliberately wrong variant run
+ * through the same comparison must fail it). */
+#ifndef GDNCP_TEST_HARNESS_H
+#define GDNCP_TEST_HARNESS_H
+
+#include "gdncp.h"
+
+#include <stdint.h>
+
+extern int tests_passed, tests_failed;
+
+void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* PASS when err <= tol. */
+void expect_close(double err, double tol, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Negative control: PASS when err > tol (the wrong variant is detected). */
+void expect_far(double err, double tol, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* PASS when status == want and the error message contains `needle` (if not NULL). */
+void expect_status(int status, int want, const char *needle, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* max|x - ref| / max(max|ref|, REL_ERR_FLOOR). The floor: a tensor whose every reference value
+ * is below 1e-30 (e.g. a state decayed by exp(-600)) is not representable in fp32 past the
+ * kernel's flush of exp() below 1e-30; such tensors are compared in absolute terms. */
+#define REL_ERR_FLOOR 1e-30
+double rel_err_f32(const float *x, const double *ref, int64_t n);
+double rel_err_ff(const float *x, const float *ref, int64_t n);
+
+/* Deterministic random numbers. */
+void rng_seed(uint64_t s);
+double rng_uniform(double lo, double hi);
+
+/* A random gated-delta-rule problem with fp32 inputs. */
+typedef enum { GATE_ZERO = 0, GATE_MILD = 1, GATE_STRONG = 2 } gate_kind;
+typedef enum { BETA_ZERO = 0, BETA_ONE = 1, BETA_RANDOM = 2 } beta_kind;
+typedef struct {
+    gdn_config cfg;
+    float *q, *k, *v, *g, *beta, *h0; /* h0 may be NULL */
+} problem;
+
+void problem_make(problem *p, gdn_config cfg, gate_kind gk, beta_kind bk, int with_h0,
+                  uint64_t seed);
+void problem_free(problem *p);
+int64_t n_qk(const gdn_config *c);
+int64_t n_v(const gdn_config *c);
+int64_t n_g(const gdn_config *c);
+int64_t n_state(const gdn_config *c);
+
+/* Run the double oracle on fp32 inputs (converted exactly). Arrays may override the problem's:
+ * pass NULL to use the problem's own. o, ht are caller-allocated doubles. */
+int oracle_run(const problem *p, const gdn_config *cfg, const float *q, const float *k,
+               const float *h0, double *o, double *ht);
+/* Run the fast path with a fresh plan. */
+int chunked_run(const problem *p, const gdn_config *cfg, float *o, float *ht);
+
+/* Test suites. */
+void test_forward(void);
+void test_golden(void);
+void test_summary(void);
+void test_safetensors(void);
+void test_errors(void);
+void test_cli(void);
+
+#endif

@@ -1,0 +1,25 @@
+/* gdncp test runner. Usage: gdncp_tests [suite ...]; no argument runs every suite. */
+#include "harness.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct { const char *name; void (*fn)(void); } suites[] = {
+    {"forward", test_forward},       {"golden", test_golden}, {"summary", test_summary},
+    {"safetensors", test_safetensors}, {"errors", test_errors}, {"cli", test_cli},
+};
+
+int main(int argc, char **argv) {
+    const int n = sizeof suites / sizeof suites[0];
+    for (int i = 0; i < n; i++) {
+        int run = argc < 2;
+        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], suites[i].name);
+        if (!run) continue;
+        printf("== %s\n", suites[i].name);
+        fflush(stdout);
+        suites[i].fn();
+        fflush(stdout);
+    }
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? 1 : 0;
+}

@@ -1,0 +1,216 @@
+/* The chunked fp32 forward against the double oracle and against the golden files. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* DESIGN §6: fp32 chunked vs fp64 oracle, max-abs error over max-abs reference, per tensor. */
+#define TOL_FWD 1e-5
+
+static const char *gate_name[] = {"zero", "mild", "strong"};
+static const char *beta_name[] = {"0", "1", "rand"};
+
+/* Key heads expanded to one per value head under a chosen mapping: the oracle run on these
+ * with Hk = Hv is the reference for that mapping. tiled=1 is the wrong (j % Hk) order. */
+static float *expand_heads(const gdn_config *c, const float *x, int tiled) {
+    float *out = malloc(sizeof(float) * c->B * c->T * c->Hv * c->K);
+    const int64_t r = c->Hv / c->Hk;
+    for (int64_t bt = 0; bt < c->B * c->T; bt++)
+        for (int64_t j = 0; j < c->Hv; j++) {
+            int64_t src = tiled ? j % c->Hk : j / r;
+            memcpy(out + (bt * c->Hv + j) * c->K, x + (bt * c->Hk + src) * c->K,
+                   sizeof(float) * c->K);
+        }
+    return out;
+}
+
+static void sweep(void) {
+    const int64_t Ts[] = {1, 2, 63, 64, 65, 127, 200, 1000};
+    const int64_t KV[][2] = {{16, 24}, {64, 64}, {128, 128}, {256, 64}};
+    const int64_t HkHv[][2] = {{1, 1}, {1, 2}, {2, 4}, {4, 4}};
+    const int chunks[] = {16, 32, 64, 128};
+    int idx = 0;
+    for (size_t ti = 0; ti < 8; ti++)
+        for (size_t kv = 0; kv < 4; kv++)
+            for (size_t hh = 0; hh < 4; hh++, idx++) {
+                const int64_t T = Ts[ti];
+                /* Rotate batch, gate, beta and h0 so every combination of the last three
+                 * appears across the sweep; long sequences keep B = 1 to bound oracle time. */
+                const int64_t B = (idx % 2 && T <= 200) ? 3 : 1;
+                const gate_kind gk = (gate_kind)(idx % 3);
+                const beta_kind bk = (beta_kind)((idx / 3) % 3);
+                const int with_h0 = (idx / 9) % 2;
+                gdn_config cfg = gdn_config_default(B, T, HkHv[hh][0], HkHv[hh][1], KV[kv][0], KV[kv][1]);
+                problem p;
+                problem_make(&p, cfg, gk, bk, with_h0, 1000 + idx);
+                double *o_ref = malloc(sizeof(double) * n_v(&cfg));
+                double *ht_ref = malloc(sizeof(double) * n_state(&cfg));
+                float *o = malloc(sizeof(float) * n_v(&cfg)), *ht = malloc(sizeof(float) * n_state(&cfg));
+                int rc = oracle_run(&p, &cfg, NULL, NULL, NULL, o_ref, ht_ref);
+                check(rc == GDN_OK, "oracle runs (case %d)", idx);
+                for (int ci = 0; ci < 4; ci++) {
+                    cfg.chunk = chunks[ci];
+                    rc = chunked_run(&p, &cfg, o, ht);
+                    double eo = rc ? INFINITY : rel_err_f32(o, o_ref, n_v(&cfg));
+                    double eh = rc ? INFINITY : rel_err_f32(ht, ht_ref, n_state(&cfg));
+                    expect_close(fmax(eo, eh), TOL_FWD,
+                                 "fwd B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld gate=%s beta=%s h0=%d C=%d (o %.1e ht %.1e)",
+                                 (long long)B, (long long)T, (long long)cfg.Hk, (long long)cfg.Hv,
+                                 (long long)cfg.K, (long long)cfg.V, gate_name[gk], beta_name[bk],
+                                 with_h0, cfg.chunk, eo, eh);
+                }
+                free(o_ref), free(ht_ref), free(o), free(ht);
+                problem_free(&p);
+            }
+}
+
+/* Wrong variants through the same comparison: each must exceed the tolerance. */
+static void negative_controls(void) {
+    gdn_config cfg = gdn_config_default(2, 150, 2, 4, 32, 24);
+    problem p;
+    problem_make(&p, cfg, GATE_MILD, BETA_RANDOM, 1, 77);
+    double *o_ref = malloc(sizeof(double) * n_v(&cfg)), *ht_ref = malloc(sizeof(double) * n_state(&cfg));
+    double *o_bad = malloc(sizeof(double) * n_v(&cfg)), *ht_bad = malloc(sizeof(double) * n_state(&cfg));
+    float *o = malloc(sizeof(float) * n_v(&cfg)), *ht = malloc(sizeof(float) * n_state(&cfg));
+    oracle_run(&p, &cfg, NULL, NULL, NULL, o_ref, ht_ref);
+    chunked_run(&p, &cfg, o, ht);
+    expect_close(rel_err_f32(o, o_ref, n_v(&cfg)), TOL_FWD, "grouped heads Hk=2 Hv=4: chunked vs oracle");
+
+    /* Head mapping: the oracle on explicitly expanded heads (j / r) agrees; the tiled
+     * order (j % Hk, the common bug) does not. */
+    gdn_config ex = cfg;
+    ex.Hk = cfg.Hv;
+    for (int tiled = 0; tiled < 2; tiled++) {
+        float *qe = expand_heads(&cfg, p.q, tiled), *ke = expand_heads(&cfg, p.k, tiled);
+        oracle_run(&p, &ex, qe, ke, NULL, o_bad, ht_bad);
+        if (tiled) expect_far(rel_err_f32(o, o_bad, n_v(&cfg)), TOL_FWD, "tiled head mapping j %% Hk");
+        else expect_close(rel_err_f32(o, o_bad, n_v(&cfg)), TOL_FWD, "repeat_interleave mapping j / r, heads expanded");
+        free(qe), free(ke);
+    }
+
+    /* Missing scale: the chunked path told scale = 1. */
+    gdn_config noscale = cfg;
+    noscale.scale = 1.0f;
+    chunked_run(&p, &noscale, o, ht);
+    expect_far(rel_err_f32(o, o_ref, n_v(&cfg)), TOL_FWD, "scale missing (scale=1 instead of 1/sqrt(K))");
+    /* ...and an explicit scale agrees with the oracle given the same scale. */
+    gdn_config sc = cfg;
+    sc.scale = 0.3f;
+    oracle_run(&p, &sc, NULL, NULL, NULL, o_bad, ht_bad);
+    chunked_run(&p, &sc, o, ht);
+    expect_close(rel_err_f32(o, o_bad, n_v(&cfg)), TOL_FWD, "explicit scale 0.3");
+
+    /* Shifted chunk: the chunked path run on inputs shifted by one token. */
+    problem sh;
+    problem_make(&sh, cfg, GATE_MILD, BETA_RANDOM, 1, 77);
+    const int64_t rows = cfg.B * cfg.T;
+    for (int64_t r = rows - 1; r > 0; r--) {
+        memcpy(sh.q + r * cfg.Hk * cfg.K, p.q + (r - 1) * cfg.Hk * cfg.K, sizeof(float) * cfg.Hk * cfg.K);
+        memcpy(sh.k + r * cfg.Hk * cfg.K, p.k + (r - 1) * cfg.Hk * cfg.K, sizeof(float) * cfg.Hk * cfg.K);
+    }
+    chunked_run(&sh, &cfg, o, ht);
+    expect_far(rel_err_f32(o, o_ref, n_v(&cfg)), TOL_FWD, "q, k shifted by one token");
+    problem_free(&sh);
+
+    /* Dropped initial state. */
+    float *h0 = p.h0;
+    p.h0 = NULL;
+    chunked_run(&p, &cfg, o, ht);
+    p.h0 = h0;
+    expect_far(rel_err_f32(o, o_ref, n_v(&cfg)), TOL_FWD, "initial state h0 dropped");
+
+    /* No L2 norm: inputs with small keys keep the recurrence contractive. */
+    gdn_config nol2 = cfg;
+    nol2.l2norm = 0;
+    for (int64_t i = 0; i < n_qk(&cfg); i++) p.k[i] *= 0.1f;
+    oracle_run(&p, &nol2, NULL, NULL, NULL, o_bad, ht_bad);
+    chunked_run(&p, &nol2, o, ht);
+    expect_close(fmax(rel_err_f32(o, o_bad, n_v(&cfg)), rel_err_f32(ht, ht_bad, n_state(&cfg))),
+                 TOL_FWD, "no in-kernel L2 norm, small keys");
+    chunked_run(&p, &cfg, o, ht);
+    expect_far(rel_err_f32(o, o_bad, n_v(&cfg)), TOL_FWD, "L2 norm applied where the oracle has none");
+
+    free(o_ref), free(ht_ref), free(o_bad), free(ht_bad), free(o), free(ht);
+    problem_free(&p);
+}
+
+/* One stream (B*Hv = 1) on 2 threads splits the value columns; plans re-execute identically. */
+static void threads_and_reuse(void) {
+    gdn_config cfg = gdn_config_default(1, 300, 1, 1, 64, 96);
+    problem p;
+    problem_make(&p, cfg, GATE_MILD, BETA_RANDOM, 1, 5);
+    double *o_ref = malloc(sizeof(double) * n_v(&cfg)), *ht_ref = malloc(sizeof(double) * n_state(&cfg));
+    float *o = malloc(sizeof(float) * n_v(&cfg)), *ht = malloc(sizeof(float) * n_state(&cfg));
+    float *o2 = malloc(sizeof(float) * n_v(&cfg));
+    oracle_run(&p, &cfg, NULL, NULL, NULL, o_ref, ht_ref);
+    for (int threads = 1; threads <= 3; threads++) {
+        cfg.threads = threads;
+        gdn_plan *plan;
+        gdn_plan_create(&plan, &cfg);
+        gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0);
+        expect_close(fmax(rel_err_f32(o, o_ref, n_v(&cfg)), rel_err_f32(ht, ht_ref, n_state(&cfg))),
+                     TOL_FWD, "threads=%d (column blocks) vs oracle", threads);
+        gdn_forward(plan, o2, ht, p.q, p.k, p.v, p.g, p.beta, p.h0);
+        check(memcmp(o, o2, sizeof(float) * n_v(&cfg)) == 0, "threads=%d plan re-executed: identical bits", threads);
+        gdn_forward(plan, o2, ht, p.q, p.k, p.v, p.g, p.beta, NULL);
+        expect_far(rel_err_f32(o2, o_ref, n_v(&cfg)), TOL_FWD, "threads=%d same plan, h0 dropped", threads);
+        gdn_plan_destroy(plan);
+    }
+    free(o_ref), free(ht_ref), free(o), free(ht), free(o2);
+    problem_free(&p);
+}
+
+void test_forward(void) {
+    sweep();
+    negative_controls();
+    threads_and_reuse();
+}
+
+/* ------------------------------------------------------------------ golden files */
+
+static const char *golden_names[] = {"gdn_no_decay", "gdn_small", "gdn_strong_gates", "gdn_qwen_heads"};
+
+void test_golden(void) {
+    for (size_t i = 0; i < sizeof golden_names / sizeof golden_names[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.safetensors", GDN_GOLDEN_DIR, golden_names[i]);
+        gdn_problem pb;
+        int rc = gdn_problem_load(&pb, path, 0);
+        check(rc == GDN_OK, "golden %s loads (%s)", golden_names[i], rc ? gdn_errmsg() : "ok");
+        if (rc) continue;
+        gdn_st_file *f = NULL;
+        gdn_st_open(&f, path);
+        const gdn_config *c = &pb.cfg;
+        double *o_ref = malloc(sizeof(double) * n_v(c)), *ht_ref = malloc(sizeof(double) * n_state(c));
+        float *o = malloc(sizeof(float) * n_v(c)), *ht = malloc(sizeof(float) * n_state(c));
+        check(gdn_st_read_f64(f, "o", o_ref, n_v(c)) == GDN_OK &&
+                  gdn_st_read_f64(f, "ht", ht_ref, n_state(c)) == GDN_OK,
+              "golden %s references read", golden_names[i]);
+        const int chunks[] = {16, 64, 128};
+        for (int ci = 0; ci < 3; ci++) {
+            gdn_config cfg = *c;
+            cfg.chunk = chunks[ci];
+            gdn_plan *plan = NULL;
+            rc = gdn_plan_create(&plan, &cfg);
+            if (!rc) rc = gdn_forward(plan, o, ht, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+            gdn_plan_destroy(plan);
+            double eo = rc ? INFINITY : rel_err_f32(o, o_ref, n_v(c));
+            double eh = rc ? INFINITY : rel_err_f32(ht, ht_ref, n_state(c));
+            expect_close(eo, 1e-5, "golden %s C=%d o", golden_names[i], cfg.chunk);
+            expect_close(eh, 1e-5, "golden %s C=%d ht", golden_names[i], cfg.chunk);
+        }
+        /* Negative control: the same comparison without the in-kernel L2 norm must fail. */
+        gdn_config bad = *c;
+        bad.l2norm = 0;
+        gdn_plan *plan = NULL;
+        rc = gdn_plan_create(&plan, &bad);
+        if (!rc) rc = gdn_forward(plan, o, ht, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+        gdn_plan_destroy(plan);
+        expect_far(rc ? INFINITY : rel_err_f32(o, o_ref, n_v(c)), 1e-5, "golden %s without L2 norm", golden_names[i]);
+        free(o_ref), free(ht_ref), free(o), free(ht);
+        gdn_st_close(f);
+        gdn_problem_free(&pb);
+    }
+}

@@ -1,0 +1,146 @@
+#include "harness.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int tests_passed, tests_failed;
+
+static void report(int ok, const char *fmt, va_list ap) {
+    printf("%s  ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    if (ok) tests_passed++;
+    else tests_failed++;
+}
+
+void check(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    report(ok, fmt, ap);
+    va_end(ap);
+}
+
+void expect_close(double err, double tol, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    check(err <= tol, "%s  err=%.2e tol=%.0e", buf, err, tol);
+}
+
+void expect_far(double err, double tol, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    check(err > tol, "negative control: %s  err=%.2e must exceed tol=%.0e", buf, err, tol);
+}
+
+void expect_status(int status, int want, const char *needle, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    const char *msg = gdn_errmsg();
+    int ok = status == want && (!needle || strstr(msg, needle));
+    check(ok, "%s  -> %s (want %s) \"%s\"", buf, gdn_strerror(status), gdn_strerror(want),
+          status ? msg : "");
+}
+
+double rel_err_f32(const float *x, const double *ref, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)x[i] - ref[i]);
+        if (!(d <= num)) num = d; /* NaN propagates as a failure */
+        den = fmax(den, fabs(ref[i]));
+    }
+    return num / fmax(den, REL_ERR_FLOOR);
+}
+
+double rel_err_ff(const float *x, const float *ref, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)x[i] - (double)ref[i]);
+        if (!(d <= num)) num = d;
+        den = fmax(den, fabs((double)ref[i]));
+    }
+    return num / fmax(den, REL_ERR_FLOOR);
+}
+
+static uint64_t rng = 88172645463325252ull;
+void rng_seed(uint64_t s) { rng = s * 2654435761ull + 0x9E3779B97F4A7C15ull; }
+double rng_uniform(double lo, double hi) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return lo + (hi - lo) * ((double)(rng >> 11) / 9007199254740992.0);
+}
+
+int64_t n_qk(const gdn_config *c) { return c->B * c->T * c->Hk * c->K; }
+int64_t n_v(const gdn_config *c) { return c->B * c->T * c->Hv * c->V; }
+int64_t n_g(const gdn_config *c) { return c->B * c->T * c->Hv; }
+int64_t n_state(const gdn_config *c) { return c->B * c->Hv * c->K * c->V; }
+
+static float *falloc(int64_t n) {
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    if (!p) {
+        fprintf(stderr, "test: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+void problem_make(problem *p, gdn_config cfg, gate_kind gk, beta_kind bk, int with_h0,
+                  uint64_t seed) {
+    rng_seed(seed);
+    p->cfg = cfg;
+    p->q = falloc(n_qk(&cfg)), p->k = falloc(n_qk(&cfg)), p->v = falloc(n_v(&cfg));
+    p->g = falloc(n_g(&cfg)), p->beta = falloc(n_g(&cfg));
+    p->h0 = with_h0 ? falloc(n_state(&cfg)) : NULL;
+    for (int64_t i = 0; i < n_qk(&cfg); i++)
+        p->q[i] = (float)rng_uniform(-1, 1), p->k[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < n_v(&cfg); i++) p->v[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < n_g(&cfg); i++) {
+        p->g[i] = gk == GATE_ZERO ? 0.0f
+                  : gk == GATE_MILD ? (float)rng_uniform(-0.3, 0.0)
+                                    : (float)rng_uniform(-20.0, 0.0);
+        p->beta[i] = bk == BETA_ZERO ? 0.0f : bk == BETA_ONE ? 1.0f : (float)rng_uniform(0, 1);
+    }
+    if (with_h0)
+        for (int64_t i = 0; i < n_state(&cfg); i++) p->h0[i] = (float)rng_uniform(-1, 1);
+}
+
+void problem_free(problem *p) {
+    free(p->q), free(p->k), free(p->v), free(p->g), free(p->beta), free(p->h0);
+    memset(p, 0, sizeof *p);
+}
+
+static double *to_d(const float *x, int64_t n) {
+    if (!x) return NULL;
+    double *d = malloc(sizeof(double) * (n ? n : 1));
+    for (int64_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+int oracle_run(const problem *p, const gdn_config *cfg, const float *q, const float *k,
+               const float *h0, double *o, double *ht) {
+    const gdn_config *c = cfg;
+    double *dq = to_d(q ? q : p->q, n_qk(c)), *dk = to_d(k ? k : p->k, n_qk(c)),
+           *dv = to_d(p->v, n_v(c)), *dg = to_d(p->g, n_g(c)), *db = to_d(p->beta, n_g(c)),
+           *dh = to_d(h0 ? h0 : p->h0, n_state(c));
+    int rc = gdn_reference_forward(c, o, ht, dq, dk, dv, dg, db, dh);
+    free(dq), free(dk), free(dv), free(dg), free(db), free(dh);
+    return rc;
+}
+
+int chunked_run(const problem *p, const gdn_config *cfg, float *o, float *ht) {
+    gdn_plan *plan = NULL;
+    int rc = gdn_plan_create(&plan, cfg);
+    if (!rc) rc = gdn_forward(plan, o, ht, p->q, p->k, p->v, p->g, p->beta, p->h0);
+    gdn_plan_destroy(plan);
+    return rc;
+}

@@ -1,0 +1,218 @@
+/* gdncp bench kernel: this machine's measured fp32 FMA peak, then the chunked forward at the
+ * Qwen3.5-35B layer shape and llama.cpp's CPU perf shapes, 1 thread and all threads.
+ * FLOPs by DESIGN §3: F_fwd = 3CK + 2CV + 6KV + C^2/3 per token per value head. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef float v8 __attribute__((vector_size(32)));
+
+/* Peak fp32 FMA throughput with `threads` threads: 12 independent vector accumulators per
+ * thread (enough to cover FMA latency x throughput), best of several runs. */
+static double measure_peak(int threads) {
+    const long iters = 20 * 1000 * 1000;
+    double best = 0.0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = cli_now();
+        float sink = 0.0f;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+        {
+            v8 acc[12];
+            v8 x = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f} , y = x * 0.9999999f;
+            for (int i = 0; i < 12; i++) acc[i] = x * (float)i;
+            for (long it = 0; it < iters / 12; it++) {
+#pragma GCC unroll 12
+                for (int i = 0; i < 12; i++) acc[i] = acc[i] * y + x;
+                __asm__ volatile("" : "+x"(y)); /* keep y opaque so the loop is not folded */
+            }
+            for (int i = 0; i < 12; i++) sink += acc[i][0] + acc[i][7];
+        }
+        double secs = cli_now() - t0;
+        double flops = (double)threads * (iters / 12) * 12 * 8 * 2;
+        if (sink == 12345.0f) fprintf(stderr, " ");
+        if (flops / secs / 1e9 > best) best = flops / secs / 1e9;
+    }
+    return best;
+}
+
+static void cpu_name(char *buf, size_t n) {
+    snprintf(buf, n, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c += 2;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(buf, n, "%s", c);
+            }
+            break;
+        }
+    fclose(f);
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float urand(void) { /* uniform in [0, 1) */
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (float)(rng_state >> 40) / 16777216.0f;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double flops_forward(const gdn_config *c) {
+    const double C = c->chunk, K = c->K, V = c->V;
+    return (3 * C * K + 2 * C * V + 6 * K * V + C * C / 3) * (double)c->B * c->T * c->Hv;
+}
+
+/* Max-abs error over max-abs reference of the first `tp` tokens (B == 1) vs the oracle. */
+static double oracle_error(const gdn_config *cfg, int64_t tp, const float *q, const float *k,
+                           const float *v, const float *g, const float *beta, const float *o) {
+    gdn_config c = *cfg;
+    c.T = tp;
+    const int64_t nqk = tp * c.Hk * c.K, nv = tp * c.Hv * c.V, ng = tp * c.Hv;
+    double *buf = malloc(sizeof(double) * (2 * nqk + 2 * nv + 2 * ng));
+    if (!buf) return NAN;
+    double *dq = buf, *dk = dq + nqk, *dv = dk + nqk, *dg = dv + nv, *db = dg + ng, *od = db + ng;
+    for (int64_t i = 0; i < nqk; i++) dq[i] = q[i], dk[i] = k[i];
+    for (int64_t i = 0; i < nv; i++) dv[i] = v[i];
+    for (int64_t i = 0; i < ng; i++) dg[i] = g[i], db[i] = beta[i];
+    double err = NAN;
+    if (gdn_reference_forward(&c, od, NULL, dq, dk, dv, dg, db, NULL) == GDN_OK) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < nv; i++) {
+            num = fmax(num, fabs(o[i] - od[i]));
+            den = fmax(den, fabs(od[i]));
+        }
+        err = den > 0 ? num / den : num;
+    }
+    free(buf);
+    return err;
+}
+
+typedef struct {
+    const char *label;
+    int64_t T, Hk, Hv, K, V;
+} bench_shape;
+
+static int bench_forward(const bench_shape *s, int threads, double peak, int json, int quick,
+                         const char *cpu) {
+    gdn_config cfg = gdn_config_default(1, s->T, s->Hk, s->Hv, s->K, s->V);
+    cfg.threads = threads;
+    const int64_t nqk = s->T * s->Hk * s->K, nv = s->T * s->Hv * s->V, ng = s->T * s->Hv;
+    float *q = malloc(sizeof(float) * nqk), *k = malloc(sizeof(float) * nqk),
+          *v = malloc(sizeof(float) * nv), *g = malloc(sizeof(float) * ng),
+          *beta = malloc(sizeof(float) * ng), *o = malloc(sizeof(float) * nv),
+          *ht = malloc(sizeof(float) * s->Hv * s->K * s->V);
+    gdn_plan *plan = NULL;
+    int rc = !q || !k || !v || !g || !beta || !o || !ht ? GDN_ERR_NOMEM : GDN_OK;
+    if (!rc) {
+        for (int64_t i = 0; i < nqk; i++) q[i] = urand() - 0.5f, k[i] = urand() - 0.5f;
+        for (int64_t i = 0; i < nv; i++) v[i] = urand() - 0.5f;
+        for (int64_t i = 0; i < ng; i++) g[i] = -0.1f * urand(), beta[i] = urand();
+        rc = gdn_plan_create(&plan, &cfg);
+    }
+    double times[64];
+    int reps = 0;
+    if (!rc) {
+        rc = gdn_forward(plan, o, ht, q, k, v, g, beta, NULL); /* warm-up */
+        double budget = quick ? 0.3 : 1.5, start = cli_now();
+        while (!rc && reps < 64 && (reps < 3 || cli_now() - start < budget)) {
+            double t0 = cli_now();
+            rc = gdn_forward(plan, o, ht, q, k, v, g, beta, NULL);
+            times[reps++] = cli_now() - t0;
+        }
+    }
+    if (rc) {
+        free(q), free(k), free(v), free(g), free(beta), free(o), free(ht);
+        gdn_plan_destroy(plan);
+        return cli_error("bench", rc);
+    }
+    qsort(times, reps, sizeof(double), cmp_double);
+    const double med = times[reps / 2];
+    const gdn_config *pc = gdn_plan_config(plan);
+    const double gflops = flops_forward(pc) / med / 1e9;
+    const double ht_per_s = (double)s->T * s->Hv / med;
+    const double err = oracle_error(pc, s->T < 256 ? s->T : 256, q, k, v, g, beta, o);
+    char shape[128];
+    snprintf(shape, sizeof shape, "B=1 T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d", (long long)s->T,
+             (long long)s->Hk, (long long)s->Hv, (long long)s->K, (long long)s->V, pc->chunk);
+    if (json)
+        printf("{\"direction\":\"forward\",\"case\":\"%s\",\"shape\":\"%s\",\"threads\":%d,"
+               "\"seconds\":%.6e,\"reps\":%d,\"head_tokens_per_s\":%.6e,\"us_per_head_token\":%.4f,"
+               "\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
+               "\"rel_err_vs_oracle\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"}\n",
+               s->label, shape, threads, med, reps, ht_per_s, 1e6 / ht_per_s, gflops, peak,
+               gflops / peak, err, gdn_plan_path(plan), cpu);
+    else
+        printf("forward  %-9s %-44s thr=%d  %9.3f ms  %6.3f us/head-tok  %7.1f GFLOP/s  "
+               "%5.1f%% of %6.1f  err %.1e  %s\n",
+               s->label, shape, threads, med * 1e3, 1e6 / ht_per_s, gflops, 100 * gflops / peak,
+               peak, err, gdn_plan_path(plan));
+    fflush(stdout);
+    free(q), free(k), free(v), free(g), free(beta), free(o), free(ht);
+    gdn_plan_destroy(plan);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    int json = 0, quick = 0;
+    const char *what = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!what && argv[i][0] != '-') what = argv[i];
+        else {
+            fprintf(stderr, "gdncp bench: unknown option '%s'\n", argv[i]);
+            return 1;
+        }
+    }
+    if (!what || strcmp(what, "kernel")) {
+        fprintf(stderr, "gdncp bench: usage: gdncp bench kernel [--json] [--quick]\n");
+        return 1;
+    }
+    int maxt = 1;
+#ifdef _OPENMP
+    maxt = omp_get_max_threads();
+#endif
+    char cpu[256];
+    cpu_name(cpu, sizeof cpu);
+    const int thread_counts[2] = {1, maxt};
+    const int nthr = maxt > 1 ? 2 : 1;
+    double peak[2];
+    for (int i = 0; i < nthr; i++) peak[i] = measure_peak(thread_counts[i]);
+    if (json)
+        for (int i = 0; i < nthr; i++)
+            printf("{\"direction\":\"peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"cpu\":\"%s\"}\n",
+                   thread_counts[i], peak[i], cpu);
+    else {
+        printf("gdncp bench kernel — CPU: %s\n", cpu);
+        for (int i = 0; i < nthr; i++)
+            printf("measured fp32 FMA peak: %.1f GFLOP/s with %d thread(s)\n", peak[i],
+                   thread_counts[i]);
+        printf("GFLOP/s count DESIGN §3 useful forward FLOPs (3CK+2CV+6KV+C^2/3 per head-token); "
+               "err = max|o-oracle|/max|oracle| over the first 256 tokens\n");
+    }
+    const bench_shape shapes[] = {
+        {"qwen35b", 8192, 16, 32, 128, 128}, {"llama64", 64, 32, 32, 128, 128},
+        {"llama256", 256, 32, 32, 128, 128}, {"llama512", 512, 32, 32, 128, 128},
+        {"llama1024", 1024, 32, 32, 128, 128}};
+    int n = sizeof shapes / sizeof shapes[0];
+    for (int si = 0; si < n; si++) {
+        bench_shape s = shapes[si];
+        if (quick && si == 0) s.T = 1024; /* CI smoke: same heads and dims, fewer tokens */
+        for (int i = 0; i < nthr; i++)
+            if (bench_forward(&s, thread_counts[i], peak[i], json, quick, cpu)) return 1;
+    }
+    return 0;
+}

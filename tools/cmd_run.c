@@ -1,0 +1,131 @@
+/* gdncp run: read q, k, v, g, beta [, h0] from a safetensors file, write o and ht. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *in, *out;
+    long chunk, threads;
+    double scale;
+    int no_l2norm, reference;
+} run_opts;
+
+static int parse(int argc, char **argv, run_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->chunk = 64;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--in") && val) o->in = argv[++i];
+        else if (!strcmp(a, "--out") && val) o->out = argv[++i];
+        else if (!strcmp(a, "--chunk")) {
+            if (cli_int(a, val, 16, 128, &o->chunk)) return 1;
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            if (cli_int(a, val, 0, 4096, &o->threads)) return 1;
+            i++;
+        } else if (!strcmp(a, "--scale") && val) {
+            char *end;
+            o->scale = strtod(argv[++i], &end);
+            if (*end || end == val || !isfinite(o->scale) || o->scale == 0.0) {
+                fprintf(stderr, "gdncp run: --scale needs a finite non-zero number, got '%s'\n", val);
+                return 1;
+            }
+        } else if (!strcmp(a, "--no-l2norm")) o->no_l2norm = 1;
+        else if (!strcmp(a, "--reference")) o->reference = 1;
+        else {
+            fprintf(stderr, "gdncp run: unknown or incomplete option '%s'\n", a);
+            return 1;
+        }
+    }
+    if (!o->in || !o->out) {
+        fprintf(stderr, "gdncp run: --in and --out are required\n");
+        return 1;
+    }
+    return 0;
+}
+
+static double *to_f64(const float *x, int64_t n) {
+    if (!x) return NULL;
+    double *d = malloc(sizeof(double) * (n ? n : 1));
+    if (d)
+        for (int64_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+/* The oracle in double, results rounded to f32 for the output file. */
+static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o, float *ht) {
+    const int64_t nqk = cfg->B * cfg->T * cfg->Hk * cfg->K, nv = cfg->B * cfg->T * cfg->Hv * cfg->V,
+                  ng = cfg->B * cfg->T * cfg->Hv, ns = cfg->B * cfg->Hv * cfg->K * cfg->V;
+    double *q = to_f64(pb->q, nqk), *k = to_f64(pb->k, nqk), *v = to_f64(pb->v, nv),
+           *g = to_f64(pb->g, ng), *beta = to_f64(pb->beta, ng), *h0 = to_f64(pb->h0, ns),
+           *od = malloc(sizeof(double) * nv), *hd = malloc(sizeof(double) * ns);
+    int rc;
+    if (!q || !k || !v || !g || !beta || (pb->h0 && !h0) || !od || !hd) {
+        fprintf(stderr, "gdncp run: out of memory for the double-precision oracle\n");
+        rc = 1;
+    } else if ((rc = gdn_reference_forward(cfg, od, hd, q, k, v, g, beta, h0))) {
+        rc = cli_error("run --reference", rc);
+    } else {
+        for (int64_t i = 0; i < nv; i++) o[i] = (float)od[i];
+        for (int64_t i = 0; i < ns; i++) ht[i] = (float)hd[i];
+    }
+    free(q), free(k), free(v), free(g), free(beta), free(h0), free(od), free(hd);
+    return rc;
+}
+
+int cmd_run(int argc, char **argv) {
+    run_opts opt;
+    if (parse(argc, argv, &opt)) return 1;
+    if (opt.chunk != 16 && opt.chunk != 32 && opt.chunk != 64 && opt.chunk != 128) {
+        fprintf(stderr, "gdncp run: --chunk must be 16, 32, 64 or 128, got %ld\n", opt.chunk);
+        return 1;
+    }
+    gdn_problem pb;
+    int rc = gdn_problem_load(&pb, opt.in, 0);
+    if (rc) return cli_error("run", rc);
+    gdn_config cfg = pb.cfg;
+    cfg.chunk = (int)opt.chunk;
+    cfg.threads = (int)opt.threads;
+    cfg.scale = (float)opt.scale;
+    cfg.l2norm = !opt.no_l2norm;
+    const int64_t nv = cfg.B * cfg.T * cfg.Hv * cfg.V, ns = cfg.B * cfg.Hv * cfg.K * cfg.V;
+    float *o = malloc(sizeof(float) * nv), *ht = malloc(sizeof(float) * ns);
+    int exit_code = 0;
+    const char *path = "oracle-f64";
+    double t0 = cli_now();
+    if (!o || !ht) {
+        fprintf(stderr, "gdncp run: out of memory for outputs\n");
+        exit_code = 1;
+    } else if (opt.reference) {
+        exit_code = run_reference(&pb, &cfg, o, ht);
+    } else {
+        gdn_plan *plan = NULL;
+        if ((rc = gdn_plan_create(&plan, &cfg)) ||
+            (rc = gdn_forward(plan, o, ht, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0)))
+            exit_code = cli_error("run", rc);
+        else
+            path = gdn_plan_path(plan);
+        gdn_plan_destroy(plan);
+    }
+    double secs = cli_now() - t0;
+    if (!exit_code) {
+        const gdn_named_tensor out[] = {
+            {"o", 4, {cfg.B, cfg.T, cfg.Hv, cfg.V}, o},
+            {"ht", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, ht}};
+        if ((rc = gdn_save_tensors(opt.out, out, 2, "gdncp run")))
+            exit_code = cli_error("run", rc);
+        else
+            fprintf(stderr,
+                    "gdncp run: B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld chunk=%d path=%s "
+                    "%.3f ms -> %s\n",
+                    (long long)cfg.B, (long long)cfg.T, (long long)cfg.Hk, (long long)cfg.Hv,
+                    (long long)cfg.K, (long long)cfg.V, cfg.chunk, path, secs * 1e3, opt.out);
+    }
+    free(o), free(ht);
+    gdn_problem_free(&pb);
+    return exit_code;
+}

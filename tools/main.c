@@ -1,0 +1,58 @@
+/* gdncp: the command-line tool. Subcommands live one per file. */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: gdncp <command> [options]\n"
+            "commands:\n"
+            "  run    --in IN.safetensors --out OUT.safetensors [--chunk C] [--scale S]\n"
+            "         [--no-l2norm] [--reference] [--threads N]   gated delta rule forward\n"
+            "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
+            "  help                                                 this text\n");
+}
+
+int cli_error(const char *what, int status) {
+    fprintf(stderr, "gdncp %s: %s: %s\n", what, gdn_strerror(status), gdn_errmsg());
+    return 1;
+}
+
+int cli_int(const char *opt, const char *val, long lo, long hi, long *out) {
+    char *end = NULL;
+    errno = 0;
+    long v = val ? strtol(val, &end, 10) : 0;
+    if (!val || errno || *end || end == val || v < lo || v > hi) {
+        fprintf(stderr, "gdncp: option %s needs an integer in [%ld, %ld], got '%s'\n", opt, lo, hi,
+                val ? val : "(nothing)");
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "gdncp: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
