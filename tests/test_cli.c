@@ -1,2 +1,94 @@
+/* End to end: the gdncp command on the golden files and on bad input. */
 #include "harness.h"
-void test_cli(void) {}
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Run a shell command; return its exit status and keep its stderr in `err`. */
+static int run_cli(char *err, size_t errn, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int run_cli(char *err, size_t errn, const char *fmt, ...) {
+    char args[2048], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s 2>/tmp/gdncp_cli_err.txt >/dev/null", GDN_CLI_PATH, args);
+    int st = system(cmd);
+    FILE *f = fopen("/tmp/gdncp_cli_err.txt", "r");
+    size_t n = f ? fread(err, 1, errn - 1, f) : 0;
+    while (n > 0 && err[n - 1] == '\n') n--;
+    err[n] = 0;
+    if (f) fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Relative error of tensor `name` in `out` against the F64 reference of the same name. */
+static double compare_file(const char *out, const char *ref, const char *name) {
+    gdn_st_file *a = NULL, *b = NULL;
+    double err = INFINITY;
+    if (gdn_st_open(&a, out) == GDN_OK && gdn_st_open(&b, ref) == GDN_OK) {
+        const gdn_st_tensor *t = gdn_st_find(b, name);
+        if (t) {
+            int64_t n = gdn_st_numel(t);
+            float *x = malloc(sizeof(float) * n);
+            double *r = malloc(sizeof(double) * n);
+            if (gdn_st_read_f32(a, name, x, n) == GDN_OK && gdn_st_read_f64(b, name, r, n) == GDN_OK)
+                err = rel_err_f32(x, r, n);
+            free(x), free(r);
+        }
+    }
+    gdn_st_close(a), gdn_st_close(b);
+    return err;
+}
+
+void test_cli(void) {
+    char err[4096], out[] = "/tmp/gdncp_cli_XXXXXX", gold[1024];
+    int fd = mkstemp(out);
+    close(fd);
+    const char *names[] = {"gdn_small", "gdn_strong_gates", "gdn_qwen_heads"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(gold, sizeof gold, "%s/%s.safetensors", GDN_GOLDEN_DIR, names[i]);
+        int st = run_cli(err, sizeof err, "run --in %s --out %s", gold, out);
+        check(st == 0, "gdncp run --in %s exits 0 (%s)", names[i], err);
+        expect_close(compare_file(out, gold, "o"), 1e-5, "gdncp run %s: o vs golden", names[i]);
+        expect_close(compare_file(out, gold, "ht"), 1e-5, "gdncp run %s: ht vs golden", names[i]);
+        st = run_cli(err, sizeof err, "run --reference --in %s --out %s", gold, out);
+        /* The oracle's only error is the final rounding to F32 (2^-24 relative per element). */
+        expect_close(st ? INFINITY : compare_file(out, gold, "o"), 1e-6, "gdncp run --reference %s: o vs golden", names[i]);
+        st = run_cli(err, sizeof err, "run --chunk 16 --threads 1 --no-l2norm --in %s --out %s", gold, out);
+        expect_far(st ? INFINITY : compare_file(out, gold, "o"), 1e-5, "gdncp run --no-l2norm %s vs golden", names[i]);
+    }
+    /* Bad invocations: non-zero exit, stderr names the problem, an existing output survives. */
+    snprintf(gold, sizeof gold, "%s/gdn_small.safetensors", GDN_GOLDEN_DIR);
+    run_cli(err, sizeof err, "run --in %s --out %s", gold, out);
+    struct { const char *args, *needle; } bad[] = {
+        {"run --in /nonexistent.safetensors --out %s", "cannot open"},
+        {"run --chunk 48 --in GOLD --out %s", "--chunk"},
+        {"run --chunk abc --in GOLD --out %s", "--chunk"},
+        {"run --scale nan --in GOLD --out %s", "--scale"},
+        {"run --in GOLD", "--out"},
+        {"run --bogus --in GOLD --out %s", "--bogus"},
+        {"run --in %s --out %s.2", "'q'"}, /* the output file itself is not a problem file */
+        {"frobnicate", "unknown command"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char args[1024], tmp[1024];
+        snprintf(tmp, sizeof tmp, "%s", bad[i].args);
+        char *g = strstr(tmp, "GOLD");
+        if (g) {
+            char rest[512];
+            snprintf(rest, sizeof rest, "%s", g + 4);
+            snprintf(g, sizeof tmp - (g - tmp), "%s%s", gold, rest);
+        }
+        snprintf(args, sizeof args, tmp, out, out);
+        int st = run_cli(err, sizeof err, "%s", args);
+        check(st != 0 && strstr(err, bad[i].needle) != NULL, "gdncp %s -> exit %d, stderr names '%s'", args, st, bad[i].needle);
+    }
+    expect_close(compare_file(out, gold, "o"), 1e-5, "earlier output intact after failed runs");
+    unlink(out);
+}

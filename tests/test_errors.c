@@ -1,2 +1,168 @@
+/* Bad input never crashes: every case returns an error code and names what is wrong. */
 #include "harness.h"
-void test_errors(void) {}
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void config_errors(void) {
+    gdn_plan *plan = NULL;
+    gdn_config c;
+#define BAD(field, value, want, needle)                                                   \
+    c = gdn_config_default(1, 8, 1, 1, 16, 16);                                           \
+    c.field = value;                                                                      \
+    expect_status(gdn_plan_create(&plan, &c), want, needle, "config %s = %s", #field, #value); \
+    check(plan == NULL, "no plan returned for bad %s", #field);
+    BAD(B, 0, GDN_ERR_SHAPE, "B (batch)");
+    BAD(T, 0, GDN_ERR_SHAPE, "T (tokens)");
+    BAD(T, -5, GDN_ERR_SHAPE, "T (tokens)");
+    BAD(Hk, 0, GDN_ERR_SHAPE, "Hk");
+    BAD(Hv, -1, GDN_ERR_SHAPE, "Hv");
+    BAD(K, 0, GDN_ERR_SHAPE, "K (key head dim)");
+    BAD(V, -3, GDN_ERR_SHAPE, "V (value head dim)");
+    BAD(K, 257, GDN_ERR_SHAPE, "maximum is 256");
+    BAD(V, 300, GDN_ERR_SHAPE, "V (value head dim) is 300");
+    BAD(chunk, 48, GDN_ERR_ARG, "chunk");
+    BAD(threads, -2, GDN_ERR_ARG, "threads");
+    BAD(scale, NAN, GDN_ERR_ARG, "scale");
+    BAD(T, (int64_t)1 << 62, GDN_ERR_SHAPE, "too large");
+#undef BAD
+    c = gdn_config_default(1, 8, 3, 4, 16, 16);
+    expect_status(gdn_plan_create(&plan, &c), GDN_ERR_SHAPE, "multiple of Hk", "Hv %% Hk != 0");
+    expect_status(gdn_plan_create(NULL, &c), GDN_ERR_ARG, NULL, "NULL plan pointer");
+    expect_status(gdn_plan_create(&plan, NULL), GDN_ERR_ARG, NULL, "NULL config");
+}
+
+static void nonfinite_inputs(void) {
+    gdn_config cfg = gdn_config_default(1, 20, 1, 2, 16, 8);
+    problem p;
+    problem_make(&p, cfg, GATE_MILD, BETA_RANDOM, 1, 3);
+    gdn_plan *plan = NULL;
+    gdn_plan_create(&plan, &cfg);
+    float *o = malloc(sizeof(float) * n_v(&cfg)), *ht = malloc(sizeof(float) * n_state(&cfg));
+    struct { const char *name; float *x; } t[] = {{"q", p.q}, {"k", p.k}, {"v", p.v}, {"g", p.g}, {"beta", p.beta}, {"h0", p.h0}};
+    for (int i = 0; i < 6; i++) {
+        for (int kind = 0; kind < 2; kind++) {
+            float keep = t[i].x[5];
+            t[i].x[5] = kind ? INFINITY : NAN;
+            char needle[32];
+            snprintf(needle, sizeof needle, "input '%s'", t[i].name);
+            expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_NONFINITE,
+                          needle, "%s in '%s'", kind ? "Inf" : "NaN", t[i].name);
+            t[i].x[5] = keep;
+        }
+    }
+    expect_status(gdn_forward(plan, o, ht, p.q, NULL, p.v, p.g, p.beta, p.h0), GDN_ERR_ARG, "'k'", "NULL k");
+    expect_status(gdn_forward(plan, NULL, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_ARG, "'o'", "NULL o");
+    /* Large positive gates overflow: reported, not returned as garbage. */
+    for (int64_t i = 0; i < n_g(&cfg); i++) p.g[i] = 80.0f;
+    expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_NONFINITE,
+                  "output", "positive gates g = 80 overflow");
+    gdn_plan_destroy(plan);
+    free(o), free(ht);
+    problem_free(&p);
+}
+
+/* Write raw bytes: an 8-byte length, the header text, then `data` bytes of zeros. */
+static void write_raw(const char *path, const char *header, long long hlen_override, size_t data) {
+    FILE *f = fopen(path, "wb");
+    if (hlen_override == -2) { /* a truly empty file */
+        fclose(f);
+        return;
+    }
+    unsigned long long n = hlen_override >= 0 ? (unsigned long long)hlen_override : strlen(header);
+    for (int i = 0; i < 8; i++) fputc((int)((n >> (8 * i)) & 0xff), f);
+    fputs(header, f);
+    for (size_t i = 0; i < data; i++) fputc(0, f);
+    fclose(f);
+}
+
+static void file_errors(void) {
+    char path[] = "/tmp/gdncp_bad_XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    gdn_st_file *f = NULL;
+    const char *ok1 = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    struct { const char *what, *header; long long hlen; size_t data; int want; const char *needle; } cases[] = {
+        {"empty file", "", -2, 0, GDN_ERR_FORMAT, "too short"},
+        {"zero-length header", "", 0, 0, GDN_ERR_FORMAT, "JSON is invalid"},
+        {"header length past the end", ok1, 1000, 8, GDN_ERR_FORMAT, "header length"},
+        {"header length absurd", ok1, 1LL << 40, 8, GDN_ERR_FORMAT, "header length"},
+        {"bad JSON", "{\"x\": [1,2", -1, 0, GDN_ERR_FORMAT, "JSON is invalid"},
+        {"JSON not an object", "[1,2,3]", -1, 0, GDN_ERR_FORMAT, "not an object"},
+        {"duplicate keys", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", -1, 8, GDN_ERR_FORMAT, "invalid"},
+        {"missing dtype", "{\"x\":{\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8, GDN_ERR_FORMAT, "'x' has no string 'dtype'"},
+        {"unknown dtype", "{\"x\":{\"dtype\":\"F99\",\"shape\":[2],\"data_offsets\":[0,8]}}", -1, 8, GDN_ERR_FORMAT, "unknown dtype 'F99'"},
+        {"negative dim", "{\"x\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", -1, 8, GDN_ERR_FORMAT, "shape[0]"},
+        {"shape/offsets mismatch", "{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", -1, 8, GDN_ERR_FORMAT, "needs 12"},
+        {"offsets past the end (truncated)", ok1, -1, 4, GDN_ERR_FORMAT, "truncated"},
+        {"offsets reversed", "{\"x\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", -1, 8, GDN_ERR_FORMAT, "invalid data_offsets"},
+        {"overlapping tensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", -1, 12, GDN_ERR_FORMAT, "overlap"},
+        {"metadata not strings", "{\"__metadata__\":{\"a\":1}}", -1, 0, GDN_ERR_FORMAT, "__metadata__"},
+        {"too many dims", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", -1, 4, GDN_ERR_FORMAT, "dims"},
+        {"overflowing shape", "{\"x\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", -1, 4, GDN_ERR_FORMAT, "overflow"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_raw(path, cases[i].header, cases[i].hlen, cases[i].data);
+        int rc = gdn_st_open(&f, path);
+        expect_status(rc, cases[i].want, cases[i].needle, "file: %s", cases[i].what);
+        check(f == NULL, "file: %s returns no handle", cases[i].what);
+        gdn_st_close(f);
+        f = NULL;
+    }
+    expect_status(gdn_st_open(&f, "/nonexistent/file.safetensors"), GDN_ERR_IO, "cannot open", "file: missing");
+
+    /* A valid file is accepted (control for the cases above). */
+    write_raw(path, ok1, -1, 8);
+    check(gdn_st_open(&f, path) == GDN_OK, "file: well-formed header accepted");
+    gdn_st_close(f);
+
+    /* Problem-level checks: missing tensors, wrong shapes, wrong dtype. */
+    gdn_config cfg = gdn_config_default(1, 4, 1, 2, 8, 8);
+    problem p;
+    problem_make(&p, cfg, GATE_MILD, BETA_RANDOM, 1, 9);
+    const int64_t sq[4] = {1, 4, 1, 8}, sv[4] = {1, 4, 2, 8}, sg[3] = {1, 4, 2}, ss[4] = {1, 2, 8, 8};
+    const int64_t sg_bad[3] = {1, 4, 3}, ss_bad[4] = {1, 2, 8, 7}, sk_bad[4] = {1, 4, 1, 7};
+    static const float big[4096]; /* source for tensors written with a wrong (larger) shape */
+    for (int variant = 0; variant < 8; variant++) {
+        gdn_st_writer *w;
+        gdn_st_writer_create(&w);
+        if (variant != 0) gdn_st_writer_add_f32(w, "q", GDN_F32, 4, sq, p.q);
+        gdn_st_writer_add_f32(w, "k", GDN_F32, 4, variant == 2 ? sk_bad : sq, variant == 2 ? big : p.k);
+        if (variant != 1) gdn_st_writer_add_f32(w, "v", GDN_F32, 4, sv, p.v);
+        if (variant != 3) gdn_st_writer_add_f32(w, "g", GDN_F32, 3, variant == 4 ? sg_bad : sg, variant == 4 ? big : p.g);
+        gdn_st_writer_add_f32(w, "beta", GDN_F32, 3, sg, p.beta);
+        gdn_st_writer_add_f32(w, "h0", GDN_F32, 4, variant == 5 ? ss_bad : ss, variant == 5 ? big : p.h0);
+        gdn_st_writer_save(w, path);
+        gdn_st_writer_destroy(w);
+        if (variant == 6) { /* replace q's dtype by I32 by hand: writer only makes floats */
+            char hdr[512];
+            snprintf(hdr, sizeof hdr,
+                     "{\"q\":{\"dtype\":\"I32\",\"shape\":[1,4,1,8],\"data_offsets\":[0,128]},"
+                     "\"k\":{\"dtype\":\"F32\",\"shape\":[1,4,1,8],\"data_offsets\":[128,256]},"
+                     "\"v\":{\"dtype\":\"F32\",\"shape\":[1,4,2,8],\"data_offsets\":[256,512]},"
+                     "\"g\":{\"dtype\":\"F32\",\"shape\":[1,4,2],\"data_offsets\":[512,544]},"
+                     "\"beta\":{\"dtype\":\"F32\",\"shape\":[1,4,2],\"data_offsets\":[544,576]}}");
+            write_raw(path, hdr, -1, 576);
+        }
+        gdn_problem pb;
+        int rc = gdn_problem_load(&pb, path, variant == 7);
+        static const struct { int want; const char *needle; } expect[] = {
+            {GDN_ERR_MISSING, "'q' is missing"}, {GDN_ERR_MISSING, "'v' is missing"},
+            {GDN_ERR_SHAPE, "'k' has shape [1,4,1,7], expected [1,4,1,8]"}, {GDN_ERR_MISSING, "'g' is missing"},
+            {GDN_ERR_SHAPE, "'g' has shape [1,4,3]"}, {GDN_ERR_SHAPE, "'h0' has shape"},
+            {GDN_ERR_DTYPE, "'q' is I32"}, {GDN_ERR_MISSING, "'do' is missing"}};
+        expect_status(rc, expect[variant].want, expect[variant].needle, "problem file variant %d", variant);
+        if (!rc) gdn_problem_free(&pb);
+    }
+    problem_free(&p);
+    unlink(path);
+}
+
+void test_errors(void) {
+    config_errors();
+    nonfinite_inputs();
+    file_errors();
+}

@@ -6,6 +6,7 @@
 
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
 
 /* Print "gdncp <what>: <status text>: <detail>" to stderr and return exit code 1. */
 int cli_error(const char *what, int status);

@@ -14,6 +14,7 @@ static void usage(FILE *out) {
             "  run    --in IN.safetensors --out OUT.safetensors [--chunk C] [--scale S]\n"
             "         [--no-l2norm] [--reference] [--threads N]   gated delta rule forward\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
+            "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
             "  help                                                 this text\n");
 }
 
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "diff")) return cmd_diff(argc - 1, argv + 1);
     if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(stdout);
         return 0;

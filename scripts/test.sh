@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Build and run every test: the suite in the optimised build, the suite again under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and a benchmark smoke run.
+# Ends with "N passed, N failed"; exits non-zero on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh || exit 1
+passed=0; failed=0
+tally() { # tally LOG: add the log's closing "N passed, N failed" to the totals
+  local line; line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -1)
+  if [ -z "$line" ]; then failed=$((failed + 1)); echo "FAIL  $1 has no summary line (crash?)"; return; fi
+  passed=$((passed + $(echo "$line" | cut -d' ' -f1))); failed=$((failed + $(echo "$line" | cut -d' ' -f3)))
+}
+logs=$(mktemp -d)
+
+echo "== build (Release, -march=native)"
+bash scripts/build.sh build || { echo "0 passed, 1 failed"; exit 1; }
+./build/gdncp_tests > "$logs/release.log" 2>&1
+grep -E '^(FAIL|==)' "$logs/release.log"; tail -1 "$logs/release.log"; tally "$logs/release.log"
+
+echo "== build (ASan + UBSan)"
+if bash scripts/build.sh build-asan -DGDN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug; then
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ./build-asan/gdncp_tests > "$logs/asan.log" 2>&1
+  grep -E '^(FAIL|==)|ERROR|runtime error' "$logs/asan.log" | head -40; tail -1 "$logs/asan.log"; tally "$logs/asan.log"
+else
+  echo "FAIL  sanitizer build"; failed=$((failed + 1))
+fi
+
+echo "== benchmark smoke (gdncp bench kernel --json --quick)"
+if ./build/gdncp bench kernel --json --quick > "$logs/bench.json" 2>&1 &&
+   grep -q '"direction":"forward"' "$logs/bench.json" &&
+   ! grep -q '"rel_err_vs_oracle":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)' "$logs/bench.json"; then
+  echo "PASS  bench kernel runs, every row's error vs the oracle below 1e-5"; passed=$((passed + 1))
+else
+  echo "FAIL  bench kernel smoke"; cat "$logs/bench.json"; failed=$((failed + 1))
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
