@@ -1,5 +1,6 @@
 /* Bad input never crashes: every case returns an error code and names what is wrong. */
 #include "harness.h"
+#include "internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -161,7 +162,21 @@ static void file_errors(void) {
     unlink(path);
 }
 
+/* The scan splits large tensors across threads: it must still report the first bad element. */
+static void nonfinite_scan(void) {
+    const int64_t n = 3 << 20;
+    float *x = calloc(n, sizeof(float));
+    check(gdn_find_nonfinite_f32(x, n) == -1, "scan of %lld finite floats finds nothing", (long long)n);
+    x[2500000] = NAN;
+    x[1500001] = -INFINITY;
+    check(gdn_find_nonfinite_f32(x, n) == 1500001, "parallel scan reports the first non-finite element");
+    x[n - 1] = INFINITY;
+    check(gdn_find_nonfinite_f32(x + 2000000, n - 2000000) == 500000, "scan on an offset view");
+    free(x);
+}
+
 void test_errors(void) {
+    nonfinite_scan();
     config_errors();
     nonfinite_inputs();
     file_errors();

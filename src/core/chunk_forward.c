@@ -17,10 +17,8 @@ static void gather(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, in
         const float *qsrc = in->q + (row * Hk + hk) * K, *ksrc = in->k + (row * Hk + hk) * K;
         float qinv = scale, kinv = 1.0f;
         if (c->l2norm) {
-            float sq = 0.0f, sk = 0.0f;
-            for (int64_t j = 0; j < K; j++) sq += qsrc[j] * qsrc[j], sk += ksrc[j] * ksrc[j];
-            qinv = scale / sqrtf(sq + 1e-6f);
-            kinv = 1.0f / sqrtf(sk + 1e-6f);
+            qinv = scale / sqrtf(gdn_sumsq(qsrc, K) + 1e-6f);
+            kinv = 1.0f / sqrtf(gdn_sumsq(ksrc, K) + 1e-6f);
         }
         float *qd = ws->qs + (size_t)i * K, *kd = ws->kn + (size_t)i * K;
         for (int64_t j = 0; j < K; j++) qd[j] = qsrc[j] * qinv, kd[j] = ksrc[j] * kinv;
@@ -33,17 +31,46 @@ static void gather(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, in
         ws->eg[i] = gdn_expf_ftz((float)ws->G[i]);
         ws->egd[i] = gdn_expf_ftz((float)(G - ws->G[i]));
     }
+    /* Decays between rows, masked (j <= i) before exponentiating; shared by L and the output. */
+    const int C = c->chunk;
+    for (int i = 0; i < n; i++) {
+        float *ei = ws->ew + (size_t)i * C;
+        for (int j = 0; j <= i; j++) ei[j] = gdn_expf_ftz((float)(ws->G[i] - ws->G[j]));
+    }
+}
+
+/* Rows of the next chunk are 8 KB+ apart in the BTHD layout (one page each): the hardware
+ * prefetcher does not follow them, so ask for them while this chunk computes. */
+static void prefetch_row(const gdn_plan *p, const gdn_inputs *in, int64_t b, int64_t h,
+                         int64_t t) {
+    const gdn_config *c = &p->cfg;
+    const int64_t K = c->K, V = c->V, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
+    {
+        const int64_t row = b * c->T + t;
+        const char *q = (const char *)(in->q + (row * Hk + hk) * K),
+                   *k = (const char *)(in->k + (row * Hk + hk) * K),
+                   *v = (const char *)(in->v + (row * Hv + h) * V);
+        for (int64_t off = 0; off < K * 4; off += 64) {
+            __builtin_prefetch(q + off, 0, 2);
+            __builtin_prefetch(k + off, 0, 2);
+        }
+        for (int64_t off = 0; off < V * 4; off += 64) __builtin_prefetch(v + off, 0, 2);
+    }
 }
 
 /* tm = (I + L)^-1 with L_ij = beta_i (k_i.k_j) exp(G_i - G_j), i > j, by forward substitution.
  * On entry pk holds k_i.k_j for j <= i. The decay is masked before exponentiating. */
-static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C) {
+static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
+                              const gdn_inputs *in, int64_t b, int64_t h, int64_t next_t0) {
     float *L = ws->pk, *tm = ws->tm;
     for (int i = 0; i < n; i++) {
         float *li = L + (size_t)i * C;
-        for (int j = 0; j < i; j++) li[j] *= ws->beta[i] * gdn_expf_ftz((float)(ws->G[i] - ws->G[j]));
+        const float *ei = ws->ew + (size_t)i * C;
+        for (int j = 0; j < i; j++) li[j] *= ws->beta[i] * ei[j];
     }
     for (int i = 0; i < n; i++) {
+        /* One row of the next chunk per row of work: spread out, the prefetches all land. */
+        if (next_t0 + i < p->cfg.T) prefetch_row(p, in, b, h, next_t0 + i);
         float *ti = tm + (size_t)i * C;
         const float *li = L + (size_t)i * C;
         memset(ti, 0, sizeof(float) * C);
@@ -72,7 +99,7 @@ void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
 
         /* W = (I+L)^-1 diag(beta eG) K  ->  rows 0..n-1 of xw */
         gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->kn, K, ws->kt, C, ws->pk, C);
-        invert_unit_lower(ws, n, C);
+        invert_unit_lower(ws, n, C, p, in, b, h, t0 + C);
         for (int i = 0; i < n; i++) {
             const float f = ws->beta[i] * ws->eg[i];
             for (int j = 0; j < K; j++) ws->rk[(size_t)i * K + j] = f * ws->kn[(size_t)i * K + j];
@@ -106,7 +133,8 @@ void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
             gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->qs, K, ws->kt, C, ws->am, C);
             for (int i = 0; i < n; i++) {
                 float *ai = ws->am + (size_t)i * C;
-                for (int j = 0; j <= i; j++) ai[j] *= gdn_expf_ftz((float)(ws->G[i] - ws->G[j]));
+                const float *ei = ws->ew + (size_t)i * C;
+                for (int j = 0; j <= i; j++) ai[j] *= ei[j];
                 for (int j = i + 1; j < C; j++) ai[j] = 0.0f;
             }
             float *oc = ws->m2 + (size_t)n * w;

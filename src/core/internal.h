@@ -35,6 +35,23 @@ void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, in
 /* The name of the GEMM micro-kernel compiled in. */
 const char *gdn_gemm_path(void);
 
+/* 8-lane fp32 vectors (GCC/Clang vector extensions; AVX2 here, two SSE halves or NEON elsewhere). */
+typedef float gdn_v8f __attribute__((vector_size(32)));
+typedef float gdn_v8f_u __attribute__((vector_size(32), aligned(4))); /* unaligned access */
+
+/* sum of x[i]^2 with 8 independent partial sums (a serial fp32 sum is latency-bound). */
+static inline float gdn_sumsq(const float *x, int64_t n) {
+    gdn_v8f acc = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        gdn_v8f v = *(const gdn_v8f_u *)(x + i);
+        acc += v * v;
+    }
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += x[i] * x[i];
+    return s;
+}
+
 /* exp() that returns exactly 0 below 1e-30 (avoids denormal slow paths; far below fp32 rounding). */
 static inline float gdn_expf_ftz(float x) {
     return x < -69.0f ? 0.0f : __builtin_expf(x);
@@ -43,7 +60,7 @@ static inline float gdn_expf_ftz(float x) {
 /* ---- per-thread chunk workspace (sized at plan time for the widest use). */
 typedef struct {
     float *qs, *kn, *kt, *kdt; /* C x K, C x K, K x C, K x C */
-    float *pk, *tm, *am;       /* C x C each */
+    float *pk, *tm, *am, *ew;  /* C x C each; ew_ij = exp(G_i - G_j) for j <= i */
     float *xw;                 /* 2C x K : [W ; diag(eG) Qs] */
     float *rk;                 /* C x K : diag(beta eG) Kn */
     float *rv, *u, *m2;        /* C x W, C x W, 2C x W   (W = widest column block) */

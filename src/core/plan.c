@@ -10,7 +10,7 @@
 
 static size_t ws_floats(int C, int K, int W) {
     return (size_t)4 * C * K            /* qs kn kt kdt */
-           + (size_t)3 * C * C          /* pk tm am */
+           + (size_t)4 * C * C          /* pk tm am ew */
            + (size_t)2 * C * K + (size_t)C * K /* xw rk */
            + (size_t)4 * C * W          /* rv u m2(2) */
            + (size_t)K * W              /* state */
@@ -57,7 +57,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         ws->qs = carve(&cur, (size_t)C * K), ws->kn = carve(&cur, (size_t)C * K);
         ws->kt = carve(&cur, (size_t)K * C), ws->kdt = carve(&cur, (size_t)K * C);
         ws->pk = carve(&cur, (size_t)C * C), ws->tm = carve(&cur, (size_t)C * C);
-        ws->am = carve(&cur, (size_t)C * C);
+        ws->am = carve(&cur, (size_t)C * C), ws->ew = carve(&cur, (size_t)C * C);
         ws->xw = carve(&cur, (size_t)2 * C * K), ws->rk = carve(&cur, (size_t)C * K);
         ws->rv = carve(&cur, (size_t)C * W), ws->u = carve(&cur, (size_t)C * W);
         ws->m2 = carve(&cur, (size_t)2 * C * W), ws->state = carve(&cur, (size_t)K * W);

@@ -31,10 +31,29 @@ int gdn_fail(int status, const char *fmt, ...) {
     return status;
 }
 
+/* x * 0 is NaN exactly when x is NaN or Inf: sum those products a block at a time with
+ * vectors, and look at single elements only in a block that turned NaN. */
 int64_t gdn_find_nonfinite_f32(const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return i;
-    return -1;
+    const int64_t block = 4096;
+    int64_t first = INT64_MAX;
+    /* Large tensors are scanned by all threads (a serial scan costs ~7 % of a 2-thread forward). */
+#pragma omp parallel for schedule(static) if (n > (1 << 20)) reduction(min : first)
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        const int64_t m = n - b0 < block ? n - b0 : block;
+        gdn_v8f acc = {0};
+        int64_t i = 0;
+        for (; i + 8 <= m; i += 8) acc += *(const gdn_v8f_u *)(x + b0 + i) * 0.0f;
+        float s = 0.0f;
+        for (int l = 0; l < 8; l++) s += acc[l];
+        for (; i < m; i++) s += x[b0 + i] * 0.0f;
+        if (s != s)
+            for (int64_t j = 0; j < m; j++)
+                if (!isfinite(x[b0 + j])) {
+                    if (b0 + j < first) first = b0 + j;
+                    break;
+                }
+    }
+    return first == INT64_MAX ? -1 : first;
 }
 
 int64_t gdn_find_nonfinite_f64(const double *x, int64_t n) {
