@@ -105,6 +105,16 @@ int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const do
                           const double *k, const double *v, const double *g, const double *beta,
                           const double *h0);
 
+/* Backward of the oracle (reverse token loop, double): gradients of
+ * loss = sum(o * dout) + sum(ht * dht) with respect to the un-normalised q, k and to v, g, beta
+ * and h0. A key head's gradient sums over the value heads sharing it. dht and h0 may be NULL
+ * (zeros); dh0 may be NULL (not wanted). */
+int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double *dv,
+                           double *dg, double *dbeta, double *dh0, const double *q,
+                           const double *k, const double *v, const double *g,
+                           const double *beta, const double *h0, const double *dout,
+                           const double *dht);
+
 /* ---------------------------------------------------------------- safetensors I/O */
 
 /* Readable/writable dtypes; other safetensors dtypes are accepted in a file (GDN_DTYPE_OTHER)

@@ -61,5 +61,6 @@ void test_summary(void);
 void test_safetensors(void);
 void test_errors(void);
 void test_cli(void);
+void test_backward(void);
 
 #endif

@@ -6,6 +6,7 @@
 
 static const struct { const char *name; void (*fn)(void); } suites[] = {
     {"forward", test_forward},       {"golden", test_golden}, {"summary", test_summary},
+    {"backward", test_backward},
     {"safetensors", test_safetensors}, {"errors", test_errors}, {"cli", test_cli},
 };
 

@@ -1,0 +1,153 @@
+/* Gradients: the double oracle's backward against central finite differences and the golden
+ * files (autodiff in float64); the fp32 chunked backward against the double backward. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    gdn_config cfg;
+    double *q, *k, *v, *g, *beta, *h0, *dout, *dht;
+} dproblem;
+
+static double *dalloc(int64_t n) { return calloc(n ? n : 1, sizeof(double)); }
+
+static void dproblem_make(dproblem *p, gdn_config cfg, gate_kind gk, uint64_t seed) {
+    problem f;
+    problem_make(&f, cfg, gk, BETA_RANDOM, 1, seed);
+    p->cfg = cfg;
+    const int64_t nqk = n_qk(&cfg), nv = n_v(&cfg), ng = n_g(&cfg), ns = n_state(&cfg);
+    p->q = dalloc(nqk), p->k = dalloc(nqk), p->v = dalloc(nv), p->g = dalloc(ng);
+    p->beta = dalloc(ng), p->h0 = dalloc(ns), p->dout = dalloc(nv), p->dht = dalloc(ns);
+    for (int64_t i = 0; i < nqk; i++) p->q[i] = f.q[i], p->k[i] = f.k[i];
+    for (int64_t i = 0; i < nv; i++) p->v[i] = f.v[i], p->dout[i] = rng_uniform(-1, 1);
+    for (int64_t i = 0; i < ng; i++) p->g[i] = f.g[i], p->beta[i] = f.beta[i];
+    for (int64_t i = 0; i < ns; i++) p->h0[i] = f.h0[i], p->dht[i] = rng_uniform(-1, 1);
+    problem_free(&f);
+}
+
+static void dproblem_free(dproblem *p) {
+    free(p->q), free(p->k), free(p->v), free(p->g), free(p->beta), free(p->h0), free(p->dout), free(p->dht);
+}
+
+static double loss(const dproblem *p, const gdn_config *cfg) {
+    double *o = dalloc(n_v(cfg)), *ht = dalloc(n_state(cfg));
+    gdn_reference_forward(cfg, o, ht, p->q, p->k, p->v, p->g, p->beta, p->h0);
+    double L = 0.0;
+    for (int64_t i = 0; i < n_v(cfg); i++) L += o[i] * p->dout[i];
+    for (int64_t i = 0; i < n_state(cfg); i++) L += ht[i] * p->dht[i];
+    free(o), free(ht);
+    return L;
+}
+
+static double max_abs_diff(const double *a, const double *b, int64_t n, double *den) {
+    double num = 0.0;
+    *den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]);
+        if (!(d <= num)) num = d;
+        *den = fmax(*den, fabs(b[i]));
+    }
+    return num;
+}
+
+/* Central differences of the double oracle on every input element. */
+static void finite_differences(int l2norm) {
+    gdn_config cfg = gdn_config_default(1, 9, 1, 2, 5, 3);
+    cfg.l2norm = l2norm;
+    dproblem p;
+    dproblem_make(&p, cfg, GATE_MILD, 31 + l2norm);
+    const int64_t nqk = n_qk(&cfg), nv = n_v(&cfg), ng = n_g(&cfg), ns = n_state(&cfg);
+    double *dq = dalloc(nqk), *dk = dalloc(nqk), *dv = dalloc(nv), *dg = dalloc(ng), *db = dalloc(ng), *dh0 = dalloc(ns);
+    int rc = gdn_reference_backward(&cfg, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, p.dout, p.dht);
+    check(rc == GDN_OK, "oracle backward runs (l2norm=%d)", l2norm);
+    struct { const char *name; double *x, *grad; int64_t n; } t[] = {
+        {"q", p.q, dq, nqk}, {"k", p.k, dk, nqk}, {"v", p.v, dv, nv},
+        {"g", p.g, dg, ng}, {"beta", p.beta, db, ng}, {"h0", p.h0, dh0, ns}};
+    const double eps = 1e-5;
+    for (int i = 0; i < 6; i++) {
+        double *fd = dalloc(t[i].n);
+        for (int64_t j = 0; j < t[i].n; j++) {
+            const double keep = t[i].x[j];
+            t[i].x[j] = keep + eps;
+            const double lp = loss(&p, &cfg);
+            t[i].x[j] = keep - eps;
+            const double lm = loss(&p, &cfg);
+            t[i].x[j] = keep;
+            fd[j] = (lp - lm) / (2 * eps);
+        }
+        double den, num = max_abs_diff(t[i].grad, fd, t[i].n, &den);
+        /* Central differences with eps 1e-5 carry O(eps^2) ~ 1e-10 truncation plus 1e-16/eps
+         * rounding: 1e-7 relative leaves room and still catches any wrong term. */
+        expect_close(num / den, 1e-7, "oracle d%s vs central differences (l2norm=%d)", t[i].name, l2norm);
+        if (i == 3) { /* negative control: dg misaligned by one token */
+            double *shift = dalloc(ng);
+            for (int64_t j = 0; j < ng; j++) shift[j] = t[i].grad[(j + cfg.Hv) % ng];
+            expect_far(max_abs_diff(shift, fd, ng, &den) / den, 1e-7, "dg shifted by one token vs central differences");
+            free(shift);
+        }
+        if (i == 0 && l2norm) { /* negative control: the L2-norm backward left out */
+            gdn_config raw = cfg;
+            raw.l2norm = 0;
+            double *dq2 = dalloc(nqk), *dk2 = dalloc(nqk), *dv2 = dalloc(nv), *dg2 = dalloc(ng), *db2 = dalloc(ng);
+            gdn_reference_backward(&raw, dq2, dk2, dv2, dg2, db2, NULL, p.q, p.k, p.v, p.g, p.beta, p.h0, p.dout, p.dht);
+            expect_far(max_abs_diff(dq2, fd, nqk, &den) / den, 1e-7, "dq without the L2-norm backward vs central differences");
+            free(dq2), free(dk2), free(dv2), free(dg2), free(db2);
+        }
+        free(fd);
+    }
+    free(dq), free(dk), free(dv), free(dg), free(db), free(dh0);
+    dproblem_free(&p);
+}
+
+static const char *golden_names[] = {"gdn_no_decay", "gdn_small", "gdn_strong_gates", "gdn_qwen_heads"};
+static const char *grad_names[] = {"dq", "dk", "dv", "dg", "dbeta", "dh0"};
+
+/* Golden gradients: the double oracle backward must match autodiff to near double rounding. */
+static void golden_oracle(void) {
+    for (size_t gi = 0; gi < 4; gi++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.safetensors", GDN_GOLDEN_DIR, golden_names[gi]);
+        gdn_st_file *f = NULL;
+        if (gdn_st_open(&f, path)) {
+            check(0, "golden %s opens (%s)", golden_names[gi], gdn_errmsg());
+            continue;
+        }
+        const gdn_st_tensor *tq = gdn_st_find(f, "q"), *tv = gdn_st_find(f, "v");
+        gdn_config cfg = gdn_config_default(tq->shape[0], tq->shape[1], tq->shape[2], tv->shape[2], tq->shape[3], tv->shape[3]);
+        const int has_h0 = gdn_st_find(f, "h0") != NULL;
+        const int64_t nqk = n_qk(&cfg), nv = n_v(&cfg), ng = n_g(&cfg), ns = n_state(&cfg);
+        double *q = dalloc(nqk), *k = dalloc(nqk), *v = dalloc(nv), *g = dalloc(ng), *beta = dalloc(ng),
+               *h0 = has_h0 ? dalloc(ns) : NULL, *dout = dalloc(nv), *dht = dalloc(ns);
+        gdn_st_read_f64(f, "q", q, nqk), gdn_st_read_f64(f, "k", k, nqk), gdn_st_read_f64(f, "v", v, nv);
+        gdn_st_read_f64(f, "g", g, ng), gdn_st_read_f64(f, "beta", beta, ng), gdn_st_read_f64(f, "do", dout, nv);
+        gdn_st_read_f64(f, "dht", dht, ns);
+        if (has_h0) gdn_st_read_f64(f, "h0", h0, ns);
+        const int64_t sizes[6] = {nqk, nqk, nv, ng, ng, ns};
+        double *ours[6], *ref[6];
+        for (int i = 0; i < 6; i++) ours[i] = dalloc(sizes[i]), ref[i] = dalloc(sizes[i]);
+        int rc = gdn_reference_backward(&cfg, ours[0], ours[1], ours[2], ours[3], ours[4], has_h0 ? ours[5] : NULL,
+                                        q, k, v, g, beta, h0, dout, dht);
+        check(rc == GDN_OK, "oracle backward on golden %s", golden_names[gi]);
+        for (int i = 0; i < (has_h0 ? 6 : 5); i++) {
+            gdn_st_read_f64(f, grad_names[i], ref[i], sizes[i]);
+            double den, num = max_abs_diff(ours[i], ref[i], sizes[i], &den);
+            expect_close(num / den, 1e-9, "oracle %s vs golden %s", grad_names[i], golden_names[gi]);
+        }
+        /* Negative control: the final-state gradient dropped. */
+        rc = gdn_reference_backward(&cfg, ours[0], ours[1], ours[2], ours[3], ours[4], NULL, q, k, v, g, beta, h0, dout, NULL);
+        double den, num = max_abs_diff(ours[2], ref[2], nv, &den);
+        expect_far(num / den, 1e-9, "oracle dv without dht vs golden %s", golden_names[gi]);
+        for (int i = 0; i < 6; i++) free(ours[i]), free(ref[i]);
+        free(q), free(k), free(v), free(g), free(beta), free(h0), free(dout), free(dht);
+        gdn_st_close(f);
+    }
+}
+
+void test_backward(void) {
+    finite_differences(1);
+    finite_differences(0);
+    golden_oracle();
+}
