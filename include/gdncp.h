@@ -51,6 +51,8 @@ typedef struct {
     int l2norm;     /* 1: in-kernel L2 norm of q and k (Qwen); 0: use them as given */
     int threads;    /* OpenMP threads; 0 means all available */
     int check_finite; /* 1: reject NaN/Inf in inputs before computing (default via gdn_config_default) */
+    int checkpoint_chunks; /* backward keeps the state every this many chunks; 0: automatic
+                              (about sqrt of the chunk count, minimising memory) */
 } gdn_config;
 
 /* A config with the library defaults: chunk 64, default scale, L2 norm on, all threads, checks on. */
@@ -76,6 +78,17 @@ const char *gdn_plan_path(const gdn_plan *plan);
  * initial state h0 (NULL means zeros). */
 int gdn_forward(gdn_plan *plan, float *o, float *ht, const float *q, const float *k,
                 const float *v, const float *g, const float *beta, const float *h0);
+
+/* Backward: gradients of loss = sum(o * dout) + sum(ht * dht) with respect to the
+ * un-normalised q, k and to v, g, beta, h0. dht and h0 may be NULL (zeros); dh0 may be NULL.
+ * The forward is recomputed from checkpoints: nothing needs to be saved from gdn_forward. */
+int gdn_backward(gdn_plan *plan, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                 float *dh0, const float *q, const float *k, const float *v, const float *g,
+                 const float *beta, const float *h0, const float *dout, const float *dht);
+
+/* Bytes the backward keeps per thread (checkpoints and workspace) — independent of B and
+ * of the number of heads; it grows as sqrt(T) with automatic checkpointing. */
+size_t gdn_plan_backward_bytes(const gdn_plan *plan);
 
 /* ---------------------------------------------------------------- segment summaries (affine view)
  *

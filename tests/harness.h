@@ -62,5 +62,6 @@ void test_safetensors(void);
 void test_errors(void);
 void test_cli(void);
 void test_backward(void);
+void test_backward_chunked(void);
 
 #endif

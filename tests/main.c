@@ -6,7 +6,7 @@
 
 static const struct { const char *name; void (*fn)(void); } suites[] = {
     {"forward", test_forward},       {"golden", test_golden}, {"summary", test_summary},
-    {"backward", test_backward},
+    {"backward", test_backward}, {"backward_chunked", test_backward_chunked},
     {"safetensors", test_safetensors}, {"errors", test_errors}, {"cli", test_cli},
 };
 

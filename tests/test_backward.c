@@ -146,6 +146,74 @@ static void golden_oracle(void) {
     }
 }
 
+/* fp32 chunked backward vs the double backward, every gradient tensor. Returns the worst error. */
+#define TOL_BWD 1e-4
+typedef struct { double err[6]; int rc; } bwd_result;
+
+static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, const float *dout,
+                                    const float *dht, int with_h0) {
+    bwd_result res = {{0}, 0};
+    const int64_t nqk = n_qk(cfg), nv = n_v(cfg), ng = n_g(cfg), ns = n_state(cfg);
+    const int64_t sizes[6] = {nqk, nqk, nv, ng, ng, ns};
+    double *ref[6];
+    float *ours[6];
+    for (int i = 0; i < 6; i++) ref[i] = dalloc(sizes[i]), ours[i] = calloc(sizes[i], sizeof(float));
+    double *q = dalloc(nqk), *k = dalloc(nqk), *v = dalloc(nv), *g = dalloc(ng), *beta = dalloc(ng),
+           *h0 = with_h0 ? dalloc(ns) : NULL, *ddo = dalloc(nv), *ddht = dht ? dalloc(ns) : NULL;
+    for (int64_t i = 0; i < nqk; i++) q[i] = p->q[i], k[i] = p->k[i];
+    for (int64_t i = 0; i < nv; i++) v[i] = p->v[i], ddo[i] = dout[i];
+    for (int64_t i = 0; i < ng; i++) g[i] = p->g[i], beta[i] = p->beta[i];
+    for (int64_t i = 0; with_h0 && i < ns; i++) h0[i] = p->h0[i];
+    for (int64_t i = 0; dht && i < ns; i++) ddht[i] = dht[i];
+    gdn_reference_backward(cfg, ref[0], ref[1], ref[2], ref[3], ref[4], with_h0 ? ref[5] : NULL,
+                           q, k, v, g, beta, h0, ddo, ddht);
+    gdn_plan *plan = NULL;
+    res.rc = gdn_plan_create(&plan, cfg);
+    if (!res.rc)
+        res.rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], with_h0 ? ours[5] : NULL,
+                              p->q, p->k, p->v, p->g, p->beta, with_h0 ? p->h0 : NULL, dout, dht);
+    gdn_plan_destroy(plan);
+    for (int i = 0; i < 6; i++) {
+        res.err[i] = res.rc ? INFINITY : (i == 5 && !with_h0) ? 0.0 : rel_err_f32(ours[i], ref[i], sizes[i]);
+        free(ref[i]), free(ours[i]);
+    }
+    free(q), free(k), free(v), free(g), free(beta), free(h0), free(ddo), free(ddht);
+    return res;
+}
+
+static double worst(const bwd_result *r) {
+    double w = 0.0;
+    for (int i = 0; i < 6; i++) w = fmax(w, r->err[i]);
+    return w;
+}
+
+static void chunked_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K, int64_t V, int chunk,
+                         gate_kind gk, beta_kind bk, int with_h0, int with_dht, int ckpt, uint64_t seed) {
+    gdn_config cfg = gdn_config_default(B, T, Hk, Hv, K, V);
+    cfg.chunk = chunk;
+    cfg.checkpoint_chunks = ckpt;
+    problem p;
+    problem_make(&p, cfg, gk, bk, 1, seed);
+    float *dout = malloc(sizeof(float) * n_v(&cfg)), *dht = malloc(sizeof(float) * n_state(&cfg));
+    for (int64_t i = 0; i < n_v(&cfg); i++) dout[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < n_state(&cfg); i++) dht[i] = (float)rng_uniform(-1, 1);
+    bwd_result r = chunked_vs_oracle(&cfg, &p, dout, with_dht ? dht : NULL, with_h0);
+    static const char *gn[] = {"zero", "mild", "strong"}, *bn[] = {"0", "1", "rand"};
+    expect_close(worst(&r), TOL_BWD,
+                 "bwd B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d gate=%s beta=%s h0=%d dht=%d ckpt=%d "
+                 "(dq %.1e dk %.1e dv %.1e dg %.1e db %.1e dh0 %.1e)",
+                 (long long)B, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V,
+                 chunk, gn[gk], bn[bk], with_h0, with_dht, ckpt, r.err[0], r.err[1], r.err[2], r.err[3],
+                 r.err[4], r.err[5]);
+    free(dout), free(dht);
+    problem_free(&p);
+}
+
+void test_backward_chunked(void) {
+    chunked_case(1, 100, 2, 4, 32, 16, 64, GATE_MILD, BETA_RANDOM, 1, 1, 0, 1);
+    chunked_case(1, 5, 1, 1, 8, 8, 16, GATE_MILD, BETA_RANDOM, 1, 1, 0, 2);
+}
+
 void test_backward(void) {
     finite_differences(1);
     finite_differences(0);

@@ -59,20 +59,17 @@ static void prefetch_row(const gdn_plan *p, const gdn_inputs *in, int64_t b, int
 }
 
 /* tm = (I + L)^-1 with L_ij = beta_i (k_i.k_j) exp(G_i - G_j), i > j, by forward substitution.
- * On entry pk holds k_i.k_j for j <= i. The decay is masked before exponentiating. */
+ * pk holds k_i.k_j for j <= i and is left as it is (the backward needs it); L is formed row by
+ * row from the masked decays in ew. */
 static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
                               const gdn_inputs *in, int64_t b, int64_t h, int64_t next_t0) {
-    float *L = ws->pk, *tm = ws->tm;
-    for (int i = 0; i < n; i++) {
-        float *li = L + (size_t)i * C;
-        const float *ei = ws->ew + (size_t)i * C;
-        for (int j = 0; j < i; j++) li[j] *= ws->beta[i] * ei[j];
-    }
+    float *tm = ws->tm, *li = ws->lrow;
     for (int i = 0; i < n; i++) {
         /* One row of the next chunk per row of work: spread out, the prefetches all land. */
         if (next_t0 + i < p->cfg.T) prefetch_row(p, in, b, h, next_t0 + i);
+        const float *ki = ws->pk + (size_t)i * C, *ei = ws->ew + (size_t)i * C;
+        for (int j = 0; j < i; j++) li[j] = ws->beta[i] * ki[j] * ei[j];
         float *ti = tm + (size_t)i * C;
-        const float *li = L + (size_t)i * C;
         memset(ti, 0, sizeof(float) * C);
         ti[i] = 1.0f;
         for (int m = 0; m < i; m++) {
@@ -83,73 +80,86 @@ static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
     }
 }
 
-void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                      int64_t h, int c0, int w, float *o) {
+void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                       int64_t h, int64_t t0, int n, int want_out) {
+    const gdn_config *c = &p->cfg;
+    const int C = c->chunk, K = (int)c->K;
+    gather(p, ws, in, b, h, t0, n, c->scale);
+    gdn_transpose(n, K, ws->kn, K, ws->kt, C);
+
+    /* W = (I+L)^-1 diag(beta eG) K  ->  rows 0..n-1 of xw */
+    gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->kn, K, ws->kt, C, ws->pk, C);
+    invert_unit_lower(ws, n, C, p, in, b, h, t0 + C);
+    for (int i = 0; i < n; i++) {
+        const float f = ws->beta[i] * ws->eg[i];
+        for (int j = 0; j < K; j++) ws->rk[(size_t)i * K + j] = f * ws->kn[(size_t)i * K + j];
+    }
+    gdn_gemm(GDN_GEMM_A_LOWER, n, K, n, ws->tm, C, ws->rk, K, ws->xw, K);
+    if (!want_out) return;
+    /* Rows n..2n-1 of xw: diag(eG) Q, so one product [W ; diag(eG) Q] S serves both. */
+    for (int i = 0; i < n; i++) {
+        float *dst = ws->xw + (size_t)(n + i) * K;
+        const float *qs = ws->qs + (size_t)i * K;
+        for (int j = 0; j < K; j++) dst[j] = ws->eg[i] * qs[j];
+    }
+    /* A = Q K^T . E . M (lower, diagonal included); the scale is already inside Q. */
+    gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->qs, K, ws->kt, C, ws->am, C);
+    for (int i = 0; i < n; i++) {
+        float *ai = ws->am + (size_t)i * C;
+        const float *ei = ws->ew + (size_t)i * C;
+        for (int j = 0; j <= i; j++) ai[j] *= ei[j];
+        for (int j = i + 1; j < C; j++) ai[j] = 0.0f;
+    }
+}
+
+void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                      int64_t h, int64_t t0, int n, int c0, int w, int want_out) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V;
-    const int64_t T = c->T, Hv = c->Hv;
-    const float scale = c->scale;
-    float *S = ws->state;
     const int vcols = V - c0 < w ? (V - c0 > 0 ? V - c0 : 0) : w; /* value columns in block */
+    /* U = (I+L)^-1 diag(beta) V over this block's columns (zero past V). */
+    for (int i = 0; i < n; i++) {
+        const float *vsrc = in->v + ((b * c->T + t0 + i) * c->Hv + h) * V + c0;
+        float *rv = ws->rv + (size_t)i * w;
+        for (int j = 0; j < vcols; j++) rv[j] = ws->beta[i] * vsrc[j];
+        for (int j = vcols; j < w; j++) rv[j] = 0.0f;
+    }
+    gdn_gemm(GDN_GEMM_A_LOWER, n, w, n, ws->tm, C, ws->rv, w, ws->u, w);
+    /* m2 = [W ; diag(eG) Q] S; Dl = U - W S overwrites u. */
+    gdn_gemm(0, want_out ? 2 * n : n, w, K, ws->xw, K, ws->state, w, ws->m2, w);
+    for (int64_t i = 0; i < (int64_t)n * w; i++) ws->u[i] -= ws->m2[i];
+}
 
-    for (int64_t t0 = 0; t0 < T; t0 += C) {
-        const int n = T - t0 < C ? (int)(T - t0) : C;
-        gather(p, ws, in, b, h, t0, n, scale);
-        gdn_transpose(n, K, ws->kn, K, ws->kt, C);
+void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w) {
+    const int C = p->cfg.chunk, K = (int)p->cfg.K;
+    /* S' = exp(Gc) S + Kd^T Dl, Kd = diag(exp(Gc - G)) K */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < K; j++)
+            ws->kdt[(size_t)j * C + i] = ws->egd[i] * ws->kn[(size_t)i * K + j];
+    const float egc = ws->eg[n - 1];
+    float *S = ws->state;
+    for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] *= egc;
+    gdn_gemm(GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
+}
 
-        /* W = (I+L)^-1 diag(beta eG) K  ->  rows 0..n-1 of xw */
-        gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->kn, K, ws->kt, C, ws->pk, C);
-        invert_unit_lower(ws, n, C, p, in, b, h, t0 + C);
-        for (int i = 0; i < n; i++) {
-            const float f = ws->beta[i] * ws->eg[i];
-            for (int j = 0; j < K; j++) ws->rk[(size_t)i * K + j] = f * ws->kn[(size_t)i * K + j];
-        }
-        gdn_gemm(GDN_GEMM_A_LOWER, n, K, n, ws->tm, C, ws->rk, K, ws->xw, K);
-
-        /* U = (I+L)^-1 diag(beta) V over this block's columns (zero past V). */
-        for (int i = 0; i < n; i++) {
-            const float *vsrc = in->v + ((b * T + t0 + i) * Hv + h) * V + c0;
-            float *rv = ws->rv + (size_t)i * w;
-            for (int j = 0; j < vcols; j++) rv[j] = ws->beta[i] * vsrc[j];
-            for (int j = vcols; j < w; j++) rv[j] = 0.0f;
-        }
-        gdn_gemm(GDN_GEMM_A_LOWER, n, w, n, ws->tm, C, ws->rv, w, ws->u, w);
-
-        /* [W ; diag(eG) Q] S in one product: rows 0..n-1 give W S, rows n..2n-1 the inter-chunk output. */
-        int rows = n;
+void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                      int64_t h, int c0, int w, int64_t t_begin, int64_t t_end, float *o) {
+    const gdn_config *c = &p->cfg;
+    const int C = c->chunk, V = (int)c->V;
+    const int64_t T = c->T, Hv = c->Hv;
+    const int vcols = V - c0 < w ? (V - c0 > 0 ? V - c0 : 0) : w;
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += C) {
+        const int n = t_end - t0 < C ? (int)(t_end - t0) : C;
+        gdn_chunk_prepare(p, ws, in, b, h, t0, n, o != NULL);
+        gdn_chunk_values(p, ws, in, b, h, t0, n, c0, w, o != NULL);
         if (o) {
-            for (int i = 0; i < n; i++) {
-                float *dst = ws->xw + (size_t)(n + i) * K;
-                const float *qs = ws->qs + (size_t)i * K;
-                for (int j = 0; j < K; j++) dst[j] = ws->eg[i] * qs[j];
-            }
-            rows = 2 * n;
-        }
-        gdn_gemm(0, rows, w, K, ws->xw, K, S, w, ws->m2, w);
-        for (int64_t i = 0; i < (int64_t)n * w; i++) ws->u[i] -= ws->m2[i]; /* u <- Dl */
-
-        if (o) {
-            /* O = eG Q S + (Q K^T . E . M) Dl ; scale is already inside Q. */
-            gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->qs, K, ws->kt, C, ws->am, C);
-            for (int i = 0; i < n; i++) {
-                float *ai = ws->am + (size_t)i * C;
-                const float *ei = ws->ew + (size_t)i * C;
-                for (int j = 0; j <= i; j++) ai[j] *= ei[j];
-                for (int j = i + 1; j < C; j++) ai[j] = 0.0f;
-            }
+            /* O = eG Q S + A Dl */
             float *oc = ws->m2 + (size_t)n * w;
             gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, w, n, ws->am, C, ws->u, w, oc, w);
             for (int i = 0; i < n; i++)
                 memcpy(o + ((b * T + t0 + i) * Hv + h) * V + c0, oc + (size_t)i * w,
                        sizeof(float) * vcols);
         }
-
-        /* S' = exp(Gc) S + Kd^T Dl, Kd = diag(exp(Gc - G)) K */
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < K; j++)
-                ws->kdt[(size_t)j * C + i] = ws->egd[i] * ws->kn[(size_t)i * K + j];
-        const float egc = ws->eg[n - 1];
-        for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] *= egc;
-        gdn_gemm(GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
+        gdn_chunk_update_state(p, ws, n, w);
     }
 }

@@ -65,14 +65,36 @@ typedef struct {
     float *rk;                 /* C x K : diag(beta eG) Kn */
     float *rv, *u, *m2;        /* C x W, C x W, 2C x W   (W = widest column block) */
     float *state;              /* K x W */
-    float *g, *beta, *eg, *egd; /* C each */
+    float *g, *beta, *eg, *egd, *lrow; /* C each */
     double *G;                  /* C: in-chunk cumulative gate, in double because G_i - G_j
                                    cancels: |G| reaches 20*128 where fp32 spacing is 1e-4 */
 } gdn_chunk_ws;
 
+/* ---- per-thread backward workspace. */
+typedef struct {
+    float *dS, *St, *dSt, *tkv;                          /* K x V, V x K, V x K, K x V */
+    float *dDl, *dO, *dRv;                               /* C x V */
+    float *dQe, *dWn, *dKd, *dRkn, *kd, *dQ, *dKn;       /* C x K */
+    float *dA, *dT, *dLn, *tcc, *tmT, *tcc2;             /* C x C */
+    float *tkc, *tvc;                                    /* K x C, V x C */
+    double *dG, *dbeta_row;                              /* C */
+    float *ckpt;                                         /* segments x K x V: checkpoints */
+    float *segst;                                        /* N x K x V: one segment's states */
+} gdn_bwd_ws;
+
+/* Gradient outputs and the extra inputs of the backward. */
+typedef struct {
+    float *dq, *dk, *dv, *dg, *dbeta, *dh0;
+    const float *dout, *dht, *h0;
+} gdn_grads;
+
 struct gdn_plan {
     gdn_config cfg;
     int threads;
+    int ckpt_chunks;     /* backward: a checkpoint every this many chunks */
+    int64_t nseg;        /* backward: checkpoints per stream */
+    gdn_bwd_ws *bws;     /* one per thread */
+    void *bwd_arena;
     int max_width;   /* widest column block the workspace holds (V + K for summaries) */
     gdn_chunk_ws *ws; /* one per thread */
     void *arena;
@@ -83,12 +105,28 @@ typedef struct {
     const float *q, *k, *v, *g, *beta; /* base pointers of the full tensors */
 } gdn_inputs;
 
-/* Run the chunk loop for batch row b, value head h over state columns [c0, c0+w) of the
- * augmented width: columns below V are value columns, columns from V on carry zero values
- * (used by summaries to push the identity through, giving A). The state enters and leaves in
- * ws->state (K x w, row stride w). o: output base (the full [B,T,Hv,V] tensor) or NULL. */
+/* Run the chunk loop for batch row b, value head h over tokens [t_begin, t_end) (t_begin a
+ * multiple of the chunk) and state columns [c0, c0+w) of the augmented width: columns below V
+ * are value columns, columns from V on carry zero values (summaries push the identity through
+ * them, giving A). The state enters and leaves in ws->state (K x w, row stride w).
+ * o: output base (the full [B,T,Hv,V] tensor) or NULL. */
 void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                      int64_t h, int c0, int w, float *o);
+                      int64_t h, int c0, int w, int64_t t_begin, int64_t t_end, float *o);
+
+/* The phases of one chunk [t0, t0+n), shared with the backward:
+ * prepare: gather, G and decays, KK^T (pk), tm = (I+L)^-1, W (xw rows 0..n-1) and, with
+ *          want_out, diag(eG) Q (xw rows n..2n-1) and A (am);
+ * values:  rv = diag(beta) V, u = Dl = tm rv - W S, m2 = [W ; eG Q] S (S = ws->state);
+ * update_state: ws->state <- exp(Gc) S + Kd^T Dl (kdt = Kd^T). */
+void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                       int64_t h, int64_t t0, int n, int want_out);
+void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                      int64_t h, int64_t t0, int n, int c0, int w, int want_out);
+void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w);
+
+/* Backward of one (batch row, key head): all its value heads, checkpoints and recompute. */
+void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
+                       const gdn_grads *gr, int64_t b, int64_t hk);
 
 /* Column blocking: the width of the column blocks a stream of `width` state columns is split
  * into so that all threads have work (== width when there are enough streams). */

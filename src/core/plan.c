@@ -14,8 +14,10 @@ static size_t ws_floats(int C, int K, int W) {
            + (size_t)2 * C * K + (size_t)C * K /* xw rk */
            + (size_t)4 * C * W          /* rv u m2(2) */
            + (size_t)K * W              /* state */
-           + (size_t)6 * C;             /* g beta eg egd, G (double) */
+           + (size_t)7 * C;             /* g beta eg egd lrow, G (double) */
 }
+
+static int alloc_backward(gdn_plan *p);
 
 /* Carve one thread's workspace; each piece starts on a 64-byte boundary. */
 static float *carve(float **cur, size_t n) {
@@ -62,15 +64,69 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         ws->rv = carve(&cur, (size_t)C * W), ws->u = carve(&cur, (size_t)C * W);
         ws->m2 = carve(&cur, (size_t)2 * C * W), ws->state = carve(&cur, (size_t)K * W);
         ws->g = carve(&cur, C), ws->beta = carve(&cur, C), ws->G = (double *)carve(&cur, 2 * (size_t)C);
-        ws->eg = carve(&cur, C), ws->egd = carve(&cur, C);
+        ws->eg = carve(&cur, C), ws->egd = carve(&cur, C), ws->lrow = carve(&cur, C);
         GDN_ASSERT(cur <= (float *)p->arena + per * (t + 1));
+    }
+    if ((rc = alloc_backward(p))) {
+        gdn_plan_destroy(p);
+        return rc;
     }
     *out = p;
     return GDN_OK;
 }
 
+static size_t bwd_floats(int C, int K, int V, int64_t nseg, int N) {
+    return (size_t)4 * K * V + (size_t)3 * C * V + (size_t)7 * C * K + (size_t)6 * C * C +
+           (size_t)K * C + (size_t)V * C + (size_t)4 * C /* dG, dbeta_row (double) */ +
+           (size_t)(nseg + N) * K * V + 32 * 16;
+}
+
+static int alloc_backward(gdn_plan *p) {
+    const gdn_config *c = &p->cfg;
+    const int C = c->chunk, K = (int)c->K, V = (int)c->V;
+    const int64_t nchunks = (c->T + C - 1) / C;
+    int N = c->checkpoint_chunks;
+    if (N <= 0) {
+        N = (int)ceil(sqrt((double)nchunks));
+        if (N < 1) N = 1;
+    }
+    if (N > nchunks) N = (int)nchunks;
+    p->ckpt_chunks = N;
+    p->nseg = (nchunks + N - 1) / N;
+    const size_t per = bwd_floats(C, K, V, p->nseg, N);
+    p->bws = calloc((size_t)p->threads, sizeof *p->bws);
+    p->bwd_arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
+    if (!p->bws || !p->bwd_arena)
+        return gdn_fail(GDN_ERR_NOMEM, "backward workspace (%zu bytes per thread, %d threads)",
+                        per * sizeof(float), p->threads);
+    for (int t = 0; t < p->threads; t++) {
+        float *cur = (float *)p->bwd_arena + per * t;
+        gdn_bwd_ws *b = &p->bws[t];
+        const size_t kv = (size_t)K * V, cv = (size_t)C * V, ck = (size_t)C * K, cc = (size_t)C * C;
+        b->dS = carve(&cur, kv), b->St = carve(&cur, kv), b->dSt = carve(&cur, kv), b->tkv = carve(&cur, kv);
+        b->dDl = carve(&cur, cv), b->dO = carve(&cur, cv), b->dRv = carve(&cur, cv);
+        b->dQe = carve(&cur, ck), b->dWn = carve(&cur, ck), b->dKd = carve(&cur, ck);
+        b->dRkn = carve(&cur, ck), b->kd = carve(&cur, ck), b->dQ = carve(&cur, ck), b->dKn = carve(&cur, ck);
+        b->dA = carve(&cur, cc), b->dT = carve(&cur, cc), b->dLn = carve(&cur, cc);
+        b->tcc = carve(&cur, cc), b->tmT = carve(&cur, cc), b->tcc2 = carve(&cur, cc);
+        b->tkc = carve(&cur, (size_t)K * C), b->tvc = carve(&cur, (size_t)V * C);
+        b->dG = (double *)carve(&cur, 2 * (size_t)C), b->dbeta_row = (double *)carve(&cur, 2 * (size_t)C);
+        b->ckpt = carve(&cur, (size_t)p->nseg * kv), b->segst = carve(&cur, (size_t)N * kv);
+        GDN_ASSERT(cur <= (float *)p->bwd_arena + per * (t + 1));
+    }
+    return GDN_OK;
+}
+
+size_t gdn_plan_backward_bytes(const gdn_plan *p) {
+    if (!p) return 0;
+    return bwd_floats(p->cfg.chunk, (int)p->cfg.K, (int)p->cfg.V, p->nseg, p->ckpt_chunks) *
+           sizeof(float);
+}
+
 void gdn_plan_destroy(gdn_plan *p) {
     if (!p) return;
+    free(p->bwd_arena);
+    free(p->bws);
     free(p->arena);
     free(p->ws);
     free(p);
@@ -160,7 +216,7 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
         for (int64_t i = 0; i < K; i++)
             for (int j = 0; j < w; j++)
                 ws->state[i * w + j] = h0 ? h0[base + i * V + j] : 0.0f;
-        gdn_chunk_stream(p, ws, &in, b, h, c0, w, o);
+        gdn_chunk_stream(p, ws, &in, b, h, c0, w, 0, c->T, o);
         if (ht)
             for (int64_t i = 0; i < K; i++)
                 memcpy(ht + base + i * V, ws->state + i * w, sizeof(float) * w);
@@ -168,6 +224,42 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
     if (c->check_finite) {
         if ((rc = check_output("o", o, c->B * c->T * Hv * V))) return rc;
         if (ht && (rc = check_output("ht", ht, c->B * Hv * K * V))) return rc;
+    }
+    return GDN_OK;
+}
+
+int gdn_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                 float *dh0, const float *q, const float *k, const float *v, const float *g,
+                 const float *beta, const float *h0, const float *dout, const float *dht) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!dq || !dk || !dv || !dg || !dbeta)
+        return gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL",
+                        !dq ? "dq" : !dk ? "dk" : !dv ? "dv" : !dg ? "dg" : "dbeta");
+    int rc = check_inputs(p, q, k, v, g, beta, h0);
+    if (rc) return rc;
+    const gdn_config *c = &p->cfg;
+    const int64_t nv = c->B * c->T * c->Hv * c->V, ns = c->B * c->Hv * c->K * c->V;
+    if ((rc = check_tensor("do", dout, nv, c->check_finite))) return rc;
+    if (dht && (rc = check_tensor("dht", dht, ns, c->check_finite))) return rc;
+    const gdn_inputs in = {q, k, v, g, beta};
+    const gdn_grads gr = {dq, dk, dv, dg, dbeta, dh0, dout, dht, h0};
+    const int64_t items = c->B * c->Hk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
+    for (int64_t it = 0; it < items; it++) {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num();
+#else
+        const int tid = 0;
+#endif
+        gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hk, it % c->Hk);
+    }
+    if (c->check_finite) {
+        const int64_t nqk = c->B * c->T * c->Hk * c->K, ng = c->B * c->T * c->Hv;
+        const struct { const char *name; const float *x; int64_t n; } outs[] = {
+            {"dq", dq, nqk}, {"dk", dk, nqk}, {"dv", dv, nv}, {"dg", dg, ng}, {"dbeta", dbeta, ng},
+            {"dh0", dh0, ns}};
+        for (int i = 0; i < 6; i++)
+            if (outs[i].x && (rc = check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
     }
     return GDN_OK;
 }

@@ -42,7 +42,7 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
         /* [S | A] starts as [0 | I]: B is the final state from zero, A the pushed identity. */
         for (int64_t i = 0; i < K; i++)
             for (int j = 0; j < w; j++) ws->state[i * w + j] = (c0 + j - V == i) ? 1.0f : 0.0f;
-        gdn_chunk_stream(p, ws, &in, b, h, c0, w, NULL);
+        gdn_chunk_stream(p, ws, &in, b, h, c0, w, 0, c->T, NULL);
         float *A = sa + (b * Hv + h) * K * K, *Bm = sb + (b * Hv + h) * K * V;
         for (int64_t i = 0; i < K; i++)
             for (int j = 0; j < w; j++) {

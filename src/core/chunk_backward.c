@@ -1,0 +1,204 @@
+/* The chunked backward (DESIGN §3), one (batch row, key head) per work item so that the value
+ * heads sharing a key head accumulate their dq, dk rows without races. Memory: the state is kept
+ * only every N chunks (checkpoints); a segment's chunk-entry states are recomputed from its
+ * checkpoint, and each chunk's intermediates (W, U, T, A) are recomputed right before its
+ * backward. Nothing of size T x (anything) is kept beyond the caller's gradients. */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static double dot_f(const float *a, const float *b, int n) {
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+/* Backward through chunk [t0, t0+n) of stream (b, h). On entry ws->state = S entering the
+ * chunk and bw->dS = gradient of the state leaving it; on exit bw->dS = gradient of S. Writes
+ * dv, dg, dbeta rows of head h; adds the gradients with respect to the normalised, scaled q
+ * and the normalised k into the dq, dk rows (finished by the caller). */
+static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
+                           const gdn_inputs *in, const gdn_grads *gr, int64_t b, int64_t h,
+                           int64_t t0, int n) {
+    const gdn_config *c = &p->cfg;
+    const int C = c->chunk, K = (int)c->K, V = (int)c->V;
+    const int64_t T = c->T, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
+    gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1);
+    gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 1);
+    const float *S = ws->state, *Dl = ws->u, *W = ws->xw, *Qe = ws->xw + (size_t)n * K;
+    const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *Rk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
+    float *dS = bw->dS;
+    const float egc = ws->eg[n - 1];
+
+    /* 1. S' = exp(Gc) S + Kd^T Dl */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < K; j++) bw->kd[(size_t)i * K + j] = ws->egd[i] * Kn[(size_t)i * K + j];
+    gdn_gemm(0, n, V, K, bw->kd, K, dS, V, bw->dDl, V);            /* dDl = Kd dS' */
+    gdn_transpose(K, V, dS, V, bw->dSt, K);
+    gdn_gemm(0, n, K, V, Dl, V, bw->dSt, K, bw->dKd, K);           /* dKd = Dl dS'^T */
+    double dGc = (double)egc * dot_f(S, dS, K * V);
+    for (int64_t i = 0; i < (int64_t)K * V; i++) dS[i] *= egc;
+
+    /* 2. O = diag(eG) Q S + A Dl */
+    for (int i = 0; i < n; i++)
+        memcpy(bw->dO + (size_t)i * V, gr->dout + ((b * T + t0 + i) * Hv + h) * V, sizeof(float) * V);
+    gdn_transpose(K, V, S, V, bw->St, K);
+    gdn_gemm(0, n, K, V, bw->dO, V, bw->St, K, bw->dQe, K);        /* dQe = dO S^T */
+    gdn_transpose(n, K, Qe, K, bw->tkc, C);
+    gdn_gemm(GDN_GEMM_ACC, K, V, n, bw->tkc, C, bw->dO, V, dS, V);  /* dS += Qe^T dO */
+    gdn_transpose(n, V, Dl, V, bw->tvc, C);
+    gdn_gemm(GDN_GEMM_C_LOWER, n, n, V, bw->dO, V, bw->tvc, C, bw->dA, C); /* dA = dO Dl^T */
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < C; j++) bw->dA[(size_t)i * C + j] = 0.0f;
+    gdn_transpose(n, n, A, C, bw->tcc, C);
+    gdn_gemm(GDN_GEMM_ACC, n, V, n, bw->tcc, C, bw->dO, V, bw->dDl, V); /* dDl += A^T dO */
+
+    /* 3. Dl = U - W S: dW = -dDl S^T (kept negated as dWn), dS -= W^T dDl */
+    gdn_gemm(0, n, K, V, bw->dDl, V, bw->St, K, bw->dWn, K);
+    gdn_transpose(n, K, W, K, bw->tkc, C);
+    gdn_gemm(0, K, V, n, bw->tkc, C, bw->dDl, V, bw->tkv, V);
+    for (int64_t i = 0; i < (int64_t)K * V; i++) dS[i] -= bw->tkv[i];
+
+    /* 4. U = T Rv, W = T Rk, T = (I + L)^-1 */
+    gdn_transpose(n, V, Rv, V, bw->tvc, C);
+    gdn_gemm(0, n, n, V, bw->dDl, V, bw->tvc, C, bw->dT, C);        /* dT = dU Rv^T */
+    gdn_transpose(n, K, Rk, K, bw->tkc, C);
+    gdn_gemm(0, n, n, K, bw->dWn, K, bw->tkc, C, bw->tcc2, C);      /* -dW Rk^T */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            bw->dT[(size_t)i * C + j] = j <= i ? bw->dT[(size_t)i * C + j] - bw->tcc2[(size_t)i * C + j] : 0.0f;
+    gdn_transpose(n, n, Tm, C, bw->tmT, C);
+    gdn_gemm(0, n, V, n, bw->tmT, C, bw->dDl, V, bw->dRv, V);       /* dRv = T^T dU */
+    gdn_gemm(0, n, K, n, bw->tmT, C, bw->dWn, K, bw->dRkn, K);      /* -dRk = T^T dWn */
+    gdn_gemm(0, n, n, n, bw->tmT, C, bw->dT, C, bw->tcc, C);
+    gdn_gemm(0, n, n, n, bw->tcc, C, bw->tmT, C, bw->dLn, C);       /* -dL = T^T dT T^T */
+
+    /* 5. Gather the pieces per row: v, beta, the exponentials of G. */
+    double *dG = bw->dG;
+    for (int i = 0; i < n; i++) {
+        const int64_t row = b * T + t0 + i;
+        const float *kn = Kn + (size_t)i * K, *dqe = bw->dQe + (size_t)i * K;
+        const float *drkn = bw->dRkn + (size_t)i * K, *dkd = bw->dKd + (size_t)i * K;
+        const float *drv = bw->dRv + (size_t)i * V, *vraw = in->v + (row * Hv + h) * V;
+        const float beta = ws->beta[i], eg = ws->eg[i], egd = ws->egd[i];
+        const double kn_drkn = dot_f(kn, drkn, K), kn_dkd = dot_f(kn, dkd, K);
+        double dbeta = dot_f(vraw, drv, V) - eg * kn_drkn;
+        dG[i] = -(double)beta * eg * kn_drkn + eg * dot_f(Qs + (size_t)i * K, dqe, K) - egd * kn_dkd;
+        dGc += egd * kn_dkd;
+        float *dv = gr->dv + (row * Hv + h) * V;
+        for (int j = 0; j < V; j++) dv[j] = beta * drv[j];
+        float *dq = bw->dQ + (size_t)i * K, *dk = bw->dKn + (size_t)i * K;
+        for (int j = 0; j < K; j++) {
+            dq[j] = eg * dqe[j];
+            dk[j] = -beta * eg * drkn[j] + egd * dkd[j];
+        }
+        bw->dbeta_row[i] = dbeta;
+    }
+    /* A = (Q K^T) . E . M and L = diag(beta) (K K^T) . E (strictly lower): P = dA . E,
+     * Bl = diag(beta) dL . E; the decays feed dG through dA . A and dL . L. */
+    for (int i = 0; i < n; i++) {
+        float *pi = bw->dA + (size_t)i * C, *bi = bw->tcc + (size_t)i * C;
+        const float *ai = A + (size_t)i * C, *ei = ws->ew + (size_t)i * C;
+        const float *kki = ws->pk + (size_t)i * C, *dli = bw->dLn + (size_t)i * C;
+        for (int j = 0; j <= i; j++) {
+            const double z = (double)pi[j] * ai[j];
+            dG[i] += z, dG[j] -= z;
+            pi[j] *= ei[j];
+        }
+        double dbeta = 0.0;
+        for (int j = 0; j < i; j++) {
+            const float pl = -dli[j] * ei[j];             /* (dL . E)_ij */
+            dbeta += (double)pl * kki[j];
+            const double zl = (double)pl * ws->beta[i] * kki[j]; /* dL_ij L_ij */
+            dG[i] += zl, dG[j] -= zl;
+            bi[j] = ws->beta[i] * pl;
+        }
+        for (int j = i; j < C; j++) bi[j] = 0.0f;
+        bw->dbeta_row[i] += dbeta;
+    }
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, K, n, bw->dA, C, Kn, K, bw->dQ, K); /* dQ += P Kn */
+    for (int i = 0; i < n; i++)          /* tcc2 = P^T ; tvc reused as Bl + Bl^T (n x n) */
+        for (int j = 0; j < n; j++) {
+            bw->tcc2[(size_t)i * C + j] = bw->dA[(size_t)j * C + i];
+            bw->tmT[(size_t)i * C + j] = bw->tcc[(size_t)i * C + j] + bw->tcc[(size_t)j * C + i];
+        }
+    gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->tcc2, C, Qs, K, bw->dKn, K);  /* dK += P^T Q */
+    gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->tmT, C, Kn, K, bw->dKn, K);   /* dK += (Bl + Bl^T) K */
+    dG[n - 1] += dGc;
+
+    /* dg = reverse cumulative sum of dG within the chunk; q, k rows accumulate over heads. */
+    double acc = 0.0;
+    for (int i = n - 1; i >= 0; i--) {
+        const int64_t row = b * T + t0 + i;
+        acc += dG[i];
+        gr->dg[row * Hv + h] = (float)acc;
+        gr->dbeta[row * Hv + h] = (float)bw->dbeta_row[i];
+        float *dq = gr->dq + (row * Hk + hk) * K, *dk = gr->dk + (row * Hk + hk) * K;
+        const float *sq = bw->dQ + (size_t)i * K, *sk = bw->dKn + (size_t)i * K;
+        for (int j = 0; j < K; j++) dq[j] += sq[j], dk[j] += sk[j];
+    }
+}
+
+/* Turn gradients with respect to x_hat = scale * x / |x| into gradients with respect to x. */
+static void norm_backward_rows(const gdn_plan *p, float *dx, const float *x, int64_t b,
+                               int64_t hk, float scale) {
+    const gdn_config *c = &p->cfg;
+    const int64_t K = c->K;
+    for (int64_t t = 0; t < c->T; t++) {
+        const int64_t off = ((b * c->T + t) * c->Hk + hk) * K;
+        float *d = dx + off;
+        const float *xr = x + off;
+        if (!c->l2norm) {
+            for (int64_t j = 0; j < K; j++) d[j] *= scale;
+            continue;
+        }
+        const double ss = gdn_sumsq(xr, K) + 1e-6, nrm = sqrt(ss);
+        const double dotp = dot_f(xr, d, (int)K);
+        for (int64_t j = 0; j < K; j++)
+            d[j] = (float)(scale * (d[j] / nrm - xr[j] * dotp / (ss * nrm)));
+    }
+}
+
+void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
+                       const gdn_grads *gr, int64_t b, int64_t hk) {
+    const gdn_config *c = &p->cfg;
+    const int C = c->chunk;
+    const int64_t T = c->T, K = c->K, V = c->V, Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, KV = K * V;
+    const int64_t nchunks = (T + C - 1) / C, N = p->ckpt_chunks, nseg = (nchunks + N - 1) / N;
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t off = ((b * T + t) * Hk + hk) * K;
+        memset(gr->dq + off, 0, sizeof(float) * K);
+        memset(gr->dk + off, 0, sizeof(float) * K);
+    }
+    for (int64_t h = hk * r; h < (hk + 1) * r; h++) {
+        const int64_t sbase = (b * Hv + h) * KV;
+        /* Forward sweep keeping the state at every segment start. */
+        if (gr->h0) memcpy(ws->state, gr->h0 + sbase, sizeof(float) * KV);
+        else memset(ws->state, 0, sizeof(float) * KV);
+        for (int64_t s = 0; s < nseg; s++) {
+            memcpy(bw->ckpt + s * KV, ws->state, sizeof(float) * KV);
+            const int64_t t1 = (s + 1) * N * C < T ? (s + 1) * N * C : T;
+            if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h, 0, (int)V, s * N * C, t1, NULL);
+        }
+        if (gr->dht) memcpy(bw->dS, gr->dht + sbase, sizeof(float) * KV);
+        else memset(bw->dS, 0, sizeof(float) * KV);
+        for (int64_t s = nseg - 1; s >= 0; s--) {
+            const int64_t c_begin = s * N, c_end = (s + 1) * N < nchunks ? (s + 1) * N : nchunks;
+            memcpy(ws->state, bw->ckpt + s * KV, sizeof(float) * KV);
+            for (int64_t ci = c_begin; ci < c_end; ci++) { /* the segment's chunk-entry states */
+                memcpy(bw->segst + (ci - c_begin) * KV, ws->state, sizeof(float) * KV);
+                const int64_t t0 = ci * C, t1 = t0 + C < T ? t0 + C : T;
+                if (ci + 1 < c_end) gdn_chunk_stream(p, ws, in, b, h, 0, (int)V, t0, t1, NULL);
+            }
+            for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
+                memcpy(ws->state, bw->segst + (ci - c_begin) * KV, sizeof(float) * KV);
+                const int64_t t0 = ci * C;
+                chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C));
+            }
+        }
+        if (gr->dh0) memcpy(gr->dh0 + sbase, bw->dS, sizeof(float) * KV);
+    }
+    norm_backward_rows(p, gr->dq, in->q, b, hk, c->scale);
+    norm_backward_rows(p, gr->dk, in->k, b, hk, 1.0f);
+}
