@@ -147,7 +147,8 @@ static void golden_oracle(void) {
 }
 
 /* fp32 chunked backward vs the double backward, every gradient tensor. Returns the worst error. */
-#define TOL_BWD 1e-4
+/* Issue: 1e-4; the sweep and the golden files show 2.1e-6 at worst, so hold it to 2e-5. */
+#define TOL_BWD 2e-5
 typedef struct { double err[6]; int rc; } bwd_result;
 
 static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, const float *dout,
@@ -173,8 +174,17 @@ static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, con
         res.rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], with_h0 ? ours[5] : NULL,
                               p->q, p->k, p->v, p->g, p->beta, with_h0 ? p->h0 : NULL, dout, dht);
     gdn_plan_destroy(plan);
+    /* A gradient that is exactly zero in exact arithmetic (dg when no state ever reaches the
+     * decay, e.g. T = 1 from h0 = 0) comes out as rounding noise of cancelling terms: it is
+     * measured against the scale of dv instead of its own zero. */
+    double dv_scale = 0.0;
+    for (int64_t i = 0; i < nv; i++) dv_scale = fmax(dv_scale, fabs(ref[2][i]));
     for (int i = 0; i < 6; i++) {
-        res.err[i] = res.rc ? INFINITY : (i == 5 && !with_h0) ? 0.0 : rel_err_f32(ours[i], ref[i], sizes[i]);
+        double den = 0.0;
+        for (int64_t j = 0; j < sizes[i]; j++) den = fmax(den, fabs(ref[i][j]));
+        double e = rel_err_f32(ours[i], ref[i], sizes[i]);
+        if (den == 0.0 && dv_scale > 0.0) e = e * REL_ERR_FLOOR / dv_scale;
+        res.err[i] = res.rc ? INFINITY : (i == 5 && !with_h0) ? 0.0 : e;
         free(ref[i]), free(ours[i]);
     }
     free(q), free(k), free(v), free(g), free(beta), free(h0), free(ddo), free(ddht);
@@ -209,9 +219,132 @@ static void chunked_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     problem_free(&p);
 }
 
+/* The forward sweep's shapes again, for gradients: each case rotates chunk size, checkpoint
+ * interval (0 = automatic), batch, gates, betas, h0 and dht so every value of each appears. */
+static void backward_sweep(void) {
+    const int64_t Ts[] = {1, 2, 63, 64, 65, 127, 200, 1000};
+    const int64_t KV[][2] = {{16, 24}, {64, 64}, {128, 128}, {256, 64}};
+    const int64_t HkHv[][2] = {{1, 1}, {1, 2}, {2, 4}, {4, 4}};
+    const int chunks[] = {16, 32, 64, 128}, ckpts[] = {0, 1, 2, 3};
+    int idx = 0;
+    for (int ti = 0; ti < 8; ti++)
+        for (int kv = 0; kv < 4; kv++)
+            for (int hh = 0; hh < 4; hh++, idx++) {
+                const int64_t T = Ts[ti];
+                if (T == 1000 && KV[kv][0] * KV[kv][1] * HkHv[hh][1] > 64 * 64 * 2) continue; /* oracle time */
+                const int64_t B = (idx % 2 && T <= 200) ? 3 : 1;
+                chunked_case(B, T, HkHv[hh][0], HkHv[hh][1], KV[kv][0], KV[kv][1], chunks[idx % 4],
+                             (gate_kind)(idx % 3), (beta_kind)((idx / 3) % 3), (idx / 9) % 2,
+                             (idx / 5) % 2 || !((idx / 9) % 2), ckpts[(idx / 4) % 4], 500 + idx);
+            }
+}
+
+/* Wrong variants through the same comparison with the double backward. */
+static void backward_negative_controls(void) {
+    gdn_config cfg = gdn_config_default(2, 150, 2, 4, 32, 24);
+    cfg.chunk = 32;
+    problem p;
+    problem_make(&p, cfg, GATE_MILD, BETA_RANDOM, 1, 88);
+    const int64_t nqk = n_qk(&cfg), nv = n_v(&cfg), ng = n_g(&cfg), ns = n_state(&cfg);
+    float *dout = malloc(sizeof(float) * nv), *dht = malloc(sizeof(float) * ns);
+    for (int64_t i = 0; i < nv; i++) dout[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < ns; i++) dht[i] = (float)rng_uniform(-1, 1);
+    double *ref[6];
+    const int64_t sizes[6] = {nqk, nqk, nv, ng, ng, ns};
+    float *ours[6];
+    for (int i = 0; i < 6; i++) ref[i] = dalloc(sizes[i]), ours[i] = calloc(sizes[i], sizeof(float));
+    double *q = dalloc(nqk), *k = dalloc(nqk), *v = dalloc(nv), *g = dalloc(ng), *beta = dalloc(ng),
+           *h0 = dalloc(ns), *ddo = dalloc(nv), *ddht = dalloc(ns);
+    for (int64_t i = 0; i < nqk; i++) q[i] = p.q[i], k[i] = p.k[i];
+    for (int64_t i = 0; i < nv; i++) v[i] = p.v[i], ddo[i] = dout[i];
+    for (int64_t i = 0; i < ng; i++) g[i] = p.g[i], beta[i] = p.beta[i];
+    for (int64_t i = 0; i < ns; i++) h0[i] = p.h0[i], ddht[i] = dht[i];
+    gdn_reference_backward(&cfg, ref[0], ref[1], ref[2], ref[3], ref[4], ref[5], q, k, v, g, beta, h0, ddo, ddht);
+    gdn_plan *plan = NULL;
+    gdn_plan_create(&plan, &cfg);
+    gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, p.h0, dout, dht);
+    expect_close(rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg, grouped heads, 5 chunks of 32");
+    /* dg without the reverse cumulative sum: per-row dG recovered by differencing in each chunk. */
+    float *dG = malloc(sizeof(float) * ng);
+    for (int64_t b = 0; b < cfg.B; b++)
+        for (int64_t t = 0; t < cfg.T; t++)
+            for (int64_t h = 0; h < cfg.Hv; h++) {
+                const int64_t i = (b * cfg.T + t) * cfg.Hv + h;
+                const int last = (t + 1) % cfg.chunk == 0 || t + 1 == cfg.T;
+                dG[i] = last ? ours[3][i] : ours[3][i] - ours[3][i + cfg.Hv];
+            }
+    expect_far(rel_err_f32(dG, ref[3], ng), TOL_BWD, "dg without the reverse cumulative sum");
+    /* dg misaligned by one token. */
+    for (int64_t i = 0; i < ng; i++) dG[i] = ours[3][(i + cfg.Hv) % ng];
+    expect_far(rel_err_f32(dG, ref[3], ng), TOL_BWD, "dg shifted by one token");
+    free(dG);
+    /* The final-state gradient dropped: every gradient is off. */
+    gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, p.h0, dout, NULL);
+    expect_far(rel_err_f32(ours[1], ref[1], nqk), TOL_BWD, "dk with dht dropped");
+    expect_far(rel_err_f32(ours[2], ref[2], nv), TOL_BWD, "dv with dht dropped");
+    /* The initial state dropped: dg, dbeta and dk see it. */
+    gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, NULL, dout, dht);
+    expect_far(rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg with h0 dropped");
+    gdn_plan_destroy(plan);
+    for (int i = 0; i < 6; i++) free(ref[i]), free(ours[i]);
+    free(q), free(k), free(v), free(g), free(beta), free(h0), free(ddo), free(ddht), free(dout), free(dht);
+    problem_free(&p);
+}
+
+/* The golden gradients (autodiff in float64) against the fp32 chunked backward. */
+static void golden_chunked(void) {
+    for (size_t gi = 0; gi < 4; gi++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.safetensors", GDN_GOLDEN_DIR, golden_names[gi]);
+        gdn_problem pb;
+        if (gdn_problem_load(&pb, path, 1)) {
+            check(0, "golden %s loads with gradients (%s)", golden_names[gi], gdn_errmsg());
+            continue;
+        }
+        gdn_st_file *f = NULL;
+        gdn_st_open(&f, path);
+        const gdn_config *c = &pb.cfg;
+        const int64_t sizes[6] = {n_qk(c), n_qk(c), n_v(c), n_g(c), n_g(c), n_state(c)};
+        for (int chunk = 16; chunk <= 128; chunk *= 8) {
+            gdn_config cfg = *c;
+            cfg.chunk = chunk;
+            float *ours[6];
+            double *ref[6];
+            for (int i = 0; i < 6; i++) ours[i] = calloc(sizes[i], sizeof(float)), ref[i] = dalloc(sizes[i]);
+            gdn_plan *plan = NULL;
+            int rc = gdn_plan_create(&plan, &cfg);
+            if (!rc) rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], pb.h0 ? ours[5] : NULL,
+                                       pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0, pb.dout, pb.dht);
+            gdn_plan_destroy(plan);
+            for (int i = 0; i < (pb.h0 ? 6 : 5); i++) {
+                gdn_st_read_f64(f, grad_names[i], ref[i], sizes[i]);
+                expect_close(rc ? INFINITY : rel_err_f32(ours[i], ref[i], sizes[i]), TOL_BWD,
+                             "golden %s C=%d %s (fp32 chunked)", golden_names[gi], chunk, grad_names[i]);
+            }
+            if (chunk == 16) { /* negative control: tiled head mapping is not what the file holds */
+                float *qt = malloc(sizeof(float) * sizes[0]);
+                for (int64_t bt = 0; bt < c->B * c->T; bt++)
+                    for (int64_t j = 0; j < c->Hk; j++)
+                        memcpy(qt + (bt * c->Hk + j) * c->K, pb.q + (bt * c->Hk + (c->Hk - 1 - j)) * c->K, sizeof(float) * c->K);
+                gdn_plan_create(&plan, &cfg);
+                rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], pb.h0 ? ours[5] : NULL,
+                                  qt, pb.k, pb.v, pb.g, pb.beta, pb.h0, pb.dout, pb.dht);
+                gdn_plan_destroy(plan);
+                if (c->Hk > 1)
+                    expect_far(rel_err_f32(ours[2], ref[2], sizes[2]), TOL_BWD, "golden %s dv with key heads of q swapped", golden_names[gi]);
+                free(qt);
+            }
+            for (int i = 0; i < 6; i++) free(ours[i]), free(ref[i]);
+        }
+        gdn_st_close(f);
+        gdn_problem_free(&pb);
+    }
+}
+
 void test_backward_chunked(void) {
-    chunked_case(1, 100, 2, 4, 32, 16, 64, GATE_MILD, BETA_RANDOM, 1, 1, 0, 1);
-    chunked_case(1, 5, 1, 1, 8, 8, 16, GATE_MILD, BETA_RANDOM, 1, 1, 0, 2);
+    backward_sweep();
+    backward_negative_controls();
+    golden_chunked();
 }
 
 void test_backward(void) {

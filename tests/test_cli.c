@@ -63,8 +63,33 @@ void test_cli(void) {
         st = run_cli(err, sizeof err, "run --chunk 16 --threads 1 --no-l2norm --in %s --out %s", gold, out);
         expect_far(st ? INFINITY : compare_file(out, gold, "o"), 1e-5, "gdncp run --no-l2norm %s vs golden", names[i]);
     }
+    /* Gradients: --backward against the golden autodiff gradients, fast and oracle paths. */
+    static const char *grads[] = {"dq", "dk", "dv", "dg", "dbeta", "dh0"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(gold, sizeof gold, "%s/%s.safetensors", GDN_GOLDEN_DIR, names[i]);
+        for (int ref = 0; ref < 2; ref++) {
+            int st = run_cli(err, sizeof err, "run --backward %s --in %s --out %s", ref ? "--reference" : "", gold, out);
+            check(st == 0, "gdncp run --backward%s %s exits 0 (%s)", ref ? " --reference" : "", names[i], err);
+            for (int gi = 0; gi < (i == 1 ? 5 : 6); gi++) /* gdn_strong_gates has no h0 */
+                expect_close(compare_file(out, gold, grads[gi]), ref ? 1e-6 : 2e-5, "gdncp run --backward%s %s: %s vs golden",
+                             ref ? " --reference" : "", names[i], grads[gi]);
+        }
+        int st = run_cli(err, sizeof err, "run --backward --no-l2norm --in %s --out %s", gold, out);
+        expect_far(st ? INFINITY : compare_file(out, gold, "dq"), 2e-5, "gdncp run --backward --no-l2norm %s: dq vs golden", names[i]);
+    }
     /* Bad invocations: non-zero exit, stderr names the problem, an existing output survives. */
     snprintf(gold, sizeof gold, "%s/gdn_small.safetensors", GDN_GOLDEN_DIR);
+    char nodo[1100];
+    snprintf(nodo, sizeof nodo, "%s.nodo", out);
+    gdn_problem pb;
+    if (gdn_problem_load(&pb, gold, 0) == GDN_OK) { /* the inputs without 'do' */
+        const gdn_config *c = &pb.cfg;
+        const gdn_named_tensor t[] = {{"q", 4, {c->B, c->T, c->Hk, c->K}, pb.q}, {"k", 4, {c->B, c->T, c->Hk, c->K}, pb.k},
+                                      {"v", 4, {c->B, c->T, c->Hv, c->V}, pb.v}, {"g", 3, {c->B, c->T, c->Hv}, pb.g},
+                                      {"beta", 3, {c->B, c->T, c->Hv}, pb.beta}};
+        gdn_save_tensors(nodo, t, 5, "test");
+        gdn_problem_free(&pb);
+    }
     run_cli(err, sizeof err, "run --in %s --out %s", gold, out);
     struct { const char *args, *needle; } bad[] = {
         {"run --in /nonexistent.safetensors --out %s", "cannot open"},
@@ -75,6 +100,7 @@ void test_cli(void) {
         {"run --bogus --in GOLD --out %s", "--bogus"},
         {"run --in %s --out %s.2", "'q'"}, /* the output file itself is not a problem file */
         {"frobnicate", "unknown command"},
+        {"run --backward --in %s.nodo --out %s.3", "'do' is missing"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char args[1024], tmp[1024];
@@ -91,4 +117,5 @@ void test_cli(void) {
     }
     expect_close(compare_file(out, gold, "o"), 1e-5, "earlier output intact after failed runs");
     unlink(out);
+    unlink(nodo);
 }

@@ -10,7 +10,7 @@ typedef struct {
     const char *in, *out;
     long chunk, threads;
     double scale;
-    int no_l2norm, reference;
+    int no_l2norm, reference, backward;
 } run_opts;
 
 static int parse(int argc, char **argv, run_opts *o) {
@@ -36,6 +36,7 @@ static int parse(int argc, char **argv, run_opts *o) {
             }
         } else if (!strcmp(a, "--no-l2norm")) o->no_l2norm = 1;
         else if (!strcmp(a, "--reference")) o->reference = 1;
+        else if (!strcmp(a, "--backward")) o->backward = 1;
         else {
             fprintf(stderr, "gdncp run: unknown or incomplete option '%s'\n", a);
             return 1;
@@ -56,8 +57,38 @@ static double *to_f64(const float *x, int64_t n) {
     return d;
 }
 
+/* Gradient outputs of a run (NULL when not asked for). */
+typedef struct {
+    float *dq, *dk, *dv, *dg, *dbeta, *dh0;
+} run_grads;
+
+static int reference_backward(const gdn_problem *pb, const gdn_config *cfg, const double *q,
+                              const double *k, const double *v, const double *g,
+                              const double *beta, const double *h0, run_grads *gr) {
+    const int64_t nqk = cfg->B * cfg->T * cfg->Hk * cfg->K, nv = cfg->B * cfg->T * cfg->Hv * cfg->V,
+                  ng = cfg->B * cfg->T * cfg->Hv, ns = cfg->B * cfg->Hv * cfg->K * cfg->V;
+    double *dout = to_f64(pb->dout, nv), *dht = to_f64(pb->dht, ns);
+    double *d[6];
+    const int64_t sizes[6] = {nqk, nqk, nv, ng, ng, ns};
+    float *outs[6] = {gr->dq, gr->dk, gr->dv, gr->dg, gr->dbeta, gr->dh0};
+    int ok = dout && (!pb->dht || dht);
+    for (int i = 0; i < 6; i++) ok &= (d[i] = malloc(sizeof(double) * (sizes[i] ? sizes[i] : 1))) != NULL;
+    int rc = 1;
+    if (!ok) fprintf(stderr, "gdncp run: out of memory for the double-precision backward\n");
+    else if ((rc = gdn_reference_backward(cfg, d[0], d[1], d[2], d[3], d[4], h0 ? d[5] : NULL, q, k,
+                                          v, g, beta, h0, dout, dht)))
+        rc = cli_error("run --reference --backward", rc);
+    else
+        for (int i = 0; i < 6; i++)
+            for (int64_t j = 0; outs[i] && j < sizes[i]; j++) outs[i][j] = (float)d[i][j];
+    for (int i = 0; i < 6; i++) free(d[i]);
+    free(dout), free(dht);
+    return rc;
+}
+
 /* The oracle in double, results rounded to f32 for the output file. */
-static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o, float *ht) {
+static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o, float *ht,
+                         run_grads *gr) {
     const int64_t nqk = cfg->B * cfg->T * cfg->Hk * cfg->K, nv = cfg->B * cfg->T * cfg->Hv * cfg->V,
                   ng = cfg->B * cfg->T * cfg->Hv, ns = cfg->B * cfg->Hv * cfg->K * cfg->V;
     double *q = to_f64(pb->q, nqk), *k = to_f64(pb->k, nqk), *v = to_f64(pb->v, nv),
@@ -72,6 +103,7 @@ static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o,
     } else {
         for (int64_t i = 0; i < nv; i++) o[i] = (float)od[i];
         for (int64_t i = 0; i < ns; i++) ht[i] = (float)hd[i];
+        if (gr) rc = reference_backward(pb, cfg, q, k, v, g, beta, h0, gr);
     }
     free(q), free(k), free(v), free(g), free(beta), free(h0), free(od), free(hd);
     return rc;
@@ -85,7 +117,7 @@ int cmd_run(int argc, char **argv) {
         return 1;
     }
     gdn_problem pb;
-    int rc = gdn_problem_load(&pb, opt.in, 0);
+    int rc = gdn_problem_load(&pb, opt.in, opt.backward);
     if (rc) return cli_error("run", rc);
     gdn_config cfg = pb.cfg;
     cfg.chunk = (int)opt.chunk;
@@ -93,19 +125,31 @@ int cmd_run(int argc, char **argv) {
     cfg.scale = (float)opt.scale;
     cfg.l2norm = !opt.no_l2norm;
     const int64_t nv = cfg.B * cfg.T * cfg.Hv * cfg.V, ns = cfg.B * cfg.Hv * cfg.K * cfg.V;
+    const int64_t nqk = cfg.B * cfg.T * cfg.Hk * cfg.K, ng = cfg.B * cfg.T * cfg.Hv;
     float *o = malloc(sizeof(float) * nv), *ht = malloc(sizeof(float) * ns);
+    run_grads gr = {0};
+    if (opt.backward) {
+        gr.dq = malloc(sizeof(float) * nqk), gr.dk = malloc(sizeof(float) * nqk);
+        gr.dv = malloc(sizeof(float) * nv), gr.dg = malloc(sizeof(float) * ng);
+        gr.dbeta = malloc(sizeof(float) * ng);
+        gr.dh0 = pb.h0 ? malloc(sizeof(float) * ns) : NULL;
+    }
     int exit_code = 0;
     const char *path = "oracle-f64";
     double t0 = cli_now();
-    if (!o || !ht) {
+    if (!o || !ht || (opt.backward && (!gr.dq || !gr.dk || !gr.dv || !gr.dg || !gr.dbeta ||
+                                       (pb.h0 && !gr.dh0)))) {
         fprintf(stderr, "gdncp run: out of memory for outputs\n");
         exit_code = 1;
     } else if (opt.reference) {
-        exit_code = run_reference(&pb, &cfg, o, ht);
+        exit_code = run_reference(&pb, &cfg, o, ht, opt.backward ? &gr : NULL);
     } else {
         gdn_plan *plan = NULL;
         if ((rc = gdn_plan_create(&plan, &cfg)) ||
-            (rc = gdn_forward(plan, o, ht, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0)))
+            (rc = gdn_forward(plan, o, ht, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0)) ||
+            (opt.backward &&
+             (rc = gdn_backward(plan, gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, gr.dh0, pb.q, pb.k, pb.v,
+                                pb.g, pb.beta, pb.h0, pb.dout, pb.dht))))
             exit_code = cli_error("run", rc);
         else
             path = gdn_plan_path(plan);
@@ -115,8 +159,14 @@ int cmd_run(int argc, char **argv) {
     if (!exit_code) {
         const gdn_named_tensor out[] = {
             {"o", 4, {cfg.B, cfg.T, cfg.Hv, cfg.V}, o},
-            {"ht", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, ht}};
-        if ((rc = gdn_save_tensors(opt.out, out, 2, "gdncp run")))
+            {"ht", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, ht},
+            {"dq", 4, {cfg.B, cfg.T, cfg.Hk, cfg.K}, gr.dq},
+            {"dk", 4, {cfg.B, cfg.T, cfg.Hk, cfg.K}, gr.dk},
+            {"dv", 4, {cfg.B, cfg.T, cfg.Hv, cfg.V}, gr.dv},
+            {"dg", 3, {cfg.B, cfg.T, cfg.Hv}, gr.dg},
+            {"dbeta", 3, {cfg.B, cfg.T, cfg.Hv}, gr.dbeta},
+            {"dh0", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, gr.dh0}};
+        if ((rc = gdn_save_tensors(opt.out, out, 8, "gdncp run")))
             exit_code = cli_error("run", rc);
         else
             fprintf(stderr,
@@ -125,7 +175,7 @@ int cmd_run(int argc, char **argv) {
                     (long long)cfg.B, (long long)cfg.T, (long long)cfg.Hk, (long long)cfg.Hv,
                     (long long)cfg.K, (long long)cfg.V, cfg.chunk, path, secs * 1e3, opt.out);
     }
-    free(o), free(ht);
+    free(o), free(ht), free(gr.dq), free(gr.dk), free(gr.dv), free(gr.dg), free(gr.dbeta), free(gr.dh0);
     gdn_problem_free(&pb);
     return exit_code;
 }

@@ -13,6 +13,7 @@ static void usage(FILE *out) {
             "commands:\n"
             "  run    --in IN.safetensors --out OUT.safetensors [--chunk C] [--scale S]\n"
             "         [--no-l2norm] [--reference] [--threads N]   gated delta rule forward\n"
+            "         [--backward]: also read do [, dht], write dq dk dv dg dbeta [dh0]\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
             "  help                                                 this text\n");
