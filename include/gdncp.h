@@ -101,6 +101,12 @@ size_t gdn_plan_backward_bytes(const gdn_plan *plan);
 int gdn_summary(gdn_plan *plan, float *sa, float *sb, const float *q, const float *k,
                 const float *v, const float *g, const float *beta);
 
+/* The segment's adjoint offset G [B,Hv,K,V]: the gradient of sum(o * dout) with respect to the
+ * state entering the segment, so that dS_in = A^T dS_out + G (DESIGN §4). G does not depend on
+ * the incoming state or on v. One reverse pass, no forward sweep. */
+int gdn_summary_adjoint(gdn_plan *plan, float *sg, const float *q, const float *k,
+                        const float *g, const float *beta, const float *dout);
+
 /* (out_a, out_b) = (a2,b2) o (a1,b1), i.e. first 1 then 2. Outputs may not alias inputs.
  * nmaps = B*Hv maps, each K x K and K x V. */
 int gdn_summary_compose(float *out_a, float *out_b, const float *a2, const float *b2,

@@ -341,7 +341,57 @@ static void golden_chunked(void) {
     }
 }
 
+/* dS_in = A^T dS_out + G: the summary's A and the adjoint offset G against the oracle's dh0. */
+static void adjoint_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K, int64_t V, int chunk,
+                         gate_kind gk, uint64_t seed) {
+    gdn_config cfg = gdn_config_default(B, T, Hk, Hv, K, V);
+    cfg.chunk = chunk;
+    problem p;
+    problem_make(&p, cfg, gk, BETA_RANDOM, 1, seed);
+    const int64_t nm = B * Hv, ns = n_state(&cfg), nv = n_v(&cfg), nqk = n_qk(&cfg), ng = n_g(&cfg);
+    float *dout = malloc(sizeof(float) * nv), *dht = malloc(sizeof(float) * ns);
+    for (int64_t i = 0; i < nv; i++) dout[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < ns; i++) dht[i] = (float)rng_uniform(-1, 1);
+    float *sa = malloc(sizeof(float) * nm * K * K), *sat = malloc(sizeof(float) * nm * K * K);
+    float *sb = malloc(sizeof(float) * ns), *sg = malloc(sizeof(float) * ns), *din = malloc(sizeof(float) * ns);
+    float *zero = calloc(ns, sizeof(float));
+    gdn_plan *plan = NULL;
+    int rc = gdn_plan_create(&plan, &cfg);
+    if (!rc) rc = gdn_summary(plan, sa, sb, p.q, p.k, p.v, p.g, p.beta);
+    if (!rc) rc = gdn_summary_adjoint(plan, sg, p.q, p.k, p.g, p.beta, dout);
+    gdn_plan_destroy(plan);
+    for (int64_t m = 0; m < nm; m++)
+        for (int64_t i = 0; i < K; i++)
+            for (int64_t j = 0; j < K; j++) sat[(m * K + i) * K + j] = sa[(m * K + j) * K + i];
+    double *d[6], *ddo = dalloc(nv), *ddht = dalloc(ns), *in[6];
+    const int64_t sizes[6] = {nqk, nqk, nv, ng, ng, ns};
+    for (int i = 0; i < 6; i++) d[i] = dalloc(sizes[i]), in[i] = dalloc(sizes[i]);
+    const float *src[6] = {p.q, p.k, p.v, p.g, p.beta, p.h0};
+    for (int i = 0; i < 6; i++)
+        for (int64_t j = 0; j < sizes[i]; j++) in[i][j] = src[i][j];
+    for (int64_t j = 0; j < nv; j++) ddo[j] = dout[j];
+    for (int64_t j = 0; j < ns; j++) ddht[j] = dht[j];
+    gdn_reference_backward(&cfg, d[0], d[1], d[2], d[3], d[4], d[5], in[0], in[1], in[2], in[3], in[4], in[5], ddo, ddht);
+    gdn_summary_apply(din, sat, sg, dht, nm, K, V);
+    expect_close(rc ? INFINITY : rel_err_f32(din, d[5], ns), TOL_BWD,
+                 "adjoint A^T dS_out + G vs oracle dh0 B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d",
+                 (long long)B, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, chunk);
+    gdn_summary_apply(din, sat, zero, dht, nm, K, V);
+    expect_far(rel_err_f32(din, d[5], ns), TOL_BWD, "adjoint without the offset G");
+    if (gk == GATE_ZERO && T > 1) { /* one token: A = I - beta k k^T is symmetric; with decay A, A^T both shrink */
+        gdn_summary_apply(din, sa, sg, dht, nm, K, V);
+        expect_far(rel_err_f32(din, d[5], ns), TOL_BWD, "adjoint with A instead of A^T");
+    }
+    for (int i = 0; i < 6; i++) free(d[i]), free(in[i]);
+    free(ddo), free(ddht), free(dout), free(dht), free(sa), free(sat), free(sb), free(sg), free(din), free(zero);
+    problem_free(&p);
+}
+
 void test_backward_chunked(void) {
+    adjoint_case(1, 100, 2, 4, 32, 16, 64, GATE_ZERO, 61);
+    adjoint_case(2, 130, 1, 2, 64, 64, 32, GATE_MILD, 62);
+    adjoint_case(1, 1, 1, 1, 16, 24, 16, GATE_ZERO, 63);
+    adjoint_case(1, 65, 1, 1, 128, 128, 64, GATE_ZERO, 64);
     backward_sweep();
     backward_negative_controls();
     golden_chunked();

@@ -18,14 +18,16 @@ static double dot_f(const float *a, const float *b, int n) {
  * chunk and bw->dS = gradient of the state leaving it; on exit bw->dS = gradient of S. Writes
  * dv, dg, dbeta rows of head h; adds the gradients with respect to the normalised, scaled q
  * and the normalised k into the dq, dk rows (finished by the caller). */
+/* With state_only, only the state gradient is propagated (the segment adjoint): it needs
+ * neither the state S nor the values, so no forward sweep and no U, Dl. */
 static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
                            const gdn_inputs *in, const gdn_grads *gr, int64_t b, int64_t h,
-                           int64_t t0, int n) {
+                           int64_t t0, int n, int state_only) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V;
     const int64_t T = c->T, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
     gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1);
-    gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 1);
+    if (!state_only) gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 1);
     const float *S = ws->state, *Dl = ws->u, *W = ws->xw, *Qe = ws->xw + (size_t)n * K;
     const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *Rk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
     float *dS = bw->dS;
@@ -35,30 +37,36 @@ static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
     for (int i = 0; i < n; i++)
         for (int j = 0; j < K; j++) bw->kd[(size_t)i * K + j] = ws->egd[i] * Kn[(size_t)i * K + j];
     gdn_gemm(0, n, V, K, bw->kd, K, dS, V, bw->dDl, V);            /* dDl = Kd dS' */
-    gdn_transpose(K, V, dS, V, bw->dSt, K);
-    gdn_gemm(0, n, K, V, Dl, V, bw->dSt, K, bw->dKd, K);           /* dKd = Dl dS'^T */
-    double dGc = (double)egc * dot_f(S, dS, K * V);
+    double dGc = 0.0;
+    if (!state_only) {
+        gdn_transpose(K, V, dS, V, bw->dSt, K);
+        gdn_gemm(0, n, K, V, Dl, V, bw->dSt, K, bw->dKd, K);       /* dKd = Dl dS'^T */
+        dGc = (double)egc * dot_f(S, dS, K * V);
+    }
     for (int64_t i = 0; i < (int64_t)K * V; i++) dS[i] *= egc;
 
     /* 2. O = diag(eG) Q S + A Dl */
     for (int i = 0; i < n; i++)
         memcpy(bw->dO + (size_t)i * V, gr->dout + ((b * T + t0 + i) * Hv + h) * V, sizeof(float) * V);
-    gdn_transpose(K, V, S, V, bw->St, K);
-    gdn_gemm(0, n, K, V, bw->dO, V, bw->St, K, bw->dQe, K);        /* dQe = dO S^T */
     gdn_transpose(n, K, Qe, K, bw->tkc, C);
     gdn_gemm(GDN_GEMM_ACC, K, V, n, bw->tkc, C, bw->dO, V, dS, V);  /* dS += Qe^T dO */
-    gdn_transpose(n, V, Dl, V, bw->tvc, C);
-    gdn_gemm(GDN_GEMM_C_LOWER, n, n, V, bw->dO, V, bw->tvc, C, bw->dA, C); /* dA = dO Dl^T */
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < C; j++) bw->dA[(size_t)i * C + j] = 0.0f;
+    if (!state_only) {
+        gdn_transpose(K, V, S, V, bw->St, K);
+        gdn_gemm(0, n, K, V, bw->dO, V, bw->St, K, bw->dQe, K);    /* dQe = dO S^T */
+        gdn_transpose(n, V, Dl, V, bw->tvc, C);
+        gdn_gemm(GDN_GEMM_C_LOWER, n, n, V, bw->dO, V, bw->tvc, C, bw->dA, C); /* dA = dO Dl^T */
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < C; j++) bw->dA[(size_t)i * C + j] = 0.0f;
+    }
     gdn_transpose(n, n, A, C, bw->tcc, C);
     gdn_gemm(GDN_GEMM_ACC, n, V, n, bw->tcc, C, bw->dO, V, bw->dDl, V); /* dDl += A^T dO */
 
     /* 3. Dl = U - W S: dW = -dDl S^T (kept negated as dWn), dS -= W^T dDl */
-    gdn_gemm(0, n, K, V, bw->dDl, V, bw->St, K, bw->dWn, K);
     gdn_transpose(n, K, W, K, bw->tkc, C);
     gdn_gemm(0, K, V, n, bw->tkc, C, bw->dDl, V, bw->tkv, V);
     for (int64_t i = 0; i < (int64_t)K * V; i++) dS[i] -= bw->tkv[i];
+    if (state_only) return;
+    gdn_gemm(0, n, K, V, bw->dDl, V, bw->St, K, bw->dWn, K);
 
     /* 4. U = T Rv, W = T Rk, T = (I + L)^-1 */
     gdn_transpose(n, V, Rv, V, bw->tvc, C);
@@ -194,11 +202,22 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
             for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
                 memcpy(ws->state, bw->segst + (ci - c_begin) * KV, sizeof(float) * KV);
                 const int64_t t0 = ci * C;
-                chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C));
+                chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C), 0);
             }
         }
         if (gr->dh0) memcpy(gr->dh0 + sbase, bw->dS, sizeof(float) * KV);
     }
     norm_backward_rows(p, gr->dq, in->q, b, hk, c->scale);
     norm_backward_rows(p, gr->dk, in->k, b, hk, 1.0f);
+}
+
+void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
+                      const gdn_grads *gr, int64_t b, int64_t h, float *sg) {
+    const gdn_config *c = &p->cfg;
+    const int C = c->chunk;
+    const int64_t T = c->T, KV = c->K * c->V;
+    memset(bw->dS, 0, sizeof(float) * KV);
+    for (int64_t t0 = (T - 1) / C * C; t0 >= 0; t0 -= C)
+        chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C), 1);
+    memcpy(sg, bw->dS, sizeof(float) * KV);
 }

@@ -49,12 +49,12 @@ static void prefetch_row(const gdn_plan *p, const gdn_inputs *in, int64_t b, int
         const int64_t row = b * c->T + t;
         const char *q = (const char *)(in->q + (row * Hk + hk) * K),
                    *k = (const char *)(in->k + (row * Hk + hk) * K),
-                   *v = (const char *)(in->v + (row * Hv + h) * V);
+                   *v = in->v ? (const char *)(in->v + (row * Hv + h) * V) : NULL;
         for (int64_t off = 0; off < K * 4; off += 64) {
             __builtin_prefetch(q + off, 0, 2);
             __builtin_prefetch(k + off, 0, 2);
         }
-        for (int64_t off = 0; off < V * 4; off += 64) __builtin_prefetch(v + off, 0, 2);
+        for (int64_t off = 0; in->v && off < V * 4; off += 64) __builtin_prefetch(v + off, 0, 2);
     }
 }
 

@@ -128,6 +128,11 @@ void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w);
 void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
                        const gdn_grads *gr, int64_t b, int64_t hk);
 
+/* Segment adjoint of stream (b, h): the gradient of sum(o * dout) with respect to the state
+ * entering the segment, into sg (K x V). Only dout of gr is used. */
+void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
+                      const gdn_grads *gr, int64_t b, int64_t h, float *sg);
+
 /* Column blocking: the width of the column blocks a stream of `width` state columns is split
  * into so that all threads have work (== width when there are enough streams). */
 int gdn_column_block_width(const gdn_plan *p, int width);

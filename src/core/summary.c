@@ -91,3 +91,34 @@ int gdn_summary_apply(float *out, const float *a, const float *b, const float *s
     }
     return GDN_OK;
 }
+
+int gdn_summary_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, const float *g,
+                        const float *beta, const float *dout) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!sg) return gdn_fail(GDN_ERR_ARG, "adjoint output is NULL");
+    const gdn_config *c = &p->cfg;
+    const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
+                  ng = c->B * c->T * c->Hv;
+    const struct { const char *name; const float *x; int64_t n; } t[] = {
+        {"q", q, nqk}, {"k", k, nqk}, {"g", g, ng}, {"beta", beta, ng}, {"do", dout, nv}};
+    for (size_t i = 0; i < 5; i++) {
+        if (!t[i].x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", t[i].name);
+        int64_t at = c->check_finite ? gdn_find_nonfinite_f32(t[i].x, t[i].n) : -1;
+        if (at >= 0)
+            return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value at flat index %lld",
+                            t[i].name, (long long)at);
+    }
+    const gdn_inputs in = {q, k, NULL, g, beta};
+    const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, NULL, NULL};
+    const int64_t items = c->B * c->Hv, KV = c->K * c->V;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
+    for (int64_t it = 0; it < items; it++) {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num();
+#else
+        const int tid = 0;
+#endif
+        gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hv, it % c->Hv, sg + it * KV);
+    }
+    return GDN_OK;
+}
