@@ -75,6 +75,49 @@ static double flops_forward(const gdn_config *c) {
     return (3 * C * K + 2 * C * V + 6 * K * V + C * C / 3) * (double)c->B * c->T * c->Hv;
 }
 
+/* DESIGN §3: backward including recompute, triangular products counted in full. */
+static double flops_backward(const gdn_config *c) {
+    const double C = c->chunk, K = c->K, V = c->V;
+    return (18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C) * (double)c->B * c->T * c->Hv;
+}
+
+/* Relative error of the fp32 backward's dv against the oracle's on the first tp tokens. */
+static double oracle_error_backward(const gdn_config *cfg, int64_t tp, const float *q,
+                                    const float *k, const float *v, const float *g,
+                                    const float *beta, const float *dout) {
+    gdn_config c = *cfg;
+    c.T = tp;
+    const int64_t nqk = tp * c.Hk * c.K, nv = tp * c.Hv * c.V, ng = tp * c.Hv;
+    double *buf = malloc(sizeof(double) * (4 * nqk + 4 * nv + 4 * ng));
+    float *fq = malloc(sizeof(float) * (2 * nqk + nv + 2 * ng) + 64);
+    if (!buf || !fq) {
+        free(buf), free(fq);
+        return NAN;
+    }
+    double *dq = buf, *dk = dq + nqk, *dv = dk + nqk, *dg = dv + nv, *db = dg + ng, *dd = db + ng;
+    double *rq = dd + nv, *rk = rq + nqk, *rv = rk + nqk, *rg = rv + nv, *rb = rg + ng, *rdv = rb + ng;
+    for (int64_t i = 0; i < nqk; i++) dq[i] = q[i], dk[i] = k[i];
+    for (int64_t i = 0; i < nv; i++) dv[i] = v[i], dd[i] = dout[i];
+    for (int64_t i = 0; i < ng; i++) dg[i] = g[i], db[i] = beta[i];
+    double err = NAN;
+    float *oq = fq, *ok = oq + nqk, *ov = ok + nqk, *og = ov + nv, *ob = og + ng;
+    gdn_plan *plan = NULL;
+    if (gdn_reference_backward(&c, rq, rk, rdv, rg, rb, NULL, dq, dk, dv, dg, db, NULL, dd, NULL) == GDN_OK &&
+        gdn_plan_create(&plan, &c) == GDN_OK &&
+        gdn_backward(plan, oq, ok, ov, og, ob, NULL, q, k, v, g, beta, NULL, dout, NULL) == GDN_OK) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < nv; i++) {
+            num = fmax(num, fabs(ov[i] - rdv[i]));
+            den = fmax(den, fabs(rdv[i]));
+        }
+        err = den > 0 ? num / den : num;
+    }
+    (void)rv;
+    gdn_plan_destroy(plan);
+    free(buf), free(fq);
+    return err;
+}
+
 /* Max-abs error over max-abs reference of the first `tp` tokens (B == 1) vs the oracle. */
 static double oracle_error(const gdn_config *cfg, int64_t tp, const float *q, const float *k,
                            const float *v, const float *g, const float *beta, const float *o) {
@@ -106,7 +149,7 @@ typedef struct {
 } bench_shape;
 
 static int bench_forward(const bench_shape *s, int threads, double peak, int json, int quick,
-                         const char *cpu) {
+                         const char *cpu, int backward) {
     gdn_config cfg = gdn_config_default(1, s->T, s->Hk, s->Hv, s->K, s->V);
     cfg.threads = threads;
     const int64_t nqk = s->T * s->Hk * s->K, nv = s->T * s->Hv * s->V, ng = s->T * s->Hv;
@@ -114,53 +157,79 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
           *v = malloc(sizeof(float) * nv), *g = malloc(sizeof(float) * ng),
           *beta = malloc(sizeof(float) * ng), *o = malloc(sizeof(float) * nv),
           *ht = malloc(sizeof(float) * s->Hv * s->K * s->V);
+    /* The backward's gradient outputs (dq, dk share one buffer each way; dg, dbeta likewise). */
+    float *dout = backward ? malloc(sizeof(float) * nv) : NULL, *gq = backward ? malloc(sizeof(float) * 2 * nqk) : NULL,
+          *gv = backward ? malloc(sizeof(float) * nv) : NULL, *gg = backward ? malloc(sizeof(float) * 2 * ng) : NULL;
     gdn_plan *plan = NULL;
-    int rc = !q || !k || !v || !g || !beta || !o || !ht ? GDN_ERR_NOMEM : GDN_OK;
+    int rc = !q || !k || !v || !g || !beta || !o || !ht || (backward && (!dout || !gq || !gv || !gg))
+                 ? GDN_ERR_NOMEM : GDN_OK;
     if (!rc) {
         for (int64_t i = 0; i < nqk; i++) q[i] = urand() - 0.5f, k[i] = urand() - 0.5f;
         for (int64_t i = 0; i < nv; i++) v[i] = urand() - 0.5f;
         for (int64_t i = 0; i < ng; i++) g[i] = -0.1f * urand(), beta[i] = urand();
+        for (int64_t i = 0; backward && i < nv; i++) dout[i] = urand() - 0.5f;
         rc = gdn_plan_create(&plan, &cfg);
     }
     double times[64];
     int reps = 0;
     if (!rc) {
-        rc = gdn_forward(plan, o, ht, q, k, v, g, beta, NULL); /* warm-up */
+#define RUN_ONCE()                                                                           \
+    (backward ? gdn_backward(plan, gq, gq + nqk, gv, gg, gg + ng, NULL, q, k, v, g, beta, NULL, dout, NULL) \
+              : gdn_forward(plan, o, ht, q, k, v, g, beta, NULL))
+        rc = RUN_ONCE(); /* warm-up */
         double budget = quick ? 0.3 : 1.5, start = cli_now();
         while (!rc && reps < 64 && (reps < 3 || cli_now() - start < budget)) {
             double t0 = cli_now();
-            rc = gdn_forward(plan, o, ht, q, k, v, g, beta, NULL);
+            rc = RUN_ONCE();
             times[reps++] = cli_now() - t0;
         }
+#undef RUN_ONCE
     }
     if (rc) {
-        free(q), free(k), free(v), free(g), free(beta), free(o), free(ht);
+        free(q), free(k), free(v), free(g), free(beta), free(o), free(ht), free(dout), free(gq), free(gv), free(gg);
         gdn_plan_destroy(plan);
         return cli_error("bench", rc);
     }
     qsort(times, reps, sizeof(double), cmp_double);
     const double med = times[reps / 2];
     const gdn_config *pc = gdn_plan_config(plan);
-    const double gflops = flops_forward(pc) / med / 1e9;
+    const double gflops = (backward ? flops_backward(pc) : flops_forward(pc)) / med / 1e9;
     const double ht_per_s = (double)s->T * s->Hv / med;
-    const double err = oracle_error(pc, s->T < 256 ? s->T : 256, q, k, v, g, beta, o);
+    const int64_t tp = s->T < 256 ? s->T : 256;
+    const double err = backward ? oracle_error_backward(pc, tp, q, k, v, g, beta, dout)
+                                : oracle_error(pc, tp, q, k, v, g, beta, o);
+    /* Nothing is saved between forward and backward (it recomputes from the inputs); what the
+     * backward holds while it runs is its per-thread workspace with the state checkpoints. */
+    const double ws_bytes = (double)gdn_plan_backward_bytes(plan) * threads;
+    const double input_bytes = 4.0 * (double)s->T * (2 * s->Hk * s->K + s->Hv * s->V + 2 * s->Hv);
     char shape[128];
     snprintf(shape, sizeof shape, "B=1 T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d", (long long)s->T,
              (long long)s->Hk, (long long)s->Hv, (long long)s->K, (long long)s->V, pc->chunk);
-    if (json)
-        printf("{\"direction\":\"forward\",\"case\":\"%s\",\"shape\":\"%s\",\"threads\":%d,"
+    const char *dir = backward ? "backward" : "forward";
+    if (json) {
+        printf("{\"direction\":\"%s\",\"case\":\"%s\",\"shape\":\"%s\",\"threads\":%d,"
                "\"seconds\":%.6e,\"reps\":%d,\"head_tokens_per_s\":%.6e,\"us_per_head_token\":%.4f,"
                "\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
-               "\"rel_err_vs_oracle\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"}\n",
-               s->label, shape, threads, med, reps, ht_per_s, 1e6 / ht_per_s, gflops, peak,
+               "\"rel_err_vs_oracle\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"",
+               dir, s->label, shape, threads, med, reps, ht_per_s, 1e6 / ht_per_s, gflops, peak,
                gflops / peak, err, gdn_plan_path(plan), cpu);
-    else
-        printf("forward  %-9s %-44s thr=%d  %9.3f ms  %6.3f us/head-tok  %7.1f GFLOP/s  "
-               "%5.1f%% of %6.1f  err %.1e  %s\n",
-               s->label, shape, threads, med * 1e3, 1e6 / ht_per_s, gflops, 100 * gflops / peak,
+        if (backward)
+            printf(",\"saved_bytes_per_token\":0,\"workspace_bytes\":%.0f,\"workspace_bytes_per_token\":%.1f,"
+                   "\"input_bytes_per_token\":%.1f,\"checkpoint_chunks\":%d",
+                   ws_bytes, ws_bytes / s->T, input_bytes / s->T, gdn_plan_config(plan)->checkpoint_chunks);
+        printf("}\n");
+    } else {
+        printf("%-8s %-9s %-44s thr=%d  %9.3f ms  %6.3f us/head-tok  %7.1f GFLOP/s  "
+               "%5.1f%% of %6.1f  err %.1e  %s",
+               dir, s->label, shape, threads, med * 1e3, 1e6 / ht_per_s, gflops, 100 * gflops / peak,
                peak, err, gdn_plan_path(plan));
+        if (backward)
+            printf("  mem: saved 0 B/tok, workspace %.1f B/tok (inputs %.0f B/tok)", ws_bytes / s->T,
+                   input_bytes / s->T);
+        printf("\n");
+    }
     fflush(stdout);
-    free(q), free(k), free(v), free(g), free(beta), free(o), free(ht);
+    free(q), free(k), free(v), free(g), free(beta), free(o), free(ht), free(dout), free(gq), free(gv), free(gg);
     gdn_plan_destroy(plan);
     return 0;
 }
@@ -200,8 +269,8 @@ int cmd_bench(int argc, char **argv) {
         for (int i = 0; i < nthr; i++)
             printf("measured fp32 FMA peak: %.1f GFLOP/s with %d thread(s)\n", peak[i],
                    thread_counts[i]);
-        printf("GFLOP/s count DESIGN §3 useful forward FLOPs (3CK+2CV+6KV+C^2/3 per head-token); "
-               "err = max|o-oracle|/max|oracle| over the first 256 tokens\n");
+        printf("GFLOP/s count DESIGN §3 FLOPs per head-token: forward 3CK+2CV+6KV+C^2/3, backward "
+               "18CK+10CV+16KV+4C^2; err = max|x-oracle|/max|oracle| (o, resp. dv) over the first 256 tokens\n");
     }
     const bench_shape shapes[] = {
         {"qwen35b", 8192, 16, 32, 128, 128}, {"llama64", 64, 32, 32, 128, 128},
@@ -211,8 +280,9 @@ int cmd_bench(int argc, char **argv) {
     for (int si = 0; si < n; si++) {
         bench_shape s = shapes[si];
         if (quick && si == 0) s.T = 1024; /* CI smoke: same heads and dims, fewer tokens */
-        for (int i = 0; i < nthr; i++)
-            if (bench_forward(&s, thread_counts[i], peak[i], json, quick, cpu)) return 1;
+        for (int dir = 0; dir < 2; dir++)
+            for (int i = 0; i < nthr; i++)
+                if (bench_forward(&s, thread_counts[i], peak[i], json, quick, cpu, dir)) return 1;
     }
     return 0;
 }

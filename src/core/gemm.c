@@ -123,9 +123,23 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
     }
 }
 
+/* Tiles of 16 x 16 keep both the reads and the strided writes inside a few cache lines. */
 void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd) {
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+    enum { TILE = 16 };
+    for (int r0 = 0; r0 < rows; r0 += TILE)
+        for (int c0 = 0; c0 < cols; c0 += TILE) {
+            const int r1 = r0 + TILE < rows ? r0 + TILE : rows, c1 = c0 + TILE < cols ? c0 + TILE : cols;
+            if (r1 - r0 == TILE && c1 - c0 == TILE) {
+                float tile[TILE][TILE];
+                for (int r = 0; r < TILE; r++)
+                    for (int c = 0; c < TILE; c++) tile[c][r] = src[(size_t)(r0 + r) * lds + c0 + c];
+                for (int c = 0; c < TILE; c++)
+                    for (int r = 0; r < TILE; r++) dst[(size_t)(c0 + c) * ldd + r0 + r] = tile[c][r];
+                continue;
+            }
+            for (int r = r0; r < r1; r++)
+                for (int c = c0; c < c1; c++) dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
+        }
 }
 
 const char *gdn_gemm_path(void) {

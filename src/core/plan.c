@@ -87,11 +87,17 @@ static int alloc_backward(gdn_plan *p) {
     const int64_t nchunks = (c->T + C - 1) / C;
     int N = c->checkpoint_chunks;
     if (N <= 0) {
-        N = (int)ceil(sqrt((double)nchunks));
+        /* Automatic: a checkpoint at every chunk (no segment re-sweep: measured ~10 % faster)
+         * while all threads' checkpoints stay under a tenth of the input size; otherwise every
+         * sqrt(chunks) chunks, which minimises checkpoints + segment states. */
+        const double every_chunk = (double)nchunks * K * V * 4 * p->threads;
+        const double inputs = 4.0 * (double)c->B * c->T * (2 * c->Hk * c->K + c->Hv * (c->V + 2));
+        N = every_chunk <= 0.1 * inputs ? 1 : (int)ceil(sqrt((double)nchunks));
         if (N < 1) N = 1;
     }
     if (N > nchunks) N = (int)nchunks;
     p->ckpt_chunks = N;
+    p->cfg.checkpoint_chunks = N;
     p->nseg = (nchunks + N - 1) / N;
     const size_t per = bwd_floats(C, K, V, p->nseg, N);
     p->bws = calloc((size_t)p->threads, sizeof *p->bws);
