@@ -97,7 +97,8 @@ size_t gdn_plan_backward_bytes(const gdn_plan *plan);
  * applying (A1,B1) first, then (A2,B2), gives (A2 A1, A2 B1 + B2). */
 
 /* The segment's exact map, computed in one pass over the augmented state [S | A]
- * without forming per-chunk pairs. sa [B,Hv,K,K], sb [B,Hv,K,V]. */
+ * without forming per-chunk pairs. sa [B,Hv,K,K], sb [B,Hv,K,V]. With sb NULL only A is
+ * computed (v is then not read and may be NULL). */
 int gdn_summary(gdn_plan *plan, float *sa, float *sb, const float *q, const float *k,
                 const float *v, const float *g, const float *beta);
 

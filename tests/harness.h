@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 extern int tests_passed, tests_failed;
+extern int tests_quiet; /* set on MPI ranks other than 0: count, but do not print */
 
 void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* PASS when err <= tol. */

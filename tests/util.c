@@ -6,12 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-int tests_passed, tests_failed;
+int tests_passed, tests_failed, tests_quiet;
 
 static void report(int ok, const char *fmt, va_list ap) {
-    printf("%s  ", ok ? "PASS" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
+    if (!tests_quiet) {
+        printf("%s  ", ok ? "PASS" : "FAIL");
+        vprintf(fmt, ap);
+        printf("\n");
+    }
     if (ok) tests_passed++;
     else tests_failed++;
 }

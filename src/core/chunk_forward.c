@@ -119,9 +119,11 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
     const int vcols = V - c0 < w ? (V - c0 > 0 ? V - c0 : 0) : w; /* value columns in block */
     /* U = (I+L)^-1 diag(beta) V over this block's columns (zero past V). */
     for (int i = 0; i < n; i++) {
-        const float *vsrc = in->v + ((b * c->T + t0 + i) * c->Hv + h) * V + c0;
         float *rv = ws->rv + (size_t)i * w;
-        for (int j = 0; j < vcols; j++) rv[j] = ws->beta[i] * vsrc[j];
+        if (vcols > 0) {
+            const float *vsrc = in->v + ((b * c->T + t0 + i) * c->Hv + h) * V + c0;
+            for (int j = 0; j < vcols; j++) rv[j] = ws->beta[i] * vsrc[j];
+        }
         for (int j = vcols; j < w; j++) rv[j] = 0.0f;
     }
     gdn_gemm(GDN_GEMM_A_LOWER, n, w, n, ws->tm, C, ws->rv, w, ws->u, w);

@@ -133,6 +133,11 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
 void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
                       const gdn_grads *gr, int64_t b, int64_t h, float *sg);
 
+/* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */
+int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
+                     const float *g, const float *beta, const float *h0);
+int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite);
+
 /* Column blocking: the width of the column blocks a stream of `width` state columns is split
  * into so that all threads have work (== width when there are enough streams). */
 int gdn_column_block_width(const gdn_plan *p, int width);

@@ -157,7 +157,7 @@ int gdn_column_block_width(const gdn_plan *p, int width) {
     return bw < width ? bw : width;
 }
 
-static int check_tensor(const char *name, const float *x, int64_t n, int check_finite) {
+int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite) {
     if (!x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", name);
     if (check_finite) {
         int64_t at = gdn_find_nonfinite_f32(x, n);
@@ -168,18 +168,18 @@ static int check_tensor(const char *name, const float *x, int64_t n, int check_f
     return GDN_OK;
 }
 
-static int check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
+int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
                         const float *g, const float *beta, const float *h0) {
     const gdn_config *c = &p->cfg;
     const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
                   ng = c->B * c->T * c->Hv;
     int rc;
-    if ((rc = check_tensor("q", q, nqk, c->check_finite))) return rc;
-    if ((rc = check_tensor("k", k, nqk, c->check_finite))) return rc;
-    if ((rc = check_tensor("v", v, nv, c->check_finite))) return rc;
-    if ((rc = check_tensor("g", g, ng, c->check_finite))) return rc;
-    if ((rc = check_tensor("beta", beta, ng, c->check_finite))) return rc;
-    if (h0 && (rc = check_tensor("h0", h0, c->B * c->Hv * c->K * c->V, c->check_finite)))
+    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite))) return rc;
+    if ((rc = gdn_check_tensor("k", k, nqk, c->check_finite))) return rc;
+    if ((rc = gdn_check_tensor("v", v, nv, c->check_finite))) return rc;
+    if ((rc = gdn_check_tensor("g", g, ng, c->check_finite))) return rc;
+    if ((rc = gdn_check_tensor("beta", beta, ng, c->check_finite))) return rc;
+    if (h0 && (rc = gdn_check_tensor("h0", h0, c->B * c->Hv * c->K * c->V, c->check_finite)))
         return rc;
     return GDN_OK;
 }
@@ -199,7 +199,7 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
                 const float *g, const float *beta, const float *h0) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    int rc = check_inputs(p, q, k, v, g, beta, h0);
+    int rc = gdn_check_inputs(p, q, k, v, g, beta, h0);
     if (rc) return rc;
     const gdn_config *c = &p->cfg;
     const int64_t Hv = c->Hv, K = c->K, V = c->V;
@@ -241,12 +241,12 @@ int gdn_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float 
     if (!dq || !dk || !dv || !dg || !dbeta)
         return gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL",
                         !dq ? "dq" : !dk ? "dk" : !dv ? "dv" : !dg ? "dg" : "dbeta");
-    int rc = check_inputs(p, q, k, v, g, beta, h0);
+    int rc = gdn_check_inputs(p, q, k, v, g, beta, h0);
     if (rc) return rc;
     const gdn_config *c = &p->cfg;
     const int64_t nv = c->B * c->T * c->Hv * c->V, ns = c->B * c->Hv * c->K * c->V;
-    if ((rc = check_tensor("do", dout, nv, c->check_finite))) return rc;
-    if (dht && (rc = check_tensor("dht", dht, ns, c->check_finite))) return rc;
+    if ((rc = gdn_check_tensor("do", dout, nv, c->check_finite))) return rc;
+    if (dht && (rc = gdn_check_tensor("dht", dht, ns, c->check_finite))) return rc;
     const gdn_inputs in = {q, k, v, g, beta};
     const gdn_grads gr = {dq, dk, dv, dg, dbeta, dh0, dout, dht, h0};
     const int64_t items = c->B * c->Hk;

@@ -10,13 +10,14 @@
 int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *k,
                 const float *v, const float *g, const float *beta) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (!sa || !sb) return gdn_fail(GDN_ERR_ARG, "summary output '%s' is NULL", sa ? "B" : "A");
+    if (!sa) return gdn_fail(GDN_ERR_ARG, "summary output 'A' is NULL");
     const gdn_config *c = &p->cfg;
     const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
                   ng = c->B * c->T * c->Hv;
     const struct { const char *name; const float *x; int64_t n; } t[] = {
         {"q", q, nqk}, {"k", k, nqk}, {"v", v, nv}, {"g", g, ng}, {"beta", beta, ng}};
     for (size_t i = 0; i < 5; i++) {
+        if (i == 2 && !sb) continue; /* A alone does not depend on v */
         if (!t[i].x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", t[i].name);
         int64_t at = c->check_finite ? gdn_find_nonfinite_f32(t[i].x, t[i].n) : -1;
         if (at >= 0)
@@ -24,7 +25,8 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
                             t[i].name, (long long)at);
     }
     const int64_t Hv = c->Hv, K = c->K, V = c->V;
-    const int width = (int)(V + K); /* the augmented state [S | A] */
+    /* The augmented state [S | A]; without sb only the A columns are pushed through. */
+    const int first = sb ? 0 : (int)V, width = (int)(V + K) - first;
     const int bw = gdn_column_block_width(p, width);
     const int nblk = (width + bw - 1) / bw;
     const int64_t items = c->B * Hv * nblk;
@@ -37,13 +39,13 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
         gdn_chunk_ws *ws = &p->ws[0];
 #endif
         const int64_t b = it / (Hv * nblk), h = (it / nblk) % Hv;
-        const int c0 = (int)(it % nblk) * bw;
-        const int w = width - c0 < bw ? width - c0 : bw;
+        const int c0 = first + (int)(it % nblk) * bw;
+        const int w = first + width - c0 < bw ? first + width - c0 : bw;
         /* [S | A] starts as [0 | I]: B is the final state from zero, A the pushed identity. */
         for (int64_t i = 0; i < K; i++)
             for (int j = 0; j < w; j++) ws->state[i * w + j] = (c0 + j - V == i) ? 1.0f : 0.0f;
         gdn_chunk_stream(p, ws, &in, b, h, c0, w, 0, c->T, NULL);
-        float *A = sa + (b * Hv + h) * K * K, *Bm = sb + (b * Hv + h) * K * V;
+        float *A = sa + (b * Hv + h) * K * K, *Bm = sb ? sb + (b * Hv + h) * K * V : NULL;
         for (int64_t i = 0; i < K; i++)
             for (int j = 0; j < w; j++) {
                 const int64_t col = c0 + j;

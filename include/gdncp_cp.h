@@ -1,0 +1,71 @@
+/*
+ * gdncp context parallelism: one sequence split across the ranks of an MPI communicator.
+ * Rank order is token order; rank r holds tokens [t_r, t_r + T_r) of every batch row in the
+ * usual layouts with T = T_r (T_r may differ between ranks, may be 1, need not be a multiple
+ * of the chunk). Each rank makes its own plan for its local shape (gdn_plan_create); all
+ * ranks must agree on B, Hk, Hv, K, V, chunk, scale and the L2 norm, which is checked.
+ * Results equal a single-rank run on the whole sequence up to rounding (DESIGN §4).
+ */
+#ifndef GDNCP_CP_H
+#define GDNCP_CP_H
+
+#include <mpi.h>
+
+#include "gdncp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    GDN_CP_SCAN = 0,      /* log-depth prefix scan of (A, B) pairs over MPI_Sendrecv (default) */
+    GDN_CP_ALLGATHER = 1, /* every rank's pair to everyone, then a local fold */
+    GDN_CP_RELAY = 2,     /* the state passed rank to rank (D - 1 hops) */
+    GDN_CP_HEADS = 3      /* all-to-all to head-parallel and back (D must divide Hk) */
+} gdn_cp_strategy;
+
+#define GDN_ERR_MPI 20 /* an MPI call failed, or the ranks disagree on shapes */
+
+typedef struct {
+    double fold_s;     /* local summaries / adjoints */
+    double comm_s;     /* time inside MPI calls */
+    double replay_s;   /* local forward or backward from the true boundary state */
+    uint64_t bytes_sent, bytes_recv, messages;
+    int rounds;        /* communication rounds (scan depth, hops, collectives) */
+} gdn_cp_stats;
+
+typedef struct gdn_cp gdn_cp;
+
+/* comm is duplicated; any communicator works (e.g. one axis of a DP x CP grid). */
+int gdn_cp_create(gdn_cp **cp, MPI_Comm comm, gdn_cp_strategy strategy);
+void gdn_cp_destroy(gdn_cp *cp);
+int gdn_cp_rank(const gdn_cp *cp);
+int gdn_cp_size(const gdn_cp *cp);
+const char *gdn_cp_strategy_name(gdn_cp_strategy s);
+/* Parse "scan", "allgather", "relay", "heads"; -1 if unknown. */
+int gdn_cp_strategy_parse(const char *name);
+
+/* Forward on this rank's shard. h0 [B,Hv,K,V] is the state before the first token of the whole
+ * sequence and is read on rank 0 only (may be NULL: zeros). ht (may be NULL) receives the final
+ * state of the whole sequence on every rank. s_in (may be NULL) receives the state entering this
+ * rank's shard, which gdn_cp_backward can reuse. Collective: every rank calls it. */
+int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
+                   const float *k, const float *v, const float *g, const float *beta,
+                   const float *h0);
+
+/* Backward on this rank's shard: gradients of sum(o * dout) + sum(ht * dht) for the local
+ * q, k, v, g, beta. dht is read on the last rank only (may be NULL); h0 on rank 0 only.
+ * s_in: this rank's incoming state from gdn_cp_forward, or NULL to recompute it.
+ * ds_in (may be NULL): the gradient with respect to this rank's incoming state (on rank 0, dh0). */
+int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
+                    float *dbeta, float *ds_in, const float *q, const float *k, const float *v,
+                    const float *g, const float *beta, const float *h0, const float *s_in,
+                    const float *dout, const float *dht);
+
+/* Accounting of the last forward or backward call on this rank. */
+gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,372 @@
+/* The context-parallel layer: the CP context, agreement between ranks, MPI accounting, and the
+ * forward and backward for the scan, allgather and relay strategies (DESIGN §4). It knows
+ * nothing of files; the compute is the core's (plans, summaries, adjoints). */
+#include "cp_internal.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+static double now(void) { return MPI_Wtime(); }
+
+const char *gdn_cp_strategy_name(gdn_cp_strategy s) {
+    switch (s) {
+    case GDN_CP_SCAN: return "scan";
+    case GDN_CP_ALLGATHER: return "allgather";
+    case GDN_CP_RELAY: return "relay";
+    case GDN_CP_HEADS: return "heads";
+    }
+    return "unknown";
+}
+
+int gdn_cp_strategy_parse(const char *name) {
+    for (int s = 0; s < 4; s++)
+        if (name && !strcmp(name, gdn_cp_strategy_name((gdn_cp_strategy)s))) return s;
+    return -1;
+}
+
+int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
+    if (!out) return gdn_fail(GDN_ERR_ARG, "cp output pointer is NULL");
+    *out = NULL;
+    if (strategy < GDN_CP_SCAN || strategy > GDN_CP_HEADS)
+        return gdn_fail(GDN_ERR_ARG, "unknown CP strategy %d", (int)strategy);
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) return gdn_fail(GDN_ERR_MPI, "MPI is not initialised (call MPI_Init_thread first)");
+    gdn_cp *cp = calloc(1, sizeof *cp);
+    if (!cp) return gdn_fail(GDN_ERR_NOMEM, "cp context");
+    if (MPI_Comm_dup(comm, &cp->comm) != MPI_SUCCESS) {
+        free(cp);
+        return gdn_fail(GDN_ERR_MPI, "MPI_Comm_dup failed");
+    }
+    MPI_Comm_rank(cp->comm, &cp->rank);
+    MPI_Comm_size(cp->comm, &cp->size);
+    cp->strategy = strategy;
+    cp->shard_T = calloc((size_t)cp->size, sizeof *cp->shard_T);
+    if (!cp->shard_T) {
+        gdn_cp_destroy(cp);
+        return gdn_fail(GDN_ERR_NOMEM, "cp context");
+    }
+    *out = cp;
+    return GDN_OK;
+}
+
+void gdn_cp_destroy(gdn_cp *cp) {
+    if (!cp) return;
+    if (cp->comm != MPI_COMM_NULL) MPI_Comm_free(&cp->comm);
+    gdn_plan_destroy(cp->heads_plan);
+    free(cp->shard_T);
+    free(cp->scratch);
+    free(cp);
+}
+
+int gdn_cp_rank(const gdn_cp *cp) { return cp ? cp->rank : -1; }
+int gdn_cp_size(const gdn_cp *cp) { return cp ? cp->size : 0; }
+gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp) {
+    gdn_cp_stats z = {0};
+    return cp ? cp->stats : z;
+}
+void gdn_cp_set_fault(gdn_cp *cp, int fault) { cp->fault = fault; }
+
+float *gdn_cp_scratch(gdn_cp *cp, size_t floats) {
+    if (floats > cp->scratch_cap) {
+        float *p = realloc(cp->scratch, floats * sizeof(float));
+        if (!p) return NULL;
+        cp->scratch = p, cp->scratch_cap = floats;
+    }
+    return cp->scratch;
+}
+
+int gdn_cp_agree_status(gdn_cp *cp, int local) {
+    int worst = local;
+    double t0 = now();
+    if (MPI_Allreduce(&local, &worst, 1, MPI_INT, MPI_MAX, cp->comm) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed");
+    cp->stats.comm_s += now() - t0;
+    if (worst && !local)
+        return gdn_fail(worst, "another rank failed (%s); see its message", gdn_strerror(worst));
+    return local;
+}
+
+int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local) {
+    const gdn_config *c = gdn_plan_config(plan);
+    enum { NSIG = 9 };
+    int64_t sig[NSIG] = {0};
+    if (c) {
+        int32_t scale_bits;
+        memcpy(&scale_bits, &c->scale, 4);
+        const int64_t s[NSIG] = {c->T, c->B, c->Hk, c->Hv, c->K, c->V, c->chunk, c->l2norm, scale_bits};
+        memcpy(sig, s, sizeof sig);
+    }
+    int64_t *all = malloc(sizeof(int64_t) * NSIG * cp->size);
+    if (!all) return gdn_fail(GDN_ERR_NOMEM, "cp agreement");
+    double t0 = now();
+    int mrc = MPI_Allgather(sig, NSIG, MPI_INT64_T, all, NSIG, MPI_INT64_T, cp->comm);
+    cp->stats.comm_s += now() - t0;
+    if (mrc != MPI_SUCCESS) {
+        free(all);
+        return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
+    }
+    static const char *names[NSIG] = {"T", "B", "Hk", "Hv", "K", "V", "chunk", "l2norm", "scale"};
+    int rc = GDN_OK;
+    for (int r = 0; r < cp->size && !rc; r++) {
+        cp->shard_T[r] = all[r * NSIG];
+        for (int i = 1; i < NSIG && !rc; i++)
+            if (all[r * NSIG + i] != all[i])
+                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
+                              names[i], r, (long long)all[r * NSIG + i], (long long)all[i]);
+    }
+    free(all);
+    if (!plan && !local) local = gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (rc) return rc; /* every rank saw the same table, so every rank fails alike */
+    return gdn_cp_agree_status(cp, local);
+}
+
+static int check_count(int64_t n) {
+    return n >= 0 && n <= INT_MAX ? GDN_OK
+                                  : gdn_fail(GDN_ERR_SHAPE, "message of %lld floats exceeds MPI's int count", (long long)n);
+}
+
+int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, float *rbuf,
+                    int64_t rcount, int src) {
+    int rc;
+    if ((rc = check_count(scount)) || (rc = check_count(rcount))) return rc;
+    double t0 = now();
+    int mrc = MPI_Sendrecv(sbuf, dest == MPI_PROC_NULL ? 0 : (int)scount, MPI_FLOAT, dest, 7, rbuf,
+                           src == MPI_PROC_NULL ? 0 : (int)rcount, MPI_FLOAT, src, 7, cp->comm,
+                           MPI_STATUS_IGNORE);
+    cp->stats.comm_s += now() - t0;
+    if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Sendrecv failed");
+    if (dest != MPI_PROC_NULL) cp->stats.bytes_sent += 4 * (uint64_t)scount, cp->stats.messages++;
+    if (src != MPI_PROC_NULL) cp->stats.bytes_recv += 4 * (uint64_t)rcount;
+    return GDN_OK;
+}
+
+int gdn_cp_bcast(gdn_cp *cp, float *buf, int64_t count, int root) {
+    int rc = check_count(count);
+    if (rc) return rc;
+    double t0 = now();
+    int mrc = MPI_Bcast(buf, (int)count, MPI_FLOAT, root, cp->comm);
+    cp->stats.comm_s += now() - t0;
+    if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Bcast failed");
+    if (cp->rank == root) cp->stats.bytes_sent += 4 * (uint64_t)count * (cp->size - 1), cp->stats.messages++;
+    else cp->stats.bytes_recv += 4 * (uint64_t)count;
+    return GDN_OK;
+}
+
+/* ------------------------------------------------------------------ affine-pair scans */
+
+/* Pairs live in one buffer: A [nm, X, X] then B [nm, X, V]. mine <- mine o recv (recv first). */
+static void compose_into(gdn_cp *cp, float *mine, const float *recv, float *tmp, int64_t nm,
+                         int64_t K, int64_t V) {
+    const int64_t na = nm * K * K;
+    if (cp->fault == GDN_CP_FAULT_REVERSED_ORDER)
+        gdn_summary_compose(tmp, tmp + na, recv, recv + na, mine, mine + na, nm, K, V);
+    else
+        gdn_summary_compose(tmp, tmp + na, mine, mine + na, recv, recv + na, nm, K, V);
+    memcpy(mine, tmp, sizeof(float) * nm * K * (K + V));
+}
+
+/* The prefix combine over ranks: on entry `mine` holds this rank's pair (rank 0's pair has
+ * A = 0, so every prefix that reaches it is a constant map, its B the state). On exit
+ * `incoming` holds the B of the exclusive prefix, i.e. the state entering this rank.
+ * Direction +1: token order (forward); -1: reverse order (adjoint pairs, backward).
+ * The rank at the far end (last in the direction) neither folds nor sends. */
+static int combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t K, int64_t V,
+                   int dir) {
+    const int D = cp->size, r = dir > 0 ? cp->rank : D - 1 - cp->rank; /* position in the scan */
+    const int64_t pair = nm * K * (K + V), ns = nm * K * V;
+#define RANK(pos) (dir > 0 ? (pos) : D - 1 - (pos))
+    int rc = GDN_OK;
+    if (cp->strategy == GDN_CP_SCAN) {
+        float *buf = gdn_cp_scratch(cp, 2 * (size_t)pair);
+        if (!buf) return gdn_fail(GDN_ERR_NOMEM, "scan buffers (%lld floats)", (long long)(2 * pair));
+        float *recv = buf, *tmp = buf + pair;
+        /* Hillis-Steele: ceil(log2(D-1)) rounds over positions 0..D-2. */
+        for (int d = 1; d < D - 1 && !rc; d *= 2) {
+            const int to = r + d <= D - 2 && r <= D - 2 ? RANK(r + d) : MPI_PROC_NULL;
+            const int from = r - d >= 0 && r <= D - 2 ? RANK(r - d) : MPI_PROC_NULL;
+            rc = gdn_cp_sendrecv(cp, mine, pair, to, recv, pair, from);
+            if (!rc && from != MPI_PROC_NULL) compose_into(cp, mine, recv, tmp, nm, K, V);
+            cp->stats.rounds++;
+        }
+    } else if (cp->strategy == GDN_CP_ALLGATHER) {
+        float *all = gdn_cp_scratch(cp, (size_t)pair * D);
+        if (!all) return gdn_fail(GDN_ERR_NOMEM, "allgather buffer (%lld floats)", (long long)(pair * D));
+        double t0 = now();
+        int mrc = MPI_Allgather(mine, (int)pair, MPI_FLOAT, all, (int)pair, MPI_FLOAT, cp->comm);
+        cp->stats.comm_s += now() - t0;
+        if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
+        cp->stats.bytes_sent += 4 * (uint64_t)pair * (D - 1), cp->stats.messages += D - 1;
+        cp->stats.bytes_recv += 4 * (uint64_t)pair * (D - 1), cp->stats.rounds++;
+        /* Fold the positions before this one: S = B_0, then S <- A_j S + B_j. */
+        if (r >= 1) {
+            const int64_t na = nm * K * K;
+            memcpy(incoming, all + (int64_t)RANK(0) * pair + na, sizeof(float) * ns);
+            for (int j = 1; j < r; j++) {
+                const float *pj = all + (int64_t)RANK(j) * pair;
+                float *tmp = mine; /* this rank's own pair is no longer needed */
+                if (cp->fault == GDN_CP_FAULT_REVERSED_ORDER) /* wrong: fold from the far side */
+                    pj = all + (int64_t)RANK(r - j) * pair;
+                gdn_summary_apply(tmp, pj, pj + na, incoming, nm, K, V);
+                memcpy(incoming, tmp, sizeof(float) * ns);
+            }
+        }
+        return GDN_OK;
+    }
+    if (rc) return rc;
+    /* Shift: position p (<= D-2) now holds its inclusive prefix; its B enters position p+1. */
+    const int to = r <= D - 2 ? RANK(r + 1) : MPI_PROC_NULL;
+    const int from = r >= 1 ? RANK(r - 1) : MPI_PROC_NULL;
+    rc = gdn_cp_sendrecv(cp, mine + nm * K * K, ns, to, incoming, ns, from);
+    cp->stats.rounds++;
+#undef RANK
+    return rc;
+}
+
+static int64_t nstate(const gdn_config *c) { return c->B * c->Hv * c->K * c->V; }
+
+int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
+                   const float *k, const float *v, const float *g, const float *beta,
+                   const float *h0) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
+    memset(&cp->stats, 0, sizeof cp->stats);
+    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 ? h0 : NULL) : GDN_OK;
+    if (!local && !o) local = gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    int rc = gdn_cp_agree(cp, plan, local);
+    if (rc) return rc;
+    if (cp->strategy == GDN_CP_HEADS)
+        return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
+    const gdn_config *c = gdn_plan_config(plan);
+    const int D = cp->size, r = cp->rank;
+    const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, ns = nstate(c), pair = nm * K * (K + V);
+    /* mine: this rank's pair [A | B]; state: incoming, then final; out_state: after the shard */
+    float *mine = malloc(sizeof(float) * (pair + 2 * ns));
+    if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
+    float *incoming = mine + pair, *out_state = incoming + ns;
+    memset(mine, 0, sizeof(float) * pair);
+    memset(incoming, 0, sizeof(float) * ns);
+    if (r == 0 && h0) memcpy(incoming, h0, sizeof(float) * ns);
+
+    /* 1. Fold. Rank 0 knows its incoming state: it runs its forward now and contributes the
+     *    constant map (0, S_out). The last rank's map is needed by nobody. */
+    double t0 = now();
+    if (r == 0) {
+        rc = gdn_forward(plan, o, mine + nm * K * K, q, k, v, g, beta, r == 0 ? h0 : NULL);
+        memcpy(out_state, mine + nm * K * K, sizeof(float) * ns);
+    } else if (r < D - 1 && cp->strategy != GDN_CP_RELAY) {
+        rc = gdn_summary(plan, mine, mine + nm * K * K, q, k, v, g, beta);
+    }
+    (r == 0 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
+
+    /* 2. Combine across ranks; 3. replay from the true incoming state. */
+    if (cp->strategy == GDN_CP_RELAY) {
+        if (r >= 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, incoming, ns, r - 1);
+    } else {
+        rc = combine(cp, mine, incoming, nm, K, V, +1);
+    }
+    if (!rc && r >= 1) {
+        if (cp->fault == GDN_CP_FAULT_DROP_INCOMING) memset(incoming, 0, sizeof(float) * ns);
+        t0 = now();
+        rc = gdn_forward(plan, o, out_state, q, k, v, g, beta, incoming);
+        cp->stats.replay_s += now() - t0;
+    }
+    if (!rc && cp->strategy == GDN_CP_RELAY && r + 1 < D) {
+        rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
+        cp->stats.rounds = D - 1;
+    }
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
+    /* The final state of the whole sequence, on every rank. */
+    rc = gdn_cp_bcast(cp, out_state, ns, D - 1);
+    if (!rc && ht) memcpy(ht, out_state, sizeof(float) * ns);
+    if (!rc && s_in) memcpy(s_in, incoming, sizeof(float) * ns);
+done:
+    free(mine);
+    return rc;
+}
+
+int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
+                    float *dbeta, float *ds_in, const float *q, const float *k, const float *v,
+                    const float *g, const float *beta, const float *h0, const float *s_in,
+                    const float *dout, const float *dht) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
+    memset(&cp->stats, 0, sizeof cp->stats);
+    const gdn_config *c = gdn_plan_config(plan);
+    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 ? h0 : NULL) : GDN_OK;
+    if (!local && (!dq || !dk || !dv || !dg || !dbeta))
+        local = gdn_fail(GDN_ERR_ARG, "a gradient output (dq, dk, dv, dg, dbeta) is NULL");
+    if (!local) local = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite);
+    if (!local && cp->rank == cp->size - 1 && dht)
+        local = gdn_check_tensor("dht", dht, nstate(c), c->check_finite);
+    int rc = gdn_cp_agree(cp, plan, local);
+    if (rc) return rc;
+    if (cp->strategy == GDN_CP_HEADS)
+        return gdn_cp_heads_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0,
+                                     dout, dht);
+    const int D = cp->size, r = cp->rank;
+    const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, ns = nstate(c), pair = nm * K * (K + V);
+    float *mine = malloc(sizeof(float) * (pair + 3 * ns));
+    if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
+    float *ds_out = mine + pair, *state_in = ds_out + ns, *dsin = state_in + ns;
+    memset(mine, 0, sizeof(float) * pair);
+    memset(ds_out, 0, sizeof(float) * ns);
+    gdn_cp_stats fwd = {0};
+    /* The incoming state: given, or recomputed by the forward's combine (its cost is reported
+     * under fold/comm). */
+    if (s_in) {
+        memcpy(state_in, s_in, sizeof(float) * ns);
+    } else {
+        float *o_scratch = malloc(sizeof(float) * (c->B * c->T * c->Hv * c->V));
+        rc = o_scratch ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "cp backward: recompute buffer");
+        rc = gdn_cp_agree_status(cp, rc);
+        if (!rc) rc = gdn_cp_forward(cp, plan, o_scratch, NULL, state_in, q, k, v, g, beta, h0);
+        fwd = cp->stats;
+        free(o_scratch);
+        if (rc) goto done;
+    }
+    cp->stats = fwd;
+    if (r == D - 1 && dht) memcpy(ds_out, dht, sizeof(float) * ns);
+
+    /* 1. Fold. The last rank knows its dS_out (dht): it runs its backward now and contributes
+     *    the constant adjoint map (0, dS_in). Rank 0's adjoint map is needed by nobody. */
+    double t0 = now();
+    if (r == D - 1) {
+        rc = gdn_backward(plan, dq, dk, dv, dg, dbeta, mine + nm * K * K, q, k, v, g, beta,
+                          state_in, dout, dht);
+        memcpy(dsin, mine + nm * K * K, sizeof(float) * ns);
+    } else if (r > 0 && cp->strategy != GDN_CP_RELAY) {
+        /* The adjoint pair (A^T, G): A alone (v is not needed), transposed map by map. */
+        float *A = malloc(sizeof(float) * nm * K * K);
+        rc = A ? gdn_summary(plan, A, NULL, q, k, NULL, g, beta)
+               : gdn_fail(GDN_ERR_NOMEM, "cp backward: A (%lld floats)", (long long)(nm * K * K));
+        for (int64_t m = 0; !rc && m < nm; m++)
+            gdn_transpose((int)K, (int)K, A + m * K * K, (int)K, mine + m * K * K, (int)K);
+        free(A);
+        if (!rc) rc = gdn_summary_adjoint(plan, mine + nm * K * K, q, k, g, beta, dout);
+    }
+    (r == D - 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
+
+    /* 2. Combine in reverse rank order; 3. local backward from the true dS_out. */
+    if (cp->strategy == GDN_CP_RELAY) {
+        if (r < D - 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, ds_out, ns, r + 1);
+    } else {
+        rc = combine(cp, mine, ds_out, nm, K, V, -1);
+    }
+    if (!rc && r < D - 1) {
+        if (cp->fault == GDN_CP_FAULT_DROP_GRADIENT) memset(ds_out, 0, sizeof(float) * ns);
+        t0 = now();
+        rc = gdn_backward(plan, dq, dk, dv, dg, dbeta, dsin, q, k, v, g, beta, state_in, dout, ds_out);
+        cp->stats.replay_s += now() - t0;
+    }
+    if (!rc && cp->strategy == GDN_CP_RELAY && r > 0) {
+        rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
+        cp->stats.rounds = D - 1;
+    }
+    rc = gdn_cp_agree_status(cp, rc);
+    if (!rc && ds_in) memcpy(ds_in, dsin, sizeof(float) * ns);
+done:
+    free(mine);
+    return rc;
+}

@@ -1,0 +1,50 @@
+/* Internals of the context-parallel layer, shared by its files and by the tests' negative
+ * controls (deliberate faults injected into the real code path). */
+#ifndef GDNCP_CP_INTERNAL_H
+#define GDNCP_CP_INTERNAL_H
+
+#include "gdncp_cp.h"
+#include "../core/internal.h"
+
+enum {
+    GDN_CP_FAULT_NONE = 0,
+    GDN_CP_FAULT_REVERSED_ORDER = 1, /* compose (mine o received) the wrong way round */
+    GDN_CP_FAULT_DROP_INCOMING = 2,  /* replay from zeros instead of the incoming state */
+    GDN_CP_FAULT_DROP_GRADIENT = 3   /* local backward from dS_out = 0 instead of the received one */
+};
+
+struct gdn_cp {
+    MPI_Comm comm;
+    int rank, size;
+    gdn_cp_strategy strategy;
+    gdn_cp_stats stats;
+    int fault;
+    int64_t *shard_T;    /* every rank's T_r, filled by the agreement check */
+    float *scratch;      /* grow-only buffer for pairs and states */
+    size_t scratch_cap;
+    gdn_plan *heads_plan; /* cached plan of the head-parallel shape */
+};
+
+void gdn_cp_set_fault(gdn_cp *cp, int fault);
+
+/* Check that all ranks agree on the plan's shape and options (except T); fills shard_T.
+ * Collective. Also folds a local failure status into a collective one. */
+int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local_status);
+/* A failure on any rank becomes a failure on every rank (collective). */
+int gdn_cp_agree_status(gdn_cp *cp, int local_status);
+float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
+
+/* MPI wrappers that keep the accounting. Counts in floats; dest/src may be MPI_PROC_NULL. */
+int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, float *rbuf,
+                    int64_t rcount, int src);
+int gdn_cp_bcast(gdn_cp *cp, float *buf, int64_t count, int root);
+
+int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
+                         const float *q, const float *k, const float *v, const float *g,
+                         const float *beta, const float *h0);
+int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
+                          float *dg, float *dbeta, float *ds_in, const float *q, const float *k,
+                          const float *v, const float *g, const float *beta, const float *h0,
+                          const float *dout, const float *dht);
+
+#endif

@@ -1,0 +1,251 @@
+/* Context parallelism against the single-rank path and the double oracle, every strategy,
+ * forward and backward, with negative controls injected into the real CP code path. */
+#include "cp_internal.h"
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL_CP_FWD 1e-5
+#define TOL_CP_BWD 2e-5
+
+static int rank, D;
+
+/* Rows [t0, t0+tn) of a [B, T, inner] tensor. */
+static float *slice_rows(const float *x, int64_t B, int64_t T, int64_t t0, int64_t tn, int64_t inner) {
+    float *out = malloc(sizeof(float) * (B * tn * inner + 1));
+    for (int64_t b = 0; b < B; b++)
+        memcpy(out + b * tn * inner, x + (b * T + t0) * inner, sizeof(float) * tn * inner);
+    return out;
+}
+
+/* max|ours - ref| and max|ref| over this rank's rows, reduced over ranks. */
+static double global_err(const float *ours, const double *ref_full, int64_t B, int64_t T, int64_t t0,
+                         int64_t tn, int64_t inner) {
+    double loc[2] = {0, 0}, glob[2];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < tn * inner; i++) {
+            const double r = ref_full[(b * T + t0) * inner + i], d = fabs(ours[b * tn * inner + i] - r);
+            if (!(d <= loc[0])) loc[0] = d;
+            loc[1] = fmax(loc[1], fabs(r));
+        }
+    if (isnan(loc[0])) loc[0] = INFINITY;
+    MPI_Allreduce(loc, glob, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return glob[0] / fmax(glob[1], REL_ERR_FLOOR);
+}
+
+/* An error measured on one rank (or the same on all), made the same everywhere. */
+static double max_over_ranks(double e) {
+    double g;
+    if (isnan(e)) e = INFINITY;
+    MPI_Allreduce(&e, &g, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return g;
+}
+
+static double *to_d(const float *x, int64_t n) {
+    double *d = malloc(sizeof(double) * (n + 1));
+    for (int64_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+typedef struct {
+    int64_t *t0, *tn; /* per rank */
+} split;
+
+static split make_split(int64_t T, const int64_t *sizes) {
+    split s = {calloc(D, sizeof(int64_t)), calloc(D, sizeof(int64_t))};
+    int64_t acc = 0;
+    for (int r = 0; r < D; r++) {
+        s.tn[r] = sizes ? sizes[r] : T / D + (r < T % D);
+        s.t0[r] = acc;
+        acc += s.tn[r];
+    }
+    return s;
+}
+
+typedef struct {
+    const char *label;
+    int64_t B, Hk, Hv, K, V;
+    int chunk;
+    gate_kind gate;
+    int with_h0, with_dht;
+    const int64_t *sizes; /* NULL: even split of T */
+    int64_t T;
+    int fault;            /* a negative control: this fault must make the check fail */
+} cp_case;
+
+/* One case through one strategy: CP forward and backward vs the double oracle. */
+static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
+    gdn_config full = gdn_config_default(cc->B, cc->T, cc->Hk, cc->Hv, cc->K, cc->V);
+    full.chunk = cc->chunk;
+    full.threads = 1;
+    problem p;
+    problem_make(&p, full, cc->gate, BETA_RANDOM, 1, 4242 + cc->T);
+    float *dout = malloc(sizeof(float) * n_v(&full)), *dht = malloc(sizeof(float) * n_state(&full));
+    for (int64_t i = 0; i < n_v(&full); i++) dout[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < n_state(&full); i++) dht[i] = (float)rng_uniform(-1, 1);
+    if (!cc->with_h0) free(p.h0), p.h0 = NULL;
+    const int64_t ns = n_state(&full);
+    /* The double oracle on the whole sequence (every rank computes it: small shapes). */
+    double *o_ref = malloc(sizeof(double) * n_v(&full)), *ht_ref = malloc(sizeof(double) * ns);
+    oracle_run(&p, &full, NULL, NULL, NULL, o_ref, ht_ref);
+    double *gref[6];
+    const int64_t gsz[6] = {n_qk(&full), n_qk(&full), n_v(&full), n_g(&full), n_g(&full), ns};
+    for (int i = 0; i < 6; i++) gref[i] = calloc(gsz[i] + 1, sizeof(double));
+    double *dq = to_d(p.q, n_qk(&full)), *dk = to_d(p.k, n_qk(&full)), *dv = to_d(p.v, n_v(&full)),
+           *dg = to_d(p.g, n_g(&full)), *db = to_d(p.beta, n_g(&full)), *dh = p.h0 ? to_d(p.h0, ns) : NULL,
+           *ddo = to_d(dout, n_v(&full)), *ddht = to_d(dht, ns);
+    gdn_reference_backward(&full, gref[0], gref[1], gref[2], gref[3], gref[4], gref[5], dq, dk, dv, dg, db,
+                           dh, ddo, cc->with_dht ? ddht : NULL);
+    free(dq), free(dk), free(dv), free(dg), free(db), free(dh), free(ddo), free(ddht);
+
+    /* This rank's shard. */
+    split sp = make_split(cc->T, cc->sizes);
+    const int64_t t0 = sp.t0[rank], tn = sp.tn[rank], B = cc->B;
+    gdn_config loc = full;
+    loc.T = tn;
+    float *q = slice_rows(p.q, B, cc->T, t0, tn, cc->Hk * cc->K), *k = slice_rows(p.k, B, cc->T, t0, tn, cc->Hk * cc->K);
+    float *v = slice_rows(p.v, B, cc->T, t0, tn, cc->Hv * cc->V), *g = slice_rows(p.g, B, cc->T, t0, tn, cc->Hv);
+    float *beta = slice_rows(p.beta, B, cc->T, t0, tn, cc->Hv), *ldo = slice_rows(dout, B, cc->T, t0, tn, cc->Hv * cc->V);
+    float *o = malloc(sizeof(float) * n_v(&loc)), *ht = malloc(sizeof(float) * ns), *s_in = malloc(sizeof(float) * ns);
+    float *gq = malloc(sizeof(float) * n_qk(&loc)), *gk = malloc(sizeof(float) * n_qk(&loc)),
+          *gv = malloc(sizeof(float) * n_v(&loc)), *gg = malloc(sizeof(float) * n_g(&loc)),
+          *gb = malloc(sizeof(float) * n_g(&loc)), *gs = malloc(sizeof(float) * ns);
+    gdn_plan *plan = NULL;
+    gdn_cp *cp = NULL;
+    int rc = gdn_plan_create(&plan, &loc);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
+    if (!rc) gdn_cp_set_fault(cp, cc->fault);
+    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, p.h0);
+    gdn_cp_stats fs = cp ? gdn_cp_last_stats(cp) : (gdn_cp_stats){0};
+    const int fwd_rc = rc;
+    if (!rc) rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, gs, q, k, v, g, beta, p.h0, s_in, ldo,
+                                  cc->with_dht ? dht : NULL);
+    int any_rc = rc;
+    MPI_Allreduce(&rc, &any_rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+
+    char what[256];
+    snprintf(what, sizeof what, "%s %s D=%d B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d h0=%d dht=%d",
+             gdn_cp_strategy_name(strategy), cc->label, D, (long long)B, (long long)cc->T, (long long)cc->Hk,
+             (long long)cc->Hv, (long long)cc->K, (long long)cc->V, cc->chunk, cc->with_h0, cc->with_dht);
+    double eo = fwd_rc ? INFINITY : global_err(o, o_ref, B, cc->T, t0, tn, cc->Hv * cc->V);
+    double eh = fwd_rc ? INFINITY : max_over_ranks(rel_err_f32(ht, ht_ref, ns));
+    double eg[6];
+    const int64_t inner[5] = {cc->Hk * cc->K, cc->Hk * cc->K, cc->Hv * cc->V, cc->Hv, cc->Hv};
+    float *gl[5] = {gq, gk, gv, gg, gb};
+    for (int i = 0; i < 5; i++) eg[i] = any_rc ? INFINITY : global_err(gl[i], gref[i], B, cc->T, t0, tn, inner[i]);
+    eg[5] = any_rc ? INFINITY : max_over_ranks(rank == 0 && cc->with_h0 ? rel_err_f32(gs, gref[5], ns) : 0.0);
+    double ebwd = 0.0;
+    for (int i = 0; i < 6; i++) ebwd = fmax(ebwd, eg[i]);
+    if (cc->fault == GDN_CP_FAULT_NONE) {
+        expect_close(fmax(eo, eh), TOL_CP_FWD, "cp forward %s (o %.1e ht %.1e)", what, eo, eh);
+        expect_close(ebwd, TOL_CP_BWD, "cp backward %s (dq %.1e dk %.1e dv %.1e dg %.1e db %.1e dh0 %.1e)", what,
+                     eg[0], eg[1], eg[2], eg[3], eg[4], eg[5]);
+        /* Connectivity: with dht != 0 the gradient reaches every rank's incoming state. */
+        if (cc->with_dht && !any_rc) {
+            double m = 0.0, mn;
+            for (int64_t i = 0; i < ns; i++) m = fmax(m, fabs(gs[i]));
+            MPI_Allreduce(&m, &mn, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+            check(mn > 0.0, "every rank's gradient w.r.t. its incoming state is non-zero (min over ranks %.2e) %s", mn, what);
+        }
+        if (strategy == GDN_CP_SCAN && D > 2 && !fwd_rc) {
+            /* Accounting: (ceil(log2(D-1)) + 1) rounds; a middle rank sends at most that many
+             * pairs (the last round is a state). */
+            int rounds = 0;
+            for (int d = 1; d < D - 1; d *= 2) rounds++;
+            check(fs.rounds == rounds + 1, "scan forward takes %d rounds (ceil(log2(D-1)) + shift), got %d", rounds + 1, fs.rounds);
+        }
+    } else {
+        static const char *fault_names[] = {"", "reversed composition order", "dropped incoming state", "dropped cross-rank gradient"};
+        const double e = cc->fault == GDN_CP_FAULT_DROP_GRADIENT ? ebwd : fmax(eo, eh);
+        expect_far(e, cc->fault == GDN_CP_FAULT_DROP_GRADIENT ? TOL_CP_BWD : TOL_CP_FWD, "%s: %s", fault_names[cc->fault], what);
+    }
+    gdn_cp_destroy(cp);
+    gdn_plan_destroy(plan);
+    free(q), free(k), free(v), free(g), free(beta), free(ldo), free(o), free(ht), free(s_in);
+    free(gq), free(gk), free(gv), free(gg), free(gb), free(gs), free(sp.t0), free(sp.tn);
+    for (int i = 0; i < 6; i++) free(gref[i]);
+    free(o_ref), free(ht_ref), free(dout), free(dht);
+    problem_free(&p);
+}
+
+/* Bad input: every rank gets an error, none hangs, the message names the problem. */
+static void bad_input(void) {
+    gdn_config c = gdn_config_default(1, 10, 1, 1, rank == D - 1 && D > 1 ? 8 : 16, 16);
+    problem p;
+    problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 5);
+    float *o = malloc(sizeof(float) * n_v(&c)), *ht = malloc(sizeof(float) * n_state(&c));
+    gdn_plan *plan = NULL;
+    gdn_cp *cp = NULL;
+    gdn_plan_create(&plan, &c);
+    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+    if (D > 1) {
+        int rc = gdn_cp_forward(cp, plan, o, ht, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+        int ok = rc == GDN_ERR_MPI && strstr(gdn_errmsg(), "disagree on K"), all;
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        check(all, "ranks with different K: every rank returns an error naming K (\"%s\")", gdn_errmsg());
+    }
+    gdn_plan_destroy(plan);
+    problem_free(&p);
+    c = gdn_config_default(1, 10, 1, 1, 16, 16);
+    problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 5);
+    gdn_plan_create(&plan, &c);
+    if (rank == D - 1) p.v[3] = NAN;
+    int rc = gdn_cp_forward(cp, plan, o, ht, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+    int ok = rc != GDN_OK, all;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    check(all, "NaN in 'v' on the last rank: every rank returns an error (%s)", gdn_errmsg());
+    gdn_cp_destroy(cp);
+    if (D > 1 && c.Hk % D) {
+        gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_HEADS);
+        p.v[3] = 0.5f;
+        rc = gdn_cp_forward(cp, plan, o, ht, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+        ok = rc != GDN_OK && strstr(gdn_errmsg(), "divide");
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        check(all, "heads with D=%d not dividing Hk=1: every rank returns an error (%s)", D, gdn_errmsg());
+        gdn_cp_destroy(cp);
+    }
+    gdn_plan_destroy(plan);
+    free(o), free(ht);
+    problem_free(&p);
+}
+
+void test_cp(void) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &D);
+    int64_t uneven[8], tiny[8], T_uneven = 0;
+    for (int r = 0; r < D; r++) {
+        uneven[r] = r % 3 == 0 ? 1 : r % 3 == 1 ? 29 : 70; /* 1-token shards among others */
+        T_uneven += uneven[r];
+        tiny[r] = 3;
+    }
+    const cp_case cases[] = {
+        {"even", 2, 1, 2, 32, 16, 64, GATE_MILD, 1, 1, NULL, 200, 0},
+        {"uneven+1-token", 1, 2, 4, 16, 24, 32, GATE_MILD, 0, 1, uneven, T_uneven, 0},
+        {"more-ranks-than-chunks", 1, 1, 1, 16, 16, 64, GATE_ZERO, 1, 0, tiny, 3 * D, 0},
+        {"no-h0-no-dht", 2, 1, 1, 16, 8, 16, GATE_MILD, 0, 0, NULL, 50 + D, 0},
+    };
+    const int strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY};
+    for (int s = 0; s < 3; s++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], (gdn_cp_strategy)strategies[s]);
+    /* heads: D must divide Hk. */
+    const cp_case heads = {"heads-shape", 2, D, 2 * D, 16, 16, 32, GATE_MILD, 1, 1, NULL, 90, 0};
+    run_case(&heads, GDN_CP_HEADS);
+    /* Negative controls through the same checks. */
+    if (D >= 2) {
+        cp_case c = cases[0];
+        c.fault = GDN_CP_FAULT_DROP_INCOMING;
+        for (int s = 0; s < 3; s++) run_case(&c, (gdn_cp_strategy)strategies[s]);
+        c.fault = GDN_CP_FAULT_DROP_GRADIENT;
+        for (int s = 0; s < 3; s++) run_case(&c, (gdn_cp_strategy)strategies[s]);
+    }
+    if (D >= 4) {
+        cp_case c = cases[0];
+        c.fault = GDN_CP_FAULT_REVERSED_ORDER;
+        run_case(&c, GDN_CP_SCAN);
+        run_case(&c, GDN_CP_ALLGATHER);
+    }
+    bad_input();
+}
