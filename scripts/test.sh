@@ -18,6 +18,12 @@ bash scripts/build.sh build || { echo "0 passed, 1 failed"; exit 1; }
 ./build/gdncp_tests > "$logs/release.log" 2>&1
 grep -E '^(FAIL|==)' "$logs/release.log"; tail -1 "$logs/release.log"; tally "$logs/release.log"
 
+echo "== context parallelism under mpiexec (MPICH), D = 1 2 3 4 7 8 (oversubscribed)"
+for d in 1 2 3 4 7 8; do
+  timeout 600 mpiexec -n "$d" ./build/gdncp_cp_tests > "$logs/cp$d.log" 2>&1
+  grep -E '^(FAIL|==)' "$logs/cp$d.log"; tail -1 "$logs/cp$d.log"; tally "$logs/cp$d.log"
+done
+
 echo "== build (ASan + UBSan)"
 if bash scripts/build.sh build-asan -DGDN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -1,19 +1,272 @@
-/* The `heads` strategy: all-to-all from sequence-parallel to head-parallel, the single-rank
- * kernel on whole sequences of D-th of the heads, and all-to-all back. */
+/* The `heads` strategy: all-to-all from sequence-parallel to head-parallel (rank j gets whole
+ * sequences of key heads [j Hk/D, (j+1) Hk/D) and their value heads), the single-rank kernel,
+ * and all-to-all back. Two collectives each way per tensor; needs D | Hk. The state entering
+ * each shard is never formed here, so s_in and ds_in (beyond rank 0's dh0) are left zero. */
 #include "cp_internal.h"
+
+#include <string.h>
+
+typedef struct {
+    int64_t B, T_total, *t_off; /* t_off[r]: first global token of rank r */
+    int *scount, *sdispl, *rcount, *rdispl;
+    float *sbuf, *rbuf;
+} layout;
+
+static int layout_init(gdn_cp *cp, layout *L, int64_t B) {
+    const int D = cp->size;
+    memset(L, 0, sizeof *L);
+    L->B = B;
+    L->t_off = calloc(D + 1, sizeof(int64_t));
+    L->scount = calloc(4 * (size_t)D, sizeof(int));
+    if (!L->t_off || !L->scount) return gdn_fail(GDN_ERR_NOMEM, "heads layout");
+    L->sdispl = L->scount + D, L->rcount = L->sdispl + D, L->rdispl = L->rcount + D;
+    for (int r = 0; r < D; r++) L->t_off[r + 1] = L->t_off[r] + cp->shard_T[r];
+    L->T_total = L->t_off[D];
+    return GDN_OK;
+}
+
+static void layout_free(layout *L) {
+    free(L->t_off), free(L->scount), free(L->sbuf), free(L->rbuf);
+}
+
+static int alltoallv(gdn_cp *cp, layout *L, size_t sn, size_t rn) {
+    const int D = cp->size;
+    double t0 = MPI_Wtime();
+    int mrc = MPI_Alltoallv(L->sbuf, L->scount, L->sdispl, MPI_FLOAT, L->rbuf, L->rcount, L->rdispl,
+                            MPI_FLOAT, cp->comm);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Alltoallv failed");
+    for (int j = 0; j < D; j++)
+        if (j != cp->rank) cp->stats.bytes_sent += 4 * (uint64_t)L->scount[j], cp->stats.bytes_recv += 4 * (uint64_t)L->rcount[j];
+    cp->stats.messages += D - 1, cp->stats.rounds++;
+    (void)sn, (void)rn;
+    return GDN_OK;
+}
+
+static int grow(float **p, size_t n) {
+    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
+    if (!q) return gdn_fail(GDN_ERR_NOMEM, "heads buffers (%zu floats)", n);
+    *p = q;
+    return GDN_OK;
+}
+
+/* src [B, T_r, H, inner] on every rank -> dst [B, T_total, H/D, inner] (this rank's heads). */
+static int to_heads(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t inner, float *dst) {
+    const int D = cp->size, me = cp->rank;
+    const int64_t Hl = H / D, row = Hl * inner, Tr = cp->shard_T[me], B = L->B;
+    size_t sn = 0, rn = 0;
+    for (int j = 0; j < D; j++) {
+        L->scount[j] = (int)(B * Tr * row), L->sdispl[j] = (int)sn, sn += L->scount[j];
+        L->rcount[j] = (int)(B * cp->shard_T[j] * row), L->rdispl[j] = (int)rn, rn += L->rcount[j];
+    }
+    int rc;
+    if ((rc = grow(&L->sbuf, sn)) || (rc = grow(&L->rbuf, rn))) return rc;
+    for (int j = 0; j < D; j++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < Tr; t++)
+                memcpy(L->sbuf + L->sdispl[j] + (b * Tr + t) * row, src + ((b * Tr + t) * H + j * Hl) * inner,
+                       sizeof(float) * row);
+    if ((rc = alltoallv(cp, L, sn, rn))) return rc;
+    for (int i = 0; i < D; i++)
+        for (int64_t b = 0; b < B; b++)
+            memcpy(dst + (b * L->T_total + L->t_off[i]) * row, L->rbuf + L->rdispl[i] + b * cp->shard_T[i] * row,
+                   sizeof(float) * cp->shard_T[i] * row);
+    return GDN_OK;
+}
+
+/* src [B, T_total, H/D, inner] (this rank's heads) -> dst [B, T_r, H, inner]. */
+static int to_sequence(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t inner, float *dst) {
+    const int D = cp->size, me = cp->rank;
+    const int64_t Hl = H / D, row = Hl * inner, Tr = cp->shard_T[me], B = L->B;
+    size_t sn = 0, rn = 0;
+    for (int j = 0; j < D; j++) {
+        L->scount[j] = (int)(B * cp->shard_T[j] * row), L->sdispl[j] = (int)sn, sn += L->scount[j];
+        L->rcount[j] = (int)(B * Tr * row), L->rdispl[j] = (int)rn, rn += L->rcount[j];
+    }
+    int rc;
+    if ((rc = grow(&L->sbuf, sn)) || (rc = grow(&L->rbuf, rn))) return rc;
+    for (int j = 0; j < D; j++)
+        for (int64_t b = 0; b < B; b++)
+            memcpy(L->sbuf + L->sdispl[j] + b * cp->shard_T[j] * row, src + (b * L->T_total + L->t_off[j]) * row,
+                   sizeof(float) * cp->shard_T[j] * row);
+    if ((rc = alltoallv(cp, L, sn, rn))) return rc;
+    for (int i = 0; i < D; i++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < Tr; t++)
+                memcpy(dst + ((b * Tr + t) * H + i * Hl) * inner, L->rbuf + L->rdispl[i] + (b * Tr + t) * row,
+                       sizeof(float) * row);
+    return GDN_OK;
+}
+
+/* A state [B, Hv, K, V] held by `root` -> this rank's head block [B, Hv/D, K, V]; a NULL on the
+ * root gives zeros everywhere (*present = 0). */
+static int scatter_state(gdn_cp *cp, const float *full, int root, int64_t B, int64_t Hv, int64_t KV,
+                         float *mine, int *present) {
+    const int D = cp->size;
+    const int64_t Hl = Hv / D, blk = B * Hl * KV;
+    int have = full != NULL;
+    MPI_Bcast(&have, 1, MPI_INT, root, cp->comm);
+    *present = have;
+    if (!have) {
+        memset(mine, 0, sizeof(float) * blk);
+        return GDN_OK;
+    }
+    float *pack = NULL;
+    if (cp->rank == root) {
+        if (grow(&pack, (size_t)blk * D)) return GDN_ERR_NOMEM;
+        for (int j = 0; j < D; j++)
+            for (int64_t b = 0; b < B; b++)
+                memcpy(pack + j * blk + b * Hl * KV, full + (b * Hv + j * Hl) * KV, sizeof(float) * Hl * KV);
+    }
+    double t0 = MPI_Wtime();
+    int mrc = MPI_Scatter(pack, (int)blk, MPI_FLOAT, mine, (int)blk, MPI_FLOAT, root, cp->comm);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    free(pack);
+    if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Scatter failed");
+    if (cp->rank == root) cp->stats.bytes_sent += 4 * (uint64_t)blk * (D - 1);
+    else cp->stats.bytes_recv += 4 * (uint64_t)blk;
+    return GDN_OK;
+}
+
+/* Head blocks [B, Hv/D, K, V] of every rank -> the full state on `root` (root < 0: all ranks). */
+static int gather_state(gdn_cp *cp, const float *mine, int root, int64_t B, int64_t Hv, int64_t KV, float *full) {
+    const int D = cp->size;
+    const int64_t Hl = Hv / D, blk = B * Hl * KV;
+    float *all = NULL;
+    if ((root < 0 || cp->rank == root) && grow(&all, (size_t)blk * D)) return GDN_ERR_NOMEM;
+    double t0 = MPI_Wtime();
+    int mrc = root < 0 ? MPI_Allgather(mine, (int)blk, MPI_FLOAT, all, (int)blk, MPI_FLOAT, cp->comm)
+                       : MPI_Gather(mine, (int)blk, MPI_FLOAT, all, (int)blk, MPI_FLOAT, root, cp->comm);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    if (mrc != MPI_SUCCESS) {
+        free(all);
+        return gdn_fail(GDN_ERR_MPI, "MPI_Gather of the state failed");
+    }
+    cp->stats.bytes_sent += 4 * (uint64_t)blk;
+    if (all && full)
+        for (int j = 0; j < D; j++)
+            for (int64_t b = 0; b < B; b++)
+                memcpy(full + (b * Hv + j * Hl) * KV, all + j * blk + b * Hl * KV, sizeof(float) * Hl * KV);
+    free(all);
+    return GDN_OK;
+}
+
+/* The plan of the head-parallel shape, kept in the context while the shape stays the same. */
+static int heads_plan(gdn_cp *cp, const gdn_plan *plan, int64_t T_total, gdn_plan **out) {
+    gdn_config c = *gdn_plan_config(plan);
+    const int D = cp->size;
+    if (c.Hk % D)
+        return gdn_fail(GDN_ERR_SHAPE, "strategy 'heads' needs the rank count (%d) to divide Hk (%lld)", D,
+                        (long long)c.Hk);
+    c.T = T_total, c.Hk /= D, c.Hv /= D;
+    const gdn_config *have = cp->heads_plan ? gdn_plan_config(cp->heads_plan) : NULL;
+    if (!have || have->T != c.T || have->B != c.B || have->Hk != c.Hk || have->Hv != c.Hv ||
+        have->K != c.K || have->V != c.V || have->chunk != c.chunk || have->scale != c.scale ||
+        have->l2norm != c.l2norm || have->threads != c.threads) {
+        gdn_plan_destroy(cp->heads_plan);
+        cp->heads_plan = NULL;
+        int rc = gdn_plan_create(&cp->heads_plan, &c);
+        if (rc) return rc;
+    }
+    *out = cp->heads_plan;
+    return GDN_OK;
+}
 
 int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
                          const float *q, const float *k, const float *v, const float *g,
                          const float *beta, const float *h0) {
-    (void)plan, (void)o, (void)ht, (void)s_in, (void)q, (void)k, (void)v, (void)g, (void)beta, (void)h0;
-    return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_ARG, "strategy 'heads' is not available yet"));
+    const gdn_config *c = gdn_plan_config(plan);
+    const int D = cp->size;
+    const int64_t B = c->B, K = c->K, V = c->V, Hk = c->Hk, Hv = c->Hv, KV = K * V;
+    layout L;
+    gdn_plan *hp = NULL;
+    int rc = layout_init(cp, &L, B);
+    if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp); /* same outcome on every rank */
+    if (rc) {
+        layout_free(&L);
+        return rc;
+    }
+    const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D;
+    float *buf = malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * B * Hvl * KV));
+    if (!buf) rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
+    if ((rc = gdn_cp_agree_status(cp, rc))) {
+        layout_free(&L);
+        return rc;
+    }
+    float *hq = buf, *hk = hq + B * T * Hkl * K, *hv = hk + B * T * Hkl * K, *ho = hv + B * T * Hvl * V;
+    float *hg = ho + B * T * Hvl * V, *hb = hg + B * T * Hvl, *hh0 = hb + B * T * Hvl, *hht = hh0 + B * Hvl * KV;
+    int has_h0 = 0;
+    if (!rc) rc = to_heads(cp, &L, q, Hk, K, hq);
+    if (!rc) rc = to_heads(cp, &L, k, Hk, K, hk);
+    if (!rc) rc = to_heads(cp, &L, v, Hv, V, hv);
+    if (!rc) rc = to_heads(cp, &L, g, Hv, 1, hg);
+    if (!rc) rc = to_heads(cp, &L, beta, Hv, 1, hb);
+    if (!rc) rc = scatter_state(cp, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
+    double t0 = MPI_Wtime();
+    if (!rc) rc = gdn_forward(hp, ho, hht, hq, hk, hv, hg, hb, has_h0 ? hh0 : NULL);
+    cp->stats.replay_s += MPI_Wtime() - t0;
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
+    rc = to_sequence(cp, &L, ho, Hv, V, o);
+    float *full = ht ? ht : NULL;
+    if (!rc) rc = gather_state(cp, hht, -1, B, Hv, KV, full);
+    if (!rc && s_in) memset(s_in, 0, sizeof(float) * B * Hv * KV);
+    rc = gdn_cp_agree_status(cp, rc);
+done:
+    free(buf);
+    layout_free(&L);
+    return rc;
 }
 
 int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
                           float *dg, float *dbeta, float *ds_in, const float *q, const float *k,
                           const float *v, const float *g, const float *beta, const float *h0,
                           const float *dout, const float *dht) {
-    (void)plan, (void)dq, (void)dk, (void)dv, (void)dg, (void)dbeta, (void)ds_in, (void)q, (void)k;
-    (void)v, (void)g, (void)beta, (void)h0, (void)dout, (void)dht;
-    return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_ARG, "strategy 'heads' is not available yet"));
+    const gdn_config *c = gdn_plan_config(plan);
+    const int D = cp->size;
+    const int64_t B = c->B, K = c->K, V = c->V, Hk = c->Hk, Hv = c->Hv, KV = K * V;
+    layout L;
+    gdn_plan *hp = NULL;
+    int rc = layout_init(cp, &L, B);
+    if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
+    if (rc) {
+        layout_free(&L);
+        return rc;
+    }
+    const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D, nqk = B * T * Hkl * K, nv = B * T * Hvl * V, ng = B * T * Hvl;
+    float *buf = malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * B * Hvl * KV));
+    if (!buf) rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
+    if ((rc = gdn_cp_agree_status(cp, rc))) {
+        layout_free(&L);
+        return rc;
+    }
+    float *hq = buf, *hk = hq + nqk, *gq = hk + nqk, *gk = gq + nqk, *hv = gk + nqk, *hdo = hv + nv, *gv = hdo + nv;
+    float *hg = gv + nv, *hb = hg + ng, *gg = hb + ng, *gb = gg + ng;
+    float *hh0 = gb + ng, *hdht = hh0 + B * Hvl * KV, *gh0 = hdht + B * Hvl * KV;
+    int has_h0 = 0, has_dht = 0;
+    if (!rc) rc = to_heads(cp, &L, q, Hk, K, hq);
+    if (!rc) rc = to_heads(cp, &L, k, Hk, K, hk);
+    if (!rc) rc = to_heads(cp, &L, v, Hv, V, hv);
+    if (!rc) rc = to_heads(cp, &L, g, Hv, 1, hg);
+    if (!rc) rc = to_heads(cp, &L, beta, Hv, 1, hb);
+    if (!rc) rc = to_heads(cp, &L, dout, Hv, V, hdo);
+    if (!rc) rc = scatter_state(cp, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
+    if (!rc) rc = scatter_state(cp, cp->rank == D - 1 ? dht : NULL, D - 1, B, Hv, KV, hdht, &has_dht);
+    double t0 = MPI_Wtime();
+    if (!rc)
+        rc = gdn_backward(hp, gq, gk, gv, gg, gb, gh0, hq, hk, hv, hg, hb, has_h0 ? hh0 : NULL, hdo,
+                          has_dht ? hdht : NULL);
+    cp->stats.replay_s += MPI_Wtime() - t0;
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
+    rc = to_sequence(cp, &L, gq, Hk, K, dq);
+    if (!rc) rc = to_sequence(cp, &L, gk, Hk, K, dk);
+    if (!rc) rc = to_sequence(cp, &L, gv, Hv, V, dv);
+    if (!rc) rc = to_sequence(cp, &L, gg, Hv, 1, dg);
+    if (!rc) rc = to_sequence(cp, &L, gb, Hv, 1, dbeta);
+    if (!rc && ds_in) memset(ds_in, 0, sizeof(float) * B * Hv * KV);
+    if (!rc) rc = gather_state(cp, gh0, 0, B, Hv, KV, cp->rank == 0 ? ds_in : NULL);
+    rc = gdn_cp_agree_status(cp, rc);
+done:
+    free(buf);
+    layout_free(&L);
+    return rc;
 }
