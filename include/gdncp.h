@@ -167,6 +167,10 @@ const char *gdn_st_metadata(const gdn_st_file *f, const char *key);
 /* Read a whole tensor converting to f32 / f64. n is the capacity of dst in elements. */
 int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n);
 int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n);
+/* Rows [begin, begin+count) along dimension 1 (the T axis of [B,T,...] tensors), for every
+ * index of dimension 0: dst gets [d0, count, d2, ...]. Only those bytes are read. */
+int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin,
+                         int64_t count);
 /* Number of elements of a tensor (product of its shape). */
 int64_t gdn_st_numel(const gdn_st_tensor *t);
 
@@ -187,7 +191,8 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path);
  * A gated-delta-rule problem in one safetensors file: q, k, v, g, beta, optional h0, and for
  * gradients do (required) and dht (optional), in the layouts above, any readable dtype. */
 typedef struct {
-    gdn_config cfg; /* shapes inferred from the tensors; options at their defaults */
+    gdn_config cfg; /* shapes inferred from the tensors (T = the rows loaded); options default */
+    int64_t T_full, t_begin; /* the file's sequence length and the first row loaded */
     float *q, *k, *v, *g, *beta;
     float *h0;      /* NULL when the file has none */
     float *dout;    /* "do", only when asked for */
@@ -196,6 +201,10 @@ typedef struct {
 
 /* Read and validate. want_grads: also read "do" (required) and "dht" (optional). */
 int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads);
+/* The same for tokens [t_begin, t_begin + count) only (a context-parallel shard): shapes are
+ * checked against the whole file, only the shard's rows are read; h0 and dht whole. */
+int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin,
+                          int64_t count);
 void gdn_problem_free(gdn_problem *pb);
 
 /* Write named f32 tensors atomically. */

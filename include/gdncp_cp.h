@@ -62,6 +62,11 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
                     const float *g, const float *beta, const float *h0, const float *s_in,
                     const float *dout, const float *dht);
 
+/* Gather every rank's [B, T_r, inner] block into the full [B, T, inner] tensor on `root`
+ * (full may be NULL elsewhere). Collective. */
+int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_local, int64_t inner,
+                       float *full, int root);
+
 /* Accounting of the last forward or backward call on this rank. */
 gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);
 

@@ -24,6 +24,24 @@ for d in 1 2 3 4 7 8; do
   grep -E '^(FAIL|==)' "$logs/cp$d.log"; tail -1 "$logs/cp$d.log"; tally "$logs/cp$d.log"
 done
 
+echo "== gdncp run --cp under mpiexec against the golden files"
+golden=../shared/golden
+cpcase() { # cpcase EXPECT(pass|fail) D ARGS...: run, then diff against the golden file
+  local expect=$1 d=$2; shift 2
+  local out="$logs/cp_cli.safetensors" g="$golden/gdn_qwen_heads.safetensors"
+  if mpiexec -n "$d" ./build/gdncp run "$@" --in "$g" --out "$out" >"$logs/cp_cli.log" 2>&1 &&
+     ./build/gdncp diff "$out" "$g" --tol 2e-5 >>"$logs/cp_cli.log" 2>&1; then got=pass; else got=fail; fi
+  if [ "$got" = "$expect" ]; then echo "PASS  mpiexec -n $d gdncp run $* ($expect as expected)"; passed=$((passed + 1))
+  else echo "FAIL  mpiexec -n $d gdncp run $* (expected $expect)"; cat "$logs/cp_cli.log"; failed=$((failed + 1)); fi
+}
+cpcase pass 3 --cp scan --backward
+cpcase pass 4 --cp allgather --backward --shards 1,64,1,64
+cpcase pass 2 --cp relay --backward --stats
+cpcase pass 2 --cp heads --backward
+cpcase fail 3 --cp scan --backward --no-l2norm            # negative control: wrong model
+cpcase fail 3 --cp scan --shards 1,2                       # wrong shard count: clear error
+cpcase fail 2 --cp spiral                                  # unknown strategy: clear error
+
 echo "== build (ASan + UBSan)"
 if bash scripts/build.sh build-asan -DGDN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -10,7 +10,8 @@ typedef struct {
     const char *in, *out;
     long chunk, threads;
     double scale;
-    int no_l2norm, reference, backward;
+    int no_l2norm, reference, backward, stats;
+    const char *cp, *shards;
 } run_opts;
 
 static int parse(int argc, char **argv, run_opts *o) {
@@ -37,6 +38,9 @@ static int parse(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--no-l2norm")) o->no_l2norm = 1;
         else if (!strcmp(a, "--reference")) o->reference = 1;
         else if (!strcmp(a, "--backward")) o->backward = 1;
+        else if (!strcmp(a, "--stats")) o->stats = 1;
+        else if (!strcmp(a, "--cp") && val) o->cp = argv[++i];
+        else if (!strcmp(a, "--shards") && val) o->shards = argv[++i];
         else {
             fprintf(stderr, "gdncp run: unknown or incomplete option '%s'\n", a);
             return 1;
@@ -114,6 +118,20 @@ int cmd_run(int argc, char **argv) {
     if (parse(argc, argv, &opt)) return 1;
     if (opt.chunk != 16 && opt.chunk != 32 && opt.chunk != 64 && opt.chunk != 128) {
         fprintf(stderr, "gdncp run: --chunk must be 16, 32, 64 or 128, got %ld\n", opt.chunk);
+        return 1;
+    }
+    if (opt.cp) {
+        if (opt.reference) {
+            fprintf(stderr, "gdncp run: --reference and --cp cannot be combined\n");
+            return 1;
+        }
+        gdn_config o = gdn_config_default(1, 1, 1, 1, 1, 1);
+        o.chunk = (int)opt.chunk, o.threads = (int)opt.threads, o.scale = (float)opt.scale;
+        o.l2norm = !opt.no_l2norm;
+        return cmd_run_cp(opt.in, opt.out, opt.cp, opt.shards, opt.backward, opt.stats, o);
+    }
+    if (opt.shards || opt.stats) {
+        fprintf(stderr, "gdncp run: --shards and --stats need --cp STRATEGY\n");
         return 1;
     }
     gdn_problem pb;

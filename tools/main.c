@@ -1,6 +1,8 @@
 /* gdncp: the command-line tool. Subcommands live one per file. */
 #include "cli.h"
 
+#include "gdncp_cp.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,8 @@ static void usage(FILE *out) {
             "  run    --in IN.safetensors --out OUT.safetensors [--chunk C] [--scale S]\n"
             "         [--no-l2norm] [--reference] [--threads N]   gated delta rule forward\n"
             "         [--backward]: also read do [, dht], write dq dk dv dg dbeta [dh0]\n"
+            "         [--cp scan|allgather|relay|heads [--shards a,b,..] [--stats]]\n"
+            "         under mpiexec -n D: the sequence split over D ranks\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
             "  help                                                 this text\n");
@@ -48,7 +52,18 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "run")) {
+        /* MPI only when context parallelism is asked for (a plain run needs no launcher). */
+        int want_mpi = 0;
+        for (int i = 2; i < argc; i++) want_mpi |= !strcmp(argv[i], "--cp");
+        if (!want_mpi) return cmd_run(argc - 1, argv + 1);
+        int provided;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+        int rc = cmd_run(argc - 1, argv + 1), any = rc;
+        MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Finalize();
+        return any;
+    }
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "diff")) return cmd_diff(argc - 1, argv + 1);
     if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {

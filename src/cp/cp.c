@@ -370,3 +370,36 @@ done:
     free(mine);
     return rc;
 }
+
+int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_local, int64_t inner,
+                       float *full, int root) {
+    const int D = cp->size;
+    int64_t *T = malloc(sizeof(int64_t) * D);
+    int *counts = malloc(sizeof(int) * 2 * D);
+    float *all = NULL;
+    int rc = T && counts ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "gather rows");
+    if (!rc && MPI_Allgather(&T_local, 1, MPI_INT64_T, T, 1, MPI_INT64_T, cp->comm) != MPI_SUCCESS)
+        rc = gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
+    int64_t total = 0;
+    for (int r = 0; !rc && r < D; r++) {
+        if (B * T[r] * inner > INT_MAX) rc = gdn_fail(GDN_ERR_SHAPE, "gather: block too large for MPI");
+        else counts[r] = (int)(B * T[r] * inner), counts[D + r] = (int)(total * B * inner), total += T[r];
+    }
+    if (!rc && cp->rank == root && !(all = malloc(sizeof(float) * (B * total * inner + 1))))
+        rc = gdn_fail(GDN_ERR_NOMEM, "gather rows (%lld floats)", (long long)(B * total * inner));
+    rc = gdn_cp_agree_status(cp, rc);
+    if (!rc && MPI_Gatherv(local, (int)(B * T_local * inner), MPI_FLOAT, all, counts, counts + D,
+                           MPI_FLOAT, root, cp->comm) != MPI_SUCCESS)
+        rc = gdn_fail(GDN_ERR_MPI, "MPI_Gatherv failed");
+    if (!rc && cp->rank == root && full) {
+        int64_t t0 = 0;
+        for (int r = 0; r < D; r++) { /* rank r's block is [B, T_r, inner]: place row by row */
+            for (int64_t b = 0; b < B; b++)
+                memcpy(full + (b * total + t0) * inner, all + counts[D + r] + b * T[r] * inner,
+                       sizeof(float) * T[r] * inner);
+            t0 += T[r];
+        }
+    }
+    free(T), free(counts), free(all);
+    return rc;
+}

@@ -13,9 +13,10 @@ static void shape_str(char *buf, size_t n, const int64_t *s, int nd) {
     if (off < n) snprintf(buf + off, n - off, "]");
 }
 
-/* Check that tensor `name` exists with exactly the expected shape, then read it as f32. */
+/* Check that tensor `name` exists with exactly the expected shape, then read it as f32
+ * (rows [t0, t0 + tn) of dimension 1 when tn >= 0). */
 static int read_exact(gdn_st_file *f, const char *path, const char *name, int nd,
-                      const int64_t *want, float **dst) {
+                      const int64_t *want, float **dst, int64_t t0, int64_t tn) {
     const gdn_st_tensor *t = gdn_st_find(f, name);
     if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: required tensor '%s' is missing", path, name);
     int same = t->ndim == nd;
@@ -27,13 +28,18 @@ static int read_exact(gdn_st_file *f, const char *path, const char *name, int nd
         return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has shape %s, expected %s", path, name, a, b);
     }
     size_t n = 1;
-    for (int i = 0; i < nd; i++) n *= (size_t)want[i];
+    for (int i = 0; i < nd; i++) n *= (size_t)(i == 1 && tn >= 0 ? tn : want[i]);
     *dst = malloc(sizeof(float) * (n ? n : 1));
     if (!*dst) return gdn_fail(GDN_ERR_NOMEM, "%s: tensor '%s' (%zu floats)", path, name, n);
-    return gdn_st_read_f32(f, name, *dst, n);
+    return tn >= 0 ? gdn_st_read_f32_rows(f, name, *dst, n, t0, tn) : gdn_st_read_f32(f, name, *dst, n);
 }
 
 int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads) {
+    return gdn_problem_load_rows(pb, path, want_grads, 0, -1);
+}
+
+int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int64_t t0,
+                          int64_t tn) {
     memset(pb, 0, sizeof *pb);
     gdn_st_file *f = NULL;
     int rc = gdn_st_open(&f, path);
@@ -58,18 +64,26 @@ int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads) {
     }
     pb->cfg = gdn_config_default(B, T, Hk, Hv, K, V);
     if ((rc = gdn_config_check(&pb->cfg))) goto done;
+    if (tn >= 0 && (t0 < 0 || tn < 1 || t0 + tn > T)) {
+        rc = gdn_fail(GDN_ERR_SHAPE, "%s: tokens [%lld, %lld) are not inside T = %lld", path,
+                      (long long)t0, (long long)(t0 + tn), (long long)T);
+        goto done;
+    }
+    pb->T_full = T, pb->t_begin = tn >= 0 ? t0 : 0;
+    if (tn >= 0) pb->cfg.T = tn;
     const int64_t sqk[4] = {B, T, Hk, K}, sv[4] = {B, T, Hv, V}, sg[3] = {B, T, Hv},
                   ss[4] = {B, Hv, K, V};
-    if ((rc = read_exact(f, path, "q", 4, sqk, &pb->q)) ||
-        (rc = read_exact(f, path, "k", 4, sqk, &pb->k)) ||
-        (rc = read_exact(f, path, "v", 4, sv, &pb->v)) ||
-        (rc = read_exact(f, path, "g", 3, sg, &pb->g)) ||
-        (rc = read_exact(f, path, "beta", 3, sg, &pb->beta)))
+    if ((rc = read_exact(f, path, "q", 4, sqk, &pb->q, t0, tn)) ||
+        (rc = read_exact(f, path, "k", 4, sqk, &pb->k, t0, tn)) ||
+        (rc = read_exact(f, path, "v", 4, sv, &pb->v, t0, tn)) ||
+        (rc = read_exact(f, path, "g", 3, sg, &pb->g, t0, tn)) ||
+        (rc = read_exact(f, path, "beta", 3, sg, &pb->beta, t0, tn)))
         goto done;
-    if (gdn_st_find(f, "h0") && (rc = read_exact(f, path, "h0", 4, ss, &pb->h0))) goto done;
+    if (gdn_st_find(f, "h0") && (rc = read_exact(f, path, "h0", 4, ss, &pb->h0, 0, -1))) goto done;
     if (want_grads) {
-        if ((rc = read_exact(f, path, "do", 4, sv, &pb->dout))) goto done;
-        if (gdn_st_find(f, "dht") && (rc = read_exact(f, path, "dht", 4, ss, &pb->dht))) goto done;
+        if ((rc = read_exact(f, path, "do", 4, sv, &pb->dout, t0, tn))) goto done;
+        if (gdn_st_find(f, "dht") && (rc = read_exact(f, path, "dht", 4, ss, &pb->dht, 0, -1)))
+            goto done;
     }
 done:
     gdn_st_close(f);

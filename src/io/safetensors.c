@@ -235,26 +235,18 @@ static uint16_t f32_to_bf16(float x) {
 }
 
 /* Read tensor bytes and convert element by element; dst_is_f64 chooses the output type. */
-static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap, int dst_is_f64) {
-    if (!f || !name || !dst) return gdn_fail(GDN_ERR_ARG, "safetensors read: NULL argument");
-    const gdn_st_tensor *t = gdn_st_find(f, name);
-    if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: no tensor named '%s'", f->path, name);
-    if (t->dtype == GDN_DTYPE_OTHER)
-        return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; only F32, F64 and BF16 are read",
-                        f->path, name, t->dtype_name);
-    const uint64_t n = (uint64_t)gdn_st_numel(t);
-    if (n > cap)
-        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %llu elements, buffer holds %zu",
-                        f->path, name, (unsigned long long)n, cap);
+/* Read elements [first, first + n) of a tensor's flat data, converting, into dst. */
+static int read_span(gdn_st_file *f, const gdn_st_tensor *t, uint64_t first, uint64_t n, void *dst,
+                     int dst_is_f64) {
     const int es = dtype_size(t->dtype);
     enum { BLOCK = 1 << 16 };
     static _Thread_local unsigned char buf[BLOCK];
-    if (fseeko(f->fp, (off_t)(f->data_start + t->begin), SEEK_SET) != 0)
-        return gdn_fail(GDN_ERR_IO, "%s: seek failed for '%s'", f->path, name);
+    if (fseeko(f->fp, (off_t)(f->data_start + t->begin + first * es), SEEK_SET) != 0)
+        return gdn_fail(GDN_ERR_IO, "%s: seek failed for '%s'", f->path, t->name);
     for (uint64_t done = 0; done < n;) {
         uint64_t m = n - done < sizeof buf / es ? n - done : sizeof buf / es;
         if (fread(buf, es, m, f->fp) != m)
-            return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' truncated", f->path, name);
+            return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' truncated", f->path, t->name);
         for (uint64_t i = 0; i < m; i++) {
             double x;
             if (t->dtype == GDN_F32) {
@@ -276,12 +268,50 @@ static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap,
     return GDN_OK;
 }
 
+/* Rows [begin, begin + count) of dimension 1 of a tensor (all of it when count < 0). */
+static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap, int dst_is_f64,
+                        int64_t begin, int64_t count) {
+    if (!f || !name || !dst) return gdn_fail(GDN_ERR_ARG, "safetensors read: NULL argument");
+    const gdn_st_tensor *t = gdn_st_find(f, name);
+    if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: no tensor named '%s'", f->path, name);
+    if (t->dtype == GDN_DTYPE_OTHER)
+        return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; only F32, F64 and BF16 are read",
+                        f->path, name, t->dtype_name);
+    if (count < 0) {
+        const uint64_t n = (uint64_t)gdn_st_numel(t);
+        if (n > cap)
+            return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %llu elements, buffer holds %zu",
+                            f->path, name, (unsigned long long)n, cap);
+        return read_span(f, t, 0, n, dst, dst_is_f64);
+    }
+    if (t->ndim < 2 || begin < 0 || begin + count > t->shape[1])
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has no rows [%lld, %lld) along dimension 1",
+                        f->path, name, (long long)begin, (long long)(begin + count));
+    uint64_t inner = 1;
+    for (int i = 2; i < t->ndim; i++) inner *= (uint64_t)t->shape[i];
+    const uint64_t outer = (uint64_t)t->shape[0], rows = (uint64_t)t->shape[1];
+    if (outer * count * inner > cap)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: slice of '%s' does not fit the buffer", f->path, name);
+    const size_t es = dst_is_f64 ? 8 : 4;
+    for (uint64_t o = 0; o < outer; o++) {
+        int rc = read_span(f, t, (o * rows + begin) * inner, count * inner,
+                           (char *)dst + o * count * inner * es, dst_is_f64);
+        if (rc) return rc;
+    }
+    return GDN_OK;
+}
+
 int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n) {
-    return read_convert(f, name, dst, n, 0);
+    return read_convert(f, name, dst, n, 0, 0, -1);
 }
 
 int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n) {
-    return read_convert(f, name, dst, n, 1);
+    return read_convert(f, name, dst, n, 1, 0, -1);
+}
+
+int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin,
+                         int64_t count) {
+    return read_convert(f, name, dst, n, 0, begin, count);
 }
 
 /* ------------------------------------------------------------------------ writer */

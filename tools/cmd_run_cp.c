@@ -1,0 +1,148 @@
+/* gdncp run --cp STRATEGY: the sequence split over the MPI ranks. Every rank reads only its
+ * own token slice; rank 0 writes the gathered outputs in the single-rank layout. */
+#include "cli.h"
+#include "gdncp_cp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* "--shards a,b,c": D positive sizes summing to T; NULL gives the even split. */
+static int shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn) {
+    if (!spec) {
+        *tn = T / D + (rank < T % D);
+        *t0 = rank * (T / D) + (rank < T % D ? rank : T % D);
+        if (*tn < 1) {
+            if (!rank) fprintf(stderr, "gdncp run: %d ranks for T = %lld tokens leaves rank %d empty\n", D, (long long)T, rank);
+            return 1;
+        }
+        return 0;
+    }
+    int64_t acc = 0, n = 0;
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v < 1 || (*end && *end != ',')) {
+            if (!rank) fprintf(stderr, "gdncp run: --shards needs positive integers separated by commas, got '%s'\n", spec);
+            return 1;
+        }
+        if (n == rank) *t0 = acc, *tn = v;
+        acc += v, n++;
+        p = *end ? end + 1 : end;
+    }
+    if (n != D || acc != T) {
+        if (!rank) fprintf(stderr, "gdncp run: --shards lists %lld sizes summing to %lld; need %d sizes (one per rank) summing to T = %lld\n",
+                (long long)n, (long long)acc, D, (long long)T);
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_run_cp(const char *in, const char *out, const char *strategy, const char *shards,
+               int backward, int stats, gdn_config opts) {
+    int rank, D;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &D);
+    const int s = gdn_cp_strategy_parse(strategy);
+    if (s < 0) {
+        if (!rank) fprintf(stderr, "gdncp run: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", strategy);
+        return 1;
+    }
+    /* The file's T first (rank 0 reads the header; everyone gets it), then this rank's rows. */
+    long long T = -1;
+    if (!rank) {
+        gdn_st_file *f = NULL;
+        const gdn_st_tensor *tq;
+        if (gdn_st_open(&f, in) == GDN_OK && (tq = gdn_st_find(f, "q")) && tq->ndim == 4) T = tq->shape[1];
+        gdn_st_close(f);
+    }
+    MPI_Bcast(&T, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    int64_t t0 = 0, tn = 0;
+    int bad = T < 1 ? 0 : shard_of(shards, D, rank, T, &t0, &tn), any = 0;
+    gdn_problem pb;
+    memset(&pb, 0, sizeof pb);
+    int rc = GDN_OK;
+    if (T < 1) rc = gdn_problem_load(&pb, in, backward); /* gives the precise message */
+    else if (!bad) rc = gdn_problem_load_rows(&pb, in, backward, t0, tn);
+    int local = bad || rc || T < 1;
+    MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any) {
+        if (rc) cli_error("run", rc);
+        else if (local && !bad && !rank) fprintf(stderr, "gdncp run: %s has no 4-D tensor 'q'\n", in);
+        gdn_problem_free(&pb);
+        return 1;
+    }
+    gdn_config cfg = pb.cfg;
+    cfg.chunk = opts.chunk, cfg.threads = opts.threads, cfg.scale = opts.scale, cfg.l2norm = opts.l2norm;
+    const int64_t nqk = cfg.B * cfg.T * cfg.Hk * cfg.K, nv = cfg.B * cfg.T * cfg.Hv * cfg.V,
+                  ng = cfg.B * cfg.T * cfg.Hv, ns = cfg.B * cfg.Hv * cfg.K * cfg.V;
+    float *o = malloc(sizeof(float) * nv), *ht = malloc(sizeof(float) * ns), *s_in = malloc(sizeof(float) * ns);
+    float *gq = NULL, *gk = NULL, *gv = NULL, *gg = NULL, *gb = NULL, *gs = NULL;
+    if (backward) {
+        gq = malloc(sizeof(float) * nqk), gk = malloc(sizeof(float) * nqk), gv = malloc(sizeof(float) * nv);
+        gg = malloc(sizeof(float) * ng), gb = malloc(sizeof(float) * ng), gs = malloc(sizeof(float) * ns);
+    }
+    gdn_plan *plan = NULL;
+    gdn_cp *cp = NULL;
+    gdn_cp_stats fs = {0}, bs = {0};
+    double t_start = MPI_Wtime();
+    rc = gdn_plan_create(&plan, &cfg);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+    if (!rc) fs = gdn_cp_last_stats(cp);
+    if (!rc && backward)
+        rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, gs, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0,
+                             s == GDN_CP_HEADS ? NULL : s_in, pb.dout, pb.dht);
+    if (!rc && backward) bs = gdn_cp_last_stats(cp);
+    const double wall = MPI_Wtime() - t_start;
+    int exit_code = rc ? cli_error("run --cp", rc) : 0;
+    if (!exit_code && stats) { /* rank 0 prints every rank's accounting */
+        double mine[12] = {fs.fold_s, fs.comm_s, fs.replay_s, (double)fs.bytes_sent, (double)fs.bytes_recv, fs.rounds,
+                           bs.fold_s, bs.comm_s, bs.replay_s, (double)bs.bytes_sent, (double)bs.bytes_recv, bs.rounds};
+        double *all = rank ? NULL : malloc(sizeof(double) * 12 * D);
+        MPI_Gather(mine, 12, MPI_DOUBLE, all, 12, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        if (!rank) {
+            fprintf(stderr, "gdncp run --cp %s: D=%d T=%lld wall %.3f s\n", strategy, D, T, wall);
+            fprintf(stderr, "rank dir      fold_s   comm_s  replay_s   sent_B     recv_B   rounds\n");
+            for (int r = 0; r < D; r++)
+                for (int d = 0; d < 1 + backward; d++) {
+                    const double *x = all + 12 * r + 6 * d;
+                    fprintf(stderr, "%4d %-8s %7.4f %8.4f %9.4f %10.0f %10.0f %6.0f\n", r, d ? "backward" : "forward",
+                            x[0], x[1], x[2], x[3], x[4], x[5]);
+                }
+        }
+        free(all);
+    }
+    /* Gather to rank 0 and write the single-rank layout. */
+    if (!exit_code) {
+        const int64_t Tf = pb.T_full;
+        const int64_t inner[6] = {cfg.Hv * cfg.V, cfg.Hk * cfg.K, cfg.Hk * cfg.K, cfg.Hv * cfg.V, cfg.Hv, cfg.Hv};
+        float *locals[6] = {o, gq, gk, gv, gg, gb};
+        float *full[6] = {0};
+        for (int i = 0; i < (backward ? 6 : 1) && !rc; i++) {
+            if (!rank && !(full[i] = malloc(sizeof(float) * (cfg.B * Tf * inner[i] + 1)))) rc = GDN_ERR_NOMEM;
+            if (!rc) rc = gdn_cp_gather_rows(cp, locals[i], cfg.B, cfg.T, inner[i], full[i], 0);
+        }
+        if (!rc && !rank) {
+            const gdn_named_tensor t[] = {
+                {"o", 4, {cfg.B, Tf, cfg.Hv, cfg.V}, full[0]}, {"ht", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, ht},
+                {"dq", 4, {cfg.B, Tf, cfg.Hk, cfg.K}, full[1]}, {"dk", 4, {cfg.B, Tf, cfg.Hk, cfg.K}, full[2]},
+                {"dv", 4, {cfg.B, Tf, cfg.Hv, cfg.V}, full[3]}, {"dg", 3, {cfg.B, Tf, cfg.Hv}, full[4]},
+                {"dbeta", 3, {cfg.B, Tf, cfg.Hv}, full[5]},
+                {"dh0", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, backward && pb.h0 ? gs : NULL}};
+            rc = gdn_save_tensors(out, t, 8, "gdncp run --cp");
+            if (!rc)
+                fprintf(stderr, "gdncp run --cp %s: D=%d B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld %s%.3f s -> %s\n",
+                        strategy, D, (long long)cfg.B, (long long)Tf, (long long)cfg.Hk, (long long)cfg.Hv,
+                        (long long)cfg.K, (long long)cfg.V, backward ? "forward+backward " : "", wall, out);
+        }
+        for (int i = 0; i < 6; i++) free(full[i]);
+        if (rc) exit_code = cli_error("run --cp", rc);
+    }
+    gdn_cp_destroy(cp);
+    gdn_plan_destroy(plan);
+    free(o), free(ht), free(s_in), free(gq), free(gk), free(gv), free(gg), free(gb), free(gs);
+    gdn_problem_free(&pb);
+    return exit_code;
+}
