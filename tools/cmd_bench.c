@@ -247,7 +247,8 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (!what || strcmp(what, "kernel")) {
-        fprintf(stderr, "gdncp bench: usage: gdncp bench kernel [--json] [--quick]\n");
+        fprintf(stderr, "gdncp bench: usage: gdncp bench kernel [--json] [--quick]\n"
+                        "                   mpiexec -n D gdncp bench cp [--json] [--T N] [--reps R]\n");
         return 1;
     }
     int maxt = 1;

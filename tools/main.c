@@ -19,7 +19,9 @@ static void usage(FILE *out) {
             "         [--cp scan|allgather|relay|heads [--shards a,b,..] [--stats]]\n"
             "         under mpiexec -n D: the sequence split over D ranks\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
+            "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
+            "  gen    --out F [--B --T --Hk --Hv --K --V --seed]   write a random problem\n"
             "  help                                                 this text\n");
 }
 
@@ -64,8 +66,17 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return any;
     }
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cp")) {
+        int provided;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+        int rc = cmd_bench_cp(argc - 1, argv + 1), any = rc;
+        MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Finalize();
+        return any;
+    }
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "diff")) return cmd_diff(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "gen")) return cmd_gen(argc - 1, argv + 1);
     if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(stdout);
         return 0;
