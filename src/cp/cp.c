@@ -182,13 +182,27 @@ static int combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t
         float *buf = gdn_cp_scratch(cp, 2 * (size_t)pair);
         if (!buf) return gdn_fail(GDN_ERR_NOMEM, "scan buffers (%lld floats)", (long long)(2 * pair));
         float *recv = buf, *tmp = buf + pair;
-        /* Hillis-Steele: ceil(log2(D-1)) rounds over positions 0..D-2. */
+        const int64_t na = nm * K * K;
+        /* Hillis-Steele: ceil(log2(D-1)) rounds over positions 0..D-2. Before the round at
+         * distance d, position s covers positions [s-d+1, s]; it reaches position 0 (so its A is
+         * exactly 0 and only its B need travel) iff s < d. Both ends know this. */
         for (int d = 1; d < D - 1 && !rc; d *= 2) {
             const int to = r + d <= D - 2 && r <= D - 2 ? RANK(r + d) : MPI_PROC_NULL;
             const int from = r - d >= 0 && r <= D - 2 ? RANK(r - d) : MPI_PROC_NULL;
-            rc = gdn_cp_sendrecv(cp, mine, pair, to, recv, pair, from);
-            if (!rc && from != MPI_PROC_NULL) compose_into(cp, mine, recv, tmp, nm, K, V);
+            const int mine_const = r < d, theirs_const = r - d < d;
+            rc = gdn_cp_sendrecv(cp, mine_const ? mine + na : mine, mine_const ? ns : pair, to,
+                                 theirs_const ? recv + na : recv, theirs_const ? ns : pair, from);
             cp->stats.rounds++;
+            if (rc || from == MPI_PROC_NULL) continue;
+            if (theirs_const && cp->fault != GDN_CP_FAULT_REVERSED_ORDER) {
+                /* mine o (0, b): the constant map (0, A_mine b + B_mine). */
+                gdn_summary_apply(tmp, mine, mine + na, recv + na, nm, K, V);
+                memset(mine, 0, sizeof(float) * na);
+                memcpy(mine + na, tmp, sizeof(float) * ns);
+            } else {
+                if (theirs_const) memset(recv, 0, sizeof(float) * na);
+                compose_into(cp, mine, recv, tmp, nm, K, V);
+            }
         }
     } else if (cp->strategy == GDN_CP_ALLGATHER) {
         float *all = gdn_cp_scratch(cp, (size_t)pair * D);
