@@ -3,5 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build}; shift || true
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+# MPICH by default, whatever the system's "mpi" alternative points to (Open MPI may be installed
+# too); GDN_MPICC selects another MPI's compiler wrapper.
+mpicc=${GDN_MPICC:-$(command -v mpicc.mpich || command -v mpicc)}
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DMPI_C_COMPILER="$mpicc" "$@" >/dev/null
 cmake --build "$dir" -j"$(nproc)" >/dev/null

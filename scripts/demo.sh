@@ -18,14 +18,14 @@ echo "== single rank, all threads (the reference for the split runs)"
 for spec in "4 scan" "3 allgather" "2 relay" "2 heads"; do
   set -- $spec
   echo "== split over $1 ranks, strategy '$2' (1 thread per rank; this machine has $(nproc) cores)"
-  OMP_NUM_THREADS=1 mpiexec -n "$1" ./build/gdncp run --cp "$2" --backward --stats \
+  OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" ./build/gdncp run --cp "$2" --backward --stats \
     --in "$work/seq.safetensors" --out "$work/cp.safetensors"
   ./build/gdncp diff "$work/cp.safetensors" "$work/single.safetensors" --tol 2e-5
 done
 if [ -d "$golden" ]; then
   for name in gdn_small gdn_strong_gates gdn_qwen_heads; do
     echo "== golden $name over 3 ranks vs the float64 Hugging Face-semantics reference"
-    mpiexec -n 3 ./build/gdncp run --cp scan --backward --in "$golden/$name.safetensors" --out "$work/$name.safetensors"
+    mpiexec.mpich -n 3 ./build/gdncp run --cp scan --backward --in "$golden/$name.safetensors" --out "$work/$name.safetensors"
     ./build/gdncp diff "$work/$name.safetensors" "$golden/$name.safetensors" --tol 2e-5
   done
 fi

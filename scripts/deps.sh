@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages gdncp builds with; does nothing when they are already there.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libjansson-dev mpich libmpich-dev)
+pkgs=(build-essential cmake pkg-config libjansson-dev mpich libmpich-dev openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -18,18 +18,30 @@ bash scripts/build.sh build || { echo "0 passed, 1 failed"; exit 1; }
 ./build/gdncp_tests > "$logs/release.log" 2>&1
 grep -E '^(FAIL|==)' "$logs/release.log"; tail -1 "$logs/release.log"; tally "$logs/release.log"
 
-echo "== context parallelism under mpiexec (MPICH), D = 1 2 3 4 7 8 (oversubscribed)"
+MPIEXEC=mpiexec.mpich
+echo "== context parallelism under MPICH, D = 1 2 3 4 7 8 (oversubscribed)"
 for d in 1 2 3 4 7 8; do
-  timeout 600 mpiexec -n "$d" ./build/gdncp_cp_tests > "$logs/cp$d.log" 2>&1
+  timeout 600 $MPIEXEC -n "$d" ./build/gdncp_cp_tests > "$logs/cp$d.log" 2>&1
   grep -E '^(FAIL|==)' "$logs/cp$d.log"; tail -1 "$logs/cp$d.log"; tally "$logs/cp$d.log"
 done
+
+echo "== context parallelism under Open MPI, D = 1 2 3 4 (as root, oversubscribed, unbound)"
+if GDN_MPICC=$(command -v mpicc.openmpi) bash scripts/build.sh build-openmpi; then
+  for d in 1 2 3 4; do
+    OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 600 mpiexec.openmpi --allow-run-as-root \
+      --oversubscribe --bind-to none -n "$d" ./build-openmpi/gdncp_cp_tests > "$logs/ompi$d.log" 2>&1
+    grep -E '^(FAIL|==)' "$logs/ompi$d.log"; tail -1 "$logs/ompi$d.log"; tally "$logs/ompi$d.log"
+  done
+else
+  echo "FAIL  Open MPI build"; failed=$((failed + 1))
+fi
 
 echo "== gdncp run --cp under mpiexec against the golden files"
 golden=../shared/golden
 cpcase() { # cpcase EXPECT(pass|fail) D ARGS...: run, then diff against the golden file
   local expect=$1 d=$2; shift 2
   local out="$logs/cp_cli.safetensors" g="$golden/gdn_qwen_heads.safetensors"
-  if mpiexec -n "$d" ./build/gdncp run "$@" --in "$g" --out "$out" >"$logs/cp_cli.log" 2>&1 &&
+  if $MPIEXEC -n "$d" ./build/gdncp run "$@" --in "$g" --out "$out" >"$logs/cp_cli.log" 2>&1 &&
      ./build/gdncp diff "$out" "$g" --tol 2e-5 >>"$logs/cp_cli.log" 2>&1; then got=pass; else got=fail; fi
   if [ "$got" = "$expect" ]; then echo "PASS  mpiexec -n $d gdncp run $* ($expect as expected)"; passed=$((passed + 1))
   else echo "FAIL  mpiexec -n $d gdncp run $* (expected $expect)"; cat "$logs/cp_cli.log"; failed=$((failed + 1)); fi
