@@ -49,6 +49,16 @@ double cli_now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+/* Run a subcommand inside MPI (context parallelism): every rank's exit status agrees. */
+static int with_mpi(int (*cmd)(int, char **), int argc, char **argv) {
+    int provided;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    int rc = cmd(argc - 1, argv + 1), any = rc;
+    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return any;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -58,22 +68,10 @@ int main(int argc, char **argv) {
         /* MPI only when context parallelism is asked for (a plain run needs no launcher). */
         int want_mpi = 0;
         for (int i = 2; i < argc; i++) want_mpi |= !strcmp(argv[i], "--cp");
-        if (!want_mpi) return cmd_run(argc - 1, argv + 1);
-        int provided;
-        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-        int rc = cmd_run(argc - 1, argv + 1), any = rc;
-        MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Finalize();
-        return any;
+        return want_mpi ? with_mpi(cmd_run, argc, argv) : cmd_run(argc - 1, argv + 1);
     }
-    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cp")) {
-        int provided;
-        MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-        int rc = cmd_bench_cp(argc - 1, argv + 1), any = rc;
-        MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Finalize();
-        return any;
-    }
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cp"))
+        return with_mpi(cmd_bench_cp, argc, argv);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "diff")) return cmd_diff(argc - 1, argv + 1);
     if (!strcmp(argv[1], "gen")) return cmd_gen(argc - 1, argv + 1);

@@ -14,16 +14,13 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
     const gdn_config *c = &p->cfg;
     const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
                   ng = c->B * c->T * c->Hv;
-    const struct { const char *name; const float *x; int64_t n; } t[] = {
-        {"q", q, nqk}, {"k", k, nqk}, {"v", v, nv}, {"g", g, ng}, {"beta", beta, ng}};
-    for (size_t i = 0; i < 5; i++) {
-        if (i == 2 && !sb) continue; /* A alone does not depend on v */
-        if (!t[i].x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", t[i].name);
-        int64_t at = c->check_finite ? gdn_find_nonfinite_f32(t[i].x, t[i].n) : -1;
-        if (at >= 0)
-            return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value at flat index %lld",
-                            t[i].name, (long long)at);
-    }
+    int rc;
+    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite)) ||
+        (rc = gdn_check_tensor("k", k, nqk, c->check_finite)) ||
+        (sb && (rc = gdn_check_tensor("v", v, nv, c->check_finite))) || /* A alone ignores v */
+        (rc = gdn_check_tensor("g", g, ng, c->check_finite)) ||
+        (rc = gdn_check_tensor("beta", beta, ng, c->check_finite)))
+        return rc;
     const int64_t Hv = c->Hv, K = c->K, V = c->V;
     /* The augmented state [S | A]; without sb only the A columns are pushed through. */
     const int first = sb ? 0 : (int)V, width = (int)(V + K) - first;
@@ -101,15 +98,13 @@ int gdn_summary_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, 
     const gdn_config *c = &p->cfg;
     const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
                   ng = c->B * c->T * c->Hv;
-    const struct { const char *name; const float *x; int64_t n; } t[] = {
-        {"q", q, nqk}, {"k", k, nqk}, {"g", g, ng}, {"beta", beta, ng}, {"do", dout, nv}};
-    for (size_t i = 0; i < 5; i++) {
-        if (!t[i].x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", t[i].name);
-        int64_t at = c->check_finite ? gdn_find_nonfinite_f32(t[i].x, t[i].n) : -1;
-        if (at >= 0)
-            return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value at flat index %lld",
-                            t[i].name, (long long)at);
-    }
+    int rc;
+    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite)) ||
+        (rc = gdn_check_tensor("k", k, nqk, c->check_finite)) ||
+        (rc = gdn_check_tensor("g", g, ng, c->check_finite)) ||
+        (rc = gdn_check_tensor("beta", beta, ng, c->check_finite)) ||
+        (rc = gdn_check_tensor("do", dout, nv, c->check_finite)))
+        return rc;
     const gdn_inputs in = {q, k, NULL, g, beta};
     const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, NULL, NULL};
     const int64_t items = c->B * c->Hv, KV = c->K * c->V;
