@@ -34,8 +34,8 @@ static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V;
     const int64_t T = c->T, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
-    gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1);
-    if (!state_only) gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 1);
+    gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1, 0);
+    if (!state_only) gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 1, ws->state);
     const float *S = ws->state, *Dl = ws->u, *W = ws->xw, *Qe = ws->xw + (size_t)n * K;
     const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *Rk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
     float *dS = bw->dS;
@@ -195,7 +195,7 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
         for (int64_t s = 0; s < nseg; s++) {
             memcpy(bw->ckpt + s * KV, ws->state, sizeof(float) * KV);
             const int64_t t1 = (s + 1) * N * C < T ? (s + 1) * N * C : T;
-            if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h, 0, (int)V, s * N * C, t1, NULL);
+            if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h, 1, 0, (int)V, s * N * C, t1, NULL);
         }
         if (gr->dht) memcpy(bw->dS, gr->dht + sbase, sizeof(float) * KV);
         else memset(bw->dS, 0, sizeof(float) * KV);
@@ -205,7 +205,7 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
             for (int64_t ci = c_begin; ci < c_end; ci++) { /* the segment's chunk-entry states */
                 memcpy(bw->segst + (ci - c_begin) * KV, ws->state, sizeof(float) * KV);
                 const int64_t t0 = ci * C, t1 = t0 + C < T ? t0 + C : T;
-                if (ci + 1 < c_end) gdn_chunk_stream(p, ws, in, b, h, 0, (int)V, t0, t1, NULL);
+                if (ci + 1 < c_end) gdn_chunk_stream(p, ws, in, b, h, 1, 0, (int)V, t0, t1, NULL);
             }
             for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
                 memcpy(ws->state, bw->segst + (ci - c_begin) * KV, sizeof(float) * KV);

@@ -1,27 +1,44 @@
-/* The chunked gated delta rule, one fused loop per (batch row, value head, column block):
- * every chunk is gathered once into the thread's workspace, all of its products run while
- * the data is hot in L1/L2, and only the K x w state survives to the next chunk (DESIGN §3). */
+/* The chunked gated delta rule, one fused loop per (batch row, key head, column block): every
+ * chunk is gathered once into the thread's workspace, its key-side products are shared by the
+ * value heads of that key head, all products run while the data is hot in L1/L2, and only the
+ * K x w states survive to the next chunk (DESIGN §3). */
 #include "internal.h"
 
 #include <math.h>
 #include <string.h>
 
-/* Gather chunk rows [t0, t0+n) of this stream: normalised, scaled q and normalised k,
- * gates, betas; G = in-chunk cumulative gate, eg = exp(G), egd = exp(Gc - G). */
-static void gather(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                   int64_t h, int64_t t0, int n, float scale) {
+/* The key side of chunk rows [t0, t0+n) for key head hk, shared by the value heads that use it:
+ * normalised, scaled q (qs) and normalised k (kn), kt = kn^T, and the lower triangles of
+ * pk = K K^T and qk = Q K^T. */
+static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                        int64_t hk, int64_t t0, int n, int want_out) {
     const gdn_config *c = &p->cfg;
-    const int64_t K = c->K, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
+    const int64_t K = c->K, Hk = c->Hk;
+    const int C = c->chunk;
     for (int i = 0; i < n; i++) {
         const int64_t row = b * c->T + t0 + i;
         const float *qsrc = in->q + (row * Hk + hk) * K, *ksrc = in->k + (row * Hk + hk) * K;
-        float qinv = scale, kinv = 1.0f;
+        float qinv = c->scale, kinv = 1.0f;
         if (c->l2norm) {
-            qinv = scale / sqrtf(gdn_sumsq(qsrc, K) + 1e-6f);
+            qinv = c->scale / sqrtf(gdn_sumsq(qsrc, K) + 1e-6f);
             kinv = 1.0f / sqrtf(gdn_sumsq(ksrc, K) + 1e-6f);
         }
         float *qd = ws->qs + (size_t)i * K, *kd = ws->kn + (size_t)i * K;
         for (int64_t j = 0; j < K; j++) qd[j] = qsrc[j] * qinv, kd[j] = ksrc[j] * kinv;
+    }
+    gdn_transpose(n, (int)K, ws->kn, (int)K, ws->kt, C);
+    gdn_gemm(GDN_GEMM_C_LOWER, n, n, (int)K, ws->kn, (int)K, ws->kt, C, ws->pk, C);
+    if (want_out) gdn_gemm(GDN_GEMM_C_LOWER, n, n, (int)K, ws->qs, (int)K, ws->kt, C, ws->qk, C);
+}
+
+/* The value-head side: gates, betas; G = in-chunk cumulative gate, eg = exp(G),
+ * egd = exp(Gc - G), ew = exp(G_i - G_j) for j <= i. */
+static void gather_gates(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+                         int64_t h, int64_t t0, int n) {
+    const gdn_config *c = &p->cfg;
+    const int64_t Hv = c->Hv;
+    for (int i = 0; i < n; i++) {
+        const int64_t row = b * c->T + t0 + i;
         ws->g[i] = in->g[row * Hv + h];
         ws->beta[i] = in->beta[row * Hv + h];
     }
@@ -81,14 +98,13 @@ static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
 }
 
 void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                       int64_t h, int64_t t0, int n, int want_out) {
+                       int64_t h, int64_t t0, int n, int want_out, int keys_ready) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K;
-    gather(p, ws, in, b, h, t0, n, c->scale);
-    gdn_transpose(n, K, ws->kn, K, ws->kt, C);
+    if (!keys_ready) gather_keys(p, ws, in, b, h / (c->Hv / c->Hk), t0, n, want_out);
+    gather_gates(p, ws, in, b, h, t0, n);
 
     /* W = (I+L)^-1 diag(beta eG) K  ->  rows 0..n-1 of xw */
-    gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->kn, K, ws->kt, C, ws->pk, C);
     invert_unit_lower(ws, n, C, p, in, b, h, t0 + C);
     for (int i = 0; i < n; i++) {
         const float f = ws->beta[i] * ws->eg[i];
@@ -103,17 +119,16 @@ void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in
         for (int j = 0; j < K; j++) dst[j] = ws->eg[i] * qs[j];
     }
     /* A = Q K^T . E . M (lower, diagonal included); the scale is already inside Q. */
-    gdn_gemm(GDN_GEMM_C_LOWER, n, n, K, ws->qs, K, ws->kt, C, ws->am, C);
     for (int i = 0; i < n; i++) {
         float *ai = ws->am + (size_t)i * C;
-        const float *ei = ws->ew + (size_t)i * C;
-        for (int j = 0; j <= i; j++) ai[j] *= ei[j];
+        const float *ei = ws->ew + (size_t)i * C, *qi = ws->qk + (size_t)i * C;
+        for (int j = 0; j <= i; j++) ai[j] = qi[j] * ei[j];
         for (int j = i + 1; j < C; j++) ai[j] = 0.0f;
     }
 }
 
 void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                      int64_t h, int64_t t0, int n, int c0, int w, int want_out) {
+                      int64_t h, int64_t t0, int n, int c0, int w, int want_out, const float *S) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V;
     const int vcols = V - c0 < w ? (V - c0 > 0 ? V - c0 : 0) : w; /* value columns in block */
@@ -128,40 +143,44 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
     }
     gdn_gemm(GDN_GEMM_A_LOWER, n, w, n, ws->tm, C, ws->rv, w, ws->u, w);
     /* m2 = [W ; diag(eG) Q] S; Dl = U - W S overwrites u. */
-    gdn_gemm(0, want_out ? 2 * n : n, w, K, ws->xw, K, ws->state, w, ws->m2, w);
+    gdn_gemm(0, want_out ? 2 * n : n, w, K, ws->xw, K, S, w, ws->m2, w);
     for (int64_t i = 0; i < (int64_t)n * w; i++) ws->u[i] -= ws->m2[i];
 }
 
-void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w) {
+void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S) {
     const int C = p->cfg.chunk, K = (int)p->cfg.K;
     /* S' = exp(Gc) S + Kd^T Dl, Kd = diag(exp(Gc - G)) K */
     for (int i = 0; i < n; i++)
         for (int j = 0; j < K; j++)
             ws->kdt[(size_t)j * C + i] = ws->egd[i] * ws->kn[(size_t)i * K + j];
     const float egc = ws->eg[n - 1];
-    float *S = ws->state;
     for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] *= egc;
     gdn_gemm(GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
 }
 
 void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                      int64_t h, int c0, int w, int64_t t_begin, int64_t t_end, float *o) {
+                      int64_t h, int nheads, int c0, int w, int64_t t_begin, int64_t t_end,
+                      float *o) {
     const gdn_config *c = &p->cfg;
-    const int C = c->chunk, V = (int)c->V;
+    const int C = c->chunk, K = (int)c->K, V = (int)c->V;
     const int64_t T = c->T, Hv = c->Hv;
     const int vcols = V - c0 < w ? (V - c0 > 0 ? V - c0 : 0) : w;
     for (int64_t t0 = t_begin; t0 < t_end; t0 += C) {
         const int n = t_end - t0 < C ? (int)(t_end - t0) : C;
-        gdn_chunk_prepare(p, ws, in, b, h, t0, n, o != NULL);
-        gdn_chunk_values(p, ws, in, b, h, t0, n, c0, w, o != NULL);
-        if (o) {
-            /* O = eG Q S + A Dl */
-            float *oc = ws->m2 + (size_t)n * w;
-            gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, w, n, ws->am, C, ws->u, w, oc, w);
-            for (int i = 0; i < n; i++)
-                memcpy(o + ((b * T + t0 + i) * Hv + h) * V + c0, oc + (size_t)i * w,
-                       sizeof(float) * vcols);
+        /* The value heads of one key head share the key side of the chunk. */
+        for (int j = 0; j < nheads; j++) {
+            float *S = ws->state + (size_t)j * K * w;
+            gdn_chunk_prepare(p, ws, in, b, h + j, t0, n, o != NULL, j > 0);
+            gdn_chunk_values(p, ws, in, b, h + j, t0, n, c0, w, o != NULL, S);
+            if (o) {
+                /* O = eG Q S + A Dl */
+                float *oc = ws->m2 + (size_t)n * w;
+                gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, w, n, ws->am, C, ws->u, w, oc, w);
+                for (int i = 0; i < n; i++)
+                    memcpy(o + ((b * T + t0 + i) * Hv + h + j) * V + c0, oc + (size_t)i * w,
+                           sizeof(float) * vcols);
+            }
+            gdn_chunk_update_state(p, ws, n, w, S);
         }
-        gdn_chunk_update_state(p, ws, n, w);
     }
 }

@@ -60,11 +60,11 @@ static inline float gdn_expf_ftz(float x) {
 /* ---- per-thread chunk workspace (sized at plan time for the widest use). */
 typedef struct {
     float *qs, *kn, *kt, *kdt; /* C x K, C x K, K x C, K x C */
-    float *pk, *tm, *am, *ew;  /* C x C each; ew_ij = exp(G_i - G_j) for j <= i */
+    float *pk, *qk, *tm, *am, *ew; /* C x C each; ew_ij = exp(G_i - G_j) for j <= i */
     float *xw;                 /* 2C x K : [W ; diag(eG) Qs] */
     float *rk;                 /* C x K : diag(beta eG) Kn */
     float *rv, *u, *m2;        /* C x W, C x W, 2C x W   (W = widest column block) */
-    float *state;              /* K x W */
+    float *state;              /* max(r K V, K W): the states of one key head's value heads */
     float *g, *beta, *eg, *egd, *lrow; /* C each */
     double *G;                  /* C: in-chunk cumulative gate, in double because G_i - G_j
                                    cancels: |G| reaches 20*128 where fp32 spacing is 1e-4 */
@@ -105,24 +105,27 @@ typedef struct {
     const float *q, *k, *v, *g, *beta; /* base pointers of the full tensors */
 } gdn_inputs;
 
-/* Run the chunk loop for batch row b, value head h over tokens [t_begin, t_end) (t_begin a
- * multiple of the chunk) and state columns [c0, c0+w) of the augmented width: columns below V
- * are value columns, columns from V on carry zero values (summaries push the identity through
- * them, giving A). The state enters and leaves in ws->state (K x w, row stride w).
- * o: output base (the full [B,T,Hv,V] tensor) or NULL. */
+/* Run the chunk loop for batch row b, value heads h .. h+nheads-1 (all of one key head) over
+ * tokens [t_begin, t_end) (t_begin a multiple of the chunk) and state columns [c0, c0+w) of the
+ * augmented width: columns below V are value columns, columns from V on carry zero values
+ * (summaries push the identity through them, giving A). The states enter and leave in
+ * ws->state (nheads blocks of K x w, row stride w). o: output base (the full [B,T,Hv,V]
+ * tensor) or NULL. */
 void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                      int64_t h, int c0, int w, int64_t t_begin, int64_t t_end, float *o);
+                      int64_t h, int nheads, int c0, int w, int64_t t_begin, int64_t t_end,
+                      float *o);
 
 /* The phases of one chunk [t0, t0+n), shared with the backward:
- * prepare: gather, G and decays, KK^T (pk), tm = (I+L)^-1, W (xw rows 0..n-1) and, with
- *          want_out, diag(eG) Q (xw rows n..2n-1) and A (am);
- * values:  rv = diag(beta) V, u = Dl = tm rv - W S, m2 = [W ; eG Q] S (S = ws->state);
- * update_state: ws->state <- exp(Gc) S + Kd^T Dl (kdt = Kd^T). */
+ * prepare: (unless keys_ready: the key side qs, kn, kt, KK^T in pk, QK^T in qk), gates, G and
+ *          decays, tm = (I+L)^-1, W (xw rows 0..n-1) and, with want_out, diag(eG) Q (xw rows
+ *          n..2n-1) and A (am);
+ * values:  rv = diag(beta) V, u = Dl = tm rv - W S, m2 = [W ; eG Q] S;
+ * update_state: S <- exp(Gc) S + Kd^T Dl (kdt = Kd^T). */
 void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                       int64_t h, int64_t t0, int n, int want_out);
+                       int64_t h, int64_t t0, int n, int want_out, int keys_ready);
 void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
-                      int64_t h, int64_t t0, int n, int c0, int w, int want_out);
-void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w);
+                      int64_t h, int64_t t0, int n, int c0, int w, int want_out, const float *S);
+void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S);
 
 /* Backward of one (batch row, key head): all its value heads, checkpoints and recompute. */
 void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
@@ -138,8 +141,8 @@ int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const fl
                      const float *g, const float *beta, const float *h0);
 int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite);
 
-/* Column blocking: the width of the column blocks a stream of `width` state columns is split
- * into so that all threads have work (== width when there are enough streams). */
-int gdn_column_block_width(const gdn_plan *p, int width);
+/* Column blocking: the width of the column blocks that `streams` streams of `width` state
+ * columns are split into so that all threads have work (== width when there are enough). */
+int gdn_column_block_width(const gdn_plan *p, int64_t streams, int width);
 
 #endif

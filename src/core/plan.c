@@ -8,12 +8,17 @@
 #include <omp.h>
 #endif
 
-static size_t ws_floats(int C, int K, int W) {
+static size_t state_floats(const gdn_config *c, int W) {
+    const size_t grouped = (size_t)(c->Hv / c->Hk) * c->K * c->V, aug = (size_t)c->K * W;
+    return grouped > aug ? grouped : aug;
+}
+
+static size_t ws_floats(const gdn_config *cfg, int C, int K, int W) {
     return (size_t)4 * C * K            /* qs kn kt kdt */
-           + (size_t)4 * C * C          /* pk tm am ew */
+           + (size_t)5 * C * C          /* pk qk tm am ew */
            + (size_t)2 * C * K + (size_t)C * K /* xw rk */
            + (size_t)4 * C * W          /* rv u m2(2) */
-           + (size_t)K * W              /* state */
+           + state_floats(cfg, W)       /* states */
            + (size_t)7 * C;             /* g beta eg egd lrow, G (double) */
 }
 
@@ -44,7 +49,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     p->cfg.threads = p->threads;
     const int C = p->cfg.chunk, K = (int)cfg->K;
     p->max_width = (int)(cfg->V + cfg->K); /* summaries carry [S | A] */
-    const size_t per = ws_floats(C, K, p->max_width) + 32 * 16;
+    const size_t per = ws_floats(&p->cfg, C, K, p->max_width) + 32 * 16;
     p->ws = calloc((size_t)p->threads, sizeof *p->ws);
     p->arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->ws || !p->arena) {
@@ -58,11 +63,12 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         gdn_chunk_ws *ws = &p->ws[t];
         ws->qs = carve(&cur, (size_t)C * K), ws->kn = carve(&cur, (size_t)C * K);
         ws->kt = carve(&cur, (size_t)K * C), ws->kdt = carve(&cur, (size_t)K * C);
-        ws->pk = carve(&cur, (size_t)C * C), ws->tm = carve(&cur, (size_t)C * C);
+        ws->pk = carve(&cur, (size_t)C * C), ws->qk = carve(&cur, (size_t)C * C);
+        ws->tm = carve(&cur, (size_t)C * C);
         ws->am = carve(&cur, (size_t)C * C), ws->ew = carve(&cur, (size_t)C * C);
         ws->xw = carve(&cur, (size_t)2 * C * K), ws->rk = carve(&cur, (size_t)C * K);
         ws->rv = carve(&cur, (size_t)C * W), ws->u = carve(&cur, (size_t)C * W);
-        ws->m2 = carve(&cur, (size_t)2 * C * W), ws->state = carve(&cur, (size_t)K * W);
+        ws->m2 = carve(&cur, (size_t)2 * C * W), ws->state = carve(&cur, state_floats(&p->cfg, W));
         ws->g = carve(&cur, C), ws->beta = carve(&cur, C), ws->G = (double *)carve(&cur, 2 * (size_t)C);
         ws->eg = carve(&cur, C), ws->egd = carve(&cur, C), ws->lrow = carve(&cur, C);
         GDN_ASSERT(cur <= (float *)p->arena + per * (t + 1));
@@ -147,8 +153,7 @@ const char *gdn_plan_path(const gdn_plan *p) {
 
 /* Split columns only when there are fewer (batch, head) streams than threads; blocks stay
  * multiples of 16 so the micro-kernel runs full width. */
-int gdn_column_block_width(const gdn_plan *p, int width) {
-    const int64_t streams = p->cfg.B * p->cfg.Hv;
+int gdn_column_block_width(const gdn_plan *p, int64_t streams, int width) {
     if (streams >= p->threads) return width;
     int want = (int)((p->threads + streams - 1) / streams);
     int max_blocks = width / 16 > 0 ? width / 16 : 1;
@@ -202,10 +207,12 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
     int rc = gdn_check_inputs(p, q, k, v, g, beta, h0);
     if (rc) return rc;
     const gdn_config *c = &p->cfg;
-    const int64_t Hv = c->Hv, K = c->K, V = c->V;
-    const int bw = gdn_column_block_width(p, (int)V);
+    const int64_t Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, K = c->K, V = c->V;
+    /* One work item per (batch row, key head, column block): its r value heads share the key
+     * side of every chunk. */
+    const int bw = gdn_column_block_width(p, c->B * Hk, (int)V);
     const int nblk = (int)((V + bw - 1) / bw);
-    const int64_t items = c->B * Hv * nblk;
+    const int64_t items = c->B * Hk * nblk;
     const gdn_inputs in = {q, k, v, g, beta};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
     for (int64_t it = 0; it < items; it++) {
@@ -214,18 +221,22 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
 #else
         gdn_chunk_ws *ws = &p->ws[0];
 #endif
-        const int64_t b = it / (Hv * nblk), h = (it / nblk) % Hv;
+        const int64_t b = it / (Hk * nblk), h = (it / nblk) % Hk * r;
         const int c0 = (int)(it % nblk) * bw;
         const int w = (int)(V - c0 < bw ? V - c0 : bw);
-        if (w <= 0) continue;
-        const int64_t base = (b * Hv + h) * K * V + c0;
-        for (int64_t i = 0; i < K; i++)
-            for (int j = 0; j < w; j++)
-                ws->state[i * w + j] = h0 ? h0[base + i * V + j] : 0.0f;
-        gdn_chunk_stream(p, ws, &in, b, h, c0, w, 0, c->T, o);
-        if (ht)
+        for (int64_t j = 0; j < r; j++) {
+            const int64_t base = (b * Hv + h + j) * K * V + c0;
+            float *S = ws->state + j * K * w;
             for (int64_t i = 0; i < K; i++)
-                memcpy(ht + base + i * V, ws->state + i * w, sizeof(float) * w);
+                for (int jj = 0; jj < w; jj++) S[i * w + jj] = h0 ? h0[base + i * V + jj] : 0.0f;
+        }
+        gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, 0, c->T, o);
+        if (ht)
+            for (int64_t j = 0; j < r; j++) {
+                const int64_t base = (b * Hv + h + j) * K * V + c0;
+                for (int64_t i = 0; i < K; i++)
+                    memcpy(ht + base + i * V, ws->state + (j * K + i) * w, sizeof(float) * w);
+            }
     }
     if (c->check_finite) {
         if ((rc = check_output("o", o, c->B * c->T * Hv * V))) return rc;

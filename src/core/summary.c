@@ -24,7 +24,7 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
     const int64_t Hv = c->Hv, K = c->K, V = c->V;
     /* The augmented state [S | A]; without sb only the A columns are pushed through. */
     const int first = sb ? 0 : (int)V, width = (int)(V + K) - first;
-    const int bw = gdn_column_block_width(p, width);
+    const int bw = gdn_column_block_width(p, c->B * Hv, width);
     const int nblk = (width + bw - 1) / bw;
     const int64_t items = c->B * Hv * nblk;
     const gdn_inputs in = {q, k, v, g, beta};
@@ -41,7 +41,7 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
         /* [S | A] starts as [0 | I]: B is the final state from zero, A the pushed identity. */
         for (int64_t i = 0; i < K; i++)
             for (int j = 0; j < w; j++) ws->state[i * w + j] = (c0 + j - V == i) ? 1.0f : 0.0f;
-        gdn_chunk_stream(p, ws, &in, b, h, c0, w, 0, c->T, NULL);
+        gdn_chunk_stream(p, ws, &in, b, h, 1, c0, w, 0, c->T, NULL);
         float *A = sa + (b * Hv + h) * K * K, *Bm = sb ? sb + (b * Hv + h) * K * V : NULL;
         for (int64_t i = 0; i < K; i++)
             for (int j = 0; j < w; j++) {
