@@ -57,6 +57,14 @@ static void nonfinite_inputs(void) {
     }
     expect_status(gdn_forward(plan, o, ht, p.q, NULL, p.v, p.g, p.beta, p.h0), GDN_ERR_ARG, "'k'", "NULL k");
     expect_status(gdn_forward(plan, NULL, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_ARG, "'o'", "NULL o");
+    /* A finite but huge key: its squared norm overflows fp32; reported, not normalised to garbage. */
+    float keep = p.k[7];
+    p.k[7] = 1e30f;
+    expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_NONFINITE,
+                  "squared norm overflows", "k element 1e30");
+    p.k[7] = keep;
+    expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_OK, NULL,
+                  "the same inputs with the element restored run");
     /* Large positive gates overflow: reported, not returned as garbage. */
     for (int64_t i = 0; i < n_g(&cfg); i++) p.g[i] = 80.0f;
     expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_NONFINITE,

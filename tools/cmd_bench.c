@@ -261,6 +261,16 @@ int cmd_bench(int argc, char **argv) {
     const int nthr = maxt > 1 ? 2 : 1;
     double peak[2];
     for (int i = 0; i < nthr; i++) peak[i] = measure_peak(thread_counts[i]);
+    /* A busy neighbour on a shared machine shows up as an all-thread peak far below
+     * threads x single: measure again (a low peak would flatter every fraction below). */
+    for (int retry = 0; nthr == 2 && retry < 5 && peak[1] < 0.9 * maxt * peak[0]; retry++) {
+        double again = measure_peak(maxt);
+        if (again > peak[1]) peak[1] = again;
+    }
+    if (nthr == 2 && peak[1] < 0.9 * maxt * peak[0])
+        fprintf(stderr, "gdncp bench: warning: %d-thread peak %.1f GFLOP/s is below %d x %.1f; the "
+                        "machine looks busy, fractions of peak with %d threads are overstated\n",
+                maxt, peak[1], maxt, peak[0], maxt);
     if (json)
         for (int i = 0; i < nthr; i++)
             printf("{\"direction\":\"peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"cpu\":\"%s\"}\n",

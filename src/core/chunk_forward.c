@@ -19,9 +19,11 @@ static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *i
         const int64_t row = b * c->T + t0 + i;
         const float *qsrc = in->q + (row * Hk + hk) * K, *ksrc = in->k + (row * Hk + hk) * K;
         float qinv = c->scale, kinv = 1.0f;
-        if (c->l2norm) {
-            qinv = c->scale / sqrtf(gdn_sumsq(qsrc, K) + 1e-6f);
-            kinv = 1.0f / sqrtf(gdn_sumsq(ksrc, K) + 1e-6f);
+        if (c->l2norm || c->check_finite) {
+            /* The squared norms double as the finiteness check of the rows (NaN/Inf -> NaN/Inf). */
+            const float sq = gdn_sumsq(qsrc, K), sk = gdn_sumsq(ksrc, K);
+            if (c->check_finite && !(sq + sk < INFINITY)) ws->nonfinite = 1;
+            if (c->l2norm) qinv = c->scale / sqrtf(sq + 1e-6f), kinv = 1.0f / sqrtf(sk + 1e-6f);
         }
         float *qd = ws->qs + (size_t)i * K, *kd = ws->kn + (size_t)i * K;
         for (int64_t j = 0; j < K; j++) qd[j] = qsrc[j] * qinv, kd[j] = ksrc[j] * kinv;
@@ -41,6 +43,7 @@ static void gather_gates(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *
         const int64_t row = b * c->T + t0 + i;
         ws->g[i] = in->g[row * Hv + h];
         ws->beta[i] = in->beta[row * Hv + h];
+        if (!(ws->g[i] * 0.0f == 0.0f && ws->beta[i] * 0.0f == 0.0f)) ws->nonfinite = 1;
     }
     double G = 0.0;
     for (int i = 0; i < n; i++) ws->G[i] = G += ws->g[i];
@@ -137,6 +140,7 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
         float *rv = ws->rv + (size_t)i * w;
         if (vcols > 0) {
             const float *vsrc = in->v + ((b * c->T + t0 + i) * c->Hv + h) * V + c0;
+            if (c->check_finite && gdn_row_nonfinite(vsrc, vcols)) ws->nonfinite = 1;
             for (int j = 0; j < vcols; j++) rv[j] = ws->beta[i] * vsrc[j];
         }
         for (int j = vcols; j < w; j++) rv[j] = 0.0f;
@@ -179,6 +183,7 @@ void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
                 for (int i = 0; i < n; i++)
                     memcpy(o + ((b * T + t0 + i) * Hv + h + j) * V + c0, oc + (size_t)i * w,
                            sizeof(float) * vcols);
+                if (c->check_finite && gdn_row_nonfinite(oc, (int64_t)n * w)) ws->nonfinite = 1;
             }
             gdn_chunk_update_state(p, ws, n, w, S);
         }

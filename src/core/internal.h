@@ -66,6 +66,7 @@ typedef struct {
     float *rv, *u, *m2;        /* C x W, C x W, 2C x W   (W = widest column block) */
     float *state;              /* max(r K V, K W): the states of one key head's value heads */
     float *g, *beta, *eg, *egd, *lrow; /* C each */
+    int nonfinite;              /* set when a gathered input or written output is NaN/Inf */
     double *G;                  /* C: in-chunk cumulative gate, in double because G_i - G_j
                                    cancels: |G| reaches 20*128 where fp32 spacing is 1e-4 */
 } gdn_chunk_ws;
@@ -139,6 +140,16 @@ void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const
 /* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */
 int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
                      const float *g, const float *beta, const float *h0);
+/* 1 when some element of x[0..n) is NaN or Inf (vectorised; for rows inside the hot loop). */
+static inline int gdn_row_nonfinite(const float *x, int64_t n) {
+    gdn_v8f acc = {0};
+    float s = 0.0f;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc += *(const gdn_v8f_u *)(x + i) * 0.0f;
+    for (; i < n; i++) s += x[i] * 0.0f;
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s != s;
+}
 int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite);
 
 /* Column blocking: the width of the column blocks that `streams` streams of `width` state
