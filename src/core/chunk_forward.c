@@ -18,6 +18,11 @@ static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *i
     for (int i = 0; i < n; i++) {
         const int64_t row = b * c->T + t0 + i;
         const float *qsrc = in->q + (row * Hk + hk) * K, *ksrc = in->k + (row * Hk + hk) * K;
+        if (i + 8 < n) /* rows are pages apart: keep several misses in flight */
+            for (int64_t off = 0; off < K; off += 16) {
+                __builtin_prefetch(qsrc + 8 * Hk * K + off);
+                __builtin_prefetch(ksrc + 8 * Hk * K + off);
+            }
         float qinv = c->scale, kinv = 1.0f;
         if (c->l2norm || c->check_finite) {
             /* The squared norms double as the finiteness check of the rows (NaN/Inf -> NaN/Inf). */
@@ -140,6 +145,8 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
         float *rv = ws->rv + (size_t)i * w;
         if (vcols > 0) {
             const float *vsrc = in->v + ((b * c->T + t0 + i) * c->Hv + h) * V + c0;
+            if (i + 8 < n)
+                for (int off = 0; off < vcols; off += 16) __builtin_prefetch(vsrc + 8 * c->Hv * V + off);
             if (c->check_finite && gdn_row_nonfinite(vsrc, vcols)) ws->nonfinite = 1;
             for (int j = 0; j < vcols; j++) rv[j] = ws->beta[i] * vsrc[j];
         }
