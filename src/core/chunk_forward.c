@@ -58,9 +58,17 @@ static void gather_gates(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *
     }
     /* Decays between rows, masked (j <= i) before exponentiating; shared by L and the output. */
     const int C = c->chunk;
+    typedef double v8d __attribute__((vector_size(64)));
+    typedef double v8d_u __attribute__((vector_size(64), aligned(8)));
     for (int i = 0; i < n; i++) {
         float *ei = ws->ew + (size_t)i * C;
-        for (int j = 0; j <= i; j++) ei[j] = gdn_expf_ftz((float)(ws->G[i] - ws->G[j]));
+        const double Gi = ws->G[i];
+        int j = 0;
+        for (; j + 8 <= i + 1; j += 8) { /* the difference in double, then exp in fp32 */
+            const v8d d = Gi - *(const v8d_u *)(ws->G + j);
+            *(gdn_v8f_u *)(ei + j) = gdn_vexpf_ftz(__builtin_convertvector(d, gdn_v8f));
+        }
+        for (; j <= i; j++) ei[j] = gdn_expf_ftz((float)(Gi - ws->G[j]));
     }
 }
 

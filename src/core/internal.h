@@ -52,6 +52,30 @@ static inline float gdn_sumsq(const float *x, int64_t n) {
     return s;
 }
 
+/* exp() of 8 lanes, Cephes-style: 2^n * p(r) with |r| <= ln2/2, a degree-6 polynomial, about
+ * 1 ulp; lanes below -69 give exactly 0 like gdn_expf_ftz, lanes above 88 give +Inf. */
+typedef int32_t gdn_v8i __attribute__((vector_size(32)));
+static inline gdn_v8f gdn_vexpf_ftz(gdn_v8f x) {
+    const gdn_v8i tiny = x < -69.0f, huge = x > 88.0f;
+    x = (gdn_v8f)(((gdn_v8i)x & ~(tiny | huge)));       /* those lanes computed from 0 */
+    const gdn_v8f magic = (gdn_v8f){0} + 12582912.0f;    /* 1.5 * 2^23: round to nearest */
+    const gdn_v8f t = x * 1.44269504088896341f + magic;
+    const gdn_v8f n = t - magic;
+    const gdn_v8f r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    gdn_v8f p = (gdn_v8f){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const gdn_v8i e = ((gdn_v8i)t - (gdn_v8i)magic + 127) << 23; /* 2^n */
+    gdn_v8f y = p * (gdn_v8f)e;
+    const gdn_v8f inf = (gdn_v8f){0} + __builtin_inff();
+    y = (gdn_v8f)(((gdn_v8i)y & ~(tiny | huge)) | ((gdn_v8i)inf & huge));
+    return y;
+}
+
 /* exp() that returns exactly 0 below 1e-30 (avoids denormal slow paths; far below fp32 rounding). */
 static inline float gdn_expf_ftz(float x) {
     return x < -69.0f ? 0.0f : __builtin_expf(x);
