@@ -102,14 +102,21 @@ static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
         if (next_t0 + i < p->cfg.T) prefetch_row(p, in, b, h, next_t0 + i);
         const float *ki = ws->pk + (size_t)i * C, *ei = ws->ew + (size_t)i * C;
         for (int j = 0; j < i; j++) li[j] = ws->beta[i] * ki[j] * ei[j];
+        /* Row i = e_i - sum_{m<i} L_im row_m, 16 columns at a time in registers (rows of tm
+         * are zero past their diagonal, so whole 16-column strips can be summed). */
         float *ti = tm + (size_t)i * C;
-        memset(ti, 0, sizeof(float) * C);
-        ti[i] = 1.0f;
-        for (int m = 0; m < i; m++) {
-            const float f = li[m];
-            const float *tmr = tm + (size_t)m * C;
-            for (int j = 0; j <= m; j++) ti[j] -= f * tmr[j];
+        for (int cb = 0; cb < C; cb += 16) {
+            gdn_v8f a0 = {0}, a1 = {0};
+            for (int m = cb; m < i; m++) {
+                const float f = li[m];
+                const float *tmr = tm + (size_t)m * C + cb;
+                a0 += f * *(const gdn_v8f_u *)tmr;
+                a1 += f * *(const gdn_v8f_u *)(tmr + 8);
+            }
+            *(gdn_v8f_u *)(ti + cb) = -a0;
+            *(gdn_v8f_u *)(ti + cb + 8) = -a1;
         }
+        ti[i] = 1.0f;
     }
 }
 
@@ -169,9 +176,11 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
 void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S) {
     const int C = p->cfg.chunk, K = (int)p->cfg.K;
     /* S' = exp(Gc) S + Kd^T Dl, Kd = diag(exp(Gc - G)) K */
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < K; j++)
-            ws->kdt[(size_t)j * C + i] = ws->egd[i] * ws->kn[(size_t)i * K + j];
+    for (int j = 0; j < K; j++) { /* kdt = kt diag(egd): row by row, no scattered writes */
+        const float *kt = ws->kt + (size_t)j * C;
+        float *kd = ws->kdt + (size_t)j * C;
+        for (int i = 0; i < n; i++) kd[i] = kt[i] * ws->egd[i];
+    }
     const float egc = ws->eg[n - 1];
     for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] *= egc;
     gdn_gemm(GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
