@@ -35,7 +35,8 @@ static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
     const int C = c->chunk, K = (int)c->K, V = (int)c->V;
     const int64_t T = c->T, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
     gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1, 0);
-    if (!state_only) gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 1, ws->state);
+    /* Dl only: the backward needs W S, not the [eG Q] S half of the product. */
+    if (!state_only) gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 0, ws->state);
     const float *S = ws->state, *Dl = ws->u, *W = ws->xw, *Qe = ws->xw + (size_t)n * K;
     const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *Rk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
     float *dS = bw->dS;
