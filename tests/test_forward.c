@@ -179,6 +179,52 @@ static double vexp_worst(double shift) {
     return worst;
 }
 
+/* The micro-kernel GEMM against a plain double product, every flag, odd sizes (edges). */
+static double gemm_err(int flags, int m, int n, int kk, int corrupt) {
+    const int lda = (flags & GDN_GEMM_A_TRANS) ? m + 3 : kk + 3, ldb = n + 5, ldc = n + 2;
+    const int arows = (flags & GDN_GEMM_A_TRANS) ? kk : m;
+    float *A = malloc(sizeof(float) * arows * lda), *B = malloc(sizeof(float) * kk * ldb);
+    float *Cm = malloc(sizeof(float) * m * ldc);
+    double *ref = malloc(sizeof(double) * m * n);
+    rng_seed(flags * 1000 + m);
+    for (int i = 0; i < arows * lda; i++) A[i] = (float)rng_uniform(-1, 1);
+    for (int i = 0; i < kk * ldb; i++) B[i] = (float)rng_uniform(-1, 1);
+    for (int i = 0; i < m * ldc; i++) Cm[i] = (float)rng_uniform(-1, 1);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double acc = (flags & GDN_GEMM_ACC) ? Cm[i * ldc + j] : 0.0;
+            for (int p = 0; p < kk; p++) {
+                if ((flags & GDN_GEMM_A_LOWER) && p > i) continue; /* the kernel may skip these */
+                const double a = (flags & GDN_GEMM_A_TRANS) ? A[p * lda + i] : A[i * lda + p];
+                acc += a * B[p * ldb + j];
+            }
+            ref[i * n + j] = acc;
+        }
+    if (flags & GDN_GEMM_A_LOWER) /* the contract: A is zero above its diagonal */
+        for (int i = 0; i < m; i++)
+            for (int p = i + 1; p < kk; p++) *((flags & GDN_GEMM_A_TRANS) ? &A[p * lda + i] : &A[i * lda + p]) = 0.0f;
+    gdn_gemm(flags, m, n, kk, A, lda, B + corrupt, ldb, Cm, ldc);
+    double worst = 0.0, scale = 0.0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            if ((flags & GDN_GEMM_C_LOWER) && j > i) continue;
+            worst = fmax(worst, fabs(Cm[i * ldc + j] - ref[i * n + j]));
+            scale = fmax(scale, fabs(ref[i * n + j]));
+        }
+    free(A), free(B), free(Cm), free(ref);
+    return worst / scale;
+}
+
+static void gemm_kernel(void) {
+    const int sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 128}, {37, 24, 61}, {128, 136, 64}};
+    for (int flags = 0; flags < 16; flags++)
+        for (int s = 0; s < 5; s++) {
+            const int m = sizes[s][0], n = sizes[s][1], kk = (flags & GDN_GEMM_A_LOWER) ? m : sizes[s][2];
+            expect_close(gemm_err(flags, m, n, kk, 0), 1e-6, "gemm flags=%d m=%d n=%d k=%d vs double product", flags, m, n, kk);
+        }
+    expect_far(gemm_err(GDN_GEMM_A_TRANS, 37, 24, 61, 1), 1e-6, "gemm with B shifted by one column");
+}
+
 static void vector_exp(void) {
     expect_close(vexp_worst(0.0), 4.8e-7, "vector exp vs exp over [-69, 88] (4 ulp)");
     expect_far(vexp_worst(1.0 / 1048576), 4.8e-7, "vector exp of an argument off by 2^-20");
@@ -190,6 +236,7 @@ static void vector_exp(void) {
 }
 
 void test_forward(void) {
+    gemm_kernel();
     vector_exp();
     sweep();
     negative_controls();

@@ -63,8 +63,7 @@ static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
     /* 2. O = diag(eG) Q S + A Dl */
     for (int i = 0; i < n; i++)
         memcpy(bw->dO + (size_t)i * V, gr->dout + ((b * T + t0 + i) * Hv + h) * V, sizeof(float) * V);
-    gdn_transpose(n, K, Qe, K, bw->tkc, C);
-    gdn_gemm(GDN_GEMM_ACC, K, V, n, bw->tkc, C, bw->dO, V, dS, V);  /* dS += Qe^T dO */
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, K, V, n, Qe, K, bw->dO, V, dS, V); /* dS += Qe^T dO */
     if (!state_only) {
         gdn_transpose(K, V, S, V, bw->St, K);
         gdn_gemm(0, n, K, V, bw->dO, V, bw->St, K, bw->dQe, K);    /* dQe = dO S^T */
@@ -73,12 +72,10 @@ static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
         for (int i = 0; i < n; i++)
             for (int j = i + 1; j < C; j++) bw->dA[(size_t)i * C + j] = 0.0f;
     }
-    gdn_transpose(n, n, A, C, bw->tcc, C);
-    gdn_gemm(GDN_GEMM_ACC, n, V, n, bw->tcc, C, bw->dO, V, bw->dDl, V); /* dDl += A^T dO */
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, V, n, A, C, bw->dO, V, bw->dDl, V); /* dDl += A^T dO */
 
     /* 3. Dl = U - W S: dW = -dDl S^T (kept negated as dWn), dS -= W^T dDl */
-    gdn_transpose(n, K, W, K, bw->tkc, C);
-    gdn_gemm(0, K, V, n, bw->tkc, C, bw->dDl, V, bw->tkv, V);
+    gdn_gemm(GDN_GEMM_A_TRANS, K, V, n, W, K, bw->dDl, V, bw->tkv, V); /* W^T dDl */
     for (int64_t i = 0; i < (int64_t)K * V; i++) dS[i] -= bw->tkv[i];
     if (state_only) return;
     gdn_gemm(0, n, K, V, bw->dDl, V, bw->St, K, bw->dWn, K);
@@ -92,9 +89,9 @@ static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
         for (int j = 0; j < n; j++)
             bw->dT[(size_t)i * C + j] = j <= i ? bw->dT[(size_t)i * C + j] - bw->tcc2[(size_t)i * C + j] : 0.0f;
     gdn_transpose(n, n, Tm, C, bw->tmT, C);
-    gdn_gemm(0, n, V, n, bw->tmT, C, bw->dDl, V, bw->dRv, V);       /* dRv = T^T dU */
-    gdn_gemm(0, n, K, n, bw->tmT, C, bw->dWn, K, bw->dRkn, K);      /* -dRk = T^T dWn */
-    gdn_gemm(0, n, n, n, bw->tmT, C, bw->dT, C, bw->tcc, C);
+    gdn_gemm(GDN_GEMM_A_TRANS, n, V, n, Tm, C, bw->dDl, V, bw->dRv, V);  /* dRv = T^T dU */
+    gdn_gemm(GDN_GEMM_A_TRANS, n, K, n, Tm, C, bw->dWn, K, bw->dRkn, K); /* -dRk = T^T dWn */
+    gdn_gemm(GDN_GEMM_A_TRANS, n, n, n, Tm, C, bw->dT, C, bw->tcc, C);
     gdn_gemm(0, n, n, n, bw->tcc, C, bw->tmT, C, bw->dLn, C);       /* -dL = T^T dT T^T */
 
     /* 5. Gather the pieces per row: v, beta, the exponentials of G. */
@@ -141,12 +138,10 @@ static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
         bw->dbeta_row[i] += dbeta;
     }
     gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, K, n, bw->dA, C, Kn, K, bw->dQ, K); /* dQ += P Kn */
-    for (int i = 0; i < n; i++)          /* tcc2 = P^T ; tvc reused as Bl + Bl^T (n x n) */
-        for (int j = 0; j < n; j++) {
-            bw->tcc2[(size_t)i * C + j] = bw->dA[(size_t)j * C + i];
+    for (int i = 0; i < n; i++) /* tmT reused as Bl + Bl^T (n x n) */
+        for (int j = 0; j < n; j++)
             bw->tmT[(size_t)i * C + j] = bw->tcc[(size_t)i * C + j] + bw->tcc[(size_t)j * C + i];
-        }
-    gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->tcc2, C, Qs, K, bw->dKn, K);  /* dK += P^T Q */
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, K, n, bw->dA, C, Qs, K, bw->dKn, K); /* dK += P^T Q */
     gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->tmT, C, Kn, K, bw->dKn, K);   /* dK += (Bl + Bl^T) K */
     dG[n - 1] += dGc;
 

@@ -15,8 +15,9 @@ static inline v8f load8(const float *p) { return *(const v8f_u *)p; }
 static inline void store8(float *p, v8f x) { *(v8f_u *)p = x; }
 
 /* mr x (8*nv) block of C from kk products; mr and nv are compile-time after inlining. */
+/* A element (i, p) is A[i * ars + p * acs]: (lda, 1) normally, (1, lda) for A transposed. */
 static inline __attribute__((always_inline)) void micro(int mr, int nv, int acc, int kk,
-                                                        const float *A, int lda,
+                                                        const float *A, int ars, int acs,
                                                         const float *B, int ldb, float *C,
                                                         int ldc) {
     v8f c0[MR], c1[MR];
@@ -28,7 +29,7 @@ static inline __attribute__((always_inline)) void micro(int mr, int nv, int acc,
 #pragma GCC unroll 6
         for (int i = 0; i < MR; i++) {
             if (i < mr) {
-                float a = A[(size_t)i * lda + p];
+                float a = A[(size_t)i * ars + (size_t)p * acs];
                 c0[i] += a * b0;
                 if (nv > 1) c1[i] += a * b1;
             }
@@ -45,22 +46,22 @@ static inline __attribute__((always_inline)) void micro(int mr, int nv, int acc,
 }
 
 /* Columns fewer than 8: plain loops. */
-static void edge(int acc, int mr, int nc, int kk, const float *A, int lda, const float *B, int ldb,
-                 float *C, int ldc) {
+static void edge(int acc, int mr, int nc, int kk, const float *A, int ars, int acs, const float *B,
+                 int ldb, float *C, int ldc) {
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nc; j++) {
             float s = 0.0f;
-            for (int p = 0; p < kk; p++) s += A[(size_t)i * lda + p] * B[(size_t)p * ldb + j];
+            for (int p = 0; p < kk; p++) s += A[(size_t)i * ars + (size_t)p * acs] * B[(size_t)p * ldb + j];
             C[(size_t)i * ldc + j] = acc ? C[(size_t)i * ldc + j] + s : s;
         }
 }
 
-#define DISPATCH(mr_, nv_)                                                   \
-    micro(mr_, nv_, acc, kk_eff, A + (size_t)i0 * lda, lda, B + j0, ldb,    \
+#define DISPATCH(mr_, nv_)                                                         \
+    micro(mr_, nv_, acc, kk_eff, A + (size_t)i0 * ars, ars, acs, B + j0, ldb,     \
           C + (size_t)i0 * ldc + j0, ldc)
 
-static void block(int acc, int mr, int nv, int kk_eff, int i0, int j0, const float *A, int lda,
-                  const float *B, int ldb, float *C, int ldc) {
+static void block(int acc, int mr, int nv, int kk_eff, int i0, int j0, const float *A, int ars,
+                  int acs, const float *B, int ldb, float *C, int ldc) {
     if (acc) {
         if (nv == 2) {
             switch (mr) {
@@ -94,6 +95,7 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
     const int acc = (flags & GDN_GEMM_ACC) != 0;
     const int a_lower = (flags & GDN_GEMM_A_LOWER) != 0;
     const int c_lower = (flags & GDN_GEMM_C_LOWER) != 0;
+    const int ars = (flags & GDN_GEMM_A_TRANS) ? 1 : lda, acs = (flags & GDN_GEMM_A_TRANS) ? lda : 1;
     if (m <= 0 || n <= 0) return;
     if (kk <= 0) {
         if (!acc)
@@ -109,15 +111,15 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
             int kk_eff = a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk;
             int j = j0, left = nc;
             if (left >= 16) {
-                block(acc, mr, 2, kk_eff, i0, j, A, lda, B, ldb, C, ldc);
+                block(acc, mr, 2, kk_eff, i0, j, A, ars, acs, B, ldb, C, ldc);
                 continue;
             }
             if (left >= 8) {
-                block(acc, mr, 1, kk_eff, i0, j, A, lda, B, ldb, C, ldc);
+                block(acc, mr, 1, kk_eff, i0, j, A, ars, acs, B, ldb, C, ldc);
                 j += 8, left -= 8;
             }
             if (left > 0)
-                edge(acc, mr, left, kk_eff, A + (size_t)i0 * lda, lda, B + j, ldb,
+                edge(acc, mr, left, kk_eff, A + (size_t)i0 * ars, ars, acs, B + j, ldb,
                      C + (size_t)i0 * ldc + j, ldc);
         }
     }
