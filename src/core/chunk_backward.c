@@ -28,24 +28,25 @@ static double dot_f(const float *a, const float *b, int n) {
     return s;
 }
 
-/* Backward through chunk [t0, t0+n) of stream (b, h). On entry ws->state = S entering the
- * chunk and bw->dS = gradient of the state leaving it; on exit bw->dS = gradient of S. Writes
+/* Backward through chunk [t0, t0+n) of stream (b, h). S: the state entering the chunk; dS: on
+ * entry the gradient of the state leaving it, on exit the gradient of S. keys_ready: the key
+ * side of this chunk is already in ws (another value head of the same key head just used it). Writes
  * dv, dg, dbeta rows of head h; adds the gradients with respect to the normalised, scaled q
  * and the normalised k into the dq, dk rows (finished by the caller). */
 /* With state_only, only the state gradient is propagated (the segment adjoint): it needs
  * neither the state S nor the values, so no forward sweep and no U, Dl. */
 static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
                            const gdn_inputs *in, const gdn_grads *gr, int64_t b, int64_t h,
-                           int64_t t0, int n, int state_only) {
+                           int64_t t0, int n, int state_only, const float *S, float *dS,
+                           int keys_ready) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V;
     const int64_t T = c->T, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
-    gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1, 0);
+    gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1, keys_ready);
     /* Dl only: the backward needs W S, not the [eG Q] S half of the product. */
-    if (!state_only) gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 0, ws->state);
-    const float *S = ws->state, *Dl = ws->u, *W = ws->xw, *Qe = ws->xw + (size_t)n * K;
+    if (!state_only) gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 0, S);
+    const float *Dl = ws->u, *W = ws->xw, *Qe = ws->xw + (size_t)n * K;
     const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *Rk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
-    float *dS = bw->dS;
     const float egc = ws->eg[n - 1];
 
     /* 1. S' = exp(Gc) S + Kd^T Dl */
@@ -199,34 +200,40 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
         memset(gr->dq + off, 0, sizeof(float) * K);
         memset(gr->dk + off, 0, sizeof(float) * K);
     }
-    for (int64_t h = hk * r; h < (hk + 1) * r; h++) {
-        const int64_t sbase = (b * Hv + h) * KV;
-        /* Forward sweep keeping the state at every segment start. */
-        if (gr->h0) memcpy(ws->state, gr->h0 + sbase, sizeof(float) * KV);
-        else memset(ws->state, 0, sizeof(float) * KV);
-        for (int64_t s = 0; s < nseg; s++) {
-            memcpy(bw->ckpt + s * KV, ws->state, sizeof(float) * KV);
-            const int64_t t1 = (s + 1) * N * C < T ? (s + 1) * N * C : T;
-            if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h, 1, 0, (int)V, s * N * C, t1, NULL);
-        }
-        if (gr->dht) memcpy(bw->dS, gr->dht + sbase, sizeof(float) * KV);
-        else memset(bw->dS, 0, sizeof(float) * KV);
-        for (int64_t s = nseg - 1; s >= 0; s--) {
-            const int64_t c_begin = s * N, c_end = (s + 1) * N < nchunks ? (s + 1) * N : nchunks;
-            memcpy(ws->state, bw->ckpt + s * KV, sizeof(float) * KV);
-            for (int64_t ci = c_begin; ci < c_end; ci++) { /* the segment's chunk-entry states */
-                memcpy(bw->segst + (ci - c_begin) * KV, ws->state, sizeof(float) * KV);
-                const int64_t t0 = ci * C, t1 = t0 + C < T ? t0 + C : T;
-                if (ci + 1 < c_end) gdn_chunk_stream(p, ws, in, b, h, 1, 0, (int)V, t0, t1, NULL);
-            }
-            for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
-                memcpy(ws->state, bw->segst + (ci - c_begin) * KV, sizeof(float) * KV);
-                const int64_t t0 = ci * C;
-                chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C), 0);
-            }
-        }
-        if (gr->dh0) memcpy(gr->dh0 + sbase, bw->dS, sizeof(float) * KV);
+    /* The r value heads of this key head go through every chunk together, so each chunk's key
+     * side (normalised q, k; K K^T, Q K^T) is formed once for all of them. */
+    const int64_t h0 = hk * r;
+    float *S = ws->state;
+    for (int64_t j = 0; j < r; j++) { /* forward sweep keeping the states at segment starts */
+        if (gr->h0) memcpy(S + j * KV, gr->h0 + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
+        else memset(S + j * KV, 0, sizeof(float) * KV);
     }
+    for (int64_t s = 0; s < nseg; s++) {
+        memcpy(bw->ckpt + s * r * KV, S, sizeof(float) * r * KV);
+        const int64_t t1 = (s + 1) * N * C < T ? (s + 1) * N * C : T;
+        if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h0, (int)r, 0, (int)V, s * N * C, t1, NULL);
+    }
+    for (int64_t j = 0; j < r; j++) {
+        if (gr->dht) memcpy(bw->dS + j * KV, gr->dht + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
+        else memset(bw->dS + j * KV, 0, sizeof(float) * KV);
+    }
+    for (int64_t s = nseg - 1; s >= 0; s--) {
+        const int64_t c_begin = s * N, c_end = (s + 1) * N < nchunks ? (s + 1) * N : nchunks;
+        memcpy(S, bw->ckpt + s * r * KV, sizeof(float) * r * KV);
+        for (int64_t ci = c_begin; ci < c_end; ci++) { /* the segment's chunk-entry states */
+            memcpy(bw->segst + (ci - c_begin) * r * KV, S, sizeof(float) * r * KV);
+            const int64_t t0 = ci * C, t1 = t0 + C < T ? t0 + C : T;
+            if (ci + 1 < c_end) gdn_chunk_stream(p, ws, in, b, h0, (int)r, 0, (int)V, t0, t1, NULL);
+        }
+        for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
+            const int64_t t0 = ci * C;
+            for (int64_t j = 0; j < r; j++)
+                chunk_backward(p, ws, bw, in, gr, b, h0 + j, t0, (int)(T - t0 < C ? T - t0 : C), 0,
+                               bw->segst + ((ci - c_begin) * r + j) * KV, bw->dS + j * KV, j > 0);
+        }
+    }
+    for (int64_t j = 0; gr->dh0 && j < r; j++)
+        memcpy(gr->dh0 + (b * Hv + h0 + j) * KV, bw->dS + j * KV, sizeof(float) * KV);
     norm_backward_rows(p, gr->dq, in->q, b, hk, c->scale);
     norm_backward_rows(p, gr->dk, in->k, b, hk, 1.0f);
 }
@@ -238,6 +245,6 @@ void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const
     const int64_t T = c->T, KV = c->K * c->V;
     memset(bw->dS, 0, sizeof(float) * KV);
     for (int64_t t0 = (T - 1) / C * C; t0 >= 0; t0 -= C)
-        chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C), 1);
+        chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C), 1, NULL, bw->dS, 0);
     memcpy(sg, bw->dS, sizeof(float) * KV);
 }

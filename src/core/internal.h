@@ -98,14 +98,14 @@ typedef struct {
 
 /* ---- per-thread backward workspace. */
 typedef struct {
-    float *dS, *St, *dSt, *tkv;                          /* K x V, V x K, V x K, K x V */
+    float *dS, *St, *dSt, *tkv;                          /* r x K x V, V x K, V x K, K x V */
     float *dDl, *dO, *dRv;                               /* C x V */
     float *dQe, *dWn, *dKd, *dRkn, *kd, *dQ, *dKn;       /* C x K */
     float *dA, *dT, *dLn, *tcc, *tmT, *tcc2;             /* C x C */
     float *tkc, *tvc;                                    /* K x C, V x C */
     double *dG, *dbeta_row;                              /* C */
-    float *ckpt;                                         /* segments x K x V: checkpoints */
-    float *segst;                                        /* N x K x V: one segment's states */
+    float *ckpt;                                         /* segments x r x K x V: checkpoints */
+    float *segst;                                        /* N x r x K x V: one segment's states */
 } gdn_bwd_ws;
 
 /* Gradient outputs and the extra inputs of the backward. */

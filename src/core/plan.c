@@ -81,22 +81,23 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     return GDN_OK;
 }
 
-static size_t bwd_floats(int C, int K, int V, int64_t nseg, int N) {
-    return (size_t)4 * K * V + (size_t)3 * C * V + (size_t)7 * C * K + (size_t)6 * C * C +
+/* r = value heads per key head: the backward carries all of a key head's states together. */
+static size_t bwd_floats(int C, int K, int V, int r, int64_t nseg, int N) {
+    return (size_t)(3 + r) * K * V + (size_t)3 * C * V + (size_t)7 * C * K + (size_t)6 * C * C +
            (size_t)K * C + (size_t)V * C + (size_t)4 * C /* dG, dbeta_row (double) */ +
-           (size_t)(nseg + N) * K * V + 32 * 16;
+           (size_t)r * (nseg + N) * K * V + 32 * 16;
 }
 
 static int alloc_backward(gdn_plan *p) {
     const gdn_config *c = &p->cfg;
-    const int C = c->chunk, K = (int)c->K, V = (int)c->V;
+    const int C = c->chunk, K = (int)c->K, V = (int)c->V, r = (int)(c->Hv / c->Hk);
     const int64_t nchunks = (c->T + C - 1) / C;
     int N = c->checkpoint_chunks;
     if (N <= 0) {
         /* Automatic: a checkpoint at every chunk (no segment re-sweep: measured ~10 % faster)
          * while all threads' checkpoints stay under a tenth of the input size; otherwise every
          * sqrt(chunks) chunks, which minimises checkpoints + segment states. */
-        const double every_chunk = (double)nchunks * K * V * 4 * p->threads;
+        const double every_chunk = (double)nchunks * K * V * 4 * r * p->threads;
         const double inputs = 4.0 * (double)c->B * c->T * (2 * c->Hk * c->K + c->Hv * (c->V + 2));
         N = every_chunk <= 0.1 * inputs ? 1 : (int)ceil(sqrt((double)nchunks));
         if (N < 1) N = 1;
@@ -105,7 +106,7 @@ static int alloc_backward(gdn_plan *p) {
     p->ckpt_chunks = N;
     p->cfg.checkpoint_chunks = N;
     p->nseg = (nchunks + N - 1) / N;
-    const size_t per = bwd_floats(C, K, V, p->nseg, N);
+    const size_t per = bwd_floats(C, K, V, r, p->nseg, N);
     p->bws = calloc((size_t)p->threads, sizeof *p->bws);
     p->bwd_arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->bws || !p->bwd_arena)
@@ -115,7 +116,7 @@ static int alloc_backward(gdn_plan *p) {
         float *cur = (float *)p->bwd_arena + per * t;
         gdn_bwd_ws *b = &p->bws[t];
         const size_t kv = (size_t)K * V, cv = (size_t)C * V, ck = (size_t)C * K, cc = (size_t)C * C;
-        b->dS = carve(&cur, kv), b->St = carve(&cur, kv), b->dSt = carve(&cur, kv), b->tkv = carve(&cur, kv);
+        b->dS = carve(&cur, (size_t)r * kv), b->St = carve(&cur, kv), b->dSt = carve(&cur, kv), b->tkv = carve(&cur, kv);
         b->dDl = carve(&cur, cv), b->dO = carve(&cur, cv), b->dRv = carve(&cur, cv);
         b->dQe = carve(&cur, ck), b->dWn = carve(&cur, ck), b->dKd = carve(&cur, ck);
         b->dRkn = carve(&cur, ck), b->kd = carve(&cur, ck), b->dQ = carve(&cur, ck), b->dKn = carve(&cur, ck);
@@ -123,7 +124,7 @@ static int alloc_backward(gdn_plan *p) {
         b->tcc = carve(&cur, cc), b->tmT = carve(&cur, cc), b->tcc2 = carve(&cur, cc);
         b->tkc = carve(&cur, (size_t)K * C), b->tvc = carve(&cur, (size_t)V * C);
         b->dG = (double *)carve(&cur, 2 * (size_t)C), b->dbeta_row = (double *)carve(&cur, 2 * (size_t)C);
-        b->ckpt = carve(&cur, (size_t)p->nseg * kv), b->segst = carve(&cur, (size_t)N * kv);
+        b->ckpt = carve(&cur, (size_t)r * p->nseg * kv), b->segst = carve(&cur, (size_t)r * N * kv);
         GDN_ASSERT(cur <= (float *)p->bwd_arena + per * (t + 1));
     }
     return GDN_OK;
@@ -131,8 +132,8 @@ static int alloc_backward(gdn_plan *p) {
 
 size_t gdn_plan_backward_bytes(const gdn_plan *p) {
     if (!p) return 0;
-    return bwd_floats(p->cfg.chunk, (int)p->cfg.K, (int)p->cfg.V, p->nseg, p->ckpt_chunks) *
-           sizeof(float);
+    return bwd_floats(p->cfg.chunk, (int)p->cfg.K, (int)p->cfg.V, (int)(p->cfg.Hv / p->cfg.Hk),
+                      p->nseg, p->ckpt_chunks) * sizeof(float);
 }
 
 void gdn_plan_destroy(gdn_plan *p) {
