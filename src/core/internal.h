@@ -177,6 +177,10 @@ static inline int gdn_row_nonfinite(const float *x, int64_t n) {
 }
 int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite);
 
+/* The calling OpenMP thread's index (0 outside parallel regions or without OpenMP): each
+ * thread works in p->ws[gdn_thread_id()]. */
+int gdn_thread_id(void);
+
 /* Column blocking: the width of the column blocks that `streams` streams of `width` state
  * columns are split into so that all threads have work (== width when there are enough). */
 int gdn_column_block_width(const gdn_plan *p, int64_t streams, int width);

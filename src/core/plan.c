@@ -145,6 +145,14 @@ void gdn_plan_destroy(gdn_plan *p) {
     free(p);
 }
 
+int gdn_thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 const gdn_config *gdn_plan_config(const gdn_plan *p) { return p ? &p->cfg : NULL; }
 
 const char *gdn_plan_path(const gdn_plan *p) {
@@ -225,11 +233,7 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
     const gdn_inputs in = {q, k, v, g, beta};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
     for (int64_t it = 0; it < items; it++) {
-#ifdef _OPENMP
-        gdn_chunk_ws *ws = &p->ws[omp_get_thread_num()];
-#else
-        gdn_chunk_ws *ws = &p->ws[0];
-#endif
+        gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
         const int64_t b = it / (Hk * nblk), h = (it / nblk) % Hk * r;
         const int c0 = (int)(it % nblk) * bw;
         const int w = (int)(V - c0 < bw ? V - c0 : bw);
@@ -279,11 +283,7 @@ int gdn_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float 
     const int64_t items = c->B * c->Hk;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
     for (int64_t it = 0; it < items; it++) {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num();
-#else
-        const int tid = 0;
-#endif
+        const int tid = gdn_thread_id();
         gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hk, it % c->Hk);
     }
     if (c->check_finite) {

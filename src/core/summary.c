@@ -3,9 +3,6 @@
 #include "internal.h"
 
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *k,
                 const float *v, const float *g, const float *beta) {
@@ -30,11 +27,7 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
     const gdn_inputs in = {q, k, v, g, beta};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
     for (int64_t it = 0; it < items; it++) {
-#ifdef _OPENMP
-        gdn_chunk_ws *ws = &p->ws[omp_get_thread_num()];
-#else
-        gdn_chunk_ws *ws = &p->ws[0];
-#endif
+        gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
         const int64_t b = it / (Hv * nblk), h = (it / nblk) % Hv;
         const int c0 = first + (int)(it % nblk) * bw;
         const int w = first + width - c0 < bw ? first + width - c0 : bw;
@@ -110,11 +103,7 @@ int gdn_summary_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, 
     const int64_t items = c->B * c->Hv, KV = c->K * c->V;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
     for (int64_t it = 0; it < items; it++) {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num();
-#else
-        const int tid = 0;
-#endif
+        const int tid = gdn_thread_id();
         gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hv, it % c->Hv, sg + it * KV);
     }
     return GDN_OK;

@@ -29,7 +29,7 @@ static void layout_free(layout *L) {
     free(L->t_off), free(L->scount), free(L->sbuf), free(L->rbuf);
 }
 
-static int alltoallv(gdn_cp *cp, layout *L, size_t sn, size_t rn) {
+static int alltoallv(gdn_cp *cp, layout *L) {
     const int D = cp->size;
     double t0 = MPI_Wtime();
     int mrc = MPI_Alltoallv(L->sbuf, L->scount, L->sdispl, MPI_FLOAT, L->rbuf, L->rcount, L->rdispl,
@@ -39,7 +39,6 @@ static int alltoallv(gdn_cp *cp, layout *L, size_t sn, size_t rn) {
     for (int j = 0; j < D; j++)
         if (j != cp->rank) cp->stats.bytes_sent += 4 * (uint64_t)L->scount[j], cp->stats.bytes_recv += 4 * (uint64_t)L->rcount[j];
     cp->stats.messages += D - 1, cp->stats.rounds++;
-    (void)sn, (void)rn;
     return GDN_OK;
 }
 
@@ -66,7 +65,7 @@ static int to_heads(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t 
             for (int64_t t = 0; t < Tr; t++)
                 memcpy(L->sbuf + L->sdispl[j] + (b * Tr + t) * row, src + ((b * Tr + t) * H + j * Hl) * inner,
                        sizeof(float) * row);
-    if ((rc = alltoallv(cp, L, sn, rn))) return rc;
+    if ((rc = alltoallv(cp, L))) return rc;
     for (int i = 0; i < D; i++)
         for (int64_t b = 0; b < B; b++)
             memcpy(dst + (b * L->T_total + L->t_off[i]) * row, L->rbuf + L->rdispl[i] + b * cp->shard_T[i] * row,
@@ -89,7 +88,7 @@ static int to_sequence(gdn_cp *cp, layout *L, const float *src, int64_t H, int64
         for (int64_t b = 0; b < B; b++)
             memcpy(L->sbuf + L->sdispl[j] + b * cp->shard_T[j] * row, src + (b * L->T_total + L->t_off[j]) * row,
                    sizeof(float) * cp->shard_T[j] * row);
-    if ((rc = alltoallv(cp, L, sn, rn))) return rc;
+    if ((rc = alltoallv(cp, L))) return rc;
     for (int i = 0; i < D; i++)
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < Tr; t++)
@@ -207,8 +206,7 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
     cp->stats.replay_s += MPI_Wtime() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     rc = to_sequence(cp, &L, ho, Hv, V, o);
-    float *full = ht ? ht : NULL;
-    if (!rc) rc = gather_state(cp, hht, -1, B, Hv, KV, full);
+    if (!rc) rc = gather_state(cp, hht, -1, B, Hv, KV, ht);
     if (!rc && s_in) memset(s_in, 0, sizeof(float) * B * Hv * KV);
     rc = gdn_cp_agree_status(cp, rc);
 done:
