@@ -1,6 +1,7 @@
 /* Gradients: the double oracle's backward against central finite differences and the golden
  * files (autodiff in float64); the fp32 chunked backward against the double backward. */
 #include "harness.h"
+#include "internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -378,6 +379,11 @@ static void adjoint_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
                  (long long)B, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, chunk);
     gdn_summary_apply(din, sat, zero, dht, nm, K, V);
     expect_far(rel_err_f32(din, d[5], ns), TOL_BWD, "adjoint without the offset G");
+    /* The same dS_in in one state-only reverse pass started from dS_out (what CP's last rank uses). */
+    gdn_plan_create(&plan, &cfg);
+    rc = gdn_state_adjoint(plan, din, p.q, p.k, p.g, p.beta, dout, dht);
+    gdn_plan_destroy(plan);
+    expect_close(rc ? INFINITY : rel_err_f32(din, d[5], ns), TOL_BWD, "state-only reverse pass from dS_out vs oracle dh0");
     if (gk == GATE_ZERO && T > 1) { /* one token: A = I - beta k k^T is symmetric; with decay A, A^T both shrink */
         gdn_summary_apply(din, sa, sg, dht, nm, K, V);
         expect_far(rel_err_f32(din, d[5], ns), TOL_BWD, "adjoint with A instead of A^T");

@@ -243,7 +243,8 @@ void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const
     const gdn_config *c = &p->cfg;
     const int C = c->chunk;
     const int64_t T = c->T, KV = c->K * c->V;
-    memset(bw->dS, 0, sizeof(float) * KV);
+    if (gr->dht) memcpy(bw->dS, gr->dht + (b * c->Hv + h) * KV, sizeof(float) * KV);
+    else memset(bw->dS, 0, sizeof(float) * KV);
     for (int64_t t0 = (T - 1) / C * C; t0 >= 0; t0 -= C)
         chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C), 1, NULL, bw->dS, 0);
     memcpy(sg, bw->dS, sizeof(float) * KV);

@@ -157,8 +157,9 @@ void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, f
 void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
                        const gdn_grads *gr, int64_t b, int64_t hk);
 
-/* Segment adjoint of stream (b, h): the gradient of sum(o * dout) with respect to the state
- * entering the segment, into sg (K x V). Only dout of gr is used. */
+/* Segment adjoint of stream (b, h): the gradient of sum(o * dout) + sum(S_out * dS_out) with
+ * respect to the state entering the segment, into sg (K x V), with dS_out = gr->dht (NULL: 0,
+ * giving G). Only dout and dht of gr are used. */
 void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
                       const gdn_grads *gr, int64_t b, int64_t h, float *sg);
 
@@ -180,6 +181,14 @@ int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_fini
 /* The calling OpenMP thread's index (0 outside parallel regions or without OpenMP): each
  * thread works in p->ws[gdn_thread_id()]. */
 int gdn_thread_id(void);
+
+/* dS_in = A^T dS_out + G for every (batch row, value head) in one state-only reverse pass
+ * (ds_out NULL: G alone). What gdn_summary_adjoint computes, with a final-state gradient. */
+int gdn_state_adjoint(gdn_plan *p, float *ds_in, const float *q, const float *k, const float *g,
+                      const float *beta, const float *dout, const float *ds_out);
+/* The final state alone (no outputs): the forward without its output half. */
+int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, const float *v,
+                      const float *g, const float *beta, const float *h0);
 
 /* Column blocking: the width of the column blocks that `streams` streams of `width` state
  * columns are split into so that all threads have work (== width when there are enough). */

@@ -209,10 +209,26 @@ static int check_output(const char *name, const float *x, int64_t n) {
     return GDN_OK;
 }
 
+static int forward_run(gdn_plan *p, float *o, float *ht, const float *q, const float *k,
+                       const float *v, const float *g, const float *beta, const float *h0);
+
 int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k, const float *v,
                 const float *g, const float *beta, const float *h0) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    return forward_run(p, o, ht, q, k, v, g, beta, h0);
+}
+
+int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, const float *v,
+                      const float *g, const float *beta, const float *h0) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!ht) return gdn_fail(GDN_ERR_ARG, "output 'ht' is NULL");
+    return forward_run(p, NULL, ht, q, k, v, g, beta, h0);
+}
+
+/* The forward; o NULL computes the final state only. */
+static int forward_run(gdn_plan *p, float *o, float *ht, const float *q, const float *k,
+                       const float *v, const float *g, const float *beta, const float *h0) {
     const gdn_config *c = &p->cfg;
     /* NULLs and h0 now; q, k, v, g, beta and o are checked for NaN/Inf inside the loop, on the
      * rows it touches anyway (separate passes over them cost ~8 % with 2 threads), and scanned
@@ -256,7 +272,7 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
         for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite;
         if (found) {
             if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0))) return rc;
-            if ((rc = check_output("o", o, c->B * c->T * Hv * V))) return rc;
+            if (o && (rc = check_output("o", o, c->B * c->T * Hv * V))) return rc;
             return gdn_fail(GDN_ERR_NONFINITE, "input 'q' or 'k' has a row whose squared norm "
                                                "overflows fp32 (|x| > 1e19)");
         }

@@ -86,6 +86,11 @@ int gdn_summary_apply(float *out, const float *a, const float *b, const float *s
 
 int gdn_summary_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, const float *g,
                         const float *beta, const float *dout) {
+    return gdn_state_adjoint(p, sg, q, k, g, beta, dout, NULL);
+}
+
+int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, const float *g,
+                      const float *beta, const float *dout, const float *ds_out) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!sg) return gdn_fail(GDN_ERR_ARG, "adjoint output is NULL");
     const gdn_config *c = &p->cfg;
@@ -99,7 +104,7 @@ int gdn_summary_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, 
         (rc = gdn_check_tensor("do", dout, nv, c->check_finite)))
         return rc;
     const gdn_inputs in = {q, k, NULL, g, beta};
-    const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, NULL, NULL};
+    const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, ds_out, NULL};
     const int64_t items = c->B * c->Hv, KV = c->K * c->V;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
     for (int64_t it = 0; it < items; it++) {

@@ -262,11 +262,13 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
     memset(incoming, 0, sizeof(float) * ns);
     if (r == 0 && h0) memcpy(incoming, h0, sizeof(float) * ns);
 
-    /* 1. Fold. Rank 0 knows its incoming state: it runs its forward now and contributes the
-     *    constant map (0, S_out). The last rank's map is needed by nobody. */
+    /* 1. Fold. Rank 0 knows its incoming state: it runs the state half of its forward now and
+     *    contributes the constant map (0, S_out) at once, its outputs come later, while the
+     *    others replay. The last rank's map is needed by nobody. */
     double t0 = now();
     if (r == 0) {
-        rc = gdn_forward(plan, o, mine + nm * K * K, q, k, v, g, beta, r == 0 ? h0 : NULL);
+        rc = D > 1 ? gdn_forward_state(plan, mine + nm * K * K, q, k, v, g, beta, h0)
+                   : gdn_forward(plan, o, mine + nm * K * K, q, k, v, g, beta, h0);
         memcpy(out_state, mine + nm * K * K, sizeof(float) * ns);
     } else if (r < D - 1 && cp->strategy != GDN_CP_RELAY) {
         rc = gdn_summary(plan, mine, mine + nm * K * K, q, k, v, g, beta);
@@ -280,16 +282,21 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
     } else {
         rc = combine(cp, mine, incoming, nm, K, V, +1);
     }
+    if (!rc && cp->strategy == GDN_CP_RELAY && r == 0 && D > 1) /* rank 0's state is ready */
+        rc = gdn_cp_sendrecv(cp, out_state, ns, 1, NULL, 0, MPI_PROC_NULL);
     if (!rc && r >= 1) {
         if (cp->fault == GDN_CP_FAULT_DROP_INCOMING) memset(incoming, 0, sizeof(float) * ns);
         t0 = now();
         rc = gdn_forward(plan, o, out_state, q, k, v, g, beta, incoming);
         cp->stats.replay_s += now() - t0;
+    } else if (!rc && D > 1) { /* rank 0's outputs, overlapping the other ranks' replays */
+        t0 = now();
+        rc = gdn_forward(plan, o, out_state, q, k, v, g, beta, h0);
+        cp->stats.replay_s += now() - t0;
     }
-    if (!rc && cp->strategy == GDN_CP_RELAY && r + 1 < D) {
+    if (!rc && cp->strategy == GDN_CP_RELAY && r >= 1 && r + 1 < D)
         rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
-        cp->stats.rounds = D - 1;
-    }
+    if (cp->strategy == GDN_CP_RELAY) cp->stats.rounds = D - 1;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     /* The final state of the whole sequence, on every rank. */
     rc = gdn_cp_bcast(cp, out_state, ns, D - 1);
@@ -342,12 +349,14 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     cp->stats = fwd;
     if (r == D - 1 && dht) memcpy(ds_out, dht, sizeof(float) * ns);
 
-    /* 1. Fold. The last rank knows its dS_out (dht): it runs its backward now and contributes
-     *    the constant adjoint map (0, dS_in). Rank 0's adjoint map is needed by nobody. */
+    /* 1. Fold. The last rank knows its dS_out (dht): one state-only reverse pass gives its
+     *    dS_in, the constant adjoint map (0, dS_in) it contributes at once; its full backward
+     *    comes later, while the others run theirs. Rank 0's adjoint map is needed by nobody. */
     double t0 = now();
     if (r == D - 1) {
-        rc = gdn_backward(plan, dq, dk, dv, dg, dbeta, mine + nm * K * K, q, k, v, g, beta,
-                          state_in, dout, dht);
+        rc = D > 1 ? gdn_state_adjoint(plan, mine + nm * K * K, q, k, g, beta, dout, dht)
+                   : gdn_backward(plan, dq, dk, dv, dg, dbeta, mine + nm * K * K, q, k, v, g,
+                                  beta, state_in, dout, dht);
         memcpy(dsin, mine + nm * K * K, sizeof(float) * ns);
     } else if (r > 0 && cp->strategy != GDN_CP_RELAY) {
         /* The adjoint pair (A^T, G): A alone (v is not needed), transposed map by map. */
@@ -368,16 +377,18 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     } else {
         rc = combine(cp, mine, ds_out, nm, K, V, -1);
     }
-    if (!rc && r < D - 1) {
-        if (cp->fault == GDN_CP_FAULT_DROP_GRADIENT) memset(ds_out, 0, sizeof(float) * ns);
+    if (!rc && cp->strategy == GDN_CP_RELAY && r == D - 1 && D > 1) /* the last rank's dS_in */
+        rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
+    if (!rc && (r < D - 1 || D > 1)) {
+        if (r < D - 1 && cp->fault == GDN_CP_FAULT_DROP_GRADIENT) memset(ds_out, 0, sizeof(float) * ns);
         t0 = now();
-        rc = gdn_backward(plan, dq, dk, dv, dg, dbeta, dsin, q, k, v, g, beta, state_in, dout, ds_out);
+        rc = gdn_backward(plan, dq, dk, dv, dg, dbeta, dsin, q, k, v, g, beta, state_in, dout,
+                          r < D - 1 ? ds_out : dht);
         cp->stats.replay_s += now() - t0;
     }
-    if (!rc && cp->strategy == GDN_CP_RELAY && r > 0) {
+    if (!rc && cp->strategy == GDN_CP_RELAY && r > 0 && r < D - 1)
         rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
-        cp->stats.rounds = D - 1;
-    }
+    if (cp->strategy == GDN_CP_RELAY) cp->stats.rounds = D - 1;
     rc = gdn_cp_agree_status(cp, rc);
     if (!rc && ds_in) memcpy(ds_in, dsin, sizeof(float) * ns);
 done:
