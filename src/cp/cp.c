@@ -273,7 +273,7 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
     } else if (r < D - 1 && cp->strategy != GDN_CP_RELAY) {
         rc = gdn_summary(plan, mine, mine + nm * K * K, q, k, v, g, beta);
     }
-    (r == 0 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
+    (r == 0 && D == 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine across ranks; 3. replay from the true incoming state. */
@@ -368,7 +368,7 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
         free(A);
         if (!rc) rc = gdn_summary_adjoint(plan, mine + nm * K * K, q, k, g, beta, dout);
     }
-    (r == D - 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
+    (D == 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine in reverse rank order; 3. local backward from the true dS_out. */
