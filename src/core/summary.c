@@ -4,20 +4,28 @@
 
 #include <string.h>
 
+/* q, k, g, beta: present and (with check_finite) finite. */
+static int check_keys_gates(const gdn_config *c, const float *q, const float *k, const float *g,
+                            const float *beta) {
+    const int64_t nqk = c->B * c->T * c->Hk * c->K, ng = c->B * c->T * c->Hv;
+    int rc;
+    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite)) ||
+        (rc = gdn_check_tensor("k", k, nqk, c->check_finite)) ||
+        (rc = gdn_check_tensor("g", g, ng, c->check_finite)) ||
+        (rc = gdn_check_tensor("beta", beta, ng, c->check_finite)))
+        return rc;
+    return GDN_OK;
+}
+
 int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *k,
                 const float *v, const float *g, const float *beta) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!sa) return gdn_fail(GDN_ERR_ARG, "summary output 'A' is NULL");
     const gdn_config *c = &p->cfg;
-    const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
-                  ng = c->B * c->T * c->Hv;
     int rc;
-    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite)) ||
-        (rc = gdn_check_tensor("k", k, nqk, c->check_finite)) ||
-        (sb && (rc = gdn_check_tensor("v", v, nv, c->check_finite))) || /* A alone ignores v */
-        (rc = gdn_check_tensor("g", g, ng, c->check_finite)) ||
-        (rc = gdn_check_tensor("beta", beta, ng, c->check_finite)))
-        return rc;
+    if ((rc = check_keys_gates(c, q, k, g, beta)) ||
+        (sb && (rc = gdn_check_tensor("v", v, c->B * c->T * c->Hv * c->V, c->check_finite))))
+        return rc; /* A alone ignores v */
     const int64_t Hv = c->Hv, K = c->K, V = c->V;
     /* The augmented state [S | A]; without sb only the A columns are pushed through. */
     const int first = sb ? 0 : (int)V, width = (int)(V + K) - first;
@@ -94,14 +102,10 @@ int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, co
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!sg) return gdn_fail(GDN_ERR_ARG, "adjoint output is NULL");
     const gdn_config *c = &p->cfg;
-    const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
-                  ng = c->B * c->T * c->Hv;
     int rc;
-    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite)) ||
-        (rc = gdn_check_tensor("k", k, nqk, c->check_finite)) ||
-        (rc = gdn_check_tensor("g", g, ng, c->check_finite)) ||
-        (rc = gdn_check_tensor("beta", beta, ng, c->check_finite)) ||
-        (rc = gdn_check_tensor("do", dout, nv, c->check_finite)))
+    if ((rc = check_keys_gates(c, q, k, g, beta)) ||
+        (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite)) ||
+        (ds_out && (rc = gdn_check_tensor("dS_out", ds_out, c->B * c->Hv * c->K * c->V, c->check_finite))))
         return rc;
     const gdn_inputs in = {q, k, NULL, g, beta};
     const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, ds_out, NULL};
