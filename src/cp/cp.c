@@ -240,17 +240,13 @@ static int combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t
 
 static int64_t nstate(const gdn_config *c) { return c->B * c->Hv * c->K * c->V; }
 
-int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
-                   const float *k, const float *v, const float *g, const float *beta,
-                   const float *h0) {
-    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
-    memset(&cp->stats, 0, sizeof cp->stats);
-    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 ? h0 : NULL) : GDN_OK;
-    if (!local && !o) local = gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    int rc = gdn_cp_agree(cp, plan, local);
-    if (rc) return rc;
-    if (cp->strategy == GDN_CP_HEADS)
-        return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
+/* The forward of the scan, allgather and relay strategies. With o NULL only the incoming state
+ * s_in is wanted (the backward's recompute): no outputs, and no replay beyond what relay needs
+ * to pass its state on — extra memory stays O(Hv K (K + V)). */
+static int cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
+                      const float *q, const float *k, const float *v, const float *g,
+                      const float *beta, const float *h0) {
+    int rc = GDN_OK;
     const gdn_config *c = gdn_plan_config(plan);
     const int D = cp->size, r = cp->rank;
     const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, ns = nstate(c), pair = nm * K * (K + V);
@@ -267,8 +263,8 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
      *    others replay. The last rank's map is needed by nobody. */
     double t0 = now();
     if (r == 0) {
-        rc = D > 1 ? gdn_forward_state(plan, mine + nm * K * K, q, k, v, g, beta, h0)
-                   : gdn_forward(plan, o, mine + nm * K * K, q, k, v, g, beta, h0);
+        rc = D > 1 || !o ? gdn_forward_state(plan, mine + nm * K * K, q, k, v, g, beta, h0)
+                         : gdn_forward(plan, o, mine + nm * K * K, q, k, v, g, beta, h0);
         memcpy(out_state, mine + nm * K * K, sizeof(float) * ns);
     } else if (r < D - 1 && cp->strategy != GDN_CP_RELAY) {
         rc = gdn_summary(plan, mine, mine + nm * K * K, q, k, v, g, beta);
@@ -284,12 +280,15 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
     }
     if (!rc && cp->strategy == GDN_CP_RELAY && r == 0 && D > 1) /* rank 0's state is ready */
         rc = gdn_cp_sendrecv(cp, out_state, ns, 1, NULL, 0, MPI_PROC_NULL);
-    if (!rc && r >= 1) {
+    if (!rc && r >= 1 && !o) {
+        if (cp->strategy == GDN_CP_RELAY && r + 1 < D) /* the state must travel on */
+            rc = gdn_forward_state(plan, out_state, q, k, v, g, beta, incoming);
+    } else if (!rc && r >= 1) {
         if (cp->fault == GDN_CP_FAULT_DROP_INCOMING) memset(incoming, 0, sizeof(float) * ns);
         t0 = now();
         rc = gdn_forward(plan, o, out_state, q, k, v, g, beta, incoming);
         cp->stats.replay_s += now() - t0;
-    } else if (!rc && D > 1) { /* rank 0's outputs, overlapping the other ranks' replays */
+    } else if (!rc && D > 1 && o) { /* rank 0's outputs, overlapping the other ranks' replays */
         t0 = now();
         rc = gdn_forward(plan, o, out_state, q, k, v, g, beta, h0);
         cp->stats.replay_s += now() - t0;
@@ -298,13 +297,27 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
         rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
     if (cp->strategy == GDN_CP_RELAY) cp->stats.rounds = D - 1;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
-    /* The final state of the whole sequence, on every rank. */
-    rc = gdn_cp_bcast(cp, out_state, ns, D - 1);
+    /* The final state of the whole sequence, on every rank (o is NULL on all ranks or none). */
+    if (o) rc = gdn_cp_bcast(cp, out_state, ns, D - 1);
     if (!rc && ht) memcpy(ht, out_state, sizeof(float) * ns);
     if (!rc && s_in) memcpy(s_in, incoming, sizeof(float) * ns);
 done:
     free(mine);
     return rc;
+}
+
+int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
+                   const float *k, const float *v, const float *g, const float *beta,
+                   const float *h0) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
+    memset(&cp->stats, 0, sizeof cp->stats);
+    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 ? h0 : NULL) : GDN_OK;
+    if (!local && !o) local = gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    int rc = gdn_cp_agree(cp, plan, local);
+    if (rc) return rc;
+    if (cp->strategy == GDN_CP_HEADS)
+        return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
+    return cp_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
 }
 
 int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
@@ -333,17 +346,13 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     memset(mine, 0, sizeof(float) * pair);
     memset(ds_out, 0, sizeof(float) * ns);
     gdn_cp_stats fwd = {0};
-    /* The incoming state: given, or recomputed by the forward's combine (its cost is reported
-     * under fold/comm). */
+    /* The incoming state: given, or recomputed by the forward's fold and combine (its cost is
+     * reported under fold/comm). */
     if (s_in) {
         memcpy(state_in, s_in, sizeof(float) * ns);
     } else {
-        float *o_scratch = malloc(sizeof(float) * (c->B * c->T * c->Hv * c->V));
-        rc = o_scratch ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "cp backward: recompute buffer");
-        rc = gdn_cp_agree_status(cp, rc);
-        if (!rc) rc = gdn_cp_forward(cp, plan, o_scratch, NULL, state_in, q, k, v, g, beta, h0);
+        rc = cp_forward(cp, plan, NULL, NULL, state_in, q, k, v, g, beta, h0);
         fwd = cp->stats;
-        free(o_scratch);
         if (rc) goto done;
     }
     cp->stats = fwd;
