@@ -86,6 +86,19 @@ int gdn_backward(gdn_plan *plan, float *dq, float *dk, float *dv, float *dg, flo
                  float *dh0, const float *q, const float *k, const float *v, const float *g,
                  const float *beta, const float *h0, const float *dout, const float *dht);
 
+/* Training step without the backward's forward sweep: gdn_forward_save also writes the state at
+ * the start of every checkpoint segment into ckpt (gdn_plan_checkpoint_floats() floats:
+ * [B, Hv, segments, K, V]; at most about a tenth of the inputs with automatic checkpointing),
+ * and gdn_backward_saved starts from them. ckpt must come from the same plan and inputs. */
+size_t gdn_plan_checkpoint_floats(const gdn_plan *plan);
+int gdn_forward_save(gdn_plan *plan, float *o, float *ht, float *ckpt, const float *q,
+                     const float *k, const float *v, const float *g, const float *beta,
+                     const float *h0);
+int gdn_backward_saved(gdn_plan *plan, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                       float *dh0, const float *q, const float *k, const float *v,
+                       const float *g, const float *beta, const float *h0, const float *ckpt,
+                       const float *dout, const float *dht);
+
 /* Bytes the backward keeps per thread (checkpoints and workspace) — independent of B and
  * of the number of heads; it grows as sqrt(T) with automatic checkpointing. */
 size_t gdn_plan_backward_bytes(const gdn_plan *plan);

@@ -152,8 +152,10 @@ static void golden_oracle(void) {
 #define TOL_BWD 2e-5
 typedef struct { double err[6]; int rc; } bwd_result;
 
+/* saved: 0 = gdn_backward (its own sweep); 1 = gdn_forward_save then gdn_backward_saved;
+ * 2 = the same with states saved from a different h0 (a wrong variant, for negative controls). */
 static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, const float *dout,
-                                    const float *dht, int with_h0) {
+                                    const float *dht, int with_h0, int saved) {
     bwd_result res = {{0}, 0};
     const int64_t nqk = n_qk(cfg), nv = n_v(cfg), ng = n_g(cfg), ns = n_state(cfg);
     const int64_t sizes[6] = {nqk, nqk, nv, ng, ng, ns};
@@ -171,9 +173,18 @@ static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, con
                            q, k, v, g, beta, h0, ddo, ddht);
     gdn_plan *plan = NULL;
     res.rc = gdn_plan_create(&plan, cfg);
+    float *ckpt = NULL;
+    if (!res.rc && saved) {
+        ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
+        float *o = malloc(sizeof(float) * n_v(cfg)), *wrong_h0 = calloc(n_state(cfg), sizeof(float));
+        res.rc = gdn_forward_save(plan, o, NULL, ckpt, p->q, p->k, p->v, p->g, p->beta,
+                                  saved == 2 ? wrong_h0 : with_h0 ? p->h0 : NULL);
+        free(o), free(wrong_h0);
+    }
     if (!res.rc)
-        res.rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], with_h0 ? ours[5] : NULL,
-                              p->q, p->k, p->v, p->g, p->beta, with_h0 ? p->h0 : NULL, dout, dht);
+        res.rc = gdn_backward_saved(plan, ours[0], ours[1], ours[2], ours[3], ours[4], with_h0 ? ours[5] : NULL,
+                                    p->q, p->k, p->v, p->g, p->beta, with_h0 ? p->h0 : NULL, ckpt, dout, dht);
+    free(ckpt);
     gdn_plan_destroy(plan);
     /* A gradient that is exactly zero in exact arithmetic (dg when no state ever reaches the
      * decay, e.g. T = 1 from h0 = 0) comes out as rounding noise of cancelling terms: it is
@@ -208,14 +219,16 @@ static void chunked_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     float *dout = malloc(sizeof(float) * n_v(&cfg)), *dht = malloc(sizeof(float) * n_state(&cfg));
     for (int64_t i = 0; i < n_v(&cfg); i++) dout[i] = (float)rng_uniform(-1, 1);
     for (int64_t i = 0; i < n_state(&cfg); i++) dht[i] = (float)rng_uniform(-1, 1);
-    bwd_result r = chunked_vs_oracle(&cfg, &p, dout, with_dht ? dht : NULL, with_h0);
     static const char *gn[] = {"zero", "mild", "strong"}, *bn[] = {"0", "1", "rand"};
-    expect_close(worst(&r), TOL_BWD,
-                 "bwd B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d gate=%s beta=%s h0=%d dht=%d ckpt=%d "
-                 "(dq %.1e dk %.1e dv %.1e dg %.1e db %.1e dh0 %.1e)",
-                 (long long)B, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V,
-                 chunk, gn[gk], bn[bk], with_h0, with_dht, ckpt, r.err[0], r.err[1], r.err[2], r.err[3],
-                 r.err[4], r.err[5]);
+    for (int saved = 0; saved < 2; saved++) {
+        bwd_result r = chunked_vs_oracle(&cfg, &p, dout, with_dht ? dht : NULL, with_h0, saved);
+        expect_close(worst(&r), TOL_BWD,
+                     "bwd%s B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d gate=%s beta=%s h0=%d dht=%d ckpt=%d "
+                     "(dq %.1e dk %.1e dv %.1e dg %.1e db %.1e dh0 %.1e)",
+                     saved ? " from saved states" : "", (long long)B, (long long)T, (long long)Hk, (long long)Hv,
+                     (long long)K, (long long)V, chunk, gn[gk], bn[bk], with_h0, with_dht, ckpt, r.err[0], r.err[1],
+                     r.err[2], r.err[3], r.err[4], r.err[5]);
+    }
     free(dout), free(dht);
     problem_free(&p);
 }
@@ -283,6 +296,11 @@ static void backward_negative_controls(void) {
     gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, p.h0, dout, NULL);
     expect_far(rel_err_f32(ours[1], ref[1], nqk), TOL_BWD, "dk with dht dropped");
     expect_far(rel_err_f32(ours[2], ref[2], nv), TOL_BWD, "dv with dht dropped");
+    /* States saved by a forward from a different h0: the backward must not silently use them. */
+    {
+        bwd_result wrong = chunked_vs_oracle(&cfg, &p, dout, dht, 1, 2);
+        expect_far(worst(&wrong), TOL_BWD, "backward from states saved with the wrong h0");
+    }
     /* The initial state dropped: dg, dbeta and dk see it. */
     gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, NULL, dout, dht);
     expect_far(rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg with h0 dropped");

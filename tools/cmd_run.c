@@ -113,6 +113,19 @@ static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o,
     return rc;
 }
 
+/* Forward (and backward from the states the forward saved) on the fast path. */
+static int run_fast(gdn_plan *plan, const gdn_problem *pb, float *o, float *ht, run_grads *gr) {
+    if (!gr) return gdn_forward(plan, o, ht, pb->q, pb->k, pb->v, pb->g, pb->beta, pb->h0);
+    float *ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
+    int rc = ckpt ? GDN_OK : GDN_ERR_NOMEM;
+    if (!rc) rc = gdn_forward_save(plan, o, ht, ckpt, pb->q, pb->k, pb->v, pb->g, pb->beta, pb->h0);
+    if (!rc)
+        rc = gdn_backward_saved(plan, gr->dq, gr->dk, gr->dv, gr->dg, gr->dbeta, gr->dh0, pb->q, pb->k,
+                                pb->v, pb->g, pb->beta, pb->h0, ckpt, pb->dout, pb->dht);
+    free(ckpt);
+    return rc;
+}
+
 int cmd_run(int argc, char **argv) {
     run_opts opt;
     if (parse(argc, argv, &opt)) return 1;
@@ -164,10 +177,7 @@ int cmd_run(int argc, char **argv) {
     } else {
         gdn_plan *plan = NULL;
         if ((rc = gdn_plan_create(&plan, &cfg)) ||
-            (rc = gdn_forward(plan, o, ht, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0)) ||
-            (opt.backward &&
-             (rc = gdn_backward(plan, gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, gr.dh0, pb.q, pb.k, pb.v,
-                                pb.g, pb.beta, pb.h0, pb.dout, pb.dht))))
+            (rc = run_fast(plan, &pb, o, ht, opt.backward ? &gr : NULL)))
             exit_code = cli_error("run", rc);
         else
             path = gdn_plan_path(plan);

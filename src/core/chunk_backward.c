@@ -194,7 +194,9 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
     const gdn_config *c = &p->cfg;
     const int C = c->chunk;
     const int64_t T = c->T, K = c->K, V = c->V, Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, KV = K * V;
-    const int64_t nchunks = (T + C - 1) / C, N = p->ckpt_chunks, nseg = (nchunks + N - 1) / N;
+    /* Segments: those of the forward's saved states, or of this backward's own sweep. */
+    const int64_t nchunks = (T + C - 1) / C, N = gr->ckpt ? p->save_chunks : p->ckpt_chunks,
+                  nseg = (nchunks + N - 1) / N;
     for (int64_t t = 0; t < T; t++) {
         const int64_t off = ((b * T + t) * Hk + hk) * K;
         memset(gr->dq + off, 0, sizeof(float) * K);
@@ -204,14 +206,16 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
      * side (normalised q, k; K K^T, Q K^T) is formed once for all of them. */
     const int64_t h0 = hk * r;
     float *S = ws->state;
-    for (int64_t j = 0; j < r; j++) { /* forward sweep keeping the states at segment starts */
-        if (gr->h0) memcpy(S + j * KV, gr->h0 + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
-        else memset(S + j * KV, 0, sizeof(float) * KV);
-    }
-    for (int64_t s = 0; s < nseg; s++) {
-        memcpy(bw->ckpt + s * r * KV, S, sizeof(float) * r * KV);
-        const int64_t t1 = (s + 1) * N * C < T ? (s + 1) * N * C : T;
-        if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h0, (int)r, 0, (int)V, s * N * C, t1, NULL);
+    if (!gr->ckpt) { /* forward sweep keeping the states at segment starts */
+        for (int64_t j = 0; j < r; j++) {
+            if (gr->h0) memcpy(S + j * KV, gr->h0 + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
+            else memset(S + j * KV, 0, sizeof(float) * KV);
+        }
+        for (int64_t s = 0; s < nseg; s++) {
+            memcpy(bw->ckpt + s * r * KV, S, sizeof(float) * r * KV);
+            const int64_t t1 = (s + 1) * N * C < T ? (s + 1) * N * C : T;
+            if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h0, (int)r, 0, (int)V, s * N * C, t1, NULL);
+        }
     }
     for (int64_t j = 0; j < r; j++) {
         if (gr->dht) memcpy(bw->dS + j * KV, gr->dht + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
@@ -219,7 +223,10 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
     }
     for (int64_t s = nseg - 1; s >= 0; s--) {
         const int64_t c_begin = s * N, c_end = (s + 1) * N < nchunks ? (s + 1) * N : nchunks;
-        memcpy(S, bw->ckpt + s * r * KV, sizeof(float) * r * KV);
+        for (int64_t j = 0; j < r; j++) /* the segment's start: saved by the forward or swept */
+            memcpy(S + j * KV,
+                   gr->ckpt ? gr->ckpt + ((b * Hv + h0 + j) * nseg + s) * KV : bw->ckpt + (s * r + j) * KV,
+                   sizeof(float) * KV);
         for (int64_t ci = c_begin; ci < c_end; ci++) { /* the segment's chunk-entry states */
             memcpy(bw->segst + (ci - c_begin) * r * KV, S, sizeof(float) * r * KV);
             const int64_t t0 = ci * C, t1 = t0 + C < T ? t0 + C : T;

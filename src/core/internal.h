@@ -112,13 +112,17 @@ typedef struct {
 typedef struct {
     float *dq, *dk, *dv, *dg, *dbeta, *dh0;
     const float *dout, *dht, *h0;
+    const float *ckpt; /* the forward's saved segment-start states [B,Hv,segments,K,V] or NULL */
 } gdn_grads;
 
 struct gdn_plan {
     gdn_config cfg;
     int threads;
-    int ckpt_chunks;     /* backward: a checkpoint every this many chunks */
+    int ckpt_chunks;     /* backward: a checkpoint every this many chunks (its own sweep) */
     int64_t nseg;        /* backward: checkpoints per stream */
+    int save_chunks;     /* gdn_forward_save: a saved state every this many chunks, chosen so
+                            that all saved states stay under a tenth of the inputs */
+    int64_t save_nseg;   /* saved states per stream */
     gdn_bwd_ws *bws;     /* one per thread */
     void *bwd_arena;
     int max_width;   /* widest column block the workspace holds (V + K for summaries) */

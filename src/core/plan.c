@@ -92,7 +92,8 @@ static int alloc_backward(gdn_plan *p) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V, r = (int)(c->Hv / c->Hk);
     const int64_t nchunks = (c->T + C - 1) / C;
-    int N = c->checkpoint_chunks;
+    const int asked = c->checkpoint_chunks; /* the caller's choice; p->cfg gets the resolved one */
+    int N = asked;
     if (N <= 0) {
         /* Automatic: a checkpoint at every chunk (no segment re-sweep: measured ~10 % faster)
          * while all threads' checkpoints stay under a tenth of the input size; otherwise every
@@ -106,7 +107,18 @@ static int alloc_backward(gdn_plan *p) {
     p->ckpt_chunks = N;
     p->cfg.checkpoint_chunks = N;
     p->nseg = (nchunks + N - 1) / N;
-    const size_t per = bwd_floats(C, K, V, r, p->nseg, N);
+    {   /* Saved states for every (batch row, value head): at most a tenth of the inputs. */
+        const double inputs = 4.0 * (double)c->B * c->T * (2 * c->Hk * c->K + c->Hv * (c->V + 2));
+        const double per_segment = 4.0 * (double)c->B * c->Hv * K * V;
+        int64_t segs = (int64_t)(0.1 * inputs / per_segment);
+        if (segs < 1) segs = 1;
+        int Ns = (int)((nchunks + segs - 1) / segs);
+        if (asked > 0) Ns = asked < nchunks ? asked : (int)nchunks;
+        p->save_chunks = Ns;
+        p->save_nseg = (nchunks + Ns - 1) / Ns;
+    }
+    const int Nmax = N > p->save_chunks ? N : p->save_chunks;
+    const size_t per = bwd_floats(C, K, V, r, p->nseg, Nmax);
     p->bws = calloc((size_t)p->threads, sizeof *p->bws);
     p->bwd_arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->bws || !p->bwd_arena)
@@ -124,7 +136,7 @@ static int alloc_backward(gdn_plan *p) {
         b->tcc = carve(&cur, cc), b->tmT = carve(&cur, cc), b->tcc2 = carve(&cur, cc);
         b->tkc = carve(&cur, (size_t)K * C), b->tvc = carve(&cur, (size_t)V * C);
         b->dG = (double *)carve(&cur, 2 * (size_t)C), b->dbeta_row = (double *)carve(&cur, 2 * (size_t)C);
-        b->ckpt = carve(&cur, (size_t)r * p->nseg * kv), b->segst = carve(&cur, (size_t)r * N * kv);
+        b->ckpt = carve(&cur, (size_t)r * p->nseg * kv), b->segst = carve(&cur, (size_t)r * Nmax * kv);
         GDN_ASSERT(cur <= (float *)p->bwd_arena + per * (t + 1));
     }
     return GDN_OK;
@@ -132,8 +144,9 @@ static int alloc_backward(gdn_plan *p) {
 
 size_t gdn_plan_backward_bytes(const gdn_plan *p) {
     if (!p) return 0;
+    const int Nmax = p->ckpt_chunks > p->save_chunks ? p->ckpt_chunks : p->save_chunks;
     return bwd_floats(p->cfg.chunk, (int)p->cfg.K, (int)p->cfg.V, (int)(p->cfg.Hv / p->cfg.Hk),
-                      p->nseg, p->ckpt_chunks) * sizeof(float);
+                      p->nseg, Nmax) * sizeof(float);
 }
 
 void gdn_plan_destroy(gdn_plan *p) {
@@ -209,26 +222,42 @@ static int check_output(const char *name, const float *x, int64_t n) {
     return GDN_OK;
 }
 
-static int forward_run(gdn_plan *p, float *o, float *ht, const float *q, const float *k,
-                       const float *v, const float *g, const float *beta, const float *h0);
+static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
+                       const float *k, const float *v, const float *g, const float *beta,
+                       const float *h0);
 
 int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k, const float *v,
                 const float *g, const float *beta, const float *h0) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    return forward_run(p, o, ht, q, k, v, g, beta, h0);
+    return forward_run(p, o, ht, NULL, q, k, v, g, beta, h0);
+}
+
+size_t gdn_plan_checkpoint_floats(const gdn_plan *p) {
+    return p ? (size_t)(p->cfg.B * p->cfg.Hv * p->save_nseg) * p->cfg.K * p->cfg.V : 0;
+}
+
+int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
+                     const float *k, const float *v, const float *g, const float *beta,
+                     const float *h0) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    if (!ckpt) return gdn_fail(GDN_ERR_ARG, "checkpoint buffer is NULL");
+    return forward_run(p, o, ht, ckpt, q, k, v, g, beta, h0);
 }
 
 int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, const float *v,
                       const float *g, const float *beta, const float *h0) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!ht) return gdn_fail(GDN_ERR_ARG, "output 'ht' is NULL");
-    return forward_run(p, NULL, ht, q, k, v, g, beta, h0);
+    return forward_run(p, NULL, ht, NULL, q, k, v, g, beta, h0);
 }
 
-/* The forward; o NULL computes the final state only. */
-static int forward_run(gdn_plan *p, float *o, float *ht, const float *q, const float *k,
-                       const float *v, const float *g, const float *beta, const float *h0) {
+/* The forward; o NULL computes the final state only; ckpt (may be NULL) receives the state at
+ * the start of every checkpoint segment, [B, Hv, segments, K, V]. */
+static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
+                       const float *k, const float *v, const float *g, const float *beta,
+                       const float *h0) {
     const gdn_config *c = &p->cfg;
     /* NULLs and h0 now; q, k, v, g, beta and o are checked for NaN/Inf inside the loop, on the
      * rows it touches anyway (separate passes over them cost ~8 % with 2 threads), and scanned
@@ -259,7 +288,19 @@ static int forward_run(gdn_plan *p, float *o, float *ht, const float *q, const f
             for (int64_t i = 0; i < K; i++)
                 for (int jj = 0; jj < w; jj++) S[i * w + jj] = h0 ? h0[base + i * V + jj] : 0.0f;
         }
-        gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, 0, c->T, o);
+        if (!ckpt) {
+            gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, 0, c->T, o);
+        } else { /* segment by segment, keeping the state at each start for the backward */
+            const int64_t seg_tokens = (int64_t)p->save_chunks * c->chunk;
+            for (int64_t s = 0; s < p->save_nseg; s++) {
+                for (int64_t j = 0; j < r; j++)
+                    for (int64_t i = 0; i < K; i++)
+                        memcpy(ckpt + (((b * Hv + h + j) * p->save_nseg + s) * K + i) * V + c0,
+                               ws->state + (j * K + i) * w, sizeof(float) * w);
+                const int64_t t1 = (s + 1) * seg_tokens < c->T ? (s + 1) * seg_tokens : c->T;
+                gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, s * seg_tokens, t1, o);
+            }
+        }
         if (ht)
             for (int64_t j = 0; j < r; j++) {
                 const int64_t base = (b * Hv + h + j) * K * V + c0;
@@ -284,6 +325,14 @@ static int forward_run(gdn_plan *p, float *o, float *ht, const float *q, const f
 int gdn_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
                  float *dh0, const float *q, const float *k, const float *v, const float *g,
                  const float *beta, const float *h0, const float *dout, const float *dht) {
+    return gdn_backward_saved(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL, dout,
+                              dht);
+}
+
+int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                       float *dh0, const float *q, const float *k, const float *v,
+                       const float *g, const float *beta, const float *h0, const float *ckpt,
+                       const float *dout, const float *dht) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!dq || !dk || !dv || !dg || !dbeta)
         return gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL",
@@ -295,7 +344,7 @@ int gdn_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float 
     if ((rc = gdn_check_tensor("do", dout, nv, c->check_finite))) return rc;
     if (dht && (rc = gdn_check_tensor("dht", dht, ns, c->check_finite))) return rc;
     const gdn_inputs in = {q, k, v, g, beta};
-    const gdn_grads gr = {dq, dk, dv, dg, dbeta, dh0, dout, dht, h0};
+    const gdn_grads gr = {dq, dk, dv, dg, dbeta, dh0, dout, dht, h0, ckpt};
     const int64_t items = c->B * c->Hk;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
     for (int64_t it = 0; it < items; it++) {

@@ -108,7 +108,7 @@ int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, co
         (ds_out && (rc = gdn_check_tensor("dS_out", ds_out, c->B * c->Hv * c->K * c->V, c->check_finite))))
         return rc;
     const gdn_inputs in = {q, k, NULL, g, beta};
-    const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, ds_out, NULL};
+    const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, ds_out, NULL, NULL};
     const int64_t items = c->B * c->Hv, KV = c->K * c->V;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
     for (int64_t it = 0; it < items; it++) {
