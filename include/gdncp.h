@@ -87,9 +87,10 @@ int gdn_backward(gdn_plan *plan, float *dq, float *dk, float *dv, float *dg, flo
                  const float *beta, const float *h0, const float *dout, const float *dht);
 
 /* Training step without the backward's forward sweep: gdn_forward_save also writes the state at
- * the start of every checkpoint segment into ckpt (gdn_plan_checkpoint_floats() floats:
- * [B, Hv, segments, K, V]; at most about a tenth of the inputs with automatic checkpointing),
- * and gdn_backward_saved starts from them. ckpt must come from the same plan and inputs. */
+ * the start of every checkpoint segment after the first into ckpt (gdn_plan_checkpoint_floats()
+ * floats: [B, Hv, segments - 1, K, V]; at most a tenth of the inputs with automatic
+ * checkpointing), and gdn_backward_saved starts from them (the first segment from h0). ckpt
+ * must come from the same plan and inputs; gdn_backward_saved with ckpt NULL is gdn_backward. */
 size_t gdn_plan_checkpoint_floats(const gdn_plan *plan);
 int gdn_forward_save(gdn_plan *plan, float *o, float *ht, float *ckpt, const float *q,
                      const float *k, const float *v, const float *g, const float *beta,

@@ -223,10 +223,12 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
     }
     for (int64_t s = nseg - 1; s >= 0; s--) {
         const int64_t c_begin = s * N, c_end = (s + 1) * N < nchunks ? (s + 1) * N : nchunks;
-        for (int64_t j = 0; j < r; j++) /* the segment's start: saved by the forward or swept */
-            memcpy(S + j * KV,
-                   gr->ckpt ? gr->ckpt + ((b * Hv + h0 + j) * nseg + s) * KV : bw->ckpt + (s * r + j) * KV,
-                   sizeof(float) * KV);
+        for (int64_t j = 0; j < r; j++) { /* the segment's start: saved by the forward or swept */
+            if (!gr->ckpt) memcpy(S + j * KV, bw->ckpt + (s * r + j) * KV, sizeof(float) * KV);
+            else if (s > 0) memcpy(S + j * KV, gr->ckpt + ((b * Hv + h0 + j) * (nseg - 1) + s - 1) * KV, sizeof(float) * KV);
+            else if (gr->h0) memcpy(S + j * KV, gr->h0 + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
+            else memset(S + j * KV, 0, sizeof(float) * KV);
+        }
         for (int64_t ci = c_begin; ci < c_end; ci++) { /* the segment's chunk-entry states */
             memcpy(bw->segst + (ci - c_begin) * r * KV, S, sizeof(float) * r * KV);
             const int64_t t0 = ci * C, t1 = t0 + C < T ? t0 + C : T;

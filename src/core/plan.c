@@ -110,8 +110,8 @@ static int alloc_backward(gdn_plan *p) {
     {   /* Saved states for every (batch row, value head): at most a tenth of the inputs. */
         const double inputs = 4.0 * (double)c->B * c->T * (2 * c->Hk * c->K + c->Hv * (c->V + 2));
         const double per_segment = 4.0 * (double)c->B * c->Hv * K * V;
-        int64_t segs = (int64_t)(0.1 * inputs / per_segment);
-        if (segs < 1) segs = 1;
+        /* Segment 0 starts from h0, which is not saved: segs - 1 states are. */
+        const int64_t segs = 1 + (int64_t)(0.1 * inputs / per_segment);
         int Ns = (int)((nchunks + segs - 1) / segs);
         if (asked > 0) Ns = asked < nchunks ? asked : (int)nchunks;
         p->save_chunks = Ns;
@@ -233,8 +233,8 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
     return forward_run(p, o, ht, NULL, q, k, v, g, beta, h0);
 }
 
-size_t gdn_plan_checkpoint_floats(const gdn_plan *p) {
-    return p ? (size_t)(p->cfg.B * p->cfg.Hv * p->save_nseg) * p->cfg.K * p->cfg.V : 0;
+size_t gdn_plan_checkpoint_floats(const gdn_plan *p) { /* segments 1.. (0 starts from h0) */
+    return p ? (size_t)(p->cfg.B * p->cfg.Hv * (p->save_nseg - 1)) * p->cfg.K * p->cfg.V : 0;
 }
 
 int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
@@ -293,9 +293,9 @@ static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const floa
         } else { /* segment by segment, keeping the state at each start for the backward */
             const int64_t seg_tokens = (int64_t)p->save_chunks * c->chunk;
             for (int64_t s = 0; s < p->save_nseg; s++) {
-                for (int64_t j = 0; j < r; j++)
+                for (int64_t j = 0; s > 0 && j < r; j++)
                     for (int64_t i = 0; i < K; i++)
-                        memcpy(ckpt + (((b * Hv + h + j) * p->save_nseg + s) * K + i) * V + c0,
+                        memcpy(ckpt + (((b * Hv + h + j) * (p->save_nseg - 1) + s - 1) * K + i) * V + c0,
                                ws->state + (j * K + i) * w, sizeof(float) * w);
                 const int64_t t1 = (s + 1) * seg_tokens < c->T ? (s + 1) * seg_tokens : c->T;
                 gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, s * seg_tokens, t1, o);
