@@ -88,14 +88,14 @@ static double oracle_error_backward(const gdn_config *cfg, int64_t tp, const flo
     gdn_config c = *cfg;
     c.T = tp;
     const int64_t nqk = tp * c.Hk * c.K, nv = tp * c.Hv * c.V, ng = tp * c.Hv;
-    double *buf = malloc(sizeof(double) * (4 * nqk + 4 * nv + 4 * ng));
+    double *buf = malloc(sizeof(double) * (4 * nqk + 3 * nv + 4 * ng));
     float *fq = malloc(sizeof(float) * (2 * nqk + nv + 2 * ng) + 64);
     if (!buf || !fq) {
         free(buf), free(fq);
         return NAN;
     }
     double *dq = buf, *dk = dq + nqk, *dv = dk + nqk, *dg = dv + nv, *db = dg + ng, *dd = db + ng;
-    double *rq = dd + nv, *rk = rq + nqk, *rv = rk + nqk, *rg = rv + nv, *rb = rg + ng, *rdv = rb + ng;
+    double *rq = dd + nv, *rk = rq + nqk, *rg = rk + nqk, *rb = rg + ng, *rdv = rb + ng;
     for (int64_t i = 0; i < nqk; i++) dq[i] = q[i], dk[i] = k[i];
     for (int64_t i = 0; i < nv; i++) dv[i] = v[i], dd[i] = dout[i];
     for (int64_t i = 0; i < ng; i++) dg[i] = g[i], db[i] = beta[i];
@@ -112,7 +112,6 @@ static double oracle_error_backward(const gdn_config *cfg, int64_t tp, const flo
         }
         err = den > 0 ? num / den : num;
     }
-    (void)rv;
     gdn_plan_destroy(plan);
     free(buf), free(fq);
     return err;

@@ -49,17 +49,30 @@ static int grow(float **p, size_t n) {
     return GDN_OK;
 }
 
+/* Counts and displacements of one all-to-all, and buffers to match. Rows of `row` floats:
+ * towards heads every rank sends its T_r rows to each rank and receives T_j from rank j; back
+ * towards the sequence it is the other way round. */
+static int set_exchange(gdn_cp *cp, layout *L, int64_t row, int towards_heads) {
+    const int D = cp->size;
+    const int64_t Tr = cp->shard_T[cp->rank], B = L->B;
+    size_t sn = 0, rn = 0;
+    for (int j = 0; j < D; j++) {
+        const int64_t send_T = towards_heads ? Tr : cp->shard_T[j];
+        const int64_t recv_T = towards_heads ? cp->shard_T[j] : Tr;
+        L->scount[j] = (int)(B * send_T * row), L->sdispl[j] = (int)sn, sn += L->scount[j];
+        L->rcount[j] = (int)(B * recv_T * row), L->rdispl[j] = (int)rn, rn += L->rcount[j];
+    }
+    int rc;
+    if ((rc = grow(&L->sbuf, sn)) || (rc = grow(&L->rbuf, rn))) return rc;
+    return GDN_OK;
+}
+
 /* src [B, T_r, H, inner] on every rank -> dst [B, T_total, H/D, inner] (this rank's heads). */
 static int to_heads(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t inner, float *dst) {
     const int D = cp->size, me = cp->rank;
     const int64_t Hl = H / D, row = Hl * inner, Tr = cp->shard_T[me], B = L->B;
-    size_t sn = 0, rn = 0;
-    for (int j = 0; j < D; j++) {
-        L->scount[j] = (int)(B * Tr * row), L->sdispl[j] = (int)sn, sn += L->scount[j];
-        L->rcount[j] = (int)(B * cp->shard_T[j] * row), L->rdispl[j] = (int)rn, rn += L->rcount[j];
-    }
-    int rc;
-    if ((rc = grow(&L->sbuf, sn)) || (rc = grow(&L->rbuf, rn))) return rc;
+    int rc = set_exchange(cp, L, row, 1);
+    if (rc) return rc;
     for (int j = 0; j < D; j++)
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < Tr; t++)
@@ -77,13 +90,8 @@ static int to_heads(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t 
 static int to_sequence(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t inner, float *dst) {
     const int D = cp->size, me = cp->rank;
     const int64_t Hl = H / D, row = Hl * inner, Tr = cp->shard_T[me], B = L->B;
-    size_t sn = 0, rn = 0;
-    for (int j = 0; j < D; j++) {
-        L->scount[j] = (int)(B * cp->shard_T[j] * row), L->sdispl[j] = (int)sn, sn += L->scount[j];
-        L->rcount[j] = (int)(B * Tr * row), L->rdispl[j] = (int)rn, rn += L->rcount[j];
-    }
-    int rc;
-    if ((rc = grow(&L->sbuf, sn)) || (rc = grow(&L->rbuf, rn))) return rc;
+    int rc = set_exchange(cp, L, row, 0);
+    if (rc) return rc;
     for (int j = 0; j < D; j++)
         for (int64_t b = 0; b < B; b++)
             memcpy(L->sbuf + L->sdispl[j] + b * cp->shard_T[j] * row, src + (b * L->T_total + L->t_off[j]) * row,
