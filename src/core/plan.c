@@ -24,13 +24,6 @@ static size_t ws_floats(const gdn_config *cfg, int C, int K, int W) {
 
 static int alloc_backward(gdn_plan *p);
 
-/* Carve one thread's workspace; each piece starts on a 64-byte boundary. */
-static float *carve(float **cur, size_t n) {
-    float *p = *cur;
-    *cur += (n + 15) & ~(size_t)15;
-    return p;
-}
-
 int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "plan output pointer is NULL");
     *out = NULL;
@@ -61,16 +54,16 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     for (int t = 0; t < p->threads; t++) {
         float *cur = (float *)p->arena + per * t;
         gdn_chunk_ws *ws = &p->ws[t];
-        ws->qs = carve(&cur, (size_t)C * K), ws->kn = carve(&cur, (size_t)C * K);
-        ws->kt = carve(&cur, (size_t)K * C), ws->kdt = carve(&cur, (size_t)K * C);
-        ws->pk = carve(&cur, (size_t)C * C), ws->qk = carve(&cur, (size_t)C * C);
-        ws->tm = carve(&cur, (size_t)C * C);
-        ws->am = carve(&cur, (size_t)C * C), ws->ew = carve(&cur, (size_t)C * C);
-        ws->xw = carve(&cur, (size_t)2 * C * K), ws->rk = carve(&cur, (size_t)C * K);
-        ws->rv = carve(&cur, (size_t)C * W), ws->u = carve(&cur, (size_t)C * W);
-        ws->m2 = carve(&cur, (size_t)2 * C * W), ws->state = carve(&cur, state_floats(&p->cfg, W));
-        ws->g = carve(&cur, C), ws->beta = carve(&cur, C), ws->G = (double *)carve(&cur, 2 * (size_t)C);
-        ws->eg = carve(&cur, C), ws->egd = carve(&cur, C), ws->lrow = carve(&cur, C);
+        ws->qs = gdn_carve(&cur, (size_t)C * K), ws->kn = gdn_carve(&cur, (size_t)C * K);
+        ws->kt = gdn_carve(&cur, (size_t)K * C), ws->kdt = gdn_carve(&cur, (size_t)K * C);
+        ws->pk = gdn_carve(&cur, (size_t)C * C), ws->qk = gdn_carve(&cur, (size_t)C * C);
+        ws->tm = gdn_carve(&cur, (size_t)C * C);
+        ws->am = gdn_carve(&cur, (size_t)C * C), ws->ew = gdn_carve(&cur, (size_t)C * C);
+        ws->xw = gdn_carve(&cur, (size_t)2 * C * K), ws->rk = gdn_carve(&cur, (size_t)C * K);
+        ws->rv = gdn_carve(&cur, (size_t)C * W), ws->u = gdn_carve(&cur, (size_t)C * W);
+        ws->m2 = gdn_carve(&cur, (size_t)2 * C * W), ws->state = gdn_carve(&cur, state_floats(&p->cfg, W));
+        ws->g = gdn_carve(&cur, C), ws->beta = gdn_carve(&cur, C), ws->G = (double *)gdn_carve(&cur, 2 * (size_t)C);
+        ws->eg = gdn_carve(&cur, C), ws->egd = gdn_carve(&cur, C), ws->lrow = gdn_carve(&cur, C);
         GDN_ASSERT(cur <= (float *)p->arena + per * (t + 1));
     }
     if ((rc = alloc_backward(p))) {
@@ -82,10 +75,11 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
 }
 
 /* r = value heads per key head: the backward carries all of a key head's states together. */
-static size_t bwd_floats(int C, int K, int V, int r, int64_t nseg, int N) {
-    return (size_t)(3 + r) * K * V + (size_t)3 * C * V + (size_t)7 * C * K + (size_t)6 * C * C +
-           (size_t)K * C + (size_t)V * C + (size_t)4 * C /* dG, dbeta_row (double) */ +
-           (size_t)r * (nseg + N) * K * V + 32 * 16;
+static size_t bwd_floats(const gdn_config *c, int64_t nseg, int N) {
+    const size_t C = (size_t)c->chunk, K = (size_t)c->K, V = (size_t)c->V, r = (size_t)(c->Hv / c->Hk);
+    return (3 + r) * K * V + 3 * C * V + 7 * C * K + 6 * C * C + K * C + V * C +
+           4 * C /* dG, dbeta_row (double) */ + r * ((size_t)nseg + N) * K * V +
+           (size_t)N * gdn_chunk_record_floats(c) + 32 * 16;
 }
 
 static int alloc_backward(gdn_plan *p) {
@@ -95,12 +89,13 @@ static int alloc_backward(gdn_plan *p) {
     const int asked = c->checkpoint_chunks; /* the caller's choice; p->cfg gets the resolved one */
     int N = asked;
     if (N <= 0) {
-        /* Automatic: a checkpoint at every chunk (no segment re-sweep: measured ~10 % faster)
-         * while all threads' checkpoints stay under a tenth of the input size; otherwise every
-         * sqrt(chunks) chunks, which minimises checkpoints + segment states. */
+        /* Automatic: a checkpoint at every chunk (no segment re-sweep) while all threads'
+         * checkpoints stay under a tenth of the input size; otherwise the N that minimises
+         * checkpoints (nchunks / N states) + one segment's states and chunk records (N each). */
         const double every_chunk = (double)nchunks * K * V * 4 * r * p->threads;
         const double inputs = 4.0 * (double)c->B * c->T * (2 * c->Hk * c->K + c->Hv * (c->V + 2));
-        N = every_chunk <= 0.1 * inputs ? 1 : (int)ceil(sqrt((double)nchunks));
+        const double state = (double)r * K * V, per_chunk = state + (double)gdn_chunk_record_floats(c);
+        N = every_chunk <= 0.1 * inputs ? 1 : (int)ceil(sqrt((double)nchunks * state / per_chunk));
         if (N < 1) N = 1;
     }
     if (N > nchunks) N = (int)nchunks;
@@ -118,7 +113,7 @@ static int alloc_backward(gdn_plan *p) {
         p->save_nseg = (nchunks + Ns - 1) / Ns;
     }
     const int Nmax = N > p->save_chunks ? N : p->save_chunks;
-    const size_t per = bwd_floats(C, K, V, r, p->nseg, Nmax);
+    const size_t per = bwd_floats(c, p->nseg, Nmax);
     p->bws = calloc((size_t)p->threads, sizeof *p->bws);
     p->bwd_arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->bws || !p->bwd_arena)
@@ -128,15 +123,16 @@ static int alloc_backward(gdn_plan *p) {
         float *cur = (float *)p->bwd_arena + per * t;
         gdn_bwd_ws *b = &p->bws[t];
         const size_t kv = (size_t)K * V, cv = (size_t)C * V, ck = (size_t)C * K, cc = (size_t)C * C;
-        b->dS = carve(&cur, (size_t)r * kv), b->St = carve(&cur, kv), b->dSt = carve(&cur, kv), b->tkv = carve(&cur, kv);
-        b->dDl = carve(&cur, cv), b->dO = carve(&cur, cv), b->dRv = carve(&cur, cv);
-        b->dQe = carve(&cur, ck), b->dWn = carve(&cur, ck), b->dKd = carve(&cur, ck);
-        b->dRkn = carve(&cur, ck), b->kd = carve(&cur, ck), b->dQ = carve(&cur, ck), b->dKn = carve(&cur, ck);
-        b->dA = carve(&cur, cc), b->dT = carve(&cur, cc), b->dLn = carve(&cur, cc);
-        b->tcc = carve(&cur, cc), b->tmT = carve(&cur, cc), b->tcc2 = carve(&cur, cc);
-        b->tkc = carve(&cur, (size_t)K * C), b->tvc = carve(&cur, (size_t)V * C);
-        b->dG = (double *)carve(&cur, 2 * (size_t)C), b->dbeta_row = (double *)carve(&cur, 2 * (size_t)C);
-        b->ckpt = carve(&cur, (size_t)r * p->nseg * kv), b->segst = carve(&cur, (size_t)r * Nmax * kv);
+        b->dS = gdn_carve(&cur, (size_t)r * kv), b->St = gdn_carve(&cur, kv), b->dSt = gdn_carve(&cur, kv), b->tkv = gdn_carve(&cur, kv);
+        b->dDl = gdn_carve(&cur, cv), b->dO = gdn_carve(&cur, cv), b->dRv = gdn_carve(&cur, cv);
+        b->dQe = gdn_carve(&cur, ck), b->dWn = gdn_carve(&cur, ck), b->dKd = gdn_carve(&cur, ck);
+        b->dRkn = gdn_carve(&cur, ck), b->kd = gdn_carve(&cur, ck), b->dQ = gdn_carve(&cur, ck), b->dKn = gdn_carve(&cur, ck);
+        b->dA = gdn_carve(&cur, cc), b->dT = gdn_carve(&cur, cc), b->dLn = gdn_carve(&cur, cc);
+        b->tcc = gdn_carve(&cur, cc), b->tmT = gdn_carve(&cur, cc), b->tcc2 = gdn_carve(&cur, cc);
+        b->tkc = gdn_carve(&cur, (size_t)K * C), b->tvc = gdn_carve(&cur, (size_t)V * C);
+        b->dG = (double *)gdn_carve(&cur, 2 * (size_t)C), b->dbeta_row = (double *)gdn_carve(&cur, 2 * (size_t)C);
+        b->ckpt = gdn_carve(&cur, (size_t)r * p->nseg * kv), b->segst = gdn_carve(&cur, (size_t)r * Nmax * kv);
+        b->rec = gdn_carve(&cur, (size_t)Nmax * gdn_chunk_record_floats(c));
         GDN_ASSERT(cur <= (float *)p->bwd_arena + per * (t + 1));
     }
     return GDN_OK;
@@ -145,8 +141,7 @@ static int alloc_backward(gdn_plan *p) {
 size_t gdn_plan_backward_bytes(const gdn_plan *p) {
     if (!p) return 0;
     const int Nmax = p->ckpt_chunks > p->save_chunks ? p->ckpt_chunks : p->save_chunks;
-    return bwd_floats(p->cfg.chunk, (int)p->cfg.K, (int)p->cfg.V, (int)(p->cfg.Hv / p->cfg.Hk),
-                      p->nseg, Nmax) * sizeof(float);
+    return bwd_floats(&p->cfg, p->nseg, Nmax) * sizeof(float);
 }
 
 void gdn_plan_destroy(gdn_plan *p) {
