@@ -181,48 +181,53 @@ static double vexp_worst(double shift) {
 
 /* The micro-kernel GEMM against a plain double product, every flag, odd sizes (edges). */
 static double gemm_err(int flags, int m, int n, int kk, int corrupt) {
-    const int lda = (flags & GDN_GEMM_A_TRANS) ? m + 3 : kk + 3, ldb = n + 5, ldc = n + 2;
-    const int arows = (flags & GDN_GEMM_A_TRANS) ? kk : m;
-    float *A = malloc(sizeof(float) * arows * lda), *B = malloc(sizeof(float) * kk * ldb);
+    const int bt = (flags & GDN_GEMM_B_TRANS) != 0;
+    const int lda = (flags & GDN_GEMM_A_TRANS) ? m + 3 : kk + 3, ldb = bt ? kk + 5 : n + 5, ldc = n + 2;
+    const int arows = (flags & GDN_GEMM_A_TRANS) ? kk : m, brows = bt ? n : kk;
+    float *A = malloc(sizeof(float) * arows * lda), *B = malloc(sizeof(float) * (brows * ldb + 1));
     float *Cm = malloc(sizeof(float) * m * ldc);
-    double *ref = malloc(sizeof(double) * m * n);
+    double *ref = malloc(sizeof(double) * m * n), *mag = malloc(sizeof(double) * m * n);
     rng_seed(flags * 1000 + m);
     for (int i = 0; i < arows * lda; i++) A[i] = (float)rng_uniform(-1, 1);
-    for (int i = 0; i < kk * ldb; i++) B[i] = (float)rng_uniform(-1, 1);
+    for (int i = 0; i < brows * ldb + 1; i++) B[i] = (float)rng_uniform(-1, 1);
     for (int i = 0; i < m * ldc; i++) Cm[i] = (float)rng_uniform(-1, 1);
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
-            double acc = (flags & GDN_GEMM_ACC) ? Cm[i * ldc + j] : 0.0;
+            double acc = (flags & GDN_GEMM_ACC) ? Cm[i * ldc + j] : 0.0, sum_abs = fabs(acc);
             for (int p = 0; p < kk; p++) {
                 if ((flags & GDN_GEMM_A_LOWER) && p > i) continue; /* the kernel may skip these */
                 const double a = (flags & GDN_GEMM_A_TRANS) ? A[p * lda + i] : A[i * lda + p];
-                acc += a * B[p * ldb + j];
+                acc += a * (bt ? B[j * ldb + p] : B[p * ldb + j]);
+                sum_abs += fabs(a * (bt ? B[j * ldb + p] : B[p * ldb + j]));
             }
-            ref[i * n + j] = acc;
+            ref[i * n + j] = acc, mag[i * n + j] = sum_abs;
         }
     if (flags & GDN_GEMM_A_LOWER) /* the contract: A is zero above its diagonal */
         for (int i = 0; i < m; i++)
             for (int p = i + 1; p < kk; p++) *((flags & GDN_GEMM_A_TRANS) ? &A[p * lda + i] : &A[i * lda + p]) = 0.0f;
     gdn_gemm(flags, m, n, kk, A, lda, B + corrupt, ldb, Cm, ldc);
-    double worst = 0.0, scale = 0.0;
+    double worst = 0.0;
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++) {
             if ((flags & GDN_GEMM_C_LOWER) && j > i) continue;
-            worst = fmax(worst, fabs(Cm[i * ldc + j] - ref[i * n + j]));
-            scale = fmax(scale, fabs(ref[i * n + j]));
+            /* relative to the sum of |terms|: fp32 rounding is bounded by it, cancellation or not */
+            worst = fmax(worst, fabs(Cm[i * ldc + j] - ref[i * n + j]) / mag[i * n + j]);
         }
-    free(A), free(B), free(Cm), free(ref);
-    return worst / scale;
+    free(A), free(B), free(Cm), free(ref), free(mag);
+    return worst;
 }
 
 static void gemm_kernel(void) {
-    const int sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 128}, {37, 24, 61}, {128, 136, 64}};
-    for (int flags = 0; flags < 16; flags++)
-        for (int s = 0; s < 5; s++) {
+    /* kk past 256 takes more than one packed depth block */
+    const int sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 128}, {37, 24, 61}, {128, 136, 64},
+                            {13, 40, 300}, {6, 16, 513}};
+    for (int flags = 0; flags < 32; flags++)
+        for (int s = 0; s < 7; s++) {
             const int m = sizes[s][0], n = sizes[s][1], kk = (flags & GDN_GEMM_A_LOWER) ? m : sizes[s][2];
             expect_close(gemm_err(flags, m, n, kk, 0), 1e-6, "gemm flags=%d m=%d n=%d k=%d vs double product", flags, m, n, kk);
         }
     expect_far(gemm_err(GDN_GEMM_A_TRANS, 37, 24, 61, 1), 1e-6, "gemm with B shifted by one column");
+    expect_far(gemm_err(GDN_GEMM_B_TRANS, 37, 24, 61, 1), 1e-6, "gemm with B^T shifted by one row");
 }
 
 static void vector_exp(void) {

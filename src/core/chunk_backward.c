@@ -89,65 +89,54 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
                            const gdn_inputs *in, const gdn_grads *gr, int64_t b, int64_t h,
                            int64_t t0, int n, int state_only, const float *S, float *dS) {
     const gdn_config *c = &p->cfg;
-    const int C = c->chunk, K = (int)c->K, V = (int)c->V;
+    const int C = c->chunk, K = (int)c->K, V = (int)c->V, LD = V + K;
     const int64_t T = c->T, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
-    const float *Dl = ws->u, *W = ws->xw, *Qe = ws->xw + (size_t)n * K;
-    const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *Rk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
+    const float *Dl = ws->u, *nWQe = ws->xw;
+    const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *nRk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
     const float egc = ws->eg[n - 1];
+    /* dx (row stride LD): columns [0, V) hold [dDl ; dO], columns [V, V+K) hold [dWn ; dQe]
+     * (dWn = dDl S^T = -dW), so [dDl | dWn] is its first n rows. */
+    float *dDl = bw->dx, *dO = bw->dx + (size_t)n * LD, *dWn = bw->dx + V, *dQe = dWn + (size_t)n * LD;
 
     /* 1. S' = exp(Gc) S + Kd^T Dl */
     for (int i = 0; i < n; i++)
         for (int j = 0; j < K; j++) bw->kd[(size_t)i * K + j] = ws->egd[i] * Kn[(size_t)i * K + j];
-    gdn_gemm(0, n, V, K, bw->kd, K, dS, V, bw->dDl, V);            /* dDl = Kd dS' */
+    gdn_gemm(0, n, V, K, bw->kd, K, dS, V, dDl, LD);                            /* dDl = Kd dS' */
     double dGc = 0.0;
     if (!state_only) {
-        gdn_transpose(K, V, dS, V, bw->dSt, K);
-        gdn_gemm(0, n, K, V, Dl, V, bw->dSt, K, bw->dKd, K);       /* dKd = Dl dS'^T */
+        gdn_gemm(GDN_GEMM_B_TRANS, n, K, V, Dl, V, dS, V, bw->dKd, K);          /* dKd = Dl dS'^T */
         dGc = (double)egc * dot_f(S, dS, K * V);
     }
     for (int64_t i = 0; i < (int64_t)K * V; i++) dS[i] *= egc;
 
-    /* 2. O = diag(eG) Q S + A Dl */
+    /* 2. O = diag(eG) Q S + A Dl;  3. Dl = U - W S */
     for (int i = 0; i < n; i++)
-        memcpy(bw->dO + (size_t)i * V, gr->dout + ((b * T + t0 + i) * Hv + h) * V, sizeof(float) * V);
-    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, K, V, n, Qe, K, bw->dO, V, dS, V); /* dS += Qe^T dO */
-    if (!state_only) {
-        gdn_transpose(K, V, S, V, bw->St, K);
-        gdn_gemm(0, n, K, V, bw->dO, V, bw->St, K, bw->dQe, K);    /* dQe = dO S^T */
-        gdn_transpose(n, V, Dl, V, bw->tvc, C);
-        gdn_gemm(GDN_GEMM_C_LOWER, n, n, V, bw->dO, V, bw->tvc, C, bw->dA, C); /* dA = dO Dl^T */
-        for (int i = 0; i < n; i++)
-            for (int j = i + 1; j < C; j++) bw->dA[(size_t)i * C + j] = 0.0f;
-    }
-    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, V, n, A, C, bw->dO, V, bw->dDl, V); /* dDl += A^T dO */
-
-    /* 3. Dl = U - W S: dW = -dDl S^T (kept negated as dWn), dS -= W^T dDl */
-    gdn_gemm(GDN_GEMM_A_TRANS, K, V, n, W, K, bw->dDl, V, bw->tkv, V); /* W^T dDl */
-    for (int64_t i = 0; i < (int64_t)K * V; i++) dS[i] -= bw->tkv[i];
+        memcpy(dO + (size_t)i * LD, gr->dout + ((b * T + t0 + i) * Hv + h) * V, sizeof(float) * V);
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, V, n, A, C, dO, LD, dDl, LD);  /* dDl += A^T dO */
+    /* dS += Qe^T dO - W^T dDl = [-W ; Qe]^T [dDl ; dO] */
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, K, V, 2 * n, nWQe, K, dDl, LD, dS, V);
     if (state_only) return;
-    gdn_gemm(0, n, K, V, bw->dDl, V, bw->St, K, bw->dWn, K);
-
-    /* 4. U = T Rv, W = T Rk, T = (I + L)^-1 */
-    gdn_transpose(n, V, Rv, V, bw->tvc, C);
-    gdn_gemm(0, n, n, V, bw->dDl, V, bw->tvc, C, bw->dT, C);        /* dT = dU Rv^T */
-    gdn_transpose(n, K, Rk, K, bw->tkc, C);
-    gdn_gemm(0, n, n, K, bw->dWn, K, bw->tkc, C, bw->tcc2, C);      /* -dW Rk^T */
+    gdn_gemm(GDN_GEMM_B_TRANS, 2 * n, K, V, dDl, LD, S, V, dWn, LD);          /* [dWn ; dQe] = [dDl ; dO] S^T */
+    gdn_gemm(GDN_GEMM_C_LOWER | GDN_GEMM_B_TRANS, n, n, V, dO, LD, Dl, V, bw->dA, C); /* dA = dO Dl^T */
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++)
-            bw->dT[(size_t)i * C + j] = j <= i ? bw->dT[(size_t)i * C + j] - bw->tcc2[(size_t)i * C + j] : 0.0f;
-    gdn_transpose(n, n, Tm, C, bw->tmT, C);
-    gdn_gemm(GDN_GEMM_A_TRANS, n, V, n, Tm, C, bw->dDl, V, bw->dRv, V);  /* dRv = T^T dU */
-    gdn_gemm(GDN_GEMM_A_TRANS, n, K, n, Tm, C, bw->dWn, K, bw->dRkn, K); /* -dRk = T^T dWn */
+        for (int j = i + 1; j < C; j++) bw->dA[(size_t)i * C + j] = 0.0f;
+
+    /* 4. U = T Rv, W = T Rk, T = (I + L)^-1: dT = dU Rv^T + dWn (-Rk)^T (lower part only) */
+    gdn_gemm(GDN_GEMM_C_LOWER | GDN_GEMM_B_TRANS, n, n, V, dDl, LD, Rv, V, bw->dT, C);
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_C_LOWER | GDN_GEMM_B_TRANS, n, n, K, dWn, LD, nRk, K, bw->dT, C);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < C; j++) bw->dT[(size_t)i * C + j] = 0.0f;
+    gdn_gemm(GDN_GEMM_A_TRANS, n, LD, n, Tm, C, dDl, LD, bw->dr, LD);         /* [dRv | -dRk] = T^T [dU | dWn] */
     gdn_gemm(GDN_GEMM_A_TRANS, n, n, n, Tm, C, bw->dT, C, bw->tcc, C);
-    gdn_gemm(0, n, n, n, bw->tcc, C, bw->tmT, C, bw->dLn, C);       /* -dL = T^T dT T^T */
+    gdn_gemm(GDN_GEMM_C_LOWER | GDN_GEMM_B_TRANS, n, n, n, bw->tcc, C, Tm, C, bw->dLn, C); /* -dL = T^T dT T^T */
 
     /* 5. Gather the pieces per row: v, beta, the exponentials of G. */
     double *dG = bw->dG;
     for (int i = 0; i < n; i++) {
         const int64_t row = b * T + t0 + i;
-        const float *kn = Kn + (size_t)i * K, *dqe = bw->dQe + (size_t)i * K;
-        const float *drkn = bw->dRkn + (size_t)i * K, *dkd = bw->dKd + (size_t)i * K;
-        const float *drv = bw->dRv + (size_t)i * V, *vraw = in->v + (row * Hv + h) * V;
+        const float *kn = Kn + (size_t)i * K, *dqe = dQe + (size_t)i * LD;
+        const float *drv = bw->dr + (size_t)i * LD, *drkn = drv + V, *dkd = bw->dKd + (size_t)i * K;
+        const float *vraw = in->v + (row * Hv + h) * V;
         const float beta = ws->beta[i], eg = ws->eg[i], egd = ws->egd[i];
         const double kn_drkn = dot_f(kn, drkn, K), kn_dkd = dot_f(kn, dkd, K);
         double dbeta = dot_f(vraw, drv, V) - eg * kn_drkn;
@@ -185,11 +174,11 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
         bw->dbeta_row[i] += dbeta;
     }
     gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, K, n, bw->dA, C, Kn, K, bw->dQ, K); /* dQ += P Kn */
-    for (int i = 0; i < n; i++) /* tmT reused as Bl + Bl^T (n x n) */
+    for (int i = 0; i < n; i++) /* Bl + Bl^T (n x n) */
         for (int j = 0; j < n; j++)
-            bw->tmT[(size_t)i * C + j] = bw->tcc[(size_t)i * C + j] + bw->tcc[(size_t)j * C + i];
+            bw->bsym[(size_t)i * C + j] = bw->tcc[(size_t)i * C + j] + bw->tcc[(size_t)j * C + i];
     gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, K, n, bw->dA, C, Qs, K, bw->dKn, K); /* dK += P^T Q */
-    gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->tmT, C, Kn, K, bw->dKn, K);   /* dK += (Bl + Bl^T) K */
+    gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->bsym, C, Kn, K, bw->dKn, K);   /* dK += (Bl + Bl^T) K */
     dG[n - 1] += dGc;
 
     /* dg = reverse cumulative sum of dG within the chunk; q, k rows accumulate over heads. */

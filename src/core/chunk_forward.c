@@ -127,15 +127,16 @@ void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in
     if (!keys_ready) gather_keys(p, ws, in, b, h / (c->Hv / c->Hk), t0, n, want_out);
     gather_gates(p, ws, in, b, h, t0, n);
 
-    /* W = (I+L)^-1 diag(beta eG) K  ->  rows 0..n-1 of xw */
+    /* -W = (I+L)^-1 (-diag(beta eG) K)  ->  rows 0..n-1 of xw. Kept negated so that the
+     * backward's state gradient dS += Qe^T dO - W^T dDl is one product [-W ; Qe]^T [dDl ; dO]. */
     invert_unit_lower(ws, n, C, p, in, b, h, t0 + C);
     for (int i = 0; i < n; i++) {
-        const float f = ws->beta[i] * ws->eg[i];
+        const float f = -ws->beta[i] * ws->eg[i];
         for (int j = 0; j < K; j++) ws->rk[(size_t)i * K + j] = f * ws->kn[(size_t)i * K + j];
     }
     gdn_gemm(GDN_GEMM_A_LOWER, n, K, n, ws->tm, C, ws->rk, K, ws->xw, K);
     if (!want_out) return;
-    /* Rows n..2n-1 of xw: diag(eG) Q, so one product [W ; diag(eG) Q] S serves both. */
+    /* Rows n..2n-1 of xw: diag(eG) Q, so one product [-W ; diag(eG) Q] S serves both. */
     for (int i = 0; i < n; i++) {
         float *dst = ws->xw + (size_t)(n + i) * K;
         const float *qs = ws->qs + (size_t)i * K;
@@ -168,9 +169,9 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
         for (int j = vcols; j < w; j++) rv[j] = 0.0f;
     }
     gdn_gemm(GDN_GEMM_A_LOWER, n, w, n, ws->tm, C, ws->rv, w, ws->u, w);
-    /* m2 = [W ; diag(eG) Q] S; Dl = U - W S overwrites u. */
+    /* m2 = [-W ; diag(eG) Q] S; Dl = U - W S overwrites u. */
     gdn_gemm(0, want_out ? 2 * n : n, w, K, ws->xw, K, S, w, ws->m2, w);
-    for (int64_t i = 0; i < (int64_t)n * w; i++) ws->u[i] -= ws->m2[i];
+    for (int64_t i = 0; i < (int64_t)n * w; i++) ws->u[i] += ws->m2[i];
 }
 
 void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S) {

@@ -93,6 +93,58 @@ static void block(int acc, int mr, int nv, int kk_eff, int i0, int j0, const flo
     }
 }
 
+/* In-register transpose of an 8 x 8 block: out[c][r] = in[r][c]. */
+static inline void transpose8(v8f r[8]) {
+    typedef int32_t v8i __attribute__((vector_size(32)));
+    v8f t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shuffle(r[i], r[i + 1], (v8i){0, 8, 1, 9, 4, 12, 5, 13});
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (v8i){2, 10, 3, 11, 6, 14, 7, 15});
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int h = 0; h < 2; h++) {
+            u[i + 2 * h] = __builtin_shuffle(t[i + h], t[i + 2 + h], (v8i){0, 1, 8, 9, 4, 5, 12, 13});
+            u[i + 2 * h + 1] = __builtin_shuffle(t[i + h], t[i + 2 + h], (v8i){2, 3, 10, 11, 6, 7, 14, 15});
+        }
+    for (int i = 0; i < 4; i++) {
+        r[i] = __builtin_shuffle(u[i], u[i + 4], (v8i){0, 1, 2, 3, 8, 9, 10, 11});
+        r[i + 4] = __builtin_shuffle(u[i], u[i + 4], (v8i){4, 5, 6, 7, 12, 13, 14, 15});
+    }
+}
+
+/* panel[p][j] = B[k0 + p][j0 + j] for p < kc, j < nc (row stride 16); with b_trans B is
+ * stored as its transpose, B[p][j] = Bt[j * ldb + p], and is transposed 8 x 8 in registers. */
+static void pack_panel(float *panel, const float *B, int ldb, int b_trans, int k0, int kc, int j0,
+                       int nc) {
+    if (!b_trans) { /* (a variable-length memcpy here compiles to a slow rep movs) */
+        const float *Bp = B + (size_t)k0 * ldb + j0;
+        if (nc == 16)
+            for (int p = 0; p < kc; p++) {
+                store8(panel + (size_t)p * 16, load8(Bp + (size_t)p * ldb));
+                store8(panel + (size_t)p * 16 + 8, load8(Bp + (size_t)p * ldb + 8));
+            }
+        else
+            for (int p = 0; p < kc; p++)
+                for (int j = 0; j < nc; j++) panel[(size_t)p * 16 + j] = Bp[(size_t)p * ldb + j];
+        return;
+    }
+    const float *Bt = B + (size_t)j0 * ldb + k0;
+    int j = 0;
+    for (; j + 8 <= nc; j += 8) {
+        int p = 0;
+        for (; p + 8 <= kc; p += 8) {
+            v8f r[8];
+            for (int i = 0; i < 8; i++) r[i] = load8(Bt + (size_t)(j + i) * ldb + p);
+            transpose8(r);
+            for (int i = 0; i < 8; i++) store8(panel + (size_t)(p + i) * 16 + j, r[i]);
+        }
+        for (; p < kc; p++)
+            for (int i = 0; i < 8; i++) panel[(size_t)p * 16 + j + i] = Bt[(size_t)(j + i) * ldb + p];
+    }
+    for (; j < nc; j++)
+        for (int p = 0; p < kc; p++) panel[(size_t)p * 16 + j] = Bt[(size_t)j * ldb + p];
+}
+
 enum { KC = 256 }; /* depth of one packed panel: covers every kk of the chunk kernel */
 
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
@@ -100,6 +152,7 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
     const int acc = (flags & GDN_GEMM_ACC) != 0;
     const int a_lower = (flags & GDN_GEMM_A_LOWER) != 0;
     const int c_lower = (flags & GDN_GEMM_C_LOWER) != 0;
+    const int b_trans = (flags & GDN_GEMM_B_TRANS) != 0;
     const int ars = (flags & GDN_GEMM_A_TRANS) ? 1 : lda, acs = (flags & GDN_GEMM_A_TRANS) ? lda : 1;
     if (m <= 0 || n <= 0) return;
     if (kk <= 0) {
@@ -112,33 +165,25 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
         const int nc = n - j0 < 16 ? n - j0 : 16;
         /* With a lower-triangular result, row blocks entirely above this panel are skipped. */
         const int i_start = c_lower ? (j0 / MR) * MR : 0;
-        if (nc < 16) { /* the last, narrow panel: in place */
-            for (int i0 = i_start; i0 < m; i0 += MR) {
-                const int mr = m - i0 < MR ? m - i0 : MR;
-                const int kk_eff = a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk;
-                int j = j0, left = nc;
-                if (left >= 8) {
-                    block(acc, mr, 1, kk_eff, i0, j, A, ars, acs, B, ldb, C, ldc);
-                    j += 8, left -= 8;
-                }
-                if (left > 0)
-                    edge(acc, mr, left, kk_eff, A + (size_t)i0 * ars, ars, acs, B + j, ldb,
-                         C + (size_t)i0 * ldc + j, ldc);
-            }
-            continue;
-        }
         for (int k0 = 0; k0 < kk; k0 += KC) {
-            const int kc = kk - k0 < KC ? kk - k0 : KC;
-            for (int p = 0; p < kc; p++)
-                memcpy(panel + (size_t)p * 16, B + (size_t)(k0 + p) * ldb + j0, sizeof(float) * 16);
+            const int kc = kk - k0 < KC ? kk - k0 : KC, acc_k = acc || k0 > 0;
+            pack_panel(panel, B, ldb, b_trans, k0, kc, j0, nc);
             const float *Ak = A + (size_t)k0 * acs;
             for (int i0 = i_start; i0 < m; i0 += MR) {
                 const int mr = m - i0 < MR ? m - i0 : MR;
                 int kk_eff = (a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk) - k0;
                 if (kk_eff > kc) kk_eff = kc;
                 if (kk_eff <= 0) continue; /* only past the first depth block: nothing to add */
-                block(acc || k0 > 0, mr, 2, kk_eff, i0, 0, Ak, ars, acs, panel, 16,
-                      C + j0, ldc);
+                float *Cb = C + j0;
+                if (nc == 16) {
+                    block(acc_k, mr, 2, kk_eff, i0, 0, Ak, ars, acs, panel, 16, Cb, ldc);
+                    continue;
+                }
+                int j = 0;
+                if (nc >= 8) block(acc_k, mr, 1, kk_eff, i0, 0, Ak, ars, acs, panel, 16, Cb, ldc), j = 8;
+                if (j < nc)
+                    edge(acc_k, mr, nc - j, kk_eff, Ak + (size_t)i0 * ars, ars, acs, panel + j, 16,
+                         Cb + (size_t)i0 * ldc + j, ldc);
             }
         }
     }

@@ -26,9 +26,11 @@ int64_t gdn_find_nonfinite_f64(const double *x, int64_t n);
 /* ---- small GEMM: C[m x n] (+)= A[m x kk] B[kk x n], row-major with row strides.
  * flags: GDN_GEMM_ACC adds into C (else overwrites);
  *        GDN_GEMM_A_TRANS: A is stored as its transpose (kk x m, row stride lda);
+ *        GDN_GEMM_B_TRANS: B is stored as its transpose (n x kk, row stride ldb);
  *        GDN_GEMM_A_LOWER: A[i][p] == 0 for p > i, so those products are skipped;
  *        GDN_GEMM_C_LOWER: only C[i][j] with j <= i is needed (others may hold anything). */
-enum { GDN_GEMM_ACC = 1, GDN_GEMM_A_LOWER = 2, GDN_GEMM_C_LOWER = 4, GDN_GEMM_A_TRANS = 8 };
+enum { GDN_GEMM_ACC = 1, GDN_GEMM_A_LOWER = 2, GDN_GEMM_C_LOWER = 4, GDN_GEMM_A_TRANS = 8,
+       GDN_GEMM_B_TRANS = 16 };
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
               float *C, int ldc);
 /* dst[c][r] = src[r][c] for an r x c block. */
@@ -93,8 +95,8 @@ static inline float *gdn_carve(float **cur, size_t n) {
 typedef struct {
     float *qs, *kn, *kt, *kdt; /* C x K, C x K, K x C, K x C */
     float *pk, *qk, *tm, *am, *ew; /* C x C each; ew_ij = exp(G_i - G_j) for j <= i */
-    float *xw;                 /* 2C x K : [W ; diag(eG) Qs] */
-    float *rk;                 /* C x K : diag(beta eG) Kn */
+    float *xw;                 /* 2C x K : [-W ; diag(eG) Qs] */
+    float *rk;                 /* C x K : -diag(beta eG) Kn (negated like W) */
     float *rv, *u, *m2;        /* C x W, C x W, 2C x W   (W = widest column block) */
     float *state;              /* max(r K V, K W): the states of one key head's value heads */
     float *g, *beta, *eg, *egd, *lrow; /* C each */
@@ -105,11 +107,11 @@ typedef struct {
 
 /* ---- per-thread backward workspace. */
 typedef struct {
-    float *dS, *St, *dSt, *tkv;                          /* r x K x V, V x K, V x K, K x V */
-    float *dDl, *dO, *dRv;                               /* C x V */
-    float *dQe, *dWn, *dKd, *dRkn, *kd, *dQ, *dKn;       /* C x K */
-    float *dA, *dT, *dLn, *tcc, *tmT, *tcc2;             /* C x C */
-    float *tkc, *tvc;                                    /* K x C, V x C */
+    float *dS;                                           /* r x K x V */
+    float *dx;                                           /* 2C x (V + K): [dDl ; dO | dWn ; dQe] */
+    float *dr;                                           /* C x (V + K): [dRv | -dRk] */
+    float *dKd, *kd, *dQ, *dKn;                          /* C x K */
+    float *dA, *dT, *dLn, *tcc, *bsym;                   /* C x C */
     double *dG, *dbeta_row;                              /* C */
     float *ckpt;                                         /* segments x r x K x V: checkpoints */
     float *segst;                                        /* N x r x K x V: one segment's states */
@@ -160,9 +162,9 @@ void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
 
 /* The phases of one chunk [t0, t0+n), shared with the backward:
  * prepare: (unless keys_ready: the key side qs, kn, kt, KK^T in pk, QK^T in qk), gates, G and
- *          decays, tm = (I+L)^-1, W (xw rows 0..n-1) and, with want_out, diag(eG) Q (xw rows
+ *          decays, tm = (I+L)^-1, -W (xw rows 0..n-1) and, with want_out, diag(eG) Q (xw rows
  *          n..2n-1) and A (am);
- * values:  rv = diag(beta) V, u = Dl = tm rv - W S, m2 = [W ; eG Q] S;
+ * values:  rv = diag(beta) V, u = Dl = tm rv - W S, m2 = [-W ; eG Q] S;
  * update_state: S <- exp(Gc) S + Kd^T Dl (kdt = Kd^T). */
 void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
                        int64_t h, int64_t t0, int n, int want_out, int keys_ready);

@@ -77,8 +77,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
 /* r = value heads per key head: the backward carries all of a key head's states together. */
 static size_t bwd_floats(const gdn_config *c, int64_t nseg, int N) {
     const size_t C = (size_t)c->chunk, K = (size_t)c->K, V = (size_t)c->V, r = (size_t)(c->Hv / c->Hk);
-    return (3 + r) * K * V + 3 * C * V + 7 * C * K + 6 * C * C + K * C + V * C +
-           4 * C /* dG, dbeta_row (double) */ + r * ((size_t)nseg + N) * K * V +
+    return r * K * V + 3 * C * (V + K) + 4 * C * K + 5 * C * C + 4 * C /* dG, dbeta_row (double) */ + r * ((size_t)nseg + N) * K * V +
            (size_t)N * gdn_chunk_record_floats(c) + 32 * 16;
 }
 
@@ -122,14 +121,12 @@ static int alloc_backward(gdn_plan *p) {
     for (int t = 0; t < p->threads; t++) {
         float *cur = (float *)p->bwd_arena + per * t;
         gdn_bwd_ws *b = &p->bws[t];
-        const size_t kv = (size_t)K * V, cv = (size_t)C * V, ck = (size_t)C * K, cc = (size_t)C * C;
-        b->dS = gdn_carve(&cur, (size_t)r * kv), b->St = gdn_carve(&cur, kv), b->dSt = gdn_carve(&cur, kv), b->tkv = gdn_carve(&cur, kv);
-        b->dDl = gdn_carve(&cur, cv), b->dO = gdn_carve(&cur, cv), b->dRv = gdn_carve(&cur, cv);
-        b->dQe = gdn_carve(&cur, ck), b->dWn = gdn_carve(&cur, ck), b->dKd = gdn_carve(&cur, ck);
-        b->dRkn = gdn_carve(&cur, ck), b->kd = gdn_carve(&cur, ck), b->dQ = gdn_carve(&cur, ck), b->dKn = gdn_carve(&cur, ck);
+        const size_t kv = (size_t)K * V, ck = (size_t)C * K, cc = (size_t)C * C;
+        b->dS = gdn_carve(&cur, (size_t)r * kv);
+        b->dx = gdn_carve(&cur, 2 * (size_t)C * (V + K)), b->dr = gdn_carve(&cur, (size_t)C * (V + K));
+        b->dKd = gdn_carve(&cur, ck), b->kd = gdn_carve(&cur, ck), b->dQ = gdn_carve(&cur, ck), b->dKn = gdn_carve(&cur, ck);
         b->dA = gdn_carve(&cur, cc), b->dT = gdn_carve(&cur, cc), b->dLn = gdn_carve(&cur, cc);
-        b->tcc = gdn_carve(&cur, cc), b->tmT = gdn_carve(&cur, cc), b->tcc2 = gdn_carve(&cur, cc);
-        b->tkc = gdn_carve(&cur, (size_t)K * C), b->tvc = gdn_carve(&cur, (size_t)V * C);
+        b->tcc = gdn_carve(&cur, cc), b->bsym = gdn_carve(&cur, cc);
         b->dG = (double *)gdn_carve(&cur, 2 * (size_t)C), b->dbeta_row = (double *)gdn_carve(&cur, 2 * (size_t)C);
         b->ckpt = gdn_carve(&cur, (size_t)r * p->nseg * kv), b->segst = gdn_carve(&cur, (size_t)r * Nmax * kv);
         b->rec = gdn_carve(&cur, (size_t)Nmax * gdn_chunk_record_floats(c));
