@@ -59,6 +59,31 @@ static void prefetch_record(const gdn_plan *p, const gdn_bwd_ws *bw, int64_t slo
     for (size_t off = 0; off < r * c->K * c->V * sizeof(float); off += 64) __builtin_prefetch(s + off, 0, 1);
 }
 
+static double dot_f(const float *a, const float *b, int n);
+
+/* Gradient with respect to x of one row given the gradient d with respect to
+ * x_hat = scale * x / sqrt(|x|^2 + 1e-6) (or scale * x without the L2 norm), into dx. */
+static void norm_backward_row(const gdn_config *c, float *dx, const float *d, const float *x,
+                              float scale) {
+    const int K = (int)c->K;
+    if (!c->l2norm) {
+        for (int j = 0; j < K; j++) dx[j] = scale * d[j];
+        return;
+    }
+    const double ss = gdn_sumsq(x, K) + 1e-6, nrm = sqrt(ss);
+    const double dotp = dot_f(x, d, K);
+    const float a = (float)(scale / nrm), bcoef = (float)(scale * dotp / (ss * nrm));
+    for (int j = 0; j < K; j++) dx[j] = a * d[j] - bcoef * x[j];
+}
+
+typedef double v4d __attribute__((vector_size(32)));
+typedef double v4d_u __attribute__((vector_size(32), aligned(8)));
+static inline v4d lo4(gdn_v8f x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3), v4d); }
+static inline v4d hi4(gdn_v8f x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 4, 5, 6, 7), v4d); }
+static inline double hsum4(v4d x) { return (x[0] + x[1]) + (x[2] + x[3]); }
+/* The 8 lanes summed in double. */
+static inline double hsum8(gdn_v8f x) { return hsum4(lo4(x)) + hsum4(hi4(x)); }
+
 /* Dot product: four 8-lane fp32 accumulators over blocks of 256, blocks summed in double. */
 static double dot_f(const float *a, const float *b, int n) {
     double s = 0.0;
@@ -87,10 +112,11 @@ static double dot_f(const float *a, const float *b, int n) {
  * gradient is propagated (the segment adjoint): it needs neither S nor the values. */
 static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws *bw,
                            const gdn_inputs *in, const gdn_grads *gr, int64_t b, int64_t h,
-                           int64_t t0, int n, int state_only, const float *S, float *dS) {
+                           int64_t t0, int n, int state_only, const float *S, float *dS,
+                           int first_head) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V, LD = V + K;
-    const int64_t T = c->T, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
+    const int64_t T = c->T, Hv = c->Hv;
     const float *Dl = ws->u, *nWQe = ws->xw;
     const float *A = ws->am, *Tm = ws->tm, *Rv = ws->rv, *nRk = ws->rk, *Kn = ws->kn, *Qs = ws->qs;
     const float egc = ws->eg[n - 1];
@@ -130,49 +156,93 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     gdn_gemm(GDN_GEMM_A_TRANS, n, n, n, Tm, C, bw->dT, C, bw->tcc, C);
     gdn_gemm(GDN_GEMM_C_LOWER | GDN_GEMM_B_TRANS, n, n, n, bw->tcc, C, Tm, C, bw->dLn, C); /* -dL = T^T dT T^T */
 
-    /* 5. Gather the pieces per row: v, beta, the exponentials of G. */
+    /* 5. Per row: dv, dbeta, dG and this head's share of dq, dk (added to the other value
+     * heads' shares in dQ, dKn unless first_head). */
     double *dG = bw->dG;
     for (int i = 0; i < n; i++) {
         const int64_t row = b * T + t0 + i;
-        const float *kn = Kn + (size_t)i * K, *dqe = dQe + (size_t)i * LD;
+        if (i + 4 < n) { /* v and dv rows are pages apart */
+            const char *vn = (const char *)(in->v + ((row + 4) * Hv + h) * V);
+            const char *dvn = (const char *)(gr->dv + ((row + 4) * Hv + h) * V);
+            for (int off = 0; off < V * 4; off += 64) __builtin_prefetch(vn + off), __builtin_prefetch(dvn + off, 1);
+        }
+        const float *kn = Kn + (size_t)i * K, *qs = Qs + (size_t)i * K, *dqe = dQe + (size_t)i * LD;
         const float *drv = bw->dr + (size_t)i * LD, *drkn = drv + V, *dkd = bw->dKd + (size_t)i * K;
         const float *vraw = in->v + (row * Hv + h) * V;
-        const float beta = ws->beta[i], eg = ws->eg[i], egd = ws->egd[i];
-        const double kn_drkn = dot_f(kn, drkn, K), kn_dkd = dot_f(kn, dkd, K);
-        double dbeta = dot_f(vraw, drv, V) - eg * kn_drkn;
-        dG[i] = -(double)beta * eg * kn_drkn + eg * dot_f(Qs + (size_t)i * K, dqe, K) - egd * kn_dkd;
-        dGc += egd * kn_dkd;
-        float *dv = gr->dv + (row * Hv + h) * V;
-        for (int j = 0; j < V; j++) dv[j] = beta * drv[j];
-        float *dq = bw->dQ + (size_t)i * K, *dk = bw->dKn + (size_t)i * K;
-        for (int j = 0; j < K; j++) {
-            dq[j] = eg * dqe[j];
-            dk[j] = -beta * eg * drkn[j] + egd * dkd[j];
+        const float beta = ws->beta[i], eg = ws->eg[i], egd = ws->egd[i], nbe = -beta * eg;
+        float *dq = bw->dQ + (size_t)i * K, *dk = bw->dKn + (size_t)i * K, *dv = gr->dv + (row * Hv + h) * V;
+        gdn_v8f s_rk = {0}, s_kd = {0}, s_qe = {0}, s_v = {0};
+        const gdn_v8f zero = {0};
+        int j = 0;
+        for (; j + 8 <= K; j += 8) {
+            const gdn_v8f knv = *(const gdn_v8f_u *)(kn + j), drk = *(const gdn_v8f_u *)(drkn + j);
+            const gdn_v8f dkdv = *(const gdn_v8f_u *)(dkd + j), dqev = *(const gdn_v8f_u *)(dqe + j);
+            s_rk += knv * drk, s_kd += knv * dkdv, s_qe += *(const gdn_v8f_u *)(qs + j) * dqev;
+            const gdn_v8f q0 = first_head ? zero : *(gdn_v8f_u *)(dq + j);
+            const gdn_v8f k0 = first_head ? zero : *(gdn_v8f_u *)(dk + j);
+            *(gdn_v8f_u *)(dq + j) = q0 + eg * dqev;
+            *(gdn_v8f_u *)(dk + j) = k0 + nbe * drk + egd * dkdv;
         }
-        bw->dbeta_row[i] = dbeta;
+        double kn_drkn = hsum8(s_rk), kn_dkd = hsum8(s_kd), qs_dqe = hsum8(s_qe);
+        for (; j < K; j++) {
+            kn_drkn += (double)kn[j] * drkn[j], kn_dkd += (double)kn[j] * dkd[j];
+            qs_dqe += (double)qs[j] * dqe[j];
+            dq[j] = (first_head ? 0.0f : dq[j]) + eg * dqe[j];
+            dk[j] = (first_head ? 0.0f : dk[j]) + nbe * drkn[j] + egd * dkd[j];
+        }
+        for (j = 0; j + 8 <= V; j += 8) {
+            const gdn_v8f d = *(const gdn_v8f_u *)(drv + j);
+            s_v += *(const gdn_v8f_u *)(vraw + j) * d;
+            *(gdn_v8f_u *)(dv + j) = beta * d;
+        }
+        double v_drv = hsum8(s_v);
+        for (; j < V; j++) v_drv += (double)vraw[j] * drv[j], dv[j] = beta * drv[j];
+        bw->dbeta_row[i] = v_drv - eg * kn_drkn;
+        dG[i] = -(double)beta * eg * kn_drkn + eg * qs_dqe - egd * kn_dkd;
+        dGc += egd * kn_dkd;
     }
     /* A = (Q K^T) . E . M and L = diag(beta) (K K^T) . E (strictly lower): P = dA . E,
-     * Bl = diag(beta) dL . E; the decays feed dG through dA . A and dL . L. */
+     * Bl = diag(beta) dL . E; the decays feed dG through dA . A and dL . L, whose row sums add
+     * to dG_i and column sums subtract from dG_j (products of two floats: exact in double). */
+    double *colsum = bw->colsum;
+    for (int j = 0; j < C; j++) colsum[j] = 0.0;
+    typedef int32_t v8i __attribute__((vector_size(32)));
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
     for (int i = 0; i < n; i++) {
         float *pi = bw->dA + (size_t)i * C, *bi = bw->tcc + (size_t)i * C;
         const float *ai = A + (size_t)i * C, *ei = ws->ew + (size_t)i * C;
         const float *kki = ws->pk + (size_t)i * C, *dli = bw->dLn + (size_t)i * C;
-        for (int j = 0; j <= i; j++) {
-            const double z = (double)pi[j] * ai[j];
-            dG[i] += z, dG[j] -= z;
-            pi[j] *= ei[j];
+        const float beta = ws->beta[i];
+        v4d rowsum = {0}, dbeta = {0};
+        /* Columns past the diagonal hold zeros (dA, A) or anything (ew, pk, dLn): masked. */
+        for (int j = 0; j <= i; j += 8) {
+            const v8i on = lane + j <= i;
+            const gdn_v8f pv = *(gdn_v8f_u *)(pi + j);
+            const v4d z0 = lo4(pv) * lo4(*(const gdn_v8f_u *)(ai + j));
+            const v4d z1 = hi4(pv) * hi4(*(const gdn_v8f_u *)(ai + j));
+            rowsum += z0 + z1;
+            *(v4d_u *)(colsum + j) -= z0, *(v4d_u *)(colsum + j + 4) -= z1;
+            *(gdn_v8f_u *)(pi + j) = (gdn_v8f)((v8i)(pv * *(const gdn_v8f_u *)(ei + j)) & on);
         }
-        double dbeta = 0.0;
-        for (int j = 0; j < i; j++) {
-            const float pl = -dli[j] * ei[j];             /* (dL . E)_ij */
-            dbeta += (double)pl * kki[j];
-            const double zl = (double)pl * ws->beta[i] * kki[j]; /* dL_ij L_ij */
-            dG[i] += zl, dG[j] -= zl;
-            bi[j] = ws->beta[i] * pl;
+        for (int j = 0; j < C; j += 8) {
+            const v8i on = lane + j < i;
+            if (j >= i) {
+                *(gdn_v8f_u *)(bi + j) = (gdn_v8f){0};
+                continue;
+            }
+            const gdn_v8f pl = (gdn_v8f)((v8i)(-*(const gdn_v8f_u *)(dli + j) * *(const gdn_v8f_u *)(ei + j)) & on);
+            const gdn_v8f kk = (gdn_v8f)((v8i) * (const gdn_v8f_u *)(kki + j) & on);
+            const v4d y0 = lo4(pl) * lo4(kk), y1 = hi4(pl) * hi4(kk); /* (dL . E)_ij K_ij */
+            dbeta += y0 + y1;
+            const v4d z0 = y0 * (double)beta, z1 = y1 * (double)beta;   /* dL_ij L_ij */
+            rowsum += z0 + z1;
+            *(v4d_u *)(colsum + j) -= z0, *(v4d_u *)(colsum + j + 4) -= z1;
+            *(gdn_v8f_u *)(bi + j) = beta * pl;
         }
-        for (int j = i; j < C; j++) bi[j] = 0.0f;
-        bw->dbeta_row[i] += dbeta;
+        dG[i] += hsum4(rowsum);
+        bw->dbeta_row[i] += hsum4(dbeta);
     }
+    for (int j = 0; j < n; j++) dG[j] += colsum[j];
     gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, K, n, bw->dA, C, Kn, K, bw->dQ, K); /* dQ += P Kn */
     for (int i = 0; i < n; i++) /* Bl + Bl^T (n x n) */
         for (int j = 0; j < n; j++)
@@ -181,49 +251,34 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->bsym, C, Kn, K, bw->dKn, K);   /* dK += (Bl + Bl^T) K */
     dG[n - 1] += dGc;
 
-    /* dg = reverse cumulative sum of dG within the chunk; q, k rows accumulate over heads. */
+    /* dg = reverse cumulative sum of dG within the chunk. */
     double acc = 0.0;
     for (int i = n - 1; i >= 0; i--) {
         const int64_t row = b * T + t0 + i;
         acc += dG[i];
         gr->dg[row * Hv + h] = (float)acc;
         gr->dbeta[row * Hv + h] = (float)bw->dbeta_row[i];
-        float *dq = gr->dq + (row * Hk + hk) * K, *dk = gr->dk + (row * Hk + hk) * K;
-        const float *sq = bw->dQ + (size_t)i * K, *sk = bw->dKn + (size_t)i * K;
-        if (i >= 8) /* the rows are pages apart: fetch a few ahead (this loop runs backwards) */
-            for (int64_t off = 0; off < K; off += 16) {
-                __builtin_prefetch(dq - 8 * Hk * K + off, 1);
-                __builtin_prefetch(dk - 8 * Hk * K + off, 1);
-            }
-        for (int j = 0; j < K; j++) dq[j] += sq[j], dk[j] += sk[j];
     }
 }
 
-/* Turn gradients with respect to x_hat = scale * x / |x| into gradients with respect to x. */
-static void norm_backward_rows(const gdn_plan *p, float *dx, const float *x, int64_t b,
-                               int64_t hk, float scale) {
+/* The chunk's dq, dk rows, summed over the key head's value heads in dQ, dKn, are gradients
+ * with respect to x_hat = scale * x / |x|: turn them into gradients with respect to x. */
+static void finish_key_rows(const gdn_plan *p, const gdn_bwd_ws *bw, const gdn_inputs *in,
+                            const gdn_grads *gr, int64_t b, int64_t hk, int64_t t0, int n) {
     const gdn_config *c = &p->cfg;
-    const int64_t K = c->K;
-    for (int64_t t = 0; t < c->T; t++) {
-        const int64_t off = ((b * c->T + t) * c->Hk + hk) * K;
-        float *d = dx + off;
-        const float *xr = x + off;
-        if (t + 8 < c->T)
-            for (int64_t o = 0; o < K; o += 16) {
-                __builtin_prefetch(xr + 8 * c->Hk * K + o);
-                __builtin_prefetch(d + 8 * c->Hk * K + o, 1);
+    const int K = (int)c->K;
+    for (int i = 0; i < n; i++) {
+        const int64_t off = ((b * c->T + t0 + i) * c->Hk + hk) * K;
+        if (i + 4 < n)
+            for (int o = 0; o < K; o += 16) {
+                const int64_t ahead = off + 4 * c->Hk * K + o;
+                __builtin_prefetch(in->q + ahead), __builtin_prefetch(in->k + ahead);
+                __builtin_prefetch(gr->dq + ahead, 1), __builtin_prefetch(gr->dk + ahead, 1);
             }
-        if (!c->l2norm) {
-            for (int64_t j = 0; j < K; j++) d[j] *= scale;
-            continue;
-        }
-        const double ss = gdn_sumsq(xr, K) + 1e-6, nrm = sqrt(ss);
-        const double dotp = dot_f(xr, d, (int)K);
-        for (int64_t j = 0; j < K; j++)
-            d[j] = (float)(scale * (d[j] / nrm - xr[j] * dotp / (ss * nrm)));
+        norm_backward_row(c, gr->dq + off, bw->dQ + (size_t)i * K, in->q + off, c->scale);
+        norm_backward_row(c, gr->dk + off, bw->dKn + (size_t)i * K, in->k + off, 1.0f);
     }
 }
-
 void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
                        const gdn_grads *gr, int64_t b, int64_t hk) {
     const gdn_config *c = &p->cfg;
@@ -232,11 +287,6 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
     /* Segments: those of the forward's saved states, or of this backward's own sweep. */
     const int64_t nchunks = (T + C - 1) / C, N = gr->ckpt ? p->save_chunks : p->ckpt_chunks,
                   nseg = (nchunks + N - 1) / N;
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t off = ((b * T + t) * Hk + hk) * K;
-        memset(gr->dq + off, 0, sizeof(float) * K);
-        memset(gr->dk + off, 0, sizeof(float) * K);
-    }
     /* The r value heads of this key head go through every chunk together, so each chunk's key
      * side (normalised q, k; K K^T, Q K^T) is formed once for all of them. */
     const int64_t h0 = hk * r;
@@ -279,19 +329,19 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
         }
         for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
             const int64_t t0 = ci * C, slot = ci - c_begin;
+            const int n = (int)(T - t0 < C ? T - t0 : C);
             for (int64_t j = 0; j < r; j++) {
                 const gdn_chunk_ws v = record_view(p, ws, bw, slot, j);
                 if (j + 1 < r) prefetch_record(p, bw, slot, j + 1, 0);
                 else if (slot > 0) prefetch_record(p, bw, slot - 1, 0, 1);
-                chunk_backward(p, &v, bw, in, gr, b, h0 + j, t0, (int)(T - t0 < C ? T - t0 : C), 0,
-                               bw->segst + (slot * r + j) * KV, bw->dS + j * KV);
+                chunk_backward(p, &v, bw, in, gr, b, h0 + j, t0, n, 0,
+                               bw->segst + (slot * r + j) * KV, bw->dS + j * KV, j == 0);
             }
+            finish_key_rows(p, bw, in, gr, b, hk, t0, n);
         }
     }
     for (int64_t j = 0; gr->dh0 && j < r; j++)
         memcpy(gr->dh0 + (b * Hv + h0 + j) * KV, bw->dS + j * KV, sizeof(float) * KV);
-    norm_backward_rows(p, gr->dq, in->q, b, hk, c->scale);
-    norm_backward_rows(p, gr->dk, in->k, b, hk, 1.0f);
 }
 
 void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
@@ -304,7 +354,7 @@ void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const
     for (int64_t t0 = (T - 1) / C * C; t0 >= 0; t0 -= C) {
         const int n = (int)(T - t0 < C ? T - t0 : C);
         gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1, 0);
-        chunk_backward(p, ws, bw, in, gr, b, h, t0, n, 1, NULL, bw->dS);
+        chunk_backward(p, ws, bw, in, gr, b, h, t0, n, 1, NULL, bw->dS, 0);
     }
     memcpy(sg, bw->dS, sizeof(float) * KV);
 }

@@ -112,7 +112,7 @@ typedef struct {
     float *dr;                                           /* C x (V + K): [dRv | -dRk] */
     float *dKd, *kd, *dQ, *dKn;                          /* C x K */
     float *dA, *dT, *dLn, *tcc, *bsym;                   /* C x C */
-    double *dG, *dbeta_row;                              /* C */
+    double *dG, *dbeta_row, *colsum;                     /* C */
     float *ckpt;                                         /* segments x r x K x V: checkpoints */
     float *segst;                                        /* N x r x K x V: one segment's states */
     float *rec;   /* N chunk records: each chunk's intermediates, formed once by the segment's

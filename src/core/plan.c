@@ -77,7 +77,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
 /* r = value heads per key head: the backward carries all of a key head's states together. */
 static size_t bwd_floats(const gdn_config *c, int64_t nseg, int N) {
     const size_t C = (size_t)c->chunk, K = (size_t)c->K, V = (size_t)c->V, r = (size_t)(c->Hv / c->Hk);
-    return r * K * V + 3 * C * (V + K) + 4 * C * K + 5 * C * C + 4 * C /* dG, dbeta_row (double) */ + r * ((size_t)nseg + N) * K * V +
+    return r * K * V + 3 * C * (V + K) + 4 * C * K + 5 * C * C + 6 * C /* dG, dbeta_row, colsum (double) */ + r * ((size_t)nseg + N) * K * V +
            (size_t)N * gdn_chunk_record_floats(c) + 32 * 16;
 }
 
@@ -128,6 +128,7 @@ static int alloc_backward(gdn_plan *p) {
         b->dA = gdn_carve(&cur, cc), b->dT = gdn_carve(&cur, cc), b->dLn = gdn_carve(&cur, cc);
         b->tcc = gdn_carve(&cur, cc), b->bsym = gdn_carve(&cur, cc);
         b->dG = (double *)gdn_carve(&cur, 2 * (size_t)C), b->dbeta_row = (double *)gdn_carve(&cur, 2 * (size_t)C);
+        b->colsum = (double *)gdn_carve(&cur, 2 * (size_t)C);
         b->ckpt = gdn_carve(&cur, (size_t)r * p->nseg * kv), b->segst = gdn_carve(&cur, (size_t)r * Nmax * kv);
         b->rec = gdn_carve(&cur, (size_t)Nmax * gdn_chunk_record_floats(c));
         GDN_ASSERT(cur <= (float *)p->bwd_arena + per * (t + 1));
