@@ -211,13 +211,22 @@ static double worst(const bwd_result *r) {
     return w;
 }
 
+/* Without the in-kernel L2 norm (q, k used as given, q times a custom scale) when raw_qk. */
+static int raw_qk = 0;
+
 static void chunked_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K, int64_t V, int chunk,
                          gate_kind gk, beta_kind bk, int with_h0, int with_dht, int ckpt, uint64_t seed) {
     gdn_config cfg = gdn_config_default(B, T, Hk, Hv, K, V);
     cfg.chunk = chunk;
+    if (raw_qk) cfg.l2norm = 0, cfg.scale = 0.3f;
     cfg.checkpoint_chunks = ckpt;
     problem p;
     problem_make(&p, cfg, gk, bk, 1, seed);
+    for (int64_t row = 0; raw_qk && row < B * T * Hk; row++) { /* |k| = 0.9: a stable delta rule */
+        double ss = 0.0;
+        for (int64_t j = 0; j < K; j++) ss += (double)p.k[row * K + j] * p.k[row * K + j];
+        for (int64_t j = 0; j < K; j++) p.k[row * K + j] = (float)(0.9 * p.k[row * K + j] / sqrt(ss));
+    }
     float *dout = malloc(sizeof(float) * n_v(&cfg)), *dht = malloc(sizeof(float) * n_state(&cfg));
     for (int64_t i = 0; i < n_v(&cfg); i++) dout[i] = (float)rng_uniform(-1, 1);
     for (int64_t i = 0; i < n_state(&cfg); i++) dht[i] = (float)rng_uniform(-1, 1);
@@ -225,9 +234,9 @@ static void chunked_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     for (int saved = 0; saved < 2; saved++) {
         bwd_result r = chunked_vs_oracle(&cfg, &p, dout, with_dht ? dht : NULL, with_h0, saved);
         expect_close(worst(&r), TOL_BWD,
-                     "bwd%s B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d gate=%s beta=%s h0=%d dht=%d ckpt=%d "
+                     "bwd%s%s B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d gate=%s beta=%s h0=%d dht=%d ckpt=%d "
                      "(dq %.1e dk %.1e dv %.1e dg %.1e db %.1e dh0 %.1e)",
-                     saved ? " from saved states" : "", (long long)B, (long long)T, (long long)Hk, (long long)Hv,
+                     saved ? " from saved states" : "", raw_qk ? " no-L2norm scale=0.3" : "", (long long)B, (long long)T, (long long)Hk, (long long)Hv,
                      (long long)K, (long long)V, chunk, gn[gk], bn[bk], with_h0, with_dht, ckpt, r.err[0], r.err[1],
                      r.err[2], r.err[3], r.err[4], r.err[5]);
     }
@@ -253,6 +262,11 @@ static void backward_sweep(void) {
                              (gate_kind)(idx % 3), (beta_kind)((idx / 3) % 3), (idx / 9) % 2,
                              (idx / 5) % 2 || !((idx / 9) % 2), ckpts[(idx / 4) % 4], 500 + idx);
             }
+    /* Keys without the in-kernel norm: unit-scale rows, as a caller that normalises would pass. */
+    raw_qk = 1;
+    chunked_case(2, 130, 2, 4, 32, 24, 32, GATE_MILD, BETA_RANDOM, 1, 1, 2, 900);
+    chunked_case(1, 200, 1, 2, 64, 64, 64, GATE_STRONG, BETA_RANDOM, 0, 0, 0, 901);
+    raw_qk = 0;
 }
 
 /* Wrong variants through the same comparison with the double backward. */

@@ -11,7 +11,7 @@
 
 static size_t key_record_floats(const gdn_config *c) {
     const size_t C = (size_t)c->chunk, K = (size_t)c->K, r16 = 15;
-    return 2 * ((C * K + r16) & ~r16) + ((C * C + r16) & ~r16);
+    return 2 * ((C * K + r16) & ~r16) + ((C * C + r16) & ~r16) + 2 * ((C + r16) & ~r16);
 }
 
 static size_t head_record_floats(const gdn_config *c) {
@@ -33,6 +33,7 @@ static gdn_chunk_ws record_view(const gdn_plan *p, const gdn_chunk_ws *ws, const
     gdn_chunk_ws v = *ws;
     float *cur = bw->rec + slot * gdn_chunk_record_floats(c);
     v.qs = gdn_carve(&cur, C * K), v.kn = gdn_carve(&cur, C * K), v.pk = gdn_carve(&cur, C * C);
+    v.qinv = gdn_carve(&cur, C), v.kinv = gdn_carve(&cur, C);
     cur += j * head_record_floats(c);
     v.tm = gdn_carve(&cur, C * C), v.am = gdn_carve(&cur, C * C), v.ew = gdn_carve(&cur, C * C);
     v.xw = gdn_carve(&cur, 2 * C * K), v.rk = gdn_carve(&cur, C * K);
@@ -61,19 +62,17 @@ static void prefetch_record(const gdn_plan *p, const gdn_bwd_ws *bw, int64_t slo
 
 static double dot_f(const float *a, const float *b, int n);
 
-/* Gradient with respect to x of one row given the gradient d with respect to
- * x_hat = scale * x / sqrt(|x|^2 + 1e-6) (or scale * x without the L2 norm), into dx. */
-static void norm_backward_row(const gdn_config *c, float *dx, const float *d, const float *x,
-                              float scale) {
-    const int K = (int)c->K;
-    if (!c->l2norm) {
-        for (int j = 0; j < K; j++) dx[j] = scale * d[j];
+/* Gradient with respect to x of one row from d, the gradient with respect to u = f x / s'
+ * (the normalised row, as the forward formed it: f = s / sqrt(|x|^2 + 1e-6) with the L2 norm,
+ * f = s without): dx = f d - f (u.d) / s^2 u with the norm, dx = f d without. */
+static void norm_backward_row(int K, int l2norm, float *dx, const float *d, const float *u,
+                              float f, float s) {
+    if (!l2norm) {
+        for (int j = 0; j < K; j++) dx[j] = f * d[j];
         return;
     }
-    const double ss = gdn_sumsq(x, K) + 1e-6, nrm = sqrt(ss);
-    const double dotp = dot_f(x, d, K);
-    const float a = (float)(scale / nrm), bcoef = (float)(scale * dotp / (ss * nrm));
-    for (int j = 0; j < K; j++) dx[j] = a * d[j] - bcoef * x[j];
+    const float proj = (float)(f * dot_f(u, d, K) / ((double)s * s));
+    for (int j = 0; j < K; j++) dx[j] = f * d[j] - proj * u[j];
 }
 
 typedef double v4d __attribute__((vector_size(32)));
@@ -161,14 +160,15 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     double *dG = bw->dG;
     for (int i = 0; i < n; i++) {
         const int64_t row = b * T + t0 + i;
-        if (i + 4 < n) { /* v and dv rows are pages apart */
-            const char *vn = (const char *)(in->v + ((row + 4) * Hv + h) * V);
+        if (i + 4 < n) { /* dv rows are pages apart */
             const char *dvn = (const char *)(gr->dv + ((row + 4) * Hv + h) * V);
-            for (int off = 0; off < V * 4; off += 64) __builtin_prefetch(vn + off), __builtin_prefetch(dvn + off, 1);
+            for (int off = 0; off < V * 4; off += 64) __builtin_prefetch(dvn + off, 1);
         }
         const float *kn = Kn + (size_t)i * K, *qs = Qs + (size_t)i * K, *dqe = dQe + (size_t)i * LD;
         const float *drv = bw->dr + (size_t)i * LD, *drkn = drv + V, *dkd = bw->dKd + (size_t)i * K;
-        const float *vraw = in->v + (row * Hv + h) * V;
+        /* v . drv from the record's rv = beta v; v itself (pages apart) only for beta ~ 0 */
+        const int from_rv = fabsf(ws->beta[i]) >= 1e-20f;
+        const float *vrow = from_rv ? ws->rv + (size_t)i * V : in->v + (row * Hv + h) * V;
         const float beta = ws->beta[i], eg = ws->eg[i], egd = ws->egd[i], nbe = -beta * eg;
         float *dq = bw->dQ + (size_t)i * K, *dk = bw->dKn + (size_t)i * K, *dv = gr->dv + (row * Hv + h) * V;
         gdn_v8f s_rk = {0}, s_kd = {0}, s_qe = {0}, s_v = {0};
@@ -192,11 +192,12 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
         }
         for (j = 0; j + 8 <= V; j += 8) {
             const gdn_v8f d = *(const gdn_v8f_u *)(drv + j);
-            s_v += *(const gdn_v8f_u *)(vraw + j) * d;
+            s_v += *(const gdn_v8f_u *)(vrow + j) * d;
             *(gdn_v8f_u *)(dv + j) = beta * d;
         }
         double v_drv = hsum8(s_v);
-        for (; j < V; j++) v_drv += (double)vraw[j] * drv[j], dv[j] = beta * drv[j];
+        for (; j < V; j++) v_drv += (double)vrow[j] * drv[j], dv[j] = beta * drv[j];
+        if (from_rv) v_drv /= beta;
         bw->dbeta_row[i] = v_drv - eg * kn_drkn;
         dG[i] = -(double)beta * eg * kn_drkn + eg * qs_dqe - egd * kn_dkd;
         dGc += egd * kn_dkd;
@@ -262,8 +263,9 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
 }
 
 /* The chunk's dq, dk rows, summed over the key head's value heads in dQ, dKn, are gradients
- * with respect to x_hat = scale * x / |x|: turn them into gradients with respect to x. */
-static void finish_key_rows(const gdn_plan *p, const gdn_bwd_ws *bw, const gdn_inputs *in,
+ * with respect to the normalised rows (qs, kn of the chunk's record ws): turn them into
+ * gradients with respect to the raw q, k rows, without reading those again. */
+static void finish_key_rows(const gdn_plan *p, const gdn_chunk_ws *ws, const gdn_bwd_ws *bw,
                             const gdn_grads *gr, int64_t b, int64_t hk, int64_t t0, int n) {
     const gdn_config *c = &p->cfg;
     const int K = (int)c->K;
@@ -271,14 +273,16 @@ static void finish_key_rows(const gdn_plan *p, const gdn_bwd_ws *bw, const gdn_i
         const int64_t off = ((b * c->T + t0 + i) * c->Hk + hk) * K;
         if (i + 4 < n)
             for (int o = 0; o < K; o += 16) {
-                const int64_t ahead = off + 4 * c->Hk * K + o;
-                __builtin_prefetch(in->q + ahead), __builtin_prefetch(in->k + ahead);
-                __builtin_prefetch(gr->dq + ahead, 1), __builtin_prefetch(gr->dk + ahead, 1);
+                __builtin_prefetch(gr->dq + off + 4 * c->Hk * K + o, 1);
+                __builtin_prefetch(gr->dk + off + 4 * c->Hk * K + o, 1);
             }
-        norm_backward_row(c, gr->dq + off, bw->dQ + (size_t)i * K, in->q + off, c->scale);
-        norm_backward_row(c, gr->dk + off, bw->dKn + (size_t)i * K, in->k + off, 1.0f);
+        norm_backward_row(K, c->l2norm, gr->dq + off, bw->dQ + (size_t)i * K, ws->qs + (size_t)i * K,
+                          ws->qinv[i], c->scale);
+        norm_backward_row(K, c->l2norm, gr->dk + off, bw->dKn + (size_t)i * K, ws->kn + (size_t)i * K,
+                          ws->kinv[i], 1.0f);
     }
 }
+
 void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
                        const gdn_grads *gr, int64_t b, int64_t hk) {
     const gdn_config *c = &p->cfg;
@@ -337,7 +341,8 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
                 chunk_backward(p, &v, bw, in, gr, b, h0 + j, t0, n, 0,
                                bw->segst + (slot * r + j) * KV, bw->dS + j * KV, j == 0);
             }
-            finish_key_rows(p, bw, in, gr, b, hk, t0, n);
+            const gdn_chunk_ws keys = record_view(p, ws, bw, slot, 0);
+            finish_key_rows(p, &keys, bw, gr, b, hk, t0, n);
         }
     }
     for (int64_t j = 0; gr->dh0 && j < r; j++)

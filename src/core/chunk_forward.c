@@ -8,8 +8,8 @@
 #include <string.h>
 
 /* The key side of chunk rows [t0, t0+n) for key head hk, shared by the value heads that use it:
- * normalised, scaled q (qs) and normalised k (kn), kt = kn^T, and the lower triangles of
- * pk = K K^T and qk = Q K^T. */
+ * normalised, scaled q (qs) and normalised k (kn) with their row factors (qinv, kinv),
+ * kt = kn^T, and the lower triangles of pk = K K^T and qk = Q K^T. */
 static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
                         int64_t hk, int64_t t0, int n, int want_out) {
     const gdn_config *c = &p->cfg;
@@ -32,6 +32,7 @@ static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *i
         }
         float *qd = ws->qs + (size_t)i * K, *kd = ws->kn + (size_t)i * K;
         for (int64_t j = 0; j < K; j++) qd[j] = qsrc[j] * qinv, kd[j] = ksrc[j] * kinv;
+        ws->qinv[i] = qinv, ws->kinv[i] = kinv;
     }
     gdn_transpose(n, (int)K, ws->kn, (int)K, ws->kt, C);
     gdn_gemm(GDN_GEMM_C_LOWER, n, n, (int)K, ws->kn, (int)K, ws->kt, C, ws->pk, C);

@@ -100,6 +100,7 @@ typedef struct {
     float *rv, *u, *m2;        /* C x W, C x W, 2C x W   (W = widest column block) */
     float *state;              /* max(r K V, K W): the states of one key head's value heads */
     float *g, *beta, *eg, *egd, *lrow; /* C each */
+    float *qinv, *kinv;        /* C each: qs = q * qinv, kn = k * kinv row by row */
     int nonfinite;              /* set when a gathered input or written output is NaN/Inf */
     double *G;                  /* C: in-chunk cumulative gate, in double because G_i - G_j
                                    cancels: |G| reaches 20*128 where fp32 spacing is 1e-4 */
@@ -119,7 +120,7 @@ typedef struct {
                      forward re-sweep and read back by its backward (gdn_chunk_record_floats) */
 } gdn_bwd_ws;
 
-/* Floats of one chunk record: the key side (qs, kn, pk) and, for each of the r value heads,
+/* Floats of one chunk record: the key side (qs, kn, pk, qinv, kinv) and, for each of the r value heads,
  * the value side (tm, am, ew, W and eG Q, rk, rv, Dl, gates). */
 size_t gdn_chunk_record_floats(const gdn_config *c);
 

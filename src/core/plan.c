@@ -19,7 +19,7 @@ static size_t ws_floats(const gdn_config *cfg, int C, int K, int W) {
            + (size_t)2 * C * K + (size_t)C * K /* xw rk */
            + (size_t)4 * C * W          /* rv u m2(2) */
            + state_floats(cfg, W)       /* states */
-           + (size_t)7 * C;             /* g beta eg egd lrow, G (double) */
+           + (size_t)9 * C;             /* g beta eg egd lrow qinv kinv, G (double) */
 }
 
 static int alloc_backward(gdn_plan *p);
@@ -64,6 +64,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         ws->m2 = gdn_carve(&cur, (size_t)2 * C * W), ws->state = gdn_carve(&cur, state_floats(&p->cfg, W));
         ws->g = gdn_carve(&cur, C), ws->beta = gdn_carve(&cur, C), ws->G = (double *)gdn_carve(&cur, 2 * (size_t)C);
         ws->eg = gdn_carve(&cur, C), ws->egd = gdn_carve(&cur, C), ws->lrow = gdn_carve(&cur, C);
+        ws->qinv = gdn_carve(&cur, C), ws->kinv = gdn_carve(&cur, C);
         GDN_ASSERT(cur <= (float *)p->arena + per * (t + 1));
     }
     if ((rc = alloc_backward(p))) {
