@@ -196,15 +196,17 @@ static double gemm_err(int flags, int m, int n, int kk, int corrupt) {
             double acc = (flags & GDN_GEMM_ACC) ? Cm[i * ldc + j] : 0.0, sum_abs = fabs(acc);
             for (int p = 0; p < kk; p++) {
                 if ((flags & GDN_GEMM_A_LOWER) && p > i) continue; /* the kernel may skip these */
+                if ((flags & GDN_GEMM_A_UPPER) && p < i) continue;
                 const double a = (flags & GDN_GEMM_A_TRANS) ? A[p * lda + i] : A[i * lda + p];
                 acc += a * (bt ? B[j * ldb + p] : B[p * ldb + j]);
                 sum_abs += fabs(a * (bt ? B[j * ldb + p] : B[p * ldb + j]));
             }
             ref[i * n + j] = acc, mag[i * n + j] = sum_abs;
         }
-    if (flags & GDN_GEMM_A_LOWER) /* the contract: A is zero above its diagonal */
-        for (int i = 0; i < m; i++)
-            for (int p = i + 1; p < kk; p++) *((flags & GDN_GEMM_A_TRANS) ? &A[p * lda + i] : &A[i * lda + p]) = 0.0f;
+    for (int i = 0; i < m; i++) /* the contract: A is zero above (A_LOWER) or below (A_UPPER) its diagonal */
+        for (int p = 0; p < kk; p++)
+            if (((flags & GDN_GEMM_A_LOWER) && p > i) || ((flags & GDN_GEMM_A_UPPER) && p < i))
+                *((flags & GDN_GEMM_A_TRANS) ? &A[p * lda + i] : &A[i * lda + p]) = 0.0f;
     gdn_gemm(flags, m, n, kk, A, lda, B + corrupt, ldb, Cm, ldc);
     double worst = 0.0;
     for (int i = 0; i < m; i++)
@@ -220,14 +222,17 @@ static double gemm_err(int flags, int m, int n, int kk, int corrupt) {
 static void gemm_kernel(void) {
     /* kk past 256 takes more than one packed depth block */
     const int sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 64, 128}, {37, 24, 61}, {128, 136, 64},
-                            {13, 40, 300}, {6, 16, 513}};
-    for (int flags = 0; flags < 32; flags++)
-        for (int s = 0; s < 7; s++) {
-            const int m = sizes[s][0], n = sizes[s][1], kk = (flags & GDN_GEMM_A_LOWER) ? m : sizes[s][2];
+                            {13, 40, 300}, {6, 16, 513}, {270, 20, 7}};
+    for (int flags = 0; flags < 64; flags++)
+        for (int s = 0; s < 8; s++) {
+            const int m = sizes[s][0], n = sizes[s][1],
+                      kk = (flags & (GDN_GEMM_A_LOWER | GDN_GEMM_A_UPPER)) ? m : sizes[s][2];
             expect_close(gemm_err(flags, m, n, kk, 0), 1e-6, "gemm flags=%d m=%d n=%d k=%d vs double product", flags, m, n, kk);
         }
     expect_far(gemm_err(GDN_GEMM_A_TRANS, 37, 24, 61, 1), 1e-6, "gemm with B shifted by one column");
     expect_far(gemm_err(GDN_GEMM_B_TRANS, 37, 24, 61, 1), 1e-6, "gemm with B^T shifted by one row");
+    expect_far(gemm_err(GDN_GEMM_A_UPPER | GDN_GEMM_A_TRANS, 37, 24, 37, 1), 1e-6,
+               "gemm with A upper and B shifted by one column");
 }
 
 static void vector_exp(void) {

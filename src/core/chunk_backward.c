@@ -137,7 +137,7 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     /* 2. O = diag(eG) Q S + A Dl;  3. Dl = U - W S */
     for (int i = 0; i < n; i++)
         memcpy(dO + (size_t)i * LD, gr->dout + ((b * T + t0 + i) * Hv + h) * V, sizeof(float) * V);
-    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, V, n, A, C, dO, LD, dDl, LD);  /* dDl += A^T dO */
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_A_UPPER, n, V, n, A, C, dO, LD, dDl, LD);  /* dDl += A^T dO */
     /* dS += Qe^T dO - W^T dDl = [-W ; Qe]^T [dDl ; dO] */
     gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, K, V, 2 * n, nWQe, K, dDl, LD, dS, V);
     if (state_only) return;
@@ -151,8 +151,8 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_C_LOWER | GDN_GEMM_B_TRANS, n, n, K, dWn, LD, nRk, K, bw->dT, C);
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < C; j++) bw->dT[(size_t)i * C + j] = 0.0f;
-    gdn_gemm(GDN_GEMM_A_TRANS, n, LD, n, Tm, C, dDl, LD, bw->dr, LD);         /* [dRv | -dRk] = T^T [dU | dWn] */
-    gdn_gemm(GDN_GEMM_A_TRANS, n, n, n, Tm, C, bw->dT, C, bw->tcc, C);
+    gdn_gemm(GDN_GEMM_A_TRANS | GDN_GEMM_A_UPPER, n, LD, n, Tm, C, dDl, LD, bw->dr, LD);         /* [dRv | -dRk] = T^T [dU | dWn] */
+    gdn_gemm(GDN_GEMM_A_TRANS | GDN_GEMM_A_UPPER, n, n, n, Tm, C, bw->dT, C, bw->tcc, C);
     gdn_gemm(GDN_GEMM_C_LOWER | GDN_GEMM_B_TRANS, n, n, n, bw->tcc, C, Tm, C, bw->dLn, C); /* -dL = T^T dT T^T */
 
     /* 5. Per row: dv, dbeta, dG and this head's share of dq, dk (added to the other value
@@ -248,7 +248,7 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     for (int i = 0; i < n; i++) /* Bl + Bl^T (n x n) */
         for (int j = 0; j < n; j++)
             bw->bsym[(size_t)i * C + j] = bw->tcc[(size_t)i * C + j] + bw->tcc[(size_t)j * C + i];
-    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, K, n, bw->dA, C, Qs, K, bw->dKn, K); /* dK += P^T Q */
+    gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_A_UPPER, n, K, n, bw->dA, C, Qs, K, bw->dKn, K); /* dK += P^T Q */
     gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->bsym, C, Kn, K, bw->dKn, K);   /* dK += (Bl + Bl^T) K */
     dG[n - 1] += dGc;
 

@@ -150,7 +150,7 @@ enum { KC = 256 }; /* depth of one packed panel: covers every kk of the chunk ke
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
               float *C, int ldc) {
     const int acc = (flags & GDN_GEMM_ACC) != 0;
-    const int a_lower = (flags & GDN_GEMM_A_LOWER) != 0;
+    const int a_lower = (flags & GDN_GEMM_A_LOWER) != 0, a_upper = (flags & GDN_GEMM_A_UPPER) != 0;
     const int c_lower = (flags & GDN_GEMM_C_LOWER) != 0;
     const int b_trans = (flags & GDN_GEMM_B_TRANS) != 0;
     const int ars = (flags & GDN_GEMM_A_TRANS) ? 1 : lda, acs = (flags & GDN_GEMM_A_TRANS) ? lda : 1;
@@ -168,21 +168,26 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
         for (int k0 = 0; k0 < kk; k0 += KC) {
             const int kc = kk - k0 < KC ? kk - k0 : KC, acc_k = acc || k0 > 0;
             pack_panel(panel, B, ldb, b_trans, k0, kc, j0, nc);
-            const float *Ak = A + (size_t)k0 * acs;
             for (int i0 = i_start; i0 < m; i0 += MR) {
                 const int mr = m - i0 < MR ? m - i0 : MR;
-                int kk_eff = (a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk) - k0;
-                if (kk_eff > kc) kk_eff = kc;
-                if (kk_eff <= 0) continue; /* only past the first depth block: nothing to add */
+                /* Depth range with nonzero A in this row block, within this depth block. */
+                int lo = a_upper ? i0 : 0, hi = a_lower ? (i0 + mr < kk ? i0 + mr : kk) : kk;
+                lo = lo > k0 ? lo : k0, hi = hi < k0 + kc ? hi : k0 + kc;
+                if (hi <= lo) {
+                    if (acc_k) continue; /* nothing to add */
+                    lo = hi = k0;        /* a zero block */
+                }
+                const int kk_eff = hi - lo;
+                const float *Ak = A + (size_t)lo * acs, *Bk = panel + (size_t)(lo - k0) * 16;
                 float *Cb = C + j0;
                 if (nc == 16) {
-                    block(acc_k, mr, 2, kk_eff, i0, 0, Ak, ars, acs, panel, 16, Cb, ldc);
+                    block(acc_k, mr, 2, kk_eff, i0, 0, Ak, ars, acs, Bk, 16, Cb, ldc);
                     continue;
                 }
                 int j = 0;
-                if (nc >= 8) block(acc_k, mr, 1, kk_eff, i0, 0, Ak, ars, acs, panel, 16, Cb, ldc), j = 8;
+                if (nc >= 8) block(acc_k, mr, 1, kk_eff, i0, 0, Ak, ars, acs, Bk, 16, Cb, ldc), j = 8;
                 if (j < nc)
-                    edge(acc_k, mr, nc - j, kk_eff, Ak + (size_t)i0 * ars, ars, acs, panel + j, 16,
+                    edge(acc_k, mr, nc - j, kk_eff, Ak + (size_t)i0 * ars, ars, acs, Bk + j, 16,
                          Cb + (size_t)i0 * ldc + j, ldc);
             }
         }

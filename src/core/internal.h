@@ -28,9 +28,10 @@ int64_t gdn_find_nonfinite_f64(const double *x, int64_t n);
  *        GDN_GEMM_A_TRANS: A is stored as its transpose (kk x m, row stride lda);
  *        GDN_GEMM_B_TRANS: B is stored as its transpose (n x kk, row stride ldb);
  *        GDN_GEMM_A_LOWER: A[i][p] == 0 for p > i, so those products are skipped;
+ *        GDN_GEMM_A_UPPER: A[i][p] == 0 for p < i (e.g. the transpose of a lower triangle), same;
  *        GDN_GEMM_C_LOWER: only C[i][j] with j <= i is needed (others may hold anything). */
 enum { GDN_GEMM_ACC = 1, GDN_GEMM_A_LOWER = 2, GDN_GEMM_C_LOWER = 4, GDN_GEMM_A_TRANS = 8,
-       GDN_GEMM_B_TRANS = 16 };
+       GDN_GEMM_B_TRANS = 16, GDN_GEMM_A_UPPER = 32 };
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
               float *C, int ldc);
 /* dst[c][r] = src[r][c] for an r x c block. */
