@@ -89,6 +89,8 @@ static void prefetch_row(const gdn_plan *p, const gdn_inputs *in, int64_t b, int
             __builtin_prefetch(k + off, 0, 2);
         }
         for (int64_t off = 0; in->v && off < V * 4; off += 64) __builtin_prefetch(v + off, 0, 2);
+        __builtin_prefetch(in->g + row * Hv + h, 0, 2); /* a line per row too (Hv floats apart) */
+        __builtin_prefetch(in->beta + row * Hv + h, 0, 2);
     }
 }
 
