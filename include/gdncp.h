@@ -52,7 +52,10 @@ typedef struct {
     int threads;    /* OpenMP threads; 0 means all available */
     int check_finite; /* 1: reject NaN/Inf in inputs before computing (default via gdn_config_default) */
     int checkpoint_chunks; /* backward keeps the state every this many chunks; 0: automatic
-                              (about sqrt of the chunk count, minimising memory) */
+                              (saved states under a tenth of the inputs; its own sweep: about
+                              sqrt of the chunk count, minimising memory). Each thread also
+                              holds one segment's chunk intermediates (~0.5 MB per chunk at
+                              K = V = 128, two value heads per key head). */
 } gdn_config;
 
 /* A config with the library defaults: chunk 64, default scale, L2 norm on, all threads, checks on. */
@@ -100,8 +103,9 @@ int gdn_backward_saved(gdn_plan *plan, float *dq, float *dk, float *dv, float *d
                        const float *g, const float *beta, const float *h0, const float *ckpt,
                        const float *dout, const float *dht);
 
-/* Bytes the backward keeps per thread (checkpoints and workspace) — independent of B and
- * of the number of heads; it grows as sqrt(T) with automatic checkpointing. */
+/* Bytes the backward uses per thread (its own checkpoints, one segment's states and chunk
+ * intermediates, scratch) — independent of B and of the number of heads; it grows as sqrt(T)
+ * with automatic checkpointing. */
 size_t gdn_plan_backward_bytes(const gdn_plan *plan);
 
 /* ---------------------------------------------------------------- segment summaries (affine view)
