@@ -74,6 +74,58 @@ static void nonfinite_inputs(void) {
     problem_free(&p);
 }
 
+/* The backward checks NaN/Inf on the rows it touches: every input and the first and the last
+ * element of each, with and without the forward's saved states, must be named. */
+static void nonfinite_backward(void) {
+    gdn_config cfg = gdn_config_default(2, 150, 2, 4, 16, 8);
+    cfg.chunk = 32, cfg.checkpoint_chunks = 2;
+    problem p;
+    problem_make(&p, cfg, GATE_MILD, BETA_RANDOM, 1, 4);
+    gdn_plan *plan = NULL;
+    gdn_plan_create(&plan, &cfg);
+    const int64_t nqk = n_qk(&cfg), nv = n_v(&cfg), ng = n_g(&cfg), ns = n_state(&cfg);
+    float *grad = malloc(sizeof(float) * (2 * nqk + nv + 2 * ng + ns));
+    float *dq = grad, *dk = dq + nqk, *dv = dk + nqk, *dg = dv + nv, *db = dg + ng, *dh0 = db + ng;
+    float *dout = malloc(sizeof(float) * nv), *dht = malloc(sizeof(float) * ns);
+    float *o = malloc(sizeof(float) * nv), *ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
+    for (int64_t i = 0; i < nv; i++) dout[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < ns; i++) dht[i] = (float)rng_uniform(-1, 1);
+    expect_status(gdn_forward_save(plan, o, NULL, ckpt, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_OK, NULL,
+                  "forward keeping states for the backward");
+    struct { const char *name; float *x; int64_t n; } t[] = {
+        {"q", p.q, nqk}, {"k", p.k, nqk}, {"v", p.v, nv}, {"g", p.g, ng}, {"beta", p.beta, ng},
+        {"h0", p.h0, ns}, {"do", dout, nv}, {"dht", dht, ns}};
+    for (int i = 0; i < 8; i++)
+        for (int kind = 0; kind < 2; kind++)
+            for (int saved = 0; saved < 2; saved++) {
+                const int64_t at = kind ? t[i].n - 1 : 5;
+                const float keep = t[i].x[at];
+                t[i].x[at] = kind ? INFINITY : NAN;
+                char needle[32];
+                snprintf(needle, sizeof needle, "input '%s'", t[i].name);
+                expect_status(gdn_backward_saved(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0,
+                                                 saved ? ckpt : NULL, dout, dht),
+                              GDN_ERR_NONFINITE, needle, "backward%s: %s at element %lld of '%s'",
+                              saved ? " from saved states" : "", kind ? "Inf" : "NaN", (long long)at, t[i].name);
+                t[i].x[at] = keep;
+            }
+    expect_status(gdn_backward_saved(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, ckpt,
+                                     dout, dht), GDN_OK, NULL, "backward with every element restored runs");
+    expect_status(gdn_backward(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, NULL, dht),
+                  GDN_ERR_ARG, "'do'", "backward with NULL do");
+    const float keep = p.k[nqk - 3];
+    p.k[nqk - 3] = 1e30f;
+    expect_status(gdn_backward(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, dout, dht),
+                  GDN_ERR_NONFINITE, "squared norm overflows", "backward: k element 1e30");
+    p.k[nqk - 3] = keep;
+    for (int64_t i = 0; i < ng; i++) p.g[i] = 80.0f;
+    expect_status(gdn_backward(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, dout, dht),
+                  GDN_ERR_NONFINITE, "output", "backward: positive gates g = 80 overflow");
+    gdn_plan_destroy(plan);
+    free(grad), free(dout), free(dht), free(o), free(ckpt);
+    problem_free(&p);
+}
+
 /* Write raw bytes: an 8-byte length, the header text, then `data` bytes of zeros. */
 static void write_raw(const char *path, const char *header, long long hlen_override, size_t data) {
     FILE *f = fopen(path, "wb");
@@ -187,5 +239,6 @@ void test_errors(void) {
     nonfinite_scan();
     config_errors();
     nonfinite_inputs();
+    nonfinite_backward();
     file_errors();
 }

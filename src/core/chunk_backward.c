@@ -136,7 +136,11 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
 
     /* 2. O = diag(eG) Q S + A Dl;  3. Dl = U - W S */
     for (int i = 0; i < n; i++)
-        memcpy(dO + (size_t)i * LD, gr->dout + ((b * T + t0 + i) * Hv + h) * V, sizeof(float) * V);
+    {
+        const float *src = gr->dout + ((b * T + t0 + i) * Hv + h) * V;
+        memcpy(dO + (size_t)i * LD, src, sizeof(float) * V);
+        if (c->check_finite && gdn_row_nonfinite(src, V)) bw->nonfinite = 1;
+    }
     gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_A_UPPER, n, V, n, A, C, dO, LD, dDl, LD);  /* dDl += A^T dO */
     /* dS += Qe^T dO - W^T dDl = [-W ; Qe]^T [dDl ; dO] */
     gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, K, V, 2 * n, nWQe, K, dDl, LD, dS, V);
@@ -190,13 +194,16 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
             dq[j] = (first_head ? 0.0f : dq[j]) + eg * dqe[j];
             dk[j] = (first_head ? 0.0f : dk[j]) + nbe * drkn[j] + egd * dkd[j];
         }
+        gdn_v8f nan_dv = {0}; /* NaN/Inf in any lane of dv makes this NaN */
         for (j = 0; j + 8 <= V; j += 8) {
             const gdn_v8f d = *(const gdn_v8f_u *)(drv + j);
             s_v += *(const gdn_v8f_u *)(vrow + j) * d;
             *(gdn_v8f_u *)(dv + j) = beta * d;
+            nan_dv += beta * d * 0.0f;
         }
         double v_drv = hsum8(s_v);
-        for (; j < V; j++) v_drv += (double)vrow[j] * drv[j], dv[j] = beta * drv[j];
+        for (; j < V; j++) v_drv += (double)vrow[j] * drv[j], dv[j] = beta * drv[j], nan_dv[0] += dv[j] * 0.0f;
+        if (hsum8(nan_dv) != 0.0) bw->nonfinite = 1;
         if (from_rv) v_drv /= beta;
         bw->dbeta_row[i] = v_drv - eg * kn_drkn;
         dG[i] = -(double)beta * eg * kn_drkn + eg * qs_dqe - egd * kn_dkd;
@@ -257,15 +264,16 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     for (int i = n - 1; i >= 0; i--) {
         const int64_t row = b * T + t0 + i;
         acc += dG[i];
-        gr->dg[row * Hv + h] = (float)acc;
-        gr->dbeta[row * Hv + h] = (float)bw->dbeta_row[i];
+        const float dg = (float)acc, db = (float)bw->dbeta_row[i];
+        gr->dg[row * Hv + h] = dg, gr->dbeta[row * Hv + h] = db;
+        if (!(dg * 0.0f == 0.0f && db * 0.0f == 0.0f)) bw->nonfinite = 1;
     }
 }
 
 /* The chunk's dq, dk rows, summed over the key head's value heads in dQ, dKn, are gradients
  * with respect to the normalised rows (qs, kn of the chunk's record ws): turn them into
  * gradients with respect to the raw q, k rows, without reading those again. */
-static void finish_key_rows(const gdn_plan *p, const gdn_chunk_ws *ws, const gdn_bwd_ws *bw,
+static void finish_key_rows(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws *bw,
                             const gdn_grads *gr, int64_t b, int64_t hk, int64_t t0, int n) {
     const gdn_config *c = &p->cfg;
     const int K = (int)c->K;
@@ -280,6 +288,8 @@ static void finish_key_rows(const gdn_plan *p, const gdn_chunk_ws *ws, const gdn
                           ws->qinv[i], c->scale);
         norm_backward_row(K, c->l2norm, gr->dk + off, bw->dKn + (size_t)i * K, ws->kn + (size_t)i * K,
                           ws->kinv[i], 1.0f);
+        if (c->check_finite && (gdn_row_nonfinite(gr->dq + off, K) || gdn_row_nonfinite(gr->dk + off, K)))
+            bw->nonfinite = 1;
     }
 }
 
@@ -345,8 +355,10 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
             finish_key_rows(p, &keys, bw, gr, b, hk, t0, n);
         }
     }
-    for (int64_t j = 0; gr->dh0 && j < r; j++)
+    for (int64_t j = 0; gr->dh0 && j < r; j++) {
         memcpy(gr->dh0 + (b * Hv + h0 + j) * KV, bw->dS + j * KV, sizeof(float) * KV);
+        if (c->check_finite && gdn_row_nonfinite(bw->dS + j * KV, KV)) bw->nonfinite = 1;
+    }
 }
 
 void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,

@@ -117,6 +117,7 @@ typedef struct {
     double *dG, *dbeta_row, *colsum;                     /* C */
     float *ckpt;                                         /* segments x r x K x V: checkpoints */
     float *segst;                                        /* N x r x K x V: one segment's states */
+    int nonfinite; /* set when a row of do or of a gradient written is NaN/Inf */
     float *rec;   /* N chunk records: each chunk's intermediates, formed once by the segment's
                      forward re-sweep and read back by its backward (gdn_chunk_record_floats) */
 } gdn_bwd_ws;

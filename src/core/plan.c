@@ -331,12 +331,19 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
     if (!dq || !dk || !dv || !dg || !dbeta)
         return gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL",
                         !dq ? "dq" : !dk ? "dk" : !dv ? "dv" : !dg ? "dg" : "dbeta");
-    int rc = gdn_check_inputs(p, q, k, v, g, beta, h0);
-    if (rc) return rc;
     const gdn_config *c = &p->cfg;
     const int64_t nv = c->B * c->T * c->Hv * c->V, ns = c->B * c->Hv * c->K * c->V;
-    if ((rc = gdn_check_tensor("do", dout, nv, c->check_finite))) return rc;
-    if (dht && (rc = gdn_check_tensor("dht", dht, ns, c->check_finite))) return rc;
+    /* NULLs and the small state tensors now; q, k, v, g, beta, do and the gradients are checked
+     * for NaN/Inf inside the loop on the rows it touches anyway, and scanned exactly only when
+     * something was found, to name the tensor and the element (as the forward does). */
+    int rc;
+    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0)) || (rc = gdn_check_tensor("do", dout, 0, 0)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, ns, c->check_finite))) ||
+        (dht && (rc = gdn_check_tensor("dht", dht, ns, c->check_finite))))
+        return rc;
+    for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = p->bws[t].nonfinite = 0;
     const gdn_inputs in = {q, k, v, g, beta};
     const gdn_grads gr = {dq, dk, dv, dg, dbeta, dh0, dout, dht, h0, ckpt};
     const int64_t items = c->B * c->Hk;
@@ -345,13 +352,19 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
         const int tid = gdn_thread_id();
         gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hk, it % c->Hk);
     }
-    if (c->check_finite) {
-        const int64_t nqk = c->B * c->T * c->Hk * c->K, ng = c->B * c->T * c->Hv;
-        const struct { const char *name; const float *x; int64_t n; } outs[] = {
-            {"dq", dq, nqk}, {"dk", dk, nqk}, {"dv", dv, nv}, {"dg", dg, ng}, {"dbeta", dbeta, ng},
-            {"dh0", dh0, ns}};
-        for (int i = 0; i < 6; i++)
-            if (outs[i].x && (rc = check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
-    }
-    return GDN_OK;
+    if (!c->check_finite) return GDN_OK;
+    int found = 0;
+    for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite | p->bws[t].nonfinite;
+    if (!found) return GDN_OK;
+    if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0)) ||
+        (rc = gdn_check_tensor("do", dout, nv, 1)))
+        return rc;
+    const int64_t nqk = c->B * c->T * c->Hk * c->K, ng = c->B * c->T * c->Hv;
+    const struct { const char *name; const float *x; int64_t n; } outs[] = {
+        {"dq", dq, nqk}, {"dk", dk, nqk}, {"dv", dv, nv}, {"dg", dg, ng}, {"dbeta", dbeta, ng},
+        {"dh0", dh0, ns}};
+    for (int i = 0; i < 6; i++)
+        if (outs[i].x && (rc = check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
+    return gdn_fail(GDN_ERR_NONFINITE, "input 'q' or 'k' has a row whose squared norm "
+                                       "overflows fp32 (|x| > 1e19)");
 }
