@@ -62,8 +62,8 @@ static void prefetch_record(const gdn_plan *p, const gdn_bwd_ws *bw, int64_t slo
 
 static double dot_f(const float *a, const float *b, int n);
 
-/* Gradient with respect to x of one row from d, the gradient with respect to u = f x / s'
- * (the normalised row, as the forward formed it: f = s / sqrt(|x|^2 + 1e-6) with the L2 norm,
+/* Gradient with respect to x of one row from d, the gradient with respect to u = f x (the
+ * normalised, scaled row as the forward formed it: f = s / sqrt(|x|^2 + 1e-6) with the L2 norm,
  * f = s without): dx = f d - f (u.d) / s^2 u with the norm, dx = f d without. */
 static void norm_backward_row(int K, int l2norm, float *dx, const float *d, const float *u,
                               float f, float s) {
@@ -135,8 +135,7 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     for (int64_t i = 0; i < (int64_t)K * V; i++) dS[i] *= egc;
 
     /* 2. O = diag(eG) Q S + A Dl;  3. Dl = U - W S */
-    for (int i = 0; i < n; i++)
-    {
+    for (int i = 0; i < n; i++) {
         const float *src = gr->dout + ((b * T + t0 + i) * Hv + h) * V;
         memcpy(dO + (size_t)i * LD, src, sizeof(float) * V);
         if (c->check_finite && gdn_row_nonfinite(src, V)) bw->nonfinite = 1;

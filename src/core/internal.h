@@ -122,8 +122,8 @@ typedef struct {
                      forward re-sweep and read back by its backward (gdn_chunk_record_floats) */
 } gdn_bwd_ws;
 
-/* Floats of one chunk record: the key side (qs, kn, pk, qinv, kinv) and, for each of the r value heads,
- * the value side (tm, am, ew, W and eG Q, rk, rv, Dl, gates). */
+/* Floats of one chunk record: the key side (qs, kn, pk, qinv, kinv) and, for each of the r
+ * value heads, the value side (tm, am, ew, -W and eG Q, rk, rv, Dl, gates). */
 size_t gdn_chunk_record_floats(const gdn_config *c);
 
 /* Gradient outputs and the extra inputs of the backward. */

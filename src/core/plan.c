@@ -78,7 +78,8 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
 /* r = value heads per key head: the backward carries all of a key head's states together. */
 static size_t bwd_floats(const gdn_config *c, int64_t nseg, int N) {
     const size_t C = (size_t)c->chunk, K = (size_t)c->K, V = (size_t)c->V, r = (size_t)(c->Hv / c->Hk);
-    return r * K * V + 3 * C * (V + K) + 4 * C * K + 5 * C * C + 6 * C /* dG, dbeta_row, colsum (double) */ + r * ((size_t)nseg + N) * K * V +
+    return r * K * V + 3 * C * (V + K) + 4 * C * K + 5 * C * C +
+           6 * C /* dG, dbeta_row, colsum (double) */ + r * ((size_t)nseg + N) * K * V +
            (size_t)N * gdn_chunk_record_floats(c) + 32 * 16;
 }
 
