@@ -55,7 +55,8 @@ typedef struct {
                               (saved states under a tenth of the inputs; its own sweep: about
                               sqrt of the chunk count, minimising memory). Each thread also
                               holds one segment's chunk intermediates (~0.5 MB per chunk at
-                              K = V = 128, two value heads per key head). */
+                              K = V = 128, two value heads per key head), at most 64 MB: past
+                              that, a segment's earlier chunks form theirs again. */
 } gdn_config;
 
 /* A config with the library defaults: chunk 64, default scale, L2 norm on, all threads, checks on. */

@@ -155,6 +155,10 @@ typedef struct { double err[6]; int rc; } bwd_result;
 /* saved: 0 = gdn_backward (its own sweep); 1 = gdn_forward_save then gdn_backward_saved;
  * 2 = the same with states saved by a forward on other values (a wrong variant, for negative
  * controls). */
+/* When > 0: the plan keeps chunk records for only this many chunks per segment (as its memory
+ * budget would make it for wide heads), so earlier chunks form their intermediates again. */
+static int force_rec_slots = 0;
+
 static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, const float *dout,
                                     const float *dht, int with_h0, int saved) {
     bwd_result res = {{0}, 0};
@@ -174,6 +178,7 @@ static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, con
                            q, k, v, g, beta, h0, ddo, ddht);
     gdn_plan *plan = NULL;
     res.rc = gdn_plan_create(&plan, cfg);
+    if (!res.rc && force_rec_slots > 0 && force_rec_slots < plan->rec_slots) plan->rec_slots = force_rec_slots;
     float *ckpt = NULL;
     if (!res.rc && saved) {
         ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
@@ -234,9 +239,10 @@ static void chunked_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     for (int saved = 0; saved < 2; saved++) {
         bwd_result r = chunked_vs_oracle(&cfg, &p, dout, with_dht ? dht : NULL, with_h0, saved);
         expect_close(worst(&r), TOL_BWD,
-                     "bwd%s%s B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d gate=%s beta=%s h0=%d dht=%d ckpt=%d "
+                     "bwd%s%s%s B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d gate=%s beta=%s h0=%d dht=%d ckpt=%d "
                      "(dq %.1e dk %.1e dv %.1e dg %.1e db %.1e dh0 %.1e)",
-                     saved ? " from saved states" : "", raw_qk ? " no-L2norm scale=0.3" : "", (long long)B, (long long)T, (long long)Hk, (long long)Hv,
+                     saved ? " from saved states" : "", raw_qk ? " no-L2norm scale=0.3" : "",
+                     force_rec_slots ? (force_rec_slots == 1 ? " 1 chunk record" : " 2 chunk records") : "", (long long)B, (long long)T, (long long)Hk, (long long)Hv,
                      (long long)K, (long long)V, chunk, gn[gk], bn[bk], with_h0, with_dht, ckpt, r.err[0], r.err[1],
                      r.err[2], r.err[3], r.err[4], r.err[5]);
     }
@@ -267,6 +273,13 @@ static void backward_sweep(void) {
     chunked_case(2, 130, 2, 4, 32, 24, 32, GATE_MILD, BETA_RANDOM, 1, 1, 2, 900);
     chunked_case(1, 200, 1, 2, 64, 64, 64, GATE_STRONG, BETA_RANDOM, 0, 0, 0, 901);
     raw_qk = 0;
+    /* Segments longer than the chunk records the plan keeps: earlier chunks recompute. */
+    force_rec_slots = 1;
+    chunked_case(2, 200, 2, 4, 32, 24, 32, GATE_MILD, BETA_RANDOM, 1, 1, 3, 910);
+    chunked_case(1, 300, 1, 2, 64, 64, 16, GATE_STRONG, BETA_RANDOM, 0, 1, 0, 911);
+    force_rec_slots = 2;
+    chunked_case(1, 250, 2, 2, 16, 24, 16, GATE_ZERO, BETA_ONE, 1, 0, 5, 912);
+    force_rec_slots = 0;
 }
 
 /* Wrong variants through the same comparison with the double backward. */
@@ -316,6 +329,10 @@ static void backward_negative_controls(void) {
     {
         bwd_result wrong = chunked_vs_oracle(&cfg, &p, dout, dht, 1, 2);
         expect_far(worst(&wrong), TOL_BWD, "backward from states saved by a forward on other values");
+        force_rec_slots = 1;
+        wrong = chunked_vs_oracle(&cfg, &p, dout, dht, 1, 2);
+        expect_far(worst(&wrong), TOL_BWD, "backward keeping 1 chunk record, from states saved on other values");
+        force_rec_slots = 0;
     }
     /* The initial state dropped: dg, dbeta and dk see it. */
     gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, NULL, dout, dht);

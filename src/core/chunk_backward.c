@@ -43,21 +43,21 @@ static gdn_chunk_ws record_view(const gdn_plan *p, const gdn_chunk_ws *ws, const
     return v;
 }
 
-/* Ask for the record of the item the backward takes next (value head j of slot; with_keys: also
- * the key side and the entry states of the slot) while this one computes: records were written
- * a whole segment ago and are out of L2. */
+/* Ask for the record of the item the backward takes next (value head j of slot; with states,
+ * also the key side of the slot and those entry states) while this one computes: records
+ * were written a whole segment ago and are out of L2. */
 static void prefetch_record(const gdn_plan *p, const gdn_bwd_ws *bw, int64_t slot, int64_t j,
-                            int with_keys) {
+                            const float *states) {
     const gdn_config *c = &p->cfg;
     const size_t rec = gdn_chunk_record_floats(c), keys = key_record_floats(c);
     const char *h = (const char *)(bw->rec + slot * rec + keys + j * head_record_floats(c));
     for (size_t off = 0; off < head_record_floats(c) * sizeof(float); off += 64) __builtin_prefetch(h + off, 0, 1);
-    if (!with_keys) return;
+    if (!states) return;
     const char *k = (const char *)(bw->rec + slot * rec);
     for (size_t off = 0; off < keys * sizeof(float); off += 64) __builtin_prefetch(k + off, 0, 1);
-    const int64_t r = c->Hv / c->Hk;
-    const char *s = (const char *)(bw->segst + slot * r * c->K * c->V);
-    for (size_t off = 0; off < r * c->K * c->V * sizeof(float); off += 64) __builtin_prefetch(s + off, 0, 1);
+    const char *st = (const char *)states;
+    for (size_t off = 0; off < (size_t)(c->Hv / c->Hk * c->K * c->V) * sizeof(float); off += 64)
+        __builtin_prefetch(st + off, 0, 1);
 }
 
 static double dot_f(const float *a, const float *b, int n);
@@ -327,30 +327,39 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
             else if (gr->h0) memcpy(S + j * KV, gr->h0 + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
             else memset(S + j * KV, 0, sizeof(float) * KV);
         }
-        /* Forward re-sweep: each chunk's entry states and intermediates, into its record. */
+        /* Forward re-sweep: each chunk's entry state and, for the segment's last rec_slots
+         * chunks, its intermediates into its record (slot ci - first_rec). */
+        const int64_t first_rec = c_end - (c_end - c_begin < p->rec_slots ? c_end - c_begin : p->rec_slots);
         for (int64_t ci = c_begin; ci < c_end; ci++) {
-            const int64_t t0 = ci * C, slot = ci - c_begin;
+            const int64_t t0 = ci * C, slot = ci - first_rec;
             const int n = (int)(T - t0 < C ? T - t0 : C);
-            memcpy(bw->segst + slot * r * KV, S, sizeof(float) * r * KV);
+            memcpy(bw->segst + (ci - c_begin) * r * KV, S, sizeof(float) * r * KV);
             for (int64_t j = 0; j < r; j++) {
-                gdn_chunk_ws v = record_view(p, ws, bw, slot, j);
-                gdn_chunk_prepare(p, &v, in, b, h0 + j, t0, n, 1, j > 0);
+                gdn_chunk_ws v = slot >= 0 ? record_view(p, ws, bw, slot, j) : *ws;
+                gdn_chunk_prepare(p, &v, in, b, h0 + j, t0, n, slot >= 0, j > 0);
                 gdn_chunk_values(p, &v, in, b, h0 + j, t0, n, 0, (int)V, 0, S + j * KV);
                 if (ci + 1 < c_end) gdn_chunk_update_state(p, &v, n, (int)V, S + j * KV);
                 ws->nonfinite |= v.nonfinite;
             }
         }
         for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
-            const int64_t t0 = ci * C, slot = ci - c_begin;
+            const int64_t t0 = ci * C, slot = ci - first_rec;
             const int n = (int)(T - t0 < C ? T - t0 : C);
+            const float *Sc = bw->segst + (ci - c_begin) * r * KV; /* the chunk's entry states */
             for (int64_t j = 0; j < r; j++) {
-                const gdn_chunk_ws v = record_view(p, ws, bw, slot, j);
-                if (j + 1 < r) prefetch_record(p, bw, slot, j + 1, 0);
-                else if (slot > 0) prefetch_record(p, bw, slot - 1, 0, 1);
-                chunk_backward(p, &v, bw, in, gr, b, h0 + j, t0, n, 0,
-                               bw->segst + (slot * r + j) * KV, bw->dS + j * KV, j == 0);
+                gdn_chunk_ws v = slot >= 0 ? record_view(p, ws, bw, slot, j) : *ws;
+                if (slot < 0) { /* no record: form the intermediates again, in the scratch */
+                    gdn_chunk_prepare(p, &v, in, b, h0 + j, t0, n, 1, j > 0);
+                    gdn_chunk_values(p, &v, in, b, h0 + j, t0, n, 0, (int)V, 0, Sc + j * KV);
+                } else if (j + 1 < r) {
+                    prefetch_record(p, bw, slot, j + 1, NULL);
+                } else if (slot > 0) {
+                    prefetch_record(p, bw, slot - 1, 0, Sc - r * KV);
+                }
+                chunk_backward(p, &v, bw, in, gr, b, h0 + j, t0, n, 0, Sc + j * KV,
+                               bw->dS + j * KV, j == 0);
             }
-            const gdn_chunk_ws keys = record_view(p, ws, bw, slot, 0);
+            const gdn_chunk_ws keys = slot >= 0 ? record_view(p, ws, bw, slot, 0) : *ws;
             finish_key_rows(p, &keys, bw, gr, b, hk, t0, n);
         }
     }

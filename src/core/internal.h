@@ -125,6 +125,8 @@ typedef struct {
 /* Floats of one chunk record: the key side (qs, kn, pk, qinv, kinv) and, for each of the r
  * value heads, the value side (tm, am, ew, -W and eG Q, rk, rv, Dl, gates). */
 size_t gdn_chunk_record_floats(const gdn_config *c);
+/* Bytes of chunk records each thread may hold (see gdn_plan.rec_slots). */
+#define GDN_RECORD_BUDGET ((size_t)64 << 20)
 
 /* Gradient outputs and the extra inputs of the backward. */
 typedef struct {
@@ -141,6 +143,9 @@ struct gdn_plan {
     int save_chunks;     /* gdn_forward_save: a saved state every this many chunks, chosen so
                             that all saved states stay under a tenth of the inputs */
     int64_t save_nseg;   /* saved states per stream */
+    int rec_slots;       /* chunk records per thread: a segment's last rec_slots chunks keep
+                            their intermediates from the re-sweep, earlier ones (only in
+                            segments longer than that) form them again before their backward */
     gdn_bwd_ws *bws;     /* one per thread */
     void *bwd_arena;
     int max_width;   /* widest column block the workspace holds (V + K for summaries) */

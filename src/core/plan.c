@@ -76,11 +76,11 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
 }
 
 /* r = value heads per key head: the backward carries all of a key head's states together. */
-static size_t bwd_floats(const gdn_config *c, int64_t nseg, int N) {
+static size_t bwd_floats(const gdn_config *c, int64_t nseg, int N, int rec_slots) {
     const size_t C = (size_t)c->chunk, K = (size_t)c->K, V = (size_t)c->V, r = (size_t)(c->Hv / c->Hk);
     return r * K * V + 3 * C * (V + K) + 4 * C * K + 5 * C * C +
            6 * C /* dG, dbeta_row, colsum (double) */ + r * ((size_t)nseg + N) * K * V +
-           (size_t)N * gdn_chunk_record_floats(c) + 32 * 16;
+           (size_t)rec_slots * gdn_chunk_record_floats(c) + 32 * 16;
 }
 
 static int alloc_backward(gdn_plan *p) {
@@ -114,7 +114,13 @@ static int alloc_backward(gdn_plan *p) {
         p->save_nseg = (nchunks + Ns - 1) / Ns;
     }
     const int Nmax = N > p->save_chunks ? N : p->save_chunks;
-    const size_t per = bwd_floats(c, p->nseg, Nmax);
+    /* Chunk records: a whole segment's while they fit the budget (~0.5 MB a chunk at K = V =
+     * 128 with two value heads per key head, so segments of 10-60 chunks all fit), else the
+     * segment's last chunks only: bounded per-thread memory for wide heads or long segments. */
+    const size_t rec_bytes = gdn_chunk_record_floats(c) * sizeof(float);
+    const int64_t fit = (int64_t)(GDN_RECORD_BUDGET / rec_bytes);
+    p->rec_slots = (int)(Nmax < fit ? Nmax : fit > 1 ? fit : 1);
+    const size_t per = bwd_floats(c, p->nseg, Nmax, p->rec_slots);
     p->bws = calloc((size_t)p->threads, sizeof *p->bws);
     p->bwd_arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->bws || !p->bwd_arena)
@@ -132,7 +138,7 @@ static int alloc_backward(gdn_plan *p) {
         b->dG = (double *)gdn_carve(&cur, 2 * (size_t)C), b->dbeta_row = (double *)gdn_carve(&cur, 2 * (size_t)C);
         b->colsum = (double *)gdn_carve(&cur, 2 * (size_t)C);
         b->ckpt = gdn_carve(&cur, (size_t)r * p->nseg * kv), b->segst = gdn_carve(&cur, (size_t)r * Nmax * kv);
-        b->rec = gdn_carve(&cur, (size_t)Nmax * gdn_chunk_record_floats(c));
+        b->rec = gdn_carve(&cur, (size_t)p->rec_slots * gdn_chunk_record_floats(c));
         GDN_ASSERT(cur <= (float *)p->bwd_arena + per * (t + 1));
     }
     return GDN_OK;
@@ -141,7 +147,7 @@ static int alloc_backward(gdn_plan *p) {
 size_t gdn_plan_backward_bytes(const gdn_plan *p) {
     if (!p) return 0;
     const int Nmax = p->ckpt_chunks > p->save_chunks ? p->ckpt_chunks : p->save_chunks;
-    return bwd_floats(&p->cfg, p->nseg, Nmax) * sizeof(float);
+    return bwd_floats(&p->cfg, p->nseg, Nmax, p->rec_slots) * sizeof(float);
 }
 
 void gdn_plan_destroy(gdn_plan *p) {
