@@ -158,6 +158,8 @@ typedef struct { double err[6]; int rc; } bwd_result;
 /* When > 0: the plan keeps chunk records for only this many chunks per segment (as its memory
  * budget would make it for wide heads), so earlier chunks form their intermediates again. */
 static int force_rec_slots = 0;
+/* When set, our plan flips the config's l2norm (a wrong variant for negative controls). */
+static int flip_l2norm = 0;
 
 static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, const float *dout,
                                     const float *dht, int with_h0, int saved) {
@@ -177,7 +179,9 @@ static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, con
     gdn_reference_backward(cfg, ref[0], ref[1], ref[2], ref[3], ref[4], with_h0 ? ref[5] : NULL,
                            q, k, v, g, beta, h0, ddo, ddht);
     gdn_plan *plan = NULL;
-    res.rc = gdn_plan_create(&plan, cfg);
+    gdn_config ours_cfg = *cfg;
+    if (flip_l2norm) ours_cfg.l2norm = !ours_cfg.l2norm;
+    res.rc = gdn_plan_create(&plan, &ours_cfg);
     if (!res.rc && force_rec_slots > 0 && force_rec_slots < plan->rec_slots) plan->rec_slots = force_rec_slots;
     float *ckpt = NULL;
     if (!res.rc && saved) {
@@ -273,6 +277,25 @@ static void backward_sweep(void) {
     chunked_case(2, 130, 2, 4, 32, 24, 32, GATE_MILD, BETA_RANDOM, 1, 1, 2, 900);
     chunked_case(1, 200, 1, 2, 64, 64, 64, GATE_STRONG, BETA_RANDOM, 0, 0, 0, 901);
     raw_qk = 0;
+    {   /* negative control: the same unit-norm keys, but our backward normalising them */
+        gdn_config cfg = gdn_config_default(1, 200, 1, 2, 64, 64);
+        cfg.l2norm = 0, cfg.scale = 0.3f;
+        problem p;
+        problem_make(&p, cfg, GATE_MILD, BETA_RANDOM, 1, 902);
+        for (int64_t row = 0; row < cfg.T * cfg.Hk; row++) {
+            double ss = 0.0;
+            for (int64_t j = 0; j < cfg.K; j++) ss += (double)p.k[row * cfg.K + j] * p.k[row * cfg.K + j];
+            for (int64_t j = 0; j < cfg.K; j++) p.k[row * cfg.K + j] = (float)(0.9 * p.k[row * cfg.K + j] / sqrt(ss));
+        }
+        float *dout = malloc(sizeof(float) * n_v(&cfg));
+        for (int64_t i = 0; i < n_v(&cfg); i++) dout[i] = (float)rng_uniform(-1, 1);
+        flip_l2norm = 1;
+        bwd_result wrong = chunked_vs_oracle(&cfg, &p, dout, NULL, 1, 0);
+        flip_l2norm = 0;
+        expect_far(worst(&wrong), TOL_BWD, "no-L2norm backward compared with an L2-normalising one");
+        free(dout);
+        problem_free(&p);
+    }
     /* Segments longer than the chunk records the plan keeps: earlier chunks recompute. */
     force_rec_slots = 1;
     chunked_case(2, 200, 2, 4, 32, 24, 32, GATE_MILD, BETA_RANDOM, 1, 1, 3, 910);
