@@ -81,6 +81,13 @@ static double flops_backward(const gdn_config *c) {
     return (18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C) * (double)c->B * c->T * c->Hv;
 }
 
+/* max|x - ref| / max|ref| (the absolute error when ref is all zeros). */
+static double rel_err(const float *x, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num = fmax(num, fabs(x[i] - ref[i])), den = fmax(den, fabs(ref[i]));
+    return den > 0 ? num / den : num;
+}
+
 /* Relative error of the fp32 backward's dv against the oracle's on the first tp tokens. */
 static double oracle_error_backward(const gdn_config *cfg, int64_t tp, const float *q,
                                     const float *k, const float *v, const float *g,
@@ -105,12 +112,7 @@ static double oracle_error_backward(const gdn_config *cfg, int64_t tp, const flo
     if (gdn_reference_backward(&c, rq, rk, rdv, rg, rb, NULL, dq, dk, dv, dg, db, NULL, dd, NULL) == GDN_OK &&
         gdn_plan_create(&plan, &c) == GDN_OK &&
         gdn_backward(plan, oq, ok, ov, og, ob, NULL, q, k, v, g, beta, NULL, dout, NULL) == GDN_OK) {
-        double num = 0, den = 0;
-        for (int64_t i = 0; i < nv; i++) {
-            num = fmax(num, fabs(ov[i] - rdv[i]));
-            den = fmax(den, fabs(rdv[i]));
-        }
-        err = den > 0 ? num / den : num;
+        err = rel_err(ov, rdv, nv);
     }
     gdn_plan_destroy(plan);
     free(buf), free(fq);
@@ -131,12 +133,7 @@ static double oracle_error(const gdn_config *cfg, int64_t tp, const float *q, co
     for (int64_t i = 0; i < ng; i++) dg[i] = g[i], db[i] = beta[i];
     double err = NAN;
     if (gdn_reference_forward(&c, od, NULL, dq, dk, dv, dg, db, NULL) == GDN_OK) {
-        double num = 0, den = 0;
-        for (int64_t i = 0; i < nv; i++) {
-            num = fmax(num, fabs(o[i] - od[i]));
-            den = fmax(den, fabs(od[i]));
-        }
-        err = den > 0 ? num / den : num;
+        err = rel_err(o, od, nv);
     }
     free(buf);
     return err;

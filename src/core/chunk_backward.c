@@ -60,21 +60,6 @@ static void prefetch_record(const gdn_plan *p, const gdn_bwd_ws *bw, int64_t slo
         __builtin_prefetch(st + off, 0, 1);
 }
 
-static double dot_f(const float *a, const float *b, int n);
-
-/* Gradient with respect to x of one row from d, the gradient with respect to u = f x (the
- * normalised, scaled row as the forward formed it: f = s / sqrt(|x|^2 + 1e-6) with the L2 norm,
- * f = s without): dx = f d - f (u.d) / s^2 u with the norm, dx = f d without. */
-static void norm_backward_row(int K, int l2norm, float *dx, const float *d, const float *u,
-                              float f, float s) {
-    if (!l2norm) {
-        for (int j = 0; j < K; j++) dx[j] = f * d[j];
-        return;
-    }
-    const float proj = (float)(f * dot_f(u, d, K) / ((double)s * s));
-    for (int j = 0; j < K; j++) dx[j] = f * d[j] - proj * u[j];
-}
-
 typedef double v4d __attribute__((vector_size(32)));
 typedef double v4d_u __attribute__((vector_size(32), aligned(8)));
 static inline v4d lo4(gdn_v8f x) { return __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3), v4d); }
@@ -101,6 +86,19 @@ static double dot_f(const float *a, const float *b, int n) {
     }
     for (; i < n; i++) s += (double)a[i] * b[i];
     return s;
+}
+
+/* Gradient with respect to x of one row from d, the gradient with respect to u = f x (the
+ * normalised, scaled row as the forward formed it: f = s / sqrt(|x|^2 + 1e-6) with the L2 norm,
+ * f = s without): dx = f d - f (u.d) / s^2 u with the norm, dx = f d without. */
+static void norm_backward_row(int K, int l2norm, float *dx, const float *d, const float *u,
+                              float f, float s) {
+    if (!l2norm) {
+        for (int j = 0; j < K; j++) dx[j] = f * d[j];
+        return;
+    }
+    const float proj = (float)(f * dot_f(u, d, K) / ((double)s * s));
+    for (int j = 0; j < K; j++) dx[j] = f * d[j] - proj * u[j];
 }
 
 /* Backward through chunk [t0, t0+n) of stream (b, h), whose intermediates ws holds (prepared

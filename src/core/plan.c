@@ -212,6 +212,13 @@ int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const fl
     return GDN_OK;
 }
 
+/* The in-loop check found a non-finite row but the exact scans found nothing non-finite: a finite
+ * q or k row so large that its squared norm overflows. */
+static int keys_overflow(void) {
+    return gdn_fail(GDN_ERR_NONFINITE, "input 'q' or 'k' has a row whose squared norm overflows "
+                                       "fp32 (|x| > 1e19)");
+}
+
 /* Outputs that overflowed (e.g. from large positive gates) are reported, never returned silently. */
 static int check_output(const char *name, const float *x, int64_t n) {
     int64_t at = gdn_find_nonfinite_f32(x, n);
@@ -315,8 +322,7 @@ static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const floa
         if (found) {
             if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0))) return rc;
             if (o && (rc = check_output("o", o, c->B * c->T * Hv * V))) return rc;
-            return gdn_fail(GDN_ERR_NONFINITE, "input 'q' or 'k' has a row whose squared norm "
-                                               "overflows fp32 (|x| > 1e19)");
+            return keys_overflow();
         }
         if (ht && (rc = check_output("ht", ht, c->B * Hv * K * V))) return rc;
     }
@@ -372,6 +378,5 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
         {"dh0", dh0, ns}};
     for (int i = 0; i < 6; i++)
         if (outs[i].x && (rc = check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
-    return gdn_fail(GDN_ERR_NONFINITE, "input 'q' or 'k' has a row whose squared norm "
-                                       "overflows fp32 (|x| > 1e19)");
+    return keys_overflow();
 }
