@@ -154,6 +154,111 @@ int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double
                            const double *beta, const double *h0, const double *dout,
                            const double *dht);
 
+/* ---------------------------------------------------------------- the decode step (T = 1)
+ *
+ * One token of the recurrence for every (batch row, value head), the state updated in place:
+ * state [B,Hv,K,V] holds S_{t-1} on entry and S_t on return (ht == h0: no copy follows the
+ * step). q, k [B,Hk,K], v, o [B,Hv,V], g, beta [B,Hv] (the [B,1,H,D] tensors of one token).
+ * Uses the plan's B, Hk, Hv, K, V, scale, L2 norm, threads and check_finite (its T and chunk are
+ * ignored); no chunk machinery, nothing allocated. With check_finite, non-finite inputs are found
+ * on the rows the step reads anyway and the state is left unchanged when they are. */
+int gdn_step(gdn_plan *plan, float *o, float *state, const float *q, const float *k,
+             const float *v, const float *g, const float *beta);
+
+/* ---------------------------------------------------------------- the Qwen3.5 GatedDeltaNet layer
+ *
+ * x [B,T,E] -> y [B,T,E] (DESIGN §5): in_proj_qkv/z/b/a, causal depthwise conv (kernel Kc) + SiLU
+ * over the [q|k|v] channels, beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), the gated
+ * delta rule (L2 norm on, scale 1/sqrt(K)), gated RMSNorm per value head, out_proj.
+ *
+ * Parameters live in one flat fp32 array, the tensors in gdn_layer_param order at
+ * gdn_layer_param_offset(), each in its Hugging Face shape (PyTorch [out, in]); gradients use
+ * the same layout. */
+
+#define GDN_MAX_CONV 16 /* Kc may be 1..this */
+
+typedef enum {
+    GDN_LAYER_KEEP_MIN = 0,  /* forward keeps for the backward only the kernel's saved states
+                                (x stays the caller's): projections, conv and kernel outputs are
+                                recomputed in the backward */
+    GDN_LAYER_KEEP_PROJ = 1  /* also keeps the projections and the kernel output (faster
+                                backward, ~4x the bytes of x per token at Qwen shapes) */
+} gdn_layer_keep;
+
+typedef struct {
+    int64_t B, T;          /* batch rows, tokens per call (under CP: this rank's shard) */
+    int64_t E;             /* hidden size */
+    int64_t Hk, Hv, K, V;  /* heads and head dims as in gdn_config */
+    int64_t Kc;            /* causal conv kernel size (linear_conv_kernel_dim, 4 in Qwen) */
+    float eps;             /* gated RMSNorm epsilon (rms_norm_eps) */
+    int chunk;             /* kernel chunk (0: 64) */
+    int threads;           /* OpenMP threads (0: all) */
+    int keep;              /* gdn_layer_keep */
+    int check_finite;      /* reject NaN/Inf in x, dy and the weights */
+} gdn_layer_config;
+
+typedef enum {
+    GDN_P_IN_PROJ_QKV = 0, /* [conv_dim, E], conv_dim = 2 Hk K + Hv V */
+    GDN_P_IN_PROJ_Z,       /* [Hv V, E] */
+    GDN_P_IN_PROJ_B,       /* [Hv, E] */
+    GDN_P_IN_PROJ_A,       /* [Hv, E] */
+    GDN_P_CONV1D,          /* [conv_dim, 1, Kc] */
+    GDN_P_A_LOG,           /* [Hv] */
+    GDN_P_DT_BIAS,         /* [Hv] */
+    GDN_P_NORM,            /* [V] */
+    GDN_P_OUT_PROJ,        /* [E, Hv V] */
+    GDN_P_COUNT
+} gdn_layer_param;
+
+/* Defaults: Kc 4, eps 1e-6, chunk 64, all threads, KEEP_MIN, checks on. */
+gdn_layer_config gdn_layer_config_default(int64_t B, int64_t T, int64_t E, int64_t Hk,
+                                          int64_t Hv, int64_t K, int64_t V);
+int gdn_layer_config_check(const gdn_layer_config *cfg);
+int64_t gdn_layer_conv_dim(const gdn_layer_config *cfg);
+/* Hugging Face name of a parameter ("in_proj_qkv.weight", "conv1d.weight", "A_log", ...). */
+const char *gdn_layer_param_name(int which);
+/* Its shape (returns ndim, fills shape[0..ndim)), offset and size in the flat array. */
+int gdn_layer_param_shape(const gdn_layer_config *cfg, int which, int64_t shape[3]);
+size_t gdn_layer_param_offset(const gdn_layer_config *cfg, int which);
+size_t gdn_layer_param_numel(const gdn_layer_config *cfg, int which);
+size_t gdn_layer_param_floats(const gdn_layer_config *cfg); /* the whole array */
+
+typedef struct gdn_layer_plan gdn_layer_plan;
+
+int gdn_layer_plan_create(gdn_layer_plan **plan, const gdn_layer_config *cfg);
+void gdn_layer_plan_destroy(gdn_layer_plan *plan);
+const gdn_layer_config *gdn_layer_plan_config(const gdn_layer_plan *plan);
+/* Floats the forward keeps for the backward (depends on cfg.keep). */
+size_t gdn_layer_saved_floats(const gdn_layer_plan *plan);
+/* Name of the GEMM path the projections run. */
+const char *gdn_layer_plan_path(const gdn_layer_plan *plan);
+
+/* Forward. w: the flat parameters. saved (may be NULL: inference) receives what the backward
+ * needs. conv_state [B, conv_dim, Kc] (Hugging Face's cache layout, newest column last) and
+ * rec_state [B,Hv,K,V] may be NULL (zeros; not returned); when given they hold the state before x
+ * on entry and the state after x on return, so a prompt can be prefilled in pieces. */
+int gdn_layer_forward(gdn_layer_plan *plan, float *y, float *saved, const float *x,
+                      const float *w, float *conv_state, float *rec_state);
+
+/* Backward of loss = sum(y * dy): dx [B,T,E] and dw (flat, overwritten) for the forward that
+ * filled saved (with its initial states, if any). saved NULL: the forward started from zero
+ * states and everything is recomputed. */
+int gdn_layer_backward(gdn_layer_plan *plan, float *dx, float *dw, const float *x,
+                       const float *w, const float *saved, const float *dy);
+
+/* Decode: one token for each of the plan's B sequences, x, y [B,1,E] (any plan of this B; its T
+ * is not used), conv_state and rec_state in place as above (required). No chunk machinery,
+ * nothing allocated. */
+int gdn_layer_decode(gdn_layer_plan *plan, float *y, const float *x, const float *w,
+                     float *conv_state, float *rec_state);
+
+/* The layer in double precision with plain loops (zero initial states): the oracle the fp32
+ * layer is tested against. w, dw: flat parameters as above, in double. */
+int gdn_layer_reference_forward(const gdn_layer_config *cfg, double *y, const double *x,
+                                const double *w);
+int gdn_layer_reference_backward(const gdn_layer_config *cfg, double *dx, double *dw,
+                                 const double *x, const double *w, const double *dy);
+
 /* ---------------------------------------------------------------- safetensors I/O */
 
 /* Readable/writable dtypes; other safetensors dtypes are accepted in a file (GDN_DTYPE_OTHER)
@@ -205,6 +310,34 @@ int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, i
                           const int64_t *shape, const double *data);
 int gdn_st_writer_metadata(gdn_st_writer *w, const char *key, const char *value);
 int gdn_st_writer_save(gdn_st_writer *w, const char *path);
+
+/* ---------------------------------------------------------------- layer weights from checkpoints
+ * A Hugging Face safetensors file holding one GatedDeltaNet layer's weights, bare
+ * ("in_proj_qkv.weight") or under a prefix ("model.layers.0.linear_attn."), in Qwen3.5's split
+ * layout or Qwen3-Next's fused one (in_proj_qkvz, in_proj_ba, interleaved per key head), F32,
+ * F64 or BF16 on disk. Tensors outside the prefix are ignored; under it, missing, unknown or
+ * mis-shaped ones are errors naming the weight. */
+typedef struct {
+    gdn_layer_config cfg; /* E, Hk, Hv, K, V, Kc, eps from the sources; B = T = 0 */
+    float *w;             /* flat fp32 parameters (gdn_layer_param_floats(&cfg)) */
+    int fused;            /* 1: the file used the fused Qwen3-Next layout */
+    gdn_dtype dtype;      /* dtype of in_proj_qkv (or in_proj_qkvz) on disk */
+} gdn_layer_weights;
+
+/* Dimensions come from config_path (config.json: linear_num_key_heads, linear_key_head_dim,
+ * linear_num_value_heads, linear_value_head_dim, linear_conv_kernel_dim, hidden_size,
+ * rms_norm_eps; or the same under "text_config") when given, else from the file's __metadata__
+ * (Hk, Hv, K, V, Kc, E, rms_norm_eps), else from `given` (fields > 0; may be NULL), and every
+ * source that states a value must agree with the others and with the tensor shapes. prefix may
+ * be NULL or "". */
+int gdn_layer_weights_load(gdn_layer_weights *lw, const char *path, const char *config_path,
+                           const char *prefix, const gdn_layer_config *given);
+void gdn_layer_weights_free(gdn_layer_weights *lw);
+/* Add gradients dw (flat, split layout) to a writer as name_prefix + the name each weight was
+ * loaded under, without the file's prefix: fused checkpoints get in_proj_qkvz.weight and
+ * in_proj_ba.weight in their interleaved order. */
+int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const float *dw,
+                        const char *name_prefix);
 
 /* ---------------------------------------------------------------- problem files
  * A gated-delta-rule problem in one safetensors file: q, k, v, g, beta, optional h0, and for

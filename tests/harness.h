@@ -64,5 +64,10 @@ void test_errors(void);
 void test_cli(void);
 void test_backward(void);
 void test_backward_chunked(void);
+void test_matmul(void);          /* tests/test_matmul.c: the large GEMM */
+void test_step(void);            /* tests/test_step.c: gdn_step (decode) */
+void test_layer_reference(void); /* tests/test_layer_reference.c: the double layer vs finite differences and golden */
+void test_layer_io(void);        /* tests/test_layer_io.c: loading layer weights */
+void test_layer(void);           /* tests/test_layer.c: the fp32 layer */
 
 #endif

@@ -34,6 +34,15 @@ enum { GDN_GEMM_ACC = 1, GDN_GEMM_A_LOWER = 2, GDN_GEMM_C_LOWER = 4, GDN_GEMM_A_
        GDN_GEMM_B_TRANS = 16, GDN_GEMM_A_UPPER = 32 };
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
               float *C, int ldc);
+/* ---- large GEMM for the layer's projections (m = tokens, n and kk = thousands):
+ * C[m x n] (+)= op(A) op(B) with the flags GDN_GEMM_ACC, GDN_GEMM_A_TRANS, GDN_GEMM_B_TRANS of
+ * gdn_gemm; cache-blocked and packed, run by `threads` OpenMP threads (call it from outside a
+ * parallel region). ws: gdn_matmul_ws_floats(threads) floats of packing space. */
+size_t gdn_matmul_ws_floats(int threads);
+void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
+                const float *B, int64_t ldb, float *C, int64_t ldc, float *ws, int threads);
+/* The name of the path gdn_matmul runs (for benchmarks). */
+const char *gdn_matmul_path(void);
 /* dst[c][r] = src[r][c] for an r x c block. */
 void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd);
 /* The name of the GEMM micro-kernel compiled in. */

@@ -1,0 +1,3 @@
+#include "harness.h"
+
+void test_layer(void) {}
