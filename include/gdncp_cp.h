@@ -42,6 +42,7 @@ int gdn_cp_create(gdn_cp **cp, MPI_Comm comm, gdn_cp_strategy strategy);
 void gdn_cp_destroy(gdn_cp *cp);
 int gdn_cp_rank(const gdn_cp *cp);
 int gdn_cp_size(const gdn_cp *cp);
+gdn_cp_strategy gdn_cp_get_strategy(const gdn_cp *cp);
 const char *gdn_cp_strategy_name(gdn_cp_strategy s);
 /* Parse "scan", "allgather", "relay", "heads"; -1 if unknown. */
 int gdn_cp_strategy_parse(const char *name);
@@ -67,6 +68,33 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
  * (full may be NULL elsewhere). Collective. */
 int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_local, int64_t inner,
                        float *full, int root);
+
+/* The halo of a token-axis stencil (the layer's causal conv): every rank receives the `rows`
+ * token rows that precede its shard in the global sequence into halo [B, rows, width] (zeros
+ * before the sequence start), from however many predecessors hold them, by point-to-point
+ * messages. x is this rank's [B, T_local] rows of `width` floats, `row_stride` apart.
+ * gdn_cp_halo_backward is its adjoint: dhalo goes back to the owners and is added into their
+ * rows of dx (same layout as x). local_status: a failure on this rank before the call, made
+ * every rank's. Collective. */
+int gdn_cp_halo_forward(gdn_cp *cp, float *halo, const float *x, int64_t B, int64_t T_local,
+                        int64_t width, int64_t row_stride, int64_t rows, int local_status);
+int gdn_cp_halo_backward(gdn_cp *cp, float *dx, const float *dhalo, int64_t B, int64_t T_local,
+                         int64_t width, int64_t row_stride, int64_t rows, int local_status);
+
+/* The GatedDeltaNet layer (gdncp.h) on this rank's token slice x [B, T_r, E], the plan made for
+ * T = T_r: the conv's Kc-1 halo rows come from the predecessor rank(s), the recurrence runs
+ * with cp's strategy. The whole sequence starts from zero states. saved (may be NULL) as in
+ * gdn_layer_forward (it keeps the halo and this shard's incoming state). Collective. */
+int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *plan, float *y, float *saved,
+                         const float *x, const float *w);
+/* dx for this rank's rows, and dw: this rank's share of the weight gradient (sum dw over the
+ * ranks, e.g. with MPI_Allreduce, for the gradient of the whole sequence). Collective. */
+int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *plan, float *dx, float *dw,
+                          const float *x, const float *w, const float *saved, const float *dy);
+
+/* A failure on any rank becomes a failure on every rank: returns local_status where it is
+ * non-zero (its message kept), another rank's failure elsewhere, GDN_OK when none. Collective. */
+int gdn_cp_agree_status(gdn_cp *cp, int local_status);
 
 /* Accounting of the last forward or backward call on this rank. */
 gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);

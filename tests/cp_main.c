@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 void test_cp(void);
+void test_layer_cp(void);
 
 int main(int argc, char **argv) {
     int provided;
@@ -16,6 +17,8 @@ int main(int argc, char **argv) {
     tests_quiet = rank != 0;
     if (!rank) printf("== cp (D=%d)\n", size);
     test_cp();
+    if (!rank) printf("== layer_cp (D=%d)\n", size);
+    test_layer_cp();
     int failed = tests_failed, any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (!rank) printf("%d passed, %d failed\n", tests_passed, tests_failed);

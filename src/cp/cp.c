@@ -62,6 +62,7 @@ void gdn_cp_destroy(gdn_cp *cp) {
 
 int gdn_cp_rank(const gdn_cp *cp) { return cp ? cp->rank : -1; }
 int gdn_cp_size(const gdn_cp *cp) { return cp ? cp->size : 0; }
+gdn_cp_strategy gdn_cp_get_strategy(const gdn_cp *cp) { return cp ? cp->strategy : GDN_CP_SCAN; }
 gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp) {
     gdn_cp_stats z = {0};
     return cp ? cp->stats : z;

@@ -10,7 +10,9 @@ enum {
     GDN_CP_FAULT_NONE = 0,
     GDN_CP_FAULT_REVERSED_ORDER = 1, /* compose (mine o received) the wrong way round */
     GDN_CP_FAULT_DROP_INCOMING = 2,  /* replay from zeros instead of the incoming state */
-    GDN_CP_FAULT_DROP_GRADIENT = 3   /* local backward from dS_out = 0 instead of the received one */
+    GDN_CP_FAULT_DROP_GRADIENT = 3,  /* local backward from dS_out = 0 instead of the received one */
+    GDN_CP_FAULT_DROP_HALO = 4,      /* the conv halo from the predecessors replaced by zeros */
+    GDN_CP_FAULT_DROP_HALO_GRAD = 5  /* the halo's gradient not added at its owners */
 };
 
 struct gdn_cp {
@@ -30,8 +32,6 @@ void gdn_cp_set_fault(gdn_cp *cp, int fault);
 /* Check that all ranks agree on the plan's shape and options (except T); fills shard_T.
  * Collective. Also folds a local failure status into a collective one. */
 int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local_status);
-/* A failure on any rank becomes a failure on every rank (collective). */
-int gdn_cp_agree_status(gdn_cp *cp, int local_status);
 float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
 
 /* MPI wrappers that keep the accounting. Counts in floats; dest/src may be MPI_PROC_NULL. */

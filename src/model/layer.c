@@ -1,22 +1,532 @@
-/* The GatedDeltaNet layer, fp32 (placeholder). */
+/* The Qwen3.5 GatedDeltaNet layer in fp32 (DESIGN §5): plan, forward, backward, decode.
+ * The four input projections and out_proj are large GEMMs (gdn_matmul); the conv, the gates
+ * and the gated norm are row-local loops; the gated delta rule is the kernel's plan. */
 #include "layer_internal.h"
 
-int gdn_layer_plan_create(gdn_layer_plan **plan, const gdn_layer_config *cfg) {
-    return gdn_fail(GDN_ERR_ARG, "not implemented yet");
+#include <math.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---------------------------------------------------------------- plan */
+
+static size_t saved_floats(const gdn_layer_plan *lp) {
+    const gdn_layer_config *c = &lp->cfg;
+    size_t n = (size_t)c->B * (c->Kc - 1) * lp->cd + (size_t)c->B * c->Hv * c->K * c->V;
+    if (c->keep == GDN_LAYER_KEEP_PROJ)
+        n += lp->ckpt_floats + (size_t)lp->N * lp->P + (size_t)lp->N * lp->vd;
+    return n;
 }
-void gdn_layer_plan_destroy(gdn_layer_plan *plan) {}
-const gdn_layer_config *gdn_layer_plan_config(const gdn_layer_plan *plan) { return NULL; }
-size_t gdn_layer_saved_floats(const gdn_layer_plan *plan) { return 0; }
-const char *gdn_layer_plan_path(const gdn_layer_plan *plan) { return ""; }
-int gdn_layer_forward(gdn_layer_plan *plan, float *y, float *saved, const float *x,
-                      const float *w, float *conv_state, float *rec_state) {
-    return gdn_fail(GDN_ERR_ARG, "not implemented yet");
+
+gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved) {
+    const gdn_layer_config *c = &lp->cfg;
+    gdn_layer_saved s = {0};
+    if (!saved) return s;
+    s.halo = saved;
+    s.h0 = s.halo + (size_t)c->B * (c->Kc - 1) * lp->cd;
+    if (c->keep == GDN_LAYER_KEEP_PROJ) {
+        s.ckpt = s.h0 + (size_t)c->B * c->Hv * c->K * c->V;
+        s.proj = s.ckpt + lp->ckpt_floats;
+        s.o = s.proj + (size_t)lp->N * lp->P;
+    }
+    return s;
 }
-int gdn_layer_backward(gdn_layer_plan *plan, float *dx, float *dw, const float *x,
-                       const float *w, const float *saved, const float *dy) {
-    return gdn_fail(GDN_ERR_ARG, "not implemented yet");
+
+size_t gdn_layer_saved_floats(const gdn_layer_plan *lp) { return lp ? saved_floats(lp) : 0; }
+const gdn_layer_config *gdn_layer_plan_config(const gdn_layer_plan *lp) { return lp ? &lp->cfg : NULL; }
+const char *gdn_layer_plan_path(const gdn_layer_plan *lp) { return gdn_matmul_path(); }
+
+void gdn_layer_plan_destroy(gdn_layer_plan *lp) {
+    if (!lp) return;
+    gdn_plan_destroy(lp->kplan);
+    free(lp->arena);
+    free(lp);
 }
-int gdn_layer_decode(gdn_layer_plan *plan, float *y, const float *x, const float *w,
+
+int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
+    if (!out) return gdn_fail(GDN_ERR_ARG, "layer plan output pointer is NULL");
+    *out = NULL;
+    int rc = gdn_layer_config_check(cfg);
+    if (rc) return rc;
+    gdn_layer_plan *lp = calloc(1, sizeof *lp);
+    if (!lp) return gdn_fail(GDN_ERR_NOMEM, "layer plan");
+    lp->cfg = *cfg;
+    gdn_layer_config *c = &lp->cfg;
+    if (c->chunk == 0) c->chunk = 64;
+#ifdef _OPENMP
+    lp->threads = c->threads > 0 ? c->threads : omp_get_max_threads();
+#else
+    lp->threads = 1;
+#endif
+    c->threads = lp->threads;
+    lp->N = c->B * c->T, lp->kd = c->Hk * c->K, lp->vd = c->Hv * c->V;
+    lp->cd = gdn_layer_conv_dim(c), lp->P = lp->cd + lp->vd + 2 * c->Hv;
+    gdn_config kc = gdn_config_default(c->B, c->T, c->Hk, c->Hv, c->K, c->V);
+    kc.chunk = c->chunk, kc.threads = lp->threads, kc.check_finite = c->check_finite;
+    if ((rc = gdn_plan_create(&lp->kplan, &kc))) {
+        free(lp);
+        return rc;
+    }
+    lp->ckpt_floats = gdn_plan_checkpoint_floats(lp->kplan);
+    const size_t N = (size_t)lp->N, P = (size_t)lp->P, vd = (size_t)lp->vd, kd = (size_t)lp->kd,
+                 Hv = (size_t)c->Hv, halo = (size_t)c->B * (c->Kc - 1) * lp->cd;
+    const size_t red = (size_t)c->Kc * lp->cd + c->V + 2 * Hv;
+    const size_t pieces[] = {
+        N * P, N * P,                               /* proj dproj */
+        N * kd, N * kd, N * vd, N * Hv, N * Hv,     /* q k v g beta */
+        N * kd, N * kd, N * vd, N * Hv, N * Hv,     /* dq dk dv dg dbeta */
+        N * vd, N * vd, lp->ckpt_floats,            /* o nrm ckpt */
+        halo, halo, (size_t)c->Kc * lp->cd,         /* halo dhalo convw */
+        (size_t)lp->threads * red, gdn_matmul_ws_floats(lp->threads),
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) total += (pieces[i] + 15) & ~(size_t)15;
+    lp->arena = aligned_alloc(64, total * sizeof(float));
+    if (!lp->arena) {
+        gdn_layer_plan_destroy(lp);
+        return gdn_fail(GDN_ERR_NOMEM, "layer workspace: %.1f MB for B*T = %lld tokens (%.1f KB per token)",
+                        total * 4.0 / 1e6, (long long)N, total * 4.0 / 1e3 / (double)N);
+    }
+    float *cur = lp->arena;
+    float **dst[] = {&lp->proj, &lp->dproj, &lp->q, &lp->k, &lp->v, &lp->g, &lp->beta,
+                     &lp->dq, &lp->dk, &lp->dv, &lp->dg, &lp->dbeta, &lp->o, &lp->nrm, &lp->ckpt,
+                     &lp->halo, &lp->dhalo, &lp->convw, &lp->partial, &lp->mm_ws};
+    for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) *dst[i] = gdn_carve(&cur, pieces[i]);
+    *out = lp;
+    return GDN_OK;
+}
+
+/* ---------------------------------------------------------------- forward phases */
+
+static const float *param(const gdn_layer_plan *lp, const float *w, int which) {
+    return w + gdn_layer_param_offset(&lp->cfg, which);
+}
+
+void gdn_layer_project(gdn_layer_plan *lp, const float *x, const float *w) {
+    const int64_t N = lp->N, E = lp->cfg.E, P = lp->P, Hv = lp->cfg.Hv;
+    const int t = lp->threads, bt = GDN_GEMM_B_TRANS;
+    gdn_matmul(bt, N, lp->cd, E, x, E, param(lp, w, GDN_P_IN_PROJ_QKV), E, lp->proj, P, lp->mm_ws, t);
+    gdn_matmul(bt, N, lp->vd, E, x, E, param(lp, w, GDN_P_IN_PROJ_Z), E, lp->proj + lp->cd, P, lp->mm_ws, t);
+    gdn_matmul(bt, N, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_B), E, lp->proj + lp->cd + lp->vd, P, lp->mm_ws, t);
+    gdn_matmul(bt, N, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_A), E, lp->proj + lp->cd + lp->vd + Hv, P, lp->mm_ws, t);
+}
+
+/* convw[j][c] = conv1d.weight[c][0][j]: taps channel-contiguous for the vector loops. */
+static void transpose_conv(gdn_layer_plan *lp, const float *w) {
+    const float *cw = param(lp, w, GDN_P_CONV1D);
+    const int64_t Kc = lp->cfg.Kc;
+    for (int64_t c = 0; c < lp->cd; c++)
+        for (int64_t j = 0; j < Kc; j++) lp->convw[j * lp->cd + c] = cw[c * Kc + j];
+}
+
+/* Pre-conv row t' of batch row b: the projections for t' >= 0, the halo for -(Kc-1) <= t' < 0. */
+static inline const float *pre_row(const gdn_layer_plan *lp, const float *proj, const float *halo,
+                                   int64_t b, int64_t t) {
+    const int64_t Kc = lp->cfg.Kc;
+    return t >= 0 ? proj + (b * lp->cfg.T + t) * lp->P
+                  : halo + (b * (Kc - 1) + (Kc - 1) + t) * lp->cd;
+}
+
+/* The post-activation destination of channels [0, cd): q, k or v, as (buffer, row width, first channel). */
+typedef struct { float *buf; int64_t width, c0; } channel_block;
+static void channel_blocks(const gdn_layer_plan *lp, float *q, float *k, float *v, channel_block out[3]) {
+    out[0] = (channel_block){q, lp->kd, 0};
+    out[1] = (channel_block){k, lp->kd, lp->kd};
+    out[2] = (channel_block){v, lp->vd, 2 * lp->kd};
+}
+
+/* u[c] = sum_j convw[j][c] * pre(t - (Kc-1) + j)[c] for channels [c0, c0 + n). */
+static inline void conv_row(const gdn_layer_plan *lp, const float *proj, const float *halo,
+                            int64_t b, int64_t t, int64_t c0, int64_t n, float *u) {
+    const int64_t Kc = lp->cfg.Kc;
+    for (int64_t i = 0; i < n; i++) u[i] = 0.0f;
+    for (int64_t j = 0; j < Kc; j++) {
+        const float *src = pre_row(lp, proj, halo, b, t - (Kc - 1) + j) + c0;
+        const float *wj = lp->convw + j * lp->cd + c0;
+        for (int64_t i = 0; i < n; i++) u[i] += wj[i] * src[i];
+    }
+}
+
+void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const float *w) {
+    const gdn_layer_config *c = &lp->cfg;
+    const int64_t T = c->T, Hv = c->Hv;
+    const float *A_log = param(lp, w, GDN_P_A_LOG), *dt_bias = param(lp, w, GDN_P_DT_BIAS);
+    transpose_conv(lp, w);
+    channel_block blk[3];
+    channel_blocks(lp, lp->q, lp->k, lp->v, blk);
+#pragma omp parallel for schedule(static) num_threads(lp->threads)
+    for (int64_t row = 0; row < lp->N; row++) {
+        const int64_t b = row / T, t = row % T;
+        for (int s = 0; s < 3; s++) {
+            float *dst = blk[s].buf + row * blk[s].width;
+            conv_row(lp, proj, halo, b, t, blk[s].c0, blk[s].width, dst);
+            for (int64_t i = 0; i < blk[s].width; i++) dst[i] = gdn_siluf(dst[i]);
+        }
+        const float *pb = proj + row * lp->P + lp->cd + lp->vd, *pa = pb + Hv;
+        for (int64_t h = 0; h < Hv; h++) {
+            /* HF: g = -A_log.float().exp() * softplus(a.float() + dt_bias), beta = sigmoid(b) */
+            lp->beta[row * Hv + h] = gdn_sigmoidf(pb[h]);
+            lp->g[row * Hv + h] = -__builtin_expf(A_log[h]) * gdn_softplusf(pa[h] + dt_bias[h]);
+        }
+    }
+}
+
+/* Gated RMSNorm per (row, value head): nrm = w * o / sqrt(mean(o^2) + eps) * silu(z). */
+void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
+                    const float *w) {
+    const int64_t V = lp->cfg.V, Hv = lp->cfg.Hv;
+    const float *nw = param(lp, w, GDN_P_NORM), eps = lp->cfg.eps;
+#pragma omp parallel for schedule(static) num_threads(lp->threads)
+    for (int64_t row = 0; row < rows; row++)
+        for (int64_t h = 0; h < Hv; h++) {
+            const float *oh = o + row * lp->vd + h * V, *zh = proj + row * lp->P + lp->cd + h * V;
+            float *nh = lp->nrm + row * lp->vd + h * V;
+            const float r = 1.0f / sqrtf(gdn_sumsq(oh, V) / (float)V + eps);
+            for (int64_t i = 0; i < V; i++) nh[i] = nw[i] * (oh[i] * r) * gdn_siluf(zh[i]);
+        }
+}
+
+void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const float *w) {
+    gdn_matmul(GDN_GEMM_B_TRANS, rows, lp->cfg.E, lp->vd, lp->nrm, lp->vd,
+               param(lp, w, GDN_P_OUT_PROJ), lp->vd, y, lp->cfg.E, lp->mm_ws, lp->threads);
+}
+
+int gdn_layer_check_inputs(const gdn_layer_plan *lp, const float *x, const char *xname,
+                           const float *w) {
+    if (!lp) return gdn_fail(GDN_ERR_ARG, "layer plan is NULL");
+    int rc;
+    if ((rc = gdn_check_tensor(xname, x, lp->N * lp->cfg.E, lp->cfg.check_finite))) return rc;
+    if (!w) return gdn_fail(GDN_ERR_ARG, "layer weights are NULL");
+    if (lp->cfg.check_finite)
+        for (int i = 0; i < GDN_P_COUNT; i++) {
+            const float *p = param(lp, w, i);
+            const int64_t at = gdn_find_nonfinite_f32(p, (int64_t)gdn_layer_param_numel(&lp->cfg, i));
+            if (at >= 0)
+                return gdn_fail(GDN_ERR_NONFINITE, "weight '%s' has a non-finite value (%g) at flat index %lld",
+                                gdn_layer_param_name(i), (double)p[at], (long long)at);
+        }
+    return GDN_OK;
+}
+
+/* halo[b][i][c] = conv_state[b][c][1 + i]: the newest Kc-1 columns are the rows before token 0. */
+static void halo_from_conv_state(gdn_layer_plan *lp, const float *conv_state) {
+    const int64_t Kc = lp->cfg.Kc, cd = lp->cd;
+    for (int64_t b = 0; b < lp->cfg.B; b++)
+        for (int64_t i = 0; i < Kc - 1; i++)
+            for (int64_t c = 0; c < cd; c++)
+                lp->halo[(b * (Kc - 1) + i) * cd + c] =
+                    conv_state ? conv_state[(b * cd + c) * Kc + 1 + i] : 0.0f;
+}
+
+/* conv_state[b][c][j] = pre-conv row T - Kc + j (the last Kc rows, newest last). */
+static void conv_state_from_rows(const gdn_layer_plan *lp, float *conv_state, const float *proj,
+                                 const float *halo) {
+    const int64_t Kc = lp->cfg.Kc, cd = lp->cd, T = lp->cfg.T;
+    for (int64_t b = 0; b < lp->cfg.B; b++)
+        for (int64_t j = 0; j < Kc; j++) {
+            const int64_t t = T - Kc + j;
+            if (t < -(Kc - 1)) { /* older than the halo: the column that was the oldest stays */
+                continue;
+            }
+            const float *src = pre_row(lp, proj, halo, b, t);
+            for (int64_t c = 0; c < cd; c++) conv_state[(b * cd + c) * Kc + j] = src[c];
+        }
+}
+
+int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x, const float *w,
+                      float *conv_state, float *rec_state) {
+    int rc;
+    if ((rc = gdn_layer_check_inputs(lp, x, "x", w))) return rc;
+    if (!y) return gdn_fail(GDN_ERR_ARG, "layer output 'y' is NULL");
+    const gdn_layer_config *c = &lp->cfg;
+    const size_t state_n = (size_t)c->B * c->Hv * c->K * c->V;
+    if (conv_state && (rc = gdn_check_tensor("conv_state", conv_state, c->B * lp->cd * c->Kc, c->check_finite)))
+        return rc;
+    if (rec_state && (rc = gdn_check_tensor("rec_state", rec_state, (int64_t)state_n, c->check_finite)))
+        return rc;
+    gdn_layer_saved sv = gdn_layer_saved_view(lp, saved);
+    float *proj = sv.proj ? sv.proj : lp->proj, *o = sv.o ? sv.o : lp->o;
+    float *ckpt = sv.ckpt ? sv.ckpt : lp->ckpt;
+    halo_from_conv_state(lp, conv_state);
+    if (sv.halo) {
+        memcpy(sv.halo, lp->halo, sizeof(float) * c->B * (c->Kc - 1) * lp->cd);
+        if (rec_state) memcpy(sv.h0, rec_state, sizeof(float) * state_n);
+        else memset(sv.h0, 0, sizeof(float) * state_n);
+    }
+    gdn_layer_project(lp, x, w);
+    if (proj != lp->proj) memcpy(proj, lp->proj, sizeof(float) * lp->N * lp->P);
+    gdn_layer_conv_gates(lp, proj, lp->halo, w);
+    /* The recurrent state is updated in place: the kernel reads h0 before writing ht per head. */
+    rc = gdn_forward_save(lp->kplan, o, rec_state, ckpt, lp->q, lp->k, lp->v, lp->g, lp->beta, rec_state);
+    if (rc) return rc;
+    if (conv_state) conv_state_from_rows(lp, conv_state, proj, lp->halo);
+    gdn_layer_norm(lp, lp->N, o, proj, w);
+    gdn_layer_out(lp, lp->N, y, w);
+    return GDN_OK;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* Sum the threads' partial reductions (rows [0, n) of each thread's block) into dst. */
+static void reduce_partials(const gdn_layer_plan *lp, float *dst, size_t off, size_t n) {
+    const size_t stride = (size_t)lp->cfg.Kc * lp->cd + lp->cfg.V + 2 * lp->cfg.Hv;
+    for (size_t i = 0; i < n; i++) {
+        float s = 0.0f;
+        for (int t = 0; t < lp->threads; t++) s += lp->partial[t * stride + off + i];
+        dst[i] = s;
+    }
+}
+
+/* The gated norm's backward: dn (in lp->nrm) -> do (in place), dz into dproj, d norm.weight. */
+static void norm_backward(gdn_layer_plan *lp, float *dw, const float *o, const float *proj,
+                          const float *w) {
+    const int64_t V = lp->cfg.V, Hv = lp->cfg.Hv;
+    const float *nw = param(lp, w, GDN_P_NORM), eps = lp->cfg.eps;
+    const size_t stride = (size_t)lp->cfg.Kc * lp->cd + V + 2 * Hv, off = (size_t)lp->cfg.Kc * lp->cd;
+#pragma omp parallel num_threads(lp->threads)
+    {
+        float *dnw = lp->partial + gdn_thread_id() * stride + off;
+        for (int64_t i = 0; i < V; i++) dnw[i] = 0.0f;
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < lp->N; row++)
+            for (int64_t h = 0; h < Hv; h++) {
+                const float *oh = o + row * lp->vd + h * V, *zh = proj + row * lp->P + lp->cd + h * V;
+                float *dn = lp->nrm + row * lp->vd + h * V, *dz = lp->dproj + row * lp->P + lp->cd + h * V;
+                const float r = 1.0f / sqrtf(gdn_sumsq(oh, V) / (float)V + eps);
+                float ao = 0.0f;
+                for (int64_t i = 0; i < V; i++) {
+                    const float s = gdn_sigmoidf(zh[i]), silu = zh[i] * s;
+                    const float on = oh[i] * r;
+                    dnw[i] += dn[i] * on * silu;
+                    dz[i] = dn[i] * nw[i] * on * s * (1.0f + zh[i] * (1.0f - s));
+                    dn[i] *= nw[i] * silu; /* a_i */
+                    ao += dn[i] * oh[i];
+                }
+                const float k3 = r * r * r * ao / (float)V;
+                for (int64_t i = 0; i < V; i++) dn[i] = r * dn[i] - k3 * oh[i];
+            }
+    }
+    reduce_partials(lp, dw + gdn_layer_param_offset(&lp->cfg, GDN_P_NORM), off, (size_t)V);
+}
+
+/* Gates: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias): db, da into dproj, dA_log and
+ * ddt_bias reduced over rows. */
+static void gates_backward(gdn_layer_plan *lp, float *dw, const float *proj, const float *w) {
+    const int64_t Hv = lp->cfg.Hv;
+    const float *A_log = param(lp, w, GDN_P_A_LOG), *dt_bias = param(lp, w, GDN_P_DT_BIAS);
+    const size_t stride = (size_t)lp->cfg.Kc * lp->cd + lp->cfg.V + 2 * Hv,
+                 off = (size_t)lp->cfg.Kc * lp->cd + lp->cfg.V;
+#pragma omp parallel num_threads(lp->threads)
+    {
+        float *red = lp->partial + gdn_thread_id() * stride + off; /* [dA_log | ddt_bias] */
+        for (int64_t h = 0; h < 2 * Hv; h++) red[h] = 0.0f;
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < lp->N; row++) {
+            const float *pb = proj + row * lp->P + lp->cd + lp->vd, *pa = pb + Hv;
+            float *db = lp->dproj + row * lp->P + lp->cd + lp->vd, *da = db + Hv;
+            for (int64_t h = 0; h < Hv; h++) {
+                const float beta = lp->beta[row * Hv + h], dg = lp->dg[row * Hv + h];
+                db[h] = lp->dbeta[row * Hv + h] * beta * (1.0f - beta);
+                const float A = __builtin_expf(A_log[h]), u = pa[h] + dt_bias[h];
+                da[h] = -dg * A * (u > 20.0f ? 1.0f : gdn_sigmoidf(u));
+                red[h] += dg * lp->g[row * Hv + h]; /* dg/dA_log = -exp(A_log) softplus(u) = g */
+                red[Hv + h] += da[h];
+            }
+        }
+    }
+    reduce_partials(lp, dw + gdn_layer_param_offset(&lp->cfg, GDN_P_A_LOG), off, (size_t)Hv);
+    reduce_partials(lp, dw + gdn_layer_param_offset(&lp->cfg, GDN_P_DT_BIAS), off + Hv, (size_t)Hv);
+}
+
+/* The conv + SiLU backward: dq, dk, dv (gradients of the post-SiLU channels) become du in
+ * place; d pre-conv rows t >= 0 go to dproj's qkv columns, rows before 0 to dhalo (may be
+ * NULL); the taps' gradient is reduced over rows. */
+static void conv_backward(gdn_layer_plan *lp, float *dw, float *dhalo, const float *proj,
+                          const float *halo) {
+    const gdn_layer_config *c = &lp->cfg;
+    const int64_t T = c->T, Kc = c->Kc, cd = lp->cd;
+    const size_t stride = (size_t)Kc * cd + c->V + 2 * c->Hv;
+    channel_block blk[3];
+    channel_blocks(lp, lp->dq, lp->dk, lp->dv, blk);
+#pragma omp parallel num_threads(lp->threads)
+    {
+        float *dtap = lp->partial + gdn_thread_id() * stride; /* [Kc][cd] */
+        for (int64_t i = 0; i < Kc * cd; i++) dtap[i] = 0.0f;
+        /* du = d(silu(u)) silu'(u), u recomputed; the taps' gradient from du and the rows. */
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < lp->N; row++) {
+            const int64_t b = row / T, t = row % T;
+            for (int s = 0; s < 3; s++) {
+                float *du = blk[s].buf + row * blk[s].width;
+                const int64_t c0 = blk[s].c0, n = blk[s].width;
+                float u[256];
+                for (int64_t i0 = 0; i0 < n; i0 += 256) {
+                    const int64_t m = n - i0 < 256 ? n - i0 : 256;
+                    conv_row(lp, proj, halo, b, t, c0 + i0, m, u);
+                    for (int64_t i = 0; i < m; i++) {
+                        const float sg = gdn_sigmoidf(u[i]);
+                        du[i0 + i] *= sg * (1.0f + u[i] * (1.0f - sg));
+                    }
+                }
+                for (int64_t j = 0; j < Kc; j++) {
+                    const float *src = pre_row(lp, proj, halo, b, t - (Kc - 1) + j) + c0;
+                    float *dj = dtap + j * cd + c0;
+                    for (int64_t i = 0; i < n; i++) dj[i] += du[i] * src[i];
+                }
+            }
+        }
+        /* d pre(t') = sum_j w[j] du(t' + Kc-1 - j): gathered per row, so no two threads write
+         * the same row; rows t' < 0 are the halo's. */
+#pragma omp for schedule(static)
+        for (int64_t row = -(Kc - 1) * c->B; row < lp->N; row++) {
+            int64_t b, t;
+            float *dst;
+            if (row >= 0) {
+                b = row / T, t = row % T, dst = lp->dproj + row * lp->P;
+            } else {
+                const int64_t hrow = row + (Kc - 1) * c->B; /* 0 .. B(Kc-1)-1 */
+                b = hrow / (Kc - 1), t = hrow % (Kc - 1) - (Kc - 1);
+                if (!dhalo) continue;
+                dst = dhalo + hrow * cd;
+            }
+            for (int s = 0; s < 3; s++) {
+                const int64_t c0 = blk[s].c0, n = blk[s].width;
+                for (int64_t i = 0; i < n; i++) dst[c0 + i] = 0.0f;
+                for (int64_t j = 0; j < Kc; j++) {
+                    const int64_t tt = t + (Kc - 1) - j;
+                    if (tt < 0 || tt >= T) continue;
+                    const float *du = blk[s].buf + (b * T + tt) * n, *wj = lp->convw + j * cd + c0;
+                    for (int64_t i = 0; i < n; i++) dst[c0 + i] += wj[i] * du[i];
+                }
+            }
+        }
+    }
+    float *dconv = dw + gdn_layer_param_offset(c, GDN_P_CONV1D);
+    for (int64_t ch = 0; ch < cd; ch++)
+        for (int64_t j = 0; j < Kc; j++) {
+            float s = 0.0f;
+            for (int t = 0; t < lp->threads; t++) s += lp->partial[t * stride + j * cd + ch];
+            dconv[ch * Kc + j] = s;
+        }
+}
+
+/* dx = dproj [W_qkv; W_z; W_b; W_a] and each projection's weight gradient dproj_i^T x. */
+void gdn_layer_project_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
+                                const float *w) {
+    const int64_t N = lp->N, E = lp->cfg.E, P = lp->P, Hv = lp->cfg.Hv;
+    const int t = lp->threads;
+    const struct { int which; int64_t col, n; } parts[4] = {
+        {GDN_P_IN_PROJ_QKV, 0, lp->cd}, {GDN_P_IN_PROJ_Z, lp->cd, lp->vd},
+        {GDN_P_IN_PROJ_B, lp->cd + lp->vd, Hv}, {GDN_P_IN_PROJ_A, lp->cd + lp->vd + Hv, Hv}};
+    for (int i = 0; i < 4; i++) {
+        const size_t off = gdn_layer_param_offset(&lp->cfg, parts[i].which);
+        gdn_matmul(i ? GDN_GEMM_ACC : 0, N, E, parts[i].n, lp->dproj + parts[i].col, P, w + off, E,
+                   dx, E, lp->mm_ws, t);
+        gdn_matmul(GDN_GEMM_A_TRANS, parts[i].n, E, N, lp->dproj + parts[i].col, P, x, E, dw + off,
+                   E, lp->mm_ws, t);
+    }
+}
+
+int gdn_layer_backward_to_proj(gdn_layer_plan *lp, float *dw, float *dhalo, const float *w,
+                               const float *proj, const float *o, const float *halo,
+                               const float *dy, gdn_layer_kernel_bwd kbwd, void *ctx) {
+    const gdn_layer_config *c = &lp->cfg;
+    int rc;
+    memset(dw, 0, sizeof(float) * gdn_layer_param_floats(c)); /* the padding between tensors */
+    /* out_proj: dW_out = dy^T nrm, then dn = dy W_out (into nrm, which is not needed after). */
+    gdn_layer_norm(lp, lp->N, o, proj, w);
+    gdn_matmul(GDN_GEMM_A_TRANS, c->E, lp->vd, lp->N, dy, c->E, lp->nrm, lp->vd,
+               dw + gdn_layer_param_offset(c, GDN_P_OUT_PROJ), lp->vd, lp->mm_ws, lp->threads);
+    gdn_matmul(0, lp->N, lp->vd, c->E, dy, c->E, param(lp, w, GDN_P_OUT_PROJ), lp->vd, lp->nrm,
+               lp->vd, lp->mm_ws, lp->threads);
+    norm_backward(lp, dw, o, proj, w);
+    if ((rc = kbwd(lp, ctx))) return rc;
+    gates_backward(lp, dw, proj, w);
+    conv_backward(lp, dw, dhalo, proj, halo);
+    return GDN_OK;
+}
+
+typedef struct { const float *h0, *ckpt; } single_rank_bwd;
+
+static int kernel_backward_single(gdn_layer_plan *lp, void *ctx) {
+    const single_rank_bwd *s = ctx;
+    return gdn_backward_saved(lp->kplan, lp->dq, lp->dk, lp->dv, lp->dg, lp->dbeta, NULL, lp->q,
+                              lp->k, lp->v, lp->g, lp->beta, s->h0, s->ckpt, lp->nrm, NULL);
+}
+
+int gdn_layer_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x, const float *w,
+                       const float *saved, const float *dy) {
+    int rc;
+    if ((rc = gdn_layer_check_inputs(lp, x, "x", w))) return rc;
+    if ((rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite))) return rc;
+    if (!dx) return gdn_fail(GDN_ERR_ARG, "layer output 'dx' is NULL");
+    if (!dw) return gdn_fail(GDN_ERR_ARG, "layer output 'dw' is NULL");
+    gdn_layer_saved sv = gdn_layer_saved_view(lp, (float *)saved);
+    const float *halo = sv.halo, *proj = sv.proj, *o = sv.o;
+    single_rank_bwd kb = {sv.h0, sv.ckpt};
+    if (!halo) { /* no saved states: the forward started from zeros */
+        memset(lp->halo, 0, sizeof(float) * lp->cfg.B * (lp->cfg.Kc - 1) * lp->cd);
+        halo = lp->halo;
+    }
+    if (!proj) {
+        gdn_layer_project(lp, x, w);
+        proj = lp->proj;
+    }
+    gdn_layer_conv_gates(lp, proj, halo, w);
+    if (!o) { /* recompute the kernel's output (and its saved states, for its backward) */
+        rc = gdn_forward_save(lp->kplan, lp->o, NULL, lp->ckpt, lp->q, lp->k, lp->v, lp->g,
+                              lp->beta, kb.h0);
+        if (rc) return rc;
+        o = lp->o, kb.ckpt = lp->ckpt;
+    }
+    if ((rc = gdn_layer_backward_to_proj(lp, dw, NULL, w, proj, o, halo, dy, kernel_backward_single, &kb)))
+        return rc;
+    gdn_layer_project_backward(lp, dx, dw, x, w);
+    return GDN_OK;
+}
+
+/* ---------------------------------------------------------------- decode */
+
+int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const float *w,
                      float *conv_state, float *rec_state) {
-    return gdn_fail(GDN_ERR_ARG, "not implemented yet");
+    if (!lp) return gdn_fail(GDN_ERR_ARG, "layer plan is NULL");
+    const gdn_layer_config *c = &lp->cfg;
+    if (!x || !y || !w || !conv_state || !rec_state)
+        return gdn_fail(GDN_ERR_ARG, "layer decode: %s is NULL",
+                        !x ? "x" : !y ? "y" : !w ? "w" : !conv_state ? "conv_state" : "rec_state");
+    const int64_t B = c->B, E = c->E, P = lp->P, cd = lp->cd, Kc = c->Kc, Hv = c->Hv;
+    /* x is B rows: cheap to check; the weights were checked when they were loaded or planned. */
+    if (c->check_finite && gdn_find_nonfinite_f32(x, B * E) >= 0)
+        return gdn_fail(GDN_ERR_NONFINITE, "layer decode: input 'x' has a non-finite value");
+    const int t = lp->threads, bt = GDN_GEMM_B_TRANS;
+    gdn_matmul(bt, B, cd, E, x, E, param(lp, w, GDN_P_IN_PROJ_QKV), E, lp->proj, P, lp->mm_ws, t);
+    gdn_matmul(bt, B, lp->vd, E, x, E, param(lp, w, GDN_P_IN_PROJ_Z), E, lp->proj + cd, P, lp->mm_ws, t);
+    gdn_matmul(bt, B, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_B), E, lp->proj + cd + lp->vd, P, lp->mm_ws, t);
+    gdn_matmul(bt, B, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_A), E, lp->proj + cd + lp->vd + Hv, P,
+               lp->mm_ws, t);
+    const float *cw = param(lp, w, GDN_P_CONV1D), *A_log = param(lp, w, GDN_P_A_LOG),
+                *dt_bias = param(lp, w, GDN_P_DT_BIAS);
+    for (int64_t b = 0; b < B; b++) {
+        const float *pre = lp->proj + b * P;
+        for (int64_t ch = 0; ch < cd; ch++) {
+            float *st = conv_state + (b * cd + ch) * Kc, u = 0.0f;
+            for (int64_t j = 0; j + 1 < Kc; j++) st[j] = st[j + 1];
+            st[Kc - 1] = pre[ch];
+            for (int64_t j = 0; j < Kc; j++) u += cw[ch * Kc + j] * st[j];
+            const float s = gdn_siluf(u);
+            if (ch < lp->kd) lp->q[b * lp->kd + ch] = s;
+            else if (ch < 2 * lp->kd) lp->k[b * lp->kd + ch - lp->kd] = s;
+            else lp->v[b * lp->vd + ch - 2 * lp->kd] = s;
+        }
+        for (int64_t h = 0; h < Hv; h++) {
+            lp->beta[b * Hv + h] = gdn_sigmoidf(pre[cd + lp->vd + h]);
+            lp->g[b * Hv + h] = -__builtin_expf(A_log[h]) * gdn_softplusf(pre[cd + lp->vd + Hv + h] + dt_bias[h]);
+        }
+    }
+    int rc = gdn_step(lp->kplan, lp->o, rec_state, lp->q, lp->k, lp->v, lp->g, lp->beta);
+    if (rc) return rc;
+    gdn_layer_norm(lp, B, lp->o, lp->proj, w); /* B rows of the plan's N */
+    gdn_layer_out(lp, B, y, w);
+    return GDN_OK;
 }

@@ -4,10 +4,64 @@
 
 #include "../core/internal.h"
 
-/* Stable scalar pieces of the layer, shared by the fp32 path (the double reference keeps its own). */
+/* Stable scalar pieces of the layer (the double reference keeps its own). */
 static inline float gdn_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 /* softplus as torch.nn.functional.softplus (beta 1, threshold 20): x itself above 20. */
 static inline float gdn_softplusf(float x) { return x > 20.0f ? x : __builtin_log1pf(__builtin_expf(x)); }
 static inline float gdn_siluf(float x) { return x * gdn_sigmoidf(x); }
+
+/* Token rows are N = B*T. Per row the projections are one row of width P:
+ * [qkv_pre (cd) | z (vd) | b (Hv) | a (Hv)], cd = conv_dim, vd = Hv*V. */
+struct gdn_layer_plan {
+    gdn_layer_config cfg;
+    int threads;
+    int64_t N, cd, vd, P, kd; /* kd = Hk*K */
+    gdn_plan *kplan;          /* the kernel's plan for [B, T] */
+    size_t ckpt_floats;       /* the kernel's saved states */
+    /* workspace, carved from one arena */
+    float *proj, *dproj;              /* N x P */
+    float *q, *k, *v, *g, *beta;      /* kernel inputs, [B,T,H,D] */
+    float *dq, *dk, *dv, *dg, *dbeta; /* their gradients; dq/dk/dv become the conv's du */
+    float *o, *nrm;                   /* N x vd: kernel output; gated-norm output (dn, do later) */
+    float *ckpt;                      /* the kernel's saved states when the backward recomputes */
+    float *halo, *dhalo;              /* B x (Kc-1) x cd: pre-conv rows before token 0 */
+    float *convw;                     /* Kc x cd: conv taps transposed (channel-contiguous) */
+    float *partial;                   /* threads x (Kc cd + V + 2 Hv): per-thread reductions */
+    float *mm_ws;                     /* gdn_matmul packing space */
+    void *arena;
+};
+
+/* What the forward keeps for the backward, carved from `saved`: the pre-conv rows before token 0
+ * and the recurrent state entering the call (its shard under CP); with KEEP_PROJ also the
+ * kernel's saved states, the projections and the kernel output. */
+typedef struct {
+    float *halo, *h0, *ckpt, *proj, *o;
+} gdn_layer_saved;
+gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved);
+
+/* The phases of the forward, shared with the CP path:
+ * project: proj = x [W_qkv; W_z; W_b; W_a]^T.
+ * conv_gates: causal conv + SiLU of proj's qkv columns (rows before 0 from halo) into q, k, v,
+ *             and g, beta from its b, a columns.
+ * norm: nrm = gated RMSNorm of o with proj's z columns. out: y = nrm W_out^T (first `rows` rows). */
+void gdn_layer_project(gdn_layer_plan *lp, const float *x, const float *w);
+void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const float *w);
+void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
+                    const float *w);
+void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const float *w);
+/* Checks of the public entry points (NULLs, NaN/Inf in x or w). */
+int gdn_layer_check_inputs(const gdn_layer_plan *lp, const float *x, const char *xname,
+                           const float *w);
+/* The backward from the kernel inputs on (q..beta in lp, o, proj, halo as the forward had
+ * them) down to the projections' gradient in lp->dproj: dw (overwritten) for every weight but
+ * the four input projections, and the halo rows' gradient into dhalo (may be NULL).
+ * kbwd runs the gated delta rule's backward (single rank or CP) from do (in lp->nrm) into
+ * lp->dq .. lp->dbeta. Then gdn_layer_project_backward: dx and the projections' dw. */
+typedef int (*gdn_layer_kernel_bwd)(gdn_layer_plan *lp, void *ctx);
+int gdn_layer_backward_to_proj(gdn_layer_plan *lp, float *dw, float *dhalo, const float *w,
+                               const float *proj, const float *o, const float *halo,
+                               const float *dy, gdn_layer_kernel_bwd kbwd, void *ctx);
+void gdn_layer_project_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
+                                const float *w);
 
 #endif

@@ -1,0 +1,165 @@
+/* The causal conv's halo across ranks (DESIGN §4): each rank needs the `rows` token rows that
+ * precede its shard in the global sequence. They may belong to several predecessors when those
+ * hold fewer than `rows` tokens, so every rank learns every shard's length and exchanges exactly
+ * the overlapping rows point to point. MPI derived datatypes describe the strided rows on both
+ * sides: nothing is packed or allocated in the forward. The backward is the adjoint: the halo's
+ * gradient goes back to the owners, which add it to their rows. */
+#include "cp_internal.h"
+
+#include <limits.h>
+#include <string.h>
+
+enum { HALO_TAG = 11 };
+
+/* Agree on B, width and rows; learn every shard's length (cp->shard_T) and this rank's start. */
+static int halo_agree(gdn_cp *cp, int64_t B, int64_t T_local, int64_t width, int64_t rows,
+                      int local, int64_t *start) {
+    enum { NSIG = 5 };
+    const int64_t sig[NSIG] = {T_local, B, width, rows, local};
+    int64_t *all = malloc(sizeof(int64_t) * NSIG * cp->size);
+    if (!all) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp halo agreement"));
+    const double t0 = MPI_Wtime();
+    const int mrc = MPI_Allgather(sig, NSIG, MPI_INT64_T, all, NSIG, MPI_INT64_T, cp->comm);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    if (mrc != MPI_SUCCESS) {
+        free(all);
+        return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp halo)");
+    }
+    static const char *names[NSIG] = {"T", "B", "halo width", "halo rows"};
+    int rc = local; /* a failure anywhere first: this rank's keeps its own message */
+    for (int r = 0; r < cp->size && !rc; r++)
+        if (all[r * NSIG + 4])
+            rc = gdn_fail((int)all[r * NSIG + 4], "rank %d failed (%s); see its message", r,
+                          gdn_strerror((int)all[r * NSIG + 4]));
+    *start = 0;
+    for (int r = 0; r < cp->size && !rc; r++) {
+        cp->shard_T[r] = all[r * NSIG];
+        if (r < cp->rank) *start += cp->shard_T[r];
+        for (int i = 1; i < 4 && !rc; i++)
+            if (all[r * NSIG + i] != all[i])
+                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
+                              names[i], r, (long long)all[r * NSIG + i], (long long)all[i]);
+    }
+    free(all);
+    return rc;
+}
+
+/* Rows [lo, hi) of the global sequence that rank s holds and rank r's halo needs. */
+static void overlap(const gdn_cp *cp, int s, int r, int64_t rows, int64_t *lo, int64_t *hi) {
+    int64_t ts = 0, tr = 0;
+    for (int i = 0; i < s; i++) ts += cp->shard_T[i];
+    for (int i = 0; i < r; i++) tr += cp->shard_T[i];
+    const int64_t need_lo = tr - rows > 0 ? tr - rows : 0;
+    *lo = ts > need_lo ? ts : need_lo;
+    *hi = ts + cp->shard_T[s] < tr ? ts + cp->shard_T[s] : tr;
+}
+
+/* Rows [lo, hi) (local indices) of x for every batch row: n rows of `width` floats at row stride
+ * `stride`, batch rows T_local * stride apart. */
+static int rows_type(MPI_Datatype *type, int64_t B, int64_t n, int64_t width, int64_t stride,
+                     int64_t batch_stride) {
+    if (n * width > INT_MAX || stride > INT_MAX || B > INT_MAX)
+        return gdn_fail(GDN_ERR_SHAPE, "cp halo: %lld rows of %lld floats exceed MPI's int counts",
+                        (long long)n, (long long)width);
+    MPI_Datatype rowblock;
+    if (MPI_Type_vector((int)n, (int)width, (int)stride, MPI_FLOAT, &rowblock) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Type_vector failed (cp halo)");
+    int mrc = MPI_Type_create_hvector((int)B, 1, (MPI_Aint)(batch_stride * sizeof(float)), rowblock, type);
+    MPI_Type_free(&rowblock);
+    if (mrc == MPI_SUCCESS) mrc = MPI_Type_commit(type);
+    return mrc == MPI_SUCCESS ? GDN_OK : gdn_fail(GDN_ERR_MPI, "MPI datatype for the cp halo failed");
+}
+
+/* The nonblocking messages of one exchange: at most `rows` peers on each side. */
+typedef struct {
+    MPI_Request req[2 * GDN_MAX_CONV + 2];
+    MPI_Status st[2 * GDN_MAX_CONV + 2];
+    int n;
+} requests;
+
+int gdn_cp_halo_forward(gdn_cp *cp, float *halo, const float *x, int64_t B, int64_t T_local,
+                        int64_t width, int64_t row_stride, int64_t rows, int local_status) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp is NULL");
+    int64_t start;
+    int rc = halo_agree(cp, B, T_local, width, rows, local_status, &start);
+    if (rc) return rc;
+    if (rows > GDN_MAX_CONV) return gdn_fail(GDN_ERR_SHAPE, "cp halo of %lld rows", (long long)rows);
+    if (B * rows * width > 0) memset(halo, 0, sizeof(float) * B * rows * width);
+    requests rq = {.n = 0};
+    MPI_Datatype types[2 * GDN_MAX_CONV + 2];
+    const double t0 = MPI_Wtime();
+    /* receive from the predecessors that hold my halo rows (at most `rows` of them) */
+    for (int s = cp->rank - 1; s >= 0 && !rc; s--) {
+        int64_t lo, hi;
+        overlap(cp, s, cp->rank, rows, &lo, &hi);
+        if (hi <= lo) continue;
+        if ((rc = rows_type(&types[rq.n], B, hi - lo, width, width, rows * width))) break;
+        MPI_Irecv(halo + (lo - (start - rows)) * width, 1, types[rq.n], s, HALO_TAG, cp->comm, &rq.req[rq.n]);
+        cp->stats.bytes_recv += 4 * (uint64_t)(B * (hi - lo) * width);
+        rq.n++;
+    }
+    /* send my rows to the successors whose halo they are */
+    for (int r = cp->rank + 1; r < cp->size && !rc; r++) {
+        int64_t lo, hi;
+        overlap(cp, cp->rank, r, rows, &lo, &hi);
+        if (hi <= lo) continue;
+        if ((rc = rows_type(&types[rq.n], B, hi - lo, width, row_stride, T_local * row_stride))) break;
+        MPI_Isend(x + (lo - start) * row_stride, 1, types[rq.n], r, HALO_TAG, cp->comm, &rq.req[rq.n]);
+        cp->stats.bytes_sent += 4 * (uint64_t)(B * (hi - lo) * width), cp->stats.messages++;
+        rq.n++;
+    }
+    const int mrc = MPI_Waitall(rq.n, rq.req, rq.st);
+    for (int i = 0; i < rq.n; i++) MPI_Type_free(&types[i]);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    if (!rc && mrc != MPI_SUCCESS) rc = gdn_fail(GDN_ERR_MPI, "cp halo exchange failed");
+    if (cp->fault == GDN_CP_FAULT_DROP_HALO && B * rows * width > 0)
+        memset(halo, 0, sizeof(float) * B * rows * width);
+    return gdn_cp_agree_status(cp, rc);
+}
+
+int gdn_cp_halo_backward(gdn_cp *cp, float *dx, const float *dhalo, int64_t B, int64_t T_local,
+                         int64_t width, int64_t row_stride, int64_t rows, int local_status) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp is NULL");
+    int64_t start;
+    int rc = halo_agree(cp, B, T_local, width, rows, local_status, &start);
+    if (rc) return rc;
+    float *buf = gdn_cp_scratch(cp, (size_t)(B * rows * width));
+    if (!buf) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp halo gradient buffer"));
+    requests rq = {.n = 0};
+    MPI_Datatype types[GDN_MAX_CONV + 1];
+    const double t0 = MPI_Wtime();
+    /* my halo's gradient back to its owners */
+    for (int s = cp->rank - 1; s >= 0 && !rc; s--) {
+        int64_t lo, hi;
+        overlap(cp, s, cp->rank, rows, &lo, &hi);
+        if (hi <= lo) continue;
+        if ((rc = rows_type(&types[rq.n], B, hi - lo, width, width, rows * width))) break;
+        MPI_Isend(dhalo + (lo - (start - rows)) * width, 1, types[rq.n], s, HALO_TAG, cp->comm, &rq.req[rq.n]);
+        cp->stats.bytes_sent += 4 * (uint64_t)(B * (hi - lo) * width), cp->stats.messages++;
+        rq.n++;
+    }
+    /* the successors' gradients of my rows, one at a time through the buffer, added */
+    for (int r = cp->rank + 1; r < cp->size && !rc; r++) {
+        int64_t lo, hi;
+        overlap(cp, cp->rank, r, rows, &lo, &hi);
+        if (hi <= lo) continue;
+        const int64_t n = hi - lo;
+        if (MPI_Recv(buf, (int)(B * n * width), MPI_FLOAT, r, HALO_TAG, cp->comm, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+            rc = gdn_fail(GDN_ERR_MPI, "cp halo gradient receive from rank %d failed", r);
+            break;
+        }
+        cp->stats.bytes_recv += 4 * (uint64_t)(B * n * width);
+        if (cp->fault == GDN_CP_FAULT_DROP_HALO_GRAD) continue;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < n; i++) {
+                float *dst = dx + (b * T_local + lo - start + i) * row_stride;
+                const float *src = buf + (b * n + i) * width;
+                for (int64_t c = 0; c < width; c++) dst[c] += src[c];
+            }
+    }
+    const int mrc = MPI_Waitall(rq.n, rq.req, rq.st);
+    for (int i = 0; i < rq.n; i++) MPI_Type_free(&types[i]);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    if (!rc && mrc != MPI_SUCCESS) rc = gdn_fail(GDN_ERR_MPI, "cp halo gradient exchange failed");
+    return gdn_cp_agree_status(cp, rc);
+}

@@ -1,0 +1,82 @@
+/* The GatedDeltaNet layer over a sequence split across ranks (DESIGN §4): the projections, the
+ * gates and the norm are token-local; the conv's halo crosses ranks point to point
+ * (gdn_cp_halo_*); the recurrence is the kernel's context parallelism. */
+#include "layer_internal.h"
+
+#include "gdncp_cp.h"
+
+#include <string.h>
+
+int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *lp, float *y, float *saved, const float *x,
+                         const float *w) {
+    int rc = gdn_layer_check_inputs(lp, x, "x", w);
+    if (!rc && !y) rc = gdn_fail(GDN_ERR_ARG, "layer output 'y' is NULL");
+    if (!lp) /* still take part in the agreement, so the other ranks stop too */
+        return gdn_cp_halo_forward(cp, NULL, NULL, 0, 0, 0, 0, 0, rc);
+    const gdn_layer_config *c = &lp->cfg;
+    gdn_layer_saved sv = gdn_layer_saved_view(lp, saved);
+    float *proj = sv.proj ? sv.proj : lp->proj, *o = sv.o ? sv.o : lp->o;
+    if (!rc) gdn_layer_project(lp, x, w);
+    rc = gdn_cp_halo_forward(cp, lp->halo, lp->proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, rc);
+    if (rc) return rc;
+    if (proj != lp->proj) memcpy(proj, lp->proj, sizeof(float) * lp->N * lp->P);
+    gdn_layer_conv_gates(lp, proj, lp->halo, w);
+    /* s_in (this shard's incoming state) goes to saved for the backward, else to scratch. */
+    float *s_in = sv.h0;
+    if ((rc = gdn_cp_forward(cp, lp->kplan, o, NULL, s_in, lp->q, lp->k, lp->v, lp->g, lp->beta, NULL)))
+        return rc;
+    if (sv.halo) memcpy(sv.halo, lp->halo, sizeof(float) * c->B * (c->Kc - 1) * lp->cd);
+    gdn_layer_norm(lp, lp->N, o, proj, w);
+    gdn_layer_out(lp, lp->N, y, w);
+    return GDN_OK;
+}
+
+typedef struct {
+    gdn_cp *cp;
+    const float *s_in;
+} cp_bwd;
+
+static int kernel_backward_cp(gdn_layer_plan *lp, void *ctx) {
+    const cp_bwd *s = ctx;
+    return gdn_cp_backward(s->cp, lp->kplan, lp->dq, lp->dk, lp->dv, lp->dg, lp->dbeta, NULL,
+                           lp->q, lp->k, lp->v, lp->g, lp->beta, NULL, s->s_in, lp->nrm, NULL);
+}
+
+int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, const float *x,
+                          const float *w, const float *saved, const float *dy) {
+    int rc = gdn_layer_check_inputs(lp, x, "x", w);
+    if (!rc && lp) rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite);
+    if (!rc && (!dx || !dw)) rc = gdn_fail(GDN_ERR_ARG, "layer output '%s' is NULL", dx ? "dw" : "dx");
+    if (!lp) return gdn_cp_halo_forward(cp, NULL, NULL, 0, 0, 0, 0, 0, rc);
+    const gdn_layer_config *c = &lp->cfg;
+    gdn_layer_saved sv = gdn_layer_saved_view(lp, (float *)saved);
+    const float *proj = sv.proj, *o = sv.o, *halo = sv.halo;
+    cp_bwd kb = {cp, sv.h0};
+    if (!proj && !rc) {
+        gdn_layer_project(lp, x, w);
+        proj = lp->proj;
+    }
+    if (!halo) { /* not saved: exchange it again */
+        rc = gdn_cp_halo_forward(cp, lp->halo, lp->proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, rc);
+        halo = lp->halo;
+    } else {
+        rc = gdn_cp_agree_status(cp, rc);
+    }
+    if (rc) return rc;
+    gdn_layer_conv_gates(lp, proj, halo, w);
+    if (!o) {
+        /* The kernel's output again: from the saved incoming state on this rank alone, or (no
+         * saved state, or the heads strategy, which forms none) by the CP forward. */
+        if (kb.s_in && gdn_cp_get_strategy(cp) != GDN_CP_HEADS)
+            rc = gdn_forward(lp->kplan, lp->o, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, kb.s_in);
+        else
+            rc = gdn_cp_forward(cp, lp->kplan, lp->o, NULL, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, NULL);
+        if (rc) return rc;
+        o = lp->o;
+    }
+    rc = gdn_layer_backward_to_proj(lp, dw, lp->dhalo, w, proj, o, halo, dy, kernel_backward_cp, &kb);
+    rc = gdn_cp_halo_backward(cp, lp->dproj, lp->dhalo, c->B, c->T, lp->cd, lp->P, c->Kc - 1, rc);
+    if (rc) return rc;
+    gdn_layer_project_backward(lp, dx, dw, x, w);
+    return GDN_OK;
+}

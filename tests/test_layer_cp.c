@@ -1,0 +1,146 @@
+/* The layer over ranks against the single-rank layer: every strategy, uneven shards including
+ * shards shorter than the conv's halo (a rank's halo then spans several predecessors), forward
+ * and backward in both memory modes, with the halo and its gradient dropped as negative
+ * controls injected into the real exchange. */
+#include "cp_internal.h"
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rounding only: the single-rank and split runs differ in summation order. */
+#define TOL_LAYER_CP 2e-5
+
+static int rank, D;
+
+/* max|ours - ref| over max|ref| across every rank's rows. */
+static double err_over_ranks(const float *ours, const float *ref, int64_t n) {
+    double loc[2] = {0, 0}, glob[2];
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)ours[i] - ref[i]);
+        if (!(d <= loc[0])) loc[0] = d;
+        loc[1] = fmax(loc[1], fabs(ref[i]));
+    }
+    if (isnan(loc[0])) loc[0] = INFINITY;
+    MPI_Allreduce(loc, glob, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return glob[0] / fmax(glob[1], 1e-30);
+}
+
+static float *rows_of(const float *x, int64_t B, int64_t T, int64_t t0, int64_t tn, int64_t inner) {
+    float *out = malloc(sizeof(float) * (B * tn * inner + 1));
+    for (int64_t b = 0; b < B; b++)
+        memcpy(out + b * tn * inner, x + (b * T + t0) * inner, sizeof(float) * tn * inner);
+    return out;
+}
+
+static float *random_layer_weights(const gdn_layer_config *c, uint64_t seed) {
+    rng_seed(seed);
+    float *w = calloc(gdn_layer_param_floats(c), sizeof(float));
+    for (int i = 0; i < GDN_P_COUNT; i++) {
+        float *p = w + gdn_layer_param_offset(c, i);
+        const int64_t n = (int64_t)gdn_layer_param_numel(c, i);
+        const double a = i == GDN_P_OUT_PROJ ? 1.0 / sqrt((double)c->Hv * c->V) : 1.0 / sqrt((double)c->E);
+        for (int64_t j = 0; j < n; j++) {
+            switch (i) {
+            case GDN_P_CONV1D: p[j] = (float)rng_uniform(-0.6, 0.6); break;
+            case GDN_P_A_LOG: p[j] = (float)log(rng_uniform(0.05, 1.0)); break; /* mild gates: the */
+            case GDN_P_DT_BIAS: p[j] = (float)rng_uniform(0.5, 1.5); break;     /* state carries far */
+            case GDN_P_NORM: p[j] = (float)rng_uniform(0.5, 1.5); break;
+            default: p[j] = (float)rng_uniform(-a, a);
+            }
+        }
+    }
+    return w;
+}
+
+/* One layer case: shard sizes per rank; runs every strategy (heads where D divides Hk). */
+static void layer_cp_case(const char *label, gdn_layer_config full, const int64_t *sizes) {
+    const int64_t B = full.B, E = full.E;
+    int64_t T = 0, t0 = 0;
+    for (int r = 0; r < D; r++) {
+        if (r < rank) t0 += sizes[r];
+        T += sizes[r];
+    }
+    const int64_t tn = sizes[rank];
+    full.T = T, full.threads = 1;
+    const size_t nw = gdn_layer_param_floats(&full);
+    float *w = random_layer_weights(&full, 99);
+    float *x = malloc(sizeof(float) * B * T * E), *dy = malloc(sizeof(float) * B * T * E);
+    for (int64_t i = 0; i < B * T * E; i++) x[i] = (float)rng_uniform(-1, 1), dy[i] = (float)rng_uniform(-1, 1);
+    /* the single-rank layer on the whole sequence (every rank: small shapes) */
+    float *y1 = malloc(sizeof(float) * B * T * E), *dx1 = malloc(sizeof(float) * B * T * E),
+          *dw1 = malloc(sizeof(float) * nw);
+    gdn_layer_plan *lp1;
+    if (gdn_layer_plan_create(&lp1, &full) || gdn_layer_forward(lp1, y1, NULL, x, w, NULL, NULL) ||
+        gdn_layer_backward(lp1, dx1, dw1, x, w, NULL, dy)) {
+        check(0, "%s: single-rank layer: %s", label, gdn_errmsg());
+        return;
+    }
+    gdn_layer_plan_destroy(lp1);
+    float *yr = rows_of(y1, B, T, t0, tn, E), *dxr = rows_of(dx1, B, T, t0, tn, E);
+    float *xl = rows_of(x, B, T, t0, tn, E), *dyl = rows_of(dy, B, T, t0, tn, E);
+    gdn_layer_config loc = full;
+    loc.T = tn;
+    float *y = malloc(sizeof(float) * B * tn * E), *dx = malloc(sizeof(float) * B * tn * E),
+          *dw = malloc(sizeof(float) * nw), *dwsum = malloc(sizeof(float) * nw);
+    for (int strategy = 0; strategy < 4; strategy++) {
+        if (strategy == GDN_CP_HEADS && full.Hk % D) continue; /* not run, not counted */
+        for (int keep = 0; keep < 2; keep++)
+            for (int fault = 0; fault < 3; fault++) {
+                if (fault && (keep || strategy != GDN_CP_SCAN || D == 1)) continue;
+                loc.keep = keep;
+                gdn_layer_plan *lp = NULL;
+                gdn_cp *cp = NULL;
+                int rc = gdn_layer_plan_create(&lp, &loc);
+                if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)strategy);
+                float *saved = lp ? malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1)) : NULL;
+                if (cp) gdn_cp_set_fault(cp, fault == 1 ? GDN_CP_FAULT_DROP_HALO : fault == 2 ? GDN_CP_FAULT_DROP_HALO_GRAD : 0);
+                if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, xl, w);
+                if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, xl, w, saved, dyl);
+                if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                int any = rc;
+                MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+                char what[200];
+                snprintf(what, sizeof what, "%s D=%d %s %s", label, D, gdn_cp_strategy_name(strategy),
+                         keep ? "keep-proj" : "keep-min");
+                if (any) {
+                    check(0, "%s: %s", what, rc ? gdn_errmsg() : "failed on another rank");
+                } else if (fault == 1) {
+                    expect_far(err_over_ranks(y, yr, B * tn * E), TOL_LAYER_CP, "%s y with the conv halo dropped", what);
+                } else if (fault == 2) {
+                    expect_close(err_over_ranks(y, yr, B * tn * E), TOL_LAYER_CP, "%s y (halo gradient dropped)", what);
+                    expect_far(err_over_ranks(dx, dxr, B * tn * E), TOL_LAYER_CP, "%s dx with the halo gradient dropped", what);
+                } else {
+                    expect_close(err_over_ranks(y, yr, B * tn * E), TOL_LAYER_CP, "%s y", what);
+                    expect_close(err_over_ranks(dx, dxr, B * tn * E), TOL_LAYER_CP, "%s dx", what);
+                    double worst = 0;
+                    for (int i = 0; i < GDN_P_COUNT; i++)
+                        worst = fmax(worst, err_over_ranks(dwsum + gdn_layer_param_offset(&full, i),
+                                                           dw1 + gdn_layer_param_offset(&full, i),
+                                                           (int64_t)gdn_layer_param_numel(&full, i)));
+                    expect_close(worst, TOL_LAYER_CP, "%s every weight gradient (summed over ranks), worst", what);
+                }
+                free(saved);
+                gdn_cp_destroy(cp);
+                gdn_layer_plan_destroy(lp);
+            }
+    }
+    free(w), free(x), free(dy), free(y1), free(dx1), free(dw1), free(yr), free(dxr), free(xl), free(dyl);
+    free(y), free(dx), free(dw), free(dwsum);
+}
+
+void test_layer_cp(void) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &D);
+    int64_t *sizes = malloc(sizeof(int64_t) * D);
+    gdn_layer_config c = gdn_layer_config_default(2, 0, 16, 2, 4, 8, 6);
+    /* 1- and 2-token shards between longer ones: halos span up to three predecessors */
+    for (int r = 0; r < D; r++) sizes[r] = r % 3 == 1 ? 1 : r % 3 == 2 ? 2 : 9 + r;
+    layer_cp_case("layer, shards 9/1/2/..", c, sizes);
+    for (int r = 0; r < D; r++) sizes[r] = 1; /* every shard shorter than the halo */
+    c.Kc = 5;
+    layer_cp_case("layer, one token per rank, Kc=5", c, sizes);
+    free(sizes);
+}
