@@ -1,3 +1,147 @@
+/* The large GEMM (gdn_matmul, src/core/matmul.c) against a double-precision triple loop: every
+ * flag combination (ACC, A_TRANS, B_TRANS), odd sizes and sizes crossing the block sizes (KC 256,
+ * MC 168 rows, NR 32 / 16 columns, NC 4096 columns), padded strides, the streaming path
+ * (m <= 16 with B transposed), 1 and 2 threads, kk = 0.
+ *
+ * Error measure: per element, |C - ref| / sum_p |op(A)_ip op(B)_pj| (+ |C_in| with ACC), i.e.
+ * relative to the sum of the absolute terms, which is what fp32 rounding of a dot product is
+ * bounded by (cancellation or not): worst case about kk * 2^-24 (3.6e-5 at kk = 600), in practice
+ * ~sqrt(kk) * 2^-24 (observed below 1e-6). Tolerance 1e-5; a wrong operand (B shifted by one
+ * element) gives errors of order 1e-1 through the same measure. The padding past each row of C
+ * must be left untouched. */
 #include "harness.h"
+#include "internal.h"
 
-void test_matmul(void) {}
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MM_TOL 1e-5
+#define PAD_SENTINEL 1234.5f
+
+static float *ws_alloc(int threads) {
+    const size_t bytes = (gdn_matmul_ws_floats(threads) * sizeof(float) + 63) / 64 * 64;
+    return aligned_alloc(64, bytes);
+}
+
+/* Worst per-element error of gdn_matmul (with `threads`) vs the double product. corrupt = 1
+ * shifts B by one element (negative control). Returns +Inf if C's row padding was written. */
+static double mm_err(int flags, int64_t m, int64_t n, int64_t kk, int threads, int corrupt) {
+    const int at = (flags & GDN_GEMM_A_TRANS) != 0, bt = (flags & GDN_GEMM_B_TRANS) != 0,
+              acc = (flags & GDN_GEMM_ACC) != 0;
+    const int64_t lda = at ? m + 3 : kk + 3, ldb = bt ? kk + 5 : n + 5, ldc = n + 2;
+    const int64_t arows = at ? kk : m, brows = bt ? n : kk;
+    float *A = malloc(sizeof(float) * (size_t)(arows * lda + 1));
+    float *B = malloc(sizeof(float) * (size_t)(brows * ldb + 1));
+    float *C = malloc(sizeof(float) * (size_t)(m * ldc)), *C0 = malloc(sizeof(float) * (size_t)(m * ldc));
+    rng_seed((uint64_t)(flags * 7919 + m * 131 + n * 17 + kk));
+    for (int64_t i = 0; i < arows * lda + 1; i++) A[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < brows * ldb + 1; i++) B[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < ldc; j++) C[i * ldc + j] = j < n ? (float)rng_uniform(-1, 1) : PAD_SENTINEL;
+    memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
+    float *ws = ws_alloc(threads);
+    gdn_matmul(flags, m, n, kk, A, lda, B + corrupt, ldb, C, ldc, ws, threads);
+    double worst = 0.0;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = n; j < ldc; j++)
+            if (C[i * ldc + j] != PAD_SENTINEL) worst = INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            double ref = acc ? C0[i * ldc + j] : 0.0, mag = fabs(ref);
+            for (int64_t p = 0; p < kk; p++) {
+                const double t = (double)(at ? A[p * lda + i] : A[i * lda + p]) *
+                                 (bt ? B[j * ldb + p] : B[p * ldb + j]);
+                ref += t, mag += fabs(t);
+            }
+            worst = fmax(worst, fabs(C[i * ldc + j] - ref) / (mag > 0 ? mag : 1.0));
+        }
+    }
+    free(A), free(B), free(C), free(C0), free(ws);
+    return worst;
+}
+
+static const char *flag_name(int flags) {
+    static char buf[64];
+    snprintf(buf, sizeof buf, "%s%s%s", (flags & GDN_GEMM_ACC) ? "acc " : "",
+             (flags & GDN_GEMM_A_TRANS) ? "A^T " : "", (flags & GDN_GEMM_B_TRANS) ? "B^T" : "");
+    if (!flags) snprintf(buf, sizeof buf, "plain");
+    return buf;
+}
+
+static const int FLAG_SET[8] = {0, GDN_GEMM_ACC, GDN_GEMM_A_TRANS, GDN_GEMM_B_TRANS,
+                                GDN_GEMM_ACC | GDN_GEMM_A_TRANS, GDN_GEMM_ACC | GDN_GEMM_B_TRANS,
+                                GDN_GEMM_A_TRANS | GDN_GEMM_B_TRANS,
+                                GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_B_TRANS};
+
+/* The blocked path: odd sizes and sizes just past the block sizes. */
+static void blocked(void) {
+    const int64_t sizes[][3] = {
+        {17, 1, 1},     {1, 1, 1},     {7, 17, 33},    {33, 100, 17},  {100, 33, 257},
+        {257, 65, 7},   {170, 31, 300}, {29, 513, 19}, {337, 40, 100}, {20, 4100, 9},
+    };
+    for (int fi = 0; fi < 8; fi++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+            for (int th = 1; th <= 2; th++) {
+                const int64_t m = sizes[s][0], n = sizes[s][1], kk = sizes[s][2];
+                expect_close(mm_err(FLAG_SET[fi], m, n, kk, th, 0), MM_TOL,
+                             "matmul %-11s m=%-3ld n=%-4ld k=%-3ld threads=%d vs double", flag_name(FLAG_SET[fi]),
+                             (long)m, (long)n, (long)kk, th);
+            }
+}
+
+/* m = 1..16: the streaming path with B^T (kk past its 512-deep blocks, not a multiple of the
+ * vector width; n not a multiple of its 4-row tiles); the blocked path without. */
+static void small_m(void) {
+    for (int m = 1; m <= 16; m++)
+        for (int fi = 0; fi < 8; fi++) {
+            const int flags = FLAG_SET[fi];
+            const int64_t n = 37, kk = (flags & GDN_GEMM_B_TRANS) ? 541 : 70;
+            const int th = 1 + (m + fi) % 2;
+            expect_close(mm_err(flags, m, n, kk, th, 0), MM_TOL,
+                         "matmul small m %-11s m=%-2d n=%ld k=%ld threads=%d vs double", flag_name(flags), m,
+                         (long)n, (long)kk, th);
+        }
+    expect_close(mm_err(GDN_GEMM_B_TRANS, 16, 3, 9, 2, 0), MM_TOL,
+                 "matmul small m B^T m=16 n=3 k=9 (one partial tile, no full vector) threads=2");
+}
+
+/* kk = 0: C = 0 without ACC (exactly), C unchanged with it. */
+static void empty_depth(void) {
+    for (int fi = 0; fi < 8; fi++) {
+        const int flags = FLAG_SET[fi];
+        const int64_t m = fi % 2 ? 5 : 40, n = 19, ldc = 21;
+        float C[40 * 21], *ws = ws_alloc(2);
+        for (int i = 0; i < 40 * 21; i++) C[i] = (float)(i % 7) - 3.0f;
+        const float a = 1.0f, b = 1.0f;
+        gdn_matmul(flags, m, n, 0, &a, 1, &b, 1, C, ldc, ws, 2);
+        int ok = 1;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < ldc; j++) {
+                const float orig = (float)((i * ldc + j) % 7) - 3.0f;
+                const float want = (j < n && !(flags & GDN_GEMM_ACC)) ? 0.0f : orig;
+                ok &= C[i * ldc + j] == want;
+            }
+        free(ws);
+        check(ok, "matmul k=0 %-11s m=%ld n=%ld: C %s, padding untouched", flag_name(flags), (long)m, (long)n,
+              (flags & GDN_GEMM_ACC) ? "unchanged" : "zeroed");
+    }
+}
+
+static void negative_controls(void) {
+    expect_far(mm_err(0, 100, 33, 257, 2, 1), MM_TOL, "matmul plain with B shifted by one element");
+    expect_far(mm_err(GDN_GEMM_B_TRANS, 100, 33, 257, 2, 1), MM_TOL,
+               "matmul B^T with B shifted by one element");
+    expect_far(mm_err(GDN_GEMM_A_TRANS | GDN_GEMM_ACC, 170, 31, 300, 1, 1), MM_TOL,
+               "matmul acc A^T with B shifted by one element");
+    expect_far(mm_err(GDN_GEMM_B_TRANS, 4, 37, 541, 2, 1), MM_TOL,
+               "matmul small-m B^T (streaming) with B shifted by one element");
+}
+
+void test_matmul(void) {
+    if (!tests_quiet) printf("matmul path: %s\n", gdn_matmul_path());
+    blocked();
+    small_m();
+    empty_depth();
+    negative_controls();
+}

@@ -1,23 +1,365 @@
-/* Large fp32 GEMM for the layer's projections. (First version: row blocks of gdn_gemm in
- * parallel; to be replaced by a cache-blocked, packed GEMM.) */
+/* Large fp32 GEMM for the layer's projections: C[m x n] (+)= op(A)[m x kk] op(B)[kk x n].
+ *
+ * Two paths:
+ *  - blocked (BLIS/GotoBLAS loops): for each NC-column panel and KC-deep slice, the threads
+ *    together pack op(B) into NR-column micro-panels (kc x NR, contiguous, zero-padded) shared
+ *    by all; each thread then packs MC x KC blocks of op(A) of its own rows into MR-row
+ *    micro-panels and runs the register-tiled MR x NR micro-kernel over them (loops jr over
+ *    the B micro-panels, ir over the A micro-panels: the kc x NR B micro-panel stays in L1, the
+ *    A block in L2). Vectors run along n (NR = 2 vectors); A elements are broadcast.
+ *    The threads split the rows of C (in MR-row units, balanced); when there are fewer row
+ *    blocks than threads (small m) they split the B micro-panels instead.
+ *  - streaming (decode: m <= 16 and B stored transposed, i.e. a weight matrix [n x kk]): packing
+ *    W would double its memory traffic, so each W row is read once and dotted with all m rows
+ *    of A (threads split the W rows); A stays in cache. Bound by memory bandwidth.
+ *
+ * Vector width is the target's: 16 lanes with AVX-512, else 8 (GCC/Clang vector extensions). */
 #include "internal.h"
 
+#include <omp.h>
 #include <string.h>
 
-size_t gdn_matmul_ws_floats(int threads) { return (size_t)(threads > 0 ? threads : 1) * 16; }
+#if defined(__AVX512F__)
+#define VL 16
+#define NR_STR "32"
+#define MR 14
+#define ISA_NAME "AVX-512, 16 lanes"
+#else
+#define VL 8
+#define NR_STR "16"
+#define MR 6
+#if defined(__AVX2__) && defined(__FMA__)
+#define ISA_NAME "AVX2+FMA, 8 lanes"
+#else
+#define ISA_NAME "generic vectors, 8 lanes"
+#endif
+#endif
+#define NR (2 * VL)
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4))); /* unaligned access */
+
+static inline vf loadu(const float *p) { return *(const vf_u *)p; }
+static inline void storeu(float *p, vf x) { *(vf_u *)p = x; }
+
+/* Block sizes (measured on a 48 KB L1 / 2 MB L2 core, see the commit message):
+ * KC: depth of a packed slice (a kc x NR B micro-panel, 32 KB at 256 x 32, stays in L1);
+ * MC: rows of a packed A block (MC x KC in L2); NC: columns of the shared packed B panel. */
+enum { KC = 256, MC = 14 * 12, NC = 4096 };
+enum { SMALL_M = 16 }; /* streaming path for m <= SMALL_M with B transposed */
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---------------------------------------------------------------- packing */
+
+/* dst: ceil(mc/MR) micro-panels of kc x MR (dst[p*MR + i] = op(A)[i0+i][k0+p]), zero-padded rows. */
+static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans, int64_t i0,
+                   int64_t mc, int64_t k0, int64_t kc) {
+    for (int64_t ir = 0; ir < mc; ir += MR) {
+        const int mr = (int)min64(MR, mc - ir);
+        float *restrict d = dst + ir * kc;
+        if (a_trans) { /* op(A)[i][p] = A[p][i]: MR contiguous floats per depth step */
+            const float *s = A + k0 * lda + i0 + ir;
+            if (mr == MR)
+                for (int64_t p = 0; p < kc; p++)
+#pragma GCC unroll 16
+                    for (int i = 0; i < MR; i++) d[p * MR + i] = s[p * lda + i];
+            else
+                for (int64_t p = 0; p < kc; p++)
+                    for (int i = 0; i < MR; i++) d[p * MR + i] = i < mr ? s[p * lda + i] : 0.0f;
+        } else { /* rows of A are contiguous in depth: read rows, write with stride MR (in L1) */
+            for (int i = 0; i < mr; i++) {
+                const float *s = A + (i0 + ir + i) * lda + k0;
+                for (int64_t p = 0; p < kc; p++) d[p * MR + i] = s[p];
+            }
+            for (int i = mr; i < MR; i++)
+                for (int64_t p = 0; p < kc; p++) d[p * MR + i] = 0.0f;
+        }
+    }
+}
+
+/* In-register transpose of VL x VL held in r[0..VL): out[c][l] = in[l][c], by log2(VL) rounds
+ * of pairwise interleaves (each round swaps blocks of size h between rows i and i+h). */
+static inline void transpose_vl(vf r[VL]) {
+    typedef int32_t vi __attribute__((vector_size(VL * 4)));
+    for (int h = VL / 2; h >= 1; h /= 2) {
+        vi lo, hi; /* lo picks a's block-even elements with b's, hi the block-odd ones */
+        for (int l = 0; l < VL; l++) {
+            const int blk = l / h, off = l % h;
+            /* lo: for each pair of blocks (2q, 2q+1): [a block 2q | b block 2q]; hi: [a 2q+1 | b 2q+1] */
+            const int q = blk / 2, second = blk % 2;
+            lo[l] = second ? VL + 2 * q * h + off : 2 * q * h + off;
+            hi[l] = second ? VL + (2 * q + 1) * h + off : (2 * q + 1) * h + off;
+        }
+        for (int i = 0; i < VL; i++) {
+            if (i & h) continue;
+            const vf a = r[i], b = r[i + h];
+            r[i] = __builtin_shuffle(a, b, lo);
+            r[i + h] = __builtin_shuffle(a, b, hi);
+        }
+    }
+}
+
+/* One NR-column micro-panel: dst[p*NR + j] = op(B)[k0+p][j0+j] for j < nc (zero beyond). */
+static void pack_b_panel(float *restrict dst, const float *B, int64_t ldb, int b_trans,
+                         int64_t k0, int64_t kc, int64_t j0, int nc) {
+    if (!b_trans) {
+        const float *s = B + k0 * ldb + j0;
+        if (nc == NR)
+            for (int64_t p = 0; p < kc; p++) {
+                storeu(dst + p * NR, loadu(s + p * ldb));
+                storeu(dst + p * NR + VL, loadu(s + p * ldb + VL));
+            }
+        else
+            for (int64_t p = 0; p < kc; p++)
+                for (int j = 0; j < NR; j++) dst[p * NR + j] = j < nc ? s[p * ldb + j] : 0.0f;
+        return;
+    }
+    /* op(B)[p][j] = B[j][p]: VL x VL register transposes over full blocks */
+    const float *s = B + j0 * ldb + k0;
+    int j = 0;
+    for (; j + VL <= nc; j += VL) {
+        int64_t p = 0;
+        for (; p + VL <= kc; p += VL) {
+            vf r[VL];
+            for (int l = 0; l < VL; l++) r[l] = loadu(s + (j + l) * ldb + p);
+            transpose_vl(r);
+            for (int l = 0; l < VL; l++) storeu(dst + (p + l) * NR + j, r[l]);
+        }
+        for (; p < kc; p++)
+            for (int l = 0; l < VL; l++) dst[p * NR + j + l] = s[(j + l) * ldb + p];
+    }
+    for (; j < nc; j++)
+        for (int64_t p = 0; p < kc; p++) dst[p * NR + j] = s[j * ldb + p];
+    for (; j < NR; j++)
+        for (int64_t p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+}
+
+/* ---------------------------------------------------------------- micro-kernel */
+
+/* C[0..mr) x [0..nr) (+)= a-panel (kc x MR) * b-panel (kc x NR). */
+static void micro(int64_t kc, const float *restrict a, const float *restrict b, float *C,
+                  int64_t ldc, int acc, int mr, int nr) {
+    vf c0[MR], c1[MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; i++) c0[i] = c1[i] = (vf){0};
+    for (int64_t p = 0; p < kc; p++) {
+        const vf b0 = *(const vf *)(b + p * NR), b1 = *(const vf *)(b + p * NR + VL);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            const float ai = a[p * MR + i];
+            c0[i] += ai * b0;
+            c1[i] += ai * b1;
+        }
+    }
+    if (mr == MR && nr == NR) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            float *ci = C + i * ldc;
+            storeu(ci, acc ? loadu(ci) + c0[i] : c0[i]);
+            storeu(ci + VL, acc ? loadu(ci + VL) + c1[i] : c1[i]);
+        }
+        return;
+    }
+    float t[MR][NR] __attribute__((aligned(64)));
+    for (int i = 0; i < MR; i++) {
+        storeu(t[i], c0[i]);
+        storeu(t[i] + VL, c1[i]);
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) C[i * ldc + j] = acc ? C[i * ldc + j] + t[i][j] : t[i][j];
+}
+
+/* ---------------------------------------------------------------- streaming (small m, B^T) */
+
+enum { SR = 4,                      /* W rows per tile */
+       SI = VL == 16 ? 4 : 2,        /* A rows per tile (SI * SR accumulators) */
+       SK = 512 };                   /* depth block: A's m x SK slice and the SR W rows in L1 */
+
+/* part[i][r] += A[i][k0..k0+kv) . W[r][k0..k0+kv) lane-wise, for i < mi, r < nr; kv % VL == 0. */
+static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, int64_t kv,
+                                                              const float *A, int64_t lda,
+                                                              const float *W, int64_t ldw,
+                                                              vf part[SI][SR]) {
+    vf s[SI][SR];
+    for (int i = 0; i < SI; i++)
+        for (int r = 0; r < SR; r++) s[i][r] = part[i][r];
+    for (int64_t k = 0; k < kv; k += VL) {
+        vf w[SR];
+        for (int r = 0; r < SR; r++) w[r] = r < nr ? loadu(W + r * ldw + k) : (vf){0};
+        for (int i = 0; i < SI; i++) {
+            if (i >= mi) continue;
+            const vf av = loadu(A + i * lda + k);
+            for (int r = 0; r < SR; r++)
+                if (r < nr) s[i][r] += av * w[r];
+        }
+    }
+    for (int i = 0; i < SI; i++)
+        for (int r = 0; r < SR; r++) part[i][r] = s[i][r];
+}
+
+static void stream_tile_any(int mi, int nr, int64_t kv, const float *A, int64_t lda, const float *W,
+                            int64_t ldw, vf part[SI][SR]) {
+    if (nr == SR) {
+        switch (mi) {
+        case 1: stream_tile(1, SR, kv, A, lda, W, ldw, part); return;
+        case 2: stream_tile(2, SR, kv, A, lda, W, ldw, part); return;
+#if SI > 2
+        case 3: stream_tile(3, SR, kv, A, lda, W, ldw, part); return;
+        case 4: stream_tile(4, SR, kv, A, lda, W, ldw, part); return;
+#endif
+        default: break;
+        }
+    }
+    stream_tile(mi, nr, kv, A, lda, W, ldw, part); /* edges: generic */
+}
+
+static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
+                          const float *W, int64_t ldw, float *C, int64_t ldc, int threads) {
+    const int64_t kv_all = kk / VL * VL;
+#pragma omp parallel num_threads(threads)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        /* contiguous ranges of W rows, in units of SR rows */
+        const int64_t tiles = (n + SR - 1) / SR;
+        const int64_t j_lo = tiles * t / nt * SR, j_hi = min64(n, tiles * (t + 1) / nt * SR);
+        vf part[SMALL_M / SI][SI][SR];
+        for (int64_t j0 = j_lo; j0 < j_hi; j0 += SR) {
+            const int nr = (int)min64(SR, j_hi - j0);
+            const int groups = (int)((m + SI - 1) / SI);
+            memset(part, 0, sizeof part);
+            for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
+                const int64_t kv = min64(SK, kv_all - k0);
+                for (int g = 0; g < groups; g++)
+                    stream_tile_any((int)min64(SI, m - g * SI), nr, kv, A + g * SI * lda + k0, lda,
+                                    W + j0 * ldw + k0, ldw, part[g]);
+            }
+            for (int64_t i = 0; i < m; i++)
+                for (int r = 0; r < nr; r++) {
+                    const vf v = part[i / SI][i % SI][r];
+                    float s = 0.0f;
+                    for (int l = 0; l < VL; l++) s += v[l];
+                    for (int64_t k = kv_all; k < kk; k++) s += A[i * lda + k] * W[(j0 + r) * ldw + k];
+                    float *c = C + i * ldc + j0 + r;
+                    *c = acc ? *c + s : s;
+                }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- blocked path */
+
+static inline float *align64(float *p) {
+    return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+}
+
+size_t gdn_matmul_ws_floats(int threads) {
+    if (threads < 1) threads = 1;
+    /* shared B panel (NC rounded to NR) + one A block per thread + alignment slack */
+    return (size_t)KC * ((NC + NR - 1) / NR * NR) + (size_t)threads * ((MC + MR - 1) / MR * MR) * KC +
+           16;
+}
 
 void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
                 const float *B, int64_t ldb, float *C, int64_t ldc, float *ws, int threads) {
     if (m <= 0 || n <= 0) return;
-    const int a_trans = (flags & GDN_GEMM_A_TRANS) != 0;
-    const int64_t MB = 96;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t i0 = 0; i0 < m; i0 += MB) {
-        const int64_t mb = m - i0 < MB ? m - i0 : MB;
-        const float *Ai = a_trans ? A + i0 : A + i0 * lda;
-        gdn_gemm(flags & (GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_B_TRANS), (int)mb, (int)n,
-                 (int)kk, Ai, (int)lda, B, (int)ldb, C + i0 * ldc, (int)ldc);
+    const int acc = (flags & GDN_GEMM_ACC) != 0, a_trans = (flags & GDN_GEMM_A_TRANS) != 0,
+              b_trans = (flags & GDN_GEMM_B_TRANS) != 0;
+    if (threads < 1) threads = 1;
+    if (kk <= 0) {
+        if (!acc)
+            for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    if (m <= SMALL_M && b_trans && !a_trans) {
+        matmul_stream(acc, m, n, kk, A, lda, B, ldb, C, ldc, threads);
+        return;
+    }
+    float *bpack = align64(ws);
+    float *apack0 = bpack + (size_t)KC * ((NC + NR - 1) / NR * NR);
+    const int64_t ablock = (int64_t)((MC + MR - 1) / MR * MR) * KC;
+#pragma omp parallel num_threads(threads)
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        float *apack = apack0 + t * ablock;
+        /* thread grid: tm row groups x tn column groups (tn > 1 only for small m) */
+        const int64_t mpanels = (m + MR - 1) / MR;
+        int tm = nt;
+        while (tm > 1 && (nt % tm || tm > mpanels)) tm--;
+        const int tn = nt / tm, ti = t % tm, tj = t / tm;
+        const int64_t i_lo = mpanels * ti / tm * MR, i_hi = min64(m, mpanels * (ti + 1) / tm * MR);
+        for (int64_t jc = 0; jc < n; jc += NC) {
+            const int64_t nc = min64(NC, n - jc), npan = (nc + NR - 1) / NR;
+            const int64_t q_lo = npan * tj / tn, q_hi = npan * (tj + 1) / tn;
+            for (int64_t pc = 0; pc < kk; pc += KC) {
+                const int64_t kc = min64(KC, kk - pc);
+                const int acc_k = acc || pc > 0;
+                for (int64_t q = t; q < npan; q += nt)
+                    pack_b_panel(bpack + q * kc * NR, B, ldb, b_trans, pc, kc, jc + q * NR,
+                                 (int)min64(NR, nc - q * NR));
+#pragma omp barrier
+                for (int64_t ic = i_lo; ic < i_hi; ic += MC) {
+                    const int64_t mc = min64(MC, i_hi - ic);
+                    pack_a(apack, A, lda, a_trans, ic, mc, pc, kc);
+                    for (int64_t q = q_lo; q < q_hi; q++) {
+                        const int nr = (int)min64(NR, nc - q * NR);
+                        const float *bp = bpack + q * kc * NR;
+                        for (int64_t ir = 0; ir < mc; ir += MR)
+                            micro(kc, apack + ir * kc, bp, C + (ic + ir) * ldc + jc + q * NR, ldc,
+                                  acc_k, (int)min64(MR, mc - ir), nr);
+                    }
+                }
+#pragma omp barrier
+            }
+        }
     }
 }
 
-const char *gdn_matmul_path(void) { return "row-blocked gdn_gemm (unpacked A)"; }
+const char *gdn_matmul_path(void) {
+    return "blocked "  STR(MR) "x" NR_STR " (" ISA_NAME "), streaming for m<=16 with B^T";
+}
+
+/* ---------------------------------------------------------------- peak */
+
+/* Native-width FMA peak: each thread runs NACC independent accumulator chains (enough to cover
+ * FMA latency x FMA ports); best of several short runs. */
+double gdn_measure_peak_gflops(int threads) {
+    enum { NACC = VL == 16 ? 24 : 12, ITERS = 200000, RUNS = 5 };
+    if (threads < 1) threads = 1;
+    double best = 0.0;
+    volatile float seed = 1.0f;
+    for (int run = 0; run < RUNS; run++) {
+        double secs = 0.0;
+        int used = 1;
+#pragma omp parallel num_threads(threads)
+        {
+            const float x0 = seed * 0.999999f, y0 = seed * 1e-7f;
+            vf acc[NACC];
+            const vf x = (vf){0} + x0, y = (vf){0} + y0;
+#pragma GCC unroll 32
+            for (int i = 0; i < NACC; i++) acc[i] = (vf){0} + (float)i;
+#pragma omp barrier
+            const double t0 = omp_get_wtime();
+            for (int it = 0; it < ITERS; it++) {
+#pragma GCC unroll 32
+                for (int i = 0; i < NACC; i++) acc[i] = acc[i] * x + y;
+            }
+#pragma omp barrier
+            const double t1 = omp_get_wtime();
+            vf s = {0};
+            for (int i = 0; i < NACC; i++) s += acc[i];
+            if (s[0] == 12345.678f) seed = s[1]; /* practically never: keeps the result live */
+#pragma omp master
+            {
+                secs = t1 - t0;
+                used = omp_get_num_threads();
+            }
+        }
+        const double gf = 2.0 * VL * NACC * (double)ITERS * used / secs * 1e-9;
+        if (gf > best) best = gf;
+    }
+    return best;
+}
