@@ -133,6 +133,12 @@ static void vs_oracle(void) {
         {1, 4, 2, 8, 256, 200, 1, 1, 1.7f, GATE_STRONG, BETA_RANDOM}, /* K != V, tails */
         {3, 5, 1, 4, 64, 48, 1, 1, 0.0f, GATE_MILD, BETA_RANDOM},
         {3, 5, 3, 3, 33, 80, 0, 2, 0.0f, GATE_MILD, BETA_ONE},
+        /* V a multiple of the kernel's block width: the pipelined path (1, 2, 4 blocks per
+         * stream; stream ranges split unevenly over threads) */
+        {3, 4, 1, 4, 5, 64, 1, 2, 0.0f, GATE_MILD, BETA_RANDOM},
+        {2, 4, 2, 2, 17, 128, 0, 1, 0.0f, GATE_STRONG, BETA_RANDOM},
+        {1, 3, 1, 3, 256, 256, 1, 2, 0.0f, GATE_MILD, BETA_ONE},
+        {1, 3, 1, 1, 128, 128, 1, 2, 0.0f, GATE_MILD, BETA_RANDOM},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const step_case *s = &cases[ci];
@@ -210,8 +216,9 @@ static void vs_forward(void) {
     }
 }
 
-static void errors(void) {
-    const step_case s = {2, 1, 2, 4, 24, 40, 1, 2, 0.0f, GATE_MILD, BETA_RANDOM};
+/* V = 40: the general path; V = 64: the pipelined one (its own overflow check). */
+static void errors(int64_t V) {
+    const step_case s = {2, 1, 2, 4, 24, V, 1, 2, 0.0f, GATE_MILD, BETA_RANDOM};
     gdn_config cfg;
     problem p;
     make_case(&p, &cfg, &s, 33);
@@ -246,7 +253,7 @@ static void errors(void) {
     const float gk = p.g[1];
     p.g[1] = 100.0f;
     expect_status(gdn_step(plan, o, st, p.q, p.k, p.v, p.g, p.beta), GDN_ERR_NONFINITE, "'state'",
-                  "gate g = +100 overflows the state");
+                  "gate g = +100 overflows the state (V=%lld)", (long long)V);
     p.g[1] = gk;
     /* With checks off a NaN is not looked for (no error, it propagates). */
     gdn_config off = cfg;
@@ -277,5 +284,6 @@ void test_step(void) {
     vs_oracle();
     vs_forward();
     negative_controls();
-    errors();
+    errors(40);
+    errors(64);
 }

@@ -8,6 +8,7 @@ int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_bench_cp(int argc, char **argv);
+int cmd_bench_decode(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
 int cmd_run_cp(const char *in, const char *out, const char *strategy, const char *shards,
                int backward, int stats, gdn_config opts);

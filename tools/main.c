@@ -19,6 +19,7 @@ static void usage(FILE *out) {
             "         [--cp scan|allgather|relay|heads [--shards a,b,..] [--stats]]\n"
             "         under mpiexec -n D: the sequence split over D ranks\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
+            "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
             "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
             "  gen    --out F [--B --T --Hk --Hv --K --V --seed]   write a random problem\n"
@@ -72,6 +73,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cp"))
         return with_mpi(cmd_bench_cp, argc, argv);
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "decode"))
+        return cmd_bench_decode(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "diff")) return cmd_diff(argc - 1, argv + 1);
     if (!strcmp(argv[1], "gen")) return cmd_gen(argc - 1, argv + 1);

@@ -27,11 +27,14 @@ typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vf_u __attribute__((vector_size(VW * 4), aligned(4))); /* unaligned access */
 
 /* Vectors per column block (see the top comment; measured in `gdncp bench decode`). */
+#ifndef STEP_PF
+#define STEP_PF 2 /* prefetch locality of the next block (0: none) */
+#endif
 #ifndef STEP_NB
 #if VW == 16
 #define STEP_NB 4
 #else
-#define STEP_NB 8
+#define STEP_NB 4
 #endif
 #endif
 
@@ -47,9 +50,10 @@ static inline __attribute__((always_inline)) void col_block(const head_args *a, 
                                                              float *o, const float *v, int64_t c,
                                                              const int nb, vf *nf) {
     const int64_t K = a->K, V = a->V;
-    vf u[STEP_NB], w[STEP_NB], d[STEP_NB];
+    vf u[STEP_NB], w[STEP_NB], d[STEP_NB], z[STEP_NB]; /* z: one x*0 chain per vector (a single
+                                                       chain would be latency-bound) */
 #pragma GCC unroll 8
-    for (int n = 0; n < nb; n++) u[n] = (vf){0}, w[n] = (vf){0};
+    for (int n = 0; n < nb; n++) u[n] = (vf){0}, w[n] = (vf){0}, z[n] = (vf){0};
     for (int64_t i = 0; i < K; i++) {
         const float *row = S + i * V + c;
         const float ki = a->kn[i], qi = a->qs[i];
@@ -68,16 +72,19 @@ static inline __attribute__((always_inline)) void col_block(const head_args *a, 
         *(vf_u *)(o + c + n * VW) = out;
         *nf += out * 0.0f;
     }
-    for (int64_t i = 0; i < K; i++) {
+    /* Rows in reverse: the last rows the first sweep read are the ones still in L1. */
+    for (int64_t i = K - 1; i >= 0; i--) {
         float *row = S + i * V + c;
         const float ki = a->kn[i];
 #pragma GCC unroll 8
         for (int n = 0; n < nb; n++) {
             const vf x = e * *(vf_u *)(row + n * VW) + ki * d[n];
             *(vf_u *)(row + n * VW) = x;
-            *nf += x * 0.0f;
+            z[n] += x * 0.0f;
         }
     }
+#pragma GCC unroll 8
+    for (int n = 0; n < nb; n++) *nf += z[n];
 }
 
 /* The last V % VW columns, one at a time. */
@@ -97,11 +104,23 @@ static void col_tail(const head_args *a, float *S, float *o, const float *v, int
     }
 }
 
-/* One (batch row, value head) stream; returns 1 when the written state or output is non-finite. */
-static int step_head(const gdn_config *c, float *S, float *o, const float *q, const float *k,
-                     const float *v, float g, float beta) {
-    const int64_t K = c->K, V = c->V;
+/* The kernel's name for benchmarks (not in the public header; tools/cmd_bench_decode.c). */
+const char *gdn_step_path(void);
+const char *gdn_step_path(void) {
+#define STEP_STR2(x) #x
+#define STEP_STR(x) STEP_STR2(x)
+    return "gdn_step " STEP_STR(VW) "-lane vectors, column blocks of " STEP_STR(STEP_NB) " vectors";
+}
+
+/* One stream's key side: kn, qs, and the scalars of its update. */
+typedef struct {
     float kn[GDN_MAX_HEAD_DIM], qs[GDN_MAX_HEAD_DIM];
+    float e, beta, kq;
+} head_prep;
+
+static void prep_head(const gdn_config *c, head_prep *h, const float *q, const float *k, float g,
+                      float beta) {
+    const int64_t K = c->K;
     float kinv = 1.0f, qinv = c->scale;
     if (c->l2norm) {
         kinv = 1.0f / sqrtf(gdn_sumsq(k, K) + 1e-6f);
@@ -111,12 +130,37 @@ static int step_head(const gdn_config *c, float *S, float *o, const float *q, co
     int64_t i = 0;
     for (; i + 8 <= K; i += 8) {
         const gdn_v8f kv = *(const gdn_v8f_u *)(k + i) * kinv, qv = *(const gdn_v8f_u *)(q + i) * qinv;
-        *(gdn_v8f_u *)(kn + i) = kv, *(gdn_v8f_u *)(qs + i) = qv;
+        *(gdn_v8f_u *)(h->kn + i) = kv, *(gdn_v8f_u *)(h->qs + i) = qv;
         acc += kv * qv;
     }
     float kq = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < K; i++) kn[i] = k[i] * kinv, qs[i] = q[i] * qinv, kq += kn[i] * qs[i];
-    const head_args a = {kn, qs, gdn_expf_ftz(g), beta, kq, K, V};
+    for (; i < K; i++) h->kn[i] = k[i] * kinv, h->qs[i] = q[i] * qinv, kq += h->kn[i] * h->qs[i];
+    h->e = gdn_expf_ftz(g), h->beta = beta, h->kq = kq;
+}
+
+/* Inputs of a range of streams. */
+typedef struct {
+    const gdn_config *c;
+    float *state, *o;
+    const float *q, *k, *v, *g, *beta;
+} step_io;
+
+static void prep_item(const step_io *io, head_prep *h, int64_t it) {
+    const gdn_config *c = io->c;
+    const int64_t b = it / c->Hv, hk = it % c->Hv / (c->Hv / c->Hk), row = (b * c->Hk + hk) * c->K;
+    prep_head(c, h, io->q + row, io->k + row, io->g[it], io->beta[it]);
+}
+
+/* One stream, any V (column blocks, then single vectors, then scalar columns); returns 1 when
+ * the written state or output is non-finite. */
+static int step_head(const step_io *io, int64_t it) {
+    const gdn_config *c = io->c;
+    const int64_t K = c->K, V = c->V;
+    head_prep h;
+    prep_item(io, &h, it);
+    const head_args a = {h.kn, h.qs, h.e, h.beta, h.kq, K, V};
+    float *S = io->state + it * K * V, *o = io->o + it * V;
+    const float *v = io->v + it * V;
     vf nf = {0};
     int64_t col = 0;
     for (; col + STEP_NB * VW <= V; col += STEP_NB * VW) col_block(&a, S, o, v, col, STEP_NB, &nf);
@@ -127,6 +171,108 @@ static int step_head(const gdn_config *c, float *S, float *o, const float *q, co
     return s != s;
 }
 
+/* Streams [it0, it1) when V is a multiple of the block width W = STEP_NB vectors, software-
+ * pipelined over the sequence of blocks (stream by stream, W columns at a time): one loop over
+ * the rows runs the update of block m (rows in reverse, mostly L1 hits) together with the first
+ * sweep of block m + 1 (streamed in), and fetches block m + 2 into L2. The first sweep's loads
+ * then overlap the update's arithmetic, and the state streams without pauses. With V = 2W (the
+ * Qwen head) the blocks m and m + 1 are the two column halves of the 512-byte rows, which fall in
+ * disjoint halves of the L1 sets, so they do not evict each other. */
+static int step_range_pipelined(const step_io *io, int64_t it0, int64_t it1) {
+    const gdn_config *c = io->c;
+    const int64_t K = c->K, V = c->V, W = STEP_NB * VW, nb = V / W, M = (it1 - it0) * nb;
+    if (M <= 0) return 0;
+    head_prep hp[2]; /* streams alternate between the two */
+    vf u[STEP_NB], w[STEP_NB], d[STEP_NB], z[STEP_NB];
+#pragma GCC unroll 8
+    for (int n = 0; n < STEP_NB; n++) u[n] = w[n] = z[n] = (vf){0};
+    prep_item(io, &hp[0], it0);
+    { /* the first sweep of block 0 alone */
+        const float *S = io->state + it0 * K * V;
+        for (int64_t i = 0; i < K; i++) {
+            const float ki = hp[0].kn[i], qi = hp[0].qs[i];
+#pragma GCC unroll 8
+            for (int n = 0; n < STEP_NB; n++) {
+                const vf x = *(const vf_u *)(S + i * V + n * VW);
+                u[n] += ki * x, w[n] += qi * x;
+            }
+        }
+    }
+    vf nfo = {0};
+    for (int64_t m = 0; m < M; m++) {
+        const int64_t it = it0 + m / nb, col = m % nb * W;
+        const head_prep *h = &hp[(it - it0) & 1];
+        float *S = io->state + it * K * V + col;
+        const float *v = io->v + it * V + col;
+        float *o = io->o + it * V + col;
+        const float e = h->e, beta = h->beta, kq = h->kq;
+#pragma GCC unroll 8
+        for (int n = 0; n < STEP_NB; n++) {
+            d[n] = beta * (*(const vf_u *)(v + n * VW) - e * u[n]);
+            const vf out = e * w[n] + kq * d[n];
+            *(vf_u *)(o + n * VW) = out;
+            nfo += out * 0.0f;
+            u[n] = w[n] = (vf){0};
+        }
+        if (m + 1 < M) {
+            const int64_t it1n = it0 + (m + 1) / nb, col1 = (m + 1) % nb * W;
+            const head_prep *h1 = &hp[(it1n - it0) & 1];
+            if (col1 == 0) prep_item(io, &hp[(it1n - it0) & 1], it1n);
+            const float *S1 = io->state + it1n * K * V + col1;
+            /* block m + 2 (past the range's end: a prefetch does not fault) */
+            const int64_t m2 = m + 2;
+            const float *S2 = io->state + (it0 + m2 / nb) * K * V + m2 % nb * W;
+            for (int64_t i = 0; i < K; i++) {
+                const int64_t r = K - 1 - i;
+                const float kr = h->kn[r], k1 = h1->kn[i], q1 = h1->qs[i];
+#if STEP_PF
+#pragma GCC unroll 8
+                for (int n = 0; n < W; n += 16) __builtin_prefetch(S2 + i * V + n, 0, STEP_PF);
+#endif
+#pragma GCC unroll 8
+                for (int n = 0; n < STEP_NB; n++) {
+                    const vf x = e * *(vf_u *)(S + r * V + n * VW) + kr * d[n];
+                    *(vf_u *)(S + r * V + n * VW) = x;
+                    z[n] += x * 0.0f;
+                    const vf y = *(const vf_u *)(S1 + i * V + n * VW);
+                    u[n] += k1 * y, w[n] += q1 * y;
+                }
+            }
+        } else {
+            for (int64_t r = K - 1; r >= 0; r--) {
+                const float kr = h->kn[r];
+#pragma GCC unroll 8
+                for (int n = 0; n < STEP_NB; n++) {
+                    const vf x = e * *(vf_u *)(S + r * V + n * VW) + kr * d[n];
+                    *(vf_u *)(S + r * V + n * VW) = x;
+                    z[n] += x * 0.0f;
+                }
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int n = 0; n < STEP_NB; n++) nfo += z[n];
+    float s = 0.0f;
+    for (int l = 0; l < VW; l++) s += nfo[l];
+    return s != s;
+}
+
+/* Streams [it0, it1) of the step. */
+static int step_range(const step_io *io, int64_t it0, int64_t it1) {
+    if (io->c->V % (STEP_NB * VW) == 0) return step_range_pipelined(io, it0, it1);
+    int bad = 0;
+    for (int64_t it = it0; it < it1; it++) bad |= step_head(io, it);
+    return bad;
+}
+
+/* The first non-finite element of a small input tensor, or -1 (inline: no parallel region). */
+static int64_t find_nonfinite(const float *x, int64_t n) {
+    if (!gdn_row_nonfinite(x, n)) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
+}
+
 /* The non-finite check of q or k: with the L2 norm, a row's squared norm (NaN or Inf when an
  * element is, and Inf when a finite row overflows it); without, the elements. */
 static int check_keys(const char *name, const float *x, int64_t rows, int64_t K, int l2norm) {
@@ -135,16 +281,25 @@ static int check_keys(const char *name, const float *x, int64_t rows, int64_t K,
         int64_t r = 0;
         while (r < rows && isfinite(gdn_sumsq(x + r * K, K))) r++;
         if (r == rows) return GDN_OK;
-        at = gdn_find_nonfinite_f32(x + r * K, K);
+        at = find_nonfinite(x + r * K, K);
         if (at < 0)
             return gdn_fail(GDN_ERR_NONFINITE,
                             "input '%s' row %lld has a squared norm that overflows fp32 (|x| > 1e19)",
                             name, (long long)r);
         at += r * K;
-    } else if ((at = gdn_find_nonfinite_f32(x, rows * K)) < 0)
+    } else if ((at = find_nonfinite(x, rows * K)) < 0)
         return GDN_OK;
     return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
                     name, (double)x[at], (long long)at);
+}
+
+static int check_small(const char *name, const float *x, int64_t n, int check_finite) {
+    if (!x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", name);
+    const int64_t at = check_finite ? find_nonfinite(x, n) : -1;
+    if (at >= 0)
+        return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
+                        name, (double)x[at], (long long)at);
+    return GDN_OK;
 }
 
 int gdn_step(gdn_plan *p, float *o, float *state, const float *q, const float *k, const float *v,
@@ -153,33 +308,32 @@ int gdn_step(gdn_plan *p, float *o, float *state, const float *q, const float *k
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
     if (!state) return gdn_fail(GDN_ERR_ARG, "'state' is NULL");
     const gdn_config *c = &p->cfg;
-    const int64_t B = c->B, Hk = c->Hk, Hv = c->Hv, K = c->K, V = c->V, r = Hv / Hk;
+    const int64_t B = c->B, Hk = c->Hk, Hv = c->Hv, K = c->K, V = c->V;
     int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, B * Hv * V, c->check_finite)) ||
-        (rc = gdn_check_tensor("g", g, B * Hv, c->check_finite)) ||
-        (rc = gdn_check_tensor("beta", beta, B * Hv, c->check_finite)))
+    if ((rc = check_small("q", q, 0, 0)) || (rc = check_small("k", k, 0, 0)) ||
+        (rc = check_small("v", v, B * Hv * V, c->check_finite)) ||
+        (rc = check_small("g", g, B * Hv, c->check_finite)) ||
+        (rc = check_small("beta", beta, B * Hv, c->check_finite)))
         return rc;
     /* All checks on the token's inputs (B (2 Hk K + Hv (V + 2)) floats, under 1 % of the state)
      * come before the state is touched, so a rejected step leaves it unchanged. */
     if (c->check_finite && ((rc = check_keys("q", q, B * Hk, K, c->l2norm)) ||
                             (rc = check_keys("k", k, B * Hk, K, c->l2norm))))
         return rc;
+    const step_io io = {c, state, o, q, k, v, g, beta};
     const int64_t items = B * Hv;
     int bad = 0;
-    if (p->threads > 1) {
-#pragma omp parallel for schedule(static) num_threads(p->threads) reduction(| : bad)
-        for (int64_t it = 0; it < items; it++) {
-            const int64_t b = it / Hv, hk = it % Hv / r;
-            bad |= step_head(c, state + it * K * V, o + it * V, q + (b * Hk + hk) * K,
-                             k + (b * Hk + hk) * K, v + it * V, g[it], beta[it]);
+    if (p->threads > 1 && items > 1) {
+        /* Contiguous ranges of streams, one per thread: each thread's state is one stream of
+         * memory for its pipeline. */
+        const int nt = (int)(p->threads < items ? p->threads : items);
+#pragma omp parallel num_threads(nt) reduction(| : bad)
+        {
+            const int t = gdn_thread_id();
+            bad |= step_range(&io, items * t / nt, items * (t + 1) / nt);
         }
     } else {
-        for (int64_t it = 0; it < items; it++) {
-            const int64_t b = it / Hv, hk = it % Hv / r;
-            bad |= step_head(c, state + it * K * V, o + it * V, q + (b * Hk + hk) * K,
-                             k + (b * Hk + hk) * K, v + it * V, g[it], beta[it]);
-        }
+        bad = step_range(&io, 0, items);
     }
     if (bad && c->check_finite) {
         int64_t at = gdn_find_nonfinite_f32(state, items * K * V);

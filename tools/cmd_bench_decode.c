@@ -1,0 +1,228 @@
+/* gdncp bench decode: the decode step gdn_step (T = 1, state in place) at the Qwen3.5 head shape
+ * (Hv = 32, Hk = 16, K = V = 128), B = 1 and 8, 1 and 2 threads, against the memory-bandwidth
+ * bound of its traffic and against the chunked gdn_forward with T = 1 (the old decode path).
+ *
+ * Bytes per step: the state read and written once (2 B Hv K V 4) plus the token's rows (q, k, v,
+ * g, beta read, o written). The bound is those bytes at the bandwidth of a stream measured in the
+ * same run, over a buffer of the state's size, with the same threads splitting it the same way:
+ *   - memcpy: src and dst distinct buffers of the state's size (read one, write the other);
+ *   - rmw:    x[i] = x[i] * a + b in place over one buffer of the state's size — the same access
+ *             pattern as the step's update, the fair bound, used for fraction_of_bound.
+ * At these sizes the state (B = 1: 2 MB, B = 8: 16 MB) can sit in L2/L3 rather than DRAM, so the
+ * bound must use the same buffer size and access pattern: a DRAM-sized stream would understate
+ * the bound and flatter the fraction. Streams and steps are timed in interleaved rounds (the
+ * machine may be shared), each per-call time the median over rounds. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* The name of gdn_step's kernel (src/core/step.c; a library symbol outside the public header). */
+const char *gdn_step_path(void);
+
+static void cpu_name(char *buf, size_t n) {
+    snprintf(buf, n, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            char *c = strchr(line, ':');
+            if (c) {
+                c += 2;
+                c[strcspn(c, "\n")] = 0;
+                snprintf(buf, n, "%s", c);
+            }
+            break;
+        }
+    fclose(f);
+}
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static float urand(float lo, float hi) {
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return lo + (hi - lo) * (float)(rng_state >> 40) / 16777216.0f;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16_u __attribute__((vector_size(64), aligned(4)));
+
+/* The thread's contiguous share [lo, hi) of n floats (multiples of 16). */
+static void share(size_t n, int t, int nt, size_t *lo, size_t *hi) {
+    size_t per = (n / 16 + nt - 1) / nt * 16;
+    *lo = per * t < n ? per * t : n;
+    *hi = per * (t + 1) < n ? per * (t + 1) : n;
+}
+
+static void stream_rmw(float *x, size_t n, int threads) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num(), nt = omp_get_num_threads();
+#endif
+        size_t lo, hi;
+        share(n, t, nt, &lo, &hi);
+        for (size_t i = lo; i < hi; i += 16) {
+            v16 y = *(v16_u *)(x + i);
+            *(v16_u *)(x + i) = y * 0.999f + 0.001f; /* converges to 1: no drift to Inf/denormals */
+        }
+    }
+}
+
+static void stream_copy(float *dst, const float *src, size_t n, int threads) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int t = 0, nt = 1;
+#ifdef _OPENMP
+        t = omp_get_thread_num(), nt = omp_get_num_threads();
+#endif
+        size_t lo, hi;
+        share(n, t, nt, &lo, &hi);
+        memcpy(dst + lo, src + lo, sizeof(float) * (hi - lo));
+    }
+}
+
+#define NTOK 16 /* distinct tokens cycled: random keys keep every state direction refreshed (one
+                   token repeated would decay the rest of the state into denormals) */
+
+typedef struct {
+    double step_us, fwd_us, copy_gbs, rmw_gbs;
+} decode_times;
+
+static int bench_row(int64_t B, int threads, int quick, decode_times *out, double *bytes_out,
+                     char *path, size_t npath) {
+    const int64_t Hk = 16, Hv = 32, K = 128, V = 128;
+    gdn_config cfg = gdn_config_default(B, 1, Hk, Hv, K, V);
+    cfg.threads = threads;
+    gdn_plan *plan = NULL;
+    int rc = gdn_plan_create(&plan, &cfg);
+    if (rc) return cli_error("bench decode", rc);
+    const size_t ns = (size_t)(B * Hv * K * V), nqk = (size_t)(B * Hk * K), nv = (size_t)(B * Hv * V),
+                 ng = (size_t)(B * Hv);
+    float *state = aligned_alloc(64, sizeof(float) * ns), *h1 = aligned_alloc(64, sizeof(float) * ns);
+    float *h2 = aligned_alloc(64, sizeof(float) * ns), *buf = aligned_alloc(64, sizeof(float) * ns);
+    float *q = malloc(sizeof(float) * nqk * NTOK), *k = malloc(sizeof(float) * nqk * NTOK);
+    float *v = malloc(sizeof(float) * nv * NTOK), *g = malloc(sizeof(float) * ng * NTOK);
+    float *beta = malloc(sizeof(float) * ng * NTOK), *o = malloc(sizeof(float) * nv);
+    if (!state || !h1 || !h2 || !buf || !q || !k || !v || !g || !beta || !o) {
+        fprintf(stderr, "gdncp bench decode: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < ns; i++) state[i] = h1[i] = urand(-1, 1), h2[i] = 0, buf[i] = 1;
+    for (size_t i = 0; i < nqk * NTOK; i++) q[i] = urand(-1, 1), k[i] = urand(-1, 1);
+    for (size_t i = 0; i < nv * NTOK; i++) v[i] = urand(-1, 1);
+    for (size_t i = 0; i < ng * NTOK; i++) g[i] = urand(-0.3f, 0.0f), beta[i] = urand(0, 1);
+    /* Rounds of `calls` calls of each; ~20 ms per kind per round. */
+    const int rounds = quick ? 3 : 9;
+    const int calls = B == 1 ? (quick ? 40 : 200) : (quick ? 5 : 25);
+    const int fcalls = calls > 10 ? calls / 4 : calls; /* the forward is the slow one */
+    double *ts = malloc(sizeof(double) * rounds * 4), *tf = ts + rounds, *tc = tf + rounds,
+           *tr = tc + rounds;
+    int64_t tok = 0;
+    float *hin = h1, *hout = h2;
+    for (int r = -1; r < rounds && !rc; r++) { /* round -1: warm-up, not timed */
+        double t0 = cli_now();
+        for (int c = 0; c < calls && !rc; c++, tok = (tok + 1) % NTOK)
+            rc = gdn_step(plan, o, state, q + tok * nqk, k + tok * nqk, v + tok * nv, g + tok * ng,
+                          beta + tok * ng);
+        double t1 = cli_now();
+        for (int c = 0; c < fcalls && !rc; c++, tok = (tok + 1) % NTOK) {
+            rc = gdn_forward(plan, o, hout, q + tok * nqk, k + tok * nqk, v + tok * nv,
+                             g + tok * ng, beta + tok * ng, hin);
+            float *sw = hin;
+            hin = hout, hout = sw;
+        }
+        double t2 = cli_now();
+        for (int c = 0; c < calls; c++) stream_copy(h2, buf, ns, threads);
+        double t3 = cli_now();
+        for (int c = 0; c < calls; c++) stream_rmw(buf, ns, threads);
+        double t4 = cli_now();
+        if (r >= 0)
+            ts[r] = (t1 - t0) / calls, tf[r] = (t2 - t1) / fcalls, tc[r] = (t3 - t2) / calls,
+            tr[r] = (t4 - t3) / calls;
+    }
+    if (rc) {
+        cli_error("bench decode", rc);
+    } else {
+        const double sbytes = 2.0 * sizeof(float) * ns;
+        out->step_us = 1e6 * median(ts, rounds), out->fwd_us = 1e6 * median(tf, rounds);
+        out->copy_gbs = sbytes / median(tc, rounds) / 1e9;
+        out->rmw_gbs = sbytes / median(tr, rounds) / 1e9;
+        *bytes_out = sbytes + sizeof(float) * (2.0 * nqk + 2.0 * nv + 2.0 * ng);
+        snprintf(path, npath, "%s", gdn_step_path());
+    }
+    free(ts);
+    free(state), free(h1), free(h2), free(buf), free(q), free(k), free(v), free(g), free(beta), free(o);
+    gdn_plan_destroy(plan);
+    return rc ? 1 : 0;
+}
+
+int cmd_bench_decode(int argc, char **argv) {
+    int json = 0, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (strcmp(argv[i], "decode")) {
+            fprintf(stderr, "gdncp bench decode: unknown option '%s'\n"
+                            "usage: gdncp bench decode [--json] [--quick]\n", argv[i]);
+            return 1;
+        }
+    }
+    char cpu[256];
+    cpu_name(cpu, sizeof cpu);
+    if (!json) {
+        printf("gdncp bench decode — CPU: %s\n", cpu);
+        printf("gdn_step, Hv=32 Hk=16 K=V=128; bytes = state read+write + token rows; bound = those "
+               "bytes at the in-place stream x=x*a+b over a state-sized buffer (memcpy of the same "
+               "size shown too); fwd = gdn_forward with T=1 (chunked path)\n");
+        printf("%-5s %-3s %10s %8s %9s %9s %8s %11s %8s\n", "B", "thr", "us/step", "GB/s",
+               "rmw GB/s", "copy GB/s", "of bound", "fwd T=1 us", "speedup");
+    }
+    const int64_t Bs[2] = {1, 8};
+    const int thr[2] = {1, 2};
+    for (int bi = 0; bi < 2; bi++)
+        for (int ti = 0; ti < 2; ti++) {
+            decode_times t;
+            double bytes = 0;
+            char path[128];
+            if (bench_row(Bs[bi], thr[ti], quick, &t, &bytes, path, sizeof path)) return 1;
+            const double gbs = bytes / (t.step_us * 1e-6) / 1e9, frac = gbs / t.rmw_gbs;
+            char shape[96];
+            snprintf(shape, sizeof shape, "B=%lld Hk=16 Hv=32 K=128 V=128", (long long)Bs[bi]);
+            if (json)
+                printf("{\"direction\":\"decode_step\",\"shape\":\"%s\",\"threads\":%d,"
+                       "\"us_per_step\":%.3f,\"bytes_per_step\":%.0f,\"gb_per_s\":%.3f,"
+                       "\"bound_gb_per_s\":%.3f,\"memcpy_gb_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
+                       "\"forward_t1_us_per_step\":%.3f,\"speedup_vs_forward_t1\":%.3f,"
+                       "\"path\":\"%s\",\"cpu\":\"%s\"}\n",
+                       shape, thr[ti], t.step_us, bytes, gbs, t.rmw_gbs, t.copy_gbs, frac, t.fwd_us,
+                       t.fwd_us / t.step_us, path, cpu);
+            else
+                printf("%-5lld %-3d %10.1f %8.1f %9.1f %9.1f %7.1f%% %11.1f %7.1fx\n",
+                       (long long)Bs[bi], thr[ti], t.step_us, gbs, t.rmw_gbs, t.copy_gbs,
+                       100 * frac, t.fwd_us, t.fwd_us / t.step_us);
+            fflush(stdout);
+        }
+    if (!json) {
+        char path[128];
+        snprintf(path, sizeof path, "%s", gdn_step_path());
+        printf("path: %s\n", path);
+    }
+    return 0;
+}
