@@ -3,10 +3,11 @@
  * Two paths:
  *  - blocked (BLIS/GotoBLAS loops): for each NC-column panel and KC-deep slice, the threads
  *    together pack op(B) into NR-column micro-panels (kc x NR, contiguous, zero-padded) shared
- *    by all; each thread then packs MC x KC blocks of op(A) of its own rows into MR-row
- *    micro-panels and runs the register-tiled MR x NR micro-kernel over them (loops jr over
- *    the B micro-panels, ir over the A micro-panels: the kc x NR B micro-panel stays in L1, the
- *    A block in L2). Vectors run along n (NR = 2 vectors); A elements are broadcast.
+ *    by all (KC x NC = 1 MB: it stays in each core's L2); each thread then packs MC x KC blocks
+ *    of op(A) of its own rows into MR-row micro-panels and runs the register-tiled MR x NR
+ *    micro-kernel: loop ir over the A micro-panels (kc x MR, 14 KB, stays in L1), inner loop jr
+ *    over the B micro-panels (streamed from L2). Vectors run along n (NR = 2 vectors), A
+ *    elements are broadcast; the C tile is prefetched at the start of each micro-kernel call.
  *    The threads split the rows of C (in MR-row units, balanced); when there are fewer row
  *    blocks than threads (small m) they split the B micro-panels instead.
  *  - streaming (decode: m <= 16 and B stored transposed, i.e. a weight matrix [n x kk]): packing
@@ -22,7 +23,9 @@
 #if defined(__AVX512F__)
 #define VL 16
 #define NR_STR "32"
+#ifndef MR
 #define MR 14
+#endif
 #define ISA_NAME "AVX-512, 16 lanes"
 #else
 #define VL 8
@@ -48,12 +51,51 @@ static inline void storeu(float *p, vf x) { *(vf_u *)p = x; }
 /* Block sizes (measured on a 48 KB L1 / 2 MB L2 core, see the commit message):
  * KC: depth of a packed slice (a kc x NR B micro-panel, 32 KB at 256 x 32, stays in L1);
  * MC: rows of a packed A block (MC x KC in L2); NC: columns of the shared packed B panel. */
-enum { KC = 256, MC = 14 * 12, NC = 4096 };
+#ifndef GDN_MM_KC /* (overridable at compile time for tuning) */
+#define GDN_MM_KC 256
+#endif
+#ifndef GDN_MM_MC
+#define GDN_MM_MC (MR * 12)
+#endif
+#ifndef GDN_MM_NC
+#define GDN_MM_NC 1024
+#endif
+enum { KC = GDN_MM_KC, MC = GDN_MM_MC, NC = GDN_MM_NC };
 enum { SMALL_M = 16 }; /* streaming path for m <= SMALL_M with B transposed */
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---------------------------------------------------------------- packing */
+
+/* In-register transpose of VL x VL held in r[0..VL): out[c][l] = in[l][c], by log2(VL) rounds;
+ * round h swaps bit h of the row index with bit h of the column index: rows i and i + h
+ * (i & h == 0) exchange their off-diagonal h-blocks. */
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+static inline __attribute__((always_inline)) void tr_round(vf r[VL], int h, vi lo, vi hi) {
+#pragma GCC unroll 16
+    for (int i = 0; i < VL; i++) {
+        if (i & h) continue;
+        const vf a = r[i], b = r[i + h];
+        r[i] = __builtin_shuffle(a, b, lo);     /* lane l: (l & h) ? b[l - h] : a[l] */
+        r[i + h] = __builtin_shuffle(a, b, hi); /* lane l: (l & h) ? b[l] : a[l + h] */
+    }
+}
+static inline __attribute__((always_inline)) void transpose_vl(vf r[VL]) {
+#if VL == 16
+    tr_round(r, 8, (vi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+             (vi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+    tr_round(r, 4, (vi){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+             (vi){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31});
+    tr_round(r, 2, (vi){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+             (vi){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31});
+    tr_round(r, 1, (vi){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+             (vi){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31});
+#else
+    tr_round(r, 4, (vi){0, 1, 2, 3, 8, 9, 10, 11}, (vi){4, 5, 6, 7, 12, 13, 14, 15});
+    tr_round(r, 2, (vi){0, 1, 8, 9, 4, 5, 12, 13}, (vi){2, 3, 10, 11, 6, 7, 14, 15});
+    tr_round(r, 1, (vi){0, 8, 2, 10, 4, 12, 6, 14}, (vi){1, 9, 3, 11, 5, 13, 7, 15});
+#endif
+}
 
 /* dst: ceil(mc/MR) micro-panels of kc x MR (dst[p*MR + i] = op(A)[i0+i][k0+p]), zero-padded rows. */
 static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans, int64_t i0,
@@ -70,35 +112,29 @@ static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans
             else
                 for (int64_t p = 0; p < kc; p++)
                     for (int i = 0; i < MR; i++) d[p * MR + i] = i < mr ? s[p * lda + i] : 0.0f;
-        } else { /* rows of A are contiguous in depth: read rows, write with stride MR (in L1) */
+        } else if (mr == MR && MR <= VL) {
+            /* rows of A are contiguous in depth: VL x VL register transposes (MR rows, the
+             * rest zero); each depth step's MR values are written as a full vector that runs
+             * VL - MR floats into the next step, overwritten by it (the ws has VL floats slack) */
+            const float *s = A + (i0 + ir) * lda + k0;
+            int64_t p = 0;
+            for (; p + VL <= kc; p += VL) {
+                vf r[VL];
+#pragma GCC unroll 16
+                for (int i = 0; i < VL; i++) r[i] = i < MR ? loadu(s + i * lda + p) : (vf){0};
+                transpose_vl(r);
+#pragma GCC unroll 16
+                for (int l = 0; l < VL; l++) storeu(d + (p + l) * MR, r[l]);
+            }
+            for (; p < kc; p++)
+                for (int i = 0; i < MR; i++) d[p * MR + i] = s[i * lda + p];
+        } else { /* partial panel: read rows, write with stride MR (in L1) */
             for (int i = 0; i < mr; i++) {
                 const float *s = A + (i0 + ir + i) * lda + k0;
                 for (int64_t p = 0; p < kc; p++) d[p * MR + i] = s[p];
             }
             for (int i = mr; i < MR; i++)
                 for (int64_t p = 0; p < kc; p++) d[p * MR + i] = 0.0f;
-        }
-    }
-}
-
-/* In-register transpose of VL x VL held in r[0..VL): out[c][l] = in[l][c], by log2(VL) rounds
- * of pairwise interleaves (each round swaps blocks of size h between rows i and i+h). */
-static inline void transpose_vl(vf r[VL]) {
-    typedef int32_t vi __attribute__((vector_size(VL * 4)));
-    for (int h = VL / 2; h >= 1; h /= 2) {
-        vi lo, hi; /* lo picks a's block-even elements with b's, hi the block-odd ones */
-        for (int l = 0; l < VL; l++) {
-            const int blk = l / h, off = l % h;
-            /* lo: for each pair of blocks (2q, 2q+1): [a block 2q | b block 2q]; hi: [a 2q+1 | b 2q+1] */
-            const int q = blk / 2, second = blk % 2;
-            lo[l] = second ? VL + 2 * q * h + off : 2 * q * h + off;
-            hi[l] = second ? VL + (2 * q + 1) * h + off : (2 * q + 1) * h + off;
-        }
-        for (int i = 0; i < VL; i++) {
-            if (i & h) continue;
-            const vf a = r[i], b = r[i + h];
-            r[i] = __builtin_shuffle(a, b, lo);
-            r[i + h] = __builtin_shuffle(a, b, hi);
         }
     }
 }
@@ -145,7 +181,13 @@ static void micro(int64_t kc, const float *restrict a, const float *restrict b, 
                   int64_t ldc, int acc, int mr, int nr) {
     vf c0[MR], c1[MR];
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; i++) c0[i] = c1[i] = (vf){0};
+    for (int i = 0; i < MR; i++) {
+        c0[i] = c1[i] = (vf){0};
+        /* C's rows are a power-of-two stride apart in the layer (same L1 set) and come from L3:
+         * fetch the tile now, under the kc-long loop, not after it */
+        __builtin_prefetch(C + i * ldc, 1, 3);
+        __builtin_prefetch(C + i * ldc + NR - 1, 1, 3);
+    }
     for (int64_t p = 0; p < kc; p++) {
         const vf b0 = *(const vf *)(b + p * NR), b1 = *(const vf *)(b + p * NR + VL);
 #pragma GCC unroll 16
@@ -259,8 +301,7 @@ static inline float *align64(float *p) {
 size_t gdn_matmul_ws_floats(int threads) {
     if (threads < 1) threads = 1;
     /* shared B panel (NC rounded to NR) + one A block per thread + alignment slack */
-    return (size_t)KC * ((NC + NR - 1) / NR * NR) + (size_t)threads * ((MC + MR - 1) / MR * MR) * KC +
-           16;
+    return (size_t)KC * ((NC + NR - 1) / NR * NR) + (size_t)threads * ((MC + MR - 1) / MR * MR * KC + 16) + 16;
 }
 
 void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
@@ -280,7 +321,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
     }
     float *bpack = align64(ws);
     float *apack0 = bpack + (size_t)KC * ((NC + NR - 1) / NR * NR);
-    const int64_t ablock = (int64_t)((MC + MR - 1) / MR * MR) * KC;
+    const int64_t ablock = (int64_t)((MC + MR - 1) / MR * MR) * KC + 16; /* + slack, see pack_a */
 #pragma omp parallel num_threads(threads)
     {
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -304,13 +345,13 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                 for (int64_t ic = i_lo; ic < i_hi; ic += MC) {
                     const int64_t mc = min64(MC, i_hi - ic);
                     pack_a(apack, A, lda, a_trans, ic, mc, pc, kc);
-                    for (int64_t q = q_lo; q < q_hi; q++) {
-                        const int nr = (int)min64(NR, nc - q * NR);
-                        const float *bp = bpack + q * kc * NR;
-                        for (int64_t ir = 0; ir < mc; ir += MR)
-                            micro(kc, apack + ir * kc, bp, C + (ic + ir) * ldc + jc + q * NR, ldc,
-                                  acc_k, (int)min64(MR, mc - ir), nr);
-                    }
+                    /* A micro-panel (kc x MR, 14 KB) stays in L1 while the B micro-panels
+                     * stream from the L2-resident packed panel */
+                    for (int64_t ir = 0; ir < mc; ir += MR)
+                        for (int64_t q = q_lo; q < q_hi; q++)
+                            micro(kc, apack + ir * kc, bpack + q * kc * NR,
+                                  C + (ic + ir) * ldc + jc + q * NR, ldc, acc_k,
+                                  (int)min64(MR, mc - ir), (int)min64(NR, nc - q * NR));
                 }
 #pragma omp barrier
             }
