@@ -13,6 +13,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <unistd.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -29,6 +30,9 @@ typedef float vf_u __attribute__((vector_size(VW * 4), aligned(4))); /* unaligne
 /* Vectors per column block (see the top comment; measured in `gdncp bench decode`). */
 #ifndef STEP_PF
 #define STEP_PF 2 /* prefetch locality of the next block (0: none) */
+#endif
+#ifndef STEP_PFD
+#define STEP_PFD 2 /* ... this many blocks ahead */
 #endif
 #ifndef STEP_NB
 #if VW == 16
@@ -171,6 +175,33 @@ static int step_head(const step_io *io, int64_t it) {
     return s != s;
 }
 
+/* A stream's key side without copies: its raw k, q rows and the scalars that normalise them
+ * (kn = kinv k, qs = qinv q; qinv includes the scale), kq = kn . qs. */
+typedef struct {
+    const float *k, *q;
+    float kinv, qinv, e, beta, kq;
+} head_lite;
+
+static void prep_lite(const step_io *io, head_lite *h, int64_t it) {
+    const gdn_config *c = io->c;
+    const int64_t K = c->K, b = it / c->Hv, hk = it % c->Hv / (c->Hv / c->Hk);
+    const float *k = io->k + (b * c->Hk + hk) * K, *q = io->q + (b * c->Hk + hk) * K;
+    gdn_v8f kk = {0}, qq = {0}, kq = {0};
+    int64_t i = 0;
+    for (; i + 8 <= K; i += 8) {
+        const gdn_v8f kv = *(const gdn_v8f_u *)(k + i), qv = *(const gdn_v8f_u *)(q + i);
+        kk += kv * kv, qq += qv * qv, kq += kv * qv;
+    }
+    float skk = 0, sqq = 0, skq = 0;
+    for (int l = 0; l < 8; l++) skk += kk[l], sqq += qq[l], skq += kq[l];
+    for (; i < K; i++) skk += k[i] * k[i], sqq += q[i] * q[i], skq += k[i] * q[i];
+    h->k = k, h->q = q;
+    h->kinv = c->l2norm ? 1.0f / sqrtf(skk + 1e-6f) : 1.0f;
+    h->qinv = c->scale * (c->l2norm ? 1.0f / sqrtf(sqq + 1e-6f) : 1.0f);
+    h->kq = h->kinv * h->qinv * skq;
+    h->e = gdn_expf_ftz(io->g[it]), h->beta = io->beta[it];
+}
+
 /* Streams [it0, it1) when V is a multiple of the block width W = STEP_NB vectors, software-
  * pipelined over the sequence of blocks (stream by stream, W columns at a time): one loop over
  * the rows runs the update of block m (rows in reverse, mostly L1 hits) together with the first
@@ -178,19 +209,20 @@ static int step_head(const step_io *io, int64_t it) {
  * then overlap the update's arithmetic, and the state streams without pauses. With V = 2W (the
  * Qwen head) the blocks m and m + 1 are the two column halves of the 512-byte rows, which fall in
  * disjoint halves of the L1 sets, so they do not evict each other. */
-static int step_range_pipelined(const step_io *io, int64_t it0, int64_t it1) {
+static int step_range_pipelined(const step_io *io, int64_t it0, int64_t it1, int pf) {
     const gdn_config *c = io->c;
     const int64_t K = c->K, V = c->V, W = STEP_NB * VW, nb = V / W, M = (it1 - it0) * nb;
     if (M <= 0) return 0;
-    head_prep hp[2]; /* streams alternate between the two */
+    /* The sweeps use the raw rows k, q: u = S^T kn = kinv S^T k, and S + kn d^T = S + k (kinv d)^T. */
+    head_lite hl[2]; /* streams alternate between the two */
     vf u[STEP_NB], w[STEP_NB], d[STEP_NB], z[STEP_NB];
 #pragma GCC unroll 8
     for (int n = 0; n < STEP_NB; n++) u[n] = w[n] = z[n] = (vf){0};
-    prep_item(io, &hp[0], it0);
+    prep_lite(io, &hl[0], it0);
     { /* the first sweep of block 0 alone */
         const float *S = io->state + it0 * K * V;
         for (int64_t i = 0; i < K; i++) {
-            const float ki = hp[0].kn[i], qi = hp[0].qs[i];
+            const float ki = hl[0].k[i], qi = hl[0].q[i];
 #pragma GCC unroll 8
             for (int n = 0; n < STEP_NB; n++) {
                 const vf x = *(const vf_u *)(S + i * V + n * VW);
@@ -201,49 +233,54 @@ static int step_range_pipelined(const step_io *io, int64_t it0, int64_t it1) {
     vf nfo = {0};
     for (int64_t m = 0; m < M; m++) {
         const int64_t it = it0 + m / nb, col = m % nb * W;
-        const head_prep *h = &hp[(it - it0) & 1];
+        const head_lite *h = &hl[(it - it0) & 1];
         float *S = io->state + it * K * V + col;
         const float *v = io->v + it * V + col;
         float *o = io->o + it * V + col;
-        const float e = h->e, beta = h->beta, kq = h->kq;
+        const float e = h->e, beta = h->beta, kq = h->kq, kinv = h->kinv, qinv = h->qinv;
+        const float *kr = h->k;
 #pragma GCC unroll 8
         for (int n = 0; n < STEP_NB; n++) {
-            d[n] = beta * (*(const vf_u *)(v + n * VW) - e * u[n]);
-            const vf out = e * w[n] + kq * d[n];
+            const vf dn = beta * (*(const vf_u *)(v + n * VW) - (e * kinv) * u[n]);
+            const vf out = (e * qinv) * w[n] + kq * dn;
             *(vf_u *)(o + n * VW) = out;
             nfo += out * 0.0f;
+            d[n] = kinv * dn;
             u[n] = w[n] = (vf){0};
         }
         if (m + 1 < M) {
-            const int64_t it1n = it0 + (m + 1) / nb, col1 = (m + 1) % nb * W;
-            const head_prep *h1 = &hp[(it1n - it0) & 1];
-            if (col1 == 0) prep_item(io, &hp[(it1n - it0) & 1], it1n);
-            const float *S1 = io->state + it1n * K * V + col1;
-            /* block m + 2 (past the range's end: a prefetch does not fault) */
-            const int64_t m2 = m + 2;
+            const int64_t itn = it0 + (m + 1) / nb, coln = (m + 1) % nb * W;
+            head_lite *h1 = &hl[(itn - it0) & 1];
+            if (coln == 0) prep_lite(io, h1, itn);
+            const float *S1 = io->state + itn * K * V + coln, *k1 = h1->k, *q1 = h1->q;
+            /* block m + STEP_PFD into L2, never past this thread's range (lines another
+             * thread is writing would bounce between the cores) */
+            const int64_t m2 = m + STEP_PFD < M ? m + STEP_PFD : m + 1;
             const float *S2 = io->state + (it0 + m2 / nb) * K * V + m2 % nb * W;
+            (void)S2;
             for (int64_t i = 0; i < K; i++) {
                 const int64_t r = K - 1 - i;
-                const float kr = h->kn[r], k1 = h1->kn[i], q1 = h1->qs[i];
+                const float kb = kr[r], ki = k1[i], qi = q1[i];
 #if STEP_PF
+                if (pf)
 #pragma GCC unroll 8
-                for (int n = 0; n < W; n += 16) __builtin_prefetch(S2 + i * V + n, 0, STEP_PF);
+                    for (int n = 0; n < W; n += 16) __builtin_prefetch(S2 + i * V + n, 0, STEP_PF);
 #endif
 #pragma GCC unroll 8
                 for (int n = 0; n < STEP_NB; n++) {
-                    const vf x = e * *(vf_u *)(S + r * V + n * VW) + kr * d[n];
+                    const vf x = e * *(vf_u *)(S + r * V + n * VW) + kb * d[n];
                     *(vf_u *)(S + r * V + n * VW) = x;
                     z[n] += x * 0.0f;
                     const vf y = *(const vf_u *)(S1 + i * V + n * VW);
-                    u[n] += k1 * y, w[n] += q1 * y;
+                    u[n] += ki * y, w[n] += qi * y;
                 }
             }
         } else {
             for (int64_t r = K - 1; r >= 0; r--) {
-                const float kr = h->kn[r];
+                const float kb = kr[r];
 #pragma GCC unroll 8
                 for (int n = 0; n < STEP_NB; n++) {
-                    const vf x = e * *(vf_u *)(S + r * V + n * VW) + kr * d[n];
+                    const vf x = e * *(vf_u *)(S + r * V + n * VW) + kb * d[n];
                     *(vf_u *)(S + r * V + n * VW) = x;
                     z[n] += x * 0.0f;
                 }
@@ -258,11 +295,25 @@ static int step_range_pipelined(const step_io *io, int64_t it0, int64_t it1) {
 }
 
 /* Streams [it0, it1) of the step. */
-static int step_range(const step_io *io, int64_t it0, int64_t it1) {
-    if (io->c->V % (STEP_NB * VW) == 0) return step_range_pipelined(io, it0, it1);
+static int step_range(const step_io *io, int64_t it0, int64_t it1, int pf) {
+    if (io->c->V % (STEP_NB * VW) == 0) return step_range_pipelined(io, it0, it1, pf);
     int bad = 0;
     for (int64_t it = it0; it < it1; it++) bad |= step_head(io, it);
     return bad;
+}
+
+/* This core's L2 in bytes (1 MB when the system does not say). */
+static double l2_bytes(void) {
+    static long cached = 0;
+    long v = cached;
+    if (!v) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        if (v <= 0) v = 1 << 20;
+        cached = v;
+    }
+    return (double)v;
 }
 
 /* The first non-finite element of a small input tensor, or -1 (inline: no parallel region). */
@@ -322,18 +373,22 @@ int gdn_step(gdn_plan *p, float *o, float *state, const float *q, const float *k
         return rc;
     const step_io io = {c, state, o, q, k, v, g, beta};
     const int64_t items = B * Hv;
+    /* Software prefetch only when a thread's share of the state is well beyond its L2: there
+     * it keeps the L3/DRAM stream busy while a block is updated (B = 8 at the Qwen shape: +15 %);
+     * on L2-resident states the prefetches are pure overhead (-10 %, measured). */
+    const int nt = (int)(p->threads < items ? p->threads : items);
+    const int pf = (double)items * K * V * sizeof(float) / nt > 2.0 * l2_bytes();
     int bad = 0;
-    if (p->threads > 1 && items > 1) {
+    if (nt > 1) {
         /* Contiguous ranges of streams, one per thread: each thread's state is one stream of
          * memory for its pipeline. */
-        const int nt = (int)(p->threads < items ? p->threads : items);
 #pragma omp parallel num_threads(nt) reduction(| : bad)
         {
             const int t = gdn_thread_id();
-            bad |= step_range(&io, items * t / nt, items * (t + 1) / nt);
+            bad |= step_range(&io, items * t / nt, items * (t + 1) / nt, pf);
         }
     } else {
-        bad = step_range(&io, 0, items);
+        bad = step_range(&io, 0, items, pf);
     }
     if (bad && c->check_finite) {
         int64_t at = gdn_find_nonfinite_f32(state, items * K * V);
