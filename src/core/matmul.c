@@ -217,9 +217,9 @@ static void micro(int64_t kc, const float *restrict a, const float *restrict b, 
 
 /* ---------------------------------------------------------------- streaming (small m, B^T) */
 
-enum { SR = 4,                      /* W rows per tile */
-       SI = VL == 16 ? 4 : 2,        /* A rows per tile (SI * SR accumulators) */
-       SK = 512 };                   /* depth block: A's m x SK slice and the SR W rows in L1 */
+#define SI (VL == 16 ? 4 : 2) /* A rows per tile (SI * SR accumulators); a macro: used in #if */
+enum { SR = 4,   /* W rows per tile */
+       SK = 512 }; /* depth block: A's m x SK slice and the SR W rows in L1 */                   /* depth block: A's m x SK slice and the SR W rows in L1 */
 
 /* part[i][r] += A[i][k0..k0+kv) . W[r][k0..k0+kv) lane-wise, for i < mi, r < nr; kv % VL == 0. */
 static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, int64_t kv,
@@ -243,15 +243,30 @@ static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, in
         for (int r = 0; r < SR; r++) part[i][r] = s[i][r];
 }
 
+/* Full-width tiles specialised per row count (separate functions: inlined into one switch,
+ * GCC merged them back into the generic loop with a branch per FMA). */
+#define STREAM_TILE_FN(MI)                                                                     \
+    static __attribute__((noinline)) void stream_tile_##MI(int64_t kv, const float *A,          \
+                                                           int64_t lda, const float *W,         \
+                                                           int64_t ldw, vf part[SI][SR]) {      \
+        stream_tile(MI, SR, kv, A, lda, W, ldw, part);                                          \
+    }
+STREAM_TILE_FN(1)
+STREAM_TILE_FN(2)
+#if SI > 2
+STREAM_TILE_FN(3)
+STREAM_TILE_FN(4)
+#endif
+
 static void stream_tile_any(int mi, int nr, int64_t kv, const float *A, int64_t lda, const float *W,
                             int64_t ldw, vf part[SI][SR]) {
     if (nr == SR) {
         switch (mi) {
-        case 1: stream_tile(1, SR, kv, A, lda, W, ldw, part); return;
-        case 2: stream_tile(2, SR, kv, A, lda, W, ldw, part); return;
+        case 1: stream_tile_1(kv, A, lda, W, ldw, part); return;
+        case 2: stream_tile_2(kv, A, lda, W, ldw, part); return;
 #if SI > 2
-        case 3: stream_tile(3, SR, kv, A, lda, W, ldw, part); return;
-        case 4: stream_tile(4, SR, kv, A, lda, W, ldw, part); return;
+        case 3: stream_tile_3(kv, A, lda, W, ldw, part); return;
+        case 4: stream_tile_4(kv, A, lda, W, ldw, part); return;
 #endif
         default: break;
         }
@@ -259,12 +274,28 @@ static void stream_tile_any(int mi, int nr, int64_t kv, const float *A, int64_t 
     stream_tile(mi, nr, kv, A, lda, W, ldw, part); /* edges: generic */
 }
 
+static inline float *align64(float *p) {
+    return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+}
+
+/* A (m <= 16 rows) is first copied into ws with a row stride of kk rounded up to 16 floats plus
+ * 16 (when it fits): in place, with a power-of-two lda, the same depth of all m rows falls into
+ * one L1 set and the 16 + SR lines evict each other (measured: m = 16 ran at half speed). */
 static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
-                          const float *W, int64_t ldw, float *C, int64_t ldc, int threads) {
+                          const float *W, int64_t ldw, float *C, int64_t ldc, float *ws,
+                          size_t ws_floats, int threads) {
     const int64_t kv_all = kk / VL * VL;
+    const int64_t lda2 = (kk + 15) / 16 * 16 + 16;
+    const int copy = (size_t)(m * lda2) <= ws_floats;
 #pragma omp parallel num_threads(threads)
     {
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        if (copy) {
+            for (int64_t i = t; i < m; i += nt) memcpy(ws + i * lda2, A + i * lda, sizeof(float) * (size_t)kk);
+#pragma omp barrier
+        }
+        const float *As = copy ? ws : A;
+        const int64_t ldas = copy ? lda2 : lda;
         /* contiguous ranges of W rows, in units of SR rows */
         const int64_t tiles = (n + SR - 1) / SR;
         const int64_t j_lo = tiles * t / nt * SR, j_hi = min64(n, tiles * (t + 1) / nt * SR);
@@ -276,15 +307,26 @@ static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float
             for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
                 const int64_t kv = min64(SK, kv_all - k0);
                 for (int g = 0; g < groups; g++)
-                    stream_tile_any((int)min64(SI, m - g * SI), nr, kv, A + g * SI * lda + k0, lda,
+                    stream_tile_any((int)min64(SI, m - g * SI), nr, kv, As + g * SI * ldas + k0, ldas,
                                     W + j0 * ldw + k0, ldw, part[g]);
+            }
+            /* horizontal sums of the m x nr partial vectors, VL at a time: a register
+             * transpose and VL - 1 vector adds instead of VL - 1 dependent scalar adds each */
+            float sums[SMALL_M * SR + VL];
+            for (int64_t base = 0; base < m * nr; base += VL) {
+                vf r[VL];
+                for (int l = 0; l < VL; l++) {
+                    const int64_t idx = base + l, i = idx / nr;
+                    r[l] = idx < m * nr ? part[i / SI][i % SI][idx % nr] : (vf){0};
+                }
+                transpose_vl(r);
+                for (int l = 1; l < VL; l++) r[0] += r[l];
+                storeu(sums + base, r[0]);
             }
             for (int64_t i = 0; i < m; i++)
                 for (int r = 0; r < nr; r++) {
-                    const vf v = part[i / SI][i % SI][r];
-                    float s = 0.0f;
-                    for (int l = 0; l < VL; l++) s += v[l];
-                    for (int64_t k = kv_all; k < kk; k++) s += A[i * lda + k] * W[(j0 + r) * ldw + k];
+                    float s = sums[i * nr + r];
+                    for (int64_t k = kv_all; k < kk; k++) s += As[i * ldas + k] * W[(j0 + r) * ldw + k];
                     float *c = C + i * ldc + j0 + r;
                     *c = acc ? *c + s : s;
                 }
@@ -294,9 +336,6 @@ static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float
 
 /* ---------------------------------------------------------------- blocked path */
 
-static inline float *align64(float *p) {
-    return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
-}
 
 size_t gdn_matmul_ws_floats(int threads) {
     if (threads < 1) threads = 1;
@@ -316,7 +355,9 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
         return;
     }
     if (m <= SMALL_M && b_trans && !a_trans) {
-        matmul_stream(acc, m, n, kk, A, lda, B, ldb, C, ldc, threads);
+        float *w64 = align64(ws);
+        matmul_stream(acc, m, n, kk, A, lda, B, ldb, C, ldc, w64,
+                      gdn_matmul_ws_floats(threads) - (size_t)(w64 - ws), threads);
         return;
     }
     float *bpack = align64(ws);
