@@ -109,6 +109,10 @@ int gdn_backward_saved(gdn_plan *plan, float *dq, float *dk, float *dv, float *d
  * with automatic checkpointing. */
 size_t gdn_plan_backward_bytes(const gdn_plan *plan);
 
+/* This machine's fp32 FMA peak in GFLOP/s with `threads` threads, at the widest vector width the
+ * CPU runs (16 lanes with AVX-512, 8 with AVX2): the denominator of benchmarks' fractions. */
+double gdn_measure_peak_gflops(int threads);
+
 /* ---------------------------------------------------------------- segment summaries (affine view)
  *
  * A token segment maps the state entering it affinely: S_out = A S_in + B, with

@@ -19,8 +19,8 @@ bash scripts/build.sh build || { echo "0 passed, 1 failed"; exit 1; }
 grep -E '^(FAIL|==)' "$logs/release.log"; tail -1 "$logs/release.log"; tally "$logs/release.log"
 
 MPIEXEC=mpiexec.mpich
-echo "== context parallelism under MPICH, D = 1 2 3 4 7 8 (oversubscribed)"
-for d in 1 2 3 4 7 8; do
+echo "== context parallelism under MPICH, D = 1 2 3 4 5 7 8 (oversubscribed)"
+for d in 1 2 3 4 5 7 8; do
   timeout 600 $MPIEXEC -n "$d" ./build/gdncp_cp_tests > "$logs/cp$d.log" 2>&1
   grep -E '^(FAIL|==)' "$logs/cp$d.log"; tail -1 "$logs/cp$d.log"; tally "$logs/cp$d.log"
 done
@@ -54,6 +54,36 @@ cpcase fail 3 --cp scan --backward --no-l2norm            # negative control: wr
 cpcase fail 3 --cp scan --shards 1,2                       # wrong shard count: clear error
 cpcase fail 2 --cp spiral                                  # unknown strategy: clear error
 
+echo "== gdncp layer: golden checkpoints through the command line"
+tiny=$golden/qwen35_tiny
+tinyw=(--weights "$tiny/model.safetensors" --config "$tiny/config.json" --prefix model.layers.0.linear_attn.)
+clicase() { # clicase EXPECT(pass|fail) LABEL CMD...: run a shell command line, compare with EXPECT
+  local expect=$1 label=$2; shift 2
+  if "$@" >"$logs/layer_cli.log" 2>&1; then got=pass; else got=fail; fi
+  if [ "$got" = "$expect" ]; then echo "PASS  $label ($expect as expected)"; passed=$((passed + 1))
+  else echo "FAIL  $label (expected $expect)"; cat "$logs/layer_cli.log"; failed=$((failed + 1)); fi
+}
+L=./build/gdncp
+clicase pass "layer_small forward+backward vs the float64 golden file (tol 1e-4)" bash -c \
+  "$L layer --weights $golden/layer_small.weights.safetensors --in $golden/layer_small.io.safetensors --out $logs/ls.safetensors --backward && $L diff $logs/ls.safetensors $golden/layer_small.io.safetensors --tol 1e-4"
+clicase pass "qwen35_tiny layer 0 (config.json + prefix) y, dx vs transformers (tol 1e-4)" bash -c \
+  "$L layer ${tinyw[*]} --in $tiny/layer0.io.safetensors --out $logs/l0.safetensors --backward --keep proj && $L diff $logs/l0.safetensors $tiny/layer0.io.safetensors --tol 1e-4 | grep -E '^(y|dx) +ok'  | wc -l | grep -qx 2"
+clicase fail "qwen35_tiny layer 1's weights against layer 0's references (negative control)" bash -c \
+  "$L layer --weights $tiny/model.safetensors --config $tiny/config.json --prefix model.layers.1.linear_attn. --in $tiny/layer0.io.safetensors --out $logs/l1.safetensors && $L diff $logs/l1.safetensors $tiny/layer0.io.safetensors --tol 1e-4"
+for spec in "3 scan 1,2,147" "2 allgather 149,1" "5 relay 1,1,1,1,146" "2 heads 75,75"; do
+  set -- $spec
+  clicase pass "mpiexec -n $1 gdncp layer --cp $2 --shards $3 --backward = single rank (tol 2e-5)" bash -c \
+    "$MPIEXEC -n $1 $L layer ${tinyw[*]} --in $tiny/layer0.io.safetensors --out $logs/l0cp.safetensors --backward --cp $2 --shards $3 && $L diff $logs/l0cp.safetensors $logs/l0.safetensors --tol 2e-5"
+done
+clicase fail "gdncp layer --cp heads over 3 ranks (3 does not divide Hk = 2): clear error" \
+  $MPIEXEC -n 3 $L layer "${tinyw[@]}" --in "$tiny/layer0.io.safetensors" --out "$logs/bad.safetensors" --cp heads
+clicase pass "BF16 checkpoint: prefill 37 + decode 8 = the BF16 forward of all 45 (tol 1e-5)" bash -c \
+  "$L layer --weights $tiny/model.bf16.safetensors --config $tiny/config.json --prefix model.layers.0.linear_attn. --in $tiny/decode0.io.safetensors --out $logs/d_all.safetensors && $L layer --weights $tiny/model.bf16.safetensors --config $tiny/config.json --prefix model.layers.0.linear_attn. --in $tiny/decode0.io.safetensors --out $logs/d_dec.safetensors --decode 8 && $L diff $logs/d_dec.safetensors $logs/d_all.safetensors --tol 1e-5"
+clicase fail "gdncp layer with a prefix that names no layer: clear error" \
+  $L layer --weights "$tiny/model.safetensors" --config "$tiny/config.json" --prefix model.layers.9.linear_attn. --in "$tiny/layer0.io.safetensors" --out "$logs/bad.safetensors"
+clicase fail "gdncp layer --decode with --backward: clear error" \
+  $L layer "${tinyw[@]}" --in "$tiny/layer0.io.safetensors" --out "$logs/bad.safetensors" --decode 2 --backward
+
 echo "== build (ASan + UBSan)"
 if bash scripts/build.sh build-asan -DGDN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -70,6 +100,14 @@ if ./build/gdncp bench kernel --json --quick > "$logs/bench.json" 2>&1 &&
   echo "PASS  bench kernel runs, every row's error vs the oracle below 1e-5"; passed=$((passed + 1))
 else
   echo "FAIL  bench kernel smoke"; cat "$logs/bench.json"; failed=$((failed + 1))
+fi
+echo "== benchmark smoke (gdncp bench layer --json --quick)"
+if ./build/gdncp bench layer --json --quick > "$logs/bench_layer.json" 2>&1 &&
+   grep -q '"direction":"layer_fwd_bwd"' "$logs/bench_layer.json" && grep -q '"direction":"layer_decode"' "$logs/bench_layer.json" &&
+   ! grep -q '"rel_err_vs_reference":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)' "$logs/bench_layer.json"; then
+  echo "PASS  bench layer runs, every row's error vs the double layer below 1e-5"; passed=$((passed + 1))
+else
+  echo "FAIL  bench layer smoke"; cat "$logs/bench_layer.json"; failed=$((failed + 1))
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -18,5 +18,17 @@ int cli_error(const char *what, int status);
 /* Parse an int option value; prints an error naming the option on failure. */
 int cli_int(const char *opt, const char *val, long lo, long hi, long *out);
 double cli_now(void);
+/* This rank's token rows [t0, t0 + tn) of T: "--shards a,b,c" (D positive sizes summing to T)
+ * or, with spec NULL, the even split. Prints the problem (rank 0) and returns 1 when invalid. */
+int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn);
+int cmd_layer(int argc, char **argv);
+int cmd_bench_layer(int argc, char **argv);
+
+/* Benchmark support (tools/bench_util.c): the CPU's model name; this machine's native-width fp32
+ * FMA peak with `threads` threads (measured again while a busy neighbour makes the all-thread
+ * peak look low; printed as a line, or a JSON row); the median of n samples (reordered). */
+void cli_cpu_name(char *buf, size_t n);
+double cli_peak_gflops(int threads, int json);
+double cli_median(double *x, int n);
 
 #endif

@@ -7,13 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* "--shards a,b,c": D positive sizes summing to T; NULL gives the even split. */
-static int shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn) {
+int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn) {
     if (!spec) {
         *tn = T / D + (rank < T % D);
         *t0 = rank * (T / D) + (rank < T % D ? rank : T % D);
         if (*tn < 1) {
-            if (!rank) fprintf(stderr, "gdncp run: %d ranks for T = %lld tokens leaves rank %d empty\n", D, (long long)T, rank);
+            if (!rank) fprintf(stderr, "gdncp: %d ranks for T = %lld tokens leaves rank %d empty\n", D, (long long)T, rank);
             return 1;
         }
         return 0;
@@ -24,7 +23,7 @@ static int shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, i
         char *end;
         long long v = strtoll(p, &end, 10);
         if (end == p || v < 1 || (*end && *end != ',')) {
-            if (!rank) fprintf(stderr, "gdncp run: --shards needs positive integers separated by commas, got '%s'\n", spec);
+            if (!rank) fprintf(stderr, "gdncp: --shards needs positive integers separated by commas, got '%s'\n", spec);
             return 1;
         }
         if (n == rank) *t0 = acc, *tn = v;
@@ -32,7 +31,7 @@ static int shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, i
         p = *end ? end + 1 : end;
     }
     if (n != D || acc != T) {
-        if (!rank) fprintf(stderr, "gdncp run: --shards lists %lld sizes summing to %lld; need %d sizes (one per rank) summing to T = %lld\n",
+        if (!rank) fprintf(stderr, "gdncp: --shards lists %lld sizes summing to %lld; need %d sizes (one per rank) summing to T = %lld\n",
                 (long long)n, (long long)acc, D, (long long)T);
         return 1;
     }
@@ -59,7 +58,7 @@ int cmd_run_cp(const char *in, const char *out, const char *strategy, const char
     }
     MPI_Bcast(&T, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
     int64_t t0 = 0, tn = 0;
-    int bad = T < 1 ? 0 : shard_of(shards, D, rank, T, &t0, &tn), any = 0;
+    int bad = T < 1 ? 0 : cli_shard_of(shards, D, rank, T, &t0, &tn), any = 0;
     gdn_problem pb;
     memset(&pb, 0, sizeof pb);
     int rc = GDN_OK;

@@ -18,7 +18,10 @@ static void usage(FILE *out) {
             "         [--backward]: also read do [, dht], write dq dk dv dg dbeta [dh0]\n"
             "         [--cp scan|allgather|relay|heads [--shards a,b,..] [--stats]]\n"
             "         under mpiexec -n D: the sequence split over D ranks\n"
+            "  layer  --weights W [--config C] [--prefix P] --in IN --out OUT [--backward]\n"
+            "         [--keep min|proj] [--decode N] [--cp S [--shards ..]]  the Qwen3.5 layer\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
+            "  bench  layer [--json] [--quick] [--T N]              layer benchmark (fwd, fwd+bwd, decode)\n"
             "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
             "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
@@ -71,6 +74,12 @@ int main(int argc, char **argv) {
         for (int i = 2; i < argc; i++) want_mpi |= !strcmp(argv[i], "--cp");
         return want_mpi ? with_mpi(cmd_run, argc, argv) : cmd_run(argc - 1, argv + 1);
     }
+    if (!strcmp(argv[1], "layer")) {
+        int want_mpi = 0;
+        for (int i = 2; i < argc; i++) want_mpi |= !strcmp(argv[i], "--cp");
+        return want_mpi ? with_mpi(cmd_layer, argc, argv) : cmd_layer(argc - 1, argv + 1);
+    }
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "layer")) return cmd_bench_layer(argc, argv);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cp"))
         return with_mpi(cmd_bench_cp, argc, argv);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "decode"))

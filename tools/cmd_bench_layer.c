@@ -1,0 +1,264 @@
+/* gdncp bench layer: the Qwen3.5 GatedDeltaNet layer at the 35B shape and a small one —
+ * forward, forward+backward in both memory modes, and decode (B = 1 and 16).
+ * FLOPs: projections 2E(2HkK + 2HvV + 2Hv) + 2HvVE per token forward, three times that
+ * forward+backward, plus the kernel's DESIGN §3 FLOPs (forward, resp. forward + backward), per
+ * token per value head. Fractions are of this machine's native-width FMA peak, measured here.
+ * Decode is memory-bound: each step streams the weights and the states once; its bound is the
+ * time to stream those bytes at the bandwidth measured in the same run over buffers of the same
+ * sizes (so cache effects are the same on both sides). */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef struct {
+    const char *label;
+    int64_t E, Hk, Hv, K, V, T;
+} layer_shape;
+
+static double proj_flops_per_token(const gdn_layer_config *c) {
+    const double E = c->E, kd = c->Hk * c->K, vd = c->Hv * c->V;
+    return 2 * E * (2 * kd + 2 * vd + 2 * c->Hv) + 2 * vd * E;
+}
+static double kernel_flops_per_token(const gdn_layer_config *c, int backward) {
+    const double C = c->chunk ? c->chunk : 64, K = c->K, V = c->V;
+    const double f = 3 * C * K + 2 * C * V + 6 * K * V + C * C / 3;
+    const double b = 18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C;
+    return c->Hv * (backward ? f + b : f);
+}
+
+static float *random_floats(size_t n, float lo, float hi, uint64_t *s) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; x && i < n; i++) {
+        *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+        x[i] = lo + (hi - lo) * (float)((*s >> 40) / 16777216.0);
+    }
+    return x;
+}
+
+/* Qwen-like weights: projections ~ 1/sqrt(fan-in), A = exp(A_log) in (0.5, 16], dt_bias 1. */
+static float *layer_weights(const gdn_layer_config *c, uint64_t *s) {
+    float *w = calloc(gdn_layer_param_floats(c), sizeof(float));
+    for (int i = 0; w && i < GDN_P_COUNT; i++) {
+        const size_t n = gdn_layer_param_numel(c, i);
+        const float a = i == GDN_P_OUT_PROJ ? 1.0f / sqrtf((float)(c->Hv * c->V)) : 1.0f / sqrtf((float)c->E);
+        float *r = random_floats(n, -a, a, s), *p = w + gdn_layer_param_offset(c, i);
+        for (size_t j = 0; r && j < n; j++)
+            p[j] = i == GDN_P_A_LOG ? logf(0.5f + 15.5f * (r[j] / (2 * a) + 0.5f))
+                   : i == GDN_P_DT_BIAS || i == GDN_P_NORM ? 1.0f
+                   : i == GDN_P_CONV1D ? r[j] * sqrtf((float)c->E) * 0.5f
+                                       : r[j];
+        free(r);
+    }
+    return w;
+}
+
+/* fp32 layer vs the double reference on a short prefix (the reference is plain loops). */
+static double error_vs_reference(gdn_layer_config c, const float *w, const float *x, int64_t tp) {
+    c.T = tp, c.B = 1;
+    const size_t nx = (size_t)tp * c.E, nw = gdn_layer_param_floats(&c);
+    double *xd = malloc(sizeof(double) * nx), *wd = malloc(sizeof(double) * nw), *yd = malloc(sizeof(double) * nx);
+    float *y = malloc(sizeof(float) * nx);
+    double err = NAN;
+    gdn_layer_plan *lp = NULL;
+    if (xd && wd && yd && y) {
+        for (size_t i = 0; i < nx; i++) xd[i] = x[i];
+        for (size_t i = 0; i < nw; i++) wd[i] = w[i];
+        if (!gdn_layer_reference_forward(&c, yd, xd, wd) && !gdn_layer_plan_create(&lp, &c) &&
+            !gdn_layer_forward(lp, y, NULL, x, w, NULL, NULL)) {
+            double num = 0, den = 0;
+            for (size_t i = 0; i < nx; i++) num = fmax(num, fabs(y[i] - yd[i])), den = fmax(den, fabs(yd[i]));
+            err = num / den;
+        }
+    }
+    gdn_layer_plan_destroy(lp);
+    free(xd), free(wd), free(yd), free(y);
+    return err;
+}
+
+enum { MODE_FORWARD, MODE_KEEP_MIN, MODE_KEEP_PROJ };
+
+static int bench_layer(const layer_shape *s, int threads, double peak, int json, int quick,
+                       const char *cpu) {
+    gdn_layer_config c = gdn_layer_config_default(1, s->T, s->E, s->Hk, s->Hv, s->K, s->V);
+    c.threads = threads;
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    float *w = layer_weights(&c, &seed);
+    const size_t nx = (size_t)c.T * c.E, nw = gdn_layer_param_floats(&c);
+    float *x = random_floats(nx, -1, 1, &seed), *dy = random_floats(nx, -1, 1, &seed);
+    float *y = malloc(sizeof(float) * nx), *dx = malloc(sizeof(float) * nx), *dw = malloc(sizeof(float) * nw);
+    if (!w || !x || !dy || !y || !dx || !dw) {
+        fprintf(stderr, "gdncp bench layer: out of memory for %s\n", s->label);
+        return 1;
+    }
+    const double err = error_vs_reference(c, w, x, quick ? 8 : 16);
+    const int reps = quick ? 1 : 3;
+    for (int mode = MODE_FORWARD; mode <= MODE_KEEP_PROJ; mode++) {
+        c.keep = mode == MODE_KEEP_PROJ ? GDN_LAYER_KEEP_PROJ : GDN_LAYER_KEEP_MIN;
+        gdn_layer_plan *lp = NULL;
+        int rc = gdn_layer_plan_create(&lp, &c);
+        const size_t nsaved = lp ? gdn_layer_saved_floats(lp) : 0;
+        float *saved = mode == MODE_FORWARD ? NULL : malloc(sizeof(float) * (nsaved + 1));
+        double t[8];
+        for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
+            const double t0 = cli_now();
+            rc = gdn_layer_forward(lp, y, saved, x, w, NULL, NULL);
+            if (!rc && mode != MODE_FORWARD) rc = gdn_layer_backward(lp, dx, dw, x, w, saved, dy);
+            if (r) t[r - 1] = cli_now() - t0;
+        }
+        if (rc) {
+            fprintf(stderr, "gdncp bench layer: %s: %s\n", s->label, gdn_errmsg());
+            free(saved), gdn_layer_plan_destroy(lp);
+            return 1;
+        }
+        const double med = cli_median(t, reps);
+        const double flops = (double)c.T * (mode == MODE_FORWARD
+                                                ? proj_flops_per_token(&c) + kernel_flops_per_token(&c, 0)
+                                                : 3 * proj_flops_per_token(&c) + kernel_flops_per_token(&c, 1));
+        const double gflops = flops / med / 1e9, kept = mode == MODE_FORWARD ? 0 : 4.0 * nsaved / c.T;
+        const char *dir = mode == MODE_FORWARD ? "layer_forward" : "layer_fwd_bwd";
+        const char *keep = mode == MODE_FORWARD ? "none" : mode == MODE_KEEP_MIN ? "min" : "proj";
+        if (json)
+            printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"E\":%lld,\"Hk\":%lld,\"Hv\":%lld,\"K\":%lld,"
+                   "\"V\":%lld,\"T\":%lld,\"threads\":%d,\"keep\":\"%s\",\"ms\":%.3f,\"reps\":%d,"
+                   "\"tokens_per_s\":%.1f,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
+                   "\"bytes_kept_per_token\":%.1f,\"x_bytes_per_token\":%lld,\"rel_err_vs_reference\":%.3e,"
+                   "\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
+                   dir, s->label, (long long)c.E, (long long)c.Hk, (long long)c.Hv, (long long)c.K,
+                   (long long)c.V, (long long)c.T, threads, keep, med * 1e3, reps, c.T / med, gflops,
+                   peak, gflops / peak, kept, (long long)(4 * c.E), err, gdn_layer_plan_path(lp), cpu);
+        else
+            printf("%-14s %-6s E=%lld Hk=%lld Hv=%lld K=V=%lld T=%lld thr=%d keep=%-4s %9.1f ms %9.0f tok/s "
+                   "%7.1f GFLOP/s %5.1f %% of peak  kept %8.0f B/token  err %.1e\n",
+                   dir, s->label, (long long)c.E, (long long)c.Hk, (long long)c.Hv, (long long)c.K,
+                   (long long)c.T, threads, keep, med * 1e3, c.T / med, gflops, 100 * gflops / peak,
+                   kept, err);
+        free(saved);
+        gdn_layer_plan_destroy(lp);
+    }
+    free(w), free(x), free(dy), free(y), free(dx), free(dw);
+    return 0;
+}
+
+/* Seconds to stream `bytes` once, read-only or read-modify-write, over a buffer of that size
+ * (best of several passes after a warm-up: the cache state a decode step sees). Explicit
+ * vectors with independent sums, so the loop is bound by memory, not by an add chain. */
+typedef float v16 __attribute__((vector_size(64)));
+static double stream_seconds(size_t bytes, int rmw, int threads) {
+    const size_t n = bytes / sizeof(v16);
+    v16 *buf = aligned_alloc(64, sizeof(v16) * (n ? n : 1));
+    if (!buf) return NAN;
+    for (size_t i = 0; i < n; i++) buf[i] = (v16){0} + 1.0f;
+    double best = INFINITY;
+    float sink = 0;
+    for (int rep = 0; rep < 8; rep++) {
+        const double t0 = cli_now();
+        float acc = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : acc)
+        {
+            v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < n / 4 * 4; i += 4) {
+                if (rmw) {
+                    buf[i] = buf[i] * 0.999f + 0.001f, buf[i + 1] = buf[i + 1] * 0.999f + 0.001f;
+                    buf[i + 2] = buf[i + 2] * 0.999f + 0.001f, buf[i + 3] = buf[i + 3] * 0.999f + 0.001f;
+                } else {
+                    s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+                }
+            }
+            const v16 s = (s0 + s1) + (s2 + s3);
+            for (int l = 0; l < 16; l++) acc += s[l];
+        }
+        const double dt = cli_now() - t0;
+        sink += acc;
+        if (rep && dt < best) best = dt;
+    }
+    if (sink == 12345.0f) fprintf(stderr, " ");
+    free(buf);
+    return best;
+}
+
+static int bench_decode(const layer_shape *s, int64_t B, int threads, int json, int quick,
+                        const char *cpu) {
+    gdn_layer_config c = gdn_layer_config_default(B, 1, s->E, s->Hk, s->Hv, s->K, s->V);
+    c.threads = threads;
+    uint64_t seed = 0x2545F4914F6CDD1Dull;
+    float *w = layer_weights(&c, &seed);
+    const size_t nconv = (size_t)B * gdn_layer_conv_dim(&c) * c.Kc, ns = (size_t)B * c.Hv * c.K * c.V;
+    float *x = random_floats((size_t)B * c.E, -1, 1, &seed), *y = malloc(sizeof(float) * B * c.E);
+    float *conv = random_floats(nconv, -1, 1, &seed), *rec = random_floats(ns, -0.1f, 0.1f, &seed);
+    gdn_layer_plan *lp = NULL;
+    int rc = w && x && y && conv && rec ? gdn_layer_plan_create(&lp, &c) : GDN_ERR_NOMEM;
+    const int steps = quick ? 5 : 30;
+    double t[64];
+    for (int r = 0; r <= steps && !rc; r++) {
+        const double t0 = cli_now();
+        rc = gdn_layer_decode(lp, y, x, w, conv, rec);
+        if (r) t[r - 1] = cli_now() - t0;
+    }
+    if (rc) {
+        fprintf(stderr, "gdncp bench layer: decode %s B=%lld: %s\n", s->label, (long long)B, gdn_errmsg());
+        return 1;
+    }
+    const double med = cli_median(t, steps);
+    size_t wbytes = 0;
+    for (int i = 0; i < GDN_P_COUNT; i++) wbytes += 4 * gdn_layer_param_numel(&c, i);
+    const size_t sbytes = 4 * (nconv + ns);
+    const double bound = stream_seconds(wbytes, 0, threads) + stream_seconds(sbytes, 1, threads);
+    const double bytes = (double)wbytes + 2.0 * sbytes;
+    if (json)
+        printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"B\":%lld,\"threads\":%d,"
+               "\"us_per_token\":%.2f,\"us_per_step\":%.2f,\"bytes_per_step\":%.0f,\"weights_bytes\":%zu,"
+               "\"weights_dtype\":\"F32\",\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,\"gemm_path\":\"%s\","
+               "\"cpu\":\"%s\"}\n",
+               s->label, (long long)B, threads, med * 1e6 / B, med * 1e6, bytes, wbytes, bound * 1e6,
+               bound / med, gdn_layer_plan_path(lp), cpu);
+    else
+        printf("layer_decode   %-6s B=%-3lld thr=%d %9.1f us/step %8.1f us/token  streams %.1f MB "
+               "(weights F32 %.1f MB)  bound %8.1f us  %5.1f %% of bound\n",
+               s->label, (long long)B, threads, med * 1e6, med * 1e6 / B, bytes / 1e6, wbytes / 1e6,
+               bound * 1e6, 100 * bound / med);
+    gdn_layer_plan_destroy(lp);
+    free(w), free(x), free(y), free(conv), free(rec);
+    return 0;
+}
+
+int cmd_bench_layer(int argc, char **argv) {
+    int json = 0, quick = 0;
+    long T = 4096;
+    for (int i = 3; i < argc; i++) { /* gdncp bench layer ... */
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--T") && !cli_int("--T", argv[i + 1], 1, 1L << 24, &T)) i++;
+        else {
+            fprintf(stderr, "gdncp bench layer: usage: gdncp bench layer [--json] [--quick] [--T N]\n");
+            return 1;
+        }
+    }
+    if (quick && T > 256) T = 256;
+    int maxt = 1;
+#ifdef _OPENMP
+    maxt = omp_get_max_threads();
+#endif
+    char cpu[256];
+    cli_cpu_name(cpu, sizeof cpu);
+    const double peak = cli_peak_gflops(maxt, json);
+    if (!json)
+        printf("GEMM path: %s\nGFLOP/s: projections 2E(2HkK+2HvV+2Hv)+2HvVE per token (x3 with the backward) "
+               "+ kernel DESIGN §3; err: fp32 y vs the double reference layer on the first tokens\n",
+               gdn_layer_plan_path(NULL));
+    const layer_shape shapes[] = {{"qwen35b", 2048, 16, 32, 128, 128, T}, {"small", 512, 4, 8, 64, 64, T}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (bench_layer(&shapes[i], maxt, peak, json, quick, cpu)) return 1;
+    const int64_t batches[] = {1, 16};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int b = 0; b < 2; b++)
+            for (int t = 1; t <= maxt; t = t == maxt ? maxt + 1 : maxt)
+                if (bench_decode(&shapes[i], batches[b], t, json, quick, cpu)) return 1;
+    return 0;
+}

@@ -1,0 +1,257 @@
+/* gdncp layer: the Qwen3.5 GatedDeltaNet layer from a Hugging Face checkpoint on x [B,T,E]:
+ * y, and with --backward dx and grad.<weight> for loss = sum(y * dy). Under mpiexec with --cp
+ * every rank reads only its token rows; rank 0 writes the gathered file, which equals the
+ * single-rank one. --decode N prefills all but the last N tokens, then decodes them one by one. */
+#include "cli.h"
+#include "gdncp_cp.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int reported; /* a failure of the tool itself, already printed */
+
+/* Print a failure of the tool's own checks now and return its status. */
+static int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "gdncp layer: %s: ", gdn_strerror(status));
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    reported = 1;
+    return status;
+}
+
+typedef struct {
+    const char *weights, *config, *prefix, *in, *out, *cp, *shards;
+    int backward, keep, decode;
+    gdn_layer_config given; /* dims from flags (0: not given), chunk, threads */
+} layer_opts;
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: gdncp layer --weights W.safetensors [--config config.json] [--prefix P]\n"
+            "                   --in IN.safetensors --out OUT.safetensors [--backward]\n"
+            "                   [--keep min|proj] [--decode N] [--chunk C] [--threads N]\n"
+            "                   [--E --Hk --Hv --K --V --Kc N] [--eps X]\n"
+            "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n");
+    return 2;
+}
+
+static int parse(int argc, char **argv, layer_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->given.chunk = 64;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        const struct { const char *flag; int64_t *dst; long max; } dims[] = {
+            {"--E", &o->given.E, 1 << 20}, {"--Hk", &o->given.Hk, 1 << 16}, {"--Hv", &o->given.Hv, 1 << 16},
+            {"--K", &o->given.K, GDN_MAX_HEAD_DIM}, {"--V", &o->given.V, GDN_MAX_HEAD_DIM},
+            {"--Kc", &o->given.Kc, GDN_MAX_CONV}};
+        int matched = 0;
+        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+            if (!strcmp(a, dims[d].flag)) {
+                if (cli_int(a, v, 1, dims[d].max, &n)) return 1;
+                *dims[d].dst = n, i++, matched = 1;
+            }
+        if (matched) continue;
+        if (!strcmp(a, "--backward")) o->backward = 1;
+        else if (!strcmp(a, "--weights") && v) o->weights = v, i++;
+        else if (!strcmp(a, "--config") && v) o->config = v, i++;
+        else if (!strcmp(a, "--prefix") && v) o->prefix = v, i++;
+        else if (!strcmp(a, "--in") && v) o->in = v, i++;
+        else if (!strcmp(a, "--out") && v) o->out = v, i++;
+        else if (!strcmp(a, "--cp") && v) o->cp = v, i++;
+        else if (!strcmp(a, "--shards") && v) o->shards = v, i++;
+        else if (!strcmp(a, "--keep") && v && (!strcmp(v, "min") || !strcmp(v, "proj")))
+            o->keep = !strcmp(v, "proj") ? GDN_LAYER_KEEP_PROJ : GDN_LAYER_KEEP_MIN, i++;
+        else if (!strcmp(a, "--eps") && v) {
+            char *end;
+            o->given.eps = strtof(v, &end);
+            if (*end || !(o->given.eps > 0)) {
+                fprintf(stderr, "gdncp layer: --eps needs a positive number, got '%s'\n", v);
+                return 1;
+            }
+            i++;
+        } else if (!strcmp(a, "--decode")) {
+            if (cli_int(a, v, 1, 1L << 40, &n)) return 1;
+            o->decode = (int)n, i++;
+        } else if (!strcmp(a, "--chunk")) {
+            if (cli_int(a, v, 16, 128, &n)) return 1;
+            o->given.chunk = (int)n, i++;
+        } else if (!strcmp(a, "--threads")) {
+            if (cli_int(a, v, 1, 4096, &n)) return 1;
+            o->given.threads = (int)n, i++;
+        } else {
+            fprintf(stderr, "gdncp layer: unknown or incomplete option '%s'\n", a);
+            return usage();
+        }
+    }
+    if (!o->weights || !o->in || !o->out) {
+        fprintf(stderr, "gdncp layer: --weights, --in and --out are required\n");
+        return usage();
+    }
+    if (o->decode && (o->backward || o->cp)) {
+        fprintf(stderr, "gdncp layer: --decode runs inference on one rank; it does not combine with %s\n",
+                o->backward ? "--backward" : "--cp");
+        return 1;
+    }
+    return 0;
+}
+
+/* x (and dy) of the input file: [B, T, E] with E the layer's; rows [t0, t0 + tn) only. */
+static int read_rows(gdn_st_file *f, const char *name, int64_t E, int64_t t0, int64_t tn,
+                     int64_t *B, int64_t *T, float **out) {
+    const gdn_st_tensor *t = gdn_st_find(f, name);
+    if (!t) return fail(GDN_ERR_MISSING, "input file has no tensor '%s'", name);
+    if (t->ndim != 3 || t->shape[2] != E)
+        return fail(GDN_ERR_SHAPE, "'%s' must be [B, T, E = %lld], got %d dims (last %lld)", name,
+                        (long long)E, t->ndim, (long long)(t->ndim ? t->shape[t->ndim - 1] : 0));
+    *B = t->shape[0], *T = t->shape[1];
+    if (tn < 0) t0 = 0, tn = *T;
+    if (t0 + tn > *T) return fail(GDN_ERR_SHAPE, "'%s' has T = %lld rows, fewer than the shard's end %lld",
+                                      name, (long long)*T, (long long)(t0 + tn));
+    const size_t n = (size_t)*B * tn * E;
+    *out = malloc(sizeof(float) * (n ? n : 1));
+    if (!*out) return fail(GDN_ERR_NOMEM, "'%s' rows (%zu floats)", name, n);
+    return gdn_st_read_f32_rows(f, name, *out, n, t0, tn);
+}
+
+static int write_outputs(const layer_opts *o, const gdn_layer_weights *lw, int64_t B, int64_t T,
+                         const float *y, const float *dx, const float *dw) {
+    gdn_st_writer *wr = NULL;
+    const int64_t shape[3] = {B, T, lw->cfg.E};
+    int rc = gdn_st_writer_create(&wr);
+    if (!rc) rc = gdn_st_writer_metadata(wr, "producer", "gdncp layer");
+    if (!rc) rc = gdn_st_writer_add_f32(wr, "y", GDN_F32, 3, shape, y);
+    if (!rc && dx) rc = gdn_st_writer_add_f32(wr, "dx", GDN_F32, 3, shape, dx);
+    if (!rc && dw) rc = gdn_layer_grads_add(wr, lw, dw, "grad.");
+    if (!rc) rc = gdn_st_writer_save(wr, o->out);
+    gdn_st_writer_destroy(wr);
+    return rc;
+}
+
+/* Prefill T - N tokens with a cache, then decode the last N one at a time (B sequences). */
+static int run_decode(const layer_opts *o, gdn_layer_config c, const float *w, const float *x, float *y) {
+    const int64_t B = c.B, T = c.T, E = c.E, N = o->decode > T ? T : o->decode, T0 = T - N;
+    const size_t nconv = (size_t)B * gdn_layer_conv_dim(&c) * c.Kc, ns = (size_t)B * c.Hv * c.K * c.V;
+    float *conv = calloc(nconv, sizeof(float)), *rec = calloc(ns, sizeof(float));
+    float *xt = malloc(sizeof(float) * (B * (T0 > 1 ? T0 : 1) * E)), *yt = malloc(sizeof(float) * (B * (T0 > 1 ? T0 : 1) * E));
+    gdn_layer_plan *lp = NULL;
+    int rc = conv && rec && xt && yt ? GDN_OK : fail(GDN_ERR_NOMEM, "decode buffers");
+    for (int phase = 0; phase < 2 && !rc; phase++) {
+        const int64_t t_begin = phase ? T0 : 0, t_end = phase ? T : T0, step = phase ? 1 : T0;
+        if (t_end <= t_begin) continue;
+        c.T = step;
+        if ((rc = gdn_layer_plan_create(&lp, &c))) break;
+        for (int64_t t = t_begin; t < t_end && !rc; t += step) {
+            for (int64_t b = 0; b < B; b++) memcpy(xt + b * step * E, x + (b * T + t) * E, sizeof(float) * step * E);
+            rc = phase ? gdn_layer_decode(lp, yt, xt, w, conv, rec) : gdn_layer_forward(lp, yt, NULL, xt, w, conv, rec);
+            for (int64_t b = 0; b < B; b++) memcpy(y + (b * T + t) * E, yt + b * step * E, sizeof(float) * step * E);
+        }
+        gdn_layer_plan_destroy(lp), lp = NULL;
+    }
+    free(conv), free(rec), free(xt), free(yt);
+    return rc;
+}
+
+int cmd_layer(int argc, char **argv) {
+    layer_opts o;
+    int prc = parse(argc, argv, &o);
+    if (prc) return prc;
+    int rank = 0, D = 1;
+    gdn_cp *cp = NULL;
+    if (o.cp) {
+        const int s = gdn_cp_strategy_parse(o.cp);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &D);
+        if (s < 0) {
+            if (!rank) fprintf(stderr, "gdncp layer: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", o.cp);
+            return 1;
+        }
+        if (gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s)) return cli_error("layer", GDN_ERR_MPI);
+    }
+    gdn_layer_weights lw;
+    memset(&lw, 0, sizeof lw);
+    gdn_st_file *f = NULL;
+    float *x = NULL, *dy = NULL, *y = NULL, *dx = NULL, *dw = NULL, *saved = NULL;
+    float *y_all = NULL, *dx_all = NULL, *dw_all = NULL;
+    gdn_layer_plan *lp = NULL;
+    int64_t B = 0, T = 0, t0 = 0, tn = -1, B2, T2;
+    int rc = gdn_layer_weights_load(&lw, o.weights, o.config, o.prefix, &o.given);
+    if (!rc) rc = gdn_st_open(&f, o.in);
+    if (!rc) { /* the file's B and T first, for the shard */
+        const gdn_st_tensor *t = gdn_st_find(f, "x");
+        if (!t) rc = fail(GDN_ERR_MISSING, "%s has no tensor 'x'", o.in);
+        else if (t->ndim != 3) rc = fail(GDN_ERR_SHAPE, "'x' must be [B, T, E], got %d dims", t->ndim);
+        else B = t->shape[0], T = t->shape[1];
+    }
+    if (cp) { /* every rank read the same header; a rank that could not is a failure for all */
+        rc = gdn_cp_agree_status(cp, rc);
+        int bad = rc ? 0 : cli_shard_of(o.shards, D, rank, T, &t0, &tn), any = bad;
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (!rc && any) rc = GDN_ERR_SHAPE, reported = 1; /* rank 0 said why */
+    }
+    if (!rc) rc = read_rows(f, "x", lw.cfg.E, t0, tn, &B, &T2, &x);
+    if (!rc && o.backward) rc = read_rows(f, "dy", lw.cfg.E, t0, tn, &B2, &T2, &dy);
+    if (!rc && o.backward && (B2 != B || T2 != T))
+        rc = fail(GDN_ERR_SHAPE, "'dy' is [%lld, %lld, E], 'x' is [%lld, %lld, E]", (long long)B2,
+                      (long long)T2, (long long)B, (long long)T);
+    const int64_t Tl = cp ? tn : T, E = lw.cfg.E;
+    gdn_layer_config c = lw.cfg;
+    c.B = B, c.T = Tl, c.chunk = o.given.chunk, c.threads = o.given.threads, c.keep = o.keep;
+    if (!rc) rc = gdn_layer_plan_create(&lp, &c);
+    const size_t nx = (size_t)B * Tl * E, nw = gdn_layer_param_floats(&c);
+    if (!rc) {
+        y = malloc(sizeof(float) * nx), dx = malloc(sizeof(float) * nx), dw = malloc(sizeof(float) * nw);
+        saved = malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1));
+        if (!y || !dx || !dw || !saved) rc = fail(GDN_ERR_NOMEM, "layer outputs for %lld tokens", (long long)(B * Tl));
+    }
+    double t_start = cli_now();
+    if (cp) {
+        rc = gdn_cp_agree_status(cp, rc);
+        if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, x, lw.w);
+        if (!rc && o.backward) rc = gdn_layer_cp_backward(cp, lp, dx, dw, x, lw.w, saved, dy);
+        if (!rc && !rank) {
+            y_all = malloc(sizeof(float) * (size_t)B * T * E), dx_all = malloc(sizeof(float) * (size_t)B * T * E);
+            dw_all = malloc(sizeof(float) * nw);
+            if (!y_all || !dx_all || !dw_all) rc = fail(GDN_ERR_NOMEM, "gathered outputs");
+        }
+        rc = gdn_cp_agree_status(cp, rc);
+        if (!rc) rc = gdn_cp_gather_rows(cp, y, B, Tl, E, y_all, 0);
+        if (!rc && o.backward) rc = gdn_cp_gather_rows(cp, dx, B, Tl, E, dx_all, 0);
+        if (!rc && o.backward && MPI_Reduce(dw, dw_all, (int)nw, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+            rc = fail(GDN_ERR_MPI, "MPI_Reduce of the weight gradients failed");
+    } else if (!rc) {
+        if (o.decode) {
+            rc = run_decode(&o, c, lw.w, x, y);
+        } else {
+            rc = gdn_layer_forward(lp, y, saved, x, lw.w, NULL, NULL);
+            if (!rc && o.backward) rc = gdn_layer_backward(lp, dx, dw, x, lw.w, saved, dy);
+        }
+    }
+    const double secs = cli_now() - t_start;
+    if (!rc && !rank) {
+        rc = write_outputs(&o, &lw, B, T, cp ? y_all : y, o.backward ? (cp ? dx_all : dx) : NULL,
+                           o.backward ? (cp ? dw_all : dw) : NULL);
+        if (!rc)
+            printf("gdncp layer: B=%lld T=%lld E=%lld Hk=%lld Hv=%lld K=%lld V=%lld Kc=%lld (%s layout, %s): "
+                   "%s%s in %.3f s%s%s -> %s\n",
+                   (long long)B, (long long)T, (long long)E, (long long)c.Hk, (long long)c.Hv,
+                   (long long)c.K, (long long)c.V, (long long)c.Kc, lw.fused ? "fused" : "split",
+                   lw.dtype == GDN_BF16 ? "BF16" : lw.dtype == GDN_F64 ? "F64" : "F32",
+                   o.decode ? "prefill + decode" : "forward", o.backward ? " + backward" : "", secs,
+                   cp ? " over ranks, strategy " : "", cp ? o.cp : "", o.out);
+    }
+    if (cp) rc = gdn_cp_agree_status(cp, rc);
+    if (rc && !reported && !strstr(gdn_errmsg(), "see its message")) cli_error("layer", rc);
+    free(x), free(dy), free(y), free(dx), free(dw), free(saved), free(y_all), free(dx_all), free(dw_all);
+    gdn_layer_plan_destroy(lp);
+    gdn_layer_weights_free(&lw);
+    gdn_st_close(f);
+    gdn_cp_destroy(cp);
+    return rc ? 1 : 0;
+}
