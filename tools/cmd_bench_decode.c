@@ -11,7 +11,8 @@
  * At these sizes the state (B = 1: 2 MB, B = 8: 16 MB) can sit in L2/L3 rather than DRAM, so the
  * bound must use the same buffer size and access pattern: a DRAM-sized stream would understate
  * the bound and flatter the fraction. Streams and steps are timed in interleaved rounds (the
- * machine may be shared), each per-call time the median over rounds. */
+ * machine may be shared): each per-call time is the median over rounds, and fraction_of_bound the
+ * median over rounds of that round's ratio (the load of a shared machine drifts between rounds). */
 #include "cli.h"
 
 #include <math.h>
@@ -103,6 +104,7 @@ static void stream_copy(float *dst, const float *src, size_t n, int threads) {
 
 typedef struct {
     double step_us, fwd_us, copy_gbs, rmw_gbs;
+    double frac; /* median over rounds of that round's step bandwidth / in-place stream bandwidth */
 } decode_times;
 
 static int bench_row(int64_t B, int threads, int quick, decode_times *out, double *bytes_out,
@@ -128,12 +130,13 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
     for (size_t i = 0; i < nqk * NTOK; i++) q[i] = urand(-1, 1), k[i] = urand(-1, 1);
     for (size_t i = 0; i < nv * NTOK; i++) v[i] = urand(-1, 1);
     for (size_t i = 0; i < ng * NTOK; i++) g[i] = urand(-0.3f, 0.0f), beta[i] = urand(0, 1);
-    /* Rounds of `calls` calls of each; ~20 ms per kind per round. */
-    const int rounds = quick ? 3 : 9;
-    const int calls = B == 1 ? (quick ? 40 : 200) : (quick ? 5 : 25);
-    const int fcalls = calls > 10 ? calls / 4 : calls; /* the forward is the slow one */
-    double *ts = malloc(sizeof(double) * rounds * 4), *tf = ts + rounds, *tc = tf + rounds,
-           *tr = tc + rounds;
+    /* Rounds of `calls` calls of each, ~10 ms per kind per round: many short rounds, so that
+     * a neighbour's burst spoils a few rounds rather than the median. */
+    const int rounds = quick ? 7 : 21;
+    const int calls = B == 1 ? (quick ? 30 : 100) : (quick ? 4 : 12);
+    const int fcalls = calls >= 16 ? calls / 8 : 2; /* the forward is 10-20x slower */
+    double *ts = malloc(sizeof(double) * rounds * 5), *tf = ts + rounds, *tc = tf + rounds,
+           *tr = tc + rounds, *fr = tr + rounds;
     int64_t tok = 0;
     float *hin = h1, *hout = h2;
     for (int r = -1; r < rounds && !rc; r++) { /* round -1: warm-up, not timed */
@@ -155,7 +158,7 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
         double t4 = cli_now();
         if (r >= 0)
             ts[r] = (t1 - t0) / calls, tf[r] = (t2 - t1) / fcalls, tc[r] = (t3 - t2) / calls,
-            tr[r] = (t4 - t3) / calls;
+            tr[r] = (t4 - t3) / calls, fr[r] = tr[r] / ts[r];
     }
     if (rc) {
         cli_error("bench decode", rc);
@@ -165,6 +168,8 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
         out->copy_gbs = sbytes / median(tc, rounds) / 1e9;
         out->rmw_gbs = sbytes / median(tr, rounds) / 1e9;
         *bytes_out = sbytes + sizeof(float) * (2.0 * nqk + 2.0 * nv + 2.0 * ng);
+        /* bytes over the stream's bytes: the token rows count as traffic of the step */
+        out->frac = *bytes_out / sbytes * median(fr, rounds);
         snprintf(path, npath, "%s", gdn_step_path());
     }
     free(ts);
@@ -196,13 +201,19 @@ int cmd_bench_decode(int argc, char **argv) {
     }
     const int64_t Bs[2] = {1, 8};
     const int thr[2] = {1, 2};
+    double rmw1 = 0;
     for (int bi = 0; bi < 2; bi++)
         for (int ti = 0; ti < 2; ti++) {
-            decode_times t;
+            decode_times t = {0};
             double bytes = 0;
             char path[128];
             if (bench_row(Bs[bi], thr[ti], quick, &t, &bytes, path, sizeof path)) return 1;
-            const double gbs = bytes / (t.step_us * 1e-6) / 1e9, frac = gbs / t.rmw_gbs;
+            const double gbs = bytes / (t.step_us * 1e-6) / 1e9, frac = t.frac;
+            if (ti == 1 && t.rmw_gbs < 1.2 * rmw1)
+                fprintf(stderr, "gdncp bench decode: warning: the 2-thread stream (%.1f GB/s) is not "
+                                "faster than 1 thread (%.1f GB/s): the machine looks busy, 2-thread "
+                                "rows are unreliable\n", t.rmw_gbs, rmw1);
+            if (ti == 0) rmw1 = t.rmw_gbs;
             char shape[96];
             snprintf(shape, sizeof shape, "B=%lld Hk=16 Hv=32 K=128 V=128", (long long)Bs[bi]);
             if (json)
