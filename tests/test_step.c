@@ -187,6 +187,32 @@ static void negative_controls(void) {
     problem_free(&p);
 }
 
+/* A 2-thread plan stepped from inside a caller's parallel region (the nested team has one
+ * thread): every stream must still be updated, exactly as outside. */
+static void nested(void) {
+    const step_case s = {2, 1, 2, 4, 16, 64, 1, 2, 0.0f, GATE_MILD, BETA_RANDOM};
+    gdn_config cfg;
+    problem p;
+    make_case(&p, &cfg, &s, 808);
+    gdn_plan *plan = NULL;
+    int rc = gdn_plan_create(&plan, &cfg), rc2 = 0;
+    const int64_t ns = n_state(&cfg), nv = n_v(&cfg);
+    float *s1 = malloc(sizeof(float) * ns), *s2 = malloc(sizeof(float) * ns);
+    float *o1 = malloc(sizeof(float) * nv), *o2 = malloc(sizeof(float) * nv);
+    memcpy(s1, p.h0, sizeof(float) * ns), memcpy(s2, p.h0, sizeof(float) * ns);
+    if (!rc) rc = gdn_step(plan, o1, s1, p.q, p.k, p.v, p.g, p.beta);
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+        rc2 = gdn_step(plan, o2, s2, p.q, p.k, p.v, p.g, p.beta);
+    }
+    const double err = rc || rc2 ? INFINITY : fmax(rel_err_ff(o2, o1, nv), rel_err_ff(s2, s1, ns));
+    expect_close(err, 0.0, "step inside a parallel region (nested team) equals the step outside");
+    gdn_plan_destroy(plan);
+    free(s1), free(s2), free(o1), free(o2);
+    problem_free(&p);
+}
+
 /* T = 1: the step equals the chunked forward (the old decode path) with h0 -> ht. */
 static void vs_forward(void) {
     const step_case cases[] = {
@@ -283,6 +309,7 @@ static void errors(int64_t V) {
 void test_step(void) {
     vs_oracle();
     vs_forward();
+    nested();
     negative_controls();
     errors(40);
     errors(64);

@@ -384,8 +384,13 @@ int gdn_step(gdn_plan *p, float *o, float *state, const float *q, const float *k
          * memory for its pipeline. */
 #pragma omp parallel num_threads(nt) reduction(| : bad)
         {
-            const int t = gdn_thread_id();
-            bad |= step_range(&io, items * t / nt, items * (t + 1) / nt, pf);
+            /* split by the team actually delivered (nested or dynamic teams may be smaller) */
+#ifdef _OPENMP
+            const int t = omp_get_thread_num(), n = omp_get_num_threads();
+#else
+            const int t = 0, n = 1;
+#endif
+            bad |= step_range(&io, items * t / n, items * (t + 1) / n, pf);
         }
     } else {
         bad = step_range(&io, 0, items, pf);
