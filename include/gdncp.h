@@ -112,6 +112,11 @@ size_t gdn_plan_backward_bytes(const gdn_plan *plan);
 /* This machine's fp32 FMA peak in GFLOP/s with `threads` threads, at the widest vector width the
  * CPU runs (16 lanes with AVX-512, 8 with AVX2): the denominator of benchmarks' fractions. */
 double gdn_measure_peak_gflops(int threads);
+/* Count the FLOPs the kernel's GEMM micro-kernels issue between start and stop (2 per
+ * multiply-add computed; the zero triangles it skips are not issued): DESIGN §3's canonical
+ * count overstates the work once triangles are skipped. Not thread-safe against itself. */
+void gdn_flops_issued_start(void);
+uint64_t gdn_flops_issued_stop(void);
 
 /* ---------------------------------------------------------------- segment summaries (affine view)
  *

@@ -38,9 +38,11 @@ double cli_peak_gflops(int threads, int json) {
     if (json)
         printf("{\"direction\":\"peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"peak_1thread_gflops\":%.3f}\n",
                threads, peak, one);
-    else
-        printf("measured native-width fp32 FMA peak: %.1f GFLOP/s with %d thread(s), %.1f with 1\n", peak,
+    else if (threads > 1)
+        printf("measured native-width fp32 FMA peak: %.1f GFLOP/s with %d threads (%.1f with 1)\n", peak,
                threads, one);
+    else
+        printf("measured native-width fp32 FMA peak: %.1f GFLOP/s with 1 thread\n", peak);
     return peak;
 }
 

@@ -1,6 +1,7 @@
 /* gdncp bench kernel: this machine's measured fp32 FMA peak, then the chunked forward at the
  * Qwen3.5-35B layer shape and llama.cpp's CPU perf shapes, 1 thread and all threads.
- * FLOPs by DESIGN §3: F_fwd = 3CK + 2CV + 6KV + C^2/3 per token per value head. */
+ * FLOPs by DESIGN §3: F_fwd = 3CK + 2CV + 6KV + C^2/3 per token per value head, and the FLOPs
+ * the micro-kernels really issue; fractions of the native-width FMA peak measured here. */
 #include "cli.h"
 
 #include <math.h>
@@ -11,63 +12,10 @@
 #include <omp.h>
 #endif
 
-typedef float v8 __attribute__((vector_size(32)));
-
-/* Peak fp32 FMA throughput with `threads` threads: 12 independent vector accumulators per
- * thread (enough to cover FMA latency x throughput), best of several runs. */
-static double measure_peak(int threads) {
-    const long iters = 12 * 1000 * 1000;
-    double best = 0.0;
-    for (int rep = 0; rep < 7; rep++) { /* best of 7: the machine is shared and noisy */
-        double t0 = cli_now();
-        float sink = 0.0f;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-        {
-            v8 acc[12];
-            v8 x = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f} , y = x * 0.9999999f;
-            for (int i = 0; i < 12; i++) acc[i] = x * (float)i;
-            for (long it = 0; it < iters / 12; it++) {
-#pragma GCC unroll 12
-                for (int i = 0; i < 12; i++) acc[i] = acc[i] * y + x;
-                __asm__ volatile("" : "+x"(y)); /* keep y opaque so the loop is not folded */
-            }
-            for (int i = 0; i < 12; i++) sink += acc[i][0] + acc[i][7];
-        }
-        double secs = cli_now() - t0;
-        double flops = (double)threads * (iters / 12) * 12 * 8 * 2;
-        if (sink == 12345.0f) fprintf(stderr, " ");
-        if (flops / secs / 1e9 > best) best = flops / secs / 1e9;
-    }
-    return best;
-}
-
-static void cpu_name(char *buf, size_t n) {
-    snprintf(buf, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10)) {
-            char *c = strchr(line, ':');
-            if (c) {
-                c += 2;
-                c[strcspn(c, "\n")] = 0;
-                snprintf(buf, n, "%s", c);
-            }
-            break;
-        }
-    fclose(f);
-}
-
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static float urand(void) { /* uniform in [0, 1) */
     rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
     return (float)(rng_state >> 40) / 16777216.0f;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static double flops_forward(const gdn_config *c) {
@@ -196,10 +144,14 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
         gdn_plan_destroy(plan);
         return cli_error("bench", rc);
     }
-    qsort(times, reps, sizeof(double), cmp_double);
-    const double med = times[reps / 2];
+    const double med = cli_median(times, reps);
     const gdn_config *pc = gdn_plan_config(plan);
     const double gflops = (backward ? flops_backward(pc) : flops_forward(pc)) / med / 1e9;
+    /* One more run counting what the micro-kernels really issue (triangles skipped). */
+    gdn_flops_issued_start();
+    rc = backward ? gdn_backward_saved(plan, gq, gq + nqk, gv, gg, gg + ng, NULL, q, k, v, g, beta, NULL, ckpt, dout, NULL)
+                  : gdn_forward(plan, o, ht, q, k, v, g, beta, NULL);
+    const double issued_gflops = (double)gdn_flops_issued_stop() / med / 1e9;
     const double ht_per_s = (double)s->T * s->Hv / med;
     const int64_t tp = s->T < 256 ? s->T : 256;
     const double err = backward ? oracle_error_backward(pc, tp, q, k, v, g, beta, dout)
@@ -217,9 +169,10 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
         printf("{\"direction\":\"%s\",\"case\":\"%s\",\"shape\":\"%s\",\"threads\":%d,"
                "\"seconds\":%.6e,\"reps\":%d,\"head_tokens_per_s\":%.6e,\"us_per_head_token\":%.4f,"
                "\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
+               "\"issued_gflops\":%.3f,\"fraction_of_peak_issued\":%.4f,"
                "\"rel_err_vs_oracle\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"",
                dir, s->label, shape, threads, med, reps, ht_per_s, 1e6 / ht_per_s, gflops, peak,
-               gflops / peak, err, gdn_plan_path(plan), cpu);
+               gflops / peak, issued_gflops, issued_gflops / peak, err, gdn_plan_path(plan), cpu);
         if (backward)
             printf(",\"saved_bytes_per_token\":%.1f,\"workspace_bytes\":%.0f,\"workspace_bytes_per_token\":%.1f,"
                    "\"input_bytes_per_token\":%.1f,\"from_saved_states\":true",
@@ -227,9 +180,9 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
         printf("}\n");
     } else {
         printf("%-8s %-9s %-44s thr=%d  %9.3f ms  %6.3f us/head-tok  %7.1f GFLOP/s  "
-               "%5.1f%% of %6.1f  err %.1e  %s",
+               "%5.1f%% of %6.1f (issued %5.1f%%)  err %.1e  %s",
                dir, s->label, shape, threads, med * 1e3, 1e6 / ht_per_s, gflops, 100 * gflops / peak,
-               peak, err, gdn_plan_path(plan));
+               peak, 100 * issued_gflops / peak, err, gdn_plan_path(plan));
         if (backward)
             printf("  mem: saved %.0f B/tok + workspace %.0f B/tok = %.1f%% of inputs (%.0f B/tok)",
                    saved_bytes / s->T, ws_bytes / s->T, 100 * (saved_bytes + ws_bytes) / input_bytes,
@@ -265,33 +218,17 @@ int cmd_bench(int argc, char **argv) {
     maxt = omp_get_max_threads();
 #endif
     char cpu[256];
-    cpu_name(cpu, sizeof cpu);
+    cli_cpu_name(cpu, sizeof cpu);
     const int thread_counts[2] = {1, maxt};
     const int nthr = maxt > 1 ? 2 : 1;
+    if (!json) printf("gdncp bench kernel — CPU: %s\n", cpu);
     double peak[2];
-    for (int i = 0; i < nthr; i++) peak[i] = measure_peak(thread_counts[i]);
-    /* A busy neighbour on a shared machine shows up as an all-thread peak far below
-     * threads x single: measure again (a low peak would flatter every fraction below). */
-    for (int retry = 0; nthr == 2 && retry < 5 && peak[1] < 0.9 * maxt * peak[0]; retry++) {
-        double again = measure_peak(maxt);
-        if (again > peak[1]) peak[1] = again;
-    }
-    if (nthr == 2 && peak[1] < 0.9 * maxt * peak[0])
-        fprintf(stderr, "gdncp bench: warning: %d-thread peak %.1f GFLOP/s is below %d x %.1f; the "
-                        "machine looks busy, fractions of peak with %d threads are overstated\n",
-                maxt, peak[1], maxt, peak[0], maxt);
-    if (json)
-        for (int i = 0; i < nthr; i++)
-            printf("{\"direction\":\"peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"cpu\":\"%s\"}\n",
-                   thread_counts[i], peak[i], cpu);
-    else {
-        printf("gdncp bench kernel — CPU: %s\n", cpu);
-        for (int i = 0; i < nthr; i++)
-            printf("measured fp32 FMA peak: %.1f GFLOP/s with %d thread(s)\n", peak[i],
-                   thread_counts[i]);
+    for (int i = 0; i < nthr; i++) peak[i] = cli_peak_gflops(thread_counts[i], json);
+    if (!json)
         printf("GFLOP/s count DESIGN §3 FLOPs per head-token: forward 3CK+2CV+6KV+C^2/3, backward "
-               "18CK+10CV+16KV+4C^2; err = max|x-oracle|/max|oracle| (o, resp. dv) over the first 256 tokens\n");
-    }
+               "18CK+10CV+16KV+4C^2; 'issued': the FLOPs the GEMM micro-kernels really issue (zero "
+               "triangles skipped, elementwise work not counted); err = max|x-oracle|/max|oracle| (o, "
+               "resp. dv) over the first 256 tokens\n");
     /* The 35B layer again with chunk 32: the same math, less work in the C-sized products
      * (DESIGN §3's FLOPs shrink with C), smaller GEMMs; which is faster depends on the machine. */
     const bench_shape shapes[] = {

@@ -147,6 +147,19 @@ static void pack_panel(float *panel, const float *B, int ldb, int b_trans, int k
 
 enum { KC = 256 }; /* depth of one packed panel: covers every kk of the chunk kernel */
 
+/* FLOPs the micro-kernels issue (2 per multiply-add actually computed, skipped triangles not
+ * counted), for benchmarks: counted per call, added once, only while counting is on. */
+static int counting;
+static uint64_t issued;
+void gdn_flops_issued_start(void) {
+    __atomic_store_n(&issued, 0, __ATOMIC_RELAXED);
+    counting = 1;
+}
+uint64_t gdn_flops_issued_stop(void) {
+    counting = 0;
+    return __atomic_load_n(&issued, __ATOMIC_RELAXED);
+}
+
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
               float *C, int ldc) {
     const int acc = (flags & GDN_GEMM_ACC) != 0;
@@ -161,6 +174,7 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
         return;
     }
     float panel[KC * 16] __attribute__((aligned(64)));
+    uint64_t flops = 0;
     for (int j0 = 0; j0 < n; j0 += 16) {
         const int nc = n - j0 < 16 ? n - j0 : 16;
         /* With a lower-triangular result, row blocks entirely above this panel are skipped. */
@@ -178,6 +192,7 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
                     lo = hi = k0;        /* a zero block */
                 }
                 const int kk_eff = hi - lo;
+                flops += 2 * (uint64_t)mr * nc * kk_eff;
                 const float *Ak = A + (size_t)lo * acs, *Bk = panel + (size_t)(lo - k0) * 16;
                 float *Cb = C + j0;
                 if (nc == 16) {
@@ -192,6 +207,7 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
             }
         }
     }
+    if (counting) __atomic_fetch_add(&issued, flops, __ATOMIC_RELAXED);
 }
 
 /* Tiles of 16 x 16 keep both the reads and the strided writes inside a few cache lines. */

@@ -43,8 +43,6 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                 const float *B, int64_t ldb, float *C, int64_t ldc, float *ws, int threads);
 /* The name of the path gdn_matmul runs (for benchmarks). */
 const char *gdn_matmul_path(void);
-/* Native-width fp32 FMA peak of `threads` threads in GFLOP/s (best of a few short runs, ~0.1 s). */
-double gdn_measure_peak_gflops(int threads);
 /* dst[c][r] = src[r][c] for an r x c block. */
 void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd);
 /* The name of the GEMM micro-kernel compiled in. */
