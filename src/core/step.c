@@ -2,14 +2,19 @@
  * the state updated in place, no chunk machinery and nothing allocated.
  *
  * Per stream (DESIGN §2, with kn, qs the normalised key and the scaled query, e = exp(g)):
- *     u = S^T kn,  w = S^T qs                   (the old state, one read)
+ *     u = S^T kn,  w = S^T qs                   (first sweep: reads the old state)
  *     d = beta (v - e u)                        (the delta uses the decayed state: (eS)^T kn = e u)
- *     S <- e S + kn d^T                         (one read-modify-write)
+ *     S <- e S + kn d^T                         (second sweep: read-modify-write)
  *     o = S_new^T qs = e w + (kn . qs) d        (no third sweep for the output)
- * The state is swept in column blocks of STEP_NB vectors: the columns of S are independent in all
- * four lines above, so a block's u, w, d live in registers, and the block (K rows of STEP_NB
- * vectors: 32 KB at K = 128, 4 x 16 lanes) is still in L1 when the update re-reads it. Memory
- * traffic is therefore one read and one write of the state, the minimum for an in-place update. */
+ * u needs every row before any row can be updated, so each element is visited twice; what
+ * matters is that the second visit hits a cache and not memory. The columns of S are independent
+ * in all four lines, so the state is swept in column blocks of STEP_NB vectors (W = 64 columns,
+ * a 32 KB block at K = 128): a block's u, w, d stay in registers, and the update runs over the
+ * rows in reverse, starting with those the first sweep read last. A block of a 512-byte-row state
+ * only maps to half of the L1 sets, so at most 3/4 of it (48 KB L1, 64 KB head) is still in L1
+ * when the update starts; the rest comes again from L2. Traffic beyond L2 is therefore one read
+ * and one write of the state, the minimum for an in-place update; in L2 about 1.1x that.
+ * When V is a multiple of W the blocks are software-pipelined (step_range_pipelined). */
 #include "internal.h"
 
 #include <math.h>
@@ -27,19 +32,17 @@
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef float vf_u __attribute__((vector_size(VW * 4), aligned(4))); /* unaligned access */
 
-/* Vectors per column block (see the top comment; measured in `gdncp bench decode`). */
+/* Tuning (measured with `gdncp bench decode` on a Xeon with AVX-512, 48 KB L1, 2 MB L2): vectors
+ * per column block (2, 4, 8 tried: 4 best; 8 needs 32 registers), and the software prefetch into
+ * L2 of the block STEP_PFD ahead (locality STEP_PF; 0: none; distances 1-6 tried: 2-3 best). */
+#ifndef STEP_NB
+#define STEP_NB 4
+#endif
 #ifndef STEP_PF
-#define STEP_PF 2 /* prefetch locality of the next block (0: none) */
+#define STEP_PF 2
 #endif
 #ifndef STEP_PFD
-#define STEP_PFD 2 /* ... this many blocks ahead */
-#endif
-#ifndef STEP_NB
-#if VW == 16
-#define STEP_NB 4
-#else
-#define STEP_NB 4
-#endif
+#define STEP_PFD 2
 #endif
 
 typedef struct {
@@ -205,8 +208,9 @@ static void prep_lite(const step_io *io, head_lite *h, int64_t it) {
 /* Streams [it0, it1) when V is a multiple of the block width W = STEP_NB vectors, software-
  * pipelined over the sequence of blocks (stream by stream, W columns at a time): one loop over
  * the rows runs the update of block m (rows in reverse, mostly L1 hits) together with the first
- * sweep of block m + 1 (streamed in), and fetches block m + 2 into L2. The first sweep's loads
- * then overlap the update's arithmetic, and the state streams without pauses. With V = 2W (the
+ * sweep of block m + 1 (streamed in), and with pf set prefetches block m + STEP_PFD into L2. The
+ * first sweep's loads then overlap the update's arithmetic, and the state streams without
+ * pauses (pipelining: B = 8 from 75 % to 85-90 % of the in-place stream). With V = 2W (the
  * Qwen head) the blocks m and m + 1 are the two column halves of the 512-byte rows, which fall in
  * disjoint halves of the L1 sets, so they do not evict each other. */
 static int step_range_pipelined(const step_io *io, int64_t it0, int64_t it1, int pf) {
