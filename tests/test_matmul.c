@@ -104,6 +104,9 @@ static void small_m(void) {
         }
     expect_close(mm_err(GDN_GEMM_B_TRANS, 16, 3, 9, 2, 0), MM_TOL,
                  "matmul small m B^T m=16 n=3 k=9 (one partial tile, no full vector) threads=2");
+    /* A too large for the padded copy in ws (16 x 20016 floats > ws at 1 thread): read in place */
+    expect_close(mm_err(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, 16, 5, 20000, 1, 0), MM_TOL,
+                 "matmul small m acc B^T m=16 n=5 k=20000 (A not copied) threads=1");
 }
 
 /* kk = 0: C = 0 without ACC (exactly), C unchanged with it. */

@@ -10,9 +10,10 @@
  *    elements are broadcast; the C tile is prefetched at the start of each micro-kernel call.
  *    The threads split the rows of C (in MR-row units, balanced); when there are fewer row
  *    blocks than threads (small m) they split the B micro-panels instead.
- *  - streaming (decode: m <= 16 and B stored transposed, i.e. a weight matrix [n x kk]): packing
- *    W would double its memory traffic, so each W row is read once and dotted with all m rows
- *    of A (threads split the W rows); A stays in cache. Bound by memory bandwidth.
+ *  - streaming (decode: m <= 16, A plain and B stored transposed, i.e. a weight matrix
+ *    [n x kk]): packing W would double its memory traffic, so each W row is read once and dotted
+ *    with all m rows of A (threads split the W rows; 4 W rows x 4 A rows per register tile);
+ *    A stays in cache. Bound by memory bandwidth up to m ~ 8.
  *
  * Vector width is the target's: 16 lanes with AVX-512, else 8 (GCC/Clang vector extensions). */
 #include "internal.h"
@@ -225,13 +226,15 @@ enum { SR = 4,   /* W rows per tile */
 static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, int64_t kv,
                                                               const float *A, int64_t lda,
                                                               const float *W, int64_t ldw,
-                                                              vf part[SI][SR]) {
+                                                              const float *pf, vf part[SI][SR]) {
     vf s[SI][SR];
     for (int i = 0; i < SI; i++)
         for (int r = 0; r < SR; r++) s[i][r] = part[i][r];
     for (int64_t k = 0; k < kv; k += VL) {
         vf w[SR];
         for (int r = 0; r < SR; r++) w[r] = r < nr ? loadu(W + r * ldw + k) : (vf){0};
+        if (pf)
+            for (int r = 0; r < SR; r++) __builtin_prefetch(pf + r * ldw + k, 0, 3);
         for (int i = 0; i < SI; i++) {
             if (i >= mi) continue;
             const vf av = loadu(A + i * lda + k);
@@ -248,8 +251,9 @@ static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, in
 #define STREAM_TILE_FN(MI)                                                                     \
     static __attribute__((noinline)) void stream_tile_##MI(int64_t kv, const float *A,          \
                                                            int64_t lda, const float *W,         \
-                                                           int64_t ldw, vf part[SI][SR]) {      \
-        stream_tile(MI, SR, kv, A, lda, W, ldw, part);                                          \
+                                                           int64_t ldw, const float *pf,        \
+                                                           vf part[SI][SR]) {                   \
+        stream_tile(MI, SR, kv, A, lda, W, ldw, pf, part);                                      \
     }
 STREAM_TILE_FN(1)
 STREAM_TILE_FN(2)
@@ -259,19 +263,19 @@ STREAM_TILE_FN(4)
 #endif
 
 static void stream_tile_any(int mi, int nr, int64_t kv, const float *A, int64_t lda, const float *W,
-                            int64_t ldw, vf part[SI][SR]) {
+                            int64_t ldw, const float *pf, vf part[SI][SR]) {
     if (nr == SR) {
         switch (mi) {
-        case 1: stream_tile_1(kv, A, lda, W, ldw, part); return;
-        case 2: stream_tile_2(kv, A, lda, W, ldw, part); return;
+        case 1: stream_tile_1(kv, A, lda, W, ldw, pf, part); return;
+        case 2: stream_tile_2(kv, A, lda, W, ldw, pf, part); return;
 #if SI > 2
-        case 3: stream_tile_3(kv, A, lda, W, ldw, part); return;
-        case 4: stream_tile_4(kv, A, lda, W, ldw, part); return;
+        case 3: stream_tile_3(kv, A, lda, W, ldw, pf, part); return;
+        case 4: stream_tile_4(kv, A, lda, W, ldw, pf, part); return;
 #endif
         default: break;
         }
     }
-    stream_tile(mi, nr, kv, A, lda, W, ldw, part); /* edges: generic */
+    stream_tile(mi, nr, kv, A, lda, W, ldw, pf, part); /* edges: generic */
 }
 
 static inline float *align64(float *p) {
@@ -306,9 +310,14 @@ static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float
             memset(part, 0, sizeof part);
             for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
                 const int64_t kv = min64(SK, kv_all - k0);
+                /* the first row group reads this block of W from memory; it also prefetches
+                 * the next block (or the next tile's first), so that the memory stream runs
+                 * under the other groups' arithmetic instead of after it */
+                const float *next = k0 + SK < kv_all ? W + j0 * ldw + k0 + SK : W + (j0 + SR) * ldw;
+                if (j0 + SR >= j_hi && k0 + SK >= kv_all) next = NULL;
                 for (int g = 0; g < groups; g++)
                     stream_tile_any((int)min64(SI, m - g * SI), nr, kv, As + g * SI * ldas + k0, ldas,
-                                    W + j0 * ldw + k0, ldw, part[g]);
+                                    W + j0 * ldw + k0, ldw, g ? NULL : next, part[g]);
             }
             /* horizontal sums of the m x nr partial vectors, VL at a time: a register
              * transpose and VL - 1 vector adds instead of VL - 1 dependent scalar adds each */
@@ -335,7 +344,6 @@ static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float
 }
 
 /* ---------------------------------------------------------------- blocked path */
-
 
 size_t gdn_matmul_ws_floats(int threads) {
     if (threads < 1) threads = 1;
@@ -401,7 +409,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
 }
 
 const char *gdn_matmul_path(void) {
-    return "blocked "  STR(MR) "x" NR_STR " (" ISA_NAME "), streaming for m<=16 with B^T";
+    return "blocked " STR(MR) "x" NR_STR " (" ISA_NAME "), streaming for m<=16 with B^T";
 }
 
 /* ---------------------------------------------------------------- peak */
@@ -409,7 +417,7 @@ const char *gdn_matmul_path(void) {
 /* Native-width FMA peak: each thread runs NACC independent accumulator chains (enough to cover
  * FMA latency x FMA ports); best of several short runs. */
 double gdn_measure_peak_gflops(int threads) {
-    enum { NACC = VL == 16 ? 24 : 12, ITERS = 200000, RUNS = 5 };
+    enum { NACC = VL == 16 ? 24 : 12, ITERS = 3000000, RUNS = 8 }; /* ~0.1 s at 1 thread */
     if (threads < 1) threads = 1;
     double best = 0.0;
     volatile float seed = 1.0f;
