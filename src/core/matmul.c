@@ -8,8 +8,9 @@
  *    micro-kernel: loop ir over the A micro-panels (kc x MR, 14 KB, stays in L1), inner loop jr
  *    over the B micro-panels (streamed from L2). Vectors run along n (NR = 2 vectors), A
  *    elements are broadcast; the C tile is prefetched at the start of each micro-kernel call.
- *    The threads split the rows of C (in MR-row units, balanced); when there are fewer row
- *    blocks than threads (small m) they split the B micro-panels instead.
+ *    Work items of a slice (row blocks of about MC rows; for small m, row block x column group)
+ *    are handed out dynamically, so that a thread slowed by another process on a shared
+ *    machine does not hold the other up at every slice.
  *  - streaming (decode: m <= 16, A plain and B stored transposed, i.e. a weight matrix
  *    [n x kk]): packing W would double its memory traffic, so each W row is read once and dotted
  *    with all m rows of A (threads split the W rows; 4 W rows x 4 A rows per register tile);
@@ -371,19 +372,21 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
     float *bpack = align64(ws);
     float *apack0 = bpack + (size_t)KC * ((NC + NR - 1) / NR * NR);
     const int64_t ablock = (int64_t)((MC + MR - 1) / MR * MR) * KC + 16; /* + slack, see pack_a */
+    /* Row blocks of about MC rows (whole MR panels, sizes balanced); when there are fewer row
+     * blocks than threads, each row block is also split into column groups. The work items
+     * (row block x column group) of a slice are handed out dynamically: on a shared machine one
+     * thread may run slower, and a static split would make the other wait at every slice. */
+    const int64_t mpanels = (m + MR - 1) / MR, ppb_max = MC / MR;
+    const int64_t nblk = (mpanels + ppb_max - 1) / ppb_max;
+    const int64_t ppb = (mpanels + nblk - 1) / nblk; /* panels per row block */
+    const int64_t nblk_m = (mpanels + ppb - 1) / ppb;
 #pragma omp parallel num_threads(threads)
     {
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         float *apack = apack0 + t * ablock;
-        /* thread grid: tm row groups x tn column groups (tn > 1 only for small m) */
-        const int64_t mpanels = (m + MR - 1) / MR;
-        int tm = nt;
-        while (tm > 1 && (nt % tm || tm > mpanels)) tm--;
-        const int tn = nt / tm, ti = t % tm, tj = t / tm;
-        const int64_t i_lo = mpanels * ti / tm * MR, i_hi = min64(m, mpanels * (ti + 1) / tm * MR);
+        const int64_t tn = nblk_m >= nt ? 1 : nt, items = nblk_m * tn;
         for (int64_t jc = 0; jc < n; jc += NC) {
             const int64_t nc = min64(NC, n - jc), npan = (nc + NR - 1) / NR;
-            const int64_t q_lo = npan * tj / tn, q_hi = npan * (tj + 1) / tn;
             for (int64_t pc = 0; pc < kk; pc += KC) {
                 const int64_t kc = min64(KC, kk - pc);
                 const int acc_k = acc || pc > 0;
@@ -391,8 +394,12 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                     pack_b_panel(bpack + q * kc * NR, B, ldb, b_trans, pc, kc, jc + q * NR,
                                  (int)min64(NR, nc - q * NR));
 #pragma omp barrier
-                for (int64_t ic = i_lo; ic < i_hi; ic += MC) {
-                    const int64_t mc = min64(MC, i_hi - ic);
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t it = 0; it < items; it++) {
+                    const int64_t ib = it / tn, tj = it % tn;
+                    const int64_t ic = ib * ppb * MR, mc = min64(ppb * MR, m - ic);
+                    const int64_t q_lo = npan * tj / tn, q_hi = npan * (tj + 1) / tn;
+                    if (q_lo == q_hi) continue;
                     pack_a(apack, A, lda, a_trans, ic, mc, pc, kc);
                     /* A micro-panel (kc x MR, 14 KB) stays in L1 while the B micro-panels
                      * stream from the L2-resident packed panel */
@@ -401,8 +408,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                             micro(kc, apack + ir * kc, bpack + q * kc * NR,
                                   C + (ic + ir) * ldc + jc + q * NR, ldc, acc_k,
                                   (int)min64(MR, mc - ir), (int)min64(NR, nc - q * NR));
-                }
-#pragma omp barrier
+                } /* (implied barrier: the B panel is repacked next) */
             }
         }
     }
