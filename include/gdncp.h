@@ -173,6 +173,8 @@ int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double
  * on the rows the step reads anyway and the state is left unchanged when they are. */
 int gdn_step(gdn_plan *plan, float *o, float *state, const float *q, const float *k,
              const float *v, const float *g, const float *beta);
+/* Name of the code path gdn_step runs (for benchmarks). */
+const char *gdn_step_path(void);
 
 /* ---------------------------------------------------------------- the Qwen3.5 GatedDeltaNet layer
  *

@@ -23,41 +23,10 @@
 #include <omp.h>
 #endif
 
-/* The name of gdn_step's kernel (src/core/step.c; a library symbol outside the public header). */
-const char *gdn_step_path(void);
-
-static void cpu_name(char *buf, size_t n) {
-    snprintf(buf, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10)) {
-            char *c = strchr(line, ':');
-            if (c) {
-                c += 2;
-                c[strcspn(c, "\n")] = 0;
-                snprintf(buf, n, "%s", c);
-            }
-            break;
-        }
-    fclose(f);
-}
-
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static float urand(float lo, float hi) {
     rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
     return lo + (hi - lo) * (float)(rng_state >> 40) / 16777216.0f;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *x, int n) {
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -164,12 +133,12 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
         cli_error("bench decode", rc);
     } else {
         const double sbytes = 2.0 * sizeof(float) * ns;
-        out->step_us = 1e6 * median(ts, rounds), out->fwd_us = 1e6 * median(tf, rounds);
-        out->copy_gbs = sbytes / median(tc, rounds) / 1e9;
-        out->rmw_gbs = sbytes / median(tr, rounds) / 1e9;
+        out->step_us = 1e6 * cli_median(ts, rounds), out->fwd_us = 1e6 * cli_median(tf, rounds);
+        out->copy_gbs = sbytes / cli_median(tc, rounds) / 1e9;
+        out->rmw_gbs = sbytes / cli_median(tr, rounds) / 1e9;
         *bytes_out = sbytes + sizeof(float) * (2.0 * nqk + 2.0 * nv + 2.0 * ng);
         /* bytes over the stream's bytes: the token rows count as traffic of the step */
-        out->frac = *bytes_out / sbytes * median(fr, rounds);
+        out->frac = *bytes_out / sbytes * cli_median(fr, rounds);
         snprintf(path, npath, "%s", gdn_step_path());
     }
     free(ts);
@@ -190,7 +159,7 @@ int cmd_bench_decode(int argc, char **argv) {
         }
     }
     char cpu[256];
-    cpu_name(cpu, sizeof cpu);
+    cli_cpu_name(cpu, sizeof cpu);
     if (!json) {
         printf("gdncp bench decode — CPU: %s\n", cpu);
         printf("gdn_step, Hv=32 Hk=16 K=V=128; bytes = state read+write + token rows; bound = those "
