@@ -19,6 +19,25 @@ int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 
         }                                                                                   \
     } while (0)
 
+/* Subnormal fp32 values cost ~100 cycles per operation on x86. They arise where exp(G) near the
+ * flush threshold meets small states (strong gates, as in trained Qwen layers: a layer forward
+ * ran 2.5x slower from them). Compute regions flush them to zero (FTZ, DAZ) and restore the
+ * caller's mode on the way out; the values lost are below 1.2e-38. */
+#if defined(__SSE__)
+#include <xmmintrin.h>
+typedef unsigned gdn_fpmode;
+static inline gdn_fpmode gdn_fp_fast_begin(void) {
+    const unsigned m = _mm_getcsr();
+    _mm_setcsr(m | 0x8040); /* FTZ (bit 15) | DAZ (bit 6) */
+    return m;
+}
+static inline void gdn_fp_fast_end(gdn_fpmode m) { _mm_setcsr(m); }
+#else
+typedef int gdn_fpmode;
+static inline gdn_fpmode gdn_fp_fast_begin(void) { return 0; }
+static inline void gdn_fp_fast_end(gdn_fpmode m) { (void)m; }
+#endif
+
 /* First non-finite element of x[0..n), or -1. */
 int64_t gdn_find_nonfinite_f32(const float *x, int64_t n);
 int64_t gdn_find_nonfinite_f64(const double *x, int64_t n);

@@ -341,6 +341,7 @@ static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float
     const int copy = (size_t)(m * lda2) <= ws_floats;
 #pragma omp parallel num_threads(threads)
     {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         if (copy) {
             for (int64_t i = t; i < m; i += nt) memcpy(ws + i * lda2, A + i * lda, sizeof(float) * (size_t)kk);
@@ -388,6 +389,7 @@ static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float
                     *c = acc ? *c + s : s;
                 }
         }
+        gdn_fp_fast_end(fm);
     }
 }
 
@@ -429,6 +431,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
     const int64_t nblk_m = (mpanels + ppb - 1) / ppb;
 #pragma omp parallel num_threads(threads)
     {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         float *apack = apack0 + t * ablock;
         const int64_t tn = nblk_m >= nt ? 1 : nt, items = nblk_m * tn;
@@ -465,6 +468,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                 } /* (implied barrier: the B panel is repacked next) */
             }
         }
+        gdn_fp_fast_end(fm);
     }
 }
 

@@ -284,37 +284,42 @@ static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const floa
     const int nblk = (int)((V + bw - 1) / bw);
     const int64_t items = c->B * Hk * nblk;
     const gdn_inputs in = {q, k, v, g, beta};
-#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
-    for (int64_t it = 0; it < items; it++) {
-        gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
-        const int64_t b = it / (Hk * nblk), h = (it / nblk) % Hk * r;
-        const int c0 = (int)(it % nblk) * bw;
-        const int w = (int)(V - c0 < bw ? V - c0 : bw);
-        for (int64_t j = 0; j < r; j++) {
-            const int64_t base = (b * Hv + h + j) * K * V + c0;
-            float *S = ws->state + j * K * w;
-            for (int64_t i = 0; i < K; i++)
-                for (int jj = 0; jj < w; jj++) S[i * w + jj] = h0 ? h0[base + i * V + jj] : 0.0f;
-        }
-        if (!ckpt) {
-            gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, 0, c->T, o);
-        } else { /* segment by segment, keeping the state at each start for the backward */
-            const int64_t seg_tokens = (int64_t)p->save_chunks * c->chunk;
-            for (int64_t s = 0; s < p->save_nseg; s++) {
-                for (int64_t j = 0; s > 0 && j < r; j++)
-                    for (int64_t i = 0; i < K; i++)
-                        memcpy(ckpt + (((b * Hv + h + j) * (p->save_nseg - 1) + s - 1) * K + i) * V + c0,
-                               ws->state + (j * K + i) * w, sizeof(float) * w);
-                const int64_t t1 = (s + 1) * seg_tokens < c->T ? (s + 1) * seg_tokens : c->T;
-                gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, s * seg_tokens, t1, o);
-            }
-        }
-        if (ht)
+#pragma omp parallel num_threads(p->threads)
+    {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
+            const int64_t b = it / (Hk * nblk), h = (it / nblk) % Hk * r;
+            const int c0 = (int)(it % nblk) * bw;
+            const int w = (int)(V - c0 < bw ? V - c0 : bw);
             for (int64_t j = 0; j < r; j++) {
                 const int64_t base = (b * Hv + h + j) * K * V + c0;
+                float *S = ws->state + j * K * w;
                 for (int64_t i = 0; i < K; i++)
-                    memcpy(ht + base + i * V, ws->state + (j * K + i) * w, sizeof(float) * w);
+                    for (int jj = 0; jj < w; jj++) S[i * w + jj] = h0 ? h0[base + i * V + jj] : 0.0f;
             }
+            if (!ckpt) {
+                gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, 0, c->T, o);
+            } else { /* segment by segment, keeping the state at each start for the backward */
+                const int64_t seg_tokens = (int64_t)p->save_chunks * c->chunk;
+                for (int64_t s = 0; s < p->save_nseg; s++) {
+                    for (int64_t j = 0; s > 0 && j < r; j++)
+                        for (int64_t i = 0; i < K; i++)
+                            memcpy(ckpt + (((b * Hv + h + j) * (p->save_nseg - 1) + s - 1) * K + i) * V + c0,
+                                   ws->state + (j * K + i) * w, sizeof(float) * w);
+                    const int64_t t1 = (s + 1) * seg_tokens < c->T ? (s + 1) * seg_tokens : c->T;
+                    gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, s * seg_tokens, t1, o);
+                }
+            }
+            if (ht)
+                for (int64_t j = 0; j < r; j++) {
+                    const int64_t base = (b * Hv + h + j) * K * V + c0;
+                    for (int64_t i = 0; i < K; i++)
+                        memcpy(ht + base + i * V, ws->state + (j * K + i) * w, sizeof(float) * w);
+                }
+        }
+        gdn_fp_fast_end(fm);
     }
     if (c->check_finite) {
         int found = 0;
@@ -360,10 +365,15 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
     const gdn_inputs in = {q, k, v, g, beta};
     const gdn_grads gr = {dq, dk, dv, dg, dbeta, dh0, dout, dht, h0, ckpt};
     const int64_t items = c->B * c->Hk;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
-    for (int64_t it = 0; it < items; it++) {
-        const int tid = gdn_thread_id();
-        gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hk, it % c->Hk);
+#pragma omp parallel num_threads(p->threads)
+    {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int tid = gdn_thread_id();
+            gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hk, it % c->Hk);
+        }
+        gdn_fp_fast_end(fm);
     }
     if (!c->check_finite) return GDN_OK;
     int found = 0;

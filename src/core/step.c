@@ -394,10 +394,14 @@ int gdn_step(gdn_plan *p, float *o, float *state, const float *q, const float *k
 #else
             const int t = 0, n = 1;
 #endif
+            const gdn_fpmode fm = gdn_fp_fast_begin();
             bad |= step_range(&io, items * t / n, items * (t + 1) / n, pf);
+            gdn_fp_fast_end(fm);
         }
     } else {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
         bad = step_range(&io, 0, items, pf);
+        gdn_fp_fast_end(fm);
     }
     if (bad && c->check_finite) {
         int64_t at = gdn_find_nonfinite_f32(state, items * K * V);

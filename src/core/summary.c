@@ -33,23 +33,28 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
     const int nblk = (width + bw - 1) / bw;
     const int64_t items = c->B * Hv * nblk;
     const gdn_inputs in = {q, k, v, g, beta};
-#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
-    for (int64_t it = 0; it < items; it++) {
-        gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
-        const int64_t b = it / (Hv * nblk), h = (it / nblk) % Hv;
-        const int c0 = first + (int)(it % nblk) * bw;
-        const int w = first + width - c0 < bw ? first + width - c0 : bw;
-        /* [S | A] starts as [0 | I]: B is the final state from zero, A the pushed identity. */
-        for (int64_t i = 0; i < K; i++)
-            for (int j = 0; j < w; j++) ws->state[i * w + j] = (c0 + j - V == i) ? 1.0f : 0.0f;
-        gdn_chunk_stream(p, ws, &in, b, h, 1, c0, w, 0, c->T, NULL);
-        float *A = sa + (b * Hv + h) * K * K, *Bm = sb ? sb + (b * Hv + h) * K * V : NULL;
-        for (int64_t i = 0; i < K; i++)
-            for (int j = 0; j < w; j++) {
-                const int64_t col = c0 + j;
-                if (col < V) Bm[i * V + col] = ws->state[i * w + j];
-                else A[i * K + col - V] = ws->state[i * w + j];
-            }
+#pragma omp parallel num_threads(p->threads)
+    {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
+            const int64_t b = it / (Hv * nblk), h = (it / nblk) % Hv;
+            const int c0 = first + (int)(it % nblk) * bw;
+            const int w = first + width - c0 < bw ? first + width - c0 : bw;
+            /* [S | A] starts as [0 | I]: B is the final state from zero, A the pushed identity. */
+            for (int64_t i = 0; i < K; i++)
+                for (int j = 0; j < w; j++) ws->state[i * w + j] = (c0 + j - V == i) ? 1.0f : 0.0f;
+            gdn_chunk_stream(p, ws, &in, b, h, 1, c0, w, 0, c->T, NULL);
+            float *A = sa + (b * Hv + h) * K * K, *Bm = sb ? sb + (b * Hv + h) * K * V : NULL;
+            for (int64_t i = 0; i < K; i++)
+                for (int j = 0; j < w; j++) {
+                    const int64_t col = c0 + j;
+                    if (col < V) Bm[i * V + col] = ws->state[i * w + j];
+                    else A[i * K + col - V] = ws->state[i * w + j];
+                }
+        }
+        gdn_fp_fast_end(fm);
     }
     return GDN_OK;
 }
@@ -110,10 +115,15 @@ int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, co
     const gdn_inputs in = {q, k, NULL, g, beta};
     const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, ds_out, NULL, NULL};
     const int64_t items = c->B * c->Hv, KV = c->K * c->V;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
-    for (int64_t it = 0; it < items; it++) {
-        const int tid = gdn_thread_id();
-        gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hv, it % c->Hv, sg + it * KV);
+#pragma omp parallel num_threads(p->threads)
+    {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int tid = gdn_thread_id();
+            gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hv, it % c->Hv, sg + it * KV);
+        }
+        gdn_fp_fast_end(fm);
     }
     return GDN_OK;
 }
