@@ -99,6 +99,17 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
 
 /* ---------------------------------------------------------------- forward phases */
 
+/* out = sigmoid(x), 8 lanes at a time with the core's vector exp (a scalar expf per element
+ * was a tenth of the layer's time). */
+static void sigmoid_rows(float *out, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const gdn_v8f v = *(const gdn_v8f_u *)(x + i);
+        *(gdn_v8f_u *)(out + i) = 1.0f / (1.0f + gdn_vexpf_ftz(-v));
+    }
+    for (; i < n; i++) out[i] = gdn_sigmoidf(x[i]);
+}
+
 static const float *param(const gdn_layer_plan *lp, const float *w, int which) {
     return w + gdn_layer_param_offset(&lp->cfg, which);
 }
@@ -161,7 +172,12 @@ void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *ha
         for (int s = 0; s < 3; s++) {
             float *dst = blk[s].buf + row * blk[s].width;
             conv_row(lp, proj, halo, b, t, blk[s].c0, blk[s].width, dst);
-            for (int64_t i = 0; i < blk[s].width; i++) dst[i] = gdn_siluf(dst[i]);
+            float sg[256];
+            for (int64_t i0 = 0; i0 < blk[s].width; i0 += 256) {
+                const int64_t m = blk[s].width - i0 < 256 ? blk[s].width - i0 : 256;
+                sigmoid_rows(sg, dst + i0, m);
+                for (int64_t i = 0; i < m; i++) dst[i0 + i] *= sg[i];
+            }
         }
         const float *pb = proj + row * lp->P + lp->cd + lp->vd, *pa = pb + Hv;
         for (int64_t h = 0; h < Hv; h++) {
@@ -183,7 +199,9 @@ void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const floa
             const float *oh = o + row * lp->vd + h * V, *zh = proj + row * lp->P + lp->cd + h * V;
             float *nh = lp->nrm + row * lp->vd + h * V;
             const float r = 1.0f / sqrtf(gdn_sumsq(oh, V) / (float)V + eps);
-            for (int64_t i = 0; i < V; i++) nh[i] = nw[i] * (oh[i] * r) * gdn_siluf(zh[i]);
+            float sz[GDN_MAX_HEAD_DIM];
+            sigmoid_rows(sz, zh, V);
+            for (int64_t i = 0; i < V; i++) nh[i] = nw[i] * (oh[i] * r) * (zh[i] * sz[i]);
         }
 }
 
@@ -294,9 +312,10 @@ static void norm_backward(gdn_layer_plan *lp, float *dw, const float *o, const f
                 const float *oh = o + row * lp->vd + h * V, *zh = proj + row * lp->P + lp->cd + h * V;
                 float *dn = lp->nrm + row * lp->vd + h * V, *dz = lp->dproj + row * lp->P + lp->cd + h * V;
                 const float r = 1.0f / sqrtf(gdn_sumsq(oh, V) / (float)V + eps);
-                float ao = 0.0f;
+                float ao = 0.0f, sz[GDN_MAX_HEAD_DIM];
+                sigmoid_rows(sz, zh, V);
                 for (int64_t i = 0; i < V; i++) {
-                    const float s = gdn_sigmoidf(zh[i]), silu = zh[i] * s;
+                    const float s = sz[i], silu = zh[i] * s;
                     const float on = oh[i] * r;
                     dnw[i] += dn[i] * on * silu;
                     dz[i] = dn[i] * nw[i] * on * s * (1.0f + zh[i] * (1.0f - s));
@@ -360,14 +379,12 @@ static void conv_backward(gdn_layer_plan *lp, float *dw, float *dhalo, const flo
             for (int s = 0; s < 3; s++) {
                 float *du = blk[s].buf + row * blk[s].width;
                 const int64_t c0 = blk[s].c0, n = blk[s].width;
-                float u[256];
+                float u[256], sg[256];
                 for (int64_t i0 = 0; i0 < n; i0 += 256) {
                     const int64_t m = n - i0 < 256 ? n - i0 : 256;
                     conv_row(lp, proj, halo, b, t, c0 + i0, m, u);
-                    for (int64_t i = 0; i < m; i++) {
-                        const float sg = gdn_sigmoidf(u[i]);
-                        du[i0 + i] *= sg * (1.0f + u[i] * (1.0f - sg));
-                    }
+                    sigmoid_rows(sg, u, m);
+                    for (int64_t i = 0; i < m; i++) du[i0 + i] *= sg[i] * (1.0f + u[i] * (1.0f - sg[i]));
                 }
                 for (int64_t j = 0; j < Kc; j++) {
                     const float *src = pre_row(lp, proj, halo, b, t - (Kc - 1) + j) + c0;
