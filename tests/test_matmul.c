@@ -8,7 +8,13 @@
  * bounded by (cancellation or not): worst case about kk * 2^-24 (3.6e-5 at kk = 600), in practice
  * ~sqrt(kk) * 2^-24 (observed below 1e-6). Tolerance 1e-5; a wrong operand (B shifted by one
  * element) gives errors of order 1e-1 through the same measure. The padding past each row of C
- * must be left untouched. */
+ * must be left untouched. A NaN or Inf in C counts as an infinite error.
+ *
+ * GDN_GEMM_B_BF16 (B^T only): B is random bfloat16 (fp32 rounded to nearest even, stored as the
+ * upper 16 bits); the reference uses those bf16 values converted exactly to double, so the
+ * same measure and tolerance apply (the only rounding is fp32's, of the products and sums, as
+ * with fp32 B). Negative controls: the bf16 array shifted by one element, and the fp32 array
+ * passed in place of the bf16 one. */
 #include "harness.h"
 #include "internal.h"
 
@@ -25,8 +31,21 @@ static float *ws_alloc(int threads) {
     return aligned_alloc(64, bytes);
 }
 
+static uint16_t bf16_rne(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* finite inputs only */
+}
+static float bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 /* Worst per-element error of gdn_matmul (with `threads`) vs the double product. corrupt = 1
- * shifts B by one element (negative control). Returns +Inf if C's row padding was written. */
+ * shifts B by one element, corrupt = 2 (bf16 only) passes the fp32 array as the bf16 one
+ * (negative controls). Returns +Inf if C's row padding was written. */
 static double mm_err(int flags, int64_t m, int64_t n, int64_t kk, int threads, int corrupt) {
     const int at = (flags & GDN_GEMM_A_TRANS) != 0, bt = (flags & GDN_GEMM_B_TRANS) != 0,
               acc = (flags & GDN_GEMM_ACC) != 0;
@@ -38,11 +57,23 @@ static double mm_err(int flags, int64_t m, int64_t n, int64_t kk, int threads, i
     rng_seed((uint64_t)(flags * 7919 + m * 131 + n * 17 + kk));
     for (int64_t i = 0; i < arows * lda + 1; i++) A[i] = (float)rng_uniform(-1, 1);
     for (int64_t i = 0; i < brows * ldb + 1; i++) B[i] = (float)rng_uniform(-1, 1);
+    uint16_t *Bh = NULL; /* bf16 B; B then holds its exact fp32 values for the reference */
+    if (flags & GDN_GEMM_B_BF16) {
+        Bh = malloc(sizeof(uint16_t) * (size_t)(brows * ldb + 1));
+        for (int64_t i = 0; i < brows * ldb + 1; i++) {
+            Bh[i] = bf16_rne(B[i]);
+            if (corrupt != 2) B[i] = bf16_to_f32(Bh[i]);
+        }
+    }
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < ldc; j++) C[i * ldc + j] = j < n ? (float)rng_uniform(-1, 1) : PAD_SENTINEL;
     memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
     float *ws = ws_alloc(threads);
-    gdn_matmul(flags, m, n, kk, A, lda, B + corrupt, ldb, C, ldc, ws, threads);
+    if (Bh)
+        gdn_matmul(flags, m, n, kk, A, lda, corrupt == 2 ? (const void *)B : (const void *)(Bh + corrupt),
+                   ldb, C, ldc, ws, threads);
+    else
+        gdn_matmul(flags, m, n, kk, A, lda, B + corrupt, ldb, C, ldc, ws, threads);
     double worst = 0.0;
     for (int64_t i = 0; i < m; i++) {
         for (int64_t j = n; j < ldc; j++)
@@ -54,17 +85,19 @@ static double mm_err(int flags, int64_t m, int64_t n, int64_t kk, int threads, i
                                  (bt ? B[j * ldb + p] : B[p * ldb + j]);
                 ref += t, mag += fabs(t);
             }
-            worst = fmax(worst, fabs(C[i * ldc + j] - ref) / (mag > 0 ? mag : 1.0));
+            const double e = fabs(C[i * ldc + j] - ref) / (mag > 0 ? mag : 1.0);
+            worst = e <= worst ? worst : isnan(e) ? INFINITY : e; /* (fmax would drop a NaN) */
         }
     }
-    free(A), free(B), free(C), free(C0), free(ws);
+    free(A), free(B), free(Bh), free(C), free(C0), free(ws);
     return worst;
 }
 
 static const char *flag_name(int flags) {
     static char buf[64];
-    snprintf(buf, sizeof buf, "%s%s%s", (flags & GDN_GEMM_ACC) ? "acc " : "",
-             (flags & GDN_GEMM_A_TRANS) ? "A^T " : "", (flags & GDN_GEMM_B_TRANS) ? "B^T" : "");
+    snprintf(buf, sizeof buf, "%s%s%s%s", (flags & GDN_GEMM_ACC) ? "acc " : "",
+             (flags & GDN_GEMM_A_TRANS) ? "A^T " : "", (flags & GDN_GEMM_B_TRANS) ? "B^T" : "",
+             (flags & GDN_GEMM_B_BF16) ? " bf16" : "");
     if (!flags) snprintf(buf, sizeof buf, "plain");
     return buf;
 }
@@ -109,6 +142,42 @@ static void small_m(void) {
                  "matmul small m acc B^T m=16 n=5 k=20000 (A not copied) threads=1");
 }
 
+/* GDN_GEMM_B_BF16 (with B^T): the streaming path (m = 1..16, n not a multiple of its 4-row
+ * tiles, kk past its 512-deep blocks and not a multiple of the vector width, so the scalar tail
+ * reads bf16 too), and the blocked path (bf16 converted while packing B; sizes crossing KC,
+ * MC, NR, NC; A^T also goes there for small m), ACC on and off, 1 and 2 threads. */
+static void bf16_b(void) {
+    const int BT = GDN_GEMM_B_TRANS | GDN_GEMM_B_BF16;
+    for (int m = 1; m <= 16; m++)
+        for (int acc = 0; acc <= 1; acc++) {
+            const int flags = BT | (acc ? GDN_GEMM_ACC : 0), th = 1 + (m + acc) % 2;
+            expect_close(mm_err(flags, m, 37, 541, th, 0), MM_TOL,
+                         "matmul streaming %-13s m=%-2d n=37 k=541 threads=%d vs double", flag_name(flags), m, th);
+        }
+    expect_close(mm_err(BT, 16, 3, 9, 2, 0), MM_TOL,
+                 "matmul streaming B^T bf16 m=16 n=3 k=9 (one partial tile, no full vector) threads=2");
+    expect_close(mm_err(BT | GDN_GEMM_ACC, 16, 5, 20000, 1, 0), MM_TOL,
+                 "matmul streaming acc B^T bf16 m=16 n=5 k=20000 (A not copied) threads=1");
+    const int64_t sizes[][3] = {
+        {17, 1, 1}, {7, 17, 33}, {100, 33, 257}, {170, 31, 300}, {29, 513, 19}, {337, 40, 100},
+        {20, 1100, 9}, {200, 70, 600},
+    };
+    for (int fi = 0; fi < 4; fi++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            const int flags = BT | (fi & 1 ? GDN_GEMM_ACC : 0) | (fi & 2 ? GDN_GEMM_A_TRANS : 0);
+            const int64_t m = sizes[s][0], n = sizes[s][1], kk = sizes[s][2];
+            const int th = 1 + (int)((s + (size_t)fi) % 2);
+            expect_close(mm_err(flags, m, n, kk, th, 0), MM_TOL,
+                         "matmul blocked %-17s m=%-3ld n=%-4ld k=%-3ld threads=%d vs double", flag_name(flags),
+                         (long)m, (long)n, (long)kk, th);
+        }
+    expect_far(mm_err(BT, 4, 37, 541, 2, 1), MM_TOL, "matmul streaming B^T bf16 with B shifted by one element");
+    expect_far(mm_err(BT, 4, 37, 541, 1, 2), MM_TOL, "matmul streaming B^T bf16 reading the fp32 array as bf16");
+    expect_far(mm_err(BT | GDN_GEMM_ACC, 100, 33, 257, 2, 1), MM_TOL,
+               "matmul blocked acc B^T bf16 with B shifted by one element");
+    expect_far(mm_err(BT, 170, 31, 300, 1, 2), MM_TOL, "matmul blocked B^T bf16 reading the fp32 array as bf16");
+}
+
 /* kk = 0: C = 0 without ACC (exactly), C unchanged with it. */
 static void empty_depth(void) {
     for (int fi = 0; fi < 8; fi++) {
@@ -145,6 +214,7 @@ void test_matmul(void) {
     if (!tests_quiet) printf("matmul path: %s\n", gdn_matmul_path());
     blocked();
     small_m();
+    bf16_b();
     empty_depth();
     negative_controls();
 }

@@ -58,6 +58,29 @@ typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4))); /* unaligne
 static inline vf loadu(const float *p) { return *(const vf_u *)p; }
 static inline void storeu(float *p, vf x) { *(vf_u *)p = x; }
 
+/* B / W elements: fp32, or bfloat16 (GDN_GEMM_B_BF16: the upper 16 bits of an fp32, stored as
+ * uint16_t). `bf` is a compile-time constant wherever these are inlined. */
+typedef uint16_t vh_u __attribute__((vector_size(VL * 2), aligned(2)));
+typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+static inline __attribute__((always_inline)) const void *eptr(const void *p, int bf, int64_t i) {
+    return (const char *)p + i * (bf ? 2 : 4);
+}
+/* VL elements at p[i..i+VL) as fp32 (bf16: zero-extend to 32 bits, shift into the upper half) */
+static inline __attribute__((always_inline)) vf loadw(const void *p, int bf, int64_t i) {
+    if (!bf) return loadu((const float *)p + i);
+    const vu u = __builtin_convertvector(*(const vh_u *)((const uint16_t *)p + i), vu) << 16;
+    vf f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline __attribute__((always_inline)) float loadw1(const void *p, int bf, int64_t i) {
+    if (!bf) return ((const float *)p)[i];
+    const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* Block sizes (measured on a 48 KB L1 / 2 MB L2 core, see the commit message):
  * KC: depth of a packed slice (a kc x NR B micro-panel, 32 KB at 256 x 32, stays in L1);
  * MC: rows of a packed A block (MC x KC in L2); NC: columns of the shared packed B panel. */
@@ -149,11 +172,14 @@ static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans
     }
 }
 
-/* One NR-column micro-panel: dst[p*NR + j] = op(B)[k0+p][j0+j] for j < nc (zero beyond). */
-static void pack_b_panel(float *restrict dst, const float *B, int64_t ldb, int b_trans,
-                         int64_t k0, int64_t kc, int64_t j0, int nc) {
+/* One NR-column micro-panel: dst[p*NR + j] = op(B)[k0+p][j0+j] for j < nc (zero beyond).
+ * bf (bf16 B, converted to fp32 here): only with b_trans. */
+static inline __attribute__((always_inline)) void pack_b_panel_t(float *restrict dst, const void *Bv,
+                                                                 int64_t ldb, int b_trans, int bf,
+                                                                 int64_t k0, int64_t kc, int64_t j0,
+                                                                 int nc) {
     if (!b_trans) {
-        const float *s = B + k0 * ldb + j0;
+        const float *s = (const float *)Bv + k0 * ldb + j0;
         if (nc == NR)
             for (int64_t p = 0; p < kc; p++) {
                 storeu(dst + p * NR, loadu(s + p * ldb));
@@ -165,23 +191,30 @@ static void pack_b_panel(float *restrict dst, const float *B, int64_t ldb, int b
         return;
     }
     /* op(B)[p][j] = B[j][p]: VL x VL register transposes over full blocks */
-    const float *s = B + j0 * ldb + k0;
+    const void *s = eptr(Bv, bf, j0 * ldb + k0);
     int j = 0;
     for (; j + VL <= nc; j += VL) {
         int64_t p = 0;
         for (; p + VL <= kc; p += VL) {
             vf r[VL];
-            for (int l = 0; l < VL; l++) r[l] = loadu(s + (j + l) * ldb + p);
+            for (int l = 0; l < VL; l++) r[l] = loadw(s, bf, (j + l) * ldb + p);
             transpose_vl(r);
             for (int l = 0; l < VL; l++) storeu(dst + (p + l) * NR + j, r[l]);
         }
         for (; p < kc; p++)
-            for (int l = 0; l < VL; l++) dst[p * NR + j + l] = s[(j + l) * ldb + p];
+            for (int l = 0; l < VL; l++) dst[p * NR + j + l] = loadw1(s, bf, (j + l) * ldb + p);
     }
     for (; j < nc; j++)
-        for (int64_t p = 0; p < kc; p++) dst[p * NR + j] = s[j * ldb + p];
+        for (int64_t p = 0; p < kc; p++) dst[p * NR + j] = loadw1(s, bf, j * ldb + p);
     for (; j < NR; j++)
         for (int64_t p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
+}
+static void pack_b_panel(float *restrict dst, const void *B, int64_t ldb, int b_trans, int bf,
+                         int64_t k0, int64_t kc, int64_t j0, int nc) {
+    if (bf)
+        pack_b_panel_t(dst, B, ldb, 1, 1, k0, kc, j0, nc);
+    else
+        pack_b_panel_t(dst, B, ldb, b_trans, 0, k0, kc, j0, nc);
 }
 
 /* ---------------------------------------------------------------- micro-kernel */
@@ -271,18 +304,19 @@ enum { SR = 4,          /* W rows per tile */
        SK = GDN_MM_SK }; /* depth block: A's m x SK slice and the SR W rows in L1 */                   /* depth block: A's m x SK slice and the SR W rows in L1 */
 
 /* part[i][r] += A[i][k0..k0+kv) . W[r][k0..k0+kv) lane-wise, for i < mi, r < nr; kv % VL == 0. */
-static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, int64_t kv,
+/* W (and pf) fp32, or bf16 when bf (a constant: half the bytes per step, one prefetch per 64). */
+static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, int bf, int64_t kv,
                                                               const float *A, int64_t lda,
-                                                              const float *W, int64_t ldw,
-                                                              const float *pf, vf part[SI][SR]) {
+                                                              const void *W, int64_t ldw,
+                                                              const void *pf, vf part[SI][SR]) {
     vf s[SI][SR];
     for (int i = 0; i < SI; i++)
         for (int r = 0; r < SR; r++) s[i][r] = part[i][r];
     for (int64_t k = 0; k < kv; k += VL) {
         vf w[SR];
-        for (int r = 0; r < SR; r++) w[r] = r < nr ? loadu(W + r * ldw + k) : (vf){0};
-        if (pf)
-            for (int r = 0; r < SR; r++) __builtin_prefetch(pf + r * ldw + k, 0, GDN_MM_PFL);
+        for (int r = 0; r < SR; r++) w[r] = r < nr ? loadw(W, bf, r * ldw + k) : (vf){0};
+        if (pf && (!bf || (k & 31) == 0))
+            for (int r = 0; r < SR; r++) __builtin_prefetch(eptr(pf, bf, r * ldw + k), 0, GDN_MM_PFL);
         for (int i = 0; i < SI; i++) {
             if (i >= mi) continue;
             const vf av = loadu(A + i * lda + k);
@@ -296,34 +330,54 @@ static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, in
 
 /* Full-width tiles specialised per row count (separate functions: inlined into one switch,
  * GCC merged them back into the generic loop with a branch per FMA). */
-#define STREAM_TILE_FN(MI)                                                                     \
-    static __attribute__((noinline)) void stream_tile_##MI(int64_t kv, const float *A,          \
-                                                           int64_t lda, const float *W,         \
-                                                           int64_t ldw, const float *pf,        \
-                                                           vf part[SI][SR]) {                   \
-        stream_tile(MI, SR, kv, A, lda, W, ldw, pf, part);                                      \
+#define STREAM_TILE_FN(MI, BF, NAME)                                                           \
+    static __attribute__((noinline)) void NAME(int64_t kv, const float *A, int64_t lda,         \
+                                               const void *W, int64_t ldw, const void *pf,       \
+                                               vf part[SI][SR]) {                               \
+        stream_tile(MI, SR, BF, kv, A, lda, W, ldw, pf, part);                                  \
     }
-STREAM_TILE_FN(1)
-STREAM_TILE_FN(2)
+STREAM_TILE_FN(1, 0, stream_tile_1)
+STREAM_TILE_FN(2, 0, stream_tile_2)
+STREAM_TILE_FN(1, 1, stream_tile_bf_1)
+STREAM_TILE_FN(2, 1, stream_tile_bf_2)
 #if SI > 2
-STREAM_TILE_FN(3)
-STREAM_TILE_FN(4)
+STREAM_TILE_FN(3, 0, stream_tile_3)
+STREAM_TILE_FN(4, 0, stream_tile_4)
+STREAM_TILE_FN(3, 1, stream_tile_bf_3)
+STREAM_TILE_FN(4, 1, stream_tile_bf_4)
 #endif
+static __attribute__((noinline)) void stream_tile_edge(int mi, int nr, int64_t kv, const float *A,
+                                                       int64_t lda, const void *W, int64_t ldw,
+                                                       const void *pf, vf part[SI][SR]) {
+    stream_tile(mi, nr, 0, kv, A, lda, W, ldw, pf, part);
+}
+static __attribute__((noinline)) void stream_tile_bf_edge(int mi, int nr, int64_t kv, const float *A,
+                                                          int64_t lda, const void *W, int64_t ldw,
+                                                          const void *pf, vf part[SI][SR]) {
+    stream_tile(mi, nr, 1, kv, A, lda, W, ldw, pf, part);
+}
 
-static void stream_tile_any(int mi, int nr, int64_t kv, const float *A, int64_t lda, const float *W,
-                            int64_t ldw, const float *pf, vf part[SI][SR]) {
+static void stream_tile_any(int mi, int nr, int bf, int64_t kv, const float *A, int64_t lda,
+                            const void *W, int64_t ldw, const void *pf, vf part[SI][SR]) {
     if (nr == SR) {
-        switch (mi) {
+        switch (mi + (bf ? 8 : 0)) {
         case 1: stream_tile_1(kv, A, lda, W, ldw, pf, part); return;
         case 2: stream_tile_2(kv, A, lda, W, ldw, pf, part); return;
+        case 9: stream_tile_bf_1(kv, A, lda, W, ldw, pf, part); return;
+        case 10: stream_tile_bf_2(kv, A, lda, W, ldw, pf, part); return;
 #if SI > 2
         case 3: stream_tile_3(kv, A, lda, W, ldw, pf, part); return;
         case 4: stream_tile_4(kv, A, lda, W, ldw, pf, part); return;
+        case 11: stream_tile_bf_3(kv, A, lda, W, ldw, pf, part); return;
+        case 12: stream_tile_bf_4(kv, A, lda, W, ldw, pf, part); return;
 #endif
         default: break;
         }
     }
-    stream_tile(mi, nr, kv, A, lda, W, ldw, pf, part); /* edges: generic */
+    if (bf) /* edges: generic */
+        stream_tile_bf_edge(mi, nr, kv, A, lda, W, ldw, pf, part);
+    else
+        stream_tile_edge(mi, nr, kv, A, lda, W, ldw, pf, part);
 }
 
 static inline float *align64(float *p) {
@@ -333,8 +387,8 @@ static inline float *align64(float *p) {
 /* A (m <= 16 rows) is first copied into ws with a row stride of kk rounded up to 16 floats plus
  * 16 (when it fits): in place, with a power-of-two lda, the same depth of all m rows falls into
  * one L1 set and the 16 + SR lines evict each other (measured: m = 16 ran at half speed). */
-static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
-                          const float *W, int64_t ldw, float *C, int64_t ldc, float *ws,
+static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
+                          const void *W, int64_t ldw, float *C, int64_t ldc, float *ws,
                           size_t ws_floats, int threads) {
     const int64_t kv_all = kk / VL * VL;
     const int64_t lda2 = (kk + 15) / 16 * 16 + 16;
@@ -362,11 +416,11 @@ static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float
                 /* the first row group reads this block of W from memory; it also prefetches
                  * the next block (or the next tile's first), so that the memory stream runs
                  * under the other groups' arithmetic instead of after it */
-                const float *next = k0 + SK < kv_all ? W + j0 * ldw + k0 + SK : W + (j0 + SR) * ldw;
+                const void *next = eptr(W, bf, k0 + SK < kv_all ? j0 * ldw + k0 + SK : (j0 + SR) * ldw);
                 if (j0 + SR >= j_hi && k0 + SK >= kv_all) next = NULL;
                 for (int g = 0; g < groups; g++)
-                    stream_tile_any((int)min64(SI, m - g * SI), nr, kv, As + g * SI * ldas + k0, ldas,
-                                    W + j0 * ldw + k0, ldw, g ? NULL : next, part[g]);
+                    stream_tile_any((int)min64(SI, m - g * SI), nr, bf, kv, As + g * SI * ldas + k0, ldas,
+                                    eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
             }
             /* horizontal sums of the m x nr partial vectors, VL at a time: a register
              * transpose and VL - 1 vector adds instead of VL - 1 dependent scalar adds each */
@@ -384,7 +438,7 @@ static void matmul_stream(int acc, int64_t m, int64_t n, int64_t kk, const float
             for (int64_t i = 0; i < m; i++)
                 for (int r = 0; r < nr; r++) {
                     float s = sums[i * nr + r];
-                    for (int64_t k = kv_all; k < kk; k++) s += As[i * ldas + k] * W[(j0 + r) * ldw + k];
+                    for (int64_t k = kv_all; k < kk; k++) s += As[i * ldas + k] * loadw1(W, bf, (j0 + r) * ldw + k);
                     float *c = C + i * ldc + j0 + r;
                     *c = acc ? *c + s : s;
                 }
@@ -402,10 +456,11 @@ size_t gdn_matmul_ws_floats(int threads) {
 }
 
 void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
-                const float *B, int64_t ldb, float *C, int64_t ldc, float *ws, int threads) {
-    if (m <= 0 || n <= 0) return;
+                const void *B, int64_t ldb, float *C, int64_t ldc, float *ws, int threads) {
     const int acc = (flags & GDN_GEMM_ACC) != 0, a_trans = (flags & GDN_GEMM_A_TRANS) != 0,
-              b_trans = (flags & GDN_GEMM_B_TRANS) != 0;
+              b_trans = (flags & GDN_GEMM_B_TRANS) != 0, bf = (flags & GDN_GEMM_B_BF16) != 0;
+    GDN_ASSERT(!bf || b_trans); /* bf16 B only as a weight matrix W [n x kk] (B = W^T) */
+    if (m <= 0 || n <= 0) return;
     if (threads < 1) threads = 1;
     if (kk <= 0) {
         if (!acc)
@@ -414,7 +469,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
     }
     if (m <= SMALL_M && b_trans && !a_trans) {
         float *w64 = align64(ws);
-        matmul_stream(acc, m, n, kk, A, lda, B, ldb, C, ldc, w64,
+        matmul_stream(acc, bf, m, n, kk, A, lda, B, ldb, C, ldc, w64,
                       gdn_matmul_ws_floats(threads) - (size_t)(w64 - ws), threads);
         return;
     }
@@ -441,7 +496,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                 const int64_t kc = min64(KC, kk - pc);
                 const int acc_k = acc || pc > 0;
                 for (int64_t q = t; q < npan; q += nt)
-                    pack_b_panel(bpack + q * kc * NR, B, ldb, b_trans, pc, kc, jc + q * NR,
+                    pack_b_panel(bpack + q * kc * NR, B, ldb, b_trans, bf, pc, kc, jc + q * NR,
                                  (int)min64(NR, nc - q * NR));
 #pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
