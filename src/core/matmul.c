@@ -29,6 +29,9 @@
 
 #include <omp.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX512F__)
 #define VL 16
@@ -68,7 +71,12 @@ static inline __attribute__((always_inline)) const void *eptr(const void *p, int
 /* VL elements at p[i..i+VL) as fp32 (bf16: zero-extend to 32 bits, shift into the upper half) */
 static inline __attribute__((always_inline)) vf loadw(const void *p, int bf, int64_t i) {
     if (!bf) return loadu((const float *)p + i);
+#if VL == 16 /* one vpmovzxwd from memory + vpslld (GCC 12 splits the generic form in halves) */
+    const vu u = (vu)_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16);
+#else
     const vu u = __builtin_convertvector(*(const vh_u *)((const uint16_t *)p + i), vu) << 16;
+#endif
     vf f;
     memcpy(&f, &u, sizeof f);
     return f;
