@@ -206,6 +206,9 @@ typedef struct {
     int threads;           /* OpenMP threads (0: all) */
     int keep;              /* gdn_layer_keep */
     int check_finite;      /* reject NaN/Inf in x, dy and the weights */
+    int weight_dtype;      /* GDN_F32 (default) or GDN_BF16: the flat parameters `w` are then
+                              bfloat16 (uint16_t) and stay so in memory (forward and decode only;
+                              the backward trains fp32 weights) */
 } gdn_layer_config;
 
 typedef enum {
@@ -244,12 +247,13 @@ size_t gdn_layer_saved_floats(const gdn_layer_plan *plan);
 /* Name of the GEMM path the projections run. */
 const char *gdn_layer_plan_path(const gdn_layer_plan *plan);
 
-/* Forward. w: the flat parameters. saved (may be NULL: inference) receives what the backward
+/* Forward. w: the flat parameters (float, or uint16_t BF16 when cfg.weight_dtype is GDN_BF16).
+ * saved (may be NULL: inference) receives what the backward
  * needs. conv_state [B, conv_dim, Kc] (Hugging Face's cache layout, newest column last) and
  * rec_state [B,Hv,K,V] may be NULL (zeros; not returned); when given they hold the state before x
  * on entry and the state after x on return, so a prompt can be prefilled in pieces. */
 int gdn_layer_forward(gdn_layer_plan *plan, float *y, float *saved, const float *x,
-                      const float *w, float *conv_state, float *rec_state);
+                      const void *w, float *conv_state, float *rec_state);
 
 /* Backward of loss = sum(y * dy): dx [B,T,E] and dw (flat, overwritten) for the forward that
  * filled saved (with its initial states, if any). saved NULL: the forward started from zero
@@ -260,7 +264,7 @@ int gdn_layer_backward(gdn_layer_plan *plan, float *dx, float *dw, const float *
 /* Decode: one token for each of the plan's B sequences, x, y [B,1,E] (any plan of this B; its T
  * is not used), conv_state and rec_state in place as above (required). No chunk machinery,
  * nothing allocated. */
-int gdn_layer_decode(gdn_layer_plan *plan, float *y, const float *x, const float *w,
+int gdn_layer_decode(gdn_layer_plan *plan, float *y, const float *x, const void *w,
                      float *conv_state, float *rec_state);
 
 /* The layer in double precision with plain loops (zero initial states): the oracle the fp32
@@ -330,7 +334,9 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path);
  * mis-shaped ones are errors naming the weight. */
 typedef struct {
     gdn_layer_config cfg; /* E, Hk, Hv, K, V, Kc, eps from the sources; B = T = 0 */
-    float *w;             /* flat fp32 parameters (gdn_layer_param_floats(&cfg)) */
+    float *w;             /* flat fp32 parameters (gdn_layer_param_floats(&cfg)); NULL after
+                             gdn_layer_weights_to_bf16 */
+    uint16_t *w_bf16;     /* the same as BF16 after gdn_layer_weights_to_bf16, else NULL */
     int fused;            /* 1: the file used the fused Qwen3-Next layout */
     gdn_dtype dtype;      /* dtype of in_proj_qkv (or in_proj_qkvz) on disk */
 } gdn_layer_weights;
@@ -344,6 +350,12 @@ typedef struct {
 int gdn_layer_weights_load(gdn_layer_weights *lw, const char *path, const char *config_path,
                            const char *prefix, const gdn_layer_config *given);
 void gdn_layer_weights_free(gdn_layer_weights *lw);
+/* Keep the weights as BF16 in memory (inference: half the bytes each decode step streams):
+ * rounds to nearest even (exact for a BF16 checkpoint), frees the fp32 copy and sets
+ * cfg.weight_dtype = GDN_BF16. */
+int gdn_layer_weights_to_bf16(gdn_layer_weights *lw);
+/* The flat parameters to pass to the layer: w or w_bf16, as cfg.weight_dtype says. */
+const void *gdn_layer_weights_data(const gdn_layer_weights *lw);
 /* Add gradients dw (flat, split layout) to a writer as name_prefix + the name each weight was
  * loaded under, without the file's prefix: fused checkpoints get in_proj_qkvz.weight and
  * in_proj_ba.weight in their interleaved order. */

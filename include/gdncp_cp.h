@@ -86,7 +86,7 @@ int gdn_cp_halo_backward(gdn_cp *cp, float *dx, const float *dhalo, int64_t B, i
  * with cp's strategy. The whole sequence starts from zero states. saved (may be NULL) as in
  * gdn_layer_forward (it keeps the halo and this shard's incoming state). Collective. */
 int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *plan, float *y, float *saved,
-                         const float *x, const float *w);
+                         const float *x, const void *w);
 /* dx for this rank's rows, and dw: this rank's share of the weight gradient (sum dw over the
  * ranks, e.g. with MPI_Allreduce, for the gradient of the whole sequence). Collective. */
 int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *plan, float *dx, float *dw,

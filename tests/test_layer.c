@@ -395,6 +395,70 @@ static void pieces_and_decode(void) {
     free(w), free(x), free(y_whole), free(y), free(conv_whole), free(rec_whole);
 }
 
+/* BF16 weights kept BF16 in memory: forward (prefill) and decode equal the fp32 layer on the
+ * same BF16-rounded weights; the fp32 layer on the unrounded weights differs (negative control:
+ * the BF16 values are really what is read); the backward refuses BF16 weights. */
+static void bf16_weights(void) {
+    gdn_layer_config c = gdn_layer_config_default(2, 40, 32, 2, 4, 16, 8);
+    rng_seed(21);
+    float *w = random_weights(&c, 0.05, 1);
+    const size_t nw = gdn_layer_param_floats(&c), nx = (size_t)c.B * c.T * c.E;
+    gdn_layer_weights lw = {.cfg = c, .w = malloc(sizeof(float) * nw)};
+    memcpy(lw.w, w, sizeof(float) * nw);
+    if (gdn_layer_weights_to_bf16(&lw)) {
+        check(0, "bf16: convert: %s", gdn_errmsg());
+        return;
+    }
+    float *wr = malloc(sizeof(float) * nw); /* the BF16 values as fp32 */
+    for (size_t i = 0; i < nw; i++) {
+        const uint32_t u = (uint32_t)lw.w_bf16[i] << 16;
+        memcpy(&wr[i], &u, 4);
+    }
+    float *x = random_tensor(nx), *y16 = malloc(sizeof(float) * nx), *y32 = malloc(sizeof(float) * nx),
+          *yraw = malloc(sizeof(float) * nx);
+    gdn_layer_config c16 = lw.cfg;
+    gdn_layer_plan *lp16 = NULL, *lp32 = NULL;
+    int rc = gdn_layer_plan_create(&lp16, &c16);
+    if (!rc) rc = gdn_layer_plan_create(&lp32, &c);
+    if (!rc) rc = gdn_layer_forward(lp16, y16, NULL, x, gdn_layer_weights_data(&lw), NULL, NULL);
+    if (!rc) rc = gdn_layer_forward(lp32, y32, NULL, x, wr, NULL, NULL);
+    if (!rc) rc = gdn_layer_forward(lp32, yraw, NULL, x, w, NULL, NULL);
+    if (rc) {
+        check(0, "bf16: %s", gdn_errmsg());
+    } else {
+        expect_close(rel_err_ff(y16, y32, (int64_t)nx), 1e-6, "BF16 weights in memory = fp32 layer on the same BF16 values, forward");
+        expect_far(rel_err_ff(y16, yraw, (int64_t)nx), 1e-6, "BF16 weights against the unrounded fp32 weights");
+        float *dx = malloc(sizeof(float) * nx), *dw = malloc(sizeof(float) * nw);
+        expect_status(gdn_layer_backward(lp16, dx, dw, x, (const float *)gdn_layer_weights_data(&lw), NULL, x),
+                      GDN_ERR_DTYPE, "F32 weights", "layer backward with BF16 weights");
+        free(dx), free(dw);
+        /* decode, B = 2 sequences, 5 steps from the same states */
+        gdn_layer_config cd = c;
+        cd.T = 1;
+        gdn_layer_config cd16 = cd;
+        cd16.weight_dtype = GDN_BF16;
+        gdn_layer_plan *d16 = NULL, *d32 = NULL;
+        const size_t nconv = (size_t)c.B * gdn_layer_conv_dim(&c) * c.Kc, ns = (size_t)c.B * c.Hv * c.K * c.V;
+        float *cv16 = calloc(nconv, 4), *cv32 = calloc(nconv, 4), *rs16 = calloc(ns, 4), *rs32 = calloc(ns, 4);
+        float *a = malloc(sizeof(float) * c.B * c.E), *b = malloc(sizeof(float) * c.B * c.E);
+        double worst = 0;
+        rc = gdn_layer_plan_create(&d16, &cd16);
+        if (!rc) rc = gdn_layer_plan_create(&d32, &cd);
+        for (int t = 0; t < 5 && !rc; t++) {
+            rc = gdn_layer_decode(d16, a, x + t * c.B * c.E, gdn_layer_weights_data(&lw), cv16, rs16);
+            if (!rc) rc = gdn_layer_decode(d32, b, x + t * c.B * c.E, wr, cv32, rs32);
+            worst = fmax(worst, rel_err_ff(a, b, c.B * c.E));
+        }
+        if (rc) check(0, "bf16 decode: %s", gdn_errmsg());
+        else expect_close(worst, 1e-6, "BF16 weights in memory = fp32 on the same values, 5 decode steps (B=2)");
+        gdn_layer_plan_destroy(d16), gdn_layer_plan_destroy(d32);
+        free(cv16), free(cv32), free(rs16), free(rs32), free(a), free(b);
+    }
+    gdn_layer_plan_destroy(lp16), gdn_layer_plan_destroy(lp32);
+    gdn_layer_weights_free(&lw);
+    free(w), free(wr), free(x), free(y16), free(y32), free(yraw);
+}
+
 void test_layer(void) {
     double tol_all[GDN_P_COUNT];
     for (int i = 0; i < GDN_P_COUNT; i++) tol_all[i] = 1e-4;
@@ -433,4 +497,5 @@ void test_layer(void) {
     reference_sweep();
     golden_decode();
     pieces_and_decode();
+    bf16_weights();
 }

@@ -183,12 +183,16 @@ static double stream_seconds(size_t bytes, int rmw, int threads) {
     return best;
 }
 
-static int bench_decode(const layer_shape *s, int64_t B, int threads, int json, int quick,
+static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, int json, int quick,
                         const char *cpu) {
     gdn_layer_config c = gdn_layer_config_default(B, 1, s->E, s->Hk, s->Hv, s->K, s->V);
     c.threads = threads;
     uint64_t seed = 0x2545F4914F6CDD1Dull;
-    float *w = layer_weights(&c, &seed);
+    /* BF16: the weights stay BF16 in memory, as a BF16 checkpoint's do for inference */
+    gdn_layer_weights lw = {.cfg = c, .w = layer_weights(&c, &seed)};
+    if (bf16 && lw.w && gdn_layer_weights_to_bf16(&lw)) lw.w = NULL;
+    c = lw.cfg;
+    const void *w = gdn_layer_weights_data(&lw);
     const size_t nconv = (size_t)B * gdn_layer_conv_dim(&c) * c.Kc, ns = (size_t)B * c.Hv * c.K * c.V;
     float *x = random_floats((size_t)B * c.E, -1, 1, &seed), *y = malloc(sizeof(float) * B * c.E);
     float *conv = random_floats(nconv, -1, 1, &seed), *rec = random_floats(ns, -0.1f, 0.1f, &seed);
@@ -207,24 +211,25 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int json, 
     }
     const double med = cli_median(t, steps);
     size_t wbytes = 0;
-    for (int i = 0; i < GDN_P_COUNT; i++) wbytes += 4 * gdn_layer_param_numel(&c, i);
+    for (int i = 0; i < GDN_P_COUNT; i++) wbytes += (bf16 ? 2 : 4) * gdn_layer_param_numel(&c, i);
     const size_t sbytes = 4 * (nconv + ns);
     const double bound = stream_seconds(wbytes, 0, threads) + stream_seconds(sbytes, 1, threads);
     const double bytes = (double)wbytes + 2.0 * sbytes;
     if (json)
         printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"B\":%lld,\"threads\":%d,"
                "\"us_per_token\":%.2f,\"us_per_step\":%.2f,\"bytes_per_step\":%.0f,\"weights_bytes\":%zu,"
-               "\"weights_dtype\":\"F32\",\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,\"gemm_path\":\"%s\","
+               "\"weights_dtype\":\"%s\",\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,\"gemm_path\":\"%s\","
                "\"cpu\":\"%s\"}\n",
-               s->label, (long long)B, threads, med * 1e6 / B, med * 1e6, bytes, wbytes, bound * 1e6,
-               bound / med, gdn_layer_plan_path(lp), cpu);
+               s->label, (long long)B, threads, med * 1e6 / B, med * 1e6, bytes, wbytes, bf16 ? "BF16" : "F32",
+               bound * 1e6, bound / med, gdn_layer_plan_path(lp), cpu);
     else
         printf("layer_decode   %-6s B=%-3lld thr=%d %9.1f us/step %8.1f us/token  streams %.1f MB "
-               "(weights F32 %.1f MB)  bound %8.1f us  %5.1f %% of bound\n",
-               s->label, (long long)B, threads, med * 1e6, med * 1e6 / B, bytes / 1e6, wbytes / 1e6,
-               bound * 1e6, 100 * bound / med);
+               "(weights %s %.1f MB)  bound %8.1f us  %5.1f %% of bound\n",
+               s->label, (long long)B, threads, med * 1e6, med * 1e6 / B, bytes / 1e6, bf16 ? "BF16" : "F32",
+               wbytes / 1e6, bound * 1e6, 100 * bound / med);
     gdn_layer_plan_destroy(lp);
-    free(w), free(x), free(y), free(conv), free(rec);
+    gdn_layer_weights_free(&lw);
+    free(x), free(y), free(conv), free(rec);
     return 0;
 }
 
@@ -258,7 +263,8 @@ int cmd_bench_layer(int argc, char **argv) {
     const int64_t batches[] = {1, 16};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int b = 0; b < 2; b++)
-            for (int t = 1; t <= maxt; t = t == maxt ? maxt + 1 : maxt)
-                if (bench_decode(&shapes[i], batches[b], t, json, quick, cpu)) return 1;
+            for (int bf16 = 0; bf16 < 2; bf16++)
+                for (int t = 1; t <= maxt; t = t == maxt ? maxt + 1 : maxt)
+                    if (bench_decode(&shapes[i], batches[b], t, bf16, json, quick, cpu)) return 1;
     return 0;
 }

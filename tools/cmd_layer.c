@@ -28,6 +28,7 @@ static int fail(int status, const char *fmt, ...) {
 typedef struct {
     const char *weights, *config, *prefix, *in, *out, *cp, *shards;
     int backward, keep, decode;
+    int f32; /* --f32: keep BF16 checkpoints as fp32 in memory for inference */
     gdn_layer_config given; /* dims from flags (0: not given), chunk, threads */
 } layer_opts;
 
@@ -35,7 +36,7 @@ static int usage(void) {
     fprintf(stderr,
             "usage: gdncp layer --weights W.safetensors [--config config.json] [--prefix P]\n"
             "                   --in IN.safetensors --out OUT.safetensors [--backward]\n"
-            "                   [--keep min|proj] [--decode N] [--chunk C] [--threads N]\n"
+            "                   [--keep min|proj] [--decode N] [--f32] [--chunk C] [--threads N]\n"
             "                   [--E --Hk --Hv --K --V --Kc N] [--eps X]\n"
             "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n");
     return 2;
@@ -59,6 +60,7 @@ static int parse(int argc, char **argv, layer_opts *o) {
             }
         if (matched) continue;
         if (!strcmp(a, "--backward")) o->backward = 1;
+        else if (!strcmp(a, "--f32")) o->f32 = 1;
         else if (!strcmp(a, "--weights") && v) o->weights = v, i++;
         else if (!strcmp(a, "--config") && v) o->config = v, i++;
         else if (!strcmp(a, "--prefix") && v) o->prefix = v, i++;
@@ -135,7 +137,7 @@ static int write_outputs(const layer_opts *o, const gdn_layer_weights *lw, int64
 }
 
 /* Prefill T - N tokens with a cache, then decode the last N one at a time (B sequences). */
-static int run_decode(const layer_opts *o, gdn_layer_config c, const float *w, const float *x, float *y) {
+static int run_decode(const layer_opts *o, gdn_layer_config c, const void *w, const float *x, float *y) {
     const int64_t B = c.B, T = c.T, E = c.E, N = o->decode > T ? T : o->decode, T0 = T - N;
     const size_t nconv = (size_t)B * gdn_layer_conv_dim(&c) * c.Kc, ns = (size_t)B * c.Hv * c.K * c.V;
     float *conv = calloc(nconv, sizeof(float)), *rec = calloc(ns, sizeof(float));
@@ -182,6 +184,9 @@ int cmd_layer(int argc, char **argv) {
     gdn_layer_plan *lp = NULL;
     int64_t B = 0, T = 0, t0 = 0, tn = -1, B2, T2;
     int rc = gdn_layer_weights_load(&lw, o.weights, o.config, o.prefix, &o.given);
+    /* Inference keeps a BF16 checkpoint BF16 in memory; training (--backward) needs fp32. */
+    if (!rc && lw.dtype == GDN_BF16 && !o.backward && !o.f32) rc = gdn_layer_weights_to_bf16(&lw);
+    const void *wd = gdn_layer_weights_data(&lw);
     if (!rc) rc = gdn_st_open(&f, o.in);
     if (!rc) { /* the file's B and T first, for the shard */
         const gdn_st_tensor *t = gdn_st_find(f, "x");
@@ -213,8 +218,8 @@ int cmd_layer(int argc, char **argv) {
     double t_start = cli_now();
     if (cp) {
         rc = gdn_cp_agree_status(cp, rc);
-        if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, x, lw.w);
-        if (!rc && o.backward) rc = gdn_layer_cp_backward(cp, lp, dx, dw, x, lw.w, saved, dy);
+        if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, x, wd);
+        if (!rc && o.backward) rc = gdn_layer_cp_backward(cp, lp, dx, dw, x, wd, saved, dy);
         if (!rc && !rank) {
             y_all = malloc(sizeof(float) * (size_t)B * T * E), dx_all = malloc(sizeof(float) * (size_t)B * T * E);
             dw_all = malloc(sizeof(float) * nw);
@@ -227,10 +232,10 @@ int cmd_layer(int argc, char **argv) {
             rc = fail(GDN_ERR_MPI, "MPI_Reduce of the weight gradients failed");
     } else if (!rc) {
         if (o.decode) {
-            rc = run_decode(&o, c, lw.w, x, y);
+            rc = run_decode(&o, c, wd, x, y);
         } else {
-            rc = gdn_layer_forward(lp, y, saved, x, lw.w, NULL, NULL);
-            if (!rc && o.backward) rc = gdn_layer_backward(lp, dx, dw, x, lw.w, saved, dy);
+            rc = gdn_layer_forward(lp, y, saved, x, wd, NULL, NULL);
+            if (!rc && o.backward) rc = gdn_layer_backward(lp, dx, dw, x, wd, saved, dy);
         }
     }
     const double secs = cli_now() - t_start;
@@ -242,7 +247,7 @@ int cmd_layer(int argc, char **argv) {
                    "%s%s in %.3f s%s%s -> %s\n",
                    (long long)B, (long long)T, (long long)E, (long long)c.Hk, (long long)c.Hv,
                    (long long)c.K, (long long)c.V, (long long)c.Kc, lw.fused ? "fused" : "split",
-                   lw.dtype == GDN_BF16 ? "BF16" : lw.dtype == GDN_F64 ? "F64" : "F32",
+                   lw.cfg.weight_dtype == GDN_BF16 ? "BF16 in memory" : lw.dtype == GDN_BF16 ? "BF16 on disk, F32 in memory" : "F32",
                    o.decode ? "prefill + decode" : "forward", o.backward ? " + backward" : "", secs,
                    cp ? " over ranks, strategy " : "", cp ? o.cp : "", o.out);
     }

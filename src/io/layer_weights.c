@@ -468,7 +468,29 @@ int gdn_layer_weights_load(gdn_layer_weights *lw, const char *path, const char *
 void gdn_layer_weights_free(gdn_layer_weights *lw) {
     if (!lw) return;
     free(lw->w);
+    free(lw->w_bf16);
     memset(lw, 0, sizeof *lw);
+}
+
+int gdn_layer_weights_to_bf16(gdn_layer_weights *lw) {
+    if (!lw || !lw->w) return gdn_fail(GDN_ERR_ARG, "no fp32 layer weights to convert");
+    const size_t n = gdn_layer_param_floats(&lw->cfg);
+    uint16_t *h = malloc(sizeof(uint16_t) * (n ? n : 1));
+    if (!h) return gdn_fail(GDN_ERR_NOMEM, "BF16 layer weights (%zu values)", n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &lw->w[i], 4);
+        if ((u & 0x7F800000u) == 0x7F800000u) h[i] = (uint16_t)((u >> 16) | ((u & 0xFFFFu) ? 0x40 : 0)); /* Inf, NaN stays NaN */
+        else h[i] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); /* round to nearest even */
+    }
+    free(lw->w);
+    lw->w = NULL, lw->w_bf16 = h, lw->cfg.weight_dtype = GDN_BF16;
+    return GDN_OK;
+}
+
+const void *gdn_layer_weights_data(const gdn_layer_weights *lw) {
+    if (!lw) return NULL;
+    return lw->cfg.weight_dtype == GDN_BF16 ? (const void *)lw->w_bf16 : (const void *)lw->w;
 }
 
 static int add_one(gdn_st_writer *wr, const char *name_prefix, const char *name, int ndim,

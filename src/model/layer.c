@@ -79,6 +79,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
         N * vd, N * vd, lp->ckpt_floats,            /* o nrm ckpt */
         halo, halo, (size_t)c->Kc * lp->cd,         /* halo dhalo convw */
         (size_t)lp->threads * red, gdn_matmul_ws_floats(lp->threads),
+        gdn_layer_param_offset(c, GDN_P_OUT_PROJ) - gdn_layer_param_offset(c, GDN_P_CONV1D), /* wsmall */
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) total += (pieces[i] + 15) & ~(size_t)15;
@@ -91,7 +92,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     float *cur = lp->arena;
     float **dst[] = {&lp->proj, &lp->dproj, &lp->q, &lp->k, &lp->v, &lp->g, &lp->beta,
                      &lp->dq, &lp->dk, &lp->dv, &lp->dg, &lp->dbeta, &lp->o, &lp->nrm, &lp->ckpt,
-                     &lp->halo, &lp->dhalo, &lp->convw, &lp->partial, &lp->mm_ws};
+                     &lp->halo, &lp->dhalo, &lp->convw, &lp->partial, &lp->mm_ws, &lp->wsmall};
     for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) *dst[i] = gdn_carve(&cur, pieces[i]);
     *out = lp;
     return GDN_OK;
@@ -110,13 +111,53 @@ static void sigmoid_rows(float *out, const float *x, int64_t n) {
     for (; i < n; i++) out[i] = gdn_sigmoidf(x[i]);
 }
 
-static const float *param(const gdn_layer_plan *lp, const float *w, int which) {
-    return w + gdn_layer_param_offset(&lp->cfg, which);
+/* A parameter tensor of w. With BF16 weights the projections are read as BF16 by the GEMM
+ * (pass the flags of wflags()), the small tensors from their fp32 copies in lp->wsmall. */
+static int is_small(int which) {
+    return which == GDN_P_CONV1D || which == GDN_P_A_LOG || which == GDN_P_DT_BIAS || which == GDN_P_NORM;
+}
+static const float *param(const gdn_layer_plan *lp, const void *w, int which) {
+    const size_t off = gdn_layer_param_offset(&lp->cfg, which);
+    if (lp->cfg.weight_dtype != GDN_BF16) return (const float *)w + off;
+    if (is_small(which)) return lp->wsmall + (off - gdn_layer_param_offset(&lp->cfg, GDN_P_CONV1D));
+    return (const float *)((const uint16_t *)w + off); /* read as BF16 under GDN_GEMM_B_BF16 */
+}
+static int wflags(const gdn_layer_plan *lp) {
+    return GDN_GEMM_B_TRANS | (lp->cfg.weight_dtype == GDN_BF16 ? GDN_GEMM_B_BF16 : 0);
 }
 
-void gdn_layer_project(gdn_layer_plan *lp, const float *x, const float *w) {
+static inline float bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* BF16 weights: the small tensors (conv taps, A_log, dt_bias, norm: contiguous in the flat
+ * layout) to fp32 once per call, and NaN/Inf anywhere found on the BF16 bits. */
+int gdn_layer_weights_prepare(gdn_layer_plan *lp, const void *w, int check) {
+    if (lp->cfg.weight_dtype != GDN_BF16) return GDN_OK;
+    const gdn_layer_config *c = &lp->cfg;
+    const uint16_t *h = w;
+    const size_t lo = gdn_layer_param_offset(c, GDN_P_CONV1D), hi = gdn_layer_param_offset(c, GDN_P_OUT_PROJ);
+    for (size_t i = lo; i < hi; i++) lp->wsmall[i - lo] = bf16_to_f32(h[i]);
+    for (int i = 0; check && i < GDN_P_COUNT; i++) {
+        const uint16_t *p = h + gdn_layer_param_offset(c, i);
+        const size_t n = gdn_layer_param_numel(c, i);
+        uint16_t all = 0; /* exponent all ones: Inf or NaN */
+        for (size_t j = 0; j < n; j++) all |= (uint16_t)((p[j] & 0x7F80) == 0x7F80);
+        if (all)
+            for (size_t j = 0; j < n; j++)
+                if ((p[j] & 0x7F80) == 0x7F80)
+                    return gdn_fail(GDN_ERR_NONFINITE, "weight '%s' has a non-finite value (%g) at flat index %zu",
+                                    gdn_layer_param_name(i), (double)bf16_to_f32(p[j]), j);
+    }
+    return GDN_OK;
+}
+
+void gdn_layer_project(gdn_layer_plan *lp, const float *x, const void *w) {
     const int64_t N = lp->N, E = lp->cfg.E, P = lp->P, Hv = lp->cfg.Hv;
-    const int t = lp->threads, bt = GDN_GEMM_B_TRANS;
+    const int t = lp->threads, bt = wflags(lp);
     gdn_matmul(bt, N, lp->cd, E, x, E, param(lp, w, GDN_P_IN_PROJ_QKV), E, lp->proj, P, lp->mm_ws, t);
     gdn_matmul(bt, N, lp->vd, E, x, E, param(lp, w, GDN_P_IN_PROJ_Z), E, lp->proj + lp->cd, P, lp->mm_ws, t);
     gdn_matmul(bt, N, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_B), E, lp->proj + lp->cd + lp->vd, P, lp->mm_ws, t);
@@ -124,7 +165,7 @@ void gdn_layer_project(gdn_layer_plan *lp, const float *x, const float *w) {
 }
 
 /* convw[j][c] = conv1d.weight[c][0][j]: taps channel-contiguous for the vector loops. */
-static void transpose_conv(gdn_layer_plan *lp, const float *w) {
+static void transpose_conv(gdn_layer_plan *lp, const void *w) {
     const float *cw = param(lp, w, GDN_P_CONV1D);
     const int64_t Kc = lp->cfg.Kc;
     for (int64_t c = 0; c < lp->cd; c++)
@@ -159,7 +200,7 @@ static inline void conv_row(const gdn_layer_plan *lp, const float *proj, const f
     }
 }
 
-void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const float *w) {
+void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const void *w) {
     const gdn_layer_config *c = &lp->cfg;
     const int64_t T = c->T, Hv = c->Hv;
     const float *A_log = param(lp, w, GDN_P_A_LOG), *dt_bias = param(lp, w, GDN_P_DT_BIAS);
@@ -190,7 +231,7 @@ void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *ha
 
 /* Gated RMSNorm per (row, value head): nrm = w * o / sqrt(mean(o^2) + eps) * silu(z). */
 void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
-                    const float *w) {
+                    const void *w) {
     const int64_t V = lp->cfg.V, Hv = lp->cfg.Hv;
     const float *nw = param(lp, w, GDN_P_NORM), eps = lp->cfg.eps;
 #pragma omp parallel for schedule(static) num_threads(lp->threads)
@@ -205,17 +246,17 @@ void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const floa
         }
 }
 
-void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const float *w) {
-    gdn_matmul(GDN_GEMM_B_TRANS, rows, lp->cfg.E, lp->vd, lp->nrm, lp->vd,
+void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const void *w) {
+    gdn_matmul(wflags(lp), rows, lp->cfg.E, lp->vd, lp->nrm, lp->vd,
                param(lp, w, GDN_P_OUT_PROJ), lp->vd, y, lp->cfg.E, lp->mm_ws, lp->threads);
 }
 
-int gdn_layer_check_inputs(const gdn_layer_plan *lp, const float *x, const char *xname,
-                           const float *w) {
+int gdn_layer_check_inputs(gdn_layer_plan *lp, const float *x, const char *xname, const void *w) {
     if (!lp) return gdn_fail(GDN_ERR_ARG, "layer plan is NULL");
     int rc;
     if ((rc = gdn_check_tensor(xname, x, lp->N * lp->cfg.E, lp->cfg.check_finite))) return rc;
     if (!w) return gdn_fail(GDN_ERR_ARG, "layer weights are NULL");
+    if (lp->cfg.weight_dtype == GDN_BF16) return gdn_layer_weights_prepare(lp, w, lp->cfg.check_finite);
     if (lp->cfg.check_finite)
         for (int i = 0; i < GDN_P_COUNT; i++) {
             const float *p = param(lp, w, i);
@@ -224,6 +265,14 @@ int gdn_layer_check_inputs(const gdn_layer_plan *lp, const float *x, const char 
                 return gdn_fail(GDN_ERR_NONFINITE, "weight '%s' has a non-finite value (%g) at flat index %lld",
                                 gdn_layer_param_name(i), (double)p[at], (long long)at);
         }
+    return GDN_OK;
+}
+
+/* Training keeps fp32 weights: the backward refuses BF16 ones. */
+int gdn_layer_check_trainable(const gdn_layer_plan *lp) {
+    if (lp && lp->cfg.weight_dtype == GDN_BF16)
+        return gdn_fail(GDN_ERR_DTYPE, "the layer backward needs F32 weights (cfg.weight_dtype is BF16: "
+                                       "BF16 weights are for inference)");
     return GDN_OK;
 }
 
@@ -252,7 +301,7 @@ static void conv_state_from_rows(const gdn_layer_plan *lp, float *conv_state, co
         }
 }
 
-int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x, const float *w,
+int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x, const void *w,
                       float *conv_state, float *rec_state) {
     int rc;
     if ((rc = gdn_layer_check_inputs(lp, x, "x", w))) return rc;
@@ -475,7 +524,7 @@ static int kernel_backward_single(gdn_layer_plan *lp, void *ctx) {
 int gdn_layer_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x, const float *w,
                        const float *saved, const float *dy) {
     int rc;
-    if ((rc = gdn_layer_check_inputs(lp, x, "x", w))) return rc;
+    if ((rc = gdn_layer_check_trainable(lp)) || (rc = gdn_layer_check_inputs(lp, x, "x", w))) return rc;
     if ((rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite))) return rc;
     if (!dx) return gdn_fail(GDN_ERR_ARG, "layer output 'dx' is NULL");
     if (!dw) return gdn_fail(GDN_ERR_ARG, "layer output 'dw' is NULL");
@@ -505,7 +554,7 @@ int gdn_layer_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
 
 /* ---------------------------------------------------------------- decode */
 
-int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const float *w,
+int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const void *w,
                      float *conv_state, float *rec_state) {
     if (!lp) return gdn_fail(GDN_ERR_ARG, "layer plan is NULL");
     const gdn_layer_config *c = &lp->cfg;
@@ -516,7 +565,9 @@ int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const float *
     /* x is B rows: cheap to check; the weights were checked when they were loaded or planned. */
     if (c->check_finite && gdn_find_nonfinite_f32(x, B * E) >= 0)
         return gdn_fail(GDN_ERR_NONFINITE, "layer decode: input 'x' has a non-finite value");
-    const int t = lp->threads, bt = GDN_GEMM_B_TRANS;
+    int rc = gdn_layer_weights_prepare(lp, w, 0); /* BF16: the small tensors to fp32 */
+    if (rc) return rc;
+    const int t = lp->threads, bt = wflags(lp);
     gdn_matmul(bt, B, cd, E, x, E, param(lp, w, GDN_P_IN_PROJ_QKV), E, lp->proj, P, lp->mm_ws, t);
     gdn_matmul(bt, B, lp->vd, E, x, E, param(lp, w, GDN_P_IN_PROJ_Z), E, lp->proj + cd, P, lp->mm_ws, t);
     gdn_matmul(bt, B, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_B), E, lp->proj + cd + lp->vd, P, lp->mm_ws, t);
@@ -541,7 +592,7 @@ int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const float *
             lp->g[b * Hv + h] = -__builtin_expf(A_log[h]) * gdn_softplusf(pre[cd + lp->vd + Hv + h] + dt_bias[h]);
         }
     }
-    int rc = gdn_step(lp->kplan, lp->o, rec_state, lp->q, lp->k, lp->v, lp->g, lp->beta);
+    rc = gdn_step(lp->kplan, lp->o, rec_state, lp->q, lp->k, lp->v, lp->g, lp->beta);
     if (rc) return rc;
     gdn_layer_norm(lp, B, lp->o, lp->proj, w); /* B rows of the plan's N */
     gdn_layer_out(lp, B, y, w);

@@ -8,7 +8,7 @@
 #include <string.h>
 
 int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *lp, float *y, float *saved, const float *x,
-                         const float *w) {
+                         const void *w) {
     int rc = gdn_layer_check_inputs(lp, x, "x", w);
     if (!rc && !y) rc = gdn_fail(GDN_ERR_ARG, "layer output 'y' is NULL");
     if (!lp) /* still take part in the agreement, so the other ranks stop too */
@@ -44,7 +44,8 @@ static int kernel_backward_cp(gdn_layer_plan *lp, void *ctx) {
 
 int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, const float *x,
                           const float *w, const float *saved, const float *dy) {
-    int rc = gdn_layer_check_inputs(lp, x, "x", w);
+    int rc = gdn_layer_check_trainable(lp);
+    if (!rc) rc = gdn_layer_check_inputs(lp, x, "x", w);
     if (!rc && lp) rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite);
     if (!rc && (!dx || !dw)) rc = gdn_fail(GDN_ERR_ARG, "layer output '%s' is NULL", dx ? "dw" : "dx");
     if (!lp) return gdn_cp_halo_forward(cp, NULL, NULL, 0, 0, 0, 0, 0, rc);

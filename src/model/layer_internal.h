@@ -28,6 +28,7 @@ struct gdn_layer_plan {
     float *convw;                     /* Kc x cd: conv taps transposed (channel-contiguous) */
     float *partial;                   /* threads x (Kc cd + V + 2 Hv): per-thread reductions */
     float *mm_ws;                     /* gdn_matmul packing space */
+    float *wsmall;                    /* BF16 weights: fp32 copies of conv1d, A_log, dt_bias, norm */
     void *arena;
 };
 
@@ -44,14 +45,17 @@ gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved);
  * conv_gates: causal conv + SiLU of proj's qkv columns (rows before 0 from halo) into q, k, v,
  *             and g, beta from its b, a columns.
  * norm: nrm = gated RMSNorm of o with proj's z columns. out: y = nrm W_out^T (first `rows` rows). */
-void gdn_layer_project(gdn_layer_plan *lp, const float *x, const float *w);
-void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const float *w);
+void gdn_layer_project(gdn_layer_plan *lp, const float *x, const void *w);
+void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const void *w);
 void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
-                    const float *w);
-void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const float *w);
-/* Checks of the public entry points (NULLs, NaN/Inf in x or w). */
-int gdn_layer_check_inputs(const gdn_layer_plan *lp, const float *x, const char *xname,
-                           const float *w);
+                    const void *w);
+void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const void *w);
+/* Checks of the public entry points (NULLs, NaN/Inf in x or w); with BF16 weights it also makes
+ * the fp32 copies of the small tensors (gdn_layer_weights_prepare), so call it first. */
+int gdn_layer_check_inputs(gdn_layer_plan *lp, const float *x, const char *xname, const void *w);
+int gdn_layer_weights_prepare(gdn_layer_plan *lp, const void *w, int check_finite);
+/* GDN_ERR_DTYPE for BF16 weights (the backward trains fp32 weights). */
+int gdn_layer_check_trainable(const gdn_layer_plan *lp);
 /* The backward from the kernel inputs on (q..beta in lp, o, proj, halo as the forward had
  * them) down to the projections' gradient in lp->dproj: dw (overwritten) for every weight but
  * the four input projections, and the halo rows' gradient into dhalo (may be NULL).
