@@ -79,6 +79,8 @@ clicase fail "gdncp layer --cp heads over 3 ranks (3 does not divide Hk = 2): cl
   $MPIEXEC -n 3 $L layer "${tinyw[@]}" --in "$tiny/layer0.io.safetensors" --out "$logs/bad.safetensors" --cp heads
 clicase pass "BF16 checkpoint: prefill 37 + decode 8 = the BF16 forward of all 45 (tol 1e-5)" bash -c \
   "$L layer --weights $tiny/model.bf16.safetensors --config $tiny/config.json --prefix model.layers.0.linear_attn. --in $tiny/decode0.io.safetensors --out $logs/d_all.safetensors && $L layer --weights $tiny/model.bf16.safetensors --config $tiny/config.json --prefix model.layers.0.linear_attn. --in $tiny/decode0.io.safetensors --out $logs/d_dec.safetensors --decode 8 && $L diff $logs/d_dec.safetensors $logs/d_all.safetensors --tol 1e-5"
+clicase pass "BF16 checkpoint kept BF16 in memory = the same values as fp32 (--f32), prefill + decode (tol 1e-6)" bash -c \
+  "$L layer --weights $tiny/model.bf16.safetensors --config $tiny/config.json --prefix model.layers.0.linear_attn. --in $tiny/decode0.io.safetensors --out $logs/d_f32.safetensors --decode 8 --f32 && $L diff $logs/d_dec.safetensors $logs/d_f32.safetensors --tol 1e-6"
 clicase fail "gdncp layer with a prefix that names no layer: clear error" \
   $L layer --weights "$tiny/model.safetensors" --config "$tiny/config.json" --prefix model.layers.9.linear_attn. --in "$tiny/layer0.io.safetensors" --out "$logs/bad.safetensors"
 clicase fail "gdncp layer --decode with --backward: clear error" \
