@@ -220,6 +220,33 @@ static void bad_input(void) {
         check(all, "heads with D=%d not dividing Hk=1: every rank returns an error (%s)", D, gdn_errmsg());
         gdn_cp_destroy(cp);
     }
+    /* Ranks that disagree on what happens next stop together, each with the same message,
+     * instead of entering different collectives. */
+    if (D > 1) {
+        float *gq = malloc(sizeof(float) * n_qk(&c)), *gk = malloc(sizeof(float) * n_qk(&c)),
+              *gv = malloc(sizeof(float) * n_v(&c)), *gg = malloc(sizeof(float) * n_g(&c)),
+              *gb = malloc(sizeof(float) * n_g(&c)), *s_in = calloc(n_state(&c), sizeof(float));
+        p.v[3] = 0.5f;
+        const struct { const char *what, *needle; } cases[] = {
+            {"strategies differ (rank 0 scan, others relay)", "strategy"},
+            {"rank 0 calls the forward, the others the backward", "the call"},
+            {"s_in given to the backward on rank 0 only", "the call"},
+        };
+        for (int i = 0; i < 3; i++) {
+            gdn_cp_create(&cp, MPI_COMM_WORLD, i == 0 && rank ? GDN_CP_RELAY : GDN_CP_SCAN);
+            if (i == 0 || (i == 1 && rank == 0))
+                rc = gdn_cp_forward(cp, plan, o, ht, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+            else
+                rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, NULL, p.q, p.k, p.v, p.g, p.beta, NULL,
+                                     i == 2 && rank == 0 ? s_in : NULL, p.v, NULL);
+            ok = rc == GDN_ERR_MPI && strstr(gdn_errmsg(), cases[i].needle);
+            MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+            check(all, "%s: every rank returns an error naming %s (\"%s\")", cases[i].what, cases[i].needle,
+                  gdn_errmsg());
+            gdn_cp_destroy(cp);
+        }
+        free(gq), free(gk), free(gv), free(gg), free(gb), free(s_in);
+    }
     gdn_plan_destroy(plan);
     free(o), free(ht);
     problem_free(&p);

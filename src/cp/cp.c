@@ -39,6 +39,9 @@ int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
         free(cp);
         return gdn_fail(GDN_ERR_MPI, "MPI_Comm_dup failed");
     }
+    /* MPI failures on gdncp's communicator come back as return codes (the default handler
+     * aborts the job), so they become gdncp errors with a message. */
+    MPI_Comm_set_errhandler(cp->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(cp->comm, &cp->rank);
     MPI_Comm_size(cp->comm, &cp->size);
     cp->strategy = strategy;
@@ -89,15 +92,21 @@ int gdn_cp_agree_status(gdn_cp *cp, int local) {
     return local;
 }
 
-int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local) {
+int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
     const gdn_config *c = gdn_plan_config(plan);
-    enum { NSIG = 9 };
+    /* Everything that decides which collectives follow must match on every rank before any of
+     * them starts: shapes and options, the strategy, and the call (forward or backward, and
+     * which optional inputs and outputs change the message pattern). */
+    enum { NSIG = 11 };
     int64_t sig[NSIG] = {0};
     if (c) {
         int32_t scale_bits;
         memcpy(&scale_bits, &c->scale, 4);
-        const int64_t s[NSIG] = {c->T, c->B, c->Hk, c->Hv, c->K, c->V, c->chunk, c->l2norm, scale_bits};
+        const int64_t s[NSIG] = {c->T, c->B, c->Hk, c->Hv, c->K, c->V, c->chunk, c->l2norm, scale_bits,
+                                 cp->strategy, call};
         memcpy(sig, s, sizeof sig);
+    } else {
+        sig[9] = cp->strategy, sig[10] = call;
     }
     int64_t *all = malloc(sizeof(int64_t) * NSIG * cp->size);
     if (!all) return gdn_fail(GDN_ERR_NOMEM, "cp agreement");
@@ -108,14 +117,21 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local) {
         free(all);
         return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
     }
-    static const char *names[NSIG] = {"T", "B", "Hk", "Hv", "K", "V", "chunk", "l2norm", "scale"};
+    static const char *names[NSIG] = {"T", "B", "Hk", "Hv", "K", "V", "chunk", "l2norm", "scale",
+                                      "the CP strategy", "the call (forward/backward and its optional tensors)"};
     int rc = GDN_OK;
     for (int r = 0; r < cp->size && !rc; r++) {
         cp->shard_T[r] = all[r * NSIG];
         for (int i = 1; i < NSIG && !rc; i++)
-            if (all[r * NSIG + i] != all[i])
-                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
-                              names[i], r, (long long)all[r * NSIG + i], (long long)all[i]);
+            if (all[r * NSIG + i] != all[i] && (c || i >= 9)) {
+                if (i == 9)
+                    rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on the CP strategy: rank %d has '%s', rank 0 has '%s'", r,
+                                  gdn_cp_strategy_name((gdn_cp_strategy)all[r * NSIG + i]),
+                                  gdn_cp_strategy_name((gdn_cp_strategy)all[i]));
+                else
+                    rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
+                                  names[i], r, (long long)all[r * NSIG + i], (long long)all[i]);
+            }
     }
     free(all);
     if (!plan && !local) local = gdn_fail(GDN_ERR_ARG, "plan is NULL");
@@ -314,7 +330,7 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
     memset(&cp->stats, 0, sizeof cp->stats);
     int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 ? h0 : NULL) : GDN_OK;
     if (!local && !o) local = gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    int rc = gdn_cp_agree(cp, plan, local);
+    int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_FORWARD);
     if (rc) return rc;
     if (cp->strategy == GDN_CP_HEADS)
         return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
@@ -334,7 +350,8 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     if (!local) local = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite);
     if (!local && cp->rank == cp->size - 1 && dht)
         local = gdn_check_tensor("dht", dht, nstate(c), c->check_finite);
-    int rc = gdn_cp_agree(cp, plan, local);
+    /* s_in given on some ranks only would send some ranks into the forward's scan alone */
+    int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_BACKWARD | (s_in ? GDN_CP_CALL_SIN : 0));
     if (rc) return rc;
     if (cp->strategy == GDN_CP_HEADS)
         return gdn_cp_heads_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0,

@@ -29,9 +29,11 @@ struct gdn_cp {
 
 void gdn_cp_set_fault(gdn_cp *cp, int fault);
 
-/* Check that all ranks agree on the plan's shape and options (except T); fills shard_T.
- * Collective. Also folds a local failure status into a collective one. */
-int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local_status);
+/* Check that all ranks agree on the plan's shape and options (except T), the strategy and the
+ * call (GDN_CP_CALL_* flags); fills shard_T. Collective. Also folds a local failure status into
+ * a collective one. */
+enum { GDN_CP_CALL_FORWARD = 1, GDN_CP_CALL_BACKWARD = 2, GDN_CP_CALL_SIN = 4 };
+int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local_status, int call);
 float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
 
 /* MPI wrappers that keep the accounting. Counts in floats; dest/src may be MPI_PROC_NULL. */
