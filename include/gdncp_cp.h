@@ -95,6 +95,12 @@ int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *plan, float *dx, float *dw
 /* A failure on any rank becomes a failure on every rank: returns local_status where it is
  * non-zero (its message kept), another rank's failure elsewhere, GDN_OK when none. Collective. */
 int gdn_cp_agree_status(gdn_cp *cp, int local_status);
+/* One agreement step: every rank passes n values (options, sizes, flags that decide which
+ * collectives follow) and its local status; returns GDN_OK when every rank's values equal rank
+ * 0's and no rank failed, else the same failure on every rank naming the value (names[i]) or the
+ * rank. Collective. */
+int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names,
+                        int local_status);
 
 /* Accounting of the last forward or backward call on this rank. */
 gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);

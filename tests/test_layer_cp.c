@@ -131,6 +131,39 @@ static void layer_cp_case(const char *label, gdn_layer_config full, const int64_
     free(y), free(dx), free(dw), free(dwsum);
 }
 
+/* Ranks that disagree on the layer call stop together with one message (no hang). */
+static void layer_cp_disagree(void) {
+    if (D < 2) return;
+    gdn_layer_config c = gdn_layer_config_default(1, 5, 16, 2, 4, 8, 6);
+    c.threads = 1;
+    float *w = random_layer_weights(&c, 5);
+    float *x = malloc(sizeof(float) * 5 * 16), *y = malloc(sizeof(float) * 5 * 16), *dx = malloc(sizeof(float) * 5 * 16);
+    float *dw = malloc(sizeof(float) * gdn_layer_param_floats(&c));
+    for (int i = 0; i < 5 * 16; i++) x[i] = (float)rng_uniform(-1, 1);
+    gdn_layer_plan *lp;
+    gdn_cp *cp;
+    gdn_layer_plan_create(&lp, &c);
+    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+    float *saved = malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1));
+    int rc = gdn_layer_cp_forward(cp, lp, y, saved, x, w), ok, all;
+    const struct { const char *what, *needle; } cases[] = {
+        {"layer backward with saved states on rank 0 only", "saved given"},
+        {"layer forward on rank 0, backward on the others", "the layer call"},
+    };
+    for (int i = 0; i < 2 && !rc; i++) {
+        int r = i == 0 ? gdn_layer_cp_backward(cp, lp, dx, dw, x, w, rank ? NULL : saved, y)
+                       : rank ? gdn_layer_cp_backward(cp, lp, dx, dw, x, w, saved, y)
+                              : gdn_layer_cp_forward(cp, lp, y, saved, x, w);
+        ok = r == GDN_ERR_MPI && strstr(gdn_errmsg(), cases[i].needle);
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        check(all, "%s: every rank returns an error naming %s (\"%s\")", cases[i].what, cases[i].needle, gdn_errmsg());
+    }
+    if (rc) check(0, "layer disagreement setup: %s", gdn_errmsg());
+    gdn_cp_destroy(cp);
+    gdn_layer_plan_destroy(lp);
+    free(w), free(x), free(y), free(dx), free(dw), free(saved);
+}
+
 void test_layer_cp(void) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
@@ -143,4 +176,5 @@ void test_layer_cp(void) {
     c.Kc = 5;
     layer_cp_case("layer, one token per rank, Kc=5", c, sizes);
     free(sizes);
+    layer_cp_disagree();
 }

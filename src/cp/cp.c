@@ -139,6 +139,34 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
     return gdn_cp_agree_status(cp, local);
 }
 
+int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names, int local) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
+    int64_t *mine = malloc(sizeof(int64_t) * (n + 2)), *all = malloc(sizeof(int64_t) * (n + 2) * cp->size);
+    if (!mine || !all) {
+        free(mine), free(all);
+        return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp agreement"));
+    }
+    /* n itself travels first (a count mismatch is a disagreement too; every rank sends n + 2) */
+    mine[0] = n, mine[1] = local;
+    for (int i = 0; i < n; i++) mine[i + 2] = vals[i];
+    const double t0 = now();
+    const int mrc = MPI_Allgather(mine, n + 2, MPI_INT64_T, all, n + 2, MPI_INT64_T, cp->comm);
+    cp->stats.comm_s += now() - t0;
+    int rc = mrc == MPI_SUCCESS ? local : gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement)");
+    for (int r = 0; r < cp->size && !rc; r++)
+        if (all[r * (n + 2) + 1])
+            rc = gdn_fail((int)all[r * (n + 2) + 1], "rank %d failed (%s); see its message", r,
+                          gdn_strerror((int)all[r * (n + 2) + 1]));
+    for (int r = 0; r < cp->size && !rc; r++)
+        for (int i = 0; i < n + 1 && !rc; i++)
+            if (all[r * (n + 2) + (i ? i + 1 : 0)] != all[i ? i + 1 : 0])
+                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
+                              i ? names[i - 1] : "the number of values agreed on", r,
+                              (long long)all[r * (n + 2) + (i ? i + 1 : 0)], (long long)all[i ? i + 1 : 0]);
+    free(mine), free(all);
+    return rc;
+}
+
 static int check_count(int64_t n) {
     return n >= 0 && n <= INT_MAX ? GDN_OK
                                   : gdn_fail(GDN_ERR_SHAPE, "message of %lld floats exceeds MPI's int count", (long long)n);

@@ -7,17 +7,35 @@
 
 #include <string.h>
 
+/* Every rank runs the same layer call (direction, shapes beyond T, options, what was saved):
+ * checked in one step before the first collective that depends on them. */
+static int layer_agree(gdn_cp *cp, const gdn_layer_plan *lp, int backward, const float *saved, int local) {
+    static const char *const names[] = {"the layer call (forward/backward)", "B", "E", "Hk", "Hv", "K", "V",
+                                        "Kc", "keep", "weight dtype", "eps", "chunk", "saved given"};
+    int64_t v[13] = {backward};
+    if (lp) {
+        const gdn_layer_config *c = &lp->cfg;
+        int32_t eps_bits;
+        memcpy(&eps_bits, &c->eps, 4);
+        const int64_t s[13] = {backward, c->B, c->E, c->Hk, c->Hv, c->K, c->V, c->Kc, c->keep,
+                               c->weight_dtype, eps_bits, c->chunk, saved != NULL};
+        memcpy(v, s, sizeof v);
+    } else if (!local) {
+        local = gdn_fail(GDN_ERR_ARG, "layer plan is NULL");
+    }
+    return gdn_cp_agree_values(cp, v, 13, names, local);
+}
+
 int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *lp, float *y, float *saved, const float *x,
                          const void *w) {
     int rc = gdn_layer_check_inputs(lp, x, "x", w);
     if (!rc && !y) rc = gdn_fail(GDN_ERR_ARG, "layer output 'y' is NULL");
-    if (!lp) /* still take part in the agreement, so the other ranks stop too */
-        return gdn_cp_halo_forward(cp, NULL, NULL, 0, 0, 0, 0, 0, rc);
+    if ((rc = layer_agree(cp, lp, 0, saved, rc))) return rc;
     const gdn_layer_config *c = &lp->cfg;
     gdn_layer_saved sv = gdn_layer_saved_view(lp, saved);
     float *proj = sv.proj ? sv.proj : lp->proj, *o = sv.o ? sv.o : lp->o;
-    if (!rc) gdn_layer_project(lp, x, w);
-    rc = gdn_cp_halo_forward(cp, lp->halo, lp->proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, rc);
+    gdn_layer_project(lp, x, w);
+    rc = gdn_cp_halo_forward(cp, lp->halo, lp->proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, GDN_OK);
     if (rc) return rc;
     if (proj != lp->proj) memcpy(proj, lp->proj, sizeof(float) * lp->N * lp->P);
     gdn_layer_conv_gates(lp, proj, lp->halo, w);
@@ -48,22 +66,20 @@ int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, 
     if (!rc) rc = gdn_layer_check_inputs(lp, x, "x", w);
     if (!rc && lp) rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite);
     if (!rc && (!dx || !dw)) rc = gdn_fail(GDN_ERR_ARG, "layer output '%s' is NULL", dx ? "dw" : "dx");
-    if (!lp) return gdn_cp_halo_forward(cp, NULL, NULL, 0, 0, 0, 0, 0, rc);
+    if ((rc = layer_agree(cp, lp, 1, saved, rc))) return rc;
     const gdn_layer_config *c = &lp->cfg;
     gdn_layer_saved sv = gdn_layer_saved_view(lp, (float *)saved);
     const float *proj = sv.proj, *o = sv.o, *halo = sv.halo;
     cp_bwd kb = {cp, sv.h0};
-    if (!proj && !rc) {
+    if (!proj) {
         gdn_layer_project(lp, x, w);
         proj = lp->proj;
     }
-    if (!halo) { /* not saved: exchange it again */
-        rc = gdn_cp_halo_forward(cp, lp->halo, lp->proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, rc);
+    if (!halo) { /* not saved (on every rank: agreed above): exchange it again */
+        if ((rc = gdn_cp_halo_forward(cp, lp->halo, lp->proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, GDN_OK)))
+            return rc;
         halo = lp->halo;
-    } else {
-        rc = gdn_cp_agree_status(cp, rc);
     }
-    if (rc) return rc;
     gdn_layer_conv_gates(lp, proj, halo, w);
     if (!o) {
         /* The kernel's output again: from the saved incoming state on this rank alone, or (no
