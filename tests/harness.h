@@ -55,6 +55,12 @@ int oracle_run(const problem *p, const gdn_config *cfg, const float *q, const fl
 /* Run the fast path with a fresh plan. */
 int chunked_run(const problem *p, const gdn_config *cfg, float *o, float *ht);
 
+/* n uniform values in [-1, 1); a layer's flat parameters: projections ~ 1/sqrt(fan-in), conv
+ * taps in +-0.6, A = exp(A_log) uniform in [a_lo, a_hi] (the gate strength), dt_bias and
+ * norm.weight in [0.5, 1.5]. Both from the rng_seed stream. */
+float *random_floats(size_t n);
+float *layer_random_weights(const gdn_layer_config *c, double a_lo, double a_hi);
+
 /* Test suites. */
 void test_forward(void);
 void test_golden(void);

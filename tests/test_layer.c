@@ -288,28 +288,6 @@ static void versus_reference(const char *label, gdn_layer_config c, const float 
     free(xd), free(dyd), free(wd), free(y_ref), free(dx_ref), free(dw_ref);
 }
 
-static float *random_weights(const gdn_layer_config *c, double a_lo, double a_hi) {
-    float *w = calloc(gdn_layer_param_floats(c), sizeof(float));
-    for (int i = 0; i < GDN_P_COUNT; i++) {
-        float *p = w + gdn_layer_param_offset(c, i);
-        const int64_t n = (int64_t)gdn_layer_param_numel(c, i);
-        const double a = i == GDN_P_OUT_PROJ ? 1.0 / sqrt((double)c->Hv * c->V) : 1.0 / sqrt((double)c->E);
-        for (int64_t j = 0; j < n; j++)
-            p[j] = (float)(i == GDN_P_CONV1D   ? rng_uniform(-0.6, 0.6)
-                           : i == GDN_P_A_LOG  ? log(rng_uniform(a_lo, a_hi))
-                           : i == GDN_P_DT_BIAS ? rng_uniform(0.5, 1.5)
-                           : i == GDN_P_NORM   ? rng_uniform(0.5, 1.5)
-                                               : rng_uniform(-a, a));
-    }
-    return w;
-}
-
-static float *random_tensor(size_t n) {
-    float *x = malloc(sizeof(float) * (n + 1));
-    for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(-1, 1);
-    return x;
-}
-
 static void reference_sweep(void) {
     /* grouped and ungrouped heads, K != V, T below the conv kernel, not a multiple of the
      * chunk, over several chunks, and strong gates (A = exp(A_log) up to 16, as Qwen's init) */
@@ -323,8 +301,8 @@ static void reference_sweep(void) {
                                                       cases[i].Hv, cases[i].K, cases[i].V);
         c.Kc = cases[i].Kc, c.chunk = cases[i].chunk;
         rng_seed(100 + i);
-        float *w = random_weights(&c, cases[i].a_lo, cases[i].a_hi);
-        float *x = random_tensor((size_t)c.B * c.T * c.E), *dy = random_tensor((size_t)c.B * c.T * c.E);
+        float *w = layer_random_weights(&c, cases[i].a_lo, cases[i].a_hi);
+        float *x = random_floats((size_t)c.B * c.T * c.E), *dy = random_floats((size_t)c.B * c.T * c.E);
         char label[160];
         snprintf(label, sizeof label, "vs double layer B=%lld T=%lld E=%lld Hk=%lld Hv=%lld K=%lld V=%lld Kc=%lld C=%d A<=%g",
                  (long long)c.B, (long long)c.T, (long long)c.E, (long long)c.Hk, (long long)c.Hv,
@@ -342,11 +320,11 @@ static void reference_sweep(void) {
 static void pieces_and_decode(void) {
     gdn_layer_config c = gdn_layer_config_default(3, 0, 24, 2, 4, 8, 12);
     rng_seed(7);
-    float *w = random_weights(&c, 0.05, 1);
+    float *w = layer_random_weights(&c, 0.05, 1);
     const int64_t T = 50, B = c.B, E = c.E, cd = gdn_layer_conv_dim(&c);
     const int64_t pieces[] = {2, 1, 17, 3, 20, 1}; /* 44 prefilled, then 6 decoded */
     const size_t nx = (size_t)B * T * E, nconv = (size_t)B * cd * c.Kc, ns = (size_t)B * c.Hv * c.K * c.V;
-    float *x = random_tensor(nx), *y_whole = malloc(sizeof(float) * nx), *y = malloc(sizeof(float) * nx);
+    float *x = random_floats(nx), *y_whole = malloc(sizeof(float) * nx), *y = malloc(sizeof(float) * nx);
     float *conv_whole = calloc(nconv, sizeof(float)), *rec_whole = calloc(ns, sizeof(float));
     gdn_layer_plan *lp;
     c.T = T;
@@ -401,7 +379,7 @@ static void pieces_and_decode(void) {
 static void bf16_weights(void) {
     gdn_layer_config c = gdn_layer_config_default(2, 40, 32, 2, 4, 16, 8);
     rng_seed(21);
-    float *w = random_weights(&c, 0.05, 1);
+    float *w = layer_random_weights(&c, 0.05, 1);
     const size_t nw = gdn_layer_param_floats(&c), nx = (size_t)c.B * c.T * c.E;
     gdn_layer_weights lw = {.cfg = c, .w = malloc(sizeof(float) * nw)};
     memcpy(lw.w, w, sizeof(float) * nw);
@@ -414,7 +392,7 @@ static void bf16_weights(void) {
         const uint32_t u = (uint32_t)lw.w_bf16[i] << 16;
         memcpy(&wr[i], &u, 4);
     }
-    float *x = random_tensor(nx), *y16 = malloc(sizeof(float) * nx), *y32 = malloc(sizeof(float) * nx),
+    float *x = random_floats(nx), *y16 = malloc(sizeof(float) * nx), *y32 = malloc(sizeof(float) * nx),
           *yraw = malloc(sizeof(float) * nx);
     gdn_layer_config c16 = lw.cfg;
     gdn_layer_plan *lp16 = NULL, *lp32 = NULL;

@@ -35,26 +35,6 @@ static float *rows_of(const float *x, int64_t B, int64_t T, int64_t t0, int64_t 
     return out;
 }
 
-static float *random_layer_weights(const gdn_layer_config *c, uint64_t seed) {
-    rng_seed(seed);
-    float *w = calloc(gdn_layer_param_floats(c), sizeof(float));
-    for (int i = 0; i < GDN_P_COUNT; i++) {
-        float *p = w + gdn_layer_param_offset(c, i);
-        const int64_t n = (int64_t)gdn_layer_param_numel(c, i);
-        const double a = i == GDN_P_OUT_PROJ ? 1.0 / sqrt((double)c->Hv * c->V) : 1.0 / sqrt((double)c->E);
-        for (int64_t j = 0; j < n; j++) {
-            switch (i) {
-            case GDN_P_CONV1D: p[j] = (float)rng_uniform(-0.6, 0.6); break;
-            case GDN_P_A_LOG: p[j] = (float)log(rng_uniform(0.05, 1.0)); break; /* mild gates: the */
-            case GDN_P_DT_BIAS: p[j] = (float)rng_uniform(0.5, 1.5); break;     /* state carries far */
-            case GDN_P_NORM: p[j] = (float)rng_uniform(0.5, 1.5); break;
-            default: p[j] = (float)rng_uniform(-a, a);
-            }
-        }
-    }
-    return w;
-}
-
 /* One layer case: shard sizes per rank; runs every strategy (heads where D divides Hk). */
 static void layer_cp_case(const char *label, gdn_layer_config full, const int64_t *sizes) {
     const int64_t B = full.B, E = full.E;
@@ -66,7 +46,8 @@ static void layer_cp_case(const char *label, gdn_layer_config full, const int64_
     const int64_t tn = sizes[rank];
     full.T = T, full.threads = 1;
     const size_t nw = gdn_layer_param_floats(&full);
-    float *w = random_layer_weights(&full, 99);
+    rng_seed(99);
+    float *w = layer_random_weights(&full, 0.05, 1.0); /* mild gates: the state carries far */
     float *x = malloc(sizeof(float) * B * T * E), *dy = malloc(sizeof(float) * B * T * E);
     for (int64_t i = 0; i < B * T * E; i++) x[i] = (float)rng_uniform(-1, 1), dy[i] = (float)rng_uniform(-1, 1);
     /* the single-rank layer on the whole sequence (every rank: small shapes) */
@@ -136,7 +117,8 @@ static void layer_cp_disagree(void) {
     if (D < 2) return;
     gdn_layer_config c = gdn_layer_config_default(1, 5, 16, 2, 4, 8, 6);
     c.threads = 1;
-    float *w = random_layer_weights(&c, 5);
+    rng_seed(5);
+    float *w = layer_random_weights(&c, 0.05, 1.0);
     float *x = malloc(sizeof(float) * 5 * 16), *y = malloc(sizeof(float) * 5 * 16), *dx = malloc(sizeof(float) * 5 * 16);
     float *dw = malloc(sizeof(float) * gdn_layer_param_floats(&c));
     for (int i = 0; i < 5 * 16; i++) x[i] = (float)rng_uniform(-1, 1);

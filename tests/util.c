@@ -146,3 +146,25 @@ int chunked_run(const problem *p, const gdn_config *cfg, float *o, float *ht) {
     gdn_plan_destroy(plan);
     return rc;
 }
+
+float *random_floats(size_t n) {
+    float *x = malloc(sizeof(float) * (n + 1));
+    for (size_t i = 0; i < n; i++) x[i] = (float)rng_uniform(-1, 1);
+    return x;
+}
+
+float *layer_random_weights(const gdn_layer_config *c, double a_lo, double a_hi) {
+    float *w = calloc(gdn_layer_param_floats(c), sizeof(float));
+    for (int i = 0; i < GDN_P_COUNT; i++) {
+        float *p = w + gdn_layer_param_offset(c, i);
+        const int64_t n = (int64_t)gdn_layer_param_numel(c, i);
+        const double a = i == GDN_P_OUT_PROJ ? 1.0 / sqrt((double)c->Hv * c->V) : 1.0 / sqrt((double)c->E);
+        for (int64_t j = 0; j < n; j++)
+            p[j] = (float)(i == GDN_P_CONV1D    ? rng_uniform(-0.6, 0.6)
+                           : i == GDN_P_A_LOG   ? log(rng_uniform(a_lo, a_hi))
+                           : i == GDN_P_DT_BIAS ? rng_uniform(0.5, 1.5)
+                           : i == GDN_P_NORM    ? rng_uniform(0.5, 1.5)
+                                                : rng_uniform(-a, a));
+    }
+    return w;
+}
