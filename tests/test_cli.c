@@ -46,6 +46,55 @@ static double compare_file(const char *out, const char *ref, const char *name) {
     return err;
 }
 
+/* gdncp diff: NaN or Inf anywhere in either file fails (exit 1) and stderr names the tensor, the
+ * file and the first flat index; the same files without them compare clean (the control). */
+static void diff_nonfinite(void) {
+    char a[] = "/tmp/gdncp_diffa_XXXXXX", b[] = "/tmp/gdncp_diffb_XXXXXX", err[4096], needle[256];
+    close(mkstemp(a)), close(mkstemp(b));
+    float x[24], y[24], z[6];
+    for (int i = 0; i < 24; i++) x[i] = y[i] = (float)(i - 11) * 0.25f;
+    for (int i = 0; i < 6; i++) z[i] = (float)i;
+    const gdn_named_tensor ta[] = {{"o", 2, {4, 6}, x}, {"extra", 1, {6}, z}}, tb[] = {{"o", 2, {4, 6}, y}};
+    gdn_save_tensors(b, tb, 1, "test");
+    gdn_save_tensors(a, ta, 2, "test");
+    int st = run_cli(err, sizeof err, "diff %s %s", a, b);
+    check(st == 0, "gdncp diff of equal finite files exits 0 (%s)", err);
+    struct { const char *what; float *arr; int at; float val; const char *name, *file; } cases[] = {
+        {"NaN in the compared file", x, 17, NAN, "o", a},
+        {"NaN as the last element of the compared file", x, 23, NAN, "o", a},
+        {"+Inf in the reference", y, 3, INFINITY, "o", b},
+        {"Inf at the same place in both files", NULL, 5, -INFINITY, "o", a},
+        {"NaN in a tensor only the compared file has", z, 4, NAN, "extra", a},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        float keep_x = x[cases[i].at], keep_y = y[cases[i].at];
+        if (cases[i].arr) cases[i].arr[cases[i].at] = cases[i].val;
+        else x[cases[i].at] = y[cases[i].at] = cases[i].val;
+        gdn_save_tensors(a, ta, 2, "test");
+        gdn_save_tensors(b, tb, 1, "test");
+        st = run_cli(err, sizeof err, "diff %s %s", a, b);
+        snprintf(needle, sizeof needle, "tensor '%s' in %s holds %s at flat index %d", cases[i].name, cases[i].file,
+                 isnan(cases[i].val) ? "NaN" : cases[i].val > 0 ? "+Inf" : "-Inf", cases[i].at);
+        check(st == 1 && strstr(err, needle) != NULL, "gdncp diff, %s -> exit %d, stderr names '%s' (%s)", cases[i].what, st,
+              needle, err);
+        if (cases[i].arr == z) z[cases[i].at] = (float)cases[i].at;
+        x[cases[i].at] = keep_x, y[cases[i].at] = keep_y;
+    }
+    /* NaN in a reference-only tensor: "extra" moved to the reference file. */
+    z[2] = NAN;
+    const gdn_named_tensor tb2[] = {{"o", 2, {4, 6}, y}, {"extra", 1, {6}, z}};
+    gdn_save_tensors(a, tb, 1, "test");
+    gdn_save_tensors(b, tb2, 2, "test");
+    st = run_cli(err, sizeof err, "diff %s %s", a, b);
+    snprintf(needle, sizeof needle, "tensor 'extra' in %s holds NaN at flat index 2", b);
+    check(st == 1 && strstr(err, needle) != NULL, "gdncp diff, NaN in a tensor only the reference has -> exit %d (%s)", st, err);
+    z[2] = 2.0f;
+    gdn_save_tensors(b, tb2, 2, "test");
+    st = run_cli(err, sizeof err, "diff %s %s", a, b);
+    check(st == 0, "gdncp diff after the values are restored exits 0 (control; %s)", err);
+    unlink(a), unlink(b);
+}
+
 void test_cli(void) {
     char err[4096], out[] = "/tmp/gdncp_cli_XXXXXX", gold[1024];
     int fd = mkstemp(out);
@@ -118,4 +167,5 @@ void test_cli(void) {
     expect_close(compare_file(out, gold, "o"), 1e-5, "earlier output intact after failed runs");
     unlink(out);
     unlink(nodo);
+    diff_nonfinite();
 }

@@ -1,11 +1,45 @@
 /* gdncp diff A B [--tol X]: for every tensor present in both files, max|a-b| / max|b| (B is the
- * reference). Exits 1 when any tensor exceeds the tolerance or a shape differs. */
+ * reference). Exits 1 when any tensor exceeds the tolerance or a shape differs, and when any
+ * tensor of either file (common to both or not) holds a NaN or an Inf: stderr names the tensor,
+ * the file and the first flat index. */
 #include "cli.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Read tensor t of file f (at path) as doubles into *out (returns a status, or -1 when it has
+ * printed an allocation failure itself); a NaN or Inf is reported on stderr by
+ * tensor, file and first flat index, and counted in *nonfinite. Tensors of other dtypes (integers)
+ * cannot hold NaN: they are skipped when only scanned, and refused where compared. */
+static int read_checked(gdn_st_file *f, const char *path, const gdn_st_tensor *t, int compare,
+                        double **out, int *nonfinite) {
+    *out = NULL;
+    const int64_t n = gdn_st_numel(t);
+    if (t->dtype == GDN_DTYPE_OTHER && !compare) return GDN_OK;
+    double *x = malloc(sizeof(double) * (n ? n : 1));
+    if (!x) {
+        fprintf(stderr, "gdncp diff: %s: cannot allocate %lld doubles for tensor '%s' of %s\n",
+                gdn_strerror(GDN_ERR_NOMEM), (long long)n, t->name, path);
+        return -1; /* reported here */
+    }
+    int rc = gdn_st_read_f64(f, t->name, x, (size_t)n);
+    if (rc) {
+        free(x);
+        return rc;
+    }
+    int64_t at = 0;
+    while (at < n && isfinite(x[at])) at++;
+    if (at < n) {
+        fprintf(stderr, "gdncp diff: tensor '%s' in %s holds %s at flat index %lld (the first)\n",
+                t->name, path, isnan(x[at]) ? "NaN" : x[at] > 0 ? "+Inf" : "-Inf", (long long)at);
+        printf("%-8s NaN/Inf in %s at flat index %lld\n", t->name, path, (long long)at);
+        ++*nonfinite;
+    }
+    *out = x;
+    return GDN_OK;
+}
 
 int cmd_diff(int argc, char **argv) {
     const char *pa = NULL, *pb = NULL;
@@ -36,24 +70,28 @@ int cmd_diff(int argc, char **argv) {
         gdn_st_close(a);
         return cli_error("diff", rc);
     }
-    int compared = 0, bad = 0;
+    int compared = 0, bad = 0, nonfinite = 0;
     for (int i = 0; i < gdn_st_count(a); i++) {
         const gdn_st_tensor *ta = gdn_st_at(a, i), *tb = gdn_st_find(b, ta->name);
-        if (!tb) continue;
-        int same = ta->ndim == tb->ndim;
+        int same = tb && ta->ndim == tb->ndim;
         for (int d = 0; same && d < ta->ndim; d++) same = ta->shape[d] == tb->shape[d];
-        if (!same) {
+        if (tb && !same) {
             printf("%-8s shapes differ\n", ta->name);
             bad++;
+        }
+        double *x = NULL, *y = NULL;
+        rc = read_checked(a, pa, ta, same, &x, &nonfinite);
+        if (!rc && same) rc = read_checked(b, pb, tb, 1, &y, &nonfinite);
+        if (rc) {
+            free(x), free(y);
+            gdn_st_close(a), gdn_st_close(b);
+            return rc < 0 ? 1 : cli_error("diff", rc);
+        }
+        if (!same) {
+            free(x);
             continue;
         }
         const int64_t n = gdn_st_numel(ta);
-        double *x = malloc(sizeof(double) * (n ? n : 1)), *y = malloc(sizeof(double) * (n ? n : 1));
-        if (!x || !y || (rc = gdn_st_read_f64(a, ta->name, x, n)) || (rc = gdn_st_read_f64(b, ta->name, y, n))) {
-            free(x), free(y);
-            gdn_st_close(a), gdn_st_close(b);
-            return cli_error("diff", rc ? rc : GDN_ERR_NOMEM);
-        }
         double num = 0, den = 0;
         for (int64_t j = 0; j < n; j++) {
             double d = fabs(x[j] - y[j]);
@@ -61,18 +99,33 @@ int cmd_diff(int argc, char **argv) {
             den = fmax(den, fabs(y[j]));
         }
         double rel = den > 0 ? num / den : num;
-        int ok = rel <= tol;
+        int ok = rel <= tol && !(isnan(num) || isinf(num) || isinf(den));
         printf("%-8s %-5s rel err %.3e (max abs err %.3e, max |ref| %.3e)\n", ta->name,
                ok ? "ok" : "OVER", rel, num, den);
         bad += !ok;
         compared++;
         free(x), free(y);
     }
+    /* Tensors only in the reference are not compared, but must be finite too. */
+    for (int i = 0; i < gdn_st_count(b); i++) {
+        const gdn_st_tensor *tb = gdn_st_at(b, i);
+        if (gdn_st_find(a, tb->name)) continue;
+        double *y = NULL;
+        rc = read_checked(b, pb, tb, 0, &y, &nonfinite);
+        free(y);
+        if (rc) {
+            gdn_st_close(a), gdn_st_close(b);
+            return rc < 0 ? 1 : cli_error("diff", rc);
+        }
+    }
     gdn_st_close(a), gdn_st_close(b);
     if (!compared) {
         fprintf(stderr, "gdncp diff: no tensor name is common to %s and %s\n", pa, pb);
         return 1;
     }
-    printf("%d tensor(s) compared, %d over tolerance %.1e\n", compared, bad, tol);
-    return bad ? 1 : 0;
+    printf("%d tensor(s) compared, %d over tolerance %.1e, %d with NaN/Inf\n", compared, bad, tol,
+           nonfinite);
+    if (nonfinite)
+        fprintf(stderr, "gdncp diff: NaN or Inf found (%d tensor(s) over both files): failure\n", nonfinite);
+    return bad || nonfinite ? 1 : 0;
 }
