@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void config_errors(void) {
@@ -164,6 +165,12 @@ static void file_errors(void) {
         {"metadata not strings", "{\"__metadata__\":{\"a\":1}}", -1, 0, GDN_ERR_FORMAT, "__metadata__"},
         {"too many dims", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", -1, 4, GDN_ERR_FORMAT, "dims"},
         {"overflowing shape", "{\"x\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", -1, 4, GDN_ERR_FORMAT, "overflow"},
+        /* Zero-length tensors take part in the overlap check. x [0,8) and y [4,12) overlap; the
+         * empty e at 4 sorts between them and used to hide the overlap. */
+        {"overlap hidden behind an empty tensor", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},\"y\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", -1, 12, GDN_ERR_FORMAT, "overlap"},
+        {"overlap with an earlier, longer tensor", "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},\"z\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}", -1, 16, GDN_ERR_FORMAT, "overlap"},
+        {"empty tensor inside another", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"e\":{\"dtype\":\"F32\",\"shape\":[2,0],\"data_offsets\":[4,4]}}", -1, 8, GDN_ERR_FORMAT, "'e' [4, 4) overlap"},
+        {"empty tensor past the data", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[100,100]}}", -1, 8, GDN_ERR_FORMAT, "'e' ends at byte 100"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_raw(path, cases[i].header, cases[i].hlen, cases[i].data);
@@ -179,6 +186,35 @@ static void file_errors(void) {
     write_raw(path, ok1, -1, 8);
     check(gdn_st_open(&f, path) == GDN_OK, "file: well-formed header accepted");
     gdn_st_close(f);
+    /* Controls for the empty-tensor cases: empty tensors at the boundaries of others, at the
+     * start and at the end of the data, and two at one offset, are all valid. */
+    write_raw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                    "\"b\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},\"c\":{\"dtype\":\"BF16\",\"shape\":[3,0],\"data_offsets\":[8,8]},"
+                    "\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},\"d\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[12,12]}}", -1, 12);
+    expect_status(gdn_st_open(&f, path), GDN_OK, NULL, "file: empty tensors on tensor boundaries accepted");
+    check(f && gdn_st_count(f) == 6, "file: all 6 tensors, 4 of them empty, listed");
+    gdn_st_close(f);
+    f = NULL;
+
+    /* Only regular files: a FIFO (opening it for reading would block: the test would hang), a
+     * directory and a device fail before open() with the path named. */
+    char dir[] = "/tmp/gdncp_fifo_XXXXXX", fifo[64];
+    if (mkdtemp(dir)) {
+        snprintf(fifo, sizeof fifo, "%s/in.safetensors", dir);
+        check(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+        expect_status(gdn_st_open(&f, fifo), GDN_ERR_IO, "not a regular file (a FIFO)", "file: a FIFO is refused without blocking");
+        check(f == NULL, "file: FIFO returns no handle");
+        char needle[96];
+        snprintf(needle, sizeof needle, "%s: not a regular file", fifo);
+        expect_status(gdn_st_open(&f, fifo), GDN_ERR_IO, needle, "file: the FIFO's path is named");
+        gdn_problem pb;
+        expect_status(gdn_problem_load(&pb, fifo, 0), GDN_ERR_IO, "not a regular file", "problem load: a FIFO is refused");
+        unlink(fifo);
+        expect_status(gdn_st_open(&f, dir), GDN_ERR_IO, "not a regular file (a directory)", "file: a directory is refused");
+        rmdir(dir);
+    }
+    expect_status(gdn_st_open(&f, "/dev/null"), GDN_ERR_IO, "/dev/null: not a regular file (a character device)", "file: a device is refused");
+    check(f == NULL, "file: device returns no handle");
 
     /* Problem-level checks: missing tensors, wrong shapes, wrong dtype. */
     gdn_config cfg = gdn_config_default(1, 4, 1, 2, 8, 8);
@@ -235,7 +271,19 @@ static void nonfinite_scan(void) {
     free(x);
 }
 
+/* Every status the library returns has its own text: none is "unknown status". */
+static void status_texts(void) {
+    const int codes[] = {GDN_OK, GDN_ERR_ARG, GDN_ERR_SHAPE, GDN_ERR_NONFINITE, GDN_ERR_NOMEM, GDN_ERR_IO,
+                         GDN_ERR_FORMAT, GDN_ERR_MISSING, GDN_ERR_DTYPE, 20 /* GDN_ERR_MPI, gdncp_cp.h */};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        check(strcmp(gdn_strerror(codes[i]), "unknown status") != 0, "gdn_strerror(%d) = \"%s\"", codes[i],
+              gdn_strerror(codes[i]));
+    check(strstr(gdn_strerror(20), "MPI") != NULL, "GDN_ERR_MPI (20) names MPI");
+    check(!strcmp(gdn_strerror(99), "unknown status"), "an unused code is still \"unknown status\" (control)");
+}
+
 void test_errors(void) {
+    status_texts();
     nonfinite_scan();
     config_errors();
     nonfinite_inputs();

@@ -1,11 +1,134 @@
-/* safetensors round trips (F32, F64, BF16), metadata, atomic replacement. */
+/* safetensors round trips (F32, F64, BF16), metadata, atomic replacement, signals during a save. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+/* Defined in src/io/safetensors.c for tests only: called inside gdn_st_writer_save while the
+ * temporary file exists, after the header and before the tensor data. */
+extern void (*gdn_st_save_test_hook)(int stage);
+
+static void raise_sigterm(int stage) { (void)stage, raise(SIGTERM); }
+static void raise_sigint(int stage) { (void)stage, raise(SIGINT); }
+static volatile sig_atomic_t got_signal;
+static void note_signal(int sig) { got_signal = sig; }
+
+/* Whole contents of a file (NULL when unreadable); *n its size. */
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(len > 0 ? (size_t)len : 1);
+    *n = b ? fread(b, 1, (size_t)len, f) : 0;
+    fclose(f);
+    return b;
+}
+
+/* Number of entries in dir other than . and the file `keep`. */
+static int other_entries(const char *dir, const char *keep) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, keep);
+    if (d) closedir(d);
+    return n;
+}
+
+/* SIGTERM/SIGINT arriving while the temporary file exists: it is removed, the old output keeps its
+ * bytes, and the signal then does what it did before the save (here: kill the child). A handler
+ * the program had installed gets the signal, and the save then fails cleanly. A normal save puts
+ * the previous handlers back. */
+static void signal_during_save(void) {
+    char dir[] = "/tmp/gdncp_sig_XXXXXX", path[64];
+    if (!mkdtemp(dir)) {
+        check(0, "mkdtemp for the signal test");
+        return;
+    }
+    snprintf(path, sizeof path, "%s/out.safetensors", dir);
+    enum { N = 1 << 18 };
+    float *x = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = (float)i;
+    const int64_t shape_old[1] = {1000}, shape_new[1] = {N};
+    gdn_st_writer *w;
+    gdn_st_writer_create(&w);
+    gdn_st_writer_add_f32(w, "old", GDN_F32, 1, shape_old, x);
+    int rc = gdn_st_writer_save(w, path);
+    gdn_st_writer_destroy(w);
+    check(rc == GDN_OK, "signal test: the previous output written");
+    size_t n_old = 0, n_now = 0;
+    unsigned char *old = slurp(path, &n_old);
+    struct sigaction before, after;
+    sigaction(SIGTERM, NULL, &before);
+    gdn_st_writer_create(&w);
+    gdn_st_writer_add_f32(w, "new", GDN_F32, 1, shape_new, x);
+    for (int which = 0; which < 2; which++) {
+        const int sig = which ? SIGINT : SIGTERM;
+        fflush(stdout), fflush(stderr);
+        pid_t pid = fork();
+        if (pid == 0) {
+            signal(sig, SIG_DFL);
+            gdn_st_save_test_hook = which ? raise_sigint : raise_sigterm;
+            gdn_st_writer_save(w, path);
+            _exit(0); /* not reached: the signal kills the child */
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        check(WIFSIGNALED(st) && WTERMSIG(st) == sig, "%s during a save kills the process as before (status 0x%x)",
+              which ? "SIGINT" : "SIGTERM", st);
+        check(other_entries(dir, "out.safetensors") == 0, "%s during a save: no temporary file left in %s",
+              which ? "SIGINT" : "SIGTERM", dir);
+        unsigned char *now = slurp(path, &n_now);
+        check(old && now && n_now == n_old && !memcmp(old, now, n_old), "%s during a save: the old file's %zu bytes unchanged",
+              which ? "SIGINT" : "SIGTERM", n_old);
+        free(now);
+    }
+    /* The program's own handler: called, the temporary file gone, the save fails, handler kept. */
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct sigaction sa, cur;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = note_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        gdn_st_save_test_hook = raise_sigterm;
+        int r = gdn_st_writer_save(w, path);
+        sigaction(SIGTERM, NULL, &cur);
+        int code = (got_signal == SIGTERM) | (r == GDN_ERR_IO) << 1 | (strstr(gdn_errmsg(), "signal") != NULL) << 2 |
+                   (cur.sa_handler == note_signal) << 3;
+        _exit(code);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    check(code >= 0 && (code & 1), "SIGTERM with the program's own handler: that handler runs");
+    check(code >= 0 && (code & 2) && (code & 4), "... and the save returns GDN_ERR_IO naming the signal");
+    check(code >= 0 && (code & 8), "... and the program's handler is in place after the save");
+    check(other_entries(dir, "out.safetensors") == 0, "... and no temporary file is left");
+    unsigned char *now = slurp(path, &n_now);
+    check(old && now && n_now == n_old && !memcmp(old, now, n_old), "... and the old file is unchanged");
+    free(now);
+    /* Control: without a signal the same save replaces the file, and SIGTERM's disposition is back. */
+    rc = gdn_st_writer_save(w, path);
+    sigaction(SIGTERM, NULL, &after);
+    check(rc == GDN_OK && after.sa_handler == before.sa_handler, "a normal save replaces the file and restores SIGTERM's handler");
+    now = slurp(path, &n_now);
+    check(now && n_now > (size_t)4 * N && other_entries(dir, "out.safetensors") == 0,
+          "the new file is in place (%zu bytes), no temporary file left", n_now);
+    free(now), free(old);
+    gdn_st_writer_destroy(w);
+    free(x);
+    unlink(path);
+    rmdir(dir);
+}
 
 void test_safetensors(void) {
     char path[] = "/tmp/gdncp_st_XXXXXX";
@@ -75,4 +198,5 @@ void test_safetensors(void) {
     check(rc == GDN_OK && gdn_st_count(f) == 1 && gdn_st_find(f, "c"), "save replaces the file whole");
     gdn_st_close(f);
     unlink(path);
+    signal_during_save();
 }

@@ -5,8 +5,12 @@
 #include "../core/internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -99,9 +103,11 @@ static int parse_tensor(gdn_st_file *f, const char *name, json_t *val, gdn_st_te
     return GDN_OK;
 }
 
+/* Order by begin, then end: at the same offset an empty tensor comes before a non-empty one. */
 static int by_begin(const void *a, const void *b) {
     const gdn_st_tensor *x = *(gdn_st_tensor *const *)a, *y = *(gdn_st_tensor *const *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
 }
 
 static int parse_header(gdn_st_file *f, const char *text, size_t n) {
@@ -114,7 +120,8 @@ static int parse_header(gdn_st_file *f, const char *text, size_t n) {
         return gdn_fail(GDN_ERR_FORMAT, "%s: header JSON is not an object", f->path);
     size_t cap = json_object_size(f->root);
     f->tensors = calloc(cap ? cap : 1, sizeof *f->tensors);
-    if (!f->tensors) return gdn_fail(GDN_ERR_NOMEM, "safetensors header");
+    if (!f->tensors)
+        return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the table of %zu tensors", f->path, cap);
     const char *key;
     json_t *val;
     json_object_foreach(f->root, key, val) {
@@ -131,39 +138,73 @@ static int parse_header(gdn_st_file *f, const char *text, size_t n) {
         if (rc) return rc;
         f->count++;
     }
-    /* No two tensors may share bytes. */
+    /* No two tensors may share bytes, and an empty tensor may not sit strictly inside another
+     * (the reference implementation requires the ranges to tile the data section). Every tensor,
+     * empty or not, is compared with the furthest end seen so far, not only with its sorted
+     * neighbour: otherwise an empty tensor between two overlapping ones would hide the overlap. */
     gdn_st_tensor **order = malloc(sizeof(*order) * (f->count ? f->count : 1));
-    if (!order) return gdn_fail(GDN_ERR_NOMEM, "safetensors header");
+    if (!order)
+        return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the overlap check of %d tensors",
+                        f->path, f->count);
     for (int i = 0; i < f->count; i++) order[i] = &f->tensors[i];
     qsort(order, f->count, sizeof *order, by_begin);
     int rc = GDN_OK;
-    for (int i = 1; i < f->count && !rc; i++) {
-        const gdn_st_tensor *a = order[i - 1], *b = order[i];
-        if (b->begin < a->end && b->end > b->begin)
-            rc = gdn_fail(GDN_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap in the data section",
-                          f->path, a->name, b->name);
+    const gdn_st_tensor *reach = NULL; /* the tensor with the largest end so far */
+    for (int i = 0; i < f->count && !rc; i++) {
+        const gdn_st_tensor *b = order[i];
+        if (reach && b->begin < reach->end)
+            rc = gdn_fail(GDN_ERR_FORMAT,
+                          "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap in the data "
+                          "section",
+                          f->path, reach->name, (unsigned long long)reach->begin,
+                          (unsigned long long)reach->end, b->name, (unsigned long long)b->begin,
+                          (unsigned long long)b->end);
+        if (!reach || b->end > reach->end) reach = b;
     }
     free(order);
     return rc;
 }
 
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";
+}
+
 int gdn_st_open(gdn_st_file **out, const char *path) {
     if (!out || !path) return gdn_fail(GDN_ERR_ARG, "safetensors open: NULL argument");
     *out = NULL;
+    /* Only regular files: stat() before open(), since opening a FIFO for reading blocks until a
+     * writer appears, and a device or a directory is never a safetensors file. */
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return gdn_fail(GDN_ERR_IO, "%s: not a regular file (%s); gdncp reads only regular files",
+                        path, file_kind(st.st_mode));
     gdn_st_file *f = calloc(1, sizeof *f);
-    if (!f) return gdn_fail(GDN_ERR_NOMEM, "safetensors file");
+    if (!f) return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the file handle", path);
     f->path = strdup(path);
-    f->fp = fopen(path, "rb");
+    /* The path may have been replaced since stat(): open without blocking, check again. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    int open_errno = errno;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+                    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)) {
+        close(fd);
+        fd = -2;
+    }
+    if (fd >= 0 && !(f->fp = fdopen(fd, "rb"))) {
+        open_errno = errno;
+        close(fd);
+    }
     int rc = GDN_OK;
     char *text = NULL;
-    struct stat st;
     unsigned char len8[8];
     if (!f->path) {
-        rc = gdn_fail(GDN_ERR_NOMEM, "safetensors path");
+        rc = gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate a copy of the path", path);
+    } else if (fd == -2) {
+        rc = gdn_fail(GDN_ERR_IO, "%s: not a regular file (replaced while opening)", path);
     } else if (!f->fp) {
-        rc = gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    } else if (fstat(fileno(f->fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = gdn_fail(GDN_ERR_IO, "%s: not a regular file", path);
+        rc = gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(open_errno));
     } else if (st.st_size < 8 || fread(len8, 1, 8, f->fp) != 8) {
         rc = gdn_fail(GDN_ERR_FORMAT, "%s: file is %lld bytes, too short for a safetensors header",
                       path, (long long)st.st_size);
@@ -337,7 +378,7 @@ int gdn_st_writer_create(gdn_st_writer **w) {
     if (!*w || !((*w)->metadata = json_object())) {
         free(*w);
         *w = NULL;
-        return gdn_fail(GDN_ERR_NOMEM, "safetensors writer");
+        return gdn_fail(GDN_ERR_NOMEM, "cannot allocate a safetensors writer");
     }
     return GDN_OK;
 }
@@ -367,12 +408,15 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
     size_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return gdn_fail(GDN_ERR_SHAPE, "writer add '%s': negative dim", name);
+        if (shape[i] && n > (SIZE_MAX / 16) / (size_t)shape[i])
+            return gdn_fail(GDN_ERR_SHAPE, "writer add '%s': shape overflows", name);
         n *= (size_t)shape[i];
     }
     if (w->count == w->cap) {
         int cap = w->cap ? 2 * w->cap : 8;
         st_entry *e = realloc(w->entries, sizeof *e * cap);
-        if (!e) return gdn_fail(GDN_ERR_NOMEM, "writer");
+        if (!e)
+            return gdn_fail(GDN_ERR_NOMEM, "writer add '%s': cannot grow the tensor list to %d", name, cap);
         w->entries = e, w->cap = cap;
     }
     st_entry *e = &w->entries[w->count];
@@ -382,7 +426,8 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
     e->bytes = malloc(e->nbytes ? e->nbytes : 1);
     if (!e->name || !e->bytes) {
         free(e->name), free(e->bytes);
-        return gdn_fail(GDN_ERR_NOMEM, "writer: tensor '%s' (%zu bytes)", name, e->nbytes);
+        return gdn_fail(GDN_ERR_NOMEM, "writer add: cannot allocate tensor '%s' (%zu bytes)", name,
+                        e->nbytes);
     }
     e->dtype = dtype, e->ndim = ndim;
     for (int i = 0; i < ndim; i++) e->shape[i] = shape[i];
@@ -453,22 +498,102 @@ static char *build_header(gdn_st_writer *w, size_t *len) {
     return out;
 }
 
+/* SIGINT/SIGTERM while the temporary file exists: remove it, then let the signal do what it
+ * would have done. The handler touches only these statics (async-signal-safe: unlink, sigaction,
+ * raise). One save at a time owns them (save_guard); a save in another thread meanwhile runs
+ * without the handler. */
+static char save_tmp[PATH_MAX + 32];
+static volatile sig_atomic_t save_tmp_live, save_signalled;
+static struct sigaction save_old[2];
+static const int save_signals[2] = {SIGINT, SIGTERM};
+static atomic_flag save_guard = ATOMIC_FLAG_INIT;
+
+/* For tests only: when set, called inside gdn_st_writer_save after the header and before the
+ * tensor data are written, while the temporary file exists (stage 1). Not part of the API. */
+void (*gdn_st_save_test_hook)(int stage) = NULL;
+
+static void save_on_signal(int sig) {
+    int saved_errno = errno;
+    if (save_tmp_live) unlink(save_tmp), save_tmp_live = 0;
+    save_signalled = sig;
+    for (int i = 0; i < 2; i++)
+        if (save_signals[i] == sig) sigaction(sig, &save_old[i], NULL);
+    raise(sig); /* pending until this handler returns, then handled as before the save */
+    errno = saved_errno;
+}
+
+/* Install the handlers (where the signal is not ignored); returns whether they were installed. */
+static int save_signals_install(void) {
+    if (atomic_flag_test_and_set(&save_guard)) return 0;
+    save_tmp_live = 0, save_signalled = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = save_on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 2; i++) sigaddset(&sa.sa_mask, save_signals[i]);
+    for (int i = 0; i < 2; i++) {
+        sigaction(save_signals[i], NULL, &save_old[i]);
+        if (save_old[i].sa_handler != SIG_IGN) sigaction(save_signals[i], &sa, NULL);
+    }
+    return 1;
+}
+
+static void save_signals_restore(void) {
+    sigset_t block, prev;
+    sigemptyset(&block);
+    for (int i = 0; i < 2; i++) sigaddset(&block, save_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &block, &prev);
+    save_tmp_live = 0;
+    for (int i = 0; i < 2; i++) sigaction(save_signals[i], &save_old[i], NULL);
+    pthread_sigmask(SIG_SETMASK, &prev, NULL);
+    atomic_flag_clear(&save_guard);
+}
+
+/* fsync the directory holding path, so that the rename itself is durable. */
+static int fsync_parent(const char *path) {
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) >= sizeof dir) return ENAMETOOLONG;
+    else memcpy(dir, path, slash - path), dir[slash - path] = 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int err = fsync(fd) == 0 ? 0 : errno;
+    close(fd);
+    /* A file system that cannot fsync directories says so with EINVAL: nothing to report. */
+    return err == EINVAL ? 0 : err;
+}
+
 int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
     if (!w || !path) return gdn_fail(GDN_ERR_ARG, "writer save: NULL argument");
     size_t hlen = 0;
     char *header = build_header(w, &hlen);
-    if (!header) return gdn_fail(GDN_ERR_NOMEM, "writer: header");
+    if (!header)
+        return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the safetensors header (%d tensors)",
+                        path, w->count);
     /* Atomic: write a temporary file in the same directory, fsync, then rename over path. */
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 16);
     if (!tmp) {
         free(header);
-        return gdn_fail(GDN_ERR_NOMEM, "writer: path");
+        return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the temporary file name", path);
     }
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
+    /* Signals are blocked from before the file exists until the handler knows its name. */
+    const int guarded = plen + 16 <= sizeof save_tmp && save_signals_install();
+    sigset_t block, prev;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT), sigaddset(&block, SIGTERM);
+    if (guarded) pthread_sigmask(SIG_BLOCK, &block, &prev);
     int fd = mkstemp(tmp);
+    int saved_errno = errno;
+    if (guarded && fd >= 0) memcpy(save_tmp, tmp, plen + 16), save_tmp_live = 1;
+    if (guarded) pthread_sigmask(SIG_SETMASK, &prev, NULL);
     if (fd < 0) {
-        int rc = gdn_fail(GDN_ERR_IO, "%s: cannot create temporary file: %s", path, strerror(errno));
+        if (guarded) save_signals_restore();
+        int rc = gdn_fail(GDN_ERR_IO, "%s: cannot create temporary file: %s", path,
+                          strerror(saved_errno));
         free(header), free(tmp);
         return rc;
     }
@@ -478,20 +603,35 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     ok = ok && fwrite(len8, 1, 8, fp) == 8 && fwrite(header, 1, hlen, fp) == hlen;
+    if (gdn_st_save_test_hook) gdn_st_save_test_hook(1);
     for (int i = 0; ok && i < w->count; i++)
         ok = fwrite(w->entries[i].bytes, 1, w->entries[i].nbytes, fp) == w->entries[i].nbytes;
     ok = ok && fflush(fp) == 0 && fsync(fd) == 0;
-    int saved_errno = errno;
+    saved_errno = errno;
     if (fp) ok = (fclose(fp) == 0) && ok;
     else close(fd);
-    ok = ok && rename(tmp, path) == 0;
+    /* A signal whose previous handler returned: the temporary file is gone, the save failed. */
+    const int signalled = save_signalled;
+    if (guarded) pthread_sigmask(SIG_BLOCK, &block, &prev);
+    ok = ok && !signalled && rename(tmp, path) == 0;
     if (!ok) saved_errno = errno ? errno : saved_errno;
+    if (guarded) save_tmp_live = 0, pthread_sigmask(SIG_SETMASK, &prev, NULL);
     int rc = GDN_OK;
     if (!ok) {
         unlink(tmp);
-        rc = gdn_fail(GDN_ERR_IO, "%s: write failed: %s (previous file, if any, left intact)", path,
-                      strerror(saved_errno));
+        if (signalled)
+            rc = gdn_fail(GDN_ERR_IO, "%s: write interrupted by signal %d (previous file, if any, "
+                          "left intact)", path, signalled);
+        else
+            rc = gdn_fail(GDN_ERR_IO, "%s: write failed: %s (previous file, if any, left intact)",
+                          path, strerror(saved_errno));
+    } else {
+        int err = fsync_parent(path);
+        if (err)
+            rc = gdn_fail(GDN_ERR_IO, "%s: written and renamed, but fsync of its directory failed: %s",
+                          path, strerror(err));
     }
+    if (guarded) save_signals_restore();
     free(header), free(tmp);
     return rc;
 }
