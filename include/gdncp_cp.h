@@ -105,6 +105,19 @@ int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *cons
 /* Accounting of the last forward or backward call on this rank. */
 gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);
 
+/* Testing hooks, for negative controls only: a fault makes this rank's results deliberately
+ * WRONG through the real code path (the scan, allgather and relay strategies; heads has no
+ * incoming state to drop). Never set one in a real run. */
+enum {
+    GDN_CP_FAULT_NONE = 0,
+    GDN_CP_FAULT_REVERSED_ORDER = 1, /* compose (mine o received) the wrong way round */
+    GDN_CP_FAULT_DROP_INCOMING = 2,  /* replay from zeros instead of the incoming state */
+    GDN_CP_FAULT_DROP_GRADIENT = 3,  /* local backward from dS_out = 0 instead of the received one */
+    GDN_CP_FAULT_DROP_HALO = 4,      /* the conv halo from the predecessors replaced by zeros */
+    GDN_CP_FAULT_DROP_HALO_GRAD = 5  /* the halo's gradient not added at its owners */
+};
+void gdn_cp_set_fault(gdn_cp *cp, int fault);
+
 #ifdef __cplusplus
 }
 #endif

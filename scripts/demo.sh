@@ -1,33 +1,55 @@
 #!/usr/bin/env bash
 # The main job: one long sequence split over several MPI ranks (context parallelism), forward
 # and backward, checked tensor by tensor against the single-rank run, with each rank's time
-# split and bytes sent; then the golden files and a kernel benchmark.
+# split, bytes sent and how much the state coming from the earlier ranks changed its outputs;
+# beside each comparison a negative control (the incoming state deliberately dropped) that must
+# fail it; then the golden files and a kernel benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bd=${GDN_DEMO_BUILD:-build} # build folder (default build/)
 bash scripts/deps.sh
-bash scripts/build.sh build
+bash scripts/build.sh "$bd"
 T=${GDN_DEMO_T:-32768}
 golden=${GDN_GOLDEN_DIR:-../shared/golden}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-echo "== one sequence of T=$T tokens (B=1, Hk=2, Hv=4, K=V=128, Qwen-like gates)"
-./build/gdncp gen --T "$T" --out "$work/seq.safetensors"
+echo "== one sequence of T=$T tokens (B=1, Hk=2, Hv=4, K=V=128, gates like a trained Qwen3.5 layer's:"
+echo "   per value head from fast decay, mean g -1, to slow, mean g -1e-5)"
+./"$bd"/gdncp gen --gates qwen --T "$T" --out "$work/seq.safetensors"
 echo "== single rank, all threads (the reference for the split runs)"
-./build/gdncp run --backward --in "$work/seq.safetensors" --out "$work/single.safetensors"
+./"$bd"/gdncp run --backward --in "$work/seq.safetensors" --out "$work/single.safetensors"
 for spec in "4 scan" "3 allgather" "2 relay" "2 heads"; do
   set -- $spec
   echo "== split over $1 ranks, strategy '$2' (1 thread per rank; this machine has $(nproc) cores)"
-  OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" ./build/gdncp run --cp "$2" --backward --stats \
+  echo "   in_rel: how much the state coming from the earlier ranks changes each rank's outputs"
+  OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" ./"$bd"/gdncp run --cp "$2" --backward --stats \
     --in "$work/seq.safetensors" --out "$work/cp.safetensors"
-  ./build/gdncp diff "$work/cp.safetensors" "$work/single.safetensors" --tol 2e-5
+  ./"$bd"/gdncp diff "$work/cp.safetensors" "$work/single.safetensors" --tol 2e-5
+  if [ "$2" = heads ]; then
+    echo "   (no negative control for 'heads': it forms no per-shard incoming state to drop)"
+    continue
+  fi
+  echo "== negative control: the same run (forward only, to save time) and comparison with the incoming"
+  echo "   state dropped (--fault drop-incoming, deliberately wrong); the comparison must FAIL"
+  OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" ./"$bd"/gdncp run --cp "$2" --fault drop-incoming \
+    --in "$work/seq.safetensors" --out "$work/dropped.safetensors"
+  rc=0
+  out=$(./"$bd"/gdncp diff "$work/dropped.safetensors" "$work/single.safetensors" --tol 2e-5) || rc=$?
+  printf '%s\n' "$out" | sed 's/^/   | /'
+  if [ "$rc" -ne 1 ] || ! grep -q '^o  *OVER' <<<"$out"; then
+    echo "demo: FAILED: the negative control (incoming state dropped) passed the comparison (diff exit $rc):" >&2
+    echo "demo: the check of the split run cannot tell a right answer from a wrong one" >&2
+    exit 1
+  fi
+  echo "   negative control failed the comparison, as it must"
 done
 if [ -d "$golden" ]; then
   for name in gdn_small gdn_strong_gates gdn_qwen_heads; do
     echo "== golden $name over 3 ranks vs the float64 Hugging Face-semantics reference"
-    mpiexec.mpich -n 3 ./build/gdncp run --cp scan --backward --in "$golden/$name.safetensors" --out "$work/$name.safetensors"
-    ./build/gdncp diff "$work/$name.safetensors" "$golden/$name.safetensors" --tol 2e-5
+    mpiexec.mpich -n 3 ./"$bd"/gdncp run --cp scan --backward --in "$golden/$name.safetensors" --out "$work/$name.safetensors"
+    ./"$bd"/gdncp diff "$work/$name.safetensors" "$golden/$name.safetensors" --tol 2e-5
   done
 fi
 echo "== kernel benchmark (short; 'build/gdncp bench kernel' for the full one)"
-./build/gdncp bench kernel --quick
+./"$bd"/gdncp bench kernel --quick

@@ -1,5 +1,16 @@
 /* gdncp gen: write a random gated-delta-rule problem (q, k, v, g, beta, h0, do, dht) in the
- * layouts `gdncp run` reads, with Qwen-like gates g = -exp(A_log) softplus(a + dt_bias). */
+ * layouts `gdncp run` reads, with gates g = -exp(A_log) softplus(a_t + dt_bias) (DESIGN §5).
+ *
+ * --gates qwen (default): like a trained Qwen3.5 layer's, per value head an A = exp(A_log) and a
+ *   dt_bias spread from fast to very slow decay, a_t small noise per token. The last
+ *   round(--slow-fraction * Hv) heads (default 0.25, at least one when the fraction is > 0) are
+ *   slow: mean g from -1e-4 down to -1e-5, so they keep memory over 1e5 tokens; the others go
+ *   log-evenly from mean g = -1 (forgets within a few tokens) to -1e-3. With such heads the state
+ *   carried across the ranks of a split run changes every shard's outputs measurably.
+ * --gates mild: the earlier default, A uniform in [0.05, 1], dt_bias = 1, mean g about -0.12
+ *   (same random stream as before, so the same files).
+ * --gates strong: A uniform in [1, 16] as at Qwen's initialisation, mean g about -2.
+ * beta = sigmoid of small noise in every case. */
 #include "cli.h"
 
 #include <math.h>
@@ -14,7 +25,8 @@ static double unif(uint64_t *s) {
 
 int cmd_gen(int argc, char **argv) {
     long B = 1, T = 4096, Hk = 2, Hv = 4, K = 128, V = 128, seed = 1;
-    const char *out = NULL;
+    const char *out = NULL, *gates = "qwen";
+    double slow_fraction = 0.25;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         long *dst = !strcmp(a, "--B") ? &B : !strcmp(a, "--T") ? &T : !strcmp(a, "--Hk") ? &Hk
@@ -25,6 +37,19 @@ int cmd_gen(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--out") && val) {
             out = argv[++i];
+        } else if (!strcmp(a, "--gates") && val) {
+            gates = argv[++i];
+            if (strcmp(gates, "qwen") && strcmp(gates, "mild") && strcmp(gates, "strong")) {
+                fprintf(stderr, "gdncp gen: --gates must be qwen, mild or strong, got '%s'\n", gates);
+                return 1;
+            }
+        } else if (!strcmp(a, "--slow-fraction") && val) {
+            char *end;
+            slow_fraction = strtod(argv[++i], &end);
+            if (*end || end == val || !(slow_fraction >= 0.0 && slow_fraction <= 1.0)) {
+                fprintf(stderr, "gdncp gen: --slow-fraction needs a number in [0, 1], got '%s'\n", val);
+                return 1;
+            }
         } else {
             fprintf(stderr, "gdncp gen: unknown or incomplete option '%s'\n", a);
             return 1;
@@ -48,11 +73,36 @@ int cmd_gen(int argc, char **argv) {
     uint64_t s = 0x9E3779B97F4A7C15ull ^ (uint64_t)seed * 0x100000001B3ull;
     for (int64_t i = 0; i < nqk; i++) q[i] = (float)(unif(&s) - 0.5), k[i] = (float)(unif(&s) - 0.5);
     for (int64_t i = 0; i < nv; i++) v[i] = (float)(unif(&s) - 0.5), dout[i] = (float)(unif(&s) - 0.5);
-    double *A = malloc(sizeof(double) * Hv);
-    for (long h = 0; h < Hv; h++) A[h] = 0.05 + 0.95 * unif(&s); /* A_log = log(A) */
+    /* Per value head: A = exp(A_log) and dt_bias; per token: the noise a_t. */
+    double *A = malloc(sizeof(double) * Hv * 3), *dt_bias = A + Hv, *gsum = A + 2 * Hv;
+    if (!A) {
+        fprintf(stderr, "gdncp gen: out of memory\n");
+        free(q), free(k), free(v), free(dout), free(g), free(beta), free(h0), free(dht);
+        return 1;
+    }
+    const int qwen = !strcmp(gates, "qwen");
+    long n_slow = (long)floor(slow_fraction * Hv + 0.5);
+    if (slow_fraction > 0 && n_slow == 0) n_slow = 1;
+    const long n_fast = Hv - n_slow;
+    for (long h = 0; h < Hv; h++) {
+        const double u = unif(&s);
+        gsum[h] = 0;
+        if (!strcmp(gates, "mild")) A[h] = 0.05 + 0.95 * u, dt_bias[h] = 1.0;
+        else if (!qwen) A[h] = 1.0 + 15.0 * u, dt_bias[h] = 1.0;
+        else { /* the head's mean decay rate, split between A and softplus(dt_bias) */
+            const double lo = h < n_fast ? 0.0 : log(1e-4), hi = h < n_fast ? log(1e-3) : log(1e-5);
+            const long n = h < n_fast ? n_fast : n_slow, j = h < n_fast ? h : h - n_fast;
+            const double rate = exp(n > 1 ? lo + (hi - lo) * j / (n - 1) : h < n_fast ? lo : hi);
+            A[h] = 2.0 * pow(rate, 0.4) * exp(0.2 * (u - 0.5)); /* A_log in about [-3.9, 0.8] */
+            dt_bias[h] = log(expm1(rate / A[h]));             /* about -7.6 .. -0.5 */
+        }
+    }
     for (int64_t i = 0; i < ng; i++) {
-        const double a = 4.0 * (unif(&s) - 0.5) - 3.0, dt_bias = 1.0;
-        g[i] = (float)(-A[i % Hv] * log1p(exp(a + dt_bias)));
+        const long h = (long)(i % Hv);
+        /* a_t: uniform in [-5, -1] for mild and strong (as before), small noise (+-0.5) for qwen */
+        const double a = qwen ? unif(&s) - 0.5 : 4.0 * (unif(&s) - 0.5) - 3.0, x = a + dt_bias[h];
+        g[i] = (float)(-A[h] * (x > 30 ? x : log1p(exp(x))));
+        gsum[h] += g[i];
         beta[i] = (float)(1.0 / (1.0 + exp(-4.0 * (unif(&s) - 0.5))));
     }
     for (int64_t i = 0; i < ns; i++) h0[i] = (float)(0.1 * (unif(&s) - 0.5)), dht[i] = (float)(unif(&s) - 0.5);
@@ -61,8 +111,15 @@ int cmd_gen(int argc, char **argv) {
         {"g", 3, {B, T, Hv}, g}, {"beta", 3, {B, T, Hv}, beta}, {"h0", 4, {B, Hv, K, V}, h0},
         {"do", 4, {B, T, Hv, V}, dout}, {"dht", 4, {B, Hv, K, V}, dht}};
     rc = gdn_save_tensors(out, t, 8, "gdncp gen");
-    free(q), free(k), free(v), free(dout), free(g), free(beta), free(h0), free(dht), free(A);
-    if (rc) return cli_error("gen", rc);
+    free(q), free(k), free(v), free(dout), free(g), free(beta), free(h0), free(dht);
+    if (rc) {
+        free(A);
+        return cli_error("gen", rc);
+    }
     fprintf(stderr, "gdncp gen: B=%ld T=%ld Hk=%ld Hv=%ld K=%ld V=%ld -> %s\n", B, T, Hk, Hv, K, V, out);
+    fprintf(stderr, "gdncp gen: gates %s: mean g per value head", gates);
+    for (long h = 0; h < Hv && h < 16; h++) fprintf(stderr, " %.2g", gsum[h] / (B * T));
+    fprintf(stderr, "%s (memory ~1/|g| tokens)\n", Hv > 16 ? " ..." : "");
+    free(A);
     return 0;
 }

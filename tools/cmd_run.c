@@ -11,8 +11,10 @@ typedef struct {
     long chunk, threads;
     double scale;
     int no_l2norm, reference, backward, stats;
-    const char *cp, *shards;
+    const char *cp, *shards, *fault;
 } run_opts;
+
+extern const char *cli_cp_fault; /* tools/cmd_run_cp.c: a testing fault by name, or NULL */
 
 static int parse(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
@@ -41,6 +43,14 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--cp") && val) o->cp = argv[++i];
         else if (!strcmp(a, "--shards") && val) o->shards = argv[++i];
+        else if (!strcmp(a, "--fault") && val) {
+            /* testing only (negative controls): deliberately wrong results, see cmd_run_cp.c */
+            if (strcmp(val, "drop-incoming")) {
+                fprintf(stderr, "gdncp run: --fault knows only 'drop-incoming' (a testing hook), got '%s'\n", val);
+                return 1;
+            }
+            o->fault = argv[++i];
+        }
         else {
             fprintf(stderr, "gdncp run: unknown or incomplete option '%s'\n", a);
             return 1;
@@ -141,10 +151,11 @@ int cmd_run(int argc, char **argv) {
         gdn_config o = gdn_config_default(1, 1, 1, 1, 1, 1);
         o.chunk = (int)opt.chunk, o.threads = (int)opt.threads, o.scale = (float)opt.scale;
         o.l2norm = !opt.no_l2norm;
+        cli_cp_fault = opt.fault;
         return cmd_run_cp(opt.in, opt.out, opt.cp, opt.shards, opt.backward, opt.stats, o);
     }
-    if (opt.shards || opt.stats) {
-        fprintf(stderr, "gdncp run: --shards and --stats need --cp STRATEGY\n");
+    if (opt.shards || opt.stats || opt.fault) {
+        fprintf(stderr, "gdncp run: --shards, --stats and --fault need --cp STRATEGY\n");
         return 1;
     }
     gdn_problem pb;

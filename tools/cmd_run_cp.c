@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "gdncp_cp.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,32 @@ int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int6
     return 0;
 }
 
+/* Set by `gdncp run --fault NAME` (testing only, for negative controls): "drop-incoming" sets
+ * GDN_CP_FAULT_DROP_INCOMING; NULL for none. */
+const char *cli_cp_fault = NULL;
+
+/* How much the incoming state changed this rank's outputs: rel = max|o - o0| / max|o| over the
+ * shard, o0 the outputs from a zero state; reach = how many leading tokens of the shard show a
+ * change above 1e-5 max|o| (the last such token + 1). o [B, T, Hv*V]. */
+static void incoming_effect(const float *o, const float *o0, int64_t B, int64_t T, int64_t inner,
+                            double *rel, double *reach) {
+    double mo = 0, md = 0;
+    for (int64_t i = 0; i < B * T * inner; i++) mo = fmax(mo, fabs(o[i])), md = fmax(md, fabs((double)o[i] - o0[i]));
+    int64_t last = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = T - 1; t >= last; t--) {
+            const float *x = o + (b * T + t) * inner, *y = o0 + (b * T + t) * inner;
+            double d = 0;
+            for (int64_t j = 0; j < inner; j++) d = fmax(d, fabs((double)x[j] - y[j]));
+            if (d > 1e-5 * mo) {
+                last = t + 1;
+                break;
+            }
+        }
+    *rel = mo > 0 ? md / mo : md;
+    *reach = (double)last;
+}
+
 int cmd_run_cp(const char *in, const char *out, const char *strategy, const char *shards,
                int backward, int stats, gdn_config opts) {
     int rank, D;
@@ -48,6 +75,18 @@ int cmd_run_cp(const char *in, const char *out, const char *strategy, const char
         if (!rank) fprintf(stderr, "gdncp run: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", strategy);
         return 1;
     }
+    const int fault = cli_cp_fault && !strcmp(cli_cp_fault, "drop-incoming") ? GDN_CP_FAULT_DROP_INCOMING : GDN_CP_FAULT_NONE;
+    if (cli_cp_fault && !fault) {
+        if (!rank) fprintf(stderr, "gdncp run: unknown --fault '%s' (drop-incoming)\n", cli_cp_fault);
+        return 1;
+    }
+    if (fault && s == GDN_CP_HEADS) {
+        if (!rank) fprintf(stderr, "gdncp run: --fault drop-incoming needs --cp scan, allgather or relay ('heads' has no incoming state)\n");
+        return 1;
+    }
+    if (fault && !rank)
+        fprintf(stderr, "gdncp run --cp %s: TESTING FAULT drop-incoming: every rank but 0 replays from a zero state; "
+                "the results are deliberately WRONG (for negative controls only)\n", strategy);
     /* The file's T first (rank 0 reads the header; everyone gets it), then this rank's rows. */
     long long T = -1;
     if (!rank) {
@@ -88,6 +127,7 @@ int cmd_run_cp(const char *in, const char *out, const char *strategy, const char
     double t_start = MPI_Wtime();
     rc = gdn_plan_create(&plan, &cfg);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+    if (!rc) gdn_cp_set_fault(cp, fault);
     if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
     if (!rc) fs = gdn_cp_last_stats(cp);
     if (!rc && backward)
@@ -97,19 +137,37 @@ int cmd_run_cp(const char *in, const char *out, const char *strategy, const char
     const double wall = MPI_Wtime() - t_start;
     int exit_code = rc ? cli_error("run --cp", rc) : 0;
     if (!exit_code && stats) { /* rank 0 prints every rank's accounting */
-        double mine[12] = {fs.fold_s, fs.comm_s, fs.replay_s, (double)fs.bytes_sent, (double)fs.bytes_recv, fs.rounds,
-                           bs.fold_s, bs.comm_s, bs.replay_s, (double)bs.bytes_sent, (double)bs.bytes_recv, bs.rounds};
-        double *all = rank ? NULL : malloc(sizeof(double) * 12 * D);
-        MPI_Gather(mine, 12, MPI_DOUBLE, all, 12, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-        if (!rank) {
+        /* The incoming state's effect: this shard's outputs again from a zero state (rank 0's
+         * incoming state comes from no other rank: 0 by definition; -1: could not compute). */
+        double in_rel = 0, in_reach = 0;
+        if (rank) {
+            float *o0 = malloc(sizeof(float) * nv);
+            if (o0 && gdn_forward(plan, o0, NULL, pb.q, pb.k, pb.v, pb.g, pb.beta, NULL) == GDN_OK)
+                incoming_effect(o, o0, cfg.B, cfg.T, cfg.Hv * cfg.V, &in_rel, &in_reach);
+            else
+                in_rel = in_reach = -1;
+            free(o0);
+        }
+        double mine[14] = {fs.fold_s, fs.comm_s, fs.replay_s, (double)fs.bytes_sent, (double)fs.bytes_recv, fs.rounds,
+                           bs.fold_s, bs.comm_s, bs.replay_s, (double)bs.bytes_sent, (double)bs.bytes_recv, bs.rounds,
+                           in_rel, in_reach};
+        double *all = rank ? NULL : malloc(sizeof(double) * 14 * D);
+        MPI_Gather(mine, 14, MPI_DOUBLE, all, 14, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        if (!rank && all) {
             fprintf(stderr, "gdncp run --cp %s: D=%d T=%lld wall %.3f s\n", strategy, D, T, wall);
-            fprintf(stderr, "rank dir      fold_s   comm_s  replay_s   sent_B     recv_B   rounds\n");
+            fprintf(stderr, "rank dir      fold_s   comm_s  replay_s   sent_B     recv_B   rounds    in_rel  in_reach\n");
             for (int r = 0; r < D; r++)
                 for (int d = 0; d < 1 + backward; d++) {
-                    const double *x = all + 12 * r + 6 * d;
-                    fprintf(stderr, "%4d %-8s %7.4f %8.4f %9.4f %10.0f %10.0f %6.0f\n", r, d ? "backward" : "forward",
+                    const double *x = all + 14 * r + 6 * d;
+                    fprintf(stderr, "%4d %-8s %7.4f %8.4f %9.4f %10.0f %10.0f %6.0f", r, d ? "backward" : "forward",
                             x[0], x[1], x[2], x[3], x[4], x[5]);
+                    if (d) fprintf(stderr, "\n");
+                    else if (all[14 * r + 12] < 0) fprintf(stderr, "       n/a       n/a\n");
+                    else fprintf(stderr, " %9.2e %9.0f\n", all[14 * r + 12], all[14 * r + 13]);
                 }
+            fprintf(stderr, "in_rel: max|o - o_from_zero_state| / max|o| over the rank's shard (how much the state coming "
+                            "from the earlier ranks changes its outputs); in_reach: its first tokens where that change "
+                            "exceeds 1e-5 max|o|\n");
         }
         free(all);
     }

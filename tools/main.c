@@ -17,7 +17,8 @@ static void usage(FILE *out) {
             "         [--no-l2norm] [--reference] [--threads N]   gated delta rule forward\n"
             "         [--backward]: also read do [, dht], write dq dk dv dg dbeta [dh0]\n"
             "         [--cp scan|allgather|relay|heads [--shards a,b,..] [--stats]]\n"
-            "         under mpiexec -n D: the sequence split over D ranks\n"
+            "         under mpiexec -n D: the sequence split over D ranks; [--fault drop-incoming]:\n"
+            "         testing only (negative controls), deliberately WRONG results\n"
             "  layer  --weights W [--config C] [--prefix P] --in IN --out OUT [--backward]\n"
             "         [--keep min|proj] [--decode N] [--cp S [--shards ..]]  the Qwen3.5 layer\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
@@ -26,6 +27,7 @@ static void usage(FILE *out) {
             "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
             "  gen    --out F [--B --T --Hk --Hv --K --V --seed]   write a random problem\n"
+            "         [--gates qwen|mild|strong (default qwen)] [--slow-fraction F (0.25)]\n"
             "  help                                                 this text\n");
 }
 

@@ -6,14 +6,7 @@
 #include "gdncp_cp.h"
 #include "../core/internal.h"
 
-enum {
-    GDN_CP_FAULT_NONE = 0,
-    GDN_CP_FAULT_REVERSED_ORDER = 1, /* compose (mine o received) the wrong way round */
-    GDN_CP_FAULT_DROP_INCOMING = 2,  /* replay from zeros instead of the incoming state */
-    GDN_CP_FAULT_DROP_GRADIENT = 3,  /* local backward from dS_out = 0 instead of the received one */
-    GDN_CP_FAULT_DROP_HALO = 4,      /* the conv halo from the predecessors replaced by zeros */
-    GDN_CP_FAULT_DROP_HALO_GRAD = 5  /* the halo's gradient not added at its owners */
-};
+/* The deliberate faults (GDN_CP_FAULT_*) and gdn_cp_set_fault are in gdncp_cp.h (testing hooks). */
 
 struct gdn_cp {
     MPI_Comm comm;
@@ -26,8 +19,6 @@ struct gdn_cp {
     size_t scratch_cap;
     gdn_plan *heads_plan; /* cached plan of the head-parallel shape */
 };
-
-void gdn_cp_set_fault(gdn_cp *cp, int fault);
 
 /* Check that all ranks agree on the plan's shape and options (except T), the strategy and the
  * call (GDN_CP_CALL_* flags); fills shard_T. Collective. Also folds a local failure status into
