@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # Install the Debian packages gdncp builds with; does nothing when they are already there.
+# `deps.sh fuzz` also installs what scripts/fuzz.sh needs: clang (Debian 12: clang 14),
+# libclang-rt-14-dev (libFuzzer and clang's ASan/UBSan runtimes) and libomp-dev (LLVM's OpenMP,
+# which CMake's find_package(OpenMP) needs when the compiler is clang).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libjansson-dev mpich libmpich-dev openmpi-bin libopenmpi-dev)
+if [ "${1:-}" = fuzz ]; then
+  pkgs+=(clang libomp-dev)
+  # The runtime package is named after clang's major version (14 on Debian 12).
+  v=$(apt-cache depends clang 2>/dev/null | grep -oE 'clang-[0-9]+$' | head -1 | cut -d- -f2 || true)
+  pkgs+=("libclang-rt-${v:-14}-dev")
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -118,5 +118,12 @@ if ./build/gdncp bench layer --json --quick > "$logs/bench_layer.json" 2>&1 &&
 else
   echo "FAIL  bench layer smoke"; cat "$logs/bench_layer.json"; failed=$((failed + 1))
 fi
+echo "== fuzz: libFuzzer + ASan + UBSan on the safetensors reader and the loaders, 60 s (scripts/fuzz.sh)"
+if bash scripts/fuzz.sh 60 > "$logs/fuzz.log" 2>&1; then
+  grep -E '^PASS' "$logs/fuzz.log" | sed "s/^/    /"
+  echo "PASS  fuzz harnesses ran 60 s without a crash, hang, leak or sanitizer report"; passed=$((passed + 1))
+else
+  tail -40 "$logs/fuzz.log"; echo "FAIL  fuzz (scripts/fuzz.sh 60)"; failed=$((failed + 1))
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
