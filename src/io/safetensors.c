@@ -611,7 +611,7 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
     if (fp) ok = (fclose(fp) == 0) && ok;
     else close(fd);
     /* A signal whose previous handler returned: the temporary file is gone, the save failed. */
-    const int signalled = save_signalled;
+    const int signalled = guarded ? save_signalled : 0;
     if (guarded) pthread_sigmask(SIG_BLOCK, &block, &prev);
     ok = ok && !signalled && rename(tmp, path) == 0;
     if (!ok) saved_errno = errno ? errno : saved_errno;
