@@ -54,6 +54,26 @@ cpcase fail 3 --cp scan --backward --no-l2norm            # negative control: wr
 cpcase fail 3 --cp scan --shards 1,2                       # wrong shard count: clear error
 cpcase fail 2 --cp spiral                                  # unknown strategy: clear error
 
+echo "== ranks launched with different arguments (MPMD): every rank stops with one message, no hang"
+mpmd() { # mpmd LAUNCHER LABEL ARGS_RANK0 -- ARGS_RANK1: expect a clean failure naming the disagreement
+  local launcher=$1 label=$2 a=$3 b=$4 g="$golden/gdn_qwen_heads.safetensors"
+  if OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 $launcher -n 1 ./$bin/gdncp run --in "$g" \
+       --out "$logs/mpmd.safetensors" $a : -n 1 ./$bin/gdncp run --in "$g" --out "$logs/mpmd.safetensors" $b \
+       >"$logs/mpmd.log" 2>&1; then got=0; else got=$?; fi
+  if [ "$got" != 0 ] && [ "$got" != 124 ] && grep -q "disagree" "$logs/mpmd.log"; then
+    echo "PASS  $label: exit $got, \"$(grep -m1 -o 'ranks disagree on [^:]*' "$logs/mpmd.log")\""; passed=$((passed + 1))
+  else echo "FAIL  $label (exit $got; 124 = hang)"; cat "$logs/mpmd.log"; failed=$((failed + 1)); fi
+}
+for L in "$MPIEXEC" "mpiexec.openmpi --allow-run-as-root --oversubscribe --bind-to none"; do
+  [ "$L" != "$MPIEXEC" ] && { [ -x build-openmpi/gdncp ] || continue; }
+  bin=build; [ "$L" != "$MPIEXEC" ] && bin=build-openmpi
+  name=${L%% *}
+  mpmd "$L" "$name: strategies scan / relay" "--cp scan" "--cp relay"
+  mpmd "$L" "$name: --backward on rank 0 only" "--cp scan --backward" "--cp scan"
+  mpmd "$L" "$name: different --shards lists" "--cp scan --shards 1,63" "--cp scan --shards 2,62"
+  mpmd "$L" "$name: --stats on rank 0 only" "--cp scan --stats" "--cp scan"
+done
+
 echo "== gdncp layer: golden checkpoints through the command line"
 tiny=$golden/qwen35_tiny
 tinyw=(--weights "$tiny/model.safetensors" --config "$tiny/config.json" --prefix model.layers.0.linear_attn.)

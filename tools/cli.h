@@ -10,8 +10,15 @@ int cmd_diff(int argc, char **argv);
 int cmd_bench_cp(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
-int cmd_run_cp(const char *in, const char *out, const char *strategy, const char *shards,
-               int backward, int stats, gdn_config opts);
+/* gdncp run --cp: the options that every rank must agree on. */
+typedef struct {
+    const char *in, *out, *strategy, *shards;
+    const char *fault; /* testing only (negative controls): "drop-incoming", or NULL */
+    int backward, stats;
+} cli_cp_opts;
+int cmd_run_cp(const cli_cp_opts *co, gdn_config opts);
+/* FNV-1a of a string (0 for NULL), for agreeing on option strings across ranks. */
+int64_t cli_hash(const char *s);
 
 /* Print "gdncp <what>: <status text>: <detail>" to stderr and return exit code 1. */
 int cli_error(const char *what, int status);

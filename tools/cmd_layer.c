@@ -194,11 +194,16 @@ int cmd_layer(int argc, char **argv) {
         else if (t->ndim != 3) rc = fail(GDN_ERR_SHAPE, "'x' must be [B, T, E], got %d dims", t->ndim);
         else B = t->shape[0], T = t->shape[1];
     }
-    if (cp) { /* every rank read the same header; a rank that could not is a failure for all */
-        rc = gdn_cp_agree_status(cp, rc);
-        int bad = rc ? 0 : cli_shard_of(o.shards, D, rank, T, &t0, &tn), any = bad;
-        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (!rc && any) rc = GDN_ERR_SHAPE, reported = 1; /* rank 0 said why */
+    if (cp) { /* one agreement step on everything that decides the collectives that follow */
+        static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--keep",
+                                            "--f32", "--shards (the lists differ; values are hashes)",
+                                            "T of the input file"};
+        const int64_t vals[6] = {gdn_cp_get_strategy(cp), o.backward, o.keep, o.f32, cli_hash(o.shards), T};
+        const int local = rc;
+        rc = gdn_cp_agree_values(cp, vals, 6, names, rc);
+        if (rc && !local) cli_error("layer", rc), reported = 1;
+        /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
+        if (!rc && cli_shard_of(o.shards, D, rank, T, &t0, &tn)) rc = GDN_ERR_SHAPE, reported = 1;
     }
     if (!rc) rc = read_rows(f, "x", lw.cfg.E, t0, tn, &B, &T2, &x);
     if (!rc && o.backward) rc = read_rows(f, "dy", lw.cfg.E, t0, tn, &B2, &T2, &dy);

@@ -14,7 +14,6 @@ typedef struct {
     const char *cp, *shards, *fault;
 } run_opts;
 
-extern const char *cli_cp_fault; /* tools/cmd_run_cp.c: a testing fault by name, or NULL */
 
 static int parse(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
@@ -151,8 +150,8 @@ int cmd_run(int argc, char **argv) {
         gdn_config o = gdn_config_default(1, 1, 1, 1, 1, 1);
         o.chunk = (int)opt.chunk, o.threads = (int)opt.threads, o.scale = (float)opt.scale;
         o.l2norm = !opt.no_l2norm;
-        cli_cp_fault = opt.fault;
-        return cmd_run_cp(opt.in, opt.out, opt.cp, opt.shards, opt.backward, opt.stats, o);
+        const cli_cp_opts co = {opt.in, opt.out, opt.cp, opt.shards, opt.fault, opt.backward, opt.stats};
+        return cmd_run_cp(&co, o);
     }
     if (opt.shards || opt.stats || opt.fault) {
         fprintf(stderr, "gdncp run: --shards, --stats and --fault need --cp STRATEGY\n");

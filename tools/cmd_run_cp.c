@@ -39,9 +39,13 @@ int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int6
     return 0;
 }
 
-/* Set by `gdncp run --fault NAME` (testing only, for negative controls): "drop-incoming" sets
- * GDN_CP_FAULT_DROP_INCOMING; NULL for none. */
-const char *cli_cp_fault = NULL;
+/* FNV-1a of a string (0 for NULL): lets ranks agree on a whole option string in one value. */
+int64_t cli_hash(const char *s) {
+    if (!s) return 0;
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return (int64_t)(h >> 1);
+}
 
 /* How much the incoming state changed this rank's outputs: rel = max|o - o0| / max|o| over the
  * shard, o0 the outputs from a zero state; reach = how many leading tokens of the shard show a
@@ -65,50 +69,64 @@ static void incoming_effect(const float *o, const float *o0, int64_t B, int64_t 
     *reach = (double)last;
 }
 
-int cmd_run_cp(const char *in, const char *out, const char *strategy, const char *shards,
-               int backward, int stats, gdn_config opts) {
+int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
+    const char *in = co->in, *out = co->out, *strategy = co->strategy, *shards = co->shards;
+    const int backward = co->backward, stats = co->stats;
     int rank, D;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
+    /* Everything a rank decides alone is checked here, and then agreed on in one step before any
+     * collective depends on it: ranks launched with different arguments (an MPMD launch or a
+     * script bug) stop together with one message instead of entering different collectives. */
+    int local = GDN_OK;
     const int s = gdn_cp_strategy_parse(strategy);
-    if (s < 0) {
-        if (!rank) fprintf(stderr, "gdncp run: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", strategy);
-        return 1;
+    if (s < 0) fprintf(stderr, "gdncp run: rank %d: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", rank, strategy), local = GDN_ERR_ARG;
+    const int fault = co->fault && !strcmp(co->fault, "drop-incoming") ? GDN_CP_FAULT_DROP_INCOMING : GDN_CP_FAULT_NONE;
+    if (!local && co->fault && !fault)
+        fprintf(stderr, "gdncp run: unknown --fault '%s' (drop-incoming)\n", co->fault), local = GDN_ERR_ARG;
+    if (!local && fault && s == GDN_CP_HEADS)
+        fprintf(stderr, "gdncp run: --fault drop-incoming needs --cp scan, allgather or relay ('heads' has no incoming state)\n"),
+            local = GDN_ERR_ARG;
+    gdn_cp *cp = NULL;
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD, s < 0 ? GDN_CP_SCAN : (gdn_cp_strategy)s)) return cli_error("run --cp", GDN_ERR_MPI);
+    /* Each rank reads the header of its own file: T must agree too. */
+    long long T = -1;
+    if (!local) {
+        gdn_st_file *f = NULL;
+        const gdn_st_tensor *tq;
+        const int orc = gdn_st_open(&f, in);
+        if (orc) cli_error("run --cp", orc), local = orc;
+        else if (!(tq = gdn_st_find(f, "q")) || tq->ndim != 4)
+            fprintf(stderr, "gdncp run: %s has no 4-D tensor 'q'\n", in), local = GDN_ERR_MISSING;
+        else T = tq->shape[1];
+        gdn_st_close(f);
     }
-    const int fault = cli_cp_fault && !strcmp(cli_cp_fault, "drop-incoming") ? GDN_CP_FAULT_DROP_INCOMING : GDN_CP_FAULT_NONE;
-    if (cli_cp_fault && !fault) {
-        if (!rank) fprintf(stderr, "gdncp run: unknown --fault '%s' (drop-incoming)\n", cli_cp_fault);
-        return 1;
-    }
-    if (fault && s == GDN_CP_HEADS) {
-        if (!rank) fprintf(stderr, "gdncp run: --fault drop-incoming needs --cp scan, allgather or relay ('heads' has no incoming state)\n");
+    static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--stats",
+                                        "--fault", "--shards (the lists differ; values are hashes)",
+                                        "T of the input file"};
+    const int64_t vals[6] = {s, backward, stats, fault, cli_hash(shards), T};
+    int rc = gdn_cp_agree_values(cp, vals, 6, names, local);
+    if (rc) {
+        if (!local) cli_error("run --cp", rc);
+        gdn_cp_destroy(cp);
         return 1;
     }
     if (fault && !rank)
         fprintf(stderr, "gdncp run --cp %s: TESTING FAULT drop-incoming: every rank but 0 replays from a zero state; "
                 "the results are deliberately WRONG (for negative controls only)\n", strategy);
-    /* The file's T first (rank 0 reads the header; everyone gets it), then this rank's rows. */
-    long long T = -1;
-    if (!rank) {
-        gdn_st_file *f = NULL;
-        const gdn_st_tensor *tq;
-        if (gdn_st_open(&f, in) == GDN_OK && (tq = gdn_st_find(f, "q")) && tq->ndim == 4) T = tq->shape[1];
-        gdn_st_close(f);
-    }
-    MPI_Bcast(&T, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
     int64_t t0 = 0, tn = 0;
-    int bad = T < 1 ? 0 : cli_shard_of(shards, D, rank, T, &t0, &tn), any = 0;
+    /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
+    if (cli_shard_of(shards, D, rank, T, &t0, &tn)) {
+        gdn_cp_destroy(cp);
+        return 1;
+    }
     gdn_problem pb;
     memset(&pb, 0, sizeof pb);
-    int rc = GDN_OK;
-    if (T < 1) rc = gdn_problem_load(&pb, in, backward); /* gives the precise message */
-    else if (!bad) rc = gdn_problem_load_rows(&pb, in, backward, t0, tn);
-    int local = bad || rc || T < 1;
-    MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (any) {
-        if (rc) cli_error("run", rc);
-        else if (local && !bad && !rank) fprintf(stderr, "gdncp run: %s has no 4-D tensor 'q'\n", in);
+    rc = gdn_problem_load_rows(&pb, in, backward, t0, tn);
+    if (rc) cli_error("run --cp", rc);
+    if ((rc = gdn_cp_agree_status(cp, rc))) {
         gdn_problem_free(&pb);
+        gdn_cp_destroy(cp);
         return 1;
     }
     gdn_config cfg = pb.cfg;
@@ -122,13 +140,13 @@ int cmd_run_cp(const char *in, const char *out, const char *strategy, const char
         gg = malloc(sizeof(float) * ng), gb = malloc(sizeof(float) * ng), gs = malloc(sizeof(float) * ns);
     }
     gdn_plan *plan = NULL;
-    gdn_cp *cp = NULL;
     gdn_cp_stats fs = {0}, bs = {0};
     double t_start = MPI_Wtime();
-    rc = gdn_plan_create(&plan, &cfg);
-    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
-    if (!rc) gdn_cp_set_fault(cp, fault);
-    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+    rc = !o || !ht || !s_in || (backward && (!gq || !gk || !gv || !gg || !gb || !gs))
+             ? GDN_ERR_NOMEM : gdn_plan_create(&plan, &cfg);
+    gdn_cp_set_fault(cp, fault);
+    /* (a local failure here is folded into the forward's agreement step: every rank stops) */
+    rc = gdn_cp_forward(cp, rc ? NULL : plan, o, ht, s_in, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
     if (!rc) fs = gdn_cp_last_stats(cp);
     if (!rc && backward)
         rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, gs, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0,
@@ -178,8 +196,13 @@ int cmd_run_cp(const char *in, const char *out, const char *strategy, const char
         float *locals[6] = {o, gq, gk, gv, gg, gb};
         float *full[6] = {0};
         for (int i = 0; i < (backward ? 6 : 1) && !rc; i++) {
-            if (!rank && !(full[i] = malloc(sizeof(float) * (cfg.B * Tf * inner[i] + 1)))) rc = GDN_ERR_NOMEM;
-            if (!rc) rc = gdn_cp_gather_rows(cp, locals[i], cfg.B, cfg.T, inner[i], full[i], 0);
+            if (!rank && !(full[i] = malloc(sizeof(float) * (cfg.B * Tf * inner[i] + 1)))) {
+                fprintf(stderr, "gdncp run --cp: rank 0 cannot hold the gathered output (%.1f MB)\n",
+                        4e-6 * cfg.B * Tf * inner[i]);
+                rc = GDN_ERR_NOMEM;
+            }
+            if ((rc = gdn_cp_agree_status(cp, rc))) break; /* rank 0 short of memory: all stop */
+            rc = gdn_cp_gather_rows(cp, locals[i], cfg.B, cfg.T, inner[i], full[i], 0);
         }
         if (!rc && !rank) {
             const gdn_named_tensor t[] = {
