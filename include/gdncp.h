@@ -318,13 +318,27 @@ typedef struct gdn_st_writer gdn_st_writer;
 
 int gdn_st_writer_create(gdn_st_writer **w);
 void gdn_st_writer_destroy(gdn_st_writer *w);
-/* data is f32; it is stored as dtype (F32, F64 or BF16 round-to-nearest-even) and copied now. */
+/* data is f32; it is stored as dtype (F32, F64 or BF16 round-to-nearest-even) and copied now;
+ * NULL reserves the tensor for gdn_st_write_at (below). */
 int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const float *data);
 int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const double *data);
 int gdn_st_writer_metadata(gdn_st_writer *w, const char *key, const char *value);
 int gdn_st_writer_save(gdn_st_writer *w, const char *path);
+
+/* One file written by several processes at once (context parallelism: each rank writes its own
+ * rows, so no rank holds the whole output). Add the tensors that others will write with data
+ * NULL (reserved); every process builds the same writer, so the layout agrees. Then: one process
+ * gdn_st_writer_begin (temporary file next to path with the header, the tensors that have data,
+ * and the full size; its name into tmp), all processes gdn_st_write_at their bytes at
+ * gdn_st_writer_offset + their position (F32 tensors), then, after all have written, one process
+ * gdn_st_commit (rename over path, fsync the directory). gdn_st_writer_save refuses reserved
+ * tensors. */
+int gdn_st_writer_offset(gdn_st_writer *w, const char *name, uint64_t *offset);
+int gdn_st_writer_begin(gdn_st_writer *w, const char *path, char *tmp, size_t cap);
+int gdn_st_write_at(const char *tmp, uint64_t offset, const float *data, size_t n);
+int gdn_st_commit(const char *tmp, const char *path);
 
 /* ---------------------------------------------------------------- layer weights from checkpoints
  * A Hugging Face safetensors file holding one GatedDeltaNet layer's weights, bare
@@ -358,7 +372,7 @@ int gdn_layer_weights_to_bf16(gdn_layer_weights *lw);
 const void *gdn_layer_weights_data(const gdn_layer_weights *lw);
 /* Add gradients dw (flat, split layout) to a writer as name_prefix + the name each weight was
  * loaded under, without the file's prefix: fused checkpoints get in_proj_qkvz.weight and
- * in_proj_ba.weight in their interleaved order. */
+ * in_proj_ba.weight in their interleaved order. dw NULL reserves them (gdn_st_writer_begin). */
 int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const float *dw,
                         const char *name_prefix);
 

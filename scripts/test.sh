@@ -84,6 +84,9 @@ clicase() { # clicase EXPECT(pass|fail) LABEL CMD...: run a shell command line, 
   else echo "FAIL  $label (expected $expect)"; cat "$logs/layer_cli.log"; failed=$((failed + 1)); fi
 }
 L=./build/gdncp
+g1="$golden/gdn_qwen_heads.safetensors"
+clicase pass "run --cp over 3 ranks writes each rank's rows into one file: the single-rank header byte for byte, values within 2e-5, no temporary left" bash -c \
+  "$L run --backward --in $g1 --out $logs/s1.st && $MPIEXEC -n 3 $L run --cp scan --backward --shards 1,64,65 --in $g1 --out $logs/cp3.st && n=\$(( \$(od -An -t u8 -N8 $logs/s1.st) + 8 )) && cmp -n \$n $logs/s1.st $logs/cp3.st && $L diff $logs/cp3.st $logs/s1.st --tol 2e-5 && ! ls $logs | grep -q 'st.tmp'"
 clicase pass "layer_small forward+backward vs the float64 golden file (tol 1e-4)" bash -c \
   "$L layer --weights $golden/layer_small.weights.safetensors --in $golden/layer_small.io.safetensors --out $logs/ls.safetensors --backward && $L diff $logs/ls.safetensors $golden/layer_small.io.safetensors --tol 1e-4"
 clicase pass "qwen35_tiny layer 0 (config.json + prefix) y, dx vs transformers (tol 1e-4)" bash -c \

@@ -17,6 +17,24 @@ typedef struct {
     int backward, stats;
 } cli_cp_opts;
 int cmd_run_cp(const cli_cp_opts *co, gdn_config opts);
+/* An output tensor of a split run: `rows` tensors are [B, T_full, ...] of which this rank holds
+ * rows [t0, t0 + tn) in data ([B, tn, ...]); the others are whole-sequence tensors held by
+ * rank 0 (data NULL: not written). */
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+    int rows;
+    const float *data;
+} cli_out_tensor;
+/* Write one safetensors file from every rank's rows at their offsets (atomically: a temporary
+ * file, renamed by rank 0 once every rank's rows are on disk). add_more (may be NULL) adds more
+ * whole-sequence tensors after t: with data on rank 0, reserved (NULL) elsewhere. Collective
+ * (over cp's ranks, which must be MPI_COMM_WORLD's). */
+typedef struct gdn_cp gdn_cp;
+int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_t B, int64_t T_full,
+                      int64_t t0, int64_t tn, const cli_out_tensor *t, int n,
+                      int (*add_more)(gdn_st_writer *w, int rank, void *ctx), void *ctx);
 /* FNV-1a of a string (0 for NULL), for agreeing on option strings across ranks. */
 int64_t cli_hash(const char *s);
 

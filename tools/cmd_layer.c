@@ -122,6 +122,16 @@ static int read_rows(gdn_st_file *f, const char *name, int64_t E, int64_t t0, in
     return gdn_st_read_f32_rows(f, name, *out, n, t0, tn);
 }
 
+/* The weight gradients in the checkpoint's names: data on rank 0, reserved elsewhere. */
+typedef struct {
+    const gdn_layer_weights *lw;
+    const float *dw;
+} grads_ctx;
+static int add_grads(gdn_st_writer *w, int rank, void *ctx) {
+    const grads_ctx *g = ctx;
+    return gdn_layer_grads_add(w, g->lw, rank ? NULL : g->dw, "grad.");
+}
+
 static int write_outputs(const layer_opts *o, const gdn_layer_weights *lw, int64_t B, int64_t T,
                          const float *y, const float *dx, const float *dw) {
     gdn_st_writer *wr = NULL;
@@ -180,7 +190,7 @@ int cmd_layer(int argc, char **argv) {
     memset(&lw, 0, sizeof lw);
     gdn_st_file *f = NULL;
     float *x = NULL, *dy = NULL, *y = NULL, *dx = NULL, *dw = NULL, *saved = NULL;
-    float *y_all = NULL, *dx_all = NULL, *dw_all = NULL;
+    float *dw_all = NULL;
     gdn_layer_plan *lp = NULL;
     int64_t B = 0, T = 0, t0 = 0, tn = -1, B2, T2;
     int rc = gdn_layer_weights_load(&lw, o.weights, o.config, o.prefix, &o.given);
@@ -225,16 +235,21 @@ int cmd_layer(int argc, char **argv) {
         rc = gdn_cp_agree_status(cp, rc);
         if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, x, wd);
         if (!rc && o.backward) rc = gdn_layer_cp_backward(cp, lp, dx, dw, x, wd, saved, dy);
-        if (!rc && !rank) {
-            y_all = malloc(sizeof(float) * (size_t)B * T * E), dx_all = malloc(sizeof(float) * (size_t)B * T * E);
-            dw_all = malloc(sizeof(float) * nw);
-            if (!y_all || !dx_all || !dw_all) rc = fail(GDN_ERR_NOMEM, "gathered outputs");
-        }
+        /* the weight gradients summed on rank 0 (the size of the weights); y and dx written
+         * by each rank at their rows of the file: no rank holds the whole sequence's */
+        if (!rc && o.backward && !rank && !(dw_all = malloc(sizeof(float) * nw)))
+            rc = fail(GDN_ERR_NOMEM, "the summed weight gradients (%zu floats)", nw);
         rc = gdn_cp_agree_status(cp, rc);
-        if (!rc) rc = gdn_cp_gather_rows(cp, y, B, Tl, E, y_all, 0);
-        if (!rc && o.backward) rc = gdn_cp_gather_rows(cp, dx, B, Tl, E, dx_all, 0);
+        if (!rc && o.backward && nw > INT32_MAX) rc = fail(GDN_ERR_SHAPE, "%zu weights exceed MPI's int count", nw);
         if (!rc && o.backward && MPI_Reduce(dw, dw_all, (int)nw, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
             rc = fail(GDN_ERR_MPI, "MPI_Reduce of the weight gradients failed");
+        if (!rc) {
+            const grads_ctx gc = {&lw, o.backward ? dw_all : NULL};
+            rc = cli_cp_write_rows(cp, o.out, "gdncp layer", B, T, t0, Tl, (const cli_out_tensor[]){
+                {"y", 3, {B, T, E}, 1, y}, {"dx", 3, {B, T, E}, 1, dx}}, o.backward ? 2 : 1,
+                o.backward ? add_grads : NULL, (void *)&gc);
+            if (rc) reported = strstr(gdn_errmsg(), "see its message") != NULL;
+        }
     } else if (!rc) {
         if (o.decode) {
             rc = run_decode(&o, c, wd, x, y);
@@ -245,8 +260,7 @@ int cmd_layer(int argc, char **argv) {
     }
     const double secs = cli_now() - t_start;
     if (!rc && !rank) {
-        rc = write_outputs(&o, &lw, B, T, cp ? y_all : y, o.backward ? (cp ? dx_all : dx) : NULL,
-                           o.backward ? (cp ? dw_all : dw) : NULL);
+        if (!cp) rc = write_outputs(&o, &lw, B, T, y, o.backward ? dx : NULL, o.backward ? dw : NULL);
         if (!rc)
             printf("gdncp layer: B=%lld T=%lld E=%lld Hk=%lld Hv=%lld K=%lld V=%lld Kc=%lld (%s layout, %s): "
                    "%s%s in %.3f s%s%s -> %s\n",
@@ -258,7 +272,7 @@ int cmd_layer(int argc, char **argv) {
     }
     if (cp) rc = gdn_cp_agree_status(cp, rc);
     if (rc && !reported && !strstr(gdn_errmsg(), "see its message")) cli_error("layer", rc);
-    free(x), free(dy), free(y), free(dx), free(dw), free(saved), free(y_all), free(dx_all), free(dw_all);
+    free(x), free(dy), free(y), free(dx), free(dw), free(saved), free(dw_all);
     gdn_layer_plan_destroy(lp);
     gdn_layer_weights_free(&lw);
     gdn_st_close(f);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn) {
     if (!spec) {
@@ -37,6 +38,49 @@ int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int6
         return 1;
     }
     return 0;
+}
+
+int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_t B, int64_t T_full,
+                      int64_t t0, int64_t tn, const cli_out_tensor *t, int n,
+                      int (*add_more)(gdn_st_writer *w, int rank, void *ctx), void *ctx) {
+    const int rank = gdn_cp_rank(cp);
+    /* every rank builds the same writer: the layout (header, offsets) agrees without messages;
+     * rank 0 also holds the whole-sequence tensors (states) and writes them with the header */
+    gdn_st_writer *w = NULL;
+    int rc = gdn_st_writer_create(&w);
+    if (!rc) rc = gdn_st_writer_metadata(w, "producer", producer);
+    for (int i = 0; i < n && !rc; i++)
+        if (t[i].data || t[i].rows) /* a rows tensor absent here is absent on every rank (agreed) */
+            rc = gdn_st_writer_add_f32(w, t[i].name, GDN_F32, t[i].ndim, t[i].shape,
+                                       t[i].rows || rank ? NULL : t[i].data);
+    if (!rc && add_more) rc = add_more(w, rank, ctx);
+    char tmp[4096] = {0};
+    if (!rank && !rc) rc = gdn_st_writer_begin(w, path, tmp, sizeof tmp);
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
+    if (MPI_Bcast(tmp, sizeof tmp, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        rc = gdn_cp_agree_status(cp, GDN_ERR_MPI);
+        goto done;
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        if (!t[i].rows || !t[i].data) continue;
+        uint64_t off;
+        int64_t inner = 1;
+        for (int d = 2; d < t[i].ndim; d++) inner *= t[i].shape[d];
+        rc = gdn_st_writer_offset(w, t[i].name, &off);
+        for (int64_t b = 0; b < B && !rc; b++)
+            rc = gdn_st_write_at(tmp, off + 4 * (uint64_t)((b * T_full + t0) * inner), t[i].data + b * tn * inner,
+                                 (size_t)(tn * inner));
+    }
+    /* all rows on disk everywhere before the rename */
+    rc = gdn_cp_agree_status(cp, rc);
+    if (!rank) {
+        if (!rc) rc = gdn_st_commit(tmp, path);
+        else unlink(tmp);
+    }
+    rc = gdn_cp_agree_status(cp, rc);
+done:
+    gdn_st_writer_destroy(w);
+    return rc;
 }
 
 /* FNV-1a of a string (0 for NULL): lets ranks agree on a whole option string in one value. */
@@ -189,36 +233,25 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
         }
         free(all);
     }
-    /* Gather to rank 0 and write the single-rank layout. */
+    /* Each rank writes its own rows of the one output file at their offsets (no rank holds the
+     * whole output, no 32-bit count), in the single-rank layout and metadata, so the file equals
+     * a single-rank run's byte for byte where the numbers do. */
     if (!exit_code) {
-        const int64_t Tf = pb.T_full;
-        const int64_t inner[6] = {cfg.Hv * cfg.V, cfg.Hk * cfg.K, cfg.Hk * cfg.K, cfg.Hv * cfg.V, cfg.Hv, cfg.Hv};
-        float *locals[6] = {o, gq, gk, gv, gg, gb};
-        float *full[6] = {0};
-        for (int i = 0; i < (backward ? 6 : 1) && !rc; i++) {
-            if (!rank && !(full[i] = malloc(sizeof(float) * (cfg.B * Tf * inner[i] + 1)))) {
-                fprintf(stderr, "gdncp run --cp: rank 0 cannot hold the gathered output (%.1f MB)\n",
-                        4e-6 * cfg.B * Tf * inner[i]);
-                rc = GDN_ERR_NOMEM;
-            }
-            if ((rc = gdn_cp_agree_status(cp, rc))) break; /* rank 0 short of memory: all stop */
-            rc = gdn_cp_gather_rows(cp, locals[i], cfg.B, cfg.T, inner[i], full[i], 0);
-        }
-        if (!rc && !rank) {
-            const gdn_named_tensor t[] = {
-                {"o", 4, {cfg.B, Tf, cfg.Hv, cfg.V}, full[0]}, {"ht", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, ht},
-                {"dq", 4, {cfg.B, Tf, cfg.Hk, cfg.K}, full[1]}, {"dk", 4, {cfg.B, Tf, cfg.Hk, cfg.K}, full[2]},
-                {"dv", 4, {cfg.B, Tf, cfg.Hv, cfg.V}, full[3]}, {"dg", 3, {cfg.B, Tf, cfg.Hv}, full[4]},
-                {"dbeta", 3, {cfg.B, Tf, cfg.Hv}, full[5]},
-                {"dh0", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, backward && pb.h0 ? gs : NULL}};
-            rc = gdn_save_tensors(out, t, 8, "gdncp run --cp");
-            if (!rc)
-                fprintf(stderr, "gdncp run --cp %s: D=%d B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld %s%.3f s -> %s\n",
-                        strategy, D, (long long)cfg.B, (long long)Tf, (long long)cfg.Hk, (long long)cfg.Hv,
-                        (long long)cfg.K, (long long)cfg.V, backward ? "forward+backward " : "", wall, out);
-        }
-        for (int i = 0; i < 6; i++) free(full[i]);
-        if (rc) exit_code = cli_error("run --cp", rc);
+        rc = cli_cp_write_rows(cp, out, "gdncp run", cfg.B, pb.T_full, t0, cfg.T, (const cli_out_tensor[]){
+            {"o", 4, {cfg.B, pb.T_full, cfg.Hv, cfg.V}, 1, o},
+            {"ht", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, 0, ht},
+            {"dq", 4, {cfg.B, pb.T_full, cfg.Hk, cfg.K}, 1, gq},
+            {"dk", 4, {cfg.B, pb.T_full, cfg.Hk, cfg.K}, 1, gk},
+            {"dv", 4, {cfg.B, pb.T_full, cfg.Hv, cfg.V}, 1, gv},
+            {"dg", 3, {cfg.B, pb.T_full, cfg.Hv}, 1, gg},
+            {"dbeta", 3, {cfg.B, pb.T_full, cfg.Hv}, 1, gb},
+            {"dh0", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, 0, backward && pb.h0 ? gs : NULL}}, backward ? 8 : 2, NULL, NULL);
+        if (!rc && !rank)
+            fprintf(stderr, "gdncp run --cp %s: D=%d B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld %s%.3f s -> %s\n",
+                    strategy, D, (long long)cfg.B, (long long)pb.T_full, (long long)cfg.Hk, (long long)cfg.Hv,
+                    (long long)cfg.K, (long long)cfg.V, backward ? "forward+backward " : "", wall, out);
+        if (rc && !strstr(gdn_errmsg(), "see its message")) exit_code = cli_error("run --cp", rc);
+        else if (rc) exit_code = 1;
     }
     gdn_cp_destroy(cp);
     gdn_plan_destroy(plan);

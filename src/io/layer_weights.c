@@ -506,7 +506,7 @@ static int add_one(gdn_st_writer *wr, const char *name_prefix, const char *name,
 
 int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const float *dw,
                         const char *name_prefix) {
-    if (!wr || !lw || !dw) return gdn_fail(GDN_ERR_ARG, "layer grads add: NULL argument");
+    if (!wr || !lw) return gdn_fail(GDN_ERR_ARG, "layer grads add: NULL argument");
     if (!name_prefix) name_prefix = "";
     gdn_layer_config c = lw->cfg;
     c.B = c.T = 1;
@@ -518,7 +518,11 @@ int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const fl
         const int nd = weight_shape(&c, w, shape);
         if (w < GDN_P_COUNT) {
             rc = add_one(wr, name_prefix, weight_name(w), nd, shape,
-                         dw + gdn_layer_param_offset(&c, w));
+                         dw ? dw + gdn_layer_param_offset(&c, w) : NULL);
+            continue;
+        }
+        if (!dw) { /* reserved: written later at its offset */
+            rc = add_one(wr, name_prefix, weight_name(w), nd, shape, NULL);
             continue;
         }
         /* Gather the split gradients back into the fused, interleaved order. */

@@ -393,8 +393,7 @@ void gdn_st_writer_destroy(gdn_st_writer *w) {
 
 static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                       const int64_t *shape, const void *data, int src_is_f64) {
-    if (!w || !name || !data || (ndim > 0 && !shape))
-        return gdn_fail(GDN_ERR_ARG, "writer add: NULL argument");
+    if (!w || !name || (ndim > 0 && !shape)) return gdn_fail(GDN_ERR_ARG, "writer add: NULL argument");
     if (dtype != GDN_F32 && dtype != GDN_F64 && dtype != GDN_BF16)
         return gdn_fail(GDN_ERR_DTYPE, "writer add '%s': dtype must be F32, F64 or BF16", name);
     if (ndim < 0 || ndim > GDN_ST_MAX_DIMS)
@@ -423,15 +422,15 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
     memset(e, 0, sizeof *e);
     e->nbytes = n * dtype_size(dtype);
     e->name = strdup(name);
-    e->bytes = malloc(e->nbytes ? e->nbytes : 1);
-    if (!e->name || !e->bytes) {
+    e->bytes = data ? malloc(e->nbytes ? e->nbytes : 1) : NULL; /* NULL data: reserved, written at its offset later */
+    if (!e->name || (data && !e->bytes)) {
         free(e->name), free(e->bytes);
         return gdn_fail(GDN_ERR_NOMEM, "writer add: cannot allocate tensor '%s' (%zu bytes)", name,
                         e->nbytes);
     }
     e->dtype = dtype, e->ndim = ndim;
     for (int i = 0; i < ndim; i++) e->shape[i] = shape[i];
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; data && i < n; i++) {
         double x = src_is_f64 ? ((const double *)data)[i] : ((const float *)data)[i];
         if (dtype == GDN_F32) {
             float v = (float)x;
@@ -604,8 +603,14 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     ok = ok && fwrite(len8, 1, 8, fp) == 8 && fwrite(header, 1, hlen, fp) == hlen;
     if (gdn_st_save_test_hook) gdn_st_save_test_hook(1);
-    for (int i = 0; ok && i < w->count; i++)
+    for (int i = 0; ok && i < w->count; i++) {
+        if (!w->entries[i].bytes) { /* reserved tensors belong to gdn_st_writer_begin */
+            errno = EINVAL;
+            ok = 0;
+            break;
+        }
         ok = fwrite(w->entries[i].bytes, 1, w->entries[i].nbytes, fp) == w->entries[i].nbytes;
+    }
     ok = ok && fflush(fp) == 0 && fsync(fd) == 0;
     saved_errno = errno;
     if (fp) ok = (fclose(fp) == 0) && ok;
@@ -634,4 +639,96 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
     if (guarded) save_signals_restore();
     free(header), free(tmp);
     return rc;
+}
+
+/* ---------------------------------------------------------------- one file, several writers */
+
+int gdn_st_writer_offset(gdn_st_writer *w, const char *name, uint64_t *offset) {
+    if (!w || !name || !offset) return gdn_fail(GDN_ERR_ARG, "writer offset: NULL argument");
+    size_t hlen = 0;
+    char *header = build_header(w, &hlen);
+    if (!header) return gdn_fail(GDN_ERR_NOMEM, "cannot allocate the safetensors header (%d tensors)", w->count);
+    free(header);
+    uint64_t off = 8 + hlen;
+    for (int i = 0; i < w->count; i++) {
+        if (!strcmp(w->entries[i].name, name)) {
+            *offset = off;
+            return GDN_OK;
+        }
+        off += w->entries[i].nbytes;
+    }
+    return gdn_fail(GDN_ERR_MISSING, "writer offset: no tensor '%s'", name);
+}
+
+int gdn_st_writer_begin(gdn_st_writer *w, const char *path, char *tmp, size_t cap) {
+    if (!w || !path || !tmp) return gdn_fail(GDN_ERR_ARG, "writer begin: NULL argument");
+    size_t hlen = 0;
+    char *header = build_header(w, &hlen);
+    if (!header) return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the safetensors header", path);
+    if (strlen(path) + 16 > cap) {
+        free(header);
+        return gdn_fail(GDN_ERR_ARG, "%s: path too long for the temporary name", path);
+    }
+    snprintf(tmp, cap, "%s.tmp.XXXXXX", path);
+    const int fd = mkstemp(tmp);
+    if (fd < 0) {
+        free(header);
+        return gdn_fail(GDN_ERR_IO, "%s: cannot create temporary file: %s", path, strerror(errno));
+    }
+    fchmod(fd, 0644);
+    uint64_t total = 8 + hlen;
+    for (int i = 0; i < w->count; i++) total += w->entries[i].nbytes;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    /* the whole size first (reserved tensors read as zeros until written: a sparse file) */
+    int ok = ftruncate(fd, (off_t)total) == 0 && pwrite(fd, len8, 8, 0) == 8 &&
+             pwrite(fd, header, hlen, 8) == (ssize_t)hlen;
+    uint64_t off = 8 + hlen;
+    for (int i = 0; ok && i < w->count; i++) {
+        const st_entry *e = &w->entries[i];
+        for (size_t done = 0; ok && e->bytes && done < e->nbytes;) {
+            const ssize_t k = pwrite(fd, e->bytes + done, e->nbytes - done, (off_t)(off + done));
+            ok = k > 0, done += k > 0 ? (size_t)k : 0;
+        }
+        off += e->nbytes;
+    }
+    ok = ok && fsync(fd) == 0;
+    const int err = errno;
+    close(fd);
+    free(header);
+    if (!ok) {
+        unlink(tmp);
+        return gdn_fail(GDN_ERR_IO, "%s: cannot write the temporary file: %s", path, strerror(err));
+    }
+    return GDN_OK;
+}
+
+int gdn_st_write_at(const char *tmp, uint64_t offset, const float *data, size_t n) {
+    if (!tmp || (n && !data)) return gdn_fail(GDN_ERR_ARG, "write at: NULL argument");
+    const int fd = open(tmp, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return gdn_fail(GDN_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
+    const unsigned char *p = (const unsigned char *)data;
+    const size_t bytes = n * sizeof(float);
+    int ok = 1;
+    for (size_t done = 0; ok && done < bytes;) {
+        const ssize_t k = pwrite(fd, p + done, bytes - done, (off_t)(offset + done));
+        ok = k > 0, done += k > 0 ? (size_t)k : 0;
+    }
+    ok = ok && fsync(fd) == 0;
+    const int err = errno;
+    close(fd);
+    return ok ? GDN_OK : gdn_fail(GDN_ERR_IO, "%s: positioned write of %zu bytes at %llu failed: %s", tmp, bytes,
+                                  (unsigned long long)offset, strerror(err));
+}
+
+int gdn_st_commit(const char *tmp, const char *path) {
+    if (!tmp || !path) return gdn_fail(GDN_ERR_ARG, "commit: NULL argument");
+    if (rename(tmp, path) != 0) {
+        const int err = errno;
+        unlink(tmp);
+        return gdn_fail(GDN_ERR_IO, "%s: rename failed: %s (previous file, if any, left intact)", path, strerror(err));
+    }
+    const int err = fsync_parent(path);
+    return err ? gdn_fail(GDN_ERR_IO, "%s: renamed, but fsync of its directory failed: %s", path, strerror(err))
+               : GDN_OK;
 }
