@@ -462,7 +462,10 @@ int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_loca
         rc = gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
     int64_t total = 0;
     for (int r = 0; !rc && r < D; r++) {
-        if (B * T[r] * inner > INT_MAX) rc = gdn_fail(GDN_ERR_SHAPE, "gather: block too large for MPI");
+        if (B * T[r] * inner > INT_MAX || B * (total + T[r]) * inner > INT_MAX)
+            rc = gdn_fail(GDN_ERR_SHAPE, "gather: %lld floats exceed MPI's int counts and displacements "
+                          "(write rank by rank instead: gdn_st_writer_begin / gdn_st_write_at)",
+                          (long long)(B * (total + T[r]) * inner));
         else counts[r] = (int)(B * T[r] * inner), counts[D + r] = (int)(total * B * inner), total += T[r];
     }
     if (!rc && cp->rank == root && !(all = malloc(sizeof(float) * (B * total * inner + 1))))
