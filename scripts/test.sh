@@ -74,6 +74,19 @@ for L in "$MPIEXEC" "mpiexec.openmpi --allow-run-as-root --oversubscribe --bind-
   mpmd "$L" "$name: --stats on rank 0 only" "--cp scan --stats" "--cp scan"
 done
 
+./build/gdncp gen --T 2 --out "$logs/t2.safetensors" >/dev/null 2>&1
+if timeout 60 $MPIEXEC -n 3 ./build/gdncp run --cp scan --in "$logs/t2.safetensors" --out "$logs/t2o.safetensors" \
+     >"$logs/t2.log" 2>&1; then got=0; else got=$?; fi
+if [ "$got" = 1 ] && grep -q "more ranks than tokens" "$logs/t2.log"; then
+  echo "PASS  3 ranks for 2 tokens: every rank exits 1, rank 0 says why"; passed=$((passed + 1))
+else echo "FAIL  3 ranks for 2 tokens (exit $got; 124 = hang)"; cat "$logs/t2.log"; failed=$((failed + 1)); fi
+for bad in "9223372036854775807,9223372036854775807" "99999999999999999999,1"; do
+  if timeout 60 $MPIEXEC -n 2 ./build/gdncp run --cp scan --shards "$bad" --in "$golden/gdn_qwen_heads.safetensors" \
+       --out "$logs/t2o.safetensors" >"$logs/t2.log" 2>&1; then got=0; else got=$?; fi
+  if [ "$got" = 1 ] && grep -q "shards" "$logs/t2.log"; then echo "PASS  --shards $bad: clear error"; passed=$((passed + 1))
+  else echo "FAIL  --shards $bad (exit $got)"; cat "$logs/t2.log"; failed=$((failed + 1)); fi
+done
+
 echo "== gdncp layer: golden checkpoints through the command line"
 tiny=$golden/qwen35_tiny
 tinyw=(--weights "$tiny/model.safetensors" --config "$tiny/config.json" --prefix model.layers.0.linear_attn.)

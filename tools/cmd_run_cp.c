@@ -3,6 +3,7 @@
 #include "cli.h"
 #include "gdncp_cp.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,22 +11,29 @@
 #include <unistd.h>
 
 int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn) {
-    if (!spec) {
-        *tn = T / D + (rank < T % D);
-        *t0 = rank * (T / D) + (rank < T % D ? rank : T % D);
-        if (*tn < 1) {
-            if (!rank) fprintf(stderr, "gdncp: %d ranks for T = %lld tokens leaves rank %d empty\n", D, (long long)T, rank);
+    if (!spec) { /* (decided from T and D alone, so every rank reaches the same verdict) */
+        if (T < D) {
+            if (!rank)
+                fprintf(stderr, "gdncp: %d ranks for T = %lld tokens: more ranks than tokens (each rank needs at "
+                                "least one)\n", D, (long long)T);
             return 1;
         }
+        *tn = T / D + (rank < T % D);
+        *t0 = rank * (T / D) + (rank < T % D ? rank : T % D);
         return 0;
     }
     int64_t acc = 0, n = 0;
     const char *p = spec;
     while (*p) {
         char *end;
+        errno = 0;
         long long v = strtoll(p, &end, 10);
-        if (end == p || v < 1 || (*end && *end != ',')) {
+        if (end == p || v < 1 || errno || (*end && *end != ',')) {
             if (!rank) fprintf(stderr, "gdncp: --shards needs positive integers separated by commas, got '%s'\n", spec);
+            return 1;
+        }
+        if (v > T - acc) { /* (also keeps acc + v from overflowing) */
+            if (!rank) fprintf(stderr, "gdncp: --shards '%s' sums to more than T = %lld\n", spec, (long long)T);
             return 1;
         }
         if (n == rank) *t0 = acc, *tn = v;
