@@ -27,6 +27,8 @@ static int halo_agree(gdn_cp *cp, int64_t B, int64_t T_local, int64_t width, int
     }
     static const char *names[NSIG] = {"T", "B", "halo width", "halo rows"};
     int rc = local; /* a failure anywhere first: this rank's keeps its own message */
+    if (!rc && rows > GDN_MAX_CONV)
+        rc = gdn_fail(GDN_ERR_SHAPE, "cp halo of %lld rows (at most %d)", (long long)rows, GDN_MAX_CONV);
     for (int r = 0; r < cp->size && !rc; r++)
         if (all[r * NSIG + 4])
             rc = gdn_fail((int)all[r * NSIG + 4], "rank %d failed (%s); see its message", r,
@@ -74,8 +76,42 @@ static int rows_type(MPI_Datatype *type, int64_t B, int64_t n, int64_t width, in
 typedef struct {
     MPI_Request req[2 * GDN_MAX_CONV + 2];
     MPI_Status st[2 * GDN_MAX_CONV + 2];
+    MPI_Datatype type[2 * GDN_MAX_CONV + 2];
     int n;
 } requests;
+
+/* Post the messages between this rank's halo region (halo [B, rows, width], the global rows
+ * [start - rows, start)) and the predecessors holding those rows: receives in the forward,
+ * sends of the halo's gradient in the backward. */
+static int post_halo_side(gdn_cp *cp, requests *rq, float *halo, int64_t B, int64_t width,
+                          int64_t rows, int64_t start, int send) {
+    for (int s = cp->rank - 1; s >= 0; s--) {
+        int64_t lo, hi;
+        overlap(cp, s, cp->rank, rows, &lo, &hi);
+        if (hi <= lo) continue;
+        const int rc = rows_type(&rq->type[rq->n], B, hi - lo, width, width, rows * width);
+        if (rc) return rc;
+        float *at = halo + (lo - (start - rows)) * width;
+        const uint64_t bytes = 4 * (uint64_t)(B * (hi - lo) * width);
+        if (send) {
+            MPI_Isend(at, 1, rq->type[rq->n], s, HALO_TAG, cp->comm, &rq->req[rq->n]);
+            cp->stats.bytes_sent += bytes, cp->stats.messages++;
+        } else {
+            MPI_Irecv(at, 1, rq->type[rq->n], s, HALO_TAG, cp->comm, &rq->req[rq->n]);
+            cp->stats.bytes_recv += bytes;
+        }
+        rq->n++;
+    }
+    return GDN_OK;
+}
+
+/* Wait for every posted message and free their datatypes. */
+static int finish(gdn_cp *cp, requests *rq, int rc, double t0, const char *what) {
+    const int mrc = MPI_Waitall(rq->n, rq->req, rq->st);
+    for (int i = 0; i < rq->n; i++) MPI_Type_free(&rq->type[i]);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    return !rc && mrc != MPI_SUCCESS ? gdn_fail(GDN_ERR_MPI, "%s failed", what) : rc;
+}
 
 int gdn_cp_halo_forward(gdn_cp *cp, float *halo, const float *x, int64_t B, int64_t T_local,
                         int64_t width, int64_t row_stride, int64_t rows, int local_status) {
@@ -83,35 +119,22 @@ int gdn_cp_halo_forward(gdn_cp *cp, float *halo, const float *x, int64_t B, int6
     int64_t start;
     int rc = halo_agree(cp, B, T_local, width, rows, local_status, &start);
     if (rc) return rc;
-    if (rows > GDN_MAX_CONV) return gdn_fail(GDN_ERR_SHAPE, "cp halo of %lld rows", (long long)rows);
     if (B * rows * width > 0) memset(halo, 0, sizeof(float) * B * rows * width);
     requests rq = {.n = 0};
-    MPI_Datatype types[2 * GDN_MAX_CONV + 2];
     const double t0 = MPI_Wtime();
     /* receive from the predecessors that hold my halo rows (at most `rows` of them) */
-    for (int s = cp->rank - 1; s >= 0 && !rc; s--) {
-        int64_t lo, hi;
-        overlap(cp, s, cp->rank, rows, &lo, &hi);
-        if (hi <= lo) continue;
-        if ((rc = rows_type(&types[rq.n], B, hi - lo, width, width, rows * width))) break;
-        MPI_Irecv(halo + (lo - (start - rows)) * width, 1, types[rq.n], s, HALO_TAG, cp->comm, &rq.req[rq.n]);
-        cp->stats.bytes_recv += 4 * (uint64_t)(B * (hi - lo) * width);
-        rq.n++;
-    }
+    rc = post_halo_side(cp, &rq, halo, B, width, rows, start, 0);
     /* send my rows to the successors whose halo they are */
     for (int r = cp->rank + 1; r < cp->size && !rc; r++) {
         int64_t lo, hi;
         overlap(cp, cp->rank, r, rows, &lo, &hi);
         if (hi <= lo) continue;
-        if ((rc = rows_type(&types[rq.n], B, hi - lo, width, row_stride, T_local * row_stride))) break;
-        MPI_Isend(x + (lo - start) * row_stride, 1, types[rq.n], r, HALO_TAG, cp->comm, &rq.req[rq.n]);
+        if ((rc = rows_type(&rq.type[rq.n], B, hi - lo, width, row_stride, T_local * row_stride))) break;
+        MPI_Isend(x + (lo - start) * row_stride, 1, rq.type[rq.n], r, HALO_TAG, cp->comm, &rq.req[rq.n]);
         cp->stats.bytes_sent += 4 * (uint64_t)(B * (hi - lo) * width), cp->stats.messages++;
         rq.n++;
     }
-    const int mrc = MPI_Waitall(rq.n, rq.req, rq.st);
-    for (int i = 0; i < rq.n; i++) MPI_Type_free(&types[i]);
-    cp->stats.comm_s += MPI_Wtime() - t0;
-    if (!rc && mrc != MPI_SUCCESS) rc = gdn_fail(GDN_ERR_MPI, "cp halo exchange failed");
+    rc = finish(cp, &rq, rc, t0, "cp halo exchange");
     if (cp->fault == GDN_CP_FAULT_DROP_HALO && B * rows * width > 0)
         memset(halo, 0, sizeof(float) * B * rows * width);
     return gdn_cp_agree_status(cp, rc);
@@ -126,18 +149,9 @@ int gdn_cp_halo_backward(gdn_cp *cp, float *dx, const float *dhalo, int64_t B, i
     float *buf = gdn_cp_scratch(cp, (size_t)(B * rows * width));
     if (!buf) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp halo gradient buffer"));
     requests rq = {.n = 0};
-    MPI_Datatype types[GDN_MAX_CONV + 1];
     const double t0 = MPI_Wtime();
     /* my halo's gradient back to its owners */
-    for (int s = cp->rank - 1; s >= 0 && !rc; s--) {
-        int64_t lo, hi;
-        overlap(cp, s, cp->rank, rows, &lo, &hi);
-        if (hi <= lo) continue;
-        if ((rc = rows_type(&types[rq.n], B, hi - lo, width, width, rows * width))) break;
-        MPI_Isend(dhalo + (lo - (start - rows)) * width, 1, types[rq.n], s, HALO_TAG, cp->comm, &rq.req[rq.n]);
-        cp->stats.bytes_sent += 4 * (uint64_t)(B * (hi - lo) * width), cp->stats.messages++;
-        rq.n++;
-    }
+    rc = post_halo_side(cp, &rq, (float *)dhalo, B, width, rows, start, 1);
     /* the successors' gradients of my rows, one at a time through the buffer, added */
     for (int r = cp->rank + 1; r < cp->size && !rc; r++) {
         int64_t lo, hi;
@@ -157,9 +171,6 @@ int gdn_cp_halo_backward(gdn_cp *cp, float *dx, const float *dhalo, int64_t B, i
                 for (int64_t c = 0; c < width; c++) dst[c] += src[c];
             }
     }
-    const int mrc = MPI_Waitall(rq.n, rq.req, rq.st);
-    for (int i = 0; i < rq.n; i++) MPI_Type_free(&types[i]);
-    cp->stats.comm_s += MPI_Wtime() - t0;
-    if (!rc && mrc != MPI_SUCCESS) rc = gdn_fail(GDN_ERR_MPI, "cp halo gradient exchange failed");
+    rc = finish(cp, &rq, rc, t0, "cp halo gradient exchange");
     return gdn_cp_agree_status(cp, rc);
 }
