@@ -60,8 +60,8 @@ mpmd() { # mpmd LAUNCHER LABEL ARGS_RANK0 -- ARGS_RANK1: expect a clean failure 
   if OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 $launcher -n 1 ./$bin/gdncp run --in "$g" \
        --out "$logs/mpmd.safetensors" $a : -n 1 ./$bin/gdncp run --in "$g" --out "$logs/mpmd.safetensors" $b \
        >"$logs/mpmd.log" 2>&1; then got=0; else got=$?; fi
-  if [ "$got" != 0 ] && [ "$got" != 124 ] && grep -q "disagree" "$logs/mpmd.log"; then
-    echo "PASS  $label: exit $got, \"$(grep -m1 -o 'ranks disagree on [^:]*' "$logs/mpmd.log")\""; passed=$((passed + 1))
+  if [ "$got" != 0 ] && [ "$got" != 124 ] && grep -qE "disagree|rank [0-9]+ failed" "$logs/mpmd.log"; then
+    echo "PASS  $label: exit $got, \"$(grep -m1 -oE 'ranks disagree on [^:]*|rank [0-9]+ failed[^;]*' "$logs/mpmd.log")\""; passed=$((passed + 1))
   else echo "FAIL  $label (exit $got; 124 = hang)"; cat "$logs/mpmd.log"; failed=$((failed + 1)); fi
 }
 for L in "$MPIEXEC" "mpiexec.openmpi --allow-run-as-root --oversubscribe --bind-to none"; do
@@ -72,6 +72,15 @@ for L in "$MPIEXEC" "mpiexec.openmpi --allow-run-as-root --oversubscribe --bind-
   mpmd "$L" "$name: --backward on rank 0 only" "--cp scan --backward" "--cp scan"
   mpmd "$L" "$name: different --shards lists" "--cp scan --shards 1,63" "--cp scan --shards 2,62"
   mpmd "$L" "$name: --stats on rank 0 only" "--cp scan --stats" "--cp scan"
+  mpmd "$L" "$name: an invalid --chunk on rank 0 only" "--cp scan --chunk 7" "--cp scan"
+done
+lw=(--weights "$golden/layer_small.weights.safetensors" --in "$golden/layer_small.io.safetensors" --out "$logs/mpmd.safetensors")
+for spec in "--cp spiral|--cp scan|an unknown strategy on rank 0 only" "--cp scan --backward|--cp scan|--backward on rank 0 only"; do
+  IFS='|' read -r a b label <<<"$spec"
+  if timeout 120 $MPIEXEC -n 1 ./build/gdncp layer "${lw[@]}" $a : -n 1 ./build/gdncp layer "${lw[@]}" $b \
+       >"$logs/mpmd.log" 2>&1; then got=0; else got=$?; fi
+  if [ "$got" = 1 ] && grep -qE "disagree|rank [0-9]+ failed" "$logs/mpmd.log"; then echo "PASS  gdncp layer MPMD: $label: exit 1, one message"; passed=$((passed + 1))
+  else echo "FAIL  gdncp layer MPMD: $label (exit $got; 124 = hang)"; cat "$logs/mpmd.log"; failed=$((failed + 1)); fi
 done
 
 ./build/gdncp gen --T 2 --out "$logs/t2.safetensors" >/dev/null 2>&1

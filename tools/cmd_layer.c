@@ -172,8 +172,11 @@ static int run_decode(const layer_opts *o, gdn_layer_config c, const void *w, co
 
 int cmd_layer(int argc, char **argv) {
     layer_opts o;
-    int prc = parse(argc, argv, &o);
-    if (prc) return prc;
+    const int prc = parse(argc, argv, &o);
+    if (prc) { /* (under --cp, an option error still joins the other ranks' first agreement) */
+        cli_cp_fail_early(argc, argv);
+        return prc;
+    }
     int rank = 0, D = 1;
     gdn_cp *cp = NULL;
     if (o.cp) {
@@ -181,8 +184,8 @@ int cmd_layer(int argc, char **argv) {
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &D);
         if (s < 0) {
-            if (!rank) fprintf(stderr, "gdncp layer: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", o.cp);
-            return 1;
+            fprintf(stderr, "gdncp layer: rank %d: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", rank, o.cp);
+            return cli_cp_fail_early(argc, argv);
         }
         if (gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s)) return cli_error("layer", GDN_ERR_MPI);
     }
@@ -214,6 +217,7 @@ int cmd_layer(int argc, char **argv) {
         if (rc && !local) cli_error("layer", rc), reported = 1;
         /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
         if (!rc && cli_shard_of(o.shards, D, rank, T, &t0, &tn)) rc = GDN_ERR_SHAPE, reported = 1;
+        if (rc) goto done; /* every rank fails here alike: no collective after it */
     }
     if (!rc) rc = read_rows(f, "x", lw.cfg.E, t0, tn, &B, &T2, &x);
     if (!rc && o.backward) rc = read_rows(f, "dy", lw.cfg.E, t0, tn, &B2, &T2, &dy);
@@ -271,6 +275,7 @@ int cmd_layer(int argc, char **argv) {
                    cp ? " over ranks, strategy " : "", cp ? o.cp : "", o.out);
     }
     if (cp) rc = gdn_cp_agree_status(cp, rc);
+done:
     if (rc && !reported && !strstr(gdn_errmsg(), "see its message")) cli_error("layer", rc);
     free(x), free(dy), free(y), free(dx), free(dw), free(saved), free(dw_all);
     gdn_layer_plan_destroy(lp);

@@ -137,15 +137,16 @@ static int run_fast(gdn_plan *plan, const gdn_problem *pb, float *o, float *ht, 
 
 int cmd_run(int argc, char **argv) {
     run_opts opt;
-    if (parse(argc, argv, &opt)) return 1;
+    /* (under --cp, an option error here still joins the other ranks' first agreement) */
+    if (parse(argc, argv, &opt)) return cli_cp_fail_early(argc, argv);
     if (opt.chunk != 16 && opt.chunk != 32 && opt.chunk != 64 && opt.chunk != 128) {
         fprintf(stderr, "gdncp run: --chunk must be 16, 32, 64 or 128, got %ld\n", opt.chunk);
-        return 1;
+        return cli_cp_fail_early(argc, argv);
     }
     if (opt.cp) {
         if (opt.reference) {
             fprintf(stderr, "gdncp run: --reference and --cp cannot be combined\n");
-            return 1;
+            return cli_cp_fail_early(argc, argv);
         }
         gdn_config o = gdn_config_default(1, 1, 1, 1, 1, 1);
         o.chunk = (int)opt.chunk, o.threads = (int)opt.threads, o.scale = (float)opt.scale;

@@ -91,6 +91,21 @@ done:
     return rc;
 }
 
+int cli_cp_fail_early(int argc, char **argv) {
+    int under_cp = 0, inited = 0;
+    for (int i = 1; i < argc; i++) under_cp |= !strcmp(argv[i], "--cp");
+    MPI_Initialized(&inited);
+    if (!under_cp || !inited) return 1;
+    /* the other ranks' first collectives: the context's communicator, then the 6-value step */
+    gdn_cp *cp = NULL;
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) return 1;
+    static const char *const names[6] = {"", "", "", "", "", ""};
+    const int64_t none[6] = {0};
+    gdn_cp_agree_values(cp, none, 6, names, GDN_ERR_ARG);
+    gdn_cp_destroy(cp);
+    return 1;
+}
+
 /* FNV-1a of a string (0 for NULL): lets ranks agree on a whole option string in one value. */
 int64_t cli_hash(const char *s) {
     if (!s) return 0;
