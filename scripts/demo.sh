@@ -3,7 +3,8 @@
 # and backward, checked tensor by tensor against the single-rank run, with each rank's time
 # split, bytes sent and how much the state coming from the earlier ranks changed its outputs;
 # beside each comparison a negative control (the incoming state deliberately dropped) that must
-# fail it; then the golden files and a kernel benchmark.
+# fail it; then the golden files, the Qwen3.5 layer from transformers' checkpoint (single rank,
+# over ranks, BF16 decode) and short layer and kernel benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bd=${GDN_DEMO_BUILD:-build} # build folder (default build/)
@@ -51,5 +52,25 @@ if [ -d "$golden" ]; then
     ./"$bd"/gdncp diff "$work/$name.safetensors" "$golden/$name.safetensors" --tol 2e-5
   done
 fi
+if [ -d "$golden/qwen35_tiny" ]; then
+  tiny=$golden/qwen35_tiny
+  tw=(--weights "$tiny/model.safetensors" --config "$tiny/config.json" --prefix model.layers.0.linear_attn.)
+  echo "== the Qwen3.5 GatedDeltaNet layer from a checkpoint written by transformers (qwen35_tiny, layer 0):"
+  echo "   forward + backward against transformers' own outputs and gradients (its fp32 rule leaves its"
+  echo "   A_log / dt_bias gradients ~1e-2 off with these strong gates: tolerance 2e-2 here; README)"
+  ./"$bd"/gdncp layer "${tw[@]}" --in "$tiny/layer0.io.safetensors" --out "$work/l0.safetensors" --backward
+  ./"$bd"/gdncp diff "$work/l0.safetensors" "$tiny/layer0.io.safetensors" --tol 2e-2
+  echo "== the same layer over 3 ranks, shards of 1, 2 and 147 tokens (the conv halo spans two ranks)"
+  mpiexec.mpich -n 3 ./"$bd"/gdncp layer "${tw[@]}" --in "$tiny/layer0.io.safetensors" --out "$work/l0cp.safetensors" \
+    --backward --cp scan --shards 1,2,147
+  ./"$bd"/gdncp diff "$work/l0cp.safetensors" "$work/l0.safetensors" --tol 1e-4
+  echo "== BF16 weights kept BF16: prefill 37 tokens, then decode 8 one at a time = the whole sequence at once"
+  bw=(--weights "$tiny/model.bf16.safetensors" --config "$tiny/config.json" --prefix model.layers.0.linear_attn.)
+  ./"$bd"/gdncp layer "${bw[@]}" --in "$tiny/decode0.io.safetensors" --out "$work/whole.safetensors"
+  ./"$bd"/gdncp layer "${bw[@]}" --in "$tiny/decode0.io.safetensors" --out "$work/decode.safetensors" --decode 8
+  ./"$bd"/gdncp diff "$work/decode.safetensors" "$work/whole.safetensors" --tol 1e-5
+fi
+echo "== layer benchmark (short; 'build/gdncp bench layer' for T=4096)"
+./"$bd"/gdncp bench layer --quick
 echo "== kernel benchmark (short; 'build/gdncp bench kernel' for the full one)"
 ./"$bd"/gdncp bench kernel --quick
