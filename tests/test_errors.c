@@ -282,7 +282,61 @@ static void status_texts(void) {
     check(!strcmp(gdn_strerror(99), "unknown status"), "an unused code is still \"unknown status\" (control)");
 }
 
+/* Sizes that clearly cannot fit are refused before anything is allocated: a (sparse) problem
+ * file whose tensors add up to twice this machine's memory, and a layer plan for 2^26 tokens
+ * at the Qwen3.5-35B shape. Control: the same file format at a small size loads. */
+static void too_large(void) {
+    const double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    char dir[] = "/tmp/gdncp_big_XXXXXX";
+    if (phys <= 0 || !mkdtemp(dir)) {
+        printf("(not run: physical memory or a temporary directory unknown)\n");
+        return;
+    }
+    for (int big = 0; big < 2; big++) {
+        /* q, k [1, T, 1, 128], v [1, T, 1, 128], g, beta [1, T, 1]: 3 x 512 T bytes + 8 T */
+        const long long T = big ? (long long)(2 * phys / (3 * 512.0)) + 1 : 16, row = 128 * 4;
+        char header[1024], path[64];
+        const long long sq = T * row, sg = T * 4;
+        int n = snprintf(header, sizeof header,
+                         "{\"q\":{\"dtype\":\"F32\",\"shape\":[1,%lld,1,128],\"data_offsets\":[0,%lld]},"
+                         "\"k\":{\"dtype\":\"F32\",\"shape\":[1,%lld,1,128],\"data_offsets\":[%lld,%lld]},"
+                         "\"v\":{\"dtype\":\"F32\",\"shape\":[1,%lld,1,128],\"data_offsets\":[%lld,%lld]},"
+                         "\"g\":{\"dtype\":\"F32\",\"shape\":[1,%lld,1],\"data_offsets\":[%lld,%lld]},"
+                         "\"beta\":{\"dtype\":\"F32\",\"shape\":[1,%lld,1],\"data_offsets\":[%lld,%lld]}}",
+                         T, sq, T, sq, 2 * sq, T, 2 * sq, 3 * sq, T, 3 * sq, 3 * sq + sg, T, 3 * sq + sg,
+                         3 * sq + 2 * sg);
+        while (n % 8) header[n++] = ' ';
+        snprintf(path, sizeof path, "%s/p.safetensors", dir);
+        FILE *f = fopen(path, "wb");
+        const unsigned long long hl = (unsigned long long)n;
+        int ok = f && fwrite(&hl, 8, 1, f) == 1 && fwrite(header, 1, (size_t)n, f) == (size_t)n;
+        if (f) fclose(f);
+        ok = ok && truncate(path, (off_t)(8 + n + 3 * sq + 2 * sg)) == 0; /* sparse: no disk used */
+        if (!ok) {
+            printf("(not run: cannot make a sparse file of %.0f GB here)\n", (3.0 * sq) / 1e9);
+            unlink(path);
+            break;
+        }
+        gdn_problem pb;
+        const int rc = gdn_problem_load(&pb, path, 0);
+        if (big)
+            expect_status(rc, GDN_ERR_NOMEM, "needs", "problem file claiming %.0f GB (twice this machine's memory): refused before allocating",
+                          3.0 * sq / 1e9);
+        else
+            expect_status(rc, GDN_OK, NULL, "the same file format at T = 16 loads (control)");
+        if (!rc) gdn_problem_free(&pb);
+        unlink(path);
+    }
+    rmdir(dir);
+    gdn_layer_config c = gdn_layer_config_default(1, (int64_t)1 << 26, 2048, 16, 32, 128, 128);
+    gdn_layer_plan *lp = NULL;
+    expect_status(gdn_layer_plan_create(&lp, &c), GDN_ERR_NOMEM, "workspace",
+                  "layer plan for 2^26 tokens at the 35B shape (about 13 TB): refused before allocating");
+    gdn_layer_plan_destroy(lp);
+}
+
 void test_errors(void) {
+    too_large();
     status_texts();
     nonfinite_scan();
     config_errors();

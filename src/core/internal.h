@@ -38,6 +38,11 @@ static inline gdn_fpmode gdn_fp_fast_begin(void) { return 0; }
 static inline void gdn_fp_fast_end(gdn_fpmode m) { (void)m; }
 #endif
 
+/* Refuse, before allocating, what clearly cannot fit: more bytes than the machine's physical
+ * memory (Linux overcommits, so such a malloc would succeed and the OOM killer end the run
+ * later). GDN_ERR_NOMEM naming `what`, the need and the memory, or GDN_OK. */
+int gdn_check_fits(const char *what, double bytes);
+
 /* First non-finite element of x[0..n), or -1. */
 int64_t gdn_find_nonfinite_f32(const float *x, int64_t n);
 int64_t gdn_find_nonfinite_f64(const double *x, int64_t n);

@@ -1,6 +1,8 @@
 /* Status codes, per-thread error messages and config validation. */
 #include "internal.h"
 
+#include <unistd.h>
+
 #include <math.h>
 #include <stdarg.h>
 
@@ -113,5 +115,16 @@ int gdn_config_check(const gdn_config *cfg) {
         return gdn_fail(GDN_ERR_ARG, "scale must be finite, got %g", (double)cfg->scale);
     if (cfg->threads < 0)
         return gdn_fail(GDN_ERR_ARG, "threads must be >= 0, got %d", cfg->threads);
+    return GDN_OK;
+}
+
+int gdn_check_fits(const char *what, double bytes) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return GDN_OK; /* unknown: let the allocation decide */
+    const double phys = (double)pages * (double)page;
+    if (bytes > phys)
+        return gdn_fail(GDN_ERR_NOMEM, "%s needs %.1f GB; this machine has %.1f GB of memory in all "
+                        "(split the sequence over more ranks, or use fewer tokens per call)",
+                        what, bytes / 1e9, phys / 1e9);
     return GDN_OK;
 }

@@ -71,6 +71,15 @@ int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int
     }
     pb->T_full = T, pb->t_begin = tn >= 0 ? t0 : 0;
     if (tn >= 0) pb->cfg.T = tn;
+    { /* everything this load allocates, before any of it */
+        const double rows = (double)B * pb->cfg.T, state = (double)B * Hv * K * V;
+        const double floats = rows * (2.0 * Hk * K + (want_grads ? 2.0 : 1.0) * Hv * V + 2.0 * Hv) +
+                              (want_grads ? 2 : 1) * state;
+        char what[600];
+        snprintf(what, sizeof what, "loading %s (B=%lld, %lld tokens, Hk=%lld, Hv=%lld, K=%lld, V=%lld)", path,
+                 (long long)B, (long long)pb->cfg.T, (long long)Hk, (long long)Hv, (long long)K, (long long)V);
+        if ((rc = gdn_check_fits(what, 4.0 * floats))) goto done;
+    }
     const int64_t sqk[4] = {B, T, Hk, K}, sv[4] = {B, T, Hv, V}, sg[3] = {B, T, Hv},
                   ss[4] = {B, Hv, K, V};
     if ((rc = read_exact(f, path, "q", 4, sqk, &pb->q, t0, tn)) ||

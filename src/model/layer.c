@@ -81,6 +81,15 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
         (size_t)lp->threads * red, gdn_matmul_ws_floats(lp->threads),
         gdn_layer_param_offset(c, GDN_P_OUT_PROJ) - gdn_layer_param_offset(c, GDN_P_CONV1D), /* wsmall */
     };
+    double need = 0;
+    for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) need += (double)pieces[i] + 15;
+    char what[160];
+    snprintf(what, sizeof what, "the layer's workspace for B*T = %lld tokens (%.1f KB per token)", (long long)N,
+             4.0 * need / 1e3 / (double)N);
+    if ((rc = gdn_check_fits(what, 4.0 * need))) {
+        gdn_layer_plan_destroy(lp);
+        return rc;
+    }
     size_t total = 0;
     for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) total += (pieces[i] + 15) & ~(size_t)15;
     lp->arena = aligned_alloc(64, total * sizeof(float));
