@@ -164,13 +164,24 @@ int gdn_layer_weights_prepare(gdn_layer_plan *lp, const void *w, int check) {
     return GDN_OK;
 }
 
-void gdn_layer_project(gdn_layer_plan *lp, const float *x, const void *w) {
-    const int64_t N = lp->N, E = lp->cfg.E, P = lp->P, Hv = lp->cfg.Hv;
+/* The four input projections: their parameter and their columns of a projection row. */
+typedef struct { int which; int64_t col, n; } proj_part;
+static void proj_parts(const gdn_layer_plan *lp, proj_part parts[4]) {
+    const int64_t Hv = lp->cfg.Hv;
+    parts[0] = (proj_part){GDN_P_IN_PROJ_QKV, 0, lp->cd};
+    parts[1] = (proj_part){GDN_P_IN_PROJ_Z, lp->cd, lp->vd};
+    parts[2] = (proj_part){GDN_P_IN_PROJ_B, lp->cd + lp->vd, Hv};
+    parts[3] = (proj_part){GDN_P_IN_PROJ_A, lp->cd + lp->vd + Hv, Hv};
+}
+
+void gdn_layer_project(gdn_layer_plan *lp, int64_t rows, float *proj, const float *x, const void *w) {
+    const int64_t E = lp->cfg.E, P = lp->P;
     const int t = lp->threads, bt = wflags(lp);
-    gdn_matmul(bt, N, lp->cd, E, x, E, param(lp, w, GDN_P_IN_PROJ_QKV), E, lp->proj, P, lp->mm_ws, t);
-    gdn_matmul(bt, N, lp->vd, E, x, E, param(lp, w, GDN_P_IN_PROJ_Z), E, lp->proj + lp->cd, P, lp->mm_ws, t);
-    gdn_matmul(bt, N, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_B), E, lp->proj + lp->cd + lp->vd, P, lp->mm_ws, t);
-    gdn_matmul(bt, N, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_A), E, lp->proj + lp->cd + lp->vd + Hv, P, lp->mm_ws, t);
+    proj_part parts[4];
+    proj_parts(lp, parts);
+    for (int i = 0; i < 4; i++)
+        gdn_matmul(bt, rows, parts[i].n, E, x, E, param(lp, w, parts[i].which), E, proj + parts[i].col, P,
+                   lp->mm_ws, t);
 }
 
 /* convw[j][c] = conv1d.weight[c][0][j]: taps channel-contiguous for the vector loops. */
@@ -330,8 +341,7 @@ int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x
         if (rec_state) memcpy(sv.h0, rec_state, sizeof(float) * state_n);
         else memset(sv.h0, 0, sizeof(float) * state_n);
     }
-    gdn_layer_project(lp, x, w);
-    if (proj != lp->proj) memcpy(proj, lp->proj, sizeof(float) * lp->N * lp->P);
+    gdn_layer_project(lp, lp->N, proj, x, w); /* straight into saved with KEEP_PROJ */
     gdn_layer_conv_gates(lp, proj, lp->halo, w);
     /* The recurrent state is updated in place: the kernel reads h0 before writing ht per head. */
     rc = gdn_forward_save(lp->kplan, o, rec_state, ckpt, lp->q, lp->k, lp->v, lp->g, lp->beta, rec_state);
@@ -489,11 +499,10 @@ static void conv_backward(gdn_layer_plan *lp, float *dw, float *dhalo, const flo
 /* dx = dproj [W_qkv; W_z; W_b; W_a] and each projection's weight gradient dproj_i^T x. */
 void gdn_layer_project_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
                                 const float *w) {
-    const int64_t N = lp->N, E = lp->cfg.E, P = lp->P, Hv = lp->cfg.Hv;
+    const int64_t N = lp->N, E = lp->cfg.E, P = lp->P;
     const int t = lp->threads;
-    const struct { int which; int64_t col, n; } parts[4] = {
-        {GDN_P_IN_PROJ_QKV, 0, lp->cd}, {GDN_P_IN_PROJ_Z, lp->cd, lp->vd},
-        {GDN_P_IN_PROJ_B, lp->cd + lp->vd, Hv}, {GDN_P_IN_PROJ_A, lp->cd + lp->vd + Hv, Hv}};
+    proj_part parts[4];
+    proj_parts(lp, parts);
     for (int i = 0; i < 4; i++) {
         const size_t off = gdn_layer_param_offset(&lp->cfg, parts[i].which);
         gdn_matmul(i ? GDN_GEMM_ACC : 0, N, E, parts[i].n, lp->dproj + parts[i].col, P, w + off, E,
@@ -545,7 +554,7 @@ int gdn_layer_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
         halo = lp->halo;
     }
     if (!proj) {
-        gdn_layer_project(lp, x, w);
+        gdn_layer_project(lp, lp->N, lp->proj, x, w);
         proj = lp->proj;
     }
     gdn_layer_conv_gates(lp, proj, halo, w);
@@ -576,12 +585,7 @@ int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const void *w
         return gdn_fail(GDN_ERR_NONFINITE, "layer decode: input 'x' has a non-finite value");
     int rc = gdn_layer_weights_prepare(lp, w, 0); /* BF16: the small tensors to fp32 */
     if (rc) return rc;
-    const int t = lp->threads, bt = wflags(lp);
-    gdn_matmul(bt, B, cd, E, x, E, param(lp, w, GDN_P_IN_PROJ_QKV), E, lp->proj, P, lp->mm_ws, t);
-    gdn_matmul(bt, B, lp->vd, E, x, E, param(lp, w, GDN_P_IN_PROJ_Z), E, lp->proj + cd, P, lp->mm_ws, t);
-    gdn_matmul(bt, B, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_B), E, lp->proj + cd + lp->vd, P, lp->mm_ws, t);
-    gdn_matmul(bt, B, Hv, E, x, E, param(lp, w, GDN_P_IN_PROJ_A), E, lp->proj + cd + lp->vd + Hv, P,
-               lp->mm_ws, t);
+    gdn_layer_project(lp, B, lp->proj, x, w); /* B rows of the plan's N: the streaming GEMM path */
     const float *cw = param(lp, w, GDN_P_CONV1D), *A_log = param(lp, w, GDN_P_A_LOG),
                 *dt_bias = param(lp, w, GDN_P_DT_BIAS);
     for (int64_t b = 0; b < B; b++) {

@@ -34,10 +34,9 @@ int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *lp, float *y, float *saved,
     const gdn_layer_config *c = &lp->cfg;
     gdn_layer_saved sv = gdn_layer_saved_view(lp, saved);
     float *proj = sv.proj ? sv.proj : lp->proj, *o = sv.o ? sv.o : lp->o;
-    gdn_layer_project(lp, x, w);
-    rc = gdn_cp_halo_forward(cp, lp->halo, lp->proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, GDN_OK);
+    gdn_layer_project(lp, lp->N, proj, x, w); /* straight into saved with KEEP_PROJ */
+    rc = gdn_cp_halo_forward(cp, lp->halo, proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, GDN_OK);
     if (rc) return rc;
-    if (proj != lp->proj) memcpy(proj, lp->proj, sizeof(float) * lp->N * lp->P);
     gdn_layer_conv_gates(lp, proj, lp->halo, w);
     /* s_in (this shard's incoming state) goes to saved for the backward, else to scratch. */
     float *s_in = sv.h0;
@@ -72,11 +71,11 @@ int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, 
     const float *proj = sv.proj, *o = sv.o, *halo = sv.halo;
     cp_bwd kb = {cp, sv.h0};
     if (!proj) {
-        gdn_layer_project(lp, x, w);
+        gdn_layer_project(lp, lp->N, lp->proj, x, w);
         proj = lp->proj;
     }
     if (!halo) { /* not saved (on every rank: agreed above): exchange it again */
-        if ((rc = gdn_cp_halo_forward(cp, lp->halo, lp->proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, GDN_OK)))
+        if ((rc = gdn_cp_halo_forward(cp, lp->halo, proj, c->B, c->T, lp->cd, lp->P, c->Kc - 1, GDN_OK)))
             return rc;
         halo = lp->halo;
     }

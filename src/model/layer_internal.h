@@ -41,11 +41,11 @@ typedef struct {
 gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved);
 
 /* The phases of the forward, shared with the CP path:
- * project: proj = x [W_qkv; W_z; W_b; W_a]^T.
+ * project: proj = x [W_qkv; W_z; W_b; W_a]^T for the first `rows` rows (a row stride of P).
  * conv_gates: causal conv + SiLU of proj's qkv columns (rows before 0 from halo) into q, k, v,
  *             and g, beta from its b, a columns.
  * norm: nrm = gated RMSNorm of o with proj's z columns. out: y = nrm W_out^T (first `rows` rows). */
-void gdn_layer_project(gdn_layer_plan *lp, const float *x, const void *w);
+void gdn_layer_project(gdn_layer_plan *lp, int64_t rows, float *proj, const float *x, const void *w);
 void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const void *w);
 void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
                     const void *w);
