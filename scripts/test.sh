@@ -138,6 +138,60 @@ clicase fail "gdncp layer with a prefix that names no layer: clear error" \
 clicase fail "gdncp layer --decode with --backward: clear error" \
   $L layer "${tinyw[@]}" --in "$tiny/layer0.io.safetensors" --out "$logs/bad.safetensors" --decode 2 --backward
 
+echo "== option values: out of range, not a number, trailing characters, overflow, NaN -> exit 2 naming the option"
+# Each line: the exit status wanted, the option the message must name, the command (every other
+# argument valid). 2 is a usage error; 1 a value that only the input shows wrong (a --decode longer
+# than the sequence, a --shards list). The last line is the control: the same options with good
+# values must run.
+R="--in $g1 --out $logs/opt.st"
+LW="--weights $golden/layer_small.weights.safetensors --in $golden/layer_small.io.safetensors --out $logs/opt.st"
+while IFS='|' read -r want opt cmd; do
+  if eval "timeout 60 $cmd" >"$logs/opt.log" 2>&1 </dev/null; then got=0; else got=$?; fi
+  if [ "$got" = "$want" ] && { [ "$want" = 0 ] || grep -q -- "$opt" "$logs/opt.log"; }; then
+    lbl=${cmd//"$LW"/LAYER_SMALL}; lbl=${lbl//"$R"/--in gdn_qwen_heads --out OUT}; lbl=${lbl//"$L "/}
+    echo "PASS  ${lbl//"$logs/"/} -> exit $got${opt:+: $(grep -m1 -o -- "$opt.*" "$logs/opt.log" | cut -c1-100)}"; passed=$((passed + 1))
+  else echo "FAIL  $cmd: exit $got (wanted $want, a message naming '$opt')"; cat "$logs/opt.log"; failed=$((failed + 1)); fi
+done <<EOF
+2|--chunk|$L run --chunk 12abc $R
+2|--chunk|$L run --chunk 99999999999999999999 $R
+2|--chunk|$L run --chunk 48 $R
+2|--chunk|$L run $R --chunk
+2|--threads|$L run --threads -1 $R
+2|--threads|$L run --threads 1e9 $R
+2|--scale|$L run --scale nan $R
+2|--scale|$L run --scale inf $R
+2|--scale|$L run --scale 1e300 $R
+2|--scale|$L run --scale 0 $R
+2|--scale|$L run --scale '' $R
+2|--chunk|$MPIEXEC -n 2 $L run --cp scan --chunk 7x $R
+1|--shards|$MPIEXEC -n 2 $L run --cp scan --shards 1,63, $R
+1|--shards|$MPIEXEC -n 2 $L run --cp scan --shards ' 1,63' $R
+2|--T|$L gen --T 0 --out $logs/opt.st
+2|--T|$L gen --T 99999999999999999999 --out $logs/opt.st
+2|--B|$L gen --B -3 --out $logs/opt.st
+2|--Hv|$L gen --Hv 4x --out $logs/opt.st
+2|--K|$L gen --K 300 --out $logs/opt.st
+2|--seed|$L gen --seed 1.5 --out $logs/opt.st
+2|--slow-fraction|$L gen --slow-fraction nan --out $logs/opt.st
+2|--slow-fraction|$L gen --slow-fraction 2 --out $logs/opt.st
+2|--decode|$L layer $LW --decode 0
+2|--decode|$L layer $LW --decode 1e3
+1|--decode|$L layer $LW --decode 100000
+2|--eps|$L layer $LW --eps nan
+2|--eps|$L layer $LW --eps 0
+2|--threads|$L layer $LW --threads 0
+2|--chunk|$L layer $LW --chunk 48
+2|--Kc|$L layer $LW --Kc 17
+2|--tol|$L diff $g1 $g1 --tol -1
+2|--tol|$L diff $g1 $g1 --tol nan
+2|--tol|$L diff $g1 $g1 --tol inf
+2|--tol|$L diff $g1 $g1 --tol 1e9
+2|--T|$L bench layer --T 0
+2|--reps|$MPIEXEC -n 1 $L bench cp --reps 17
+2|--T|$MPIEXEC -n 1 $L bench cp --T -5
+0||$L run --chunk 32 --threads 1 --scale 0.125 $R && $L gen --B 1 --T 64 --Hk 1 --Hv 2 --K 16 --V 16 --seed 7 --slow-fraction 0.5 --out $logs/opt2.st && $L diff $g1 $g1 --tol 0 && $L layer $LW --decode 8 --eps 1e-6 --chunk 32 --threads 1
+EOF
+
 echo "== build (ASan + UBSan)"
 if bash scripts/build.sh build-asan -DGDN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

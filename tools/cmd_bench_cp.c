@@ -2,6 +2,7 @@
  * forward and backward: per-rank time split, bytes, peak RSS, and the ratio of per-rank compute
  * to the single-rank time of its share (the same plan run alone on the shard). */
 #include "cli.h"
+#include "cli_parse.h"
 #include "gdncp_cp.h"
 
 #include <stdio.h>
@@ -19,24 +20,30 @@ static float frand(uint64_t *s) {
     return (float)(*s >> 40) / 16777216.0f;
 }
 
+/* Repetitions per case: their times and stats live in arrays of this size on the stack. */
+enum { MAX_REPS = 16 };
+
 int cmd_bench_cp(int argc, char **argv) {
     int json = 0, rank, D;
-    long T = 65536, reps = 3;
+    int64_t T = 65536, reps = 3;
     for (int i = 2; i < argc; i++) {
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--T") && i + 1 < argc) {
-            if (cli_int("--T", argv[++i], 1, 1L << 30, &T)) return 1;
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            if (cli_int("--reps", argv[++i], 1, 100, &reps)) return 1;
+        else if (!strcmp(argv[i], "--T")) {
+            if (cli_parse_i64("bench cp", "--T", val, 1, (int64_t)1 << 30, &T)) return CLI_USAGE_ERROR;
+            i++;
+        } else if (!strcmp(argv[i], "--reps")) {
+            if (cli_parse_i64("bench cp", "--reps", val, 1, MAX_REPS, &reps)) return CLI_USAGE_ERROR;
+            i++;
         } else {
             fprintf(stderr, "gdncp bench cp: unknown option '%s'\n", argv[i]);
-            return 1;
+            return CLI_USAGE_ERROR;
         }
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
     if (T < D) {
-        if (!rank) fprintf(stderr, "gdncp bench cp: T = %ld is smaller than the %d ranks\n", T, D);
+        if (!rank) fprintf(stderr, "gdncp bench cp: T = %lld is smaller than the %d ranks\n", (long long)T, D);
         return 1;
     }
     const int64_t Tr = T / D + (rank < T % D), Hk = 2, Hv = 4, K = 128, V = 128;
@@ -58,7 +65,7 @@ int cmd_bench_cp(int argc, char **argv) {
     /* The single-rank time of this rank's share: the same plan alone on the shard. */
     double alone[2] = {0, 0};
     for (int dir = 0; dir < 2 && !rc; dir++) {
-        double t[16];
+        double t[MAX_REPS];
         for (int r = 0; r < reps && !rc; r++) {
             double t0 = cli_now();
             rc = dir ? gdn_backward(plan, gq, gk, gv, gg, gb, NULL, q, k, v, g, beta, NULL, dout, NULL)
@@ -70,17 +77,17 @@ int cmd_bench_cp(int argc, char **argv) {
     }
     if (rc) return cli_error("bench cp", rc);
     if (!rank && !json)
-        printf("gdncp bench cp: D=%d T=%ld (B=1 Hk=%lld Hv=%lld K=%lld V=%lld C=%d, %d thread(s) per rank); "
+        printf("gdncp bench cp: D=%d T=%lld (B=1 Hk=%lld Hv=%lld K=%lld V=%lld C=%d, %d thread(s) per rank); "
                "summary = Hv K (K+V) 4 = %lld bytes\n",
-               D, T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, gdn_plan_config(plan)->chunk,
+               D, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, gdn_plan_config(plan)->chunk,
                gdn_plan_config(plan)->threads, (long long)(Hv * K * (K + V) * 4));
     for (int s = 0; s < 4; s++) {
         if (s == GDN_CP_HEADS && Hk % D) continue;
         gdn_cp *cp = NULL;
         if ((rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s))) return cli_error("bench cp", rc);
         for (int dir = 0; dir < 2; dir++) {
-            double t[16];
-            gdn_cp_stats st[16];
+            double t[MAX_REPS];
+            gdn_cp_stats st[MAX_REPS];
             for (int r = 0; r < reps && !rc; r++) {
                 MPI_Barrier(MPI_COMM_WORLD);
                 double t0 = MPI_Wtime();
@@ -94,7 +101,7 @@ int cmd_bench_cp(int argc, char **argv) {
             if (rc) return cli_error("bench cp", rc);
             /* The median wall time and the accounting of that repetition. */
             int med = 0;
-            double sorted[16];
+            double sorted[MAX_REPS];
             memcpy(sorted, t, sizeof(double) * reps);
             qsort(sorted, reps, sizeof(double), cmp_d);
             for (int r = 0; r < reps; r++)
@@ -111,10 +118,10 @@ int cmd_bench_cp(int argc, char **argv) {
                     const double *y = all + 9 * r;
                     if (json)
                         printf("{\"bench\":\"cp\",\"strategy\":\"%s\",\"direction\":\"%s\",\"D\":%d,\"rank\":%d,"
-                               "\"T\":%ld,\"wall_s\":%.6f,\"fold_s\":%.6f,\"comm_s\":%.6f,\"replay_s\":%.6f,"
+                               "\"T\":%lld,\"wall_s\":%.6f,\"fold_s\":%.6f,\"comm_s\":%.6f,\"replay_s\":%.6f,"
                                "\"bytes_sent\":%.0f,\"bytes_recv\":%.0f,\"rounds\":%.0f,\"peak_rss_mib\":%.1f,"
                                "\"compute_over_alone\":%.3f}\n",
-                               gdn_cp_strategy_name((gdn_cp_strategy)s), dir ? "backward" : "forward", D, r, T,
+                               gdn_cp_strategy_name((gdn_cp_strategy)s), dir ? "backward" : "forward", D, r, (long long)T,
                                y[0], y[1], y[2], y[3], y[4], y[5], y[6], y[7], y[8]);
                     else
                         printf("%-9s %-8s rank %d/%d  wall %8.4f s  fold %7.4f  comm %7.4f  replay %7.4f  sent %9.0f B  "

@@ -7,6 +7,7 @@
  * time to stream those bytes at the bandwidth measured in the same run over buffers of the same
  * sizes (so cache effects are the same on both sides). */
 #include "cli.h"
+#include "cli_parse.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -235,14 +236,17 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
 
 int cmd_bench_layer(int argc, char **argv) {
     int json = 0, quick = 0;
-    long T = 4096;
+    int64_t T = 4096;
     for (int i = 3; i < argc; i++) { /* gdncp bench layer ... */
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--T") && !cli_int("--T", argv[i + 1], 1, 1L << 24, &T)) i++;
-        else {
+        else if (!strcmp(argv[i], "--T")) {
+            if (cli_parse_i64("bench layer", "--T", i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 24, &T))
+                return CLI_USAGE_ERROR;
+            i++;
+        } else {
             fprintf(stderr, "gdncp bench layer: usage: gdncp bench layer [--json] [--quick] [--T N]\n");
-            return 1;
+            return CLI_USAGE_ERROR;
         }
     }
     if (quick && T > 256) T = 256;

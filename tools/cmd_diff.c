@@ -3,6 +3,7 @@
  * tensor of either file (common to both or not) holds a NaN or an Inf: stderr names the tensor,
  * the file and the first flat index. */
 #include "cli.h"
+#include "cli_parse.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -45,23 +46,22 @@ int cmd_diff(int argc, char **argv) {
     const char *pa = NULL, *pb = NULL;
     double tol = 1e-5;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tol") && i + 1 < argc) {
-            char *end;
-            tol = strtod(argv[++i], &end);
-            if (*end || !(tol >= 0)) {
-                fprintf(stderr, "gdncp diff: --tol needs a number >= 0, got '%s'\n", argv[i]);
-                return 1;
-            }
+        if (!strcmp(argv[i], "--tol")) {
+            /* a relative error: from about 2 on, any two tensors of similar magnitude pass, so
+             * a tolerance above 1000 (or inf) can only be a mistake */
+            if (cli_parse_f64("diff", "--tol", i + 1 < argc ? argv[i + 1] : NULL, 0.0, 1e3, &tol))
+                return CLI_USAGE_ERROR;
+            i++;
         } else if (!pa) pa = argv[i];
         else if (!pb) pb = argv[i];
         else {
             fprintf(stderr, "gdncp diff: unexpected argument '%s'\n", argv[i]);
-            return 1;
+            return CLI_USAGE_ERROR;
         }
     }
     if (!pa || !pb) {
         fprintf(stderr, "gdncp diff: usage: gdncp diff OURS.safetensors REFERENCE.safetensors [--tol X]\n");
-        return 1;
+        return CLI_USAGE_ERROR;
     }
     gdn_st_file *a = NULL, *b = NULL;
     int rc = gdn_st_open(&a, pa);

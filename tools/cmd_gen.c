@@ -12,6 +12,7 @@
  * --gates strong: A uniform in [1, 16] as at Qwen's initialisation, mean g about -2.
  * beta = sigmoid of small noise in every case. */
 #include "cli.h"
+#include "cli_parse.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,40 +25,43 @@ static double unif(uint64_t *s) {
 }
 
 int cmd_gen(int argc, char **argv) {
-    long B = 1, T = 4096, Hk = 2, Hv = 4, K = 128, V = 128, seed = 1;
+    int64_t B = 1, T = 4096, Hk = 2, Hv = 4, K = 128, V = 128, seed = 1;
     const char *out = NULL, *gates = "qwen";
     double slow_fraction = 0.25;
+    /* the sizes' bounds: the kernel's head dims; a B*T*H*D product that cannot fit in memory
+     * is refused afterwards, before anything is allocated */
+    const struct { const char *flag; int64_t *dst, min, max; } nums[] = {
+        {"--B", &B, 1, 1 << 20}, {"--T", &T, 1, (int64_t)1 << 40}, {"--Hk", &Hk, 1, 1 << 16},
+        {"--Hv", &Hv, 1, 1 << 16}, {"--K", &K, 1, GDN_MAX_HEAD_DIM}, {"--V", &V, 1, GDN_MAX_HEAD_DIM},
+        {"--seed", &seed, 0, INT64_MAX}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        long *dst = !strcmp(a, "--B") ? &B : !strcmp(a, "--T") ? &T : !strcmp(a, "--Hk") ? &Hk
-                  : !strcmp(a, "--Hv") ? &Hv : !strcmp(a, "--K") ? &K : !strcmp(a, "--V") ? &V
-                  : !strcmp(a, "--seed") ? &seed : NULL;
-        if (dst) {
-            if (cli_int(a, val, a[2] == 's' ? 0 : 1, a[2] == 'T' ? 1L << 28 : a[2] == 's' ? 1L << 40 : 4096, dst)) return 1;
-            i++;
-        } else if (!strcmp(a, "--out") && val) {
+        int matched = 0;
+        for (size_t n = 0; n < sizeof nums / sizeof nums[0]; n++)
+            if (!strcmp(a, nums[n].flag)) {
+                if (cli_parse_i64("gen", a, val, nums[n].min, nums[n].max, nums[n].dst)) return CLI_USAGE_ERROR;
+                i++, matched = 1;
+            }
+        if (matched) continue;
+        if (!strcmp(a, "--out") && val) {
             out = argv[++i];
         } else if (!strcmp(a, "--gates") && val) {
             gates = argv[++i];
             if (strcmp(gates, "qwen") && strcmp(gates, "mild") && strcmp(gates, "strong")) {
                 fprintf(stderr, "gdncp gen: --gates must be qwen, mild or strong, got '%s'\n", gates);
-                return 1;
+                return CLI_USAGE_ERROR;
             }
-        } else if (!strcmp(a, "--slow-fraction") && val) {
-            char *end;
-            slow_fraction = strtod(argv[++i], &end);
-            if (*end || end == val || !(slow_fraction >= 0.0 && slow_fraction <= 1.0)) {
-                fprintf(stderr, "gdncp gen: --slow-fraction needs a number in [0, 1], got '%s'\n", val);
-                return 1;
-            }
+        } else if (!strcmp(a, "--slow-fraction")) {
+            if (cli_parse_f64("gen", a, val, 0.0, 1.0, &slow_fraction)) return CLI_USAGE_ERROR;
+            i++;
         } else {
             fprintf(stderr, "gdncp gen: unknown or incomplete option '%s'\n", a);
-            return 1;
+            return CLI_USAGE_ERROR;
         }
     }
     if (!out) {
         fprintf(stderr, "gdncp gen: --out is required\n");
-        return 1;
+        return CLI_USAGE_ERROR;
     }
     gdn_config c = gdn_config_default(B, T, Hk, Hv, K, V);
     int rc = gdn_config_check(&c);
@@ -116,7 +120,8 @@ int cmd_gen(int argc, char **argv) {
         free(A);
         return cli_error("gen", rc);
     }
-    fprintf(stderr, "gdncp gen: B=%ld T=%ld Hk=%ld Hv=%ld K=%ld V=%ld -> %s\n", B, T, Hk, Hv, K, V, out);
+    fprintf(stderr, "gdncp gen: B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld -> %s\n", (long long)B, (long long)T,
+            (long long)Hk, (long long)Hv, (long long)K, (long long)V, out);
     fprintf(stderr, "gdncp gen: gates %s: mean g per value head", gates);
     for (long h = 0; h < Hv && h < 16; h++) fprintf(stderr, " %.2g", gsum[h] / (B * T));
     fprintf(stderr, "%s (memory ~1/|g| tokens)\n", Hv > 16 ? " ..." : "");

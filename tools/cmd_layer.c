@@ -3,6 +3,7 @@
  * every rank reads only its token rows; rank 0 writes the gathered file, which equals the
  * single-rank one. --decode N prefills all but the last N tokens, then decodes them one by one. */
 #include "cli.h"
+#include "cli_parse.h"
 #include "gdncp_cp.h"
 
 #include <stdarg.h>
@@ -39,7 +40,7 @@ static int usage(void) {
             "                   [--keep min|proj] [--decode N] [--f32] [--chunk C] [--threads N]\n"
             "                   [--E --Hk --Hv --K --V --Kc N] [--eps X]\n"
             "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n");
-    return 2;
+    return CLI_USAGE_ERROR;
 }
 
 static int parse(int argc, char **argv, layer_opts *o) {
@@ -47,16 +48,16 @@ static int parse(int argc, char **argv, layer_opts *o) {
     o->given.chunk = 64;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long n;
-        const struct { const char *flag; int64_t *dst; long max; } dims[] = {
+        int64_t n;
+        const struct { const char *flag; int64_t *dst; int64_t max; } dims[] = {
             {"--E", &o->given.E, 1 << 20}, {"--Hk", &o->given.Hk, 1 << 16}, {"--Hv", &o->given.Hv, 1 << 16},
             {"--K", &o->given.K, GDN_MAX_HEAD_DIM}, {"--V", &o->given.V, GDN_MAX_HEAD_DIM},
             {"--Kc", &o->given.Kc, GDN_MAX_CONV}};
         int matched = 0;
         for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
             if (!strcmp(a, dims[d].flag)) {
-                if (cli_int(a, v, 1, dims[d].max, &n)) return 1;
-                *dims[d].dst = n, i++, matched = 1;
+                if (cli_parse_i64("layer", a, v, 1, dims[d].max, dims[d].dst)) return CLI_USAGE_ERROR;
+                i++, matched = 1;
             }
         if (matched) continue;
         if (!strcmp(a, "--backward")) o->backward = 1;
@@ -70,22 +71,19 @@ static int parse(int argc, char **argv, layer_opts *o) {
         else if (!strcmp(a, "--shards") && v) o->shards = v, i++;
         else if (!strcmp(a, "--keep") && v && (!strcmp(v, "min") || !strcmp(v, "proj")))
             o->keep = !strcmp(v, "proj") ? GDN_LAYER_KEEP_PROJ : GDN_LAYER_KEEP_MIN, i++;
-        else if (!strcmp(a, "--eps") && v) {
-            char *end;
-            o->given.eps = strtof(v, &end);
-            if (*end || !(o->given.eps > 0)) {
-                fprintf(stderr, "gdncp layer: --eps needs a positive number, got '%s'\n", v);
-                return 1;
-            }
-            i++;
-        } else if (!strcmp(a, "--decode")) {
-            if (cli_int(a, v, 1, 1L << 40, &n)) return 1;
+        else if (!strcmp(a, "--eps")) {
+            /* the RMSNorm's epsilon (Qwen: 1e-6); beyond 1 it would swamp the norm it guards */
+            double eps;
+            if (cli_parse_f64("layer", a, v, 1e-12, 1.0, &eps)) return CLI_USAGE_ERROR;
+            o->given.eps = (float)eps, i++;
+        } else if (!strcmp(a, "--decode")) { /* (at most T, checked once T is known) */
+            if (cli_parse_i64("layer", a, v, 1, INT32_MAX, &n)) return CLI_USAGE_ERROR;
             o->decode = (int)n, i++;
         } else if (!strcmp(a, "--chunk")) {
-            if (cli_int(a, v, 16, 128, &n)) return 1;
+            if (cli_parse_i64("layer", a, v, 16, 128, &n)) return CLI_USAGE_ERROR;
             o->given.chunk = (int)n, i++;
         } else if (!strcmp(a, "--threads")) {
-            if (cli_int(a, v, 1, 4096, &n)) return 1;
+            if (cli_parse_i64("layer", a, v, 1, 4096, &n)) return CLI_USAGE_ERROR;
             o->given.threads = (int)n, i++;
         } else {
             fprintf(stderr, "gdncp layer: unknown or incomplete option '%s'\n", a);
@@ -96,10 +94,14 @@ static int parse(int argc, char **argv, layer_opts *o) {
         fprintf(stderr, "gdncp layer: --weights, --in and --out are required\n");
         return usage();
     }
+    if (o->given.chunk != 16 && o->given.chunk != 32 && o->given.chunk != 64 && o->given.chunk != 128) {
+        fprintf(stderr, "gdncp layer: --chunk must be 16, 32, 64 or 128, got %d\n", o->given.chunk);
+        return CLI_USAGE_ERROR;
+    }
     if (o->decode && (o->backward || o->cp)) {
         fprintf(stderr, "gdncp layer: --decode runs inference on one rank; it does not combine with %s\n",
                 o->backward ? "--backward" : "--cp");
-        return 1;
+        return CLI_USAGE_ERROR;
     }
     return 0;
 }
@@ -148,7 +150,10 @@ static int write_outputs(const layer_opts *o, const gdn_layer_weights *lw, int64
 
 /* Prefill T - N tokens with a cache, then decode the last N one at a time (B sequences). */
 static int run_decode(const layer_opts *o, gdn_layer_config c, const void *w, const float *x, float *y) {
-    const int64_t B = c.B, T = c.T, E = c.E, N = o->decode > T ? T : o->decode, T0 = T - N;
+    const int64_t B = c.B, T = c.T, E = c.E, N = o->decode, T0 = T - N;
+    if (N > T) /* (not clamped: a count larger than the sequence is a mistake, not a request) */
+        return fail(GDN_ERR_ARG, "--decode %lld asks for more tokens than the input's T = %lld", (long long)N,
+                    (long long)T);
     const size_t nconv = (size_t)B * gdn_layer_conv_dim(&c) * c.Kc, ns = (size_t)B * c.Hv * c.K * c.V;
     float *conv = calloc(nconv, sizeof(float)), *rec = calloc(ns, sizeof(float));
     float *xt = malloc(sizeof(float) * (B * (T0 > 1 ? T0 : 1) * E)), *yt = malloc(sizeof(float) * (B * (T0 > 1 ? T0 : 1) * E));

@@ -1,5 +1,6 @@
 /* gdncp run: read q, k, v, g, beta [, h0] from a safetensors file, write o and ht. */
 #include "cli.h"
+#include "cli_parse.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -8,7 +9,7 @@
 
 typedef struct {
     const char *in, *out;
-    long chunk, threads;
+    int64_t chunk, threads;
     double scale;
     int no_l2norm, reference, backward, stats;
     const char *cp, *shards, *fault;
@@ -24,18 +25,16 @@ static int parse(int argc, char **argv, run_opts *o) {
         if (!strcmp(a, "--in") && val) o->in = argv[++i];
         else if (!strcmp(a, "--out") && val) o->out = argv[++i];
         else if (!strcmp(a, "--chunk")) {
-            if (cli_int(a, val, 16, 128, &o->chunk)) return 1;
+            if (cli_parse_i64("run", a, val, 16, 128, &o->chunk)) return 1;
             i++;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_int(a, val, 0, 4096, &o->threads)) return 1;
+        } else if (!strcmp(a, "--threads")) { /* 0: all of OpenMP's threads */
+            if (cli_parse_i64("run", a, val, 0, 4096, &o->threads)) return 1;
             i++;
-        } else if (!strcmp(a, "--scale") && val) {
-            char *end;
-            o->scale = strtod(argv[++i], &end);
-            if (*end || end == val || !isfinite(o->scale) || o->scale == 0.0) {
-                fprintf(stderr, "gdncp run: --scale needs a finite non-zero number, got '%s'\n", val);
-                return 1;
-            }
+        } else if (!strcmp(a, "--scale")) {
+            /* positive: q's scale (1/sqrt(K) by default); far outside [1e-6, 1e6] it only makes
+             * the fp32 outputs underflow or overflow */
+            if (cli_parse_f64("run", a, val, 1e-6, 1e6, &o->scale)) return 1;
+            i++;
         } else if (!strcmp(a, "--no-l2norm")) o->no_l2norm = 1;
         else if (!strcmp(a, "--reference")) o->reference = 1;
         else if (!strcmp(a, "--backward")) o->backward = 1;
@@ -137,16 +136,22 @@ static int run_fast(gdn_plan *plan, const gdn_problem *pb, float *o, float *ht, 
 
 int cmd_run(int argc, char **argv) {
     run_opts opt;
-    /* (under --cp, an option error here still joins the other ranks' first agreement) */
-    if (parse(argc, argv, &opt)) return cli_cp_fail_early(argc, argv);
-    if (opt.chunk != 16 && opt.chunk != 32 && opt.chunk != 64 && opt.chunk != 128) {
-        fprintf(stderr, "gdncp run: --chunk must be 16, 32, 64 or 128, got %ld\n", opt.chunk);
-        return cli_cp_fail_early(argc, argv);
+    /* (under --cp, an option error here still joins the other ranks' first agreement; the
+     * exit status is the usage error's on every rank: the job's is the largest) */
+    int bad_usage = parse(argc, argv, &opt);
+    if (!bad_usage && opt.chunk != 16 && opt.chunk != 32 && opt.chunk != 64 && opt.chunk != 128) {
+        fprintf(stderr, "gdncp run: --chunk must be 16, 32, 64 or 128, got %lld\n", (long long)opt.chunk);
+        bad_usage = 1;
+    }
+    if (bad_usage) {
+        cli_cp_fail_early(argc, argv);
+        return CLI_USAGE_ERROR;
     }
     if (opt.cp) {
         if (opt.reference) {
             fprintf(stderr, "gdncp run: --reference and --cp cannot be combined\n");
-            return cli_cp_fail_early(argc, argv);
+            cli_cp_fail_early(argc, argv);
+            return CLI_USAGE_ERROR;
         }
         gdn_config o = gdn_config_default(1, 1, 1, 1, 1, 1);
         o.chunk = (int)opt.chunk, o.threads = (int)opt.threads, o.scale = (float)opt.scale;
@@ -156,7 +161,7 @@ int cmd_run(int argc, char **argv) {
     }
     if (opt.shards || opt.stats || opt.fault) {
         fprintf(stderr, "gdncp run: --shards, --stats and --fault need --cp STRATEGY\n");
-        return 1;
+        return CLI_USAGE_ERROR;
     }
     gdn_problem pb;
     int rc = gdn_problem_load(&pb, opt.in, opt.backward);

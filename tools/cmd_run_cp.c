@@ -25,10 +25,11 @@ int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int6
     int64_t acc = 0, n = 0;
     const char *p = spec;
     while (*p) {
-        char *end;
+        char *end = (char *)p;
         errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || v < 1 || errno || (*end && *end != ',')) {
+        /* digits only (strtoll would also take blanks and signs), and no empty last entry */
+        long long v = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
+        if (v < 1 || errno || (*end && *end != ',') || (*end == ',' && !end[1])) {
             if (!rank) fprintf(stderr, "gdncp: --shards needs positive integers separated by commas, got '%s'\n", spec);
             return 1;
         }
