@@ -75,5 +75,6 @@ void test_step(void);            /* tests/test_step.c: gdn_step (decode) */
 void test_layer_reference(void); /* tests/test_layer_reference.c: the double layer vs finite differences and golden */
 void test_layer_io(void);        /* tests/test_layer_io.c: loading layer weights */
 void test_layer(void);           /* tests/test_layer.c: the fp32 layer */
+void test_model(void);           /* tests/test_model.c: the decoder model and AdamW */
 
 #endif

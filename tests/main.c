@@ -9,7 +9,7 @@ static const struct { const char *name; void (*fn)(void); } suites[] = {
     {"backward", test_backward}, {"backward_chunked", test_backward_chunked},
     {"safetensors", test_safetensors}, {"errors", test_errors}, {"cli", test_cli},
     {"matmul", test_matmul}, {"step", test_step}, {"layer_reference", test_layer_reference},
-    {"layer_io", test_layer_io}, {"layer", test_layer},
+    {"layer_io", test_layer_io}, {"layer", test_layer}, {"model", test_model},
 };
 
 int main(int argc, char **argv) {

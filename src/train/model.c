@@ -1,0 +1,676 @@
+/* The decoder language model: its configurations, flat parameter layout, initialisation,
+ * forward + backward of the loss (single rank or a sequence split over a CP group) and decode.
+ *
+ * Per block, with rows N = B*T of width E:
+ *   a1 = norm(x; w_in)            y = GatedDeltaNet(a1)       h = x + y
+ *   a2 = norm(h; w_post)          gu = [a2 W_gate^T | a2 W_up^T]
+ *   m = silu(gate) * up           x' = h + m W_down^T
+ * with norm(x; w) = x / sqrt(mean(x^2) + eps) * (1 + w) (the zero-centred RMSNorm). */
+#include "model.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h"
+#include "../model/layer_internal.h"
+
+/* ---------------------------------------------------------------- configurations */
+
+int gdn_model_config_named(const char *name, gdn_model_config *c) {
+    static const struct { const char *name; gdn_model_config cfg; } named[] = {
+        /* vocab, E, L, I, Hk, Hv, K, V, Kc, eps, tie */
+        {"tiny", {256, 128, 2, 384, 2, 4, 32, 32, 4, 1e-6f, 0}},
+        {"small", {256, 256, 4, 768, 2, 4, 64, 64, 4, 1e-6f, 0}},
+        {"long", {256, 128, 2, 256, 2, 4, 32, 32, 4, 1e-6f, 0}},
+    };
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        if (name && !strcmp(name, named[i].name)) {
+            *c = named[i].cfg;
+            return 1;
+        }
+    return 0;
+}
+
+gdn_layer_config gdn_model_layer_config(const gdn_model_config *c, int64_t B, int64_t T) {
+    gdn_layer_config lc = gdn_layer_config_default(B, T, c->E, c->Hk, c->Hv, c->K, c->V);
+    lc.Kc = c->Kc;
+    lc.eps = c->eps;
+    return lc;
+}
+
+int gdn_model_config_check(const gdn_model_config *c) {
+    if (!c) return gdn_fail(GDN_ERR_ARG, "model config is NULL");
+    if (c->vocab != 256)
+        return gdn_fail(GDN_ERR_SHAPE, "model vocab_size = %lld: the byte-level model needs 256",
+                        (long long)c->vocab);
+    const struct { const char *name; int64_t v, max; } dims[] = {
+        {"num_hidden_layers", c->L, 1024}, {"intermediate_size", c->I, (int64_t)1 << 20},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v < 1 || dims[i].v > dims[i].max)
+            return gdn_fail(GDN_ERR_SHAPE, "model %s = %lld is out of range [1, %lld]", dims[i].name,
+                            (long long)dims[i].v, (long long)dims[i].max);
+    if (c->tie_embeddings)
+        return gdn_fail(GDN_ERR_ARG, "model tie_word_embeddings = true is not supported");
+    gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+    return gdn_layer_config_check(&lc);
+}
+
+/* ---------------------------------------------------------------- the flat parameter layout */
+
+/* Per block, after the GatedDeltaNet block: */
+enum { BLK_IN_NORM = 0, BLK_POST_NORM, BLK_GATE, BLK_UP, BLK_DOWN, BLK_COUNT };
+static const char *const blk_names[BLK_COUNT] = {
+    "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight", "mlp.down_proj.weight"};
+
+static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Floats of one block: the GatedDeltaNet block, then the norms and the MLP. */
+static size_t attn_floats(const gdn_model_config *c) {
+    gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+    return pad16(gdn_layer_param_floats(&lc));
+}
+static size_t blk_numel(const gdn_model_config *c, int which) {
+    return which <= BLK_POST_NORM ? (size_t)c->E : (size_t)(c->I * c->E);
+}
+static size_t block_floats(const gdn_model_config *c) {
+    size_t n = attn_floats(c);
+    for (int i = 0; i < BLK_COUNT; i++) n += pad16(blk_numel(c, i));
+    return n;
+}
+static size_t embed_floats(const gdn_model_config *c) { return pad16((size_t)(c->vocab * c->E)); }
+
+size_t gdn_model_layer_offset(const gdn_model_config *c, int64_t l) {
+    return embed_floats(c) + (size_t)l * block_floats(c);
+}
+static size_t blk_offset(const gdn_model_config *c, int64_t l, int which) {
+    size_t off = gdn_model_layer_offset(c, l) + attn_floats(c);
+    for (int i = 0; i < which; i++) off += pad16(blk_numel(c, i));
+    return off;
+}
+static size_t final_norm_offset(const gdn_model_config *c) { return gdn_model_layer_offset(c, c->L); }
+static size_t lm_head_offset(const gdn_model_config *c) {
+    return final_norm_offset(c) + pad16((size_t)c->E);
+}
+
+size_t gdn_model_param_floats(const gdn_model_config *c) {
+    return lm_head_offset(c) + embed_floats(c);
+}
+
+int gdn_model_tensor_count(const gdn_model_config *c) {
+    return (int)(3 + c->L * (GDN_P_COUNT + BLK_COUNT));
+}
+
+int gdn_model_tensor(const gdn_model_config *c, int i, gdn_model_tensor_info *t) {
+    const int n = gdn_model_tensor_count(c), per = GDN_P_COUNT + BLK_COUNT;
+    if (i < 0 || i >= n) return gdn_fail(GDN_ERR_ARG, "model tensor index %d is out of range [0, %d)", i, n);
+    memset(t, 0, sizeof *t);
+    if (i == 0 || i >= n - 2) { /* embedding, final norm, lm_head */
+        const int which = i == 0 ? 0 : i - (n - 2) + 1;
+        static const char *const names[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+        snprintf(t->name, sizeof t->name, "%s", names[which]);
+        t->ndim = which == 1 ? 1 : 2;
+        t->shape[0] = which == 1 ? c->E : c->vocab;
+        t->shape[1] = c->E;
+        t->offset = which == 0 ? 0 : which == 1 ? final_norm_offset(c) : lm_head_offset(c);
+        t->numel = which == 1 ? (size_t)c->E : (size_t)(c->vocab * c->E);
+        t->decay = which != 1;
+        return GDN_OK;
+    }
+    const int64_t l = (i - 1) / per;
+    const int j = (i - 1) % per;
+    if (j < GDN_P_COUNT) {
+        gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+        snprintf(t->name, sizeof t->name, "model.layers.%lld.linear_attn.%s", (long long)l,
+                 gdn_layer_param_name(j));
+        t->ndim = gdn_layer_param_shape(&lc, j, t->shape);
+        t->offset = gdn_model_layer_offset(c, l) + gdn_layer_param_offset(&lc, j);
+        t->numel = gdn_layer_param_numel(&lc, j);
+        t->decay = t->ndim >= 2;
+        return GDN_OK;
+    }
+    const int b = j - GDN_P_COUNT;
+    snprintf(t->name, sizeof t->name, "model.layers.%lld.%s", (long long)l, blk_names[b]);
+    t->offset = blk_offset(c, l, b);
+    t->numel = blk_numel(c, b);
+    if (b <= BLK_POST_NORM) {
+        t->ndim = 1, t->shape[0] = c->E;
+    } else {
+        t->ndim = 2, t->decay = 1;
+        t->shape[0] = b == BLK_DOWN ? c->E : c->I;
+        t->shape[1] = b == BLK_DOWN ? c->I : c->E;
+    }
+    return GDN_OK;
+}
+
+size_t gdn_model_param_count(const gdn_model_config *c) {
+    size_t n = 0;
+    gdn_model_tensor_info t;
+    for (int i = 0; i < gdn_model_tensor_count(c); i++)
+        if (!gdn_model_tensor(c, i, &t)) n += t.numel;
+    return n;
+}
+
+/* ---------------------------------------------------------------- initialisation */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double normal(uint64_t *s) { /* Box-Muller */
+    return sqrt(-2.0 * log(uniform01(s))) * cos(6.283185307179586 * uniform01(s));
+}
+
+void gdn_model_init(const gdn_model_config *c, float *w, uint64_t seed) {
+    memset(w, 0, sizeof(float) * gdn_model_param_floats(c));
+    gdn_model_tensor_info t;
+    for (int i = 0; i < gdn_model_tensor_count(c); i++) {
+        gdn_model_tensor(c, i, &t);
+        uint64_t s = seed * 0x100000001b3ull + (uint64_t)i; /* each tensor its own stream */
+        float *p = w + t.offset;
+        const char *leaf = strrchr(t.name, '.') ? strrchr(t.name, '.') + 1 : t.name;
+        const int is_weight_leaf = !strcmp(leaf, "weight");
+        const char *base = t.name;
+        if (strstr(base, "conv1d.weight")) {
+            /* PyTorch's Conv1d default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = Kc */
+            const double b = 1.0 / sqrt((double)c->Kc);
+            for (size_t k = 0; k < t.numel; k++) p[k] = (float)(b * (2 * uniform01(&s) - 1));
+        } else if (strstr(base, "A_log")) {
+            /* A uniform in (0, 16], its lower end kept away from 0 (DESIGN §5) */
+            for (size_t k = 0; k < t.numel; k++) p[k] = (float)log(0.01 + (16.0 - 0.01) * uniform01(&s));
+        } else if (strstr(base, "dt_bias") || strstr(base, "linear_attn.norm.weight")) {
+            for (size_t k = 0; k < t.numel; k++) p[k] = 1.0f;
+        } else if (t.ndim == 1 && is_weight_leaf) {
+            /* zero-centred RMSNorm: scale 1 + w starts at 1 */
+        } else {
+            for (size_t k = 0; k < t.numel; k++) p[k] = (float)(0.02 * normal(&s));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- plan */
+
+/* What the forward keeps of one block for its backward (all N rows). */
+typedef struct {
+    float *a1, *rstd1, *saved, *h, *a2, *rstd2, *gu;
+} block_acts;
+
+struct gdn_model_plan {
+    gdn_model_config cfg;
+    gdn_model_run run;
+    gdn_cp *cp;
+    int threads;
+    int64_t N;                /* B*T rows */
+    gdn_layer_plan *lp;       /* one plan for every layer (same shapes) */
+    size_t saved_floats;      /* the layer's saved floats per block */
+    float *xs;                /* (L+1) x N x E: each block's input, then the final residual */
+    block_acts *acts;         /* L of them (recompute: 1, reused) */
+    float *af, *rstdf;        /* final norm output, its rstd */
+    float *y, *m;             /* N x E layer output; N x I MLP activation */
+    float *dres, *da, *dm;    /* N x E residual gradient, N x E norm-input gradient, N x I */
+    float *logits;            /* LOSS_ROWS x vocab */
+    float *partial;           /* threads x E: per-thread weight-gradient partials */
+    double *loss_partial;     /* threads */
+    float *mm_ws;
+    void *arena;
+    size_t arena_bytes;
+};
+
+enum { LOSS_ROWS = 1024 };
+
+/* Floats of the whole arena for this plan, and the layer's keep mode (recompute or not). */
+static size_t plan_floats(const gdn_model_config *c, const gdn_model_run *r, int threads,
+                          size_t saved_floats) {
+    const size_t N = (size_t)(r->B * r->T), E = (size_t)c->E, I = (size_t)c->I, L = (size_t)c->L;
+    const size_t act = pad16(N * E) * 3 + pad16(N) * 2 + pad16(saved_floats) + pad16(N * 2 * I);
+    return pad16((L + 1) * N * E) + (r->recompute ? 1 : L) * act + pad16(N * E) + pad16(N) +
+           pad16(N * E) * 3 + pad16(N * I) * 2 + pad16((size_t)LOSS_ROWS * (size_t)c->vocab) +
+           pad16((size_t)threads * E) + pad16(2 * (size_t)threads) + gdn_matmul_ws_floats(threads);
+}
+
+double gdn_model_plan_estimate(const gdn_model_config *c, const gdn_model_run *r) {
+    gdn_layer_config lc = gdn_model_layer_config(c, r->B, r->T);
+    const int threads = r->threads > 0 ? r->threads : omp_get_max_threads();
+    lc.keep = r->recompute ? GDN_LAYER_KEEP_MIN : GDN_LAYER_KEEP_PROJ;
+    /* the layer's saved floats and workspace, approximated from its per-token sizes */
+    const double cd = (double)gdn_layer_conv_dim(&lc), vd = (double)(c->Hv * c->V);
+    const double P = cd + vd + 2.0 * (double)c->Hv, tokens = (double)(r->B * r->T);
+    const double layer_ws = tokens * (2 * P + 2 * (cd + 2 * (double)c->Hv) + 2 * vd) * 4.0;
+    const double per_chunk_state = (double)(c->Hv * c->K * c->V) / 64.0;
+    const double saved = tokens * (r->recompute ? per_chunk_state : P + vd + per_chunk_state);
+    return 4.0 * (double)plan_floats(c, r, threads, (size_t)saved) + layer_ws;
+}
+
+int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
+                          const gdn_model_run *r, gdn_cp *cp) {
+    if (!out) return gdn_fail(GDN_ERR_ARG, "model plan pointer is NULL");
+    *out = NULL;
+    int rc = gdn_model_config_check(c);
+    if (rc) return rc;
+    if (!r) return gdn_fail(GDN_ERR_ARG, "model run is NULL");
+    if (r->B < 1 || r->T < 1 || r->B > (1 << 20) || r->T > ((int64_t)1 << 36))
+        return gdn_fail(GDN_ERR_SHAPE, "model run B = %lld, T = %lld is out of range",
+                        (long long)r->B, (long long)r->T);
+    if (r->threads < 0) return gdn_fail(GDN_ERR_ARG, "model threads = %d is negative", r->threads);
+    gdn_model_plan *p = calloc(1, sizeof *p);
+    if (!p) return gdn_fail(GDN_ERR_NOMEM, "model plan");
+    p->cfg = *c, p->run = *r, p->cp = cp;
+    p->threads = r->threads > 0 ? r->threads : omp_get_max_threads();
+    p->N = r->B * r->T;
+    gdn_layer_config lc = gdn_model_layer_config(c, r->B, r->T);
+    lc.threads = p->threads;
+    lc.check_finite = r->check_finite;
+    /* Recompute keeps only the kernel's states (KEEP_MIN) of the one block being recomputed;
+     * otherwise every block keeps its projections too, for the faster backward. */
+    lc.keep = r->recompute ? GDN_LAYER_KEEP_MIN : GDN_LAYER_KEEP_PROJ;
+    if ((rc = gdn_layer_plan_create(&p->lp, &lc))) {
+        free(p);
+        return rc;
+    }
+    p->saved_floats = gdn_layer_saved_floats(p->lp);
+    const size_t floats = plan_floats(c, r, p->threads, p->saved_floats);
+    if ((rc = gdn_check_fits("the model's activations and workspace", 4.0 * (double)floats))) {
+        gdn_model_plan_destroy(p);
+        return rc;
+    }
+    const int nacts = r->recompute ? 1 : (int)c->L;
+    p->acts = calloc((size_t)nacts, sizeof *p->acts);
+    p->arena = aligned_alloc(64, sizeof(float) * floats);
+    if (!p->acts || !p->arena) {
+        gdn_model_plan_destroy(p);
+        return gdn_fail(GDN_ERR_NOMEM, "the model's activations and workspace (%.3g GB for B = %lld, "
+                        "T = %lld)", 4e-9 * (double)floats, (long long)r->B, (long long)r->T);
+    }
+    p->arena_bytes = sizeof(float) * floats;
+    float *a = p->arena;
+    const size_t N = (size_t)p->N, E = (size_t)c->E, I = (size_t)c->I;
+#define CARVE(ptr, n) (ptr = a, a += pad16(n))
+    CARVE(p->xs, ((size_t)c->L + 1) * N * E);
+    for (int l = 0; l < nacts; l++) {
+        block_acts *b = &p->acts[l];
+        CARVE(b->a1, N * E), CARVE(b->rstd1, N), CARVE(b->saved, p->saved_floats);
+        CARVE(b->h, N * E), CARVE(b->a2, N * E), CARVE(b->rstd2, N), CARVE(b->gu, N * 2 * I);
+    }
+    CARVE(p->af, N * E), CARVE(p->rstdf, N);
+    CARVE(p->y, N * E), CARVE(p->dres, N * E), CARVE(p->da, N * E);
+    CARVE(p->m, N * I), CARVE(p->dm, N * I);
+    CARVE(p->logits, (size_t)LOSS_ROWS * (size_t)c->vocab);
+    CARVE(p->partial, (size_t)p->threads * E);
+    p->loss_partial = (double *)a, a += pad16(2 * (size_t)p->threads);
+    p->mm_ws = a;
+#undef CARVE
+    *out = p;
+    return GDN_OK;
+}
+
+void gdn_model_plan_destroy(gdn_model_plan *p) {
+    if (!p) return;
+    gdn_layer_plan_destroy(p->lp);
+    free(p->acts);
+    free(p->arena);
+    free(p);
+}
+
+double gdn_model_plan_bytes(const gdn_model_plan *p) {
+    /* the layer plan's workspace is not counted here: it reports through its own plan */
+    return p ? (double)p->arena_bytes : 0.0;
+}
+
+/* ---------------------------------------------------------------- pieces */
+
+/* y = x / sqrt(mean(x^2) + eps) * (1 + w), row by row; rstd keeps 1/sqrt(...). */
+static void norm_forward(const gdn_model_plan *p, int64_t N, float *y, float *rstd, const float *x,
+                         const float *w) {
+    const int64_t E = p->cfg.E;
+    const float eps = p->cfg.eps;
+#pragma omp parallel for num_threads(p->threads) schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *xi = x + i * E;
+        float ss = 0.0f;
+        for (int64_t e = 0; e < E; e++) ss += xi[e] * xi[e];
+        const float r = 1.0f / sqrtf(ss / (float)E + eps);
+        if (rstd) rstd[i] = r;
+        for (int64_t e = 0; e < E; e++) y[i * E + e] = xi[e] * r * (1.0f + w[e]);
+    }
+}
+
+/* dx (+)= the norm's input gradient for dy; dw = its weight gradient (overwritten). Per-thread
+ * partial sums reduced in thread order: deterministic for a given thread count. */
+static void norm_backward(gdn_model_plan *p, int64_t N, float *dx, int accumulate, float *dw,
+                          const float *dy, const float *x, const float *rstd, const float *w) {
+    const int64_t E = p->cfg.E;
+    const int nt = p->threads;
+    memset(p->partial, 0, sizeof(float) * (size_t)nt * (size_t)E);
+#pragma omp parallel num_threads(nt)
+    {
+        float *pw = p->partial + (size_t)omp_get_thread_num() * (size_t)E;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < N; i++) {
+            const float *xi = x + i * E, *gi = dy + i * E;
+            const float r = rstd[i];
+            float dot = 0.0f; /* sum_e dy (1 + w) x */
+            for (int64_t e = 0; e < E; e++) {
+                dot += gi[e] * (1.0f + w[e]) * xi[e];
+                pw[e] += gi[e] * xi[e] * r;
+            }
+            const float c = dot * r * r / (float)E;
+            float *di = dx + i * E;
+            for (int64_t e = 0; e < E; e++) {
+                const float v = r * (gi[e] * (1.0f + w[e]) - xi[e] * c);
+                di[e] = accumulate ? di[e] + v : v;
+            }
+        }
+    }
+    for (int64_t e = 0; e < E; e++) {
+        float s = 0.0f;
+        for (int t = 0; t < nt; t++) s += p->partial[(size_t)t * (size_t)E + (size_t)e];
+        dw[e] = s;
+    }
+}
+
+static int layer_forward(gdn_model_plan *p, float *y, float *saved, const float *x, const float *w) {
+    return p->cp ? gdn_layer_cp_forward(p->cp, p->lp, y, saved, x, w)
+                 : gdn_layer_forward(p->lp, y, saved, x, w, NULL, NULL);
+}
+static int layer_backward(gdn_model_plan *p, float *dx, float *dw, const float *x, const float *w,
+                          const float *saved, const float *dy) {
+    return p->cp ? gdn_layer_cp_backward(p->cp, p->lp, dx, dw, x, w, saved, dy)
+                 : gdn_layer_backward(p->lp, dx, dw, x, w, saved, dy);
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* m = silu(gate) * up for gu = [gate | up] rows of 2I. */
+static void swiglu_forward(const gdn_model_plan *p, float *m, const float *gu) {
+    const int64_t I = p->cfg.I;
+#pragma omp parallel for num_threads(p->threads) schedule(static)
+    for (int64_t i = 0; i < p->N; i++)
+        for (int64_t j = 0; j < I; j++) m[i * I + j] = silu(gu[i * 2 * I + j]) * gu[i * 2 * I + I + j];
+}
+
+/* One block forward from x (its input) into xout; keeps what its backward needs in b. */
+static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float *x,
+                         const block_acts *b, const float *w, int keep) {
+    const gdn_model_config *c = &p->cfg;
+    const int64_t N = p->N, E = c->E, I = c->I, nt = p->threads;
+    norm_forward(p, N, b->a1, b->rstd1, x, w + blk_offset(c, l, BLK_IN_NORM));
+    int rc = layer_forward(p, p->y, keep ? b->saved : NULL, b->a1, w + gdn_model_layer_offset(c, l));
+    if (rc) return rc;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N * E; i++) b->h[i] = x[i] + p->y[i];
+    norm_forward(p, N, b->a2, b->rstd2, b->h, w + blk_offset(c, l, BLK_POST_NORM));
+    gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + blk_offset(c, l, BLK_GATE), E, b->gu, 2 * I,
+               p->mm_ws, (int)nt);
+    gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + blk_offset(c, l, BLK_UP), E, b->gu + I, 2 * I,
+               p->mm_ws, (int)nt);
+    swiglu_forward(p, p->m, b->gu);
+    memcpy(xout, b->h, sizeof(float) * (size_t)(N * E));
+    gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, p->m, I, w + blk_offset(c, l, BLK_DOWN), I,
+               xout, E, p->mm_ws, (int)nt);
+    return GDN_OK;
+}
+
+/* One block backward: dres holds the gradient of the block's output on entry and of its input
+ * x on return; dw receives the block's weight gradients. */
+static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const block_acts *b,
+                          const float *w, float *dw) {
+    const gdn_model_config *c = &p->cfg;
+    const int64_t N = p->N, E = c->E, I = c->I;
+    const int nt = p->threads;
+    /* down_proj: m again from gu, dW_down = dres^T m, dm = dres W_down */
+    swiglu_forward(p, p->m, b->gu);
+    gdn_matmul(GDN_GEMM_A_TRANS, E, I, N, p->dres, E, p->m, I, dw + blk_offset(c, l, BLK_DOWN), I,
+               p->mm_ws, nt);
+    gdn_matmul(0, N, I, E, p->dres, E, w + blk_offset(c, l, BLK_DOWN), I, p->dm, I, p->mm_ws, nt);
+    /* SwiGLU: gu becomes [dgate | dup] in place */
+    float *dgu = b->gu;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t j = 0; j < I; j++) {
+            float *gi = dgu + i * 2 * I;
+            const float g = gi[j], u = gi[I + j], d = p->dm[i * I + j];
+            const float s = 1.0f / (1.0f + expf(-g)), sl = g * s;
+            gi[j] = d * u * s * (1.0f + g * (1.0f - s));
+            gi[I + j] = d * sl;
+        }
+    gdn_matmul(GDN_GEMM_A_TRANS, I, E, N, dgu, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_GATE), E,
+               p->mm_ws, nt);
+    gdn_matmul(GDN_GEMM_A_TRANS, I, E, N, dgu + I, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_UP), E,
+               p->mm_ws, nt);
+    gdn_matmul(0, N, E, I, dgu, 2 * I, w + blk_offset(c, l, BLK_GATE), E, p->da, E, p->mm_ws, nt);
+    gdn_matmul(GDN_GEMM_ACC, N, E, I, dgu + I, 2 * I, w + blk_offset(c, l, BLK_UP), E, p->da, E,
+               p->mm_ws, nt);
+    /* post norm: dres (dh) += its input gradient */
+    norm_backward(p, N, p->dres, 1, dw + blk_offset(c, l, BLK_POST_NORM), p->da, b->h, b->rstd2,
+                  w + blk_offset(c, l, BLK_POST_NORM));
+    /* the GatedDeltaNet layer: dy = dh -> da1 (into da) */
+    const size_t lo = gdn_model_layer_offset(c, l);
+    int rc = layer_backward(p, p->da, dw + lo, b->a1, w + lo, b->saved, p->dres);
+    if (rc) return rc;
+    /* input norm: dx = dh + its input gradient */
+    norm_backward(p, N, p->dres, 1, dw + blk_offset(c, l, BLK_IN_NORM), p->da, x, b->rstd1,
+                  w + blk_offset(c, l, BLK_IN_NORM));
+    return GDN_OK;
+}
+
+/* The loss head in row chunks: logits, softmax cross-entropy against the targets, and (dw not
+ * NULL) the gradient into dres and lm_head's dw. Returns the summed loss of the N rows. */
+static double loss_head(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tokens,
+                        double denom) {
+    const gdn_model_config *c = &p->cfg;
+    const int64_t N = p->N, T = p->run.T, E = c->E, Vv = c->vocab;
+    const int nt = p->threads;
+    const float *wl = w + lm_head_offset(c);
+    double loss = 0.0;
+    const float scale = (float)(1.0 / denom);
+    for (int64_t r0 = 0; r0 < N; r0 += LOSS_ROWS) {
+        const int64_t R = N - r0 < LOSS_ROWS ? N - r0 : LOSS_ROWS;
+        gdn_matmul(GDN_GEMM_B_TRANS, R, Vv, E, p->af + r0 * E, E, wl, E, p->logits, Vv, p->mm_ws, nt);
+        for (int t = 0; t < nt; t++) p->loss_partial[t] = 0.0;
+#pragma omp parallel num_threads(nt)
+        {
+            double acc = 0.0;
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < R; i++) {
+                const int64_t row = r0 + i, bb = row / T, t = row % T;
+                const int target = tokens[bb * (T + 1) + t + 1];
+                float *li = p->logits + i * Vv;
+                float mx = li[0];
+                for (int64_t v = 1; v < Vv; v++) mx = li[v] > mx ? li[v] : mx;
+                double se = 0.0;
+                for (int64_t v = 0; v < Vv; v++) se += exp((double)(li[v] - mx));
+                acc += log(se) + (double)mx - (double)li[target];
+                if (dw) {
+                    const float inv = (float)(1.0 / se);
+                    for (int64_t v = 0; v < Vv; v++) li[v] = expf(li[v] - mx) * inv * scale;
+                    li[target] -= scale;
+                }
+            }
+            p->loss_partial[omp_get_thread_num()] = acc;
+        }
+        for (int t = 0; t < nt; t++) loss += p->loss_partial[t];
+        if (dw) {
+            gdn_matmul(r0 ? GDN_GEMM_A_TRANS | GDN_GEMM_ACC : GDN_GEMM_A_TRANS, Vv, E, R, p->logits,
+                       Vv, p->af + r0 * E, E, dw + lm_head_offset(c), E, p->mm_ws, nt);
+            gdn_matmul(0, R, E, Vv, p->logits, Vv, wl, E, p->da + r0 * E, E, p->mm_ws, nt);
+        }
+    }
+    return loss;
+}
+
+/* Embedding rows of the input tokens into xs[0]. */
+static void embed_forward(gdn_model_plan *p, const float *w, const uint8_t *tokens) {
+    const int64_t T = p->run.T, E = p->cfg.E;
+#pragma omp parallel for num_threads(p->threads) schedule(static)
+    for (int64_t row = 0; row < p->N; row++) {
+        const int tok = tokens[(row / T) * (T + 1) + row % T];
+        memcpy(p->xs + row * E, w + (size_t)tok * (size_t)E, sizeof(float) * (size_t)E);
+    }
+}
+
+static int forward_all(gdn_model_plan *p, const float *w, const uint8_t *tokens, int keep) {
+    const gdn_model_config *c = &p->cfg;
+    const size_t NE = (size_t)(p->N * c->E);
+    embed_forward(p, w, tokens);
+    for (int64_t l = 0; l < c->L; l++) {
+        const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
+        int rc = block_forward(p, l, p->xs + (size_t)(l + 1) * NE, p->xs + (size_t)l * NE, b, w,
+                               keep && !p->run.recompute);
+        if (rc) return rc;
+    }
+    norm_forward(p, p->N, p->af, p->rstdf, p->xs + (size_t)c->L * NE, w + final_norm_offset(c));
+    return GDN_OK;
+}
+
+int gdn_model_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tokens,
+                   double denom, double *loss_sum) {
+    if (!p || !w || !tokens || !loss_sum)
+        return gdn_fail(GDN_ERR_ARG, "model step: plan, w, tokens and loss_sum must not be NULL");
+    if (!(denom > 0.0) || !isfinite(denom))
+        return gdn_fail(GDN_ERR_ARG, "model step: denom = %g must be positive", denom);
+    const gdn_model_config *c = &p->cfg;
+    const size_t NE = (size_t)(p->N * c->E);
+    int rc = forward_all(p, w, tokens, dw != NULL);
+    if (rc) return rc;
+    if (dw) { /* padding between tensors included: the optimiser may run over the whole array */
+        memset(dw, 0, sizeof(float) * gdn_model_param_floats(c));
+        memset(p->da, 0, sizeof(float) * NE);
+    }
+    *loss_sum = loss_head(p, w, dw, tokens, denom);
+    if (!dw) return GDN_OK;
+    /* final norm */
+    const float *xL = p->xs + (size_t)c->L * NE;
+    norm_backward(p, p->N, p->dres, 0, dw + final_norm_offset(c), p->da, xL, p->rstdf,
+                  w + final_norm_offset(c));
+    for (int64_t l = c->L - 1; l >= 0; l--) {
+        const float *x = p->xs + (size_t)l * NE;
+        const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
+        if (p->run.recompute) /* the block again, this time keeping what its backward needs */
+            if ((rc = block_forward(p, l, p->y, x, b, w, 1))) return rc;
+        if ((rc = block_backward(p, l, x, b, w, dw))) return rc;
+    }
+    /* embedding: scatter-add the input rows' gradient (serial: tokens repeat) */
+    const int64_t T = p->run.T, E = c->E;
+    for (int64_t row = 0; row < p->N; row++) {
+        const int tok = tokens[(row / T) * (T + 1) + row % T];
+        float *d = dw + (size_t)tok * (size_t)E;
+        const float *g = p->dres + row * E;
+        for (int64_t e = 0; e < E; e++) d[e] += g[e];
+    }
+    return GDN_OK;
+}
+
+int gdn_model_logits(gdn_model_plan *p, const float *w, const uint8_t *tokens, float *logits) {
+    if (!p || !w || !tokens || !logits)
+        return gdn_fail(GDN_ERR_ARG, "model logits: plan, w, tokens and logits must not be NULL");
+    const int64_t T = p->run.T, B = p->run.B;
+    /* the inputs in the [B, T+1] layout the step uses (the extra column is not read) */
+    uint8_t *tk = calloc((size_t)(B * (T + 1)), 1);
+    if (!tk) return gdn_fail(GDN_ERR_NOMEM, "model logits: token copy");
+    for (int64_t b = 0; b < B; b++) memcpy(tk + b * (T + 1), tokens + b * T, (size_t)T);
+    int rc = forward_all(p, w, tk, 0);
+    free(tk);
+    if (rc) return rc;
+    const gdn_model_config *c = &p->cfg;
+    gdn_matmul(GDN_GEMM_B_TRANS, p->N, c->vocab, c->E, p->af, c->E, w + lm_head_offset(c), c->E,
+               logits, c->vocab, p->mm_ws, p->threads);
+    return GDN_OK;
+}
+
+/* ---------------------------------------------------------------- decode */
+
+struct gdn_model_decoder {
+    gdn_model_config cfg;
+    int64_t B;
+    int threads;
+    gdn_layer_plan *lp;
+    float *conv, *rec;              /* L x [B, conv_dim, Kc], L x [B, Hv, K, V] */
+    float *x, *a, *y, *h, *gu, *m;  /* one token per sequence */
+    float *mm_ws;
+    size_t conv_floats, rec_floats;
+};
+
+int gdn_model_decoder_create(gdn_model_decoder **out, const gdn_model_config *c, int64_t B,
+                             int threads) {
+    if (!out) return gdn_fail(GDN_ERR_ARG, "decoder pointer is NULL");
+    *out = NULL;
+    int rc = gdn_model_config_check(c);
+    if (rc) return rc;
+    if (B < 1 || B > 4096) return gdn_fail(GDN_ERR_SHAPE, "decoder B = %lld is out of range [1, 4096]", (long long)B);
+    gdn_model_decoder *d = calloc(1, sizeof *d);
+    if (!d) return gdn_fail(GDN_ERR_NOMEM, "decoder");
+    d->cfg = *c, d->B = B, d->threads = threads > 0 ? threads : omp_get_max_threads();
+    gdn_layer_config lc = gdn_model_layer_config(c, B, 1);
+    lc.threads = d->threads;
+    if ((rc = gdn_layer_plan_create(&d->lp, &lc))) {
+        free(d);
+        return rc;
+    }
+    d->conv_floats = (size_t)(B * gdn_layer_conv_dim(&lc) * c->Kc);
+    d->rec_floats = (size_t)(B * c->Hv * c->K * c->V);
+    const size_t E = (size_t)c->E, I = (size_t)c->I, L = (size_t)c->L;
+    d->conv = calloc(L * d->conv_floats, sizeof(float));
+    d->rec = calloc(L * d->rec_floats, sizeof(float));
+    d->x = calloc((size_t)B * (4 * E + 3 * I), sizeof(float));
+    d->mm_ws = malloc(sizeof(float) * gdn_matmul_ws_floats(d->threads));
+    if (!d->conv || !d->rec || !d->x || !d->mm_ws) {
+        gdn_model_decoder_destroy(d);
+        return gdn_fail(GDN_ERR_NOMEM, "decoder caches");
+    }
+    d->a = d->x + B * E, d->y = d->a + B * E, d->h = d->y + B * E, d->gu = d->h + B * E;
+    d->m = d->gu + (size_t)B * 2 * I;
+    *out = d;
+    return GDN_OK;
+}
+
+void gdn_model_decoder_destroy(gdn_model_decoder *d) {
+    if (!d) return;
+    gdn_layer_plan_destroy(d->lp);
+    free(d->conv), free(d->rec), free(d->x), free(d->mm_ws);
+    free(d);
+}
+
+/* The per-row norm for the decoder's B rows (no plan: a tiny loop). */
+static void norm_rows(int64_t N, int64_t E, float eps, float *y, const float *x, const float *w) {
+    for (int64_t i = 0; i < N; i++) {
+        float ss = 0.0f;
+        for (int64_t e = 0; e < E; e++) ss += x[i * E + e] * x[i * E + e];
+        const float r = 1.0f / sqrtf(ss / (float)E + eps);
+        for (int64_t e = 0; e < E; e++) y[i * E + e] = x[i * E + e] * r * (1.0f + w[e]);
+    }
+}
+
+int gdn_model_decode(gdn_model_decoder *d, const float *w, const uint8_t *tokens, float *logits) {
+    if (!d || !w || !tokens || !logits)
+        return gdn_fail(GDN_ERR_ARG, "decode: decoder, w, tokens and logits must not be NULL");
+    const gdn_model_config *c = &d->cfg;
+    const int64_t B = d->B, E = c->E, I = c->I;
+    const int nt = d->threads;
+    for (int64_t b = 0; b < B; b++)
+        memcpy(d->x + b * E, w + (size_t)tokens[b] * (size_t)E, sizeof(float) * (size_t)E);
+    for (int64_t l = 0; l < c->L; l++) {
+        norm_rows(B, E, c->eps, d->a, d->x, w + blk_offset(c, l, BLK_IN_NORM));
+        int rc = gdn_layer_decode(d->lp, d->y, d->a, w + gdn_model_layer_offset(c, l),
+                                  d->conv + (size_t)l * d->conv_floats, d->rec + (size_t)l * d->rec_floats);
+        if (rc) return rc;
+        for (int64_t i = 0; i < B * E; i++) d->h[i] = d->x[i] + d->y[i];
+        norm_rows(B, E, c->eps, d->a, d->h, w + blk_offset(c, l, BLK_POST_NORM));
+        gdn_matmul(GDN_GEMM_B_TRANS, B, I, E, d->a, E, w + blk_offset(c, l, BLK_GATE), E, d->gu, 2 * I, d->mm_ws, nt);
+        gdn_matmul(GDN_GEMM_B_TRANS, B, I, E, d->a, E, w + blk_offset(c, l, BLK_UP), E, d->gu + I, 2 * I, d->mm_ws, nt);
+        for (int64_t i = 0; i < B; i++)
+            for (int64_t j = 0; j < I; j++) d->m[i * I + j] = silu(d->gu[i * 2 * I + j]) * d->gu[i * 2 * I + I + j];
+        memcpy(d->x, d->h, sizeof(float) * (size_t)(B * E));
+        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, B, E, I, d->m, I, w + blk_offset(c, l, BLK_DOWN), I, d->x, E,
+                   d->mm_ws, nt);
+    }
+    norm_rows(B, E, c->eps, d->a, d->x, w + final_norm_offset(c));
+    gdn_matmul(GDN_GEMM_B_TRANS, B, c->vocab, E, d->a, E, w + lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
+    return GDN_OK;
+}

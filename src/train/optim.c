@@ -1,0 +1,72 @@
+/* AdamW (Loshchilov & Hutter): moments with bias correction, weight decay applied to the
+ * weights directly (not through the gradient), tensor by tensor. */
+#include "optim.h"
+
+#include <math.h>
+#include <omp.h>
+
+#include "../core/internal.h"
+
+gdn_adamw_config gdn_adamw_default(void) {
+    gdn_adamw_config a = {.lr = 3e-3, .min_lr = 3e-4, .warmup = 20, .steps = 1000, .beta1 = 0.9,
+                          .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0};
+    return a;
+}
+
+int gdn_adamw_check(const gdn_adamw_config *a) {
+    if (!(a->lr > 0 && a->lr <= 1)) return gdn_fail(GDN_ERR_ARG, "lr = %g is out of range (0, 1]", a->lr);
+    if (!(a->min_lr >= 0 && a->min_lr <= a->lr))
+        return gdn_fail(GDN_ERR_ARG, "min_lr = %g is out of range [0, lr = %g]", a->min_lr, a->lr);
+    if (a->warmup < 0 || a->steps < 1)
+        return gdn_fail(GDN_ERR_ARG, "warmup = %lld, steps = %lld (want warmup >= 0, steps >= 1)",
+                        (long long)a->warmup, (long long)a->steps);
+    if (!(a->beta1 >= 0 && a->beta1 < 1) || !(a->beta2 >= 0 && a->beta2 < 1))
+        return gdn_fail(GDN_ERR_ARG, "beta1 = %g, beta2 = %g (want [0, 1))", a->beta1, a->beta2);
+    if (!(a->eps > 0 && a->eps < 1)) return gdn_fail(GDN_ERR_ARG, "adam eps = %g is out of range (0, 1)", a->eps);
+    if (!(a->weight_decay >= 0 && a->weight_decay < 10))
+        return gdn_fail(GDN_ERR_ARG, "weight_decay = %g is out of range [0, 10)", a->weight_decay);
+    if (!(a->clip >= 0 && isfinite(a->clip))) return gdn_fail(GDN_ERR_ARG, "clip = %g must be >= 0", a->clip);
+    return GDN_OK;
+}
+
+double gdn_adamw_lr(const gdn_adamw_config *a, int64_t step) {
+    if (a->warmup > 0 && step <= a->warmup) return a->lr * (double)step / (double)a->warmup;
+    if (step >= a->steps) return a->min_lr;
+    const double span = (double)(a->steps - a->warmup);
+    const double t = span > 0 ? (double)(step - a->warmup) / span : 1.0;
+    return a->min_lr + 0.5 * (a->lr - a->min_lr) * (1.0 + cos(3.141592653589793 * t));
+}
+
+double gdn_grad_norm(const gdn_model_config *cfg, const float *dw) {
+    double ss = 0.0;
+    gdn_model_tensor_info t;
+    for (int i = 0; i < gdn_model_tensor_count(cfg); i++) {
+        gdn_model_tensor(cfg, i, &t);
+        for (size_t k = 0; k < t.numel; k++) ss += (double)dw[t.offset + k] * dw[t.offset + k];
+    }
+    return sqrt(ss);
+}
+
+void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,
+                      const float *dw, float *m, float *v, int64_t step, double lr,
+                      double grad_scale, int threads) {
+    const double bc1 = 1.0 - pow(a->beta1, (double)step), bc2 = 1.0 - pow(a->beta2, (double)step);
+    const float b1 = (float)a->beta1, b2 = (float)a->beta2, gs = (float)grad_scale;
+    const float step_size = (float)(lr / bc1), inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    const float eps = (float)a->eps;
+    gdn_model_tensor_info t;
+    for (int i = 0; i < gdn_model_tensor_count(cfg); i++) {
+        gdn_model_tensor(cfg, i, &t);
+        const float shrink = t.decay ? (float)(1.0 - lr * a->weight_decay) : 1.0f;
+        float *wi = w + t.offset, *mi = m + t.offset, *vi = v + t.offset;
+        const float *gi = dw + t.offset;
+        const int64_t n = (int64_t)t.numel;
+#pragma omp parallel for num_threads(threads > 0 ? threads : omp_get_max_threads()) schedule(static) if (n > 65536)
+        for (int64_t k = 0; k < n; k++) {
+            const float g = gi[k] * gs;
+            mi[k] = b1 * mi[k] + (1.0f - b1) * g;
+            vi[k] = b2 * vi[k] + (1.0f - b2) * g * g;
+            wi[k] = wi[k] * shrink - step_size * mi[k] / (sqrtf(vi[k]) * inv_sqrt_bc2 + eps);
+        }
+    }
+}

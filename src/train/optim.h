@@ -1,0 +1,29 @@
+/* AdamW with decoupled weight decay, a linear warmup + cosine learning-rate schedule and
+ * clipping by the global gradient norm, over the model's flat parameter array. */
+#ifndef GDNCP_TRAIN_OPTIM_H
+#define GDNCP_TRAIN_OPTIM_H
+
+#include "model.h"
+
+typedef struct {
+    double lr;           /* peak learning rate */
+    double min_lr;       /* the cosine's floor */
+    int64_t warmup;      /* steps of linear warmup from lr / warmup */
+    int64_t steps;       /* total steps: the cosine reaches min_lr here */
+    double beta1, beta2, eps;
+    double weight_decay; /* decoupled, on the tensors gdn_model_tensor marks `decay` */
+    double clip;         /* global gradient norm limit (0: none) */
+} gdn_adamw_config;
+
+gdn_adamw_config gdn_adamw_default(void);
+int gdn_adamw_check(const gdn_adamw_config *a);
+/* Learning rate for step (1-based). */
+double gdn_adamw_lr(const gdn_adamw_config *a, int64_t step);
+/* Euclidean norm of the gradient over the model's tensors (padding excluded), in double. */
+double gdn_grad_norm(const gdn_model_config *cfg, const float *dw);
+/* One update, step 1-based: dw scaled by `grad_scale` (clipping) first; m, v are the moments. */
+void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,
+                      const float *dw, float *m, float *v, int64_t step, double lr,
+                      double grad_scale, int threads);
+
+#endif

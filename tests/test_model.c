@@ -1,0 +1,258 @@
+/* The decoder language model on one rank: its tensor table against transformers' checkpoint,
+ * the gradient of the whole model against central differences (tensor by tensor), recompute
+ * against kept activations, decode against the full forward; each with a negative control. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/train/model.h"
+#include "../src/train/optim.h"
+
+/* A model small enough for finite differences, with every piece present. */
+static gdn_model_config small_cfg(void) {
+    gdn_model_config c = {256, 32, 2, 48, 1, 2, 16, 16, 4, 1e-6f, 0};
+    return c;
+}
+
+static uint8_t *random_tokens(int64_t n, uint64_t seed) {
+    uint8_t *t = malloc((size_t)n);
+    rng_seed(seed);
+    /* a small alphabet, so that the model sees repeats */
+    for (int64_t i = 0; i < n; i++) t[i] = (uint8_t)(97 + (int)rng_uniform(0, 12));
+    return t;
+}
+
+/* Weights with larger matrices than the 0.02 init (gradients well above fp32 noise), gates
+ * with some memory. */
+static float *model_weights(const gdn_model_config *c, uint64_t seed) {
+    float *w = aligned_alloc(64, sizeof(float) * gdn_model_param_floats(c));
+    gdn_model_init(c, w, seed);
+    gdn_model_tensor_info t;
+    rng_seed(seed + 7);
+    for (int i = 0; i < gdn_model_tensor_count(c); i++) {
+        gdn_model_tensor(c, i, &t);
+        if (t.ndim == 2) /* embeddings of size ~1: the first norm is smooth at the FD step */
+            for (size_t k = 0; k < t.numel; k++) w[t.offset + k] *= strstr(t.name, "embed") ? 50.0f : 8.0f;
+        if (t.ndim == 1 && !strstr(t.name, "A_log") && !strstr(t.name, "dt_bias"))
+            for (size_t k = 0; k < t.numel; k++) w[t.offset + k] += (float)rng_uniform(-0.3, 0.3);
+        if (strstr(t.name, "A_log"))
+            for (size_t k = 0; k < t.numel; k++) w[t.offset + k] = (float)log(rng_uniform(0.05, 1.0));
+    }
+    return w;
+}
+
+static double loss_of(gdn_model_plan *p, const float *w, const uint8_t *tok, double denom) {
+    double s = 0;
+    int rc = gdn_model_step(p, w, NULL, tok, denom, &s);
+    return rc ? NAN : s / denom;
+}
+
+static void test_gradients(void) {
+    const gdn_model_config c = small_cfg();
+    const gdn_model_run r = {.B = 2, .T = 37, .threads = 0, .recompute = 0, .check_finite = 1};
+    const double denom = (double)(r.B * r.T);
+    gdn_model_plan *p = NULL;
+    check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "model plan B=2 T=37 E=32 L=2");
+    if (!p) return;
+    float *w = model_weights(&c, 11);
+    const size_t nw = gdn_model_param_floats(&c);
+    float *dw = aligned_alloc(64, sizeof(float) * nw), *dw_wrong = aligned_alloc(64, sizeof(float) * nw);
+    float *wp = aligned_alloc(64, sizeof(float) * nw);
+    uint8_t *tok = random_tokens(r.B * (r.T + 1), 5), *tok2 = random_tokens(r.B * (r.T + 1), 6);
+    double ls = 0;
+    const int rc = gdn_model_step(p, w, dw, tok, denom, &ls);
+    check(rc == GDN_OK && isfinite(ls), "model step: loss %.4f per token", ls / denom);
+    check(gdn_model_step(p, w, dw_wrong, tok2, denom, &ls) == GDN_OK, "model step, other tokens");
+    /* The directional derivative along a random direction on one tensor at a time: central
+     * differences of the fp32 loss (accumulated in double) with step 3e-4 agree with the analytic
+     * gradient to ~5e-3 (fp32 rounding of the loss over the step below, curvature above);
+     * tolerance 2e-2, absolute for derivatives under 1e-2. Negative control: the gradient of
+     * other targets. */
+    double worst = 0, worst_wrong = INFINITY;
+    char worst_name[96] = "";
+    gdn_model_tensor_info t;
+    float *dir = malloc(sizeof(float) * nw);
+    for (int i = 0; i < gdn_model_tensor_count(&c); i++) {
+        gdn_model_tensor(&c, i, &t);
+        rng_seed(100 + (uint64_t)i);
+        double an = 0, an_wrong = 0;
+        for (size_t k = 0; k < t.numel; k++) {
+            dir[k] = (float)rng_uniform(-1, 1);
+            an += (double)dir[k] * dw[t.offset + k];
+            an_wrong += (double)dir[k] * dw_wrong[t.offset + k];
+        }
+        const double eps = getenv("GDN_FD_EPS") ? atof(getenv("GDN_FD_EPS")) : 3e-4;
+        double lp2[2];
+        for (int s = 0; s < 2; s++) {
+            memcpy(wp, w, sizeof(float) * nw);
+            for (size_t k = 0; k < t.numel; k++) wp[t.offset + k] += (float)((s ? -eps : eps) * dir[k]);
+            lp2[s] = loss_of(p, wp, tok, denom);
+        }
+        const double fd = (lp2[0] - lp2[1]) / (2 * eps);
+        const double scale = fmax(fabs(fd), 1e-2); /* absolute below 1e-2 */
+        const double err = fabs(an - fd) / scale, err_wrong = fabs(an_wrong - fd) / scale;
+        if (getenv("GDN_TEST_VERBOSE")) printf("  %-50s an %+.6e fd %+.6e err %.2e\n", t.name, an, fd, err);
+        if (err > worst) worst = err, snprintf(worst_name, sizeof worst_name, "%s", t.name);
+        if (err_wrong < worst_wrong) worst_wrong = err_wrong;
+    }
+    expect_close(worst, 2e-2, "model gradient vs central differences, every tensor (worst %s)", worst_name);
+    expect_far(worst_wrong, 2e-2, "the gradient of other targets, best tensor");
+    free(dir);
+
+    /* Recompute (each block's activations recomputed in the backward) gives the same loss and
+     * gradient up to rounding (1e-5). Negative control: recompute's gradient for other tokens. */
+    gdn_model_run rr = r;
+    rr.recompute = 1;
+    gdn_model_plan *pr = NULL;
+    check(gdn_model_plan_create(&pr, &c, &rr, NULL) == GDN_OK, "model plan with recompute");
+    if (pr) {
+        double ls_r = 0, ls_k = 0;
+        float *dwr = aligned_alloc(64, sizeof(float) * nw);
+        gdn_model_step(p, w, dw, tok, denom, &ls_k);
+        check(gdn_model_step(pr, w, dwr, tok, denom, &ls_r) == GDN_OK, "model step with recompute");
+        expect_close(fabs(ls_r - ls_k) / fabs(ls_k), 1e-6, "recompute: loss equals kept activations'");
+        expect_close(rel_err_ff(dwr, dw, (int64_t)nw), 1e-5, "recompute: gradient equals kept activations'");
+        gdn_model_step(pr, w, dwr, tok2, denom, &ls_r);
+        expect_far(rel_err_ff(dwr, dw, (int64_t)nw), 1e-5, "recompute's gradient of other tokens");
+        free(dwr);
+        gdn_model_plan_destroy(pr);
+    }
+    free(tok), free(tok2), free(w), free(wp), free(dw), free(dw_wrong);
+    gdn_model_plan_destroy(p);
+}
+
+/* Decoding token by token (the layer's decode path and caches) gives the full forward's logits. */
+static void test_decode(void) {
+    const gdn_model_config c = small_cfg();
+    const int64_t B = 2, T = 30;
+    const gdn_model_run r = {.B = B, .T = T, .threads = 0, .recompute = 0, .check_finite = 1};
+    gdn_model_plan *p = NULL;
+    gdn_model_decoder *d = NULL, *d2 = NULL;
+    check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "model plan for logits");
+    check(gdn_model_decoder_create(&d, &c, B, 0) == GDN_OK && gdn_model_decoder_create(&d2, &c, B, 0) == GDN_OK,
+          "model decoders B=2");
+    if (!p || !d || !d2) goto out;
+    float *w = model_weights(&c, 3);
+    uint8_t *tok = random_tokens(B * T, 9);
+    float *full = malloc(sizeof(float) * (size_t)(B * T * c.vocab));
+    float *dec = malloc(sizeof(float) * (size_t)(B * T * c.vocab)), *dec_reset = malloc(sizeof(float) * (size_t)(B * T * c.vocab));
+    check(gdn_model_logits(p, w, tok, full) == GDN_OK, "model logits B=2 T=30");
+    float *one = malloc(sizeof(float) * (size_t)(B * c.vocab));
+    for (int64_t t = 0; t < T; t++) {
+        uint8_t step_tok[2] = {tok[t], tok[T + t]};
+        if (t == T / 2) { /* the control: caches dropped halfway */
+            gdn_model_decoder_destroy(d2);
+            gdn_model_decoder_create(&d2, &c, B, 0);
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            gdn_model_decode(pass ? d2 : d, w, step_tok, one);
+            float *dst = pass ? dec_reset : dec;
+            for (int64_t b = 0; b < B; b++)
+                memcpy(dst + (b * T + t) * c.vocab, one + b * c.vocab, sizeof(float) * (size_t)c.vocab);
+        }
+    }
+    /* fp32 chunked vs recurrent paths: rounding only (1e-5) */
+    expect_close(rel_err_ff(dec, full, B * T * c.vocab), 1e-5, "decode token by token vs full forward logits");
+    expect_far(rel_err_ff(dec_reset, full, B * T * c.vocab), 1e-5, "decode with caches dropped halfway");
+    free(w), free(tok), free(full), free(dec), free(dec_reset), free(one);
+out:
+    gdn_model_plan_destroy(p);
+    gdn_model_decoder_destroy(d);
+    gdn_model_decoder_destroy(d2);
+}
+
+/* Every tensor we write has the name and shape transformers gave the same tensor in its own
+ * checkpoint (qwen35_tiny: layers 0..2 are GatedDeltaNet layers). */
+static void test_names(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/qwen35_tiny/model.safetensors", GDN_GOLDEN_DIR);
+    gdn_st_file *f = NULL;
+    if (gdn_st_open(&f, path) != GDN_OK) {
+        check(0, "open %s: %s", path, gdn_errmsg());
+        return;
+    }
+    for (int variant = 0; variant < 2; variant++) {
+        /* qwen35_tiny's dimensions with its 3 GatedDeltaNet layers; the control: intermediate 193 */
+        gdn_model_config c = {256, 96, 3, variant ? 193 : 192, 2, 6, 16, 24, 4, 1e-6f, 0};
+        int bad = 0;
+        char first_bad[128] = "";
+        gdn_model_tensor_info t;
+        for (int i = 0; i < gdn_model_tensor_count(&c); i++) {
+            gdn_model_tensor(&c, i, &t);
+            const gdn_st_tensor *g = gdn_st_find(f, t.name);
+            int ok = g && g->ndim == t.ndim;
+            for (int k = 0; ok && k < t.ndim; k++) ok = g->shape[k] == t.shape[k];
+            if (!ok && !bad++) snprintf(first_bad, sizeof first_bad, "%s", t.name);
+        }
+        if (!variant)
+            check(!bad, "all %d tensor names and shapes are transformers' own (%d differ, first %s)",
+                  gdn_model_tensor_count(&c), bad, first_bad);
+        else
+            check(bad > 0, "intermediate 193 is detected (%s)", first_bad);
+    }
+    gdn_st_close(f);
+}
+
+static void test_errors_model(void) {
+    gdn_model_config c = small_cfg();
+    gdn_model_plan *p = NULL;
+    gdn_model_run r = {.B = 1, .T = 0};
+    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "T = 0", "model plan with T = 0");
+    c.vocab = 300;
+    r.T = 8;
+    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "vocab_size", "model vocab 300");
+    c = small_cfg();
+    c.Hk = 2, c.Hv = 3;
+    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "Hv", "model Hv = 3 with Hk = 2");
+}
+
+/* AdamW and its schedule against the formulas written out in double. */
+static void test_adamw(void) {
+    gdn_model_config c = small_cfg();
+    gdn_adamw_config a = gdn_adamw_default();
+    a.warmup = 10, a.steps = 100, a.lr = 1e-2, a.min_lr = 1e-3;
+    expect_close(fabs(gdn_adamw_lr(&a, 5) - 5e-3), 1e-15, "lr halfway through warmup");
+    expect_close(fabs(gdn_adamw_lr(&a, 55) - 5.5e-3), 1e-12, "lr halfway through the cosine");
+    expect_close(fabs(gdn_adamw_lr(&a, 100) - 1e-3), 1e-15, "lr at the end");
+    const size_t nw = gdn_model_param_floats(&c);
+    float *w = aligned_alloc(64, 4 * nw), *g = aligned_alloc(64, 4 * nw), *m = calloc(nw, 4), *v = calloc(nw, 4);
+    double *wd = malloc(8 * nw), *md = calloc(nw, 8), *vd = calloc(nw, 8);
+    gdn_model_init(&c, w, 1);
+    rng_seed(3);
+    for (size_t i = 0; i < nw; i++) g[i] = (float)rng_uniform(-1, 1), wd[i] = w[i];
+    gdn_model_tensor_info t;
+    for (int64_t step = 1; step <= 3; step++) {
+        const double lr = gdn_adamw_lr(&a, step);
+        gdn_adamw_update(&a, &c, w, g, m, v, step, lr, 0.5, 0);
+        for (int i = 0; i < gdn_model_tensor_count(&c); i++) {
+            gdn_model_tensor(&c, i, &t);
+            for (size_t k = t.offset; k < t.offset + t.numel; k++) {
+                const double gg = 0.5 * g[k];
+                md[k] = a.beta1 * md[k] + (1 - a.beta1) * gg;
+                vd[k] = a.beta2 * vd[k] + (1 - a.beta2) * gg * gg;
+                const double mh = md[k] / (1 - pow(a.beta1, step)), vh = vd[k] / (1 - pow(a.beta2, step));
+                wd[k] = wd[k] * (t.decay ? 1 - lr * a.weight_decay : 1) - lr * mh / (sqrt(vh) + a.eps);
+            }
+        }
+    }
+    double err = rel_err_f32(w, wd, (int64_t)nw);
+    expect_close(err, 1e-6, "AdamW 3 steps vs the formula in double");
+    /* the control: the same update without weight decay */
+    a.weight_decay = 0;
+    gdn_model_init(&c, w, 1);
+    memset(m, 0, 4 * nw), memset(v, 0, 4 * nw);
+    for (int64_t step = 1; step <= 3; step++) gdn_adamw_update(&a, &c, w, g, m, v, step, gdn_adamw_lr(&a, step), 0.5, 0);
+    expect_far(rel_err_f32(w, wd, (int64_t)nw), 1e-6, "AdamW without the weight decay");
+    free(w), free(g), free(m), free(v), free(wd), free(md), free(vd);
+}
+
+void test_model(void) {
+    test_names();
+    test_errors_model();
+    test_adamw();
+    test_gradients();
+    test_decode();
+}
