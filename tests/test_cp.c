@@ -4,6 +4,7 @@
 #include "harness.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,6 +253,57 @@ static void bad_input(void) {
     problem_free(&p);
 }
 
+/* The `heads` all-to-all sizes, without the memory they describe: counts and displacements in
+ * token rows for a small uneven split (exact values; the same comparison against another rank's
+ * counts must fail), the issue's 1M tokens per rank at Hv = 32, V = 128 (2^32 floats a rank,
+ * beyond int when counted in floats) accepted, and refusals naming the sizes when a count, a
+ * displacement or a state share would pass INT_MAX, with controls just inside each limit. */
+static void heads_counts(void) {
+    const int64_t T3[3] = {1, 64, 65};
+    int sc[3], sd[3], rc_[3], rd[3];
+    const int want_sc[3] = {128, 128, 128}, want_sd[3] = {0, 128, 256}, want_rc[3] = {2, 128, 130}, want_rd[3] = {0, 2, 130};
+    for (int who = 1; who <= 2; who++) { /* rank 1's counts; rank 2's against them: the control */
+        gdn_cp_heads_counts(3, T3, who, 2, 1, sc, sd, rc_, rd);
+        const int same = !memcmp(sc, want_sc, sizeof sc) && !memcmp(sd, want_sd, sizeof sd) &&
+                         !memcmp(rc_, want_rc, sizeof rc_) && !memcmp(rd, want_rd, sizeof rd);
+        check(same == (who == 1), "heads counts towards the heads, B=2, shards 1,64,65, rank %d: send %d,%d,%d at %d,%d,%d, "
+              "receive %d,%d,%d at %d,%d,%d rows (%s rank 1's expected)", who, sc[0], sc[1], sc[2], sd[0], sd[1], sd[2],
+              rc_[0], rc_[1], rc_[2], rd[0], rd[1], rd[2], who == 1 ? "=" : "!=, a control:");
+    }
+    gdn_cp_heads_counts(3, T3, 1, 2, 0, sc, sd, rc_, rd); /* back: the roles swap */
+    check(!memcmp(sc, want_rc, sizeof sc) && !memcmp(sd, want_rd, sizeof sd) && !memcmp(rc_, want_sc, sizeof rc_) &&
+          !memcmp(rd, want_sd, sizeof rd), "heads counts back to the sequence: sends and receives swapped");
+
+    const int64_t M = 1 << 20, big4[4] = {M, M, M, M};
+    const double floats_per_rank = 4.0 * M * (32 / 4) * 128;
+    int st = gdn_cp_heads_check(4, big4, 1, 16, 32, 128, 128);
+    int s4[4], d4[4], r4[4], e4[4];
+    if (!st) gdn_cp_heads_counts(4, big4, 3, 1, 1, s4, d4, r4, e4);
+    check(!st && floats_per_rank > INT32_MAX && d4[3] == 3 * M && e4[3] == 3 * M,
+          "heads, 4 ranks x 1M tokens, Hv=32 V=128: %.3g floats a rank (over int) pass as %d-row counts (%s)",
+          floats_per_rank, st ? 0 : s4[0], st ? gdn_errmsg() : "ok");
+
+    const int64_t lim = INT32_MAX, at[1] = {lim}, over[1] = {lim + 1}, halves[2] = {lim / 2 + 1, lim / 2 + 1};
+    const int64_t lopsided[4] = {1, 1, 1, 600000000}, lopsided_ok[4] = {1, 1, 1, 500000000};
+    const int64_t ten[1] = {10}, fifties[2] = {50, 50}, two30[1] = {(int64_t)1 << 30};
+    const struct { const char *what; int D; const int64_t *T; int64_t B, Hk, Hv, K, V; int want; const char *needle; } cases[] = {
+        {"1 rank, T = INT_MAX rows (the limit)", 1, at, 1, 1, 1, 16, 16, GDN_OK, NULL},
+        {"1 rank, T = INT_MAX + 1 rows", 1, over, 1, 1, 1, 16, 16, GDN_ERR_SHAPE, "exceeds MPI's int count"},
+        {"2 ranks whose rows sum past INT_MAX", 2, halves, 1, 2, 2, 16, 16, GDN_ERR_SHAPE, "token rows"},
+        {"shards 1,1,1,600M: 4 blocks of 600M on the last rank", 4, lopsided, 1, 4, 4, 16, 16, GDN_ERR_SHAPE, "largest shard 600000000"},
+        {"shards 1,1,1,500M (2.0e9 rows, inside)", 4, lopsided_ok, 1, 4, 4, 16, 16, GDN_OK, NULL},
+        {"B = 2 doubles the rows: 2 x 2^30", 1, two30, 2, 1, 1, 16, 16, GDN_ERR_SHAPE, "(B = 2 x"},
+        {"1 rank's state share, B x Hv x K x V = 1024 x 32 x 256 x 256 = 2^31 floats", 1, ten, 1024, 1, 32, 256, 256,
+         GDN_ERR_SHAPE, "share of the state"},
+        {"the same state over 2 ranks (2^30 floats each, inside)", 2, fifties, 1024, 2, 32, 256, 256, GDN_OK, NULL},
+        {"3 ranks, Hk = 2", 3, T3, 1, 2, 2, 16, 16, GDN_ERR_SHAPE, "divide Hk"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        st = gdn_cp_heads_check(cases[i].D, cases[i].T, cases[i].B, cases[i].Hk, cases[i].Hv, cases[i].K, cases[i].V);
+        expect_status(st, cases[i].want, cases[i].needle, "heads sizes: %s", cases[i].what);
+    }
+}
+
 void test_cp(void) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
@@ -294,6 +346,7 @@ void test_cp(void) {
         run_case(&c, GDN_CP_ALLGATHER);
     }
     bad_input();
+    heads_counts();
 }
 
 /* A golden file split over the ranks: every rank reads the whole file and keeps its slice. */

@@ -4,84 +4,146 @@
  * each shard is never formed here, so s_in and ds_in (beyond rank 0's dh0) are left zero. */
 #include "cp_internal.h"
 
+#include <limits.h>
+#include <math.h>
 #include <string.h>
+
+/* The three row widths that travel: q and k (Hk/D * K floats per token), v and the outputs
+ * (Hv/D * V), g and beta (Hv/D). */
+enum { N_ROWS = 3 };
 
 typedef struct {
     int64_t B, T_total, *t_off; /* t_off[r]: first global token of rank r */
-    int *scount, *sdispl, *rcount, *rdispl;
-    float *sbuf, *rbuf;
+    int *scount, *sdispl, *rcount, *rdispl; /* in rows (see gdn_cp_heads_counts) */
+    int64_t row_floats[N_ROWS];
+    MPI_Datatype row_type[N_ROWS]; /* one row: row_floats[i] contiguous floats */
+    float *sbuf, *rbuf;            /* the largest exchange's, so no exchange allocates */
+    float *state;                  /* a whole state [B, Hv, K, V], packed by head block */
 } layout;
 
-static int layout_init(gdn_cp *cp, layout *L, int64_t B) {
+/* The all-to-alls count in rows (one token of one batch row over this rank's heads, an MPI type
+ * of its own), not floats: MPI's int counts and displacements then reach 2^31 token rows rather
+ * than 2^31 floats (which at Hv = 32, V = 128 was 2M tokens over any number of ranks). The
+ * states are scattered and gathered in int counts of floats. Decided from the agreed shard
+ * sizes and shapes alone, so every rank refuses alike and no rank skips a collective. */
+int gdn_cp_heads_check(int D, const int64_t *shard_T, int64_t B, int64_t Hk, int64_t Hv, int64_t K,
+                       int64_t V) {
+    if (Hk % D)
+        return gdn_fail(GDN_ERR_SHAPE, "strategy 'heads' needs the rank count (%d) to divide Hk (%lld)", D,
+                        (long long)Hk);
+    int64_t T_total = 0, T_max = 0; /* (each T_r and their sum were checked against overflow) */
+    for (int r = 0; r < D; r++) T_total += shard_T[r], T_max = shard_T[r] > T_max ? shard_T[r] : T_max;
+    /* a rank's send buffer towards the heads (and its receive buffer back) holds D blocks of
+     * B * T_r rows; the other side B * T_total rows */
+    const double per_rank = (double)D * (double)T_max > (double)T_total ? (double)D * (double)T_max : (double)T_total;
+    if ((double)B * per_rank > INT_MAX)
+        return gdn_fail(GDN_ERR_SHAPE,
+                        "strategy 'heads': an all-to-all of %.0f token rows (B = %lld x %.0f; T = %lld over %d ranks, "
+                        "the largest shard %lld) exceeds MPI's int count %d; use strategy scan (it sends only states)",
+                        (double)B * per_rank, (long long)B, per_rank, (long long)T_total, D, (long long)T_max, INT_MAX);
+    const double row = fmax((double)(Hk / D) * (double)K, (double)(Hv / D) * (double)V);
+    if (row > INT_MAX)
+        return gdn_fail(GDN_ERR_SHAPE, "strategy 'heads': one token's row of a rank's heads is %.0f floats, more "
+                        "than MPI's int count %d", row, INT_MAX);
+    const double state = (double)B * (double)(Hv / D) * (double)K * (double)V;
+    if (state > INT_MAX)
+        return gdn_fail(GDN_ERR_SHAPE,
+                        "strategy 'heads': a rank's share of the state, B x Hv/D x K x V = %lld x %lld x %lld x %lld "
+                        "= %.0f floats, exceeds MPI's int count %d; use more ranks or strategy scan",
+                        (long long)B, (long long)(Hv / D), (long long)K, (long long)V, state, INT_MAX);
+    return GDN_OK;
+}
+
+void gdn_cp_heads_counts(int D, const int64_t *shard_T, int rank, int64_t B, int towards_heads,
+                         int *scount, int *sdispl, int *rcount, int *rdispl) {
+    int64_t sn = 0, rn = 0;
+    for (int j = 0; j < D; j++) {
+        const int64_t send = B * (towards_heads ? shard_T[rank] : shard_T[j]);
+        const int64_t recv = B * (towards_heads ? shard_T[j] : shard_T[rank]);
+        GDN_ASSERT(sn + send <= INT_MAX && rn + recv <= INT_MAX); /* refused by gdn_cp_heads_check */
+        scount[j] = (int)send, sdispl[j] = (int)sn, sn += send;
+        rcount[j] = (int)recv, rdispl[j] = (int)rn, rn += recv;
+    }
+}
+
+/* Everything the exchanges need, allocated before the caller's agreement step: a failure here
+ * is local (memory), and the agreement turns it into an error on every rank. */
+static int layout_init(gdn_cp *cp, layout *L, const gdn_config *c) {
     const int D = cp->size;
     memset(L, 0, sizeof *L);
-    L->B = B;
+    for (int i = 0; i < N_ROWS; i++) L->row_type[i] = MPI_DATATYPE_NULL;
+    L->B = c->B;
+    L->row_floats[0] = c->Hk / D * c->K, L->row_floats[1] = c->Hv / D * c->V, L->row_floats[2] = c->Hv / D;
     L->t_off = calloc(D + 1, sizeof(int64_t));
     L->scount = calloc(4 * (size_t)D, sizeof(int));
     if (!L->t_off || !L->scount) return gdn_fail(GDN_ERR_NOMEM, "heads layout");
     L->sdispl = L->scount + D, L->rcount = L->sdispl + D, L->rdispl = L->rcount + D;
-    for (int r = 0; r < D; r++) L->t_off[r + 1] = L->t_off[r] + cp->shard_T[r];
+    int64_t T_max = 0;
+    for (int r = 0; r < D; r++)
+        L->t_off[r + 1] = L->t_off[r] + cp->shard_T[r], T_max = cp->shard_T[r] > T_max ? cp->shard_T[r] : T_max;
     L->T_total = L->t_off[D];
+    for (int i = 0; i < N_ROWS; i++)
+        if (MPI_Type_contiguous((int)L->row_floats[i], MPI_FLOAT, &L->row_type[i]) != MPI_SUCCESS ||
+            MPI_Type_commit(&L->row_type[i]) != MPI_SUCCESS)
+            return gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous of a %lld-float row failed", (long long)L->row_floats[i]);
+    const int64_t rows = c->B * (D * T_max > L->T_total ? D * T_max : L->T_total);
+    const int64_t widest = L->row_floats[0] > L->row_floats[1] ? L->row_floats[0] : L->row_floats[1];
+    const size_t n = (size_t)(rows * widest), nstate = (size_t)(c->B * c->Hv * c->K * c->V);
+    L->sbuf = malloc(sizeof(float) * (n ? n : 1)), L->rbuf = malloc(sizeof(float) * (n ? n : 1));
+    L->state = malloc(sizeof(float) * (nstate ? nstate : 1));
+    if (!L->sbuf || !L->rbuf || !L->state)
+        return gdn_fail(GDN_ERR_NOMEM, "heads exchange buffers (2 x %zu + %zu floats)", n, nstate);
     return GDN_OK;
 }
 
 static void layout_free(layout *L) {
-    free(L->t_off), free(L->scount), free(L->sbuf), free(L->rbuf);
+    for (int i = 0; i < N_ROWS; i++)
+        if (L->row_type[i] != MPI_DATATYPE_NULL) MPI_Type_free(&L->row_type[i]);
+    free(L->t_off), free(L->scount), free(L->sbuf), free(L->rbuf), free(L->state);
 }
 
-static int alltoallv(gdn_cp *cp, layout *L) {
+/* One all-to-all of rows of `row` floats (one of the layout's widths), counts set. */
+static int alltoallv(gdn_cp *cp, layout *L, int64_t row) {
     const int D = cp->size;
+    int w = 0;
+    while (w < N_ROWS - 1 && L->row_floats[w] != row) w++;
+    GDN_ASSERT(L->row_floats[w] == row);
     double t0 = MPI_Wtime();
-    int mrc = MPI_Alltoallv(L->sbuf, L->scount, L->sdispl, MPI_FLOAT, L->rbuf, L->rcount, L->rdispl,
-                            MPI_FLOAT, cp->comm);
+    int mrc = MPI_Alltoallv(L->sbuf, L->scount, L->sdispl, L->row_type[w], L->rbuf, L->rcount, L->rdispl,
+                            L->row_type[w], cp->comm);
     cp->stats.comm_s += MPI_Wtime() - t0;
     if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Alltoallv failed");
     for (int j = 0; j < D; j++)
-        if (j != cp->rank) cp->stats.bytes_sent += 4 * (uint64_t)L->scount[j], cp->stats.bytes_recv += 4 * (uint64_t)L->rcount[j];
+        if (j != cp->rank)
+            cp->stats.bytes_sent += 4 * (uint64_t)L->scount[j] * (uint64_t)row,
+            cp->stats.bytes_recv += 4 * (uint64_t)L->rcount[j] * (uint64_t)row;
     cp->stats.messages += D - 1, cp->stats.rounds++;
     return GDN_OK;
 }
 
-static int grow(float **p, size_t n) {
-    float *q = realloc(*p, sizeof(float) * (n ? n : 1));
-    if (!q) return gdn_fail(GDN_ERR_NOMEM, "heads buffers (%zu floats)", n);
-    *p = q;
-    return GDN_OK;
-}
-
-/* Counts and displacements of one all-to-all, and buffers to match. Rows of `row` floats:
- * towards heads every rank sends its T_r rows to each rank and receives T_j from rank j; back
- * towards the sequence it is the other way round. */
-static int set_exchange(gdn_cp *cp, layout *L, int64_t row, int towards_heads) {
-    const int D = cp->size;
-    const int64_t Tr = cp->shard_T[cp->rank], B = L->B;
-    size_t sn = 0, rn = 0;
-    for (int j = 0; j < D; j++) {
-        const int64_t send_T = towards_heads ? Tr : cp->shard_T[j];
-        const int64_t recv_T = towards_heads ? cp->shard_T[j] : Tr;
-        L->scount[j] = (int)(B * send_T * row), L->sdispl[j] = (int)sn, sn += L->scount[j];
-        L->rcount[j] = (int)(B * recv_T * row), L->rdispl[j] = (int)rn, rn += L->rcount[j];
-    }
-    int rc;
-    if ((rc = grow(&L->sbuf, sn)) || (rc = grow(&L->rbuf, rn))) return rc;
-    return GDN_OK;
+/* Counts and displacements of one all-to-all, in rows. Towards heads every rank sends its T_r
+ * rows to each rank and receives T_j from rank j; back towards the sequence it is the other way
+ * round. */
+static void set_exchange(gdn_cp *cp, layout *L, int towards_heads) {
+    gdn_cp_heads_counts(cp->size, cp->shard_T, cp->rank, L->B, towards_heads, L->scount, L->sdispl, L->rcount,
+                        L->rdispl);
 }
 
 /* src [B, T_r, H, inner] on every rank -> dst [B, T_total, H/D, inner] (this rank's heads). */
 static int to_heads(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t inner, float *dst) {
     const int D = cp->size, me = cp->rank;
     const int64_t Hl = H / D, row = Hl * inner, Tr = cp->shard_T[me], B = L->B;
-    int rc = set_exchange(cp, L, row, 1);
-    if (rc) return rc;
+    int rc;
+    set_exchange(cp, L, 1);
     for (int j = 0; j < D; j++)
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < Tr; t++)
-                memcpy(L->sbuf + L->sdispl[j] + (b * Tr + t) * row, src + ((b * Tr + t) * H + j * Hl) * inner,
+                memcpy(L->sbuf + (L->sdispl[j] + b * Tr + t) * row, src + ((b * Tr + t) * H + j * Hl) * inner,
                        sizeof(float) * row);
-    if ((rc = alltoallv(cp, L))) return rc;
+    if ((rc = alltoallv(cp, L, row))) return rc;
     for (int i = 0; i < D; i++)
         for (int64_t b = 0; b < B; b++)
-            memcpy(dst + (b * L->T_total + L->t_off[i]) * row, L->rbuf + L->rdispl[i] + b * cp->shard_T[i] * row,
+            memcpy(dst + (b * L->T_total + L->t_off[i]) * row, L->rbuf + (L->rdispl[i] + b * cp->shard_T[i]) * row,
                    sizeof(float) * cp->shard_T[i] * row);
     return GDN_OK;
 }
@@ -90,24 +152,24 @@ static int to_heads(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t 
 static int to_sequence(gdn_cp *cp, layout *L, const float *src, int64_t H, int64_t inner, float *dst) {
     const int D = cp->size, me = cp->rank;
     const int64_t Hl = H / D, row = Hl * inner, Tr = cp->shard_T[me], B = L->B;
-    int rc = set_exchange(cp, L, row, 0);
-    if (rc) return rc;
+    int rc;
+    set_exchange(cp, L, 0);
     for (int j = 0; j < D; j++)
         for (int64_t b = 0; b < B; b++)
-            memcpy(L->sbuf + L->sdispl[j] + b * cp->shard_T[j] * row, src + (b * L->T_total + L->t_off[j]) * row,
+            memcpy(L->sbuf + (L->sdispl[j] + b * cp->shard_T[j]) * row, src + (b * L->T_total + L->t_off[j]) * row,
                    sizeof(float) * cp->shard_T[j] * row);
-    if ((rc = alltoallv(cp, L))) return rc;
+    if ((rc = alltoallv(cp, L, row))) return rc;
     for (int i = 0; i < D; i++)
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < Tr; t++)
-                memcpy(dst + ((b * Tr + t) * H + i * Hl) * inner, L->rbuf + L->rdispl[i] + (b * Tr + t) * row,
+                memcpy(dst + ((b * Tr + t) * H + i * Hl) * inner, L->rbuf + (L->rdispl[i] + b * Tr + t) * row,
                        sizeof(float) * row);
     return GDN_OK;
 }
 
 /* A state [B, Hv, K, V] held by `root` -> this rank's head block [B, Hv/D, K, V]; a NULL on the
  * root gives zeros everywhere (*present = 0). */
-static int scatter_state(gdn_cp *cp, const float *full, int root, int64_t B, int64_t Hv, int64_t KV,
+static int scatter_state(gdn_cp *cp, layout *L, const float *full, int root, int64_t B, int64_t Hv, int64_t KV,
                          float *mine, int *present) {
     const int D = cp->size;
     const int64_t Hl = Hv / D, blk = B * Hl * KV;
@@ -118,17 +180,14 @@ static int scatter_state(gdn_cp *cp, const float *full, int root, int64_t B, int
         memset(mine, 0, sizeof(float) * blk);
         return GDN_OK;
     }
-    float *pack = NULL;
-    if (cp->rank == root) {
-        if (grow(&pack, (size_t)blk * D)) return GDN_ERR_NOMEM;
+    float *pack = cp->rank == root ? L->state : NULL;
+    if (pack)
         for (int j = 0; j < D; j++)
             for (int64_t b = 0; b < B; b++)
                 memcpy(pack + j * blk + b * Hl * KV, full + (b * Hv + j * Hl) * KV, sizeof(float) * Hl * KV);
-    }
-    double t0 = MPI_Wtime();
+    double t0 = MPI_Wtime(); /* (blk fits an int: gdn_cp_heads_check) */
     int mrc = MPI_Scatter(pack, (int)blk, MPI_FLOAT, mine, (int)blk, MPI_FLOAT, root, cp->comm);
     cp->stats.comm_s += MPI_Wtime() - t0;
-    free(pack);
     if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Scatter failed");
     if (cp->rank == root) cp->stats.bytes_sent += 4 * (uint64_t)blk * (D - 1);
     else cp->stats.bytes_recv += 4 * (uint64_t)blk;
@@ -136,35 +195,28 @@ static int scatter_state(gdn_cp *cp, const float *full, int root, int64_t B, int
 }
 
 /* Head blocks [B, Hv/D, K, V] of every rank -> the full state on `root` (root < 0: all ranks). */
-static int gather_state(gdn_cp *cp, const float *mine, int root, int64_t B, int64_t Hv, int64_t KV, float *full) {
+static int gather_state(gdn_cp *cp, layout *L, const float *mine, int root, int64_t B, int64_t Hv, int64_t KV,
+                        float *full) {
     const int D = cp->size;
     const int64_t Hl = Hv / D, blk = B * Hl * KV;
-    float *all = NULL;
-    if ((root < 0 || cp->rank == root) && grow(&all, (size_t)blk * D)) return GDN_ERR_NOMEM;
-    double t0 = MPI_Wtime();
+    float *all = root < 0 || cp->rank == root ? L->state : NULL;
+    double t0 = MPI_Wtime(); /* (blk fits an int: gdn_cp_heads_check) */
     int mrc = root < 0 ? MPI_Allgather(mine, (int)blk, MPI_FLOAT, all, (int)blk, MPI_FLOAT, cp->comm)
                        : MPI_Gather(mine, (int)blk, MPI_FLOAT, all, (int)blk, MPI_FLOAT, root, cp->comm);
     cp->stats.comm_s += MPI_Wtime() - t0;
-    if (mrc != MPI_SUCCESS) {
-        free(all);
-        return gdn_fail(GDN_ERR_MPI, "MPI_Gather of the state failed");
-    }
+    if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Gather of the state failed");
     cp->stats.bytes_sent += 4 * (uint64_t)blk;
     if (all && full)
         for (int j = 0; j < D; j++)
             for (int64_t b = 0; b < B; b++)
                 memcpy(full + (b * Hv + j * Hl) * KV, all + j * blk + b * Hl * KV, sizeof(float) * Hl * KV);
-    free(all);
     return GDN_OK;
 }
 
 /* The plan of the head-parallel shape, kept in the context while the shape stays the same. */
 static int heads_plan(gdn_cp *cp, const gdn_plan *plan, int64_t T_total, gdn_plan **out) {
     gdn_config c = *gdn_plan_config(plan);
-    const int D = cp->size;
-    if (c.Hk % D)
-        return gdn_fail(GDN_ERR_SHAPE, "strategy 'heads' needs the rank count (%d) to divide Hk (%lld)", D,
-                        (long long)c.Hk);
+    const int D = cp->size; /* (D divides Hk: gdn_cp_heads_check) */
     c.T = T_total, c.Hk /= D, c.Hv /= D;
     const gdn_config *have = cp->heads_plan ? gdn_plan_config(cp->heads_plan) : NULL;
     if (!have || have->T != c.T || have->B != c.B || have->Hk != c.Hk || have->Hv != c.Hv ||
@@ -187,19 +239,16 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
     const int64_t B = c->B, K = c->K, V = c->V, Hk = c->Hk, Hv = c->Hv, KV = K * V;
     layout L;
     gdn_plan *hp = NULL;
-    int rc = layout_init(cp, &L, B);
-    if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp); /* same outcome on every rank */
-    if (rc) {
-        layout_free(&L);
-        return rc;
-    }
+    float *buf = NULL;
+    int rc = gdn_cp_heads_check(D, cp->shard_T, B, Hk, Hv, K, V); /* the same verdict on every rank */
+    if (rc) return rc;
+    /* every allocation before the agreement step: a rank short of memory stops them all */
+    rc = layout_init(cp, &L, c);
+    if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D;
-    float *buf = malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * B * Hvl * KV));
-    if (!buf) rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
-    if ((rc = gdn_cp_agree_status(cp, rc))) {
-        layout_free(&L);
-        return rc;
-    }
+    if (!rc && !(buf = malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * B * Hvl * KV))))
+        rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     float *hq = buf, *hk = hq + B * T * Hkl * K, *hv = hk + B * T * Hkl * K, *ho = hv + B * T * Hvl * V;
     float *hg = ho + B * T * Hvl * V, *hb = hg + B * T * Hvl, *hh0 = hb + B * T * Hvl, *hht = hh0 + B * Hvl * KV;
     int has_h0 = 0;
@@ -208,13 +257,13 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
     if (!rc) rc = to_heads(cp, &L, v, Hv, V, hv);
     if (!rc) rc = to_heads(cp, &L, g, Hv, 1, hg);
     if (!rc) rc = to_heads(cp, &L, beta, Hv, 1, hb);
-    if (!rc) rc = scatter_state(cp, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
+    if (!rc) rc = scatter_state(cp, &L, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
     double t0 = MPI_Wtime();
     if (!rc) rc = gdn_forward(hp, ho, hht, hq, hk, hv, hg, hb, has_h0 ? hh0 : NULL);
     cp->stats.replay_s += MPI_Wtime() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     rc = to_sequence(cp, &L, ho, Hv, V, o);
-    if (!rc) rc = gather_state(cp, hht, -1, B, Hv, KV, ht);
+    if (!rc) rc = gather_state(cp, &L, hht, -1, B, Hv, KV, ht);
     if (!rc && s_in) memset(s_in, 0, sizeof(float) * B * Hv * KV);
     rc = gdn_cp_agree_status(cp, rc);
 done:
@@ -232,19 +281,16 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     const int64_t B = c->B, K = c->K, V = c->V, Hk = c->Hk, Hv = c->Hv, KV = K * V;
     layout L;
     gdn_plan *hp = NULL;
-    int rc = layout_init(cp, &L, B);
+    float *buf = NULL;
+    int rc = gdn_cp_heads_check(D, cp->shard_T, B, Hk, Hv, K, V); /* the same verdict on every rank */
+    if (rc) return rc;
+    /* every allocation before the agreement step: a rank short of memory stops them all */
+    rc = layout_init(cp, &L, c);
     if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
-    if (rc) {
-        layout_free(&L);
-        return rc;
-    }
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D, nqk = B * T * Hkl * K, nv = B * T * Hvl * V, ng = B * T * Hvl;
-    float *buf = malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * B * Hvl * KV));
-    if (!buf) rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
-    if ((rc = gdn_cp_agree_status(cp, rc))) {
-        layout_free(&L);
-        return rc;
-    }
+    if (!rc && !(buf = malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * B * Hvl * KV))))
+        rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     float *hq = buf, *hk = hq + nqk, *gq = hk + nqk, *gk = gq + nqk, *hv = gk + nqk, *hdo = hv + nv, *gv = hdo + nv;
     float *hg = gv + nv, *hb = hg + ng, *gg = hb + ng, *gb = gg + ng;
     float *hh0 = gb + ng, *hdht = hh0 + B * Hvl * KV, *gh0 = hdht + B * Hvl * KV;
@@ -255,8 +301,8 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     if (!rc) rc = to_heads(cp, &L, g, Hv, 1, hg);
     if (!rc) rc = to_heads(cp, &L, beta, Hv, 1, hb);
     if (!rc) rc = to_heads(cp, &L, dout, Hv, V, hdo);
-    if (!rc) rc = scatter_state(cp, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
-    if (!rc) rc = scatter_state(cp, cp->rank == D - 1 ? dht : NULL, D - 1, B, Hv, KV, hdht, &has_dht);
+    if (!rc) rc = scatter_state(cp, &L, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
+    if (!rc) rc = scatter_state(cp, &L, cp->rank == D - 1 ? dht : NULL, D - 1, B, Hv, KV, hdht, &has_dht);
     double t0 = MPI_Wtime();
     if (!rc)
         rc = gdn_backward(hp, gq, gk, gv, gg, gb, gh0, hq, hk, hv, hg, hb, has_h0 ? hh0 : NULL, hdo,
@@ -269,7 +315,7 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     if (!rc) rc = to_sequence(cp, &L, gg, Hv, 1, dg);
     if (!rc) rc = to_sequence(cp, &L, gb, Hv, 1, dbeta);
     if (!rc && ds_in) memset(ds_in, 0, sizeof(float) * B * Hv * KV);
-    if (!rc) rc = gather_state(cp, gh0, 0, B, Hv, KV, cp->rank == 0 ? ds_in : NULL);
+    if (!rc) rc = gather_state(cp, &L, gh0, 0, B, Hv, KV, cp->rank == 0 ? ds_in : NULL);
     rc = gdn_cp_agree_status(cp, rc);
 done:
     free(buf);
