@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/types.h>
 
 /* Record a failure for gdn_errmsg() and return its code: `return gdn_fail(GDN_ERR_SHAPE, "...")`. */
 int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -42,6 +43,9 @@ static inline void gdn_fp_fast_end(gdn_fpmode m) { (void)m; }
  * memory (Linux overcommits, so such a malloc would succeed and the OOM killer end the run
  * later). GDN_ERR_NOMEM naming `what`, the need and the memory, or GDN_OK. */
 int gdn_check_fits(const char *what, double bytes);
+
+/* What a non-regular file is, for messages ("a directory", "a FIFO", ...); from st_mode. */
+const char *gdn_file_kind(mode_t mode);
 
 /* First non-finite element of x[0..n), or -1. */
 int64_t gdn_find_nonfinite_f32(const float *x, int64_t n);

@@ -165,7 +165,7 @@ static int parse_header(gdn_st_file *f, const char *text, size_t n) {
     return rc;
 }
 
-static const char *file_kind(mode_t m) {
+const char *gdn_file_kind(mode_t m) {
     return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
          : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";
 }
@@ -180,7 +180,7 @@ int gdn_st_open(gdn_st_file **out, const char *path) {
         return gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode))
         return gdn_fail(GDN_ERR_IO, "%s: not a regular file (%s); gdncp reads only regular files",
-                        path, file_kind(st.st_mode));
+                        path, gdn_file_kind(st.st_mode));
     gdn_st_file *f = calloc(1, sizeof *f);
     if (!f) return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the file handle", path);
     f->path = strdup(path);

@@ -1,0 +1,882 @@
+/* Checkpoints in Hugging Face's Qwen3.5 layout (see checkpoint.h for the directory and the
+ * crash-safety protocol). The tensors go through the project's safetensors writer, with their
+ * bytes written straight from the caller's flat arrays (no copy of the model), and are read back
+ * with its validating reader. */
+#include "checkpoint.h"
+
+#include "../core/internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CONFIG_FILE "config.json"
+#define MODEL_FILE "model.safetensors"
+#define OPTIM_FILE "optimizer.safetensors"
+#define STATE_FILE "trainer_state.json"
+#define PRIMARY_PREFIX "checkpoint-"
+#define HIDDEN_PREFIX ".checkpoint-"
+#define MAX_STATE_BYTES ((off_t)64 << 20)
+
+/* For tests only: called during gdn_ckpt_save at stage 1 (temporary directory complete, not yet
+ * renamed), 2 (an existing checkpoint of the same step moved aside, the new one not yet in place)
+ * and 3 (the new one in place, the old one not yet removed). Not part of the API. */
+void (*gdn_ckpt_test_hook)(int stage) = NULL;
+
+static void test_hook(int stage) {
+    if (gdn_ckpt_test_hook) gdn_ckpt_test_hook(stage);
+}
+
+/* ------------------------------------------------------------------ paths and directories */
+
+/* buf = dir + "/" + name; GDN_ERR_ARG when it does not fit. */
+static int join(char *buf, size_t cap, const char *dir, const char *name) {
+    if ((size_t)snprintf(buf, cap, "%s/%s", dir, name) >= cap)
+        return gdn_fail(GDN_ERR_ARG, "%s/%s: path too long", dir, name);
+    return GDN_OK;
+}
+
+/* fsync a directory so that the renames and creations inside it are durable; 0 or errno. */
+static int fsync_dir(const char *dir) {
+    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    const int err = fsync(fd) == 0 ? 0 : errno;
+    close(fd);
+    /* A file system that cannot fsync directories says so with EINVAL: nothing to report. */
+    return err == EINVAL ? 0 : err;
+}
+
+static int is_regular(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+/* Does dir hold what a reader needs: config.json and model.safetensors? */
+static int is_complete(const char *dir) {
+    char p[PATH_MAX];
+    return snprintf(p, sizeof p, "%s/%s", dir, CONFIG_FILE) < (int)sizeof p && is_regular(p) &&
+           snprintf(p, sizeof p, "%s/%s", dir, MODEL_FILE) < (int)sizeof p && is_regular(p);
+}
+
+/* Remove path and, if it is a directory, everything below it (symbolic links are removed, never
+ * followed). 0 or the first errno. */
+static int remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : errno;
+    if (!S_ISDIR(st.st_mode)) return unlink(path) == 0 ? 0 : errno;
+    DIR *d = opendir(path);
+    if (!d) return errno;
+    int err = 0;
+    char child[PATH_MAX];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if ((size_t)snprintf(child, sizeof child, "%s/%s", path, e->d_name) >= sizeof child) {
+            err = err ? err : ENAMETOOLONG;
+            continue;
+        }
+        const int e2 = remove_tree(child);
+        err = err ? err : e2;
+    }
+    closedir(d);
+    if (!err && rmdir(path) != 0) err = errno;
+    return err;
+}
+
+/* Write text to path (created, truncated) and fsync it. */
+static int write_synced(const char *path, const char *text, size_t len) {
+    const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return gdn_fail(GDN_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    for (size_t done = 0; done < len;) {
+        const ssize_t k = write(fd, text + done, len - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            const int err = k < 0 ? errno : EIO;
+            close(fd);
+            return gdn_fail(GDN_ERR_IO, "%s: write failed: %s", path, strerror(err));
+        }
+        done += (size_t)k;
+    }
+    if (fsync(fd) != 0) {
+        const int err = errno;
+        close(fd);
+        return gdn_fail(GDN_ERR_IO, "%s: fsync failed: %s", path, strerror(err));
+    }
+    if (close(fd) != 0) return gdn_fail(GDN_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+    return GDN_OK;
+}
+
+/* ------------------------------------------------------------------ names in an output directory */
+
+typedef enum { ENTRY_OTHER, ENTRY_PRIMARY, ENTRY_TMP, ENTRY_OLD, ENTRY_DEL } entry_kind;
+
+/* A run of decimal digits at *s (at most 18: no overflow); -1 if none. Advances *s. */
+static int64_t parse_digits(const char **s) {
+    int64_t v = 0;
+    int n = 0;
+    for (; **s >= '0' && **s <= '9'; (*s)++, n++) {
+        if (n == 18) return -1;
+        v = 10 * v + (**s - '0');
+    }
+    return n ? v : -1;
+}
+
+/* "checkpoint-N", or ".checkpoint-N.{tmp,old,del}-PID" (what saves leave behind when killed). */
+static entry_kind classify(const char *name, int64_t *step, long *pid) {
+    const char *s = name;
+    *pid = 0;
+    if (!strncmp(s, PRIMARY_PREFIX, strlen(PRIMARY_PREFIX))) {
+        s += strlen(PRIMARY_PREFIX);
+        *step = parse_digits(&s);
+        return *step >= 0 && !*s ? ENTRY_PRIMARY : ENTRY_OTHER;
+    }
+    if (strncmp(s, HIDDEN_PREFIX, strlen(HIDDEN_PREFIX))) return ENTRY_OTHER;
+    s += strlen(HIDDEN_PREFIX);
+    *step = parse_digits(&s);
+    if (*step < 0) return ENTRY_OTHER;
+    static const struct { const char *tag; entry_kind kind; } tags[] = {
+        {".tmp-", ENTRY_TMP}, {".old-", ENTRY_OLD}, {".del-", ENTRY_DEL}};
+    for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++) {
+        if (strncmp(s, tags[i].tag, 5)) continue;
+        s += 5;
+        const int64_t p = parse_digits(&s);
+        if (p <= 0 || *s || p > LONG_MAX) return ENTRY_OTHER;
+        *pid = (long)p;
+        return tags[i].kind;
+    }
+    return ENTRY_OTHER;
+}
+
+static void primary_name(char *buf, size_t cap, int64_t step) {
+    snprintf(buf, cap, PRIMARY_PREFIX "%08lld", (long long)step);
+}
+
+static void hidden_name(char *buf, size_t cap, int64_t step, const char *tag, long pid) {
+    snprintf(buf, cap, HIDDEN_PREFIX "%08lld.%s-%ld", (long long)step, tag, pid);
+}
+
+/* A leftover belongs to a save that is over: ours (an earlier failed save in this process) or
+ * one of a process that no longer exists. Another live process may be saving right now. */
+static int owner_gone(long pid) {
+    if (pid == (long)getpid()) return 1;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Undo what killed saves left: temporary and half-removed directories go; a checkpoint moved
+ * aside by a save that died before putting the new one in place goes back (or goes, if its step
+ * is in place after all). Best effort: what cannot be removed now is ignored by readers and tried
+ * again by the next save. */
+static void clean_leftovers(const char *out_dir) {
+    DIR *d = opendir(out_dir);
+    if (!d) return;
+    char path[PATH_MAX], primary[PATH_MAX], name[64];
+    for (struct dirent *e; (e = readdir(d));) {
+        int64_t step;
+        long pid;
+        const entry_kind kind = classify(e->d_name, &step, &pid);
+        if (kind == ENTRY_OTHER || kind == ENTRY_PRIMARY || !owner_gone(pid)) continue;
+        if (join(path, sizeof path, out_dir, e->d_name)) continue;
+        if (kind == ENTRY_OLD) {
+            primary_name(name, sizeof name, step);
+            if (join(primary, sizeof primary, out_dir, name)) continue;
+            if (!exists(primary) && is_complete(path)) {
+                if (rename(path, primary) == 0) fsync_dir(out_dir);
+                continue;
+            }
+        }
+        remove_tree(path);
+    }
+    closedir(d);
+}
+
+/* The complete checkpoint-N directories of out_dir, and the complete moved-aside copies whose
+ * step has no complete checkpoint-N (a save killed between its two renames); *out is malloc'd. */
+typedef struct {
+    int64_t step;
+    int aside;
+    char name[64];
+} found_ckpt;
+
+static int list_checkpoints(const char *out_dir, found_ckpt **out, int *count) {
+    *out = NULL, *count = 0;
+    DIR *d = opendir(out_dir);
+    if (!d) return gdn_fail(GDN_ERR_IO, "%s: cannot list the directory: %s", out_dir, strerror(errno));
+    found_ckpt *list = NULL;
+    int n = 0, cap = 0, rc = GDN_OK;
+    char path[PATH_MAX];
+    for (struct dirent *e; !rc && (e = readdir(d));) {
+        int64_t step;
+        long pid;
+        const entry_kind kind = classify(e->d_name, &step, &pid);
+        if ((kind != ENTRY_PRIMARY && kind != ENTRY_OLD) || strlen(e->d_name) >= sizeof list->name)
+            continue;
+        if (join(path, sizeof path, out_dir, e->d_name) || !is_complete(path)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            found_ckpt *grown = realloc(list, sizeof *list * (size_t)cap);
+            if (!grown) {
+                rc = gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the list of checkpoints", out_dir);
+                break;
+            }
+            list = grown;
+        }
+        list[n].step = step, list[n].aside = kind == ENTRY_OLD;
+        snprintf(list[n].name, sizeof list[n].name, "%s", e->d_name);
+        n++;
+    }
+    closedir(d);
+    if (rc) {
+        free(list);
+        return rc;
+    }
+    /* A moved-aside copy counts only where its step has no checkpoint-N in place. */
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        int shadowed = 0;
+        for (int j = 0; j < n && list[i].aside; j++)
+            shadowed |= !list[j].aside && list[j].step == list[i].step;
+        for (int j = 0; j < kept && list[i].aside && !shadowed; j++)
+            shadowed |= list[j].step == list[i].step; /* two asides of one step: keep one */
+        if (!shadowed) list[kept++] = list[i];
+    }
+    *out = list, *count = kept;
+    return GDN_OK;
+}
+
+/* ------------------------------------------------------------------ config.json */
+
+/* The decimal that round-trips to f with the fewest digits (1e-06, not 9.99999997e-07). */
+static double shortest_decimal(float f) {
+    char buf[32];
+    for (int digits = 1; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        const double d = strtod(buf, NULL);
+        if ((float)d == f) return d;
+    }
+    return (double)f;
+}
+
+/* transformers' Qwen3.5 text config: the GatedDeltaNet fields carry the model; the attention
+ * fields are there only because transformers requires them to build the config (no layer uses
+ * them: every entry of layer_types is linear_attention). */
+static json_t *config_json(const gdn_model_config *cfg) {
+    json_t *layer_types = json_array();
+    for (int64_t l = 0; layer_types && l < cfg->L; l++)
+        json_array_append_new(layer_types, json_string("linear_attention"));
+    json_t *rope = json_pack("{s:f, s:f, s:s}", "partial_rotary_factor", 0.25, "rope_theta",
+                             10000.0, "rope_type", "default");
+    if (!layer_types || !rope) {
+        json_decref(layer_types), json_decref(rope);
+        return NULL;
+    }
+    return json_pack(
+        "{s:[s], s:b, s:f, s:n, s:s, s:n, s:I, s:s, s:I, s:f, s:I, s:o, s:I, s:I, s:I, s:I, s:I,"
+        " s:I, s:s, s:I, s:I, s:I, s:n, s:f, s:o, s:b, s:b, s:I}",
+        "architectures", "Qwen3_5ForCausalLM", "attention_bias", 0, "attention_dropout", 0.0,
+        "bos_token_id", "dtype", "float32", "eos_token_id", "head_dim", (json_int_t)cfg->V,
+        "hidden_act", "silu", "hidden_size", (json_int_t)cfg->E, "initializer_range", 0.02,
+        "intermediate_size", (json_int_t)cfg->I, "layer_types", layer_types,
+        "linear_conv_kernel_dim", (json_int_t)cfg->Kc, "linear_key_head_dim", (json_int_t)cfg->K,
+        "linear_num_key_heads", (json_int_t)cfg->Hk, "linear_num_value_heads", (json_int_t)cfg->Hv,
+        "linear_value_head_dim", (json_int_t)cfg->V, "max_position_embeddings", (json_int_t)32768,
+        "model_type", "qwen3_5_text", "num_attention_heads", (json_int_t)cfg->Hv,
+        "num_hidden_layers", (json_int_t)cfg->L, "num_key_value_heads", (json_int_t)cfg->Hk,
+        "pad_token_id", "rms_norm_eps", shortest_decimal(cfg->eps), "rope_parameters", rope,
+        "tie_word_embeddings", cfg->tie_embeddings != 0, "use_cache", 1, "vocab_size",
+        (json_int_t)cfg->vocab);
+}
+
+static int write_config(const char *path, const gdn_model_config *cfg) {
+    json_t *root = config_json(cfg);
+    /* Nine significant digits hold any float exactly; the sorted, indented form is transformers'. */
+    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9))
+                      : NULL;
+    json_decref(root);
+    if (!text) return gdn_fail(GDN_ERR_NOMEM, "%s: cannot build the JSON text", path);
+    const size_t len = strlen(text);
+    char *with_newline = realloc(text, len + 2);
+    if (!with_newline) {
+        free(text);
+        return gdn_fail(GDN_ERR_NOMEM, "%s: cannot build the JSON text", path);
+    }
+    with_newline[len] = '\n', with_newline[len + 1] = 0;
+    const int rc = write_synced(path, with_newline, len + 1);
+    free(with_newline);
+    return rc;
+}
+
+/* An integer field in [lo, hi]. */
+static int config_int(json_t *obj, const char *path, const char *where, const char *field,
+                      int64_t lo, int64_t hi, int64_t *out) {
+    json_t *v = json_object_get(obj, field);
+    if (!v || json_is_null(v))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%s%s' is missing", path, where, field);
+    if (!json_is_integer(v))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%s%s' is not an integer", path, where, field);
+    const json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: field '%s%s' = %lld is out of range [%lld, %lld]", path,
+                        where, field, (long long)x, (long long)lo, (long long)hi);
+    *out = (int64_t)x;
+    return GDN_OK;
+}
+
+static int parse_config(json_t *root, const char *path, gdn_model_config *cfg) {
+    if (!json_is_object(root)) return gdn_fail(GDN_ERR_FORMAT, "%s: not a JSON object", path);
+    /* A multimodal Qwen3.5 config keeps the text model under "text_config". */
+    json_t *obj = root;
+    const char *where = "";
+    json_t *tc = json_object_get(root, "text_config");
+    if (!json_object_get(root, "hidden_size") && json_is_object(tc)) obj = tc, where = "text_config.";
+
+    json_t *mt = json_object_get(obj, "model_type");
+    if (mt && !(json_is_string(mt) && (!strcmp(json_string_value(mt), "qwen3_5_text") ||
+                                       !strcmp(json_string_value(mt), "qwen3_5"))))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: '%smodel_type' is %s%s%s, not \"qwen3_5_text\"", path,
+                        where, json_is_string(mt) ? "\"" : "",
+                        json_is_string(mt) ? json_string_value(mt) : "not a string",
+                        json_is_string(mt) ? "\"" : "");
+    json_t *act = json_object_get(obj, "hidden_act");
+    if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "silu")))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: '%shidden_act' must be \"silu\" (the SwiGLU MLP)", path,
+                        where);
+
+    memset(cfg, 0, sizeof *cfg);
+    const struct { const char *field; int64_t lo, hi; int64_t *dst; } ints[] = {
+        {"vocab_size", 1, INT32_MAX, &cfg->vocab},
+        {"hidden_size", 1, (int64_t)1 << 20, &cfg->E},
+        {"num_hidden_layers", 1, (int64_t)1 << 16, &cfg->L},
+        {"intermediate_size", 1, (int64_t)1 << 24, &cfg->I},
+        {"linear_num_key_heads", 1, (int64_t)1 << 16, &cfg->Hk},
+        {"linear_num_value_heads", 1, (int64_t)1 << 16, &cfg->Hv},
+        {"linear_key_head_dim", 1, GDN_MAX_HEAD_DIM, &cfg->K},
+        {"linear_value_head_dim", 1, GDN_MAX_HEAD_DIM, &cfg->V},
+        {"linear_conv_kernel_dim", 1, GDN_MAX_CONV, &cfg->Kc},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        const int rc = config_int(obj, path, where, ints[i].field, ints[i].lo, ints[i].hi, ints[i].dst);
+        if (rc) return rc;
+    }
+    if (cfg->vocab != 256)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: '%svocab_size' is %lld; gdncp's models read bytes "
+                        "(vocab_size 256)", path, where, (long long)cfg->vocab);
+
+    json_t *lt = json_object_get(obj, "layer_types");
+    if (!json_is_array(lt))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: '%slayer_types' is %s (Qwen3.5 then mixes in attention "
+                        "layers; gdncp needs every layer \"linear_attention\")", path, where,
+                        lt ? "not an array" : "missing");
+    if ((int64_t)json_array_size(lt) != cfg->L)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: '%slayer_types' has %zu entries but num_hidden_layers "
+                        "is %lld", path, where, json_array_size(lt), (long long)cfg->L);
+    for (size_t l = 0; l < json_array_size(lt); l++) {
+        json_t *t = json_array_get(lt, l);
+        if (!json_is_string(t) || strcmp(json_string_value(t), "linear_attention"))
+            return gdn_fail(GDN_ERR_FORMAT, "%s: layer %zu is %s%s%s: gdncp has only GatedDeltaNet "
+                            "(\"linear_attention\") layers", path, l, json_is_string(t) ? "\"" : "",
+                            json_is_string(t) ? json_string_value(t) : "not a string",
+                            json_is_string(t) ? "\"" : "");
+    }
+
+    json_t *eps = json_object_get(obj, "rms_norm_eps");
+    if (!eps || json_is_null(eps))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%srms_norm_eps' is missing", path, where);
+    if (!json_is_number(eps))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%srms_norm_eps' is not a number", path, where);
+    const double e = json_number_value(eps);
+    if (!(e > 0.0) || !isfinite((float)e) || (float)e <= 0.0f)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: field '%srms_norm_eps' = %g must be positive and finite "
+                        "in fp32", path, where, e);
+    cfg->eps = (float)e;
+
+    /* transformers' default when absent: untied. */
+    json_t *tie = json_object_get(obj, "tie_word_embeddings");
+    if (tie && !json_is_boolean(tie))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%stie_word_embeddings' is not true or false",
+                        path, where);
+    cfg->tie_embeddings = tie ? json_is_true(tie) : 0;
+    return GDN_OK;
+}
+
+int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg) {
+    if (!dir || !cfg) return gdn_fail(GDN_ERR_ARG, "checkpoint config: NULL argument");
+    char path[PATH_MAX];
+    int rc = join(path, sizeof path, dir, CONFIG_FILE);
+    if (rc) return rc;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return gdn_fail(GDN_ERR_IO, "%s: not a regular file (%s)", path, gdn_file_kind(st.st_mode));
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path, err.line,
+                        err.column, err.text);
+    gdn_model_config parsed;
+    rc = parse_config(root, path, &parsed);
+    json_decref(root);
+    if (!rc) {
+        rc = gdn_model_config_check(&parsed);
+        if (rc) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", gdn_errmsg());
+            rc = gdn_fail(rc, "%s: %s", path, why);
+        }
+    }
+    if (!rc) *cfg = parsed;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ the tensor files */
+
+/* The table of gdn_model_tensor(), fetched once. */
+static int model_table(const gdn_model_config *cfg, gdn_model_tensor_info **out, int *count) {
+    const int n = gdn_model_tensor_count(cfg);
+    if (n <= 0) return gdn_fail(GDN_ERR_ARG, "the model configuration has no tensors");
+    gdn_model_tensor_info *t = calloc((size_t)n, sizeof *t);
+    if (!t) return gdn_fail(GDN_ERR_NOMEM, "cannot allocate the table of %d tensors", n);
+    for (int i = 0; i < n; i++) {
+        const int rc = gdn_model_tensor(cfg, i, &t[i]);
+        if (rc) {
+            free(t);
+            return rc;
+        }
+    }
+    *out = t, *count = n;
+    return GDN_OK;
+}
+
+/* A set of flat arrays stored in one file, each tensor as prefix + its name. */
+typedef struct {
+    const char *prefix;
+    float *data;
+} tensor_group;
+
+/* The first non-finite value of any tensor, so that a diverged run never replaces (or prunes)
+ * the good checkpoints with one that cannot be loaded. */
+static int check_finite(const gdn_model_tensor_info *table, int n, const float *data,
+                        const char *what, const char *prefix) {
+    for (int i = 0; i < n; i++) {
+        const int64_t bad = gdn_find_nonfinite_f32(data + table[i].offset, (int64_t)table[i].numel);
+        if (bad >= 0)
+            return gdn_fail(GDN_ERR_NONFINITE, "%s: tensor '%s%s' holds %g at element %lld", what,
+                            prefix, table[i].name, (double)data[table[i].offset + (size_t)bad],
+                            (long long)bad);
+    }
+    return GDN_OK;
+}
+
+/* Write the groups' tensors as one F32 safetensors file at path: the project's writer lays out
+ * the header and the temporary file; the bytes come straight from the arrays. */
+static int write_tensors(const char *path, const gdn_model_tensor_info *table, int n,
+                         const tensor_group *groups, int ngroups) {
+    gdn_st_writer *wr = NULL;
+    int rc = gdn_st_writer_create(&wr);
+    if (!rc) rc = gdn_st_writer_metadata(wr, "format", "pt");
+    char name[sizeof table->name + 32];
+    for (int g = 0; g < ngroups && !rc; g++)
+        for (int i = 0; i < n && !rc; i++) {
+            snprintf(name, sizeof name, "%s%s", groups[g].prefix, table[i].name);
+            rc = gdn_st_writer_add_f32(wr, name, GDN_F32, table[i].ndim, table[i].shape, NULL);
+        }
+    /* The writer stores tensors in the order added, back to back after the header. */
+    uint64_t offset = 0;
+    if (!rc) {
+        snprintf(name, sizeof name, "%s%s", groups[0].prefix, table[0].name);
+        rc = gdn_st_writer_offset(wr, name, &offset);
+    }
+    char tmp[PATH_MAX + 32];
+    if (!rc) rc = gdn_st_writer_begin(wr, path, tmp, sizeof tmp);
+    gdn_st_writer_destroy(wr);
+    if (rc) return rc;
+    const int fd = open(tmp, O_WRONLY | O_CLOEXEC);
+    int err = fd < 0 ? errno : 0;
+    for (int g = 0; g < ngroups && !err; g++)
+        for (int i = 0; i < n && !err; i++) {
+            const char *bytes = (const char *)(groups[g].data + table[i].offset);
+            const size_t len = table[i].numel * sizeof(float);
+            for (size_t done = 0; done < len && !err;) {
+                const ssize_t k = pwrite(fd, bytes + done, len - done, (off_t)(offset + done));
+                if (k < 0 && errno == EINTR) continue;
+                if (k <= 0) err = k < 0 ? errno : EIO;
+                else done += (size_t)k;
+            }
+            offset += len;
+        }
+    struct stat st;
+    if (!err && fstat(fd, &st) != 0) err = errno;
+    if (!err && (uint64_t)st.st_size != offset) err = EFBIG; /* layout assumption broken */
+    if (!err && fsync(fd) != 0) err = errno;
+    if (fd >= 0 && close(fd) != 0 && !err) err = errno;
+    if (err) {
+        unlink(tmp);
+        return gdn_fail(GDN_ERR_IO, "%s: writing the tensors failed: %s", path, strerror(err));
+    }
+    return gdn_st_commit(tmp, path);
+}
+
+/* Check a file against the groups' tensors (names, dtypes, exact shapes, nothing else), then
+ * read it into the arrays and check the values are finite. */
+static int read_tensors(const char *path, const gdn_model_tensor_info *table, int n,
+                        const tensor_group *groups, int ngroups) {
+    gdn_st_file *f = NULL;
+    int rc = gdn_st_open(&f, path);
+    if (rc) return rc;
+    char name[sizeof table->name + 32];
+    for (int g = 0; g < ngroups && !rc; g++)
+        for (int i = 0; i < n && !rc; i++) {
+            snprintf(name, sizeof name, "%s%s", groups[g].prefix, table[i].name);
+            const gdn_st_tensor *t = gdn_st_find(f, name);
+            if (!t) {
+                rc = gdn_fail(GDN_ERR_MISSING, "%s: tensor '%s' is missing", path, name);
+                break;
+            }
+            if (t->dtype != GDN_F32 && t->dtype != GDN_BF16 && t->dtype != GDN_F64) {
+                rc = gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; F32 or BF16 expected", path,
+                              name, t->dtype_name);
+                break;
+            }
+            int same = t->ndim == table[i].ndim;
+            for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == table[i].shape[d];
+            if (!same) {
+                char want[96] = "", got[96] = "";
+                for (int d = 0; d < table[i].ndim; d++)
+                    snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "",
+                             (long long)table[i].shape[d]);
+                for (int d = 0; d < t->ndim && d < GDN_ST_MAX_DIMS; d++)
+                    snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+                             (long long)t->shape[d]);
+                rc = gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has shape [%s]; the configuration "
+                              "needs [%s]", path, name, got, want);
+            }
+        }
+    /* Every expected name was found once, so any further tensor is foreign. */
+    if (!rc && gdn_st_count(f) != n * ngroups) {
+        for (int k = 0; k < gdn_st_count(f) && !rc; k++) {
+            const char *fname = gdn_st_at(f, k)->name;
+            int known = 0;
+            for (int g = 0; g < ngroups && !known; g++) {
+                const size_t pl = strlen(groups[g].prefix);
+                if (strncmp(fname, groups[g].prefix, pl)) continue;
+                for (int i = 0; i < n && !known; i++) known = !strcmp(fname + pl, table[i].name);
+            }
+            if (!known)
+                rc = gdn_fail(GDN_ERR_FORMAT, "%s: unexpected tensor '%s' (not a parameter of this "
+                              "configuration)", path, fname);
+        }
+    }
+    for (int g = 0; g < ngroups && !rc; g++)
+        for (int i = 0; i < n && !rc; i++) {
+            snprintf(name, sizeof name, "%s%s", groups[g].prefix, table[i].name);
+            rc = gdn_st_read_f32(f, name, groups[g].data + table[i].offset, table[i].numel);
+        }
+    for (int g = 0; g < ngroups && !rc; g++) rc = check_finite(table, n, groups[g].data, path, groups[g].prefix);
+    gdn_st_close(f);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ save */
+
+/* Build the checkpoint's files in tmp_dir. */
+static int write_files(const char *tmp_dir, const gdn_model_config *cfg,
+                       const gdn_model_tensor_info *table, int n, const float *w,
+                       const float *adam_m, const float *adam_v, const char *state_json) {
+    char path[PATH_MAX];
+    int rc = join(path, sizeof path, tmp_dir, CONFIG_FILE);
+    if (!rc) rc = write_config(path, cfg);
+    const tensor_group model[1] = {{"", (float *)w}};
+    if (!rc) rc = join(path, sizeof path, tmp_dir, MODEL_FILE);
+    if (!rc) rc = write_tensors(path, table, n, model, 1);
+    const tensor_group moments[2] = {{"exp_avg.", (float *)adam_m}, {"exp_avg_sq.", (float *)adam_v}};
+    if (!rc && adam_m) rc = join(path, sizeof path, tmp_dir, OPTIM_FILE);
+    if (!rc && adam_m) rc = write_tensors(path, table, n, moments, 2);
+    if (!rc) rc = join(path, sizeof path, tmp_dir, STATE_FILE);
+    if (!rc) rc = write_synced(path, state_json, strlen(state_json));
+    if (!rc) {
+        const int err = fsync_dir(tmp_dir);
+        if (err) rc = gdn_fail(GDN_ERR_IO, "%s: fsync failed: %s", tmp_dir, strerror(err));
+    }
+    return rc;
+}
+
+/* Put the complete tmp_dir in place as final; an existing final is moved aside first and
+ * removed only once the new one is in place. */
+static int install(const char *out_dir, const char *tmp_dir, const char *final, int64_t step) {
+    char aside[PATH_MAX], name[64];
+    hidden_name(name, sizeof name, step, "old", (long)getpid());
+    int rc = join(aside, sizeof aside, out_dir, name);
+    if (rc) return rc;
+    const int replacing = exists(final);
+    if (replacing) {
+        remove_tree(aside); /* an earlier failed save of this process */
+        if (rename(final, aside) != 0)
+            return gdn_fail(GDN_ERR_IO, "%s: cannot move the existing checkpoint aside to %s: %s",
+                            final, aside, strerror(errno));
+        fsync_dir(out_dir);
+        test_hook(2);
+    }
+    if (rename(tmp_dir, final) != 0) {
+        const int err = errno;
+        if (replacing && rename(aside, final) == 0) fsync_dir(out_dir);
+        return gdn_fail(GDN_ERR_IO, "%s: cannot rename %s into place: %s", final, tmp_dir,
+                        strerror(err));
+    }
+    const int err = fsync_dir(out_dir);
+    if (err) return gdn_fail(GDN_ERR_IO, "%s: renamed into place, but fsync of %s failed: %s", final,
+                             out_dir, strerror(err));
+    if (replacing) {
+        test_hook(3);
+        const int gone = remove_tree(aside);
+        if (gone)
+            return gdn_fail(GDN_ERR_IO, "%s written, but the replaced copy %s could not be removed: %s",
+                            final, aside, strerror(gone));
+    }
+    return GDN_OK;
+}
+
+static int by_step_descending(const void *a, const void *b) {
+    const found_ckpt *x = a, *y = b;
+    return x->step < y->step ? 1 : x->step > y->step ? -1 : 0;
+}
+
+/* Remove all but the keep_last newest complete checkpoints: each is renamed out of the readers'
+ * sight first, so an interrupted removal never leaves a half checkpoint under a real name. */
+static int prune(const char *out_dir, int keep_last) {
+    found_ckpt *list = NULL;
+    int n = 0;
+    int rc = list_checkpoints(out_dir, &list, &n);
+    if (rc) return rc;
+    qsort(list, (size_t)n, sizeof *list, by_step_descending);
+    char from[PATH_MAX], to[PATH_MAX], name[64];
+    for (int i = keep_last; i < n && !rc; i++) {
+        if (list[i].aside) continue; /* only possible for a step we did not just write */
+        hidden_name(name, sizeof name, list[i].step, "del", (long)getpid());
+        rc = join(from, sizeof from, out_dir, list[i].name);
+        if (!rc) rc = join(to, sizeof to, out_dir, name);
+        if (rc) break;
+        if (rename(from, to) != 0) {
+            rc = gdn_fail(GDN_ERR_IO, "%s: cannot remove this old checkpoint (keeping the newest %d): "
+                          "%s", from, keep_last, strerror(errno));
+            break;
+        }
+        const int err = remove_tree(to);
+        if (err)
+            rc = gdn_fail(GDN_ERR_IO, "%s: cannot remove this old checkpoint (keeping the newest %d): "
+                          "%s", to, keep_last, strerror(err));
+    }
+    free(list);
+    if (!rc) fsync_dir(out_dir);
+    return rc;
+}
+
+int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
+                  const float *adam_m, const float *adam_v, const char *state_json, int keep_last) {
+    if (!out_dir || !cfg || !w || (adam_m && !adam_v) || (!adam_m && adam_v))
+        return gdn_fail(GDN_ERR_ARG, "checkpoint save: NULL argument (the moments: both or neither)");
+    if (step < 0) return gdn_fail(GDN_ERR_ARG, "checkpoint save: step %lld is negative", (long long)step);
+    int rc = gdn_model_config_check(cfg);
+    if (rc) return rc;
+    if (!state_json) state_json = "{}";
+    json_error_t jerr;
+    json_t *state = json_loads(state_json, JSON_DECODE_ANY, &jerr);
+    if (!state)
+        return gdn_fail(GDN_ERR_ARG, "checkpoint save: the trainer state is not JSON (line %d column "
+                        "%d: %s)", jerr.line, jerr.column, jerr.text);
+    json_decref(state);
+
+    gdn_model_tensor_info *table = NULL;
+    int n = 0;
+    rc = model_table(cfg, &table, &n);
+    if (!rc) rc = check_finite(table, n, w, "refusing to save a checkpoint", "");
+    if (!rc && adam_m) rc = check_finite(table, n, adam_m, "refusing to save a checkpoint", "exp_avg.");
+    if (!rc && adam_m) rc = check_finite(table, n, adam_v, "refusing to save a checkpoint", "exp_avg_sq.");
+    if (rc) {
+        free(table);
+        return rc;
+    }
+
+    /* One level only: a missing parent is more likely a typo than a wish. */
+    struct stat st;
+    const int made = mkdir(out_dir, 0755) == 0 ? 0 : errno;
+    if (made && made != EEXIST) {
+        rc = gdn_fail(GDN_ERR_IO, "%s: cannot create the output directory: %s%s", out_dir,
+                      strerror(made), made == ENOENT ? " (its parent directory does not exist)" : "");
+    } else if (stat(out_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        rc = gdn_fail(GDN_ERR_IO, "%s: the output path exists and is not a directory", out_dir);
+    }
+    char tmp_dir[PATH_MAX], final[PATH_MAX], name[64];
+    if (!rc) {
+        clean_leftovers(out_dir);
+        hidden_name(name, sizeof name, step, "tmp", (long)getpid());
+        rc = join(tmp_dir, sizeof tmp_dir, out_dir, name);
+    }
+    if (!rc) {
+        primary_name(name, sizeof name, step);
+        rc = join(final, sizeof final, out_dir, name);
+    }
+    if (!rc) {
+        remove_tree(tmp_dir);
+        if (mkdir(tmp_dir, 0755) != 0)
+            rc = gdn_fail(GDN_ERR_IO, "%s: cannot create the temporary directory: %s", tmp_dir,
+                          strerror(errno));
+        else
+            rc = write_files(tmp_dir, cfg, table, n, w, adam_m, adam_v, state_json);
+        if (!rc) {
+            test_hook(1);
+            rc = install(out_dir, tmp_dir, final, step);
+        }
+        if (rc) remove_tree(tmp_dir); /* the previous checkpoints are untouched */
+    }
+    free(table);
+    if (!rc && keep_last > 0) rc = prune(out_dir, keep_last);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ resolve and load */
+
+int gdn_ckpt_resolve(const char *path, char *dir, size_t n) {
+    if (!path || !dir || !n) return gdn_fail(GDN_ERR_ARG, "checkpoint resolve: NULL argument");
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return gdn_fail(GDN_ERR_IO, "%s: no such checkpoint or output directory: %s", path,
+                        strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return gdn_fail(GDN_ERR_IO, "%s: not a directory (%s); give a checkpoint directory or a "
+                        "training output directory", path,
+                        S_ISREG(st.st_mode) ? "a regular file" : gdn_file_kind(st.st_mode));
+    if (is_complete(path)) {
+        if ((size_t)snprintf(dir, n, "%s", path) >= n)
+            return gdn_fail(GDN_ERR_ARG, "%s: path too long", path);
+        return GDN_OK;
+    }
+    found_ckpt *list = NULL;
+    int count = 0;
+    int rc = list_checkpoints(path, &list, &count);
+    if (rc) return rc;
+    int best = -1;
+    for (int i = 0; i < count; i++)
+        if (best < 0 || list[i].step > list[best].step ||
+            (list[i].step == list[best].step && !list[i].aside))
+            best = i;
+    if (best < 0)
+        rc = gdn_fail(GDN_ERR_MISSING, "%s: no complete checkpoint (neither %s nor %s here, nor a "
+                      "checkpoint-N directory holding them)", path, CONFIG_FILE, MODEL_FILE);
+    else if ((size_t)snprintf(dir, n, "%s/%s", path, list[best].name) >= n)
+        rc = gdn_fail(GDN_ERR_ARG, "%s/%s: path too long", path, list[best].name);
+    free(list);
+    return rc;
+}
+
+/* A whole small text file, malloc'd and NUL-terminated. */
+static int read_text(const char *path, char **out) {
+    struct stat st;
+    if (stat(path, &st) != 0) return gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return gdn_fail(GDN_ERR_IO, "%s: not a regular file (%s)", path, gdn_file_kind(st.st_mode));
+    if (st.st_size > MAX_STATE_BYTES)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: %lld bytes, more than a trainer state can be (%lld)", path,
+                        (long long)st.st_size, (long long)MAX_STATE_BYTES);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *text = malloc((size_t)st.st_size + 1);
+    if (!text) {
+        close(fd);
+        return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate %lld bytes", path, (long long)st.st_size);
+    }
+    size_t done = 0;
+    int err = 0;
+    while (done < (size_t)st.st_size) {
+        const ssize_t k = read(fd, text + done, (size_t)st.st_size - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            err = k < 0 ? errno : EIO;
+            break;
+        }
+        done += (size_t)k;
+    }
+    close(fd);
+    text[done] = 0;
+    if (err) {
+        free(text);
+        return gdn_fail(GDN_ERR_IO, "%s: read failed: %s", path, strerror(err));
+    }
+    const size_t nul = strlen(text);
+    if (nul != done) {
+        free(text);
+        return gdn_fail(GDN_ERR_FORMAT, "%s: holds a NUL byte at offset %zu; not JSON text", path, nul);
+    }
+    *out = text;
+    return GDN_OK;
+}
+
+/* The checkpoint must describe the model it is loaded into: a differing eps or size would
+ * otherwise load (eps is no tensor's shape) and silently change the model. */
+static int same_config(const char *dir, const gdn_model_config *cfg) {
+    gdn_model_config file;
+    int rc = gdn_ckpt_load_config(dir, &file);
+    if (rc) return rc;
+    const struct { const char *field; int64_t file, want; } ints[] = {
+        {"hidden_size", file.E, cfg->E},
+        {"num_hidden_layers", file.L, cfg->L},
+        {"intermediate_size", file.I, cfg->I},
+        {"linear_num_key_heads", file.Hk, cfg->Hk},
+        {"linear_num_value_heads", file.Hv, cfg->Hv},
+        {"linear_key_head_dim", file.K, cfg->K},
+        {"linear_value_head_dim", file.V, cfg->V},
+        {"linear_conv_kernel_dim", file.Kc, cfg->Kc},
+        {"tie_word_embeddings", file.tie_embeddings != 0, cfg->tie_embeddings != 0},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].file != ints[i].want)
+            return gdn_fail(GDN_ERR_SHAPE, "%s/%s: %s is %lld but the model being loaded has %lld", dir,
+                            CONFIG_FILE, ints[i].field, (long long)ints[i].file, (long long)ints[i].want);
+    if (file.eps != cfg->eps)
+        return gdn_fail(GDN_ERR_SHAPE, "%s/%s: rms_norm_eps is %g but the model being loaded has %g", dir,
+                        CONFIG_FILE, (double)file.eps, (double)cfg->eps);
+    return GDN_OK;
+}
+
+int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float *adam_m,
+                  float *adam_v, char **state_json) {
+    if (!dir || !cfg || !w || (adam_m && !adam_v) || (!adam_m && adam_v))
+        return gdn_fail(GDN_ERR_ARG, "checkpoint load: NULL argument (the moments: both or neither)");
+    if (state_json) *state_json = NULL;
+    int rc = gdn_model_config_check(cfg);
+    if (!rc) rc = same_config(dir, cfg);
+    if (rc) return rc;
+    gdn_model_tensor_info *table = NULL;
+    int n = 0;
+    rc = model_table(cfg, &table, &n);
+    if (rc) return rc;
+    char path[PATH_MAX];
+    const tensor_group model[1] = {{"", w}};
+    rc = join(path, sizeof path, dir, MODEL_FILE);
+    if (!rc) rc = read_tensors(path, table, n, model, 1);
+    const tensor_group moments[2] = {{"exp_avg.", adam_m}, {"exp_avg_sq.", adam_v}};
+    if (!rc && adam_m) rc = join(path, sizeof path, dir, OPTIM_FILE);
+    if (!rc && adam_m) {
+        struct stat st;
+        if (stat(path, &st) != 0)
+            rc = gdn_fail(GDN_ERR_IO, "%s: the optimizer state is missing (%s): this checkpoint can "
+                          "start a run (--init) but not resume one", path, strerror(errno));
+        else
+            rc = read_tensors(path, table, n, moments, 2);
+    }
+    free(table);
+    if (!rc && state_json) rc = join(path, sizeof path, dir, STATE_FILE);
+    if (!rc && state_json) rc = read_text(path, state_json);
+    return rc;
+}
