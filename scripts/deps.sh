@@ -4,7 +4,9 @@
 # libclang-rt-14-dev (libFuzzer and clang's ASan/UBSan runtimes) and libomp-dev (LLVM's OpenMP,
 # which CMake's find_package(OpenMP) needs when the compiler is clang).
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libjansson-dev mpich libmpich-dev openmpi-bin libopenmpi-dev)
+# fortunes: English text for gdncp train (the demo, the tests); gnuplot-nox: the loss plot.
+pkgs=(build-essential cmake pkg-config libjansson-dev mpich libmpich-dev openmpi-bin libopenmpi-dev
+      fortunes gnuplot-nox)
 if [ "${1:-}" = fuzz ]; then
   pkgs+=(clang libomp-dev)
   # The runtime package is named after clang's major version (14 on Debian 12).

@@ -192,6 +192,17 @@ done <<EOF
 0||$L run --chunk 32 --threads 1 --scale 0.125 $R && $L gen --B 1 --T 64 --Hk 1 --Hv 2 --K 16 --V 16 --seed 7 --slow-fraction 0.5 --out $logs/opt2.st && $L diff $g1 $g1 --tol 0 && $L layer $LW --decode 8 --eps 1e-6 --chunk 32 --threads 1
 EOF
 
+echo "== gdncp train and sample (scripts/test_train.sh: grids, resume, checkpoints, bad input)"
+bash scripts/test_train.sh build > "$logs/train.log" 2>&1
+grep -E '^(PASS|FAIL|==)' "$logs/train.log" | grep -vE '^PASS' ; grep -cE '^PASS' "$logs/train.log" | sed 's/$/ train cases passed/'
+tail -1 "$logs/train.log"; tally "$logs/train.log"
+if [ -x build-openmpi/gdncp ]; then
+  echo "== gdncp train under Open MPI: --cp 2 = one rank, and the same with the incoming state dropped must differ"
+  MPIEXEC="mpiexec.openmpi --allow-run-as-root --oversubscribe --bind-to none" OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    GDN_TRAIN_ONLY_GRIDS=1 bash scripts/test_train.sh build-openmpi > "$logs/train_ompi.log" 2>&1
+  grep -E '^(PASS|FAIL)' "$logs/train_ompi.log"; tail -1 "$logs/train_ompi.log"; tally "$logs/train_ompi.log"
+fi
+
 echo "== build (ASan + UBSan)"
 if bash scripts/build.sh build-asan -DGDN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -28,6 +28,10 @@ static void usage(FILE *out) {
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
             "  gen    --out F [--B --T --Hk --Hv --K --V --seed]   write a random problem\n"
             "         [--gates qwen|mild|strong (default qwen)] [--slow-fraction F (0.25)]\n"
+            "  train  --data TEXT [--model tiny|small|long] [--seq T] [--batch B] [--steps N]\n"
+            "         [--cp C] [--out DIR] [--resume DIR] [--log F.csv] ...  (under mpiexec: DP x CP)\n"
+            "         train the byte-level GatedDeltaNet language model; gdncp train for every option\n"
+            "  sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]  generate text\n"
             "  help                                                 this text\n");
 }
 
@@ -89,6 +93,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "diff")) return cmd_diff(argc - 1, argv + 1);
     if (!strcmp(argv[1], "gen")) return cmd_gen(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "train")) return with_mpi(cmd_train, argc, argv);
+    if (!strcmp(argv[1], "sample")) return cmd_sample(argc - 1, argv + 1);
     if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(stdout);
         return 0;

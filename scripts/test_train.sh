@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# gdncp train and sample end to end, small enough for CI (seconds per run): the same losses over
+# CP = 1, 2, 3 and DP x CP = 2 x 2 as on one rank, resume = uninterrupted, checkpoints that load,
+# bad input refused with a message; every comparison beside a negative control that must fail it.
+# Usage: scripts/test_train.sh BUILD_DIR. Ends with "N passed, N failed"; exits 1 on a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bd=${1:-build}
+g=./$bd/gdncp
+MPIEXEC=${MPIEXEC:-mpiexec.mpich}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0; failed=0
+pass() { echo "PASS  $*"; passed=$((passed + 1)); }
+fail() { echo "FAIL  $*"; failed=$((failed + 1)); }
+
+# Real English text: the fortunes package (scripts/deps.sh installs it).
+text=$work/text.txt
+cat $(ls -d /usr/share/games/fortunes/* | grep -vE '\.(dat|u8)$' | grep -v '/off$') > "$text" 2>/dev/null
+[ -s "$text" ] || { fail "no fortunes text (install the fortunes package)"; echo "$passed passed, $failed failed"; exit 1; }
+
+# A small model with every piece (the tests' size, not a named one).
+small=(--hidden 32 --layers 2 --intermediate 64 --key-heads 1 --value-heads 2 --key-dim 16 --value-dim 16
+       --seq 66 --warmup 2 --lr 3e-3 --eval-every 0 --threads 1)
+train() { # train RANKS LOG ARGS...: run gdncp train, its CSV log in LOG; returns its exit status
+  local n=$1 log=$2; shift 2
+  timeout 300 $MPIEXEC -n "$n" $g train --data "$text" "${small[@]}" --log "$log" "$@" >"$log.out" 2>&1
+}
+# max relative difference of the loss column of two logs (steps present in both)
+lossdiff() {
+  awk -F, 'NR == FNR { if (FNR > 1) a[$1] = $2; next }
+           FNR > 1 && ($1 in a) { d = ($2 - a[$1]) / a[$1]; if (d < 0) d = -d; if (d > m) m = d; n++ }
+           END { if (!n) print "inf"; else printf "%.3e\n", m }' "$1" "$2"
+}
+# expect_close LABEL LOG REF TOL / expect_far LABEL LOG REF TOL
+expect_close() {
+  local d; d=$(lossdiff "$2" "$3")
+  if awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "inf" && d <= t) }'; then pass "$1  loss rel diff $d <= $4"
+  else fail "$1  loss rel diff $d > $4"; cat "$2.out"; fi
+}
+expect_far() {
+  local d; d=$(lossdiff "$2" "$3")
+  if awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "inf" && d > t) }'; then pass "negative control: $1  loss rel diff $d > $4"
+  else fail "negative control: $1  loss rel diff $d <= $4 (the check cannot tell)"; fi
+}
+
+echo "== the same losses on any grid (4 steps; fp32, rounding only: tolerance 2e-5)"
+train 1 "$work/cp1.csv" --steps 4 --batch 2 || fail "train on 1 rank"
+for d in 2 3; do
+  train "$d" "$work/cp$d.csv" --steps 4 --batch 2 --cp "$d" || fail "train --cp $d"
+  expect_close "--cp $d vs one rank" "$work/cp$d.csv" "$work/cp1.csv" 2e-5
+done
+train 3 "$work/cp3r.csv" --steps 4 --batch 2 --cp 3 --strategy relay --recompute on || fail "train --cp 3 relay"
+expect_close "--cp 3 --strategy relay --recompute on vs one rank" "$work/cp3r.csv" "$work/cp1.csv" 2e-5
+train 2 "$work/drop.csv" --steps 4 --batch 2 --cp 2 --fault drop-incoming || fail "train --fault"
+expect_far "--cp 2 with the incoming state dropped" "$work/drop.csv" "$work/cp1.csv" 2e-5
+train 4 "$work/dp2cp2.csv" --steps 4 --batch 1 --cp 2 || fail "train DP 2 x CP 2"
+expect_close "DP 2 x CP 2 (--batch 1 each) vs one rank --batch 2" "$work/dp2cp2.csv" "$work/cp1.csv" 2e-5
+train 2 "$work/dp2.csv" --steps 4 --batch 1 --cp 1 --seed 99 || fail "train DP 2, other seed"
+expect_far "DP 2 with another --seed (other text windows)" "$work/dp2.csv" "$work/cp1.csv" 2e-5
+
+if [ -n "${GDN_TRAIN_ONLY_GRIDS:-}" ]; then echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit; fi
+
+echo "== checkpoints: resume repeats the uninterrupted run exactly"
+train 2 "$work/full.csv" --steps 6 --batch 2 --cp 2 --out "$work/full" --save-every 3 --keep 0 || fail "train 6 steps"
+mkdir -p "$work/part" && cp -r "$work/full/checkpoint-00000003" "$work/part/"
+train 2 "$work/resumed.csv" --steps 6 --batch 2 --cp 2 --resume "$work/part" --out "$work/part" || fail "resume"
+if [ "$(tail -n +5 "$work/full.csv" | cut -d, -f2)" = "$(tail -n +2 "$work/resumed.csv" | cut -d, -f2)" ] &&
+   [ "$(tail -n +2 "$work/resumed.csv" | wc -l)" = 3 ]; then
+  pass "resume from step 3: steps 4-6 have bit-identical losses ($(tail -n +2 "$work/resumed.csv" | cut -d, -f2 | tr '\n' ' '))"
+else fail "resume from step 3 differs:"; paste -d' ' "$work/full.csv" "$work/resumed.csv"; fi
+train 2 "$work/init.csv" --steps 6 --batch 2 --cp 2 --init "$work/part/checkpoint-00000003" || fail "init"
+expect_far "--init (the weights, a fresh optimiser and schedule) vs the uninterrupted run" "$work/init.csv" "$work/full.csv" 1e-4
+s1=$($g sample --ckpt "$work/full" --prompt "The " --tokens 40 --temperature 0 2>/dev/null)
+s2=$($g sample --ckpt "$work/full/checkpoint-00000006" --prompt "The " --tokens 40 --temperature 0 2>/dev/null)
+s3=$($g sample --ckpt "$work/full/checkpoint-00000003" --prompt "The " --tokens 40 --temperature 0 2>/dev/null)
+if [ -n "$s1" ] && [ "$s1" = "$s2" ]; then pass "sample from the newest checkpoint (greedy) is reproducible: $(printf %q "$s1")"
+else fail "sample: '$s1' vs '$s2'"; fi
+if [ "$s1" != "$s3" ]; then pass "negative control: sample from step 3's weights differs"
+else fail "negative control: step 3 and 6 sample the same text"; fi
+
+echo "== bad input: a clear error, never a crash or a hang"
+refuse() { # refuse LABEL PATTERN CMD...: a non-zero exit (not a signal or a timeout) naming PATTERN
+  local label=$1 pat=$2; shift 2
+  local rc=0; timeout 120 "$@" >"$work/bad.out" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -qiE -- "$pat" "$work/bad.out"; then
+    pass "$label: exit $rc, \"$(grep -m1 -iE -- "$pat" "$work/bad.out" | cut -c1-150)\""
+  else fail "$label (exit $rc; wanted a message matching '$pat')"; cat "$work/bad.out"; fi
+}
+: > "$work/empty.txt"; head -c 5000 /dev/urandom > "$work/binary.bin"; mkdir -p "$work/adir"
+refuse "missing --data file" "no such file|cannot open" $MPIEXEC -n 1 $g train --data "$work/nope.txt"
+refuse "empty --data file" "empty" $MPIEXEC -n 1 $g train --data "$work/empty.txt"
+refuse "binary --data file" "NUL|not text|control" $MPIEXEC -n 1 $g train --data "$work/binary.bin"
+refuse "a directory as --data" "regular file|directory" $MPIEXEC -n 1 $g train --data "$work/adir"
+refuse "a sequence shorter than the grid" "too short" $MPIEXEC -n 3 $g train --data "$text" --cp 3 --seq 2 --steps 1
+refuse "world size not divisible by --cp" "not divisible" $MPIEXEC -n 3 $g train --data "$text" --cp 2 --steps 1
+refuse "text shorter than a sequence" "needs" $MPIEXEC -n 1 $g train --data "$text" --seq 100000000 --steps 1 --eval-every 0
+refuse "--lr nan" "--lr" $MPIEXEC -n 2 $g train --data "$text" --lr nan
+refuse "ranks launched with different --seq (MPMD)" "disagree" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --seq 64 --steps 1 : -n 1 $g train --data "$text" "${small[@]}" --seq 32 --steps 1
+refuse "ranks launched with a bad option on one rank only (MPMD)" "--steps|failed" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --steps x : -n 1 $g train --data "$text" "${small[@]}" --steps 1
+refuse "resume with another --seq" "cannot resume.*--seq" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --seq 50 --steps 8 --resume "$work/full"
+refuse "a transformers checkpoint with an attention layer (--init qwen35_tiny)" "full_attention|linear_attention" \
+  $MPIEXEC -n 1 $g train --data "$text" --steps 1 --init ../shared/golden/qwen35_tiny
+cp -r "$work/full/checkpoint-00000006" "$work/trunc"
+truncate -s 5000 "$work/trunc/model.safetensors"
+refuse "a truncated model.safetensors" "model.safetensors" $g sample --ckpt "$work/trunc" --prompt a
+cp -r "$work/full/checkpoint-00000006" "$work/mism"
+sed -i 's/"hidden_size": 32/"hidden_size": 48/' "$work/mism/config.json"
+refuse "a config.json that does not match the weights" "shape|hidden|\[" $g sample --ckpt "$work/mism" --prompt a
+refuse "sample with an empty prompt" "prompt" $g sample --ckpt "$work/full" --prompt ""
+
+echo "== killed while writing checkpoints: the newest complete one always loads"
+for delay in 0.7 1.3 1.9; do
+  rm -rf "$work/kill"
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --hidden 64 --intermediate 256 --steps 100000 \
+    --save-every 1 --keep 2 --out "$work/kill" >/dev/null 2>&1 &
+  pid=$!
+  sleep "$delay"; pkill -9 -f "gdncp train --data $text" ; wait "$pid" 2>/dev/null
+  if [ ! -d "$work/kill" ] || ! ls "$work/kill" | grep -q '^checkpoint-'; then
+    pass "kill -9 after ${delay}s: no checkpoint written yet, nothing to lose"; continue; fi
+  if $g sample --ckpt "$work/kill" --prompt "a" --tokens 5 >/dev/null 2>"$work/kill.err"; then
+    pass "kill -9 after ${delay}s: the newest complete checkpoint loads ($(ls "$work/kill" | grep -c '^checkpoint-') complete, $(ls -a "$work/kill" | grep -c '^\.checkpoint') leftover)"
+  else fail "kill -9 after ${delay}s: $(cat "$work/kill.err")"; fi
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

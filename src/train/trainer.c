@@ -1,0 +1,418 @@
+/* The training loop (trainer.h): grid, data windows, steps, validation, logging, checkpoints. */
+#include "trainer.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/internal.h"
+#include "checkpoint.h"
+#include "data.h"
+
+/* Validation windows come from their own stream: the same windows at every evaluation. */
+#define VAL_SEED_SALT 0x56414c4944415445ull
+
+gdn_train_options gdn_train_defaults(void) {
+    gdn_train_options o;
+    memset(&o, 0, sizeof o);
+    gdn_model_config_named("tiny", &o.model);
+    o.val_fraction = 0.05;
+    o.seq = 256, o.batch = 8, o.steps = 200;
+    o.opt = gdn_adamw_default();
+    o.seed = 1234;
+    o.cp = 1, o.strategy = GDN_CP_SCAN;
+    o.recompute = -1;
+    o.keep_last = 2;
+    o.eval_every = 50, o.eval_seqs = 16;
+    return o;
+}
+
+double gdn_peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0; /* KiB on Linux */
+}
+
+double gdn_model_train_flops_per_token(const gdn_model_config *c) {
+    const double params = (double)gdn_model_param_count(c) - (double)(c->vocab * c->E);
+    const double C = 64, K = (double)c->K, V = (double)c->V;
+    const double f = 3 * C * K + 2 * C * V + 6 * K * V + C * C / 3;
+    const double b = 18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C;
+    return 6 * params + (double)(c->L * c->Hv) * (f + b);
+}
+
+/* Everything one rank holds while training. */
+typedef struct {
+    const gdn_train_options *o;
+    MPI_Comm world, cp_comm;
+    gdn_cp *agree; /* world-wide agreement of statuses and values */
+    gdn_cp *cp;    /* this rank's CP group */
+    int rank, size, dp, dp_index, cp_rank, cp_size;
+    int64_t t0, tn; /* this rank's shard of every sequence */
+    gdn_model_config cfg;
+    size_t nw;
+    float *w, *dw, *m, *v;
+    gdn_model_plan *plan;
+    gdn_data *data;
+    uint8_t *tokens; /* batch x (tn + 1) */
+    int recompute, threads;
+    FILE *progress, *csv;
+    double peak_gflops, flops_per_token;
+    int64_t first_step;
+} trainer;
+
+static int check_options(const gdn_train_options *o, int size) {
+    if (!o->data) return gdn_fail(GDN_ERR_ARG, "no training text (--data FILE)");
+    if (o->cp < 1 || size % o->cp)
+        return gdn_fail(GDN_ERR_ARG, "the world size %d is not divisible by --cp %d", size, o->cp);
+    if (o->seq < 1 || o->seq > ((int64_t)1 << 36))
+        return gdn_fail(GDN_ERR_ARG, "--seq %lld is out of range [1, 2^36]", (long long)o->seq);
+    if (o->seq < o->cp)
+        return gdn_fail(GDN_ERR_SHAPE, "a sequence of %lld tokens is too short for --cp %d (each rank "
+                        "needs at least one token)", (long long)o->seq, o->cp);
+    if (o->batch < 1 || o->batch > 65536)
+        return gdn_fail(GDN_ERR_ARG, "--batch %lld is out of range [1, 65536]", (long long)o->batch);
+    if (o->steps < 1) return gdn_fail(GDN_ERR_ARG, "--steps %lld must be at least 1", (long long)o->steps);
+    if (o->save_every < 0 || o->eval_every < 0 || o->eval_seqs < 0)
+        return gdn_fail(GDN_ERR_ARG, "--save-every, --eval-every and --eval-seqs must not be negative");
+    if (o->resume && o->init) return gdn_fail(GDN_ERR_ARG, "--resume and --init exclude each other");
+    if (o->strategy < GDN_CP_SCAN || o->strategy > GDN_CP_HEADS)
+        return gdn_fail(GDN_ERR_ARG, "unknown CP strategy %d", o->strategy);
+    return gdn_adamw_check(&o->opt);
+}
+
+/* The trainer's state for a checkpoint: what a resume must find unchanged, and where it was. */
+static char *state_json(const trainer *t, int64_t step, double loss) {
+    const gdn_train_options *o = t->o;
+    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:f, s:s, s:I, s:f, s:I, s:I, s:f}", "step",
+                          (json_int_t)step, "seed", (json_int_t)o->seed, "seq", (json_int_t)o->seq,
+                          "global_batch", (json_int_t)(o->batch * t->dp), "val_fraction",
+                          o->val_fraction, "data", o->data, "data_bytes",
+                          (json_int_t)(gdn_data_split_len(t->data, GDN_SPLIT_TRAIN) +
+                                       gdn_data_split_len(t->data, GDN_SPLIT_VAL)),
+                          "loss", loss, "dp", (json_int_t)t->dp, "cp", (json_int_t)t->cp_size,
+                          "lr_peak", o->opt.lr);
+    char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    return s;
+}
+
+/* A resume must see the same run: same seed, sequence, global batch and text. */
+static int check_resume_state(const trainer *t, const char *text, int64_t *step) {
+    json_error_t err;
+    json_t *j = json_loads(text ? text : "", 0, &err);
+    if (!j) return gdn_fail(GDN_ERR_FORMAT, "trainer_state.json: %s (line %d)", err.text, err.line);
+    json_int_t st = -1, seed = -1, seq = -1, gb = -1, bytes = -1;
+    const int bad = json_unpack(j, "{s:I, s:I, s:I, s:I, s:I}", "step", &st, "seed", &seed, "seq", &seq,
+                                "global_batch", &gb, "data_bytes", &bytes);
+    json_decref(j);
+    if (bad || st < 0) return gdn_fail(GDN_ERR_FORMAT, "trainer_state.json lacks step, seed, seq, global_batch or data_bytes");
+    const int64_t have_bytes = gdn_data_split_len(t->data, GDN_SPLIT_TRAIN) + gdn_data_split_len(t->data, GDN_SPLIT_VAL);
+    const struct { const char *what; int64_t was, now; } same[] = {
+        {"--seed", seed, (int64_t)t->o->seed}, {"--seq", seq, t->o->seq},
+        {"the global batch (--batch x DP)", gb, t->o->batch * t->dp}, {"the text's size in bytes", bytes, have_bytes},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        if (same[i].was != same[i].now)
+            return gdn_fail(GDN_ERR_ARG, "cannot resume: the checkpoint was trained with %s = %lld, this run has %lld",
+                            same[i].what, (long long)same[i].was, (long long)same[i].now);
+    *step = st;
+    return GDN_OK;
+}
+
+/* Read this rank's rows of a batch: row r's window of seq + 1 bytes, this rank's shard of it. */
+static int read_batch(trainer *t, int split, int64_t step, int64_t row0) {
+    const gdn_train_options *o = t->o;
+    const int64_t len = gdn_data_split_len(t->data, split);
+    const uint64_t seed = split == GDN_SPLIT_VAL ? o->seed ^ VAL_SEED_SALT : o->seed;
+    for (int64_t b = 0; b < o->batch; b++) {
+        const int64_t start = gdn_data_window(seed, step, row0 + b, len, o->seq + 1);
+        if (start < 0) return GDN_ERR_SHAPE; /* gdn_data_window named the sizes */
+        int rc = gdn_data_read(t->data, split, start + t->t0, t->tn + 1, t->tokens + b * (t->tn + 1));
+        if (rc) return rc;
+    }
+    return GDN_OK;
+}
+
+/* Sum of a double over the world. */
+static double world_sum(trainer *t, double x) {
+    double s = 0;
+    MPI_Allreduce(&x, &s, 1, MPI_DOUBLE, MPI_SUM, t->world);
+    return s;
+}
+
+static int evaluate(trainer *t, double *val_loss) {
+    const gdn_train_options *o = t->o;
+    const int64_t per_round = o->batch * t->dp;
+    const int64_t rounds = (o->eval_seqs + per_round - 1) / per_round;
+    double sum = 0;
+    for (int64_t r = 0; r < rounds; r++) {
+        int rc = read_batch(t, GDN_SPLIT_VAL, 0, r * per_round + t->dp_index * o->batch);
+        double ls = 0;
+        if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+        rc = gdn_model_step(t->plan, t->w, NULL, t->tokens, 1.0, &ls);
+        if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc; /* before the next collective */
+        sum += ls;
+    }
+    *val_loss = world_sum(t, sum) / ((double)(rounds * per_round) * (double)o->seq);
+    return GDN_OK;
+}
+
+/* Rank 0 measures the machine's peak while the other ranks wait without spinning (a spinning
+ * MPI barrier would take the cores being measured). */
+static double measure_peak(trainer *t, int cores) {
+    double peak = 0;
+    if (t->rank == 0) peak = gdn_measure_peak_gflops(1) * cores;
+    MPI_Request req;
+    MPI_Ibcast(&peak, 1, MPI_DOUBLE, 0, t->world, &req);
+    int done = 0;
+    while (!done) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (!done) nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return peak;
+}
+
+/* The values every rank must share before any collective depends on them: the trainer's first
+ * agreement step (gdn_train_fail joins it with a failure). */
+#define N_AGREED 14
+static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
+    const int64_t vals[N_AGREED] = {o->cp, o->seq, o->batch, o->steps, (int64_t)o->seed, o->strategy,
+                            o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
+                            o->resume != NULL, o->init != NULL, o->out != NULL};
+    static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
+                                        "--recompute", "--save-every", "--eval-every", "--eval-seqs",
+                                        "--fault", "--resume", "--init", "--out"};
+    return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
+}
+
+int gdn_train_fail(MPI_Comm world, int status) {
+    gdn_cp *agree = NULL;
+    if (gdn_cp_create(&agree, world, GDN_CP_SCAN)) return status;
+    gdn_train_options o;
+    memset(&o, 0, sizeof o);
+    agree_options(agree, &o, status);
+    gdn_cp_agree_status(agree, status); /* gdn_train's closing agreement */
+    gdn_cp_destroy(agree);
+    return status;
+}
+
+static int setup(trainer *t) {
+    const gdn_train_options *o = t->o;
+    int rc = check_options(o, t->size);
+    if ((rc = agree_options(t->agree, o, rc))) return rc;
+    t->cp_size = o->cp, t->dp = t->size / o->cp;
+    t->dp_index = t->rank / o->cp, t->cp_rank = t->rank % o->cp;
+    MPI_Comm_split(t->world, t->dp_index, t->rank, &t->cp_comm);
+    rc = gdn_cp_create(&t->cp, t->cp_comm, (gdn_cp_strategy)o->strategy);
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    if (o->fault) gdn_cp_set_fault(t->cp, o->fault);
+    /* contiguous shards, the remainder spread over the first ranks */
+    const int64_t base = o->seq / o->cp, extra = o->seq % o->cp;
+    t->tn = base + (t->cp_rank < extra);
+    t->t0 = t->cp_rank * base + (t->cp_rank < extra ? t->cp_rank : extra);
+
+    /* the model: from a checkpoint, or the configuration given */
+    char ckdir[4096] = "";
+    const char *from = o->resume ? o->resume : o->init;
+    t->cfg = o->model;
+    if (from) {
+        rc = gdn_ckpt_resolve(from, ckdir, sizeof ckdir);
+        if (!rc) rc = gdn_ckpt_load_config(ckdir, &t->cfg);
+    } else {
+        rc = gdn_model_config_check(&t->cfg);
+    }
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    t->nw = gdn_model_param_floats(&t->cfg);
+    if (t->nw > (size_t)INT32_MAX) rc = gdn_fail(GDN_ERR_SHAPE, "%zu parameters: more than one MPI message holds", t->nw);
+    const size_t bytes = sizeof(float) * ((t->nw + 15) & ~(size_t)15);
+    if (!rc && !(t->w = aligned_alloc(64, bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "parameters (%zu floats)", t->nw);
+    if (!rc && !(t->dw = aligned_alloc(64, bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
+    if (!rc && !(t->m = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
+    if (!rc && !(t->v = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
+    if (!rc) rc = gdn_data_open(&t->data, o->data, o->val_fraction);
+    char *state = NULL;
+    t->first_step = 1;
+    if (!rc && from) {
+        rc = gdn_ckpt_load(ckdir, &t->cfg, t->w, o->resume ? t->m : NULL, o->resume ? t->v : NULL,
+                           o->resume ? &state : NULL);
+        int64_t done = 0;
+        if (!rc && o->resume && !(rc = check_resume_state(t, state, &done))) t->first_step = done + 1;
+    } else if (!rc) {
+        gdn_model_init(&t->cfg, t->w, o->seed);
+    }
+    free(state);
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+
+    /* every window of seq + 1 bytes must fit each split it is drawn from */
+    const int64_t need = o->seq + 1, tl = gdn_data_split_len(t->data, GDN_SPLIT_TRAIN),
+                  vl = gdn_data_split_len(t->data, GDN_SPLIT_VAL);
+    if (tl < need)
+        rc = gdn_fail(GDN_ERR_SHAPE, "the training split of %s has %lld bytes; a sequence of --seq %lld needs %lld",
+                      o->data, (long long)tl, (long long)o->seq, (long long)need);
+    else if (o->eval_every && vl < need)
+        rc = gdn_fail(GDN_ERR_SHAPE, "the validation split of %s has %lld bytes; a sequence of --seq %lld needs "
+                      "%lld (raise --val-fraction, or --eval-every 0)", o->data, (long long)vl, (long long)o->seq,
+                      (long long)need);
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+
+    /* threads: the node's cores shared among its ranks */
+    MPI_Comm node;
+    int local = 1;
+    MPI_Comm_split_type(t->world, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    t->threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);
+    /* recompute when the kept activations of every rank on this node would take more than
+     * half of the memory the node has free */
+    gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1};
+    t->recompute = o->recompute;
+    if (t->recompute < 0) {
+        const double need_bytes = gdn_model_plan_estimate(&t->cfg, &run) * local;
+        const double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        int r = need_bytes > 0.5 * avail;
+        MPI_Allreduce(MPI_IN_PLACE, &r, 1, MPI_INT, MPI_MAX, t->world);
+        t->recompute = r;
+    }
+    run.recompute = t->recompute;
+    rc = gdn_model_plan_create(&t->plan, &t->cfg, &run, t->cp_size > 1 ? t->cp : NULL);
+    if (!rc && !(t->tokens = malloc((size_t)(o->batch * (t->tn + 1)))))
+        rc = gdn_fail(GDN_ERR_NOMEM, "token buffer");
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+
+    t->flops_per_token = gdn_model_train_flops_per_token(&t->cfg);
+    t->peak_gflops = measure_peak(t, (int)(cores < (long)t->threads * local ? cores : (long)t->threads * local));
+    if (t->rank == 0 && o->log_csv) {
+        /* a resumed run appends to its log; a new run starts it */
+        t->csv = fopen(o->log_csv, t->first_step > 1 ? "a" : "w");
+        if (!t->csv) rc = gdn_fail(GDN_ERR_IO, "cannot write the log %s", o->log_csv);
+        else if (t->first_step == 1 || ftell(t->csv) == 0)
+            fprintf(t->csv, "step,loss,val_loss,tokens_per_s,peak_rss_mb,lr,grad_norm,ms_per_step\n");
+    }
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    if (t->progress) {
+        fprintf(t->progress,
+                "gdncp train: %zu parameters (E=%lld, %lld layers, I=%lld, Hk=%lld Hv=%lld K=%lld V=%lld), "
+                "grid DP %d x CP %d (%s), %lld sequences of %lld tokens per step (%lld per rank), %d thread%s "
+                "per rank, recompute %s, text %s (%lld + %lld bytes)%s%s\n",
+                gdn_model_param_count(&t->cfg), (long long)t->cfg.E, (long long)t->cfg.L, (long long)t->cfg.I,
+                (long long)t->cfg.Hk, (long long)t->cfg.Hv, (long long)t->cfg.K, (long long)t->cfg.V, t->dp,
+                t->cp_size, gdn_cp_strategy_name((gdn_cp_strategy)o->strategy), (long long)(o->batch * t->dp),
+                (long long)o->seq, (long long)t->tn, t->threads, t->threads > 1 ? "s" : "",
+                t->recompute ? "on" : "off", o->data, (long long)tl, (long long)vl,
+                from ? (o->resume ? ", resumed from " : ", weights from ") : "", from ? ckdir : "");
+        fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x non-embedding parameters + the kernel's), "
+                "measured peak %.1f GFLOP/s on the cores in use\n", t->flops_per_token, t->peak_gflops);
+        fflush(t->progress);
+    }
+    return GDN_OK;
+}
+
+static int save(trainer *t, int64_t step, double loss) {
+    int rc = GDN_OK;
+    if (t->rank == 0) {
+        char *st = state_json(t, step, loss);
+        rc = st ? gdn_ckpt_save(t->o->out, step, &t->cfg, t->w, t->m, t->v, st, t->o->keep_last)
+                : gdn_fail(GDN_ERR_NOMEM, "trainer state");
+        free(st);
+        if (!rc && t->progress) {
+            fprintf(t->progress, "checkpoint: %s/checkpoint-%08lld\n", t->o->out, (long long)step);
+            fflush(t->progress);
+        }
+    }
+    return gdn_cp_agree_status(t->agree, rc);
+}
+
+static int train_steps(trainer *t) {
+    const gdn_train_options *o = t->o;
+    const double denom = (double)(o->batch * t->dp) * (double)o->seq;
+    const int count = (int)t->nw;
+    double loss = NAN;
+    int rc = GDN_OK;
+    for (int64_t step = t->first_step; step <= o->steps; step++) {
+        const double t_begin = MPI_Wtime();
+        rc = read_batch(t, GDN_SPLIT_TRAIN, step, t->dp_index * o->batch);
+        if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+        double ls = 0;
+        rc = gdn_model_step(t->plan, t->w, t->dw, t->tokens, denom, &ls);
+        /* a failure inside is its CP group's; make it every DP group's before the reduction */
+        if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+        /* reduce then broadcast: every rank gets the same bits (an all-reduce may round
+         * differently on different ranks, and the replicas would drift apart) */
+        MPI_Reduce(t->rank ? t->dw : MPI_IN_PLACE, t->dw, count, MPI_FLOAT, MPI_SUM, 0, t->world);
+        MPI_Bcast(t->dw, count, MPI_FLOAT, 0, t->world);
+        loss = world_sum(t, ls) / denom;
+        const double gnorm = gdn_grad_norm(&t->cfg, t->dw);
+        if (!isfinite(loss) || !isfinite(gnorm))
+            return gdn_fail(GDN_ERR_NONFINITE, "step %lld: the loss (%g) or gradient norm (%g) is not finite: "
+                            "training diverged (lower --lr)", (long long)step, loss, gnorm);
+        const double lr = gdn_adamw_lr(&o->opt, step);
+        const double scale = o->opt.clip > 0 && gnorm > o->opt.clip ? o->opt.clip / gnorm : 1.0;
+        gdn_adamw_update(&o->opt, &t->cfg, t->w, t->dw, t->m, t->v, step, lr, scale, t->threads);
+        double dt = MPI_Wtime() - t_begin;
+        MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, t->world);
+
+        double val = NAN;
+        if (o->eval_every && (step % o->eval_every == 0 || step == o->steps))
+            if ((rc = evaluate(t, &val))) return rc;
+        /* peak memory of every rank, for the progress line */
+        double rss = gdn_peak_rss_mb();
+        double *all = t->rank == 0 ? malloc(sizeof(double) * (size_t)t->size) : NULL;
+        MPI_Gather(&rss, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, t->world);
+        if (t->rank == 0) {
+            double rmax = 0;
+            for (int r = 0; r < t->size; r++) rmax = all[r] > rmax ? all[r] : rmax;
+            const double tps = denom / dt, frac = tps * t->flops_per_token / (t->peak_gflops * 1e9);
+            if (t->progress) {
+                fprintf(t->progress, "step %5lld/%lld  loss %.4f", (long long)step, (long long)o->steps, loss);
+                if (!isnan(val)) fprintf(t->progress, "  val %.4f", val);
+                fprintf(t->progress, "  %8.0f tok/s  %7.1f ms/step  lr %.2e  gnorm %.3f  %4.1f%% of peak  rss MB",
+                        tps, 1e3 * dt, lr, gnorm, 100 * frac);
+                if (t->size <= 8)
+                    for (int r = 0; r < t->size; r++) fprintf(t->progress, " %.0f", all[r]);
+                else
+                    fprintf(t->progress, " max %.0f over %d ranks", rmax, t->size);
+                fprintf(t->progress, "\n");
+                fflush(t->progress);
+            }
+            if (t->csv) {
+                fprintf(t->csv, "%lld,%.6f,", (long long)step, loss);
+                if (!isnan(val)) fprintf(t->csv, "%.6f", val);
+                fprintf(t->csv, ",%.1f,%.1f,%.6g,%.6g,%.2f\n", tps, rmax, lr, gnorm, 1e3 * dt);
+                fflush(t->csv);
+            }
+        }
+        free(all);
+        if (o->out && ((o->save_every && step % o->save_every == 0) || step == o->steps))
+            if ((rc = save(t, step, loss))) return rc;
+    }
+    return GDN_OK;
+}
+
+int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.o = o, t.world = world, t.cp_comm = MPI_COMM_NULL;
+    MPI_Comm_rank(world, &t.rank);
+    MPI_Comm_size(world, &t.size);
+    t.progress = t.rank == 0 ? progress : NULL;
+    int rc = gdn_cp_create(&t.agree, world, GDN_CP_SCAN);
+    if (rc) return rc;
+    rc = setup(&t);
+    if (!rc) rc = train_steps(&t);
+    rc = gdn_cp_agree_status(t.agree, rc);
+    if (t.csv) fclose(t.csv);
+    gdn_model_plan_destroy(t.plan);
+    gdn_data_close(t.data);
+    gdn_cp_destroy(t.cp);
+    gdn_cp_destroy(t.agree);
+    if (t.cp_comm != MPI_COMM_NULL) MPI_Comm_free(&t.cp_comm);
+    free(t.w), free(t.dw), free(t.m), free(t.v), free(t.tokens);
+    return rc;
+}

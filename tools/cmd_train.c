@@ -1,0 +1,117 @@
+/* gdncp train: the byte-level GatedDeltaNet language model trained on a text file, its
+ * sequences split over the ranks of mpiexec (a DP x CP grid, --cp ranks per sequence). */
+#include "cli.h"
+#include "cli_parse.h"
+#include "gdncp_cp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/train/trainer.h"
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long]\n"
+            "         [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
+            "         [--key-dim K] [--value-dim V] [--conv Kc]\n"
+            "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
+            "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
+            "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
+            "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N]\n"
+            "         [--resume DIR] [--init DIR] [--log FILE.csv]\n"
+            "  --seq is the whole sequence; with --cp C each of its C ranks holds about T/C tokens.\n"
+            "  DP = ranks / C groups each train --batch sequences per step.\n");
+    return CLI_USAGE_ERROR;
+}
+
+static int parse(int argc, char **argv, gdn_train_options *o) {
+    *o = gdn_train_defaults();
+    o->opt.min_lr = -1; /* not given: a tenth of --lr */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        /* integer options with their ranges */
+        int64_t cp = o->cp, keep = o->keep_last, threads = o->threads;
+        const struct { const char *flag; int64_t *dst, min, max; } ints[] = {
+            {"--hidden", &o->model.E, 1, 1 << 16},       {"--layers", &o->model.L, 1, 1024},
+            {"--intermediate", &o->model.I, 1, 1 << 18}, {"--key-heads", &o->model.Hk, 1, 1024},
+            {"--value-heads", &o->model.Hv, 1, 1024},    {"--key-dim", &o->model.K, 1, GDN_MAX_HEAD_DIM},
+            {"--value-dim", &o->model.V, 1, GDN_MAX_HEAD_DIM}, {"--conv", &o->model.Kc, 1, GDN_MAX_CONV},
+            {"--seq", &o->seq, 1, (int64_t)1 << 36},     {"--batch", &o->batch, 1, 65536},
+            {"--steps", &o->steps, 1, (int64_t)1 << 40}, {"--warmup", &o->opt.warmup, 0, (int64_t)1 << 40},
+            {"--seed", (int64_t *)&o->seed, 0, INT64_MAX}, {"--cp", &cp, 1, 1 << 20},
+            {"--threads", &threads, 1, 4096},            {"--save-every", &o->save_every, 0, (int64_t)1 << 40},
+            {"--keep", &keep, 0, 1 << 20},               {"--eval-every", &o->eval_every, 0, (int64_t)1 << 40},
+            {"--eval-seqs", &o->eval_seqs, 1, 1 << 20},
+        };
+        const struct { const char *flag; double *dst, min, max; } reals[] = {
+            {"--lr", &o->opt.lr, 1e-8, 1},           {"--min-lr", &o->opt.min_lr, 0, 1}, /* <= --lr */
+            {"--weight-decay", &o->opt.weight_decay, 0, 1}, {"--clip", &o->opt.clip, 0, 1e6},
+            {"--beta1", &o->opt.beta1, 0, 0.999999}, {"--beta2", &o->opt.beta2, 0, 0.999999},
+            {"--val-fraction", &o->val_fraction, 1e-6, 0.5},
+        };
+        int matched = 0;
+        for (size_t k = 0; !matched && k < sizeof ints / sizeof ints[0]; k++)
+            if (!strcmp(a, ints[k].flag)) {
+                if (cli_parse_i64("train", a, v, ints[k].min, ints[k].max, ints[k].dst)) return CLI_USAGE_ERROR;
+                matched = 1, i++;
+            }
+        for (size_t k = 0; !matched && k < sizeof reals / sizeof reals[0]; k++)
+            if (!strcmp(a, reals[k].flag)) {
+                if (cli_parse_f64("train", a, v, reals[k].min, reals[k].max, reals[k].dst)) return CLI_USAGE_ERROR;
+                matched = 1, i++;
+            }
+        o->cp = (int)cp, o->keep_last = (int)keep, o->threads = (int)threads;
+        if (matched) continue;
+        if (!strcmp(a, "--data") && v) o->data = v, i++;
+        else if (!strcmp(a, "--out") && v) o->out = v, i++;
+        else if (!strcmp(a, "--resume") && v) o->resume = v, i++;
+        else if (!strcmp(a, "--init") && v) o->init = v, i++;
+        else if (!strcmp(a, "--log") && v) o->log_csv = v, i++;
+        else if (!strcmp(a, "--model") && v) {
+            /* the named sizes; later size flags override single fields */
+            gdn_model_config named;
+            if (!gdn_model_config_named(v, &named)) {
+                fprintf(stderr, "gdncp train: unknown --model '%s' (tiny, small or long)\n", v);
+                return CLI_USAGE_ERROR;
+            }
+            o->model = named, i++;
+        } else if (!strcmp(a, "--strategy") && v) {
+            const int s = gdn_cp_strategy_parse(v);
+            if (s < 0) {
+                fprintf(stderr, "gdncp train: unknown --strategy '%s' (scan, allgather, relay or heads)\n", v);
+                return CLI_USAGE_ERROR;
+            }
+            o->strategy = s, i++;
+        } else if (!strcmp(a, "--recompute") && v && (!strcmp(v, "auto") || !strcmp(v, "on") || !strcmp(v, "off"))) {
+            o->recompute = !strcmp(v, "auto") ? -1 : !strcmp(v, "on");
+            i++;
+        } else if (!strcmp(a, "--fault") && v && !strcmp(v, "drop-incoming")) {
+            o->fault = GDN_CP_FAULT_DROP_INCOMING, i++; /* testing only: a deliberately wrong run */
+        } else {
+            fprintf(stderr, "gdncp train: unknown option or missing value: %s\n", a);
+            return usage();
+        }
+    }
+    if (!o->data) {
+        fprintf(stderr, "gdncp train: --data FILE is required\n");
+        return usage();
+    }
+    if (o->opt.min_lr < 0) o->opt.min_lr = 0.1 * o->opt.lr;
+    o->opt.steps = o->steps;
+    return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+    gdn_train_options o;
+    int rc = parse(argc, argv, &o);
+    if (rc) {
+        gdn_train_fail(MPI_COMM_WORLD, GDN_ERR_ARG); /* the other ranks stop too */
+        return rc;
+    }
+    rc = gdn_train(MPI_COMM_WORLD, &o, stdout);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rc) return rank == 0 ? cli_error("train", rc) : 1;
+    return 0;
+}
