@@ -36,6 +36,11 @@ typedef enum {
 const char *gdn_strerror(int status);
 /* Detailed message of the last failure on the calling thread (names the tensor or dimension). */
 const char *gdn_errmsg(void);
+/* GDN_OK, or GDN_ERR_NOMEM naming `what`, the need and the machine's memory when `bytes` exceed
+ * this machine's physical memory: a size that clearly cannot fit, refused before allocating
+ * (where overcommit would let malloc succeed and the OOM killer end the run later). A double, so
+ * that absurd sizes are refused before any size_t product of them can overflow. */
+int gdn_check_fits(const char *what, double bytes);
 
 /* ---------------------------------------------------------------- configuration */
 

@@ -192,6 +192,46 @@ done <<EOF
 0||$L run --chunk 32 --threads 1 --scale 0.125 $R && $L gen --B 1 --T 64 --Hk 1 --Hv 2 --K 16 --V 16 --seed 7 --slow-fraction 0.5 --out $logs/opt2.st && $L diff $g1 $g1 --tol 0 && $L layer $LW --decode 8 --eps 1e-6 --chunk 32 --threads 1
 EOF
 
+echo "== memory: sizes that cannot fit are refused before loading, the ranks on one machine counted together"
+# Sparse input files (zeros, no disk used). run: q, k, v [1,T,1,128], g, beta [1,T,1], 2056 bytes
+# a token held (1544 of inputs, 512 of the output o); at T_alone the inputs alone fit (the
+# loader's own check passes), with the output they do not; at T_pair each of 2 ranks' halves fits
+# alone, both together do not. layer: x [1,T,64] for layer_small's weights, x and y 512 bytes a
+# token. Every run is under `ulimit -v` of 45 % of the memory, below what any case would load,
+# so a regression fails with malloc's message instead of waking the OOM killer.
+sparse_file() { # sparse_file PATH HEADER_JSON DATA_BYTES
+  local h=$2 n i
+  while [ $((${#h} % 8)) != 0 ]; do h="$h "; done
+  n=${#h}
+  { for i in 0 1 2 3 4 5 6 7; do printf "\\x$(printf %02x $(((n >> (8 * i)) & 255)))"; done; printf '%s' "$h"; } >"$1"
+  truncate -s $((8 + n + $3)) "$1"
+}
+sparse_problem() { # sparse_problem PATH T
+  local sq=$(($2 * 512)) sg=$(($2 * 4)) t
+  t() { echo "\"$1\":{\"dtype\":\"F32\",\"shape\":[1,$2$3],\"data_offsets\":[$4,$5]}"; }
+  sparse_file "$1" "{$(t q "$2" ,1,128 0 $sq),$(t k "$2" ,1,128 $sq $((2 * sq))),$(t v "$2" ,1,128 $((2 * sq)) $((3 * sq))),$(t g "$2" ,1 $((3 * sq)) $((3 * sq + sg))),$(t beta "$2" ,1 $((3 * sq + sg)) $((3 * sq + 2 * sg)))}" $((3 * sq + 2 * sg))
+}
+phys=$(($(getconf _PHYS_PAGES) * $(getconf PAGESIZE)))
+T_alone=$((phys * 115 / 100 / 2056)); T_pair=$((phys * 150 / 100 / 2056)); T_layer=$((phys * 120 / 100 / 512))
+for spec in "1|run|$T_alone|gdncp run, T = $T_alone: the inputs fit, inputs + output do not|inputs and outputs needs" \
+            "2|run|$T_pair|mpiexec -n 2 gdncp run --cp scan, T = $T_pair: each rank's half fits, both do not|2 rank(s) on this machine together" \
+            "1|layer|$T_layer|gdncp layer, x of T = $T_layer: x and y do not fit|input and output rows needs" \
+            "2|run|64|mpiexec -n 2 gdncp run --cp scan, the same file format at T = 64 (control)|" \
+            "1|run|64|gdncp run, T = 64 (control)|" \
+            "1|layer|64|gdncp layer, T = 64 (control)|"; do
+  IFS='|' read -r d cmd T label needle <<<"$spec"
+  if [ "$cmd" = run ]; then sparse_problem "$logs/sparse.st" "$T"; args=(run --in "$logs/sparse.st")
+  else sparse_file "$logs/sparse.st" "{\"x\":{\"dtype\":\"F32\",\"shape\":[1,$T,64],\"data_offsets\":[0,$((T * 256))]}}" $((T * 256))
+       args=(layer --weights "$golden/layer_small.weights.safetensors" --in "$logs/sparse.st"); fi
+  launch=(); [ "$d" = 2 ] && launch=($MPIEXEC -n 2) && args+=(--cp scan)
+  if (ulimit -v $((phys * 45 / 100 / 1024)); timeout 120 "${launch[@]}" $L "${args[@]}" --out "$logs/sparse_o.st") >"$logs/mem.log" 2>&1
+  then got=0; else got=$?; fi
+  if { [ -z "$needle" ] && [ "$got" = 0 ]; } || { [ -n "$needle" ] && [ "$got" = 1 ] && grep -q "$needle" "$logs/mem.log"; }; then
+    echo "PASS  $label: exit $got${needle:+, \"$(grep -m1 -o "needs .*memory in all" "$logs/mem.log")\"}"; passed=$((passed + 1))
+  else echo "FAIL  $label (exit $got)"; cat "$logs/mem.log"; failed=$((failed + 1)); fi
+done
+rm -f "$logs/sparse.st" "$logs/sparse_o.st"
+
 echo "== gdncp train and sample (scripts/test_train.sh: grids, resume, checkpoints, bad input)"
 bash scripts/test_train.sh build > "$logs/train.log" 2>&1
 grep -E '^(PASS|FAIL|==)' "$logs/train.log" | grep -vE '^PASS' ; grep -cE '^PASS' "$logs/train.log" | sed 's/$/ train cases passed/'

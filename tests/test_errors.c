@@ -333,6 +333,21 @@ static void too_large(void) {
     expect_status(gdn_layer_plan_create(&lp, &c), GDN_ERR_NOMEM, "workspace",
                   "layer plan for 2^26 tokens at the 35B shape (about 13 TB): refused before allocating");
     gdn_layer_plan_destroy(lp);
+    /* The kernel plan: its backward keeps segment-start states, about sqrt(T) of them, which at
+     * T = 2^50 and K = V = 256 are about 2.5 TB, more than any test machine (at 2^40, 80 GB, a
+     * large one would allocate them untouched); the same shape at 2^16 plans. */
+    for (int big = 1; big >= 0; big--) {
+        gdn_config kc = gdn_config_default(1, big ? (int64_t)1 << 50 : 1 << 16, 1, 1, 256, 256);
+        kc.threads = 1;
+        gdn_plan *kp = NULL;
+        const int rc = gdn_plan_create(&kp, &kc);
+        if (big)
+            expect_status(rc, GDN_ERR_NOMEM, "backward workspace (1 thread(s), T = 1125899906842624) needs",
+                          "kernel plan for 2^50 tokens, K = V = 256: refused before allocating");
+        else
+            expect_status(rc, GDN_OK, NULL, "the same kernel plan at 2^16 tokens (control)");
+        gdn_plan_destroy(kp);
+    }
 }
 
 void test_errors(void) {

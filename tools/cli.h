@@ -43,6 +43,17 @@ int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_
 int cli_cp_fail_early(int argc, char **argv);
 /* FNV-1a of a string (0 for NULL), for agreeing on option strings across ranks. */
 int64_t cli_hash(const char *s);
+/* A split run's memory check before its large allocations: `bytes` (this rank's need) summed over
+ * the ranks that share this machine, against its memory (gdn_check_fits). Collective (over
+ * MPI_COMM_WORLD, whose ranks cp must hold); the verdict is agreed, so every rank returns the
+ * same status; the first rank of each machine that cannot fit prints what was needed, as
+ * "gdncp <cmd>: ...". */
+int cli_cp_check_fits(gdn_cp *cp, const char *cmd, const char *what, double bytes);
+/* gdncp run's input file: T (q's dimension 1) and the bytes a run holds per token of it (the
+ * input rows q k v g beta, and do with --backward; the output rows o, and dq dk dv dg dbeta with
+ * --backward; all B batch rows). Prints what is wrong and returns its status when the file
+ * cannot be opened or has no 4-D 'q'. */
+int cli_run_header(const char *path, int backward, long long *T, double *bytes_per_token);
 
 /* Print "gdncp <what>: <status text>: <detail>" to stderr and return exit code 1. */
 int cli_error(const char *what, int status);

@@ -224,6 +224,19 @@ int cmd_layer(int argc, char **argv) {
         if (!rc && cli_shard_of(o.shards, D, rank, T, &t0, &tn)) rc = GDN_ERR_SHAPE, reported = 1;
         if (rc) goto done; /* every rank fails here alike: no collective after it */
     }
+    if (!rc) { /* before reading: the rows of x (and dy), y (and dx) and the weight gradients
+                * (twice on rank 0 of a split run: its share and the sum); a lower bound, the
+                * plan's workspace is checked when it is made */
+        const double rows = (double)B * (double)(cp ? tn : T) * (double)lw.cfg.E,
+                     weights = o.backward ? (double)gdn_layer_param_floats(&lw.cfg) * (cp && !rank ? 2 : 1) : 0;
+        const double need = 4.0 * (rows * (o.backward ? 4 : 2) + weights);
+        static const char what[] = "the layer's input and output rows";
+        if (cp) { /* (every rank is here: the agreement above passed) */
+            if ((rc = cli_cp_check_fits(cp, "layer", what, need))) reported = 1;
+        } else {
+            rc = gdn_check_fits(what, need);
+        }
+    }
     if (!rc) rc = read_rows(f, "x", lw.cfg.E, t0, tn, &B, &T2, &x);
     if (!rc && o.backward) rc = read_rows(f, "dy", lw.cfg.E, t0, tn, &B2, &T2, &dy);
     if (!rc && o.backward && (B2 != B || T2 != T))
@@ -235,9 +248,13 @@ int cmd_layer(int argc, char **argv) {
     if (!rc) rc = gdn_layer_plan_create(&lp, &c);
     const size_t nx = (size_t)B * Tl * E, nw = gdn_layer_param_floats(&c);
     if (!rc) {
-        y = malloc(sizeof(float) * nx), dx = malloc(sizeof(float) * nx), dw = malloc(sizeof(float) * nw);
-        saved = malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1));
-        if (!y || !dx || !dw || !saved) rc = fail(GDN_ERR_NOMEM, "layer outputs for %lld tokens", (long long)(B * Tl));
+        y = malloc(sizeof(float) * nx), saved = malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1));
+        if (o.backward) dx = malloc(sizeof(float) * nx), dw = malloc(sizeof(float) * nw);
+        if (!y || !saved || (o.backward && (!dx || !dw)))
+            rc = fail(GDN_ERR_NOMEM, "rank %d: the layer's outputs%s for %lld tokens (%.2f GB)", rank,
+                      o.backward ? " and gradients" : "", (long long)(B * Tl),
+                      4e-9 * ((double)nx * (o.backward ? 2 : 1) + (o.backward ? (double)nw : 0) +
+                              (double)gdn_layer_saved_floats(lp)));
     }
     double t_start = cli_now();
     if (cp) {

@@ -61,6 +61,30 @@ static int parse(int argc, char **argv, run_opts *o) {
     return 0;
 }
 
+int cli_run_header(const char *path, int backward, long long *T, double *bytes_per_token) {
+    gdn_st_file *f = NULL;
+    const gdn_st_tensor *tq, *tv;
+    int rc = gdn_st_open(&f, path);
+    if (rc) {
+        cli_error("run", rc);
+        return rc;
+    }
+    if (!(tq = gdn_st_find(f, "q")) || tq->ndim != 4) {
+        fprintf(stderr, "gdncp run: %s has no 4-D tensor 'q'\n", path);
+        gdn_st_close(f);
+        return GDN_ERR_MISSING;
+    }
+    /* (a malformed v is left to the loader to name: it only makes the estimate smaller) */
+    const double qk = (double)tq->shape[2] * (double)tq->shape[3];
+    double v = 0, g = 0;
+    if ((tv = gdn_st_find(f, "v")) && tv->ndim == 4) v = (double)tv->shape[2] * (double)tv->shape[3], g = (double)tv->shape[2];
+    const double in = 2 * qk + v + 2 * g + (backward ? v : 0), out = v + (backward ? 2 * qk + v + 2 * g : 0);
+    *T = tq->shape[1];
+    *bytes_per_token = 4.0 * (double)tq->shape[0] * (in + out);
+    gdn_st_close(f);
+    return GDN_OK;
+}
+
 static double *to_f64(const float *x, int64_t n) {
     if (!x) return NULL;
     double *d = malloc(sizeof(double) * (n ? n : 1));
@@ -163,8 +187,17 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "gdncp run: --shards, --stats and --fault need --cp STRATEGY\n");
         return CLI_USAGE_ERROR;
     }
+    /* Inputs and outputs together, before loading: the loader alone checks only the inputs. A
+     * lower bound (states and the plan come on top); the oracle holds all of it again in double. */
+    long long T_file;
+    double per_token;
+    int rc = cli_run_header(opt.in, opt.backward, &T_file, &per_token);
+    if (rc) return 1;
+    if ((rc = gdn_check_fits(opt.reference ? "the inputs and outputs in float and double (--reference)"
+                                           : "the inputs and outputs", per_token * (double)T_file * (opt.reference ? 3 : 1))))
+        return cli_error("run", rc);
     gdn_problem pb;
-    int rc = gdn_problem_load(&pb, opt.in, opt.backward);
+    rc = gdn_problem_load(&pb, opt.in, opt.backward);
     if (rc) return cli_error("run", rc);
     gdn_config cfg = pb.cfg;
     cfg.chunk = (int)opt.chunk;

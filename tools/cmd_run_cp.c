@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn) {
@@ -107,6 +108,23 @@ int cli_cp_fail_early(int argc, char **argv) {
     return 1;
 }
 
+int cli_cp_check_fits(gdn_cp *cp, const char *cmd, const char *what, double bytes) {
+    /* ranks on one machine share its memory: each alone could fit while together they cannot */
+    MPI_Comm node;
+    double together = bytes;
+    int on_node = 1, node_rank = 0;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        if (MPI_Allreduce(&bytes, &together, 1, MPI_DOUBLE, MPI_SUM, node) != MPI_SUCCESS) together = bytes;
+        MPI_Comm_size(node, &on_node), MPI_Comm_rank(node, &node_rank);
+        MPI_Comm_free(&node);
+    }
+    char whole[512];
+    snprintf(whole, sizeof whole, "%s, for the %d rank(s) on this machine together,", what, on_node);
+    const int local = gdn_check_fits(whole, together);
+    if (local && !node_rank) cli_error(cmd, local);
+    return gdn_cp_agree_status(cp, local);
+}
+
 /* FNV-1a of a string (0 for NULL): lets ranks agree on a whole option string in one value. */
 int64_t cli_hash(const char *s) {
     if (!s) return 0;
@@ -159,16 +177,8 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
     if (gdn_cp_create(&cp, MPI_COMM_WORLD, s < 0 ? GDN_CP_SCAN : (gdn_cp_strategy)s)) return cli_error("run --cp", GDN_ERR_MPI);
     /* Each rank reads the header of its own file: T must agree too. */
     long long T = -1;
-    if (!local) {
-        gdn_st_file *f = NULL;
-        const gdn_st_tensor *tq;
-        const int orc = gdn_st_open(&f, in);
-        if (orc) cli_error("run --cp", orc), local = orc;
-        else if (!(tq = gdn_st_find(f, "q")) || tq->ndim != 4)
-            fprintf(stderr, "gdncp run: %s has no 4-D tensor 'q'\n", in), local = GDN_ERR_MISSING;
-        else T = tq->shape[1];
-        gdn_st_close(f);
-    }
+    double per_token = 0;
+    if (!local) local = cli_run_header(in, backward, &T, &per_token);
     static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--stats",
                                         "--fault", "--shards (the lists differ; values are hashes)",
                                         "T of the input file"};
@@ -185,6 +195,15 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
     int64_t t0 = 0, tn = 0;
     /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
     if (cli_shard_of(shards, D, rank, T, &t0, &tn)) {
+        gdn_cp_destroy(cp);
+        return 1;
+    }
+    /* this rank's rows of the inputs and outputs: a lower bound (states, plans and strategy
+     * buffers come on top), so a refusal is certain */
+    char what[160];
+    snprintf(what, sizeof what, "holding the input and output rows of their shards (T = %lld, %s)", T,
+             backward ? "forward and backward" : "forward");
+    if (cli_cp_check_fits(cp, "run --cp", what, per_token * (double)tn)) {
         gdn_cp_destroy(cp);
         return 1;
     }
@@ -210,18 +229,32 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
     gdn_plan *plan = NULL;
     gdn_cp_stats fs = {0}, bs = {0};
     double t_start = MPI_Wtime();
-    rc = !o || !ht || !s_in || (backward && (!gq || !gk || !gv || !gg || !gb || !gs))
-             ? GDN_ERR_NOMEM : gdn_plan_create(&plan, &cfg);
+    /* a failure is named where it happens; the other ranks stop with it in the agreement */
+    if (!o || !ht || !s_in || (backward && (!gq || !gk || !gv || !gg || !gb || !gs))) {
+        fprintf(stderr, "gdncp run --cp: out of memory: rank %d: the outputs%s of its %lld-token shard (%.2f GB)\n",
+                rank, backward ? " and gradients" : "", (long long)cfg.T,
+                4e-9 * (double)(nv + 3 * ns + (backward ? 2 * nqk + nv + 2 * ng : 0)));
+        rc = GDN_ERR_NOMEM;
+    } else if ((rc = gdn_plan_create(&plan, &cfg))) {
+        cli_error("run --cp", rc);
+    }
+    int exit_code = 0;
+    if (gdn_cp_agree_status(cp, rc)) {
+        exit_code = 1;
+        goto done;
+    }
     gdn_cp_set_fault(cp, fault);
-    /* (a local failure here is folded into the forward's agreement step: every rank stops) */
-    rc = gdn_cp_forward(cp, rc ? NULL : plan, o, ht, s_in, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+    rc = gdn_cp_forward(cp, plan, o, ht, s_in, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
     if (!rc) fs = gdn_cp_last_stats(cp);
     if (!rc && backward)
         rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, gs, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0,
                              s == GDN_CP_HEADS ? NULL : s_in, pb.dout, pb.dht);
     if (!rc && backward) bs = gdn_cp_last_stats(cp);
     const double wall = MPI_Wtime() - t_start;
-    int exit_code = rc ? cli_error("run --cp", rc) : 0;
+    /* the peak so far: this rank's inputs, outputs and workspace (before --stats' own forward) */
+    struct rusage ru;
+    const double rss_mib = getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_maxrss / 1024.0;
+    exit_code = rc ? cli_error("run --cp", rc) : 0;
     if (!exit_code && stats) { /* rank 0 prints every rank's accounting */
         /* The incoming state's effect: this shard's outputs again from a zero state (rank 0's
          * incoming state comes from no other rank: 0 by definition; -1: could not compute). */
@@ -234,26 +267,28 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
                 in_rel = in_reach = -1;
             free(o0);
         }
-        double mine[14] = {fs.fold_s, fs.comm_s, fs.replay_s, (double)fs.bytes_sent, (double)fs.bytes_recv, fs.rounds,
+        enum { NV = 15 };
+        double mine[NV] = {fs.fold_s, fs.comm_s, fs.replay_s, (double)fs.bytes_sent, (double)fs.bytes_recv, fs.rounds,
                            bs.fold_s, bs.comm_s, bs.replay_s, (double)bs.bytes_sent, (double)bs.bytes_recv, bs.rounds,
-                           in_rel, in_reach};
-        double *all = rank ? NULL : malloc(sizeof(double) * 14 * D);
-        MPI_Gather(mine, 14, MPI_DOUBLE, all, 14, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+                           in_rel, in_reach, rss_mib};
+        double *all = rank ? NULL : malloc(sizeof(double) * NV * D);
+        MPI_Gather(mine, NV, MPI_DOUBLE, all, NV, MPI_DOUBLE, 0, MPI_COMM_WORLD);
         if (!rank && all) {
             fprintf(stderr, "gdncp run --cp %s: D=%d T=%lld wall %.3f s\n", strategy, D, T, wall);
-            fprintf(stderr, "rank dir      fold_s   comm_s  replay_s   sent_B     recv_B   rounds    in_rel  in_reach\n");
+            fprintf(stderr, "rank dir      fold_s   comm_s  replay_s   sent_B     recv_B   rounds    in_rel  in_reach  rss_MiB\n");
             for (int r = 0; r < D; r++)
                 for (int d = 0; d < 1 + backward; d++) {
-                    const double *x = all + 14 * r + 6 * d;
+                    const double *x = all + NV * r + 6 * d;
                     fprintf(stderr, "%4d %-8s %7.4f %8.4f %9.4f %10.0f %10.0f %6.0f", r, d ? "backward" : "forward",
                             x[0], x[1], x[2], x[3], x[4], x[5]);
                     if (d) fprintf(stderr, "\n");
-                    else if (all[14 * r + 12] < 0) fprintf(stderr, "       n/a       n/a\n");
-                    else fprintf(stderr, " %9.2e %9.0f\n", all[14 * r + 12], all[14 * r + 13]);
+                    else if (all[NV * r + 12] < 0) fprintf(stderr, "       n/a       n/a %8.0f\n", all[NV * r + 14]);
+                    else fprintf(stderr, " %9.2e %9.0f %8.0f\n", all[NV * r + 12], all[NV * r + 13], all[NV * r + 14]);
                 }
             fprintf(stderr, "in_rel: max|o - o_from_zero_state| / max|o| over the rank's shard (how much the state coming "
                             "from the earlier ranks changes its outputs); in_reach: its first tokens where that change "
-                            "exceeds 1e-5 max|o|\n");
+                            "exceeds 1e-5 max|o|; rss_MiB: the rank's peak resident memory after the run (getrusage), "
+                            "before --stats' own extra forward\n");
         }
         free(all);
     }
@@ -277,6 +312,7 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
         if (rc && !strstr(gdn_errmsg(), "see its message")) exit_code = cli_error("run --cp", rc);
         else if (rc) exit_code = 1;
     }
+done:
     gdn_cp_destroy(cp);
     gdn_plan_destroy(plan);
     free(o), free(ht), free(s_in), free(gq), free(gk), free(gv), free(gg), free(gb), free(gs);

@@ -43,6 +43,10 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     const int C = p->cfg.chunk, K = (int)cfg->K;
     p->max_width = (int)(cfg->V + cfg->K); /* summaries carry [S | A] */
     const size_t per = ws_floats(&p->cfg, C, K, p->max_width) + 32 * 16;
+    if ((rc = gdn_check_fits("the plan's forward workspace", 4.0 * (double)per * p->threads))) {
+        gdn_plan_destroy(p);
+        return rc;
+    }
     p->ws = calloc((size_t)p->threads, sizeof *p->ws);
     p->arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->ws || !p->arena) {
@@ -75,12 +79,14 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     return GDN_OK;
 }
 
-/* r = value heads per key head: the backward carries all of a key head's states together. */
-static size_t bwd_floats(const gdn_config *c, int64_t nseg, int N, int rec_slots) {
-    const size_t C = (size_t)c->chunk, K = (size_t)c->K, V = (size_t)c->V, r = (size_t)(c->Hv / c->Hk);
+/* r = value heads per key head: the backward carries all of a key head's states together. In
+ * double: exact at any size that can be allocated, and larger ones cannot wrap around before
+ * gdn_check_fits sees them. */
+static double bwd_floats(const gdn_config *c, int64_t nseg, int N, int rec_slots) {
+    const double C = (double)c->chunk, K = (double)c->K, V = (double)c->V, r = (double)(c->Hv / c->Hk);
     return r * K * V + 3 * C * (V + K) + 4 * C * K + 5 * C * C +
-           6 * C /* dG, dbeta_row, colsum (double) */ + r * ((size_t)nseg + N) * K * V +
-           (size_t)rec_slots * gdn_chunk_record_floats(c) + 32 * 16;
+           6 * C /* dG, dbeta_row, colsum (double) */ + r * ((double)nseg + N) * K * V +
+           (double)rec_slots * (double)gdn_chunk_record_floats(c) + 32 * 16;
 }
 
 static int alloc_backward(gdn_plan *p) {
@@ -120,7 +126,13 @@ static int alloc_backward(gdn_plan *p) {
     const size_t rec_bytes = gdn_chunk_record_floats(c) * sizeof(float);
     const int64_t fit = (int64_t)(GDN_RECORD_BUDGET / rec_bytes);
     p->rec_slots = (int)(Nmax < fit ? Nmax : fit > 1 ? fit : 1);
-    const size_t per = bwd_floats(c, p->nseg, Nmax, p->rec_slots);
+    const double per_need = bwd_floats(c, p->nseg, Nmax, p->rec_slots);
+    /* (the saved states grow with T / N: a very long T per call can outgrow the machine) */
+    char what[96];
+    snprintf(what, sizeof what, "the plan's backward workspace (%d thread(s), T = %lld)", p->threads, (long long)c->T);
+    int rc = gdn_check_fits(what, 4.0 * per_need * p->threads);
+    if (rc) return rc;
+    const size_t per = (size_t)per_need;
     p->bws = calloc((size_t)p->threads, sizeof *p->bws);
     p->bwd_arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->bws || !p->bwd_arena)
@@ -147,7 +159,7 @@ static int alloc_backward(gdn_plan *p) {
 size_t gdn_plan_backward_bytes(const gdn_plan *p) {
     if (!p) return 0;
     const int Nmax = p->ckpt_chunks > p->save_chunks ? p->ckpt_chunks : p->save_chunks;
-    return bwd_floats(&p->cfg, p->nseg, Nmax, p->rec_slots) * sizeof(float);
+    return (size_t)bwd_floats(&p->cfg, p->nseg, Nmax, p->rec_slots) * sizeof(float);
 }
 
 void gdn_plan_destroy(gdn_plan *p) {

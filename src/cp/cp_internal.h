@@ -35,8 +35,8 @@ int gdn_cp_bcast(gdn_cp *cp, float *buf, int64_t count, int root);
 /* The `heads` strategy's all-to-all sizes (heads.c). check: whether every count and displacement
  * of its exchanges (in token rows) and its state scatter/gather (in floats) fits MPI's int, and D
  * divides Hk; a GDN_ERR_SHAPE naming the sizes otherwise. Decided from agreed values only: every
- * rank reaches the same verdict. counts: this rank's counts and displacements, in rows of B
- * token rows per shard, towards the heads (sends T_r to every rank) or back. */
+ * rank reaches the same verdict. counts: this rank's counts and displacements in token rows (B
+ * rows per token of a shard), towards the heads (B T_r rows to every rank) or back. */
 int gdn_cp_heads_check(int D, const int64_t *shard_T, int64_t B, int64_t Hk, int64_t Hv, int64_t K,
                        int64_t V);
 void gdn_cp_heads_counts(int D, const int64_t *shard_T, int rank, int64_t B, int towards_heads,
