@@ -67,11 +67,16 @@ int cmd_gen(int argc, char **argv) {
     int rc = gdn_config_check(&c);
     if (rc) return cli_error("gen", rc);
     const int64_t nqk = B * T * Hk * K, nv = B * T * Hv * V, ng = B * T * Hv, ns = B * Hv * K * V;
+    /* every tensor is made in memory before the file is written */
+    if ((rc = gdn_check_fits("the problem's tensors", 4.0 * (2.0 * nqk + 2.0 * nv + 2.0 * ng + 2.0 * ns))))
+        return cli_error("gen", rc);
     float *q = malloc(sizeof(float) * nqk), *k = malloc(sizeof(float) * nqk), *v = malloc(sizeof(float) * nv),
           *dout = malloc(sizeof(float) * nv), *g = malloc(sizeof(float) * ng), *beta = malloc(sizeof(float) * ng),
           *h0 = malloc(sizeof(float) * ns), *dht = malloc(sizeof(float) * ns);
     if (!q || !k || !v || !dout || !g || !beta || !h0 || !dht) {
-        fprintf(stderr, "gdncp gen: out of memory\n");
+        fprintf(stderr, "gdncp gen: out of memory for the problem's tensors (%.2f GB)\n",
+                4e-9 * (2.0 * nqk + 2.0 * nv + 2.0 * ng + 2.0 * ns));
+        free(q), free(k), free(v), free(dout), free(g), free(beta), free(h0), free(dht);
         return 1;
     }
     uint64_t s = 0x9E3779B97F4A7C15ull ^ (uint64_t)seed * 0x100000001B3ull;
