@@ -67,10 +67,10 @@ static void test_gradients(void) {
     check(rc == GDN_OK && isfinite(ls), "model step: loss %.4f per token", ls / denom);
     check(gdn_model_step(p, w, dw_wrong, tok2, denom, &ls) == GDN_OK, "model step, other tokens");
     /* The directional derivative along a random direction on one tensor at a time: central
-     * differences of the fp32 loss (accumulated in double) with step 3e-4 agree with the analytic
-     * gradient to ~5e-3 (fp32 rounding of the loss over the step below, curvature above);
-     * tolerance 2e-2, absolute for derivatives under 1e-2. Negative control: the gradient of
-     * other targets. */
+     * differences of the fp32 loss (accumulated in double), Richardson-extrapolated from steps
+     * 2e-3 and 1e-3, agree with the analytic gradient to ~3e-3 (the loss's fp32 rounding over the
+     * step); tolerance 2e-2, absolute for derivatives under 1e-2. Negative control: the gradient
+     * of other targets. */
     double worst = 0, worst_wrong = INFINITY;
     char worst_name[96] = "";
     gdn_model_tensor_info t;
@@ -84,14 +84,21 @@ static void test_gradients(void) {
             an += (double)dir[k] * dw[t.offset + k];
             an_wrong += (double)dir[k] * dw_wrong[t.offset + k];
         }
-        const double eps = getenv("GDN_FD_EPS") ? atof(getenv("GDN_FD_EPS")) : 3e-4;
-        double lp2[2];
-        for (int s = 0; s < 2; s++) {
-            memcpy(wp, w, sizeof(float) * nw);
-            for (size_t k = 0; k < t.numel; k++) wp[t.offset + k] += (float)((s ? -eps : eps) * dir[k]);
-            lp2[s] = loss_of(p, wp, tok, denom);
+        /* Richardson: (4 D(h/2) - D(h)) / 3 cancels the h^2 term of the central difference, so
+         * a step large enough to rise above the fp32 loss's rounding stays accurate */
+        const double h = getenv("GDN_FD_EPS") ? atof(getenv("GDN_FD_EPS")) : 2e-3;
+        double dd[2];
+        for (int half = 0; half < 2; half++) {
+            const double eps = half ? h / 2 : h;
+            double lp2[2];
+            for (int s = 0; s < 2; s++) {
+                memcpy(wp, w, sizeof(float) * nw);
+                for (size_t k = 0; k < t.numel; k++) wp[t.offset + k] += (float)((s ? -eps : eps) * dir[k]);
+                lp2[s] = loss_of(p, wp, tok, denom);
+            }
+            dd[half] = (lp2[0] - lp2[1]) / (2 * eps);
         }
-        const double fd = (lp2[0] - lp2[1]) / (2 * eps);
+        const double fd = (4 * dd[1] - dd[0]) / 3;
         const double scale = fmax(fabs(fd), 1e-2); /* absolute below 1e-2 */
         const double err = fabs(an - fd) / scale, err_wrong = fabs(an_wrong - fd) / scale;
         if (getenv("GDN_TEST_VERBOSE")) printf("  %-50s an %+.6e fd %+.6e err %.2e\n", t.name, an, fd, err);

@@ -387,12 +387,46 @@ static int layer_backward(gdn_model_plan *p, float *dx, float *dw, const float *
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* sigmoid of 8 lanes with the core's vector exp (a scalar expf per element cost a tenth of a
+ * training step). */
+static inline gdn_v8f sigmoid8(gdn_v8f x) { return 1.0f / (1.0f + gdn_vexpf_ftz(-x)); }
+
 /* m = silu(gate) * up for gu = [gate | up] rows of 2I. */
 static void swiglu_forward(const gdn_model_plan *p, float *m, const float *gu) {
     const int64_t I = p->cfg.I;
 #pragma omp parallel for num_threads(p->threads) schedule(static)
-    for (int64_t i = 0; i < p->N; i++)
-        for (int64_t j = 0; j < I; j++) m[i * I + j] = silu(gu[i * 2 * I + j]) * gu[i * 2 * I + I + j];
+    for (int64_t i = 0; i < p->N; i++) {
+        const float *g = gu + i * 2 * I, *u = g + I;
+        float *mi = m + i * I;
+        int64_t j = 0;
+        for (; j + 8 <= I; j += 8) {
+            const gdn_v8f gv = *(const gdn_v8f_u *)(g + j);
+            *(gdn_v8f_u *)(mi + j) = gv * sigmoid8(gv) * *(const gdn_v8f_u *)(u + j);
+        }
+        for (; j < I; j++) mi[j] = silu(g[j]) * u[j];
+    }
+}
+
+/* SwiGLU backward in place: gu = [gate | up] becomes [dgate | dup] for dm. */
+static void swiglu_backward(const gdn_model_plan *p, float *gu, const float *dm) {
+    const int64_t I = p->cfg.I;
+#pragma omp parallel for num_threads(p->threads) schedule(static)
+    for (int64_t i = 0; i < p->N; i++) {
+        float *g = gu + i * 2 * I, *u = g + I;
+        const float *d = dm + i * I;
+        int64_t j = 0;
+        for (; j + 8 <= I; j += 8) {
+            const gdn_v8f gv = *(gdn_v8f_u *)(g + j), uv = *(gdn_v8f_u *)(u + j), dv = *(const gdn_v8f_u *)(d + j);
+            const gdn_v8f s = sigmoid8(gv);
+            *(gdn_v8f_u *)(g + j) = dv * uv * s * (1.0f + gv * (1.0f - s));
+            *(gdn_v8f_u *)(u + j) = dv * gv * s;
+        }
+        for (; j < I; j++) {
+            const float gj = g[j], uj = u[j], s = 1.0f / (1.0f + expf(-gj));
+            g[j] = d[j] * uj * s * (1.0f + gj * (1.0f - s));
+            u[j] = d[j] * gj * s;
+        }
+    }
 }
 
 /* One block forward from x (its input) into xout; keeps what its backward needs in b. */
@@ -431,15 +465,7 @@ static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const bl
     gdn_matmul(0, N, I, E, p->dres, E, w + blk_offset(c, l, BLK_DOWN), I, p->dm, I, p->mm_ws, nt);
     /* SwiGLU: gu becomes [dgate | dup] in place */
     float *dgu = b->gu;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t j = 0; j < I; j++) {
-            float *gi = dgu + i * 2 * I;
-            const float g = gi[j], u = gi[I + j], d = p->dm[i * I + j];
-            const float s = 1.0f / (1.0f + expf(-g)), sl = g * s;
-            gi[j] = d * u * s * (1.0f + g * (1.0f - s));
-            gi[I + j] = d * sl;
-        }
+    swiglu_backward(p, dgu, p->dm);
     gdn_matmul(GDN_GEMM_A_TRANS, I, E, N, dgu, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_GATE), E,
                p->mm_ws, nt);
     gdn_matmul(GDN_GEMM_A_TRANS, I, E, N, dgu + I, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_UP), E,
@@ -484,12 +510,22 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dw, const uint
                 float *li = p->logits + i * Vv;
                 float mx = li[0];
                 for (int64_t v = 1; v < Vv; v++) mx = li[v] > mx ? li[v] : mx;
+                const float lt = li[target];
+                /* li becomes exp(li - mx) (the vector exp; below e^-69 a probability is 0) */
+                gdn_v8f e8 = {0};
+                int64_t v = 0;
+                for (; v + 8 <= Vv; v += 8) {
+                    const gdn_v8f e = gdn_vexpf_ftz(*(gdn_v8f_u *)(li + v) - mx);
+                    *(gdn_v8f_u *)(li + v) = e;
+                    e8 += e;
+                }
                 double se = 0.0;
-                for (int64_t v = 0; v < Vv; v++) se += exp((double)(li[v] - mx));
-                acc += log(se) + (double)mx - (double)li[target];
+                for (int l = 0; l < 8; l++) se += (double)e8[l];
+                for (; v < Vv; v++) se += (double)(li[v] = expf(li[v] - mx));
+                acc += log(se) - (double)(lt - mx);
                 if (dw) {
-                    const float inv = (float)(1.0 / se);
-                    for (int64_t v = 0; v < Vv; v++) li[v] = expf(li[v] - mx) * inv * scale;
+                    const float f = (float)(1.0 / se) * scale;
+                    for (v = 0; v < Vv; v++) li[v] *= f;
                     li[target] -= scale;
                 }
             }
