@@ -62,6 +62,18 @@ typedef struct {
                               holds one segment's chunk intermediates (~0.5 MB per chunk at
                               K = V = 128, two value heads per key head), at most 64 MB: past
                               that, a segment's earlier chunks form theirs again. */
+    /* Packed variable-length sequences (flash-linear-attention's cu_seqlens; needs B = 1): the
+     * token stream holds n_docs documents, document d being tokens [cu_seqlens[d],
+     * cu_seqlens[d+1]) — cu_seqlens[0] = 0, strictly increasing, cu_seqlens[n_docs] = the
+     * stream's length (T on a single rank). The recurrent state restarts at every document start,
+     * from h0[d] or zeros, and each document's final state is returned: h0, ht, dht and dh0 are
+     * then [n_docs, Hv, K, V] instead of [B, Hv, K, V]. NULL (n_docs 0): dense, one sequence
+     * per batch row. The plan keeps its own copy of the offsets. */
+    const int64_t *cu_seqlens;
+    int64_t n_docs;
+    int64_t seq_offset; /* the stream index of this call's first token: 0 on a single rank; under
+                           context parallelism the tokens of the ranks before this one (every
+                           rank passes the whole stream's cu_seqlens) */
 } gdn_config;
 
 /* A config with the library defaults: chunk 64, default scale, L2 norm on, all threads, checks on. */

@@ -10,7 +10,7 @@ static const struct { const char *name; void (*fn)(void); } suites[] = {
     {"safetensors", test_safetensors}, {"errors", test_errors}, {"cli", test_cli},
     {"matmul", test_matmul}, {"step", test_step}, {"layer_reference", test_layer_reference},
     {"layer_io", test_layer_io}, {"layer", test_layer}, {"model", test_model},
-    {"train_io", test_train_io},
+    {"train_io", test_train_io}, {"pack", test_pack},
 };
 
 int main(int argc, char **argv) {

@@ -291,46 +291,48 @@ static void finish_key_rows(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_w
 }
 
 void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
-                       const gdn_grads *gr, int64_t b, int64_t hk) {
+                       const gdn_grads *gr, const gdn_range *rg, int64_t hk) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk;
-    const int64_t T = c->T, K = c->K, V = c->V, Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, KV = K * V;
-    /* Segments: those of the forward's saved states, or of this backward's own sweep. */
-    const int64_t nchunks = (T + C - 1) / C, N = gr->ckpt ? p->save_chunks : p->ckpt_chunks,
+    const int64_t K = c->K, V = c->V, Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, KV = K * V;
+    const int64_t b = rg->b, t_begin = rg->t_begin, t_end = rg->t_end;
+    /* Segments: those of the forward's saved states, or of this backward's own sweep. Chunks
+     * start at t_begin (a document start, in a packed stream). */
+    const int64_t nchunks = (t_end - t_begin + C - 1) / C, N = rg->ckpt ? p->save_chunks : p->ckpt_chunks,
                   nseg = (nchunks + N - 1) / N;
     /* The r value heads of this key head go through every chunk together, so each chunk's key
      * side (normalised q, k; K K^T, Q K^T) is formed once for all of them. */
     const int64_t h0 = hk * r;
     float *S = ws->state;
-    if (!gr->ckpt) { /* forward sweep keeping the states at segment starts */
+    if (!rg->ckpt) { /* forward sweep keeping the states at segment starts */
         for (int64_t j = 0; j < r; j++) {
-            if (gr->h0) memcpy(S + j * KV, gr->h0 + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
+            if (rg->h0) memcpy(S + j * KV, rg->h0 + (h0 + j) * KV, sizeof(float) * KV);
             else memset(S + j * KV, 0, sizeof(float) * KV);
         }
         for (int64_t s = 0; s < nseg; s++) {
             memcpy(bw->ckpt + s * r * KV, S, sizeof(float) * r * KV);
-            const int64_t t1 = (s + 1) * N * C < T ? (s + 1) * N * C : T;
-            if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h0, (int)r, 0, (int)V, s * N * C, t1, NULL);
+            const int64_t t1 = t_begin + (s + 1) * N * C < t_end ? t_begin + (s + 1) * N * C : t_end;
+            if (s + 1 < nseg) gdn_chunk_stream(p, ws, in, b, h0, (int)r, 0, (int)V, t_begin + s * N * C, t1, NULL);
         }
     }
     for (int64_t j = 0; j < r; j++) {
-        if (gr->dht) memcpy(bw->dS + j * KV, gr->dht + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
+        if (rg->dht) memcpy(bw->dS + j * KV, rg->dht + (h0 + j) * KV, sizeof(float) * KV);
         else memset(bw->dS + j * KV, 0, sizeof(float) * KV);
     }
     for (int64_t s = nseg - 1; s >= 0; s--) {
         const int64_t c_begin = s * N, c_end = (s + 1) * N < nchunks ? (s + 1) * N : nchunks;
         for (int64_t j = 0; j < r; j++) { /* the segment's start: saved by the forward or swept */
-            if (!gr->ckpt) memcpy(S + j * KV, bw->ckpt + (s * r + j) * KV, sizeof(float) * KV);
-            else if (s > 0) memcpy(S + j * KV, gr->ckpt + ((b * Hv + h0 + j) * (nseg - 1) + s - 1) * KV, sizeof(float) * KV);
-            else if (gr->h0) memcpy(S + j * KV, gr->h0 + (b * Hv + h0 + j) * KV, sizeof(float) * KV);
+            if (!rg->ckpt) memcpy(S + j * KV, bw->ckpt + (s * r + j) * KV, sizeof(float) * KV);
+            else if (s > 0) memcpy(S + j * KV, rg->ckpt + ((h0 + j) * rg->ckpt_rows + s - 1) * KV, sizeof(float) * KV);
+            else if (rg->h0) memcpy(S + j * KV, rg->h0 + (h0 + j) * KV, sizeof(float) * KV);
             else memset(S + j * KV, 0, sizeof(float) * KV);
         }
         /* Forward re-sweep: each chunk's entry state and, for the segment's last rec_slots
          * chunks, its intermediates into its record (slot ci - first_rec). */
         const int64_t first_rec = c_end - (c_end - c_begin < p->rec_slots ? c_end - c_begin : p->rec_slots);
         for (int64_t ci = c_begin; ci < c_end; ci++) {
-            const int64_t t0 = ci * C, slot = ci - first_rec;
-            const int n = (int)(T - t0 < C ? T - t0 : C);
+            const int64_t t0 = t_begin + ci * C, slot = ci - first_rec;
+            const int n = (int)(t_end - t0 < C ? t_end - t0 : C);
             memcpy(bw->segst + (ci - c_begin) * r * KV, S, sizeof(float) * r * KV);
             for (int64_t j = 0; j < r; j++) {
                 gdn_chunk_ws v = slot >= 0 ? record_view(p, ws, bw, slot, j) : *ws;
@@ -341,8 +343,8 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
             }
         }
         for (int64_t ci = c_end - 1; ci >= c_begin; ci--) {
-            const int64_t t0 = ci * C, slot = ci - first_rec;
-            const int n = (int)(T - t0 < C ? T - t0 : C);
+            const int64_t t0 = t_begin + ci * C, slot = ci - first_rec;
+            const int n = (int)(t_end - t0 < C ? t_end - t0 : C);
             const float *Sc = bw->segst + (ci - c_begin) * r * KV; /* the chunk's entry states */
             for (int64_t j = 0; j < r; j++) {
                 gdn_chunk_ws v = slot >= 0 ? record_view(p, ws, bw, slot, j) : *ws;
@@ -361,21 +363,22 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
             finish_key_rows(p, &keys, bw, gr, b, hk, t0, n);
         }
     }
-    for (int64_t j = 0; gr->dh0 && j < r; j++) {
-        memcpy(gr->dh0 + (b * Hv + h0 + j) * KV, bw->dS + j * KV, sizeof(float) * KV);
+    for (int64_t j = 0; rg->dh0 && j < r; j++) {
+        memcpy(rg->dh0 + (h0 + j) * KV, bw->dS + j * KV, sizeof(float) * KV);
         if (c->check_finite && gdn_row_nonfinite(bw->dS + j * KV, KV)) bw->nonfinite = 1;
     }
 }
 
 void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
-                      const gdn_grads *gr, int64_t b, int64_t h, float *sg) {
+                      const gdn_grads *gr, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
+                      const float *ds_out, float *sg) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk;
-    const int64_t T = c->T, KV = c->K * c->V;
-    if (gr->dht) memcpy(bw->dS, gr->dht + (b * c->Hv + h) * KV, sizeof(float) * KV);
+    const int64_t KV = c->K * c->V;
+    if (ds_out) memcpy(bw->dS, ds_out, sizeof(float) * KV);
     else memset(bw->dS, 0, sizeof(float) * KV);
-    for (int64_t t0 = (T - 1) / C * C; t0 >= 0; t0 -= C) {
-        const int n = (int)(T - t0 < C ? T - t0 : C);
+    for (int64_t t0 = t_begin + (t_end - t_begin - 1) / C * C; t0 >= t_begin; t0 -= C) {
+        const int n = (int)(t_end - t0 < C ? t_end - t0 : C);
         gdn_chunk_prepare(p, ws, in, b, h, t0, n, 1, 0);
         chunk_backward(p, ws, bw, in, gr, b, h, t0, n, 1, NULL, bw->dS, 0);
     }

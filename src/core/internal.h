@@ -178,8 +178,23 @@ typedef struct {
     const float *ckpt; /* the forward's saved segment-start states [B,Hv,segments,K,V] or NULL */
 } gdn_grads;
 
+/* A packed stream (cfg.cu_seqlens) as the plan's tokens see it: pieces are the documents, or
+ * the parts of documents, that lie within [seq_offset, seq_offset + T); each restarts the state.
+ * Built once at plan time (pack.c); n == 0 for a dense plan. */
+typedef struct {
+    int64_t n;           /* pieces */
+    int64_t *start;      /* n + 1 local token offsets: piece i is tokens [start[i], start[i+1]) */
+    int64_t first_doc;   /* the document of piece 0 (piece i's is first_doc + i) */
+    int cont_first;      /* piece 0's document began before this plan's first token (a CP shard) */
+    int cont_last;       /* the last piece's document goes on after this plan's last token */
+    int64_t *ckpt_first; /* gdn_forward_save: piece i's saved states are rows ckpt_first[i].. */
+    int64_t ckpt_rows;   /* saved states per value head over all pieces ([Hv, rows, K, V]) */
+    int64_t *cu;         /* the plan's copy of cu_seqlens (cfg.cu_seqlens points here) */
+} gdn_pack;
+
 struct gdn_plan {
     gdn_config cfg;
+    gdn_pack pack;
     int threads;
     int ckpt_chunks;     /* backward: a checkpoint every this many chunks (its own sweep) */
     int64_t nseg;        /* backward: checkpoints per stream */
@@ -223,16 +238,61 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
                       int64_t h, int64_t t0, int n, int c0, int w, int want_out, const float *S);
 void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S);
 
-/* Backward of one (batch row, key head): all its value heads, checkpoints and recompute.
- * Uses ws only as scratch. */
-void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
-                       const gdn_grads *gr, int64_t b, int64_t hk);
+/* One stream of the backward: batch row b, tokens [t_begin, t_end) (the whole row, or one
+ * piece of a packed stream), with its states: h0, dht, dh0 are [Hv, K, V] bases (value head h
+ * at + h K V; NULL: zeros, or not wanted); ckpt (NULL: the backward sweeps itself) holds the
+ * forward's saved states, value head h's s-th (s >= 1) at ckpt + (h ckpt_rows + s - 1) K V. */
+typedef struct {
+    int64_t b, t_begin, t_end;
+    const float *h0, *dht;
+    float *dh0;
+    const float *ckpt;
+    int64_t ckpt_rows;
+} gdn_range;
 
-/* Segment adjoint of stream (b, h): the gradient of sum(o * dout) + sum(S_out * dS_out) with
- * respect to the state entering the segment, into sg (K x V), with dS_out = gr->dht (NULL: 0,
- * giving G). Only dout and dht of gr are used. */
+/* Backward of one (stream, key head): all its value heads, checkpoints and recompute.
+ * Uses ws only as scratch; of gr only the token tensors (gradients, do) are used. */
+void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
+                       const gdn_grads *gr, const gdn_range *rg, int64_t hk);
+
+/* Segment adjoint of stream (b, h) over tokens [t_begin, t_end): the gradient of
+ * sum(o * dout) + sum(S_out * ds_out) with respect to the state entering the segment, into sg
+ * (K x V); ds_out (K x V) NULL: 0, giving G. Only dout of gr is used. */
 void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
-                      const gdn_grads *gr, int64_t b, int64_t h, float *sg);
+                      const gdn_grads *gr, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
+                      const float *ds_out, float *sg);
+
+/* ---- packed streams (pack.c) */
+/* Offsets valid for the config (called by gdn_config_check): GDN_OK for a dense config. */
+int gdn_pack_check(const gdn_config *c);
+/* The config's tokens are the whole stream (single-rank entry points and the oracle). */
+int gdn_pack_check_whole(const gdn_config *c);
+/* Floats of h0, ht, dht, dh0: [n_docs or B, Hv, K, V]. */
+int64_t gdn_state_floats(const gdn_config *c);
+/* Build / free p->pack (after the backward's segment sizes are chosen). */
+int gdn_pack_init(gdn_plan *p);
+void gdn_pack_free(gdn_plan *p);
+/* The packed forward and backward. h0, ht, dht, dh0: per document [n_docs, Hv, K, V] (the
+ * documents whose start / end lie within the plan's tokens are read / written). For a shard of
+ * the stream (context parallelism): s_in is the state entering piece 0 when it continues a
+ * document (NULL: zeros), s_out receives the state after the last piece; ds_out is the gradient
+ * of that state when the last piece's document goes on (NULL: zeros), ds_in receives the
+ * gradient of s_in when piece 0 continues. With o, ckpt and ht all NULL only the last piece is
+ * run (its final state is all that is wanted). */
+int gdn_packed_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
+                       const float *k, const float *v, const float *g, const float *beta,
+                       const float *h0, const float *s_in, float *s_out);
+int gdn_packed_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                        float *dh0, const float *q, const float *k, const float *v,
+                        const float *g, const float *beta, const float *h0, const float *s_in,
+                        const float *ckpt, const float *dout, const float *dht,
+                        const float *ds_out, float *ds_in);
+/* The adjoint offset of piece 0 alone (its gradient with respect to the state entering it, from
+ * its outputs and, when it ends a document within the plan, from dht of that document), into
+ * sg [Hv, K, V]. */
+int gdn_packed_adjoint_first(gdn_plan *p, float *sg, const float *q, const float *k,
+                             const float *g, const float *beta, const float *dout,
+                             const float *dht);
 
 /* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */
 int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,

@@ -71,7 +71,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         ws->qinv = gdn_carve(&cur, C), ws->kinv = gdn_carve(&cur, C);
         GDN_ASSERT(cur <= (float *)p->arena + per * (t + 1));
     }
-    if ((rc = alloc_backward(p))) {
+    if ((rc = alloc_backward(p)) || (rc = gdn_pack_init(p))) {
         gdn_plan_destroy(p);
         return rc;
     }
@@ -164,6 +164,7 @@ size_t gdn_plan_backward_bytes(const gdn_plan *p) {
 
 void gdn_plan_destroy(gdn_plan *p) {
     if (!p) return;
+    gdn_pack_free(p);
     free(p->bwd_arena);
     free(p->bws);
     free(p->arena);
@@ -219,7 +220,7 @@ int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const fl
     if ((rc = gdn_check_tensor("v", v, nv, c->check_finite))) return rc;
     if ((rc = gdn_check_tensor("g", g, ng, c->check_finite))) return rc;
     if ((rc = gdn_check_tensor("beta", beta, ng, c->check_finite))) return rc;
-    if (h0 && (rc = gdn_check_tensor("h0", h0, c->B * c->Hv * c->K * c->V, c->check_finite)))
+    if (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite)))
         return rc;
     return GDN_OK;
 }
@@ -254,6 +255,7 @@ int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k
 }
 
 size_t gdn_plan_checkpoint_floats(const gdn_plan *p) { /* segments 1.. (0 starts from h0) */
+    if (p && p->pack.n) return (size_t)(p->cfg.Hv * p->pack.ckpt_rows) * p->cfg.K * p->cfg.V;
     return p ? (size_t)(p->cfg.B * p->cfg.Hv * (p->save_nseg - 1)) * p->cfg.K * p->cfg.V : 0;
 }
 
@@ -279,6 +281,10 @@ static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const floa
                        const float *k, const float *v, const float *g, const float *beta,
                        const float *h0) {
     const gdn_config *c = &p->cfg;
+    if (p->pack.n) { /* documents restart the state: one work item per (piece, key head, block) */
+        int rc = gdn_pack_check_whole(c);
+        return rc ? rc : gdn_packed_forward(p, o, ht, ckpt, q, k, v, g, beta, h0, NULL, NULL);
+    }
     /* NULLs and h0 now; q, k, v, g, beta and o are checked for NaN/Inf inside the loop, on the
      * rows it touches anyway (separate passes over them cost ~8 % with 2 threads), and scanned
      * exactly only when something was found, to name the tensor and the element. */
@@ -362,6 +368,11 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
         return gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL",
                         !dq ? "dq" : !dk ? "dk" : !dv ? "dv" : !dg ? "dg" : "dbeta");
     const gdn_config *c = &p->cfg;
+    if (p->pack.n) {
+        int rc = gdn_pack_check_whole(c);
+        return rc ? rc : gdn_packed_backward(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL,
+                                             ckpt, dout, dht, NULL, NULL);
+    }
     const int64_t nv = c->B * c->T * c->Hv * c->V, ns = c->B * c->Hv * c->K * c->V;
     /* NULLs and the small state tensors now; q, k, v, g, beta, do and the gradients are checked
      * for NaN/Inf inside the loop on the rows it touches anyway, and scanned exactly only when
@@ -383,7 +394,11 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             const int tid = gdn_thread_id();
-            gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hk, it % c->Hk);
+            const int64_t b = it / c->Hk, sb = b * c->Hv * c->K * c->V;
+            const gdn_range rg = {b, 0, c->T, h0 ? h0 + sb : NULL, dht ? dht + sb : NULL,
+                                  dh0 ? dh0 + sb : NULL, ckpt ? ckpt + sb * (p->save_nseg - 1) : NULL,
+                                  p->save_nseg - 1};
+            gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, &rg, it % c->Hk);
         }
         gdn_fp_fast_end(fm);
     }

@@ -20,7 +20,7 @@ static int check_inputs_f64(const gdn_config *c, const double *q, const double *
     const struct { const char *name; const double *p; int64_t n; } t[] = {
         {"q", q, c->B * c->T * c->Hk * c->K}, {"k", k, c->B * c->T * c->Hk * c->K},
         {"v", v, c->B * c->T * c->Hv * c->V}, {"g", g, c->B * c->T * c->Hv},
-        {"beta", beta, c->B * c->T * c->Hv}, {"h0", h0, c->B * c->Hv * c->K * c->V}};
+        {"beta", beta, c->B * c->T * c->Hv}, {"h0", h0, gdn_state_floats(c)}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         if (!t[i].p) {
             if (i == 5) continue; /* h0 is optional */
@@ -40,7 +40,7 @@ int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const do
                           const double *k, const double *v, const double *g, const double *beta,
                           const double *h0) {
     int rc = gdn_config_check(cfg);
-    if (rc) return rc;
+    if (rc || (rc = gdn_pack_check_whole(cfg))) return rc;
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
     rc = check_inputs_f64(cfg, q, k, v, g, beta, h0);
     if (rc) return rc;
@@ -50,12 +50,16 @@ int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const do
     double *S = malloc(sizeof(double) * (K * V + 2 * K + V));
     if (!S) return gdn_fail(GDN_ERR_NOMEM, "oracle state (%lld doubles)", (long long)(K * V));
     double *qt = S + K * V, *kt = qt + K, *d = kt + K;
+    /* A packed stream (B = 1) restarts the state at every document start, from that document's
+     * h0 (or zeros), and ends each document with its own final state; dense: one per row. */
+    const int64_t *cu = cfg->cu_seqlens, nseq = cu ? cfg->n_docs : 1;
     for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hv; h++) {
-            const int64_t hk = h / r;
-            if (h0) memcpy(S, h0 + (b * Hv + h) * K * V, sizeof(double) * K * V);
+        for (int64_t h = 0; h < Hv; h++)
+          for (int64_t sq = 0; sq < nseq; sq++) {
+            const int64_t hk = h / r, sidx = cu ? sq : b, t_begin = cu ? cu[sq] : 0, t_end = cu ? cu[sq + 1] : T;
+            if (h0) memcpy(S, h0 + (sidx * Hv + h) * K * V, sizeof(double) * K * V);
             else memset(S, 0, sizeof(double) * K * V);
-            for (int64_t t = 0; t < T; t++) {
+            for (int64_t t = t_begin; t < t_end; t++) {
                 const int64_t row = b * T + t;
                 prep(qt, q + (row * Hk + hk) * K, K, cfg->l2norm, scale);
                 prep(kt, k + (row * Hk + hk) * K, K, cfg->l2norm, 1.0);
@@ -76,7 +80,7 @@ int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const do
                     ot[j] = acc;
                 }
             }
-            if (ht) memcpy(ht + (b * Hv + h) * K * V, S, sizeof(double) * K * V);
+            if (ht) memcpy(ht + (sidx * Hv + h) * K * V, S, sizeof(double) * K * V);
         }
     free(S);
     return GDN_OK;

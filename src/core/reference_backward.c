@@ -35,7 +35,7 @@ int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double
                            const double *beta, const double *h0, const double *dout,
                            const double *dht) {
     int rc = gdn_config_check(cfg);
-    if (rc) return rc;
+    if (rc || (rc = gdn_pack_check_whole(cfg))) return rc;
     if (!dq || !dk || !dv || !dg || !dbeta)
         return gdn_fail(GDN_ERR_ARG, "a gradient output (dq, dk, dv, dg, dbeta) is NULL");
     if (!q || !k || !v || !g || !beta || !dout)
@@ -50,19 +50,23 @@ int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double
     double *d = dkh + K, *dd = d + V, *kS = dd + V;
     memset(dq, 0, sizeof(double) * B * T * Hk * K);
     memset(dk, 0, sizeof(double) * B * T * Hk * K);
+    /* A packed stream (B = 1): each document from its own h0 (or zeros) to its own final
+     * state, the states of a document indexed from its first token; dense: one per row. */
+    const int64_t *cu = cfg->cu_seqlens, nseq = cu ? cfg->n_docs : 1;
     for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hv; h++) {
-            const int64_t hk = h / r;
+        for (int64_t h = 0; h < Hv; h++)
+          for (int64_t sq = 0; sq < nseq; sq++) {
+            const int64_t hk = h / r, sidx = cu ? sq : b, t_begin = cu ? cu[sq] : 0, t_end = cu ? cu[sq + 1] : T;
             double *S0 = states;
-            if (h0) memcpy(S0, h0 + (b * Hv + h) * KV, sizeof(double) * KV);
+            if (h0) memcpy(S0, h0 + (sidx * Hv + h) * KV, sizeof(double) * KV);
             else memset(S0, 0, sizeof(double) * KV);
-            for (int64_t t = 0; t < T; t++) { /* forward, keeping every state */
+            for (int64_t t = t_begin; t < t_end; t++) { /* forward, keeping every state */
                 const int64_t row = b * T + t;
                 prep_norm(kh, k + (row * Hk + hk) * K, K, cfg->l2norm, 1.0);
                 const double *vt = v + (row * Hv + h) * V;
                 const double decay = exp(g[row * Hv + h]), bt = beta[row * Hv + h];
-                const double *Sp = states + t * KV;
-                double *Sn = states + (t + 1) * KV;
+                const double *Sp = states + (t - t_begin) * KV;
+                double *Sn = states + (t - t_begin + 1) * KV;
                 for (int64_t i = 0; i < KV; i++) Sn[i] = decay * Sp[i];
                 for (int64_t j = 0; j < V; j++) {
                     double acc = 0.0;
@@ -72,16 +76,16 @@ int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double
                 for (int64_t i = 0; i < K; i++)
                     for (int64_t j = 0; j < V; j++) Sn[i * V + j] += kh[i] * d[j];
             }
-            if (dht) memcpy(dS, dht + (b * Hv + h) * KV, sizeof(double) * KV);
+            if (dht) memcpy(dS, dht + (sidx * Hv + h) * KV, sizeof(double) * KV);
             else memset(dS, 0, sizeof(double) * KV);
-            for (int64_t t = T - 1; t >= 0; t--) { /* reverse */
+            for (int64_t t = t_end - 1; t >= t_begin; t--) { /* reverse */
                 const int64_t row = b * T + t;
                 const double *qraw = q + (row * Hk + hk) * K, *kraw = k + (row * Hk + hk) * K;
                 const double qn = prep_norm(qh, qraw, K, cfg->l2norm, scale);
                 const double kn = prep_norm(kh, kraw, K, cfg->l2norm, 1.0);
                 const double *vt = v + (row * Hv + h) * V, *dot = dout + (row * Hv + h) * V;
                 const double gt = g[row * Hv + h], decay = exp(gt), bt = beta[row * Hv + h];
-                const double *Sp = states + t * KV, *St = states + (t + 1) * KV;
+                const double *Sp = states + (t - t_begin) * KV, *St = states + (t - t_begin + 1) * KV;
                 /* o = S_t^T qh */
                 for (int64_t i = 0; i < K; i++) {
                     double acc = 0.0;
@@ -129,7 +133,7 @@ int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double
                 norm_backward(dq + (row * Hk + hk) * K, dqh, qraw, K, cfg->l2norm, scale, qn);
                 norm_backward(dk + (row * Hk + hk) * K, dkh, kraw, K, cfg->l2norm, 1.0, kn);
             }
-            if (dh0) memcpy(dh0 + (b * Hv + h) * KV, dS, sizeof(double) * KV);
+            if (dh0) memcpy(dh0 + (sidx * Hv + h) * KV, dS, sizeof(double) * KV);
         }
     free(states);
     return GDN_OK;

@@ -115,7 +115,7 @@ int gdn_config_check(const gdn_config *cfg) {
         return gdn_fail(GDN_ERR_ARG, "scale must be finite, got %g", (double)cfg->scale);
     if (cfg->threads < 0)
         return gdn_fail(GDN_ERR_ARG, "threads must be >= 0, got %d", cfg->threads);
-    return GDN_OK;
+    return gdn_pack_check(cfg);
 }
 
 int gdn_check_fits(const char *what, double bytes) {

@@ -17,12 +17,23 @@ static int check_keys_gates(const gdn_config *c, const float *q, const float *k,
     return GDN_OK;
 }
 
+/* A packed plan's map is the dense one only while its tokens hold no document start (a CP shard
+ * inside one document); across a start it forgets the incoming state, which the CP path handles
+ * itself (gdn_packed_forward, gdn_packed_adjoint_first). */
+static int check_no_reset(const gdn_plan *p, const char *fn) {
+    if (p->pack.n && !(p->pack.n == 1 && p->pack.cont_first))
+        return gdn_fail(GDN_ERR_ARG, "%s: the plan's tokens contain a document start (cu_seqlens), where the "
+                        "map forgets the incoming state; summaries are defined for spans inside one document", fn);
+    return GDN_OK;
+}
+
 int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *k,
                 const float *v, const float *g, const float *beta) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!sa) return gdn_fail(GDN_ERR_ARG, "summary output 'A' is NULL");
     const gdn_config *c = &p->cfg;
     int rc;
+    if ((rc = check_no_reset(p, "gdn_summary"))) return rc;
     if ((rc = check_keys_gates(c, q, k, g, beta)) ||
         (sb && (rc = gdn_check_tensor("v", v, c->B * c->T * c->Hv * c->V, c->check_finite))))
         return rc; /* A alone ignores v */
@@ -108,6 +119,7 @@ int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, co
     if (!sg) return gdn_fail(GDN_ERR_ARG, "adjoint output is NULL");
     const gdn_config *c = &p->cfg;
     int rc;
+    if ((rc = check_no_reset(p, "gdn_summary_adjoint"))) return rc;
     if ((rc = check_keys_gates(c, q, k, g, beta)) ||
         (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite)) ||
         (ds_out && (rc = gdn_check_tensor("dS_out", ds_out, c->B * c->Hv * c->K * c->V, c->check_finite))))
@@ -121,7 +133,8 @@ int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, co
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             const int tid = gdn_thread_id();
-            gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hv, it % c->Hv, sg + it * KV);
+            gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, it / c->Hv, it % c->Hv, 0, c->T,
+                             ds_out ? ds_out + it * KV : NULL, sg + it * KV);
         }
         gdn_fp_fast_end(fm);
     }

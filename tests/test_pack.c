@@ -1,0 +1,269 @@
+/* Packed variable-length sequences (cu_seqlens) on one rank: the packed forward and backward
+ * equal each document run on its own through the single-rank path (and the packed double
+ * oracle), documents starting anywhere within a chunk; the same comparison without the resets
+ * must fail it; bad offsets are refused with a message. */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Packed vs per-document runs: the same chunks over the same tokens, so the differences are
+ * rounding (column blocking, the order of head items); DESIGN §6's fp32 class. */
+#define TOL_PACK 1e-5
+/* Packed fp32 vs the packed double oracle: forward DESIGN §6 (1e-5), backward 1e-4. */
+#define TOL_ORACLE_FWD 1e-5
+#define TOL_ORACLE_BWD 1e-4
+
+typedef struct {
+    const char *label;
+    int64_t T, Hk, Hv, K, V;
+    const int64_t *cu;
+    int64_t n_docs;
+    int chunk, ckpt_chunks;
+    gate_kind gate;
+} pack_case;
+
+/* The tensors of one packed problem and the results of a run. */
+typedef struct {
+    float *o, *ht, *dq, *dk, *dv, *dg, *dbeta, *dh0;
+} results;
+
+static float *zalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
+
+static results results_alloc(const gdn_config *c, int64_t ndocs) {
+    const int64_t ns = ndocs * c->Hv * c->K * c->V;
+    results r = {zalloc(n_v(c)), zalloc(ns), zalloc(n_qk(c)), zalloc(n_qk(c)), zalloc(n_v(c)),
+                 zalloc(n_g(c)), zalloc(n_g(c)), zalloc(ns)};
+    return r;
+}
+static void results_free(results *r) {
+    free(r->o), free(r->ht), free(r->dq), free(r->dk), free(r->dv), free(r->dg), free(r->dbeta), free(r->dh0);
+}
+
+/* Largest relative error over the eight tensors (each against its own scale). */
+static double results_err(const results *a, const results *b, const gdn_config *c, int64_t ndocs, double *fwd) {
+    const int64_t ns = ndocs * c->Hv * c->K * c->V;
+    const double eo = fmax(rel_err_ff(a->o, b->o, n_v(c)), rel_err_ff(a->ht, b->ht, ns));
+    double e = eo;
+    e = fmax(e, rel_err_ff(a->dq, b->dq, n_qk(c)));
+    e = fmax(e, rel_err_ff(a->dk, b->dk, n_qk(c)));
+    e = fmax(e, rel_err_ff(a->dv, b->dv, n_v(c)));
+    e = fmax(e, rel_err_ff(a->dg, b->dg, n_g(c)));
+    e = fmax(e, rel_err_ff(a->dbeta, b->dbeta, n_g(c)));
+    e = fmax(e, rel_err_ff(a->dh0, b->dh0, ns));
+    if (fwd) *fwd = eo;
+    return e;
+}
+
+/* Rows [t0, t0 + n) of a [1, T, inner] tensor, copied out or back in. */
+static float *rows_of(const float *x, int64_t t0, int64_t n, int64_t inner) {
+    float *out = zalloc(n * inner);
+    memcpy(out, x + t0 * inner, sizeof(float) * n * inner);
+    return out;
+}
+static void rows_into(float *dst, const float *src, int64_t t0, int64_t n, int64_t inner) {
+    memcpy(dst + t0 * inner, src, sizeof(float) * n * inner);
+}
+
+/* One plan for cfg: forward (o, ht), then the backward (with the forward's saved states when
+ * saved is set). h0, dht: [states, Hv, K, V] or NULL. */
+static int run_plan(const gdn_config *cfg, const problem *p, const float *h0, const float *dout,
+                    const float *dht, int saved, results *r) {
+    gdn_plan *plan = NULL;
+    int rc = gdn_plan_create(&plan, cfg);
+    float *ckpt = NULL;
+    if (!rc && saved) {
+        ckpt = zalloc((int64_t)gdn_plan_checkpoint_floats(plan));
+        rc = gdn_forward_save(plan, r->o, r->ht, ckpt, p->q, p->k, p->v, p->g, p->beta, h0);
+        if (!rc)
+            rc = gdn_backward_saved(plan, r->dq, r->dk, r->dv, r->dg, r->dbeta, r->dh0, p->q, p->k, p->v, p->g,
+                                    p->beta, h0, ckpt, dout, dht);
+    } else if (!rc) {
+        rc = gdn_forward(plan, r->o, r->ht, p->q, p->k, p->v, p->g, p->beta, h0);
+        if (!rc)
+            rc = gdn_backward(plan, r->dq, r->dk, r->dv, r->dg, r->dbeta, r->dh0, p->q, p->k, p->v, p->g,
+                              p->beta, h0, dout, dht);
+    }
+    free(ckpt);
+    gdn_plan_destroy(plan);
+    return rc;
+}
+
+/* The reference: every document alone through the dense single-rank path, from its h0, with
+ * its dht, the results placed back at the document's rows and state index. */
+static int run_separately(const gdn_config *full, const problem *p, const float *h0, const float *dout,
+                          const float *dht, results *r) {
+    const int64_t Hk = full->Hk, Hv = full->Hv, K = full->K, V = full->V, ns = Hv * K * V;
+    for (int64_t d = 0; d < full->n_docs; d++) {
+        const int64_t t0 = full->cu_seqlens[d], n = full->cu_seqlens[d + 1] - t0;
+        gdn_config c = *full;
+        c.cu_seqlens = NULL, c.n_docs = 0, c.T = n;
+        problem pd = {c, rows_of(p->q, t0, n, Hk * K), rows_of(p->k, t0, n, Hk * K), rows_of(p->v, t0, n, Hv * V),
+                      rows_of(p->g, t0, n, Hv), rows_of(p->beta, t0, n, Hv), NULL};
+        float *dod = rows_of(dout, t0, n, Hv * V);
+        results rd = results_alloc(&c, 1);
+        const int rc = run_plan(&c, &pd, h0 ? h0 + d * ns : NULL, dod, dht ? dht + d * ns : NULL, 0, &rd);
+        rows_into(r->o, rd.o, t0, n, Hv * V), rows_into(r->dv, rd.dv, t0, n, Hv * V);
+        rows_into(r->dq, rd.dq, t0, n, Hk * K), rows_into(r->dk, rd.dk, t0, n, Hk * K);
+        rows_into(r->dg, rd.dg, t0, n, Hv), rows_into(r->dbeta, rd.dbeta, t0, n, Hv);
+        memcpy(r->ht + d * ns, rd.ht, sizeof(float) * ns), memcpy(r->dh0 + d * ns, rd.dh0, sizeof(float) * ns);
+        results_free(&rd);
+        free(dod), free(pd.q), free(pd.k), free(pd.v), free(pd.g), free(pd.beta);
+        if (rc) return rc;
+    }
+    return GDN_OK;
+}
+
+static double *to_double(const float *x, int64_t n) {
+    if (!x) return NULL;
+    double *d = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+/* The packed double oracle (forward and backward) against the packed fp32 results. */
+static void against_oracle(const pack_case *pc, const gdn_config *cfg, const problem *p, const float *h0,
+                           const float *dout, const float *dht, const results *r) {
+    const int64_t ns = pc->n_docs * cfg->Hv * cfg->K * cfg->V;
+    double *q = to_double(p->q, n_qk(cfg)), *k = to_double(p->k, n_qk(cfg)), *v = to_double(p->v, n_v(cfg));
+    double *g = to_double(p->g, n_g(cfg)), *b = to_double(p->beta, n_g(cfg)), *h = to_double(h0, ns);
+    double *ddo = to_double(dout, n_v(cfg)), *ddht = to_double(dht, ns);
+    double *o = malloc(sizeof(double) * n_v(cfg)), *ht = malloc(sizeof(double) * ns);
+    double *gq = malloc(sizeof(double) * n_qk(cfg)), *gk = malloc(sizeof(double) * n_qk(cfg));
+    double *gv = malloc(sizeof(double) * n_v(cfg)), *gg = malloc(sizeof(double) * n_g(cfg));
+    double *gb = malloc(sizeof(double) * n_g(cfg)), *gh = malloc(sizeof(double) * ns);
+    int rc = gdn_reference_forward(cfg, o, ht, q, k, v, g, b, h);
+    if (!rc) rc = gdn_reference_backward(cfg, gq, gk, gv, gg, gb, gh, q, k, v, g, b, h, ddo, ddht);
+    double ef = INFINITY, eb = INFINITY;
+    if (!rc) {
+        ef = fmax(rel_err_f32(r->o, o, n_v(cfg)), rel_err_f32(r->ht, ht, ns));
+        eb = fmax(fmax(rel_err_f32(r->dq, gq, n_qk(cfg)), rel_err_f32(r->dk, gk, n_qk(cfg))),
+                  fmax(rel_err_f32(r->dv, gv, n_v(cfg)), rel_err_f32(r->dg, gg, n_g(cfg))));
+        eb = fmax(eb, fmax(rel_err_f32(r->dbeta, gb, n_g(cfg)), rel_err_f32(r->dh0, gh, ns)));
+    }
+    expect_close(ef, TOL_ORACLE_FWD, "%s: packed fp32 forward (o, ht per document) vs the packed double oracle",
+                 pc->label);
+    expect_close(eb, TOL_ORACLE_BWD, "%s: packed fp32 backward (dq dk dv dg dbeta, dh0 per document) vs the "
+                 "packed double oracle", pc->label);
+    free(q), free(k), free(v), free(g), free(b), free(h), free(ddo), free(ddht), free(o), free(ht);
+    free(gq), free(gk), free(gv), free(gg), free(gb), free(gh);
+}
+
+static void run_case(const pack_case *pc, int with_oracle) {
+    gdn_config cfg = gdn_config_default(1, pc->T, pc->Hk, pc->Hv, pc->K, pc->V);
+    cfg.chunk = pc->chunk, cfg.threads = 2, cfg.checkpoint_chunks = pc->ckpt_chunks;
+    cfg.cu_seqlens = pc->cu, cfg.n_docs = pc->n_docs;
+    const int64_t ns = pc->n_docs * pc->Hv * pc->K * pc->V;
+    problem p;
+    problem_make(&p, cfg, pc->gate, BETA_RANDOM, 0, 9000 + pc->T + pc->n_docs);
+    float *h0 = random_floats((size_t)ns), *dht = random_floats((size_t)ns), *dout = random_floats((size_t)n_v(&cfg));
+    results sep = results_alloc(&cfg, pc->n_docs), pk = results_alloc(&cfg, pc->n_docs),
+            sv = results_alloc(&cfg, pc->n_docs), bad = results_alloc(&cfg, pc->n_docs);
+    char shape[160];
+    snprintf(shape, sizeof shape, "T=%lld docs=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d", (long long)pc->T,
+             (long long)pc->n_docs, (long long)pc->Hk, (long long)pc->Hv, (long long)pc->K, (long long)pc->V,
+             pc->chunk);
+
+    int rc = run_separately(&cfg, &p, h0, dout, dht, &sep);
+    check(rc == GDN_OK, "%s: every document alone through the single-rank path (%s)", pc->label, gdn_strerror(rc));
+    double ef = INFINITY, e = INFINITY;
+    rc = run_plan(&cfg, &p, h0, dout, dht, 0, &pk);
+    if (!rc) e = results_err(&pk, &sep, &cfg, pc->n_docs, &ef);
+    expect_close(ef, TOL_PACK, "%s %s: packed forward (o, ht per document) == documents run separately", pc->label, shape);
+    expect_close(e, TOL_PACK, "%s %s: packed forward + backward (all gradients, dh0 per document) == documents "
+                 "run separately", pc->label, shape);
+    /* The forward's saved states, checkpoint segments restarting within each document. */
+    rc = run_plan(&cfg, &p, h0, dout, dht, 1, &sv);
+    e = rc ? INFINITY : results_err(&sv, &sep, &cfg, pc->n_docs, NULL);
+    expect_close(e, TOL_PACK, "%s: gdn_forward_save + gdn_backward_saved packed (checkpoint every %d chunks) == "
+                 "documents run separately", pc->label, pc->ckpt_chunks);
+    /* Negative control: the same stream with the resets disabled (one dense sequence from the
+     * first document's h0) through the same comparison. */
+    if (pc->n_docs > 1) {
+        gdn_config dense = cfg;
+        dense.cu_seqlens = NULL, dense.n_docs = 0;
+        rc = run_plan(&dense, &p, h0, dout, dht, 0, &bad);
+        ef = 0.0;
+        if (!rc) results_err(&bad, &sep, &cfg, 1, &ef); /* the states of document 0 only */
+        expect_far(ef, TOL_PACK, "%s: resets disabled (the stream as one dense sequence) vs documents run "
+                   "separately", pc->label);
+    }
+    if (with_oracle) against_oracle(pc, &cfg, &p, h0, dout, dht, &pk);
+    results_free(&sep), results_free(&pk), results_free(&sv), results_free(&bad);
+    free(h0), free(dht), free(dout);
+    problem_free(&p);
+}
+
+static void cases(void) {
+    /* Documents ending exactly at chunk boundaries (C = 16), one token before and after them,
+     * mid-chunk, of length 1, and a single document (packed == dense). */
+    static const int64_t at_bounds[] = {0, 16, 48, 64};
+    static const int64_t off_by_one[] = {0, 15, 33, 47, 64, 65, 81};
+    static const int64_t mid_and_ones[] = {0, 7, 8, 9, 30, 31, 70, 71};
+    static const int64_t ones[] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+    static const int64_t one_doc[] = {0, 90};
+    static const int64_t long_docs[] = {0, 100, 133, 250};
+    const pack_case cs[] = {
+        {"chunk boundaries", 64, 1, 2, 16, 24, at_bounds, 3, 16, 1, GATE_MILD},
+        {"one token from chunk boundaries", 81, 2, 4, 16, 16, off_by_one, 6, 16, 1, GATE_MILD},
+        {"mid-chunk and length-1 documents", 71, 1, 1, 24, 16, mid_and_ones, 7, 16, 2, GATE_STRONG},
+        {"eight documents of one token", 8, 1, 2, 16, 16, ones, 8, 16, 1, GATE_MILD},
+        {"a single document", 90, 1, 2, 16, 16, one_doc, 1, 32, 1, GATE_MILD},
+        {"long documents, C=64", 250, 2, 4, 32, 32, long_docs, 3, 64, 1, GATE_MILD},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) run_case(&cs[i], 1);
+}
+
+/* Bad offsets are refused by the plan (and by the oracle) with a message naming the problem. */
+static void bad_offsets(void) {
+    gdn_config c = gdn_config_default(1, 10, 1, 1, 8, 8);
+    gdn_plan *plan = NULL;
+    static const int64_t not_increasing[] = {0, 6, 4, 10}, repeated[] = {0, 5, 5, 10};
+    static const int64_t not_zero[] = {1, 5, 10}, short_end[] = {0, 5, 9}, long_end[] = {0, 5, 11};
+    static const int64_t good[] = {0, 5, 10};
+    const struct { const int64_t *cu; int64_t n; const char *needle, *what; } bad[] = {
+        {not_increasing, 3, "strictly increasing", "cu_seqlens not increasing (0, 6, 4, 10)"},
+        {repeated, 3, "strictly increasing", "cu_seqlens with an empty document (0, 5, 5, 10)"},
+        {not_zero, 2, "start at 0", "cu_seqlens not starting at 0"},
+        {short_end, 2, "cu_seqlens ends at 9 but the tokens reach 10", "cu_seqlens ending before T (0, 5, 9)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c.cu_seqlens = bad[i].cu, c.n_docs = bad[i].n;
+        expect_status(gdn_plan_create(&plan, &c), GDN_ERR_SHAPE, bad[i].needle, "%s", bad[i].what);
+        gdn_plan_destroy(plan), plan = NULL;
+    }
+    /* Ending past T: the plan may be a CP shard's, so the single-rank calls refuse it. */
+    c.cu_seqlens = long_end, c.n_docs = 2;
+    problem p;
+    problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 5);
+    float o[10 * 8];
+    int rc = gdn_plan_create(&plan, &c);
+    expect_status(rc ? rc : gdn_forward(plan, o, NULL, p.q, p.k, p.v, p.g, p.beta, NULL), GDN_ERR_SHAPE,
+                  "must end at T = 10, it ends at 11", "cu_seqlens ending past T (0, 5, 11 with T = 10)");
+    gdn_plan_destroy(plan), plan = NULL;
+    c.cu_seqlens = good, c.n_docs = 2;
+    c.B = 2;
+    expect_status(gdn_plan_create(&plan, &c), GDN_ERR_SHAPE, "need B = 1", "cu_seqlens with B = 2");
+    c.B = 1, c.n_docs = 0;
+    expect_status(gdn_plan_create(&plan, &c), GDN_ERR_SHAPE, "n_docs must be >= 1", "cu_seqlens with n_docs 0");
+    c.cu_seqlens = NULL, c.n_docs = 2;
+    expect_status(gdn_plan_create(&plan, &c), GDN_ERR_ARG, "without cu_seqlens", "n_docs without cu_seqlens");
+    double dq[80], dsrc[80] = {0};
+    c.cu_seqlens = short_end, c.n_docs = 2;
+    expect_status(gdn_reference_forward(&c, dq, NULL, dsrc, dsrc, dsrc, dsrc, dsrc, NULL), GDN_ERR_SHAPE,
+                  "ends at 9 but the tokens reach 10", "oracle: cu_seqlens ending before T");
+    /* The control: good offsets plan and run. */
+    c.cu_seqlens = good, c.n_docs = 2;
+    rc = gdn_plan_create(&plan, &c);
+    expect_status(rc ? rc : gdn_forward(plan, o, NULL, p.q, p.k, p.v, p.g, p.beta, NULL), GDN_OK, NULL,
+                  "control: cu_seqlens (0, 5, 10) with T = 10, B = 1");
+    gdn_plan_destroy(plan);
+    problem_free(&p);
+}
+
+void test_pack(void) {
+    cases();
+    bad_offsets();
+}
