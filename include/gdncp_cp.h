@@ -5,6 +5,14 @@
  * of the chunk). Each rank makes its own plan for its local shape (gdn_plan_create); all
  * ranks must agree on B, Hk, Hv, K, V, chunk, scale and the L2 norm, which is checked.
  * Results equal a single-rank run on the whole sequence up to rounding (DESIGN §4).
+ *
+ * Packed documents (gdn_config.cu_seqlens, B = 1): every rank's plan gets the whole stream's
+ * cu_seqlens and its own seq_offset (the tokens of the ranks before it), both checked. A rank may
+ * hold many documents, part of one or lie inside one. h0 and ht are then [n_docs, Hv, K, V] on
+ * every rank (each rank applies the h0 of the documents that start on it; the final states are
+ * gathered from the ranks where the documents end), and so are dht and ds_in (every document's
+ * dh0) in the backward; s_in is the state this rank's first token starts from. Strategies scan,
+ * allgather and relay; heads refuses packed streams.
  */
 #ifndef GDNCP_CP_H
 #define GDNCP_CP_H

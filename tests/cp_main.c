@@ -8,6 +8,7 @@
 void test_cp(void);
 void test_layer_cp(void);
 void test_model_cp(void);
+void test_pack_cp(void);
 
 int main(int argc, char **argv) {
     int provided;
@@ -22,6 +23,8 @@ int main(int argc, char **argv) {
     test_layer_cp();
     if (!rank) printf("== model_cp (D=%d)\n", size);
     test_model_cp();
+    if (!rank) printf("== pack_cp (D=%d)\n", size);
+    test_pack_cp();
     int failed = tests_failed, any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (!rank) printf("%d passed, %d failed\n", tests_passed, tests_failed);

@@ -61,6 +61,20 @@ int chunked_run(const problem *p, const gdn_config *cfg, float *o, float *ht);
 float *random_floats(size_t n);
 float *layer_random_weights(const gdn_layer_config *c, double a_lo, double a_hi);
 
+/* Packed documents (tests/pack_ref.c): the outputs and gradients of one run, states per
+ * document; pack_run_plan runs one plan (forward, then backward; with saved: gdn_forward_save +
+ * gdn_backward_saved); pack_run_separately is the reference: every document of full's
+ * cu_seqlens alone through the dense single-rank path, from h0[d] with dht[d] (either NULL). */
+typedef struct {
+    float *o, *ht, *dq, *dk, *dv, *dg, *dbeta, *dh0;
+} pack_results;
+pack_results pack_results_alloc(const gdn_config *c, int64_t states);
+void pack_results_free(pack_results *r);
+int pack_run_plan(const gdn_config *cfg, const problem *p, const float *h0, const float *dout,
+                  const float *dht, int saved, pack_results *r);
+int pack_run_separately(const gdn_config *full, const problem *p, const float *h0, const float *dout,
+                        const float *dht, pack_results *r);
+
 /* Test suites. */
 void test_forward(void);
 void test_golden(void);

@@ -25,25 +25,8 @@ typedef struct {
     gate_kind gate;
 } pack_case;
 
-/* The tensors of one packed problem and the results of a run. */
-typedef struct {
-    float *o, *ht, *dq, *dk, *dv, *dg, *dbeta, *dh0;
-} results;
-
-static float *zalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
-
-static results results_alloc(const gdn_config *c, int64_t ndocs) {
-    const int64_t ns = ndocs * c->Hv * c->K * c->V;
-    results r = {zalloc(n_v(c)), zalloc(ns), zalloc(n_qk(c)), zalloc(n_qk(c)), zalloc(n_v(c)),
-                 zalloc(n_g(c)), zalloc(n_g(c)), zalloc(ns)};
-    return r;
-}
-static void results_free(results *r) {
-    free(r->o), free(r->ht), free(r->dq), free(r->dk), free(r->dv), free(r->dg), free(r->dbeta), free(r->dh0);
-}
-
 /* Largest relative error over the eight tensors (each against its own scale). */
-static double results_err(const results *a, const results *b, const gdn_config *c, int64_t ndocs, double *fwd) {
+static double results_err(const pack_results *a, const pack_results *b, const gdn_config *c, int64_t ndocs, double *fwd) {
     const int64_t ns = ndocs * c->Hv * c->K * c->V;
     const double eo = fmax(rel_err_ff(a->o, b->o, n_v(c)), rel_err_ff(a->ht, b->ht, ns));
     double e = eo;
@@ -57,65 +40,6 @@ static double results_err(const results *a, const results *b, const gdn_config *
     return e;
 }
 
-/* Rows [t0, t0 + n) of a [1, T, inner] tensor, copied out or back in. */
-static float *rows_of(const float *x, int64_t t0, int64_t n, int64_t inner) {
-    float *out = zalloc(n * inner);
-    memcpy(out, x + t0 * inner, sizeof(float) * n * inner);
-    return out;
-}
-static void rows_into(float *dst, const float *src, int64_t t0, int64_t n, int64_t inner) {
-    memcpy(dst + t0 * inner, src, sizeof(float) * n * inner);
-}
-
-/* One plan for cfg: forward (o, ht), then the backward (with the forward's saved states when
- * saved is set). h0, dht: [states, Hv, K, V] or NULL. */
-static int run_plan(const gdn_config *cfg, const problem *p, const float *h0, const float *dout,
-                    const float *dht, int saved, results *r) {
-    gdn_plan *plan = NULL;
-    int rc = gdn_plan_create(&plan, cfg);
-    float *ckpt = NULL;
-    if (!rc && saved) {
-        ckpt = zalloc((int64_t)gdn_plan_checkpoint_floats(plan));
-        rc = gdn_forward_save(plan, r->o, r->ht, ckpt, p->q, p->k, p->v, p->g, p->beta, h0);
-        if (!rc)
-            rc = gdn_backward_saved(plan, r->dq, r->dk, r->dv, r->dg, r->dbeta, r->dh0, p->q, p->k, p->v, p->g,
-                                    p->beta, h0, ckpt, dout, dht);
-    } else if (!rc) {
-        rc = gdn_forward(plan, r->o, r->ht, p->q, p->k, p->v, p->g, p->beta, h0);
-        if (!rc)
-            rc = gdn_backward(plan, r->dq, r->dk, r->dv, r->dg, r->dbeta, r->dh0, p->q, p->k, p->v, p->g,
-                              p->beta, h0, dout, dht);
-    }
-    free(ckpt);
-    gdn_plan_destroy(plan);
-    return rc;
-}
-
-/* The reference: every document alone through the dense single-rank path, from its h0, with
- * its dht, the results placed back at the document's rows and state index. */
-static int run_separately(const gdn_config *full, const problem *p, const float *h0, const float *dout,
-                          const float *dht, results *r) {
-    const int64_t Hk = full->Hk, Hv = full->Hv, K = full->K, V = full->V, ns = Hv * K * V;
-    for (int64_t d = 0; d < full->n_docs; d++) {
-        const int64_t t0 = full->cu_seqlens[d], n = full->cu_seqlens[d + 1] - t0;
-        gdn_config c = *full;
-        c.cu_seqlens = NULL, c.n_docs = 0, c.T = n;
-        problem pd = {c, rows_of(p->q, t0, n, Hk * K), rows_of(p->k, t0, n, Hk * K), rows_of(p->v, t0, n, Hv * V),
-                      rows_of(p->g, t0, n, Hv), rows_of(p->beta, t0, n, Hv), NULL};
-        float *dod = rows_of(dout, t0, n, Hv * V);
-        results rd = results_alloc(&c, 1);
-        const int rc = run_plan(&c, &pd, h0 ? h0 + d * ns : NULL, dod, dht ? dht + d * ns : NULL, 0, &rd);
-        rows_into(r->o, rd.o, t0, n, Hv * V), rows_into(r->dv, rd.dv, t0, n, Hv * V);
-        rows_into(r->dq, rd.dq, t0, n, Hk * K), rows_into(r->dk, rd.dk, t0, n, Hk * K);
-        rows_into(r->dg, rd.dg, t0, n, Hv), rows_into(r->dbeta, rd.dbeta, t0, n, Hv);
-        memcpy(r->ht + d * ns, rd.ht, sizeof(float) * ns), memcpy(r->dh0 + d * ns, rd.dh0, sizeof(float) * ns);
-        results_free(&rd);
-        free(dod), free(pd.q), free(pd.k), free(pd.v), free(pd.g), free(pd.beta);
-        if (rc) return rc;
-    }
-    return GDN_OK;
-}
-
 static double *to_double(const float *x, int64_t n) {
     if (!x) return NULL;
     double *d = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
@@ -125,7 +49,7 @@ static double *to_double(const float *x, int64_t n) {
 
 /* The packed double oracle (forward and backward) against the packed fp32 results. */
 static void against_oracle(const pack_case *pc, const gdn_config *cfg, const problem *p, const float *h0,
-                           const float *dout, const float *dht, const results *r) {
+                           const float *dout, const float *dht, const pack_results *r) {
     const int64_t ns = pc->n_docs * cfg->Hv * cfg->K * cfg->V;
     double *q = to_double(p->q, n_qk(cfg)), *k = to_double(p->k, n_qk(cfg)), *v = to_double(p->v, n_v(cfg));
     double *g = to_double(p->g, n_g(cfg)), *b = to_double(p->beta, n_g(cfg)), *h = to_double(h0, ns);
@@ -159,23 +83,23 @@ static void run_case(const pack_case *pc, int with_oracle) {
     problem p;
     problem_make(&p, cfg, pc->gate, BETA_RANDOM, 0, 9000 + pc->T + pc->n_docs);
     float *h0 = random_floats((size_t)ns), *dht = random_floats((size_t)ns), *dout = random_floats((size_t)n_v(&cfg));
-    results sep = results_alloc(&cfg, pc->n_docs), pk = results_alloc(&cfg, pc->n_docs),
-            sv = results_alloc(&cfg, pc->n_docs), bad = results_alloc(&cfg, pc->n_docs);
+    pack_results sep = pack_results_alloc(&cfg, pc->n_docs), pk = pack_results_alloc(&cfg, pc->n_docs),
+            sv = pack_results_alloc(&cfg, pc->n_docs), bad = pack_results_alloc(&cfg, pc->n_docs);
     char shape[160];
     snprintf(shape, sizeof shape, "T=%lld docs=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d", (long long)pc->T,
              (long long)pc->n_docs, (long long)pc->Hk, (long long)pc->Hv, (long long)pc->K, (long long)pc->V,
              pc->chunk);
 
-    int rc = run_separately(&cfg, &p, h0, dout, dht, &sep);
+    int rc = pack_run_separately(&cfg, &p, h0, dout, dht, &sep);
     check(rc == GDN_OK, "%s: every document alone through the single-rank path (%s)", pc->label, gdn_strerror(rc));
     double ef = INFINITY, e = INFINITY;
-    rc = run_plan(&cfg, &p, h0, dout, dht, 0, &pk);
+    rc = pack_run_plan(&cfg, &p, h0, dout, dht, 0, &pk);
     if (!rc) e = results_err(&pk, &sep, &cfg, pc->n_docs, &ef);
     expect_close(ef, TOL_PACK, "%s %s: packed forward (o, ht per document) == documents run separately", pc->label, shape);
     expect_close(e, TOL_PACK, "%s %s: packed forward + backward (all gradients, dh0 per document) == documents "
                  "run separately", pc->label, shape);
     /* The forward's saved states, checkpoint segments restarting within each document. */
-    rc = run_plan(&cfg, &p, h0, dout, dht, 1, &sv);
+    rc = pack_run_plan(&cfg, &p, h0, dout, dht, 1, &sv);
     e = rc ? INFINITY : results_err(&sv, &sep, &cfg, pc->n_docs, NULL);
     expect_close(e, TOL_PACK, "%s: gdn_forward_save + gdn_backward_saved packed (checkpoint every %d chunks) == "
                  "documents run separately", pc->label, pc->ckpt_chunks);
@@ -184,14 +108,14 @@ static void run_case(const pack_case *pc, int with_oracle) {
     if (pc->n_docs > 1) {
         gdn_config dense = cfg;
         dense.cu_seqlens = NULL, dense.n_docs = 0;
-        rc = run_plan(&dense, &p, h0, dout, dht, 0, &bad);
+        rc = pack_run_plan(&dense, &p, h0, dout, dht, 0, &bad);
         ef = 0.0;
         if (!rc) results_err(&bad, &sep, &cfg, 1, &ef); /* the states of document 0 only */
         expect_far(ef, TOL_PACK, "%s: resets disabled (the stream as one dense sequence) vs documents run "
                    "separately", pc->label);
     }
     if (with_oracle) against_oracle(pc, &cfg, &p, h0, dout, dht, &pk);
-    results_free(&sep), results_free(&pk), results_free(&sv), results_free(&bad);
+    pack_results_free(&sep), pack_results_free(&pk), pack_results_free(&sv), pack_results_free(&bad);
     free(h0), free(dht), free(dout);
     problem_free(&p);
 }

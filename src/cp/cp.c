@@ -97,13 +97,19 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
     /* Everything that decides which collectives follow must match on every rank before any of
      * them starts: shapes and options, the strategy, and the call (forward or backward, and
      * which optional inputs and outputs change the message pattern). */
-    enum { NSIG = 11 };
+    enum { NSIG = 14, SEQ_OFFSET = 13 };
     int64_t sig[NSIG] = {0};
     if (c) {
         int32_t scale_bits;
         memcpy(&scale_bits, &c->scale, 4);
+        /* Packed streams: the same offsets everywhere (their count and an FNV-1a hash), and each
+         * rank's seq_offset (checked against the shards before it, below). */
+        uint64_t cu_hash = 1469598103934665603ull;
+        for (int64_t d = 0; c->cu_seqlens && d <= c->n_docs; d++)
+            cu_hash = (cu_hash ^ (uint64_t)c->cu_seqlens[d]) * 1099511628211ull;
         const int64_t s[NSIG] = {c->T, c->B, c->Hk, c->Hv, c->K, c->V, c->chunk, c->l2norm, scale_bits,
-                                 cp->strategy, call};
+                                 cp->strategy, call, c->cu_seqlens ? c->n_docs : -1, (int64_t)cu_hash,
+                                 c->seq_offset};
         memcpy(sig, s, sizeof sig);
     } else {
         sig[9] = cp->strategy, sig[10] = call;
@@ -118,12 +124,14 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
         return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
     }
     static const char *names[NSIG] = {"T", "B", "Hk", "Hv", "K", "V", "chunk", "l2norm", "scale",
-                                      "the CP strategy", "the call (forward/backward and its optional tensors)"};
+                                      "the CP strategy", "the call (forward/backward and its optional tensors)",
+                                      "packing (n_docs of cu_seqlens, -1: dense)", "the cu_seqlens offsets"};
     int rc = GDN_OK;
+    int64_t before = 0; /* tokens of the ranks before r */
     for (int r = 0; r < cp->size && !rc; r++) {
         cp->shard_T[r] = all[r * NSIG];
-        for (int i = 1; i < NSIG && !rc; i++)
-            if (all[r * NSIG + i] != all[i] && (c || i >= 9)) {
+        for (int i = 1; i < SEQ_OFFSET && !rc; i++)
+            if (all[r * NSIG + i] != all[i] && (c || i == 9 || i == 10)) {
                 if (i == 9)
                     rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on the CP strategy: rank %d has '%s', rank 0 has '%s'", r,
                                   gdn_cp_strategy_name((gdn_cp_strategy)all[r * NSIG + i]),
@@ -132,7 +140,15 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
                     rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
                                   names[i], r, (long long)all[r * NSIG + i], (long long)all[i]);
             }
+        if (!rc && c && c->cu_seqlens && all[r * NSIG + SEQ_OFFSET] != before)
+            rc = gdn_fail(GDN_ERR_SHAPE, "cu_seqlens: rank %d's plan has seq_offset %lld but the ranks before it hold "
+                          "%lld tokens (seq_offset must be the shard's first token in the packed stream)",
+                          r, (long long)all[r * NSIG + SEQ_OFFSET], (long long)before);
+        before += all[r * NSIG];
     }
+    if (!rc && c && c->cu_seqlens && c->cu_seqlens[c->n_docs] != before)
+        rc = gdn_fail(GDN_ERR_SHAPE, "cu_seqlens ends at %lld but the %d ranks hold %lld tokens in all",
+                      (long long)c->cu_seqlens[c->n_docs], cp->size, (long long)before);
     free(all);
     if (!plan && !local) local = gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (rc) return rc; /* every rank saw the same table, so every rank fails alike */
@@ -217,7 +233,7 @@ static void compose_into(gdn_cp *cp, float *mine, const float *recv, float *tmp,
  * `incoming` holds the B of the exclusive prefix, i.e. the state entering this rank.
  * Direction +1: token order (forward); -1: reverse order (adjoint pairs, backward).
  * The rank at the far end (last in the direction) neither folds nor sends. */
-static int combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t K, int64_t V,
+int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t K, int64_t V,
                    int dir) {
     const int D = cp->size, r = dir > 0 ? cp->rank : D - 1 - cp->rank; /* position in the scan */
     const int64_t pair = nm * K * (K + V), ns = nm * K * V;
@@ -321,7 +337,7 @@ static int cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_
     if (cp->strategy == GDN_CP_RELAY) {
         if (r >= 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, incoming, ns, r - 1);
     } else {
-        rc = combine(cp, mine, incoming, nm, K, V, +1);
+        rc = gdn_cp_combine(cp, mine, incoming, nm, K, V, +1);
     }
     if (!rc && cp->strategy == GDN_CP_RELAY && r == 0 && D > 1) /* rank 0's state is ready */
         rc = gdn_cp_sendrecv(cp, out_state, ns, 1, NULL, 0, MPI_PROC_NULL);
@@ -356,10 +372,14 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
                    const float *h0) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     memset(&cp->stats, 0, sizeof cp->stats);
-    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 ? h0 : NULL) : GDN_OK;
+    const int packed = plan && plan->pack.n; /* agreed below: every rank alike */
+    /* a packed stream's h0 holds every document's initial state: each rank reads those of the
+     * documents that start on it */
+    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL) : GDN_OK;
     if (!local && !o) local = gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_FORWARD);
+    int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_FORWARD | (packed && ht ? GDN_CP_CALL_HT : 0));
     if (rc) return rc;
+    if (packed) return gdn_cp_packed_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
     if (cp->strategy == GDN_CP_HEADS)
         return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
     return cp_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
@@ -372,15 +392,20 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     memset(&cp->stats, 0, sizeof cp->stats);
     const gdn_config *c = gdn_plan_config(plan);
-    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 ? h0 : NULL) : GDN_OK;
+    const int packed = plan && plan->pack.n; /* agreed below: every rank alike */
+    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL) : GDN_OK;
     if (!local && (!dq || !dk || !dv || !dg || !dbeta))
         local = gdn_fail(GDN_ERR_ARG, "a gradient output (dq, dk, dv, dg, dbeta) is NULL");
     if (!local) local = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite);
-    if (!local && cp->rank == cp->size - 1 && dht)
-        local = gdn_check_tensor("dht", dht, nstate(c), c->check_finite);
-    /* s_in given on some ranks only would send some ranks into the forward's scan alone */
-    int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_BACKWARD | (s_in ? GDN_CP_CALL_SIN : 0));
+    if (!local && (cp->rank == cp->size - 1 || packed) && dht)
+        local = gdn_check_tensor("dht", dht, gdn_state_floats(c), c->check_finite);
+    /* s_in given on some ranks only would send some ranks into the forward's scan alone (and a
+     * packed stream's dh0 is gathered from every rank) */
+    int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_BACKWARD | (s_in ? GDN_CP_CALL_SIN : 0) |
+                                               (packed && ds_in ? GDN_CP_CALL_HT : 0));
     if (rc) return rc;
+    if (packed)
+        return gdn_cp_packed_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0, s_in, dout, dht);
     if (cp->strategy == GDN_CP_HEADS)
         return gdn_cp_heads_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0,
                                      dout, dht);
@@ -430,7 +455,7 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     if (cp->strategy == GDN_CP_RELAY) {
         if (r < D - 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, ds_out, ns, r + 1);
     } else {
-        rc = combine(cp, mine, ds_out, nm, K, V, -1);
+        rc = gdn_cp_combine(cp, mine, ds_out, nm, K, V, -1);
     }
     if (!rc && cp->strategy == GDN_CP_RELAY && r == D - 1 && D > 1) /* the last rank's dS_in */
         rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);

@@ -23,7 +23,8 @@ struct gdn_cp {
 /* Check that all ranks agree on the plan's shape and options (except T), the strategy and the
  * call (GDN_CP_CALL_* flags); fills shard_T. Collective. Also folds a local failure status into
  * a collective one. */
-enum { GDN_CP_CALL_FORWARD = 1, GDN_CP_CALL_BACKWARD = 2, GDN_CP_CALL_SIN = 4 };
+enum { GDN_CP_CALL_FORWARD = 1, GDN_CP_CALL_BACKWARD = 2, GDN_CP_CALL_SIN = 4,
+       GDN_CP_CALL_HT = 8 /* packed: per-document final states (forward) or dh0 (backward) gathered */ };
 int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local_status, int call);
 float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
 
@@ -31,6 +32,23 @@ float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
 int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, float *rbuf,
                     int64_t rcount, int src);
 int gdn_cp_bcast(gdn_cp *cp, float *buf, int64_t count, int root);
+
+/* The prefix combine of affine pairs over ranks (cp.c): `mine` holds this rank's pair, A
+ * [nm, K, K] then B [nm, K, V] (the first rank in the direction must hold a constant map, A =
+ * 0); on exit `incoming` holds the state (dir +1: token order) or state gradient (dir -1: reverse
+ * order, adjoint pairs) entering this rank. Scan and allgather strategies. Collective. */
+int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t K, int64_t V, int dir);
+
+/* Packed streams (cu_seqlens) over ranks (cp_pack.c), every strategy but heads: called by
+ * gdn_cp_forward / gdn_cp_backward after the agreement step, same arguments; h0, ht, dht and
+ * ds_in (then every document's dh0) per document, on every rank. */
+int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
+                          const float *q, const float *k, const float *v, const float *g,
+                          const float *beta, const float *h0);
+int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
+                           float *dbeta, float *dh0, const float *q, const float *k, const float *v,
+                           const float *g, const float *beta, const float *h0, const float *s_in,
+                           const float *dout, const float *dht);
 
 /* The `heads` strategy's all-to-all sizes (heads.c). check: whether every count and displacement
  * of its exchanges (in token rows) and its state scatter/gather (in floats) fits MPI's int, and D
