@@ -226,6 +226,12 @@ typedef struct {
     int weight_dtype;      /* GDN_F32 (default) or GDN_BF16: the flat parameters `w` are then
                               bfloat16 (uint16_t) and stay so in memory (forward and decode only;
                               the backward trains fp32 weights) */
+    const int64_t *cu_seqlens; /* packed documents, as in gdn_config (B = 1; NULL: dense): the conv
+                                  and the recurrent state restart at every document start (no tap
+                                  reads across one, also across the CP halo); every document starts
+                                  from zero states (conv_state and rec_state must be NULL) */
+    int64_t n_docs;
+    int64_t seq_offset;        /* under CP: this rank's first token in the packed stream */
 } gdn_layer_config;
 
 typedef enum {

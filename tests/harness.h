@@ -74,6 +74,10 @@ int pack_run_plan(const gdn_config *cfg, const problem *p, const float *h0, cons
                   const float *dht, int saved, pack_results *r);
 int pack_run_separately(const gdn_config *full, const problem *p, const float *h0, const float *dout,
                         const float *dht, pack_results *r);
+/* The packed layer's reference: every document of full's cu_seqlens alone through a dense
+ * single-rank layer (zero states): y, dx at the document's rows, dw summed over documents. */
+int pack_layer_separately(const gdn_layer_config *full, const float *w, const float *x, const float *dy,
+                          float *y, float *dx, float *dw);
 
 /* Test suites. */
 void test_forward(void);

@@ -76,3 +76,26 @@ int pack_run_separately(const gdn_config *full, const problem *p, const float *h
     return GDN_OK;
 }
 
+
+int pack_layer_separately(const gdn_layer_config *full, const float *w, const float *x, const float *dy,
+                          float *y, float *dx, float *dw) {
+    const int64_t E = full->E, nw = (int64_t)gdn_layer_param_floats(full);
+    float *dwd = zalloc(nw);
+    memset(dw, 0, sizeof(float) * (size_t)nw);
+    int rc = GDN_OK;
+    for (int64_t d = 0; d < full->n_docs && !rc; d++) {
+        const int64_t t0 = full->cu_seqlens[d], n = full->cu_seqlens[d + 1] - t0;
+        gdn_layer_config c = *full;
+        c.cu_seqlens = NULL, c.n_docs = 0, c.seq_offset = 0, c.T = n;
+        gdn_layer_plan *lp = NULL;
+        rc = gdn_layer_plan_create(&lp, &c);
+        float *saved = rc ? NULL : zalloc((int64_t)gdn_layer_saved_floats(lp));
+        if (!rc) rc = gdn_layer_forward(lp, y + t0 * E, saved, x + t0 * E, w, NULL, NULL);
+        if (!rc) rc = gdn_layer_backward(lp, dx + t0 * E, dwd, x + t0 * E, w, saved, dy + t0 * E);
+        for (int64_t i = 0; !rc && i < nw; i++) dw[i] += dwd[i];
+        free(saved);
+        gdn_layer_plan_destroy(lp);
+    }
+    free(dwd);
+    return rc;
+}

@@ -3,6 +3,7 @@
  * oracle), documents starting anywhere within a chunk; the same comparison without the resets
  * must fail it; bad offsets are refused with a message. */
 #include "harness.h"
+#include "layer_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -187,7 +188,82 @@ static void bad_offsets(void) {
     problem_free(&p);
 }
 
+/* The packed layer vs its documents run alone: the same GEMMs row by row and the same kernel
+ * chunks, so y and dx differ by rounding; dw sums the documents' in another order. */
+#define TOL_LAYER 1e-5
+#define TOL_LAYER_DW 2e-5
+
+enum { LAYER_PACKED, LAYER_DENSE, LAYER_NO_CONV_RESTART };
+
+/* One packed layer call (forward with saved, backward) in `mode`; its errors against ref. */
+static void layer_errors(const gdn_layer_config *c, int mode, const float *w, const float *x, const float *dy,
+                         const float *y_ref, const float *dx_ref, const float *dw_ref, double *ey, double *edx,
+                         double *edw) {
+    gdn_layer_config lc = *c;
+    if (mode == LAYER_DENSE) lc.cu_seqlens = NULL, lc.n_docs = 0;
+    const int64_t N = c->T * c->E, nw = (int64_t)gdn_layer_param_floats(c);
+    float *y = calloc((size_t)N, sizeof(float)), *dx = calloc((size_t)N, sizeof(float));
+    float *dw = calloc((size_t)nw, sizeof(float)), *saved = NULL;
+    gdn_layer_plan *lp = NULL;
+    int rc = gdn_layer_plan_create(&lp, &lc);
+    int64_t *doc_begin = lp ? lp->doc_begin : NULL;
+    if (!rc && mode == LAYER_NO_CONV_RESTART) lp->doc_begin = NULL; /* the recurrence resets, the conv not */
+    if (!rc) saved = calloc(gdn_layer_saved_floats(lp) + 1, sizeof(float));
+    if (!rc) rc = gdn_layer_forward(lp, y, saved, x, w, NULL, NULL);
+    if (!rc) rc = gdn_layer_backward(lp, dx, dw, x, w, saved, dy);
+    *ey = rc ? INFINITY : rel_err_ff(y, y_ref, N);
+    *edx = rc ? INFINITY : rel_err_ff(dx, dx_ref, N);
+    *edw = rc ? INFINITY : rel_err_ff(dw, dw_ref, nw);
+    if (lp) lp->doc_begin = doc_begin;
+    gdn_layer_plan_destroy(lp);
+    free(y), free(dx), free(dw), free(saved);
+}
+
+static void layer_cases(void) {
+    /* Documents shorter than the conv (1, 2 tokens), one starting mid-chunk, C = 16, Kc = 4. */
+    static const int64_t cu[] = {0, 5, 6, 8, 23, 40};
+    for (int keep = 0; keep < 2; keep++) {
+        gdn_layer_config c = gdn_layer_config_default(1, 40, 24, 1, 2, 16, 16);
+        c.threads = 2, c.chunk = 16, c.keep = keep, c.cu_seqlens = cu, c.n_docs = 5;
+        rng_seed(31 + keep);
+        float *w = layer_random_weights(&c, 0.05, 1);
+        const int64_t N = c.T * c.E, nw = (int64_t)gdn_layer_param_floats(&c);
+        float *x = random_floats((size_t)N), *dy = random_floats((size_t)N);
+        float *y_ref = calloc((size_t)N, sizeof(float)), *dx_ref = calloc((size_t)N, sizeof(float));
+        float *dw_ref = calloc((size_t)nw, sizeof(float));
+        int rc = pack_layer_separately(&c, w, x, dy, y_ref, dx_ref, dw_ref);
+        check(rc == GDN_OK, "layer: every document alone through the dense layer (%s)", gdn_strerror(rc));
+        double ey, edx, edw;
+        const char *kname = keep ? "KEEP_PROJ" : "KEEP_MIN";
+        layer_errors(&c, LAYER_PACKED, w, x, dy, y_ref, dx_ref, dw_ref, &ey, &edx, &edw);
+        expect_close(ey, TOL_LAYER, "layer %s T=40 docs 5,1,2,15,17 Kc=4: packed y == documents run alone", kname);
+        expect_close(edx, TOL_LAYER, "layer %s: packed dx == documents run alone", kname);
+        expect_close(edw, TOL_LAYER_DW, "layer %s: packed dw == sum of the documents' dw", kname);
+        layer_errors(&c, LAYER_DENSE, w, x, dy, y_ref, dx_ref, dw_ref, &ey, &edx, &edw);
+        expect_far(ey, TOL_LAYER, "layer %s: no resets at all (dense layer on the stream) vs documents alone", kname);
+        layer_errors(&c, LAYER_NO_CONV_RESTART, w, x, dy, y_ref, dx_ref, dw_ref, &ey, &edx, &edw);
+        expect_far(ey, TOL_LAYER, "layer %s: the conv reading across document starts (recurrence reset) vs "
+                   "documents alone", kname);
+        expect_far(edx, TOL_LAYER, "layer %s: the conv's backward across document starts, dx", kname);
+        free(w), free(x), free(dy), free(y_ref), free(dx_ref), free(dw_ref);
+    }
+    /* Packed calls start every document from zero states: given states are refused. */
+    gdn_layer_config c = gdn_layer_config_default(1, 40, 24, 1, 2, 16, 16);
+    c.cu_seqlens = cu, c.n_docs = 5, c.threads = 1;
+    gdn_layer_plan *lp = NULL;
+    float *w = layer_random_weights(&c, 0.05, 1), *x = random_floats(40 * 24), *y = calloc(40 * 24, sizeof(float));
+    float *rec = calloc(2 * 16 * 16, sizeof(float));
+    int rc = gdn_layer_plan_create(&lp, &c);
+    expect_status(rc ? rc : gdn_layer_forward(lp, y, NULL, x, w, NULL, rec), GDN_ERR_ARG, "rec_state must be NULL",
+                  "packed layer forward with a recurrent state is refused");
+    expect_status(rc ? rc : gdn_layer_forward(lp, y, NULL, x, w, NULL, NULL), GDN_OK, NULL,
+                  "control: packed layer forward without states");
+    gdn_layer_plan_destroy(lp);
+    free(w), free(x), free(y), free(rec);
+}
+
 void test_pack(void) {
     cases();
     bad_offsets();
+    layer_cases();
 }

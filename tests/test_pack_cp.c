@@ -148,6 +148,78 @@ static cp_pack_case make_case(const char *label, int chunk, const int64_t *sizes
 }
 static void free_case(cp_pack_case *cc) { free(cc->cu), free(cc->sizes); }
 
+/* The packed layer over ranks vs its documents run alone on one rank: y, dx rows and dw summed
+ * over ranks; the halo and the recurrence cross ranks, the projections are row-local (rounding
+ * only; dw sums in another order). */
+#define TOL_PACK_LAYER 2e-5
+
+enum { LAYER_PACKED, LAYER_DENSE };
+
+static void layer_cp_errors(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault, int mode, double *ey,
+                            double *edx, double *edw) {
+    gdn_layer_config full = gdn_layer_config_default(1, cc->T, 24, 1, 2, 16, 16);
+    full.threads = 1, full.chunk = cc->chunk, full.cu_seqlens = cc->cu, full.n_docs = cc->n_docs;
+    const int64_t E = full.E, N = cc->T * E, nw = (int64_t)gdn_layer_param_floats(&full);
+    rng_seed(606 + cc->T);
+    float *w = layer_random_weights(&full, 0.05, 1), *x = random_floats((size_t)N), *dy = random_floats((size_t)N);
+    float *y_ref = calloc((size_t)N, sizeof(float)), *dx_ref = calloc((size_t)N, sizeof(float));
+    float *dw_ref = calloc((size_t)nw, sizeof(float)), *dw_all = calloc((size_t)nw, sizeof(float));
+    int rc = pack_layer_separately(&full, w, x, dy, y_ref, dx_ref, dw_ref);
+    int64_t t0 = 0;
+    for (int r = 0; r < rank; r++) t0 += cc->sizes[r];
+    const int64_t tn = cc->sizes[rank];
+    gdn_layer_config loc = full;
+    loc.T = tn, loc.seq_offset = t0;
+    if (mode == LAYER_DENSE) loc.cu_seqlens = NULL, loc.n_docs = 0, loc.seq_offset = 0;
+    float *y = calloc((size_t)(tn * E), sizeof(float)), *dx = calloc((size_t)(tn * E), sizeof(float));
+    float *dw = calloc((size_t)nw, sizeof(float)), *saved = NULL;
+    gdn_layer_plan *lp = NULL;
+    gdn_cp *cp = NULL;
+    if (!rc) rc = gdn_layer_plan_create(&lp, &loc);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
+    if (!rc) gdn_cp_set_fault(cp, fault), saved = calloc(gdn_layer_saved_floats(lp) + 1, sizeof(float));
+    if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, x + t0 * E, w);
+    if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, x + t0 * E, w, saved, dy + t0 * E);
+    if (!rc) MPI_Allreduce(dw, dw_all, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    *ey = *edx = *edw = INFINITY;
+    if (!rc) {
+        *ey = rows_err(y, y_ref, cc->T, t0, tn, E), *edx = rows_err(dx, dx_ref, cc->T, t0, tn, E);
+        *edw = max_over_ranks(rel_err_ff(dw_all, dw_ref, nw));
+    }
+    gdn_cp_destroy(cp);
+    gdn_layer_plan_destroy(lp);
+    free(w), free(x), free(dy), free(y_ref), free(dx_ref), free(dw_ref), free(dw_all), free(y), free(dx), free(dw);
+    free(saved);
+}
+
+static void layer_cp_check(void) {
+    /* Shards of 7, 2, 1, 9 tokens (the 3-row halo spans up to three ranks), documents of 4, 1,
+     * 6, 2 and 9 tokens: cuts inside documents, at their starts and within a halo's reach. */
+    int64_t *sizes = malloc(sizeof(int64_t) * (size_t)D);
+    static const int64_t shard_pattern[] = {7, 2, 1, 9}, lens[] = {4, 1, 6, 2, 9};
+    for (int r = 0; r < D; r++) sizes[r] = shard_pattern[r % 4];
+    cp_pack_case cc = make_case("layer, halo across documents", 16, sizes, lens, 5);
+    const gdn_cp_strategy strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY};
+    char what[256];
+    double ey, edx, edw;
+    for (int s = 0; s < 3; s++) {
+        layer_cp_errors(&cc, strategies[s], GDN_CP_FAULT_NONE, LAYER_PACKED, &ey, &edx, &edw);
+        describe(what, sizeof what, &cc, strategies[s]);
+        expect_close(fmax(ey, edx), TOL_PACK_LAYER, "%s: packed layer y, dx == documents run alone", what);
+        expect_close(edw, TOL_PACK_LAYER, "%s: packed layer dw (summed over ranks) == documents' dw summed", what);
+    }
+    if (D > 1) {
+        layer_cp_errors(&cc, GDN_CP_SCAN, GDN_CP_FAULT_DROP_HALO, LAYER_PACKED, &ey, &edx, &edw);
+        expect_far(ey, TOL_PACK_LAYER, "scan %s D=%d: conv halo dropped (forward)", cc.label, D);
+        layer_cp_errors(&cc, GDN_CP_SCAN, GDN_CP_FAULT_DROP_HALO_GRAD, LAYER_PACKED, &ey, &edx, &edw);
+        expect_far(edx, TOL_PACK_LAYER, "scan %s D=%d: halo gradient not returned (backward)", cc.label, D);
+    }
+    layer_cp_errors(&cc, GDN_CP_SCAN, GDN_CP_FAULT_NONE, LAYER_DENSE, &ey, &edx, &edw);
+    expect_far(ey, TOL_PACK_LAYER, "scan %s D=%d: resets disabled (dense layer plans)", cc.label, D);
+    free_case(&cc);
+    free(sizes);
+}
+
 void test_pack_cp(void) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
@@ -233,4 +305,5 @@ void test_pack_cp(void) {
     }
     free_case(&inside), free_case(&chunks), free_case(&many), free_case(&one), free_case(&edges);
     free(sizes);
+    layer_cp_check();
 }

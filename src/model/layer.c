@@ -40,6 +40,7 @@ const char *gdn_layer_plan_path(const gdn_layer_plan *lp) { return gdn_matmul_pa
 void gdn_layer_plan_destroy(gdn_layer_plan *lp) {
     if (!lp) return;
     gdn_plan_destroy(lp->kplan);
+    free(lp->doc_begin);
     free(lp->arena);
     free(lp);
 }
@@ -64,9 +65,25 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     lp->cd = gdn_layer_conv_dim(c), lp->P = lp->cd + lp->vd + 2 * c->Hv;
     gdn_config kc = gdn_config_default(c->B, c->T, c->Hk, c->Hv, c->K, c->V);
     kc.chunk = c->chunk, kc.threads = lp->threads, kc.check_finite = c->check_finite;
-    if ((rc = gdn_plan_create(&lp->kplan, &kc))) {
+    kc.cu_seqlens = c->cu_seqlens, kc.n_docs = c->n_docs, kc.seq_offset = c->seq_offset;
+    if ((rc = gdn_plan_create(&lp->kplan, &kc))) { /* it also checks the offsets */
         free(lp);
         return rc;
+    }
+    if (c->cu_seqlens) { /* the kernel plan holds the checked copy of the offsets */
+        const int64_t *cu = gdn_plan_config(lp->kplan)->cu_seqlens;
+        c->cu_seqlens = cu;
+        lp->doc_begin = malloc(sizeof(int64_t) * (size_t)c->T);
+        if (!lp->doc_begin) {
+            gdn_layer_plan_destroy(lp);
+            return gdn_fail(GDN_ERR_NOMEM, "layer document starts (%lld tokens)", (long long)c->T);
+        }
+        int64_t d = 0;
+        for (int64_t t = 0; t < c->T; t++) {
+            while (cu[d + 1] <= c->seq_offset + t) d++;
+            const int64_t begin = cu[d] - c->seq_offset;
+            lp->doc_begin[t] = begin > -(c->Kc - 1) ? begin : -(c->Kc - 1);
+        }
     }
     lp->ckpt_floats = gdn_plan_checkpoint_floats(lp->kplan);
     const size_t N = (size_t)lp->N, P = (size_t)lp->P, vd = (size_t)lp->vd, kd = (size_t)lp->kd,
@@ -214,6 +231,7 @@ static inline void conv_row(const gdn_layer_plan *lp, const float *proj, const f
     const int64_t Kc = lp->cfg.Kc;
     for (int64_t i = 0; i < n; i++) u[i] = 0.0f;
     for (int64_t j = 0; j < Kc; j++) {
+        if (!gdn_layer_tap_ok(lp, t, t - (Kc - 1) + j)) continue; /* before t's document */
         const float *src = pre_row(lp, proj, halo, b, t - (Kc - 1) + j) + c0;
         const float *wj = lp->convw + j * lp->cd + c0;
         for (int64_t i = 0; i < n; i++) u[i] += wj[i] * src[i];
@@ -328,6 +346,9 @@ int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x
     if (!y) return gdn_fail(GDN_ERR_ARG, "layer output 'y' is NULL");
     const gdn_layer_config *c = &lp->cfg;
     const size_t state_n = (size_t)c->B * c->Hv * c->K * c->V;
+    if (c->cu_seqlens && (conv_state || rec_state))
+        return gdn_fail(GDN_ERR_ARG, "a packed layer call (cu_seqlens) starts every document from zero states: "
+                        "%s must be NULL", conv_state ? "conv_state" : "rec_state");
     if (conv_state && (rc = gdn_check_tensor("conv_state", conv_state, c->B * lp->cd * c->Kc, c->check_finite)))
         return rc;
     if (rec_state && (rc = gdn_check_tensor("rec_state", rec_state, (int64_t)state_n, c->check_finite)))
@@ -455,6 +476,7 @@ static void conv_backward(gdn_layer_plan *lp, float *dw, float *dhalo, const flo
                     for (int64_t i = 0; i < m; i++) du[i0 + i] *= sg[i] * (1.0f + u[i] * (1.0f - sg[i]));
                 }
                 for (int64_t j = 0; j < Kc; j++) {
+                    if (!gdn_layer_tap_ok(lp, t, t - (Kc - 1) + j)) continue;
                     const float *src = pre_row(lp, proj, halo, b, t - (Kc - 1) + j) + c0;
                     float *dj = dtap + j * cd + c0;
                     for (int64_t i = 0; i < n; i++) dj[i] += du[i] * src[i];
@@ -480,7 +502,7 @@ static void conv_backward(gdn_layer_plan *lp, float *dw, float *dhalo, const flo
                 for (int64_t i = 0; i < n; i++) dst[c0 + i] = 0.0f;
                 for (int64_t j = 0; j < Kc; j++) {
                     const int64_t tt = t + (Kc - 1) - j;
-                    if (tt < 0 || tt >= T) continue;
+                    if (tt < 0 || tt >= T || !gdn_layer_tap_ok(lp, tt, t)) continue;
                     const float *du = blk[s].buf + (b * T + tt) * n, *wj = lp->convw + j * cd + c0;
                     for (int64_t i = 0; i < n; i++) dst[c0 + i] += wj[i] * du[i];
                 }
@@ -548,7 +570,8 @@ int gdn_layer_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
     if (!dw) return gdn_fail(GDN_ERR_ARG, "layer output 'dw' is NULL");
     gdn_layer_saved sv = gdn_layer_saved_view(lp, (float *)saved);
     const float *halo = sv.halo, *proj = sv.proj, *o = sv.o;
-    single_rank_bwd kb = {sv.h0, sv.ckpt};
+    /* (packed: every document started from zeros; the kernel's h0 would be per document) */
+    single_rank_bwd kb = {lp->cfg.cu_seqlens ? NULL : sv.h0, sv.ckpt};
     if (!halo) { /* no saved states: the forward started from zeros */
         memset(lp->halo, 0, sizeof(float) * lp->cfg.B * (lp->cfg.Kc - 1) * lp->cd);
         halo = lp->halo;

@@ -30,6 +30,8 @@ struct gdn_layer_plan {
     float *mm_ws;                     /* gdn_matmul packing space */
     float *wsmall;                    /* BF16 weights: fp32 copies of conv1d, A_log, dt_bias, norm */
     void *arena;
+    int64_t *doc_begin; /* packed: per local token, its document's first token (local index, at
+                           least -(Kc-1): the halo); the conv reads no row before it. NULL: dense */
 };
 
 /* What the forward keeps for the backward, carved from `saved`: the pre-conv rows before token 0
@@ -39,6 +41,12 @@ typedef struct {
     float *halo, *h0, *ckpt, *proj, *o;
 } gdn_layer_saved;
 gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved);
+
+/* Whether the conv may read pre-conv row tt (>= -(Kc-1)) for token t: dense always; packed only
+ * from t's document on. */
+static inline int gdn_layer_tap_ok(const struct gdn_layer_plan *lp, int64_t t, int64_t tt) {
+    return !lp->doc_begin || tt >= lp->doc_begin[t];
+}
 
 /* The phases of the forward, shared with the CP path:
  * project: proj = x [W_qkv; W_z; W_b; W_a]^T for the first `rows` rows (a row stride of P).

@@ -183,6 +183,8 @@ int gdn_layer_reference_forward(const gdn_layer_config *cfg, double *y, const do
                                 const double *w) {
     int rc = gdn_layer_config_check(cfg);
     if (rc) return rc;
+    if (cfg->cu_seqlens) /* a packed layer equals its documents run one by one: compare with those */
+        return gdn_fail(GDN_ERR_ARG, "layer reference: dense sequences only (cu_seqlens must be NULL)");
     if (!y) return gdn_fail(GDN_ERR_ARG, "layer reference: output 'y' is NULL");
     if ((rc = check_f64(cfg, x, "x", cfg->B * cfg->T * cfg->E))) return rc;
     if ((rc = check_weights(cfg, w))) return rc;
@@ -197,6 +199,8 @@ int gdn_layer_reference_backward(const gdn_layer_config *cfg, double *dx, double
                                  const double *x, const double *w, const double *dy) {
     int rc = gdn_layer_config_check(cfg);
     if (rc) return rc;
+    if (cfg->cu_seqlens) /* a packed layer equals its documents run one by one: compare with those */
+        return gdn_fail(GDN_ERR_ARG, "layer reference: dense sequences only (cu_seqlens must be NULL)");
     if (!dx) return gdn_fail(GDN_ERR_ARG, "layer reference: output 'dx' is NULL");
     if (!dw) return gdn_fail(GDN_ERR_ARG, "layer reference: output 'dw' is NULL");
     if ((rc = check_f64(cfg, x, "x", cfg->B * cfg->T * cfg->E))) return rc;
