@@ -42,6 +42,8 @@ static double oracle_error_backward(const gdn_config *cfg, int64_t tp, const flo
                                     const float *beta, const float *dout) {
     gdn_config c = *cfg;
     c.T = tp;
+    /* packed rows: the first document covers the first tp tokens (doc_len >= 256), dense there */
+    c.cu_seqlens = NULL, c.n_docs = 0;
     const int64_t nqk = tp * c.Hk * c.K, nv = tp * c.Hv * c.V, ng = tp * c.Hv;
     double *buf = malloc(sizeof(double) * (4 * nqk + 3 * nv + 4 * ng));
     float *fq = malloc(sizeof(float) * (2 * nqk + nv + 2 * ng) + 64);
@@ -72,6 +74,8 @@ static double oracle_error(const gdn_config *cfg, int64_t tp, const float *q, co
                            const float *v, const float *g, const float *beta, const float *o) {
     gdn_config c = *cfg;
     c.T = tp;
+    /* packed rows: the first document covers the first tp tokens (doc_len >= 256), dense there */
+    c.cu_seqlens = NULL, c.n_docs = 0;
     const int64_t nqk = tp * c.Hk * c.K, nv = tp * c.Hv * c.V, ng = tp * c.Hv;
     double *buf = malloc(sizeof(double) * (2 * nqk + 2 * nv + 2 * ng));
     if (!buf) return NAN;
@@ -91,6 +95,8 @@ typedef struct {
     const char *label;
     int64_t T, Hk, Hv, K, V;
     int chunk; /* 0: the library default (64) */
+    int64_t doc_len; /* > 0: the T tokens packed as documents of this many (cu_seqlens); at least
+                        256, the tokens the oracle checks inside the first document */
 } bench_shape;
 
 static int bench_forward(const bench_shape *s, int threads, double peak, int json, int quick,
@@ -98,11 +104,17 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     gdn_config cfg = gdn_config_default(1, s->T, s->Hk, s->Hv, s->K, s->V);
     cfg.threads = threads;
     if (s->chunk) cfg.chunk = s->chunk;
+    /* Packed rows: the same tokens as documents of doc_len (the last one shorter), so a packed
+     * row and the dense row above it compare throughput at equal total tokens. */
+    const int64_t n_docs = s->doc_len > 0 ? (s->T + s->doc_len - 1) / s->doc_len : 1;
+    int64_t *cu = s->doc_len > 0 ? malloc(sizeof(int64_t) * (n_docs + 1)) : NULL;
+    for (int64_t d = 0; cu && d <= n_docs; d++) cu[d] = d * s->doc_len < s->T ? d * s->doc_len : s->T;
+    if (cu) cfg.cu_seqlens = cu, cfg.n_docs = n_docs;
     const int64_t nqk = s->T * s->Hk * s->K, nv = s->T * s->Hv * s->V, ng = s->T * s->Hv;
     float *q = malloc(sizeof(float) * nqk), *k = malloc(sizeof(float) * nqk),
           *v = malloc(sizeof(float) * nv), *g = malloc(sizeof(float) * ng),
           *beta = malloc(sizeof(float) * ng), *o = malloc(sizeof(float) * nv),
-          *ht = malloc(sizeof(float) * s->Hv * s->K * s->V);
+          *ht = malloc(sizeof(float) * n_docs * s->Hv * s->K * s->V);
     /* The backward's gradient outputs (dq, dk share one buffer each way; dg, dbeta likewise). */
     float *dout = backward ? malloc(sizeof(float) * nv) : NULL, *gq = backward ? malloc(sizeof(float) * 2 * nqk) : NULL,
           *gv = backward ? malloc(sizeof(float) * nv) : NULL, *gg = backward ? malloc(sizeof(float) * 2 * ng) : NULL;
@@ -140,7 +152,7 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     }
     if (rc) {
         free(q), free(k), free(v), free(g), free(beta), free(o), free(ht), free(dout), free(gq), free(gv), free(gg);
-        free(ckpt);
+        free(ckpt), free(cu);
         gdn_plan_destroy(plan);
         return cli_error("bench", rc);
     }
@@ -161,9 +173,10 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     const double saved_bytes = backward ? 4.0 * (double)gdn_plan_checkpoint_floats(plan) : 0.0;
     const double ws_bytes = (double)gdn_plan_backward_bytes(plan) * threads;
     const double input_bytes = 4.0 * (double)s->T * (2 * s->Hk * s->K + s->Hv * s->V + 2 * s->Hv);
-    char shape[128];
-    snprintf(shape, sizeof shape, "B=1 T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d", (long long)s->T,
-             (long long)s->Hk, (long long)s->Hv, (long long)s->K, (long long)s->V, pc->chunk);
+    char shape[160];
+    int len = snprintf(shape, sizeof shape, "B=1 T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d", (long long)s->T,
+                       (long long)s->Hk, (long long)s->Hv, (long long)s->K, (long long)s->V, pc->chunk);
+    if (cu) snprintf(shape + len, sizeof shape - (size_t)len, " docs=%lldx%lld", (long long)n_docs, (long long)s->doc_len);
     const char *dir = backward ? "backward" : "forward";
     if (json) {
         printf("{\"direction\":\"%s\",\"case\":\"%s\",\"shape\":\"%s\",\"threads\":%d,"
@@ -179,7 +192,7 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
                    saved_bytes / s->T, ws_bytes, ws_bytes / s->T, input_bytes / s->T);
         printf("}\n");
     } else {
-        printf("%-8s %-9s %-44s thr=%d  %9.3f ms  %6.3f us/head-tok  %7.1f GFLOP/s  "
+        printf("%-8s %-13s %-58s thr=%d  %9.3f ms  %6.3f us/head-tok  %7.1f GFLOP/s  "
                "%5.1f%% of %6.1f (issued %5.1f%%)  err %.1e  %s",
                dir, s->label, shape, threads, med * 1e3, 1e6 / ht_per_s, gflops, 100 * gflops / peak,
                peak, 100 * issued_gflops / peak, err, gdn_plan_path(plan));
@@ -191,7 +204,7 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     }
     fflush(stdout);
     free(q), free(k), free(v), free(g), free(beta), free(o), free(ht), free(dout), free(gq), free(gv), free(gg);
-    free(ckpt);
+    free(ckpt), free(cu);
     gdn_plan_destroy(plan);
     return 0;
 }
@@ -231,10 +244,13 @@ int cmd_bench(int argc, char **argv) {
                "resp. dv) over the first 256 tokens\n");
     /* The 35B layer again with chunk 32: the same math, less work in the C-sized products
      * (DESIGN §3's FLOPs shrink with C), smaller GEMMs; which is faster depends on the machine. */
+    /* qwen35b-pk512: the first row's tokens packed as documents of 512 (cu_seqlens): the
+     * packed path's cost against the dense one at equal total tokens (issue 11: within 10 %). */
     const bench_shape shapes[] = {
-        {"qwen35b", 8192, 16, 32, 128, 128, 0}, {"qwen35b", 8192, 16, 32, 128, 128, 32},
-        {"llama64", 64, 32, 32, 128, 128, 0}, {"llama256", 256, 32, 32, 128, 128, 0},
-        {"llama512", 512, 32, 32, 128, 128, 0}, {"llama1024", 1024, 32, 32, 128, 128, 0}};
+        {"qwen35b", 8192, 16, 32, 128, 128, 0, 0}, {"qwen35b-pk512", 8192, 16, 32, 128, 128, 0, 512},
+        {"qwen35b", 8192, 16, 32, 128, 128, 32, 0},
+        {"llama64", 64, 32, 32, 128, 128, 0, 0}, {"llama256", 256, 32, 32, 128, 128, 0, 0},
+        {"llama512", 512, 32, 32, 128, 128, 0, 0}, {"llama1024", 1024, 32, 32, 128, 128, 0, 0}};
     int n = sizeof shapes / sizeof shapes[0];
     for (int si = 0; si < n; si++) {
         bench_shape s = shapes[si];
