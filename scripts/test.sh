@@ -268,6 +268,14 @@ if ./build/gdncp bench layer --json --quick > "$logs/bench_layer.json" 2>&1 &&
 else
   echo "FAIL  bench layer smoke"; cat "$logs/bench_layer.json"; failed=$((failed + 1))
 fi
+echo "== benchmark smoke (gdncp bench train --json --quick)"
+if ./build/gdncp bench train --json --quick > "$logs/bench_train.json" 2>&1 &&
+   grep -q '"direction":"train_step"' "$logs/bench_train.json" &&
+   grep -q '"grad_rel_err_vs_fd":[0-9.]*e-0[3-9]' "$logs/bench_train.json"; then
+  echo "PASS  bench train runs, the gradient within 1e-2 of finite differences"; passed=$((passed + 1))
+else
+  echo "FAIL  bench train smoke"; cat "$logs/bench_train.json"; failed=$((failed + 1))
+fi
 echo "== fuzz: libFuzzer + ASan + UBSan on the safetensors reader and the loaders, 60 s (scripts/fuzz.sh)"
 if bash scripts/fuzz.sh 60 > "$logs/fuzz.log" 2>&1; then
   grep -E '^PASS' "$logs/fuzz.log" | sed "s/^/    /"

@@ -12,6 +12,7 @@ int cmd_bench_decode(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
 int cmd_train(int argc, char **argv);  /* under MPI */
 int cmd_sample(int argc, char **argv);
+int cmd_bench_train(int argc, char **argv);
 /* gdncp run --cp: the options that every rank must agree on. */
 typedef struct {
     const char *in, *out, *strategy, *shards;

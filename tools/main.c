@@ -23,6 +23,7 @@ static void usage(FILE *out) {
             "         [--keep min|proj] [--decode N] [--cp S [--shards ..]]  the Qwen3.5 layer\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
             "  bench  layer [--json] [--quick] [--T N]              layer benchmark (fwd, fwd+bwd, decode)\n"
+            "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"
             "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
             "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
@@ -88,6 +89,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "layer")) return cmd_bench_layer(argc, argv);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cp"))
         return with_mpi(cmd_bench_cp, argc, argv);
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "train")) return cmd_bench_train(argc, argv);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "decode"))
         return cmd_bench_decode(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);

@@ -1,0 +1,148 @@
+/* gdncp bench train: one training step of the language model (forward, backward, AdamW) on one
+ * rank with all threads, for the named sizes, against the FLOP count the trainer reports
+ * (6 x non-embedding parameters + the GatedDeltaNet kernel's forward and backward per token). */
+#include "cli.h"
+#include "cli_parse.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/train/model.h"
+#include "../src/train/optim.h"
+#include "../src/train/trainer.h"
+
+/* The gradient against Richardson-extrapolated central differences of the loss along one random
+ * direction over every parameter (the whole model's oracle at this size): relative error. */
+static double gradient_check(gdn_model_plan *p, const gdn_model_config *c, const float *w,
+                             const float *dw, const uint8_t *tok, double denom) {
+    const size_t nw = gdn_model_param_floats(c);
+    float *wp = aligned_alloc(64, sizeof(float) * ((nw + 15) & ~(size_t)15));
+    float *dir = malloc(sizeof(float) * nw);
+    if (!wp || !dir) {
+        free(wp), free(dir);
+        return NAN;
+    }
+    uint64_t s = 12345;
+    double an = 0;
+    for (size_t i = 0; i < nw; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        /* relative to each weight's size: the 0.02-sized embeddings and the unit norms alike */
+        dir[i] = (float)(((double)(s >> 11) * 0x1.0p-53 * 2 - 1) * (fabs(w[i]) + 0.01));
+        an += (double)dir[i] * dw[i];
+    }
+    double d[2];
+    for (int half = 0; half < 2; half++) {
+        const double eps = half ? 5e-4 : 1e-3;
+        double l[2];
+        for (int sign = 0; sign < 2; sign++) {
+            for (size_t i = 0; i < nw; i++) wp[i] = w[i] + (float)((sign ? -eps : eps) * dir[i]);
+            if (gdn_model_step(p, wp, NULL, tok, denom, &l[sign])) l[sign] = NAN;
+        }
+        d[half] = (l[0] - l[1]) / denom / (2 * eps);
+    }
+    const double fd = (4 * d[1] - d[0]) / 3;
+    free(wp), free(dir);
+    return fabs(an - fd) / fmax(fabs(fd), 1e-12);
+}
+
+static int bench_one(const char *name, int64_t B, int64_t T, int threads, int reps, double peak,
+                     const char *cpu, int json) {
+    gdn_model_config c;
+    gdn_model_config_named(name, &c);
+    gdn_model_run run = {.B = B, .T = T, .threads = threads, .recompute = 0, .check_finite = 1};
+    const size_t nw = gdn_model_param_floats(&c), bytes = sizeof(float) * ((nw + 15) & ~(size_t)15);
+    float *w = aligned_alloc(64, bytes), *dw = aligned_alloc(64, bytes);
+    float *m = calloc(nw, sizeof(float)), *v = calloc(nw, sizeof(float));
+    uint8_t *tok = malloc((size_t)(B * (T + 1)));
+    if (!w || !dw || !m || !v || !tok) {
+        fprintf(stderr, "gdncp bench train: out of memory\n");
+        return 1;
+    }
+    gdn_model_init(&c, w, 1);
+    uint64_t s = 99;
+    for (int64_t i = 0; i < B * (T + 1); i++) { /* lower-case letters and spaces, text-like */
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        tok[i] = (uint8_t)(s % 27 == 26 ? ' ' : 'a' + s % 27);
+    }
+    gdn_adamw_config opt = gdn_adamw_default();
+    const double denom = (double)(B * T), flops_tok = gdn_model_train_flops_per_token(&c);
+    for (int recompute = 0; recompute < 2; recompute++) {
+        run.recompute = recompute;
+        gdn_model_plan *p = NULL;
+        int rc = gdn_model_plan_create(&p, &c, &run, NULL);
+        double t[16], loss = 0;
+        /* the gradient check first, at the initial weights (the timed steps then update them) */
+        double err = NAN;
+        if (!rc && !recompute && !(rc = gdn_model_step(p, w, dw, tok, denom, &loss)))
+            err = gradient_check(p, &c, w, dw, tok, denom);
+        for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
+            const double t0 = cli_now();
+            rc = gdn_model_step(p, w, dw, tok, denom, &loss);
+            if (!rc) {
+                const double gn = gdn_grad_norm(&c, dw);
+                gdn_adamw_update(&opt, &c, w, dw, m, v, r + 1, 1e-4, gn > 1 ? 1 / gn : 1, threads);
+            }
+            if (r) t[r - 1] = cli_now() - t0;
+        }
+        if (rc) {
+            fprintf(stderr, "gdncp bench train: %s: %s\n", name, gdn_errmsg());
+            gdn_model_plan_destroy(p);
+            return 1;
+        }
+        const double med = cli_median(t, reps), tps = denom / med, gflops = tps * flops_tok / 1e9;
+        const double mb = gdn_model_plan_bytes(p) / 1048576.0;
+        if (json)
+            printf("{\"direction\":\"train_step\",\"model\":\"%s\",\"params\":%zu,\"B\":%lld,\"T\":%lld,"
+                   "\"threads\":%d,\"recompute\":%d,\"ms\":%.3f,\"reps\":%d,\"tokens_per_s\":%.1f,"
+                   "\"flops_per_token\":%.4g,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
+                   "\"plan_mb\":%.1f,\"grad_rel_err_vs_fd\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
+                   name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute, 1e3 * med,
+                   reps, tps, flops_tok, gflops, peak, gflops / peak, mb, err, gdn_layer_plan_path(NULL), cpu);
+        else {
+            char check[32] = "(same step)"; /* recompute changes no value: checked once */
+            if (!isnan(err)) snprintf(check, sizeof check, "%.1e", err);
+            printf("train_step %-6s %8zu params B=%lld T=%lld thr=%d recompute=%-3s %8.1f ms %8.0f tok/s "
+                   "%7.1f GFLOP/s %5.1f %% of peak  plan %6.1f MB  grad vs FD %s\n",
+                   name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute ? "on" : "off",
+                   1e3 * med, tps, gflops, 100 * gflops / peak, mb, check);
+        }
+        gdn_model_plan_destroy(p);
+    }
+    free(w), free(dw), free(m), free(v), free(tok);
+    return 0;
+}
+
+int cmd_bench_train(int argc, char **argv) {
+    int json = 0, quick = 0;
+    int64_t T = 512, B = 8;
+    for (int i = 3; i < argc; i++) { /* argv: gdncp bench train ... */
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--quick")) quick = 1;
+        else if (!strcmp(a, "--T")) {
+            if (cli_parse_i64("bench train", a, v, 1, 1 << 22, &T)) return CLI_USAGE_ERROR;
+            i++;
+        } else if (!strcmp(a, "--B")) {
+            if (cli_parse_i64("bench train", a, v, 1, 4096, &B)) return CLI_USAGE_ERROR;
+            i++;
+        } else {
+            fprintf(stderr, "usage: gdncp bench train [--json] [--quick] [--T N] [--B N]\n");
+            return CLI_USAGE_ERROR;
+        }
+    }
+    const int threads = omp_get_max_threads();
+    char cpu[256];
+    cli_cpu_name(cpu, sizeof cpu);
+    const double peak = cli_peak_gflops(threads, json);
+    if (!json)
+        printf("gdncp bench train: one step (forward + backward + AdamW) on %s, %d threads; FLOPs = 6 x "
+               "non-embedding parameters + the GatedDeltaNet kernel's forward and backward per token; "
+               "grad vs FD: Richardson central differences along a random direction\n", cpu, threads);
+    static const char *const names[] = {"tiny", "small"};
+    for (int i = 0; i < (quick ? 1 : 2); i++)
+        if (bench_one(names[i], quick ? 2 : B, quick ? 128 : T, threads, quick ? 1 : 5, peak, cpu, json)) return 1;
+    return 0;
+}
