@@ -94,13 +94,15 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
         }
         const double med = cli_median(t, reps), tps = denom / med, gflops = tps * flops_tok / 1e9;
         const double mb = gdn_model_plan_bytes(p) / 1048576.0;
+        char err_json[32] = "null"; /* JSON has no NaN: null where the check was not repeated */
+        if (!isnan(err)) snprintf(err_json, sizeof err_json, "%.3e", err);
         if (json)
             printf("{\"direction\":\"train_step\",\"model\":\"%s\",\"params\":%zu,\"B\":%lld,\"T\":%lld,"
                    "\"threads\":%d,\"recompute\":%d,\"ms\":%.3f,\"reps\":%d,\"tokens_per_s\":%.1f,"
                    "\"flops_per_token\":%.4g,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
-                   "\"plan_mb\":%.1f,\"grad_rel_err_vs_fd\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
+                   "\"plan_mb\":%.1f,\"grad_rel_err_vs_fd\":%s,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
                    name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute, 1e3 * med,
-                   reps, tps, flops_tok, gflops, peak, gflops / peak, mb, err, gdn_layer_plan_path(NULL), cpu);
+                   reps, tps, flops_tok, gflops, peak, gflops / peak, mb, err_json, gdn_layer_plan_path(NULL), cpu);
         else {
             char check[32] = "(same step)"; /* recompute changes no value: checked once */
             if (!isnan(err)) snprintf(check, sizeof check, "%.1e", err);
