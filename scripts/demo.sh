@@ -16,7 +16,7 @@ out=demo-out
 steps=${GDN_DEMO_STEPS:-400}
 rm -rf "$out" && mkdir -p "$out"
 text=$out/fortunes.txt
-cat $(ls -d /usr/share/games/fortunes/* | grep -vE '\.(dat|u8)$' | grep -v '/off$') > "$text"
+bash scripts/fortunes_text.sh "$text"
 echo "== text: $(wc -c < "$text") bytes of English from Debian's fortunes package (the last 5 % held out for validation)"
 
 echo "== train 'tiny' for $steps steps: 8 sequences of 512 bytes per step, each split over 2 ranks (256 tokens each)"

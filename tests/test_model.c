@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/train/checkpoint.h"
 #include "../src/train/model.h"
 #include "../src/train/optim.h"
 
@@ -256,7 +257,52 @@ static void test_adamw(void) {
     free(w), free(g), free(m), free(v), free(wd), free(md), free(vd);
 }
 
+/* A checkpoint written and read back gives the same logits, bit for bit; the control: the
+ * logits of the weights one AdamW-like nudge away (another checkpoint) differ. */
+static void test_checkpoint_logits(void) {
+    const gdn_model_config c = small_cfg();
+    const int64_t T = 24;
+    const gdn_model_run r = {.B = 1, .T = T, .threads = 0, .recompute = 0, .check_finite = 1};
+    char dir[] = "/tmp/gdn_ckpt_logits_XXXXXX", ck[4200];
+    gdn_model_plan *p = NULL;
+    if (!mkdtemp(dir) || gdn_model_plan_create(&p, &c, &r, NULL)) {
+        check(0, "checkpoint logits: setup (%s)", gdn_errmsg());
+        return;
+    }
+    const size_t nw = gdn_model_param_floats(&c);
+    float *w = model_weights(&c, 5), *w2 = aligned_alloc(64, sizeof(float) * nw), *back = aligned_alloc(64, sizeof(float) * nw);
+    for (size_t i = 0; i < nw; i++) w2[i] = w[i] * (1.0f + 1e-3f);
+    float *l0 = malloc(sizeof(float) * (size_t)(T * c.vocab)), *l1 = malloc(sizeof(float) * (size_t)(T * c.vocab));
+    uint8_t *tok = random_tokens(T, 4);
+    int rc = gdn_ckpt_save(dir, 1, &c, w, NULL, NULL, NULL, 0);
+    if (!rc) rc = gdn_ckpt_save(dir, 2, &c, w2, NULL, NULL, NULL, 0);
+    snprintf(ck, sizeof ck, "%s/checkpoint-00000001", dir);
+    gdn_model_config cl;
+    if (!rc) rc = gdn_ckpt_load_config(ck, &cl);
+    if (!rc) rc = gdn_ckpt_load(ck, &cl, back, NULL, NULL, NULL);
+    check(rc == GDN_OK, "checkpoint save + load (%s)", rc ? gdn_errmsg() : "ok");
+    if (!rc) {
+        gdn_model_logits(p, w, tok, l0);
+        gdn_model_logits(p, back, tok, l1);
+        expect_close(rel_err_ff(l1, l0, T * c.vocab), 0.0, "logits of the checkpoint read back == before writing");
+        snprintf(ck, sizeof ck, "%s", dir); /* the newest: step 2's nudged weights */
+        char newest[4200];
+        if (!gdn_ckpt_resolve(ck, newest, sizeof newest) && !gdn_ckpt_load(newest, &cl, back, NULL, NULL, NULL)) {
+            gdn_model_logits(p, back, tok, l1);
+            expect_far(rel_err_ff(l1, l0, T * c.vocab), 0.0, "logits of the other checkpoint (weights x 1.001)");
+        } else {
+            check(0, "load the newest checkpoint: %s", gdn_errmsg());
+        }
+    }
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) check(0, "remove %s", dir);
+    free(w), free(w2), free(back), free(l0), free(l1), free(tok);
+    gdn_model_plan_destroy(p);
+}
+
 void test_model(void) {
+    test_checkpoint_logits();
     test_names();
     test_errors_model();
     test_adamw();

@@ -123,6 +123,10 @@ static inline gdn_v8f gdn_vexpf_ftz(gdn_v8f x) {
     return y;
 }
 
+/* sigmoid of 8 lanes by the vector exp above (a scalar expf per element costs a tenth of a
+ * layer's or a training step's time). */
+static inline gdn_v8f gdn_vsigmoidf(gdn_v8f x) { return 1.0f / (1.0f + gdn_vexpf_ftz(-x)); }
+
 /* exp() that returns exactly 0 below 1e-30 (avoids denormal slow paths; far below fp32 rounding). */
 static inline float gdn_expf_ftz(float x) {
     return x < -69.0f ? 0.0f : __builtin_expf(x);

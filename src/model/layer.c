@@ -126,13 +126,11 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
 
 /* ---------------------------------------------------------------- forward phases */
 
-/* out = sigmoid(x), 8 lanes at a time with the core's vector exp (a scalar expf per element
- * was a tenth of the layer's time). */
+/* out = sigmoid(x), 8 lanes at a time. */
 static void sigmoid_rows(float *out, const float *x, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const gdn_v8f v = *(const gdn_v8f_u *)(x + i);
-        *(gdn_v8f_u *)(out + i) = 1.0f / (1.0f + gdn_vexpf_ftz(-v));
+        *(gdn_v8f_u *)(out + i) = gdn_vsigmoidf(*(const gdn_v8f_u *)(x + i));
     }
     for (; i < n; i++) out[i] = gdn_sigmoidf(x[i]);
 }
