@@ -1,0 +1,141 @@
+"""ctypes declarations of include/gdncp.h: the shared library, its structs and prototypes.
+
+Only what the Python modules call is declared. The structs mirror the header field by field
+(ctypes lays them out as the C compiler does); tests/test_abi.py checks that a config makes the
+round trip through the library unchanged, so a header change that is not mirrored here fails
+loudly instead of passing garbage.
+"""
+import ctypes
+import os
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load():
+    # GDNCP_LIBRARY overrides the copy installed inside the package (a developer's build).
+    path = os.environ.get("GDNCP_LIBRARY") or os.path.join(_HERE, "libgdncp.so")
+    if not os.path.exists(path):
+        raise ImportError(
+            f"gdncp: the shared library {path} is missing; install the package with "
+            "`pip install ./python` from the repository (it builds libgdncp.so with CMake)")
+    return ctypes.CDLL(path)
+
+
+lib = _load()
+
+GDN_OK = 0
+GDN_F32, GDN_F64, GDN_BF16 = 0, 1, 2
+STATUS_NAMES = {1: "ARG", 2: "SHAPE", 3: "NONFINITE", 4: "NOMEM", 5: "IO", 6: "FORMAT",
+                7: "MISSING", 8: "DTYPE"}
+
+P_float = POINTER(c_float)
+P_double = POINTER(c_double)
+P_int64 = POINTER(c_int64)
+
+
+class Config(ctypes.Structure):
+    """gdn_config."""
+    _fields_ = [("B", c_int64), ("T", c_int64), ("Hk", c_int64), ("Hv", c_int64),
+                ("K", c_int64), ("V", c_int64), ("chunk", c_int), ("scale", c_float),
+                ("l2norm", c_int), ("threads", c_int), ("check_finite", c_int),
+                ("checkpoint_chunks", c_int), ("cu_seqlens", P_int64), ("n_docs", c_int64),
+                ("seq_offset", c_int64)]
+
+
+class LayerConfig(ctypes.Structure):
+    """gdn_layer_config."""
+    _fields_ = [("B", c_int64), ("T", c_int64), ("E", c_int64), ("Hk", c_int64),
+                ("Hv", c_int64), ("K", c_int64), ("V", c_int64), ("Kc", c_int64),
+                ("eps", c_float), ("chunk", c_int), ("threads", c_int), ("keep", c_int),
+                ("check_finite", c_int), ("weight_dtype", c_int), ("cu_seqlens", P_int64),
+                ("n_docs", c_int64), ("seq_offset", c_int64)]
+
+
+def _proto(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+gdn_strerror = _proto("gdn_strerror", c_char_p, c_int)
+gdn_errmsg = _proto("gdn_errmsg", c_char_p)
+
+gdn_config_default = _proto("gdn_config_default", Config, c_int64, c_int64, c_int64, c_int64,
+                            c_int64, c_int64)
+gdn_config_check = _proto("gdn_config_check", c_int, POINTER(Config))
+gdn_plan_create = _proto("gdn_plan_create", c_int, POINTER(c_void_p), POINTER(Config))
+gdn_plan_destroy = _proto("gdn_plan_destroy", None, c_void_p)
+gdn_plan_config = _proto("gdn_plan_config", POINTER(Config), c_void_p)
+gdn_plan_path = _proto("gdn_plan_path", c_char_p, c_void_p)
+gdn_plan_checkpoint_floats = _proto("gdn_plan_checkpoint_floats", c_size_t, c_void_p)
+gdn_forward = _proto("gdn_forward", c_int, c_void_p, *([P_float] * 8))
+gdn_backward = _proto("gdn_backward", c_int, c_void_p, *([P_float] * 14))
+gdn_forward_save = _proto("gdn_forward_save", c_int, c_void_p, *([P_float] * 9))
+gdn_backward_saved = _proto("gdn_backward_saved", c_int, c_void_p, *([P_float] * 15))
+gdn_reference_forward = _proto("gdn_reference_forward", c_int, POINTER(Config), *([P_double] * 8))
+gdn_reference_backward = _proto("gdn_reference_backward", c_int, POINTER(Config),
+                                *([P_double] * 14))
+gdn_step = _proto("gdn_step", c_int, c_void_p, *([P_float] * 7))
+
+gdn_layer_config_default = _proto("gdn_layer_config_default", LayerConfig, *([c_int64] * 7))
+gdn_layer_config_check = _proto("gdn_layer_config_check", c_int, POINTER(LayerConfig))
+gdn_layer_conv_dim = _proto("gdn_layer_conv_dim", c_int64, POINTER(LayerConfig))
+gdn_layer_param_name = _proto("gdn_layer_param_name", c_char_p, c_int)
+gdn_layer_param_shape = _proto("gdn_layer_param_shape", c_int, POINTER(LayerConfig), c_int,
+                               P_int64)
+gdn_layer_param_offset = _proto("gdn_layer_param_offset", c_size_t, POINTER(LayerConfig), c_int)
+gdn_layer_param_numel = _proto("gdn_layer_param_numel", c_size_t, POINTER(LayerConfig), c_int)
+gdn_layer_param_floats = _proto("gdn_layer_param_floats", c_size_t, POINTER(LayerConfig))
+gdn_layer_plan_create = _proto("gdn_layer_plan_create", c_int, POINTER(c_void_p),
+                               POINTER(LayerConfig))
+gdn_layer_plan_destroy = _proto("gdn_layer_plan_destroy", None, c_void_p)
+gdn_layer_plan_config = _proto("gdn_layer_plan_config", POINTER(LayerConfig), c_void_p)
+gdn_layer_saved_floats = _proto("gdn_layer_saved_floats", c_size_t, c_void_p)
+gdn_layer_forward = _proto("gdn_layer_forward", c_int, c_void_p, P_float, P_float, P_float,
+                           c_void_p, P_float, P_float)
+gdn_layer_backward = _proto("gdn_layer_backward", c_int, c_void_p, P_float, P_float, P_float,
+                            P_float, P_float, P_float)
+gdn_layer_decode = _proto("gdn_layer_decode", c_int, c_void_p, P_float, P_float, c_void_p,
+                          P_float, P_float)
+gdn_layer_reference_forward = _proto("gdn_layer_reference_forward", c_int, POINTER(LayerConfig),
+                                     P_double, P_double, P_double)
+gdn_layer_reference_backward = _proto("gdn_layer_reference_backward", c_int,
+                                      POINTER(LayerConfig), P_double, P_double, P_double,
+                                      P_double, P_double)
+gdn_measure_peak_gflops = _proto("gdn_measure_peak_gflops", c_double, c_int)
+gdn_flops_issued_start = _proto("gdn_flops_issued_start", None)
+gdn_flops_issued_stop = _proto("gdn_flops_issued_stop", c_uint64)
+
+GDN_P_COUNT = 9
+
+
+class GdncpError(RuntimeError):
+    """A failure reported by the C library; the message is gdn_errmsg()'s."""
+
+    def __init__(self, what, status):
+        detail = (gdn_errmsg() or b"").decode(errors="replace")
+        short = (gdn_strerror(status) or b"").decode(errors="replace")
+        super().__init__(f"{what}: {short}: {detail}")
+        self.status = status
+
+
+def check(status, what):
+    """Raise for a non-zero gdn_status: shape and argument errors as ValueError (the user's
+    inputs), everything else as GdncpError."""
+    if status == GDN_OK:
+        return
+    err = GdncpError(what, status)
+    if status in (1, 2, 3, 8):  # ARG, SHAPE, NONFINITE, DTYPE: the caller's values
+        raise ValueError(str(err)) from None
+    raise err
+
+
+def f32p(a):
+    """float* of a C-contiguous float32 array, or NULL for None."""
+    return None if a is None else a.ctypes.data_as(P_float)
+
+
+def f64p(a):
+    return None if a is None else a.ctypes.data_as(P_double)

@@ -1,0 +1,478 @@
+"""NumPy entry points: the chunked kernel (forward, backward, decode step), its float64 oracle,
+and the Qwen3.5 GatedDeltaNet layer. Layouts are the C library's (BTHD, DESIGN §1):
+
+    q, k [B,T,Hk,K]; v, o [B,T,Hv,V]; g, beta [B,T,Hv]; states h0, ht [N,Hv,K,V]
+
+with N = B, or the number of documents when cu_seqlens packs several into one row (B = 1).
+Value head j uses key head j // (Hv // Hk). float32 C-contiguous arrays are passed to C without a
+copy; other float dtypes and strided views are converted (one copy), anything else is refused.
+"""
+import ctypes
+import math
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from . import _lib as L
+
+__all__ = ["chunk_forward", "chunk_backward", "reference_forward", "reference_backward",
+           "step", "Layer", "layer_param_names"]
+
+
+# ----------------------------------------------------------------------------- input checking
+
+def _array(name, a, dtype):
+    """a as a C-contiguous array of dtype: no copy when it already is one."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, not {type(a).__name__}")
+    if not np.issubdtype(a.dtype, np.floating):
+        raise TypeError(f"{name} must hold floating-point values, not {a.dtype}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _shape(name, a, want):
+    """Check a's shape against want (ints, or None for 'any'); names the first mismatch."""
+    if a.ndim != len(want):
+        raise ValueError(f"{name} must have {len(want)} dimensions {_fmt(want)}, "
+                         f"got shape {tuple(a.shape)}")
+    for i, (got, w) in enumerate(zip(a.shape, want)):
+        if w is not None and got != w:
+            raise ValueError(f"{name} has shape {tuple(a.shape)}: dimension {i} is {got}, "
+                             f"expected {w} ({_fmt(want)})")
+
+
+def _fmt(want):
+    return "[" + ",".join("*" if w is None else str(w) for w in want) + "]"
+
+
+def _cu(cu_seqlens, B, T):
+    """cu_seqlens as a C-contiguous int64 array, checked enough to give a Python message (the
+    library checks the rest)."""
+    if cu_seqlens is None:
+        return None
+    cu = np.ascontiguousarray(np.asarray(cu_seqlens), dtype=np.int64)
+    if cu.ndim != 1 or cu.size < 2:
+        raise ValueError(f"cu_seqlens must be a 1-D array of n_docs + 1 offsets, got shape {cu.shape}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs batch size 1 (the documents packed in one row), got B = {B}")
+    if cu[0] != 0 or cu[-1] != T or np.any(np.diff(cu) <= 0):
+        raise ValueError(f"cu_seqlens must start at 0, increase strictly and end at T = {T}; "
+                         f"got {cu.tolist() if cu.size <= 16 else cu[:16].tolist() + ['...']}")
+    return cu
+
+
+class _Problem:
+    """The kernel's inputs checked against each other, as float32 (or float64 for the oracle)."""
+
+    def __init__(self, q, k, v, g, beta, h0, cu_seqlens, dtype=np.float32):
+        self.q = _array("q", q, dtype)
+        if self.q.ndim != 4:
+            raise ValueError(f"q must be [B,T,Hk,K], got shape {tuple(self.q.shape)}")
+        B, T, Hk, K = self.q.shape
+        self.k = _array("k", k, dtype)
+        _shape("k", self.k, (B, T, Hk, K))
+        self.v = _array("v", v, dtype)
+        _shape("v", self.v, (B, T, None, None))
+        Hv, V = self.v.shape[2], self.v.shape[3]
+        if Hk == 0 or Hv % Hk:
+            raise ValueError(f"the value heads (v: {Hv}) must be a multiple of the key heads "
+                             f"(q, k: {Hk})")
+        self.g = _array("g", g, dtype)
+        _shape("g", self.g, (B, T, Hv))
+        self.beta = _array("beta", beta, dtype)
+        _shape("beta", self.beta, (B, T, Hv))
+        self.cu = _cu(cu_seqlens, B, T)
+        self.N = B if self.cu is None else self.cu.size - 1
+        self.h0 = None
+        if h0 is not None:
+            self.h0 = _array("initial_state (h0)", h0, dtype)
+            _shape("initial_state (h0)", self.h0, (self.N, Hv, K, V))
+        self.B, self.T, self.Hk, self.Hv, self.K, self.V = B, T, Hk, Hv, K, V
+        self.dtype = dtype
+
+    def state_shape(self):
+        return (self.N, self.Hv, self.K, self.V)
+
+    def grad_input(self, name, a, shape):
+        if a is None:
+            return None
+        a = _array(name, a, self.dtype)
+        _shape(name, a, shape)
+        return a
+
+
+def _scale_value(scale):
+    if scale is None:
+        return 0.0  # GDN_SCALE_DEFAULT: 1/sqrt(K)
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    return scale
+
+
+def _config(p, scale, l2norm, chunk, threads):
+    cfg = L.gdn_config_default(p.B, p.T, p.Hk, p.Hv, p.K, p.V)
+    cfg.scale = _scale_value(scale)
+    cfg.l2norm = 1 if l2norm else 0
+    cfg.chunk = int(chunk)
+    cfg.threads = int(threads)
+    if p.cu is not None:
+        cfg.cu_seqlens = p.cu.ctypes.data_as(L.P_int64)
+        cfg.n_docs = p.cu.size - 1
+    return cfg
+
+
+# ----------------------------------------------------------------------------- plan cache
+
+class _Plan:
+    """One gdn_plan with a lock (a plan runs one call at a time); freed with the object."""
+
+    def __init__(self, cfg, cu):
+        h = ctypes.c_void_p()
+        L.check(L.gdn_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_plan_create")
+        self.h = h
+        self.lock = threading.Lock()
+        self.cu = cu  # the plan copies the offsets; kept only for the cache key's lifetime
+
+    def __del__(self):
+        if getattr(self, "h", None) and L is not None and L.gdn_plan_destroy is not None:
+            L.gdn_plan_destroy(self.h)
+            self.h = None
+
+
+_plans = OrderedDict()
+_plans_lock = threading.Lock()
+_PLAN_CACHE = 8  # plans hold workspace: a few shapes (a model's layers share one) are enough
+
+
+def _plan(p, scale, l2norm, chunk, threads):
+    key = (p.B, p.T, p.Hk, p.Hv, p.K, p.V, _scale_value(scale), bool(l2norm), int(chunk),
+           int(threads), None if p.cu is None else p.cu.tobytes())
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+            return plan
+    plan = _Plan(_config(p, scale, l2norm, chunk, threads), p.cu)
+    with _plans_lock:
+        _plans[key] = plan
+        while len(_plans) > _PLAN_CACHE:
+            _plans.popitem(last=False)
+    return plan
+
+
+# ----------------------------------------------------------------------------- the kernel
+
+def chunk_forward(q, k, v, g, beta, h0=None, *, scale=None, l2norm=True, cu_seqlens=None,
+                  chunk=64, threads=0, output_final_state=True, save=False):
+    """The gated delta rule forward (the fast fp32 chunked path).
+
+    Returns (o [B,T,Hv,V], ht [N,Hv,K,V] or None); with save=True also the checkpoint array
+    that chunk_backward(..., saved=...) starts from (no forward sweep in the backward).
+    l2norm: the in-kernel L2 norm of q and k (Qwen's use_qk_l2norm_in_kernel); scale None means
+    1/sqrt(K); cu_seqlens packs documents in one row (B = 1), each starting from h0[d] or zeros.
+    """
+    p = _Problem(q, k, v, g, beta, h0, cu_seqlens)
+    plan = _plan(p, scale, l2norm, chunk, threads)
+    o = np.empty((p.B, p.T, p.Hv, p.V), np.float32)
+    ht = np.empty(p.state_shape(), np.float32) if output_final_state else None
+    with plan.lock:
+        if save:
+            ck = np.empty(L.gdn_plan_checkpoint_floats(plan.h), np.float32)
+            L.check(L.gdn_forward_save(plan.h, L.f32p(o), L.f32p(ht), L.f32p(ck), L.f32p(p.q),
+                                       L.f32p(p.k), L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta),
+                                       L.f32p(p.h0)), "gdn_forward_save")
+            return o, ht, ck
+        L.check(L.gdn_forward(plan.h, L.f32p(o), L.f32p(ht), L.f32p(p.q), L.f32p(p.k),
+                              L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta), L.f32p(p.h0)),
+                "gdn_forward")
+    return o, ht
+
+
+def chunk_backward(q, k, v, g, beta, do, h0=None, dht=None, *, scale=None, l2norm=True,
+                   cu_seqlens=None, chunk=64, threads=0, saved=None):
+    """Gradients of loss = sum(o * do) + sum(ht * dht) with respect to the (un-normalised) q, k
+    and to v, g, beta, h0: returns (dq, dk, dv, dg, dbeta, dh0), dh0 None when h0 is None.
+    saved: the checkpoints of chunk_forward(..., save=True) on the same inputs (optional)."""
+    p = _Problem(q, k, v, g, beta, h0, cu_seqlens)
+    do = p.grad_input("do", do, (p.B, p.T, p.Hv, p.V))
+    if do is None:
+        raise TypeError("do (the gradient of the output) is required")
+    dht = p.grad_input("dht", dht, p.state_shape())
+    plan = _plan(p, scale, l2norm, chunk, threads)
+    dq, dk = np.empty_like(p.q), np.empty_like(p.k)
+    dv, dg, dbeta = np.empty_like(p.v), np.empty_like(p.g), np.empty_like(p.beta)
+    dh0 = np.empty(p.state_shape(), np.float32) if p.h0 is not None else None
+    with plan.lock:
+        if saved is not None:
+            ck = _array("saved", saved, np.float32)
+            if ck.size != L.gdn_plan_checkpoint_floats(plan.h):
+                raise ValueError(f"saved holds {ck.size} floats, this problem's checkpoints "
+                                 f"are {L.gdn_plan_checkpoint_floats(plan.h)}: it comes from "
+                                 "another shape")
+        else:
+            ck = None
+        L.check(L.gdn_backward_saved(plan.h, L.f32p(dq), L.f32p(dk), L.f32p(dv), L.f32p(dg),
+                                     L.f32p(dbeta), L.f32p(dh0), L.f32p(p.q), L.f32p(p.k),
+                                     L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta), L.f32p(p.h0),
+                                     L.f32p(ck), L.f32p(do), L.f32p(dht)), "gdn_backward")
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def reference_forward(q, k, v, g, beta, h0=None, *, scale=None, l2norm=True, cu_seqlens=None):
+    """The token-by-token recurrence in float64 (the oracle): (o, ht), both float64."""
+    p = _Problem(q, k, v, g, beta, h0, cu_seqlens, dtype=np.float64)
+    cfg = _config(p, scale, l2norm, 64, 1)
+    o = np.empty((p.B, p.T, p.Hv, p.V), np.float64)
+    ht = np.empty(p.state_shape(), np.float64)
+    L.check(L.gdn_reference_forward(ctypes.byref(cfg), L.f64p(o), L.f64p(ht), L.f64p(p.q),
+                                    L.f64p(p.k), L.f64p(p.v), L.f64p(p.g), L.f64p(p.beta),
+                                    L.f64p(p.h0)), "gdn_reference_forward")
+    return o, ht
+
+
+def reference_backward(q, k, v, g, beta, do, h0=None, dht=None, *, scale=None, l2norm=True,
+                       cu_seqlens=None):
+    """The oracle's backward in float64: (dq, dk, dv, dg, dbeta, dh0)."""
+    p = _Problem(q, k, v, g, beta, h0, cu_seqlens, dtype=np.float64)
+    do = p.grad_input("do", do, (p.B, p.T, p.Hv, p.V))
+    if do is None:
+        raise TypeError("do (the gradient of the output) is required")
+    dht = p.grad_input("dht", dht, p.state_shape())
+    cfg = _config(p, scale, l2norm, 64, 1)
+    dq, dk = np.empty_like(p.q), np.empty_like(p.k)
+    dv, dg, dbeta = np.empty_like(p.v), np.empty_like(p.g), np.empty_like(p.beta)
+    dh0 = np.empty(p.state_shape(), np.float64) if p.h0 is not None else None
+    L.check(L.gdn_reference_backward(ctypes.byref(cfg), L.f64p(dq), L.f64p(dk), L.f64p(dv),
+                                     L.f64p(dg), L.f64p(dbeta), L.f64p(dh0), L.f64p(p.q),
+                                     L.f64p(p.k), L.f64p(p.v), L.f64p(p.g), L.f64p(p.beta),
+                                     L.f64p(p.h0), L.f64p(do), L.f64p(dht)),
+            "gdn_reference_backward")
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def step(q, k, v, g, beta, state, *, scale=None, l2norm=True, threads=0):
+    """One decode token: q, k [B,Hk,K], v [B,Hv,V], g, beta [B,Hv]; state [B,Hv,K,V] float32,
+    C-contiguous and writable, updated in place (S_{t-1} -> S_t). Returns o [B,Hv,V]."""
+    if not isinstance(state, np.ndarray) or state.dtype != np.float32 \
+            or not state.flags.c_contiguous or not state.flags.writeable:
+        raise TypeError("state must be a writable C-contiguous float32 numpy array "
+                        "(it is updated in place)")
+    # One token is the [B,1,H,D] problem: check the token's arrays as such.
+    one = []
+    for name, a, nd in (("q", q, 3), ("k", k, 3), ("v", v, 3), ("g", g, 2), ("beta", beta, 2)):
+        a = _array(name, a, np.float32)
+        if a.ndim != nd:
+            raise ValueError(f"{name} of one token must have {nd} dimensions "
+                             f"({'[B,H,D]' if nd == 3 else '[B,H]'}), got shape {tuple(a.shape)}")
+        one.append(a[:, None])
+    p = _Problem(*one, None, None)
+    B, Hv, K, V = p.B, p.Hv, p.K, p.V
+    _shape("state", state, (B, Hv, K, V))
+    plan = _plan(p, scale, l2norm, 64, threads)
+    o = np.empty((B, Hv, V), np.float32)
+    with plan.lock:
+        L.check(L.gdn_step(plan.h, L.f32p(o), L.f32p(state), L.f32p(p.q), L.f32p(p.k),
+                           L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta)), "gdn_step")
+    return o
+
+
+# ----------------------------------------------------------------------------- the layer
+
+def layer_param_names():
+    """The layer's parameters in their flat order, by Hugging Face name (without prefix)."""
+    return [L.gdn_layer_param_name(i).decode() for i in range(L.GDN_P_COUNT)]
+
+
+class _LayerPlan:
+    def __init__(self, cfg):
+        h = ctypes.c_void_p()
+        L.check(L.gdn_layer_plan_create(ctypes.byref(h), ctypes.byref(cfg)),
+                "gdn_layer_plan_create")
+        self.h = h
+        self.lock = threading.Lock()
+
+    def __del__(self):
+        if getattr(self, "h", None) and L is not None and L.gdn_layer_plan_destroy is not None:
+            L.gdn_layer_plan_destroy(self.h)
+            self.h = None
+
+
+class Layer:
+    """The Qwen3.5 GatedDeltaNet layer (DESIGN §5) over NumPy arrays.
+
+    Layer(E, Hk, Hv, K, V, weights, Kc=4, eps=1e-6): weights is a dict of Hugging Face names
+    (in_proj_qkv.weight, ..., with or without a common prefix) to arrays in PyTorch's [out, in]
+    shapes, or the flat float32 vector of gdn_layer_param_offset. Plans are made per (B, T)
+    and reused.
+    """
+
+    def __init__(self, E, Hk, Hv, K, V, weights, Kc=4, eps=1e-6, chunk=64, threads=0,
+                 keep_projections=False):
+        self._base = L.gdn_layer_config_default(0, 0, E, Hk, Hv, K, V)
+        self._base.Kc, self._base.eps = Kc, eps
+        self._base.chunk, self._base.threads = chunk, threads
+        self._base.keep = 1 if keep_projections else 0
+        probe = self._cfg(1, 1)
+        L.check(L.gdn_layer_config_check(ctypes.byref(probe)), "layer config")
+        self.E, self.Hk, self.Hv, self.K, self.V, self.Kc = E, Hk, Hv, K, V, Kc
+        self.conv_dim = int(L.gdn_layer_conv_dim(ctypes.byref(probe)))
+        self.n_params = int(L.gdn_layer_param_floats(ctypes.byref(probe)))
+        self.w = self._flat(weights, probe)
+        self._plans = {}
+
+    def _cfg(self, B, T):
+        c = L.LayerConfig.from_buffer_copy(self._base)
+        c.B, c.T = B, T
+        return c
+
+    def param_layout(self):
+        """[(name, shape, offset)] of the flat parameter vector."""
+        probe = self._cfg(1, 1)
+        out = []
+        for i in range(L.GDN_P_COUNT):
+            shp = (ctypes.c_int64 * 3)()
+            nd = L.gdn_layer_param_shape(ctypes.byref(probe), i, shp)
+            out.append((L.gdn_layer_param_name(i).decode(), tuple(shp[:nd]),
+                        int(L.gdn_layer_param_offset(ctypes.byref(probe), i))))
+        return out
+
+    def _flat(self, weights, probe):
+        if isinstance(weights, np.ndarray) and weights.ndim == 1:
+            w = _array("weights", weights, np.float32)
+            if w.size != self.n_params:
+                raise ValueError(f"the flat weights hold {w.size} floats, this layer has "
+                                 f"{self.n_params}")
+            return w
+        if not isinstance(weights, dict):
+            raise TypeError("weights must be a dict {name: array} or the flat float32 vector")
+        w = np.zeros(self.n_params, np.float32)
+        for name, shape, off in self.param_layout():
+            hits = [key for key in weights if key == name or key.endswith("." + name)]
+            if len(hits) != 1:
+                raise ValueError(f"weights: {'no' if not hits else 'several'} tensor(s) named "
+                                 f"{name}{'' if not hits else ': ' + ', '.join(hits)}")
+            a = np.asarray(weights[hits[0]])
+            if tuple(a.shape) != shape:
+                raise ValueError(f"weights: {hits[0]} has shape {tuple(a.shape)}, expected "
+                                 f"{shape}")
+            w[off:off + a.size] = _array(hits[0], a, np.float32).ravel()
+        return w
+
+    def grads_by_name(self, dw):
+        """The flat gradient as {name: array in the weight's shape} (views into dw)."""
+        return {name: dw[off:off + int(np.prod(shape))].reshape(shape)
+                for name, shape, off in self.param_layout()}
+
+    def _plan(self, B, T):
+        key = (B, T)
+        if key not in self._plans:
+            self._plans[key] = _LayerPlan(self._cfg(B, T))
+        return self._plans[key]
+
+    def _x(self, name, x):
+        x = _array(name, x, np.float32)
+        if x.ndim != 3 or x.shape[2] != self.E or x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"{name} must be [B,T,E] with E = {self.E}, got shape {tuple(x.shape)}")
+        return x
+
+    def _states(self, B, conv_state, rec_state, required):
+        for name, s, shape in (("conv_state", conv_state, (B, self.conv_dim, self.Kc)),
+                               ("rec_state", rec_state, (B, self.Hv, self.K, self.V))):
+            if s is None:
+                if required:
+                    raise TypeError(f"{name} is required")
+                continue
+            if not isinstance(s, np.ndarray) or s.dtype != np.float32 \
+                    or not s.flags.c_contiguous or not s.flags.writeable:
+                raise TypeError(f"{name} must be a writable C-contiguous float32 numpy array "
+                                "(it is updated in place)")
+            _shape(name, s, shape)
+        if (conv_state is None) != (rec_state is None):
+            raise TypeError("conv_state and rec_state go together: give both or neither")
+
+    def forward(self, x, conv_state=None, rec_state=None, save=False):
+        """y [B,T,E]; conv_state [B,conv_dim,Kc] and rec_state [B,Hv,K,V] (Hugging Face's cache
+        layout), when given, are read and updated in place. save=True also returns what
+        backward() needs: (y, saved)."""
+        x = self._x("x", x)
+        B, T, _ = x.shape
+        self._states(B, conv_state, rec_state, False)
+        plan = self._plan(B, T)
+        y = np.empty_like(x)
+        with plan.lock:
+            saved = np.empty(L.gdn_layer_saved_floats(plan.h), np.float32) if save else None
+            L.check(L.gdn_layer_forward(plan.h, L.f32p(y), L.f32p(saved), L.f32p(x),
+                                        self.w.ctypes.data_as(ctypes.c_void_p),
+                                        L.f32p(conv_state), L.f32p(rec_state)),
+                    "gdn_layer_forward")
+        return (y, saved) if save else y
+
+    def backward(self, x, dy, saved=None):
+        """(dx [B,T,E], dw flat) for loss = sum(y * dy), zero initial states; saved from
+        forward(x, save=True) or None (everything recomputed). grads_by_name(dw) names them."""
+        x = self._x("x", x)
+        dy = self._x("dy", dy)
+        if dy.shape != x.shape:
+            raise ValueError(f"dy has shape {tuple(dy.shape)}, x has {tuple(x.shape)}")
+        B, T, _ = x.shape
+        plan = self._plan(B, T)
+        dx = np.empty_like(x)
+        dw = np.empty(self.n_params, np.float32)
+        with plan.lock:
+            if saved is not None:
+                saved = _array("saved", saved, np.float32)
+                if saved.size != L.gdn_layer_saved_floats(plan.h):
+                    raise ValueError("saved does not come from forward() of this shape")
+            L.check(L.gdn_layer_backward(plan.h, L.f32p(dx), L.f32p(dw), L.f32p(x),
+                                         L.f32p(self.w), L.f32p(saved), L.f32p(dy)),
+                    "gdn_layer_backward")
+        return dx, dw
+
+    def reference_forward(self, x):
+        """The layer in float64 with plain loops (the oracle; zero initial states): y."""
+        x = _array("x", x, np.float64)
+        self._x("x", x)
+        cfg = self._cfg(*x.shape[:2])
+        w = self.w.astype(np.float64)
+        y = np.empty_like(x)
+        L.check(L.gdn_layer_reference_forward(ctypes.byref(cfg), L.f64p(y), L.f64p(x), L.f64p(w)),
+                "gdn_layer_reference_forward")
+        return y
+
+    def reference_backward(self, x, dy):
+        """The oracle's backward in float64: (dx, dw flat)."""
+        x = _array("x", x, np.float64)
+        dy = _array("dy", dy, np.float64)
+        self._x("x", x)
+        if dy.shape != x.shape:
+            raise ValueError(f"dy has shape {tuple(dy.shape)}, x has {tuple(x.shape)}")
+        cfg = self._cfg(*x.shape[:2])
+        w = self.w.astype(np.float64)
+        dx = np.empty_like(x)
+        dw = np.empty(self.n_params, np.float64)
+        L.check(L.gdn_layer_reference_backward(ctypes.byref(cfg), L.f64p(dx), L.f64p(dw),
+                                               L.f64p(x), L.f64p(w), L.f64p(dy)),
+                "gdn_layer_reference_backward")
+        return dx, dw
+
+    def decode(self, x, conv_state, rec_state):
+        """One token per sequence: x [B,1,E] (or [B,E]) -> y of the same shape; the states are
+        required and updated in place."""
+        x = _array("x", x, np.float32)
+        squeeze = x.ndim == 2
+        if squeeze:
+            x = x[:, None, :]
+        x = self._x("x", x)
+        if x.shape[1] != 1:
+            raise ValueError(f"decode takes one token per sequence, got x of shape {tuple(x.shape)}")
+        B = x.shape[0]
+        self._states(B, conv_state, rec_state, True)
+        plan = self._plan(B, 1)
+        y = np.empty_like(x)
+        with plan.lock:
+            L.check(L.gdn_layer_decode(plan.h, L.f32p(y), L.f32p(x),
+                                       self.w.ctypes.data_as(ctypes.c_void_p),
+                                       L.f32p(conv_state), L.f32p(rec_state)), "gdn_layer_decode")
+        return y[:, 0] if squeeze else y

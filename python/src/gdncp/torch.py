@@ -1,0 +1,183 @@
+"""PyTorch entry points with flash-linear-attention's signatures (the functions transformers calls):
+
+    o, final_state = chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                                            output_final_state=False,
+                                            use_qk_l2norm_in_kernel=False, cu_seqlens=None)
+    o, final_state = fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None,
+                                                      beta=None, scale=None, ...)
+
+q, k [B,T,Hk,K]; v [B,T,Hv,V]; g, beta [B,T,Hv]; initial_state / final_state [N,Hv,K,V] (N = B,
+or the documents of cu_seqlens). Hk may divide Hv (value head j reads key head j // (Hv//Hk), as
+PyTorch's repeat_interleave). CPU tensors only.
+
+Precision: float32, bfloat16 and float16 inputs run gdncp's fp32 chunked kernel (inputs converted
+to float32, o returned in q's dtype, final_state in float32 as FLA does). When q, k and v are all
+float64 the float64 oracle (the token-by-token recurrence and its exact backward) runs instead:
+slow, for checking (torch.autograd.gradcheck). Both are a torch.autograd.Function whose backward
+is gdncp's.
+"""
+import numpy as np
+import torch
+
+from . import core
+
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+
+_FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _check_tensor(name, t, optional=False):
+    if t is None:
+        if optional:
+            return
+        raise TypeError(f"{name} is required")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} is on {t.device}: gdncp runs on the CPU (move it with .cpu())")
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"{name} has dtype {t.dtype}; gdncp takes float32, bfloat16, float16 "
+                        "or float64 (the oracle)")
+
+
+def _np(t, dtype):
+    """A C-contiguous numpy view of t in dtype (a copy only when t is not one already)."""
+    tdt = torch.float64 if dtype == np.float64 else torch.float32
+    return t.detach().to(tdt).contiguous().numpy()
+
+
+def _cu_numpy(cu_seqlens):
+    if cu_seqlens is None:
+        return None
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
+            raise TypeError(f"cu_seqlens must hold integers, not {cu_seqlens.dtype}")
+        return cu_seqlens.detach().cpu().to(torch.int64).contiguous().numpy()
+    return np.asarray(cu_seqlens, dtype=np.int64)
+
+
+class _ChunkRule(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, scale, want_ht, l2norm, cu, oracle):
+        dt = np.float64 if oracle else np.float32
+        tdt = torch.float64 if oracle else torch.float32
+        # The converted inputs are what the backward reads again: keep them (they are the
+        # caller's own tensors when already contiguous in the kernel's dtype).
+        xs = [x.detach().to(tdt).contiguous() for x in (q, k, v, g, beta)]
+        h0c = None if h0 is None else h0.detach().to(tdt).contiguous()
+        arrays = [x.numpy() for x in xs]
+        h0a = None if h0c is None else h0c.numpy()
+        opts = dict(scale=scale, l2norm=l2norm, cu_seqlens=cu)
+        ck = None
+        if oracle:
+            o, ht = core.reference_forward(*arrays, h0a, **opts)
+        elif any(ctx.needs_input_grad[:6]):
+            o, ht, ck = core.chunk_forward(*arrays, h0a, save=True, threads=_threads(), **opts)
+        else:
+            o, ht = core.chunk_forward(*arrays, h0a, output_final_state=want_ht,
+                                       threads=_threads(), **opts)
+        ctx.save_for_backward(*xs, h0c, None if ck is None else torch.from_numpy(ck))
+        ctx.opts, ctx.oracle = opts, oracle
+        ctx.in_dtypes = [None if x is None else x.dtype for x in (q, k, v, g, beta, h0)]
+        o_t = torch.from_numpy(o).to(q.dtype)
+        ht_t = torch.from_numpy(ht) if want_ht else None
+        if ht_t is not None and oracle:
+            ht_t = ht_t.to(torch.float64)
+        return o_t, ht_t
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0, ck = ctx.saved_tensors
+        dt = np.float64 if ctx.oracle else np.float32
+        arrays = [x.numpy() for x in (q, k, v, g, beta)]
+        h0a = None if h0 is None else h0.numpy()
+        do_a = _np(do, dt) if do is not None else np.zeros(v.shape, dt)
+        dht_a = None if dht is None else _np(dht, dt)
+        if ctx.oracle:
+            grads = core.reference_backward(*arrays, do_a, h0a, dht_a, **ctx.opts)
+        else:
+            grads = core.chunk_backward(*arrays, do_a, h0a, dht_a, threads=_threads(),
+                                        saved=None if ck is None else ck.numpy(), **ctx.opts)
+        out = [None if a is None else torch.from_numpy(a).to(d)
+               for a, d in zip(grads, ctx.in_dtypes)]
+        return (*out, None, None, None, None, None)
+
+
+def _threads():
+    # The caller's torch thread count is their statement of how many cores this process may use.
+    return torch.get_num_threads()
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                           output_final_state=False, use_qk_l2norm_in_kernel=False,
+                           cu_seqlens=None, head_first=False):
+    """flash-linear-attention's chunk_gated_delta_rule on gdncp's CPU kernel: (o, final_state),
+    final_state None unless output_final_state. See the module's docstring for layouts."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _check_tensor(name, t)
+    _check_tensor("initial_state", initial_state, optional=True)
+    if head_first:
+        raise ValueError("head_first=True is not supported (FLA deprecated it): pass [B,T,H,D] "
+                         "tensors")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k and v must be [B,T,H,D]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    cu = _cu_numpy(cu_seqlens)
+    if cu is not None and initial_state is not None and initial_state.shape[0] != cu.size - 1:
+        raise ValueError(f"initial_state holds {initial_state.shape[0]} states; cu_seqlens "
+                         f"packs {cu.size - 1} sequences and needs one each")
+    oracle = q.dtype == k.dtype == v.dtype == torch.float64
+    return _ChunkRule.apply(q, k, v, g, beta, initial_state, scale, bool(output_final_state),
+                            bool(use_qk_l2norm_in_kernel), cu, oracle)
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,
+                                     initial_state=None, output_final_state=False,
+                                     use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+    """flash-linear-attention's fused_recurrent_gated_delta_rule (decode; forward only, as in
+    FLA): (o, final_state). One token (T = 1, dense) runs gdncp's decode step; longer inputs
+    run the chunked forward, which computes the same recurrence."""
+    if gk is not None or gv is not None:
+        raise NotImplementedError("gdncp implements the scalar per-head gate g; per-key (gk) "
+                                  "and per-value (gv) gates are not supported")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    if g is None:
+        g = torch.zeros(v.shape[:3], dtype=torch.float32)
+    if beta is None:
+        beta = torch.ones(v.shape[:3], dtype=torch.float32)
+    _check_tensor("g", g)
+    _check_tensor("beta", beta)
+    _check_tensor("initial_state", initial_state, optional=True)
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k and v must be [B,T,H,D]; got q {tuple(q.shape)}, "
+                         f"v {tuple(v.shape)}")
+    B, T = q.shape[0], q.shape[1]
+    with torch.no_grad():
+        if T == 1 and cu_seqlens is None:
+            Hv, V, K = v.shape[2], v.shape[3], q.shape[3]
+            if initial_state is not None:
+                _shape_state(initial_state, (B, Hv, K, V))
+                state = initial_state.detach().to(torch.float32).contiguous().clone().numpy()
+            else:
+                state = np.zeros((B, Hv, K, V), np.float32)
+            o = core.step(_np(q[:, 0], np.float32), _np(k[:, 0], np.float32),
+                          _np(v[:, 0], np.float32), _np(g[:, 0], np.float32),
+                          _np(beta[:, 0], np.float32), state, scale=scale,
+                          l2norm=use_qk_l2norm_in_kernel, threads=_threads())
+            o_t = torch.from_numpy(o)[:, None].to(q.dtype)
+            return o_t, (torch.from_numpy(state) if output_final_state else None)
+        o, ht = core.chunk_forward(
+            _np(q, np.float32), _np(k, np.float32), _np(v, np.float32), _np(g, np.float32),
+            _np(beta, np.float32),
+            None if initial_state is None else _np(initial_state, np.float32),
+            scale=scale, l2norm=use_qk_l2norm_in_kernel, cu_seqlens=_cu_numpy(cu_seqlens),
+            output_final_state=output_final_state, threads=_threads())
+        return (torch.from_numpy(o).to(q.dtype),
+                torch.from_numpy(ht) if output_final_state else None)
+
+
+def _shape_state(t, want):
+    if tuple(t.shape) != tuple(want):
+        raise ValueError(f"initial_state has shape {tuple(t.shape)}, expected {tuple(want)} "
+                         "[B,Hv,K,V]")

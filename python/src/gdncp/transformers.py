@@ -1,0 +1,180 @@
+"""Make Hugging Face transformers' GatedDeltaNet layers (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) run
+gdncp's rule, without editing transformers:
+
+    import gdncp.transformers
+    gdncp.transformers.patch()                 # from here on, for every model
+    with gdncp.transformers.patch(): ...       # or only inside the block
+
+How. transformers 5 calls the rule through module-level functions of the modeling file
+(`torch_chunk_gated_delta_rule`, `torch_recurrent_gated_delta_rule`, looked up when the layer
+runs): patch() rebinds those names to gdncp's, which affects models built before and after it.
+Older transformers (4.x) chose the rule in the layer's __init__ (`self.chunk_gated_delta_rule =
+chunk_gated_delta_rule or torch_chunk_gated_delta_rule`); where a layer class does that, patch()
+also puts a data descriptor on the class for those attributes: it wins over the instance's own
+attribute, so existing layers call gdncp too, and the layer's own choice, kept in its __dict__,
+is what it sees again once the patch is undone.
+"""
+import importlib
+import threading
+
+from . import torch as gtorch
+
+__all__ = ["patch", "unpatch", "is_patched", "PATCH_TARGETS"]
+
+# (modeling module, GatedDeltaNet class) that patch() knows; absent ones are skipped.
+PATCH_TARGETS = (
+    ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet"),
+    ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"),
+    ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextGatedDeltaNet"),
+)
+
+# What the adapters call, looked up at call time (tests swap in a deliberately wrong rule).
+_RULES = {
+    "chunk_gated_delta_rule": gtorch.chunk_gated_delta_rule,
+    "recurrent_gated_delta_rule": gtorch.fused_recurrent_gated_delta_rule,
+}
+
+
+def chunk_rule(query, key, value, g, beta, chunk_size=64, initial_state=None,
+               output_final_state=False, use_qk_l2norm_in_kernel=False, cu_seqlens=None,
+               **unused):
+    """transformers' torch_chunk_gated_delta_rule signature on gdncp (chunk_size and the extra
+    keyword arguments transformers forwards are ignored, as its own dispatcher does)."""
+    return _RULES["chunk_gated_delta_rule"](
+        query, key, value, g=g, beta=beta, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens)
+
+
+def recurrent_rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                   use_qk_l2norm_in_kernel=False, cu_seqlens=None, **unused):
+    """transformers' torch_recurrent_gated_delta_rule signature on gdncp (decode)."""
+    return _RULES["recurrent_gated_delta_rule"](
+        query, key, value, g=g, beta=beta, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=cu_seqlens)
+
+
+# module-level names -> replacement (the FLA names exist in transformers 4.x modeling files)
+_GLOBALS = {
+    "torch_chunk_gated_delta_rule": chunk_rule,
+    "torch_recurrent_gated_delta_rule": recurrent_rule,
+    "chunk_gated_delta_rule": chunk_rule,
+    "fused_recurrent_gated_delta_rule": recurrent_rule,
+}
+# layer attributes (transformers 4.x) -> replacement
+_ATTRS = {"chunk_gated_delta_rule": chunk_rule, "recurrent_gated_delta_rule": recurrent_rule}
+
+_lock = threading.Lock()
+_depth = 0          # nested patch() calls: the patch is undone when the last one is
+_undo = []          # [(object, name, what it had before or _MISSING)]
+_MISSING = object()
+
+
+class _Rule:
+    """Data descriptor: reads give gdncp's function, writes (the layer's __init__) go to the
+    instance's __dict__, where they wait for the patch to be undone."""
+
+    def __init__(self, name, fn):
+        self.name, self.fn = name, fn
+
+    def __get__(self, obj, owner=None):
+        return self.fn
+
+    def __set__(self, obj, value):
+        obj.__dict__[self.name] = value
+
+    def __delete__(self, obj):
+        obj.__dict__.pop(self.name, None)
+
+
+def _targets():
+    found = []
+    for mod_name, cls_name in PATCH_TARGETS:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        cls = getattr(mod, cls_name, None)
+        if cls is not None:
+            found.append((mod, cls))
+    return found
+
+
+def _set(obj, name, value):
+    _undo.append((obj, name, obj.__dict__.get(name, _MISSING)))
+    setattr(obj, name, value)
+
+
+class _Patch:
+    """What patch() returns: already applied; `with` undoes it on exit, so does .undo()."""
+
+    def __init__(self):
+        self._undone = False
+
+    def undo(self):
+        if not self._undone:
+            self._undone = True
+            unpatch()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.undo()
+        return False
+
+
+def patch():
+    """Route transformers' GatedDeltaNet layers to gdncp (see the module's docstring). Raises
+    ImportError when transformers has none of those layers."""
+    global _depth
+    with _lock:
+        if _depth == 0:
+            targets = _targets()
+            if not targets:
+                raise ImportError("gdncp.transformers.patch(): transformers with a Qwen3.5 or "
+                                  "Qwen3-Next model is not installed (looked for "
+                                  + ", ".join(f"{m}.{c}" for m, c in PATCH_TARGETS) + ")")
+            for mod, cls in targets:
+                hits = 0
+                for name, fn in _GLOBALS.items():
+                    if name in mod.__dict__:
+                        _set(mod, name, fn)
+                        hits += 1
+                init_names = getattr(getattr(cls.__init__, "__code__", None), "co_names", ())
+                for name, fn in _ATTRS.items():
+                    if name in init_names:
+                        _set(cls, name, _Rule(name, fn))
+                        hits += 1
+                if not hits:
+                    _rollback()
+                    raise RuntimeError(f"gdncp.transformers.patch(): {mod.__name__} has none of "
+                                       f"{sorted(_GLOBALS)}: this transformers version calls the "
+                                       "rule in a way gdncp does not know")
+        _depth += 1
+    return _Patch()
+
+
+def _rollback():
+    for obj, name, before in reversed(_undo):
+        if before is _MISSING:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, before)
+    _undo.clear()
+
+
+def unpatch():
+    """Undo one patch() (transformers' own rule again after the last)."""
+    global _depth
+    with _lock:
+        if _depth == 0:
+            return
+        _depth -= 1
+        if _depth == 0:
+            _rollback()
+
+
+def is_patched():
+    return _depth > 0

@@ -1,0 +1,41 @@
+"""Shared helpers of the Python tests. Paths come from the environment that
+scripts/test_python.sh sets (GDN_GOLDEN_DIR, GDNCP_CLI), with the repository's defaults."""
+import os
+
+import numpy as np
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GOLDEN = os.environ.get("GDN_GOLDEN_DIR", os.path.join(REPO, "..", "shared", "golden"))
+TINY = os.path.join(GOLDEN, "qwen35_tiny")
+
+
+def rel_err(a, b):
+    """max|a - b| / max|b|: the project's per-tensor relative error (DESIGN §6)."""
+    a, b = (np.asarray(x.detach().double() if hasattr(x, "detach") else x, np.float64)
+            for x in (a, b))
+    scale = np.max(np.abs(b))
+    return float(np.max(np.abs(a - b)) / (scale if scale > 0 else 1.0))
+
+
+def problem(rng, B=2, T=100, Hk=2, Hv=4, K=16, V=12, n_states=None, gates="mild"):
+    """A well-conditioned random problem (float64 arrays): keys of any norm (the kernel
+    normalises them), beta in (0, 1), log-decays in [-0.5, 0) for 'mild'."""
+    q = rng.standard_normal((B, T, Hk, K))
+    k = rng.standard_normal((B, T, Hk, K))
+    v = rng.standard_normal((B, T, Hv, V))
+    lo = {"mild": -0.5, "strong": -8.0}[gates]
+    g = rng.uniform(lo, -1e-3, (B, T, Hv))
+    beta = rng.uniform(0.05, 0.95, (B, T, Hv))
+    h0 = rng.standard_normal((n_states or B, Hv, K, V)) * 0.5
+    return q, k, v, g, beta, h0
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
+
+
+def read_safetensors(path):
+    from safetensors.numpy import load_file
+    return load_file(path)

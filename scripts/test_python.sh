@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The Python package's tests (python/tests, pytest): a virtual environment with torch, transformers,
+# numpy, pytest and scikit-build-core, made once and reused (GDN_PY_VENV, default
+# ~/.cache/gdncp/venv-py: outside the work tree, so CI's fresh clones reuse it too); the package
+# installed with `pip install ./python` (scikit-build-core runs the project's CMake for
+# libgdncp.so); the gdncp command built into BUILD (default build-py) for the trained-checkpoint
+# test. Ends with "N passed, N failed" (pytest's summary converted; errors count as failed) and
+# exits non-zero on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-py}
+venv=${GDN_PY_VENV:-$HOME/.cache/gdncp/venv-py}
+fail() { echo "FAIL  $1"; echo "0 passed, 1 failed"; exit 1; }
+
+# The Python packages the tests import. Plain names from the Python package registry: torch's
+# default Linux wheel (it pulls CUDA libraries that the CPU never loads, ~4 GB once, then reused).
+pkgs=(torch transformers numpy pytest scikit-build-core)
+need_py() { "$venv/bin/python" -c "import torch, transformers, numpy, pytest, scikit_build_core" 2>/dev/null; }
+if ! need_py; then
+  command -v python3 >/dev/null || fail "python3 is not installed"
+  if ! python3 -c "import venv, ensurepip" 2>/dev/null; then   # Debian splits venv out
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null ||
+      fail "python3-venv could not be installed"
+  fi
+  echo "== creating $venv (${pkgs[*]}; the first time downloads torch: minutes)"
+  rm -rf "$venv"   # a half-made one (an interrupted install) is not reused
+  python3 -m venv "$venv" &&
+    "$venv/bin/python" -m pip install -q --upgrade pip &&
+    "$venv/bin/python" -m pip install -q "${pkgs[@]}" || fail "pip could not install ${pkgs[*]} into $venv"
+  need_py || fail "$venv lacks one of ${pkgs[*]} after installing them"
+fi
+
+echo "== build the gdncp command ($build) and install the Python package (pip install ./python)"
+bash scripts/build.sh "$build" -DGDN_BUILD_TESTS=OFF || fail "C build into $build"
+# No build isolation: scikit-build-core is in the venv already, so installing needs no download.
+"$venv/bin/python" -m pip install -q --no-build-isolation ./python > "$build/pip-install.log" 2>&1 ||
+  { cat "$build/pip-install.log"; fail "pip install ./python"; }
+
+echo "== pytest python/tests"
+log="$build/pytest.log"
+GDNCP_CLI="$PWD/$build/gdncp" GDN_GOLDEN_DIR="${GDN_GOLDEN_DIR:-$PWD/../shared/golden}" \
+  OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" \
+  timeout 1200 "$venv/bin/python" -m pytest python/tests -q -rfE -p no:cacheprovider > "$log" 2>&1
+rc=$?
+grep -E '^(FAILED|ERROR)' "$log"
+line=$(grep -E '^=* ?[0-9]+ (passed|failed|error)' "$log" | tail -1)
+[ -z "$line" ] && line=$(grep -E '[0-9]+ (passed|failed|errors?) in ' "$log" | tail -1)
+num() { echo "$line" | grep -oE "[0-9]+ $1" | head -1 | cut -d' ' -f1; }
+p=$(num passed); f=$(num failed); e=$(num 'errors?')
+p=${p:-0}; f=$((${f:-0} + ${e:-0}))
+echo "$line"
+if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then   # a crash, a timeout or no test collected
+  tail -30 "$log"; f=1; echo "FAIL  pytest exited $rc"
+fi
+echo "$p passed, $f failed"
+[ "$f" -eq 0 ]
