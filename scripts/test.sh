@@ -243,6 +243,10 @@ if [ -x build-openmpi/gdncp ]; then
   grep -E '^(PASS|FAIL)' "$logs/train_ompi.log"; tail -1 "$logs/train_ompi.log"; tally "$logs/train_ompi.log"
 fi
 
+echo "== Python package (scripts/test_python.sh: venv reused, pip install ./python, pytest python/tests)"
+bash scripts/test_python.sh build > "$logs/python.log" 2>&1
+grep -E '^(FAILED|ERROR|FAIL|==)' "$logs/python.log"; tail -1 "$logs/python.log"; tally "$logs/python.log"
+
 echo "== build (ASan + UBSan)"
 if bash scripts/build.sh build-asan -DGDN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

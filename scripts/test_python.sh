@@ -3,9 +3,9 @@
 # numpy, pytest and scikit-build-core, made once and reused (GDN_PY_VENV, default
 # ~/.cache/gdncp/venv-py: outside the work tree, so CI's fresh clones reuse it too); the package
 # installed with `pip install ./python` (scikit-build-core runs the project's CMake for
-# libgdncp.so); the gdncp command built into BUILD (default build-py) for the trained-checkpoint
-# test. Ends with "N passed, N failed" (pytest's summary converted; errors count as failed) and
-# exits non-zero on any failure.
+# libgdncp.so, in build-pywheel/); the gdncp command built into BUILD (default build-py; the test
+# script passes its own build/) for the trained-checkpoint test. Ends with "N passed, N failed"
+# (pytest's summary converted; errors count as failed) and exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-py}
@@ -17,11 +17,11 @@ fail() { echo "FAIL  $1"; echo "0 passed, 1 failed"; exit 1; }
 pkgs=(torch transformers numpy pytest scikit-build-core)
 need_py() { "$venv/bin/python" -c "import torch, transformers, numpy, pytest, scikit_build_core" 2>/dev/null; }
 if ! need_py; then
-  command -v python3 >/dev/null || fail "python3 is not installed"
-  if ! python3 -c "import venv, ensurepip" 2>/dev/null; then   # Debian splits venv out
+  if ! command -v python3 >/dev/null || ! python3 -c "import venv, ensurepip" 2>/dev/null; then
+    # Debian's python3 (its venv module is a package of its own)
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null ||
-      fail "python3-venv could not be installed"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3 python3-venv >/dev/null ||
+      fail "python3 and python3-venv could not be installed"
   fi
   echo "== creating $venv (${pkgs[*]}; the first time downloads torch: minutes)"
   rm -rf "$venv"   # a half-made one (an interrupted install) is not reused
@@ -32,7 +32,7 @@ if ! need_py; then
 fi
 
 echo "== build the gdncp command ($build) and install the Python package (pip install ./python)"
-bash scripts/build.sh "$build" -DGDN_BUILD_TESTS=OFF || fail "C build into $build"
+bash scripts/build.sh "$build" || fail "C build into $build"
 # No build isolation: scikit-build-core is in the venv already, so installing needs no download.
 "$venv/bin/python" -m pip install -q --no-build-isolation ./python > "$build/pip-install.log" 2>&1 ||
   { cat "$build/pip-install.log"; fail "pip install ./python"; }
