@@ -5,7 +5,7 @@
 # the single-rank run's (and that dropping the state passed between the ranks changes them), and
 # finally run the kernel and layer demo (scripts/demo_cp.sh).
 # Outputs stay in demo-out/: train.csv, loss.png, ckpt/checkpoint-N/ (transformers' layout).
-# GDN_DEMO_STEPS (default 400) sets the training length; GDN_DEMO_SKIP_CP=1 skips demo_cp.sh.
+# GDN_DEMO_STEPS (default 800) sets the training length; GDN_DEMO_SKIP_CP=1 skips demo_cp.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bd=${GDN_DEMO_BUILD:-build}
@@ -13,7 +13,7 @@ bash scripts/deps.sh
 bash scripts/build.sh "$bd"
 g=./$bd/gdncp
 out=demo-out
-steps=${GDN_DEMO_STEPS:-400}
+steps=${GDN_DEMO_STEPS:-800}
 rm -rf "$out" && mkdir -p "$out"
 text=$out/fortunes.txt
 bash scripts/fortunes_text.sh "$text"
@@ -34,12 +34,12 @@ fi
 echo "== sample from the checkpoint (the layers' decode path, temperature 0.7)"
 "$g" sample --ckpt "$out/ckpt" --prompt "The meaning of life is" --tokens 300 --temperature 0.7 --seed 7
 
-echo "== exactness: 5 steps on 1 rank, on 2 CP ranks, and on 2 ranks with the incoming state dropped"
+echo "== exactness: 10 steps of 8 x 64 bytes on 1 rank, on 2 CP ranks, and on 2 ranks with the incoming state dropped"
 echo "   (--fault drop-incoming: deliberately wrong; its losses must differ, or the check proves nothing)"
 for run in "1 one" "2 cp2" "2 dropped"; do
   set -- $run
   extra=(); [ "$2" != one ] && extra=(--cp 2); [ "$2" = dropped ] && extra+=(--fault drop-incoming)
-  OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" "$g" train --data "$text" --model tiny --seq 512 --batch 4 --steps 5 \
+  OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" "$g" train --data "$text" --model tiny --seq 64 --batch 8 --steps 10 \
     --eval-every 0 --log "$out/exact_$2.csv" "${extra[@]}" > /dev/null
 done
 cmp_losses() { # the largest relative difference of the loss column of two logs
