@@ -8,46 +8,7 @@
 
 #include <string.h>
 
-int gdn_pack_check(const gdn_config *c) {
-    if (!c->cu_seqlens) {
-        if (c->n_docs != 0 || c->seq_offset != 0)
-            return gdn_fail(GDN_ERR_ARG, "n_docs (%lld) or seq_offset (%lld) given without cu_seqlens",
-                            (long long)c->n_docs, (long long)c->seq_offset);
-        return GDN_OK;
-    }
-    const int64_t *cu = c->cu_seqlens, n = c->n_docs;
-    if (c->B != 1)
-        return gdn_fail(GDN_ERR_SHAPE, "packed documents (cu_seqlens) need B = 1 (one packed stream), got B = %lld",
-                        (long long)c->B);
-    if (n < 1) return gdn_fail(GDN_ERR_SHAPE, "cu_seqlens: n_docs must be >= 1, got %lld", (long long)n);
-    if (cu[0] != 0)
-        return gdn_fail(GDN_ERR_SHAPE, "cu_seqlens must start at 0, got cu_seqlens[0] = %lld", (long long)cu[0]);
-    for (int64_t d = 0; d < n; d++)
-        if (cu[d + 1] <= cu[d])
-            return gdn_fail(GDN_ERR_SHAPE,
-                            "cu_seqlens must be strictly increasing (every document at least one token): "
-                            "cu_seqlens[%lld] = %lld, cu_seqlens[%lld] = %lld",
-                            (long long)d, (long long)cu[d], (long long)(d + 1), (long long)cu[d + 1]);
-    if (c->seq_offset < 0)
-        return gdn_fail(GDN_ERR_SHAPE, "seq_offset must be >= 0, got %lld", (long long)c->seq_offset);
-    if (c->seq_offset > cu[n] - c->T)
-        return gdn_fail(GDN_ERR_SHAPE, "cu_seqlens ends at %lld but the tokens reach %lld (seq_offset %lld + T %lld)",
-                        (long long)cu[n], (long long)(c->seq_offset + c->T), (long long)c->seq_offset,
-                        (long long)c->T);
-    return GDN_OK;
-}
-
-int gdn_pack_check_whole(const gdn_config *c) {
-    if (!c->cu_seqlens) return GDN_OK;
-    const int64_t end = c->cu_seqlens[c->n_docs];
-    if (c->seq_offset != 0)
-        return gdn_fail(GDN_ERR_SHAPE, "this plan is a shard of a packed stream (seq_offset %lld, T %lld of %lld tokens): "
-                        "run it with gdn_cp_forward / gdn_cp_backward",
-                        (long long)c->seq_offset, (long long)c->T, (long long)end);
-    if (end != c->T)
-        return gdn_fail(GDN_ERR_SHAPE, "cu_seqlens must end at T = %lld, it ends at %lld", (long long)c->T, (long long)end);
-    return GDN_OK;
-}
+/* gdn_pack_check, gdn_pack_check_whole: in status.c with the other configuration checks. */
 
 int64_t gdn_state_floats(const gdn_config *c) {
     return (c->cu_seqlens ? c->n_docs : c->B) * c->Hv * c->K * c->V;
