@@ -47,7 +47,7 @@ static float *model_weights(const gdn_model_config *c, uint64_t seed) {
 
 static double loss_of(gdn_model_plan *p, const float *w, const uint8_t *tok, double denom) {
     double s = 0;
-    int rc = gdn_model_step(p, w, NULL, tok, denom, &s);
+    int rc = gdn_model_forward(p, w, tok, denom, &s, 0);
     return rc ? NAN : s / denom;
 }
 
@@ -64,9 +64,9 @@ static void test_gradients(void) {
     float *wp = aligned_alloc(64, sizeof(float) * nw);
     uint8_t *tok = random_tokens(r.B * (r.T + 1), 5), *tok2 = random_tokens(r.B * (r.T + 1), 6);
     double ls = 0;
-    const int rc = gdn_model_step(p, w, dw, tok, denom, &ls);
+    const int rc = model_train_step(p, w, dw, tok, denom, &ls);
     check(rc == GDN_OK && isfinite(ls), "model step: loss %.4f per token", ls / denom);
-    check(gdn_model_step(p, w, dw_wrong, tok2, denom, &ls) == GDN_OK, "model step, other tokens");
+    check(model_train_step(p, w, dw_wrong, tok2, denom, &ls) == GDN_OK, "model step, other tokens");
     /* The directional derivative along a random direction on one tensor at a time: central
      * differences of the fp32 loss (accumulated in double), Richardson-extrapolated from steps
      * 2e-3 and 1e-3, agree with the analytic gradient to ~3e-3 (the loss's fp32 rounding over the
@@ -119,11 +119,11 @@ static void test_gradients(void) {
     if (pr) {
         double ls_r = 0, ls_k = 0;
         float *dwr = aligned_alloc(64, sizeof(float) * nw);
-        gdn_model_step(p, w, dw, tok, denom, &ls_k);
-        check(gdn_model_step(pr, w, dwr, tok, denom, &ls_r) == GDN_OK, "model step with recompute");
+        model_train_step(p, w, dw, tok, denom, &ls_k);
+        check(model_train_step(pr, w, dwr, tok, denom, &ls_r) == GDN_OK, "model step with recompute");
         expect_close(fabs(ls_r - ls_k) / fabs(ls_k), 1e-6, "recompute: loss equals kept activations'");
         expect_close(rel_err_ff(dwr, dw, (int64_t)nw), 1e-5, "recompute: gradient equals kept activations'");
-        gdn_model_step(pr, w, dwr, tok2, denom, &ls_r);
+        model_train_step(pr, w, dwr, tok2, denom, &ls_r);
         expect_far(rel_err_ff(dwr, dw, (int64_t)nw), 1e-5, "recompute's gradient of other tokens");
         free(dwr);
         gdn_model_plan_destroy(pr);
@@ -213,6 +213,20 @@ static void test_errors_model(void) {
     r.T = 8;
     expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "vocab_size", "model vocab 300");
     c = small_cfg();
+    r.T = 8;
+    if (!gdn_model_plan_create(&p, &c, &r, NULL)) {
+        float *w = model_weights(&c, 1), *dw = malloc(sizeof(float) * gdn_model_param_floats(&c));
+        uint8_t tok[9] = "abcdefgh";
+        double ls;
+        expect_status(gdn_model_backward(p, w, dw, tok), GDN_ERR_ARG, "no gdn_model_forward",
+                      "model backward without a forward");
+        gdn_model_forward(p, w, tok, 8.0, &ls, 0);
+        expect_status(gdn_model_backward(p, w, dw, tok), GDN_ERR_ARG, "for_backward",
+                      "model backward after an evaluation-only forward");
+        free(w), free(dw);
+        gdn_model_plan_destroy(p);
+        p = NULL;
+    }
     c.Hk = 2, c.Hv = 3;
     expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "Hv", "model Hv = 3 with Hk = 2");
 }

@@ -27,7 +27,8 @@ static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w
     for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, (size_t)(tn + 1));
     double ls = NAN, total = NAN;
     gdn_cp_set_fault(cp, fault);
-    if (!rc) rc = gdn_model_step(p, w, dw, mine, (double)(B * T), &ls);
+    if (!rc) rc = dw ? model_train_step(p, w, dw, mine, (double)(B * T), &ls)
+                     : gdn_model_forward(p, w, mine, (double)(B * T), &ls, 0);
     gdn_cp_set_fault(cp, GDN_CP_FAULT_NONE);
     if (rc) ls = NAN;
     MPI_Allreduce(&ls, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -62,7 +63,7 @@ void test_model_cp(void) {
     {
         gdn_model_run r = {.B = B, .T = T, .threads = 1, .recompute = 0, .check_finite = 1};
         gdn_model_plan *p = NULL;
-        if (!gdn_model_plan_create(&p, &c, &r, NULL)) gdn_model_step(p, w, dw_ref, tok, (double)(B * T), &ref);
+        if (!gdn_model_plan_create(&p, &c, &r, NULL)) model_train_step(p, w, dw_ref, tok, (double)(B * T), &ref);
         gdn_model_plan_destroy(p);
     }
     const int64_t t0 = 23 * rank, tn = rank == D - 1 ? 28 : 23;

@@ -1,4 +1,5 @@
 #include "harness.h"
+#include "../src/train/model.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -167,4 +168,10 @@ float *layer_random_weights(const gdn_layer_config *c, double a_lo, double a_hi)
                                                 : rng_uniform(-a, a));
     }
     return w;
+}
+
+int model_train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tok, double denom,
+                     double *loss) {
+    int rc = gdn_model_forward(p, w, tok, denom, loss, 1);
+    return rc ? rc : gdn_model_backward(p, w, dw, tok);
 }

@@ -14,6 +14,13 @@
 #include "../src/train/optim.h"
 #include "../src/train/trainer.h"
 
+/* forward + backward: the status of the first that fails */
+static int train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tok, double denom,
+                      double *loss) {
+    int rc = gdn_model_forward(p, w, tok, denom, loss, 1);
+    return rc ? rc : gdn_model_backward(p, w, dw, tok);
+}
+
 /* The gradient against Richardson-extrapolated central differences of the loss along one random
  * direction over every parameter (the whole model's oracle at this size): relative error. */
 static double gradient_check(gdn_model_plan *p, const gdn_model_config *c, const float *w,
@@ -39,7 +46,7 @@ static double gradient_check(gdn_model_plan *p, const gdn_model_config *c, const
         double l[2];
         for (int sign = 0; sign < 2; sign++) {
             for (size_t i = 0; i < nw; i++) wp[i] = w[i] + (float)((sign ? -eps : eps) * dir[i]);
-            if (gdn_model_step(p, wp, NULL, tok, denom, &l[sign])) l[sign] = NAN;
+            if (gdn_model_forward(p, wp, tok, denom, &l[sign], 0)) l[sign] = NAN;
         }
         d[half] = (l[0] - l[1]) / denom / (2 * eps);
     }
@@ -76,11 +83,11 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
         double t[16], loss = 0;
         /* the gradient check first, at the initial weights (the timed steps then update them) */
         double err = NAN;
-        if (!rc && !recompute && !(rc = gdn_model_step(p, w, dw, tok, denom, &loss)))
+        if (!rc && !recompute && !(rc = train_step(p, w, dw, tok, denom, &loss)))
             err = gradient_check(p, &c, w, dw, tok, denom);
         for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
             const double t0 = cli_now();
-            rc = gdn_model_step(p, w, dw, tok, denom, &loss);
+            rc = train_step(p, w, dw, tok, denom, &loss);
             if (!rc) {
                 const double gn = gdn_grad_norm(&c, dw);
                 gdn_adamw_update(&opt, &c, w, dw, m, v, r + 1, 1e-4, gn > 1 ? 1 / gn : 1, threads);

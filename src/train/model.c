@@ -216,6 +216,8 @@ struct gdn_model_plan {
     float *y, *m;             /* N x E layer output; N x I MLP activation */
     float *dres, *da, *dm;    /* N x E residual gradient, N x E norm-input gradient, N x I */
     float *logits;            /* LOSS_ROWS x vocab */
+    float *dlm;               /* vocab x E: lm_head's gradient from the forward's loss head */
+    int ready_for_backward;   /* a forward kept what gdn_model_backward needs */
     float *partial;           /* threads x E: per-thread weight-gradient partials */
     double *loss_partial;     /* threads */
     float *mm_ws;
@@ -231,7 +233,7 @@ static size_t plan_floats(const gdn_model_config *c, const gdn_model_run *r, int
     const size_t N = (size_t)(r->B * r->T), E = (size_t)c->E, I = (size_t)c->I, L = (size_t)c->L;
     const size_t act = pad16(N * E) * 3 + pad16(N) * 2 + pad16(saved_floats) + pad16(N * 2 * I);
     return pad16((L + 1) * N * E) + (r->recompute ? 1 : L) * act + pad16(N * E) + pad16(N) +
-           pad16(N * E) * 3 + pad16(N * I) * 2 + pad16((size_t)LOSS_ROWS * (size_t)c->vocab) +
+           pad16(N * E) * 3 + pad16(N * I) * 2 + pad16((size_t)LOSS_ROWS * (size_t)c->vocab) + pad16((size_t)(c->vocab * c->E)) +
            pad16((size_t)threads * E) + pad16(2 * (size_t)threads) + gdn_matmul_ws_floats(threads);
 }
 
@@ -302,6 +304,7 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     CARVE(p->y, N * E), CARVE(p->dres, N * E), CARVE(p->da, N * E);
     CARVE(p->m, N * I), CARVE(p->dm, N * I);
     CARVE(p->logits, (size_t)LOSS_ROWS * (size_t)c->vocab);
+    CARVE(p->dlm, (size_t)(c->vocab * c->E));
     CARVE(p->partial, (size_t)p->threads * E);
     p->loss_partial = (double *)a, a += pad16(2 * (size_t)p->threads);
     p->mm_ws = a;
@@ -484,7 +487,7 @@ static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const bl
 
 /* The loss head in row chunks: logits, softmax cross-entropy against the targets, and (dw not
  * NULL) the gradient into dres and lm_head's dw. Returns the summed loss of the N rows. */
-static double loss_head(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tokens,
+static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const uint8_t *tokens,
                         double denom) {
     const gdn_model_config *c = &p->cfg;
     const int64_t N = p->N, T = p->run.T, E = c->E, Vv = c->vocab;
@@ -519,7 +522,7 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dw, const uint
                 for (int l = 0; l < 8; l++) se += (double)e8[l];
                 for (; v < Vv; v++) se += (double)(li[v] = expf(li[v] - mx));
                 acc += log(se) - (double)(lt - mx);
-                if (dw) {
+                if (dlm) {
                     const float f = (float)(1.0 / se) * scale;
                     for (v = 0; v < Vv; v++) li[v] *= f;
                     li[target] -= scale;
@@ -528,9 +531,9 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dw, const uint
             p->loss_partial[omp_get_thread_num()] = acc;
         }
         for (int t = 0; t < nt; t++) loss += p->loss_partial[t];
-        if (dw) {
+        if (dlm) {
             gdn_matmul(r0 ? GDN_GEMM_A_TRANS | GDN_GEMM_ACC : GDN_GEMM_A_TRANS, Vv, E, R, p->logits,
-                       Vv, p->af + r0 * E, E, dw + lm_head_offset(c), E, p->mm_ws, nt);
+                       Vv, p->af + r0 * E, E, dlm, E, p->mm_ws, nt);
             gdn_matmul(0, R, E, Vv, p->logits, Vv, wl, E, p->da + r0 * E, E, p->mm_ws, nt);
         }
     }
@@ -561,26 +564,38 @@ static int forward_all(gdn_model_plan *p, const float *w, const uint8_t *tokens,
     return GDN_OK;
 }
 
-int gdn_model_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tokens,
-                   double denom, double *loss_sum) {
+int gdn_model_forward(gdn_model_plan *p, const float *w, const uint8_t *tokens, double denom,
+                      double *loss_sum, int for_backward) {
     if (!p || !w || !tokens || !loss_sum)
-        return gdn_fail(GDN_ERR_ARG, "model step: plan, w, tokens and loss_sum must not be NULL");
+        return gdn_fail(GDN_ERR_ARG, "model forward: plan, w, tokens and loss_sum must not be NULL");
     if (!(denom > 0.0) || !isfinite(denom))
-        return gdn_fail(GDN_ERR_ARG, "model step: denom = %g must be positive", denom);
+        return gdn_fail(GDN_ERR_ARG, "model forward: denom = %g must be positive", denom);
+    p->ready_for_backward = 0;
+    int rc = forward_all(p, w, tokens, for_backward);
+    if (rc) return rc;
+    /* The head's gradient is formed with its loss, chunk by chunk, so no [N, vocab] logits are
+     * kept: da (the final norm's output gradient) and lm_head's gradient wait in the plan. */
+    if (for_backward) memset(p->da, 0, sizeof(float) * (size_t)(p->N * p->cfg.E));
+    *loss_sum = loss_head(p, w, for_backward ? p->dlm : NULL, tokens, denom);
+    p->ready_for_backward = for_backward;
+    return GDN_OK;
+}
+
+int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tokens) {
+    if (!p || !w || !dw || !tokens)
+        return gdn_fail(GDN_ERR_ARG, "model backward: plan, w, dw and tokens must not be NULL");
+    if (!p->ready_for_backward)
+        return gdn_fail(GDN_ERR_ARG, "model backward: no gdn_model_forward(..., for_backward = 1) precedes it");
+    p->ready_for_backward = 0;
     const gdn_model_config *c = &p->cfg;
     const size_t NE = (size_t)(p->N * c->E);
-    int rc = forward_all(p, w, tokens, dw != NULL);
-    if (rc) return rc;
-    if (dw) { /* padding between tensors included: the optimiser may run over the whole array */
-        memset(dw, 0, sizeof(float) * gdn_model_param_floats(c));
-        memset(p->da, 0, sizeof(float) * NE);
-    }
-    *loss_sum = loss_head(p, w, dw, tokens, denom);
-    if (!dw) return GDN_OK;
-    /* final norm */
+    /* padding between tensors included: the optimiser may run over the whole array */
+    memset(dw, 0, sizeof(float) * gdn_model_param_floats(c));
+    memcpy(dw + lm_head_offset(c), p->dlm, sizeof(float) * (size_t)(c->vocab * c->E));
     const float *xL = p->xs + (size_t)c->L * NE;
     norm_backward(p, p->N, p->dres, 0, dw + final_norm_offset(c), p->da, xL, p->rstdf,
                   w + final_norm_offset(c));
+    int rc;
     for (int64_t l = c->L - 1; l >= 0; l--) {
         const float *x = p->xs + (size_t)l * NE;
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
@@ -607,6 +622,7 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const uint8_t *tokens, f
     uint8_t *tk = calloc((size_t)(B * (T + 1)), 1);
     if (!tk) return gdn_fail(GDN_ERR_NOMEM, "model logits: token copy");
     for (int64_t b = 0; b < B; b++) memcpy(tk + b * (T + 1), tokens + b * T, (size_t)T);
+    p->ready_for_backward = 0; /* the activations are overwritten */
     int rc = forward_all(p, w, tk, 0);
     free(tk);
     if (rc) return rc;

@@ -76,13 +76,17 @@ double gdn_model_plan_bytes(const gdn_model_plan *plan);
 /* Bytes a plan would hold, without making it (for choosing recompute). */
 double gdn_model_plan_estimate(const gdn_model_config *cfg, const gdn_model_run *run);
 
-/* Forward and backward of the language-model loss on tokens [B, T+1] (inputs are tokens[.,0..T),
- * targets tokens[.,1..T]; under CP each rank passes its shard plus the next token). loss_sum
- * receives the sum over this rank's B*T tokens of -log p(target); dw (flat, overwritten) the
- * gradient of (sum of every rank's loss_sum) / denom, this rank's share (sum it over the ranks).
- * dw NULL: forward only (evaluation). Collective over cp. */
-int gdn_model_step(gdn_model_plan *plan, const float *w, float *dw, const uint8_t *tokens,
-                   double denom, double *loss_sum);
+/* The language-model loss on tokens [B, T+1] (inputs are tokens[., 0..T), targets
+ * tokens[., 1..T]; under CP each rank passes its shard plus the next token). loss_sum receives the
+ * sum over this rank's B*T tokens of -log p(target). for_backward: also keep what
+ * gdn_model_backward needs (and form the loss head's gradient, scaled by 1 / denom, with the
+ * loss). Collective over cp. */
+int gdn_model_forward(gdn_model_plan *plan, const float *w, const uint8_t *tokens, double denom,
+                      double *loss_sum, int for_backward);
+/* dw (flat, overwritten): the gradient of (sum of every rank's loss_sum) / denom, this rank's
+ * share (sum it over the ranks), for the preceding gdn_model_forward(..., for_backward = 1) on
+ * the same tokens. Collective over cp. */
+int gdn_model_backward(gdn_model_plan *plan, const float *w, float *dw, const uint8_t *tokens);
 /* Logits [B, T, vocab] of the inputs tokens [B, T] (forward only, tests). Collective over cp. */
 int gdn_model_logits(gdn_model_plan *plan, const float *w, const uint8_t *tokens, float *logits);
 

@@ -155,7 +155,7 @@ static int evaluate(trainer *t, double *val_loss) {
         int rc = read_batch(t, GDN_SPLIT_VAL, 0, r * per_round + t->dp_index * o->batch);
         double ls = 0;
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
-        rc = gdn_model_step(t->plan, t->w, NULL, t->tokens, 1.0, &ls);
+        rc = gdn_model_forward(t->plan, t->w, t->tokens, 1.0, &ls, 0);
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc; /* before the next collective */
         sum += ls;
     }
@@ -340,7 +340,8 @@ static int train_steps(trainer *t) {
         rc = read_batch(t, GDN_SPLIT_TRAIN, step, t->dp_index * o->batch);
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
         double ls = 0;
-        rc = gdn_model_step(t->plan, t->w, t->dw, t->tokens, denom, &ls);
+        rc = gdn_model_forward(t->plan, t->w, t->tokens, denom, &ls, 1);
+        if (!rc) rc = gdn_model_backward(t->plan, t->w, t->dw, t->tokens);
         /* a failure inside is its CP group's; make it every DP group's before the reduction */
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
         /* reduce then broadcast: every rank gets the same bits (an all-reduce may round
