@@ -1,7 +1,7 @@
 """A checkpoint written by `gdncp train` loads into transformers' Qwen3_5ForCausalLM and gives
 the same logits and loss as gdncp's own model on the same bytes.
 
-gdncp's side is the trainer's model itself (src/train/model.h: gdn_model_logits, gdn_model_step),
+gdncp's side is the trainer's model itself (src/train/model.h: gdn_model_logits, gdn_model_forward),
 called through ctypes from the same libgdncp.so with the checkpoint's model.safetensors read into
 its flat parameter array by the trainer's tensor table. Those functions are not in the public
 header: the declarations below mirror src/train/model.h and are for this test only. Tolerance:
@@ -55,8 +55,8 @@ def _c_model(cfg, weights, tokens):
                                           ctypes.c_void_p]
     lib.gdn_model_plan_destroy.argtypes = [ctypes.c_void_p]
     lib.gdn_model_logits.argtypes = [ctypes.c_void_p, _lib.P_float, ctypes.c_char_p, _lib.P_float]
-    lib.gdn_model_step.argtypes = [ctypes.c_void_p, _lib.P_float, _lib.P_float, ctypes.c_char_p,
-                                   ctypes.c_double, ctypes.POINTER(ctypes.c_double)]
+    lib.gdn_model_forward.argtypes = [ctypes.c_void_p, _lib.P_float, ctypes.c_char_p, ctypes.c_double,
+                                      ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     _lib.check(lib.gdn_model_config_check(ctypes.byref(cfg)), "gdn_model_config_check")
     w = np.zeros(lib.gdn_model_param_floats(ctypes.byref(cfg)), np.float32)
     seen = set()
@@ -78,8 +78,8 @@ def _c_model(cfg, weights, tokens):
         _lib.check(lib.gdn_model_logits(plan, _lib.f32p(w), tokens[:T], _lib.f32p(logits)),
                    "gdn_model_logits")
         loss = ctypes.c_double()
-        _lib.check(lib.gdn_model_step(plan, _lib.f32p(w), None, tokens[:T + 1], float(T),
-                                      ctypes.byref(loss)), "gdn_model_step")
+        _lib.check(lib.gdn_model_forward(plan, _lib.f32p(w), tokens[:T + 1], float(T),
+                                         ctypes.byref(loss), 0), "gdn_model_forward")
     finally:
         lib.gdn_model_plan_destroy(plan)
     return logits, loss.value / T   # loss_sum is the sum over the T targets
