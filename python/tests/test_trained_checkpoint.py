@@ -117,7 +117,7 @@ def test_trained_checkpoint_loads_into_transformers_with_gdncps_loss(checkpoint)
     c_logits, c_loss = _c_model(cfg, read_safetensors(str(checkpoint / "model.safetensors")),
                                 tokens)
 
-    model = Qwen3_5ForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32).eval()
+    model = Qwen3_5ForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     ids = torch.tensor(list(tokens), dtype=torch.long)[None]
     with torch.no_grad():
         out = model(input_ids=ids[:, :T], labels=ids[:, :T], use_cache=False)

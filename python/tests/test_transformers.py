@@ -18,7 +18,7 @@ TOL = 1e-4
 
 def _model():
     from transformers import Qwen3_5ForCausalLM
-    m = Qwen3_5ForCausalLM.from_pretrained(TINY, torch_dtype=torch.float32)
+    m = Qwen3_5ForCausalLM.from_pretrained(TINY, dtype=torch.float32)
     m.eval()
     return m
 

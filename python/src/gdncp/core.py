@@ -367,9 +367,11 @@ class Layer:
 
     def _plan(self, B, T):
         key = (B, T)
-        if key not in self._plans:
-            self._plans[key] = _LayerPlan(self._cfg(B, T))
-        return self._plans[key]
+        plan = self._plans.pop(key, None) or _LayerPlan(self._cfg(B, T))
+        self._plans[key] = plan           # most recent last (dicts keep insertion order)
+        while len(self._plans) > _PLAN_CACHE:   # prompts of ever new lengths: keep a few
+            self._plans.pop(next(iter(self._plans)))
+        return plan
 
     def _x(self, name, x):
         x = _array(name, x, np.float32)
