@@ -126,7 +126,7 @@ def test_trained_checkpoint_loads_into_transformers_with_gdncps_loss(checkpoint)
         # (the window plus the next byte): compare the same T targets explicitly
         hf_loss = torch.nn.functional.cross_entropy(out.logits[0], ids[0, 1:T + 1]).item()
     print(f"transformers vs gdncp train's model: logits {rel_err(logits, c_logits):.1e}, "
-          f"loss {hf_loss:.6f} vs {c_loss:.6f}")
+          f"loss {hf_loss:.8f} vs {c_loss:.8f} (relative {abs(hf_loss - c_loss) / c_loss:.1e})")
     assert rel_err(logits, c_logits) < 1e-4, rel_err(logits, c_logits)
     assert abs(hf_loss - c_loss) / c_loss < 1e-5, (hf_loss, c_loss)
 
