@@ -333,6 +333,10 @@ int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n);
  * index of dimension 0: dst gets [d0, count, d2, ...]. Only those bytes are read. */
 int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin,
                          int64_t count);
+/* A 1-D integer tensor (I64 or I32, e.g. packed documents' cu_seqlens) as int64: *count gets its
+ * length. Refuses other dtypes (GDN_ERR_DTYPE), other ranks and more than n elements
+ * (GDN_ERR_SHAPE), naming the tensor. */
+int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
 /* Number of elements of a tensor (product of its shape). */
 int64_t gdn_st_numel(const gdn_st_tensor *t);
 
@@ -347,6 +351,9 @@ int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, i
                           const int64_t *shape, const float *data);
 int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const double *data);
+/* An integer tensor stored as I64 (e.g. cu_seqlens); data is copied now (NULL: reserved). */
+int gdn_st_writer_add_i64(gdn_st_writer *w, const char *name, int ndim, const int64_t *shape,
+                          const int64_t *data);
 int gdn_st_writer_metadata(gdn_st_writer *w, const char *key, const char *value);
 int gdn_st_writer_save(gdn_st_writer *w, const char *path);
 
@@ -417,6 +424,11 @@ int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads);
  * checked against the whole file, only the shard's rows are read; h0 and dht whole. */
 int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin,
                           int64_t count);
+/* Packed documents (n_docs >= 1; 0 is gdn_problem_load_rows): B must be 1, and h0 and dht, when
+ * present, are per document, [n_docs, Hv, K, V]. count < 0: every row. The offsets themselves
+ * are the caller's (the file's "cu_seqlens" tensor: gdn_st_read_i64). */
+int gdn_problem_load_packed(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin,
+                            int64_t count, int64_t n_docs);
 void gdn_problem_free(gdn_problem *pb);
 
 /* Write named f32 tensors atomically. */

@@ -61,3 +61,35 @@ int cli_parse_f64(const char *cmd, const char *opt, const char *text, double min
     *out = v;
     return 0;
 }
+
+int cli_parse_i64_list(const char *cmd, const char *opt, const char *text, int64_t **out, int64_t *count) {
+    const char *why = NULL;
+    int64_t *list = NULL, n = 0;
+    if (!text) why = "no value given";
+    else if (!*text) why = "empty";
+    else {
+        /* at most one number per character: the list's size is bounded before parsing */
+        size_t len = 0;
+        while (text[len]) len++;
+        if (!(list = malloc(sizeof(int64_t) * (len / 2 + 1)))) why = "out of memory for the list";
+        for (const char *p = text; !why && *p;) {
+            char *end = NULL;
+            errno = 0;
+            /* digits only: strtoll would also take blanks and signs */
+            long long v = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
+            if (!end || end == p) why = "not a comma-separated list of whole numbers >= 0";
+            else if (errno == ERANGE) why = "a value beyond the 64-bit range";
+            else if (*end && *end != ',') why = "not a comma-separated list of whole numbers >= 0";
+            else if (*end == ',' && !end[1]) why = "an empty last entry";
+            else list[n++] = (int64_t)v, p = *end ? end + 1 : end;
+        }
+    }
+    if (why) {
+        fprintf(stderr, "gdncp %s: option %s needs comma-separated whole numbers (e.g. 0,5,12), got '%s' (%s)\n",
+                cmd, opt, text ? text : "", why);
+        free(list);
+        return 1;
+    }
+    *out = list, *count = n;
+    return 0;
+}

@@ -19,5 +19,9 @@ int cli_parse_i64(const char *cmd, const char *opt, const char *text, int64_t mi
  * values that overflow or underflow a double. */
 int cli_parse_f64(const char *cmd, const char *opt, const char *text, double min, double max,
                   double *out);
+/* A comma-separated list of whole numbers >= 0 ("0,5,12": digits only, no blanks, signs or empty
+ * entries), each within int64; *out is malloc'ed (the caller frees it), *count its length.
+ * Returns 1 after printing what is wrong ("gdncp CMD: option OPT needs ..."), else 0. */
+int cli_parse_i64_list(const char *cmd, const char *opt, const char *text, int64_t **out, int64_t *count);
 
 #endif

@@ -10,7 +10,10 @@
  * --gates mild: the earlier default, A uniform in [0.05, 1], dt_bias = 1, mean g about -0.12
  *   (same random stream as before, so the same files).
  * --gates strong: A uniform in [1, 16] as at Qwen's initialisation, mean g about -2.
- * beta = sigmoid of small noise in every case. */
+ * beta = sigmoid of small noise in every case.
+ * --cu-seqlens 0,a,...,T: a packed stream of documents (B = 1): the offsets are written as an I64
+ *   tensor 'cu_seqlens', and h0, dht are per document, [N_docs, Hv, K, V]; q, k, v, g, beta and do
+ *   are the dense problem's of the same seed. */
 #include "cli.h"
 #include "cli_parse.h"
 
@@ -24,7 +27,17 @@ static double unif(uint64_t *s) {
     return (double)(*s >> 11) / 9007199254740992.0;
 }
 
+static int gen_with(int argc, char **argv, int64_t **cu);
+
 int cmd_gen(int argc, char **argv) {
+    int64_t *cu = NULL;
+    const int rc = gen_with(argc, argv, &cu);
+    free(cu);
+    return rc;
+}
+
+static int gen_with(int argc, char **argv, int64_t **cu) {
+    int64_t n_cu = 0;
     int64_t B = 1, T = 4096, Hk = 2, Hv = 4, K = 128, V = 128, seed = 1;
     const char *out = NULL, *gates = "qwen";
     double slow_fraction = 0.25;
@@ -51,6 +64,11 @@ int cmd_gen(int argc, char **argv) {
                 fprintf(stderr, "gdncp gen: --gates must be qwen, mild or strong, got '%s'\n", gates);
                 return CLI_USAGE_ERROR;
             }
+        } else if (!strcmp(a, "--cu-seqlens")) {
+            free(*cu);
+            *cu = NULL;
+            if (cli_parse_i64_list("gen", a, val, cu, &n_cu)) return CLI_USAGE_ERROR;
+            i++;
         } else if (!strcmp(a, "--slow-fraction")) {
             if (cli_parse_f64("gen", a, val, 0.0, 1.0, &slow_fraction)) return CLI_USAGE_ERROR;
             i++;
@@ -64,9 +82,21 @@ int cmd_gen(int argc, char **argv) {
         return CLI_USAGE_ERROR;
     }
     gdn_config c = gdn_config_default(B, T, Hk, Hv, K, V);
+    if (*cu) c.cu_seqlens = *cu, c.n_docs = n_cu - 1; /* the library names bad offsets */
+    if (*cu && n_cu < 2) {
+        fprintf(stderr, "gdncp gen: --cu-seqlens needs at least two offsets (0 and T: one document), got %lld\n",
+                (long long)n_cu);
+        return 1;
+    }
     int rc = gdn_config_check(&c);
     if (rc) return cli_error("gen", rc);
-    const int64_t nqk = B * T * Hk * K, nv = B * T * Hv * V, ng = B * T * Hv, ns = B * Hv * K * V;
+    if (*cu && (*cu)[n_cu - 1] != T) {
+        fprintf(stderr, "gdncp gen: --cu-seqlens must end at T = %lld, it ends at %lld\n", (long long)T,
+                (long long)(*cu)[n_cu - 1]);
+        return 1;
+    }
+    const int64_t state_rows = *cu ? n_cu - 1 : B; /* per document when packed */
+    const int64_t nqk = B * T * Hk * K, nv = B * T * Hv * V, ng = B * T * Hv, ns = state_rows * Hv * K * V;
     /* every tensor is made in memory before the file is written */
     if ((rc = gdn_check_fits("the problem's tensors", 4.0 * (2.0 * nqk + 2.0 * nv + 2.0 * ng + 2.0 * ns))))
         return cli_error("gen", rc);
@@ -117,9 +147,15 @@ int cmd_gen(int argc, char **argv) {
     for (int64_t i = 0; i < ns; i++) h0[i] = (float)(0.1 * (unif(&s) - 0.5)), dht[i] = (float)(unif(&s) - 0.5);
     const gdn_named_tensor t[] = {
         {"q", 4, {B, T, Hk, K}, q}, {"k", 4, {B, T, Hk, K}, k}, {"v", 4, {B, T, Hv, V}, v},
-        {"g", 3, {B, T, Hv}, g}, {"beta", 3, {B, T, Hv}, beta}, {"h0", 4, {B, Hv, K, V}, h0},
-        {"do", 4, {B, T, Hv, V}, dout}, {"dht", 4, {B, Hv, K, V}, dht}};
-    rc = gdn_save_tensors(out, t, 8, "gdncp gen");
+        {"g", 3, {B, T, Hv}, g}, {"beta", 3, {B, T, Hv}, beta}, {"h0", 4, {state_rows, Hv, K, V}, h0},
+        {"do", 4, {B, T, Hv, V}, dout}, {"dht", 4, {state_rows, Hv, K, V}, dht}};
+    gdn_st_writer *w = NULL;
+    rc = gdn_st_writer_create(&w);
+    if (!rc) rc = gdn_st_writer_metadata(w, "producer", "gdncp gen");
+    for (int i = 0; i < 8 && !rc; i++) rc = gdn_st_writer_add_f32(w, t[i].name, GDN_F32, t[i].ndim, t[i].shape, t[i].data);
+    if (!rc && *cu) rc = gdn_st_writer_add_i64(w, "cu_seqlens", 1, &n_cu, *cu);
+    if (!rc) rc = gdn_st_writer_save(w, out);
+    gdn_st_writer_destroy(w);
     free(q), free(k), free(v), free(dout), free(g), free(beta), free(h0), free(dht);
     if (rc) {
         free(A);

@@ -13,6 +13,7 @@ typedef struct {
     double scale;
     int no_l2norm, reference, backward, stats;
     const char *cp, *shards, *fault;
+    int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } run_opts;
 
 
@@ -39,7 +40,11 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--reference")) o->reference = 1;
         else if (!strcmp(a, "--backward")) o->backward = 1;
         else if (!strcmp(a, "--stats")) o->stats = 1;
-        else if (!strcmp(a, "--cp") && val) o->cp = argv[++i];
+        else if (!strcmp(a, "--cu-seqlens")) {
+            free(o->cu_seqlens);
+            if (cli_parse_i64_list("run", a, val, &o->cu_seqlens, &o->n_cu)) return 1;
+            i++;
+        } else if (!strcmp(a, "--cp") && val) o->cp = argv[++i];
         else if (!strcmp(a, "--shards") && val) o->shards = argv[++i];
         else if (!strcmp(a, "--fault") && val) {
             /* testing only (negative controls): deliberately wrong results, see cmd_run_cp.c */
@@ -58,6 +63,74 @@ static int parse(int argc, char **argv, run_opts *o) {
         fprintf(stderr, "gdncp run: --in and --out are required\n");
         return 1;
     }
+    return 0;
+}
+
+int cli_pack_offsets(const char *who, const char *path, const int64_t *given, int64_t n_given, int64_t **cu,
+                     int64_t *n_docs) {
+    *cu = NULL, *n_docs = 0;
+    gdn_st_file *f = NULL;
+    int rc = gdn_st_open(&f, path);
+    if (rc) {
+        fprintf(stderr, "%s: %s: %s\n", who, gdn_strerror(rc), gdn_errmsg());
+        return 1;
+    }
+    const gdn_st_tensor *t = gdn_st_find(f, "cu_seqlens"), *tq = gdn_st_find(f, "q");
+    /* (cli_run_header has checked q) */
+    const int64_t B = tq && tq->ndim == 4 ? tq->shape[0] : 0, T = tq && tq->ndim == 4 ? tq->shape[1] : 0;
+    int64_t *from_file = NULL, n_file = 0;
+    if (t) {
+        /* (a 1-D tensor's length is its shape; anything else is refused by the reader) */
+        const size_t cap = t->ndim == 1 ? (size_t)t->shape[0] : 1;
+        if (!(from_file = malloc(sizeof(int64_t) * (cap ? cap : 1))))
+            rc = GDN_ERR_NOMEM, fprintf(stderr, "%s: out of memory for %s's cu_seqlens (%zu values)\n", who, path, cap);
+        else if ((rc = gdn_st_read_i64(f, "cu_seqlens", from_file, cap, &n_file)))
+            fprintf(stderr, "%s: %s: %s\n", who, gdn_strerror(rc), gdn_errmsg());
+    }
+    gdn_st_close(f);
+    if (rc) {
+        free(from_file);
+        return 1;
+    }
+    if (given && from_file && (n_given != n_file || memcmp(given, from_file, sizeof(int64_t) * n_file))) {
+        fprintf(stderr, "%s: --cu-seqlens (%lld values) differs from the cu_seqlens tensor in %s (%lld values)%s\n",
+                who, (long long)n_given, path, (long long)n_file,
+                n_given == n_file ? ": the same count, different offsets" : "");
+        free(from_file);
+        return 1;
+    }
+    const int64_t *c = given ? given : from_file, n = given ? n_given : n_file;
+    const char *src = given ? "--cu-seqlens" : "the file's cu_seqlens";
+    if (!c) return 0; /* dense */
+    /* The library checks these too; here the message can say where the offsets came from. */
+    const char *bad = NULL;
+    int64_t at = 0;
+    if (n < 2) bad = "needs at least two offsets (0 and T: one document)";
+    else if (c[0] != 0) bad = "must start at 0";
+    else if (B != 1) bad = "needs B = 1 (one packed stream)";
+    for (at = 0; !bad && at + 1 < n; at++)
+        if (c[at + 1] <= c[at]) bad = "must be strictly increasing (no empty document)";
+    if (!bad && c[n - 1] != T) bad = "must end at T";
+    if (bad) {
+        fprintf(stderr, "%s: %s %s: got", who, src, bad);
+        for (int64_t i = 0; i < n && i < 16; i++) fprintf(stderr, "%s%lld", i ? "," : " ", (long long)c[i]);
+        fprintf(stderr, "%s", n > 16 ? ",..." : "");
+        if (!strcmp(bad, "needs B = 1 (one packed stream)")) fprintf(stderr, " with B = %lld in %s", (long long)B, path);
+        else if (!strcmp(bad, "must end at T")) fprintf(stderr, " (T = %lld in %s)", (long long)T, path);
+        else if (at > 0) fprintf(stderr, " (entries %lld and %lld)", (long long)(at - 1), (long long)at);
+        fprintf(stderr, "\n");
+        free(from_file);
+        return 1;
+    }
+    *cu = malloc(sizeof(int64_t) * n);
+    if (!*cu) {
+        fprintf(stderr, "%s: out of memory for %lld offsets\n", who, (long long)n);
+        free(from_file);
+        return 1;
+    }
+    memcpy(*cu, c, sizeof(int64_t) * n);
+    *n_docs = n - 1;
+    free(from_file);
     return 0;
 }
 
@@ -93,6 +166,9 @@ static double *to_f64(const float *x, int64_t n) {
     return d;
 }
 
+/* Rows of h0, ht, dht, dh0: one per document when packed, else one per batch row. */
+static int64_t state_rows(const gdn_config *cfg) { return cfg->cu_seqlens ? cfg->n_docs : cfg->B; }
+
 /* Gradient outputs of a run (NULL when not asked for). */
 typedef struct {
     float *dq, *dk, *dv, *dg, *dbeta, *dh0;
@@ -102,7 +178,7 @@ static int reference_backward(const gdn_problem *pb, const gdn_config *cfg, cons
                               const double *k, const double *v, const double *g,
                               const double *beta, const double *h0, run_grads *gr) {
     const int64_t nqk = cfg->B * cfg->T * cfg->Hk * cfg->K, nv = cfg->B * cfg->T * cfg->Hv * cfg->V,
-                  ng = cfg->B * cfg->T * cfg->Hv, ns = cfg->B * cfg->Hv * cfg->K * cfg->V;
+                  ng = cfg->B * cfg->T * cfg->Hv, ns = state_rows(cfg) * cfg->Hv * cfg->K * cfg->V;
     double *dout = to_f64(pb->dout, nv), *dht = to_f64(pb->dht, ns);
     double *d[6];
     const int64_t sizes[6] = {nqk, nqk, nv, ng, ng, ns};
@@ -126,7 +202,7 @@ static int reference_backward(const gdn_problem *pb, const gdn_config *cfg, cons
 static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o, float *ht,
                          run_grads *gr) {
     const int64_t nqk = cfg->B * cfg->T * cfg->Hk * cfg->K, nv = cfg->B * cfg->T * cfg->Hv * cfg->V,
-                  ng = cfg->B * cfg->T * cfg->Hv, ns = cfg->B * cfg->Hv * cfg->K * cfg->V;
+                  ng = cfg->B * cfg->T * cfg->Hv, ns = state_rows(cfg) * cfg->Hv * cfg->K * cfg->V;
     double *q = to_f64(pb->q, nqk), *k = to_f64(pb->k, nqk), *v = to_f64(pb->v, nv),
            *g = to_f64(pb->g, ng), *beta = to_f64(pb->beta, ng), *h0 = to_f64(pb->h0, ns),
            *od = malloc(sizeof(double) * nv), *hd = malloc(sizeof(double) * ns);
@@ -158,11 +234,21 @@ static int run_fast(gdn_plan *plan, const gdn_problem *pb, float *o, float *ht, 
     return rc;
 }
 
+static int run_with(run_opts *opts, int argc, char **argv);
+
 int cmd_run(int argc, char **argv) {
+    run_opts opt;
+    const int rc = run_with(&opt, argc, argv);
+    free(opt.cu_seqlens);
+    return rc;
+}
+
+static int run_with(run_opts *opts, int argc, char **argv) {
     run_opts opt;
     /* (under --cp, an option error here still joins the other ranks' first agreement; the
      * exit status is the usage error's on every rank: the job's is the largest) */
-    int bad_usage = parse(argc, argv, &opt);
+    int bad_usage = parse(argc, argv, opts);
+    opt = *opts;
     if (!bad_usage && opt.chunk != 16 && opt.chunk != 32 && opt.chunk != 64 && opt.chunk != 128) {
         fprintf(stderr, "gdncp run: --chunk must be 16, 32, 64 or 128, got %lld\n", (long long)opt.chunk);
         bad_usage = 1;
@@ -180,7 +266,8 @@ int cmd_run(int argc, char **argv) {
         gdn_config o = gdn_config_default(1, 1, 1, 1, 1, 1);
         o.chunk = (int)opt.chunk, o.threads = (int)opt.threads, o.scale = (float)opt.scale;
         o.l2norm = !opt.no_l2norm;
-        const cli_cp_opts co = {opt.in, opt.out, opt.cp, opt.shards, opt.fault, opt.backward, opt.stats};
+        const cli_cp_opts co = {opt.in, opt.out, opt.cp, opt.shards, opt.fault, opt.backward, opt.stats,
+                                opt.cu_seqlens, opt.n_cu};
         return cmd_run_cp(&co, o);
     }
     if (opt.shards || opt.stats || opt.fault) {
@@ -196,15 +283,21 @@ int cmd_run(int argc, char **argv) {
     if ((rc = gdn_check_fits(opt.reference ? "the inputs and outputs in float and double (--reference)"
                                            : "the inputs and outputs", per_token * (double)T_file * (opt.reference ? 3 : 1))))
         return cli_error("run", rc);
+    int64_t *cu = NULL, n_docs = 0; /* packed documents: --cu-seqlens or the file's tensor */
+    if (cli_pack_offsets("gdncp run", opt.in, opt.cu_seqlens, opt.n_cu, &cu, &n_docs)) return 1;
     gdn_problem pb;
-    rc = gdn_problem_load(&pb, opt.in, opt.backward);
-    if (rc) return cli_error("run", rc);
+    rc = gdn_problem_load_packed(&pb, opt.in, opt.backward, 0, -1, n_docs);
+    if (rc) {
+        free(cu);
+        return cli_error("run", rc);
+    }
     gdn_config cfg = pb.cfg;
+    cfg.cu_seqlens = cu, cfg.n_docs = n_docs;
     cfg.chunk = (int)opt.chunk;
     cfg.threads = (int)opt.threads;
     cfg.scale = (float)opt.scale;
     cfg.l2norm = !opt.no_l2norm;
-    const int64_t nv = cfg.B * cfg.T * cfg.Hv * cfg.V, ns = cfg.B * cfg.Hv * cfg.K * cfg.V;
+    const int64_t nv = cfg.B * cfg.T * cfg.Hv * cfg.V, ns = state_rows(&cfg) * cfg.Hv * cfg.K * cfg.V;
     const int64_t nqk = cfg.B * cfg.T * cfg.Hk * cfg.K, ng = cfg.B * cfg.T * cfg.Hv;
     float *o = malloc(sizeof(float) * nv), *ht = malloc(sizeof(float) * ns);
     run_grads gr = {0};
@@ -236,23 +329,25 @@ int cmd_run(int argc, char **argv) {
     if (!exit_code) {
         const gdn_named_tensor out[] = {
             {"o", 4, {cfg.B, cfg.T, cfg.Hv, cfg.V}, o},
-            {"ht", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, ht},
+            {"ht", 4, {state_rows(&cfg), cfg.Hv, cfg.K, cfg.V}, ht},
             {"dq", 4, {cfg.B, cfg.T, cfg.Hk, cfg.K}, gr.dq},
             {"dk", 4, {cfg.B, cfg.T, cfg.Hk, cfg.K}, gr.dk},
             {"dv", 4, {cfg.B, cfg.T, cfg.Hv, cfg.V}, gr.dv},
             {"dg", 3, {cfg.B, cfg.T, cfg.Hv}, gr.dg},
             {"dbeta", 3, {cfg.B, cfg.T, cfg.Hv}, gr.dbeta},
-            {"dh0", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, gr.dh0}};
+            {"dh0", 4, {state_rows(&cfg), cfg.Hv, cfg.K, cfg.V}, gr.dh0}};
         if ((rc = gdn_save_tensors(opt.out, out, 8, "gdncp run")))
             exit_code = cli_error("run", rc);
         else
             fprintf(stderr,
-                    "gdncp run: B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld chunk=%d path=%s "
+                    "gdncp run: B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld chunk=%d%s%.0lld path=%s "
                     "%.3f ms -> %s\n",
                     (long long)cfg.B, (long long)cfg.T, (long long)cfg.Hk, (long long)cfg.Hv,
-                    (long long)cfg.K, (long long)cfg.V, cfg.chunk, path, secs * 1e3, opt.out);
+                    (long long)cfg.K, (long long)cfg.V, cfg.chunk, cu ? " documents=" : "", (long long)n_docs, path,
+                    secs * 1e3, opt.out);
     }
     free(o), free(ht), free(gr.dq), free(gr.dk), free(gr.dv), free(gr.dg), free(gr.dbeta), free(gr.dh0);
     gdn_problem_free(&pb);
+    free(cu);
     return exit_code;
 }

@@ -192,9 +192,22 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
     if (fault && !rank)
         fprintf(stderr, "gdncp run --cp %s: TESTING FAULT drop-incoming: every rank but 0 replays from a zero state; "
                 "the results are deliberately WRONG (for negative controls only)\n", strategy);
+    /* Packed documents: every rank holds the whole stream's offsets (the library agrees on them
+     * again, by count and hash, when the plans meet). Each rank checks its own file's. */
+    int64_t *cu = NULL, n_docs = 0;
+    char who[64];
+    snprintf(who, sizeof who, rank ? "gdncp run --cp: rank %d" : "gdncp run --cp", rank);
+    local = cli_pack_offsets(who, in, co->cu_seqlens, co->n_cu, &cu, &n_docs) ? GDN_ERR_ARG : GDN_OK;
+    if (!local && cu && s == GDN_CP_HEADS) {
+        if (!rank)
+            fprintf(stderr, "gdncp run --cp heads: packed documents (--cu-seqlens or a cu_seqlens tensor) are not "
+                            "supported by the heads strategy; use --cp scan, allgather or relay\n");
+        local = GDN_ERR_ARG;
+    }
     int64_t t0 = 0, tn = 0;
     /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
-    if (cli_shard_of(shards, D, rank, T, &t0, &tn)) {
+    if (gdn_cp_agree_status(cp, local) || cli_shard_of(shards, D, rank, T, &t0, &tn)) {
+        free(cu);
         gdn_cp_destroy(cp);
         return 1;
     }
@@ -204,27 +217,34 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
     snprintf(what, sizeof what, "holding the input and output rows of their shards (T = %lld, %s)", T,
              backward ? "forward and backward" : "forward");
     if (cli_cp_check_fits(cp, "run --cp", what, per_token * (double)tn)) {
+        free(cu);
         gdn_cp_destroy(cp);
         return 1;
     }
     gdn_problem pb;
     memset(&pb, 0, sizeof pb);
-    rc = gdn_problem_load_rows(&pb, in, backward, t0, tn);
+    rc = gdn_problem_load_packed(&pb, in, backward, t0, tn, n_docs);
     if (rc) cli_error("run --cp", rc);
     if ((rc = gdn_cp_agree_status(cp, rc))) {
         gdn_problem_free(&pb);
+        free(cu);
         gdn_cp_destroy(cp);
         return 1;
     }
     gdn_config cfg = pb.cfg;
     cfg.chunk = opts.chunk, cfg.threads = opts.threads, cfg.scale = opts.scale, cfg.l2norm = opts.l2norm;
+    cfg.cu_seqlens = cu, cfg.n_docs = n_docs, cfg.seq_offset = cu ? t0 : 0;
+    /* h0, ht, dht and the gradient of the states are per document when packed; s_in (the state
+     * entering this shard) is one stream's */
+    const int64_t state_rows = cu ? n_docs : cfg.B;
     const int64_t nqk = cfg.B * cfg.T * cfg.Hk * cfg.K, nv = cfg.B * cfg.T * cfg.Hv * cfg.V,
-                  ng = cfg.B * cfg.T * cfg.Hv, ns = cfg.B * cfg.Hv * cfg.K * cfg.V;
-    float *o = malloc(sizeof(float) * nv), *ht = malloc(sizeof(float) * ns), *s_in = malloc(sizeof(float) * ns);
+                  ng = cfg.B * cfg.T * cfg.Hv, ns = cfg.B * cfg.Hv * cfg.K * cfg.V,
+                  nst = state_rows * cfg.Hv * cfg.K * cfg.V;
+    float *o = malloc(sizeof(float) * nv), *ht = malloc(sizeof(float) * nst), *s_in = malloc(sizeof(float) * ns);
     float *gq = NULL, *gk = NULL, *gv = NULL, *gg = NULL, *gb = NULL, *gs = NULL;
     if (backward) {
         gq = malloc(sizeof(float) * nqk), gk = malloc(sizeof(float) * nqk), gv = malloc(sizeof(float) * nv);
-        gg = malloc(sizeof(float) * ng), gb = malloc(sizeof(float) * ng), gs = malloc(sizeof(float) * ns);
+        gg = malloc(sizeof(float) * ng), gb = malloc(sizeof(float) * ng), gs = malloc(sizeof(float) * nst);
     }
     gdn_plan *plan = NULL;
     gdn_cp_stats fs = {0}, bs = {0};
@@ -233,7 +253,7 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
     if (!o || !ht || !s_in || (backward && (!gq || !gk || !gv || !gg || !gb || !gs))) {
         fprintf(stderr, "gdncp run --cp: out of memory: rank %d: the outputs%s of its %lld-token shard (%.2f GB)\n",
                 rank, backward ? " and gradients" : "", (long long)cfg.T,
-                4e-9 * (double)(nv + 3 * ns + (backward ? 2 * nqk + nv + 2 * ng : 0)));
+                4e-9 * (double)(nv + ns + 2 * nst + (backward ? 2 * nqk + nv + 2 * ng : 0)));
         rc = GDN_ERR_NOMEM;
     } else if ((rc = gdn_plan_create(&plan, &cfg))) {
         cli_error("run --cp", rc);
@@ -298,13 +318,13 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
     if (!exit_code) {
         rc = cli_cp_write_rows(cp, out, "gdncp run", cfg.B, pb.T_full, t0, cfg.T, (const cli_out_tensor[]){
             {"o", 4, {cfg.B, pb.T_full, cfg.Hv, cfg.V}, 1, o},
-            {"ht", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, 0, ht},
+            {"ht", 4, {state_rows, cfg.Hv, cfg.K, cfg.V}, 0, ht},
             {"dq", 4, {cfg.B, pb.T_full, cfg.Hk, cfg.K}, 1, gq},
             {"dk", 4, {cfg.B, pb.T_full, cfg.Hk, cfg.K}, 1, gk},
             {"dv", 4, {cfg.B, pb.T_full, cfg.Hv, cfg.V}, 1, gv},
             {"dg", 3, {cfg.B, pb.T_full, cfg.Hv}, 1, gg},
             {"dbeta", 3, {cfg.B, pb.T_full, cfg.Hv}, 1, gb},
-            {"dh0", 4, {cfg.B, cfg.Hv, cfg.K, cfg.V}, 0, backward && pb.h0 ? gs : NULL}}, backward ? 8 : 2, NULL, NULL);
+            {"dh0", 4, {state_rows, cfg.Hv, cfg.K, cfg.V}, 0, backward && pb.h0 ? gs : NULL}}, backward ? 8 : 2, NULL, NULL);
         if (!rc && !rank)
             fprintf(stderr, "gdncp run --cp %s: D=%d B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld %s%.3f s -> %s\n",
                     strategy, D, (long long)cfg.B, (long long)pb.T_full, (long long)cfg.Hk, (long long)cfg.Hv,
@@ -317,5 +337,6 @@ done:
     gdn_plan_destroy(plan);
     free(o), free(ht), free(s_in), free(gq), free(gk), free(gv), free(gg), free(gb), free(gs);
     gdn_problem_free(&pb);
+    free(cu);
     return exit_code;
 }

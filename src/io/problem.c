@@ -40,6 +40,11 @@ int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads) {
 
 int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int64_t t0,
                           int64_t tn) {
+    return gdn_problem_load_packed(pb, path, want_grads, t0, tn, 0);
+}
+
+int gdn_problem_load_packed(gdn_problem *pb, const char *path, int want_grads, int64_t t0,
+                            int64_t tn, int64_t n_docs) {
     memset(pb, 0, sizeof *pb);
     gdn_st_file *f = NULL;
     int rc = gdn_st_open(&f, path);
@@ -64,6 +69,13 @@ int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int
     }
     pb->cfg = gdn_config_default(B, T, Hk, Hv, K, V);
     if ((rc = gdn_config_check(&pb->cfg))) goto done;
+    if (n_docs < 0 || (n_docs > 0 && B != 1)) { /* one packed stream: its documents' states replace B's */
+        rc = n_docs < 0 ? gdn_fail(GDN_ERR_ARG, "%s: n_docs must be >= 0, got %lld", path, (long long)n_docs)
+                        : gdn_fail(GDN_ERR_SHAPE, "%s: packed documents (cu_seqlens) need B = 1 (one packed stream), "
+                                   "the file has B = %lld", path, (long long)B);
+        goto done;
+    }
+    const int64_t state_rows = n_docs > 0 ? n_docs : B;
     if (tn >= 0 && (t0 < 0 || tn < 1 || t0 + tn > T)) {
         rc = gdn_fail(GDN_ERR_SHAPE, "%s: tokens [%lld, %lld) are not inside T = %lld", path,
                       (long long)t0, (long long)(t0 + tn), (long long)T);
@@ -72,7 +84,7 @@ int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int
     pb->T_full = T, pb->t_begin = tn >= 0 ? t0 : 0;
     if (tn >= 0) pb->cfg.T = tn;
     { /* everything this load allocates, before any of it */
-        const double rows = (double)B * pb->cfg.T, state = (double)B * Hv * K * V;
+        const double rows = (double)B * pb->cfg.T, state = (double)state_rows * Hv * K * V;
         const double floats = rows * (2.0 * Hk * K + (want_grads ? 2.0 : 1.0) * Hv * V + 2.0 * Hv) +
                               (want_grads ? 2 : 1) * state;
         char what[600];
@@ -81,7 +93,7 @@ int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int
         if ((rc = gdn_check_fits(what, 4.0 * floats))) goto done;
     }
     const int64_t sqk[4] = {B, T, Hk, K}, sv[4] = {B, T, Hv, V}, sg[3] = {B, T, Hv},
-                  ss[4] = {B, Hv, K, V};
+                  ss[4] = {state_rows, Hv, K, V};
     if ((rc = read_exact(f, path, "q", 4, sqk, &pb->q, t0, tn)) ||
         (rc = read_exact(f, path, "k", 4, sqk, &pb->k, t0, tn)) ||
         (rc = read_exact(f, path, "v", 4, sv, &pb->v, t0, tn)) ||

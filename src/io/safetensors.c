@@ -355,11 +355,44 @@ int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n,
     return read_convert(f, name, dst, n, 0, begin, count);
 }
 
+int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count) {
+    if (!f || !name || !dst || !count) return gdn_fail(GDN_ERR_ARG, "safetensors read_i64: NULL argument");
+    const gdn_st_tensor *t = gdn_st_find(f, name);
+    if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: no tensor named '%s'", f->path, name);
+    const int wide = !strcmp(t->dtype_name, "I64");
+    if (!wide && strcmp(t->dtype_name, "I32"))
+        return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; an integer tensor must be I64 or I32", f->path, name,
+                        t->dtype_name);
+    if (t->ndim != 1)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %d dims; it must be 1-D", f->path, name, t->ndim);
+    const uint64_t m = (uint64_t)t->shape[0];
+    if (m > n)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %llu elements, buffer holds %zu", f->path, name,
+                        (unsigned long long)m, n);
+    const int es = wide ? 8 : 4;
+    if (fseeko(f->fp, (off_t)(f->data_start + t->begin), SEEK_SET) != 0)
+        return gdn_fail(GDN_ERR_IO, "%s: seek failed for '%s'", f->path, name);
+    for (uint64_t i = 0; i < m; i++) {
+        unsigned char b[8];
+        if (fread(b, es, 1, f->fp) != 1)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' truncated", f->path, name);
+        if (wide) memcpy(&dst[i], b, 8);
+        else {
+            int32_t x;
+            memcpy(&x, b, 4);
+            dst[i] = x;
+        }
+    }
+    *count = (int64_t)m;
+    return GDN_OK;
+}
+
 /* ------------------------------------------------------------------------ writer */
 
 typedef struct {
     char *name;
     gdn_dtype dtype;
+    const char *dtype_name; /* as written in the header: F32, F64, BF16, or I64 (integer tensors) */
     int ndim;
     int64_t shape[GDN_ST_MAX_DIMS];
     unsigned char *bytes;
@@ -391,10 +424,12 @@ void gdn_st_writer_destroy(gdn_st_writer *w) {
     free(w);
 }
 
+enum { SRC_F32 = 0, SRC_F64 = 1, SRC_I64 = 2 }; /* SRC_I64: int64 data stored as I64, unconverted */
+
 static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
-                      const int64_t *shape, const void *data, int src_is_f64) {
+                      const int64_t *shape, const void *data, int src) {
     if (!w || !name || (ndim > 0 && !shape)) return gdn_fail(GDN_ERR_ARG, "writer add: NULL argument");
-    if (dtype != GDN_F32 && dtype != GDN_F64 && dtype != GDN_BF16)
+    if (src != SRC_I64 && dtype != GDN_F32 && dtype != GDN_F64 && dtype != GDN_BF16)
         return gdn_fail(GDN_ERR_DTYPE, "writer add '%s': dtype must be F32, F64 or BF16", name);
     if (ndim < 0 || ndim > GDN_ST_MAX_DIMS)
         return gdn_fail(GDN_ERR_SHAPE, "writer add '%s': %d dims (max %d)", name, ndim,
@@ -420,7 +455,7 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
     }
     st_entry *e = &w->entries[w->count];
     memset(e, 0, sizeof *e);
-    e->nbytes = n * dtype_size(dtype);
+    e->nbytes = n * (src == SRC_I64 ? 8 : dtype_size(dtype));
     e->name = strdup(name);
     e->bytes = data ? malloc(e->nbytes ? e->nbytes : 1) : NULL; /* NULL data: reserved, written at its offset later */
     if (!e->name || (data && !e->bytes)) {
@@ -428,10 +463,13 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
         return gdn_fail(GDN_ERR_NOMEM, "writer add: cannot allocate tensor '%s' (%zu bytes)", name,
                         e->nbytes);
     }
+    static const char *const float_names[] = {"F32", "F64", "BF16"};
     e->dtype = dtype, e->ndim = ndim;
+    e->dtype_name = src == SRC_I64 ? "I64" : float_names[dtype];
     for (int i = 0; i < ndim; i++) e->shape[i] = shape[i];
-    for (size_t i = 0; data && i < n; i++) {
-        double x = src_is_f64 ? ((const double *)data)[i] : ((const float *)data)[i];
+    if (src == SRC_I64 && data) memcpy(e->bytes, data, e->nbytes);
+    for (size_t i = 0; src != SRC_I64 && data && i < n; i++) {
+        double x = src == SRC_F64 ? ((const double *)data)[i] : ((const float *)data)[i];
         if (dtype == GDN_F32) {
             float v = (float)x;
             memcpy(e->bytes + 4 * i, &v, 4);
@@ -448,12 +486,17 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
 
 int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const float *data) {
-    return writer_add(w, name, dtype, ndim, shape, data, 0);
+    return writer_add(w, name, dtype, ndim, shape, data, SRC_F32);
 }
 
 int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const double *data) {
-    return writer_add(w, name, dtype, ndim, shape, data, 1);
+    return writer_add(w, name, dtype, ndim, shape, data, SRC_F64);
+}
+
+int gdn_st_writer_add_i64(gdn_st_writer *w, const char *name, int ndim, const int64_t *shape,
+                          const int64_t *data) {
+    return writer_add(w, name, GDN_DTYPE_OTHER, ndim, shape, data, SRC_I64);
 }
 
 int gdn_st_writer_metadata(gdn_st_writer *w, const char *key, const char *value) {
@@ -464,7 +507,6 @@ int gdn_st_writer_metadata(gdn_st_writer *w, const char *key, const char *value)
 }
 
 static char *build_header(gdn_st_writer *w, size_t *len) {
-    static const char *names[] = {"F32", "F64", "BF16"};
     json_t *root = json_object();
     if (!root) return NULL;
     if (json_object_size(w->metadata)) json_object_set(root, "__metadata__", w->metadata);
@@ -473,7 +515,7 @@ static char *build_header(gdn_st_writer *w, size_t *len) {
         const st_entry *e = &w->entries[i];
         json_t *shape = json_array();
         for (int d = 0; d < e->ndim; d++) json_array_append_new(shape, json_integer(e->shape[d]));
-        json_t *t = json_pack("{s:s, s:o, s:[I,I]}", "dtype", names[e->dtype], "shape", shape,
+        json_t *t = json_pack("{s:s, s:o, s:[I,I]}", "dtype", e->dtype_name, "shape", shape,
                               "data_offsets", (json_int_t)off, (json_int_t)(off + e->nbytes));
         if (!t || json_object_set_new(root, e->name, t)) {
             json_decref(root);
