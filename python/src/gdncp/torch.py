@@ -17,7 +17,11 @@ slow, for checking (torch.autograd.gradcheck). Both are a torch.autograd.Functio
 is gdncp's.
 """
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError as e:  # the NumPy entry points (gdncp.chunk_forward, ...) need no torch
+    raise ImportError("gdncp.torch and gdncp.transformers need PyTorch: pip install torch") from e
 
 from . import core
 
@@ -59,7 +63,6 @@ def _cu_numpy(cu_seqlens):
 class _ChunkRule(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, h0, scale, want_ht, l2norm, cu, oracle):
-        dt = np.float64 if oracle else np.float32
         tdt = torch.float64 if oracle else torch.float32
         # The converted inputs are what the backward reads again: keep them (they are the
         # caller's own tensors when already contiguous in the kernel's dtype).
@@ -80,9 +83,8 @@ class _ChunkRule(torch.autograd.Function):
         ctx.opts, ctx.oracle = opts, oracle
         ctx.in_dtypes = [None if x is None else x.dtype for x in (q, k, v, g, beta, h0)]
         o_t = torch.from_numpy(o).to(q.dtype)
+        # the state stays in the kernel's precision (float32 as FLA's, float64 from the oracle)
         ht_t = torch.from_numpy(ht) if want_ht else None
-        if ht_t is not None and oracle:
-            ht_t = ht_t.to(torch.float64)
         return o_t, ht_t
 
     @staticmethod
