@@ -138,6 +138,75 @@ clicase fail "gdncp layer with a prefix that names no layer: clear error" \
 clicase fail "gdncp layer --decode with --backward: clear error" \
   $L layer "${tinyw[@]}" --in "$tiny/layer0.io.safetensors" --out "$logs/bad.safetensors" --decode 2 --backward
 
+echo "== packed documents through the command line: gdncp run --cu-seqlens / a cu_seqlens tensor (issue 11)"
+# A stream of 4 documents (a chunk boundary at 16, a length-1 document, one crossing chunks) with
+# per-document h0 and dht, chunk 16. Each document is cut out with scripts/st_slice.py and run
+# alone (dense): the packed run's rows and states for it must match; a run that ignores the
+# offsets must not (the negative control).
+P=$logs/pk; mkdir -p "$P"; CU=0,16,17,50,100; C16="--chunk 16 --backward"
+SL="python3 scripts/st_slice.py"
+pkcase() { # pkcase EXPECT(pass|fail) LABEL CMD...: like clicase, logging to the pack log
+  local expect=$1 label=$2; shift 2
+  if "$@" >"$P/log" 2>&1; then got=pass; else got=fail; fi
+  if [ "$got" = "$expect" ]; then echo "PASS  $label ($expect as expected)"; passed=$((passed + 1))
+  else echo "FAIL  $label (expected $expect)"; cat "$P/log"; failed=$((failed + 1)); fi
+}
+$L gen --T 100 --Hk 1 --Hv 2 --K 16 --V 16 --gates mild --cu-seqlens $CU --out "$P/p.st" >/dev/null 2>&1
+$SL "$P/p.st" "$P/q.st" --drop cu_seqlens,h0,dht   # the same tokens, no offsets, no states
+$SL "$P/p.st" "$P/nocu.st" --drop cu_seqlens        # per-document states, no offsets
+$L run $C16 --in "$P/p.st" --out "$P/packed.st" >/dev/null 2>&1
+pkcase pass "packed run, offsets from the file's cu_seqlens tensor == the same with --cu-seqlens $CU given too (bit for bit)" bash -c \
+  "$L run $C16 --in $P/p.st --out $P/both.st --cu-seqlens $CU && $L diff $P/both.st $P/packed.st --tol 0"
+d=0; for span in 0:16 16:17 17:50 50:100; do
+  pkcase pass "packed document $d (tokens $span) == that document run alone: o, ht, gradients, dh0 (tol 2e-5)" bash -c \
+    "$SL $P/p.st $P/d.st --rows $span --doc $d && $L run $C16 --in $P/d.st --out $P/alone.st && $SL $P/packed.st $P/cut.st --rows $span --doc $d && $L diff $P/cut.st $P/alone.st --tol 2e-5"
+  d=$((d + 1))
+done
+# --cu-seqlens on a file without offsets or states (zero initial states): document 2 alone; the
+# token rows compared (a dense run's ht is the whole stream's, not comparable)
+$SL "$P/q.st" "$P/q2.st" --rows 17:50
+$L run $C16 --in "$P/q2.st" --out "$P/q2alone.st" >/dev/null 2>&1
+pkcase pass "--cu-seqlens $CU on a file without offsets: document 2 == run alone (tol 2e-5)" bash -c \
+  "$L run $C16 --in $P/q.st --out $P/qp.st --cu-seqlens $CU && $SL $P/qp.st $P/cut.st --rows 17:50 --drop ht && $L diff $P/cut.st $P/q2alone.st --tol 2e-5"
+pkcase fail "the same file WITHOUT --cu-seqlens: document 2 != run alone (negative control: no reset)" bash -c \
+  "$L run $C16 --in $P/q.st --out $P/qd.st && $SL $P/qd.st $P/cut.st --rows 17:50 --drop ht && $L diff $P/cut.st $P/q2alone.st --tol 2e-5"
+for spec in "3 scan -" "3 scan 10,40,50" "4 allgather 16,1,33,50" "3 relay 60,39,1"; do
+  set -- $spec; sh=; [ "$3" != - ] && sh="--shards $3"
+  pkcase pass "mpiexec -n $1 gdncp run --cp $2 $sh --backward, offsets from the file == single-rank packed run (tol 2e-5)" bash -c \
+    "$MPIEXEC -n $1 $L run --cp $2 $sh $C16 --in $P/p.st --out $P/cp.st && $L diff $P/cp.st $P/packed.st --tol 2e-5"
+done
+pkcase pass "mpiexec -n 3 gdncp run --cp scan --cu-seqlens $CU --backward == single-rank packed run (tol 2e-5)" bash -c \
+  "$MPIEXEC -n 3 $L run --cp scan --cu-seqlens $CU $C16 --in $P/q.st --out $P/cp.st && $L diff $P/cp.st $P/qp.st --tol 2e-5"
+$SL "$P/qp.st" "$P/qp_rows.st" --drop ht   # token rows only: a dense run has one final state
+pkcase fail "mpiexec -n 3 gdncp run --cp scan WITHOUT --cu-seqlens vs the packed run's rows (negative control)" bash -c \
+  "$MPIEXEC -n 3 $L run --cp scan $C16 --in $P/q.st --out $P/cp.st && $L diff $P/cp.st $P/qp_rows.st --tol 2e-5"
+# Refusals: exit status and a word of the message; 2 for option text that is not a list.
+$L gen --B 2 --T 100 --Hk 1 --Hv 2 --K 16 --V 16 --out "$P/b2.st" >/dev/null 2>&1
+while IFS='|' read -r want msg cmd; do
+  if eval "timeout 60 $cmd" >"$P/log" 2>&1 </dev/null; then got=0; else got=$?; fi
+  if [ "$got" = "$want" ] && grep -q -- "$msg" "$P/log"; then echo "PASS  $cmd: exit $got, \"$(grep -m1 -o -- "$msg.*" "$P/log" | cut -c1-90)\""; passed=$((passed + 1))
+  else echo "FAIL  $cmd (exit $got, wanted $want and '$msg')"; cat "$P/log"; failed=$((failed + 1)); fi
+done <<LIST
+1|strictly increasing|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,17,17,100
+1|strictly increasing|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,50,17,100
+1|must start at 0|$L run --in $P/q.st --out $P/x.st --cu-seqlens 1,50,100
+1|must end at T|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,50,99
+1|must end at T|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,50,101
+1|at least two offsets|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0
+1|needs B = 1|$L run --in $P/b2.st --out $P/x.st --cu-seqlens 0,100
+1|differs from the cu_seqlens tensor|$L run --in $P/p.st --out $P/x.st --cu-seqlens 0,16,18,50,100
+1|'h0' has shape \[4,2,16,16\], expected \[1,|$L run --in $P/nocu.st --out $P/x.st --cu-seqlens 0,100 --reference
+2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,a,100
+2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,,100
+2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,50,
+2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens -1,100
+2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,99999999999999999999
+2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens
+1|not supported by the heads strategy|$MPIEXEC -n 2 $L run --cp heads --in $P/p.st --out $P/x.st
+1|must end at T|$MPIEXEC -n 3 $L run --cp scan --in $P/q.st --out $P/x.st --cu-seqlens 0,50
+2|--cu-seqlens|$MPIEXEC -n 3 $L run --cp scan --in $P/q.st --out $P/x.st --cu-seqlens 0,x
+LIST
+
 echo "== option values: out of range, not a number, trailing characters, overflow, NaN -> exit 2 naming the option"
 # Each line: the exit status wanted, the option the message must name, the command (every other
 # argument valid). 2 is a usage error; 1 a value that only the input shows wrong (a --decode longer
