@@ -181,6 +181,48 @@ void test_safetensors(void) {
     expect_status(gdn_st_read_f32(f, "a32", y, 10), GDN_ERR_SHAPE, "a32", "read into a too-small buffer");
     gdn_st_close(f);
 
+    /* Integer tensors (packed documents' cu_seqlens): I64 written and read back exactly, I32 widened
+     * (a hand-made file: the writer stores I64 only); other dtypes and ranks refused by name. */
+    {
+        char ipath[] = "/tmp/gdncp_st_int_XXXXXX"; /* its own file: `path` is reopened below */
+        close(mkstemp(ipath));
+        const int64_t offs[4] = {0, 5, (int64_t)1 << 40, -7}, n4 = 4, sq[2] = {2, 2};
+        gdn_st_writer_create(&w);
+        gdn_st_writer_add_i64(w, "cu", 1, &n4, offs);
+        gdn_st_writer_add_i64(w, "square", 2, sq, offs);
+        gdn_st_writer_add_f32(w, "real", GDN_F32, 1, &n4, x);
+        rc = gdn_st_writer_save(w, ipath);
+        gdn_st_writer_destroy(w);
+        int64_t got[4] = {0}, count = 0;
+        rc = rc ? rc : gdn_st_open(&f, ipath);
+        check(rc == GDN_OK && !strcmp(gdn_st_find(f, "cu")->dtype_name, "I64"), "I64 tensor written with dtype I64");
+        if (rc == GDN_OK) { /* (f is open only here) */
+            rc = gdn_st_read_i64(f, "cu", got, 4, &count);
+            check(rc == GDN_OK && count == 4 && !memcmp(got, offs, sizeof offs), "I64 round trip is exact (2^40, negative)");
+            const int64_t shifted[4] = {5, (int64_t)1 << 40, -7, 0};
+            check(memcmp(got, shifted, sizeof got) != 0, "negative control: the shifted offsets differ from what was read");
+            expect_status(gdn_st_read_i64(f, "real", got, 4, &count), GDN_ERR_DTYPE, "I64 or I32", "F32 tensor read as integers");
+            expect_status(gdn_st_read_i64(f, "square", got, 4, &count), GDN_ERR_SHAPE, "1-D", "2-D integer tensor");
+            expect_status(gdn_st_read_i64(f, "cu", got, 3, &count), GDN_ERR_SHAPE, "buffer holds 3", "4 integers into 3");
+            expect_status(gdn_st_read_i64(f, "none", got, 4, &count), GDN_ERR_MISSING, "none", "absent integer tensor");
+            expect_status(gdn_st_read_f32(f, "cu", y, 30), GDN_ERR_DTYPE, "I64", "I64 tensor read as floats");
+            gdn_st_close(f);
+        }
+        /* I32: header {"c":{"dtype":"I32","shape":[3],"data_offsets":[0,12]}} padded to 8 bytes */
+        const char hdr[] = "{\"c\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}}         ";
+        const uint64_t hlen = sizeof hdr - 1;
+        const int32_t vals[3] = {0, 17, 2147483647};
+        FILE *fp = fopen(ipath, "wb");
+        int ok = fp && fwrite(&hlen, 8, 1, fp) == 1 && fwrite(hdr, 1, hlen, fp) == hlen && fwrite(vals, 4, 3, fp) == 3;
+        if (fp) ok = !fclose(fp) && ok;
+        rc = ok ? gdn_st_open(&f, ipath) : GDN_ERR_IO;
+        rc = rc ? rc : gdn_st_read_i64(f, "c", got, 4, &count);
+        check(rc == GDN_OK && count == 3 && got[0] == 0 && got[1] == 17 && got[2] == 2147483647,
+              "I32 tensor read as int64 (0, 17, INT32_MAX)");
+        if (!rc) gdn_st_close(f);
+        unlink(ipath);
+    }
+
     /* Atomic replace: a failed save leaves the old file intact and no temp file behind. */
     gdn_st_writer_create(&w);
     gdn_st_writer_add_f32(w, "b", GDN_F32, 1, shape, x);
