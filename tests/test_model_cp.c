@@ -18,8 +18,6 @@
 static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w, float *dw,
                            const uint8_t *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
                            int recompute, int fault) {
-    const int rank = gdn_cp_rank(cp);
-    (void)rank;
     gdn_model_run r = {.B = B, .T = tn, .threads = 1, .recompute = recompute, .check_finite = 1};
     gdn_model_plan *p = NULL;
     int rc = gdn_model_plan_create(&p, c, &r, cp);

@@ -28,10 +28,11 @@ static int usage(void) {
 static int parse(int argc, char **argv, gdn_train_options *o) {
     *o = gdn_train_defaults();
     o->opt.min_lr = -1; /* not given: a tenth of --lr */
+    /* the int-typed options, read as int64 and range-checked like the others */
+    int64_t cp = o->cp, keep = o->keep_last, threads = o->threads;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         /* integer options with their ranges */
-        int64_t cp = o->cp, keep = o->keep_last, threads = o->threads;
         const struct { const char *flag; int64_t *dst, min, max; } ints[] = {
             {"--hidden", &o->model.E, 1, 1 << 16},       {"--layers", &o->model.L, 1, 1024},
             {"--intermediate", &o->model.I, 1, 1 << 18}, {"--key-heads", &o->model.Hk, 1, 1024},
@@ -61,7 +62,6 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
                 if (cli_parse_f64("train", a, v, reals[k].min, reals[k].max, reals[k].dst)) return CLI_USAGE_ERROR;
                 matched = 1, i++;
             }
-        o->cp = (int)cp, o->keep_last = (int)keep, o->threads = (int)threads;
         if (matched) continue;
         if (!strcmp(a, "--data") && v) o->data = v, i++;
         else if (!strcmp(a, "--out") && v) o->out = v, i++;
@@ -93,6 +93,7 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             return usage();
         }
     }
+    o->cp = (int)cp, o->keep_last = (int)keep, o->threads = (int)threads;
     if (!o->data) {
         fprintf(stderr, "gdncp train: --data FILE is required\n");
         return usage();

@@ -238,9 +238,8 @@ static size_t plan_floats(const gdn_model_config *c, const gdn_model_run *r, int
 }
 
 double gdn_model_plan_estimate(const gdn_model_config *c, const gdn_model_run *r) {
-    gdn_layer_config lc = gdn_model_layer_config(c, r->B, r->T);
+    const gdn_layer_config lc = gdn_model_layer_config(c, r->B, r->T);
     const int threads = r->threads > 0 ? r->threads : omp_get_max_threads();
-    lc.keep = r->recompute ? GDN_LAYER_KEEP_MIN : GDN_LAYER_KEEP_PROJ;
     /* the layer's saved floats and workspace, approximated from its per-token sizes */
     const double cd = (double)gdn_layer_conv_dim(&lc), vd = (double)(c->Hv * c->V);
     const double P = cd + vd + 2.0 * (double)c->Hv, tokens = (double)(r->B * r->T);
