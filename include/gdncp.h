@@ -94,6 +94,10 @@ void gdn_plan_destroy(gdn_plan *plan);
 const gdn_config *gdn_plan_config(const gdn_plan *plan);
 /* Name of the micro-kernel path the plan runs (for benchmarks and logs). */
 const char *gdn_plan_path(const gdn_plan *plan);
+/* Other documents for a packed plan's tokens (a training step's): cu_seqlens, n_docs and
+ * seq_offset as in gdn_config, checked and copied; shapes and workspace stay. The plan must have
+ * been made packed (one document {0, T} will do). On failure the plan keeps its documents. */
+int gdn_plan_set_docs(gdn_plan *plan, const int64_t *cu_seqlens, int64_t n_docs, int64_t seq_offset);
 
 /* Forward: o [B,T,Hv,V] and ht [B,Hv,K,V] (ht may be NULL) from q, k, v, g, beta and the
  * initial state h0 (NULL means zeros). */
@@ -265,6 +269,10 @@ typedef struct gdn_layer_plan gdn_layer_plan;
 int gdn_layer_plan_create(gdn_layer_plan **plan, const gdn_layer_config *cfg);
 void gdn_layer_plan_destroy(gdn_layer_plan *plan);
 const gdn_layer_config *gdn_layer_plan_config(const gdn_layer_plan *plan);
+/* Other documents for a packed layer plan (gdn_plan_set_docs; the conv restarts move too). A
+ * forward's saved floats belong to the documents it ran with: set the same ones for its backward. */
+int gdn_layer_plan_set_docs(gdn_layer_plan *plan, const int64_t *cu_seqlens, int64_t n_docs,
+                            int64_t seq_offset);
 /* Floats the forward keeps for the backward (depends on cfg.keep). */
 size_t gdn_layer_saved_floats(const gdn_layer_plan *plan);
 /* Name of the GEMM path the projections run. */

@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 #include <stdio.h>
+#include <string.h>
 
 void test_cp(void);
 void test_layer_cp(void);
@@ -17,14 +18,16 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     tests_quiet = rank != 0;
-    if (!rank) printf("== cp (D=%d)\n", size);
-    test_cp();
-    if (!rank) printf("== layer_cp (D=%d)\n", size);
-    test_layer_cp();
-    if (!rank) printf("== model_cp (D=%d)\n", size);
-    test_model_cp();
-    if (!rank) printf("== pack_cp (D=%d)\n", size);
-    test_pack_cp();
+    /* suites named on the command line run alone (all by default) */
+    static const struct { const char *name; void (*run)(void); } suites[] = {
+        {"cp", test_cp}, {"layer_cp", test_layer_cp}, {"model_cp", test_model_cp}, {"pack_cp", test_pack_cp}};
+    for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++) {
+        int run = argc < 2;
+        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], suites[i].name);
+        if (!run) continue;
+        if (!rank) printf("== %s (D=%d)\n", suites[i].name, size);
+        suites[i].run();
+    }
     int failed = tests_failed, any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (!rank) printf("%d passed, %d failed\n", tests_passed, tests_failed);

@@ -315,11 +315,98 @@ static void test_checkpoint_logits(void) {
     gdn_model_plan_destroy(p);
 }
 
+/* Packed documents: one step over rows of several documents equals each document run alone as
+ * its own sequence (loss summed, gradient summed, the same denominator): documents of one token,
+ * starts at the chunk boundary (64) and one token either side, a document whose only token is
+ * the last target. Negative control: the same rows with one document start left out (no reset
+ * there) must miss. Also: recompute equals kept activations; refusals. */
+static void test_packed(void) {
+    const gdn_model_config c = small_cfg();
+    enum { B = 2, T = 150 };
+    const int64_t cu[] = {0, 5, 6, 64, 129, 151, /* row 1 */ 0, 65, 150, 151};
+    const int64_t n_docs[B] = {5, 3};
+    const int64_t cu_noreset[] = {0, 5, 6, 129, 151, 0, 65, 150, 151}, n_noreset[B] = {4, 3};
+    const size_t nw = gdn_model_param_floats(&c);
+    float *w = model_weights(&c, 13);
+    float *dw = aligned_alloc(64, sizeof(float) * nw), *dw_ref = aligned_alloc(64, sizeof(float) * nw);
+    float *dw_doc = aligned_alloc(64, sizeof(float) * nw);
+    uint8_t *tok = random_tokens(B * (T + 1), 8);
+    /* the reference: each document alone, targets inside it only */
+    int64_t want = 0;
+    double ref = 0;
+    memset(dw_ref, 0, sizeof(float) * nw);
+    for (int64_t b = 0, at = 0; b < B; at += n_docs[b] + 1, b++)
+        for (int64_t d = 0; d < n_docs[b]; d++) want += cu[at + d + 1] - cu[at + d] - 1;
+    const double denom = (double)want;
+    int ok = 1;
+    for (int64_t b = 0, at = 0; b < B; at += n_docs[b] + 1, b++)
+        for (int64_t d = 0; d < n_docs[b]; d++) {
+            const int64_t s = cu[at + d], n = cu[at + d + 1] - s - 1; /* inputs */
+            if (n < 1) continue; /* a one-token document predicts nothing */
+            const gdn_model_run r1 = {.B = 1, .T = n, .threads = 0, .check_finite = 1};
+            gdn_model_plan *p1 = NULL;
+            double ls = 0;
+            ok &= gdn_model_plan_create(&p1, &c, &r1, NULL) == GDN_OK &&
+                  model_train_step(p1, w, dw_doc, tok + b * (T + 1) + s, denom, &ls) == GDN_OK;
+            ref += ls;
+            for (size_t i = 0; i < nw; i++) dw_ref[i] += dw_doc[i];
+            gdn_model_plan_destroy(p1);
+        }
+    check(ok, "each document alone through an unpacked plan");
+    for (int recompute = 0; recompute < 2; recompute++) {
+        const gdn_model_run r = {.B = B, .T = T, .threads = 0, .recompute = recompute, .check_finite = 1, .pack = 1};
+        gdn_model_plan *p = NULL;
+        int64_t got_targets = -1;
+        double ls = 0;
+        check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "packed model plan (recompute %d)", recompute);
+        if (!p) continue;
+        if (!recompute)
+            expect_status(gdn_model_forward(p, w, tok, denom, &ls, 0), GDN_ERR_ARG, "gdn_model_set_docs",
+                         "packed forward before any documents are set");
+        const int set = gdn_model_set_docs(p, cu, n_docs, 0, &got_targets);
+        check(set == GDN_OK && got_targets == want, "gdn_model_set_docs: %lld targets predicted (%lld inside "
+              "documents)", (long long)got_targets, (long long)want);
+        check(model_train_step(p, w, dw, tok, denom, &ls) == GDN_OK, "packed model step");
+        expect_close(fabs(ls - ref) / fabs(ref), 2e-5, "packed loss vs each document alone (recompute %d)", recompute);
+        expect_close(rel_err_ff(dw, dw_ref, (int64_t)nw), 2e-5,
+                     "packed gradient vs each document alone (recompute %d)", recompute);
+        if (!recompute) {
+            check(gdn_model_set_docs(p, cu_noreset, n_noreset, 0, &got_targets) == GDN_OK,
+                  "documents with the start at 64 left out");
+            model_train_step(p, w, dw, tok, denom, &ls);
+            expect_far(rel_err_ff(dw, dw_ref, (int64_t)nw), 2e-5, "packed gradient without the reset at 64");
+            const int64_t bad_order[] = {0, 9, 9, 151, 0, 151}, n_bad[B] = {3, 1};
+            expect_status(gdn_model_set_docs(p, bad_order, n_bad, 0, &got_targets), GDN_ERR_SHAPE, "not increasing",
+                         "documents not increasing");
+            expect_status(gdn_model_forward(p, w, tok, denom, &ls, 0), GDN_ERR_ARG, "gdn_model_set_docs",
+                         "a forward after refused documents");
+            const int64_t short_row[] = {0, 151, 0, 150}, n_short[B] = {1, 1};
+            expect_status(gdn_model_set_docs(p, short_row, n_short, 0, &got_targets), GDN_ERR_SHAPE, "row 1",
+                         "rows whose windows differ in length");
+            const int64_t one[] = {0, 151, 0, 151}, n_one[B] = {1, 1};
+            expect_status(gdn_model_set_docs(p, one, n_one, 3, &got_targets), GDN_ERR_SHAPE, "seq_offset",
+                         "a seq_offset on one rank");
+        }
+        gdn_model_plan_destroy(p);
+    }
+    {
+        const gdn_model_run r = {.B = B, .T = T, .threads = 0, .check_finite = 1};
+        gdn_model_plan *p = NULL;
+        int64_t got = 0;
+        if (gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK)
+            expect_status(gdn_model_set_docs(p, cu, n_docs, 0, &got), GDN_ERR_ARG, "run.pack",
+                         "documents for a plan made without run.pack");
+        gdn_model_plan_destroy(p);
+    }
+    free(w), free(dw), free(dw_ref), free(dw_doc), free(tok);
+}
+
 void test_model(void) {
     test_checkpoint_logits();
     test_names();
     test_errors_model();
     test_adamw();
     test_gradients();
+    test_packed();
     test_decode();
 }

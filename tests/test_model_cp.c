@@ -36,6 +36,75 @@ static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w
     return total;
 }
 
+/* Packed documents over the ranks (each row its own packed stream, one layer call per row)
+ * against the packed model on one rank (itself tested against documents run alone): document
+ * starts at a rank cut and one token either side, one-token documents, a row that is one
+ * document over every rank. Negative control: the incoming state dropped. */
+static double packed_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w, float *dw,
+                            const uint8_t *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
+                            const int64_t *cu, const int64_t *nd, double denom, int fault) {
+    gdn_model_run r = {.B = B, .T = tn, .threads = 1, .check_finite = 1, .pack = 1};
+    gdn_model_plan *p = NULL;
+    int rc = gdn_model_plan_create(&p, c, &r, cp);
+    uint8_t *mine = malloc((size_t)(B * (tn + 1)));
+    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, (size_t)(tn + 1));
+    double ls = NAN, total = NAN;
+    int64_t targets = 0;
+    if (!rc) rc = gdn_model_set_docs(p, cu, nd, t0, &targets);
+    gdn_cp_set_fault(cp, fault);
+    if (!rc) rc = model_train_step(p, w, dw, mine, denom, &ls);
+    gdn_cp_set_fault(cp, GDN_CP_FAULT_NONE);
+    if (rc) ls = NAN, check(0, "packed model step over ranks: %s", gdn_errmsg());
+    MPI_Allreduce(&ls, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, dw, (int)gdn_model_param_floats(c), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    free(mine);
+    gdn_model_plan_destroy(p);
+    return total;
+}
+
+static void test_model_cp_packed(const gdn_model_config *c, const float *w, const uint8_t *tok, int64_t B,
+                                 int64_t T, int64_t t0, int64_t tn, int D) {
+    /* row 0: starts at 1, around the first and last rank cuts, and at the last target; row 1:
+     * one document */
+    const int64_t want[] = {1, 22, 23, 24, 23 * (D - 1), 23 * (D - 1) + 1, T};
+    int64_t cu[16], nd[2] = {0, 1};
+    cu[0] = 0;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (want[i] > cu[nd[0]] && want[i] <= T) cu[++nd[0]] = want[i];
+    cu[++nd[0]] = T + 1;
+    cu[nd[0] + 1] = 0, cu[nd[0] + 2] = T + 1;
+    const size_t nw = gdn_model_param_floats(c);
+    float *dw = aligned_alloc(64, sizeof(float) * nw), *dw_ref = aligned_alloc(64, sizeof(float) * nw);
+    const double denom = (double)(B * T);
+    double ref = NAN;
+    {
+        const gdn_model_run r = {.B = B, .T = T, .threads = 1, .check_finite = 1, .pack = 1};
+        gdn_model_plan *p = NULL;
+        int64_t targets = 0;
+        if (!gdn_model_plan_create(&p, c, &r, NULL) && !gdn_model_set_docs(p, cu, nd, 0, &targets))
+            model_train_step(p, w, dw_ref, tok, denom, &ref);
+        gdn_model_plan_destroy(p);
+    }
+    const gdn_cp_strategy strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY};
+    for (int s = 0; s < 3; s++) {
+        gdn_cp *cp = NULL;
+        if (gdn_cp_create(&cp, MPI_COMM_WORLD, strategies[s])) continue;
+        const char *sn = gdn_cp_strategy_name(strategies[s]);
+        double got = packed_cp_run(cp, c, w, dw, tok, B, T, t0, tn, cu, nd, denom, 0);
+        expect_close(fabs(got - ref) / fabs(ref), TOL_MODEL_CP, "packed model loss over %d ranks (%s) vs one rank, "
+                     "%lld documents", D, sn, (long long)nd[0] + 1);
+        expect_close(rel_err_ff(dw, dw_ref, (int64_t)nw), TOL_MODEL_CP,
+                     "packed model gradient over %d ranks (%s) vs one rank", D, sn);
+        if (D > 1 && !s) {
+            packed_cp_run(cp, c, w, dw, tok, B, T, t0, tn, cu, nd, denom, GDN_CP_FAULT_DROP_INCOMING);
+            expect_far(rel_err_ff(dw, dw_ref, (int64_t)nw), TOL_MODEL_CP,
+                       "packed model gradient over %d ranks with the incoming state dropped", D);
+        }
+        gdn_cp_destroy(cp);
+    }
+    free(dw), free(dw_ref);
+}
+
 void test_model_cp(void) {
     int rank, D;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -94,5 +163,6 @@ void test_model_cp(void) {
         }
         gdn_cp_destroy(cp);
     }
+    test_model_cp_packed(&c, w, tok, B, T, t0, tn, D);
     free(w), free(dw), free(dw_ref), free(tok);
 }

@@ -199,6 +199,8 @@ typedef struct {
 struct gdn_plan {
     gdn_config cfg;
     gdn_pack pack;
+    int64_t pack_ckpt_cap; /* saved-state rows the plan was made with: gdn_plan_set_docs may
+                              never need more (a document start only splits a chunk run) */
     int threads;
     int ckpt_chunks;     /* backward: a checkpoint every this many chunks (its own sweep) */
     int64_t nseg;        /* backward: checkpoints per stream */

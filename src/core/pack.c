@@ -238,3 +238,34 @@ int gdn_packed_adjoint_first(gdn_plan *p, float *sg, const float *q, const float
     }
     return GDN_OK;
 }
+
+int gdn_plan_set_docs(gdn_plan *p, const int64_t *cu_seqlens, int64_t n_docs, int64_t seq_offset) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: plan is NULL");
+    if (!p->pack.n)
+        return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: the plan was made dense (cu_seqlens NULL); make it with "
+                        "offsets (e.g. one document {0, T}) to change its documents later");
+    if (!cu_seqlens) return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: cu_seqlens is NULL");
+    gdn_config c = p->cfg;
+    c.cu_seqlens = cu_seqlens, c.n_docs = n_docs, c.seq_offset = seq_offset;
+    int rc = gdn_pack_check(&c);
+    if (rc) return rc;
+    /* Build the new pieces beside the old ones, so that a failure leaves the plan as it was
+     * (never silently dense). */
+    const gdn_pack old = p->pack;
+    const gdn_config old_cfg = p->cfg;
+    memset(&p->pack, 0, sizeof p->pack);
+    p->cfg = c;
+    rc = gdn_pack_init(p);
+    if (!rc && p->pack.ckpt_rows > p->pack_ckpt_cap) /* cannot happen: see pack_ckpt_cap */
+        rc = gdn_fail(GDN_ERR_SHAPE, "gdn_plan_set_docs: %lld saved-state rows exceed the plan's %lld",
+                      (long long)p->pack.ckpt_rows, (long long)p->pack_ckpt_cap);
+    if (rc) {
+        gdn_pack_free(p);
+        p->pack = old, p->cfg = old_cfg;
+        return rc;
+    }
+    free(old.cu);
+    free(old.start);
+    free(old.ckpt_first);
+    return GDN_OK;
+}

@@ -75,6 +75,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         gdn_plan_destroy(p);
         return rc;
     }
+    p->pack_ckpt_cap = p->pack.ckpt_rows;
     *out = p;
     return GDN_OK;
 }

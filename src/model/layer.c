@@ -45,6 +45,30 @@ void gdn_layer_plan_destroy(gdn_layer_plan *lp) {
     free(lp);
 }
 
+/* The kernel plan holds the checked copy of the offsets; doc_begin[t]: the local index of the
+ * first token of token t's document, clamped to the halo (-(Kc-1)): the conv reads no earlier. */
+static void set_doc_begin(gdn_layer_plan *lp) {
+    gdn_layer_config *c = &lp->cfg;
+    const gdn_config *kc = gdn_plan_config(lp->kplan);
+    const int64_t *cu = kc->cu_seqlens;
+    c->cu_seqlens = cu, c->n_docs = kc->n_docs, c->seq_offset = kc->seq_offset;
+    int64_t d = 0;
+    for (int64_t t = 0; t < c->T; t++) {
+        while (cu[d + 1] <= c->seq_offset + t) d++;
+        const int64_t begin = cu[d] - c->seq_offset;
+        lp->doc_begin[t] = begin > -(c->Kc - 1) ? begin : -(c->Kc - 1);
+    }
+}
+
+int gdn_layer_plan_set_docs(gdn_layer_plan *lp, const int64_t *cu_seqlens, int64_t n_docs,
+                            int64_t seq_offset) {
+    if (!lp) return gdn_fail(GDN_ERR_ARG, "gdn_layer_plan_set_docs: plan is NULL");
+    int rc = gdn_plan_set_docs(lp->kplan, cu_seqlens, n_docs, seq_offset);
+    if (rc) return rc;
+    set_doc_begin(lp);
+    return GDN_OK;
+}
+
 int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "layer plan output pointer is NULL");
     *out = NULL;
@@ -70,20 +94,13 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
         free(lp);
         return rc;
     }
-    if (c->cu_seqlens) { /* the kernel plan holds the checked copy of the offsets */
-        const int64_t *cu = gdn_plan_config(lp->kplan)->cu_seqlens;
-        c->cu_seqlens = cu;
+    if (c->cu_seqlens) {
         lp->doc_begin = malloc(sizeof(int64_t) * (size_t)c->T);
         if (!lp->doc_begin) {
             gdn_layer_plan_destroy(lp);
             return gdn_fail(GDN_ERR_NOMEM, "layer document starts (%lld tokens)", (long long)c->T);
         }
-        int64_t d = 0;
-        for (int64_t t = 0; t < c->T; t++) {
-            while (cu[d + 1] <= c->seq_offset + t) d++;
-            const int64_t begin = cu[d] - c->seq_offset;
-            lp->doc_begin[t] = begin > -(c->Kc - 1) ? begin : -(c->Kc - 1);
-        }
+        set_doc_begin(lp);
     }
     lp->ckpt_floats = gdn_plan_checkpoint_floats(lp->kplan);
     const size_t N = (size_t)lp->N, P = (size_t)lp->P, vd = (size_t)lp->vd, kd = (size_t)lp->kd,

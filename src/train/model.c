@@ -218,6 +218,17 @@ struct gdn_model_plan {
     float *logits;            /* LOSS_ROWS x vocab */
     float *dlm;               /* vocab x E: lm_head's gradient from the forward's loss head */
     int ready_for_backward;   /* a forward kept what gdn_model_backward needs */
+    /* packed documents (run.pack; gdn_model_set_docs) */
+    int docs_set;
+    uint8_t *skip;            /* N: the target starts a document: not predicted */
+    int64_t *doc_cu;          /* the layer's stream offsets: one rank, one stream of all B*T
+                                 tokens (rows are documents too); CP, row b's from row_first[b] */
+    size_t doc_cu_cap;
+    int64_t *row_first, *row_docs; /* B each (one rank: entry 0 only) */
+    int64_t seq_offset;
+    size_t saved_row;         /* CP rows: the layer's saved floats of one row */
+    float *dw_row;            /* CP rows: one row's layer gradient, summed into dw */
+    size_t layer_floats;
     float *partial;           /* threads x E: per-thread weight-gradient partials */
     double *loss_partial;     /* threads */
     float *mm_ws;
@@ -265,7 +276,13 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     p->cfg = *c, p->run = *r, p->cp = cp;
     p->threads = r->threads > 0 ? r->threads : omp_get_max_threads();
     p->N = r->B * r->T;
-    gdn_layer_config lc = gdn_model_layer_config(c, r->B, r->T);
+    /* Packed: one rank runs all rows as one stream (a row start is a document start too); under
+     * CP each row is its own stream over the ranks, one layer call per row. Made with one
+     * document; gdn_model_set_docs gives the step's. */
+    const int rows_apart = r->pack && cp;
+    const int64_t one_doc[2] = {0, rows_apart ? r->T : r->B * r->T};
+    gdn_layer_config lc = r->pack ? gdn_model_layer_config(c, 1, one_doc[1]) : gdn_model_layer_config(c, r->B, r->T);
+    if (r->pack) lc.cu_seqlens = one_doc, lc.n_docs = 1;
     lc.threads = p->threads;
     lc.check_finite = r->check_finite;
     /* Recompute keeps only the kernel's states (KEEP_MIN) of the one block being recomputed;
@@ -275,7 +292,20 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
         free(p);
         return rc;
     }
-    p->saved_floats = gdn_layer_saved_floats(p->lp);
+    p->saved_row = gdn_layer_saved_floats(p->lp);
+    p->saved_floats = p->saved_row * (size_t)(rows_apart ? r->B : 1);
+    p->layer_floats = gdn_layer_param_floats(&lc);
+    if (r->pack) {
+        p->skip = calloc((size_t)p->N, 1);
+        p->row_first = calloc((size_t)r->B, sizeof(int64_t));
+        p->row_docs = calloc((size_t)r->B, sizeof(int64_t));
+        if (rows_apart) p->dw_row = malloc(sizeof(float) * p->layer_floats);
+        if (!p->skip || !p->row_first || !p->row_docs || (rows_apart && !p->dw_row)) {
+            gdn_model_plan_destroy(p);
+            return gdn_fail(GDN_ERR_NOMEM, "the model's document tables (B = %lld, T = %lld)", (long long)r->B,
+                            (long long)r->T);
+        }
+    }
     const size_t floats = plan_floats(c, r, p->threads, p->saved_floats);
     if ((rc = gdn_check_fits("the model's activations and workspace", 4.0 * (double)floats))) {
         gdn_model_plan_destroy(p);
@@ -315,6 +345,7 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
 void gdn_model_plan_destroy(gdn_model_plan *p) {
     if (!p) return;
     gdn_layer_plan_destroy(p->lp);
+    free(p->skip), free(p->doc_cu), free(p->row_first), free(p->row_docs), free(p->dw_row);
     free(p->acts);
     free(p->arena);
     free(p);
@@ -377,14 +408,42 @@ static void norm_backward(gdn_model_plan *p, int64_t N, float *dx, int accumulat
     }
 }
 
+/* Packed rows over CP: row b's documents into the layer plan (agreed: the call after it is
+ * collective). */
+static int set_row_docs(gdn_model_plan *p, int64_t b) {
+    const int rc = gdn_layer_plan_set_docs(p->lp, p->doc_cu + p->row_first[b], p->row_docs[b], p->seq_offset);
+    return gdn_cp_agree_status(p->cp, rc);
+}
+
 static int layer_forward(gdn_model_plan *p, float *y, float *saved, const float *x, const float *w) {
-    return p->cp ? gdn_layer_cp_forward(p->cp, p->lp, y, saved, x, w)
-                 : gdn_layer_forward(p->lp, y, saved, x, w, NULL, NULL);
+    if (!(p->run.pack && p->cp))
+        return p->cp ? gdn_layer_cp_forward(p->cp, p->lp, y, saved, x, w)
+                     : gdn_layer_forward(p->lp, y, saved, x, w, NULL, NULL);
+    const size_t TE = (size_t)(p->run.T * p->cfg.E);
+    for (int64_t b = 0; b < p->run.B; b++) {
+        int rc = set_row_docs(p, b);
+        if (!rc) rc = gdn_layer_cp_forward(p->cp, p->lp, y + b * TE, saved ? saved + b * p->saved_row : NULL,
+                                           x + b * TE, w);
+        if (rc) return rc;
+    }
+    return GDN_OK;
 }
 static int layer_backward(gdn_model_plan *p, float *dx, float *dw, const float *x, const float *w,
                           const float *saved, const float *dy) {
-    return p->cp ? gdn_layer_cp_backward(p->cp, p->lp, dx, dw, x, w, saved, dy)
-                 : gdn_layer_backward(p->lp, dx, dw, x, w, saved, dy);
+    if (!(p->run.pack && p->cp))
+        return p->cp ? gdn_layer_cp_backward(p->cp, p->lp, dx, dw, x, w, saved, dy)
+                     : gdn_layer_backward(p->lp, dx, dw, x, w, saved, dy);
+    const size_t TE = (size_t)(p->run.T * p->cfg.E);
+    for (int64_t b = 0; b < p->run.B; b++) {
+        float *dwb = b ? p->dw_row : dw;
+        int rc = set_row_docs(p, b);
+        if (!rc) rc = gdn_layer_cp_backward(p->cp, p->lp, dx + b * TE, dwb, x + b * TE, w,
+                                            saved + b * p->saved_row, dy + b * TE);
+        if (rc) return rc;
+        if (b)
+            for (size_t i = 0; i < p->layer_floats; i++) dw[i] += dwb[i];
+    }
+    return GDN_OK;
 }
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
@@ -506,6 +565,10 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const uin
                 const int64_t row = r0 + i, bb = row / T, t = row % T;
                 const int target = tokens[bb * (T + 1) + t + 1];
                 float *li = p->logits + i * Vv;
+                if (p->skip && p->skip[row]) { /* a document's first token: not predicted */
+                    if (dlm) memset(li, 0, sizeof(float) * (size_t)Vv);
+                    continue;
+                }
                 float mx = li[0];
                 for (int64_t v = 1; v < Vv; v++) mx = li[v] > mx ? li[v] : mx;
                 const float lt = li[target];
@@ -570,6 +633,8 @@ int gdn_model_forward(gdn_model_plan *p, const float *w, const uint8_t *tokens, 
     if (!(denom > 0.0) || !isfinite(denom))
         return gdn_fail(GDN_ERR_ARG, "model forward: denom = %g must be positive", denom);
     p->ready_for_backward = 0;
+    if (p->run.pack && !p->docs_set)
+        return gdn_fail(GDN_ERR_ARG, "model forward: a packed plan needs gdn_model_set_docs first");
     int rc = forward_all(p, w, tokens, for_backward);
     if (rc) return rc;
     /* The head's gradient is formed with its loss, chunk by chunk, so no [N, vocab] logits are
@@ -617,6 +682,8 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const uint8_t *tokens, f
     if (!p || !w || !tokens || !logits)
         return gdn_fail(GDN_ERR_ARG, "model logits: plan, w, tokens and logits must not be NULL");
     const int64_t T = p->run.T, B = p->run.B;
+    if (p->run.pack && !p->docs_set)
+        return gdn_fail(GDN_ERR_ARG, "model logits: a packed plan needs gdn_model_set_docs first");
     /* the inputs in the [B, T+1] layout the step uses (the extra column is not read) */
     uint8_t *tk = calloc((size_t)(B * (T + 1)), 1);
     if (!tk) return gdn_fail(GDN_ERR_NOMEM, "model logits: token copy");
@@ -628,6 +695,79 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const uint8_t *tokens, f
     const gdn_model_config *c = &p->cfg;
     gdn_matmul(GDN_GEMM_B_TRANS, p->N, c->vocab, c->E, p->af, c->E, w + lm_head_offset(c), c->E,
                logits, c->vocab, p->mm_ws, p->threads);
+    return GDN_OK;
+}
+
+int gdn_model_set_docs(gdn_model_plan *p, const int64_t *doc_cu, const int64_t *n_docs,
+                       int64_t seq_offset, int64_t *targets) {
+    if (!p || !doc_cu || !n_docs || !targets)
+        return gdn_fail(GDN_ERR_ARG, "model documents: plan, doc_cu, n_docs and targets must not be NULL");
+    if (!p->run.pack) return gdn_fail(GDN_ERR_ARG, "model documents: the plan was made without run.pack");
+    p->docs_set = 0;
+    const int64_t B = p->run.B, T = p->run.T;
+    if (seq_offset < 0 || (!p->cp && seq_offset != 0))
+        return gdn_fail(GDN_ERR_SHAPE, "model documents: seq_offset %lld (one rank holds whole rows: 0)",
+                        (long long)seq_offset);
+    /* every row's window: 0, increasing, the same end T_full + 1 covering this rank's tokens */
+    size_t total = 0;
+    int64_t full = -1;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t n = n_docs[b], *cu = doc_cu + total;
+        if (n < 1 || n > ((int64_t)1 << 40))
+            return gdn_fail(GDN_ERR_SHAPE, "model documents: row %lld has n_docs %lld", (long long)b, (long long)n);
+        if (cu[0] != 0)
+            return gdn_fail(GDN_ERR_SHAPE, "model documents: row %lld's offsets start at %lld, not 0", (long long)b,
+                            (long long)cu[0]);
+        for (int64_t d = 0; d < n; d++)
+            if (cu[d + 1] <= cu[d])
+                return gdn_fail(GDN_ERR_SHAPE, "model documents: row %lld's offsets are not increasing at %lld "
+                                "(%lld then %lld)", (long long)b, (long long)d, (long long)cu[d], (long long)cu[d + 1]);
+        if (b == 0) full = cu[n] - 1;
+        else if (cu[n] - 1 != full)
+            return gdn_fail(GDN_ERR_SHAPE, "model documents: row %lld's window has %lld tokens, row 0's %lld",
+                            (long long)b, (long long)cu[n], (long long)(full + 1));
+        total += (size_t)n + 1;
+    }
+    if (full < seq_offset + T || (!p->cp && full != T))
+        return gdn_fail(GDN_ERR_SHAPE, "model documents: windows of %lld + 1 tokens do not match this rank's "
+                        "tokens [%lld, %lld) plus the next", (long long)full, (long long)seq_offset,
+                        (long long)(seq_offset + T));
+    if (total + 1 > p->doc_cu_cap) {
+        int64_t *grown = realloc(p->doc_cu, sizeof(int64_t) * (total + 1));
+        if (!grown) return gdn_fail(GDN_ERR_NOMEM, "model documents (%zu offsets)", total + 1);
+        p->doc_cu = grown, p->doc_cu_cap = total + 1;
+    }
+    /* the layer's stream offsets (the documents that start before T_full, ending at T_full; one
+     * rank: all rows in one stream), and which targets start a document */
+    int64_t k = 0, predicted = 0;
+    const int64_t *cu = doc_cu;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t n = n_docs[b];
+        if (p->cp) p->row_first[b] = k;
+        for (int64_t d = 0; d < n && cu[d] < full; d++) p->doc_cu[k++] = (p->cp ? 0 : b * T) + cu[d];
+        if (p->cp) {
+            p->doc_cu[k++] = full;
+            p->row_docs[b] = k - p->row_first[b] - 1;
+        }
+        int64_t d = 1;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t j = seq_offset + t + 1; /* the target's place in the window */
+            while (d < n && cu[d] < j) d++;
+            const int starts = d < n && cu[d] == j;
+            p->skip[b * T + t] = (uint8_t)starts;
+            predicted += !starts;
+        }
+        cu += n + 1;
+    }
+    p->seq_offset = seq_offset;
+    if (!p->cp) {
+        p->doc_cu[k++] = B * T;
+        p->row_docs[0] = k - 1;
+        int rc = gdn_layer_plan_set_docs(p->lp, p->doc_cu, k - 1, 0);
+        if (rc) return rc;
+    }
+    *targets = predicted;
+    p->docs_set = 1;
     return GDN_OK;
 }
 

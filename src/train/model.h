@@ -67,6 +67,7 @@ typedef struct {
     int threads;    /* 0: all */
     int recompute;  /* 0: keep activations; 1: per-block recompute */
     int check_finite;
+    int pack;       /* packed documents: gdn_model_set_docs before every forward */
 } gdn_model_run;
 int gdn_model_plan_create(gdn_model_plan **plan, const gdn_model_config *cfg,
                           const gdn_model_run *run, gdn_cp *cp);
@@ -83,6 +84,15 @@ double gdn_model_plan_estimate(const gdn_model_config *cfg, const gdn_model_run 
  * loss). Collective over cp. */
 int gdn_model_forward(gdn_model_plan *plan, const float *w, const uint8_t *tokens, double denom,
                       double *loss_sum, int for_backward);
+/* Packed documents (run.pack): the documents of this step's rows, before gdn_model_forward.
+ * Row b's window is the tokens [0, T_full] of its whole sequence (T_full: its tokens over every
+ * CP rank; this rank holds [seq_offset, seq_offset + T) plus the next one). doc_cu lists, row
+ * after row, n_docs[b] + 1 offsets of the documents in that window: 0, each document start,
+ * T_full + 1. The recurrent state and the conv restart at every document start, and a target
+ * that starts a document is not predicted (no loss, no gradient: the loss stays inside
+ * documents). *targets receives the predicted targets of this rank's rows (for denom). */
+int gdn_model_set_docs(gdn_model_plan *plan, const int64_t *doc_cu, const int64_t *n_docs,
+                       int64_t seq_offset, int64_t *targets);
 /* dw (flat, overwritten): the gradient of (sum of every rank's loss_sum) / denom, this rank's
  * share (sum it over the ranks), for the preceding gdn_model_forward(..., for_backward = 1) on
  * the same tokens. Collective over cp. */
