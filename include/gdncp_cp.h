@@ -11,8 +11,10 @@
  * hold many documents, part of one or lie inside one. h0 and ht are then [n_docs, Hv, K, V] on
  * every rank (each rank applies the h0 of the documents that start on it; the final states are
  * gathered from the ranks where the documents end), and so are dht and ds_in (every document's
- * dh0) in the backward; s_in is the state this rank's first token starts from. Strategies scan,
- * allgather and relay; heads refuses packed streams.
+ * dh0) in the backward; s_in is the state this rank's first token starts from. Every strategy;
+ * heads runs the whole stream's documents for its block of heads (document d's h0 read on the
+ * rank where d starts, its dht where d ends, as the others do) and, forming no per-shard states,
+ * leaves s_in zero.
  */
 #ifndef GDNCP_CP_H
 #define GDNCP_CP_H

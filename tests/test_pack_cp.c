@@ -2,7 +2,10 @@
  * document run alone through the single-rank path, with cuts inside documents, exactly at chunk
  * boundaries and one token from them, at document boundaries, many documents on one rank and one
  * document over all ranks; negative controls through the real CP path (dropped incoming state,
- * dropped state gradient, resets disabled); heads and inconsistent offsets refused. */
+ * dropped state gradient, resets disabled); inconsistent offsets refused. Every strategy reads
+ * document d's h0 on the rank where d starts and its dht where d ends: the other ranks' copies
+ * of those rows are scrambled and must not matter (the owners' scrambled: the control). The
+ * heads strategy runs with Hk = D (it needs D | Hk); Hk = 1 over D > 1 ranks is refused. */
 #include "gdncp_cp.h"
 #include "harness.h"
 
@@ -63,15 +66,30 @@ static float *slice(const float *x, int64_t t0, int64_t tn, int64_t inner) {
     return out;
 }
 
-enum { PACKED = 0, RESETS_DISABLED = 1 };
+enum {
+    PACKED = 0,
+    RESETS_DISABLED = 1, /* dense plans on the packed stream (negative control) */
+    OWNED_ONLY = 2,      /* packed; each rank's h0 / dht rows of documents it does not own scrambled */
+    OWNED_SCRAMBLED = 3, /* packed; the rows it owns scrambled instead (negative control) */
+    HK_ONE = 4           /* packed with Hk = 1 whatever the strategy (heads then refused for D > 1) */
+};
+
+/* x -> 1.5 - 2x on the rows [d, d+1) of a per-document state where `pick` is set. */
+static void scramble_docs(float *x, int64_t n_docs, int64_t ns, const int *pick) {
+    for (int64_t d = 0; d < n_docs; d++)
+        for (int64_t i = 0; pick[d] && i < ns; i++) x[d * ns + i] = 1.5f - 2.0f * x[d * ns + i];
+}
 
 /* One case through one strategy: forward and backward errors against the documents run alone
  * (both INFINITY when a call fails). fault: a GDN_CP_FAULT_* negative control. */
 static int run_case(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault, int mode, double *ef,
                     double *eb) {
-    gdn_config full = gdn_config_default(1, cc->T, 1, 2, 16, 16);
+    /* heads needs D | Hk: Hk = D there (two value heads per key head as elsewhere) */
+    const int64_t Hk = strategy == GDN_CP_HEADS && mode != HK_ONE ? D : 1;
+    gdn_config full = gdn_config_default(1, cc->T, Hk, 2 * Hk, 16, 16);
     full.chunk = cc->chunk, full.threads = 1, full.cu_seqlens = cc->cu, full.n_docs = cc->n_docs;
-    const int64_t ns = full.Hv * full.K * full.V, nst = cc->n_docs * ns, Hv = full.Hv, V = full.V, K = full.K;
+    const int64_t ns = full.Hv * full.K * full.V, nst = cc->n_docs * ns, Hv = full.Hv, V = full.V,
+                  QK = Hk * full.K; /* a token's row of q or k */
     problem p;
     problem_make(&p, full, GATE_MILD, BETA_RANDOM, 0, 777 + cc->T + cc->n_docs);
     float *h0 = random_floats((size_t)nst), *dht = random_floats((size_t)nst), *dout = random_floats((size_t)n_v(&full));
@@ -85,11 +103,22 @@ static int run_case(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault,
     gdn_config loc = full;
     loc.T = tn, loc.seq_offset = t0;
     if (mode == RESETS_DISABLED) loc.cu_seqlens = NULL, loc.n_docs = 0, loc.seq_offset = 0;
-    float *q = slice(p.q, t0, tn, K), *k = slice(p.k, t0, tn, K), *v = slice(p.v, t0, tn, Hv * V);
+    if (mode == OWNED_ONLY || mode == OWNED_SCRAMBLED) { /* (the reference has run: copies change) */
+        int *starts = calloc((size_t)cc->n_docs, sizeof(int)), *ends = calloc((size_t)cc->n_docs, sizeof(int));
+        for (int64_t d = 0; d < cc->n_docs; d++) {
+            const int owns_start = cc->cu[d] >= t0 && cc->cu[d] < t0 + tn;
+            const int owns_end = cc->cu[d + 1] > t0 && cc->cu[d + 1] <= t0 + tn;
+            starts[d] = mode == OWNED_ONLY ? !owns_start : owns_start;
+            ends[d] = mode == OWNED_ONLY ? !owns_end : owns_end;
+        }
+        scramble_docs(h0, cc->n_docs, ns, starts), scramble_docs(dht, cc->n_docs, ns, ends);
+        free(starts), free(ends);
+    }
+    float *q = slice(p.q, t0, tn, QK), *k = slice(p.k, t0, tn, QK), *v = slice(p.v, t0, tn, Hv * V);
     float *g = slice(p.g, t0, tn, Hv), *beta = slice(p.beta, t0, tn, Hv), *ldo = slice(dout, t0, tn, Hv * V);
     float *o = calloc((size_t)(tn * Hv * V), sizeof(float)), *ht = calloc((size_t)nst, sizeof(float));
     float *s_in = calloc((size_t)ns, sizeof(float)), *dh0 = calloc((size_t)nst, sizeof(float));
-    float *gq = calloc((size_t)(tn * K), sizeof(float)), *gk = calloc((size_t)(tn * K), sizeof(float));
+    float *gq = calloc((size_t)(tn * QK), sizeof(float)), *gk = calloc((size_t)(tn * QK), sizeof(float));
     float *gv = calloc((size_t)(tn * Hv * V), sizeof(float)), *gg = calloc((size_t)(tn * Hv), sizeof(float));
     float *gb = calloc((size_t)(tn * Hv), sizeof(float));
     gdn_plan *plan = NULL;
@@ -103,13 +132,13 @@ static int run_case(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault,
     *ef = *eb = INFINITY;
     if (!fwd_rc) {
         *ef = rows_err(o, ref.o, cc->T, t0, tn, Hv * V);
-        if (mode == PACKED) *ef = fmax(*ef, max_over_ranks(rel_err_ff(ht, ref.ht, nst)));
+        if (mode != RESETS_DISABLED) *ef = fmax(*ef, max_over_ranks(rel_err_ff(ht, ref.ht, nst)));
     }
     if (!rc) {
-        *eb = fmax(rows_err(gq, ref.dq, cc->T, t0, tn, K), rows_err(gk, ref.dk, cc->T, t0, tn, K));
+        *eb = fmax(rows_err(gq, ref.dq, cc->T, t0, tn, QK), rows_err(gk, ref.dk, cc->T, t0, tn, QK));
         *eb = fmax(*eb, fmax(rows_err(gv, ref.dv, cc->T, t0, tn, Hv * V), rows_err(gg, ref.dg, cc->T, t0, tn, Hv)));
         *eb = fmax(*eb, rows_err(gb, ref.dbeta, cc->T, t0, tn, Hv));
-        if (mode == PACKED) *eb = fmax(*eb, max_over_ranks(rel_err_ff(dh0, ref.dh0, nst)));
+        if (mode != RESETS_DISABLED) *eb = fmax(*eb, max_over_ranks(rel_err_ff(dh0, ref.dh0, nst)));
     }
     gdn_cp_destroy(cp);
     gdn_plan_destroy(plan);
@@ -128,15 +157,36 @@ static void describe(char *buf, size_t n, const cp_pack_case *cc, gdn_cp_strateg
 }
 
 static void check_case(const cp_pack_case *cc) {
-    const gdn_cp_strategy strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY};
+    const gdn_cp_strategy strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY, GDN_CP_HEADS};
     char what[256];
-    for (int s = 0; s < 3; s++) {
-        double ef, eb;
+    double ef, eb;
+    for (int s = 0; s < 4; s++) {
         run_case(cc, strategies[s], GDN_CP_FAULT_NONE, PACKED, &ef, &eb);
         describe(what, sizeof what, cc, strategies[s]);
         expect_close(ef, TOL_PACK_CP_FWD, "%s: forward (o, ht per document) == documents run alone", what);
         expect_close(eb, TOL_PACK_CP_BWD, "%s: backward (all gradients, dh0 per document) == documents run alone",
                      what);
+    }
+    /* Per-document states read from their owners only: the scan's and the heads' way. */
+    const gdn_cp_strategy owners[] = {GDN_CP_SCAN, GDN_CP_HEADS};
+    for (int s = 0; s < 2; s++) {
+        describe(what, sizeof what, cc, owners[s]);
+        run_case(cc, owners[s], GDN_CP_FAULT_NONE, OWNED_ONLY, &ef, &eb);
+        expect_close(ef, TOL_PACK_CP_FWD, "%s: h0 rows of documents not starting on a rank scrambled there: "
+                     "forward unchanged", what);
+        expect_close(eb, TOL_PACK_CP_BWD, "%s: dht rows of documents not ending on a rank scrambled there: "
+                     "backward unchanged", what);
+        run_case(cc, owners[s], GDN_CP_FAULT_NONE, OWNED_SCRAMBLED, &ef, &eb);
+        expect_far(ef, TOL_PACK_CP_FWD, "%s: the owners' h0 rows scrambled: forward differs (negative control)", what);
+        expect_far(eb, TOL_PACK_CP_BWD, "%s: the owners' dht rows scrambled: backward differs (negative control)",
+                   what);
+    }
+    if (cc->n_docs > 1) { /* (one document: a dense run is the same run) */
+        describe(what, sizeof what, cc, GDN_CP_HEADS);
+        run_case(cc, GDN_CP_HEADS, GDN_CP_FAULT_NONE, RESETS_DISABLED, &ef, &eb);
+        expect_far(ef, TOL_PACK_CP_FWD, "%s: resets disabled (dense plans): forward differs (negative control)", what);
+        expect_far(eb, TOL_PACK_CP_BWD, "%s: resets disabled (dense plans): backward differs (negative control)",
+                   what);
     }
 }
 
@@ -157,7 +207,8 @@ enum { LAYER_PACKED, LAYER_DENSE };
 
 static void layer_cp_errors(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault, int mode, double *ey,
                             double *edx, double *edw) {
-    gdn_layer_config full = gdn_layer_config_default(1, cc->T, 24, 1, 2, 16, 16);
+    const int64_t Hk = strategy == GDN_CP_HEADS ? D : 1; /* heads needs D | Hk */
+    gdn_layer_config full = gdn_layer_config_default(1, cc->T, 24, Hk, 2 * Hk, 16, 16);
     full.threads = 1, full.chunk = cc->chunk, full.cu_seqlens = cc->cu, full.n_docs = cc->n_docs;
     const int64_t E = full.E, N = cc->T * E, nw = (int64_t)gdn_layer_param_floats(&full);
     rng_seed(606 + cc->T);
@@ -199,10 +250,10 @@ static void layer_cp_check(void) {
     static const int64_t shard_pattern[] = {7, 2, 1, 9}, lens[] = {4, 1, 6, 2, 9};
     for (int r = 0; r < D; r++) sizes[r] = shard_pattern[r % 4];
     cp_pack_case cc = make_case("layer, halo across documents", 16, sizes, lens, 5);
-    const gdn_cp_strategy strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY};
+    const gdn_cp_strategy strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY, GDN_CP_HEADS};
     char what[256];
     double ey, edx, edw;
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < 4; s++) {
         layer_cp_errors(&cc, strategies[s], GDN_CP_FAULT_NONE, LAYER_PACKED, &ey, &edx, &edw);
         describe(what, sizeof what, &cc, strategies[s]);
         expect_close(fmax(ey, edx), TOL_PACK_LAYER, "%s: packed layer y, dx == documents run alone", what);
@@ -216,6 +267,10 @@ static void layer_cp_check(void) {
     }
     layer_cp_errors(&cc, GDN_CP_SCAN, GDN_CP_FAULT_NONE, LAYER_DENSE, &ey, &edx, &edw);
     expect_far(ey, TOL_PACK_LAYER, "scan %s D=%d: resets disabled (dense layer plans)", cc.label, D);
+    layer_cp_errors(&cc, GDN_CP_HEADS, GDN_CP_FAULT_NONE, LAYER_DENSE, &ey, &edx, &edw);
+    expect_far(fmin(ey, edx), TOL_PACK_LAYER, "heads %s D=%d: resets disabled (dense layer plans): y and dx differ",
+               cc.label, D);
+    expect_far(edw, TOL_PACK_LAYER, "heads %s D=%d: resets disabled (dense layer plans): dw differs", cc.label, D);
     free_case(&cc);
     free(sizes);
 }
@@ -278,8 +333,12 @@ void test_pack_cp(void) {
 
     /* Refusals, on every rank alike. */
     double ef, eb;
-    int rc = run_case(&inside, GDN_CP_HEADS, GDN_CP_FAULT_NONE, PACKED, &ef, &eb);
-    expect_status(rc, GDN_ERR_ARG, "does not support packed", "strategy heads with cu_seqlens is refused");
+    int rc = run_case(&inside, GDN_CP_HEADS, GDN_CP_FAULT_NONE, HK_ONE, &ef, &eb);
+    if (D > 1)
+        expect_status(rc, GDN_ERR_SHAPE, "to divide Hk", "heads with cu_seqlens, Hk = 1 over %d ranks, is refused", D);
+    else
+        expect_close(fmax(ef, eb), TOL_PACK_CP_BWD, "heads with cu_seqlens, Hk = 1 on one rank == documents alone "
+                     "(forward and backward)");
     int64_t *past = malloc(sizeof(int64_t) * (size_t)(inside.n_docs + 1));
     memcpy(past, inside.cu, sizeof(int64_t) * (size_t)(inside.n_docs + 1));
     past[inside.n_docs] += 1; /* one token more than the ranks hold */

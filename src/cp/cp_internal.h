@@ -39,9 +39,9 @@ int gdn_cp_bcast(gdn_cp *cp, float *buf, int64_t count, int root);
  * order, adjoint pairs) entering this rank. Scan and allgather strategies. Collective. */
 int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t K, int64_t V, int dir);
 
-/* Packed streams (cu_seqlens) over ranks (cp_pack.c), every strategy but heads: called by
- * gdn_cp_forward / gdn_cp_backward after the agreement step, same arguments; h0, ht, dht and
- * ds_in (then every document's dh0) per document, on every rank. */
+/* Packed streams (cu_seqlens) over ranks (cp_pack.c): called by gdn_cp_forward / gdn_cp_backward
+ * after the agreement step, same arguments; h0, ht, dht and ds_in (then every document's dh0) per
+ * document, on every rank. The heads strategy is passed on to gdn_cp_heads_forward/backward. */
 int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
                           const float *q, const float *k, const float *v, const float *g,
                           const float *beta, const float *h0);
@@ -49,6 +49,12 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
                            float *dbeta, float *dh0, const float *q, const float *k, const float *v,
                            const float *g, const float *beta, const float *h0, const float *s_in,
                            const float *dout, const float *dht);
+
+/* The documents each rank owns, from the agreed shard sizes (cp->shard_T) and the whole stream's
+ * offsets: rank r's are [displ[r], displ[r] + count[r]), those that end on it (ending = 1: cu[d+1]
+ * in (t_r, t_r + T_r]) or start on it (ending = 0: cu[d] in [t_r, t_r + T_r)). n_docs must fit
+ * an int (the callers check). */
+void gdn_cp_doc_ranges(const gdn_cp *cp, const gdn_config *c, int ending, int *count, int *displ);
 
 /* The `heads` strategy's all-to-all sizes (heads.c). check: whether every count and displacement
  * of its exchanges (in token rows) and its state scatter/gather (in floats) fits MPI's int, and D
@@ -60,6 +66,7 @@ int gdn_cp_heads_check(int D, const int64_t *shard_T, int64_t B, int64_t Hk, int
 void gdn_cp_heads_counts(int D, const int64_t *shard_T, int rank, int64_t B, int towards_heads,
                          int *scount, int *sdispl, int *rcount, int *rdispl);
 
+/* The heads strategy, dense or packed (then h0, ht, dht and ds_in per document as above). */
 int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
                          const float *q, const float *k, const float *v, const float *g,
                          const float *beta, const float *h0);

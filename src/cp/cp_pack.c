@@ -5,7 +5,8 @@
  * 0 sends back when piece 0 continues a document, else 0). A shard inside one document has the
  * dense pair. The scan then carries the resets by itself: composing with a constant map drops
  * everything before it. Document d's h0 is applied on the rank where d starts, its final state
- * comes from the rank where it ends; both are gathered so every rank holds all of them. */
+ * comes from the rank where it ends; both are gathered so every rank holds all of them. The
+ * heads strategy goes to heads.c (the whole stream per block of heads, no maps). */
 #include "cp_internal.h"
 
 #include <limits.h>
@@ -24,19 +25,10 @@ static int64_t lower_bound(const int64_t *cu, int64_t n, int64_t x) {
     return lo;
 }
 
-/* Every rank's documents that end (ending = 1) or start within its tokens: contiguous ranges
- * of document indices, gathered in place into buf [n_docs, Hv, K, V] from their owners. */
-static int gather_docs(gdn_cp *cp, const gdn_config *c, float *buf, int ending) {
-    const int D = cp->size;
-    const int64_t nd = c->n_docs, ns = c->Hv * c->K * c->V, *cu = c->cu_seqlens;
-    if (nd > INT_MAX || ns > INT_MAX)
-        return gdn_fail(GDN_ERR_SHAPE, "cu_seqlens: %lld documents of %lld-float states exceed MPI's int counts",
-                        (long long)nd, (long long)ns);
-    int *count = malloc(sizeof(int) * 2 * (size_t)D);
-    if (!count) return gdn_fail(GDN_ERR_NOMEM, "per-document state gather");
-    int *displ = count + D;
+void gdn_cp_doc_ranges(const gdn_cp *cp, const gdn_config *c, int ending, int *count, int *displ) {
+    const int64_t nd = c->n_docs, *cu = c->cu_seqlens;
     int64_t t = 0;
-    for (int r = 0; r < D; r++) {
+    for (int r = 0; r < cp->size; r++) {
         const int64_t t1 = t + cp->shard_T[r];
         /* ending: cu[d + 1] in (t, t1]; starting: cu[d] in [t, t1) */
         const int64_t d0 = ending ? lower_bound(cu, nd + 1, t + 1) - 1 : lower_bound(cu, nd + 1, t);
@@ -44,6 +36,20 @@ static int gather_docs(gdn_cp *cp, const gdn_config *c, float *buf, int ending) 
         count[r] = (int)(d1 - d0), displ[r] = (int)d0;
         t = t1;
     }
+}
+
+/* Every rank's documents that end (ending = 1) or start within its tokens: contiguous ranges
+ * of document indices, gathered in place into buf [n_docs, Hv, K, V] from their owners. */
+static int gather_docs(gdn_cp *cp, const gdn_config *c, float *buf, int ending) {
+    const int D = cp->size;
+    const int64_t nd = c->n_docs, ns = c->Hv * c->K * c->V;
+    if (nd > INT_MAX || ns > INT_MAX)
+        return gdn_fail(GDN_ERR_SHAPE, "cu_seqlens: %lld documents of %lld-float states exceed MPI's int counts",
+                        (long long)nd, (long long)ns);
+    int *count = malloc(sizeof(int) * 2 * (size_t)D);
+    if (!count) return gdn_fail(GDN_ERR_NOMEM, "per-document state gather");
+    int *displ = count + D;
+    gdn_cp_doc_ranges(cp, c, ending, count, displ);
     MPI_Datatype state;
     int rc = GDN_OK;
     const double t0 = now();
@@ -61,17 +67,12 @@ static int gather_docs(gdn_cp *cp, const gdn_config *c, float *buf, int ending) 
     return rc;
 }
 
-static int refuse_heads(gdn_cp *cp) {
-    if (cp->strategy != GDN_CP_HEADS) return GDN_OK;
-    return gdn_fail(GDN_ERR_ARG, "strategy 'heads' does not support packed documents (cu_seqlens): use scan, "
-                    "allgather or relay");
-}
-
 int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
                           const float *q, const float *k, const float *v, const float *g,
                           const float *beta, const float *h0) {
-    int rc = refuse_heads(cp); /* the strategy is agreed: every rank refuses alike */
-    if (rc) return rc;
+    if (cp->strategy == GDN_CP_HEADS) /* (agreed) the whole stream per head block: heads.c */
+        return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
+    int rc = GDN_OK;
     const gdn_config *c = gdn_plan_config(plan);
     const gdn_pack *pk = &plan->pack;
     const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
@@ -123,8 +124,9 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
                            float *dbeta, float *dh0, const float *q, const float *k, const float *v,
                            const float *g, const float *beta, const float *h0, const float *s_in,
                            const float *dout, const float *dht) {
-    int rc = refuse_heads(cp);
-    if (rc) return rc;
+    if (cp->strategy == GDN_CP_HEADS) /* (agreed) s_in unused: heads forms no incoming state */
+        return gdn_cp_heads_backward(cp, plan, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, dout, dht);
+    int rc = GDN_OK;
     const gdn_config *c = gdn_plan_config(plan);
     const gdn_pack *pk = &plan->pack;
     const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;

@@ -1,7 +1,14 @@
 /* The `heads` strategy: all-to-all from sequence-parallel to head-parallel (rank j gets whole
  * sequences of key heads [j Hk/D, (j+1) Hk/D) and their value heads), the single-rank kernel,
  * and all-to-all back. Two collectives each way per tensor; needs D | Hk. The state entering
- * each shard is never formed here, so s_in and ds_in (beyond rank 0's dh0) are left zero. */
+ * each shard is never formed here, so s_in and ds_in (beyond rank 0's dh0) are left zero.
+ *
+ * Packed documents (cu_seqlens, B = 1): after the exchange a rank holds the whole stream for its
+ * heads, so the single-rank packed kernel runs over all of it with the whole offsets (seq_offset
+ * 0). The per-document states [n_docs, Hv, K, V] are placed as the other strategies place them:
+ * document d's h0 is read on the rank where d starts and its dht on the rank where d ends (each
+ * sends every rank that rank's head block of them, one all-to-all); every document's final state
+ * and dh0 are gathered on every rank; s_in is zero (ds_in carries every document's dh0). */
 #include "cp_internal.h"
 
 #include <limits.h>
@@ -17,8 +24,10 @@ typedef struct {
     int *scount, *sdispl, *rcount, *rdispl; /* in rows (see gdn_cp_heads_counts) */
     int64_t row_floats[N_ROWS];
     MPI_Datatype row_type[N_ROWS]; /* one row: row_floats[i] contiguous floats */
+    MPI_Datatype block_type;       /* one state row's head block: Hv/D * K * V floats */
+    int64_t state_rows;            /* rows of h0/ht/dht/dh0: B, or n_docs when packed */
     float *sbuf, *rbuf;            /* the largest exchange's, so no exchange allocates */
-    float *state;                  /* a whole state [B, Hv, K, V], packed by head block */
+    float *state;                  /* a whole state [state_rows, Hv, K, V], packed by head block */
 } layout;
 
 /* The all-to-alls count in rows (one token of one batch row over this rank's heads, an MPI type
@@ -72,7 +81,8 @@ static int layout_init(gdn_cp *cp, layout *L, const gdn_config *c) {
     const int D = cp->size;
     memset(L, 0, sizeof *L);
     for (int i = 0; i < N_ROWS; i++) L->row_type[i] = MPI_DATATYPE_NULL;
-    L->B = c->B;
+    L->block_type = MPI_DATATYPE_NULL;
+    L->B = c->B, L->state_rows = c->cu_seqlens ? c->n_docs : c->B;
     L->row_floats[0] = c->Hk / D * c->K, L->row_floats[1] = c->Hv / D * c->V, L->row_floats[2] = c->Hv / D;
     L->t_off = calloc(D + 1, sizeof(int64_t));
     L->scount = calloc(4 * (size_t)D, sizeof(int));
@@ -86,9 +96,13 @@ static int layout_init(gdn_cp *cp, layout *L, const gdn_config *c) {
         if (MPI_Type_contiguous((int)L->row_floats[i], MPI_FLOAT, &L->row_type[i]) != MPI_SUCCESS ||
             MPI_Type_commit(&L->row_type[i]) != MPI_SUCCESS)
             return gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous of a %lld-float row failed", (long long)L->row_floats[i]);
+    const int64_t block = c->Hv / D * c->K * c->V; /* (fits an int: gdn_cp_heads_check) */
+    if (MPI_Type_contiguous((int)block, MPI_FLOAT, &L->block_type) != MPI_SUCCESS ||
+        MPI_Type_commit(&L->block_type) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous of a %lld-float state block failed", (long long)block);
     const int64_t rows = c->B * (D * T_max > L->T_total ? D * T_max : L->T_total);
     const int64_t widest = L->row_floats[0] > L->row_floats[1] ? L->row_floats[0] : L->row_floats[1];
-    const size_t n = (size_t)(rows * widest), nstate = (size_t)(c->B * c->Hv * c->K * c->V);
+    const size_t n = (size_t)(rows * widest), nstate = (size_t)(L->state_rows * c->Hv * c->K * c->V);
     L->sbuf = malloc(sizeof(float) * (n ? n : 1)), L->rbuf = malloc(sizeof(float) * (n ? n : 1));
     L->state = malloc(sizeof(float) * (nstate ? nstate : 1));
     if (!L->sbuf || !L->rbuf || !L->state)
@@ -99,6 +113,7 @@ static int layout_init(gdn_cp *cp, layout *L, const gdn_config *c) {
 static void layout_free(layout *L) {
     for (int i = 0; i < N_ROWS; i++)
         if (L->row_type[i] != MPI_DATATYPE_NULL) MPI_Type_free(&L->row_type[i]);
+    if (L->block_type != MPI_DATATYPE_NULL) MPI_Type_free(&L->block_type);
     free(L->t_off), free(L->scount), free(L->sbuf), free(L->rbuf), free(L->state);
 }
 
@@ -194,22 +209,74 @@ static int scatter_state(gdn_cp *cp, layout *L, const float *full, int root, int
     return GDN_OK;
 }
 
-/* Head blocks [B, Hv/D, K, V] of every rank -> the full state on `root` (root < 0: all ranks). */
+/* Head blocks [B, Hv/D, K, V] of every rank -> the full state on `root` (root < 0: all ranks).
+ * B: rows of states (batch rows, or documents when packed), counted in head blocks. */
 static int gather_state(gdn_cp *cp, layout *L, const float *mine, int root, int64_t B, int64_t Hv, int64_t KV,
                         float *full) {
     const int D = cp->size;
     const int64_t Hl = Hv / D, blk = B * Hl * KV;
     float *all = root < 0 || cp->rank == root ? L->state : NULL;
-    double t0 = MPI_Wtime(); /* (blk fits an int: gdn_cp_heads_check) */
-    int mrc = root < 0 ? MPI_Allgather(mine, (int)blk, MPI_FLOAT, all, (int)blk, MPI_FLOAT, cp->comm)
-                       : MPI_Gather(mine, (int)blk, MPI_FLOAT, all, (int)blk, MPI_FLOAT, root, cp->comm);
+    double t0 = MPI_Wtime(); /* (B fits an int: gdn_cp_heads_check, packed_check) */
+    int mrc = root < 0 ? MPI_Allgather(mine, (int)B, L->block_type, all, (int)B, L->block_type, cp->comm)
+                       : MPI_Gather(mine, (int)B, L->block_type, all, (int)B, L->block_type, root, cp->comm);
     cp->stats.comm_s += MPI_Wtime() - t0;
     if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Gather of the state failed");
-    cp->stats.bytes_sent += 4 * (uint64_t)blk;
+    if (root < 0 || cp->rank != root) cp->stats.bytes_sent += 4 * (uint64_t)blk * (root < 0 ? D - 1 : 1);
+    if (root < 0 || cp->rank == root) cp->stats.bytes_recv += 4 * (uint64_t)blk * (D - 1);
     if (all && full)
         for (int j = 0; j < D; j++)
             for (int64_t b = 0; b < B; b++)
                 memcpy(full + (b * Hv + j * Hl) * KV, all + j * blk + b * Hl * KV, sizeof(float) * Hl * KV);
+    return GDN_OK;
+}
+
+/* Packed: the documents whose h0 (ending = 0: they start on this rank) or dht (ending = 1: they
+ * end here) this rank owns go to every rank as that rank's head blocks, so each rank ends with
+ * mine [n_docs, Hv/D, K, V] of its heads. full may be NULL on a rank (its documents' states are
+ * zeros); *present: whether any rank gave one (agreed; when none did, mine is not touched). */
+static int docs_to_heads(gdn_cp *cp, layout *L, const gdn_config *c, const float *full, int ending,
+                         float *mine, int *present) {
+    const int D = cp->size, me = cp->rank;
+    const int64_t Hl = c->Hv / D, KV = c->K * c->V, blk = Hl * KV;
+    int have = full != NULL, any = 0;
+    double t0 = MPI_Wtime();
+    int mrc = MPI_Allreduce(&have, &any, 1, MPI_INT, MPI_MAX, cp->comm);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed (per-document states)");
+    *present = any;
+    if (!any) return GDN_OK;
+    int *count = L->scount, *displ = L->sdispl; /* reused: set again before every row exchange */
+    gdn_cp_doc_ranges(cp, c, ending, L->rcount, L->rdispl); /* what every rank owns: received as is */
+    const int n_me = L->rcount[me];
+    const int64_t d_me = L->rdispl[me];
+    for (int j = 0; j < D; j++) {
+        count[j] = n_me, displ[j] = j * n_me; /* (D x n_docs fits an int: packed_check) */
+        for (int64_t i = 0; i < n_me; i++) {
+            float *dst = L->state + (j * (int64_t)n_me + i) * blk;
+            if (full) memcpy(dst, full + ((d_me + i) * c->Hv + j * Hl) * KV, sizeof(float) * blk);
+            else memset(dst, 0, sizeof(float) * blk);
+        }
+    }
+    t0 = MPI_Wtime();
+    mrc = MPI_Alltoallv(L->state, count, displ, L->block_type, mine, L->rcount, L->rdispl, L->block_type, cp->comm);
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    if (mrc != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Alltoallv failed (per-document %s)", ending ? "dht" : "h0");
+    for (int j = 0; j < D; j++)
+        if (j != me)
+            cp->stats.bytes_sent += 4 * (uint64_t)n_me * (uint64_t)blk,
+            cp->stats.bytes_recv += 4 * (uint64_t)L->rcount[j] * (uint64_t)blk;
+    cp->stats.messages += D - 1, cp->stats.rounds++;
+    return GDN_OK;
+}
+
+/* Packed streams: what the per-document exchanges count in ints (agreed values only, so every
+ * rank reaches the same verdict). */
+static int packed_check(int D, const gdn_config *c) {
+    if (!c->cu_seqlens) return GDN_OK;
+    if ((double)c->n_docs * (double)D > INT_MAX)
+        return gdn_fail(GDN_ERR_SHAPE, "strategy 'heads': %lld documents over %d ranks exceed MPI's int counts "
+                        "of the per-document states; use strategy scan", (long long)c->n_docs, D);
     return GDN_OK;
 }
 
@@ -218,8 +285,11 @@ static int heads_plan(gdn_cp *cp, const gdn_plan *plan, int64_t T_total, gdn_pla
     gdn_config c = *gdn_plan_config(plan);
     const int D = cp->size; /* (D divides Hk: gdn_cp_heads_check) */
     c.T = T_total, c.Hk /= D, c.Hv /= D;
+    c.seq_offset = 0; /* packed: the whole stream, with the whole offsets */
     const gdn_config *have = cp->heads_plan ? gdn_plan_config(cp->heads_plan) : NULL;
-    if (!have || have->T != c.T || have->B != c.B || have->Hk != c.Hk || have->Hv != c.Hv ||
+    const int same_docs = have && (have->cu_seqlens != NULL) == (c.cu_seqlens != NULL) && have->n_docs == c.n_docs &&
+                          (!c.cu_seqlens || !memcmp(have->cu_seqlens, c.cu_seqlens, sizeof(int64_t) * (c.n_docs + 1)));
+    if (!have || !same_docs || have->T != c.T || have->B != c.B || have->Hk != c.Hk || have->Hv != c.Hv ||
         have->K != c.K || have->V != c.V || have->chunk != c.chunk || have->scale != c.scale ||
         have->l2norm != c.l2norm || have->threads != c.threads) {
         gdn_plan_destroy(cp->heads_plan);
@@ -235,35 +305,39 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
                          const float *q, const float *k, const float *v, const float *g,
                          const float *beta, const float *h0) {
     const gdn_config *c = gdn_plan_config(plan);
-    const int D = cp->size;
+    const int D = cp->size, packed = c->cu_seqlens != NULL; /* (agreed by gdn_cp_agree) */
     const int64_t B = c->B, K = c->K, V = c->V, Hk = c->Hk, Hv = c->Hv, KV = K * V;
+    const int64_t nsr = packed ? c->n_docs : B; /* state rows: per document when packed */
     layout L;
     gdn_plan *hp = NULL;
     float *buf = NULL;
     int rc = gdn_cp_heads_check(D, cp->shard_T, B, Hk, Hv, K, V); /* the same verdict on every rank */
+    if (!rc) rc = packed_check(D, c);
     if (rc) return rc;
     /* every allocation before the agreement step: a rank short of memory stops them all */
     rc = layout_init(cp, &L, c);
     if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D;
-    if (!rc && !(buf = malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * B * Hvl * KV))))
+    if (!rc && !(buf = malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * nsr * Hvl * KV))))
         rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     float *hq = buf, *hk = hq + B * T * Hkl * K, *hv = hk + B * T * Hkl * K, *ho = hv + B * T * Hvl * V;
-    float *hg = ho + B * T * Hvl * V, *hb = hg + B * T * Hvl, *hh0 = hb + B * T * Hvl, *hht = hh0 + B * Hvl * KV;
+    float *hg = ho + B * T * Hvl * V, *hb = hg + B * T * Hvl, *hh0 = hb + B * T * Hvl, *hht = hh0 + nsr * Hvl * KV;
     int has_h0 = 0;
     if (!rc) rc = to_heads(cp, &L, q, Hk, K, hq);
     if (!rc) rc = to_heads(cp, &L, k, Hk, K, hk);
     if (!rc) rc = to_heads(cp, &L, v, Hv, V, hv);
     if (!rc) rc = to_heads(cp, &L, g, Hv, 1, hg);
     if (!rc) rc = to_heads(cp, &L, beta, Hv, 1, hb);
-    if (!rc) rc = scatter_state(cp, &L, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
+    if (!rc && packed) rc = docs_to_heads(cp, &L, c, h0, 0, hh0, &has_h0); /* from where each document starts */
+    else if (!rc) rc = scatter_state(cp, &L, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
     double t0 = MPI_Wtime();
     if (!rc) rc = gdn_forward(hp, ho, hht, hq, hk, hv, hg, hb, has_h0 ? hh0 : NULL);
     cp->stats.replay_s += MPI_Wtime() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     rc = to_sequence(cp, &L, ho, Hv, V, o);
-    if (!rc) rc = gather_state(cp, &L, hht, -1, B, Hv, KV, ht);
+    /* packed: ht is given on every rank or on none (agreed: GDN_CP_CALL_HT); dense: gathered */
+    if (!rc && (!packed || ht)) rc = gather_state(cp, &L, hht, -1, nsr, Hv, KV, ht);
     if (!rc && s_in) memset(s_in, 0, sizeof(float) * B * Hv * KV);
     rc = gdn_cp_agree_status(cp, rc);
 done:
@@ -277,23 +351,25 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
                           const float *v, const float *g, const float *beta, const float *h0,
                           const float *dout, const float *dht) {
     const gdn_config *c = gdn_plan_config(plan);
-    const int D = cp->size;
+    const int D = cp->size, packed = c->cu_seqlens != NULL; /* (agreed by gdn_cp_agree) */
     const int64_t B = c->B, K = c->K, V = c->V, Hk = c->Hk, Hv = c->Hv, KV = K * V;
+    const int64_t nsr = packed ? c->n_docs : B; /* state rows: per document when packed */
     layout L;
     gdn_plan *hp = NULL;
     float *buf = NULL;
     int rc = gdn_cp_heads_check(D, cp->shard_T, B, Hk, Hv, K, V); /* the same verdict on every rank */
+    if (!rc) rc = packed_check(D, c);
     if (rc) return rc;
     /* every allocation before the agreement step: a rank short of memory stops them all */
     rc = layout_init(cp, &L, c);
     if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D, nqk = B * T * Hkl * K, nv = B * T * Hvl * V, ng = B * T * Hvl;
-    if (!rc && !(buf = malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * B * Hvl * KV))))
+    if (!rc && !(buf = malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * nsr * Hvl * KV))))
         rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     float *hq = buf, *hk = hq + nqk, *gq = hk + nqk, *gk = gq + nqk, *hv = gk + nqk, *hdo = hv + nv, *gv = hdo + nv;
     float *hg = gv + nv, *hb = hg + ng, *gg = hb + ng, *gb = gg + ng;
-    float *hh0 = gb + ng, *hdht = hh0 + B * Hvl * KV, *gh0 = hdht + B * Hvl * KV;
+    float *hh0 = gb + ng, *hdht = hh0 + nsr * Hvl * KV, *gh0 = hdht + nsr * Hvl * KV;
     int has_h0 = 0, has_dht = 0;
     if (!rc) rc = to_heads(cp, &L, q, Hk, K, hq);
     if (!rc) rc = to_heads(cp, &L, k, Hk, K, hk);
@@ -301,8 +377,13 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     if (!rc) rc = to_heads(cp, &L, g, Hv, 1, hg);
     if (!rc) rc = to_heads(cp, &L, beta, Hv, 1, hb);
     if (!rc) rc = to_heads(cp, &L, dout, Hv, V, hdo);
-    if (!rc) rc = scatter_state(cp, &L, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
-    if (!rc) rc = scatter_state(cp, &L, cp->rank == D - 1 ? dht : NULL, D - 1, B, Hv, KV, hdht, &has_dht);
+    if (packed) { /* h0 from where each document starts, dht from where it ends */
+        if (!rc) rc = docs_to_heads(cp, &L, c, h0, 0, hh0, &has_h0);
+        if (!rc) rc = docs_to_heads(cp, &L, c, dht, 1, hdht, &has_dht);
+    } else {
+        if (!rc) rc = scatter_state(cp, &L, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
+        if (!rc) rc = scatter_state(cp, &L, cp->rank == D - 1 ? dht : NULL, D - 1, B, Hv, KV, hdht, &has_dht);
+    }
     double t0 = MPI_Wtime();
     if (!rc)
         rc = gdn_backward(hp, gq, gk, gv, gg, gb, gh0, hq, hk, hv, hg, hb, has_h0 ? hh0 : NULL, hdo,
@@ -314,8 +395,12 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     if (!rc) rc = to_sequence(cp, &L, gv, Hv, V, dv);
     if (!rc) rc = to_sequence(cp, &L, gg, Hv, 1, dg);
     if (!rc) rc = to_sequence(cp, &L, gb, Hv, 1, dbeta);
-    if (!rc && ds_in) memset(ds_in, 0, sizeof(float) * B * Hv * KV);
-    if (!rc) rc = gather_state(cp, &L, gh0, 0, B, Hv, KV, cp->rank == 0 ? ds_in : NULL);
+    if (packed) { /* every document's dh0 on every rank (ds_in given on every rank or none: agreed) */
+        if (!rc && ds_in) rc = gather_state(cp, &L, gh0, -1, nsr, Hv, KV, ds_in);
+    } else {
+        if (!rc && ds_in) memset(ds_in, 0, sizeof(float) * B * Hv * KV);
+        if (!rc) rc = gather_state(cp, &L, gh0, 0, B, Hv, KV, cp->rank == 0 ? ds_in : NULL);
+    }
     rc = gdn_cp_agree_status(cp, rc);
 done:
     free(buf);
