@@ -44,6 +44,14 @@ expect_far() {
   else fail "negative control: $1  loss rel diff $d <= $4 (the check cannot tell)"; fi
 }
 
+refuse() { # refuse LABEL PATTERN CMD...: a non-zero exit (not a signal or a timeout) naming PATTERN
+  local label=$1 pat=$2; shift 2
+  local rc=0; timeout 120 "$@" >"$work/bad.out" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -qiE -- "$pat" "$work/bad.out"; then
+    pass "$label: exit $rc, \"$(grep -m1 -iE -- "$pat" "$work/bad.out" | cut -c1-150)\""
+  else fail "$label (exit $rc; wanted a message matching '$pat')"; cat "$work/bad.out"; fi
+}
+
 echo "== the same losses on any grid (4 steps; fp32, rounding only: tolerance 2e-5)"
 train 1 "$work/cp1.csv" --steps 4 --batch 2 || fail "train on 1 rank"
 for d in 2 3; do
@@ -60,6 +68,33 @@ train 2 "$work/dp2.csv" --steps 4 --batch 1 --cp 1 --seed 99 || fail "train DP 2
 expect_far "DP 2 with another --seed (other text windows)" "$work/dp2.csv" "$work/cp1.csv" 2e-5
 
 if [ -n "${GDN_TRAIN_ONLY_GRIDS:-}" ]; then echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit; fi
+
+echo "== packed documents (--pack): the same losses on any grid; no separator found = not packing"
+# fortunes end each fortune with a line "%": sequences of 300 bytes hold one or two starts
+pk=(--seq 300 --steps 4 --batch 2 --pack '\n%\n')
+train 1 "$work/pk1.csv" "${pk[@]}" || fail "train --pack on 1 rank"
+grep -q "packed documents, each ending with the 3 bytes 0a250a" "$work/pk1.csv.out" &&
+  pass "--pack '\\n%\\n' is read as the 3 bytes 0a 25 0a" || fail "--pack separator not reported as 0a250a"
+train 2 "$work/pk2.csv" "${pk[@]}" --cp 2 || fail "train --pack --cp 2"
+expect_close "--pack, --cp 2 vs one rank" "$work/pk2.csv" "$work/pk1.csv" 2e-5
+train 3 "$work/pk3.csv" "${pk[@]}" --cp 3 --strategy relay --recompute on || fail "train --pack --cp 3 relay"
+expect_close "--pack, --cp 3 --strategy relay --recompute on vs one rank" "$work/pk3.csv" "$work/pk1.csv" 2e-5
+train 4 "$work/pk22.csv" --seq 300 --steps 4 --batch 1 --pack '\n%\n' --cp 2 || fail "train --pack DP 2 x CP 2"
+expect_close "--pack, DP 2 x CP 2 (--batch 1 each) vs one rank --batch 2" "$work/pk22.csv" "$work/pk1.csv" 2e-5
+train 1 "$work/nopk.csv" --seq 300 --steps 4 --batch 2 || fail "train without --pack"
+expect_far "the same windows without --pack (no resets, every byte predicted)" "$work/nopk.csv" "$work/pk1.csv" 2e-5
+train 2 "$work/pkx.csv" --seq 300 --steps 4 --batch 2 --cp 2 --pack '\x01' || fail "train --pack with an absent separator"
+expect_close "--pack '\\x01' (never in the text: one document per window) --cp 2 vs no --pack" "$work/pkx.csv" "$work/nopk.csv" 2e-5
+train 1 "$work/pkr.csv" "${pk[@]}" --out "$work/pkck" || fail "train --pack --out"
+refuse "resume a --pack checkpoint without --pack" "different --pack" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --seq 300 --steps 8 --resume "$work/pkck"
+refuse "resume a --pack checkpoint with another separator" "different --pack" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --seq 300 --steps 8 --resume "$work/pkck" --pack '\n'
+refuse "--pack ''" "non-empty" $MPIEXEC -n 1 $g train --data "$text" --pack ''
+refuse "--pack with an unknown escape" "unknown escape" $MPIEXEC -n 1 $g train --data "$text" --pack '\q'
+refuse "--pack with a NUL byte" "NUL" $MPIEXEC -n 1 $g train --data "$text" --pack 'a\x00'
+refuse "ranks launched with different --pack (MPMD)" "disagree.*--pack" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --steps 1 --pack '\n' : -n 1 $g train --data "$text" "${small[@]}" --steps 1 --pack '%'
 
 echo "== checkpoints: resume repeats the uninterrupted run exactly"
 train 2 "$work/full.csv" --steps 6 --batch 2 --cp 2 --out "$work/full" --save-every 3 --keep 0 || fail "train 6 steps"
@@ -80,13 +115,6 @@ if [ "$s1" != "$s3" ]; then pass "negative control: sample from step 3's weights
 else fail "negative control: step 3 and 6 sample the same text"; fi
 
 echo "== bad input: a clear error, never a crash or a hang"
-refuse() { # refuse LABEL PATTERN CMD...: a non-zero exit (not a signal or a timeout) naming PATTERN
-  local label=$1 pat=$2; shift 2
-  local rc=0; timeout 120 "$@" >"$work/bad.out" 2>&1 || rc=$?
-  if [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -qiE -- "$pat" "$work/bad.out"; then
-    pass "$label: exit $rc, \"$(grep -m1 -iE -- "$pat" "$work/bad.out" | cut -c1-150)\""
-  else fail "$label (exit $rc; wanted a message matching '$pat')"; cat "$work/bad.out"; fi
-}
 : > "$work/empty.txt"; head -c 5000 /dev/urandom > "$work/binary.bin"; mkdir -p "$work/adir"
 refuse "missing --data file" "no such file|cannot open" $MPIEXEC -n 1 $g train --data "$work/nope.txt"
 refuse "empty --data file" "empty" $MPIEXEC -n 1 $g train --data "$work/empty.txt"

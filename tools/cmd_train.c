@@ -4,10 +4,12 @@
 #include "cli_parse.h"
 #include "gdncp_cp.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/train/data.h"
 #include "../src/train/trainer.h"
 
 static int usage(void) {
@@ -19,13 +21,50 @@ static int usage(void) {
             "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
             "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
             "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N]\n"
-            "         [--resume DIR] [--init DIR] [--log FILE.csv]\n"
+            "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP]\n"
             "  --seq is the whole sequence; with --cp C each of its C ranks holds about T/C tokens.\n"
-            "  DP = ranks / C groups each train --batch sequences per step.\n");
+            "  DP = ranks / C groups each train --batch sequences per step.\n"
+            "  --pack SEP: the text is documents each ending with SEP (escapes \\n \\t \\r \\\\ \\xHH, e.g.\n"
+            "  '\\n%%\\n' for fortunes): the state and the conv restart after every SEP and the byte after\n"
+            "  it is not predicted.\n");
     return CLI_USAGE_ERROR;
 }
 
+/* --pack's separator with C-style escapes decoded into sep; its length, or -1 (message printed). */
+static int parse_separator(const char *v, uint8_t sep[GDN_DATA_MAX_SEP]) {
+    int n = 0;
+    for (const char *c = v; *c; c++) {
+        int byte = (unsigned char)*c;
+        if (*c == '\\') {
+            const char e = *++c;
+            if (e == 'n') byte = '\n';
+            else if (e == 't') byte = '\t';
+            else if (e == 'r') byte = '\r';
+            else if (e == '\\') byte = '\\';
+            else if (e == 'x' && isxdigit((unsigned char)c[1]) && isxdigit((unsigned char)c[2])) {
+                const char hex[3] = {c[1], c[2], 0};
+                byte = (int)strtol(hex, NULL, 16), c += 2;
+            } else {
+                fprintf(stderr, "gdncp train: --pack '%s': unknown escape (\\n \\t \\r \\\\ or \\xHH)\n", v);
+                return -1;
+            }
+        }
+        if (byte == 0) {
+            fprintf(stderr, "gdncp train: --pack '%s': a NUL byte (training text holds none)\n", v);
+            return -1;
+        }
+        if (n == GDN_DATA_MAX_SEP) {
+            fprintf(stderr, "gdncp train: --pack '%s' is longer than %d bytes\n", v, GDN_DATA_MAX_SEP);
+            return -1;
+        }
+        sep[n++] = (uint8_t)byte;
+    }
+    if (!n) fprintf(stderr, "gdncp train: --pack needs a non-empty separator\n");
+    return n ? n : -1;
+}
+
 static int parse(int argc, char **argv, gdn_train_options *o) {
+    static uint8_t sep[GDN_DATA_MAX_SEP];
     *o = gdn_train_defaults();
     o->opt.min_lr = -1; /* not given: a tenth of --lr */
     /* the int-typed options, read as int64 and range-checked like the others */
@@ -86,6 +125,9 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
         } else if (!strcmp(a, "--recompute") && v && (!strcmp(v, "auto") || !strcmp(v, "on") || !strcmp(v, "off"))) {
             o->recompute = !strcmp(v, "auto") ? -1 : !strcmp(v, "on");
             i++;
+        } else if (!strcmp(a, "--pack") && v) {
+            if ((o->pack_len = parse_separator(v, sep)) < 0) return CLI_USAGE_ERROR;
+            o->pack = sep, i++;
         } else if (!strcmp(a, "--fault") && v && !strcmp(v, "drop-incoming")) {
             o->fault = GDN_CP_FAULT_DROP_INCOMING, i++; /* testing only: a deliberately wrong run */
         } else {

@@ -163,3 +163,27 @@ int64_t gdn_data_window(uint64_t seed, int64_t step, int64_t row, int64_t split_
     /* The modulo bias is below positions / 2^64: immaterial for any text. */
     return (int64_t)(h % positions);
 }
+
+int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, int64_t window, const uint8_t *sep,
+                         int sep_len, uint8_t *buf, const uint8_t **bytes, int64_t *doc_cu, int64_t *n_docs) {
+    if (!d || !buf || !bytes || !doc_cu || !n_docs) return gdn_fail(GDN_ERR_ARG, "data documents: NULL argument");
+    if (!sep || sep_len < 1 || sep_len > GDN_DATA_MAX_SEP)
+        return gdn_fail(GDN_ERR_ARG, "the document separator must have 1 to %d bytes, it has %d", GDN_DATA_MAX_SEP,
+                        sep ? sep_len : 0);
+    if (start < 0 || window < 1) return gdn_fail(GDN_ERR_ARG, "data documents: start %lld, window %lld",
+                                                 (long long)start, (long long)window);
+    /* a separator that ends at the window's first byte lies partly before it */
+    const int64_t pre = start < sep_len - 1 ? start : sep_len - 1;
+    int rc = gdn_data_read(d, split, start - pre, window + pre, buf);
+    if (rc) return rc;
+    const uint8_t *w = buf + pre;
+    int64_t n = 0;
+    doc_cu[0] = 0;
+    for (int64_t j = 1; j < window; j++)
+        if (j + pre >= sep_len && w[j - 1] == sep[sep_len - 1] && !memcmp(w + j - sep_len, sep, (size_t)sep_len))
+            doc_cu[++n] = j;
+    doc_cu[++n] = window;
+    *n_docs = n;
+    *bytes = w;
+    return GDN_OK;
+}

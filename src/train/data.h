@@ -33,4 +33,15 @@ int gdn_data_read(const gdn_data *d, int split, int64_t start, int64_t n, uint8_
 int64_t gdn_data_window(uint64_t seed, int64_t step, int64_t row, int64_t split_len,
                         int64_t window);
 
+/* Packed documents: the longest separator gdn_data_window_docs takes. */
+#define GDN_DATA_MAX_SEP 64
+
+/* A window of a split read as packed documents: documents end with `sep` (the next one starts
+ * right after each occurrence of it; the window's first byte and the split's first byte start
+ * one too). buf (window + sep_len - 1 bytes) receives the window and up to sep_len - 1 bytes
+ * before it, *bytes points at the window inside buf, and doc_cu (window + 1 entries) the
+ * offsets 0, every document start, window; *n_docs the documents. */
+int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, int64_t window, const uint8_t *sep,
+                         int sep_len, uint8_t *buf, const uint8_t **bytes, int64_t *doc_cu, int64_t *n_docs);
+
 #endif

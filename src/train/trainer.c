@@ -60,6 +60,8 @@ typedef struct {
     gdn_model_plan *plan;
     gdn_data *data;
     uint8_t *tokens; /* batch x (tn + 1) */
+    uint8_t *window; /* packing: one row's whole window (and the separator's length before it) */
+    int64_t *doc_cu, *n_docs; /* packing: the rows' document offsets (gdn_model_set_docs) */
     int recompute, threads;
     FILE *progress, *csv;
     double peak_gflops, flops_per_token;
@@ -83,20 +85,31 @@ static int check_options(const gdn_train_options *o, int size) {
     if (o->resume && o->init) return gdn_fail(GDN_ERR_ARG, "--resume and --init exclude each other");
     if (o->strategy < GDN_CP_SCAN || o->strategy > GDN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "unknown CP strategy %d", o->strategy);
+    if (o->pack && (o->pack_len < 1 || o->pack_len > GDN_DATA_MAX_SEP))
+        return gdn_fail(GDN_ERR_ARG, "--pack: the separator must have 1 to %d bytes, it has %d", GDN_DATA_MAX_SEP,
+                        o->pack_len);
     return gdn_adamw_check(&o->opt);
+}
+
+/* The packing separator as hex ("" when not packing): it goes into trainer_state.json. */
+static void pack_hex(const gdn_train_options *o, char out[2 * GDN_DATA_MAX_SEP + 1]) {
+    out[0] = 0;
+    for (int i = 0; o->pack && i < o->pack_len; i++) snprintf(out + 2 * i, 3, "%02x", o->pack[i]);
 }
 
 /* The trainer's state for a checkpoint: what a resume must find unchanged, and where it was. */
 static char *state_json(const trainer *t, int64_t step, double loss) {
     const gdn_train_options *o = t->o;
-    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:f, s:s, s:I, s:f, s:I, s:I, s:f}", "step",
+    char hex[2 * GDN_DATA_MAX_SEP + 1];
+    pack_hex(o, hex);
+    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:f, s:s, s:I, s:f, s:I, s:I, s:f, s:s}", "step",
                           (json_int_t)step, "seed", (json_int_t)o->seed, "seq", (json_int_t)o->seq,
                           "global_batch", (json_int_t)(o->batch * t->dp), "val_fraction",
                           o->val_fraction, "data", o->data, "data_bytes",
                           (json_int_t)(gdn_data_split_len(t->data, GDN_SPLIT_TRAIN) +
                                        gdn_data_split_len(t->data, GDN_SPLIT_VAL)),
                           "loss", loss, "dp", (json_int_t)t->dp, "cp", (json_int_t)t->cp_size,
-                          "lr_peak", o->opt.lr);
+                          "lr_peak", o->opt.lr, "pack_separator_hex", hex);
     char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     return s;
@@ -110,8 +123,17 @@ static int check_resume_state(const trainer *t, const char *text, int64_t *step)
     json_int_t st = -1, seed = -1, seq = -1, gb = -1, bytes = -1;
     const int bad = json_unpack(j, "{s:I, s:I, s:I, s:I, s:I}", "step", &st, "seed", &seed, "seq", &seq,
                                 "global_batch", &gb, "data_bytes", &bytes);
+    /* checkpoints from before packing have no separator: they were not packed */
+    const char *sep_in_json = json_string_value(json_object_get(j, "pack_separator_hex"));
+    char hex[2 * GDN_DATA_MAX_SEP + 1], was_hex[2 * GDN_DATA_MAX_SEP + 1];
+    snprintf(was_hex, sizeof was_hex, "%s", sep_in_json ? sep_in_json : "");
+    pack_hex(t->o, hex);
+    const int pack_differs = strcmp(was_hex, hex) != 0;
     json_decref(j);
     if (bad || st < 0) return gdn_fail(GDN_ERR_FORMAT, "trainer_state.json lacks step, seed, seq, global_batch or data_bytes");
+    if (pack_differs)
+        return gdn_fail(GDN_ERR_ARG, "cannot resume: the checkpoint was trained with a different --pack separator "
+                        "(hex '%s'; this run has '%s')", was_hex, hex);
     const int64_t have_bytes = gdn_data_split_len(t->data, GDN_SPLIT_TRAIN) + gdn_data_split_len(t->data, GDN_SPLIT_VAL);
     const struct { const char *what; int64_t was, now; } same[] = {
         {"--seed", seed, (int64_t)t->o->seed}, {"--seq", seq, t->o->seq},
@@ -125,18 +147,46 @@ static int check_resume_state(const trainer *t, const char *text, int64_t *step)
     return GDN_OK;
 }
 
-/* Read this rank's rows of a batch: row r's window of seq + 1 bytes, this rank's shard of it. */
-static int read_batch(trainer *t, int split, int64_t step, int64_t row0) {
+/* Read this rank's rows of a batch: row r's window of seq + 1 bytes, this rank's shard of it.
+ * Packing: every rank reads the rows' whole windows (bytes; cheap next to a step) to find their
+ * documents, and gives them to the model. *targets: the targets this rank predicts. */
+static int read_batch(trainer *t, int split, int64_t step, int64_t row0, int64_t *targets) {
     const gdn_train_options *o = t->o;
     const int64_t len = gdn_data_split_len(t->data, split);
     const uint64_t seed = split == GDN_SPLIT_VAL ? o->seed ^ VAL_SEED_SALT : o->seed;
+    int64_t at = 0;
     for (int64_t b = 0; b < o->batch; b++) {
         const int64_t start = gdn_data_window(seed, step, row0 + b, len, o->seq + 1);
         if (start < 0) return GDN_ERR_SHAPE; /* gdn_data_window named the sizes */
-        int rc = gdn_data_read(t->data, split, start + t->t0, t->tn + 1, t->tokens + b * (t->tn + 1));
+        uint8_t *mine = t->tokens + b * (t->tn + 1);
+        int rc;
+        if (!o->pack) {
+            rc = gdn_data_read(t->data, split, start + t->t0, t->tn + 1, mine);
+        } else {
+            const uint8_t *bytes = NULL;
+            rc = gdn_data_window_docs(t->data, split, start, o->seq + 1, o->pack, o->pack_len, t->window, &bytes,
+                                      t->doc_cu + at, &t->n_docs[b]);
+            if (!rc) memcpy(mine, bytes + t->t0, (size_t)(t->tn + 1)), at += t->n_docs[b] + 1;
+        }
         if (rc) return rc;
     }
-    return GDN_OK;
+    *targets = o->batch * t->tn;
+    return o->pack ? gdn_model_set_docs(t->plan, t->doc_cu, t->n_docs, t->t0, targets) : GDN_OK;
+}
+
+/* The targets predicted over the whole grid (the loss's denominator): every token's unless
+ * packing leaves out the documents' first bytes. */
+static int grid_targets(trainer *t, int64_t local, double *denom) {
+    if (!t->o->pack) {
+        *denom = (double)(t->o->batch * t->dp) * (double)t->o->seq;
+        return GDN_OK;
+    }
+    int64_t all = 0;
+    MPI_Allreduce(&local, &all, 1, MPI_INT64_T, MPI_SUM, t->world);
+    *denom = (double)all;
+    return all > 0 ? GDN_OK
+                   : gdn_fail(GDN_ERR_SHAPE, "--pack: no byte of this step's windows lies inside a document (the "
+                              "text is separators only?)");
 }
 
 /* Sum of a double over the world. */
@@ -150,16 +200,18 @@ static int evaluate(trainer *t, double *val_loss) {
     const gdn_train_options *o = t->o;
     const int64_t per_round = o->batch * t->dp;
     const int64_t rounds = (o->eval_seqs + per_round - 1) / per_round;
-    double sum = 0;
+    double sum = 0, count = 0;
     for (int64_t r = 0; r < rounds; r++) {
-        int rc = read_batch(t, GDN_SPLIT_VAL, 0, r * per_round + t->dp_index * o->batch);
-        double ls = 0;
+        int64_t targets = 0;
+        double denom = 0, ls = 0;
+        int rc = read_batch(t, GDN_SPLIT_VAL, 0, r * per_round + t->dp_index * o->batch, &targets);
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+        if ((rc = gdn_cp_agree_status(t->agree, grid_targets(t, targets, &denom)))) return rc;
         rc = gdn_model_forward(t->plan, t->w, t->tokens, 1.0, &ls, 0);
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc; /* before the next collective */
-        sum += ls;
+        sum += ls, count += denom;
     }
-    *val_loss = world_sum(t, sum) / ((double)(rounds * per_round) * (double)o->seq);
+    *val_loss = world_sum(t, sum) / count;
     return GDN_OK;
 }
 
@@ -180,14 +232,19 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 14
+#define N_AGREED 16
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
+    uint64_t sep_hash = 1469598103934665603ull; /* FNV-1a of the packing separator */
+    for (int i = 0; o->pack && i < o->pack_len && i < GDN_DATA_MAX_SEP; i++)
+        sep_hash = (sep_hash ^ o->pack[i]) * 1099511628211ull;
     const int64_t vals[N_AGREED] = {o->cp, o->seq, o->batch, o->steps, (int64_t)o->seed, o->strategy,
                             o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
-                            o->resume != NULL, o->init != NULL, o->out != NULL};
+                            o->resume != NULL, o->init != NULL, o->out != NULL,
+                            o->pack ? o->pack_len : 0, (int64_t)sep_hash};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
-                                        "--fault", "--resume", "--init", "--out"};
+                                        "--fault", "--resume", "--init", "--out", "--pack (length)",
+                                        "--pack (bytes)"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 
@@ -271,7 +328,8 @@ static int setup(trainer *t) {
     t->threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);
     /* recompute when the kept activations of every rank on this node would take more than
      * half of the memory the node has free */
-    gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1};
+    gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1,
+                         .pack = o->pack != NULL};
     t->recompute = o->recompute;
     if (t->recompute < 0) {
         const double need_bytes = gdn_model_plan_estimate(&t->cfg, &run) * local;
@@ -284,6 +342,14 @@ static int setup(trainer *t) {
     rc = gdn_model_plan_create(&t->plan, &t->cfg, &run, t->cp_size > 1 ? t->cp : NULL);
     if (!rc && !(t->tokens = malloc((size_t)(o->batch * (t->tn + 1)))))
         rc = gdn_fail(GDN_ERR_NOMEM, "token buffer");
+    if (!rc && o->pack) {
+        t->window = malloc((size_t)(o->seq + o->pack_len));
+        t->doc_cu = malloc(sizeof(int64_t) * (size_t)(o->batch * (o->seq + 2)));
+        t->n_docs = malloc(sizeof(int64_t) * (size_t)o->batch);
+        if (!t->window || !t->doc_cu || !t->n_docs)
+            rc = gdn_fail(GDN_ERR_NOMEM, "document tables for --pack (%lld rows of %lld bytes)", (long long)o->batch,
+                          (long long)o->seq);
+    }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
 
     t->flops_per_token = gdn_model_train_flops_per_token(&t->cfg);
@@ -309,6 +375,13 @@ static int setup(trainer *t) {
                 from ? (o->resume ? ", resumed from " : ", weights from ") : "", from ? ckdir : "");
         fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x non-embedding parameters + the kernel's), "
                 "measured peak %.1f GFLOP/s on the cores in use\n", t->flops_per_token, t->peak_gflops);
+        if (o->pack) {
+            char hex[2 * GDN_DATA_MAX_SEP + 1];
+            pack_hex(o, hex);
+            fprintf(t->progress, "gdncp train: packed documents, each ending with the %d byte%s %s (hex): the "
+                    "state and the conv restart after it, and the byte after it is not predicted\n", o->pack_len,
+                    o->pack_len > 1 ? "s" : "", hex);
+        }
         fflush(t->progress);
     }
     return GDN_OK;
@@ -331,14 +404,17 @@ static int save(trainer *t, int64_t step, double loss) {
 
 static int train_steps(trainer *t) {
     const gdn_train_options *o = t->o;
-    const double denom = (double)(o->batch * t->dp) * (double)o->seq;
+    const double tokens_per_step = (double)(o->batch * t->dp) * (double)o->seq;
     const int count = (int)t->nw;
     double loss = NAN;
     int rc = GDN_OK;
     for (int64_t step = t->first_step; step <= o->steps; step++) {
         const double t_begin = MPI_Wtime();
-        rc = read_batch(t, GDN_SPLIT_TRAIN, step, t->dp_index * o->batch);
+        int64_t targets = 0;
+        double denom = 0;
+        rc = read_batch(t, GDN_SPLIT_TRAIN, step, t->dp_index * o->batch, &targets);
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+        if ((rc = gdn_cp_agree_status(t->agree, grid_targets(t, targets, &denom)))) return rc;
         double ls = 0;
         rc = gdn_model_forward(t->plan, t->w, t->tokens, denom, &ls, 1);
         if (!rc) rc = gdn_model_backward(t->plan, t->w, t->dw, t->tokens);
@@ -369,7 +445,7 @@ static int train_steps(trainer *t) {
         if (t->rank == 0) {
             double rmax = 0;
             for (int r = 0; r < t->size; r++) rmax = all[r] > rmax ? all[r] : rmax;
-            const double tps = denom / dt, frac = tps * t->flops_per_token / (t->peak_gflops * 1e9);
+            const double tps = tokens_per_step / dt, frac = tps * t->flops_per_token / (t->peak_gflops * 1e9);
             if (t->progress) {
                 fprintf(t->progress, "step %5lld/%lld  loss %.4f", (long long)step, (long long)o->steps, loss);
                 if (!isnan(val)) fprintf(t->progress, "  val %.4f", val);
@@ -414,6 +490,6 @@ int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
     gdn_cp_destroy(t.cp);
     gdn_cp_destroy(t.agree);
     if (t.cp_comm != MPI_COMM_NULL) MPI_Comm_free(&t.cp_comm);
-    free(t.w), free(t.dw), free(t.m), free(t.v), free(t.tokens);
+    free(t.w), free(t.dw), free(t.m), free(t.v), free(t.tokens), free(t.window), free(t.doc_cu), free(t.n_docs);
     return rc;
 }

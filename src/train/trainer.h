@@ -8,10 +8,15 @@
  * text. Weight gradients are summed over the whole grid (reduced on rank 0 and broadcast, so
  * every rank applies bit-identical updates). Deterministic for a given seed and grid: the text
  * windows are a function of (seed, step, row), so a resumed run repeats the uninterrupted one.
+ *
+ * Packing (--pack SEP): the text is documents each ending with SEP; a window holds whatever
+ * documents (or parts) fall in it, the state and the conv restart at each document start, and
+ * the loss is the mean over the targets inside documents (over the whole grid).
  */
 #ifndef GDNCP_TRAIN_TRAINER_H
 #define GDNCP_TRAIN_TRAINER_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "model.h"
@@ -38,6 +43,9 @@ typedef struct {
     const char *log_csv;    /* per-step CSV (NULL: none) */
     int64_t eval_every;     /* validation loss every N steps and at the end (0: never) */
     int64_t eval_seqs;      /* validation sequences (rounded up to whole DP batches) */
+    const uint8_t *pack;    /* packed documents: the bytes that end a document (NULL: none) */
+    int pack_len;           /*   their count (1..GDN_DATA_MAX_SEP); the state and the conv restart
+                               after each, and the byte after one is not predicted */
     int fault;              /* testing only: a gdn_cp fault injected into every CP exchange */
 } gdn_train_options;
 
