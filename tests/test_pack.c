@@ -262,8 +262,70 @@ static void layer_cases(void) {
     free(w), free(x), free(y), free(rec);
 }
 
+/* One packed plan given a step's documents with gdn_plan_set_docs (the trainer's use): made with
+ * one document, then set to five (starts mid-chunk, at a chunk boundary and one past it, a
+ * one-token document), its saved-state forward and backward equal every document run alone,
+ * within the checkpoint buffer sized when the plan was made. Control: the plan set back to one
+ * document. Refusals: a dense plan; bad offsets, after which the plan keeps its documents. */
+static void set_docs(void) {
+    enum { T = 200 };
+    gdn_config c = gdn_config_default(1, T, 1, 2, 16, 16);
+    static const int64_t one[] = {0, T}, five[] = {0, 3, 64, 65, 130, T}, bad[] = {0, 70, 70, T};
+    c.cu_seqlens = one, c.n_docs = 1;
+    problem p;
+    problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 31);
+    float *dout = malloc(sizeof(float) * (size_t)n_v(&c));
+    for (int64_t i = 0; i < n_v(&c); i++) dout[i] = (float)rng_uniform(-1, 1);
+    gdn_plan *plan = NULL;
+    if (gdn_plan_create(&plan, &c)) {
+        check(0, "packed plan with one document: %s", gdn_errmsg());
+        problem_free(&p), free(dout);
+        return;
+    }
+    const size_t ckpt_floats = gdn_plan_checkpoint_floats(plan);
+    float *ckpt = calloc(ckpt_floats + 1, sizeof(float));
+    gdn_config c5 = c;
+    c5.cu_seqlens = five, c5.n_docs = 5;
+    pack_results ref = pack_results_alloc(&c5, 5), got = pack_results_alloc(&c5, 5);
+    check(pack_run_separately(&c5, &p, NULL, dout, NULL, &ref) == GDN_OK, "five documents run alone");
+    double err[2];
+    for (int control = 0; control < 2; control++) {
+        int rc = control ? gdn_plan_set_docs(plan, one, 1, 0) : gdn_plan_set_docs(plan, five, 5, 0);
+        if (!rc) rc = gdn_forward_save(plan, got.o, got.ht, ckpt, p.q, p.k, p.v, p.g, p.beta, NULL);
+        if (!rc) rc = gdn_backward_saved(plan, got.dq, got.dk, got.dv, got.dg, got.dbeta, got.dh0, p.q, p.k, p.v,
+                                         p.g, p.beta, NULL, ckpt, dout, NULL);
+        check(rc == GDN_OK && gdn_plan_checkpoint_floats(plan) <= ckpt_floats,
+              "gdn_plan_set_docs to %s document%s: forward_save + backward_saved within the plan's first %zu "
+              "saved floats", control ? "one" : "five", control ? "" : "s", ckpt_floats);
+        /* ht and dh0 of the one-document run are its document 0's: compare the token tensors */
+        got.ht[0] = ref.ht[0];
+        err[control] = results_err(&got, &ref, &c, control ? 1 : 5, NULL);
+    }
+    expect_close(err[0], TOL_PACK, "a plan made with one document, set to five, vs each run alone");
+    expect_far(err[1], TOL_PACK, "the same plan set back to one document (no resets) vs the five run alone");
+
+    gdn_plan_set_docs(plan, five, 5, 0);
+    float *o_before = malloc(sizeof(float) * (size_t)n_v(&c)), *o_after = malloc(sizeof(float) * (size_t)n_v(&c));
+    gdn_forward(plan, o_before, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+    expect_status(gdn_plan_set_docs(plan, bad, 3, 0), GDN_ERR_SHAPE, "strictly increasing",
+                  "gdn_plan_set_docs with an empty document (0, 70, 70, T)");
+    expect_status(gdn_plan_set_docs(plan, five, 5, 1), GDN_ERR_SHAPE, "seq_offset",
+                  "gdn_plan_set_docs with tokens past the offsets' end (seq_offset 1)");
+    gdn_forward(plan, o_after, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+    expect_close(rel_err_ff(o_after, o_before, n_v(&c)), 0.0, "after refused offsets the plan keeps its five documents");
+    gdn_plan_destroy(plan), plan = NULL;
+    c.cu_seqlens = NULL, c.n_docs = 0;
+    if (!gdn_plan_create(&plan, &c))
+        expect_status(gdn_plan_set_docs(plan, five, 5, 0), GDN_ERR_ARG, "made dense", "gdn_plan_set_docs on a dense plan");
+    gdn_plan_destroy(plan);
+    pack_results_free(&ref), pack_results_free(&got);
+    free(ckpt), free(dout), free(o_before), free(o_after);
+    problem_free(&p);
+}
+
 void test_pack(void) {
     cases();
     bad_offsets();
+    set_docs();
     layer_cases();
 }
