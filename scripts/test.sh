@@ -138,7 +138,7 @@ clicase fail "gdncp layer with a prefix that names no layer: clear error" \
 clicase fail "gdncp layer --decode with --backward: clear error" \
   $L layer "${tinyw[@]}" --in "$tiny/layer0.io.safetensors" --out "$logs/bad.safetensors" --decode 2 --backward
 
-echo "== packed documents through the command line: gdncp run --cu-seqlens / a cu_seqlens tensor (issue 11)"
+echo "== packed documents through the command line: gdncp run / gdncp layer --cu-seqlens, a cu_seqlens tensor (issue 11)"
 # A stream of 4 documents (a chunk boundary at 16, a length-1 document, one crossing chunks) with
 # per-document h0 and dht, chunk 16. Each document is cut out with scripts/st_slice.py and run
 # alone (dense): the packed run's rows and states for it must match; a run that ignores the
@@ -177,6 +177,25 @@ for spec in "3 scan -" "3 scan 10,40,50" "4 allgather 16,1,33,50" "3 relay 60,39
 done
 pkcase pass "mpiexec -n 3 gdncp run --cp scan --cu-seqlens $CU --backward == single-rank packed run (tol 2e-5)" bash -c \
   "$MPIEXEC -n 3 $L run --cp scan --cu-seqlens $CU $C16 --in $P/q.st --out $P/cp.st && $L diff $P/cp.st $P/qp.st --tol 2e-5"
+# heads needs D | Hk: the same offsets on a stream with Hk = 6 (per-document h0 and dht). Each rank
+# runs the whole stream's documents for its heads; states come from / go to their documents' ranks.
+$L gen --T 100 --Hk 6 --Hv 6 --K 16 --V 16 --gates mild --cu-seqlens $CU --seed 11 --out "$P/h6.st" >/dev/null 2>&1
+$SL "$P/h6.st" "$P/h6q.st" --drop cu_seqlens,h0,dht
+$L run $C16 --in "$P/h6.st" --out "$P/h6packed.st" >/dev/null 2>&1
+$L run $C16 --in "$P/h6q.st" --out "$P/h6qp.st" --cu-seqlens $CU >/dev/null 2>&1
+$SL "$P/h6qp.st" "$P/h6qp_rows.st" --drop ht
+for spec in "2 -" "3 10,40,50" "3 60,39,1"; do
+  set -- $spec; sh=; [ "$2" != - ] && sh="--shards $2"
+  pkcase pass "mpiexec -n $1 gdncp run --cp heads $sh --backward, Hk = 6, offsets and per-document h0/dht from the file == single-rank packed run (tol 2e-5)" bash -c \
+    "$MPIEXEC -n $1 $L run --cp heads $sh $C16 --in $P/h6.st --out $P/cp.st && $L diff $P/cp.st $P/h6packed.st --tol 2e-5"
+done
+pkcase pass "mpiexec -n 3 gdncp run --cp heads --cu-seqlens $CU --backward == single-rank packed run (tol 2e-5)" bash -c \
+  "$MPIEXEC -n 3 $L run --cp heads --cu-seqlens $CU $C16 --in $P/h6q.st --out $P/cp.st && $L diff $P/cp.st $P/h6qp.st --tol 2e-5"
+pkcase fail "mpiexec -n 3 gdncp run --cp heads WITHOUT --cu-seqlens vs the packed run's rows (negative control)" bash -c \
+  "$MPIEXEC -n 3 $L run --cp heads $C16 --in $P/h6q.st --out $P/cp.st && $L diff $P/cp.st $P/h6qp_rows.st --tol 2e-5"
+$SL "$P/h6.st" "$P/h6z.st" --drop h0   # the owners' h0 dropped: the states must matter
+pkcase fail "mpiexec -n 3 gdncp run --cp heads with the per-document h0 dropped vs the packed run (negative control)" bash -c \
+  "$MPIEXEC -n 3 $L run --cp heads $C16 --in $P/h6z.st --out $P/cp.st && $SL $P/cp.st $P/cut.st --drop dh0 && $L diff $P/cut.st $P/h6packed.st --tol 2e-5"
 $SL "$P/qp.st" "$P/qp_rows.st" --drop ht   # token rows only: a dense run has one final state
 pkcase fail "mpiexec -n 3 gdncp run --cp scan WITHOUT --cu-seqlens vs the packed run's rows (negative control)" bash -c \
   "$MPIEXEC -n 3 $L run --cp scan $C16 --in $P/q.st --out $P/cp.st && $L diff $P/cp.st $P/qp_rows.st --tol 2e-5"
@@ -202,9 +221,53 @@ done <<LIST
 2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens -1,100
 2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens 0,99999999999999999999
 2|--cu-seqlens|$L run --in $P/q.st --out $P/x.st --cu-seqlens
-1|not supported by the heads strategy|$MPIEXEC -n 2 $L run --cp heads --in $P/p.st --out $P/x.st
+1|to divide Hk|$MPIEXEC -n 2 $L run --cp heads --in $P/p.st --out $P/x.st
 1|must end at T|$MPIEXEC -n 3 $L run --cp scan --in $P/q.st --out $P/x.st --cu-seqlens 0,50
 2|--cu-seqlens|$MPIEXEC -n 3 $L run --cp scan --in $P/q.st --out $P/x.st --cu-seqlens 0,x
+LIST
+
+# The layer (gdncp layer --cu-seqlens, or a cu_seqlens tensor beside x): layer_small's batch row 0
+# (Hk = 2) as 4 documents (a length-1 one, cuts inside chunks). Each document's rows cut out and run
+# alone through gdncp layer == the packed run's y and dx rows; ranks == one rank for y, dx and
+# every weight gradient (summed over the documents, so per-document runs cannot give it).
+LW="--weights $golden/layer_small.weights.safetensors"; LCU=0,20,21,47,90
+$SL "$golden/layer_small.io.safetensors" "$P/x1.st" --batch 0 --keep x,dy
+$SL "$P/x1.st" "$P/xc.st" --cu-seqlens $LCU
+$L layer $LW $C16 --in "$P/x1.st" --out "$P/lpk.st" --cu-seqlens $LCU >/dev/null 2>&1
+pkcase pass "gdncp layer: offsets from the file's cu_seqlens tensor == --cu-seqlens $LCU (y, dx, grads bit for bit)" bash -c \
+  "$L layer $LW $C16 --in $P/xc.st --out $P/lf.st && $L diff $P/lf.st $P/lpk.st --tol 0"
+for span in 0:20 20:21 21:47 47:90; do
+  pkcase pass "gdncp layer --cu-seqlens $LCU: document $span == its rows run alone through gdncp layer (y, dx; tol 2e-5)" bash -c \
+    "$SL $P/x1.st $P/ld.st --rows $span && $L layer $LW $C16 --in $P/ld.st --out $P/lalone.st && $SL $P/lpk.st $P/lcut.st --rows $span --keep y,dx && $L diff $P/lcut.st $P/lalone.st --tol 2e-5"
+done
+$SL "$P/x1.st" "$P/ld.st" --rows 21:47
+$L layer $LW $C16 --in "$P/ld.st" --out "$P/lalone.st" >/dev/null 2>&1
+pkcase fail "gdncp layer WITHOUT --cu-seqlens: document 21:47 != run alone (negative control: no reset)" bash -c \
+  "$L layer $LW $C16 --in $P/x1.st --out $P/ln.st && $SL $P/ln.st $P/lcut.st --rows 21:47 --keep y,dx && $L diff $P/lcut.st $P/lalone.st --tol 2e-5"
+for spec in "3 scan 10,30,50" "3 allgather 20,1,69" "3 relay 1,2,87" "2 heads 21,69"; do
+  set -- $spec
+  pkcase pass "mpiexec -n $1 gdncp layer --cp $2 --shards $3 --cu-seqlens $LCU --backward == single rank (y, dx, grads; tol 2e-5)" bash -c \
+    "$MPIEXEC -n $1 $L layer $LW $C16 --in $P/x1.st --out $P/lcp.st --cu-seqlens $LCU --cp $2 --shards $3 && $L diff $P/lcp.st $P/lpk.st --tol 2e-5"
+done
+pkcase pass "mpiexec -n 3 gdncp layer --cp scan, offsets from the file's tensor == single rank (tol 2e-5)" bash -c \
+  "$MPIEXEC -n 3 $L layer $LW $C16 --in $P/xc.st --out $P/lcp.st --cp scan && $L diff $P/lcp.st $P/lpk.st --tol 2e-5"
+pkcase fail "mpiexec -n 3 gdncp layer --cp scan WITHOUT --cu-seqlens vs the packed single-rank run (negative control)" bash -c \
+  "$MPIEXEC -n 3 $L layer $LW $C16 --in $P/x1.st --out $P/lcp.st --cp scan --shards 10,30,50 && $L diff $P/lcp.st $P/lpk.st --tol 2e-5"
+while IFS='|' read -r want msg cmd; do
+  if eval "timeout 60 $cmd" >"$P/log" 2>&1 </dev/null; then got=0; else got=$?; fi
+  if [ "$got" = "$want" ] && grep -q -- "$msg" "$P/log"; then echo "PASS  ${cmd//"$LW "/}: exit $got, \"$(grep -m1 -o -- "$msg.*" "$P/log" | cut -c1-90)\""; passed=$((passed + 1))
+  else echo "FAIL  $cmd (exit $got, wanted $want and '$msg')"; cat "$P/log"; failed=$((failed + 1)); fi
+done <<LIST
+1|must end at T|$L layer $LW --in $P/x1.st --out $P/x.st --cu-seqlens 0,50,89
+1|strictly increasing|$L layer $LW --in $P/x1.st --out $P/x.st --cu-seqlens 0,50,50,90
+1|must start at 0|$L layer $LW --in $P/x1.st --out $P/x.st --cu-seqlens 3,50,90
+1|needs B = 1|$L layer $LW --in $golden/layer_small.io.safetensors --out $P/x.st --cu-seqlens 0,50,90
+1|differs from the cu_seqlens tensor|$L layer $LW --in $P/xc.st --out $P/x.st --cu-seqlens 0,50,90
+1|does not combine with packed documents|$L layer $LW --in $P/xc.st --out $P/x.st --decode 3
+2|--cu-seqlens|$L layer $LW --in $P/x1.st --out $P/x.st --cu-seqlens 0,50,x
+1|strictly increasing|$MPIEXEC -n 3 $L layer $LW --in $P/x1.st --out $P/x.st --cu-seqlens 0,50,50,90 --cp scan
+2|--cu-seqlens|$MPIEXEC -n 3 $L layer $LW --in $P/x1.st --out $P/x.st --cu-seqlens 0,9x --cp scan
+1|to divide Hk|$MPIEXEC -n 3 $L layer $LW --in $P/xc.st --out $P/x.st --cp heads
 LIST
 
 echo "== option values: out of range, not a number, trailing characters, overflow, NaN -> exit 2 naming the option"

@@ -57,13 +57,14 @@ int cli_cp_check_fits(gdn_cp *cp, const char *cmd, const char *what, double byte
  * --backward; all B batch rows). Prints what is wrong and returns its status when the file
  * cannot be opened or has no 4-D 'q'. */
 int cli_run_header(const char *path, int backward, long long *T, double *bytes_per_token);
-/* Packed documents for gdncp run: the offsets of --cu-seqlens (given, n_given values; NULL when
- * absent) and of the input file's "cu_seqlens" tensor (I64 or I32, 1-D), which must agree when
- * both are there, checked against the file's q (B = 1, from 0 to T, strictly increasing).
- * *cu: a malloc'ed copy (NULL: dense, neither given), *n_docs its documents. Prints what is wrong,
- * prefixed by `who`, and returns 1; else 0. */
-int cli_pack_offsets(const char *who, const char *path, const int64_t *given, int64_t n_given, int64_t **cu,
-                     int64_t *n_docs);
+/* Packed documents for gdncp run and gdncp layer: the offsets of --cu-seqlens (given, n_given
+ * values; NULL when absent) and of the input file's "cu_seqlens" tensor (I64 or I32, 1-D), which
+ * must agree when both are there, checked against the file's per-token tensor `rows` ([B, T, ...]:
+ * run's q, layer's x; B = 1, from 0 to T, strictly increasing). *cu: a malloc'ed copy (NULL:
+ * dense, neither given), *n_docs its documents. Prints what is wrong, prefixed by `who`, and
+ * returns 1; else 0. (In cmd_run.c.) */
+int cli_pack_offsets(const char *who, const char *path, const char *rows, const int64_t *given, int64_t n_given,
+                     int64_t **cu, int64_t *n_docs);
 
 /* Print "gdncp <what>: <status text>: <detail>" to stderr and return exit code 1. */
 int cli_error(const char *what, int status);

@@ -1,7 +1,9 @@
 /* gdncp layer: the Qwen3.5 GatedDeltaNet layer from a Hugging Face checkpoint on x [B,T,E]:
  * y, and with --backward dx and grad.<weight> for loss = sum(y * dy). Under mpiexec with --cp
  * every rank reads only its token rows; rank 0 writes the gathered file, which equals the
- * single-rank one. --decode N prefills all but the last N tokens, then decodes them one by one. */
+ * single-rank one. --decode N prefills all but the last N tokens, then decodes them one by one.
+ * Packed documents (--cu-seqlens, or a cu_seqlens tensor in the input file; B = 1): the conv and
+ * the recurrent state restart at every document start, on one rank or over ranks. */
 #include "cli.h"
 #include "cli_parse.h"
 #include "gdncp_cp.h"
@@ -31,6 +33,7 @@ typedef struct {
     int backward, keep, decode;
     int f32; /* --f32: keep BF16 checkpoints as fp32 in memory for inference */
     gdn_layer_config given; /* dims from flags (0: not given), chunk, threads */
+    int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } layer_opts;
 
 static int usage(void) {
@@ -38,7 +41,7 @@ static int usage(void) {
             "usage: gdncp layer --weights W.safetensors [--config config.json] [--prefix P]\n"
             "                   --in IN.safetensors --out OUT.safetensors [--backward]\n"
             "                   [--keep min|proj] [--decode N] [--f32] [--chunk C] [--threads N]\n"
-            "                   [--E --Hk --Hv --K --V --Kc N] [--eps X]\n"
+            "                   [--E --Hk --Hv --K --V --Kc N] [--eps X] [--cu-seqlens 0,a,..,T]\n"
             "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n");
     return CLI_USAGE_ERROR;
 }
@@ -85,6 +88,10 @@ static int parse(int argc, char **argv, layer_opts *o) {
         } else if (!strcmp(a, "--threads")) {
             if (cli_parse_i64("layer", a, v, 1, 4096, &n)) return CLI_USAGE_ERROR;
             o->given.threads = (int)n, i++;
+        } else if (!strcmp(a, "--cu-seqlens")) { /* packed documents (checked against the file later) */
+            free(o->cu_seqlens), o->cu_seqlens = NULL;
+            if (cli_parse_i64_list("layer", a, v, &o->cu_seqlens, &o->n_cu)) return CLI_USAGE_ERROR;
+            i++;
         } else {
             fprintf(stderr, "gdncp layer: unknown or incomplete option '%s'\n", a);
             return usage();
@@ -175,9 +182,18 @@ static int run_decode(const layer_opts *o, gdn_layer_config c, const void *w, co
     return rc;
 }
 
+static int layer_with(layer_opts *o, int argc, char **argv);
+
 int cmd_layer(int argc, char **argv) {
     layer_opts o;
-    const int prc = parse(argc, argv, &o);
+    const int rc = layer_with(&o, argc, argv);
+    free(o.cu_seqlens);
+    return rc;
+}
+
+static int layer_with(layer_opts *opts, int argc, char **argv) {
+    const int prc = parse(argc, argv, opts);
+    layer_opts o = *opts;
     if (prc) { /* (under --cp, an option error still joins the other ranks' first agreement) */
         cli_cp_fail_early(argc, argv);
         return prc;
@@ -201,6 +217,7 @@ int cmd_layer(int argc, char **argv) {
     float *dw_all = NULL;
     gdn_layer_plan *lp = NULL;
     int64_t B = 0, T = 0, t0 = 0, tn = -1, B2, T2;
+    int64_t *cu = NULL, n_docs = 0; /* packed documents: --cu-seqlens or the file's tensor */
     int rc = gdn_layer_weights_load(&lw, o.weights, o.config, o.prefix, &o.given);
     /* Inference keeps a BF16 checkpoint BF16 in memory; training (--backward) needs fp32. */
     if (!rc && lw.dtype == GDN_BF16 && !o.backward && !o.f32) rc = gdn_layer_weights_to_bf16(&lw);
@@ -212,6 +229,14 @@ int cmd_layer(int argc, char **argv) {
         else if (t->ndim != 3) rc = fail(GDN_ERR_SHAPE, "'x' must be [B, T, E], got %d dims", t->ndim);
         else B = t->shape[0], T = t->shape[1];
     }
+    if (!rc) { /* every rank checks its own file's offsets; a failure stops all in the agreement */
+        char who[64];
+        snprintf(who, sizeof who, rank ? "gdncp layer: rank %d" : "gdncp layer", rank);
+        if (cli_pack_offsets(who, o.in, "x", o.cu_seqlens, o.n_cu, &cu, &n_docs)) rc = GDN_ERR_ARG, reported = 1;
+    }
+    if (!rc && cu && o.decode) /* the decode cache carries one stream's states */
+        rc = fail(GDN_ERR_ARG, "--decode runs one sequence with a cache; it does not combine with packed documents "
+                  "(--cu-seqlens or a cu_seqlens tensor in %s)", o.in);
     if (cp) { /* one agreement step on everything that decides the collectives that follow */
         static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--keep",
                                             "--f32", "--shards (the lists differ; values are hashes)",
@@ -245,6 +270,7 @@ int cmd_layer(int argc, char **argv) {
     const int64_t Tl = cp ? tn : T, E = lw.cfg.E;
     gdn_layer_config c = lw.cfg;
     c.B = B, c.T = Tl, c.chunk = o.given.chunk, c.threads = o.given.threads, c.keep = o.keep;
+    c.cu_seqlens = cu, c.n_docs = n_docs, c.seq_offset = cu ? t0 : 0;
     if (!rc) rc = gdn_layer_plan_create(&lp, &c);
     const size_t nx = (size_t)B * Tl * E, nw = gdn_layer_param_floats(&c);
     if (!rc) {
@@ -288,9 +314,10 @@ int cmd_layer(int argc, char **argv) {
     if (!rc && !rank) {
         if (!cp) rc = write_outputs(&o, &lw, B, T, y, o.backward ? dx : NULL, o.backward ? dw : NULL);
         if (!rc)
-            printf("gdncp layer: B=%lld T=%lld E=%lld Hk=%lld Hv=%lld K=%lld V=%lld Kc=%lld (%s layout, %s): "
+            printf("gdncp layer: B=%lld T=%lld%s%.0lld E=%lld Hk=%lld Hv=%lld K=%lld V=%lld Kc=%lld (%s layout, %s): "
                    "%s%s in %.3f s%s%s -> %s\n",
-                   (long long)B, (long long)T, (long long)E, (long long)c.Hk, (long long)c.Hv,
+                   (long long)B, (long long)T, cu ? " documents=" : "", (long long)n_docs, (long long)E,
+                   (long long)c.Hk, (long long)c.Hv,
                    (long long)c.K, (long long)c.V, (long long)c.Kc, lw.fused ? "fused" : "split",
                    lw.cfg.weight_dtype == GDN_BF16 ? "BF16 in memory" : lw.dtype == GDN_BF16 ? "BF16 on disk, F32 in memory" : "F32",
                    o.decode ? "prefill + decode" : "forward", o.backward ? " + backward" : "", secs,
@@ -304,5 +331,6 @@ done:
     gdn_layer_weights_free(&lw);
     gdn_st_close(f);
     gdn_cp_destroy(cp);
+    free(cu);
     return rc ? 1 : 0;
 }

@@ -66,8 +66,8 @@ static int parse(int argc, char **argv, run_opts *o) {
     return 0;
 }
 
-int cli_pack_offsets(const char *who, const char *path, const int64_t *given, int64_t n_given, int64_t **cu,
-                     int64_t *n_docs) {
+int cli_pack_offsets(const char *who, const char *path, const char *rows, const int64_t *given, int64_t n_given,
+                     int64_t **cu, int64_t *n_docs) {
     *cu = NULL, *n_docs = 0;
     gdn_st_file *f = NULL;
     int rc = gdn_st_open(&f, path);
@@ -75,9 +75,9 @@ int cli_pack_offsets(const char *who, const char *path, const int64_t *given, in
         fprintf(stderr, "%s: %s: %s\n", who, gdn_strerror(rc), gdn_errmsg());
         return 1;
     }
-    const gdn_st_tensor *t = gdn_st_find(f, "cu_seqlens"), *tq = gdn_st_find(f, "q");
-    /* (cli_run_header has checked q) */
-    const int64_t B = tq && tq->ndim == 4 ? tq->shape[0] : 0, T = tq && tq->ndim == 4 ? tq->shape[1] : 0;
+    const gdn_st_tensor *t = gdn_st_find(f, "cu_seqlens"), *tq = gdn_st_find(f, rows);
+    /* (the caller has checked the rows tensor: run's q, layer's x) */
+    const int64_t B = tq && tq->ndim >= 2 ? tq->shape[0] : 0, T = tq && tq->ndim >= 2 ? tq->shape[1] : 0;
     int64_t *from_file = NULL, n_file = 0;
     if (t) {
         /* (a 1-D tensor's length is its shape; anything else is refused by the reader) */
@@ -284,7 +284,7 @@ static int run_with(run_opts *opts, int argc, char **argv) {
                                            : "the inputs and outputs", per_token * (double)T_file * (opt.reference ? 3 : 1))))
         return cli_error("run", rc);
     int64_t *cu = NULL, n_docs = 0; /* packed documents: --cu-seqlens or the file's tensor */
-    if (cli_pack_offsets("gdncp run", opt.in, opt.cu_seqlens, opt.n_cu, &cu, &n_docs)) return 1;
+    if (cli_pack_offsets("gdncp run", opt.in, "q", opt.cu_seqlens, opt.n_cu, &cu, &n_docs)) return 1;
     gdn_problem pb;
     rc = gdn_problem_load_packed(&pb, opt.in, opt.backward, 0, -1, n_docs);
     if (rc) {

@@ -197,13 +197,7 @@ int cmd_run_cp(const cli_cp_opts *co, gdn_config opts) {
     int64_t *cu = NULL, n_docs = 0;
     char who[64];
     snprintf(who, sizeof who, rank ? "gdncp run --cp: rank %d" : "gdncp run --cp", rank);
-    local = cli_pack_offsets(who, in, co->cu_seqlens, co->n_cu, &cu, &n_docs) ? GDN_ERR_ARG : GDN_OK;
-    if (!local && cu && s == GDN_CP_HEADS) {
-        if (!rank)
-            fprintf(stderr, "gdncp run --cp heads: packed documents (--cu-seqlens or a cu_seqlens tensor) are not "
-                            "supported by the heads strategy; use --cp scan, allgather or relay\n");
-        local = GDN_ERR_ARG;
-    }
+    local = cli_pack_offsets(who, in, "q", co->cu_seqlens, co->n_cu, &cu, &n_docs) ? GDN_ERR_ARG : GDN_OK;
     int64_t t0 = 0, tn = 0;
     /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
     if (gdn_cp_agree_status(cp, local) || cli_shard_of(shards, D, rank, T, &t0, &tn)) {

@@ -1,29 +1,38 @@
 /* The GatedDeltaNet layer over a sequence split across ranks (DESIGN §4): the projections, the
  * gates and the norm are token-local; the conv's halo crosses ranks point to point
- * (gdn_cp_halo_*); the recurrence is the kernel's context parallelism. */
+ * (gdn_cp_halo_*); the recurrence is the kernel's context parallelism. Packed documents work
+ * under every strategy (heads included: the kernel's packed heads path). */
 #include "layer_internal.h"
 
 #include "gdncp_cp.h"
 
 #include <string.h>
 
-/* Every rank runs the same layer call (direction, shapes beyond T, options, what was saved):
- * checked in one step before the first collective that depends on them. */
+/* Every rank runs the same layer call (direction, shapes beyond T, options, what was saved, the
+ * packed documents): checked in one step before the first collective that depends on them (the
+ * halo's; the kernel checks each rank's seq_offset against the shards again). */
 static int layer_agree(gdn_cp *cp, const gdn_layer_plan *lp, int backward, const float *saved, int local) {
-    static const char *const names[] = {"the layer call (forward/backward)", "B", "E", "Hk", "Hv", "K", "V",
-                                        "Kc", "keep", "weight dtype", "eps", "chunk", "saved given"};
-    int64_t v[13] = {backward};
+    enum { NV = 15 };
+    static const char *const names[NV] = {"the layer call (forward/backward)", "B", "E", "Hk", "Hv", "K", "V",
+                                          "Kc", "keep", "weight dtype", "eps", "chunk", "saved given",
+                                          "packing (n_docs of cu_seqlens, -1: dense)",
+                                          "the cu_seqlens offsets (a hash)"};
+    int64_t v[NV] = {backward};
     if (lp) {
         const gdn_layer_config *c = &lp->cfg;
         int32_t eps_bits;
         memcpy(&eps_bits, &c->eps, 4);
-        const int64_t s[13] = {backward, c->B, c->E, c->Hk, c->Hv, c->K, c->V, c->Kc, c->keep,
-                               c->weight_dtype, eps_bits, c->chunk, saved != NULL};
+        uint64_t cu_hash = 1469598103934665603ull; /* FNV-1a of the offsets */
+        for (int64_t d = 0; c->cu_seqlens && d <= c->n_docs; d++)
+            cu_hash = (cu_hash ^ (uint64_t)c->cu_seqlens[d]) * 1099511628211ull;
+        const int64_t s[NV] = {backward, c->B, c->E, c->Hk, c->Hv, c->K, c->V, c->Kc, c->keep,
+                               c->weight_dtype, eps_bits, c->chunk, saved != NULL,
+                               c->cu_seqlens ? c->n_docs : -1, (int64_t)cu_hash};
         memcpy(v, s, sizeof v);
     } else if (!local) {
         local = gdn_fail(GDN_ERR_ARG, "layer plan is NULL");
     }
-    return gdn_cp_agree_values(cp, v, 13, names, local);
+    return gdn_cp_agree_values(cp, v, NV, names, local);
 }
 
 int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *lp, float *y, float *saved, const float *x,
