@@ -233,7 +233,10 @@ typedef struct {
     const int64_t *cu_seqlens; /* packed documents, as in gdn_config (B = 1; NULL: dense): the conv
                                   and the recurrent state restart at every document start (no tap
                                   reads across one, also across the CP halo); every document starts
-                                  from zero states (conv_state and rec_state must be NULL) */
+                                  from zero states: conv_state [n_docs, conv_dim, Kc] and rec_state
+                                  [n_docs, Hv, K, V], when given, must hold zeros and receive each
+                                  document's final caches (a packed prefill, then decode with
+                                  B = n_docs) */
     int64_t n_docs;
     int64_t seq_offset;        /* under CP: this rank's first token in the packed stream */
 } gdn_layer_config;

@@ -219,6 +219,98 @@ static void layer_errors(const gdn_layer_config *c, int mode, const float *w, co
     free(y), free(dx), free(dw), free(saved);
 }
 
+/* A packed prefill returns every document's final caches (conv_state [n_docs, cd, Kc], rec_state
+ * [n_docs, Hv, K, V]) equal to each document run alone through the dense layer from zero caches,
+ * documents shorter than the conv included (zero columns before their start); then one decode
+ * step with B = n_docs from those caches equals each document's next token run alone. Control:
+ * the caches of a dense layer over the whole stream. Non-zero caches on entry are refused. */
+static void packed_caches(const int64_t *cu, int64_t nd) {
+    gdn_layer_config c = gdn_layer_config_default(1, cu[nd], 24, 1, 2, 16, 16);
+    c.cu_seqlens = cu, c.n_docs = nd, c.threads = 1;
+    rng_seed(41);
+    float *w = layer_random_weights(&c, 0.05, 1);
+    const int64_t T = c.T, E = c.E, nc = c.Kc * gdn_layer_conv_dim(&c), ns = c.Hv * c.K * c.V;
+    float *x = random_floats((size_t)(T * E)), *y = calloc((size_t)(T * E), sizeof(float));
+    float *conv = calloc((size_t)(nd * nc), sizeof(float)), *rec = calloc((size_t)(nd * ns), sizeof(float));
+    float *conv_ref = calloc((size_t)(nd * nc), sizeof(float)), *rec_ref = calloc((size_t)(nd * ns), sizeof(float));
+    float *conv_dense = calloc((size_t)nc, sizeof(float)), *rec_dense = calloc((size_t)ns, sizeof(float));
+    float *xn = random_floats((size_t)(nd * E)), *yn = calloc((size_t)(nd * E), sizeof(float));
+    float *yn_ref = calloc((size_t)(nd * E), sizeof(float));
+    gdn_layer_plan *lp = NULL;
+    int rc = gdn_layer_plan_create(&lp, &c);
+    if (!rc) rc = gdn_layer_forward(lp, y, NULL, x, w, conv, rec);
+    check(rc == GDN_OK, "packed layer prefill returning per-document caches (%s)", rc ? gdn_errmsg() : "ok");
+    /* each document alone (dense, zero caches), then its next token (decode, B = 1) */
+    int ok = 1;
+    for (int64_t d = 0; d < nd; d++) {
+        gdn_layer_config cd = c;
+        cd.cu_seqlens = NULL, cd.n_docs = 0, cd.T = cu[d + 1] - cu[d];
+        gdn_layer_plan *pd = NULL;
+        float *yd = calloc((size_t)(cd.T * E), sizeof(float));
+        ok &= gdn_layer_plan_create(&pd, &cd) == GDN_OK &&
+              gdn_layer_forward(pd, yd, NULL, x + cu[d] * E, w, conv_ref + d * nc, rec_ref + d * ns) == GDN_OK;
+        gdn_layer_plan_destroy(pd);
+        cd.T = 1;
+        ok &= gdn_layer_plan_create(&pd, &cd) == GDN_OK &&
+              gdn_layer_decode(pd, yn_ref + d * E, xn + d * E, w, conv_ref + d * nc, rec_ref + d * ns) == GDN_OK;
+        gdn_layer_plan_destroy(pd);
+        free(yd);
+    }
+    check(ok, "each document alone through the dense layer with caches, then one decode step");
+    /* the caches after the prefill: compare before decoding moves them */
+    gdn_layer_config cb = c;
+    cb.cu_seqlens = NULL, cb.n_docs = 0, cb.B = nd, cb.T = 1;
+    gdn_layer_plan *pb = NULL;
+    float *conv_pre = malloc(sizeof(float) * (size_t)(nd * nc)), *rec_pre = malloc(sizeof(float) * (size_t)(nd * ns));
+    memcpy(conv_pre, conv, sizeof(float) * (size_t)(nd * nc)), memcpy(rec_pre, rec, sizeof(float) * (size_t)(nd * ns));
+    rc = gdn_layer_plan_create(&pb, &cb);
+    if (!rc) rc = gdn_layer_decode(pb, yn, xn, w, conv, rec);
+    check(rc == GDN_OK, "one decode step with B = %lld from the packed caches", (long long)nd);
+    expect_close(rel_err_ff(conv, conv_ref, nd * nc), TOL_LAYER, "packed prefill + decode: conv caches == each "
+                 "document alone (documents of 1 and 2 tokens, Kc = %lld)", (long long)c.Kc);
+    expect_close(rel_err_ff(rec, rec_ref, nd * ns), TOL_LAYER, "packed prefill + decode: recurrent states == each "
+                 "document alone");
+    expect_close(rel_err_ff(yn, yn_ref, nd * E), TOL_LAYER, "decode after the packed prefill: y == each document's");
+    /* control: the first document start left out (documents 0 and 1 merged): the merged
+     * document's caches vs document 1's alone (it ends where document 1 ends) */
+    int64_t merged[16];
+    merged[0] = 0;
+    for (int64_t d = 2; d <= nd; d++) merged[d - 1] = cu[d];
+    gdn_layer_config cm = c;
+    cm.cu_seqlens = merged, cm.n_docs = nd - 1;
+    gdn_layer_plan *pm = NULL;
+    memset(conv_dense, 0, sizeof(float) * (size_t)nc), memset(rec_dense, 0, sizeof(float) * (size_t)ns);
+    float *conv_m = calloc((size_t)(nd * nc), sizeof(float)), *rec_m = calloc((size_t)(nd * ns), sizeof(float));
+    if (!gdn_layer_plan_create(&pm, &cm)) gdn_layer_forward(pm, y, NULL, x, w, conv_m, rec_m);
+    gdn_layer_plan_destroy(pm);
+    /* conv_ref / rec_ref were moved on by the decode step: the packed ones before it are conv_pre */
+    float *conv_one = calloc((size_t)nc, sizeof(float)), *rec_one = calloc((size_t)ns, sizeof(float));
+    {
+        gdn_layer_config c1 = cm;
+        c1.cu_seqlens = NULL, c1.n_docs = 0, c1.T = cu[2] - cu[1];
+        gdn_layer_plan *p1 = NULL;
+        float *y1 = calloc((size_t)(c1.T * E), sizeof(float));
+        if (!gdn_layer_plan_create(&p1, &c1)) gdn_layer_forward(p1, y1, NULL, x + cu[1] * E, w, conv_one, rec_one);
+        gdn_layer_plan_destroy(p1);
+        free(y1);
+    }
+    expect_close(fmax(rel_err_ff(conv_pre + nc, conv_one, nc), rel_err_ff(rec_pre + ns, rec_one, ns)), TOL_LAYER,
+                 "packed prefill: document 1's (1 token) caches == it alone");
+    expect_far(fmax(rel_err_ff(conv_m, conv_one, nc), rel_err_ff(rec_m, rec_one, ns)), TOL_LAYER,
+               "documents 0 and 1 merged (no reset): the merged caches vs document 1 alone");
+    free(conv_m), free(rec_m), free(conv_one), free(rec_one);
+    /* non-zero caches on entry are refused, naming the tensor */
+    memset(conv_pre, 0, sizeof(float) * (size_t)(nd * nc)), memset(rec_pre, 0, sizeof(float) * (size_t)(nd * ns));
+    conv_pre[3] = 0.5f, rec_pre[ns + 2] = 1.0f;
+    expect_status(gdn_layer_forward(lp, y, NULL, x, w, conv_pre, NULL), GDN_ERR_ARG, "conv_state[3]",
+                  "packed layer forward with a non-zero conv_state on entry");
+    expect_status(gdn_layer_forward(lp, y, NULL, x, w, NULL, rec_pre), GDN_ERR_ARG, "rec_state[",
+                  "packed layer forward with a non-zero rec_state on entry");
+    gdn_layer_plan_destroy(lp), gdn_layer_plan_destroy(pb);
+    free(w), free(x), free(y), free(conv), free(rec), free(conv_ref), free(rec_ref), free(conv_dense), free(rec_dense);
+    free(xn), free(yn), free(yn_ref), free(conv_pre), free(rec_pre);
+}
+
 static void layer_cases(void) {
     /* Documents shorter than the conv (1, 2 tokens), one starting mid-chunk, C = 16, Kc = 4. */
     static const int64_t cu[] = {0, 5, 6, 8, 23, 40};
@@ -247,19 +339,7 @@ static void layer_cases(void) {
         expect_far(edx, TOL_LAYER, "layer %s: the conv's backward across document starts, dx", kname);
         free(w), free(x), free(dy), free(y_ref), free(dx_ref), free(dw_ref);
     }
-    /* Packed calls start every document from zero states: given states are refused. */
-    gdn_layer_config c = gdn_layer_config_default(1, 40, 24, 1, 2, 16, 16);
-    c.cu_seqlens = cu, c.n_docs = 5, c.threads = 1;
-    gdn_layer_plan *lp = NULL;
-    float *w = layer_random_weights(&c, 0.05, 1), *x = random_floats(40 * 24), *y = calloc(40 * 24, sizeof(float));
-    float *rec = calloc(2 * 16 * 16, sizeof(float));
-    int rc = gdn_layer_plan_create(&lp, &c);
-    expect_status(rc ? rc : gdn_layer_forward(lp, y, NULL, x, w, NULL, rec), GDN_ERR_ARG, "rec_state must be NULL",
-                  "packed layer forward with a recurrent state is refused");
-    expect_status(rc ? rc : gdn_layer_forward(lp, y, NULL, x, w, NULL, NULL), GDN_OK, NULL,
-                  "control: packed layer forward without states");
-    gdn_layer_plan_destroy(lp);
-    free(w), free(x), free(y), free(rec);
+    packed_caches(cu, 5);
 }
 
 /* One packed plan given a step's documents with gdn_plan_set_docs (the trainer's use): made with

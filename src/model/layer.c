@@ -354,6 +354,37 @@ static void conv_state_from_rows(const gdn_layer_plan *lp, float *conv_state, co
         }
 }
 
+/* Packed: conv_state[d][c][j] = pre-conv row end_d - Kc + j of document d (zeros before its start). */
+static void conv_state_from_docs(const gdn_layer_plan *lp, float *conv_state, const float *proj) {
+    const gdn_layer_config *c = &lp->cfg;
+    const int64_t Kc = c->Kc, cd = lp->cd;
+    for (int64_t d = 0; d < c->n_docs; d++)
+        for (int64_t j = 0; j < Kc; j++) {
+            const int64_t t = c->cu_seqlens[d + 1] - Kc + j;
+            const float *src = t >= c->cu_seqlens[d] ? pre_row(lp, proj, NULL, 0, t) : NULL;
+            for (int64_t ch = 0; ch < cd; ch++) conv_state[(d * cd + ch) * Kc + j] = src ? src[ch] : 0.0f;
+        }
+}
+
+/* Packed caches: per document, zeros on entry (documents start from zero states). */
+static int packed_caches_check(const gdn_layer_plan *lp, const float *conv_state, const float *rec_state) {
+    const gdn_layer_config *c = &lp->cfg;
+    const int64_t n[2] = {c->n_docs * lp->cd * c->Kc, c->n_docs * c->Hv * c->K * c->V};
+    const float *x[2] = {conv_state, rec_state};
+    static const char *const name[2] = {"conv_state", "rec_state"};
+    for (int i = 0; i < 2; i++) {
+        if (!x[i]) continue;
+        int rc = gdn_check_tensor(name[i], x[i], n[i], c->check_finite);
+        if (rc) return rc;
+        for (int64_t e = 0; e < n[i]; e++)
+            if (x[i][e] != 0.0f)
+                return gdn_fail(GDN_ERR_ARG, "a packed layer call (cu_seqlens) starts every document from zero "
+                                "states, but %s[%lld] = %g: pass zeroed [n_docs, ...] buffers, which receive each "
+                                "document's final state", name[i], (long long)e, (double)x[i][e]);
+    }
+    return GDN_OK;
+}
+
 int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x, const void *w,
                       float *conv_state, float *rec_state) {
     int rc;
@@ -361,28 +392,31 @@ int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x
     if (!y) return gdn_fail(GDN_ERR_ARG, "layer output 'y' is NULL");
     const gdn_layer_config *c = &lp->cfg;
     const size_t state_n = (size_t)c->B * c->Hv * c->K * c->V;
-    if (c->cu_seqlens && (conv_state || rec_state))
-        return gdn_fail(GDN_ERR_ARG, "a packed layer call (cu_seqlens) starts every document from zero states: "
-                        "%s must be NULL", conv_state ? "conv_state" : "rec_state");
-    if (conv_state && (rc = gdn_check_tensor("conv_state", conv_state, c->B * lp->cd * c->Kc, c->check_finite)))
+    const int packed = c->cu_seqlens != NULL;
+    if (packed && (rc = packed_caches_check(lp, conv_state, rec_state))) return rc;
+    if (!packed && conv_state &&
+        (rc = gdn_check_tensor("conv_state", conv_state, c->B * lp->cd * c->Kc, c->check_finite)))
         return rc;
-    if (rec_state && (rc = gdn_check_tensor("rec_state", rec_state, (int64_t)state_n, c->check_finite)))
+    if (!packed && rec_state && (rc = gdn_check_tensor("rec_state", rec_state, (int64_t)state_n, c->check_finite)))
         return rc;
     gdn_layer_saved sv = gdn_layer_saved_view(lp, saved);
     float *proj = sv.proj ? sv.proj : lp->proj, *o = sv.o ? sv.o : lp->o;
     float *ckpt = sv.ckpt ? sv.ckpt : lp->ckpt;
-    halo_from_conv_state(lp, conv_state);
+    halo_from_conv_state(lp, packed ? NULL : conv_state);
     if (sv.halo) {
         memcpy(sv.halo, lp->halo, sizeof(float) * c->B * (c->Kc - 1) * lp->cd);
-        if (rec_state) memcpy(sv.h0, rec_state, sizeof(float) * state_n);
+        if (rec_state && !packed) memcpy(sv.h0, rec_state, sizeof(float) * state_n);
         else memset(sv.h0, 0, sizeof(float) * state_n);
     }
     gdn_layer_project(lp, lp->N, proj, x, w); /* straight into saved with KEEP_PROJ */
     gdn_layer_conv_gates(lp, proj, lp->halo, w);
-    /* The recurrent state is updated in place: the kernel reads h0 before writing ht per head. */
-    rc = gdn_forward_save(lp->kplan, o, rec_state, ckpt, lp->q, lp->k, lp->v, lp->g, lp->beta, rec_state);
+    /* The recurrent state is updated in place: the kernel reads h0 before writing ht per head
+     * (packed: h0 zeros, ht per document). */
+    rc = gdn_forward_save(lp->kplan, o, rec_state, ckpt, lp->q, lp->k, lp->v, lp->g, lp->beta,
+                          packed ? NULL : rec_state);
     if (rc) return rc;
-    if (conv_state) conv_state_from_rows(lp, conv_state, proj, lp->halo);
+    if (conv_state && packed) conv_state_from_docs(lp, conv_state, proj);
+    else if (conv_state) conv_state_from_rows(lp, conv_state, proj, lp->halo);
     gdn_layer_norm(lp, lp->N, o, proj, w);
     gdn_layer_out(lp, lp->N, y, w);
     return GDN_OK;
