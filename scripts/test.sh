@@ -406,7 +406,7 @@ else
 fi
 echo "== benchmark smoke (gdncp bench train --json --quick)"
 if ./build/gdncp bench train --json --quick > "$logs/bench_train.json" 2>&1 &&
-   grep -q '"direction":"train_step"' "$logs/bench_train.json" &&
+   grep -q '"direction":"train_step"' "$logs/bench_train.json" && grep -q '"packed_docs":[1-9]' "$logs/bench_train.json" &&
    grep -q '"grad_rel_err_vs_fd":[0-9.]*e-0[3-9]' "$logs/bench_train.json"; then
   echo "PASS  bench train runs, the gradient within 1e-2 of finite differences"; passed=$((passed + 1))
 else

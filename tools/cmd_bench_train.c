@@ -74,16 +74,40 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         tok[i] = (uint8_t)(s % 27 == 26 ? ' ' : 'a' + s % 27);
     }
+    /* Packed rows: documents of 64-320 tokens (fortunes-like; mean 192) cut at random places. */
+    int64_t *doc_cu = malloc(sizeof(int64_t) * (size_t)(B * (T + 3))), *n_docs = malloc(sizeof(int64_t) * (size_t)B);
+    if (!doc_cu || !n_docs) {
+        fprintf(stderr, "gdncp bench train: out of memory\n");
+        return 1;
+    }
+    int64_t at = 0, docs_all = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t n = 0, pos = -(int64_t)(s % 192); /* the row starts inside a document */
+        doc_cu[at] = 0;
+        for (;;) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            pos += 64 + (int64_t)(s % 257);
+            if (pos >= T + 1) break;
+            if (pos > 0) doc_cu[at + ++n] = pos;
+        }
+        doc_cu[at + ++n] = T + 1;
+        n_docs[b] = n, at += n + 1, docs_all += n;
+    }
     gdn_adamw_config opt = gdn_adamw_default();
-    const double denom = (double)(B * T), flops_tok = gdn_model_train_flops_per_token(&c);
-    for (int recompute = 0; recompute < 2; recompute++) {
-        run.recompute = recompute;
+    const double flops_tok = gdn_model_train_flops_per_token(&c);
+    double dense_ms = NAN;
+    for (int mode = 0; mode < 3; mode++) { /* dense, dense with recompute, packed */
+        const int recompute = mode == 1, packed = mode == 2;
+        run.recompute = recompute, run.pack = packed;
         gdn_model_plan *p = NULL;
         int rc = gdn_model_plan_create(&p, &c, &run, NULL);
+        int64_t targets = B * T;
+        if (!rc && packed) rc = gdn_model_set_docs(p, doc_cu, n_docs, 0, &targets);
+        const double denom = (double)targets;
         double t[16], loss = 0;
         /* the gradient check first, at the initial weights (the timed steps then update them) */
         double err = NAN;
-        if (!rc && !recompute && !(rc = train_step(p, w, dw, tok, denom, &loss)))
+        if (!rc && mode != 1 && !(rc = train_step(p, w, dw, tok, denom, &loss)))
             err = gradient_check(p, &c, w, dw, tok, denom);
         for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
             const double t0 = cli_now();
@@ -99,28 +123,34 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
             gdn_model_plan_destroy(p);
             return 1;
         }
-        const double med = cli_median(t, reps), tps = denom / med, gflops = tps * flops_tok / 1e9;
+        /* every token is computed, predicted or not: throughput counts them all */
+        const double med = cli_median(t, reps), tps = (double)(B * T) / med, gflops = tps * flops_tok / 1e9;
+        if (mode == 0) dense_ms = 1e3 * med;
         const double mb = gdn_model_plan_bytes(p) / 1048576.0;
         char err_json[32] = "null"; /* JSON has no NaN: null where the check was not repeated */
         if (!isnan(err)) snprintf(err_json, sizeof err_json, "%.3e", err);
         if (json)
             printf("{\"direction\":\"train_step\",\"model\":\"%s\",\"params\":%zu,\"B\":%lld,\"T\":%lld,"
-                   "\"threads\":%d,\"recompute\":%d,\"ms\":%.3f,\"reps\":%d,\"tokens_per_s\":%.1f,"
+                   "\"threads\":%d,\"recompute\":%d,\"packed_docs\":%lld,\"ms\":%.3f,\"ms_vs_dense\":%.4f,\"reps\":%d,\"tokens_per_s\":%.1f,"
                    "\"flops_per_token\":%.4g,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
                    "\"plan_mb\":%.1f,\"grad_rel_err_vs_fd\":%s,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
-                   name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute, 1e3 * med,
+                   name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute,
+                   (long long)(packed ? docs_all : 0), 1e3 * med, 1e3 * med / dense_ms,
                    reps, tps, flops_tok, gflops, peak, gflops / peak, mb, err_json, gdn_layer_plan_path(NULL), cpu);
         else {
             char check[32] = "(same step)"; /* recompute changes no value: checked once */
             if (!isnan(err)) snprintf(check, sizeof check, "%.1e", err);
-            printf("train_step %-6s %8zu params B=%lld T=%lld thr=%d recompute=%-3s %8.1f ms %8.0f tok/s "
+            char how[48];
+            if (packed) snprintf(how, sizeof how, "packed %lld docs", (long long)docs_all);
+            else snprintf(how, sizeof how, "recompute=%s", recompute ? "on" : "off");
+            printf("train_step %-6s %8zu params B=%lld T=%lld thr=%d %-16s %8.1f ms (%.2fx dense) %8.0f tok/s "
                    "%7.1f GFLOP/s %5.1f %% of peak  plan %6.1f MB  grad vs FD %s\n",
-                   name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute ? "on" : "off",
-                   1e3 * med, tps, gflops, 100 * gflops / peak, mb, check);
+                   name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, how, 1e3 * med,
+                   1e3 * med / dense_ms, tps, gflops, 100 * gflops / peak, mb, check);
         }
         gdn_model_plan_destroy(p);
     }
-    free(w), free(dw), free(m), free(v), free(tok);
+    free(w), free(dw), free(m), free(v), free(tok), free(doc_cu), free(n_docs);
     return 0;
 }
 
