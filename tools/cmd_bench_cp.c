@@ -1,14 +1,21 @@
 /* gdncp bench cp (under mpiexec -n D): one long sequence split over the D ranks, every strategy,
  * forward and backward: per-rank time split, bytes, peak RSS, and the ratio of per-rank compute
- * to the single-rank time of its share (the same plan run alone on the shard). */
+ * to the single-rank time of its share (the same plan run alone on the shard). Then packed against
+ * dense (issue 11): the same tokens as documents of seeded random lengths in [--doc-min,
+ * --doc-max] (crossing the rank cuts), forward + backward under every strategy, dense and packed
+ * interleaved repetition by repetition, their medians and the median of the paired ratios, with
+ * GFLOP/s, the fraction of the measured peak, the error against the float64 oracle, the path and
+ * the CPU. */
 #include "cli.h"
 #include "cli_parse.h"
 #include "gdncp_cp.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -23,9 +30,233 @@ static float frand(uint64_t *s) {
 /* Repetitions per case: their times and stats live in arrays of this size on the stack. */
 enum { MAX_REPS = 16 };
 
+/* FLOPs as gdncp bench kernel counts them (DESIGN §3, triangular products in full): the chunked
+ * forward, and the backward with its recompute; per token, so dense and packed runs of the same
+ * tokens count the same work. */
+static double flops_fwd_bwd(const gdn_config *c, int64_t T) {
+    const double C = c->chunk, K = c->K, V = c->V;
+    return ((3 * C * K + 2 * C * V + 6 * K * V + C * C / 3) + (18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C)) *
+           (double)T * c->Hv;
+}
+
+/* Document lengths drawn uniformly in [lo, hi] (xorshift, `seed`) until T tokens; when what is
+ * left after a draw would be shorter than lo, the document takes it all (so every document has at
+ * least lo tokens, the last fewer than hi + lo; one document when T < lo). */
+static int64_t *draw_documents(int64_t T, int64_t lo, int64_t hi, uint64_t seed, int64_t *n_docs) {
+    int64_t *cu = malloc(sizeof(int64_t) * (size_t)(T / (lo > 0 ? lo : 1) + 2)), n = 0;
+    if (!cu) return NULL;
+    cu[0] = 0;
+    while (cu[n] < T) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        int64_t len = lo + (int64_t)(seed % (uint64_t)(hi - lo + 1));
+        if (T - cu[n] - len < lo) len = T - cu[n];
+        cu[n + 1] = cu[n] + len, n++;
+    }
+    *n_docs = n;
+    return cu;
+}
+
+/* max|x - ref| / max|ref|. */
+static double rel_err(const float *x, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num = fmax(num, fabs(x[i] - ref[i])), den = fmax(den, fabs(ref[i]));
+    return den > 0 ? num / den : num;
+}
+
+/* The float64 oracle on rows [0, n) of this rank's tensors (the start of the stream, from zero
+ * states, a dense problem): o into od [n, Hv, V] and, with dout, dv into rv (the first document
+ * ends at n, so dout beyond it does not reach back). Returns 0 on success. */
+static int oracle_rows(const gdn_config *shape, int64_t n, const float *q, const float *k, const float *v,
+                       const float *g, const float *beta, const float *dout, double *od, double *rv) {
+    gdn_config c = *shape;
+    c.T = n, c.cu_seqlens = NULL, c.n_docs = 0, c.seq_offset = 0;
+    const int64_t nqk = n * c.Hk * c.K, nv = n * c.Hv * c.V, ng = n * c.Hv;
+    double *buf = malloc(sizeof(double) * (size_t)(4 * nqk + 2 * nv + 4 * ng));
+    if (!buf) return 1;
+    double *dq = buf, *dk = dq + nqk, *dvv = dk + nqk, *dg = dvv + nv, *db = dg + ng, *dd = db + ng;
+    double *rq = dd + nv, *rk = rq + nqk, *rg = rk + nqk, *rb = rg + ng;
+    for (int64_t i = 0; i < nqk; i++) dq[i] = q[i], dk[i] = k[i];
+    for (int64_t i = 0; i < nv; i++) dvv[i] = v[i], dd[i] = dout ? dout[i] : 0;
+    for (int64_t i = 0; i < ng; i++) dg[i] = g[i], db[i] = beta[i];
+    int rc = gdn_reference_forward(&c, od, NULL, dq, dk, dvv, dg, db, NULL);
+    if (!rc && rv) rc = gdn_reference_backward(&c, rq, rk, rv, rg, rb, NULL, dq, dk, dvv, dg, db, NULL, dd, NULL);
+    free(buf);
+    return rc;
+}
+
+/* This rank's shard and the buffers of one dense or packed run. */
+typedef struct {
+    int64_t Tr;
+    float *q, *k, *v, *g, *beta, *o, *dout, *gq, *gk, *gv, *gg, *gb, *s_in;
+} shard_bufs;
+
+/* One forward + backward through cp (the backward reuses the forward's s_in but under heads,
+ * which forms none); times of both halves between barriers. */
+static int fwd_bwd(gdn_cp *cp, gdn_plan *plan, const shard_bufs *b, float *ht, float *gs, double *tf, double *tb) {
+    const int heads = gdn_cp_get_strategy(cp) == GDN_CP_HEADS;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    int rc = gdn_cp_forward(cp, plan, b->o, ht, b->s_in, b->q, b->k, b->v, b->g, b->beta, NULL);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t1 = MPI_Wtime();
+    if (!rc)
+        rc = gdn_cp_backward(cp, plan, b->gq, b->gk, b->gv, b->gg, b->gb, gs, b->q, b->k, b->v, b->g, b->beta, NULL,
+                             heads ? NULL : b->s_in, b->dout, NULL);
+    MPI_Barrier(MPI_COMM_WORLD);
+    *tf = t1 - t0, *tb = MPI_Wtime() - t1;
+    return rc;
+}
+
+/* Packed against dense at equal tokens, every strategy (heads where D | Hk). */
+static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int reps, int64_t doc_min,
+                        int64_t doc_max, int json) {
+    int rank, D;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &D);
+    gdn_config cfg = *gdn_plan_config(dense);
+    const int64_t ns = cfg.Hv * cfg.K * cfg.V;
+    const int64_t t_first = rank * (T / D) + (rank < T % D ? rank : T % D); /* this shard's first token */
+    int64_t n_docs = 0;
+    int64_t *cu = draw_documents(T, doc_min, doc_max, 0x243F6A8885A308D3ull, &n_docs); /* the same on every rank */
+    float *htd = malloc(sizeof(float) * ns), *gsd = malloc(sizeof(float) * ns);
+    float *htp = cu ? malloc(sizeof(float) * n_docs * ns) : NULL, *gsp = cu ? malloc(sizeof(float) * n_docs * ns) : NULL;
+    int rc = cu && htd && gsd && htp && gsp ? GDN_OK : GDN_ERR_NOMEM;
+    gdn_plan *packed = NULL;
+    if (!rc) {
+        cfg.T = b->Tr, cfg.cu_seqlens = cu, cfg.n_docs = n_docs, cfg.seq_offset = t_first;
+        rc = gdn_plan_create(&packed, &cfg);
+    }
+    /* The oracle (rank 0): the first document, when rank 0 holds all of it, forward and backward;
+     * the dense stream's first 256 tokens, forward (its gradients depend on the whole stream). */
+    const int64_t first_doc = cu ? cu[1] : 0, n_dense = b->Tr < 256 ? b->Tr : 256;
+    int check_doc = !rank && cu && first_doc <= b->Tr, check_dense = !rank;
+    double *od = NULL, *rv = NULL, *od_dense = NULL;
+    if (!rc && !rank) {
+        od = malloc(sizeof(double) * (size_t)(2 * first_doc * cfg.Hv * cfg.V + n_dense * cfg.Hv * cfg.V));
+        if (!od) rc = GDN_ERR_NOMEM;
+        else rv = od + first_doc * cfg.Hv * cfg.V, od_dense = rv + first_doc * cfg.Hv * cfg.V;
+        /* (an oracle that fails leaves its errors NaN) */
+        if (!rc && check_doc && oracle_rows(&cfg, first_doc, b->q, b->k, b->v, b->g, b->beta, b->dout, od, rv))
+            check_doc = 0;
+        if (!rc && oracle_rows(&cfg, n_dense, b->q, b->k, b->v, b->g, b->beta, NULL, od_dense, NULL)) check_dense = 0;
+    }
+    int local = rc;
+    MPI_Allreduce(&local, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (rc) {
+        if (local) cli_error("bench cp (packed)", local);
+        goto done;
+    }
+    /* Rank cuts that fall inside a document (the state crosses them), and the document lengths. */
+    int crossing = 0;
+    int64_t shortest = T, longest = 0;
+    for (int r = 1; r < D; r++) {
+        const int64_t cut = r * (T / D) + (r < T % D ? r : T % D);
+        int at_start = 0;
+        for (int64_t d = 0; d <= n_docs; d++) at_start |= cu[d] == cut;
+        crossing += !at_start;
+    }
+    for (int64_t d = 0; d < n_docs; d++)
+        shortest = cu[d + 1] - cu[d] < shortest ? cu[d + 1] - cu[d] : shortest,
+        longest = cu[d + 1] - cu[d] > longest ? cu[d + 1] - cu[d] : longest;
+    /* The peak of the machine(s): measured on rank 0 with every core of its node (the ranks share
+     * them), times the number of nodes. */
+    MPI_Comm node;
+    int node_rank = 0, nodes = 1, first_on_node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &node_rank);
+    MPI_Comm_free(&node);
+    first_on_node = node_rank == 0;
+    MPI_Allreduce(&first_on_node, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    char cpu[128] = "";
+    double peak = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (!rank) {
+        cli_cpu_name(cpu, sizeof cpu);
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        peak = nodes * cli_peak_gflops(cores > 0 ? (int)cores : 1, json);
+        if (!json)
+            printf("packed vs dense (issue 11): D=%d T=%lld B=1 Hk=%lld Hv=%lld K=%lld V=%lld C=%d, %d thread(s) per "
+                   "rank; %lld documents of %lld..%lld tokens (drawn in [%lld, %lld], seeded), %d of %d rank cuts "
+                   "inside a document; fwd+bwd medians of %d interleaved repetitions; peak %.1f GFLOP/s = %d node(s) "
+                   "x all cores; CPU %s\n",
+                   D, (long long)T, (long long)cfg.Hk, (long long)cfg.Hv, (long long)cfg.K, (long long)cfg.V,
+                   cfg.chunk, gdn_plan_config(dense)->threads, (long long)n_docs, (long long)shortest,
+                   (long long)longest, (long long)doc_min, (long long)doc_max, crossing, D - 1, reps, peak, nodes, cpu);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double flops = flops_fwd_bwd(&cfg, T);
+    for (int s = 0; s < 4 && !rc; s++) {
+        if (s == GDN_CP_HEADS && cfg.Hk % D) continue;
+        gdn_cp *cp = NULL;
+        if ((rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s))) {
+            cli_error("bench cp (packed)", rc);
+            break;
+        }
+        double tf[2][MAX_REPS], tb[2][MAX_REPS], tt[2][MAX_REPS], ratio[MAX_REPS], x, y;
+        /* warm-up (untimed), and the dense run's forward error on its first tokens */
+        rc = fwd_bwd(cp, dense, b, htd, gsd, &x, &y);
+        double err_dense = NAN, err_fwd = NAN, err_bwd = NAN;
+        if (!rc && check_dense) err_dense = rel_err(b->o, od_dense, n_dense * cfg.Hv * cfg.V);
+        if (!rc) rc = fwd_bwd(cp, packed, b, htp, gsp, &x, &y);
+        /* Repetition r runs packed first when (reps - 1 - r) is odd: the orders alternate and the
+         * last run is packed (its outputs are checked below). */
+        for (int r = 0; r < reps && !rc; r++)
+            for (int i = 0; i < 2 && !rc; i++) {
+                const int p = ((reps - 1 - r) % 2) ? i == 0 : i == 1;
+                rc = fwd_bwd(cp, p ? packed : dense, b, p ? htp : htd, p ? gsp : gsd, &tf[p][r], &tb[p][r]);
+                tt[p][r] = tf[p][r] + tb[p][r];
+            }
+        if (rc) {
+            gdn_cp_destroy(cp);
+            cli_error("bench cp (packed)", rc);
+            break;
+        }
+        if (check_doc) {
+            err_fwd = rel_err(b->o, od, first_doc * cfg.Hv * cfg.V);
+            err_bwd = rel_err(b->gv, rv, first_doc * cfg.Hv * cfg.V);
+        }
+        if (!rank) {
+            for (int r = 0; r < reps; r++) ratio[r] = tt[1][r] / tt[0][r];
+            const double ratio_med = cli_median(ratio, reps);
+            double med[2][3];
+            for (int p = 0; p < 2; p++)
+                med[p][0] = cli_median(tf[p], reps), med[p][1] = cli_median(tb[p], reps), med[p][2] = cli_median(tt[p], reps);
+            const char *name = gdn_cp_strategy_name((gdn_cp_strategy)s), *path = gdn_plan_path(packed);
+            if (json)
+                printf("{\"bench\":\"cp_packed\",\"strategy\":\"%s\",\"D\":%d,\"T\":%lld,\"n_docs\":%lld,"
+                       "\"doc_min\":%lld,\"doc_max\":%lld,\"cuts_inside_documents\":%d,\"reps\":%d,"
+                       "\"dense_fwd_s\":%.6f,\"dense_bwd_s\":%.6f,\"dense_fwd_bwd_s\":%.6f,"
+                       "\"packed_fwd_s\":%.6f,\"packed_bwd_s\":%.6f,\"packed_fwd_bwd_s\":%.6f,"
+                       "\"packed_over_dense\":%.4f,\"dense_gflops\":%.3f,\"packed_gflops\":%.3f,\"peak_gflops\":%.3f,"
+                       "\"dense_fraction_of_peak\":%.4f,\"packed_fraction_of_peak\":%.4f,"
+                       "\"dense_rel_err_fwd\":%.3e,\"packed_rel_err_fwd\":%.3e,\"packed_rel_err_bwd\":%.3e,"
+                       "\"path\":\"%s\",\"cpu\":\"%s\"}\n",
+                       name, D, (long long)T, (long long)n_docs, (long long)shortest, (long long)longest, crossing,
+                       reps, med[0][0], med[0][1], med[0][2], med[1][0], med[1][1], med[1][2], ratio_med,
+                       flops / med[0][2] / 1e9, flops / med[1][2] / 1e9, peak, flops / med[0][2] / 1e9 / peak,
+                       flops / med[1][2] / 1e9 / peak, err_dense, err_fwd, err_bwd, path, cpu);
+            else
+                printf("%-9s fwd+bwd  dense %7.4f s (%6.4f + %6.4f)  packed %7.4f s (%6.4f + %6.4f)  "
+                       "packed/dense %.3f (median of %d pairs)  %6.1f / %6.1f GFLOP/s = %4.1f%% / %4.1f%% of peak  "
+                       "err dense o %.1e (first %lld tokens), packed o %.1e dv %.1e (first document, %lld tokens)  "
+                       "path %s\n",
+                       name, med[0][2], med[0][0], med[0][1], med[1][2], med[1][0], med[1][1], ratio_med, reps,
+                       flops / med[0][2] / 1e9, flops / med[1][2] / 1e9, 100 * flops / med[0][2] / 1e9 / peak,
+                       100 * flops / med[1][2] / 1e9 / peak, err_dense, (long long)n_dense, err_fwd, err_bwd,
+                       (long long)first_doc, path);
+            fflush(stdout);
+        }
+        gdn_cp_destroy(cp);
+    }
+done:
+    gdn_plan_destroy(packed);
+    free(cu), free(htd), free(gsd), free(htp), free(gsp), free(od);
+    return rc ? 1 : 0;
+}
+
 int cmd_bench_cp(int argc, char **argv) {
-    int json = 0, rank, D;
-    int64_t T = 65536, reps = 3;
+    int json = 0, rank, D, packed_only = 0;
+    int64_t T = 65536, reps = 3, doc_min = 512, doc_max = 2048;
     for (int i = 2; i < argc; i++) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--json")) json = 1;
@@ -35,6 +266,14 @@ int cmd_bench_cp(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--reps")) {
             if (cli_parse_i64("bench cp", "--reps", val, 1, MAX_REPS, &reps)) return CLI_USAGE_ERROR;
             i++;
+        } else if (!strcmp(argv[i], "--doc-min")) {
+            if (cli_parse_i64("bench cp", "--doc-min", val, 1, (int64_t)1 << 30, &doc_min)) return CLI_USAGE_ERROR;
+            i++;
+        } else if (!strcmp(argv[i], "--doc-max")) {
+            if (cli_parse_i64("bench cp", "--doc-max", val, 1, (int64_t)1 << 30, &doc_max)) return CLI_USAGE_ERROR;
+            i++;
+        } else if (!strcmp(argv[i], "--packed-only")) {
+            packed_only = 1;
         } else {
             fprintf(stderr, "gdncp bench cp: unknown option '%s'\n", argv[i]);
             return CLI_USAGE_ERROR;
@@ -42,6 +281,11 @@ int cmd_bench_cp(int argc, char **argv) {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
+    if (doc_max < doc_min) {
+        if (!rank) fprintf(stderr, "gdncp bench cp: --doc-max %lld is below --doc-min %lld\n", (long long)doc_max,
+                           (long long)doc_min);
+        return CLI_USAGE_ERROR;
+    }
     if (T < D) {
         if (!rank) fprintf(stderr, "gdncp bench cp: T = %lld is smaller than the %d ranks\n", (long long)T, D);
         return 1;
@@ -81,7 +325,7 @@ int cmd_bench_cp(int argc, char **argv) {
                "summary = Hv K (K+V) 4 = %lld bytes\n",
                D, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, gdn_plan_config(plan)->chunk,
                gdn_plan_config(plan)->threads, (long long)(Hv * K * (K + V) * 4));
-    for (int s = 0; s < 4; s++) {
+    for (int s = 0; s < 4 && !packed_only; s++) {
         if (s == GDN_CP_HEADS && Hk % D) continue;
         gdn_cp *cp = NULL;
         if ((rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s))) return cli_error("bench cp", rc);
@@ -135,7 +379,9 @@ int cmd_bench_cp(int argc, char **argv) {
         }
         gdn_cp_destroy(cp);
     }
+    const shard_bufs sb = {Tr, q, k, v, g, beta, o, dout, gq, gk, gv, gg, gb, s_in};
+    rc = bench_packed(&sb, plan, T, (int)reps, doc_min, doc_max, json);
     gdn_plan_destroy(plan);
     free(buf);
-    return 0;
+    return rc;
 }

@@ -80,20 +80,27 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
     float *mine = calloc((size_t)(pair + 2 * ns), sizeof(float));
     if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
     float *incoming = mine + pair, *out_state = incoming + ns;
-    /* 1. Fold (the last rank's map is needed by nobody; relay passes states instead). */
+    /* 1. Fold (the last rank's map is needed by nobody; relay passes states instead, but a relay
+     *    rank where a document starts knows the state it passes on now: its last piece's). */
+    const int inside = pk->n == 1 && pk->cont_first, early = relay && r + 1 < D && !inside;
     double t0 = now();
     if (r < D - 1 && !relay) {
-        if (pk->n == 1 && pk->cont_first) /* inside one document: the dense pair */
+        if (inside) /* inside one document: the dense pair */
             rc = gdn_summary(plan, mine, mine + na, q, k, v, g, beta);
         else /* a document starts here: (0, the last piece's final state), A left zero */
             rc = gdn_packed_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, mine + na);
+    } else if (early) {
+        rc = gdn_packed_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, out_state);
     }
     cp->stats.fold_s += now() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
-    /* 2. Combine (rank 0 starts document 0: its map is constant, as the scan needs). */
+    /* 2. Combine (rank 0 starts document 0: its map is constant, as the scan needs). Relay: the
+     *    early state goes on before this rank waits for its own (sends only go up the ranks, so the
+     *    last rank, which sends nothing, unblocks them all). */
     if (relay) {
-        if (r >= 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, incoming, ns, r - 1);
+        if (early) rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
+        if (!rc && r >= 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, incoming, ns, r - 1);
     } else {
         rc = gdn_cp_combine(cp, mine, incoming, nm, K, V, +1);
     }
@@ -102,11 +109,11 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
         if (r >= 1 && cp->fault == GDN_CP_FAULT_DROP_INCOMING) memset(incoming, 0, sizeof(float) * ns);
         t0 = now();
         if (o) rc = gdn_packed_forward(plan, o, ht, NULL, q, k, v, g, beta, h0, incoming, out_state);
-        else if (relay && r + 1 < D) /* the state must travel on */
+        else if (relay && r + 1 < D && !early) /* the state must travel on */
             rc = gdn_packed_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, incoming, out_state);
         cp->stats.replay_s += now() - t0;
     }
-    if (!rc && relay && r + 1 < D) rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
+    if (!rc && relay && r + 1 < D && !early) rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
     if (relay) cp->stats.rounds = D - 1;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     if (o && ht) rc = gather_docs(cp, c, ht, 1); /* ht given on every rank or none: agreed */
@@ -143,9 +150,14 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
         if (rc) goto done;
     }
     cp->stats = fwd;
-    /* 1. Fold: the adjoint pair (A^T, G) of ranks after the first (rank 0's is needed by nobody). */
+    /* 1. Fold: the adjoint pair (A^T, G) of ranks after the first (rank 0's is needed by nobody).
+     *    Relay: a rank where a document ends (before its last token) knows the gradient it sends
+     *    back now: piece 0's, or zero when a document starts at its first token. */
+    const int early = relay && r > 0 && !(pk->n == 1 && pk->cont_first && pk->cont_last);
     double t0 = now();
-    if (r > 0 && !relay) {
+    if (early && pk->cont_first) {
+        rc = gdn_packed_adjoint_first(plan, dsin, q, k, g, beta, dout, dht);
+    } else if (r > 0 && !relay) {
         if (pk->n == 1 && pk->cont_first && pk->cont_last) { /* inside one document: dense */
             rc = gdn_summary(plan, A, NULL, q, k, NULL, g, beta);
             for (int64_t m = 0; !rc && m < nm; m++)
@@ -159,8 +171,9 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine in reverse rank order (the last rank ends the last document: constant map). */
-    if (relay) {
-        if (r < D - 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, ds_out, ns, r + 1);
+    if (relay) { /* (the early gradient first: sends only go down the ranks; rank 0 sends none) */
+        if (early) rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
+        if (!rc && r < D - 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, ds_out, ns, r + 1);
     } else {
         rc = gdn_cp_combine(cp, mine, ds_out, nm, K, V, -1);
     }
@@ -172,7 +185,7 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
                                  dht, ds_out, dsin);
         cp->stats.replay_s += now() - t0;
     }
-    if (!rc && relay && r > 0) rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
+    if (!rc && relay && r > 0 && !early) rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
     if (relay) cp->stats.rounds = D - 1;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     if (dh0) rc = gather_docs(cp, c, dh0, 0); /* dh0 given on every rank or none: agreed */
