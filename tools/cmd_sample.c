@@ -9,13 +9,16 @@
 #include <string.h>
 
 #include "../src/train/checkpoint.h"
+#include "../src/train/data.h"
 #include "../src/train/model.h"
 
 static int usage(void) {
     fprintf(stderr, "usage: gdncp sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]\n"
-                    "                    [--top-k K] [--seed S] [--threads N]\n"
+                    "                    [--top-k K] [--seed S] [--threads N] [--stop auto|none]\n"
                     "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
-                    "  --temperature 0 picks the most likely byte every time.\n");
+                    "  --temperature 0 picks the most likely byte every time.\n"
+                    "  --stop auto (default): a checkpoint trained with --pack SEP stops once it writes SEP\n"
+                    "  (its document ended; the byte after SEP was never trained); none: run to --tokens.\n");
     return CLI_USAGE_ERROR;
 }
 
@@ -59,6 +62,7 @@ int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL;
     int64_t tokens = 200, top_k = 0, seed = 1, threads = 0;
     double temperature = 0.8;
+    int stop_auto = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ckpt") && v) ckpt = v, i++;
@@ -75,6 +79,8 @@ int cmd_sample(int argc, char **argv) {
         } else if (!strcmp(a, "--threads")) {
             if (cli_parse_i64("sample", a, v, 1, 4096, &threads)) return CLI_USAGE_ERROR;
             i++;
+        } else if (!strcmp(a, "--stop") && v && (!strcmp(v, "auto") || !strcmp(v, "none"))) {
+            stop_auto = !strcmp(v, "auto"), i++;
         } else if (!strcmp(a, "--temperature")) {
             if (cli_parse_f64("sample", a, v, 0, 100, &temperature)) return CLI_USAGE_ERROR;
             i++;
@@ -105,27 +111,39 @@ int cmd_sample(int argc, char **argv) {
         return 1;
     }
     if (!rc) rc = gdn_ckpt_load(dir, &cfg, w, NULL, NULL, NULL);
+    uint8_t sep[GDN_DATA_MAX_SEP], tail[GDN_DATA_MAX_SEP] = {0};
+    int sep_len = 0;
+    if (!rc && stop_auto) rc = gdn_ckpt_pack_separator(dir, sep, GDN_DATA_MAX_SEP, &sep_len);
     if (!rc) rc = gdn_model_decoder_create(&dec, &cfg, 1, (int)threads);
     /* the prompt through the decode path; its last byte's logits give the first new byte */
     const size_t np = strlen(prompt);
     for (size_t i = 0; !rc && i < np; i++) {
         const uint8_t b = (uint8_t)prompt[i];
         rc = gdn_model_decode(dec, w, &b, logits);
+        if (sep_len) memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = b;
     }
     uint64_t rng = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
     if (!rc) fputs(prompt, stdout);
     const double t0 = cli_now();
-    for (int64_t i = 0; !rc && i < tokens; i++) {
+    int64_t made = 0;
+    int stopped = 0;
+    for (; !rc && made < tokens && !stopped; made++) {
         const uint8_t b = (uint8_t)pick(logits, (int)cfg.vocab, temperature, (int)top_k, &rng);
         fputc(b, stdout);
-        rc = gdn_model_decode(dec, w, &b, logits);
+        if (sep_len) { /* the document ends with the separator (a match ending on a new byte) */
+            memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = b;
+            stopped = !memcmp(tail, sep, (size_t)sep_len);
+        }
+        if (!stopped) rc = gdn_model_decode(dec, w, &b, logits);
     }
     const double dt = cli_now() - t0;
     fputc('\n', stdout);
     fflush(stdout);
     if (!rc)
-        fprintf(stderr, "gdncp sample: %s, %zu prompt + %lld new bytes, %.2f ms per byte (decode path)\n", dir, np,
-                (long long)tokens, 1e3 * dt / (double)tokens);
+        fprintf(stderr, "gdncp sample: %s, %zu prompt + %lld new bytes, %.2f ms per byte (decode path)%s\n", dir, np,
+                (long long)made, 1e3 * dt / (double)(made ? made : 1),
+                stopped ? "; stopped at the end of the document (the checkpoint was trained with --pack; "
+                          "--stop none goes on)" : "");
     gdn_model_decoder_destroy(dec);
     free(w), free(logits);
     return rc ? cli_error("sample", rc) : 0;

@@ -6,6 +6,7 @@
 
 #include "../core/internal.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -878,5 +879,35 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
     free(table);
     if (!rc && state_json) rc = join(path, sizeof path, dir, STATE_FILE);
     if (!rc && state_json) rc = read_text(path, state_json);
+    return rc;
+}
+
+int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len) {
+    if (!dir || !sep || !len || cap < 1) return gdn_fail(GDN_ERR_ARG, "checkpoint separator: NULL argument");
+    *len = 0;
+    char path[4096];
+    int rc = join(path, sizeof path, dir, STATE_FILE);
+    struct stat st;
+    if (rc || stat(path, &st) != 0) return rc; /* not a gdncp training checkpoint: not packed */
+    char *text = NULL;
+    if ((rc = read_text(path, &text))) return rc;
+    json_error_t err;
+    json_t *j = json_loads(text, 0, &err);
+    free(text);
+    if (!j) return gdn_fail(GDN_ERR_FORMAT, "%s: %s (line %d)", path, err.text, err.line);
+    const char *hex = json_string_value(json_object_get(j, "pack_separator_hex"));
+    const size_t n = hex ? strlen(hex) : 0;
+    if (n % 2 || n / 2 > (size_t)cap)
+        rc = gdn_fail(GDN_ERR_FORMAT, "%s: pack_separator_hex '%s' is not 1 to %d bytes of hex", path, hex, cap);
+    for (size_t i = 0; !rc && i < n / 2; i++) {
+        unsigned byte;
+        if (!isxdigit((unsigned char)hex[2 * i]) || !isxdigit((unsigned char)hex[2 * i + 1]) ||
+            sscanf(hex + 2 * i, "%2x", &byte) != 1)
+            rc = gdn_fail(GDN_ERR_FORMAT, "%s: pack_separator_hex '%s' is not hex", path, hex);
+        else
+            sep[i] = (uint8_t)byte;
+    }
+    if (!rc) *len = (int)(n / 2);
+    json_decref(j);
     return rc;
 }

@@ -49,4 +49,9 @@ int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg);
 int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float *adam_m,
                   float *adam_v, char **state_json);
 
+/* The separator of a checkpoint trained with --pack (trainer_state.json's pack_separator_hex)
+ * into sep (at most cap bytes); *len 0 when the run did not pack or the directory has no
+ * trainer_state.json (e.g. a transformers checkpoint). */
+int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len);
+
 #endif
