@@ -4,8 +4,12 @@
 # ~/.cache/gdncp/venv-py: outside the work tree, so CI's fresh clones reuse it too); the package
 # installed with `pip install ./python` (scikit-build-core runs the project's CMake for
 # libgdncp.so, in build-pywheel/); the gdncp command built into BUILD (default build-py; the test
-# script passes its own build/) for the trained-checkpoint test. Ends with "N passed, N failed"
-# (pytest's summary converted; errors count as failed) and exits non-zero on any failure.
+# script passes its own build/) for the trained-checkpoint test; then python/tests/test_cp.py
+# (context parallelism over mpi4py) under `mpiexec.mpich -n 3`, one pytest per rank. mpi4py is
+# built from source against the MPI libgdncp.so links (MPICC=mpicc.mpich, or GDN_MPICC): a binary
+# wheel may load another MPI (the PyPI wheel picks Open MPI when both are installed), which gdncp
+# refuses. Ends with "N passed, N failed" (both pytest runs' summaries added; errors count as
+# failed) and exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-py}
@@ -37,6 +41,17 @@ bash scripts/build.sh "$build" || fail "C build into $build"
 "$venv/bin/python" -m pip install -q --no-build-isolation ./python > "$build/pip-install.log" 2>&1 ||
   { cat "$build/pip-install.log"; fail "pip install ./python"; }
 
+# mpi4py for the MPI tests, from source against gdncp's MPI (checked by gdncp itself: core._mpi()
+# compares the two libraries' version strings); rebuilt when missing or running another MPI
+mpicc=${GDN_MPICC:-$(command -v mpicc.mpich || command -v mpicc)}
+mpi_ok() { "$venv/bin/python" -c "import gdncp.core as c; c._mpi()" > "$build/mpi4py-check.log" 2>&1; }
+if ! mpi_ok; then
+  echo "== mpi4py: building it from source against $mpicc ($(head -c 300 "$build/mpi4py-check.log" | tail -1))"
+  MPICC="$mpicc" "$venv/bin/python" -m pip install -q --force-reinstall --no-deps --no-binary mpi4py mpi4py \
+    > "$build/mpi4py-install.log" 2>&1 || { tail -20 "$build/mpi4py-install.log"; fail "pip install mpi4py (from source, MPICC=$mpicc)"; }
+  mpi_ok || { cat "$build/mpi4py-check.log"; fail "mpi4py does not run libgdncp's MPI after a source build"; }
+fi
+
 echo "== pytest python/tests"
 log="$build/pytest.log"
 GDNCP_CLI="$PWD/$build/gdncp" GDN_GOLDEN_DIR="${GDN_GOLDEN_DIR:-$PWD/../shared/golden}" \
@@ -53,5 +68,31 @@ echo "$line"
 if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then   # a crash, a timeout or no test collected
   tail -30 "$log"; f=1; echo "FAIL  pytest exited $rc"
 fi
+
+# The CP tests: every rank runs pytest on test_cp.py (the tests compare notes between ranks, so
+# every rank reports the same outcome); rank r's output goes to $build/pytest-cp.log.r.
+echo "== mpiexec.mpich -n 3 pytest python/tests/test_cp.py"
+cplog="$build/pytest-cp.log"
+rm -f "$cplog".*
+GDNCP_MPI_TESTS=1 OMP_NUM_THREADS=1 timeout 600 mpiexec.mpich -n 3 bash -c \
+  'exec "$0" -m pytest python/tests/test_cp.py -q -rfE -p no:cacheprovider > "$1.$PMI_RANK" 2>&1' \
+  "$venv/bin/python" "$cplog"
+crc=$?
+cline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$cplog.0" 2>/dev/null | tail -1)
+cp_num() { echo "$cline" | grep -oE "[0-9]+ $1" | head -1 | cut -d' ' -f1; }
+cp=$(cp_num passed); cf=$(cp_num failed); ce=$(cp_num 'errors?')
+cp=${cp:-0}; cf=$((${cf:-0} + ${ce:-0}))
+grep -hE '^(FAILED|ERROR)' "$cplog.0" 2>/dev/null
+echo "${cline:-no summary from rank 0} (each of 3 ranks)"
+for r in 1 2; do   # the ranks must agree (a rank that failed alone would not show in rank 0's)
+  other=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$cplog.$r" 2>/dev/null | tail -1)
+  if [ "${other% in *}" != "${cline% in *}" ]; then
+    echo "FAIL  rank $r's summary '$other' differs from rank 0's"; tail -30 "$cplog.$r"; cf=$((cf + 1))
+  fi
+done
+if [ "$crc" -ne 0 ] && [ "$cf" -eq 0 ]; then
+  tail -30 "$cplog.0"; cf=1; echo "FAIL  mpiexec pytest exited $crc"
+fi
+p=$((p + cp)); f=$((f + cf))
 echo "$p passed, $f failed"
 [ "$f" -eq 0 ]

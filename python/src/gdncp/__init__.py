@@ -4,15 +4,17 @@ NumPy (no torch needed):   gdncp.chunk_forward, chunk_backward, step, reference_
                            reference_backward, Layer
 PyTorch:                   gdncp.torch.chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
                            (flash-linear-attention's signatures)
+Context parallelism (MPI): gdncp.cp.chunk_gated_delta_rule(..., comm=, strategy=) (PyTorch),
+                           gdncp.cp_forward, cp_backward (NumPy); mpi4py built for the same MPI
 transformers:              with gdncp.transformers.patch(): ...
 
 Every call runs the C library (libgdncp.so, shipped inside this package) through ctypes; there is
 no second implementation of the mathematics in Python.
 """
 from ._lib import GdncpError
-from .core import (Layer, chunk_backward, chunk_forward, layer_param_names, reference_backward,
-                   reference_forward, step)
+from .core import (Layer, chunk_backward, chunk_forward, cp_backward, cp_forward,
+                   layer_param_names, reference_backward, reference_forward, step)
 
 __version__ = "0.1.0"
 __all__ = ["chunk_forward", "chunk_backward", "reference_forward", "reference_backward", "step",
-           "Layer", "layer_param_names", "GdncpError"]
+           "Layer", "layer_param_names", "cp_forward", "cp_backward", "GdncpError"]

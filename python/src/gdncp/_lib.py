@@ -110,6 +110,32 @@ gdn_flops_issued_stop = _proto("gdn_flops_issued_stop", c_uint64)
 
 GDN_P_COUNT = 9
 
+# Context parallelism (include/gdncp_cp.h). gdn_cp_create takes an MPI_Comm, whose C type is the
+# MPI implementation's (an int in MPICH): core._mpi() declares it once it knows the type.
+GDN_ERR_MPI = 20
+STATUS_NAMES[GDN_ERR_MPI] = "MPI"
+
+
+class CPStats(ctypes.Structure):
+    """gdn_cp_stats."""
+    _fields_ = [("fold_s", c_double), ("comm_s", c_double), ("replay_s", c_double),
+                ("bytes_sent", c_uint64), ("bytes_recv", c_uint64), ("messages", c_uint64),
+                ("rounds", c_int)]
+
+
+gdn_cp_destroy = _proto("gdn_cp_destroy", None, c_void_p)
+gdn_cp_rank = _proto("gdn_cp_rank", c_int, c_void_p)
+gdn_cp_size = _proto("gdn_cp_size", c_int, c_void_p)
+gdn_cp_strategy_parse = _proto("gdn_cp_strategy_parse", c_int, c_char_p)
+gdn_cp_forward = _proto("gdn_cp_forward", c_int, c_void_p, c_void_p, *([P_float] * 9))
+gdn_cp_backward = _proto("gdn_cp_backward", c_int, c_void_p, c_void_p, *([P_float] * 15))
+gdn_cp_agree_status = _proto("gdn_cp_agree_status", c_int, c_void_p, c_int)
+gdn_cp_last_stats = _proto("gdn_cp_last_stats", CPStats, c_void_p)
+gdn_cp_set_fault = _proto("gdn_cp_set_fault", None, c_void_p, c_int)
+# The MPI library libgdncp.so was linked against (a dependency's symbol, found through its handle)
+MPI_Get_library_version = _proto("MPI_Get_library_version", c_int, c_char_p, POINTER(c_int))
+MPI_Initialized = _proto("MPI_Initialized", c_int, POINTER(c_int))
+
 
 class GdncpError(RuntimeError):
     """A failure reported by the C library; the message is gdn_errmsg()'s."""

@@ -111,7 +111,7 @@ def _scale_value(scale):
     return scale
 
 
-def _config(p, scale, l2norm, chunk, threads):
+def _config(p, scale, l2norm, chunk, threads, seq_offset=0):
     cfg = L.gdn_config_default(p.B, p.T, p.Hk, p.Hv, p.K, p.V)
     cfg.scale = _scale_value(scale)
     cfg.l2norm = 1 if l2norm else 0
@@ -120,6 +120,7 @@ def _config(p, scale, l2norm, chunk, threads):
     if p.cu is not None:
         cfg.cu_seqlens = p.cu.ctypes.data_as(L.P_int64)
         cfg.n_docs = p.cu.size - 1
+        cfg.seq_offset = int(seq_offset)
     return cfg
 
 
@@ -146,15 +147,15 @@ _plans_lock = threading.Lock()
 _PLAN_CACHE = 8  # plans hold workspace: a few shapes (a model's layers share one) are enough
 
 
-def _plan(p, scale, l2norm, chunk, threads):
+def _plan(p, scale, l2norm, chunk, threads, seq_offset=0):
     key = (p.B, p.T, p.Hk, p.Hv, p.K, p.V, _scale_value(scale), bool(l2norm), int(chunk),
-           int(threads), None if p.cu is None else p.cu.tobytes())
+           int(threads), None if p.cu is None else p.cu.tobytes(), int(seq_offset))
     with _plans_lock:
         plan = _plans.get(key)
         if plan is not None:
             _plans.move_to_end(key)
             return plan
-    plan = _Plan(_config(p, scale, l2norm, chunk, threads), p.cu)
+    plan = _Plan(_config(p, scale, l2norm, chunk, threads, seq_offset), p.cu)
     with _plans_lock:
         _plans[key] = plan
         while len(_plans) > _PLAN_CACHE:
@@ -478,3 +479,313 @@ class Layer:
                                        self.w.ctypes.data_as(ctypes.c_void_p),
                                        L.f32p(conv_state), L.f32p(rec_state)), "gdn_layer_decode")
         return y[:, 0] if squeeze else y
+
+
+# ----------------------------------------------------------------------------- context parallelism
+#
+# One sequence split over the ranks of an mpi4py communicator (include/gdncp_cp.h): rank order is
+# token order, rank r passes its own tokens [t_r, t_r + T_r) of every batch row (T_r may differ
+# between ranks). Every call is collective: all ranks of the communicator make it, with the same
+# options. Before any data moves, the ranks exchange their local checks and options (one small
+# allgather); a failure or a disagreement on any rank is raised on every rank (the failing rank
+# raises its own exception, the others say which rank failed and why), so no rank is left waiting.
+
+STRATEGIES = ("scan", "allgather", "relay", "heads")
+
+_MPI = None
+_comm_type = None
+
+
+def _gdncp_mpi_version():
+    buf = ctypes.create_string_buffer(8192)  # MPI_MAX_LIBRARY_VERSION_STRING is 8192 in MPICH
+    n = ctypes.c_int()
+    if L.MPI_Get_library_version(buf, ctypes.byref(n)) != 0:
+        return None
+    return buf.value.decode(errors="replace")
+
+
+def _mpi():
+    """mpi4py's MPI module, once checked to run the same MPI library as libgdncp.so. Two MPI
+    libraries in one process (e.g. an mpi4py wheel built for Open MPI beside gdncp's MPICH) would
+    pass handles of one to the other: refused here, with what to install instead."""
+    global _MPI, _comm_type
+    if _MPI is not None:
+        return _MPI
+    ours = _gdncp_mpi_version()
+    how = ("install mpi4py built from source against the same MPI: "
+           "MPICC=mpicc.mpich pip install --no-binary mpi4py mpi4py")
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(f"gdncp's context parallelism takes an mpi4py communicator; {how}") from e
+    theirs = MPI.Get_library_version()
+    if ours is None or ours.strip("\0 \n") != theirs.strip("\0 \n"):
+        raise ImportError(
+            "gdncp: mpi4py runs another MPI library than libgdncp.so: mpi4py has "
+            f"{theirs.splitlines()[0].strip() if theirs else '?'!r}, libgdncp.so was linked "
+            f"against {(ours or '?').splitlines()[0].strip()!r}; {how}")
+        # (compared in full: two builds of one MPI version with other ABIs differ in the text)
+    inited = ctypes.c_int()
+    L.MPI_Initialized(ctypes.byref(inited))
+    if not inited.value:
+        raise ImportError("gdncp: MPI is not initialised in the library libgdncp.so uses after "
+                          "`from mpi4py import MPI` (mpi4py.rc.initialize = False? call "
+                          "MPI.Init_thread() first)")
+    size = MPI._sizeof(MPI.Comm)
+    _comm_type = {4: ctypes.c_uint32, 8: ctypes.c_uint64}.get(size)
+    if _comm_type is None:
+        raise ImportError(f"gdncp: MPI_Comm of {size} bytes is not supported")
+    L.gdn_cp_create = L._proto("gdn_cp_create", ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                               _comm_type, ctypes.c_int)
+    _MPI = MPI
+    return MPI
+
+
+class _CommState:
+    """gdncp's side of one communicator: a duplicate for the Python-side collectives (the
+    agreement table, the sum of the final state's gradient) and one gdn_cp context per strategy
+    (each gdn_cp_create duplicates it again). Made collectively on first use."""
+
+    def __init__(self, MPI, comm):
+        self.MPI = MPI
+        self.py = comm.Dup()
+        self.rank, self.size = self.py.Get_rank(), self.py.Get_size()
+        self.cps = {}
+
+    def cp(self, strategy):
+        """The gdn_cp context of a strategy (collective the first time: called only after the
+        ranks agreed on the strategy)."""
+        h = self.cps.get(strategy)
+        if h is None:
+            h = ctypes.c_void_p()
+            st = L.gdn_cp_create(ctypes.byref(h), self.MPI._handleof(self.py), strategy)
+            L.check(st, "gdn_cp_create")
+            self.cps[strategy] = h
+        return h
+
+    def close(self):
+        if self.MPI.Is_finalized():
+            return
+        for h in self.cps.values():
+            L.gdn_cp_destroy(h)
+        self.cps = {}
+        if self.py != self.MPI.COMM_NULL:
+            self.py.Free()
+
+
+_comms = {}   # id(comm) -> (weakref to comm, its handle, _CommState)
+_comms_lock = threading.Lock()
+
+
+def _close_all():
+    with _comms_lock:
+        for _, _, st in _comms.values():
+            st.close()
+        _comms.clear()
+
+
+def _comm_state(comm):
+    MPI = _mpi()
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py communicator (mpi4py.MPI.Comm), not "
+                        f"{type(comm).__module__}.{type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ValueError("comm is MPI.COMM_NULL")
+    if comm.Is_inter():
+        raise ValueError("comm is an intercommunicator; gdncp needs an intracommunicator "
+                         "(rank order = token order)")
+    import weakref
+    handle = MPI._handleof(comm)
+    with _comms_lock:
+        if not _comms:
+            import atexit
+            atexit.register(_close_all)   # before mpi4py's MPI_Finalize (registered earlier)
+        for key in [key for key, (ref, _, _) in _comms.items() if ref() is None]:
+            _comms.pop(key)[2].close()
+        hit = _comms.get(id(comm))
+        if hit is not None and hit[0]() is comm and hit[1] == handle:
+            return hit[2]
+        if hit is not None:   # a freed communicator's id reused
+            _comms.pop(id(comm))[2].close()
+        st = _CommState(MPI, comm)
+        _comms[id(comm)] = (weakref.ref(comm), handle, st)
+        return st
+
+
+def _strategy_id(strategy):
+    if not isinstance(strategy, str):
+        raise TypeError(f"strategy must be one of {', '.join(STRATEGIES)} (a str), not "
+                        f"{type(strategy).__name__}")
+    s = L.gdn_cp_strategy_parse(strategy.encode())
+    if s < 0:
+        raise ValueError(f"unknown CP strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+    return s
+
+
+def _cp_cu(cu_seqlens, B):
+    """The whole stream's offsets (every rank passes them all): checked for form here, against
+    the ranks' total tokens after the agreement."""
+    cu = np.ascontiguousarray(np.asarray(cu_seqlens), dtype=np.int64)
+    if cu.ndim != 1 or cu.size < 2:
+        raise ValueError(f"cu_seqlens must be a 1-D array of n_docs + 1 offsets, got shape {cu.shape}")
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs batch size 1 (the documents packed in one row), got B = {B}")
+    if cu[0] != 0 or np.any(np.diff(cu) <= 0):
+        raise ValueError("cu_seqlens must start at 0 and increase strictly (the whole stream's "
+                         "offsets, the same on every rank); got "
+                         f"{cu.tolist() if cu.size <= 16 else cu[:16].tolist() + ['...']}")
+    return cu
+
+
+class _CPCall:
+    """One rank's part of a collective CP call, agreed with the other ranks: its problem (float32
+    arrays), the plan for its shard, the gdn_cp context, its place in the stream."""
+
+    def __init__(self, comm, strategy, q, k, v, g, beta, h0, cu_seqlens, scale, l2norm, chunk,
+                 threads, flags=(), error=None):
+        st = _comm_state(comm)   # TypeError / ValueError for a bad comm: raised before any collective
+        self.st, self.rank, self.size = st, st.rank, st.size
+        err, sig, T_local = error, None, 0   # error: the caller's own checks failed on this rank
+        try:
+            if err is not None:
+                raise err
+            sid = _strategy_id(strategy)
+            p = _Problem(q, k, v, g, beta, None, None)
+            cu = None if cu_seqlens is None else _cp_cu(cu_seqlens, p.B)
+            p.cu = cu
+            p.N = p.B if cu is None else cu.size - 1
+            if h0 is not None and (self.rank == 0 or cu is not None):
+                # dense: only rank 0's initial state is read; packed: every rank's (the
+                # documents that start on it)
+                p.h0 = _array("initial_state (h0)", h0, np.float32)
+                _shape("initial_state (h0)", p.h0, p.state_shape())
+            probe = L.gdn_config_default(p.B, p.T, p.Hk, p.Hv, p.K, p.V)
+            probe.scale, probe.l2norm = _scale_value(scale), 1 if l2norm else 0
+            probe.chunk, probe.threads = int(chunk), int(threads)
+            L.check(L.gdn_config_check(ctypes.byref(probe)), "config")
+            T_local = p.T
+            sig = (sid, p.B, p.Hk, p.Hv, p.K, p.V, probe.scale, probe.l2norm, probe.chunk,
+                   -1 if cu is None else cu.size - 1,
+                   None if cu is None else cu.tobytes(),
+                   -1 if cu is None else int(h0 is not None)) + tuple(flags)
+            self.p, self.sid = p, sid
+        except Exception as e:   # noqa: BLE001 -- every local failure is shared, then re-raised
+            err = e
+        # The agreement: every rank's status, options and shard length, in one collective.
+        table = st.py.allgather((None if err is None else (type(err).__name__, str(err)),
+                                 sig, T_local))
+        if err is not None:
+            raise err
+        for r, (e, _, _) in enumerate(table):
+            if e is not None:
+                exc = {"TypeError": TypeError, "ValueError": ValueError}.get(e[0], RuntimeError)
+                raise exc(f"gdncp CP: rank {r} failed: {e[0]}: {e[1]}")
+        names = ("the CP strategy", "B", "Hk", "Hv", "K", "V", "scale", "use_qk_l2norm_in_kernel",
+                 "chunk", "the number of documents of cu_seqlens (-1: dense)",
+                 "the cu_seqlens offsets", "initial_state given (packed: on every rank or none)")
+        names = names + tuple(f"option {i}" for i in range(len(flags)))
+        for r, (_, s, _) in enumerate(table):
+            for i, (a, b) in enumerate(zip(s, table[0][1])):
+                if a != b:
+                    show = (lambda x: STRATEGIES[x]) if i == 0 else (lambda x: "(differ)" if
+                                                                     isinstance(x, bytes) else x)
+                    raise ValueError(f"gdncp CP: the ranks disagree on {names[i]}: rank {r} has "
+                                     f"{show(a)}, rank 0 has {show(b)}")
+        self.shards = [t for _, _, t in table]
+        self.offset = sum(self.shards[:self.rank])
+        self.total = sum(self.shards)
+        p = self.p
+        if p.cu is not None and p.cu[-1] != self.total:
+            raise ValueError(f"cu_seqlens ends at {int(p.cu[-1])} but the {self.size} ranks hold "
+                             f"{self.total} tokens in all ({self.shards}): every rank passes the "
+                             "whole stream's offsets")
+        if self.sid == 3 and p.Hk % self.size:
+            raise ValueError(f"strategy 'heads' needs the number of ranks ({self.size}) to divide "
+                             f"the key heads Hk = {p.Hk}")
+        self.cp = st.cp(self.sid)   # collective on first use; the ranks agree on the strategy
+        # The plan for this shard (local; a failure on one rank is made every rank's)
+        err, status = None, L.GDN_OK
+        try:
+            self.plan = _plan(p, scale, l2norm, chunk, threads, self.offset)
+        except Exception as e:  # noqa: BLE001
+            err, status = e, getattr(e, "status", L.GDN_ERR_MPI)
+        status = L.gdn_cp_agree_status(self.cp, status)
+        if err is not None:
+            raise err
+        L.check(status, "gdncp CP (another rank failed to make its plan)")
+
+    @property
+    def packed(self):
+        return self.p.cu is not None
+
+    def doc_starts(self):
+        """The documents that start on this rank (packed): a boolean mask over n_docs."""
+        cu = self.p.cu[:-1]
+        return (cu >= self.offset) & (cu < self.offset + self.p.T)
+
+    def forward(self, want_ht=True, want_s_in=True):
+        p = self.p
+        o = np.empty((p.B, p.T, p.Hv, p.V), np.float32)
+        ht = np.empty(p.state_shape(), np.float32) if want_ht else None
+        s_in = np.empty(p.state_shape(), np.float32) if want_s_in else None
+        with self.plan.lock:
+            L.check(L.gdn_cp_forward(self.cp, self.plan.h, L.f32p(o), L.f32p(ht), L.f32p(s_in),
+                                     L.f32p(p.q), L.f32p(p.k), L.f32p(p.v), L.f32p(p.g),
+                                     L.f32p(p.beta), L.f32p(p.h0)), "gdn_cp_forward")
+        return o, ht, s_in
+
+    def backward(self, do, dht=None, s_in=None, want_ds_in=True):
+        """C's gdn_cp_backward: (dq, dk, dv, dg, dbeta, ds_in). want_ds_in must agree across
+        ranks for packed streams (the per-document dh0 are gathered)."""
+        p = self.p
+        do = p.grad_input("do", do, (p.B, p.T, p.Hv, p.V))
+        if dht is not None:
+            dht = p.grad_input("dht", dht, p.state_shape())
+        if s_in is not None:
+            s_in = p.grad_input("s_in", s_in, p.state_shape())
+        dq, dk = np.empty_like(p.q), np.empty_like(p.k)
+        dv, dg, dbeta = np.empty_like(p.v), np.empty_like(p.g), np.empty_like(p.beta)
+        ds_in = np.empty(p.state_shape(), np.float32) if want_ds_in else None
+        with self.plan.lock:
+            L.check(L.gdn_cp_backward(self.cp, self.plan.h, L.f32p(dq), L.f32p(dk), L.f32p(dv),
+                                      L.f32p(dg), L.f32p(dbeta), L.f32p(ds_in), L.f32p(p.q),
+                                      L.f32p(p.k), L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta),
+                                      L.f32p(p.h0), L.f32p(s_in), L.f32p(do), L.f32p(dht)),
+                    "gdn_cp_backward")
+        return dq, dk, dv, dg, dbeta, ds_in
+
+    def stats(self):
+        s = L.gdn_cp_last_stats(self.cp)
+        return {name: getattr(s, name) for name, _ in L.CPStats._fields_}
+
+
+def cp_forward(comm, q, k, v, g, beta, h0=None, *, strategy="scan", scale=None, l2norm=True,
+               cu_seqlens=None, chunk=64, threads=0, output_final_state=True):
+    """gdn_cp_forward on this rank's shard (collective: every rank of comm calls it).
+
+    q, k [B,T_r,Hk,K], v [B,T_r,Hv,V], g, beta [B,T_r,Hv]: this rank's tokens (rank order =
+    token order). h0 is the state before the whole sequence's first token, read on rank 0 only
+    (dense); with cu_seqlens (the whole stream's offsets, the same on every rank, B = 1) h0 is
+    [n_docs,Hv,K,V] on every rank, each rank applying the rows of the documents that start on it.
+    Returns (o [B,T_r,Hv,V], ht, s_in): ht the final state of the whole sequence (or every
+    document's) on every rank, None unless output_final_state; s_in the state entering this
+    rank's shard (zeros under 'heads', which forms none), which cp_backward can reuse.
+    strategy: scan, allgather, relay or heads (dense only; the ranks must divide Hk)."""
+    call = _CPCall(comm, strategy, q, k, v, g, beta, h0, cu_seqlens, scale, l2norm, chunk,
+                   threads, flags=(bool(output_final_state),))
+    return call.forward(want_ht=bool(output_final_state))
+
+
+def cp_backward(comm, q, k, v, g, beta, do, h0=None, dht=None, *, s_in=None, strategy="scan",
+                scale=None, l2norm=True, cu_seqlens=None, chunk=64, threads=0):
+    """gdn_cp_backward on this rank's shard (collective): the gradients of
+    sum over ranks of sum(o_r * do_r) + sum(ht * dht) for this rank's q, k, v, g, beta, and ds_in.
+
+    dht: dense, read on the last rank only (the final state comes from it); packed, every rank
+    passes [n_docs,...] and the rows of the documents that end on it are read. s_in: this rank's
+    state from cp_forward, or None (recomputed; give it on every rank or none). Returns
+    (dq, dk, dv, dg, dbeta, ds_in): ds_in dense is the gradient of this rank's incoming state
+    (on rank 0: dh0); packed, every document's dh0 on every rank."""
+    call = _CPCall(comm, strategy, q, k, v, g, beta, h0, cu_seqlens, scale, l2norm, chunk,
+                   threads, flags=(s_in is not None,))
+    return call.backward(do, dht, s_in, want_ds_in=True)

@@ -1,0 +1,265 @@
+"""gdncp.cp (context parallelism over mpi4py) against one rank running the whole sequence.
+
+Run under MPI, never in the plain pytest run (conftest.py leaves this file out unless
+GDNCP_MPI_TESTS=1):  GDNCP_MPI_TESTS=1 mpiexec.mpich -n 3 python -m pytest python/tests/test_cp.py
+
+Every rank builds the same random problem, runs gdncp.torch on the whole sequence (the
+reference) and gdncp.cp on its own token slice, and compares its slice of o and of every
+gradient, the final state, and the sum over the ranks of initial_state.grad (DESIGN §4's
+exactness: 2e-5 relative, max-abs error / max-abs reference). The ranks exchange their errors
+before asserting, so every rank passes or fails each test alike (a rank that failed alone would
+leave the others waiting in the next test's collectives). Each comparison also runs a deliberate
+mistake through the same check, which must fail it: one rank's shard shifted by a token (any
+strategy), and for scan/allgather/relay the library's fault hook that drops the state entering a
+rank (gdn_cp_set_fault, the real code path with zeros in place of the received state).
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import gdncp
+import gdncp.cp as gcp
+import gdncp.torch as gt
+from gdncp import _lib as L
+from gdncp import core
+
+TOL = 2e-5
+COMM = MPI.COMM_WORLD
+R, D = COMM.Get_rank(), COMM.Get_size()
+assert D >= 2, "test_cp.py runs under mpiexec with 2 or more ranks (scripts/test_python.sh: 3)"
+torch.set_num_threads(1)   # 3 ranks share 2 cores
+Hk = D                      # heads needs the ranks to divide Hk
+
+
+def _cuts(T):
+    """Uneven shards: rank 0 a long one, rank 1 a single token, the rest share what is left."""
+    cuts = [0, 37, 38]
+    rest = D - 2
+    for i in range(1, rest + 1):
+        cuts.append(38 + (T - 38) * i // rest)
+    return cuts[:D + 1] if D > 2 else [0, 37, T]
+
+
+def _problem(seed, B=2, T=90, Hv=None, K=16, V=12, n_states=None):
+    rng = np.random.default_rng(seed)
+    Hv = Hv or 2 * Hk
+    t = lambda a: torch.tensor(a, dtype=torch.float32)
+    q, k = t(rng.standard_normal((B, T, Hk, K))), t(rng.standard_normal((B, T, Hk, K)))
+    v = t(rng.standard_normal((B, T, Hv, V)))
+    g = t(rng.uniform(-0.5, -1e-3, (B, T, Hv)))
+    beta = t(rng.uniform(0.05, 0.95, (B, T, Hv)))
+    h0 = t(rng.standard_normal((n_states or B, Hv, K, V)) * 0.5)
+    w_o = t(rng.standard_normal(v.shape))
+    w_h = [t(rng.standard_normal(h0.shape)) for _ in range(D)]  # each rank's loss weights ht
+    return (q, k, v, g, beta, h0), w_o, w_h
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    s = b.abs().max().item()
+    return (a - b).abs().max().item() / (s if s > 0 else 1.0)
+
+
+def _reference(xs, w_o, w_h, cu=None):
+    """One rank, the whole sequence (gdncp.torch): o, ht and the gradients of
+    sum(o * w_o) + sum(ht * sum_r w_h[r]) -- the CP loss summed over the ranks."""
+    leaves = [x.clone().requires_grad_(True) for x in xs]
+    o, ht = gt.chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5],
+                                      output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                      cu_seqlens=cu)
+    ((o * w_o).sum() + (ht * sum(w_h)).sum()).backward()
+    return [o.detach(), ht.detach()] + [x.grad for x in leaves]
+
+
+def _cp_run(xs, w_o, w_h, cuts, strategy, cu=None, shift=False, fault=0):
+    """This rank's slice through gdncp.cp: its o, ht and gradients, and dh0 summed over the
+    ranks. shift: rank 1 takes its tokens one later (a control); fault: gdn_cp_set_fault."""
+    a, b = cuts[R], cuts[R + 1]
+    if shift and R == 1:
+        a, b = a + 1, b + 1
+    leaves = [x[:, a:b].clone().requires_grad_(True) for x in xs[:5]]
+    h0 = xs[5].clone().requires_grad_(True)
+    if fault:
+        st = core._comm_state(COMM)
+        L.gdn_cp_set_fault(st.cp(L.gdn_cp_strategy_parse(strategy.encode())), fault)
+    try:
+        o, ht = gcp.chunk_gated_delta_rule(*leaves, initial_state=h0, output_final_state=True,
+                                           use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+                                           comm=COMM, strategy=strategy)
+        ((o * w_o[:, cuts[R]:cuts[R + 1]]).sum() + (ht * w_h[R]).sum()).backward()
+    finally:
+        if fault:
+            L.gdn_cp_set_fault(st.cp(L.gdn_cp_strategy_parse(strategy.encode())), 0)
+    dh0 = h0.grad.clone()
+    COMM.Allreduce(MPI.IN_PLACE, dh0.numpy(), op=MPI.SUM)
+    return [o.detach(), ht.detach()] + [x.grad for x in leaves] + [dh0]
+
+
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0 (summed over ranks)")
+
+
+def _errors(got, ref, cuts):
+    """Every rank's errors, gathered: {name: max over the ranks}."""
+    a, b = cuts[R], cuts[R + 1]
+    mine = {}
+    for i, (n, x, y) in enumerate(zip(NAMES, got, ref)):
+        if i in (0, 2, 3, 4, 5, 6):       # per-token tensors: this rank's slice
+            y = y[:, a:b]
+            if x.shape != y.shape:        # the shifted control may run past the end
+                mine[n] = float("inf")
+                continue
+        mine[n] = _rel(x, y)
+    table = COMM.allgather(mine)
+    return {n: max(t[n] for t in table) for n in NAMES}
+
+
+def _passes(errs):
+    return max(errs.values()) < TOL
+
+
+@pytest.mark.parametrize("strategy", ["scan", "allgather", "relay", "heads"])
+def test_dense_uneven_shards_with_states_match_one_rank(strategy):
+    T = 90
+    full, w_o, w_h = _problem(1, T=T + 1)   # one spare token for the shifted control
+    xs = [x[:, :T] if i < 5 else x for i, x in enumerate(full)]
+    w_o = w_o[:, :T]
+    cuts = _cuts(T)
+    ref = _reference(xs, w_o, w_h)
+    errs = _errors(_cp_run(xs, w_o, w_h, cuts, strategy), ref, cuts)
+    assert _passes(errs), errs
+    # controls through the same check: rank 1's shard one token late (tokens from the spare)
+    bad = _errors(_cp_run(full, w_o, w_h, cuts, strategy, shift=True), ref, cuts)
+    assert not _passes(bad) and bad["o"] > 100 * TOL, bad
+    if strategy != "heads":   # the state entering ranks >= 1 dropped (heads forms none)
+        bad = _errors(_cp_run(xs, w_o, w_h, cuts, strategy, fault=2), ref, cuts)
+        assert not _passes(bad) and bad["o"] > 100 * TOL, bad
+        bad = _errors(_cp_run(xs, w_o, w_h, cuts, strategy, fault=3), ref, cuts)
+        assert not _passes(bad) and bad["dk"] > 100 * TOL, bad   # the gradient passed back dropped
+
+
+@pytest.mark.parametrize("strategy", ["scan", "allgather", "relay"])
+def test_packed_documents_across_shards_match_one_rank(strategy):
+    T = 90
+    cuts = _cuts(T)
+    # documents crossing shard boundaries, a one-token document, one inside rank 0's shard
+    cu = torch.tensor([0, 20, 36, 37, 40, 75, 90])
+    n = cu.numel() - 1
+    full, w_o, w_h = _problem(2, B=1, T=T + 1, n_states=n)
+    xs = [x[:, :T] if i < 5 else x for i, x in enumerate(full)]
+    w_o = w_o[:, :T]
+    ref = _reference(xs, w_o, w_h, cu)
+    errs = _errors(_cp_run(xs, w_o, w_h, cuts, strategy, cu=cu), ref, cuts)
+    assert _passes(errs), errs
+    bad = _errors(_cp_run(full, w_o, w_h, cuts, strategy, cu=cu, shift=True), ref, cuts)
+    assert not _passes(bad), bad
+    bad = _errors(_cp_run(xs, w_o, w_h, cuts, strategy, cu=cu, fault=2), ref, cuts)
+    assert bad["o"] > 100 * TOL, bad
+    # and the documents matter: the dense run of the same tokens fails the same check
+    bad = _errors(_cp_run(xs[:5] + [xs[5][:1]], w_o, [w[:1] for w in w_h], cuts, strategy),
+                  ref[:1] + [ref[1][:1]] + ref[2:7] + [ref[7][:1]], cuts)
+    assert bad["o"] > 100 * TOL, bad
+
+
+def test_numpy_entry_points_match_chunk_forward_backward():
+    T = 90
+    cuts = _cuts(T)
+    xs, _, _ = _problem(3, T=T)
+    a = [x.numpy() for x in xs]
+    rng = np.random.default_rng(4)
+    do = rng.standard_normal(a[2].shape).astype(np.float32)
+    dht = rng.standard_normal(a[5].shape).astype(np.float32)
+    o_ref, ht_ref = gdncp.chunk_forward(*a[:5], a[5])
+    g_ref = gdncp.chunk_backward(*a[:5], do, a[5], dht)
+    s = slice(cuts[R], cuts[R + 1])
+    loc = [x[:, s] for x in a[:5]]
+
+    def run(fault):
+        st = core._comm_state(COMM)
+        L.gdn_cp_set_fault(st.cp(0), fault)
+        try:
+            o, ht, s_in = gdncp.cp_forward(COMM, *loc, a[5], threads=1)
+            grads = gdncp.cp_backward(COMM, *loc, do[:, s], a[5], dht, s_in=s_in, threads=1)
+        finally:
+            L.gdn_cp_set_fault(st.cp(0), 0)
+        e = {"o": _rel(torch.from_numpy(o), torch.from_numpy(o_ref[:, s])),
+             "ht": _rel(torch.from_numpy(ht), torch.from_numpy(ht_ref))}
+        for n, x, y in zip(("dq", "dk", "dv", "dg", "dbeta"), grads, g_ref):
+            e[n] = _rel(torch.from_numpy(x), torch.from_numpy(y[:, s]))
+        if R == 0:   # dense: rank 0's ds_in is dh0
+            e["dh0"] = _rel(torch.from_numpy(grads[5]), torch.from_numpy(g_ref[5]))
+        table = COMM.allgather(e)
+        return {n: max(t.get(n, 0.0) for t in table) for n in e | {"dh0": 0}}
+
+    errs = run(0)
+    assert max(errs.values()) < TOL, errs
+    bad = run(2)   # control: the incoming state dropped
+    assert bad["o"] > 100 * TOL, bad
+
+
+def _all_raise(exc, fn, must_name=None):
+    """fn raises exc on every rank (message checked on each); the ranks compare notes."""
+    try:
+        fn()
+        got = None
+    except exc as e:
+        got = str(e)
+    except Exception as e:  # noqa: BLE001
+        got = f"WRONG TYPE {type(e).__name__}: {e}"
+    table = COMM.allgather(got)
+    for r, m in enumerate(table):
+        assert m is not None and not m.startswith("WRONG TYPE"), (r, m)
+        if must_name:
+            assert must_name in m, (r, m)
+    return table
+
+
+def test_bad_inputs_fail_on_every_rank_and_a_good_call_follows():
+    T = 90
+    cuts = _cuts(T)
+    xs, _, _ = _problem(5, T=T)
+    s = slice(cuts[R], cuts[R + 1])
+    loc = [x[:, s] for x in xs[:5]]
+    call = lambda **kw: gcp.chunk_gated_delta_rule(*kw.pop("xs", loc), comm=kw.pop("comm", COMM),
+                                                   **kw)
+    _all_raise(ValueError, lambda: call(strategy="ring"), "unknown CP strategy 'ring'")
+    _all_raise(TypeError, lambda: call(strategy=3), "strategy must be")
+    _all_raise(TypeError, lambda: call(comm="world"), "mpi4py communicator")
+    # only rank 1 wrong: it raises its own error, the others name it (nobody waits)
+    t = _all_raise(ValueError, lambda: call(strategy="relay" if R == 1 else "scan"),
+                   "disagree on the CP strategy")
+    bad_k = [x if i != 1 or R != 1 else x[..., :8] for i, x in enumerate(loc)]
+    t = _all_raise(ValueError, lambda: call(xs=bad_k), "k has shape")
+    assert all(("rank 1 failed" in m) == (r != 1) for r, m in enumerate(t)), t
+    bad_dtype = [x if i != 4 or R != D - 1 else x.to(torch.int32) for i, x in enumerate(loc)]
+    t = _all_raise(TypeError, lambda: call(xs=bad_dtype), "beta has dtype")
+    other_V = [x if i != 2 or R != 0 else x[..., :6] for i, x in enumerate(loc)]
+    _all_raise(ValueError, lambda: call(xs=other_V), "disagree on V")
+    _all_raise(ValueError, lambda: call(strategy="heads", xs=[x[:, :, :1] if i < 2 else x
+                                                             for i, x in enumerate(loc)]),
+               "divide the key heads")
+    one = [x[:1] for x in loc]
+    _all_raise(ValueError, lambda: call(xs=one, cu_seqlens=torch.tensor([0, 40, T + 5])),
+               "cu_seqlens ends at")
+    _all_raise(ValueError, lambda: call(xs=one, cu_seqlens=torch.tensor([0, 40 + R, T])),
+               "disagree on the cu_seqlens offsets")
+    _all_raise(ValueError, lambda: call(xs=loc, cu_seqlens=torch.tensor([0, T])), "batch size 1")
+    _all_raise(ValueError, lambda: call(initial_state=torch.zeros(5, 2, 2, 2)), "initial_state")
+    # after all that, a good call still runs and agrees with one rank (its control: the fault)
+    o, _ = call()
+    o_ref, _ = gt.chunk_gated_delta_rule(*xs[:5])
+    e = max(COMM.allgather(_rel(o, o_ref[:, s])))
+    assert e < TOL, e
+
+
+def test_mpi4py_runs_gdncps_mpi_and_another_is_refused(monkeypatch):
+    assert MPI.Get_library_version().strip("\0 \n") == core._gdncp_mpi_version().strip("\0 \n")
+    # control: libgdncp reporting another MPI makes the same check refuse, naming both
+    monkeypatch.setattr(core, "_MPI", None)
+    monkeypatch.setattr(core, "_gdncp_mpi_version", lambda: "Open MPI v4.1.4, package: Debian")
+    with pytest.raises(ImportError, match="another MPI library.*Open MPI v4.1.4.*mpicc.mpich"):
+        core._mpi()
+    monkeypatch.undo()
+    assert core._mpi() is MPI
