@@ -2,8 +2,9 @@
 # The main job: train the byte-level GatedDeltaNet language model (`tiny`) on real English text
 # (Debian's fortunes) with its sequences split over 2 MPI ranks (context parallelism), printing the
 # falling losses, then plot them, sample from the checkpoint, show that the split run's losses are
-# the single-rank run's (and that dropping the state passed between the ranks changes them), and
-# finally run the kernel and layer demo (scripts/demo_cp.sh).
+# the single-rank run's (and that dropping the state passed between the ranks changes them), the
+# same with packed documents (--pack), and finally run the kernel and layer demo
+# (scripts/demo_cp.sh).
 # Outputs stay in demo-out/: train.csv, loss.png, ckpt/checkpoint-N/ (transformers' layout).
 # GDN_DEMO_STEPS (default 800) sets the training length; GDN_DEMO_SKIP_CP=1 skips demo_cp.sh.
 set -euo pipefail
@@ -52,6 +53,18 @@ echo "   2 CP ranks vs 1 rank: largest relative loss difference $same (tolerance
 echo "   incoming state dropped vs 1 rank: $dropped (must exceed 2e-5)"
 if ! awk -v a="$same" -v b="$dropped" 'BEGIN { exit !(a <= 2e-5 && b > 2e-5) }'; then
   echo "demo: FAILED: the split run does not match the single-rank run, or the negative control passed" >&2; exit 1
+fi
+
+echo "== packed documents: 10 steps of 8 x 256 bytes with --pack '\\n%\\n' (each fortune its own document:"
+echo "   the state and conv restart after every '%' line, and no loss crosses one), 1 rank vs 2 CP ranks"
+for n in 1 2; do
+  OMP_NUM_THREADS=1 mpiexec.mpich -n "$n" "$g" train --data "$text" --model tiny --seq 256 --batch 8 --steps 10 \
+    --eval-every 0 --cp "$n" --pack '\n%\n' --log "$out/packed_$n.csv" > /dev/null
+done
+same_packed=$(cmp_losses "$out/packed_2.csv" "$out/packed_1.csv")
+echo "   2 CP ranks vs 1 rank, packed: largest relative loss difference $same_packed (tolerance 2e-5)"
+if ! awk -v a="$same_packed" 'BEGIN { exit !(a <= 2e-5) }'; then
+  echo "demo: FAILED: the packed split run does not match the single-rank run" >&2; exit 1
 fi
 
 echo "== done: $out/train.csv, $out/loss.png, $(ls -d "$out"/ckpt/checkpoint-* | tail -1) (config.json + model.safetensors: transformers' Qwen3.5 layout)"
