@@ -1,12 +1,40 @@
-"""python -m gdncp.bench runs (a small shape) and its two sides agree: the agreement it prints is
-the comparison of test_torch.py (whose negative control covers it)."""
+"""python -m gdncp.bench: every section runs (--quick: toy sizes) and prints its numbers; the
+rule section's two sides agree (the comparison of test_torch.py, whose negative control covers
+it), and the model section's patched and unpatched first steps give the same loss, while a
+deliberately wrong rule under the patch does not (the control of that check)."""
+import re
+
+import torch
+
 from gdncp import bench
+import gdncp.transformers as gtf
 
 
-def test_bench_runs_and_agrees(capsys):
-    assert bench.main(["--T", "80", "--Hk", "1", "--Hv", "2", "--K", "16", "--V", "16",
-                       "--reps", "1"]) == 0
+def test_bench_quick_runs_every_section(capsys):
+    assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    assert "speed-up (transformers / gdncp)" in out and "forward+backward" in out, out
+    for needle in ("[rule]", "speed-up (transformers / gdncp)", "forward+backward", "[model]",
+                   "speed-up (transformers / gdncp.transformers.patch())", "[overhead]",
+                   "gdncp.torch / C:", "[conv]", "% of the layer", "threads", "CPU "):
+        assert needle in out, (needle, out)
     rows, err = bench.run(T=80, Hk=1, Hv=2, K=16, V=16, reps=1)
     assert err < 2e-5 and [r[0] for r in rows] == ["transformers", "gdncp"]
+
+
+def test_bench_model_losses_agree_and_wrong_rule_differs(monkeypatch):
+    _, losses, _ = bench.run_model(B=1, T=48, reps=1)
+    rel = abs(losses["gdncp"] - losses["transformers"]) / abs(losses["transformers"])
+    assert rel < 1e-5, losses
+    real = gtf._RULES["chunk_gated_delta_rule"]
+    monkeypatch.setitem(gtf._RULES, "chunk_gated_delta_rule",   # control: g dropped
+                        lambda q, k, v, g=None, **kw: real(q, k, v, g=torch.zeros_like(g), **kw))
+    _, bad, _ = bench.run_model(B=1, T=48, reps=1)
+    assert abs(bad["gdncp"] - bad["transformers"]) / abs(bad["transformers"]) > 1e-4, bad
+
+
+def test_bench_refuses_unknown_section(capsys):
+    try:
+        bench.main(["--what", "rule,gpu"])
+    except SystemExit as e:
+        assert e.code == 2
+    assert re.search(r"unknown section 'gpu'", capsys.readouterr().err)

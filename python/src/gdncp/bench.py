@@ -1,17 +1,43 @@
-"""python -m gdncp.bench: transformers' reference PyTorch rule (its CPU fallback,
-torch_chunk_gated_delta_rule) against gdncp.torch.chunk_gated_delta_rule on the same inputs, in
-one run: forward, and forward + backward of sum(o * w). Prints the times, their ratio and the
-agreement of the outputs (max-abs error / max-abs of transformers' output).
+"""python -m gdncp.bench: gdncp from PyTorch against transformers' own CPU code, in one run.
+Every time is a median of --reps runs after a warm-up (the sides of a comparison taking
+turns, so that a drifting load weighs on both); each section prints its shape, the CPU and
+the threads.
 
-    python -m gdncp.bench [--T 1024] [--B 1] [--Hk 16] [--Hv 32] [--K 128] [--V 128]
-                          [--reps 3] [--threads N]
+  rule      transformers' reference PyTorch rule (its CPU fallback, torch_chunk_gated_delta_rule)
+            against gdncp.torch.chunk_gated_delta_rule on the same inputs: forward, and forward +
+            backward of sum(o * w); their ratio and the outputs' agreement (max-abs error /
+            max-abs of transformers' output). Shape: --B --T --Hk --Hv --K --V (default
+            Qwen3.5-35B's GatedDeltaNet layer, Hk = 16, Hv = 32, K = V = 128, T = 1024).
+  model     a training step of transformers' Qwen3_5ForCausalLM (forward with labels, backward,
+            AdamW): its fallback against `with gdncp.transformers.patch()`, same weights and
+            inputs. Config: --model-config (a config.json; default: the golden qwen35_tiny shape,
+            E = 96, 3 GatedDeltaNet layers + 1 attention layer), --model-B, --model-T.
+  overhead  the binding's cost: gdncp.torch forward + backward (autograd) against the NumPy entry
+            points (gdncp.chunk_forward(save=True) + chunk_backward) and against the C functions
+            called straight through ctypes with the plan and outputs made once (gdn_forward_save +
+            gdn_backward_saved), on the same arrays, at the rule section's shape; and the C calls
+            with their outputs allocated per call, as any call that returns new arrays must (the
+            first touch of fresh memory is most of what the bindings add).
+  conv      the causal conv's share of the patched GatedDeltaNet layer (transformers' module with
+            gdncp's rule): the layer's forward + backward against its conv1d + SiLU alone, same
+            shapes (--layer-E; the heads of the rule section).
 
-The default shape is Qwen3.5-35B's GatedDeltaNet layer (Hk = 16, Hv = 32, K = V = 128). Both
-sides run with torch.get_num_threads() threads (--threads sets it).
+    python -m gdncp.bench [--what rule,model,overhead,conv] [--quick] [--reps 5] [--threads N]
+
+--quick runs every section at toy sizes (the test suite's smoke run). --threads sets torch's
+thread count (0: torch's default), which gdncp's kernels use too.
 """
 import argparse
+import contextlib
+import copy
+import ctypes
+import json
+import os
+import platform
+import statistics
 import time
 
+import numpy as np
 import torch
 
 from .torch import chunk_gated_delta_rule
@@ -29,13 +55,43 @@ def _inputs(B, T, Hk, Hv, K, V, seed=0):
 
 
 def _time(fn, reps):
-    fn()  # warm-up: plans, allocator
-    best = float("inf")
+    """Median wall time of reps calls after one warm-up (plans, allocator)."""
+    fn()
+    times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _time_rounds(fns, reps):
+    """Medians of reps rounds, each calling every fn once in turn (after one warm-up round), so
+    that a machine whose load drifts weighs on every side alike: [median s per fn]."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for t, fn in zip(times, fns):
+            t0 = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def _cpu():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _where():
+    return f"CPU {_cpu()} ({os.cpu_count()} logical), {torch.get_num_threads()} threads"
 
 
 def run(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=3, backward=True):
@@ -60,31 +116,235 @@ def run(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=3, backward=True):
     return rows, err
 
 
+# ----------------------------------------------------------------------------- model training step
+
+# The golden qwen35_tiny checkpoint's shape (shared/golden/qwen35_tiny/config.json), so that the
+# bench needs no file: E = 96, linear heads Hk = 2, Hv = 6, K = 16, V = 24, 3 GatedDeltaNet layers
+# and one attention layer, vocabulary 256.
+TINY_CONFIG = {
+    "model_type": "qwen3_5_text", "hidden_size": 96, "intermediate_size": 192,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 6, "linear_value_head_dim": 24, "vocab_size": 256,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                        "partial_rotary_factor": 0.25},
+}
+
+
+def _model(config_path=None):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    cfg = dict(TINY_CONFIG)
+    if config_path:
+        with open(config_path) as f:
+            cfg = json.load(f)
+    cfg = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**cfg)).float()
+    model.train()
+    return model
+
+
+def run_model(B=8, T=512, reps=5, config_path=None):
+    """A training step (forward with labels, backward, AdamW) of the fallback and of the patched
+    model, from the same weights on the same tokens: [(name, median s)], the first step's losses."""
+    from . import transformers as gtf
+    base = _model(config_path)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, base.config.vocab_size, (B, T), generator=gen)
+    losses, steps = {}, []
+    for name in ("transformers", "gdncp"):
+        model = copy.deepcopy(base)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(model=model, opt=opt, name=name):
+            with gtf.patch() if name == "gdncp" else contextlib.nullcontext():
+                opt.zero_grad(set_to_none=True)
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                loss.backward()
+                opt.step()
+            losses.setdefault(name, loss.item())
+
+        steps.append(step)
+    rows = list(zip(("transformers", "gdncp"), _time_rounds(steps, reps)))
+    cfg = base.config
+    shape = (f"Qwen3_5ForCausalLM E={cfg.hidden_size} layers={cfg.num_hidden_layers} "
+             f"({cfg.layer_types.count('linear_attention')} GatedDeltaNet) "
+             f"Hk={cfg.linear_num_key_heads} Hv={cfg.linear_num_value_heads} "
+             f"K={cfg.linear_key_head_dim} V={cfg.linear_value_head_dim} vocab={cfg.vocab_size}, "
+             f"B={B} T={T}")
+    return rows, losses, shape
+
+
+# ----------------------------------------------------------------------------- binding overhead
+
+def run_overhead(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=5):
+    """Forward + backward through gdncp.torch (autograd), the NumPy entry points and ctypes
+    straight to the C functions, same arrays: [(name, median s)]."""
+    from . import _lib as L
+    from . import core
+    xs = [x.contiguous() for x in _inputs(B, T, Hk, Hv, K, V)]
+    w = torch.randn(B, T, Hv, V, generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    arrays = [x.numpy() for x in xs]
+    do = w.numpy()
+
+    def via_torch():
+        leaves = [x.detach().requires_grad_(True) for x in xs]
+        o, _ = chunk_gated_delta_rule(*leaves[:3], g=leaves[3], beta=leaves[4],
+                                      use_qk_l2norm_in_kernel=True)
+        o.backward(w)
+
+    def via_numpy():
+        _, _, ck = core.chunk_forward(*arrays, save=True, threads=threads,
+                                      output_final_state=False)
+        core.chunk_backward(*arrays, do, saved=ck, threads=threads)
+
+    # The C calls alone: the plan (the one gdncp.torch uses, from the cache) and every output
+    # allocated once
+    prob = core._Problem(*arrays, None, None)
+    plan = core._plan(prob, None, True, 64, threads)
+    o = np.empty_like(arrays[2])
+    ck = np.empty(L.gdn_plan_checkpoint_floats(plan.h), np.float32)
+    grads = [np.empty_like(a) for a in arrays]
+    P = [L.f32p(a) for a in arrays]
+    Po, Pck, Pdo = L.f32p(o), L.f32p(ck), L.f32p(do)
+    Pg = [L.f32p(a) for a in grads]
+
+    def via_ctypes():
+        L.check(L.gdn_forward_save(plan.h, Po, None, Pck, *P, None), "gdn_forward_save")
+        L.check(L.gdn_backward_saved(plan.h, *Pg, None, *P, None, Pck, Pdo, None),
+                "gdn_backward_saved")
+
+    def via_ctypes_fresh():   # outputs allocated per call, as any call returning new arrays
+        fo, fck = np.empty_like(o), np.empty_like(ck)
+        fg = [np.empty_like(a) for a in arrays]
+        L.check(L.gdn_forward_save(plan.h, L.f32p(fo), None, L.f32p(fck), *P, None),
+                "gdn_forward_save")
+        L.check(L.gdn_backward_saved(plan.h, *(L.f32p(x) for x in fg), None, *P, None,
+                                     L.f32p(fck), Pdo, None), "gdn_backward_saved")
+
+    names = ("gdncp.torch", "NumPy", "C via ctypes", "C, new outputs")
+    return list(zip(names, _time_rounds((via_torch, via_numpy, via_ctypes, via_ctypes_fresh),
+                                        reps)))
+
+
+# ----------------------------------------------------------------------------- the causal conv
+
+def run_conv(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
+    """The patched GatedDeltaNet layer's forward + backward against its causal conv (conv1d +
+    SiLU, transformers' CPU path) alone on the same [B, conv_dim, T] input: (layer s, conv s,
+    shape)."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+    from . import transformers as gtf
+    cfg = Qwen3_5TextConfig(hidden_size=E, linear_num_key_heads=Hk, linear_num_value_heads=Hv,
+                            linear_key_head_dim=K, linear_value_head_dim=V,
+                            linear_conv_kernel_dim=4, num_hidden_layers=1,
+                            layer_types=["linear_attention"], vocab_size=16)
+    torch.manual_seed(0)
+    layer = m.Qwen3_5GatedDeltaNet(cfg, 0).float()
+    x = torch.randn(B, T, E, generator=torch.Generator().manual_seed(2)) * 0.5
+    dy = torch.randn(B, T, E, generator=torch.Generator().manual_seed(3))
+
+    def layer_step():
+        xx = x.detach().requires_grad_(True)
+        layer.zero_grad(set_to_none=True)
+        layer(xx).backward(dy)
+
+    mixed = torch.randn(B, layer.conv_dim, T, generator=torch.Generator().manual_seed(4))
+    dmix = torch.randn(B, layer.conv_dim, T, generator=torch.Generator().manual_seed(5))
+
+    def conv_step():
+        mm = mixed.detach().requires_grad_(True)
+        layer.zero_grad(set_to_none=True)
+        out = m.causal_conv1d_fn(mm, layer.conv1d.weight.squeeze(1), layer.conv1d.bias,
+                                 activation=layer.activation)
+        out.backward(dmix)
+
+    def patched_layer_step():
+        with gtf.patch():
+            layer_step()
+
+    t_layer, t_conv = _time_rounds((patched_layer_step, conv_step), reps)
+    shape = (f"Qwen3_5GatedDeltaNet E={E} Hk={Hk} Hv={Hv} K={K} V={V} conv_dim={layer.conv_dim} "
+             f"Kc=4, B={B} T={T}")
+    return t_layer, t_conv, shape
+
+
+# ----------------------------------------------------------------------------- command line
+
+SECTIONS = ("rule", "model", "overhead", "conv")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m gdncp.bench", description=__doc__.split("\n\n")[0])
     for name, default in (("B", 1), ("T", 1024), ("Hk", 16), ("Hv", 32), ("K", 128), ("V", 128),
-                          ("reps", 3)):
+                          ("reps", 5), ("model-B", 8), ("model-T", 512), ("layer-E", 2048)):
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--no-backward", action="store_true", help="forward only")
+    ap.add_argument("--no-backward", action="store_true", help="rule: forward only")
+    ap.add_argument("--what", default=",".join(SECTIONS),
+                    help=f"comma-separated sections of {', '.join(SECTIONS)} (default: all)")
+    ap.add_argument("--model-config", default=None, help="model: a Qwen3.5 config.json")
+    ap.add_argument("--quick", action="store_true",
+                    help="toy sizes for every section (a smoke run, seconds)")
     a = ap.parse_args(argv)
-    for name in ("B", "T", "Hk", "Hv", "K", "V", "reps"):
+    what = [w.strip() for w in a.what.split(",") if w.strip()]
+    for w in what:
+        if w not in SECTIONS:
+            ap.error(f"--what: unknown section {w!r} (sections: {', '.join(SECTIONS)})")
+    if a.quick:
+        a.T, a.Hk, a.Hv, a.K, a.V, a.reps = 80, 1, 2, 16, 16, 1
+        a.model_B, a.model_T, a.layer_E = 2, 64, 32
+    for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "layer_E"):
         if getattr(a, name) < 1:
-            ap.error(f"--{name} must be at least 1, got {getattr(a, name)}")
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.Hv % a.Hk:
         ap.error(f"--Hv {a.Hv} must be a multiple of --Hk {a.Hk}")
     if a.threads:
         torch.set_num_threads(a.threads)
-    rows, err = run(a.B, a.T, a.Hk, a.Hv, a.K, a.V, a.reps, not a.no_backward)
-    print(f"shape B={a.B} T={a.T} Hk={a.Hk} Hv={a.Hv} K={a.K} V={a.V}, "
-          f"{torch.get_num_threads()} threads, best of {a.reps}")
-    for name, f, fb in rows:
-        print(f"  {name:12s} forward {f * 1e3:9.1f} ms"
-              + ("" if fb is None else f"   forward+backward {fb * 1e3:9.1f} ms"))
-    (_, f0, fb0), (_, f1, fb1) = rows
-    print(f"  speed-up (transformers / gdncp): forward {f0 / f1:.1f}x"
-          + ("" if fb0 is None else f", forward+backward {fb0 / fb1:.1f}x"))
-    print(f"  o: max|gdncp - transformers| / max|transformers| = {err:.1e}")
+    print(f"python -m gdncp.bench: {_where()}, medians of {a.reps} after a warm-up")
+    shape = f"B={a.B} T={a.T} Hk={a.Hk} Hv={a.Hv} K={a.K} V={a.V}"
+    if "rule" in what:
+        rows, err = run(a.B, a.T, a.Hk, a.Hv, a.K, a.V, a.reps, not a.no_backward)
+        print(f"[rule] {shape}")
+        for name, f, fb in rows:
+            print(f"  {name:12s} forward {f * 1e3:9.1f} ms"
+                  + ("" if fb is None else f"   forward+backward {fb * 1e3:9.1f} ms"))
+        (_, f0, fb0), (_, f1, fb1) = rows
+        print(f"  speed-up (transformers / gdncp): forward {f0 / f1:.1f}x"
+              + ("" if fb0 is None else f", forward+backward {fb0 / fb1:.1f}x"))
+        print(f"  o: max|gdncp - transformers| / max|transformers| = {err:.1e}")
+    if "model" in what:
+        rows, losses, mshape = run_model(a.model_B, a.model_T, a.reps, a.model_config)
+        print(f"[model] training step (forward with labels, backward, AdamW): {mshape}")
+        for name, t in rows:
+            print(f"  {name:12s} step {t * 1e3:9.1f} ms   first loss {losses[name]:.6f}")
+        (_, t0), (_, t1) = rows
+        print(f"  speed-up (transformers / gdncp.transformers.patch()): {t0 / t1:.2f}x; "
+              f"first-step losses differ by "
+              f"{abs(losses['gdncp'] - losses['transformers']) / abs(losses['transformers']):.1e} "
+              "relative")
+    if "overhead" in what:
+        rows = run_overhead(a.B, a.T, a.Hk, a.Hv, a.K, a.V, a.reps)
+        print(f"[overhead] forward + backward (checkpoints kept, no final state) {shape}")
+        for name, t in rows:
+            print(f"  {name:12s} {t * 1e3:9.1f} ms")
+        c, cn = rows[2][1], rows[3][1]
+        print(f"  gdncp.torch / C: {rows[0][1] / c:.3f}x ({(rows[0][1] / c - 1) * 100:+.1f} %), "
+              f"NumPy / C: {rows[1][1] / c:.3f}x ({(rows[1][1] / c - 1) * 100:+.1f} %); "
+              f"against C with new outputs (first-touch of fresh memory included on both "
+              f"sides): gdncp.torch {(rows[0][1] / cn - 1) * 100:+.1f} %, "
+              f"NumPy {(rows[1][1] / cn - 1) * 100:+.1f} %")
+    if "conv" in what:
+        t_layer, t_conv, cshape = run_conv(a.B, a.T, a.layer_E, a.Hk, a.Hv, a.K, a.V, a.reps)
+        print(f"[conv] {cshape}")
+        print(f"  patched layer forward+backward {t_layer * 1e3:9.1f} ms")
+        print(f"  causal conv1d+SiLU fwd+bwd     {t_conv * 1e3:9.1f} ms   "
+              f"= {t_conv / t_layer * 100:.1f} % of the layer (the most routing it through gdncp "
+              "could save)")
     return 0
 
 
