@@ -20,7 +20,8 @@ the threads.
             first touch of fresh memory is most of what the bindings add).
   conv      the causal conv's share of the patched GatedDeltaNet layer (transformers' module with
             gdncp's rule): the layer's forward + backward against its conv1d + SiLU alone, same
-            shapes (--layer-E; the heads of the rule section).
+            shapes, and against gdncp.Layer (the whole layer in C, conv included) with the same
+            weights (--layer-E; the heads of the rule section).
 
     python -m gdncp.bench [--what rule,model,overhead,conv] [--quick] [--reps 5] [--threads N]
 
@@ -267,10 +268,21 @@ def run_conv(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
         with gtf.patch():
             layer_step()
 
-    t_layer, t_conv = _time_rounds((patched_layer_step, conv_step), reps)
+    # the whole layer in C (gdncp.Layer: projections, conv, rule, norm, output), same weights
+    from .core import Layer
+    weights = {n: p.detach().numpy() for n, p in layer.state_dict().items()}
+    c_layer = Layer(E, Hk, Hv, K, V, weights, Kc=4, eps=cfg.rms_norm_eps,
+                    threads=torch.get_num_threads())
+    xa, dya = x.numpy(), dy.numpy()
+
+    def c_layer_step():
+        _, saved = c_layer.forward(xa, save=True)
+        c_layer.backward(xa, dya, saved)
+
+    t_layer, t_conv, t_c = _time_rounds((patched_layer_step, conv_step, c_layer_step), reps)
     shape = (f"Qwen3_5GatedDeltaNet E={E} Hk={Hk} Hv={Hv} K={K} V={V} conv_dim={layer.conv_dim} "
              f"Kc=4, B={B} T={T}")
-    return t_layer, t_conv, shape
+    return t_layer, t_conv, t_c, shape
 
 
 # ----------------------------------------------------------------------------- command line
@@ -339,12 +351,15 @@ def main(argv=None):
               f"sides): gdncp.torch {(rows[0][1] / cn - 1) * 100:+.1f} %, "
               f"NumPy {(rows[1][1] / cn - 1) * 100:+.1f} %")
     if "conv" in what:
-        t_layer, t_conv, cshape = run_conv(a.B, a.T, a.layer_E, a.Hk, a.Hv, a.K, a.V, a.reps)
-        print(f"[conv] {cshape}")
-        print(f"  patched layer forward+backward {t_layer * 1e3:9.1f} ms")
-        print(f"  causal conv1d+SiLU fwd+bwd     {t_conv * 1e3:9.1f} ms   "
-              f"= {t_conv / t_layer * 100:.1f} % of the layer (the most routing it through gdncp "
-              "could save)")
+        t_layer, t_conv, t_c, cshape = run_conv(a.B, a.T, a.layer_E, a.Hk, a.Hv, a.K, a.V,
+                                                a.reps)
+        print(f"[conv] forward+backward, {cshape}")
+        print(f"  transformers' layer, patched   {t_layer * 1e3:9.1f} ms")
+        print(f"  its causal conv1d+SiLU alone   {t_conv * 1e3:9.1f} ms   "
+              f"= {t_conv / t_layer * 100:.1f} % of the patched layer (the most routing the conv "
+              "through gdncp could save)")
+        print(f"  gdncp.Layer (all of it in C)   {t_c * 1e3:9.1f} ms   "
+              f"= {t_c / t_layer * 100:.1f} % of the patched layer")
     return 0
 
 
