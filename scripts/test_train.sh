@@ -81,6 +81,9 @@ train 3 "$work/pk3.csv" "${pk[@]}" --cp 3 --strategy relay --recompute on || fai
 expect_close "--pack, --cp 3 --strategy relay --recompute on vs one rank" "$work/pk3.csv" "$work/pk1.csv" 2e-5
 train 4 "$work/pk22.csv" --seq 300 --steps 4 --batch 1 --pack '\n%\n' --cp 2 || fail "train --pack DP 2 x CP 2"
 expect_close "--pack, DP 2 x CP 2 (--batch 1 each) vs one rank --batch 2" "$work/pk22.csv" "$work/pk1.csv" 2e-5
+train 1 "$work/pkh1.csv" "${pk[@]}" --key-heads 2 || fail "train --pack, 2 key heads, 1 rank"
+train 2 "$work/pkh2.csv" "${pk[@]}" --key-heads 2 --cp 2 --strategy heads || fail "train --pack --cp 2 --strategy heads"
+expect_close "--pack, --cp 2 --strategy heads (2 key heads) vs one rank" "$work/pkh2.csv" "$work/pkh1.csv" 2e-5
 train 1 "$work/nopk.csv" --seq 300 --steps 4 --batch 2 || fail "train without --pack"
 expect_far "the same windows without --pack (no resets, every byte predicted)" "$work/nopk.csv" "$work/pk1.csv" 2e-5
 train 2 "$work/pkx.csv" --seq 300 --steps 4 --batch 2 --cp 2 --pack '\x01' || fail "train --pack with an absent separator"
