@@ -66,9 +66,9 @@ def _time(fn, reps):
     return statistics.median(times)
 
 
-def _time_rounds(fns, reps):
-    """Medians of reps rounds, each calling every fn once in turn (after one warm-up round), so
-    that a machine whose load drifts weighs on every side alike: [median s per fn]."""
+def _rounds(fns, reps):
+    """reps rounds, each calling every fn once in turn (after one warm-up round), so that a
+    machine whose load drifts weighs on every side alike: [[s per round] per fn]."""
     for fn in fns:
         fn()
     times = [[] for _ in fns]
@@ -77,7 +77,12 @@ def _time_rounds(fns, reps):
             t0 = time.perf_counter()
             fn()
             t.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
+    return times
+
+
+def _time_rounds(fns, reps):
+    """[median s per fn] of _rounds."""
+    return [statistics.median(t) for t in _rounds(fns, reps)]
 
 
 def _cpu():
@@ -227,8 +232,8 @@ def run_overhead(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=5):
                                      L.f32p(fck), Pdo, None), "gdn_backward_saved")
 
     names = ("gdncp.torch", "NumPy", "C via ctypes", "C, new outputs")
-    return list(zip(names, _time_rounds((via_torch, via_numpy, via_ctypes, via_ctypes_fresh),
-                                        reps)))
+    times = _rounds((via_torch, via_numpy, via_ctypes, via_ctypes_fresh), reps)
+    return [(n, statistics.median(t), min(t)) for n, t in zip(names, times)]
 
 
 # ----------------------------------------------------------------------------- the causal conv
@@ -342,14 +347,15 @@ def main(argv=None):
     if "overhead" in what:
         rows = run_overhead(a.B, a.T, a.Hk, a.Hv, a.K, a.V, a.reps)
         print(f"[overhead] forward + backward (checkpoints kept, no final state) {shape}")
-        for name, t in rows:
-            print(f"  {name:12s} {t * 1e3:9.1f} ms")
-        c, cn = rows[2][1], rows[3][1]
-        print(f"  gdncp.torch / C: {rows[0][1] / c:.3f}x ({(rows[0][1] / c - 1) * 100:+.1f} %), "
-              f"NumPy / C: {rows[1][1] / c:.3f}x ({(rows[1][1] / c - 1) * 100:+.1f} %); "
-              f"against C with new outputs (first-touch of fresh memory included on both "
-              f"sides): gdncp.torch {(rows[0][1] / cn - 1) * 100:+.1f} %, "
-              f"NumPy {(rows[1][1] / cn - 1) * 100:+.1f} %")
+        for name, t, best in rows:
+            print(f"  {name:14s} median {t * 1e3:9.1f} ms   best {best * 1e3:9.1f} ms")
+        for i, stat in ((1, "medians"), (2, "best")):
+            c, cn = rows[2][i], rows[3][i]
+            print(f"  {stat}: gdncp.torch / C {rows[0][i] / c:.3f}x "
+                  f"({(rows[0][i] / c - 1) * 100:+.1f} %), NumPy / C {rows[1][i] / c:.3f}x "
+                  f"({(rows[1][i] / c - 1) * 100:+.1f} %); against C with new outputs (fresh "
+                  f"memory on both sides): gdncp.torch {(rows[0][i] / cn - 1) * 100:+.1f} %, "
+                  f"NumPy {(rows[1][i] / cn - 1) * 100:+.1f} %")
     if "conv" in what:
         t_layer, t_conv, t_c, cshape = run_conv(a.B, a.T, a.layer_E, a.Hk, a.Hv, a.K, a.V,
                                                 a.reps)
