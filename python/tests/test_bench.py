@@ -15,7 +15,7 @@ def test_bench_quick_runs_every_section(capsys):
     out = capsys.readouterr().out
     for needle in ("[rule]", "speed-up (transformers / gdncp)", "forward+backward", "[model]",
                    "speed-up (transformers / gdncp.transformers.patch())", "[overhead]",
-                   "gdncp.torch / C ", "[conv]", "% of the layer", "threads", "CPU "):
+                   "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU "):
         assert needle in out, (needle, out)
     rows, err = bench.run(T=80, Hk=1, Hv=2, K=16, V=16, reps=1)
     assert err < 2e-5 and [r[0] for r in rows] == ["transformers", "gdncp"]
