@@ -247,7 +247,16 @@ def test_bad_inputs_fail_on_every_rank_and_a_good_call_follows():
                "disagree on the cu_seqlens offsets")
     _all_raise(ValueError, lambda: call(xs=loc, cu_seqlens=torch.tensor([0, T])), "batch size 1")
     _all_raise(ValueError, lambda: call(initial_state=torch.zeros(5, 2, 2, 2)), "initial_state")
-    # after all that, a good call still runs and agrees with one rank (its control: the fault)
+    # failures found inside the C library (NaN inputs: its finiteness check) on one rank, in the
+    # forward and in the backward (a NaN gradient of o), reach every rank too
+    nan_v = [x if i != 2 or R != D - 1 else torch.full_like(x, float("nan"))
+             for i, x in enumerate(loc)]
+    _all_raise(ValueError, lambda: call(xs=nan_v), "non-finite")
+    leaves = [x.clone().requires_grad_(True) for x in loc]
+    o, _ = call(xs=leaves)
+    w = torch.ones_like(o) if R != 1 else torch.full_like(o, float("nan"))
+    _all_raise(ValueError, lambda: o.backward(w), "non-finite")
+    # after all that, a good call still runs and agrees with one rank
     o, _ = call()
     o_ref, _ = gt.chunk_gated_delta_rule(*xs[:5])
     e = max(COMM.allgather(_rel(o, o_ref[:, s])))
