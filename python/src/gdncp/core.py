@@ -504,6 +504,10 @@ def _gdncp_mpi_version():
     return buf.value.decode(errors="replace")
 
 
+def _first_line(text):
+    return (text or "?").strip("\0 \n\t").splitlines()[0].strip("\0 \t")
+
+
 def _mpi():
     """mpi4py's MPI module, once checked to run the same MPI library as libgdncp.so. Two MPI
     libraries in one process (e.g. an mpi4py wheel built for Open MPI beside gdncp's MPICH) would
@@ -522,8 +526,8 @@ def _mpi():
     if ours is None or ours.strip("\0 \n") != theirs.strip("\0 \n"):
         raise ImportError(
             "gdncp: mpi4py runs another MPI library than libgdncp.so: mpi4py has "
-            f"{theirs.splitlines()[0].strip() if theirs else '?'!r}, libgdncp.so was linked "
-            f"against {(ours or '?').splitlines()[0].strip()!r}; {how}")
+            f"{_first_line(theirs)!r}, libgdncp.so was linked against {_first_line(ours)!r}; "
+            f"{how}")
         # (compared in full: two builds of one MPI version with other ABIs differ in the text)
     inited = ctypes.c_int()
     L.MPI_Initialized(ctypes.byref(inited))
