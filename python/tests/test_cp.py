@@ -235,6 +235,7 @@ def test_bad_inputs_fail_on_every_rank_and_a_good_call_follows():
     assert all(("rank 1 failed" in m) == (r != 1) for r, m in enumerate(t)), t
     bad_dtype = [x if i != 4 or R != D - 1 else x.to(torch.int32) for i, x in enumerate(loc)]
     t = _all_raise(TypeError, lambda: call(xs=bad_dtype), "beta has dtype")
+    _all_raise(ValueError, lambda: call(output_final_state=R == 0), "disagree on output_final_state")
     other_V = [x if i != 2 or R != 0 else x[..., :6] for i, x in enumerate(loc)]
     _all_raise(ValueError, lambda: call(xs=other_V), "disagree on V")
     _all_raise(ValueError, lambda: call(strategy="heads", xs=[x[:, :, :1] if i < 2 else x

@@ -647,6 +647,7 @@ class _CPCall:
 
     def __init__(self, comm, strategy, q, k, v, g, beta, h0, cu_seqlens, scale, l2norm, chunk,
                  threads, flags=(), error=None):
+        """flags: (name, value) pairs of the caller's options that every rank must share."""
         st = _comm_state(comm)   # TypeError / ValueError for a bad comm: raised before any collective
         self.st, self.rank, self.size = st, st.rank, st.size
         err, sig, T_local = error, None, 0   # error: the caller's own checks failed on this rank
@@ -671,7 +672,7 @@ class _CPCall:
             sig = (sid, p.B, p.Hk, p.Hv, p.K, p.V, probe.scale, probe.l2norm, probe.chunk,
                    -1 if cu is None else cu.size - 1,
                    None if cu is None else cu.tobytes(),
-                   -1 if cu is None else int(h0 is not None)) + tuple(flags)
+                   -1 if cu is None else int(h0 is not None)) + tuple(v for _, v in flags)
             self.p, self.sid = p, sid
         except Exception as e:   # noqa: BLE001 -- every local failure is shared, then re-raised
             err = e
@@ -687,7 +688,7 @@ class _CPCall:
         names = ("the CP strategy", "B", "Hk", "Hv", "K", "V", "scale", "use_qk_l2norm_in_kernel",
                  "chunk", "the number of documents of cu_seqlens (-1: dense)",
                  "the cu_seqlens offsets", "initial_state given (packed: on every rank or none)")
-        names = names + tuple(f"option {i}" for i in range(len(flags)))
+        names = names + tuple(name for name, _ in flags)
         for r, (_, s, _) in enumerate(table):
             for i, (a, b) in enumerate(zip(s, table[0][1])):
                 if a != b:
@@ -776,7 +777,7 @@ def cp_forward(comm, q, k, v, g, beta, h0=None, *, strategy="scan", scale=None, 
     rank's shard (zeros under 'heads', which forms none), which cp_backward can reuse.
     strategy: scan, allgather, relay or heads (dense only; the ranks must divide Hk)."""
     call = _CPCall(comm, strategy, q, k, v, g, beta, h0, cu_seqlens, scale, l2norm, chunk,
-                   threads, flags=(bool(output_final_state),))
+                   threads, flags=(("output_final_state", bool(output_final_state)),))
     return call.forward(want_ht=bool(output_final_state))
 
 
@@ -791,5 +792,5 @@ def cp_backward(comm, q, k, v, g, beta, do, h0=None, dht=None, *, s_in=None, str
     (dq, dk, dv, dg, dbeta, ds_in): ds_in dense is the gradient of this rank's incoming state
     (on rank 0: dh0); packed, every document's dh0 on every rank."""
     call = _CPCall(comm, strategy, q, k, v, g, beta, h0, cu_seqlens, scale, l2norm, chunk,
-                   threads, flags=(s_in is not None,))
+                   threads, flags=(("s_in given (on every rank or none)", s_in is not None),))
     return call.backward(do, dht, s_in, want_ds_in=True)

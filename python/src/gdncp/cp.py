@@ -66,7 +66,7 @@ class _CPRule(torch.autograd.Function):
         h0c = None if h0 is None else h0.detach().to(torch.float32).contiguous()
         call = core._CPCall(comm, strategy, *(x.numpy() for x in xs),
                             None if h0c is None else h0c.numpy(), cu, scale, l2norm, 64,
-                            _threads(), flags=(want_ht,))
+                            _threads(), flags=(("output_final_state", want_ht),))
         o, ht, s_in = call.forward(want_ht=want_ht, want_s_in=True)
         ctx.call, ctx.want_ht = call, want_ht
         ctx.has_h0 = h0 is not None
@@ -119,7 +119,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     except (TypeError, ValueError) as e:
         # shared with the other ranks before it is raised (they would wait for this one)
         core._CPCall(comm, strategy, *([None] * 6), None, scale, use_qk_l2norm_in_kernel, 64, 0,
-                     flags=(bool(output_final_state),), error=e)
+                     flags=(("output_final_state", bool(output_final_state)),), error=e)
         raise
     return _CPRule.apply(q, k, v, g, beta, initial_state, comm, strategy, scale,
                          bool(output_final_state), bool(use_qk_l2norm_in_kernel), cu)
