@@ -32,7 +32,8 @@ typedef enum {
     GDN_CP_ALLGATHER = 1, /* every rank's pair to everyone, then a local fold */
     GDN_CP_RELAY = 2,     /* the state passed rank to rank (D - 1 hops) */
     GDN_CP_HEADS = 3      /* all-to-all to head-parallel and back (D must divide Hk); it forms
-                             no per-shard states: s_in, and ds_in except rank 0's dh0, are zero */
+                             no per-shard states: s_in, and ds_in except rank 0's dh0, are zero
+                             (packed: s_in zero, ds_in every document's dh0 on every rank) */
 } gdn_cp_strategy;
 
 #define GDN_ERR_MPI 20 /* an MPI call failed, or the ranks disagree on shapes */
