@@ -269,6 +269,12 @@ done <<LIST
 2|--cu-seqlens|$MPIEXEC -n 3 $L layer $LW --in $P/x1.st --out $P/x.st --cu-seqlens 0,9x --cp scan
 1|to divide Hk|$MPIEXEC -n 3 $L layer $LW --in $P/xc.st --out $P/x.st --cp heads
 LIST
+# bench cp's packed-vs-dense rows: every strategy reports a ratio and oracle errors below 1e-5
+if OMP_NUM_THREADS=1 timeout 300 $MPIEXEC -n 2 $L bench cp --T 4096 --reps 1 --packed-only --json > "$P/bench.json" 2>&1 &&
+   [ "$(grep -c '"bench":"cp_packed"' "$P/bench.json")" = 4 ] && grep -q '"packed_over_dense":[0-9]' "$P/bench.json" &&
+   ! grep '"bench":"cp_packed"' "$P/bench.json" | grep -q '_rel_err_[a-z]*":\(nan\|null\|[0-9.]*e-0[0-5]\|[0-9.]*e+\)'; then
+  echo "PASS  mpiexec -n 2 gdncp bench cp --packed-only: 4 strategies, packed/dense ratios, errors vs the oracle below 1e-5"; passed=$((passed + 1))
+else echo "FAIL  bench cp --packed-only smoke"; cat "$P/bench.json"; failed=$((failed + 1)); fi
 
 echo "== option values: out of range, not a number, trailing characters, overflow, NaN -> exit 2 naming the option"
 # Each line: the exit status wanted, the option the message must name, the command (every other

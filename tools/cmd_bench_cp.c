@@ -84,6 +84,13 @@ static int oracle_rows(const gdn_config *shape, int64_t n, const float *q, const
     return rc;
 }
 
+/* A number for JSON: null where it is not finite (an oracle that could not run). */
+static const char *json_num(char *buf, size_t n, double x) {
+    if (isfinite(x)) snprintf(buf, n, "%.3e", x);
+    else snprintf(buf, n, "null");
+    return buf;
+}
+
 /* This rank's shard and the buffers of one dense or packed run. */
 typedef struct {
     int64_t Tr;
@@ -222,19 +229,22 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
             for (int p = 0; p < 2; p++)
                 med[p][0] = cli_median(tf[p], reps), med[p][1] = cli_median(tb[p], reps), med[p][2] = cli_median(tt[p], reps);
             const char *name = gdn_cp_strategy_name((gdn_cp_strategy)s), *path = gdn_plan_path(packed);
+            char e[3][32];
             if (json)
                 printf("{\"bench\":\"cp_packed\",\"strategy\":\"%s\",\"D\":%d,\"T\":%lld,\"n_docs\":%lld,"
-                       "\"doc_min\":%lld,\"doc_max\":%lld,\"cuts_inside_documents\":%d,\"reps\":%d,"
+                       "\"shortest_doc\":%lld,\"longest_doc\":%lld,\"drawn_in\":[%lld,%lld],\"cuts_inside_documents\":%d,\"reps\":%d,"
                        "\"dense_fwd_s\":%.6f,\"dense_bwd_s\":%.6f,\"dense_fwd_bwd_s\":%.6f,"
                        "\"packed_fwd_s\":%.6f,\"packed_bwd_s\":%.6f,\"packed_fwd_bwd_s\":%.6f,"
                        "\"packed_over_dense\":%.4f,\"dense_gflops\":%.3f,\"packed_gflops\":%.3f,\"peak_gflops\":%.3f,"
                        "\"dense_fraction_of_peak\":%.4f,\"packed_fraction_of_peak\":%.4f,"
-                       "\"dense_rel_err_fwd\":%.3e,\"packed_rel_err_fwd\":%.3e,\"packed_rel_err_bwd\":%.3e,"
+                       "\"dense_rel_err_fwd\":%s,\"packed_rel_err_fwd\":%s,\"packed_rel_err_bwd\":%s,"
                        "\"path\":\"%s\",\"cpu\":\"%s\"}\n",
-                       name, D, (long long)T, (long long)n_docs, (long long)shortest, (long long)longest, crossing,
+                       name, D, (long long)T, (long long)n_docs, (long long)shortest, (long long)longest, (long long)doc_min,
+                       (long long)doc_max, crossing,
                        reps, med[0][0], med[0][1], med[0][2], med[1][0], med[1][1], med[1][2], ratio_med,
                        flops / med[0][2] / 1e9, flops / med[1][2] / 1e9, peak, flops / med[0][2] / 1e9 / peak,
-                       flops / med[1][2] / 1e9 / peak, err_dense, err_fwd, err_bwd, path, cpu);
+                       flops / med[1][2] / 1e9 / peak, json_num(e[0], sizeof e[0], err_dense),
+                       json_num(e[1], sizeof e[1], err_fwd), json_num(e[2], sizeof e[2], err_bwd), path, cpu);
             else
                 printf("%-9s fwd+bwd  dense %7.4f s (%6.4f + %6.4f)  packed %7.4f s (%6.4f + %6.4f)  "
                        "packed/dense %.3f (median of %d pairs)  %6.1f / %6.1f GFLOP/s = %4.1f%% / %4.1f%% of peak  "
