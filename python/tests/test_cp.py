@@ -140,7 +140,7 @@ def test_dense_uneven_shards_with_states_match_one_rank(strategy):
         assert not _passes(bad) and bad["dk"] > 100 * TOL, bad   # the gradient passed back dropped
 
 
-@pytest.mark.parametrize("strategy", ["scan", "allgather", "relay"])
+@pytest.mark.parametrize("strategy", ["scan", "allgather", "relay", "heads"])
 def test_packed_documents_across_shards_match_one_rank(strategy):
     T = 90
     cuts = _cuts(T)
@@ -155,8 +155,9 @@ def test_packed_documents_across_shards_match_one_rank(strategy):
     assert _passes(errs), errs
     bad = _errors(_cp_run(full, w_o, w_h, cuts, strategy, cu=cu, shift=True), ref, cuts)
     assert not _passes(bad), bad
-    bad = _errors(_cp_run(xs, w_o, w_h, cuts, strategy, cu=cu, fault=2), ref, cuts)
-    assert bad["o"] > 100 * TOL, bad
+    if strategy != "heads":   # the state entering ranks >= 1 dropped (heads forms none)
+        bad = _errors(_cp_run(xs, w_o, w_h, cuts, strategy, cu=cu, fault=2), ref, cuts)
+        assert bad["o"] > 100 * TOL, bad
     # and the documents matter: the dense run of the same tokens fails the same check
     bad = _errors(_cp_run(xs[:5] + [xs[5][:1]], w_o, [w[:1] for w in w_h], cuts, strategy),
                   ref[:1] + [ref[1][:1]] + ref[2:7] + [ref[7][:1]], cuts)

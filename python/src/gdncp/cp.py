@@ -30,8 +30,8 @@ Packed documents (cu_seqlens, B = 1): every rank passes the whole stream's offse
 tensor everywhere; the documents may cross the shard boundaries), and initial_state /
 final_state are [n_docs,Hv,K,V] on every rank: a rank applies the initial states of the documents
 that start on it, and its initial_state.grad holds those rows (zeros elsewhere; again, the sum
-over the ranks is the full dh0). scan, allgather and relay take packed streams (heads: as the C
-library decides).
+over the ranks is the full dh0). Every strategy takes packed streams (heads needs the ranks to
+divide Hk, as for dense input).
 
 Precision: inputs of any float dtype run gdncp's fp32 kernel (there is no float64 CP path); o
 comes back in q's dtype, the final state in float32, gradients in their inputs' dtypes.
