@@ -11,7 +11,7 @@ bd=${GDN_DEMO_BUILD:-build} # build folder (default build/)
 bash scripts/deps.sh
 bash scripts/build.sh "$bd"
 T=${GDN_DEMO_T:-32768}
-golden=${GDN_GOLDEN_DIR:-../shared/golden}
+golden=${GDN_GOLDEN_DIR:-tests/data}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -5,7 +5,7 @@
 # which CMake's find_package(OpenMP) needs when the compiler is clang).
 set -euo pipefail
 # fortunes: English text for gdncp train (the demo, the tests); gnuplot-nox: the loss plot.
-pkgs=(build-essential cmake pkg-config libjansson-dev mpich libmpich-dev openmpi-bin libopenmpi-dev
+pkgs=(build-essential cmake pkg-config libjansson-dev mpich libmpich-dev openmpi-bin libopenmpi-dev python3
       fortunes gnuplot-nox)
 if [ "${1:-}" = fuzz ]; then
   pkgs+=(clang libomp-dev)

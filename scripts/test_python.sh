@@ -54,7 +54,7 @@ fi
 
 echo "== pytest python/tests"
 log="$build/pytest.log"
-GDNCP_CLI="$PWD/$build/gdncp" GDN_GOLDEN_DIR="${GDN_GOLDEN_DIR:-$PWD/../shared/golden}" \
+GDNCP_CLI="$PWD/$build/gdncp" GDN_GOLDEN_DIR="${GDN_GOLDEN_DIR:-$PWD/tests/data}" \
   OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" \
   timeout 1200 "$venv/bin/python" -m pytest python/tests -q -rfE -p no:cacheprovider > "$log" 2>&1
 rc=$?

@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bd=${1:-build}
-g=./$bd/gdncp
+case $bd in /*) g=$bd/gdncp ;; *) g=./$bd/gdncp ;; esac
 MPIEXEC=${MPIEXEC:-mpiexec.mpich}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -146,7 +146,7 @@ refuse "ranks launched with a bad option on one rank only (MPMD)" "--steps|faile
 refuse "resume with another --seq" "cannot resume.*--seq" \
   $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --seq 50 --steps 8 --resume "$work/full"
 refuse "a transformers checkpoint with an attention layer (--init qwen35_tiny)" "full_attention|linear_attention" \
-  $MPIEXEC -n 1 $g train --data "$text" --steps 1 --init ../shared/golden/qwen35_tiny
+  $MPIEXEC -n 1 $g train --data "$text" --steps 1 --init tests/data/qwen35_tiny
 cp -r "$work/full/checkpoint-00000006" "$work/trunc"
 truncate -s 5000 "$work/trunc/model.safetensors"
 refuse "a truncated model.safetensors" "model.safetensors" $g sample --ckpt "$work/trunc" --prompt a

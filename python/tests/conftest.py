@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-GOLDEN = os.environ.get("GDN_GOLDEN_DIR", os.path.join(REPO, "..", "shared", "golden"))
+GOLDEN = os.environ.get("GDN_GOLDEN_DIR", os.path.join(REPO, "tests", "data"))
 TINY = os.path.join(GOLDEN, "qwen35_tiny")
 
 

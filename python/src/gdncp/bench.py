@@ -124,7 +124,7 @@ def run(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=3, backward=True):
 
 # ----------------------------------------------------------------------------- model training step
 
-# The golden qwen35_tiny checkpoint's shape (shared/golden/qwen35_tiny/config.json), so that the
+# The golden qwen35_tiny checkpoint's shape (tests/data/qwen35_tiny/config.json), so that the
 # bench needs no file: E = 96, linear heads Hk = 2, Hv = 6, K = 16, V = 24, 3 GatedDeltaNet layers
 # and one attention layer, vocabulary 256.
 TINY_CONFIG = {
