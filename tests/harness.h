@@ -79,7 +79,7 @@ int pack_run_separately(const gdn_config *full, const problem *p, const float *h
 int pack_layer_separately(const gdn_layer_config *full, const float *w, const float *x, const float *dy,
                           float *y, float *dx, float *dw);
 
-/* The language model's forward + backward (src/train/model.h): the first failing status. */
+/* The language model's forward + backward (include/gdncp/train.h): the first failing status. */
 typedef struct gdn_model_plan gdn_model_plan;
 int model_train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tok, double denom,
                      double *loss);

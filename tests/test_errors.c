@@ -274,11 +274,16 @@ static void nonfinite_scan(void) {
 /* Every status the library returns has its own text: none is "unknown status". */
 static void status_texts(void) {
     const int codes[] = {GDN_OK, GDN_ERR_ARG, GDN_ERR_SHAPE, GDN_ERR_NONFINITE, GDN_ERR_NOMEM, GDN_ERR_IO,
-                         GDN_ERR_FORMAT, GDN_ERR_MISSING, GDN_ERR_DTYPE, 20 /* GDN_ERR_MPI, gdncp_cp.h */};
+                         GDN_ERR_FORMAT, GDN_ERR_MISSING, GDN_ERR_DTYPE, GDN_ERR_MPI};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
         check(strcmp(gdn_strerror(codes[i]), "unknown status") != 0, "gdn_strerror(%d) = \"%s\"", codes[i],
               gdn_strerror(codes[i]));
-    check(strstr(gdn_strerror(20), "MPI") != NULL, "GDN_ERR_MPI (20) names MPI");
+    check(strstr(gdn_strerror(GDN_ERR_MPI), "MPI") != NULL, "GDN_ERR_MPI names MPI");
+    check(GDN_ERR_MPI == 20, "GDN_ERR_MPI keeps its number (20) across versions");
+    /* the version the library reports is the one the header was written for */
+    check(!strcmp(gdn_version(), GDN_VERSION_STRING), "gdn_version() = \"%s\", header %s", gdn_version(),
+          GDN_VERSION_STRING);
+    check(GDN_VERSION == GDN_VERSION_MAJOR * 10000 + GDN_VERSION_MINOR * 100 + GDN_VERSION_PATCH, "GDN_VERSION");
     check(!strcmp(gdn_strerror(99), "unknown status"), "an unused code is still \"unknown status\" (control)");
 }
 

@@ -8,9 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/train/checkpoint.h"
-#include "../src/train/model.h"
-#include "../src/train/optim.h"
+#include "gdncp/train.h"
 
 /* A model small enough for finite differences, with every piece present. */
 static gdn_model_config small_cfg(void) {

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/train/model.h"
+#include "gdncp/train.h"
 
 /* Rounding only (summation order differs between the split and single runs). */
 #define TOL_MODEL_CP 2e-5

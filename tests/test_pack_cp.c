@@ -6,7 +6,7 @@
  * document d's h0 on the rank where d starts and its dht where d ends: the other ranks' copies
  * of those rows are scrambled and must not matter (the owners' scrambled: the control). The
  * heads strategy runs with Hk = D (it needs D | Hk); Hk = 1 over D > 1 ranks is refused. */
-#include "gdncp_cp.h"
+#include "gdncp/cp.h"
 #include "harness.h"
 
 #include <math.h>

@@ -5,8 +5,7 @@
  * the training windows). */
 #include "harness.h"
 
-#include "../src/train/checkpoint.h"
-#include "../src/train/data.h"
+#include "gdncp/train.h"
 
 #include <dirent.h>
 #include <errno.h>

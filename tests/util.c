@@ -1,5 +1,5 @@
 #include "harness.h"
-#include "../src/train/model.h"
+#include "gdncp/train.h"
 
 #include <math.h>
 #include <stdarg.h>

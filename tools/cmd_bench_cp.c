@@ -8,7 +8,7 @@
  * the CPU. */
 #include "cli.h"
 #include "cli_parse.h"
-#include "gdncp_cp.h"
+#include "gdncp/cp.h"
 
 #include <math.h>
 #include <stdio.h>

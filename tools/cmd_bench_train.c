@@ -10,9 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/train/model.h"
-#include "../src/train/optim.h"
-#include "../src/train/trainer.h"
+#include "gdncp/train.h"
 
 /* forward + backward: the status of the first that fails */
 static int train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tok, double denom,

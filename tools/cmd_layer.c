@@ -6,7 +6,7 @@
  * the recurrent state restart at every document start, on one rank or over ranks. */
 #include "cli.h"
 #include "cli_parse.h"
-#include "gdncp_cp.h"
+#include "gdncp/cp.h"
 
 #include <stdarg.h>
 #include <stdio.h>

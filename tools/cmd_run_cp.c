@@ -1,7 +1,7 @@
 /* gdncp run --cp STRATEGY: the sequence split over the MPI ranks. Every rank reads only its
  * own token slice; rank 0 writes the gathered outputs in the single-rank layout. */
 #include "cli.h"
-#include "gdncp_cp.h"
+#include "gdncp/cp.h"
 
 #include <errno.h>
 #include <math.h>

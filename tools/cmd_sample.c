@@ -8,9 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/train/checkpoint.h"
-#include "../src/train/data.h"
-#include "../src/train/model.h"
+#include "gdncp/train.h"
 
 static int usage(void) {
     fprintf(stderr, "usage: gdncp sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]\n"

@@ -2,15 +2,14 @@
  * sequences split over the ranks of mpiexec (a DP x CP grid, --cp ranks per sequence). */
 #include "cli.h"
 #include "cli_parse.h"
-#include "gdncp_cp.h"
+#include "gdncp/cp.h"
 
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/train/data.h"
-#include "../src/train/trainer.h"
+#include "gdncp/train.h"
 
 static int usage(void) {
     fprintf(stderr,

@@ -1,7 +1,7 @@
 /* gdncp: the command-line tool. Subcommands live one per file. */
 #include "cli.h"
 
-#include "gdncp_cp.h"
+#include "gdncp/cp.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -59,3 +59,16 @@ def test_errors_name_the_problem():
         assert "gdn_plan_create" in str(e) and "Hv" in str(e), str(e)
     else:
         raise AssertionError("no error raised")
+
+
+def test_version_and_status_codes_match_the_library():
+    """gdncp.__version__ and the package metadata are the library's gdn_version(); every status
+    code Python names has the library's own text (an unknown code gets "unknown status": the
+    control that the comparison can fail)."""
+    import gdncp
+    from importlib.metadata import version
+    assert gdncp.__version__ == L.gdn_version().decode() == version("gdncp")
+    for code in L.STATUS_NAMES:
+        assert L.gdn_strerror(code).decode() != "unknown status", code
+    assert L.gdn_strerror(99).decode() == "unknown status"
+    assert L.STATUS_NAMES[L.GDN_ERR_MPI] == "MPI" and L.GDN_ERR_MPI == 20

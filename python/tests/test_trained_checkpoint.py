@@ -1,10 +1,10 @@
 """A checkpoint written by `gdncp train` loads into transformers' Qwen3_5ForCausalLM and gives
 the same logits and loss as gdncp's own model on the same bytes.
 
-gdncp's side is the trainer's model itself (src/train/model.h: gdn_model_logits, gdn_model_forward),
+gdncp's side is the trainer's model itself (include/gdncp/train.h: gdn_model_logits, gdn_model_forward),
 called through ctypes from the same libgdncp.so with the checkpoint's model.safetensors read into
 its flat parameter array by the trainer's tensor table. Those functions are not in the public
-header: the declarations below mirror src/train/model.h and are for this test only. Tolerance:
+header: the declarations below mirror include/gdncp/train.h and are for this test only. Tolerance:
 1e-4 relative (max-abs error / max-abs reference) for the logits, 1e-5 for the mean loss. Negative
 control: the two layers' GatedDeltaNet weights swapped in transformers' model."""
 import ctypes

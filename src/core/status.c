@@ -8,9 +8,7 @@
 
 static _Thread_local char last_message[512];
 
-/* GDN_ERR_MPI lives in gdncp_cp.h, which includes <mpi.h>; this file is built without MPI, so
- * the number is repeated here (it must stay equal to gdncp_cp.h's). */
-enum { STATUS_ERR_MPI = 20 };
+const char *gdn_version(void) { return GDN_VERSION_STRING; }
 
 const char *gdn_strerror(int status) {
     switch (status) {
@@ -23,7 +21,7 @@ const char *gdn_strerror(int status) {
     case GDN_ERR_FORMAT: return "malformed file";
     case GDN_ERR_MISSING: return "missing tensor";
     case GDN_ERR_DTYPE: return "unsupported dtype";
-    case STATUS_ERR_MPI: return "MPI failure or ranks disagree";
+    case GDN_ERR_MPI: return "MPI failure or ranks disagree";
     default: return "unknown status";
     }
 }

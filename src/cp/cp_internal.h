@@ -3,10 +3,10 @@
 #ifndef GDNCP_CP_INTERNAL_H
 #define GDNCP_CP_INTERNAL_H
 
-#include "gdncp_cp.h"
+#include "gdncp/cp.h"
 #include "../core/internal.h"
 
-/* The deliberate faults (GDN_CP_FAULT_*) and gdn_cp_set_fault are in gdncp_cp.h (testing hooks). */
+/* The deliberate faults (GDN_CP_FAULT_*) and gdn_cp_set_fault are in gdncp/cp.h (testing hooks). */
 
 struct gdn_cp {
     MPI_Comm comm;

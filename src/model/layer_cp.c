@@ -4,7 +4,7 @@
  * under every strategy (heads included: the kernel's packed heads path). */
 #include "layer_internal.h"
 
-#include "gdncp_cp.h"
+#include "gdncp/cp.h"
 
 #include <string.h>
 

@@ -2,7 +2,7 @@
  * crash-safety protocol). The tensors go through the project's safetensors writer, with their
  * bytes written straight from the caller's flat arrays (no copy of the model), and are read back
  * with its validating reader. */
-#include "checkpoint.h"
+#include "gdncp/train.h"
 
 #include "../core/internal.h"
 

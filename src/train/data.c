@@ -1,6 +1,6 @@
 /* Byte-level training text: open and vet the file, positioned reads of the two splits, and the
  * deterministic choice of each training row's window. */
-#include "data.h"
+#include "gdncp/train.h"
 
 #include "../core/internal.h"
 

@@ -6,7 +6,7 @@
  *   a2 = norm(h; w_post)          gu = [a2 W_gate^T | a2 W_up^T]
  *   m = silu(gate) * up           x' = h + m W_down^T
  * with norm(x; w) = x / sqrt(mean(x^2) + eps) * (1 + w) (the zero-centred RMSNorm). */
-#include "model.h"
+#include "gdncp/train.h"
 
 #include <math.h>
 #include <omp.h>

@@ -1,5 +1,5 @@
 /* The training loop (trainer.h): grid, data windows, steps, validation, logging, checkpoints. */
-#include "trainer.h"
+#include "gdncp/train.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -11,8 +11,6 @@
 #include <unistd.h>
 
 #include "../core/internal.h"
-#include "checkpoint.h"
-#include "data.h"
 
 /* Validation windows come from their own stream: the same windows at every evaluation. */
 #define VAL_SEED_SALT 0x56414c4944415445ull

@@ -26,8 +26,9 @@ lib = _load()
 
 GDN_OK = 0
 GDN_F32, GDN_F64, GDN_BF16 = 0, 1, 2
+GDN_ERR_MPI = 20  # include/gdncp/status.h; test_abi checks every code's text against the library
 STATUS_NAMES = {1: "ARG", 2: "SHAPE", 3: "NONFINITE", 4: "NOMEM", 5: "IO", 6: "FORMAT",
-                7: "MISSING", 8: "DTYPE"}
+                7: "MISSING", 8: "DTYPE", GDN_ERR_MPI: "MPI"}
 
 P_float = POINTER(c_float)
 P_double = POINTER(c_double)
@@ -60,6 +61,7 @@ def _proto(name, restype, *argtypes):
 
 
 gdn_strerror = _proto("gdn_strerror", c_char_p, c_int)
+gdn_version = _proto("gdn_version", c_char_p)
 gdn_errmsg = _proto("gdn_errmsg", c_char_p)
 
 gdn_config_default = _proto("gdn_config_default", Config, c_int64, c_int64, c_int64, c_int64,
@@ -110,10 +112,8 @@ gdn_flops_issued_stop = _proto("gdn_flops_issued_stop", c_uint64)
 
 GDN_P_COUNT = 9
 
-# Context parallelism (include/gdncp_cp.h). gdn_cp_create takes an MPI_Comm, whose C type is the
+# Context parallelism (include/gdncp/cp.h). gdn_cp_create takes an MPI_Comm, whose C type is the
 # MPI implementation's (an int in MPICH): core._mpi() declares it once it knows the type.
-GDN_ERR_MPI = 20
-STATUS_NAMES[GDN_ERR_MPI] = "MPI"
 
 
 class CPStats(ctypes.Structure):

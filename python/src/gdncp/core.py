@@ -483,7 +483,7 @@ class Layer:
 
 # ----------------------------------------------------------------------------- context parallelism
 #
-# One sequence split over the ranks of an mpi4py communicator (include/gdncp_cp.h): rank order is
+# One sequence split over the ranks of an mpi4py communicator (include/gdncp/cp.h): rank order is
 # token order, rank r passes its own tokens [t_r, t_r + T_r) of every batch row (T_r may differ
 # between ranks). Every call is collective: all ranks of the communicator make it, with the same
 # options. Before any data moves, the ranks exchange their local checks and options (one small

@@ -15,7 +15,7 @@ backward is gdncp's CP backward (gdn_cp_backward): o.backward() on every rank gi
 gradients of its own slice. Calls are collective: every rank of comm calls the forward, and the
 backward (every rank's loss must depend on o or ht, or the others wait for it).
 
-Strategies (include/gdncp_cp.h): "scan" (log-depth prefix scan of the shards' affine maps),
+Strategies (include/gdncp/cp.h): "scan" (log-depth prefix scan of the shards' affine maps),
 "allgather", "relay" (the state passed rank to rank), "heads" (all-to-all to head-parallel and
 back; the number of ranks must divide Hk).
 

@@ -21,7 +21,7 @@
 
 #include <mpi.h>
 
-#include "gdncp.h"
+#include "../gdncp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,7 +36,6 @@ typedef enum {
                              (packed: s_in zero, ds_in every document's dh0 on every rank) */
 } gdn_cp_strategy;
 
-#define GDN_ERR_MPI 20 /* an MPI call failed, or the ranks disagree on shapes */
 
 typedef struct {
     double fold_s;     /* local summaries / adjoints */
@@ -49,20 +48,20 @@ typedef struct {
 typedef struct gdn_cp gdn_cp;
 
 /* comm is duplicated; any communicator works (e.g. one axis of a DP x CP grid). */
-int gdn_cp_create(gdn_cp **cp, MPI_Comm comm, gdn_cp_strategy strategy);
-void gdn_cp_destroy(gdn_cp *cp);
-int gdn_cp_rank(const gdn_cp *cp);
-int gdn_cp_size(const gdn_cp *cp);
-gdn_cp_strategy gdn_cp_get_strategy(const gdn_cp *cp);
-const char *gdn_cp_strategy_name(gdn_cp_strategy s);
+GDN_API int gdn_cp_create(gdn_cp **cp, MPI_Comm comm, gdn_cp_strategy strategy);
+GDN_API void gdn_cp_destroy(gdn_cp *cp);
+GDN_API int gdn_cp_rank(const gdn_cp *cp);
+GDN_API int gdn_cp_size(const gdn_cp *cp);
+GDN_API gdn_cp_strategy gdn_cp_get_strategy(const gdn_cp *cp);
+GDN_API const char *gdn_cp_strategy_name(gdn_cp_strategy s);
 /* Parse "scan", "allgather", "relay", "heads"; -1 if unknown. */
-int gdn_cp_strategy_parse(const char *name);
+GDN_API int gdn_cp_strategy_parse(const char *name);
 
 /* Forward on this rank's shard. h0 [B,Hv,K,V] is the state before the first token of the whole
  * sequence and is read on rank 0 only (may be NULL: zeros). ht (may be NULL) receives the final
  * state of the whole sequence on every rank. s_in (may be NULL) receives the state entering this
  * rank's shard, which gdn_cp_backward can reuse. Collective: every rank calls it. */
-int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
+GDN_API int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
                    const float *k, const float *v, const float *g, const float *beta,
                    const float *h0);
 
@@ -70,14 +69,14 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
  * q, k, v, g, beta. dht is read on the last rank only (may be NULL); h0 on rank 0 only.
  * s_in: this rank's incoming state from gdn_cp_forward, or NULL to recompute it.
  * ds_in (may be NULL): the gradient with respect to this rank's incoming state (on rank 0, dh0). */
-int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
+GDN_API int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
                     float *dbeta, float *ds_in, const float *q, const float *k, const float *v,
                     const float *g, const float *beta, const float *h0, const float *s_in,
                     const float *dout, const float *dht);
 
 /* Gather every rank's [B, T_r, inner] block into the full [B, T, inner] tensor on `root`
  * (full may be NULL elsewhere). Collective. */
-int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_local, int64_t inner,
+GDN_API int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_local, int64_t inner,
                        float *full, int root);
 
 /* The halo of a token-axis stencil (the layer's causal conv): every rank receives the `rows`
@@ -87,34 +86,34 @@ int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_loca
  * gdn_cp_halo_backward is its adjoint: dhalo goes back to the owners and is added into their
  * rows of dx (same layout as x). local_status: a failure on this rank before the call, made
  * every rank's. Collective. */
-int gdn_cp_halo_forward(gdn_cp *cp, float *halo, const float *x, int64_t B, int64_t T_local,
+GDN_API int gdn_cp_halo_forward(gdn_cp *cp, float *halo, const float *x, int64_t B, int64_t T_local,
                         int64_t width, int64_t row_stride, int64_t rows, int local_status);
-int gdn_cp_halo_backward(gdn_cp *cp, float *dx, const float *dhalo, int64_t B, int64_t T_local,
+GDN_API int gdn_cp_halo_backward(gdn_cp *cp, float *dx, const float *dhalo, int64_t B, int64_t T_local,
                          int64_t width, int64_t row_stride, int64_t rows, int local_status);
 
 /* The GatedDeltaNet layer (gdncp.h) on this rank's token slice x [B, T_r, E], the plan made for
  * T = T_r: the conv's Kc-1 halo rows come from the predecessor rank(s), the recurrence runs
  * with cp's strategy. The whole sequence starts from zero states. saved (may be NULL) as in
  * gdn_layer_forward (it keeps the halo and this shard's incoming state). Collective. */
-int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *plan, float *y, float *saved,
+GDN_API int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *plan, float *y, float *saved,
                          const float *x, const void *w);
 /* dx for this rank's rows, and dw: this rank's share of the weight gradient (sum dw over the
  * ranks, e.g. with MPI_Allreduce, for the gradient of the whole sequence). Collective. */
-int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *plan, float *dx, float *dw,
+GDN_API int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *plan, float *dx, float *dw,
                           const float *x, const float *w, const float *saved, const float *dy);
 
 /* A failure on any rank becomes a failure on every rank: returns local_status where it is
  * non-zero (its message kept), another rank's failure elsewhere, GDN_OK when none. Collective. */
-int gdn_cp_agree_status(gdn_cp *cp, int local_status);
+GDN_API int gdn_cp_agree_status(gdn_cp *cp, int local_status);
 /* One agreement step: every rank passes n values (options, sizes, flags that decide which
  * collectives follow) and its local status; returns GDN_OK when every rank's values equal rank
  * 0's and no rank failed, else the same failure on every rank naming the value (names[i]) or the
  * rank. Collective. */
-int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names,
+GDN_API int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names,
                         int local_status);
 
 /* Accounting of the last forward or backward call on this rank. */
-gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);
+GDN_API gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);
 
 /* Testing hooks, for negative controls only: a fault makes this rank's results deliberately
  * WRONG through the real code path (the scan, allgather and relay strategies; heads has no
@@ -127,7 +126,7 @@ enum {
     GDN_CP_FAULT_DROP_HALO = 4,      /* the conv halo from the predecessors replaced by zeros */
     GDN_CP_FAULT_DROP_HALO_GRAD = 5  /* the halo's gradient not added at its owners */
 };
-void gdn_cp_set_fault(gdn_cp *cp, int fault);
+GDN_API void gdn_cp_set_fault(gdn_cp *cp, int fault);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,165 @@
+/* The gated delta rule on one rank: configuration, plans, the chunked forward and
+ * backward, segment summaries (the affine view), the float64 oracle and the decode step.
+ * Layouts (row-major fp32, BTHD): q, k [B,T,Hk,K]; v, o [B,T,Hv,V]; g, beta [B,T,Hv]; states
+ * h0, ht [B,Hv,K,V]; value head j uses key head j / (Hv/Hk) (PyTorch repeat_interleave); g is
+ * the log-decay (the per-token decay is exp(g)). See docs/design.md. */
+#ifndef GDNCP_KERNEL_H
+#define GDNCP_KERNEL_H
+
+#include <stdint.h>
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- configuration */
+
+#define GDN_MAX_HEAD_DIM 256 /* K and V may be any size from 1 to this */
+#define GDN_SCALE_DEFAULT 0.0f /* scale == 0 means 1/sqrt(K) */
+
+typedef struct {
+    int64_t B, T;   /* batch rows, tokens */
+    int64_t Hk, Hv; /* key heads, value heads; Hv % Hk == 0 */
+    int64_t K, V;   /* key and value head dims, 1..GDN_MAX_HEAD_DIM */
+    int chunk;      /* 16, 32, 64 or 128; 0 means 64 */
+    float scale;    /* multiplies q after the norm; GDN_SCALE_DEFAULT means 1/sqrt(K) */
+    int l2norm;     /* 1: in-kernel L2 norm of q and k (Qwen); 0: use them as given */
+    int threads;    /* OpenMP threads; 0 means all available */
+    int check_finite; /* 1: reject NaN/Inf in inputs before computing (default via gdn_config_default) */
+    int checkpoint_chunks; /* backward keeps the state every this many chunks; 0: automatic
+                              (saved states under a tenth of the inputs; its own sweep: about
+                              sqrt of the chunk count, minimising memory). Each thread also
+                              holds one segment's chunk intermediates (~0.5 MB per chunk at
+                              K = V = 128, two value heads per key head), at most 64 MB: past
+                              that, a segment's earlier chunks form theirs again. */
+    /* Packed variable-length sequences (flash-linear-attention's cu_seqlens; needs B = 1): the
+     * token stream holds n_docs documents, document d being tokens [cu_seqlens[d],
+     * cu_seqlens[d+1]) — cu_seqlens[0] = 0, strictly increasing, cu_seqlens[n_docs] = the
+     * stream's length (T on a single rank). The recurrent state restarts at every document start,
+     * from h0[d] or zeros, and each document's final state is returned: h0, ht, dht and dh0 are
+     * then [n_docs, Hv, K, V] instead of [B, Hv, K, V]. NULL (n_docs 0): dense, one sequence
+     * per batch row. The plan keeps its own copy of the offsets. */
+    const int64_t *cu_seqlens;
+    int64_t n_docs;
+    int64_t seq_offset; /* the stream index of this call's first token: 0 on a single rank; under
+                           context parallelism the tokens of the ranks before this one (every
+                           rank passes the whole stream's cu_seqlens) */
+} gdn_config;
+
+/* A config with the library defaults: chunk 64, default scale, L2 norm on, all threads, checks on. */
+GDN_API gdn_config gdn_config_default(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K, int64_t V);
+
+/* Validate a config; returns GDN_OK or an error naming the offending field. */
+GDN_API int gdn_config_check(const gdn_config *cfg);
+
+/* ---------------------------------------------------------------- the fast chunked kernel */
+
+/* A plan fixes shapes, chunk size, threads, kernel path and owns all workspace:
+ * executing it allocates nothing. A plan may be executed from one thread at a time. */
+typedef struct gdn_plan gdn_plan;
+
+GDN_API int gdn_plan_create(gdn_plan **plan, const gdn_config *cfg);
+GDN_API void gdn_plan_destroy(gdn_plan *plan);
+/* The config the plan was made with (chunk, scale and threads resolved). */
+GDN_API const gdn_config *gdn_plan_config(const gdn_plan *plan);
+/* Name of the micro-kernel path the plan runs (for benchmarks and logs). */
+GDN_API const char *gdn_plan_path(const gdn_plan *plan);
+/* Other documents for a packed plan's tokens (a training step's): cu_seqlens, n_docs and
+ * seq_offset as in gdn_config, checked and copied; shapes and workspace stay. The plan must have
+ * been made packed (one document {0, T} will do). On failure the plan keeps its documents. */
+GDN_API int gdn_plan_set_docs(gdn_plan *plan, const int64_t *cu_seqlens, int64_t n_docs, int64_t seq_offset);
+
+/* Forward: o [B,T,Hv,V] and ht [B,Hv,K,V] (ht may be NULL) from q, k, v, g, beta and the
+ * initial state h0 (NULL means zeros). */
+GDN_API int gdn_forward(gdn_plan *plan, float *o, float *ht, const float *q, const float *k,
+                const float *v, const float *g, const float *beta, const float *h0);
+
+/* Backward: gradients of loss = sum(o * dout) + sum(ht * dht) with respect to the
+ * un-normalised q, k and to v, g, beta, h0. dht and h0 may be NULL (zeros); dh0 may be NULL.
+ * The forward is recomputed from checkpoints: nothing needs to be saved from gdn_forward. */
+GDN_API int gdn_backward(gdn_plan *plan, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                 float *dh0, const float *q, const float *k, const float *v, const float *g,
+                 const float *beta, const float *h0, const float *dout, const float *dht);
+
+/* Training step without the backward's forward sweep: gdn_forward_save also writes the state at
+ * the start of every checkpoint segment after the first into ckpt (gdn_plan_checkpoint_floats()
+ * floats: [B, Hv, segments - 1, K, V]; at most a tenth of the inputs with automatic
+ * checkpointing), and gdn_backward_saved starts from them (the first segment from h0). ckpt
+ * must come from the same plan and inputs; gdn_backward_saved with ckpt NULL is gdn_backward. */
+GDN_API size_t gdn_plan_checkpoint_floats(const gdn_plan *plan);
+GDN_API int gdn_forward_save(gdn_plan *plan, float *o, float *ht, float *ckpt, const float *q,
+                     const float *k, const float *v, const float *g, const float *beta,
+                     const float *h0);
+GDN_API int gdn_backward_saved(gdn_plan *plan, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                       float *dh0, const float *q, const float *k, const float *v,
+                       const float *g, const float *beta, const float *h0, const float *ckpt,
+                       const float *dout, const float *dht);
+
+/* Bytes the backward uses per thread (its own checkpoints, one segment's states and chunk
+ * intermediates, scratch) — independent of B and of the number of heads; it grows as sqrt(T)
+ * with automatic checkpointing. */
+GDN_API size_t gdn_plan_backward_bytes(const gdn_plan *plan);
+
+/* ---------------------------------------------------------------- segment summaries (affine view)
+ *
+ * A token segment maps the state entering it affinely: S_out = A S_in + B, with
+ * A [B,Hv,K,K] and B [B,Hv,K,V] (named sa, sb here). Composition is not commutative:
+ * applying (A1,B1) first, then (A2,B2), gives (A2 A1, A2 B1 + B2). */
+
+/* The segment's exact map, computed in one pass over the augmented state [S | A]
+ * without forming per-chunk pairs. sa [B,Hv,K,K], sb [B,Hv,K,V]. With sb NULL only A is
+ * computed (v is then not read and may be NULL). */
+GDN_API int gdn_summary(gdn_plan *plan, float *sa, float *sb, const float *q, const float *k,
+                const float *v, const float *g, const float *beta);
+
+/* The segment's adjoint offset G [B,Hv,K,V]: the gradient of sum(o * dout) with respect to the
+ * state entering the segment, so that dS_in = A^T dS_out + G (DESIGN §4). G does not depend on
+ * the incoming state or on v. One reverse pass, no forward sweep. */
+GDN_API int gdn_summary_adjoint(gdn_plan *plan, float *sg, const float *q, const float *k,
+                        const float *g, const float *beta, const float *dout);
+
+/* (out_a, out_b) = (a2,b2) o (a1,b1), i.e. first 1 then 2. Outputs may not alias inputs.
+ * nmaps = B*Hv maps, each K x K and K x V. */
+GDN_API int gdn_summary_compose(float *out_a, float *out_b, const float *a2, const float *b2,
+                        const float *a1, const float *b1, int64_t nmaps, int64_t K, int64_t V);
+
+/* out = a s + b for each of nmaps maps; out may not alias s. */
+GDN_API int gdn_summary_apply(float *out, const float *a, const float *b, const float *s, int64_t nmaps,
+                      int64_t K, int64_t V);
+
+/* ---------------------------------------------------------------- the double-precision oracle */
+
+/* The token-by-token recurrence of DESIGN §2 in double precision. Same layouts and
+ * options as the fast path (chunk and threads are ignored). ht and h0 may be NULL. */
+GDN_API int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const double *q,
+                          const double *k, const double *v, const double *g, const double *beta,
+                          const double *h0);
+
+/* Backward of the oracle (reverse token loop, double): gradients of
+ * loss = sum(o * dout) + sum(ht * dht) with respect to the un-normalised q, k and to v, g, beta
+ * and h0. A key head's gradient sums over the value heads sharing it. dht and h0 may be NULL
+ * (zeros); dh0 may be NULL (not wanted). */
+GDN_API int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double *dv,
+                           double *dg, double *dbeta, double *dh0, const double *q,
+                           const double *k, const double *v, const double *g,
+                           const double *beta, const double *h0, const double *dout,
+                           const double *dht);
+
+/* ---------------------------------------------------------------- the decode step (T = 1)
+ *
+ * One token of the recurrence for every (batch row, value head), the state updated in place:
+ * state [B,Hv,K,V] holds S_{t-1} on entry and S_t on return (ht == h0: no copy follows the
+ * step). q, k [B,Hk,K], v, o [B,Hv,V], g, beta [B,Hv] (the [B,1,H,D] tensors of one token).
+ * Uses the plan's B, Hk, Hv, K, V, scale, L2 norm, threads and check_finite (its T and chunk are
+ * ignored); no chunk machinery, nothing allocated. With check_finite, non-finite inputs are found
+ * on the rows the step reads anyway and the state is left unchanged when they are. */
+GDN_API int gdn_step(gdn_plan *plan, float *o, float *state, const float *q, const float *k,
+             const float *v, const float *g, const float *beta);
+/* Name of the code path gdn_step runs (for benchmarks). */
+GDN_API const char *gdn_step_path(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GDNCP_KERNEL_H */

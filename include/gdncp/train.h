@@ -1,0 +1,305 @@
+/* The training stack over MPI: the byte-level GatedDeltaNet model, AdamW, the data, checkpoints
+ * and the trainer (DP x CP). */
+#ifndef GDNCP_TRAIN_H
+#define GDNCP_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ================================================================ model */
+/*
+ * The decoder language model gdncp trains (DESIGN §5): a Qwen3.5-style stack built only from
+ * GatedDeltaNet token mixers over a byte vocabulary.
+ *
+ *   embed -> L x [ zero-centred RMSNorm -> GatedDeltaNet -> + residual
+ *                  -> zero-centred RMSNorm -> SwiGLU MLP -> + residual ] -> RMSNorm -> lm_head
+ *
+ * Parameters (and gradients, and AdamW's moments) are one flat fp32 array; every tensor has a
+ * Hugging Face Qwen3.5 name ("model.layers.3.mlp.up_proj.weight") and PyTorch [out, in] shape,
+ * listed by gdn_model_tensor(). Each layer's GatedDeltaNet weights are one contiguous block in the
+ * layer's own flat layout (gdn_layer_param_offset), so the layer runs on them in place.
+ *
+ * Above src/model: uses the layer and, for a sequence split over ranks, its CP form.
+ */
+
+
+
+typedef struct {
+    int64_t vocab;         /* 256: bytes */
+    int64_t E;             /* hidden_size */
+    int64_t L;             /* num_hidden_layers */
+    int64_t I;             /* intermediate_size (SwiGLU) */
+    int64_t Hk, Hv, K, V;  /* linear_num_key_heads, linear_num_value_heads, _key_head_dim, _value_head_dim */
+    int64_t Kc;            /* linear_conv_kernel_dim */
+    float eps;             /* rms_norm_eps (every norm) */
+    int tie_embeddings;    /* 0: lm_head has its own weight (the only form written today) */
+} gdn_model_config;
+
+/* Named sizes: "tiny" (demo, tests), "small", "long" (the million-token run). 0 if unknown. */
+GDN_API int gdn_model_config_named(const char *name, gdn_model_config *cfg);
+GDN_API int gdn_model_config_check(const gdn_model_config *cfg);
+/* The layer configuration of one GatedDeltaNet mixer for B rows of T tokens. */
+GDN_API gdn_layer_config gdn_model_layer_config(const gdn_model_config *cfg, int64_t B, int64_t T);
+
+/* The tensor table: every parameter with its Hugging Face name, shape, place in the flat
+ * array and whether AdamW decays it (matrices and conv taps; not norms, A_log, dt_bias). */
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[3];
+    size_t offset, numel;
+    int decay;
+} gdn_model_tensor_info;
+GDN_API int gdn_model_tensor_count(const gdn_model_config *cfg);
+GDN_API int gdn_model_tensor(const gdn_model_config *cfg, int i, gdn_model_tensor_info *info);
+GDN_API size_t gdn_model_param_floats(const gdn_model_config *cfg); /* the whole flat array */
+GDN_API size_t gdn_model_param_count(const gdn_model_config *cfg);  /* real parameters (no padding) */
+/* Offset of layer l's GatedDeltaNet block (gdn_layer_param_floats of the layer config). */
+GDN_API size_t gdn_model_layer_offset(const gdn_model_config *cfg, int64_t l);
+
+/* Qwen-style initialisation from a seed (DESIGN §5): normal(0, 0.02) matrices, zero-centred norm
+ * weights 0, gated-norm weights 1, dt_bias 1, A_log = log U(1e-3?, 16], conv taps U(+-1/sqrt(Kc)). */
+GDN_API void gdn_model_init(const gdn_model_config *cfg, float *w, uint64_t seed);
+
+/* A plan for B sequences of T tokens on this rank (its shard of each, when cp spans several
+ * ranks: rank order is token order). cp may be NULL (one rank). recompute: keep only each
+ * block's input in the forward and recompute the block in the backward. */
+typedef struct gdn_model_plan gdn_model_plan;
+typedef struct {
+    int64_t B, T;   /* rows, tokens of this rank's shard */
+    int threads;    /* 0: all */
+    int recompute;  /* 0: keep activations; 1: per-block recompute */
+    int check_finite;
+    int pack;       /* packed documents: gdn_model_set_docs before every forward */
+} gdn_model_run;
+GDN_API int gdn_model_plan_create(gdn_model_plan **plan, const gdn_model_config *cfg,
+                          const gdn_model_run *run, gdn_cp *cp);
+GDN_API void gdn_model_plan_destroy(gdn_model_plan *plan);
+/* Bytes the plan holds (workspace + kept activations). */
+GDN_API double gdn_model_plan_bytes(const gdn_model_plan *plan);
+/* Bytes a plan would hold, without making it (for choosing recompute). */
+GDN_API double gdn_model_plan_estimate(const gdn_model_config *cfg, const gdn_model_run *run);
+
+/* The language-model loss on tokens [B, T+1] (inputs are tokens[., 0..T), targets
+ * tokens[., 1..T]; under CP each rank passes its shard plus the next token). loss_sum receives the
+ * sum over this rank's B*T tokens of -log p(target). for_backward: also keep what
+ * gdn_model_backward needs (and form the loss head's gradient, scaled by 1 / denom, with the
+ * loss). Collective over cp. */
+GDN_API int gdn_model_forward(gdn_model_plan *plan, const float *w, const uint8_t *tokens, double denom,
+                      double *loss_sum, int for_backward);
+/* Packed documents (run.pack): the documents of this step's rows, before gdn_model_forward.
+ * Row b's window is the tokens [0, T_full] of its whole sequence (T_full: its tokens over every
+ * CP rank; this rank holds [seq_offset, seq_offset + T) plus the next one). doc_cu lists, row
+ * after row, n_docs[b] + 1 offsets of the documents in that window: 0, each document start,
+ * T_full + 1. The recurrent state and the conv restart at every document start, and a target
+ * that starts a document is not predicted (no loss, no gradient: the loss stays inside
+ * documents). *targets receives the predicted targets of this rank's rows (for denom). */
+GDN_API int gdn_model_set_docs(gdn_model_plan *plan, const int64_t *doc_cu, const int64_t *n_docs,
+                       int64_t seq_offset, int64_t *targets);
+/* dw (flat, overwritten): the gradient of (sum of every rank's loss_sum) / denom, this rank's
+ * share (sum it over the ranks), for the preceding gdn_model_forward(..., for_backward = 1) on
+ * the same tokens. Collective over cp. */
+GDN_API int gdn_model_backward(gdn_model_plan *plan, const float *w, float *dw, const uint8_t *tokens);
+/* Logits [B, T, vocab] of the inputs tokens [B, T] (forward only, tests). Collective over cp. */
+GDN_API int gdn_model_logits(gdn_model_plan *plan, const float *w, const uint8_t *tokens, float *logits);
+
+/* Generation: per-sequence recurrent caches for B sequences, one token at a time. */
+typedef struct gdn_model_decoder gdn_model_decoder;
+GDN_API int gdn_model_decoder_create(gdn_model_decoder **dec, const gdn_model_config *cfg, int64_t B,
+                             int threads);
+GDN_API void gdn_model_decoder_destroy(gdn_model_decoder *dec);
+/* Feed tokens[b] for each sequence; logits [B, vocab] of the next token. */
+GDN_API int gdn_model_decode(gdn_model_decoder *dec, const float *w, const uint8_t *tokens, float *logits);
+
+/* ================================================================ optim */
+/* AdamW with decoupled weight decay, a linear warmup + cosine learning-rate schedule and
+ * clipping by the global gradient norm, over the model's flat parameter array. */
+
+
+typedef struct {
+    double lr;           /* peak learning rate */
+    double min_lr;       /* the cosine's floor */
+    int64_t warmup;      /* steps of linear warmup from lr / warmup */
+    int64_t steps;       /* total steps: the cosine reaches min_lr here */
+    double beta1, beta2, eps;
+    double weight_decay; /* decoupled, on the tensors gdn_model_tensor marks `decay` */
+    double clip;         /* global gradient norm limit (0: none) */
+} gdn_adamw_config;
+
+GDN_API gdn_adamw_config gdn_adamw_default(void);
+GDN_API int gdn_adamw_check(const gdn_adamw_config *a);
+/* Learning rate for step (1-based). */
+GDN_API double gdn_adamw_lr(const gdn_adamw_config *a, int64_t step);
+/* Euclidean norm of the gradient over the model's tensors (padding excluded), in double. */
+GDN_API double gdn_grad_norm(const gdn_model_config *cfg, const float *dw);
+/* One update, step 1-based: dw scaled by `grad_scale` (clipping) first; m, v are the moments. */
+GDN_API void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,
+                      const float *dw, float *m, float *v, int64_t step, double lr,
+                      double grad_scale, int threads);
+
+/* ================================================================ data */
+/*
+ * Byte-level training text (DESIGN §5): any text file, its first (1 - val_fraction) of the bytes
+ * the training split and the rest the validation split. The file is never read whole: every rank
+ * reads only the windows of its own rows and shard with positioned reads, so a corpus larger than
+ * memory is fine and ranks share nothing.
+ */
+
+
+
+enum { GDN_SPLIT_TRAIN = 0, GDN_SPLIT_VAL = 1 };
+
+typedef struct gdn_data gdn_data;
+
+/* Open a text file: a regular, non-empty file whose first MiB looks like text (no NUL byte, at
+ * most 2 % other control bytes), val_fraction in (0, 0.5], both splits non-empty. Errors name the
+ * file and the offending offset or value. *d is NULL on failure. */
+GDN_API int gdn_data_open(gdn_data **d, const char *path, double val_fraction);
+GDN_API void gdn_data_close(gdn_data *d);
+
+/* Bytes of a split (GDN_SPLIT_TRAIN or GDN_SPLIT_VAL); -1 (with gdn_fail) for another split. */
+GDN_API int64_t gdn_data_split_len(const gdn_data *d, int split);
+/* Bytes [start, start + n) of a split into out: only those bytes are read. */
+GDN_API int gdn_data_read(const gdn_data *d, int split, int64_t start, int64_t n, uint8_t *out);
+
+/* The start of training row `row`'s window of `window` bytes at `step`: a deterministic
+ * pseudo-random position in [0, split_len - window] (the same on every rank and run for the same
+ * seed, step and row). -1 with gdn_fail when window > split_len ("the text has N bytes, a
+ * sequence needs M") or an argument is negative. */
+GDN_API int64_t gdn_data_window(uint64_t seed, int64_t step, int64_t row, int64_t split_len,
+                        int64_t window);
+
+/* Packed documents: the longest separator gdn_data_window_docs takes. */
+#define GDN_DATA_MAX_SEP 64
+
+/* A window of a split read as packed documents: documents end with `sep` (the next one starts
+ * right after each occurrence of it; the window's first byte and the split's first byte start
+ * one too). buf (window + sep_len - 1 bytes) receives the window and up to sep_len - 1 bytes
+ * before it, *bytes points at the window inside buf, and doc_cu (window + 1 entries) the
+ * offsets 0, every document start, window; *n_docs the documents. */
+GDN_API int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, int64_t window, const uint8_t *sep,
+                         int sep_len, uint8_t *buf, const uint8_t **bytes, int64_t *doc_cu, int64_t *n_docs);
+
+/* ================================================================ checkpoint */
+/*
+ * Training checkpoints in Hugging Face's Qwen3.5 layout, so that transformers'
+ * Qwen3_5ForCausalLM.from_pretrained loads what gdncp trains:
+ *
+ *   OUT/checkpoint-00000120/config.json             transformers' Qwen3.5 text config
+ *       model.safetensors       every tensor of gdn_model_tensor() by its name, F32, PyTorch shape
+ *       optimizer.safetensors   AdamW moments "exp_avg.<name>", "exp_avg_sq.<name>" (optional)
+ *       trainer_state.json      the trainer's own JSON, verbatim
+ *
+ * A save builds OUT/.checkpoint-<step>.tmp-<pid>/ (every file fsync'ed), renames it into place and
+ * fsyncs OUT: a crash or kill -9 at any moment leaves the previous checkpoints whole. Replacing an
+ * existing step first moves the old directory aside (OUT/.checkpoint-<step>.old-<pid>) and removes
+ * it only once the new one is in place; if a crash falls between the two renames, readers take
+ * the moved-aside copy and the next save puts it back. Leftovers of dead processes (dot-names) are
+ * ignored by readers and removed by the next save.
+ */
+
+
+
+/* Write checkpoint `step` (>= 0) of the parameters w and, when adam_m is not NULL, the moments
+ * adam_m and adam_v (all gdn_model_param_floats(cfg) floats) with the caller's state_json text
+ * (NULL: "{}"). out_dir is created if missing (its parent must exist). Then only the keep_last
+ * newest checkpoints are kept (keep_last <= 0: all). */
+GDN_API int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
+                  const float *adam_m, const float *adam_v, const char *state_json, int keep_last);
+
+/* path is a checkpoint directory (it holds config.json and model.safetensors), or a training
+ * output directory: then its complete checkpoint-N with the largest N. The directory goes into
+ * dir (capacity n). */
+GDN_API int gdn_ckpt_resolve(const char *path, char *dir, size_t n);
+
+/* The model configuration from dir/config.json (its fields at the top level or under
+ * "text_config"). Refused: a layer that is not "linear_attention", a vocabulary other than 256
+ * bytes, missing, non-integer or out-of-range fields, then whatever gdn_model_config_check
+ * refuses. */
+GDN_API int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg);
+
+/* Read dir/model.safetensors into w (gdn_model_param_floats(cfg) floats) after checking that
+ * dir/config.json describes cfg: every tensor of the table with its exact shape, F32 or BF16 (or
+ * F64), finite, and no other tensor. adam_m and
+ * adam_v (both or neither; NULL: skip) from dir/optimizer.safetensors under the same rules.
+ * state_json (NULL: skip) receives trainer_state.json's text, malloc'd (the caller frees). On
+ * failure the arrays may hold part of the checkpoint. */
+GDN_API int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float *adam_m,
+                  float *adam_v, char **state_json);
+
+/* The separator of a checkpoint trained with --pack (trainer_state.json's pack_separator_hex)
+ * into sep (at most cap bytes); *len 0 when the run did not pack or the directory has no
+ * trainer_state.json (e.g. a transformers checkpoint). */
+GDN_API int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len);
+
+/* ================================================================ trainer */
+/*
+ * The training loop: the language model of model.h on byte text, its sequences split over a
+ * DP x CP grid of MPI ranks, AdamW, checkpoints in Hugging Face's layout, progress lines and a
+ * CSV log.
+ *
+ * Grid: ranks [g*cp, (g+1)*cp) form CP group g (one sequence per row, sharded contiguously in
+ * rank order); the DP index is g = rank / cp. Every rank reads only its own rows' shard of the
+ * text. Weight gradients are summed over the whole grid (reduced on rank 0 and broadcast, so
+ * every rank applies bit-identical updates). Deterministic for a given seed and grid: the text
+ * windows are a function of (seed, step, row), so a resumed run repeats the uninterrupted one.
+ *
+ * Packing (--pack SEP): the text is documents each ending with SEP; a window holds whatever
+ * documents (or parts) fall in it, the state and the conv restart at each document start, and
+ * the loss is the mean over the targets inside documents (over the whole grid).
+ */
+
+
+
+typedef struct {
+    gdn_model_config model; /* ignored with init/resume: the checkpoint's config is used */
+    const char *data;       /* text file */
+    double val_fraction;    /* its last fraction is the validation split */
+    int64_t seq;            /* tokens per sequence (the whole sequence, before the CP split) */
+    int64_t batch;          /* sequences per DP group per step */
+    int64_t steps;          /* train until this step */
+    gdn_adamw_config opt;
+    uint64_t seed;
+    int cp;                 /* ranks per sequence (divides the world size) */
+    int strategy;           /* gdn_cp_strategy */
+    int threads;            /* per rank (0: the cores divided among the ranks on this node) */
+    int recompute;          /* -1: when the kept activations would not fit; 0; 1 */
+    const char *out;        /* checkpoint directory (NULL: none written) */
+    int64_t save_every;     /* 0: only at the end */
+    int keep_last;          /* checkpoints kept (<= 0: all) */
+    const char *resume;     /* continue from this checkpoint (or the newest in this directory) */
+    const char *init;       /* start from these weights with a fresh optimiser */
+    const char *log_csv;    /* per-step CSV (NULL: none) */
+    int64_t eval_every;     /* validation loss every N steps and at the end (0: never) */
+    int64_t eval_seqs;      /* validation sequences (rounded up to whole DP batches) */
+    const uint8_t *pack;    /* packed documents: the bytes that end a document (NULL: none) */
+    int pack_len;           /*   their count (1..GDN_DATA_MAX_SEP); the state and the conv restart
+                               after each, and the byte after one is not predicted */
+    int fault;              /* testing only: a gdn_cp fault injected into every CP exchange */
+} gdn_train_options;
+
+GDN_API gdn_train_options gdn_train_defaults(void);
+/* Train. Progress lines go to `progress` on world rank 0 (NULL: quiet). Collective over world:
+ * every rank returns the same status. */
+GDN_API int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress);
+/* A rank that cannot even build its options (a bad command line) joins the other ranks' first
+ * agreement step with this failure, so that they stop with it instead of waiting. Collective. */
+GDN_API int gdn_train_fail(MPI_Comm world, int status);
+
+/* Peak resident set of this process in MiB. */
+GDN_API double gdn_peak_rss_mb(void);
+/* Useful FLOPs of one trained token (forward + backward): 6 x the non-embedding parameters +
+ * the GatedDeltaNet kernel's forward and backward per layer (DESIGN §3's formulas, chunk 64). */
+GDN_API double gdn_model_train_flops_per_token(const gdn_model_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GDNCP_TRAIN_H */
