@@ -2,7 +2,8 @@
  * Qwen3.5-35B layer shape and llama.cpp's CPU perf shapes, 1 thread and all threads.
  * FLOPs by DESIGN §3: F_fwd = 3CK + 2CV + 6KV + C^2/3 per token per value head, and the FLOPs
  * the micro-kernels really issue; fractions of the native-width FMA peak measured here. */
-#include "cli.h"
+#include "cli/cli.h"
+#include "commands.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -6,8 +6,9 @@
  * interleaved repetition by repetition, their medians and the median of the paired ratios, with
  * GFLOP/s, the fraction of the measured peak, the error against the float64 oracle, the path and
  * the CPU. */
-#include "cli.h"
-#include "cli_parse.h"
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
 #include "gdncp/cp.h"
 
 #include <math.h>

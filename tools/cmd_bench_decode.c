@@ -13,7 +13,8 @@
  * the bound and flatter the fraction. Streams and steps are timed in interleaved rounds (the
  * machine may be shared): each per-call time is the median over rounds, and fraction_of_bound the
  * median over rounds of that round's ratio (the load of a shared machine drifts between rounds). */
-#include "cli.h"
+#include "cli/cli.h"
+#include "commands.h"
 
 #include <math.h>
 #include <stdio.h>

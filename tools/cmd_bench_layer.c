@@ -6,8 +6,9 @@
  * Decode is memory-bound: each step streams the weights and the states once; its bound is the
  * time to stream those bytes at the bandwidth measured in the same run over buffers of the same
  * sizes (so cache effects are the same on both sides). */
-#include "cli.h"
-#include "cli_parse.h"
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -237,7 +238,7 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
 int cmd_bench_layer(int argc, char **argv) {
     int json = 0, quick = 0;
     int64_t T = 4096;
-    for (int i = 3; i < argc; i++) { /* gdncp bench layer ... */
+    for (int i = 2; i < argc; i++) { /* argv: bench layer ... */
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--T")) {

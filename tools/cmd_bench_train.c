@@ -1,8 +1,9 @@
 /* gdncp bench train: one training step of the language model (forward, backward, AdamW) on one
  * rank with all threads, for the named sizes, against the FLOP count the trainer reports
  * (6 x non-embedding parameters + the GatedDeltaNet kernel's forward and backward per token). */
-#include "cli.h"
-#include "cli_parse.h"
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
 
 #include <math.h>
 #include <omp.h>
@@ -155,7 +156,7 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
 int cmd_bench_train(int argc, char **argv) {
     int json = 0, quick = 0;
     int64_t T = 512, B = 8;
-    for (int i = 3; i < argc; i++) { /* argv: gdncp bench train ... */
+    for (int i = 2; i < argc; i++) { /* argv: bench train ... */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--quick")) quick = 1;

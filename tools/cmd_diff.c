@@ -2,8 +2,9 @@
  * reference). Exits 1 when any tensor exceeds the tolerance or a shape differs, and when any
  * tensor of either file (common to both or not) holds a NaN or an Inf: stderr names the tensor,
  * the file and the first flat index. */
-#include "cli.h"
-#include "cli_parse.h"
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
 
 #include <math.h>
 #include <stdio.h>

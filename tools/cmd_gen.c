@@ -14,8 +14,9 @@
  * --cu-seqlens 0,a,...,T: a packed stream of documents (B = 1): the offsets are written as an I64
  *   tensor 'cu_seqlens', and h0, dht are per document, [N_docs, Hv, K, V]; q, k, v, g, beta and do
  *   are the dense problem's of the same seed. */
-#include "cli.h"
-#include "cli_parse.h"
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
 
 #include <math.h>
 #include <stdio.h>

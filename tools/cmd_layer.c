@@ -4,8 +4,9 @@
  * single-rank one. --decode N prefills all but the last N tokens, then decodes them one by one.
  * Packed documents (--cu-seqlens, or a cu_seqlens tensor in the input file; B = 1): the conv and
  * the recurrent state restart at every document start, on one rank or over ranks. */
-#include "cli.h"
-#include "cli_parse.h"
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
 #include "gdncp/cp.h"
 
 #include <stdarg.h>

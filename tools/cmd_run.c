@@ -1,11 +1,17 @@
-/* gdncp run: read q, k, v, g, beta [, h0] from a safetensors file, write o and ht. */
-#include "cli.h"
-#include "cli_parse.h"
+/* gdncp run: read q, k, v, g, beta [, h0] from a safetensors file, write o and ht; with --cp the
+ * sequence is split over the MPI ranks (every rank reads only its own token slice and writes its
+ * own rows of the single-rank layout). */
+#include "cli/cli.h"
+#include "cli/parse.h"
+#include "commands.h"
+#include "gdncp/cp.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 typedef struct {
     const char *in, *out;
@@ -15,6 +21,16 @@ typedef struct {
     const char *cp, *shards, *fault;
     int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } run_opts;
+
+/* gdncp run --cp: the options that every rank must agree on. */
+typedef struct {
+    const char *in, *out, *strategy, *shards;
+    const char *fault; /* testing only (negative controls): "drop-incoming", or NULL */
+    int backward, stats;
+    const int64_t *cu_seqlens; /* --cu-seqlens (n_cu values), NULL when not given */
+    int64_t n_cu;
+} cli_cp_opts;
+static int run_cp(const cli_cp_opts *co, gdn_config opts);
 
 
 static int parse(int argc, char **argv, run_opts *o) {
@@ -47,7 +63,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         } else if (!strcmp(a, "--cp") && val) o->cp = argv[++i];
         else if (!strcmp(a, "--shards") && val) o->shards = argv[++i];
         else if (!strcmp(a, "--fault") && val) {
-            /* testing only (negative controls): deliberately wrong results, see cmd_run_cp.c */
+            /* testing only (negative controls): deliberately wrong results, see run_cp below */
             if (strcmp(val, "drop-incoming")) {
                 fprintf(stderr, "gdncp run: --fault knows only 'drop-incoming' (a testing hook), got '%s'\n", val);
                 return 1;
@@ -64,98 +80,6 @@ static int parse(int argc, char **argv, run_opts *o) {
         return 1;
     }
     return 0;
-}
-
-int cli_pack_offsets(const char *who, const char *path, const char *rows, const int64_t *given, int64_t n_given,
-                     int64_t **cu, int64_t *n_docs) {
-    *cu = NULL, *n_docs = 0;
-    gdn_st_file *f = NULL;
-    int rc = gdn_st_open(&f, path);
-    if (rc) {
-        fprintf(stderr, "%s: %s: %s\n", who, gdn_strerror(rc), gdn_errmsg());
-        return 1;
-    }
-    const gdn_st_tensor *t = gdn_st_find(f, "cu_seqlens"), *tq = gdn_st_find(f, rows);
-    /* (the caller has checked the rows tensor: run's q, layer's x) */
-    const int64_t B = tq && tq->ndim >= 2 ? tq->shape[0] : 0, T = tq && tq->ndim >= 2 ? tq->shape[1] : 0;
-    int64_t *from_file = NULL, n_file = 0;
-    if (t) {
-        /* (a 1-D tensor's length is its shape; anything else is refused by the reader) */
-        const size_t cap = t->ndim == 1 ? (size_t)t->shape[0] : 1;
-        if (!(from_file = malloc(sizeof(int64_t) * (cap ? cap : 1))))
-            rc = GDN_ERR_NOMEM, fprintf(stderr, "%s: out of memory for %s's cu_seqlens (%zu values)\n", who, path, cap);
-        else if ((rc = gdn_st_read_i64(f, "cu_seqlens", from_file, cap, &n_file)))
-            fprintf(stderr, "%s: %s: %s\n", who, gdn_strerror(rc), gdn_errmsg());
-    }
-    gdn_st_close(f);
-    if (rc) {
-        free(from_file);
-        return 1;
-    }
-    if (given && from_file && (n_given != n_file || memcmp(given, from_file, sizeof(int64_t) * n_file))) {
-        fprintf(stderr, "%s: --cu-seqlens (%lld values) differs from the cu_seqlens tensor in %s (%lld values)%s\n",
-                who, (long long)n_given, path, (long long)n_file,
-                n_given == n_file ? ": the same count, different offsets" : "");
-        free(from_file);
-        return 1;
-    }
-    const int64_t *c = given ? given : from_file, n = given ? n_given : n_file;
-    const char *src = given ? "--cu-seqlens" : "the file's cu_seqlens";
-    if (!c) return 0; /* dense */
-    /* The library checks these too; here the message can say where the offsets came from. */
-    const char *bad = NULL;
-    int64_t at = 0;
-    if (n < 2) bad = "needs at least two offsets (0 and T: one document)";
-    else if (c[0] != 0) bad = "must start at 0";
-    else if (B != 1) bad = "needs B = 1 (one packed stream)";
-    for (at = 0; !bad && at + 1 < n; at++)
-        if (c[at + 1] <= c[at]) bad = "must be strictly increasing (no empty document)";
-    if (!bad && c[n - 1] != T) bad = "must end at T";
-    if (bad) {
-        fprintf(stderr, "%s: %s %s: got", who, src, bad);
-        for (int64_t i = 0; i < n && i < 16; i++) fprintf(stderr, "%s%lld", i ? "," : " ", (long long)c[i]);
-        fprintf(stderr, "%s", n > 16 ? ",..." : "");
-        if (!strcmp(bad, "needs B = 1 (one packed stream)")) fprintf(stderr, " with B = %lld in %s", (long long)B, path);
-        else if (!strcmp(bad, "must end at T")) fprintf(stderr, " (T = %lld in %s)", (long long)T, path);
-        else if (at > 0) fprintf(stderr, " (entries %lld and %lld)", (long long)(at - 1), (long long)at);
-        fprintf(stderr, "\n");
-        free(from_file);
-        return 1;
-    }
-    *cu = malloc(sizeof(int64_t) * n);
-    if (!*cu) {
-        fprintf(stderr, "%s: out of memory for %lld offsets\n", who, (long long)n);
-        free(from_file);
-        return 1;
-    }
-    memcpy(*cu, c, sizeof(int64_t) * n);
-    *n_docs = n - 1;
-    free(from_file);
-    return 0;
-}
-
-int cli_run_header(const char *path, int backward, long long *T, double *bytes_per_token) {
-    gdn_st_file *f = NULL;
-    const gdn_st_tensor *tq, *tv;
-    int rc = gdn_st_open(&f, path);
-    if (rc) {
-        cli_error("run", rc);
-        return rc;
-    }
-    if (!(tq = gdn_st_find(f, "q")) || tq->ndim != 4) {
-        fprintf(stderr, "gdncp run: %s has no 4-D tensor 'q'\n", path);
-        gdn_st_close(f);
-        return GDN_ERR_MISSING;
-    }
-    /* (a malformed v is left to the loader to name: it only makes the estimate smaller) */
-    const double qk = (double)tq->shape[2] * (double)tq->shape[3];
-    double v = 0, g = 0;
-    if ((tv = gdn_st_find(f, "v")) && tv->ndim == 4) v = (double)tv->shape[2] * (double)tv->shape[3], g = (double)tv->shape[2];
-    const double in = 2 * qk + v + 2 * g + (backward ? v : 0), out = v + (backward ? 2 * qk + v + 2 * g : 0);
-    *T = tq->shape[1];
-    *bytes_per_token = 4.0 * (double)tq->shape[0] * (in + out);
-    gdn_st_close(f);
-    return GDN_OK;
 }
 
 static double *to_f64(const float *x, int64_t n) {
@@ -268,7 +192,7 @@ static int run_with(run_opts *opts, int argc, char **argv) {
         o.l2norm = !opt.no_l2norm;
         const cli_cp_opts co = {opt.in, opt.out, opt.cp, opt.shards, opt.fault, opt.backward, opt.stats,
                                 opt.cu_seqlens, opt.n_cu};
-        return cmd_run_cp(&co, o);
+        return run_cp(&co, o);
     }
     if (opt.shards || opt.stats || opt.fault) {
         fprintf(stderr, "gdncp run: --shards, --stats and --fault need --cp STRATEGY\n");
@@ -347,6 +271,208 @@ static int run_with(run_opts *opts, int argc, char **argv) {
                     secs * 1e3, opt.out);
     }
     free(o), free(ht), free(gr.dq), free(gr.dk), free(gr.dv), free(gr.dg), free(gr.dbeta), free(gr.dh0);
+    gdn_problem_free(&pb);
+    free(cu);
+    return exit_code;
+}
+
+/* How much the incoming state changed this rank's outputs: rel = max|o - o0| / max|o| over the
+ * shard, o0 the outputs from a zero state; reach = how many leading tokens of the shard show a
+ * change above 1e-5 max|o| (the last such token + 1). o [B, T, Hv*V]. */
+static void incoming_effect(const float *o, const float *o0, int64_t B, int64_t T, int64_t inner,
+                            double *rel, double *reach) {
+    double mo = 0, md = 0;
+    for (int64_t i = 0; i < B * T * inner; i++) mo = fmax(mo, fabs(o[i])), md = fmax(md, fabs((double)o[i] - o0[i]));
+    int64_t last = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = T - 1; t >= last; t--) {
+            const float *x = o + (b * T + t) * inner, *y = o0 + (b * T + t) * inner;
+            double d = 0;
+            for (int64_t j = 0; j < inner; j++) d = fmax(d, fabs((double)x[j] - y[j]));
+            if (d > 1e-5 * mo) {
+                last = t + 1;
+                break;
+            }
+        }
+    *rel = mo > 0 ? md / mo : md;
+    *reach = (double)last;
+}
+
+static int run_cp(const cli_cp_opts *co, gdn_config opts) {
+    const char *in = co->in, *out = co->out, *strategy = co->strategy, *shards = co->shards;
+    const int backward = co->backward, stats = co->stats;
+    int rank, D;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &D);
+    /* Everything a rank decides alone is checked here, and then agreed on in one step before any
+     * collective depends on it: ranks launched with different arguments (an MPMD launch or a
+     * script bug) stop together with one message instead of entering different collectives. */
+    int local = GDN_OK;
+    const int s = gdn_cp_strategy_parse(strategy);
+    if (s < 0) fprintf(stderr, "gdncp run: rank %d: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", rank, strategy), local = GDN_ERR_ARG;
+    const int fault = co->fault && !strcmp(co->fault, "drop-incoming") ? GDN_CP_FAULT_DROP_INCOMING : GDN_CP_FAULT_NONE;
+    if (!local && co->fault && !fault)
+        fprintf(stderr, "gdncp run: unknown --fault '%s' (drop-incoming)\n", co->fault), local = GDN_ERR_ARG;
+    if (!local && fault && s == GDN_CP_HEADS)
+        fprintf(stderr, "gdncp run: --fault drop-incoming needs --cp scan, allgather or relay ('heads' has no incoming state)\n"),
+            local = GDN_ERR_ARG;
+    gdn_cp *cp = NULL;
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD, s < 0 ? GDN_CP_SCAN : (gdn_cp_strategy)s)) return cli_error("run --cp", GDN_ERR_MPI);
+    /* Each rank reads the header of its own file: T must agree too. */
+    long long T = -1;
+    double per_token = 0;
+    if (!local) local = cli_run_header(in, backward, &T, &per_token);
+    static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--stats",
+                                        "--fault", "--shards (the lists differ; values are hashes)",
+                                        "T of the input file"};
+    const int64_t vals[6] = {s, backward, stats, fault, cli_hash(shards), T};
+    int rc = gdn_cp_agree_values(cp, vals, 6, names, local);
+    if (rc) {
+        if (!local) cli_error("run --cp", rc);
+        gdn_cp_destroy(cp);
+        return 1;
+    }
+    if (fault && !rank)
+        fprintf(stderr, "gdncp run --cp %s: TESTING FAULT drop-incoming: every rank but 0 replays from a zero state; "
+                "the results are deliberately WRONG (for negative controls only)\n", strategy);
+    /* Packed documents: every rank holds the whole stream's offsets (the library agrees on them
+     * again, by count and hash, when the plans meet). Each rank checks its own file's. */
+    int64_t *cu = NULL, n_docs = 0;
+    char who[64];
+    snprintf(who, sizeof who, rank ? "gdncp run --cp: rank %d" : "gdncp run --cp", rank);
+    local = cli_pack_offsets(who, in, "q", co->cu_seqlens, co->n_cu, &cu, &n_docs) ? GDN_ERR_ARG : GDN_OK;
+    int64_t t0 = 0, tn = 0;
+    /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
+    if (gdn_cp_agree_status(cp, local) || cli_shard_of(shards, D, rank, T, &t0, &tn)) {
+        free(cu);
+        gdn_cp_destroy(cp);
+        return 1;
+    }
+    /* this rank's rows of the inputs and outputs: a lower bound (states, plans and strategy
+     * buffers come on top), so a refusal is certain */
+    char what[160];
+    snprintf(what, sizeof what, "holding the input and output rows of their shards (T = %lld, %s)", T,
+             backward ? "forward and backward" : "forward");
+    if (cli_cp_check_fits(cp, "run --cp", what, per_token * (double)tn)) {
+        free(cu);
+        gdn_cp_destroy(cp);
+        return 1;
+    }
+    gdn_problem pb;
+    memset(&pb, 0, sizeof pb);
+    rc = gdn_problem_load_packed(&pb, in, backward, t0, tn, n_docs);
+    if (rc) cli_error("run --cp", rc);
+    if ((rc = gdn_cp_agree_status(cp, rc))) {
+        gdn_problem_free(&pb);
+        free(cu);
+        gdn_cp_destroy(cp);
+        return 1;
+    }
+    gdn_config cfg = pb.cfg;
+    cfg.chunk = opts.chunk, cfg.threads = opts.threads, cfg.scale = opts.scale, cfg.l2norm = opts.l2norm;
+    cfg.cu_seqlens = cu, cfg.n_docs = n_docs, cfg.seq_offset = cu ? t0 : 0;
+    /* h0, ht, dht and the gradient of the states are per document when packed; s_in (the state
+     * entering this shard) is one stream's */
+    const int64_t state_rows = cu ? n_docs : cfg.B;
+    const int64_t nqk = cfg.B * cfg.T * cfg.Hk * cfg.K, nv = cfg.B * cfg.T * cfg.Hv * cfg.V,
+                  ng = cfg.B * cfg.T * cfg.Hv, ns = cfg.B * cfg.Hv * cfg.K * cfg.V,
+                  nst = state_rows * cfg.Hv * cfg.K * cfg.V;
+    float *o = malloc(sizeof(float) * nv), *ht = malloc(sizeof(float) * nst), *s_in = malloc(sizeof(float) * ns);
+    float *gq = NULL, *gk = NULL, *gv = NULL, *gg = NULL, *gb = NULL, *gs = NULL;
+    if (backward) {
+        gq = malloc(sizeof(float) * nqk), gk = malloc(sizeof(float) * nqk), gv = malloc(sizeof(float) * nv);
+        gg = malloc(sizeof(float) * ng), gb = malloc(sizeof(float) * ng), gs = malloc(sizeof(float) * nst);
+    }
+    gdn_plan *plan = NULL;
+    gdn_cp_stats fs = {0}, bs = {0};
+    double t_start = MPI_Wtime();
+    /* a failure is named where it happens; the other ranks stop with it in the agreement */
+    if (!o || !ht || !s_in || (backward && (!gq || !gk || !gv || !gg || !gb || !gs))) {
+        fprintf(stderr, "gdncp run --cp: out of memory: rank %d: the outputs%s of its %lld-token shard (%.2f GB)\n",
+                rank, backward ? " and gradients" : "", (long long)cfg.T,
+                4e-9 * (double)(nv + ns + 2 * nst + (backward ? 2 * nqk + nv + 2 * ng : 0)));
+        rc = GDN_ERR_NOMEM;
+    } else if ((rc = gdn_plan_create(&plan, &cfg))) {
+        cli_error("run --cp", rc);
+    }
+    int exit_code = 0;
+    if (gdn_cp_agree_status(cp, rc)) {
+        exit_code = 1;
+        goto done;
+    }
+    gdn_cp_set_fault(cp, fault);
+    rc = gdn_cp_forward(cp, plan, o, ht, s_in, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+    if (!rc) fs = gdn_cp_last_stats(cp);
+    if (!rc && backward)
+        rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, gs, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0,
+                             s == GDN_CP_HEADS ? NULL : s_in, pb.dout, pb.dht);
+    if (!rc && backward) bs = gdn_cp_last_stats(cp);
+    const double wall = MPI_Wtime() - t_start;
+    /* the peak so far: this rank's inputs, outputs and workspace (before --stats' own forward) */
+    struct rusage ru;
+    const double rss_mib = getrusage(RUSAGE_SELF, &ru) ? -1 : ru.ru_maxrss / 1024.0;
+    exit_code = rc ? cli_error("run --cp", rc) : 0;
+    if (!exit_code && stats) { /* rank 0 prints every rank's accounting */
+        /* The incoming state's effect: this shard's outputs again from a zero state (rank 0's
+         * incoming state comes from no other rank: 0 by definition; -1: could not compute). */
+        double in_rel = 0, in_reach = 0;
+        if (rank) {
+            float *o0 = malloc(sizeof(float) * nv);
+            if (o0 && gdn_forward(plan, o0, NULL, pb.q, pb.k, pb.v, pb.g, pb.beta, NULL) == GDN_OK)
+                incoming_effect(o, o0, cfg.B, cfg.T, cfg.Hv * cfg.V, &in_rel, &in_reach);
+            else
+                in_rel = in_reach = -1;
+            free(o0);
+        }
+        enum { NV = 15 };
+        double mine[NV] = {fs.fold_s, fs.comm_s, fs.replay_s, (double)fs.bytes_sent, (double)fs.bytes_recv, fs.rounds,
+                           bs.fold_s, bs.comm_s, bs.replay_s, (double)bs.bytes_sent, (double)bs.bytes_recv, bs.rounds,
+                           in_rel, in_reach, rss_mib};
+        double *all = rank ? NULL : malloc(sizeof(double) * NV * D);
+        MPI_Gather(mine, NV, MPI_DOUBLE, all, NV, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        if (!rank && all) {
+            fprintf(stderr, "gdncp run --cp %s: D=%d T=%lld wall %.3f s\n", strategy, D, T, wall);
+            fprintf(stderr, "rank dir      fold_s   comm_s  replay_s   sent_B     recv_B   rounds    in_rel  in_reach  rss_MiB\n");
+            for (int r = 0; r < D; r++)
+                for (int d = 0; d < 1 + backward; d++) {
+                    const double *x = all + NV * r + 6 * d;
+                    fprintf(stderr, "%4d %-8s %7.4f %8.4f %9.4f %10.0f %10.0f %6.0f", r, d ? "backward" : "forward",
+                            x[0], x[1], x[2], x[3], x[4], x[5]);
+                    if (d) fprintf(stderr, "\n");
+                    else if (all[NV * r + 12] < 0) fprintf(stderr, "       n/a       n/a %8.0f\n", all[NV * r + 14]);
+                    else fprintf(stderr, " %9.2e %9.0f %8.0f\n", all[NV * r + 12], all[NV * r + 13], all[NV * r + 14]);
+                }
+            fprintf(stderr, "in_rel: max|o - o_from_zero_state| / max|o| over the rank's shard (how much the state coming "
+                            "from the earlier ranks changes its outputs); in_reach: its first tokens where that change "
+                            "exceeds 1e-5 max|o|; rss_MiB: the rank's peak resident memory after the run (getrusage), "
+                            "before --stats' own extra forward\n");
+        }
+        free(all);
+    }
+    /* Each rank writes its own rows of the one output file at their offsets (no rank holds the
+     * whole output, no 32-bit count), in the single-rank layout and metadata, so the file equals
+     * a single-rank run's byte for byte where the numbers do. */
+    if (!exit_code) {
+        rc = cli_cp_write_rows(cp, out, "gdncp run", cfg.B, pb.T_full, t0, cfg.T, (const cli_out_tensor[]){
+            {"o", 4, {cfg.B, pb.T_full, cfg.Hv, cfg.V}, 1, o},
+            {"ht", 4, {state_rows, cfg.Hv, cfg.K, cfg.V}, 0, ht},
+            {"dq", 4, {cfg.B, pb.T_full, cfg.Hk, cfg.K}, 1, gq},
+            {"dk", 4, {cfg.B, pb.T_full, cfg.Hk, cfg.K}, 1, gk},
+            {"dv", 4, {cfg.B, pb.T_full, cfg.Hv, cfg.V}, 1, gv},
+            {"dg", 3, {cfg.B, pb.T_full, cfg.Hv}, 1, gg},
+            {"dbeta", 3, {cfg.B, pb.T_full, cfg.Hv}, 1, gb},
+            {"dh0", 4, {state_rows, cfg.Hv, cfg.K, cfg.V}, 0, backward && pb.h0 ? gs : NULL}}, backward ? 8 : 2, NULL, NULL);
+        if (!rc && !rank)
+            fprintf(stderr, "gdncp run --cp %s: D=%d B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld %s%.3f s -> %s\n",
+                    strategy, D, (long long)cfg.B, (long long)pb.T_full, (long long)cfg.Hk, (long long)cfg.Hv,
+                    (long long)cfg.K, (long long)cfg.V, backward ? "forward+backward " : "", wall, out);
+        if (rc && !strstr(gdn_errmsg(), "see its message")) exit_code = cli_error("run --cp", rc);
+        else if (rc) exit_code = 1;
+    }
+done:
+    gdn_cp_destroy(cp);
+    gdn_plan_destroy(plan);
+    free(o), free(ht), free(s_in), free(gq), free(gk), free(gv), free(gg), free(gb), free(gs);
     gdn_problem_free(&pb);
     free(cu);
     return exit_code;

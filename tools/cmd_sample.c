@@ -1,7 +1,8 @@
 /* gdncp sample: text from a trained checkpoint, one byte at a time through the layers' decode
  * path (the recurrent state and conv caches, no re-reading of the prompt). */
-#include "cli.h"
-#include "cli_parse.h"
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,7 +1,8 @@
 /* gdncp train: the byte-level GatedDeltaNet language model trained on a text file, its
  * sequences split over the ranks of mpiexec (a DP x CP grid, --cp ranks per sequence). */
-#include "cli.h"
-#include "cli_parse.h"
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
 #include "gdncp/cp.h"
 
 #include <ctype.h>

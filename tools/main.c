@@ -1,13 +1,11 @@
 /* gdncp: the command-line tool. Subcommands live one per file. */
-#include "cli.h"
+#include "cli/cli.h"
+#include "commands.h"
 
 #include "gdncp/cp.h"
 
-#include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -39,35 +37,48 @@ static void usage(FILE *out) {
             "  help                                                 this text\n");
 }
 
-int cli_error(const char *what, int status) {
-    fprintf(stderr, "gdncp %s: %s: %s\n", what, gdn_strerror(status), gdn_errmsg());
-    return 1;
-}
+/* How a subcommand meets MPI: never (a single process), always (it runs under mpiexec), or only
+ * when its command line asks for context parallelism (--cp). */
+enum { MPI_NEVER, MPI_ALWAYS, MPI_WITH_CP };
 
-int cli_int(const char *opt, const char *val, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = val ? strtol(val, &end, 10) : 0;
-    if (!val || errno || *end || end == val || v < lo || v > hi) {
-        fprintf(stderr, "gdncp: option %s needs an integer in [%ld, %ld], got '%s'\n", opt, lo, hi,
-                val ? val : "(nothing)");
+/* The dispatch table: the command's words (a second word selects a bench), its function and its
+ * MPI mode. Every function gets the arguments from the command's first word on. */
+static const struct {
+    const char *word, *sub; /* sub NULL: any (or no) second word */
+    int (*fn)(int argc, char **argv);
+    int mpi;
+} commands[] = {
+    {"run", NULL, cmd_run, MPI_WITH_CP},
+    {"layer", NULL, cmd_layer, MPI_WITH_CP},
+    {"bench", "layer", cmd_bench_layer, MPI_NEVER},
+    {"bench", "cp", cmd_bench_cp, MPI_ALWAYS},
+    {"bench", "train", cmd_bench_train, MPI_NEVER},
+    {"bench", "decode", cmd_bench_decode, MPI_NEVER},
+    {"bench", NULL, cmd_bench, MPI_NEVER}, /* bench kernel (and its refusals of unknown benches) */
+    {"diff", NULL, cmd_diff, MPI_NEVER},
+    {"gen", NULL, cmd_gen, MPI_NEVER},
+    {"train", NULL, cmd_train, MPI_ALWAYS},
+    {"sample", NULL, cmd_sample, MPI_NEVER},
+};
+
+/* Run a subcommand inside MPI (context parallelism): every rank's exit status agrees. The
+ * library's OpenMP threads call MPI only from the main thread: FUNNELED is needed, and an MPI
+ * that cannot give it is refused before anything runs. */
+static int with_mpi(int (*cmd)(int, char **), int argc, char **argv) {
+    int provided = MPI_THREAD_SINGLE;
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "gdncp %s: MPI_Init_thread failed\n", argv[1]);
         return 1;
     }
-    *out = v;
-    return 0;
-}
-
-double cli_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-/* Run a subcommand inside MPI (context parallelism): every rank's exit status agrees. */
-static int with_mpi(int (*cmd)(int, char **), int argc, char **argv) {
-    int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-    int rc = cmd(argc - 1, argv + 1), any = rc;
+    int rc;
+    if (provided < MPI_THREAD_FUNNELED) {
+        fprintf(stderr, "gdncp %s: this MPI gives thread level %d, below MPI_THREAD_FUNNELED (%d) that "
+                        "gdncp's OpenMP threads need\n", argv[1], provided, MPI_THREAD_FUNNELED);
+        rc = 1;
+    } else {
+        rc = cmd(argc - 1, argv + 1);
+    }
+    int any = rc;
     MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Finalize();
     return any;
@@ -78,31 +89,16 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "run")) {
-        /* MPI only when context parallelism is asked for (a plain run needs no launcher). */
-        int want_mpi = 0;
-        for (int i = 2; i < argc; i++) want_mpi |= !strcmp(argv[i], "--cp");
-        return want_mpi ? with_mpi(cmd_run, argc, argv) : cmd_run(argc - 1, argv + 1);
-    }
-    if (!strcmp(argv[1], "layer")) {
-        int want_mpi = 0;
-        for (int i = 2; i < argc; i++) want_mpi |= !strcmp(argv[i], "--cp");
-        return want_mpi ? with_mpi(cmd_layer, argc, argv) : cmd_layer(argc - 1, argv + 1);
-    }
-    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "layer")) return cmd_bench_layer(argc, argv);
-    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cp"))
-        return with_mpi(cmd_bench_cp, argc, argv);
-    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "train")) return cmd_bench_train(argc, argv);
-    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "decode"))
-        return cmd_bench_decode(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "diff")) return cmd_diff(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "gen")) return cmd_gen(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "train")) return with_mpi(cmd_train, argc, argv);
-    if (!strcmp(argv[1], "sample")) return cmd_sample(argc - 1, argv + 1);
     if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(stdout);
         return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].word) || (commands[i].sub && (argc < 3 || strcmp(argv[2], commands[i].sub))))
+            continue;
+        int mpi = commands[i].mpi == MPI_ALWAYS;
+        for (int a = 2; commands[i].mpi == MPI_WITH_CP && a < argc; a++) mpi |= !strcmp(argv[a], "--cp");
+        return mpi ? with_mpi(commands[i].fn, argc, argv) : commands[i].fn(argc - 1, argv + 1);
     }
     fprintf(stderr, "gdncp: unknown command '%s'\n", argv[1]);
     usage(stderr);

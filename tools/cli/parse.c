@@ -1,5 +1,5 @@
 /* Option values of the gdncp command (see cli_parse.h). */
-#include "cli_parse.h"
+#include "parse.h"
 
 #include <errno.h>
 #include <inttypes.h>

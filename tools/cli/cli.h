@@ -1,27 +1,12 @@
-/* Shared pieces of the gdncp command: one file per subcommand. */
+/* The helpers every gdncp subcommand shares (in tools/cli/): errors, option numbers, the clock,
+ * the input files, the pieces of a --cp run (shards, the first agreement, the memory check,
+ * per-rank output) and the benchmarks' CPU name, peak and medians. They use only the public API
+ * (include/gdncp*). */
 #ifndef GDNCP_CLI_H
 #define GDNCP_CLI_H
 
 #include "gdncp.h"
 
-int cmd_run(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-int cmd_diff(int argc, char **argv);
-int cmd_bench_cp(int argc, char **argv);
-int cmd_bench_decode(int argc, char **argv);
-int cmd_gen(int argc, char **argv);
-int cmd_train(int argc, char **argv);  /* under MPI */
-int cmd_sample(int argc, char **argv);
-int cmd_bench_train(int argc, char **argv);
-/* gdncp run --cp: the options that every rank must agree on. */
-typedef struct {
-    const char *in, *out, *strategy, *shards;
-    const char *fault; /* testing only (negative controls): "drop-incoming", or NULL */
-    int backward, stats;
-    const int64_t *cu_seqlens; /* --cu-seqlens (n_cu values), NULL when not given */
-    int64_t n_cu;
-} cli_cp_opts;
-int cmd_run_cp(const cli_cp_opts *co, gdn_config opts);
 /* An output tensor of a split run: `rows` tensors are [B, T_full, ...] of which this rank holds
  * rows [t0, t0 + tn) in data ([B, tn, ...]); the others are whole-sequence tensors held by
  * rank 0 (data NULL: not written). */
@@ -62,7 +47,7 @@ int cli_run_header(const char *path, int backward, long long *T, double *bytes_p
  * must agree when both are there, checked against the file's per-token tensor `rows` ([B, T, ...]:
  * run's q, layer's x; B = 1, from 0 to T, strictly increasing). *cu: a malloc'ed copy (NULL:
  * dense, neither given), *n_docs its documents. Prints what is wrong, prefixed by `who`, and
- * returns 1; else 0. (In cmd_run.c.) */
+ * returns 1; else 0. */
 int cli_pack_offsets(const char *who, const char *path, const char *rows, const int64_t *given, int64_t n_given,
                      int64_t **cu, int64_t *n_docs);
 
@@ -75,10 +60,8 @@ double cli_now(void);
 /* This rank's token rows [t0, t0 + tn) of T: "--shards a,b,c" (D positive sizes summing to T)
  * or, with spec NULL, the even split. Prints the problem (rank 0) and returns 1 when invalid. */
 int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn);
-int cmd_layer(int argc, char **argv);
-int cmd_bench_layer(int argc, char **argv);
 
-/* Benchmark support (tools/bench_util.c): the CPU's model name; this machine's native-width fp32
+/* Benchmark support (tools/cli/bench.c): the CPU's model name; this machine's native-width fp32
  * FMA peak with `threads` threads (measured again while a busy neighbour makes the all-thread
  * peak look low; printed as a line, or a JSON row); the median of n samples (reordered). */
 void cli_cpu_name(char *buf, size_t n);
