@@ -182,24 +182,35 @@ typedef struct {
     const float *ckpt; /* the forward's saved segment-start states [B,Hv,segments,K,V] or NULL */
 } gdn_grads;
 
-/* A packed stream (cfg.cu_seqlens) as the plan's tokens see it: pieces are the documents, or
- * the parts of documents, that lie within [seq_offset, seq_offset + T); each restarts the state.
- * Built once at plan time (pack.c); n == 0 for a dense plan. */
+/* One stream of a plan's tokens (stream.c): batch row b, local tokens [t_begin, t_end), the
+ * state starting at t_begin. A dense plan has one per batch row; a packed plan (cfg.cu_seqlens)
+ * one per document, or part of one, within [seq_offset, seq_offset + T). */
 typedef struct {
-    int64_t n;           /* pieces */
-    int64_t *start;      /* n + 1 local token offsets: piece i is tokens [start[i], start[i+1]) */
-    int64_t first_doc;   /* the document of piece 0 (piece i's is first_doc + i) */
-    int cont_first;      /* piece 0's document began before this plan's first token (a CP shard) */
-    int cont_last;       /* the last piece's document goes on after this plan's last token */
-    int64_t *ckpt_first; /* gdn_forward_save: piece i's saved states are rows ckpt_first[i].. */
-    int64_t ckpt_rows;   /* saved states per value head over all pieces ([Hv, rows, K, V]) */
-    int64_t *cu;         /* the plan's copy of cu_seqlens (cfg.cu_seqlens points here) */
-} gdn_pack;
+    int64_t b, t_begin, t_end;
+    int64_t row;        /* its row of h0, ht, dht, dh0: the batch row, or the document */
+    int cont_in;        /* its document began before the plan's tokens (a CP shard): it enters
+                           from s_in (row b) instead of h0, its gradient goes to ds_in */
+    int cont_out;       /* its document goes on after the plan's tokens: its final state is not
+                           the document's (no ht row), its gradient comes from ds_out */
+    int last;           /* the last stream of its batch row: its final state goes to s_out */
+    int64_t ckpt_first; /* gdn_forward_save: its saved states are rows ckpt_first.. of the
+                           [Hv, ckpt_rows, K, V] buffer (its first segment starts from its h0) */
+} gdn_stream;
+
+typedef struct {
+    int64_t n;          /* streams */
+    gdn_stream *s;
+    int64_t *run;       /* n slots: the streams one forward runs */
+    int packed;         /* cfg.cu_seqlens was given */
+    int64_t first_doc;  /* packed: the document of stream 0 */
+    int64_t ckpt_rows;  /* saved states per value head over all streams */
+    int64_t *cu;        /* the plan's copy of cu_seqlens (cfg.cu_seqlens points here) */
+} gdn_streams;
 
 struct gdn_plan {
     gdn_config cfg;
-    gdn_pack pack;
-    int64_t pack_ckpt_cap; /* saved-state rows the plan was made with: gdn_plan_set_docs may
+    gdn_streams streams;
+    int64_t ckpt_rows_cap; /* saved-state rows the plan was made with: gdn_plan_set_docs may
                               never need more (a document start only splits a chunk run) */
     int threads;
     int ckpt_chunks;     /* backward: a checkpoint every this many chunks (its own sweep) */
@@ -268,38 +279,39 @@ void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const
                       const gdn_grads *gr, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
                       const float *ds_out, float *sg);
 
-/* ---- packed streams (pack.c) */
+/* ---- streams (stream.c) */
 /* Offsets valid for the config (called by gdn_config_check): GDN_OK for a dense config. */
 int gdn_pack_check(const gdn_config *c);
 /* The config's tokens are the whole stream (single-rank entry points and the oracle). */
 int gdn_pack_check_whole(const gdn_config *c);
 /* Floats of h0, ht, dht, dh0: [n_docs or B, Hv, K, V]. */
 int64_t gdn_state_floats(const gdn_config *c);
-/* Build / free p->pack (after the backward's segment sizes are chosen). */
-int gdn_pack_init(gdn_plan *p);
-void gdn_pack_free(gdn_plan *p);
-/* The packed forward and backward. h0, ht, dht, dh0: per document [n_docs, Hv, K, V] (the
- * documents whose start / end lie within the plan's tokens are read / written). For a shard of
- * the stream (context parallelism): s_in is the state entering piece 0 when it continues a
- * document (NULL: zeros), s_out receives the state after the last piece; ds_out is the gradient
- * of that state when the last piece's document goes on (NULL: zeros), ds_in receives the
- * gradient of s_in when piece 0 continues. With o, ckpt and ht all NULL only the last piece is
- * run (its final state is all that is wanted). */
-int gdn_packed_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
-                       const float *k, const float *v, const float *g, const float *beta,
-                       const float *h0, const float *s_in, float *s_out);
-int gdn_packed_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
-                        float *dh0, const float *q, const float *k, const float *v,
-                        const float *g, const float *beta, const float *h0, const float *s_in,
-                        const float *ckpt, const float *dout, const float *dht,
-                        const float *ds_out, float *ds_in);
-/* The adjoint offset of piece 0 alone (its gradient with respect to the state entering it, from
- * its outputs and, when it ends a document within the plan, from dht of that document), into
+/* Build / free p->streams (after the backward's segment sizes are chosen). */
+int gdn_streams_init(gdn_plan *p);
+void gdn_streams_free(gdn_plan *p);
+/* The forward and backward over the plan's streams. h0, ht, dht, dh0: per row of the streams
+ * ([B or n_docs, Hv, K, V]; the rows of the streams that start / end within the plan's tokens
+ * are read / written). For a shard of a packed stream (context parallelism): s_in [B, Hv, K, V]
+ * is the state entering a stream that continues a document (NULL: zeros), s_out receives the
+ * state after each row's last stream; ds_out is the gradient of that state for a stream whose
+ * document goes on (NULL: zeros), ds_in receives the gradient of s_in. With o, ckpt and ht all
+ * NULL only the last streams run (their final states are all that is wanted). */
+int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
+                        const float *k, const float *v, const float *g, const float *beta,
+                        const float *h0, const float *s_in, float *s_out);
+int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                         float *dh0, const float *q, const float *k, const float *v,
+                         const float *g, const float *beta, const float *h0, const float *s_in,
+                         const float *ckpt, const float *dout, const float *dht,
+                         const float *ds_out, float *ds_in);
+/* The adjoint offset of stream 0 alone (its gradient with respect to the state entering it, from
+ * its outputs and, when its document ends within the plan, from that document's dht), into
  * sg [Hv, K, V]. */
-int gdn_packed_adjoint_first(gdn_plan *p, float *sg, const float *q, const float *k,
-                             const float *g, const float *beta, const float *dout,
-                             const float *dht);
+int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const float *k,
+                              const float *g, const float *beta, const float *dout,
+                              const float *dht);
 
+/* ---- the one tensor checker (check.c): NULLs and non-finite values, one set of messages */
 /* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */
 int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
                      const float *g, const float *beta, const float *h0);
@@ -314,6 +326,15 @@ static inline int gdn_row_nonfinite(const float *x, int64_t n) {
     return s != s;
 }
 int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite);
+/* An output (or a gradient) that came out non-finite: GDN_ERR_NONFINITE naming it and the
+ * element, with the usual causes; GDN_OK when finite. */
+int gdn_check_output(const char *name, const float *x, int64_t n);
+typedef struct { const char *name; const float *x; int64_t n; } gdn_named_output;
+/* The in-loop check found a non-finite row but the exact scans found nothing: a finite q or k
+ * row so large that its squared norm overflows. Returns GDN_ERR_NONFINITE. */
+int gdn_fail_keys_overflow(void);
+/* The message of a non-finite element of a tensor in a role ("input", "weight"): GDN_ERR_NONFINITE. */
+int gdn_fail_nonfinite(const char *role, const char *name, double value, int64_t at);
 
 /* The calling OpenMP thread's index (0 outside parallel regions or without OpenMP): each
  * thread works in p->ws[gdn_thread_id()]. */

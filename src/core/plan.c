@@ -1,5 +1,6 @@
-/* Plans (FFTW style: shapes, chunk, threads, workspace fixed once), the forward entry point
- * and segment summaries. Executing a plan allocates nothing. */
+/* Plans (FFTW style: shapes, chunk, threads, workspace fixed once): the forward and backward
+ * workspaces, the checkpoint intervals and the plan's streams (stream.c). Executing a plan
+ * allocates nothing. */
 #include "internal.h"
 
 #include <math.h>
@@ -71,11 +72,11 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         ws->qinv = gdn_carve(&cur, C), ws->kinv = gdn_carve(&cur, C);
         GDN_ASSERT(cur <= (float *)p->arena + per * (t + 1));
     }
-    if ((rc = alloc_backward(p)) || (rc = gdn_pack_init(p))) {
+    if ((rc = alloc_backward(p)) || (rc = gdn_streams_init(p))) {
         gdn_plan_destroy(p);
         return rc;
     }
-    p->pack_ckpt_cap = p->pack.ckpt_rows;
+    p->ckpt_rows_cap = p->streams.ckpt_rows;
     *out = p;
     return GDN_OK;
 }
@@ -165,7 +166,7 @@ size_t gdn_plan_backward_bytes(const gdn_plan *p) {
 
 void gdn_plan_destroy(gdn_plan *p) {
     if (!p) return;
-    gdn_pack_free(p);
+    gdn_streams_free(p);
     free(p->bwd_arena);
     free(p->bws);
     free(p->arena);
@@ -197,224 +198,4 @@ int gdn_column_block_width(const gdn_plan *p, int64_t streams, int width) {
     int nb = want < max_blocks ? want : max_blocks;
     int bw = ((width + nb - 1) / nb + 15) / 16 * 16;
     return bw < width ? bw : width;
-}
-
-int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite) {
-    if (!x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", name);
-    if (check_finite) {
-        int64_t at = gdn_find_nonfinite_f32(x, n);
-        if (at >= 0)
-            return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
-                            name, (double)x[at], (long long)at);
-    }
-    return GDN_OK;
-}
-
-int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
-                        const float *g, const float *beta, const float *h0) {
-    const gdn_config *c = &p->cfg;
-    const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
-                  ng = c->B * c->T * c->Hv;
-    int rc;
-    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite))) return rc;
-    if ((rc = gdn_check_tensor("k", k, nqk, c->check_finite))) return rc;
-    if ((rc = gdn_check_tensor("v", v, nv, c->check_finite))) return rc;
-    if ((rc = gdn_check_tensor("g", g, ng, c->check_finite))) return rc;
-    if ((rc = gdn_check_tensor("beta", beta, ng, c->check_finite))) return rc;
-    if (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite)))
-        return rc;
-    return GDN_OK;
-}
-
-/* The in-loop check found a non-finite row but the exact scans found nothing non-finite: a finite
- * q or k row so large that its squared norm overflows. */
-static int keys_overflow(void) {
-    return gdn_fail(GDN_ERR_NONFINITE, "input 'q' or 'k' has a row whose squared norm overflows "
-                                       "fp32 (|x| > 1e19)");
-}
-
-/* Outputs that overflowed (e.g. from large positive gates) are reported, never returned silently. */
-static int check_output(const char *name, const float *x, int64_t n) {
-    int64_t at = gdn_find_nonfinite_f32(x, n);
-    if (at >= 0)
-        return gdn_fail(GDN_ERR_NONFINITE,
-                        "output '%s' is non-finite at flat index %lld (overflow: are gates g > 0 "
-                        "or keys unnormalised?)",
-                        name, (long long)at);
-    return GDN_OK;
-}
-
-static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
-                       const float *k, const float *v, const float *g, const float *beta,
-                       const float *h0);
-
-int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k, const float *v,
-                const float *g, const float *beta, const float *h0) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    return forward_run(p, o, ht, NULL, q, k, v, g, beta, h0);
-}
-
-size_t gdn_plan_checkpoint_floats(const gdn_plan *p) { /* segments 1.. (0 starts from h0) */
-    if (p && p->pack.n) return (size_t)(p->cfg.Hv * p->pack.ckpt_rows) * p->cfg.K * p->cfg.V;
-    return p ? (size_t)(p->cfg.B * p->cfg.Hv * (p->save_nseg - 1)) * p->cfg.K * p->cfg.V : 0;
-}
-
-int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
-                     const float *k, const float *v, const float *g, const float *beta,
-                     const float *h0) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    if (!ckpt) return gdn_fail(GDN_ERR_ARG, "checkpoint buffer is NULL");
-    return forward_run(p, o, ht, ckpt, q, k, v, g, beta, h0);
-}
-
-int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, const float *v,
-                      const float *g, const float *beta, const float *h0) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (!ht) return gdn_fail(GDN_ERR_ARG, "output 'ht' is NULL");
-    return forward_run(p, NULL, ht, NULL, q, k, v, g, beta, h0);
-}
-
-/* The forward; o NULL computes the final state only; ckpt (may be NULL) receives the state at
- * the start of every checkpoint segment, [B, Hv, segments, K, V]. */
-static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
-                       const float *k, const float *v, const float *g, const float *beta,
-                       const float *h0) {
-    const gdn_config *c = &p->cfg;
-    if (p->pack.n) { /* documents restart the state: one work item per (piece, key head, block) */
-        int rc = gdn_pack_check_whole(c);
-        return rc ? rc : gdn_packed_forward(p, o, ht, ckpt, q, k, v, g, beta, h0, NULL, NULL);
-    }
-    /* NULLs and h0 now; q, k, v, g, beta and o are checked for NaN/Inf inside the loop, on the
-     * rows it touches anyway (separate passes over them cost ~8 % with 2 threads), and scanned
-     * exactly only when something was found, to name the tensor and the element. */
-    int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
-        (rc = gdn_check_tensor("beta", beta, 0, 0)) ||
-        (h0 && (rc = gdn_check_tensor("h0", h0, c->B * c->Hv * c->K * c->V, c->check_finite))))
-        return rc;
-    for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = 0;
-    const int64_t Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, K = c->K, V = c->V;
-    /* One work item per (batch row, key head, column block): its r value heads share the key
-     * side of every chunk. */
-    const int bw = gdn_column_block_width(p, c->B * Hk, (int)V);
-    const int nblk = (int)((V + bw - 1) / bw);
-    const int64_t items = c->B * Hk * nblk;
-    const gdn_inputs in = {q, k, v, g, beta};
-#pragma omp parallel num_threads(p->threads)
-    {
-        const gdn_fpmode fm = gdn_fp_fast_begin();
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
-            const int64_t b = it / (Hk * nblk), h = (it / nblk) % Hk * r;
-            const int c0 = (int)(it % nblk) * bw;
-            const int w = (int)(V - c0 < bw ? V - c0 : bw);
-            for (int64_t j = 0; j < r; j++) {
-                const int64_t base = (b * Hv + h + j) * K * V + c0;
-                float *S = ws->state + j * K * w;
-                for (int64_t i = 0; i < K; i++)
-                    for (int jj = 0; jj < w; jj++) S[i * w + jj] = h0 ? h0[base + i * V + jj] : 0.0f;
-            }
-            if (!ckpt) {
-                gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, 0, c->T, o);
-            } else { /* segment by segment, keeping the state at each start for the backward */
-                const int64_t seg_tokens = (int64_t)p->save_chunks * c->chunk;
-                for (int64_t s = 0; s < p->save_nseg; s++) {
-                    for (int64_t j = 0; s > 0 && j < r; j++)
-                        for (int64_t i = 0; i < K; i++)
-                            memcpy(ckpt + (((b * Hv + h + j) * (p->save_nseg - 1) + s - 1) * K + i) * V + c0,
-                                   ws->state + (j * K + i) * w, sizeof(float) * w);
-                    const int64_t t1 = (s + 1) * seg_tokens < c->T ? (s + 1) * seg_tokens : c->T;
-                    gdn_chunk_stream(p, ws, &in, b, h, (int)r, c0, w, s * seg_tokens, t1, o);
-                }
-            }
-            if (ht)
-                for (int64_t j = 0; j < r; j++) {
-                    const int64_t base = (b * Hv + h + j) * K * V + c0;
-                    for (int64_t i = 0; i < K; i++)
-                        memcpy(ht + base + i * V, ws->state + (j * K + i) * w, sizeof(float) * w);
-                }
-        }
-        gdn_fp_fast_end(fm);
-    }
-    if (c->check_finite) {
-        int found = 0;
-        for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite;
-        if (found) {
-            if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0))) return rc;
-            if (o && (rc = check_output("o", o, c->B * c->T * Hv * V))) return rc;
-            return keys_overflow();
-        }
-        if (ht && (rc = check_output("ht", ht, c->B * Hv * K * V))) return rc;
-    }
-    return GDN_OK;
-}
-
-int gdn_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
-                 float *dh0, const float *q, const float *k, const float *v, const float *g,
-                 const float *beta, const float *h0, const float *dout, const float *dht) {
-    return gdn_backward_saved(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL, dout,
-                              dht);
-}
-
-int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
-                       float *dh0, const float *q, const float *k, const float *v,
-                       const float *g, const float *beta, const float *h0, const float *ckpt,
-                       const float *dout, const float *dht) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (!dq || !dk || !dv || !dg || !dbeta)
-        return gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL",
-                        !dq ? "dq" : !dk ? "dk" : !dv ? "dv" : !dg ? "dg" : "dbeta");
-    const gdn_config *c = &p->cfg;
-    if (p->pack.n) {
-        int rc = gdn_pack_check_whole(c);
-        return rc ? rc : gdn_packed_backward(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL,
-                                             ckpt, dout, dht, NULL, NULL);
-    }
-    const int64_t nv = c->B * c->T * c->Hv * c->V, ns = c->B * c->Hv * c->K * c->V;
-    /* NULLs and the small state tensors now; q, k, v, g, beta, do and the gradients are checked
-     * for NaN/Inf inside the loop on the rows it touches anyway, and scanned exactly only when
-     * something was found, to name the tensor and the element (as the forward does). */
-    int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
-        (rc = gdn_check_tensor("beta", beta, 0, 0)) || (rc = gdn_check_tensor("do", dout, 0, 0)) ||
-        (h0 && (rc = gdn_check_tensor("h0", h0, ns, c->check_finite))) ||
-        (dht && (rc = gdn_check_tensor("dht", dht, ns, c->check_finite))))
-        return rc;
-    for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = p->bws[t].nonfinite = 0;
-    const gdn_inputs in = {q, k, v, g, beta};
-    const gdn_grads gr = {dq, dk, dv, dg, dbeta, dh0, dout, dht, h0, ckpt};
-    const int64_t items = c->B * c->Hk;
-#pragma omp parallel num_threads(p->threads)
-    {
-        const gdn_fpmode fm = gdn_fp_fast_begin();
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            const int tid = gdn_thread_id();
-            const int64_t b = it / c->Hk, sb = b * c->Hv * c->K * c->V;
-            const gdn_range rg = {b, 0, c->T, h0 ? h0 + sb : NULL, dht ? dht + sb : NULL,
-                                  dh0 ? dh0 + sb : NULL, ckpt ? ckpt + sb * (p->save_nseg - 1) : NULL,
-                                  p->save_nseg - 1};
-            gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, &rg, it % c->Hk);
-        }
-        gdn_fp_fast_end(fm);
-    }
-    if (!c->check_finite) return GDN_OK;
-    int found = 0;
-    for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite | p->bws[t].nonfinite;
-    if (!found) return GDN_OK;
-    if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0)) ||
-        (rc = gdn_check_tensor("do", dout, nv, 1)))
-        return rc;
-    const int64_t nqk = c->B * c->T * c->Hk * c->K, ng = c->B * c->T * c->Hv;
-    const struct { const char *name; const float *x; int64_t n; } outs[] = {
-        {"dq", dq, nqk}, {"dk", dk, nqk}, {"dv", dv, nv}, {"dg", dg, ng}, {"dbeta", dbeta, ng},
-        {"dh0", dh0, ns}};
-    for (int i = 0; i < 6; i++)
-        if (outs[i].x && (rc = check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
-    return keys_overflow();
 }

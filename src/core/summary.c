@@ -19,9 +19,9 @@ static int check_keys_gates(const gdn_config *c, const float *q, const float *k,
 
 /* A packed plan's map is the dense one only while its tokens hold no document start (a CP shard
  * inside one document); across a start it forgets the incoming state, which the CP path handles
- * itself (gdn_packed_forward, gdn_packed_adjoint_first). */
+ * itself (gdn_streams_forward, gdn_streams_adjoint_first). */
 static int check_no_reset(const gdn_plan *p, const char *fn) {
-    if (p->pack.n && !(p->pack.n == 1 && p->pack.cont_first))
+    if (p->streams.packed && !(p->streams.n == 1 && p->streams.s[0].cont_in))
         return gdn_fail(GDN_ERR_ARG, "%s: the plan's tokens contain a document start (cu_seqlens), where the "
                         "map forgets the incoming state; summaries are defined for spans inside one document", fn);
     return GDN_OK;

@@ -372,7 +372,7 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
                    const float *h0) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     memset(&cp->stats, 0, sizeof cp->stats);
-    const int packed = plan && plan->pack.n; /* agreed below: every rank alike */
+    const int packed = plan && plan->streams.packed; /* agreed below: every rank alike */
     /* a packed stream's h0 holds every document's initial state: each rank reads those of the
      * documents that start on it */
     int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL) : GDN_OK;
@@ -392,7 +392,7 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     memset(&cp->stats, 0, sizeof cp->stats);
     const gdn_config *c = gdn_plan_config(plan);
-    const int packed = plan && plan->pack.n; /* agreed below: every rank alike */
+    const int packed = plan && plan->streams.packed; /* agreed below: every rank alike */
     int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL) : GDN_OK;
     if (!local && (!dq || !dk || !dv || !dg || !dbeta))
         local = gdn_fail(GDN_ERR_ARG, "a gradient output (dq, dk, dv, dg, dbeta) is NULL");

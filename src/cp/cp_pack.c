@@ -74,7 +74,7 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
         return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
     int rc = GDN_OK;
     const gdn_config *c = gdn_plan_config(plan);
-    const gdn_pack *pk = &plan->pack;
+    const gdn_streams *pk = &plan->streams;
     const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
     const int64_t nm = c->Hv, K = c->K, V = c->V, ns = nm * K * V, na = nm * K * K, pair = na + ns;
     float *mine = calloc((size_t)(pair + 2 * ns), sizeof(float));
@@ -82,15 +82,15 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
     float *incoming = mine + pair, *out_state = incoming + ns;
     /* 1. Fold (the last rank's map is needed by nobody; relay passes states instead, but a relay
      *    rank where a document starts knows the state it passes on now: its last piece's). */
-    const int inside = pk->n == 1 && pk->cont_first, early = relay && r + 1 < D && !inside;
+    const int inside = pk->n == 1 && pk->s[0].cont_in, early = relay && r + 1 < D && !inside;
     double t0 = now();
     if (r < D - 1 && !relay) {
         if (inside) /* inside one document: the dense pair */
             rc = gdn_summary(plan, mine, mine + na, q, k, v, g, beta);
         else /* a document starts here: (0, the last piece's final state), A left zero */
-            rc = gdn_packed_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, mine + na);
+            rc = gdn_streams_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, mine + na);
     } else if (early) {
-        rc = gdn_packed_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, out_state);
+        rc = gdn_streams_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, out_state);
     }
     cp->stats.fold_s += now() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
@@ -108,9 +108,9 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
     if (!rc) {
         if (r >= 1 && cp->fault == GDN_CP_FAULT_DROP_INCOMING) memset(incoming, 0, sizeof(float) * ns);
         t0 = now();
-        if (o) rc = gdn_packed_forward(plan, o, ht, NULL, q, k, v, g, beta, h0, incoming, out_state);
+        if (o) rc = gdn_streams_forward(plan, o, ht, NULL, q, k, v, g, beta, h0, incoming, out_state);
         else if (relay && r + 1 < D && !early) /* the state must travel on */
-            rc = gdn_packed_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, incoming, out_state);
+            rc = gdn_streams_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, incoming, out_state);
         cp->stats.replay_s += now() - t0;
     }
     if (!rc && relay && r + 1 < D && !early) rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
@@ -118,7 +118,7 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     if (o && ht) rc = gather_docs(cp, c, ht, 1); /* ht given on every rank or none: agreed */
     if (!rc && s_in) { /* the state this shard's first token starts from */
-        const float *src = pk->cont_first ? incoming : h0 ? h0 + pk->first_doc * ns : NULL;
+        const float *src = pk->s[0].cont_in ? incoming : h0 ? h0 + pk->first_doc * ns : NULL;
         if (src) memcpy(s_in, src, sizeof(float) * ns);
         else memset(s_in, 0, sizeof(float) * ns);
     }
@@ -135,7 +135,7 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
         return gdn_cp_heads_backward(cp, plan, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, dout, dht);
     int rc = GDN_OK;
     const gdn_config *c = gdn_plan_config(plan);
-    const gdn_pack *pk = &plan->pack;
+    const gdn_streams *pk = &plan->streams;
     const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
     const int64_t nm = c->Hv, K = c->K, V = c->V, ns = nm * K * V, na = nm * K * K, pair = na + ns;
     float *mine = calloc((size_t)(pair + 3 * ns + na), sizeof(float));
@@ -153,18 +153,18 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
     /* 1. Fold: the adjoint pair (A^T, G) of ranks after the first (rank 0's is needed by nobody).
      *    Relay: a rank where a document ends (before its last token) knows the gradient it sends
      *    back now: piece 0's, or zero when a document starts at its first token. */
-    const int early = relay && r > 0 && !(pk->n == 1 && pk->cont_first && pk->cont_last);
+    const int early = relay && r > 0 && !(pk->n == 1 && pk->s[0].cont_in && pk->s[pk->n - 1].cont_out);
     double t0 = now();
-    if (early && pk->cont_first) {
-        rc = gdn_packed_adjoint_first(plan, dsin, q, k, g, beta, dout, dht);
+    if (early && pk->s[0].cont_in) {
+        rc = gdn_streams_adjoint_first(plan, dsin, q, k, g, beta, dout, dht);
     } else if (r > 0 && !relay) {
-        if (pk->n == 1 && pk->cont_first && pk->cont_last) { /* inside one document: dense */
+        if (pk->n == 1 && pk->s[0].cont_in && pk->s[pk->n - 1].cont_out) { /* inside one document: dense */
             rc = gdn_summary(plan, A, NULL, q, k, NULL, g, beta);
             for (int64_t m = 0; !rc && m < nm; m++)
                 gdn_transpose((int)K, (int)K, A + m * K * K, (int)K, mine + m * K * K, (int)K);
             if (!rc) rc = gdn_summary_adjoint(plan, mine + na, q, k, g, beta, dout);
-        } else if (pk->cont_first) { /* piece 0's gradient; nothing after it reaches back */
-            rc = gdn_packed_adjoint_first(plan, mine + na, q, k, g, beta, dout, dht);
+        } else if (pk->s[0].cont_in) { /* piece 0's gradient; nothing after it reaches back */
+            rc = gdn_streams_adjoint_first(plan, mine + na, q, k, g, beta, dout, dht);
         } /* else the shard starts a document: no gradient flows to the ranks before it */
     }
     cp->stats.fold_s += now() - t0;
@@ -181,7 +181,7 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
     if (!rc) {
         if (r < D - 1 && cp->fault == GDN_CP_FAULT_DROP_GRADIENT) memset(ds_out, 0, sizeof(float) * ns);
         t0 = now();
-        rc = gdn_packed_backward(plan, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, state_in, NULL, dout,
+        rc = gdn_streams_backward(plan, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, state_in, NULL, dout,
                                  dht, ds_out, dsin);
         cp->stats.replay_s += now() - t0;
     }

@@ -93,7 +93,7 @@ int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, 
         /* The kernel's output again: from the saved incoming state on this rank alone, or (no
          * saved state, or the heads strategy, which forms none) by the CP forward. */
         if (kb.s_in && gdn_cp_get_strategy(cp) != GDN_CP_HEADS && c->cu_seqlens)
-            rc = gdn_packed_forward(lp->kplan, lp->o, NULL, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, NULL,
+            rc = gdn_streams_forward(lp->kplan, lp->o, NULL, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, NULL,
                                     kb.s_in, NULL); /* documents from zeros, a continued one from s_in */
         else if (kb.s_in && gdn_cp_get_strategy(cp) != GDN_CP_HEADS)
             rc = gdn_forward(lp->kplan, lp->o, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, kb.s_in);

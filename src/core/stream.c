@@ -1,0 +1,328 @@
+/* The one stream model of the kernel: a plan's tokens are a list of streams, each a run of
+ * tokens of one batch row whose state starts at its first token — one per batch row for a dense
+ * plan, one per document (or part of a document, in a context-parallel shard) for packed
+ * documents (cu_seqlens, as flash-linear-attention). Every stream is chunked from its own first
+ * token, so a reset never falls inside a chunk and the chunk machinery runs unchanged; streams
+ * are independent work items (with the key heads and column blocks), which keeps all threads busy
+ * even with few heads. The forward, the backward and the single-rank entry points all run here. */
+#include "internal.h"
+
+#include <string.h>
+
+int64_t gdn_state_floats(const gdn_config *c) {
+    return (c->cu_seqlens ? c->n_docs : c->B) * c->Hv * c->K * c->V;
+}
+
+void gdn_streams_free(gdn_plan *p) {
+    free(p->streams.cu);
+    free(p->streams.s);
+    free(p->streams.run);
+    memset(&p->streams, 0, sizeof p->streams);
+}
+
+/* The last d with cu[d] <= t (binary search over the n documents). */
+static int64_t doc_of(const int64_t *cu, int64_t n, int64_t t) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (cu[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int gdn_streams_init(gdn_plan *p) {
+    gdn_config *c = &p->cfg;
+    gdn_streams *st = &p->streams;
+    const int64_t C = c->chunk, t0 = c->seq_offset, t1 = t0 + c->T;
+    int64_t first = 0, n = c->B;
+    if (c->cu_seqlens) {
+        const int64_t nd = c->n_docs;
+        st->cu = malloc(sizeof(int64_t) * (nd + 1));
+        if (!st->cu) return gdn_fail(GDN_ERR_NOMEM, "cu_seqlens copy (%lld documents)", (long long)nd);
+        memcpy(st->cu, c->cu_seqlens, sizeof(int64_t) * (nd + 1));
+        c->cu_seqlens = st->cu;
+        st->packed = 1;
+        first = doc_of(st->cu, nd, t0);
+        n = doc_of(st->cu, nd, t1 - 1) - first + 1;
+        st->first_doc = first;
+    }
+    st->s = calloc((size_t)n, sizeof *st->s);
+    st->run = malloc(sizeof(int64_t) * (size_t)n);
+    if (!st->s || !st->run) return gdn_fail(GDN_ERR_NOMEM, "the plan's %lld streams", (long long)n);
+    st->n = n;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < n; i++) {
+        gdn_stream *s = &st->s[i];
+        if (st->packed) { /* B = 1: document first + i, cut to the plan's tokens */
+            const int64_t d = first + i, a = st->cu[d], e = st->cu[d + 1];
+            *s = (gdn_stream){.b = 0, .t_begin = (a > t0 ? a : t0) - t0, .t_end = (e < t1 ? e : t1) - t0,
+                              .row = d, .cont_in = a < t0, .cont_out = e > t1, .last = i + 1 == n};
+        } else {
+            *s = (gdn_stream){.b = i, .t_begin = 0, .t_end = c->T, .row = i, .last = 1};
+        }
+        s->ckpt_first = rows;
+        const int64_t nchunks = (s->t_end - s->t_begin + C - 1) / C;
+        rows += (nchunks + p->save_chunks - 1) / p->save_chunks - 1; /* the first starts from h0 */
+    }
+    st->ckpt_rows = rows;
+    return GDN_OK;
+}
+
+int gdn_plan_set_docs(gdn_plan *p, const int64_t *cu_seqlens, int64_t n_docs, int64_t seq_offset) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: plan is NULL");
+    if (!p->streams.packed)
+        return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: the plan was made dense (cu_seqlens NULL); make it with "
+                        "offsets (e.g. one document {0, T}) to change its documents later");
+    if (!cu_seqlens) return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: cu_seqlens is NULL");
+    gdn_config c = p->cfg;
+    c.cu_seqlens = cu_seqlens, c.n_docs = n_docs, c.seq_offset = seq_offset;
+    int rc = gdn_pack_check(&c);
+    if (rc) return rc;
+    /* Build the new streams beside the old ones, so that a failure leaves the plan as it was
+     * (never silently dense). */
+    const gdn_streams old = p->streams;
+    const gdn_config old_cfg = p->cfg;
+    memset(&p->streams, 0, sizeof p->streams);
+    p->cfg = c;
+    rc = gdn_streams_init(p);
+    if (!rc && p->streams.ckpt_rows > p->ckpt_rows_cap) /* cannot happen: see ckpt_rows_cap */
+        rc = gdn_fail(GDN_ERR_SHAPE, "gdn_plan_set_docs: %lld saved-state rows exceed the plan's %lld",
+                      (long long)p->streams.ckpt_rows, (long long)p->ckpt_rows_cap);
+    if (rc) {
+        gdn_streams_free(p);
+        p->streams = old, p->cfg = old_cfg;
+        return rc;
+    }
+    free(old.cu);
+    free(old.s);
+    free(old.run);
+    return GDN_OK;
+}
+
+size_t gdn_plan_checkpoint_floats(const gdn_plan *p) {
+    return p ? (size_t)(p->cfg.Hv * p->streams.ckpt_rows) * p->cfg.K * p->cfg.V : 0;
+}
+
+/* The state a stream enters with ([Hv, K, V] base; NULL: zeros) and the one its gradient goes
+ * to: a stream that continues a document begun before the plan's tokens takes s_in (per batch
+ * row), the others their row of h0. */
+static const float *stream_h0(const gdn_stream *s, int64_t ns, const float *h0, const float *s_in) {
+    if (s->cont_in) return s_in ? s_in + s->b * ns : NULL;
+    return h0 ? h0 + s->row * ns : NULL;
+}
+
+/* A non-finite value found inside the loop: name the input (or do), else the output (dh0: the
+ * rows of the documents that start within the plan), else the keys whose squared norm
+ * overflowed. */
+static int explain_nonfinite(gdn_plan *p, const gdn_inputs *in, const float *h0, const float *dout,
+                             const gdn_named_output *outs, int nouts, const float *dh0) {
+    const gdn_config *c = &p->cfg;
+    const int64_t ns = c->Hv * c->K * c->V;
+    int rc;
+    if ((rc = gdn_check_inputs(p, in->q, in->k, in->v, in->g, in->beta, h0))) return rc;
+    if (dout && (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, 1))) return rc;
+    for (int i = 0; i < nouts; i++)
+        if (outs[i].x && (rc = gdn_check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
+    for (int64_t i = 0; dh0 && i < p->streams.n; i++)
+        if (!p->streams.s[i].cont_in && (rc = gdn_check_output("dh0", dh0 + p->streams.s[i].row * ns, ns)))
+            return rc;
+    return gdn_fail_keys_overflow();
+}
+
+int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
+                        const float *k, const float *v, const float *g, const float *beta,
+                        const float *h0, const float *s_in, float *s_out) {
+    const gdn_config *c = &p->cfg;
+    const gdn_streams *st = &p->streams;
+    const int64_t Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, K = c->K, V = c->V, KV = K * V, ns = Hv * KV;
+    /* NULLs and h0 now; q, k, v, g, beta and o are checked for NaN/Inf inside the loop, on the
+     * rows it touches anyway (separate passes over them cost ~8 % with 2 threads), and scanned
+     * exactly only when something was found, to name the tensor and the element. */
+    int rc;
+    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite))))
+        return rc;
+    for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = 0;
+    /* Without outputs or saved states only the streams whose final state is wanted run (a CP
+     * fold of a packed shard needs only its last document: the resets make the others
+     * irrelevant to it). */
+    int64_t *run = st->run, nrun = 0;
+    for (int64_t i = 0; i < st->n; i++)
+        if (o || ckpt || (ht && !st->s[i].cont_out) || (s_out && st->s[i].last)) run[nrun++] = i;
+    /* One work item per (stream, key head, column block): its r value heads share the key side
+     * of every chunk. */
+    const int bw = gdn_column_block_width(p, nrun * Hk, (int)V);
+    const int nblk = (int)((V + bw - 1) / bw);
+    const int64_t items = nrun * Hk * nblk;
+    const gdn_inputs in = {q, k, v, g, beta};
+    const int64_t seg_tokens = (int64_t)p->save_chunks * c->chunk;
+#pragma omp parallel num_threads(p->threads)
+    {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
+            const gdn_stream *s = &st->s[run[it / (Hk * nblk)]];
+            const int64_t h = (it / nblk) % Hk * r;
+            const int c0 = (int)(it % nblk) * bw;
+            const int w = (int)(V - c0 < bw ? V - c0 : bw);
+            const float *init = stream_h0(s, ns, h0, s_in);
+            for (int64_t j = 0; j < r; j++) {
+                float *S = ws->state + j * K * w;
+                const float *src = init ? init + (h + j) * KV + c0 : NULL;
+                for (int64_t a = 0; a < K; a++)
+                    for (int jj = 0; jj < w; jj++) S[a * w + jj] = src ? src[a * V + jj] : 0.0f;
+            }
+            if (!ckpt) {
+                gdn_chunk_stream(p, ws, &in, s->b, h, (int)r, c0, w, s->t_begin, s->t_end, o);
+            } else { /* segment by segment from the stream's start, keeping each start's state */
+                for (int64_t seg = 0; s->t_begin + seg * seg_tokens < s->t_end; seg++) {
+                    for (int64_t j = 0; seg > 0 && j < r; j++)
+                        for (int64_t a = 0; a < K; a++)
+                            memcpy(ckpt + (((h + j) * st->ckpt_rows + s->ckpt_first + seg - 1) * K + a) * V + c0,
+                                   ws->state + (j * K + a) * w, sizeof(float) * w);
+                    const int64_t a0 = s->t_begin + seg * seg_tokens;
+                    const int64_t a1 = a0 + seg_tokens < s->t_end ? a0 + seg_tokens : s->t_end;
+                    gdn_chunk_stream(p, ws, &in, s->b, h, (int)r, c0, w, a0, a1, o);
+                }
+            }
+            float *dst[2] = {ht && !s->cont_out ? ht + s->row * ns : NULL, s_out && s->last ? s_out + s->b * ns : NULL};
+            for (int d = 0; d < 2; d++)
+                for (int64_t j = 0; dst[d] && j < r; j++)
+                    for (int64_t a = 0; a < K; a++)
+                        memcpy(dst[d] + (h + j) * KV + a * V + c0, ws->state + (j * K + a) * w, sizeof(float) * w);
+        }
+        gdn_fp_fast_end(fm);
+    }
+    if (c->check_finite) {
+        int found = 0;
+        for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite;
+        if (found) {
+            const gdn_named_output outs[] = {{"o", o, c->B * c->T * Hv * V}};
+            return explain_nonfinite(p, &in, h0, NULL, outs, 1, NULL);
+        }
+        for (int64_t i = 0; ht && i < st->n; i++)
+            if (!st->s[i].cont_out && (rc = gdn_check_output("ht", ht + st->s[i].row * ns, ns))) return rc;
+    }
+    return GDN_OK;
+}
+
+int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                         float *dh0, const float *q, const float *k, const float *v,
+                         const float *g, const float *beta, const float *h0, const float *s_in,
+                         const float *ckpt, const float *dout, const float *dht,
+                         const float *ds_out, float *ds_in) {
+    if (!dq || !dk || !dv || !dg || !dbeta)
+        return gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL",
+                        !dq ? "dq" : !dk ? "dk" : !dv ? "dv" : !dg ? "dg" : "dbeta");
+    const gdn_config *c = &p->cfg;
+    const gdn_streams *st = &p->streams;
+    const int64_t Hv = c->Hv, Hk = c->Hk, KV = c->K * c->V, ns = Hv * KV, nst = gdn_state_floats(c);
+    /* NULLs and the small state tensors now; q, k, v, g, beta, do and the gradients are checked
+     * for NaN/Inf inside the loop on the rows it touches anyway, and scanned exactly only when
+     * something was found, to name the tensor and the element (as the forward does). */
+    int rc;
+    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0)) || (rc = gdn_check_tensor("do", dout, 0, 0)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, nst, c->check_finite))) ||
+        (dht && (rc = gdn_check_tensor("dht", dht, nst, c->check_finite))))
+        return rc;
+    for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = p->bws[t].nonfinite = 0;
+    const gdn_inputs in = {q, k, v, g, beta};
+    const gdn_grads gr = {dq, dk, dv, dg, dbeta, NULL, dout, NULL, NULL, NULL};
+    const int64_t items = st->n * Hk;
+#pragma omp parallel num_threads(p->threads)
+    {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int tid = gdn_thread_id();
+            const gdn_stream *s = &st->s[it / Hk];
+            const gdn_range rg = {s->b, s->t_begin, s->t_end, stream_h0(s, ns, h0, s_in),
+                                  s->cont_out ? (ds_out ? ds_out + s->b * ns : NULL) : dht ? dht + s->row * ns : NULL,
+                                  s->cont_in ? (ds_in ? ds_in + s->b * ns : NULL) : dh0 ? dh0 + s->row * ns : NULL,
+                                  ckpt ? ckpt + s->ckpt_first * KV : NULL, st->ckpt_rows};
+            gdn_backward_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, &rg, it % Hk);
+        }
+        gdn_fp_fast_end(fm);
+    }
+    if (!c->check_finite) return GDN_OK;
+    int found = 0;
+    for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite | p->bws[t].nonfinite;
+    if (!found) return GDN_OK;
+    const int64_t nqk = c->B * c->T * Hk * c->K, nv = c->B * c->T * Hv * c->V, ng = c->B * c->T * Hv;
+    const gdn_named_output outs[] = {{"dq", dq, nqk}, {"dk", dk, nqk}, {"dv", dv, nv}, {"dg", dg, ng},
+                                     {"dbeta", dbeta, ng}};
+    return explain_nonfinite(p, &in, h0, dout, outs, 5, dh0);
+}
+
+int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const float *k,
+                              const float *g, const float *beta, const float *dout,
+                              const float *dht) {
+    const gdn_config *c = &p->cfg;
+    const gdn_stream *s = &p->streams.s[0];
+    const int64_t Hv = c->Hv, KV = c->K * c->V;
+    const float *ds_end = dht && !s->cont_out ? dht + s->row * Hv * KV : NULL;
+    const gdn_inputs in = {q, k, NULL, g, beta};
+    const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, NULL, NULL, NULL};
+#pragma omp parallel num_threads(p->threads)
+    {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t h = 0; h < Hv; h++) {
+            const int tid = gdn_thread_id();
+            gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, s->b, h, s->t_begin, s->t_end,
+                             ds_end ? ds_end + h * KV : NULL, sg + h * KV);
+        }
+        gdn_fp_fast_end(fm);
+    }
+    return GDN_OK;
+}
+
+/* ---------------------------------------------------------------- the single-rank entry points */
+
+int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k, const float *v,
+                const float *g, const float *beta, const float *h0) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    int rc = gdn_pack_check_whole(&p->cfg);
+    return rc ? rc : gdn_streams_forward(p, o, ht, NULL, q, k, v, g, beta, h0, NULL, NULL);
+}
+
+int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
+                     const float *k, const float *v, const float *g, const float *beta,
+                     const float *h0) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    if (!ckpt) return gdn_fail(GDN_ERR_ARG, "checkpoint buffer is NULL");
+    int rc = gdn_pack_check_whole(&p->cfg);
+    return rc ? rc : gdn_streams_forward(p, o, ht, ckpt, q, k, v, g, beta, h0, NULL, NULL);
+}
+
+int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, const float *v,
+                      const float *g, const float *beta, const float *h0) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    if (!ht) return gdn_fail(GDN_ERR_ARG, "output 'ht' is NULL");
+    int rc = gdn_pack_check_whole(&p->cfg);
+    return rc ? rc : gdn_streams_forward(p, NULL, ht, NULL, q, k, v, g, beta, h0, NULL, NULL);
+}
+
+int gdn_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                 float *dh0, const float *q, const float *k, const float *v, const float *g,
+                 const float *beta, const float *h0, const float *dout, const float *dht) {
+    return gdn_backward_saved(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL, dout, dht);
+}
+
+int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+                       float *dh0, const float *q, const float *k, const float *v,
+                       const float *g, const float *beta, const float *h0, const float *ckpt,
+                       const float *dout, const float *dht) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
+    int rc = gdn_pack_check_whole(&p->cfg);
+    return rc ? rc : gdn_streams_backward(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL, ckpt,
+                                          dout, dht, NULL, NULL);
+}
