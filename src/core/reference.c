@@ -29,8 +29,7 @@ static int check_inputs_f64(const gdn_config *c, const double *q, const double *
         if (c->check_finite) {
             int64_t at = gdn_find_nonfinite_f64(t[i].p, t[i].n);
             if (at >= 0)
-                return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
-                                t[i].name, t[i].p[at], (long long)at);
+                return gdn_fail_nonfinite("input", t[i].name, t[i].p[at], at);
         }
     }
     return GDN_OK;

@@ -344,16 +344,14 @@ static int check_keys(const char *name, const float *x, int64_t rows, int64_t K,
         at += r * K;
     } else if ((at = find_nonfinite(x, rows * K)) < 0)
         return GDN_OK;
-    return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
-                    name, (double)x[at], (long long)at);
+    return gdn_fail_nonfinite("input", name, (double)x[at], at);
 }
 
 static int check_small(const char *name, const float *x, int64_t n, int check_finite) {
     if (!x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", name);
     const int64_t at = check_finite ? find_nonfinite(x, n) : -1;
     if (at >= 0)
-        return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
-                        name, (double)x[at], (long long)at);
+        return gdn_fail_nonfinite("input", name, (double)x[at], at);
     return GDN_OK;
 }
 

@@ -190,8 +190,7 @@ int gdn_layer_weights_prepare(gdn_layer_plan *lp, const void *w, int check) {
         if (all)
             for (size_t j = 0; j < n; j++)
                 if ((p[j] & 0x7F80) == 0x7F80)
-                    return gdn_fail(GDN_ERR_NONFINITE, "weight '%s' has a non-finite value (%g) at flat index %zu",
-                                    gdn_layer_param_name(i), (double)bf16_to_f32(p[j]), j);
+                    return gdn_fail_nonfinite("weight", gdn_layer_param_name(i), (double)bf16_to_f32(p[j]), (int64_t)j);
     }
     return GDN_OK;
 }
@@ -315,8 +314,7 @@ int gdn_layer_check_inputs(gdn_layer_plan *lp, const float *x, const char *xname
             const float *p = param(lp, w, i);
             const int64_t at = gdn_find_nonfinite_f32(p, (int64_t)gdn_layer_param_numel(&lp->cfg, i));
             if (at >= 0)
-                return gdn_fail(GDN_ERR_NONFINITE, "weight '%s' has a non-finite value (%g) at flat index %lld",
-                                gdn_layer_param_name(i), (double)p[at], (long long)at);
+                return gdn_fail_nonfinite("weight", gdn_layer_param_name(i), (double)p[at], at);
         }
     return GDN_OK;
 }
@@ -653,9 +651,9 @@ int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const void *w
                         !x ? "x" : !y ? "y" : !w ? "w" : !conv_state ? "conv_state" : "rec_state");
     const int64_t B = c->B, E = c->E, P = lp->P, cd = lp->cd, Kc = c->Kc, Hv = c->Hv;
     /* x is B rows: cheap to check; the weights were checked when they were loaded or planned. */
-    if (c->check_finite && gdn_find_nonfinite_f32(x, B * E) >= 0)
-        return gdn_fail(GDN_ERR_NONFINITE, "layer decode: input 'x' has a non-finite value");
-    int rc = gdn_layer_weights_prepare(lp, w, 0); /* BF16: the small tensors to fp32 */
+    int rc;
+    if ((rc = gdn_check_tensor("x", x, B * E, c->check_finite))) return rc;
+    rc = gdn_layer_weights_prepare(lp, w, 0); /* BF16: the small tensors to fp32 */
     if (rc) return rc;
     gdn_layer_project(lp, B, lp->proj, x, w); /* B rows of the plan's N: the streaming GEMM path */
     const float *cw = param(lp, w, GDN_P_CONV1D), *A_log = param(lp, w, GDN_P_A_LOG),

@@ -87,8 +87,7 @@ static int check_f64(const gdn_layer_config *cfg, const double *t, const char *n
     if (cfg->check_finite) {
         const int64_t at = gdn_find_nonfinite_f64(t, n);
         if (at >= 0)
-            return gdn_fail(GDN_ERR_NONFINITE, "layer reference: '%s' has a non-finite value (%g) at flat index %lld",
-                            name, t[at], (long long)at);
+            return gdn_fail_nonfinite("layer reference: tensor", name, t[at], at);
     }
     return GDN_OK;
 }
