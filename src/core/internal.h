@@ -304,12 +304,17 @@ int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg
                          const float *g, const float *beta, const float *h0, const float *s_in,
                          const float *ckpt, const float *dout, const float *dht,
                          const float *ds_out, float *ds_in);
-/* The adjoint offset of stream 0 alone (its gradient with respect to the state entering it, from
- * its outputs and, when its document ends within the plan, from that document's dht), into
- * sg [Hv, K, V]. */
+/* The adjoint offset of every row's first stream alone (its gradient with respect to the state
+ * entering it, from its outputs and, when its document ends within the plan, from that
+ * document's dht), into sg [B, Hv, K, V]. */
 int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const float *k,
                               const float *g, const float *beta, const float *dout,
                               const float *dht);
+
+/* A dense plan's place in a context-parallel split: not the first shard, its streams continue
+ * from s_in; not the last, they go on into s_out (no ht rows). A packed plan is placed by its
+ * documents and seq_offset (no-op). The single-rank entry points set (1, 1). */
+void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard);
 
 /* ---- the one tensor checker (check.c): NULLs and non-finite values, one set of messages */
 /* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */

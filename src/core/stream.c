@@ -264,32 +264,55 @@ int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const floa
                               const float *g, const float *beta, const float *dout,
                               const float *dht) {
     const gdn_config *c = &p->cfg;
-    const gdn_stream *s = &p->streams.s[0];
+    const gdn_streams *st = &p->streams;
     const int64_t Hv = c->Hv, KV = c->K * c->V;
-    const float *ds_end = dht && !s->cont_out ? dht + s->row * Hv * KV : NULL;
+    /* every row's first stream: stream 0 of a packed plan, each batch row's of a dense one */
+    int64_t *first = st->run, nf = 0;
+    for (int64_t i = 0; i < st->n; i++)
+        if (i == 0 || st->s[i - 1].b != st->s[i].b) first[nf++] = i;
     const gdn_inputs in = {q, k, NULL, g, beta};
     const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, NULL, NULL, NULL};
+    const int64_t items = nf * Hv;
 #pragma omp parallel num_threads(p->threads)
     {
         const gdn_fpmode fm = gdn_fp_fast_begin();
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t h = 0; h < Hv; h++) {
+        for (int64_t it = 0; it < items; it++) {
             const int tid = gdn_thread_id();
-            gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, s->b, h, s->t_begin, s->t_end,
-                             ds_end ? ds_end + h * KV : NULL, sg + h * KV);
+            const gdn_stream *s = &st->s[first[it / Hv]];
+            const int64_t h = it % Hv;
+            const float *ds_end = dht && !s->cont_out ? dht + (s->row * Hv + h) * KV : NULL;
+            gdn_adjoint_item(p, &p->ws[tid], &p->bws[tid], &in, &gr, s->b, h, s->t_begin, s->t_end, ds_end,
+                             sg + (s->b * Hv + h) * KV);
         }
         gdn_fp_fast_end(fm);
     }
     return GDN_OK;
 }
 
+void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard) {
+    if (p->streams.packed) return; /* the documents and seq_offset place a packed shard */
+    for (int64_t i = 0; i < p->streams.n; i++) {
+        p->streams.s[i].cont_in = !first_shard;
+        p->streams.s[i].cont_out = !last_shard;
+    }
+}
+
 /* ---------------------------------------------------------------- the single-rank entry points */
+
+/* The plan's tokens are the whole sequence: every stream starts from its h0 row and ends with
+ * its ht row. */
+static int single_rank(gdn_plan *p) {
+    int rc = gdn_pack_check_whole(&p->cfg);
+    if (!rc) gdn_streams_set_shard(p, 1, 1);
+    return rc;
+}
 
 int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k, const float *v,
                 const float *g, const float *beta, const float *h0) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    int rc = gdn_pack_check_whole(&p->cfg);
+    int rc = single_rank(p);
     return rc ? rc : gdn_streams_forward(p, o, ht, NULL, q, k, v, g, beta, h0, NULL, NULL);
 }
 
@@ -299,7 +322,7 @@ int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const float 
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
     if (!ckpt) return gdn_fail(GDN_ERR_ARG, "checkpoint buffer is NULL");
-    int rc = gdn_pack_check_whole(&p->cfg);
+    int rc = single_rank(p);
     return rc ? rc : gdn_streams_forward(p, o, ht, ckpt, q, k, v, g, beta, h0, NULL, NULL);
 }
 
@@ -307,7 +330,7 @@ int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, co
                       const float *g, const float *beta, const float *h0) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!ht) return gdn_fail(GDN_ERR_ARG, "output 'ht' is NULL");
-    int rc = gdn_pack_check_whole(&p->cfg);
+    int rc = single_rank(p);
     return rc ? rc : gdn_streams_forward(p, NULL, ht, NULL, q, k, v, g, beta, h0, NULL, NULL);
 }
 
@@ -322,7 +345,7 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
                        const float *g, const float *beta, const float *h0, const float *ckpt,
                        const float *dout, const float *dht) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    int rc = gdn_pack_check_whole(&p->cfg);
+    int rc = single_rank(p);
     return rc ? rc : gdn_streams_backward(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL, ckpt,
                                           dout, dht, NULL, NULL);
 }
