@@ -1,6 +1,7 @@
-/* The context-parallel layer: the CP context, agreement between ranks, MPI accounting, and the
- * forward and backward for the scan, allgather and relay strategies (DESIGN §4). It knows
- * nothing of files; the compute is the core's (plans, summaries, adjoints). */
+/* The context-parallel layer: the CP context, agreement between ranks, MPI accounting, the
+ * prefix combine of affine pairs, and the entry points, which check, agree and dispatch to the
+ * strategy (rule.c: scan, allgather, relay; heads.c). It knows nothing of files; the compute is
+ * the kernel's (plans, streams, summaries, adjoints). */
 #include "cp_internal.h"
 
 #include <limits.h>
@@ -299,74 +300,6 @@ int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t
     return rc;
 }
 
-static int64_t nstate(const gdn_config *c) { return c->B * c->Hv * c->K * c->V; }
-
-/* The forward of the scan, allgather and relay strategies. With o NULL only the incoming state
- * s_in is wanted (the backward's recompute): no outputs, and no replay beyond what relay needs
- * to pass its state on — extra memory stays O(Hv K (K + V)). */
-static int cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
-                      const float *q, const float *k, const float *v, const float *g,
-                      const float *beta, const float *h0) {
-    int rc = GDN_OK;
-    const gdn_config *c = gdn_plan_config(plan);
-    const int D = cp->size, r = cp->rank;
-    const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, ns = nstate(c), pair = nm * K * (K + V);
-    /* mine: this rank's pair [A | B]; state: incoming, then final; out_state: after the shard */
-    float *mine = malloc(sizeof(float) * (pair + 2 * ns));
-    if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
-    float *incoming = mine + pair, *out_state = incoming + ns;
-    memset(mine, 0, sizeof(float) * pair);
-    memset(incoming, 0, sizeof(float) * ns);
-    if (r == 0 && h0) memcpy(incoming, h0, sizeof(float) * ns);
-
-    /* 1. Fold. Rank 0 knows its incoming state: it runs the state half of its forward now and
-     *    contributes the constant map (0, S_out) at once, its outputs come later, while the
-     *    others replay. The last rank's map is needed by nobody. */
-    double t0 = now();
-    if (r == 0) {
-        rc = D > 1 || !o ? gdn_forward_state(plan, mine + nm * K * K, q, k, v, g, beta, h0)
-                         : gdn_forward(plan, o, mine + nm * K * K, q, k, v, g, beta, h0);
-        memcpy(out_state, mine + nm * K * K, sizeof(float) * ns);
-    } else if (r < D - 1 && cp->strategy != GDN_CP_RELAY) {
-        rc = gdn_summary(plan, mine, mine + nm * K * K, q, k, v, g, beta);
-    }
-    (r == 0 && D == 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
-    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
-
-    /* 2. Combine across ranks; 3. replay from the true incoming state. */
-    if (cp->strategy == GDN_CP_RELAY) {
-        if (r >= 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, incoming, ns, r - 1);
-    } else {
-        rc = gdn_cp_combine(cp, mine, incoming, nm, K, V, +1);
-    }
-    if (!rc && cp->strategy == GDN_CP_RELAY && r == 0 && D > 1) /* rank 0's state is ready */
-        rc = gdn_cp_sendrecv(cp, out_state, ns, 1, NULL, 0, MPI_PROC_NULL);
-    if (!rc && r >= 1 && !o) {
-        if (cp->strategy == GDN_CP_RELAY && r + 1 < D) /* the state must travel on */
-            rc = gdn_forward_state(plan, out_state, q, k, v, g, beta, incoming);
-    } else if (!rc && r >= 1) {
-        if (cp->fault == GDN_CP_FAULT_DROP_INCOMING) memset(incoming, 0, sizeof(float) * ns);
-        t0 = now();
-        rc = gdn_forward(plan, o, out_state, q, k, v, g, beta, incoming);
-        cp->stats.replay_s += now() - t0;
-    } else if (!rc && D > 1 && o) { /* rank 0's outputs, overlapping the other ranks' replays */
-        t0 = now();
-        rc = gdn_forward(plan, o, out_state, q, k, v, g, beta, h0);
-        cp->stats.replay_s += now() - t0;
-    }
-    if (!rc && cp->strategy == GDN_CP_RELAY && r >= 1 && r + 1 < D)
-        rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
-    if (cp->strategy == GDN_CP_RELAY) cp->stats.rounds = D - 1;
-    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
-    /* The final state of the whole sequence, on every rank (o is NULL on all ranks or none). */
-    if (o) rc = gdn_cp_bcast(cp, out_state, ns, D - 1);
-    if (!rc && ht) memcpy(ht, out_state, sizeof(float) * ns);
-    if (!rc && s_in) memcpy(s_in, incoming, sizeof(float) * ns);
-done:
-    free(mine);
-    return rc;
-}
-
 int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
                    const float *k, const float *v, const float *g, const float *beta,
                    const float *h0) {
@@ -379,10 +312,8 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
     if (!local && !o) local = gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
     int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_FORWARD | (packed && ht ? GDN_CP_CALL_HT : 0));
     if (rc) return rc;
-    if (packed) return gdn_cp_packed_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
-    if (cp->strategy == GDN_CP_HEADS)
-        return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
-    return cp_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
+    if (cp->strategy == GDN_CP_HEADS) return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
+    return gdn_cp_rule_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
 }
 
 int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
@@ -404,76 +335,9 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_BACKWARD | (s_in ? GDN_CP_CALL_SIN : 0) |
                                                (packed && ds_in ? GDN_CP_CALL_HT : 0));
     if (rc) return rc;
-    if (packed)
-        return gdn_cp_packed_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0, s_in, dout, dht);
     if (cp->strategy == GDN_CP_HEADS)
-        return gdn_cp_heads_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0,
-                                     dout, dht);
-    const int D = cp->size, r = cp->rank;
-    const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, ns = nstate(c), pair = nm * K * (K + V);
-    float *mine = malloc(sizeof(float) * (pair + 3 * ns));
-    if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
-    float *ds_out = mine + pair, *state_in = ds_out + ns, *dsin = state_in + ns;
-    memset(mine, 0, sizeof(float) * pair);
-    memset(ds_out, 0, sizeof(float) * ns);
-    gdn_cp_stats fwd = {0};
-    /* The incoming state: given, or recomputed by the forward's fold and combine (its cost is
-     * reported under fold/comm). */
-    if (s_in) {
-        memcpy(state_in, s_in, sizeof(float) * ns);
-    } else {
-        rc = cp_forward(cp, plan, NULL, NULL, state_in, q, k, v, g, beta, h0);
-        fwd = cp->stats;
-        if (rc) goto done;
-    }
-    cp->stats = fwd;
-    if (r == D - 1 && dht) memcpy(ds_out, dht, sizeof(float) * ns);
-
-    /* 1. Fold. The last rank knows its dS_out (dht): one state-only reverse pass gives its
-     *    dS_in, the constant adjoint map (0, dS_in) it contributes at once; its full backward
-     *    comes later, while the others run theirs. Rank 0's adjoint map is needed by nobody. */
-    double t0 = now();
-    if (r == D - 1) {
-        rc = D > 1 ? gdn_state_adjoint(plan, mine + nm * K * K, q, k, g, beta, dout, dht)
-                   : gdn_backward(plan, dq, dk, dv, dg, dbeta, mine + nm * K * K, q, k, v, g,
-                                  beta, state_in, dout, dht);
-        memcpy(dsin, mine + nm * K * K, sizeof(float) * ns);
-    } else if (r > 0 && cp->strategy != GDN_CP_RELAY) {
-        /* The adjoint pair (A^T, G): A alone (v is not needed), transposed map by map. */
-        float *A = malloc(sizeof(float) * nm * K * K);
-        rc = A ? gdn_summary(plan, A, NULL, q, k, NULL, g, beta)
-               : gdn_fail(GDN_ERR_NOMEM, "cp backward: A (%lld floats)", (long long)(nm * K * K));
-        for (int64_t m = 0; !rc && m < nm; m++)
-            gdn_transpose((int)K, (int)K, A + m * K * K, (int)K, mine + m * K * K, (int)K);
-        free(A);
-        if (!rc) rc = gdn_summary_adjoint(plan, mine + nm * K * K, q, k, g, beta, dout);
-    }
-    (D == 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
-    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
-
-    /* 2. Combine in reverse rank order; 3. local backward from the true dS_out. */
-    if (cp->strategy == GDN_CP_RELAY) {
-        if (r < D - 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, ds_out, ns, r + 1);
-    } else {
-        rc = gdn_cp_combine(cp, mine, ds_out, nm, K, V, -1);
-    }
-    if (!rc && cp->strategy == GDN_CP_RELAY && r == D - 1 && D > 1) /* the last rank's dS_in */
-        rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
-    if (!rc && (r < D - 1 || D > 1)) {
-        if (r < D - 1 && cp->fault == GDN_CP_FAULT_DROP_GRADIENT) memset(ds_out, 0, sizeof(float) * ns);
-        t0 = now();
-        rc = gdn_backward(plan, dq, dk, dv, dg, dbeta, dsin, q, k, v, g, beta, state_in, dout,
-                          r < D - 1 ? ds_out : dht);
-        cp->stats.replay_s += now() - t0;
-    }
-    if (!rc && cp->strategy == GDN_CP_RELAY && r > 0 && r < D - 1)
-        rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
-    if (cp->strategy == GDN_CP_RELAY) cp->stats.rounds = D - 1;
-    rc = gdn_cp_agree_status(cp, rc);
-    if (!rc && ds_in) memcpy(ds_in, dsin, sizeof(float) * ns);
-done:
-    free(mine);
-    return rc;
+        return gdn_cp_heads_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0, dout, dht);
+    return gdn_cp_rule_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0, s_in, dout, dht);
 }
 
 int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_local, int64_t inner,

@@ -39,19 +39,19 @@ int gdn_cp_bcast(gdn_cp *cp, float *buf, int64_t count, int root);
  * order, adjoint pairs) entering this rank. Scan and allgather strategies. Collective. */
 int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t K, int64_t V, int dir);
 
-/* Packed streams (cu_seqlens) over ranks (cp_pack.c): called by gdn_cp_forward / gdn_cp_backward
- * after the agreement step, same arguments; h0, ht, dht and ds_in (then every document's dh0) per
- * document, on every rank. The heads strategy is passed on to gdn_cp_heads_forward/backward. */
-int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
-                          const float *q, const float *k, const float *v, const float *g,
-                          const float *beta, const float *h0);
-int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
-                           float *dbeta, float *dh0, const float *q, const float *k, const float *v,
-                           const float *g, const float *beta, const float *h0, const float *s_in,
-                           const float *dout, const float *dht);
+/* The scan, allgather and relay strategies over the plan's streams, dense or packed (rule.c):
+ * called by gdn_cp_forward / gdn_cp_backward after the agreement step, same arguments. Packed:
+ * h0, ht, dht and ds_in (then every document's dh0) per document, on every rank. */
+int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
+                        const float *q, const float *k, const float *v, const float *g,
+                        const float *beta, const float *h0);
+int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
+                         float *dbeta, float *ds_in, const float *q, const float *k, const float *v,
+                         const float *g, const float *beta, const float *h0, const float *s_in,
+                         const float *dout, const float *dht);
 
-/* The documents each rank owns, from the agreed shard sizes (cp->shard_T) and the whole stream's
- * offsets: rank r's are [displ[r], displ[r] + count[r]), those that end on it (ending = 1: cu[d+1]
+/* The rows each rank owns (rule.c): dense, every batch row starts on rank 0 and ends on the
+ * last; packed, from the agreed shard sizes (cp->shard_T) and the whole stream's offsets: rank r's are [displ[r], displ[r] + count[r]), those that end on it (ending = 1: cu[d+1]
  * in (t_r, t_r + T_r]) or start on it (ending = 0: cu[d] in [t_r, t_r + T_r)). n_docs must fit
  * an int (the callers check). */
 void gdn_cp_doc_ranges(const gdn_cp *cp, const gdn_config *c, int ending, int *count, int *displ);
