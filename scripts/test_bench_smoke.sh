@@ -2,16 +2,7 @@
 # The benchmarks run and their every row's error against the oracle is small (a smoke test: the
 # speed itself is measured by the benchmarks, never asserted in a test). Usage:
 # scripts/test_bench_smoke.sh BUILD_DIR. Ends with "N passed, N failed"; exits 1 on a failure.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-bd=${1:-build}
-case $bd in /*) ;; *) bd=$PWD/$bd ;; esac
-L=$bd/gdncp
-MPIEXEC=${MPIEXEC:-mpiexec.mpich}
-golden=${GDN_GOLDEN_DIR:-tests/data}
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
-passed=0; failed=0
+. "$(dirname "$0")/test_common.sh"
 echo "== benchmark smoke (gdncp bench kernel --json --quick)"
 if $L bench kernel --json --quick > "$logs/bench.json" 2>&1 &&
    grep -q '"direction":"forward"' "$logs/bench.json" &&
@@ -36,5 +27,4 @@ if $L bench train --json --quick > "$logs/bench_train.json" 2>&1 &&
 else
   echo "FAIL  bench train smoke"; cat "$logs/bench_train.json"; failed=$((failed + 1))
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

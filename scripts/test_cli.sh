@@ -4,16 +4,7 @@
 # packed documents (each document cut out and run alone), option values, memory refusals; every
 # comparison beside a negative control that must fail it. Usage: scripts/test_cli.sh BUILD_DIR
 # (MPIEXEC: the launcher, default mpiexec.mpich). Ends with "N passed, N failed"; exits 1 on a failure.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-bd=${1:-build}
-case $bd in /*) ;; *) bd=$PWD/$bd ;; esac
-L=$bd/gdncp
-MPIEXEC=${MPIEXEC:-mpiexec.mpich}
-golden=${GDN_GOLDEN_DIR:-tests/data}
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
-passed=0; failed=0
+. "$(dirname "$0")/test_common.sh"
 echo "== gdncp run --cp under mpiexec against the golden files"
 cpcase() { # cpcase EXPECT(pass|fail) D ARGS...: run, then diff against the golden file
   local expect=$1 d=$2; shift 2
@@ -316,5 +307,4 @@ for spec in "1|run|$T_alone|gdncp run, T = $T_alone: the inputs fit, inputs + ou
   else echo "FAIL  $label (exit $got)"; cat "$logs/mem.log"; failed=$((failed + 1)); fi
 done
 rm -f "$logs/sparse.st" "$logs/sparse_o.st"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -3,16 +3,7 @@
 # disagreement, and none hangs. Usage: scripts/test_mpmd.sh BUILD_DIR; MPIEXEC is the launcher
 # (default mpiexec.mpich; Open MPI's with --allow-run-as-root --oversubscribe --bind-to none).
 # Ends with "N passed, N failed"; exits 1 on a failure.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-bd=${1:-build}
-case $bd in /*) ;; *) bd=$PWD/$bd ;; esac
-L=$bd/gdncp
-MPIEXEC=${MPIEXEC:-mpiexec.mpich}
-golden=${GDN_GOLDEN_DIR:-tests/data}
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"' EXIT
-passed=0; failed=0
+. "$(dirname "$0")/test_common.sh"
 echo "== ranks launched with different arguments (MPMD): every rank stops with one message, no hang"
 mpmd() { # mpmd LAUNCHER LABEL ARGS_RANK0 -- ARGS_RANK1: expect a clean failure naming the disagreement
   local launcher=$1 label=$2 a=$3 b=$4 g="$golden/gdn_qwen_heads.safetensors"
@@ -37,5 +28,4 @@ for spec in "--cp spiral|--cp scan|an unknown strategy on rank 0 only" "--cp sca
   if [ "$got" = 1 ] && grep -qE "disagree|rank [0-9]+ failed" "$logs/mpmd.log"; then echo "PASS  gdncp layer MPMD: $label: exit 1, one message"; passed=$((passed + 1))
   else echo "FAIL  gdncp layer MPMD: $label (exit $got; 124 = hang)"; cat "$logs/mpmd.log"; failed=$((failed + 1)); fi
 done
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish
