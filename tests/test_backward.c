@@ -83,11 +83,16 @@ static void finite_differences(int l2norm) {
         /* Central differences with eps 1e-5 carry O(eps^2) ~ 1e-10 truncation plus 1e-16/eps
          * rounding: 1e-7 relative leaves room and still catches any wrong term. */
         expect_close(num / den, 1e-7, "oracle d%s vs central differences (l2norm=%d)", t[i].name, l2norm);
-        if (i == 3) { /* negative control: dg misaligned by one token */
-            double *shift = dalloc(ng);
-            for (int64_t j = 0; j < ng; j++) shift[j] = t[i].grad[(j + cfg.Hv) % ng];
-            expect_far(max_abs_diff(shift, fd, ng, &den) / den, 1e-7, "dg shifted by one token vs central differences");
-            free(shift);
+        if (i == 3) { /* negative control: the backward run with the gates misaligned by one token
+                       * (token t given g[t + 1]; the last takes the first's), its dg against the
+                       * same central differences */
+            double *gs = dalloc(ng), *dq2 = dalloc(nqk), *dk2 = dalloc(nqk), *dv2 = dalloc(nv), *dg2 = dalloc(ng),
+                   *db2 = dalloc(ng);
+            for (int64_t j = 0; j < ng; j++) gs[j] = p.g[(j + cfg.Hv) % ng];
+            rc = gdn_reference_backward(&cfg, dq2, dk2, dv2, dg2, db2, NULL, p.q, p.k, p.v, gs, p.beta, p.h0, p.dout, p.dht);
+            expect_far(rc ? INFINITY : max_abs_diff(dg2, fd, ng, &den) / den, 1e-7,
+                       "dg of the backward run with g shifted by one token vs central differences (l2norm=%d)", l2norm);
+            free(gs), free(dq2), free(dk2), free(dv2), free(dg2), free(db2);
         }
         if (i == 0 && l2norm) { /* negative control: the L2-norm backward left out */
             gdn_config raw = cfg;
@@ -330,20 +335,18 @@ static void backward_negative_controls(void) {
     gdn_plan_create(&plan, &cfg);
     gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, p.h0, dout, dht);
     expect_close(rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg, grouped heads, 5 chunks of 32");
-    /* dg without the reverse cumulative sum: per-row dG recovered by differencing in each chunk. */
-    float *dG = malloc(sizeof(float) * ng);
-    for (int64_t b = 0; b < cfg.B; b++)
-        for (int64_t t = 0; t < cfg.T; t++)
-            for (int64_t h = 0; h < cfg.Hv; h++) {
-                const int64_t i = (b * cfg.T + t) * cfg.Hv + h;
-                const int last = (t + 1) % cfg.chunk == 0 || t + 1 == cfg.T;
-                dG[i] = last ? ours[3][i] : ours[3][i] - ours[3][i + cfg.Hv];
-            }
-    expect_far(rel_err_f32(dG, ref[3], ng), TOL_BWD, "dg without the reverse cumulative sum");
-    /* dg misaligned by one token. */
-    for (int64_t i = 0; i < ng; i++) dG[i] = ours[3][(i + cfg.Hv) % ng];
-    expect_far(rel_err_f32(dG, ref[3], ng), TOL_BWD, "dg shifted by one token");
-    free(dG);
+    /* dg misaligned by one token: the backward run with the gates shifted by one token (token t
+     * given g[t + 1], the last token the first's), its dg against the same reference. (No control
+     * for a dg missing its in-chunk reverse cumulative sum: no hook reaches that sum, and
+     * differencing our dg afterwards would only exercise the error metric.) */
+    {
+        float *gs = malloc(sizeof(float) * ng);
+        for (int64_t i = 0; i < ng; i++) gs[i] = p.g[(i + cfg.Hv) % ng];
+        const int rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, gs,
+                                    p.beta, p.h0, dout, dht);
+        expect_far(rc ? INFINITY : rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg of the backward run with g shifted by one token");
+        free(gs);
+    }
     /* The final-state gradient dropped: every gradient is off. */
     gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, p.h0, dout, NULL);
     expect_far(rel_err_f32(ours[1], ref[1], nqk), TOL_BWD, "dk with dht dropped");
@@ -429,7 +432,7 @@ static void adjoint_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     for (int64_t i = 0; i < ns; i++) dht[i] = (float)rng_uniform(-1, 1);
     float *sa = malloc(sizeof(float) * nm * K * K), *sat = malloc(sizeof(float) * nm * K * K);
     float *sb = malloc(sizeof(float) * ns), *sg = malloc(sizeof(float) * ns), *din = malloc(sizeof(float) * ns);
-    float *zero = calloc(ns, sizeof(float));
+    float *zero = calloc(nv > ns ? nv : ns, sizeof(float)), *sg0 = malloc(sizeof(float) * ns);
     gdn_plan *plan = NULL;
     int rc = gdn_plan_create(&plan, &cfg);
     if (!rc) rc = gdn_summary(plan, sa, sb, p.q, p.k, p.v, p.g, p.beta);
@@ -451,8 +454,13 @@ static void adjoint_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     expect_close(rc ? INFINITY : rel_err_f32(din, d[5], ns), TOL_BWD,
                  "adjoint A^T dS_out + G vs oracle dh0 B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d",
                  (long long)B, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, chunk);
-    gdn_summary_apply(din, sat, zero, dht, nm, K, V);
-    expect_far(rel_err_f32(din, d[5], ns), TOL_BWD, "adjoint without the offset G");
+    /* Negative control: the offset G dropped, i.e. formed by gdn_summary_adjoint from dout = 0
+     * (the segment's own output gradient left out), through the same apply and comparison. */
+    gdn_plan_create(&plan, &cfg);
+    int rc0 = gdn_summary_adjoint(plan, sg0, p.q, p.k, p.g, p.beta, zero);
+    gdn_plan_destroy(plan);
+    if (!rc0) gdn_summary_apply(din, sat, sg0, dht, nm, K, V);
+    expect_far(rc0 ? INFINITY : rel_err_f32(din, d[5], ns), TOL_BWD, "adjoint with G formed from dout = 0 (the offset dropped)");
     /* The same dS_in in one state-only reverse pass started from dS_out (what CP's last rank uses). */
     gdn_plan_create(&plan, &cfg);
     rc = gdn_state_adjoint(plan, din, p.q, p.k, p.g, p.beta, dout, dht);
@@ -463,7 +471,7 @@ static void adjoint_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
         expect_far(rel_err_f32(din, d[5], ns), TOL_BWD, "adjoint with A instead of A^T");
     }
     for (int i = 0; i < 6; i++) free(d[i]), free(in[i]);
-    free(ddo), free(ddht), free(dout), free(dht), free(sa), free(sat), free(sb), free(sg), free(din), free(zero);
+    free(ddo), free(ddht), free(dout), free(dht), free(sa), free(sat), free(sb), free(sg), free(din), free(zero), free(sg0);
     problem_free(&p);
 }
 

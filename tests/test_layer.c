@@ -222,11 +222,24 @@ static void golden_decode(void) {
     expect_close(rel_err_ff(y, y_pre, T0 * E), tol, "%s y_prefill", label);
     expect_close(rel_err_ff(conv, cs_pre, nconv), tol, "%s conv_state after prefill", label);
     expect_close(rel_err_ff(rec, rs_pre, nstate), tol, "%s recurrent_state after prefill", label);
-    /* negative control: the conv state with its columns reversed (oldest last) */
-    float *rev = malloc(sizeof(float) * nconv);
-    for (int64_t ch = 0; ch < cd; ch++)
-        for (int64_t j = 0; j < Kc; j++) rev[ch * Kc + j] = conv[ch * Kc + Kc - 1 - j];
-    expect_far(rel_err_ff(rev, cs_pre, nconv), tol, "%s conv_state taken from the wrong end", label);
+    /* Negative control: the conv state with its columns in the wrong order (oldest last). The
+     * state holds the projections of the prefill's last Kc tokens, newest last, so the same
+     * prefill run on x with those Kc tokens in reverse order is what a cache taken from the wrong
+     * end would hold: its conv state through the same comparison. */
+    float *rev = calloc(nconv, sizeof(float)), *rev_rs = calloc(nstate, sizeof(float));
+    {
+        float *xr = malloc(sizeof(float) * T0 * E), *yr = malloc(sizeof(float) * T0 * E);
+        memcpy(xr, x, sizeof(float) * T0 * E);
+        for (int64_t j = 0; j < Kc; j++) memcpy(xr + (T0 - Kc + j) * E, x + (T0 - 1 - j) * E, sizeof(float) * E);
+        rc = gdn_layer_plan_create(&lp, &c);
+        if (!rc) rc = gdn_layer_forward(lp, yr, NULL, xr, w, rev, rev_rs);
+        gdn_layer_plan_destroy(lp);
+        free(xr), free(yr);
+    }
+    expect_far(rc ? INFINITY : rel_err_ff(rev, cs_pre, nconv), tol,
+               "%s conv_state of a prefill with its last %lld tokens reversed (taken from the wrong end)", label,
+               (long long)Kc);
+    free(rev_rs);
     c.T = 1;
     rc = gdn_layer_plan_create(&lp, &c);
     float *rev_rec = malloc(sizeof(float) * nstate), *y_rev = malloc(sizeof(float) * (T - T0) * E);

@@ -221,15 +221,19 @@ static void golden_tiny(void) {
     expect_status(rc, GDN_OK, NULL, "qwen35_tiny BF16: load layer 0");
     if (!rc) {
         check(lt.dtype == GDN_BF16 && dims_are(&lt.cfg, 96, 2, 6, 16, 24, 4), "BF16: dtype GDN_BF16, same dims");
-        double worst = 0.0, worst_ctrl = 0.0;
+        /* Negative control: the same BF16 load given layer 1's prefix, through the same check. */
+        gdn_layer_weights lt1;
+        const int rc1 = gdn_layer_weights_load(&lt1, TINY_BF16, TINY_CFG, "model.layers.1.linear_attn.", NULL);
+        double worst = 0.0, worst_ctrl = rc1 ? INFINITY : 0.0;
         const size_t n = gdn_layer_param_floats(&lt.cfg);
         for (size_t i = 0; i < n; i++) {
-            const double x = lw[0].w[i], d = fabs(lt.w[i] - x), dc = fabs(lw[1].w[i] - x);
+            const double x = lw[0].w[i], d = fabs(lt.w[i] - x), dc = rc1 ? 0.0 : fabs(lt1.w[i] - x);
             worst = fmax(worst, x != 0.0 ? d / fabs(x) : d != 0.0 ? INFINITY : 0.0);
             worst_ctrl = fmax(worst_ctrl, x != 0.0 ? dc / fabs(x) : dc != 0.0 ? INFINITY : 0.0);
         }
         expect_close(worst, 1.0 / 256, "BF16 layer 0 vs F32 layer 0: max relative difference per element");
-        expect_far(worst_ctrl, 1.0 / 256, "F32 layer 1 vs F32 layer 0 through the same check");
+        expect_far(worst_ctrl, 1.0 / 256, "BF16 load of layer 1 vs F32 layer 0 through the same check");
+        if (!rc1) gdn_layer_weights_free(&lt1);
         gdn_layer_weights_free(&lt);
     }
     for (int l = 0; l < 3; l++) gdn_layer_weights_free(&lw[l]), tset_free(&s[l]);

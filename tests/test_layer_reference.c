@@ -196,19 +196,31 @@ static void fd_case(void) {
         fd[i] = (lp - lm) / (2 * h);
     }
     expect_far(rel_err_dd(dx, fd, nx), tol, "FD dx of the layer with heads tiled j %% Hk");
-    /* (b) The analytic conv gradient with its taps reversed against the finite differences. */
+    /* (b) The analytic backward of a layer whose conv reads its taps in reverse order (the
+     * weights given with the taps reversed): its conv gradient against the same finite
+     * differences. */
+    double *dxw = dalloc(nx), *dww = dalloc(nw);
     {
         const size_t off = gdn_layer_param_offset(&c, GDN_P_CONV1D);
         const int64_t n = (int64_t)gdn_layer_param_numel(&c, GDN_P_CONV1D);
-        reverse_taps(&c, wt, dw);
-        expect_far(rel_err_dd(wt + off, fd_conv, n), tol, "FD grad conv1d.weight vs taps reversed");
+        reverse_taps(&c, wt, w);
+        rc = gdn_layer_reference_backward(&c, dxw, dww, x, wt, dy);
+        expect_far(rc ? INFINITY : rel_err_dd(dww + off, fd_conv, n), tol,
+                   "FD grad conv1d.weight vs the backward with the conv taps reversed");
     }
-    /* (c) The analytic dx shifted by one token (the conv halo gradient landing one row off). */
-    for (int64_t b = 0; b < c.B; b++)
-        for (int64_t t = 0; t < c.T; t++)
-            for (int64_t e = 0; e < c.E; e++)
-                fd[(b * c.T + t) * c.E + e] = t + 1 < c.T ? dx[(b * c.T + t + 1) * c.E + e] : 0.0;
-    expect_far(rel_err_dd(fd, fd_dx, nx), tol, "FD dx vs analytic dx shifted by one token");
+    /* (c) The gradient landing one row off: the analytic backward given dy shifted by one token
+     * (token t receives dy of t + 1, the last token zero), its dx against the same finite
+     * differences. */
+    {
+        double *dys = dalloc(nx);
+        for (int64_t b = 0; b < c.B; b++)
+            for (int64_t t = 0; t + 1 < c.T; t++)
+                memcpy(dys + (b * c.T + t) * c.E, dy + (b * c.T + t + 1) * c.E, sizeof(double) * c.E);
+        rc = gdn_layer_reference_backward(&c, dxw, dww, x, w, dys);
+        expect_far(rc ? INFINITY : rel_err_dd(dxw, fd_dx, nx), tol, "FD dx vs the backward of dy shifted by one token");
+        free(dys);
+    }
+    free(dxw), free(dww);
 
     free(x), free(dy), free(y), free(dx), free(w), free(dw), free(wt), free(fd), free(fd_dx);
     free(fd_conv);
