@@ -74,8 +74,8 @@ static const float *piece_h0(const gdn_pack *pk, int64_t i, int64_t ns, const fl
 }
 static int piece_ends_doc(const gdn_pack *pk, int64_t i) { return i + 1 < pk->n || !pk->cont_last; }
 
-static int check_output(const char *name, const float *x, int64_t n) {
-    const int64_t at = gdn_find_nonfinite_f32(x, n);
+static int check_output(const char *name, const float *x, int64_t n, int threads) {
+    const int64_t at = gdn_find_nonfinite_f32(x, n, threads);
     if (at >= 0)
         return gdn_fail(GDN_ERR_NONFINITE,
                         "output '%s' is non-finite at flat index %lld (overflow: are gates g > 0 or keys unnormalised?)",
@@ -89,7 +89,7 @@ static int explain_nonfinite(gdn_plan *p, const float *q, const float *k, const 
                              const float *o, int64_t on) {
     int rc;
     if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0))) return rc;
-    if (o && (rc = check_output(oname, o, on))) return rc;
+    if (o && (rc = check_output(oname, o, on, p->threads))) return rc;
     return gdn_fail(GDN_ERR_NONFINITE, "input 'q' or 'k' has a row whose squared norm overflows fp32 (|x| > 1e19)");
 }
 
@@ -100,10 +100,10 @@ int gdn_packed_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const floa
     const gdn_pack *pk = &p->pack;
     const int64_t Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, K = c->K, V = c->V, KV = K * V, ns = Hv * KV;
     int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
-        (rc = gdn_check_tensor("beta", beta, 0, 0)) ||
-        (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite))))
+    if ((rc = gdn_check_tensor("q", q, 0, 0, 1)) || (rc = gdn_check_tensor("k", k, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0, 1)) || (rc = gdn_check_tensor("g", g, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0, 1)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite, c->threads))))
         return rc;
     for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = 0;
     /* Only the last piece when its final state is all that is wanted (a CP fold): the resets
@@ -158,7 +158,7 @@ int gdn_packed_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const floa
         if (found) return explain_nonfinite(p, q, k, v, g, beta, h0, "o", o, c->T * Hv * V);
         const int64_t d0 = pk->first_doc + (pk->cont_first ? 1 : 0);
         const int64_t d1 = pk->first_doc + pk->n - (pk->cont_last ? 1 : 0);
-        if (ht && d1 > d0 && (rc = check_output("ht", ht + d0 * ns, (d1 - d0) * ns))) return rc;
+        if (ht && d1 > d0 && (rc = check_output("ht", ht + d0 * ns, (d1 - d0) * ns, p->threads))) return rc;
     }
     return GDN_OK;
 }
@@ -175,11 +175,11 @@ int gdn_packed_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg,
     const gdn_pack *pk = &p->pack;
     const int64_t Hv = c->Hv, Hk = c->Hk, KV = c->K * c->V, ns = Hv * KV, nst = gdn_state_floats(c);
     int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
-        (rc = gdn_check_tensor("beta", beta, 0, 0)) || (rc = gdn_check_tensor("do", dout, 0, 0)) ||
-        (h0 && (rc = gdn_check_tensor("h0", h0, nst, c->check_finite))) ||
-        (dht && (rc = gdn_check_tensor("dht", dht, nst, c->check_finite))))
+    if ((rc = gdn_check_tensor("q", q, 0, 0, 1)) || (rc = gdn_check_tensor("k", k, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0, 1)) || (rc = gdn_check_tensor("g", g, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0, 1)) || (rc = gdn_check_tensor("do", dout, 0, 0, 1)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, nst, c->check_finite, c->threads))) ||
+        (dht && (rc = gdn_check_tensor("dht", dht, nst, c->check_finite, c->threads))))
         return rc;
     for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = p->bws[t].nonfinite = 0;
     const gdn_inputs in = {q, k, v, g, beta};
@@ -206,13 +206,13 @@ int gdn_packed_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg,
     for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite | p->bws[t].nonfinite;
     if (!found) return GDN_OK;
     const int64_t nv = c->T * Hv * c->V;
-    if ((rc = gdn_check_tensor("do", dout, nv, 1))) return rc;
+    if ((rc = gdn_check_tensor("do", dout, nv, 1, c->threads))) return rc;
     const int64_t nqk = c->T * Hk * c->K, ng = c->T * Hv;
     const struct { const char *name; const float *x; int64_t n; } outs[] = {
         {"dq", dq, nqk}, {"dk", dk, nqk}, {"dv", dv, nv}, {"dg", dg, ng}, {"dbeta", dbeta, ng}};
     if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0))) return rc;
     for (int i = 0; i < 5; i++)
-        if ((rc = check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
+        if ((rc = check_output(outs[i].name, outs[i].x, outs[i].n, p->threads))) return rc;
     return explain_nonfinite(p, q, k, v, g, beta, h0, "dh0", NULL, 0);
 }
 

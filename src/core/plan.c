@@ -199,10 +199,10 @@ int gdn_column_block_width(const gdn_plan *p, int64_t streams, int width) {
     return bw < width ? bw : width;
 }
 
-int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite) {
+int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite, int threads) {
     if (!x) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", name);
     if (check_finite) {
-        int64_t at = gdn_find_nonfinite_f32(x, n);
+        int64_t at = gdn_find_nonfinite_f32(x, n, threads);
         if (at >= 0)
             return gdn_fail(GDN_ERR_NONFINITE, "input '%s' has a non-finite value (%g) at flat index %lld",
                             name, (double)x[at], (long long)at);
@@ -216,12 +216,12 @@ int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const fl
     const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
                   ng = c->B * c->T * c->Hv;
     int rc;
-    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite))) return rc;
-    if ((rc = gdn_check_tensor("k", k, nqk, c->check_finite))) return rc;
-    if ((rc = gdn_check_tensor("v", v, nv, c->check_finite))) return rc;
-    if ((rc = gdn_check_tensor("g", g, ng, c->check_finite))) return rc;
-    if ((rc = gdn_check_tensor("beta", beta, ng, c->check_finite))) return rc;
-    if (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite)))
+    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite, c->threads))) return rc;
+    if ((rc = gdn_check_tensor("k", k, nqk, c->check_finite, c->threads))) return rc;
+    if ((rc = gdn_check_tensor("v", v, nv, c->check_finite, c->threads))) return rc;
+    if ((rc = gdn_check_tensor("g", g, ng, c->check_finite, c->threads))) return rc;
+    if ((rc = gdn_check_tensor("beta", beta, ng, c->check_finite, c->threads))) return rc;
+    if (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite, c->threads)))
         return rc;
     return GDN_OK;
 }
@@ -234,8 +234,8 @@ static int keys_overflow(void) {
 }
 
 /* Outputs that overflowed (e.g. from large positive gates) are reported, never returned silently. */
-static int check_output(const char *name, const float *x, int64_t n) {
-    int64_t at = gdn_find_nonfinite_f32(x, n);
+static int check_output(const char *name, const float *x, int64_t n, int threads) {
+    int64_t at = gdn_find_nonfinite_f32(x, n, threads);
     if (at >= 0)
         return gdn_fail(GDN_ERR_NONFINITE,
                         "output '%s' is non-finite at flat index %lld (overflow: are gates g > 0 "
@@ -290,10 +290,10 @@ static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const floa
      * rows it touches anyway (separate passes over them cost ~8 % with 2 threads), and scanned
      * exactly only when something was found, to name the tensor and the element. */
     int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
-        (rc = gdn_check_tensor("beta", beta, 0, 0)) ||
-        (h0 && (rc = gdn_check_tensor("h0", h0, c->B * c->Hv * c->K * c->V, c->check_finite))))
+    if ((rc = gdn_check_tensor("q", q, 0, 0, 1)) || (rc = gdn_check_tensor("k", k, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0, 1)) || (rc = gdn_check_tensor("g", g, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0, 1)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, c->B * c->Hv * c->K * c->V, c->check_finite, c->threads))))
         return rc;
     for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = 0;
     const int64_t Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, K = c->K, V = c->V;
@@ -345,10 +345,10 @@ static int forward_run(gdn_plan *p, float *o, float *ht, float *ckpt, const floa
         for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite;
         if (found) {
             if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0))) return rc;
-            if (o && (rc = check_output("o", o, c->B * c->T * Hv * V))) return rc;
+            if (o && (rc = check_output("o", o, c->B * c->T * Hv * V, p->threads))) return rc;
             return keys_overflow();
         }
-        if (ht && (rc = check_output("ht", ht, c->B * Hv * K * V))) return rc;
+        if (ht && (rc = check_output("ht", ht, c->B * Hv * K * V, p->threads))) return rc;
     }
     return GDN_OK;
 }
@@ -379,11 +379,11 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
      * for NaN/Inf inside the loop on the rows it touches anyway, and scanned exactly only when
      * something was found, to name the tensor and the element (as the forward does). */
     int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
-        (rc = gdn_check_tensor("beta", beta, 0, 0)) || (rc = gdn_check_tensor("do", dout, 0, 0)) ||
-        (h0 && (rc = gdn_check_tensor("h0", h0, ns, c->check_finite))) ||
-        (dht && (rc = gdn_check_tensor("dht", dht, ns, c->check_finite))))
+    if ((rc = gdn_check_tensor("q", q, 0, 0, 1)) || (rc = gdn_check_tensor("k", k, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0, 1)) || (rc = gdn_check_tensor("g", g, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0, 1)) || (rc = gdn_check_tensor("do", dout, 0, 0, 1)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, ns, c->check_finite, c->threads))) ||
+        (dht && (rc = gdn_check_tensor("dht", dht, ns, c->check_finite, c->threads))))
         return rc;
     for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = p->bws[t].nonfinite = 0;
     const gdn_inputs in = {q, k, v, g, beta};
@@ -408,13 +408,13 @@ int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, 
     for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite | p->bws[t].nonfinite;
     if (!found) return GDN_OK;
     if ((rc = gdn_check_inputs(p, q, k, v, g, beta, h0)) ||
-        (rc = gdn_check_tensor("do", dout, nv, 1)))
+        (rc = gdn_check_tensor("do", dout, nv, 1, c->threads)))
         return rc;
     const int64_t nqk = c->B * c->T * c->Hk * c->K, ng = c->B * c->T * c->Hv;
     const struct { const char *name; const float *x; int64_t n; } outs[] = {
         {"dq", dq, nqk}, {"dk", dk, nqk}, {"dv", dv, nv}, {"dg", dg, ng}, {"dbeta", dbeta, ng},
         {"dh0", dh0, ns}};
     for (int i = 0; i < 6; i++)
-        if (outs[i].x && (rc = check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
+        if (outs[i].x && (rc = check_output(outs[i].name, outs[i].x, outs[i].n, p->threads))) return rc;
     return keys_overflow();
 }

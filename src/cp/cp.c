@@ -396,9 +396,9 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL) : GDN_OK;
     if (!local && (!dq || !dk || !dv || !dg || !dbeta))
         local = gdn_fail(GDN_ERR_ARG, "a gradient output (dq, dk, dv, dg, dbeta) is NULL");
-    if (!local) local = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite);
+    if (!local) local = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite, c->threads);
     if (!local && (cp->rank == cp->size - 1 || packed) && dht)
-        local = gdn_check_tensor("dht", dht, gdn_state_floats(c), c->check_finite);
+        local = gdn_check_tensor("dht", dht, gdn_state_floats(c), c->check_finite, c->threads);
     /* s_in given on some ranks only would send some ranks into the forward's scan alone (and a
      * packed stream's dh0 is gathered from every rank) */
     int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_BACKWARD | (s_in ? GDN_CP_CALL_SIN : 0) |
