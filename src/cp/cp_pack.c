@@ -38,32 +38,40 @@ void gdn_cp_doc_ranges(const gdn_cp *cp, const gdn_config *c, int ending, int *c
     }
 }
 
-/* Every rank's documents that end (ending = 1) or start within its tokens: contiguous ranges
- * of document indices, gathered in place into buf [n_docs, Hv, K, V] from their owners. */
-static int gather_docs(gdn_cp *cp, const gdn_config *c, float *buf, int ending) {
-    const int D = cp->size;
+/* The MPI datatype of one per-document state (Hv K V floats), made before the agreement step
+ * that precedes the gather (a local failure must not strand the other ranks in it). The sizes
+ * are agreed values: every rank refuses alike. */
+static int state_type(const gdn_config *c, MPI_Datatype *type) {
+    *type = MPI_DATATYPE_NULL;
     const int64_t nd = c->n_docs, ns = c->Hv * c->K * c->V;
     if (nd > INT_MAX || ns > INT_MAX)
         return gdn_fail(GDN_ERR_SHAPE, "cu_seqlens: %lld documents of %lld-float states exceed MPI's int counts",
                         (long long)nd, (long long)ns);
-    int *count = malloc(sizeof(int) * 2 * (size_t)D);
-    if (!count) return gdn_fail(GDN_ERR_NOMEM, "per-document state gather");
-    int *displ = count + D;
+    if (GDN_CP_MPI_TYPE("cp packed: MPI datatype", MPI_Type_contiguous((int)ns, MPI_FLOAT, type)) != MPI_SUCCESS) {
+        *type = MPI_DATATYPE_NULL;
+        return gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous failed (per-document states)");
+    }
+    if (MPI_Type_commit(type) != MPI_SUCCESS) {
+        MPI_Type_free(type);
+        return gdn_fail(GDN_ERR_MPI, "MPI_Type_commit failed (per-document states)");
+    }
+    return GDN_OK;
+}
+
+/* Every rank's documents that end (ending = 1) or start within its tokens: contiguous ranges
+ * of document indices, gathered in place into buf [n_docs, Hv, K, V] from their owners. */
+static int gather_docs(gdn_cp *cp, const gdn_config *c, float *buf, int ending, MPI_Datatype state) {
+    const int D = cp->size;
+    const int64_t nd = c->n_docs, ns = c->Hv * c->K * c->V;
+    int *count = cp->counts, *displ = count + D; /* preallocated (gdn_cp_create) */
     gdn_cp_doc_ranges(cp, c, ending, count, displ);
-    MPI_Datatype state;
     int rc = GDN_OK;
     const double t0 = now();
-    if (MPI_Type_contiguous((int)ns, MPI_FLOAT, &state) != MPI_SUCCESS || MPI_Type_commit(&state) != MPI_SUCCESS) {
-        rc = gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous failed (per-document states)");
-    } else {
-        if (MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, displ, state, cp->comm) != MPI_SUCCESS)
-            rc = gdn_fail(GDN_ERR_MPI, "MPI_Allgatherv failed (per-document %s)", ending ? "final states" : "dh0");
-        MPI_Type_free(&state);
-    }
+    if (MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, displ, state, cp->comm) != MPI_SUCCESS)
+        rc = gdn_fail(GDN_ERR_MPI, "MPI_Allgatherv failed (per-document %s)", ending ? "final states" : "dh0");
     cp->stats.comm_s += now() - t0;
     cp->stats.bytes_sent += 4 * (uint64_t)count[cp->rank] * ns * (D - 1), cp->stats.messages += D - 1;
     cp->stats.bytes_recv += 4 * (uint64_t)(nd - count[cp->rank]) * ns, cp->stats.rounds++;
-    free(count);
     return rc;
 }
 
@@ -77,7 +85,9 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
     const gdn_pack *pk = &plan->pack;
     const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
     const int64_t nm = c->Hv, K = c->K, V = c->V, ns = nm * K * V, na = nm * K * K, pair = na + ns;
-    float *mine = calloc((size_t)(pair + 2 * ns), sizeof(float));
+    MPI_Datatype st = MPI_DATATYPE_NULL;
+    /* (a failure here meets the other ranks' first collective, the fold's agreement step) */
+    float *mine = gdn_cp_calloc((size_t)(pair + 2 * ns), sizeof(float), "cp packed forward: pair and states");
     if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
     float *incoming = mine + pair, *out_state = incoming + ns;
     /* 1. Fold (the last rank's map is needed by nobody; relay passes states instead, but a relay
@@ -93,6 +103,7 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
         rc = gdn_packed_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, out_state);
     }
     cp->stats.fold_s += now() - t0;
+    if (!rc) rc = gdn_cp_combine_reserve(cp, nm, K, V);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine (rank 0 starts document 0: its map is constant, as the scan needs). Relay: the
@@ -115,14 +126,16 @@ int gdn_cp_packed_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float
     }
     if (!rc && relay && r + 1 < D && !early) rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
     if (relay) cp->stats.rounds = D - 1;
+    if (!rc && o && ht) rc = state_type(c, &st);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
-    if (o && ht) rc = gather_docs(cp, c, ht, 1); /* ht given on every rank or none: agreed */
+    if (o && ht) rc = gather_docs(cp, c, ht, 1, st); /* ht given on every rank or none: agreed */
     if (!rc && s_in) { /* the state this shard's first token starts from */
         const float *src = pk->cont_first ? incoming : h0 ? h0 + pk->first_doc * ns : NULL;
         if (src) memcpy(s_in, src, sizeof(float) * ns);
         else memset(s_in, 0, sizeof(float) * ns);
     }
 done:
+    if (st != MPI_DATATYPE_NULL) MPI_Type_free(&st);
     free(mine);
     return rc;
 }
@@ -138,7 +151,10 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
     const gdn_pack *pk = &plan->pack;
     const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
     const int64_t nm = c->Hv, K = c->K, V = c->V, ns = nm * K * V, na = nm * K * K, pair = na + ns;
-    float *mine = calloc((size_t)(pair + 3 * ns + na), sizeof(float));
+    MPI_Datatype st = MPI_DATATYPE_NULL;
+    /* (a failure here meets the other ranks' first collective: the recompute's or the fold's
+     * agreement step) */
+    float *mine = gdn_cp_calloc((size_t)(pair + 3 * ns + na), sizeof(float), "cp packed backward: pair and states");
     if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
     float *ds_out = mine + pair, *state_in = ds_out + ns, *dsin = state_in + ns, *A = dsin + ns;
     gdn_cp_stats fwd = {0};
@@ -168,6 +184,7 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
         } /* else the shard starts a document: no gradient flows to the ranks before it */
     }
     cp->stats.fold_s += now() - t0;
+    if (!rc) rc = gdn_cp_combine_reserve(cp, nm, K, V);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine in reverse rank order (the last rank ends the last document: constant map). */
@@ -187,9 +204,11 @@ int gdn_cp_packed_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, flo
     }
     if (!rc && relay && r > 0 && !early) rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
     if (relay) cp->stats.rounds = D - 1;
+    if (!rc && dh0) rc = state_type(c, &st);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
-    if (dh0) rc = gather_docs(cp, c, dh0, 0); /* dh0 given on every rank or none: agreed */
+    if (dh0) rc = gather_docs(cp, c, dh0, 0, st); /* dh0 given on every rank or none: agreed */
 done:
+    if (st != MPI_DATATYPE_NULL) MPI_Type_free(&st);
     free(mine);
     return rc;
 }
