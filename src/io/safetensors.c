@@ -325,13 +325,16 @@ static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap,
                             f->path, name, (unsigned long long)n, cap);
         return read_span(f, t, 0, n, dst, dst_is_f64);
     }
-    if (t->ndim < 2 || begin < 0 || begin + count > t->shape[1])
-        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has no rows [%lld, %lld) along dimension 1",
-                        f->path, name, (long long)begin, (long long)(begin + count));
+    /* overflow-safe: begin + count is never formed before it is known to fit (count >= 0 here) */
+    if (t->ndim < 2 || begin < 0 || begin > t->shape[1] || count > t->shape[1] - begin)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has no rows [%lld, %lld + %lld) along dimension 1 (%lld rows)",
+                        f->path, name, (long long)begin, (long long)begin, (long long)count,
+                        (long long)(t->ndim < 2 ? 0 : t->shape[1]));
     uint64_t inner = 1;
     for (int i = 2; i < t->ndim; i++) inner *= (uint64_t)t->shape[i];
     const uint64_t outer = (uint64_t)t->shape[0], rows = (uint64_t)t->shape[1];
-    if (outer * count * inner > cap)
+    /* (the tensor's element count fits: parse_tensor; so does outer * count * inner <= it) */
+    if (outer * (uint64_t)count * inner > cap)
         return gdn_fail(GDN_ERR_SHAPE, "%s: slice of '%s' does not fit the buffer", f->path, name);
     const size_t es = dst_is_f64 ? 8 : 4;
     for (uint64_t o = 0; o < outer; o++) {
