@@ -28,6 +28,19 @@ if timeout 60 $MPIEXEC -n 3 $L run --cp scan --in "$logs/t2.safetensors" --out "
 if [ "$got" = 1 ] && grep -q "more ranks than tokens" "$logs/t2.log"; then
   echo "PASS  3 ranks for 2 tokens: every rank exits 1, rank 0 says why"; passed=$((passed + 1))
 else echo "FAIL  3 ranks for 2 tokens (exit $got; 124 = hang)"; cat "$logs/t2.log"; failed=$((failed + 1)); fi
+# An MPI that cannot give MPI_THREAD_FUNNELED (a PMPI shim asks for MPI_THREAD_SINGLE instead):
+# the CLI says so and exits non-zero; the control, the same run without the shim, succeeds.
+case $MPIEXEC in *openmpi*) shimcc=mpicc.openmpi ;; *) shimcc=mpicc.mpich ;; esac
+printf '#include <mpi.h>\nint MPI_Init_thread(int *c, char ***v, int r, int *p) { (void)r; return PMPI_Init_thread(c, v, MPI_THREAD_SINGLE, p); }\n' >"$logs/single.c"
+if $shimcc -shared -fPIC -o "$logs/single.so" "$logs/single.c" 2>"$logs/shim.log"; then
+  if timeout 60 $MPIEXEC -n 2 env LD_PRELOAD="$logs/single.so" $L run --cp scan --in "$logs/t2.safetensors" \
+       --out "$logs/t2s.safetensors" >"$logs/single.log" 2>&1; then got=0; else got=$?; fi
+  if timeout 60 $MPIEXEC -n 2 $L run --cp scan --in "$logs/t2.safetensors" --out "$logs/t2s.safetensors" \
+       >"$logs/funneled.log" 2>&1; then ctl=0; else ctl=$?; fi
+  if [ "$got" = 1 ] && grep -q "below MPI_THREAD_FUNNELED" "$logs/single.log" && [ "$ctl" = 0 ]; then
+    echo "PASS  an MPI giving only MPI_THREAD_SINGLE: gdncp run --cp exits 1 saying so (control: 0 without the shim)"; passed=$((passed + 1))
+  else echo "FAIL  MPI_THREAD_SINGLE: exit $got (want 1 and a message), control exit $ctl (want 0)"; cat "$logs/single.log" "$logs/funneled.log"; failed=$((failed + 1)); fi
+else echo "FAIL  could not build the MPI_THREAD_SINGLE shim with $shimcc"; cat "$logs/shim.log"; failed=$((failed + 1)); fi
 for bad in "9223372036854775807,9223372036854775807" "99999999999999999999,1"; do
   if timeout 60 $MPIEXEC -n 2 $L run --cp scan --shards "$bad" --in "$golden/gdn_qwen_heads.safetensors" \
        --out "$logs/t2o.safetensors" >"$logs/t2.log" 2>&1; then got=0; else got=$?; fi

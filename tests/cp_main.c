@@ -12,11 +12,16 @@ void test_model_cp(void);
 void test_pack_cp(void);
 
 int main(int argc, char **argv) {
-    int provided;
+    int provided = MPI_THREAD_SINGLE;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (provided < MPI_THREAD_FUNNELED) { /* OpenMP inside the ranks needs it */
+        if (!rank) fprintf(stderr, "gdncp_cp_tests: MPI provides thread level %d, below MPI_THREAD_FUNNELED\n", provided);
+        MPI_Finalize();
+        return 1;
+    }
     tests_quiet = rank != 0;
     /* suites named on the command line run alone (all by default) */
     static const struct { const char *name; void (*run)(void); } suites[] = {

@@ -13,6 +13,22 @@ extern int tests_passed, tests_failed;
 extern int tests_quiet; /* set on MPI ranks other than 0: count, but do not print */
 
 void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Test-only hooks of the library (src/core/internal.h: gdn_test_fault, gdn_test_threads,
+ * gdn_test_point), defined in tests/util.c and steered here. test_fault: when armed, the
+ * at-th call (counting from 1) whose site starts with prefix (NULL: every site) fails; count
+ * says how many calls were seen, site which one failed (NULL: none). test_threads_seen: the
+ * largest team reported since it was reset to -1 (for test_threads_site only, when set).
+ * test_point_action: called at the library's named points (NULL: nothing). */
+typedef struct {
+    int armed;
+    long at, count;
+    const char *prefix, *site;
+} test_fault_ctl;
+extern test_fault_ctl test_fault;
+extern int test_threads_seen;
+extern const char *test_threads_site;
+extern void (*test_point_action)(const char *site);
+
 /* PASS when err <= tol. */
 void expect_close(double err, double tol, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Negative control: PASS when err > tol (the wrong variant is detected). */

@@ -7,7 +7,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TOL_CP_FWD 1e-5
 #define TOL_CP_BWD 2e-5
@@ -304,6 +306,312 @@ static void heads_counts(void) {
     }
 }
 
+/* ------------------------------------------------------------------ robustness (issue 17) */
+
+/* A CP call that hangs fails the test instead: every rank arms an alarm around each call. */
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "FAIL  a CP call did not return within 30 s (a rank is stuck in a collective)\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {}
+    _exit(124);
+}
+
+/* One small problem and its outputs on this rank: Hk = Hv = D (heads needs D | Hk), 5 tokens a
+ * rank; packed: documents {0, 3, T}, h0 / ht / dht / ds_in per document. */
+typedef struct {
+    gdn_config loc;
+    gdn_plan *plan;
+    int64_t cu[3];
+    float *q, *k, *v, *g, *beta, *h0, *dout, *dht;
+    float *o, *ht, *s_in, *gq, *gk, *gv, *gg, *gb, *gs;
+} small_case;
+
+static void small_make(small_case *sc, int packed, int check_finite, int ckpt) {
+    memset(sc, 0, sizeof *sc);
+    const int64_t T = 5 * D;
+    sc->cu[0] = 0, sc->cu[1] = 3, sc->cu[2] = T;
+    gdn_config c = gdn_config_default(1, 5, D, D, 8, 8);
+    c.chunk = 16, c.threads = 1, c.check_finite = check_finite, c.checkpoint_chunks = ckpt;
+    if (packed) c.cu_seqlens = sc->cu, c.n_docs = 2, c.seq_offset = 5 * rank;
+    sc->loc = c;
+    problem p;
+    problem_make(&p, c, GATE_MILD, BETA_RANDOM, 1, 77 + rank);
+    sc->q = p.q, sc->k = p.k, sc->v = p.v, sc->g = p.g, sc->beta = p.beta;
+    free(p.h0);
+    const int64_t ns = n_state(&c) * (packed ? 2 : 1);
+    sc->h0 = random_floats(ns), sc->dht = random_floats(ns), sc->dout = random_floats(n_v(&c));
+    sc->o = calloc(n_v(&c), 4), sc->ht = calloc(ns, 4), sc->s_in = calloc(ns, 4), sc->gs = calloc(ns, 4);
+    sc->gq = calloc(n_qk(&c), 4), sc->gk = calloc(n_qk(&c), 4), sc->gv = calloc(n_v(&c), 4);
+    sc->gg = calloc(n_g(&c), 4), sc->gb = calloc(n_g(&c), 4);
+    gdn_plan_create(&sc->plan, &c);
+}
+
+static void small_free(small_case *sc) {
+    gdn_plan_destroy(sc->plan);
+    float *all[] = {sc->q, sc->k, sc->v, sc->g, sc->beta, sc->h0, sc->dout, sc->dht, sc->o, sc->ht, sc->s_in,
+                    sc->gq, sc->gk, sc->gv, sc->gg, sc->gb, sc->gs};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+/* One call (forward, or backward recomputing the incoming state), with an alarm. */
+static int small_call(gdn_cp *cp, small_case *sc, gdn_plan *plan, int backward) {
+    alarm(30);
+    int rc = backward ? gdn_cp_backward(cp, plan, sc->gq, sc->gk, sc->gv, sc->gg, sc->gb, sc->gs, sc->q, sc->k, sc->v,
+                                        sc->g, sc->beta, sc->h0, NULL, sc->dout, sc->dht)
+                      : gdn_cp_forward(cp, plan, sc->o, sc->ht, sc->s_in, sc->q, sc->k, sc->v, sc->g, sc->beta, sc->h0);
+    alarm(0);
+    return rc;
+}
+
+/* Every rank's status made visible everywhere: 1 when pred holds on every rank. */
+static int all_ranks(int ok) {
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all;
+}
+
+/* A NULL plan on one rank (min(1, D-1)) or on all, forward and backward, every strategy: every
+ * rank returns GDN_ERR_ARG naming the rank(s) without a plan; none crashes or hangs. Control: the
+ * same calls with every plan return GDN_OK. */
+static void null_plans(void) {
+    const int bad = D > 1 ? 1 : 0;
+    char needle[64];
+    for (int s = 0; s < 4; s++) {
+        small_case sc;
+        small_make(&sc, 0, 1, 0);
+        gdn_cp *cp = NULL;
+        gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+        for (int backward = 0; backward < 2; backward++)
+            for (int who = 0; who < 3; who++) { /* 0: rank `bad` only, 1: every rank, 2: none (control) */
+                const int mine_null = who == 1 || (who == 0 && rank == bad);
+                const int rc = small_call(cp, &sc, mine_null ? NULL : sc.plan, backward);
+                if (who == 0) snprintf(needle, sizeof needle, "plan is NULL on rank %d ", bad);
+                else snprintf(needle, sizeof needle, "plan is NULL on rank%s 0", D > 1 ? "s" : "");
+                const int ok = who == 2 ? rc == GDN_OK : rc == GDN_ERR_ARG && strstr(gdn_errmsg(), needle) != NULL;
+                check(all_ranks(ok), "%s %s with %s: every rank returns %s (rank %d: \"%s\")", gdn_cp_strategy_name(s),
+                      backward ? "backward" : "forward",
+                      who == 0 ? "a NULL plan on one rank" : who == 1 ? "NULL plans on every rank" : "every plan (control)",
+                      who == 2 ? "ok" : needle, rank, rc ? gdn_errmsg() : "ok");
+            }
+        gdn_cp_destroy(cp);
+        small_free(&sc);
+    }
+}
+
+/* Allocation and MPI datatype failures, one site at a time on rank min(1, D-1): for each strategy,
+ * dense and packed, forward and backward, the n-th hooked call fails for n = 1, 2, ... until a
+ * call sees fewer than n sites. Every rank must return: GDN_ERR_NOMEM on the failing rank
+ * (GDN_ERR_MPI for a datatype), an error naming that rank elsewhere; then the same call with no
+ * fault gives the results of a clean run, bit for bit (nothing leaked or left half-made). */
+static void fault_sites(void) {
+    const int fr = D > 1 ? 1 : 0;
+    char needle[32];
+    snprintf(needle, sizeof needle, "rank %d", fr);
+    for (int s = 0; s < 4; s++)
+        for (int packed = 0; packed < 2; packed++)
+            for (int backward = 0; backward < 2; backward++) {
+                small_case sc;
+                small_make(&sc, packed, 1, 0);
+                gdn_cp *cp = NULL;
+                gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+                float *out = backward ? sc.gq : sc.o;
+                const int64_t nout = backward ? n_qk(&sc.loc) : n_v(&sc.loc);
+                int rc0 = small_call(cp, &sc, sc.plan, backward);
+                float *ref = malloc(sizeof(float) * nout);
+                memcpy(ref, out, sizeof(float) * nout);
+                int sites = 0, bad = 0, after = 1, rc = GDN_OK;
+                char failed[256] = "";
+                for (long n = 1; n < 100; n++) {
+                    /* a fresh context each time: its grow-only scratch is allocated again */
+                    gdn_cp *fc = NULL;
+                    gdn_cp_create(&fc, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+                    memset(out, 0, sizeof(float) * nout);
+                    if (rank == fr) test_fault = (test_fault_ctl){1, n, 0, NULL, NULL};
+                    rc = small_call(fc, &sc, sc.plan, backward);
+                    const char *site = test_fault.site;
+                    test_fault.armed = 0;
+                    int hit = site != NULL;
+                    MPI_Bcast(&hit, 1, MPI_INT, fr, MPI_COMM_WORLD);
+                    if (hit) {
+                        sites++;
+                        const int want = site && strstr(site, "MPI datatype") ? GDN_ERR_MPI : GDN_ERR_NOMEM;
+                        const int ok = rank == fr ? rc == want : rc != GDN_OK && strstr(gdn_errmsg(), needle) != NULL;
+                        if (!all_ranks(ok)) {
+                            bad++;
+                            if (rank == fr && strlen(failed) < 200)
+                                snprintf(failed + strlen(failed), sizeof failed - strlen(failed), " [%s]", site);
+                        }
+                        /* the same context again without a fault: the clean run's results */
+                        memset(out, 0, sizeof(float) * nout);
+                        rc = small_call(fc, &sc, sc.plan, backward);
+                        after &= rc == GDN_OK && !memcmp(out, ref, sizeof(float) * nout);
+                    } else { /* no site left: the call ran clean, the control */
+                        after &= rc0 == GDN_OK && rc == GDN_OK && !memcmp(out, ref, sizeof(float) * nout);
+                    }
+                    gdn_cp_destroy(fc);
+                    if (!hit) break;
+                }
+                MPI_Bcast(failed, sizeof failed, MPI_CHAR, fr, MPI_COMM_WORLD);
+                check(sites > 0 && bad == 0, "%s %s %s: each of %d allocation/datatype sites failing on rank %d makes every "
+                      "rank return an error (its own code there, naming rank %d elsewhere)%s%s",
+                      gdn_cp_strategy_name(s), packed ? "packed" : "dense", backward ? "backward" : "forward", sites, fr,
+                      fr, bad ? "; wrong at:" : "", failed);
+                check(all_ranks(after), "%s %s %s: after each fault the same context runs clean, with the clean run's "
+                      "results bit for bit, as does a call that met no fault (the control; status %d)",
+                      gdn_cp_strategy_name(s), packed ? "packed" : "dense", backward ? "backward" : "forward", rc);
+                free(ref);
+                gdn_cp_destroy(cp);
+                small_free(&sc);
+            }
+    /* gdn_cp_create: its allocations, then gdn_cp_gather_rows' */
+    for (long n = 1; n < 20; n++) {
+        gdn_cp *cp = NULL;
+        if (rank == fr) test_fault = (test_fault_ctl){1, n, 0, NULL, NULL};
+        alarm(30);
+        const int rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        alarm(0);
+        const int hit_here = test_fault.site != NULL;
+        test_fault.armed = 0;
+        int hit = hit_here;
+        MPI_Bcast(&hit, 1, MPI_INT, fr, MPI_COMM_WORLD);
+        if (!hit) {
+            check(all_ranks(rc == GDN_OK && cp != NULL), "gdn_cp_create after %ld failing allocation sites: ok (control)",
+                  n - 1);
+            float x[6] = {1, 2, 3, 4, 5, 6}, *full = rank == 0 ? malloc(sizeof(float) * 6 * D) : NULL;
+            int sites = 0, bad = 0;
+            for (long m = 1; m < 20; m++) {
+                if (rank == fr) test_fault = (test_fault_ctl){1, m, 0, NULL, NULL};
+                alarm(30);
+                const int r2 = gdn_cp_gather_rows(cp, x, 1, 2, 3, full, 0);
+                alarm(0);
+                int h = test_fault.site != NULL;
+                test_fault.armed = 0;
+                MPI_Bcast(&h, 1, MPI_INT, fr, MPI_COMM_WORLD);
+                if (!h) {
+                    check(all_ranks(r2 == GDN_OK), "gdn_cp_gather_rows without faults: ok (control)");
+                    break;
+                }
+                sites++;
+                bad += !all_ranks(rank == fr ? r2 == GDN_ERR_NOMEM : r2 != GDN_OK && strstr(gdn_errmsg(), needle));
+            }
+            if (fr == 0) /* only the root allocates there */
+                check(sites == 1 && bad == 0, "gdn_cp_gather_rows: its allocation failing on the root: every rank errs");
+            free(full);
+            gdn_cp_destroy(cp);
+            break;
+        }
+        check(all_ranks(rank == fr ? rc == GDN_ERR_NOMEM : rc != GDN_OK && strstr(gdn_errmsg(), needle)) &&
+                  all_ranks(cp == NULL),
+              "gdn_cp_create with allocation %ld failing on rank %d: every rank returns an error, no context (\"%s\")", n,
+              fr, gdn_errmsg());
+    }
+}
+
+/* The conv halo: its message datatypes and its gradient buffer failing on one rank, forward and
+ * backward, 2-token shards and 3 halo rows (messages from several predecessors): every rank
+ * returns an error (GDN_ERR_MPI / GDN_ERR_NOMEM there, naming the rank elsewhere), no hang; the
+ * control without faults exchanges the rows. */
+static void halo_faults(void) {
+    const int fr = D > 1 ? 1 : 0;
+    char needle[32];
+    snprintf(needle, sizeof needle, "rank %d", fr);
+    gdn_cp *cp = NULL;
+    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+    float x[6], dx[6], halo[9], dhalo[9];
+    for (int i = 0; i < 6; i++) x[i] = (float)(100 * rank + i);
+    for (int i = 0; i < 9; i++) dhalo[i] = 1.0f;
+    for (int backward = 0; backward < 2; backward++) {
+        int sites = 0, bad = 0, rc = GDN_OK;
+        for (long n = 1; n < 50; n++) {
+            if (rank == fr) test_fault = (test_fault_ctl){1, n, 0, NULL, NULL};
+            memset(dx, 0, sizeof dx);
+            alarm(30);
+            rc = backward ? gdn_cp_halo_backward(cp, dx, dhalo, 1, 2, 3, 3, 3, GDN_OK)
+                          : gdn_cp_halo_forward(cp, halo, x, 1, 2, 3, 3, 3, GDN_OK);
+            alarm(0);
+            const char *site = test_fault.site;
+            test_fault.armed = 0;
+            int hit = site != NULL;
+            MPI_Bcast(&hit, 1, MPI_INT, fr, MPI_COMM_WORLD);
+            if (!hit) break;
+            sites++;
+            const int want = site && strstr(site, "MPI datatype") ? GDN_ERR_MPI : GDN_ERR_NOMEM;
+            bad += !all_ranks(rank == fr ? rc == want : rc != GDN_OK && strstr(gdn_errmsg(), needle) != NULL);
+        }
+        /* the control: the predecessor's last row (or zeros on rank 0); the gradient of my rows
+         * from the successors whose halo they are */
+        const int ok = rc == GDN_OK && (backward ? (rank + 1 < D ? dx[3] > 0.0f : dx[3] == 0.0f)
+                                                  : (rank ? halo[6] == (float)(100 * (rank - 1) + 3) : halo[6] == 0.0f));
+        check((D == 1 || sites > 0) && bad == 0 && all_ranks(ok),
+              "cp halo %s: each of %d datatype/buffer sites failing on rank %d makes every rank return an error; "
+              "without faults the rows arrive", backward ? "backward" : "forward", sites, fr);
+    }
+    gdn_cp_destroy(cp);
+}
+
+/* The heads strategy's cached plan is made for the whole config: check_finite and the
+ * checkpoint interval too. check_finite off then on: a q row whose squared norm overflows fp32
+ * (finite values, caught only inside the kernel) is refused by the second call; on then off
+ * (the control direction): accepted. Two backward calls with checkpoints every 1 and every 2
+ * chunks: the cached plan follows (64 tokens a rank, 4 chunks of 16). */
+static void heads_plan_key(void) {
+    gdn_cp *cp = NULL;
+    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_HEADS);
+    for (int order = 0; order < 2; order++) {
+        int rc[2];
+        for (int i = 0; i < 2; i++) {
+            const int cf = order == 0 ? i : 1 - i; /* order 0: off, on; order 1: on, off */
+            small_case sc;
+            small_make(&sc, 0, cf, 0);
+            if (i == 1 && rank == D - 1) sc.q[3] = 3e19f;
+            rc[i] = small_call(cp, &sc, sc.plan, 0);
+            small_free(&sc);
+        }
+        if (order == 0)
+            check(all_ranks(rc[0] == GDN_OK && rc[1] == GDN_ERR_NONFINITE),
+                  "heads: check_finite off, then on with an overflowing q row: the second call is refused (%d, %d: %s)",
+                  rc[0], rc[1], gdn_errmsg());
+        else
+            check(all_ranks(rc[0] == GDN_OK && rc[1] == GDN_OK),
+                  "heads: check_finite on, then off with an overflowing q row: not checked (%d, %d)", rc[0], rc[1]);
+    }
+    int ck[2] = {0, 0}, rcs[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        gdn_config c = gdn_config_default(1, 64, D, D, 8, 8);
+        c.chunk = 16, c.threads = 1, c.checkpoint_chunks = i + 1;
+        problem p;
+        problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 5);
+        float *dout = random_floats(n_v(&c)), *gr = malloc(sizeof(float) * (3 * n_qk(&c) + n_v(&c) + 2 * n_g(&c)));
+        gdn_plan *plan = NULL;
+        gdn_plan_create(&plan, &c);
+        alarm(30);
+        rcs[i] = gdn_cp_backward(cp, plan, gr, gr + n_qk(&c), gr + 2 * n_qk(&c), gr + 3 * n_qk(&c),
+                                 gr + 3 * n_qk(&c) + n_g(&c), NULL, p.q, p.k, p.v, p.g, p.beta, NULL, NULL, dout, NULL);
+        alarm(0);
+        ck[i] = cp->heads_plan ? gdn_plan_config(cp->heads_plan)->checkpoint_chunks : -1;
+        gdn_plan_destroy(plan);
+        free(dout), free(gr);
+        problem_free(&p);
+    }
+    check(all_ranks(!rcs[0] && !rcs[1] && ck[0] == 1 && ck[1] == 2),
+          "heads: checkpoints every 1 then every 2 chunks: the head-parallel plan has %d then %d (want 1, 2)", ck[0], ck[1]);
+    gdn_cp_destroy(cp);
+}
+
+/* The issue-17 checks: NULL plans, allocation and datatype faults, the heads plan cache. */
+static void robustness(void) {
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, &old);
+    null_plans();
+    fault_sites();
+    halo_faults();
+    heads_plan_key();
+    sigaction(SIGALRM, &old, NULL);
+}
+
 void test_cp(void) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
@@ -347,6 +655,7 @@ void test_cp(void) {
     }
     bad_input();
     heads_counts();
+    robustness();
 }
 
 /* A golden file split over the ranks: every rank reads the whole file and keeps its slice. */

@@ -1,5 +1,7 @@
 /* Bad input never crashes: every case returns an error code and names what is wrong. */
 #include "harness.h"
+
+#include <omp.h>
 #include "internal.h"
 
 #include <math.h>
@@ -262,13 +264,43 @@ static void file_errors(void) {
 static void nonfinite_scan(void) {
     const int64_t n = 3 << 20;
     float *x = calloc(n, sizeof(float));
-    check(gdn_find_nonfinite_f32(x, n) == -1, "scan of %lld finite floats finds nothing", (long long)n);
+    check(gdn_find_nonfinite_f32(x, n, 2) == -1, "scan of %lld finite floats finds nothing", (long long)n);
     x[2500000] = NAN;
     x[1500001] = -INFINITY;
-    check(gdn_find_nonfinite_f32(x, n) == 1500001, "parallel scan reports the first non-finite element");
+    check(gdn_find_nonfinite_f32(x, n, 2) == 1500001, "parallel scan reports the first non-finite element");
     x[n - 1] = INFINITY;
-    check(gdn_find_nonfinite_f32(x + 2000000, n - 2000000) == 500000, "scan on an offset view");
+    check(gdn_find_nonfinite_f32(x + 2000000, n - 2000000, 2) == 500000, "scan on an offset view");
     free(x);
+}
+
+/* The non-finite scan runs with the plan's threads, not OpenMP's default team (ranks sharing a
+ * node would oversubscribe it): with the default raised to 4, a plan of 1 thread checks a NaN
+ * input of more than 2^20 floats with a team of 1; the control, a plan of 3 threads, is seen
+ * with 3 (so the observation is real). The team is reported by the library's test hook. */
+static void nonfinite_threads(void) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(4);
+    for (int want = 1; want <= 3; want += 2) {
+        gdn_config c = gdn_config_default(1, 8200, 1, 1, 128, 16);
+        c.threads = want;
+        problem p;
+        problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 9);
+        p.q[5000] = NAN;
+        float *o = malloc(sizeof(float) * n_v(&c));
+        gdn_plan *plan = NULL;
+        int rc = gdn_plan_create(&plan, &c);
+        test_threads_site = "find_nonfinite_f32", test_threads_seen = -1;
+        if (!rc) rc = gdn_forward(plan, o, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+        const int seen = test_threads_seen;
+        test_threads_site = NULL;
+        check(rc == GDN_ERR_NONFINITE && seen == want,
+              "plan threads = %d, OpenMP default 4: the NaN check of 'q' (%lld floats) runs with %d thread(s) "
+              "(status %d)", want, (long long)n_qk(&c), seen, rc);
+        gdn_plan_destroy(plan);
+        free(o);
+        problem_free(&p);
+    }
+    omp_set_num_threads(before);
 }
 
 /* Every status the library returns has its own text: none is "unknown status". */
@@ -359,6 +391,7 @@ void test_errors(void) {
     too_large();
     status_texts();
     nonfinite_scan();
+    nonfinite_threads();
     config_errors();
     nonfinite_inputs();
     nonfinite_backward();

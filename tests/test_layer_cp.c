@@ -140,6 +140,18 @@ static void layer_cp_disagree(void) {
         MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         check(all, "%s: every rank returns an error naming %s (\"%s\")", cases[i].what, cases[i].needle, gdn_errmsg());
     }
+    /* a NULL layer plan on rank 1 only: every rank returns an error, forward and backward (the
+     * control: the same calls with every plan succeed) */
+    for (int i = 0; i < 4 && !rc; i++) {
+        gdn_layer_plan *mine = i < 2 && rank == 1 ? NULL : lp;
+        const int bwd = i % 2;
+        int r = bwd ? gdn_layer_cp_backward(cp, mine, dx, dw, x, w, saved, y) : gdn_layer_cp_forward(cp, mine, y, saved, x, w);
+        ok = i < 2 ? r != GDN_OK && strstr(gdn_errmsg(), rank == 1 ? "layer plan is NULL" : "rank 1") != NULL : r == GDN_OK;
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        check(all, "layer %s with %s: every rank returns %s (\"%s\")", bwd ? "backward" : "forward",
+              i < 2 ? "a NULL layer plan on rank 1" : "every plan (control)", i < 2 ? "an error naming rank 1" : "ok",
+              r ? gdn_errmsg() : "ok");
+    }
     if (rc) check(0, "layer disagreement setup: %s", gdn_errmsg());
     gdn_cp_destroy(cp);
     gdn_layer_plan_destroy(lp);

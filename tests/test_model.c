@@ -3,6 +3,8 @@
  * against kept activations, decode against the full forward; each with a negative control. */
 #include "harness.h"
 
+#include <omp.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,6 +271,32 @@ static void test_adamw(void) {
     free(w), free(g), free(m), free(v), free(wd), free(md), free(vd);
 }
 
+/* AdamW runs with the trainer's thread count, never OpenMP's default team: with the default
+ * raised to 4, threads = 1 and threads = 0 ("not given": one thread) update a 256 x 512
+ * embedding with a team of 1; the control, threads = 3, is seen with 3. */
+static void test_adamw_threads(void) {
+    gdn_model_config c = small_cfg();
+    c.E = 512, c.I = 64;
+    gdn_adamw_config a = gdn_adamw_default();
+    const size_t nw = gdn_model_param_floats(&c);
+    float *w = aligned_alloc(64, 4 * nw), *g = aligned_alloc(64, 4 * nw), *m = calloc(nw, 4), *v = calloc(nw, 4);
+    gdn_model_init(&c, w, 1);
+    for (size_t i = 0; i < nw; i++) g[i] = 1e-3f * (float)(i % 7);
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(4);
+    const int asked[3] = {1, 0, 3}, want[3] = {1, 1, 3};
+    for (int i = 0; i < 3; i++) {
+        test_threads_site = "adamw_update", test_threads_seen = -1;
+        gdn_adamw_update(&a, &c, w, g, m, v, 1, 1e-3, 1.0, asked[i]);
+        const int seen = test_threads_seen;
+        test_threads_site = NULL;
+        check(seen == want[i], "AdamW with threads = %d (OpenMP default 4) runs with %d thread(s), want %d", asked[i],
+              seen, want[i]);
+    }
+    omp_set_num_threads(before);
+    free(w), free(g), free(m), free(v);
+}
+
 /* A checkpoint written and read back gives the same logits, bit for bit; the control: the
  * logits of the weights one AdamW-like nudge away (another checkpoint) differ. */
 static void test_checkpoint_logits(void) {
@@ -404,6 +432,7 @@ void test_model(void) {
     test_names();
     test_errors_model();
     test_adamw();
+    test_adamw_threads();
     test_gradients();
     test_packed();
     test_decode();

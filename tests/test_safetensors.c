@@ -4,20 +4,27 @@
 #include <dirent.h>
 #include <math.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Defined in src/io/safetensors.c for tests only: called inside gdn_st_writer_save while the
- * temporary file exists, after the header and before the tensor data. */
-extern void (*gdn_st_save_test_hook)(int stage);
-
-static void raise_sigterm(int stage) { (void)stage, raise(SIGTERM); }
-static void raise_sigint(int stage) { (void)stage, raise(SIGINT); }
-static volatile sig_atomic_t got_signal;
-static void note_signal(int sig) { got_signal = sig; }
+/* The CLI's handler (tools/main.c), for the children below: the library's temporaries go, then
+ * the signal does what it did before (SA_RESETHAND). */
+static void cli_like_handler(int sig) {
+    gdn_st_remove_temporaries();
+    raise(sig);
+}
+static int point_signal;      /* raised at the library's test point (gdn_test_point) */
+static const char *point_site; /* ... of this name */
+static struct sigaction during; /* SIGTERM's disposition seen at the point */
+static void at_point(const char *site) {
+    if (point_site && strcmp(site, point_site)) return;
+    sigaction(SIGTERM, NULL, &during);
+    if (point_signal) raise(point_signal);
+}
 
 /* Whole contents of a file (NULL when unreadable); *n its size. */
 static unsigned char *slurp(const char *path, size_t *n) {
@@ -42,10 +49,12 @@ static int other_entries(const char *dir, const char *keep) {
     return n;
 }
 
-/* SIGTERM/SIGINT arriving while the temporary file exists: it is removed, the old output keeps its
- * bytes, and the signal then does what it did before the save (here: kill the child). A handler
- * the program had installed gets the signal, and the save then fails cleanly. A normal save puts
- * the previous handlers back. */
+/* The library installs no signal handlers: SIGTERM's disposition is the same before, during
+ * (seen at the library's test point, with the temporary file in place) and after a save. A
+ * program that handles SIGINT/SIGTERM the way the CLI does (gdn_st_remove_temporaries, then the
+ * default action) and is signalled mid-write, in gdn_st_writer_save or between
+ * gdn_st_writer_begin and gdn_st_commit (the parallel writer), dies of the signal leaving the old
+ * output's bytes and no temporary file. Control: without a signal the save replaces the file. */
 static void signal_during_save(void) {
     char dir[] = "/tmp/gdncp_sig_XXXXXX", path[64];
     if (!mkdtemp(dir)) {
@@ -65,64 +74,84 @@ static void signal_during_save(void) {
     check(rc == GDN_OK, "signal test: the previous output written");
     size_t n_old = 0, n_now = 0;
     unsigned char *old = slurp(path, &n_old);
-    struct sigaction before, after;
-    sigaction(SIGTERM, NULL, &before);
     gdn_st_writer_create(&w);
     gdn_st_writer_add_f32(w, "new", GDN_F32, 1, shape_new, x);
-    for (int which = 0; which < 2; which++) {
-        const int sig = which ? SIGINT : SIGTERM;
+    /* dispositions: a save in this process, observed before, at the test point, after */
+    struct sigaction before, after;
+    sigaction(SIGTERM, NULL, &before);
+    memset(&during, 0, sizeof during);
+    point_site = "st save: data", point_signal = 0, test_point_action = at_point;
+    rc = gdn_st_writer_save(w, path);
+    test_point_action = NULL;
+    sigaction(SIGTERM, NULL, &after);
+    check(rc == GDN_OK && during.sa_handler == before.sa_handler && after.sa_handler == before.sa_handler &&
+              during.sa_flags == before.sa_flags,
+          "gdn_st_writer_save leaves SIGTERM's disposition alone (before %p, during the write %p, after %p)",
+          (void *)before.sa_handler, (void *)during.sa_handler, (void *)after.sa_handler);
+    /* put the old file back for the signalled writes */
+    FILE *fo = fopen(path, "wb");
+    if (fo) fwrite(old, 1, n_old, fo), fclose(fo);
+    for (int which = 0; which < 3; which++) {
+        const int sig = which == 1 ? SIGINT : SIGTERM;
+        const char *how = which == 0 ? "SIGTERM during gdn_st_writer_save" : which == 1 ? "SIGINT during gdn_st_writer_save"
+                                                                                   : "SIGTERM between gdn_st_writer_begin and gdn_st_commit";
         fflush(stdout), fflush(stderr);
         pid_t pid = fork();
         if (pid == 0) {
-            signal(sig, SIG_DFL);
-            gdn_st_save_test_hook = which ? raise_sigint : raise_sigterm;
-            gdn_st_writer_save(w, path);
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = cli_like_handler;
+            sigemptyset(&sa.sa_mask);
+            sa.sa_flags = SA_RESETHAND;
+            sigaction(sig, &sa, NULL);
+            point_signal = sig, test_point_action = at_point;
+            if (which < 2) {
+                point_site = "st save: data";
+                gdn_st_writer_save(w, path);
+            } else {
+                char tmp[256];
+                point_site = "st begin: created";
+                if (!gdn_st_writer_begin(w, path, tmp, sizeof tmp)) gdn_st_commit(tmp, path);
+            }
             _exit(0); /* not reached: the signal kills the child */
         }
         int st = 0;
         waitpid(pid, &st, 0);
-        check(WIFSIGNALED(st) && WTERMSIG(st) == sig, "%s during a save kills the process as before (status 0x%x)",
-              which ? "SIGINT" : "SIGTERM", st);
-        check(other_entries(dir, "out.safetensors") == 0, "%s during a save: no temporary file left in %s",
-              which ? "SIGINT" : "SIGTERM", dir);
+        check(WIFSIGNALED(st) && WTERMSIG(st) == sig, "%s kills the process as before (status 0x%x)", how, st);
+        check(other_entries(dir, "out.safetensors") == 0, "%s: no temporary file left in %s", how, dir);
         unsigned char *now = slurp(path, &n_now);
-        check(old && now && n_now == n_old && !memcmp(old, now, n_old), "%s during a save: the old file's %zu bytes unchanged",
-              which ? "SIGINT" : "SIGTERM", n_old);
+        check(old && now && n_now == n_old && !memcmp(old, now, n_old), "%s: the old file's %zu bytes unchanged", how,
+              n_old);
         free(now);
     }
-    /* The program's own handler: called, the temporary file gone, the save fails, handler kept. */
+    /* Negative control: no handler (the default action), so nothing removes the temporary file,
+     * and the check above sees it. */
     fflush(stdout), fflush(stderr);
     pid_t pid = fork();
     if (pid == 0) {
-        struct sigaction sa, cur;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = note_signal;
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGTERM, &sa, NULL);
-        gdn_st_save_test_hook = raise_sigterm;
-        int r = gdn_st_writer_save(w, path);
-        sigaction(SIGTERM, NULL, &cur);
-        int code = (got_signal == SIGTERM) | (r == GDN_ERR_IO) << 1 | (strstr(gdn_errmsg(), "signal") != NULL) << 2 |
-                   (cur.sa_handler == note_signal) << 3;
-        _exit(code);
+        signal(SIGTERM, SIG_DFL);
+        point_site = "st save: data", point_signal = SIGTERM, test_point_action = at_point;
+        gdn_st_writer_save(w, path);
+        _exit(0);
     }
     int st = 0;
     waitpid(pid, &st, 0);
-    const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    check(code >= 0 && (code & 1), "SIGTERM with the program's own handler: that handler runs");
-    check(code >= 0 && (code & 2) && (code & 4), "... and the save returns GDN_ERR_IO naming the signal");
-    check(code >= 0 && (code & 8), "... and the program's handler is in place after the save");
-    check(other_entries(dir, "out.safetensors") == 0, "... and no temporary file is left");
-    unsigned char *now = slurp(path, &n_now);
-    check(old && now && n_now == n_old && !memcmp(old, now, n_old), "... and the old file is unchanged");
-    free(now);
-    /* Control: without a signal the same save replaces the file, and SIGTERM's disposition is back. */
+    const int left = other_entries(dir, "out.safetensors");
+    check(WIFSIGNALED(st) && left == 1, "negative control: SIGTERM mid-write without the handler leaves %d temporary "
+          "file(s), want 1", left);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strstr(e->d_name, ".tmp.")) {
+            char p2[512];
+            snprintf(p2, sizeof p2, "%s/%s", dir, e->d_name);
+            unlink(p2);
+        }
+    if (d) closedir(d);
+    /* Control: without a signal the same save replaces the file. */
     rc = gdn_st_writer_save(w, path);
-    sigaction(SIGTERM, NULL, &after);
-    check(rc == GDN_OK && after.sa_handler == before.sa_handler, "a normal save replaces the file and restores SIGTERM's handler");
-    now = slurp(path, &n_now);
-    check(now && n_now > (size_t)4 * N && other_entries(dir, "out.safetensors") == 0,
-          "the new file is in place (%zu bytes), no temporary file left", n_now);
+    unsigned char *now = slurp(path, &n_now);
+    check(rc == GDN_OK && now && n_now > (size_t)4 * N && other_entries(dir, "out.safetensors") == 0,
+          "control: a save without a signal replaces the file (%zu bytes), no temporary file left", n_now);
     free(now), free(old);
     gdn_st_writer_destroy(w);
     free(x);
@@ -130,7 +159,45 @@ static void signal_during_save(void) {
     rmdir(dir);
 }
 
+/* Row slices whose begin + count would wrap past INT64_MAX are refused as out of range (the
+ * check used to add them first); the controls, slices inside the tensor (and an empty one at
+ * its end), read the right values. */
+static void rows_overflow(void) {
+    char path[] = "/tmp/gdncp_rows_XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0) {
+        check(0, "mkstemp for the row-slice test");
+        return;
+    }
+    close(fd);
+    float x[24], got[24];
+    for (int i = 0; i < 24; i++) x[i] = (float)i;
+    const int64_t shape[3] = {2, 4, 3};
+    gdn_st_writer *w;
+    gdn_st_writer_create(&w);
+    gdn_st_writer_add_f32(w, "x", GDN_F32, 3, shape, x);
+    int rc = gdn_st_writer_save(w, path);
+    gdn_st_writer_destroy(w);
+    gdn_st_file *f = NULL;
+    if (!rc) rc = gdn_st_open(&f, path);
+    check(rc == GDN_OK, "row-slice test file written and opened");
+    if (rc) return;
+    const struct { int64_t begin, count; } bad[] = {{INT64_MAX - 1, 4}, {1, INT64_MAX}, {INT64_MAX, INT64_MAX},
+                                                    {3, INT64_MAX - 2}, {4, 1}, {-1, 2}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_status(gdn_st_read_f32_rows(f, "x", got, 24, bad[i].begin, bad[i].count), GDN_ERR_SHAPE, "has no rows",
+                      "rows [%lld, %lld + %lld) of a [2, 4, 3] tensor", (long long)bad[i].begin, (long long)bad[i].begin,
+                      (long long)bad[i].count);
+    rc = gdn_st_read_f32_rows(f, "x", got, 24, 1, 2);
+    check(rc == GDN_OK && got[0] == 3 && got[5] == 8 && got[6] == 15 && got[11] == 20,
+          "control: rows [1, 3) of a [2, 4, 3] tensor read (%s)", rc ? gdn_errmsg() : "ok");
+    expect_status(gdn_st_read_f32_rows(f, "x", got, 24, 4, 0), GDN_OK, NULL, "control: the empty slice [4, 4)");
+    gdn_st_close(f);
+    unlink(path);
+}
+
 void test_safetensors(void) {
+    rows_overflow();
     char path[] = "/tmp/gdncp_st_XXXXXX";
     int fd = mkstemp(path);
     close(fd);

@@ -9,6 +9,29 @@
 
 int tests_passed, tests_failed, tests_quiet;
 
+/* The library's test-only hooks (weak there, src/core/status.c), overridden here. */
+test_fault_ctl test_fault = {0, 0, 0, NULL, NULL};
+int test_threads_seen = -1;
+const char *test_threads_site = NULL;
+void (*test_point_action)(const char *site) = NULL;
+
+int gdn_test_fault(const char *site) {
+    if (!test_fault.armed) return 0;
+    if (test_fault.prefix && strncmp(site, test_fault.prefix, strlen(test_fault.prefix))) return 0;
+    if (++test_fault.count != test_fault.at) return 0;
+    test_fault.site = site;
+    return 1;
+}
+
+void gdn_test_threads(const char *site, int threads) {
+    if (test_threads_site && strcmp(site, test_threads_site)) return;
+    if (threads > test_threads_seen) test_threads_seen = threads;
+}
+
+void gdn_test_point(const char *site) {
+    if (test_point_action) test_point_action(site);
+}
+
 static void report(int ok, const char *fmt, va_list ap) {
     if (!tests_quiet) {
         printf("%s  ", ok ? "PASS" : "FAIL");

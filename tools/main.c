@@ -4,6 +4,7 @@
 
 #include "gdncp/cp.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -61,30 +62,53 @@ static const struct {
     {"sample", NULL, cmd_sample, MPI_NEVER},
 };
 
-/* Run a subcommand inside MPI (context parallelism): every rank's exit status agrees. The
- * library's OpenMP threads call MPI only from the main thread: FUNNELED is needed, and an MPI
- * that cannot give it is refused before anything runs. */
+/* SIGINT/SIGTERM (the library installs no handlers): remove the temporary files of the
+ * safetensors writes in progress (gdn_st_writer_save's and the parallel writer's), then die of
+ * the signal as before (SA_RESETHAND: the default action once this returns). */
+static void on_signal(int sig) {
+    gdn_st_remove_temporaries();
+    raise(sig);
+}
+
+static void install_signal_handlers(void) {
+    static const int sigs[2] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old, sa;
+        if (sigaction(sigs[i], NULL, &old) != 0 || old.sa_handler == SIG_IGN) continue; /* (nohup, ...) */
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESETHAND;
+        sigaction(sigs[i], &sa, NULL);
+    }
+}
+
+/* Run a subcommand inside MPI (context parallelism): every rank's exit status agrees. gdncp
+ * runs OpenMP threads inside each rank and needs MPI_THREAD_FUNNELED: an MPI that cannot give it
+ * is refused (every rank gets the same answer, so every rank stops). */
 static int with_mpi(int (*cmd)(int, char **), int argc, char **argv) {
-    int provided = MPI_THREAD_SINGLE;
+    int provided = MPI_THREAD_SINGLE, rank = 0;
     if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "gdncp %s: MPI_Init_thread failed\n", argv[1]);
         return 1;
     }
-    int rc;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (provided < MPI_THREAD_FUNNELED) {
-        fprintf(stderr, "gdncp %s: this MPI gives thread level %d, below MPI_THREAD_FUNNELED (%d) that "
-                        "gdncp's OpenMP threads need\n", argv[1], provided, MPI_THREAD_FUNNELED);
-        rc = 1;
-    } else {
-        rc = cmd(argc - 1, argv + 1);
+        if (!rank)
+            fprintf(stderr, "gdncp %s: the MPI library provides thread support level %d (%s), below "
+                            "MPI_THREAD_FUNNELED (%d) that gdncp's OpenMP threads inside each rank need\n",
+                    argv[1], provided, provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "?", MPI_THREAD_FUNNELED);
+        MPI_Finalize();
+        return 1;
     }
-    int any = rc;
+    int rc = cmd(argc - 1, argv + 1), any = rc;
     MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Finalize();
     return any;
 }
 
 int main(int argc, char **argv) {
+    install_signal_handlers();
     if (argc < 2) {
         usage(stderr);
         return 2;

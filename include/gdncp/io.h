@@ -83,6 +83,11 @@ GDN_API int gdn_st_writer_offset(gdn_st_writer *w, const char *name, uint64_t *o
 GDN_API int gdn_st_writer_begin(gdn_st_writer *w, const char *path, char *tmp, size_t cap);
 GDN_API int gdn_st_write_at(const char *tmp, uint64_t offset, const float *data, size_t n);
 GDN_API int gdn_st_commit(const char *tmp, const char *path);
+/* The library installs no signal handlers. For an application's SIGINT/SIGTERM handler
+ * (async-signal-safe): remove the temporary files of every safetensors write in progress in
+ * this process (gdn_st_writer_save's, and gdn_st_writer_begin's until gdn_st_commit), so an
+ * interrupted write leaves the previous file and no temporary one. */
+GDN_API void gdn_st_remove_temporaries(void);
 
 /* ---------------------------------------------------------------- layer weights from checkpoints
  * A Hugging Face safetensors file holding one GatedDeltaNet layer's weights, bare

@@ -11,6 +11,19 @@
 /* Record a failure for gdn_errmsg() and return its code: `return gdn_fail(GDN_ERR_SHAPE, "...")`. */
 int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Test-only hooks (not API): weak definitions in status.c do nothing; a test program that links
+ * the static library overrides them with strong ones. The library holds no mutable test state.
+ * gdn_test_fault: called before each allocation of the CP layer (gdn_cp_malloc) and each MPI
+ * datatype it creates, naming the site; non-zero makes that allocation / MPI call fail as if
+ * the system had refused it (fault injection: "allocation number N fails on rank R").
+ * gdn_test_point: called at named points of long operations (e.g. a safetensors write with its
+ * temporary file in place), so a test can act there (raise a signal).
+ * gdn_test_threads: called once by the first thread of some parallel regions with the size of
+ * the team that runs it, so a test can see that a configured thread count is honoured. */
+int gdn_test_fault(const char *site);
+void gdn_test_point(const char *site);
+void gdn_test_threads(const char *site, int threads);
+
 /* A broken internal invariant (never a user error): abort with file:line. */
 #define GDN_ASSERT(cond)                                                                    \
     do {                                                                                    \
@@ -47,8 +60,9 @@ int gdn_check_fits(const char *what, double bytes);
 /* What a non-regular file is, for messages ("a directory", "a FIFO", ...); from st_mode. */
 const char *gdn_file_kind(mode_t mode);
 
-/* First non-finite element of x[0..n), or -1. */
-int64_t gdn_find_nonfinite_f32(const float *x, int64_t n);
+/* First non-finite element of x[0..n), or -1. A large x is scanned by `threads` OpenMP threads
+ * (the caller's plan or run setting; <= 0 means 1): a rank never opens more than it was given. */
+int64_t gdn_find_nonfinite_f32(const float *x, int64_t n, int threads);
 int64_t gdn_find_nonfinite_f64(const double *x, int64_t n);
 
 /* ---- small GEMM: C[m x n] (+)= A[m x kk] B[kk x n], row-major with row strides.
@@ -330,10 +344,10 @@ static inline int gdn_row_nonfinite(const float *x, int64_t n) {
     for (int l = 0; l < 8; l++) s += acc[l];
     return s != s;
 }
-int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite);
+int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite, int threads);
 /* An output (or a gradient) that came out non-finite: GDN_ERR_NONFINITE naming it and the
  * element, with the usual causes; GDN_OK when finite. */
-int gdn_check_output(const char *name, const float *x, int64_t n);
+int gdn_check_output(const char *name, const float *x, int64_t n, int threads);
 typedef struct { const char *name; const float *x; int64_t n; } gdn_named_output;
 /* The in-loop check found a non-finite row but the exact scans found nothing: a finite q or k
  * row so large that its squared norm overflows. Returns GDN_ERR_NONFINITE. */

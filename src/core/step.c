@@ -402,9 +402,9 @@ int gdn_step(gdn_plan *p, float *o, float *state, const float *q, const float *k
         gdn_fp_fast_end(fm);
     }
     if (bad && c->check_finite) {
-        int64_t at = gdn_find_nonfinite_f32(state, items * K * V);
+        int64_t at = gdn_find_nonfinite_f32(state, items * K * V, p->threads);
         const char *name = at >= 0 ? "state" : "o";
-        if (at < 0) at = gdn_find_nonfinite_f32(o, items * V);
+        if (at < 0) at = gdn_find_nonfinite_f32(o, items * V, p->threads);
         return gdn_fail(GDN_ERR_NONFINITE,
                         "output '%s' is non-finite at flat index %lld after the step (overflow: are "
                         "gates g > 0 or keys unnormalised?)",

@@ -121,11 +121,11 @@ static int explain_nonfinite(gdn_plan *p, const gdn_inputs *in, const float *h0,
     const int64_t ns = c->Hv * c->K * c->V;
     int rc;
     if ((rc = gdn_check_inputs(p, in->q, in->k, in->v, in->g, in->beta, h0))) return rc;
-    if (dout && (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, 1))) return rc;
+    if (dout && (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, 1, c->threads))) return rc;
     for (int i = 0; i < nouts; i++)
-        if (outs[i].x && (rc = gdn_check_output(outs[i].name, outs[i].x, outs[i].n))) return rc;
+        if (outs[i].x && (rc = gdn_check_output(outs[i].name, outs[i].x, outs[i].n, c->threads))) return rc;
     for (int64_t i = 0; dh0 && i < p->streams.n; i++)
-        if (!p->streams.s[i].cont_in && (rc = gdn_check_output("dh0", dh0 + p->streams.s[i].row * ns, ns)))
+        if (!p->streams.s[i].cont_in && (rc = gdn_check_output("dh0", dh0 + p->streams.s[i].row * ns, ns, c->threads)))
             return rc;
     return gdn_fail_keys_overflow();
 }
@@ -140,10 +140,10 @@ int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const flo
      * rows it touches anyway (separate passes over them cost ~8 % with 2 threads), and scanned
      * exactly only when something was found, to name the tensor and the element. */
     int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
-        (rc = gdn_check_tensor("beta", beta, 0, 0)) ||
-        (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite))))
+    if ((rc = gdn_check_tensor("q", q, 0, 0, 1)) || (rc = gdn_check_tensor("k", k, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0, 1)) || (rc = gdn_check_tensor("g", g, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0, 1)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite, c->threads))))
         return rc;
     for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = 0;
     /* Without outputs or saved states only the streams whose final state is wanted run (a CP
@@ -205,7 +205,7 @@ int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const flo
             return explain_nonfinite(p, &in, h0, NULL, outs, 1, NULL);
         }
         for (int64_t i = 0; ht && i < st->n; i++)
-            if (!st->s[i].cont_out && (rc = gdn_check_output("ht", ht + st->s[i].row * ns, ns))) return rc;
+            if (!st->s[i].cont_out && (rc = gdn_check_output("ht", ht + st->s[i].row * ns, ns, c->threads))) return rc;
     }
     return GDN_OK;
 }
@@ -225,11 +225,11 @@ int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg
      * for NaN/Inf inside the loop on the rows it touches anyway, and scanned exactly only when
      * something was found, to name the tensor and the element (as the forward does). */
     int rc;
-    if ((rc = gdn_check_tensor("q", q, 0, 0)) || (rc = gdn_check_tensor("k", k, 0, 0)) ||
-        (rc = gdn_check_tensor("v", v, 0, 0)) || (rc = gdn_check_tensor("g", g, 0, 0)) ||
-        (rc = gdn_check_tensor("beta", beta, 0, 0)) || (rc = gdn_check_tensor("do", dout, 0, 0)) ||
-        (h0 && (rc = gdn_check_tensor("h0", h0, nst, c->check_finite))) ||
-        (dht && (rc = gdn_check_tensor("dht", dht, nst, c->check_finite))))
+    if ((rc = gdn_check_tensor("q", q, 0, 0, 1)) || (rc = gdn_check_tensor("k", k, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("v", v, 0, 0, 1)) || (rc = gdn_check_tensor("g", g, 0, 0, 1)) ||
+        (rc = gdn_check_tensor("beta", beta, 0, 0, 1)) || (rc = gdn_check_tensor("do", dout, 0, 0, 1)) ||
+        (h0 && (rc = gdn_check_tensor("h0", h0, nst, c->check_finite, c->threads))) ||
+        (dht && (rc = gdn_check_tensor("dht", dht, nst, c->check_finite, c->threads))))
         return rc;
     for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = p->bws[t].nonfinite = 0;
     const gdn_inputs in = {q, k, v, g, beta};

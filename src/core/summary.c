@@ -9,10 +9,10 @@ static int check_keys_gates(const gdn_config *c, const float *q, const float *k,
                             const float *beta) {
     const int64_t nqk = c->B * c->T * c->Hk * c->K, ng = c->B * c->T * c->Hv;
     int rc;
-    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite)) ||
-        (rc = gdn_check_tensor("k", k, nqk, c->check_finite)) ||
-        (rc = gdn_check_tensor("g", g, ng, c->check_finite)) ||
-        (rc = gdn_check_tensor("beta", beta, ng, c->check_finite)))
+    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite, c->threads)) ||
+        (rc = gdn_check_tensor("k", k, nqk, c->check_finite, c->threads)) ||
+        (rc = gdn_check_tensor("g", g, ng, c->check_finite, c->threads)) ||
+        (rc = gdn_check_tensor("beta", beta, ng, c->check_finite, c->threads)))
         return rc;
     return GDN_OK;
 }
@@ -35,7 +35,7 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
     int rc;
     if ((rc = check_no_reset(p, "gdn_summary"))) return rc;
     if ((rc = check_keys_gates(c, q, k, g, beta)) ||
-        (sb && (rc = gdn_check_tensor("v", v, c->B * c->T * c->Hv * c->V, c->check_finite))))
+        (sb && (rc = gdn_check_tensor("v", v, c->B * c->T * c->Hv * c->V, c->check_finite, c->threads))))
         return rc; /* A alone ignores v */
     const int64_t Hv = c->Hv, K = c->K, V = c->V;
     /* The augmented state [S | A]; without sb only the A columns are pushed through. */
@@ -121,8 +121,8 @@ int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, co
     int rc;
     if ((rc = check_no_reset(p, "gdn_summary_adjoint"))) return rc;
     if ((rc = check_keys_gates(c, q, k, g, beta)) ||
-        (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite)) ||
-        (ds_out && (rc = gdn_check_tensor("dS_out", ds_out, c->B * c->Hv * c->K * c->V, c->check_finite))))
+        (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite, c->threads)) ||
+        (ds_out && (rc = gdn_check_tensor("dS_out", ds_out, c->B * c->Hv * c->K * c->V, c->check_finite, c->threads))))
         return rc;
     const gdn_inputs in = {q, k, NULL, g, beta};
     const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, ds_out, NULL, NULL};

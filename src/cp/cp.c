@@ -26,6 +26,24 @@ int gdn_cp_strategy_parse(const char *name) {
     return -1;
 }
 
+void *gdn_cp_malloc(size_t bytes, const char *site) {
+    return gdn_test_fault(site) ? NULL : malloc(bytes ? bytes : 1);
+}
+
+void *gdn_cp_calloc(size_t n, size_t size, const char *site) {
+    return gdn_test_fault(site) ? NULL : calloc(n && size ? n : 1, n && size ? size : 1);
+}
+
+/* The worst status over the ranks of comm and the lowest rank that has it (MAXLOC): one
+ * Allreduce. *worst = 0 when every rank passed GDN_OK. */
+static int worst_status(MPI_Comm comm, int rank, int local, int *worst, int *who) {
+    struct { int v, r; } in = {local, rank}, out = {0, 0};
+    if (MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MAXLOC, comm) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed (status agreement)");
+    *worst = out.v, *who = out.r;
+    return GDN_OK;
+}
+
 int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "cp output pointer is NULL");
     *out = NULL;
@@ -34,22 +52,36 @@ int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) return gdn_fail(GDN_ERR_MPI, "MPI is not initialised (call MPI_Init_thread first)");
-    gdn_cp *cp = calloc(1, sizeof *cp);
-    if (!cp) return gdn_fail(GDN_ERR_NOMEM, "cp context");
-    if (MPI_Comm_dup(comm, &cp->comm) != MPI_SUCCESS) {
-        free(cp);
-        return gdn_fail(GDN_ERR_MPI, "MPI_Comm_dup failed");
-    }
+    MPI_Comm dup = MPI_COMM_NULL;
+    if (MPI_Comm_dup(comm, &dup) != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Comm_dup failed");
     /* MPI failures on gdncp's communicator come back as return codes (the default handler
      * aborts the job), so they become gdncp errors with a message. */
-    MPI_Comm_set_errhandler(cp->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(cp->comm, &cp->rank);
-    MPI_Comm_size(cp->comm, &cp->size);
-    cp->strategy = strategy;
-    cp->shard_T = calloc((size_t)cp->size, sizeof *cp->shard_T);
-    if (!cp->shard_T) {
+    int local = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN) == MPI_SUCCESS
+                    ? GDN_OK
+                    : gdn_fail(GDN_ERR_MPI, "MPI_Comm_set_errhandler(MPI_ERRORS_RETURN) failed");
+    int rank = 0, size = 1;
+    MPI_Comm_rank(dup, &rank);
+    MPI_Comm_size(dup, &size);
+    gdn_cp *cp = gdn_cp_calloc(1, sizeof *cp, "cp context");
+    if (cp) {
+        cp->comm = dup, cp->rank = rank, cp->size = size, cp->strategy = strategy;
+        cp->shard_T = gdn_cp_calloc((size_t)size, sizeof *cp->shard_T, "cp context: shard sizes");
+        cp->agree_tab = gdn_cp_calloc((size_t)GDN_CP_AGREE_COLS * (size + 1), sizeof(int64_t), "cp context: agreement table");
+        cp->tab64 = gdn_cp_calloc((size_t)size, sizeof(int64_t), "cp context: gather sizes");
+        cp->counts = gdn_cp_calloc(4 * (size_t)size, sizeof(int), "cp context: gather counts");
+    }
+    if (!local && (!cp || !cp->shard_T || !cp->agree_tab || !cp->tab64 || !cp->counts))
+        local = gdn_fail(GDN_ERR_NOMEM, "cp context (%d ranks)", size);
+    /* before anyone uses the context: a rank that could not make its own stops every rank */
+    int worst = 0, who = 0, rc = worst_status(dup, rank, local, &worst, &who);
+    if (!rc && !local && worst)
+        rc = gdn_fail(worst, "gdn_cp_create: rank %d failed (%s); see its message", who, gdn_strerror(worst));
+    if (!rc) rc = local;
+    if (rc) {
+        if (cp) cp->comm = MPI_COMM_NULL;
         gdn_cp_destroy(cp);
-        return gdn_fail(GDN_ERR_NOMEM, "cp context");
+        MPI_Comm_free(&dup);
+        return rc;
     }
     *out = cp;
     return GDN_OK;
@@ -59,7 +91,7 @@ void gdn_cp_destroy(gdn_cp *cp) {
     if (!cp) return;
     if (cp->comm != MPI_COMM_NULL) MPI_Comm_free(&cp->comm);
     gdn_plan_destroy(cp->heads_plan);
-    free(cp->shard_T);
+    free(cp->shard_T), free(cp->agree_tab), free(cp->tab64), free(cp->counts);
     free(cp->scratch);
     free(cp);
 }
@@ -75,30 +107,55 @@ void gdn_cp_set_fault(gdn_cp *cp, int fault) { cp->fault = fault; }
 
 float *gdn_cp_scratch(gdn_cp *cp, size_t floats) {
     if (floats > cp->scratch_cap) {
-        float *p = realloc(cp->scratch, floats * sizeof(float));
+        float *p = gdn_test_fault("cp scratch") ? NULL : realloc(cp->scratch, floats * sizeof(float));
         if (!p) return NULL;
         cp->scratch = p, cp->scratch_cap = floats;
     }
     return cp->scratch;
 }
 
+int gdn_cp_combine_reserve(gdn_cp *cp, int64_t nm, int64_t K, int64_t V) {
+    const int64_t pair = nm * K * (K + V);
+    const int64_t need = cp->strategy == GDN_CP_SCAN ? 2 * pair : cp->strategy == GDN_CP_ALLGATHER ? pair * cp->size : 0;
+    if (need && !gdn_cp_scratch(cp, (size_t)need))
+        return gdn_fail(GDN_ERR_NOMEM, "cp %s buffers (%lld floats)", gdn_cp_strategy_name(cp->strategy),
+                        (long long)need);
+    return GDN_OK;
+}
+
 int gdn_cp_agree_status(gdn_cp *cp, int local) {
-    int worst = local;
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
+    int worst = 0, who = 0;
     double t0 = now();
-    if (MPI_Allreduce(&local, &worst, 1, MPI_INT, MPI_MAX, cp->comm) != MPI_SUCCESS)
-        return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed");
+    int rc = worst_status(cp->comm, cp->rank, local, &worst, &who);
     cp->stats.comm_s += now() - t0;
-    if (worst && !local)
-        return gdn_fail(worst, "another rank failed (%s); see its message", gdn_strerror(worst));
+    if (rc) return rc;
+    if (worst && !local) return gdn_fail(worst, "rank %d failed (%s); see its message", who, gdn_strerror(worst));
     return local;
+}
+
+/* "rank 1", "ranks 0, 2, 5" (the first 8, then "..."): the ranks r with bad[r * stride] != 0. */
+static void rank_list(char *buf, size_t cap, const int64_t *bad, int stride, int D) {
+    int n = 0, len = 0;
+    for (int r = 0; r < D; r++) n += bad[(size_t)r * stride] != 0;
+    len = snprintf(buf, cap, "rank%s", n > 1 ? "s" : "");
+    for (int r = 0, k = 0; r < D && len < (int)cap; r++)
+        if (bad[(size_t)r * stride]) {
+            len += k < 8 ? snprintf(buf + len, cap - len, "%s %d", k ? "," : "", r)
+                         : k == 8 ? snprintf(buf + len, cap - len, ", ...") : 0;
+            k++;
+        }
 }
 
 int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
     const gdn_config *c = gdn_plan_config(plan);
     /* Everything that decides which collectives follow must match on every rank before any of
-     * them starts: shapes and options, the strategy, and the call (forward or backward, and
-     * which optional inputs and outputs change the message pattern). */
-    enum { NSIG = 14, SEQ_OFFSET = 13 };
+     * them starts: whether each rank has a plan, its local status, shapes and options, the
+     * strategy, and the call (forward or backward, and which optional inputs and outputs change
+     * the message pattern). Every verdict is drawn from the gathered table alone, so every rank
+     * reaches the same one (and no rank needs a second collective to learn another's failure). */
+    enum { HAS_PLAN = 0, STATUS = 1, T_COL = 2, STRATEGY = 11, CALL = 12, SEQ_OFFSET = 15, NSIG = 16 };
+    _Static_assert((int)NSIG <= (int)GDN_CP_AGREE_COLS, "the agreement table is preallocated for GDN_CP_AGREE_COLS values");
     int64_t sig[NSIG] = {0};
     if (c) {
         int32_t scale_bits;
@@ -108,32 +165,45 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
         uint64_t cu_hash = 1469598103934665603ull;
         for (int64_t d = 0; c->cu_seqlens && d <= c->n_docs; d++)
             cu_hash = (cu_hash ^ (uint64_t)c->cu_seqlens[d]) * 1099511628211ull;
-        const int64_t s[NSIG] = {c->T, c->B, c->Hk, c->Hv, c->K, c->V, c->chunk, c->l2norm, scale_bits,
+        const int64_t s[NSIG] = {1, local, c->T, c->B, c->Hk, c->Hv, c->K, c->V, c->chunk, c->l2norm, scale_bits,
                                  cp->strategy, call, c->cu_seqlens ? c->n_docs : -1, (int64_t)cu_hash,
                                  c->seq_offset};
         memcpy(sig, s, sizeof sig);
     } else {
-        sig[9] = cp->strategy, sig[10] = call;
+        sig[HAS_PLAN] = 0, sig[STATUS] = local, sig[STRATEGY] = cp->strategy, sig[CALL] = call;
     }
-    int64_t *all = malloc(sizeof(int64_t) * NSIG * cp->size);
-    if (!all) return gdn_fail(GDN_ERR_NOMEM, "cp agreement");
+    int64_t *all = cp->agree_tab + GDN_CP_AGREE_COLS; /* preallocated: [size, NSIG] */
     double t0 = now();
     int mrc = MPI_Allgather(sig, NSIG, MPI_INT64_T, all, NSIG, MPI_INT64_T, cp->comm);
     cp->stats.comm_s += now() - t0;
-    if (mrc != MPI_SUCCESS) {
-        free(all);
-        return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
-    }
-    static const char *names[NSIG] = {"T", "B", "Hk", "Hv", "K", "V", "chunk", "l2norm", "scale",
+    if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement)");
+    static const char *names[NSIG] = {"", "", "T", "B", "Hk", "Hv", "K", "V", "chunk", "l2norm", "scale",
                                       "the CP strategy", "the call (forward/backward and its optional tensors)",
                                       "packing (n_docs of cu_seqlens, -1: dense)", "the cu_seqlens offsets"};
+    const int D = cp->size;
+    /* 1. a rank without a plan: the same message everywhere, naming them */
+    int64_t *no_plan = cp->tab64; /* (preallocated, D values) */
+    int missing = 0;
+    for (int r = 0; r < D; r++) missing += (no_plan[r] = !all[r * NSIG + HAS_PLAN]) != 0;
+    if (missing) {
+        char who[160];
+        rank_list(who, sizeof who, no_plan, 1, D);
+        return gdn_fail(GDN_ERR_ARG, "plan is NULL on %s (of %d)", who, D);
+    }
+    /* 2. a local failure (bad input, memory): that rank's own message there, its rank elsewhere */
+    if (local) return local;
+    for (int r = 0; r < D; r++)
+        if (all[r * NSIG + STATUS])
+            return gdn_fail((int)all[r * NSIG + STATUS], "rank %d failed (%s); see its message", r,
+                            gdn_strerror((int)all[r * NSIG + STATUS]));
+    /* 3. the shapes, options and call against rank 0's */
     int rc = GDN_OK;
     int64_t before = 0; /* tokens of the ranks before r */
-    for (int r = 0; r < cp->size && !rc; r++) {
-        cp->shard_T[r] = all[r * NSIG];
-        for (int i = 1; i < SEQ_OFFSET && !rc; i++)
-            if (all[r * NSIG + i] != all[i] && (c || i == 9 || i == 10)) {
-                if (i == 9)
+    for (int r = 0; r < D && !rc; r++) {
+        cp->shard_T[r] = all[r * NSIG + T_COL];
+        for (int i = T_COL + 1; i < SEQ_OFFSET && !rc; i++)
+            if (all[r * NSIG + i] != all[i]) {
+                if (i == STRATEGY)
                     rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on the CP strategy: rank %d has '%s', rank 0 has '%s'", r,
                                   gdn_cp_strategy_name((gdn_cp_strategy)all[r * NSIG + i]),
                                   gdn_cp_strategy_name((gdn_cp_strategy)all[i]));
@@ -141,46 +211,51 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
                     rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
                                   names[i], r, (long long)all[r * NSIG + i], (long long)all[i]);
             }
-        if (!rc && c && c->cu_seqlens && all[r * NSIG + SEQ_OFFSET] != before)
+        if (!rc && c->cu_seqlens && all[r * NSIG + SEQ_OFFSET] != before)
             rc = gdn_fail(GDN_ERR_SHAPE, "cu_seqlens: rank %d's plan has seq_offset %lld but the ranks before it hold "
                           "%lld tokens (seq_offset must be the shard's first token in the packed stream)",
                           r, (long long)all[r * NSIG + SEQ_OFFSET], (long long)before);
-        before += all[r * NSIG];
+        before += all[r * NSIG + T_COL];
     }
-    if (!rc && c && c->cu_seqlens && c->cu_seqlens[c->n_docs] != before)
+    if (!rc && c->cu_seqlens && c->cu_seqlens[c->n_docs] != before)
         rc = gdn_fail(GDN_ERR_SHAPE, "cu_seqlens ends at %lld but the %d ranks hold %lld tokens in all",
-                      (long long)c->cu_seqlens[c->n_docs], cp->size, (long long)before);
-    free(all);
-    if (!plan && !local) local = gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (rc) return rc; /* every rank saw the same table, so every rank fails alike */
-    return gdn_cp_agree_status(cp, local);
+                      (long long)c->cu_seqlens[c->n_docs], D, (long long)before);
+    return rc; /* every rank saw the same table, so every rank fails alike */
 }
 
 int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names, int local) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
-    int64_t *mine = malloc(sizeof(int64_t) * (n + 2)), *all = malloc(sizeof(int64_t) * (n + 2) * cp->size);
-    if (!mine || !all) {
-        free(mine), free(all);
-        return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp agreement"));
+    if (n < 0 || (n && (!vals || !names))) local = local ? local : gdn_fail(GDN_ERR_ARG, "cp agreement: bad values");
+    if (n < 0 || !vals) n = 0;
+    const int w = n + 2;
+    int64_t *mine = cp->agree_tab, *all = cp->agree_tab + GDN_CP_AGREE_COLS, *own = NULL;
+    if (w > GDN_CP_AGREE_COLS) { /* beyond the preallocated table: allocate, and agree on that first */
+        own = gdn_cp_malloc(sizeof(int64_t) * (size_t)w * (cp->size + 1), "cp agreement table");
+        int rc = gdn_cp_agree_status(cp, own ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "cp agreement (%d values)", n));
+        if (rc) {
+            free(own);
+            return rc;
+        }
+        mine = own, all = own + w;
     }
     /* n itself travels first (a count mismatch is a disagreement too; every rank sends n + 2) */
     mine[0] = n, mine[1] = local;
     for (int i = 0; i < n; i++) mine[i + 2] = vals[i];
     const double t0 = now();
-    const int mrc = MPI_Allgather(mine, n + 2, MPI_INT64_T, all, n + 2, MPI_INT64_T, cp->comm);
+    const int mrc = MPI_Allgather(mine, w, MPI_INT64_T, all, w, MPI_INT64_T, cp->comm);
     cp->stats.comm_s += now() - t0;
     int rc = mrc == MPI_SUCCESS ? local : gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement)");
     for (int r = 0; r < cp->size && !rc; r++)
-        if (all[r * (n + 2) + 1])
-            rc = gdn_fail((int)all[r * (n + 2) + 1], "rank %d failed (%s); see its message", r,
-                          gdn_strerror((int)all[r * (n + 2) + 1]));
+        if (all[r * w + 1])
+            rc = gdn_fail((int)all[r * w + 1], "rank %d failed (%s); see its message", r,
+                          gdn_strerror((int)all[r * w + 1]));
     for (int r = 0; r < cp->size && !rc; r++)
         for (int i = 0; i < n + 1 && !rc; i++)
-            if (all[r * (n + 2) + (i ? i + 1 : 0)] != all[i ? i + 1 : 0])
+            if (all[r * w + (i ? i + 1 : 0)] != all[i ? i + 1 : 0])
                 rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
                               i ? names[i - 1] : "the number of values agreed on", r,
-                              (long long)all[r * (n + 2) + (i ? i + 1 : 0)], (long long)all[i ? i + 1 : 0]);
-    free(mine), free(all);
+                              (long long)all[r * w + (i ? i + 1 : 0)], (long long)all[i ? i + 1 : 0]);
+    free(own);
     return rc;
 }
 
@@ -242,7 +317,7 @@ int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t
     int rc = GDN_OK;
     if (cp->strategy == GDN_CP_SCAN) {
         float *buf = gdn_cp_scratch(cp, 2 * (size_t)pair);
-        if (!buf) return gdn_fail(GDN_ERR_NOMEM, "scan buffers (%lld floats)", (long long)(2 * pair));
+        GDN_ASSERT(buf); /* reserved before the agreement step (gdn_cp_combine_reserve) */
         float *recv = buf, *tmp = buf + pair;
         const int64_t na = nm * K * K;
         /* Hillis-Steele: ceil(log2(D-1)) rounds over positions 0..D-2. Before the round at
@@ -268,7 +343,7 @@ int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t
         }
     } else if (cp->strategy == GDN_CP_ALLGATHER) {
         float *all = gdn_cp_scratch(cp, (size_t)pair * D);
-        if (!all) return gdn_fail(GDN_ERR_NOMEM, "allgather buffer (%lld floats)", (long long)(pair * D));
+        GDN_ASSERT(all); /* reserved before the agreement step (gdn_cp_combine_reserve) */
         double t0 = now();
         int mrc = MPI_Allgather(mine, (int)pair, MPI_FLOAT, all, (int)pair, MPI_FLOAT, cp->comm);
         cp->stats.comm_s += now() - t0;
@@ -327,9 +402,10 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
     int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL) : GDN_OK;
     if (!local && (!dq || !dk || !dv || !dg || !dbeta))
         local = gdn_fail(GDN_ERR_ARG, "a gradient output (dq, dk, dv, dg, dbeta) is NULL");
-    if (!local) local = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite);
-    if (!local && (cp->rank == cp->size - 1 || packed) && dht)
-        local = gdn_check_tensor("dht", dht, gdn_state_floats(c), c->check_finite);
+    /* (a NULL plan is this rank's column of the agreement below: every rank refuses it) */
+    if (!local && c) local = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite, c->threads);
+    if (!local && c && (cp->rank == cp->size - 1 || packed) && dht)
+        local = gdn_check_tensor("dht", dht, gdn_state_floats(c), c->check_finite, c->threads);
     /* s_in given on some ranks only would send some ranks into the forward's scan alone (and a
      * packed stream's dh0 is gathered from every rank) */
     int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_BACKWARD | (s_in ? GDN_CP_CALL_SIN : 0) |
@@ -342,12 +418,13 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv,
 
 int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_local, int64_t inner,
                        float *full, int root) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     const int D = cp->size;
-    int64_t *T = malloc(sizeof(int64_t) * D);
-    int *counts = malloc(sizeof(int) * 2 * D);
+    int64_t *T = cp->tab64; /* preallocated (gdn_cp_create): nothing to fail before the first collective */
+    int *counts = cp->counts;
     float *all = NULL;
-    int rc = T && counts ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "gather rows");
-    if (!rc && MPI_Allgather(&T_local, 1, MPI_INT64_T, T, 1, MPI_INT64_T, cp->comm) != MPI_SUCCESS)
+    int rc = GDN_OK;
+    if (MPI_Allgather(&T_local, 1, MPI_INT64_T, T, 1, MPI_INT64_T, cp->comm) != MPI_SUCCESS)
         rc = gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
     int64_t total = 0;
     for (int r = 0; !rc && r < D; r++) {
@@ -357,7 +434,7 @@ int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_loca
                           (long long)(B * (total + T[r]) * inner));
         else counts[r] = (int)(B * T[r] * inner), counts[D + r] = (int)(total * B * inner), total += T[r];
     }
-    if (!rc && cp->rank == root && !(all = malloc(sizeof(float) * (B * total * inner + 1))))
+    if (!rc && cp->rank == root && !(all = gdn_cp_malloc(sizeof(float) * (B * total * inner + 1), "gather rows: the whole tensor")))
         rc = gdn_fail(GDN_ERR_NOMEM, "gather rows (%lld floats)", (long long)(B * total * inner));
     rc = gdn_cp_agree_status(cp, rc);
     if (!rc && MPI_Gatherv(local, (int)(B * T_local * inner), MPI_FLOAT, all, counts, counts + D,
@@ -372,6 +449,6 @@ int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_loca
             t0 += T[r];
         }
     }
-    free(T), free(counts), free(all);
+    free(all);
     return rc;
 }

@@ -15,10 +15,32 @@ struct gdn_cp {
     gdn_cp_stats stats;
     int fault;
     int64_t *shard_T;    /* every rank's T_r, filled by the agreement check */
+    /* Fixed-size tables of every call, allocated once by gdn_cp_create (so no call allocates
+     * them, and no allocation failure can strand the other ranks in the collective they feed):
+     * agree_tab holds GDN_CP_AGREE_COLS int64 for this rank then as many per rank; tab64 D
+     * int64; counts 4 D ints (counts and displacements of gathers). */
+    int64_t *agree_tab, *tab64;
+    int *counts;
     float *scratch;      /* grow-only buffer for pairs and states */
     size_t scratch_cap;
     gdn_plan *heads_plan; /* cached plan of the head-parallel shape */
+    gdn_config heads_key; /* the config it was made from (its cu_seqlens pointer only says whether packed) */
 };
+
+/* Columns of the preallocated agreement table: gdn_cp_agree's signature, the halo's and
+ * gdn_cp_agree_values' n + 2 values fit it (a longer gdn_cp_agree_values allocates its table and
+ * agrees on that allocation first). */
+enum { GDN_CP_AGREE_COLS = 32 };
+
+/* Every allocation of the CP layer goes through these (malloc / calloc semantics, a zero size
+ * allocates one byte): the site names it for the test-only fault hook (gdn_test_fault). A
+ * failure is local: the caller folds it into a collective status (gdn_cp_agree_status, or the
+ * local status of an agreement step) before the next collective, so no rank is left waiting. */
+void *gdn_cp_malloc(size_t bytes, const char *site);
+void *gdn_cp_calloc(size_t n, size_t size, const char *site);
+/* An MPI datatype constructor, unless the fault hook fails it first (then MPI_ERR_OTHER, and
+ * nothing was created). */
+#define GDN_CP_MPI_TYPE(site, call) (gdn_test_fault(site) ? MPI_ERR_OTHER : (call))
 
 /* Check that all ranks agree on the plan's shape and options (except T), the strategy and the
  * call (GDN_CP_CALL_* flags); fills shard_T. Collective. Also folds a local failure status into
@@ -26,7 +48,12 @@ struct gdn_cp {
 enum { GDN_CP_CALL_FORWARD = 1, GDN_CP_CALL_BACKWARD = 2, GDN_CP_CALL_SIN = 4,
        GDN_CP_CALL_HT = 8 /* packed: per-document final states (forward) or dh0 (backward) gathered */ };
 int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local_status, int call);
+/* The grow-only scratch buffer (NULL when it cannot grow). Collective paths reserve what they
+ * will need (gdn_cp_combine_reserve) before the agreement step that precedes their messages. */
 float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
+/* Reserve the scratch gdn_cp_combine needs for pairs of this shape (GDN_OK or GDN_ERR_NOMEM,
+ * local): call it before the agreement step that precedes the combine. */
+int gdn_cp_combine_reserve(gdn_cp *cp, int64_t nm, int64_t K, int64_t V);
 
 /* MPI wrappers that keep the accounting. Counts in floats; dest/src may be MPI_PROC_NULL. */
 int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, float *rbuf,

@@ -84,27 +84,38 @@ static int layout_init(gdn_cp *cp, layout *L, const gdn_config *c) {
     L->block_type = MPI_DATATYPE_NULL;
     L->B = c->B, L->state_rows = c->cu_seqlens ? c->n_docs : c->B;
     L->row_floats[0] = c->Hk / D * c->K, L->row_floats[1] = c->Hv / D * c->V, L->row_floats[2] = c->Hv / D;
-    L->t_off = calloc(D + 1, sizeof(int64_t));
-    L->scount = calloc(4 * (size_t)D, sizeof(int));
+    L->t_off = gdn_cp_calloc(D + 1, sizeof(int64_t), "cp heads: token offsets");
+    L->scount = gdn_cp_calloc(4 * (size_t)D, sizeof(int), "cp heads: counts");
     if (!L->t_off || !L->scount) return gdn_fail(GDN_ERR_NOMEM, "heads layout");
     L->sdispl = L->scount + D, L->rcount = L->sdispl + D, L->rdispl = L->rcount + D;
     int64_t T_max = 0;
     for (int r = 0; r < D; r++)
         L->t_off[r + 1] = L->t_off[r] + cp->shard_T[r], T_max = cp->shard_T[r] > T_max ? cp->shard_T[r] : T_max;
     L->T_total = L->t_off[D];
-    for (int i = 0; i < N_ROWS; i++)
-        if (MPI_Type_contiguous((int)L->row_floats[i], MPI_FLOAT, &L->row_type[i]) != MPI_SUCCESS ||
-            MPI_Type_commit(&L->row_type[i]) != MPI_SUCCESS)
+    /* (a type the fault hook refused was never made: its handle stays MPI_DATATYPE_NULL; one made
+     * but not committed is freed by layout_free) */
+    for (int i = 0; i < N_ROWS; i++) {
+        MPI_Datatype t;
+        if (GDN_CP_MPI_TYPE("cp heads: MPI datatype", MPI_Type_contiguous((int)L->row_floats[i], MPI_FLOAT, &t)) !=
+            MPI_SUCCESS)
             return gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous of a %lld-float row failed", (long long)L->row_floats[i]);
+        L->row_type[i] = t;
+        if (MPI_Type_commit(&L->row_type[i]) != MPI_SUCCESS)
+            return gdn_fail(GDN_ERR_MPI, "MPI_Type_commit of a %lld-float row failed", (long long)L->row_floats[i]);
+    }
     const int64_t block = c->Hv / D * c->K * c->V; /* (fits an int: gdn_cp_heads_check) */
-    if (MPI_Type_contiguous((int)block, MPI_FLOAT, &L->block_type) != MPI_SUCCESS ||
-        MPI_Type_commit(&L->block_type) != MPI_SUCCESS)
+    MPI_Datatype t;
+    if (GDN_CP_MPI_TYPE("cp heads: MPI datatype", MPI_Type_contiguous((int)block, MPI_FLOAT, &t)) != MPI_SUCCESS)
         return gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous of a %lld-float state block failed", (long long)block);
+    L->block_type = t;
+    if (MPI_Type_commit(&L->block_type) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Type_commit of a %lld-float state block failed", (long long)block);
     const int64_t rows = c->B * (D * T_max > L->T_total ? D * T_max : L->T_total);
     const int64_t widest = L->row_floats[0] > L->row_floats[1] ? L->row_floats[0] : L->row_floats[1];
     const size_t n = (size_t)(rows * widest), nstate = (size_t)(L->state_rows * c->Hv * c->K * c->V);
-    L->sbuf = malloc(sizeof(float) * (n ? n : 1)), L->rbuf = malloc(sizeof(float) * (n ? n : 1));
-    L->state = malloc(sizeof(float) * (nstate ? nstate : 1));
+    L->sbuf = gdn_cp_malloc(sizeof(float) * n, "cp heads: send buffer");
+    L->rbuf = gdn_cp_malloc(sizeof(float) * n, "cp heads: receive buffer");
+    L->state = gdn_cp_malloc(sizeof(float) * nstate, "cp heads: state buffer");
     if (!L->sbuf || !L->rbuf || !L->state)
         return gdn_fail(GDN_ERR_NOMEM, "heads exchange buffers (2 x %zu + %zu floats)", n, nstate);
     return GDN_OK;
@@ -189,7 +200,8 @@ static int scatter_state(gdn_cp *cp, layout *L, const float *full, int root, int
     const int D = cp->size;
     const int64_t Hl = Hv / D, blk = B * Hl * KV;
     int have = full != NULL;
-    MPI_Bcast(&have, 1, MPI_INT, root, cp->comm);
+    if (MPI_Bcast(&have, 1, MPI_INT, root, cp->comm) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Bcast failed (whether rank %d holds the state)", root);
     *present = have;
     if (!have) {
         memset(mine, 0, sizeof(float) * blk);
@@ -280,7 +292,19 @@ static int packed_check(int D, const gdn_config *c) {
     return GDN_OK;
 }
 
-/* The plan of the head-parallel shape, kept in the context while the shape stays the same. */
+/* Whether a cached head-parallel plan made from `key` serves config c: every field that shapes
+ * the plan or what it checks (check_finite, the checkpoint interval, threads, ...); the offsets
+ * themselves are compared with the plan's own copy. */
+static int same_key(const gdn_config *a, const gdn_config *b) {
+    return a->B == b->B && a->T == b->T && a->Hk == b->Hk && a->Hv == b->Hv && a->K == b->K && a->V == b->V &&
+           a->chunk == b->chunk && !memcmp(&a->scale, &b->scale, sizeof a->scale) && a->l2norm == b->l2norm &&
+           a->threads == b->threads && a->check_finite == b->check_finite &&
+           a->checkpoint_chunks == b->checkpoint_chunks && (a->cu_seqlens != NULL) == (b->cu_seqlens != NULL) &&
+           a->n_docs == b->n_docs && a->seq_offset == b->seq_offset;
+}
+
+/* The plan of the head-parallel shape, kept in the context while the config it was made from
+ * stays the same. */
 static int heads_plan(gdn_cp *cp, const gdn_plan *plan, int64_t T_total, gdn_plan **out) {
     gdn_config c = *gdn_plan_config(plan);
     const int D = cp->size; /* (D divides Hk: gdn_cp_heads_check) */
@@ -289,13 +313,13 @@ static int heads_plan(gdn_cp *cp, const gdn_plan *plan, int64_t T_total, gdn_pla
     const gdn_config *have = cp->heads_plan ? gdn_plan_config(cp->heads_plan) : NULL;
     const int same_docs = have && (have->cu_seqlens != NULL) == (c.cu_seqlens != NULL) && have->n_docs == c.n_docs &&
                           (!c.cu_seqlens || !memcmp(have->cu_seqlens, c.cu_seqlens, sizeof(int64_t) * (c.n_docs + 1)));
-    if (!have || !same_docs || have->T != c.T || have->B != c.B || have->Hk != c.Hk || have->Hv != c.Hv ||
-        have->K != c.K || have->V != c.V || have->chunk != c.chunk || have->scale != c.scale ||
-        have->l2norm != c.l2norm || have->threads != c.threads) {
+    if (!have || !same_docs || !same_key(&cp->heads_key, &c)) {
         gdn_plan_destroy(cp->heads_plan);
         cp->heads_plan = NULL;
         int rc = gdn_plan_create(&cp->heads_plan, &c);
         if (rc) return rc;
+        cp->heads_key = c;
+        /* (of heads_key.cu_seqlens only whether it is NULL is ever read: it may dangle) */
     }
     *out = cp->heads_plan;
     return GDN_OK;
@@ -318,7 +342,8 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
     rc = layout_init(cp, &L, c);
     if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D;
-    if (!rc && !(buf = malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * nsr * Hvl * KV))))
+    if (!rc && !(buf = gdn_cp_malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * nsr * Hvl * KV),
+                                     "cp heads forward: head-parallel tensors")))
         rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     float *hq = buf, *hk = hq + B * T * Hkl * K, *hv = hk + B * T * Hkl * K, *ho = hv + B * T * Hvl * V;
@@ -364,7 +389,8 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     rc = layout_init(cp, &L, c);
     if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D, nqk = B * T * Hkl * K, nv = B * T * Hvl * V, ng = B * T * Hvl;
-    if (!rc && !(buf = malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * nsr * Hvl * KV))))
+    if (!rc && !(buf = gdn_cp_malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * nsr * Hvl * KV),
+                                     "cp heads backward: head-parallel tensors")))
         rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     float *hq = buf, *hk = hq + nqk, *gq = hk + nqk, *gk = gq + nqk, *hv = gk + nqk, *hdo = hv + nv, *gv = hdo + nv;

@@ -51,33 +51,41 @@ void gdn_cp_doc_ranges(const gdn_cp *cp, const gdn_config *c, int ending, int *c
     }
 }
 
-/* Every rank's rows (batch rows, or documents) that end (ending = 1) or start within its tokens:
- * contiguous ranges of row indices, gathered in place into buf [rows, Hv, K, V] from their
- * owners. */
-static int gather_rows(gdn_cp *cp, const gdn_config *c, float *buf, int ending) {
-    const int D = cp->size;
+/* The MPI datatype of one row's state (Hv K V floats), made before the agreement step that
+ * precedes the gather (a local failure must not strand the other ranks in it). The sizes are
+ * agreed values: every rank refuses alike. */
+static int state_type(const gdn_config *c, MPI_Datatype *type) {
+    *type = MPI_DATATYPE_NULL;
     const int64_t nd = c->cu_seqlens ? c->n_docs : c->B, ns = c->Hv * c->K * c->V;
     if (nd > INT_MAX || ns > INT_MAX)
         return gdn_fail(GDN_ERR_SHAPE, "%lld rows of %lld-float states exceed MPI's int counts", (long long)nd,
                         (long long)ns);
-    int *count = malloc(sizeof(int) * 2 * (size_t)D);
-    if (!count) return gdn_fail(GDN_ERR_NOMEM, "per-row state gather");
-    int *displ = count + D;
+    if (GDN_CP_MPI_TYPE("cp rows: MPI datatype", MPI_Type_contiguous((int)ns, MPI_FLOAT, type)) != MPI_SUCCESS) {
+        *type = MPI_DATATYPE_NULL;
+        return gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous failed (per-row states)");
+    }
+    if (MPI_Type_commit(type) != MPI_SUCCESS) {
+        MPI_Type_free(type);
+        return gdn_fail(GDN_ERR_MPI, "MPI_Type_commit failed (per-row states)");
+    }
+    return GDN_OK;
+}
+
+/* Every rank's rows (batch rows, or documents) that end (ending = 1) or start within its tokens:
+ * contiguous ranges of row indices, gathered in place into buf [rows, Hv, K, V] from their
+ * owners. */
+static int gather_rows(gdn_cp *cp, const gdn_config *c, float *buf, int ending, MPI_Datatype state) {
+    const int D = cp->size;
+    const int64_t nd = c->cu_seqlens ? c->n_docs : c->B, ns = c->Hv * c->K * c->V;
+    int *count = cp->counts, *displ = count + D; /* preallocated (gdn_cp_create) */
     gdn_cp_doc_ranges(cp, c, ending, count, displ);
-    MPI_Datatype state;
     int rc = GDN_OK;
     const double t0 = now();
-    if (MPI_Type_contiguous((int)ns, MPI_FLOAT, &state) != MPI_SUCCESS || MPI_Type_commit(&state) != MPI_SUCCESS) {
-        rc = gdn_fail(GDN_ERR_MPI, "MPI_Type_contiguous failed (per-row states)");
-    } else {
-        if (MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, displ, state, cp->comm) != MPI_SUCCESS)
-            rc = gdn_fail(GDN_ERR_MPI, "MPI_Allgatherv failed (per-row %s)", ending ? "final states" : "dh0");
-        MPI_Type_free(&state);
-    }
+    if (MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, displ, state, cp->comm) != MPI_SUCCESS)
+        rc = gdn_fail(GDN_ERR_MPI, "MPI_Allgatherv failed (per-row %s)", ending ? "final states" : "dh0");
     cp->stats.comm_s += now() - t0;
     cp->stats.bytes_sent += 4 * (uint64_t)count[cp->rank] * ns * (D - 1), cp->stats.messages += D - 1;
     cp->stats.bytes_recv += 4 * (uint64_t)(nd - count[cp->rank]) * ns; /* (not a round of the strategy) */
-    free(count);
     return rc;
 }
 
@@ -98,7 +106,9 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
     const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
     gdn_streams_set_shard(plan, r == 0, r == D - 1);
     const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, KV = K * V, ns = nm * KV, na = nm * K * K, pair = na + ns;
-    float *mine = calloc((size_t)(pair + 2 * ns), sizeof(float));
+    MPI_Datatype st_type = MPI_DATATYPE_NULL;
+    /* (a failure here meets the other ranks' first collective, the fold's agreement step) */
+    float *mine = gdn_cp_calloc((size_t)(pair + 2 * ns), sizeof(float), "cp forward: pair and states");
     if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
     float *incoming = mine + pair, *out_state = incoming + ns;
     /* 1. Fold (the last rank's map is needed by nobody; relay passes states instead, but a relay
@@ -114,6 +124,7 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
         rc = gdn_streams_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, out_state);
     }
     (D == 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
+    if (!rc) rc = gdn_cp_combine_reserve(cp, nm, K, V);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine (rank 0 starts every row afresh: its map is constant, as the scan needs). Relay:
@@ -136,10 +147,12 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
     }
     if (!rc && relay && r + 1 < D && !early) rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
     if (relay) cp->stats.rounds = D - 1;
-    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     /* The final states, on every rank from where their rows end: a packed call agreed on ht; a
      * dense call gathers whenever it has outputs (ht may be given on some ranks only). */
-    if (o && (ht || !st->packed)) rc = gather_rows(cp, c, ht ? ht : out_state, 1);
+    const int gather = o && (ht || !st->packed);
+    if (!rc && gather) rc = state_type(c, &st_type);
+    if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
+    if (gather) rc = gather_rows(cp, c, ht ? ht : out_state, 1, st_type);
     for (int64_t i = 0; !rc && s_in && i < st->n; i++) { /* the state each row's first token starts from */
         const gdn_stream *s = &st->s[i];
         if (i > 0 && st->s[i - 1].b == s->b) continue;
@@ -148,6 +161,7 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
         else memset(s_in + s->b * c->Hv * KV, 0, sizeof(float) * c->Hv * KV);
     }
 done:
+    if (st_type != MPI_DATATYPE_NULL) MPI_Type_free(&st_type);
     free(mine);
     return rc;
 }
@@ -161,7 +175,10 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
     const gdn_streams *st = &plan->streams;
     const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
     const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, ns = nm * K * V, na = nm * K * K, pair = na + ns;
-    float *mine = calloc((size_t)(pair + 3 * ns + na), sizeof(float));
+    MPI_Datatype st_type = MPI_DATATYPE_NULL;
+    /* (a failure here meets the other ranks' first collective: the recompute's or the fold's
+     * agreement step) */
+    float *mine = gdn_cp_calloc((size_t)(pair + 3 * ns + na), sizeof(float), "cp backward: pair and states");
     if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
     float *ds_out = mine + pair, *state_in = ds_out + ns, *dsin = state_in + ns, *A = dsin + ns;
     gdn_cp_stats fwd = {0};
@@ -193,6 +210,7 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
         } /* else every stream starts here: no gradient flows to the ranks before */
     }
     (D == 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
+    if (!rc) rc = gdn_cp_combine_reserve(cp, nm, K, V);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine in reverse rank order (the last rank ends every row: a constant map). */
@@ -214,10 +232,12 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
     }
     if (!rc && relay && r > 0 && !early) rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
     if (relay) cp->stats.rounds = D - 1;
+    if (!rc && st->packed && ds_in) rc = state_type(c, &st_type);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
-    if (st->packed && ds_in) rc = gather_rows(cp, c, ds_in, 0); /* given on every rank or none: agreed */
+    if (st->packed && ds_in) rc = gather_rows(cp, c, ds_in, 0, st_type); /* given on every rank or none: agreed */
     else if (ds_in) memcpy(ds_in, dsin, sizeof(float) * ns);
 done:
+    if (st_type != MPI_DATATYPE_NULL) MPI_Type_free(&st_type);
     free(mine);
     return rc;
 }

@@ -325,13 +325,16 @@ static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap,
                             f->path, name, (unsigned long long)n, cap);
         return read_span(f, t, 0, n, dst, dst_is_f64);
     }
-    if (t->ndim < 2 || begin < 0 || begin + count > t->shape[1])
-        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has no rows [%lld, %lld) along dimension 1",
-                        f->path, name, (long long)begin, (long long)(begin + count));
+    /* overflow-safe: begin + count is never formed before it is known to fit (count >= 0 here) */
+    if (t->ndim < 2 || begin < 0 || begin > t->shape[1] || count > t->shape[1] - begin)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has no rows [%lld, %lld + %lld) along dimension 1 (%lld rows)",
+                        f->path, name, (long long)begin, (long long)begin, (long long)count,
+                        (long long)(t->ndim < 2 ? 0 : t->shape[1]));
     uint64_t inner = 1;
     for (int i = 2; i < t->ndim; i++) inner *= (uint64_t)t->shape[i];
     const uint64_t outer = (uint64_t)t->shape[0], rows = (uint64_t)t->shape[1];
-    if (outer * count * inner > cap)
+    /* (the tensor's element count fits: parse_tensor; so does outer * count * inner <= it) */
+    if (outer * (uint64_t)count * inner > cap)
         return gdn_fail(GDN_ERR_SHAPE, "%s: slice of '%s' does not fit the buffer", f->path, name);
     const size_t es = dst_is_f64 ? 8 : 4;
     for (uint64_t o = 0; o < outer; o++) {
@@ -539,55 +542,69 @@ static char *build_header(gdn_st_writer *w, size_t *len) {
     return out;
 }
 
-/* SIGINT/SIGTERM while the temporary file exists: remove it, then let the signal do what it
- * would have done. The handler touches only these statics (async-signal-safe: unlink, sigaction,
- * raise). One save at a time owns them (save_guard); a save in another thread meanwhile runs
- * without the handler. */
-static char save_tmp[PATH_MAX + 32];
-static volatile sig_atomic_t save_tmp_live, save_signalled;
-static struct sigaction save_old[2];
-static const int save_signals[2] = {SIGINT, SIGTERM};
-static atomic_flag save_guard = ATOMIC_FLAG_INIT;
+/* The temporary files of the writes in progress, for gdn_st_remove_temporaries (an
+ * application's signal handler: the library installs none). Lock-free slots: 0 free, 1 being
+ * filled by its owner, 2 live (the name complete), 3 being removed by the handler. A slot whose
+ * file is gone (a caller that removed an abandoned gdn_st_writer_begin file itself) is taken
+ * back when the slots run out; with none to take, the write goes on unregistered. */
+enum { TMP_FREE = 0, TMP_FILLING = 1, TMP_LIVE = 2, TMP_REMOVING = 3, TMP_SLOTS = 32 };
+static struct {
+    atomic_int state;
+    char path[PATH_MAX + 32];
+} tmp_slots[TMP_SLOTS];
 
-/* For tests only: when set, called inside gdn_st_writer_save after the header and before the
- * tensor data are written, while the temporary file exists (stage 1). Not part of the API. */
-void (*gdn_st_save_test_hook)(int stage) = NULL;
+static int tmp_register(const char *tmp) {
+    if (strlen(tmp) >= sizeof tmp_slots[0].path) return -1;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < TMP_SLOTS; i++) {
+            int want = pass ? TMP_LIVE : TMP_FREE;
+            if (pass && (atomic_load(&tmp_slots[i].state) != TMP_LIVE || access(tmp_slots[i].path, F_OK) == 0)) continue;
+            if (!atomic_compare_exchange_strong(&tmp_slots[i].state, &want, TMP_FILLING)) continue;
+            memcpy(tmp_slots[i].path, tmp, strlen(tmp) + 1);
+            atomic_store(&tmp_slots[i].state, TMP_LIVE);
+            return i;
+        }
+    return -1;
+}
 
-static void save_on_signal(int sig) {
-    int saved_errno = errno;
-    if (save_tmp_live) unlink(save_tmp), save_tmp_live = 0;
-    save_signalled = sig;
-    for (int i = 0; i < 2; i++)
-        if (save_signals[i] == sig) sigaction(sig, &save_old[i], NULL);
-    raise(sig); /* pending until this handler returns, then handled as before the save */
+static void tmp_unregister(int slot) {
+    if (slot >= 0) atomic_store(&tmp_slots[slot].state, TMP_FREE);
+}
+
+static void tmp_unregister_path(const char *tmp) {
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        int live = TMP_LIVE;
+        if (atomic_load(&tmp_slots[i].state) == TMP_LIVE && !strcmp(tmp_slots[i].path, tmp) &&
+            atomic_compare_exchange_strong(&tmp_slots[i].state, &live, TMP_FILLING))
+            atomic_store(&tmp_slots[i].state, TMP_FREE);
+    }
+}
+
+void gdn_st_remove_temporaries(void) {
+    const int saved_errno = errno;
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        int live = TMP_LIVE;
+        if (atomic_compare_exchange_strong(&tmp_slots[i].state, &live, TMP_REMOVING)) {
+            unlink(tmp_slots[i].path); /* async-signal-safe */
+            atomic_store(&tmp_slots[i].state, TMP_FREE);
+        }
+    }
     errno = saved_errno;
 }
 
-/* Install the handlers (where the signal is not ignored); returns whether they were installed. */
-static int save_signals_install(void) {
-    if (atomic_flag_test_and_set(&save_guard)) return 0;
-    save_tmp_live = 0, save_signalled = 0;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = save_on_signal;
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 2; i++) sigaddset(&sa.sa_mask, save_signals[i]);
-    for (int i = 0; i < 2; i++) {
-        sigaction(save_signals[i], NULL, &save_old[i]);
-        if (save_old[i].sa_handler != SIG_IGN) sigaction(save_signals[i], &sa, NULL);
-    }
-    return 1;
-}
-
-static void save_signals_restore(void) {
+/* mkstemp and register the name with SIGINT/SIGTERM blocked in this thread (its mask only; no
+ * disposition changes), so a handler never misses a file that exists. *slot: -1 if unregistered. */
+static int make_temporary(char *tmp, int *slot) {
     sigset_t block, prev;
     sigemptyset(&block);
-    for (int i = 0; i < 2; i++) sigaddset(&block, save_signals[i]);
+    sigaddset(&block, SIGINT), sigaddset(&block, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &block, &prev);
-    save_tmp_live = 0;
-    for (int i = 0; i < 2; i++) sigaction(save_signals[i], &save_old[i], NULL);
+    const int fd = mkstemp(tmp);
+    const int err = errno;
+    *slot = fd >= 0 ? tmp_register(tmp) : -1;
     pthread_sigmask(SIG_SETMASK, &prev, NULL);
-    atomic_flag_clear(&save_guard);
+    errno = err;
+    return fd;
 }
 
 /* fsync the directory holding path, so that the rename itself is durable. */
@@ -613,7 +630,9 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
     if (!header)
         return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the safetensors header (%d tensors)",
                         path, w->count);
-    /* Atomic: write a temporary file in the same directory, fsync, then rename over path. */
+    /* Atomic: write a temporary file in the same directory, fsync, then rename over path. On
+     * every failure the temporary file is removed; while it exists it is registered for
+     * gdn_st_remove_temporaries (the application's signal handler). */
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 16);
     if (!tmp) {
@@ -621,30 +640,21 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
         return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the temporary file name", path);
     }
     snprintf(tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    /* Signals are blocked from before the file exists until the handler knows its name. */
-    const int guarded = plen + 16 <= sizeof save_tmp && save_signals_install();
-    sigset_t block, prev;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT), sigaddset(&block, SIGTERM);
-    if (guarded) pthread_sigmask(SIG_BLOCK, &block, &prev);
-    int fd = mkstemp(tmp);
-    int saved_errno = errno;
-    if (guarded && fd >= 0) memcpy(save_tmp, tmp, plen + 16), save_tmp_live = 1;
-    if (guarded) pthread_sigmask(SIG_SETMASK, &prev, NULL);
+    int slot;
+    const int fd = make_temporary(tmp, &slot);
     if (fd < 0) {
-        if (guarded) save_signals_restore();
-        int rc = gdn_fail(GDN_ERR_IO, "%s: cannot create temporary file: %s", path,
-                          strerror(saved_errno));
+        int rc = gdn_fail(GDN_ERR_IO, "%s: cannot create temporary file: %s", path, strerror(errno));
         free(header), free(tmp);
         return rc;
     }
-    fchmod(fd, 0644);
-    FILE *fp = fdopen(fd, "wb");
-    int ok = fp != NULL;
+    int ok = fchmod(fd, 0644) == 0;
+    int saved_errno = errno;
+    FILE *fp = ok ? fdopen(fd, "wb") : NULL;
+    ok = ok && fp != NULL;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     ok = ok && fwrite(len8, 1, 8, fp) == 8 && fwrite(header, 1, hlen, fp) == hlen;
-    if (gdn_st_save_test_hook) gdn_st_save_test_hook(1);
+    gdn_test_point("st save: data");
     for (int i = 0; ok && i < w->count; i++) {
         if (!w->entries[i].bytes) { /* reserved tensors belong to gdn_st_writer_begin */
             errno = EINVAL;
@@ -654,31 +664,23 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
         ok = fwrite(w->entries[i].bytes, 1, w->entries[i].nbytes, fp) == w->entries[i].nbytes;
     }
     ok = ok && fflush(fp) == 0 && fsync(fd) == 0;
-    saved_errno = errno;
+    if (!ok && errno) saved_errno = errno;
     if (fp) ok = (fclose(fp) == 0) && ok;
     else close(fd);
-    /* A signal whose previous handler returned: the temporary file is gone, the save failed. */
-    const int signalled = guarded ? save_signalled : 0;
-    if (guarded) pthread_sigmask(SIG_BLOCK, &block, &prev);
-    ok = ok && !signalled && rename(tmp, path) == 0;
-    if (!ok) saved_errno = errno ? errno : saved_errno;
-    if (guarded) save_tmp_live = 0, pthread_sigmask(SIG_SETMASK, &prev, NULL);
+    ok = ok && rename(tmp, path) == 0;
+    if (!ok && errno) saved_errno = errno;
     int rc = GDN_OK;
     if (!ok) {
         unlink(tmp);
-        if (signalled)
-            rc = gdn_fail(GDN_ERR_IO, "%s: write interrupted by signal %d (previous file, if any, "
-                          "left intact)", path, signalled);
-        else
-            rc = gdn_fail(GDN_ERR_IO, "%s: write failed: %s (previous file, if any, left intact)",
-                          path, strerror(saved_errno));
+        rc = gdn_fail(GDN_ERR_IO, "%s: write failed: %s (previous file, if any, left intact)", path,
+                      strerror(saved_errno));
     } else {
         int err = fsync_parent(path);
         if (err)
             rc = gdn_fail(GDN_ERR_IO, "%s: written and renamed, but fsync of its directory failed: %s",
                           path, strerror(err));
     }
-    if (guarded) save_signals_restore();
+    tmp_unregister(slot); /* after the rename or the unlink: the name is gone either way */
     free(header), free(tmp);
     return rc;
 }
@@ -712,18 +714,19 @@ int gdn_st_writer_begin(gdn_st_writer *w, const char *path, char *tmp, size_t ca
         return gdn_fail(GDN_ERR_ARG, "%s: path too long for the temporary name", path);
     }
     snprintf(tmp, cap, "%s.tmp.XXXXXX", path);
-    const int fd = mkstemp(tmp);
+    int slot; /* registered until gdn_st_commit (or its removal here on failure) */
+    const int fd = make_temporary(tmp, &slot);
     if (fd < 0) {
         free(header);
         return gdn_fail(GDN_ERR_IO, "%s: cannot create temporary file: %s", path, strerror(errno));
     }
-    fchmod(fd, 0644);
+    gdn_test_point("st begin: created");
     uint64_t total = 8 + hlen;
     for (int i = 0; i < w->count; i++) total += w->entries[i].nbytes;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     /* the whole size first (reserved tensors read as zeros until written: a sparse file) */
-    int ok = ftruncate(fd, (off_t)total) == 0 && pwrite(fd, len8, 8, 0) == 8 &&
+    int ok = fchmod(fd, 0644) == 0 && ftruncate(fd, (off_t)total) == 0 && pwrite(fd, len8, 8, 0) == 8 &&
              pwrite(fd, header, hlen, 8) == (ssize_t)hlen;
     uint64_t off = 8 + hlen;
     for (int i = 0; ok && i < w->count; i++) {
@@ -740,6 +743,7 @@ int gdn_st_writer_begin(gdn_st_writer *w, const char *path, char *tmp, size_t ca
     free(header);
     if (!ok) {
         unlink(tmp);
+        tmp_unregister(slot);
         return gdn_fail(GDN_ERR_IO, "%s: cannot write the temporary file: %s", path, strerror(err));
     }
     return GDN_OK;
@@ -768,8 +772,10 @@ int gdn_st_commit(const char *tmp, const char *path) {
     if (rename(tmp, path) != 0) {
         const int err = errno;
         unlink(tmp);
+        tmp_unregister_path(tmp);
         return gdn_fail(GDN_ERR_IO, "%s: rename failed: %s (previous file, if any, left intact)", path, strerror(err));
     }
+    tmp_unregister_path(tmp);
     const int err = fsync_parent(path);
     return err ? gdn_fail(GDN_ERR_IO, "%s: renamed, but fsync of its directory failed: %s", path, strerror(err))
                : GDN_OK;

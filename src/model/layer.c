@@ -306,13 +306,13 @@ void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const void *w) {
 int gdn_layer_check_inputs(gdn_layer_plan *lp, const float *x, const char *xname, const void *w) {
     if (!lp) return gdn_fail(GDN_ERR_ARG, "layer plan is NULL");
     int rc;
-    if ((rc = gdn_check_tensor(xname, x, lp->N * lp->cfg.E, lp->cfg.check_finite))) return rc;
+    if ((rc = gdn_check_tensor(xname, x, lp->N * lp->cfg.E, lp->cfg.check_finite, lp->threads))) return rc;
     if (!w) return gdn_fail(GDN_ERR_ARG, "layer weights are NULL");
     if (lp->cfg.weight_dtype == GDN_BF16) return gdn_layer_weights_prepare(lp, w, lp->cfg.check_finite);
     if (lp->cfg.check_finite)
         for (int i = 0; i < GDN_P_COUNT; i++) {
             const float *p = param(lp, w, i);
-            const int64_t at = gdn_find_nonfinite_f32(p, (int64_t)gdn_layer_param_numel(&lp->cfg, i));
+            const int64_t at = gdn_find_nonfinite_f32(p, (int64_t)gdn_layer_param_numel(&lp->cfg, i), lp->threads);
             if (at >= 0)
                 return gdn_fail_nonfinite("weight", gdn_layer_param_name(i), (double)p[at], at);
         }
@@ -372,7 +372,7 @@ static int packed_caches_check(const gdn_layer_plan *lp, const float *conv_state
     static const char *const name[2] = {"conv_state", "rec_state"};
     for (int i = 0; i < 2; i++) {
         if (!x[i]) continue;
-        int rc = gdn_check_tensor(name[i], x[i], n[i], c->check_finite);
+        int rc = gdn_check_tensor(name[i], x[i], n[i], c->check_finite, lp->threads);
         if (rc) return rc;
         for (int64_t e = 0; e < n[i]; e++)
             if (x[i][e] != 0.0f)
@@ -393,9 +393,9 @@ int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x
     const int packed = c->cu_seqlens != NULL;
     if (packed && (rc = packed_caches_check(lp, conv_state, rec_state))) return rc;
     if (!packed && conv_state &&
-        (rc = gdn_check_tensor("conv_state", conv_state, c->B * lp->cd * c->Kc, c->check_finite)))
+        (rc = gdn_check_tensor("conv_state", conv_state, c->B * lp->cd * c->Kc, c->check_finite, lp->threads)))
         return rc;
-    if (!packed && rec_state && (rc = gdn_check_tensor("rec_state", rec_state, (int64_t)state_n, c->check_finite)))
+    if (!packed && rec_state && (rc = gdn_check_tensor("rec_state", rec_state, (int64_t)state_n, c->check_finite, lp->threads)))
         return rc;
     gdn_layer_saved sv = gdn_layer_saved_view(lp, saved);
     float *proj = sv.proj ? sv.proj : lp->proj, *o = sv.o ? sv.o : lp->o;
@@ -612,7 +612,7 @@ int gdn_layer_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
                        const float *saved, const float *dy) {
     int rc;
     if ((rc = gdn_layer_check_trainable(lp)) || (rc = gdn_layer_check_inputs(lp, x, "x", w))) return rc;
-    if ((rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite))) return rc;
+    if ((rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite, lp->threads))) return rc;
     if (!dx) return gdn_fail(GDN_ERR_ARG, "layer output 'dx' is NULL");
     if (!dw) return gdn_fail(GDN_ERR_ARG, "layer output 'dw' is NULL");
     gdn_layer_saved sv = gdn_layer_saved_view(lp, (float *)saved);
@@ -652,7 +652,7 @@ int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const void *w
     const int64_t B = c->B, E = c->E, P = lp->P, cd = lp->cd, Kc = c->Kc, Hv = c->Hv;
     /* x is B rows: cheap to check; the weights were checked when they were loaded or planned. */
     int rc;
-    if ((rc = gdn_check_tensor("x", x, B * E, c->check_finite))) return rc;
+    if ((rc = gdn_check_tensor("x", x, B * E, c->check_finite, lp->threads))) return rc;
     rc = gdn_layer_weights_prepare(lp, w, 0); /* BF16: the small tensors to fp32 */
     if (rc) return rc;
     gdn_layer_project(lp, B, lp->proj, x, w); /* B rows of the plan's N: the streaming GEMM path */

@@ -72,7 +72,7 @@ int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, 
                           const float *w, const float *saved, const float *dy) {
     int rc = gdn_layer_check_trainable(lp);
     if (!rc) rc = gdn_layer_check_inputs(lp, x, "x", w);
-    if (!rc && lp) rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite);
+    if (!rc && lp) rc = gdn_check_tensor("dy", dy, lp->N * lp->cfg.E, lp->cfg.check_finite, lp->threads);
     if (!rc && (!dx || !dw)) rc = gdn_fail(GDN_ERR_ARG, "layer output '%s' is NULL", dx ? "dw" : "dx");
     if ((rc = layer_agree(cp, lp, 1, saved, rc))) return rc;
     const gdn_layer_config *c = &lp->cfg;

@@ -471,7 +471,7 @@ typedef struct {
 static int check_finite(const gdn_model_tensor_info *table, int n, const float *data,
                         const char *what, const char *prefix) {
     for (int i = 0; i < n; i++) {
-        const int64_t bad = gdn_find_nonfinite_f32(data + table[i].offset, (int64_t)table[i].numel);
+        const int64_t bad = gdn_find_nonfinite_f32(data + table[i].offset, (int64_t)table[i].numel, 1);
         if (bad >= 0)
             return gdn_fail(GDN_ERR_NONFINITE, "%s: tensor '%s%s' holds %g at element %lld", what,
                             prefix, table[i].name, (double)data[table[i].offset + (size_t)bad],

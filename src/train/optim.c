@@ -61,12 +61,18 @@ void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, fl
         float *wi = w + t.offset, *mi = m + t.offset, *vi = v + t.offset;
         const float *gi = dw + t.offset;
         const int64_t n = (int64_t)t.numel;
-#pragma omp parallel for num_threads(threads > 0 ? threads : omp_get_max_threads()) schedule(static) if (n > 65536)
-        for (int64_t k = 0; k < n; k++) {
-            const float g = gi[k] * gs;
-            mi[k] = b1 * mi[k] + (1.0f - b1) * g;
-            vi[k] = b2 * vi[k] + (1.0f - b2) * g * g;
-            wi[k] = wi[k] * shrink - step_size * mi[k] / (sqrtf(vi[k]) * inv_sqrt_bc2 + eps);
+        /* the caller's (the trainer's per-rank) thread count, never the OpenMP default: ranks
+         * sharing a node would oversubscribe it */
+#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (n > 65536)
+        {
+            if (omp_get_thread_num() == 0) gdn_test_threads("adamw_update", omp_get_num_threads());
+#pragma omp for schedule(static)
+            for (int64_t k = 0; k < n; k++) {
+                const float g = gi[k] * gs;
+                mi[k] = b1 * mi[k] + (1.0f - b1) * g;
+                vi[k] = b2 * vi[k] + (1.0f - b2) * g * g;
+                wi[k] = wi[k] * shrink - step_size * mi[k] / (sqrtf(vi[k]) * inv_sqrt_bc2 + eps);
+            }
         }
     }
 }

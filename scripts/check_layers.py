@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""The layers of the tree import only downward, and no file includes itself round a cycle.
+
+Layers, lowest first: base, blas, kernel, cp, layer, io, train (src/<layer>/), then tools/ and the
+tests. A quoted #include is resolved the way the compiler does (the including file's folder, then
+the public include/ folder, then the folders of the layers the file may use) and must land in the
+file's own layer, a layer below it, or include/; a file under src/ never includes a file of tools/
+or tests/. The file-level include graph must have no cycle. Prints one line per check and
+"N passed, N failed"; exits 1 on a failure. --control runs the same checks on a copy of the
+tree with one deliberately upward include added (kernel -> cp) and expects them to fail.
+"""
+import os, re, sys, shutil, tempfile
+
+LAYERS = ["base", "blas", "kernel", "cp", "layer", "io", "train"]
+INC = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def layer_of(root, path):
+    rel = os.path.relpath(path, root).split(os.sep)
+    if rel[0] == "src" and len(rel) > 2 and rel[1] in LAYERS:
+        return LAYERS.index(rel[1])
+    if rel[0] == "include":
+        return -1  # the public headers: usable by everyone
+    return len(LAYERS)  # tools/, tests/: above every layer
+
+
+def resolve(root, src, name):
+    here = os.path.dirname(src)
+    cands = [os.path.join(here, name), os.path.join(root, "include", name)]
+    cands += [os.path.join(root, "src", l, name) for l in LAYERS]
+    cands += [os.path.join(root, "tools", name), os.path.join(root, "tests", name)]
+    for c in cands:
+        if os.path.isfile(c):
+            return os.path.normpath(c)
+    return None
+
+
+def check(root):
+    files = []
+    for top in ("src", "include", "tools", "tests"):
+        for d, _, fs in os.walk(os.path.join(root, top)):
+            files += [os.path.join(d, f) for f in fs if f.endswith((".c", ".h"))]
+    bad_layer, unresolved, graph = [], [], {}
+    for f in files:
+        text = open(f, errors="replace").read()
+        graph[f] = []
+        for name in INC.findall(text):
+            tgt = resolve(root, f, name)
+            if tgt is None:
+                unresolved.append(f"{os.path.relpath(f, root)}: \"{name}\"")
+                continue
+            graph[f].append(tgt)
+            lf, lt = layer_of(root, f), layer_of(root, tgt)
+            if lt > lf and lf != -1:
+                bad_layer.append(f"{os.path.relpath(f, root)} includes {os.path.relpath(tgt, root)}")
+            if lf == -1 and lt != -1:
+                bad_layer.append(f"public {os.path.relpath(f, root)} includes internal {os.path.relpath(tgt, root)}")
+    # cycles (iterative DFS, colours)
+    colour, cycle = {f: 0 for f in graph}, []
+    for start in graph:
+        if colour[start]:
+            continue
+        stack = [(start, iter(graph[start]))]
+        colour[start] = 1
+        path = [start]
+        while stack and not cycle:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                colour[node] = 2
+                stack.pop(), path.pop()
+            elif colour.get(nxt, 2) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+            elif colour.get(nxt, 2) == 0:
+                colour[nxt] = 1
+                stack.append((nxt, iter(graph[nxt])))
+                path.append(nxt)
+        if cycle:
+            break
+    return bad_layer, unresolved, [os.path.relpath(c, root) for c in cycle], len(files)
+
+
+def report(root, expect_ok):
+    bad, unres, cyc, n = check(root)
+    passed = failed = 0
+    for label, problems in (("every include goes to the file's own layer, a lower one or include/", bad),
+                            ("every quoted include resolves to a file of the tree", unres),
+                            ("no include cycle between files", [" -> ".join(cyc)] if cyc else [])):
+        ok = not problems
+        if ok == expect_ok:
+            passed += 1
+            print(f"PASS  {label} ({n} files){'' if expect_ok else ' fails, as it must on the control tree: ' + problems[0] if problems else ''}")
+        else:
+            failed += 1
+            print(f"FAIL  {label}: " + "; ".join(problems[:8]) if problems else f"FAIL  {label}: the control tree passed")
+    return passed, failed
+
+
+def main():
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+    p, f = report(root, True)
+    # The control: the same checks on a copy with one upward include and one cycle added.
+    tmp = tempfile.mkdtemp()
+    try:
+        for top in ("src", "include", "tools", "tests"):
+            shutil.copytree(os.path.join(root, top), os.path.join(tmp, top),
+                            ignore=shutil.ignore_patterns("data", "corpus"))
+        low = sorted(x for x in os.listdir(os.path.join(tmp, "src", "kernel")) if x.endswith(".c"))[0]
+        with open(os.path.join(tmp, "src", "kernel", low), "a") as fh:
+            fh.write('\n#include "cp_internal.h"\n')
+        hdr = os.path.join(tmp, "src", "base", "base.h")
+        with open(hdr, "a") as fh:  # base.h -> itself through a new header: a cycle
+            fh.write('\n#include "cycle_probe.h"\n')
+        with open(os.path.join(tmp, "src", "base", "cycle_probe.h"), "w") as fh:
+            fh.write('#include "base.h"\n')
+        bad, unres, cyc, _ = check(tmp)
+        for label, problems in (("control: a kernel file including cp_internal.h is caught", bad),
+                                ("control: base.h -> cycle_probe.h -> base.h is caught", cyc)):
+            if problems:
+                p += 1
+                print(f"PASS  {label}")
+            else:
+                f += 1
+                print(f"FAIL  {label}: not caught")
+    finally:
+        shutil.rmtree(tmp)
+    print(f"{p} passed, {f} failed")
+    return 1 if f else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
