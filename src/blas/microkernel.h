@@ -93,9 +93,13 @@ static inline __attribute__((always_inline)) void gdn_mk_tile(const int MR, cons
         }
         return;
     }
-    for (int i = 0; i < MR; i++) { /* a partial tile: through a row in memory */
+#pragma GCC unroll 16
+    for (int i = 0; i < GDN_MK_MAX_MR; i++) { /* a partial tile: through a row in memory */
+        if (i >= MR) continue;
         float t[GDN_MK_MAX_NV * GDN_VL] __attribute__((aligned(64)));
-        for (int v = 0; v < NV; v++) *(gdn_vf *)(t + v * GDN_VL) = c[i][v];
+#pragma GCC unroll 4
+        for (int v = 0; v < GDN_MK_MAX_NV; v++)
+            if (v < NV) *(gdn_vf *)(t + v * GDN_VL) = c[i][v];
         float *ci = C + i * ldc;
         for (int j = 0; j < nc; j++) ci[j] = acc ? ci[j] + t[j] : t[j];
     }
