@@ -18,7 +18,8 @@
  *    with all m rows of A (threads split the W rows; 4 W rows x 4 A rows per register tile);
  *    A stays in cache. Bound by memory bandwidth up to m ~ 8.
  *
- * Vector width is the target's: 16 lanes with AVX-512, else 8 (GCC/Clang vector extensions).
+ * Vector width is the target's (microkernel.h: 16 lanes with AVX-512, 8 with AVX/AVX2, else 4);
+ * the micro-kernel and the B packing are the ones gemm.c runs, with 14-row tiles here.
  *
  * Measured (Xeon with AVX-512, 48 KB L1 / 2 MB L2 per core, shared 2-core VM, best of several
  * runs; peak = gdn_measure_peak_gflops, 177 GFLOP/s at 1 thread, 353 at 2): the layer's
@@ -34,68 +35,32 @@
  * (1.8x faster), m = 16 compute-bound (the widening is redone per 4-row group of A), ~7 % faster
  * than fp32. Blocked 4096 x 8192 x 2048: bf16 B within ~5 % of fp32 B (1 and 2 threads). */
 #include "internal.h"
+#include "pack.h"
 
 #include <omp.h>
 #include <string.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
-#if defined(__AVX512F__)
-#define VL 16
-#define NR_STR "32"
+#define VL GDN_VL
+#if VL == 16
 #ifndef MR
-#define MR 14
+#define MR 14 /* 28 accumulators + 2 B vectors of 32 zmm registers */
 #endif
 #define ISA_NAME "AVX-512, 16 lanes"
 #else
-#define VL 8
-#define NR_STR "16"
-#define MR 6
-#if defined(__AVX2__) && defined(__FMA__)
+#define MR 6 /* 12 accumulators + 2 B vectors of 16 registers */
+#if VL == 8 && defined(__AVX2__) && defined(__FMA__)
 #define ISA_NAME "AVX2+FMA, 8 lanes"
+#elif VL == 8
+#define ISA_NAME "AVX, 8 lanes"
 #else
-#define ISA_NAME "generic vectors, 8 lanes"
+#define ISA_NAME "generic vectors, 4 lanes"
 #endif
 #endif
-#define NR (2 * VL)
+#define NV 2
+#define NR (NV * VL)
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
-
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4))); /* unaligned access */
-
-static inline vf loadu(const float *p) { return *(const vf_u *)p; }
-static inline void storeu(float *p, vf x) { *(vf_u *)p = x; }
-
-/* B / W elements: fp32, or bfloat16 (GDN_GEMM_B_BF16: the upper 16 bits of an fp32, stored as
- * uint16_t). `bf` is a compile-time constant wherever these are inlined. */
-typedef uint16_t vh_u __attribute__((vector_size(VL * 2), aligned(2)));
-typedef uint32_t vu __attribute__((vector_size(VL * 4)));
-static inline __attribute__((always_inline)) const void *eptr(const void *p, int bf, int64_t i) {
-    return (const char *)p + i * (bf ? 2 : 4);
-}
-/* VL elements at p[i..i+VL) as fp32 (bf16: zero-extend to 32 bits, shift into the upper half) */
-static inline __attribute__((always_inline)) vf loadw(const void *p, int bf, int64_t i) {
-    if (!bf) return loadu((const float *)p + i);
-#if VL == 16 /* one vpmovzxwd from memory + vpslld (GCC 12 splits the generic form in halves) */
-    const vu u = (vu)_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16);
-#else
-    const vu u = __builtin_convertvector(*(const vh_u *)((const uint16_t *)p + i), vu) << 16;
-#endif
-    vf f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static inline __attribute__((always_inline)) float loadw1(const void *p, int bf, int64_t i) {
-    if (!bf) return ((const float *)p)[i];
-    const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* Block sizes (measured on a 48 KB L1 / 2 MB L2 core, see the commit message):
  * KC: depth of a packed slice (a kc x NR B micro-panel, 32 KB at 256 x 32, stays in L1);
@@ -115,36 +80,6 @@ enum { SMALL_M = 16 }; /* streaming path for m <= SMALL_M with B transposed */
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---------------------------------------------------------------- packing */
-
-/* In-register transpose of VL x VL held in r[0..VL): out[c][l] = in[l][c], by log2(VL) rounds;
- * round h swaps bit h of the row index with bit h of the column index: rows i and i + h
- * (i & h == 0) exchange their off-diagonal h-blocks. */
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
-static inline __attribute__((always_inline)) void tr_round(vf r[VL], int h, vi lo, vi hi) {
-#pragma GCC unroll 16
-    for (int i = 0; i < VL; i++) {
-        if (i & h) continue;
-        const vf a = r[i], b = r[i + h];
-        r[i] = __builtin_shuffle(a, b, lo);     /* lane l: (l & h) ? b[l - h] : a[l] */
-        r[i + h] = __builtin_shuffle(a, b, hi); /* lane l: (l & h) ? b[l] : a[l + h] */
-    }
-}
-static inline __attribute__((always_inline)) void transpose_vl(vf r[VL]) {
-#if VL == 16
-    tr_round(r, 8, (vi){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-             (vi){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
-    tr_round(r, 4, (vi){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
-             (vi){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31});
-    tr_round(r, 2, (vi){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
-             (vi){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31});
-    tr_round(r, 1, (vi){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
-             (vi){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31});
-#else
-    tr_round(r, 4, (vi){0, 1, 2, 3, 8, 9, 10, 11}, (vi){4, 5, 6, 7, 12, 13, 14, 15});
-    tr_round(r, 2, (vi){0, 1, 8, 9, 4, 5, 12, 13}, (vi){2, 3, 10, 11, 6, 7, 14, 15});
-    tr_round(r, 1, (vi){0, 8, 2, 10, 4, 12, 6, 14}, (vi){1, 9, 3, 11, 5, 13, 7, 15});
-#endif
-}
 
 /* dst: ceil(mc/MR) micro-panels of kc x MR (dst[p*MR + i] = op(A)[i0+i][k0+p]), zero-padded rows. */
 static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans, int64_t i0,
@@ -168,12 +103,12 @@ static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans
             const float *s = A + (i0 + ir) * lda + k0;
             int64_t p = 0;
             for (; p + VL <= kc; p += VL) {
-                vf r[VL];
+                gdn_vf r[VL];
 #pragma GCC unroll 16
-                for (int i = 0; i < VL; i++) r[i] = i < MR ? loadu(s + i * lda + p) : (vf){0};
-                transpose_vl(r);
+                for (int i = 0; i < VL; i++) r[i] = i < MR ? gdn_vloadu(s + i * lda + p) : (gdn_vf){0};
+                gdn_transpose_vl(r);
 #pragma GCC unroll 16
-                for (int l = 0; l < VL; l++) storeu(d + (p + l) * MR, r[l]);
+                for (int l = 0; l < VL; l++) gdn_vstoreu(d + (p + l) * MR, r[l]);
             }
             for (; p < kc; p++)
                 for (int i = 0; i < MR; i++) d[p * MR + i] = s[i * lda + p];
@@ -188,123 +123,29 @@ static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans
     }
 }
 
-/* One NR-column micro-panel: dst[p*NR + j] = op(B)[k0+p][j0+j] for j < nc (zero beyond).
- * bf (bf16 B, converted to fp32 here): only with b_trans. */
-static inline __attribute__((always_inline)) void pack_b_panel_t(float *restrict dst, const void *Bv,
-                                                                 int64_t ldb, int b_trans, int bf,
-                                                                 int64_t k0, int64_t kc, int64_t j0,
-                                                                 int nc) {
-    if (!b_trans) {
-        const float *s = (const float *)Bv + k0 * ldb + j0;
-        if (nc == NR)
-            for (int64_t p = 0; p < kc; p++) {
-                storeu(dst + p * NR, loadu(s + p * ldb));
-                storeu(dst + p * NR + VL, loadu(s + p * ldb + VL));
-            }
-        else
-            for (int64_t p = 0; p < kc; p++)
-                for (int j = 0; j < NR; j++) dst[p * NR + j] = j < nc ? s[p * ldb + j] : 0.0f;
-        return;
-    }
-    /* op(B)[p][j] = B[j][p]: VL x VL register transposes over full blocks */
-    const void *s = eptr(Bv, bf, j0 * ldb + k0);
-    int j = 0;
-    for (; j + VL <= nc; j += VL) {
-        int64_t p = 0;
-        for (; p + VL <= kc; p += VL) {
-            vf r[VL];
-            for (int l = 0; l < VL; l++) r[l] = loadw(s, bf, (j + l) * ldb + p);
-            transpose_vl(r);
-            for (int l = 0; l < VL; l++) storeu(dst + (p + l) * NR + j, r[l]);
-        }
-        for (; p < kc; p++)
-            for (int l = 0; l < VL; l++) dst[p * NR + j + l] = loadw1(s, bf, (j + l) * ldb + p);
-    }
-    for (; j < nc; j++)
-        for (int64_t p = 0; p < kc; p++) dst[p * NR + j] = loadw1(s, bf, j * ldb + p);
-    for (; j < NR; j++)
-        for (int64_t p = 0; p < kc; p++) dst[p * NR + j] = 0.0f;
-}
+/* One NR-column micro-panel of op(B) (pack.h), bf16 widened here; the two cases apart so that
+ * the fp32 one has no bf16 branch. */
 static void pack_b_panel(float *restrict dst, const void *B, int64_t ldb, int b_trans, int bf,
                          int64_t k0, int64_t kc, int64_t j0, int nc) {
     if (bf)
-        pack_b_panel_t(dst, B, ldb, 1, 1, k0, kc, j0, nc);
+        gdn_pack_b(NR, dst, B, ldb, 1, 1, k0, kc, j0, nc);
     else
-        pack_b_panel_t(dst, B, ldb, b_trans, 0, k0, kc, j0, nc);
+        gdn_pack_b(NR, dst, B, ldb, b_trans, 0, k0, kc, j0, nc);
 }
 
 /* ---------------------------------------------------------------- micro-kernel */
 
-/* C[0..mr) x [0..nr) (+)= a-panel (kc x MR) * b-panel (kc x NR). */
+/* C[0..mr) x [0..nr) (+)= a (kc x MR: a packed A micro-panel, a[p*MR + i]; or, direct, A in
+ * place, row stride lda) * b (a kc x NR B micro-panel). The C tile is prefetched first: C's
+ * rows are a power-of-two stride apart in the layer (same L1 set) and come from L3, so the
+ * tile is fetched under the kc-long loop, not after it. */
 static void micro(int64_t kc, const float *restrict a, const float *restrict b, float *C,
                   int64_t ldc, int acc, int mr, int nr) {
-    vf c0[MR], c1[MR];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; i++) {
-        c0[i] = c1[i] = (vf){0};
-        /* C's rows are a power-of-two stride apart in the layer (same L1 set) and come from L3:
-         * fetch the tile now, under the kc-long loop, not after it */
-        __builtin_prefetch(C + i * ldc, 1, 3);
-        __builtin_prefetch(C + i * ldc + NR - 1, 1, 3);
-    }
-    for (int64_t p = 0; p < kc; p++) {
-        const vf b0 = *(const vf *)(b + p * NR), b1 = *(const vf *)(b + p * NR + VL);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; i++) {
-            const float ai = a[p * MR + i];
-            c0[i] += ai * b0;
-            c1[i] += ai * b1;
-        }
-    }
-    if (mr == MR && nr == NR) {
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; i++) {
-            float *ci = C + i * ldc;
-            storeu(ci, acc ? loadu(ci) + c0[i] : c0[i]);
-            storeu(ci + VL, acc ? loadu(ci + VL) + c1[i] : c1[i]);
-        }
-        return;
-    }
-    float t[MR][NR] __attribute__((aligned(64)));
-    for (int i = 0; i < MR; i++) {
-        storeu(t[i], c0[i]);
-        storeu(t[i] + VL, c1[i]);
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) C[i * ldc + j] = acc ? C[i * ldc + j] + t[i][j] : t[i][j];
+    gdn_mk_rows(MR, NV, 1, mr, kc, a, 1, MR, b, NR, C, ldc, nr, acc);
 }
-
-/* The same with A read in place (not transposed, row stride lda; rows past mr read row 0, and
- * their results are dropped): for narrow C (n <= NR, e.g. in_proj_b/a), where each A panel
- * would be packed for a single micro-kernel call. */
 static void micro_direct(int64_t kc, const float *a, int64_t lda, const float *restrict b, float *C,
                          int64_t ldc, int acc, int mr, int nr) {
-    const float *ar[MR];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; i++) ar[i] = a + (i < mr ? i : 0) * lda;
-    vf c0[MR], c1[MR];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; i++) {
-        c0[i] = c1[i] = (vf){0};
-        __builtin_prefetch(C + i * ldc, 1, 3);
-        __builtin_prefetch(C + i * ldc + NR - 1, 1, 3);
-    }
-    for (int64_t p = 0; p < kc; p++) {
-        const vf b0 = *(const vf *)(b + p * NR), b1 = *(const vf *)(b + p * NR + VL);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; i++) {
-            const float ai = ar[i][p];
-            c0[i] += ai * b0;
-            c1[i] += ai * b1;
-        }
-    }
-    float t[MR][NR] __attribute__((aligned(64)));
-    for (int i = 0; i < MR; i++) {
-        storeu(t[i], c0[i]);
-        storeu(t[i] + VL, c1[i]);
-    }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) C[i * ldc + j] = acc ? C[i * ldc + j] + t[i][j] : t[i][j];
+    gdn_mk_rows(MR, NV, 1, mr, kc, a, lda, 1, b, NR, C, ldc, nr, acc);
 }
 
 /* ---------------------------------------------------------------- streaming (small m, B^T) */
@@ -324,18 +165,18 @@ enum { SR = 4,          /* W rows per tile */
 static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, int bf, int64_t kv,
                                                               const float *A, int64_t lda,
                                                               const void *W, int64_t ldw,
-                                                              const void *pf, vf part[SI][SR]) {
-    vf s[SI][SR];
+                                                              const void *pf, gdn_vf part[SI][SR]) {
+    gdn_vf s[SI][SR];
     for (int i = 0; i < SI; i++)
         for (int r = 0; r < SR; r++) s[i][r] = part[i][r];
     for (int64_t k = 0; k < kv; k += VL) {
-        vf w[SR];
-        for (int r = 0; r < SR; r++) w[r] = r < nr ? loadw(W, bf, r * ldw + k) : (vf){0};
+        gdn_vf w[SR];
+        for (int r = 0; r < SR; r++) w[r] = r < nr ? gdn_loadw(W, bf, r * ldw + k) : (gdn_vf){0};
         if (pf && (!bf || (k & 31) == 0))
-            for (int r = 0; r < SR; r++) __builtin_prefetch(eptr(pf, bf, r * ldw + k), 0, GDN_MM_PFL);
+            for (int r = 0; r < SR; r++) __builtin_prefetch(gdn_eptr(pf, bf, r * ldw + k), 0, GDN_MM_PFL);
         for (int i = 0; i < SI; i++) {
             if (i >= mi) continue;
-            const vf av = loadu(A + i * lda + k);
+            const gdn_vf av = gdn_vloadu(A + i * lda + k);
             for (int r = 0; r < SR; r++)
                 if (r < nr) s[i][r] += av * w[r];
         }
@@ -349,7 +190,7 @@ static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, in
 #define STREAM_TILE_FN(MI, BF, NAME)                                                           \
     static __attribute__((noinline)) void NAME(int64_t kv, const float *A, int64_t lda,         \
                                                const void *W, int64_t ldw, const void *pf,       \
-                                               vf part[SI][SR]) {                               \
+                                               gdn_vf part[SI][SR]) {                               \
         stream_tile(MI, SR, BF, kv, A, lda, W, ldw, pf, part);                                  \
     }
 STREAM_TILE_FN(1, 0, stream_tile_1)
@@ -364,17 +205,17 @@ STREAM_TILE_FN(4, 1, stream_tile_bf_4)
 #endif
 static __attribute__((noinline)) void stream_tile_edge(int mi, int nr, int64_t kv, const float *A,
                                                        int64_t lda, const void *W, int64_t ldw,
-                                                       const void *pf, vf part[SI][SR]) {
+                                                       const void *pf, gdn_vf part[SI][SR]) {
     stream_tile(mi, nr, 0, kv, A, lda, W, ldw, pf, part);
 }
 static __attribute__((noinline)) void stream_tile_bf_edge(int mi, int nr, int64_t kv, const float *A,
                                                           int64_t lda, const void *W, int64_t ldw,
-                                                          const void *pf, vf part[SI][SR]) {
+                                                          const void *pf, gdn_vf part[SI][SR]) {
     stream_tile(mi, nr, 1, kv, A, lda, W, ldw, pf, part);
 }
 
 static void stream_tile_any(int mi, int nr, int bf, int64_t kv, const float *A, int64_t lda,
-                            const void *W, int64_t ldw, const void *pf, vf part[SI][SR]) {
+                            const void *W, int64_t ldw, const void *pf, gdn_vf part[SI][SR]) {
     if (nr == SR) {
         switch (mi + (bf ? 8 : 0)) {
         case 1: stream_tile_1(kv, A, lda, W, ldw, pf, part); return;
@@ -422,7 +263,7 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
         /* contiguous ranges of W rows, in units of SR rows */
         const int64_t tiles = (n + SR - 1) / SR;
         const int64_t j_lo = tiles * t / nt * SR, j_hi = min64(n, tiles * (t + 1) / nt * SR);
-        vf part[SMALL_M / SI][SI][SR];
+        gdn_vf part[SMALL_M / SI][SI][SR];
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += SR) {
             const int nr = (int)min64(SR, j_hi - j0);
             const int groups = (int)((m + SI - 1) / SI);
@@ -432,29 +273,29 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
                 /* the first row group reads this block of W from memory; it also prefetches
                  * the next block (or the next tile's first), so that the memory stream runs
                  * under the other groups' arithmetic instead of after it */
-                const void *next = eptr(W, bf, k0 + SK < kv_all ? j0 * ldw + k0 + SK : (j0 + SR) * ldw);
+                const void *next = gdn_eptr(W, bf, k0 + SK < kv_all ? j0 * ldw + k0 + SK : (j0 + SR) * ldw);
                 if (j0 + SR >= j_hi && k0 + SK >= kv_all) next = NULL;
                 for (int g = 0; g < groups; g++)
                     stream_tile_any((int)min64(SI, m - g * SI), nr, bf, kv, As + g * SI * ldas + k0, ldas,
-                                    eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
+                                    gdn_eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
             }
             /* horizontal sums of the m x nr partial vectors, VL at a time: a register
              * transpose and VL - 1 vector adds instead of VL - 1 dependent scalar adds each */
             float sums[SMALL_M * SR + VL];
             for (int64_t base = 0; base < m * nr; base += VL) {
-                vf r[VL];
+                gdn_vf r[VL];
                 for (int l = 0; l < VL; l++) {
                     const int64_t idx = base + l, i = idx / nr;
-                    r[l] = idx < m * nr ? part[i / SI][i % SI][idx % nr] : (vf){0};
+                    r[l] = idx < m * nr ? part[i / SI][i % SI][idx % nr] : (gdn_vf){0};
                 }
-                transpose_vl(r);
+                gdn_transpose_vl(r);
                 for (int l = 1; l < VL; l++) r[0] += r[l];
-                storeu(sums + base, r[0]);
+                gdn_vstoreu(sums + base, r[0]);
             }
             for (int64_t i = 0; i < m; i++)
                 for (int r = 0; r < nr; r++) {
                     float s = sums[i * nr + r];
-                    for (int64_t k = kv_all; k < kk; k++) s += As[i * ldas + k] * loadw1(W, bf, (j0 + r) * ldw + k);
+                    for (int64_t k = kv_all; k < kk; k++) s += As[i * ldas + k] * gdn_loadw1(W, bf, (j0 + r) * ldw + k);
                     float *c = C + i * ldc + j0 + r;
                     *c = acc ? *c + s : s;
                 }
@@ -544,7 +385,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
 }
 
 const char *gdn_matmul_path(void) {
-    return "blocked " STR(MR) "x" NR_STR " (" ISA_NAME "), streaming for m<=16 with B^T";
+    return "blocked " STR(MR) "x" GDN_2VL_STR " (" ISA_NAME "), streaming for m<=16 with B^T";
 }
 
 /* ---------------------------------------------------------------- peak */
@@ -562,10 +403,10 @@ double gdn_measure_peak_gflops(int threads) {
 #pragma omp parallel num_threads(threads)
         {
             const float x0 = seed * 0.999999f, y0 = seed * 1e-7f;
-            vf acc[NACC];
-            const vf x = (vf){0} + x0, y = (vf){0} + y0;
+            gdn_vf acc[NACC];
+            const gdn_vf x = (gdn_vf){0} + x0, y = (gdn_vf){0} + y0;
 #pragma GCC unroll 32
-            for (int i = 0; i < NACC; i++) acc[i] = (vf){0} + (float)i;
+            for (int i = 0; i < NACC; i++) acc[i] = (gdn_vf){0} + (float)i;
 #pragma omp barrier
             const double t0 = omp_get_wtime();
             for (int it = 0; it < ITERS; it++) {
@@ -574,7 +415,7 @@ double gdn_measure_peak_gflops(int threads) {
             }
 #pragma omp barrier
             const double t1 = omp_get_wtime();
-            vf s = {0};
+            gdn_vf s = {0};
             for (int i = 0; i < NACC; i++) s += acc[i];
             if (s[0] == 12345.678f) seed = s[1]; /* practically never: keeps the result live */
 #pragma omp master
