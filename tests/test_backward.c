@@ -1,7 +1,7 @@
 /* Gradients: the double oracle's backward against central finite differences and the golden
  * files (autodiff in float64); the fp32 chunked backward against the double backward. */
 #include "harness.h"
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 #include "harness.h"
 
 #include <omp.h>
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <stdio.h>

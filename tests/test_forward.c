@@ -1,6 +1,6 @@
 /* The chunked fp32 forward against the double oracle and against the golden files. */
 #include "harness.h"
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <stdio.h>

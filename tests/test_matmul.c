@@ -16,7 +16,7 @@
  * with fp32 B). Negative controls: the bf16 array shifted by one element, and the fp32 array
  * passed in place of the bf16 one. */
 #include "harness.h"
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <stdio.h>

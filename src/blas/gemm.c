@@ -5,7 +5,8 @@
  * row block, and the whole depth runs in one pass over a packed B panel (pack.h: the panel is
  * kk x NR, 16 KB at 128 x 32, in L1). A is read in place (or as its transpose), one broadcast
  * per row and depth step: packing it would copy m x kk for 2-4 uses. */
-#include "internal.h"
+#include "base.h"
+#include "blas.h"
 #include "pack.h"
 
 #include <string.h>

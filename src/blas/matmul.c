@@ -34,7 +34,8 @@
  * fp32 (21 GB/s at 1 thread, 41-42 at 2), i.e. half the time; m = 4 at ~88 % of fp32's GB/s
  * (1.8x faster), m = 16 compute-bound (the widening is redone per 4-row group of A), ~7 % faster
  * than fp32. Blocked 4096 x 8192 x 2048: bf16 B within ~5 % of fp32 B (1 and 2 threads). */
-#include "internal.h"
+#include "base.h"
+#include "blas.h"
 #include "pack.h"
 
 #include <omp.h>

@@ -4,7 +4,7 @@
 #define GDNCP_CP_INTERNAL_H
 
 #include "gdncp/cp.h"
-#include "../core/internal.h"
+#include "kernel_internal.h"
 
 /* The deliberate faults (GDN_CP_FAULT_*) and gdn_cp_set_fault are in gdncp/cp.h (testing hooks). */
 

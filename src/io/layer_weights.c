@@ -11,7 +11,7 @@
  *
  * Dimensions: config.json, then the file's __metadata__, then the caller's `given`, then the
  * tensor shapes; every source that states a value must agree with the others (dim_state()). */
-#include "../core/internal.h"
+#include "base.h"
 
 #include <errno.h>
 #include <jansson.h>

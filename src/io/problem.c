@@ -1,6 +1,6 @@
 /* Loading a gated-delta-rule problem from safetensors with every shape cross-checked, and
  * saving named f32 tensors. */
-#include "../core/internal.h"
+#include "base.h"
 
 #include <stdio.h>
 #include <stdlib.h>

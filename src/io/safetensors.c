@@ -2,7 +2,7 @@
  * JSON {name: {dtype, shape, data_offsets:[begin,end]}, "__metadata__": {str: str}}, then the
  * data section. Every header field is validated before any tensor is read: a truncated or
  * hostile file yields GDN_ERR_FORMAT with a message, never a crash. JSON parsing: jansson. */
-#include "../core/internal.h"
+#include "base.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -4,7 +4,7 @@
  * with its validating reader. */
 #include "gdncp/train.h"
 
-#include "../core/internal.h"
+#include "base.h"
 
 #include <ctype.h>
 #include <dirent.h>

@@ -2,7 +2,7 @@
  * deterministic choice of each training row's window. */
 #include "gdncp/train.h"
 
-#include "../core/internal.h"
+#include "base.h"
 
 #include <errno.h>
 #include <fcntl.h>

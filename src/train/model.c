@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h"
-#include "../model/layer_internal.h"
+#include "base.h"
+#include "layer_internal.h"
 
 /* ---------------------------------------------------------------- configurations */
 

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <omp.h>
 
-#include "../core/internal.h"
+#include "base.h"
 
 gdn_adamw_config gdn_adamw_default(void) {
     gdn_adamw_config a = {.lr = 3e-3, .min_lr = 3e-4, .warmup = 20, .steps = 1000, .beta1 = 0.9,

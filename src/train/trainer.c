@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/internal.h"
+#include "base.h"
 
 /* Validation windows come from their own stream: the same windows at every evaluation. */
 #define VAL_SEED_SALT 0x56414c4944415445ull

@@ -4,7 +4,7 @@
  * chunk's intermediates (W, U, T, A, Dl, ...) once and keeps them in per-thread chunk records,
  * which the segment's backward then reads: nothing of size T x (anything) is kept beyond the
  * caller's gradients, and nothing is computed twice within a segment. */
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <string.h>

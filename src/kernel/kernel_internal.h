@@ -1,129 +1,11 @@
-/* Internal helpers shared by the compute core: errors, small GEMM kernels, plan layout. */
-#ifndef GDNCP_INTERNAL_H
-#define GDNCP_INTERNAL_H
+/* The kernel layer (src/kernel), internal: the plan and its workspaces, the one stream model,
+ * the chunk phases shared by the forward, the backward and the summaries, the configuration
+ * checks. Uses base and blas. */
+#ifndef GDNCP_KERNEL_INTERNAL_H
+#define GDNCP_KERNEL_INTERNAL_H
 
-#include "gdncp.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/types.h>
-
-/* Record a failure for gdn_errmsg() and return its code: `return gdn_fail(GDN_ERR_SHAPE, "...")`. */
-int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* Test-only hooks (not API): weak definitions in status.c do nothing; a test program that links
- * the static library overrides them with strong ones. The library holds no mutable test state.
- * gdn_test_fault: called before each allocation of the CP layer (gdn_cp_malloc) and each MPI
- * datatype it creates, naming the site; non-zero makes that allocation / MPI call fail as if
- * the system had refused it (fault injection: "allocation number N fails on rank R").
- * gdn_test_point: called at named points of long operations (e.g. a safetensors write with its
- * temporary file in place), so a test can act there (raise a signal).
- * gdn_test_threads: called once by the first thread of some parallel regions with the size of
- * the team that runs it, so a test can see that a configured thread count is honoured. */
-int gdn_test_fault(const char *site);
-void gdn_test_point(const char *site);
-void gdn_test_threads(const char *site, int threads);
-
-/* A broken internal invariant (never a user error): abort with file:line. */
-#define GDN_ASSERT(cond)                                                                    \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "gdncp: internal error %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                        \
-        }                                                                                   \
-    } while (0)
-
-/* Subnormal fp32 values cost ~100 cycles per operation on x86. They arise where exp(G) near the
- * flush threshold meets small states (strong gates, as in trained Qwen layers: a layer forward
- * ran 2.5x slower from them). Compute regions flush them to zero (FTZ, DAZ) and restore the
- * caller's mode on the way out; the values lost are below 1.2e-38. */
-#if defined(__SSE__)
-#include <xmmintrin.h>
-typedef unsigned gdn_fpmode;
-static inline gdn_fpmode gdn_fp_fast_begin(void) {
-    const unsigned m = _mm_getcsr();
-    _mm_setcsr(m | 0x8040); /* FTZ (bit 15) | DAZ (bit 6) */
-    return m;
-}
-static inline void gdn_fp_fast_end(gdn_fpmode m) { _mm_setcsr(m); }
-#else
-typedef int gdn_fpmode;
-static inline gdn_fpmode gdn_fp_fast_begin(void) { return 0; }
-static inline void gdn_fp_fast_end(gdn_fpmode m) { (void)m; }
-#endif
-
-/* Refuse, before allocating, what clearly cannot fit: more bytes than the machine's physical
- * memory (Linux overcommits, so such a malloc would succeed and the OOM killer end the run
- * later). GDN_ERR_NOMEM naming `what`, the need and the memory, or GDN_OK. */
-int gdn_check_fits(const char *what, double bytes);
-
-/* What a non-regular file is, for messages ("a directory", "a FIFO", ...); from st_mode. */
-const char *gdn_file_kind(mode_t mode);
-
-/* First non-finite element of x[0..n), or -1. A large x is scanned by `threads` OpenMP threads
- * (the caller's plan or run setting; <= 0 means 1): a rank never opens more than it was given. */
-int64_t gdn_find_nonfinite_f32(const float *x, int64_t n, int threads);
-int64_t gdn_find_nonfinite_f64(const double *x, int64_t n);
-
-/* The GEMMs (src/blas): gdn_gemm, gdn_matmul, gdn_transpose and their flags. */
+#include "base.h"
 #include "blas.h"
-
-/* 8-lane fp32 vectors (GCC/Clang vector extensions; AVX2 here, two SSE halves or NEON elsewhere). */
-typedef float gdn_v8f __attribute__((vector_size(32)));
-typedef float gdn_v8f_u __attribute__((vector_size(32), aligned(4))); /* unaligned access */
-
-/* sum of x[i]^2 with 8 independent partial sums (a serial fp32 sum is latency-bound). */
-static inline float gdn_sumsq(const float *x, int64_t n) {
-    gdn_v8f acc = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        gdn_v8f v = *(const gdn_v8f_u *)(x + i);
-        acc += v * v;
-    }
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++) s += x[i] * x[i];
-    return s;
-}
-
-/* exp() of 8 lanes, Cephes-style: 2^n * p(r) with |r| <= ln2/2, a degree-6 polynomial, about
- * 1 ulp; lanes below -69 give exactly 0 like gdn_expf_ftz, lanes above 88 give +Inf. */
-typedef int32_t gdn_v8i __attribute__((vector_size(32)));
-static inline gdn_v8f gdn_vexpf_ftz(gdn_v8f x) {
-    const gdn_v8i tiny = x < -69.0f, huge = x > 88.0f;
-    x = (gdn_v8f)(((gdn_v8i)x & ~(tiny | huge)));       /* those lanes computed from 0 */
-    const gdn_v8f magic = (gdn_v8f){0} + 12582912.0f;    /* 1.5 * 2^23: round to nearest */
-    const gdn_v8f t = x * 1.44269504088896341f + magic;
-    const gdn_v8f n = t - magic;
-    const gdn_v8f r = x - n * 0.693359375f - n * -2.12194440e-4f;
-    gdn_v8f p = (gdn_v8f){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const gdn_v8i e = ((gdn_v8i)t - (gdn_v8i)magic + 127) << 23; /* 2^n */
-    gdn_v8f y = p * (gdn_v8f)e;
-    const gdn_v8f inf = (gdn_v8f){0} + __builtin_inff();
-    y = (gdn_v8f)(((gdn_v8i)y & ~(tiny | huge)) | ((gdn_v8i)inf & huge));
-    return y;
-}
-
-/* sigmoid of 8 lanes by the vector exp above (a scalar expf per element costs a tenth of a
- * layer's or a training step's time). */
-static inline gdn_v8f gdn_vsigmoidf(gdn_v8f x) { return 1.0f / (1.0f + gdn_vexpf_ftz(-x)); }
-
-/* exp() that returns exactly 0 below 1e-30 (avoids denormal slow paths; far below fp32 rounding). */
-static inline float gdn_expf_ftz(float x) {
-    return x < -69.0f ? 0.0f : __builtin_expf(x);
-}
-
-/* Carve n floats from a workspace arena; each piece starts on a 64-byte boundary. */
-static inline float *gdn_carve(float **cur, size_t n) {
-    float *p = *cur;
-    *cur += (n + 15) & ~(size_t)15;
-    return p;
-}
 
 /* ---- per-thread chunk workspace (sized at plan time for the widest use). */
 typedef struct {
@@ -302,35 +184,9 @@ int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const floa
  * documents and seq_offset (no-op). The single-rank entry points set (1, 1). */
 void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard);
 
-/* ---- the one tensor checker (check.c): NULLs and non-finite values, one set of messages */
 /* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */
 int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
                      const float *g, const float *beta, const float *h0);
-/* 1 when some element of x[0..n) is NaN or Inf (vectorised; for rows inside the hot loop). */
-static inline int gdn_row_nonfinite(const float *x, int64_t n) {
-    gdn_v8f acc = {0};
-    float s = 0.0f;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc += *(const gdn_v8f_u *)(x + i) * 0.0f;
-    for (; i < n; i++) s += x[i] * 0.0f;
-    for (int l = 0; l < 8; l++) s += acc[l];
-    return s != s;
-}
-int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite, int threads);
-/* An output (or a gradient) that came out non-finite: GDN_ERR_NONFINITE naming it and the
- * element, with the usual causes; GDN_OK when finite. */
-int gdn_check_output(const char *name, const float *x, int64_t n, int threads);
-typedef struct { const char *name; const float *x; int64_t n; } gdn_named_output;
-/* The in-loop check found a non-finite row but the exact scans found nothing: a finite q or k
- * row so large that its squared norm overflows. Returns GDN_ERR_NONFINITE. */
-int gdn_fail_keys_overflow(void);
-/* The message of a non-finite element of a tensor in a role ("input", "weight"): GDN_ERR_NONFINITE. */
-int gdn_fail_nonfinite(const char *role, const char *name, double value, int64_t at);
-
-/* The calling OpenMP thread's index (0 outside parallel regions or without OpenMP): each
- * thread works in p->ws[gdn_thread_id()]. */
-int gdn_thread_id(void);
-
 /* dS_in = A^T dS_out + G for every (batch row, value head) in one state-only reverse pass
  * (ds_out NULL: G alone). What gdn_summary_adjoint computes, with a final-state gradient. */
 int gdn_state_adjoint(gdn_plan *p, float *ds_in, const float *q, const float *k, const float *g,

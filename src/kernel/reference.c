@@ -1,6 +1,6 @@
 /* The oracle: the gated delta rule token by token in double precision (DESIGN §2).
  * Deliberately plain — every fast path is tested against this. */
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <stdlib.h>

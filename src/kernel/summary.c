@@ -1,6 +1,6 @@
 /* Segment summaries: the exact affine map S_out = A S_in + B of a token segment (DESIGN §4),
  * and composing / applying such maps. */
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <string.h>
 

@@ -15,7 +15,7 @@
  * when the update starts; the rest comes again from L2. Traffic beyond L2 is therefore one read
  * and one write of the state, the minimum for an in-place update; in L2 about 1.1x that.
  * When V is a multiple of W the blocks are software-pipelined (step_range_pipelined). */
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <unistd.h>

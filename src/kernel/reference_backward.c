@@ -1,7 +1,7 @@
 /* The oracle's backward: the reverse token loop in double precision, the adjoint of
  * reference.c step by step. States are kept for every token of one (batch row, value head)
  * stream at a time — simple, not frugal: this is the reference, not the fast path. */
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* Plans (FFTW style: shapes, chunk, threads, workspace fixed once): the forward and backward
  * workspaces, the checkpoint intervals and the plan's streams (stream.c). Executing a plan
  * allocates nothing. */
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -172,14 +172,6 @@ void gdn_plan_destroy(gdn_plan *p) {
     free(p->arena);
     free(p->ws);
     free(p);
-}
-
-int gdn_thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
 }
 
 const gdn_config *gdn_plan_config(const gdn_plan *p) { return p ? &p->cfg : NULL; }

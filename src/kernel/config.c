@@ -1,84 +1,8 @@
-/* Status codes, per-thread error messages and config validation. */
-#include "internal.h"
-
-#include <unistd.h>
+/* The kernel's configuration: defaults and validation, packed-document offsets included. Built
+ * without the kernels too (the fuzz targets link it with the readers). */
+#include "kernel_internal.h"
 
 #include <math.h>
-#include <omp.h>
-#include <stdarg.h>
-
-static _Thread_local char last_message[512];
-
-const char *gdn_version(void) { return GDN_VERSION_STRING; }
-
-const char *gdn_strerror(int status) {
-    switch (status) {
-    case GDN_OK: return "ok";
-    case GDN_ERR_ARG: return "invalid argument";
-    case GDN_ERR_SHAPE: return "invalid or inconsistent shape";
-    case GDN_ERR_NONFINITE: return "non-finite value";
-    case GDN_ERR_NOMEM: return "out of memory";
-    case GDN_ERR_IO: return "I/O error";
-    case GDN_ERR_FORMAT: return "malformed file";
-    case GDN_ERR_MISSING: return "missing tensor";
-    case GDN_ERR_DTYPE: return "unsupported dtype";
-    case GDN_ERR_MPI: return "MPI failure or ranks disagree";
-    default: return "unknown status";
-    }
-}
-
-const char *gdn_errmsg(void) { return last_message[0] ? last_message : "no error"; }
-
-int gdn_fail(int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_message, sizeof last_message, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-__attribute__((weak)) int gdn_test_fault(const char *site) {
-    (void)site;
-    return 0;
-}
-__attribute__((weak)) void gdn_test_point(const char *site) { (void)site; }
-__attribute__((weak)) void gdn_test_threads(const char *site, int threads) { (void)site, (void)threads; }
-
-/* x * 0 is NaN exactly when x is NaN or Inf: sum those products a block at a time with
- * vectors, and look at single elements only in a block that turned NaN. */
-int64_t gdn_find_nonfinite_f32(const float *x, int64_t n, int threads) {
-    const int64_t block = 4096;
-    int64_t first = INT64_MAX;
-    /* Large tensors are scanned by the caller's threads (a serial scan costs ~7 % of a 2-thread
-     * forward), never more: ranks sharing a node each have their share of the cores. */
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (n > (1 << 20))
-    {
-    if (omp_get_thread_num() == 0) gdn_test_threads("find_nonfinite_f32", omp_get_num_threads());
-#pragma omp for schedule(static) reduction(min : first)
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-        const int64_t m = n - b0 < block ? n - b0 : block;
-        gdn_v8f acc = {0};
-        int64_t i = 0;
-        for (; i + 8 <= m; i += 8) acc += *(const gdn_v8f_u *)(x + b0 + i) * 0.0f;
-        float s = 0.0f;
-        for (int l = 0; l < 8; l++) s += acc[l];
-        for (; i < m; i++) s += x[b0 + i] * 0.0f;
-        if (s != s)
-            for (int64_t j = 0; j < m; j++)
-                if (!isfinite(x[b0 + j])) {
-                    if (b0 + j < first) first = b0 + j;
-                    break;
-                }
-    }
-    }
-    return first == INT64_MAX ? -1 : first;
-}
-
-int64_t gdn_find_nonfinite_f64(const double *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(x[i])) return i;
-    return -1;
-}
 
 gdn_config gdn_config_default(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K, int64_t V) {
     gdn_config c = {0};
@@ -170,15 +94,4 @@ int gdn_config_check(const gdn_config *cfg) {
     if (cfg->threads < 0)
         return gdn_fail(GDN_ERR_ARG, "threads must be >= 0, got %d", cfg->threads);
     return gdn_pack_check(cfg);
-}
-
-int gdn_check_fits(const char *what, double bytes) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0) return GDN_OK; /* unknown: let the allocation decide */
-    const double phys = (double)pages * (double)page;
-    if (bytes > phys)
-        return gdn_fail(GDN_ERR_NOMEM, "%s needs %.1f GB; this machine has %.1f GB of memory in all "
-                        "(split the sequence over more ranks, or use fewer tokens per call)",
-                        what, bytes / 1e9, phys / 1e9);
-    return GDN_OK;
 }

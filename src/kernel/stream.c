@@ -5,7 +5,7 @@
  * token, so a reset never falls inside a chunk and the chunk machinery runs unchanged; streams
  * are independent work items (with the key heads and column blocks), which keeps all threads busy
  * even with few heads. The forward, the backward and the single-rank entry points all run here. */
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <string.h>
 
@@ -128,6 +128,21 @@ static int explain_nonfinite(gdn_plan *p, const gdn_inputs *in, const float *h0,
         if (!p->streams.s[i].cont_in && (rc = gdn_check_output("dh0", dh0 + p->streams.s[i].row * ns, ns, c->threads)))
             return rc;
     return gdn_fail_keys_overflow();
+}
+
+int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
+                     const float *g, const float *beta, const float *h0) {
+    const gdn_config *c = &p->cfg;
+    const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
+                  ng = c->B * c->T * c->Hv;
+    int rc;
+    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite, c->threads))) return rc;
+    if ((rc = gdn_check_tensor("k", k, nqk, c->check_finite, c->threads))) return rc;
+    if ((rc = gdn_check_tensor("v", v, nv, c->check_finite, c->threads))) return rc;
+    if ((rc = gdn_check_tensor("g", g, ng, c->check_finite, c->threads))) return rc;
+    if ((rc = gdn_check_tensor("beta", beta, ng, c->check_finite, c->threads))) return rc;
+    if (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite, c->threads))) return rc;
+    return GDN_OK;
 }
 
 int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,

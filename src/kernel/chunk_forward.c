@@ -2,7 +2,7 @@
  * chunk is gathered once into the thread's workspace, its key-side products are shared by the
  * value heads of that key head, all products run while the data is hot in L1/L2, and only the
  * K x w states survive to the next chunk (DESIGN §3). */
-#include "internal.h"
+#include "kernel_internal.h"
 
 #include <math.h>
 #include <string.h>

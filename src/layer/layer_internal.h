@@ -2,7 +2,7 @@
 #ifndef GDNCP_LAYER_INTERNAL_H
 #define GDNCP_LAYER_INTERNAL_H
 
-#include "../core/internal.h"
+#include "kernel_internal.h"
 
 /* Stable scalar pieces of the layer (the double reference keeps its own). */
 static inline float gdn_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
