@@ -25,7 +25,6 @@
 #define GOLDEN_TINY GDN_GOLDEN_DIR "/qwen35_tiny"
 
 /* Defined in src/train/checkpoint.c for tests only: called at the stages of a save. */
-extern void (*gdn_ckpt_test_hook)(int stage);
 
 /* ------------------------------------------------------------ small file helpers */
 
@@ -584,9 +583,10 @@ static void test_keep_and_replace(void) {
 
 /* ------------------------------------------------------------ kills during a save */
 
-static void kill_self(int stage) {
+/* At the library's test point of checkpoint stage GDN_TEST_KILL_STAGE ("ckpt save: stage N"). */
+static void kill_self(const char *site) {
     const char *want = getenv("GDN_TEST_KILL_STAGE");
-    if (want && atoi(want) == stage) raise(SIGKILL);
+    if (want && !strncmp(site, "ckpt save: stage ", 17) && atoi(site + 17) == atoi(want)) raise(SIGKILL);
 }
 
 /* A child saving `step` (with the arrays of `content`) is killed with SIGKILL at `stage`; the
@@ -600,7 +600,7 @@ static void kill_at_stage(const char *out, int64_t step, int64_t content, int st
         char s[8];
         path_fmt(s, sizeof s, "%d", stage);
         setenv("GDN_TEST_KILL_STAGE", s, 1);
-        gdn_ckpt_test_hook = kill_self;
+        test_point_action = kill_self;
         _exit(save_as(out, step, content, 2) == GDN_OK ? 0 : 1);
     }
     int st = 0;

@@ -27,13 +27,12 @@
 #define HIDDEN_PREFIX ".checkpoint-"
 #define MAX_STATE_BYTES ((off_t)64 << 20)
 
-/* For tests only: called during gdn_ckpt_save at stage 1 (temporary directory complete, not yet
- * renamed), 2 (an existing checkpoint of the same step moved aside, the new one not yet in place)
- * and 3 (the new one in place, the old one not yet removed). Not part of the API. */
-void (*gdn_ckpt_test_hook)(int stage) = NULL;
-
+/* The test point (gdn_test_point, base.h) of gdn_ckpt_save's stages: 1 (temporary directory
+ * complete, not yet renamed), 2 (an existing checkpoint of the same step moved aside, the new one
+ * not yet in place) and 3 (the new one in place, the old one not yet removed). */
 static void test_hook(int stage) {
-    if (gdn_ckpt_test_hook) gdn_ckpt_test_hook(stage);
+    static const char *const site[4] = {"", "ckpt save: stage 1", "ckpt save: stage 2", "ckpt save: stage 3"};
+    gdn_test_point(site[stage]);
 }
 
 /* ------------------------------------------------------------------ paths and directories */
