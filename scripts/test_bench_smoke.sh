@@ -3,28 +3,22 @@
 # speed itself is measured by the benchmarks, never asserted in a test). Usage:
 # scripts/test_bench_smoke.sh BUILD_DIR. Ends with "N passed, N failed"; exits 1 on a failure.
 . "$(dirname "$0")/test_common.sh"
-echo "== benchmark smoke (gdncp bench kernel --json --quick)"
-if $L bench kernel --json --quick > "$logs/bench.json" 2>&1 &&
-   grep -q '"direction":"forward"' "$logs/bench.json" &&
-   ! grep -q '"rel_err_vs_oracle":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)' "$logs/bench.json"; then
-  echo "PASS  bench kernel runs, every row's error vs the oracle below 1e-5"; passed=$((passed + 1))
-else
-  echo "FAIL  bench kernel smoke"; cat "$logs/bench.json"; failed=$((failed + 1))
-fi
-echo "== benchmark smoke (gdncp bench layer --json --quick)"
-if $L bench layer --json --quick > "$logs/bench_layer.json" 2>&1 &&
-   grep -q '"direction":"layer_fwd_bwd"' "$logs/bench_layer.json" && grep -q '"direction":"layer_decode"' "$logs/bench_layer.json" &&
-   ! grep -q '"rel_err_vs_reference":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)' "$logs/bench_layer.json"; then
-  echo "PASS  bench layer runs, every row's error vs the double layer below 1e-5"; passed=$((passed + 1))
-else
-  echo "FAIL  bench layer smoke"; cat "$logs/bench_layer.json"; failed=$((failed + 1))
-fi
-echo "== benchmark smoke (gdncp bench train --json --quick)"
-if $L bench train --json --quick > "$logs/bench_train.json" 2>&1 &&
-   grep -q '"direction":"train_step"' "$logs/bench_train.json" && grep -q '"packed_docs":[1-9]' "$logs/bench_train.json" &&
-   grep -q '"grad_rel_err_vs_fd":[0-9.]*e-0[3-9]' "$logs/bench_train.json"; then
-  echo "PASS  bench train runs, the gradient within 1e-2 of finite differences"; passed=$((passed + 1))
-else
-  echo "FAIL  bench train smoke"; cat "$logs/bench_train.json"; failed=$((failed + 1))
-fi
+# smoke BENCH LABEL PATTERN...: `gdncp bench BENCH --json --quick` runs; each PATTERN must be found
+# in its rows (a pattern starting with ! must not be)
+smoke() {
+  local bench=$1 label=$2 out="$logs/bench_$1.json" ok=1 pat; shift 2
+  echo "== benchmark smoke (gdncp bench $bench --json --quick)"
+  $L bench "$bench" --json --quick > "$out" 2>&1 || ok=0
+  for pat in "$@"; do
+    if [ "${pat:0:1}" = '!' ]; then grep -q "${pat:1}" "$out" && ok=0; else grep -q "$pat" "$out" || ok=0; fi
+  done
+  if [ "$ok" = 1 ]; then echo "PASS  bench $bench runs, $label"; passed=$((passed + 1))
+  else echo "FAIL  bench $bench smoke ($label)"; cat "$out"; failed=$((failed + 1)); fi
+}
+smoke kernel "every row's error vs the oracle below 1e-5" '"direction":"forward"' \
+  '!"rel_err_vs_oracle":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)'
+smoke layer "every row's error vs the double layer below 1e-5" '"direction":"layer_fwd_bwd"' \
+  '"direction":"layer_decode"' '!"rel_err_vs_reference":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)'
+smoke train "the gradient within 1e-2 of finite differences" '"direction":"train_step"' '"packed_docs":[1-9]' \
+  '"grad_rel_err_vs_fd":[0-9.]*e-0[3-9]'
 finish
