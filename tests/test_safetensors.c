@@ -210,6 +210,10 @@ void test_safetensors(void) {
     gdn_st_writer_metadata(w, "who", "gdncp test");
     gdn_st_writer_add_f32(w, "a32", GDN_F32, 3, shape, x);
     gdn_st_writer_add_f32(w, "a16", GDN_BF16, 3, shape, x);
+    /* the negative control's tensor: the same BF16 write given a source one element off */
+    float xs[30];
+    for (int i = 0; i < 30; i++) xs[i] = x[(i + 1) % 30];
+    gdn_st_writer_add_f32(w, "a16s", GDN_BF16, 3, shape, xs);
     gdn_st_writer_add_f64(w, "a64", GDN_F64, 3, shape, xd);
     gdn_st_writer_add_f32(w, "scalar", GDN_F32, 0, NULL, x);
     int rc = gdn_st_writer_save(w, path);
@@ -218,7 +222,7 @@ void test_safetensors(void) {
 
     gdn_st_file *f = NULL;
     rc = gdn_st_open(&f, path);
-    check(rc == GDN_OK && gdn_st_count(f) == 4, "reopen: 4 tensors");
+    check(rc == GDN_OK && gdn_st_count(f) == 5, "reopen: 5 tensors");
     if (rc) return;
     const char *meta = gdn_st_metadata(f, "who");
     check(meta && !strcmp(meta, "gdncp test"), "metadata round trip");
@@ -236,13 +240,12 @@ void test_safetensors(void) {
     for (int i = 0; i < 30; i++) worst = fmax(worst, fabs(y[i] - x[i]) / fabs(x[i]));
     /* BF16 keeps 8 significant bits: round to nearest gives relative error <= 2^-8. */
     expect_close(worst, 1.0 / 256, "BF16 round trip relative error per element");
-    /* Negative control: other data compared through the same check must fail it. */
+    /* Negative control: the BF16 write and read of a misaligned source through the same check. */
     float z[30];
-    gdn_st_read_f32(f, "a64", z, 30);
-    for (int i = 0; i < 30; i++) z[i] = z[(i + 1) % 30];
+    gdn_st_read_f32(f, "a16s", z, 30);
     worst = 0.0;
     for (int i = 0; i < 30; i++) worst = fmax(worst, fabs(z[i] - x[i]) / fabs(x[i]));
-    expect_far(worst, 1.0 / 256, "shifted tensor through the BF16 check");
+    expect_far(worst, 1.0 / 256, "a BF16 tensor written from a source one element off, through the same check");
     float s;
     check(gdn_st_read_f32(f, "scalar", &s, 1) == GDN_OK && s == x[0], "0-d tensor holds one element");
     expect_status(gdn_st_read_f32(f, "a32", y, 10), GDN_ERR_SHAPE, "a32", "read into a too-small buffer");
@@ -254,8 +257,10 @@ void test_safetensors(void) {
         char ipath[] = "/tmp/gdncp_st_int_XXXXXX"; /* its own file: `path` is reopened below */
         close(mkstemp(ipath));
         const int64_t offs[4] = {0, 5, (int64_t)1 << 40, -7}, n4 = 4, sq[2] = {2, 2};
+        const int64_t offs5[5] = {0, 0, 5, (int64_t)1 << 40, -7}; /* offs, one element further on */
         gdn_st_writer_create(&w);
         gdn_st_writer_add_i64(w, "cu", 1, &n4, offs);
+        gdn_st_writer_add_i64(w, "cu_misaligned", 1, &n4, offs5); /* the control: a source one element off */
         gdn_st_writer_add_i64(w, "square", 2, sq, offs);
         gdn_st_writer_add_f32(w, "real", GDN_F32, 1, &n4, x);
         rc = gdn_st_writer_save(w, ipath);
@@ -266,8 +271,10 @@ void test_safetensors(void) {
         if (rc == GDN_OK) { /* (f is open only here) */
             rc = gdn_st_read_i64(f, "cu", got, 4, &count);
             check(rc == GDN_OK && count == 4 && !memcmp(got, offs, sizeof offs), "I64 round trip is exact (2^40, negative)");
-            const int64_t shifted[4] = {5, (int64_t)1 << 40, -7, 0};
-            check(memcmp(got, shifted, sizeof got) != 0, "negative control: the shifted offsets differ from what was read");
+            int64_t mis[4] = {0}, mcount = 0;
+            const int mrc = gdn_st_read_i64(f, "cu_misaligned", mis, 4, &mcount);
+            check(mrc == GDN_OK && mcount == 4 && memcmp(mis, offs, sizeof offs) != 0,
+                  "negative control: offsets written from a source one element off fail the same comparison");
             expect_status(gdn_st_read_i64(f, "real", got, 4, &count), GDN_ERR_DTYPE, "I64 or I32", "F32 tensor read as integers");
             expect_status(gdn_st_read_i64(f, "square", got, 4, &count), GDN_ERR_SHAPE, "1-D", "2-D integer tensor");
             expect_status(gdn_st_read_i64(f, "cu", got, 3, &count), GDN_ERR_SHAPE, "buffer holds 3", "4 integers into 3");
