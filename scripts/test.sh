@@ -27,7 +27,7 @@ ctest_tally() { # ctest_tally BUILD_DIR LOG [CTEST ARGS...]: run ctest, add ever
   passed=$((passed + p)); failed=$((failed + f))
   # a suite that died before its summary line (crash, timeout) still counts as a failure
   if [ "$rc" != 0 ] && [ "$f" = 0 ]; then failed=$((failed + (n > 0 ? n : 1))); fi
-  echo "    $p passed, $f failed in $(grep -oE '[0-9]+ tests failed out of [0-9]+' "$log" | tail -1 || echo '?') CTest suites"
+  echo "    checks: $p passed, $f failed; CTest: $(grep -oE '[0-9]+ tests failed out of [0-9]+' "$log" | tail -1 | sed 's/tests failed out of/of/' || echo '?') suites failed"
 }
 
 echo "== build (Release, -march=native, MPICH) and ctest"
