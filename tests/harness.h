@@ -59,6 +59,11 @@ typedef struct {
 void problem_make(problem *p, gdn_config cfg, gate_kind gk, beta_kind bk, int with_h0,
                   uint64_t seed);
 void problem_free(problem *p);
+/* The q, k, v, g, beta of p (a problem, or any struct with those fields) as the rule's inputs
+ * (kernel.h), starting from h0 (NULL: zeros): a pointer to a compound literal, alive to the end
+ * of the enclosing block. */
+#define RULE_INPUTS(p, h0_) \
+    (&(gdn_rule_inputs){.q = (p)->q, .k = (p)->k, .v = (p)->v, .g = (p)->g, .beta = (p)->beta, .h0 = (h0_)})
 int64_t n_qk(const gdn_config *c);
 int64_t n_v(const gdn_config *c);
 int64_t n_g(const gdn_config *c);

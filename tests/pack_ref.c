@@ -36,15 +36,19 @@ int pack_run_plan(const gdn_config *cfg, const problem *p, const float *h0, cons
     float *ckpt = NULL;
     if (!rc && saved) {
         ckpt = zalloc((int64_t)gdn_plan_checkpoint_floats(plan));
-        rc = gdn_forward_save(plan, r->o, r->ht, ckpt, p->q, p->k, p->v, p->g, p->beta, h0);
+        rc = gdn_forward_save(plan, r->o, r->ht, ckpt, RULE_INPUTS(p, h0));
         if (!rc)
-            rc = gdn_backward_saved(plan, r->dq, r->dk, r->dv, r->dg, r->dbeta, r->dh0, p->q, p->k, p->v, p->g,
-                                    p->beta, h0, ckpt, dout, dht);
+            rc = gdn_backward_saved(plan,
+                                    &(gdn_rule_grads){.dq = r->dq, .dk = r->dk, .dv = r->dv, .dg = r->dg,
+                                                      .dbeta = r->dbeta, .dh0 = r->dh0}, RULE_INPUTS(p, h0),
+                                    ckpt, dout, dht);
     } else if (!rc) {
-        rc = gdn_forward(plan, r->o, r->ht, p->q, p->k, p->v, p->g, p->beta, h0);
+        rc = gdn_forward(plan, r->o, r->ht, RULE_INPUTS(p, h0));
         if (!rc)
-            rc = gdn_backward(plan, r->dq, r->dk, r->dv, r->dg, r->dbeta, r->dh0, p->q, p->k, p->v, p->g,
-                              p->beta, h0, dout, dht);
+            rc = gdn_backward(plan,
+                              &(gdn_rule_grads){.dq = r->dq, .dk = r->dk, .dv = r->dv, .dg = r->dg,
+                                                .dbeta = r->dbeta, .dh0 = r->dh0}, RULE_INPUTS(p, h0), dout,
+                              dht);
     }
     free(ckpt);
     gdn_plan_destroy(plan);

@@ -35,7 +35,9 @@ static void dproblem_free(dproblem *p) {
 
 static double loss(const dproblem *p, const gdn_config *cfg) {
     double *o = dalloc(n_v(cfg)), *ht = dalloc(n_state(cfg));
-    gdn_reference_forward(cfg, o, ht, p->q, p->k, p->v, p->g, p->beta, p->h0);
+    gdn_reference_forward(cfg, o, ht,
+                          &(gdn_rule_inputs_f64){.q = p->q, .k = p->k, .v = p->v, .g = p->g, .beta = p->beta,
+                                                 .h0 = p->h0});
     double L = 0.0;
     for (int64_t i = 0; i < n_v(cfg); i++) L += o[i] * p->dout[i];
     for (int64_t i = 0; i < n_state(cfg); i++) L += ht[i] * p->dht[i];
@@ -62,7 +64,11 @@ static void finite_differences(int l2norm) {
     dproblem_make(&p, cfg, GATE_MILD, 31 + l2norm);
     const int64_t nqk = n_qk(&cfg), nv = n_v(&cfg), ng = n_g(&cfg), ns = n_state(&cfg);
     double *dq = dalloc(nqk), *dk = dalloc(nqk), *dv = dalloc(nv), *dg = dalloc(ng), *db = dalloc(ng), *dh0 = dalloc(ns);
-    int rc = gdn_reference_backward(&cfg, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, p.dout, p.dht);
+    int rc = gdn_reference_backward(&cfg,
+                                    &(gdn_rule_grads_f64){.dq = dq, .dk = dk, .dv = dv, .dg = dg,
+                                                          .dbeta = db, .dh0 = dh0},
+                                    &(gdn_rule_inputs_f64){.q = p.q, .k = p.k, .v = p.v, .g = p.g,
+                                                           .beta = p.beta, .h0 = p.h0}, p.dout, p.dht);
     check(rc == GDN_OK, "oracle backward runs (l2norm=%d)", l2norm);
     struct { const char *name; double *x, *grad; int64_t n; } t[] = {
         {"q", p.q, dq, nqk}, {"k", p.k, dk, nqk}, {"v", p.v, dv, nv},
@@ -89,7 +95,11 @@ static void finite_differences(int l2norm) {
             double *gs = dalloc(ng), *dq2 = dalloc(nqk), *dk2 = dalloc(nqk), *dv2 = dalloc(nv), *dg2 = dalloc(ng),
                    *db2 = dalloc(ng);
             for (int64_t j = 0; j < ng; j++) gs[j] = p.g[(j + cfg.Hv) % ng];
-            rc = gdn_reference_backward(&cfg, dq2, dk2, dv2, dg2, db2, NULL, p.q, p.k, p.v, gs, p.beta, p.h0, p.dout, p.dht);
+            rc = gdn_reference_backward(&cfg,
+                                        &(gdn_rule_grads_f64){.dq = dq2, .dk = dk2, .dv = dv2, .dg = dg2,
+                                                              .dbeta = db2},
+                                        &(gdn_rule_inputs_f64){.q = p.q, .k = p.k, .v = p.v, .g = gs,
+                                                               .beta = p.beta, .h0 = p.h0}, p.dout, p.dht);
             expect_far(rc ? INFINITY : max_abs_diff(dg2, fd, ng, &den) / den, 1e-7,
                        "dg of the backward run with g shifted by one token vs central differences (l2norm=%d)", l2norm);
             free(gs), free(dq2), free(dk2), free(dv2), free(dg2), free(db2);
@@ -98,7 +108,11 @@ static void finite_differences(int l2norm) {
             gdn_config raw = cfg;
             raw.l2norm = 0;
             double *dq2 = dalloc(nqk), *dk2 = dalloc(nqk), *dv2 = dalloc(nv), *dg2 = dalloc(ng), *db2 = dalloc(ng);
-            gdn_reference_backward(&raw, dq2, dk2, dv2, dg2, db2, NULL, p.q, p.k, p.v, p.g, p.beta, p.h0, p.dout, p.dht);
+            gdn_reference_backward(&raw,
+                                   &(gdn_rule_grads_f64){.dq = dq2, .dk = dk2, .dv = dv2, .dg = dg2,
+                                                         .dbeta = db2},
+                                   &(gdn_rule_inputs_f64){.q = p.q, .k = p.k, .v = p.v, .g = p.g,
+                                                          .beta = p.beta, .h0 = p.h0}, p.dout, p.dht);
             expect_far(max_abs_diff(dq2, fd, nqk, &den) / den, 1e-7, "dq without the L2-norm backward vs central differences");
             free(dq2), free(dk2), free(dv2), free(dg2), free(db2);
         }
@@ -134,8 +148,12 @@ static void golden_oracle(void) {
         const int64_t sizes[6] = {nqk, nqk, nv, ng, ng, ns};
         double *ours[6], *ref[6];
         for (int i = 0; i < 6; i++) ours[i] = dalloc(sizes[i]), ref[i] = dalloc(sizes[i]);
-        int rc = gdn_reference_backward(&cfg, ours[0], ours[1], ours[2], ours[3], ours[4], has_h0 ? ours[5] : NULL,
-                                        q, k, v, g, beta, h0, dout, dht);
+        int rc = gdn_reference_backward(&cfg,
+                                        &(gdn_rule_grads_f64){.dq = ours[0], .dk = ours[1], .dv = ours[2],
+                                                              .dg = ours[3], .dbeta = ours[4],
+                                                              .dh0 = has_h0 ? ours[5] : NULL},
+                                        &(gdn_rule_inputs_f64){.q = q, .k = k, .v = v, .g = g, .beta = beta,
+                                                               .h0 = h0}, dout, dht);
         check(rc == GDN_OK, "oracle backward on golden %s", golden_names[gi]);
         for (int i = 0; i < (has_h0 ? 6 : 5); i++) {
             gdn_st_read_f64(f, grad_names[i], ref[i], sizes[i]);
@@ -143,7 +161,11 @@ static void golden_oracle(void) {
             expect_close(num / den, 1e-9, "oracle %s vs golden %s", grad_names[i], golden_names[gi]);
         }
         /* Negative control: the final-state gradient dropped. */
-        rc = gdn_reference_backward(&cfg, ours[0], ours[1], ours[2], ours[3], ours[4], NULL, q, k, v, g, beta, h0, dout, NULL);
+        rc = gdn_reference_backward(&cfg,
+                                    &(gdn_rule_grads_f64){.dq = ours[0], .dk = ours[1], .dv = ours[2],
+                                                          .dg = ours[3], .dbeta = ours[4]},
+                                    &(gdn_rule_inputs_f64){.q = q, .k = k, .v = v, .g = g, .beta = beta,
+                                                           .h0 = h0}, dout, NULL);
         double den, num = max_abs_diff(ours[2], ref[2], nv, &den);
         expect_far(num / den, 1e-9, "oracle dv without dht vs golden %s", golden_names[gi]);
         for (int i = 0; i < 6; i++) free(ours[i]), free(ref[i]);
@@ -181,8 +203,11 @@ static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, con
     for (int64_t i = 0; i < ng; i++) g[i] = p->g[i], beta[i] = p->beta[i];
     for (int64_t i = 0; with_h0 && i < ns; i++) h0[i] = p->h0[i];
     for (int64_t i = 0; dht && i < ns; i++) ddht[i] = dht[i];
-    gdn_reference_backward(cfg, ref[0], ref[1], ref[2], ref[3], ref[4], with_h0 ? ref[5] : NULL,
-                           q, k, v, g, beta, h0, ddo, ddht);
+    gdn_reference_backward(cfg,
+                           &(gdn_rule_grads_f64){.dq = ref[0], .dk = ref[1], .dv = ref[2], .dg = ref[3],
+                                                 .dbeta = ref[4], .dh0 = with_h0 ? ref[5] : NULL},
+                           &(gdn_rule_inputs_f64){.q = q, .k = k, .v = v, .g = g, .beta = beta, .h0 = h0},
+                           ddo, ddht);
     gdn_plan *plan = NULL;
     gdn_config ours_cfg = *cfg;
     if (flip_l2norm) ours_cfg.l2norm = !ours_cfg.l2norm;
@@ -193,13 +218,17 @@ static bwd_result chunked_vs_oracle(const gdn_config *cfg, const problem *p, con
         ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
         float *o = malloc(sizeof(float) * n_v(cfg)), *v2 = malloc(sizeof(float) * n_v(cfg));
         for (int64_t i = 0; i < n_v(cfg); i++) v2[i] = saved == 2 ? -p->v[i] : p->v[i];
-        res.rc = gdn_forward_save(plan, o, NULL, ckpt, p->q, p->k, v2, p->g, p->beta,
-                                  with_h0 ? p->h0 : NULL);
+        res.rc = gdn_forward_save(plan, o, NULL, ckpt,
+                                  &(gdn_rule_inputs){.q = p->q, .k = p->k, .v = v2, .g = p->g,
+                                                     .beta = p->beta, .h0 = with_h0 ? p->h0 : NULL});
         free(o), free(v2);
     }
     if (!res.rc)
-        res.rc = gdn_backward_saved(plan, ours[0], ours[1], ours[2], ours[3], ours[4], with_h0 ? ours[5] : NULL,
-                                    p->q, p->k, p->v, p->g, p->beta, with_h0 ? p->h0 : NULL, ckpt, dout, dht);
+        res.rc = gdn_backward_saved(plan,
+                                    &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2],
+                                                      .dg = ours[3], .dbeta = ours[4],
+                                                      .dh0 = with_h0 ? ours[5] : NULL},
+                                    RULE_INPUTS(p, with_h0 ? p->h0 : NULL), ckpt, dout, dht);
     free(ckpt);
     gdn_plan_destroy(plan);
     /* A gradient that is exactly zero in exact arithmetic (dg when no state ever reaches the
@@ -330,10 +359,16 @@ static void backward_negative_controls(void) {
     for (int64_t i = 0; i < nv; i++) v[i] = p.v[i], ddo[i] = dout[i];
     for (int64_t i = 0; i < ng; i++) g[i] = p.g[i], beta[i] = p.beta[i];
     for (int64_t i = 0; i < ns; i++) h0[i] = p.h0[i], ddht[i] = dht[i];
-    gdn_reference_backward(&cfg, ref[0], ref[1], ref[2], ref[3], ref[4], ref[5], q, k, v, g, beta, h0, ddo, ddht);
+    gdn_reference_backward(&cfg,
+                           &(gdn_rule_grads_f64){.dq = ref[0], .dk = ref[1], .dv = ref[2], .dg = ref[3],
+                                                 .dbeta = ref[4], .dh0 = ref[5]},
+                           &(gdn_rule_inputs_f64){.q = q, .k = k, .v = v, .g = g, .beta = beta, .h0 = h0},
+                           ddo, ddht);
     gdn_plan *plan = NULL;
     gdn_plan_create(&plan, &cfg);
-    gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, p.h0, dout, dht);
+    gdn_backward(plan,
+                 &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2], .dg = ours[3],
+                                   .dbeta = ours[4], .dh0 = ours[5]}, RULE_INPUTS(&p, p.h0), dout, dht);
     expect_close(rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg, grouped heads, 5 chunks of 32");
     /* dg misaligned by one token: the backward run with the gates shifted by one token (token t
      * given g[t + 1], the last token the first's), its dg against the same reference. (No control
@@ -342,13 +377,18 @@ static void backward_negative_controls(void) {
     {
         float *gs = malloc(sizeof(float) * ng);
         for (int64_t i = 0; i < ng; i++) gs[i] = p.g[(i + cfg.Hv) % ng];
-        const int rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, gs,
-                                    p.beta, p.h0, dout, dht);
+        const int rc = gdn_backward(plan,
+                                    &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2],
+                                                      .dg = ours[3], .dbeta = ours[4], .dh0 = ours[5]},
+                                    &(gdn_rule_inputs){.q = p.q, .k = p.k, .v = p.v, .g = gs, .beta = p.beta,
+                                                       .h0 = p.h0}, dout, dht);
         expect_far(rc ? INFINITY : rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg of the backward run with g shifted by one token");
         free(gs);
     }
     /* The final-state gradient dropped: every gradient is off. */
-    gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, p.h0, dout, NULL);
+    gdn_backward(plan,
+                 &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2], .dg = ours[3],
+                                   .dbeta = ours[4], .dh0 = ours[5]}, RULE_INPUTS(&p, p.h0), dout, NULL);
     expect_far(rel_err_f32(ours[1], ref[1], nqk), TOL_BWD, "dk with dht dropped");
     expect_far(rel_err_f32(ours[2], ref[2], nv), TOL_BWD, "dv with dht dropped");
     /* States saved by a forward on other values: the comparison must catch them. */
@@ -361,7 +401,9 @@ static void backward_negative_controls(void) {
         force_rec_slots = 0;
     }
     /* The initial state dropped: dg, dbeta and dk see it. */
-    gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5], p.q, p.k, p.v, p.g, p.beta, NULL, dout, dht);
+    gdn_backward(plan,
+                 &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2], .dg = ours[3],
+                                   .dbeta = ours[4], .dh0 = ours[5]}, RULE_INPUTS(&p, NULL), dout, dht);
     expect_far(rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg with h0 dropped");
     gdn_plan_destroy(plan);
     for (int i = 0; i < 6; i++) free(ref[i]), free(ours[i]);
@@ -391,8 +433,12 @@ static void golden_chunked(void) {
             for (int i = 0; i < 6; i++) ours[i] = calloc(sizes[i], sizeof(float)), ref[i] = dalloc(sizes[i]);
             gdn_plan *plan = NULL;
             int rc = gdn_plan_create(&plan, &cfg);
-            if (!rc) rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], pb.h0 ? ours[5] : NULL,
-                                       pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0, pb.dout, pb.dht);
+            if (!rc) rc = gdn_backward(plan,
+                                       &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2],
+                                                         .dg = ours[3], .dbeta = ours[4],
+                                                         .dh0 = pb.h0 ? ours[5] : NULL},
+                                       &(gdn_rule_inputs){.q = pb.q, .k = pb.k, .v = pb.v, .g = pb.g,
+                                                          .beta = pb.beta, .h0 = pb.h0}, pb.dout, pb.dht);
             gdn_plan_destroy(plan);
             for (int i = 0; i < (pb.h0 ? 6 : 5); i++) {
                 gdn_st_read_f64(f, grad_names[i], ref[i], sizes[i]);
@@ -405,8 +451,12 @@ static void golden_chunked(void) {
                     for (int64_t j = 0; j < c->Hk; j++)
                         memcpy(qt + (bt * c->Hk + j) * c->K, pb.q + (bt * c->Hk + (c->Hk - 1 - j)) * c->K, sizeof(float) * c->K);
                 gdn_plan_create(&plan, &cfg);
-                rc = gdn_backward(plan, ours[0], ours[1], ours[2], ours[3], ours[4], pb.h0 ? ours[5] : NULL,
-                                  qt, pb.k, pb.v, pb.g, pb.beta, pb.h0, pb.dout, pb.dht);
+                rc = gdn_backward(plan,
+                                  &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2],
+                                                    .dg = ours[3], .dbeta = ours[4],
+                                                    .dh0 = pb.h0 ? ours[5] : NULL},
+                                  &(gdn_rule_inputs){.q = qt, .k = pb.k, .v = pb.v, .g = pb.g,
+                                                     .beta = pb.beta, .h0 = pb.h0}, pb.dout, pb.dht);
                 gdn_plan_destroy(plan);
                 if (c->Hk > 1)
                     expect_far(rel_err_f32(ours[2], ref[2], sizes[2]), TOL_BWD, "golden %s dv with key heads of q swapped", golden_names[gi]);
@@ -435,8 +485,9 @@ static void adjoint_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     float *zero = calloc(nv > ns ? nv : ns, sizeof(float)), *sg0 = malloc(sizeof(float) * ns);
     gdn_plan *plan = NULL;
     int rc = gdn_plan_create(&plan, &cfg);
-    if (!rc) rc = gdn_summary(plan, sa, sb, p.q, p.k, p.v, p.g, p.beta);
-    if (!rc) rc = gdn_summary_adjoint(plan, sg, p.q, p.k, p.g, p.beta, dout);
+    if (!rc) rc = gdn_summary(plan, sa, sb, RULE_INPUTS(&p, NULL));
+    if (!rc) rc = gdn_summary_adjoint(plan, sg,
+                                      &(gdn_rule_inputs){.q = p.q, .k = p.k, .g = p.g, .beta = p.beta}, dout);
     gdn_plan_destroy(plan);
     for (int64_t m = 0; m < nm; m++)
         for (int64_t i = 0; i < K; i++)
@@ -449,7 +500,11 @@ static void adjoint_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
         for (int64_t j = 0; j < sizes[i]; j++) in[i][j] = src[i][j];
     for (int64_t j = 0; j < nv; j++) ddo[j] = dout[j];
     for (int64_t j = 0; j < ns; j++) ddht[j] = dht[j];
-    gdn_reference_backward(&cfg, d[0], d[1], d[2], d[3], d[4], d[5], in[0], in[1], in[2], in[3], in[4], in[5], ddo, ddht);
+    gdn_reference_backward(&cfg,
+                           &(gdn_rule_grads_f64){.dq = d[0], .dk = d[1], .dv = d[2], .dg = d[3],
+                                                 .dbeta = d[4], .dh0 = d[5]},
+                           &(gdn_rule_inputs_f64){.q = in[0], .k = in[1], .v = in[2], .g = in[3],
+                                                  .beta = in[4], .h0 = in[5]}, ddo, ddht);
     gdn_summary_apply(din, sat, sg, dht, nm, K, V);
     expect_close(rc ? INFINITY : rel_err_f32(din, d[5], ns), TOL_BWD,
                  "adjoint A^T dS_out + G vs oracle dh0 B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d",
@@ -457,7 +512,8 @@ static void adjoint_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     /* Negative control: the offset G dropped, i.e. formed by gdn_summary_adjoint from dout = 0
      * (the segment's own output gradient left out), through the same apply and comparison. */
     gdn_plan_create(&plan, &cfg);
-    int rc0 = gdn_summary_adjoint(plan, sg0, p.q, p.k, p.g, p.beta, zero);
+    int rc0 = gdn_summary_adjoint(plan, sg0,
+                                  &(gdn_rule_inputs){.q = p.q, .k = p.k, .g = p.g, .beta = p.beta}, zero);
     gdn_plan_destroy(plan);
     if (!rc0) gdn_summary_apply(din, sat, sg0, dht, nm, K, V);
     expect_far(rc0 ? INFINITY : rel_err_f32(din, d[5], ns), TOL_BWD, "adjoint with G formed from dout = 0 (the offset dropped)");

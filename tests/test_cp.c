@@ -101,8 +101,11 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     double *dq = to_d(p.q, n_qk(&full)), *dk = to_d(p.k, n_qk(&full)), *dv = to_d(p.v, n_v(&full)),
            *dg = to_d(p.g, n_g(&full)), *db = to_d(p.beta, n_g(&full)), *dh = p.h0 ? to_d(p.h0, ns) : NULL,
            *ddo = to_d(dout, n_v(&full)), *ddht = to_d(dht, ns);
-    gdn_reference_backward(&full, gref[0], gref[1], gref[2], gref[3], gref[4], gref[5], dq, dk, dv, dg, db,
-                           dh, ddo, cc->with_dht ? ddht : NULL);
+    gdn_reference_backward(&full,
+                           &(gdn_rule_grads_f64){.dq = gref[0], .dk = gref[1], .dv = gref[2], .dg = gref[3],
+                                                 .dbeta = gref[4], .dh0 = gref[5]},
+                           &(gdn_rule_inputs_f64){.q = dq, .k = dk, .v = dv, .g = dg, .beta = db, .h0 = dh},
+                           ddo, cc->with_dht ? ddht : NULL);
     free(dq), free(dk), free(dv), free(dg), free(db), free(dh), free(ddo), free(ddht);
 
     /* This rank's shard. */
@@ -122,11 +125,16 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     int rc = gdn_plan_create(&plan, &loc);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
     if (!rc) gdn_cp_set_fault(cp, cc->fault);
-    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, p.h0);
+    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in,
+                                 &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta,
+                                                    .h0 = p.h0});
     gdn_cp_stats fs = cp ? gdn_cp_last_stats(cp) : (gdn_cp_stats){0};
     const int fwd_rc = rc;
-    if (!rc) rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, gs, q, k, v, g, beta, p.h0, s_in, ldo,
-                                  cc->with_dht ? dht : NULL);
+    if (!rc) rc = gdn_cp_backward(cp, plan,
+                                  &(gdn_rule_grads){.dq = gq, .dk = gk, .dv = gv, .dg = gg, .dbeta = gb,
+                                                    .dh0 = gs},
+                                  &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta,
+                                                     .h0 = p.h0}, s_in, ldo, cc->with_dht ? dht : NULL);
     int any_rc = rc;
     MPI_Allreduce(&rc, &any_rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
 
@@ -198,7 +206,7 @@ static void bad_input(void) {
     gdn_plan_create(&plan, &c);
     gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
     if (D > 1) {
-        int rc = gdn_cp_forward(cp, plan, o, ht, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+        int rc = gdn_cp_forward(cp, plan, o, ht, NULL, RULE_INPUTS(&p, NULL));
         int ok = rc == GDN_ERR_MPI && strstr(gdn_errmsg(), "disagree on K"), all;
         MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         check(all, "ranks with different K: every rank returns an error naming K (\"%s\")", gdn_errmsg());
@@ -209,7 +217,7 @@ static void bad_input(void) {
     problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 5);
     gdn_plan_create(&plan, &c);
     if (rank == D - 1) p.v[3] = NAN;
-    int rc = gdn_cp_forward(cp, plan, o, ht, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+    int rc = gdn_cp_forward(cp, plan, o, ht, NULL, RULE_INPUTS(&p, NULL));
     int ok = rc != GDN_OK, all;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     check(all, "NaN in 'v' on the last rank: every rank returns an error (%s)", gdn_errmsg());
@@ -217,7 +225,7 @@ static void bad_input(void) {
     if (D > 1 && c.Hk % D) {
         gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_HEADS);
         p.v[3] = 0.5f;
-        rc = gdn_cp_forward(cp, plan, o, ht, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+        rc = gdn_cp_forward(cp, plan, o, ht, NULL, RULE_INPUTS(&p, NULL));
         ok = rc != GDN_OK && strstr(gdn_errmsg(), "divide");
         MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         check(all, "heads with D=%d not dividing Hk=1: every rank returns an error (%s)", D, gdn_errmsg());
@@ -238,10 +246,11 @@ static void bad_input(void) {
         for (int i = 0; i < 3; i++) {
             gdn_cp_create(&cp, MPI_COMM_WORLD, i == 0 && rank ? GDN_CP_RELAY : GDN_CP_SCAN);
             if (i == 0 || (i == 1 && rank == 0))
-                rc = gdn_cp_forward(cp, plan, o, ht, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+                rc = gdn_cp_forward(cp, plan, o, ht, NULL, RULE_INPUTS(&p, NULL));
             else
-                rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, NULL, p.q, p.k, p.v, p.g, p.beta, NULL,
-                                     i == 2 && rank == 0 ? s_in : NULL, p.v, NULL);
+                rc = gdn_cp_backward(cp, plan,
+                                     &(gdn_rule_grads){.dq = gq, .dk = gk, .dv = gv, .dg = gg, .dbeta = gb},
+                                     RULE_INPUTS(&p, NULL), i == 2 && rank == 0 ? s_in : NULL, p.v, NULL);
             ok = rc == GDN_ERR_MPI && strstr(gdn_errmsg(), cases[i].needle);
             MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
             check(all, "%s: every rank returns an error naming %s (\"%s\")", cases[i].what, cases[i].needle,
@@ -356,9 +365,11 @@ static void small_free(small_case *sc) {
 /* One call (forward, or backward recomputing the incoming state), with an alarm. */
 static int small_call(gdn_cp *cp, small_case *sc, gdn_plan *plan, int backward) {
     alarm(30);
-    int rc = backward ? gdn_cp_backward(cp, plan, sc->gq, sc->gk, sc->gv, sc->gg, sc->gb, sc->gs, sc->q, sc->k, sc->v,
-                                        sc->g, sc->beta, sc->h0, NULL, sc->dout, sc->dht)
-                      : gdn_cp_forward(cp, plan, sc->o, sc->ht, sc->s_in, sc->q, sc->k, sc->v, sc->g, sc->beta, sc->h0);
+    int rc = backward ? gdn_cp_backward(cp, plan,
+                                        &(gdn_rule_grads){.dq = sc->gq, .dk = sc->gk, .dv = sc->gv,
+                                                          .dg = sc->gg, .dbeta = sc->gb, .dh0 = sc->gs},
+                                        RULE_INPUTS(sc, sc->h0), NULL, sc->dout, sc->dht)
+                      : gdn_cp_forward(cp, plan, sc->o, sc->ht, sc->s_in, RULE_INPUTS(sc, sc->h0));
     alarm(0);
     return rc;
 }
@@ -392,6 +403,48 @@ static void null_plans(void) {
                       backward ? "backward" : "forward",
                       who == 0 ? "a NULL plan on one rank" : who == 1 ? "NULL plans on every rank" : "every plan (control)",
                       who == 2 ? "ok" : needle, rank, rc ? gdn_errmsg() : "ok");
+            }
+        gdn_cp_destroy(cp);
+        small_free(&sc);
+    }
+}
+
+/* The tensor bundles on one rank (min(1, D-1)): a NULL inputs or gradients bundle, or a NULL
+ * required field, fails every rank with GDN_ERR_ARG (the rank with it naming the bundle or the
+ * field, the others naming that rank), every strategy, forward and backward; none crashes or
+ * hangs. Control: the complete bundles return GDN_OK. */
+static void null_bundles(void) {
+    const int bad = D > 1 ? 1 : 0;
+    char other[32];
+    snprintf(other, sizeof other, "rank %d", bad);
+    for (int s = 0; s < 4; s++) {
+        small_case sc;
+        small_make(&sc, 0, 1, 0);
+        gdn_cp *cp = NULL;
+        gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+        const gdn_rule_grads gr = {.dq = sc.gq, .dk = sc.gk, .dv = sc.gv, .dg = sc.gg, .dbeta = sc.gb, .dh0 = sc.gs};
+        gdn_rule_inputs in_no_k = *RULE_INPUTS(&sc, sc.h0);
+        in_no_k.k = NULL;
+        gdn_rule_grads gr_no_dbeta = gr;
+        gr_no_dbeta.dbeta = NULL;
+        /* 0: inputs NULL, 1: grads NULL, 2: in.k NULL, 3: grads.dbeta NULL, 4: none (control) */
+        const char *what[] = {"inputs 'in' (gdn_rule_inputs) is NULL", "gradients 'grads' (gdn_rule_grads) is NULL",
+                              "input 'k' is NULL", "gradient output 'dbeta' is NULL", "complete bundles"};
+        for (int backward = 0; backward < 2; backward++)
+            for (int w = 0; w < 5; w++) {
+                if (!backward && (w == 1 || w == 3)) continue;
+                const int mine = rank == bad && w < 4;
+                const gdn_rule_inputs *in = mine && w == 0 ? NULL : mine && w == 2 ? &in_no_k : RULE_INPUTS(&sc, sc.h0);
+                const gdn_rule_grads *g = mine && w == 1 ? NULL : mine && w == 3 ? &gr_no_dbeta : &gr;
+                alarm(30);
+                const int rc = backward ? gdn_cp_backward(cp, sc.plan, g, in, NULL, sc.dout, sc.dht)
+                                        : gdn_cp_forward(cp, sc.plan, sc.o, sc.ht, sc.s_in, in);
+                alarm(0);
+                const int ok = w == 4 ? rc == GDN_OK
+                                      : rc == GDN_ERR_ARG && strstr(gdn_errmsg(), rank == bad ? what[w] : other);
+                check(all_ranks(ok), "%s %s with %s on rank %d: every rank %s (rank %d: \"%s\")",
+                      gdn_cp_strategy_name(s), backward ? "backward" : "forward", what[w], bad,
+                      w == 4 ? "returns ok (control)" : "refuses it", rank, rc ? gdn_errmsg() : "ok");
             }
         gdn_cp_destroy(cp);
         small_free(&sc);
@@ -585,8 +638,11 @@ static void heads_plan_key(void) {
         gdn_plan *plan = NULL;
         gdn_plan_create(&plan, &c);
         alarm(30);
-        rcs[i] = gdn_cp_backward(cp, plan, gr, gr + n_qk(&c), gr + 2 * n_qk(&c), gr + 3 * n_qk(&c),
-                                 gr + 3 * n_qk(&c) + n_g(&c), NULL, p.q, p.k, p.v, p.g, p.beta, NULL, NULL, dout, NULL);
+        rcs[i] = gdn_cp_backward(cp, plan,
+                                 &(gdn_rule_grads){.dq = gr, .dk = gr + n_qk(&c), .dv = gr + 2 * n_qk(&c),
+                                                   .dg = gr + 3 * n_qk(&c),
+                                                   .dbeta = gr + 3 * n_qk(&c) + n_g(&c)},
+                                 RULE_INPUTS(&p, NULL), NULL, dout, NULL);
         alarm(0);
         ck[i] = cp->heads_plan ? gdn_plan_config(cp->heads_plan)->checkpoint_chunks : -1;
         gdn_plan_destroy(plan);
@@ -606,6 +662,7 @@ static void robustness(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGALRM, &sa, &old);
     null_plans();
+    null_bundles();
     fault_sites();
     halo_faults();
     heads_plan_key();
@@ -691,8 +748,14 @@ static void golden_cp(gdn_cp_strategy strategy, const char *name) {
     gdn_cp *cp = NULL;
     rc = gdn_plan_create(&plan, &loc);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
-    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, NULL, q, k, v, g, beta, pb.h0);
-    if (!rc) rc = gdn_cp_backward(cp, plan, gr[0], gr[1], gr[2], gr[3], gr[4], gs, q, k, v, g, beta, pb.h0, NULL, ldo, pb.dht);
+    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, NULL,
+                                 &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta,
+                                                    .h0 = pb.h0});
+    if (!rc) rc = gdn_cp_backward(cp, plan,
+                                  &(gdn_rule_grads){.dq = gr[0], .dk = gr[1], .dv = gr[2], .dg = gr[3],
+                                                    .dbeta = gr[4], .dh0 = gs},
+                                  &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta,
+                                                     .h0 = pb.h0}, NULL, ldo, pb.dht);
     int any;
     MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     static const char *names[] = {"o", "dq", "dk", "dv", "dg", "dbeta"};

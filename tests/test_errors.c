@@ -53,24 +53,26 @@ static void nonfinite_inputs(void) {
             t[i].x[5] = kind ? INFINITY : NAN;
             char needle[32];
             snprintf(needle, sizeof needle, "input '%s'", t[i].name);
-            expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_NONFINITE,
+            expect_status(gdn_forward(plan, o, ht, RULE_INPUTS(&p, p.h0)), GDN_ERR_NONFINITE,
                           needle, "%s in '%s'", kind ? "Inf" : "NaN", t[i].name);
             t[i].x[5] = keep;
         }
     }
-    expect_status(gdn_forward(plan, o, ht, p.q, NULL, p.v, p.g, p.beta, p.h0), GDN_ERR_ARG, "'k'", "NULL k");
-    expect_status(gdn_forward(plan, NULL, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_ARG, "'o'", "NULL o");
+    expect_status(gdn_forward(plan, o, ht,
+                              &(gdn_rule_inputs){.q = p.q, .v = p.v, .g = p.g, .beta = p.beta, .h0 = p.h0}),
+                  GDN_ERR_ARG, "'k'", "NULL k");
+    expect_status(gdn_forward(plan, NULL, ht, RULE_INPUTS(&p, p.h0)), GDN_ERR_ARG, "'o'", "NULL o");
     /* A finite but huge key: its squared norm overflows fp32; reported, not normalised to garbage. */
     float keep = p.k[7];
     p.k[7] = 1e30f;
-    expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_NONFINITE,
+    expect_status(gdn_forward(plan, o, ht, RULE_INPUTS(&p, p.h0)), GDN_ERR_NONFINITE,
                   "squared norm overflows", "k element 1e30");
     p.k[7] = keep;
-    expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_OK, NULL,
+    expect_status(gdn_forward(plan, o, ht, RULE_INPUTS(&p, p.h0)), GDN_OK, NULL,
                   "the same inputs with the element restored run");
     /* Large positive gates overflow: reported, not returned as garbage. */
     for (int64_t i = 0; i < n_g(&cfg); i++) p.g[i] = 80.0f;
-    expect_status(gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_ERR_NONFINITE,
+    expect_status(gdn_forward(plan, o, ht, RULE_INPUTS(&p, p.h0)), GDN_ERR_NONFINITE,
                   "output", "positive gates g = 80 overflow");
     gdn_plan_destroy(plan);
     free(o), free(ht);
@@ -89,11 +91,12 @@ static void nonfinite_backward(void) {
     const int64_t nqk = n_qk(&cfg), nv = n_v(&cfg), ng = n_g(&cfg), ns = n_state(&cfg);
     float *grad = malloc(sizeof(float) * (2 * nqk + nv + 2 * ng + ns));
     float *dq = grad, *dk = dq + nqk, *dv = dk + nqk, *dg = dv + nv, *db = dg + ng, *dh0 = db + ng;
+    const gdn_rule_grads gr = {.dq = dq, .dk = dk, .dv = dv, .dg = dg, .dbeta = db, .dh0 = dh0};
     float *dout = malloc(sizeof(float) * nv), *dht = malloc(sizeof(float) * ns);
     float *o = malloc(sizeof(float) * nv), *ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
     for (int64_t i = 0; i < nv; i++) dout[i] = (float)rng_uniform(-1, 1);
     for (int64_t i = 0; i < ns; i++) dht[i] = (float)rng_uniform(-1, 1);
-    expect_status(gdn_forward_save(plan, o, NULL, ckpt, p.q, p.k, p.v, p.g, p.beta, p.h0), GDN_OK, NULL,
+    expect_status(gdn_forward_save(plan, o, NULL, ckpt, RULE_INPUTS(&p, p.h0)), GDN_OK, NULL,
                   "forward keeping states for the backward");
     struct { const char *name; float *x; int64_t n; } t[] = {
         {"q", p.q, nqk}, {"k", p.k, nqk}, {"v", p.v, nv}, {"g", p.g, ng}, {"beta", p.beta, ng},
@@ -106,23 +109,22 @@ static void nonfinite_backward(void) {
                 t[i].x[at] = kind ? INFINITY : NAN;
                 char needle[32];
                 snprintf(needle, sizeof needle, "input '%s'", t[i].name);
-                expect_status(gdn_backward_saved(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0,
-                                                 saved ? ckpt : NULL, dout, dht),
+                expect_status(gdn_backward_saved(plan, &gr, RULE_INPUTS(&p, p.h0), saved ? ckpt : NULL, dout, dht),
                               GDN_ERR_NONFINITE, needle, "backward%s: %s at element %lld of '%s'",
                               saved ? " from saved states" : "", kind ? "Inf" : "NaN", (long long)at, t[i].name);
                 t[i].x[at] = keep;
             }
-    expect_status(gdn_backward_saved(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, ckpt,
-                                     dout, dht), GDN_OK, NULL, "backward with every element restored runs");
-    expect_status(gdn_backward(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, NULL, dht),
+    expect_status(gdn_backward_saved(plan, &gr, RULE_INPUTS(&p, p.h0), ckpt, dout, dht),
+                  GDN_OK, NULL, "backward with every element restored runs");
+    expect_status(gdn_backward(plan, &gr, RULE_INPUTS(&p, p.h0), NULL, dht),
                   GDN_ERR_ARG, "'do'", "backward with NULL do");
     const float keep = p.k[nqk - 3];
     p.k[nqk - 3] = 1e30f;
-    expect_status(gdn_backward(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, dout, dht),
+    expect_status(gdn_backward(plan, &gr, RULE_INPUTS(&p, p.h0), dout, dht),
                   GDN_ERR_NONFINITE, "squared norm overflows", "backward: k element 1e30");
     p.k[nqk - 3] = keep;
     for (int64_t i = 0; i < ng; i++) p.g[i] = 80.0f;
-    expect_status(gdn_backward(plan, dq, dk, dv, dg, db, dh0, p.q, p.k, p.v, p.g, p.beta, p.h0, dout, dht),
+    expect_status(gdn_backward(plan, &gr, RULE_INPUTS(&p, p.h0), dout, dht),
                   GDN_ERR_NONFINITE, "output", "backward: positive gates g = 80 overflow");
     gdn_plan_destroy(plan);
     free(grad), free(dout), free(dht), free(o), free(ckpt);
@@ -290,7 +292,7 @@ static void nonfinite_threads(void) {
         gdn_plan *plan = NULL;
         int rc = gdn_plan_create(&plan, &c);
         test_threads_site = "find_nonfinite_f32", test_threads_seen = -1;
-        if (!rc) rc = gdn_forward(plan, o, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+        if (!rc) rc = gdn_forward(plan, o, NULL, RULE_INPUTS(&p, NULL));
         const int seen = test_threads_seen;
         test_threads_site = NULL;
         check(rc == GDN_ERR_NONFINITE && seen == want,
@@ -387,6 +389,129 @@ static void too_large(void) {
     }
 }
 
+/* The tensor bundles (kernel.h): a NULL bundle pointer and each NULL required field are refused
+ * with GDN_ERR_ARG naming them, by every call that takes one; the optional fields (h0, dh0) may be
+ * NULL. Control: the same calls with complete bundles return GDN_OK. */
+static void bundle_errors(void) {
+    gdn_config cfg = gdn_config_default(1, 40, 1, 2, 8, 8);
+    cfg.chunk = 16;
+    problem p;
+    problem_make(&p, cfg, GATE_MILD, BETA_RANDOM, 1, 17);
+    gdn_plan *plan = NULL;
+    expect_status(gdn_plan_create(&plan, &cfg), GDN_OK, NULL, "bundles: plan");
+    const int64_t nqk = n_qk(&cfg), nv = n_v(&cfg), ng = n_g(&cfg), ns = n_state(&cfg);
+    float *buf = calloc((size_t)(4 * nqk + 4 * nv + 4 * ng + 4 * ns + cfg.Hv * cfg.K * cfg.K), sizeof(float));
+    float *dq = buf, *dk = dq + nqk, *dv = dk + nqk, *dg = dv + nv, *db = dg + ng, *dh0 = db + ng;
+    float *o = dh0 + ns, *ht = o + nv, *dout = ht + ns, *ckpt = NULL, *sa = dout + nv, *sb = sa + cfg.Hv * cfg.K * cfg.K;
+    float *sg = sb + ns;
+    ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
+    for (int64_t i = 0; i < nv; i++) dout[i] = 0.5f;
+    const char *in_names[] = {"q", "k", "v", "g", "beta"}, *gr_names[] = {"dq", "dk", "dv", "dg", "dbeta"};
+    char needle[48];
+    /* the fp32 calls: NULL bundles */
+    const gdn_rule_grads gr = {.dq = dq, .dk = dk, .dv = dv, .dg = dg, .dbeta = db, .dh0 = dh0};
+    const char *no_in = "inputs 'in' (gdn_rule_inputs) is NULL", *no_gr = "gradients 'grads' (gdn_rule_grads) is NULL";
+    expect_status(gdn_forward(plan, o, ht, NULL), GDN_ERR_ARG, no_in, "gdn_forward, inputs NULL");
+    expect_status(gdn_forward_save(plan, o, ht, ckpt, NULL), GDN_ERR_ARG, no_in, "gdn_forward_save, inputs NULL");
+    expect_status(gdn_backward(plan, &gr, NULL, dout, NULL), GDN_ERR_ARG, no_in, "gdn_backward, inputs NULL");
+    expect_status(gdn_backward(plan, NULL, RULE_INPUTS(&p, p.h0), dout, NULL), GDN_ERR_ARG, no_gr,
+                  "gdn_backward, gradients NULL");
+    expect_status(gdn_backward_saved(plan, NULL, RULE_INPUTS(&p, p.h0), NULL, dout, NULL), GDN_ERR_ARG, no_gr,
+                  "gdn_backward_saved, gradients NULL");
+    expect_status(gdn_summary(plan, sa, sb, NULL), GDN_ERR_ARG, no_in, "gdn_summary, inputs NULL");
+    expect_status(gdn_summary_adjoint(plan, sg, NULL, dout), GDN_ERR_ARG, no_in, "gdn_summary_adjoint, inputs NULL");
+    /* each required input field NULL, one at a time */
+    for (int f = 0; f < 5; f++) {
+        gdn_rule_inputs in = *RULE_INPUTS(&p, p.h0);
+        const float **field[] = {&in.q, &in.k, &in.v, &in.g, &in.beta};
+        *field[f] = NULL;
+        snprintf(needle, sizeof needle, "input '%s' is NULL", in_names[f]);
+        expect_status(gdn_forward(plan, o, ht, &in), GDN_ERR_ARG, needle, "gdn_forward, in.%s NULL", in_names[f]);
+        expect_status(gdn_forward_save(plan, o, ht, ckpt, &in), GDN_ERR_ARG, needle, "gdn_forward_save, in.%s NULL",
+                      in_names[f]);
+        expect_status(gdn_backward(plan, &gr, &in, dout, NULL), GDN_ERR_ARG, needle, "gdn_backward, in.%s NULL",
+                      in_names[f]);
+        expect_status(gdn_summary(plan, sa, sb, &in), GDN_ERR_ARG, needle, "gdn_summary, in.%s NULL", in_names[f]);
+        if (f != 2) /* the adjoint does not read v */
+            expect_status(gdn_summary_adjoint(plan, sg, &in, dout), GDN_ERR_ARG, needle,
+                          "gdn_summary_adjoint, in.%s NULL", in_names[f]);
+    }
+    /* each required gradient field NULL */
+    for (int f = 0; f < 5; f++) {
+        gdn_rule_grads g2 = gr;
+        float **field[] = {&g2.dq, &g2.dk, &g2.dv, &g2.dg, &g2.dbeta};
+        *field[f] = NULL;
+        snprintf(needle, sizeof needle, "gradient output '%s' is NULL", gr_names[f]);
+        expect_status(gdn_backward(plan, &g2, RULE_INPUTS(&p, p.h0), dout, NULL), GDN_ERR_ARG, needle,
+                      "gdn_backward, grads.%s NULL", gr_names[f]);
+    }
+    /* the optional fields, and the fields a call does not read, may be NULL (controls) */
+    expect_status(gdn_forward(plan, o, ht, RULE_INPUTS(&p, NULL)), GDN_OK, NULL, "gdn_forward, h0 NULL (optional)");
+    expect_status(gdn_forward_save(plan, o, ht, ckpt, RULE_INPUTS(&p, p.h0)), GDN_OK, NULL, "gdn_forward_save, complete");
+    expect_status(gdn_backward_saved(plan, &(gdn_rule_grads){.dq = dq, .dk = dk, .dv = dv, .dg = dg, .dbeta = db},
+                                     RULE_INPUTS(&p, p.h0), ckpt, dout, NULL),
+                  GDN_OK, NULL, "gdn_backward_saved, dh0 NULL (optional)");
+    expect_status(gdn_backward(plan, &gr, RULE_INPUTS(&p, p.h0), dout, NULL), GDN_OK, NULL, "gdn_backward, complete");
+    expect_status(gdn_summary(plan, sa, NULL, &(gdn_rule_inputs){.q = p.q, .k = p.k, .g = p.g, .beta = p.beta}),
+                  GDN_OK, NULL, "gdn_summary A alone, v NULL (not read)");
+    expect_status(gdn_summary_adjoint(plan, sg, &(gdn_rule_inputs){.q = p.q, .k = p.k, .g = p.g, .beta = p.beta},
+                                      dout), GDN_OK, NULL, "gdn_summary_adjoint, v NULL (not read)");
+    gdn_plan_destroy(plan);
+    /* the decode step: NULL bundle, NULL fields, and a set h0 refused (the state is `state`) */
+    gdn_config one = cfg;
+    one.T = 1;
+    expect_status(gdn_plan_create(&plan, &one), GDN_OK, NULL, "bundles: step plan");
+    float *state = calloc((size_t)ns, sizeof(float));
+    expect_status(gdn_step(plan, o, state, NULL), GDN_ERR_ARG, no_in, "gdn_step, inputs NULL");
+    for (int f = 0; f < 5; f++) {
+        gdn_rule_inputs in = *RULE_INPUTS(&p, NULL);
+        const float **field[] = {&in.q, &in.k, &in.v, &in.g, &in.beta};
+        *field[f] = NULL;
+        snprintf(needle, sizeof needle, "input '%s' is NULL", in_names[f]);
+        expect_status(gdn_step(plan, o, state, &in), GDN_ERR_ARG, needle, "gdn_step, in.%s NULL", in_names[f]);
+    }
+    expect_status(gdn_step(plan, o, state, RULE_INPUTS(&p, p.h0)), GDN_ERR_ARG, "'h0' is not read by gdn_step",
+                  "gdn_step, h0 set");
+    expect_status(gdn_step(plan, o, state, RULE_INPUTS(&p, NULL)), GDN_OK, NULL, "gdn_step, complete");
+    gdn_plan_destroy(plan);
+    /* the oracle's double bundles */
+    double *d = calloc((size_t)(3 * (2 * nqk + nv + 2 * ng + ns) + nv), sizeof(double));
+    double *x = d, *gx = d + (2 * nqk + nv + 2 * ng + ns), *od = gx + (2 * nqk + nv + 2 * ng + ns), *hd = od + nv;
+    double *ddo = hd + ns;
+    for (int64_t i = 0; i < 2 * nqk + nv + 2 * ng; i++) x[i] = 0.25;
+    for (int64_t i = 0; i < nv; i++) ddo[i] = 1.0;
+    const gdn_rule_inputs_f64 in64 = {.q = x, .k = x + nqk, .v = x + 2 * nqk, .g = x + 2 * nqk + nv,
+                                      .beta = x + 2 * nqk + nv + ng};
+    const gdn_rule_grads_f64 gr64 = {.dq = gx, .dk = gx + nqk, .dv = gx + 2 * nqk, .dg = gx + 2 * nqk + nv,
+                                     .dbeta = gx + 2 * nqk + nv + ng};
+    expect_status(gdn_reference_forward(&cfg, od, hd, NULL), GDN_ERR_ARG, "inputs 'in' (gdn_rule_inputs_f64) is NULL",
+                  "gdn_reference_forward, inputs NULL");
+    expect_status(gdn_reference_backward(&cfg, NULL, &in64, ddo, NULL), GDN_ERR_ARG,
+                  "gradients 'grads' (gdn_rule_grads_f64) is NULL", "gdn_reference_backward, gradients NULL");
+    expect_status(gdn_reference_backward(&cfg, &gr64, NULL, ddo, NULL), GDN_ERR_ARG,
+                  "inputs 'in' (gdn_rule_inputs_f64) is NULL", "gdn_reference_backward, inputs NULL");
+    for (int f = 0; f < 5; f++) {
+        gdn_rule_inputs_f64 in = in64;
+        gdn_rule_grads_f64 g2 = gr64;
+        const double **fi[] = {&in.q, &in.k, &in.v, &in.g, &in.beta};
+        double **fg[] = {&g2.dq, &g2.dk, &g2.dv, &g2.dg, &g2.dbeta};
+        *fi[f] = NULL, *fg[f] = NULL;
+        snprintf(needle, sizeof needle, "input '%s' is NULL", in_names[f]);
+        expect_status(gdn_reference_forward(&cfg, od, hd, &in), GDN_ERR_ARG, needle, "gdn_reference_forward, in.%s NULL",
+                      in_names[f]);
+        expect_status(gdn_reference_backward(&cfg, &gr64, &in, ddo, NULL), GDN_ERR_ARG, needle,
+                      "gdn_reference_backward, in.%s NULL", in_names[f]);
+        snprintf(needle, sizeof needle, "gradient output '%s' is NULL", gr_names[f]);
+        expect_status(gdn_reference_backward(&cfg, &g2, &in64, ddo, NULL), GDN_ERR_ARG, needle,
+                      "gdn_reference_backward, grads.%s NULL", gr_names[f]);
+    }
+    expect_status(gdn_reference_forward(&cfg, od, hd, &in64), GDN_OK, NULL, "gdn_reference_forward, h0 NULL (optional)");
+    expect_status(gdn_reference_backward(&cfg, &gr64, &in64, ddo, NULL), GDN_OK, NULL,
+                  "gdn_reference_backward, dh0 NULL (optional)");
+    free(d), free(state), free(buf), free(ckpt);
+    problem_free(&p);
+}
+
 void test_errors(void) {
     too_large();
     status_texts();
@@ -395,5 +520,6 @@ void test_errors(void) {
     config_errors();
     nonfinite_inputs();
     nonfinite_backward();
+    bundle_errors();
     file_errors();
 }

@@ -150,12 +150,12 @@ static void threads_and_reuse(void) {
         cfg.threads = threads;
         gdn_plan *plan;
         gdn_plan_create(&plan, &cfg);
-        gdn_forward(plan, o, ht, p.q, p.k, p.v, p.g, p.beta, p.h0);
+        gdn_forward(plan, o, ht, RULE_INPUTS(&p, p.h0));
         expect_close(fmax(rel_err_f32(o, o_ref, n_v(&cfg)), rel_err_f32(ht, ht_ref, n_state(&cfg))),
                      TOL_FWD, "threads=%d (column blocks) vs oracle", threads);
-        gdn_forward(plan, o2, ht, p.q, p.k, p.v, p.g, p.beta, p.h0);
+        gdn_forward(plan, o2, ht, RULE_INPUTS(&p, p.h0));
         check(memcmp(o, o2, sizeof(float) * n_v(&cfg)) == 0, "threads=%d plan re-executed: identical bits", threads);
-        gdn_forward(plan, o2, ht, p.q, p.k, p.v, p.g, p.beta, NULL);
+        gdn_forward(plan, o2, ht, RULE_INPUTS(&p, NULL));
         expect_far(rel_err_f32(o2, o_ref, n_v(&cfg)), TOL_FWD, "threads=%d same plan, h0 dropped", threads);
         gdn_plan_destroy(plan);
     }
@@ -279,7 +279,9 @@ void test_golden(void) {
             cfg.chunk = chunks[ci];
             gdn_plan *plan = NULL;
             rc = gdn_plan_create(&plan, &cfg);
-            if (!rc) rc = gdn_forward(plan, o, ht, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+            if (!rc) rc = gdn_forward(plan, o, ht,
+                                      &(gdn_rule_inputs){.q = pb.q, .k = pb.k, .v = pb.v, .g = pb.g,
+                                                         .beta = pb.beta, .h0 = pb.h0});
             gdn_plan_destroy(plan);
             double eo = rc ? INFINITY : rel_err_f32(o, o_ref, n_v(c));
             double eh = rc ? INFINITY : rel_err_f32(ht, ht_ref, n_state(c));
@@ -291,7 +293,9 @@ void test_golden(void) {
         bad.l2norm = 0;
         gdn_plan *plan = NULL;
         rc = gdn_plan_create(&plan, &bad);
-        if (!rc) rc = gdn_forward(plan, o, ht, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+        if (!rc) rc = gdn_forward(plan, o, ht,
+                                  &(gdn_rule_inputs){.q = pb.q, .k = pb.k, .v = pb.v, .g = pb.g,
+                                                     .beta = pb.beta, .h0 = pb.h0});
         gdn_plan_destroy(plan);
         expect_far(rc ? INFINITY : rel_err_f32(o, o_ref, n_v(c)), 1e-5, "golden %s without L2 norm", golden_names[i]);
         free(o_ref), free(ht_ref), free(o), free(ht);

@@ -59,8 +59,14 @@ static void against_oracle(const pack_case *pc, const gdn_config *cfg, const pro
     double *gq = malloc(sizeof(double) * n_qk(cfg)), *gk = malloc(sizeof(double) * n_qk(cfg));
     double *gv = malloc(sizeof(double) * n_v(cfg)), *gg = malloc(sizeof(double) * n_g(cfg));
     double *gb = malloc(sizeof(double) * n_g(cfg)), *gh = malloc(sizeof(double) * ns);
-    int rc = gdn_reference_forward(cfg, o, ht, q, k, v, g, b, h);
-    if (!rc) rc = gdn_reference_backward(cfg, gq, gk, gv, gg, gb, gh, q, k, v, g, b, h, ddo, ddht);
+    int rc = gdn_reference_forward(cfg, o, ht,
+                                   &(gdn_rule_inputs_f64){.q = q, .k = k, .v = v, .g = g, .beta = b,
+                                                          .h0 = h});
+    if (!rc) rc = gdn_reference_backward(cfg,
+                                         &(gdn_rule_grads_f64){.dq = gq, .dk = gk, .dv = gv, .dg = gg,
+                                                               .dbeta = gb, .dh0 = gh},
+                                         &(gdn_rule_inputs_f64){.q = q, .k = k, .v = v, .g = g, .beta = b,
+                                                                .h0 = h}, ddo, ddht);
     double ef = INFINITY, eb = INFINITY;
     if (!rc) {
         ef = fmax(rel_err_f32(r->o, o, n_v(cfg)), rel_err_f32(r->ht, ht, ns));
@@ -165,7 +171,7 @@ static void bad_offsets(void) {
     problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 5);
     float o[10 * 8];
     int rc = gdn_plan_create(&plan, &c);
-    expect_status(rc ? rc : gdn_forward(plan, o, NULL, p.q, p.k, p.v, p.g, p.beta, NULL), GDN_ERR_SHAPE,
+    expect_status(rc ? rc : gdn_forward(plan, o, NULL, RULE_INPUTS(&p, NULL)), GDN_ERR_SHAPE,
                   "must end at T = 10, it ends at 11", "cu_seqlens ending past T (0, 5, 11 with T = 10)");
     gdn_plan_destroy(plan), plan = NULL;
     c.cu_seqlens = good, c.n_docs = 2;
@@ -177,12 +183,14 @@ static void bad_offsets(void) {
     expect_status(gdn_plan_create(&plan, &c), GDN_ERR_ARG, "without cu_seqlens", "n_docs without cu_seqlens");
     double dq[80], dsrc[80] = {0};
     c.cu_seqlens = short_end, c.n_docs = 2;
-    expect_status(gdn_reference_forward(&c, dq, NULL, dsrc, dsrc, dsrc, dsrc, dsrc, NULL), GDN_ERR_SHAPE,
+    expect_status(gdn_reference_forward(&c, dq, NULL,
+                                        &(gdn_rule_inputs_f64){.q = dsrc, .k = dsrc, .v = dsrc, .g = dsrc,
+                                                               .beta = dsrc}), GDN_ERR_SHAPE,
                   "ends at 9 but the tokens reach 10", "oracle: cu_seqlens ending before T");
     /* The control: good offsets plan and run. */
     c.cu_seqlens = good, c.n_docs = 2;
     rc = gdn_plan_create(&plan, &c);
-    expect_status(rc ? rc : gdn_forward(plan, o, NULL, p.q, p.k, p.v, p.g, p.beta, NULL), GDN_OK, NULL,
+    expect_status(rc ? rc : gdn_forward(plan, o, NULL, RULE_INPUTS(&p, NULL)), GDN_OK, NULL,
                   "control: cu_seqlens (0, 5, 10) with T = 10, B = 1");
     gdn_plan_destroy(plan);
     problem_free(&p);
@@ -371,9 +379,11 @@ static void set_docs(void) {
     double err[2];
     for (int control = 0; control < 2; control++) {
         int rc = control ? gdn_plan_set_docs(plan, one, 1, 0) : gdn_plan_set_docs(plan, five, 5, 0);
-        if (!rc) rc = gdn_forward_save(plan, got.o, got.ht, ckpt, p.q, p.k, p.v, p.g, p.beta, NULL);
-        if (!rc) rc = gdn_backward_saved(plan, got.dq, got.dk, got.dv, got.dg, got.dbeta, got.dh0, p.q, p.k, p.v,
-                                         p.g, p.beta, NULL, ckpt, dout, NULL);
+        if (!rc) rc = gdn_forward_save(plan, got.o, got.ht, ckpt, RULE_INPUTS(&p, NULL));
+        if (!rc) rc = gdn_backward_saved(plan,
+                                         &(gdn_rule_grads){.dq = got.dq, .dk = got.dk, .dv = got.dv,
+                                                           .dg = got.dg, .dbeta = got.dbeta, .dh0 = got.dh0},
+                                         RULE_INPUTS(&p, NULL), ckpt, dout, NULL);
         check(rc == GDN_OK && gdn_plan_checkpoint_floats(plan) <= ckpt_floats,
               "gdn_plan_set_docs to %s document%s: forward_save + backward_saved within the plan's first %zu "
               "saved floats", control ? "one" : "five", control ? "" : "s", ckpt_floats);
@@ -386,12 +396,12 @@ static void set_docs(void) {
 
     gdn_plan_set_docs(plan, five, 5, 0);
     float *o_before = malloc(sizeof(float) * (size_t)n_v(&c)), *o_after = malloc(sizeof(float) * (size_t)n_v(&c));
-    gdn_forward(plan, o_before, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+    gdn_forward(plan, o_before, NULL, RULE_INPUTS(&p, NULL));
     expect_status(gdn_plan_set_docs(plan, bad, 3, 0), GDN_ERR_SHAPE, "strictly increasing",
                   "gdn_plan_set_docs with an empty document (0, 70, 70, T)");
     expect_status(gdn_plan_set_docs(plan, five, 5, 1), GDN_ERR_SHAPE, "seq_offset",
                   "gdn_plan_set_docs with tokens past the offsets' end (seq_offset 1)");
-    gdn_forward(plan, o_after, NULL, p.q, p.k, p.v, p.g, p.beta, NULL);
+    gdn_forward(plan, o_after, NULL, RULE_INPUTS(&p, NULL));
     expect_close(rel_err_ff(o_after, o_before, n_v(&c)), 0.0, "after refused offsets the plan keeps its five documents");
     gdn_plan_destroy(plan), plan = NULL;
     c.cu_seqlens = NULL, c.n_docs = 0;

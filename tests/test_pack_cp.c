@@ -126,9 +126,14 @@ static int run_case(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault,
     if (!rc) rc = gdn_plan_create(&plan, &loc);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
     if (!rc) gdn_cp_set_fault(cp, fault);
-    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
+    if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in,
+                                 &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta, .h0 = h0});
     const int fwd_rc = rc;
-    if (!rc) rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, dh0, q, k, v, g, beta, h0, s_in, ldo, dht);
+    if (!rc) rc = gdn_cp_backward(cp, plan,
+                                  &(gdn_rule_grads){.dq = gq, .dk = gk, .dv = gv, .dg = gg, .dbeta = gb,
+                                                    .dh0 = dh0},
+                                  &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta, .h0 = h0},
+                                  s_in, ldo, dht);
     *ef = *eb = INFINITY;
     if (!fwd_rc) {
         *ef = rows_err(o, ref.o, cc->T, t0, tn, Hv * V);
@@ -356,7 +361,8 @@ void test_pack_cp(void) {
         float x[64] = {0}, o[64];
         rc = gdn_plan_create(&plan, &c);
         if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
-        if (!rc) rc = gdn_cp_forward(cp, plan, o, NULL, NULL, x, x, x, x, x, NULL);
+        if (!rc) rc = gdn_cp_forward(cp, plan, o, NULL, NULL,
+                                     &(gdn_rule_inputs){.q = x, .k = x, .v = x, .g = x, .beta = x});
         expect_status(rc, GDN_ERR_SHAPE, "seq_offset 0 but the ranks before it hold 4",
                       "seq_offset 0 on every rank is refused");
         gdn_cp_destroy(cp);

@@ -12,13 +12,12 @@
 #define TOL_STEP 1e-5
 
 /* A stepping function: one token for all streams, in place (gdn_step or a test variant). */
-typedef int (*step_fn)(gdn_plan *plan, float *o, float *state, const float *q, const float *k,
-                       const float *v, const float *g, const float *beta);
+typedef int (*step_fn)(gdn_plan *plan, float *o, float *state, const gdn_rule_inputs *in);
 
 /* A wrong variant for the negative control: the decay applied after the delta (the delta then
  * uses the undecayed state). Plain loops, in fp32, same layouts and options as gdn_step. */
-static int step_decay_after(gdn_plan *plan, float *o, float *state, const float *q,
-                            const float *k, const float *v, const float *g, const float *beta) {
+static int step_decay_after(gdn_plan *plan, float *o, float *state, const gdn_rule_inputs *in) {
+    const float *q = in->q, *k = in->k, *v = in->v, *g = in->g, *beta = in->beta;
     const gdn_config *c = gdn_plan_config(plan);
     const int64_t r = c->Hv / c->Hk, K = c->K, V = c->V;
     float kn[GDN_MAX_HEAD_DIM], qs[GDN_MAX_HEAD_DIM], d[GDN_MAX_HEAD_DIM];
@@ -76,7 +75,7 @@ static double run_steps(step_fn step, const gdn_config *cfg, const float *q, con
     for (int64_t t = 0; t < T && worst < INFINITY; t++) {
         slice(qt, q, B, T, t, Hk * KK), slice(kt, k, B, T, t, Hk * KK);
         slice(vt, p->v, B, T, t, Hv * V), slice(gt, p->g, B, T, t, Hv), slice(bt, p->beta, B, T, t, Hv);
-        if (step(plan, o, st, qt, kt, vt, gt, bt)) {
+        if (step(plan, o, st, &(gdn_rule_inputs){.q = qt, .k = kt, .v = vt, .g = gt, .beta = bt})) {
             worst = INFINITY;
             break;
         }
@@ -200,11 +199,11 @@ static void nested(void) {
     float *s1 = malloc(sizeof(float) * ns), *s2 = malloc(sizeof(float) * ns);
     float *o1 = malloc(sizeof(float) * nv), *o2 = malloc(sizeof(float) * nv);
     memcpy(s1, p.h0, sizeof(float) * ns), memcpy(s2, p.h0, sizeof(float) * ns);
-    if (!rc) rc = gdn_step(plan, o1, s1, p.q, p.k, p.v, p.g, p.beta);
+    if (!rc) rc = gdn_step(plan, o1, s1, RULE_INPUTS(&p, NULL));
 #pragma omp parallel num_threads(2)
     {
 #pragma omp single
-        rc2 = gdn_step(plan, o2, s2, p.q, p.k, p.v, p.g, p.beta);
+        rc2 = gdn_step(plan, o2, s2, RULE_INPUTS(&p, NULL));
     }
     /* Not bit for bit: the team size moves the boundaries of the threads' stream ranges, and at V
      * a multiple of the block width (here) the pipelined kernel sweeps a range's first block in a
@@ -226,7 +225,7 @@ static void nested(void) {
 #pragma omp parallel num_threads(2)
     {
 #pragma omp single
-        if (!rc3) rc3 = gdn_step(plan1, o2, s2, p.q, p.k, p.v, p.g, p.beta);
+        if (!rc3) rc3 = gdn_step(plan1, o2, s2, RULE_INPUTS(&p, NULL));
     }
     gdn_plan_destroy(plan1);
     expect_far(rc || rc3 ? INFINITY : fmax(rel_err_ff(o2, o1, nv), rel_err_ff(s2, s1, ns)), tol_nested,
@@ -253,7 +252,7 @@ static void vs_forward(void) {
         gdn_plan *plan = NULL;
         memcpy(st, p.h0, sizeof(float) * n_state(&cfg));
         if (!rc) rc = gdn_plan_create(&plan, &cfg);
-        if (!rc) rc = gdn_step(plan, o2, st, p.q, p.k, p.v, p.g, p.beta);
+        if (!rc) rc = gdn_step(plan, o2, st, RULE_INPUTS(&p, NULL));
         double err = rc ? INFINITY
                         : fmax(rel_err_ff(o2, o1, n_v(&cfg)), rel_err_ff(st, ht1, n_state(&cfg)));
         expect_close(err, TOL_STEP, "step vs gdn_forward T=1 B=%lld Hk=%lld Hv=%lld K=%lld V=%lld l2norm=%d",
@@ -285,7 +284,7 @@ static void errors(int64_t V) {
             const int64_t at = in[t].n - 3;
             const float keep = in[t].x[at];
             in[t].x[at] = bad[bi];
-            int rc = gdn_step(plan, o, st, p.q, p.k, p.v, p.g, p.beta);
+            int rc = gdn_step(plan, o, st, RULE_INPUTS(&p, NULL));
             in[t].x[at] = keep;
             expect_status(rc, GDN_ERR_NONFINITE, in[t].name, "%s in %s", bi ? "Inf" : "NaN", in[t].name);
             check(!memcmp(st, p.h0, sizeof(float) * ns), "state unchanged after %s in %s",
@@ -294,14 +293,14 @@ static void errors(int64_t V) {
     /* A finite key row whose squared norm overflows fp32 would normalise to zero silently. */
     const float keep = p.k[5];
     p.k[5] = 3e19f;
-    expect_status(gdn_step(plan, o, st, p.q, p.k, p.v, p.g, p.beta), GDN_ERR_NONFINITE, "'k'",
+    expect_status(gdn_step(plan, o, st, RULE_INPUTS(&p, NULL)), GDN_ERR_NONFINITE, "'k'",
                   "key row with |x| > 1e19 (squared norm overflows)");
     p.k[5] = keep;
     check(!memcmp(st, p.h0, sizeof(float) * ns), "state unchanged after the overflowing key row");
     /* An overflowing state (a gate of +100) is reported after the update, naming the state. */
     const float gk = p.g[1];
     p.g[1] = 100.0f;
-    expect_status(gdn_step(plan, o, st, p.q, p.k, p.v, p.g, p.beta), GDN_ERR_NONFINITE, "'state'",
+    expect_status(gdn_step(plan, o, st, RULE_INPUTS(&p, NULL)), GDN_ERR_NONFINITE, "'state'",
                   "gate g = +100 overflows the state (V=%lld)", (long long)V);
     p.g[1] = gk;
     /* With checks off a NaN is not looked for (no error, it propagates). */
@@ -311,19 +310,24 @@ static void errors(int64_t V) {
     gdn_plan_create(&plan_off, &off);
     memcpy(st, p.h0, sizeof(float) * ns);
     p.v[0] = NAN;
-    expect_status(gdn_step(plan_off, o, st, p.q, p.k, p.v, p.g, p.beta), GDN_OK, NULL,
+    expect_status(gdn_step(plan_off, o, st, RULE_INPUTS(&p, NULL)), GDN_OK, NULL,
                   "NaN in v with check_finite = 0 is not checked");
     p.v[0] = 0.5f;
     gdn_plan_destroy(plan_off);
     /* NULL arguments, each named. */
-    expect_status(gdn_step(NULL, o, st, p.q, p.k, p.v, p.g, p.beta), GDN_ERR_ARG, "plan", "NULL plan");
-    expect_status(gdn_step(plan, NULL, st, p.q, p.k, p.v, p.g, p.beta), GDN_ERR_ARG, "'o'", "NULL o");
-    expect_status(gdn_step(plan, o, NULL, p.q, p.k, p.v, p.g, p.beta), GDN_ERR_ARG, "'state'", "NULL state");
-    expect_status(gdn_step(plan, o, st, NULL, p.k, p.v, p.g, p.beta), GDN_ERR_ARG, "'q'", "NULL q");
-    expect_status(gdn_step(plan, o, st, p.q, NULL, p.v, p.g, p.beta), GDN_ERR_ARG, "'k'", "NULL k");
-    expect_status(gdn_step(plan, o, st, p.q, p.k, NULL, p.g, p.beta), GDN_ERR_ARG, "'v'", "NULL v");
-    expect_status(gdn_step(plan, o, st, p.q, p.k, p.v, NULL, p.beta), GDN_ERR_ARG, "'g'", "NULL g");
-    expect_status(gdn_step(plan, o, st, p.q, p.k, p.v, p.g, NULL), GDN_ERR_ARG, "'beta'", "NULL beta");
+    expect_status(gdn_step(NULL, o, st, RULE_INPUTS(&p, NULL)), GDN_ERR_ARG, "plan", "NULL plan");
+    expect_status(gdn_step(plan, NULL, st, RULE_INPUTS(&p, NULL)), GDN_ERR_ARG, "'o'", "NULL o");
+    expect_status(gdn_step(plan, o, NULL, RULE_INPUTS(&p, NULL)), GDN_ERR_ARG, "'state'", "NULL state");
+    expect_status(gdn_step(plan, o, st, &(gdn_rule_inputs){.k = p.k, .v = p.v, .g = p.g, .beta = p.beta}),
+                  GDN_ERR_ARG, "'q'", "NULL q");
+    expect_status(gdn_step(plan, o, st, &(gdn_rule_inputs){.q = p.q, .v = p.v, .g = p.g, .beta = p.beta}),
+                  GDN_ERR_ARG, "'k'", "NULL k");
+    expect_status(gdn_step(plan, o, st, &(gdn_rule_inputs){.q = p.q, .k = p.k, .g = p.g, .beta = p.beta}),
+                  GDN_ERR_ARG, "'v'", "NULL v");
+    expect_status(gdn_step(plan, o, st, &(gdn_rule_inputs){.q = p.q, .k = p.k, .v = p.v, .beta = p.beta}),
+                  GDN_ERR_ARG, "'g'", "NULL g");
+    expect_status(gdn_step(plan, o, st, &(gdn_rule_inputs){.q = p.q, .k = p.k, .v = p.v, .g = p.g}),
+                  GDN_ERR_ARG, "'beta'", "NULL beta");
     gdn_plan_destroy(plan);
     free(o), free(st);
     problem_free(&p);

@@ -20,7 +20,7 @@ static void summary_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K
     double *ht_ref = malloc(sizeof(double) * ns), *o_ref = malloc(sizeof(double) * n_v(&cfg));
     gdn_plan *plan = NULL;
     int rc = gdn_plan_create(&plan, &cfg);
-    if (!rc) rc = gdn_summary(plan, sa, sb, p.q, p.k, p.v, p.g, p.beta);
+    if (!rc) rc = gdn_summary(plan, sa, sb, RULE_INPUTS(&p, NULL));
     gdn_plan_destroy(plan);
     oracle_run(&p, &cfg, NULL, NULL, NULL, o_ref, ht_ref);
     gdn_summary_apply(s, sa, sb, p.h0, nm, K, V);
@@ -55,8 +55,10 @@ static void compose_case(int64_t T, int64_t t1, int64_t K, int64_t V, uint64_t s
         a[part] = malloc(sizeof(float) * kk), b[part] = malloc(sizeof(float) * ns);
         gdn_plan *plan = NULL;
         gdn_plan_create(&plan, &pc);
-        gdn_summary(plan, a[part], b[part], p.q + off * cfg.Hk * K, p.k + off * cfg.Hk * K,
-                    p.v + off * cfg.Hv * V, p.g + off * cfg.Hv, p.beta + off * cfg.Hv);
+        gdn_summary(plan, a[part], b[part],
+                    &(gdn_rule_inputs){.q = p.q + off * cfg.Hk * K, .k = p.k + off * cfg.Hk * K,
+                                       .v = p.v + off * cfg.Hv * V, .g = p.g + off * cfg.Hv,
+                                       .beta = p.beta + off * cfg.Hv});
         gdn_plan_destroy(plan);
     }
     float *ca = malloc(sizeof(float) * kk), *cb = malloc(sizeof(float) * ns), *s = malloc(sizeof(float) * ns);

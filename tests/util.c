@@ -158,7 +158,9 @@ int oracle_run(const problem *p, const gdn_config *cfg, const float *q, const fl
     double *dq = to_d(q ? q : p->q, n_qk(c)), *dk = to_d(k ? k : p->k, n_qk(c)),
            *dv = to_d(p->v, n_v(c)), *dg = to_d(p->g, n_g(c)), *db = to_d(p->beta, n_g(c)),
            *dh = to_d(h0 ? h0 : p->h0, n_state(c));
-    int rc = gdn_reference_forward(c, o, ht, dq, dk, dv, dg, db, dh);
+    int rc = gdn_reference_forward(c, o, ht,
+                                   &(gdn_rule_inputs_f64){.q = dq, .k = dk, .v = dv, .g = dg, .beta = db,
+                                                          .h0 = dh});
     free(dq), free(dk), free(dv), free(dg), free(db), free(dh);
     return rc;
 }
@@ -166,7 +168,7 @@ int oracle_run(const problem *p, const gdn_config *cfg, const float *q, const fl
 int chunked_run(const problem *p, const gdn_config *cfg, float *o, float *ht) {
     gdn_plan *plan = NULL;
     int rc = gdn_plan_create(&plan, cfg);
-    if (!rc) rc = gdn_forward(plan, o, ht, p->q, p->k, p->v, p->g, p->beta, p->h0);
+    if (!rc) rc = gdn_forward(plan, o, ht, RULE_INPUTS(p, p->h0));
     gdn_plan_destroy(plan);
     return rc;
 }

@@ -60,9 +60,14 @@ static double oracle_error_backward(const gdn_config *cfg, int64_t tp, const flo
     double err = NAN;
     float *oq = fq, *ok = oq + nqk, *ov = ok + nqk, *og = ov + nv, *ob = og + ng;
     gdn_plan *plan = NULL;
-    if (gdn_reference_backward(&c, rq, rk, rdv, rg, rb, NULL, dq, dk, dv, dg, db, NULL, dd, NULL) == GDN_OK &&
+    if (gdn_reference_backward(&c,
+                               &(gdn_rule_grads_f64){.dq = rq, .dk = rk, .dv = rdv, .dg = rg, .dbeta = rb},
+                               &(gdn_rule_inputs_f64){.q = dq, .k = dk, .v = dv, .g = dg, .beta = db}, dd,
+                               NULL) == GDN_OK &&
         gdn_plan_create(&plan, &c) == GDN_OK &&
-        gdn_backward(plan, oq, ok, ov, og, ob, NULL, q, k, v, g, beta, NULL, dout, NULL) == GDN_OK) {
+        gdn_backward(plan, &(gdn_rule_grads){.dq = oq, .dk = ok, .dv = ov, .dg = og, .dbeta = ob},
+                     &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta}, dout,
+                     NULL) == GDN_OK) {
         err = rel_err(ov, rdv, nv);
     }
     gdn_plan_destroy(plan);
@@ -85,7 +90,9 @@ static double oracle_error(const gdn_config *cfg, int64_t tp, const float *q, co
     for (int64_t i = 0; i < nv; i++) dv[i] = v[i];
     for (int64_t i = 0; i < ng; i++) dg[i] = g[i], db[i] = beta[i];
     double err = NAN;
-    if (gdn_reference_forward(&c, od, NULL, dq, dk, dv, dg, db, NULL) == GDN_OK) {
+    if (gdn_reference_forward(&c, od, NULL,
+                              &(gdn_rule_inputs_f64){.q = dq, .k = dk, .v = dv, .g = dg,
+                                                     .beta = db}) == GDN_OK) {
         err = rel_err(o, od, nv);
     }
     free(buf);
@@ -131,17 +138,17 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     }
     double times[64];
     int reps = 0;
+    const gdn_rule_inputs in = {.q = q, .k = k, .v = v, .g = g, .beta = beta};
+    const gdn_rule_grads gr = {.dq = gq, .dk = gq ? gq + nqk : NULL, .dv = gv, .dg = gg, .dbeta = gg ? gg + ng : NULL};
     /* The backward of a training step: from the states the forward saved (a tenth of the
      * inputs at most), so it skips the initial sweep; the forward that saves them is not timed. */
     float *ckpt = NULL;
     if (!rc && backward) {
         ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
-        rc = ckpt ? gdn_forward_save(plan, o, ht, ckpt, q, k, v, g, beta, NULL) : GDN_ERR_NOMEM;
+        rc = ckpt ? gdn_forward_save(plan, o, ht, ckpt, &in) : GDN_ERR_NOMEM;
     }
     if (!rc) {
-#define RUN_ONCE()                                                                           \
-    (backward ? gdn_backward_saved(plan, gq, gq + nqk, gv, gg, gg + ng, NULL, q, k, v, g, beta, NULL, ckpt, dout, NULL) \
-              : gdn_forward(plan, o, ht, q, k, v, g, beta, NULL))
+#define RUN_ONCE() (backward ? gdn_backward_saved(plan, &gr, &in, ckpt, dout, NULL) : gdn_forward(plan, o, ht, &in))
         rc = RUN_ONCE(); /* warm-up */
         double budget = quick ? 0.3 : 1.5, start = cli_now();
         while (!rc && reps < 64 && (reps < 3 || cli_now() - start < budget)) {
@@ -162,8 +169,7 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     const double gflops = (backward ? flops_backward(pc) : flops_forward(pc)) / med / 1e9;
     /* One more run counting what the micro-kernels really issue (triangles skipped). */
     gdn_flops_issued_start();
-    rc = backward ? gdn_backward_saved(plan, gq, gq + nqk, gv, gg, gg + ng, NULL, q, k, v, g, beta, NULL, ckpt, dout, NULL)
-                  : gdn_forward(plan, o, ht, q, k, v, g, beta, NULL);
+    rc = backward ? gdn_backward_saved(plan, &gr, &in, ckpt, dout, NULL) : gdn_forward(plan, o, ht, &in);
     const double issued_gflops = (double)gdn_flops_issued_stop() / med / 1e9;
     const double ht_per_s = (double)s->T * s->Hv / med;
     const int64_t tp = s->T < 256 ? s->T : 256;

@@ -79,8 +79,13 @@ static int oracle_rows(const gdn_config *shape, int64_t n, const float *q, const
     for (int64_t i = 0; i < nqk; i++) dq[i] = q[i], dk[i] = k[i];
     for (int64_t i = 0; i < nv; i++) dvv[i] = v[i], dd[i] = dout ? dout[i] : 0;
     for (int64_t i = 0; i < ng; i++) dg[i] = g[i], db[i] = beta[i];
-    int rc = gdn_reference_forward(&c, od, NULL, dq, dk, dvv, dg, db, NULL);
-    if (!rc && rv) rc = gdn_reference_backward(&c, rq, rk, rv, rg, rb, NULL, dq, dk, dvv, dg, db, NULL, dd, NULL);
+    int rc = gdn_reference_forward(&c, od, NULL,
+                                   &(gdn_rule_inputs_f64){.q = dq, .k = dk, .v = dvv, .g = dg, .beta = db});
+    if (!rc && rv) rc = gdn_reference_backward(&c,
+                                               &(gdn_rule_grads_f64){.dq = rq, .dk = rk, .dv = rv, .dg = rg,
+                                                                     .dbeta = rb},
+                                               &(gdn_rule_inputs_f64){.q = dq, .k = dk, .v = dvv, .g = dg,
+                                                                      .beta = db}, dd, NULL);
     free(buf);
     return rc;
 }
@@ -104,11 +109,15 @@ static int fwd_bwd(gdn_cp *cp, gdn_plan *plan, const shard_bufs *b, float *ht, f
     const int heads = gdn_cp_get_strategy(cp) == GDN_CP_HEADS;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    int rc = gdn_cp_forward(cp, plan, b->o, ht, b->s_in, b->q, b->k, b->v, b->g, b->beta, NULL);
+    int rc = gdn_cp_forward(cp, plan, b->o, ht, b->s_in,
+                            &(gdn_rule_inputs){.q = b->q, .k = b->k, .v = b->v, .g = b->g, .beta = b->beta});
     MPI_Barrier(MPI_COMM_WORLD);
     double t1 = MPI_Wtime();
     if (!rc)
-        rc = gdn_cp_backward(cp, plan, b->gq, b->gk, b->gv, b->gg, b->gb, gs, b->q, b->k, b->v, b->g, b->beta, NULL,
+        rc = gdn_cp_backward(cp, plan,
+                             &(gdn_rule_grads){.dq = b->gq, .dk = b->gk, .dv = b->gv, .dg = b->gg,
+                                               .dbeta = b->gb, .dh0 = gs},
+                             &(gdn_rule_inputs){.q = b->q, .k = b->k, .v = b->v, .g = b->g, .beta = b->beta},
                              heads ? NULL : b->s_in, b->dout, NULL);
     MPI_Barrier(MPI_COMM_WORLD);
     *tf = t1 - t0, *tb = MPI_Wtime() - t1;
@@ -323,8 +332,11 @@ int cmd_bench_cp(int argc, char **argv) {
         double t[MAX_REPS];
         for (int r = 0; r < reps && !rc; r++) {
             double t0 = cli_now();
-            rc = dir ? gdn_backward(plan, gq, gk, gv, gg, gb, NULL, q, k, v, g, beta, NULL, dout, NULL)
-                     : gdn_forward(plan, o, ht, q, k, v, g, beta, NULL);
+            rc = dir ? gdn_backward(plan,
+                                    &(gdn_rule_grads){.dq = gq, .dk = gk, .dv = gv, .dg = gg, .dbeta = gb},
+                                    &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta}, dout,
+                                    NULL)
+                     : gdn_forward(plan, o, ht, &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta});
             t[r] = cli_now() - t0;
         }
         qsort(t, reps, sizeof(double), cmp_d);
@@ -346,9 +358,13 @@ int cmd_bench_cp(int argc, char **argv) {
             for (int r = 0; r < reps && !rc; r++) {
                 MPI_Barrier(MPI_COMM_WORLD);
                 double t0 = MPI_Wtime();
-                rc = dir ? gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, gs, q, k, v, g, beta, NULL,
+                rc = dir ? gdn_cp_backward(cp, plan,
+                                           &(gdn_rule_grads){.dq = gq, .dk = gk, .dv = gv, .dg = gg,
+                                                             .dbeta = gb, .dh0 = gs},
+                                           &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta},
                                            s == GDN_CP_HEADS ? NULL : s_in, dout, NULL)
-                         : gdn_cp_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, NULL);
+                         : gdn_cp_forward(cp, plan, o, ht, s_in,
+                                          &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta});
                 MPI_Barrier(MPI_COMM_WORLD);
                 t[r] = MPI_Wtime() - t0;
                 st[r] = gdn_cp_last_stats(cp);

@@ -112,12 +112,14 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
     for (int r = -1; r < rounds && !rc; r++) { /* round -1: warm-up, not timed */
         double t0 = cli_now();
         for (int c = 0; c < calls && !rc; c++, tok = (tok + 1) % NTOK)
-            rc = gdn_step(plan, o, state, q + tok * nqk, k + tok * nqk, v + tok * nv, g + tok * ng,
-                          beta + tok * ng);
+            rc = gdn_step(plan, o, state,
+                          &(gdn_rule_inputs){.q = q + tok * nqk, .k = k + tok * nqk, .v = v + tok * nv,
+                                             .g = g + tok * ng, .beta = beta + tok * ng});
         double t1 = cli_now();
         for (int c = 0; c < fcalls && !rc; c++, tok = (tok + 1) % NTOK) {
-            rc = gdn_forward(plan, o, hout, q + tok * nqk, k + tok * nqk, v + tok * nv,
-                             g + tok * ng, beta + tok * ng, hin);
+            rc = gdn_forward(plan, o, hout,
+                             &(gdn_rule_inputs){.q = q + tok * nqk, .k = k + tok * nqk, .v = v + tok * nv,
+                                                .g = g + tok * ng, .beta = beta + tok * ng, .h0 = hin});
             float *sw = hin;
             hin = hout, hout = sw;
         }

@@ -93,10 +93,13 @@ static double *to_f64(const float *x, int64_t n) {
 /* Rows of h0, ht, dht, dh0: one per document when packed, else one per batch row. */
 static int64_t state_rows(const gdn_config *cfg) { return cfg->cu_seqlens ? cfg->n_docs : cfg->B; }
 
-/* Gradient outputs of a run (NULL when not asked for). */
-typedef struct {
-    float *dq, *dk, *dv, *dg, *dbeta, *dh0;
-} run_grads;
+/* Gradient outputs of a run: the library's bundle (dh0 NULL when the problem has no h0). */
+typedef gdn_rule_grads run_grads;
+
+/* The problem's tensors as the rule's inputs. */
+static gdn_rule_inputs problem_inputs(const gdn_problem *pb) {
+    return (gdn_rule_inputs){.q = pb->q, .k = pb->k, .v = pb->v, .g = pb->g, .beta = pb->beta, .h0 = pb->h0};
+}
 
 static int reference_backward(const gdn_problem *pb, const gdn_config *cfg, const double *q,
                               const double *k, const double *v, const double *g,
@@ -111,8 +114,12 @@ static int reference_backward(const gdn_problem *pb, const gdn_config *cfg, cons
     for (int i = 0; i < 6; i++) ok &= (d[i] = malloc(sizeof(double) * (sizes[i] ? sizes[i] : 1))) != NULL;
     int rc = 1;
     if (!ok) fprintf(stderr, "gdncp run: out of memory for the double-precision backward\n");
-    else if ((rc = gdn_reference_backward(cfg, d[0], d[1], d[2], d[3], d[4], h0 ? d[5] : NULL, q, k,
-                                          v, g, beta, h0, dout, dht)))
+    else if ((rc = gdn_reference_backward(cfg,
+                                          &(gdn_rule_grads_f64){.dq = d[0], .dk = d[1], .dv = d[2],
+                                                                .dg = d[3], .dbeta = d[4],
+                                                                .dh0 = h0 ? d[5] : NULL},
+                                          &(gdn_rule_inputs_f64){.q = q, .k = k, .v = v, .g = g,
+                                                                 .beta = beta, .h0 = h0}, dout, dht)))
         rc = cli_error("run --reference --backward", rc);
     else
         for (int i = 0; i < 6; i++)
@@ -134,7 +141,9 @@ static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o,
     if (!q || !k || !v || !g || !beta || (pb->h0 && !h0) || !od || !hd) {
         fprintf(stderr, "gdncp run: out of memory for the double-precision oracle\n");
         rc = 1;
-    } else if ((rc = gdn_reference_forward(cfg, od, hd, q, k, v, g, beta, h0))) {
+    } else if ((rc = gdn_reference_forward(cfg, od, hd,
+                                           &(gdn_rule_inputs_f64){.q = q, .k = k, .v = v, .g = g,
+                                                                  .beta = beta, .h0 = h0}))) {
         rc = cli_error("run --reference", rc);
     } else {
         for (int64_t i = 0; i < nv; i++) o[i] = (float)od[i];
@@ -147,13 +156,13 @@ static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o,
 
 /* Forward (and backward from the states the forward saved) on the fast path. */
 static int run_fast(gdn_plan *plan, const gdn_problem *pb, float *o, float *ht, run_grads *gr) {
-    if (!gr) return gdn_forward(plan, o, ht, pb->q, pb->k, pb->v, pb->g, pb->beta, pb->h0);
+    const gdn_rule_inputs in = problem_inputs(pb);
+    if (!gr) return gdn_forward(plan, o, ht, &in);
     float *ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
     int rc = ckpt ? GDN_OK : GDN_ERR_NOMEM;
-    if (!rc) rc = gdn_forward_save(plan, o, ht, ckpt, pb->q, pb->k, pb->v, pb->g, pb->beta, pb->h0);
+    if (!rc) rc = gdn_forward_save(plan, o, ht, ckpt, &in);
     if (!rc)
-        rc = gdn_backward_saved(plan, gr->dq, gr->dk, gr->dv, gr->dg, gr->dbeta, gr->dh0, pb->q, pb->k,
-                                pb->v, pb->g, pb->beta, pb->h0, ckpt, pb->dout, pb->dht);
+        rc = gdn_backward_saved(plan, gr, &in, ckpt, pb->dout, pb->dht);
     free(ckpt);
     return rc;
 }
@@ -401,11 +410,11 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
         goto done;
     }
     gdn_cp_set_fault(cp, fault);
-    rc = gdn_cp_forward(cp, plan, o, ht, s_in, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0);
+    const gdn_rule_inputs rin = problem_inputs(&pb);
+    rc = gdn_cp_forward(cp, plan, o, ht, s_in, &rin);
     if (!rc) fs = gdn_cp_last_stats(cp);
-    if (!rc && backward)
-        rc = gdn_cp_backward(cp, plan, gq, gk, gv, gg, gb, gs, pb.q, pb.k, pb.v, pb.g, pb.beta, pb.h0,
-                             s == GDN_CP_HEADS ? NULL : s_in, pb.dout, pb.dht);
+    const gdn_rule_grads gr = {.dq = gq, .dk = gk, .dv = gv, .dg = gg, .dbeta = gb, .dh0 = gs}; /* dh0: ds_in */
+    if (!rc && backward) rc = gdn_cp_backward(cp, plan, &gr, &rin, s == GDN_CP_HEADS ? NULL : s_in, pb.dout, pb.dht);
     if (!rc && backward) bs = gdn_cp_last_stats(cp);
     const double wall = MPI_Wtime() - t_start;
     /* the peak so far: this rank's inputs, outputs and workspace (before --stats' own forward) */
@@ -418,7 +427,8 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
         double in_rel = 0, in_reach = 0;
         if (rank) {
             float *o0 = malloc(sizeof(float) * nv);
-            if (o0 && gdn_forward(plan, o0, NULL, pb.q, pb.k, pb.v, pb.g, pb.beta, NULL) == GDN_OK)
+            const gdn_rule_inputs from_zero = {.q = pb.q, .k = pb.k, .v = pb.v, .g = pb.g, .beta = pb.beta};
+            if (o0 && gdn_forward(plan, o0, NULL, &from_zero) == GDN_OK)
                 incoming_effect(o, o0, cfg.B, cfg.T, cfg.Hv * cfg.V, &in_rel, &in_reach);
             else
                 in_rel = in_reach = -1;

@@ -57,22 +57,24 @@ GDN_API const char *gdn_cp_strategy_name(gdn_cp_strategy s);
 /* Parse "scan", "allgather", "relay", "heads"; -1 if unknown. */
 GDN_API int gdn_cp_strategy_parse(const char *name);
 
-/* Forward on this rank's shard. h0 [B,Hv,K,V] is the state before the first token of the whole
- * sequence and is read on rank 0 only (may be NULL: zeros). ht (may be NULL) receives the final
- * state of the whole sequence on every rank. s_in (may be NULL) receives the state entering this
- * rank's shard, which gdn_cp_backward can reuse. Collective: every rank calls it. */
-GDN_API int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
-                   const float *k, const float *v, const float *g, const float *beta,
-                   const float *h0);
+/* Forward on this rank's shard: in holds the local q, k, v, g, beta (gdn_rule_inputs, kernel.h).
+ * in->h0 [B,Hv,K,V] is the state before the first token of the whole sequence and is read on
+ * rank 0 only (may be NULL: zeros). o is required. ht (may be NULL) receives the final state of
+ * the whole sequence on every rank. s_in (may be NULL) receives the state entering this rank's
+ * shard, which gdn_cp_backward can reuse. Collective: every rank calls it; a NULL `in` or
+ * required field on any rank fails every rank. */
+GDN_API int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
+                           const gdn_rule_inputs *in);
 
-/* Backward on this rank's shard: gradients of sum(o * dout) + sum(ht * dht) for the local
- * q, k, v, g, beta. dht is read on the last rank only (may be NULL); h0 on rank 0 only.
- * s_in: this rank's incoming state from gdn_cp_forward, or NULL to recompute it.
- * ds_in (may be NULL): the gradient with respect to this rank's incoming state (on rank 0, dh0). */
-GDN_API int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
-                    float *dbeta, float *ds_in, const float *q, const float *k, const float *v,
-                    const float *g, const float *beta, const float *h0, const float *s_in,
-                    const float *dout, const float *dht);
+/* Backward on this rank's shard: into grads, the gradients of sum(o * dout) + sum(ht * dht) for
+ * the local q, k, v, g, beta. grads->dh0 (may be NULL) is this rank's ds_in: the gradient with
+ * respect to the state entering this rank's shard (on rank 0, dh0; packed: every document's dh0,
+ * see above). in->h0 is read on rank 0 only. dout (required) is the local one; dht is read on the
+ * last rank only (may be NULL). s_in: this rank's incoming state from gdn_cp_forward, or NULL to
+ * recompute it. Collective. */
+GDN_API int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, const gdn_rule_grads *grads,
+                            const gdn_rule_inputs *in, const float *s_in, const float *dout,
+                            const float *dht);
 
 /* Gather every rank's [B, T_r, inner] block into the full [B, T, inner] tensor on `root`
  * (full may be NULL elsewhere). Collective. */

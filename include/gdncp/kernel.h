@@ -53,6 +53,45 @@ GDN_API gdn_config gdn_config_default(int64_t B, int64_t T, int64_t Hk, int64_t 
 /* Validate a config; returns GDN_OK or an error naming the offending field. */
 GDN_API int gdn_config_check(const gdn_config *cfg);
 
+/* ---------------------------------------------------------------- tensor bundles
+ *
+ * The rule's token tensors travel in named structs, so that two same-typed pointers cannot be
+ * swapped silently (issue 17). Calls take outputs first, then inputs, then sizes; the lone
+ * tensors that are not part of the rule's inputs or gradients (o, ht, ckpt, dout, dht, the CP
+ * s_in) stay parameters of their own. A NULL bundle pointer, or a NULL required field, returns
+ * GDN_ERR_ARG naming it ("inputs 'in' (gdn_rule_inputs) is NULL", "input 'q' is
+ * NULL", "gradients 'grads' (gdn_rule_grads) is NULL", "gradient output 'dq' is NULL"). Designated initialisers read best:
+ *     gdn_rule_inputs in = {.q = q, .k = k, .v = v, .g = g, .beta = beta};  (h0 NULL: zeros)
+ * Fields a function does not read are said so at the function (e.g. gdn_summary_adjoint ignores
+ * v and h0). */
+
+/* The inputs of the rule: q, k [B,T,Hk,K]; v [B,T,Hv,V]; g, beta [B,T,Hv]: required. h0
+ * [B,Hv,K,V] (packed: [n_docs,Hv,K,V]): optional, the initial state; NULL means zeros. */
+typedef struct {
+    const float *q, *k, *v, *g, *beta;
+    const float *h0;
+} gdn_rule_inputs;
+
+/* The gradients of the rule, written by the backward: dq, dk [B,T,Hk,K]; dv [B,T,Hv,V];
+ * dg, dbeta [B,T,Hv]: required. dh0 [B,Hv,K,V] (packed: [n_docs,Hv,K,V]): optional; NULL means
+ * not wanted. */
+typedef struct {
+    float *dq, *dk, *dv, *dg, *dbeta;
+    float *dh0;
+} gdn_rule_grads;
+
+/* The double-precision twins, for the oracle (gdn_reference_forward / _backward); the same
+ * fields, shapes and NULL rules. */
+typedef struct {
+    const double *q, *k, *v, *g, *beta;
+    const double *h0;
+} gdn_rule_inputs_f64;
+
+typedef struct {
+    double *dq, *dk, *dv, *dg, *dbeta;
+    double *dh0;
+} gdn_rule_grads_f64;
+
 /* ---------------------------------------------------------------- the fast chunked kernel */
 
 /* A plan fixes shapes, chunk size, threads, kernel path and owns all workspace:
@@ -70,17 +109,16 @@ GDN_API const char *gdn_plan_path(const gdn_plan *plan);
  * been made packed (one document {0, T} will do). On failure the plan keeps its documents. */
 GDN_API int gdn_plan_set_docs(gdn_plan *plan, const int64_t *cu_seqlens, int64_t n_docs, int64_t seq_offset);
 
-/* Forward: o [B,T,Hv,V] and ht [B,Hv,K,V] (ht may be NULL) from q, k, v, g, beta and the
- * initial state h0 (NULL means zeros). */
-GDN_API int gdn_forward(gdn_plan *plan, float *o, float *ht, const float *q, const float *k,
-                const float *v, const float *g, const float *beta, const float *h0);
+/* Forward: o [B,T,Hv,V] (required) and ht [B,Hv,K,V] (NULL: not wanted) from the inputs
+ * (in->h0 NULL means zeros). */
+GDN_API int gdn_forward(gdn_plan *plan, float *o, float *ht, const gdn_rule_inputs *in);
 
-/* Backward: gradients of loss = sum(o * dout) + sum(ht * dht) with respect to the
- * un-normalised q, k and to v, g, beta, h0. dht and h0 may be NULL (zeros); dh0 may be NULL.
- * The forward is recomputed from checkpoints: nothing needs to be saved from gdn_forward. */
-GDN_API int gdn_backward(gdn_plan *plan, float *dq, float *dk, float *dv, float *dg, float *dbeta,
-                 float *dh0, const float *q, const float *k, const float *v, const float *g,
-                 const float *beta, const float *h0, const float *dout, const float *dht);
+/* Backward: into grads, the gradients of loss = sum(o * dout) + sum(ht * dht) with respect to
+ * the un-normalised q, k and to v, g, beta, h0 (grads->dh0 NULL: not wanted). dout [B,T,Hv,V]
+ * is required; dht [B,Hv,K,V] may be NULL (zeros), as may in->h0. The forward is recomputed
+ * from checkpoints: nothing needs to be saved from gdn_forward. */
+GDN_API int gdn_backward(gdn_plan *plan, const gdn_rule_grads *grads, const gdn_rule_inputs *in,
+                         const float *dout, const float *dht);
 
 /* Training step without the backward's forward sweep: gdn_forward_save also writes the state at
  * the start of every checkpoint segment after the first into ckpt (gdn_plan_checkpoint_floats()
@@ -88,13 +126,11 @@ GDN_API int gdn_backward(gdn_plan *plan, float *dq, float *dk, float *dv, float 
  * checkpointing), and gdn_backward_saved starts from them (the first segment from h0). ckpt
  * must come from the same plan and inputs; gdn_backward_saved with ckpt NULL is gdn_backward. */
 GDN_API size_t gdn_plan_checkpoint_floats(const gdn_plan *plan);
-GDN_API int gdn_forward_save(gdn_plan *plan, float *o, float *ht, float *ckpt, const float *q,
-                     const float *k, const float *v, const float *g, const float *beta,
-                     const float *h0);
-GDN_API int gdn_backward_saved(gdn_plan *plan, float *dq, float *dk, float *dv, float *dg, float *dbeta,
-                       float *dh0, const float *q, const float *k, const float *v,
-                       const float *g, const float *beta, const float *h0, const float *ckpt,
-                       const float *dout, const float *dht);
+GDN_API int gdn_forward_save(gdn_plan *plan, float *o, float *ht, float *ckpt,
+                             const gdn_rule_inputs *in);
+GDN_API int gdn_backward_saved(gdn_plan *plan, const gdn_rule_grads *grads,
+                               const gdn_rule_inputs *in, const float *ckpt, const float *dout,
+                               const float *dht);
 
 /* Bytes the backward uses per thread (its own checkpoints, one segment's states and chunk
  * intermediates, scratch) — independent of B and of the number of heads; it grows as sqrt(T)
@@ -109,15 +145,16 @@ GDN_API size_t gdn_plan_backward_bytes(const gdn_plan *plan);
 
 /* The segment's exact map, computed in one pass over the augmented state [S | A]
  * without forming per-chunk pairs. sa [B,Hv,K,K], sb [B,Hv,K,V]. With sb NULL only A is
- * computed (v is then not read and may be NULL). */
-GDN_API int gdn_summary(gdn_plan *plan, float *sa, float *sb, const float *q, const float *k,
-                const float *v, const float *g, const float *beta);
+ * computed (in->v is then not read and may be NULL). in->h0 is not read (the map does not
+ * depend on the state). */
+GDN_API int gdn_summary(gdn_plan *plan, float *sa, float *sb, const gdn_rule_inputs *in);
 
 /* The segment's adjoint offset G [B,Hv,K,V]: the gradient of sum(o * dout) with respect to the
  * state entering the segment, so that dS_in = A^T dS_out + G (DESIGN §4). G does not depend on
- * the incoming state or on v. One reverse pass, no forward sweep. */
-GDN_API int gdn_summary_adjoint(gdn_plan *plan, float *sg, const float *q, const float *k,
-                        const float *g, const float *beta, const float *dout);
+ * the incoming state or on v: in->v and in->h0 are not read (may be NULL). dout [B,T,Hv,V]
+ * is required. One reverse pass, no forward sweep. */
+GDN_API int gdn_summary_adjoint(gdn_plan *plan, float *sg, const gdn_rule_inputs *in,
+                                const float *dout);
 
 /* (out_a, out_b) = (a2,b2) o (a1,b1), i.e. first 1 then 2. Outputs may not alias inputs.
  * nmaps = B*Hv maps, each K x K and K x V. */
@@ -131,31 +168,29 @@ GDN_API int gdn_summary_apply(float *out, const float *a, const float *b, const 
 /* ---------------------------------------------------------------- the double-precision oracle */
 
 /* The token-by-token recurrence of DESIGN §2 in double precision. Same layouts and
- * options as the fast path (chunk and threads are ignored). ht and h0 may be NULL. */
-GDN_API int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const double *q,
-                          const double *k, const double *v, const double *g, const double *beta,
-                          const double *h0);
+ * options as the fast path (chunk and threads are ignored). ht and in->h0 may be NULL. */
+GDN_API int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht,
+                                  const gdn_rule_inputs_f64 *in);
 
 /* Backward of the oracle (reverse token loop, double): gradients of
  * loss = sum(o * dout) + sum(ht * dht) with respect to the un-normalised q, k and to v, g, beta
- * and h0. A key head's gradient sums over the value heads sharing it. dht and h0 may be NULL
- * (zeros); dh0 may be NULL (not wanted). */
-GDN_API int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double *dv,
-                           double *dg, double *dbeta, double *dh0, const double *q,
-                           const double *k, const double *v, const double *g,
-                           const double *beta, const double *h0, const double *dout,
-                           const double *dht);
+ * and h0, into grads. A key head's gradient sums over the value heads sharing it. dout is
+ * required; dht and in->h0 may be NULL (zeros); grads->dh0 may be NULL (not wanted). */
+GDN_API int gdn_reference_backward(const gdn_config *cfg, const gdn_rule_grads_f64 *grads,
+                                   const gdn_rule_inputs_f64 *in, const double *dout,
+                                   const double *dht);
 
 /* ---------------------------------------------------------------- the decode step (T = 1)
  *
  * One token of the recurrence for every (batch row, value head), the state updated in place:
  * state [B,Hv,K,V] holds S_{t-1} on entry and S_t on return (ht == h0: no copy follows the
- * step). q, k [B,Hk,K], v, o [B,Hv,V], g, beta [B,Hv] (the [B,1,H,D] tensors of one token).
+ * step). in->q, in->k [B,Hk,K], in->v, o [B,Hv,V], in->g, in->beta [B,Hv] (the [B,1,H,D]
+ * tensors of one token); in->h0 must be NULL (the state is `state`: a non-NULL h0 is refused
+ * rather than silently ignored).
  * Uses the plan's B, Hk, Hv, K, V, scale, L2 norm, threads and check_finite (its T and chunk are
  * ignored); no chunk machinery, nothing allocated. With check_finite, non-finite inputs are found
  * on the rows the step reads anyway and the state is left unchanged when they are. */
-GDN_API int gdn_step(gdn_plan *plan, float *o, float *state, const float *q, const float *k,
-             const float *v, const float *g, const float *beta);
+GDN_API int gdn_step(gdn_plan *plan, float *o, float *state, const gdn_rule_inputs *in);
 /* Name of the code path gdn_step runs (for benchmarks). */
 GDN_API const char *gdn_step_path(void);
 

@@ -3,9 +3,9 @@
 #define GDNCP_VERSION_H
 
 #define GDN_VERSION_MAJOR 0
-#define GDN_VERSION_MINOR 2
+#define GDN_VERSION_MINOR 3
 #define GDN_VERSION_PATCH 0
-#define GDN_VERSION_STRING "0.2.0"
+#define GDN_VERSION_STRING "0.3.0"
 /* One number that grows with every release: major * 10000 + minor * 100 + patch. */
 #define GDN_VERSION (GDN_VERSION_MAJOR * 10000 + GDN_VERSION_MINOR * 100 + GDN_VERSION_PATCH)
 
@@ -20,7 +20,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* The version the library was built as ("0.2.0"); compare with GDN_VERSION_STRING to detect a
+/* The version the library was built as ("0.3.0"); compare with GDN_VERSION_STRING to detect a
  * header / library mismatch. */
 GDN_API const char *gdn_version(void);
 #ifdef __cplusplus

@@ -1,8 +1,12 @@
 """The ctypes mirrors of gdn_config and gdn_layer_config (gdncp/_lib.py) against the library:
 a config made by Python goes through gdn_plan_create and comes back from gdn_plan_config field
 by field. A header change not mirrored in _lib.py shifts the fields and fails here; the control
-reads the returned struct through a deliberately shifted layout."""
+reads the returned struct through a deliberately shifted layout. The tensor bundles
+(gdn_rule_inputs / gdn_rule_grads and their _f64 twins) go through real calls, with swapped
+layouts as the controls."""
 import ctypes
+
+import numpy as np
 
 from gdncp import _lib as L
 
@@ -72,3 +76,135 @@ def test_version_and_status_codes_match_the_library():
         assert L.gdn_strerror(code).decode() != "unknown status", code
     assert L.gdn_strerror(99).decode() == "unknown status"
     assert L.STATUS_NAMES[L.GDN_ERR_MPI] == "MPI" and L.GDN_ERR_MPI == 20
+
+
+def _rule_problem(rng, B=1, T=37, Hk=1, Hv=2, K=8, V=8):
+    f = np.float32
+    q, k = (rng.standard_normal((B, T, Hk, K)).astype(f) for _ in range(2))
+    v = rng.standard_normal((B, T, Hv, V)).astype(f)
+    g = (-0.2 * rng.random((B, T, Hv))).astype(f)
+    beta = rng.random((B, T, Hv)).astype(f)
+    h0 = (0.3 * rng.standard_normal((B, Hv, K, V))).astype(f)
+    return [q, k, v, g, beta, h0]
+
+
+def _swapped(struct, a, b):
+    """A copy of the ctypes bundle struct's layout with fields a and b trading places: filled by
+    name, the library then reads a where the header puts b (the deliberately wrong layout)."""
+    names = [n for n, _ in struct._fields_]
+    i, j = names.index(a), names.index(b)
+    fields = list(struct._fields_)
+    fields[i], fields[j] = fields[j], fields[i]
+    return type("Swapped" + struct.__name__, (ctypes.Structure,), {"_fields_": fields})
+
+
+def _as(struct_ptr_type, obj):
+    return ctypes.cast(ctypes.pointer(obj), ctypes.POINTER(struct_ptr_type))
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def test_rule_bundles_have_the_c_layout():
+    """The ctypes mirrors of gdn_rule_inputs / gdn_rule_grads and their _f64 twins go through
+    gdn_forward, gdn_backward and the oracle field by field: fp32 and fp64 results agree, the
+    forward from h0 differs from the one without it (h0 is read), and every gradient lands in
+    its own array. Controls: the same calls through layouts with two fields swapped (q/k,
+    h0/beta's neighbour order, dq/dk, dv/dh0 shapes kept) give results that no longer agree."""
+    rng = np.random.default_rng(7)
+    x = _rule_problem(rng)
+    q, k, v, g, beta, h0 = x
+    B, T, Hk, K = q.shape
+    Hv, V = v.shape[2], v.shape[3]
+    x64 = [a.astype(np.float64) for a in x]
+    assert ctypes.sizeof(L.RuleInputs) == ctypes.sizeof(L.RuleGrads) == 6 * ctypes.sizeof(ctypes.c_void_p)
+    assert [n for n, _ in L.RuleInputs._fields_] == ["q", "k", "v", "g", "beta", "h0"]
+    assert [n for n, _ in L.RuleGrads._fields_] == ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
+    cfg = L.gdn_config_default(B, T, Hk, Hv, K, V)
+    cfg.chunk, cfg.threads = 16, 1
+    h = ctypes.c_void_p()
+    L.check(L.gdn_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_plan_create")
+    try:
+        def fwd32(bundle):
+            o, ht = np.empty_like(v), np.empty_like(h0)
+            L.check(L.gdn_forward(h, L.f32p(o), L.f32p(ht), bundle), "gdn_forward")
+            return o, ht
+        o64, ht64 = np.empty(v.shape), np.empty(h0.shape)
+        L.check(L.gdn_reference_forward(ctypes.byref(cfg), L.f64p(o64), L.f64p(ht64),
+                                        ctypes.byref(L.rule_inputs(*x64, f64=True))),
+                "gdn_reference_forward")
+        o, ht = fwd32(ctypes.byref(L.rule_inputs(*x)))
+        assert _rel(o, o64) < 1e-4 and _rel(ht, ht64) < 1e-4
+        o_zero, _ = fwd32(ctypes.byref(L.rule_inputs(*x[:5])))   # h0 NULL: zeros
+        assert _rel(o_zero, o64) > 1e-3                           # h0 was read from its field
+        # controls: q and k trade places (same shapes); the oracle's twin with q/k swapped too
+        Sw = _swapped(L.RuleInputs, "q", "k")
+        o_sw, _ = fwd32(_as(L.RuleInputs, Sw(**{n: L.f32p(a) for n, a in zip("q k v g beta h0".split(), x)})))
+        assert _rel(o_sw, o64) > 1e-2
+        Sw64 = _swapped(L.RuleInputsF64, "q", "k")
+        o64_sw = np.empty(v.shape)
+        L.check(L.gdn_reference_forward(ctypes.byref(cfg), L.f64p(o64_sw), None, _as(
+            L.RuleInputsF64, Sw64(**{n: L.f64p(a) for n, a in zip("q k v g beta h0".split(), x64)}))),
+            "gdn_reference_forward")
+        assert _rel(o, o64_sw) > 1e-2
+
+        # the backward: every gradient into its own field's array
+        do = rng.standard_normal(v.shape).astype(np.float32)
+        dht = rng.standard_normal(h0.shape).astype(np.float32)
+        want = [np.empty(a.shape) for a in x]
+        L.check(L.gdn_reference_backward(ctypes.byref(cfg), ctypes.byref(L.rule_grads(*want, f64=True)),
+                                         ctypes.byref(L.rule_inputs(*x64, f64=True)),
+                                         L.f64p(do.astype(np.float64)), L.f64p(dht.astype(np.float64))),
+                "gdn_reference_backward")
+
+        def bwd32(grads_struct, fill):
+            got = [np.full(a.shape, np.nan, np.float32) for a in x]
+            bundle = grads_struct(**{n: L.f32p(a) for n, a in zip(fill, got)})
+            L.check(L.gdn_backward(h, _as(L.RuleGrads, bundle), ctypes.byref(L.rule_inputs(*x)),
+                                   L.f32p(do), L.f32p(dht)), "gdn_backward")
+            return got
+        names = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
+        got = bwd32(L.RuleGrads, names)
+        errs = [_rel(a, b) for a, b in zip(got, want)]
+        assert max(errs) < 1e-4, dict(zip(names, errs))
+        got_sw = bwd32(_swapped(L.RuleGrads, "dq", "dk"), names)      # control: dq and dk trade
+        assert _rel(got_sw[0], want[0]) > 1e-2 and _rel(got_sw[1], want[1]) > 1e-2
+        # the f64 grads twin: its swapped layout puts dk's values into dq's array
+        Sg64 = _swapped(L.RuleGradsF64, "dq", "dk")
+        w_sw = [np.empty(a.shape) for a in x]
+        L.check(L.gdn_reference_backward(ctypes.byref(cfg), _as(L.RuleGradsF64, Sg64(
+            **{n: L.f64p(a) for n, a in zip(names, w_sw)})), ctypes.byref(L.rule_inputs(*x64, f64=True)),
+            L.f64p(do.astype(np.float64)), L.f64p(dht.astype(np.float64))), "gdn_reference_backward")
+        assert _rel(got[0], w_sw[0]) > 1e-2 and _rel(got[0], w_sw[1]) < 1e-4
+    finally:
+        L.gdn_plan_destroy(h)
+
+
+def test_rule_bundle_null_fields_are_named():
+    """A NULL bundle and a NULL required field are refused naming them (GDN_ERR_ARG, a
+    ValueError through check); an optional field (dh0) may be NULL."""
+    rng = np.random.default_rng(8)
+    x = _rule_problem(rng, T=20)
+    q, k, v, g, beta, h0 = x
+    cfg = L.gdn_config_default(*q.shape[:3], v.shape[2], q.shape[3], v.shape[3])
+    cfg.threads = 1
+    h = ctypes.c_void_p()
+    L.check(L.gdn_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_plan_create")
+    try:
+        o = np.empty_like(v)
+        assert L.gdn_forward(h, L.f32p(o), None, None) == 1
+        assert "inputs 'in' (gdn_rule_inputs) is NULL" in L.gdn_errmsg().decode()
+        no_v = L.rule_inputs(q, k, None, g, beta)
+        assert L.gdn_forward(h, L.f32p(o), None, ctypes.byref(no_v)) == 1
+        assert "input 'v' is NULL" in L.gdn_errmsg().decode()
+        grads = [np.empty_like(a) for a in x]
+        do = np.ones_like(v)
+        no_dg = L.rule_grads(grads[0], grads[1], grads[2], None, grads[4])
+        assert L.gdn_backward(h, ctypes.byref(no_dg), ctypes.byref(L.rule_inputs(*x)), L.f32p(do),
+                              None) == 1
+        assert "gradient output 'dg' is NULL" in L.gdn_errmsg().decode()
+        assert L.gdn_backward(h, ctypes.byref(L.rule_grads(*grads[:5])),   # dh0 NULL: optional
+                              ctypes.byref(L.rule_inputs(*x)), L.f32p(do), None) == 0
+    finally:
+        L.gdn_plan_destroy(h)

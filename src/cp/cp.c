@@ -375,15 +375,18 @@ int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t
     return rc;
 }
 
-int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const float *q,
-                   const float *k, const float *v, const float *g, const float *beta,
-                   const float *h0) {
+int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in, const gdn_rule_inputs *in) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     memset(&cp->stats, 0, sizeof cp->stats);
     const int packed = plan && plan->streams.packed; /* agreed below: every rank alike */
+    /* (a NULL bundle is this rank's column of the agreement below: every rank refuses it) */
+    int local = gdn_rule_inputs_check(in, 1);
+    const gdn_rule_inputs none = {0};
+    if (local) in = &none;
+    const float *q = in->q, *k = in->k, *v = in->v, *g = in->g, *beta = in->beta, *h0 = in->h0;
     /* a packed stream's h0 holds every document's initial state: each rank reads those of the
      * documents that start on it */
-    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL) : GDN_OK;
+    if (!local && plan) local = gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL);
     if (!local && !o) local = gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
     int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_FORWARD | (packed && ht ? GDN_CP_CALL_HT : 0));
     if (rc) return rc;
@@ -391,17 +394,23 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
     return gdn_cp_rule_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
 }
 
-int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float *dv, float *dg,
-                    float *dbeta, float *ds_in, const float *q, const float *k, const float *v,
-                    const float *g, const float *beta, const float *h0, const float *s_in,
-                    const float *dout, const float *dht) {
+int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, const gdn_rule_grads *grads, const gdn_rule_inputs *in,
+                    const float *s_in, const float *dout, const float *dht) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     memset(&cp->stats, 0, sizeof cp->stats);
     const gdn_config *c = gdn_plan_config(plan);
     const int packed = plan && plan->streams.packed; /* agreed below: every rank alike */
-    int local = plan ? gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL) : GDN_OK;
-    if (!local && (!dq || !dk || !dv || !dg || !dbeta))
-        local = gdn_fail(GDN_ERR_ARG, "a gradient output (dq, dk, dv, dg, dbeta) is NULL");
+    /* (a NULL bundle is this rank's column of the agreement below: every rank refuses it) */
+    int local = gdn_rule_inputs_check(in, 1);
+    if (!local) local = gdn_rule_grads_check(grads);
+    const gdn_rule_inputs no_in = {0};
+    const gdn_rule_grads no_gr = {0};
+    if (!in) in = &no_in;
+    if (!grads) grads = &no_gr;
+    const float *q = in->q, *k = in->k, *v = in->v, *g = in->g, *beta = in->beta, *h0 = in->h0;
+    float *dq = grads->dq, *dk = grads->dk, *dv = grads->dv, *dg = grads->dg, *dbeta = grads->dbeta,
+          *ds_in = grads->dh0;
+    if (!local && plan) local = gdn_check_inputs(plan, q, k, v, g, beta, cp->rank == 0 || packed ? h0 : NULL);
     /* (a NULL plan is this rank's column of the agreement below: every rank refuses it) */
     if (!local && c) local = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite, c->threads);
     if (!local && c && (cp->rank == cp->size - 1 || packed) && dht)

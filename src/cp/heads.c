@@ -357,7 +357,10 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
     if (!rc && packed) rc = docs_to_heads(cp, &L, c, h0, 0, hh0, &has_h0); /* from where each document starts */
     else if (!rc) rc = scatter_state(cp, &L, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
     double t0 = MPI_Wtime();
-    if (!rc) rc = gdn_forward(hp, ho, hht, hq, hk, hv, hg, hb, has_h0 ? hh0 : NULL);
+    if (!rc) {
+        const gdn_rule_inputs hin = {.q = hq, .k = hk, .v = hv, .g = hg, .beta = hb, .h0 = has_h0 ? hh0 : NULL};
+        rc = gdn_forward(hp, ho, hht, &hin);
+    }
     cp->stats.replay_s += MPI_Wtime() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     rc = to_sequence(cp, &L, ho, Hv, V, o);
@@ -411,9 +414,11 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
         if (!rc) rc = scatter_state(cp, &L, cp->rank == D - 1 ? dht : NULL, D - 1, B, Hv, KV, hdht, &has_dht);
     }
     double t0 = MPI_Wtime();
-    if (!rc)
-        rc = gdn_backward(hp, gq, gk, gv, gg, gb, gh0, hq, hk, hv, hg, hb, has_h0 ? hh0 : NULL, hdo,
-                          has_dht ? hdht : NULL);
+    if (!rc) {
+        const gdn_rule_grads hgr = {.dq = gq, .dk = gk, .dv = gv, .dg = gg, .dbeta = gb, .dh0 = gh0};
+        const gdn_rule_inputs hin = {.q = hq, .k = hk, .v = hv, .g = hg, .beta = hb, .h0 = has_h0 ? hh0 : NULL};
+        rc = gdn_backward(hp, &hgr, &hin, hdo, has_dht ? hdht : NULL);
+    }
     cp->stats.replay_s += MPI_Wtime() - t0;
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     rc = to_sequence(cp, &L, gq, Hk, K, dq);

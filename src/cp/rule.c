@@ -117,7 +117,8 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
     double t0 = now();
     if (r < D - 1 && !relay) {
         if (inside) /* every row continues: the dense pair */
-            rc = gdn_summary(plan, mine, mine + na, q, k, v, g, beta);
+            rc = gdn_summary(plan, mine, mine + na,
+                             &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta});
         else /* a stream starts here: (0, the last stream's final state), A left zero */
             rc = gdn_streams_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, mine + na);
     } else if (early) {
@@ -201,10 +202,11 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
         rc = gdn_streams_adjoint_first(plan, dsin, q, k, g, beta, dout, dht);
     } else if (r > 0 && !relay) {
         if (inside) { /* every row runs through: the dense adjoint pair, A alone transposed */
-            rc = gdn_summary(plan, A, NULL, q, k, NULL, g, beta);
+            const gdn_rule_inputs keys = {.q = q, .k = k, .g = g, .beta = beta}; /* v, h0 not read */
+            rc = gdn_summary(plan, A, NULL, &keys);
             for (int64_t m = 0; !rc && m < nm; m++)
                 gdn_transpose((int)K, (int)K, A + m * K * K, (int)K, mine + m * K * K, (int)K);
-            if (!rc) rc = gdn_summary_adjoint(plan, mine + na, q, k, g, beta, dout);
+            if (!rc) rc = gdn_summary_adjoint(plan, mine + na, &keys, dout);
         } else if (first_continues) { /* the first streams' gradient; nothing after them reaches back */
             rc = gdn_streams_adjoint_first(plan, mine + na, q, k, g, beta, dout, dht);
         } /* else every stream starts here: no gradient flows to the ranks before */

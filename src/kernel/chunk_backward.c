@@ -108,7 +108,7 @@ static void norm_backward_row(int K, int l2norm, float *dx, const float *d, cons
  * normalised k into the dq, dk rows (finished by the caller). With state_only, only the state
  * gradient is propagated (the segment adjoint): it needs neither S nor the values. */
 static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws *bw,
-                           const gdn_inputs *in, const gdn_grads *gr, int64_t b, int64_t h,
+                           const gdn_chunk_inputs *in, const gdn_chunk_grads *gr, int64_t b, int64_t h,
                            int64_t t0, int n, int state_only, const float *S, float *dS,
                            int first_head) {
     const gdn_config *c = &p->cfg;
@@ -271,7 +271,7 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
  * with respect to the normalised rows (qs, kn of the chunk's record ws): turn them into
  * gradients with respect to the raw q, k rows, without reading those again. */
 static void finish_key_rows(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws *bw,
-                            const gdn_grads *gr, int64_t b, int64_t hk, int64_t t0, int n) {
+                            const gdn_chunk_grads *gr, int64_t b, int64_t hk, int64_t t0, int n) {
     const gdn_config *c = &p->cfg;
     const int K = (int)c->K;
     for (int i = 0; i < n; i++) {
@@ -290,8 +290,8 @@ static void finish_key_rows(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_w
     }
 }
 
-void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
-                       const gdn_grads *gr, const gdn_range *rg, int64_t hk) {
+void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_chunk_inputs *in,
+                       const gdn_chunk_grads *gr, const gdn_range *rg, int64_t hk) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk;
     const int64_t K = c->K, V = c->V, Hv = c->Hv, Hk = c->Hk, r = Hv / Hk, KV = K * V;
@@ -369,8 +369,8 @@ void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, cons
     }
 }
 
-void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
-                      const gdn_grads *gr, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
+void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_chunk_inputs *in,
+                      const gdn_chunk_grads *gr, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
                       const float *ds_out, float *sg) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk;

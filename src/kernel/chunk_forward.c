@@ -10,7 +10,7 @@
 /* The key side of chunk rows [t0, t0+n) for key head hk, shared by the value heads that use it:
  * normalised, scaled q (qs) and normalised k (kn) with their row factors (qinv, kinv),
  * kt = kn^T, and the lower triangles of pk = K K^T and qk = Q K^T. */
-static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                         int64_t hk, int64_t t0, int n, int want_out) {
     const gdn_config *c = &p->cfg;
     const int64_t K = c->K, Hk = c->Hk;
@@ -41,7 +41,7 @@ static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *i
 
 /* The value-head side: gates, betas; G = in-chunk cumulative gate, eg = exp(G),
  * egd = exp(Gc - G), ew = exp(G_i - G_j) for j <= i. */
-static void gather_gates(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+static void gather_gates(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                          int64_t h, int64_t t0, int n) {
     const gdn_config *c = &p->cfg;
     const int64_t Hv = c->Hv;
@@ -75,7 +75,7 @@ static void gather_gates(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *
 
 /* Rows of the next chunk are 8 KB+ apart in the BTHD layout (one page each): the hardware
  * prefetcher does not follow them, so ask for them while this chunk computes. */
-static void prefetch_row(const gdn_plan *p, const gdn_inputs *in, int64_t b, int64_t h,
+static void prefetch_row(const gdn_plan *p, const gdn_chunk_inputs *in, int64_t b, int64_t h,
                          int64_t t) {
     const gdn_config *c = &p->cfg;
     const int64_t K = c->K, V = c->V, Hk = c->Hk, Hv = c->Hv, hk = h / (Hv / Hk);
@@ -98,7 +98,7 @@ static void prefetch_row(const gdn_plan *p, const gdn_inputs *in, int64_t b, int
  * pk holds k_i.k_j for j <= i and is left as it is (the backward needs it); L is formed row by
  * row from the masked decays in ew. */
 static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
-                              const gdn_inputs *in, int64_t b, int64_t h, int64_t next_t0) {
+                              const gdn_chunk_inputs *in, int64_t b, int64_t h, int64_t next_t0) {
     float *tm = ws->tm, *li = ws->lrow;
     for (int i = 0; i < n; i++) {
         /* One row of the next chunk per row of work: spread out, the prefetches all land. */
@@ -123,7 +123,7 @@ static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
     }
 }
 
-void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                        int64_t h, int64_t t0, int n, int want_out, int keys_ready) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K;
@@ -154,7 +154,7 @@ void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in
     }
 }
 
-void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                       int64_t h, int64_t t0, int n, int c0, int w, int want_out, const float *S) {
     const gdn_config *c = &p->cfg;
     const int C = c->chunk, K = (int)c->K, V = (int)c->V;
@@ -190,7 +190,7 @@ void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, f
     gdn_gemm(GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
 }
 
-void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                       int64_t h, int nheads, int c0, int w, int64_t t_begin, int64_t t_end,
                       float *o) {
     const gdn_config *c = &p->cfg;

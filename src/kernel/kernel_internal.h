@@ -48,7 +48,7 @@ typedef struct {
     float *dq, *dk, *dv, *dg, *dbeta, *dh0;
     const float *dout, *dht, *h0;
     const float *ckpt; /* the forward's saved segment-start states [B,Hv,segments,K,V] or NULL */
-} gdn_grads;
+} gdn_chunk_grads;
 
 /* One stream of a plan's tokens (stream.c): batch row b, local tokens [t_begin, t_end), the
  * state starting at t_begin. A dense plan has one per batch row; a packed plan (cfg.cu_seqlens)
@@ -99,7 +99,7 @@ struct gdn_plan {
 /* Inputs of one (batch row, value head) stream seen by the chunk loop. */
 typedef struct {
     const float *q, *k, *v, *g, *beta; /* base pointers of the full tensors */
-} gdn_inputs;
+} gdn_chunk_inputs;
 
 /* Run the chunk loop for batch row b, value heads h .. h+nheads-1 (all of one key head) over
  * tokens [t_begin, t_end) (t_begin a multiple of the chunk) and state columns [c0, c0+w) of the
@@ -107,7 +107,7 @@ typedef struct {
  * (summaries push the identity through them, giving A). The states enter and leave in
  * ws->state (nheads blocks of K x w, row stride w). o: output base (the full [B,T,Hv,V]
  * tensor) or NULL. */
-void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                       int64_t h, int nheads, int c0, int w, int64_t t_begin, int64_t t_end,
                       float *o);
 
@@ -117,9 +117,9 @@ void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in,
  *          n..2n-1) and A (am);
  * values:  rv = diag(beta) V, u = Dl = tm rv - W S, m2 = [-W ; eG Q] S;
  * update_state: S <- exp(Gc) S + Kd^T Dl (kdt = Kd^T). */
-void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                        int64_t h, int64_t t0, int n, int want_out, int keys_ready);
-void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_inputs *in, int64_t b,
+void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                       int64_t h, int64_t t0, int n, int c0, int w, int want_out, const float *S);
 void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S);
 
@@ -137,14 +137,14 @@ typedef struct {
 
 /* Backward of one (stream, key head): all its value heads, checkpoints and recompute.
  * Uses ws only as scratch; of gr only the token tensors (gradients, do) are used. */
-void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
-                       const gdn_grads *gr, const gdn_range *rg, int64_t hk);
+void gdn_backward_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_chunk_inputs *in,
+                       const gdn_chunk_grads *gr, const gdn_range *rg, int64_t hk);
 
 /* Segment adjoint of stream (b, h) over tokens [t_begin, t_end): the gradient of
  * sum(o * dout) + sum(S_out * ds_out) with respect to the state entering the segment, into sg
  * (K x V); ds_out (K x V) NULL: 0, giving G. Only dout of gr is used. */
-void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_inputs *in,
-                      const gdn_grads *gr, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
+void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const gdn_chunk_inputs *in,
+                      const gdn_chunk_grads *gr, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
                       const float *ds_out, float *sg);
 
 /* ---- streams (stream.c) */
@@ -183,6 +183,11 @@ int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const floa
  * from s_in; not the last, they go on into s_out (no ht rows). A packed plan is placed by its
  * documents and seq_offset (no-op). The single-rank entry points set (1, 1). */
 void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard);
+
+/* The public bundles (kernel.h) checked for NULL: the bundle itself, then each required field
+ * (need_v: in->v is required). GDN_OK or GDN_ERR_ARG naming the bundle or the field. */
+int gdn_rule_inputs_check(const gdn_rule_inputs *in, int need_v);
+int gdn_rule_grads_check(const gdn_rule_grads *gr);
 
 /* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */
 int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,

@@ -35,12 +35,12 @@ static int check_inputs_f64(const gdn_config *c, const double *q, const double *
     return GDN_OK;
 }
 
-int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const double *q,
-                          const double *k, const double *v, const double *g, const double *beta,
-                          const double *h0) {
+int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const gdn_rule_inputs_f64 *in) {
     int rc = gdn_config_check(cfg);
     if (rc || (rc = gdn_pack_check_whole(cfg))) return rc;
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
+    if (!in) return gdn_fail(GDN_ERR_ARG, "inputs 'in' (gdn_rule_inputs_f64) is NULL");
+    const double *q = in->q, *k = in->k, *v = in->v, *g = in->g, *beta = in->beta, *h0 = in->h0;
     rc = check_inputs_f64(cfg, q, k, v, g, beta, h0);
     if (rc) return rc;
     const int64_t B = cfg->B, T = cfg->T, Hk = cfg->Hk, Hv = cfg->Hv, K = cfg->K, V = cfg->V;

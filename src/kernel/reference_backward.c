@@ -29,17 +29,19 @@ static void norm_backward(double *dx, const double *dxh, const double *x, int64_
     for (int64_t i = 0; i < n; i++) dx[i] += scale * (dxh[i] / nrm - x[i] * dot / n3);
 }
 
-int gdn_reference_backward(const gdn_config *cfg, double *dq, double *dk, double *dv,
-                           double *dg, double *dbeta, double *dh0, const double *q,
-                           const double *k, const double *v, const double *g,
-                           const double *beta, const double *h0, const double *dout,
-                           const double *dht) {
+int gdn_reference_backward(const gdn_config *cfg, const gdn_rule_grads_f64 *grads,
+                           const gdn_rule_inputs_f64 *in, const double *dout, const double *dht) {
     int rc = gdn_config_check(cfg);
     if (rc || (rc = gdn_pack_check_whole(cfg))) return rc;
-    if (!dq || !dk || !dv || !dg || !dbeta)
-        return gdn_fail(GDN_ERR_ARG, "a gradient output (dq, dk, dv, dg, dbeta) is NULL");
-    if (!q || !k || !v || !g || !beta || !dout)
-        return gdn_fail(GDN_ERR_ARG, "an input (q, k, v, g, beta, do) is NULL");
+    if (!grads) return gdn_fail(GDN_ERR_ARG, "gradients 'grads' (gdn_rule_grads_f64) is NULL");
+    if (!in) return gdn_fail(GDN_ERR_ARG, "inputs 'in' (gdn_rule_inputs_f64) is NULL");
+    double *dq = grads->dq, *dk = grads->dk, *dv = grads->dv, *dg = grads->dg, *dbeta = grads->dbeta,
+           *dh0 = grads->dh0;
+    const double *q = in->q, *k = in->k, *v = in->v, *g = in->g, *beta = in->beta, *h0 = in->h0;
+    const char *miss = !dq ? "dq" : !dk ? "dk" : !dv ? "dv" : !dg ? "dg" : !dbeta ? "dbeta" : NULL;
+    if (miss) return gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL", miss);
+    miss = !q ? "q" : !k ? "k" : !v ? "v" : !g ? "g" : !beta ? "beta" : !dout ? "do" : NULL;
+    if (miss) return gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", miss);
     const int64_t B = cfg->B, T = cfg->T, Hk = cfg->Hk, Hv = cfg->Hv, K = cfg->K, V = cfg->V;
     const int64_t r = Hv / Hk, KV = K * V;
     const double scale = cfg->scale != 0.0f ? (double)cfg->scale : 1.0 / sqrt((double)K);

@@ -355,11 +355,15 @@ static int check_small(const char *name, const float *x, int64_t n, int check_fi
     return GDN_OK;
 }
 
-int gdn_step(gdn_plan *p, float *o, float *state, const float *q, const float *k, const float *v,
-             const float *g, const float *beta) {
+int gdn_step(gdn_plan *p, float *o, float *state, const gdn_rule_inputs *in) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
     if (!state) return gdn_fail(GDN_ERR_ARG, "'state' is NULL");
+    if (!in) return gdn_fail(GDN_ERR_ARG, "inputs 'in' (gdn_rule_inputs) is NULL");
+    if (in->h0)
+        return gdn_fail(GDN_ERR_ARG, "input 'h0' is not read by gdn_step (the state is updated in place in "
+                        "'state'): pass h0 NULL");
+    const float *q = in->q, *k = in->k, *v = in->v, *g = in->g, *beta = in->beta;
     const gdn_config *c = &p->cfg;
     const int64_t B = c->B, Hk = c->Hk, Hv = c->Hv, K = c->K, V = c->V;
     int rc;

@@ -115,7 +115,7 @@ static const float *stream_h0(const gdn_stream *s, int64_t ns, const float *h0, 
 /* A non-finite value found inside the loop: name the input (or do), else the output (dh0: the
  * rows of the documents that start within the plan), else the keys whose squared norm
  * overflowed. */
-static int explain_nonfinite(gdn_plan *p, const gdn_inputs *in, const float *h0, const float *dout,
+static int explain_nonfinite(gdn_plan *p, const gdn_chunk_inputs *in, const float *h0, const float *dout,
                              const gdn_named_output *outs, int nouts, const float *dh0) {
     const gdn_config *c = &p->cfg;
     const int64_t ns = c->Hv * c->K * c->V;
@@ -172,7 +172,7 @@ int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const flo
     const int bw = gdn_column_block_width(p, nrun * Hk, (int)V);
     const int nblk = (int)((V + bw - 1) / bw);
     const int64_t items = nrun * Hk * nblk;
-    const gdn_inputs in = {q, k, v, g, beta};
+    const gdn_chunk_inputs in = {q, k, v, g, beta};
     const int64_t seg_tokens = (int64_t)p->save_chunks * c->chunk;
 #pragma omp parallel num_threads(p->threads)
     {
@@ -247,8 +247,8 @@ int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg
         (dht && (rc = gdn_check_tensor("dht", dht, nst, c->check_finite, c->threads))))
         return rc;
     for (int t = 0; t < p->threads; t++) p->ws[t].nonfinite = p->bws[t].nonfinite = 0;
-    const gdn_inputs in = {q, k, v, g, beta};
-    const gdn_grads gr = {dq, dk, dv, dg, dbeta, NULL, dout, NULL, NULL, NULL};
+    const gdn_chunk_inputs in = {q, k, v, g, beta};
+    const gdn_chunk_grads gr = {dq, dk, dv, dg, dbeta, NULL, dout, NULL, NULL, NULL};
     const int64_t items = st->n * Hk;
 #pragma omp parallel num_threads(p->threads)
     {
@@ -285,8 +285,8 @@ int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const floa
     int64_t *first = st->run, nf = 0;
     for (int64_t i = 0; i < st->n; i++)
         if (i == 0 || st->s[i - 1].b != st->s[i].b) first[nf++] = i;
-    const gdn_inputs in = {q, k, NULL, g, beta};
-    const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, NULL, NULL, NULL};
+    const gdn_chunk_inputs in = {q, k, NULL, g, beta};
+    const gdn_chunk_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, NULL, NULL, NULL};
     const int64_t items = nf * Hv;
 #pragma omp parallel num_threads(p->threads)
     {
@@ -315,6 +315,18 @@ void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard) {
 
 /* ---------------------------------------------------------------- the single-rank entry points */
 
+int gdn_rule_inputs_check(const gdn_rule_inputs *in, int need_v) {
+    if (!in) return gdn_fail(GDN_ERR_ARG, "inputs 'in' (gdn_rule_inputs) is NULL");
+    const char *miss = !in->q ? "q" : !in->k ? "k" : need_v && !in->v ? "v" : !in->g ? "g" : !in->beta ? "beta" : NULL;
+    return miss ? gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", miss) : GDN_OK;
+}
+
+int gdn_rule_grads_check(const gdn_rule_grads *gr) {
+    if (!gr) return gdn_fail(GDN_ERR_ARG, "gradients 'grads' (gdn_rule_grads) is NULL");
+    const char *miss = !gr->dq ? "dq" : !gr->dk ? "dk" : !gr->dv ? "dv" : !gr->dg ? "dg" : !gr->dbeta ? "dbeta" : NULL;
+    return miss ? gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL", miss) : GDN_OK;
+}
+
 /* The plan's tokens are the whole sequence: every stream starts from its h0 row and ends with
  * its ht row. */
 static int single_rank(gdn_plan *p) {
@@ -323,22 +335,21 @@ static int single_rank(gdn_plan *p) {
     return rc;
 }
 
-int gdn_forward(gdn_plan *p, float *o, float *ht, const float *q, const float *k, const float *v,
-                const float *g, const float *beta, const float *h0) {
+int gdn_forward(gdn_plan *p, float *o, float *ht, const gdn_rule_inputs *in) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    int rc = single_rank(p);
-    return rc ? rc : gdn_streams_forward(p, o, ht, NULL, q, k, v, g, beta, h0, NULL, NULL);
+    int rc = gdn_rule_inputs_check(in, 1);
+    if (!rc) rc = single_rank(p);
+    return rc ? rc : gdn_streams_forward(p, o, ht, NULL, in->q, in->k, in->v, in->g, in->beta, in->h0, NULL, NULL);
 }
 
-int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
-                     const float *k, const float *v, const float *g, const float *beta,
-                     const float *h0) {
+int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const gdn_rule_inputs *in) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
     if (!ckpt) return gdn_fail(GDN_ERR_ARG, "checkpoint buffer is NULL");
-    int rc = single_rank(p);
-    return rc ? rc : gdn_streams_forward(p, o, ht, ckpt, q, k, v, g, beta, h0, NULL, NULL);
+    int rc = gdn_rule_inputs_check(in, 1);
+    if (!rc) rc = single_rank(p);
+    return rc ? rc : gdn_streams_forward(p, o, ht, ckpt, in->q, in->k, in->v, in->g, in->beta, in->h0, NULL, NULL);
 }
 
 int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, const float *v,
@@ -349,18 +360,18 @@ int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, co
     return rc ? rc : gdn_streams_forward(p, NULL, ht, NULL, q, k, v, g, beta, h0, NULL, NULL);
 }
 
-int gdn_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
-                 float *dh0, const float *q, const float *k, const float *v, const float *g,
-                 const float *beta, const float *h0, const float *dout, const float *dht) {
-    return gdn_backward_saved(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL, dout, dht);
+int gdn_backward(gdn_plan *p, const gdn_rule_grads *grads, const gdn_rule_inputs *in,
+                 const float *dout, const float *dht) {
+    return gdn_backward_saved(p, grads, in, NULL, dout, dht);
 }
 
-int gdn_backward_saved(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
-                       float *dh0, const float *q, const float *k, const float *v,
-                       const float *g, const float *beta, const float *h0, const float *ckpt,
-                       const float *dout, const float *dht) {
+int gdn_backward_saved(gdn_plan *p, const gdn_rule_grads *grads, const gdn_rule_inputs *in,
+                       const float *ckpt, const float *dout, const float *dht) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    int rc = single_rank(p);
-    return rc ? rc : gdn_streams_backward(p, dq, dk, dv, dg, dbeta, dh0, q, k, v, g, beta, h0, NULL, ckpt,
-                                          dout, dht, NULL, NULL);
+    int rc = gdn_rule_grads_check(grads);
+    if (!rc) rc = gdn_rule_inputs_check(in, 1);
+    if (!rc) rc = single_rank(p);
+    return rc ? rc : gdn_streams_backward(p, grads->dq, grads->dk, grads->dv, grads->dg, grads->dbeta, grads->dh0,
+                                          in->q, in->k, in->v, in->g, in->beta, in->h0, NULL, ckpt, dout, dht,
+                                          NULL, NULL);
 }

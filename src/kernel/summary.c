@@ -27,12 +27,13 @@ static int check_no_reset(const gdn_plan *p, const char *fn) {
     return GDN_OK;
 }
 
-int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *k,
-                const float *v, const float *g, const float *beta) {
+int gdn_summary(gdn_plan *p, float *sa, float *sb, const gdn_rule_inputs *ri) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
     if (!sa) return gdn_fail(GDN_ERR_ARG, "summary output 'A' is NULL");
     const gdn_config *c = &p->cfg;
     int rc;
+    if ((rc = gdn_rule_inputs_check(ri, sb != NULL))) return rc; /* A alone ignores v */
+    const float *q = ri->q, *k = ri->k, *v = ri->v, *g = ri->g, *beta = ri->beta;
     if ((rc = check_no_reset(p, "gdn_summary"))) return rc;
     if ((rc = check_keys_gates(c, q, k, g, beta)) ||
         (sb && (rc = gdn_check_tensor("v", v, c->B * c->T * c->Hv * c->V, c->check_finite, c->threads))))
@@ -43,7 +44,7 @@ int gdn_summary(gdn_plan *p, float *sa, float *sb, const float *q, const float *
     const int bw = gdn_column_block_width(p, c->B * Hv, width);
     const int nblk = (width + bw - 1) / bw;
     const int64_t items = c->B * Hv * nblk;
-    const gdn_inputs in = {q, k, v, g, beta};
+    const gdn_chunk_inputs in = {q, k, v, g, beta};
 #pragma omp parallel num_threads(p->threads)
     {
         const gdn_fpmode fm = gdn_fp_fast_begin();
@@ -108,9 +109,11 @@ int gdn_summary_apply(float *out, const float *a, const float *b, const float *s
     return GDN_OK;
 }
 
-int gdn_summary_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, const float *g,
-                        const float *beta, const float *dout) {
-    return gdn_state_adjoint(p, sg, q, k, g, beta, dout, NULL);
+int gdn_summary_adjoint(gdn_plan *p, float *sg, const gdn_rule_inputs *in, const float *dout) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL"); /* the order of gdn_summary's checks */
+    if (!sg) return gdn_fail(GDN_ERR_ARG, "adjoint output is NULL");
+    int rc = gdn_rule_inputs_check(in, 0); /* v and h0 are not read */
+    return rc ? rc : gdn_state_adjoint(p, sg, in->q, in->k, in->g, in->beta, dout, NULL);
 }
 
 int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, const float *g,
@@ -124,8 +127,8 @@ int gdn_state_adjoint(gdn_plan *p, float *sg, const float *q, const float *k, co
         (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, c->check_finite, c->threads)) ||
         (ds_out && (rc = gdn_check_tensor("dS_out", ds_out, c->B * c->Hv * c->K * c->V, c->check_finite, c->threads))))
         return rc;
-    const gdn_inputs in = {q, k, NULL, g, beta};
-    const gdn_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, ds_out, NULL, NULL};
+    const gdn_chunk_inputs in = {q, k, NULL, g, beta};
+    const gdn_chunk_grads gr = {NULL, NULL, NULL, NULL, NULL, NULL, dout, ds_out, NULL, NULL};
     const int64_t items = c->B * c->Hv, KV = c->K * c->V;
 #pragma omp parallel num_threads(p->threads)
     {

@@ -410,8 +410,8 @@ int gdn_layer_forward(gdn_layer_plan *lp, float *y, float *saved, const float *x
     gdn_layer_conv_gates(lp, proj, lp->halo, w);
     /* The recurrent state is updated in place: the kernel reads h0 before writing ht per head
      * (packed: h0 zeros, ht per document). */
-    rc = gdn_forward_save(lp->kplan, o, rec_state, ckpt, lp->q, lp->k, lp->v, lp->g, lp->beta,
-                          packed ? NULL : rec_state);
+    const gdn_rule_inputs in = gdn_layer_rule_inputs(lp, packed ? NULL : rec_state);
+    rc = gdn_forward_save(lp->kplan, o, rec_state, ckpt, &in);
     if (rc) return rc;
     if (conv_state && packed) conv_state_from_docs(lp, conv_state, proj);
     else if (conv_state) conv_state_from_rows(lp, conv_state, proj, lp->halo);
@@ -604,8 +604,9 @@ typedef struct { const float *h0, *ckpt; } single_rank_bwd;
 
 static int kernel_backward_single(gdn_layer_plan *lp, void *ctx) {
     const single_rank_bwd *s = ctx;
-    return gdn_backward_saved(lp->kplan, lp->dq, lp->dk, lp->dv, lp->dg, lp->dbeta, NULL, lp->q,
-                              lp->k, lp->v, lp->g, lp->beta, s->h0, s->ckpt, lp->nrm, NULL);
+    const gdn_rule_grads gr = gdn_layer_rule_grads(lp);
+    const gdn_rule_inputs in = gdn_layer_rule_inputs(lp, s->h0);
+    return gdn_backward_saved(lp->kplan, &gr, &in, s->ckpt, lp->nrm, NULL);
 }
 
 int gdn_layer_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x, const float *w,
@@ -629,8 +630,8 @@ int gdn_layer_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
     }
     gdn_layer_conv_gates(lp, proj, halo, w);
     if (!o) { /* recompute the kernel's output (and its saved states, for its backward) */
-        rc = gdn_forward_save(lp->kplan, lp->o, NULL, lp->ckpt, lp->q, lp->k, lp->v, lp->g,
-                              lp->beta, kb.h0);
+        const gdn_rule_inputs in = gdn_layer_rule_inputs(lp, kb.h0);
+        rc = gdn_forward_save(lp->kplan, lp->o, NULL, lp->ckpt, &in);
         if (rc) return rc;
         o = lp->o, kb.ckpt = lp->ckpt;
     }
@@ -675,7 +676,8 @@ int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const void *w
             lp->g[b * Hv + h] = -__builtin_expf(A_log[h]) * gdn_softplusf(pre[cd + lp->vd + Hv + h] + dt_bias[h]);
         }
     }
-    rc = gdn_step(lp->kplan, lp->o, rec_state, lp->q, lp->k, lp->v, lp->g, lp->beta);
+    const gdn_rule_inputs in = gdn_layer_rule_inputs(lp, NULL); /* the state: rec_state, in place */
+    rc = gdn_step(lp->kplan, lp->o, rec_state, &in);
     if (rc) return rc;
     gdn_layer_norm(lp, B, lp->o, lp->proj, w); /* B rows of the plan's N */
     gdn_layer_out(lp, B, y, w);

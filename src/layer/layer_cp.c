@@ -49,7 +49,8 @@ int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *lp, float *y, float *saved,
     gdn_layer_conv_gates(lp, proj, lp->halo, w);
     /* s_in (this shard's incoming state) goes to saved for the backward, else to scratch. */
     float *s_in = sv.h0;
-    if ((rc = gdn_cp_forward(cp, lp->kplan, o, NULL, s_in, lp->q, lp->k, lp->v, lp->g, lp->beta, NULL)))
+    const gdn_rule_inputs in = gdn_layer_rule_inputs(lp, NULL);
+    if ((rc = gdn_cp_forward(cp, lp->kplan, o, NULL, s_in, &in)))
         return rc;
     if (sv.halo) memcpy(sv.halo, lp->halo, sizeof(float) * c->B * (c->Kc - 1) * lp->cd);
     gdn_layer_norm(lp, lp->N, o, proj, w);
@@ -64,8 +65,9 @@ typedef struct {
 
 static int kernel_backward_cp(gdn_layer_plan *lp, void *ctx) {
     const cp_bwd *s = ctx;
-    return gdn_cp_backward(s->cp, lp->kplan, lp->dq, lp->dk, lp->dv, lp->dg, lp->dbeta, NULL,
-                           lp->q, lp->k, lp->v, lp->g, lp->beta, NULL, s->s_in, lp->nrm, NULL);
+    const gdn_rule_grads gr = gdn_layer_rule_grads(lp);
+    const gdn_rule_inputs in = gdn_layer_rule_inputs(lp, NULL);
+    return gdn_cp_backward(s->cp, lp->kplan, &gr, &in, s->s_in, lp->nrm, NULL);
 }
 
 int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, const float *x,
@@ -92,13 +94,14 @@ int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, 
     if (!o) {
         /* The kernel's output again: from the saved incoming state on this rank alone, or (no
          * saved state, or the heads strategy, which forms none) by the CP forward. */
+        const gdn_rule_inputs from_s_in = gdn_layer_rule_inputs(lp, kb.s_in), from_zero = gdn_layer_rule_inputs(lp, NULL);
         if (kb.s_in && gdn_cp_get_strategy(cp) != GDN_CP_HEADS && c->cu_seqlens)
             rc = gdn_streams_forward(lp->kplan, lp->o, NULL, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, NULL,
                                     kb.s_in, NULL); /* documents from zeros, a continued one from s_in */
         else if (kb.s_in && gdn_cp_get_strategy(cp) != GDN_CP_HEADS)
-            rc = gdn_forward(lp->kplan, lp->o, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, kb.s_in);
+            rc = gdn_forward(lp->kplan, lp->o, NULL, &from_s_in);
         else
-            rc = gdn_cp_forward(cp, lp->kplan, lp->o, NULL, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, NULL);
+            rc = gdn_cp_forward(cp, lp->kplan, lp->o, NULL, NULL, &from_zero);
         if (rc) return rc;
         o = lp->o;
     }

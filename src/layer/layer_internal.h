@@ -42,6 +42,15 @@ typedef struct {
 } gdn_layer_saved;
 gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved);
 
+/* The plan's kernel tensors as the rule's bundles (kernel.h): its q, k, v, g, beta with the
+ * initial state h0 (NULL: zeros), and its dq .. dbeta (no dh0). */
+static inline gdn_rule_inputs gdn_layer_rule_inputs(const struct gdn_layer_plan *lp, const float *h0) {
+    return (gdn_rule_inputs){.q = lp->q, .k = lp->k, .v = lp->v, .g = lp->g, .beta = lp->beta, .h0 = h0};
+}
+static inline gdn_rule_grads gdn_layer_rule_grads(const struct gdn_layer_plan *lp) {
+    return (gdn_rule_grads){.dq = lp->dq, .dk = lp->dk, .dv = lp->dv, .dg = lp->dg, .dbeta = lp->dbeta};
+}
+
 /* Whether the conv may read pre-conv row tt (>= -(Kc-1)) for token t: dense always; packed only
  * from t's document on. */
 static inline int gdn_layer_tap_ok(const struct gdn_layer_plan *lp, int64_t t, int64_t tt) {

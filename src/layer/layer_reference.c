@@ -159,7 +159,8 @@ static int forward_all(ref_fwd *f, double *y, const double *x, const double *w,
         }
 
     /* The gated delta rule (L2 norm of q and k in the kernel, scale 1/sqrt(K), zero state). */
-    int rc = gdn_reference_forward(&f->kc, f->o, NULL, f->q, f->k, f->v, f->g, f->beta, NULL);
+    const gdn_rule_inputs_f64 in = {.q = f->q, .k = f->k, .v = f->v, .g = f->g, .beta = f->beta};
+    int rc = gdn_reference_forward(&f->kc, f->o, NULL, &in);
     if (rc) return rc;
 
     /* Gated RMSNorm per (token, value head) over V. */
@@ -276,8 +277,9 @@ int gdn_layer_reference_backward(const gdn_layer_config *cfg, double *dx, double
         }
 
     /* The gated delta rule's backward (gradients w.r.t. the un-normalised q, k). */
-    rc = gdn_reference_backward(&f.kc, dq, dk, dv, dg, dbeta, NULL, f.q, f.k, f.v, f.g, f.beta,
-                                NULL, dout, NULL);
+    const gdn_rule_grads_f64 gr = {.dq = dq, .dk = dk, .dv = dv, .dg = dg, .dbeta = dbeta};
+    const gdn_rule_inputs_f64 in = {.q = f.q, .k = f.k, .v = f.v, .g = f.g, .beta = f.beta};
+    rc = gdn_reference_backward(&f.kc, &gr, &in, dout, NULL);
     if (rc) goto done;
 
     /* Gates: beta = sigmoid(b); g = -exp(A_log) softplus(a + dt_bias). */

@@ -15,6 +15,6 @@ from ._lib import GdncpError
 from .core import (Layer, chunk_backward, chunk_forward, cp_backward, cp_forward,
                    layer_param_names, reference_backward, reference_forward, step)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = ["chunk_forward", "chunk_backward", "reference_forward", "reference_backward", "step",
            "Layer", "layer_param_names", "cp_forward", "cp_backward", "GdncpError"]

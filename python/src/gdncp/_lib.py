@@ -53,6 +53,37 @@ class LayerConfig(ctypes.Structure):
                 ("n_docs", c_int64), ("seq_offset", c_int64)]
 
 
+class RuleInputs(ctypes.Structure):
+    """gdn_rule_inputs: q, k, v, g, beta required; h0 optional (NULL: zeros)."""
+    _fields_ = [(n, P_float) for n in ("q", "k", "v", "g", "beta", "h0")]
+
+
+class RuleGrads(ctypes.Structure):
+    """gdn_rule_grads: dq, dk, dv, dg, dbeta required; dh0 optional (NULL: not wanted)."""
+    _fields_ = [(n, P_float) for n in ("dq", "dk", "dv", "dg", "dbeta", "dh0")]
+
+
+class RuleInputsF64(ctypes.Structure):
+    """gdn_rule_inputs_f64 (the oracle's)."""
+    _fields_ = [(n, P_double) for n in ("q", "k", "v", "g", "beta", "h0")]
+
+
+class RuleGradsF64(ctypes.Structure):
+    """gdn_rule_grads_f64 (the oracle's)."""
+    _fields_ = [(n, P_double) for n in ("dq", "dk", "dv", "dg", "dbeta", "dh0")]
+
+
+def rule_inputs(q, k, v, g, beta, h0=None, f64=False):
+    """The bundle of the arrays' pointers (None: NULL). The arrays must outlive the call."""
+    cls, ptr = (RuleInputsF64, f64p) if f64 else (RuleInputs, f32p)
+    return cls(ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), ptr(h0))
+
+
+def rule_grads(dq, dk, dv, dg, dbeta, dh0=None, f64=False):
+    cls, ptr = (RuleGradsF64, f64p) if f64 else (RuleGrads, f32p)
+    return cls(ptr(dq), ptr(dk), ptr(dv), ptr(dg), ptr(dbeta), ptr(dh0))
+
+
 def _proto(name, restype, *argtypes):
     f = getattr(lib, name)
     f.restype = restype
@@ -72,14 +103,20 @@ gdn_plan_destroy = _proto("gdn_plan_destroy", None, c_void_p)
 gdn_plan_config = _proto("gdn_plan_config", POINTER(Config), c_void_p)
 gdn_plan_path = _proto("gdn_plan_path", c_char_p, c_void_p)
 gdn_plan_checkpoint_floats = _proto("gdn_plan_checkpoint_floats", c_size_t, c_void_p)
-gdn_forward = _proto("gdn_forward", c_int, c_void_p, *([P_float] * 8))
-gdn_backward = _proto("gdn_backward", c_int, c_void_p, *([P_float] * 14))
-gdn_forward_save = _proto("gdn_forward_save", c_int, c_void_p, *([P_float] * 9))
-gdn_backward_saved = _proto("gdn_backward_saved", c_int, c_void_p, *([P_float] * 15))
-gdn_reference_forward = _proto("gdn_reference_forward", c_int, POINTER(Config), *([P_double] * 8))
+P_in, P_gr = POINTER(RuleInputs), POINTER(RuleGrads)
+# (plan, o, ht, in); (plan, grads, in, dout, dht); ... as in include/gdncp/kernel.h
+gdn_forward = _proto("gdn_forward", c_int, c_void_p, P_float, P_float, P_in)
+gdn_backward = _proto("gdn_backward", c_int, c_void_p, P_gr, P_in, P_float, P_float)
+gdn_forward_save = _proto("gdn_forward_save", c_int, c_void_p, P_float, P_float, P_float, P_in)
+gdn_backward_saved = _proto("gdn_backward_saved", c_int, c_void_p, P_gr, P_in, P_float, P_float,
+                            P_float)
+gdn_summary = _proto("gdn_summary", c_int, c_void_p, P_float, P_float, P_in)
+gdn_summary_adjoint = _proto("gdn_summary_adjoint", c_int, c_void_p, P_float, P_in, P_float)
+gdn_reference_forward = _proto("gdn_reference_forward", c_int, POINTER(Config), P_double,
+                               P_double, POINTER(RuleInputsF64))
 gdn_reference_backward = _proto("gdn_reference_backward", c_int, POINTER(Config),
-                                *([P_double] * 14))
-gdn_step = _proto("gdn_step", c_int, c_void_p, *([P_float] * 7))
+                                POINTER(RuleGradsF64), POINTER(RuleInputsF64), P_double, P_double)
+gdn_step = _proto("gdn_step", c_int, c_void_p, P_float, P_float, P_in)
 
 gdn_layer_config_default = _proto("gdn_layer_config_default", LayerConfig, *([c_int64] * 7))
 gdn_layer_config_check = _proto("gdn_layer_config_check", c_int, POINTER(LayerConfig))
@@ -127,8 +164,11 @@ gdn_cp_destroy = _proto("gdn_cp_destroy", None, c_void_p)
 gdn_cp_rank = _proto("gdn_cp_rank", c_int, c_void_p)
 gdn_cp_size = _proto("gdn_cp_size", c_int, c_void_p)
 gdn_cp_strategy_parse = _proto("gdn_cp_strategy_parse", c_int, c_char_p)
-gdn_cp_forward = _proto("gdn_cp_forward", c_int, c_void_p, c_void_p, *([P_float] * 9))
-gdn_cp_backward = _proto("gdn_cp_backward", c_int, c_void_p, c_void_p, *([P_float] * 15))
+# (cp, plan, o, ht, s_in, in); (cp, plan, grads (dh0: ds_in), in, s_in, dout, dht)
+gdn_cp_forward = _proto("gdn_cp_forward", c_int, c_void_p, c_void_p, P_float, P_float, P_float,
+                        P_in)
+gdn_cp_backward = _proto("gdn_cp_backward", c_int, c_void_p, c_void_p, P_gr, P_in, P_float,
+                         P_float, P_float)
 gdn_cp_agree_status = _proto("gdn_cp_agree_status", c_int, c_void_p, c_int)
 gdn_cp_last_stats = _proto("gdn_cp_last_stats", CPStats, c_void_p)
 gdn_cp_set_fault = _proto("gdn_cp_set_fault", None, c_void_p, c_int)

@@ -214,22 +214,21 @@ def run_overhead(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=5):
     o = np.empty_like(arrays[2])
     ck = np.empty(L.gdn_plan_checkpoint_floats(plan.h), np.float32)
     grads = [np.empty_like(a) for a in arrays]
-    P = [L.f32p(a) for a in arrays]
+    In = ctypes.byref(L.rule_inputs(*arrays))
     Po, Pck, Pdo = L.f32p(o), L.f32p(ck), L.f32p(do)
-    Pg = [L.f32p(a) for a in grads]
+    Gr = ctypes.byref(L.rule_grads(*grads))
 
     def via_ctypes():
-        L.check(L.gdn_forward_save(plan.h, Po, None, Pck, *P, None), "gdn_forward_save")
-        L.check(L.gdn_backward_saved(plan.h, *Pg, None, *P, None, Pck, Pdo, None),
-                "gdn_backward_saved")
+        L.check(L.gdn_forward_save(plan.h, Po, None, Pck, In), "gdn_forward_save")
+        L.check(L.gdn_backward_saved(plan.h, Gr, In, Pck, Pdo, None), "gdn_backward_saved")
 
     def via_ctypes_fresh():   # outputs allocated per call, as any call returning new arrays
         fo, fck = np.empty_like(o), np.empty_like(ck)
         fg = [np.empty_like(a) for a in arrays]
-        L.check(L.gdn_forward_save(plan.h, L.f32p(fo), None, L.f32p(fck), *P, None),
+        L.check(L.gdn_forward_save(plan.h, L.f32p(fo), None, L.f32p(fck), In),
                 "gdn_forward_save")
-        L.check(L.gdn_backward_saved(plan.h, *(L.f32p(x) for x in fg), None, *P, None,
-                                     L.f32p(fck), Pdo, None), "gdn_backward_saved")
+        L.check(L.gdn_backward_saved(plan.h, ctypes.byref(L.rule_grads(*fg)), In, L.f32p(fck),
+                                     Pdo, None), "gdn_backward_saved")
 
     names = ("gdncp.torch", "NumPy", "C via ctypes", "C, new outputs")
     times = _rounds((via_torch, via_numpy, via_ctypes, via_ctypes_fresh), reps)

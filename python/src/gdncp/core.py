@@ -165,6 +165,11 @@ def _plan(p, scale, l2norm, chunk, threads, seq_offset=0):
 
 # ----------------------------------------------------------------------------- the kernel
 
+def _inputs(p, f64=False):
+    """The problem's arrays as the rule's input bundle (gdn_rule_inputs; h0 None: zeros)."""
+    return L.rule_inputs(p.q, p.k, p.v, p.g, p.beta, p.h0, f64=f64)
+
+
 def chunk_forward(q, k, v, g, beta, h0=None, *, scale=None, l2norm=True, cu_seqlens=None,
                   chunk=64, threads=0, output_final_state=True, save=False):
     """The gated delta rule forward (the fast fp32 chunked path).
@@ -181,12 +186,10 @@ def chunk_forward(q, k, v, g, beta, h0=None, *, scale=None, l2norm=True, cu_seql
     with plan.lock:
         if save:
             ck = np.empty(L.gdn_plan_checkpoint_floats(plan.h), np.float32)
-            L.check(L.gdn_forward_save(plan.h, L.f32p(o), L.f32p(ht), L.f32p(ck), L.f32p(p.q),
-                                       L.f32p(p.k), L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta),
-                                       L.f32p(p.h0)), "gdn_forward_save")
+            L.check(L.gdn_forward_save(plan.h, L.f32p(o), L.f32p(ht), L.f32p(ck),
+                                       ctypes.byref(_inputs(p))), "gdn_forward_save")
             return o, ht, ck
-        L.check(L.gdn_forward(plan.h, L.f32p(o), L.f32p(ht), L.f32p(p.q), L.f32p(p.k),
-                              L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta), L.f32p(p.h0)),
+        L.check(L.gdn_forward(plan.h, L.f32p(o), L.f32p(ht), ctypes.byref(_inputs(p))),
                 "gdn_forward")
     return o, ht
 
@@ -214,9 +217,8 @@ def chunk_backward(q, k, v, g, beta, do, h0=None, dht=None, *, scale=None, l2nor
                                  "another shape")
         else:
             ck = None
-        L.check(L.gdn_backward_saved(plan.h, L.f32p(dq), L.f32p(dk), L.f32p(dv), L.f32p(dg),
-                                     L.f32p(dbeta), L.f32p(dh0), L.f32p(p.q), L.f32p(p.k),
-                                     L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta), L.f32p(p.h0),
+        grads = L.rule_grads(dq, dk, dv, dg, dbeta, dh0)
+        L.check(L.gdn_backward_saved(plan.h, ctypes.byref(grads), ctypes.byref(_inputs(p)),
                                      L.f32p(ck), L.f32p(do), L.f32p(dht)), "gdn_backward")
     return dq, dk, dv, dg, dbeta, dh0
 
@@ -227,9 +229,8 @@ def reference_forward(q, k, v, g, beta, h0=None, *, scale=None, l2norm=True, cu_
     cfg = _config(p, scale, l2norm, 64, 1)
     o = np.empty((p.B, p.T, p.Hv, p.V), np.float64)
     ht = np.empty(p.state_shape(), np.float64)
-    L.check(L.gdn_reference_forward(ctypes.byref(cfg), L.f64p(o), L.f64p(ht), L.f64p(p.q),
-                                    L.f64p(p.k), L.f64p(p.v), L.f64p(p.g), L.f64p(p.beta),
-                                    L.f64p(p.h0)), "gdn_reference_forward")
+    L.check(L.gdn_reference_forward(ctypes.byref(cfg), L.f64p(o), L.f64p(ht),
+                                    ctypes.byref(_inputs(p, f64=True))), "gdn_reference_forward")
     return o, ht
 
 
@@ -245,10 +246,9 @@ def reference_backward(q, k, v, g, beta, do, h0=None, dht=None, *, scale=None, l
     dq, dk = np.empty_like(p.q), np.empty_like(p.k)
     dv, dg, dbeta = np.empty_like(p.v), np.empty_like(p.g), np.empty_like(p.beta)
     dh0 = np.empty(p.state_shape(), np.float64) if p.h0 is not None else None
-    L.check(L.gdn_reference_backward(ctypes.byref(cfg), L.f64p(dq), L.f64p(dk), L.f64p(dv),
-                                     L.f64p(dg), L.f64p(dbeta), L.f64p(dh0), L.f64p(p.q),
-                                     L.f64p(p.k), L.f64p(p.v), L.f64p(p.g), L.f64p(p.beta),
-                                     L.f64p(p.h0), L.f64p(do), L.f64p(dht)),
+    grads = L.rule_grads(dq, dk, dv, dg, dbeta, dh0, f64=True)
+    L.check(L.gdn_reference_backward(ctypes.byref(cfg), ctypes.byref(grads),
+                                     ctypes.byref(_inputs(p, f64=True)), L.f64p(do), L.f64p(dht)),
             "gdn_reference_backward")
     return dq, dk, dv, dg, dbeta, dh0
 
@@ -274,8 +274,8 @@ def step(q, k, v, g, beta, state, *, scale=None, l2norm=True, threads=0):
     plan = _plan(p, scale, l2norm, 64, threads)
     o = np.empty((B, Hv, V), np.float32)
     with plan.lock:
-        L.check(L.gdn_step(plan.h, L.f32p(o), L.f32p(state), L.f32p(p.q), L.f32p(p.k),
-                           L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta)), "gdn_step")
+        step_in = L.rule_inputs(p.q, p.k, p.v, p.g, p.beta)   # h0 NULL: the state is `state`
+        L.check(L.gdn_step(plan.h, L.f32p(o), L.f32p(state), ctypes.byref(step_in)), "gdn_step")
     return o
 
 
@@ -735,8 +735,7 @@ class _CPCall:
         s_in = np.empty(p.state_shape(), np.float32) if want_s_in else None
         with self.plan.lock:
             L.check(L.gdn_cp_forward(self.cp, self.plan.h, L.f32p(o), L.f32p(ht), L.f32p(s_in),
-                                     L.f32p(p.q), L.f32p(p.k), L.f32p(p.v), L.f32p(p.g),
-                                     L.f32p(p.beta), L.f32p(p.h0)), "gdn_cp_forward")
+                                     ctypes.byref(_inputs(p))), "gdn_cp_forward")
         return o, ht, s_in
 
     def backward(self, do, dht=None, s_in=None, want_ds_in=True):
@@ -752,11 +751,10 @@ class _CPCall:
         dv, dg, dbeta = np.empty_like(p.v), np.empty_like(p.g), np.empty_like(p.beta)
         ds_in = np.empty(p.state_shape(), np.float32) if want_ds_in else None
         with self.plan.lock:
-            L.check(L.gdn_cp_backward(self.cp, self.plan.h, L.f32p(dq), L.f32p(dk), L.f32p(dv),
-                                      L.f32p(dg), L.f32p(dbeta), L.f32p(ds_in), L.f32p(p.q),
-                                      L.f32p(p.k), L.f32p(p.v), L.f32p(p.g), L.f32p(p.beta),
-                                      L.f32p(p.h0), L.f32p(s_in), L.f32p(do), L.f32p(dht)),
-                    "gdn_cp_backward")
+            grads = L.rule_grads(dq, dk, dv, dg, dbeta, ds_in)   # dh0: this rank's ds_in
+            L.check(L.gdn_cp_backward(self.cp, self.plan.h, ctypes.byref(grads),
+                                      ctypes.byref(_inputs(p)), L.f32p(s_in), L.f32p(do),
+                                      L.f32p(dht)), "gdn_cp_backward")
         return dq, dk, dv, dg, dbeta, ds_in
 
     def stats(self):
