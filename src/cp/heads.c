@@ -325,6 +325,32 @@ static int heads_plan(gdn_cp *cp, const gdn_plan *plan, int64_t T_total, gdn_pla
     return GDN_OK;
 }
 
+/* The shape checks, drawn from agreed values (the same verdict on every rank, returned before
+ * any collective), then every allocation the heads strategy needs before its agreement step: the
+ * layout and the cached head-parallel plan (a local failure, into *local for that step to share;
+ * the layout is initialised only when the verdict is GDN_OK). */
+static int heads_enter(gdn_cp *cp, gdn_plan *plan, layout *L, gdn_plan **hp, int *local) {
+    const gdn_config *c = gdn_plan_config(plan);
+    int rc = gdn_cp_heads_check(cp->size, cp->shard_T, c->B, c->Hk, c->Hv, c->K, c->V);
+    if (!rc) rc = packed_check(cp->size, c);
+    if (rc) return rc;
+    *local = layout_init(cp, L, c);
+    if (!*local) *local = heads_plan(cp, plan, L->T_total, hp);
+    return GDN_OK;
+}
+
+/* q, k, v, g, beta to this rank's heads over the whole sequence. */
+static int inputs_to_heads(gdn_cp *cp, layout *L, const gdn_config *c, const float *q, const float *k,
+                           const float *v, const float *g, const float *beta, float *hq, float *hk, float *hv,
+                           float *hg, float *hb) {
+    int rc = to_heads(cp, L, q, c->Hk, c->K, hq);
+    if (!rc) rc = to_heads(cp, L, k, c->Hk, c->K, hk);
+    if (!rc) rc = to_heads(cp, L, v, c->Hv, c->V, hv);
+    if (!rc) rc = to_heads(cp, L, g, c->Hv, 1, hg);
+    if (!rc) rc = to_heads(cp, L, beta, c->Hv, 1, hb);
+    return rc;
+}
+
 int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
                          const float *q, const float *k, const float *v, const float *g,
                          const float *beta, const float *h0) {
@@ -335,12 +361,9 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
     layout L;
     gdn_plan *hp = NULL;
     float *buf = NULL;
-    int rc = gdn_cp_heads_check(D, cp->shard_T, B, Hk, Hv, K, V); /* the same verdict on every rank */
-    if (!rc) rc = packed_check(D, c);
-    if (rc) return rc;
-    /* every allocation before the agreement step: a rank short of memory stops them all */
-    rc = layout_init(cp, &L, c);
-    if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
+    int rc = GDN_OK;
+    const int verdict = heads_enter(cp, plan, &L, &hp, &rc);
+    if (verdict) return verdict; /* (refused alike on every rank, before any collective) */
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D;
     if (!rc && !(buf = gdn_cp_malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * nsr * Hvl * KV),
                                      "cp heads forward: head-parallel tensors")))
@@ -349,11 +372,7 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
     float *hq = buf, *hk = hq + B * T * Hkl * K, *hv = hk + B * T * Hkl * K, *ho = hv + B * T * Hvl * V;
     float *hg = ho + B * T * Hvl * V, *hb = hg + B * T * Hvl, *hh0 = hb + B * T * Hvl, *hht = hh0 + nsr * Hvl * KV;
     int has_h0 = 0;
-    if (!rc) rc = to_heads(cp, &L, q, Hk, K, hq);
-    if (!rc) rc = to_heads(cp, &L, k, Hk, K, hk);
-    if (!rc) rc = to_heads(cp, &L, v, Hv, V, hv);
-    if (!rc) rc = to_heads(cp, &L, g, Hv, 1, hg);
-    if (!rc) rc = to_heads(cp, &L, beta, Hv, 1, hb);
+    if (!rc) rc = inputs_to_heads(cp, &L, c, q, k, v, g, beta, hq, hk, hv, hg, hb);
     if (!rc && packed) rc = docs_to_heads(cp, &L, c, h0, 0, hh0, &has_h0); /* from where each document starts */
     else if (!rc) rc = scatter_state(cp, &L, cp->rank == 0 ? h0 : NULL, 0, B, Hv, KV, hh0, &has_h0);
     double t0 = MPI_Wtime();
@@ -385,12 +404,9 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     layout L;
     gdn_plan *hp = NULL;
     float *buf = NULL;
-    int rc = gdn_cp_heads_check(D, cp->shard_T, B, Hk, Hv, K, V); /* the same verdict on every rank */
-    if (!rc) rc = packed_check(D, c);
-    if (rc) return rc;
-    /* every allocation before the agreement step: a rank short of memory stops them all */
-    rc = layout_init(cp, &L, c);
-    if (!rc) rc = heads_plan(cp, plan, L.T_total, &hp);
+    int rc = GDN_OK;
+    const int verdict = heads_enter(cp, plan, &L, &hp, &rc);
+    if (verdict) return verdict; /* (refused alike on every rank, before any collective) */
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D, nqk = B * T * Hkl * K, nv = B * T * Hvl * V, ng = B * T * Hvl;
     if (!rc && !(buf = gdn_cp_malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * nsr * Hvl * KV),
                                      "cp heads backward: head-parallel tensors")))
@@ -400,11 +416,7 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     float *hg = gv + nv, *hb = hg + ng, *gg = hb + ng, *gb = gg + ng;
     float *hh0 = gb + ng, *hdht = hh0 + nsr * Hvl * KV, *gh0 = hdht + nsr * Hvl * KV;
     int has_h0 = 0, has_dht = 0;
-    if (!rc) rc = to_heads(cp, &L, q, Hk, K, hq);
-    if (!rc) rc = to_heads(cp, &L, k, Hk, K, hk);
-    if (!rc) rc = to_heads(cp, &L, v, Hv, V, hv);
-    if (!rc) rc = to_heads(cp, &L, g, Hv, 1, hg);
-    if (!rc) rc = to_heads(cp, &L, beta, Hv, 1, hb);
+    if (!rc) rc = inputs_to_heads(cp, &L, c, q, k, v, g, beta, hq, hk, hv, hg, hb);
     if (!rc) rc = to_heads(cp, &L, dout, Hv, V, hdo);
     if (packed) { /* h0 from where each document starts, dht from where it ends */
         if (!rc) rc = docs_to_heads(cp, &L, c, h0, 0, hh0, &has_h0);
