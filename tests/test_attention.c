@@ -420,10 +420,9 @@ static void vs_reference(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t d
 
 /* ---------------------------------------------------------------- 4. packed documents */
 
-static void packed(void) {
-    const int64_t cu[4] = {0, 50, 51, 150}; /* a 1-token document, documents across tiles */
-    gdn_attn_config c = gdn_attn_config_default(1, 150, 32, 4, 2, 16);
-    c.R = 8, c.rope_theta = 1e4, c.cu_seqlens = cu, c.n_docs = 3;
+static void packed(const int64_t *cu, int64_t n_docs) {
+    gdn_attn_config c = gdn_attn_config_default(1, cu[n_docs], 32, 4, 2, 16);
+    c.R = 8, c.rope_theta = 1e4, c.cu_seqlens = cu, c.n_docs = n_docs;
     const int64_t E = c.E, nx = c.T * E;
     const size_t nw = gdn_attn_param_floats(&c);
     rng_seed(5151);
@@ -432,31 +431,34 @@ static void packed(void) {
     for (size_t i = 0; i < nw; i++) w[i] = (float)w[i];
     double *y = dalloc(nx), *dx = dalloc(nx), *dw = dalloc(nw), *ys = dalloc(nx), *dxs = dalloc(nx), *dws = dalloc(nw);
     double *dwd = dalloc(nw), *yr = dalloc(nx), *dxr = dalloc(nx), *dwr = dalloc(nw);
-    expect_status(run_attn(F32, &c, w, x, dy, y, dx, dw), GDN_OK, NULL, "fp32 packed [50, 1, 99]");
+    char docs[160] = "";
+    for (int64_t k = 0; k < n_docs && strlen(docs) < 140; k++)
+        snprintf(docs + strlen(docs), sizeof docs - strlen(docs), "%s%lld", k ? ", " : "", (long long)(cu[k + 1] - cu[k]));
+    expect_status(run_attn(F32, &c, w, x, dy, y, dx, dw), GDN_OK, NULL, "fp32 packed [%s]", docs);
     /* each document alone, dense, positions from 0 */
-    for (int k = 0; k < 3; k++) {
+    for (int64_t k = 0; k < n_docs; k++) {
         gdn_attn_config cd = c;
         cd.cu_seqlens = NULL, cd.n_docs = 0, cd.T = cu[k + 1] - cu[k];
         run_attn(F32, &cd, w, x + cu[k] * E, dy + cu[k] * E, ys + cu[k] * E, dxs + cu[k] * E, dwd);
         for (size_t i = 0; i < nw; i++) dws[i] += dwd[i];
     }
     const double tol = 1e-5;
-    expect_close(rel_err_dd(y, ys, nx), tol, "packed y == each document alone");
-    expect_close(rel_err_dd(dx, dxs, nx), tol, "packed dx == each document alone");
-    expect_close(rel_err_dd(dw, dws, (int64_t)nw), tol, "packed dw == sum over documents alone");
+    expect_close(rel_err_dd(y, ys, nx), tol, "packed y == each document alone [%s]", docs);
+    expect_close(rel_err_dd(dx, dxs, nx), tol, "packed dx == each document alone [%s]", docs);
+    expect_close(rel_err_dd(dw, dws, (int64_t)nw), tol, "packed dw == sum over documents alone [%s]", docs);
     /* the packed reference agrees too */
-    expect_status(run_attn(REF, &c, w, x, dy, yr, dxr, dwr), GDN_OK, NULL, "reference packed");
-    expect_close(rel_err_dd(y, yr, nx), tol, "packed fp32 y vs packed reference");
-    expect_close(rel_err_dd(dw, dwr, (int64_t)nw), tol, "packed fp32 dw vs packed reference");
+    expect_status(run_attn(REF, &c, w, x, dy, yr, dxr, dwr), GDN_OK, NULL, "reference packed [%s]", docs);
+    expect_close(rel_err_dd(y, yr, nx), tol, "packed fp32 y vs packed reference [%s]", docs);
+    expect_close(rel_err_dd(dw, dwr, (int64_t)nw), tol, "packed fp32 dw vs packed reference [%s]", docs);
     /* Control: no reset (the three documents as one sequence) through the same comparisons. */
     gdn_attn_config c1 = c;
     c1.cu_seqlens = NULL, c1.n_docs = 0;
     run_attn(F32, &c1, w, x, dy, y, dx, dw);
-    expect_far(rel_err_dd(y, ys, nx), tol, "no-reset y vs each document alone");
-    expect_far(rel_err_dd(dx, dxs, nx), tol, "no-reset dx vs each document alone");
-    expect_far(rel_err_dd(dw, dws, (int64_t)nw), tol, "no-reset dw vs each document alone");
+    expect_far(rel_err_dd(y, ys, nx), tol, "no-reset y vs each document alone [%s]", docs);
+    expect_far(rel_err_dd(dx, dxs, nx), tol, "no-reset dx vs each document alone [%s]", docs);
+    expect_far(rel_err_dd(dw, dws, (int64_t)nw), tol, "no-reset dw vs each document alone [%s]", docs);
     run_attn(REF, &c1, w, x, dy, yr, dxr, dwr);
-    expect_far(rel_err_dd(yr, ys, nx), tol, "no-reset reference y vs each document alone");
+    expect_far(rel_err_dd(yr, ys, nx), tol, "no-reset reference y vs each document alone [%s]", docs);
     free(w), free(x), free(dy), free(y), free(dx), free(dw), free(ys), free(dxs), free(dws), free(dwd), free(yr);
     free(dxr), free(dwr);
 }
@@ -508,12 +510,33 @@ static void errors(void) {
     free(x), free(y), free(w), free(dw), free(xd), free(yd), free(wd);
 }
 
+/* O(T) memory: what the forward keeps is linear in T (the projections, the core's output and the
+ * LSE per token), and a long sequence plans in a few MB per thousand tokens at these shapes. */
+static void memory(void) {
+    size_t kept[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        gdn_attn_config c = gdn_attn_config_default(1, 8192 << i, 16, 4, 2, 8);
+        gdn_attn_plan *p = NULL;
+        expect_status(gdn_attn_plan_create(&p, &c), GDN_OK, NULL, "plan at T = %lld", (long long)c.T);
+        kept[i] = gdn_attn_saved_floats(p);
+        const size_t want = (size_t)c.T * (size_t)(2 * 32 + 2 * 16 + 32 + 4);
+        check(kept[i] == want, "saved floats at T = %lld: %zu == T (2Hd + 2Hkv d + Hd + H) = %zu", (long long)c.T,
+              kept[i], want);
+        gdn_attn_plan_destroy(p);
+    }
+    check(kept[1] == 2 * kept[0], "saved floats double with T (%zu -> %zu), not 4x", kept[0], kept[1]);
+}
+
 void test_attention(void) {
     fd_case();
     golden();
     vs_reference(2, 77, 4, 2, 16, 8, 2);  /* T not a multiple of the 64-token tile */
     vs_reference(1, 200, 4, 1, 32, 32, 1); /* full rotary, MQA, 4 tiles, one thread */
     vs_reference(3, 64, 2, 2, 8, 0, 2);   /* no RoPE, H == Hkv, exactly one tile */
-    packed();
+    const int64_t cu1[4] = {0, 50, 51, 150};            /* a 1-token document, documents across tiles */
+    const int64_t cu2[5] = {0, 130, 131, 192, 333};      /* one from inside a tile to a tile's end */
+    packed(cu1, 3);
+    packed(cu2, 4);
+    memory();
     errors();
 }
