@@ -306,7 +306,7 @@ static void core_fwd(gdn_attn_plan *ap, const float *proj, float *o, float *lse)
     const int64_t jobs = c->B * H * ap->nqt;
 #pragma omp parallel for num_threads(ap->threads) schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; job++) {
-        const int64_t b = job / (H * ap->nqt), h = (job / ap->nqt) % H, qt = job % ap->nqt;
+        const int64_t qt = ap->nqt - 1 - job / (c->B * H), b = job % (c->B * H) / H, h = job % H; /* longest first */
         const int64_t t0 = qt * BQ, j = h / grp;
         const int nq = (int)(T - t0 < BQ ? T - t0 : BQ);
         float *S = ap->tile + (size_t)gdn_thread_id() * ap->tile_floats;
@@ -366,7 +366,7 @@ static void core_bwd(gdn_attn_plan *ap, const float *proj, const float *lse) {
         float *dP = S + (size_t)BQ * BK, *acc = dP + (size_t)BQ * BK, *acc2 = acc + (size_t)BK * d;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t job = 0; job < qjobs; job++) {
-            const int64_t b = job / (H * ap->nqt), h = (job / ap->nqt) % H, qt = job % ap->nqt;
+            const int64_t qt = ap->nqt - 1 - job / (c->B * H), b = job % (c->B * H) / H, h = job % H; /* longest first */
             const int64_t t0 = qt * BQ, j = h / grp;
             const int nq = (int)(T - t0 < BQ ? T - t0 : BQ);
             const float *Q = ap->qr + (b * T + t0) * Hd + h * d, *dO = ap->dO + (b * T + t0) * Hd + h * d;
@@ -389,7 +389,7 @@ static void core_bwd(gdn_attn_plan *ap, const float *proj, const float *lse) {
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t job = 0; job < kjobs; job++) {
-            const int64_t b = job / (Hkv * ap->nkt), j = (job / ap->nkt) % Hkv, kt = job % ap->nkt;
+            const int64_t kt = job / (c->B * Hkv), b = job % (c->B * Hkv) / Hkv, j = job % Hkv; /* longest first */
             const int64_t k0 = kt * BK;
             const int nk = (int)(T - k0 < BK ? T - k0 : BK);
             const float *K = ap->kr + (b * T + k0) * Kd + j * d, *V = proj + (b * T + k0) * P + 2 * Hd + Kd + j * d;
