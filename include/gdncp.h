@@ -7,6 +7,7 @@
  *   gdncp/status.h   status codes (GDN_ERR_MPI included), gdn_strerror, gdn_errmsg
  *   gdncp/kernel.h   the gated delta rule: config, plan, forward/backward, summaries, oracle, step
  *   gdncp/layer.h    the GatedDeltaNet layer
+ *   gdncp/attention.h Qwen3.5's gated full-attention layer
  *   gdncp/io.h       safetensors, layer weights from checkpoints, problem files
  *   gdncp/bench.h    benchmark probes (measured peak, issued FLOPs)
  * The MPI parts include <mpi.h> and are included on their own:
@@ -22,6 +23,7 @@
 #include "gdncp/status.h"
 #include "gdncp/kernel.h"
 #include "gdncp/layer.h"
+#include "gdncp/attention.h"
 #include "gdncp/io.h"
 #include "gdncp/bench.h"
 

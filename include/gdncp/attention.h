@@ -1,0 +1,104 @@
+/* Qwen3.5's gated full-attention layer (`self_attn`, DESIGN §10) on one rank: forward,
+ * backward, the float64 reference. */
+#ifndef GDNCP_ATTENTION_H
+#define GDNCP_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- gated full attention
+ *
+ * x [B,T,E] -> y [B,T,E]: [q~ | gate] per head from q_proj (interleaved per head), k~, v from
+ * k_proj, v_proj; zero-centred RMSNorm per head on q~ and k~ with (1 + w); RoPE on the first R
+ * dims (half-split, inv_freq_i = theta^(-2i/R)); causal softmax attention, scale d^-1/2, query
+ * head h on kv head h / (H/Hkv); times sigmoid(gate); o_proj.
+ *
+ * RoPE angles: inv_freq and p * inv_freq are computed in double and cos/sin rounded to fp32
+ * once per (position, pair): the exact angles (transformers computes them in fp32; the two
+ * differ by ~1e-7 * p rad, ~0.016 rad near p = 256K). The float64 reference does the same in
+ * double throughout.
+ *
+ * The core runs flash style: query and key tiles, running max and sum in fp32, only the
+ * log-sum-exp per (token, head) kept; the backward recomputes the probabilities. Memory O(T),
+ * tiles above the diagonal and tiles outside a packed document skipped.
+ *
+ * Parameters live in one flat fp32 array, the tensors in gdn_attn_param order at
+ * gdn_attn_param_offset() (64-byte aligned), each in its Hugging Face shape (PyTorch
+ * [out, in]); gradients use the same layout. */
+
+typedef struct {
+    int64_t B, T;       /* batch rows, tokens per row */
+    int64_t E;          /* hidden size */
+    int64_t H, Hkv, d;  /* query heads, kv heads (H % Hkv == 0), head size */
+    int64_t R;          /* rotary dims: int(d * partial_rotary_factor), even, <= d */
+    double rope_theta;  /* RoPE base (rope_parameters.rope_theta) */
+    float eps;          /* RMSNorm epsilon (rms_norm_eps) */
+    int threads;        /* OpenMP threads (0: all) */
+    int check_finite;   /* reject NaN/Inf in x, dy and the weights */
+    const int64_t *cu_seqlens; /* packed documents (B = 1; NULL: dense), n_docs + 1 offsets
+                                  0 = cu[0] < ... < cu[n_docs] = T: attention never crosses a
+                                  document, positions restart at 0 at each document start */
+    int64_t n_docs;
+    int64_t pos_offset; /* dense: the position of token 0 of every row (positions
+                           pos_offset + t); packed: must be 0 */
+} gdn_attn_config;
+
+typedef enum {
+    GDN_A_Q_PROJ = 0, /* [2 H d, E]: per head h rows [2hd, 2hd+d) query, [2hd+d, 2hd+2d) gate */
+    GDN_A_K_PROJ,     /* [Hkv d, E] */
+    GDN_A_V_PROJ,     /* [Hkv d, E] */
+    GDN_A_O_PROJ,     /* [E, H d] */
+    GDN_A_Q_NORM,     /* [d] */
+    GDN_A_K_NORM,     /* [d] */
+    GDN_A_COUNT
+} gdn_attn_param;
+
+/* Defaults: R = int(0.25 d) rounded down to even, rope_theta 1e7 (Qwen3.5 checkpoints), eps
+ * 1e-6, all threads, checks on, dense, pos_offset 0. */
+GDN_API gdn_attn_config gdn_attn_config_default(int64_t B, int64_t T, int64_t E, int64_t H, int64_t Hkv,
+                                                int64_t d);
+GDN_API int gdn_attn_config_check(const gdn_attn_config *cfg);
+/* Hugging Face name of a parameter ("q_proj.weight", ..., "k_norm.weight"). */
+GDN_API const char *gdn_attn_param_name(int which);
+/* Its shape (returns ndim, fills shape[0..ndim)), offset and size in the flat array. */
+GDN_API int gdn_attn_param_shape(const gdn_attn_config *cfg, int which, int64_t shape[2]);
+GDN_API size_t gdn_attn_param_offset(const gdn_attn_config *cfg, int which);
+GDN_API size_t gdn_attn_param_numel(const gdn_attn_config *cfg, int which);
+GDN_API size_t gdn_attn_param_floats(const gdn_attn_config *cfg); /* the whole array */
+
+typedef struct gdn_attn_plan gdn_attn_plan;
+
+/* Plan once (checks the config, allocates every workspace, tabulates cos/sin per position);
+ * execute allocates nothing. */
+GDN_API int gdn_attn_plan_create(gdn_attn_plan **plan, const gdn_attn_config *cfg);
+GDN_API void gdn_attn_plan_destroy(gdn_attn_plan *plan);
+GDN_API const gdn_attn_config *gdn_attn_plan_config(const gdn_attn_plan *plan);
+/* Floats the forward keeps for the backward: the projections (B T (2Hd + 2Hkv d)), the
+ * attention output before the gate (B T H d) and the log-sum-exp (B T H). */
+GDN_API size_t gdn_attn_saved_floats(const gdn_attn_plan *plan);
+
+/* Forward: y [B,T,E] from x [B,T,E] and the flat weights w. saved (may be NULL: inference)
+ * receives gdn_attn_saved_floats() floats for the backward. */
+GDN_API int gdn_attn_forward(gdn_attn_plan *plan, float *y, float *saved, const float *x, const float *w);
+
+/* Backward of loss = sum(y * dy): dx [B,T,E] and dw (flat, overwritten, padding zeroed).
+ * saved: what the forward of this x and w filled, or NULL (the forward is recomputed). */
+GDN_API int gdn_attn_backward(gdn_attn_plan *plan, float *dx, float *dw, const float *x, const float *w,
+                              const float *saved, const float *dy);
+
+/* The layer in double precision with plain loops: the oracle. w, dw: the flat layout above in
+ * double. */
+GDN_API int gdn_attn_reference_forward(const gdn_attn_config *cfg, double *y, const double *x,
+                                       const double *w);
+GDN_API int gdn_attn_reference_backward(const gdn_attn_config *cfg, double *dx, double *dw,
+                                        const double *x, const double *w, const double *dy);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GDNCP_ATTENTION_H */
