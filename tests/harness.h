@@ -13,7 +13,7 @@ extern int tests_passed, tests_failed;
 extern int tests_quiet; /* set on MPI ranks other than 0: count, but do not print */
 
 void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Test-only hooks of the library (src/core/internal.h: gdn_test_fault, gdn_test_threads,
+/* Test-only hooks of the library (src/base/base.h: gdn_test_fault, gdn_test_threads,
  * gdn_test_point), defined in tests/util.c and steered here. test_fault: when armed, the
  * at-th call (counting from 1) whose site starts with prefix (NULL: every site) fails; count
  * says how many calls were seen, site which one failed (NULL: none). test_threads_seen: the

@@ -1,4 +1,4 @@
-/* The large GEMM (gdn_matmul, src/core/matmul.c) against a double-precision triple loop: every
+/* The large GEMM (gdn_matmul, src/blas/matmul.c) against a double-precision triple loop: every
  * flag combination (ACC, A_TRANS, B_TRANS), odd sizes and sizes crossing the block sizes (KC 256,
  * MC 168 rows, NR 32 / 16 columns, NC 1024 columns), padded strides, the streaming path
  * (m <= 16 with B transposed), 1 and 2 threads, kk = 0.

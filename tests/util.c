@@ -9,7 +9,7 @@
 
 int tests_passed, tests_failed, tests_quiet;
 
-/* The library's test-only hooks (weak there, src/core/status.c), overridden here. */
+/* The library's test-only hooks (weak there, src/base/status.c), overridden here. */
 test_fault_ctl test_fault = {0, 0, 0, NULL, NULL};
 int test_threads_seen = -1;
 const char *test_threads_site = NULL;

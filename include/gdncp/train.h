@@ -26,7 +26,7 @@ extern "C" {
  * listed by gdn_model_tensor(). Each layer's GatedDeltaNet weights are one contiguous block in the
  * layer's own flat layout (gdn_layer_param_offset), so the layer runs on them in place.
  *
- * Above src/model: uses the layer and, for a sequence split over ranks, its CP form.
+ * Above src/layer: uses the layer and, for a sequence split over ranks, its CP form.
  */
 
 

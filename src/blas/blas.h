@@ -1,6 +1,6 @@
 /* The fp32 GEMMs of the library (src/blas), internal: the small in-cache GEMM the chunk kernel
  * runs (gemm.c) and the blocked GEMM of the layer's projections (matmul.c), both on the one
- * micro-kernel of microkernel.h. Included by src/core/internal.h. */
+ * micro-kernel of microkernel.h. Included by src/kernel/kernel_internal.h. */
 #ifndef GDNCP_BLAS_H
 #define GDNCP_BLAS_H
 

@@ -1,4 +1,4 @@
-/* Option values of the gdncp command (see cli_parse.h). */
+/* Option values of the gdncp command (see parse.h). */
 #include "parse.h"
 
 #include <errno.h>
