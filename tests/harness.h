@@ -42,6 +42,11 @@ void expect_status(int status, int want, const char *needle, const char *fmt, ..
  * kernel's flush of exp() below 1e-30; such tensors are compared in absolute terms. */
 #define REL_ERR_FLOOR 1e-30
 double rel_err_f32(const float *x, const double *ref, int64_t n);
+/* max|x - ref| / max|ref| in double (NaN counts as a failure). */
+double rel_err_dd(const double *x, const double *ref, int64_t n);
+/* Zeroed buffers of n elements (at least one); the test exits on exhaustion. */
+float *falloc(int64_t n);
+double *dalloc(int64_t n);
 double rel_err_ff(const float *x, const float *ref, int64_t n);
 
 /* Deterministic random numbers. */

@@ -18,26 +18,6 @@
 
 #define GOLDEN(name) GDN_GOLDEN_DIR "/" name
 
-static double rel_err_dd(const double *x, const double *ref, int64_t n) {
-    double num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs(x[i] - ref[i]);
-        if (!(d <= num)) num = d;
-        den = fmax(den, fabs(ref[i]));
-    }
-    return num / fmax(den, REL_ERR_FLOOR);
-}
-
-static double *dalloc(size_t n) {
-    double *p = calloc(n ? n : 1, sizeof(double));
-    if (!p) abort();
-    return p;
-}
-static float *falloc(size_t n) {
-    float *p = calloc(n ? n : 1, sizeof(float));
-    if (!p) abort();
-    return p;
-}
 
 /* ---------------------------------------------------------------- running either implementation */
 

@@ -13,7 +13,6 @@ typedef struct {
     double *q, *k, *v, *g, *beta, *h0, *dout, *dht;
 } dproblem;
 
-static double *dalloc(int64_t n) { return calloc(n ? n : 1, sizeof(double)); }
 
 static void dproblem_make(dproblem *p, gdn_config cfg, gate_kind gk, uint64_t seed) {
     problem f;

@@ -13,22 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* max|x - ref| / max|ref| in double (NaN counts as a failure). */
-static double rel_err_dd(const double *x, const double *ref, int64_t n) {
-    double num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs(x[i] - ref[i]);
-        if (!(d <= num)) num = d;
-        den = fmax(den, fabs(ref[i]));
-    }
-    return num / fmax(den, REL_ERR_FLOOR);
-}
-
-static double *dalloc(size_t n) {
-    double *p = calloc(n ? n : 1, sizeof(double));
-    if (!p) abort();
-    return p;
-}
 
 static double loss_of(const gdn_layer_config *c, const double *x, const double *w,
                       const double *dy, double *y) {

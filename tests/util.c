@@ -111,13 +111,32 @@ int64_t n_v(const gdn_config *c) { return c->B * c->T * c->Hv * c->V; }
 int64_t n_g(const gdn_config *c) { return c->B * c->T * c->Hv; }
 int64_t n_state(const gdn_config *c) { return c->B * c->Hv * c->K * c->V; }
 
-static float *falloc(int64_t n) {
-    float *p = malloc(sizeof(float) * (n ? n : 1));
+float *falloc(int64_t n) {
+    float *p = calloc((size_t)(n ? n : 1), sizeof(float));
     if (!p) {
         fprintf(stderr, "test: out of memory\n");
         exit(2);
     }
     return p;
+}
+
+double *dalloc(int64_t n) {
+    double *p = calloc((size_t)(n ? n : 1), sizeof(double));
+    if (!p) {
+        fprintf(stderr, "test: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+double rel_err_dd(const double *x, const double *ref, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs(x[i] - ref[i]);
+        if (!(d <= num)) num = d; /* (a NaN difference becomes the error) */
+        den = fmax(den, fabs(ref[i]));
+    }
+    return num / fmax(den, REL_ERR_FLOOR);
 }
 
 void problem_make(problem *p, gdn_config cfg, gate_kind gk, beta_kind bk, int with_h0,
