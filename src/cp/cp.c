@@ -279,18 +279,6 @@ int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, flo
     return GDN_OK;
 }
 
-int gdn_cp_bcast(gdn_cp *cp, float *buf, int64_t count, int root) {
-    int rc = check_count(count);
-    if (rc) return rc;
-    double t0 = now();
-    int mrc = MPI_Bcast(buf, (int)count, MPI_FLOAT, root, cp->comm);
-    cp->stats.comm_s += now() - t0;
-    if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Bcast failed");
-    if (cp->rank == root) cp->stats.bytes_sent += 4 * (uint64_t)count * (cp->size - 1), cp->stats.messages++;
-    else cp->stats.bytes_recv += 4 * (uint64_t)count;
-    return GDN_OK;
-}
-
 /* ------------------------------------------------------------------ affine-pair scans */
 
 /* Pairs live in one buffer: A [nm, X, X] then B [nm, X, V]. mine <- mine o recv (recv first). */

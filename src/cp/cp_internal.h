@@ -55,10 +55,9 @@ float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
  * local): call it before the agreement step that precedes the combine. */
 int gdn_cp_combine_reserve(gdn_cp *cp, int64_t nm, int64_t K, int64_t V);
 
-/* MPI wrappers that keep the accounting. Counts in floats; dest/src may be MPI_PROC_NULL. */
+/* The MPI wrapper that keeps the accounting. Counts in floats; dest/src may be MPI_PROC_NULL. */
 int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, float *rbuf,
                     int64_t rcount, int src);
-int gdn_cp_bcast(gdn_cp *cp, float *buf, int64_t count, int root);
 
 /* The prefix combine of affine pairs over ranks (cp.c): `mine` holds this rank's pair, A
  * [nm, K, K] then B [nm, K, V] (the first rank in the direction must hold a constant map, A =

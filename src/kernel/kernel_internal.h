@@ -196,9 +196,6 @@ int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const fl
  * (ds_out NULL: G alone). What gdn_summary_adjoint computes, with a final-state gradient. */
 int gdn_state_adjoint(gdn_plan *p, float *ds_in, const float *q, const float *k, const float *g,
                       const float *beta, const float *dout, const float *ds_out);
-/* The final state alone (no outputs): the forward without its output half. */
-int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, const float *v,
-                      const float *g, const float *beta, const float *h0);
 
 /* Column blocking: the width of the column blocks that `streams` streams of `width` state
  * columns are split into so that all threads have work (== width when there are enough). */

@@ -352,14 +352,6 @@ int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const gdn_ru
     return rc ? rc : gdn_streams_forward(p, o, ht, ckpt, in->q, in->k, in->v, in->g, in->beta, in->h0, NULL, NULL);
 }
 
-int gdn_forward_state(gdn_plan *p, float *ht, const float *q, const float *k, const float *v,
-                      const float *g, const float *beta, const float *h0) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (!ht) return gdn_fail(GDN_ERR_ARG, "output 'ht' is NULL");
-    int rc = single_rank(p);
-    return rc ? rc : gdn_streams_forward(p, NULL, ht, NULL, q, k, v, g, beta, h0, NULL, NULL);
-}
-
 int gdn_backward(gdn_plan *p, const gdn_rule_grads *grads, const gdn_rule_inputs *in,
                  const float *dout, const float *dht) {
     return gdn_backward_saved(p, grads, in, NULL, dout, dht);

@@ -4,8 +4,7 @@
  * a running max and sum in fp32, only the log-sum-exp saved; the backward recomputes the
  * probabilities in two passes: dQ over query tiles, dK and dV over key tiles, so no two
  * threads ever add into the same row and the result does not depend on the schedule). */
-#include "base.h"
-#include "blas.h"
+#include "layer_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -95,14 +94,12 @@ int gdn_attn_param_shape(const gdn_attn_config *c, int which, int64_t shape[2]) 
 size_t gdn_attn_param_numel(const gdn_attn_config *c, int which) {
     int64_t shape[2];
     const int nd = gdn_attn_param_shape(c, which, shape);
-    size_t n = nd > 0;
-    for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
-    return n;
+    return gdn_param_numel(shape, nd);
 }
 
 size_t gdn_attn_param_offset(const gdn_attn_config *c, int which) {
     size_t off = 0;
-    for (int i = 0; i < which && i < GDN_A_COUNT; i++) off += (gdn_attn_param_numel(c, i) + 15) & ~(size_t)15;
+    for (int i = 0; i < which && i < GDN_A_COUNT; i++) off += gdn_param_padded(gdn_attn_param_numel(c, i));
     return off;
 }
 

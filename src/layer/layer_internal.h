@@ -4,6 +4,16 @@
 
 #include "kernel_internal.h"
 
+/* The flat parameter arrays of both layers (the GatedDeltaNet layer, gated attention): each
+ * tensor starts on a 16-float (64-byte) boundary, so the GEMMs see aligned rows 0. The elements
+ * of a tensor of nd dims (0 dims: none, an unknown tensor), and the floats it takes in the array. */
+static inline size_t gdn_param_numel(const int64_t *shape, int nd) {
+    size_t n = nd > 0;
+    for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
+    return n;
+}
+static inline size_t gdn_param_padded(size_t numel) { return (numel + 15) & ~(size_t)15; }
+
 /* Stable scalar pieces of the layer (the double reference keeps its own). */
 static inline float gdn_sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 /* softplus as torch.nn.functional.softplus (beta 1, threshold 20): x itself above 20. */

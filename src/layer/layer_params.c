@@ -75,15 +75,12 @@ int gdn_layer_param_shape(const gdn_layer_config *c, int which, int64_t shape[3]
 size_t gdn_layer_param_numel(const gdn_layer_config *c, int which) {
     int64_t shape[3];
     const int nd = gdn_layer_param_shape(c, which, shape);
-    size_t n = nd > 0;
-    for (int i = 0; i < nd; i++) n *= (size_t)shape[i];
-    return n;
+    return gdn_param_numel(shape, nd);
 }
 
-/* Each tensor starts on a 16-float (64-byte) boundary, so the GEMMs see aligned rows 0. */
 size_t gdn_layer_param_offset(const gdn_layer_config *c, int which) {
     size_t off = 0;
-    for (int i = 0; i < which && i < GDN_P_COUNT; i++) off += (gdn_layer_param_numel(c, i) + 15) & ~(size_t)15;
+    for (int i = 0; i < which && i < GDN_P_COUNT; i++) off += gdn_param_padded(gdn_layer_param_numel(c, i));
     return off;
 }
 
