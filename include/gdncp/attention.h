@@ -40,13 +40,21 @@ typedef struct {
     float eps;          /* RMSNorm epsilon (rms_norm_eps) */
     int threads;        /* OpenMP threads (0: all) */
     int check_finite;   /* reject NaN/Inf in x, dy and the weights */
-    const int64_t *cu_seqlens; /* packed documents (B = 1; NULL: dense), n_docs + 1 offsets
-                                  0 = cu[0] < ... < cu[n_docs] = T: attention never crosses a
+    const int64_t *cu_seqlens; /* packed documents (B = 1; NULL: dense), n_docs + 1 offsets of the
+                                  whole stream, 0 = cu[0] < ... < cu[n_docs] (= T on one rank;
+                                  under CP the whole stream's length): attention never crosses a
                                   document, positions restart at 0 at each document start */
     int64_t n_docs;
-    int64_t pos_offset; /* dense: the position of token 0 of every row (positions
-                           pos_offset + t); packed: must be 0 */
+    int64_t pos_offset; /* dense: the position of the stream's token 0 in every row (positions
+                           pos_offset + seq_offset + t); packed: must be 0 */
+    int64_t seq_offset; /* the stream index of this call's token 0: 0 on one rank; under CP the
+                           tokens of the ranks before (checked against the shards) */
+    int64_t max_position; /* max_position_embeddings: every position must be below it (0: none) */
+    int cp;               /* under CP: GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS (gdncp/cp.h) */
 } gdn_attn_config;
+
+/* Context-parallel strategies of the attention core (gdn_attn_cp_forward, gdncp/cp.h). */
+enum { GDN_ATTN_CP_KV = 0, GDN_ATTN_CP_HEADS = 1 };
 
 typedef enum {
     GDN_A_Q_PROJ = 0, /* [2 H d, E]: per head h rows [2hd, 2hd+d) query, [2hd+d, 2hd+2d) gate */

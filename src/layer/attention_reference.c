@@ -71,6 +71,9 @@ static double norm_rope(const gdn_attn_config *c, const double *u, const double 
 static int ref_check(const gdn_attn_config *c, const void *x, const void *w, const void *out) {
     int rc = gdn_attn_config_check(c);
     if (rc) return rc;
+    if (c->seq_offset || (c->cu_seqlens && c->cu_seqlens[c->n_docs] != c->T))
+        return gdn_fail(GDN_ERR_ARG, "attention reference: the whole stream only (seq_offset = %lld, cu_seqlens must "
+                        "end at T = %lld)", (long long)c->seq_offset, (long long)c->T);
     if (!x) return gdn_fail(GDN_ERR_ARG, "input 'x' is NULL");
     if (!w) return gdn_fail(GDN_ERR_ARG, "input 'w' (the attention weights) is NULL");
     if (!out) return gdn_fail(GDN_ERR_ARG, "output is NULL");

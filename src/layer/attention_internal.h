@@ -1,0 +1,115 @@
+/* Internals of the gated attention layer shared by its files: the plan, the phases of the
+ * forward and backward (row-local work around the core), and the flash-style core over a
+ * "view" (queries of this call against any block of keys: the call's own, an earlier rank's,
+ * a KV cache, the head-parallel layout), so that one core serves every path. */
+#ifndef GDNCP_ATTENTION_INTERNAL_H
+#define GDNCP_ATTENTION_INTERNAL_H
+
+#include "layer_internal.h"
+
+/* ---------------------------------------------------------------- documents */
+
+/* The document of global token t in cu[0..n] (NULL: one document): its first token, and the
+ * token after its last (dense: INT64_MAX). Binary search, so no per-token table is needed for
+ * a stream longer than this call. */
+static inline int64_t gdn_attn_doc_begin(const int64_t *cu, int64_t n, int64_t t) {
+    if (!cu) return 0;
+    int64_t lo = 0, hi = n; /* cu[lo] <= t < cu[hi] */
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (cu[mid] <= t) lo = mid; else hi = mid;
+    }
+    return cu[lo];
+}
+static inline int64_t gdn_attn_doc_end(const int64_t *cu, int64_t n, int64_t t) {
+    if (!cu) return INT64_MAX;
+    int64_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (cu[mid] <= t) lo = mid; else hi = mid;
+    }
+    return cu[hi];
+}
+
+/* ---------------------------------------------------------------- the core over a view */
+
+/* Keys or values (or their gradients): kv head j, key u (0-based in the block) of batch row b at
+ * p + b bs + j hs + u ld. Token-major [B, T, Hkv, d]: ld = Hkv d, hs = d, bs = T ld; a cache
+ * [B, Hkv, cap, d]: ld = d, hs = cap d, bs = Hkv hs. */
+typedef struct {
+    float *p;
+    int64_t ld, hs, bs;
+} gdn_attn_kv;
+
+/* Queries (b, t, h) of this view are token-major: Q, O, dO, dQ at (b nq + t) qld + h d; the
+ * log-sum-exp and D = <dO, O> at (b nq + t) H + h. Query t has global index q0 + t, key u global
+ * index k0 + u; query t sees key u when k0 + u <= q0 + t and both lie in one document of cu
+ * (global offsets). Query head h reads kv head h / (H / Hkv). */
+typedef struct {
+    int64_t B, H, Hkv, d;
+    const float *Q;
+    int64_t nq, q0, qld;
+    int64_t nk, k0;
+    gdn_attn_kv K, V;
+    const int64_t *cu;
+    int64_t n_docs;
+    int threads;
+    float *tile; /* threads x gdn_attn_tile_floats(d) */
+} gdn_attn_core;
+
+size_t gdn_attn_tile_floats(int64_t d);
+/* o, lse of the queries against this view's keys (overwritten): o normalised, lse = -inf and o =
+ * 0 for a query that sees none of them. */
+void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse);
+/* Fold a second partial result (o2, lse2 over other keys) into (o, lse): the exact softmax over
+ * the union, rows*H entries of d. */
+void gdn_attn_merge(int64_t rows, int64_t H, int64_t d, int64_t qld, float *o, float *lse, const float *o2,
+                    const float *lse2, int threads);
+/* Backward with the final lse and D of every query: dq += its gradient through these keys;
+ * dk, dv (laid out like K, V) += the keys' and values' gradients from these queries. */
+void gdn_attn_core_backward_q(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq);
+void gdn_attn_core_backward_kv(const gdn_attn_core *v, const float *dO, const float *lse, const float *D,
+                               gdn_attn_kv dk, gdn_attn_kv dv);
+
+/* ---------------------------------------------------------------- the plan */
+
+/* Rows are N = B*T tokens. A projection row holds [q_proj out (2Hd, interleaved) | k (Kd) | v (Kd)]. */
+struct gdn_attn_plan {
+    gdn_attn_config cfg;
+    int threads;
+    int64_t N, Hd, Kd, P;
+    int64_t *cu;              /* own copy of cu_seqlens (NULL: dense) */
+    float *cosv, *sinv;       /* T x R/2: cos/sin of each token's angles */
+    float *saved;             /* the forward's kept floats when the caller keeps none */
+    float *qr, *kr, *rq, *rk; /* normed and rotated q [N, Hd], k [N, Kd]; rstd [N, H], [N, Hkv] */
+    float *z, *dO, *Dv;       /* gated output (then its gradient) [N, Hd]; dO [N, Hd]; <dO, o> [N, H] */
+    float *dqr, *dkr, *dproj; /* [N, Hd], [N, Kd], [N, P] */
+    float *tile, *partial, *mm_ws;
+    void *arena;
+};
+
+/* What the forward keeps: the projections [N, P], the core's output o [N, Hd], lse [N, H]. */
+typedef struct {
+    float *proj, *o, *lse;
+} gdn_attn_saved;
+gdn_attn_saved gdn_attn_saved_view(const gdn_attn_plan *ap, float *saved);
+
+/* The core over this call's own queries and keys (the single-rank attention). */
+gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj);
+
+/* Phases, shared by the single-rank, CP and cache paths:
+ * check_inputs: NULLs and NaN/Inf of x and the weights;
+ * project: sv.proj from x; norm_rope: qr, kr (and their rstd) from sv.proj;
+ * finish: z = o sigmoid(gate), y = z o_proj^T;
+ * backward_gate: dw[o_proj], dO, dgate (into dproj), Dv from dy (z, sv filled);
+ * backward_finish: the norms, RoPE and projections from dqr, dkr and dproj's v and gate columns:
+ *   dx, and dw of everything but o_proj. */
+int gdn_attn_check_inputs(const gdn_attn_plan *ap, const float *x, const float *w);
+void gdn_attn_project(gdn_attn_plan *ap, float *proj, const float *x, const float *w);
+void gdn_attn_norm_rope(gdn_attn_plan *ap, const float *proj, const float *w);
+void gdn_attn_finish(gdn_attn_plan *ap, float *y, gdn_attn_saved sv, const float *w);
+void gdn_attn_backward_gate(gdn_attn_plan *ap, float *dw, gdn_attn_saved sv, const float *w, const float *dy);
+void gdn_attn_backward_finish(gdn_attn_plan *ap, float *dx, float *dw, gdn_attn_saved sv, const float *x,
+                              const float *w);
+
+#endif
