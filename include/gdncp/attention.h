@@ -99,6 +99,53 @@ GDN_API int gdn_attn_forward(gdn_attn_plan *plan, float *y, float *saved, const 
 GDN_API int gdn_attn_backward(gdn_attn_plan *plan, float *dx, float *dw, const float *x, const float *w,
                               const float *saved, const float *dy);
 
+/* ---------------------------------------------------------------- decode with a KV cache
+ *
+ * The cache of one attention layer in transformers' layout: keys (after k_norm and RoPE) and raw
+ * values, each [B, Hkv, capacity, d]; the first gdn_attn_cache_length() positions of every row
+ * are filled ([B, Hkv, len, d] of transformers' DynamicCache is its leading part of each head).
+ * Created once for the longest sequence; decoding allocates nothing. */
+typedef struct gdn_attn_cache gdn_attn_cache;
+GDN_API int gdn_attn_cache_create(gdn_attn_cache **cache, int64_t B, int64_t Hkv, int64_t d, int64_t capacity);
+GDN_API void gdn_attn_cache_destroy(gdn_attn_cache *cache);
+GDN_API void gdn_attn_cache_reset(gdn_attn_cache *cache); /* length 0 */
+GDN_API int64_t gdn_attn_cache_length(const gdn_attn_cache *cache);
+GDN_API int64_t gdn_attn_cache_capacity(const gdn_attn_cache *cache);
+/* [B, Hkv, capacity, d] each (writable: a caller may fill a cache it saved, then set its length). */
+GDN_API float *gdn_attn_cache_keys(gdn_attn_cache *cache);
+GDN_API float *gdn_attn_cache_values(gdn_attn_cache *cache);
+GDN_API int gdn_attn_cache_set_length(gdn_attn_cache *cache, int64_t len);
+
+/* Prefill a piece or decode: x [B, T, E] holds the next T tokens of every row (the plan's B and
+ * T; dense, seq_offset 0; T = 1 decodes), at positions pos_offset + len .. + T - 1 where len is
+ * the cache length on entry. Their keys and values are appended (the cache must hold len + T),
+ * then each attends to the whole cache causally; y [B, T, E]. Pieces of any sizes give the
+ * forward of the whole sequence. */
+GDN_API int gdn_attn_decode(gdn_attn_plan *plan, gdn_attn_cache *cache, float *y, const float *x,
+                            const float *w);
+
+/* ---------------------------------------------------------------- the attention core alone
+ *
+ * Causal softmax attention without projections, norms, RoPE or gate (SDPA / flash-attention
+ * style, GQA, packed documents): q [B, T, H, d], k, v [B, T, Hkv, d], o [B, T, H, d], lse
+ * [B, T, H] (natural log of each row's softmax sum of exp(scale q.k), -inf for a row that sees
+ * nothing), scale d^-1/2. From cfg: B, T, H, Hkv, d, threads, check_finite, cu_seqlens, n_docs
+ * (the rest is ignored). Plan once; execute allocates nothing. */
+typedef struct gdn_sdpa_plan gdn_sdpa_plan;
+GDN_API int gdn_sdpa_plan_create(gdn_sdpa_plan **plan, const gdn_attn_config *cfg);
+GDN_API void gdn_sdpa_plan_destroy(gdn_sdpa_plan *plan);
+/* lse may be NULL (inference). */
+GDN_API int gdn_sdpa_forward(gdn_sdpa_plan *plan, float *o, float *lse, const float *q, const float *k,
+                             const float *v);
+/* Gradients of sum(o * dout): dq, dk, dv (overwritten), from the forward's o and lse. */
+GDN_API int gdn_sdpa_backward(gdn_sdpa_plan *plan, float *dq, float *dk, float *dv, const float *q,
+                              const float *k, const float *v, const float *o, const float *lse,
+                              const float *dout);
+
+/* "kv" -> GDN_ATTN_CP_KV, "heads" -> GDN_ATTN_CP_HEADS; -1 if unknown. And back. */
+GDN_API int gdn_attn_cp_strategy_parse(const char *name);
+GDN_API const char *gdn_attn_cp_strategy_name(int strategy);
+
 /* The layer in double precision with plain loops: the oracle. w, dw: the flat layout above in
  * double. */
 GDN_API int gdn_attn_reference_forward(const gdn_attn_config *cfg, double *y, const double *x,

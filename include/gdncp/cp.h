@@ -104,6 +104,27 @@ GDN_API int gdn_layer_cp_forward(gdn_cp *cp, gdn_layer_plan *plan, float *y, flo
 GDN_API int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *plan, float *dx, float *dw,
                           const float *x, const float *w, const float *saved, const float *dy);
 
+/* Qwen3.5's gated attention layer (attention.h) on this rank's token slice x [B, T_r, E]: each
+ * rank's plan is made for its own T = T_r with seq_offset = the tokens of the ranks before it
+ * (packed: the whole stream's cu_seqlens on every rank), the strategy in cfg.cp:
+ *   GDN_ATTN_CP_KV: every rank's keys and values travel to the later ranks (the causal part
+ *     only, double-buffered point to point, the next block in flight while one is attended);
+ *     in the backward their gradients travel with them and return to their owners. Any D, any
+ *     shard lengths.
+ *   GDN_ATTN_CP_HEADS: an all-to-all to head-parallel (every rank the whole sequence for H/D
+ *     query heads and their kv heads, replicated when D > Hkv, their gradients summed by the
+ *     token owners) for the core only, then back. D must divide H, and H/D and H/Hkv must
+ *     divide one another.
+ * Results equal one rank's on the whole sequence up to rounding. saved (may be NULL) as in
+ * gdn_attn_forward. Collective; every rank's stats (gdn_cp_last_stats: replay_s is the
+ * attention core's compute, comm_s the time in MPI). */
+GDN_API int gdn_attn_cp_forward(gdn_cp *cp, gdn_attn_plan *plan, float *y, float *saved, const float *x,
+                                const float *w);
+/* dx for this rank's rows; dw: this rank's share of the weight gradient (sum over ranks).
+ * Collective. */
+GDN_API int gdn_attn_cp_backward(gdn_cp *cp, gdn_attn_plan *plan, float *dx, float *dw, const float *x,
+                                 const float *w, const float *saved, const float *dy);
+
 /* A failure on any rank becomes a failure on every rank: returns local_status where it is
  * non-zero (its message kept), another rank's failure elsewhere, GDN_OK when none. Collective. */
 GDN_API int gdn_cp_agree_status(gdn_cp *cp, int local_status);
@@ -126,7 +147,11 @@ enum {
     GDN_CP_FAULT_DROP_INCOMING = 2,  /* replay from zeros instead of the incoming state */
     GDN_CP_FAULT_DROP_GRADIENT = 3,  /* local backward from dS_out = 0 instead of the received one */
     GDN_CP_FAULT_DROP_HALO = 4,      /* the conv halo from the predecessors replaced by zeros */
-    GDN_CP_FAULT_DROP_HALO_GRAD = 5  /* the halo's gradient not added at its owners */
+    GDN_CP_FAULT_DROP_HALO_GRAD = 5, /* the halo's gradient not added at its owners */
+    GDN_CP_FAULT_ATTN_DROP_KV = 6,   /* attention: the earlier ranks' keys and values not attended
+                                        (kv), or this rank's tokens read as the next rank's (heads) */
+    GDN_CP_FAULT_ATTN_DROP_KV_GRAD = 7 /* attention: key/value gradients from later ranks not
+                                          returned (kv), or the owners' sum skipped (heads) */
 };
 GDN_API void gdn_cp_set_fault(gdn_cp *cp, int fault);
 

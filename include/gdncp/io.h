@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include "kernel.h"
 #include "layer.h"
+#include "attention.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -124,6 +125,27 @@ GDN_API const void *gdn_layer_weights_data(const gdn_layer_weights *lw);
  * in_proj_ba.weight in their interleaved order. dw NULL reserves them (gdn_st_writer_begin). */
 GDN_API int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const float *dw,
                         const char *name_prefix);
+
+/* ---------------------------------------------------------------- attention weights
+ * One gated full-attention layer's weights (Qwen3.5 / Qwen3-Next `self_attn`), bare
+ * ("q_proj.weight") or under a prefix ("model.layers.3.self_attn."), F32, F64 or BF16 on disk.
+ * Dimensions from config_path (config.json, or its "text_config": hidden_size,
+ * num_attention_heads, num_key_value_heads, head_dim, partial_rotary_factor, rope_theta or
+ * rope_parameters.rope_theta, rms_norm_eps, max_position_embeddings) when given, else from the
+ * tensor shapes and `given` (fields > 0; may be NULL); every source must agree with the shapes.
+ * Under the prefix, missing, unknown or mis-shaped tensors are errors naming the weight. */
+typedef struct {
+    gdn_attn_config cfg; /* E, H, Hkv, d, R, rope_theta, eps, max_position; B = T = 0 */
+    float *w;            /* flat fp32 parameters (gdn_attn_param_floats(&cfg)) */
+    gdn_dtype dtype;     /* dtype of q_proj on disk */
+} gdn_attn_weights;
+GDN_API int gdn_attn_weights_load(gdn_attn_weights *aw, const char *path, const char *config_path,
+                                  const char *prefix, const gdn_attn_config *given);
+GDN_API void gdn_attn_weights_free(gdn_attn_weights *aw);
+/* Add gradients dw (flat) to a writer as name_prefix + each weight's name; dw NULL reserves
+ * them (gdn_st_writer_begin). */
+GDN_API int gdn_attn_grads_add(gdn_st_writer *wr, const gdn_attn_weights *aw, const float *dw,
+                               const char *name_prefix);
 
 /* ---------------------------------------------------------------- problem files
  * A gated-delta-rule problem in one safetensors file: q, k, v, g, beta, optional h0, and for
