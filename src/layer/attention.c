@@ -87,6 +87,17 @@ int gdn_attn_config_check(const gdn_attn_config *c) {
     return GDN_OK;
 }
 
+int gdn_attn_cp_strategy_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "kv")) return GDN_ATTN_CP_KV;
+    if (!strcmp(name, "heads")) return GDN_ATTN_CP_HEADS;
+    return -1;
+}
+
+const char *gdn_attn_cp_strategy_name(int s) {
+    return s == GDN_ATTN_CP_KV ? "kv" : s == GDN_ATTN_CP_HEADS ? "heads" : "unknown";
+}
+
 static const char *const attn_param_names[GDN_A_COUNT] = {
     "q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "q_norm.weight", "k_norm.weight",
 };

@@ -1,0 +1,198 @@
+/* The gated attention layer over ranks (gdn_attn_cp_*) against the single-rank layer on the
+ * whole sequence: both strategies (heads where the head counts allow), uneven shards (a 1-token
+ * shard, shards shorter than a tile), dense and packed documents crossing ranks, saved and
+ * recomputed backward. Negative controls are faults injected into the real exchange: the
+ * earlier ranks' keys and values dropped, their gradients not returned. Bad input and ranks
+ * that disagree stop every rank with one message. */
+#include "cp_internal.h"
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rounding only: the split runs merge partial softmaxes and sum gradients in another order. */
+#define TOL_ATTN_CP 2e-5
+
+static int rank, D;
+
+static double err_over_ranks(const float *ours, const float *ref, int64_t n) {
+    double loc[2] = {0, 0}, glob[2];
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)ours[i] - ref[i]);
+        if (!(e <= loc[0])) loc[0] = e;
+        loc[1] = fmax(loc[1], fabs(ref[i]));
+    }
+    if (isnan(loc[0])) loc[0] = INFINITY;
+    MPI_Allreduce(loc, glob, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return glob[0] / fmax(glob[1], 1e-30);
+}
+
+static float *rows_of(const float *x, int64_t B, int64_t T, int64_t t0, int64_t tn, int64_t inner) {
+    float *out = malloc(sizeof(float) * (B * tn * inner + 1));
+    for (int64_t b = 0; b < B; b++) memcpy(out + b * tn * inner, x + (b * T + t0) * inner, sizeof(float) * tn * inner);
+    return out;
+}
+
+static int heads_allowed(const gdn_attn_config *c) {
+    if (c->H % D) return 0;
+    const int64_t Hp = c->H / D, grp = c->H / c->Hkv;
+    return Hp % grp == 0 || grp % Hp == 0;
+}
+
+static int all_ok(int rc) {
+    int any = rc;
+    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return !any;
+}
+
+/* One case: shard sizes per rank, cu (NULL: dense) over the whole stream. */
+static void attn_cp_case(const char *label, gdn_attn_config full, const int64_t *sizes, const int64_t *cu,
+                         int64_t n_docs) {
+    const int64_t B = full.B, E = full.E;
+    int64_t T = 0, t0 = 0;
+    for (int r = 0; r < D; r++) {
+        if (r < rank) t0 += sizes[r];
+        T += sizes[r];
+    }
+    const int64_t tn = sizes[rank];
+    full.T = T, full.threads = 1, full.cu_seqlens = cu, full.n_docs = n_docs;
+    const size_t nw = gdn_attn_param_floats(&full);
+    rng_seed(4242);
+    float *w = malloc(sizeof(float) * nw), *x = malloc(sizeof(float) * B * T * E), *dy = malloc(sizeof(float) * B * T * E);
+    for (size_t i = 0; i < nw; i++) w[i] = (float)rng_uniform(-0.3, 0.3);
+    for (int64_t i = 0; i < B * T * E; i++) x[i] = (float)rng_uniform(-1, 1), dy[i] = (float)rng_uniform(-1, 1);
+    float *y1 = malloc(sizeof(float) * B * T * E), *dx1 = malloc(sizeof(float) * B * T * E), *dw1 = malloc(sizeof(float) * nw);
+    gdn_attn_plan *p1 = NULL;
+    int rc = gdn_attn_plan_create(&p1, &full);
+    if (!rc) rc = gdn_attn_forward(p1, y1, NULL, x, w);
+    if (!rc) rc = gdn_attn_backward(p1, dx1, dw1, x, w, NULL, dy);
+    gdn_attn_plan_destroy(p1);
+    if (!all_ok(rc)) {
+        check(0, "%s: single-rank attention: %s", label, gdn_errmsg());
+        free(w), free(x), free(dy), free(y1), free(dx1), free(dw1);
+        return;
+    }
+    float *yr = rows_of(y1, B, T, t0, tn, E), *dxr = rows_of(dx1, B, T, t0, tn, E);
+    float *xl = rows_of(x, B, T, t0, tn, E), *dyl = rows_of(dy, B, T, t0, tn, E);
+    gdn_attn_config loc = full;
+    loc.T = tn, loc.seq_offset = t0;
+    float *y = malloc(sizeof(float) * B * tn * E), *dx = malloc(sizeof(float) * B * tn * E);
+    float *dw = malloc(sizeof(float) * nw), *dwsum = malloc(sizeof(float) * nw);
+    for (int strategy = GDN_ATTN_CP_KV; strategy <= GDN_ATTN_CP_HEADS; strategy++) {
+        loc.cp = strategy;
+        if (strategy == GDN_ATTN_CP_HEADS && !heads_allowed(&loc)) continue; /* refused: errors() checks that */
+        const int replicated = strategy == GDN_ATTN_CP_HEADS && D > loc.Hkv;
+        for (int keep = 1; keep >= 0; keep--)
+            for (int fault = 0; fault < 3; fault++) {
+                if (fault && (!keep || D == 1)) continue;
+                if (fault == 2 && strategy == GDN_ATTN_CP_HEADS && !replicated) continue; /* nothing to skip */
+                gdn_attn_plan *lp = NULL;
+                gdn_cp *cp = NULL;
+                rc = gdn_attn_plan_create(&lp, &loc);
+                if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+                float *saved = lp && keep ? malloc(sizeof(float) * (gdn_attn_saved_floats(lp) + 1)) : NULL;
+                if (cp) gdn_cp_set_fault(cp, fault == 1 ? GDN_CP_FAULT_ATTN_DROP_KV : fault == 2 ? GDN_CP_FAULT_ATTN_DROP_KV_GRAD : 0);
+                if (!rc) rc = gdn_attn_cp_forward(cp, lp, y, saved, xl, w);
+                if (!rc) rc = gdn_attn_cp_backward(cp, lp, dx, dw, xl, w, saved, dyl);
+                if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                char what[200];
+                snprintf(what, sizeof what, "%s D=%d %s %s", label, D, gdn_attn_cp_strategy_name(strategy),
+                         keep ? "saved" : "recomputed");
+                if (!all_ok(rc)) {
+                    check(0, "%s: %s", what, rc ? gdn_errmsg() : "failed on another rank");
+                } else if (fault == 1) {
+                    expect_far(err_over_ranks(y, yr, B * tn * E), TOL_ATTN_CP, "%s y with the other ranks' keys dropped", what);
+                } else if (fault == 2) {
+                    expect_close(err_over_ranks(y, yr, B * tn * E), TOL_ATTN_CP, "%s y (key gradients not returned)", what);
+                    expect_far(err_over_ranks(dx, dxr, B * tn * E), TOL_ATTN_CP,
+                               "%s dx with the key/value gradients not returned", what);
+                } else {
+                    expect_close(err_over_ranks(y, yr, B * tn * E), TOL_ATTN_CP, "%s y", what);
+                    expect_close(err_over_ranks(dx, dxr, B * tn * E), TOL_ATTN_CP, "%s dx", what);
+                    double worst = 0;
+                    for (int i = 0; i < GDN_A_COUNT; i++)
+                        worst = fmax(worst, err_over_ranks(dwsum + gdn_attn_param_offset(&full, i),
+                                                           dw1 + gdn_attn_param_offset(&full, i),
+                                                           (int64_t)gdn_attn_param_numel(&full, i)));
+                    expect_close(worst, TOL_ATTN_CP, "%s every weight gradient (summed over ranks), worst", what);
+                    gdn_cp_stats st = gdn_cp_last_stats(cp);
+                    if (D > 1 && strategy == GDN_ATTN_CP_KV && rank == D - 1)
+                        check(st.rounds == (keep ? 1 : 2) * (D - 1) && st.bytes_recv > 0,
+                              "%s: the last rank's backward attended %d earlier blocks%s (%d rounds, %llu bytes "
+                              "received)", what, D - 1, keep ? "" : ", twice (the forward again)", st.rounds,
+                              (unsigned long long)st.bytes_recv);
+                }
+                free(saved);
+                gdn_cp_destroy(cp);
+                gdn_attn_plan_destroy(lp);
+            }
+    }
+    free(w), free(x), free(dy), free(y1), free(dx1), free(dw1), free(yr), free(dxr), free(xl), free(dyl);
+    free(y), free(dx), free(dw), free(dwsum);
+}
+
+/* Bad input and disagreement: every rank returns an error naming it, none hangs. */
+static void errors(void) {
+    gdn_attn_config c = gdn_attn_config_default(1, 6, 16, 4, 2, 8);
+    c.threads = 1, c.R = 4, c.seq_offset = 6 * (int64_t)rank;
+    const size_t nw = gdn_attn_param_floats(&c);
+    float *w = calloc(nw, 4), *x = calloc(6 * 16, 4), *y = calloc(6 * 16, 4);
+    struct { const char *what, *needle; int strategy, bad_offset, nan_rank, other_strategy_rank; } cases[] = {
+        {"a valid call (control)", NULL, GDN_ATTN_CP_KV, 0, -1, -1},
+        {"heads with D not dividing H", "divide H", GDN_ATTN_CP_HEADS, 0, -1, -1},
+        {"seq_offset not the tokens before", "seq_offset", GDN_ATTN_CP_KV, 1, -1, -1},
+        {"NaN in x on the last rank", NULL, GDN_ATTN_CP_KV, 0, D - 1, -1},
+        {"ranks disagreeing on the strategy", "strategy", GDN_ATTN_CP_KV, 0, -1, D - 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (i == 1 && 4 % D == 0) continue; /* heads allowed at this D */
+        if ((i == 2 || i == 4) && D < 2) continue;
+        gdn_attn_config b = c;
+        b.cp = rank == cases[i].other_strategy_rank ? GDN_ATTN_CP_HEADS : cases[i].strategy;
+        if (cases[i].bad_offset && rank == D - 1) b.seq_offset += 1;
+        gdn_attn_plan *p = NULL;
+        gdn_cp *cp = NULL;
+        int rc = gdn_attn_plan_create(&p, &b);
+        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        x[5] = rank == cases[i].nan_rank ? NAN : 0.0f;
+        if (!rc) rc = gdn_attn_cp_forward(cp, p, y, NULL, x, w);
+        const int want = i == 0 ? GDN_OK : i == 1 || i == 2 ? GDN_ERR_SHAPE : i == 3 ? GDN_ERR_NONFINITE : GDN_ERR_MPI;
+        /* the rank that failed names the tensor; the others name that rank */
+        const int own = i == 3 && rank == D - 1;
+        expect_status(rc, i == 3 && !own ? GDN_ERR_NONFINITE : want, own ? "'x'" : i == 3 ? "rank" : cases[i].needle,
+                      "attention cp refuses %s (rank %d of %d)", cases[i].what, rank, D);
+        int codes[2] = {rc, -rc}, ext[2];
+        MPI_Allreduce(codes, ext, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        check(ext[0] == -ext[1], "attention cp: every rank returns the same status for %s", cases[i].what);
+        gdn_cp_destroy(cp);
+        gdn_attn_plan_destroy(p);
+    }
+    free(w), free(x), free(y);
+}
+
+void test_attention_cp(void) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &D);
+    static const int64_t pattern[8] = {37, 1, 70, 5, 64, 3, 20, 9}; /* a 1-token shard, shards below a tile */
+    int64_t sizes[8] = {0}, total = 0;
+    for (int r = 0; r < D && r < 8; r++) sizes[r] = pattern[r], total += pattern[r];
+    if (D > 8) return;
+    gdn_attn_config c = gdn_attn_config_default(2, 0, 24, 8, 2, 16);
+    c.R = 8, c.rope_theta = 1e4, c.pos_offset = 3;
+    attn_cp_case("attention dense B=2 H=8 Hkv=2", c, sizes, NULL, 0);
+    /* documents crossing ranks, one of 1 token, positions restarting */
+    int64_t cu[8] = {0}, n = 0;
+    const int64_t cuts[6] = {20, 21, 60, 110, 150, 200};
+    for (int i = 0; i < 6; i++)
+        if (cuts[i] < total) cu[++n] = cuts[i];
+    cu[++n] = total;
+    gdn_attn_config pk = gdn_attn_config_default(1, 0, 24, 4, 4, 16);
+    pk.R = 16, pk.rope_theta = 1e4;
+    attn_cp_case("attention packed H=Hkv=4", pk, sizes, cu, n);
+    gdn_attn_config mq = gdn_attn_config_default(1, 0, 16, 4, 1, 8);
+    mq.R = 4;
+    attn_cp_case("attention MQA H=4 Hkv=1", mq, sizes, NULL, 0);
+    errors();
+}
