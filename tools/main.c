@@ -27,6 +27,7 @@ static void usage(FILE *out) {
             "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"
             "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
             "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
+            "  bench  attention-cp [--T N] [--H --Hkv --d --E N] [--reps R]  (under mpiexec) attention CP\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
             "  gen    --out F [--B --T --Hk --Hv --K --V --seed]   write a random problem\n"
             "         [--gates qwen|mild|strong (default qwen)] [--slow-fraction F (0.25)]\n"
@@ -53,6 +54,7 @@ static const struct {
     {"layer", NULL, cmd_layer, MPI_WITH_CP},
     {"bench", "layer", cmd_bench_layer, MPI_NEVER},
     {"bench", "cp", cmd_bench_cp, MPI_ALWAYS},
+    {"bench", "attention-cp", cmd_bench_attention_cp, MPI_ALWAYS},
     {"bench", "train", cmd_bench_train, MPI_NEVER},
     {"bench", "decode", cmd_bench_decode, MPI_NEVER},
     {"bench", NULL, cmd_bench, MPI_NEVER}, /* bench kernel (and its refusals of unknown benches) */

@@ -1,0 +1,184 @@
+/* gdncp bench attention-cp (under mpiexec -n D): the gated attention layer on one sequence split
+ * evenly over the D ranks, forward + backward under each CP strategy (heads where the head counts
+ * allow), repetitions between barriers. Per rank: the attention core's compute (replay_s), the
+ * time in MPI, bytes received, the whole call; then the core's max/mean over ranks (the
+ * imbalance), and for kv the last rank's core time over the slowest rank's whole call (the
+ * pipeline's fraction of its ideal: the last rank cannot finish before its own compute). GFLOP/s
+ * of the core counted as 2 T^2 d H causal forward, x 3.5 forward + backward, over the slowest
+ * rank's core time; the error of y against one rank's run of the whole sequence (rank 0, when T
+ * allows); the path and the CPU. Ranks beyond the cores share them: then wall times include the
+ * sharing and only the ratios of CPU-bound work mean anything. */
+#include "cli/cli.h"
+#include "cli/parse.h"
+#include "commands.h"
+#include "gdncp/cp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { MAX_REPS = 16 };
+
+static float frand(uint64_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return (float)(*s >> 40) / 16777216.0f - 0.5f;
+}
+
+typedef struct {
+    double call, core, comm, recv;
+} rank_times;
+
+/* One forward + backward of this rank's shard; its times (the core's and MPI's from the stats). */
+static int fwd_bwd(gdn_cp *cp, gdn_attn_plan *p, float *y, float *saved, float *dx, float *dw, const float *x,
+                   const float *w, const float *dy, rank_times *t) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    int rc = gdn_attn_cp_forward(cp, p, y, saved, x, w);
+    gdn_cp_stats f = gdn_cp_last_stats(cp);
+    if (!rc) rc = gdn_attn_cp_backward(cp, p, dx, dw, x, w, saved, dy);
+    gdn_cp_stats b = gdn_cp_last_stats(cp);
+    t->call = MPI_Wtime() - t0;
+    t->core = f.replay_s + b.replay_s, t->comm = f.comm_s + b.comm_s;
+    t->recv = (double)(f.bytes_recv + b.bytes_recv);
+    MPI_Barrier(MPI_COMM_WORLD);
+    return rc;
+}
+
+/* The error of the gathered y against one rank's layer on the whole sequence (rank 0). */
+static double error_vs_one_rank(gdn_cp *cp, const gdn_attn_config *full, const float *y_local, int64_t tn,
+                                const float *x_full, const float *w) {
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const int64_t n = full->B * full->T * full->E;
+    float *y_all = rank == 0 ? malloc(sizeof(float) * (size_t)n) : NULL, *y1 = rank == 0 ? malloc(sizeof(float) * (size_t)n) : NULL;
+    int rc = gdn_cp_gather_rows(cp, y_local, full->B, tn, full->E, y_all, 0);
+    double err = NAN;
+    if (!rc && rank == 0 && y_all && y1) {
+        gdn_attn_plan *p = NULL;
+        if (!gdn_attn_plan_create(&p, full) && !gdn_attn_forward(p, y1, NULL, x_full, w)) {
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < n; i++) num = fmax(num, fabs((double)y_all[i] - y1[i])), den = fmax(den, fabs(y1[i]));
+            err = num / fmax(den, 1e-30);
+        }
+        gdn_attn_plan_destroy(p);
+    }
+    free(y_all), free(y1);
+    MPI_Bcast(&err, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    return err;
+}
+
+int cmd_bench_attention_cp(int argc, char **argv) {
+    int64_t T = 2048, H = 8, Hkv = 2, d = 256, E = 1024, reps = 3, threads = 1, check_max = 8192;
+    int json = 0;
+    for (int i = 2; i < argc; i++) { /* after "gdncp bench attention-cp" (MPI commands get the whole argv minus "gdncp") */
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        struct { const char *opt; int64_t *dst, lo, hi; } nums[] = {
+            {"--T", &T, 1, (int64_t)1 << 30}, {"--H", &H, 1, 1024}, {"--Hkv", &Hkv, 1, 1024}, {"--d", &d, 1, 1024},
+            {"--E", &E, 1, 1 << 16}, {"--reps", &reps, 1, MAX_REPS}, {"--threads", &threads, 1, 1024},
+            {"--check-max-T", &check_max, 0, (int64_t)1 << 30},
+        };
+        int done = 0;
+        for (size_t k = 0; k < sizeof nums / sizeof nums[0] && !done; k++)
+            if (!strcmp(argv[i], nums[k].opt)) {
+                if (cli_parse_i64("bench attention-cp", nums[k].opt, val, nums[k].lo, nums[k].hi, nums[k].dst))
+                    return CLI_USAGE_ERROR;
+                i++, done = 1;
+            }
+        if (done) continue;
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else {
+            fprintf(stderr, "gdncp bench attention-cp: unknown option '%s'\n", argv[i]);
+            return CLI_USAGE_ERROR;
+        }
+    }
+    int rank, D;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &D);
+    if (T < D) {
+        if (!rank) fprintf(stderr, "gdncp bench attention-cp: --T %lld is fewer tokens than the %d ranks\n", (long long)T, D);
+        return CLI_USAGE_ERROR;
+    }
+    const int64_t t0 = rank * (T / D) + (rank < T % D ? rank : T % D), tn = T / D + (rank < T % D);
+    gdn_attn_config full = gdn_attn_config_default(1, T, E, H, Hkv, d);
+    full.threads = (int)threads;
+    gdn_attn_config loc = full;
+    loc.T = tn, loc.seq_offset = t0;
+    const size_t nw = gdn_attn_param_floats(&full);
+    float *w = malloc(sizeof(float) * nw), *x = malloc(sizeof(float) * (size_t)(T * E));
+    float *dy = malloc(sizeof(float) * (size_t)(tn * E)), *y = malloc(sizeof(float) * (size_t)(tn * E));
+    float *dx = malloc(sizeof(float) * (size_t)(tn * E)), *dw = malloc(sizeof(float) * nw);
+    if (!w || !x || !dy || !y || !dx || !dw) return cli_error("bench attention-cp", GDN_ERR_NOMEM);
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < nw; i++) w[i] = 0.1f * frand(&s);
+    for (int64_t i = 0; i < T * E; i++) x[i] = frand(&s);
+    for (int64_t i = 0; i < tn * E; i++) dy[i] = frand(&s);
+    char cpu[128];
+    cli_cpu_name(cpu, sizeof cpu);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double peak = rank == 0 ? cli_peak_gflops((int)threads, json) : 0.0; /* one rank measures while the rest wait */
+    MPI_Bcast(&peak, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    const double core_flops = 3.5 * 2.0 * (double)T * (double)T * (double)d * (double)H;
+    if (!rank && !json)
+        printf("bench attention-cp: T=%lld over D=%d ranks (%lld..%lld tokens each), H=%lld Hkv=%lld d=%lld E=%lld, "
+               "%lld thread(s) per rank, CPU %s%s\n"
+               "  core FLOPs = 3.5 x 2 T^2 d H (causal forward + backward); peak %.1f GFLOP/s per rank's threads\n",
+               (long long)T, D, (long long)(T / D), (long long)(T / D + (T % D != 0)), (long long)H, (long long)Hkv,
+               (long long)d, (long long)E, (long long)threads, cpu,
+               D * threads > cores ? " (oversubscribed: ranks share cores, wall times include it)" : "", peak);
+    for (int strategy = GDN_ATTN_CP_KV; strategy <= GDN_ATTN_CP_HEADS; strategy++) {
+        if (strategy == GDN_ATTN_CP_HEADS &&
+            (H % D || ((H / D) % (H / Hkv) && (H / Hkv) % (H / D)))) {
+            if (!rank && !json) printf("  heads: not run (D = %d and H = %lld, Hkv = %lld do not divide)\n", D,
+                                       (long long)H, (long long)Hkv);
+            continue;
+        }
+        loc.cp = strategy;
+        gdn_attn_plan *p = NULL;
+        gdn_cp *cp = NULL;
+        int rc = gdn_attn_plan_create(&p, &loc);
+        float *saved = p ? malloc(sizeof(float) * gdn_attn_saved_floats(p)) : NULL;
+        if (!rc && !saved) rc = GDN_ERR_NOMEM;
+        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        rank_times t[MAX_REPS];
+        for (int r = 0; r < reps && !rc; r++) rc = fwd_bwd(cp, p, y, saved, dx, dw, x + t0 * E, w, dy, &t[r]);
+        if (rc) return cli_error("bench attention-cp", rc);
+        /* medians of this rank, then max / mean over ranks */
+        double call[MAX_REPS], core[MAX_REPS], comm[MAX_REPS];
+        for (int r = 0; r < reps; r++) call[r] = t[r].call, core[r] = t[r].core, comm[r] = t[r].comm;
+        double mine[3] = {cli_median(call, (int)reps), cli_median(core, (int)reps), cli_median(comm, (int)reps)};
+        double all[3 * 64] = {0};
+        if (D <= 64) MPI_Gather(mine, 3, MPI_DOUBLE, all, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        const double err = T <= check_max ? error_vs_one_rank(cp, &full, y, tn, x, w) : NAN;
+        if (!rank && D <= 64) {
+            double core_max = 0, core_sum = 0, call_max = 0;
+            for (int q = 0; q < D; q++) {
+                core_max = fmax(core_max, all[3 * q + 1]), core_sum += all[3 * q + 1], call_max = fmax(call_max, all[3 * q]);
+                if (!json)
+                    printf("  %-5s rank %d: call %.3f s, core %.3f s, MPI %.3f s\n", gdn_attn_cp_strategy_name(strategy),
+                           q, all[3 * q], all[3 * q + 1], all[3 * q + 2]);
+            }
+            const double mean = core_sum / D, gflops = core_flops / core_max / 1e9 / D;
+            const double ideal = all[3 * (D - 1) + 1] / call_max;
+            if (json)
+                printf("{\"bench\":\"attention-cp\",\"strategy\":\"%s\",\"D\":%d,\"T\":%lld,\"H\":%lld,\"Hkv\":%lld,"
+                       "\"d\":%lld,\"E\":%lld,\"threads\":%lld,\"call_max_s\":%.4f,\"core_max_s\":%.4f,"
+                       "\"core_mean_s\":%.4f,\"core_gflops_per_rank\":%.2f,\"peak_gflops\":%.2f,\"last_rank_core_over_call\":%.3f,"
+                       "\"err_vs_one_rank\":%.3e,\"cpu\":\"%s\"}\n",
+                       gdn_attn_cp_strategy_name(strategy), D, (long long)T, (long long)H, (long long)Hkv,
+                       (long long)d, (long long)E, (long long)threads, call_max, core_max, mean, gflops, peak, ideal,
+                       isfinite(err) ? err : -1.0, cpu);
+            else
+                printf("  %-5s D=%d: slowest call %.3f s; core max/mean %.3f/%.3f s = %.2fx; core %.1f GFLOP/s per rank "
+                       "(%.0f%% of peak); last rank's core / slowest call %.2f; y vs one rank %s%.2e\n",
+                       gdn_attn_cp_strategy_name(strategy), D, call_max, core_max, mean, core_max / mean, gflops,
+                       100.0 * gflops / peak, ideal, isfinite(err) ? "" : "(not run) ", isfinite(err) ? err : 0.0);
+        }
+        free(saved);
+        gdn_cp_destroy(cp);
+        gdn_attn_plan_destroy(p);
+    }
+    free(w), free(x), free(dy), free(y), free(dx), free(dw);
+    return 0;
+}
