@@ -93,6 +93,12 @@ struct gdn_attn_plan {
  * (base unused). The one place the angles are computed. */
 void gdn_attn_rope_table(const gdn_attn_plan *ap, int64_t base, float *cosv, float *sinv);
 
+/* Decode with a KV cache (attention_decode.c): when the core would have fewer jobs than threads
+ * (B Hkv small, T = 1), the cache's keys are split into ranges of at least this many keys, one
+ * per thread, whose partial results merge by their log-sum-exp (flash-decoding). Default 512
+ * (caches above 1024 keys split); tests and timing programs may change it (not thread-safe). */
+extern int64_t gdn_attn_decode_split_keys;
+
 /* What the forward keeps: the projections [N, P], the core's output o [N, Hd], lse [N, H]. */
 typedef struct {
     float *proj, *o, *lse;
