@@ -120,7 +120,7 @@ GDN_API int gdn_attn_cache_set_length(gdn_attn_cache *cache, int64_t len);
  * T; dense, seq_offset 0; T = 1 decodes), at positions pos_offset + len .. + T - 1 where len is
  * the cache length on entry. Their keys and values are appended (the cache must hold len + T),
  * then each attends to the whole cache causally; y [B, T, E]. Pieces of any sizes give the
- * forward of the whole sequence. */
+ * forward of the whole sequence. On an error the cache length is unchanged. */
 GDN_API int gdn_attn_decode(gdn_attn_plan *plan, gdn_attn_cache *cache, float *y, const float *x,
                             const float *w);
 

@@ -150,6 +150,21 @@ void gdn_attn_plan_destroy(gdn_attn_plan *ap) {
     free(ap);
 }
 
+/* The angles in double (exact), rounded to fp32 once: inv_freq_i = theta^(-2i/R); a token's
+ * position counts from its document's start (packed) or from base (dense). */
+void gdn_attn_rope_table(const gdn_attn_plan *ap, int64_t base, float *cosv, float *sinv) {
+    const gdn_attn_config *c = &ap->cfg;
+    const int64_t hr = c->R / 2;
+    for (int64_t t = 0; t < c->T; t++) {
+        const int64_t tg = c->seq_offset + t;
+        const double p = (double)(ap->cu ? tg - gdn_attn_doc_begin(ap->cu, c->n_docs, tg) : base + t);
+        for (int64_t i = 0; i < hr; i++) {
+            const double ang = p * pow(c->rope_theta, -2.0 * (double)i / (double)c->R);
+            cosv[t * hr + i] = (float)cos(ang), sinv[t * hr + i] = (float)sin(ang);
+        }
+    }
+}
+
 int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "attention plan output pointer is NULL");
     *out = NULL;
@@ -204,16 +219,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     float **dst[] = {&ap->cosv, &ap->sinv, &ap->saved, &ap->qr, &ap->kr, &ap->rq, &ap->rk, &ap->z, &ap->dO,
                      &ap->Dv, &ap->dqr, &ap->dkr, &ap->dproj, &ap->tile, &ap->partial, &ap->mm_ws};
     for (size_t i = 0; i < np; i++) *dst[i] = gdn_carve(&cur, pieces[i]);
-    /* The angles in double (exact), rounded to fp32 once: inv_freq_i = theta^(-2i/R); a token's
-     * position counts from its document's start (packed) or from pos_offset (dense). */
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t tg = c->seq_offset + t;
-        const double p = (double)(c->cu_seqlens ? tg - gdn_attn_doc_begin(ap->cu, c->n_docs, tg) : c->pos_offset + tg);
-        for (int64_t i = 0; i < hr; i++) {
-            const double ang = p * pow(c->rope_theta, -2.0 * (double)i / (double)c->R);
-            ap->cosv[t * hr + i] = (float)cos(ang), ap->sinv[t * hr + i] = (float)sin(ang);
-        }
-    }
+    gdn_attn_rope_table(ap, c->pos_offset + c->seq_offset, ap->cosv, ap->sinv);
     *out = ap;
     return GDN_OK;
 }

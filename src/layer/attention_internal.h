@@ -79,7 +79,7 @@ struct gdn_attn_plan {
     int threads;
     int64_t N, Hd, Kd, P;
     int64_t *cu;              /* own copy of cu_seqlens (NULL: dense) */
-    float *cosv, *sinv;       /* T x R/2: cos/sin of each token's angles */
+    float *cosv, *sinv;       /* T x R/2: cos/sin of each token's angles (gdn_attn_rope_table) */
     float *saved;             /* the forward's kept floats when the caller keeps none */
     float *qr, *kr, *rq, *rk; /* normed and rotated q [N, Hd], k [N, Kd]; rstd [N, H], [N, Hkv] */
     float *z, *dO, *Dv;       /* gated output (then its gradient) [N, Hd]; dO [N, Hd]; <dO, o> [N, H] */
@@ -87,6 +87,17 @@ struct gdn_attn_plan {
     float *tile, *partial, *mm_ws;
     void *arena;
 };
+
+/* cos/sin [T, R/2] of the plan's tokens into cosv, sinv: dense, token t at position base + t
+ * (the plan's own table: base = pos_offset + seq_offset); packed, at its place in its document
+ * (base unused). The one place the angles are computed. */
+void gdn_attn_rope_table(const gdn_attn_plan *ap, int64_t base, float *cosv, float *sinv);
+
+/* Decode with a KV cache (attention_decode.c): when the core would have fewer jobs than threads
+ * (B Hkv small, T = 1), the cache's keys are split into ranges of at least this many keys, one
+ * per thread, whose partial results merge by their log-sum-exp (flash-decoding). Default 512
+ * (caches above 1024 keys split); tests and timing programs may change it (not thread-safe). */
+extern int64_t gdn_attn_decode_split_keys;
 
 /* What the forward keeps: the projections [N, P], the core's output o [N, Hd], lse [N, H]. */
 typedef struct {
