@@ -133,6 +133,89 @@ static void attn_cp_case(const char *label, gdn_attn_config full, const int64_t 
     free(y), free(dx), free(dw), free(dwsum);
 }
 
+/* Generation over ranks: a CP prefill of the prompt's shards, then new tokens (one at a time and
+ * a piece of 3) with each rank's cache part, against one rank's forward over the whole sequence;
+ * the other ranks' cache parts dropped as the control; x differing on one rank and a full cache
+ * on the last rank refused everywhere. */
+static void attn_cp_generate(const int64_t *sizes) {
+    const int64_t B = 2, E = 24, steps[] = {1, 1, 3, 1, 1}, nsteps = 5, added = 7;
+    int64_t P = 0, t0 = 0;
+    for (int r = 0; r < D; r++) {
+        if (r < rank) t0 += sizes[r];
+        P += sizes[r];
+    }
+    const int64_t tn = sizes[rank], T = P + added;
+    gdn_attn_config full = gdn_attn_config_default(B, T, E, 8, 2, 16);
+    full.R = 8, full.rope_theta = 1e4, full.threads = 1, full.pos_offset = 5;
+    const size_t nw = gdn_attn_param_floats(&full);
+    rng_seed(777);
+    float *w = malloc(sizeof(float) * nw), *x = malloc(sizeof(float) * B * T * E), *y1 = malloc(sizeof(float) * B * T * E);
+    for (size_t i = 0; i < nw; i++) w[i] = (float)rng_uniform(-0.3, 0.3);
+    for (int64_t i = 0; i < B * T * E; i++) x[i] = (float)rng_uniform(-1, 1);
+    gdn_attn_plan *p1 = NULL;
+    int rc = gdn_attn_plan_create(&p1, &full);
+    if (!rc) rc = gdn_attn_forward(p1, y1, NULL, x, w);
+    gdn_attn_plan_destroy(p1);
+    float *yr = rows_of(y1, B, T, P, added, E), *xl = rows_of(x, B, T, t0, tn, E), *yp = malloc(sizeof(float) * B * tn * E);
+    float *ypr = rows_of(y1, B, T, t0, tn, E), *yn = malloc(sizeof(float) * B * added * E), *ys = malloc(sizeof(float) * B * 3 * E);
+    for (int fault = 0; fault < 2 && all_ok(rc); fault++) {
+        if (fault && D == 1) break;
+        gdn_attn_config pre = full;
+        pre.T = tn, pre.seq_offset = t0;
+        gdn_attn_plan *pp = NULL, *pd[4] = {NULL};
+        gdn_attn_cache *cache = NULL;
+        gdn_cp *cp = NULL;
+        rc = gdn_attn_plan_create(&pp, &pre);
+        for (int64_t k = 1; k <= 3 && !rc; k++) {
+            gdn_attn_config dc = full;
+            dc.T = k;
+            rc = gdn_attn_plan_create(&pd[k], &dc);
+        }
+        if (!rc) rc = gdn_attn_cache_create(&cache, B, 2, 16, tn + (rank == D - 1 ? added + 1 : 0));
+        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        if (!rc) rc = gdn_attn_cp_prefill(cp, pp, cache, yp, xl, w);
+        if (cp) gdn_cp_set_fault(cp, fault ? GDN_CP_FAULT_ATTN_DROP_KV : 0);
+        for (int64_t s = 0, at = 0; s < nsteps && !rc; at += steps[s], s++) {
+            float *xs = rows_of(x, B, T, P + at, steps[s], E);
+            rc = gdn_attn_cp_decode(cp, pd[steps[s]], cache, ys, xs, w);
+            for (int64_t b = 0; b < B && !rc; b++)
+                memcpy(yn + (b * added + at) * E, ys + b * steps[s] * E, sizeof(float) * steps[s] * E);
+            free(xs);
+        }
+        char what[160];
+        snprintf(what, sizeof what, "attention cp generate D=%d (prompt %lld over the ranks, %lld new tokens)", D,
+                 (long long)P, (long long)added);
+        if (!all_ok(rc)) {
+            check(0, "%s: %s", what, rc ? gdn_errmsg() : "failed on another rank");
+        } else if (fault) {
+            expect_far(err_over_ranks(yn, yr, B * added * E), TOL_ATTN_CP, "%s y with the other ranks' cache parts dropped",
+                       what);
+        } else {
+            expect_close(err_over_ranks(yp, ypr, B * tn * E), TOL_ATTN_CP, "%s prefill y", what);
+            expect_close(err_over_ranks(yn, yr, B * added * E), TOL_ATTN_CP, "%s decoded y == the whole forward", what);
+            /* refusals: x differing on the last rank, then the last rank's cache full */
+            float *xs = rows_of(x, B, T, 0, 1, E);
+            const float x3 = xs[3];
+            if (rank == D - 1 && D > 1) xs[3] += 1.0f;
+            const int r1 = gdn_attn_cp_decode(cp, pd[1], cache, ys, xs, w);
+            if (D > 1)
+                expect_status(r1, GDN_ERR_MPI, "x (a hash)", "%s: x differing on one rank refused (rank %d)", what, rank);
+            xs[3] = x3;
+            const int r_fill = D > 1 ? gdn_attn_cp_decode(cp, pd[1], cache, ys, xs, w) : r1; /* the last free slot */
+            check(all_ok(r_fill), "%s: a decode into the last free slot runs (control)", what);
+            const int r2 = gdn_attn_cp_decode(cp, pd[1], cache, ys, xs, w);
+            expect_status(r2, GDN_ERR_SHAPE, rank == D - 1 ? "capacity" : "rank", "%s: the last rank's full cache refused "
+                          "on every rank (rank %d)", what, rank);
+            free(xs);
+        }
+        gdn_cp_destroy(cp);
+        gdn_attn_cache_destroy(cache);
+        gdn_attn_plan_destroy(pp);
+        for (int k = 1; k <= 3; k++) gdn_attn_plan_destroy(pd[k]);
+    }
+    free(w), free(x), free(y1), free(yr), free(xl), free(yp), free(ypr), free(yn), free(ys);
+}
+
 /* Bad input and disagreement: every rank returns an error naming it, none hangs. */
 static void errors(void) {
     gdn_attn_config c = gdn_attn_config_default(1, 6, 16, 4, 2, 8);
@@ -194,5 +277,6 @@ void test_attention_cp(void) {
     gdn_attn_config mq = gdn_attn_config_default(1, 0, 16, 4, 1, 8);
     mq.R = 4;
     attn_cp_case("attention MQA H=4 Hkv=1", mq, sizes, NULL, 0);
+    attn_cp_generate(sizes);
     errors();
 }

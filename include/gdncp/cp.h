@@ -125,6 +125,21 @@ GDN_API int gdn_attn_cp_forward(gdn_cp *cp, gdn_attn_plan *plan, float *y, float
 GDN_API int gdn_attn_cp_backward(gdn_cp *cp, gdn_attn_plan *plan, float *dx, float *dw, const float *x,
                                  const float *w, const float *saved, const float *dy);
 
+/* Generation with the cache split over the ranks: each rank keeps its own part (rank r the keys
+ * of its shard of the prompt, the last rank also every generated token's).
+ * gdn_attn_cp_prefill: gdn_attn_cp_forward on this rank's shard of the prompt (the plan as
+ *   there), its keys and values then stored in this rank's (empty) cache.
+ * gdn_attn_cp_decode: the next T tokens of every row on every rank alike (x [B, T, E] the same
+ *   everywhere, checked; the plan dense, seq_offset 0, as gdn_attn_decode's), at positions after
+ *   all the ranks' cached tokens. Their keys and values are appended on the last rank (its cache
+ *   must have room); each rank attends to its part and the partial results merge by their
+ *   log-sum-exp (two all-reduces of B T H and B T H (d + 1) floats); every rank gets the same y.
+ *   Collective. */
+GDN_API int gdn_attn_cp_prefill(gdn_cp *cp, gdn_attn_plan *plan, gdn_attn_cache *cache, float *y,
+                                const float *x, const float *w);
+GDN_API int gdn_attn_cp_decode(gdn_cp *cp, gdn_attn_plan *plan, gdn_attn_cache *cache, float *y,
+                               const float *x, const float *w);
+
 /* A failure on any rank becomes a failure on every rank: returns local_status where it is
  * non-zero (its message kept), another rank's failure elsewhere, GDN_OK when none. Collective. */
 GDN_API int gdn_cp_agree_status(gdn_cp *cp, int local_status);
@@ -149,7 +164,8 @@ enum {
     GDN_CP_FAULT_DROP_HALO = 4,      /* the conv halo from the predecessors replaced by zeros */
     GDN_CP_FAULT_DROP_HALO_GRAD = 5, /* the halo's gradient not added at its owners */
     GDN_CP_FAULT_ATTN_DROP_KV = 6,   /* attention: the earlier ranks' keys and values not attended
-                                        (kv), or this rank's tokens read as the next rank's (heads) */
+                                        (kv), the other ranks' zeroed (heads), the other ranks'
+                                        cache parts left out of a CP decode */
     GDN_CP_FAULT_ATTN_DROP_KV_GRAD = 7 /* attention: key/value gradients from later ranks not
                                           returned (kv), or the owners' sum skipped (heads) */
 };

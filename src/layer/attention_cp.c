@@ -468,9 +468,13 @@ static int core_forward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_a
     return heads_forward(cp, ap, L, sv, 0, &h);
 }
 
-int gdn_attn_cp_forward(gdn_cp *cp, gdn_attn_plan *ap, float *y, float *saved, const float *x, const float *w) {
+/* The forward with a local status from the caller's own checks (a prefill's cache), agreed with
+ * everything else before any message. */
+static int cp_forward(gdn_cp *cp, gdn_attn_plan *ap, float *y, float *saved, const float *x, const float *w,
+                      int local) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
-    int rc = ap ? gdn_attn_check_inputs(ap, x, w) : GDN_OK;
+    int rc = local;
+    if (!rc && ap) rc = gdn_attn_check_inputs(ap, x, w);
     if (!rc && !y) rc = gdn_fail(GDN_ERR_ARG, "output 'y' is NULL");
     memset(&cp->stats, 0, sizeof cp->stats);
     cp_layout L;
@@ -484,6 +488,10 @@ int gdn_attn_cp_forward(gdn_cp *cp, gdn_attn_plan *ap, float *y, float *saved, c
     gdn_fp_fast_end(fm);
     if (!rc) rc = gdn_check_output("y", y, ap->N * ap->cfg.E, ap->threads);
     return gdn_cp_agree_status(cp, rc);
+}
+
+int gdn_attn_cp_forward(gdn_cp *cp, gdn_attn_plan *ap, float *y, float *saved, const float *x, const float *w) {
+    return cp_forward(cp, ap, y, saved, x, w, GDN_OK);
 }
 
 int gdn_attn_cp_backward(gdn_cp *cp, gdn_attn_plan *ap, float *dx, float *dw, const float *x, const float *w,
@@ -521,4 +529,104 @@ int gdn_attn_cp_backward(gdn_cp *cp, gdn_attn_plan *ap, float *dx, float *dw, co
     if (!rc) rc = gdn_check_output("dx", dx, ap->N * c->E, ap->threads);
     if (!rc) rc = gdn_check_output("dw", dw, (int64_t)gdn_attn_param_floats(c), ap->threads);
     return gdn_cp_agree_status(cp, rc);
+}
+
+/* ---------------------------------------------------------------- generation */
+
+int gdn_attn_cp_prefill(gdn_cp *cp, gdn_attn_plan *ap, gdn_attn_cache *cache, float *y, const float *x,
+                        const float *w) {
+    int local = GDN_OK;
+    if (!cache) local = gdn_fail(GDN_ERR_ARG, "gdn_attn_cp_prefill: cache is NULL");
+    else if (ap && (cache->B != ap->cfg.B || cache->Hkv != ap->cfg.Hkv || cache->d != ap->cfg.d))
+        local = gdn_fail(GDN_ERR_SHAPE, "gdn_attn_cp_prefill: the cache is for B = %lld, Hkv = %lld, d = %lld; the plan "
+                         "has B = %lld, Hkv = %lld, d = %lld", (long long)cache->B, (long long)cache->Hkv,
+                         (long long)cache->d, (long long)ap->cfg.B, (long long)ap->cfg.Hkv, (long long)ap->cfg.d);
+    else if (ap && ap->cfg.cu_seqlens)
+        local = gdn_fail(GDN_ERR_ARG, "gdn_attn_cp_prefill: the plan is packed; a cache holds dense rows");
+    else if (cache->len)
+        local = gdn_fail(GDN_ERR_ARG, "gdn_attn_cp_prefill: the cache must be empty (it holds %lld positions)",
+                         (long long)cache->len);
+    else if (ap && cache->cap < ap->cfg.T)
+        local = gdn_fail(GDN_ERR_SHAPE, "gdn_attn_cp_prefill: the cache's capacity %lld is below this shard's %lld tokens",
+                         (long long)cache->cap, (long long)ap->cfg.T);
+    const int rc = cp_forward(cp, ap, y, NULL, x, w, local);
+    if (rc) return rc;
+    gdn_attn_cache_append(ap, cache, gdn_attn_saved_view(ap, ap->saved).proj); /* the forward's keys and values */
+    cache->len = ap->cfg.T;
+    return GDN_OK;
+}
+
+int gdn_attn_cp_decode(gdn_cp *cp, gdn_attn_plan *ap, gdn_attn_cache *cache, float *y, const float *x,
+                       const float *w) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
+    int local = !ap ? gdn_fail(GDN_ERR_ARG, "gdn_attn_cp_decode: plan is NULL")
+              : !cache ? gdn_fail(GDN_ERR_ARG, "gdn_attn_cp_decode: cache is NULL") : GDN_OK;
+    memset(&cp->stats, 0, sizeof cp->stats);
+    const int D = cp->size, r = cp->rank, last = r == D - 1;
+    /* every rank's cached length: the new tokens' positions follow all of them */
+    int64_t mine = cache ? cache->len : 0, *len = cp->tab64, total = 0, k0 = 0;
+    double t0 = MPI_Wtime();
+    if (MPI_Allgather(&mine, 1, MPI_INT64_T, len, 1, MPI_INT64_T, cp->comm) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (attention cp decode)");
+    cp->stats.comm_s += MPI_Wtime() - t0;
+    for (int p = 0; p < D; p++) k0 += p < r ? len[p] : 0, total += len[p];
+    if (!local) local = gdn_attn_decode_check(ap, cache, y, x, w, total, last);
+    /* the same call everywhere, x included (a hash of its bits) */
+    enum { NV = 12 };
+    static const char *const names[NV] = {"B", "T", "E", "H", "Hkv", "d", "R", "rope_theta", "eps", "pos_offset",
+                                          "max_position", "the new tokens' x (a hash)"};
+    int64_t v[NV] = {0};
+    if (!local) {
+        const gdn_attn_config *c = &ap->cfg;
+        int32_t eps_bits;
+        int64_t theta_bits;
+        memcpy(&eps_bits, &c->eps, 4), memcpy(&theta_bits, &c->rope_theta, 8);
+        uint64_t h = 1469598103934665603ull;
+        const uint32_t *xb = (const uint32_t *)x;
+        for (int64_t i = 0; i < ap->N * c->E; i++) h = (h ^ xb[i]) * 1099511628211ull;
+        const int64_t s[NV] = {c->B, c->T, c->E, c->H, c->Hkv, c->d, c->R, theta_bits, eps_bits, c->pos_offset,
+                               c->max_position, (int64_t)h};
+        memcpy(v, s, sizeof v);
+    }
+    int rc = gdn_cp_agree_values(cp, v, NV, names, local);
+    if (rc) return rc;
+    const gdn_attn_config *c = &ap->cfg;
+    const int64_t N = ap->N, H = c->H, Hd = ap->Hd, d = c->d, row = Hd + H;
+    float *m = gdn_cp_scratch(cp, (size_t)(N * H + N * row));
+    if ((rc = gdn_cp_agree_status(cp, m ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "attention cp decode buffers")))) return rc;
+    float *acc = m + N * H;
+    const gdn_fpmode fm = gdn_fp_fast_begin();
+    const gdn_attn_saved sv = gdn_attn_saved_view(ap, ap->saved);
+    gdn_attn_decode_project(ap, sv, x, w, c->pos_offset + total);
+    if (last) gdn_attn_cache_append(ap, cache, sv.proj);
+    t0 = MPI_Wtime();
+    gdn_attn_decode_attend(ap, cache, cache->len + (last ? c->T : 0), total, k0, sv.o, sv.lse);
+    if (cp->fault == GDN_CP_FAULT_ATTN_DROP_KV && !last)
+        for (int64_t i = 0; i < N * H; i++) sv.lse[i] = -INFINITY;
+    cp->stats.replay_s += MPI_Wtime() - t0;
+    /* merge over ranks: m = max lse; sum of o e^(lse - m) and of e^(lse - m) */
+    t0 = MPI_Wtime();
+    rc = MPI_Allreduce(sv.lse, m, (int)(N * H), MPI_FLOAT, MPI_MAX, cp->comm) == MPI_SUCCESS
+             ? GDN_OK : gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed (attention cp decode)");
+    for (int64_t n = 0; n < N && !rc; n++)
+        for (int64_t h = 0; h < H; h++) {
+            const float l = sv.lse[n * H + h], wt = l == -INFINITY ? 0.0f : expf(l - m[n * H + h]);
+            for (int64_t e = 0; e < d; e++) acc[n * row + h * d + e] = wt * sv.o[n * Hd + h * d + e];
+            acc[n * row + Hd + h] = wt;
+        }
+    if (!rc && MPI_Allreduce(MPI_IN_PLACE, acc, (int)(N * row), MPI_FLOAT, MPI_SUM, cp->comm) != MPI_SUCCESS)
+        rc = gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed (attention cp decode)");
+    cp->stats.comm_s += MPI_Wtime() - t0, cp->stats.rounds += 2;
+    for (int64_t n = 0; n < N && !rc; n++)
+        for (int64_t h = 0; h < H; h++) {
+            const float ws = acc[n * row + Hd + h], inv = ws > 0.0f ? 1.0f / ws : 0.0f;
+            for (int64_t e = 0; e < d; e++) sv.o[n * Hd + h * d + e] = acc[n * row + h * d + e] * inv;
+            sv.lse[n * H + h] = ws > 0.0f ? m[n * H + h] + logf(ws) : -INFINITY;
+        }
+    if (!rc) gdn_attn_finish(ap, y, sv, w);
+    gdn_fp_fast_end(fm);
+    if (!rc) rc = gdn_check_output("y", y, N * c->E, ap->threads);
+    if ((rc = gdn_cp_agree_status(cp, rc))) return rc;
+    if (last) cache->len += c->T;
+    return GDN_OK;
 }

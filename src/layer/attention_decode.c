@@ -16,11 +16,6 @@
 #include <omp.h>
 #endif
 
-struct gdn_attn_cache {
-    int64_t B, Hkv, d, cap, len;
-    float *k, *v; /* [B, Hkv, cap, d] each */
-};
-
 int64_t gdn_attn_decode_split_keys = 512;
 
 /* ---------------------------------------------------------------- the cache */
@@ -148,9 +143,8 @@ static void decode_core(gdn_attn_plan *ap, const gdn_attn_core *v, float *o, flo
 
 /* ---------------------------------------------------------------- decode */
 
-int gdn_attn_decode(gdn_attn_plan *ap, gdn_attn_cache *cache, float *y, const float *x, const float *w) {
-    if (!ap) return gdn_fail(GDN_ERR_ARG, "gdn_attn_decode: plan is NULL");
-    if (!cache) return gdn_fail(GDN_ERR_ARG, "gdn_attn_decode: cache is NULL");
+int gdn_attn_decode_check(const gdn_attn_plan *ap, const gdn_attn_cache *cache, const float *y, const float *x,
+                          const float *w, int64_t len_total, int appends) {
     const gdn_attn_config *c = &ap->cfg;
     if (c->cu_seqlens)
         return gdn_fail(GDN_ERR_ARG,
@@ -166,51 +160,75 @@ int gdn_attn_decode(gdn_attn_plan *ap, gdn_attn_cache *cache, float *y, const fl
                         "%lld, d = %lld",
                         (long long)cache->B, (long long)cache->Hkv, (long long)cache->d, (long long)c->B,
                         (long long)c->Hkv, (long long)c->d);
-    const int64_t T = c->T, len = cache->len, cap = cache->cap, d = c->d, hr = c->R / 2;
-    if (len + T > cap)
+    const int64_t T = c->T;
+    if (appends && cache->len + T > cache->cap)
         return gdn_fail(GDN_ERR_SHAPE,
                         "gdn_attn_decode: the cache holds %lld of its capacity %lld positions; T = %lld more tokens do "
                         "not fit",
-                        (long long)len, (long long)cap, (long long)T);
-    if (c->max_position && c->pos_offset + len + T > c->max_position)
+                        (long long)cache->len, (long long)cache->cap, (long long)T);
+    if (c->max_position && c->pos_offset + len_total + T > c->max_position)
         return gdn_fail(GDN_ERR_ARG,
                         "gdn_attn_decode: positions reach %lld (pos_offset %lld + cache length %lld + T %lld - 1), "
                         "beyond max_position = %lld",
-                        (long long)(c->pos_offset + len + T - 1), (long long)c->pos_offset, (long long)len, (long long)T,
-                        (long long)c->max_position);
+                        (long long)(c->pos_offset + len_total + T - 1), (long long)c->pos_offset, (long long)len_total,
+                        (long long)T, (long long)c->max_position);
     if (!y) return gdn_fail(GDN_ERR_ARG, "output 'y' is NULL");
-    int rc = gdn_attn_check_inputs(ap, x, w);
-    if (rc) return rc;
-    const gdn_fpmode fm = gdn_fp_fast_begin();
-    const gdn_attn_saved sv = gdn_attn_saved_view(ap, ap->saved);
+    return gdn_attn_check_inputs(ap, x, w);
+}
+
+void gdn_attn_decode_project(gdn_attn_plan *ap, gdn_attn_saved sv, const float *x, const float *w, int64_t base) {
+    const int64_t T = ap->cfg.T, hr = ap->cfg.R / 2;
     gdn_attn_project(ap, sv.proj, x, w);
-    /* RoPE at positions pos_offset + len + t: a table for this call in dqr (free in inference,
-     * N Hd >= T R floats), lent to norm_rope; the plan's own table stays that of its config, so
+    /* RoPE at positions base + t: a table for this call in dqr (free in inference, N Hd >= T R
+     * floats), lent to norm_rope; the plan's own table stays that of its config, so
      * gdn_attn_forward / backward with this plan are unaffected. */
     float *const cos0 = ap->cosv, *const sin0 = ap->sinv;
     ap->cosv = ap->dqr, ap->sinv = ap->dqr + T * hr;
-    gdn_attn_rope_table(ap, c->pos_offset + len, ap->cosv, ap->sinv);
+    gdn_attn_rope_table(ap, base, ap->cosv, ap->sinv);
     gdn_attn_norm_rope(ap, sv.proj, w);
     ap->cosv = cos0, ap->sinv = sin0;
-    /* append: keys normed and rotated (kr), values raw (proj's v columns), at [len, len + T) */
-    const int64_t Hkv = c->Hkv, rows = c->B * Hkv * T;
+}
+
+void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float *proj) {
+    /* keys normed and rotated (kr), values raw (proj's v columns), at [len, len + T) */
+    const gdn_attn_config *c = &ap->cfg;
+    const int64_t Hkv = c->Hkv, T = c->T, d = c->d, rows = c->B * Hkv * T, len = cache->len, cap = cache->cap;
 #pragma omp parallel for num_threads(ap->threads) schedule(static) if (rows * d > (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
         const int64_t b = r / (Hkv * T), j = r / T % Hkv, t = r % T, n = b * T + t;
         const size_t at = ((size_t)(b * Hkv + j) * (size_t)cap + (size_t)(len + t)) * (size_t)d;
         memcpy(cache->k + at, ap->kr + n * ap->Kd + j * d, sizeof(float) * (size_t)d);
-        memcpy(cache->v + at, sv.proj + n * ap->P + 2 * ap->Hd + ap->Kd + j * d, sizeof(float) * (size_t)d);
+        memcpy(cache->v + at, proj + n * ap->P + 2 * ap->Hd + ap->Kd + j * d, sizeof(float) * (size_t)d);
     }
+}
+
+void gdn_attn_decode_attend(gdn_attn_plan *ap, const gdn_attn_cache *cache, int64_t nk, int64_t q0, int64_t k0,
+                            float *o, float *lse) {
+    const gdn_attn_config *c = &ap->cfg;
+    const int64_t d = c->d, cap = cache->cap, Hkv = c->Hkv;
     const gdn_attn_core v = {
-        .B = c->B, .H = c->H, .Hkv = Hkv, .d = d, .Q = ap->qr, .nq = T, .q0 = len, .qld = ap->Hd, .nk = len + T,
-        .k0 = 0, .K = {cache->k, d, cap * d, Hkv * cap * d}, .V = {cache->v, d, cap * d, Hkv * cap * d}, .cu = NULL,
+        .B = c->B, .H = c->H, .Hkv = Hkv, .d = d, .Q = ap->qr, .nq = c->T, .q0 = q0, .qld = ap->Hd, .nk = nk,
+        .k0 = k0, .K = {cache->k, d, cap * d, Hkv * cap * d}, .V = {cache->v, d, cap * d, Hkv * cap * d}, .cu = NULL,
         .n_docs = 0, .threads = ap->threads, .tile = ap->tile,
     };
-    decode_core(ap, &v, sv.o, sv.lse);
+    decode_core(ap, &v, o, lse);
+}
+
+int gdn_attn_decode(gdn_attn_plan *ap, gdn_attn_cache *cache, float *y, const float *x, const float *w) {
+    if (!ap) return gdn_fail(GDN_ERR_ARG, "gdn_attn_decode: plan is NULL");
+    if (!cache) return gdn_fail(GDN_ERR_ARG, "gdn_attn_decode: cache is NULL");
+    const int64_t len = cache->len;
+    int rc = gdn_attn_decode_check(ap, cache, y, x, w, len, 1);
+    if (rc) return rc;
+    const gdn_fpmode fm = gdn_fp_fast_begin();
+    const gdn_attn_saved sv = gdn_attn_saved_view(ap, ap->saved);
+    gdn_attn_decode_project(ap, sv, x, w, ap->cfg.pos_offset + len);
+    gdn_attn_cache_append(ap, cache, sv.proj);
+    gdn_attn_decode_attend(ap, cache, len + ap->cfg.T, len, 0, sv.o, sv.lse);
     gdn_attn_finish(ap, y, sv, w);
     gdn_fp_fast_end(fm);
     /* the new positions count only when y came out finite (on an error the length is unchanged) */
-    if ((rc = gdn_check_output("y", y, ap->N * c->E, ap->threads))) return rc;
-    cache->len = len + T;
+    if ((rc = gdn_check_output("y", y, ap->N * ap->cfg.E, ap->threads))) return rc;
+    cache->len = len + ap->cfg.T;
     return GDN_OK;
 }

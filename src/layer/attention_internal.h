@@ -105,6 +105,27 @@ typedef struct {
 } gdn_attn_saved;
 gdn_attn_saved gdn_attn_saved_view(const gdn_attn_plan *ap, float *saved);
 
+/* ---------------------------------------------------------------- the KV cache (attention_decode.c) */
+
+struct gdn_attn_cache {
+    int64_t B, Hkv, d, cap, len;
+    float *k, *v; /* [B, Hkv, cap, d] each */
+};
+
+/* The phases of a decode call, shared with the CP decode:
+ * decode_check: the plan (dense, seq_offset 0), the cache's shape, room for T more when this
+ *   call appends, positions below max_position after len_total cached tokens, NULLs, NaN/Inf;
+ * decode_project: projections, norms and RoPE of the T new tokens at positions base + t;
+ * cache_append: their keys and values at the cache's end (the length is not changed);
+ * decode_attend: the new queries (global index q0 + t) against the first nk cached keys (global
+ *   index k0 + u), into o and lse (split over idle threads when that helps). */
+int gdn_attn_decode_check(const gdn_attn_plan *ap, const gdn_attn_cache *cache, const float *y, const float *x,
+                          const float *w, int64_t len_total, int appends);
+void gdn_attn_decode_project(gdn_attn_plan *ap, gdn_attn_saved sv, const float *x, const float *w, int64_t base);
+void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float *proj);
+void gdn_attn_decode_attend(gdn_attn_plan *ap, const gdn_attn_cache *cache, int64_t nk, int64_t q0, int64_t k0,
+                            float *o, float *lse);
+
 /* The core over this call's own queries and keys (the single-rank attention). */
 gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj);
 
