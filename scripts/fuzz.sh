@@ -7,14 +7,15 @@
 #   build-fuzz/fuzz_loaders -max_total_time=3600 -timeout=10 -jobs=$(nproc) -workers=$(nproc) \
 #       -artifact_prefix=/tmp/ /tmp/gdn-corpus
 # Harnesses: tests/fuzz/fuzz_safetensors.c (gdn_st_open and every read of every tensor),
-# tests/fuzz/fuzz_loaders.c (gdn_problem_load[_rows], gdn_layer_weights_load). Seeds:
+# tests/fuzz/fuzz_loaders.c (gdn_problem_load[_rows], gdn_layer_weights_load), tests/fuzz/fuzz_attn.c
+# (gdn_attn_weights_load: a config.json and a safetensors file in one input). Seeds:
 # tests/fuzz/corpus/ (copied: new corpus entries are never written into the repository).
 # Prints one "PASS"/"FAIL" line per harness; exits non-zero when any harness crashed, hung, leaked
 # or tripped a sanitizer. A crashing input is kept as build-fuzz/artifacts/<harness>/crash-*.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
-harnesses=(fuzz_safetensors fuzz_loaders)
+harnesses=(fuzz_safetensors fuzz_loaders fuzz_attn)
 bash scripts/deps.sh fuzz || { echo "FAIL  fuzz: installing dependencies"; exit 1; }
 # The top-level CMakeLists finds MPI even though the harnesses do not link it: point FindMPI at
 # MPICH's wrapper and make that wrapper drive clang as well.

@@ -129,5 +129,6 @@ void test_train_io(void);        /* tests/test_train_io.c: checkpoints and train
 void test_pack(void);            /* tests/test_pack.c: packed documents (cu_seqlens), one rank */
 void test_attention(void);       /* tests/test_attention.c: the gated full-attention layer */
 void test_attn_decode(void);     /* tests/test_attention_decode.c: its KV cache and decode */
+void test_attn_io(void);         /* tests/test_attn_io.c: loading attention weights */
 
 #endif

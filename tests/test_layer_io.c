@@ -4,12 +4,12 @@
  * here by an independent interleave (with a plain-concatenation negative control), the
  * gradient writer's round trip, and every user error as a specific status and message. */
 #include "harness.h"
+#include "tensor_set.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define GOLDEN(name) GDN_GOLDEN_DIR "/" name
 #define SMALL GOLDEN("layer_small.weights.safetensors")
@@ -17,111 +17,6 @@
 #define TINY_BF16 GOLDEN("qwen35_tiny/model.bf16.safetensors")
 #define TINY_CFG GOLDEN("qwen35_tiny/config.json")
 #define L0 "model.layers.0.linear_attn."
-
-/* ------------------------------------------------------------ a small in-memory tensor set */
-
-typedef struct {
-    char name[160];
-    int ndim;
-    int64_t shape[3];
-    float *data;
-} tens;
-
-typedef struct {
-    tens t[24];
-    int n;
-} tset;
-
-static int64_t numel(const tens *t) {
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-    return n;
-}
-
-static tens *tset_find(tset *s, const char *name) {
-    for (int i = 0; i < s->n; i++)
-        if (!strcmp(s->t[i].name, name)) return &s->t[i];
-    return NULL;
-}
-
-/* Add a copy of data (zeros when NULL). */
-static tens *tset_add(tset *s, const char *name, int ndim, const int64_t *shape, const float *data) {
-    if (s->n == (int)(sizeof s->t / sizeof s->t[0])) return NULL;
-    tens *t = &s->t[s->n++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    const int64_t n = numel(t);
-    t->data = calloc((size_t)n + 1, sizeof(float));
-    if (data) memcpy(t->data, data, (size_t)n * sizeof(float));
-    return t;
-}
-
-static void tset_drop(tset *s, const char *name) {
-    tens *t = tset_find(s, name);
-    if (!t) return;
-    free(t->data);
-    *t = s->t[--s->n];
-}
-
-static void tset_free(tset *s) {
-    for (int i = 0; i < s->n; i++) free(s->t[i].data);
-    s->n = 0;
-}
-
-/* The tensors of `path` under `prefix`, the prefix stripped. */
-static int tset_load(tset *s, const char *path, const char *prefix) {
-    memset(s, 0, sizeof *s);
-    gdn_st_file *f = NULL;
-    int rc = gdn_st_open(&f, path);
-    const size_t pl = strlen(prefix);
-    for (int i = 0; !rc && i < gdn_st_count(f); i++) {
-        const gdn_st_tensor *st = gdn_st_at(f, i);
-        if (strncmp(st->name, prefix, pl) || st->ndim > 3) continue;
-        tens *t = tset_add(s, st->name + pl, st->ndim, st->shape, NULL);
-        rc = t ? gdn_st_read_f32(f, st->name, t->data, (size_t)numel(t)) : GDN_ERR_NOMEM;
-    }
-    gdn_st_close(f);
-    return rc;
-}
-
-/* Write the set under `prefix` (names starting with '=' without it), with metadata pairs meta[0..] = key, value, ..., NULL. */
-static int tset_save(const tset *s, const char *path, const char *prefix, const char *const *meta,
-                     gdn_dtype dtype) {
-    gdn_st_writer *w = NULL;
-    int rc = gdn_st_writer_create(&w);
-    char name[256];
-    for (int i = 0; !rc && i < s->n; i++) {
-        const char *n = s->t[i].name; /* a leading '=' : written without the prefix */
-        snprintf(name, sizeof name, "%s%s", n[0] == '=' ? "" : prefix, n + (n[0] == '='));
-        rc = gdn_st_writer_add_f32(w, name, dtype, s->t[i].ndim, s->t[i].shape, s->t[i].data);
-    }
-    for (int i = 0; !rc && meta && meta[i]; i += 2) rc = gdn_st_writer_metadata(w, meta[i], meta[i + 1]);
-    if (!rc) rc = gdn_st_writer_save(w, path);
-    gdn_st_writer_destroy(w);
-    return rc;
-}
-
-/* ------------------------------------------------------------ temporary files */
-
-static char tmpdir[] = "/tmp/gdncp_layer_io_XXXXXX";
-static char tmpfiles[32][300];
-static int ntmp;
-
-static const char *tmp_path(const char *name) {
-    for (int i = 0; i < ntmp; i++)
-        if (!strcmp(strrchr(tmpfiles[i], '/') + 1, name)) return tmpfiles[i];
-    if (ntmp == (int)(sizeof tmpfiles / sizeof tmpfiles[0])) return "/nonexistent/too-many-temp-files";
-    snprintf(tmpfiles[ntmp], sizeof tmpfiles[0], "%s/%s", tmpdir, name);
-    return tmpfiles[ntmp++];
-}
-
-static const char *write_text(const char *name, const char *text) {
-    const char *p = tmp_path(name);
-    FILE *fp = fopen(p, "w");
-    if (fp) fputs(text, fp), fclose(fp);
-    return p;
-}
 
 /* ------------------------------------------------------------ comparisons */
 
@@ -135,7 +30,7 @@ static int compare_split(const gdn_layer_weights *lw, tset *s, const char *what,
         for (size_t i = end; i < off; i++) bad += lw->w[i] != 0.0f;
         end = off + n;
         tens *t = tset_find(s, gdn_layer_param_name(p));
-        if (!t || (size_t)numel(t) != n || memcmp(t->data, lw->w + off, n * sizeof(float))) {
+        if (!t || (size_t)tens_numel(t) != n || memcmp(t->data, lw->w + off, n * sizeof(float))) {
             if (!bad && verbose) printf("      %s: %s differs\n", what, gdn_layer_param_name(p));
             bad++;
         }
@@ -324,9 +219,9 @@ static void fused(void) {
             int same = g.n == f.n;
             for (int i = 0; i < f.n && same; i++) {
                 tens *a = &f.t[i], *b = tset_find(&g, a->name);
-                same = b && b->ndim == a->ndim && numel(a) == numel(b) &&
+                same = b && b->ndim == a->ndim && tens_numel(a) == tens_numel(b) &&
                        !memcmp(a->shape, b->shape, sizeof(int64_t) * a->ndim) &&
-                       !memcmp(a->data, b->data, sizeof(float) * numel(a));
+                       !memcmp(a->data, b->data, sizeof(float) * tens_numel(a));
                 if (!same) printf("      grad.%s differs\n", a->name);
             }
             check(same, "grads of fused lw: grad.in_proj_qkvz.weight, grad.in_proj_ba.weight and the "
@@ -334,7 +229,7 @@ static void fused(void) {
             /* Negative control: the concatenated tensor through the same comparison. */
             check(memcmp(tset_find(&g, "in_proj_qkvz.weight")->data,
                          tset_find(&fc, "in_proj_qkvz.weight")->data,
-                         sizeof(float) * numel(tset_find(&fc, "in_proj_qkvz.weight"))) != 0,
+                         sizeof(float) * tens_numel(tset_find(&fc, "in_proj_qkvz.weight"))) != 0,
                   "negative control: grad.in_proj_qkvz.weight differs from the plain concatenation");
             tset_free(&g);
         }
@@ -446,8 +341,8 @@ static void errors(void) {
 
     /* Tensors: missing, extra, bias, mis-shaped. */
     tens *al = tset_find(&s, "A_log");
-    float *alog = malloc(sizeof(float) * (size_t)numel(al));
-    memcpy(alog, al->data, sizeof(float) * (size_t)numel(al));
+    float *alog = malloc(sizeof(float) * (size_t)tens_numel(al));
+    memcpy(alog, al->data, sizeof(float) * (size_t)tens_numel(al));
     const int64_t hv = al->shape[0];
     tset_drop(&s, "A_log");
     small_case(&s, meta, NULL, NULL, GDN_ERR_MISSING, "'A_log'", "missing weight A_log");
@@ -483,8 +378,8 @@ static void errors(void) {
 
     tens *cw = tset_find(&s, "conv1d.weight");
     const int64_t cshape[3] = {cw->shape[0], 2, cw->shape[2] / 2};
-    float *cdat = malloc(sizeof(float) * (size_t)numel(cw));
-    memcpy(cdat, cw->data, sizeof(float) * (size_t)numel(cw));
+    float *cdat = malloc(sizeof(float) * (size_t)tens_numel(cw));
+    memcpy(cdat, cw->data, sizeof(float) * (size_t)tens_numel(cw));
     const int64_t cgood[3] = {cw->shape[0], cw->shape[1], cw->shape[2]};
     tset_drop(&s, "conv1d.weight");
     tset_add(&s, "conv1d.weight", 3, cshape, cdat);
@@ -506,14 +401,13 @@ static void errors(void) {
 }
 
 void test_layer_io(void) {
-    if (!mkdtemp(tmpdir)) {
-        check(0, "mkdtemp %s", tmpdir);
+    if (tmp_begin("gdncp_layer_io")) {
+        check(0, "mkdtemp for the layer_io suite");
         return;
     }
     golden_small();
     golden_tiny();
     fused();
     errors();
-    for (int i = 0; i < ntmp; i++) unlink(tmpfiles[i]);
-    check(rmdir(tmpdir) == 0, "temporary directory %s removed", tmpdir);
+    check(tmp_end() == 0, "temporary directory of the layer_io suite removed");
 }

@@ -16,5 +16,6 @@ int cmd_bench_train(int argc, char **argv);
 int cmd_layer(int argc, char **argv);
 int cmd_bench_layer(int argc, char **argv);
 int cmd_bench_attention_cp(int argc, char **argv);
+int cmd_attention(int argc, char **argv);
 
 #endif

@@ -22,6 +22,9 @@ static void usage(FILE *out) {
             "         testing only (negative controls), deliberately WRONG results\n"
             "  layer  --weights W [--config C] [--prefix P] --in IN --out OUT [--backward]\n"
             "         [--keep min|proj] [--decode N] [--cp S [--shards ..]]  the Qwen3.5 layer\n"            "         [--cu-seqlens 0,a,..,T]: packed documents (or a cu_seqlens tensor in IN; B = 1)\n"
+            "  attention --weights W [--config C] [--prefix P] --in IN --out OUT [--backward]\n"
+            "         [--decode N] [--position-offset P] [--cu-seqlens ..] [--cp kv|heads [--shards ..]]\n"
+            "         Qwen3.5's gated attention layer (positions also from position_ids in IN)\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
             "  bench  layer [--json] [--quick] [--T N]              layer benchmark (fwd, fwd+bwd, decode)\n"
             "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"
@@ -52,6 +55,7 @@ static const struct {
 } commands[] = {
     {"run", NULL, cmd_run, MPI_WITH_CP},
     {"layer", NULL, cmd_layer, MPI_WITH_CP},
+    {"attention", NULL, cmd_attention, MPI_WITH_CP},
     {"bench", "layer", cmd_bench_layer, MPI_NEVER},
     {"bench", "cp", cmd_bench_cp, MPI_ALWAYS},
     {"bench", "attention-cp", cmd_bench_attention_cp, MPI_ALWAYS},

@@ -48,10 +48,17 @@ GDN_API int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_
  * index of dimension 0: dst gets [d0, count, d2, ...]. Only those bytes are read. */
 GDN_API int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin,
                          int64_t count);
+/* The same along any dimension `axis`, for every index of the dimensions before it (axis 1:
+ * gdn_st_read_f32_rows; axis 0: a contiguous run of rows, e.g. tokens of a [T, E] tensor). */
+GDN_API int gdn_st_read_f32_slice(gdn_st_file *f, const char *name, float *dst, size_t n, int axis,
+                                  int64_t begin, int64_t count);
 /* A 1-D integer tensor (I64 or I32, e.g. packed documents' cu_seqlens) as int64: *count gets its
  * length. Refuses other dtypes (GDN_ERR_DTYPE), other ranks and more than n elements
  * (GDN_ERR_SHAPE), naming the tensor. */
 GDN_API int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
+/* The same for an integer tensor of any rank (e.g. position_ids [B, T]), its elements in
+ * row-major order: *count gets their number. */
+GDN_API int gdn_st_read_i64_all(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
 /* Number of elements of a tensor (product of its shape). */
 GDN_API int64_t gdn_st_numel(const gdn_st_tensor *t);
 
@@ -130,10 +137,16 @@ GDN_API int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, 
  * One gated full-attention layer's weights (Qwen3.5 / Qwen3-Next `self_attn`), bare
  * ("q_proj.weight") or under a prefix ("model.layers.3.self_attn."), F32, F64 or BF16 on disk.
  * Dimensions from config_path (config.json, or its "text_config": hidden_size,
- * num_attention_heads, num_key_value_heads, head_dim, partial_rotary_factor, rope_theta or
- * rope_parameters.rope_theta, rms_norm_eps, max_position_embeddings) when given, else from the
- * tensor shapes and `given` (fields > 0; may be NULL); every source must agree with the shapes.
- * Under the prefix, missing, unknown or mis-shaped tensors are errors naming the weight. */
+ * num_attention_heads, num_key_value_heads, head_dim (absent: hidden_size / num_attention_heads),
+ * partial_rotary_factor and rope_theta (at the top level or in rope_parameters / rope_scaling,
+ * which must be the default RoPE or text-only M-RoPE), rms_norm_eps, max_position_embeddings)
+ * when given, the file's __metadata__ (E, H, Hkv, d, R, rope_theta, rms_norm_eps,
+ * max_position), `given` (fields > 0; may be NULL: start from a zeroed struct, not
+ * gdn_attn_config_default's) and the tensor shapes; every source that states a value must agree
+ * with the others. Unstated: with a config, partial_rotary_factor 0.25, theta 10000 and eps 1e-6
+ * (transformers' Qwen3-Next config defaults); without one, gdn_attn_config_default's R and theta
+ * (1e7); max_position 0 (unchecked). R = int(d * partial_rotary_factor) must be even. Under the
+ * prefix, missing, unknown or mis-shaped tensors are errors naming the weight. */
 typedef struct {
     gdn_attn_config cfg; /* E, H, Hkv, d, R, rope_theta, eps, max_position; B = T = 0 */
     float *w;            /* flat fp32 parameters (gdn_attn_param_floats(&cfg)) */

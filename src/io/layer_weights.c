@@ -11,12 +11,8 @@
  *
  * Dimensions: config.json, then the file's __metadata__, then the caller's `given`, then the
  * tensor shapes; every source that states a value must agree with the others (dim_state()). */
-#include "base.h"
+#include "loader_common.h"
 
-#include <errno.h>
-#include <jansson.h>
-#include <math.h>
-#include <stdint.h>
 #include <string.h>
 
 enum { D_E, D_HK, D_HV, D_K, D_V, D_KC, D_COUNT };
@@ -34,96 +30,43 @@ static const struct {
     {"Kc", "linear_conv_kernel_dim", GDN_MAX_CONV},
 };
 
-#define SRC_LEN 512
+#define SRC_LEN GDN_IO_SRC_LEN
 
 typedef struct {
-    int64_t v[D_COUNT];
-    char src[D_COUNT][SRC_LEN]; /* who stated v (empty: nobody yet) */
-    float eps;
-    char eps_src[SRC_LEN];
+    gdn_io_dim d[D_COUNT];
+    gdn_io_eps eps;
 } dims;
 
 /* A source states dimension d = value: record it, or check it against an earlier statement. */
 static int dim_state(dims *ds, int d, int64_t value, const char *source) {
-    if (value < 1 || value > dim_info[d].max)
-        return gdn_fail(GDN_ERR_SHAPE, "%s = %lld: %s is out of range [1, %lld]", source,
-                        (long long)value, dim_info[d].name, (long long)dim_info[d].max);
-    if (ds->src[d][0]) {
-        if (ds->v[d] != value)
-            return gdn_fail(GDN_ERR_SHAPE, "%s disagrees: %s = %lld but %s = %lld",
-                            dim_info[d].name, ds->src[d], (long long)ds->v[d], source,
-                            (long long)value);
-        return GDN_OK;
-    }
-    ds->v[d] = value;
-    snprintf(ds->src[d], SRC_LEN, "%s", source);
-    return GDN_OK;
-}
-
-static int eps_state(dims *ds, double value, const char *source) {
-    if (!(value > 0.0) || !isfinite(value) || !isfinite((float)value) || (float)value <= 0.0f)
-        return gdn_fail(GDN_ERR_SHAPE, "%s = %g: rms_norm_eps must be positive and finite", source,
-                        value);
-    const float e = (float)value;
-    if (ds->eps_src[0]) {
-        if (fabsf(ds->eps - e) > 1e-6f * fmaxf(ds->eps, e))
-            return gdn_fail(GDN_ERR_SHAPE, "rms_norm_eps disagrees: %s = %g but %s = %g",
-                            ds->eps_src, (double)ds->eps, source, value);
-        return GDN_OK;
-    }
-    ds->eps = e;
-    snprintf(ds->eps_src, SRC_LEN, "%s", source);
-    return GDN_OK;
+    return gdn_io_dim_state(&ds->d[d], dim_info[d].name, dim_info[d].max, value, source);
 }
 
 /* ------------------------------------------------------------------ the sources */
 
 static int dims_from_config(dims *ds, const char *config_path) {
-    FILE *fp = fopen(config_path, "rb");
-    if (!fp) return gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", config_path, strerror(errno));
-    json_error_t err;
-    json_t *root = json_loadf(fp, 0, &err);
-    fclose(fp);
-    if (!root)
-        return gdn_fail(GDN_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", config_path,
-                        err.line, err.column, err.text);
-    int rc = GDN_OK;
-    json_t *obj = root;
-    const char *where = "";
-    if (!json_is_object(root)) {
-        rc = gdn_fail(GDN_ERR_FORMAT, "%s: config is not a JSON object", config_path);
-        goto done;
-    }
-    /* A multimodal config (Qwen3.5 VL) keeps the text model's fields under "text_config". */
-    int top = 0;
-    for (int d = 0; d < D_COUNT; d++)
-        if (d != D_E && json_object_get(root, dim_info[d].config)) top = 1;
-    json_t *tc = json_object_get(root, "text_config");
-    if (!top && json_is_object(tc)) obj = tc, where = "text_config.";
-
-    int stated = 0;
+    json_t *root = NULL;
+    int rc = gdn_io_config_load(config_path, &root);
+    if (rc) return rc;
+    /* A multimodal config (Qwen3.5 VL) keeps the text model's fields under "text_config"; the
+     * top level counts when it has any GatedDeltaNet field (hidden_size alone is everyone's). */
+    const char *fields[D_COUNT - 1], *where;
+    for (int d = 1; d < D_COUNT; d++) fields[d - 1] = dim_info[d].config;
+    json_t *obj = gdn_io_config_section(root, fields, D_COUNT - 1, &where);
+    int stated = 0, present;
     char source[SRC_LEN];
     for (int d = 0; d < D_COUNT && !rc; d++) {
-        json_t *v = json_object_get(obj, dim_info[d].config);
-        if (!v || json_is_null(v)) continue;
-        if (!json_is_integer(v)) {
-            rc = gdn_fail(GDN_ERR_FORMAT, "%s: field '%s%s' is not an integer", config_path, where,
-                          dim_info[d].config);
-            break;
-        }
+        int64_t v;
+        if ((rc = gdn_io_config_int(obj, config_path, where, dim_info[d].config, &v, &present)) || !present)
+            continue;
         snprintf(source, sizeof source, "%s %s%s", config_path, where, dim_info[d].config);
-        rc = dim_state(ds, d, (int64_t)json_integer_value(v), source);
+        rc = dim_state(ds, d, v, source);
         stated++;
     }
-    json_t *e = json_object_get(obj, "rms_norm_eps");
-    if (!rc && e && !json_is_null(e)) {
-        if (!json_is_number(e)) {
-            rc = gdn_fail(GDN_ERR_FORMAT, "%s: field '%srms_norm_eps' is not a number", config_path,
-                          where);
-        } else {
-            snprintf(source, sizeof source, "%s %srms_norm_eps", config_path, where);
-            rc = eps_state(ds, json_number_value(e), source);
-        }
+    double e;
+    if (!rc && !(rc = gdn_io_config_number(obj, config_path, where, "rms_norm_eps", &e, &present)) && present) {
+        snprintf(source, sizeof source, "%s %srms_norm_eps", config_path, where);
+        rc = gdn_io_eps_state(&ds->eps, e, source);
     }
     if (!rc && !stated)
         rc = gdn_fail(GDN_ERR_FORMAT,
@@ -131,37 +74,25 @@ static int dims_from_config(dims *ds, const char *config_path) {
                       "linear_num_value_heads, linear_value_head_dim, linear_conv_kernel_dim, "
                       "hidden_size) at the top level or under text_config",
                       config_path);
-done:
     json_decref(root);
     return rc;
 }
 
 static int dims_from_metadata(dims *ds, gdn_st_file *f, const char *path) {
     char source[SRC_LEN];
-    for (int d = 0; d < D_COUNT; d++) {
-        const char *s = gdn_st_metadata(f, dim_info[d].name);
-        if (!s) continue;
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || *end || errno)
-            return gdn_fail(GDN_ERR_FORMAT, "%s: __metadata__ %s = '%s' is not an integer", path,
-                            dim_info[d].name, s);
+    int present, rc = GDN_OK;
+    for (int d = 0; d < D_COUNT && !rc; d++) {
+        int64_t v;
+        if ((rc = gdn_io_metadata_int(f, path, dim_info[d].name, &v, &present)) || !present) continue;
         snprintf(source, sizeof source, "%s __metadata__ %s", path, dim_info[d].name);
-        int rc = dim_state(ds, d, v, source);
-        if (rc) return rc;
+        rc = dim_state(ds, d, v, source);
     }
-    const char *s = gdn_st_metadata(f, "rms_norm_eps");
-    if (s) {
-        char *end;
-        double v = strtod(s, &end);
-        if (end == s || *end)
-            return gdn_fail(GDN_ERR_FORMAT, "%s: __metadata__ rms_norm_eps = '%s' is not a number",
-                            path, s);
+    double e;
+    if (!rc && !(rc = gdn_io_metadata_number(f, path, "rms_norm_eps", &e, &present)) && present) {
         snprintf(source, sizeof source, "%s __metadata__ rms_norm_eps", path);
-        return eps_state(ds, v, source);
+        rc = gdn_io_eps_state(&ds->eps, e, source);
     }
-    return GDN_OK;
+    return rc;
 }
 
 static int dims_from_given(dims *ds, const gdn_layer_config *g) {
@@ -173,7 +104,7 @@ static int dims_from_given(dims *ds, const gdn_layer_config *g) {
         int rc = dim_state(ds, d, v[d], source);
         if (rc) return rc;
     }
-    return g->eps > 0.0f ? eps_state(ds, g->eps, "the given eps") : GDN_OK;
+    return g->eps > 0.0f ? gdn_io_eps_state(&ds->eps, g->eps, "the given eps") : GDN_OK;
 }
 
 /* ------------------------------------------------------------------ the tensors */
@@ -208,13 +139,6 @@ static int weight_shape(const gdn_layer_config *c, int i, int64_t shape[3]) {
     return 2;
 }
 
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
-    size_t used = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (used < n) snprintf(buf + used, n - used, "]");
-}
-
 /* Row `row` of a fused tensor (W_QKVZ or W_BA) is row *dst_row of split parameter *dst. */
 static void fused_row(const gdn_layer_config *c, int which, int64_t row, int *dst, int64_t *dst_row) {
     const int64_t r = c->Hv / c->Hk, K = c->K, V = c->V;
@@ -229,22 +153,6 @@ static void fused_row(const gdn_layer_config *c, int which, int64_t row, int *ds
         const int64_t h = row / (2 * r), i = row % (2 * r);
         if (i < r) *dst = GDN_P_IN_PROJ_B, *dst_row = h * r + i;
         else *dst = GDN_P_IN_PROJ_A, *dst_row = h * r + (i - r);
-    }
-}
-
-/* If the file holds a layer under some other prefix, name it (for the "nothing found" error). */
-static void prefix_hint(const gdn_st_file *f, char *buf, size_t n) {
-    buf[0] = 0;
-    for (int i = 0; i < gdn_st_count(f); i++) {
-        const char *name = gdn_st_at(f, i)->name;
-        for (int w = GDN_P_IN_PROJ_QKV; w <= W_QKVZ; w += W_QKVZ - GDN_P_IN_PROJ_QKV) {
-            const char *wn = weight_name(w);
-            const size_t ln = strlen(name), lw = strlen(wn);
-            if (ln >= lw && !strcmp(name + ln - lw, wn) && (ln == lw || name[ln - lw - 1] == '.')) {
-                snprintf(buf, n, " (it has '%s': prefix '%.*s'?)", name, (int)(ln - lw), name);
-                return;
-            }
-        }
     }
 }
 
@@ -265,8 +173,9 @@ static int find_weights(gdn_st_file *f, const char *path, const char *prefix,
         else if (!extra) extra = t->name;
     }
     if (!nfound) {
+        static const char *const names[2] = {"in_proj_qkv.weight", "in_proj_qkvz.weight"};
         char hint[SRC_LEN];
-        prefix_hint(f, hint, sizeof hint);
+        gdn_io_prefix_hint(f, names, 2, hint, sizeof hint);
         return gdn_fail(GDN_ERR_MISSING,
                         "%s: no GatedDeltaNet weights under the prefix '%s' (no '%sin_proj_qkv.weight' "
                         "or '%sin_proj_qkvz.weight')%s",
@@ -305,7 +214,7 @@ static int find_weights(gdn_st_file *f, const char *path, const char *prefix,
                             path, t->name, t->dtype_name);
         if (t->ndim != weight_ndim(w)) {
             char s[128];
-            shape_str(s, sizeof s, t->ndim, t->shape);
+            gdn_io_shape_str(s, sizeof s, t->ndim, t->shape);
             return gdn_fail(GDN_ERR_SHAPE, "%s: weight '%s' has %d dims %s, want %d", path, t->name,
                             t->ndim, s, weight_ndim(w));
         }
@@ -340,7 +249,7 @@ static int dims_from_shapes(dims *ds, const gdn_st_tensor *found[W_COUNT], int f
     }
 #undef STATE
     /* value_dim = Hv V: out_proj's columns (and in_proj_z's rows) must agree with Hv and V. */
-    const int64_t hvv = ds->v[D_HV] * ds->v[D_V];
+    const int64_t hvv = ds->d[D_HV].v * ds->d[D_V].v;
     const gdn_st_tensor *vt[2] = {found[GDN_P_OUT_PROJ], fused ? NULL : found[GDN_P_IN_PROJ_Z]};
     for (int i = 0; i < 2; i++)
         if (vt[i] && vt[i]->shape[i ? 0 : 1] != hvv)
@@ -348,8 +257,8 @@ static int dims_from_shapes(dims *ds, const gdn_st_tensor *found[W_COUNT], int f
                             "'%s' shape[%d] = %lld is not Hv*V = %lld (Hv = %lld from %s; V = %lld "
                             "from %s)",
                             vt[i]->name, i ? 0 : 1, (long long)vt[i]->shape[i ? 0 : 1],
-                            (long long)hvv, (long long)ds->v[D_HV], ds->src[D_HV],
-                            (long long)ds->v[D_V], ds->src[D_V]);
+                            (long long)hvv, (long long)ds->d[D_HV].v, ds->d[D_HV].src,
+                            (long long)ds->d[D_V].v, ds->d[D_V].src);
     /* conv_dim = 2 Hk K + Hv V: the shapes give only the product Hk K. */
     const gdn_st_tensor *conv = found[GDN_P_CONV1D];
     const int64_t hkk2 = conv->shape[0] - hvv;
@@ -360,7 +269,7 @@ static int dims_from_shapes(dims *ds, const gdn_st_tensor *found[W_COUNT], int f
                         conv->name, (long long)conv->shape[0],
                         (long long)hvv);
     const int64_t hkk = hkk2 / 2;
-    const int has_hk = ds->src[D_HK][0] != 0, has_k = ds->src[D_K][0] != 0;
+    const int has_hk = ds->d[D_HK].src[0] != 0, has_k = ds->d[D_K].src[0] != 0;
     if (!has_hk && !has_k)
         return gdn_fail(GDN_ERR_SHAPE,
                         "cannot tell Hk from K: the shapes give only Hk*K = %lld; state one of them "
@@ -368,15 +277,15 @@ static int dims_from_shapes(dims *ds, const gdn_st_tensor *found[W_COUNT], int f
                         "or K, or the given Hk or K, e.g. --Hk / --K)",
                         (long long)hkk);
     const int known = has_hk ? D_HK : D_K, other = has_hk ? D_K : D_HK;
-    if (hkk % ds->v[known])
+    if (hkk % ds->d[known].v)
         return gdn_fail(GDN_ERR_SHAPE,
                         "'%s' has %lld rows, so Hk*K = %lld, which %s = %lld does not divide",
-                        conv->name, (long long)conv->shape[0], (long long)hkk, ds->src[known],
-                        (long long)ds->v[known]);
+                        conv->name, (long long)conv->shape[0], (long long)hkk, ds->d[known].src,
+                        (long long)ds->d[known].v);
     snprintf(source, sizeof source, "Hk*K from '%s' rows (%lld = 2*Hk*K + Hv*V) / %s (%lld)",
              conv->name, (long long)conv->shape[0], dim_info[known].name,
-             (long long)ds->v[known]);
-    return dim_state(ds, other, hkk / ds->v[known], source);
+             (long long)ds->d[known].v);
+    return dim_state(ds, other, hkk / ds->d[known].v, source);
 }
 
 /* Read one fused tensor and scatter its rows into the split parameters of lw->w. */
@@ -409,10 +318,10 @@ static int load(gdn_layer_weights *lw, gdn_st_file *f, const char *path, const c
     if ((rc = find_weights(f, path, prefix, found, &fused))) return rc;
     if ((rc = dims_from_shapes(&ds, found, fused))) return rc;
 
-    gdn_layer_config c = gdn_layer_config_default(1, 1, ds.v[D_E], ds.v[D_HK], ds.v[D_HV],
-                                                  ds.v[D_K], ds.v[D_V]);
-    c.Kc = ds.v[D_KC];
-    if (ds.eps_src[0]) c.eps = ds.eps;
+    gdn_layer_config c = gdn_layer_config_default(1, 1, ds.d[D_E].v, ds.d[D_HK].v, ds.d[D_HV].v,
+                                                  ds.d[D_K].v, ds.d[D_V].v);
+    c.Kc = ds.d[D_KC].v;
+    if (ds.eps.src[0]) c.eps = ds.eps.v;
     if ((rc = gdn_layer_config_check(&c))) return rc;
     c.B = c.T = 0;
     lw->cfg = c;
@@ -427,8 +336,8 @@ static int load(gdn_layer_weights *lw, gdn_st_file *f, const char *path, const c
         for (int i = 0; i < nd && same; i++) same = want[i] == t->shape[i];
         if (!same) {
             char s[128], s2[128];
-            shape_str(s, sizeof s, t->ndim, t->shape);
-            shape_str(s2, sizeof s2, nd, want);
+            gdn_io_shape_str(s, sizeof s, t->ndim, t->shape);
+            gdn_io_shape_str(s2, sizeof s2, nd, want);
             return gdn_fail(GDN_ERR_SHAPE,
                             "%s: weight '%s' has shape %s but the layer (E=%lld Hk=%lld Hv=%lld "
                             "K=%lld V=%lld Kc=%lld) needs %s",
@@ -493,17 +402,6 @@ const void *gdn_layer_weights_data(const gdn_layer_weights *lw) {
     return lw->cfg.weight_dtype == GDN_BF16 ? (const void *)lw->w_bf16 : (const void *)lw->w;
 }
 
-static int add_one(gdn_st_writer *wr, const char *name_prefix, const char *name, int ndim,
-                   const int64_t *shape, const float *data) {
-    const size_t len = strlen(name_prefix) + strlen(name) + 1;
-    char *full = malloc(len);
-    if (!full) return gdn_fail(GDN_ERR_NOMEM, "gradient name");
-    snprintf(full, len, "%s%s", name_prefix, name);
-    const int rc = gdn_st_writer_add_f32(wr, full, GDN_F32, ndim, shape, data);
-    free(full);
-    return rc;
-}
-
 int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const float *dw,
                         const char *name_prefix) {
     if (!wr || !lw) return gdn_fail(GDN_ERR_ARG, "layer grads add: NULL argument");
@@ -517,12 +415,12 @@ int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const fl
         if (lw->fused ? is_split_only(w) : is_fused_only(w)) continue;
         const int nd = weight_shape(&c, w, shape);
         if (w < GDN_P_COUNT) {
-            rc = add_one(wr, name_prefix, weight_name(w), nd, shape,
+            rc = gdn_io_add_named(wr, name_prefix, weight_name(w), nd, shape,
                          dw ? dw + gdn_layer_param_offset(&c, w) : NULL);
             continue;
         }
         if (!dw) { /* reserved: written later at its offset */
-            rc = add_one(wr, name_prefix, weight_name(w), nd, shape, NULL);
+            rc = gdn_io_add_named(wr, name_prefix, weight_name(w), nd, shape, NULL);
             continue;
         }
         /* Gather the split gradients back into the fused, interleaved order. */
@@ -536,7 +434,7 @@ int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const fl
             memcpy(tmp + i * E, dw + gdn_layer_param_offset(&c, src) + sr * E,
                    (size_t)E * sizeof *tmp);
         }
-        rc = add_one(wr, name_prefix, weight_name(w), nd, shape, tmp);
+        rc = gdn_io_add_named(wr, name_prefix, weight_name(w), nd, shape, tmp);
         free(tmp);
     }
     return rc;

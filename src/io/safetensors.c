@@ -309,8 +309,9 @@ static int read_span(gdn_st_file *f, const gdn_st_tensor *t, uint64_t first, uin
     return GDN_OK;
 }
 
-/* Rows [begin, begin + count) of dimension 1 of a tensor (all of it when count < 0). */
-static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap, int dst_is_f64,
+/* Rows [begin, begin + count) of dimension `axis` of a tensor, for every index of the dimensions
+ * before it (all of it when count < 0). */
+static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap, int dst_is_f64, int axis,
                         int64_t begin, int64_t count) {
     if (!f || !name || !dst) return gdn_fail(GDN_ERR_ARG, "safetensors read: NULL argument");
     const gdn_st_tensor *t = gdn_st_find(f, name);
@@ -326,13 +327,16 @@ static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap,
         return read_span(f, t, 0, n, dst, dst_is_f64);
     }
     /* overflow-safe: begin + count is never formed before it is known to fit (count >= 0 here) */
-    if (t->ndim < 2 || begin < 0 || begin > t->shape[1] || count > t->shape[1] - begin)
-        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has no rows [%lld, %lld + %lld) along dimension 1 (%lld rows)",
-                        f->path, name, (long long)begin, (long long)begin, (long long)count,
-                        (long long)(t->ndim < 2 ? 0 : t->shape[1]));
-    uint64_t inner = 1;
-    for (int i = 2; i < t->ndim; i++) inner *= (uint64_t)t->shape[i];
-    const uint64_t outer = (uint64_t)t->shape[0], rows = (uint64_t)t->shape[1];
+    if (axis < 0 || axis >= GDN_ST_MAX_DIMS)
+        return gdn_fail(GDN_ERR_ARG, "%s: tensor '%s': no dimension %d to slice", f->path, name, axis);
+    if (t->ndim <= axis || begin < 0 || begin > t->shape[axis] || count > t->shape[axis] - begin)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has no rows [%lld, %lld + %lld) along dimension %d (%lld rows)",
+                        f->path, name, (long long)begin, (long long)begin, (long long)count, axis,
+                        (long long)(t->ndim <= axis ? 0 : t->shape[axis]));
+    uint64_t inner = 1, outer = 1;
+    for (int i = axis + 1; i < t->ndim; i++) inner *= (uint64_t)t->shape[i];
+    for (int i = 0; i < axis; i++) outer *= (uint64_t)t->shape[i];
+    const uint64_t rows = (uint64_t)t->shape[axis];
     /* (the tensor's element count fits: parse_tensor; so does outer * count * inner <= it) */
     if (outer * (uint64_t)count * inner > cap)
         return gdn_fail(GDN_ERR_SHAPE, "%s: slice of '%s' does not fit the buffer", f->path, name);
@@ -346,19 +350,25 @@ static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap,
 }
 
 int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n) {
-    return read_convert(f, name, dst, n, 0, 0, -1);
+    return read_convert(f, name, dst, n, 0, 0, 0, -1);
 }
 
 int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n) {
-    return read_convert(f, name, dst, n, 1, 0, -1);
+    return read_convert(f, name, dst, n, 1, 0, 0, -1);
 }
 
 int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin,
                          int64_t count) {
-    return read_convert(f, name, dst, n, 0, begin, count);
+    return read_convert(f, name, dst, n, 0, 1, begin, count);
 }
 
-int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count) {
+int gdn_st_read_f32_slice(gdn_st_file *f, const char *name, float *dst, size_t n, int axis, int64_t begin,
+                          int64_t count) {
+    if (count < 0) return gdn_fail(GDN_ERR_ARG, "safetensors read_f32_slice: count %lld < 0", (long long)count);
+    return read_convert(f, name, dst, n, 0, axis, begin, count);
+}
+
+static int read_ints(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count, int any_rank) {
     if (!f || !name || !dst || !count) return gdn_fail(GDN_ERR_ARG, "safetensors read_i64: NULL argument");
     const gdn_st_tensor *t = gdn_st_find(f, name);
     if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: no tensor named '%s'", f->path, name);
@@ -366,9 +376,9 @@ int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, in
     if (!wide && strcmp(t->dtype_name, "I32"))
         return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; an integer tensor must be I64 or I32", f->path, name,
                         t->dtype_name);
-    if (t->ndim != 1)
+    if (t->ndim != 1 && !any_rank)
         return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %d dims; it must be 1-D", f->path, name, t->ndim);
-    const uint64_t m = (uint64_t)t->shape[0];
+    const uint64_t m = (uint64_t)gdn_st_numel(t);
     if (m > n)
         return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %llu elements, buffer holds %zu", f->path, name,
                         (unsigned long long)m, n);
@@ -388,6 +398,14 @@ int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, in
     }
     *count = (int64_t)m;
     return GDN_OK;
+}
+
+int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count) {
+    return read_ints(f, name, dst, n, count, 0);
+}
+
+int gdn_st_read_i64_all(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count) {
+    return read_ints(f, name, dst, n, count, 1);
 }
 
 /* ------------------------------------------------------------------------ writer */

@@ -1,6 +1,7 @@
 /* Writes the fuzz seed corpus into DIR (tests/fuzz/corpus/ in the repository; regenerate with
  * build-fuzz/gdn_fuzz_seeds tests/fuzz/corpus): small valid problem and layer-weight files written
- * by the library's own writer in every readable dtype, plus hand-made edge cases (empty header,
+ * by the library's own writer in every readable dtype, attention seeds (config.json and weights in
+ * one input, tests/fuzz/fuzz_attn.c's format), plus hand-made edge cases (empty header,
  * metadata only, other dtypes, zero-sized and 0-d tensors, trailing bytes, truncation). */
 #include <stdint.h>
 #include <stdio.h>
@@ -91,6 +92,41 @@ static void layer(const char *name, gdn_dtype dt, const char *prefix, int fused,
     save(w, name);
 }
 
+/* An attention seed (fuzz_attn.c's input): [2-byte length][config.json][safetensors] with a tiny
+ * layer (E 8, H 2, Hkv 1, d 4), under prefix, in dtype dt, dims in __metadata__ or not. */
+static void attention(const char *name, const char *config, gdn_dtype dt, const char *prefix, int meta) {
+    gdn_attn_config c = gdn_attn_config_default(1, 1, 8, 2, 1, 4);
+    gdn_st_writer *w = writer();
+    char full[256], path[4096], tmp[4096];
+    int64_t shape[2];
+    for (int p = 0; p < GDN_A_COUNT; p++) {
+        const int nd = gdn_attn_param_shape(&c, p, shape);
+        snprintf(full, sizeof full, "%s%s", prefix, gdn_attn_param_name(p));
+        add(w, full, dt, nd, shape);
+    }
+    if (*prefix) { /* another layer's tensor: ignored */
+        const int64_t s1[1] = {3};
+        add(w, "model.layers.0.linear_attn.A_log", GDN_F32, 1, s1);
+    }
+    if (meta) {
+        const char *kv[][2] = {{"E", "8"}, {"H", "2"}, {"Hkv", "1"}, {"d", "4"}, {"R", "2"},
+                               {"rope_theta", "1000000"}, {"rms_norm_eps", "1e-6"}, {"max_position", "64"}};
+        for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) gdn_st_writer_metadata(w, kv[i][0], kv[i][1]);
+    }
+    snprintf(tmp, sizeof tmp, "%s.st", name);
+    save(w, tmp);
+    snprintf(tmp, sizeof tmp, "%s/%s.st", dir, name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *in = fopen(tmp, "rb"), *out = fopen(path, "wb");
+    if (!in || !out) die(path);
+    const size_t L = config ? strlen(config) : 0;
+    fputc((int)(L & 255), out), fputc((int)(L >> 8), out);
+    if (L) fwrite(config, 1, L, out);
+    for (int ch; (ch = fgetc(in)) != EOF;) fputc(ch, out);
+    fclose(in), fclose(out);
+    remove(tmp);
+}
+
 /* A raw file: 8-byte little-endian header length, header text, then `data` bytes of a ramp. */
 static void raw(const char *name, const char *header, size_t data) {
     char path[4096];
@@ -120,6 +156,17 @@ int main(int argc, char **argv) {
     layer("layer_prefix_bf16.safetensors", GDN_BF16, "model.layers.0.linear_attn.", 0, 1);
     layer("layer_fused_f64.safetensors", GDN_F64, "", 1, 1);
     layer("layer_fused_prefix_nometa.safetensors", GDN_F32, "model.layers.0.linear_attn.", 1, 0);
+    attention("attn_text_config_mrope.fuzz",
+              "{\"text_config\": {\"hidden_size\": 8, \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
+              " \"head_dim\": 4, \"rms_norm_eps\": 1e-6, \"max_position_embeddings\": 64, \"rope_parameters\":"
+              " {\"mrope_section\": [1], \"rope_type\": \"default\", \"rope_theta\": 1000000,"
+              " \"partial_rotary_factor\": 0.5}}}",
+              GDN_F32, "model.layers.3.self_attn.", 0);
+    attention("attn_bare_meta_bf16.fuzz", NULL, GDN_BF16, "", 1);
+    attention("attn_v4_f64.fuzz",
+              "{\"hidden_size\": 8, \"num_attention_heads\": 2, \"rope_theta\": 10000.0,"
+              " \"partial_rotary_factor\": 0.5, \"rope_scaling\": null}",
+              GDN_F64, "model.layers.3.self_attn.", 0);
     raw("empty_header.safetensors", "{}", 0);
     raw("metadata_only.safetensors", "{\"__metadata__\":{\"producer\":\"x\",\"Hk\":\"2\"}}", 0);
     raw("other_dtypes.safetensors",

@@ -8,8 +8,8 @@
 #include "gdncp.h"
 
 /* An output tensor of a split run: `rows` tensors are [B, T_full, ...] of which this rank holds
- * rows [t0, t0 + tn) in data ([B, tn, ...]); the others are whole-sequence tensors held by
- * rank 0 (data NULL: not written). */
+ * rows [t0, t0 + tn) in data ([B, tn, ...]; a 2-D one is [T_full, inner] with B = 1); the others
+ * are whole-sequence tensors held by rank 0 (data NULL: not written). */
 typedef struct {
     const char *name;
     int ndim;
@@ -42,10 +42,10 @@ int cli_cp_check_fits(gdn_cp *cp, const char *cmd, const char *what, double byte
  * --backward; all B batch rows). Prints what is wrong and returns its status when the file
  * cannot be opened or has no 4-D 'q'. */
 int cli_run_header(const char *path, int backward, long long *T, double *bytes_per_token);
-/* Packed documents for gdncp run and gdncp layer: the offsets of --cu-seqlens (given, n_given
+/* Packed documents for gdncp run, layer and attention: the offsets of --cu-seqlens (given, n_given
  * values; NULL when absent) and of the input file's "cu_seqlens" tensor (I64 or I32, 1-D), which
  * must agree when both are there, checked against the file's per-token tensor `rows` ([B, T, ...]:
- * run's q, layer's x; B = 1, from 0 to T, strictly increasing). *cu: a malloc'ed copy (NULL:
+ * run's q, layer's x; a 2-D one is [T, ...] with B = 1; B = 1, from 0 to T, strictly increasing). *cu: a malloc'ed copy (NULL:
  * dense, neither given), *n_docs its documents. Prints what is wrong, prefixed by `who`, and
  * returns 1; else 0. */
 int cli_pack_offsets(const char *who, const char *path, const char *rows, const int64_t *given, int64_t n_given,

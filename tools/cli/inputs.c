@@ -16,8 +16,11 @@ int cli_pack_offsets(const char *who, const char *path, const char *rows, const 
         return 1;
     }
     const gdn_st_tensor *t = gdn_st_find(f, "cu_seqlens"), *tq = gdn_st_find(f, rows);
-    /* (the caller has checked the rows tensor: run's q, layer's x) */
-    const int64_t B = tq && tq->ndim >= 2 ? tq->shape[0] : 0, T = tq && tq->ndim >= 2 ? tq->shape[1] : 0;
+    /* (the caller has checked the rows tensor: run's q, layer's x, attention's x; a 2-D one is
+     * [T, inner], one row) */
+    const int two = tq && tq->ndim == 2;
+    const int64_t B = two ? 1 : tq && tq->ndim >= 2 ? tq->shape[0] : 0,
+                  T = two ? tq->shape[0] : tq && tq->ndim >= 2 ? tq->shape[1] : 0;
     int64_t *from_file = NULL, n_file = 0;
     if (t) {
         /* (a 1-D tensor's length is its shape; anything else is refused by the reader) */

@@ -74,8 +74,8 @@ int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_
     for (int i = 0; i < n && !rc; i++) {
         if (!t[i].rows || !t[i].data) continue;
         uint64_t off;
-        int64_t inner = 1;
-        for (int d = 2; d < t[i].ndim; d++) inner *= t[i].shape[d];
+        int64_t inner = 1; /* a 2-D rows tensor is [T_full, inner] (B = 1) */
+        for (int d = t[i].ndim == 2 ? 1 : 2; d < t[i].ndim; d++) inner *= t[i].shape[d];
         rc = gdn_st_writer_offset(w, t[i].name, &off);
         for (int64_t b = 0; b < B && !rc; b++)
             rc = gdn_st_write_at(tmp, off + 4 * (uint64_t)((b * T_full + t0) * inner), t[i].data + b * tn * inner,

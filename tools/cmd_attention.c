@@ -1,0 +1,520 @@
+/* gdncp attention: Qwen3.5's gated full-attention layer (`self_attn`) from a Hugging Face
+ * checkpoint on x [B,T,E] (or [T,E]): y, and with --backward dx and grad.<weight> for
+ * loss = sum(y * dy). Positions: 0..T-1 plus --position-offset, or what the input's position_ids
+ * say (an offset per row, or restarts at document starts: packed), or packed documents from
+ * --cu-seqlens / a cu_seqlens tensor. Under mpiexec with --cp kv|heads every rank reads only its
+ * token rows and writes them into the one output file, which equals the single-rank one.
+ * --decode N prefills all but the last N tokens into a KV cache, then decodes them one by one. */
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
+#include "gdncp/cp.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int reported; /* a failure of the tool itself, already printed */
+
+/* Print a failure of the tool's own checks now and return its status. */
+static int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "gdncp attention: %s: ", gdn_strerror(status));
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    reported = 1;
+    return status;
+}
+
+typedef struct {
+    const char *weights, *config, *prefix, *in, *out, *cp, *shards;
+    int backward, decode, stats, threads;
+    int fault;                 /* --fault: a GDN_CP_FAULT_ATTN_* testing hook (negative controls) */
+    int recompute, keep_flag;  /* --recompute: the backward recomputes the forward; keep_flag: one was given */
+    int64_t pos_offset;
+    int pos_given;             /* --position-offset was given */
+    int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
+} attn_opts;
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: gdncp attention --weights W.safetensors [--config config.json] [--prefix P]\n"
+            "                       --in IN.safetensors --out OUT.safetensors [--backward [--keep-saved|--recompute]]\n"
+            "                       [--decode N] [--position-offset P] [--cu-seqlens 0,a,..,T] [--threads N]\n"
+            "       mpiexec -n D gdncp attention ... --cp kv|heads [--shards a,b,..] [--stats]\n"
+            "                       [--fault drop-kv|drop-kv-grad]  (testing only: deliberately WRONG results)\n");
+    return CLI_USAGE_ERROR;
+}
+
+static int parse(int argc, char **argv, attn_opts *o) {
+    memset(o, 0, sizeof *o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t n;
+        if (!strcmp(a, "--backward")) o->backward = 1;
+        else if (!strcmp(a, "--stats")) o->stats = 1;
+        else if (!strcmp(a, "--recompute")) o->recompute = 1, o->keep_flag = 1;
+        else if (!strcmp(a, "--keep-saved")) o->recompute = 0, o->keep_flag = 1;
+        else if (!strcmp(a, "--weights") && v) o->weights = v, i++;
+        else if (!strcmp(a, "--config") && v) o->config = v, i++;
+        else if (!strcmp(a, "--prefix") && v) o->prefix = v, i++;
+        else if (!strcmp(a, "--in") && v) o->in = v, i++;
+        else if (!strcmp(a, "--out") && v) o->out = v, i++;
+        else if (!strcmp(a, "--cp") && v) o->cp = v, i++;
+        else if (!strcmp(a, "--shards") && v) o->shards = v, i++;
+        else if (!strcmp(a, "--fault") && v && (!strcmp(v, "drop-kv") || !strcmp(v, "drop-kv-grad")))
+            o->fault = !strcmp(v, "drop-kv") ? GDN_CP_FAULT_ATTN_DROP_KV : GDN_CP_FAULT_ATTN_DROP_KV_GRAD, i++;
+        else if (!strcmp(a, "--decode")) { /* (at most T, checked once T is known) */
+            if (cli_parse_i64("attention", a, v, 1, INT32_MAX, &n)) return CLI_USAGE_ERROR;
+            o->decode = (int)n, i++;
+        } else if (!strcmp(a, "--threads")) {
+            if (cli_parse_i64("attention", a, v, 1, 4096, &n)) return CLI_USAGE_ERROR;
+            o->threads = (int)n, i++;
+        } else if (!strcmp(a, "--position-offset")) { /* the library's bound on pos_offset */
+            if (cli_parse_i64("attention", a, v, 0, (int64_t)1 << 40, &o->pos_offset)) return CLI_USAGE_ERROR;
+            o->pos_given = 1, i++;
+        } else if (!strcmp(a, "--cu-seqlens")) { /* packed documents (checked against the file later) */
+            free(o->cu_seqlens), o->cu_seqlens = NULL;
+            if (cli_parse_i64_list("attention", a, v, &o->cu_seqlens, &o->n_cu)) return CLI_USAGE_ERROR;
+            i++;
+        } else {
+            fprintf(stderr, "gdncp attention: unknown or incomplete option '%s'\n", a);
+            return usage();
+        }
+    }
+    if (!o->weights || !o->in || !o->out) {
+        fprintf(stderr, "gdncp attention: --weights, --in and --out are required\n");
+        return usage();
+    }
+    if (o->decode && (o->backward || o->cp)) {
+        fprintf(stderr, "gdncp attention: --decode runs inference on one rank; it does not combine with %s\n",
+                o->backward ? "--backward" : "--cp");
+        return CLI_USAGE_ERROR;
+    }
+    if (!o->cp && (o->shards || o->stats || o->fault)) {
+        fprintf(stderr, "gdncp attention: --shards, --stats and --fault need --cp kv|heads (under mpiexec)\n");
+        return CLI_USAGE_ERROR;
+    }
+    if (o->keep_flag && !o->backward) {
+        fprintf(stderr, "gdncp attention: --keep-saved and --recompute choose what the backward uses; they need "
+                        "--backward\n");
+        return CLI_USAGE_ERROR;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ positions */
+
+/* What the input's position_ids say about the tokens' positions: dense (every row b holds
+ * off + t at t, one off for all rows) or packed (B = 1, counting from 0 and restarting at 0 at
+ * each document start: *cu gets the offsets, malloc'ed). Anything else is refused naming the
+ * first token that fits neither. */
+static int positions_meaning(const int64_t *p, int64_t B, int64_t T, int64_t *off, int64_t **cu, int64_t *n_docs) {
+    *cu = NULL, *n_docs = 0;
+    if (p[0] < 0) return fail(GDN_ERR_ARG, "position_ids[0] = %lld is negative", (long long)p[0]);
+    int64_t bad_b = -1, bad_t = -1;
+    for (int64_t b = 0; b < B && bad_b < 0; b++)
+        for (int64_t t = 0; t < T; t++)
+            if (p[b * T + t] != p[b * T] + t) {
+                bad_b = b, bad_t = t;
+                break;
+            }
+    if (bad_b < 0) { /* every row counts up by one: one offset for all of them */
+        for (int64_t b = 1; b < B; b++)
+            if (p[b * T] != p[0])
+                return fail(GDN_ERR_ARG,
+                            "position_ids of row %lld start at %lld, row 0's at %lld: the layer takes one position "
+                            "offset for every row",
+                            (long long)b, (long long)p[b * T], (long long)p[0]);
+        *off = p[0];
+        return GDN_OK;
+    }
+    const int64_t *q = p + bad_b * T;
+    if (B > 1 || q[bad_t] != 0 || p[0] != 0)
+        return fail(GDN_ERR_ARG,
+                    "position_ids row %lld holds %lld at t = %lld after %lld: positions must be 0..T-1 plus one "
+                    "offset per sequence, or restart at 0 at document starts (packed documents: one row, "
+                    "counting from 0)",
+                    (long long)bad_b, (long long)q[bad_t], (long long)bad_t, (long long)q[bad_t - 1]);
+    int64_t docs = 1;
+    for (int64_t t = 1; t < T; t++) {
+        if (p[t] == 0) docs++;
+        else if (p[t] != p[t - 1] + 1)
+            return fail(GDN_ERR_ARG,
+                        "position_ids[%lld] = %lld after %lld: neither the next position nor a document start (0); "
+                        "packed positions restart at 0 at each document and count up by one",
+                        (long long)t, (long long)p[t], (long long)p[t - 1]);
+    }
+    int64_t *c = malloc(sizeof(int64_t) * (docs + 1));
+    if (!c) return fail(GDN_ERR_NOMEM, "%lld document offsets", (long long)(docs + 1));
+    int64_t k = 0;
+    for (int64_t t = 0; t < T; t++)
+        if (p[t] == 0) c[k++] = t;
+    c[k] = T;
+    *cu = c, *n_docs = docs;
+    return GDN_OK;
+}
+
+/* The input's position_ids, when it has them: [T], [1, T] or [B, T], I64 or I32. *p NULL when
+ * absent. */
+static int read_positions(gdn_st_file *f, int64_t B, int64_t T, int64_t **p) {
+    *p = NULL;
+    const gdn_st_tensor *t = gdn_st_find(f, "position_ids");
+    if (!t) return GDN_OK;
+    const int fits = (t->ndim == 1 && t->shape[0] == T) || (t->ndim == 2 && t->shape[1] == T &&
+                                                             (t->shape[0] == B || t->shape[0] == 1));
+    if (!fits)
+        return fail(GDN_ERR_SHAPE, "'position_ids' must be [T = %lld] or [B = %lld, T] (or [1, T]), got %d dims (%lld, ...)",
+                    (long long)T, (long long)B, t->ndim, (long long)(t->ndim ? t->shape[0] : 0));
+    const size_t n = (size_t)gdn_st_numel(t);
+    int64_t *q = malloc(sizeof(int64_t) * (n ? n : 1)), got = 0;
+    if (!q) return fail(GDN_ERR_NOMEM, "position_ids (%zu values)", n);
+    const int rc = gdn_st_read_i64_all(f, "position_ids", q, n, &got);
+    if (rc) {
+        free(q);
+        return rc;
+    }
+    if ((int64_t)n == T && B > 1) { /* one row given for all: the same positions in each */
+        int64_t *all = realloc(q, sizeof(int64_t) * (size_t)(B * T));
+        if (!all) {
+            free(q);
+            return fail(GDN_ERR_NOMEM, "position_ids for %lld rows", (long long)B);
+        }
+        for (int64_t b = 1; b < B; b++) memcpy(all + b * T, all, sizeof(int64_t) * (size_t)T);
+        q = all;
+    }
+    *p = q;
+    return GDN_OK;
+}
+
+/* The layer's positions from every source that states them: --position-offset (given), the
+ * position_ids tensor (pos, may be NULL) and the packed offsets (cu from --cu-seqlens or the
+ * file's cu_seqlens, may be NULL). They must agree; *off and *cu, *n_docs get the result (cu
+ * taken over or replaced). */
+static int settle_positions(const attn_opts *o, const int64_t *pos, int64_t B, int64_t T, int64_t *off, int64_t **cu,
+                            int64_t *n_docs) {
+    *off = o->pos_offset;
+    if (!pos) {
+        if (*cu && o->pos_offset)
+            return fail(GDN_ERR_ARG, "--position-offset %lld with packed documents: their positions restart at 0",
+                        (long long)o->pos_offset);
+        return GDN_OK;
+    }
+    int64_t poff = 0, *pcu = NULL, pdocs = 0;
+    int rc = positions_meaning(pos, B, T, &poff, &pcu, &pdocs);
+    if (rc) return rc;
+    if (pcu) { /* packed by position_ids */
+        if (o->pos_given && o->pos_offset)
+            rc = fail(GDN_ERR_ARG, "--position-offset %lld, but position_ids restart at document starts (packed: "
+                                   "positions from 0)", (long long)o->pos_offset);
+        else if (*cu && (*n_docs != pdocs || memcmp(*cu, pcu, sizeof(int64_t) * (size_t)(pdocs + 1))))
+            rc = fail(GDN_ERR_ARG, "position_ids restart at %lld document start(s), which differ from the %lld "
+                                   "document(s) of cu_seqlens", (long long)pdocs, (long long)*n_docs);
+        if (rc) {
+            free(pcu);
+            return rc;
+        }
+        free(*cu);
+        *cu = pcu, *n_docs = pdocs, *off = 0;
+        return GDN_OK;
+    }
+    if (o->pos_given && poff != o->pos_offset)
+        return fail(GDN_ERR_ARG, "--position-offset %lld, but position_ids start at %lld", (long long)o->pos_offset,
+                    (long long)poff);
+    if (*cu && (poff || *n_docs > 1))
+        return fail(GDN_ERR_ARG,
+                    "position_ids count %lld..%lld without restarting, but cu_seqlens holds %lld document(s) (packed "
+                    "positions restart at 0 at each)",
+                    (long long)poff, (long long)(poff + T - 1), (long long)*n_docs);
+    *off = poff;
+    return GDN_OK;
+}
+
+/* ------------------------------------------------------------------ inputs and outputs */
+
+/* x (and dy) of the input file: [B, T, E] or [T, E] with E the layer's; rows [t0, t0 + tn) only. */
+static int read_rows(gdn_st_file *f, const char *name, int ndim, int64_t E, int64_t t0, int64_t tn, int64_t B,
+                     int64_t T, float **out) {
+    const gdn_st_tensor *t = gdn_st_find(f, name);
+    if (!t) return fail(GDN_ERR_MISSING, "input file has no tensor '%s'", name);
+    const int64_t tb = t->ndim == 3 ? t->shape[0] : 1, tt = t->ndim == 3 ? t->shape[1] : t->ndim == 2 ? t->shape[0] : 0;
+    if (t->ndim != ndim || t->shape[ndim - 1] != E || tb != B || tt != T)
+        return fail(GDN_ERR_SHAPE, "'%s' must be %s = [%lld, %lld, %lld] like x (E the layer's), got %d dims (last %lld)",
+                    name, ndim == 3 ? "[B, T, E]" : "[T, E]", (long long)B, (long long)T, (long long)E, t->ndim,
+                    (long long)(t->ndim ? t->shape[t->ndim - 1] : 0));
+    const size_t n = (size_t)B * tn * E;
+    *out = malloc(sizeof(float) * (n ? n : 1));
+    if (!*out) return fail(GDN_ERR_NOMEM, "'%s' rows (%zu floats)", name, n);
+    return ndim == 3 ? gdn_st_read_f32_rows(f, name, *out, n, t0, tn) : gdn_st_read_f32_slice(f, name, *out, n, 0, t0, tn);
+}
+
+/* The weight gradients in the checkpoint's names: data on rank 0, reserved elsewhere. */
+typedef struct {
+    const gdn_attn_weights *aw;
+    const float *dw;
+} grads_ctx;
+static int add_grads(gdn_st_writer *w, int rank, void *ctx) {
+    const grads_ctx *g = ctx;
+    return gdn_attn_grads_add(w, g->aw, rank ? NULL : g->dw, "grad.");
+}
+
+static int write_outputs(const attn_opts *o, const gdn_attn_weights *aw, int ndim, int64_t B, int64_t T,
+                         const float *y, const float *dx, const float *dw) {
+    gdn_st_writer *wr = NULL;
+    const int64_t s3[3] = {B, T, aw->cfg.E}, s2[2] = {T, aw->cfg.E};
+    const int64_t *shape = ndim == 3 ? s3 : s2;
+    int rc = gdn_st_writer_create(&wr);
+    if (!rc) rc = gdn_st_writer_metadata(wr, "producer", "gdncp attention");
+    if (!rc) rc = gdn_st_writer_add_f32(wr, "y", GDN_F32, ndim, shape, y);
+    if (!rc && dx) rc = gdn_st_writer_add_f32(wr, "dx", GDN_F32, ndim, shape, dx);
+    if (!rc && dw) rc = gdn_attn_grads_add(wr, aw, dw, "grad.");
+    if (!rc) rc = gdn_st_writer_save(wr, o->out);
+    gdn_st_writer_destroy(wr);
+    return rc;
+}
+
+/* Prefill T - N tokens into a KV cache, then decode the last N one at a time (B sequences): the
+ * path a generating model takes, which must give the forward of the whole sequence. */
+static int run_decode(const attn_opts *o, gdn_attn_config c, const float *w, const float *x, float *y) {
+    const int64_t B = c.B, T = c.T, E = c.E, N = o->decode, T0 = T - N;
+    if (N > T) /* (not clamped: a count larger than the sequence is a mistake, not a request) */
+        return fail(GDN_ERR_ARG, "--decode %lld asks for more tokens than the input's T = %lld", (long long)N,
+                    (long long)T);
+    const int64_t piece = T0 > 1 ? T0 : 1;
+    float *xt = malloc(sizeof(float) * (size_t)(B * piece * E)), *yt = malloc(sizeof(float) * (size_t)(B * piece * E));
+    gdn_attn_cache *cache = NULL;
+    gdn_attn_plan *plan = NULL;
+    int rc = xt && yt ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, T) : fail(GDN_ERR_NOMEM, "decode buffers");
+    for (int phase = 0; phase < 2 && !rc; phase++) {
+        const int64_t t_begin = phase ? T0 : 0, t_end = phase ? T : T0, step = phase ? 1 : T0;
+        if (t_end <= t_begin) continue;
+        c.T = step;
+        if ((rc = gdn_attn_plan_create(&plan, &c))) break;
+        for (int64_t t = t_begin; t < t_end && !rc; t += step) {
+            for (int64_t b = 0; b < B; b++) memcpy(xt + b * step * E, x + (b * T + t) * E, sizeof(float) * step * E);
+            rc = gdn_attn_decode(plan, cache, yt, xt, w);
+            for (int64_t b = 0; b < B && !rc; b++) memcpy(y + (b * T + t) * E, yt + b * step * E, sizeof(float) * step * E);
+        }
+        gdn_attn_plan_destroy(plan), plan = NULL;
+    }
+    if (!rc && gdn_attn_cache_length(cache) != T)
+        rc = fail(GDN_ERR_ARG, "the KV cache holds %lld positions after %lld tokens", (long long)gdn_attn_cache_length(cache),
+                  (long long)T);
+    gdn_attn_cache_destroy(cache);
+    free(xt), free(yt);
+    return rc;
+}
+
+/* Every rank's accounting on rank 0's stderr: the attention compute (replay_s) and the time in
+ * MPI (comm_s) of the forward and the backward. Collective. */
+static void print_stats(gdn_cp *cp, const attn_opts *o, const gdn_cp_stats *fs, const gdn_cp_stats *bs, int64_t t0,
+                        int64_t tn, double wall) {
+    enum { NV = 8 };
+    const int rank = gdn_cp_rank(cp), D = gdn_cp_size(cp);
+    const double mine[NV] = {(double)t0, (double)tn, fs->replay_s, fs->comm_s, (double)fs->bytes_sent,
+                             bs->replay_s, bs->comm_s, (double)bs->bytes_sent};
+    double *all = rank ? NULL : malloc(sizeof(double) * NV * D);
+    MPI_Gather(mine, NV, MPI_DOUBLE, all, NV, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (rank || !all) return;
+    fprintf(stderr, "gdncp attention --cp %s: D=%d wall %.3f s\n", o->cp, D, wall);
+    fprintf(stderr, "rank   tokens        dir       replay_s   comm_s     sent_B\n");
+    for (int r = 0; r < D; r++)
+        for (int d = 0; d < 1 + o->backward; d++) {
+            const double *x = all + NV * r;
+            fprintf(stderr, "%4d %8.0f+%-6.0f %-9s %9.4f %8.4f %10.0f\n", r, x[0], x[1], d ? "backward" : "forward",
+                    x[2 + 3 * d], x[3 + 3 * d], x[4 + 3 * d]);
+        }
+    fprintf(stderr, "replay_s: the attention core's compute on the rank; comm_s: its time inside MPI calls\n");
+    free(all);
+}
+
+/* FNV-1a of the offsets, so ranks can agree on a whole list in one value. */
+static int64_t hash_offsets(const int64_t *cu, int64_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t i = 0; cu && i < n; i++)
+        for (int k = 0; k < 8; k++) h = (h ^ (uint64_t)((cu[i] >> (8 * k)) & 255)) * 1099511628211ull;
+    return (int64_t)(h >> 1);
+}
+
+static int attention_with(attn_opts *o, int argc, char **argv);
+
+int cmd_attention(int argc, char **argv) {
+    attn_opts o;
+    const int rc = attention_with(&o, argc, argv);
+    free(o.cu_seqlens);
+    return rc;
+}
+
+static int attention_with(attn_opts *opts, int argc, char **argv) {
+    const int prc = parse(argc, argv, opts);
+    const attn_opts o = *opts;
+    if (prc) { /* (under --cp, an option error still joins the other ranks' first agreement) */
+        cli_cp_fail_early(argc, argv);
+        return prc;
+    }
+    int rank = 0, D = 1, strategy = GDN_ATTN_CP_KV;
+    gdn_cp *cp = NULL;
+    if (o.cp) {
+        strategy = gdn_attn_cp_strategy_parse(o.cp);
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &D);
+        if (strategy < 0) {
+            fprintf(stderr, "gdncp attention: rank %d: unknown --cp strategy '%s' (kv, heads)\n", rank, o.cp);
+            return cli_cp_fail_early(argc, argv);
+        }
+        /* (the attention strategy travels in the plan's config; the context's own is unused) */
+        if (gdn_cp_create(&cp, MPI_COMM_WORLD, strategy == GDN_ATTN_CP_HEADS ? GDN_CP_HEADS : GDN_CP_SCAN))
+            return cli_error("attention", GDN_ERR_MPI);
+    }
+    gdn_attn_weights aw;
+    memset(&aw, 0, sizeof aw);
+    gdn_st_file *f = NULL;
+    float *x = NULL, *dy = NULL, *y = NULL, *dx = NULL, *dw = NULL, *saved = NULL, *dw_all = NULL;
+    int64_t *pos = NULL, *cu = NULL, n_docs = 0, pos_offset = 0;
+    gdn_attn_plan *plan = NULL;
+    gdn_cp_stats fs = {0}, bs = {0};
+    int64_t B = 0, T = 0, t0 = 0, tn = 0;
+    int ndim = 3;
+    int rc = gdn_attn_weights_load(&aw, o.weights, o.config, o.prefix, NULL);
+    if (!rc) rc = gdn_st_open(&f, o.in);
+    if (!rc) { /* the file's B and T first, for the shard */
+        const gdn_st_tensor *t = gdn_st_find(f, "x");
+        if (!t) rc = fail(GDN_ERR_MISSING, "%s has no tensor 'x'", o.in);
+        else if (t->ndim != 3 && t->ndim != 2) rc = fail(GDN_ERR_SHAPE, "'x' must be [B, T, E] or [T, E], got %d dims", t->ndim);
+        else if (t->shape[t->ndim - 1] != aw.cfg.E)
+            rc = fail(GDN_ERR_SHAPE, "'x' has width %lld, but the layer's hidden size E is %lld (%s)",
+                      (long long)t->shape[t->ndim - 1], (long long)aw.cfg.E, o.weights);
+        else ndim = t->ndim, B = ndim == 3 ? t->shape[0] : 1, T = ndim == 3 ? t->shape[1] : t->shape[0];
+        if (!rc && (B < 1 || T < 1)) rc = fail(GDN_ERR_SHAPE, "'x' holds no tokens (B = %lld, T = %lld)", (long long)B, (long long)T);
+    }
+    if (!rc) { /* every rank checks its own file's offsets; a failure stops all in the agreement */
+        char who[64];
+        snprintf(who, sizeof who, rank ? "gdncp attention: rank %d" : "gdncp attention", rank);
+        if (cli_pack_offsets(who, o.in, "x", o.cu_seqlens, o.n_cu, &cu, &n_docs)) rc = GDN_ERR_ARG, reported = 1;
+    }
+    if (!rc) rc = read_positions(f, B, T, &pos);
+    if (!rc) rc = settle_positions(&o, pos, B, T, &pos_offset, &cu, &n_docs);
+    if (!rc && cu && o.decode) /* the cache holds one stream per row */
+        rc = fail(GDN_ERR_ARG, "--decode runs one sequence per row with a KV cache; it does not combine with packed "
+                               "documents (--cu-seqlens, a cu_seqlens tensor or restarting position_ids in %s)", o.in);
+    if (cp) { /* the agreement steps on everything that decides the collectives that follow */
+        static const char *const names[] = {"--cp (0 kv, 1 heads)", "--backward", "--recompute", "--stats",
+                                            "--shards (the lists differ; values are hashes)", "T of the input file"};
+        const int64_t vals[6] = {strategy, o.backward, o.recompute, o.stats, cli_hash(o.shards), T};
+        const int local = rc;
+        rc = gdn_cp_agree_values(cp, vals, 6, names, rc);
+        if (rc && !local) cli_error("attention", rc), reported = 1;
+        if (!rc) {
+            static const char *const more[] = {"B of the input file", "the position offset", "the packed documents",
+                                               "their offsets (hashes)", "H of the weights", "--fault"};
+            const int64_t vals2[6] = {B, pos_offset, n_docs, hash_offsets(cu, cu ? n_docs + 1 : 0), aw.cfg.H, o.fault};
+            if ((rc = gdn_cp_agree_values(cp, vals2, 6, more, GDN_OK))) cli_error("attention", rc), reported = 1;
+        }
+        /* same spec, T, D and H everywhere (agreed): every rank reaches the same verdict */
+        if (!rc && cli_shard_of(o.shards, D, rank, T, &t0, &tn)) rc = GDN_ERR_SHAPE, reported = 1;
+        if (!rc && strategy == GDN_ATTN_CP_HEADS && aw.cfg.H % D) {
+            if (!rank)
+                fprintf(stderr, "gdncp attention: --cp heads needs the number of ranks D = %d to divide H = %lld query "
+                                "heads (use --cp kv, or D among the divisors of H)\n", D, (long long)aw.cfg.H);
+            rc = GDN_ERR_ARG, reported = 1;
+        }
+        if (rc) goto done; /* every rank fails here alike: no collective after it */
+        if (o.fault && !rank)
+            fprintf(stderr, "gdncp attention --cp %s: TESTING FAULT %s: the results are deliberately WRONG (for "
+                            "negative controls only)\n", o.cp,
+                    o.fault == GDN_CP_FAULT_ATTN_DROP_KV ? "drop-kv (earlier ranks' keys and values not attended)"
+                                                         : "drop-kv-grad (key/value gradients not returned)");
+        gdn_cp_set_fault(cp, o.fault);
+    } else {
+        tn = T;
+    }
+    if (!rc) { /* before reading: the rows of x (and dy), y (and dx), saved, the weight gradients
+                * (twice on rank 0 of a split run: its share and the sum); a lower bound */
+        const double rows = (double)B * (double)tn * (double)aw.cfg.E,
+                     nw = (double)gdn_attn_param_floats(&aw.cfg) * (o.backward ? (cp && !rank ? 3 : 2) : 1);
+        const double need = 4.0 * (rows * (o.backward ? 4 : 2) + nw);
+        static const char what[] = "the attention layer's input and output rows";
+        if (cp) { /* (every rank is here: the agreement above passed) */
+            if ((rc = cli_cp_check_fits(cp, "attention", what, need))) reported = 1;
+        } else {
+            rc = gdn_check_fits(what, need);
+        }
+    }
+    if (!rc) rc = read_rows(f, "x", ndim, aw.cfg.E, t0, tn, B, T, &x);
+    if (!rc && o.backward) rc = read_rows(f, "dy", ndim, aw.cfg.E, t0, tn, B, T, &dy);
+    gdn_attn_config c = aw.cfg;
+    c.B = B, c.T = tn, c.threads = o.threads, c.pos_offset = pos_offset, c.cp = strategy;
+    c.cu_seqlens = cu, c.n_docs = n_docs, c.seq_offset = cp ? t0 : 0;
+    if (!rc && !o.decode) rc = gdn_attn_plan_create(&plan, &c);
+    const size_t nx = (size_t)B * tn * aw.cfg.E, nw = gdn_attn_param_floats(&c);
+    const size_t ns = plan && o.backward && !o.recompute ? gdn_attn_saved_floats(plan) : 0;
+    if (!rc) {
+        y = malloc(sizeof(float) * nx);
+        if (ns) saved = malloc(sizeof(float) * ns);
+        if (o.backward) dx = malloc(sizeof(float) * nx), dw = malloc(sizeof(float) * nw);
+        if (!y || (ns && !saved) || (o.backward && (!dx || !dw)))
+            rc = fail(GDN_ERR_NOMEM, "rank %d: the layer's outputs%s for %lld tokens (%.2f GB)", rank,
+                      o.backward ? " and gradients" : "", (long long)(B * tn),
+                      4e-9 * ((double)nx * (o.backward ? 2 : 1) + (o.backward ? (double)nw : 0) + (double)ns));
+    }
+    const double t_start = cli_now();
+    if (cp) {
+        rc = gdn_cp_agree_status(cp, rc);
+        if (!rc) rc = gdn_attn_cp_forward(cp, plan, y, saved, x, aw.w);
+        if (!rc) fs = gdn_cp_last_stats(cp);
+        if (!rc && o.backward) rc = gdn_attn_cp_backward(cp, plan, dx, dw, x, aw.w, saved, dy);
+        if (!rc && o.backward) bs = gdn_cp_last_stats(cp);
+        /* the weight gradients summed on rank 0 (the size of the weights); y and dx written by
+         * each rank at their rows of the file: no rank holds the whole sequence's */
+        if (!rc && o.backward && !rank && !(dw_all = malloc(sizeof(float) * nw)))
+            rc = fail(GDN_ERR_NOMEM, "the summed weight gradients (%zu floats)", nw);
+        rc = gdn_cp_agree_status(cp, rc);
+        if (!rc && o.stats) print_stats(cp, &o, &fs, &bs, t0, tn, cli_now() - t_start);
+        if (!rc && o.backward && nw > INT32_MAX) rc = fail(GDN_ERR_SHAPE, "%zu weights exceed MPI's int count", nw);
+        if (!rc && o.backward && MPI_Reduce(dw, dw_all, (int)nw, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+            rc = fail(GDN_ERR_MPI, "MPI_Reduce of the weight gradients failed");
+        if (!rc) {
+            const grads_ctx gc = {&aw, o.backward ? dw_all : NULL};
+            const int64_t E = aw.cfg.E;
+            const cli_out_tensor outs[2] = {{"y", ndim, {B, T, E}, 1, y}, {"dx", ndim, {B, T, E}, 1, dx}};
+            const cli_out_tensor outs2[2] = {{"y", 2, {T, E}, 1, y}, {"dx", 2, {T, E}, 1, dx}};
+            rc = cli_cp_write_rows(cp, o.out, "gdncp attention", B, T, t0, tn, ndim == 3 ? outs : outs2,
+                                   o.backward ? 2 : 1, o.backward ? add_grads : NULL, (void *)&gc);
+            if (rc) reported = strstr(gdn_errmsg(), "see its message") != NULL;
+        }
+    } else if (!rc) {
+        if (o.decode) {
+            rc = run_decode(&o, c, aw.w, x, y);
+        } else {
+            rc = gdn_attn_forward(plan, y, saved, x, aw.w);
+            if (!rc && o.backward) rc = gdn_attn_backward(plan, dx, dw, x, aw.w, saved, dy);
+        }
+    }
+    const double secs = cli_now() - t_start;
+    if (!rc && !rank) {
+        if (!cp) rc = write_outputs(&o, &aw, ndim, B, T, y, o.backward ? dx : NULL, o.backward ? dw : NULL);
+        if (!rc)
+            printf("gdncp attention: B=%lld T=%lld E=%lld H=%lld Hkv=%lld d=%lld R=%lld theta=%g positions %s%lld "
+                   "(%s): %s%s%s in %.3f s%s%s -> %s\n",
+                   (long long)B, (long long)T, (long long)c.E, (long long)c.H, (long long)c.Hkv, (long long)c.d,
+                   (long long)c.R, c.rope_theta, cu ? "per document from 0, documents=" : "from ",
+                   (long long)(cu ? n_docs : pos_offset), aw.dtype == GDN_BF16 ? "BF16 on disk, F32 in memory"
+                   : aw.dtype == GDN_F64 ? "F64 on disk, F32 in memory" : "F32",
+                   o.decode ? "prefill + decode" : "forward", o.backward ? " + backward" : "",
+                   o.backward ? (o.recompute ? " (recomputed)" : " (saved)") : "", secs,
+                   cp ? " over ranks, strategy " : "", cp ? o.cp : "", o.out);
+    }
+    if (cp) rc = gdn_cp_agree_status(cp, rc);
+done:
+    if (rc && !reported && !strstr(gdn_errmsg(), "see its message")) cli_error("attention", rc);
+    free(x), free(dy), free(y), free(dx), free(dw), free(saved), free(dw_all), free(pos), free(cu);
+    gdn_attn_plan_destroy(plan);
+    gdn_attn_weights_free(&aw);
+    gdn_st_close(f);
+    gdn_cp_destroy(cp);
+    return rc ? 1 : 0;
+}
