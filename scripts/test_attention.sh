@@ -182,6 +182,12 @@ attn_cp_cases() {
     bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/r0.st --out $A/cp.st --backward --cp kv && $L diff $A/cp.st $A/pk.st --tol 2e-5"
   acase pass "mpiexec -n 3 --cp kv --shards 50,1,99 --cu-seqlens 0,50,51,150 (a rank per document) == single rank (tol 2e-5)" \
     bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/r0.st --out $A/cp.st --backward --cp kv --shards 50,1,99 --cu-seqlens 0,50,51,150 && $L diff $A/cp.st $A/pk.st --tol 2e-5"
+  acase pass "mpiexec -n 3 --cp kv --decode 8: the prompt prefilled over the ranks, 8 tokens decoded with the cache split: y == the exact y" \
+    bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/xy.st --out $A/cp.st --cp kv --decode 8 && diffn $A/cp.st $A/xy.st 1"
+  acase pass "mpiexec -n 2 --cp heads --decode 3 --shards 30,31 --position-offset 1000 (x_off, 64 tokens) == y_off" \
+    bash -c "$MPIEXEC -n 2 $L attention ${W[*]} --in $A/off.st --out $A/cp.st --cp heads --decode 3 --shards 30,31 --position-offset 1000 && diffn $A/cp.st $A/offref.st 1"
+  acase fail "negative control: mpiexec -n 3 --cp kv --decode 8 --fault drop-kv (the other ranks' cache parts left out) vs the exact y" \
+    bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/xy.st --out $A/cp.st --cp kv --decode 8 --fault drop-kv && $L diff $A/cp.st $A/xy.st --tol 1e-5"
   acase pass "mpiexec -n 3 --cp kv: a [T, E] input at --position-offset 1000 == y_off" \
     bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/off2d.st --out $A/cp.st --position-offset 1000 --cp kv && diffn $A/cp.st $A/off2dref.st 1"
 }

@@ -90,9 +90,8 @@ static int parse(int argc, char **argv, attn_opts *o) {
         fprintf(stderr, "gdncp attention: --weights, --in and --out are required\n");
         return usage();
     }
-    if (o->decode && (o->backward || o->cp)) {
-        fprintf(stderr, "gdncp attention: --decode runs inference on one rank; it does not combine with %s\n",
-                o->backward ? "--backward" : "--cp");
+    if (o->decode && o->backward) {
+        fprintf(stderr, "gdncp attention: --decode runs inference; it does not combine with --backward\n");
         return CLI_USAGE_ERROR;
     }
     if (!o->cp && (o->shards || o->stats || o->fault)) {
@@ -309,6 +308,38 @@ static int run_decode(const attn_opts *o, gdn_attn_config c, const float *w, con
     return rc;
 }
 
+/* The same over ranks: this rank's shard of the first T - N tokens (the plan's T, seq_offset)
+ * prefilled by gdn_attn_cp_prefill into this rank's cache, then the last N tokens (xn: their rows,
+ * on every rank) one at a time by gdn_attn_cp_decode, their keys kept on the last rank, whose
+ * y rows (the last N of its share) receive them. */
+static int run_cp_decode(gdn_cp *cp, const attn_opts *o, gdn_attn_config c, const float *w, const float *x,
+                         const float *xn, float *y) {
+    const int64_t B = c.B, E = c.E, N = o->decode, Tp = c.T, last = gdn_cp_rank(cp) == gdn_cp_size(cp) - 1;
+    const int64_t tn = Tp + (last ? N : 0); /* the rows of y on this rank */
+    float *xt = malloc(sizeof(float) * (size_t)(B * (Tp > 1 ? Tp : 1) * E)), *yt = malloc(sizeof(float) * (size_t)(B * (Tp > 1 ? Tp : 1) * E));
+    float *xs = malloc(sizeof(float) * (size_t)(B * E));
+    gdn_attn_cache *cache = NULL;
+    gdn_attn_plan *plan = NULL;
+    int rc = xt && yt && xs ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, tn) : fail(GDN_ERR_NOMEM, "decode buffers");
+    if (!rc) rc = gdn_attn_plan_create(&plan, &c);
+    for (int64_t b = 0; b < B && !rc; b++) memcpy(xt + b * Tp * E, x + b * tn * E, sizeof(float) * Tp * E);
+    rc = gdn_cp_agree_status(cp, rc);
+    if (!rc) rc = gdn_attn_cp_prefill(cp, plan, cache, yt, xt, w);
+    for (int64_t b = 0; b < B && !rc; b++) memcpy(y + b * tn * E, yt + b * Tp * E, sizeof(float) * Tp * E);
+    gdn_attn_plan_destroy(plan), plan = NULL;
+    c.T = 1, c.seq_offset = 0;
+    if (!rc) rc = gdn_cp_agree_status(cp, gdn_attn_plan_create(&plan, &c));
+    for (int64_t t = 0; t < N && !rc; t++) {
+        for (int64_t b = 0; b < B; b++) memcpy(xs + b * E, xn + (b * N + t) * E, sizeof(float) * E);
+        rc = gdn_attn_cp_decode(cp, plan, cache, yt, xs, w);
+        for (int64_t b = 0; b < B && !rc && last; b++) memcpy(y + (b * tn + Tp + t) * E, yt + b * E, sizeof(float) * E);
+    }
+    gdn_attn_plan_destroy(plan);
+    gdn_attn_cache_destroy(cache);
+    free(xt), free(yt), free(xs);
+    return rc;
+}
+
 /* Every rank's accounting on rank 0's stderr: the attention compute (replay_s) and the time in
  * MPI (comm_s) of the forward and the backward. Collective. */
 static void print_stats(gdn_cp *cp, const attn_opts *o, const gdn_cp_stats *fs, const gdn_cp_stats *bs, int64_t t0,
@@ -373,7 +404,7 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
     gdn_attn_weights aw;
     memset(&aw, 0, sizeof aw);
     gdn_st_file *f = NULL;
-    float *x = NULL, *dy = NULL, *y = NULL, *dx = NULL, *dw = NULL, *saved = NULL, *dw_all = NULL;
+    float *x = NULL, *xdec = NULL, *dy = NULL, *y = NULL, *dx = NULL, *dw = NULL, *saved = NULL, *dw_all = NULL;
     int64_t *pos = NULL, *cu = NULL, n_docs = 0, pos_offset = 0;
     gdn_attn_plan *plan = NULL;
     gdn_cp_stats fs = {0}, bs = {0};
@@ -415,7 +446,15 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
             if ((rc = gdn_cp_agree_values(cp, vals2, 6, more, GDN_OK))) cli_error("attention", rc), reported = 1;
         }
         /* same spec, T, D and H everywhere (agreed): every rank reaches the same verdict */
-        if (!rc && cli_shard_of(o.shards, D, rank, T, &t0, &tn)) rc = GDN_ERR_SHAPE, reported = 1;
+        if (!rc && o.decode >= T) {
+            if (!rank) fprintf(stderr, "gdncp attention: --decode %d under --cp leaves no prompt tokens of T = %lld to "
+                               "split over the ranks\n", o.decode, (long long)T);
+            rc = GDN_ERR_ARG, reported = 1;
+        }
+        /* --decode: the prompt (T - N tokens) split over the ranks; the last rank's rows also
+         * hold the decoded tokens */
+        if (!rc && cli_shard_of(o.shards, D, rank, T - o.decode, &t0, &tn)) rc = GDN_ERR_SHAPE, reported = 1;
+        if (!rc && rank == D - 1) tn += o.decode;
         if (!rc && strategy == GDN_ATTN_CP_HEADS && aw.cfg.H % D) {
             if (!rank)
                 fprintf(stderr, "gdncp attention: --cp heads needs the number of ranks D = %d to divide H = %lld query "
@@ -445,10 +484,12 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
         }
     }
     if (!rc) rc = read_rows(f, "x", ndim, aw.cfg.E, t0, tn, B, T, &x);
+    if (!rc && cp && o.decode) rc = read_rows(f, "x", ndim, aw.cfg.E, T - o.decode, o.decode, B, T, &xdec);
     if (!rc && o.backward) rc = read_rows(f, "dy", ndim, aw.cfg.E, t0, tn, B, T, &dy);
     gdn_attn_config c = aw.cfg;
     c.B = B, c.T = tn, c.threads = o.threads, c.pos_offset = pos_offset, c.cp = strategy;
     c.cu_seqlens = cu, c.n_docs = n_docs, c.seq_offset = cp ? t0 : 0;
+    if (cp && o.decode && rank == D - 1) c.T = tn - o.decode; /* the prefill's share */
     if (!rc && !o.decode) rc = gdn_attn_plan_create(&plan, &c);
     const size_t nx = (size_t)B * tn * aw.cfg.E, nw = gdn_attn_param_floats(&c);
     const size_t ns = plan && o.backward && !o.recompute ? gdn_attn_saved_floats(plan) : 0;
@@ -464,7 +505,8 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
     const double t_start = cli_now();
     if (cp) {
         rc = gdn_cp_agree_status(cp, rc);
-        if (!rc) rc = gdn_attn_cp_forward(cp, plan, y, saved, x, aw.w);
+        if (!rc && o.decode) rc = run_cp_decode(cp, &o, c, aw.w, x, xdec, y);
+        else if (!rc) rc = gdn_attn_cp_forward(cp, plan, y, saved, x, aw.w);
         if (!rc) fs = gdn_cp_last_stats(cp);
         if (!rc && o.backward) rc = gdn_attn_cp_backward(cp, plan, dx, dw, x, aw.w, saved, dy);
         if (!rc && o.backward) bs = gdn_cp_last_stats(cp);
@@ -511,7 +553,7 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
     if (cp) rc = gdn_cp_agree_status(cp, rc);
 done:
     if (rc && !reported && !strstr(gdn_errmsg(), "see its message")) cli_error("attention", rc);
-    free(x), free(dy), free(y), free(dx), free(dw), free(saved), free(dw_all), free(pos), free(cu);
+    free(x), free(xdec), free(dy), free(y), free(dx), free(dw), free(saved), free(dw_all), free(pos), free(cu);
     gdn_attn_plan_destroy(plan);
     gdn_attn_weights_free(&aw);
     gdn_st_close(f);
