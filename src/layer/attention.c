@@ -150,6 +150,22 @@ void gdn_attn_plan_destroy(gdn_attn_plan *ap) {
     free(ap);
 }
 
+/* The cos/sin table of the plan's tokens. The angles in double (exact), rounded to fp32 once:
+ * inv_freq_i = theta^(-2i/R); a token's position counts from its document's start (packed) or
+ * from pos_offset (dense), at its global index seq_offset + t. */
+static void tabulate_rope(gdn_attn_plan *ap) {
+    const gdn_attn_config *c = &ap->cfg;
+    const int64_t hr = c->R / 2;
+    for (int64_t t = 0; t < c->T; t++) {
+        const int64_t tg = c->seq_offset + t;
+        const double p = (double)(c->cu_seqlens ? tg - gdn_attn_doc_begin(ap->cu, c->n_docs, tg) : c->pos_offset + tg);
+        for (int64_t i = 0; i < hr; i++) {
+            const double ang = p * pow(c->rope_theta, -2.0 * (double)i / (double)c->R);
+            ap->cosv[t * hr + i] = (float)cos(ang), ap->sinv[t * hr + i] = (float)sin(ang);
+        }
+    }
+}
+
 int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "attention plan output pointer is NULL");
     *out = NULL;
@@ -173,7 +189,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
             return gdn_fail(GDN_ERR_NOMEM, "attention cu_seqlens copy (%lld documents)", (long long)c->n_docs);
         }
         memcpy(ap->cu, c->cu_seqlens, sizeof(int64_t) * (size_t)(c->n_docs + 1));
-        c->cu_seqlens = ap->cu;
+        c->cu_seqlens = ap->cu, ap->cu_cap = c->n_docs + 1;
     }
     const size_t N = (size_t)ap->N, Hd = (size_t)ap->Hd, Kd = (size_t)ap->Kd, P = (size_t)ap->P, H = (size_t)c->H;
     const size_t pieces[] = {
@@ -204,17 +220,31 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     float **dst[] = {&ap->cosv, &ap->sinv, &ap->saved, &ap->qr, &ap->kr, &ap->rq, &ap->rk, &ap->z, &ap->dO,
                      &ap->Dv, &ap->dqr, &ap->dkr, &ap->dproj, &ap->tile, &ap->partial, &ap->mm_ws};
     for (size_t i = 0; i < np; i++) *dst[i] = gdn_carve(&cur, pieces[i]);
-    /* The angles in double (exact), rounded to fp32 once: inv_freq_i = theta^(-2i/R); a token's
-     * position counts from its document's start (packed) or from pos_offset (dense). */
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t tg = c->seq_offset + t;
-        const double p = (double)(c->cu_seqlens ? tg - gdn_attn_doc_begin(ap->cu, c->n_docs, tg) : c->pos_offset + tg);
-        for (int64_t i = 0; i < hr; i++) {
-            const double ang = p * pow(c->rope_theta, -2.0 * (double)i / (double)c->R);
-            ap->cosv[t * hr + i] = (float)cos(ang), ap->sinv[t * hr + i] = (float)sin(ang);
-        }
-    }
+    tabulate_rope(ap);
     *out = ap;
+    return GDN_OK;
+}
+
+int gdn_attn_plan_set_docs(gdn_attn_plan *ap, const int64_t *cu_seqlens, int64_t n_docs, int64_t seq_offset) {
+    if (!ap) return gdn_fail(GDN_ERR_ARG, "attention documents: plan is NULL");
+    if (!cu_seqlens != !ap->cu)
+        return gdn_fail(GDN_ERR_ARG, "attention documents: the plan was made %s", ap->cu
+                        ? "packed: give cu_seqlens (NULL only for a dense plan)" : "dense: cu_seqlens must be NULL");
+    gdn_attn_config c = ap->cfg;
+    c.cu_seqlens = cu_seqlens, c.n_docs = cu_seqlens ? n_docs : 0, c.seq_offset = seq_offset;
+    int rc = gdn_attn_config_check(&c);
+    if (rc) return rc;
+    if (cu_seqlens && n_docs + 1 > ap->cu_cap) { /* grow-only: later steps reuse it */
+        int64_t *grown = realloc(ap->cu, sizeof(int64_t) * (size_t)(n_docs + 1));
+        if (!grown) return gdn_fail(GDN_ERR_NOMEM, "attention cu_seqlens copy (%lld documents)", (long long)n_docs);
+        ap->cu = grown, ap->cu_cap = n_docs + 1;
+    }
+    if (cu_seqlens) {
+        memcpy(ap->cu, cu_seqlens, sizeof(int64_t) * (size_t)(n_docs + 1));
+        c.cu_seqlens = ap->cu;
+    }
+    ap->cfg = c;
+    tabulate_rope(ap);
     return GDN_OK;
 }
 
