@@ -14,7 +14,7 @@
 
 /* A model small enough for finite differences, with every piece present. */
 static gdn_model_config small_cfg(void) {
-    gdn_model_config c = {256, 32, 2, 48, 1, 2, 16, 16, 4, 1e-6f, 0};
+    gdn_model_config c = {.vocab = 256, .E = 32, .L = 2, .I = 48, .Hk = 1, .Hv = 2, .K = 16, .V = 16, .Kc = 4, .eps = 1e-6f};
     return c;
 }
 
@@ -184,7 +184,7 @@ static void test_names(void) {
     }
     for (int variant = 0; variant < 2; variant++) {
         /* qwen35_tiny's dimensions with its 3 GatedDeltaNet layers; the control: intermediate 193 */
-        gdn_model_config c = {256, 96, 3, variant ? 193 : 192, 2, 6, 16, 24, 4, 1e-6f, 0};
+        gdn_model_config c = {.vocab = 256, .E = 96, .L = 3, .I = variant ? 193 : 192, .Hk = 2, .Hv = 6, .K = 16, .V = 24, .Kc = 4, .eps = 1e-6f};
         int bad = 0;
         char first_bad[128] = "";
         gdn_model_tensor_info t;

@@ -109,7 +109,7 @@ void test_model_cp(void) {
     int rank, D;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
-    const gdn_model_config c = {256, 32, 2, 48, 1, 2, 16, 16, 4, 1e-6f, 0};
+    const gdn_model_config c = {.vocab = 256, .E = 32, .L = 2, .I = 48, .Hk = 1, .Hv = 2, .K = 16, .V = 16, .Kc = 4, .eps = 1e-6f};
     const int64_t B = 2, T = 23 * D + 5; /* uneven: the last rank gets 5 more */
     const size_t nw = gdn_model_param_floats(&c);
     float *w = aligned_alloc(64, sizeof(float) * nw), *dw_ref = aligned_alloc(64, sizeof(float) * nw);
