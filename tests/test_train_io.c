@@ -478,6 +478,13 @@ static void test_hybrid_round_trip(void) {
     rc = rc ? rc : gdn_ckpt_load_config(dir, &back);
     check(no_head && !rc && back.tie_embeddings && !gdn_ckpt_load(dir, &back, w2, NULL, NULL, NULL),
           "a tied model saves without lm_head.weight, tie_word_embeddings true, and loads back");
+    /* no position limit (0): written as transformers' required field, and loads back into itself */
+    gdn_model_config unlimited = g;
+    unlimited.max_position = 0;
+    rc = gdn_ckpt_save(out, 4, &unlimited, w, NULL, NULL, NULL, 0);
+    path_fmt(dir, sizeof dir, "%s/checkpoint-00000004", out);
+    check(!rc && !gdn_ckpt_load(dir, &unlimited, w2, NULL, NULL, NULL),
+          "a model without a position limit saves and loads back into itself (%s)", rc ? gdn_errmsg() : "ok");
     free(w), free(w2);
 }
 

@@ -49,7 +49,8 @@ typedef struct {
     int64_t H, Hkv, d;     /* num_attention_heads, num_key_value_heads, head_dim */
     int64_t R;             /* rotary dims: int(head_dim * partial_rotary_factor), even */
     double rope_theta;     /* rope_parameters.rope_theta */
-    int64_t max_position;  /* max_position_embeddings (0: no limit) */
+    int64_t max_position;  /* max_position_embeddings (0: no limit; saved as 32768, transformers
+                              needs a value, and a model with 0 loads any) */
     /* layer_types: full_attention[l] = 1 where layer l is "full_attention", 0 for
      * "linear_attention"; entries from L on must be 0. */
     unsigned char full_attention[GDN_MODEL_MAX_LAYERS];

@@ -974,7 +974,7 @@ static int same_config(const char *dir, const gdn_model_config *cfg) {
         {"num_key_value_heads", file.Hkv, cfg->Hkv, attn},
         {"head_dim", file.d, cfg->d, attn},
         {"the rotary dims (head_dim x partial_rotary_factor)", file.R, cfg->R, attn},
-        {"max_position_embeddings", file.max_position, cfg->max_position, attn},
+        {"max_position_embeddings", file.max_position, cfg->max_position, attn && cfg->max_position}, /* 0: none */
         {"tie_word_embeddings", file.tie_embeddings != 0, cfg->tie_embeddings != 0, 1},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
