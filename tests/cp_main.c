@@ -11,6 +11,7 @@ void test_layer_cp(void);
 void test_model_cp(void);
 void test_pack_cp(void);
 void test_attention_cp(void);
+void test_model_cp_hybrid(void);
 
 int main(int argc, char **argv) {
     int provided = MPI_THREAD_SINGLE;
@@ -27,7 +28,7 @@ int main(int argc, char **argv) {
     /* suites named on the command line run alone (all by default) */
     static const struct { const char *name; void (*run)(void); } suites[] = {
         {"cp", test_cp}, {"layer_cp", test_layer_cp}, {"model_cp", test_model_cp}, {"pack_cp", test_pack_cp},
-        {"attention_cp", test_attention_cp}};
+        {"attention_cp", test_attention_cp}, {"model_cp_hybrid", test_model_cp_hybrid}};
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++) {
         int run = argc < 2;
         for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], suites[i].name);

@@ -130,5 +130,6 @@ void test_pack(void);            /* tests/test_pack.c: packed documents (cu_seql
 void test_attention(void);       /* tests/test_attention.c: the gated full-attention layer */
 void test_attn_decode(void);     /* tests/test_attention_decode.c: its KV cache and decode */
 void test_attn_io(void);         /* tests/test_attn_io.c: loading attention weights */
+void test_model_hybrid(void);    /* tests/test_model_hybrid.c: the hybrid model against transformers */
 
 #endif

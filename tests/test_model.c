@@ -14,7 +14,17 @@
 
 /* A model small enough for finite differences, with every piece present. */
 static gdn_model_config small_cfg(void) {
-    gdn_model_config c = {256, 32, 2, 48, 1, 2, 16, 16, 4, 1e-6f, 0};
+    gdn_model_config c = {.vocab = 256, .E = 32, .L = 2, .I = 48, .Hk = 1, .Hv = 2, .K = 16, .V = 16, .Kc = 4, .eps = 1e-6f};
+    return c;
+}
+
+/* The same with gated attention at layer 1 (2 query heads on 1 kv head, d 16, 8 rotary dims); all:
+ * every layer attention (no GatedDeltaNet layer at all). */
+static gdn_model_config hybrid_cfg(int all_attention) {
+    gdn_model_config c = small_cfg();
+    c.H = 2, c.Hkv = 1, c.d = 16, c.R = 8, c.rope_theta = 10000.0;
+    c.full_attention[1] = 1;
+    if (all_attention) c.full_attention[0] = 1;
     return c;
 }
 
@@ -35,8 +45,11 @@ static float *model_weights(const gdn_model_config *c, uint64_t seed) {
     rng_seed(seed + 7);
     for (int i = 0; i < gdn_model_tensor_count(c); i++) {
         gdn_model_tensor(c, i, &t);
-        if (t.ndim == 2) /* embeddings of size ~1: the first norm is smooth at the FD step */
-            for (size_t k = 0; k < t.numel; k++) w[t.offset + k] *= strstr(t.name, "embed") ? 50.0f : 8.0f;
+        /* embeddings of size ~1: the first norm is smooth at the FD step; tied, the head reads them
+         * too, and logits 50 times larger would make the loss's fp32 rounding swamp the differences */
+        const float embed_scale = c->tie_embeddings ? 8.0f : 50.0f;
+        if (t.ndim == 2)
+            for (size_t k = 0; k < t.numel; k++) w[t.offset + k] *= strstr(t.name, "embed") ? embed_scale : 8.0f;
         if (t.ndim == 1 && !strstr(t.name, "A_log") && !strstr(t.name, "dt_bias"))
             for (size_t k = 0; k < t.numel; k++) w[t.offset + k] += (float)rng_uniform(-0.3, 0.3);
         if (strstr(t.name, "A_log"))
@@ -51,12 +64,12 @@ static double loss_of(gdn_model_plan *p, const float *w, const uint8_t *tok, dou
     return rc ? NAN : s / denom;
 }
 
-static void test_gradients(void) {
-    const gdn_model_config c = small_cfg();
+static void test_gradients(const gdn_model_config *cfg, const char *what) {
+    const gdn_model_config c = *cfg;
     const gdn_model_run r = {.B = 2, .T = 37, .threads = 0, .recompute = 0, .check_finite = 1};
     const double denom = (double)(r.B * r.T);
     gdn_model_plan *p = NULL;
-    check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "model plan B=2 T=37 E=32 L=2");
+    check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "%s: model plan B=2 T=37 E=32 L=2", what);
     if (!p) return;
     float *w = model_weights(&c, 11);
     const size_t nw = gdn_model_param_floats(&c);
@@ -106,8 +119,8 @@ static void test_gradients(void) {
         if (err > worst) worst = err, snprintf(worst_name, sizeof worst_name, "%s", t.name);
         if (err_wrong < worst_wrong) worst_wrong = err_wrong;
     }
-    expect_close(worst, 2e-2, "model gradient vs central differences, every tensor (worst %s)", worst_name);
-    expect_far(worst_wrong, 2e-2, "the gradient of other targets, best tensor");
+    expect_close(worst, 2e-2, "%s: model gradient vs central differences, every tensor (worst %s)", what, worst_name);
+    expect_far(worst_wrong, 2e-2, "%s: the gradient of other targets, best tensor", what);
     free(dir);
 
     /* Recompute (each block's activations recomputed in the backward) gives the same loss and
@@ -121,10 +134,10 @@ static void test_gradients(void) {
         float *dwr = aligned_alloc(64, sizeof(float) * nw);
         model_train_step(p, w, dw, tok, denom, &ls_k);
         check(model_train_step(pr, w, dwr, tok, denom, &ls_r) == GDN_OK, "model step with recompute");
-        expect_close(fabs(ls_r - ls_k) / fabs(ls_k), 1e-6, "recompute: loss equals kept activations'");
-        expect_close(rel_err_ff(dwr, dw, (int64_t)nw), 1e-5, "recompute: gradient equals kept activations'");
+        expect_close(fabs(ls_r - ls_k) / fabs(ls_k), 1e-6, "%s: recompute: loss equals kept activations'", what);
+        expect_close(rel_err_ff(dwr, dw, (int64_t)nw), 1e-5, "%s: recompute: gradient equals kept activations'", what);
         model_train_step(pr, w, dwr, tok2, denom, &ls_r);
-        expect_far(rel_err_ff(dwr, dw, (int64_t)nw), 1e-5, "recompute's gradient of other tokens");
+        expect_far(rel_err_ff(dwr, dw, (int64_t)nw), 1e-5, "%s: recompute's gradient of other tokens", what);
         free(dwr);
         gdn_model_plan_destroy(pr);
     }
@@ -184,7 +197,7 @@ static void test_names(void) {
     }
     for (int variant = 0; variant < 2; variant++) {
         /* qwen35_tiny's dimensions with its 3 GatedDeltaNet layers; the control: intermediate 193 */
-        gdn_model_config c = {256, 96, 3, variant ? 193 : 192, 2, 6, 16, 24, 4, 1e-6f, 0};
+        gdn_model_config c = {.vocab = 256, .E = 96, .L = 3, .I = variant ? 193 : 192, .Hk = 2, .Hv = 6, .K = 16, .V = 24, .Kc = 4, .eps = 1e-6f};
         int bad = 0;
         char first_bad[128] = "";
         gdn_model_tensor_info t;
@@ -346,8 +359,8 @@ static void test_checkpoint_logits(void) {
  * starts at the chunk boundary (64) and one token either side, a document whose only token is
  * the last target. Negative control: the same rows with one document start left out (no reset
  * there) must miss. Also: recompute equals kept activations; refusals. */
-static void test_packed(void) {
-    const gdn_model_config c = small_cfg();
+static void test_packed(const gdn_model_config *cfg, const char *what) {
+    const gdn_model_config c = *cfg;
     enum { B = 2, T = 150 };
     const int64_t cu[] = {0, 5, 6, 64, 129, 151, /* row 1 */ 0, 65, 150, 151};
     const int64_t n_docs[B] = {5, 3};
@@ -378,13 +391,13 @@ static void test_packed(void) {
             for (size_t i = 0; i < nw; i++) dw_ref[i] += dw_doc[i];
             gdn_model_plan_destroy(p1);
         }
-    check(ok, "each document alone through an unpacked plan");
+    check(ok, "%s: each document alone through an unpacked plan", what);
     for (int recompute = 0; recompute < 2; recompute++) {
         const gdn_model_run r = {.B = B, .T = T, .threads = 0, .recompute = recompute, .check_finite = 1, .pack = 1};
         gdn_model_plan *p = NULL;
         int64_t got_targets = -1;
         double ls = 0;
-        check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "packed model plan (recompute %d)", recompute);
+        check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "%s: packed model plan (recompute %d)", what, recompute);
         if (!p) continue;
         if (!recompute)
             expect_status(gdn_model_forward(p, w, tok, denom, &ls, 0), GDN_ERR_ARG, "gdn_model_set_docs",
@@ -393,14 +406,15 @@ static void test_packed(void) {
         check(set == GDN_OK && got_targets == want, "gdn_model_set_docs: %lld targets predicted (%lld inside "
               "documents)", (long long)got_targets, (long long)want);
         check(model_train_step(p, w, dw, tok, denom, &ls) == GDN_OK, "packed model step");
-        expect_close(fabs(ls - ref) / fabs(ref), 2e-5, "packed loss vs each document alone (recompute %d)", recompute);
+        expect_close(fabs(ls - ref) / fabs(ref), 2e-5, "%s: packed loss vs each document alone (recompute %d)", what,
+                     recompute);
         expect_close(rel_err_ff(dw, dw_ref, (int64_t)nw), 2e-5,
-                     "packed gradient vs each document alone (recompute %d)", recompute);
+                     "%s: packed gradient vs each document alone (recompute %d)", what, recompute);
         if (!recompute) {
             check(gdn_model_set_docs(p, cu_noreset, n_noreset, 0, &got_targets) == GDN_OK,
                   "documents with the start at 64 left out");
             model_train_step(p, w, dw, tok, denom, &ls);
-            expect_far(rel_err_ff(dw, dw_ref, (int64_t)nw), 2e-5, "packed gradient without the reset at 64");
+            expect_far(rel_err_ff(dw, dw_ref, (int64_t)nw), 2e-5, "%s: packed gradient without the reset at 64", what);
             const int64_t bad_order[] = {0, 9, 9, 151, 0, 151}, n_bad[B] = {3, 1};
             expect_status(gdn_model_set_docs(p, bad_order, n_bad, 0, &got_targets), GDN_ERR_SHAPE, "not increasing",
                          "documents not increasing");
@@ -427,13 +441,118 @@ static void test_packed(void) {
     free(w), free(dw), free(dw_ref), free(dw_doc), free(tok);
 }
 
+/* A tied model (no lm_head: the head reads the embedding) equals the untied model whose lm_head is
+ * a copy of its embedding: the same loss and logits, and the tied embedding's gradient is the sum
+ * of the untied embedding's and lm_head's. Control: the untied embedding's gradient alone (the
+ * head's use of the embedding left out). */
+static void test_tied(void) {
+    const gdn_model_config cu = hybrid_cfg(0);
+    gdn_model_config ct = cu;
+    ct.tie_embeddings = 1;
+    check(gdn_model_tensor_count(&ct) == gdn_model_tensor_count(&cu) - 1 &&
+              gdn_model_param_floats(&ct) == gdn_model_param_floats(&cu) - 256 * 32,
+          "tied: no lm_head tensor, %zu floats fewer", gdn_model_param_floats(&cu) - gdn_model_param_floats(&ct));
+    float *wu = model_weights(&cu, 17), *wt = aligned_alloc(64, sizeof(float) * gdn_model_param_floats(&ct));
+    gdn_model_tensor_info t, u, emb = {0}, head = {0};
+    for (int i = 0; i < gdn_model_tensor_count(&cu); i++) {
+        gdn_model_tensor(&cu, i, &u);
+        if (!strcmp(u.name, "model.embed_tokens.weight")) emb = u;
+        if (!strcmp(u.name, "lm_head.weight")) head = u;
+    }
+    memcpy(wu + head.offset, wu + emb.offset, sizeof(float) * emb.numel);
+    for (int i = 0; i < gdn_model_tensor_count(&ct); i++) { /* the same tensors by name */
+        gdn_model_tensor(&ct, i, &t);
+        for (int k = 0; k < gdn_model_tensor_count(&cu); k++)
+            if (!gdn_model_tensor(&cu, k, &u) && !strcmp(u.name, t.name)) memcpy(wt + t.offset, wu + u.offset, 4 * t.numel);
+    }
+    const gdn_model_run r = {.B = 2, .T = 37, .threads = 0, .check_finite = 1};
+    gdn_model_plan *pu = NULL, *pt = NULL;
+    float *dwu = aligned_alloc(64, sizeof(float) * gdn_model_param_floats(&cu));
+    float *dwt = aligned_alloc(64, sizeof(float) * gdn_model_param_floats(&ct));
+    float *lu = malloc(sizeof(float) * 2 * 37 * 256), *lt = malloc(sizeof(float) * 2 * 37 * 256);
+    uint8_t *tok = random_tokens(2 * 38, 21), in[2 * 37];
+    for (int b = 0; b < 2; b++) memcpy(in + b * 37, tok + b * 38, 37);
+    double su = 0, st = 0;
+    if (!gdn_model_plan_create(&pu, &cu, &r, NULL) && !gdn_model_plan_create(&pt, &ct, &r, NULL) &&
+        !model_train_step(pu, wu, dwu, tok, 74, &su) && !model_train_step(pt, wt, dwt, tok, 74, &st) &&
+        !gdn_model_logits(pu, wu, in, lu) && !gdn_model_logits(pt, wt, in, lt)) {
+        expect_close(fabs(st - su) / fabs(su), 1e-6, "tied: loss equals the untied model's with lm_head = embedding");
+        expect_close(rel_err_ff(lt, lu, 2 * 37 * 256), 1e-6, "tied: logits equal the untied model's");
+        float *sum = malloc(sizeof(float) * emb.numel);
+        for (size_t k = 0; k < emb.numel; k++) sum[k] = dwu[emb.offset + k] + dwu[head.offset + k];
+        expect_close(rel_err_ff(dwt, sum, (int64_t)emb.numel), 1e-5,
+                     "tied: the embedding's gradient = the untied embedding's + lm_head's");
+        expect_far(rel_err_ff(dwt, dwu + emb.offset, (int64_t)emb.numel), 1e-5,
+                   "tied: ... against the untied embedding's alone (the head's use left out)");
+        free(sum);
+    } else {
+        check(0, "tied and untied model steps: %s", gdn_errmsg());
+    }
+    gdn_model_plan_destroy(pu), gdn_model_plan_destroy(pt);
+    free(wu), free(wt), free(dwu), free(dwt), free(lu), free(lt), free(tok);
+}
+
+/* A hybrid configuration or run that cannot be is refused, naming what is wrong. */
+static void test_hybrid_errors(void) {
+    gdn_model_plan *p = NULL;
+    gdn_model_run r = {.B = 1, .T = 8, .check_finite = 1};
+    struct {
+        const char *what, *needle;
+        int want;
+        void (*edit)(gdn_model_config *c);
+    } cases[] = {
+        {"a full-attention layer beyond num_hidden_layers", "full_attention[5] = 1 but the model has 2 layers",
+         GDN_ERR_SHAPE, NULL},
+        {"a layer type 2", "1 (full attention) or 0 (GatedDeltaNet)", GDN_ERR_ARG, NULL},
+        {"3 query heads on 2 kv heads", "not a multiple of Hkv = 2", GDN_ERR_SHAPE, NULL},
+        {"7 rotary dims", "R = 7 must be even", GDN_ERR_SHAPE, NULL},
+        {"head_dim 0", "attention d = 0 is out of range", GDN_ERR_SHAPE, NULL},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        gdn_model_config c = hybrid_cfg(0);
+        if (i == 0) c.full_attention[5] = 1;
+        if (i == 1) c.full_attention[0] = 2;
+        if (i == 2) c.H = 3, c.Hkv = 2;
+        if (i == 3) c.R = 7;
+        if (i == 4) c.d = 0;
+        expect_status(gdn_model_plan_create(&p, &c, &r, NULL), cases[i].want, cases[i].needle, "model plan: %s",
+                      cases[i].what);
+    }
+    gdn_model_config c = hybrid_cfg(0);
+    r.attn_cp = 7;
+    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_ARG, "attn_cp = 7 is unknown",
+                  "model plan: attention CP strategy 7");
+    r.attn_cp = GDN_ATTN_CP_KV, r.T = 32;
+    c.max_position = 16;
+    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_ARG, "beyond max_position = 16",
+                  "model plan: 32 tokens with max_position_embeddings 16");
+    gdn_model_decoder *d = NULL;
+    c = hybrid_cfg(0);
+    expect_status(gdn_model_decoder_create(&d, &c, 1, 1), GDN_ERR_ARG, "layer 1 is full attention",
+                  "decoder of a hybrid model (not built yet)");
+    /* a GatedDeltaNet-only model reads no attention field */
+    c = small_cfg();
+    c.H = -5, c.d = 3;
+    check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "a GatedDeltaNet-only model ignores its attention fields");
+    gdn_model_plan_destroy(p);
+}
+
 void test_model(void) {
     test_checkpoint_logits();
     test_names();
     test_errors_model();
     test_adamw();
     test_adamw_threads();
-    test_gradients();
-    test_packed();
+    test_hybrid_errors();
+    const gdn_model_config gdn = small_cfg(), hyb = hybrid_cfg(0), att = hybrid_cfg(1);
+    gdn_model_config tied = hyb;
+    tied.tie_embeddings = 1;
+    test_gradients(&gdn, "GatedDeltaNet");
+    test_gradients(&hyb, "hybrid");
+    test_gradients(&tied, "hybrid, tied");
+    test_tied();
+    test_packed(&gdn, "GatedDeltaNet");
+    test_packed(&hyb, "hybrid");
+    test_packed(&att, "attention only");
     test_decode();
 }

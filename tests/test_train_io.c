@@ -354,9 +354,6 @@ static void test_config(void) {
     const double eps_written = json_real_value(json_object_get(ours, "rms_norm_eps"));
     check(eps_written == 1e-6, "rms_norm_eps written as the decimal 1e-6 (%.17g)", eps_written);
 
-    /* transformers' own tiny Qwen3.5 has a full-attention layer: refused, naming it. */
-    expect_status(gdn_ckpt_load_config(GOLDEN_TINY, &got), GDN_ERR_FORMAT, "layer 3 is \"full_attention\"",
-                  "load_config(golden qwen35_tiny)");
 
     /* Edited copies of our config.json, each refused with the field named. */
     struct { const char *what, *field; json_t *value; int remove; int want; const char *needle; } edits[] = {
@@ -365,7 +362,11 @@ static void test_config(void) {
         {"hidden_size 64.5", "hidden_size", json_real(64.5), 0, GDN_ERR_FORMAT, "'hidden_size' is not an integer"},
         {"linear_key_head_dim 1000", "linear_key_head_dim", json_integer(1000), 0, GDN_ERR_SHAPE, "linear_key_head_dim' = 1000"},
         {"num_hidden_layers -1", "num_hidden_layers", json_integer(-1), 0, GDN_ERR_SHAPE, "num_hidden_layers' = -1"},
-        {"layer_types missing", "layer_types", NULL, 1, GDN_ERR_FORMAT, "layer_types' is missing"},
+        {"layer_types 3 entries for 2 layers", "layer_types", json_pack("[sss]", "linear_attention", "linear_attention",
+         "linear_attention"), 0, GDN_ERR_SHAPE, "'layer_types' has 3 entries but num_hidden_layers is 2"},
+        {"a layer of type sliding_attention", "layer_types", json_pack("[ss]", "linear_attention", "sliding_attention"), 0,
+         GDN_ERR_FORMAT, "layer 1 is \"sliding_attention\""},
+        {"num_experts 8 (MoE)", "num_experts", json_integer(8), 0, GDN_ERR_FORMAT, "'num_experts' = 8"},
         {"rms_norm_eps 0", "rms_norm_eps", json_real(0.0), 0, GDN_ERR_SHAPE, "rms_norm_eps"},
         {"model_type qwen3_next", "model_type", json_string("qwen3_next"), 0, GDN_ERR_FORMAT, "qwen3_next"},
         {"linear_num_value_heads 3 (not a multiple of 2 key heads)", "linear_num_value_heads", json_integer(3), 0,
@@ -393,6 +394,192 @@ static void test_config(void) {
     write_bytes(p, "{\"hidden_size\": ", 16);
     expect_status(gdn_ckpt_load_config(edir, &got), GDN_ERR_FORMAT, "invalid JSON", "truncated config.json");
     json_decref(ours), json_decref(golden);
+}
+
+/* ------------------------------------------------------------ hybrid checkpoints (full attention) */
+
+/* transformers' own config.json field by field (every field but transformers_version, values and
+ * JSON types): the first that differs into `first` (empty: none). */
+static int config_matches_golden(const char *path, char *first, size_t cap) {
+    json_t *ours = json_load_file(path, 0, NULL), *golden = json_load_file(GOLDEN_TINY "/config.json", 0, NULL);
+    int same = ours && golden && json_object_size(ours) + 1 == json_object_size(golden);
+    path_fmt(first, cap, "%s", same ? "" : "(the field count)");
+    const char *key;
+    json_t *val;
+    if (same)
+        json_object_foreach(golden, key, val) if (strcmp(key, "transformers_version") &&
+                                                  !json_equal(val, json_object_get(ours, key))) {
+            if (same) path_fmt(first, cap, "%s", key);
+            same = 0;
+        }
+    json_decref(ours), json_decref(golden);
+    return same;
+}
+
+/* transformers' tiny Qwen3.5 (3 GatedDeltaNet layers, then full attention) loads with every field,
+ * saves back to transformers' own config.json and the same tensors, and a tied model saves without
+ * lm_head. Controls: the layer types shifted by one are seen by the same comparisons. */
+static void test_hybrid_round_trip(void) {
+    gdn_model_config g, back, shifted;
+    int rc = gdn_ckpt_load_config(GOLDEN_TINY, &g);
+    check(rc == GDN_OK && g.L == 4 && !g.full_attention[0] && !g.full_attention[1] && !g.full_attention[2] &&
+              g.full_attention[3] && gdn_model_attn_layers(&g) == 1 && g.H == 4 && g.Hkv == 2 && g.d == 24 &&
+              g.R == 6 && g.rope_theta == 10000.0 && g.max_position == 32768 && !g.tie_embeddings && g.Hk == 2 &&
+              g.Hv == 6 && g.K == 16 && g.V == 24 && g.E == 96 && g.I == 192,
+          "load_config(transformers' qwen35_tiny): 3 x linear_attention + full_attention, H 4, Hkv 2, d 24, R 6, "
+          "theta 1e4 (%s)", rc ? gdn_errmsg() : "ok");
+    if (rc) return;
+    const size_t nw = gdn_model_param_floats(&g);
+    float *w = calloc(nw, sizeof(float)), *w2 = calloc(nw, sizeof(float));
+    rc = gdn_ckpt_load(GOLDEN_TINY, &g, w, NULL, NULL, NULL);
+    check(rc == GDN_OK, "load transformers' qwen35_tiny model.safetensors: all %d tensors (%s)",
+          gdn_model_tensor_count(&g), rc ? gdn_errmsg() : "ok");
+    char out[512], dir[700], p[800], first[128];
+    tpath(out, "hybrid");
+    rc = gdn_ckpt_save(out, 1, &g, w, NULL, NULL, NULL, 0);
+    path_fmt(dir, sizeof dir, "%s/checkpoint-00000001", out);
+    path_fmt(p, sizeof p, "%s/config.json", dir);
+    check(!rc && config_matches_golden(p, first, sizeof first),
+          "the saved config.json is transformers' own, field by field (first difference: '%s')", first);
+    memset(&back, 0x55, sizeof back);
+    rc = gdn_ckpt_load_config(dir, &back);
+    check(!rc && !memcmp(&back, &g, sizeof g), "config round trip: every field (layer types, attention dims, RoPE)");
+    rc = gdn_ckpt_load(dir, &g, w2, NULL, NULL, NULL);
+    gdn_model_tensor_info t;
+    int same = !rc;
+    for (int i = 0; same && i < gdn_model_tensor_count(&g); i++)
+        gdn_model_tensor(&g, i, &t), same = !memcmp(w + t.offset, w2 + t.offset, sizeof(float) * t.numel);
+    check(same, "the saved weights read back bit for bit (%s)", rc ? gdn_errmsg() : "ok");
+    /* control: layer 2 full attention instead of 3 */
+    shifted = g;
+    shifted.full_attention[2] = 1, shifted.full_attention[3] = 0;
+    float *ws = calloc(gdn_model_param_floats(&shifted), sizeof(float));
+    gdn_model_init(&shifted, ws, 1);
+    rc = gdn_ckpt_save(out, 2, &shifted, ws, NULL, NULL, NULL, 0);
+    path_fmt(p, sizeof p, "%s/checkpoint-00000002/config.json", out);
+    check(!rc && !config_matches_golden(p, first, sizeof first) && !strcmp(first, "layer_types"),
+          "control: the layer types shifted by one differ from transformers' config.json in '%s'", first);
+    expect_status(gdn_ckpt_load(GOLDEN_TINY, &shifted, ws, NULL, NULL, NULL), GDN_ERR_SHAPE,
+                  "layer 2 is linear_attention but in the model being loaded full_attention",
+                  "the tiny's weights into the model with the layer types shifted");
+    free(ws);
+    /* tied: no lm_head tensor, tie_word_embeddings true */
+    gdn_model_config tied = g;
+    tied.tie_embeddings = 1;
+    check(gdn_model_param_floats(&tied) < nw && gdn_model_tensor_count(&tied) == gdn_model_tensor_count(&g) - 1,
+          "a tied model has one tensor less (no lm_head)");
+    rc = gdn_ckpt_save(out, 3, &tied, w, NULL, NULL, NULL, 0);
+    path_fmt(dir, sizeof dir, "%s/checkpoint-00000003", out);
+    path_fmt(p, sizeof p, "%s/model.safetensors", dir);
+    gdn_st_file *f = NULL;
+    if (!rc) rc = gdn_st_open(&f, p);
+    const int no_head = !rc && !gdn_st_find(f, "lm_head.weight") && gdn_st_find(f, "model.embed_tokens.weight");
+    gdn_st_close(f);
+    rc = rc ? rc : gdn_ckpt_load_config(dir, &back);
+    check(no_head && !rc && back.tie_embeddings && !gdn_ckpt_load(dir, &back, w2, NULL, NULL, NULL),
+          "a tied model saves without lm_head.weight, tie_word_embeddings true, and loads back");
+    /* no position limit (0): written as transformers' required field, and loads back into itself */
+    gdn_model_config unlimited = g;
+    unlimited.max_position = 0;
+    rc = gdn_ckpt_save(out, 4, &unlimited, w, NULL, NULL, NULL, 0);
+    path_fmt(dir, sizeof dir, "%s/checkpoint-00000004", out);
+    check(!rc && !gdn_ckpt_load(dir, &unlimited, w2, NULL, NULL, NULL),
+          "a model without a position limit saves and loads back into itself (%s)", rc ? gdn_errmsg() : "ok");
+    free(w), free(w2);
+}
+
+/* Edited copies of transformers' tiny config.json (its model.safetensors beside it): what loads
+ * and what is refused, naming the field or the tensor. */
+static void test_hybrid_config_errors(void) {
+    gdn_model_config g, got;
+    if (gdn_ckpt_load_config(GOLDEN_TINY, &g)) {
+        check(0, "load_config(qwen35_tiny): %s", gdn_errmsg());
+        return;
+    }
+    char dir[512], p[700];
+    tpath(dir, "hybrid_edit");
+    mkdir(dir, 0755);
+    path_fmt(p, sizeof p, "%s/model.safetensors", dir);
+    copy_file(GOLDEN_TINY "/model.safetensors", p);
+    path_fmt(p, sizeof p, "%s/config.json", dir);
+    json_t *golden = json_load_file(GOLDEN_TINY "/config.json", 0, NULL);
+    float *w = calloc(gdn_model_param_floats(&g) + 4096, sizeof(float));
+    /* each edit: fields set (value) or removed (NULL); want_config for load_config, then (when it
+     * loads) want_load for the weights under the loaded config */
+    struct {
+        const char *what, *field;
+        json_t *value;
+        const char *field2;
+        json_t *value2;
+        int want_config, want_load;
+        const char *needle;
+    } edits[] = {
+        {"layer_types absent (transformers' default: every 4th layer)", "layer_types", NULL, NULL, NULL, GDN_OK, GDN_OK,
+         NULL},
+        {"layer_types absent, full_attention_interval 2", "layer_types", NULL, "full_attention_interval",
+         json_integer(2), GDN_OK, GDN_ERR_MISSING, "'model.layers.1.self_attn.q_proj.weight' is missing"},
+        {"the older top-level RoPE fields", "rope_parameters", NULL, "rope_theta", json_real(10000.0), GDN_OK, GDN_OK,
+         NULL},
+        {"layer_types of 5 entries", "layer_types",
+         json_pack("[sssss]", "linear_attention", "linear_attention", "linear_attention", "full_attention",
+                   "full_attention"), NULL, NULL, GDN_ERR_SHAPE, 0, "'layer_types' has 5 entries but num_hidden_layers is 4"},
+        {"an unknown layer type", "layer_types",
+         json_pack("[ssss]", "linear_attention", "linear_attention", "linear_attention", "mamba"), NULL, NULL,
+         GDN_ERR_FORMAT, 0, "layer 3 is \"mamba\""},
+        {"head_dim 32 (the weights have 24)", "head_dim", json_integer(32), NULL, NULL, GDN_OK, GDN_ERR_SHAPE,
+         "'model.layers.3.self_attn.q_proj.weight' has shape [192, 96]; the configuration needs [256, 96]"},
+        {"num_key_value_heads 1 (the weights have 2)", "num_key_value_heads", json_integer(1), NULL, NULL, GDN_OK,
+         GDN_ERR_SHAPE, "'model.layers.3.self_attn.k_proj.weight' has shape [48, 96]; the configuration needs [24, 96]"},
+        {"num_attention_heads 3 with 2 kv heads", "num_attention_heads", json_integer(3), NULL, NULL, GDN_ERR_SHAPE, 0,
+         "not a multiple of Hkv = 2"},
+        {"head_dim missing", "head_dim", NULL, NULL, NULL, GDN_ERR_FORMAT, 0, "'head_dim' is missing"},
+        {"partial_rotary_factor 0.3 (7 rotary dims)", "rope_parameters",
+         json_pack("{s:f, s:f, s:s}", "partial_rotary_factor", 0.3, "rope_theta", 10000.0, "rope_type", "default"), NULL,
+         NULL, GDN_ERR_SHAPE, 0, "R = 7 must be even"},
+        {"rope_type yarn", "rope_parameters",
+         json_pack("{s:f, s:f, s:s}", "partial_rotary_factor", 0.25, "rope_theta", 10000.0, "rope_type", "yarn"), NULL,
+         NULL, GDN_ERR_FORMAT, 0, "the RoPE type is \"yarn\""},
+        {"rope_theta missing", "rope_parameters", json_pack("{s:f, s:s}", "partial_rotary_factor", 0.25, "rope_type",
+         "default"), NULL, NULL, GDN_ERR_FORMAT, 0, "'rope_parameters.rope_theta' is missing"},
+        {"attention_bias true", "attention_bias", json_true(), NULL, NULL, GDN_ERR_FORMAT, 0, "'attention_bias' must be false"},
+        {"num_experts 4 (MoE)", "num_experts", json_integer(4), NULL, NULL, GDN_ERR_FORMAT, 0, "'num_experts' = 4"},
+        {"max_position_embeddings 0", "max_position_embeddings", json_integer(0), NULL, NULL, GDN_ERR_SHAPE, 0,
+         "'max_position_embeddings' = 0 is out of range"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        json_t *copy = json_deep_copy(golden);
+        if (edits[i].value) json_object_set_new(copy, edits[i].field, edits[i].value);
+        else json_object_del(copy, edits[i].field);
+        if (edits[i].field2) json_object_set_new(copy, edits[i].field2, edits[i].value2);
+        if (edits[i].field2 && !strcmp(edits[i].field2, "rope_theta"))
+            json_object_set_new(copy, "partial_rotary_factor", json_real(0.25));
+        json_dump_file(copy, p, JSON_INDENT(2));
+        json_decref(copy);
+        const int rc = gdn_ckpt_load_config(dir, &got);
+        if (edits[i].want_config) {
+            expect_status(rc, edits[i].want_config, edits[i].needle, "config.json: %s", edits[i].what);
+            continue;
+        }
+        check(rc == GDN_OK, "config.json: %s loads (%s)", edits[i].what, rc ? gdn_errmsg() : "ok");
+        if (rc) continue;
+        if (edits[i].want_load == GDN_OK)
+            check(!memcmp(&got, &g, sizeof g) && !gdn_ckpt_load(dir, &got, w, NULL, NULL, NULL),
+                  "... as the same model, and its weights load");
+        else
+            expect_status(gdn_ckpt_load(dir, &got, w, NULL, NULL, NULL), edits[i].want_load, edits[i].needle,
+                          "... but not the weights of the unedited model");
+    }
+    /* nested under text_config (a multimodal Qwen3.5 config): the same model; and its MoE field is named there */
+    json_t *wrapped = json_pack("{s:s, s:O}", "model_type", "qwen3_5", "text_config", golden);
+    json_dump_file(wrapped, p, JSON_INDENT(2));
+    const int rc = gdn_ckpt_load_config(dir, &got);
+    check(!rc && !memcmp(&got, &g, sizeof g), "config.json with the fields under text_config: the same model");
+    json_object_set_new(json_object_get(wrapped, "text_config"), "num_experts", json_integer(512));
+    json_dump_file(wrapped, p, JSON_INDENT(2));
+    expect_status(gdn_ckpt_load_config(dir, &got), GDN_ERR_FORMAT, "'text_config.num_experts' = 512",
+                  "config.json: text_config.num_experts 512");
+    json_decref(wrapped), json_decref(golden);
+    free(w);
 }
 
 static void test_corrupt(void) {
@@ -760,6 +947,8 @@ void test_train_io(void) {
     for (size_t i = 0; i < nparam; i++) v_base[i] = fabsf(v_base[i]);
     test_round_trip();
     test_config();
+    test_hybrid_round_trip();
+    test_hybrid_config_errors();
     test_corrupt();
     test_save_errors();
     test_keep_and_replace();

@@ -86,6 +86,13 @@ typedef struct gdn_attn_plan gdn_attn_plan;
 GDN_API int gdn_attn_plan_create(gdn_attn_plan **plan, const gdn_attn_config *cfg);
 GDN_API void gdn_attn_plan_destroy(gdn_attn_plan *plan);
 GDN_API const gdn_attn_config *gdn_attn_plan_config(const gdn_attn_plan *plan);
+/* Another step's documents, or this shard's place in the stream, for a plan (the cos/sin table is
+ * redone; nothing else changes): a packed plan takes new cu_seqlens (n_docs + 1 offsets, checked
+ * as at plan creation), a dense one NULL (then only seq_offset moves). A forward's saved floats
+ * belong to the documents it ran with: set the same ones for its backward. On failure the plan
+ * keeps what it had. */
+GDN_API int gdn_attn_plan_set_docs(gdn_attn_plan *plan, const int64_t *cu_seqlens, int64_t n_docs,
+                                   int64_t seq_offset);
 /* Floats the forward keeps for the backward: the projections (B T (2Hd + 2Hkv d)), the
  * attention output before the gate (B T H d) and the log-sum-exp (B T H). */
 GDN_API size_t gdn_attn_saved_floats(const gdn_attn_plan *plan);

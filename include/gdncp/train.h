@@ -15,31 +15,45 @@ extern "C" {
 
 /* ================================================================ model */
 /*
- * The decoder language model gdncp trains (DESIGN §5): a Qwen3.5-style stack built only from
- * GatedDeltaNet token mixers over a byte vocabulary.
+ * The decoder language model gdncp trains and runs (DESIGN §5): Qwen3.5's hybrid stack over a byte
+ * vocabulary. Each layer's token mixer is a GatedDeltaNet ("linear_attention") or a gated
+ * full-attention layer ("full_attention", attention.h), chosen per layer:
  *
- *   embed -> L x [ zero-centred RMSNorm -> GatedDeltaNet -> + residual
+ *   embed -> L x [ zero-centred RMSNorm -> mixer (GatedDeltaNet | gated attention) -> + residual
  *                  -> zero-centred RMSNorm -> SwiGLU MLP -> + residual ] -> RMSNorm -> lm_head
  *
  * Parameters (and gradients, and AdamW's moments) are one flat fp32 array; every tensor has a
- * Hugging Face Qwen3.5 name ("model.layers.3.mlp.up_proj.weight") and PyTorch [out, in] shape,
- * listed by gdn_model_tensor(). Each layer's GatedDeltaNet weights are one contiguous block in the
- * layer's own flat layout (gdn_layer_param_offset), so the layer runs on them in place.
+ * Hugging Face Qwen3.5 name ("model.layers.3.mlp.up_proj.weight", "model.layers.3.self_attn.
+ * q_proj.weight") and PyTorch [out, in] shape, listed by gdn_model_tensor(). Each layer's mixer
+ * weights are one contiguous block in the mixer's own flat layout (gdn_layer_param_offset or
+ * gdn_attn_param_offset), so the mixer runs on them in place. A tied model (tie_embeddings) has
+ * no lm_head tensor: the head reads the embedding, whose gradient sums both uses.
  *
- * Above src/layer: uses the layer and, for a sequence split over ranks, its CP form.
+ * Above src/layer: uses both mixers and, for a sequence split over ranks, their CP forms.
  */
 
-
+/* The most layers a model may have (gdn_model_config.full_attention's size). */
+#define GDN_MODEL_MAX_LAYERS 1024
 
 typedef struct {
     int64_t vocab;         /* 256: bytes */
     int64_t E;             /* hidden_size */
-    int64_t L;             /* num_hidden_layers */
+    int64_t L;             /* num_hidden_layers, 1..GDN_MODEL_MAX_LAYERS */
     int64_t I;             /* intermediate_size (SwiGLU) */
     int64_t Hk, Hv, K, V;  /* linear_num_key_heads, linear_num_value_heads, _key_head_dim, _value_head_dim */
     int64_t Kc;            /* linear_conv_kernel_dim */
     float eps;             /* rms_norm_eps (every norm) */
-    int tie_embeddings;    /* 0: lm_head has its own weight (the only form written today) */
+    int tie_embeddings;    /* tie_word_embeddings: lm_head is the embedding (no tensor of its own) */
+    /* The gated full-attention layers (read only when some layer is one; 0 in a GatedDeltaNet-only
+     * model, as in the named configurations): */
+    int64_t H, Hkv, d;     /* num_attention_heads, num_key_value_heads, head_dim */
+    int64_t R;             /* rotary dims: int(head_dim * partial_rotary_factor), even */
+    double rope_theta;     /* rope_parameters.rope_theta */
+    int64_t max_position;  /* max_position_embeddings (0: no limit; saved as 32768, transformers
+                              needs a value, and a model with 0 loads any) */
+    /* layer_types: full_attention[l] = 1 where layer l is "full_attention", 0 for
+     * "linear_attention"; entries from L on must be 0. */
+    unsigned char full_attention[GDN_MODEL_MAX_LAYERS];
 } gdn_model_config;
 
 /* Named sizes: "tiny" (demo, tests), "small", "long" (the million-token run). 0 if unknown. */
@@ -47,6 +61,14 @@ GDN_API int gdn_model_config_named(const char *name, gdn_model_config *cfg);
 GDN_API int gdn_model_config_check(const gdn_model_config *cfg);
 /* The layer configuration of one GatedDeltaNet mixer for B rows of T tokens. */
 GDN_API gdn_layer_config gdn_model_layer_config(const gdn_model_config *cfg, int64_t B, int64_t T);
+/* ... and of one gated attention mixer (dense, seq_offset 0, CP strategy kv). */
+GDN_API gdn_attn_config gdn_model_attn_config(const gdn_model_config *cfg, int64_t B, int64_t T);
+/* Layers of each kind: full attention, and (L minus that) GatedDeltaNet. */
+GDN_API int64_t gdn_model_attn_layers(const gdn_model_config *cfg);
+/* Transformers' default layer_types (no layer_types in config.json): layer l is full attention
+ * when (l + 1) % interval == 0 (full_attention_interval, 4 in Qwen3.5); interval <= 0 or
+ * > L: none. Sets full_attention[0..GDN_MODEL_MAX_LAYERS). */
+GDN_API void gdn_model_set_attention_interval(gdn_model_config *cfg, int64_t interval);
 
 /* The tensor table: every parameter with its Hugging Face name, shape, place in the flat
  * array and whether AdamW decays it (matrices and conv taps; not norms, A_log, dt_bias). */
@@ -61,7 +83,8 @@ GDN_API int gdn_model_tensor_count(const gdn_model_config *cfg);
 GDN_API int gdn_model_tensor(const gdn_model_config *cfg, int i, gdn_model_tensor_info *info);
 GDN_API size_t gdn_model_param_floats(const gdn_model_config *cfg); /* the whole flat array */
 GDN_API size_t gdn_model_param_count(const gdn_model_config *cfg);  /* real parameters (no padding) */
-/* Offset of layer l's GatedDeltaNet block (gdn_layer_param_floats of the layer config). */
+/* Offset of layer l's mixer block: its GatedDeltaNet weights (gdn_layer_param_floats of the
+ * layer config) or, for a full-attention layer, its attention weights (gdn_attn_param_floats). */
 GDN_API size_t gdn_model_layer_offset(const gdn_model_config *cfg, int64_t l);
 
 /* Qwen-style initialisation from a seed (DESIGN §5): normal(0, 0.02) matrices, zero-centred norm
@@ -70,7 +93,10 @@ GDN_API void gdn_model_init(const gdn_model_config *cfg, float *w, uint64_t seed
 
 /* A plan for B sequences of T tokens on this rank (its shard of each, when cp spans several
  * ranks: rank order is token order). cp may be NULL (one rank). recompute: keep only each
- * block's input in the forward and recompute the block in the backward. */
+ * block's input in the forward and recompute the block in the backward. Attention layers under
+ * CP need this shard's first token in the sequence (global RoPE positions, the causal mask): a
+ * dense plan learns it at its first forward from the ranks' T (an exclusive scan over cp), a
+ * packed one from gdn_model_set_docs. */
 typedef struct gdn_model_plan gdn_model_plan;
 typedef struct {
     int64_t B, T;   /* rows, tokens of this rank's shard */
@@ -78,6 +104,8 @@ typedef struct {
     int recompute;  /* 0: keep activations; 1: per-block recompute */
     int check_finite;
     int pack;       /* packed documents: gdn_model_set_docs before every forward */
+    int attn_cp;    /* under CP, the attention layers' strategy: GDN_ATTN_CP_KV (0, default) or
+                       GDN_ATTN_CP_HEADS (the rank count must divide H; attention.h) */
 } gdn_model_run;
 GDN_API int gdn_model_plan_create(gdn_model_plan **plan, const gdn_model_config *cfg,
                           const gdn_model_run *run, gdn_cp *cp);
@@ -110,7 +138,8 @@ GDN_API int gdn_model_backward(gdn_model_plan *plan, const float *w, float *dw, 
 /* Logits [B, T, vocab] of the inputs tokens [B, T] (forward only, tests). Collective over cp. */
 GDN_API int gdn_model_logits(gdn_model_plan *plan, const float *w, const uint8_t *tokens, float *logits);
 
-/* Generation: per-sequence recurrent caches for B sequences, one token at a time. */
+/* Generation: per-sequence recurrent caches for B sequences, one token at a time (GatedDeltaNet
+ * layers only so far: a model with a full-attention layer is refused). */
 typedef struct gdn_model_decoder gdn_model_decoder;
 GDN_API int gdn_model_decoder_create(gdn_model_decoder **dec, const gdn_model_config *cfg, int64_t B,
                              int threads);
@@ -221,9 +250,14 @@ GDN_API int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_con
 GDN_API int gdn_ckpt_resolve(const char *path, char *dir, size_t n);
 
 /* The model configuration from dir/config.json (its fields at the top level or under
- * "text_config"). Refused: a layer that is not "linear_attention", a vocabulary other than 256
- * bytes, missing, non-integer or out-of-range fields, then whatever gdn_model_config_check
- * refuses. */
+ * "text_config"). The layers from layer_types ("linear_attention" / "full_attention"), or when it
+ * is absent from full_attention_interval (transformers' default 4); the GatedDeltaNet fields are
+ * read when some layer is one, the attention fields (num_attention_heads, num_key_value_heads,
+ * head_dim, rope_parameters' rope_theta and partial_rotary_factor (or the older top-level ones),
+ * max_position_embeddings) when some layer is full attention. Refused: an unknown layer type,
+ * layer_types of another length than num_hidden_layers, mixture-of-experts (num_experts > 0),
+ * attention biases, a RoPE scaling other than "default", a vocabulary other than 256 bytes,
+ * missing, non-integer or out-of-range fields, then whatever gdn_model_config_check refuses. */
 GDN_API int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg);
 
 /* Read dir/model.safetensors into w (gdn_model_param_floats(cfg) floats) after checking that
@@ -296,8 +330,10 @@ GDN_API int gdn_train_fail(MPI_Comm world, int status);
 
 /* Peak resident set of this process in MiB. */
 GDN_API double gdn_peak_rss_mb(void);
-/* Useful FLOPs of one trained token (forward + backward): 6 x the non-embedding parameters +
- * the GatedDeltaNet kernel's forward and backward per layer (DESIGN §3's formulas, chunk 64). */
+/* Useful FLOPs of one trained token (forward + backward): 6 x the non-embedding parameters (a
+ * tied embedding counts: it is the head) + the GatedDeltaNet kernel's forward and backward per
+ * GatedDeltaNet layer (DESIGN §3's formulas, chunk 64). An attention layer's core, whose cost
+ * grows with the sequence, is not counted. */
 GDN_API double gdn_model_train_flops_per_token(const gdn_model_config *cfg);
 
 #ifdef __cplusplus

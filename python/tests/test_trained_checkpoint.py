@@ -28,7 +28,11 @@ class ModelConfig(ctypes.Structure):       # gdn_model_config
     _fields_ = [("vocab", ctypes.c_int64), ("E", ctypes.c_int64), ("L", ctypes.c_int64),
                 ("I", ctypes.c_int64), ("Hk", ctypes.c_int64), ("Hv", ctypes.c_int64),
                 ("K", ctypes.c_int64), ("V", ctypes.c_int64), ("Kc", ctypes.c_int64),
-                ("eps", ctypes.c_float), ("tie_embeddings", ctypes.c_int)]
+                ("eps", ctypes.c_float), ("tie_embeddings", ctypes.c_int),
+                ("H", ctypes.c_int64), ("Hkv", ctypes.c_int64), ("d", ctypes.c_int64),
+                ("R", ctypes.c_int64), ("rope_theta", ctypes.c_double),
+                ("max_position", ctypes.c_int64),
+                ("full_attention", ctypes.c_ubyte * 1024)]   # GDN_MODEL_MAX_LAYERS
 
 
 class TensorInfo(ctypes.Structure):        # gdn_model_tensor_info
@@ -39,7 +43,8 @@ class TensorInfo(ctypes.Structure):        # gdn_model_tensor_info
 
 class ModelRun(ctypes.Structure):          # gdn_model_run
     _fields_ = [("B", ctypes.c_int64), ("T", ctypes.c_int64), ("threads", ctypes.c_int),
-                ("recompute", ctypes.c_int), ("check_finite", ctypes.c_int)]
+                ("recompute", ctypes.c_int), ("check_finite", ctypes.c_int),
+                ("pack", ctypes.c_int), ("attn_cp", ctypes.c_int)]
 
 
 def _c_model(cfg, weights, tokens):

@@ -67,7 +67,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
             return gdn_fail(GDN_ERR_NOMEM, "attention cu_seqlens copy (%lld documents)", (long long)c->n_docs);
         }
         memcpy(ap->cu, c->cu_seqlens, sizeof(int64_t) * (size_t)(c->n_docs + 1));
-        c->cu_seqlens = ap->cu;
+        c->cu_seqlens = ap->cu, ap->cu_cap = c->n_docs + 1;
     }
     const size_t N = (size_t)ap->N, Hd = (size_t)ap->Hd, Kd = (size_t)ap->Kd, P = (size_t)ap->P, H = (size_t)c->H;
     const size_t pieces[] = {
@@ -100,6 +100,29 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     for (size_t i = 0; i < np; i++) *dst[i] = gdn_carve(&cur, pieces[i]);
     gdn_attn_rope_table(ap, c->pos_offset + c->seq_offset, ap->cosv, ap->sinv);
     *out = ap;
+    return GDN_OK;
+}
+
+int gdn_attn_plan_set_docs(gdn_attn_plan *ap, const int64_t *cu_seqlens, int64_t n_docs, int64_t seq_offset) {
+    if (!ap) return gdn_fail(GDN_ERR_ARG, "attention documents: plan is NULL");
+    if (!cu_seqlens != !ap->cu)
+        return gdn_fail(GDN_ERR_ARG, "attention documents: the plan was made %s", ap->cu
+                        ? "packed: give cu_seqlens (NULL only for a dense plan)" : "dense: cu_seqlens must be NULL");
+    gdn_attn_config c = ap->cfg;
+    c.cu_seqlens = cu_seqlens, c.n_docs = cu_seqlens ? n_docs : 0, c.seq_offset = seq_offset;
+    int rc = gdn_attn_config_check(&c);
+    if (rc) return rc;
+    if (cu_seqlens && n_docs + 1 > ap->cu_cap) { /* grow-only: later steps reuse it */
+        int64_t *grown = realloc(ap->cu, sizeof(int64_t) * (size_t)(n_docs + 1));
+        if (!grown) return gdn_fail(GDN_ERR_NOMEM, "attention cu_seqlens copy (%lld documents)", (long long)n_docs);
+        ap->cu = grown, ap->cu_cap = n_docs + 1;
+    }
+    if (cu_seqlens) {
+        memcpy(ap->cu, cu_seqlens, sizeof(int64_t) * (size_t)(n_docs + 1));
+        c.cu_seqlens = ap->cu;
+    }
+    ap->cfg = c;
+    gdn_attn_rope_table(ap, ap->cfg.pos_offset + ap->cfg.seq_offset, ap->cosv, ap->sinv);
     return GDN_OK;
 }
 

@@ -79,6 +79,7 @@ struct gdn_attn_plan {
     int threads;
     int64_t N, Hd, Kd, P;
     int64_t *cu;              /* own copy of cu_seqlens (NULL: dense) */
+    int64_t cu_cap;           /* its capacity in offsets (gdn_attn_plan_set_docs grows it) */
     float *cosv, *sinv;       /* T x R/2: cos/sin of each token's angles (gdn_attn_rope_table) */
     float *saved;             /* the forward's kept floats when the caller keeps none */
     float *qr, *kr, *rq, *rk; /* normed and rotated q [N, Hd], k [N, Kd]; rstd [N, H], [N, Hkv] */

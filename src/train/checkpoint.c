@@ -268,31 +268,49 @@ static double shortest_decimal(float f) {
     return (double)f;
 }
 
-/* transformers' Qwen3.5 text config: the GatedDeltaNet fields carry the model; the attention
- * fields are there only because transformers requires them to build the config (no layer uses
- * them: every entry of layer_types is linear_attention). */
+/* A partial_rotary_factor whose decimal (at most 9 significant digits: the JSON writer's
+ * precision) gives back R under transformers' int(head_dim * partial_rotary_factor): the
+ * shortest such decimal of R / d, else one half a dim above R. */
+static double rotary_factor(int64_t R, int64_t d) {
+    char buf[32];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)R / (double)d);
+        const double f = strtod(buf, NULL);
+        if ((int64_t)((double)d * f) == R) return f;
+    }
+    snprintf(buf, sizeof buf, "%.9g", ((double)R + 0.5) / (double)d);
+    return strtod(buf, NULL);
+}
+
+/* transformers' Qwen3.5 text config. A model with full-attention layers writes their fields; in
+ * a GatedDeltaNet-only one they are there only because transformers requires them to build the
+ * config (no layer uses them: every entry of layer_types is linear_attention). */
 static json_t *config_json(const gdn_model_config *cfg) {
+    const int hybrid = gdn_model_attn_layers(cfg) > 0;
     json_t *layer_types = json_array();
     for (int64_t l = 0; layer_types && l < cfg->L; l++)
-        json_array_append_new(layer_types, json_string("linear_attention"));
-    json_t *rope = json_pack("{s:f, s:f, s:s}", "partial_rotary_factor", 0.25, "rope_theta",
-                             10000.0, "rope_type", "default");
+        json_array_append_new(layer_types, json_string(cfg->full_attention[l] ? "full_attention" : "linear_attention"));
+    json_t *rope = json_pack("{s:f, s:f, s:s}", "partial_rotary_factor", hybrid ? rotary_factor(cfg->R, cfg->d) : 0.25,
+                             "rope_theta", hybrid ? cfg->rope_theta : 10000.0, "rope_type", "default");
     if (!layer_types || !rope) {
         json_decref(layer_types), json_decref(rope);
         return NULL;
     }
+    const int64_t heads = hybrid ? cfg->H : cfg->Hv, kv_heads = hybrid ? cfg->Hkv : cfg->Hk;
+    const int64_t head_dim = hybrid ? cfg->d : cfg->V;
+    const int64_t max_pos = hybrid && cfg->max_position > 0 ? cfg->max_position : 32768;
     return json_pack(
         "{s:[s], s:b, s:f, s:n, s:s, s:n, s:I, s:s, s:I, s:f, s:I, s:o, s:I, s:I, s:I, s:I, s:I,"
         " s:I, s:s, s:I, s:I, s:I, s:n, s:f, s:o, s:b, s:b, s:I}",
         "architectures", "Qwen3_5ForCausalLM", "attention_bias", 0, "attention_dropout", 0.0,
-        "bos_token_id", "dtype", "float32", "eos_token_id", "head_dim", (json_int_t)cfg->V,
+        "bos_token_id", "dtype", "float32", "eos_token_id", "head_dim", (json_int_t)head_dim,
         "hidden_act", "silu", "hidden_size", (json_int_t)cfg->E, "initializer_range", 0.02,
         "intermediate_size", (json_int_t)cfg->I, "layer_types", layer_types,
         "linear_conv_kernel_dim", (json_int_t)cfg->Kc, "linear_key_head_dim", (json_int_t)cfg->K,
         "linear_num_key_heads", (json_int_t)cfg->Hk, "linear_num_value_heads", (json_int_t)cfg->Hv,
-        "linear_value_head_dim", (json_int_t)cfg->V, "max_position_embeddings", (json_int_t)32768,
-        "model_type", "qwen3_5_text", "num_attention_heads", (json_int_t)cfg->Hv,
-        "num_hidden_layers", (json_int_t)cfg->L, "num_key_value_heads", (json_int_t)cfg->Hk,
+        "linear_value_head_dim", (json_int_t)cfg->V, "max_position_embeddings", (json_int_t)max_pos,
+        "model_type", "qwen3_5_text", "num_attention_heads", (json_int_t)heads,
+        "num_hidden_layers", (json_int_t)cfg->L, "num_key_value_heads", (json_int_t)kv_heads,
         "pad_token_id", "rms_norm_eps", shortest_decimal(cfg->eps), "rope_parameters", rope,
         "tie_word_embeddings", cfg->tie_embeddings != 0, "use_cache", 1, "vocab_size",
         (json_int_t)cfg->vocab);
@@ -333,6 +351,126 @@ static int config_int(json_t *obj, const char *path, const char *where, const ch
     return GDN_OK;
 }
 
+/* A number field in [lo, hi]; absent (or null): dflt when `optional`, else an error. */
+static int config_real(json_t *obj, const char *path, const char *where, const char *field, double lo,
+                       double hi, int optional, double dflt, double *out) {
+    json_t *v = json_object_get(obj, field);
+    if (!v || json_is_null(v)) {
+        if (!optional) return gdn_fail(GDN_ERR_FORMAT, "%s: field '%s%s' is missing", path, where, field);
+        *out = dflt;
+        return GDN_OK;
+    }
+    if (!json_is_number(v))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%s%s' is not a number", path, where, field);
+    const double x = json_number_value(v);
+    if (!(x >= lo && x <= hi))
+        return gdn_fail(GDN_ERR_SHAPE, "%s: field '%s%s' = %g is out of range [%g, %g]", path, where, field, x, lo, hi);
+    *out = x;
+    return GDN_OK;
+}
+
+/* The integer fields of a table into their destinations, in order. */
+typedef struct {
+    const char *field;
+    int64_t lo, hi;
+    int64_t *dst;
+} int_field;
+static int config_ints(json_t *obj, const char *path, const char *where, const int_field *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const int rc = config_int(obj, path, where, f[i].field, f[i].lo, f[i].hi, f[i].dst);
+        if (rc) return rc;
+    }
+    return GDN_OK;
+}
+
+/* Which layers are full attention: layer_types, or without it transformers' default from
+ * full_attention_interval (every interval-th layer; 4 when that is absent too). */
+static int parse_layer_types(json_t *obj, const char *path, const char *where, gdn_model_config *cfg) {
+    json_t *lt = json_object_get(obj, "layer_types");
+    if (!lt || json_is_null(lt)) {
+        int64_t interval = 4;
+        json_t *iv = json_object_get(obj, "full_attention_interval");
+        if (iv && !json_is_null(iv)) {
+            const int rc = config_int(obj, path, where, "full_attention_interval", 1, INT32_MAX, &interval);
+            if (rc) return rc;
+        }
+        gdn_model_set_attention_interval(cfg, interval);
+        return GDN_OK;
+    }
+    if (!json_is_array(lt))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: '%slayer_types' is not an array (of \"linear_attention\" and "
+                        "\"full_attention\")", path, where);
+    if ((int64_t)json_array_size(lt) != cfg->L)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: '%slayer_types' has %zu entries but num_hidden_layers "
+                        "is %lld", path, where, json_array_size(lt), (long long)cfg->L);
+    for (size_t l = 0; l < json_array_size(lt); l++) {
+        json_t *t = json_array_get(lt, l);
+        const char *name = json_is_string(t) ? json_string_value(t) : NULL;
+        if (name && (!strcmp(name, "linear_attention") || !strcmp(name, "full_attention"))) {
+            cfg->full_attention[l] = !strcmp(name, "full_attention");
+            continue;
+        }
+        return gdn_fail(GDN_ERR_FORMAT, "%s: layer %zu is %s%s%s: gdncp's layers are \"linear_attention\" "
+                        "(GatedDeltaNet) and \"full_attention\" (gated attention)", path, l, name ? "\"" : "",
+                        name ? name : "not a string", name ? "\"" : "");
+    }
+    return GDN_OK;
+}
+
+/* The gated attention layers' fields. RoPE from transformers 5's rope_parameters, or the older
+ * top-level rope_theta / partial_rotary_factor / rope_scaling. A multimodal config's
+ * mrope_section is accepted: with text only, every position component is the token's position,
+ * which makes the multimodal RoPE the plain one. */
+static int parse_attention(json_t *obj, const char *path, const char *where, gdn_model_config *cfg) {
+    const int_field ints[] = {
+        {"num_attention_heads", 1, (int64_t)1 << 16, &cfg->H},
+        {"num_key_value_heads", 1, (int64_t)1 << 16, &cfg->Hkv},
+        {"head_dim", 1, 1024, &cfg->d},
+    };
+    int rc = config_ints(obj, path, where, ints, sizeof ints / sizeof ints[0]);
+    if (rc) return rc;
+    json_t *bias = json_object_get(obj, "attention_bias");
+    if (bias && !json_is_false(bias) && !json_is_null(bias))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: '%sattention_bias' must be false: gdncp's attention projections have "
+                        "no biases", path, where);
+    json_t *rp = json_object_get(obj, "rope_parameters");
+    json_t *rs = json_object_get(obj, "rope_scaling");
+    json_t *rope = json_is_object(rp) ? rp : obj;
+    char rwhere[64];
+    snprintf(rwhere, sizeof rwhere, "%s%s", where, json_is_object(rp) ? "rope_parameters." : "");
+    json_t *type = json_object_get(rope, "rope_type");
+    if (!type && json_is_object(rs)) type = json_object_get(rs, "rope_type") ? json_object_get(rs, "rope_type")
+                                                                              : json_object_get(rs, "type");
+    if (type && !(json_is_string(type) && !strcmp(json_string_value(type), "default")))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: the RoPE type is %s%s%s: gdncp has only \"default\" (no scaling)", path,
+                        json_is_string(type) ? "\"" : "", json_is_string(type) ? json_string_value(type) : "not a string",
+                        json_is_string(type) ? "\"" : "");
+    double theta = 0, factor = 0.25;
+    if ((rc = config_real(rope, path, rwhere, "rope_theta", 1.0 + 1e-9, 1e300, 0, 0, &theta)) ||
+        (rc = config_real(rope, path, rwhere, "partial_rotary_factor", 0.0, 1.0, 1, 0.25, &factor)))
+        return rc;
+    cfg->rope_theta = theta;
+    cfg->R = (int64_t)((double)cfg->d * factor); /* transformers' int(head_dim * partial_rotary_factor) */
+    int64_t max_pos = 0;
+    json_t *mp = json_object_get(obj, "max_position_embeddings");
+    if (mp && !json_is_null(mp) && (rc = config_int(obj, path, where, "max_position_embeddings", 1, (int64_t)1 << 40, &max_pos)))
+        return rc;
+    cfg->max_position = max_pos;
+    return GDN_OK;
+}
+
+/* Refused before anything else: a config whose MLPs are mixtures of experts. */
+static int refuse_moe(json_t *obj, const char *path, const char *where) {
+    json_t *ne = json_object_get(obj, "num_experts");
+    if (ne && json_is_integer(ne) && json_integer_value(ne) > 0)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' = %lld: mixture-of-experts MLPs (Qwen3.5-MoE, "
+                        "Qwen3-Next) are not supported, only the dense SwiGLU MLP", path, where,
+                        (long long)json_integer_value(ne));
+    if (ne && !json_is_null(ne) && !json_is_integer(ne))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' is not an integer", path, where);
+    return GDN_OK;
+}
+
 static int parse_config(json_t *root, const char *path, gdn_model_config *cfg) {
     if (!json_is_object(root)) return gdn_fail(GDN_ERR_FORMAT, "%s: not a JSON object", path);
     /* A multimodal Qwen3.5 config keeps the text model under "text_config". */
@@ -340,6 +478,8 @@ static int parse_config(json_t *root, const char *path, gdn_model_config *cfg) {
     const char *where = "";
     json_t *tc = json_object_get(root, "text_config");
     if (!json_object_get(root, "hidden_size") && json_is_object(tc)) obj = tc, where = "text_config.";
+    int rc = refuse_moe(obj, path, where);
+    if (rc) return rc;
 
     json_t *mt = json_object_get(obj, "model_type");
     if (mt && !(json_is_string(mt) && (!strcmp(json_string_value(mt), "qwen3_5_text") ||
@@ -354,41 +494,28 @@ static int parse_config(json_t *root, const char *path, gdn_model_config *cfg) {
                         where);
 
     memset(cfg, 0, sizeof *cfg);
-    const struct { const char *field; int64_t lo, hi; int64_t *dst; } ints[] = {
+    const int_field ints[] = {
         {"vocab_size", 1, INT32_MAX, &cfg->vocab},
         {"hidden_size", 1, (int64_t)1 << 20, &cfg->E},
-        {"num_hidden_layers", 1, (int64_t)1 << 16, &cfg->L},
+        {"num_hidden_layers", 1, GDN_MODEL_MAX_LAYERS, &cfg->L},
         {"intermediate_size", 1, (int64_t)1 << 24, &cfg->I},
+    };
+    if ((rc = config_ints(obj, path, where, ints, sizeof ints / sizeof ints[0]))) return rc;
+    if (cfg->vocab != 256)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: '%svocab_size' is %lld; gdncp's models read bytes "
+                        "(vocab_size 256)", path, where, (long long)cfg->vocab);
+    if ((rc = parse_layer_types(obj, path, where, cfg))) return rc;
+    /* each kind's fields where some layer is of that kind */
+    const int64_t na = gdn_model_attn_layers(cfg);
+    const int_field linear[] = {
         {"linear_num_key_heads", 1, (int64_t)1 << 16, &cfg->Hk},
         {"linear_num_value_heads", 1, (int64_t)1 << 16, &cfg->Hv},
         {"linear_key_head_dim", 1, GDN_MAX_HEAD_DIM, &cfg->K},
         {"linear_value_head_dim", 1, GDN_MAX_HEAD_DIM, &cfg->V},
         {"linear_conv_kernel_dim", 1, GDN_MAX_CONV, &cfg->Kc},
     };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        const int rc = config_int(obj, path, where, ints[i].field, ints[i].lo, ints[i].hi, ints[i].dst);
-        if (rc) return rc;
-    }
-    if (cfg->vocab != 256)
-        return gdn_fail(GDN_ERR_SHAPE, "%s: '%svocab_size' is %lld; gdncp's models read bytes "
-                        "(vocab_size 256)", path, where, (long long)cfg->vocab);
-
-    json_t *lt = json_object_get(obj, "layer_types");
-    if (!json_is_array(lt))
-        return gdn_fail(GDN_ERR_FORMAT, "%s: '%slayer_types' is %s (Qwen3.5 then mixes in attention "
-                        "layers; gdncp needs every layer \"linear_attention\")", path, where,
-                        lt ? "not an array" : "missing");
-    if ((int64_t)json_array_size(lt) != cfg->L)
-        return gdn_fail(GDN_ERR_SHAPE, "%s: '%slayer_types' has %zu entries but num_hidden_layers "
-                        "is %lld", path, where, json_array_size(lt), (long long)cfg->L);
-    for (size_t l = 0; l < json_array_size(lt); l++) {
-        json_t *t = json_array_get(lt, l);
-        if (!json_is_string(t) || strcmp(json_string_value(t), "linear_attention"))
-            return gdn_fail(GDN_ERR_FORMAT, "%s: layer %zu is %s%s%s: gdncp has only GatedDeltaNet "
-                            "(\"linear_attention\") layers", path, l, json_is_string(t) ? "\"" : "",
-                            json_is_string(t) ? json_string_value(t) : "not a string",
-                            json_is_string(t) ? "\"" : "");
-    }
+    if (na < cfg->L && (rc = config_ints(obj, path, where, linear, sizeof linear / sizeof linear[0]))) return rc;
+    if (na && (rc = parse_attention(obj, path, where, cfg))) return rc;
 
     json_t *eps = json_object_get(obj, "rms_norm_eps");
     if (!eps || json_is_null(eps))
@@ -822,30 +949,44 @@ static int read_text(const char *path, char **out) {
     return GDN_OK;
 }
 
-/* The checkpoint must describe the model it is loaded into: a differing eps or size would
- * otherwise load (eps is no tensor's shape) and silently change the model. */
+/* The checkpoint must describe the model it is loaded into: a differing eps, RoPE or size would
+ * otherwise load (they are no tensor's shape, or not all of it) and silently change the model. */
 static int same_config(const char *dir, const gdn_model_config *cfg) {
     gdn_model_config file;
     int rc = gdn_ckpt_load_config(dir, &file);
     if (rc) return rc;
-    const struct { const char *field; int64_t file, want; } ints[] = {
-        {"hidden_size", file.E, cfg->E},
-        {"num_hidden_layers", file.L, cfg->L},
-        {"intermediate_size", file.I, cfg->I},
-        {"linear_num_key_heads", file.Hk, cfg->Hk},
-        {"linear_num_value_heads", file.Hv, cfg->Hv},
-        {"linear_key_head_dim", file.K, cfg->K},
-        {"linear_value_head_dim", file.V, cfg->V},
-        {"linear_conv_kernel_dim", file.Kc, cfg->Kc},
-        {"tie_word_embeddings", file.tie_embeddings != 0, cfg->tie_embeddings != 0},
+    for (int64_t l = 0; l < cfg->L && l < file.L; l++)
+        if (file.full_attention[l] != cfg->full_attention[l])
+            return gdn_fail(GDN_ERR_SHAPE, "%s/%s: layer %lld is %s but in the model being loaded %s", dir, CONFIG_FILE,
+                            (long long)l, file.full_attention[l] ? "full_attention" : "linear_attention",
+                            cfg->full_attention[l] ? "full_attention" : "linear_attention");
+    const int linear = gdn_model_attn_layers(cfg) < cfg->L, attn = gdn_model_attn_layers(cfg) > 0;
+    const struct { const char *field; int64_t file, want; int used; } ints[] = {
+        {"hidden_size", file.E, cfg->E, 1},
+        {"num_hidden_layers", file.L, cfg->L, 1},
+        {"intermediate_size", file.I, cfg->I, 1},
+        {"linear_num_key_heads", file.Hk, cfg->Hk, linear},
+        {"linear_num_value_heads", file.Hv, cfg->Hv, linear},
+        {"linear_key_head_dim", file.K, cfg->K, linear},
+        {"linear_value_head_dim", file.V, cfg->V, linear},
+        {"linear_conv_kernel_dim", file.Kc, cfg->Kc, linear},
+        {"num_attention_heads", file.H, cfg->H, attn},
+        {"num_key_value_heads", file.Hkv, cfg->Hkv, attn},
+        {"head_dim", file.d, cfg->d, attn},
+        {"the rotary dims (head_dim x partial_rotary_factor)", file.R, cfg->R, attn},
+        {"max_position_embeddings", file.max_position, cfg->max_position, attn && cfg->max_position}, /* 0: none */
+        {"tie_word_embeddings", file.tie_embeddings != 0, cfg->tie_embeddings != 0, 1},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if (ints[i].file != ints[i].want)
+        if (ints[i].used && ints[i].file != ints[i].want)
             return gdn_fail(GDN_ERR_SHAPE, "%s/%s: %s is %lld but the model being loaded has %lld", dir,
                             CONFIG_FILE, ints[i].field, (long long)ints[i].file, (long long)ints[i].want);
     if (file.eps != cfg->eps)
         return gdn_fail(GDN_ERR_SHAPE, "%s/%s: rms_norm_eps is %g but the model being loaded has %g", dir,
                         CONFIG_FILE, (double)file.eps, (double)cfg->eps);
+    if (attn && file.rope_theta != cfg->rope_theta)
+        return gdn_fail(GDN_ERR_SHAPE, "%s/%s: rope_theta is %.17g but the model being loaded has %.17g", dir,
+                        CONFIG_FILE, file.rope_theta, cfg->rope_theta);
     return GDN_OK;
 }
 

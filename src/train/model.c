@@ -2,10 +2,11 @@
  * forward + backward of the loss (single rank or a sequence split over a CP group) and decode.
  *
  * Per block, with rows N = B*T of width E:
- *   a1 = norm(x; w_in)            y = GatedDeltaNet(a1)       h = x + y
+ *   a1 = norm(x; w_in)            y = mixer(a1)               h = x + y
  *   a2 = norm(h; w_post)          gu = [a2 W_gate^T | a2 W_up^T]
  *   m = silu(gate) * up           x' = h + m W_down^T
- * with norm(x; w) = x / sqrt(mean(x^2) + eps) * (1 + w) (the zero-centred RMSNorm). */
+ * with norm(x; w) = x / sqrt(mean(x^2) + eps) * (1 + w) (the zero-centred RMSNorm) and the mixer
+ * layer l's GatedDeltaNet or gated full attention (cfg.full_attention[l]). */
 #include "gdncp/train.h"
 
 #include <math.h>
@@ -15,17 +16,22 @@
 #include <string.h>
 
 #include "base.h"
+#include "cp_internal.h"
 #include "layer_internal.h"
 
 /* ---------------------------------------------------------------- configurations */
 
 int gdn_model_config_named(const char *name, gdn_model_config *c) {
+    /* GatedDeltaNet layers only (no attention), conv 4, eps 1e-6, untied */
+#define GDN_ONLY(E_, L_, I_, Hk_, Hv_, K_, V_) \
+    {.vocab = 256, .E = E_, .L = L_, .I = I_, .Hk = Hk_, .Hv = Hv_, .K = K_, .V = V_, .Kc = 4, .eps = 1e-6f}
     static const struct { const char *name; gdn_model_config cfg; } named[] = {
-        /* vocab, E, L, I, Hk, Hv, K, V, Kc, eps, tie */
-        {"tiny", {256, 128, 2, 384, 2, 4, 32, 32, 4, 1e-6f, 0}},
-        {"small", {256, 256, 4, 768, 2, 4, 64, 64, 4, 1e-6f, 0}},
-        {"long", {256, 128, 2, 256, 2, 4, 32, 32, 4, 1e-6f, 0}},
+        /* E, L, I, Hk, Hv, K, V */
+        {"tiny", GDN_ONLY(128, 2, 384, 2, 4, 32, 32)},
+        {"small", GDN_ONLY(256, 4, 768, 2, 4, 64, 64)},
+        {"long", GDN_ONLY(128, 2, 256, 2, 4, 32, 32)},
     };
+#undef GDN_ONLY
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
         if (name && !strcmp(name, named[i].name)) {
             *c = named[i].cfg;
@@ -41,27 +47,65 @@ gdn_layer_config gdn_model_layer_config(const gdn_model_config *c, int64_t B, in
     return lc;
 }
 
+gdn_attn_config gdn_model_attn_config(const gdn_model_config *c, int64_t B, int64_t T) {
+    gdn_attn_config ac = gdn_attn_config_default(B, T, c->E, c->H, c->Hkv, c->d);
+    ac.R = c->R, ac.rope_theta = c->rope_theta, ac.eps = c->eps, ac.max_position = c->max_position;
+    return ac;
+}
+
+static int is_attn(const gdn_model_config *c, int64_t l) { return c->full_attention[l] != 0; }
+
+/* Attention layers among the first n (n clamped to the array). */
+static int64_t attn_before(const gdn_model_config *c, int64_t n) {
+    int64_t k = 0;
+    for (int64_t l = 0; l < n && l < GDN_MODEL_MAX_LAYERS; l++) k += is_attn(c, l);
+    return k;
+}
+int64_t gdn_model_attn_layers(const gdn_model_config *c) { return attn_before(c, c->L); }
+
+void gdn_model_set_attention_interval(gdn_model_config *c, int64_t interval) {
+    memset(c->full_attention, 0, sizeof c->full_attention);
+    for (int64_t l = 0; interval > 0 && l < c->L && l < GDN_MODEL_MAX_LAYERS; l++)
+        c->full_attention[l] = (l + 1) % interval == 0;
+}
+
 int gdn_model_config_check(const gdn_model_config *c) {
     if (!c) return gdn_fail(GDN_ERR_ARG, "model config is NULL");
     if (c->vocab != 256)
         return gdn_fail(GDN_ERR_SHAPE, "model vocab_size = %lld: the byte-level model needs 256",
                         (long long)c->vocab);
     const struct { const char *name; int64_t v, max; } dims[] = {
-        {"num_hidden_layers", c->L, 1024}, {"intermediate_size", c->I, (int64_t)1 << 20},
+        {"num_hidden_layers", c->L, GDN_MODEL_MAX_LAYERS}, {"intermediate_size", c->I, (int64_t)1 << 20},
     };
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i].v < 1 || dims[i].v > dims[i].max)
             return gdn_fail(GDN_ERR_SHAPE, "model %s = %lld is out of range [1, %lld]", dims[i].name,
                             (long long)dims[i].v, (long long)dims[i].max);
-    if (c->tie_embeddings)
-        return gdn_fail(GDN_ERR_ARG, "model tie_word_embeddings = true is not supported");
-    gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
-    return gdn_layer_config_check(&lc);
+    for (int64_t l = 0; l < GDN_MODEL_MAX_LAYERS; l++) {
+        if (c->full_attention[l] > 1)
+            return gdn_fail(GDN_ERR_ARG, "model full_attention[%lld] = %d: 1 (full attention) or 0 (GatedDeltaNet)",
+                            (long long)l, c->full_attention[l]);
+        if (l >= c->L && c->full_attention[l])
+            return gdn_fail(GDN_ERR_SHAPE, "model full_attention[%lld] = 1 but the model has %lld layers",
+                            (long long)l, (long long)c->L);
+    }
+    /* each kind's dimensions only where some layer is of that kind */
+    const int64_t na = gdn_model_attn_layers(c);
+    int rc = GDN_OK;
+    if (na < c->L) {
+        const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+        rc = gdn_layer_config_check(&lc);
+    }
+    if (!rc && na) {
+        const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
+        rc = gdn_attn_config_check(&ac);
+    }
+    return rc;
 }
 
 /* ---------------------------------------------------------------- the flat parameter layout */
 
-/* Per block, after the GatedDeltaNet block: */
+/* Per block, after the mixer's block: */
 enum { BLK_IN_NORM = 0, BLK_POST_NORM, BLK_GATE, BLK_UP, BLK_DOWN, BLK_COUNT };
 static const char *const blk_names[BLK_COUNT] = {
     "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
@@ -69,71 +113,107 @@ static const char *const blk_names[BLK_COUNT] = {
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-/* Floats of one block: the GatedDeltaNet block, then the norms and the MLP. */
-static size_t attn_floats(const gdn_model_config *c) {
-    gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+/* Floats of one mixer block of each kind (0 for a kind the model does not use: its dimensions
+ * may be unset), of layer l's, and of the norms and the MLP that follow every mixer. */
+static size_t gdn_mixer_floats(const gdn_model_config *c) {
+    if (gdn_model_attn_layers(c) == c->L) return 0;
+    const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
     return pad16(gdn_layer_param_floats(&lc));
+}
+static size_t attn_mixer_floats(const gdn_model_config *c) {
+    if (!gdn_model_attn_layers(c)) return 0;
+    const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
+    return pad16(gdn_attn_param_floats(&ac));
+}
+static size_t mixer_floats(const gdn_model_config *c, int64_t l) {
+    return is_attn(c, l) ? attn_mixer_floats(c) : gdn_mixer_floats(c);
 }
 static size_t blk_numel(const gdn_model_config *c, int which) {
     return which <= BLK_POST_NORM ? (size_t)c->E : (size_t)(c->I * c->E);
 }
-static size_t block_floats(const gdn_model_config *c) {
-    size_t n = attn_floats(c);
+static size_t mlp_floats(const gdn_model_config *c) {
+    size_t n = 0;
     for (int i = 0; i < BLK_COUNT; i++) n += pad16(blk_numel(c, i));
     return n;
 }
 static size_t embed_floats(const gdn_model_config *c) { return pad16((size_t)(c->vocab * c->E)); }
 
 size_t gdn_model_layer_offset(const gdn_model_config *c, int64_t l) {
-    return embed_floats(c) + (size_t)l * block_floats(c);
+    const int64_t na = attn_before(c, l);
+    return embed_floats(c) + (size_t)l * mlp_floats(c) + (size_t)na * attn_mixer_floats(c) +
+           (size_t)(l - na) * gdn_mixer_floats(c);
 }
 static size_t blk_offset(const gdn_model_config *c, int64_t l, int which) {
-    size_t off = gdn_model_layer_offset(c, l) + attn_floats(c);
+    size_t off = gdn_model_layer_offset(c, l) + mixer_floats(c, l);
     for (int i = 0; i < which; i++) off += pad16(blk_numel(c, i));
     return off;
 }
 static size_t final_norm_offset(const gdn_model_config *c) { return gdn_model_layer_offset(c, c->L); }
+/* A tied head reads the embedding. */
 static size_t lm_head_offset(const gdn_model_config *c) {
-    return final_norm_offset(c) + pad16((size_t)c->E);
+    return c->tie_embeddings ? 0 : final_norm_offset(c) + pad16((size_t)c->E);
 }
 
 size_t gdn_model_param_floats(const gdn_model_config *c) {
-    return lm_head_offset(c) + embed_floats(c);
+    return final_norm_offset(c) + pad16((size_t)c->E) + (c->tie_embeddings ? 0 : embed_floats(c));
 }
 
+/* Tensors of layer l: its mixer's, then the norms and the MLP. */
+static int mixer_tensors(const gdn_model_config *c, int64_t l) { return is_attn(c, l) ? GDN_A_COUNT : GDN_P_COUNT; }
+static int head_tensors(const gdn_model_config *c) { return c->tie_embeddings ? 1 : 2; } /* after the layers */
+
 int gdn_model_tensor_count(const gdn_model_config *c) {
-    return (int)(3 + c->L * (GDN_P_COUNT + BLK_COUNT));
+    const int64_t na = gdn_model_attn_layers(c);
+    return (int)(1 + c->L * BLK_COUNT + na * GDN_A_COUNT + (c->L - na) * GDN_P_COUNT + head_tensors(c));
+}
+
+/* The embedding (which 0), the final norm (1), lm_head (2). */
+static void outer_tensor(const gdn_model_config *c, int which, gdn_model_tensor_info *t) {
+    static const char *const names[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+    snprintf(t->name, sizeof t->name, "%s", names[which]);
+    t->ndim = which == 1 ? 1 : 2;
+    t->shape[0] = which == 1 ? c->E : c->vocab;
+    t->shape[1] = c->E;
+    t->offset = which == 0 ? 0 : which == 1 ? final_norm_offset(c) : lm_head_offset(c);
+    t->numel = which == 1 ? (size_t)c->E : (size_t)(c->vocab * c->E);
+    t->decay = which != 1;
+}
+
+/* Tensor j of layer l's mixer, under its Hugging Face module (linear_attn or self_attn). */
+static void mixer_tensor(const gdn_model_config *c, int64_t l, int j, gdn_model_tensor_info *t) {
+    const size_t base = gdn_model_layer_offset(c, l);
+    if (is_attn(c, l)) {
+        const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
+        snprintf(t->name, sizeof t->name, "model.layers.%lld.self_attn.%s", (long long)l, gdn_attn_param_name(j));
+        t->ndim = gdn_attn_param_shape(&ac, j, t->shape);
+        t->offset = base + gdn_attn_param_offset(&ac, j);
+        t->numel = gdn_attn_param_numel(&ac, j);
+    } else {
+        const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+        snprintf(t->name, sizeof t->name, "model.layers.%lld.linear_attn.%s", (long long)l, gdn_layer_param_name(j));
+        t->ndim = gdn_layer_param_shape(&lc, j, t->shape);
+        t->offset = base + gdn_layer_param_offset(&lc, j);
+        t->numel = gdn_layer_param_numel(&lc, j);
+    }
+    t->decay = t->ndim >= 2;
 }
 
 int gdn_model_tensor(const gdn_model_config *c, int i, gdn_model_tensor_info *t) {
-    const int n = gdn_model_tensor_count(c), per = GDN_P_COUNT + BLK_COUNT;
+    const int n = gdn_model_tensor_count(c), tail = head_tensors(c);
     if (i < 0 || i >= n) return gdn_fail(GDN_ERR_ARG, "model tensor index %d is out of range [0, %d)", i, n);
     memset(t, 0, sizeof *t);
-    if (i == 0 || i >= n - 2) { /* embedding, final norm, lm_head */
-        const int which = i == 0 ? 0 : i - (n - 2) + 1;
-        static const char *const names[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
-        snprintf(t->name, sizeof t->name, "%s", names[which]);
-        t->ndim = which == 1 ? 1 : 2;
-        t->shape[0] = which == 1 ? c->E : c->vocab;
-        t->shape[1] = c->E;
-        t->offset = which == 0 ? 0 : which == 1 ? final_norm_offset(c) : lm_head_offset(c);
-        t->numel = which == 1 ? (size_t)c->E : (size_t)(c->vocab * c->E);
-        t->decay = which != 1;
+    if (i == 0 || i >= n - tail) {
+        outer_tensor(c, i == 0 ? 0 : i - (n - tail) + 1, t);
         return GDN_OK;
     }
-    const int64_t l = (i - 1) / per;
-    const int j = (i - 1) % per;
-    if (j < GDN_P_COUNT) {
-        gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
-        snprintf(t->name, sizeof t->name, "model.layers.%lld.linear_attn.%s", (long long)l,
-                 gdn_layer_param_name(j));
-        t->ndim = gdn_layer_param_shape(&lc, j, t->shape);
-        t->offset = gdn_model_layer_offset(c, l) + gdn_layer_param_offset(&lc, j);
-        t->numel = gdn_layer_param_numel(&lc, j);
-        t->decay = t->ndim >= 2;
+    int j = i - 1;
+    int64_t l = 0;
+    for (; j >= mixer_tensors(c, l) + BLK_COUNT; l++) j -= mixer_tensors(c, l) + BLK_COUNT;
+    if (j < mixer_tensors(c, l)) {
+        mixer_tensor(c, l, j, t);
         return GDN_OK;
     }
-    const int b = j - GDN_P_COUNT;
+    const int b = j - mixer_tensors(c, l);
     snprintf(t->name, sizeof t->name, "model.layers.%lld.%s", (long long)l, blk_names[b]);
     t->offset = blk_offset(c, l, b);
     t->numel = blk_numel(c, b);
@@ -202,14 +282,24 @@ typedef struct {
     float *a1, *rstd1, *saved, *h, *a2, *rstd2, *gu;
 } block_acts;
 
+/* One plan per mixer kind, shared by every layer of that kind (same shapes). A call runs over
+ * the plan's rows: all of them, or one row at a time under packed CP. */
+typedef struct {
+    size_t saved_call;   /* the mixer's saved floats of one call */
+    size_t floats;       /* its flat parameters */
+} mixer_sizes;
+
 struct gdn_model_plan {
     gdn_model_config cfg;
     gdn_model_run run;
     gdn_cp *cp;
     int threads;
     int64_t N;                /* B*T rows */
-    gdn_layer_plan *lp;       /* one plan for every layer (same shapes) */
-    size_t saved_floats;      /* the layer's saved floats per block */
+    gdn_layer_plan *lp;       /* the GatedDeltaNet layers' plan (NULL: none) */
+    gdn_attn_plan *ap;        /* the attention layers' plan (NULL: none) */
+    mixer_sizes gdn, attn;
+    int64_t ap_row;           /* packed CP: the row whose documents ap holds (-1: none) */
+    int ap_offset_known;      /* dense CP: ap has this shard's seq_offset */
     float *xs;                /* (L+1) x N x E: each block's input, then the final residual */
     block_acts *acts;         /* L of them (recompute: 1, reused) */
     float *af, *rstdf;        /* final norm output, its rstd */
@@ -221,14 +311,12 @@ struct gdn_model_plan {
     /* packed documents (run.pack; gdn_model_set_docs) */
     int docs_set;
     uint8_t *skip;            /* N: the target starts a document: not predicted */
-    int64_t *doc_cu;          /* the layer's stream offsets: one rank, one stream of all B*T
+    int64_t *doc_cu;          /* the mixers' stream offsets: one rank, one stream of all B*T
                                  tokens (rows are documents too); CP, row b's from row_first[b] */
     size_t doc_cu_cap;
     int64_t *row_first, *row_docs; /* B each (one rank: entry 0 only) */
     int64_t seq_offset;
-    size_t saved_row;         /* CP rows: the layer's saved floats of one row */
-    float *dw_row;            /* CP rows: one row's layer gradient, summed into dw */
-    size_t layer_floats;
+    float *dw_row;            /* CP rows: one row's mixer gradient, summed into dw */
     float *partial;           /* threads x E: per-thread weight-gradient partials */
     double *loss_partial;     /* threads */
     float *mm_ws;
@@ -238,26 +326,87 @@ struct gdn_model_plan {
 
 enum { LOSS_ROWS = 1024 };
 
-/* Floats of the whole arena for this plan, and the layer's keep mode (recompute or not). */
+/* Packed rows under CP run one mixer call per row (each row its own stream over the ranks). */
+static int rows_apart(const gdn_model_run *r, const gdn_cp *cp) { return r->pack && cp; }
+
+/* Floats of the whole arena for this plan: saved_gdn and saved_attn are one block's saved floats
+ * of each mixer kind (all rows). */
 static size_t plan_floats(const gdn_model_config *c, const gdn_model_run *r, int threads,
-                          size_t saved_floats) {
+                          size_t saved_gdn, size_t saved_attn) {
     const size_t N = (size_t)(r->B * r->T), E = (size_t)c->E, I = (size_t)c->I, L = (size_t)c->L;
-    const size_t act = pad16(N * E) * 3 + pad16(N) * 2 + pad16(saved_floats) + pad16(N * 2 * I);
-    return pad16((L + 1) * N * E) + (r->recompute ? 1 : L) * act + pad16(N * E) + pad16(N) +
-           pad16(N * E) * 3 + pad16(N * I) * 2 + pad16((size_t)LOSS_ROWS * (size_t)c->vocab) + pad16((size_t)(c->vocab * c->E)) +
+    const size_t na = (size_t)gdn_model_attn_layers(c);
+    const size_t act = pad16(N * E) * 3 + pad16(N) * 2 + pad16(N * 2 * I);
+    /* recompute: one block's, reused, with room for the larger kind (a kind the model lacks has 0) */
+    const size_t acts = r->recompute ? act + pad16(saved_gdn > saved_attn ? saved_gdn : saved_attn)
+                                     : L * act + (L - na) * pad16(saved_gdn) + na * pad16(saved_attn);
+    return pad16((L + 1) * N * E) + acts + pad16(N * E) + pad16(N) + pad16(N * E) * 3 + pad16(N * I) * 2 +
+           pad16((size_t)LOSS_ROWS * (size_t)c->vocab) + pad16((size_t)(c->vocab * c->E)) +
            pad16((size_t)threads * E) + pad16(2 * (size_t)threads) + gdn_matmul_ws_floats(threads);
 }
 
 double gdn_model_plan_estimate(const gdn_model_config *c, const gdn_model_run *r) {
     const gdn_layer_config lc = gdn_model_layer_config(c, r->B, r->T);
     const int threads = r->threads > 0 ? r->threads : omp_get_max_threads();
-    /* the layer's saved floats and workspace, approximated from its per-token sizes */
-    const double cd = (double)gdn_layer_conv_dim(&lc), vd = (double)(c->Hv * c->V);
-    const double P = cd + vd + 2.0 * (double)c->Hv, tokens = (double)(r->B * r->T);
-    const double layer_ws = tokens * (2 * P + 2 * (cd + 2 * (double)c->Hv) + 2 * vd) * 4.0;
-    const double per_chunk_state = (double)(c->Hv * c->K * c->V) / 64.0;
-    const double saved = tokens * (r->recompute ? per_chunk_state : P + vd + per_chunk_state);
-    return 4.0 * (double)plan_floats(c, r, threads, (size_t)saved) + layer_ws;
+    const double tokens = (double)(r->B * r->T);
+    const int64_t na = gdn_model_attn_layers(c);
+    /* the GatedDeltaNet layer's saved floats and workspace, approximated from its per-token sizes */
+    double gdn_ws = 0, gdn_saved = 0;
+    if (na < c->L) {
+        const double cd = (double)gdn_layer_conv_dim(&lc), vd = (double)(c->Hv * c->V);
+        const double P = cd + vd + 2.0 * (double)c->Hv;
+        gdn_ws = tokens * (2 * P + 2 * (cd + 2 * (double)c->Hv) + 2 * vd) * 4.0;
+        const double per_chunk_state = (double)(c->Hv * c->K * c->V) / 64.0;
+        gdn_saved = tokens * (r->recompute ? per_chunk_state : P + vd + per_chunk_state);
+    }
+    /* the attention layer's (its saved floats: projections, output, lse; its workspace holds a
+     * copy of them besides the normed q, k and the gradients' rows) */
+    double attn_ws = 0, attn_saved = 0;
+    if (na) {
+        const double Hd = (double)(c->H * c->d), Kd = (double)(c->Hkv * c->d), P = 2 * Hd + 2 * Kd;
+        attn_saved = tokens * (P + Hd + (double)c->H);
+        attn_ws = 4.0 * (attn_saved + tokens * (4 * Hd + 2 * Kd + 2 * (double)c->H + (double)c->Hkv + P + (double)c->R));
+    }
+    return 4.0 * (double)plan_floats(c, r, threads, (size_t)gdn_saved, (size_t)attn_saved) + gdn_ws + attn_ws;
+}
+
+/* The mixers' plans for the run's rows. Packed: one rank runs all rows as one stream (a row start
+ * is a document start too); under CP each row is its own stream over the ranks. Made with one
+ * document per row (each row's tokens, so no position exceeds a row's); gdn_model_set_docs gives
+ * the step's. */
+static int mixer_plans_create(gdn_model_plan *p) {
+    const gdn_model_config *c = &p->cfg;
+    const gdn_model_run *r = &p->run;
+    const int apart = rows_apart(r, p->cp);
+    const int64_t na = gdn_model_attn_layers(c), rows = r->pack && !apart ? r->B : 1;
+    const int64_t T_call = r->pack ? (apart ? r->T : r->B * r->T) : r->T, B_call = r->pack ? 1 : r->B;
+    int64_t *row_cu = malloc(sizeof(int64_t) * (size_t)(rows + 1));
+    if (!row_cu) return gdn_fail(GDN_ERR_NOMEM, "the model's row offsets (B = %lld)", (long long)r->B);
+    for (int64_t b = 0; b <= rows; b++) row_cu[b] = b * (T_call / rows);
+    int rc = GDN_OK;
+    if (na < c->L) {
+        const int64_t one_doc[2] = {0, T_call};
+        gdn_layer_config lc = gdn_model_layer_config(c, B_call, T_call);
+        if (r->pack) lc.cu_seqlens = one_doc, lc.n_docs = 1;
+        lc.threads = p->threads;
+        lc.check_finite = r->check_finite;
+        /* Recompute keeps only the kernel's states (KEEP_MIN) of the one block being recomputed;
+         * otherwise every block keeps its projections too, for the faster backward. */
+        lc.keep = r->recompute ? GDN_LAYER_KEEP_MIN : GDN_LAYER_KEEP_PROJ;
+        rc = gdn_layer_plan_create(&p->lp, &lc);
+        if (!rc) p->gdn = (mixer_sizes){gdn_layer_saved_floats(p->lp), gdn_layer_param_floats(&lc)};
+    }
+    if (!rc && na) {
+        gdn_attn_config ac = gdn_model_attn_config(c, B_call, T_call);
+        if (r->pack) ac.cu_seqlens = row_cu, ac.n_docs = rows;
+        ac.threads = p->threads;
+        ac.check_finite = r->check_finite;
+        ac.cp = r->attn_cp;
+        rc = gdn_attn_plan_create(&p->ap, &ac);
+        if (!rc) p->attn = (mixer_sizes){gdn_attn_saved_floats(p->ap), gdn_attn_param_floats(&ac)};
+    }
+    free(row_cu);
+    p->ap_row = -1;
+    return rc;
 }
 
 int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
@@ -271,42 +420,34 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
         return gdn_fail(GDN_ERR_SHAPE, "model run B = %lld, T = %lld is out of range",
                         (long long)r->B, (long long)r->T);
     if (r->threads < 0) return gdn_fail(GDN_ERR_ARG, "model threads = %d is negative", r->threads);
+    if (r->attn_cp != GDN_ATTN_CP_KV && r->attn_cp != GDN_ATTN_CP_HEADS)
+        return gdn_fail(GDN_ERR_ARG, "model run attn_cp = %d is unknown (GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS)",
+                        r->attn_cp);
     gdn_model_plan *p = calloc(1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "model plan");
     p->cfg = *c, p->run = *r, p->cp = cp;
     p->threads = r->threads > 0 ? r->threads : omp_get_max_threads();
     p->N = r->B * r->T;
-    /* Packed: one rank runs all rows as one stream (a row start is a document start too); under
-     * CP each row is its own stream over the ranks, one layer call per row. Made with one
-     * document; gdn_model_set_docs gives the step's. */
-    const int rows_apart = r->pack && cp;
-    const int64_t one_doc[2] = {0, rows_apart ? r->T : r->B * r->T};
-    gdn_layer_config lc = r->pack ? gdn_model_layer_config(c, 1, one_doc[1]) : gdn_model_layer_config(c, r->B, r->T);
-    if (r->pack) lc.cu_seqlens = one_doc, lc.n_docs = 1;
-    lc.threads = p->threads;
-    lc.check_finite = r->check_finite;
-    /* Recompute keeps only the kernel's states (KEEP_MIN) of the one block being recomputed;
-     * otherwise every block keeps its projections too, for the faster backward. */
-    lc.keep = r->recompute ? GDN_LAYER_KEEP_MIN : GDN_LAYER_KEEP_PROJ;
-    if ((rc = gdn_layer_plan_create(&p->lp, &lc))) {
-        free(p);
+    if ((rc = mixer_plans_create(p))) {
+        gdn_model_plan_destroy(p);
         return rc;
     }
-    p->saved_row = gdn_layer_saved_floats(p->lp);
-    p->saved_floats = p->saved_row * (size_t)(rows_apart ? r->B : 1);
-    p->layer_floats = gdn_layer_param_floats(&lc);
+    const int apart = rows_apart(r, cp);
+    const size_t row_mult = (size_t)(apart ? r->B : 1);
     if (r->pack) {
+        const size_t mixer_dw = p->gdn.floats > p->attn.floats ? p->gdn.floats : p->attn.floats;
         p->skip = calloc((size_t)p->N, 1);
         p->row_first = calloc((size_t)r->B, sizeof(int64_t));
         p->row_docs = calloc((size_t)r->B, sizeof(int64_t));
-        if (rows_apart) p->dw_row = malloc(sizeof(float) * p->layer_floats);
-        if (!p->skip || !p->row_first || !p->row_docs || (rows_apart && !p->dw_row)) {
+        if (apart) p->dw_row = malloc(sizeof(float) * mixer_dw);
+        if (!p->skip || !p->row_first || !p->row_docs || (apart && !p->dw_row)) {
             gdn_model_plan_destroy(p);
             return gdn_fail(GDN_ERR_NOMEM, "the model's document tables (B = %lld, T = %lld)", (long long)r->B,
                             (long long)r->T);
         }
     }
-    const size_t floats = plan_floats(c, r, p->threads, p->saved_floats);
+    const size_t saved_gdn = p->gdn.saved_call * row_mult, saved_attn = p->attn.saved_call * row_mult;
+    const size_t floats = plan_floats(c, r, p->threads, saved_gdn, saved_attn);
     if ((rc = gdn_check_fits("the model's activations and workspace", 4.0 * (double)floats))) {
         gdn_model_plan_destroy(p);
         return rc;
@@ -322,11 +463,13 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     p->arena_bytes = sizeof(float) * floats;
     float *a = p->arena;
     const size_t N = (size_t)p->N, E = (size_t)c->E, I = (size_t)c->I;
+    const size_t saved_max = saved_gdn > saved_attn ? saved_gdn : saved_attn;
 #define CARVE(ptr, n) (ptr = a, a += pad16(n))
     CARVE(p->xs, ((size_t)c->L + 1) * N * E);
     for (int l = 0; l < nacts; l++) {
         block_acts *b = &p->acts[l];
-        CARVE(b->a1, N * E), CARVE(b->rstd1, N), CARVE(b->saved, p->saved_floats);
+        CARVE(b->a1, N * E), CARVE(b->rstd1, N);
+        CARVE(b->saved, r->recompute ? saved_max : is_attn(c, l) ? saved_attn : saved_gdn);
         CARVE(b->h, N * E), CARVE(b->a2, N * E), CARVE(b->rstd2, N), CARVE(b->gu, N * 2 * I);
     }
     CARVE(p->af, N * E), CARVE(p->rstdf, N);
@@ -345,6 +488,7 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
 void gdn_model_plan_destroy(gdn_model_plan *p) {
     if (!p) return;
     gdn_layer_plan_destroy(p->lp);
+    gdn_attn_plan_destroy(p->ap);
     free(p->skip), free(p->doc_cu), free(p->row_first), free(p->row_docs), free(p->dw_row);
     free(p->acts);
     free(p->arena);
@@ -352,7 +496,7 @@ void gdn_model_plan_destroy(gdn_model_plan *p) {
 }
 
 double gdn_model_plan_bytes(const gdn_model_plan *p) {
-    /* the layer plan's workspace is not counted here: it reports through its own plan */
+    /* the mixers' plans' workspaces are not counted here: they report through their own plans */
     return p ? (double)p->arena_bytes : 0.0;
 }
 
@@ -408,40 +552,74 @@ static void norm_backward(gdn_model_plan *p, int64_t N, float *dx, int accumulat
     }
 }
 
-/* Packed rows over CP: row b's documents into the layer plan (agreed: the call after it is
- * collective). */
-static int set_row_docs(gdn_model_plan *p, int64_t b) {
-    const int rc = gdn_layer_plan_set_docs(p->lp, p->doc_cu + p->row_first[b], p->row_docs[b], p->seq_offset);
+/* Dense under CP: the attention plan needs this shard's first token in the sequence (global
+ * RoPE positions and causal mask): the tokens of the ranks before it, an exclusive scan of the
+ * shard lengths, once (inside the forward, which is collective anyway). */
+static int attn_learn_offset(gdn_model_plan *p) {
+    if (!p->ap || !p->cp || p->run.pack || p->ap_offset_known) return GDN_OK;
+    int64_t T = p->run.T, before = 0;
+    if (MPI_Exscan(&T, &before, 1, MPI_INT64_T, MPI_SUM, p->cp->comm) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Exscan of the shard lengths (the attention layers' seq_offset) failed");
+    if (p->cp->rank == 0) before = 0; /* Exscan leaves rank 0's undefined */
+    const int rc = gdn_cp_agree_status(p->cp, gdn_attn_plan_set_docs(p->ap, NULL, 0, before));
+    p->ap_offset_known = !rc;
+    return rc;
+}
+
+/* Packed rows over CP: row b's documents into the mixer's plan (agreed: the call after it is
+ * collective). The attention plan keeps the row it holds (its cos/sin table is redone on a change). */
+static int set_row_docs(gdn_model_plan *p, int attn, int64_t b) {
+    const int64_t *cu = p->doc_cu + p->row_first[b], n = p->row_docs[b];
+    int rc = GDN_OK;
+    if (!attn) {
+        rc = gdn_layer_plan_set_docs(p->lp, cu, n, p->seq_offset);
+    } else if (p->ap_row != b) {
+        rc = gdn_attn_plan_set_docs(p->ap, cu, n, p->seq_offset);
+        p->ap_row = rc ? -1 : b;
+    }
     return gdn_cp_agree_status(p->cp, rc);
 }
 
-static int layer_forward(gdn_model_plan *p, float *y, float *saved, const float *x, const float *w) {
-    if (!(p->run.pack && p->cp))
-        return p->cp ? gdn_layer_cp_forward(p->cp, p->lp, y, saved, x, w)
-                     : gdn_layer_forward(p->lp, y, saved, x, w, NULL, NULL);
-    const size_t TE = (size_t)(p->run.T * p->cfg.E);
+/* One mixer call over the plan's rows (one rank: all of them; CP: this rank's shard). */
+static int mixer_call_forward(gdn_model_plan *p, int attn, float *y, float *saved, const float *x, const float *w) {
+    if (attn) return p->cp ? gdn_attn_cp_forward(p->cp, p->ap, y, saved, x, w) : gdn_attn_forward(p->ap, y, saved, x, w);
+    return p->cp ? gdn_layer_cp_forward(p->cp, p->lp, y, saved, x, w)
+                 : gdn_layer_forward(p->lp, y, saved, x, w, NULL, NULL);
+}
+static int mixer_call_backward(gdn_model_plan *p, int attn, float *dx, float *dw, const float *x, const float *w,
+                               const float *saved, const float *dy) {
+    if (attn)
+        return p->cp ? gdn_attn_cp_backward(p->cp, p->ap, dx, dw, x, w, saved, dy)
+                     : gdn_attn_backward(p->ap, dx, dw, x, w, saved, dy);
+    return p->cp ? gdn_layer_cp_backward(p->cp, p->lp, dx, dw, x, w, saved, dy)
+                 : gdn_layer_backward(p->lp, dx, dw, x, w, saved, dy);
+}
+
+/* Layer l's mixer on all rows: one call, or under packed CP one call per row. */
+static int mixer_forward(gdn_model_plan *p, int64_t l, float *y, float *saved, const float *x, const float *w) {
+    const int attn = is_attn(&p->cfg, l);
+    if (!rows_apart(&p->run, p->cp)) return mixer_call_forward(p, attn, y, saved, x, w);
+    const size_t TE = (size_t)(p->run.T * p->cfg.E), sr = attn ? p->attn.saved_call : p->gdn.saved_call;
     for (int64_t b = 0; b < p->run.B; b++) {
-        int rc = set_row_docs(p, b);
-        if (!rc) rc = gdn_layer_cp_forward(p->cp, p->lp, y + b * TE, saved ? saved + b * p->saved_row : NULL,
-                                           x + b * TE, w);
+        int rc = set_row_docs(p, attn, b);
+        if (!rc) rc = mixer_call_forward(p, attn, y + b * TE, saved ? saved + b * sr : NULL, x + b * TE, w);
         if (rc) return rc;
     }
     return GDN_OK;
 }
-static int layer_backward(gdn_model_plan *p, float *dx, float *dw, const float *x, const float *w,
+static int mixer_backward(gdn_model_plan *p, int64_t l, float *dx, float *dw, const float *x, const float *w,
                           const float *saved, const float *dy) {
-    if (!(p->run.pack && p->cp))
-        return p->cp ? gdn_layer_cp_backward(p->cp, p->lp, dx, dw, x, w, saved, dy)
-                     : gdn_layer_backward(p->lp, dx, dw, x, w, saved, dy);
-    const size_t TE = (size_t)(p->run.T * p->cfg.E);
+    const int attn = is_attn(&p->cfg, l);
+    if (!rows_apart(&p->run, p->cp)) return mixer_call_backward(p, attn, dx, dw, x, w, saved, dy);
+    const size_t TE = (size_t)(p->run.T * p->cfg.E), sr = attn ? p->attn.saved_call : p->gdn.saved_call;
+    const size_t nf = attn ? p->attn.floats : p->gdn.floats;
     for (int64_t b = 0; b < p->run.B; b++) {
         float *dwb = b ? p->dw_row : dw;
-        int rc = set_row_docs(p, b);
-        if (!rc) rc = gdn_layer_cp_backward(p->cp, p->lp, dx + b * TE, dwb, x + b * TE, w,
-                                            saved + b * p->saved_row, dy + b * TE);
+        int rc = set_row_docs(p, attn, b);
+        if (!rc) rc = mixer_call_backward(p, attn, dx + b * TE, dwb, x + b * TE, w, saved + b * sr, dy + b * TE);
         if (rc) return rc;
         if (b)
-            for (size_t i = 0; i < p->layer_floats; i++) dw[i] += dwb[i];
+            for (size_t i = 0; i < nf; i++) dw[i] += dwb[i];
     }
     return GDN_OK;
 }
@@ -492,7 +670,7 @@ static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float 
     const gdn_model_config *c = &p->cfg;
     const int64_t N = p->N, E = c->E, I = c->I, nt = p->threads;
     norm_forward(p, N, b->a1, b->rstd1, x, w + blk_offset(c, l, BLK_IN_NORM));
-    int rc = layer_forward(p, p->y, keep ? b->saved : NULL, b->a1, w + gdn_model_layer_offset(c, l));
+    int rc = mixer_forward(p, l, p->y, keep ? b->saved : NULL, b->a1, w + gdn_model_layer_offset(c, l));
     if (rc) return rc;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < N * E; i++) b->h[i] = x[i] + p->y[i];
@@ -533,9 +711,9 @@ static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const bl
     /* post norm: dres (dh) += its input gradient */
     norm_backward(p, N, p->dres, 1, dw + blk_offset(c, l, BLK_POST_NORM), p->da, b->h, b->rstd2,
                   w + blk_offset(c, l, BLK_POST_NORM));
-    /* the GatedDeltaNet layer: dy = dh -> da1 (into da) */
+    /* the mixer: dy = dh -> da1 (into da) */
     const size_t lo = gdn_model_layer_offset(c, l);
-    int rc = layer_backward(p, p->da, dw + lo, b->a1, w + lo, b->saved, p->dres);
+    int rc = mixer_backward(p, l, p->da, dw + lo, b->a1, w + lo, b->saved, p->dres);
     if (rc) return rc;
     /* input norm: dx = dh + its input gradient */
     norm_backward(p, N, p->dres, 1, dw + blk_offset(c, l, BLK_IN_NORM), p->da, x, b->rstd1,
@@ -615,10 +793,12 @@ static void embed_forward(gdn_model_plan *p, const float *w, const uint8_t *toke
 static int forward_all(gdn_model_plan *p, const float *w, const uint8_t *tokens, int keep) {
     const gdn_model_config *c = &p->cfg;
     const size_t NE = (size_t)(p->N * c->E);
+    int rc = attn_learn_offset(p);
+    if (rc) return rc;
     embed_forward(p, w, tokens);
     for (int64_t l = 0; l < c->L; l++) {
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
-        int rc = block_forward(p, l, p->xs + (size_t)(l + 1) * NE, p->xs + (size_t)l * NE, b, w,
+        rc = block_forward(p, l, p->xs + (size_t)(l + 1) * NE, p->xs + (size_t)l * NE, b, w,
                                keep && !p->run.recompute);
         if (rc) return rc;
     }
@@ -760,10 +940,12 @@ int gdn_model_set_docs(gdn_model_plan *p, const int64_t *doc_cu, const int64_t *
         cu += n + 1;
     }
     p->seq_offset = seq_offset;
+    p->ap_row = -1; /* packed CP: every row's documents are new */
     if (!p->cp) {
         p->doc_cu[k++] = B * T;
         p->row_docs[0] = k - 1;
-        int rc = gdn_layer_plan_set_docs(p->lp, p->doc_cu, k - 1, 0);
+        int rc = p->lp ? gdn_layer_plan_set_docs(p->lp, p->doc_cu, k - 1, 0) : GDN_OK;
+        if (!rc && p->ap) rc = gdn_attn_plan_set_docs(p->ap, p->doc_cu, k - 1, 0);
         if (rc) return rc;
     }
     *targets = predicted;
@@ -790,6 +972,11 @@ int gdn_model_decoder_create(gdn_model_decoder **out, const gdn_model_config *c,
     *out = NULL;
     int rc = gdn_model_config_check(c);
     if (rc) return rc;
+    for (int64_t l = 0; l < c->L; l++)
+        if (is_attn(c, l))
+            return gdn_fail(GDN_ERR_ARG, "decoder: layer %lld is full attention; decoding needs a KV cache per "
+                            "attention layer, which the decoder does not have yet (GatedDeltaNet-only models decode)",
+                            (long long)l);
     if (B < 1 || B > 4096) return gdn_fail(GDN_ERR_SHAPE, "decoder B = %lld is out of range [1, 4096]", (long long)B);
     gdn_model_decoder *d = calloc(1, sizeof *d);
     if (!d) return gdn_fail(GDN_ERR_NOMEM, "decoder");

@@ -37,11 +37,13 @@ double gdn_peak_rss_mb(void) {
 }
 
 double gdn_model_train_flops_per_token(const gdn_model_config *c) {
-    const double params = (double)gdn_model_param_count(c) - (double)(c->vocab * c->E);
+    /* the embedding's lookup is free; a tied one still does the head's matmul */
+    const double params = (double)gdn_model_param_count(c) - (c->tie_embeddings ? 0.0 : (double)(c->vocab * c->E));
     const double C = 64, K = (double)c->K, V = (double)c->V;
     const double f = 3 * C * K + 2 * C * V + 6 * K * V + C * C / 3;
     const double b = 18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C;
-    return 6 * params + (double)(c->L * c->Hv) * (f + b);
+    /* the GatedDeltaNet layers' kernels (an attention layer's core, T-dependent, is not counted) */
+    return 6 * params + (double)((c->L - gdn_model_attn_layers(c)) * c->Hv) * (f + b);
 }
 
 /* Everything one rank holds while training. */
