@@ -21,8 +21,9 @@
 
 /* ---------------------------------------------------------------- running either implementation */
 
-enum { REF = 0, F32 = 1, F32_RECOMPUTE = 2 };
-static const char *const mode_name[] = {"reference", "fp32", "fp32 (backward recomputes)"};
+enum { REF = 0, F32 = 1, F32_RECOMPUTE = 2, F32_KEEP_CORE = 3 };
+static const char *const mode_name[] = {"reference", "fp32", "fp32 (backward recomputes)",
+                                        "fp32 (keeps the core's output only)"};
 
 /* y (and with dy: dx, dw) of the layer in double: the reference, or the fp32 layer on inputs
  * rounded to fp32 (with its saved floats, or recomputing them). */
@@ -36,10 +37,12 @@ static int run_attn(int mode, const gdn_attn_config *c, const double *w, const d
     const int64_t nx = c->B * c->T * c->E;
     const size_t nw = gdn_attn_param_floats(c);
     gdn_attn_plan *p = NULL;
-    int rc = gdn_attn_plan_create(&p, c);
+    gdn_attn_config ck = *c;
+    if (mode == F32_KEEP_CORE) ck.keep = GDN_ATTN_KEEP_CORE;
+    int rc = gdn_attn_plan_create(&p, &ck);
     if (rc) return rc;
     float *xf = falloc(nx), *dyf = falloc(nx), *yf = falloc(nx), *dxf = falloc(nx), *wf = falloc(nw), *dwf = falloc(nw);
-    float *sv = mode == F32 ? falloc(gdn_attn_saved_floats(p)) : NULL;
+    float *sv = mode == F32 || mode == F32_KEEP_CORE ? falloc(gdn_attn_saved_floats(p)) : NULL;
     for (int64_t i = 0; i < nx; i++) xf[i] = (float)x[i], dyf[i] = dy ? (float)dy[i] : 0.0f;
     for (size_t i = 0; i < nw; i++) wf[i] = (float)w[i];
     rc = gdn_attn_forward(p, yf, sv, xf, wf);
@@ -372,11 +375,14 @@ static void vs_reference(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t d
         expect_close(rel_err_dd(dw + off, dwr + off, (int64_t)gdn_attn_param_numel(&c, p)), tol,
                      "fp32 vs reference grad.%s, %s", gdn_attn_param_name(p), what);
     }
-    /* The recomputing backward gives the same numbers as the saved one. */
-    run_attn(F32_RECOMPUTE, &c, w, x, dy, y2, dx2, dw2);
-    check(!memcmp(y, y2, sizeof(double) * nx) && !memcmp(dx, dx2, sizeof(double) * nx) &&
-              !memcmp(dw, dw2, sizeof(double) * nw),
-          "saved and recomputed backward identical, %s", what);
+    /* The recomputing backward, and the one that keeps only the core's output, give the same
+     * numbers as the saved one. */
+    for (int m = F32_RECOMPUTE; m <= F32_KEEP_CORE; m++) {
+        run_attn(m, &c, w, x, dy, y2, dx2, dw2);
+        check(!memcmp(y, y2, sizeof(double) * nx) && !memcmp(dx, dx2, sizeof(double) * nx) &&
+                  !memcmp(dw, dw2, sizeof(double) * nw),
+              "%s and %s identical, %s", mode_name[F32], mode_name[m], what);
+    }
     /* Controls through the same comparisons: the fp32 layer with wrong weights. */
     double *wt = dalloc(nw);
     if (Hkv > 1 && H > Hkv) { /* kv head h % Hkv differs from h / (H/Hkv) */
@@ -505,6 +511,16 @@ static void memory(void) {
         gdn_attn_plan_destroy(p);
     }
     check(kept[1] == 2 * kept[0], "saved floats double with T (%zu -> %zu), not 4x", kept[0], kept[1]);
+    gdn_attn_config c = gdn_attn_config_default(1, 8192, 16, 4, 2, 8);
+    c.keep = GDN_ATTN_KEEP_CORE;
+    gdn_attn_plan *p = NULL;
+    expect_status(gdn_attn_plan_create(&p, &c), GDN_OK, NULL, "plan keeping the core's output only");
+    const size_t core = gdn_attn_saved_floats(p), want = (size_t)c.T * (size_t)(32 + 4);
+    check(core == want, "KEEP_CORE saved floats at T = 8192: %zu == T (Hd + H) = %zu (%.0f%% of KEEP_ALL's)", core, want,
+          100.0 * (double)core / (double)kept[0]);
+    gdn_attn_plan_destroy(p);
+    c.keep = 7;
+    expect_status(gdn_attn_plan_create(&p, &c), GDN_ERR_ARG, "keep = 7", "an unknown memory mode refused");
 }
 
 void test_attention(void) {

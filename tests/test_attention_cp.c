@@ -84,12 +84,13 @@ static void attn_cp_case(const char *label, gdn_attn_config full, const int64_t 
         loc.cp = strategy;
         if (strategy == GDN_ATTN_CP_HEADS && !heads_allowed(&loc)) continue; /* refused: errors() checks that */
         const int replicated = strategy == GDN_ATTN_CP_HEADS && D > loc.Hkv;
-        for (int keep = 1; keep >= 0; keep--)
+        for (int keep = 2; keep >= 0; keep--) /* 2: the core's output only; 1: everything; 0: recompute */
             for (int fault = 0; fault < 3; fault++) {
-                if (fault && (!keep || D == 1)) continue;
+                if (fault && (keep != 1 || D == 1)) continue;
                 if (fault == 2 && strategy == GDN_ATTN_CP_HEADS && !replicated) continue; /* nothing to skip */
                 gdn_attn_plan *lp = NULL;
                 gdn_cp *cp = NULL;
+                loc.keep = keep == 2 ? GDN_ATTN_KEEP_CORE : GDN_ATTN_KEEP_ALL;
                 rc = gdn_attn_plan_create(&lp, &loc);
                 if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
                 float *saved = lp && keep ? malloc(sizeof(float) * (gdn_attn_saved_floats(lp) + 1)) : NULL;
@@ -99,7 +100,7 @@ static void attn_cp_case(const char *label, gdn_attn_config full, const int64_t 
                 if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
                 char what[200];
                 snprintf(what, sizeof what, "%s D=%d %s %s", label, D, gdn_attn_cp_strategy_name(strategy),
-                         keep ? "saved" : "recomputed");
+                         keep == 2 ? "saved core" : keep ? "saved" : "recomputed");
                 if (!all_ok(rc)) {
                     check(0, "%s: %s", what, rc ? gdn_errmsg() : "failed on another rank");
                 } else if (fault == 1) {

@@ -51,7 +51,16 @@ typedef struct {
                            tokens of the ranks before (checked against the shards) */
     int64_t max_position; /* max_position_embeddings: every position must be below it (0: none) */
     int cp;               /* under CP: GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS (gdncp/cp.h) */
+    int keep;             /* what a forward's saved floats hold for the backward: GDN_ATTN_KEEP_ALL
+                             or GDN_ATTN_KEEP_CORE (below) */
 } gdn_attn_config;
+
+/* Memory modes. KEEP_ALL (default): the projections, the core's output and its log-sum-exp,
+ * B T (2Hd + 2Hkv d + Hd + H) floats; the backward recomputes nothing. KEEP_CORE: only the core's
+ * output and log-sum-exp, B T (Hd + H) floats (about a quarter at Qwen3.5's shapes); the backward
+ * recomputes the projections, norms and RoPE (token-local GEMMs) but never the O(T^2) core. A
+ * backward without saved floats recomputes everything. */
+enum { GDN_ATTN_KEEP_ALL = 0, GDN_ATTN_KEEP_CORE = 1 };
 
 /* Context-parallel strategies of the attention core (gdn_attn_cp_forward, gdncp/cp.h). */
 enum { GDN_ATTN_CP_KV = 0, GDN_ATTN_CP_HEADS = 1 };
@@ -93,8 +102,9 @@ GDN_API const gdn_attn_config *gdn_attn_plan_config(const gdn_attn_plan *plan);
  * keeps what it had. */
 GDN_API int gdn_attn_plan_set_docs(gdn_attn_plan *plan, const int64_t *cu_seqlens, int64_t n_docs,
                                    int64_t seq_offset);
-/* Floats the forward keeps for the backward: the projections (B T (2Hd + 2Hkv d)), the
- * attention output before the gate (B T H d) and the log-sum-exp (B T H). */
+/* Floats the forward keeps for the backward (cfg.keep): with KEEP_ALL the projections
+ * (B T (2Hd + 2Hkv d)), the attention output before the gate (B T H d) and the log-sum-exp
+ * (B T H); with KEEP_CORE the last two. */
 GDN_API size_t gdn_attn_saved_floats(const gdn_attn_plan *plan);
 
 /* Forward: y [B,T,E] from x [B,T,E] and the flat weights w. saved (may be NULL: inference)

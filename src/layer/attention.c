@@ -13,14 +13,21 @@
 
 /* ---------------------------------------------------------------- plan */
 
+/* The plan's own buffer (its forward's workspace, and what a backward without saved floats
+ * recomputes into) always holds all three; a caller's KEEP_CORE buffer only o and lse, the
+ * projections then living in the plan's buffer. */
 gdn_attn_saved gdn_attn_saved_view(const gdn_attn_plan *ap, float *s) {
-    gdn_attn_saved v = {s, s + (size_t)ap->N * ap->P, s + (size_t)ap->N * ap->P + (size_t)ap->N * ap->Hd};
-    return v;
+    const size_t NP = (size_t)ap->N * ap->P, NO = (size_t)ap->N * ap->Hd;
+    if (s != ap->saved && ap->cfg.keep == GDN_ATTN_KEEP_CORE) return (gdn_attn_saved){ap->saved, s, s + NO};
+    return (gdn_attn_saved){s, s + NP, s + NP + NO};
 }
-static size_t saved_floats(const gdn_attn_plan *ap) {
+static size_t saved_floats(const gdn_attn_plan *ap) { /* the plan's own buffer */
     return (size_t)ap->N * (ap->P + ap->Hd + ap->cfg.H);
 }
-size_t gdn_attn_saved_floats(const gdn_attn_plan *ap) { return ap ? saved_floats(ap) : 0; }
+size_t gdn_attn_saved_floats(const gdn_attn_plan *ap) {
+    if (!ap) return 0;
+    return ap->cfg.keep == GDN_ATTN_KEEP_CORE ? (size_t)ap->N * (ap->Hd + ap->cfg.H) : saved_floats(ap);
+}
 const gdn_attn_config *gdn_attn_plan_config(const gdn_attn_plan *ap) { return ap ? &ap->cfg : NULL; }
 
 void gdn_attn_plan_destroy(gdn_attn_plan *ap) {
@@ -342,6 +349,7 @@ int gdn_attn_backward(gdn_attn_plan *ap, float *dx, float *dw, const float *x, c
     gdn_attn_saved sv;
     if (saved) {
         sv = gdn_attn_saved_view(ap, (float *)saved); /* read only */
+        if (c->keep == GDN_ATTN_KEEP_CORE) gdn_attn_project(ap, sv.proj, x, w);
         gdn_attn_norm_rope(ap, sv.proj, w);
     } else {
         sv = gdn_attn_saved_view(ap, ap->saved);

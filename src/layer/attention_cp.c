@@ -508,6 +508,7 @@ int gdn_attn_cp_backward(gdn_cp *cp, gdn_attn_plan *ap, float *dx, float *dw, co
     gdn_attn_saved sv;
     if (saved) {
         sv = gdn_attn_saved_view(ap, (float *)saved); /* read only */
+        if (c->keep == GDN_ATTN_KEEP_CORE) gdn_attn_project(ap, sv.proj, x, w);
         gdn_attn_norm_rope(ap, sv.proj, w);
     } else { /* not saved on any rank (agreed): the forward again, collectively */
         sv = gdn_attn_saved_view(ap, ap->saved);
