@@ -61,15 +61,14 @@ static int pick(const float *logits, int n, double temperature, int top_k, uint6
     return best;
 }
 
-/* "1,2,3" into ids[0..n) (bytes); 0 or a message. */
+/* "1,2,3" into ids[0..n) (bytes; cap: strlen / 2 + 1 holds any list); 0 or a message. */
 static int parse_ids(const char *text, uint8_t *ids, size_t cap, size_t *n) {
     *n = 0;
     for (const char *p = text; *p;) {
         char *end;
         const long v = strtol(p, &end, 10);
         if (end == p || v < 0 || v > 255 || (*end && *end != ',') || *n == cap) {
-            fprintf(stderr, "gdncp sample: --prompt-ids %s: expected comma-separated token ids 0..255 (at most %zu)\n",
-                    text, cap);
+            fprintf(stderr, "gdncp sample: --prompt-ids %s: expected comma-separated token ids 0..255\n", text);
             return CLI_USAGE_ERROR;
         }
         ids[(*n)++] = (uint8_t)v;
@@ -80,7 +79,7 @@ static int parse_ids(const char *text, uint8_t *ids, size_t cap, size_t *n) {
 
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
-    int print_ids = 0;
+    int print_ids = 0, fault_no_kv = 0;
     int64_t tokens = 200, top_k = 0, seed = 1, threads = 0;
     double temperature = 0.8;
     int stop_auto = 1;
@@ -90,6 +89,7 @@ int cmd_sample(int argc, char **argv) {
         else if (!strcmp(a, "--prompt") && v) prompt = v, i++;
         else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
+        else if (!strcmp(a, "--fault") && v && !strcmp(v, "no-kv-cache")) fault_no_kv = 1, i++; /* tests only */
         else if (!strcmp(a, "--tokens")) {
             if (cli_parse_i64("sample", a, v, 1, 1 << 24, &tokens)) return CLI_USAGE_ERROR;
             i++;
@@ -173,6 +173,8 @@ int cmd_sample(int argc, char **argv) {
             memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = b;
             stopped = !memcmp(tail, sep, (size_t)sep_len);
         }
+        for (int64_t l = 0; fault_no_kv && l < cfg.L; l++) /* the tests' control: every token alone */
+            if (gdn_model_decoder_kv_cache(dec, l)) gdn_attn_cache_reset(gdn_model_decoder_kv_cache(dec, l));
         if (!stopped) rc = gdn_model_decode(dec, w, &b, logits);
     }
     const double dt = cli_now() - t0;
