@@ -554,6 +554,14 @@ static void test_hybrid_errors(void) {
     c.max_position = 16;
     expect_status(gdn_model_decoder_create(&d, &c, 1, 17, 1), GDN_ERR_SHAPE, "beyond max_position = 16",
                   "decoder max_len 17 with max_position_embeddings 16");
+    {
+        gdn_model_config g = small_cfg();
+        g.max_position = 16;
+        check(gdn_model_decoder_create(&d, &g, 1, 17, 1) == GDN_OK,
+              "decoder max_len 17 of a GatedDeltaNet-only model with max_position 16 (no positions)");
+        gdn_model_decoder_destroy(d);
+        d = NULL;
+    }
     c.max_position = 0;
     check(gdn_model_decoder_create(&d, &c, 1, 4, 1) == GDN_OK, "decoder of a hybrid model, max_len 4");
     {

@@ -142,8 +142,8 @@ GDN_API int gdn_model_logits(gdn_model_plan *plan, const float *w, const uint8_t
  * A GatedDeltaNet layer keeps its conv and recurrent states (layer.h), a full-attention layer its
  * KV cache (attention.h: keys after k_norm and RoPE, positions continue from the cache length).
  * max_len: the most tokens each sequence may be fed in all (prompt + generated); the KV caches
- * are made for it (0: no limit, only for GatedDeltaNet-only models; at most max_position when
- * that is set). Decoding one token allocates nothing; a prefill of T > 1 tokens makes that piece
+ * are made for it (0: no limit, only for GatedDeltaNet-only models; with attention layers at most
+ * max_position when that is set). Decoding one token allocates nothing; a prefill of T > 1 tokens makes that piece
  * length's plans (kept for the next piece of the same length). */
 typedef struct gdn_model_decoder gdn_model_decoder;
 GDN_API int gdn_model_decoder_create(gdn_model_decoder **dec, const gdn_model_config *cfg, int64_t B,

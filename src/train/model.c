@@ -1021,7 +1021,7 @@ int gdn_model_decoder_create(gdn_model_decoder **out, const gdn_model_config *c,
         return gdn_fail(GDN_ERR_SHAPE, "decoder max_len = %lld: a model with attention layers needs max_len >= 1 "
                         "(their KV caches hold that many tokens; 0, no limit, is for GatedDeltaNet-only models)",
                         (long long)max_len);
-    if (c->max_position > 0 && max_len > c->max_position)
+    if (na && c->max_position > 0 && max_len > c->max_position) /* positions matter to attention only */
         return gdn_fail(GDN_ERR_SHAPE, "decoder max_len = %lld is beyond max_position = %lld", (long long)max_len,
                         (long long)c->max_position);
     gdn_model_decoder *d = calloc(1, sizeof *d);
