@@ -39,7 +39,7 @@ static int pick(const float *logits, int n, double temperature, int top_k, uint6
     /* the k-th largest logit is the cut (ties kept) */
     float cut = -INFINITY;
     if (top_k > 0 && top_k < n) {
-        float *sorted = malloc(sizeof(float) * (size_t)n);
+        float sorted[256]; /* n is the vocab, 256: nothing allocated per token */
         memcpy(sorted, logits, sizeof(float) * (size_t)n);
         for (int i = 0; i < top_k; i++) { /* partial selection: n is 256 */
             int m = i;
@@ -48,7 +48,6 @@ static int pick(const float *logits, int n, double temperature, int top_k, uint6
             sorted[i] = sorted[m], sorted[m] = t;
         }
         cut = sorted[top_k - 1];
-        free(sorted);
     }
     double p[256], sum = 0;
     for (int i = 0; i < n; i++) {
