@@ -145,44 +145,65 @@ static void test_gradients(const gdn_model_config *cfg, const char *what) {
     gdn_model_plan_destroy(p);
 }
 
-/* Decoding token by token (the layer's decode path and caches) gives the full forward's logits. */
-static void test_decode(void) {
-    const gdn_model_config c = small_cfg();
-    const int64_t B = 2, T = 30;
+/* Decoding token by token (each layer's decode path and caches), and in prefill pieces, gives
+ * the full forward's logits: a GatedDeltaNet-only model and a hybrid one (B = 2). */
+static void test_decode_cfg(const gdn_model_config *cp, const char *what) {
+    const gdn_model_config c = *cp;
+    const int64_t B = 2, T = 30, V = c.vocab, max_len = gdn_model_attn_layers(&c) ? T : 0;
     const gdn_model_run r = {.B = B, .T = T, .threads = 0, .recompute = 0, .check_finite = 1};
     gdn_model_plan *p = NULL;
     gdn_model_decoder *d = NULL, *d2 = NULL;
-    check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "model plan for logits");
-    check(gdn_model_decoder_create(&d, &c, B, 0) == GDN_OK && gdn_model_decoder_create(&d2, &c, B, 0) == GDN_OK,
-          "model decoders B=2");
+    check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "%s: model plan for logits", what);
+    check(gdn_model_decoder_create(&d, &c, B, max_len, 0) == GDN_OK &&
+              gdn_model_decoder_create(&d2, &c, B, max_len, 0) == GDN_OK,
+          "%s: model decoders B=2", what);
     if (!p || !d || !d2) goto out;
     float *w = model_weights(&c, 3);
-    uint8_t *tok = random_tokens(B * T, 9);
-    float *full = malloc(sizeof(float) * (size_t)(B * T * c.vocab));
-    float *dec = malloc(sizeof(float) * (size_t)(B * T * c.vocab)), *dec_reset = malloc(sizeof(float) * (size_t)(B * T * c.vocab));
-    check(gdn_model_logits(p, w, tok, full) == GDN_OK, "model logits B=2 T=30");
-    float *one = malloc(sizeof(float) * (size_t)(B * c.vocab));
+    uint8_t *tok = random_tokens(B * T, 9), piece[2 * 30];
+    float *full = malloc(sizeof(float) * (size_t)(B * T * V));
+    float *dec = malloc(sizeof(float) * (size_t)(B * T * V)), *dec_reset = malloc(sizeof(float) * (size_t)(B * T * V));
+    check(gdn_model_logits(p, w, tok, full) == GDN_OK, "%s: model logits B=2 T=30", what);
+    float *one = malloc(sizeof(float) * (size_t)(B * T * V));
     for (int64_t t = 0; t < T; t++) {
         uint8_t step_tok[2] = {tok[t], tok[T + t]};
-        if (t == T / 2) { /* the control: caches dropped halfway */
-            gdn_model_decoder_destroy(d2);
-            gdn_model_decoder_create(&d2, &c, B, 0);
-        }
+        if (t == T / 2) gdn_model_decoder_reset(d2); /* the control: caches dropped halfway */
         for (int pass = 0; pass < 2; pass++) {
             gdn_model_decode(pass ? d2 : d, w, step_tok, one);
             float *dst = pass ? dec_reset : dec;
-            for (int64_t b = 0; b < B; b++)
-                memcpy(dst + (b * T + t) * c.vocab, one + b * c.vocab, sizeof(float) * (size_t)c.vocab);
+            for (int64_t b = 0; b < B; b++) memcpy(dst + (b * T + t) * V, one + b * V, sizeof(float) * (size_t)V);
         }
     }
     /* fp32 chunked vs recurrent paths: rounding only (1e-5) */
-    expect_close(rel_err_ff(dec, full, B * T * c.vocab), 1e-5, "decode token by token vs full forward logits");
-    expect_far(rel_err_ff(dec_reset, full, B * T * c.vocab), 1e-5, "decode with caches dropped halfway");
+    expect_close(rel_err_ff(dec, full, B * T * V), 1e-5, "%s: decode token by token vs full forward logits", what);
+    expect_far(rel_err_ff(dec_reset, full, B * T * V), 1e-5, "%s: decode with caches dropped halfway", what);
+    /* prefill pieces 11, 1, 18 (control: the same pieces after a reset before the last) */
+    const int64_t sizes[3] = {11, 1, 18};
+    for (int pass = 0; pass < 2; pass++) {
+        gdn_model_decoder_reset(d);
+        int rc = GDN_OK;
+        for (int64_t i = 0, t0 = 0; i < 3 && !rc; t0 += sizes[i], i++) {
+            const int64_t Tp = sizes[i];
+            if (pass && i == 2) gdn_model_decoder_reset(d);
+            for (int64_t b = 0; b < B; b++) memcpy(piece + b * Tp, tok + b * T + t0, (size_t)Tp);
+            rc = gdn_model_prefill(d, w, piece, Tp, one);
+            for (int64_t b = 0; b < B; b++)
+                memcpy(dec + (b * T + t0) * V, one + b * Tp * V, sizeof(float) * (size_t)(Tp * V));
+        }
+        const double e = rc ? INFINITY : rel_err_ff(dec, full, B * T * V);
+        if (pass) expect_far(e, 1e-5, "%s: prefill pieces 11, 1, 18 with a reset before the last", what);
+        else expect_close(e, 1e-5, "%s: prefill pieces 11, 1, 18 vs full forward logits", what);
+    }
     free(w), free(tok), free(full), free(dec), free(dec_reset), free(one);
 out:
     gdn_model_plan_destroy(p);
     gdn_model_decoder_destroy(d);
     gdn_model_decoder_destroy(d2);
+}
+
+static void test_decode(void) {
+    const gdn_model_config g = small_cfg(), h = hybrid_cfg(0);
+    test_decode_cfg(&g, "GatedDeltaNet-only");
+    test_decode_cfg(&h, "hybrid");
 }
 
 /* Every tensor we write has the name and shape transformers gave the same tensor in its own
@@ -528,8 +549,36 @@ static void test_hybrid_errors(void) {
                   "model plan: 32 tokens with max_position_embeddings 16");
     gdn_model_decoder *d = NULL;
     c = hybrid_cfg(0);
-    expect_status(gdn_model_decoder_create(&d, &c, 1, 1), GDN_ERR_ARG, "layer 1 is full attention",
-                  "decoder of a hybrid model (not built yet)");
+    expect_status(gdn_model_decoder_create(&d, &c, 1, 0, 1), GDN_ERR_SHAPE, "needs max_len >= 1",
+                  "decoder of a hybrid model without max_len (its KV caches need one)");
+    c.max_position = 16;
+    expect_status(gdn_model_decoder_create(&d, &c, 1, 17, 1), GDN_ERR_SHAPE, "beyond max_position = 16",
+                  "decoder max_len 17 with max_position_embeddings 16");
+    {
+        gdn_model_config g = small_cfg();
+        g.max_position = 16;
+        check(gdn_model_decoder_create(&d, &g, 1, 17, 1) == GDN_OK,
+              "decoder max_len 17 of a GatedDeltaNet-only model with max_position 16 (no positions)");
+        gdn_model_decoder_destroy(d);
+        d = NULL;
+    }
+    c.max_position = 0;
+    check(gdn_model_decoder_create(&d, &c, 1, 4, 1) == GDN_OK, "decoder of a hybrid model, max_len 4");
+    {
+        const uint8_t tok[5] = {1, 2, 3, 4, 5};
+        float *lg = malloc(sizeof(float) * 5 * (size_t)c.vocab), *wt = model_weights(&c, 1);
+        check(gdn_model_prefill(d, wt, tok, 3, lg) == GDN_OK, "prefill 3 of max_len 4");
+        expect_status(gdn_model_prefill(d, wt, tok, 2, lg), GDN_ERR_SHAPE, "exceed the decoder's max_len = 4",
+                      "3 fed + 2 more past max_len 4");
+        expect_status(gdn_model_prefill(d, wt, tok, 0, lg), GDN_ERR_SHAPE, "T = 0", "a piece of 0 tokens");
+        check(gdn_model_decoder_kv_cache(d, 0) == NULL && gdn_model_decoder_kv_cache(d, 1) != NULL,
+              "kv cache only for the attention layer (1)");
+        expect_status(gdn_model_decoder_gdn_state(d, 1, NULL, NULL), GDN_ERR_ARG, "not a GatedDeltaNet layer",
+                      "GatedDeltaNet state of an attention layer");
+        free(lg), free(wt);
+    }
+    gdn_model_decoder_destroy(d);
+    d = NULL;
     /* a GatedDeltaNet-only model reads no attention field */
     c = small_cfg();
     c.H = -5, c.d = 3;

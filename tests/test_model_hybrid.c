@@ -1,9 +1,12 @@
 /* The hybrid language model (GatedDeltaNet and gated full-attention layers) on one rank against
  * transformers' own Qwen3_5ForCausalLM (tests/data/qwen35_tiny, float64 references of the whole
  * model): the loss, the logits and every parameter's gradient, dense and with packed documents,
- * and the stock fp32 logits. Negative controls run through the same comparisons: the layer types
- * shifted by one (the attention layer's weights at layer 2, layer 2's GatedDeltaNet at 3), the
- * attention layer removed (o_proj zero), the packed row run without its documents. */
+ * and the stock fp32 logits; the decoder (a prefill, then one token at a time with every layer's
+ * cache) against transformers' own cached run: logits, caches, greedy generation. Negative
+ * controls run through the same comparisons: the layer types shifted by one (the attention
+ * layer's weights at layer 2, layer 2's GatedDeltaNet at 3), the attention layer removed (o_proj
+ * zero), the packed row run without its documents; for the decoder, one cache tampered with
+ * (positions not continuing, no KV cache, the recurrent states reset). */
 #include "harness.h"
 
 #include <math.h>
@@ -293,11 +296,224 @@ static void test_stock_logits(const model_w *m) {
     gdn_st_close(ref);
 }
 
+/* ---------------------------------------------------------------- decode with both caches
+ *
+ * model_decode.io (stock fp32 transformers and its cache): a 37-token prefill, then tokens 37..44
+ * one at a time; the logits of each and every layer's cache at the end. The controls tamper with
+ * one cache during the decode steps and go through the same comparisons. */
+typedef enum {
+    DEC_OK,
+    DEC_KV_SET_BACK, /* the attention cache's length set back by one before the first decode step */
+    DEC_KV_NONE,     /* the attention layer without its cache: emptied before every decode step */
+    DEC_REC_RESET,   /* the GatedDeltaNet recurrent states zeroed before every decode step */
+    DEC_KINDS
+} dec_tamper;
+static const char *const dec_tamper_name[DEC_KINDS] = {
+    "", "the attention cache's length set back by one (positions not continuing)",
+    "the attention layer decoded without its cache (each token alone)",
+    "the GatedDeltaNet recurrent states reset between steps"};
+
+static void dec_apply(gdn_model_decoder *d, const gdn_model_config *c, dec_tamper tk, int step) {
+    for (int64_t l = 0; l < c->L; l++) {
+        gdn_attn_cache *kv = gdn_model_decoder_kv_cache(d, l);
+        float *rec = NULL;
+        if (kv && tk == DEC_KV_SET_BACK && step == 0) gdn_attn_cache_set_length(kv, gdn_attn_cache_length(kv) - 1);
+        if (kv && tk == DEC_KV_NONE) gdn_attn_cache_reset(kv);
+        if (!kv && tk == DEC_REC_RESET && !gdn_model_decoder_gdn_state(d, l, NULL, &rec))
+            memset(rec, 0, sizeof(float) * (size_t)(c->Hv * c->K * c->V));
+    }
+}
+
+/* tok [T] through d (reset first): a prefill of T0 tokens, then one token at a time (tampered
+ * before each step); logits [T, vocab]. */
+static int dec_run(gdn_model_decoder *d, const gdn_model_config *c, const float *w, const uint8_t *tok, int64_t T,
+                   int64_t T0, dec_tamper tk, float *logits) {
+    gdn_model_decoder_reset(d);
+    int rc = gdn_model_prefill(d, w, tok, T0, logits);
+    for (int64_t t = T0; t < T && !rc; t++) {
+        dec_apply(d, c, tk, (int)(t - T0));
+        rc = gdn_model_decode(d, w, tok + t, logits + t * c->vocab);
+    }
+    if (rc) check(0, "decode %s: %s", dec_tamper_name[tk], gdn_errmsg());
+    return rc;
+}
+
+/* The worst relative error of our caches at the end against the file's, over every layer; the
+ * attention cache: the first Tn positions of each head of our [1, Hkv, capacity, d] (whatever
+ * its length; *kv_len receives that). */
+static double cache_errors(gdn_model_decoder *d, const gdn_model_config *c, gdn_st_file *f, int64_t Tn,
+                           double *kv_err, double *rec_err, int64_t *kv_len) {
+    double conv_err = 0;
+    *kv_err = 0, *rec_err = 0;
+    char name[64];
+    for (int64_t l = 0; l < c->L; l++) {
+        gdn_attn_cache *kv = gdn_model_decoder_kv_cache(d, l);
+        if (kv) {
+            *kv_len = gdn_attn_cache_length(kv);
+            const int64_t cap = gdn_attn_cache_capacity(kv), n = c->Hkv * Tn * c->d;
+            float *ours = falloc(n);
+            double *ref = dalloc(n);
+            for (int part = 0; part < 2; part++) {
+                const float *src = part ? gdn_attn_cache_values(kv) : gdn_attn_cache_keys(kv);
+                for (int64_t h = 0; h < c->Hkv; h++)
+                    memcpy(ours + h * Tn * c->d, src + h * cap * c->d, sizeof(float) * (size_t)(Tn * c->d));
+                snprintf(name, sizeof name, "layers.%lld.%s", (long long)l, part ? "value_cache" : "key_cache");
+                const double e = gdn_st_read_f64(f, name, ref, (size_t)n) ? INFINITY : rel_err_f32(ours, ref, n);
+                *kv_err = fmax(*kv_err, e);
+            }
+            free(ours), free(ref);
+            continue;
+        }
+        float *conv, *rec;
+        gdn_model_decoder_gdn_state(d, l, &conv, &rec);
+        const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+        const int64_t nc = gdn_layer_conv_dim(&lc) * c->Kc, nr = c->Hv * c->K * c->V;
+        double *ref = dalloc(nc > nr ? nc : nr);
+        snprintf(name, sizeof name, "layers.%lld.conv_state", (long long)l);
+        conv_err = fmax(conv_err, gdn_st_read_f64(f, name, ref, (size_t)nc) ? INFINITY : rel_err_f32(conv, ref, nc));
+        snprintf(name, sizeof name, "layers.%lld.recurrent_state", (long long)l);
+        *rec_err = fmax(*rec_err, gdn_st_read_f64(f, name, ref, (size_t)nr) ? INFINITY : rel_err_f32(rec, ref, nr));
+        free(ref);
+    }
+    return conv_err;
+}
+
+/* Checks one run's numbers against the file (expect_close for DEC_OK, expect_far otherwise, on
+ * the comparisons the tampering reaches): prefill and decode logits, the whole sequence against
+ * the file's logits_full and our forward, and every cache at the end. */
+#define CAP_DEC 48 /* the decoder's max_len for model_decode.io: above its 45 tokens */
+static void dec_compare(gdn_model_decoder *d, const gdn_model_config *c, gdn_st_file *f, const float *lg,
+                        const float *fwd, const double *lfull, const double *lpre, const double *ldec, int64_t T,
+                        int64_t T0, dec_tamper tk) {
+    const int64_t V = c->vocab;
+    const char *what = dec_tamper_name[tk];
+    int64_t kv_len = -1;
+    double kv_err, rec_err, conv_err = cache_errors(d, c, f, T, &kv_err, &rec_err, &kv_len);
+    const double e_dec = rel_err_f32(lg + T0 * V, ldec, (T - T0) * V), e_full = rel_err_f32(lg, lfull, T * V);
+    const double e_fwd = rel_err_ff(lg, fwd, T * V);
+    if (tk == DEC_OK) {
+        expect_close(rel_err_f32(lg, lpre, T0 * V), TOL_STOCK, "hybrid decoder: logits of a %lld-token prefill vs "
+                     "transformers' (its cache)", (long long)T0);
+        expect_close(e_dec, TOL_STOCK, "hybrid decoder: logits of tokens %lld..%lld one at a time", (long long)T0,
+                     (long long)T - 1);
+        expect_close(e_full, TOL_STOCK, "hybrid decoder: prefill + decode = transformers' logits_full (no cache)");
+        expect_close(e_fwd, TOL_STOCK, "hybrid decoder: prefill + decode = our forward of the %lld tokens",
+                     (long long)T);
+        check(kv_len == T && gdn_model_decoder_length(d) == T, "hybrid decoder: %lld tokens fed, the attention "
+              "cache's length %lld", (long long)gdn_model_decoder_length(d), (long long)kv_len);
+        expect_close(kv_err, TOL_STOCK, "hybrid decoder: the attention layer's key_cache and value_cache "
+                     "(first %lld positions of our capacity %lld)", (long long)T, (long long)CAP_DEC);
+        expect_close(conv_err, TOL_STOCK, "hybrid decoder: every GatedDeltaNet layer's conv_state at the end");
+        expect_close(rec_err, TOL_STOCK, "hybrid decoder: every GatedDeltaNet layer's recurrent_state at the end");
+        return;
+    }
+    expect_far(e_dec, TOL_STOCK, "%s: decode logits", what);
+    expect_far(e_fwd, TOL_STOCK, "%s: decode = forward", what);
+    if (tk == DEC_REC_RESET) expect_far(rec_err, TOL_STOCK, "%s: recurrent_state at the end", what);
+    else expect_far(kv_err, TOL_STOCK, "%s: key_cache/value_cache at the end", what);
+}
+
+static void test_decode_hf(const model_w *m) {
+    gdn_st_file *f = NULL;
+    if (gdn_st_open(&f, TINY "/model_decode.io.safetensors")) {
+        check(0, "open model_decode.io: %s", gdn_errmsg());
+        return;
+    }
+    enum { T = 45, T0 = 37, V = 256, CAP = CAP_DEC };
+    const gdn_model_config *c = &m->cfg;
+    uint8_t tok[T];
+    double *lfull = dalloc(T * V), *lpre = dalloc(T0 * V), *ldec = dalloc((T - T0) * V);
+    float *lg = falloc(T * V), *fwd = falloc(T * V);
+    const int bad = read_bytes(f, TINY "/model_decode.io.safetensors", "input_ids", tok, T) ||
+                    gdn_st_read_f64(f, "logits_full", lfull, (size_t)T * V) ||
+                    gdn_st_read_f64(f, "logits_prefill", lpre, (size_t)T0 * V) ||
+                    gdn_st_read_f64(f, "logits_decode", ldec, (size_t)(T - T0) * V);
+    check(!bad, "model_decode.io: input_ids [1, 45], logits_full, logits_prefill, logits_decode");
+    const gdn_model_run r = {.B = 1, .T = T, .threads = 0, .check_finite = 1};
+    gdn_model_plan *p = NULL;
+    gdn_model_decoder *d = NULL;
+    int rc = bad ? GDN_ERR_FORMAT : gdn_model_plan_create(&p, c, &r, NULL);
+    if (!rc) rc = gdn_model_logits(p, m->w, tok, fwd);
+    /* a capacity above the sequence: our cache's first 45 positions are compared */
+    if (!rc) rc = gdn_model_decoder_create(&d, c, 1, CAP, 0);
+    if (rc) check(0, "model_decode.io setup: %s", gdn_errmsg());
+    for (int tk = 0; !rc && tk < DEC_KINDS; tk++)
+        if (!dec_run(d, c, m->w, tok, T, T0, (dec_tamper)tk, lg))
+            dec_compare(d, c, f, lg, fwd, lfull, lpre, ldec, T, T0, (dec_tamper)tk);
+    gdn_model_decoder_destroy(d);
+    gdn_model_plan_destroy(p);
+    free(lfull), free(lpre), free(ldec), free(lg), free(fwd);
+    gdn_st_close(f);
+}
+
+/* Greedy generation: n ids after the prompt into out (tampered as dec_apply before every decode
+ * step); *margin: the smallest gap between the best and second-best logit over the steps. */
+static int greedy(gdn_model_decoder *d, const gdn_model_config *c, const float *w, const uint8_t *prompt, int64_t np,
+                  int64_t n, dec_tamper tk, uint8_t *out, double *margin) {
+    const int64_t V = c->vocab;
+    float *lg = falloc(np * V);
+    gdn_model_decoder_reset(d);
+    int rc = gdn_model_prefill(d, w, prompt, np, lg);
+    const float *row = lg + (np - 1) * V;
+    *margin = INFINITY;
+    for (int64_t i = 0; i < n && !rc; i++) {
+        int best = 0, second = -1;
+        for (int v = 1; v < V; v++) {
+            if (row[v] > row[best]) second = best, best = v;
+            else if (second < 0 || row[v] > row[second]) second = v;
+        }
+        *margin = fmin(*margin, (double)row[best] - row[second]);
+        out[i] = (uint8_t)best;
+        if (i + 1 == n) break;
+        dec_apply(d, c, tk, (int)i);
+        rc = gdn_model_decode(d, w, out + i, lg);
+        row = lg;
+    }
+    free(lg);
+    if (rc) check(0, "greedy generation: %s", gdn_errmsg());
+    return rc;
+}
+
+static void test_generate_hf(const model_w *m) {
+    gdn_st_file *f = NULL;
+    if (gdn_st_open(&f, TINY "/generate.io.safetensors")) {
+        check(0, "open generate.io: %s", gdn_errmsg());
+        return;
+    }
+    enum { NP = 12, NG = 32 };
+    uint8_t prompt[NP], ref[NG], got[NG];
+    const int bad = read_bytes(f, TINY "/generate.io.safetensors", "prompt_ids", prompt, NP) ||
+                    read_bytes(f, TINY "/generate.io.safetensors", "generated_ids", ref, NG);
+    check(!bad, "generate.io: prompt_ids [1, 12], generated_ids [1, 32]");
+    gdn_model_decoder *d = NULL;
+    if (bad || gdn_model_decoder_create(&d, &m->cfg, 1, NP + NG, 0)) {
+        check(0, "generate.io setup: %s", gdn_errmsg());
+        goto out;
+    }
+    const dec_tamper kinds[3] = {DEC_OK, DEC_KV_SET_BACK, DEC_KV_NONE};
+    for (int k = 0; k < 3; k++) {
+        double margin;
+        if (greedy(d, &m->cfg, m->w, prompt, NP, NG, kinds[k], got, &margin)) break;
+        int same = 0, first = -1;
+        for (int i = 0; i < NG; i++) same += got[i] == ref[i], first = first < 0 && got[i] != ref[i] ? i : first;
+        if (!k) check(same == NG, "hybrid decoder: greedy generation of %d tokens from prompt_ids = transformers' "
+                      "generated_ids (%d/%d equal, first differing at %d (-1: none); smallest top-2 logit margin %.3g)",
+                      NG, same, NG, first, margin);
+        else check(same < NG, "negative control: greedy generation with %s differs from generated_ids (%d/%d "
+                   "equal, first differing at %d)", dec_tamper_name[kinds[k]], same, NG, first);
+    }
+out:
+    gdn_model_decoder_destroy(d);
+    gdn_st_close(f);
+}
+
 void test_model_hybrid(void) {
     model_w m;
     if (tiny_load(&m)) return;
     test_dense(&m);
     test_packed_hf(&m);
     test_stock_logits(&m);
+    test_decode_hf(&m);
+    test_generate_hf(&m);
     free(m.w);
 }

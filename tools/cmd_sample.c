@@ -1,5 +1,6 @@
-/* gdncp sample: text from a trained checkpoint, one byte at a time through the layers' decode
- * path (the recurrent state and conv caches, no re-reading of the prompt). */
+/* gdncp sample: text from a checkpoint (GatedDeltaNet-only or hybrid), the prompt prefilled in one
+ * piece, then one byte at a time through every layer's decode path and cache (GatedDeltaNet conv
+ * and recurrent states, the attention layers' KV caches; no re-reading of the prompt). */
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
@@ -12,9 +13,12 @@
 #include "gdncp/train.h"
 
 static int usage(void) {
-    fprintf(stderr, "usage: gdncp sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]\n"
-                    "                    [--top-k K] [--seed S] [--threads N] [--stop auto|none]\n"
+    fprintf(stderr, "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [--tokens N]\n"
+                    "                    [--temperature T] [--top-k K] [--seed S] [--threads N]\n"
+                    "                    [--stop auto|none] [--print-ids]\n"
                     "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
+                    "  --prompt-ids: the prompt as token ids 0..255; --print-ids: the new tokens as ids\n"
+                    "  (comma-separated, one line) instead of the prompt and the text.\n"
                     "  --temperature 0 picks the most likely byte every time.\n"
                     "  --stop auto (default): a checkpoint trained with --pack SEP stops once it writes SEP\n"
                     "  (its document ended; the byte after SEP was never trained); none: run to --tokens.\n");
@@ -35,7 +39,7 @@ static int pick(const float *logits, int n, double temperature, int top_k, uint6
     /* the k-th largest logit is the cut (ties kept) */
     float cut = -INFINITY;
     if (top_k > 0 && top_k < n) {
-        float *sorted = malloc(sizeof(float) * (size_t)n);
+        float sorted[256]; /* n is the vocab, 256: nothing allocated per token */
         memcpy(sorted, logits, sizeof(float) * (size_t)n);
         for (int i = 0; i < top_k; i++) { /* partial selection: n is 256 */
             int m = i;
@@ -44,7 +48,6 @@ static int pick(const float *logits, int n, double temperature, int top_k, uint6
             sorted[i] = sorted[m], sorted[m] = t;
         }
         cut = sorted[top_k - 1];
-        free(sorted);
     }
     double p[256], sum = 0;
     for (int i = 0; i < n; i++) {
@@ -57,8 +60,25 @@ static int pick(const float *logits, int n, double temperature, int top_k, uint6
     return best;
 }
 
+/* "1,2,3" into ids[0..n) (bytes; cap: strlen / 2 + 1 holds any list); 0 or a message. */
+static int parse_ids(const char *text, uint8_t *ids, size_t cap, size_t *n) {
+    *n = 0;
+    for (const char *p = text; *p;) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 255 || (*end && *end != ',') || *n == cap) {
+            fprintf(stderr, "gdncp sample: --prompt-ids %s: expected comma-separated token ids 0..255\n", text);
+            return CLI_USAGE_ERROR;
+        }
+        ids[(*n)++] = (uint8_t)v;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
 int cmd_sample(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = NULL;
+    const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
+    int print_ids = 0, fault_no_kv = 0;
     int64_t tokens = 200, top_k = 0, seed = 1, threads = 0;
     double temperature = 0.8;
     int stop_auto = 1;
@@ -66,6 +86,9 @@ int cmd_sample(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--ckpt") && v) ckpt = v, i++;
         else if (!strcmp(a, "--prompt") && v) prompt = v, i++;
+        else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
+        else if (!strcmp(a, "--print-ids")) print_ids = 1;
+        else if (!strcmp(a, "--fault") && v && !strcmp(v, "no-kv-cache")) fault_no_kv = 1, i++; /* tests only */
         else if (!strcmp(a, "--tokens")) {
             if (cli_parse_i64("sample", a, v, 1, 1 << 24, &tokens)) return CLI_USAGE_ERROR;
             i++;
@@ -88,62 +111,82 @@ int cmd_sample(int argc, char **argv) {
             return usage();
         }
     }
-    if (!ckpt || !prompt) {
-        fprintf(stderr, "gdncp sample: --ckpt and --prompt are required\n");
+    if (!ckpt || !prompt == !prompt_ids) {
+        fprintf(stderr, "gdncp sample: --ckpt and one of --prompt, --prompt-ids are required\n");
         return usage();
     }
-    if (!*prompt) {
-        fprintf(stderr, "gdncp sample: --prompt is empty: give the model at least one byte to continue\n");
+    size_t np = prompt ? strlen(prompt) : strlen(prompt_ids) / 2 + 1;
+    uint8_t *ptok = malloc(np + 1);
+    if (!ptok) {
+        fprintf(stderr, "gdncp sample: out of memory for the prompt\n");
+        return 1;
+    }
+    if (prompt) memcpy(ptok, prompt, np);
+    else if (parse_ids(prompt_ids, ptok, np, &np)) {
+        free(ptok);
+        return CLI_USAGE_ERROR;
+    }
+    if (!np) {
+        fprintf(stderr, "gdncp sample: the prompt is empty: give the model at least one byte to continue\n");
+        free(ptok);
         return CLI_USAGE_ERROR;
     }
     char dir[4096];
     gdn_model_config cfg;
     int rc = gdn_ckpt_resolve(ckpt, dir, sizeof dir);
     if (!rc) rc = gdn_ckpt_load_config(dir, &cfg);
-    if (rc) return cli_error("sample", rc);
+    if (rc) {
+        free(ptok);
+        return cli_error("sample", rc);
+    }
     float *w = aligned_alloc(64, sizeof(float) * ((gdn_model_param_floats(&cfg) + 15) & ~(size_t)15));
-    float *logits = malloc(sizeof(float) * (size_t)cfg.vocab);
+    float *logits = malloc(sizeof(float) * np * (size_t)cfg.vocab);
     gdn_model_decoder *dec = NULL;
     if (!w || !logits) {
         fprintf(stderr, "gdncp sample: out of memory for the model's %zu parameters\n", gdn_model_param_floats(&cfg));
-        free(w), free(logits);
+        free(w), free(logits), free(ptok);
         return 1;
     }
     if (!rc) rc = gdn_ckpt_load(dir, &cfg, w, NULL, NULL, NULL);
     uint8_t sep[GDN_DATA_MAX_SEP], tail[GDN_DATA_MAX_SEP] = {0};
     int sep_len = 0;
     if (!rc && stop_auto) rc = gdn_ckpt_pack_separator(dir, sep, GDN_DATA_MAX_SEP, &sep_len);
-    if (!rc) rc = gdn_model_decoder_create(&dec, &cfg, 1, (int)threads);
-    /* the prompt through the decode path; its last byte's logits give the first new byte */
-    const size_t np = strlen(prompt);
-    for (size_t i = 0; !rc && i < np; i++) {
-        const uint8_t b = (uint8_t)prompt[i];
-        rc = gdn_model_decode(dec, w, &b, logits);
-        if (sep_len) memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = b;
-    }
+    /* the KV caches hold the prompt and every new token */
+    if (!rc) rc = gdn_model_decoder_create(&dec, &cfg, 1, (int64_t)np + tokens, (int)threads);
+    /* the prompt in one piece; its last token's logits give the first new one */
+    const double tp = cli_now();
+    if (!rc) rc = gdn_model_prefill(dec, w, ptok, (int64_t)np, logits);
+    const double prefill_s = cli_now() - tp;
+    if (!rc) memmove(logits, logits + (np - 1) * (size_t)cfg.vocab, sizeof(float) * (size_t)cfg.vocab);
+    for (size_t i = 0; sep_len && i < np; i++) memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = ptok[i];
     uint64_t rng = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
-    if (!rc) fputs(prompt, stdout);
+    if (!rc && !print_ids) fwrite(ptok, 1, np, stdout);
     const double t0 = cli_now();
     int64_t made = 0;
     int stopped = 0;
     for (; !rc && made < tokens && !stopped; made++) {
         const uint8_t b = (uint8_t)pick(logits, (int)cfg.vocab, temperature, (int)top_k, &rng);
-        fputc(b, stdout);
+        if (print_ids) printf(made ? ",%d" : "%d", b);
+        else fputc(b, stdout);
         if (sep_len) { /* the document ends with the separator (a match ending on a new byte) */
             memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = b;
             stopped = !memcmp(tail, sep, (size_t)sep_len);
         }
+        for (int64_t l = 0; fault_no_kv && l < cfg.L; l++) /* the tests' control: every token alone */
+            if (gdn_model_decoder_kv_cache(dec, l)) gdn_attn_cache_reset(gdn_model_decoder_kv_cache(dec, l));
         if (!stopped) rc = gdn_model_decode(dec, w, &b, logits);
     }
     const double dt = cli_now() - t0;
     fputc('\n', stdout);
     fflush(stdout);
     if (!rc)
-        fprintf(stderr, "gdncp sample: %s, %zu prompt + %lld new bytes, %.2f ms per byte (decode path)%s\n", dir, np,
-                (long long)made, 1e3 * dt / (double)(made ? made : 1),
+        fprintf(stderr, "gdncp sample: %s, %zu prompt tokens (prefill %.1f ms) + %lld new, %.2f ms per token, "
+                        "%.1f tokens/s (decode path, %lld attention layers with a KV cache)%s\n",
+                dir, np, 1e3 * prefill_s, (long long)made, 1e3 * dt / (double)(made ? made : 1),
+                dt > 0 ? (double)made / dt : 0.0, (long long)gdn_model_attn_layers(&cfg),
                 stopped ? "; stopped at the end of the document (the checkpoint was trained with --pack; "
                           "--stop none goes on)" : "");
     gdn_model_decoder_destroy(dec);
-    free(w), free(logits);
+    free(w), free(logits), free(ptok);
     return rc ? cli_error("sample", rc) : 0;
 }

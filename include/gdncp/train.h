@@ -138,14 +138,34 @@ GDN_API int gdn_model_backward(gdn_model_plan *plan, const float *w, float *dw, 
 /* Logits [B, T, vocab] of the inputs tokens [B, T] (forward only, tests). Collective over cp. */
 GDN_API int gdn_model_logits(gdn_model_plan *plan, const float *w, const uint8_t *tokens, float *logits);
 
-/* Generation: per-sequence recurrent caches for B sequences, one token at a time (GatedDeltaNet
- * layers only so far: a model with a full-attention layer is refused). */
+/* Generation: B sequences fed piece by piece with every layer's cache, so no token is read twice.
+ * A GatedDeltaNet layer keeps its conv and recurrent states (layer.h), a full-attention layer its
+ * KV cache (attention.h: keys after k_norm and RoPE, positions continue from the cache length).
+ * max_len: the most tokens each sequence may be fed in all (prompt + generated); the KV caches
+ * are made for it (0: no limit, only for GatedDeltaNet-only models; with attention layers at most
+ * max_position when that is set). Decoding one token allocates nothing; a prefill of T > 1 tokens makes that piece
+ * length's plans (kept for the next piece of the same length). */
 typedef struct gdn_model_decoder gdn_model_decoder;
 GDN_API int gdn_model_decoder_create(gdn_model_decoder **dec, const gdn_model_config *cfg, int64_t B,
-                             int threads);
+                                     int64_t max_len, int threads);
 GDN_API void gdn_model_decoder_destroy(gdn_model_decoder *dec);
-/* Feed tokens[b] for each sequence; logits [B, vocab] of the next token. */
+/* New sequences: every state and cache emptied (length 0). */
+GDN_API void gdn_model_decoder_reset(gdn_model_decoder *dec);
+/* Tokens fed so far to each sequence. */
+GDN_API int64_t gdn_model_decoder_length(const gdn_model_decoder *dec);
+/* Feed the next T tokens of each sequence, tokens [B, T]; logits [B, T, vocab], row (b, t) the
+ * logits of the token after tokens[b, t]. Pieces of any sizes give the forward's logits of the
+ * whole sequence. On an error the caches may be partly advanced: reset before reusing them. */
+GDN_API int gdn_model_prefill(gdn_model_decoder *dec, const float *w, const uint8_t *tokens, int64_t T,
+                              float *logits);
+/* One token: gdn_model_prefill with T = 1 (tokens [B], logits [B, vocab]). */
 GDN_API int gdn_model_decode(gdn_model_decoder *dec, const float *w, const uint8_t *tokens, float *logits);
+/* The caches themselves (tests, saving a session): layer l's KV cache (NULL unless l is a
+ * full-attention layer), or a GatedDeltaNet layer's conv_state [B, conv_dim, Kc] (newest column
+ * last) and rec_state [B, Hv, K, V] (either may be NULL), writable in place. */
+GDN_API gdn_attn_cache *gdn_model_decoder_kv_cache(gdn_model_decoder *dec, int64_t l);
+GDN_API int gdn_model_decoder_gdn_state(gdn_model_decoder *dec, int64_t l, float **conv_state,
+                                        float **rec_state);
 
 /* ================================================================ optim */
 /* AdamW with decoupled weight decay, a linear warmup + cosine learning-rate schedule and

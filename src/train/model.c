@@ -953,65 +953,139 @@ int gdn_model_set_docs(gdn_model_plan *p, const int64_t *doc_cu, const int64_t *
     return GDN_OK;
 }
 
-/* ---------------------------------------------------------------- decode */
+/* ---------------------------------------------------------------- decode
+ *
+ * The decoder runs pieces of T tokens per sequence ([B, T] rows; T = 1 decodes) through the same
+ * per-token code (norms, MLP, head over B * T rows) and each layer's mixer with its cache: a
+ * GatedDeltaNet layer its conv and recurrent states (gdn_layer_forward for a piece, its decode for
+ * one token), an attention layer its KV cache (gdn_attn_decode, positions from the cache length).
+ * The one-token plans and buffers are made at create; a longer piece makes its plans (and grows
+ * the buffers) at that prefill, so decoding allocates nothing. */
 
 struct gdn_model_decoder {
     gdn_model_config cfg;
-    int64_t B;
+    int64_t B, max_len, len; /* len: tokens fed per sequence */
     int threads;
-    gdn_layer_plan *lp;
-    float *conv, *rec;              /* L x [B, conv_dim, Kc], L x [B, Hv, K, V] */
-    float *x, *a, *y, *h, *gu, *m;  /* one token per sequence */
+    gdn_layer_plan *lp1, *lpT;      /* GatedDeltaNet plans: one token, the current piece */
+    gdn_attn_plan *ap1, *apT;       /* attention plans (NULL without attention layers) */
+    int64_t pT, cap_rows;           /* the piece plans' T; rows the buffers hold */
+    gdn_attn_cache **kv;            /* one per attention layer */
+    float *conv, *rec;              /* per GatedDeltaNet layer: [B, conv_dim, Kc], [B, Hv, K, V] */
+    float *x, *a, *y, *h, *gu, *m;  /* cap_rows rows */
     float *mm_ws;
     size_t conv_floats, rec_floats;
 };
 
-int gdn_model_decoder_create(gdn_model_decoder **out, const gdn_model_config *c, int64_t B,
+/* The per-layer cache index: layer l's place among the layers of its kind. */
+static int64_t kind_index(const gdn_model_config *c, int64_t l) {
+    return is_attn(c, l) ? attn_before(c, l) : l - attn_before(c, l);
+}
+
+/* Plans of the mixers for pieces of T tokens (T = 1: the decode plans). */
+static int decoder_plans(gdn_model_decoder *d, int64_t T, gdn_layer_plan **lp, gdn_attn_plan **ap) {
+    const gdn_model_config *c = &d->cfg;
+    gdn_layer_config lc = gdn_model_layer_config(c, d->B, T);
+    lc.threads = d->threads;
+    int rc = c->L > gdn_model_attn_layers(c) ? gdn_layer_plan_create(lp, &lc) : GDN_OK;
+    if (!rc && gdn_model_attn_layers(c)) {
+        gdn_attn_config ac = gdn_model_attn_config(c, d->B, T);
+        ac.threads = d->threads;
+        rc = gdn_attn_plan_create(ap, &ac);
+    }
+    return rc;
+}
+
+/* Buffers for B * T rows (kept: they only grow). */
+static int decoder_rows(gdn_model_decoder *d, int64_t T) {
+    const int64_t rows = d->B * T;
+    if (rows <= d->cap_rows) return GDN_OK;
+    const size_t E = (size_t)d->cfg.E, I = (size_t)d->cfg.I;
+    float *x = calloc((size_t)rows * (4 * E + 3 * I), sizeof(float));
+    if (!x) return gdn_fail(GDN_ERR_NOMEM, "decoder: buffers for %lld rows", (long long)rows);
+    free(d->x);
+    d->x = x, d->cap_rows = rows;
+    d->a = d->x + rows * E, d->y = d->a + rows * E, d->h = d->y + rows * E, d->gu = d->h + rows * E;
+    d->m = d->gu + (size_t)rows * 2 * I;
+    return GDN_OK;
+}
+
+int gdn_model_decoder_create(gdn_model_decoder **out, const gdn_model_config *c, int64_t B, int64_t max_len,
                              int threads) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "decoder pointer is NULL");
     *out = NULL;
     int rc = gdn_model_config_check(c);
     if (rc) return rc;
-    for (int64_t l = 0; l < c->L; l++)
-        if (is_attn(c, l))
-            return gdn_fail(GDN_ERR_ARG, "decoder: layer %lld is full attention; decoding needs a KV cache per "
-                            "attention layer, which the decoder does not have yet (GatedDeltaNet-only models decode)",
-                            (long long)l);
     if (B < 1 || B > 4096) return gdn_fail(GDN_ERR_SHAPE, "decoder B = %lld is out of range [1, 4096]", (long long)B);
+    const int64_t na = gdn_model_attn_layers(c), ng = c->L - na;
+    if (max_len < 0 || (na && max_len < 1))
+        return gdn_fail(GDN_ERR_SHAPE, "decoder max_len = %lld: a model with attention layers needs max_len >= 1 "
+                        "(their KV caches hold that many tokens; 0, no limit, is for GatedDeltaNet-only models)",
+                        (long long)max_len);
+    if (na && c->max_position > 0 && max_len > c->max_position) /* positions matter to attention only */
+        return gdn_fail(GDN_ERR_SHAPE, "decoder max_len = %lld is beyond max_position = %lld", (long long)max_len,
+                        (long long)c->max_position);
     gdn_model_decoder *d = calloc(1, sizeof *d);
     if (!d) return gdn_fail(GDN_ERR_NOMEM, "decoder");
-    d->cfg = *c, d->B = B, d->threads = threads > 0 ? threads : omp_get_max_threads();
-    gdn_layer_config lc = gdn_model_layer_config(c, B, 1);
-    lc.threads = d->threads;
-    if ((rc = gdn_layer_plan_create(&d->lp, &lc))) {
-        free(d);
+    d->cfg = *c, d->B = B, d->max_len = max_len, d->threads = threads > 0 ? threads : omp_get_max_threads();
+    if ((rc = decoder_plans(d, 1, &d->lp1, &d->ap1)) || (rc = decoder_rows(d, 1))) {
+        gdn_model_decoder_destroy(d);
         return rc;
     }
+    gdn_layer_config lc = gdn_model_layer_config(c, B, 1);
     d->conv_floats = (size_t)(B * gdn_layer_conv_dim(&lc) * c->Kc);
     d->rec_floats = (size_t)(B * c->Hv * c->K * c->V);
-    const size_t E = (size_t)c->E, I = (size_t)c->I, L = (size_t)c->L;
-    d->conv = calloc(L * d->conv_floats, sizeof(float));
-    d->rec = calloc(L * d->rec_floats, sizeof(float));
-    d->x = calloc((size_t)B * (4 * E + 3 * I), sizeof(float));
+    d->conv = calloc((size_t)ng * d->conv_floats + 1, sizeof(float));
+    d->rec = calloc((size_t)ng * d->rec_floats + 1, sizeof(float));
+    d->kv = calloc((size_t)na + 1, sizeof *d->kv);
     d->mm_ws = malloc(sizeof(float) * gdn_matmul_ws_floats(d->threads));
-    if (!d->conv || !d->rec || !d->x || !d->mm_ws) {
+    if (!d->conv || !d->rec || !d->kv || !d->mm_ws) {
         gdn_model_decoder_destroy(d);
         return gdn_fail(GDN_ERR_NOMEM, "decoder caches");
     }
-    d->a = d->x + B * E, d->y = d->a + B * E, d->h = d->y + B * E, d->gu = d->h + B * E;
-    d->m = d->gu + (size_t)B * 2 * I;
+    for (int64_t i = 0; i < na; i++)
+        if ((rc = gdn_attn_cache_create(&d->kv[i], B, c->Hkv, c->d, max_len))) {
+            gdn_model_decoder_destroy(d);
+            return rc;
+        }
     *out = d;
     return GDN_OK;
 }
 
 void gdn_model_decoder_destroy(gdn_model_decoder *d) {
     if (!d) return;
-    gdn_layer_plan_destroy(d->lp);
-    free(d->conv), free(d->rec), free(d->x), free(d->mm_ws);
+    gdn_layer_plan_destroy(d->lp1), gdn_layer_plan_destroy(d->lpT);
+    gdn_attn_plan_destroy(d->ap1), gdn_attn_plan_destroy(d->apT);
+    for (int64_t i = 0; d->kv && i < gdn_model_attn_layers(&d->cfg); i++) gdn_attn_cache_destroy(d->kv[i]);
+    free(d->kv), free(d->conv), free(d->rec), free(d->x), free(d->mm_ws);
     free(d);
 }
 
-/* The per-row norm for the decoder's B rows (no plan: a tiny loop). */
+void gdn_model_decoder_reset(gdn_model_decoder *d) {
+    if (!d) return;
+    const int64_t na = gdn_model_attn_layers(&d->cfg), ng = d->cfg.L - na;
+    memset(d->conv, 0, sizeof(float) * (size_t)ng * d->conv_floats);
+    memset(d->rec, 0, sizeof(float) * (size_t)ng * d->rec_floats);
+    for (int64_t i = 0; i < na; i++) gdn_attn_cache_reset(d->kv[i]);
+    d->len = 0;
+}
+
+int64_t gdn_model_decoder_length(const gdn_model_decoder *d) { return d ? d->len : 0; }
+
+gdn_attn_cache *gdn_model_decoder_kv_cache(gdn_model_decoder *d, int64_t l) {
+    if (!d || l < 0 || l >= d->cfg.L || !is_attn(&d->cfg, l)) return NULL;
+    return d->kv[kind_index(&d->cfg, l)];
+}
+
+int gdn_model_decoder_gdn_state(gdn_model_decoder *d, int64_t l, float **conv_state, float **rec_state) {
+    if (!d || l < 0 || l >= d->cfg.L || is_attn(&d->cfg, l))
+        return gdn_fail(GDN_ERR_ARG, "decoder: layer %lld is not a GatedDeltaNet layer of this model", (long long)l);
+    const int64_t g = kind_index(&d->cfg, l);
+    if (conv_state) *conv_state = d->conv + (size_t)g * d->conv_floats;
+    if (rec_state) *rec_state = d->rec + (size_t)g * d->rec_floats;
+    return GDN_OK;
+}
+
+/* The per-row norm for the decoder's rows (no plan: a tiny loop). */
 static void norm_rows(int64_t N, int64_t E, float eps, float *y, const float *x, const float *w) {
     for (int64_t i = 0; i < N; i++) {
         float ss = 0.0f;
@@ -1021,30 +1095,56 @@ static void norm_rows(int64_t N, int64_t E, float eps, float *y, const float *x,
     }
 }
 
-int gdn_model_decode(gdn_model_decoder *d, const float *w, const uint8_t *tokens, float *logits) {
+/* Layer l's mixer on the piece d->a [B, T, E] into d->y, with its cache. */
+static int decoder_mixer(gdn_model_decoder *d, int64_t l, int64_t T, const float *w) {
+    const gdn_model_config *c = &d->cfg;
+    const float *wl = w + gdn_model_layer_offset(c, l);
+    if (is_attn(c, l)) return gdn_attn_decode(T == 1 ? d->ap1 : d->apT, d->kv[kind_index(c, l)], d->y, d->a, wl);
+    float *conv, *rec;
+    gdn_model_decoder_gdn_state(d, l, &conv, &rec);
+    return T == 1 ? gdn_layer_decode(d->lp1, d->y, d->a, wl, conv, rec)
+                  : gdn_layer_forward(d->lpT, d->y, NULL, d->a, wl, conv, rec);
+}
+
+int gdn_model_prefill(gdn_model_decoder *d, const float *w, const uint8_t *tokens, int64_t T, float *logits) {
     if (!d || !w || !tokens || !logits)
         return gdn_fail(GDN_ERR_ARG, "decode: decoder, w, tokens and logits must not be NULL");
+    if (T < 1) return gdn_fail(GDN_ERR_SHAPE, "decode: a piece of T = %lld tokens (>= 1)", (long long)T);
+    if (d->max_len && d->len + T > d->max_len)
+        return gdn_fail(GDN_ERR_SHAPE, "decode: %lld tokens fed + %lld new exceed the decoder's max_len = %lld",
+                        (long long)d->len, (long long)T, (long long)d->max_len);
+    int rc;
+    if (T > 1 && T != d->pT) { /* this piece length's plans (made at a prefill, never per token) */
+        gdn_layer_plan_destroy(d->lpT), gdn_attn_plan_destroy(d->apT);
+        d->lpT = NULL, d->apT = NULL, d->pT = 0;
+        if ((rc = decoder_plans(d, T, &d->lpT, &d->apT))) return rc;
+        d->pT = T;
+    }
+    if ((rc = decoder_rows(d, T))) return rc;
     const gdn_model_config *c = &d->cfg;
-    const int64_t B = d->B, E = c->E, I = c->I;
+    const int64_t N = d->B * T, E = c->E, I = c->I;
     const int nt = d->threads;
-    for (int64_t b = 0; b < B; b++)
-        memcpy(d->x + b * E, w + (size_t)tokens[b] * (size_t)E, sizeof(float) * (size_t)E);
+    for (int64_t i = 0; i < N; i++)
+        memcpy(d->x + i * E, w + (size_t)tokens[i] * (size_t)E, sizeof(float) * (size_t)E);
     for (int64_t l = 0; l < c->L; l++) {
-        norm_rows(B, E, c->eps, d->a, d->x, w + blk_offset(c, l, BLK_IN_NORM));
-        int rc = gdn_layer_decode(d->lp, d->y, d->a, w + gdn_model_layer_offset(c, l),
-                                  d->conv + (size_t)l * d->conv_floats, d->rec + (size_t)l * d->rec_floats);
-        if (rc) return rc;
-        for (int64_t i = 0; i < B * E; i++) d->h[i] = d->x[i] + d->y[i];
-        norm_rows(B, E, c->eps, d->a, d->h, w + blk_offset(c, l, BLK_POST_NORM));
-        gdn_matmul(GDN_GEMM_B_TRANS, B, I, E, d->a, E, w + blk_offset(c, l, BLK_GATE), E, d->gu, 2 * I, d->mm_ws, nt);
-        gdn_matmul(GDN_GEMM_B_TRANS, B, I, E, d->a, E, w + blk_offset(c, l, BLK_UP), E, d->gu + I, 2 * I, d->mm_ws, nt);
-        for (int64_t i = 0; i < B; i++)
+        norm_rows(N, E, c->eps, d->a, d->x, w + blk_offset(c, l, BLK_IN_NORM));
+        if ((rc = decoder_mixer(d, l, T, w))) return rc;
+        for (int64_t i = 0; i < N * E; i++) d->h[i] = d->x[i] + d->y[i];
+        norm_rows(N, E, c->eps, d->a, d->h, w + blk_offset(c, l, BLK_POST_NORM));
+        gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, d->a, E, w + blk_offset(c, l, BLK_GATE), E, d->gu, 2 * I, d->mm_ws, nt);
+        gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, d->a, E, w + blk_offset(c, l, BLK_UP), E, d->gu + I, 2 * I, d->mm_ws, nt);
+        for (int64_t i = 0; i < N; i++)
             for (int64_t j = 0; j < I; j++) d->m[i * I + j] = silu(d->gu[i * 2 * I + j]) * d->gu[i * 2 * I + I + j];
-        memcpy(d->x, d->h, sizeof(float) * (size_t)(B * E));
-        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, B, E, I, d->m, I, w + blk_offset(c, l, BLK_DOWN), I, d->x, E,
+        memcpy(d->x, d->h, sizeof(float) * (size_t)(N * E));
+        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, w + blk_offset(c, l, BLK_DOWN), I, d->x, E,
                    d->mm_ws, nt);
     }
-    norm_rows(B, E, c->eps, d->a, d->x, w + final_norm_offset(c));
-    gdn_matmul(GDN_GEMM_B_TRANS, B, c->vocab, E, d->a, E, w + lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
+    norm_rows(N, E, c->eps, d->a, d->x, w + final_norm_offset(c));
+    gdn_matmul(GDN_GEMM_B_TRANS, N, c->vocab, E, d->a, E, w + lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
+    d->len += T;
     return GDN_OK;
+}
+
+int gdn_model_decode(gdn_model_decoder *d, const float *w, const uint8_t *tokens, float *logits) {
+    return gdn_model_prefill(d, w, tokens, 1, logits);
 }
