@@ -493,6 +493,24 @@ static void errors(void) {
         expect_status(gdn_attn_reference_forward(&b, yd, xd, wd), bad[i].want, bad[i].needle, "reference refuses %s",
                       bad[i].what);
     }
+    /* positions beyond max_position: dense (pos_offset + T), packed (the longest document) */
+    gdn_attn_config mp = gdn_attn_config_default(1, 10, 16, 4, 2, 8);
+    mp.max_position = 10;
+    p = NULL;
+    expect_status(gdn_attn_plan_create(&p, &mp), GDN_OK, NULL, "positions 0..9 with max_position 10 plan (control)");
+    gdn_attn_plan_destroy(p), p = NULL;
+    mp.pos_offset = 1;
+    expect_status(gdn_attn_plan_create(&p, &mp), GDN_ERR_ARG, "max_position = 10",
+                  "positions 1..10 beyond max_position 10 refused");
+    gdn_attn_plan_destroy(p), p = NULL;
+    const int64_t cu_long[3] = {0, 2, 10};
+    mp.pos_offset = 0, mp.max_position = 7, mp.cu_seqlens = cu_long, mp.n_docs = 2;
+    expect_status(gdn_attn_plan_create(&p, &mp), GDN_ERR_ARG, "positions reach 7",
+                  "a packed document of 8 tokens beyond max_position 7 refused");
+    gdn_attn_plan_destroy(p), p = NULL;
+    mp.max_position = 8;
+    expect_status(gdn_attn_plan_create(&p, &mp), GDN_OK, NULL, "the same documents with max_position 8 plan (control)");
+    gdn_attn_plan_destroy(p);
     free(x), free(y), free(w), free(dw), free(xd), free(yd), free(wd);
 }
 
