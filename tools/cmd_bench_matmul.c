@@ -32,13 +32,14 @@ typedef struct {
 } mm_shape;
 
 int cmd_bench_matmul(int argc, char **argv) {
-    int json = 0, quick = 0;
+    int json = 0, quick = 0, m_set = 0;
     long M = 4096, reps = 3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--M") && i + 1 < argc) {
             if (cli_int("--M", argv[++i], 1, 1 << 20, &M)) return 1;
+            m_set = 1;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             if (cli_int("--reps", argv[++i], 1, 100, &reps)) return 1;
         } else if (strcmp(argv[i], "matmul")) {
@@ -57,6 +58,7 @@ int cmd_bench_matmul(int argc, char **argv) {
     const mm_shape all[] = {{"in_proj_qkv", 8192, 2048}, {"in_proj_z", 4096, 2048}, {"out_proj", 2048, 4096}};
     const int nshapes = quick ? 1 : 3;
     if (quick && reps > 2) reps = 2;
+    if (quick && !m_set) M = 512;
     double peakbf[3] = {0};
     for (int th = 1; th <= 2; th++) {
         (void)cli_peak_gflops(th, json); /* the fractions use the per-round peaks below */
