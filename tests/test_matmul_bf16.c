@@ -20,7 +20,8 @@
  *     Controls: the fallback in the other order must differ from the path in >= 1 element.
  * Shapes: ragged m, n, k (not multiples of 14, 16 or 32), k odd, k crossing the 512-deep slice,
  * n crossing the 512-column panel; every ACC / A^T / B^T combination; A and B stored as bf16;
- * 1 and 2 threads; row padding of C must stay untouched. */
+ * 1 and 2 threads; row padding of C must stay untouched; every other call packs into a caller
+ * workspace of gdn_matmul_bf16_ws_bytes (misaligned), which must not be overrun. */
 #include "harness.h"
 #include "kernel_internal.h"
 
@@ -96,17 +97,27 @@ static void bprob_free(bprob *P) {
     free(P->A), free(P->B), free(P->Ah), free(P->Bh), free(P->C0), free(P->C32), free(P->ref), free(P->mag);
 }
 
+static int ws_short; /* control: the guard placed 64 bytes before the end of the workspace asked for */
 /* C from one path (fault: gdn_bf16_fault; even: the fallback's order). Caller frees. */
 static float *run(const bprob *P, int path, int threads, int fault, int even) {
     float *C = malloc(sizeof(float) * P->m * P->ldc);
     memcpy(C, P->C0, sizeof(float) * P->m * P->ldc);
+    /* every other call with a caller workspace, misaligned by 3 bytes, guarded past its end */
+    static int calls;
+    const int own = ws_short || calls++ % 2;
+    const size_t wsb = gdn_matmul_bf16_ws_bytes(path, P->m, P->n, P->kk) - (ws_short ? 64 : 0);
+    unsigned char *wbuf = own ? malloc(wsb + 3 + 64) : NULL;
+    if (wbuf) memset(wbuf, 0xA5, wsb + 3 + 64);
     gdn_bf16_fault = fault, gdn_bf16_fallback_even_first = even;
     const int ran = gdn_matmul_bf16(path, P->flags, P->m, P->n, P->kk,
                                     (P->flags & GDN_GEMM_A_BF16) ? (const void *)P->Ah : P->A, P->lda,
                                     (P->flags & GDN_GEMM_B_BF16) ? (const void *)P->Bh : P->B, P->ldb, C, P->ldc,
-                                    threads);
+                                    wbuf ? wbuf + 3 : NULL, threads);
     gdn_bf16_fault = 0, gdn_bf16_fallback_even_first = 0;
     if (ran != path) C[0] = NAN; /* not the path asked for: fail every check */
+    for (size_t i = 0; wbuf && i < 64; i++)
+        if (wbuf[wsb + 3 + i] != 0xA5) C[0] = NAN; /* wrote past the workspace it asked for */
+    free(wbuf);
     return C;
 }
 
@@ -201,6 +212,15 @@ static void controls(void) {
         }
         free(t), free(s);
     }
+    /* the workspace guard sees a write into the last 64 bytes asked for */
+    ws_short = 1;
+    for (int p = 1; p <= 4; p++) {
+        if (!have[p]) continue;
+        float *w = run(&P, p, 2, 0, 0);
+        expect_far(err_ref(&P, w), REF_TOL, "bf16 %-12s control: workspace guard 64 bytes early (must be hit)", PNAME[p]);
+        free(w);
+    }
+    ws_short = 0;
     /* the bitwise checks see the order of a pair's two additions */
     float *odd = run(&P, GDN_BF16_FALLBACK, 2, 0, 0), *even = run(&P, GDN_BF16_FALLBACK, 2, 0, 1);
     float *emu = run(&P, GDN_BF16_AMX_EMU, 2, 0, 0);

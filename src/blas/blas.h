@@ -42,12 +42,14 @@ void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, in
  * projection's forward (x W^T: B_TRANS), input gradient (dy W) and weight gradient (dy^T x:
  * A_TRANS). path: GDN_BF16_AUTO (the best the CPU and OS allow: AMX, else AVX512-BF16, else the
  * fallback) or one path (must be available: GDN_ASSERT). Returns the path that ran. Threads:
- * an OpenMP team of `threads` (call from outside a parallel region); packing space is
- * allocated per call. */
+ * an OpenMP team of `threads` (call from outside a parallel region). */
 enum { GDN_BF16_AUTO = 0, GDN_BF16_FALLBACK = 1, GDN_BF16_AVX512 = 2, GDN_BF16_AMX = 3,
        GDN_BF16_AMX_EMU = 4 };
 int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
-                    const void *B, int64_t ldb, float *C, int64_t ldc, int threads);
+                    const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads);
+/* ws: gdn_matmul_bf16_ws_bytes(path, m, n, kk) bytes of packing space (any alignment), or NULL:
+ * then it is allocated per call (the A slice is m x 512 bf16: 4 MB at m = 4096, + 1 MB of B). */
+size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk);
 int gdn_bf16_path_available(int path); /* fallback and AMX_EMU always; AVX512 / AMX per CPUID + OS */
 int gdn_bf16_path_auto(void);
 const char *gdn_bf16_path_name(int path);

@@ -46,8 +46,7 @@
  * machine this was written on). The AMX path's per-element order differs from VDPBF16PS's (even
  * vs odd product first), so AMX and AVX512-BF16 agree to fp32 rounding, not bit for bit.
  *
- * Not here yet: a streaming path for small m (decode), caller-supplied workspace (the packed
- * slice of A, m x KC bf16, is allocated per call). */
+ * Not here yet: a streaming path for small m (decode: m <= 16 runs the blocked loops). */
 #define _GNU_SOURCE /* syscall */
 #include "base.h"
 #include "blas.h"
@@ -430,8 +429,22 @@ const char *gdn_bf16_path_name(int path) {
 
 /* ---------------------------------------------------------------- the GEMM */
 
+/* Packing space: the A slice (all m rows' panels x kcp bf16) and the shared B panel, 64-aligned. */
+static void ws_parts(int path, int64_t m, int64_t n, int64_t kk, size_t *abytes, size_t *bbytes) {
+    const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, MR = amx ? MR_X : MR_V;
+    const int64_t kcmax = min64(KC, kk > 0 ? kk : 1), kcpmax = amx ? (kcmax + 31) / 32 * 32 : (kcmax + 1) / 2 * 2;
+    *abytes = ((size_t)((m + MR - 1) / MR) * MR * (size_t)kcpmax * 2 + 63) / 64 * 64;
+    *bbytes = ((size_t)((min64(NC, n > 0 ? n : 1) + NR - 1) / NR) * (size_t)(kcpmax / 2) * NR * 4 + 63) / 64 * 64;
+}
+size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
+    if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
+    size_t a, b;
+    ws_parts(path, m, n, kk, &a, &b);
+    return a + b + 64;
+}
+
 int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
-                    const void *B, int64_t ldb, float *C, int64_t ldc, int threads) {
+                    const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads) {
     if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
     GDN_ASSERT(gdn_bf16_path_available(path));
     const int acc = (flags & GDN_GEMM_ACC) != 0, at = (flags & GDN_GEMM_A_TRANS) != 0,
@@ -446,14 +459,13 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
     }
     const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU;
     const int MR = amx ? MR_X : MR_V, MCP = amx ? MCP_X : MCP_V;
-    const int64_t kcmax = min64(KC, kk), kcpmax = amx ? (kcmax + 31) / 32 * 32 : (kcmax + 1) / 2 * 2;
     const int64_t mpanels = (m + MR - 1) / MR;
     /* packed A slice: mpanels x MR x kcp bf16; B panel: NC/NR micro-panels x kcp/2 x NR words */
-    const size_t abytes = (size_t)mpanels * MR * (size_t)kcpmax * 2 + 64;
-    const size_t bbytes = (size_t)((NC + NR - 1) / NR) * (size_t)(kcpmax / 2) * NR * 4 + 64;
-    char *buf = aligned_alloc(64, (abytes + bbytes + 63) / 64 * 64);
-    GDN_ASSERT(buf);
-    char *apack = buf, *bpack = buf + (abytes + 63) / 64 * 64;
+    size_t abytes, bbytes;
+    ws_parts(path, m, n, kk, &abytes, &bbytes);
+    char *buf = ws ? NULL : aligned_alloc(64, abytes + bbytes + 64);
+    GDN_ASSERT(ws || buf);
+    char *apack = (char *)(((uintptr_t)(ws ? ws : buf) + 63) & ~(uintptr_t)63), *bpack = apack + abytes;
     const int64_t nblk = (mpanels + MCP - 1) / MCP;
 #pragma omp parallel num_threads(threads)
     {
@@ -622,5 +634,5 @@ void gdn_bench_projection(int bf16_path, int64_t m, int64_t n, int64_t kk, const
         free(ws);
         return;
     }
-    gdn_matmul_bf16(bf16_path, GDN_GEMM_B_TRANS, m, n, kk, x, kk, W, kk, y, n, threads);
+    gdn_matmul_bf16(bf16_path, GDN_GEMM_B_TRANS, m, n, kk, x, kk, W, kk, y, n, NULL, threads);
 }
