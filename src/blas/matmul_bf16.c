@@ -13,8 +13,9 @@
  *    bookkeeping are tested everywhere.
  *  - AVX512-BF16: VDPBF16PS, a 14 x 32 register tile (28 zmm accumulators), A k-pairs
  *    broadcast, B vectors of 16 columns x 2 k (the VNNI pair layout).
- *  - fallback: the same packed layouts and tile in portable vector code, widening each bf16 to
- *    fp32 (a shift or a mask) and adding the two products of a pair in VDPBF16PS's order; the
+ *  - fallback: the same B layout and tile in portable vector code (A's pairs widened to fp32
+ *    while packed, B's widened in registers by a shift or a mask), adding the two products of a
+ *    pair in VDPBF16PS's order; the
  *    products of two bf16 values are exact in fp32, so this is bit-identical to VDPBF16PS's
  *    pseudo-code (a contracted FMA rounds the same exact product the same way).
  *
@@ -130,9 +131,11 @@ static void pack_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_
         }
 }
 
-/* A panels for the vector tiles: for each MR_V rows, dst[p * MR_V + i] = pair of row i. */
+/* A panels for the vector tiles: for each MR_V rows, dst[p * MR_V + i] = pair of row i; for the
+ * fallback (widen), the pair's two bf16 values widened to fp32, dst[2 (p * MR_V + i) + 0/1] (even,
+ * odd): the same values, so that its micro-kernel broadcasts them straight from memory. */
 static void pack_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0,
-                     int64_t mr, int64_t k0, int64_t kc, int64_t kp) {
+                     int64_t mr, int64_t k0, int64_t kc, int64_t kp, int widen) {
     for (int64_t p = 0; p < kp; p++)
         for (int i = 0; i < MR_V; i++) {
             uint32_t w = 0;
@@ -140,7 +143,10 @@ static void pack_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int6
                 w = eltb(A, bf, at, lda, i0 + i, k0 + 2 * p);
                 if (2 * p + 1 < kc) w |= (uint32_t)eltb(A, bf, at, lda, i0 + i, k0 + 2 * p + 1) << 16;
             }
-            dst[p * MR_V + i] = w;
+            if (widen)
+                dst[2 * (p * MR_V + i)] = w << 16, dst[2 * (p * MR_V + i) + 1] = w & 0xffff0000u;
+            else
+                dst[p * MR_V + i] = w;
         }
 }
 
@@ -161,17 +167,23 @@ static void store_tile(const float *t, int tld, float *C, int64_t ldc, int mr, i
 /* ---------------------------------------------------------------- fallback micro-kernel */
 
 #define NVF (NR / GDN_VL)
-#define FB_ROWS 7 /* rows per pass: 7 x 2 accumulators + 4 widened B vectors in 32 zmm */
+/* rows per pass (MR_V = 14 split): accumulators FB_ROWS x NVF + widened B vectors in the register
+ * file (32 zmm with AVX-512: 7 x 2 + 4; 16 ymm with AVX: 2 x 4 + 8; 16 xmm: 1 x 8 + ...) */
+#if GDN_VL == 16
+#define FB_ROWS 7
+#elif GDN_VL == 8
+#define FB_ROWS 2
+#else
+#define FB_ROWS 1
+#endif
 typedef uint32_t gdn_vu32 __attribute__((vector_size(GDN_VL * 4)));
 static inline gdn_vf lo_f(gdn_vu32 w) { gdn_vf f; w <<= 16; memcpy(&f, &w, sizeof f); return f; }
 static inline gdn_vf hi_f(gdn_vu32 w) { gdn_vf f; w &= 0xffff0000u; memcpy(&f, &w, sizeof f); return f; }
-static inline float lo_s(uint32_t w) { float f; w <<= 16; memcpy(&f, &w, sizeof f); return f; }
-static inline float hi_s(uint32_t w) { float f; w &= 0xffff0000u; memcpy(&f, &w, sizeof f); return f; }
 
-static void mk_fallback(int64_t kp, const uint32_t *a, const uint32_t *b, float *C, int64_t ldc,
-                        int acc, int mr, int nc) {
-    float t[MR_V * NR] __attribute__((aligned(64)));
-    const int even_first = gdn_bf16_fallback_even_first;
+/* a: the widened A panel (pairs of fp32); EF: TDPBF16PS's order (even product first), else
+ * VDPBF16PS's (odd first). */
+static inline __attribute__((always_inline)) void mk_fb(const int EF, int64_t kp, const float *a,
+                                                        const uint32_t *b, float *t) {
     for (int r0 = 0; r0 < MR_V; r0 += FB_ROWS) {
         gdn_vf c[FB_ROWS][NVF];
         for (int i = 0; i < FB_ROWS; i++)
@@ -183,23 +195,29 @@ static void mk_fallback(int64_t kp, const uint32_t *a, const uint32_t *b, float 
                 be[v] = lo_f(w), bo[v] = hi_f(w);
             }
             for (int i = 0; i < FB_ROWS; i++) {
-                const uint32_t w = a[p * MR_V + r0 + i];
-                const float ae = lo_s(w), ao = hi_s(w);
-                if (even_first) /* TDPBF16PS's order (tests: = the AMX emulator bit for bit) */
-                    for (int v = 0; v < NVF; v++) {
+                const float ae = a[2 * (p * MR_V + r0 + i)], ao = a[2 * (p * MR_V + r0 + i) + 1];
+                for (int v = 0; v < NVF; v++) {
+                    if (EF) {
                         c[i][v] += ae * be[v];
                         c[i][v] += ao * bo[v];
-                    }
-                else /* VDPBF16PS's order: odd product, then even */
-                    for (int v = 0; v < NVF; v++) {
+                    } else {
                         c[i][v] += ao * bo[v];
                         c[i][v] += ae * be[v];
                     }
+                }
             }
         }
         for (int i = 0; i < FB_ROWS; i++)
             for (int v = 0; v < NVF; v++) *(gdn_vf *)(t + (r0 + i) * NR + v * GDN_VL) = c[i][v];
     }
+}
+static void mk_fallback(int64_t kp, const float *a, const uint32_t *b, float *C, int64_t ldc, int acc,
+                        int mr, int nc) {
+    float t[MR_V * NR] __attribute__((aligned(64)));
+    if (gdn_bf16_fallback_even_first) /* tests: = the AMX emulator bit for bit */
+        mk_fb(1, kp, a, b, t);
+    else
+        mk_fb(0, kp, a, b, t);
     store_tile(t, NR, C, ldc, mr, nc, acc);
 }
 
@@ -433,7 +451,8 @@ const char *gdn_bf16_path_name(int path) {
 static void ws_parts(int path, int64_t m, int64_t n, int64_t kk, size_t *abytes, size_t *bbytes) {
     const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, MR = amx ? MR_X : MR_V;
     const int64_t kcmax = min64(KC, kk > 0 ? kk : 1), kcpmax = amx ? (kcmax + 31) / 32 * 32 : (kcmax + 1) / 2 * 2;
-    *abytes = ((size_t)((m + MR - 1) / MR) * MR * (size_t)kcpmax * 2 + 63) / 64 * 64;
+    const size_t esz = path == GDN_BF16_FALLBACK ? 4 : 2; /* the fallback's A widened to fp32 */
+    *abytes = ((size_t)((m + MR - 1) / MR) * MR * (size_t)kcpmax * esz + 63) / 64 * 64;
     *bbytes = ((size_t)((min64(NC, n > 0 ? n : 1) + NR - 1) / NR) * (size_t)(kcpmax / 2) * NR * 4 + 63) / 64 * 64;
 }
 size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
@@ -457,7 +476,7 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
             for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
         return path;
     }
-    const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU;
+    const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, fb = path == GDN_BF16_FALLBACK;
     const int MR = amx ? MR_X : MR_V, MCP = amx ? MCP_X : MCP_V;
     const int64_t mpanels = (m + MR - 1) / MR;
     /* packed A slice: mpanels x MR x kcp bf16; B panel: NC/NR micro-panels x kcp/2 x NR words */
@@ -487,7 +506,8 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
                 if (amx)
                     pack_a_x((uint16_t *)apack + ip * MR * kcp, A, abf, at, lda, ip * MR, mr, pc, kc, kcp);
                 else
-                    pack_a_v((uint32_t *)apack + ip * MR * kp, A, abf, at, lda, ip * MR, mr, pc, kc, kp);
+                    pack_a_v((uint32_t *)apack + ip * MR * kp * (fb + 1), A, abf, at, lda, ip * MR, mr, pc, kc,
+                             kp, fb);
             }
             for (int64_t jc = 0; jc < n; jc += NC) {
                 const int64_t nc = min64(NC, n - jc), npan = (nc + NR - 1) / NR;
@@ -505,7 +525,7 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
                             const int ncq = (int)min64(NR, nc - q * NR);
                             switch (path) {
                             case GDN_BF16_FALLBACK:
-                                mk_fallback(kp, (const uint32_t *)apack + ip * MR * kp, bq, Crow + q * NR,
+                                mk_fallback(kp, (const float *)apack + ip * MR * kp * 2, bq, Crow + q * NR,
                                             ldc, acc_k, mr, ncq);
                                 break;
 #if HAVE_X86
