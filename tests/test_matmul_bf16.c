@@ -239,6 +239,52 @@ static void controls(void) {
     bprob_free(&P);
 }
 
+/* Rounding, exactly: C = A I (and C = I B^T) is bf16(A) (bf16(B)) bit for bit on every path, the
+ * products by 1 and 0 and the sums with zeros being exact; A's values include ties (low half
+ * 0x8000, upper half even and odd), 0x7fff and 0x8001 below/above them, signs, exponents
+ * 2^-27..2^23. Measure: the number of elements whose bits differ from this file's own
+ * round-to-nearest-even; control: the truncating fault. kk = 77: vector steps and the tail. */
+static int64_t rounding_mismatches(int path, int b_side, int fault) {
+    enum { R = 19, KK = 77 };
+    float X[R * KK], I[KK * KK], C[R * KK > KK * R ? R * KK : KK * R];
+    rng_seed(4242);
+    static const uint32_t lows[4] = {0x8000u, 0x7fffu, 0x8001u, 0u};
+    for (int i = 0; i < R * KK; i++) {
+        const uint32_t e = 100 + (uint32_t)rng_uniform(0, 50), mant = (uint32_t)rng_uniform(0, 128);
+        const uint32_t sign = rng_uniform(0, 1) < 0.5 ? 0x80000000u : 0u;
+        const uint32_t low = i % 5 < 4 ? lows[i % 4] : (uint32_t)rng_uniform(0, 65536);
+        const uint32_t u = sign | e << 23 | mant << 16 | low;
+        memcpy(X + i, &u, sizeof u);
+    }
+    for (int i = 0; i < KK * KK; i++) I[i] = i / KK == i % KK ? 1.0f : 0.0f;
+    gdn_bf16_fault = fault;
+    if (!b_side) /* C [R x KK] = X [R x KK] I */
+        gdn_matmul_bf16(path, 0, R, KK, KK, X, KK, I, KK, C, KK, NULL, 1 + (path % 2));
+    else /* C [KK x R] = I X^T: C[i][j] = X[j][i] (B = X^T, X stored as W [R x KK]) */
+        gdn_matmul_bf16(path, GDN_GEMM_B_TRANS, KK, R, KK, I, KK, X, KK, C, R, NULL, 1 + (path % 2));
+    gdn_bf16_fault = 0;
+    int64_t bad = 0;
+    for (int i = 0; i < R; i++)
+        for (int p = 0; p < KK; p++) {
+            const float want = bf(rne(X[i * KK + p])), got = b_side ? C[p * R + i] : C[i * KK + p];
+            bad += memcmp(&want, &got, sizeof want) != 0;
+        }
+    return bad;
+}
+
+static void rounding(void) {
+    for (int p = 1; p <= 4; p++) {
+        if (!have[p]) continue;
+        for (int side = 0; side <= 1; side++) {
+            const int64_t ok = rounding_mismatches(p, side, 0), bad = rounding_mismatches(p, side, GDN_BF16_FAULT_TRUNCATE);
+            expect_close((double)ok, 0.0, "bf16 %-12s %s rounded to nearest even, bit for bit (ties, 0x7fff, 0x8001): %ld differ",
+                         PNAME[p], side ? "B (W, k contiguous)" : "A (rows)", (long)ok);
+            expect_far((double)bad, 0.5, "bf16 %-12s %s control: truncated instead (%ld elements differ)", PNAME[p],
+                       side ? "B" : "A", (long)bad);
+        }
+    }
+}
+
 void test_matmul_bf16(void) {
     for (int p = 1; p <= 4; p++) have[p] = gdn_bf16_path_available(p);
     if (!tests_quiet) {
@@ -263,5 +309,6 @@ void test_matmul_bf16(void) {
     one(GDN_GEMM_B_TRANS | GDN_GEMM_B_BF16, 61, 95, 531, 2);
     one(GDN_GEMM_A_BF16 | GDN_GEMM_ACC, 37, 40, 99, 1);
     one(GDN_GEMM_A_TRANS | GDN_GEMM_A_BF16 | GDN_GEMM_B_BF16, 100, 33, 63, 2);
+    rounding();
     controls();
 }

@@ -114,11 +114,60 @@ static inline uint16_t eltb(const void *X, int bf, int trans, int64_t ld, int64_
 
 /* ---------------------------------------------------------------- packing */
 
+/* Vector rounding (the same bits as to_bf16): lane l of the result holds bf16(x[2l]) |
+ * bf16(x[2l+1]) << 16 for 2 GDN_VL contiguous fp32 values x, i.e. GDN_VL k-pairs. */
+typedef uint32_t gdn_vu32 __attribute__((vector_size(GDN_VL * 4)));
+static inline gdn_vu32 rne_v(gdn_vu32 u) {
+    const gdn_vu32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const gdn_vu32 special = (gdn_vu32)((u & 0x7f800000u) == 0x7f800000u); /* Inf, NaN */
+    const gdn_vu32 sp = (u >> 16) | ((gdn_vu32)((u & 0xffffu) != 0) & 0x40u);
+    return (sp & special) | (r & ~special);
+}
+#if GDN_VL == 16
+#define EVEN_IDX {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+#define ODD_IDX {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}
+#elif GDN_VL == 8
+#define EVEN_IDX {0, 2, 4, 6, 8, 10, 12, 14}
+#define ODD_IDX {1, 3, 5, 7, 9, 11, 13, 15}
+#else
+#define EVEN_IDX {0, 2, 4, 6}
+#define ODD_IDX {1, 3, 5, 7}
+#endif
+static inline gdn_vu32 pairs_vl(const float *x) {
+    gdn_vu32 u0, u1;
+    memcpy(&u0, x, sizeof u0);
+    memcpy(&u1, x + GDN_VL, sizeof u1);
+    u0 = rne_v(u0), u1 = rne_v(u1);
+    const gdn_vu32 e = __builtin_shuffle(u0, u1, (gdn_vu32)EVEN_IDX), o = __builtin_shuffle(u0, u1, (gdn_vu32)ODD_IDX);
+    return e | (o << 16);
+}
+
+
 /* B micro-panel: dst[p * NR + j] = pair (2p, 2p+1) of column j0 + j of op(B), k rows k0.., for
  * p < kp (rows past kc and columns past nc zero). */
 static void pack_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_t ldb, int64_t k0,
                    int64_t kc, int64_t kp, int64_t j0, int nc) {
     const int off = gdn_bf16_fault == GDN_BF16_FAULT_PAIR_SHIFT; /* control: pairs (2p+1, 2p+2) */
+    if (bt && !bf && !gdn_bf16_fault) { /* W [n x kk] fp32: each column's k contiguous, VL pairs a step */
+        for (int j = 0; j < NR; j++) {
+            const float *src = j < nc ? (const float *)B + (j0 + j) * ldb + k0 : NULL;
+            int64_t p = 0;
+            if (j < nc)
+                for (; 2 * p + 2 * GDN_VL <= kc; p += GDN_VL) {
+                    const gdn_vu32 w = pairs_vl(src + 2 * p);
+                    for (int l = 0; l < GDN_VL; l++) dst[(p + l) * NR + j] = w[l];
+                }
+            for (; p < kp; p++) {
+                uint32_t w = 0;
+                if (j < nc) {
+                    if (2 * p < kc) w = to_bf16(src[2 * p]);
+                    if (2 * p + 1 < kc) w |= (uint32_t)to_bf16(src[2 * p + 1]) << 16;
+                }
+                dst[p * NR + j] = w;
+            }
+        }
+        return;
+    }
     for (int64_t p = 0; p < kp; p++)
         for (int j = 0; j < NR; j++) {
             uint32_t w = 0;
@@ -136,6 +185,36 @@ static void pack_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_
  * odd): the same values, so that its micro-kernel broadcasts them straight from memory. */
 static void pack_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0,
                      int64_t mr, int64_t k0, int64_t kc, int64_t kp, int widen) {
+    if (!at && !bf && !gdn_bf16_fault) { /* rows of fp32 A: k contiguous, VL pairs a step */
+        for (int i = 0; i < MR_V; i++) {
+            const float *src = i < mr ? (const float *)A + (i0 + i) * lda + k0 : NULL;
+            int64_t p = 0;
+            if (i < mr)
+                for (; 2 * p + 2 * GDN_VL <= kc; p += GDN_VL) {
+                    const gdn_vu32 w = pairs_vl(src + 2 * p);
+                    for (int l = 0; l < GDN_VL; l++) {
+                        const int64_t d = (p + l) * MR_V + i;
+                        if (widen)
+                            dst[2 * d] = w[l] << 16, dst[2 * d + 1] = w[l] & 0xffff0000u;
+                        else
+                            dst[d] = w[l];
+                    }
+                }
+            for (; p < kp; p++) {
+                uint32_t w = 0;
+                if (i < mr) {
+                    if (2 * p < kc) w = to_bf16(src[2 * p]);
+                    if (2 * p + 1 < kc) w |= (uint32_t)to_bf16(src[2 * p + 1]) << 16;
+                }
+                const int64_t d = p * MR_V + i;
+                if (widen)
+                    dst[2 * d] = w << 16, dst[2 * d + 1] = w & 0xffff0000u;
+                else
+                    dst[d] = w;
+            }
+        }
+        return;
+    }
     for (int64_t p = 0; p < kp; p++)
         for (int i = 0; i < MR_V; i++) {
             uint32_t w = 0;
@@ -153,6 +232,19 @@ static void pack_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int6
 /* A panel for AMX: MR_X rows of kcp bf16 each (zero past kc and past mr). */
 static void pack_a_x(uint16_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0,
                      int64_t mr, int64_t k0, int64_t kc, int64_t kcp) {
+    if (!at && !bf && !gdn_bf16_fault) { /* rows of fp32 A: the pairs' words are the row's bf16 */
+        for (int i = 0; i < MR_X; i++) {
+            const float *src = i < mr ? (const float *)A + (i0 + i) * lda + k0 : NULL;
+            int64_t k = 0;
+            if (i < mr)
+                for (; k + 2 * GDN_VL <= kc; k += 2 * GDN_VL) {
+                    const gdn_vu32 w = pairs_vl(src + k);
+                    memcpy(dst + i * kcp + k, &w, sizeof w);
+                }
+            for (; k < kcp; k++) dst[i * kcp + k] = i < mr && k < kc ? to_bf16(src[k]) : 0;
+        }
+        return;
+    }
     for (int i = 0; i < MR_X; i++)
         for (int64_t k = 0; k < kcp; k++)
             dst[i * kcp + k] = i < mr && k < kc ? eltb(A, bf, at, lda, i0 + i, k0 + k) : 0;
@@ -176,7 +268,6 @@ static void store_tile(const float *t, int tld, float *C, int64_t ldc, int mr, i
 #else
 #define FB_ROWS 1
 #endif
-typedef uint32_t gdn_vu32 __attribute__((vector_size(GDN_VL * 4)));
 static inline gdn_vf lo_f(gdn_vu32 w) { gdn_vf f; w <<= 16; memcpy(&f, &w, sizeof f); return f; }
 static inline gdn_vf hi_f(gdn_vu32 w) { gdn_vf f; w &= 0xffff0000u; memcpy(&f, &w, sizeof f); return f; }
 
