@@ -21,4 +21,6 @@ smoke layer "every row's error vs the double layer below 1e-5" '"direction":"lay
   '"direction":"layer_decode"' '!"rel_err_vs_reference":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)'
 smoke train "the gradient within 1e-2 of finite differences" '"direction":"train_step"' '"packed_docs":[1-9]' \
   '"grad_rel_err_vs_fd":[0-9.]*e-0[3-9]'
+smoke matmul "the BF16 GEMM within 1e-2 of fp32 on every row" '"direction":"matmul"' \
+  '"bf16_rel_err_vs_fp32":[0-9.]*e-0[3-9]' '!"bf16_rel_err_vs_fp32":\(nan\|-nan\|inf\|[0-9.]*e-0[0-2]\|[0-9.]*e+\)'
 finish

@@ -12,7 +12,7 @@ static const struct { const char *name; void (*fn)(void); } suites[] = {
     {"layer_io", test_layer_io}, {"layer", test_layer}, {"model", test_model},
     {"train_io", test_train_io}, {"pack", test_pack},
     {"attention", test_attention}, {"attn_decode", test_attn_decode}, {"attn_io", test_attn_io},
-    {"model_hybrid", test_model_hybrid},
+    {"model_hybrid", test_model_hybrid}, {"matmul_bf16", test_matmul_bf16},
 };
 
 int main(int argc, char **argv) {

@@ -9,6 +9,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_bench_cp(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv);
+int cmd_bench_matmul(int argc, char **argv);
 int cmd_gen(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_sample(int argc, char **argv);

@@ -29,6 +29,7 @@ static void usage(FILE *out) {
             "  bench  layer [--json] [--quick] [--T N]              layer benchmark (fwd, fwd+bwd, decode)\n"
             "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"
             "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
+            "  bench  matmul [--json] [--quick] [--M N] [--reps R]  projection GEMM, fp32 and BF16 compute\n"
             "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
             "  bench  attention-cp [--T N] [--H --Hkv --d --E N] [--reps R]  (under mpiexec) attention CP\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
@@ -61,6 +62,7 @@ static const struct {
     {"bench", "attention-cp", cmd_bench_attention_cp, MPI_ALWAYS},
     {"bench", "train", cmd_bench_train, MPI_NEVER},
     {"bench", "decode", cmd_bench_decode, MPI_NEVER},
+    {"bench", "matmul", cmd_bench_matmul, MPI_NEVER},
     {"bench", NULL, cmd_bench, MPI_NEVER}, /* bench kernel (and its refusals of unknown benches) */
     {"diff", NULL, cmd_diff, MPI_NEVER},
     {"gen", NULL, cmd_gen, MPI_NEVER},

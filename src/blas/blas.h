@@ -16,7 +16,7 @@
  *        GDN_GEMM_C_LOWER: only C[i][j] with j <= i is needed (others may hold anything);
  *        GDN_GEMM_B_BF16: gdn_matmul only (B in bfloat16, with GDN_GEMM_B_TRANS), see below. */
 enum { GDN_GEMM_ACC = 1, GDN_GEMM_A_LOWER = 2, GDN_GEMM_C_LOWER = 4, GDN_GEMM_A_TRANS = 8,
-       GDN_GEMM_B_TRANS = 16, GDN_GEMM_A_UPPER = 32, GDN_GEMM_B_BF16 = 64 };
+       GDN_GEMM_B_TRANS = 16, GDN_GEMM_A_UPPER = 32, GDN_GEMM_B_BF16 = 64, GDN_GEMM_A_BF16 = 128 };
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
               float *C, int ldc);
 /* ---- large GEMM for the layer's projections (m = tokens, n and kk = thousands):
@@ -35,6 +35,35 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
 const char *gdn_matmul_path(void);
 /* dst[c][r] = src[r][c] for an r x c block. */
 void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd);
+/* ---- BF16-compute GEMM (matmul_bf16.c): C[m x n] (+)= op(A) op(B) with both operands rounded to
+ * bfloat16 (nearest even) while packed, products accumulated in fp32. flags: GDN_GEMM_ACC,
+ * GDN_GEMM_A_TRANS, GDN_GEMM_B_TRANS, and GDN_GEMM_A_BF16 / GDN_GEMM_B_BF16 (that operand is
+ * stored as bfloat16 bits, uint16_t, ld in elements; else fp32). Any combination: a
+ * projection's forward (x W^T: B_TRANS), input gradient (dy W) and weight gradient (dy^T x:
+ * A_TRANS). path: GDN_BF16_AUTO (the best the CPU and OS allow: AMX, else AVX512-BF16, else the
+ * fallback) or one path (must be available: GDN_ASSERT). Returns the path that ran. Threads:
+ * an OpenMP team of `threads` (call from outside a parallel region). */
+enum { GDN_BF16_AUTO = 0, GDN_BF16_FALLBACK = 1, GDN_BF16_AVX512 = 2, GDN_BF16_AMX = 3,
+       GDN_BF16_AMX_EMU = 4 };
+int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
+                    const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads);
+/* ws: gdn_matmul_bf16_ws_bytes(path, m, n, kk) bytes of packing space (any alignment), or NULL:
+ * then it is allocated per call (the A slice is m x 512 bf16: 4 MB at m = 4096, + 1 MB of B). */
+size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk);
+int gdn_bf16_path_available(int path); /* fallback and AMX_EMU always; AVX512 / AMX per CPUID + OS */
+int gdn_bf16_path_auto(void);
+const char *gdn_bf16_path_name(int path);
+/* The path's register-only instruction peak (VDPBF16PS / TDPBF16PS), GFLOP/s; 0 for the others. */
+double gdn_measure_bf16_peak_gflops(int path, int threads);
+uint16_t gdn_f32_to_bf16(float x); /* nearest even (NaN kept a NaN) */
+/* Tests only: negative controls injected into the BF16 GEMM (0: none). */
+enum { GDN_BF16_FAULT_TRUNCATE = 1,    /* operands truncated to bf16, not rounded */
+       GDN_BF16_FAULT_PAIR_SHIFT = 2,  /* B's k pairs taken one k late (2p+1, 2p+2) */
+       GDN_BF16_FAULT_SKIP_KBLOCK = 3 }; /* AMX: the last 32-deep tile block of each slice skipped */
+extern int gdn_bf16_fault;
+/* Tests only: the fallback adds each pair's products even first (TDPBF16PS's order, = the AMX
+ * path bit for bit) instead of odd first (VDPBF16PS's order, = the AVX512-BF16 path). */
+extern int gdn_bf16_fallback_even_first;
 /* The name of the GEMM micro-kernel compiled in. */
 const char *gdn_gemm_path(void);
 

@@ -1,0 +1,749 @@
+/* BF16-compute GEMM (issue 20, step 1): C[m x n] (+)= op(A)[m x kk] op(B)[kk x n] with both
+ * operands rounded to bfloat16 (round to nearest even) while they are packed, products of bf16
+ * pairs accumulated in fp32. A and B are fp32 or bf16 (GDN_GEMM_A_BF16 / GDN_GEMM_B_BF16), plain
+ * or transposed, so the layer can run a projection's forward (y = x W^T: B_TRANS), its input
+ * gradient (dx = dy W: plain B) and its weight gradient (dW = dy^T x: A_TRANS) through it.
+ *
+ * Paths (blas.h: gdn_bf16_path), chosen at run time (GDN_BF16_AUTO) from CPUID and the OS:
+ *  - AMX: TDPBF16PS on 16x16 fp32 tiles, a 32 x 32 C block per call (4 accumulator tiles,
+ *    2 A tiles of 16 rows x 32 k, 2 B tiles of 16 k-pairs x 16 columns); needs CPUID AMX-TILE
+ *    + AMX-BF16, XCR0 tile state and Linux's permission (arch_prctl(ARCH_REQ_XCOMP_PERM,
+ *    XFEATURE_XTILEDATA)). The same kernel source runs with its tile operations routed to a
+ *    scalar emulator (GDN_BF16_AMX_EMU) on any CPU, so its blocking, packing and tile
+ *    bookkeeping are tested everywhere.
+ *  - AVX512-BF16: VDPBF16PS, a 14 x 32 register tile (28 zmm accumulators), A k-pairs
+ *    broadcast, B vectors of 16 columns x 2 k (the VNNI pair layout).
+ *  - fallback: the same B layout and tile in portable vector code (A's pairs widened to fp32
+ *    while packed, B's widened in registers by a shift or a mask), adding the two products of a
+ *    pair in VDPBF16PS's order; the
+ *    products of two bf16 values are exact in fp32, so this is bit-identical to VDPBF16PS's
+ *    pseudo-code (a contracted FMA rounds the same exact product the same way).
+ *
+ * Packing (per KC-deep slice): op(A) and op(B) are rounded to bf16 and stored in pairs of
+ * consecutive k (k odd: the last pair's second element is zero):
+ *  - B micro-panels (all paths): kp = ceil(kc/2) rows (kc rounded up to 32 for AMX) of NR = 32
+ *    uint32 words, word (p, j) = bf16(op(B)[2p][j]) | bf16(op(B)[2p+1][j]) << 16: one zmm holds 16
+ *    columns x 2 k (VDPBF16PS's second operand), and a 16-row x 64-byte block at stride 128 bytes
+ *    is a TDPBF16PS B tile.
+ *  - A, AVX512-BF16 / fallback: panels of MR = 14 rows, word (p, i) = the pair of row i (a
+ *    32-bit broadcast); AMX: panels of 32 rows, each row's kc (rounded up to 32) bf16 values
+ *    contiguous (an A tile is 16 rows x 32 k at a row stride of 2 kc bytes).
+ * Loops: for each KC slice, the threads pack all of op(A)'s rows (m x kc bf16, once per slice:
+ * the whole of A is converted once), then for each NC-column panel they pack op(B)'s
+ * micro-panels (shared) and run work items (row block x all micro-panels) dynamically. C is
+ * accumulated in fp32 in memory across slices.
+ *
+ * Rounding (what each path computes per output element, for one KC slice, the pairs in order):
+ *  - VDPBF16PS (Intel SDM vol. 2, VDPBF16PS pseudo-code): acc += a[2i+1] b[2i+1];
+ *    acc += a[2i] b[2i] (odd element first), fp32, RNE, DAZ and FTZ, MXCSR ignored;
+ *  - TDPBF16PS (Intel SDM vol. 2 / Intel AMX instruction reference, TDPBF16PS pseudo-code:
+ *    "tmp.fp32[n] += make_fp32(a.row[m].bf16[2*k+0]) * make_fp32(b.row[k].bf16[2*n+0]);
+ *     tmp.fp32[n] += make_fp32(a.row[m].bf16[2*k+1]) * make_fp32(b.row[k].bf16[2*n+1])",
+ *    rounding RNE, input and output denormals flushed): even element first.
+ * The emulator implements exactly the TDPBF16PS pseudo-code: each product in fp32 (exact: two
+ * 8-bit significands), then the two fp32 additions in that order, each rounded to nearest even,
+ * bf16 inputs with a zero exponent taken as zero and a subnormal sum flushed to zero. Whether
+ * real AMX hardware matches it bit for bit is checked by the tests where AMX exists (not on the
+ * machine this was written on). The AMX path's per-element order differs from VDPBF16PS's (even
+ * vs odd product first), so AMX and AVX512-BF16 agree to fp32 rounding, not bit for bit.
+ *
+ * Not here yet: a streaming path for small m (decode: m <= 16 runs the blocked loops). */
+#define _GNU_SOURCE /* syscall */
+#include "base.h"
+#include "blas.h"
+#include "microkernel.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#ifndef GDN_BF_KC /* (overridable at compile time for tuning) */
+#define GDN_BF_KC 512
+#endif
+#ifndef GDN_BF_NC
+#define GDN_BF_NC 1024 /* 1 MB of B panel; measured 84-86 % of the VDPBF16PS peak vs 81-82 % at 512 (Zen 4, 1 thread) */
+#endif
+#ifndef GDN_BF_MCP
+#define GDN_BF_MCP 8
+#endif
+enum { NR = 32,        /* columns of a B micro-panel (2 zmm, 2 AMX B tiles) */
+       MR_V = 14,      /* rows of the AVX512-BF16 / fallback tile */
+       MR_X = 32,      /* rows of the AMX block (2 A tiles) */
+       KC = GDN_BF_KC, /* depth of a slice (a multiple of 32) */
+       NC = GDN_BF_NC, /* columns of the shared B panel: KC x NC bf16 (1 MB) */
+       MCP_V = GDN_BF_MCP, /* MR_V panels per work item */
+       MCP_X = 4 };    /* MR_X panels per work item */
+
+int gdn_bf16_fault = 0;
+int gdn_bf16_fallback_even_first = 0;
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---------------------------------------------------------------- bf16 */
+
+static inline uint16_t to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if (gdn_bf16_fault == GDN_BF16_FAULT_TRUNCATE) return (uint16_t)(u >> 16);
+    if ((u & 0x7f800000u) == 0x7f800000u) /* Inf, NaN: keep (NaN stays NaN) */
+        return (uint16_t)((u >> 16) | ((u & 0xffffu) ? 0x40u : 0u));
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+uint16_t gdn_f32_to_bf16(float x) { return to_bf16(x); }
+
+/* op(X)[r][c] as fp32 from an fp32 or bf16 matrix (trans: stored as its transpose). */
+static inline float elt(const void *X, int bf, int trans, int64_t ld, int64_t r, int64_t c) {
+    const int64_t i = trans ? c * ld + r : r * ld + c;
+    if (!bf) return ((const float *)X)[i];
+    const uint32_t u = (uint32_t)((const uint16_t *)X)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline uint16_t eltb(const void *X, int bf, int trans, int64_t ld, int64_t r, int64_t c) {
+    if (bf && gdn_bf16_fault != GDN_BF16_FAULT_TRUNCATE)
+        return ((const uint16_t *)X)[trans ? c * ld + r : r * ld + c];
+    return to_bf16(elt(X, bf, trans, ld, r, c));
+}
+
+/* ---------------------------------------------------------------- packing */
+
+/* Vector rounding (the same bits as to_bf16): lane l of the result holds bf16(x[2l]) |
+ * bf16(x[2l+1]) << 16 for 2 GDN_VL contiguous fp32 values x, i.e. GDN_VL k-pairs. */
+typedef uint32_t gdn_vu32 __attribute__((vector_size(GDN_VL * 4)));
+static inline gdn_vu32 rne_v(gdn_vu32 u) {
+    const gdn_vu32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const gdn_vu32 special = (gdn_vu32)((u & 0x7f800000u) == 0x7f800000u); /* Inf, NaN */
+    const gdn_vu32 sp = (u >> 16) | ((gdn_vu32)((u & 0xffffu) != 0) & 0x40u);
+    return (sp & special) | (r & ~special);
+}
+#if GDN_VL == 16
+#define EVEN_IDX {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}
+#define ODD_IDX {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}
+#elif GDN_VL == 8
+#define EVEN_IDX {0, 2, 4, 6, 8, 10, 12, 14}
+#define ODD_IDX {1, 3, 5, 7, 9, 11, 13, 15}
+#else
+#define EVEN_IDX {0, 2, 4, 6}
+#define ODD_IDX {1, 3, 5, 7}
+#endif
+static inline gdn_vu32 pairs_vl(const float *x) {
+    gdn_vu32 u0, u1;
+    memcpy(&u0, x, sizeof u0);
+    memcpy(&u1, x + GDN_VL, sizeof u1);
+    u0 = rne_v(u0), u1 = rne_v(u1);
+    const gdn_vu32 e = __builtin_shuffle(u0, u1, (gdn_vu32)EVEN_IDX), o = __builtin_shuffle(u0, u1, (gdn_vu32)ODD_IDX);
+    return e | (o << 16);
+}
+
+
+/* B micro-panel: dst[p * NR + j] = pair (2p, 2p+1) of column j0 + j of op(B), k rows k0.., for
+ * p < kp (rows past kc and columns past nc zero). */
+static void pack_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_t ldb, int64_t k0,
+                   int64_t kc, int64_t kp, int64_t j0, int nc) {
+    const int off = gdn_bf16_fault == GDN_BF16_FAULT_PAIR_SHIFT; /* control: pairs (2p+1, 2p+2) */
+    if (bt && !bf && !gdn_bf16_fault) { /* W [n x kk] fp32: each column's k contiguous, VL pairs a step */
+        for (int j = 0; j < NR; j++) {
+            const float *src = j < nc ? (const float *)B + (j0 + j) * ldb + k0 : NULL;
+            int64_t p = 0;
+            if (j < nc)
+                for (; 2 * p + 2 * GDN_VL <= kc; p += GDN_VL) {
+                    const gdn_vu32 w = pairs_vl(src + 2 * p);
+                    for (int l = 0; l < GDN_VL; l++) dst[(p + l) * NR + j] = w[l];
+                }
+            for (; p < kp; p++) {
+                uint32_t w = 0;
+                if (j < nc) {
+                    if (2 * p < kc) w = to_bf16(src[2 * p]);
+                    if (2 * p + 1 < kc) w |= (uint32_t)to_bf16(src[2 * p + 1]) << 16;
+                }
+                dst[p * NR + j] = w;
+            }
+        }
+        return;
+    }
+    for (int64_t p = 0; p < kp; p++)
+        for (int j = 0; j < NR; j++) {
+            uint32_t w = 0;
+            if (j < nc) {
+                const int64_t k = 2 * p + off;
+                if (k < kc) w = eltb(B, bf, bt, ldb, k0 + k, j0 + j);
+                if (k + 1 < kc) w |= (uint32_t)eltb(B, bf, bt, ldb, k0 + k + 1, j0 + j) << 16;
+            }
+            dst[p * NR + j] = w;
+        }
+}
+
+/* A panels for the vector tiles: for each MR_V rows, dst[p * MR_V + i] = pair of row i; for the
+ * fallback (widen), the pair's two bf16 values widened to fp32, dst[2 (p * MR_V + i) + 0/1] (even,
+ * odd): the same values, so that its micro-kernel broadcasts them straight from memory. */
+static void pack_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0,
+                     int64_t mr, int64_t k0, int64_t kc, int64_t kp, int widen) {
+    if (!at && !bf && !gdn_bf16_fault) { /* rows of fp32 A: k contiguous, VL pairs a step */
+        for (int i = 0; i < MR_V; i++) {
+            const float *src = i < mr ? (const float *)A + (i0 + i) * lda + k0 : NULL;
+            int64_t p = 0;
+            if (i < mr)
+                for (; 2 * p + 2 * GDN_VL <= kc; p += GDN_VL) {
+                    const gdn_vu32 w = pairs_vl(src + 2 * p);
+                    for (int l = 0; l < GDN_VL; l++) {
+                        const int64_t d = (p + l) * MR_V + i;
+                        if (widen)
+                            dst[2 * d] = w[l] << 16, dst[2 * d + 1] = w[l] & 0xffff0000u;
+                        else
+                            dst[d] = w[l];
+                    }
+                }
+            for (; p < kp; p++) {
+                uint32_t w = 0;
+                if (i < mr) {
+                    if (2 * p < kc) w = to_bf16(src[2 * p]);
+                    if (2 * p + 1 < kc) w |= (uint32_t)to_bf16(src[2 * p + 1]) << 16;
+                }
+                const int64_t d = p * MR_V + i;
+                if (widen)
+                    dst[2 * d] = w << 16, dst[2 * d + 1] = w & 0xffff0000u;
+                else
+                    dst[d] = w;
+            }
+        }
+        return;
+    }
+    for (int64_t p = 0; p < kp; p++)
+        for (int i = 0; i < MR_V; i++) {
+            uint32_t w = 0;
+            if (i < mr) {
+                w = eltb(A, bf, at, lda, i0 + i, k0 + 2 * p);
+                if (2 * p + 1 < kc) w |= (uint32_t)eltb(A, bf, at, lda, i0 + i, k0 + 2 * p + 1) << 16;
+            }
+            if (widen)
+                dst[2 * (p * MR_V + i)] = w << 16, dst[2 * (p * MR_V + i) + 1] = w & 0xffff0000u;
+            else
+                dst[p * MR_V + i] = w;
+        }
+}
+
+/* A panel for AMX: MR_X rows of kcp bf16 each (zero past kc and past mr). */
+static void pack_a_x(uint16_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0,
+                     int64_t mr, int64_t k0, int64_t kc, int64_t kcp) {
+    if (!at && !bf && !gdn_bf16_fault) { /* rows of fp32 A: the pairs' words are the row's bf16 */
+        for (int i = 0; i < MR_X; i++) {
+            const float *src = i < mr ? (const float *)A + (i0 + i) * lda + k0 : NULL;
+            int64_t k = 0;
+            if (i < mr)
+                for (; k + 2 * GDN_VL <= kc; k += 2 * GDN_VL) {
+                    const gdn_vu32 w = pairs_vl(src + k);
+                    memcpy(dst + i * kcp + k, &w, sizeof w);
+                }
+            for (; k < kcp; k++) dst[i * kcp + k] = i < mr && k < kc ? to_bf16(src[k]) : 0;
+        }
+        return;
+    }
+    for (int i = 0; i < MR_X; i++)
+        for (int64_t k = 0; k < kcp; k++)
+            dst[i * kcp + k] = i < mr && k < kc ? eltb(A, bf, at, lda, i0 + i, k0 + k) : 0;
+}
+
+/* Write a computed tile t (rows of NR floats) into C: mr rows, nc columns, added or stored. */
+static void store_tile(const float *t, int tld, float *C, int64_t ldc, int mr, int nc, int acc) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nc; j++) C[i * ldc + j] = acc ? C[i * ldc + j] + t[i * tld + j] : t[i * tld + j];
+}
+
+/* ---------------------------------------------------------------- fallback micro-kernel */
+
+#define NVF (NR / GDN_VL)
+/* rows per pass (MR_V = 14 split): accumulators FB_ROWS x NVF + widened B vectors in the register
+ * file (32 zmm with AVX-512: 7 x 2 + 4; 16 ymm with AVX: 2 x 4 + 8; 16 xmm: 1 x 8 + ...) */
+#if GDN_VL == 16
+#define FB_ROWS 7
+#elif GDN_VL == 8
+#define FB_ROWS 2
+#else
+#define FB_ROWS 1
+#endif
+static inline gdn_vf lo_f(gdn_vu32 w) { gdn_vf f; w <<= 16; memcpy(&f, &w, sizeof f); return f; }
+static inline gdn_vf hi_f(gdn_vu32 w) { gdn_vf f; w &= 0xffff0000u; memcpy(&f, &w, sizeof f); return f; }
+
+/* a: the widened A panel (pairs of fp32); EF: TDPBF16PS's order (even product first), else
+ * VDPBF16PS's (odd first). */
+static inline __attribute__((always_inline)) void mk_fb(const int EF, int64_t kp, const float *a,
+                                                        const uint32_t *b, float *t) {
+    for (int r0 = 0; r0 < MR_V; r0 += FB_ROWS) {
+        gdn_vf c[FB_ROWS][NVF];
+        for (int i = 0; i < FB_ROWS; i++)
+            for (int v = 0; v < NVF; v++) c[i][v] = (gdn_vf){0};
+        for (int64_t p = 0; p < kp; p++) {
+            gdn_vf be[NVF], bo[NVF];
+            for (int v = 0; v < NVF; v++) {
+                const gdn_vu32 w = *(const gdn_vu32 *)(b + p * NR + v * GDN_VL);
+                be[v] = lo_f(w), bo[v] = hi_f(w);
+            }
+            for (int i = 0; i < FB_ROWS; i++) {
+                const float ae = a[2 * (p * MR_V + r0 + i)], ao = a[2 * (p * MR_V + r0 + i) + 1];
+                for (int v = 0; v < NVF; v++) {
+                    if (EF) {
+                        c[i][v] += ae * be[v];
+                        c[i][v] += ao * bo[v];
+                    } else {
+                        c[i][v] += ao * bo[v];
+                        c[i][v] += ae * be[v];
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < FB_ROWS; i++)
+            for (int v = 0; v < NVF; v++) *(gdn_vf *)(t + (r0 + i) * NR + v * GDN_VL) = c[i][v];
+    }
+}
+static void mk_fallback(int64_t kp, const float *a, const uint32_t *b, float *C, int64_t ldc, int acc,
+                        int mr, int nc) {
+    float t[MR_V * NR] __attribute__((aligned(64)));
+    if (gdn_bf16_fallback_even_first) /* tests: = the AMX emulator bit for bit */
+        mk_fb(1, kp, a, b, t);
+    else
+        mk_fb(0, kp, a, b, t);
+    store_tile(t, NR, C, ldc, mr, nc, acc);
+}
+
+/* ---------------------------------------------------------------- AVX512-BF16 micro-kernel */
+
+#if defined(__x86_64__)
+#define HAVE_X86 1
+__attribute__((target("avx512f,avx512bf16"))) static void mk_avx512bf16(int64_t kp, const uint32_t *a,
+                                                                         const uint32_t *b, float *C,
+                                                                         int64_t ldc, int acc, int mr,
+                                                                         int nc) {
+    __m512 c[MR_V][2];
+#pragma GCC unroll 14
+    for (int i = 0; i < MR_V; i++) {
+        c[i][0] = _mm512_setzero_ps(), c[i][1] = _mm512_setzero_ps();
+        __builtin_prefetch(C + i * ldc, 1, 3);
+        __builtin_prefetch(C + i * ldc + NR - 1, 1, 3);
+    }
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < kp; p++) {
+        const __m512bh b0 = (__m512bh)_mm512_load_si512(b + p * NR);
+        const __m512bh b1 = (__m512bh)_mm512_load_si512(b + p * NR + 16);
+#pragma GCC unroll 14
+        for (int i = 0; i < MR_V; i++) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[p * MR_V + i]);
+            c[i][0] = _mm512_dpbf16_ps(c[i][0], av, b0);
+            c[i][1] = _mm512_dpbf16_ps(c[i][1], av, b1);
+        }
+    }
+    if (mr == MR_V && nc == NR) {
+#pragma GCC unroll 14
+        for (int i = 0; i < MR_V; i++) {
+            float *ci = C + i * ldc;
+            if (acc) {
+                c[i][0] = _mm512_add_ps(c[i][0], _mm512_loadu_ps(ci));
+                c[i][1] = _mm512_add_ps(c[i][1], _mm512_loadu_ps(ci + 16));
+            }
+            _mm512_storeu_ps(ci, c[i][0]);
+            _mm512_storeu_ps(ci + 16, c[i][1]);
+        }
+        return;
+    }
+    float t[MR_V * NR] __attribute__((aligned(64)));
+    for (int i = 0; i < MR_V; i++) _mm512_store_ps(t + i * NR, c[i][0]), _mm512_store_ps(t + i * NR + 16, c[i][1]);
+    store_tile(t, NR, C, ldc, mr, nc, acc);
+}
+#else
+#define HAVE_X86 0
+#endif
+
+/* ---------------------------------------------------------------- AMX tiles and their emulator */
+
+/* Tile configuration (palette 1): tiles 0-3 C (16 rows x 64 bytes fp32), 4-5 A (16 rows x 32
+ * bf16), 6-7 B (16 k-pairs x 16 columns x 2 bf16). The 64-byte layout is ldtilecfg's. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+static void tilecfg_init(tilecfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->palette = 1;
+    for (int t = 0; t < 8; t++) cfg->rows[t] = 16, cfg->colsb[t] = 64;
+}
+
+/* The emulator: 8 tile registers of 16 rows x 64 bytes, per thread; rows/colsb from the config. */
+typedef struct {
+    uint8_t t[8][16][64];
+    tilecfg cfg;
+} emu_tiles;
+static _Thread_local emu_tiles emu;
+static void emu_loadcfg(const tilecfg *c) { emu.cfg = *c; }
+static void emu_zero(int d) { memset(emu.t[d], 0, sizeof emu.t[d]); }
+static void emu_load(int d, const void *base, int64_t stride) {
+    emu_zero(d);
+    for (int r = 0; r < emu.cfg.rows[d]; r++) memcpy(emu.t[d][r], (const char *)base + r * stride, emu.cfg.colsb[d]);
+}
+static void emu_store(int s, void *base, int64_t stride) {
+    for (int r = 0; r < emu.cfg.rows[s]; r++) memcpy((char *)base + r * stride, emu.t[s][r], emu.cfg.colsb[s]);
+}
+static inline float emu_bf(const uint8_t *p) { /* make_fp32 with DAZ: a zero exponent is zero */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t u = (uint32_t)h << 16;
+    if (!(u & 0x7f800000u)) u &= 0x80000000u;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline float emu_ftz(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if (!(u & 0x7f800000u)) u &= 0x80000000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+/* TDPBF16PS c, a, b: the SDM pseudo-code (see the top of the file), one rounding per addition.
+ * volatile temporaries keep the compiler from fusing a product into its addition (harmless here,
+ * the products being exact, but the emulator should say literally what it computes). */
+static void emu_dpbf16ps(int c, int a, int b) {
+    const int M = emu.cfg.rows[c], K = emu.cfg.colsb[a] / 4, N = emu.cfg.colsb[c] / 4;
+    for (int m = 0; m < M; m++) {
+        float tmp[16];
+        memcpy(tmp, emu.t[c][m], sizeof tmp);
+        for (int k = 0; k < K; k++)
+            for (int n = 0; n < N; n++) {
+                volatile float p0 = emu_bf(&emu.t[a][m][4 * k]) * emu_bf(&emu.t[b][k][4 * n]);
+                tmp[n] = emu_ftz(tmp[n] + p0);
+                volatile float p1 = emu_bf(&emu.t[a][m][4 * k + 2]) * emu_bf(&emu.t[b][k][4 * n + 2]);
+                tmp[n] = emu_ftz(tmp[n] + p1);
+            }
+        memcpy(emu.t[c][m], tmp, sizeof tmp);
+    }
+}
+
+/* The AMX block kernel, one source for both: C[0..mr) x [0..nc) (+)= a (MR_X rows of kcp bf16)
+ * b (kcp/2 x NR words). Tile ops are the macros TZ (zero), TL (load), TD (dpbf16ps), TS (store). */
+#define AMX_BLOCK_BODY                                                                           \
+    float t[MR_X * NR] __attribute__((aligned(64)));                                           \
+    TZ(0); TZ(1); TZ(2); TZ(3);                                                                \
+    const int64_t nkb = kcp / 32 - (gdn_bf16_fault == GDN_BF16_FAULT_SKIP_KBLOCK);              \
+    for (int64_t kb = 0; kb < nkb; kb++) {                                                     \
+        TL(4, a + kb * 32, kcp * 2);                                                           \
+        TL(5, a + 16 * kcp + kb * 32, kcp * 2);                                                \
+        TL(6, b + kb * 16 * NR, NR * 4);                                                       \
+        TL(7, b + kb * 16 * NR + 16, NR * 4);                                                  \
+        TD(0, 4, 6); TD(1, 4, 7); TD(2, 5, 6); TD(3, 5, 7);                                    \
+    }                                                                                          \
+    TS(0, t, NR * 4); TS(1, t + 16, NR * 4); TS(2, t + 16 * NR, NR * 4);                        \
+    TS(3, t + 16 * NR + 16, NR * 4);                                                           \
+    store_tile(t, NR, C, ldc, mr, nc, acc);
+
+static void mk_amx_emu(int64_t kcp, const uint16_t *a, const uint32_t *b, float *C, int64_t ldc,
+                       int acc, int mr, int nc) {
+#define TZ(d) emu_zero(d)
+#define TL(d, p, s) emu_load(d, p, s)
+#define TD(c, x, y) emu_dpbf16ps(c, x, y)
+#define TS(s, p, st) emu_store(s, p, st)
+    AMX_BLOCK_BODY
+#undef TZ
+#undef TL
+#undef TD
+#undef TS
+}
+
+#if HAVE_X86 && (__GNUC__ >= 11 || defined(__clang__))
+#define HAVE_AMX_CODE 1
+__attribute__((target("amx-tile,amx-bf16"))) static void mk_amx(int64_t kcp, const uint16_t *a,
+                                                               const uint32_t *b, float *C, int64_t ldc,
+                                                               int acc, int mr, int nc) {
+#define TZ(d) _tile_zero(d)
+#define TL(d, p, s) _tile_loadd(d, p, s)
+#define TD(c, x, y) _tile_dpbf16ps(c, x, y)
+#define TS(s, p, st) _tile_stored(s, p, st)
+    AMX_BLOCK_BODY
+#undef TZ
+#undef TL
+#undef TD
+#undef TS
+}
+__attribute__((target("amx-tile"))) static void amx_loadcfg(const tilecfg *c) { _tile_loadconfig(c); }
+__attribute__((target("amx-tile"))) static void amx_release(void) { _tile_release(); }
+#else
+#define HAVE_AMX_CODE 0
+#endif
+
+/* ---------------------------------------------------------------- dispatch */
+
+static int cpu_has_avx512bf16(void) {
+#if HAVE_X86
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16))) return 0; /* AVX512F */
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0;         /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6u) == 0xe6u; /* XMM, YMM, opmask, ZMM state enabled by the OS */
+#else
+    return 0;
+#endif
+}
+
+static int amx_state = -1; /* -1 unknown, 0 no, 1 yes (permission granted) */
+static int cpu_has_amx(void) {
+#if HAVE_X86 && HAVE_AMX_CODE
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (s >= 0) return s;
+    s = 0;
+    unsigned a, b, c, d;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 24)) && (d & (1u << 22)) &&
+        __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27))) {
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        /* XTILECFG (17) and XTILEDATA (18) in XCR0, then Linux's per-process permission */
+        if ((lo & (3u << 17)) == (3u << 17) && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                                       18 /* XFEATURE_XTILEDATA */) == 0)
+            s = 1;
+    }
+    __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
+    return s;
+#else
+    return 0;
+#endif
+}
+
+int gdn_bf16_path_available(int path) {
+    switch (path) {
+    case GDN_BF16_FALLBACK:
+    case GDN_BF16_AMX_EMU: return 1;
+    case GDN_BF16_AVX512: return cpu_has_avx512bf16();
+    case GDN_BF16_AMX: return cpu_has_amx();
+    default: return 0;
+    }
+}
+int gdn_bf16_path_auto(void) {
+    return cpu_has_amx() ? GDN_BF16_AMX : cpu_has_avx512bf16() ? GDN_BF16_AVX512 : GDN_BF16_FALLBACK;
+}
+const char *gdn_bf16_path_name(int path) {
+    switch (path) {
+    case GDN_BF16_FALLBACK: return "bf16 fallback (fp32 vectors, " GDN_VL_STR " lanes, VDPBF16PS order)";
+    case GDN_BF16_AVX512: return "bf16 AVX512-BF16 (VDPBF16PS, 14x32 tile)";
+    case GDN_BF16_AMX: return "bf16 AMX (TDPBF16PS, 32x32 block)";
+    case GDN_BF16_AMX_EMU: return "bf16 AMX emulated (scalar TDPBF16PS, 32x32 block)";
+    default: return "bf16 auto";
+    }
+}
+
+/* ---------------------------------------------------------------- the GEMM */
+
+/* Packing space: the A slice (all m rows' panels x kcp bf16) and the shared B panel, 64-aligned. */
+static void ws_parts(int path, int64_t m, int64_t n, int64_t kk, size_t *abytes, size_t *bbytes) {
+    const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, MR = amx ? MR_X : MR_V;
+    const int64_t kcmax = min64(KC, kk > 0 ? kk : 1), kcpmax = amx ? (kcmax + 31) / 32 * 32 : (kcmax + 1) / 2 * 2;
+    const size_t esz = path == GDN_BF16_FALLBACK ? 4 : 2; /* the fallback's A widened to fp32 */
+    *abytes = ((size_t)((m + MR - 1) / MR) * MR * (size_t)kcpmax * esz + 63) / 64 * 64;
+    *bbytes = ((size_t)((min64(NC, n > 0 ? n : 1) + NR - 1) / NR) * (size_t)(kcpmax / 2) * NR * 4 + 63) / 64 * 64;
+}
+size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
+    if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
+    size_t a, b;
+    ws_parts(path, m, n, kk, &a, &b);
+    return a + b + 64;
+}
+
+int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
+                    const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads) {
+    if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
+    GDN_ASSERT(gdn_bf16_path_available(path));
+    const int acc = (flags & GDN_GEMM_ACC) != 0, at = (flags & GDN_GEMM_A_TRANS) != 0,
+              bt = (flags & GDN_GEMM_B_TRANS) != 0, abf = (flags & GDN_GEMM_A_BF16) != 0,
+              bbf = (flags & GDN_GEMM_B_BF16) != 0;
+    if (m <= 0 || n <= 0) return path;
+    if (threads < 1) threads = 1;
+    if (kk <= 0) {
+        if (!acc)
+            for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
+        return path;
+    }
+    const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, fb = path == GDN_BF16_FALLBACK;
+    const int MR = amx ? MR_X : MR_V, MCP = amx ? MCP_X : MCP_V;
+    const int64_t mpanels = (m + MR - 1) / MR;
+    /* packed A slice: mpanels x MR x kcp bf16; B panel: NC/NR micro-panels x kcp/2 x NR words */
+    size_t abytes, bbytes;
+    ws_parts(path, m, n, kk, &abytes, &bbytes);
+    char *buf = ws ? NULL : aligned_alloc(64, abytes + bbytes + 64);
+    GDN_ASSERT(ws || buf);
+    char *apack = (char *)(((uintptr_t)(ws ? ws : buf) + 63) & ~(uintptr_t)63), *bpack = apack + abytes;
+    const int64_t nblk = (mpanels + MCP - 1) / MCP;
+#pragma omp parallel num_threads(threads)
+    {
+        const gdn_fpmode fm = gdn_fp_fast_begin();
+        tilecfg cfg;
+        tilecfg_init(&cfg);
+        if (path == GDN_BF16_AMX_EMU) emu_loadcfg(&cfg);
+#if HAVE_AMX_CODE
+        if (path == GDN_BF16_AMX) amx_loadcfg(&cfg);
+#endif
+        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        for (int64_t pc = 0; pc < kk; pc += KC) {
+            const int64_t kc = min64(KC, kk - pc);
+            const int64_t kcp = amx ? (kc + 31) / 32 * 32 : (kc + 1) / 2 * 2, kp = kcp / 2;
+            const int acc_k = acc || pc > 0;
+#pragma omp for schedule(static)
+            for (int64_t ip = 0; ip < mpanels; ip++) {
+                const int64_t mr = min64(MR, m - ip * MR);
+                if (amx)
+                    pack_a_x((uint16_t *)apack + ip * MR * kcp, A, abf, at, lda, ip * MR, mr, pc, kc, kcp);
+                else
+                    pack_a_v((uint32_t *)apack + ip * MR * kp * (fb + 1), A, abf, at, lda, ip * MR, mr, pc, kc,
+                             kp, fb);
+            }
+            for (int64_t jc = 0; jc < n; jc += NC) {
+                const int64_t nc = min64(NC, n - jc), npan = (nc + NR - 1) / NR;
+                for (int64_t q = tid; q < npan; q += nt)
+                    pack_b((uint32_t *)bpack + q * kp * NR, B, bbf, bt, ldb, pc, kc, kp, jc + q * NR,
+                           (int)min64(NR, nc - q * NR));
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t ib = 0; ib < nblk; ib++)
+                    for (int64_t ip = ib * MCP; ip < min64(mpanels, (ib + 1) * MCP); ip++) {
+                        const int mr = (int)min64(MR, m - ip * MR);
+                        float *Crow = C + ip * MR * ldc + jc;
+                        for (int64_t q = 0; q < npan; q++) {
+                            const uint32_t *bq = (const uint32_t *)bpack + q * kp * NR;
+                            const int ncq = (int)min64(NR, nc - q * NR);
+                            switch (path) {
+                            case GDN_BF16_FALLBACK:
+                                mk_fallback(kp, (const float *)apack + ip * MR * kp * 2, bq, Crow + q * NR,
+                                            ldc, acc_k, mr, ncq);
+                                break;
+#if HAVE_X86
+                            case GDN_BF16_AVX512:
+                                mk_avx512bf16(kp, (const uint32_t *)apack + ip * MR * kp, bq, Crow + q * NR,
+                                              ldc, acc_k, mr, ncq);
+                                break;
+#endif
+#if HAVE_AMX_CODE
+                            case GDN_BF16_AMX:
+                                mk_amx(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR, ldc,
+                                       acc_k, mr, ncq);
+                                break;
+#endif
+                            default:
+                                mk_amx_emu(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR,
+                                           ldc, acc_k, mr, ncq);
+                                break;
+                            }
+                        }
+                    }
+                /* (implied barrier: the B panel is repacked next, the A slice after the last) */
+            }
+        }
+#if HAVE_AMX_CODE
+        if (path == GDN_BF16_AMX) amx_release();
+#endif
+        gdn_fp_fast_end(fm);
+    }
+    free(buf);
+    return path;
+}
+
+/* ---------------------------------------------------------------- peaks and the bench probe */
+
+/* Register-only throughput of the path's instruction, GFLOP/s (2 per multiply-add): VDPBF16PS
+ * zmm (64 FLOPs each) over 24 independent accumulators, or TDPBF16PS (16 x 16 x 32 x 2 = 16384
+ * FLOPs each) over 4 accumulator tiles; best of several runs. 0 for a path without its own
+ * instruction (fallback, emulated). */
+#if HAVE_X86
+__attribute__((target("avx512f,avx512bf16"))) static double peak_avx512bf16_once(int threads) {
+    enum { NACC = 24, ITERS = 1500000 };
+    double secs = 0;
+    int used = 1;
+    volatile float seed = 1.0f;
+#pragma omp parallel num_threads(threads)
+    {
+        __m512 acc[NACC];
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80 + (int)(seed - 1.0f));
+        const __m512bh y = (__m512bh)_mm512_set1_epi32(0x33803380);
+#pragma GCC unroll 32
+        for (int i = 0; i < NACC; i++) acc[i] = _mm512_set1_ps((float)i);
+#pragma omp barrier
+        const double t0 = omp_get_wtime();
+        for (int it = 0; it < ITERS; it++) {
+#pragma GCC unroll 32
+            for (int i = 0; i < NACC; i++) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
+        }
+#pragma omp barrier
+        const double t1 = omp_get_wtime();
+        __m512 s = acc[0];
+        for (int i = 1; i < NACC; i++) s = _mm512_add_ps(s, acc[i]);
+        if (_mm512_reduce_add_ps(s) == 12345.678f) seed = 2.0f;
+#pragma omp master
+        secs = t1 - t0, used = omp_get_num_threads();
+    }
+    return 64.0 * NACC * (double)ITERS * used / secs * 1e-9;
+}
+#endif
+#if HAVE_AMX_CODE
+__attribute__((target("amx-tile,amx-bf16"))) static double peak_amx_once(int threads) {
+    enum { ITERS = 200000 };
+    double secs = 0;
+    int used = 1;
+    static uint16_t src[16 * 32] __attribute__((aligned(64)));
+#pragma omp parallel num_threads(threads)
+    {
+        tilecfg cfg;
+        tilecfg_init(&cfg);
+        amx_loadcfg(&cfg);
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        _tile_loadd(4, src, 64); _tile_loadd(5, src, 64); _tile_loadd(6, src, 64); _tile_loadd(7, src, 64);
+#pragma omp barrier
+        const double t0 = omp_get_wtime();
+        for (int it = 0; it < ITERS; it++) {
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        }
+#pragma omp barrier
+        const double t1 = omp_get_wtime();
+        amx_release();
+#pragma omp master
+        secs = t1 - t0, used = omp_get_num_threads();
+    }
+    return 16384.0 * 4 * (double)ITERS * used / secs * 1e-9;
+}
+#endif
+
+double gdn_measure_bf16_peak_gflops(int path, int threads) {
+    if (threads < 1) threads = 1;
+    double best = 0;
+    for (int run = 0; run < 6; run++) {
+        double g = 0;
+#if HAVE_X86
+        if (path == GDN_BF16_AVX512 && cpu_has_avx512bf16()) g = peak_avx512bf16_once(threads);
+#endif
+#if HAVE_AMX_CODE
+        if (path == GDN_BF16_AMX && cpu_has_amx()) g = peak_amx_once(threads);
+#endif
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+/* Public probes for `gdncp bench matmul` (include/gdncp/bench.h). */
+int gdn_bench_bf16_path(void) { return gdn_bf16_path_auto(); }
+const char *gdn_bench_bf16_path_name(int path) { return gdn_bf16_path_name(path); }
+int gdn_bench_bf16_path_available(int path) { return gdn_bf16_path_available(path); }
+double gdn_bench_bf16_peak_gflops(int path, int threads) { return gdn_measure_bf16_peak_gflops(path, threads); }
+void gdn_bench_projection(int bf16_path, int64_t m, int64_t n, int64_t kk, const float *x, const float *W,
+                          float *y, int threads) {
+    if (bf16_path < 0) {
+        const size_t bytes = (gdn_matmul_ws_floats(threads) * sizeof(float) + 63) / 64 * 64;
+        float *ws = aligned_alloc(64, bytes);
+        GDN_ASSERT(ws);
+        gdn_matmul(GDN_GEMM_B_TRANS, m, n, kk, x, kk, W, kk, y, n, ws, threads);
+        free(ws);
+        return;
+    }
+    gdn_matmul_bf16(bf16_path, GDN_GEMM_B_TRANS, m, n, kk, x, kk, W, kk, y, n, NULL, threads);
+}

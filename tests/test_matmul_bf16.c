@@ -1,0 +1,314 @@
+/* The BF16-compute GEMM (gdn_matmul_bf16, src/blas/matmul_bf16.c) on every path: the fallback,
+ * AVX512-BF16 (VDPBF16PS) where the CPU has it, the AMX kernel with its tile instructions
+ * emulated (always), and real AMX where the CPU and OS allow it. A path that cannot run here is
+ * printed NOT RUN and counts neither as passed nor as failed.
+ *
+ * Checks, each with its negative control through the same measure:
+ *  1. vs a double-precision product of the bf16-rounded operands (rounded here, independently,
+ *     to nearest even). Measure per element: |C - ref| / (sum_p |op(A)_ip op(B)_pj| + |C_in|);
+ *     the only rounding left is fp32's accumulation (the products of two bf16 are exact in fp32),
+ *     bounded by about kk 2^-24 and in practice ~sqrt(kk) 2^-24: tolerance 1e-5 (observed ~1e-7).
+ *     Controls: operands truncated instead of rounded (a bias of ~2^-9 per operand: ~1e-3),
+ *     B's k pairs off by one, and (AMX) the last 32-deep tile block of each slice skipped.
+ *  2. vs the fp32 gdn_matmul on the unrounded operands: max|C - C32| / max|C32| within 1e-2 (the
+ *     bf16 rounding of the inputs, ~2^-9 relative per operand); control: k pairs off by one.
+ *  3. bit for bit where the arithmetic is identical: the fallback in VDPBF16PS order (odd product
+ *     of a pair first) = AVX512-BF16; the fallback in TDPBF16PS order (even first) = the AMX
+ *     emulator; real AMX = the emulator. The paths share the slice structure (each KC slice
+ *     accumulated from zero in fp32, then added to C), so per element the same fp32 additions
+ *     happen in the same order. Not bitwise: AVX512-BF16 vs AMX (the pair's order differs).
+ *     Controls: the fallback in the other order must differ from the path in >= 1 element.
+ * Shapes: ragged m, n, k (not multiples of 14, 16 or 32), k odd, k crossing the 512-deep slice,
+ * n crossing the 512-column panel; every ACC / A^T / B^T combination; A and B stored as bf16;
+ * 1 and 2 threads; row padding of C must stay untouched; every other call packs into a caller
+ * workspace of gdn_matmul_bf16_ws_bytes (misaligned), which must not be overrun. */
+#include "harness.h"
+#include "kernel_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REF_TOL 1e-5
+#define F32_TOL 1e-2
+#define PAD_SENTINEL 1234.5f
+
+static uint16_t rne(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float bf(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+typedef struct {
+    int flags;
+    int64_t m, n, kk, lda, ldb, ldc;
+    float *A, *B, *C0;       /* fp32 operands (unrounded), C's initial values */
+    uint16_t *Ah, *Bh;       /* bf16 copies (A_BF16 / B_BF16) */
+    double *ref, *mag;       /* double product of the rounded operands, sum of |terms| */
+    float *C32;              /* fp32 gdn_matmul on the unrounded operands */
+} bprob;
+
+static void bprob_make(bprob *P, int flags, int64_t m, int64_t n, int64_t kk) {
+    memset(P, 0, sizeof *P);
+    const int at = (flags & GDN_GEMM_A_TRANS) != 0, bt = (flags & GDN_GEMM_B_TRANS) != 0;
+    P->flags = flags, P->m = m, P->n = n, P->kk = kk;
+    P->lda = at ? m + 3 : kk + 3, P->ldb = bt ? kk + 5 : n + 5, P->ldc = n + 2;
+    const int64_t na = (at ? kk : m) * P->lda, nb = (bt ? n : kk) * P->ldb;
+    P->A = malloc(sizeof(float) * na), P->B = malloc(sizeof(float) * nb);
+    P->Ah = malloc(2 * na), P->Bh = malloc(2 * nb);
+    P->C0 = malloc(sizeof(float) * m * P->ldc), P->C32 = malloc(sizeof(float) * m * P->ldc);
+    P->ref = malloc(sizeof(double) * m * n), P->mag = malloc(sizeof(double) * m * n);
+    rng_seed((uint64_t)(flags * 7919 + m * 131 + n * 17 + kk));
+    for (int64_t i = 0; i < na; i++) P->A[i] = (float)rng_uniform(-1, 1), P->Ah[i] = rne(P->A[i]);
+    for (int64_t i = 0; i < nb; i++) P->B[i] = (float)rng_uniform(-1, 1), P->Bh[i] = rne(P->B[i]);
+    /* a stored-bf16 operand: its fp32 copy holds the same values (so fp32 sees them too) */
+    if (flags & GDN_GEMM_A_BF16)
+        for (int64_t i = 0; i < na; i++) P->A[i] = bf(P->Ah[i]);
+    if (flags & GDN_GEMM_B_BF16)
+        for (int64_t i = 0; i < nb; i++) P->B[i] = bf(P->Bh[i]);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < P->ldc; j++) P->C0[i * P->ldc + j] = j < n ? (float)rng_uniform(-1, 1) : PAD_SENTINEL;
+    const int acc = (flags & GDN_GEMM_ACC) != 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double r = acc ? P->C0[i * P->ldc + j] : 0.0, g = fabs(r);
+            for (int64_t p = 0; p < kk; p++) {
+                const double t = (double)bf(at ? P->Ah[p * P->lda + i] : P->Ah[i * P->lda + p]) *
+                                 bf(bt ? P->Bh[j * P->ldb + p] : P->Bh[p * P->ldb + j]);
+                r += t, g += fabs(t);
+            }
+            P->ref[i * n + j] = r, P->mag[i * n + j] = g;
+        }
+    memcpy(P->C32, P->C0, sizeof(float) * m * P->ldc);
+    const size_t bytes = (gdn_matmul_ws_floats(2) * sizeof(float) + 63) / 64 * 64;
+    float *ws = aligned_alloc(64, bytes);
+    gdn_matmul(flags & (GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_B_TRANS), m, n, kk, P->A, P->lda, P->B, P->ldb,
+               P->C32, P->ldc, ws, 2);
+    free(ws);
+}
+static void bprob_free(bprob *P) {
+    free(P->A), free(P->B), free(P->Ah), free(P->Bh), free(P->C0), free(P->C32), free(P->ref), free(P->mag);
+}
+
+static int ws_short; /* control: the guard placed 64 bytes before the end of the workspace asked for */
+/* C from one path (fault: gdn_bf16_fault; even: the fallback's order). Caller frees. */
+static float *run(const bprob *P, int path, int threads, int fault, int even) {
+    float *C = malloc(sizeof(float) * P->m * P->ldc);
+    memcpy(C, P->C0, sizeof(float) * P->m * P->ldc);
+    /* every other call with a caller workspace, misaligned by 3 bytes, guarded past its end */
+    static int calls;
+    const int own = ws_short || calls++ % 2;
+    const size_t wsb = gdn_matmul_bf16_ws_bytes(path, P->m, P->n, P->kk) - (ws_short ? 64 : 0);
+    unsigned char *wbuf = own ? malloc(wsb + 3 + 64) : NULL;
+    if (wbuf) memset(wbuf, 0xA5, wsb + 3 + 64);
+    gdn_bf16_fault = fault, gdn_bf16_fallback_even_first = even;
+    const int ran = gdn_matmul_bf16(path, P->flags, P->m, P->n, P->kk,
+                                    (P->flags & GDN_GEMM_A_BF16) ? (const void *)P->Ah : P->A, P->lda,
+                                    (P->flags & GDN_GEMM_B_BF16) ? (const void *)P->Bh : P->B, P->ldb, C, P->ldc,
+                                    wbuf ? wbuf + 3 : NULL, threads);
+    gdn_bf16_fault = 0, gdn_bf16_fallback_even_first = 0;
+    if (ran != path) C[0] = NAN; /* not the path asked for: fail every check */
+    for (size_t i = 0; wbuf && i < 64; i++)
+        if (wbuf[wsb + 3 + i] != 0xA5) C[0] = NAN; /* wrote past the workspace it asked for */
+    free(wbuf);
+    return C;
+}
+
+static double err_ref(const bprob *P, const float *C) {
+    double worst = 0;
+    for (int64_t i = 0; i < P->m; i++) {
+        for (int64_t j = P->n; j < P->ldc; j++)
+            if (C[i * P->ldc + j] != PAD_SENTINEL) return INFINITY;
+        for (int64_t j = 0; j < P->n; j++) {
+            const double g = P->mag[i * P->n + j];
+            const double e = fabs(C[i * P->ldc + j] - P->ref[i * P->n + j]) / (g > 0 ? g : 1.0);
+            worst = e <= worst ? worst : isnan(e) ? INFINITY : e;
+        }
+    }
+    return worst;
+}
+static double err_f32(const bprob *P, const float *C) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < P->m; i++)
+        for (int64_t j = 0; j < P->n; j++) {
+            const double d = fabs((double)C[i * P->ldc + j] - P->C32[i * P->ldc + j]);
+            num = d <= num ? num : isnan(d) ? INFINITY : d;
+            den = fmax(den, fabs(P->C32[i * P->ldc + j]));
+        }
+    return den > 0 ? num / den : num;
+}
+/* elements whose bits differ (C's whole rows, padding included) */
+static int64_t bits_differ(const bprob *P, const float *X, const float *Y) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < P->m * P->ldc; i++) d += memcmp(X + i, Y + i, sizeof(float)) != 0;
+    return d;
+}
+
+static const char *fname(int flags) {
+    static char buf[64];
+    snprintf(buf, sizeof buf, "%s%s%s%s%s", (flags & GDN_GEMM_ACC) ? "acc " : "", (flags & GDN_GEMM_A_TRANS) ? "A^T " : "",
+             (flags & GDN_GEMM_B_TRANS) ? "B^T " : "", (flags & GDN_GEMM_A_BF16) ? "Abf16 " : "",
+             (flags & GDN_GEMM_B_BF16) ? "Bbf16 " : "");
+    if (!flags) snprintf(buf, sizeof buf, "plain ");
+    return buf;
+}
+
+static const char *PNAME[5] = {"auto", "fallback", "AVX512-BF16", "AMX", "AMX-emulated"};
+static int have[5];
+
+/* One bprob through every path that runs here, checks 1-3. */
+static void one(int flags, int64_t m, int64_t n, int64_t kk, int threads) {
+    bprob P;
+    bprob_make(&P, flags, m, n, kk);
+    float *C[5] = {0};
+    for (int p = 1; p <= 4; p++) {
+        if (!have[p]) continue;
+        C[p] = run(&P, p, threads, 0, 0);
+        expect_close(err_ref(&P, C[p]), REF_TOL, "bf16 %-12s %-20s m=%-3ld n=%-3ld k=%-4ld thr=%d vs double(bf16 operands)",
+                     PNAME[p], fname(flags), (long)m, (long)n, (long)kk, threads);
+        expect_close(err_f32(&P, C[p]), F32_TOL, "bf16 %-12s %-20s m=%-3ld n=%-3ld k=%-4ld thr=%d vs fp32 gdn_matmul",
+                     PNAME[p], fname(flags), (long)m, (long)n, (long)kk, threads);
+    }
+    float *even = run(&P, GDN_BF16_FALLBACK, threads, 0, 1);
+    expect_close(err_ref(&P, even), REF_TOL, "bf16 fallback(even-first) %-20s m=%ld n=%ld k=%ld vs double", fname(flags),
+                 (long)m, (long)n, (long)kk);
+    if (C[2])
+        check(bits_differ(&P, C[1], C[2]) == 0, "bf16 AVX512-BF16 == fallback(odd-first) bit for bit, %s m=%ld n=%ld k=%ld",
+              fname(flags), (long)m, (long)n, (long)kk);
+    check(bits_differ(&P, even, C[4]) == 0, "bf16 AMX-emulated == fallback(even-first) bit for bit, %s m=%ld n=%ld k=%ld",
+          fname(flags), (long)m, (long)n, (long)kk);
+    if (C[3])
+        check(bits_differ(&P, C[3], C[4]) == 0, "bf16 AMX == AMX-emulated bit for bit, %s m=%ld n=%ld k=%ld", fname(flags),
+              (long)m, (long)n, (long)kk);
+    for (int p = 0; p < 5; p++) free(C[p]);
+    free(even);
+    bprob_free(&P);
+}
+
+/* The negative controls, on a bprob large enough that each must show. */
+static void controls(void) {
+    bprob P;
+    const int flags = GDN_GEMM_ACC | GDN_GEMM_B_TRANS;
+    bprob_make(&P, flags, 45, 70, 601);
+    for (int p = 1; p <= 4; p++) {
+        if (!have[p]) continue;
+        float *t = run(&P, p, 2, GDN_BF16_FAULT_TRUNCATE, 0);
+        expect_far(err_ref(&P, t), REF_TOL, "bf16 %-12s control: operands truncated, not rounded (vs double)", PNAME[p]);
+        float *s = run(&P, p, 1, GDN_BF16_FAULT_PAIR_SHIFT, 0);
+        expect_far(err_ref(&P, s), REF_TOL, "bf16 %-12s control: B's k pairs off by one (vs double)", PNAME[p]);
+        expect_far(err_f32(&P, s), F32_TOL, "bf16 %-12s control: B's k pairs off by one (vs fp32)", PNAME[p]);
+        if (p >= 3) {
+            float *k = run(&P, p, 2, GDN_BF16_FAULT_SKIP_KBLOCK, 0);
+            expect_far(err_ref(&P, k), REF_TOL, "bf16 %-12s control: last 32-deep tile block of each slice skipped",
+                       PNAME[p]);
+            free(k);
+        }
+        free(t), free(s);
+    }
+    /* the workspace guard sees a write into the last 64 bytes asked for */
+    ws_short = 1;
+    for (int p = 1; p <= 4; p++) {
+        if (!have[p]) continue;
+        float *w = run(&P, p, 2, 0, 0);
+        expect_far(err_ref(&P, w), REF_TOL, "bf16 %-12s control: workspace guard 64 bytes early (must be hit)", PNAME[p]);
+        free(w);
+    }
+    ws_short = 0;
+    /* the bitwise checks see the order of a pair's two additions */
+    float *odd = run(&P, GDN_BF16_FALLBACK, 2, 0, 0), *even = run(&P, GDN_BF16_FALLBACK, 2, 0, 1);
+    float *emu = run(&P, GDN_BF16_AMX_EMU, 2, 0, 0);
+    const int64_t d1 = bits_differ(&P, odd, emu);
+    expect_far((double)d1, 0.5, "bf16 control: AMX-emulated vs fallback(odd-first) differ bitwise (%ld elements)", (long)d1);
+    if (have[2]) {
+        float *v = run(&P, GDN_BF16_AVX512, 2, 0, 0);
+        const int64_t d2 = bits_differ(&P, even, v);
+        expect_far((double)d2, 0.5, "bf16 control: AVX512-BF16 vs fallback(even-first) differ bitwise (%ld elements)",
+                   (long)d2);
+        free(v);
+    } else {
+        printf("NOT RUN  bf16 control: AVX512-BF16 vs fallback(even-first) (no AVX512-BF16 here)\n");
+    }
+    free(odd), free(even), free(emu);
+    bprob_free(&P);
+}
+
+/* Rounding, exactly: C = A I (and C = I B^T) is bf16(A) (bf16(B)) bit for bit on every path, the
+ * products by 1 and 0 and the sums with zeros being exact; A's values include ties (low half
+ * 0x8000, upper half even and odd), 0x7fff and 0x8001 below/above them, signs, exponents
+ * 2^-27..2^23. Measure: the number of elements whose bits differ from this file's own
+ * round-to-nearest-even; control: the truncating fault. kk = 77: vector steps and the tail. */
+static int64_t rounding_mismatches(int path, int b_side, int fault) {
+    enum { R = 19, KK = 77 };
+    float X[R * KK], I[KK * KK], C[R * KK > KK * R ? R * KK : KK * R];
+    rng_seed(4242);
+    static const uint32_t lows[4] = {0x8000u, 0x7fffu, 0x8001u, 0u};
+    for (int i = 0; i < R * KK; i++) {
+        const uint32_t e = 100 + (uint32_t)rng_uniform(0, 50), mant = (uint32_t)rng_uniform(0, 128);
+        const uint32_t sign = rng_uniform(0, 1) < 0.5 ? 0x80000000u : 0u;
+        const uint32_t low = i % 5 < 4 ? lows[i % 4] : (uint32_t)rng_uniform(0, 65536);
+        const uint32_t u = sign | e << 23 | mant << 16 | low;
+        memcpy(X + i, &u, sizeof u);
+    }
+    for (int i = 0; i < KK * KK; i++) I[i] = i / KK == i % KK ? 1.0f : 0.0f;
+    gdn_bf16_fault = fault;
+    if (!b_side) /* C [R x KK] = X [R x KK] I */
+        gdn_matmul_bf16(path, 0, R, KK, KK, X, KK, I, KK, C, KK, NULL, 1 + (path % 2));
+    else /* C [KK x R] = I X^T: C[i][j] = X[j][i] (B = X^T, X stored as W [R x KK]) */
+        gdn_matmul_bf16(path, GDN_GEMM_B_TRANS, KK, R, KK, I, KK, X, KK, C, R, NULL, 1 + (path % 2));
+    gdn_bf16_fault = 0;
+    int64_t bad = 0;
+    for (int i = 0; i < R; i++)
+        for (int p = 0; p < KK; p++) {
+            const float want = bf(rne(X[i * KK + p])), got = b_side ? C[p * R + i] : C[i * KK + p];
+            bad += memcmp(&want, &got, sizeof want) != 0;
+        }
+    return bad;
+}
+
+static void rounding(void) {
+    for (int p = 1; p <= 4; p++) {
+        if (!have[p]) continue;
+        for (int side = 0; side <= 1; side++) {
+            const int64_t ok = rounding_mismatches(p, side, 0), bad = rounding_mismatches(p, side, GDN_BF16_FAULT_TRUNCATE);
+            expect_close((double)ok, 0.0, "bf16 %-12s %s rounded to nearest even, bit for bit (ties, 0x7fff, 0x8001): %ld differ",
+                         PNAME[p], side ? "B (W, k contiguous)" : "A (rows)", (long)ok);
+            expect_far((double)bad, 0.5, "bf16 %-12s %s control: truncated instead (%ld elements differ)", PNAME[p],
+                       side ? "B" : "A", (long)bad);
+        }
+    }
+}
+
+void test_matmul_bf16(void) {
+    for (int p = 1; p <= 4; p++) have[p] = gdn_bf16_path_available(p);
+    if (!tests_quiet) {
+        printf("bf16 paths here (auto: %s):\n", gdn_bf16_path_name(gdn_bf16_path_auto()));
+        for (int p = 1; p <= 4; p++)
+            printf("  %-12s %s%s\n", PNAME[p], have[p] ? "RUN" : "NOT RUN",
+                   have[p] ? "" : p == 2 ? " (CPUID: no AVX512-BF16, or the OS does not enable zmm state)"
+                                         : " (CPUID: no AMX-TILE/AMX-BF16, XCR0 lacks tile state, or Linux refused "
+                                           "ARCH_REQ_XCOMP_PERM): its bitwise check vs the emulator did not run");
+    }
+    const int64_t sizes[][3] = {{1, 1, 1},    {7, 17, 33},   {33, 100, 17}, {45, 70, 1},  {100, 33, 63},
+                                {61, 95, 531}, {20, 530, 45}, {37, 40, 1100}, {3, 33, 2}};
+    static const int FL[8] = {0, GDN_GEMM_ACC, GDN_GEMM_A_TRANS, GDN_GEMM_B_TRANS, GDN_GEMM_ACC | GDN_GEMM_A_TRANS,
+                              GDN_GEMM_ACC | GDN_GEMM_B_TRANS, GDN_GEMM_A_TRANS | GDN_GEMM_B_TRANS,
+                              GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_B_TRANS};
+    const int ns = (int)(sizeof sizes / sizeof sizes[0]);
+    for (int s = 0; s < ns; s++)
+        for (int f = 0; f < 8; f++)
+            if ((s + f) % 3 == 0 || s == 5) /* every flag set on the slice-crossing shape, a third elsewhere */
+                one(FL[f], sizes[s][0], sizes[s][1], sizes[s][2], 1 + (s + f) % 2);
+    /* operands stored as bf16 (the layer's weights; activations kept in bf16 later) */
+    one(GDN_GEMM_B_TRANS | GDN_GEMM_B_BF16, 61, 95, 531, 2);
+    one(GDN_GEMM_A_BF16 | GDN_GEMM_ACC, 37, 40, 99, 1);
+    one(GDN_GEMM_A_TRANS | GDN_GEMM_A_BF16 | GDN_GEMM_B_BF16, 100, 33, 63, 2);
+    rounding();
+    controls();
+}

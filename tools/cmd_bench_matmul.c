@@ -1,0 +1,140 @@
+/* gdncp bench matmul: the projection GEMM y = x W^T (x [M x K], W [N x K]) at the shapes of
+ * Qwen3.5-35B-A3B's GatedDeltaNet layer (E = 2048, Hk = 16, Hv = 32, K = V = 128: in_proj_qkv
+ * N = 8192, in_proj_z N = 4096 from K = 2048, out_proj N = 2048 from K = 4096), M = 4096
+ * tokens, 1 and 2 threads, in fp32 (gdn_matmul) and in BF16 compute (gdn_matmul_bf16 on the
+ * path the CPU allows: operands rounded to bf16 while packed, fp32 accumulation).
+ *
+ * Peaks measured in the same run: the native-width fp32 FMA peak (cli_peak_gflops) and the BF16
+ * instruction peak of the path (a register-only VDPBF16PS loop; TDPBF16PS where AMX exists).
+ * Fractions: the fp32 GEMM of the fp32 peak; the BF16 GEMM of the fp32 peak and of its own
+ * path's peak. Timing: fp32 and bf16 alternate, `reps` rounds, medians; both peaks are measured
+ * again next to each GEMM in every round and each fraction is the median over rounds of that
+ * round's ratio (on a shared machine the speed drifts by 2x between seconds; the peak columns
+ * are the medians of those per-round peaks, the header lines the peaks at the start). The error of the BF16
+ * result: max|y_bf16 - y_fp32| / max|y_fp32| (inputs uniform in [-0.5, 0.5]). */
+#include "cli/cli.h"
+#include "commands.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x853C49E6748FEA9Bull;
+static float urand(void) {
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (float)(rng_state >> 40) / 16777216.0f - 0.5f;
+}
+
+typedef struct {
+    const char *name;
+    int64_t N, K;
+} mm_shape;
+
+int cmd_bench_matmul(int argc, char **argv) {
+    int json = 0, quick = 0, m_set = 0;
+    long M = 4096, reps = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--M") && i + 1 < argc) {
+            if (cli_int("--M", argv[++i], 1, 1 << 20, &M)) return 1;
+            m_set = 1;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            if (cli_int("--reps", argv[++i], 1, 100, &reps)) return 1;
+        } else if (strcmp(argv[i], "matmul")) {
+            fprintf(stderr, "gdncp bench matmul: unknown option '%s'\n"
+                            "usage: gdncp bench matmul [--json] [--quick] [--M N] [--reps R]\n", argv[i]);
+            return 1;
+        }
+    }
+    const int path = gdn_bench_bf16_path();
+    char cpu[256];
+    cli_cpu_name(cpu, sizeof cpu);
+    if (!json) {
+        printf("gdncp bench matmul — CPU: %s\n", cpu);
+        printf("y = x W^T, x [M x K], W [N x K] fp32 in memory; bf16: %s\n", gdn_bench_bf16_path_name(path));
+    }
+    const mm_shape all[] = {{"in_proj_qkv", 8192, 2048}, {"in_proj_z", 4096, 2048}, {"out_proj", 2048, 4096}};
+    const int nshapes = quick ? 1 : 3;
+    if (quick && reps > 2) reps = 2;
+    if (quick && !m_set) M = 512;
+    double peakbf[3] = {0};
+    for (int th = 1; th <= 2; th++) {
+        (void)cli_peak_gflops(th, json); /* the fractions use the per-round peaks below */
+        peakbf[th] = gdn_bench_bf16_peak_gflops(path, th);
+        if (json)
+            printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", th,
+                   peakbf[th], gdn_bench_bf16_path_name(path));
+        else
+            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d thread%s\n",
+                   path == 3 ? "TDPBF16PS" : path == 2 ? "VDPBF16PS zmm" : "none on the fallback", peakbf[th], th,
+                   th > 1 ? "s" : "");
+    }
+    if (path == 3) { /* AMX: the VDPBF16PS peak too, for comparison */
+        for (int th = 1; th <= 2 && gdn_bench_bf16_path_available(2); th++)
+            printf("%s{\"direction\":\"bf16_peak_vdpbf16ps\",\"threads\":%d,\"peak_gflops\":%.3f}\n", json ? "" : "  ",
+                   th, gdn_bench_bf16_peak_gflops(2, th));
+    }
+    if (!json)
+        printf("%-12s %-18s %-3s %8s %8s %8s %8s %8s %8s %8s %7s %7s %9s\n", "projection", "M x N x K", "thr", "fp32 ms",
+               "fp32 GF", "%fp32pk", "bf16 ms", "bf16 GF", "%fp32pk", "%bf16pk", "pk fp32", "pk bf16", "err/fp32");
+    for (int s = 0; s < nshapes; s++) {
+        const int64_t N = all[s].N, K = all[s].K;
+        float *x = malloc(sizeof(float) * (size_t)(M * K)), *W = malloc(sizeof(float) * (size_t)(N * K));
+        float *y32 = malloc(sizeof(float) * (size_t)(M * N)), *ybf = malloc(sizeof(float) * (size_t)(M * N));
+        if (!x || !W || !y32 || !ybf) {
+            fprintf(stderr, "gdncp bench matmul: out of memory\n");
+            free(x), free(W), free(y32), free(ybf);
+            return 1;
+        }
+        for (int64_t i = 0; i < M * K; i++) x[i] = urand();
+        for (int64_t i = 0; i < N * K; i++) W[i] = urand();
+        const double flops = 2.0 * (double)M * (double)N * (double)K;
+        for (int th = 1; th <= 2; th++) {
+            /* per round: fp32 peak, fp32 GEMM, bf16 peak, bf16 GEMM; each fraction the median
+             * over rounds of that round's ratio (a shared machine's speed drifts between rounds) */
+            double t32[100], tbf[100], f32[100], fb32[100], fbb[100], p32r[100], pbfr[100];
+            gdn_bench_projection(-1, M, N, K, x, W, y32, th); /* warm-up (pages, caches) */
+            gdn_bench_projection(path, M, N, K, x, W, ybf, th);
+            for (int r = 0; r < reps; r++) {
+                p32r[r] = gdn_measure_peak_gflops(th);
+                double t0 = cli_now();
+                gdn_bench_projection(-1, M, N, K, x, W, y32, th);
+                t32[r] = cli_now() - t0;
+                pbfr[r] = gdn_bench_bf16_peak_gflops(path, th);
+                t0 = cli_now();
+                gdn_bench_projection(path, M, N, K, x, W, ybf, th);
+                tbf[r] = cli_now() - t0;
+                f32[r] = flops / t32[r] * 1e-9 / p32r[r];
+                fb32[r] = flops / tbf[r] * 1e-9 / p32r[r];
+                fbb[r] = pbfr[r] > 0 ? flops / tbf[r] * 1e-9 / pbfr[r] : NAN;
+            }
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < M * N; i++) num = fmax(num, fabs(ybf[i] - y32[i])), den = fmax(den, fabs(y32[i]));
+            const double err = den > 0 ? num / den : num;
+            const double m32 = cli_median(t32, (int)reps), mbf = cli_median(tbf, (int)reps);
+            const double g32 = flops / m32 * 1e-9, gbf = flops / mbf * 1e-9;
+            const double fr32 = cli_median(f32, (int)reps), frb32 = cli_median(fb32, (int)reps);
+            const double fbf = pbfr[0] > 0 ? cli_median(fbb, (int)reps) : NAN;
+            const double pk32 = cli_median(p32r, (int)reps), pkbf = cli_median(pbfr, (int)reps);
+            if (json)
+                printf("{\"direction\":\"matmul\",\"projection\":\"%s\",\"M\":%ld,\"N\":%lld,\"K\":%lld,\"threads\":%d,"
+                       "\"fp32_s\":%.5f,\"fp32_gflops\":%.3f,\"fp32_fraction_of_fp32_peak\":%.4f,"
+                       "\"bf16_s\":%.5f,\"bf16_gflops\":%.3f,\"bf16_fraction_of_fp32_peak\":%.4f,"
+                       "\"bf16_fraction_of_bf16_peak\":%.4f,\"fp32_peak_gflops\":%.3f,\"bf16_peak_gflops\":%.3f,"
+                       "\"bf16_rel_err_vs_fp32\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"}\n",
+                       all[s].name, M, (long long)N, (long long)K, th, m32, g32, fr32, mbf, gbf, frb32, fbf, pk32,
+                       pkbf, err, gdn_bench_bf16_path_name(path), cpu);
+            else {
+                char shape[64];
+                snprintf(shape, sizeof shape, "%ldx%lldx%lld", M, (long long)N, (long long)K);
+                printf("%-12s %-18s %-3d %8.1f %8.1f %7.1f%% %8.1f %8.1f %7.1f%% %7.1f%% %7.1f %7.1f %9.2e\n", all[s].name,
+                       shape, th, m32 * 1e3, g32, 100 * fr32, mbf * 1e3, gbf, 100 * frb32, 100 * fbf, pk32, pkbf, err);
+            }
+            fflush(stdout);
+        }
+        free(x), free(W), free(y32), free(ybf);
+    }
+    return 0;
+}
