@@ -128,5 +128,6 @@ void test_model(void);           /* tests/test_model.c: the decoder model and Ad
 void test_train_io(void);        /* tests/test_train_io.c: checkpoints and training text */
 void test_pack(void);            /* tests/test_pack.c: packed documents (cu_seqlens), one rank */
 void test_attention(void);       /* tests/test_attention.c: the gated full-attention layer */
+void test_sdpa(void);            /* tests/test_sdpa.c: the attention core alone (gdn_sdpa_*) */
 
 #endif

@@ -11,7 +11,7 @@ static const struct { const char *name; void (*fn)(void); } suites[] = {
     {"matmul", test_matmul}, {"step", test_step}, {"layer_reference", test_layer_reference},
     {"layer_io", test_layer_io}, {"layer", test_layer}, {"model", test_model},
     {"train_io", test_train_io}, {"pack", test_pack},
-    {"attention", test_attention},
+    {"attention", test_attention}, {"sdpa", test_sdpa},
 };
 
 int main(int argc, char **argv) {
