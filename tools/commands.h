@@ -15,5 +15,6 @@ int cmd_sample(int argc, char **argv);
 int cmd_bench_train(int argc, char **argv);
 int cmd_layer(int argc, char **argv);
 int cmd_bench_layer(int argc, char **argv);
+int cmd_bench_attention(int argc, char **argv);
 
 #endif

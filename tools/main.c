@@ -24,6 +24,8 @@ static void usage(FILE *out) {
             "         [--keep min|proj] [--decode N] [--cp S [--shards ..]]  the Qwen3.5 layer\n"            "         [--cu-seqlens 0,a,..,T]: packed documents (or a cu_seqlens tensor in IN; B = 1)\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
             "  bench  layer [--json] [--quick] [--T N]              layer benchmark (fwd, fwd+bwd, decode)\n"
+            "  bench  attention [--json] [--quick] [--shape S] [--T N,..] [--threads N] [--reps R]\n"
+            "         [--what core,layer]   attention layer and core (gdn_sdpa) benchmark\n"
             "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"
             "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
             "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
@@ -52,6 +54,7 @@ static const struct {
     {"run", NULL, cmd_run, MPI_WITH_CP},
     {"layer", NULL, cmd_layer, MPI_WITH_CP},
     {"bench", "layer", cmd_bench_layer, MPI_NEVER},
+    {"bench", "attention", cmd_bench_attention, MPI_NEVER},
     {"bench", "cp", cmd_bench_cp, MPI_ALWAYS},
     {"bench", "train", cmd_bench_train, MPI_NEVER},
     {"bench", "decode", cmd_bench_decode, MPI_NEVER},

@@ -165,3 +165,9 @@ int gdn_sdpa_backward(gdn_sdpa_plan *p, float *dq, float *dk, float *dv, const f
         return rc;
     return gdn_check_output("dv", dv, N * Kd, p->threads);
 }
+
+const char *gdn_sdpa_plan_path(const gdn_sdpa_plan *p) {
+    if (!p) return gdn_attn_core_path(NULL);
+    const gdn_attn_core view = sdpa_view(p, NULL, NULL, NULL);
+    return gdn_attn_core_path(&view);
+}
