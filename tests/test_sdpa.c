@@ -191,26 +191,40 @@ static void one_case(const shape *s, int threads, uint64_t seed) {
     free(r.q), free(r.k), free(r.v), free(r.dout), free(r.o), free(r.lse), free(r.dq), free(r.dk), free(r.dv);
 }
 
-/* One and two threads give identical results (no two threads add into one row). */
+/* One, two and three threads give bitwise identical results: no two threads add into one row, and
+ * the fused one-pass backward (B Hkv jobs busy enough: 1, 2 threads here) and the two-pass one (3
+ * threads) run the same products in the same order. */
 static void threads_identical(const shape *s) {
     const int64_t nq = s->B * s->T * s->H * s->d, nk = s->B * s->T * s->Hkv * s->d, nl = s->B * s->T * s->H;
-    f32_run r[2];
+    enum { NT = 3 };
+    f32_run r[NT];
     rng_seed(99);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < NT; i++)
         r[i] = (f32_run){falloc(nq), falloc(nk), falloc(nk), falloc(nq), falloc(nq), falloc(nl), falloc(nq), falloc(nk),
                          falloc(nk)};
+    for (int64_t i = 0; i < nq; i++) r[0].q[i] = (float)rng_uniform(-1, 1), r[0].dout[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < nk; i++) r[0].k[i] = (float)rng_uniform(-1, 1), r[0].v[i] = (float)rng_uniform(-1, 1);
+    const char *path[NT];
+    int ok = 1;
+    for (int i = 0; i < NT; i++) {
+        memcpy(r[i].q, r[0].q, 4 * (size_t)nq), memcpy(r[i].dout, r[0].dout, 4 * (size_t)nq);
+        memcpy(r[i].k, r[0].k, 4 * (size_t)nk), memcpy(r[i].v, r[0].v, 4 * (size_t)nk);
+        ok &= run_f32(s, i + 1, &r[i], 1) == GDN_OK;
+        gdn_attn_config c = gdn_attn_config_default(s->B, s->T, 0, s->H, s->Hkv, s->d);
+        c.threads = i + 1, c.cu_seqlens = s->cu, c.n_docs = s->n_docs;
+        gdn_sdpa_plan *p = NULL;
+        path[i] = gdn_sdpa_plan_create(&p, &c) ? "?" : gdn_sdpa_plan_path(p);
+        gdn_sdpa_plan_destroy(p);
     }
-    for (int64_t i = 0; i < nq; i++) r[0].q[i] = r[1].q[i] = (float)rng_uniform(-1, 1);
-    for (int64_t i = 0; i < nq; i++) r[0].dout[i] = r[1].dout[i] = (float)rng_uniform(-1, 1);
-    for (int64_t i = 0; i < nk; i++) r[0].k[i] = r[1].k[i] = (float)rng_uniform(-1, 1);
-    for (int64_t i = 0; i < nk; i++) r[0].v[i] = r[1].v[i] = (float)rng_uniform(-1, 1);
-    const int rc0 = run_f32(s, 1, &r[0], 1), rc1 = run_f32(s, 2, &r[1], 1);
-    check(!rc0 && !rc1 && !memcmp(r[0].o, r[1].o, 4 * (size_t)nq) && !memcmp(r[0].lse, r[1].lse, 4 * (size_t)nl) &&
-              !memcmp(r[0].dq, r[1].dq, 4 * (size_t)nq) && !memcmp(r[0].dk, r[1].dk, 4 * (size_t)nk) &&
-              !memcmp(r[0].dv, r[1].dv, 4 * (size_t)nk),
-          "sdpa 1 and 2 threads bitwise identical (o, lse, dq, dk, dv), T=%lld H=%lld Hkv=%lld d=%lld",
-          (long long)s->T, (long long)s->H, (long long)s->Hkv, (long long)s->d);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 1; i < NT; i++)
+        ok &= !memcmp(r[0].o, r[i].o, 4 * (size_t)nq) && !memcmp(r[0].lse, r[i].lse, 4 * (size_t)nl) &&
+              !memcmp(r[0].dq, r[i].dq, 4 * (size_t)nq) && !memcmp(r[0].dk, r[i].dk, 4 * (size_t)nk) &&
+              !memcmp(r[0].dv, r[i].dv, 4 * (size_t)nk);
+    check(ok, "sdpa 1, 2, 3 threads bitwise identical (o, lse, dq, dk, dv), B=%lld T=%lld H=%lld Hkv=%lld d=%lld%s",
+          (long long)s->B, (long long)s->T, (long long)s->H, (long long)s->Hkv, (long long)s->d, s->cu ? " packed" : "");
+    check(strcmp(path[0], path[2]) != 0, "the comparison covers both backward schedules: 1 thread '%s', 3 threads '%s'",
+          path[0], path[2]);
+    for (int i = 0; i < NT; i++) {
         free(r[i].q), free(r[i].k), free(r[i].v), free(r[i].dout), free(r[i].o), free(r[i].lse);
         free(r[i].dq), free(r[i].dk), free(r[i].dv);
     }
@@ -289,7 +303,7 @@ void test_sdpa(void) {
         {{1, 150, 4, 1, 8, cu1, 3}, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) one_case(&cases[i].s, cases[i].threads, 700 + i);
-    const shape tid[] = {{1, 300, 16, 2, 64, cu3, 3}, {2, 140, 8, 2, 32, NULL, 0}};
-    for (size_t i = 0; i < 2; i++) threads_identical(&tid[i]);
+    const shape tid[] = {{1, 300, 16, 2, 64, cu3, 3}, {2, 140, 8, 1, 32, NULL, 0}, {1, 333, 4, 2, 16, cu2, 4}};
+    for (size_t i = 0; i < sizeof tid / sizeof tid[0]; i++) threads_identical(&tid[i]);
     errors();
 }

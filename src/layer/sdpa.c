@@ -157,8 +157,7 @@ int gdn_sdpa_backward(gdn_sdpa_plan *p, float *dq, float *dk, float *dv, const f
     }
     const gdn_attn_core view = sdpa_view(p, q, k, v);
     const gdn_attn_kv gk = {dk, Kd, d, p->cfg.T * Kd}, gv = {dv, Kd, d, p->cfg.T * Kd};
-    gdn_attn_core_backward_q(&view, dout, lse, D, dq);
-    gdn_attn_core_backward_kv(&view, dout, lse, D, gk, gv);
+    gdn_attn_core_backward(&view, dout, lse, D, dq, gk, gv);
     gdn_fp_fast_end(fm);
     if (!cf) return GDN_OK;
     if ((rc = gdn_check_output("dq", dq, N * Hd, p->threads)) || (rc = gdn_check_output("dk", dk, N * Kd, p->threads)))
