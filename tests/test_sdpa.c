@@ -23,6 +23,7 @@ typedef struct {
     int64_t B, T, H, Hkv, d;
     const int64_t *cu; /* NULL: dense */
     int64_t n_docs;
+    double amp; /* q, k uniform in (-amp, amp); 0: 1.5 */
 } shape;
 
 static int64_t doc_begin(const shape *s, int64_t t, int variant) {
@@ -142,13 +143,17 @@ static void one_case(const shape *s, int threads, uint64_t seed) {
                             (long long)(s->cu[i + 1] - s->cu[i]));
         len += snprintf(what + len, sizeof what - (size_t)len, "]");
     }
-    snprintf(what + len, sizeof what - (size_t)len, ", %d thr", threads);
+    snprintf(what + len, sizeof what - (size_t)len, ", %d thr%s", threads, s->amp > 1.5 ? ", peaked scores" : "");
     rng_seed(seed);
     f32_run r = {falloc(nq), falloc(nk), falloc(nk), falloc(nq), falloc(nq), falloc(nl), falloc(nq), falloc(nk),
                  falloc(nk)};
     double *q = dalloc(nq), *k = dalloc(nk), *v = dalloc(nk), *dout = dalloc(nq);
-    for (int64_t i = 0; i < nq; i++) r.q[i] = (float)rng_uniform(-1.5, 1.5), q[i] = r.q[i];
-    for (int64_t i = 0; i < nk; i++) r.k[i] = (float)rng_uniform(-1.5, 1.5), k[i] = r.k[i];
+    const double amp = s->amp > 0 ? s->amp : 1.5;
+    for (int64_t i = 0; i < nq; i++) r.q[i] = (float)rng_uniform(-amp, amp), q[i] = r.q[i];
+    for (int64_t i = 0; i < nk; i++) r.k[i] = (float)rng_uniform(-amp, amp), k[i] = r.k[i];
+    /* amp > 1.5: keys that grow along the sequence too, so a row's max keeps rising from tile to tile */
+    for (int64_t i = 0; s->amp > 1.5 && i < nk; i++)
+        r.k[i] *= (float)(1.0 + 3.0 * (double)(i / (s->Hkv * s->d) % s->T) / (double)s->T), k[i] = r.k[i];
     for (int64_t i = 0; i < nk; i++) r.v[i] = (float)rng_uniform(-1, 1), v[i] = r.v[i];
     for (int64_t i = 0; i < nq; i++) r.dout[i] = (float)rng_uniform(-1, 1), dout[i] = r.dout[i];
     for (int64_t i = 0; i < nk; i++) r.dk[i] = r.dv[i] = NAN; /* overwritten, never accumulated into */
@@ -289,21 +294,23 @@ void test_sdpa(void) {
     static const int64_t cu2[5] = {0, 130, 131, 192, 333};     /* from inside a tile to a tile's end */
     static const int64_t cu3[4] = {0, 64, 200, 300};           /* a boundary on a tile edge */
     const struct { shape s; int threads; } cases[] = {
-        {{2, 77, 4, 2, 16, NULL, 0}, 2},   /* GQA, T not a multiple of 64, batch rows */
-        {{1, 1, 4, 2, 8, NULL, 0}, 1},     /* T = 1 */
-        {{1, 1, 8, 1, 256, NULL, 0}, 2},   /* T = 1, MQA, d = 256 */
-        {{1, 200, 4, 4, 32, NULL, 0}, 2},  /* H == Hkv */
-        {{1, 130, 8, 1, 24, NULL, 0}, 2},  /* MQA, d not a multiple of 16 */
-        {{1, 70, 16, 1, 16, NULL, 0}, 1},  /* a group of 16 heads */
-        {{2, 90, 6, 2, 16, NULL, 0}, 2},   /* a group of 3 (rows not filling a tile) */
-        {{1, 150, 16, 2, 256, NULL, 0}, 2},/* the Qwen3.5 35B heads: group 8, d = 256 */
-        {{1, 150, 4, 2, 16, cu1, 3}, 2},
-        {{1, 333, 4, 2, 16, cu2, 4}, 2},
-        {{1, 300, 16, 2, 64, cu3, 3}, 2},
-        {{1, 150, 4, 1, 8, cu1, 3}, 1},
+        {{2, 77, 4, 2, 16, NULL, 0, 0}, 2},   /* GQA, T not a multiple of 64, batch rows */
+        {{1, 1, 4, 2, 8, NULL, 0, 0}, 1},     /* T = 1 */
+        {{1, 1, 8, 1, 256, NULL, 0, 0}, 2},   /* T = 1, MQA, d = 256 */
+        {{1, 200, 4, 4, 32, NULL, 0, 0}, 2},  /* H == Hkv */
+        {{1, 130, 8, 1, 24, NULL, 0, 0}, 2},  /* MQA, d not a multiple of 16 */
+        {{1, 70, 16, 1, 16, NULL, 0, 0}, 1},  /* a group of 16 heads */
+        {{2, 90, 6, 2, 16, NULL, 0, 0}, 2},   /* a group of 3 (rows not filling a tile) */
+        {{1, 150, 16, 2, 256, NULL, 0, 0}, 2},/* the Qwen3.5 35B heads: group 8, d = 256 */
+        {{1, 150, 4, 2, 16, cu1, 3, 0}, 2},
+        {{1, 333, 4, 2, 16, cu2, 4, 0}, 2},
+        {{1, 300, 16, 2, 64, cu3, 3, 0}, 2},
+        {{1, 150, 4, 1, 8, cu1, 3, 0}, 1},
+        {{1, 400, 8, 2, 32, NULL, 0, 3.0}, 2},   /* scores spread over tens: the running max moves */
+        {{1, 300, 16, 2, 64, cu3, 3, 3.0}, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) one_case(&cases[i].s, cases[i].threads, 700 + i);
-    const shape tid[] = {{1, 300, 16, 2, 64, cu3, 3}, {2, 140, 8, 1, 32, NULL, 0}, {1, 333, 4, 2, 16, cu2, 4}};
+    const shape tid[] = {{1, 300, 16, 2, 64, cu3, 3, 0}, {2, 140, 8, 1, 32, NULL, 0, 0}, {1, 333, 4, 2, 16, cu2, 4, 0}};
     for (size_t i = 0; i < sizeof tid / sizeof tid[0]; i++) threads_identical(&tid[i]);
     errors();
 }

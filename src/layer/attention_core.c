@@ -33,9 +33,15 @@
 #include <math.h>
 #include <string.h>
 
+#ifndef BQ
 #define BQ 128 /* rows of a query block */
+#endif
+#ifndef BK
 #define BK 64 /* keys of a tile */
+#endif
+#ifndef KC
 #define KC 256 /* depth of one pass of the score products */
+#endif
 #if GDN_VL == 16
 #define MK_MR 8 /* the rows of gemm.c's tile at this width */
 #else
@@ -307,33 +313,56 @@ static inline gdn_vi visible(const tile_view *t, int i0, int c) {
 
 /* ---------------------------------------------------------------- forward */
 
-/* One tile's online-softmax step on S^T (n x BQ, scaled scores): S becomes P^T with each row's new
- * running max; alpha the factor on the row's earlier sum and output. Returns whether some alpha
- * is not 1. */
+/* The running max of a row moves only when a tile's scores exceed it by more than this (natural
+ * log): the probabilities are then up to e^8 times their normalised values, the sum up to e^8 T,
+ * far inside fp32, and the output, rescaled only then, is rescaled far less often. */
+#define LAZY_MAX 8.0f
+
+/* One tile's online-softmax step on S^T (n x BQ, scaled scores): P^T into dP, against each row's
+ * running max m (raised when a score passes m + LAZY_MAX, or set by the first scores the row sees);
+ * alpha the factor on the row's earlier sum and output. Returns whether some alpha is not 1. */
 static int softmax_step(const tile_view *t, int n, int full) {
     gdn_vi any = {0};
     for (int i0 = 0; i0 < BQ; i0 += VL) {
         const gdn_vf mo = vload(t->m + i0);
-        gdn_vf mx = mo;
-        if (full) {
-            for (int c = 0; c < n; c++) mx = vmax(mx, vload(t->S + c * BQ + i0));
-        } else {
+        if (!full)
+            for (int c = 0; c < n; c++)
+                vstore(t->S + c * BQ + i0, vsel(visible(t, i0, c), vload(t->S + c * BQ + i0), vsplat(-INFINITY)));
+        gdn_vi known = mo > -INFINITY;
+        int all = 1;
+        for (int l = 0; l < VL; l++) all &= known[l] != 0;
+        gdn_vf sum = {0}, mx = vsplat(-INFINITY);
+        if (all) { /* one pass against the running max; redone below if a score passes it by LAZY_MAX */
             for (int c = 0; c < n; c++) {
-                const gdn_vf s = vsel(visible(t, i0, c), vload(t->S + c * BQ + i0), vsplat(-INFINITY));
-                vstore(t->S + c * BQ + i0, s);
+                const gdn_vf s = vload(t->S + c * BQ + i0);
                 mx = vmax(mx, s);
+                const gdn_vf p = vexp(s - mo);
+                vstore(t->dP + c * BQ + i0, p);
+                sum += p;
             }
+            const gdn_vi grow = mx > mo + LAZY_MAX;
+            int none = 1;
+            for (int l = 0; l < VL; l++) none &= grow[l] == 0;
+            if (none) {
+                vstore(t->l + i0, vload(t->l + i0) + sum);
+                vstore(t->alpha + i0, vsplat(1.0f));
+                continue;
+            }
+            sum = (gdn_vf){0};
+        } else {
+            for (int c = 0; c < n; c++) mx = vmax(mx, vload(t->S + c * BQ + i0));
         }
-        const gdn_vf mu = vsel(mx == -INFINITY, vsplat(0.0f), mx); /* a row that sees nothing yet */
+        /* the max moves where it grew past the slack or was unknown (stays -inf while a row sees nothing) */
+        const gdn_vf mn = vsel(mx > mo + LAZY_MAX, mx, mo);
+        const gdn_vf mu = vsel(mn == -INFINITY, vsplat(0.0f), mn);
         const gdn_vf alpha = vexp(mo - mu);
-        gdn_vf sum = {0};
         for (int c = 0; c < n; c++) {
             const gdn_vf p = vexp(vload(t->S + c * BQ + i0) - mu);
-            vstore(t->S + c * BQ + i0, p);
+            vstore(t->dP + c * BQ + i0, p);
             sum += p;
         }
         vstore(t->l + i0, vload(t->l + i0) * alpha + sum);
-        vstore(t->m + i0, mx);
+        vstore(t->m + i0, mn);
         vstore(t->alpha + i0, alpha);
         any |= alpha != 1.0f;
     }
@@ -370,7 +399,7 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
             if (rescale && !first)
                 for (int64_t e = 0; e < d; e++)
                     for (int i0 = 0; i0 < BQ; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
-            mm((int)d, BQ, n, Vu, 1, v->V.ld, t.S, BQ, MK_NR, t.acc, BQ, !first, &nv); /* O^T += V^T P^T */
+            mm((int)d, BQ, n, Vu, 1, v->V.ld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv); /* O^T += V^T P^T */
             first = 0;
         }
         for (int i = 0; i < BQ; i++) { /* 1 / l per row, lse; a query that sees nothing: o = 0, lse = -inf */
