@@ -19,6 +19,8 @@ smoke kernel "every row's error vs the oracle below 1e-5" '"direction":"forward"
   '!"rel_err_vs_oracle":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)'
 smoke layer "every row's error vs the double layer below 1e-5" '"direction":"layer_fwd_bwd"' \
   '"direction":"layer_decode"' '!"rel_err_vs_reference":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)'
+smoke attention "every row's error vs double loops / the double layer below 1e-5" '"direction":"core_fwd_bwd"' \
+  '"direction":"layer_fwd_bwd"' '!"rel_err_vs_reference":\(nan\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)'
 smoke train "the gradient within 1e-2 of finite differences" '"direction":"train_step"' '"packed_docs":[1-9]' \
   '"grad_rel_err_vs_fd":[0-9.]*e-0[3-9]'
 smoke matmul "the BF16 GEMM within 1e-2 of fp32 on every row" '"direction":"matmul"' \

@@ -18,5 +18,6 @@ int cmd_layer(int argc, char **argv);
 int cmd_bench_layer(int argc, char **argv);
 int cmd_bench_attention_cp(int argc, char **argv);
 int cmd_attention(int argc, char **argv);
+int cmd_bench_attention(int argc, char **argv);
 
 #endif

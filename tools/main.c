@@ -27,6 +27,8 @@ static void usage(FILE *out) {
             "         Qwen3.5's gated attention layer (positions also from position_ids in IN)\n"
             "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
             "  bench  layer [--json] [--quick] [--T N]              layer benchmark (fwd, fwd+bwd, decode)\n"
+            "  bench  attention [--json] [--quick] [--shape S] [--T N,..] [--threads N] [--reps R]\n"
+            "         [--what core,layer]   attention layer and core (gdn_sdpa) benchmark\n"
             "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"
             "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
             "  bench  matmul [--json] [--quick] [--M N] [--reps R]  projection GEMM, fp32 and BF16 compute\n"
@@ -58,6 +60,7 @@ static const struct {
     {"layer", NULL, cmd_layer, MPI_WITH_CP},
     {"attention", NULL, cmd_attention, MPI_WITH_CP},
     {"bench", "layer", cmd_bench_layer, MPI_NEVER},
+    {"bench", "attention", cmd_bench_attention, MPI_NEVER},
     {"bench", "cp", cmd_bench_cp, MPI_ALWAYS},
     {"bench", "attention-cp", cmd_bench_attention_cp, MPI_ALWAYS},
     {"bench", "train", cmd_bench_train, MPI_NEVER},

@@ -158,6 +158,9 @@ GDN_API int gdn_sdpa_forward(gdn_sdpa_plan *plan, float *o, float *lse, const fl
 GDN_API int gdn_sdpa_backward(gdn_sdpa_plan *plan, float *dq, float *dk, float *dv, const float *q,
                               const float *k, const float *v, const float *o, const float *lse,
                               const float *dout);
+/* The core's path for this plan (tiles, the backward's schedule, the micro-kernel; NULL: the
+ * default's), for benchmarks. */
+GDN_API const char *gdn_sdpa_plan_path(const gdn_sdpa_plan *plan);
 
 /* "kv" -> GDN_ATTN_CP_KV, "heads" -> GDN_ATTN_CP_HEADS; -1 if unknown. And back. */
 GDN_API int gdn_attn_cp_strategy_parse(const char *name);

@@ -52,6 +52,27 @@ def test_layer_config_roundtrip():
         L.gdn_layer_plan_destroy(h)
 
 
+def test_attention_config_roundtrip_and_shifted_layout_fails():
+    """gdn_attn_config (the attention layer's, which gdn_sdpa_* reads too) through a layer plan."""
+    cfg = L.gdn_attn_config_default(2, 40, 32, 4, 2, 16)
+    cfg.R, cfg.rope_theta, cfg.eps, cfg.threads, cfg.pos_offset, cfg.max_position = 8, 1e4, 1e-5, 1, 3, 100
+    h = ctypes.c_void_p()
+    L.check(L.gdn_attn_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_attn_plan_create")
+    try:
+        back = L.AttnConfig.from_buffer_copy(L.gdn_attn_plan_config(h).contents)
+    finally:
+        L.gdn_attn_plan_destroy(h)
+    want = dict(B=2, T=40, E=32, H=4, Hkv=2, d=16, R=8, rope_theta=1e4, threads=1, check_finite=1,
+                n_docs=0, pos_offset=3, seq_offset=0, max_position=100, cp=0, keep=0)
+    assert {n: getattr(back, n) for n in want} == want and abs(back.eps - 1e-5) < 1e-12
+
+    class Shifted(ctypes.Structure):   # control: one int64 field missing at the front
+        _fields_ = L.AttnConfig._fields_[1:]
+    raw = Shifted.from_buffer_copy(bytes(back)[:ctypes.sizeof(Shifted)])
+    assert {n: getattr(raw, n) for n in want if hasattr(raw, n)} != \
+        {n: want[n] for n in want if hasattr(raw, n)}
+
+
 def test_errors_name_the_problem():
     cfg = L.gdn_config_default(1, 10, 2, 3, 8, 8)   # Hv not a multiple of Hk
     h = ctypes.c_void_p()

@@ -1,7 +1,9 @@
 """python -m gdncp.bench: every section runs (--quick: toy sizes) and prints its numbers; the
 rule section's two sides agree (the comparison of test_torch.py, whose negative control covers
 it), and the model section's patched and unpatched first steps give the same loss, while a
-deliberately wrong rule under the patch does not (the control of that check)."""
+deliberately wrong rule under the patch does not (the control of that check). The attention
+section's gdncp core agrees with torch's scaled_dot_product_attention (o, dq, dk, dv), and not with
+torch's unmasked attention (its control)."""
 import re
 
 import torch
@@ -15,7 +17,8 @@ def test_bench_quick_runs_every_section(capsys):
     out = capsys.readouterr().out
     for needle in ("[rule]", "speed-up (transformers / gdncp)", "forward+backward", "[model]",
                    "speed-up (transformers / gdncp.transformers.patch())", "[overhead]",
-                   "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU "):
+                   "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU ",
+                   "[attention]", "speed-up (torch SDPA / gdncp core)"):
         assert needle in out, (needle, out)
     rows, err = bench.run(T=80, Hk=1, Hv=2, K=16, V=16, reps=1)
     assert err < 2e-5 and [r[0] for r in rows] == ["transformers", "gdncp"]
@@ -38,3 +41,11 @@ def test_bench_refuses_unknown_section(capsys):
     except SystemExit as e:
         assert e.code == 2
     assert re.search(r"unknown section 'gpu'", capsys.readouterr().err)
+
+
+def test_bench_attention_agrees_with_torch_sdpa_and_control_differs():
+    rows, err, path = bench.run_attention(T=150, H=8, Hkv=2, d=32, reps=1)
+    assert [r[0] for r in rows] == ["torch SDPA", "gdncp core"] and "flash" in path
+    assert set(err) == {"o", "dq", "dk", "dv"} and max(err.values()) < 1e-5, err
+    _, bad, _ = bench.run_attention(T=150, H=8, Hkv=2, d=32, reps=1, causal_for_check=False)
+    assert bad["o"] > 1e-3, bad   # control: gdncp's causal o against torch's unmasked one

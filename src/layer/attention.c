@@ -363,8 +363,7 @@ int gdn_attn_backward(gdn_attn_plan *ap, float *dx, float *dw, const float *x, c
     const gdn_attn_kv dk = {ap->dkr, ap->Kd, c->d, c->T * ap->Kd};
     const gdn_attn_kv dv = {ap->dproj + 2 * ap->Hd + ap->Kd, ap->P, c->d, c->T * ap->P};
     for (int64_t n = 0; n < ap->N; n++) memset(dv.p + n * ap->P, 0, sizeof(float) * (size_t)ap->Kd);
-    gdn_attn_core_backward_q(&v, ap->dO, sv.lse, ap->Dv, ap->dqr);
-    gdn_attn_core_backward_kv(&v, ap->dO, sv.lse, ap->Dv, dk, dv);
+    gdn_attn_core_backward(&v, ap->dO, sv.lse, ap->Dv, ap->dqr, dk, dv);
     gdn_attn_backward_finish(ap, dx, dw, sv, x, w);
     gdn_fp_fast_end(fm);
     if ((rc = gdn_check_output("dx", dx, ap->N * c->E, ap->threads))) return rc;

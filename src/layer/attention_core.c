@@ -1,36 +1,101 @@
 /* The flash-style core of the gated attention layer over a view (attention_internal.h): the
- * queries of one call against one block of keys. A job's rows are TB tokens x hg query heads of
- * one kv head (hg: the largest divisor of the group size H/Hkv up to 16), gathered into a tile
- * once, so a key tile read from memory serves the whole group (decode: one token, the group's
- * heads). Tiles of BK keys; a running max and sum per row in fp32; only the log-sum-exp kept.
- * The backward recomputes the probabilities from the final log-sum-exp in two passes, dQ over
- * query blocks and dK, dV over key tiles, so no two threads ever add into the same row and the
- * result does not depend on the schedule. Tiles above the diagonal and outside a document are
- * skipped; a query that sees no key gives 0 (lse = -inf). */
+ * queries of one call against one block of keys.
+ *
+ * Rows. A query block is up to BQ rows: TB tokens x hg query heads of one kv head (hg: the
+ * largest divisor of the group size H/Hkv up to 16), so a key tile read from memory serves the
+ * whole group. Keys come in tiles of BK, aligned to the view's first key.
+ *
+ * Transposed scores. Every product runs on the micro-kernel of src/blas (microkernel.h) with the
+ * block's rows as the columns of the result: S^T = K Q^T [keys x rows] reads the key tile in
+ * place as its A operand and the block's Q^T, gathered (and scaled by d^-1/2) once per block, as
+ * its B operand; likewise dP^T = V dO^T; the forward's O^T += V^T P^T and the backward's
+ * dQ^T += K^T dS^T read V and K in place and P^T, dS^T (in the tile) as B; dV += P^T dO and
+ * dK += dS^T Q read P^T, dS^T in place and the block's dO, Q (gathered row-major once). So no
+ * key tile is ever packed or copied, and the softmax runs along rows of S^T: per query row a
+ * lane, a running max and sum in vectors (the vector exp of gdn_vexpf_ftz's polynomial).
+ *
+ * Masks. A tile entirely inside every row's visible range (below the diagonal of the block's
+ * first token and at or after the last row's document start) takes a path without masks; the
+ * others (the diagonal, a document boundary, the view's edges) mask by vector compares of each
+ * row's visible key range.
+ *
+ * Backward. dS = P (dP - D) from the final log-sum-exp; the five products S, dP, dV, dK, dQ per
+ * (block, tile) pair. Fused, one pass: a job is one kv head of one batch row (its query heads,
+ * every block, every tile), which alone writes that head's dK, dV and its query heads' dQ; used
+ * when those B Hkv jobs keep the threads busy. Otherwise two passes (gdn_attn_core_backward_q over
+ * query blocks, _kv over key tiles), which recompute S and dP once more (9 products instead of 7)
+ * but spread over every block and tile. Both schedules run the same products on the same operands
+ * in the same order, so the result is bitwise the same whichever runs and whatever the thread
+ * count; no two threads ever add into one row. A query that sees no key gives 0 (lse = -inf). */
 #include "attention_internal.h"
+#include "pack.h" /* the micro-kernel (microkernel.h) and the in-register transpose */
 
 #include <math.h>
 #include <string.h>
 
-enum { BQ = 64, BK = 64 };
+#ifndef BQ
+#define BQ 128 /* rows of a query block */
+#endif
+#ifndef BK
+#define BK 64 /* keys of a tile */
+#endif
+#ifndef KC
+#define KC 256 /* depth of one pass of the score products */
+#endif
+#if GDN_VL == 16
+#define MK_MR 8 /* the rows of gemm.c's tile at this width */
+#else
+#define MK_MR 6
+#endif
+#define MK_NV 2
+#define MK_NR (MK_NV * GDN_VL)
+#define VL GDN_VL
 
-size_t gdn_attn_tile_floats(int64_t d) {
-    /* Qt, dOt [BQ d]; S, dP [BQ BK]; acc, acc2 [BK d]; m, l, lse, D [BQ]; tg, db int64 [BQ] */
-    return ((size_t)4 * BQ * (size_t)d + (size_t)2 * BQ * BK + (size_t)8 * BQ + 15) & ~(size_t)15;
-}
+/* Row stride of the row-major gathers: d rounded up to a micro-kernel panel, zero past d. */
+static inline int64_t dpad(int64_t d) { return (d + MK_NR - 1) / MK_NR * MK_NR; }
+
+/* ---------------------------------------------------------------- the per-thread tile */
 
 typedef struct {
-    float *Qt, *dOt, *S, *dP, *acc, *acc2, *m, *l, *lse, *D;
-    int64_t *tg, *db;
+    float *QtT, *dOtT; /* Q^T, dO^T [d x BQ] (Q scaled by d^-1/2), panel-major (below) */
+    float *Qt, *dOt;   /* Q, dO [BQ x dp], zero past d, panel-major */
+    float *acc;        /* [d][BQ]: O^T (forward) or dQ^T (backward) */
+    float *S, *dP;     /* [BK][BQ]: S^T then P^T; dP^T then dS^T */
+    float *m, *l, *lse, *D, *alpha; /* [BQ] */
+    int32_t *hi, *lo;  /* [BQ]: each row's visible keys [lo, hi] relative to the tile */
+    int64_t *tg, *db;  /* [BQ]: each row's global index and its document's first token */
+    int64_t *off, *lix; /* [BQ]: Q/O/dO/dQ offset, lse/D index of each row */
 } tile_view;
 
+/* Carve the tile (t NULL: only count): 64-byte aligned pieces from a 64-byte aligned start. */
+static size_t tile_layout(int64_t d, float *base, tile_view *t) {
+    const size_t dp = (size_t)dpad(d), dq = (size_t)d;
+    const size_t sizes[] = {dq * BQ, dq * BQ, BQ * dp, BQ * dp, dq * BQ, BK * BQ, BK * BQ, BQ, BQ, BQ, BQ, BQ,
+                            BQ, BQ, 2 * BQ, 2 * BQ, 2 * BQ, 2 * BQ};
+    size_t at = 0;
+    float *p[sizeof sizes / sizeof sizes[0]];
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        p[i] = base ? base + at : NULL;
+        at += (sizes[i] + 15) & ~(size_t)15;
+    }
+    if (t) {
+        t->QtT = p[0], t->dOtT = p[1], t->Qt = p[2], t->dOt = p[3], t->acc = p[4], t->S = p[5], t->dP = p[6];
+        t->m = p[7], t->l = p[8], t->lse = p[9], t->D = p[10], t->alpha = p[11];
+        t->hi = (int32_t *)p[12], t->lo = (int32_t *)p[13];
+        t->tg = (int64_t *)p[14], t->db = (int64_t *)p[15], t->off = (int64_t *)p[16], t->lix = (int64_t *)p[17];
+    }
+    return at + MK_NR; /* + a panel: the micro-kernel reads whole panels past d */
+}
+
+size_t gdn_attn_tile_floats(int64_t d) {
+    return (tile_layout(d, NULL, NULL) + 16 + 15) & ~(size_t)15; /* + 16: room to align the start */
+}
+
 static tile_view tile_of(const gdn_attn_core *v) {
+    float *base = v->tile + (size_t)gdn_thread_id() * gdn_attn_tile_floats(v->d);
+    base = (float *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
     tile_view t;
-    const size_t d = (size_t)v->d;
-    t.Qt = v->tile + (size_t)gdn_thread_id() * gdn_attn_tile_floats(v->d);
-    t.dOt = t.Qt + BQ * d, t.S = t.dOt + BQ * d, t.dP = t.S + BQ * BK, t.acc = t.dP + BQ * BK;
-    t.acc2 = t.acc + BK * d, t.m = t.acc2 + BK * d, t.l = t.m + BQ, t.lse = t.l + BQ, t.D = t.lse + BQ;
-    t.tg = (int64_t *)(t.D + BQ), t.db = t.tg + BQ;
+    tile_layout(v->d, base, &t);
     return t;
 }
 
@@ -41,13 +106,157 @@ static int64_t heads_per_job(const gdn_attn_core *v) {
     return hg;
 }
 
+/* ---------------------------------------------------------------- vectors */
+
+static inline gdn_vf vsplat(float x) { return (gdn_vf){0} + x; }
+static inline gdn_vf vsel(gdn_vi m, gdn_vf a, gdn_vf b) { /* m ? a : b, lane by lane */
+    return (gdn_vf)(((gdn_vi)a & m) | ((gdn_vi)b & ~m));
+}
+static inline gdn_vf vmax(gdn_vf a, gdn_vf b) { return vsel(a > b, a, b); }
+static inline gdn_vf vload(const float *p) { return *(const gdn_vf *)p; }
+static inline void vstore(float *p, gdn_vf x) { *(gdn_vf *)p = x; }
+
+/* exp() of GDN_VL lanes: gdn_vexpf_ftz's polynomial (about 1 ulp), lanes below -69 (and -inf)
+ * exactly 0; no lane here is above 88 (scores minus their running max or their lse). */
+static inline gdn_vf vexp(gdn_vf x) {
+    const gdn_vi tiny = x < -69.0f;
+    x = (gdn_vf)((gdn_vi)x & ~tiny);
+    const gdn_vf magic = vsplat(12582912.0f);
+    const gdn_vf t = x * 1.44269504088896341f + magic;
+    const gdn_vf n = t - magic;
+    const gdn_vf r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    gdn_vf p = vsplat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const gdn_vi e = ((gdn_vi)t - (gdn_vi)magic + 127) << 23;
+    return (gdn_vf)((gdn_vi)(p * (gdn_vf)e) & ~tiny);
+}
+
+/* ---------------------------------------------------------------- products */
+
+/* C[m x nc] (+)= A[m x kk] B[kk x nc] on the micro-kernel: A(i, p) at A[i ars + p acs] in place;
+ * B in panels of MK_NR columns, panel q at B + q bps with its rows ldb apart, 64-byte aligned
+ * (whole panels are read: finite past nc); C anywhere. A row-major B is bps = MK_NR; the block's
+ * gathers are panel-major (ldb = MK_NR, bps = rows x MK_NR: each panel contiguous, so it sits in
+ * L1 without the set conflicts of a power-of-two row stride). pf: prefetch each C tile first (C in
+ * the caller's memory). */
+/* Rows to bring into L2 while a product runs (the next key tile: read in place, it would
+ * otherwise arrive from L3 on demand, one row stream per micro-tile row): rows of len floats, ld
+ * apart. */
+typedef struct {
+    const float *p;
+    int64_t ld, len;
+    int rows;
+} prefetch_rows;
+
+static inline __attribute__((always_inline)) void mm_body(const int pf, int m, int nc, int kk, const float *A,
+                                                          int64_t ars, int64_t acs, const float *B, int64_t ldb,
+                                                          int64_t bps, float *C, int64_t ldc, int acc,
+                                                          const prefetch_rows *nx) {
+    const int tiles = ((nc + MK_NR - 1) / MK_NR) * ((m + MK_MR - 1) / MK_MR);
+    const int per = nx ? (nx->rows + tiles - 1) / tiles : 0;
+    int r = 0;
+    for (int j0 = 0; j0 < nc; j0 += MK_NR) {
+        const int n = nc - j0 < MK_NR ? nc - j0 : MK_NR;
+        const float *Bq = B + (j0 / MK_NR) * bps;
+        for (int i0 = 0; i0 < m; i0 += MK_MR) {
+            for (int q = 0; q < per && r < nx->rows; q++, r++)
+                for (int64_t e = 0; e < nx->len; e += 16) __builtin_prefetch(nx->p + r * nx->ld + e, 0, 2);
+            gdn_mk_rows(MK_MR, MK_NV, pf, m - i0 < MK_MR ? m - i0 : MK_MR, kk, A + (int64_t)i0 * ars, ars, acs, Bq,
+                        ldb, C + (int64_t)i0 * ldc + j0, ldc, n, acc);
+        }
+    }
+}
+static void mm(int m, int nc, int kk, const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb,
+               int64_t bps, float *C, int64_t ldc, int acc, const prefetch_rows *nx) {
+    mm_body(0, m, nc, kk, A, ars, acs, B, ldb, bps, C, ldc, acc, nx);
+}
+static void mm_pf(int m, int nc, int kk, const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb,
+                  int64_t bps, float *C, int64_t ldc, int acc, const prefetch_rows *nx) {
+    mm_body(1, m, nc, kk, A, ars, acs, B, ldb, bps, C, ldc, acc, nx);
+}
+/* Scores S^T [n x BQ] = X [n x d] (in place, rows xld apart) times a panel-major [d x BQ] gather,
+ * the depth in pieces of KC. */
+static void scores_t(int n, int d, const float *X, int64_t xld, const float *GT, float *S, const prefetch_rows *nx) {
+    for (int k0 = 0; k0 < d; k0 += KC)
+        mm(n, BQ, d - k0 < KC ? d - k0 : KC, X + k0, xld, 1, GT + (int64_t)k0 * MK_NR, MK_NR, (int64_t)d * MK_NR, S,
+           BQ, k0 > 0, k0 ? NULL : nx);
+}
+
+/* ---------------------------------------------------------------- gathers */
+
+/* The transposed gather, panel-major: element e of row i (times mul; zero for i >= R) at
+ * dst[(i / MK_NR) d MK_NR + e MK_NR + i % MK_NR], e < d. */
+static void gather_t(float *dst, const float *src, const int64_t *off, int R, int64_t d, float mul) {
+    for (int i0 = 0; i0 < BQ; i0 += VL) {
+        float *pan = dst + (int64_t)(i0 / MK_NR) * d * MK_NR + i0 % MK_NR;
+        int64_t e0 = 0;
+        for (; e0 + VL <= d; e0 += VL) {
+            gdn_vf r[VL];
+            for (int l = 0; l < VL; l++) r[l] = i0 + l < R ? gdn_vloadu(src + off[i0 + l] + e0) * mul : vsplat(0.0f);
+            gdn_transpose_vl(r);
+            for (int l = 0; l < VL; l++) vstore(pan + (e0 + l) * MK_NR, r[l]);
+        }
+        for (; e0 < d; e0++)
+            for (int l = 0; l < VL; l++) pan[e0 * MK_NR + l] = i0 + l < R ? src[off[i0 + l] + e0] * mul : 0.0f;
+    }
+}
+
+/* The row-major gather, panel-major: element e of row i (times mul; zero for d <= e < dp) at
+ * dst[(e / MK_NR) BQ MK_NR + i MK_NR + e % MK_NR], rows i < R. */
+static void gather_rows_major(float *dst, const float *src, const int64_t *off, int R, int64_t d, float mul) {
+    const int64_t dp = dpad(d);
+    for (int i = 0; i < R; i++) {
+        const float *s = src + off[i];
+        for (int64_t e0 = 0; e0 < dp; e0 += MK_NR) {
+            float *o = dst + (e0 / MK_NR) * BQ * MK_NR + (int64_t)i * MK_NR;
+            if (e0 + MK_NR <= d) {
+                for (int e = 0; e < MK_NR; e += VL) vstore(o + e, gdn_vloadu(s + e0 + e) * mul);
+            } else {
+                for (int e = 0; e < MK_NR; e++) o[e] = e0 + e < d ? s[e0 + e] * mul : 0.0f;
+            }
+        }
+    }
+}
+
+/* Row i's output at dst + off[i] (e < d) from src[e][i] times mul[i] (mul NULL: times k),
+ * stored or (add) added. */
+static void scatter_t(float *dst, const float *src, const int64_t *off, int R, int64_t d, const float *mul, float k,
+                      int add) {
+    for (int i0 = 0; i0 < R; i0 += VL) {
+        const int ni = R - i0 < VL ? R - i0 : VL;
+        int64_t e0 = 0;
+        for (; e0 + VL <= d; e0 += VL) {
+            gdn_vf r[VL];
+            for (int l = 0; l < VL; l++) r[l] = vload(src + (e0 + l) * BQ + i0);
+            gdn_transpose_vl(r);
+            for (int i = 0; i < ni; i++) {
+                float *o = dst + off[i0 + i] + e0;
+                const gdn_vf x = r[i] * (mul ? mul[i0 + i] : k);
+                gdn_vstoreu(o, add ? gdn_vloadu(o) + x : x);
+            }
+        }
+        for (; e0 < d; e0++)
+            for (int i = 0; i < ni; i++) {
+                float *o = dst + off[i0 + i] + e0;
+                const float x = src[e0 * BQ + i0 + i] * (mul ? mul[i0 + i] : k);
+                *o = add ? *o + x : x;
+            }
+    }
+}
+
 /* The rows of query block blk of head group g in batch row b: i = tt hg + hh is token blk TB + tt
- * of head g hg + hh. Gathers Q (and dO, lse, D when given) and each row's global index and
- * document start; returns the row count. */
-static int gather_rows(const gdn_attn_core *v, const tile_view *t, int64_t b, int64_t g, int64_t blk, int64_t hg,
-                       const float *Q, const float *dO, const float *lse, const float *D) {
+ * of head g hg + hh. Fills each row's offsets, global index and document start, Q^T (scaled) and,
+ * for the backward (dO given), Q, dO^T, dO, lse and D; rows past R see nothing. Returns R. */
+static int gather_block(const gdn_attn_core *v, const tile_view *t, int64_t b, int64_t g, int64_t blk, int64_t hg,
+                        const float *dO, const float *lse, const float *D) {
     const int64_t TB = BQ / hg, d = v->d, tok0 = blk * TB;
     const int64_t ntok = v->nq - tok0 < TB ? v->nq - tok0 : TB;
+    const float scale = 1.0f / sqrtf((float)d);
     int64_t db = -1, db_end = -1;
     for (int64_t tt = 0; tt < ntok; tt++) {
         const int64_t tl = tok0 + tt, tgl = v->q0 + tl, row = b * v->nq + tl;
@@ -55,96 +264,151 @@ static int gather_rows(const gdn_attn_core *v, const tile_view *t, int64_t b, in
             db = gdn_attn_doc_begin(v->cu, v->n_docs, tgl), db_end = gdn_attn_doc_end(v->cu, v->n_docs, tgl);
         for (int64_t hh = 0; hh < hg; hh++) {
             const int64_t i = tt * hg + hh, h = g * hg + hh;
-            memcpy(t->Qt + i * d, Q + row * v->qld + h * d, sizeof(float) * (size_t)d);
-            if (dO) {
-                memcpy(t->dOt + i * d, dO + row * v->qld + h * d, sizeof(float) * (size_t)d);
-                t->lse[i] = lse[row * v->H + h], t->D[i] = D[row * v->H + h];
-            }
+            t->off[i] = row * v->qld + h * d, t->lix[i] = row * v->H + h;
             t->tg[i] = tgl, t->db[i] = db;
         }
     }
-    return (int)(ntok * hg);
-}
-
-/* The probabilities of rows x keys [u0, u0 + n) (global) in S from the scores, given each row's
- * final lse: exp(s scale - lse), 0 where masked. */
-static inline void probs(const tile_view *t, int rows, int64_t u0, int n, float scale) {
-    for (int i = 0; i < rows; i++) {
-        const int64_t tg = t->tg[i], db = t->db[i];
-        const float l = t->lse[i];
-        float *s = t->S + (size_t)i * BK;
-        for (int c = 0; c < n; c++) {
-            const int64_t u = u0 + c;
-            s[c] = (u <= tg && u >= db && l > -INFINITY) ? gdn_expf_ftz(s[c] * scale - l) : 0.0f;
+    const int R = (int)(ntok * hg);
+    for (int i = R; i < BQ; i++) t->tg[i] = INT64_MIN / 2, t->db[i] = INT64_MAX / 2;
+    gather_t(t->QtT, v->Q, t->off, R, d, scale);
+    if (dO) {
+        gather_t(t->dOtT, dO, t->off, R, d, 1.0f);
+        gather_rows_major(t->Qt, v->Q, t->off, R, d, scale);
+        gather_rows_major(t->dOt, dO, t->off, R, d, 1.0f);
+        for (int i = 0; i < BQ; i++) {
+            /* a row that saw nothing (lse -inf) and the rows past R: P = exp(s - inf) = 0 */
+            const float l = i < R ? lse[t->lix[i]] : INFINITY;
+            t->lse[i] = l == -INFINITY ? INFINITY : l;
+            t->D[i] = i < R ? D[t->lix[i]] : 0.0f;
         }
     }
+    return R;
 }
 
-/* dS = P (dP - D), in dP */
-static inline void dscores(const tile_view *t, int rows, int n) {
-    for (int i = 0; i < rows; i++) {
-        const float Di = t->D[i];
-        float *dp = t->dP + (size_t)i * BK;
-        const float *p = t->S + (size_t)i * BK;
-        for (int c = 0; c < n; c++) dp[c] = p[c] * (dp[c] - Di);
+/* The keys rows [0, R) of a block can see, clipped to the view: [lo, hi) global (empty: lo >= hi). */
+static inline void key_range(const gdn_attn_core *v, const tile_view *t, int R, int64_t *lo, int64_t *hi) {
+    *lo = t->db[0] > v->k0 ? t->db[0] : v->k0;
+    *hi = t->tg[R - 1] + 1 < v->k0 + v->nk ? t->tg[R - 1] + 1 : v->k0 + v->nk;
+}
+/* The first aligned tile of [lo, ...). */
+static inline int64_t first_tile(const gdn_attn_core *v, int64_t lo) {
+    return v->k0 + (lo > v->k0 ? (lo - v->k0) / BK * BK : 0);
+}
+/* Every row of the block sees all keys [u0, u0 + n): no mask. */
+static inline int tile_full(const tile_view *t, int R, int64_t u0, int n) {
+    return u0 >= t->db[R - 1] && u0 + n - 1 <= t->tg[0];
+}
+/* Each row's visible keys [lo, hi] relative to u0, clamped to [-1, BK]. */
+static void set_limits(const tile_view *t, int64_t u0) {
+    for (int i = 0; i < BQ; i++) {
+        const int64_t h = t->tg[i] - u0, l = t->db[i] - u0;
+        t->hi[i] = (int32_t)(h < -1 ? -1 : h > BK ? BK : h);
+        t->lo[i] = (int32_t)(l < 0 ? 0 : l > BK ? BK + 1 : l);
     }
 }
+static inline gdn_vi visible(const tile_view *t, int i0, int c) {
+    const gdn_vi cc = (gdn_vi){0} + c;
+    return (cc <= *(const gdn_vi *)(t->hi + i0)) & (cc >= *(const gdn_vi *)(t->lo + i0));
+}
 
-/* The keys rows [first, last] of a query block can see, clipped to the view: [lo, hi) global. */
-static inline void key_range(const gdn_attn_core *v, const tile_view *t, int rows, int64_t *lo, int64_t *hi) {
-    *lo = t->db[0] > v->k0 ? t->db[0] : v->k0;
-    *hi = t->tg[rows - 1] + 1 < v->k0 + v->nk ? t->tg[rows - 1] + 1 : v->k0 + v->nk;
+/* ---------------------------------------------------------------- forward */
+
+/* The running max of a row moves only when a tile's scores exceed it by more than this (natural
+ * log): the probabilities are then up to e^8 times their normalised values, the sum up to e^8 T,
+ * far inside fp32, and the output, rescaled only then, is rescaled far less often. */
+#define LAZY_MAX 8.0f
+
+/* One tile's online-softmax step on S^T (n x BQ, scaled scores): P^T into dP, against each row's
+ * running max m (raised when a score passes m + LAZY_MAX, or set by the first scores the row sees);
+ * alpha the factor on the row's earlier sum and output. Returns whether some alpha is not 1. */
+static int softmax_step(const tile_view *t, int n, int full) {
+    gdn_vi any = {0};
+    for (int i0 = 0; i0 < BQ; i0 += VL) {
+        const gdn_vf mo = vload(t->m + i0);
+        if (!full)
+            for (int c = 0; c < n; c++)
+                vstore(t->S + c * BQ + i0, vsel(visible(t, i0, c), vload(t->S + c * BQ + i0), vsplat(-INFINITY)));
+        gdn_vi known = mo > -INFINITY;
+        int all = 1;
+        for (int l = 0; l < VL; l++) all &= known[l] != 0;
+        gdn_vf sum = {0}, mx = vsplat(-INFINITY);
+        if (all) { /* one pass against the running max; redone below if a score passes it by LAZY_MAX */
+            for (int c = 0; c < n; c++) {
+                const gdn_vf s = vload(t->S + c * BQ + i0);
+                mx = vmax(mx, s);
+                const gdn_vf p = vexp(s - mo);
+                vstore(t->dP + c * BQ + i0, p);
+                sum += p;
+            }
+            const gdn_vi grow = mx > mo + LAZY_MAX;
+            int none = 1;
+            for (int l = 0; l < VL; l++) none &= grow[l] == 0;
+            if (none) {
+                vstore(t->l + i0, vload(t->l + i0) + sum);
+                vstore(t->alpha + i0, vsplat(1.0f));
+                continue;
+            }
+            sum = (gdn_vf){0};
+        } else {
+            for (int c = 0; c < n; c++) mx = vmax(mx, vload(t->S + c * BQ + i0));
+        }
+        /* the max moves where it grew past the slack or was unknown (stays -inf while a row sees nothing) */
+        const gdn_vf mn = vsel(mx > mo + LAZY_MAX, mx, mo);
+        const gdn_vf mu = vsel(mn == -INFINITY, vsplat(0.0f), mn);
+        const gdn_vf alpha = vexp(mo - mu);
+        for (int c = 0; c < n; c++) {
+            const gdn_vf p = vexp(vload(t->S + c * BQ + i0) - mu);
+            vstore(t->dP + c * BQ + i0, p);
+            sum += p;
+        }
+        vstore(t->l + i0, vload(t->l + i0) * alpha + sum);
+        vstore(t->m + i0, mn);
+        vstore(t->alpha + i0, alpha);
+        any |= alpha != 1.0f;
+    }
+    for (int l = 0; l < VL; l++)
+        if (any[l]) return 1;
+    return 0;
 }
 
 void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
     const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
     const int64_t grp = v->H / v->Hkv, d = v->d, jobs = v->B * ng * nblk;
-    const float scale = 1.0f / sqrtf((float)d);
 #pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; job++) {
         const int64_t blk = nblk - 1 - job / (v->B * ng), b = job % (v->B * ng) / ng, g = job % ng; /* longest first */
         const tile_view t = tile_of(v);
-        const int rows = gather_rows(v, &t, b, g, blk, hg, v->Q, NULL, NULL, NULL);
+        const int R = gather_block(v, &t, b, g, blk, hg, NULL, NULL, NULL);
         const int64_t j = g * hg / grp;
         const float *K = v->K.p + b * v->K.bs + j * v->K.hs, *V = v->V.p + b * v->V.bs + j * v->V.hs;
-        for (int i = 0; i < rows; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
-        memset(t.acc, 0, sizeof(float) * (size_t)rows * (size_t)d);
+        for (int i = 0; i < BQ; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
         int64_t lo, hi;
-        key_range(v, &t, rows, &lo, &hi);
-        for (int64_t u0 = v->k0 + (lo > v->k0 ? (lo - v->k0) / BK * BK : 0); u0 < hi; u0 += BK) {
+        key_range(v, &t, R, &lo, &hi);
+        int first = 1;
+        for (int64_t u0 = first_tile(v, lo); u0 < hi; u0 += BK) {
             const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
-            gdn_gemm(GDN_GEMM_B_TRANS, rows, n, (int)d, t.Qt, (int)d, K + (u0 - v->k0) * v->K.ld, (int)v->K.ld, t.S, BK);
-            for (int i = 0; i < rows; i++) {
-                const int64_t tg = t.tg[i], db = t.db[i];
-                float *s = t.S + (size_t)i * BK, mx = t.m[i];
-                for (int c = 0; c < n; c++) {
-                    const int64_t u = u0 + c;
-                    s[c] = (u <= tg && u >= db) ? s[c] * scale : -INFINITY;
-                    mx = s[c] > mx ? s[c] : mx;
-                }
-                if (mx == -INFINITY) { /* nothing visible yet */
-                    memset(s, 0, sizeof(float) * (size_t)n);
-                    continue;
-                }
-                const float alpha = t.m[i] == -INFINITY ? 0.0f : gdn_expf_ftz(t.m[i] - mx);
-                float sum = 0.0f;
-                for (int c = 0; c < n; c++) {
-                    s[c] = s[c] == -INFINITY ? 0.0f : gdn_expf_ftz(s[c] - mx);
-                    sum += s[c];
-                }
-                t.l[i] = t.l[i] * alpha + sum, t.m[i] = mx;
-                if (alpha != 1.0f)
-                    for (int64_t e = 0; e < d; e++) t.acc[i * d + e] *= alpha;
-            }
-            gdn_gemm(GDN_GEMM_ACC, rows, (int)d, n, t.S, BK, V + (u0 - v->k0) * v->V.ld, (int)v->V.ld, t.acc, (int)d);
+            const float *Ku = K + (u0 - v->k0) * v->K.ld, *Vu = V + (u0 - v->k0) * v->V.ld;
+            /* the next tile's keys and values come into L2 under this one's products */
+            const int nn = (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
+            const prefetch_rows nk = {Ku + BK * v->K.ld, v->K.ld, d, nn > 0 ? nn : 0};
+            const prefetch_rows nv = {Vu + BK * v->V.ld, v->V.ld, d, nn > 0 ? nn : 0};
+            scores_t(n, (int)d, Ku, v->K.ld, t.QtT, t.S, &nk); /* S^T = K Q^T */
+            const int full = tile_full(&t, R, u0, n);
+            if (!full) set_limits(&t, u0);
+            const int rescale = softmax_step(&t, n, full);
+            if (rescale && !first)
+                for (int64_t e = 0; e < d; e++)
+                    for (int i0 = 0; i0 < BQ; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
+            mm((int)d, BQ, n, Vu, 1, v->V.ld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv); /* O^T += V^T P^T */
+            first = 0;
         }
-        for (int i = 0; i < rows; i++) {
-            const int64_t tt = i / hg, h = g * hg + i % hg, row = b * v->nq + blk * TB + tt;
-            float *orow = o + row * v->qld + h * d;
-            const float inv = t.l[i] > 0.0f ? 1.0f / t.l[i] : 0.0f; /* a query that sees nothing gives 0 */
-            for (int64_t e = 0; e < d; e++) orow[e] = t.acc[i * d + e] * inv;
-            lse[row * v->H + h] = t.l[i] > 0.0f ? t.m[i] + logf(t.l[i]) : -INFINITY;
+        for (int i = 0; i < BQ; i++) { /* 1 / l per row, lse; a query that sees nothing: o = 0, lse = -inf */
+            const float l = t.l[i];
+            if (i < R) lse[t.lix[i]] = l > 0.0f && !first ? t.m[i] + logf(l) : -INFINITY;
+            t.alpha[i] = l > 0.0f && !first ? 1.0f / l : 0.0f;
         }
+        if (first) memset(t.acc, 0, sizeof(float) * (size_t)d * BQ);
+        scatter_t(o, t.acc, t.off, R, d, t.alpha, 0.0f, 0);
     }
 }
 
@@ -168,70 +432,144 @@ void gdn_attn_merge(int64_t rows, int64_t H, int64_t d, int64_t qld, float *o, f
         }
 }
 
-void gdn_attn_core_backward_q(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq) {
-    const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
-    const int64_t grp = v->H / v->Hkv, d = v->d, jobs = v->B * ng * nblk;
-    const float scale = 1.0f / sqrtf((float)d);
-#pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
-    for (int64_t job = 0; job < jobs; job++) {
-        const int64_t blk = nblk - 1 - job / (v->B * ng), b = job % (v->B * ng) / ng, g = job % ng;
-        const tile_view t = tile_of(v);
-        const int rows = gather_rows(v, &t, b, g, blk, hg, v->Q, dO, lse, D);
-        const int64_t j = g * hg / grp;
-        const float *K = v->K.p + b * v->K.bs + j * v->K.hs, *V = v->V.p + b * v->V.bs + j * v->V.hs;
-        int64_t lo, hi;
-        key_range(v, &t, rows, &lo, &hi);
-        if (lo >= hi) continue;
-        memset(t.acc, 0, sizeof(float) * (size_t)rows * (size_t)d);
-        for (int64_t u0 = v->k0 + (lo > v->k0 ? (lo - v->k0) / BK * BK : 0); u0 < hi; u0 += BK) {
-            const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
-            const float *Ku = K + (u0 - v->k0) * v->K.ld, *Vu = V + (u0 - v->k0) * v->V.ld;
-            gdn_gemm(GDN_GEMM_B_TRANS, rows, n, (int)d, t.Qt, (int)d, Ku, (int)v->K.ld, t.S, BK);
-            probs(&t, rows, u0, n, scale);
-            gdn_gemm(GDN_GEMM_B_TRANS, rows, n, (int)d, t.dOt, (int)d, Vu, (int)v->V.ld, t.dP, BK);
-            dscores(&t, rows, n);
-            gdn_gemm(GDN_GEMM_ACC, rows, (int)d, n, t.dP, BK, Ku, (int)v->K.ld, t.acc, (int)d);
-        }
-        for (int i = 0; i < rows; i++) {
-            const int64_t tt = i / hg, h = g * hg + i % hg, row = b * v->nq + blk * TB + tt;
-            float *r = dq + row * v->qld + h * d;
-            for (int64_t e = 0; e < d; e++) r[e] += scale * t.acc[i * d + e];
+/* ---------------------------------------------------------------- backward */
+
+enum { PAIR_DQ = 1, PAIR_DKV = 2 };
+
+/* One (block, tile) pair of the backward: keys [u0, u0 + n) of kv head j (Ku, Vu: key u0; dKu,
+ * dVu: its gradient rows). PAIR_DQ: dQ^T += K^T dS^T (overwritten when first); PAIR_DKV:
+ * dV += P^T dO, dK += dS^T Q (scaled Q: the d^-1/2 of dK) into the caller's rows. */
+static void backward_pair(const gdn_attn_core *v, const tile_view *t, int R, int64_t u0, int n, const float *Ku,
+                          const float *Vu, int flags, int first, float *dKu, int64_t dk_ld, float *dVu, int64_t dv_ld,
+                          int n_next) {
+    const int d = (int)v->d;
+    /* the next tile's keys and values (n_next of them, in the caller's order) come into L2 */
+    const prefetch_rows nk = {Ku + BK * v->K.ld, v->K.ld, d, n_next}, nv = {Vu + BK * v->V.ld, v->V.ld, d, n_next};
+    scores_t(n, d, Ku, v->K.ld, t->QtT, t->S, &nk);  /* S^T = K Q^T (scaled) */
+    scores_t(n, d, Vu, v->V.ld, t->dOtT, t->dP, &nv); /* dP^T = V dO^T */
+    const int full = tile_full(t, R, u0, n);
+    if (!full) set_limits(t, u0);
+    for (int i0 = 0; i0 < BQ; i0 += VL) {
+        const gdn_vf l = vload(t->lse + i0), Dv = vload(t->D + i0);
+        for (int c = 0; c < n; c++) {
+            gdn_vf p = vexp(vload(t->S + c * BQ + i0) - l);
+            if (!full) p = vsel(visible(t, i0, c), p, vsplat(0.0f));
+            vstore(t->S + c * BQ + i0, p);
+            vstore(t->dP + c * BQ + i0, p * (vload(t->dP + c * BQ + i0) - Dv)); /* dS = P (dP - D) */
         }
     }
+    if (flags & PAIR_DKV) {
+        mm_pf(n, d, R, t->S, BQ, 1, t->dOt, MK_NR, BQ * MK_NR, dVu, dv_ld, 1, NULL); /* dV += P^T dO */
+        mm_pf(n, d, R, t->dP, BQ, 1, t->Qt, MK_NR, BQ * MK_NR, dKu, dk_ld, 1, NULL); /* dK += dS^T Q */
+    }
+    if (flags & PAIR_DQ) mm(d, BQ, n, Ku, 1, v->K.ld, t->dP, BQ, MK_NR, t->acc, BQ, !first, NULL); /* dQ^T += K^T dS^T */
+}
+
+/* Every tile of one gathered block (rows [0, R)): the pairs in key order; dQ added into dq when
+ * asked. */
+static void backward_block(const gdn_attn_core *v, const tile_view *t, int R, int64_t b, int64_t j, int flags,
+                           float *dq, const gdn_attn_kv *dk, const gdn_attn_kv *dv) {
+    int64_t lo, hi;
+    key_range(v, t, R, &lo, &hi);
+    if (lo >= hi) return;
+    const float *K = v->K.p + b * v->K.bs + j * v->K.hs, *V = v->V.p + b * v->V.bs + j * v->V.hs;
+    int first = 1;
+    for (int64_t u0 = first_tile(v, lo); u0 < hi; u0 += BK, first = 0) {
+        const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
+        const int64_t u = u0 - v->k0;
+        const int nn = (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
+        backward_pair(v, t, R, u0, n, K + u * v->K.ld, V + u * v->V.ld, flags, first,
+                      flags & PAIR_DKV ? dk->p + b * dk->bs + j * dk->hs + u * dk->ld : NULL, flags & PAIR_DKV ? dk->ld : 0,
+                      flags & PAIR_DKV ? dv->p + b * dv->bs + j * dv->hs + u * dv->ld : NULL, flags & PAIR_DKV ? dv->ld : 0,
+                      nn > 0 ? nn : 0);
+    }
+    if (flags & PAIR_DQ) scatter_t(dq, t->acc, t->off, R, v->d, NULL, 1.0f / sqrtf((float)v->d), 1);
+}
+
+void gdn_attn_core_backward_q(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq) {
+    const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
+    const int64_t grp = v->H / v->Hkv, jobs = v->B * ng * nblk;
+#pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
+    for (int64_t job = 0; job < jobs; job++) {
+        const int64_t blk = nblk - 1 - job / (v->B * ng), b = job % (v->B * ng) / ng, g = job % ng; /* longest first */
+        const tile_view t = tile_of(v);
+        const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D);
+        backward_block(v, &t, R, b, g * hg / grp, PAIR_DQ, dq, NULL, NULL);
+    }
+}
+
+/* The query blocks of group g that can see keys [u0, u0 + n): [*blo, *bhi). */
+static void blocks_seeing(const gdn_attn_core *v, int64_t TB, int64_t u0, int n, int64_t *blo, int64_t *bhi) {
+    const int64_t de = gdn_attn_doc_end(v->cu, v->n_docs, u0 + n - 1); /* the end of the last key's document */
+    const int64_t t_lo = u0 - v->q0 > 0 ? u0 - v->q0 : 0;
+    const int64_t t_hi = de == INT64_MAX || de - v->q0 > v->nq ? v->nq : de - v->q0;
+    *blo = t_lo / TB, *bhi = t_lo >= t_hi ? t_lo / TB : (t_hi + TB - 1) / TB;
 }
 
 void gdn_attn_core_backward_kv(const gdn_attn_core *v, const float *dO, const float *lse, const float *D,
                                gdn_attn_kv dk, gdn_attn_kv dv) {
     const int64_t hg = heads_per_job(v), TB = BQ / hg, ng_kv = v->H / v->Hkv / hg;
-    const int64_t d = v->d, nkt = (v->nk + BK - 1) / BK, jobs = v->B * v->Hkv * nkt;
-    const float scale = 1.0f / sqrtf((float)d);
+    const int64_t nkt = (v->nk + BK - 1) / BK, jobs = v->B * v->Hkv * nkt;
 #pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; job++) {
         const int64_t kt = job / (v->B * v->Hkv), b = job % (v->B * v->Hkv) / v->Hkv, j = job % v->Hkv; /* longest first */
-        const int64_t u0 = v->k0 + kt * BK;
-        const int n = (int)(v->k0 + v->nk - u0 < BK ? v->k0 + v->nk - u0 : BK);
-        /* the queries that can see these keys: [u0, the end of the last key's document) */
-        const int64_t de = gdn_attn_doc_end(v->cu, v->n_docs, u0 + n - 1);
-        const int64_t t_lo = u0 - v->q0 > 0 ? u0 - v->q0 : 0;
-        const int64_t t_hi = de == INT64_MAX || de - v->q0 > v->nq ? v->nq : de - v->q0;
-        if (t_lo >= t_hi) continue;
+        const int64_t u0 = v->k0 + kt * BK, u = kt * BK;
+        const int nt = (int)(v->k0 + v->nk - u0 < BK ? v->k0 + v->nk - u0 : BK);
+        int64_t blo, bhi;
+        blocks_seeing(v, TB, u0, nt, &blo, &bhi);
+        if (blo >= bhi) continue;
         const tile_view t = tile_of(v);
-        const float *Ku = v->K.p + b * v->K.bs + j * v->K.hs + kt * BK * v->K.ld;
-        const float *Vu = v->V.p + b * v->V.bs + j * v->V.hs + kt * BK * v->V.ld;
-        memset(t.acc, 0, sizeof(float) * (size_t)BK * (size_t)d);  /* dK */
-        memset(t.acc2, 0, sizeof(float) * (size_t)BK * (size_t)d); /* dV */
+        const float *Ku = v->K.p + b * v->K.bs + j * v->K.hs + u * v->K.ld;
+        const float *Vu = v->V.p + b * v->V.bs + j * v->V.hs + u * v->V.ld;
+        float *dKu = dk.p + b * dk.bs + j * dk.hs + u * dk.ld, *dVu = dv.p + b * dv.bs + j * dv.hs + u * dv.ld;
+        /* the same pairs in the same order as the fused pass: groups, then blocks, ascending */
         for (int64_t g = j * ng_kv; g < (j + 1) * ng_kv; g++)
-            for (int64_t blk = t_lo / TB; blk * TB < t_hi; blk++) {
-                const int rows = gather_rows(v, &t, b, g, blk, hg, v->Q, dO, lse, D);
-                gdn_gemm(GDN_GEMM_B_TRANS, rows, n, (int)d, t.Qt, (int)d, Ku, (int)v->K.ld, t.S, BK);
-                probs(&t, rows, u0, n, scale);
-                gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, (int)d, rows, t.S, BK, t.dOt, (int)d, t.acc2, (int)d);
-                gdn_gemm(GDN_GEMM_B_TRANS, rows, n, (int)d, t.dOt, (int)d, Vu, (int)v->V.ld, t.dP, BK);
-                dscores(&t, rows, n);
-                gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_TRANS, n, (int)d, rows, t.dP, BK, t.Qt, (int)d, t.acc, (int)d);
+            for (int64_t blk = blo; blk < bhi; blk++) {
+                const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D);
+                int64_t lo, hi;
+                key_range(v, &t, R, &lo, &hi);
+                if (lo >= hi || u0 < first_tile(v, lo) || u0 >= hi) continue;
+                const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
+                backward_pair(v, &t, R, u0, n, Ku, Vu, PAIR_DKV, 1, dKu, dk.ld, dVu, dv.ld, 0);
             }
-        float *dkr = dk.p + b * dk.bs + j * dk.hs + kt * BK * dk.ld, *dvr = dv.p + b * dv.bs + j * dv.hs + kt * BK * dv.ld;
-        for (int c = 0; c < n; c++)
-            for (int64_t e = 0; e < d; e++) dkr[c * dk.ld + e] += scale * t.acc[c * d + e], dvr[c * dv.ld + e] += t.acc2[c * d + e];
     }
+}
+
+/* Whether the fused pass keeps the threads busy: its B Hkv equal jobs against the two passes'
+ * 9/7 of the work spread over every block and tile. */
+static int fused_pays(const gdn_attn_core *v) {
+    const int64_t jobs = v->B * v->Hkv, p = v->threads > 0 ? v->threads : 1;
+    const int64_t rounds = (jobs + p - 1) / p;
+    return (double)jobs / (double)(rounds * p) >= 0.8;
+}
+
+void gdn_attn_core_backward(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq,
+                            gdn_attn_kv dk, gdn_attn_kv dv) {
+    if (!fused_pays(v)) {
+        gdn_attn_core_backward_q(v, dO, lse, D, dq);
+        gdn_attn_core_backward_kv(v, dO, lse, D, dk, dv);
+        return;
+    }
+    const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng_kv = v->H / v->Hkv / hg;
+    const int64_t jobs = v->B * v->Hkv;
+#pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
+    for (int64_t job = 0; job < jobs; job++) {
+        const int64_t b = job / v->Hkv, j = job % v->Hkv;
+        const tile_view t = tile_of(v);
+        for (int64_t g = j * ng_kv; g < (j + 1) * ng_kv; g++)
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D);
+                backward_block(v, &t, R, b, j, PAIR_DQ | PAIR_DKV, dq, &dk, &dv);
+            }
+    }
+}
+
+const char *gdn_attn_core_path(const gdn_attn_core *v) {
+#define STR_(x) #x
+#define STR(x) STR_(x)
+    static const char fused[] = "flash " STR(BQ) "x" STR(BK) " transposed tiles, fused backward (B Hkv jobs), "
+                                "micro-kernel " GDN_VL_STR "x" STR(MK_MR) "x" GDN_2VL_STR;
+    static const char two[] = "flash " STR(BQ) "x" STR(BK) " transposed tiles, two-pass backward, "
+                              "micro-kernel " GDN_VL_STR "x" STR(MK_MR) "x" GDN_2VL_STR;
+    return v && !fused_pays(v) ? two : fused;
 }

@@ -70,6 +70,13 @@ void gdn_attn_merge(int64_t rows, int64_t H, int64_t d, int64_t qld, float *o, f
 void gdn_attn_core_backward_q(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq);
 void gdn_attn_core_backward_kv(const gdn_attn_core *v, const float *dO, const float *lse, const float *D,
                                gdn_attn_kv dk, gdn_attn_kv dv);
+/* Both at once (dq += and dk, dv +=, exactly as the two calls above give): one pass when the
+ * B Hkv (batch row, kv head) jobs keep the threads busy, else the two calls. */
+void gdn_attn_core_backward(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq,
+                            gdn_attn_kv dk, gdn_attn_kv dv);
+/* The core's path (tile sizes, the backward's schedule, the micro-kernel) for a view; NULL: the
+ * default's. For benchmarks. */
+const char *gdn_attn_core_path(const gdn_attn_core *v);
 
 /* ---------------------------------------------------------------- the plan */
 

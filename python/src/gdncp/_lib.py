@@ -53,6 +53,17 @@ class LayerConfig(ctypes.Structure):
                 ("n_docs", c_int64), ("seq_offset", c_int64)]
 
 
+class AttnConfig(ctypes.Structure):
+    """gdn_attn_config (include/gdncp/attention.h): the gated attention layer's, whose B, T, H,
+    Hkv, d, threads, check_finite, cu_seqlens and n_docs the attention core alone (gdn_sdpa_*)
+    reads."""
+    _fields_ = [("B", c_int64), ("T", c_int64), ("E", c_int64), ("H", c_int64), ("Hkv", c_int64),
+                ("d", c_int64), ("R", c_int64), ("rope_theta", c_double), ("eps", c_float),
+                ("threads", c_int), ("check_finite", c_int), ("cu_seqlens", P_int64),
+                ("n_docs", c_int64), ("pos_offset", c_int64), ("seq_offset", c_int64),
+                ("max_position", c_int64), ("cp", c_int), ("keep", c_int)]
+
+
 class RuleInputs(ctypes.Structure):
     """gdn_rule_inputs: q, k, v, g, beta required; h0 optional (NULL: zeros)."""
     _fields_ = [(n, P_float) for n in ("q", "k", "v", "g", "beta", "h0")]
@@ -143,6 +154,18 @@ gdn_layer_reference_forward = _proto("gdn_layer_reference_forward", c_int, POINT
 gdn_layer_reference_backward = _proto("gdn_layer_reference_backward", c_int,
                                       POINTER(LayerConfig), P_double, P_double, P_double,
                                       P_double, P_double)
+# The attention core alone: causal SDPA over token-major q [B,T,H,d], k, v [B,T,Hkv,d]
+gdn_attn_config_default = _proto("gdn_attn_config_default", AttnConfig, *([c_int64] * 6))
+gdn_attn_plan_create = _proto("gdn_attn_plan_create", c_int, POINTER(c_void_p), POINTER(AttnConfig))
+gdn_attn_plan_destroy = _proto("gdn_attn_plan_destroy", None, c_void_p)
+gdn_attn_plan_config = _proto("gdn_attn_plan_config", POINTER(AttnConfig), c_void_p)
+gdn_sdpa_plan_create = _proto("gdn_sdpa_plan_create", c_int, POINTER(c_void_p), POINTER(AttnConfig))
+gdn_sdpa_plan_destroy = _proto("gdn_sdpa_plan_destroy", None, c_void_p)
+gdn_sdpa_plan_path = _proto("gdn_sdpa_plan_path", c_char_p, c_void_p)
+# (plan, o, lse, q, k, v); (plan, dq, dk, dv, q, k, v, o, lse, dout)
+gdn_sdpa_forward = _proto("gdn_sdpa_forward", c_int, c_void_p, P_float, P_float, P_float, P_float,
+                          P_float)
+gdn_sdpa_backward = _proto("gdn_sdpa_backward", c_int, c_void_p, *([P_float] * 9))
 gdn_measure_peak_gflops = _proto("gdn_measure_peak_gflops", c_double, c_int)
 gdn_flops_issued_start = _proto("gdn_flops_issued_start", None)
 gdn_flops_issued_stop = _proto("gdn_flops_issued_stop", c_uint64)

@@ -22,8 +22,16 @@ the threads.
             gdncp's rule): the layer's forward + backward against its conv1d + SiLU alone, same
             shapes, and against gdncp.Layer (the whole layer in C, conv included) with the same
             weights (--layer-E; the heads of the rule section).
+  attention PyTorch's torch.nn.functional.scaled_dot_product_attention(is_causal=True,
+            enable_gqa=True) (fp32, CPU, its q [B, H, T, d] layout) against gdncp's attention core
+            alone (gdn_sdpa_forward / gdn_sdpa_backward through ctypes, token-major
+            [B, T, H, d], plan and outputs made once), same values, same threads: forward and
+            forward + backward of sum(o * dout), GFLOP/s by the causal count 2 T^2 d H (x3.5 with
+            the backward), their ratio, and o, dq, dk, dv against torch's. Shape: --attn-T
+            (default 8192), --attn-H 16, --attn-Hkv 2, --attn-d 256 (Qwen3.5-35B-A3B's heads).
 
-    python -m gdncp.bench [--what rule,model,overhead,conv] [--quick] [--reps 5] [--threads N]
+    python -m gdncp.bench [--what rule,model,overhead,conv,attention] [--quick] [--reps 5]
+                          [--threads N]
 
 --quick runs every section at toy sizes (the test suite's smoke run). --threads sets torch's
 thread count (0: torch's default), which gdncp's kernels use too.
@@ -289,15 +297,108 @@ def run_conv(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
     return t_layer, t_conv, t_c, shape
 
 
+# ----------------------------------------------------------------------------- attention core
+
+def attention_flops(T, H, d, backward, B=1):
+    """The causal count: QK^T and PV, 2d FLOPs per (query, key) pair each over the T^2/2 pairs a
+    causal row sees, 2 T^2 d H per batch row forward; x3.5 forward + backward (the backward
+    recomputes QK^T and runs dP, dV, dK, dQ: five such products)."""
+    f = 2.0 * T * T * d * H * B
+    return 3.5 * f if backward else f
+
+
+class _SDPA:
+    """gdn_sdpa_* over float32 token-major NumPy arrays, one plan, outputs made once."""
+
+    def __init__(self, B, T, H, Hkv, d, threads):
+        from . import _lib as L
+        self.L = L
+        cfg = L.gdn_attn_config_default(B, T, 0, H, Hkv, d)
+        cfg.threads = threads
+        self.h = ctypes.c_void_p()
+        L.check(L.gdn_sdpa_plan_create(ctypes.byref(self.h), ctypes.byref(cfg)), "gdn_sdpa_plan_create")
+        self.o = np.empty((B, T, H, d), np.float32)
+        self.lse = np.empty((B, T, H), np.float32)
+        self.dq = np.empty((B, T, H, d), np.float32)
+        self.dk = np.empty((B, T, Hkv, d), np.float32)
+        self.dv = np.empty((B, T, Hkv, d), np.float32)
+
+    def path(self):
+        return self.L.gdn_sdpa_plan_path(self.h).decode()
+
+    def forward(self, q, k, v):
+        L, p = self.L, self.L.f32p
+        L.check(L.gdn_sdpa_forward(self.h, p(self.o), p(self.lse), p(q), p(k), p(v)), "gdn_sdpa_forward")
+
+    def backward(self, q, k, v, dout):
+        L, p = self.L, self.L.f32p
+        L.check(L.gdn_sdpa_backward(self.h, p(self.dq), p(self.dk), p(self.dv), p(q), p(k), p(v),
+                                    p(self.o), p(self.lse), p(dout)), "gdn_sdpa_backward")
+
+    def __del__(self):
+        if getattr(self, "h", None):
+            self.L.gdn_sdpa_plan_destroy(self.h)
+
+
+def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True):
+    """torch SDPA against gdncp's core, forward and forward + backward in alternating rounds:
+    (rows [(name, fwd s, fwd+bwd s)], errors {o, dq, dk, dv} of gdncp against torch, gdncp path).
+    causal_for_check=False compares gdncp's causal result with torch's non-causal one (the
+    negative control of the agreement)."""
+    import torch.nn.functional as F
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(B, H, T, d, generator=gen)
+    k = torch.randn(B, Hkv, T, d, generator=gen)
+    v = torch.randn(B, Hkv, T, d, generator=gen)
+    dout = torch.randn(B, H, T, d, generator=gen)
+    # gdncp's token-major copies of the same values (made once, outside the timing)
+    tm = [np.ascontiguousarray(x.transpose(1, 2).numpy()) for x in (q, k, v, dout)]
+    core = _SDPA(B, T, H, Hkv, d, torch.get_num_threads())
+    got = {}
+
+    def t_fwd():
+        with torch.no_grad():
+            got["o"] = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def t_fwd_bwd():
+        qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)
+        o.backward(dout)
+        got["grads"] = (qq.grad, kk.grad, vv.grad)
+
+    def g_fwd():
+        core.forward(*tm[:3])
+
+    def g_fwd_bwd():
+        core.forward(*tm[:3])
+        core.backward(*tm)
+
+    tf, tg, tfb, tgb = _time_rounds((t_fwd, g_fwd, t_fwd_bwd, g_fwd_bwd), reps)
+    # agreement with torch (on the last calls' outputs; the control: torch without the mask)
+    if not causal_for_check:
+        with torch.no_grad():
+            got["o"] = F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True)
+    ref = {"o": got["o"]}
+    ref["dq"], ref["dk"], ref["dv"] = got["grads"]
+    ours = {"o": core.o, "dq": core.dq, "dk": core.dk, "dv": core.dv}
+    err = {}
+    for n, r in ref.items():
+        r = r.detach().transpose(1, 2).double().numpy()
+        err[n] = float(np.max(np.abs(ours[n] - r)) / np.max(np.abs(r)))
+    return [("torch SDPA", tf, tfb), ("gdncp core", tg, tgb)], err, core.path()
+
+
 # ----------------------------------------------------------------------------- command line
 
-SECTIONS = ("rule", "model", "overhead", "conv")
+SECTIONS = ("rule", "model", "overhead", "conv", "attention")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m gdncp.bench", description=__doc__.split("\n\n")[0])
     for name, default in (("B", 1), ("T", 1024), ("Hk", 16), ("Hv", 32), ("K", 128), ("V", 128),
-                          ("reps", 5), ("model-B", 8), ("model-T", 512), ("layer-E", 2048)):
+                          ("reps", 5), ("model-B", 8), ("model-T", 512), ("layer-E", 2048),
+                          ("attn-T", 8192), ("attn-H", 16), ("attn-Hkv", 2), ("attn-d", 256),
+                          ("attn-reps", 3)):
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-backward", action="store_true", help="rule: forward only")
@@ -314,11 +415,15 @@ def main(argv=None):
     if a.quick:
         a.T, a.Hk, a.Hv, a.K, a.V, a.reps = 80, 1, 2, 16, 16, 1
         a.model_B, a.model_T, a.layer_E = 2, 64, 32
-    for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "layer_E"):
+        a.attn_T, a.attn_reps = 256, 1
+    for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "layer_E", "attn_T",
+                 "attn_H", "attn_Hkv", "attn_d", "attn_reps"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.Hv % a.Hk:
         ap.error(f"--Hv {a.Hv} must be a multiple of --Hk {a.Hk}")
+    if a.attn_H % a.attn_Hkv:
+        ap.error(f"--attn-H {a.attn_H} must be a multiple of --attn-Hkv {a.attn_Hkv}")
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f"python -m gdncp.bench: {_where()}, medians of {a.reps} after a warm-up")
@@ -365,6 +470,21 @@ def main(argv=None):
               "through gdncp could save)")
         print(f"  gdncp.Layer (all of it in C)   {t_c * 1e3:9.1f} ms   "
               f"= {t_c / t_layer * 100:.1f} % of the patched layer")
+    if "attention" in what:
+        T, H, Hkv, d = a.attn_T, a.attn_H, a.attn_Hkv, a.attn_d
+        rows, err, path = run_attention(T, H, Hkv, d, a.attn_reps)
+        print(f"[attention] causal SDPA, fp32, B=1 T={T} H={H} Hkv={Hkv} d={d}, {_where()}, "
+              f"medians of {a.attn_reps} alternating rounds; GFLOP/s by 2 T^2 d H forward, "
+              "x3.5 forward+backward")
+        for name, f, fb in rows:
+            print(f"  {name:11s} forward {f * 1e3:9.1f} ms {attention_flops(T, H, d, 0) / f / 1e9:7.1f} "
+                  f"GFLOP/s   forward+backward {fb * 1e3:9.1f} ms "
+                  f"{attention_flops(T, H, d, 1) / fb / 1e9:7.1f} GFLOP/s")
+        (_, f0, fb0), (_, f1, fb1) = rows
+        print(f"  speed-up (torch SDPA / gdncp core): forward {f0 / f1:.2f}x, forward+backward "
+              f"{fb0 / fb1:.2f}x; gdncp path: {path}")
+        print("  gdncp vs torch (max|diff| / max|torch|): "
+              + ", ".join(f"{n} {e:.1e}" for n, e in err.items()))
     return 0
 
 

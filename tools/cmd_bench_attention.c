@@ -1,0 +1,401 @@
+/* gdncp bench attention: Qwen3.5's gated full-attention layer and its attention core alone
+ * (gdn_sdpa_*) at the Qwen3.5 heads (35B-A3B: H 16, Hkv 2, d 256, E 2048; 9B: H 16, Hkv 4,
+ * E 4096; 0.8B: H 8, Hkv 2, E 1024), forward and forward+backward, B = 1.
+ * FLOPs: the core's causal products QK^T and PV, 2d per (query, key) pair each over the T^2/2
+ * pairs a causal row sees, 2 T^2 d H forward; x3.5 forward+backward (the backward recomputes QK^T
+ * and runs dP = dO V^T, dV = P^T dO, dK = dS^T Q, dQ = dS K: 5 of those products); the layer adds
+ * its projections, 2E(2Hd + 2 Hkv d) + 2HdE per token forward, three times that with the
+ * backward. Elementwise work (softmax, masks, norms, RoPE, gate) is not counted. Fractions are of
+ * this machine's native-width FMA peak measured in the same run. Errors: the core's o (of the
+ * timed run) on its first tokens, and dq, dk, dv of a run on those tokens alone, against plain
+ * double loops; the layer's y and dx against the double reference layer on its first tokens. */
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef struct {
+    const char *label;
+    int64_t E, H, Hkv, d;
+} attn_shape;
+
+static const attn_shape shapes[] = {
+    {"35b-a3b", 2048, 16, 2, 256}, {"9b", 4096, 16, 4, 256}, {"0.8b", 1024, 8, 2, 256},
+};
+enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
+
+static double core_flops(const attn_shape *s, int64_t T, int backward) {
+    const double f = 2.0 * (double)T * (double)T * (double)s->d * (double)s->H;
+    return backward ? 3.5 * f : f;
+}
+static double proj_flops(const attn_shape *s, int64_t T, int backward) {
+    const double E = (double)s->E, Hd = (double)(s->H * s->d), Kd = (double)(s->Hkv * s->d);
+    return (backward ? 3.0 : 1.0) * (double)T * (2 * E * (2 * Hd + 2 * Kd) + 2 * Hd * E);
+}
+
+static float *random_floats(size_t n, float lo, float hi, uint64_t *s) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; x && i < n; i++) {
+        *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+        x[i] = lo + (hi - lo) * (float)((*s >> 40) / 16777216.0);
+    }
+    return x;
+}
+
+static double max_rel(const float *x, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num = fmax(num, fabs(x[i] - ref[i])), den = fmax(den, fabs(ref[i]));
+    return num != num ? NAN : den > 0 ? num / den : num;
+}
+
+/* Causal attention in double with plain loops over the first tp tokens (B = 1, token-major):
+ * o, and with dout also dq, dk, dv. */
+static void core_reference(const attn_shape *s, int64_t tp, const float *q, const float *k, const float *v,
+                           const float *dout, double *o, double *dq, double *dk, double *dv) {
+    const int64_t H = s->H, Hkv = s->Hkv, d = s->d, grp = H / Hkv;
+    const double scale = 1.0 / sqrt((double)d);
+    double *p = malloc(sizeof(double) * (size_t)tp), *dp = malloc(sizeof(double) * (size_t)tp);
+    if (dout) {
+        memset(dq, 0, sizeof(double) * (size_t)(tp * H * d));
+        memset(dk, 0, sizeof(double) * (size_t)(tp * Hkv * d));
+        memset(dv, 0, sizeof(double) * (size_t)(tp * Hkv * d));
+    }
+    for (int64_t t = 0; t < tp; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t j = h / grp;
+            const float *qr = q + (t * H + h) * d;
+            double m = -INFINITY, l = 0;
+            for (int64_t u = 0; u <= t; u++) {
+                double x = 0;
+                for (int64_t e = 0; e < d; e++) x += (double)qr[e] * k[(u * Hkv + j) * d + e];
+                p[u] = x * scale, m = fmax(m, p[u]);
+            }
+            for (int64_t u = 0; u <= t; u++) l += exp(p[u] - m);
+            double *orow = o + (t * H + h) * d;
+            memset(orow, 0, sizeof(double) * (size_t)d);
+            for (int64_t u = 0; u <= t; u++) {
+                p[u] = exp(p[u] - m) / l;
+                for (int64_t e = 0; e < d; e++) orow[e] += p[u] * v[(u * Hkv + j) * d + e];
+            }
+            if (!dout) continue;
+            const float *g = dout + (t * H + h) * d;
+            double D = 0;
+            for (int64_t e = 0; e < d; e++) D += g[e] * orow[e];
+            for (int64_t u = 0; u <= t; u++) {
+                dp[u] = 0;
+                for (int64_t e = 0; e < d; e++) dp[u] += (double)g[e] * v[(u * Hkv + j) * d + e];
+                const double ds = p[u] * (dp[u] - D);
+                for (int64_t e = 0; e < d; e++) {
+                    dq[(t * H + h) * d + e] += scale * ds * k[(u * Hkv + j) * d + e];
+                    dk[(u * Hkv + j) * d + e] += scale * ds * qr[e];
+                    dv[(u * Hkv + j) * d + e] += p[u] * g[e];
+                }
+            }
+        }
+    free(p), free(dp);
+}
+
+/* The core's dq, dk, dv on the first tp tokens alone against the double loops: the largest of the
+ * three relative errors. */
+static double core_backward_error(const attn_shape *s, int64_t tp, int threads, const float *q, const float *k,
+                                  const float *v, const float *dout) {
+    const int64_t nq = tp * s->H * s->d, nk = tp * s->Hkv * s->d;
+    gdn_attn_config c = gdn_attn_config_default(1, tp, s->E, s->H, s->Hkv, s->d);
+    c.threads = threads;
+    float *o = malloc(4 * nq), *lse = malloc(4 * tp * s->H), *dq = malloc(4 * nq), *dk = malloc(4 * nk),
+          *dv = malloc(4 * nk);
+    double *ro = malloc(8 * nq), *rq = malloc(8 * nq), *rk = malloc(8 * nk), *rv = malloc(8 * nk);
+    gdn_sdpa_plan *p = NULL;
+    double err = NAN;
+    if (o && lse && dq && dk && dv && ro && rq && rk && rv && !gdn_sdpa_plan_create(&p, &c) &&
+        !gdn_sdpa_forward(p, o, lse, q, k, v) && !gdn_sdpa_backward(p, dq, dk, dv, q, k, v, o, lse, dout)) {
+        core_reference(s, tp, q, k, v, dout, ro, rq, rk, rv);
+        err = fmax(max_rel(dq, rq, nq), fmax(max_rel(dk, rk, nk), max_rel(dv, rv, nk)));
+    }
+    gdn_sdpa_plan_destroy(p);
+    free(o), free(lse), free(dq), free(dk), free(dv), free(ro), free(rq), free(rk), free(rv);
+    return err;
+}
+
+/* Qwen-like weights: projections ~ 1/sqrt(fan-in), norm weights near 0 ((1 + w) near 1). */
+static float *attn_weights(const gdn_attn_config *c, uint64_t *seed) {
+    float *w = calloc(gdn_attn_param_floats(c), sizeof(float));
+    for (int i = 0; w && i < GDN_A_COUNT; i++) {
+        int64_t shape[2];
+        const int nd = gdn_attn_param_shape(c, i, shape);
+        const float a = nd == 2 ? 1.0f / sqrtf((float)shape[1]) : 0.1f;
+        float *r = random_floats(gdn_attn_param_numel(c, i), -a, a, seed);
+        if (r) memcpy(w + gdn_attn_param_offset(c, i), r, sizeof(float) * gdn_attn_param_numel(c, i));
+        free(r);
+    }
+    return w;
+}
+
+/* The layer on its first tp tokens against the double reference: y (forward) or dx (backward). */
+static double layer_error(gdn_attn_config c, int64_t tp, const float *w, const float *x, const float *dy,
+                          const float *y_full, int backward) {
+    c.T = tp, c.B = 1;
+    const size_t nx = (size_t)tp * c.E, nw = gdn_attn_param_floats(&c);
+    double *xd = malloc(8 * nx), *wd = malloc(8 * nw), *dyd = malloc(8 * nx), *yd = malloc(8 * nx);
+    double *dwd = backward ? malloc(8 * nw) : NULL;
+    float *dx = malloc(4 * nx), *dw = malloc(4 * nw);
+    double err = NAN;
+    gdn_attn_plan *p = NULL;
+    if (xd && wd && dyd && yd && dx && dw && (!backward || dwd)) {
+        for (size_t i = 0; i < nx; i++) xd[i] = x[i], dyd[i] = dy[i];
+        for (size_t i = 0; i < nw; i++) wd[i] = w[i];
+        if (!backward) {
+            if (!gdn_attn_reference_forward(&c, yd, xd, wd)) err = max_rel(y_full, yd, (int64_t)nx);
+        } else if (!gdn_attn_reference_backward(&c, yd, dwd, xd, wd, dyd) && !gdn_attn_plan_create(&p, &c) &&
+                   !gdn_attn_backward(p, dx, dw, x, w, NULL, dy)) {
+            err = max_rel(dx, yd, (int64_t)nx);
+        }
+    }
+    gdn_attn_plan_destroy(p);
+    free(xd), free(wd), free(dyd), free(yd), free(dwd), free(dx), free(dw);
+    return err;
+}
+
+typedef struct {
+    int json, reps, threads, quick;
+    double peak;
+    const char *cpu;
+} bench_opts;
+
+static void print_row(const bench_opts *o, const char *dir, const attn_shape *s, int64_t T, double med,
+                      double flops, double kept_per_token, double err, const char *path) {
+    const double gflops = flops / med / 1e9;
+    if (o->json)
+        printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"B\":1,\"T\":%lld,\"E\":%lld,\"H\":%lld,\"Hkv\":%lld,"
+               "\"d\":%lld,\"threads\":%d,\"ms\":%.3f,\"reps\":%d,\"tokens_per_s\":%.1f,\"gflops\":%.3f,"
+               "\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,\"bytes_kept_per_token\":%.1f,"
+               "\"rel_err_vs_reference\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"}\n",
+               dir, s->label, (long long)T, (long long)s->E, (long long)s->H, (long long)s->Hkv, (long long)s->d,
+               o->threads, med * 1e3, o->reps, (double)T / med, gflops, o->peak, gflops / o->peak, kept_per_token,
+               err, path, o->cpu);
+    else
+        printf("%-13s %-7s T=%-6lld H=%lld Hkv=%lld d=%lld E=%lld thr=%d %10.1f ms %9.0f tok/s %7.1f GFLOP/s "
+               "%5.1f %% of peak  kept %6.0f B/token  err %.1e  %s\n",
+               dir, s->label, (long long)T, (long long)s->H, (long long)s->Hkv, (long long)s->d, (long long)s->E,
+               o->threads, med * 1e3, (double)T / med, gflops, 100 * gflops / o->peak, kept_per_token, err, path);
+    fflush(stdout);
+}
+
+/* Median of reps timed calls of fn after one untimed one. */
+typedef int (*bench_fn)(void *ctx);
+static int time_median(bench_fn fn, void *ctx, int reps, double *med) {
+    double t[64];
+    for (int r = 0; r <= reps; r++) {
+        const double t0 = cli_now();
+        const int rc = fn(ctx);
+        if (rc) return rc;
+        if (r) t[r - 1] = cli_now() - t0;
+    }
+    *med = cli_median(t, reps);
+    return 0;
+}
+
+typedef struct {
+    gdn_sdpa_plan *p;
+    float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+} core_ctx;
+static int core_fwd(void *c) {
+    core_ctx *x = c;
+    return gdn_sdpa_forward(x->p, x->o, x->lse, x->q, x->k, x->v);
+}
+static int core_fwd_bwd(void *c) {
+    core_ctx *x = c;
+    int rc = gdn_sdpa_forward(x->p, x->o, x->lse, x->q, x->k, x->v);
+    return rc ? rc : gdn_sdpa_backward(x->p, x->dq, x->dk, x->dv, x->q, x->k, x->v, x->o, x->lse, x->dout);
+}
+
+static int bench_core(const bench_opts *o, const attn_shape *s, int64_t T) {
+    gdn_attn_config c = gdn_attn_config_default(1, T, s->E, s->H, s->Hkv, s->d);
+    c.threads = o->threads;
+    const size_t nq = (size_t)T * s->H * s->d, nk = (size_t)T * s->Hkv * s->d;
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    core_ctx x = {NULL, random_floats(nq, -1, 1, &seed), random_floats(nk, -1, 1, &seed),
+                  random_floats(nk, -1, 1, &seed), malloc(4 * nq), malloc(4 * (size_t)T * s->H),
+                  random_floats(nq, -1, 1, &seed), malloc(4 * nq), malloc(4 * nk), malloc(4 * nk)};
+    int rc = x.q && x.k && x.v && x.o && x.lse && x.dout && x.dq && x.dk && x.dv ? gdn_sdpa_plan_create(&x.p, &c)
+                                                                                 : GDN_ERR_NOMEM;
+    double med[2] = {0, 0};
+    for (int bwd = 0; bwd < 2 && !rc; bwd++) rc = time_median(bwd ? core_fwd_bwd : core_fwd, &x, o->reps, &med[bwd]);
+    if (!rc) {
+        const int64_t tp = T < (o->quick ? 64 : 256) ? T : (o->quick ? 64 : 256), tb = tp < 128 ? tp : 128;
+        double *ro = malloc(8 * (size_t)tp * s->H * s->d);
+        double err_f = NAN;
+        if (ro) {
+            core_reference(s, tp, x.q, x.k, x.v, NULL, ro, NULL, NULL, NULL);
+            err_f = max_rel(x.o, ro, tp * s->H * s->d); /* the timed run's first tokens */
+        }
+        free(ro);
+        const double err_b = core_backward_error(s, tb, o->threads, x.q, x.k, x.v, x.dout);
+        const char *path = gdn_sdpa_plan_path(x.p);
+        print_row(o, "core_forward", s, T, med[0], core_flops(s, T, 0), 0, err_f, path);
+        /* kept for the backward: o and lse (q, k, v are the caller's inputs) */
+        print_row(o, "core_fwd_bwd", s, T, med[1], core_flops(s, T, 1), 4.0 * (s->H * s->d + s->H), err_b, path);
+    } else {
+        fprintf(stderr, "gdncp bench attention: core %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
+    }
+    gdn_sdpa_plan_destroy(x.p);
+    free(x.q), free(x.k), free(x.v), free(x.o), free(x.lse), free(x.dout), free(x.dq), free(x.dk), free(x.dv);
+    return rc ? 1 : 0;
+}
+
+typedef struct {
+    gdn_attn_plan *p;
+    float *x, *w, *y, *dy, *dx, *dw, *saved;
+} layer_ctx;
+static int layer_fwd(void *c) {
+    layer_ctx *l = c;
+    return gdn_attn_forward(l->p, l->y, NULL, l->x, l->w);
+}
+static int layer_fwd_bwd(void *c) {
+    layer_ctx *l = c;
+    int rc = gdn_attn_forward(l->p, l->y, l->saved, l->x, l->w);
+    return rc ? rc : gdn_attn_backward(l->p, l->dx, l->dw, l->x, l->w, l->saved, l->dy);
+}
+
+static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T) {
+    gdn_attn_config c = gdn_attn_config_default(1, T, s->E, s->H, s->Hkv, s->d);
+    c.threads = o->threads;
+    uint64_t seed = 0x2545F4914F6CDD1Dull;
+    const size_t nx = (size_t)T * s->E, nw = gdn_attn_param_floats(&c);
+    layer_ctx l = {NULL, random_floats(nx, -1, 1, &seed), attn_weights(&c, &seed), malloc(4 * nx),
+                   random_floats(nx, -1, 1, &seed), malloc(4 * nx), malloc(4 * nw), NULL};
+    int rc = l.x && l.w && l.y && l.dy && l.dx && l.dw ? gdn_attn_plan_create(&l.p, &c) : GDN_ERR_NOMEM;
+    const size_t nsaved = l.p ? gdn_attn_saved_floats(l.p) : 0;
+    if (!rc && !(l.saved = malloc(4 * (nsaved + 1)))) rc = GDN_ERR_NOMEM;
+    double med[2] = {0, 0};
+    for (int bwd = 0; bwd < 2 && !rc; bwd++)
+        rc = time_median(bwd ? layer_fwd_bwd : layer_fwd, &l, o->reps, &med[bwd]);
+    if (!rc) {
+        const int64_t tp = T < (o->quick ? 8 : 16) ? T : (o->quick ? 8 : 16);
+        rc = layer_fwd(&l); /* y of the whole run for the forward's check */
+        const double err_f = rc ? NAN : layer_error(c, tp, l.w, l.x, l.dy, l.y, 0);
+        const double err_b = layer_error(c, tp, l.w, l.x, l.dy, NULL, 1);
+        const char *path = gdn_sdpa_plan_path(NULL);
+        print_row(o, "layer_forward", s, T, med[0], proj_flops(s, T, 0) + core_flops(s, T, 0), 0, err_f, path);
+        print_row(o, "layer_fwd_bwd", s, T, med[1], proj_flops(s, T, 1) + core_flops(s, T, 1), 4.0 * nsaved / T,
+                  err_b, path);
+    }
+    if (rc) fprintf(stderr, "gdncp bench attention: layer %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
+    gdn_attn_plan_destroy(l.p);
+    free(l.x), free(l.w), free(l.y), free(l.dy), free(l.dx), free(l.dw), free(l.saved);
+    return rc ? 1 : 0;
+}
+
+/* TODO(decode): a layer_decode row (gdn_attn_decode over a gdn_attn_cache: one token per step
+ * against the cache at each T, memory-bound, against the bandwidth bound as `bench layer`'s decode
+ * rows) once gdn_attn_decode is implemented (branch decode); this tree only declares it, so the row
+ * is reported as not measured. */
+static void decode_todo(const bench_opts *o, const attn_shape *s) {
+    if (o->json)
+        printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"todo\":\"gdn_attn_decode is not implemented in "
+               "this build\"}\n", s->label);
+    else
+        printf("layer_decode  %-7s TODO: not measured (gdn_attn_decode is not implemented in this build)\n", s->label);
+}
+
+static void usage(void) {
+    fprintf(stderr, "gdncp bench attention: usage: gdncp bench attention [--json] [--quick] [--shape S[,S..]]\n"
+                    "       [--T N[,N..]] [--threads N] [--reps R] [--what core,layer]\n"
+                    "  shapes: 35b-a3b (H 16, Hkv 2, E 2048), 9b (H 16, Hkv 4, E 4096), 0.8b (H 8, Hkv 2, E 1024),\n"
+                    "  all d 256 (default: all); T in [1, 2^20] (default 1024); reps in [1, 50] (default 3)\n");
+}
+
+int cmd_bench_attention(int argc, char **argv) {
+    bench_opts o = {.reps = 3};
+    int want[NSHAPES] = {0}, any_shape = 0, core = 1, layer = 1;
+    int64_t *Ts = NULL, nT = 0, v;
+    for (int i = 2; i < argc; i++) { /* argv: bench attention ... */
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) o.json = 1;
+        else if (!strcmp(a, "--quick")) o.quick = 1;
+        else if (!strcmp(a, "--T")) {
+            free(Ts);
+            if (cli_parse_i64_list("bench attention", a, val, &Ts, &nT)) return CLI_USAGE_ERROR;
+            for (int64_t k = 0; k < nT; k++)
+                if (Ts[k] < 1 || Ts[k] > (1 << 20)) {
+                    fprintf(stderr, "gdncp bench attention: option --T needs values in [1, 2^20], got %lld\n",
+                            (long long)Ts[k]);
+                    free(Ts);
+                    return CLI_USAGE_ERROR;
+                }
+            i++;
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "--reps")) {
+            const int thr = !strcmp(a, "--threads");
+            if (cli_parse_i64("bench attention", a, val, thr ? 1 : 1, thr ? 4096 : 50, &v)) return CLI_USAGE_ERROR;
+            if (thr) o.threads = (int)v;
+            else o.reps = (int)v;
+            i++;
+        } else if (!strcmp(a, "--shape") || !strcmp(a, "--what")) {
+            if (!val) {
+                fprintf(stderr, "gdncp bench attention: option %s needs a value\n", a);
+                return CLI_USAGE_ERROR;
+            }
+            const int is_shape = !strcmp(a, "--shape");
+            if (!is_shape) core = layer = 0;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", val);
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                int found = 0;
+                if (is_shape) {
+                    for (int k = 0; k < NSHAPES; k++)
+                        if (!strcmp(tok, shapes[k].label) || !strcmp(tok, "all")) want[k] = 1, found = 1;
+                    any_shape = 1;
+                } else if (!strcmp(tok, "core")) core = found = 1;
+                else if (!strcmp(tok, "layer")) layer = found = 1;
+                if (!found) {
+                    fprintf(stderr, "gdncp bench attention: %s '%s' is unknown\n", a, tok);
+                    usage();
+                    return CLI_USAGE_ERROR;
+                }
+            }
+            i++;
+        } else {
+            usage();
+            free(Ts);
+            return CLI_USAGE_ERROR;
+        }
+    }
+    if (!any_shape)
+        for (int k = 0; k < NSHAPES; k++) want[k] = !o.quick || k == 2; /* --quick: 0.8b */
+    int64_t T_default = o.quick ? 128 : 1024;
+    if (!Ts) Ts = &T_default, nT = 1;
+    if (o.quick) o.reps = 1;
+    int maxt = 1;
+#ifdef _OPENMP
+    maxt = omp_get_max_threads();
+#endif
+    if (!o.threads) o.threads = maxt;
+    char cpu[256];
+    cli_cpu_name(cpu, sizeof cpu);
+    o.cpu = cpu;
+    o.peak = cli_peak_gflops(o.threads, o.json);
+    if (!o.json)
+        printf("CPU: %s; medians of %d after a warm-up; B = 1\nGFLOP/s: core 2 T^2 d H forward (QK^T and PV over the "
+               "causal half), x3.5 forward+backward; layer: + projections 2E(2Hd + 2 Hkv d) + 2HdE per token (x3 "
+               "with the backward); err: core o of the timed run (first tokens) and dq, dk, dv (a run on the first "
+               "128 tokens) vs double loops; layer y, dx vs the double reference layer on the first tokens\n",
+               cpu, o.reps);
+    int rc = 0;
+    for (int k = 0; k < NSHAPES && !rc; k++) {
+        if (!want[k]) continue;
+        for (int64_t t = 0; t < nT && !rc; t++) {
+            if (core) rc = bench_core(&o, &shapes[k], Ts[t]);
+            if (layer && !rc) rc = bench_layer_rows(&o, &shapes[k], Ts[t]);
+        }
+        if (layer && !rc) decode_todo(&o, &shapes[k]);
+    }
+    if (Ts != &T_default) free(Ts);
+    return rc;
+}
