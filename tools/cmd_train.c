@@ -1,5 +1,6 @@
-/* gdncp train: the byte-level GatedDeltaNet language model trained on a text file, its
- * sequences split over the ranks of mpiexec (a DP x CP grid, --cp ranks per sequence). */
+/* gdncp train: the byte-level hybrid language model (GatedDeltaNet + gated attention layers)
+ * trained on a text file, its sequences split over the ranks of mpiexec (a DP x CP grid, --cp
+ * ranks per sequence). */
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
