@@ -57,7 +57,7 @@ grep -q "3 GatedDeltaNet + 1 full-attention layers (LLLF" "$work/one.csv.out" &&
 train 2 "$work/kv.csv" --steps 4 --batch 2 --cp 2 --attn-cp kv || fail "train --cp 2 --attn-cp kv"
 expect_close "--cp 2 --attn-cp kv vs one rank" "$work/kv.csv" "$work/one.csv" 2e-5
 train 2 "$work/heads.csv" --steps 4 --batch 2 --cp 2 --attn-cp heads || fail "train --cp 2 --attn-cp heads"
-expect_close "--cp 2 --attn-cp heads (4 query, 2 kv heads: 2 and 1 per rank) vs one rank" "$work/heads.csv" "$work/one.csv" 2e-5
+expect_close "--cp 2 --attn-cp heads (2 query heads, 1 kv head: 1 query head per rank) vs one rank" "$work/heads.csv" "$work/one.csv" 2e-5
 train 2 "$work/dp2.csv" --steps 4 --batch 1 || fail "train DP 2 x CP 1"
 expect_close "DP 2 x CP 1 (--batch 1 each) vs one rank --batch 2" "$work/dp2.csv" "$work/one.csv" 2e-5
 train 2 "$work/dropkv.csv" --steps 4 --batch 2 --cp 2 --fault drop-kv || fail "train --fault drop-kv"

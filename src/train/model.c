@@ -29,7 +29,7 @@ int gdn_model_config_named(const char *name, gdn_model_config *c) {
      .H = H_, .Hkv = Hkv_, .d = d_, .R = (d_) / 4, .rope_theta = 1e7}
     static const struct { const char *name; gdn_model_config cfg; } named[] = {
         /* E, L, I, Hk, Hv, K, V, H, Hkv, d */
-        {"tiny", HYBRID(128, 4, 256, 1, 2, 32, 32, 4, 2, 32)},
+        {"tiny", HYBRID(128, 4, 192, 1, 2, 32, 32, 2, 1, 32)},
         {"small", HYBRID(256, 4, 768, 2, 4, 64, 64, 4, 2, 64)},
         {"long", HYBRID(128, 4, 256, 2, 4, 32, 32, 4, 2, 32)},
     };
