@@ -17,7 +17,7 @@ bash scripts/fortunes_text.sh "$text"
 echo "== $(wc -c < "$text") bytes of text; one window of 1,048,577 bytes per step from its first 95 %"
 echo "   (the validation split is too short for a million-token window: no validation here)"
 start=$(date +%s)
-OMP_NUM_THREADS=1 mpiexec.mpich -n 8 ./"$bd"/gdncp train --data "$text" --model long --cp 8 \
+OMP_NUM_THREADS=1 mpiexec.mpich -n 8 ./"$bd"/gdncp train --data "$text" --model long --layers 2 --attn-interval 0 --cp 8 \
   --seq 1048576 --batch 1 --steps "$steps" --warmup 2 --lr 3e-3 --eval-every 0 --recompute on \
   --log "$out/train.csv" --out "$out/ckpt" --keep 1
 echo "== $(( $(date +%s) - start )) s in all; losses: $(tail -n +2 "$out/train.csv" | cut -d, -f2 | tr '\n' ' ')"

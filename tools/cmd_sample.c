@@ -15,10 +15,11 @@
 static int usage(void) {
     fprintf(stderr, "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [--tokens N]\n"
                     "                    [--temperature T] [--top-k K] [--seed S] [--threads N]\n"
-                    "                    [--stop auto|none] [--print-ids]\n"
+                    "                    [--stop auto|none] [--print-ids] [--score]\n"
                     "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
                     "  --prompt-ids: the prompt as token ids 0..255; --print-ids: the new tokens as ids\n"
                     "  (comma-separated, one line) instead of the prompt and the text.\n"
+                    "  --score: print the mean next-byte loss of the prompt under the checkpoint (nothing generated)\n"
                     "  --temperature 0 picks the most likely byte every time.\n"
                     "  --stop auto (default): a checkpoint trained with --pack SEP stops once it writes SEP\n"
                     "  (its document ended; the byte after SEP was never trained); none: run to --tokens.\n");
@@ -78,7 +79,7 @@ static int parse_ids(const char *text, uint8_t *ids, size_t cap, size_t *n) {
 
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
-    int print_ids = 0, fault_no_kv = 0;
+    int print_ids = 0, fault_no_kv = 0, score = 0;
     int64_t tokens = 200, top_k = 0, seed = 1, threads = 0;
     double temperature = 0.8;
     int stop_auto = 1;
@@ -88,6 +89,7 @@ int cmd_sample(int argc, char **argv) {
         else if (!strcmp(a, "--prompt") && v) prompt = v, i++;
         else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
+        else if (!strcmp(a, "--score")) score = 1; /* the prompt's loss, nothing generated (tests) */
         else if (!strcmp(a, "--fault") && v && !strcmp(v, "no-kv-cache")) fault_no_kv = 1, i++; /* tests only */
         else if (!strcmp(a, "--tokens")) {
             if (cli_parse_i64("sample", a, v, 1, 1 << 24, &tokens)) return CLI_USAGE_ERROR;
@@ -157,6 +159,20 @@ int cmd_sample(int argc, char **argv) {
     const double tp = cli_now();
     if (!rc) rc = gdn_model_prefill(dec, w, ptok, (int64_t)np, logits);
     const double prefill_s = cli_now() - tp;
+    if (!rc && score) { /* mean cross-entropy of the prompt's bytes 1..np-1, in double */
+        double sum = 0;
+        for (size_t t = 0; t + 1 < np; t++) {
+            const float *z = logits + t * (size_t)cfg.vocab;
+            double mx = z[0], se = 0;
+            for (int64_t k = 1; k < cfg.vocab; k++) mx = z[k] > mx ? z[k] : mx;
+            for (int64_t k = 0; k < cfg.vocab; k++) se += exp((double)z[k] - mx);
+            sum += mx + log(se) - (double)z[ptok[t + 1]];
+        }
+        printf("score: loss %.7f over %zu targets\n", np > 1 ? sum / (double)(np - 1) : NAN, np - 1);
+        gdn_model_decoder_destroy(dec);
+        free(w), free(logits), free(ptok);
+        return 0;
+    }
     if (!rc) memmove(logits, logits + (np - 1) * (size_t)cfg.vocab, sizeof(float) * (size_t)cfg.vocab);
     for (size_t i = 0; sep_len && i < np; i++) memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = ptok[i];
     uint64_t rng = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;

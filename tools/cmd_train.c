@@ -1,8 +1,10 @@
-/* gdncp train: the byte-level GatedDeltaNet language model trained on a text file, its
- * sequences split over the ranks of mpiexec (a DP x CP grid, --cp ranks per sequence). */
+/* gdncp train: the byte-level hybrid language model (GatedDeltaNet + gated attention layers)
+ * trained on a text file, its sequences split over the ranks of mpiexec (a DP x CP grid, --cp
+ * ranks per sequence). */
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
+#include "gdncp/attention.h"
 #include "gdncp/cp.h"
 
 #include <ctype.h>
@@ -16,7 +18,8 @@ static int usage(void) {
     fprintf(stderr,
             "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long]\n"
             "         [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
-            "         [--key-dim K] [--value-dim V] [--conv Kc]\n"
+            "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
+            "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
             "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
             "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
             "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
@@ -26,7 +29,10 @@ static int usage(void) {
             "  DP = ranks / C groups each train --batch sequences per step.\n"
             "  --pack SEP: the text is documents each ending with SEP (escapes \\n \\t \\r \\\\ \\xHH, e.g.\n"
             "  '\\n%%\\n' for fortunes): the state and the conv restart after every SEP and the byte after\n"
-            "  it is not predicted.\n");
+            "  it is not predicted.\n"
+            "  The named models are hybrid: layer l is full attention when (l + 1) %% 4 == 0; --attn-interval N\n"
+            "  makes it every N-th layer (0: GatedDeltaNet only), --layer-types lists every layer.\n"
+            "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n");
     return CLI_USAGE_ERROR;
 }
 
@@ -63,12 +69,49 @@ static int parse_separator(const char *v, uint8_t sep[GDN_DATA_MAX_SEP]) {
     return n ? n : -1;
 }
 
+/* --layer-types: one entry per layer, "linear" / "linear_attention" or "full" / "full_attention". */
+static int parse_layer_types(const char *v, gdn_model_config *m) {
+    unsigned char full[GDN_MODEL_MAX_LAYERS] = {0};
+    int64_t n = 0;
+    for (const char *p = v;;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        char name[32] = "";
+        if (len < sizeof name) memcpy(name, p, len), name[len] = 0;
+        int f;
+        if (!strcmp(name, "linear") || !strcmp(name, "linear_attention")) f = 0;
+        else if (!strcmp(name, "full") || !strcmp(name, "full_attention")) f = 1;
+        else {
+            fprintf(stderr, "gdncp train: --layer-types: entry %lld is '%.*s', an unknown layer type (linear or "
+                    "full; also linear_attention, full_attention)\n", (long long)n, (int)(len < 64 ? len : 64), p);
+            return -1;
+        }
+        if (n == GDN_MODEL_MAX_LAYERS) {
+            fprintf(stderr, "gdncp train: --layer-types has more than %d entries\n", GDN_MODEL_MAX_LAYERS);
+            return -1;
+        }
+        full[n++] = (unsigned char)f;
+        if (!end) break;
+        p = end + 1;
+    }
+    if (n != m->L) {
+        fprintf(stderr, "gdncp train: --layer-types has %lld entries but the model has %lld layers (--layers)\n",
+                (long long)n, (long long)m->L);
+        return -1;
+    }
+    memcpy(m->full_attention, full, sizeof full);
+    return 0;
+}
+
 static int parse(int argc, char **argv, gdn_train_options *o) {
     static uint8_t sep[GDN_DATA_MAX_SEP];
     *o = gdn_train_defaults();
     o->opt.min_lr = -1; /* not given: a tenth of --lr */
     /* the int-typed options, read as int64 and range-checked like the others */
     int64_t cp = o->cp, keep = o->keep_last, threads = o->threads;
+    int64_t interval = GDN_MODEL_NAMED_ATTN_INTERVAL, head_dim = -1;
+    int interval_given = 0;
+    const char *layer_types = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         /* integer options with their ranges */
@@ -82,8 +125,17 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             {"--seed", (int64_t *)&o->seed, 0, INT64_MAX}, {"--cp", &cp, 1, 1 << 20},
             {"--threads", &threads, 1, 4096},            {"--save-every", &o->save_every, 0, (int64_t)1 << 40},
             {"--keep", &keep, 0, 1 << 20},               {"--eval-every", &o->eval_every, 0, (int64_t)1 << 40},
-            {"--eval-seqs", &o->eval_seqs, 1, 1 << 20},
+            {"--eval-seqs", &o->eval_seqs, 1, 1 << 20},  {"--attn-heads", &o->model.H, 1, 1024},
+            {"--kv-heads", &o->model.Hkv, 1, 1024},      {"--head-dim", &head_dim, 2, 1024},
+            {"--attn-interval", &interval, 0, GDN_MODEL_MAX_LAYERS},
         };
+        /* the flags that set the model (refused against a checkpoint's config that differs) */
+        static const char *const model_flags[] = {"--hidden", "--layers", "--intermediate", "--key-heads",
+                                                  "--value-heads", "--key-dim", "--value-dim", "--conv",
+                                                  "--attn-heads", "--kv-heads", "--head-dim", "--attn-interval"};
+        for (size_t k = 0; k < sizeof model_flags / sizeof model_flags[0]; k++)
+            if (!strcmp(a, model_flags[k])) o->model_explicit = 1;
+        if (!strcmp(a, "--attn-interval")) interval_given = 1;
         const struct { const char *flag; double *dst, min, max; } reals[] = {
             {"--lr", &o->opt.lr, 1e-8, 1},           {"--min-lr", &o->opt.min_lr, 0, 1}, /* <= --lr */
             {"--weight-decay", &o->opt.weight_decay, 0, 1}, {"--clip", &o->opt.clip, 0, 1e6},
@@ -114,7 +166,16 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
                 fprintf(stderr, "gdncp train: unknown --model '%s' (tiny, small or long)\n", v);
                 return CLI_USAGE_ERROR;
             }
-            o->model = named, i++;
+            o->model = named, o->model_explicit = 1, i++;
+        } else if (!strcmp(a, "--layer-types") && v) {
+            layer_types = v, o->model_explicit = 1, i++;
+        } else if (!strcmp(a, "--attn-cp") && v) {
+            const int s = gdn_attn_cp_strategy_parse(v);
+            if (s < 0) {
+                fprintf(stderr, "gdncp train: unknown --attn-cp '%s' (kv or heads)\n", v);
+                return CLI_USAGE_ERROR;
+            }
+            o->attn_cp = s, i++;
         } else if (!strcmp(a, "--strategy") && v) {
             const int s = gdn_cp_strategy_parse(v);
             if (s < 0) {
@@ -130,12 +191,24 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             o->pack = sep, i++;
         } else if (!strcmp(a, "--fault") && v && !strcmp(v, "drop-incoming")) {
             o->fault = GDN_CP_FAULT_DROP_INCOMING, i++; /* testing only: a deliberately wrong run */
+        } else if (!strcmp(a, "--fault") && v && !strcmp(v, "drop-kv")) {
+            o->fault = GDN_CP_FAULT_ATTN_DROP_KV, i++; /* testing only: earlier ranks' keys and values unseen */
         } else {
             fprintf(stderr, "gdncp train: unknown option or missing value: %s\n", a);
             return usage();
         }
     }
     o->cp = (int)cp, o->keep_last = (int)keep, o->threads = (int)threads;
+    if (head_dim > 0) o->model.d = head_dim, o->model.R = (head_dim / 4) & ~(int64_t)1;
+    if (layer_types && interval_given) {
+        fprintf(stderr, "gdncp train: --layer-types and --attn-interval exclude each other\n");
+        return CLI_USAGE_ERROR;
+    }
+    if (layer_types) {
+        if (parse_layer_types(layer_types, &o->model)) return CLI_USAGE_ERROR;
+    } else {
+        gdn_model_set_attention_interval(&o->model, interval); /* over the final --layers */
+    }
     if (!o->data) {
         fprintf(stderr, "gdncp train: --data FILE is required\n");
         return usage();

@@ -40,7 +40,7 @@ static void usage(FILE *out) {
             "         [--cu-seqlens 0,a,..,T]: also write them, h0 and dht per document\n"
             "  train  --data TEXT [--model tiny|small|long] [--seq T] [--batch B] [--steps N]\n"
             "         [--cp C] [--out DIR] [--resume DIR] [--log F.csv] ...  (under mpiexec: DP x CP)\n"
-            "         train the byte-level GatedDeltaNet language model; gdncp train for every option\n"
+            "         train the byte-level hybrid language model; gdncp train for every option\n"
             "  sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]  generate text\n"
             "  help                                                 this text\n");
 }

@@ -56,7 +56,10 @@ typedef struct {
     unsigned char full_attention[GDN_MODEL_MAX_LAYERS];
 } gdn_model_config;
 
-/* Named sizes: "tiny" (demo, tests), "small", "long" (the million-token run). 0 if unknown. */
+/* Named sizes: "tiny" (demo, tests), "small", "long" (the long runs), hybrid like Qwen3.5: layer l
+ * is full attention when (l + 1) % GDN_MODEL_NAMED_ATTN_INTERVAL == 0 (docs/training.md lists
+ * their dimensions). 0 if unknown. */
+#define GDN_MODEL_NAMED_ATTN_INTERVAL 4
 GDN_API int gdn_model_config_named(const char *name, gdn_model_config *cfg);
 GDN_API int gdn_model_config_check(const gdn_model_config *cfg);
 /* The layer configuration of one GatedDeltaNet mixer for B rows of T tokens. */
@@ -314,7 +317,10 @@ GDN_API int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int 
 
 
 typedef struct {
-    gdn_model_config model; /* ignored with init/resume: the checkpoint's config is used */
+    gdn_model_config model; /* with init/resume the checkpoint's config is used: then model must
+                               agree with it where model_explicit is set */
+    int model_explicit;     /* model was given (flags): refuse a checkpoint whose config differs */
+    int attn_cp;            /* the attention layers' CP strategy: GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS */
     const char *data;       /* text file */
     double val_fraction;    /* its last fraction is the validation split */
     int64_t seq;            /* tokens per sequence (the whole sequence, before the CP split) */

@@ -22,19 +22,22 @@
 /* ---------------------------------------------------------------- configurations */
 
 int gdn_model_config_named(const char *name, gdn_model_config *c) {
-    /* GatedDeltaNet layers only (no attention), conv 4, eps 1e-6, untied */
-#define GDN_ONLY(E_, L_, I_, Hk_, Hv_, K_, V_) \
-    {.vocab = 256, .E = E_, .L = L_, .I = I_, .Hk = Hk_, .Hv = Hv_, .K = K_, .V = V_, .Kc = 4, .eps = 1e-6f}
+    /* Hybrid like Qwen3.5: every fourth layer gated full attention ((l + 1) % 4 == 0), the others
+     * GatedDeltaNet; conv 4, eps 1e-6, untied, attention R = d / 4 rotary dims, rope_theta 1e7 */
+#define HYBRID(E_, L_, I_, Hk_, Hv_, K_, V_, H_, Hkv_, d_)                                              \
+    {.vocab = 256, .E = E_, .L = L_, .I = I_, .Hk = Hk_, .Hv = Hv_, .K = K_, .V = V_, .Kc = 4, .eps = 1e-6f, \
+     .H = H_, .Hkv = Hkv_, .d = d_, .R = (d_) / 4, .rope_theta = 1e7}
     static const struct { const char *name; gdn_model_config cfg; } named[] = {
-        /* E, L, I, Hk, Hv, K, V */
-        {"tiny", GDN_ONLY(128, 2, 384, 2, 4, 32, 32)},
-        {"small", GDN_ONLY(256, 4, 768, 2, 4, 64, 64)},
-        {"long", GDN_ONLY(128, 2, 256, 2, 4, 32, 32)},
+        /* E, L, I, Hk, Hv, K, V, H, Hkv, d */
+        {"tiny", HYBRID(128, 4, 192, 1, 2, 32, 32, 2, 1, 32)},
+        {"small", HYBRID(256, 4, 768, 2, 4, 64, 64, 4, 2, 64)},
+        {"long", HYBRID(128, 4, 256, 2, 4, 32, 32, 4, 2, 32)},
     };
-#undef GDN_ONLY
+#undef HYBRID
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
         if (name && !strcmp(name, named[i].name)) {
             *c = named[i].cfg;
+            gdn_model_set_attention_interval(c, GDN_MODEL_NAMED_ATTN_INTERVAL);
             return 1;
         }
     return 0;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base.h"
+#include "gdncp/attention.h"
 
 /* Validation windows come from their own stream: the same windows at every evaluation. */
 #define VAL_SEED_SALT 0x56414c4944415445ull
@@ -83,6 +84,8 @@ static int check_options(const gdn_train_options *o, int size) {
     if (o->save_every < 0 || o->eval_every < 0 || o->eval_seqs < 0)
         return gdn_fail(GDN_ERR_ARG, "--save-every, --eval-every and --eval-seqs must not be negative");
     if (o->resume && o->init) return gdn_fail(GDN_ERR_ARG, "--resume and --init exclude each other");
+    if (o->attn_cp != GDN_ATTN_CP_KV && o->attn_cp != GDN_ATTN_CP_HEADS)
+        return gdn_fail(GDN_ERR_ARG, "unknown attention CP strategy %d (--attn-cp kv or heads)", o->attn_cp);
     if (o->strategy < GDN_CP_SCAN || o->strategy > GDN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "unknown CP strategy %d", o->strategy);
     if (o->pack && (o->pack_len < 1 || o->pack_len > GDN_DATA_MAX_SEP))
@@ -232,7 +235,7 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 16
+#define N_AGREED 17
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     uint64_t sep_hash = 1469598103934665603ull; /* FNV-1a of the packing separator */
     for (int i = 0; o->pack && i < o->pack_len && i < GDN_DATA_MAX_SEP; i++)
@@ -240,11 +243,11 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     const int64_t vals[N_AGREED] = {o->cp, o->seq, o->batch, o->steps, (int64_t)o->seed, o->strategy,
                             o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
                             o->resume != NULL, o->init != NULL, o->out != NULL,
-                            o->pack ? o->pack_len : 0, (int64_t)sep_hash};
+                            o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
                                         "--fault", "--resume", "--init", "--out", "--pack (length)",
-                                        "--pack (bytes)"};
+                                        "--pack (bytes)", "--attn-cp"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 
@@ -257,6 +260,46 @@ int gdn_train_fail(MPI_Comm world, int status) {
     gdn_cp_agree_status(agree, status); /* gdn_train's closing agreement */
     gdn_cp_destroy(agree);
     return status;
+}
+
+/* With --init / --resume the checkpoint decides the model: model flags that say otherwise are
+ * refused, naming the first field that differs. */
+static int check_model_flags(const gdn_model_config *ck, const gdn_model_config *want, const char *dir) {
+    const int ck_attn = gdn_model_attn_layers(ck) > 0, want_attn = gdn_model_attn_layers(want) > 0;
+    const struct { const char *field, *flag; int64_t ck, want; int attn; } f[] = {
+        {"hidden_size", "--hidden", ck->E, want->E, 0}, {"num_hidden_layers", "--layers", ck->L, want->L, 0},
+        {"intermediate_size", "--intermediate", ck->I, want->I, 0},
+        {"linear_num_key_heads", "--key-heads", ck->Hk, want->Hk, 0},
+        {"linear_num_value_heads", "--value-heads", ck->Hv, want->Hv, 0},
+        {"linear_key_head_dim", "--key-dim", ck->K, want->K, 0}, {"linear_value_head_dim", "--value-dim", ck->V, want->V, 0},
+        {"linear_conv_kernel_dim", "--conv", ck->Kc, want->Kc, 0},
+        {"num_attention_heads", "--attn-heads", ck->H, want->H, 1}, {"num_key_value_heads", "--kv-heads", ck->Hkv, want->Hkv, 1},
+        {"head_dim", "--head-dim", ck->d, want->d, 1},
+    };
+    if (ck->L == want->L)
+        for (int64_t l = 0; l < ck->L; l++)
+            if (ck->full_attention[l] != want->full_attention[l])
+                return gdn_fail(GDN_ERR_ARG, "%s/config.json decides the model: its layer %lld is %s, but the model flags "
+                            "(--model, --layer-types or --attn-interval) make it %s; leave them out, or make them agree",
+                            dir, (long long)l, ck->full_attention[l] ? "full_attention" : "linear_attention",
+                            want->full_attention[l] ? "full_attention" : "linear_attention");
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if ((!f[i].attn || (ck_attn && want_attn)) && f[i].ck != f[i].want)
+            return gdn_fail(GDN_ERR_ARG, "%s/config.json decides the model: its %s is %lld, but the model flags (--model "
+                            "or %s) say %lld; leave them out, or make them agree", dir, f[i].field, (long long)f[i].ck,
+                            f[i].flag, (long long)f[i].want);
+    return GDN_OK;
+}
+
+/* --attn-cp heads splits the attention heads over the CP ranks: they must divide (attention_cp.c's rule). */
+static int check_attn_cp(const gdn_model_config *c, int attn_cp, int D) {
+    if (attn_cp != GDN_ATTN_CP_HEADS || D < 2 || !gdn_model_attn_layers(c)) return GDN_OK;
+    const int64_t grp = c->H / c->Hkv, Hp = c->H / D;
+    if (c->H % D || !(Hp % grp == 0 || grp % Hp == 0))
+        return gdn_fail(GDN_ERR_ARG, "--attn-cp heads: the attention's %lld query heads (%lld key/value heads) do not "
+                        "divide over --cp %d ranks (each rank needs whole query heads sharing whole key/value heads); "
+                        "use --attn-cp kv", (long long)c->H, (long long)c->Hkv, D);
+    return GDN_OK;
 }
 
 static int setup(trainer *t) {
@@ -281,9 +324,11 @@ static int setup(trainer *t) {
     if (from) {
         rc = gdn_ckpt_resolve(from, ckdir, sizeof ckdir);
         if (!rc) rc = gdn_ckpt_load_config(ckdir, &t->cfg);
+        if (!rc && o->model_explicit) rc = check_model_flags(&t->cfg, &o->model, ckdir);
     } else {
         rc = gdn_model_config_check(&t->cfg);
     }
+    if (!rc) rc = check_attn_cp(&t->cfg, o->attn_cp, t->cp_size);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     t->nw = gdn_model_param_floats(&t->cfg);
     if (t->nw > (size_t)INT32_MAX) rc = gdn_fail(GDN_ERR_SHAPE, "%zu parameters: more than one MPI message holds", t->nw);
@@ -329,7 +374,7 @@ static int setup(trainer *t) {
     /* recompute when the kept activations of every rank on this node would take more than
      * half of the memory the node has free */
     gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1,
-                         .pack = o->pack != NULL};
+                         .pack = o->pack != NULL, .attn_cp = o->attn_cp};
     t->recompute = o->recompute;
     if (t->recompute < 0) {
         const double need_bytes = gdn_model_plan_estimate(&t->cfg, &run) * local;
@@ -373,6 +418,18 @@ static int setup(trainer *t) {
                 (long long)o->seq, (long long)t->tn, t->threads, t->threads > 1 ? "s" : "",
                 t->recompute ? "on" : "off", o->data, (long long)tl, (long long)vl,
                 from ? (o->resume ? ", resumed from " : ", weights from ") : "", from ? ckdir : "");
+        const int64_t na = gdn_model_attn_layers(&t->cfg);
+        if (na) {
+            char kinds[GDN_MODEL_MAX_LAYERS + 1];
+            for (int64_t l = 0; l < t->cfg.L; l++) kinds[l] = t->cfg.full_attention[l] ? 'F' : 'L';
+            kinds[t->cfg.L] = 0;
+            fprintf(t->progress, "gdncp train: hybrid, %lld GatedDeltaNet + %lld full-attention layers (%s: L linear, F "
+                    "full), attention H=%lld Hkv=%lld d=%lld R=%lld rope_theta %g, attention CP %s\n",
+                    (long long)(t->cfg.L - na), (long long)na, kinds, (long long)t->cfg.H, (long long)t->cfg.Hkv,
+                    (long long)t->cfg.d, (long long)t->cfg.R, t->cfg.rope_theta, gdn_attn_cp_strategy_name(o->attn_cp));
+        } else {
+            fprintf(t->progress, "gdncp train: GatedDeltaNet layers only (no attention)\n");
+        }
         fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x non-embedding parameters + the kernel's), "
                 "measured peak %.1f GFLOP/s on the cores in use\n", t->flops_per_token, t->peak_gflops);
         if (o->pack) {

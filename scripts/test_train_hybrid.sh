@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# gdncp train on hybrid models (GatedDeltaNet + gated full-attention layers, Qwen3.5's stack):
+# the named `tiny` (layers linear,linear,linear,full) gives the same losses over 1 rank, 2 CP ranks
+# with either attention strategy (kv, heads), DP 2 and packed documents; --init from transformers'
+# tiny checkpoint starts from that model's own loss; resume repeats the uninterrupted run bit for
+# bit; bad layer types, head counts and conflicting flags are refused with a message. Every
+# comparison beside a negative control that must fail it.
+# Usage: scripts/test_train_hybrid.sh BUILD_DIR. Ends with "N passed, N failed"; exits 1 on a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bd=${1:-build}
+case $bd in /*) g=$bd/gdncp ;; *) g=./$bd/gdncp ;; esac
+MPIEXEC=${MPIEXEC:-mpiexec.mpich}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0; failed=0
+pass() { echo "PASS  $*"; passed=$((passed + 1)); }
+fail() { echo "FAIL  $*"; failed=$((failed + 1)); }
+
+text=$work/text.txt
+bash scripts/fortunes_text.sh "$text" || true
+[ -s "$text" ] || { fail "no fortunes text (install the fortunes package)"; echo "$passed passed, $failed failed"; exit 1; }
+
+# the named hybrid tiny at a test's size: 4 steps of 2 x 64 bytes
+small=(--model tiny --seq 64 --warmup 2 --lr 3e-3 --eval-every 0 --threads 1)
+train() { # train RANKS LOG ARGS...
+  local n=$1 log=$2; shift 2
+  timeout 300 $MPIEXEC -n "$n" $g train --data "$text" "${small[@]}" --log "$log" "$@" >"$log.out" 2>&1
+}
+lossdiff() { # max relative difference of the loss column of two logs (steps present in both)
+  awk -F, 'NR == FNR { if (FNR > 1) a[$1] = $2; next }
+           FNR > 1 && ($1 in a) { d = ($2 - a[$1]) / a[$1]; if (d < 0) d = -d; if (d > m) m = d; n++ }
+           END { if (!n) print "inf"; else printf "%.3e\n", m }' "$1" "$2"
+}
+expect_close() {
+  local d; d=$(lossdiff "$2" "$3")
+  if awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "inf" && d <= t) }'; then pass "$1  loss rel diff $d <= $4"
+  else fail "$1  loss rel diff $d > $4"; cat "$2.out"; fi
+}
+expect_far() {
+  local d; d=$(lossdiff "$2" "$3")
+  if awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "inf" && d > t) }'; then pass "negative control: $1  loss rel diff $d > $4"
+  else fail "negative control: $1  loss rel diff $d <= $4 (the check cannot tell)"; fi
+}
+refuse() { # refuse LABEL PATTERN CMD...: a non-zero exit (not a signal or a timeout) naming PATTERN
+  local label=$1 pat=$2; shift 2
+  local rc=0; timeout 120 "$@" >"$work/bad.out" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -qiE -- "$pat" "$work/bad.out"; then
+    pass "$label: exit $rc, \"$(grep -m1 -iE -- "$pat" "$work/bad.out" | cut -c1-160)\""
+  else fail "$label (exit $rc; wanted a message matching '$pat')"; cat "$work/bad.out"; fi
+}
+
+echo "== hybrid tiny (LLLF): the same losses on any grid (4 steps; fp32, rounding only: tolerance 2e-5)"
+train 1 "$work/one.csv" --steps 4 --batch 2 || fail "train on 1 rank"
+grep -q "3 GatedDeltaNet + 1 full-attention layers (LLLF" "$work/one.csv.out" &&
+  pass "--model tiny is hybrid: layers linear,linear,linear,full" || { fail "tiny is not LLLF"; cat "$work/one.csv.out"; }
+train 2 "$work/kv.csv" --steps 4 --batch 2 --cp 2 --attn-cp kv || fail "train --cp 2 --attn-cp kv"
+expect_close "--cp 2 --attn-cp kv vs one rank" "$work/kv.csv" "$work/one.csv" 2e-5
+train 2 "$work/heads.csv" --steps 4 --batch 2 --cp 2 --attn-cp heads || fail "train --cp 2 --attn-cp heads"
+expect_close "--cp 2 --attn-cp heads (2 query heads, 1 kv head: 1 query head per rank) vs one rank" "$work/heads.csv" "$work/one.csv" 2e-5
+train 2 "$work/dp2.csv" --steps 4 --batch 1 || fail "train DP 2 x CP 1"
+expect_close "DP 2 x CP 1 (--batch 1 each) vs one rank --batch 2" "$work/dp2.csv" "$work/one.csv" 2e-5
+train 2 "$work/dropkv.csv" --steps 4 --batch 2 --cp 2 --fault drop-kv || fail "train --fault drop-kv"
+expect_far "--cp 2 with the attention's keys and values of rank 0 not attended (--fault drop-kv)" "$work/dropkv.csv" "$work/one.csv" 2e-5
+train 2 "$work/dropin.csv" --steps 4 --batch 2 --cp 2 --fault drop-incoming || fail "train --fault drop-incoming"
+expect_far "--cp 2 with the GatedDeltaNet state dropped between ranks (--fault drop-incoming)" "$work/dropin.csv" "$work/one.csv" 2e-5
+train 1 "$work/lt.csv" --steps 4 --batch 2 --layer-types linear,linear,linear,full_attention || fail "train --layer-types"
+expect_close "--layer-types linear,linear,linear,full_attention = the named tiny" "$work/lt.csv" "$work/one.csv" 0
+train 1 "$work/iv2.csv" --steps 4 --batch 2 --attn-interval 2 || fail "train --attn-interval 2"
+grep -q "(LFLF" "$work/iv2.csv.out" && pass "--attn-interval 2 gives LFLF" || fail "--attn-interval 2 is not LFLF"
+expect_far "--attn-interval 2 (another model) vs the named tiny" "$work/iv2.csv" "$work/one.csv" 2e-5
+train 1 "$work/iv0.csv" --steps 4 --batch 2 --attn-interval 0 || fail "train --attn-interval 0"
+grep -q "GatedDeltaNet layers only" "$work/iv0.csv.out" && pass "--attn-interval 0: GatedDeltaNet only" ||
+  fail "--attn-interval 0 still has attention"
+
+if [ -n "${GDN_TRAIN_ONLY_GRIDS:-}" ]; then echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit; fi
+
+echo "== packed documents and recompute on the hybrid"
+pk=(--seq 256 --steps 3 --batch 2 --pack '\n%\n')
+train 1 "$work/pk1.csv" "${pk[@]}" || fail "train --pack on 1 rank"
+train 2 "$work/pk2.csv" "${pk[@]}" --cp 2 --attn-cp heads --recompute on || fail "train --pack --cp 2 heads recompute"
+expect_close "--pack, --cp 2 --attn-cp heads --recompute on vs one rank" "$work/pk2.csv" "$work/pk1.csv" 2e-5
+train 2 "$work/pkkv.csv" "${pk[@]}" --cp 2 || fail "train --pack --cp 2 kv"
+expect_close "--pack, --cp 2 --attn-cp kv vs one rank" "$work/pkkv.csv" "$work/pk1.csv" 2e-5
+train 2 "$work/pkdrop.csv" "${pk[@]}" --cp 2 --fault drop-kv || fail "train --pack --fault drop-kv"
+expect_far "--pack, --cp 2 with rank 0's keys and values dropped" "$work/pkdrop.csv" "$work/pk1.csv" 2e-5
+
+echo "== --init tests/data/qwen35_tiny (transformers' checkpoint decides the model)"
+# 400 bytes, half held out: the training split is exactly one window of 200 bytes, so step 1's
+# batch is bytes 0..199, the loss before any update
+head -c 400 "$text" > "$work/400.txt"
+ids() { head -c "$2" "$work/400.txt" | tail -c "$1" | od -An -tu1 -v | tr -s ' \n' ',' | sed 's/^,//;s/,$//'; }
+ref=$($g sample --ckpt tests/data/qwen35_tiny --prompt-ids "$(ids 200 200)" --score | awk '/^score/ { print $3 }')
+shifted=$($g sample --ckpt tests/data/qwen35_tiny --prompt-ids "$(ids 200 201)" --score | awk '/^score/ { print $3 }')
+for grid in "1 1 kv" "2 2 heads"; do
+  set -- $grid
+  timeout 120 $MPIEXEC -n "$1" $g train --data "$work/400.txt" --init tests/data/qwen35_tiny --seq 199 --batch 1 --steps 2 \
+    --val-fraction 0.5 --eval-every 0 --threads 1 --cp "$2" --attn-cp "$3" --log "$work/init$2.csv" >"$work/init$2.out" 2>&1 ||
+    { fail "--init qwen35_tiny on $1 rank(s)"; cat "$work/init$2.out"; }
+  first=$(awk -F, 'NR == 2 { print $2 }' "$work/init$2.csv")
+  if awk -v a="$first" -v b="$ref" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5) }'; then
+    pass "--init qwen35_tiny --cp $2 --attn-cp $3: step 1's loss $first = the checkpoint's loss on those bytes $ref (gdncp sample --score; 1e-5)"
+  else fail "--init qwen35_tiny --cp $2: step 1's loss $first vs the checkpoint's $ref"; fi
+done
+grep -q "attention H=4 Hkv=2 d=24 R=6 rope_theta 10000" "$work/init1.out" &&
+  pass "--init: the model is the checkpoint's (H=4 Hkv=2 d=24 R=6, rope_theta 1e4)" || fail "--init did not take the checkpoint's config"
+if awk -v a="$shifted" -v b="$ref" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d > 1e-5) }'; then
+  pass "negative control: the same checkpoint's loss on the window one byte later ($shifted) differs"
+else fail "negative control: the shifted window's loss $shifted equals $ref"; fi
+
+echo "== resume a hybrid run: the same losses as the uninterrupted one, bit for bit"
+train 2 "$work/full.csv" --steps 6 --batch 2 --cp 2 --attn-cp heads --out "$work/full" --save-every 3 --keep 0 || fail "train 6 steps"
+grep -q '"full_attention"' "$work/full/checkpoint-00000003/config.json" &&
+  [ "$(grep -c '_attention"' "$work/full/checkpoint-00000003/config.json")" = 4 ] &&
+  pass "the checkpoint's config.json holds layer_types (3 linear_attention, 1 full_attention)" ||
+  { fail "config.json lacks layer_types"; cat "$work/full/checkpoint-00000003/config.json"; }
+mkdir -p "$work/part" && cp -r "$work/full/checkpoint-00000003" "$work/part/"
+train 2 "$work/resumed.csv" --steps 6 --batch 2 --cp 2 --attn-cp heads --resume "$work/part" --out "$work/part" || fail "resume"
+if [ "$(tail -n +5 "$work/full.csv" | cut -d, -f2)" = "$(tail -n +2 "$work/resumed.csv" | cut -d, -f2)" ] &&
+   [ "$(tail -n +2 "$work/resumed.csv" | wc -l)" = 3 ]; then
+  pass "resume from step 3: steps 4-6 bit-identical ($(tail -n +2 "$work/resumed.csv" | cut -d, -f2 | tr '\n' ' '))"
+else fail "resume from step 3 differs:"; paste -d' ' "$work/full.csv" "$work/resumed.csv"; fi
+train 2 "$work/init.csv" --steps 6 --batch 2 --cp 2 --init "$work/part/checkpoint-00000003" || fail "init from step 3"
+expect_far "--init (a fresh optimiser and schedule) vs the uninterrupted run" "$work/init.csv" "$work/full.csv" 1e-4
+out=$($g sample --ckpt "$work/full" --prompt "The " --tokens 20 --temperature 0 2>/dev/null)
+[ -n "$out" ] && pass "sample from the hybrid checkpoint: $(printf %q "$out")" || fail "sample from the hybrid checkpoint"
+
+echo "== bad input: a clear error on every rank, never a crash or a hang"
+refuse "--layer-types with an unknown type" "unknown layer type" $MPIEXEC -n 2 $g train --data "$text" --layer-types linear,linear,mamba,full
+refuse "--layer-types of another length than --layers" "3 entries but the model has 4 layers" \
+  $MPIEXEC -n 2 $g train --data "$text" --layer-types linear,linear,full
+refuse "--layer-types with --attn-interval" "exclude each other" $MPIEXEC -n 1 $g train --data "$text" --layer-types linear,linear,linear,full --attn-interval 2
+refuse "--attn-cp heads where the heads do not divide over --cp 3" "attn-cp heads.*do not divide" \
+  $MPIEXEC -n 3 $g train --data "$text" --model tiny --cp 3 --attn-cp heads --steps 1
+refuse "--attn-cp ring" "unknown --attn-cp" $MPIEXEC -n 2 $g train --data "$text" --attn-cp ring
+refuse "ranks launched with different --attn-cp (MPMD)" "disagree.*--attn-cp" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --cp 2 --steps 1 --attn-cp kv : -n 1 $g train --data "$text" "${small[@]}" --cp 2 --steps 1 --attn-cp heads
+refuse "--init qwen35_tiny --model tiny (the checkpoint decides)" "config.json decides the model: its hidden_size is 96" \
+  $MPIEXEC -n 2 $g train --data "$text" --init tests/data/qwen35_tiny --model tiny --steps 1
+refuse "--init qwen35_tiny --layer-types (another layer order)" "its layer 2 is linear_attention" \
+  $MPIEXEC -n 1 $g train --data "$text" --init tests/data/qwen35_tiny --layers 4 --layer-types linear,linear,full,full --steps 1
+refuse "--resume of a hybrid checkpoint with --attn-interval 0" "layer 3 is full_attention" \
+  $MPIEXEC -n 2 $g train --data "$text" "${small[@]}" --cp 2 --steps 8 --resume "$work/full" --attn-interval 0
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
