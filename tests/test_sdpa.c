@@ -7,8 +7,12 @@
  * Negative controls: the reference made wrong on purpose (kv head h % Hkv instead of h / grp, the
  * mask off by one key, a document boundary ignored) must fail the same comparisons.
  * Then: the forward without lse gives the same o, thread counts give identical results, and bad
- * input is refused with a message naming it. */
+ * input is refused with a message naming it. Last, the core under gdn_sdpa_* over views whose
+ * queries and keys are different blocks of one stream (q0 != k0, as the CP and cache paths call
+ * it: keys before, across and after the queries, rows that see no key, documents), o, lse and the
+ * accumulated dq, dk, dv against the same loops; control: the keys' offset ignored. */
 #include "harness.h"
+#include "attention_internal.h" /* the core over a view (the CP and cache paths' entry points) */
 
 #include <math.h>
 #include <stdio.h>
@@ -289,6 +293,103 @@ static void errors(void) {
     free(q), free(k), free(v), free(o), free(lse), free(dq), free(dk), free(dv), free(dout);
 }
 
+/* Queries [q0, q0 + nq) of the stream against its keys [k0, k0 + nk) (batch rows b; documents cu
+ * over the whole stream): the double loops with the view's offsets (honour 0: read k0 as q0). */
+static void view_reference(int64_t B, int64_t H, int64_t Hkv, int64_t d, int64_t nq, int64_t q0, int64_t nk,
+                           int64_t k0, const int64_t *cu, int64_t n_docs, const double *q, const double *k,
+                           const double *v, const double *dO, const double *D, double *o, double *lse, double *dq,
+                           double *dk, double *dv) {
+    const double scale = 1.0 / sqrt((double)d);
+    const int64_t grp = H / Hkv;
+    double *p = dalloc(nk);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < nq; t++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t tg = q0 + t, j = h / grp, row = (b * nq + t) * H + h;
+                const int64_t db = cu ? gdn_attn_doc_begin(cu, n_docs, tg) : 0;
+                const double *qr = q + row * d;
+                double m = -INFINITY, l = 0;
+                for (int64_t u = 0; u < nk; u++) {
+                    const int64_t ug = k0 + u;
+                    p[u] = NAN;
+                    if (ug > tg || ug < db) continue;
+                    double x = 0;
+                    for (int64_t e = 0; e < d; e++) x += qr[e] * k[((b * nk + u) * Hkv + j) * d + e];
+                    p[u] = x * scale, m = fmax(m, p[u]);
+                }
+                for (int64_t u = 0; u < nk; u++) if (p[u] == p[u]) l += exp(p[u] - m);
+                double *orow = o + row * d;
+                memset(orow, 0, sizeof(double) * (size_t)d);
+                lse[row] = l > 0 ? m + log(l) : -INFINITY;
+                for (int64_t u = 0; u < nk; u++) {
+                    if (p[u] != p[u]) continue;
+                    p[u] = exp(p[u] - m) / l;
+                    const double *vr = v + ((b * nk + u) * Hkv + j) * d;
+                    double dp = 0;
+                    for (int64_t e = 0; e < d; e++) orow[e] += p[u] * vr[e], dp += dO[row * d + e] * vr[e];
+                    const double ds = p[u] * (dp - D[row]);
+                    for (int64_t e = 0; e < d; e++) {
+                        dq[row * d + e] += scale * ds * k[((b * nk + u) * Hkv + j) * d + e];
+                        dk[((b * nk + u) * Hkv + j) * d + e] += scale * ds * qr[e];
+                        dv[((b * nk + u) * Hkv + j) * d + e] += p[u] * dO[row * d + e];
+                    }
+                }
+            }
+    free(p);
+}
+
+static void view_case(int64_t B, int64_t H, int64_t Hkv, int64_t d, int64_t nq, int64_t q0, int64_t nk, int64_t k0,
+                      const int64_t *cu, int64_t n_docs, int threads) {
+    const int64_t nQ = B * nq * H * d, nK = B * nk * Hkv * d, nL = B * nq * H;
+    float *q = falloc(nQ), *k = falloc(nK), *v = falloc(nK), *dO = falloc(nQ), *D = falloc(nL), *o = falloc(nQ);
+    float *lse = falloc(nL), *dq = falloc(nQ), *dk = falloc(nK), *dv = falloc(nK);
+    double *qd = dalloc(nQ), *kd = dalloc(nK), *vd = dalloc(nK), *dOd = dalloc(nQ), *Dd = dalloc(nL), *od = dalloc(nQ);
+    double *ld = dalloc(nL), *dqd = dalloc(nQ), *dkd = dalloc(nK), *dvd = dalloc(nK);
+    rng_seed(4242 + (uint64_t)(q0 * 7 + k0));
+    for (int64_t i = 0; i < nQ; i++) q[i] = (float)rng_uniform(-1.5, 1.5), dO[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < nK; i++) k[i] = (float)rng_uniform(-1.5, 1.5), v[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < nL; i++) D[i] = (float)rng_uniform(-0.5, 0.5);
+    for (int64_t i = 0; i < nQ; i++) qd[i] = q[i], dOd[i] = dO[i], dq[i] = 0.5f;
+    for (int64_t i = 0; i < nK; i++) kd[i] = k[i], vd[i] = v[i], dk[i] = dv[i] = 0.25f;
+    for (int64_t i = 0; i < nL; i++) Dd[i] = D[i];
+    float *tile = falloc((int64_t)(gdn_attn_tile_floats(d) * (size_t)threads));
+    const gdn_attn_core view = {.B = B, .H = H, .Hkv = Hkv, .d = d, .Q = q, .nq = nq, .q0 = q0, .qld = H * d,
+                                .nk = nk, .k0 = k0, .K = {k, Hkv * d, d, nk * Hkv * d}, .V = {v, Hkv * d, d, nk * Hkv * d},
+                                .cu = cu, .n_docs = n_docs, .threads = threads, .tile = tile};
+    const gdn_attn_kv gk = {dk, Hkv * d, d, nk * Hkv * d}, gv = {dv, Hkv * d, d, nk * Hkv * d};
+    const gdn_fpmode fm = gdn_fp_fast_begin();
+    gdn_attn_core_forward(&view, o, lse);
+    gdn_attn_core_backward(&view, dO, lse, D, dq, gk, gv);
+    gdn_fp_fast_end(fm);
+    for (int64_t i = 0; i < nQ; i++) dq[i] -= 0.5f; /* what was added */
+    for (int64_t i = 0; i < nK; i++) dk[i] -= 0.25f, dv[i] -= 0.25f;
+    char what[160];
+    snprintf(what, sizeof what, "view: queries [%lld, %lld) keys [%lld, %lld) B=%lld H=%lld Hkv=%lld d=%lld%s, %d thr",
+             (long long)q0, (long long)(q0 + nq), (long long)k0, (long long)(k0 + nk), (long long)B, (long long)H,
+             (long long)Hkv, (long long)d, cu ? " docs" : "", threads);
+    for (int control = 0; control < 2; control++) {
+        memset(dqd, 0, sizeof(double) * (size_t)nQ), memset(dkd, 0, sizeof(double) * (size_t)nK);
+        memset(dvd, 0, sizeof(double) * (size_t)nK);
+        view_reference(B, H, Hkv, d, nq, q0, nk, control ? q0 : k0, cu, n_docs, qd, kd, vd, dOd, Dd, od, ld, dqd, dkd, dvd);
+        int64_t inf_mismatch = 0, n_inf = 0;
+        double le = 0;
+        for (int64_t i = 0; i < nL; i++) {
+            n_inf += ld[i] == -INFINITY;
+            if ((ld[i] == -INFINITY) != (lse[i] == -INFINITY)) inf_mismatch++;
+            else if (ld[i] != -INFINITY) le = fmax(le, fabs(lse[i] - ld[i]) / fmax(1.0, fabs(ld[i])));
+        }
+        const double err = fmax(fmax(err_of(o, od, nQ), le + (double)inf_mismatch),
+                                fmax(err_of(dq, dqd, nQ), fmax(err_of(dk, dkd, nK), err_of(dv, dvd, nK))));
+        if (!control)
+            expect_close(err, 1e-5, "%s: o, lse (%lld rows see nothing), dq, dk, dv += vs double loops", what,
+                         (long long)n_inf);
+        else
+            expect_far(err, 1e-5, "%s: against loops that ignore the keys' offset", what);
+    }
+    free(q), free(k), free(v), free(dO), free(D), free(o), free(lse), free(dq), free(dk), free(dv), free(tile);
+    free(qd), free(kd), free(vd), free(dOd), free(Dd), free(od), free(ld), free(dqd), free(dkd), free(dvd);
+}
+
 void test_sdpa(void) {
     static const int64_t cu1[4] = {0, 50, 51, 150};            /* a 1-token document, documents across tiles */
     static const int64_t cu2[5] = {0, 130, 131, 192, 333};     /* from inside a tile to a tile's end */
@@ -313,4 +414,10 @@ void test_sdpa(void) {
     const shape tid[] = {{1, 300, 16, 2, 64, cu3, 3, 0}, {2, 140, 8, 1, 32, NULL, 0, 0}, {1, 333, 4, 2, 16, cu2, 4, 0}};
     for (size_t i = 0; i < sizeof tid / sizeof tid[0]; i++) threads_identical(&tid[i]);
     errors();
+    static const int64_t cuv[4] = {0, 120, 190, 400};
+    view_case(2, 8, 2, 32, 50, 100, 90, 30, NULL, 0, 2);   /* keys before and across the queries */
+    view_case(1, 16, 2, 64, 70, 200, 60, 0, NULL, 0, 2);   /* an earlier block: all visible */
+    view_case(1, 8, 2, 32, 50, 0, 40, 30, NULL, 0, 2);     /* the first 30 rows see nothing */
+    view_case(1, 8, 2, 32, 200, 0, 60, 170, NULL, 0, 3);   /* keys after most queries, two-pass */
+    view_case(1, 6, 2, 16, 100, 150, 120, 100, cuv, 3, 2); /* documents across both blocks, group 3 */
 }
