@@ -50,25 +50,30 @@ refuse() { # refuse LABEL PATTERN CMD...: a non-zero exit (not a signal or a tim
   else fail "$label (exit $rc; wanted a message matching '$pat')"; cat "$work/bad.out"; fi
 }
 
-echo "== hybrid tiny (LLLF): the same losses on any grid (4 steps; fp32, rounding only: tolerance 2e-5)"
+# Tolerance: the first step's loss agrees to the printed digits and the second to ~2e-7, but
+# AdamW's first updates are ~lr * g / |g| where |g| is tiny, so rounding in the gradient moves
+# them and the third step's loss differs by up to ~3e-5 (measured: CP 2 kv vs one rank 2.7e-5,
+# heads 2.9e-5). 1e-4 keeps the controls (6.7e-4 and above) well outside.
+TOL=1e-4
+echo "== hybrid tiny (LLLF): the same losses on any grid (4 steps; fp32, rounding only: tolerance $TOL)"
 train 1 "$work/one.csv" --steps 4 --batch 2 || fail "train on 1 rank"
 grep -q "3 GatedDeltaNet + 1 full-attention layers (LLLF" "$work/one.csv.out" &&
   pass "--model tiny is hybrid: layers linear,linear,linear,full" || { fail "tiny is not LLLF"; cat "$work/one.csv.out"; }
 train 2 "$work/kv.csv" --steps 4 --batch 2 --cp 2 --attn-cp kv || fail "train --cp 2 --attn-cp kv"
-expect_close "--cp 2 --attn-cp kv vs one rank" "$work/kv.csv" "$work/one.csv" 2e-5
+expect_close "--cp 2 --attn-cp kv vs one rank" "$work/kv.csv" "$work/one.csv" $TOL
 train 2 "$work/heads.csv" --steps 4 --batch 2 --cp 2 --attn-cp heads || fail "train --cp 2 --attn-cp heads"
-expect_close "--cp 2 --attn-cp heads (2 query heads, 1 kv head: 1 query head per rank) vs one rank" "$work/heads.csv" "$work/one.csv" 2e-5
+expect_close "--cp 2 --attn-cp heads (2 query heads, 1 kv head: 1 query head per rank) vs one rank" "$work/heads.csv" "$work/one.csv" $TOL
 train 2 "$work/dp2.csv" --steps 4 --batch 1 || fail "train DP 2 x CP 1"
-expect_close "DP 2 x CP 1 (--batch 1 each) vs one rank --batch 2" "$work/dp2.csv" "$work/one.csv" 2e-5
+expect_close "DP 2 x CP 1 (--batch 1 each) vs one rank --batch 2" "$work/dp2.csv" "$work/one.csv" $TOL
 train 2 "$work/dropkv.csv" --steps 4 --batch 2 --cp 2 --fault drop-kv || fail "train --fault drop-kv"
-expect_far "--cp 2 with the attention's keys and values of rank 0 not attended (--fault drop-kv)" "$work/dropkv.csv" "$work/one.csv" 2e-5
+expect_far "--cp 2 with the attention's keys and values of rank 0 not attended (--fault drop-kv)" "$work/dropkv.csv" "$work/one.csv" $TOL
 train 2 "$work/dropin.csv" --steps 4 --batch 2 --cp 2 --fault drop-incoming || fail "train --fault drop-incoming"
-expect_far "--cp 2 with the GatedDeltaNet state dropped between ranks (--fault drop-incoming)" "$work/dropin.csv" "$work/one.csv" 2e-5
+expect_far "--cp 2 with the GatedDeltaNet state dropped between ranks (--fault drop-incoming)" "$work/dropin.csv" "$work/one.csv" $TOL
 train 1 "$work/lt.csv" --steps 4 --batch 2 --layer-types linear,linear,linear,full_attention || fail "train --layer-types"
 expect_close "--layer-types linear,linear,linear,full_attention = the named tiny" "$work/lt.csv" "$work/one.csv" 0
 train 1 "$work/iv2.csv" --steps 4 --batch 2 --attn-interval 2 || fail "train --attn-interval 2"
 grep -q "(LFLF" "$work/iv2.csv.out" && pass "--attn-interval 2 gives LFLF" || fail "--attn-interval 2 is not LFLF"
-expect_far "--attn-interval 2 (another model) vs the named tiny" "$work/iv2.csv" "$work/one.csv" 2e-5
+expect_far "--attn-interval 2 (another model) vs the named tiny" "$work/iv2.csv" "$work/one.csv" $TOL
 train 1 "$work/iv0.csv" --steps 4 --batch 2 --attn-interval 0 || fail "train --attn-interval 0"
 grep -q "GatedDeltaNet layers only" "$work/iv0.csv.out" && pass "--attn-interval 0: GatedDeltaNet only" ||
   fail "--attn-interval 0 still has attention"
@@ -79,11 +84,11 @@ echo "== packed documents and recompute on the hybrid"
 pk=(--seq 256 --steps 3 --batch 2 --pack '\n%\n')
 train 1 "$work/pk1.csv" "${pk[@]}" || fail "train --pack on 1 rank"
 train 2 "$work/pk2.csv" "${pk[@]}" --cp 2 --attn-cp heads --recompute on || fail "train --pack --cp 2 heads recompute"
-expect_close "--pack, --cp 2 --attn-cp heads --recompute on vs one rank" "$work/pk2.csv" "$work/pk1.csv" 2e-5
+expect_close "--pack, --cp 2 --attn-cp heads --recompute on vs one rank" "$work/pk2.csv" "$work/pk1.csv" $TOL
 train 2 "$work/pkkv.csv" "${pk[@]}" --cp 2 || fail "train --pack --cp 2 kv"
-expect_close "--pack, --cp 2 --attn-cp kv vs one rank" "$work/pkkv.csv" "$work/pk1.csv" 2e-5
+expect_close "--pack, --cp 2 --attn-cp kv vs one rank" "$work/pkkv.csv" "$work/pk1.csv" $TOL
 train 2 "$work/pkdrop.csv" "${pk[@]}" --cp 2 --fault drop-kv || fail "train --pack --fault drop-kv"
-expect_far "--pack, --cp 2 with rank 0's keys and values dropped" "$work/pkdrop.csv" "$work/pk1.csv" 2e-5
+expect_far "--pack, --cp 2 with rank 0's keys and values dropped" "$work/pkdrop.csv" "$work/pk1.csv" $TOL
 
 echo "== --init tests/data/qwen35_tiny (transformers' checkpoint decides the model)"
 # 400 bytes, half held out: the training split is exactly one window of 200 bytes, so step 1's
