@@ -5,6 +5,7 @@
  * earlier ranks' keys and values dropped, their gradients not returned. Bad input and ranks
  * that disagree stop every rank with one message. */
 #include "cp_internal.h"
+#include "cp_util.h"
 #include "harness.h"
 
 #include <math.h>
@@ -16,24 +17,6 @@
 #define TOL_ATTN_CP 2e-5
 
 static int rank, D;
-
-static double err_over_ranks(const float *ours, const float *ref, int64_t n) {
-    double loc[2] = {0, 0}, glob[2];
-    for (int64_t i = 0; i < n; i++) {
-        const double e = fabs((double)ours[i] - ref[i]);
-        if (!(e <= loc[0])) loc[0] = e;
-        loc[1] = fmax(loc[1], fabs(ref[i]));
-    }
-    if (isnan(loc[0])) loc[0] = INFINITY;
-    MPI_Allreduce(loc, glob, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return glob[0] / fmax(glob[1], 1e-30);
-}
-
-static float *rows_of(const float *x, int64_t B, int64_t T, int64_t t0, int64_t tn, int64_t inner) {
-    float *out = malloc(sizeof(float) * (B * tn * inner + 1));
-    for (int64_t b = 0; b < B; b++) memcpy(out + b * tn * inner, x + (b * T + t0) * inner, sizeof(float) * tn * inner);
-    return out;
-}
 
 static int heads_allowed(const gdn_attn_config *c) {
     if (c->H % D) return 0;

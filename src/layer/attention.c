@@ -222,9 +222,21 @@ gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj) {
     return v;
 }
 
+gdn_attn_saved gdn_attn_backward_restore(gdn_attn_plan *ap, const float *saved, const float *x, const float *w) {
+    const gdn_attn_saved sv = gdn_attn_saved_view(ap, saved ? (float *)saved : ap->saved); /* saved: read only */
+    if (!saved || ap->cfg.keep == GDN_ATTN_KEEP_CORE) gdn_attn_project(ap, sv.proj, x, w);
+    gdn_attn_norm_rope(ap, sv.proj, w);
+    return sv;
+}
+
 void gdn_attn_backward_gate(gdn_attn_plan *ap, float *dw, gdn_attn_saved sv, const float *w, const float *dy) {
     const gdn_attn_config *c = &ap->cfg;
     const int64_t N = ap->N, E = c->E, H = c->H, d = c->d, P = ap->P, Hd = ap->Hd;
+    gdn_attn_finish(ap, NULL, sv, w); /* z, for o_proj's weight gradient */
+    /* the core's backward adds into dq, dk and dv */
+    memset(ap->dqr, 0, sizeof(float) * (size_t)N * (size_t)Hd);
+    memset(ap->dkr, 0, sizeof(float) * (size_t)N * (size_t)ap->Kd);
+    for (int64_t n = 0; n < N; n++) memset(ap->dproj + n * P + 2 * Hd + ap->Kd, 0, sizeof(float) * (size_t)ap->Kd);
     memset(dw, 0, sizeof(float) * gdn_attn_param_floats(c));
     /* o_proj: dWo = dy^T z, dz = dy Wo (into z) */
     gdn_matmul(GDN_GEMM_A_TRANS, E, Hd, N, dy, E, ap->z, Hd, dw + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd,
@@ -346,23 +358,15 @@ int gdn_attn_backward(gdn_attn_plan *ap, float *dx, float *dw, const float *x, c
         (rc = gdn_attn_check_inputs(ap, x, w)))
         return rc;
     const gdn_fpmode fm = gdn_fp_fast_begin();
-    gdn_attn_saved sv;
-    if (saved) {
-        sv = gdn_attn_saved_view(ap, (float *)saved); /* read only */
-        if (c->keep == GDN_ATTN_KEEP_CORE) gdn_attn_project(ap, sv.proj, x, w);
-        gdn_attn_norm_rope(ap, sv.proj, w);
-    } else {
-        sv = gdn_attn_saved_view(ap, ap->saved);
-        local_forward(ap, sv, x, w);
+    const gdn_attn_saved sv = gdn_attn_backward_restore(ap, saved, x, w);
+    if (!saved) { /* the core's output again */
+        const gdn_attn_core vf = gdn_attn_local_view(ap, sv.proj);
+        gdn_attn_core_forward(&vf, sv.o, sv.lse);
     }
-    gdn_attn_finish(ap, NULL, sv, w);
     gdn_attn_backward_gate(ap, dw, sv, w, dy);
     const gdn_attn_core v = gdn_attn_local_view(ap, sv.proj);
-    memset(ap->dqr, 0, sizeof(float) * (size_t)ap->N * (size_t)ap->Hd);
-    memset(ap->dkr, 0, sizeof(float) * (size_t)ap->N * (size_t)ap->Kd);
     const gdn_attn_kv dk = {ap->dkr, ap->Kd, c->d, c->T * ap->Kd};
     const gdn_attn_kv dv = {ap->dproj + 2 * ap->Hd + ap->Kd, ap->P, c->d, c->T * ap->P};
-    for (int64_t n = 0; n < ap->N; n++) memset(dv.p + n * ap->P, 0, sizeof(float) * (size_t)ap->Kd);
     gdn_attn_core_backward(&v, ap->dO, sv.lse, ap->Dv, ap->dqr, dk, dv);
     gdn_attn_backward_finish(ap, dx, dw, sv, x, w);
     gdn_fp_fast_end(fm);

@@ -505,24 +505,10 @@ int gdn_attn_cp_backward(gdn_cp *cp, gdn_attn_plan *ap, float *dx, float *dw, co
     if ((rc = attn_cp_agree(cp, ap, 1, saved, rc, &L))) return rc;
     const gdn_attn_config *c = &ap->cfg;
     const gdn_fpmode fm = gdn_fp_fast_begin();
-    gdn_attn_saved sv;
-    if (saved) {
-        sv = gdn_attn_saved_view(ap, (float *)saved); /* read only */
-        if (c->keep == GDN_ATTN_KEEP_CORE) gdn_attn_project(ap, sv.proj, x, w);
-        gdn_attn_norm_rope(ap, sv.proj, w);
-    } else { /* not saved on any rank (agreed): the forward again, collectively */
-        sv = gdn_attn_saved_view(ap, ap->saved);
-        gdn_attn_project(ap, sv.proj, x, w);
-        gdn_attn_norm_rope(ap, sv.proj, w);
-        rc = core_forward(cp, ap, &L, sv);
-    }
+    const gdn_attn_saved sv = gdn_attn_backward_restore(ap, saved, x, w);
+    if (!saved) rc = core_forward(cp, ap, &L, sv); /* not saved on any rank (agreed): collectively again */
     if (!rc) {
-        gdn_attn_finish(ap, NULL, sv, w);
         gdn_attn_backward_gate(ap, dw, sv, w, dy);
-        memset(ap->dqr, 0, sizeof(float) * (size_t)ap->N * (size_t)ap->Hd);
-        memset(ap->dkr, 0, sizeof(float) * (size_t)ap->N * (size_t)ap->Kd);
-        for (int64_t n = 0; n < ap->N; n++)
-            memset(ap->dproj + n * ap->P + 2 * ap->Hd + ap->Kd, 0, sizeof(float) * (size_t)ap->Kd);
         rc = c->cp == GDN_ATTN_CP_KV ? kv_backward(cp, ap, &L, sv) : heads_backward(cp, ap, &L, sv);
     }
     if (!rc) gdn_attn_backward_finish(ap, dx, dw, sv, x, w);

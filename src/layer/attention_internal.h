@@ -141,13 +141,18 @@ gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj);
  * check_inputs: NULLs and NaN/Inf of x and the weights;
  * project: sv.proj from x; norm_rope: qr, kr (and their rstd) from sv.proj;
  * finish: z = o sigmoid(gate), y = z o_proj^T;
- * backward_gate: dw[o_proj], dO, dgate (into dproj), Dv from dy (z, sv filled);
+ * backward_restore: the forward's tensors for a backward: from saved (KEEP_CORE: the projections
+ *   again), or, saved NULL, the projections into the plan's buffer (the caller then recomputes
+ *   the core's o and lse); norms and RoPE in both cases;
+ * backward_gate: z, then dw[o_proj], dO, dgate (into dproj), Dv from dy; dqr, dkr and dproj's v
+ *   columns zeroed for the core's backward to add into;
  * backward_finish: the norms, RoPE and projections from dqr, dkr and dproj's v and gate columns:
  *   dx, and dw of everything but o_proj. */
 int gdn_attn_check_inputs(const gdn_attn_plan *ap, const float *x, const float *w);
 void gdn_attn_project(gdn_attn_plan *ap, float *proj, const float *x, const float *w);
 void gdn_attn_norm_rope(gdn_attn_plan *ap, const float *proj, const float *w);
 void gdn_attn_finish(gdn_attn_plan *ap, float *y, gdn_attn_saved sv, const float *w);
+gdn_attn_saved gdn_attn_backward_restore(gdn_attn_plan *ap, const float *saved, const float *x, const float *w);
 void gdn_attn_backward_gate(gdn_attn_plan *ap, float *dw, gdn_attn_saved sv, const float *w, const float *dy);
 void gdn_attn_backward_finish(gdn_attn_plan *ap, float *dx, float *dw, gdn_attn_saved sv, const float *x,
                               const float *w);
