@@ -13,10 +13,10 @@
  *  2. vs the fp32 gdn_matmul on the unrounded operands: max|C - C32| / max|C32| within 1e-2 (the
  *     bf16 rounding of the inputs, ~2^-9 relative per operand); control: k pairs off by one.
  *  3. bit for bit where the arithmetic is identical: the fallback in VDPBF16PS order (odd product
- *     of a pair first) = AVX512-BF16; the fallback in TDPBF16PS order (even first) = the AMX
- *     emulator; real AMX = the emulator. The paths share the slice structure (each KC slice
- *     accumulated from zero in fp32, then added to C), so per element the same fp32 additions
- *     happen in the same order. Not bitwise: AVX512-BF16 vs AMX (the pair's order differs).
+ *     of a pair first) = AVX512-BF16; the fallback in TDPBF16PS's measured order (blocks of 16
+ *     pairs, even and odd partial sums; src/blas/matmul_bf16.c) = the AMX emulator; real AMX =
+ *     the emulator. The paths share the slice structure (each KC slice accumulated from zero in
+ *     fp32, then added to C), so per element the same fp32 additions happen in the same order. Not bitwise: AVX512-BF16 vs AMX (the pair's order differs).
  *     Controls: the fallback in the other order must differ from the path in >= 1 element.
  * Shapes: ragged m, n, k (not multiples of 14, 16 or 32), k odd, k crossing the 512-deep slice,
  * n crossing the 512-column panel; every ACC / A^T / B^T combination; A and B stored as bf16;
@@ -108,12 +108,12 @@ static float *run(const bprob *P, int path, int threads, int fault, int even) {
     const size_t wsb = gdn_matmul_bf16_ws_bytes(path, P->m, P->n, P->kk) - (ws_short ? 64 : 0);
     unsigned char *wbuf = own ? malloc(wsb + 3 + 64) : NULL;
     if (wbuf) memset(wbuf, 0xA5, wsb + 3 + 64);
-    gdn_bf16_fault = fault, gdn_bf16_fallback_even_first = even;
+    gdn_bf16_fault = fault, gdn_bf16_fallback_amx_order = even;
     const int ran = gdn_matmul_bf16(path, P->flags, P->m, P->n, P->kk,
                                     (P->flags & GDN_GEMM_A_BF16) ? (const void *)P->Ah : P->A, P->lda,
                                     (P->flags & GDN_GEMM_B_BF16) ? (const void *)P->Bh : P->B, P->ldb, C, P->ldc,
                                     wbuf ? wbuf + 3 : NULL, threads);
-    gdn_bf16_fault = 0, gdn_bf16_fallback_even_first = 0;
+    gdn_bf16_fault = 0, gdn_bf16_fallback_amx_order = 0;
     if (ran != path) C[0] = NAN; /* not the path asked for: fail every check */
     for (size_t i = 0; wbuf && i < 64; i++)
         if (wbuf[wsb + 3 + i] != 0xA5) C[0] = NAN; /* wrote past the workspace it asked for */
@@ -177,12 +177,12 @@ static void one(int flags, int64_t m, int64_t n, int64_t kk, int threads) {
                      PNAME[p], fname(flags), (long)m, (long)n, (long)kk, threads);
     }
     float *even = run(&P, GDN_BF16_FALLBACK, threads, 0, 1);
-    expect_close(err_ref(&P, even), REF_TOL, "bf16 fallback(even-first) %-20s m=%ld n=%ld k=%ld vs double", fname(flags),
+    expect_close(err_ref(&P, even), REF_TOL, "bf16 fallback(AMX order) %-20s m=%ld n=%ld k=%ld vs double", fname(flags),
                  (long)m, (long)n, (long)kk);
     if (C[2])
-        check(bits_differ(&P, C[1], C[2]) == 0, "bf16 AVX512-BF16 == fallback(odd-first) bit for bit, %s m=%ld n=%ld k=%ld",
+        check(bits_differ(&P, C[1], C[2]) == 0, "bf16 AVX512-BF16 == fallback(VDPBF16PS order) bit for bit, %s m=%ld n=%ld k=%ld",
               fname(flags), (long)m, (long)n, (long)kk);
-    check(bits_differ(&P, even, C[4]) == 0, "bf16 AMX-emulated == fallback(even-first) bit for bit, %s m=%ld n=%ld k=%ld",
+    check(bits_differ(&P, even, C[4]) == 0, "bf16 AMX-emulated == fallback(AMX order) bit for bit, %s m=%ld n=%ld k=%ld",
           fname(flags), (long)m, (long)n, (long)kk);
     if (C[3])
         check(bits_differ(&P, C[3], C[4]) == 0, "bf16 AMX == AMX-emulated bit for bit, %s m=%ld n=%ld k=%ld", fname(flags),
@@ -225,15 +225,15 @@ static void controls(void) {
     float *odd = run(&P, GDN_BF16_FALLBACK, 2, 0, 0), *even = run(&P, GDN_BF16_FALLBACK, 2, 0, 1);
     float *emu = run(&P, GDN_BF16_AMX_EMU, 2, 0, 0);
     const int64_t d1 = bits_differ(&P, odd, emu);
-    expect_far((double)d1, 0.5, "bf16 control: AMX-emulated vs fallback(odd-first) differ bitwise (%ld elements)", (long)d1);
+    expect_far((double)d1, 0.5, "bf16 control: AMX-emulated vs fallback(VDPBF16PS order) differ bitwise (%ld elements)", (long)d1);
     if (have[2]) {
         float *v = run(&P, GDN_BF16_AVX512, 2, 0, 0);
         const int64_t d2 = bits_differ(&P, even, v);
-        expect_far((double)d2, 0.5, "bf16 control: AVX512-BF16 vs fallback(even-first) differ bitwise (%ld elements)",
+        expect_far((double)d2, 0.5, "bf16 control: AVX512-BF16 vs fallback(AMX order) differ bitwise (%ld elements)",
                    (long)d2);
         free(v);
     } else {
-        printf("NOT RUN  bf16 control: AVX512-BF16 vs fallback(even-first) (no AVX512-BF16 here)\n");
+        printf("NOT RUN  bf16 control: AVX512-BF16 vs fallback(AMX order) (no AVX512-BF16 here)\n");
     }
     free(odd), free(even), free(emu);
     bprob_free(&P);

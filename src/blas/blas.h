@@ -61,9 +61,9 @@ enum { GDN_BF16_FAULT_TRUNCATE = 1,    /* operands truncated to bf16, not rounde
        GDN_BF16_FAULT_PAIR_SHIFT = 2,  /* B's k pairs taken one k late (2p+1, 2p+2) */
        GDN_BF16_FAULT_SKIP_KBLOCK = 3 }; /* AMX: the last 32-deep tile block of each slice skipped */
 extern int gdn_bf16_fault;
-/* Tests only: the fallback adds each pair's products even first (TDPBF16PS's order, = the AMX
- * path bit for bit) instead of odd first (VDPBF16PS's order, = the AVX512-BF16 path). */
-extern int gdn_bf16_fallback_even_first;
+/* Tests only: the fallback sums in TDPBF16PS's order (blocks of 16 pairs, even and odd partial
+ * sums; = the AMX path bit for bit) instead of VDPBF16PS's (= the AVX512-BF16 path). */
+extern int gdn_bf16_fallback_amx_order;
 /* The name of the GEMM micro-kernel compiled in. */
 const char *gdn_gemm_path(void);
 
