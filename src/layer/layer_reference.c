@@ -105,16 +105,7 @@ static int check_weights(const gdn_layer_config *cfg, const double *w) {
     return GDN_OK;
 }
 
-/* v rounded to bfloat16's 8 significant bits, nearest even (normal range; zeros and non-finite
- * values kept). */
-static double bf16_round(double v) {
-    if (v == 0.0 || !isfinite(v)) return v;
-    int e;
-    const double m = frexp(v, &e); /* |m| in [0.5, 1) */
-    return ldexp(nearbyint(ldexp(m, 8)), e - 8);
-}
-/* An operand of a product: bf16-rounded when `bf` (the product runs in BF16), else exact. */
-static inline double opnd(int bf, double v) { return bf ? bf16_round(v) : v; }
+static inline double opnd(int bf, double v) { return gdn_ref_operand(bf, v); }
 
 /* out[n, c] = sum_e W[c, e] in[n, e]  for c < C (W [C, E]); out has row stride C; bf: the
  * operands rounded to bf16. */
