@@ -15,10 +15,14 @@
  *    bf16 operands give ~2^-9 relative per operand, in practice ~5e-3 on y and ~1e-2 on the
  *    gradients (printed); tolerance F32_TOL. Control: the BF16 GEMM's k pairs shifted by one
  *    (GDN_BF16_FAULT_PAIR_SHIFT) through the same check.
+ * 3. The whole model (the hybrid `tiny`: its MLP, lm_head and both mixers' projections in bf16)
+ *    against itself in fp32: the loss within MODEL_LOSS_TOL, every gradient within MODEL_TOL
+ *    (norm-wise; the worst tensor printed); control: the shifted k pairs.
  * The attention layer: the same two checks; its controls are the fp32 layer through the BF16
  * oracle's check and the shifted k pairs through the fp32 one (it has no recurrent state).
  * Shapes keep every product above 16 rows (products of <= 16 rows run fp32 in either mode). */
 #include "harness.h"
+#include "gdncp/train.h"
 #include "kernel_internal.h"
 
 #include <math.h>
@@ -28,6 +32,8 @@
 
 #define ORACLE_TOL 2e-4
 #define F32_TOL 5e-2
+#define MODEL_TOL 5e-2      /* the model's gradients vs fp32, norm-wise (measured 1.9e-2) */
+#define MODEL_LOSS_TOL 1e-3 /* its loss vs fp32, relative (measured 2e-5 at the initialisation) */
 
 /* Norm-wise relative error ||x - ref||_2 / ||ref||_2 (NaN fails). Not the max-abs measure of the
  * fp32 tests: the oracle rounds its own double intermediates (the norm's output, z, dproj) to
@@ -251,6 +257,67 @@ static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t H
     free(w), free(x), free(dy);
 }
 
+/* ---------------------------------------------------------------- the model */
+
+/* Loss and flat gradient of the tiny hybrid model on one batch in the given precision. */
+static int model_step(const gdn_model_config *mc, int compute, const float *w, const uint8_t *tok, int64_t B,
+                      int64_t T, double *loss, float *dw) {
+    gdn_model_run run = {.B = B, .T = T, .threads = 0, .check_finite = 1, .compute = compute};
+    gdn_model_plan *p = NULL;
+    int rc = gdn_model_plan_create(&p, mc, &run, NULL);
+    if (!rc) rc = model_train_step(p, w, dw, tok, (double)(B * T), loss);
+    gdn_model_plan_destroy(p);
+    return rc;
+}
+
+static void model_case(void) {
+    gdn_model_config mc;
+    if (!gdn_model_config_named("tiny", &mc)) {
+        check(0, "the named tiny model exists");
+        return;
+    }
+    const int64_t B = 2, T = 48, nw = (int64_t)gdn_model_param_floats(&mc);
+    float *w = falloc(nw), *dw32 = falloc(nw), *dwb = falloc(nw);
+    gdn_model_init(&mc, w, 5);
+    uint8_t *tok = malloc((size_t)(B * (T + 1)));
+    rng_seed(21);
+    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (uint8_t)(32 + (int)rng_uniform(0, 90));
+    double l32 = NAN, lb = NAN, lbad = NAN;
+    int rc = model_step(&mc, GDN_COMPUTE_FP32, w, tok, B, T, &l32, dw32);
+    if (!rc) rc = model_step(&mc, GDN_COMPUTE_BF16, w, tok, B, T, &lb, dwb);
+    if (rc) {
+        check(0, "bf16 model step: %s", gdn_errmsg());
+    } else {
+        double *ref = dalloc(nw);
+        for (int64_t i = 0; i < nw; i++) ref[i] = dw32[i];
+        const double el = fabs(lb - l32) / fabs(l32), eg = rel_err_f32(dwb, ref, nw);
+        expect_close(el, MODEL_LOSS_TOL, "bf16 model (tiny, B=%lld T=%lld) loss vs fp32 (%.6f vs %.6f)", (long long)B,
+                     (long long)T, lb / (double)(B * T), l32 / (double)(B * T));
+        expect_close(eg, MODEL_TOL, "bf16 model (tiny) every gradient vs fp32 (norm-wise)");
+        int worst = -1;
+        double we = 0;
+        for (int i = 0; i < gdn_model_tensor_count(&mc); i++) {
+            gdn_model_tensor_info info;
+            gdn_model_tensor(&mc, i, &info);
+            const double e = rel_err_f32(dwb + info.offset, ref + info.offset, (int64_t)info.numel);
+            if (e > we) we = e, worst = i;
+        }
+        gdn_model_tensor_info info;
+        if (worst >= 0 && !gdn_model_tensor(&mc, worst, &info) && !tests_quiet)
+            printf("      bf16 model: the worst tensor's gradient vs fp32: %s %.2e\n", info.name, we);
+        gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
+        rc = model_step(&mc, GDN_COMPUTE_BF16, w, tok, B, T, &lbad, dwb);
+        gdn_bf16_fault = 0;
+        if (rc) check(0, "bf16 model control step: %s", gdn_errmsg());
+        else {
+            expect_far(rel_err_f32(dwb, ref, nw), MODEL_TOL, "control: bf16 model with k pairs shifted, gradient vs fp32");
+            expect_far(fabs(lbad - l32) / fabs(l32), MODEL_LOSS_TOL, "control: bf16 model with k pairs shifted, loss vs fp32");
+        }
+        free(ref);
+    }
+    free(w), free(dw32), free(dwb), free(tok);
+}
+
 void test_compute_bf16(void) {
     if (!tests_quiet) printf("bf16 layer: products on %s\n", gdn_compute_path(GDN_COMPUTE_BF16));
     /* grouped heads, K != V, T over several chunks and not a multiple of one; gates weak enough
@@ -259,6 +326,7 @@ void test_compute_bf16(void) {
     one_shape(1, 150, 64, 2, 4, 32, 16, 16, 1, 12);
     /* the attention layer: GQA, a T over the core's tiles, E and every projection width > 16 */
     attention_case(2, 40, 32, 4, 2, 16, 13);
+    model_case();
     /* compute out of range: refused by the config check */
     gdn_layer_config c = gdn_layer_config_default(1, 8, 16, 1, 1, 8, 8);
     c.compute = 7;

@@ -20,6 +20,7 @@ static int usage(void) {
             "         [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
             "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
             "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
+            "         [--compute fp32|bf16]\n"
             "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
             "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
             "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
@@ -169,6 +170,9 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             o->model = named, o->model_explicit = 1, i++;
         } else if (!strcmp(a, "--layer-types") && v) {
             layer_types = v, o->model_explicit = 1, i++;
+        } else if (!strcmp(a, "--compute")) {
+            if (cli_parse_compute("train", a, v, &o->compute)) return CLI_USAGE_ERROR;
+            i++;
         } else if (!strcmp(a, "--attn-cp") && v) {
             const int s = gdn_attn_cp_strategy_parse(v);
             if (s < 0) {

@@ -109,6 +109,9 @@ typedef struct {
     int pack;       /* packed documents: gdn_model_set_docs before every forward */
     int attn_cp;    /* under CP, the attention layers' strategy: GDN_ATTN_CP_KV (0, default) or
                        GDN_ATTN_CP_HEADS (the rank count must divide H; attention.h) */
+    int compute;    /* GDN_COMPUTE_FP32 (0, default) or GDN_COMPUTE_BF16 (compute.h): every
+                       projection, the MLP and lm_head (forward and backward) with bf16
+                       operands; the loss, norms, the mixers' own arithmetic stay fp32 */
 } gdn_model_run;
 GDN_API int gdn_model_plan_create(gdn_model_plan **plan, const gdn_model_config *cfg,
                           const gdn_model_run *run, gdn_cp *cp);
@@ -321,6 +324,7 @@ typedef struct {
                                agree with it where model_explicit is set */
     int model_explicit;     /* model was given (flags): refuse a checkpoint whose config differs */
     int attn_cp;            /* the attention layers' CP strategy: GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS */
+    int compute;            /* GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16 (the model's products; gdn_model_run) */
     const char *data;       /* text file */
     double val_fraction;    /* its last fraction is the validation split */
     int64_t seq;            /* tokens per sequence (the whole sequence, before the CP split) */

@@ -344,7 +344,7 @@ static size_t plan_floats(const gdn_model_config *c, const gdn_model_run *r, int
                                      : L * act + (L - na) * pad16(saved_gdn) + na * pad16(saved_attn);
     return pad16((L + 1) * N * E) + acts + pad16(N * E) + pad16(N) + pad16(N * E) * 3 + pad16(N * I) * 2 +
            pad16((size_t)LOSS_ROWS * (size_t)c->vocab) + pad16((size_t)(c->vocab * c->E)) +
-           pad16((size_t)threads * E) + pad16(2 * (size_t)threads) + gdn_matmul_ws_floats(threads);
+           pad16((size_t)threads * E) + pad16(2 * (size_t)threads) + gdn_matmul_compute_ws_floats(r->compute, threads);
 }
 
 double gdn_model_plan_estimate(const gdn_model_config *c, const gdn_model_run *r) {
@@ -395,6 +395,7 @@ static int mixer_plans_create(gdn_model_plan *p) {
         /* Recompute keeps only the kernel's states (KEEP_MIN) of the one block being recomputed;
          * otherwise every block keeps its projections too, for the faster backward. */
         lc.keep = r->recompute ? GDN_LAYER_KEEP_MIN : GDN_LAYER_KEEP_PROJ;
+        lc.compute = r->compute;
         rc = gdn_layer_plan_create(&p->lp, &lc);
         if (!rc) p->gdn = (mixer_sizes){gdn_layer_saved_floats(p->lp), gdn_layer_param_floats(&lc)};
     }
@@ -404,6 +405,7 @@ static int mixer_plans_create(gdn_model_plan *p) {
         ac.threads = p->threads;
         ac.check_finite = r->check_finite;
         ac.cp = r->attn_cp;
+        ac.compute = r->compute;
         rc = gdn_attn_plan_create(&p->ap, &ac);
         if (!rc) p->attn = (mixer_sizes){gdn_attn_saved_floats(p->ap), gdn_attn_param_floats(&ac)};
     }
@@ -426,6 +428,8 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     if (r->attn_cp != GDN_ATTN_CP_KV && r->attn_cp != GDN_ATTN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "model run attn_cp = %d is unknown (GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS)",
                         r->attn_cp);
+    if (!gdn_compute_name(r->compute))
+        return gdn_fail(GDN_ERR_ARG, "model run compute = %d (want GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16)", r->compute);
     gdn_model_plan *p = calloc(1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "model plan");
     p->cfg = *c, p->run = *r, p->cp = cp;
@@ -678,13 +682,13 @@ static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float 
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < N * E; i++) b->h[i] = x[i] + p->y[i];
     norm_forward(p, N, b->a2, b->rstd2, b->h, w + blk_offset(c, l, BLK_POST_NORM));
-    gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + blk_offset(c, l, BLK_GATE), E, b->gu, 2 * I,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + blk_offset(c, l, BLK_GATE), E, b->gu, 2 * I,
                p->mm_ws, (int)nt);
-    gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + blk_offset(c, l, BLK_UP), E, b->gu + I, 2 * I,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + blk_offset(c, l, BLK_UP), E, b->gu + I, 2 * I,
                p->mm_ws, (int)nt);
     swiglu_forward(p, p->m, b->gu);
     memcpy(xout, b->h, sizeof(float) * (size_t)(N * E));
-    gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, p->m, I, w + blk_offset(c, l, BLK_DOWN), I,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, p->m, I, w + blk_offset(c, l, BLK_DOWN), I,
                xout, E, p->mm_ws, (int)nt);
     return GDN_OK;
 }
@@ -698,18 +702,18 @@ static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const bl
     const int nt = p->threads;
     /* down_proj: m again from gu, dW_down = dres^T m, dm = dres W_down */
     swiglu_forward(p, p->m, b->gu);
-    gdn_matmul(GDN_GEMM_A_TRANS, E, I, N, p->dres, E, p->m, I, dw + blk_offset(c, l, BLK_DOWN), I,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, E, I, N, p->dres, E, p->m, I, dw + blk_offset(c, l, BLK_DOWN), I,
                p->mm_ws, nt);
-    gdn_matmul(0, N, I, E, p->dres, E, w + blk_offset(c, l, BLK_DOWN), I, p->dm, I, p->mm_ws, nt);
+    gdn_matmul_compute(p->run.compute, 0, N, I, E, p->dres, E, w + blk_offset(c, l, BLK_DOWN), I, p->dm, I, p->mm_ws, nt);
     /* SwiGLU: gu becomes [dgate | dup] in place */
     float *dgu = b->gu;
     swiglu_backward(p, dgu, p->dm);
-    gdn_matmul(GDN_GEMM_A_TRANS, I, E, N, dgu, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_GATE), E,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, I, E, N, dgu, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_GATE), E,
                p->mm_ws, nt);
-    gdn_matmul(GDN_GEMM_A_TRANS, I, E, N, dgu + I, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_UP), E,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, I, E, N, dgu + I, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_UP), E,
                p->mm_ws, nt);
-    gdn_matmul(0, N, E, I, dgu, 2 * I, w + blk_offset(c, l, BLK_GATE), E, p->da, E, p->mm_ws, nt);
-    gdn_matmul(GDN_GEMM_ACC, N, E, I, dgu + I, 2 * I, w + blk_offset(c, l, BLK_UP), E, p->da, E,
+    gdn_matmul_compute(p->run.compute, 0, N, E, I, dgu, 2 * I, w + blk_offset(c, l, BLK_GATE), E, p->da, E, p->mm_ws, nt);
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_ACC, N, E, I, dgu + I, 2 * I, w + blk_offset(c, l, BLK_UP), E, p->da, E,
                p->mm_ws, nt);
     /* post norm: dres (dh) += its input gradient */
     norm_backward(p, N, p->dres, 1, dw + blk_offset(c, l, BLK_POST_NORM), p->da, b->h, b->rstd2,
@@ -736,7 +740,7 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const uin
     const float scale = (float)(1.0 / denom);
     for (int64_t r0 = 0; r0 < N; r0 += LOSS_ROWS) {
         const int64_t R = N - r0 < LOSS_ROWS ? N - r0 : LOSS_ROWS;
-        gdn_matmul(GDN_GEMM_B_TRANS, R, Vv, E, p->af + r0 * E, E, wl, E, p->logits, Vv, p->mm_ws, nt);
+        gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, R, Vv, E, p->af + r0 * E, E, wl, E, p->logits, Vv, p->mm_ws, nt);
         for (int t = 0; t < nt; t++) p->loss_partial[t] = 0.0;
 #pragma omp parallel num_threads(nt)
         {
@@ -775,9 +779,9 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const uin
         }
         for (int t = 0; t < nt; t++) loss += p->loss_partial[t];
         if (dlm) {
-            gdn_matmul(r0 ? GDN_GEMM_A_TRANS | GDN_GEMM_ACC : GDN_GEMM_A_TRANS, Vv, E, R, p->logits,
+            gdn_matmul_compute(p->run.compute, r0 ? GDN_GEMM_A_TRANS | GDN_GEMM_ACC : GDN_GEMM_A_TRANS, Vv, E, R, p->logits,
                        Vv, p->af + r0 * E, E, dlm, E, p->mm_ws, nt);
-            gdn_matmul(0, R, E, Vv, p->logits, Vv, wl, E, p->da + r0 * E, E, p->mm_ws, nt);
+            gdn_matmul_compute(p->run.compute, 0, R, E, Vv, p->logits, Vv, wl, E, p->da + r0 * E, E, p->mm_ws, nt);
         }
     }
     return loss;
@@ -876,7 +880,7 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const uint8_t *tokens, f
     free(tk);
     if (rc) return rc;
     const gdn_model_config *c = &p->cfg;
-    gdn_matmul(GDN_GEMM_B_TRANS, p->N, c->vocab, c->E, p->af, c->E, w + lm_head_offset(c), c->E,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, p->N, c->vocab, c->E, p->af, c->E, w + lm_head_offset(c), c->E,
                logits, c->vocab, p->mm_ws, p->threads);
     return GDN_OK;
 }

@@ -86,6 +86,8 @@ static int check_options(const gdn_train_options *o, int size) {
     if (o->resume && o->init) return gdn_fail(GDN_ERR_ARG, "--resume and --init exclude each other");
     if (o->attn_cp != GDN_ATTN_CP_KV && o->attn_cp != GDN_ATTN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "unknown attention CP strategy %d (--attn-cp kv or heads)", o->attn_cp);
+    if (!gdn_compute_name(o->compute))
+        return gdn_fail(GDN_ERR_ARG, "unknown compute precision %d (--compute fp32 or bf16)", o->compute);
     if (o->strategy < GDN_CP_SCAN || o->strategy > GDN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "unknown CP strategy %d", o->strategy);
     if (o->pack && (o->pack_len < 1 || o->pack_len > GDN_DATA_MAX_SEP))
@@ -235,7 +237,7 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 17
+#define N_AGREED 18
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     uint64_t sep_hash = 1469598103934665603ull; /* FNV-1a of the packing separator */
     for (int i = 0; o->pack && i < o->pack_len && i < GDN_DATA_MAX_SEP; i++)
@@ -243,11 +245,11 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     const int64_t vals[N_AGREED] = {o->cp, o->seq, o->batch, o->steps, (int64_t)o->seed, o->strategy,
                             o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
                             o->resume != NULL, o->init != NULL, o->out != NULL,
-                            o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp};
+                            o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->compute};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
                                         "--fault", "--resume", "--init", "--out", "--pack (length)",
-                                        "--pack (bytes)", "--attn-cp"};
+                                        "--pack (bytes)", "--attn-cp", "--compute (0 fp32, 1 bf16)"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 
@@ -374,7 +376,7 @@ static int setup(trainer *t) {
     /* recompute when the kept activations of every rank on this node would take more than
      * half of the memory the node has free */
     gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1,
-                         .pack = o->pack != NULL, .attn_cp = o->attn_cp};
+                         .pack = o->pack != NULL, .attn_cp = o->attn_cp, .compute = o->compute};
     t->recompute = o->recompute;
     if (t->recompute < 0) {
         const double need_bytes = gdn_model_plan_estimate(&t->cfg, &run) * local;
@@ -432,6 +434,9 @@ static int setup(trainer *t) {
         }
         fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x non-embedding parameters + the kernel's), "
                 "measured peak %.1f GFLOP/s on the cores in use\n", t->flops_per_token, t->peak_gflops);
+        fprintf(t->progress, "gdncp train: compute %s: products on %s%s\n", gdn_compute_name(o->compute),
+                gdn_compute_path(o->compute),
+                o->compute == GDN_COMPUTE_BF16 ? " (fp32 master weights, moments, loss, norms and recurrent state)" : "");
         if (o->pack) {
             char hex[2 * GDN_DATA_MAX_SEP + 1];
             pack_hex(o, hex);
