@@ -108,14 +108,23 @@ static int check_weights(const gdn_layer_config *cfg, const double *w) {
 static inline double opnd(int bf, double v) { return gdn_ref_operand(bf, v); }
 
 /* out[n, c] = sum_e W[c, e] in[n, e]  for c < C (W [C, E]); out has row stride C; bf: the
- * operands rounded to bf16. */
+ * operands rounded to bf16 (rounded copies made once, so a large layer's oracle stays fast). */
 static void linear(double *out, const double *in, const double *W, int64_t N, int64_t C, int64_t E, int bf) {
+    double *ib = NULL, *wb = NULL;
+    if (bf) {
+        ib = malloc(sizeof(double) * (size_t)(N * E)), wb = malloc(sizeof(double) * (size_t)(C * E));
+        GDN_ASSERT(ib && wb);
+        for (int64_t i = 0; i < N * E; i++) ib[i] = opnd(1, in[i]);
+        for (int64_t i = 0; i < C * E; i++) wb[i] = opnd(1, W[i]);
+        in = ib, W = wb;
+    }
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) {
             double s = 0.0;
-            for (int64_t e = 0; e < E; e++) s += opnd(bf, W[c * E + e]) * opnd(bf, in[n * E + e]);
+            for (int64_t e = 0; e < E; e++) s += W[c * E + e] * in[n * E + e];
             out[n * C + c] = s;
         }
+    free(ib), free(wb);
 }
 
 /* The whole forward, keeping every intermediate in f; y may be NULL. */
