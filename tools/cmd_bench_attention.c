@@ -8,7 +8,9 @@
  * backward. Elementwise work (softmax, masks, norms, RoPE, gate) is not counted. Fractions are of
  * this machine's native-width FMA peak measured in the same run. Errors: the core's o (of the
  * timed run) on its first tokens, and dq, dk, dv of a run on those tokens alone, against plain
- * double loops; the layer's y and dx against the double reference layer on its first tokens. */
+ * double loops; the layer's y and dx against the double reference layer on its first tokens.
+ * The layer rows run in fp32 and BF16 compute, alternating; a decode row (one token against a
+ * KV cache of T tokens) against the streaming bound measured in the same run. */
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
@@ -165,6 +167,7 @@ static double layer_error(gdn_attn_config c, int64_t tp, const float *w, const f
 
 typedef struct {
     int json, reps, threads, quick;
+    int compute_mask; /* the layer rows: bit 0 fp32, bit 1 bf16 */
     double peak;
     const char *cpu;
 } bench_opts;
@@ -264,56 +267,130 @@ static int layer_fwd_bwd(void *c) {
     return rc ? rc : gdn_attn_backward(l->p, l->dx, l->dw, l->x, l->w, l->saved, l->dy);
 }
 
+/* The layer's rows in each compute precision asked for (o->compute_mask: bit 0 fp32, bit 1
+ * bf16), the precisions alternating rep by rep; a BF16 row also prints its speed-up over fp32. */
 static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T) {
     gdn_attn_config c = gdn_attn_config_default(1, T, s->E, s->H, s->Hkv, s->d);
     c.threads = o->threads;
     uint64_t seed = 0x2545F4914F6CDD1Dull;
     const size_t nx = (size_t)T * s->E, nw = gdn_attn_param_floats(&c);
-    layer_ctx l = {NULL, random_floats(nx, -1, 1, &seed), attn_weights(&c, &seed), malloc(4 * nx),
-                   random_floats(nx, -1, 1, &seed), malloc(4 * nx), malloc(4 * nw), NULL};
-    int rc = l.x && l.w && l.y && l.dy && l.dx && l.dw ? gdn_attn_plan_create(&l.p, &c) : GDN_ERR_NOMEM;
-    const size_t nsaved = l.p ? gdn_attn_saved_floats(l.p) : 0;
-    if (!rc && !(l.saved = malloc(4 * (nsaved + 1)))) rc = GDN_ERR_NOMEM;
-    double med[2] = {0, 0};
+    layer_ctx l[2] = {{NULL, random_floats(nx, -1, 1, &seed), attn_weights(&c, &seed), malloc(4 * nx),
+                       random_floats(nx, -1, 1, &seed), malloc(4 * nx), malloc(4 * nw), NULL}};
+    l[1] = l[0];
+    l[1].saved = NULL;
+    int rc = l[0].x && l[0].w && l[0].y && l[0].dy && l[0].dx && l[0].dw ? GDN_OK : GDN_ERR_NOMEM;
+    size_t nsaved = 0;
+    for (int cm = 0; cm < 2 && !rc; cm++) {
+        l[cm].p = NULL;
+        if (!(o->compute_mask & (1 << cm))) continue;
+        c.compute = cm;
+        rc = gdn_attn_plan_create(&l[cm].p, &c);
+        nsaved = l[cm].p ? gdn_attn_saved_floats(l[cm].p) : 0;
+        if (!rc && !(l[cm].saved = malloc(4 * (nsaved + 1)))) rc = GDN_ERR_NOMEM;
+    }
+    double t[2][2][64];
     for (int bwd = 0; bwd < 2 && !rc; bwd++)
-        rc = time_median(bwd ? layer_fwd_bwd : layer_fwd, &l, o->reps, &med[bwd]);
-    if (!rc) {
-        const int64_t tp = T < (o->quick ? 8 : 16) ? T : (o->quick ? 8 : 16);
-        rc = layer_fwd(&l); /* y of the whole run for the forward's check */
-        const double err_f = rc ? NAN : layer_error(c, tp, l.w, l.x, l.dy, l.y, 0);
-        const double err_b = layer_error(c, tp, l.w, l.x, l.dy, NULL, 1);
-        const char *path = gdn_sdpa_plan_path(NULL);
-        print_row(o, "layer_forward", s, T, med[0], proj_flops(s, T, 0) + core_flops(s, T, 0), 0, err_f, path);
-        print_row(o, "layer_fwd_bwd", s, T, med[1], proj_flops(s, T, 1) + core_flops(s, T, 1), 4.0 * nsaved / T,
-                  err_b, path);
+        for (int r = 0; r <= o->reps && !rc; r++)
+            for (int k = 0; k < 2 && !rc; k++) {
+                const int cm = (r + k) % 2;
+                if (!l[cm].p) continue;
+                const double t0 = cli_now();
+                rc = bwd ? layer_fwd_bwd(&l[cm]) : layer_fwd(&l[cm]);
+                if (r) t[cm][bwd][r - 1] = cli_now() - t0;
+            }
+    for (int cm = 0; cm < 2 && !rc; cm++) {
+        if (!l[cm].p) continue;
+        c.compute = cm;
+        /* the error on the first tokens (BF16: 32, as products of <= 16 rows run fp32) */
+        const int64_t want = cm ? 32 : (o->quick ? 8 : 16), tp = T < want ? T : want;
+        rc = layer_fwd(&l[cm]); /* y of the whole run for the forward's check */
+        const double err_f = rc ? NAN : layer_error(c, tp, l[cm].w, l[cm].x, l[cm].dy, l[cm].y, 0);
+        const double err_b = layer_error(c, tp, l[cm].w, l[cm].x, l[cm].dy, NULL, 1);
+        char path[256];
+        snprintf(path, sizeof path, "core %s, projections %s", gdn_sdpa_plan_path(NULL), gdn_compute_path(cm));
+        char dir[2][32];
+        snprintf(dir[0], sizeof dir[0], "layer_forward%s", cm ? "_bf16" : "");
+        snprintf(dir[1], sizeof dir[1], "layer_fwd_bwd%s", cm ? "_bf16" : "");
+        const double m0 = cli_median(t[cm][0], o->reps), m1 = cli_median(t[cm][1], o->reps);
+        print_row(o, dir[0], s, T, m0, proj_flops(s, T, 0) + core_flops(s, T, 0), 0, err_f, path);
+        print_row(o, dir[1], s, T, m1, proj_flops(s, T, 1) + core_flops(s, T, 1), 4.0 * nsaved / T, err_b, path);
+        if (cm && l[0].p) {
+            const double r0 = cli_median(t[0][0], o->reps) / m0, r1 = cli_median(t[0][1], o->reps) / m1;
+            if (o->json)
+                printf("{\"direction\":\"layer_bf16_speedup\",\"shape\":\"%s\",\"T\":%lld,\"threads\":%d,"
+                       "\"forward\":%.3f,\"fwd_bwd\":%.3f,\"cpu\":\"%s\"}\n",
+                       s->label, (long long)T, o->threads, r0, r1, o->cpu);
+            else
+                printf("layer bf16 vs fp32 %-7s T=%-6lld thr=%d: forward %.2fx, fwd+bwd %.2fx (medians of alternating "
+                       "runs)\n", s->label, (long long)T, o->threads, r0, r1);
+        }
     }
     if (rc) fprintf(stderr, "gdncp bench attention: layer %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
-    gdn_attn_plan_destroy(l.p);
-    free(l.x), free(l.w), free(l.y), free(l.dy), free(l.dx), free(l.dw), free(l.saved);
+    for (int cm = 0; cm < 2; cm++) gdn_attn_plan_destroy(l[cm].p), free(l[cm].saved);
+    free(l[0].x), free(l[0].w), free(l[0].y), free(l[0].dy), free(l[0].dx), free(l[0].dw);
     return rc ? 1 : 0;
 }
 
-/* TODO(decode): a layer_decode row (gdn_attn_decode over a gdn_attn_cache: one token per step
- * against the cache at each T, memory-bound, against the bandwidth bound as `bench layer`'s decode
- * rows) once gdn_attn_decode is implemented (branch decode); this tree only declares it, so the row
- * is reported as not measured. */
-static void decode_todo(const bench_opts *o, const attn_shape *s) {
-    if (o->json)
-        printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"todo\":\"gdn_attn_decode is not implemented in "
-               "this build\"}\n", s->label);
-    else
-        printf("layer_decode  %-7s TODO: not measured (gdn_attn_decode is not implemented in this build)\n", s->label);
+/* One decode step (B = 1) against a KV cache of T tokens (filled with random keys and values,
+ * its length reset to T before every step, so each step attends to T + 1): memory-bound, against
+ * the time to stream the weights and the cache once at the bandwidth measured in the same run. */
+static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T) {
+    gdn_attn_config c = gdn_attn_config_default(1, 1, s->E, s->H, s->Hkv, s->d);
+    c.threads = o->threads;
+    uint64_t seed = 0x5851F42D4C957F2Dull;
+    float *w = attn_weights(&c, &seed), *x = random_floats((size_t)s->E, -1, 1, &seed), *y = malloc(4 * (size_t)s->E);
+    gdn_attn_plan *p = NULL;
+    gdn_attn_cache *cache = NULL;
+    int rc = w && x && y ? gdn_attn_plan_create(&p, &c) : GDN_ERR_NOMEM;
+    if (!rc) rc = gdn_attn_cache_create(&cache, 1, s->Hkv, s->d, T + 1);
+    if (!rc) {
+        const size_t n = (size_t)s->Hkv * (size_t)(T + 1) * (size_t)s->d;
+        float *kf = gdn_attn_cache_keys(cache), *vf = gdn_attn_cache_values(cache);
+        for (size_t i = 0; i < n; i++) {
+            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+            kf[i] = (float)((seed >> 40) / 16777216.0) - 0.5f, vf[i] = (float)((seed >> 20 & 0xffffff) / 16777216.0) - 0.5f;
+        }
+    }
+    const int steps = o->quick ? 5 : 20;
+    double t[64];
+    for (int r = 0; r <= steps && !rc; r++) {
+        rc = gdn_attn_cache_set_length(cache, T);
+        const double t0 = cli_now();
+        if (!rc) rc = gdn_attn_decode(p, cache, y, x, w);
+        if (r) t[r - 1] = cli_now() - t0;
+    }
+    if (!rc) {
+        const double med = cli_median(t, steps);
+        const double wbytes = 4.0 * (double)gdn_attn_param_floats(&c), cbytes = 8.0 * (double)s->Hkv * (T + 1) * s->d;
+        const double bound = cli_stream_seconds((size_t)(wbytes + cbytes), 0, o->threads);
+        if (o->json)
+            printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"B\":1,\"T_cache\":%lld,\"threads\":%d,"
+                   "\"us_per_token\":%.2f,\"bytes_per_step\":%.0f,\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,"
+                   "\"cpu\":\"%s\"}\n",
+                   s->label, (long long)T, o->threads, med * 1e6, wbytes + cbytes, bound * 1e6, bound / med, o->cpu);
+        else
+            printf("layer_decode  %-7s cache T=%-6lld thr=%d %9.1f us/token  streams %.1f MB (weights %.1f MB, cache "
+                   "%.1f MB)  bound %8.1f us  %5.1f %% of bound\n",
+                   s->label, (long long)T, o->threads, med * 1e6, (wbytes + cbytes) / 1e6, wbytes / 1e6, cbytes / 1e6,
+                   bound * 1e6, 100 * bound / med);
+    } else {
+        fprintf(stderr, "gdncp bench attention: decode %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
+    }
+    gdn_attn_cache_destroy(cache);
+    gdn_attn_plan_destroy(p);
+    free(w), free(x), free(y);
+    return rc ? 1 : 0;
 }
 
 static void usage(void) {
     fprintf(stderr, "gdncp bench attention: usage: gdncp bench attention [--json] [--quick] [--shape S[,S..]]\n"
-                    "       [--T N[,N..]] [--threads N] [--reps R] [--what core,layer]\n"
+                    "       [--T N[,N..]] [--threads N] [--reps R] [--what core,layer] [--compute fp32|bf16|both]\n"
                     "  shapes: 35b-a3b (H 16, Hkv 2, E 2048), 9b (H 16, Hkv 4, E 4096), 0.8b (H 8, Hkv 2, E 1024),\n"
                     "  all d 256 (default: all); T in [1, 2^20] (default 1024); reps in [1, 50] (default 3)\n");
 }
 
 int cmd_bench_attention(int argc, char **argv) {
-    bench_opts o = {.reps = 3};
+    bench_opts o = {.reps = 3, .compute_mask = 3};
     int want[NSHAPES] = {0}, any_shape = 0, core = 1, layer = 1;
     int64_t *Ts = NULL, nT = 0, v;
     for (int i = 2; i < argc; i++) { /* argv: bench attention ... */
@@ -336,6 +413,12 @@ int cmd_bench_attention(int argc, char **argv) {
             if (cli_parse_i64("bench attention", a, val, thr ? 1 : 1, thr ? 4096 : 50, &v)) return CLI_USAGE_ERROR;
             if (thr) o.threads = (int)v;
             else o.reps = (int)v;
+            i++;
+        } else if (!strcmp(a, "--compute")) {
+            int cm = 0;
+            if (val && !strcmp(val, "both")) o.compute_mask = 3;
+            else if (cli_parse_compute("bench attention", a, val, &cm)) return CLI_USAGE_ERROR;
+            else o.compute_mask = 1 << cm;
             i++;
         } else if (!strcmp(a, "--shape") || !strcmp(a, "--what")) {
             if (!val) {
@@ -381,6 +464,16 @@ int cmd_bench_attention(int argc, char **argv) {
     cli_cpu_name(cpu, sizeof cpu);
     o.cpu = cpu;
     o.peak = cli_peak_gflops(o.threads, o.json);
+    if (layer && (o.compute_mask & 2)) {
+        const int bp = gdn_bench_bf16_path();
+        const double bpk = gdn_bench_bf16_peak_gflops(bp, o.threads);
+        if (o.json)
+            printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", o.threads,
+                   bpk, gdn_bench_bf16_path_name(bp));
+        else
+            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d threads (the layer's bf16 rows run "
+                   "their projections there)\n", gdn_bench_bf16_path_name(bp), bpk, o.threads);
+    }
     if (!o.json)
         printf("CPU: %s; medians of %d after a warm-up; B = 1\nGFLOP/s: core 2 T^2 d H forward (QK^T and PV over the "
                "causal half), x3.5 forward+backward; layer: + projections 2E(2Hd + 2 Hkv d) + 2HdE per token (x3 "
@@ -393,8 +486,8 @@ int cmd_bench_attention(int argc, char **argv) {
         for (int64_t t = 0; t < nT && !rc; t++) {
             if (core) rc = bench_core(&o, &shapes[k], Ts[t]);
             if (layer && !rc) rc = bench_layer_rows(&o, &shapes[k], Ts[t]);
+            if (layer && !rc) rc = bench_decode_row(&o, &shapes[k], Ts[t]);
         }
-        if (layer && !rc) decode_todo(&o, &shapes[k]);
     }
     if (Ts != &T_default) free(Ts);
     return rc;

@@ -67,5 +67,9 @@ int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int6
 void cli_cpu_name(char *buf, size_t n);
 double cli_peak_gflops(int threads, int json);
 double cli_median(double *x, int n);
+/* Seconds to stream `bytes` once (read-only, or read-modify-write when rmw) over a buffer of that
+ * size with `threads` threads: best of several passes after a warm-up (the cache state a decode
+ * step sees); the bound of a memory-bound step. */
+double cli_stream_seconds(size_t bytes, int rmw, int threads);
 
 #endif
