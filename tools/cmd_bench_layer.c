@@ -168,7 +168,8 @@ static int bench_layer(const layer_shape *s, int threads, double peak, double bf
                        dir, s->label, gdn_compute_name(cm), (long long)c.E, (long long)c.Hk, (long long)c.Hv,
                        (long long)c.K, (long long)c.T, threads, keep, med * 1e3, c.T / med, gflops,
                        100 * gflops / peak);
-                if (cm) printf(" %5.1f %% of bf16 peak %5.2fx fp32", 100 * gflops / bf16_peak, speedup);
+                if (cm) printf(" %5.1f %% of bf16 peak", 100 * gflops / bf16_peak);
+                if (cm && lp[0]) printf(" %5.2fx fp32", speedup);
                 printf("  kept %8.0f B/token  err %.1e\n", kept, err[cm]);
             }
         }

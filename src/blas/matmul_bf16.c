@@ -148,6 +148,14 @@ static inline gdn_vu32 pairs_vl(const float *x) {
 }
 
 
+/* bf16(x[l]) in the low half of lane l, for GDN_VL floats x (n of them, the rest 0). */
+static inline gdn_vu32 bf16_lo_vl(const float *x, int n) {
+    gdn_vu32 u = {0};
+    if (n >= GDN_VL) memcpy(&u, x, sizeof u);
+    else memcpy(&u, x, sizeof(float) * (size_t)(n > 0 ? n : 0));
+    return rne_v(u);
+}
+
 /* B micro-panel: dst[p * NR + j] = pair (2p, 2p+1) of column j0 + j of op(B), k rows k0.., for
  * p < kp (rows past kc and columns past nc zero). */
 static void pack_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_t ldb, int64_t k0,
@@ -169,6 +177,22 @@ static void pack_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_
                     if (2 * p + 1 < kc) w |= (uint32_t)to_bf16(src[2 * p + 1]) << 16;
                 }
                 dst[p * NR + j] = w;
+            }
+        }
+        return;
+    }
+    if (!bt && !bf && !gdn_bf16_fault) { /* B [kk x n] fp32 rows: a pair is two rows' columns j0.. */
+        for (int64_t p = 0; p < kp; p++) {
+            if (2 * p >= kc) { /* AMX pads the slice to 32 deep: zero pairs */
+                memset(dst + p * NR, 0, sizeof(uint32_t) * NR);
+                continue;
+            }
+            const float *r0 = (const float *)B + (k0 + 2 * p) * ldb + j0, *r1 = r0 + ldb;
+            const int has1 = 2 * p + 1 < kc;
+            for (int j = 0; j < NR; j += GDN_VL) {
+                const int n = nc - j;
+                const gdn_vu32 w = bf16_lo_vl(r0 + j, n) | (has1 ? bf16_lo_vl(r1 + j, n) << 16 : (gdn_vu32){0});
+                memcpy(dst + p * NR + j, &w, sizeof w);
             }
         }
         return;
@@ -220,6 +244,26 @@ static void pack_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int6
         }
         return;
     }
+    if (at && !bf && !gdn_bf16_fault) { /* A^T [kk x m] fp32: a pair is two rows' entries i0.. */
+        for (int64_t p = 0; p < kp; p++) {
+            const float *r0 = (const float *)A + (k0 + 2 * p) * lda + i0, *r1 = r0 + lda;
+            const int has1 = 2 * p + 1 < kc;
+            uint32_t w[MR_V + GDN_VL];
+            for (int i = 0; i < MR_V; i += GDN_VL) {
+                const int n = (int)mr - i < MR_V - i ? (int)mr - i : MR_V - i;
+                const gdn_vu32 v = bf16_lo_vl(r0 + i, n) | (has1 ? bf16_lo_vl(r1 + i, n) << 16 : (gdn_vu32){0});
+                memcpy(w + i, &v, sizeof v);
+            }
+            for (int i = 0; i < MR_V; i++) {
+                const int64_t d = p * MR_V + i;
+                if (widen)
+                    dst[2 * d] = w[i] << 16, dst[2 * d + 1] = w[i] & 0xffff0000u;
+                else
+                    dst[d] = w[i];
+            }
+        }
+        return;
+    }
     for (int64_t p = 0; p < kp; p++)
         for (int i = 0; i < MR_V; i++) {
             uint32_t w = 0;
@@ -247,6 +291,17 @@ static void pack_a_x(uint16_t *restrict dst, const void *A, int bf, int at, int6
                     memcpy(dst + i * kcp + k, &w, sizeof w);
                 }
             for (; k < kcp; k++) dst[i * kcp + k] = i < mr && k < kc ? to_bf16(src[k]) : 0;
+        }
+        return;
+    }
+    if (at && !bf && !gdn_bf16_fault) { /* A^T [kk x m] fp32: row k of A^T is column k of 32 rows */
+        memset(dst, 0, sizeof(uint16_t) * (size_t)MR_X * (size_t)kcp);
+        for (int64_t k = 0; k < kc; k++) {
+            const float *r = (const float *)A + (k0 + k) * lda + i0;
+            for (int i = 0; i < MR_X && i < mr; i += GDN_VL) {
+                const gdn_vu32 v = bf16_lo_vl(r + i, (int)mr - i);
+                for (int l = 0; l < GDN_VL && i + l < mr; l++) dst[(i + l) * kcp + k] = (uint16_t)v[l];
+            }
         }
         return;
     }
