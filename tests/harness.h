@@ -107,7 +107,8 @@ int pack_layer_separately(const gdn_layer_config *full, const float *w, const fl
 
 /* The language model's forward + backward (include/gdncp/train.h): the first failing status. */
 typedef struct gdn_model_plan gdn_model_plan;
-int model_train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tok, double denom,
+typedef int32_t gdn_token; /* train.h's (C11 allows the repeat) */
+int model_train_step(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tok, double denom,
                      double *loss);
 
 /* Test suites. */

@@ -28,13 +28,18 @@ static gdn_model_config hybrid_cfg(int all_attention) {
     return c;
 }
 
-static uint8_t *random_tokens(int64_t n, uint64_t seed) {
-    uint8_t *t = malloc((size_t)n);
+/* Ids from a small alphabet, so that the model sees repeats: bytes 'a'.. for a byte model, else
+ * spread over the whole vocabulary (the first and last ids and some beyond 255 among them). */
+static gdn_token *random_tokens_v(int64_t n, uint64_t seed, int64_t vocab) {
+    gdn_token *t = malloc(sizeof *t * (size_t)n);
     rng_seed(seed);
-    /* a small alphabet, so that the model sees repeats */
-    for (int64_t i = 0; i < n; i++) t[i] = (uint8_t)(97 + (int)rng_uniform(0, 12));
+    for (int64_t i = 0; i < n; i++) {
+        const int k = (int)rng_uniform(0, 12);
+        t[i] = vocab == 256 ? (gdn_token)(97 + k) : (gdn_token)(k == 11 ? vocab - 1 : (k * (vocab - 1)) / 11);
+    }
     return t;
 }
+static gdn_token *random_tokens(int64_t n, uint64_t seed) { return random_tokens_v(n, seed, 256); }
 
 /* Weights with larger matrices than the 0.02 init (gradients well above fp32 noise), gates
  * with some memory. */
@@ -58,7 +63,7 @@ static float *model_weights(const gdn_model_config *c, uint64_t seed) {
     return w;
 }
 
-static double loss_of(gdn_model_plan *p, const float *w, const uint8_t *tok, double denom) {
+static double loss_of(gdn_model_plan *p, const float *w, const gdn_token *tok, double denom) {
     double s = 0;
     int rc = gdn_model_forward(p, w, tok, denom, &s, 0);
     return rc ? NAN : s / denom;
@@ -75,7 +80,7 @@ static void test_gradients(const gdn_model_config *cfg, const char *what) {
     const size_t nw = gdn_model_param_floats(&c);
     float *dw = aligned_alloc(64, sizeof(float) * nw), *dw_wrong = aligned_alloc(64, sizeof(float) * nw);
     float *wp = aligned_alloc(64, sizeof(float) * nw);
-    uint8_t *tok = random_tokens(r.B * (r.T + 1), 5), *tok2 = random_tokens(r.B * (r.T + 1), 6);
+    gdn_token *tok = random_tokens_v(r.B * (r.T + 1), 5, c.vocab), *tok2 = random_tokens_v(r.B * (r.T + 1), 6, c.vocab);
     double ls = 0;
     const int rc = model_train_step(p, w, dw, tok, denom, &ls);
     check(rc == GDN_OK && isfinite(ls), "model step: loss %.4f per token", ls / denom);
@@ -159,13 +164,13 @@ static void test_decode_cfg(const gdn_model_config *cp, const char *what) {
           "%s: model decoders B=2", what);
     if (!p || !d || !d2) goto out;
     float *w = model_weights(&c, 3);
-    uint8_t *tok = random_tokens(B * T, 9), piece[2 * 30];
+    gdn_token *tok = random_tokens(B * T, 9), piece[2 * 30];
     float *full = malloc(sizeof(float) * (size_t)(B * T * V));
     float *dec = malloc(sizeof(float) * (size_t)(B * T * V)), *dec_reset = malloc(sizeof(float) * (size_t)(B * T * V));
     check(gdn_model_logits(p, w, tok, full) == GDN_OK, "%s: model logits B=2 T=30", what);
     float *one = malloc(sizeof(float) * (size_t)(B * T * V));
     for (int64_t t = 0; t < T; t++) {
-        uint8_t step_tok[2] = {tok[t], tok[T + t]};
+        gdn_token step_tok[2] = {tok[t], tok[T + t]};
         if (t == T / 2) gdn_model_decoder_reset(d2); /* the control: caches dropped halfway */
         for (int pass = 0; pass < 2; pass++) {
             gdn_model_decode(pass ? d2 : d, w, step_tok, one);
@@ -184,7 +189,7 @@ static void test_decode_cfg(const gdn_model_config *cp, const char *what) {
         for (int64_t i = 0, t0 = 0; i < 3 && !rc; t0 += sizes[i], i++) {
             const int64_t Tp = sizes[i];
             if (pass && i == 2) gdn_model_decoder_reset(d);
-            for (int64_t b = 0; b < B; b++) memcpy(piece + b * Tp, tok + b * T + t0, (size_t)Tp);
+            for (int64_t b = 0; b < B; b++) memcpy(piece + b * Tp, tok + b * T + t0, sizeof *piece * (size_t)Tp);
             rc = gdn_model_prefill(d, w, piece, Tp, one);
             for (int64_t b = 0; b < B; b++)
                 memcpy(dec + (b * T + t0) * V, one + b * Tp * V, sizeof(float) * (size_t)(Tp * V));
@@ -243,14 +248,14 @@ static void test_errors_model(void) {
     gdn_model_plan *p = NULL;
     gdn_model_run r = {.B = 1, .T = 0};
     expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "T = 0", "model plan with T = 0");
-    c.vocab = 300;
+    c.vocab = 0;
     r.T = 8;
-    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "vocab_size", "model vocab 300");
+    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "vocab_size = 0", "model vocab 0");
     c = small_cfg();
     r.T = 8;
     if (!gdn_model_plan_create(&p, &c, &r, NULL)) {
         float *w = model_weights(&c, 1), *dw = malloc(sizeof(float) * gdn_model_param_floats(&c));
-        uint8_t tok[9] = "abcdefgh";
+        gdn_token tok[9] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 0};
         double ls;
         expect_status(gdn_model_backward(p, w, dw, tok), GDN_ERR_ARG, "no gdn_model_forward",
                       "model backward without a forward");
@@ -347,7 +352,7 @@ static void test_checkpoint_logits(void) {
     float *w = model_weights(&c, 5), *w2 = aligned_alloc(64, sizeof(float) * nw), *back = aligned_alloc(64, sizeof(float) * nw);
     for (size_t i = 0; i < nw; i++) w2[i] = w[i] * (1.0f + 1e-3f);
     float *l0 = malloc(sizeof(float) * (size_t)(T * c.vocab)), *l1 = malloc(sizeof(float) * (size_t)(T * c.vocab));
-    uint8_t *tok = random_tokens(T, 4);
+    gdn_token *tok = random_tokens(T, 4);
     int rc = gdn_ckpt_save(dir, 1, &c, w, NULL, NULL, NULL, 0);
     if (!rc) rc = gdn_ckpt_save(dir, 2, &c, w2, NULL, NULL, NULL, 0);
     snprintf(ck, sizeof ck, "%s/checkpoint-00000001", dir);
@@ -390,7 +395,7 @@ static void test_packed(const gdn_model_config *cfg, const char *what) {
     float *w = model_weights(&c, 13);
     float *dw = aligned_alloc(64, sizeof(float) * nw), *dw_ref = aligned_alloc(64, sizeof(float) * nw);
     float *dw_doc = aligned_alloc(64, sizeof(float) * nw);
-    uint8_t *tok = random_tokens(B * (T + 1), 8);
+    gdn_token *tok = random_tokens(B * (T + 1), 8);
     /* the reference: each document alone, targets inside it only */
     int64_t want = 0;
     double ref = 0;
@@ -491,8 +496,8 @@ static void test_tied(void) {
     float *dwu = aligned_alloc(64, sizeof(float) * gdn_model_param_floats(&cu));
     float *dwt = aligned_alloc(64, sizeof(float) * gdn_model_param_floats(&ct));
     float *lu = malloc(sizeof(float) * 2 * 37 * 256), *lt = malloc(sizeof(float) * 2 * 37 * 256);
-    uint8_t *tok = random_tokens(2 * 38, 21), in[2 * 37];
-    for (int b = 0; b < 2; b++) memcpy(in + b * 37, tok + b * 38, 37);
+    gdn_token *tok = random_tokens(2 * 38, 21), in[2 * 37];
+    for (int b = 0; b < 2; b++) memcpy(in + b * 37, tok + b * 38, sizeof *in * 37);
     double su = 0, st = 0;
     if (!gdn_model_plan_create(&pu, &cu, &r, NULL) && !gdn_model_plan_create(&pt, &ct, &r, NULL) &&
         !model_train_step(pu, wu, dwu, tok, 74, &su) && !model_train_step(pt, wt, dwt, tok, 74, &st) &&
@@ -565,7 +570,7 @@ static void test_hybrid_errors(void) {
     c.max_position = 0;
     check(gdn_model_decoder_create(&d, &c, 1, 4, 1) == GDN_OK, "decoder of a hybrid model, max_len 4");
     {
-        const uint8_t tok[5] = {1, 2, 3, 4, 5};
+        const gdn_token tok[5] = {1, 2, 3, 4, 5};
         float *lg = malloc(sizeof(float) * 5 * (size_t)c.vocab), *wt = model_weights(&c, 1);
         check(gdn_model_prefill(d, wt, tok, 3, lg) == GDN_OK, "prefill 3 of max_len 4");
         expect_status(gdn_model_prefill(d, wt, tok, 2, lg), GDN_ERR_SHAPE, "exceed the decoder's max_len = 4",

@@ -16,13 +16,13 @@
 #define TOL_MODEL_CP 2e-5
 
 static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w, float *dw,
-                           const uint8_t *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
+                           const gdn_token *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
                            int recompute, int fault, int attn_cp) {
     gdn_model_run r = {.B = B, .T = tn, .threads = 1, .recompute = recompute, .check_finite = 1, .attn_cp = attn_cp};
     gdn_model_plan *p = NULL;
     int rc = gdn_model_plan_create(&p, c, &r, cp);
-    uint8_t *mine = malloc((size_t)(B * (tn + 1)));
-    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, (size_t)(tn + 1));
+    gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
+    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, sizeof *mine * (size_t)(tn + 1));
     double ls = NAN, total = NAN;
     gdn_cp_set_fault(cp, fault);
     if (!rc) rc = dw ? model_train_step(p, w, dw, mine, (double)(B * T), &ls)
@@ -41,13 +41,13 @@ static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w
  * starts at a rank cut and one token either side, one-token documents, a row that is one
  * document over every rank. Negative control: the incoming state dropped. */
 static double packed_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w, float *dw,
-                            const uint8_t *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
+                            const gdn_token *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
                             const int64_t *cu, const int64_t *nd, double denom, int fault, int attn_cp) {
     gdn_model_run r = {.B = B, .T = tn, .threads = 1, .check_finite = 1, .pack = 1, .attn_cp = attn_cp};
     gdn_model_plan *p = NULL;
     int rc = gdn_model_plan_create(&p, c, &r, cp);
-    uint8_t *mine = malloc((size_t)(B * (tn + 1)));
-    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, (size_t)(tn + 1));
+    gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
+    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, sizeof *mine * (size_t)(tn + 1));
     double ls = NAN, total = NAN;
     int64_t targets = 0;
     if (!rc) rc = gdn_model_set_docs(p, cu, nd, t0, &targets);
@@ -74,7 +74,7 @@ static void cp_docs(int64_t T, int D, int64_t cu[16], int64_t nd[2]) {
     cu[nd[0] + 1] = 0, cu[nd[0] + 2] = T + 1;
 }
 
-static void test_model_cp_packed(const gdn_model_config *c, const float *w, const uint8_t *tok, int64_t B,
+static void test_model_cp_packed(const gdn_model_config *c, const float *w, const gdn_token *tok, int64_t B,
                                  int64_t T, int64_t t0, int64_t tn, int D) {
     int64_t cu[16], nd[2];
     cp_docs(T, D, cu, nd);
@@ -127,9 +127,9 @@ void test_model_cp(void) {
         if (strstr(t.name, "A_log")) for (size_t k = 0; k < t.numel; k++) w[t.offset + k] = -3.0f;
         if (t.ndim == 2) for (size_t k = 0; k < t.numel; k++) w[t.offset + k] *= 10.0f;
     }
-    uint8_t *tok = malloc((size_t)(B * (T + 1)));
+    gdn_token *tok = malloc(sizeof *tok * (size_t)(B * (T + 1)));
     rng_seed(77);
-    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (uint8_t)(97 + (int)rng_uniform(0, 8));
+    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (gdn_token)(97 + (int)rng_uniform(0, 8));
     /* the single-rank reference, computed on every rank */
     double ref = NAN;
     {
@@ -196,7 +196,7 @@ static int heads_fit(int D, int64_t H, int64_t Hkv) {
 }
 
 /* One rank's packed or dense step on the whole sequence: the reference every rank computes. */
-static double one_rank_step(const gdn_model_config *c, const float *w, float *dw, const uint8_t *tok, int64_t B,
+static double one_rank_step(const gdn_model_config *c, const float *w, float *dw, const gdn_token *tok, int64_t B,
                             int64_t T, const int64_t *cu, const int64_t *nd, double denom) {
     const gdn_model_run r = {.B = B, .T = T, .threads = 1, .check_finite = 1, .pack = cu != NULL};
     gdn_model_plan *p = NULL;
@@ -229,9 +229,9 @@ void test_model_cp_hybrid(void) {
     check(rc == GDN_OK && gdn_model_attn_layers(&c) == 1, "the hybrid tiny loads (%s)", rc ? gdn_errmsg() : "ok");
     if (rc) goto out;
     const int64_t B = 2, T = 23 * D + 5, t0 = 23 * rank, tn = rank == D - 1 ? 28 : 23;
-    uint8_t *tok = malloc((size_t)(B * (T + 1)));
+    gdn_token *tok = malloc(sizeof *tok * (size_t)(B * (T + 1)));
     rng_seed(91);
-    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (uint8_t)(97 + (int)rng_uniform(0, 8));
+    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (gdn_token)(97 + (int)rng_uniform(0, 8));
     int64_t cu[16], nd[2];
     cp_docs(T, D, cu, nd);
     static const int strategies[2] = {GDN_ATTN_CP_KV, GDN_ATTN_CP_HEADS};

@@ -24,12 +24,14 @@ static int usage(void) {
             "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
             "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
             "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N]\n"
-            "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP]\n"
+            "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP | --pack-id N]\n"
+            "  --data FILE: byte text, or a token file (python -m gdncp.tokenize; docs/training.md).\n"
             "  --seq is the whole sequence; with --cp C each of its C ranks holds about T/C tokens.\n"
             "  DP = ranks / C groups each train --batch sequences per step.\n"
             "  --pack SEP: the text is documents each ending with SEP (escapes \\n \\t \\r \\\\ \\xHH, e.g.\n"
             "  '\\n%%\\n' for fortunes): the state and the conv restart after every SEP and the byte after\n"
-            "  it is not predicted.\n"
+            "  it is not predicted (byte text). --pack-id N: the documents end with the one token id N (a token\n"
+            "  file's end-of-text id; for byte text, a byte value).\n"
             "  The named models are hybrid: layer l is full attention when (l + 1) %% 4 == 0; --attn-interval N\n"
             "  makes it every N-th layer (0: GatedDeltaNet only), --layer-types lists every layer.\n"
             "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n");
@@ -186,6 +188,10 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
         } else if (!strcmp(a, "--recompute") && v && (!strcmp(v, "auto") || !strcmp(v, "on") || !strcmp(v, "off"))) {
             o->recompute = !strcmp(v, "auto") ? -1 : !strcmp(v, "on");
             i++;
+        } else if (!strcmp(a, "--pack-id")) {
+            int64_t id;
+            if (cli_parse_i64("train", a, v, 0, GDN_MODEL_MAX_VOCAB - 1, &id)) return CLI_USAGE_ERROR;
+            o->pack_by_id = 1, o->pack_id = (gdn_token)id, i++;
         } else if (!strcmp(a, "--pack") && v) {
             if ((o->pack_len = parse_separator(v, sep)) < 0) return CLI_USAGE_ERROR;
             o->pack = sep, i++;
