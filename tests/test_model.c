@@ -81,6 +81,9 @@ static void test_gradients(const gdn_model_config *cfg, const char *what) {
     float *dw = aligned_alloc(64, sizeof(float) * nw), *dw_wrong = aligned_alloc(64, sizeof(float) * nw);
     float *wp = aligned_alloc(64, sizeof(float) * nw);
     gdn_token *tok = random_tokens_v(r.B * (r.T + 1), 5, c.vocab), *tok2 = random_tokens_v(r.B * (r.T + 1), 6, c.vocab);
+    /* another vocabulary's control: every id moved to its neighbour (the small alphabet spread
+     * over a large vocabulary leaves two random draws too alike for some tensors) */
+    for (int64_t i = 0; c.vocab != 256 && i < r.B * (r.T + 1); i++) tok2[i] = (tok[i] + 1) % (gdn_token)c.vocab;
     double ls = 0;
     const int rc = model_train_step(p, w, dw, tok, denom, &ls);
     check(rc == GDN_OK && isfinite(ls), "model step: loss %.4f per token", ls / denom);
@@ -268,6 +271,103 @@ static void test_errors_model(void) {
     }
     c.Hk = 2, c.Hv = 3;
     expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "Hv", "model Hv = 3 with Hk = 2");
+}
+
+/* Token ids outside [0, vocab) refused by every entry point, naming the id, row and position;
+ * control: the same calls with the ids in range succeed. */
+static void test_token_ids(void) {
+    gdn_model_config c = small_cfg();
+    c.vocab = 300;
+    const gdn_model_run r = {.B = 2, .T = 8, .check_finite = 1};
+    gdn_model_plan *p = NULL;
+    gdn_model_decoder *d = NULL;
+    if (gdn_model_plan_create(&p, &c, &r, NULL) || gdn_model_decoder_create(&d, &c, 2, 0, 1)) {
+        check(0, "vocab 300: plan and decoder: %s", gdn_errmsg());
+        gdn_model_plan_destroy(p);
+        return;
+    }
+    float *w = model_weights(&c, 2), *dw = malloc(sizeof(float) * gdn_model_param_floats(&c));
+    float *logits = malloc(sizeof(float) * 2 * 9 * 300);
+    gdn_token *tok = random_tokens_v(2 * 9, 3, 300);
+    double ls = 0;
+    check(gdn_model_forward(p, w, tok, 16.0, &ls, 1) == GDN_OK && gdn_model_backward(p, w, dw, tok) == GDN_OK &&
+              gdn_model_logits(p, w, tok, logits) == GDN_OK && gdn_model_prefill(d, w, tok, 8, logits) == GDN_OK &&
+              gdn_model_decode(d, w, tok, logits) == GDN_OK,
+          "vocab 300: ids 0..299 pass forward, backward, logits, prefill and decode (control)");
+    const gdn_token keep = tok[9 + 5];
+    tok[9 + 5] = 300; /* row 1, position 5 */
+    expect_status(gdn_model_forward(p, w, tok, 16.0, &ls, 1), GDN_ERR_ARG,
+                  "token id 300 at row 1 position 5 is outside the vocabulary [0, 300)", "forward: id 300 of vocab 300");
+    tok[9 + 5] = keep;
+    tok[0] = -1;
+    expect_status(gdn_model_forward(p, w, tok, 16.0, &ls, 0), GDN_ERR_ARG,
+                  "token id -1 at row 0 position 0 is outside the vocabulary [0, 300)", "forward: a negative id");
+    tok[0] = keep;
+    tok[8] = 1 << 30; /* the last target of row 0: targets are checked too */
+    expect_status(gdn_model_forward(p, w, tok, 16.0, &ls, 0), GDN_ERR_ARG, "at row 0 position 8",
+                  "forward: a target id 2^30");
+    tok[8] = 7;
+    check(gdn_model_forward(p, w, tok, 16.0, &ls, 1) == GDN_OK, "forward after the refusals (the plan is unharmed)");
+    tok[9 + 2] = 301;
+    expect_status(gdn_model_backward(p, w, dw, tok), GDN_ERR_ARG, "token id 301 at row 1 position 2",
+                  "backward: id 301");
+    gdn_token in[16];
+    for (int b = 0; b < 2; b++) memcpy(in + 8 * b, tok + 9 * b, sizeof *in * 8);
+    expect_status(gdn_model_logits(p, w, in, logits), GDN_ERR_ARG, "token id 301 at row 1 position 2",
+                  "logits: id 301");
+    gdn_model_decoder_reset(d);
+    expect_status(gdn_model_prefill(d, w, in, 8, logits), GDN_ERR_ARG, "token id 301 at row 1 position 2",
+                  "prefill: id 301");
+    const gdn_token one[2] = {4, -7};
+    expect_status(gdn_model_decode(d, w, one, logits), GDN_ERR_ARG, "token id -7 at row 1 position 0",
+                  "decode: id -7");
+    check(gdn_model_decoder_length(d) == 0, "a refused piece feeds nothing (length %lld)",
+          (long long)gdn_model_decoder_length(d));
+    free(w), free(dw), free(logits), free(tok);
+    gdn_model_plan_destroy(p);
+    gdn_model_decoder_destroy(d);
+}
+
+/* A vocabulary large enough that the loss head runs in several row chunks (70,000 ids: 239 rows
+ * per chunk, 300 rows): the forward's loss equals the cross-entropy of gdn_model_logits' logits
+ * computed here in double (1e-6: fp32 logits, double sums both). Control: the same logits
+ * against the targets shifted by one position. */
+static void test_large_vocab(void) {
+    gdn_model_config c = small_cfg();
+    c.vocab = 70000;
+    const int64_t T = 300;
+    const gdn_model_run r = {.B = 1, .T = T, .check_finite = 1};
+    gdn_model_plan *p = NULL;
+    if (gdn_model_plan_create(&p, &c, &r, NULL)) {
+        check(0, "vocab 70000: plan: %s", gdn_errmsg());
+        return;
+    }
+    float *w = model_weights(&c, 5), *logits = malloc(sizeof(float) * (size_t)(T * c.vocab));
+    gdn_token *tok = random_tokens_v(T + 1, 9, c.vocab);
+    double ls = 0;
+    const int ok = gdn_model_forward(p, w, tok, (double)T, &ls, 0) == GDN_OK &&
+                   gdn_model_logits(p, w, tok, logits) == GDN_OK;
+    double ce = 0, ce_shift = 0;
+    for (int64_t t = 0; ok && t < T; t++) {
+        const float *z = logits + t * c.vocab;
+        double mx = z[0], se = 0;
+        for (int64_t v = 1; v < c.vocab; v++) mx = z[v] > mx ? z[v] : mx;
+        for (int64_t v = 0; v < c.vocab; v++) se += exp((double)z[v] - mx);
+        ce += mx + log(se) - z[tok[t + 1]];
+        ce_shift += mx + log(se) - z[tok[t]];
+    }
+    expect_close(ok ? fabs(ls - ce) / fabs(ce) : INFINITY, 1e-6,
+                 "vocab 70000: the chunked loss head's loss equals the logits' cross-entropy (%.6f per token)", ce / T);
+    expect_far(ok ? fabs(ls - ce_shift) / fabs(ce_shift) : 0, 1e-6, "vocab 70000: against the targets shifted by one");
+    /* Qwen3.5's vocabulary: the loss chunk holds 67 rows of logits (66.6 MB) and lm_head's gradient
+     * 32 MB at E 32, where 1024 rows would be 1.02 GB */
+    gdn_model_config q = small_cfg();
+    q.vocab = 248320;
+    const gdn_model_run rq = {.B = 1, .T = 4096};
+    const double est = gdn_model_plan_estimate(&q, &rq);
+    check(est < 0.25e9, "vocab 248,320, T 4096: the plan would hold %.3g GB (no per-token vocabulary arrays)", 1e-9 * est);
+    free(w), free(logits), free(tok);
+    gdn_model_plan_destroy(p);
 }
 
 /* AdamW and its schedule against the formulas written out in double. */
@@ -609,4 +709,12 @@ void test_model(void) {
     test_packed(&hyb, "hybrid");
     test_packed(&att, "attention only");
     test_decode();
+    /* vocabularies other than bytes: the whole gradient against central differences, with its
+     * negative control (test_gradients), ids spread over the whole vocabulary */
+    gdn_model_config v300 = gdn, v1000 = hyb;
+    v300.vocab = 300, v1000.vocab = 1000;
+    test_gradients(&v300, "GatedDeltaNet, vocab 300");
+    test_gradients(&v1000, "hybrid, vocab 1000");
+    test_token_ids();
+    test_large_vocab();
 }

@@ -110,6 +110,42 @@ static void test_model_cp_packed(const gdn_model_config *c, const float *w, cons
     free(dw), free(dw_ref);
 }
 
+/* A token id outside the vocabulary in the last rank's shard: every rank returns an error (none
+ * waits for the others: the test would hang), the last rank's names the id, row and position;
+ * then the same plan on good tokens gives the single-rank loss (control: the check passes good
+ * ids, and the failure left nothing behind). */
+static void test_model_cp_bad_token(const gdn_model_config *c, const float *w, const gdn_token *tok, int64_t B,
+                                    int64_t T, int64_t t0, int64_t tn, int D, double ref) {
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    gdn_cp *cp = NULL;
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) return;
+    gdn_model_run r = {.B = B, .T = tn, .threads = 1, .check_finite = 1};
+    gdn_model_plan *p = NULL;
+    gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
+    if (!gdn_model_plan_create(&p, c, &r, D > 1 ? cp : NULL)) {
+        for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, sizeof *mine * (size_t)(tn + 1));
+        const int last = rank == D - 1;
+        if (last) mine[1 * (tn + 1) + 3] = (gdn_token)c->vocab;
+        double ls = 0;
+        const int rc = gdn_model_forward(p, w, mine, (double)(B * T), &ls, 0);
+        char want[160];
+        snprintf(want, sizeof want, "token id %lld at row 1 position 3", (long long)c->vocab);
+        if (last) expect_status(rc, GDN_ERR_ARG, want, "CP %d ranks: the last rank's bad token id refused, named", D);
+        else check(rc != GDN_OK, "CP %d ranks: rank %d stops too when the last rank's token is bad (%s)", D, rank,
+                   rc ? gdn_errmsg() : "returned OK");
+        if (last) mine[1 * (tn + 1) + 3] = tok[1 * (T + 1) + t0 + 3];
+        double good = NAN, total = NAN;
+        if (gdn_model_forward(p, w, mine, (double)(B * T), &ls, 0) == GDN_OK) good = ls;
+        MPI_Allreduce(&good, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        expect_close(fabs(total - ref) / fabs(ref), TOL_MODEL_CP, "CP %d ranks: after the refusal, good ids give the "
+                     "single-rank loss", D);
+        gdn_model_plan_destroy(p);
+    }
+    free(mine);
+    gdn_cp_destroy(cp);
+}
+
 void test_model_cp(void) {
     int rank, D;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -169,6 +205,7 @@ void test_model_cp(void) {
         gdn_cp_destroy(cp);
     }
     test_model_cp_packed(&c, w, tok, B, T, t0, tn, D);
+    test_model_cp_bad_token(&c, w, tok, B, T, t0, tn, D, ref);
     free(w), free(dw), free(dw_ref), free(tok);
 }
 

@@ -110,7 +110,9 @@ static int check_text(const gdn_data *d) {
     for (int64_t i = 0; !rc && i < n; i++) {
         if (buf[i] == 0) {
             rc = gdn_fail(GDN_ERR_FORMAT, "%s: not a text file: a NUL byte at offset %lld (the "
-                          "training data must be text; it is read as bytes)", d->path, (long long)i);
+                          "training data must be text, read as bytes, or a token file; it is not a token file "
+                          "either: its first 32-bit word is %u, a token file's magic %u)", d->path, (long long)i,
+                          (unsigned)(n >= 4 ? le32(buf) : 0), (unsigned)GDN_TOKENS_MAGIC);
         } else if (is_control(buf[i])) {
             if (first_control < 0) first_control = i;
             controls++;
