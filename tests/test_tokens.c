@@ -81,7 +81,7 @@ static void test_round_trips(void) {
     if (!rc) {
         rc = gdn_data_read(d, GDN_SPLIT_TRAIN, 2900, 100, got);
         check(rc == GDN_OK && ids_equal(got, ids + 2900, 100), "uint32: ids [2900, 3000) read back (ids up to 248,319)");
-        char want[600];
+        char want[1200];
         snprintf(want, sizeof want, "%s: token id 248320 at byte offset %d (id 3000 of the file) is outside the model's "
                  "vocabulary [0, 248320)", p, GDN_TOKENS_HEADER_BYTES + 4 * 3000);
         expect_status(gdn_data_read(d, GDN_SPLIT_TRAIN, 2990, 20, got), GDN_ERR_SHAPE, want,
