@@ -17,7 +17,7 @@
 static int usage(void) {
     fprintf(stderr,
             "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long]\n"
-            "         [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
+            "         [--vocab N] [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
             "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
             "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
             "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
@@ -26,6 +26,7 @@ static int usage(void) {
             "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N]\n"
             "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP | --pack-id N]\n"
             "  --data FILE: byte text, or a token file (python -m gdncp.tokenize; docs/training.md).\n"
+            "  --vocab N: the model's vocabulary (default 256, bytes; a token file's tokenizer's size).\n"
             "  --seq is the whole sequence; with --cp C each of its C ranks holds about T/C tokens.\n"
             "  DP = ranks / C groups each train --batch sequences per step.\n"
             "  --pack SEP: the text is documents each ending with SEP (escapes \\n \\t \\r \\\\ \\xHH, e.g.\n"
@@ -129,12 +130,12 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             {"--keep", &keep, 0, 1 << 20},               {"--eval-every", &o->eval_every, 0, (int64_t)1 << 40},
             {"--eval-seqs", &o->eval_seqs, 1, 1 << 20},  {"--attn-heads", &o->model.H, 1, 1024},
             {"--kv-heads", &o->model.Hkv, 1, 1024},      {"--head-dim", &head_dim, 2, 1024},
-            {"--attn-interval", &interval, 0, GDN_MODEL_MAX_LAYERS},
+            {"--attn-interval", &interval, 0, GDN_MODEL_MAX_LAYERS}, {"--vocab", &o->model.vocab, 1, GDN_MODEL_MAX_VOCAB},
         };
         /* the flags that set the model (refused against a checkpoint's config that differs) */
         static const char *const model_flags[] = {"--hidden", "--layers", "--intermediate", "--key-heads",
                                                   "--value-heads", "--key-dim", "--value-dim", "--conv",
-                                                  "--attn-heads", "--kv-heads", "--head-dim", "--attn-interval"};
+                                                  "--attn-heads", "--kv-heads", "--head-dim", "--attn-interval", "--vocab"};
         for (size_t k = 0; k < sizeof model_flags / sizeof model_flags[0]; k++)
             if (!strcmp(a, model_flags[k])) o->model_explicit = 1;
         if (!strcmp(a, "--attn-interval")) interval_given = 1;

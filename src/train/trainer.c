@@ -283,7 +283,7 @@ int gdn_train_fail(MPI_Comm world, int status) {
 static int check_model_flags(const gdn_model_config *ck, const gdn_model_config *want, const char *dir) {
     const int ck_attn = gdn_model_attn_layers(ck) > 0, want_attn = gdn_model_attn_layers(want) > 0;
     const struct { const char *field, *flag; int64_t ck, want; int attn; } f[] = {
-        {"hidden_size", "--hidden", ck->E, want->E, 0}, {"num_hidden_layers", "--layers", ck->L, want->L, 0},
+        {"vocab_size", "--vocab", ck->vocab, want->vocab, 0}, {"hidden_size", "--hidden", ck->E, want->E, 0}, {"num_hidden_layers", "--layers", ck->L, want->L, 0},
         {"intermediate_size", "--intermediate", ck->I, want->I, 0},
         {"linear_num_key_heads", "--key-heads", ck->Hk, want->Hk, 0},
         {"linear_num_value_heads", "--value-heads", ck->Hv, want->Hv, 0},
