@@ -1,5 +1,5 @@
-/* gdncp train: the byte-level hybrid language model (GatedDeltaNet + gated attention layers)
- * trained on a text file, its sequences split over the ranks of mpiexec (a DP x CP grid, --cp
+/* gdncp train: the hybrid language model (GatedDeltaNet + gated attention layers) trained on byte
+ * text or a token file (any vocabulary), its sequences split over the ranks of mpiexec (a DP x CP grid, --cp
  * ranks per sequence). */
 #include "cli/cli.h"
 #include "commands.h"
