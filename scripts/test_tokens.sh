@@ -131,5 +131,10 @@ refuse "a token file of 3-byte ids" "id width 3" $MPIEXEC -n 1 $g train --data "
 cp "$work/t16.tok" "$work/magic.tok"; printf 'XX' | dd of="$work/magic.tok" bs=1 seek=0 conv=notrunc 2>/dev/null
 refuse "a token file with a wrong magic" "not a token file either" $MPIEXEC -n 1 $g train --data "$work/magic.tok" "${small[@]}"
 
+refuse "ranks launched with different --vocab (MPMD)" "disagree.*--vocab" \
+  $MPIEXEC -n 1 $g train --data "$work/v300.tok" "${small[@]}" --vocab 300 : -n 1 $g train --data "$work/v300.tok" "${small[@]}" --vocab 301
+refuse "ranks launched with different --pack-id (MPMD)" "disagree.*--pack-id" \
+  $MPIEXEC -n 1 $g train --data "$work/t16.tok" "${small[@]}" --pack-id 37 : -n 1 $g train --data "$work/t16.tok" "${small[@]}" --pack-id 10
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -250,7 +250,7 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 19
+#define N_AGREED 20
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     uint64_t sep_hash = 1469598103934665603ull; /* FNV-1a of the packing separator */
     for (int i = 0; o->pack && i < o->pack_len && i < GDN_DATA_MAX_SEP; i++)
@@ -259,11 +259,11 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
                             o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
                             o->resume != NULL, o->init != NULL, o->out != NULL,
                             o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->pack_by_id,
-                            o->pack_by_id ? (int64_t)o->pack_id : 0};
+                            o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
                                         "--fault", "--resume", "--init", "--out", "--pack (length)",
-                                        "--pack (bytes)", "--attn-cp", "--pack-id (given)", "--pack-id"};
+                                        "--pack (bytes)", "--attn-cp", "--pack-id (given)", "--pack-id", "--vocab"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 
