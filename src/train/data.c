@@ -54,10 +54,10 @@ static uint32_t le32(const uint8_t *p) {
 }
 
 /* A token file's header (the file starts with one of the magics): its fields, vetted. */
-static int parse_header(gdn_data *d) {
+static int parse_header(gdn_data *d, uint32_t first_word) {
     if (d->size < GDN_TOKENS_HEADER_BYTES)
         return gdn_fail(GDN_ERR_FORMAT, "%s: a token file (magic %u) of %lld bytes is shorter than its %d-byte "
-                        "header (truncated?)", d->path, (unsigned)GDN_TOKENS_MAGIC, (long long)d->size,
+                        "header (truncated?)", d->path, (unsigned)first_word, (long long)d->size,
                         GDN_TOKENS_HEADER_BYTES);
     uint8_t h[GDN_TOKENS_HEADER_BYTES];
     int rc = pread_all(d->fd, d->path, 0, GDN_TOKENS_HEADER_BYTES, h);
@@ -164,7 +164,7 @@ int gdn_data_open(gdn_data **out, const char *path, double val_fraction, int64_t
         if (d->size >= 4) rc = pread_all(d->fd, path, 0, 4, m);
         const uint32_t magic = le32(m);
         d->tokens = d->size >= 4 && (magic == GDN_TOKENS_MAGIC || magic == GDN_TOKENS_MAGIC_LLMC);
-        if (!rc) rc = d->tokens ? parse_header(d) : check_text(d);
+        if (!rc) rc = d->tokens ? parse_header(d, magic) : check_text(d);
     }
     if (!rc) {
         d->train_len = (int64_t)floor((double)d->count * (1.0 - val_fraction));
