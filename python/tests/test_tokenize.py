@@ -146,3 +146,31 @@ def test_uint32_past_65536(tmp_path):
     unk.write_bytes(bytes(raw))
     rc, msg, _ = c_read_all(unk, 70001, 0.5)
     assert rc != 0 and "token id 70001 at byte offset 1028" in msg, msg
+
+
+def test_gdncp_trains_on_the_tokenized_file(tmp_path):
+    """End to end: gdncp.tokenize's file trains with `gdncp train --vocab N --pack-id EOT` (the
+    first step's loss, before any update, near ln(vocab) from a 0.02-scale initialisation);
+    control: the same file for a model of a smaller vocabulary is refused, naming both sizes."""
+    cli = os.environ.get("GDNCP_CLI")
+    if not cli or not os.access(cli, os.X_OK):
+        pytest.fail("GDNCP_CLI must name the built gdncp command (scripts/test_python.sh sets it)")
+    mpiexec = os.environ.get("GDN_MPIEXEC", "mpiexec.mpich")
+    tok, d = word_level(tmp_path)
+    text = tmp_path / "in.txt"
+    text.write_text("\n%\n".join(LINES * 200))
+    out = tmp_path / "train.tok"
+    _, count, _, vocab, eot = gtok.tokenize(str(d), [str(text)], str(out), split="\\n%\\n", log=None)
+    log = tmp_path / "log.csv"
+    base = [mpiexec, "-n", "1", cli, "train", "--data", str(out), "--hidden", "32", "--layers", "2",
+            "--intermediate", "64", "--key-heads", "1", "--value-heads", "2", "--key-dim", "16",
+            "--value-dim", "16", "--seq", "32", "--batch", "2", "--steps", "2", "--eval-every", "0",
+            "--threads", "1", "--pack-id", str(eot)]
+    r = subprocess.run(base + ["--vocab", str(vocab), "--log", str(log)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"token file of uint16 ids, header vocabulary {vocab}" in r.stdout + r.stderr
+    loss1 = float(log.read_text().splitlines()[1].split(",")[1])
+    assert abs(loss1 - np.log(vocab)) < 0.1 * np.log(vocab), (loss1, np.log(vocab))
+    r = subprocess.run(base + ["--vocab", str(vocab - 1)], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and f"vocabulary has {vocab} ids (its header), the model's {vocab - 1}" in r.stderr, \
+        r.stderr
