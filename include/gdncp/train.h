@@ -17,8 +17,9 @@ extern "C" {
 /*
  * The decoder language model gdncp trains and runs (DESIGN §5): Qwen3.5's hybrid stack over a
  * vocabulary of any size (token ids gdn_token in [0, vocab); the named configurations read bytes,
- * vocab 256, and Qwen3.5's own has 248,320). Each layer's token mixer is a GatedDeltaNet ("linear_attention") or a gated
- * full-attention layer ("full_attention", attention.h), chosen per layer:
+ * vocab 256, and Qwen3.5's own has 248,320). Each layer's token mixer is a GatedDeltaNet
+ * ("linear_attention") or a gated full-attention layer ("full_attention", attention.h), chosen
+ * per layer:
  *
  *   embed -> L x [ zero-centred RMSNorm -> mixer (GatedDeltaNet | gated attention) -> + residual
  *                  -> zero-centred RMSNorm -> SwiGLU MLP -> + residual ] -> RMSNorm -> lm_head
@@ -130,7 +131,9 @@ GDN_API double gdn_model_plan_estimate(const gdn_model_config *cfg, const gdn_mo
  * tokens[., 1..T]; under CP each rank passes its shard plus the next token). loss_sum receives the
  * sum over this rank's B*T tokens of -log p(target). for_backward: also keep what
  * gdn_model_backward needs (and form the loss head's gradient, scaled by 1 / denom, with the
- * loss). Collective over cp. */
+ * loss). Every id, inputs and targets, must lie in [0, vocab) (checked first, agreed over cp).
+ * The loss head runs in row chunks whose logits stay within 64 MiB: no [B*T, vocab] array.
+ * Collective over cp. */
 GDN_API int gdn_model_forward(gdn_model_plan *plan, const float *w, const gdn_token *tokens, double denom,
                       double *loss_sum, int for_backward);
 /* Packed documents (run.pack): the documents of this step's rows, before gdn_model_forward.
@@ -166,7 +169,8 @@ GDN_API void gdn_model_decoder_reset(gdn_model_decoder *dec);
 GDN_API int64_t gdn_model_decoder_length(const gdn_model_decoder *dec);
 /* Feed the next T tokens of each sequence, tokens [B, T]; logits [B, T, vocab], row (b, t) the
  * logits of the token after tokens[b, t]. Pieces of any sizes give the forward's logits of the
- * whole sequence. On an error the caches may be partly advanced: reset before reusing them. */
+ * whole sequence. An id outside [0, vocab) is refused before anything is fed; on another error
+ * the caches may be partly advanced: reset before reusing them. */
 GDN_API int gdn_model_prefill(gdn_model_decoder *dec, const float *w, const gdn_token *tokens, int64_t T,
                               float *logits);
 /* One token: gdn_model_prefill with T = 1 (tokens [B], logits [B, vocab]). */
