@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzz the safetensors reader and the loaders built on it (libFuzzer + ASan + UBSan, clang):
+# Fuzz the safetensors reader, the loaders built on it and the training data reader (libFuzzer +
+# ASan + UBSan, clang):
 #   bash scripts/fuzz.sh [SECONDS]     # default 60, split evenly between the harnesses
 # The longer run, e.g. an hour per harness on every core, keeping what it learns between runs:
 #   bash scripts/fuzz.sh 7200          # or, after one build, by hand:
@@ -8,14 +9,15 @@
 #       -artifact_prefix=/tmp/ /tmp/gdn-corpus
 # Harnesses: tests/fuzz/fuzz_safetensors.c (gdn_st_open and every read of every tensor),
 # tests/fuzz/fuzz_loaders.c (gdn_problem_load[_rows], gdn_layer_weights_load), tests/fuzz/fuzz_attn.c
-# (gdn_attn_weights_load: a config.json and a safetensors file in one input). Seeds:
+# (gdn_attn_weights_load: a config.json and a safetensors file in one input), tests/fuzz/fuzz_tokens.c
+# (gdn_data_open / gdn_data_read / gdn_data_window_docs: token files and byte text). Seeds:
 # tests/fuzz/corpus/ (copied: new corpus entries are never written into the repository).
 # Prints one "PASS"/"FAIL" line per harness; exits non-zero when any harness crashed, hung, leaked
 # or tripped a sanitizer. A crashing input is kept as build-fuzz/artifacts/<harness>/crash-*.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
-harnesses=(fuzz_safetensors fuzz_loaders fuzz_attn)
+harnesses=(fuzz_safetensors fuzz_loaders fuzz_attn fuzz_tokens)
 bash scripts/deps.sh fuzz || { echo "FAIL  fuzz: installing dependencies"; exit 1; }
 # The top-level CMakeLists finds MPI even though the harnesses do not link it: point FindMPI at
 # MPICH's wrapper and make that wrapper drive clang as well.

@@ -54,7 +54,7 @@ else
   echo "FAIL  sanitizer build"; failed=$((failed + 1))
 fi
 
-echo "== fuzz: libFuzzer + ASan + UBSan on the safetensors reader and the loaders, 60 s (scripts/fuzz.sh)"
+echo "== fuzz: libFuzzer + ASan + UBSan on the safetensors reader, the loaders and the training data reader, 60 s (scripts/fuzz.sh)"
 if bash scripts/fuzz.sh 60 > "$logs/fuzz.log" 2>&1; then
   grep -E '^PASS' "$logs/fuzz.log" | sed "s/^/    /"
   echo "PASS  fuzz harnesses ran 60 s without a crash, hang, leak or sanitizer report"; passed=$((passed + 1))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python package's tests (python/tests, pytest): a virtual environment with torch, transformers,
+# The Python package's tests (python/tests, pytest): a virtual environment with torch, transformers, tokenizers,
 # numpy, pytest and scikit-build-core, made once and reused (GDN_PY_VENV, default
 # ~/.cache/gdncp/venv-py: outside the work tree, so CI's fresh clones reuse it too); the package
 # installed with `pip install ./python` (scikit-build-core runs the project's CMake for
@@ -18,8 +18,8 @@ fail() { echo "FAIL  $1"; echo "0 passed, 1 failed"; exit 1; }
 
 # The Python packages the tests import. Plain names from the Python package registry: torch's
 # default Linux wheel (it pulls CUDA libraries that the CPU never loads, ~4 GB once, then reused).
-pkgs=(torch transformers numpy pytest scikit-build-core)
-need_py() { "$venv/bin/python" -c "import torch, transformers, numpy, pytest, scikit_build_core" 2>/dev/null; }
+pkgs=(torch transformers tokenizers numpy pytest scikit-build-core)
+need_py() { "$venv/bin/python" -c "import torch, transformers, tokenizers, numpy, pytest, scikit_build_core" 2>/dev/null; }
 if ! need_py; then
   if ! command -v python3 >/dev/null || ! python3 -c "import venv, ensurepip" 2>/dev/null; then
     # Debian's python3 (its venv module is a package of its own)

@@ -59,6 +59,6 @@ refuse() { # refuse WHAT PATTERN ARGS...: non-zero exit and PATTERN in stderr
   else bad "$what: no '$pat' in: $(cat "$logs/refuse.err")"; fi
 }
 refuse "--prompt and --prompt-ids together" "one of --prompt, --prompt-ids" samp --prompt a --prompt-ids 1
-refuse "a token id 256" "token ids 0..255" samp --prompt-ids 1,256
+refuse "a token id 256 (the vocabulary of 256)" "token ids in \[0, 256\)" samp --prompt-ids 1,256
 refuse "an empty --prompt-ids" "prompt" samp --prompt-ids ""
 finish

@@ -107,7 +107,8 @@ int pack_layer_separately(const gdn_layer_config *full, const float *w, const fl
 
 /* The language model's forward + backward (include/gdncp/train.h): the first failing status. */
 typedef struct gdn_model_plan gdn_model_plan;
-int model_train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tok, double denom,
+typedef int32_t gdn_token; /* train.h's (C11 allows the repeat) */
+int model_train_step(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tok, double denom,
                      double *loss);
 
 /* Test suites. */
@@ -127,6 +128,7 @@ void test_layer_io(void);        /* tests/test_layer_io.c: loading layer weights
 void test_layer(void);           /* tests/test_layer.c: the fp32 layer */
 void test_model(void);           /* tests/test_model.c: the decoder model and AdamW */
 void test_train_io(void);        /* tests/test_train_io.c: checkpoints and training text */
+void test_tokens(void);          /* tests/test_tokens.c: token files */
 void test_pack(void);            /* tests/test_pack.c: packed documents (cu_seqlens), one rank */
 void test_attention(void);       /* tests/test_attention.c: the gated full-attention layer */
 void test_attn_decode(void);     /* tests/test_attention_decode.c: its KV cache and decode */

@@ -260,7 +260,7 @@ static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t H
 /* ---------------------------------------------------------------- the model */
 
 /* Loss and flat gradient of the tiny hybrid model on one batch in the given precision. */
-static int model_step(const gdn_model_config *mc, int compute, const float *w, const uint8_t *tok, int64_t B,
+static int model_step(const gdn_model_config *mc, int compute, const float *w, const gdn_token *tok, int64_t B,
                       int64_t T, double *loss, float *dw) {
     gdn_model_run run = {.B = B, .T = T, .threads = 0, .check_finite = 1, .compute = compute};
     gdn_model_plan *p = NULL;
@@ -279,9 +279,9 @@ static void model_case(void) {
     const int64_t B = 2, T = 48, nw = (int64_t)gdn_model_param_floats(&mc);
     float *w = falloc(nw), *dw32 = falloc(nw), *dwb = falloc(nw);
     gdn_model_init(&mc, w, 5);
-    uint8_t *tok = malloc((size_t)(B * (T + 1)));
+    gdn_token *tok = malloc(sizeof(gdn_token) * (size_t)(B * (T + 1)));
     rng_seed(21);
-    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (uint8_t)(32 + (int)rng_uniform(0, 90));
+    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (gdn_token)(32 + (int)rng_uniform(0, 90));
     double l32 = NAN, lb = NAN, lbad = NAN;
     int rc = model_step(&mc, GDN_COMPUTE_FP32, w, tok, B, T, &l32, dw32);
     if (!rc) rc = model_step(&mc, GDN_COMPUTE_BF16, w, tok, B, T, &lb, dwb);

@@ -28,13 +28,18 @@ static gdn_model_config hybrid_cfg(int all_attention) {
     return c;
 }
 
-static uint8_t *random_tokens(int64_t n, uint64_t seed) {
-    uint8_t *t = malloc((size_t)n);
+/* Ids from a small alphabet, so that the model sees repeats: bytes 'a'.. for a byte model, else
+ * spread over the whole vocabulary (the first and last ids and some beyond 255 among them). */
+static gdn_token *random_tokens_v(int64_t n, uint64_t seed, int64_t vocab) {
+    gdn_token *t = malloc(sizeof *t * (size_t)n);
     rng_seed(seed);
-    /* a small alphabet, so that the model sees repeats */
-    for (int64_t i = 0; i < n; i++) t[i] = (uint8_t)(97 + (int)rng_uniform(0, 12));
+    for (int64_t i = 0; i < n; i++) {
+        const int k = (int)rng_uniform(0, 12);
+        t[i] = vocab == 256 ? (gdn_token)(97 + k) : (gdn_token)(k == 11 ? vocab - 1 : (k * (vocab - 1)) / 11);
+    }
     return t;
 }
+static gdn_token *random_tokens(int64_t n, uint64_t seed) { return random_tokens_v(n, seed, 256); }
 
 /* Weights with larger matrices than the 0.02 init (gradients well above fp32 noise), gates
  * with some memory. */
@@ -58,7 +63,7 @@ static float *model_weights(const gdn_model_config *c, uint64_t seed) {
     return w;
 }
 
-static double loss_of(gdn_model_plan *p, const float *w, const uint8_t *tok, double denom) {
+static double loss_of(gdn_model_plan *p, const float *w, const gdn_token *tok, double denom) {
     double s = 0;
     int rc = gdn_model_forward(p, w, tok, denom, &s, 0);
     return rc ? NAN : s / denom;
@@ -75,7 +80,11 @@ static void test_gradients(const gdn_model_config *cfg, const char *what) {
     const size_t nw = gdn_model_param_floats(&c);
     float *dw = aligned_alloc(64, sizeof(float) * nw), *dw_wrong = aligned_alloc(64, sizeof(float) * nw);
     float *wp = aligned_alloc(64, sizeof(float) * nw);
-    uint8_t *tok = random_tokens(r.B * (r.T + 1), 5), *tok2 = random_tokens(r.B * (r.T + 1), 6);
+    gdn_token *tok = random_tokens_v(r.B * (r.T + 1), 5, c.vocab), *tok2 = random_tokens_v(r.B * (r.T + 1), 6, c.vocab);
+    /* another vocabulary's control: the other draw moved off the alphabet (ids + 5, none of
+     * them tok's), so every tensor's gradient differs (two draws of the same 12 ids spread over a
+     * large vocabulary are too alike for some tensors) */
+    for (int64_t i = 0; c.vocab != 256 && i < r.B * (r.T + 1); i++) tok2[i] = (tok2[i] + 5) % (gdn_token)c.vocab;
     double ls = 0;
     const int rc = model_train_step(p, w, dw, tok, denom, &ls);
     check(rc == GDN_OK && isfinite(ls), "model step: loss %.4f per token", ls / denom);
@@ -85,7 +94,8 @@ static void test_gradients(const gdn_model_config *cfg, const char *what) {
      * 2e-3 and 1e-3, agree with the analytic gradient to ~3e-3 (the loss's fp32 rounding over the
      * step); tolerance 2e-2, absolute for derivatives under 1e-2. Negative control: the gradient
      * of other targets. */
-    double worst = 0, worst_wrong = INFINITY;
+    double worst = 0, worst_wrong = INFINITY, most_wrong = 0;
+    int told_apart = 0;
     char worst_name[96] = "";
     gdn_model_tensor_info t;
     float *dir = malloc(sizeof(float) * nw);
@@ -115,12 +125,26 @@ static void test_gradients(const gdn_model_config *cfg, const char *what) {
         const double fd = (4 * dd[1] - dd[0]) / 3;
         const double scale = fmax(fabs(fd), 1e-2); /* absolute below 1e-2 */
         const double err = fabs(an - fd) / scale, err_wrong = fabs(an_wrong - fd) / scale;
-        if (getenv("GDN_TEST_VERBOSE")) printf("  %-50s an %+.6e fd %+.6e err %.2e\n", t.name, an, fd, err);
+        if (getenv("GDN_TEST_VERBOSE"))
+            printf("  %-50s an %+.6e fd %+.6e err %.2e (other targets %.2e)\n", t.name, an, fd, err, err_wrong);
         if (err > worst) worst = err, snprintf(worst_name, sizeof worst_name, "%s", t.name);
         if (err_wrong < worst_wrong) worst_wrong = err_wrong;
+        if (err_wrong > most_wrong) most_wrong = err_wrong;
+        told_apart += err_wrong > 2e-2;
     }
     expect_close(worst, 2e-2, "%s: model gradient vs central differences, every tensor (worst %s)", what, worst_name);
-    expect_far(worst_wrong, 2e-2, "%s: the gradient of other targets, best tensor", what);
+    if (c.vocab == 256) {
+        expect_far(worst_wrong, 2e-2, "%s: the gradient of other targets, best tensor", what);
+    } else {
+        /* with ids spread over a larger vocabulary one tensor's directional derivative can agree
+         * by chance (hybrid, vocab 1000: o_proj at 4e-3): the control is the check itself, worst
+         * over tensors, and most tensors must tell the targets apart on their own */
+        const int n = gdn_model_tensor_count(&c);
+        expect_far(most_wrong, 2e-2, "%s: the gradient of other targets, worst tensor (%d of %d tensors tell them "
+                   "apart alone)", what, told_apart, n);
+        check(told_apart * 10 >= n * 9, "%s: at least 90 %% of the tensors tell other targets apart (%d of %d)", what,
+              told_apart, n);
+    }
     free(dir);
 
     /* Recompute (each block's activations recomputed in the backward) gives the same loss and
@@ -159,13 +183,13 @@ static void test_decode_cfg(const gdn_model_config *cp, const char *what) {
           "%s: model decoders B=2", what);
     if (!p || !d || !d2) goto out;
     float *w = model_weights(&c, 3);
-    uint8_t *tok = random_tokens(B * T, 9), piece[2 * 30];
+    gdn_token *tok = random_tokens(B * T, 9), piece[2 * 30];
     float *full = malloc(sizeof(float) * (size_t)(B * T * V));
     float *dec = malloc(sizeof(float) * (size_t)(B * T * V)), *dec_reset = malloc(sizeof(float) * (size_t)(B * T * V));
     check(gdn_model_logits(p, w, tok, full) == GDN_OK, "%s: model logits B=2 T=30", what);
     float *one = malloc(sizeof(float) * (size_t)(B * T * V));
     for (int64_t t = 0; t < T; t++) {
-        uint8_t step_tok[2] = {tok[t], tok[T + t]};
+        gdn_token step_tok[2] = {tok[t], tok[T + t]};
         if (t == T / 2) gdn_model_decoder_reset(d2); /* the control: caches dropped halfway */
         for (int pass = 0; pass < 2; pass++) {
             gdn_model_decode(pass ? d2 : d, w, step_tok, one);
@@ -184,7 +208,7 @@ static void test_decode_cfg(const gdn_model_config *cp, const char *what) {
         for (int64_t i = 0, t0 = 0; i < 3 && !rc; t0 += sizes[i], i++) {
             const int64_t Tp = sizes[i];
             if (pass && i == 2) gdn_model_decoder_reset(d);
-            for (int64_t b = 0; b < B; b++) memcpy(piece + b * Tp, tok + b * T + t0, (size_t)Tp);
+            for (int64_t b = 0; b < B; b++) memcpy(piece + b * Tp, tok + b * T + t0, sizeof *piece * (size_t)Tp);
             rc = gdn_model_prefill(d, w, piece, Tp, one);
             for (int64_t b = 0; b < B; b++)
                 memcpy(dec + (b * T + t0) * V, one + b * Tp * V, sizeof(float) * (size_t)(Tp * V));
@@ -243,14 +267,14 @@ static void test_errors_model(void) {
     gdn_model_plan *p = NULL;
     gdn_model_run r = {.B = 1, .T = 0};
     expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "T = 0", "model plan with T = 0");
-    c.vocab = 300;
+    c.vocab = 0;
     r.T = 8;
-    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "vocab_size", "model vocab 300");
+    expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "vocab_size = 0", "model vocab 0");
     c = small_cfg();
     r.T = 8;
     if (!gdn_model_plan_create(&p, &c, &r, NULL)) {
         float *w = model_weights(&c, 1), *dw = malloc(sizeof(float) * gdn_model_param_floats(&c));
-        uint8_t tok[9] = "abcdefgh";
+        gdn_token tok[9] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 0};
         double ls;
         expect_status(gdn_model_backward(p, w, dw, tok), GDN_ERR_ARG, "no gdn_model_forward",
                       "model backward without a forward");
@@ -263,6 +287,103 @@ static void test_errors_model(void) {
     }
     c.Hk = 2, c.Hv = 3;
     expect_status(gdn_model_plan_create(&p, &c, &r, NULL), GDN_ERR_SHAPE, "Hv", "model Hv = 3 with Hk = 2");
+}
+
+/* Token ids outside [0, vocab) refused by every entry point, naming the id, row and position;
+ * control: the same calls with the ids in range succeed. */
+static void test_token_ids(void) {
+    gdn_model_config c = small_cfg();
+    c.vocab = 300;
+    const gdn_model_run r = {.B = 2, .T = 8, .check_finite = 1};
+    gdn_model_plan *p = NULL;
+    gdn_model_decoder *d = NULL;
+    if (gdn_model_plan_create(&p, &c, &r, NULL) || gdn_model_decoder_create(&d, &c, 2, 0, 1)) {
+        check(0, "vocab 300: plan and decoder: %s", gdn_errmsg());
+        gdn_model_plan_destroy(p);
+        return;
+    }
+    float *w = model_weights(&c, 2), *dw = malloc(sizeof(float) * gdn_model_param_floats(&c));
+    float *logits = malloc(sizeof(float) * 2 * 9 * 300);
+    gdn_token *tok = random_tokens_v(2 * 9, 3, 300);
+    double ls = 0;
+    check(gdn_model_forward(p, w, tok, 16.0, &ls, 1) == GDN_OK && gdn_model_backward(p, w, dw, tok) == GDN_OK &&
+              gdn_model_logits(p, w, tok, logits) == GDN_OK && gdn_model_prefill(d, w, tok, 8, logits) == GDN_OK &&
+              gdn_model_decode(d, w, tok, logits) == GDN_OK,
+          "vocab 300: ids 0..299 pass forward, backward, logits, prefill and decode (control)");
+    const gdn_token keep = tok[9 + 5];
+    tok[9 + 5] = 300; /* row 1, position 5 */
+    expect_status(gdn_model_forward(p, w, tok, 16.0, &ls, 1), GDN_ERR_ARG,
+                  "token id 300 at row 1 position 5 is outside the vocabulary [0, 300)", "forward: id 300 of vocab 300");
+    tok[9 + 5] = keep;
+    tok[0] = -1;
+    expect_status(gdn_model_forward(p, w, tok, 16.0, &ls, 0), GDN_ERR_ARG,
+                  "token id -1 at row 0 position 0 is outside the vocabulary [0, 300)", "forward: a negative id");
+    tok[0] = keep;
+    tok[8] = 1 << 30; /* the last target of row 0: targets are checked too */
+    expect_status(gdn_model_forward(p, w, tok, 16.0, &ls, 0), GDN_ERR_ARG, "at row 0 position 8",
+                  "forward: a target id 2^30");
+    tok[8] = 7;
+    check(gdn_model_forward(p, w, tok, 16.0, &ls, 1) == GDN_OK, "forward after the refusals (the plan is unharmed)");
+    tok[9 + 2] = 301;
+    expect_status(gdn_model_backward(p, w, dw, tok), GDN_ERR_ARG, "token id 301 at row 1 position 2",
+                  "backward: id 301");
+    gdn_token in[16];
+    for (int b = 0; b < 2; b++) memcpy(in + 8 * b, tok + 9 * b, sizeof *in * 8);
+    expect_status(gdn_model_logits(p, w, in, logits), GDN_ERR_ARG, "token id 301 at row 1 position 2",
+                  "logits: id 301");
+    gdn_model_decoder_reset(d);
+    expect_status(gdn_model_prefill(d, w, in, 8, logits), GDN_ERR_ARG, "token id 301 at row 1 position 2",
+                  "prefill: id 301");
+    const gdn_token one[2] = {4, -7};
+    expect_status(gdn_model_decode(d, w, one, logits), GDN_ERR_ARG, "token id -7 at row 1 position 0",
+                  "decode: id -7");
+    check(gdn_model_decoder_length(d) == 0, "a refused piece feeds nothing (length %lld)",
+          (long long)gdn_model_decoder_length(d));
+    free(w), free(dw), free(logits), free(tok);
+    gdn_model_plan_destroy(p);
+    gdn_model_decoder_destroy(d);
+}
+
+/* A vocabulary large enough that the loss head runs in several row chunks (70,000 ids: 239 rows
+ * per chunk, 300 rows): the forward's loss equals the cross-entropy of gdn_model_logits' logits
+ * computed here in double (1e-6: fp32 logits, double sums both). Control: the same logits
+ * against the targets shifted by one position. */
+static void test_large_vocab(void) {
+    gdn_model_config c = small_cfg();
+    c.vocab = 70000;
+    const int64_t T = 300;
+    const gdn_model_run r = {.B = 1, .T = T, .check_finite = 1};
+    gdn_model_plan *p = NULL;
+    if (gdn_model_plan_create(&p, &c, &r, NULL)) {
+        check(0, "vocab 70000: plan: %s", gdn_errmsg());
+        return;
+    }
+    float *w = model_weights(&c, 5), *logits = malloc(sizeof(float) * (size_t)(T * c.vocab));
+    gdn_token *tok = random_tokens_v(T + 1, 9, c.vocab);
+    double ls = 0;
+    const int ok = gdn_model_forward(p, w, tok, (double)T, &ls, 0) == GDN_OK &&
+                   gdn_model_logits(p, w, tok, logits) == GDN_OK;
+    double ce = 0, ce_shift = 0;
+    for (int64_t t = 0; ok && t < T; t++) {
+        const float *z = logits + t * c.vocab;
+        double mx = z[0], se = 0;
+        for (int64_t v = 1; v < c.vocab; v++) mx = z[v] > mx ? z[v] : mx;
+        for (int64_t v = 0; v < c.vocab; v++) se += exp((double)z[v] - mx);
+        ce += mx + log(se) - z[tok[t + 1]];
+        ce_shift += mx + log(se) - z[tok[t]];
+    }
+    expect_close(ok ? fabs(ls - ce) / fabs(ce) : INFINITY, 1e-6,
+                 "vocab 70000: the chunked loss head's loss equals the logits' cross-entropy (%.6f per token)", ce / T);
+    expect_far(ok ? fabs(ls - ce_shift) / fabs(ce_shift) : 0, 1e-6, "vocab 70000: against the targets shifted by one");
+    /* Qwen3.5's vocabulary: the loss chunk holds 67 rows of logits (66.6 MB) and lm_head's gradient
+     * 32 MB at E 32, where 1024 rows would be 1.02 GB */
+    gdn_model_config q = small_cfg();
+    q.vocab = 248320;
+    const gdn_model_run rq = {.B = 1, .T = 4096};
+    const double est = gdn_model_plan_estimate(&q, &rq);
+    check(est < 0.25e9, "vocab 248,320, T 4096: the plan would hold %.3g GB (no per-token vocabulary arrays)", 1e-9 * est);
+    free(w), free(logits), free(tok);
+    gdn_model_plan_destroy(p);
 }
 
 /* AdamW and its schedule against the formulas written out in double. */
@@ -347,7 +468,7 @@ static void test_checkpoint_logits(void) {
     float *w = model_weights(&c, 5), *w2 = aligned_alloc(64, sizeof(float) * nw), *back = aligned_alloc(64, sizeof(float) * nw);
     for (size_t i = 0; i < nw; i++) w2[i] = w[i] * (1.0f + 1e-3f);
     float *l0 = malloc(sizeof(float) * (size_t)(T * c.vocab)), *l1 = malloc(sizeof(float) * (size_t)(T * c.vocab));
-    uint8_t *tok = random_tokens(T, 4);
+    gdn_token *tok = random_tokens(T, 4);
     int rc = gdn_ckpt_save(dir, 1, &c, w, NULL, NULL, NULL, 0);
     if (!rc) rc = gdn_ckpt_save(dir, 2, &c, w2, NULL, NULL, NULL, 0);
     snprintf(ck, sizeof ck, "%s/checkpoint-00000001", dir);
@@ -390,7 +511,7 @@ static void test_packed(const gdn_model_config *cfg, const char *what) {
     float *w = model_weights(&c, 13);
     float *dw = aligned_alloc(64, sizeof(float) * nw), *dw_ref = aligned_alloc(64, sizeof(float) * nw);
     float *dw_doc = aligned_alloc(64, sizeof(float) * nw);
-    uint8_t *tok = random_tokens(B * (T + 1), 8);
+    gdn_token *tok = random_tokens(B * (T + 1), 8);
     /* the reference: each document alone, targets inside it only */
     int64_t want = 0;
     double ref = 0;
@@ -491,8 +612,8 @@ static void test_tied(void) {
     float *dwu = aligned_alloc(64, sizeof(float) * gdn_model_param_floats(&cu));
     float *dwt = aligned_alloc(64, sizeof(float) * gdn_model_param_floats(&ct));
     float *lu = malloc(sizeof(float) * 2 * 37 * 256), *lt = malloc(sizeof(float) * 2 * 37 * 256);
-    uint8_t *tok = random_tokens(2 * 38, 21), in[2 * 37];
-    for (int b = 0; b < 2; b++) memcpy(in + b * 37, tok + b * 38, 37);
+    gdn_token *tok = random_tokens(2 * 38, 21), in[2 * 37];
+    for (int b = 0; b < 2; b++) memcpy(in + b * 37, tok + b * 38, sizeof *in * 37);
     double su = 0, st = 0;
     if (!gdn_model_plan_create(&pu, &cu, &r, NULL) && !gdn_model_plan_create(&pt, &ct, &r, NULL) &&
         !model_train_step(pu, wu, dwu, tok, 74, &su) && !model_train_step(pt, wt, dwt, tok, 74, &st) &&
@@ -565,7 +686,7 @@ static void test_hybrid_errors(void) {
     c.max_position = 0;
     check(gdn_model_decoder_create(&d, &c, 1, 4, 1) == GDN_OK, "decoder of a hybrid model, max_len 4");
     {
-        const uint8_t tok[5] = {1, 2, 3, 4, 5};
+        const gdn_token tok[5] = {1, 2, 3, 4, 5};
         float *lg = malloc(sizeof(float) * 5 * (size_t)c.vocab), *wt = model_weights(&c, 1);
         check(gdn_model_prefill(d, wt, tok, 3, lg) == GDN_OK, "prefill 3 of max_len 4");
         expect_status(gdn_model_prefill(d, wt, tok, 2, lg), GDN_ERR_SHAPE, "exceed the decoder's max_len = 4",
@@ -604,4 +725,12 @@ void test_model(void) {
     test_packed(&hyb, "hybrid");
     test_packed(&att, "attention only");
     test_decode();
+    /* vocabularies other than bytes: the whole gradient against central differences, with its
+     * negative control (test_gradients), ids spread over the whole vocabulary */
+    gdn_model_config v300 = gdn, v1000 = hyb;
+    v300.vocab = 300, v1000.vocab = 1000;
+    test_gradients(&v300, "GatedDeltaNet, vocab 300");
+    test_gradients(&v1000, "hybrid, vocab 1000");
+    test_token_ids();
+    test_large_vocab();
 }

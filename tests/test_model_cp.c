@@ -16,13 +16,13 @@
 #define TOL_MODEL_CP 2e-5
 
 static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w, float *dw,
-                           const uint8_t *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
+                           const gdn_token *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
                            int recompute, int fault, int attn_cp) {
     gdn_model_run r = {.B = B, .T = tn, .threads = 1, .recompute = recompute, .check_finite = 1, .attn_cp = attn_cp};
     gdn_model_plan *p = NULL;
     int rc = gdn_model_plan_create(&p, c, &r, cp);
-    uint8_t *mine = malloc((size_t)(B * (tn + 1)));
-    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, (size_t)(tn + 1));
+    gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
+    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, sizeof *mine * (size_t)(tn + 1));
     double ls = NAN, total = NAN;
     gdn_cp_set_fault(cp, fault);
     if (!rc) rc = dw ? model_train_step(p, w, dw, mine, (double)(B * T), &ls)
@@ -41,13 +41,13 @@ static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w
  * starts at a rank cut and one token either side, one-token documents, a row that is one
  * document over every rank. Negative control: the incoming state dropped. */
 static double packed_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w, float *dw,
-                            const uint8_t *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
+                            const gdn_token *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
                             const int64_t *cu, const int64_t *nd, double denom, int fault, int attn_cp) {
     gdn_model_run r = {.B = B, .T = tn, .threads = 1, .check_finite = 1, .pack = 1, .attn_cp = attn_cp};
     gdn_model_plan *p = NULL;
     int rc = gdn_model_plan_create(&p, c, &r, cp);
-    uint8_t *mine = malloc((size_t)(B * (tn + 1)));
-    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, (size_t)(tn + 1));
+    gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
+    for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, sizeof *mine * (size_t)(tn + 1));
     double ls = NAN, total = NAN;
     int64_t targets = 0;
     if (!rc) rc = gdn_model_set_docs(p, cu, nd, t0, &targets);
@@ -74,7 +74,7 @@ static void cp_docs(int64_t T, int D, int64_t cu[16], int64_t nd[2]) {
     cu[nd[0] + 1] = 0, cu[nd[0] + 2] = T + 1;
 }
 
-static void test_model_cp_packed(const gdn_model_config *c, const float *w, const uint8_t *tok, int64_t B,
+static void test_model_cp_packed(const gdn_model_config *c, const float *w, const gdn_token *tok, int64_t B,
                                  int64_t T, int64_t t0, int64_t tn, int D) {
     int64_t cu[16], nd[2];
     cp_docs(T, D, cu, nd);
@@ -110,6 +110,42 @@ static void test_model_cp_packed(const gdn_model_config *c, const float *w, cons
     free(dw), free(dw_ref);
 }
 
+/* A token id outside the vocabulary in the last rank's shard: every rank returns an error (none
+ * waits for the others: the test would hang), the last rank's names the id, row and position;
+ * then the same plan on good tokens gives the single-rank loss (control: the check passes good
+ * ids, and the failure left nothing behind). */
+static void test_model_cp_bad_token(const gdn_model_config *c, const float *w, const gdn_token *tok, int64_t B,
+                                    int64_t T, int64_t t0, int64_t tn, int D, double ref) {
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    gdn_cp *cp = NULL;
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) return;
+    gdn_model_run r = {.B = B, .T = tn, .threads = 1, .check_finite = 1};
+    gdn_model_plan *p = NULL;
+    gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
+    if (!gdn_model_plan_create(&p, c, &r, D > 1 ? cp : NULL)) {
+        for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, sizeof *mine * (size_t)(tn + 1));
+        const int last = rank == D - 1;
+        if (last) mine[1 * (tn + 1) + 3] = (gdn_token)c->vocab;
+        double ls = 0;
+        const int rc = gdn_model_forward(p, w, mine, (double)(B * T), &ls, 0);
+        char want[160];
+        snprintf(want, sizeof want, "token id %lld at row 1 position 3", (long long)c->vocab);
+        if (last) expect_status(rc, GDN_ERR_ARG, want, "CP %d ranks: the last rank's bad token id refused, named", D);
+        else check(rc != GDN_OK, "CP %d ranks: rank %d stops too when the last rank's token is bad (%s)", D, rank,
+                   rc ? gdn_errmsg() : "returned OK");
+        if (last) mine[1 * (tn + 1) + 3] = tok[1 * (T + 1) + t0 + 3];
+        double good = NAN, total = NAN;
+        if (gdn_model_forward(p, w, mine, (double)(B * T), &ls, 0) == GDN_OK) good = ls;
+        MPI_Allreduce(&good, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        expect_close(fabs(total - ref) / fabs(ref), TOL_MODEL_CP, "CP %d ranks: after the refusal, good ids give the "
+                     "single-rank loss", D);
+        gdn_model_plan_destroy(p);
+    }
+    free(mine);
+    gdn_cp_destroy(cp);
+}
+
 void test_model_cp(void) {
     int rank, D;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -127,9 +163,9 @@ void test_model_cp(void) {
         if (strstr(t.name, "A_log")) for (size_t k = 0; k < t.numel; k++) w[t.offset + k] = -3.0f;
         if (t.ndim == 2) for (size_t k = 0; k < t.numel; k++) w[t.offset + k] *= 10.0f;
     }
-    uint8_t *tok = malloc((size_t)(B * (T + 1)));
+    gdn_token *tok = malloc(sizeof *tok * (size_t)(B * (T + 1)));
     rng_seed(77);
-    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (uint8_t)(97 + (int)rng_uniform(0, 8));
+    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (gdn_token)(97 + (int)rng_uniform(0, 8));
     /* the single-rank reference, computed on every rank */
     double ref = NAN;
     {
@@ -169,6 +205,7 @@ void test_model_cp(void) {
         gdn_cp_destroy(cp);
     }
     test_model_cp_packed(&c, w, tok, B, T, t0, tn, D);
+    test_model_cp_bad_token(&c, w, tok, B, T, t0, tn, D, ref);
     free(w), free(dw), free(dw_ref), free(tok);
 }
 
@@ -196,7 +233,7 @@ static int heads_fit(int D, int64_t H, int64_t Hkv) {
 }
 
 /* One rank's packed or dense step on the whole sequence: the reference every rank computes. */
-static double one_rank_step(const gdn_model_config *c, const float *w, float *dw, const uint8_t *tok, int64_t B,
+static double one_rank_step(const gdn_model_config *c, const float *w, float *dw, const gdn_token *tok, int64_t B,
                             int64_t T, const int64_t *cu, const int64_t *nd, double denom) {
     const gdn_model_run r = {.B = B, .T = T, .threads = 1, .check_finite = 1, .pack = cu != NULL};
     gdn_model_plan *p = NULL;
@@ -229,9 +266,9 @@ void test_model_cp_hybrid(void) {
     check(rc == GDN_OK && gdn_model_attn_layers(&c) == 1, "the hybrid tiny loads (%s)", rc ? gdn_errmsg() : "ok");
     if (rc) goto out;
     const int64_t B = 2, T = 23 * D + 5, t0 = 23 * rank, tn = rank == D - 1 ? 28 : 23;
-    uint8_t *tok = malloc((size_t)(B * (T + 1)));
+    gdn_token *tok = malloc(sizeof *tok * (size_t)(B * (T + 1)));
     rng_seed(91);
-    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (uint8_t)(97 + (int)rng_uniform(0, 8));
+    for (int64_t i = 0; i < B * (T + 1); i++) tok[i] = (gdn_token)(97 + (int)rng_uniform(0, 8));
     int64_t cu[16], nd[2];
     cp_docs(T, D, cu, nd);
     static const int strategies[2] = {GDN_ATTN_CP_KV, GDN_ATTN_CP_HEADS};

@@ -40,7 +40,7 @@ static int tiny_load(model_w *m) {
 
 /* Bytes of an I64 tensor of n values of any rank (gdn_st_read_i64 reads 1-D ones): its bytes
  * straight from the file, after the 8-byte header length and the header. */
-static int read_bytes(gdn_st_file *f, const char *path, const char *name, uint8_t *dst, int64_t n) {
+static int read_bytes(gdn_st_file *f, const char *path, const char *name, gdn_token *dst, int64_t n) {
     const gdn_st_tensor *t = gdn_st_find(f, name);
     FILE *fp = fopen(path, "rb");
     uint64_t hlen = 0;
@@ -49,7 +49,7 @@ static int read_bytes(gdn_st_file *f, const char *path, const char *name, uint8_
     for (int64_t i = 0; ok && i < n; i++) {
         int64_t v;
         ok = fread(&v, 8, 1, fp) == 1 && v >= 0 && v <= 255;
-        dst[i] = (uint8_t)v;
+        dst[i] = (gdn_token)v;
     }
     if (fp) fclose(fp);
     return ok ? GDN_OK : GDN_ERR_FORMAT;
@@ -115,7 +115,7 @@ static void grad_groups(const gdn_model_config *c, const float *dw, gdn_st_file 
 
 /* Forward + backward over tokens [B, T+1] (mean over denom targets) and the logits of the first T
  * inputs. docs (may be NULL: dense): one row's doc_cu for gdn_model_set_docs. */
-static int run_model(const gdn_model_config *c, const float *w, const uint8_t *tok, int64_t B, int64_t T,
+static int run_model(const gdn_model_config *c, const float *w, const gdn_token *tok, int64_t B, int64_t T,
                      double denom, const int64_t *docs, int64_t n_docs, run_out *o) {
     const gdn_model_run r = {.B = B, .T = T, .threads = 0, .check_finite = 1, .pack = docs != NULL};
     gdn_model_plan *p = NULL;
@@ -125,8 +125,8 @@ static int run_model(const gdn_model_config *c, const float *w, const uint8_t *t
     if (!rc && docs) rc = gdn_model_set_docs(p, docs, &n_docs, 0, &targets);
     if (!rc) rc = model_train_step(p, w, o->dw, tok, denom, &ls);
     o->loss = ls / denom;
-    uint8_t *in = malloc((size_t)(B * T));
-    for (int64_t b = 0; b < B; b++) memcpy(in + b * T, tok + b * (T + 1), (size_t)T);
+    gdn_token *in = malloc(sizeof *in * (size_t)(B * T));
+    for (int64_t b = 0; b < B; b++) memcpy(in + b * T, tok + b * (T + 1), sizeof *in * (size_t)T);
     if (!rc) rc = gdn_model_logits(p, w, in, o->logits);
     free(in);
     gdn_model_plan_destroy(p);
@@ -173,7 +173,7 @@ static void test_dense(const model_w *m) {
         return;
     }
     enum { B = 2, N = 200, V = 256 };
-    uint8_t tok[B * N];
+    gdn_token tok[B * N];
     double loss_ref = NAN, *lref = dalloc(B * N * V);
     int bad = read_bytes(ref, TINY "/model_grads.io.safetensors", "input_ids", tok, B * N) || gdn_st_read_f64(ref, "loss", &loss_ref, 1) ||
               gdn_st_read_f64(ref, "logits", lref, (size_t)B * N * V);
@@ -184,8 +184,8 @@ static void test_dense(const model_w *m) {
     /* the loss and gradient over T = 199 inputs; the logits of all 200 from a plan of T = 200 */
     if (bad || run_model(c, m->w, tok, B, N - 1, B * (N - 1), NULL, 0, &o)) goto out;
     {
-        uint8_t tok200[B * (N + 1)];
-        for (int b = 0; b < B; b++) memcpy(tok200 + b * (N + 1), tok + b * N, N), tok200[b * (N + 1) + N] = 0;
+        gdn_token tok200[B * (N + 1)];
+        for (int b = 0; b < B; b++) memcpy(tok200 + b * (N + 1), tok + b * N, sizeof *tok * N), tok200[b * (N + 1) + N] = 0;
         if (run_model(c, m->w, tok200, B, N, B * N, NULL, 0, &scratch)) goto out;
     }
     expect_close(fabs(o.loss - loss_ref) / fabs(loss_ref), TOL_LOSS,
@@ -232,7 +232,7 @@ static void test_packed_hf(const model_w *m) {
         return;
     }
     enum { N = 131, V = 256 };
-    uint8_t tok[N];
+    gdn_token tok[N];
     int64_t cu[4] = {0}, ncu = 0;
     double loss_ref = NAN, *lref = dalloc(N * V);
     int bad = read_bytes(ref, TINY "/model_packed.io.safetensors", "input_ids", tok, N) || gdn_st_read_i64(ref, "cu_seqlens", cu, 4, &ncu) || ncu != 4 ||
@@ -275,7 +275,7 @@ static void test_stock_logits(const model_w *m) {
         return;
     }
     enum { N = 135, V = 256 };
-    uint8_t tok[N];
+    gdn_token tok[N];
     double *lref = dalloc(N * V);
     float *logits = falloc(N * V);
     const int bad = read_bytes(ref, TINY "/logits.io.safetensors", "input_ids", tok, N) || gdn_st_read_f64(ref, "logits", lref, (size_t)N * V);
@@ -326,7 +326,7 @@ static void dec_apply(gdn_model_decoder *d, const gdn_model_config *c, dec_tampe
 
 /* tok [T] through d (reset first): a prefill of T0 tokens, then one token at a time (tampered
  * before each step); logits [T, vocab]. */
-static int dec_run(gdn_model_decoder *d, const gdn_model_config *c, const float *w, const uint8_t *tok, int64_t T,
+static int dec_run(gdn_model_decoder *d, const gdn_model_config *c, const float *w, const gdn_token *tok, int64_t T,
                    int64_t T0, dec_tamper tk, float *logits) {
     gdn_model_decoder_reset(d);
     int rc = gdn_model_prefill(d, w, tok, T0, logits);
@@ -421,7 +421,7 @@ static void test_decode_hf(const model_w *m) {
     }
     enum { T = 45, T0 = 37, V = 256, CAP = CAP_DEC };
     const gdn_model_config *c = &m->cfg;
-    uint8_t tok[T];
+    gdn_token tok[T];
     double *lfull = dalloc(T * V), *lpre = dalloc(T0 * V), *ldec = dalloc((T - T0) * V);
     float *lg = falloc(T * V), *fwd = falloc(T * V);
     const int bad = read_bytes(f, TINY "/model_decode.io.safetensors", "input_ids", tok, T) ||
@@ -448,8 +448,8 @@ static void test_decode_hf(const model_w *m) {
 
 /* Greedy generation: n ids after the prompt into out (tampered as dec_apply before every decode
  * step); *margin: the smallest gap between the best and second-best logit over the steps. */
-static int greedy(gdn_model_decoder *d, const gdn_model_config *c, const float *w, const uint8_t *prompt, int64_t np,
-                  int64_t n, dec_tamper tk, uint8_t *out, double *margin) {
+static int greedy(gdn_model_decoder *d, const gdn_model_config *c, const float *w, const gdn_token *prompt, int64_t np,
+                  int64_t n, dec_tamper tk, gdn_token *out, double *margin) {
     const int64_t V = c->vocab;
     float *lg = falloc(np * V);
     gdn_model_decoder_reset(d);
@@ -463,7 +463,7 @@ static int greedy(gdn_model_decoder *d, const gdn_model_config *c, const float *
             else if (second < 0 || row[v] > row[second]) second = v;
         }
         *margin = fmin(*margin, (double)row[best] - row[second]);
-        out[i] = (uint8_t)best;
+        out[i] = (gdn_token)best;
         if (i + 1 == n) break;
         dec_apply(d, c, tk, (int)i);
         rc = gdn_model_decode(d, w, out + i, lg);
@@ -481,7 +481,7 @@ static void test_generate_hf(const model_w *m) {
         return;
     }
     enum { NP = 12, NG = 32 };
-    uint8_t prompt[NP], ref[NG], got[NG];
+    gdn_token prompt[NP], ref[NG], got[NG];
     const int bad = read_bytes(f, TINY "/generate.io.safetensors", "prompt_ids", prompt, NP) ||
                     read_bytes(f, TINY "/generate.io.safetensors", "generated_ids", ref, NG);
     check(!bad, "generate.io: prompt_ids [1, 12], generated_ids [1, 32]");

@@ -357,7 +357,7 @@ static void test_config(void) {
 
     /* Edited copies of our config.json, each refused with the field named. */
     struct { const char *what, *field; json_t *value; int remove; int want; const char *needle; } edits[] = {
-        {"vocab_size 512", "vocab_size", json_integer(512), 0, GDN_ERR_SHAPE, "vocab_size' is 512"},
+        {"vocab_size 0", "vocab_size", json_integer(0), 0, GDN_ERR_SHAPE, "vocab_size' = 0"},
         {"hidden_size missing", "hidden_size", NULL, 1, GDN_ERR_FORMAT, "'hidden_size' is missing"},
         {"hidden_size 64.5", "hidden_size", json_real(64.5), 0, GDN_ERR_FORMAT, "'hidden_size' is not an integer"},
         {"linear_key_head_dim 1000", "linear_key_head_dim", json_integer(1000), 0, GDN_ERR_SHAPE, "linear_key_head_dim' = 1000"},
@@ -846,14 +846,21 @@ static void test_kills(void) {
 
 /* ------------------------------------------------------------ data */
 
+/* Do n ids equal n bytes? */
+static int ids_are_bytes(const gdn_token *ids, const char *bytes, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] != (gdn_token)(unsigned char)bytes[i]) return 0;
+    return 1;
+}
+
 static void test_data(void) {
     char p[512];
     gdn_data *d = NULL;
-    expect_status(gdn_data_open(&d, tpath(p, "no_such.txt"), 0.1), GDN_ERR_IO, "no_such.txt", "data: missing file");
+    expect_status(gdn_data_open(&d, tpath(p, "no_such.txt"), 0.1, 256), GDN_ERR_IO, "no_such.txt", "data: missing file");
     write_bytes(tpath(p, "empty.txt"), "", 0);
-    expect_status(gdn_data_open(&d, p, 0.1), GDN_ERR_FORMAT, "empty", "data: empty file");
+    expect_status(gdn_data_open(&d, p, 0.1, 256), GDN_ERR_FORMAT, "empty", "data: empty file");
     check(d == NULL, "... no handle");
-    expect_status(gdn_data_open(&d, base_dir, 0.1), GDN_ERR_IO, "a directory", "data: a directory");
+    expect_status(gdn_data_open(&d, base_dir, 0.1, 256), GDN_ERR_IO, "a directory", "data: a directory");
 
     /* Text: printable lines with a few tabs and one backspace (old fortune files have those). */
     const int N = 20000;
@@ -863,16 +870,17 @@ static void test_data(void) {
     write_bytes(tpath(p, "text.txt"), text, N);
     const double bad_fraction[] = {0.0, 0.6, NAN, -0.1};
     for (int i = 0; i < 4; i++)
-        expect_status(gdn_data_open(&d, p, bad_fraction[i]), GDN_ERR_ARG, "(0, 0.5]", "data: validation fraction %g",
+        expect_status(gdn_data_open(&d, p, bad_fraction[i], 256), GDN_ERR_ARG, "(0, 0.5]", "data: validation fraction %g",
                       bad_fraction[i]);
-    int rc = gdn_data_open(&d, p, 0.1);
+    int rc = gdn_data_open(&d, p, 0.1, 256);
     check(rc == GDN_OK && gdn_data_split_len(d, GDN_SPLIT_TRAIN) == 18000 && gdn_data_split_len(d, GDN_SPLIT_VAL) == 2000,
           "data: %d bytes of text split 18000 / 2000 (%s)", N, rc ? gdn_errmsg() : "ok");
-    uint8_t buf[128];
+    gdn_token buf[128];
     rc = gdn_data_read(d, GDN_SPLIT_VAL, 100, 64, buf);
-    check(rc == GDN_OK && !memcmp(buf, text + 18100, 64), "data: validation bytes [100, 164) are the file's [18100, 18164)");
+    check(rc == GDN_OK && ids_are_bytes(buf, text + 18100, 64), "data: validation bytes [100, 164) are the file's [18100, 18164)");
     rc = gdn_data_read(d, GDN_SPLIT_TRAIN, 17936, 64, buf);
-    check(rc == GDN_OK && !memcmp(buf, text + 17936, 64), "data: the last 64 training bytes");
+    check(rc == GDN_OK && ids_are_bytes(buf, text + 17936, 64), "data: the last 64 training bytes");
+    check(rc == GDN_OK && !ids_are_bytes(buf, text + 17937, 64), "data: ... and not the bytes one later (control)");
     expect_status(gdn_data_read(d, GDN_SPLIT_TRAIN, 17937, 64, buf), GDN_ERR_SHAPE, "[17937, 18001) are outside the training split of 18000",
                   "data: a read past the end of the training split");
     expect_status(gdn_data_read(d, GDN_SPLIT_VAL, -1, 4, buf), GDN_ERR_SHAPE, "outside", "data: negative start");
@@ -886,14 +894,14 @@ static void test_data(void) {
     /* Binary: a NUL byte, and too many control bytes. */
     text[4321] = 0;
     write_bytes(tpath(p, "nul.bin"), text, N);
-    expect_status(gdn_data_open(&d, p, 0.1), GDN_ERR_FORMAT, "NUL byte at offset 4321", "data: a binary file with a NUL");
+    expect_status(gdn_data_open(&d, p, 0.1, 256), GDN_ERR_FORMAT, "NUL byte at offset 4321", "data: a binary file with a NUL");
     text[4321] = 'x';
     for (int i = 1000; i < 1000 + N / 20; i++) text[i] = i % 2 ? 0x01 : 0x1b;
     write_bytes(tpath(p, "ctl.bin"), text, N);
-    expect_status(gdn_data_open(&d, p, 0.1), GDN_ERR_FORMAT, "the first 0x08 at offset 333",
+    expect_status(gdn_data_open(&d, p, 0.1, 256), GDN_ERR_FORMAT, "the first 0x08 at offset 333",
                   "data: 5 %% control bytes (names the first)");
     write_bytes(tpath(p, "tiny.txt"), "a", 1);
-    expect_status(gdn_data_open(&d, p, 0.5), GDN_ERR_SHAPE, "too few", "data: a 1-byte file cannot be split");
+    expect_status(gdn_data_open(&d, p, 0.5, 256), GDN_ERR_SHAPE, "too few", "data: a 1-byte file cannot be split");
     free(text);
 
     /* Windows: in range, deterministic, spread over the text. */

@@ -214,7 +214,7 @@ float *layer_random_weights(const gdn_layer_config *c, double a_lo, double a_hi)
     return w;
 }
 
-int model_train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tok, double denom,
+int model_train_step(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tok, double denom,
                      double *loss) {
     int rc = gdn_model_forward(p, w, tok, denom, loss, 1);
     return rc ? rc : gdn_model_backward(p, w, dw, tok);

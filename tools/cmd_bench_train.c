@@ -14,7 +14,7 @@
 #include "gdncp/train.h"
 
 /* forward + backward: the status of the first that fails */
-static int train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tok, double denom,
+static int train_step(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tok, double denom,
                       double *loss) {
     int rc = gdn_model_forward(p, w, tok, denom, loss, 1);
     return rc ? rc : gdn_model_backward(p, w, dw, tok);
@@ -23,7 +23,7 @@ static int train_step(gdn_model_plan *p, const float *w, float *dw, const uint8_
 /* The gradient against Richardson-extrapolated central differences of the loss along one random
  * direction over every parameter (the whole model's oracle at this size): relative error. */
 static double gradient_check(gdn_model_plan *p, const gdn_model_config *c, const float *w,
-                             const float *dw, const uint8_t *tok, double denom) {
+                             const float *dw, const gdn_token *tok, double denom) {
     const size_t nw = gdn_model_param_floats(c);
     float *wp = aligned_alloc(64, sizeof(float) * ((nw + 15) & ~(size_t)15));
     float *dir = malloc(sizeof(float) * nw);
@@ -62,7 +62,7 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
     const size_t nw = gdn_model_param_floats(&c), bytes = sizeof(float) * ((nw + 15) & ~(size_t)15);
     float *w = aligned_alloc(64, bytes), *dw = aligned_alloc(64, bytes);
     float *m = calloc(nw, sizeof(float)), *v = calloc(nw, sizeof(float));
-    uint8_t *tok = malloc((size_t)(B * (T + 1)));
+    gdn_token *tok = malloc(sizeof *tok * (size_t)(B * (T + 1)));
     if (!w || !dw || !m || !v || !tok) {
         fprintf(stderr, "gdncp bench train: out of memory\n");
         return 1;
@@ -71,7 +71,7 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
     uint64_t s = 99;
     for (int64_t i = 0; i < B * (T + 1); i++) { /* lower-case letters and spaces, text-like */
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        tok[i] = (uint8_t)(s % 27 == 26 ? ' ' : 'a' + s % 27);
+        tok[i] = (gdn_token)(s % 27 == 26 ? ' ' : 'a' + s % 27);
     }
     /* Packed rows: documents of 64-320 tokens (fortunes-like; mean 192) cut at random places. */
     int64_t *doc_cu = malloc(sizeof(int64_t) * (size_t)(B * (T + 3))), *n_docs = malloc(sizeof(int64_t) * (size_t)B);

@@ -1,5 +1,5 @@
-/* gdncp sample: text from a checkpoint (GatedDeltaNet-only or hybrid), the prompt prefilled in one
- * piece, then one byte at a time through every layer's decode path and cache (GatedDeltaNet conv
+/* gdncp sample: text (a byte model) or token ids (any vocabulary) from a checkpoint
+ * (GatedDeltaNet-only or hybrid), the prompt prefilled in one piece, then one token at a time through every layer's decode path and cache (GatedDeltaNet conv
  * and recurrent states, the attention layers' KV caches; no re-reading of the prompt). */
 #include "cli/cli.h"
 #include "commands.h"
@@ -17,12 +17,14 @@ static int usage(void) {
                     "                    [--temperature T] [--top-k K] [--seed S] [--threads N]\n"
                     "                    [--stop auto|none] [--print-ids] [--score]\n"
                     "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
-                    "  --prompt-ids: the prompt as token ids 0..255; --print-ids: the new tokens as ids\n"
-                    "  (comma-separated, one line) instead of the prompt and the text.\n"
-                    "  --score: print the mean next-byte loss of the prompt under the checkpoint (nothing generated)\n"
-                    "  --temperature 0 picks the most likely byte every time.\n"
-                    "  --stop auto (default): a checkpoint trained with --pack SEP stops once it writes SEP\n"
-                    "  (its document ended; the byte after SEP was never trained); none: run to --tokens.\n");
+                    "  --prompt-ids: the prompt as token ids in [0, vocab); --print-ids: the new tokens as ids\n"
+                    "  (comma-separated, one line) instead of the prompt and the text. --prompt TEXT and text\n"
+                    "  output are for byte models (vocab_size 256); another vocabulary needs both id options.\n"
+                    "  --score: print the mean next-token loss of the prompt under the checkpoint (nothing generated)\n"
+                    "  --temperature 0 picks the most likely token every time.\n"
+                    "  --stop auto (default): a checkpoint trained with --pack SEP or --pack-id N stops once it\n"
+                    "  writes the separator (its document ended; the token after it was never trained); none:\n"
+                    "  run to --tokens.\n");
     return CLI_USAGE_ERROR;
 }
 
@@ -32,25 +34,35 @@ static double next_uniform(uint64_t *s) {
     return (double)((*s * 0x2545f4914f6cdd1dull) >> 11) * 0x1.0p-53;
 }
 
-/* The next byte from logits: greedy at temperature 0, else softmax(logits / T) over the top_k. */
-static int pick(const float *logits, int n, double temperature, int top_k, uint64_t *rng) {
+static int cmp_desc(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* The next token from logits: greedy at temperature 0, else softmax(logits / T) over the top_k.
+ * sorted (n floats) and p (n doubles): scratch made once, nothing allocated per token. */
+static int pick(const float *logits, int n, double temperature, int top_k, uint64_t *rng, float *sorted,
+                double *p) {
     int best = 0;
     for (int i = 1; i < n; i++) best = logits[i] > logits[best] ? i : best;
     if (temperature <= 0) return best;
     /* the k-th largest logit is the cut (ties kept) */
     float cut = -INFINITY;
     if (top_k > 0 && top_k < n) {
-        float sorted[256]; /* n is the vocab, 256: nothing allocated per token */
         memcpy(sorted, logits, sizeof(float) * (size_t)n);
-        for (int i = 0; i < top_k; i++) { /* partial selection: n is 256 */
-            int m = i;
-            for (int j = i + 1; j < n; j++) m = sorted[j] > sorted[m] ? j : m;
-            const float t = sorted[i];
-            sorted[i] = sorted[m], sorted[m] = t;
+        if (top_k <= 64) {
+            for (int i = 0; i < top_k; i++) { /* partial selection */
+                int m = i;
+                for (int j = i + 1; j < n; j++) m = sorted[j] > sorted[m] ? j : m;
+                const float t = sorted[i];
+                sorted[i] = sorted[m], sorted[m] = t;
+            }
+        } else {
+            qsort(sorted, (size_t)n, sizeof(float), cmp_desc);
         }
         cut = sorted[top_k - 1];
     }
-    double p[256], sum = 0;
+    double sum = 0;
     for (int i = 0; i < n; i++) {
         p[i] = logits[i] >= cut ? exp((logits[i] - logits[best]) / temperature) : 0.0;
         sum += p[i];
@@ -61,17 +73,18 @@ static int pick(const float *logits, int n, double temperature, int top_k, uint6
     return best;
 }
 
-/* "1,2,3" into ids[0..n) (bytes; cap: strlen / 2 + 1 holds any list); 0 or a message. */
-static int parse_ids(const char *text, uint8_t *ids, size_t cap, size_t *n) {
+/* "1,2,3" into ids[0..n) (cap: strlen / 2 + 1 holds any list); 0 or a message. */
+static int parse_ids(const char *text, gdn_token *ids, size_t cap, size_t *n, int64_t vocab) {
     *n = 0;
     for (const char *p = text; *p;) {
         char *end;
-        const long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 255 || (*end && *end != ',') || *n == cap) {
-            fprintf(stderr, "gdncp sample: --prompt-ids %s: expected comma-separated token ids 0..255\n", text);
+        const long long v = strtoll(p, &end, 10);
+        if (end == p || v < 0 || v >= vocab || (*end && *end != ',') || *n == cap) {
+            fprintf(stderr, "gdncp sample: --prompt-ids %s: expected comma-separated token ids in [0, %lld) (the "
+                    "checkpoint's vocabulary)\n", text, (long long)vocab);
             return CLI_USAGE_ERROR;
         }
-        ids[(*n)++] = (uint8_t)v;
+        ids[(*n)++] = (gdn_token)v;
         p = *end ? end + 1 : end;
     }
     return 0;
@@ -95,7 +108,7 @@ int cmd_sample(int argc, char **argv) {
             if (cli_parse_i64("sample", a, v, 1, 1 << 24, &tokens)) return CLI_USAGE_ERROR;
             i++;
         } else if (!strcmp(a, "--top-k")) {
-            if (cli_parse_i64("sample", a, v, 1, 256, &top_k)) return CLI_USAGE_ERROR;
+            if (cli_parse_i64("sample", a, v, 1, GDN_MODEL_MAX_VOCAB, &top_k)) return CLI_USAGE_ERROR;
             i++;
         } else if (!strcmp(a, "--seed")) {
             if (cli_parse_i64("sample", a, v, 0, INT64_MAX, &seed)) return CLI_USAGE_ERROR;
@@ -117,42 +130,54 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr, "gdncp sample: --ckpt and one of --prompt, --prompt-ids are required\n");
         return usage();
     }
-    size_t np = prompt ? strlen(prompt) : strlen(prompt_ids) / 2 + 1;
-    uint8_t *ptok = malloc(np + 1);
-    if (!ptok) {
-        fprintf(stderr, "gdncp sample: out of memory for the prompt\n");
-        return 1;
-    }
-    if (prompt) memcpy(ptok, prompt, np);
-    else if (parse_ids(prompt_ids, ptok, np, &np)) {
-        free(ptok);
-        return CLI_USAGE_ERROR;
-    }
-    if (!np) {
-        fprintf(stderr, "gdncp sample: the prompt is empty: give the model at least one byte to continue\n");
-        free(ptok);
-        return CLI_USAGE_ERROR;
-    }
     char dir[4096];
     gdn_model_config cfg;
     int rc = gdn_ckpt_resolve(ckpt, dir, sizeof dir);
     if (!rc) rc = gdn_ckpt_load_config(dir, &cfg);
-    if (rc) {
+    if (rc) return cli_error("sample", rc);
+    const int bytes_model = cfg.vocab == 256;
+    if (!bytes_model && (prompt || (!print_ids && !score))) {
+        fprintf(stderr, "gdncp sample: %s has a vocabulary of %lld ids, not bytes: give the prompt with --prompt-ids "
+                "and print the new tokens with --print-ids (text is for byte models, vocab_size 256)\n", dir,
+                (long long)cfg.vocab);
+        return CLI_USAGE_ERROR;
+    }
+    size_t np = prompt ? strlen(prompt) : strlen(prompt_ids) / 2 + 1;
+    gdn_token *ptok = malloc(sizeof *ptok * (np + 1));
+    if (!ptok) {
+        fprintf(stderr, "gdncp sample: out of memory for the prompt\n");
+        return 1;
+    }
+    if (prompt) {
+        for (size_t i = 0; i < np; i++) ptok[i] = (unsigned char)prompt[i];
+    } else if (parse_ids(prompt_ids, ptok, np, &np, cfg.vocab)) {
         free(ptok);
-        return cli_error("sample", rc);
+        return CLI_USAGE_ERROR;
+    }
+    if (!np) {
+        fprintf(stderr, "gdncp sample: the prompt is empty: give the model at least one token to continue\n");
+        free(ptok);
+        return CLI_USAGE_ERROR;
     }
     float *w = aligned_alloc(64, sizeof(float) * ((gdn_model_param_floats(&cfg) + 15) & ~(size_t)15));
     float *logits = malloc(sizeof(float) * np * (size_t)cfg.vocab);
+    float *sorted = malloc(sizeof(float) * (size_t)cfg.vocab);
+    double *probs = malloc(sizeof(double) * (size_t)cfg.vocab);
     gdn_model_decoder *dec = NULL;
-    if (!w || !logits) {
+    if (!w || !logits || !sorted || !probs) {
         fprintf(stderr, "gdncp sample: out of memory for the model's %zu parameters\n", gdn_model_param_floats(&cfg));
-        free(w), free(logits), free(ptok);
+        free(w), free(logits), free(ptok), free(sorted), free(probs);
         return 1;
     }
     if (!rc) rc = gdn_ckpt_load(dir, &cfg, w, NULL, NULL, NULL);
-    uint8_t sep[GDN_DATA_MAX_SEP], tail[GDN_DATA_MAX_SEP] = {0};
+    uint8_t sep_bytes[GDN_DATA_MAX_SEP];
+    gdn_token sep[GDN_DATA_MAX_SEP], tail[GDN_DATA_MAX_SEP] = {0};
     int sep_len = 0;
-    if (!rc && stop_auto) rc = gdn_ckpt_pack_separator(dir, sep, GDN_DATA_MAX_SEP, &sep_len);
+    int64_t sep_id = -1;
+    if (!rc && stop_auto) rc = gdn_ckpt_pack_separator(dir, sep_bytes, GDN_DATA_MAX_SEP, &sep_len);
+    if (!rc && stop_auto) rc = gdn_ckpt_pack_separator_id(dir, &sep_id);
+    for (int i = 0; i < sep_len; i++) sep[i] = sep_bytes[i];
+    if (!rc && sep_id >= 0) sep[0] = (gdn_token)sep_id, sep_len = 1;
     /* the KV caches hold the prompt and every new token */
     if (!rc) rc = gdn_model_decoder_create(&dec, &cfg, 1, (int64_t)np + tokens, (int)threads);
     /* the prompt in one piece; its last token's logits give the first new one */
@@ -170,23 +195,24 @@ int cmd_sample(int argc, char **argv) {
         }
         printf("score: loss %.7f over %zu targets\n", np > 1 ? sum / (double)(np - 1) : NAN, np - 1);
         gdn_model_decoder_destroy(dec);
-        free(w), free(logits), free(ptok);
+        free(w), free(logits), free(ptok), free(sorted), free(probs);
         return 0;
     }
     if (!rc) memmove(logits, logits + (np - 1) * (size_t)cfg.vocab, sizeof(float) * (size_t)cfg.vocab);
-    for (size_t i = 0; sep_len && i < np; i++) memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = ptok[i];
+    for (size_t i = 0; sep_len && i < np; i++)
+        memmove(tail, tail + 1, sizeof *tail * ((size_t)sep_len - 1)), tail[sep_len - 1] = ptok[i];
     uint64_t rng = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
-    if (!rc && !print_ids) fwrite(ptok, 1, np, stdout);
+    for (size_t i = 0; !rc && !print_ids && i < np; i++) fputc(ptok[i], stdout);
     const double t0 = cli_now();
     int64_t made = 0;
     int stopped = 0;
     for (; !rc && made < tokens && !stopped; made++) {
-        const uint8_t b = (uint8_t)pick(logits, (int)cfg.vocab, temperature, (int)top_k, &rng);
-        if (print_ids) printf(made ? ",%d" : "%d", b);
+        const gdn_token b = (gdn_token)pick(logits, (int)cfg.vocab, temperature, (int)top_k, &rng, sorted, probs);
+        if (print_ids) printf(made ? ",%d" : "%d", (int)b);
         else fputc(b, stdout);
-        if (sep_len) { /* the document ends with the separator (a match ending on a new byte) */
-            memmove(tail, tail + 1, (size_t)sep_len - 1), tail[sep_len - 1] = b;
-            stopped = !memcmp(tail, sep, (size_t)sep_len);
+        if (sep_len) { /* the document ends with the separator (a match ending on a new token) */
+            memmove(tail, tail + 1, sizeof *tail * ((size_t)sep_len - 1)), tail[sep_len - 1] = b;
+            stopped = !memcmp(tail, sep, sizeof *sep * (size_t)sep_len);
         }
         for (int64_t l = 0; fault_no_kv && l < cfg.L; l++) /* the tests' control: every token alone */
             if (gdn_model_decoder_kv_cache(dec, l)) gdn_attn_cache_reset(gdn_model_decoder_kv_cache(dec, l));
@@ -203,6 +229,6 @@ int cmd_sample(int argc, char **argv) {
                 stopped ? "; stopped at the end of the document (the checkpoint was trained with --pack; "
                           "--stop none goes on)" : "");
     gdn_model_decoder_destroy(dec);
-    free(w), free(logits), free(ptok);
+    free(w), free(logits), free(ptok), free(sorted), free(probs);
     return rc ? cli_error("sample", rc) : 0;
 }

@@ -1,5 +1,5 @@
-/* gdncp train: the byte-level hybrid language model (GatedDeltaNet + gated attention layers)
- * trained on a text file, its sequences split over the ranks of mpiexec (a DP x CP grid, --cp
+/* gdncp train: the hybrid language model (GatedDeltaNet + gated attention layers) trained on byte
+ * text or a token file (any vocabulary), its sequences split over the ranks of mpiexec (a DP x CP grid, --cp
  * ranks per sequence). */
 #include "cli/cli.h"
 #include "commands.h"
@@ -17,7 +17,7 @@
 static int usage(void) {
     fprintf(stderr,
             "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long]\n"
-            "         [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
+            "         [--vocab N] [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
             "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
             "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
             "         [--compute fp32|bf16]\n"
@@ -25,12 +25,15 @@ static int usage(void) {
             "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
             "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
             "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N]\n"
-            "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP]\n"
+            "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP | --pack-id N]\n"
+            "  --data FILE: byte text, or a token file (python -m gdncp.tokenize; docs/training.md).\n"
+            "  --vocab N: the model's vocabulary (default 256, bytes; a token file's tokenizer's size).\n"
             "  --seq is the whole sequence; with --cp C each of its C ranks holds about T/C tokens.\n"
             "  DP = ranks / C groups each train --batch sequences per step.\n"
             "  --pack SEP: the text is documents each ending with SEP (escapes \\n \\t \\r \\\\ \\xHH, e.g.\n"
             "  '\\n%%\\n' for fortunes): the state and the conv restart after every SEP and the byte after\n"
-            "  it is not predicted.\n"
+            "  it is not predicted (byte text). --pack-id N: the documents end with the one token id N (a token\n"
+            "  file's end-of-text id; for byte text, a byte value).\n"
             "  The named models are hybrid: layer l is full attention when (l + 1) %% 4 == 0; --attn-interval N\n"
             "  makes it every N-th layer (0: GatedDeltaNet only), --layer-types lists every layer.\n"
             "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n");
@@ -128,12 +131,12 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             {"--keep", &keep, 0, 1 << 20},               {"--eval-every", &o->eval_every, 0, (int64_t)1 << 40},
             {"--eval-seqs", &o->eval_seqs, 1, 1 << 20},  {"--attn-heads", &o->model.H, 1, 1024},
             {"--kv-heads", &o->model.Hkv, 1, 1024},      {"--head-dim", &head_dim, 2, 1024},
-            {"--attn-interval", &interval, 0, GDN_MODEL_MAX_LAYERS},
+            {"--attn-interval", &interval, 0, GDN_MODEL_MAX_LAYERS}, {"--vocab", &o->model.vocab, 1, GDN_MODEL_MAX_VOCAB},
         };
         /* the flags that set the model (refused against a checkpoint's config that differs) */
         static const char *const model_flags[] = {"--hidden", "--layers", "--intermediate", "--key-heads",
                                                   "--value-heads", "--key-dim", "--value-dim", "--conv",
-                                                  "--attn-heads", "--kv-heads", "--head-dim", "--attn-interval"};
+                                                  "--attn-heads", "--kv-heads", "--head-dim", "--attn-interval", "--vocab"};
         for (size_t k = 0; k < sizeof model_flags / sizeof model_flags[0]; k++)
             if (!strcmp(a, model_flags[k])) o->model_explicit = 1;
         if (!strcmp(a, "--attn-interval")) interval_given = 1;
@@ -190,6 +193,10 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
         } else if (!strcmp(a, "--recompute") && v && (!strcmp(v, "auto") || !strcmp(v, "on") || !strcmp(v, "off"))) {
             o->recompute = !strcmp(v, "auto") ? -1 : !strcmp(v, "on");
             i++;
+        } else if (!strcmp(a, "--pack-id")) {
+            int64_t id;
+            if (cli_parse_i64("train", a, v, 0, GDN_MODEL_MAX_VOCAB - 1, &id)) return CLI_USAGE_ERROR;
+            o->pack_by_id = 1, o->pack_id = (gdn_token)id, i++;
         } else if (!strcmp(a, "--pack") && v) {
             if ((o->pack_len = parse_separator(v, sep)) < 0) return CLI_USAGE_ERROR;
             o->pack = sep, i++;

@@ -38,10 +38,10 @@ static void usage(FILE *out) {
             "  gen    --out F [--B --T --Hk --Hv --K --V --seed]   write a random problem\n"
             "         [--gates qwen|mild|strong (default qwen)] [--slow-fraction F (0.25)]\n"
             "         [--cu-seqlens 0,a,..,T]: also write them, h0 and dht per document\n"
-            "  train  --data TEXT [--model tiny|small|long] [--seq T] [--batch B] [--steps N]\n"
+            "  train  --data FILE [--model tiny|small|long] [--seq T] [--batch B] [--steps N]\n"
             "         [--cp C] [--out DIR] [--resume DIR] [--log F.csv] ...  (under mpiexec: DP x CP)\n"
-            "         train the byte-level hybrid language model; gdncp train for every option\n"
-            "  sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]  generate text\n"
+            "         train the hybrid language model on byte text or a token file; gdncp train for every option\n"
+            "  sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]  generate text (or ids)\n"
             "  help                                                 this text\n");
 }
 

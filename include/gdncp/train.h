@@ -1,5 +1,5 @@
-/* The training stack over MPI: the byte-level GatedDeltaNet model, AdamW, the data, checkpoints
- * and the trainer (DP x CP). */
+/* The training stack over MPI: the hybrid GatedDeltaNet language model over token ids, AdamW, the
+ * data (byte text or token files), checkpoints and the trainer (DP x CP). */
 #ifndef GDNCP_TRAIN_H
 #define GDNCP_TRAIN_H
 
@@ -15,9 +15,11 @@ extern "C" {
 
 /* ================================================================ model */
 /*
- * The decoder language model gdncp trains and runs (DESIGN §5): Qwen3.5's hybrid stack over a byte
- * vocabulary. Each layer's token mixer is a GatedDeltaNet ("linear_attention") or a gated
- * full-attention layer ("full_attention", attention.h), chosen per layer:
+ * The decoder language model gdncp trains and runs (DESIGN §5): Qwen3.5's hybrid stack over a
+ * vocabulary of any size (token ids gdn_token in [0, vocab); the named configurations read bytes,
+ * vocab 256, and Qwen3.5's own has 248,320). Each layer's token mixer is a GatedDeltaNet
+ * ("linear_attention") or a gated full-attention layer ("full_attention", attention.h), chosen
+ * per layer:
  *
  *   embed -> L x [ zero-centred RMSNorm -> mixer (GatedDeltaNet | gated attention) -> + residual
  *                  -> zero-centred RMSNorm -> SwiGLU MLP -> + residual ] -> RMSNorm -> lm_head
@@ -32,11 +34,18 @@ extern "C" {
  * Above src/layer: uses both mixers and, for a sequence split over ranks, their CP forms.
  */
 
+/* A token id: 32 bits, in [0, vocab) (a byte text's ids are its bytes, 0..255). Every model entry
+ * point refuses an id outside the vocabulary (GDN_ERR_ARG, naming the row, position and id) on
+ * every rank of a CP group alike. */
+typedef int32_t gdn_token;
+/* The largest vocabulary a model may have (ids are int32; vocab x E fp32 must stay addressable). */
+#define GDN_MODEL_MAX_VOCAB ((int64_t)1 << 30)
+
 /* The most layers a model may have (gdn_model_config.full_attention's size). */
 #define GDN_MODEL_MAX_LAYERS 1024
 
 typedef struct {
-    int64_t vocab;         /* 256: bytes */
+    int64_t vocab;         /* vocab_size, 1..GDN_MODEL_MAX_VOCAB (256: bytes) */
     int64_t E;             /* hidden_size */
     int64_t L;             /* num_hidden_layers, 1..GDN_MODEL_MAX_LAYERS */
     int64_t I;             /* intermediate_size (SwiGLU) */
@@ -125,8 +134,10 @@ GDN_API double gdn_model_plan_estimate(const gdn_model_config *cfg, const gdn_mo
  * tokens[., 1..T]; under CP each rank passes its shard plus the next token). loss_sum receives the
  * sum over this rank's B*T tokens of -log p(target). for_backward: also keep what
  * gdn_model_backward needs (and form the loss head's gradient, scaled by 1 / denom, with the
- * loss). Collective over cp. */
-GDN_API int gdn_model_forward(gdn_model_plan *plan, const float *w, const uint8_t *tokens, double denom,
+ * loss). Every id, inputs and targets, must lie in [0, vocab) (checked first, agreed over cp).
+ * The loss head runs in row chunks whose logits stay within 64 MiB: no [B*T, vocab] array.
+ * Collective over cp. */
+GDN_API int gdn_model_forward(gdn_model_plan *plan, const float *w, const gdn_token *tokens, double denom,
                       double *loss_sum, int for_backward);
 /* Packed documents (run.pack): the documents of this step's rows, before gdn_model_forward.
  * Row b's window is the tokens [0, T_full] of its whole sequence (T_full: its tokens over every
@@ -140,9 +151,9 @@ GDN_API int gdn_model_set_docs(gdn_model_plan *plan, const int64_t *doc_cu, cons
 /* dw (flat, overwritten): the gradient of (sum of every rank's loss_sum) / denom, this rank's
  * share (sum it over the ranks), for the preceding gdn_model_forward(..., for_backward = 1) on
  * the same tokens. Collective over cp. */
-GDN_API int gdn_model_backward(gdn_model_plan *plan, const float *w, float *dw, const uint8_t *tokens);
+GDN_API int gdn_model_backward(gdn_model_plan *plan, const float *w, float *dw, const gdn_token *tokens);
 /* Logits [B, T, vocab] of the inputs tokens [B, T] (forward only, tests). Collective over cp. */
-GDN_API int gdn_model_logits(gdn_model_plan *plan, const float *w, const uint8_t *tokens, float *logits);
+GDN_API int gdn_model_logits(gdn_model_plan *plan, const float *w, const gdn_token *tokens, float *logits);
 
 /* Generation: B sequences fed piece by piece with every layer's cache, so no token is read twice.
  * A GatedDeltaNet layer keeps its conv and recurrent states (layer.h), a full-attention layer its
@@ -161,11 +172,12 @@ GDN_API void gdn_model_decoder_reset(gdn_model_decoder *dec);
 GDN_API int64_t gdn_model_decoder_length(const gdn_model_decoder *dec);
 /* Feed the next T tokens of each sequence, tokens [B, T]; logits [B, T, vocab], row (b, t) the
  * logits of the token after tokens[b, t]. Pieces of any sizes give the forward's logits of the
- * whole sequence. On an error the caches may be partly advanced: reset before reusing them. */
-GDN_API int gdn_model_prefill(gdn_model_decoder *dec, const float *w, const uint8_t *tokens, int64_t T,
+ * whole sequence. An id outside [0, vocab) is refused before anything is fed; on another error
+ * the caches may be partly advanced: reset before reusing them. */
+GDN_API int gdn_model_prefill(gdn_model_decoder *dec, const float *w, const gdn_token *tokens, int64_t T,
                               float *logits);
 /* One token: gdn_model_prefill with T = 1 (tokens [B], logits [B, vocab]). */
-GDN_API int gdn_model_decode(gdn_model_decoder *dec, const float *w, const uint8_t *tokens, float *logits);
+GDN_API int gdn_model_decode(gdn_model_decoder *dec, const float *w, const gdn_token *tokens, float *logits);
 /* The caches themselves (tests, saving a session): layer l's KV cache (NULL unless l is a
  * full-attention layer), or a GatedDeltaNet layer's conv_state [B, conv_dim, Kc] (newest column
  * last) and rec_state [B, Hv, K, V] (either may be NULL), writable in place. */
@@ -202,30 +214,53 @@ GDN_API void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config 
 
 /* ================================================================ data */
 /*
- * Byte-level training text (DESIGN §5): any text file, its first (1 - val_fraction) of the bytes
- * the training split and the rest the validation split. The file is never read whole: every rank
- * reads only the windows of its own rows and shard with positioned reads, so a corpus larger than
- * memory is fine and ranks share nothing.
+ * Training data, as token ids (DESIGN §5): either byte text (any text file; its bytes are the ids
+ * 0..255) or a token file (docs/training.md "Token files"): a 1024-byte header of 256
+ * little-endian 32-bit words, then the ids as flat little-endian uint16 or uint32:
+ *
+ *   word 0  GDN_TOKENS_MAGIC          word 1  GDN_TOKENS_VERSION (1)
+ *   word 2  id count, low 32 bits     word 3  id count, high 32 bits
+ *   word 4  bytes per id: 2 or 4      word 5  the tokenizer's vocabulary size (0: not given)
+ *   words 6..255  0
+ *
+ * llm.c's files (magic GDN_TOKENS_MAGIC_LLMC, version 1: uint16, 2: uint32, the count in word 2)
+ * are read too. A file is a token file when its first word is one of the magics. The first
+ * (1 - val_fraction) of the ids are the training split and the rest the validation split. The
+ * file is never read whole: every rank reads only the windows of its own rows and shard with
+ * positioned reads, so a corpus larger than memory is fine and ranks share nothing.
  */
 
-
+#define GDN_TOKENS_MAGIC 20261201u
+#define GDN_TOKENS_MAGIC_LLMC 20240520u
+#define GDN_TOKENS_VERSION 1
+#define GDN_TOKENS_HEADER_BYTES 1024
 
 enum { GDN_SPLIT_TRAIN = 0, GDN_SPLIT_VAL = 1 };
 
 typedef struct gdn_data gdn_data;
 
-/* Open a text file: a regular, non-empty file whose first MiB looks like text (no NUL byte, at
- * most 2 % other control bytes), val_fraction in (0, 0.5], both splits non-empty. Errors name the
- * file and the offending offset or value. *d is NULL on failure. */
-GDN_API int gdn_data_open(gdn_data **d, const char *path, double val_fraction);
+/* Open a data file for a model of `vocab` ids. Byte text: a regular, non-empty file whose first
+ * MiB looks like text (no NUL byte, at most 2 % other control bytes). A token file: its header
+ * vetted (version, width 2 or 4, the file's size exactly the header plus count x width, reserved
+ * words 0, a header vocabulary no larger than the model's). val_fraction in (0, 0.5], both splits
+ * non-empty. Errors name the file and the offending offset or value. *d is NULL on failure. */
+GDN_API int gdn_data_open(gdn_data **d, const char *path, double val_fraction, int64_t vocab);
 GDN_API void gdn_data_close(gdn_data *d);
+/* 1 for a token file, 0 for byte text; its bytes per id (1 for text); the token file header's
+ * vocabulary (0: not given, or text). */
+GDN_API int gdn_data_is_tokens(const gdn_data *d);
+GDN_API int gdn_data_width(const gdn_data *d);
+GDN_API int64_t gdn_data_file_vocab(const gdn_data *d);
 
-/* Bytes of a split (GDN_SPLIT_TRAIN or GDN_SPLIT_VAL); -1 (with gdn_fail) for another split. */
+/* Tokens (bytes of a text) of a split (GDN_SPLIT_TRAIN or GDN_SPLIT_VAL); -1 (with gdn_fail) for
+ * another split. */
 GDN_API int64_t gdn_data_split_len(const gdn_data *d, int split);
-/* Bytes [start, start + n) of a split into out: only those bytes are read. */
-GDN_API int gdn_data_read(const gdn_data *d, int split, int64_t start, int64_t n, uint8_t *out);
+/* Ids [start, start + n) of a split into out: only those are read, and each is checked against
+ * the model's vocabulary (an id >= vocab: GDN_ERR_SHAPE naming the file, the byte offset and the
+ * id). */
+GDN_API int gdn_data_read(const gdn_data *d, int split, int64_t start, int64_t n, gdn_token *out);
 
-/* The start of training row `row`'s window of `window` bytes at `step`: a deterministic
+/* The start of training row `row`'s window of `window` ids at `step`: a deterministic
  * pseudo-random position in [0, split_len - window] (the same on every rank and run for the same
  * seed, step and row). -1 with gdn_fail when window > split_len ("the text has N bytes, a
  * sequence needs M") or an argument is negative. */
@@ -235,13 +270,13 @@ GDN_API int64_t gdn_data_window(uint64_t seed, int64_t step, int64_t row, int64_
 /* Packed documents: the longest separator gdn_data_window_docs takes. */
 #define GDN_DATA_MAX_SEP 64
 
-/* A window of a split read as packed documents: documents end with `sep` (the next one starts
- * right after each occurrence of it; the window's first byte and the split's first byte start
- * one too). buf (window + sep_len - 1 bytes) receives the window and up to sep_len - 1 bytes
- * before it, *bytes points at the window inside buf, and doc_cu (window + 1 entries) the
- * offsets 0, every document start, window; *n_docs the documents. */
-GDN_API int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, int64_t window, const uint8_t *sep,
-                         int sep_len, uint8_t *buf, const uint8_t **bytes, int64_t *doc_cu, int64_t *n_docs);
+/* A window of a split read as packed documents: documents end with the ids `sep` (the next one
+ * starts right after each occurrence of it; the window's first id and the split's first id start
+ * one too). buf (window + sep_len - 1 ids) receives the window and up to sep_len - 1 ids before
+ * it, *tokens points at the window inside buf, and doc_cu (window + 1 entries) the offsets 0,
+ * every document start, window; *n_docs the documents. */
+GDN_API int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, int64_t window, const gdn_token *sep,
+                         int sep_len, gdn_token *buf, const gdn_token **tokens, int64_t *doc_cu, int64_t *n_docs);
 
 /* ================================================================ checkpoint */
 /*
@@ -282,7 +317,7 @@ GDN_API int gdn_ckpt_resolve(const char *path, char *dir, size_t n);
  * head_dim, rope_parameters' rope_theta and partial_rotary_factor (or the older top-level ones),
  * max_position_embeddings) when some layer is full attention. Refused: an unknown layer type,
  * layer_types of another length than num_hidden_layers, mixture-of-experts (num_experts > 0),
- * attention biases, a RoPE scaling other than "default", a vocabulary other than 256 bytes,
+ * attention biases, a RoPE scaling other than "default", a vocab_size outside [1, GDN_MODEL_MAX_VOCAB],
  * missing, non-integer or out-of-range fields, then whatever gdn_model_config_check refuses. */
 GDN_API int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg);
 
@@ -299,10 +334,13 @@ GDN_API int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w
  * into sep (at most cap bytes); *len 0 when the run did not pack or the directory has no
  * trainer_state.json (e.g. a transformers checkpoint). */
 GDN_API int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len);
+/* ... and the one-id separator of a run packed with --pack-id (trainer_state.json's
+ * pack_separator_id): *id -1 when there is none. */
+GDN_API int gdn_ckpt_pack_separator_id(const char *dir, int64_t *id);
 
 /* ================================================================ trainer */
 /*
- * The training loop: the language model of model.h on byte text, its sequences split over a
+ * The training loop: the language model above on byte text or a token file, its sequences split over a
  * DP x CP grid of MPI ranks, AdamW, checkpoints in Hugging Face's layout, progress lines and a
  * CSV log.
  *
@@ -312,7 +350,7 @@ GDN_API int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int 
  * every rank applies bit-identical updates). Deterministic for a given seed and grid: the text
  * windows are a function of (seed, step, row), so a resumed run repeats the uninterrupted one.
  *
- * Packing (--pack SEP): the text is documents each ending with SEP; a window holds whatever
+ * Packing (--pack SEP, or --pack-id N for one id): the data is documents each ending with SEP; a window holds whatever
  * documents (or parts) fall in it, the state and the conv restart at each document start, and
  * the loss is the mean over the targets inside documents (over the whole grid).
  */
@@ -325,7 +363,7 @@ typedef struct {
     int model_explicit;     /* model was given (flags): refuse a checkpoint whose config differs */
     int attn_cp;            /* the attention layers' CP strategy: GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS */
     int compute;            /* GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16 (the model's products; gdn_model_run) */
-    const char *data;       /* text file */
+    const char *data;       /* byte text or token file */
     double val_fraction;    /* its last fraction is the validation split */
     int64_t seq;            /* tokens per sequence (the whole sequence, before the CP split) */
     int64_t batch;          /* sequences per DP group per step */
@@ -344,9 +382,13 @@ typedef struct {
     const char *log_csv;    /* per-step CSV (NULL: none) */
     int64_t eval_every;     /* validation loss every N steps and at the end (0: never) */
     int64_t eval_seqs;      /* validation sequences (rounded up to whole DP batches) */
-    const uint8_t *pack;    /* packed documents: the bytes that end a document (NULL: none) */
+    const uint8_t *pack;    /* packed documents: the bytes that end a document (NULL: none; byte
+                               text only) */
     int pack_len;           /*   their count (1..GDN_DATA_MAX_SEP); the state and the conv restart
                                after each, and the byte after one is not predicted */
+    int pack_by_id;         /* packed documents ending with the one id pack_id (--pack-id; byte
+                               text or token file; excludes pack) */
+    gdn_token pack_id;
     int fault;              /* testing only: a gdn_cp fault injected into every CP exchange */
 } gdn_train_options;
 

@@ -59,8 +59,9 @@ def _c_model(cfg, weights, tokens):
                                           ctypes.POINTER(ModelConfig), ctypes.POINTER(ModelRun),
                                           ctypes.c_void_p]
     lib.gdn_model_plan_destroy.argtypes = [ctypes.c_void_p]
-    lib.gdn_model_logits.argtypes = [ctypes.c_void_p, _lib.P_float, ctypes.c_char_p, _lib.P_float]
-    lib.gdn_model_forward.argtypes = [ctypes.c_void_p, _lib.P_float, ctypes.c_char_p, ctypes.c_double,
+    P_token = ctypes.POINTER(ctypes.c_int32)  # const gdn_token * (int32 ids)
+    lib.gdn_model_logits.argtypes = [ctypes.c_void_p, _lib.P_float, P_token, _lib.P_float]
+    lib.gdn_model_forward.argtypes = [ctypes.c_void_p, _lib.P_float, P_token, ctypes.c_double,
                                       ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     _lib.check(lib.gdn_model_config_check(ctypes.byref(cfg)), "gdn_model_config_check")
     w = np.zeros(lib.gdn_model_param_floats(ctypes.byref(cfg)), np.float32)
@@ -78,12 +79,14 @@ def _c_model(cfg, weights, tokens):
     run = ModelRun(1, T, 1, 0, 1)
     _lib.check(lib.gdn_model_plan_create(ctypes.byref(plan), ctypes.byref(cfg), ctypes.byref(run),
                                          None), "gdn_model_plan_create")
+    ids = np.frombuffer(bytes(tokens), np.uint8).astype(np.int32)
+    tok = lambda n: ids[:n].ctypes.data_as(P_token)  # noqa: E731
     try:
         logits = np.empty((T, 256), np.float32)
-        _lib.check(lib.gdn_model_logits(plan, _lib.f32p(w), tokens[:T], _lib.f32p(logits)),
+        _lib.check(lib.gdn_model_logits(plan, _lib.f32p(w), tok(T), _lib.f32p(logits)),
                    "gdn_model_logits")
         loss = ctypes.c_double()
-        _lib.check(lib.gdn_model_forward(plan, _lib.f32p(w), tokens[:T + 1], float(T),
+        _lib.check(lib.gdn_model_forward(plan, _lib.f32p(w), tok(T + 1), float(T),
                                          ctypes.byref(loss), 0), "gdn_model_forward")
     finally:
         lib.gdn_model_plan_destroy(plan)

@@ -495,15 +495,12 @@ static int parse_config(json_t *root, const char *path, gdn_model_config *cfg) {
 
     memset(cfg, 0, sizeof *cfg);
     const int_field ints[] = {
-        {"vocab_size", 1, INT32_MAX, &cfg->vocab},
+        {"vocab_size", 1, GDN_MODEL_MAX_VOCAB, &cfg->vocab},
         {"hidden_size", 1, (int64_t)1 << 20, &cfg->E},
         {"num_hidden_layers", 1, GDN_MODEL_MAX_LAYERS, &cfg->L},
         {"intermediate_size", 1, (int64_t)1 << 24, &cfg->I},
     };
     if ((rc = config_ints(obj, path, where, ints, sizeof ints / sizeof ints[0]))) return rc;
-    if (cfg->vocab != 256)
-        return gdn_fail(GDN_ERR_SHAPE, "%s: '%svocab_size' is %lld; gdncp's models read bytes "
-                        "(vocab_size 256)", path, where, (long long)cfg->vocab);
     if ((rc = parse_layer_types(obj, path, where, cfg))) return rc;
     /* each kind's fields where some layer is of that kind */
     const int64_t na = gdn_model_attn_layers(cfg);
@@ -1048,6 +1045,29 @@ int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len) {
             sep[i] = (uint8_t)byte;
     }
     if (!rc) *len = (int)(n / 2);
+    json_decref(j);
+    return rc;
+}
+
+int gdn_ckpt_pack_separator_id(const char *dir, int64_t *id) {
+    if (!dir || !id) return gdn_fail(GDN_ERR_ARG, "checkpoint separator id: NULL argument");
+    *id = -1;
+    char path[4096];
+    int rc = join(path, sizeof path, dir, STATE_FILE);
+    struct stat st;
+    if (rc || stat(path, &st) != 0) return rc; /* not a gdncp training checkpoint: not packed */
+    char *text = NULL;
+    if ((rc = read_text(path, &text))) return rc;
+    json_error_t err;
+    json_t *j = json_loads(text, 0, &err);
+    free(text);
+    if (!j) return gdn_fail(GDN_ERR_FORMAT, "%s: %s (line %d)", path, err.text, err.line);
+    json_t *v = json_object_get(j, "pack_separator_id");
+    if (v && !(json_is_integer(v) && json_integer_value(v) >= -1 && json_integer_value(v) < GDN_MODEL_MAX_VOCAB))
+        rc = gdn_fail(GDN_ERR_FORMAT, "%s: pack_separator_id is not an integer in [-1, %lld)", path,
+                      (long long)GDN_MODEL_MAX_VOCAB);
+    else if (v)
+        *id = (int64_t)json_integer_value(v);
     json_decref(j);
     return rc;
 }

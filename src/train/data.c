@@ -1,4 +1,5 @@
-/* Byte-level training text: open and vet the file, positioned reads of the two splits, and the
+/* Training data: byte text or a token file (docs/training.md "Token files"), opened and vetted,
+ * positioned reads of the two splits as token ids checked against the model's vocabulary, and the
  * deterministic choice of each training row's window. */
 #include "gdncp/train.h"
 
@@ -21,7 +22,14 @@
 struct gdn_data {
     int fd;
     char *path;
-    int64_t size, train_len, val_len;
+    int64_t size;                /* bytes of the file */
+    int tokens;                  /* 1: a token file; 0: byte text */
+    int width;                   /* bytes per id: 1 (text), 2 or 4 */
+    int64_t header;              /* bytes before the first id */
+    int64_t count;               /* ids in the file */
+    int64_t file_vocab;          /* the token file header's vocabulary (0: not given) */
+    int64_t vocab;               /* the model's: every id read must be below it */
+    int64_t train_len, val_len;  /* ids */
 };
 
 /* n bytes at offset into buf, retrying short and interrupted reads. */
@@ -41,6 +49,55 @@ static int pread_all(int fd, const char *path, int64_t offset, int64_t n, uint8_
     return GDN_OK;
 }
 
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* A token file's header (the file starts with one of the magics): its fields, vetted. */
+static int parse_header(gdn_data *d, uint32_t first_word) {
+    if (d->size < GDN_TOKENS_HEADER_BYTES)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: a token file (magic %u) of %lld bytes is shorter than its %d-byte "
+                        "header (truncated?)", d->path, (unsigned)first_word, (long long)d->size,
+                        GDN_TOKENS_HEADER_BYTES);
+    uint8_t h[GDN_TOKENS_HEADER_BYTES];
+    int rc = pread_all(d->fd, d->path, 0, GDN_TOKENS_HEADER_BYTES, h);
+    if (rc) return rc;
+    const uint32_t magic = le32(h), version = le32(h + 4);
+    d->header = GDN_TOKENS_HEADER_BYTES;
+    if (magic == GDN_TOKENS_MAGIC) {
+        if (version != GDN_TOKENS_VERSION)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: token file version %u (this gdncp reads version %d)", d->path,
+                            (unsigned)version, GDN_TOKENS_VERSION);
+        d->count = (int64_t)((uint64_t)le32(h + 8) | (uint64_t)le32(h + 12) << 32);
+        const uint32_t width = le32(h + 16), vocab = le32(h + 20);
+        if (width != 2 && width != 4)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: token file header: id width %u bytes (2 for uint16, 4 for uint32)",
+                            d->path, (unsigned)width);
+        if (vocab > (uint32_t)GDN_MODEL_MAX_VOCAB)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: token file header: vocabulary %u is beyond %lld", d->path,
+                            (unsigned)vocab, (long long)GDN_MODEL_MAX_VOCAB);
+        for (int i = 6; i < GDN_TOKENS_HEADER_BYTES / 4; i++)
+            if (le32(h + 4 * i))
+                return gdn_fail(GDN_ERR_FORMAT, "%s: token file header: reserved word %d is %u, not 0", d->path, i,
+                                (unsigned)le32(h + 4 * i));
+        d->width = (int)width, d->file_vocab = vocab;
+    } else { /* llm.c's: version 1 uint16 (GPT-2), 2 uint32 (Llama 3); count in word 2 */
+        if (version != 1 && version != 2)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: llm.c token file (magic %u) version %u (1: uint16, 2: uint32)",
+                            d->path, (unsigned)GDN_TOKENS_MAGIC_LLMC, (unsigned)version);
+        d->count = le32(h + 8), d->width = version == 1 ? 2 : 4, d->file_vocab = 0;
+    }
+    if (d->count < 1 || d->count > (d->size - d->header) / d->width || d->header + d->count * d->width != d->size)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: token file header says %lld ids of %d bytes (%lld bytes after the "
+                        "%lld-byte header), the file has %lld after it", d->path, (long long)d->count, d->width,
+                        d->count >= 0 && d->count < ((int64_t)1 << 60) / 4 ? (long long)(d->count * d->width) : -1LL,
+                        (long long)d->header, (long long)(d->size - d->header));
+    if (d->file_vocab > d->vocab)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: the token file's vocabulary has %lld ids (its header), the model's %lld: "
+                        "tokenized for another model?", d->path, (long long)d->file_vocab, (long long)d->vocab);
+    return GDN_OK;
+}
+
 static int is_control(uint8_t c) { return c < 0x09 || (c >= 0x0e && c <= 0x1f); }
 
 /* Does the start of the file look like text? Errors name the first offending byte. */
@@ -53,7 +110,9 @@ static int check_text(const gdn_data *d) {
     for (int64_t i = 0; !rc && i < n; i++) {
         if (buf[i] == 0) {
             rc = gdn_fail(GDN_ERR_FORMAT, "%s: not a text file: a NUL byte at offset %lld (the "
-                          "training data must be text; it is read as bytes)", d->path, (long long)i);
+                          "training data must be text, read as bytes, or a token file; it is not a token file "
+                          "either: its first 32-bit word is %u, a token file's magic %u)", d->path, (long long)i,
+                          (unsigned)(n >= 4 ? le32(buf) : 0), (unsigned)GDN_TOKENS_MAGIC);
         } else if (is_control(buf[i])) {
             if (first_control < 0) first_control = i;
             controls++;
@@ -68,9 +127,12 @@ static int check_text(const gdn_data *d) {
     return rc;
 }
 
-int gdn_data_open(gdn_data **out, const char *path, double val_fraction) {
+int gdn_data_open(gdn_data **out, const char *path, double val_fraction, int64_t vocab) {
     if (!out || !path) return gdn_fail(GDN_ERR_ARG, "data open: NULL argument");
     *out = NULL;
+    if (vocab < 1 || vocab > GDN_MODEL_MAX_VOCAB)
+        return gdn_fail(GDN_ERR_ARG, "%s: the model's vocabulary %lld is out of range [1, %lld]", path,
+                        (long long)vocab, (long long)GDN_MODEL_MAX_VOCAB);
     if (!(val_fraction > 0.0 && val_fraction <= 0.5))
         return gdn_fail(GDN_ERR_ARG, "%s: the validation fraction must be in (0, 0.5], got %g", path,
                         val_fraction);
@@ -86,6 +148,7 @@ int gdn_data_open(gdn_data **out, const char *path, double val_fraction) {
         free(d);
         return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the data handle", path);
     }
+    d->vocab = vocab, d->width = 1;
     int rc = GDN_OK;
     /* The path may have been replaced since stat(): open without blocking and check again. */
     d->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -96,16 +159,22 @@ int gdn_data_open(gdn_data **out, const char *path, double val_fraction) {
     else if (st.st_size == 0)
         rc = gdn_fail(GDN_ERR_FORMAT, "%s: the data file is empty", path);
     if (!rc) {
-        d->size = (int64_t)st.st_size;
-        d->train_len = (int64_t)floor((double)d->size * (1.0 - val_fraction));
-        if (d->train_len > d->size) d->train_len = d->size;
-        d->val_len = d->size - d->train_len;
-        if (d->train_len < 1 || d->val_len < 1)
-            rc = gdn_fail(GDN_ERR_SHAPE, "%s: %lld bytes are too few to split into training and "
-                          "validation text (validation fraction %g)", path, (long long)d->size,
-                          val_fraction);
+        d->size = d->count = (int64_t)st.st_size;
+        uint8_t m[4] = {0};
+        if (d->size >= 4) rc = pread_all(d->fd, path, 0, 4, m);
+        const uint32_t magic = le32(m);
+        d->tokens = d->size >= 4 && (magic == GDN_TOKENS_MAGIC || magic == GDN_TOKENS_MAGIC_LLMC);
+        if (!rc) rc = d->tokens ? parse_header(d, magic) : check_text(d);
     }
-    if (!rc) rc = check_text(d);
+    if (!rc) {
+        d->train_len = (int64_t)floor((double)d->count * (1.0 - val_fraction));
+        if (d->train_len > d->count) d->train_len = d->count;
+        d->val_len = d->count - d->train_len;
+        if (d->train_len < 1 || d->val_len < 1)
+            rc = gdn_fail(GDN_ERR_SHAPE, "%s: %lld %s are too few to split into training and "
+                          "validation data (validation fraction %g)", path, (long long)d->count,
+                          d->tokens ? "tokens" : "bytes", val_fraction);
+    }
     if (rc) {
         gdn_data_close(d);
         return rc;
@@ -128,16 +197,36 @@ int64_t gdn_data_split_len(const gdn_data *d, int split) {
     return gdn_fail(GDN_ERR_ARG, "%s: split %d is neither 0 (train) nor 1 (validation)", d->path, split), -1;
 }
 
-int gdn_data_read(const gdn_data *d, int split, int64_t start, int64_t n, uint8_t *out) {
+int gdn_data_is_tokens(const gdn_data *d) { return d ? d->tokens : 0; }
+int64_t gdn_data_file_vocab(const gdn_data *d) { return d ? d->file_vocab : 0; }
+int gdn_data_width(const gdn_data *d) { return d ? d->width : 0; }
+
+int gdn_data_read(const gdn_data *d, int split, int64_t start, int64_t n, gdn_token *out) {
     if (!d || (n > 0 && !out)) return gdn_fail(GDN_ERR_ARG, "data read: NULL argument");
     const int64_t len = gdn_data_split_len(d, split);
     if (len < 0) return GDN_ERR_ARG;
     const char *name = split == GDN_SPLIT_TRAIN ? "training" : "validation";
+    const char *unit = d->tokens ? "tokens" : "bytes";
     if (start < 0 || n < 0 || start > len || n > len - start)
-        return gdn_fail(GDN_ERR_SHAPE, "%s: bytes [%lld, %lld) are outside the %s split of %lld bytes",
-                        d->path, (long long)start, (long long)start + (long long)n, name, (long long)len);
-    const int64_t base = split == GDN_SPLIT_TRAIN ? 0 : d->train_len;
-    return pread_all(d->fd, d->path, base + start, n, out);
+        return gdn_fail(GDN_ERR_SHAPE, "%s: %s [%lld, %lld) are outside the %s split of %lld %s",
+                        d->path, unit, (long long)start, (long long)start + (long long)n, name, (long long)len, unit);
+    const int64_t first = (split == GDN_SPLIT_TRAIN ? 0 : d->train_len) + start;
+    /* the ids' bytes into the end of out, then widened forward in place (id i's bytes lie at or
+     * after out[i]'s, and after every earlier id's) */
+    const int w = d->width;
+    uint8_t *raw = (uint8_t *)out + (size_t)n * (sizeof *out - (size_t)w);
+    int rc = pread_all(d->fd, d->path, d->header + first * w, n * w, raw);
+    if (rc) return rc;
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *r = raw + i * w;
+        const uint32_t v = w == 1 ? r[0] : w == 2 ? (uint32_t)r[0] | (uint32_t)r[1] << 8 : le32(r);
+        if ((int64_t)v >= d->vocab)
+            return gdn_fail(GDN_ERR_SHAPE, "%s: token id %lld at byte offset %lld (id %lld of the file) is outside "
+                            "the model's vocabulary [0, %lld)", d->path, (long long)v,
+                            (long long)(d->header + (first + i) * w), (long long)(first + i), (long long)d->vocab);
+        out[i] = (gdn_token)v;
+    }
+    return GDN_OK;
 }
 
 /* splitmix64's finaliser: every input bit affects every output bit. */
@@ -164,11 +253,11 @@ int64_t gdn_data_window(uint64_t seed, int64_t step, int64_t row, int64_t split_
     return (int64_t)(h % positions);
 }
 
-int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, int64_t window, const uint8_t *sep,
-                         int sep_len, uint8_t *buf, const uint8_t **bytes, int64_t *doc_cu, int64_t *n_docs) {
-    if (!d || !buf || !bytes || !doc_cu || !n_docs) return gdn_fail(GDN_ERR_ARG, "data documents: NULL argument");
+int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, int64_t window, const gdn_token *sep,
+                         int sep_len, gdn_token *buf, const gdn_token **tokens, int64_t *doc_cu, int64_t *n_docs) {
+    if (!d || !buf || !tokens || !doc_cu || !n_docs) return gdn_fail(GDN_ERR_ARG, "data documents: NULL argument");
     if (!sep || sep_len < 1 || sep_len > GDN_DATA_MAX_SEP)
-        return gdn_fail(GDN_ERR_ARG, "the document separator must have 1 to %d bytes, it has %d", GDN_DATA_MAX_SEP,
+        return gdn_fail(GDN_ERR_ARG, "the document separator must have 1 to %d tokens, it has %d", GDN_DATA_MAX_SEP,
                         sep ? sep_len : 0);
     if (start < 0 || window < 1) return gdn_fail(GDN_ERR_ARG, "data documents: start %lld, window %lld",
                                                  (long long)start, (long long)window);
@@ -176,14 +265,15 @@ int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, int64_t wi
     const int64_t pre = start < sep_len - 1 ? start : sep_len - 1;
     int rc = gdn_data_read(d, split, start - pre, window + pre, buf);
     if (rc) return rc;
-    const uint8_t *w = buf + pre;
+    const gdn_token *w = buf + pre;
     int64_t n = 0;
     doc_cu[0] = 0;
     for (int64_t j = 1; j < window; j++)
-        if (j + pre >= sep_len && w[j - 1] == sep[sep_len - 1] && !memcmp(w + j - sep_len, sep, (size_t)sep_len))
+        if (j + pre >= sep_len && w[j - 1] == sep[sep_len - 1] &&
+            !memcmp(w + j - sep_len, sep, sizeof *sep * (size_t)sep_len))
             doc_cu[++n] = j;
     doc_cu[++n] = window;
     *n_docs = n;
-    *bytes = w;
+    *tokens = w;
     return GDN_OK;
 }

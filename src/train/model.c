@@ -74,9 +74,9 @@ void gdn_model_set_attention_interval(gdn_model_config *c, int64_t interval) {
 
 int gdn_model_config_check(const gdn_model_config *c) {
     if (!c) return gdn_fail(GDN_ERR_ARG, "model config is NULL");
-    if (c->vocab != 256)
-        return gdn_fail(GDN_ERR_SHAPE, "model vocab_size = %lld: the byte-level model needs 256",
-                        (long long)c->vocab);
+    if (c->vocab < 1 || c->vocab > GDN_MODEL_MAX_VOCAB)
+        return gdn_fail(GDN_ERR_SHAPE, "model vocab_size = %lld is out of range [1, %lld]", (long long)c->vocab,
+                        (long long)GDN_MODEL_MAX_VOCAB);
     const struct { const char *name; int64_t v, max; } dims[] = {
         {"num_hidden_layers", c->L, GDN_MODEL_MAX_LAYERS}, {"intermediate_size", c->I, (int64_t)1 << 20},
     };
@@ -327,7 +327,37 @@ struct gdn_model_plan {
     size_t arena_bytes;
 };
 
-enum { LOSS_ROWS = 1024 };
+/* The loss head runs over chunks of rows: LOSS_ROWS at most, fewer for a large vocabulary so that
+ * one chunk's logits stay near LOSS_FLOATS floats (64 MiB: 67 rows of Qwen3.5's 248,320; a byte
+ * vocabulary keeps 1024), never fewer than LOSS_MIN_ROWS. Nothing else is per token x vocab. */
+enum { LOSS_ROWS = 1024, LOSS_MIN_ROWS = 16 };
+#define LOSS_FLOATS ((int64_t)1 << 24)
+static int64_t loss_rows(const gdn_model_config *c) {
+    const int64_t r = LOSS_FLOATS / (c->vocab > 0 ? c->vocab : 1);
+    return r > LOSS_ROWS ? LOSS_ROWS : r < LOSS_MIN_ROWS ? LOSS_MIN_ROWS : r;
+}
+
+/* Every id of B rows of n tokens (row b at tokens + b * stride) in [0, vocab); the first one that
+ * is not, named. */
+static int check_tokens(const char *what, const gdn_token *tokens, int64_t B, int64_t n, int64_t stride,
+                        int64_t vocab, const gdn_cp *cp) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < n; t++) {
+            const gdn_token id = tokens[b * stride + t];
+            if (id < 0 || id >= vocab) {
+                char where[64] = "";
+                if (cp) snprintf(where, sizeof where, " (of CP rank %d's shard)", cp->rank);
+                return gdn_fail(GDN_ERR_ARG, "%s: token id %d at row %lld position %lld%s is outside the vocabulary "
+                                "[0, %lld)", what, (int)id, (long long)b, (long long)t, where, (long long)vocab);
+            }
+        }
+    return GDN_OK;
+}
+/* A collective entry point's local check, agreed over the CP group (one rank's bad token stops
+ * them all before any exchange, each returning an error). */
+static int agree_local(const gdn_model_plan *p, int rc) {
+    return p->cp ? gdn_cp_agree_status(p->cp, rc) : rc;
+}
 
 /* Packed rows under CP run one mixer call per row (each row its own stream over the ranks). */
 static int rows_apart(const gdn_model_run *r, const gdn_cp *cp) { return r->pack && cp; }
@@ -343,7 +373,7 @@ static size_t plan_floats(const gdn_model_config *c, const gdn_model_run *r, int
     const size_t acts = r->recompute ? act + pad16(saved_gdn > saved_attn ? saved_gdn : saved_attn)
                                      : L * act + (L - na) * pad16(saved_gdn) + na * pad16(saved_attn);
     return pad16((L + 1) * N * E) + acts + pad16(N * E) + pad16(N) + pad16(N * E) * 3 + pad16(N * I) * 2 +
-           pad16((size_t)LOSS_ROWS * (size_t)c->vocab) + pad16((size_t)(c->vocab * c->E)) +
+           pad16((size_t)loss_rows(c) * (size_t)c->vocab) + pad16((size_t)(c->vocab * c->E)) +
            pad16((size_t)threads * E) + pad16(2 * (size_t)threads) + gdn_matmul_compute_ws_floats(r->compute, threads);
 }
 
@@ -482,7 +512,7 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     CARVE(p->af, N * E), CARVE(p->rstdf, N);
     CARVE(p->y, N * E), CARVE(p->dres, N * E), CARVE(p->da, N * E);
     CARVE(p->m, N * I), CARVE(p->dm, N * I);
-    CARVE(p->logits, (size_t)LOSS_ROWS * (size_t)c->vocab);
+    CARVE(p->logits, (size_t)loss_rows(c) * (size_t)c->vocab);
     CARVE(p->dlm, (size_t)(c->vocab * c->E));
     CARVE(p->partial, (size_t)p->threads * E);
     p->loss_partial = (double *)a, a += pad16(2 * (size_t)p->threads);
@@ -730,7 +760,7 @@ static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const bl
 
 /* The loss head in row chunks: logits, softmax cross-entropy against the targets, and (dw not
  * NULL) the gradient into dres and lm_head's dw. Returns the summed loss of the N rows. */
-static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const uint8_t *tokens,
+static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const gdn_token *tokens,
                         double denom) {
     const gdn_model_config *c = &p->cfg;
     const int64_t N = p->N, T = p->run.T, E = c->E, Vv = c->vocab;
@@ -738,8 +768,9 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const uin
     const float *wl = w + lm_head_offset(c);
     double loss = 0.0;
     const float scale = (float)(1.0 / denom);
-    for (int64_t r0 = 0; r0 < N; r0 += LOSS_ROWS) {
-        const int64_t R = N - r0 < LOSS_ROWS ? N - r0 : LOSS_ROWS;
+    const int64_t chunk = loss_rows(c);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t R = N - r0 < chunk ? N - r0 : chunk;
         gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, R, Vv, E, p->af + r0 * E, E, wl, E, p->logits, Vv, p->mm_ws, nt);
         for (int t = 0; t < nt; t++) p->loss_partial[t] = 0.0;
 #pragma omp parallel num_threads(nt)
@@ -788,7 +819,7 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const uin
 }
 
 /* Embedding rows of the input tokens into xs[0]. */
-static void embed_forward(gdn_model_plan *p, const float *w, const uint8_t *tokens) {
+static void embed_forward(gdn_model_plan *p, const float *w, const gdn_token *tokens) {
     const int64_t T = p->run.T, E = p->cfg.E;
 #pragma omp parallel for num_threads(p->threads) schedule(static)
     for (int64_t row = 0; row < p->N; row++) {
@@ -797,7 +828,7 @@ static void embed_forward(gdn_model_plan *p, const float *w, const uint8_t *toke
     }
 }
 
-static int forward_all(gdn_model_plan *p, const float *w, const uint8_t *tokens, int keep) {
+static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *tokens, int keep) {
     const gdn_model_config *c = &p->cfg;
     const size_t NE = (size_t)(p->N * c->E);
     int rc = attn_learn_offset(p);
@@ -813,16 +844,18 @@ static int forward_all(gdn_model_plan *p, const float *w, const uint8_t *tokens,
     return GDN_OK;
 }
 
-int gdn_model_forward(gdn_model_plan *p, const float *w, const uint8_t *tokens, double denom,
+int gdn_model_forward(gdn_model_plan *p, const float *w, const gdn_token *tokens, double denom,
                       double *loss_sum, int for_backward) {
     if (!p || !w || !tokens || !loss_sum)
         return gdn_fail(GDN_ERR_ARG, "model forward: plan, w, tokens and loss_sum must not be NULL");
     if (!(denom > 0.0) || !isfinite(denom))
         return gdn_fail(GDN_ERR_ARG, "model forward: denom = %g must be positive", denom);
     p->ready_for_backward = 0;
-    if (p->run.pack && !p->docs_set)
-        return gdn_fail(GDN_ERR_ARG, "model forward: a packed plan needs gdn_model_set_docs first");
-    int rc = forward_all(p, w, tokens, for_backward);
+    int rc = p->run.pack && !p->docs_set
+                 ? gdn_fail(GDN_ERR_ARG, "model forward: a packed plan needs gdn_model_set_docs first")
+                 : check_tokens("model forward", tokens, p->run.B, p->run.T + 1, p->run.T + 1, p->cfg.vocab, p->cp);
+    if ((rc = agree_local(p, rc))) return rc;
+    rc = forward_all(p, w, tokens, for_backward);
     if (rc) return rc;
     /* The head's gradient is formed with its loss, chunk by chunk, so no [N, vocab] logits are
      * kept: da (the final norm's output gradient) and lm_head's gradient wait in the plan. */
@@ -832,12 +865,14 @@ int gdn_model_forward(gdn_model_plan *p, const float *w, const uint8_t *tokens, 
     return GDN_OK;
 }
 
-int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const uint8_t *tokens) {
+int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tokens) {
     if (!p || !w || !dw || !tokens)
         return gdn_fail(GDN_ERR_ARG, "model backward: plan, w, dw and tokens must not be NULL");
-    if (!p->ready_for_backward)
-        return gdn_fail(GDN_ERR_ARG, "model backward: no gdn_model_forward(..., for_backward = 1) precedes it");
+    int rc = !p->ready_for_backward
+                 ? gdn_fail(GDN_ERR_ARG, "model backward: no gdn_model_forward(..., for_backward = 1) precedes it")
+                 : check_tokens("model backward", tokens, p->run.B, p->run.T, p->run.T + 1, p->cfg.vocab, p->cp);
     p->ready_for_backward = 0;
+    if ((rc = agree_local(p, rc))) return rc;
     const gdn_model_config *c = &p->cfg;
     const size_t NE = (size_t)(p->N * c->E);
     /* padding between tensors included: the optimiser may run over the whole array */
@@ -846,7 +881,6 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const uint8
     const float *xL = p->xs + (size_t)c->L * NE;
     norm_backward(p, p->N, p->dres, 0, dw + final_norm_offset(c), p->da, xL, p->rstdf,
                   w + final_norm_offset(c));
-    int rc;
     for (int64_t l = c->L - 1; l >= 0; l--) {
         const float *x = p->xs + (size_t)l * NE;
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
@@ -865,18 +899,23 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const uint8
     return GDN_OK;
 }
 
-int gdn_model_logits(gdn_model_plan *p, const float *w, const uint8_t *tokens, float *logits) {
+int gdn_model_logits(gdn_model_plan *p, const float *w, const gdn_token *tokens, float *logits) {
     if (!p || !w || !tokens || !logits)
         return gdn_fail(GDN_ERR_ARG, "model logits: plan, w, tokens and logits must not be NULL");
     const int64_t T = p->run.T, B = p->run.B;
-    if (p->run.pack && !p->docs_set)
-        return gdn_fail(GDN_ERR_ARG, "model logits: a packed plan needs gdn_model_set_docs first");
+    int rc = p->run.pack && !p->docs_set
+                 ? gdn_fail(GDN_ERR_ARG, "model logits: a packed plan needs gdn_model_set_docs first")
+                 : check_tokens("model logits", tokens, B, T, T, p->cfg.vocab, p->cp);
     /* the inputs in the [B, T+1] layout the step uses (the extra column is not read) */
-    uint8_t *tk = calloc((size_t)(B * (T + 1)), 1);
-    if (!tk) return gdn_fail(GDN_ERR_NOMEM, "model logits: token copy");
-    for (int64_t b = 0; b < B; b++) memcpy(tk + b * (T + 1), tokens + b * T, (size_t)T);
+    gdn_token *tk = rc ? NULL : calloc((size_t)(B * (T + 1)), sizeof *tk);
+    if (!rc && !tk) rc = gdn_fail(GDN_ERR_NOMEM, "model logits: token copy");
+    if ((rc = agree_local(p, rc))) {
+        free(tk);
+        return rc;
+    }
+    for (int64_t b = 0; b < B; b++) memcpy(tk + b * (T + 1), tokens + b * T, sizeof *tk * (size_t)T);
     p->ready_for_backward = 0; /* the activations are overwritten */
-    int rc = forward_all(p, w, tk, 0);
+    rc = forward_all(p, w, tk, 0);
     free(tk);
     if (rc) return rc;
     const gdn_model_config *c = &p->cfg;
@@ -1113,14 +1152,15 @@ static int decoder_mixer(gdn_model_decoder *d, int64_t l, int64_t T, const float
                   : gdn_layer_forward(d->lpT, d->y, NULL, d->a, wl, conv, rec);
 }
 
-int gdn_model_prefill(gdn_model_decoder *d, const float *w, const uint8_t *tokens, int64_t T, float *logits) {
+int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens, int64_t T, float *logits) {
     if (!d || !w || !tokens || !logits)
         return gdn_fail(GDN_ERR_ARG, "decode: decoder, w, tokens and logits must not be NULL");
     if (T < 1) return gdn_fail(GDN_ERR_SHAPE, "decode: a piece of T = %lld tokens (>= 1)", (long long)T);
     if (d->max_len && d->len + T > d->max_len)
         return gdn_fail(GDN_ERR_SHAPE, "decode: %lld tokens fed + %lld new exceed the decoder's max_len = %lld",
                         (long long)d->len, (long long)T, (long long)d->max_len);
-    int rc;
+    int rc = check_tokens(T == 1 ? "decode" : "prefill", tokens, d->B, T, T, d->cfg.vocab, NULL);
+    if (rc) return rc;
     if (T > 1 && T != d->pT) { /* this piece length's plans (made at a prefill, never per token) */
         gdn_layer_plan_destroy(d->lpT), gdn_attn_plan_destroy(d->apT);
         d->lpT = NULL, d->apT = NULL, d->pT = 0;
@@ -1152,6 +1192,6 @@ int gdn_model_prefill(gdn_model_decoder *d, const float *w, const uint8_t *token
     return GDN_OK;
 }
 
-int gdn_model_decode(gdn_model_decoder *d, const float *w, const uint8_t *tokens, float *logits) {
+int gdn_model_decode(gdn_model_decoder *d, const float *w, const gdn_token *tokens, float *logits) {
     return gdn_model_prefill(d, w, tokens, 1, logits);
 }

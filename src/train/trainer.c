@@ -60,8 +60,10 @@ typedef struct {
     float *w, *dw, *m, *v;
     gdn_model_plan *plan;
     gdn_data *data;
-    uint8_t *tokens; /* batch x (tn + 1) */
-    uint8_t *window; /* packing: one row's whole window (and the separator's length before it) */
+    gdn_token *tokens; /* batch x (tn + 1) */
+    gdn_token *window; /* packing: one row's whole window (and the separator's length before it) */
+    gdn_token sep[GDN_DATA_MAX_SEP]; /* packing: the separator's ids (--pack's bytes or --pack-id) */
+    int sep_len;                     /*   0: not packing */
     int64_t *doc_cu, *n_docs; /* packing: the rows' document offsets (gdn_model_set_docs) */
     int recompute, threads;
     FILE *progress, *csv;
@@ -93,6 +95,9 @@ static int check_options(const gdn_train_options *o, int size) {
     if (o->pack && (o->pack_len < 1 || o->pack_len > GDN_DATA_MAX_SEP))
         return gdn_fail(GDN_ERR_ARG, "--pack: the separator must have 1 to %d bytes, it has %d", GDN_DATA_MAX_SEP,
                         o->pack_len);
+    if (o->pack && o->pack_by_id) return gdn_fail(GDN_ERR_ARG, "--pack and --pack-id exclude each other");
+    if (o->pack_by_id && o->pack_id < 0)
+        return gdn_fail(GDN_ERR_ARG, "--pack-id %d is negative", (int)o->pack_id);
     return gdn_adamw_check(&o->opt);
 }
 
@@ -102,19 +107,23 @@ static void pack_hex(const gdn_train_options *o, char out[2 * GDN_DATA_MAX_SEP +
     for (int i = 0; o->pack && i < o->pack_len; i++) snprintf(out + 2 * i, 3, "%02x", o->pack[i]);
 }
 
+/* Packed by one id: that id; else -1. */
+static int64_t pack_id_of(const gdn_train_options *o) { return o->pack_by_id ? (int64_t)o->pack_id : -1; }
+
 /* The trainer's state for a checkpoint: what a resume must find unchanged, and where it was. */
 static char *state_json(const trainer *t, int64_t step, double loss) {
     const gdn_train_options *o = t->o;
     char hex[2 * GDN_DATA_MAX_SEP + 1];
     pack_hex(o, hex);
-    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:f, s:s, s:I, s:f, s:I, s:I, s:f, s:s}", "step",
+    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:f, s:s, s:I, s:f, s:I, s:I, s:f, s:s, s:I, s:s}", "step",
                           (json_int_t)step, "seed", (json_int_t)o->seed, "seq", (json_int_t)o->seq,
                           "global_batch", (json_int_t)(o->batch * t->dp), "val_fraction",
                           o->val_fraction, "data", o->data, "data_bytes",
                           (json_int_t)(gdn_data_split_len(t->data, GDN_SPLIT_TRAIN) +
                                        gdn_data_split_len(t->data, GDN_SPLIT_VAL)),
                           "loss", loss, "dp", (json_int_t)t->dp, "cp", (json_int_t)t->cp_size,
-                          "lr_peak", o->opt.lr, "pack_separator_hex", hex);
+                          "lr_peak", o->opt.lr, "pack_separator_hex", hex, "pack_separator_id",
+                          (json_int_t)pack_id_of(o), "data_kind", gdn_data_is_tokens(t->data) ? "tokens" : "text");
     char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     return s;
@@ -134,15 +143,21 @@ static int check_resume_state(const trainer *t, const char *text, int64_t *step)
     snprintf(was_hex, sizeof was_hex, "%s", sep_in_json ? sep_in_json : "");
     pack_hex(t->o, hex);
     const int pack_differs = strcmp(was_hex, hex) != 0;
+    json_t *id_in_json = json_object_get(j, "pack_separator_id");
+    const int64_t was_id = json_is_integer(id_in_json) ? (int64_t)json_integer_value(id_in_json) : -1;
     json_decref(j);
     if (bad || st < 0) return gdn_fail(GDN_ERR_FORMAT, "trainer_state.json lacks step, seed, seq, global_batch or data_bytes");
     if (pack_differs)
         return gdn_fail(GDN_ERR_ARG, "cannot resume: the checkpoint was trained with a different --pack separator "
                         "(hex '%s'; this run has '%s')", was_hex, hex);
+    if (was_id != pack_id_of(t->o))
+        return gdn_fail(GDN_ERR_ARG, "cannot resume: the checkpoint was trained with --pack-id %lld, this run has "
+                        "%lld (-1: none)", (long long)was_id, (long long)pack_id_of(t->o));
     const int64_t have_bytes = gdn_data_split_len(t->data, GDN_SPLIT_TRAIN) + gdn_data_split_len(t->data, GDN_SPLIT_VAL);
     const struct { const char *what; int64_t was, now; } same[] = {
         {"--seed", seed, (int64_t)t->o->seed}, {"--seq", seq, t->o->seq},
-        {"the global batch (--batch x DP)", gb, t->o->batch * t->dp}, {"the text's size in bytes", bytes, have_bytes},
+        {"the global batch (--batch x DP)", gb, t->o->batch * t->dp},
+        {"the data's size in tokens (bytes of a text)", bytes, have_bytes},
     };
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
         if (same[i].was != same[i].now)
@@ -152,8 +167,8 @@ static int check_resume_state(const trainer *t, const char *text, int64_t *step)
     return GDN_OK;
 }
 
-/* Read this rank's rows of a batch: row r's window of seq + 1 bytes, this rank's shard of it.
- * Packing: every rank reads the rows' whole windows (bytes; cheap next to a step) to find their
+/* Read this rank's rows of a batch: row r's window of seq + 1 tokens, this rank's shard of it.
+ * Packing: every rank reads the rows' whole windows (ids; cheap next to a step) to find their
  * documents, and gives them to the model. *targets: the targets this rank predicts. */
 static int read_batch(trainer *t, int split, int64_t step, int64_t row0, int64_t *targets) {
     const gdn_train_options *o = t->o;
@@ -163,26 +178,26 @@ static int read_batch(trainer *t, int split, int64_t step, int64_t row0, int64_t
     for (int64_t b = 0; b < o->batch; b++) {
         const int64_t start = gdn_data_window(seed, step, row0 + b, len, o->seq + 1);
         if (start < 0) return GDN_ERR_SHAPE; /* gdn_data_window named the sizes */
-        uint8_t *mine = t->tokens + b * (t->tn + 1);
+        gdn_token *mine = t->tokens + b * (t->tn + 1);
         int rc;
-        if (!o->pack) {
+        if (!t->sep_len) {
             rc = gdn_data_read(t->data, split, start + t->t0, t->tn + 1, mine);
         } else {
-            const uint8_t *bytes = NULL;
-            rc = gdn_data_window_docs(t->data, split, start, o->seq + 1, o->pack, o->pack_len, t->window, &bytes,
+            const gdn_token *ids = NULL;
+            rc = gdn_data_window_docs(t->data, split, start, o->seq + 1, t->sep, t->sep_len, t->window, &ids,
                                       t->doc_cu + at, &t->n_docs[b]);
-            if (!rc) memcpy(mine, bytes + t->t0, (size_t)(t->tn + 1)), at += t->n_docs[b] + 1;
+            if (!rc) memcpy(mine, ids + t->t0, sizeof *mine * (size_t)(t->tn + 1)), at += t->n_docs[b] + 1;
         }
         if (rc) return rc;
     }
     *targets = o->batch * t->tn;
-    return o->pack ? gdn_model_set_docs(t->plan, t->doc_cu, t->n_docs, t->t0, targets) : GDN_OK;
+    return t->sep_len ? gdn_model_set_docs(t->plan, t->doc_cu, t->n_docs, t->t0, targets) : GDN_OK;
 }
 
 /* The targets predicted over the whole grid (the loss's denominator): every token's unless
  * packing leaves out the documents' first bytes. */
 static int grid_targets(trainer *t, int64_t local, double *denom) {
-    if (!t->o->pack) {
+    if (!t->sep_len) {
         *denom = (double)(t->o->batch * t->dp) * (double)t->o->seq;
         return GDN_OK;
     }
@@ -190,8 +205,8 @@ static int grid_targets(trainer *t, int64_t local, double *denom) {
     MPI_Allreduce(&local, &all, 1, MPI_INT64_T, MPI_SUM, t->world);
     *denom = (double)all;
     return all > 0 ? GDN_OK
-                   : gdn_fail(GDN_ERR_SHAPE, "--pack: no byte of this step's windows lies inside a document (the "
-                              "text is separators only?)");
+                   : gdn_fail(GDN_ERR_SHAPE, "--pack: no token of this step's windows lies inside a document (the "
+                              "data is separators only?)");
 }
 
 /* Sum of a double over the world. */
@@ -237,7 +252,7 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 18
+#define N_AGREED 21
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     uint64_t sep_hash = 1469598103934665603ull; /* FNV-1a of the packing separator */
     for (int i = 0; o->pack && i < o->pack_len && i < GDN_DATA_MAX_SEP; i++)
@@ -245,11 +260,13 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     const int64_t vals[N_AGREED] = {o->cp, o->seq, o->batch, o->steps, (int64_t)o->seed, o->strategy,
                             o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
                             o->resume != NULL, o->init != NULL, o->out != NULL,
-                            o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->compute};
+                            o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->pack_by_id,
+                            o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab, o->compute};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
                                         "--fault", "--resume", "--init", "--out", "--pack (length)",
-                                        "--pack (bytes)", "--attn-cp", "--compute (0 fp32, 1 bf16)"};
+                                        "--pack (bytes)", "--attn-cp", "--pack-id (given)", "--pack-id", "--vocab",
+                                        "--compute (0 fp32, 1 bf16)"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 
@@ -269,7 +286,7 @@ int gdn_train_fail(MPI_Comm world, int status) {
 static int check_model_flags(const gdn_model_config *ck, const gdn_model_config *want, const char *dir) {
     const int ck_attn = gdn_model_attn_layers(ck) > 0, want_attn = gdn_model_attn_layers(want) > 0;
     const struct { const char *field, *flag; int64_t ck, want; int attn; } f[] = {
-        {"hidden_size", "--hidden", ck->E, want->E, 0}, {"num_hidden_layers", "--layers", ck->L, want->L, 0},
+        {"vocab_size", "--vocab", ck->vocab, want->vocab, 0}, {"hidden_size", "--hidden", ck->E, want->E, 0}, {"num_hidden_layers", "--layers", ck->L, want->L, 0},
         {"intermediate_size", "--intermediate", ck->I, want->I, 0},
         {"linear_num_key_heads", "--key-heads", ck->Hk, want->Hk, 0},
         {"linear_num_value_heads", "--value-heads", ck->Hv, want->Hv, 0},
@@ -339,7 +356,17 @@ static int setup(trainer *t) {
     if (!rc && !(t->dw = aligned_alloc(64, bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
     if (!rc && !(t->m = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
     if (!rc && !(t->v = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
-    if (!rc) rc = gdn_data_open(&t->data, o->data, o->val_fraction);
+    if (!rc) rc = gdn_data_open(&t->data, o->data, o->val_fraction, t->cfg.vocab);
+    /* the separator as ids: --pack's bytes (byte text only), or --pack-id's one id */
+    if (!rc && o->pack && gdn_data_is_tokens(t->data))
+        rc = gdn_fail(GDN_ERR_ARG, "%s is a token file: --pack SEP gives a separator of bytes, for byte text; give "
+                      "the token file's end-of-document id with --pack-id N", o->data);
+    else if (!rc && o->pack_by_id && o->pack_id >= t->cfg.vocab)
+        rc = gdn_fail(GDN_ERR_ARG, "--pack-id %d is outside the model's vocabulary [0, %lld)", (int)o->pack_id,
+                      (long long)t->cfg.vocab);
+    if (!rc && o->pack)
+        for (int i = 0; i < o->pack_len; i++) t->sep[t->sep_len++] = o->pack[i];
+    if (!rc && o->pack_by_id) t->sep[0] = o->pack_id, t->sep_len = 1;
     char *state = NULL;
     t->first_step = 1;
     if (!rc && from) {
@@ -353,16 +380,17 @@ static int setup(trainer *t) {
     free(state);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
 
-    /* every window of seq + 1 bytes must fit each split it is drawn from */
+    /* every window of seq + 1 tokens must fit each split it is drawn from */
     const int64_t need = o->seq + 1, tl = gdn_data_split_len(t->data, GDN_SPLIT_TRAIN),
                   vl = gdn_data_split_len(t->data, GDN_SPLIT_VAL);
     if (tl < need)
-        rc = gdn_fail(GDN_ERR_SHAPE, "the training split of %s has %lld bytes; a sequence of --seq %lld needs %lld",
-                      o->data, (long long)tl, (long long)o->seq, (long long)need);
-    else if (o->eval_every && vl < need)
-        rc = gdn_fail(GDN_ERR_SHAPE, "the validation split of %s has %lld bytes; a sequence of --seq %lld needs "
-                      "%lld (raise --val-fraction, or --eval-every 0)", o->data, (long long)vl, (long long)o->seq,
+        rc = gdn_fail(GDN_ERR_SHAPE, "the training split of %s has %lld %s; a sequence of --seq %lld needs %lld",
+                      o->data, (long long)tl, gdn_data_is_tokens(t->data) ? "tokens" : "bytes", (long long)o->seq,
                       (long long)need);
+    else if (o->eval_every && vl < need)
+        rc = gdn_fail(GDN_ERR_SHAPE, "the validation split of %s has %lld %s; a sequence of --seq %lld needs "
+                      "%lld (raise --val-fraction, or --eval-every 0)", o->data, (long long)vl,
+                      gdn_data_is_tokens(t->data) ? "tokens" : "bytes", (long long)o->seq, (long long)need);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
 
     /* threads: the node's cores shared among its ranks */
@@ -376,7 +404,7 @@ static int setup(trainer *t) {
     /* recompute when the kept activations of every rank on this node would take more than
      * half of the memory the node has free */
     gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1,
-                         .pack = o->pack != NULL, .attn_cp = o->attn_cp, .compute = o->compute};
+                         .pack = t->sep_len > 0, .attn_cp = o->attn_cp, .compute = o->compute};
     t->recompute = o->recompute;
     if (t->recompute < 0) {
         const double need_bytes = gdn_model_plan_estimate(&t->cfg, &run) * local;
@@ -387,10 +415,10 @@ static int setup(trainer *t) {
     }
     run.recompute = t->recompute;
     rc = gdn_model_plan_create(&t->plan, &t->cfg, &run, t->cp_size > 1 ? t->cp : NULL);
-    if (!rc && !(t->tokens = malloc((size_t)(o->batch * (t->tn + 1)))))
+    if (!rc && !(t->tokens = malloc(sizeof *t->tokens * (size_t)(o->batch * (t->tn + 1)))))
         rc = gdn_fail(GDN_ERR_NOMEM, "token buffer");
-    if (!rc && o->pack) {
-        t->window = malloc((size_t)(o->seq + o->pack_len));
+    if (!rc && t->sep_len) {
+        t->window = malloc(sizeof *t->window * (size_t)(o->seq + t->sep_len));
         t->doc_cu = malloc(sizeof(int64_t) * (size_t)(o->batch * (o->seq + 2)));
         t->n_docs = malloc(sizeof(int64_t) * (size_t)o->batch);
         if (!t->window || !t->doc_cu || !t->n_docs)
@@ -413,12 +441,13 @@ static int setup(trainer *t) {
         fprintf(t->progress,
                 "gdncp train: %zu parameters (E=%lld, %lld layers, I=%lld, Hk=%lld Hv=%lld K=%lld V=%lld), "
                 "grid DP %d x CP %d (%s), %lld sequences of %lld tokens per step (%lld per rank), %d thread%s "
-                "per rank, recompute %s, text %s (%lld + %lld bytes)%s%s\n",
+                "per rank, recompute %s, %s %s (%lld + %lld %s)%s%s\n",
                 gdn_model_param_count(&t->cfg), (long long)t->cfg.E, (long long)t->cfg.L, (long long)t->cfg.I,
                 (long long)t->cfg.Hk, (long long)t->cfg.Hv, (long long)t->cfg.K, (long long)t->cfg.V, t->dp,
                 t->cp_size, gdn_cp_strategy_name((gdn_cp_strategy)o->strategy), (long long)(o->batch * t->dp),
                 (long long)o->seq, (long long)t->tn, t->threads, t->threads > 1 ? "s" : "",
-                t->recompute ? "on" : "off", o->data, (long long)tl, (long long)vl,
+                t->recompute ? "on" : "off", gdn_data_is_tokens(t->data) ? "token file" : "text", o->data,
+                (long long)tl, (long long)vl, gdn_data_is_tokens(t->data) ? "tokens" : "bytes",
                 from ? (o->resume ? ", resumed from " : ", weights from ") : "", from ? ckdir : "");
         const int64_t na = gdn_model_attn_layers(&t->cfg);
         if (na) {
@@ -437,6 +466,13 @@ static int setup(trainer *t) {
         fprintf(t->progress, "gdncp train: compute %s: products on %s%s\n", gdn_compute_name(o->compute),
                 gdn_compute_path(o->compute),
                 o->compute == GDN_COMPUTE_BF16 ? " (fp32 master weights, moments, loss, norms and recurrent state)" : "");
+        if (gdn_data_is_tokens(t->data))
+            fprintf(t->progress, "gdncp train: token file of uint%d ids, header vocabulary %lld, model vocabulary "
+                    "%lld\n", 8 * gdn_data_width(t->data), (long long)gdn_data_file_vocab(t->data),
+                    (long long)t->cfg.vocab);
+        if (o->pack_by_id)
+            fprintf(t->progress, "gdncp train: packed documents, each ending with the id %d: the state and the conv "
+                    "restart after it, and the token after it is not predicted\n", (int)o->pack_id);
         if (o->pack) {
             char hex[2 * GDN_DATA_MAX_SEP + 1];
             pack_hex(o, hex);

@@ -2,13 +2,16 @@
  * build-fuzz/gdn_fuzz_seeds tests/fuzz/corpus): small valid problem and layer-weight files written
  * by the library's own writer in every readable dtype, attention seeds (config.json and weights in
  * one input, tests/fuzz/fuzz_attn.c's format), plus hand-made edge cases (empty header,
- * metadata only, other dtypes, zero-sized and 0-d tensors, trailing bytes, truncation). */
+ * metadata only, other dtypes, zero-sized and 0-d tensors, trailing bytes, truncation), and
+ * training data for tests/fuzz/fuzz_tokens.c (token files of uint16 and uint32 ids, llm.c's
+ * header, byte text). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gdncp.h"
+#include "gdncp/train.h"
 
 static const char *dir;
 
@@ -142,6 +145,26 @@ static void raw(const char *name, const char *header, size_t data) {
     fclose(fp);
 }
 
+/* A token file (include/gdncp/train.h): header words magic, version, count (2 words), width,
+ * vocab, then n ids of the given width; ids cycle through 0..span-1 with the separators 10, 37. */
+static void tokens(const char *name, uint32_t magic, uint32_t version, int width, uint32_t vocab, int64_t n,
+                   uint32_t span) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "wb");
+    if (!fp) die(path);
+    const uint32_t h[6] = {magic, version, (uint32_t)n, (uint32_t)((uint64_t)n >> 32), (uint32_t)width, vocab};
+    unsigned char head[1024] = {0};
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 4; k++) head[4 * i + k] = (unsigned char)(h[i] >> (8 * k));
+    fwrite(head, 1, sizeof head, fp);
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t id = i % 29 == 28 ? 10u : i % 41 == 40 ? 37u : (uint32_t)((i * 7919) % span);
+        for (int k = 0; k < width; k++) fputc((int)((id >> (8 * k)) & 0xff), fp);
+    }
+    fclose(fp);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s DIR\n", argv[0]);
@@ -186,5 +209,14 @@ int main(int argc, char **argv) {
     raw("overlap.safetensors",
         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12);
+    tokens("tokens_u16.fuzz", GDN_TOKENS_MAGIC, GDN_TOKENS_VERSION, 2, 300, 600, 300);
+    tokens("tokens_u32.fuzz", GDN_TOKENS_MAGIC, GDN_TOKENS_VERSION, 4, 0, 400, 248320);
+    tokens("tokens_llmc.fuzz", GDN_TOKENS_MAGIC_LLMC, 1, 2, 0, 500, 256);
+    FILE *fp;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, "text.fuzz");
+    if (!(fp = fopen(path, "wb"))) die(path);
+    for (int i = 0; i < 700; i++) fputc(i % 53 == 52 ? '\n' : i % 97 == 3 ? '%' : 'a' + (i * 7) % 26, fp);
+    fclose(fp);
     return 0;
 }
