@@ -103,6 +103,27 @@ def test_logits_equal_transformers(tiny, tmp_path):
     print(f"logits vs transformers fp32: {err:.2e}; vs exact fp64 (B=2): {err2:.2e}")
 
 
+def test_bf16_checkpoint(tmp_path, tiny):
+    """A BF16 model.safetensors (the golden model.bf16 copy) gives exactly the logits of an F32
+    file holding the same BF16-rounded values (1e-6: the conversion is exact, only the thread
+    schedule could differ); control: the original F32 weights' logits differ by more than 1e-4."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import save_file
+    from safetensors.torch import load_file
+    b16 = tmp_path / "bf16"
+    b16.mkdir()
+    shutil.copy(os.path.join(TINY, "config.json"), b16 / "config.json")
+    os.symlink(os.path.join(TINY, "model.bf16.safetensors"), b16 / "model.safetensors")
+    rounded = _copy_ckpt(tmp_path, name="rounded", perturb=lambda w: w.update(
+        {k: v.float().numpy() for k, v in load_file(os.path.join(TINY, "model.bf16.safetensors")).items()}))
+    ids = read_safetensors(os.path.join(TINY, "logits.io.safetensors"))["input_ids"]
+    with gdncp.Model.from_pretrained(b16, threads=1) as m, \
+            gdncp.Model.from_pretrained(rounded, threads=1) as r:
+        got, want = m.logits(ids), r.logits(ids)
+    assert rel_err(got, want) < 1e-6, rel_err(got, want)
+    assert rel_err(got, tiny.logits(ids)) > 1e-4      # control: the F32 weights
+
+
 def test_logits_take_numpy_torch_and_lists(tiny):
     torch = pytest.importorskip("torch")
     ids = np.array([[1, 2, 3, 250, 7]], np.int64)
@@ -350,6 +371,28 @@ def test_training_output_directory_and_close(tmp_path):
     with pytest.raises(RuntimeError, match="closed"):
         m.logits(prompt)
     m.close()   # idempotent
+
+
+def test_threads_take_turns(tiny):
+    """Two Python threads calling one model get what each gets alone (the model's lock)."""
+    import threading
+    prompt, want = _gen_io()
+    ids = read_safetensors(os.path.join(TINY, "logits.io.safetensors"))["input_ids"]
+    ref = tiny.logits(ids)
+    res = {}
+
+    def gen():
+        res["g"] = [tiny.generate(prompt, max_new_tokens=32) for _ in range(3)]
+
+    def lgt():
+        res["l"] = [tiny.logits(ids) for _ in range(3)]
+    th = [threading.Thread(target=gen), threading.Thread(target=lgt)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert all(np.array_equal(g, want) for g in res["g"])
+    assert all(np.array_equal(x, ref) for x in res["l"])
 
 
 def test_generate_speed(tiny, capsys):

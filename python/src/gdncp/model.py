@@ -18,6 +18,7 @@ import json
 import math
 import numbers
 import os
+import threading
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -95,8 +96,9 @@ def _float_arg(name, v, ok, want):
 class Model:
     """A Qwen3.5 checkpoint loaded into the C library (weights as fp32 in one flat array).
 
-    Not safe to call from several threads at once (the plans hold workspaces); close() or a
-    `with` block frees the weights."""
+    Calls from several Python threads take turns (a lock: the kept plan holds workspaces; the
+    library runs each call on `threads` OpenMP threads). close() or a `with` block frees the
+    weights."""
 
     def __init__(self, *a, **k):
         raise TypeError("use gdncp.Model.from_pretrained(path)")
@@ -147,6 +149,7 @@ class Model:
         m = object.__new__(cls)
         m._cfg, m._raw, m._w, m._threads, m._dir, m._path = cfg, raw, w, threads, d, path
         m._plan, m._plan_bt, m._tokenizer = None, None, None
+        m._lock = threading.RLock()
         m.config = ModelConfig._from_c(cfg)
         return m
 
@@ -157,11 +160,14 @@ class Model:
 
     def close(self):
         """Free the plans and the weights (idempotent); the model cannot be used afterwards."""
-        plan = getattr(self, "_plan", None)
-        if plan is not None:
-            L.gdn_model_plan_destroy(plan)
-        self._plan, self._plan_bt = None, None
-        self._w = self._raw = None
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            if self._plan is not None:
+                L.gdn_model_plan_destroy(self._plan)
+            self._plan, self._plan_bt = None, None
+            self._w = self._raw = None
 
     def __enter__(self):
         return self
@@ -226,6 +232,10 @@ class Model:
         """The next-token logits of every position: input_ids [B, T] (numpy, torch or nested
         lists of ints) -> float32 numpy [B, T, vocab], position t the logits of the token after
         input_ids[:, t] (transformers' `model(input_ids).logits`)."""
+        with self._lock:
+            return self._logits(input_ids)
+
+    def _logits(self, input_ids):
         self._live()
         ids = self._ids(input_ids)
         B, T = ids.shape
@@ -289,7 +299,9 @@ class Model:
         if N == 0:
             return np.zeros((B, 0), np.int64)
         self._check_length(T + N, "the prompt plus max_new_tokens")
-        return self._generate(ids, N, s, seed, set(eos), pad)
+        with self._lock:
+            self._live()
+            return self._generate(ids, N, s, seed, set(eos), pad)
 
     def _generate(self, ids, N, s, seed, eos, pad, on_token=None):
         B, T = ids.shape
