@@ -152,6 +152,23 @@ def test_generate_greedy_equals_generate_io(tiny, tmp_path):
         assert not np.array_equal(bad.generate(prompt, max_new_tokens=want.shape[1]), want)
 
 
+def test_prompt_prefilled_in_pieces(tiny, monkeypatch):
+    """A prompt longer than one prefill piece (pieces of 5 tokens here: 12 = 5 + 5 + 2) gives the
+    same ids; control: the middle piece never fed to the decoder gives other ids."""
+    prompt, want = _gen_io()
+    monkeypatch.setattr(gdncp.Model, "_PREFILL_BYTES", 5 * 4 * 256)
+    assert np.array_equal(tiny.generate(prompt, max_new_tokens=32), want)
+    real = L.gdn_model_prefill
+    calls = []
+
+    def drop_middle(dec, w, tok, T, logits):
+        calls.append(T)
+        return real(dec, w, tok, T, logits) if len(calls) != 2 else 0
+    monkeypatch.setattr(L, "gdn_model_prefill", drop_middle)
+    assert not np.array_equal(tiny.generate(prompt, max_new_tokens=32), want)
+    assert calls == [5, 5, 2]
+
+
 def test_generate_equals_transformers_generate(tiny):
     """The same new tokens as transformers' Qwen3_5ForCausalLM.generate(do_sample=False) on a
     batch of two other prompts (torch, fp32); control: the rows' prompts swapped."""

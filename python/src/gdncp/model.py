@@ -100,6 +100,8 @@ class Model:
     library runs each call on `threads` OpenMP threads). close() or a `with` block frees the
     weights."""
 
+    _PREFILL_BYTES = 64 << 20   # the most logits one prefill piece writes
+
     def __init__(self, *a, **k):
         raise TypeError("use gdncp.Model.from_pretrained(path)")
 
@@ -116,6 +118,7 @@ class Model:
             raise FileNotFoundError(f"gdncp.Model: {path!r} is not a directory (expected a checkpoint "
                                     "with config.json and model.safetensors, or a training output "
                                     "directory)")
+
         def missing(d):
             for f in ("config.json", "model.safetensors"):
                 if not os.path.isfile(os.path.join(d, f)):
@@ -128,23 +131,23 @@ class Model:
         if os.path.isfile(os.path.join(path, "config.json")):
             missing(path)                               # a checkpoint directory missing its weights
         buf = ctypes.create_string_buffer(4096)
-        rc = L.gdn_ckpt_resolve(path.encode(), buf, len(buf))
+        rc = L.gdn_ckpt_resolve(os.fsencode(path), buf, len(buf))
         if rc == 7:                                     # GDN_ERR_MISSING: no checkpoint in path
             raise FileNotFoundError(str(L.GdncpError(f"gdncp.Model: {path}", rc)))
         L.check(rc, f"gdncp.Model: {path}")
-        d = buf.value.decode()
+        d = os.fsdecode(buf.value)
         missing(d)
         cfg = L.ModelConfig()
-        L.check(L.gdn_ckpt_load_config(d.encode(), ctypes.byref(cfg)), f"gdncp.Model: {d}/config.json")
+        L.check(L.gdn_ckpt_load_config(os.fsencode(d), ctypes.byref(cfg)), f"gdncp.Model: {d}/config.json")
         vmax = np.iinfo(L.TOKEN_DTYPE).max
         if cfg.vocab - 1 > vmax:   # cannot happen while the library refuses such configs
-            raise L.GdncpError(f"gdncp.Model: vocab {cfg.vocab} does not fit the token type "
-                               f"{np.dtype(L.TOKEN_DTYPE)}", 6)
+            raise ValueError(f"gdncp.Model: vocab {cfg.vocab} does not fit the token type "
+                             f"{np.dtype(L.TOKEN_DTYPE)}")
         n = L.gdn_model_param_floats(ctypes.byref(cfg))
         raw = np.empty(n + 16, np.float32)            # 64-byte aligned, as the C side allocates
         off = (-raw.ctypes.data % 64) // 4
         w = raw[off:off + n]
-        L.check(L.gdn_ckpt_load(d.encode(), ctypes.byref(cfg), L.f32p(w), None, None, None),
+        L.check(L.gdn_ckpt_load(os.fsencode(d), ctypes.byref(cfg), L.f32p(w), None, None, None),
                 f"gdncp.Model: {d}/model.safetensors")
         m = object.__new__(cls)
         m._cfg, m._raw, m._w, m._threads, m._dir, m._path = cfg, raw, w, threads, d, path
@@ -311,8 +314,8 @@ class Model:
                                            self._threads), "gdncp.Model.generate")
         try:
             w = L.f32p(self._w)
-            # the prompt in pieces whose logits stay under ~64 MiB (one piece for small vocabs)
-            piece = max(64, (64 << 20) // (4 * B * V))
+            # the prompt in pieces whose logits stay under _PREFILL_BYTES (one piece for small vocabs)
+            piece = max(1, self._PREFILL_BYTES // (4 * B * V))
             last = np.empty((B, V), np.float32)
             for t0 in range(0, T, piece):
                 p = np.ascontiguousarray(ids[:, t0:t0 + piece])
