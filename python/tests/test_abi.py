@@ -278,3 +278,34 @@ def test_sampling_mirror_and_token_type():
     assert L.gdn_sampling_check(_as(L.Sampling, Sw(temperature=2.0, top_k=5, top_p=1.0)), 256) == 1
     assert "top_p = 2" in L.gdn_errmsg().decode()
     assert ctypes.sizeof(L.c_token) == np.dtype(L.TOKEN_DTYPE).itemsize
+
+
+def test_token_type_is_the_librarys():
+    """TOKEN_DTYPE is the C token type of gdn_model_logits: logits.io's ids passed as that dtype
+    give transformers' logits (1e-5). Control: the same ids as the other width (uint8 <-> int32,
+    the buffer padded so that nothing reads past it) fail the check or are refused."""
+    from conftest import TINY, read_safetensors, rel_err
+    ref = read_safetensors(f"{TINY}/logits.io.safetensors")
+    ids, want = ref["input_ids"], ref["logits"]
+    cfg = L.ModelConfig()
+    L.check(L.gdn_ckpt_load_config(TINY.encode(), ctypes.byref(cfg)), "gdn_ckpt_load_config")
+    w = np.zeros(L.gdn_model_param_floats(ctypes.byref(cfg)), np.float32)
+    L.check(L.gdn_ckpt_load(TINY.encode(), ctypes.byref(cfg), L.f32p(w), None, None, None), "load")
+    B, T = ids.shape
+    plan = ctypes.c_void_p()
+    run = L.ModelRun(B=B, T=T, threads=1, recompute=1, check_finite=1)
+    L.check(L.gdn_model_plan_create(ctypes.byref(plan), ctypes.byref(cfg), ctypes.byref(run), None), "plan")
+    try:
+        def logits(tok):
+            out = np.zeros((B, T, cfg.vocab), np.float32)
+            rc = L.gdn_model_logits(plan, L.f32p(w), ctypes.cast(tok.ctypes.data, L.P_token), L.f32p(out))
+            return out if rc == 0 else None
+        got = logits(np.ascontiguousarray(ids, dtype=L.TOKEN_DTYPE))
+        assert got is not None and rel_err(got, want) < 1e-5
+        other = np.uint8 if np.dtype(L.TOKEN_DTYPE).itemsize == 4 else np.int32
+        wrong = np.zeros(4 * ids.size, other)            # 4x: room for the wider reading
+        wrong[:ids.size] = ids.ravel()
+        bad = logits(wrong)
+        assert bad is None or rel_err(bad, want) > 1e-3
+    finally:
+        L.gdn_model_plan_destroy(plan)

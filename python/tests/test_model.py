@@ -124,6 +124,61 @@ def test_bf16_checkpoint(tmp_path, tiny):
     assert rel_err(got, tiny.logits(ids)) > 1e-4      # control: the F32 weights
 
 
+def _hf_random(tmp_path, name, **over):
+    """A random transformers Qwen3_5ForCausalLM of a small shape (over: config fields), saved with
+    save_pretrained into tmp_path/name: (model, directory)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen3_5ForCausalLM"):
+        pytest.skip("this transformers has no Qwen3_5ForCausalLM")
+    cfg = {k: v for k, v in json.load(open(os.path.join(TINY, "config.json"))).items()
+           if k not in ("architectures", "transformers_version", "dtype")}
+    cfg.update(over)
+    torch.manual_seed(1)
+    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**cfg)).float().eval()
+    d = tmp_path / name
+    model.save_pretrained(str(d))
+    return model, d
+
+
+@pytest.mark.parametrize("kind", ["tied-attention-first", "vocab-1000"])
+def test_other_checkpoints_equal_transformers(tmp_path, kind):
+    """Other checkpoints transformers makes: tied embeddings with the layers in another order
+    (attention, GatedDeltaNet, GatedDeltaNet), and a vocabulary of 1000 ids (skipped while the
+    library reads byte vocabularies only). Logits within 1e-5 of transformers' and greedy ids
+    equal to its generate(); controls: the ids shifted by one position, another prompt."""
+    torch = pytest.importorskip("torch")
+    over = dict(num_hidden_layers=3, layer_types=["full_attention", "linear_attention", "linear_attention"])
+    if kind.startswith("tied"):
+        over["tie_word_embeddings"] = True
+    else:
+        over["vocab_size"] = 1000
+    hf, d = _hf_random(tmp_path, kind, **over)
+    V = hf.config.vocab_size
+    try:
+        m = gdncp.Model.from_pretrained(d, threads=1)
+    except Exception as e:   # the byte-only library (before gdn_token) refuses another vocab
+        if V != 256 and "vocab" in str(e):
+            pytest.skip(f"this libgdncp reads byte vocabularies only: {e}")
+        raise
+    with m:
+        assert m.config.vocab == V and m.config.tie_word_embeddings == ("tied" in kind)
+        assert list(m.config.layer_types) == over["layer_types"]
+        ids = np.random.default_rng(2).integers(0, V, (2, 40))
+        with torch.no_grad():
+            want = hf(torch.tensor(ids)).logits.numpy()
+            out = hf.generate(torch.tensor(ids[:, :10]), attention_mask=torch.ones((2, 10), dtype=torch.long),
+                              max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+        got = m.logits(ids)
+        assert rel_err(got, want) < TOL, rel_err(got, want)
+        assert rel_err(m.logits(np.roll(ids, 1, axis=1)), want) > 100 * TOL   # control
+        gen = m.generate(ids[:, :10], max_new_tokens=16)
+        assert np.array_equal(gen, out[:, 10:].numpy())
+        assert not np.array_equal(m.generate(ids[:, 1:11], max_new_tokens=16), out[:, 10:].numpy())
+        with pytest.raises(ValueError, match=f"= {V} is not a token id"):
+            m.logits([[0, V]])
+
+
 def test_logits_take_numpy_torch_and_lists(tiny):
     torch = pytest.importorskip("torch")
     ids = np.array([[1, 2, 3, 250, 7]], np.int64)
