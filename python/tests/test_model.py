@@ -320,6 +320,34 @@ def test_generate_text_bytes(tiny):
         tiny.generate_text("", max_new_tokens=3)
 
 
+def test_generate_text_stops_at_the_pack_separator(tmp_path, tiny):
+    """A checkpoint trained with --pack SEP (trainer_state.json's pack_separator_hex) stops once
+    it writes SEP, as `gdncp sample --stop auto` does (same bytes); stop=None runs on (the
+    control); a separator of two bytes matches across them."""
+    new = tiny.generate([list(b"Hello, wor")], max_new_tokens=20)[0].tolist()
+    j = next(i for i in range(2, 20) if new[i] not in new[:i] and (new[i - 1], new[i]) not in
+             list(zip(new[:i - 1], new[1:i])))
+    full = bytes(new).decode("utf-8", errors="replace")
+    for sep in ((new[j],), (new[j - 1], new[j])):
+        d = _copy_ckpt(tmp_path, name="pk" + "".join(f"{b:02x}" for b in sep))
+        (d / "trainer_state.json").write_text(json.dumps({"pack_separator_hex": bytes(sep).hex()}))
+        with gdncp.Model.from_pretrained(d, threads=1) as m:
+            assert m.pack_separator() == sep
+            text = m.generate_text("Hello, wor", max_new_tokens=20)
+            assert text == bytes(new[:j + 1]).decode("utf-8", errors="replace")
+            assert m.generate_text("Hello, wor", max_new_tokens=20, stop=None) == full != text
+            if CLI and os.path.exists(CLI):
+                r = subprocess.run([CLI, "sample", "--ckpt", str(d), "--prompt", "Hello, wor", "--tokens", "20",
+                                    "--temperature", "0", "--threads", "1", "--print-ids"],
+                                   capture_output=True, text=True, timeout=120)
+                assert [int(v) for v in r.stdout.strip().split(",")] == new[:j + 1], r.stderr
+    assert tiny.pack_separator() is None
+    with pytest.raises(TypeError, match="prompt"):
+        tiny.generate_text(b"bytes", max_new_tokens=2)
+    with pytest.raises(TypeError, match="unexpected"):
+        tiny.generate_text("a", max_new_tokens=2, temprature=1.0)
+
+
 def test_generate_text_with_a_tokenizer(tmp_path, tiny):
     """tokenizer.json beside the weights: the prompt goes through the Hugging Face tokenizer
     (a word-level one made here: 256 words), and the text is its decode of generate()'s ids;
@@ -338,6 +366,12 @@ def test_generate_text_with_a_tokenizer(tmp_path, tiny):
         new = m.generate([ids], max_new_tokens=12)[0]
         assert m.generate_text("w5 w17 w200 w3", max_new_tokens=12) == tk.decode(new.tolist())
         assert tiny.encode("w5 w17 w200 w3") != ids
+    with gdncp.Model.from_pretrained(TINY, threads=1, tokenizer=d / "tokenizer.json") as m:
+        assert m.encode("w5 w17") == [5, 17]        # tokenizer= given explicitly
+    with gdncp.Model.from_pretrained(TINY, threads=1, tokenizer=tk) as m:
+        assert m.decode([5, 17]) == tk.decode([5, 17])
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        gdncp.Model.from_pretrained(TINY, tokenizer=tmp_path / "none")
 
 
 # ----------------------------------------------------------------------------- bad input

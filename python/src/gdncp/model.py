@@ -108,10 +108,12 @@ class Model:
     # ------------------------------------------------------------------------- loading
 
     @classmethod
-    def from_pretrained(cls, path, threads=0):
+    def from_pretrained(cls, path, threads=0, tokenizer=None):
         """path: a checkpoint directory (config.json + model.safetensors, transformers' or gdncp's)
         or a `gdncp train --out` directory (its newest complete checkpoint-N). threads: OpenMP
-        threads for every call (0: all)."""
+        threads for every call (0: all). tokenizer (for encode / decode / generate_text): None
+        looks for tokenizer.json beside the weights, then in path; or a tokenizer.json file, a
+        directory holding one, or a `tokenizers.Tokenizer`."""
         path = os.fspath(path)
         threads = _int_arg("threads", threads, 0, 1 << 16)
         if not os.path.isdir(path):
@@ -152,6 +154,8 @@ class Model:
         m = object.__new__(cls)
         m._cfg, m._raw, m._w, m._threads, m._dir, m._path = cfg, raw, w, threads, d, path
         m._plan, m._plan_bt, m._tokenizer = None, None, None
+        if tokenizer is not None:
+            m._tokenizer = m._load_tokenizer(tokenizer)
         m._lock = threading.RLock()
         m.config = ModelConfig._from_c(cfg)
         return m
@@ -306,7 +310,9 @@ class Model:
             self._live()
             return self._generate(ids, N, s, seed, set(eos), pad)
 
-    def _generate(self, ids, N, s, seed, eos, pad, on_token=None):
+    def _generate(self, ids, N, s, seed, eos, pad, stop=None):
+        """stop: a tuple of ids; a row whose newest tokens (prompt included) are it is finished
+        (after writing it), like eos."""
         B, T = ids.shape
         V = self._cfg.vocab
         dec = ctypes.c_void_p()
@@ -331,6 +337,8 @@ class Model:
             nxt = np.empty(B, L.TOKEN_DTYPE)
             tok = ctypes.c_int64()
             done = np.zeros(B, bool)
+            k = len(stop) if stop else 0
+            tails = [list(ids[b, max(0, T - k):]) for b in range(B)] if k else None
             row_bytes = V * 4
             base = last.ctypes.data
             n = 0
@@ -342,11 +350,13 @@ class Model:
                             "gdncp.Model.generate (sampling)")
                     t = pad if done[b] else tok.value
                     out[b, i] = t
+                    if k and not done[b]:
+                        tails[b] = (tails[b] + [t])[-k:]
+                        if tuple(int(x) for x in tails[b]) == stop:
+                            done[b] = True
                     if t in eos:
                         done[b] = True
                 n = i + 1
-                if on_token is not None:
-                    on_token(out[:, i])
                 if done.all() or i == N - 1:
                     break
                 nxt[:] = out[:, i]
@@ -358,6 +368,23 @@ class Model:
 
     # ------------------------------------------------------------------------- text
 
+    @staticmethod
+    def _load_tokenizer(t):
+        """A tokenizers.Tokenizer from a Tokenizer, a tokenizer.json file or a directory with one."""
+        if hasattr(t, "encode") and hasattr(t, "decode"):
+            return t
+        f = os.fspath(t)
+        if os.path.isdir(f):
+            f = os.path.join(f, "tokenizer.json")
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"gdncp.Model: tokenizer {f} is missing")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ImportError(f"gdncp.Model: {f} needs the `tokenizers` package "
+                              "(pip install tokenizers)") from None
+        return Tokenizer.from_file(f)
+
     def _tok(self):
         """The Hugging Face tokenizer (tokenizer.json beside the weights or in the directory
         given), or None for a byte-level model (vocab 256 without one: UTF-8 bytes)."""
@@ -365,12 +392,7 @@ class Model:
             for d in (self._dir, self._path):
                 f = os.path.join(d, "tokenizer.json")
                 if os.path.isfile(f):
-                    try:
-                        from tokenizers import Tokenizer
-                    except ImportError:
-                        raise ImportError(f"gdncp.Model.generate_text: {f} needs the `tokenizers` "
-                                          "package (pip install tokenizers)") from None
-                    self._tokenizer = Tokenizer.from_file(f)
+                    self._tokenizer = self._load_tokenizer(f)
                     break
             else:
                 if self._cfg.vocab != 256:
@@ -406,16 +428,48 @@ class Model:
         return tok.decode(ids, skip_special_tokens=True) if tok else \
             bytes(ids).decode("utf-8", errors="replace")
 
-    def generate_text(self, prompt, max_new_tokens=100, eos_token_id="auto", **kw):
+    def pack_separator(self):
+        """The document separator of a checkpoint `gdncp train --pack SEP` wrote (its
+        trainer_state.json), as a tuple of ids, or None."""
+        buf = (ctypes.c_ubyte * 64)()
+        n = ctypes.c_int(0)
+        L.check(L.gdn_ckpt_pack_separator(os.fsencode(self._dir), buf, 64, ctypes.byref(n)),
+                f"gdncp.Model: {self._dir}/trainer_state.json")
+        return tuple(buf[:n.value]) or None
+
+    def generate_text(self, prompt, max_new_tokens=100, eos_token_id="auto", stop="auto", **kw):
         """The continuation of prompt (a str) as a str; the other arguments are generate()'s.
         eos_token_id "auto": the checkpoint's generation_config.json / config.json eos id (none
-        for byte-level models)."""
+        for byte-level models); the text ends before it. stop "auto": a checkpoint trained with
+        --pack SEP stops once it writes SEP (included, as `gdncp sample --stop auto` does);
+        None: no stop."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, not {type(prompt).__name__}")
         ids = self.encode(prompt)
         if not ids:
             raise ValueError("prompt is empty: give the model at least one token to continue")
         if isinstance(eos_token_id, str) and eos_token_id == "auto":
             eos_token_id = self._default_eos()
-        new = self.generate([ids], max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, **kw)[0]
+        if isinstance(stop, str) and stop == "auto":
+            stop = self.pack_separator()
+        elif stop is not None:
+            stop = tuple(self.encode(stop)) if isinstance(stop, str) else tuple(int(x) for x in stop)
+            if not stop:
+                raise ValueError("stop is empty")
+        self._live()
+        a = self._ids([ids])
+        N = _int_arg("max_new_tokens", max_new_tokens, 0)
+        samp = self._sampling(kw.pop("do_sample", False), kw.pop("temperature", 1.0),
+                              kw.pop("top_k", 0), kw.pop("top_p", 1.0))
+        seed = _int_arg("seed", kw.pop("seed", 0), 0, (1 << 64) - 1)
+        if kw:
+            raise TypeError(f"generate_text() got unexpected arguments {sorted(kw)}")
         eos = set(self._eos(eos_token_id))
+        if N == 0:
+            return ""
+        self._check_length(a.shape[1] + N, "the prompt plus max_new_tokens")
+        with self._lock:
+            self._live()
+            new = self._generate(a, N, samp, seed, eos, 0, stop=stop)[0]
         cut = next((i for i, t in enumerate(new) if int(t) in eos), len(new))
         return self.decode(new[:cut])
