@@ -460,6 +460,47 @@ def test_missing_files(tmp_path):
         gdncp.Model.from_pretrained(e)
 
 
+@pytest.mark.skipif(not CLI or not os.path.exists(CLI or ""), reason="GDNCP_CLI (the gdncp command) not set")
+def test_a_gdncp_train_output(tmp_path):
+    """A real `gdncp train --out` directory (GatedDeltaNet + attention, packed fortunes, checkpoints
+    at steps 2 and 3): the model loads its newest checkpoint and generates what `gdncp sample`
+    does on it, greedy (both with the checkpoint's separator as their stop; three steps of
+    training rarely write it: test_generate_text_stops_at_the_pack_separator makes it happen) and
+    seeded sampling; control: checkpoint 2's sampling differs."""
+    text = "/usr/share/games/fortunes/fortunes"
+    if not os.path.exists(text):
+        pytest.skip(f"{text} is missing (Debian's fortunes package)")
+    out = tmp_path / "run"
+    cmd = [os.environ.get("GDN_MPIEXEC", "mpiexec.mpich"), "-n", "1", CLI, "train", "--data", text,
+           "--hidden", "32", "--layers", "2", "--layer-types", "linear,full",
+           "--attn-heads", "2", "--kv-heads", "1", "--head-dim", "16",
+           "--intermediate", "64", "--key-heads", "1", "--value-heads", "2", "--key-dim", "16",
+           "--value-dim", "16", "--seq", "64", "--steps", "3", "--save-every", "2", "--eval-every", "0",
+           "--lr", "3e-3", "--threads", "1", "--pack", "\\n%\\n", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def sample(ck, *opts):
+        r = subprocess.run([CLI, "sample", "--ckpt", str(ck), "--prompt", "The ", "--tokens", "48",
+                            "--threads", "1", "--print-ids", *opts], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        return [int(v) for v in r.stdout.strip().split(",")]
+    with gdncp.Model.from_pretrained(out, threads=1) as m:
+        assert m.path.endswith("checkpoint-00000003") and m.pack_separator() == tuple(b"\n%\n")
+        assert m.config.layer_types == ("linear_attention", "full_attention")
+        greedy = sample(out, "--temperature", "0")              # --stop auto: ends with the separator
+        assert m.generate([list(b"The ")], max_new_tokens=48, stop=m.pack_separator())[0].tolist() == greedy
+        assert m.generate_text("The ", max_new_tokens=48) == m.decode(greedy)
+        ids = m.generate([list(b"The ")], max_new_tokens=48, do_sample=True, temperature=0.9,
+                         top_k=20, seed=4)[0].tolist()
+        sampled = sample(out, "--temperature", "0.9", "--top-k", "20", "--seed", "4", "--stop", "none")
+        assert ids == sampled
+    with gdncp.Model.from_pretrained(out / "checkpoint-00000002", threads=1) as m2:
+        assert m2.generate([list(b"The ")], max_new_tokens=48, do_sample=True, temperature=0.9,
+                           top_k=20, seed=4)[0].tolist() != sampled
+
+
 def test_training_output_directory_and_close(tmp_path):
     """A `gdncp train --out` directory loads its newest complete checkpoint-N; close() (or a
     with block) frees the model, and a closed model refuses calls."""

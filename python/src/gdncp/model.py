@@ -283,7 +283,7 @@ class Model:
         return [_int_arg("eos_token_id", e, 0, self._cfg.vocab - 1) for e in ids]
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=0,
-                 top_p=1.0, seed=0, eos_token_id=None, pad_token_id=None):
+                 top_p=1.0, seed=0, eos_token_id=None, pad_token_id=None, stop=None):
         """New tokens after each prompt row: input_ids [B, T] -> int64 numpy [B, N] with
         N = max_new_tokens (transformers' `generate(...)[:, T:]`).
 
@@ -293,7 +293,8 @@ class Model:
         seed + b (`gdncp sample --seed (seed + b) --temperature T --top-k K --top-p P` gives the
         same tokens). eos_token_id (an id or a list): a row that produced one is finished and
         continues with pad_token_id (default: the first eos id); once every row is finished the
-        result stops early, with fewer than max_new_tokens columns."""
+        result stops early, with fewer than max_new_tokens columns. stop (a sequence of ids, e.g.
+        pack_separator()): a row whose newest tokens are it is finished too, after writing it."""
         self._live()
         ids = self._ids(input_ids)
         B, T = ids.shape
@@ -303,12 +304,22 @@ class Model:
         eos = self._eos(eos_token_id)
         pad = (eos[0] if eos else 0) if pad_token_id is None else \
             _int_arg("pad_token_id", pad_token_id, 0, self._cfg.vocab - 1)
+        stop = self._stop(stop)
         if N == 0:
             return np.zeros((B, 0), np.int64)
         self._check_length(T + N, "the prompt plus max_new_tokens")
         with self._lock:
             self._live()
-            return self._generate(ids, N, s, seed, set(eos), pad)
+            return self._generate(ids, N, s, seed, set(eos), pad, stop=stop)
+
+    def _stop(self, stop):
+        """stop as a tuple of checked ids (a str through encode), or None."""
+        if stop is None:
+            return None
+        ids = self.encode(stop) if isinstance(stop, str) else list(stop)
+        if not ids:
+            raise ValueError("stop is empty: give at least one id")
+        return tuple(_int_arg("stop", x, 0, self._cfg.vocab - 1) for x in ids)
 
     def _generate(self, ids, N, s, seed, eos, pad, stop=None):
         """stop: a tuple of ids; a row whose newest tokens (prompt included) are it is finished
@@ -450,12 +461,7 @@ class Model:
             raise ValueError("prompt is empty: give the model at least one token to continue")
         if isinstance(eos_token_id, str) and eos_token_id == "auto":
             eos_token_id = self._default_eos()
-        if isinstance(stop, str) and stop == "auto":
-            stop = self.pack_separator()
-        elif stop is not None:
-            stop = tuple(self.encode(stop)) if isinstance(stop, str) else tuple(int(x) for x in stop)
-            if not stop:
-                raise ValueError("stop is empty")
+        stop = self.pack_separator() if isinstance(stop, str) and stop == "auto" else self._stop(stop)
         self._live()
         a = self._ids([ids])
         N = _int_arg("max_new_tokens", max_new_tokens, 0)
