@@ -350,15 +350,18 @@ class Model:
             done = np.zeros(B, bool)
             k = len(stop) if stop else 0
             tails = [list(ids[b, max(0, T - k):]) for b in range(B)] if k else None
-            row_bytes = V * 4
-            base = last.ctypes.data
+            # the call's arguments made once (ctypes conversions cost more than the sampling)
+            rows = [ctypes.cast(last.ctypes.data + b * V * 4, L.P_float) for b in range(B)]
+            s_ref, tok_ref, work_p = ctypes.byref(s), ctypes.byref(tok), L.f32p(work)
+            rng_refs = [ctypes.byref(r) for r in rngs]
+            sample_next, decode = L.gdn_sample_next, L.gdn_model_decode
+            nxt_p, last_p = nxt.ctypes.data_as(L.P_token), L.f32p(last)
             n = 0
             for i in range(N):
                 for b in range(B):
-                    L.check(L.gdn_sample_next(ctypes.byref(tok),
-                                              ctypes.cast(base + b * row_bytes, L.P_float), V,
-                                              ctypes.byref(s), ctypes.byref(rngs[b]), L.f32p(work)),
-                            "gdncp.Model.generate (sampling)")
+                    rc = sample_next(tok_ref, rows[b], V, s_ref, rng_refs[b], work_p)
+                    if rc:
+                        L.check(rc, "gdncp.Model.generate (sampling)")
                     t = pad if done[b] else tok.value
                     out[b, i] = t
                     if k and not done[b]:
@@ -371,8 +374,9 @@ class Model:
                 if done.all() or i == N - 1:
                     break
                 nxt[:] = out[:, i]
-                L.check(L.gdn_model_decode(dec, w, nxt.ctypes.data_as(L.P_token), L.f32p(last)),
-                        "gdncp.Model.generate (decode)")
+                rc = decode(dec, w, nxt_p, last_p)
+                if rc:
+                    L.check(rc, "gdncp.Model.generate (decode)")
             return out[:, :n]
         finally:
             L.gdn_model_decoder_destroy(dec)
