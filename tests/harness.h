@@ -134,5 +134,6 @@ void test_attn_decode(void);     /* tests/test_attention_decode.c: its KV cache 
 void test_attn_io(void);         /* tests/test_attn_io.c: loading attention weights */
 void test_model_hybrid(void);    /* tests/test_model_hybrid.c: the hybrid model against transformers */
 void test_sdpa(void);            /* tests/test_sdpa.c: the attention core alone (gdn_sdpa_*) */
+void test_compute_bf16(void);    /* tests/test_compute_bf16.c: the layers in BF16 compute mode */
 
 #endif

@@ -13,7 +13,7 @@ static const struct { const char *name; void (*fn)(void); } suites[] = {
     {"train_io", test_train_io}, {"pack", test_pack},
     {"attention", test_attention}, {"attn_decode", test_attn_decode}, {"attn_io", test_attn_io},
     {"model_hybrid", test_model_hybrid}, {"matmul_bf16", test_matmul_bf16},
-    {"sdpa", test_sdpa}, {"sample", test_sample},
+    {"sdpa", test_sdpa}, {"compute_bf16", test_compute_bf16}, {"sample", test_sample},
 };
 
 int main(int argc, char **argv) {

@@ -19,7 +19,7 @@
  *     fp32, then added to C), so per element the same fp32 additions happen in the same order. Not bitwise: AVX512-BF16 vs AMX (the pair's order differs).
  *     Controls: the fallback in the other order must differ from the path in >= 1 element.
  * Shapes: ragged m, n, k (not multiples of 14, 16 or 32), k odd, k crossing the 512-deep slice,
- * n crossing the 512-column panel; every ACC / A^T / B^T combination; A and B stored as bf16;
+ * n crossing the 512-column panel, m crossing the 4480-row pass; every ACC / A^T / B^T combination; A and B stored as bf16;
  * 1 and 2 threads; row padding of C must stay untouched; every other call packs into a caller
  * workspace of gdn_matmul_bf16_ws_bytes (misaligned), which must not be overrun. */
 #include "harness.h"
@@ -309,6 +309,9 @@ void test_matmul_bf16(void) {
     one(GDN_GEMM_B_TRANS | GDN_GEMM_B_BF16, 61, 95, 531, 2);
     one(GDN_GEMM_A_BF16 | GDN_GEMM_ACC, 37, 40, 99, 1);
     one(GDN_GEMM_A_TRANS | GDN_GEMM_A_BF16 | GDN_GEMM_B_BF16, 100, 33, 63, 2);
+    /* more rows than one pass (4480): the row blocks' offsets into A, A^T and C */
+    one(GDN_GEMM_ACC, 4500, 37, 40, 2);
+    one(GDN_GEMM_A_TRANS | GDN_GEMM_A_BF16 | GDN_GEMM_B_TRANS, 4500, 37, 40, 2);
     rounding();
     controls();
 }

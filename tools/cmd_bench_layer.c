@@ -85,8 +85,11 @@ static double error_vs_reference(gdn_layer_config c, const float *w, const float
 
 enum { MODE_FORWARD, MODE_KEEP_MIN, MODE_KEEP_PROJ };
 
-static int bench_layer(const layer_shape *s, int threads, double peak, int json, int quick,
-                       const char *cpu) {
+/* Each mode (forward; forward+backward keeping the minimum or the projections) in each compute
+ * precision asked for, the precisions alternating rep by rep so that a noisy machine hits both
+ * alike; the BF16 row also prints its speed-up over the fp32 row (the ratio of the medians). */
+static int bench_layer(const layer_shape *s, int threads, double peak, double bf16_peak, int compute_mask,
+                       int json, int quick, const char *cpu) {
     gdn_layer_config c = gdn_layer_config_default(1, s->T, s->E, s->Hk, s->Hv, s->K, s->V);
     c.threads = threads;
     uint64_t seed = 0x9E3779B97F4A7C15ull;
@@ -98,50 +101,78 @@ static int bench_layer(const layer_shape *s, int threads, double peak, int json,
         fprintf(stderr, "gdncp bench layer: out of memory for %s\n", s->label);
         return 1;
     }
-    const double err = error_vs_reference(c, w, x, quick ? 8 : 16);
+    /* the error on the first tokens: 32 of them for BF16, whose products of <= 16 rows are fp32 */
+    double err[2] = {NAN, NAN};
+    for (int cm = 0; cm < 2; cm++)
+        if (compute_mask & (1 << cm)) {
+            c.compute = cm;
+            err[cm] = error_vs_reference(c, w, x, quick ? (cm ? 24 : 8) : (cm ? 32 : 16));
+        }
     const int reps = quick ? 1 : 3;
     for (int mode = MODE_FORWARD; mode <= MODE_KEEP_PROJ; mode++) {
         c.keep = mode == MODE_KEEP_PROJ ? GDN_LAYER_KEEP_PROJ : GDN_LAYER_KEEP_MIN;
-        gdn_layer_plan *lp = NULL;
-        int rc = gdn_layer_plan_create(&lp, &c);
-        const size_t nsaved = lp ? gdn_layer_saved_floats(lp) : 0;
-        float *saved = mode == MODE_FORWARD ? NULL : malloc(sizeof(float) * (nsaved + 1));
-        double t[8];
-        for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
-            const double t0 = cli_now();
-            rc = gdn_layer_forward(lp, y, saved, x, w, NULL, NULL);
-            if (!rc && mode != MODE_FORWARD) rc = gdn_layer_backward(lp, dx, dw, x, w, saved, dy);
-            if (r) t[r - 1] = cli_now() - t0;
-        }
+        gdn_layer_plan *lp[2] = {NULL, NULL};
+        float *saved[2] = {NULL, NULL};
+        size_t nsaved = 0;
+        double t[2][8];
+        int rc = 0;
+        for (int cm = 0; cm < 2 && !rc; cm++)
+            if (compute_mask & (1 << cm)) {
+                c.compute = cm;
+                rc = gdn_layer_plan_create(&lp[cm], &c);
+                nsaved = lp[cm] ? gdn_layer_saved_floats(lp[cm]) : 0;
+                if (!rc && mode != MODE_FORWARD && !(saved[cm] = malloc(sizeof(float) * (nsaved + 1)))) {
+                    fprintf(stderr, "gdncp bench layer: %s: out of memory for the saved floats\n", s->label);
+                    rc = GDN_ERR_NOMEM;
+                }
+            }
+        for (int r = 0; r <= reps && !rc; r++) /* r = 0 warms up */
+            for (int k = 0; k < 2 && !rc; k++) {
+                const int cm = (r + k) % 2; /* alternate which precision goes first */
+                if (!lp[cm]) continue;
+                const double t0 = cli_now();
+                rc = gdn_layer_forward(lp[cm], y, saved[cm], x, w, NULL, NULL);
+                if (!rc && mode != MODE_FORWARD) rc = gdn_layer_backward(lp[cm], dx, dw, x, w, saved[cm], dy);
+                if (r) t[cm][r - 1] = cli_now() - t0;
+            }
         if (rc) {
-            fprintf(stderr, "gdncp bench layer: %s: %s\n", s->label, gdn_errmsg());
-            free(saved), gdn_layer_plan_destroy(lp);
+            if (rc != GDN_ERR_NOMEM) fprintf(stderr, "gdncp bench layer: %s: %s\n", s->label, gdn_errmsg());
+            for (int cm = 0; cm < 2; cm++) free(saved[cm]), gdn_layer_plan_destroy(lp[cm]);
             return 1;
         }
-        const double med = cli_median(t, reps);
         const double flops = (double)c.T * (mode == MODE_FORWARD
                                                 ? proj_flops_per_token(&c) + kernel_flops_per_token(&c, 0)
                                                 : 3 * proj_flops_per_token(&c) + kernel_flops_per_token(&c, 1));
-        const double gflops = flops / med / 1e9, kept = mode == MODE_FORWARD ? 0 : 4.0 * nsaved / c.T;
+        const double kept = mode == MODE_FORWARD ? 0 : 4.0 * nsaved / c.T;
         const char *dir = mode == MODE_FORWARD ? "layer_forward" : "layer_fwd_bwd";
         const char *keep = mode == MODE_FORWARD ? "none" : mode == MODE_KEEP_MIN ? "min" : "proj";
-        if (json)
-            printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"E\":%lld,\"Hk\":%lld,\"Hv\":%lld,\"K\":%lld,"
-                   "\"V\":%lld,\"T\":%lld,\"threads\":%d,\"keep\":\"%s\",\"ms\":%.3f,\"reps\":%d,"
-                   "\"tokens_per_s\":%.1f,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
-                   "\"bytes_kept_per_token\":%.1f,\"x_bytes_per_token\":%lld,\"rel_err_vs_reference\":%.3e,"
-                   "\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
-                   dir, s->label, (long long)c.E, (long long)c.Hk, (long long)c.Hv, (long long)c.K,
-                   (long long)c.V, (long long)c.T, threads, keep, med * 1e3, reps, c.T / med, gflops,
-                   peak, gflops / peak, kept, (long long)(4 * c.E), err, gdn_layer_plan_path(lp), cpu);
-        else
-            printf("%-14s %-6s E=%lld Hk=%lld Hv=%lld K=V=%lld T=%lld thr=%d keep=%-4s %9.1f ms %9.0f tok/s "
-                   "%7.1f GFLOP/s %5.1f %% of peak  kept %8.0f B/token  err %.1e\n",
-                   dir, s->label, (long long)c.E, (long long)c.Hk, (long long)c.Hv, (long long)c.K,
-                   (long long)c.T, threads, keep, med * 1e3, c.T / med, gflops, 100 * gflops / peak,
-                   kept, err);
-        free(saved);
-        gdn_layer_plan_destroy(lp);
+        const double med32 = lp[0] ? cli_median(t[0], reps) : NAN;
+        for (int cm = 0; cm < 2; cm++) {
+            if (!lp[cm]) continue;
+            const double med = cli_median(t[cm], reps), gflops = flops / med / 1e9;
+            const double speedup = cm && lp[0] ? med32 / med : NAN;
+            if (json)
+                printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"E\":%lld,\"Hk\":%lld,\"Hv\":%lld,\"K\":%lld,"
+                       "\"V\":%lld,\"T\":%lld,\"threads\":%d,\"keep\":\"%s\",\"compute\":\"%s\",\"ms\":%.3f,"
+                       "\"reps\":%d,\"tokens_per_s\":%.1f,\"gflops\":%.3f,\"peak_gflops\":%.3f,"
+                       "\"fraction_of_peak\":%.4f,\"bf16_peak_gflops\":%.3f,\"fraction_of_bf16_peak\":%.4f,"
+                       "\"speedup_vs_fp32\":%.3f,\"bytes_kept_per_token\":%.1f,\"x_bytes_per_token\":%lld,"
+                       "\"rel_err_vs_reference\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
+                       dir, s->label, (long long)c.E, (long long)c.Hk, (long long)c.Hv, (long long)c.K,
+                       (long long)c.V, (long long)c.T, threads, keep, gdn_compute_name(cm), med * 1e3, reps,
+                       c.T / med, gflops, peak, gflops / peak, cm ? bf16_peak : NAN, cm ? gflops / bf16_peak : NAN,
+                       speedup, kept, (long long)(4 * c.E), err[cm], gdn_layer_plan_path(lp[cm]), cpu);
+            else {
+                printf("%-14s %-6s %s E=%lld Hk=%lld Hv=%lld K=V=%lld T=%lld thr=%d keep=%-4s %9.1f ms %9.0f tok/s "
+                       "%7.1f GFLOP/s %5.1f %% of fp32 peak",
+                       dir, s->label, gdn_compute_name(cm), (long long)c.E, (long long)c.Hk, (long long)c.Hv,
+                       (long long)c.K, (long long)c.T, threads, keep, med * 1e3, c.T / med, gflops,
+                       100 * gflops / peak);
+                if (cm) printf(" %5.1f %% of bf16 peak %5.2fx fp32", 100 * gflops / bf16_peak, speedup);
+                printf("  kept %8.0f B/token  err %.1e\n", kept, err[cm]);
+            }
+        }
+        for (int cm = 0; cm < 2; cm++) free(saved[cm]), gdn_layer_plan_destroy(lp[cm]);
     }
     free(w), free(x), free(dy), free(y), free(dx), free(dw);
     return 0;
@@ -236,7 +267,7 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
 }
 
 int cmd_bench_layer(int argc, char **argv) {
-    int json = 0, quick = 0;
+    int json = 0, quick = 0, compute_mask = 3; /* bit 0: fp32, bit 1: bf16 */
     int64_t T = 4096;
     for (int i = 2; i < argc; i++) { /* argv: bench layer ... */
         if (!strcmp(argv[i], "--json")) json = 1;
@@ -245,8 +276,17 @@ int cmd_bench_layer(int argc, char **argv) {
             if (cli_parse_i64("bench layer", "--T", i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 24, &T))
                 return CLI_USAGE_ERROR;
             i++;
+        } else if (!strcmp(argv[i], "--compute") && i + 1 < argc) {
+            int cm = 0;
+            if (!strcmp(argv[i + 1], "both")) compute_mask = 3;
+            else if (gdn_compute_parse(argv[i + 1], &cm)) {
+                fprintf(stderr, "gdncp bench layer: --compute: %s (or both)\n", gdn_errmsg());
+                return CLI_USAGE_ERROR;
+            } else compute_mask = 1 << cm;
+            i++;
         } else {
-            fprintf(stderr, "gdncp bench layer: usage: gdncp bench layer [--json] [--quick] [--T N]\n");
+            fprintf(stderr, "gdncp bench layer: usage: gdncp bench layer [--json] [--quick] [--T N] "
+                            "[--compute fp32|bf16|both]\n");
             return CLI_USAGE_ERROR;
         }
     }
@@ -258,13 +298,23 @@ int cmd_bench_layer(int argc, char **argv) {
     char cpu[256];
     cli_cpu_name(cpu, sizeof cpu);
     const double peak = cli_peak_gflops(maxt, json);
-    if (!json)
-        printf("GEMM path: %s\nGFLOP/s: projections 2E(2HkK+2HvV+2Hv)+2HvVE per token (x3 with the backward) "
-               "+ kernel DESIGN §3; err: fp32 y vs the double reference layer on the first tokens\n",
-               gdn_layer_plan_path(NULL));
+    const int bpath = gdn_bench_bf16_path();
+    const double bf16_peak = compute_mask & 2 ? gdn_bench_bf16_peak_gflops(bpath, maxt) : NAN;
+    if (json && (compute_mask & 2))
+        printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", maxt,
+               bf16_peak, gdn_bench_bf16_path_name(bpath));
+    if (!json) {
+        printf("GEMM path: fp32 %s; bf16 %s\n", gdn_compute_path(GDN_COMPUTE_FP32), gdn_compute_path(GDN_COMPUTE_BF16));
+        if (compute_mask & 2)
+            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d thread%s (0: the path has no "
+                   "instruction of its own)\n", gdn_bench_bf16_path_name(bpath), bf16_peak, maxt, maxt > 1 ? "s" : "");
+        printf("GFLOP/s: projections 2E(2HkK+2HvV+2Hv)+2HvVE per token (x3 with the backward) + kernel DESIGN §3; "
+               "err: y vs the double reference layer on the first tokens (bf16: in_proj_qkv, in_proj_z, out_proj "
+               "in bf16)\n");
+    }
     const layer_shape shapes[] = {{"qwen35b", 2048, 16, 32, 128, 128, T}, {"small", 512, 4, 8, 64, 64, T}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        if (bench_layer(&shapes[i], maxt, peak, json, quick, cpu)) return 1;
+        if (bench_layer(&shapes[i], maxt, peak, bf16_peak, compute_mask, json, quick, cpu)) return 1;
     const int64_t batches[] = {1, 16};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int b = 0; b < 2; b++)

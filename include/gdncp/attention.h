@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "compute.h"
 #include "version.h"
 
 #ifdef __cplusplus
@@ -53,6 +54,9 @@ typedef struct {
     int cp;               /* under CP: GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS (gdncp/cp.h) */
     int keep;             /* what a forward's saved floats hold for the backward: GDN_ATTN_KEEP_ALL
                              or GDN_ATTN_KEEP_CORE (below) */
+    int compute;          /* GDN_COMPUTE_FP32 (0, default) or GDN_COMPUTE_BF16 (compute.h): q/k/v_proj
+                             and o_proj (forward, dx and dW) with bf16 operands and fp32 accumulation;
+                             norms, RoPE, the core and its softmax stay fp32 */
 } gdn_attn_config;
 
 /* Memory modes. KEEP_ALL (default): the projections, the core's output and its log-sum-exp,

@@ -4,6 +4,7 @@
 #define GDNCP_LAYER_H
 
 #include <stdint.h>
+#include "compute.h"
 #include "kernel.h"
 
 #ifdef __cplusplus
@@ -43,6 +44,9 @@ typedef struct {
     int weight_dtype;      /* GDN_F32 (default) or GDN_BF16: the flat parameters `w` are then
                               bfloat16 (uint16_t) and stay so in memory (forward and decode only;
                               the backward trains fp32 weights) */
+    int compute;           /* GDN_COMPUTE_FP32 (0, default) or GDN_COMPUTE_BF16 (compute.h): in_proj_qkv,
+                              in_proj_z and out_proj (forward, dx and dW) with bf16 operands and fp32
+                              accumulation; the rule, conv, gates and norm stay fp32 */
     const int64_t *cu_seqlens; /* packed documents, as in gdn_config (B = 1; NULL: dense): the conv
                                   and the recurrent state restart at every document start (no tap
                                   reads across one, also across the CP halo); every document starts
@@ -91,7 +95,7 @@ GDN_API int gdn_layer_plan_set_docs(gdn_layer_plan *plan, const int64_t *cu_seql
                             int64_t seq_offset);
 /* Floats the forward keeps for the backward (depends on cfg.keep). */
 GDN_API size_t gdn_layer_saved_floats(const gdn_layer_plan *plan);
-/* Name of the GEMM path the projections run. */
+/* Name of the GEMM path the projections run (cfg.compute's: gdn_compute_path). */
 GDN_API const char *gdn_layer_plan_path(const gdn_layer_plan *plan);
 
 /* Forward. w: the flat parameters (float, or uint16_t BF16 when cfg.weight_dtype is GDN_BF16).
@@ -115,7 +119,9 @@ GDN_API int gdn_layer_decode(gdn_layer_plan *plan, float *y, const float *x, con
                      float *conv_state, float *rec_state);
 
 /* The layer in double precision with plain loops (zero initial states): the oracle the fp32
- * layer is tested against. w, dw: flat parameters as above, in double. */
+ * layer is tested against. w, dw: flat parameters as above, in double. With cfg.compute =
+ * GDN_COMPUTE_BF16 the operands of the products the BF16 mode runs in bf16 are rounded to bf16
+ * (nearest even) and all else is exact: the BF16 layer's oracle. */
 GDN_API int gdn_layer_reference_forward(const gdn_layer_config *cfg, double *y, const double *x,
                                 const double *w);
 GDN_API int gdn_layer_reference_backward(const gdn_layer_config *cfg, double *dx, double *dw,

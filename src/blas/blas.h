@@ -48,7 +48,8 @@ enum { GDN_BF16_AUTO = 0, GDN_BF16_FALLBACK = 1, GDN_BF16_AVX512 = 2, GDN_BF16_A
 int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
                     const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads);
 /* ws: gdn_matmul_bf16_ws_bytes(path, m, n, kk) bytes of packing space (any alignment), or NULL:
- * then it is allocated per call (the A slice is m x 512 bf16: 4 MB at m = 4096, + 1 MB of B). */
+ * then it is allocated per call (at most 4480 x 512 bf16 of A per pass, 9.2 MB for the fallback's
+ * fp32 panels, + 1 MB of B). Rows beyond 4480 run in further passes (B packed once per pass). */
 size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk);
 int gdn_bf16_path_available(int path); /* fallback and AMX_EMU always; AVX512 / AMX per CPUID + OS */
 int gdn_bf16_path_auto(void);
@@ -64,6 +65,14 @@ extern int gdn_bf16_fault;
 /* Tests only: the fallback sums in TDPBF16PS's order (blocks of 16 pairs, even and odd partial
  * sums; = the AMX path bit for bit) instead of VDPBF16PS's (= the AVX512-BF16 path). */
 extern int gdn_bf16_fallback_amx_order;
+/* ---- the projections' GEMM in a compute precision (gdncp/compute.h): gdn_matmul for
+ * GDN_COMPUTE_FP32, gdn_matmul_bf16 on the automatic path for GDN_COMPUTE_BF16 (same flags; A
+ * fp32, or bf16 with GDN_GEMM_A_BF16; B fp32 or bf16 with GDN_GEMM_B_BF16), except that
+ * products of at most 16 rows with an fp32 A (decode) take gdn_matmul's streaming path. ws:
+ * gdn_matmul_compute_ws_floats(compute, threads) floats, enough for any shape. */
+size_t gdn_matmul_compute_ws_floats(int compute, int threads);
+void gdn_matmul_compute(int compute, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
+                        const void *B, int64_t ldb, float *C, int64_t ldc, float *ws, int threads);
 /* The name of the GEMM micro-kernel compiled in. */
 const char *gdn_gemm_path(void);
 

@@ -80,7 +80,10 @@ enum { NR = 32,        /* columns of a B micro-panel (2 zmm, 2 AMX B tiles) */
        KC = GDN_BF_KC, /* depth of a slice (a multiple of 32) */
        NC = GDN_BF_NC, /* columns of the shared B panel: KC x NC bf16 (1 MB) */
        MCP_V = GDN_BF_MCP, /* MR_V panels per work item */
-       MCP_X = 4 };    /* MR_X panels per work item */
+       MCP_X = 4,      /* MR_X panels per work item */
+       MC = 4480 };    /* rows per pass (a multiple of MR_V and MR_X): the packed A slice is at
+                          most MC x KC, so the workspace is bounded (4.6 MB; the fallback's fp32
+                          panels 9.2 MB) and B is packed once per MC rows */
 
 int gdn_bf16_fault = 0;
 int gdn_bf16_fallback_amx_order = 0;
@@ -300,12 +303,14 @@ static inline __attribute__((always_inline)) void mk_fb(int64_t kp, const float 
             for (int v = 0; v < NVF; v++) *(gdn_vf *)(t + (r0 + i) * NR + v * GDN_VL) = c[i][v];
     }
 }
-/* Tests only: TDPBF16PS's order (see the top of the file), the pairs in blocks of 16 from the
- * slice's start: per block, even and odd partial sums from zero, then acc += even + odd. */
-static void mk_fb_amx_order(int64_t kp, const float *a, const uint32_t *b, float *t) {
-    for (int i = 0; i < MR_V; i++)
-        for (int j = 0; j < NR; j++) {
-            float acc = 0.0f;
+/* Tests only: the AMX path's arithmetic (see the top of the file): per element, from C (acc) or
+ * zero, the pairs in blocks of 16 from the slice's start, each block's even and odd partial sums
+ * from zero, then acc += even + odd. */
+static void mk_fb_amx_order(int64_t kp, const float *a, const uint32_t *b, float *C, int64_t ldc, int acc,
+                            int mr, int nc) {
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nc; j++) {
+            float c = acc ? C[i * ldc + j] : 0.0f;
             for (int64_t p0 = 0; p0 < kp; p0 += 16) {
                 float even = 0.0f, odd = 0.0f;
                 for (int64_t p = p0; p < p0 + 16 && p < kp; p++) {
@@ -313,18 +318,19 @@ static void mk_fb_amx_order(int64_t kp, const float *a, const uint32_t *b, float
                     even = fmaf(a[2 * (p * MR_V + i)], bf_lo(w), even);
                     odd = fmaf(a[2 * (p * MR_V + i) + 1], bf_hi(w), odd);
                 }
-                acc += even + odd;
+                c += even + odd;
             }
-            t[i * NR + j] = acc;
+            C[i * ldc + j] = c;
         }
 }
 static void mk_fallback(int64_t kp, const float *a, const uint32_t *b, float *C, int64_t ldc, int acc,
                         int mr, int nc) {
+    if (gdn_bf16_fallback_amx_order) { /* tests: = the AMX emulator bit for bit */
+        mk_fb_amx_order(kp, a, b, C, ldc, acc, mr, nc);
+        return;
+    }
     float t[MR_V * NR] __attribute__((aligned(64)));
-    if (gdn_bf16_fallback_amx_order) /* tests: = the AMX emulator bit for bit */
-        mk_fb_amx_order(kp, a, b, t);
-    else
-        mk_fb(kp, a, b, t);
+    mk_fb(kp, a, b, t);
     store_tile(t, NR, C, ldc, mr, nc, acc);
 }
 
@@ -444,10 +450,25 @@ static void emu_dpbf16ps(int c, int a, int b) {
 }
 
 /* The AMX block kernel, one source for both: C[0..mr) x [0..nc) (+)= a (MR_X rows of kcp bf16)
- * b (kcp/2 x NR words). Tile ops are the macros TZ (zero), TL (load), TD (dpbf16ps), TS (store). */
+ * b (kcp/2 x NR words). The accumulator tiles start from C itself (acc) or zero and are stored
+ * straight back, so per element the slice's instructions add into C in k order (a partial block
+ * goes through a zero-padded copy t). Tile ops are the macros TZ (zero), TL (load), TD
+ * (dpbf16ps), TS (store). */
 #define AMX_BLOCK_BODY                                                                           \
     float t[MR_X * NR] __attribute__((aligned(64)));                                           \
-    TZ(0); TZ(1); TZ(2); TZ(3);                                                                \
+    const int full = mr == MR_X && nc == NR;                                                   \
+    float *cb = full ? C : t;                                                                  \
+    const int64_t cs = (full ? ldc : NR) * 4;                                                  \
+    if (!full && acc) {                                                                        \
+        memset(t, 0, sizeof t);                                                                \
+        for (int i = 0; i < mr; i++) memcpy(t + i * NR, C + i * ldc, sizeof(float) * (size_t)nc); \
+    }                                                                                          \
+    if (acc) {                                                                                 \
+        TL(0, cb, cs); TL(1, cb + 16, cs); TL(2, (char *)cb + 16 * cs, cs);                     \
+        TL(3, (char *)cb + 16 * cs + 64, cs);                                                  \
+    } else {                                                                                   \
+        TZ(0); TZ(1); TZ(2); TZ(3);                                                            \
+    }                                                                                          \
     const int64_t nkb = kcp / 32 - (gdn_bf16_fault == GDN_BF16_FAULT_SKIP_KBLOCK);              \
     for (int64_t kb = 0; kb < nkb; kb++) {                                                     \
         TL(4, a + kb * 32, kcp * 2);                                                           \
@@ -456,9 +477,10 @@ static void emu_dpbf16ps(int c, int a, int b) {
         TL(7, b + kb * 16 * NR + 16, NR * 4);                                                  \
         TD(0, 4, 6); TD(1, 4, 7); TD(2, 5, 6); TD(3, 5, 7);                                    \
     }                                                                                          \
-    TS(0, t, NR * 4); TS(1, t + 16, NR * 4); TS(2, t + 16 * NR, NR * 4);                        \
-    TS(3, t + 16 * NR + 16, NR * 4);                                                           \
-    store_tile(t, NR, C, ldc, mr, nc, acc);
+    TS(0, cb, cs); TS(1, cb + 16, cs); TS(2, (char *)cb + 16 * cs, cs);                         \
+    TS(3, (char *)cb + 16 * cs + 64, cs);                                                      \
+    if (!full)                                                                                 \
+        for (int i = 0; i < mr; i++) memcpy(C + i * ldc, t + i * NR, sizeof(float) * (size_t)nc);
 
 static void mk_amx_emu(int64_t kcp, const uint16_t *a, const uint32_t *b, float *C, int64_t ldc,
                        int acc, int mr, int nc) {
@@ -559,6 +581,7 @@ const char *gdn_bf16_path_name(int path) {
 
 /* Packing space: the A slice (all m rows' panels x kcp bf16) and the shared B panel, 64-aligned. */
 static void ws_parts(int path, int64_t m, int64_t n, int64_t kk, size_t *abytes, size_t *bbytes) {
+    m = min64(m, MC);
     const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, MR = amx ? MR_X : MR_V;
     const int64_t kcmax = min64(KC, kk > 0 ? kk : 1), kcpmax = amx ? (kcmax + 31) / 32 * 32 : (kcmax + 1) / 2 * 2;
     const size_t esz = path == GDN_BF16_FALLBACK ? 4 : 2; /* the fallback's A widened to fp32 */
@@ -572,20 +595,12 @@ size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
     return a + b + 64;
 }
 
-int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
-                    const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads) {
-    if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
-    GDN_ASSERT(gdn_bf16_path_available(path));
+/* One pass over m <= MC rows of C. */
+static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
+                             const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads) {
     const int acc = (flags & GDN_GEMM_ACC) != 0, at = (flags & GDN_GEMM_A_TRANS) != 0,
               bt = (flags & GDN_GEMM_B_TRANS) != 0, abf = (flags & GDN_GEMM_A_BF16) != 0,
               bbf = (flags & GDN_GEMM_B_BF16) != 0;
-    if (m <= 0 || n <= 0) return path;
-    if (threads < 1) threads = 1;
-    if (kk <= 0) {
-        if (!acc)
-            for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
-        return path;
-    }
     const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, fb = path == GDN_BF16_FALLBACK;
     const int MR = amx ? MR_X : MR_V, MCP = amx ? MCP_X : MCP_V;
     const int64_t mpanels = (m + MR - 1) / MR;
@@ -666,6 +681,24 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
         gdn_fp_fast_end(fm);
     }
     free(buf);
+}
+
+int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
+                    const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads) {
+    if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
+    GDN_ASSERT(gdn_bf16_path_available(path));
+    if (m <= 0 || n <= 0) return path;
+    if (threads < 1) threads = 1;
+    if (kk <= 0) {
+        if (!(flags & GDN_GEMM_ACC))
+            for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
+        return path;
+    }
+    const size_t esz = flags & GDN_GEMM_A_BF16 ? 2 : 4;
+    for (int64_t i0 = 0; i0 < m; i0 += MC) { /* op(A)'s rows i0..: A's rows, or its columns (A^T) */
+        const char *Ai = (const char *)A + esz * (size_t)(flags & GDN_GEMM_A_TRANS ? i0 : i0 * lda);
+        matmul_bf16_rows(path, flags, min64(MC, m - i0), n, kk, Ai, lda, B, ldb, C + i0 * ldc, ldc, ws, threads);
+    }
     return path;
 }
 

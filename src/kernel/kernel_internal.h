@@ -6,6 +6,7 @@
 
 #include "base.h"
 #include "blas.h"
+#include <string.h>
 
 /* ---- per-thread chunk workspace (sized at plan time for the widest use). */
 typedef struct {
@@ -122,6 +123,17 @@ void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inpu
 void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inputs *in, int64_t b,
                       int64_t h, int64_t t0, int n, int c0, int w, int want_out, const float *S);
 void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S);
+/* Tests only: negative controls injected into the chunk kernel (0: none).
+ * STATE_BF16: the recurrent state rounded to bf16 after every chunk (the round trip DESIGN
+ * rules out; the BF16 compute mode keeps the state fp32, and its tests must see this fail). */
+enum { GDN_KERNEL_FAULT_STATE_BF16 = 1 };
+extern int gdn_kernel_fault;
+static inline float gdn_bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* One stream of the backward: batch row b, tokens [t_begin, t_end) (the whole row, or one
  * piece of a packed stream), with its states: h0, dht, dh0 are [Hv, K, V] bases (value head h

@@ -1,6 +1,7 @@
 /* Qwen3.5's gated full-attention layer in fp32 (DESIGN §10): the plan, the row-local phases
  * around the core, and the single-rank forward and backward (the config and the flat parameter
- * layout: attention_params.c). The projections and o_proj are large GEMMs (gdn_matmul); the
+ * layout: attention_params.c). The projections and o_proj are large GEMMs (gdn_matmul_compute,
+ * fp32 or bf16 operands by cfg.compute); the
  * norms, RoPE and the gate are row-local loops; the core is attention_core.c's (flash style over
  * a view of the keys). */
 #include "attention_internal.h"
@@ -83,7 +84,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
         N * Hd, N * Hd, N * H,                            /* z dO Dv */
         N * Hd, N * Kd, N * P,                            /* dqr dkr dproj */
         (size_t)ap->threads * gdn_attn_tile_floats(d), (size_t)ap->threads * 2 * (size_t)d,
-        gdn_matmul_ws_floats(ap->threads),
+        gdn_matmul_compute_ws_floats(c->compute, ap->threads),
     };
     const size_t np = sizeof pieces / sizeof pieces[0];
     size_t total = 0;
@@ -172,11 +173,11 @@ static inline void norm_rope_row_bwd(const gdn_attn_config *c, const float *u, f
 void gdn_attn_project(gdn_attn_plan *ap, float *proj, const float *x, const float *w) {
     const gdn_attn_config *c = &ap->cfg;
     const int64_t N = ap->N, E = c->E, P = ap->P, Hd = ap->Hd, Kd = ap->Kd;
-    gdn_matmul(GDN_GEMM_B_TRANS, N, 2 * Hd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_Q_PROJ), E, proj, P,
+    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, 2 * Hd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_Q_PROJ), E, proj, P,
                ap->mm_ws, ap->threads);
-    gdn_matmul(GDN_GEMM_B_TRANS, N, Kd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_K_PROJ), E, proj + 2 * Hd, P,
+    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, Kd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_K_PROJ), E, proj + 2 * Hd, P,
                ap->mm_ws, ap->threads);
-    gdn_matmul(GDN_GEMM_B_TRANS, N, Kd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_V_PROJ), E, proj + 2 * Hd + Kd,
+    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, Kd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_V_PROJ), E, proj + 2 * Hd + Kd,
                P, ap->mm_ws, ap->threads);
 }
 
@@ -206,7 +207,7 @@ void gdn_attn_finish(gdn_attn_plan *ap, float *y, gdn_attn_saved sv, const float
                 ap->z[n * Hd + h * d + i] = sv.o[n * Hd + h * d + i] / (1.0f + expf(-g));
             }
     if (y)
-        gdn_matmul(GDN_GEMM_B_TRANS, N, c->E, Hd, ap->z, Hd, w + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd, y, c->E,
+        gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, c->E, Hd, ap->z, Hd, w + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd, y, c->E,
                    ap->mm_ws, ap->threads);
 }
 
@@ -239,9 +240,9 @@ void gdn_attn_backward_gate(gdn_attn_plan *ap, float *dw, gdn_attn_saved sv, con
     for (int64_t n = 0; n < N; n++) memset(ap->dproj + n * P + 2 * Hd + ap->Kd, 0, sizeof(float) * (size_t)ap->Kd);
     memset(dw, 0, sizeof(float) * gdn_attn_param_floats(c));
     /* o_proj: dWo = dy^T z, dz = dy Wo (into z) */
-    gdn_matmul(GDN_GEMM_A_TRANS, E, Hd, N, dy, E, ap->z, Hd, dw + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd,
+    gdn_matmul_compute(c->compute, GDN_GEMM_A_TRANS, E, Hd, N, dy, E, ap->z, Hd, dw + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd,
                ap->mm_ws, ap->threads);
-    gdn_matmul(0, N, Hd, E, dy, E, w + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd, ap->z, Hd, ap->mm_ws, ap->threads);
+    gdn_matmul_compute(c->compute, 0, N, Hd, E, dy, E, w + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd, ap->z, Hd, ap->mm_ws, ap->threads);
     /* the gate: dO = dz sigma, dgate = dz o sigma (1 - sigma); D = <dO, o> */
 #pragma omp parallel for num_threads(ap->threads) schedule(static)
     for (int64_t n = 0; n < N; n++)
@@ -290,9 +291,9 @@ void gdn_attn_backward_finish(gdn_attn_plan *ap, float *dx, float *dw, gdn_attn_
     const int cols[3] = {GDN_A_Q_PROJ, GDN_A_K_PROJ, GDN_A_V_PROJ};
     const int64_t at[3] = {0, 2 * Hd, 2 * Hd + Kd}, width[3] = {2 * Hd, Kd, Kd};
     for (int m = 0; m < 3; m++) {
-        gdn_matmul(m ? GDN_GEMM_ACC : 0, N, E, width[m], ap->dproj + at[m], P, w + gdn_attn_param_offset(c, cols[m]),
+        gdn_matmul_compute(c->compute, m ? GDN_GEMM_ACC : 0, N, E, width[m], ap->dproj + at[m], P, w + gdn_attn_param_offset(c, cols[m]),
                    E, dx, E, ap->mm_ws, ap->threads);
-        gdn_matmul(GDN_GEMM_A_TRANS, width[m], E, N, ap->dproj + at[m], P, x, E,
+        gdn_matmul_compute(c->compute, GDN_GEMM_A_TRANS, width[m], E, N, ap->dproj + at[m], P, x, E,
                    dw + gdn_attn_param_offset(c, cols[m]), E, ap->mm_ws, ap->threads);
     }
 }

@@ -109,7 +109,7 @@ static void decode_core(gdn_attn_plan *ap, const gdn_attn_core *v, float *o, flo
             {ap->Dv, (size_t)N * H},          {ap->rq, (size_t)N * H},        {ap->rk, (size_t)N * c->Hkv},
             {ap->partial, (size_t)ap->threads * 2 * (size_t)d},              {ap->z, (size_t)N * ap->Hd},
             {ap->dO, (size_t)N * ap->Hd},     {ap->dqr, (size_t)N * ap->Hd}, {ap->dkr, (size_t)N * ap->Kd},
-            {ap->dproj, (size_t)N * ap->P},   {ap->mm_ws, gdn_matmul_ws_floats(ap->threads)},
+            {ap->dproj, (size_t)N * ap->P},   {ap->mm_ws, gdn_matmul_compute_ws_floats(c->compute, ap->threads)},
         };
         const int np = (int)(sizeof pool / sizeof pool[0]);
         os[0] = o, ls[0] = lse;

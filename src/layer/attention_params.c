@@ -45,6 +45,8 @@ int gdn_attn_config_check(const gdn_attn_config *c) {
         return gdn_fail(GDN_ERR_ARG, "attention seq_offset = %lld is out of range [0, 2^40]", (long long)c->seq_offset);
     if (c->keep != GDN_ATTN_KEEP_ALL && c->keep != GDN_ATTN_KEEP_CORE)
         return gdn_fail(GDN_ERR_ARG, "attention keep = %d is unknown (GDN_ATTN_KEEP_ALL or GDN_ATTN_KEEP_CORE)", c->keep);
+    if (!gdn_compute_name(c->compute))
+        return gdn_fail(GDN_ERR_ARG, "attention compute = %d (want GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16)", c->compute);
     if (c->cp != GDN_ATTN_CP_KV && c->cp != GDN_ATTN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "attention cp strategy %d is unknown (GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS)", c->cp);
     if (c->cu_seqlens) {

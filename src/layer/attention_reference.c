@@ -1,7 +1,10 @@
 /* Gated full attention in double precision with plain loops (the oracle of the fp32 layer):
  * the whole score row of a query at a time (O(T) per row, never T x T), written from DESIGN §10
- * independently of attention.c. RoPE angles in double: p * theta^(-2i/R). */
-#include "base.h"
+ * independently of attention.c. RoPE angles in double: p * theta^(-2i/R). With c->compute =
+ * GDN_COMPUTE_BF16, the oracle of the BF16 mode: the operands of q/k/v_proj and o_proj (forward,
+ * dx, dW) rounded to bf16 (B(): gdn_ref_operand), all else exact. */
+#define B(v) gdn_ref_operand(bf, (v))
+#include "layer_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -96,16 +99,17 @@ static void ref_forward(ref_state *s, const double *x, const double *w) {
     const double *Wq = w + gdn_attn_param_offset(c, GDN_A_Q_PROJ), *Wk = w + gdn_attn_param_offset(c, GDN_A_K_PROJ);
     const double *Wv = w + gdn_attn_param_offset(c, GDN_A_V_PROJ);
     const double *wqn = w + gdn_attn_param_offset(c, GDN_A_Q_NORM), *wkn = w + gdn_attn_param_offset(c, GDN_A_K_NORM);
+    const int bf = c->compute == GDN_COMPUTE_BF16;
     for (int64_t n = 0; n < s->N; n++) {
         const double *xr = x + n * E;
         for (int64_t r = 0; r < 2 * Hd; r++) {
             double a = 0.0;
-            for (int64_t e = 0; e < E; e++) a += Wq[r * E + e] * xr[e];
+            for (int64_t e = 0; e < E; e++) a += B(Wq[r * E + e]) * B(xr[e]);
             s->qg[n * 2 * Hd + r] = a;
         }
         for (int64_t r = 0; r < Kd; r++) {
             double a = 0.0, b = 0.0;
-            for (int64_t e = 0; e < E; e++) a += Wk[r * E + e] * xr[e], b += Wv[r * E + e] * xr[e];
+            for (int64_t e = 0; e < E; e++) a += B(Wk[r * E + e]) * B(xr[e]), b += B(Wv[r * E + e]) * B(xr[e]);
             s->k[n * Kd + r] = a, s->v[n * Kd + r] = b;
         }
         const int64_t p = s->pos[n % T];
@@ -148,10 +152,11 @@ int gdn_attn_reference_forward(const gdn_attn_config *c, double *y, const double
     if ((rc = ref_alloc(&s, c))) return rc;
     ref_forward(&s, x, w);
     const double *Wo = w + gdn_attn_param_offset(c, GDN_A_O_PROJ);
+    const int bf = c->compute == GDN_COMPUTE_BF16;
     for (int64_t n = 0; n < s.N; n++)
         for (int64_t e = 0; e < c->E; e++) {
             double a = 0.0;
-            for (int64_t i = 0; i < s.Hd; i++) a += Wo[e * s.Hd + i] * s.z[n * s.Hd + i];
+            for (int64_t i = 0; i < s.Hd; i++) a += B(Wo[e * s.Hd + i]) * B(s.z[n * s.Hd + i]);
             y[n * c->E + e] = a;
         }
     ref_free(&s);
@@ -203,12 +208,13 @@ int gdn_attn_reference_backward(const gdn_attn_config *c, double *dx, double *dw
         return gdn_fail(GDN_ERR_NOMEM, "attention reference backward");
     }
     /* y = z Wo^T */
+    const int bf = c->compute == GDN_COMPUTE_BF16;
     for (int64_t n = 0; n < N; n++)
         for (int64_t i = 0; i < Hd; i++) {
             double a = 0.0;
             for (int64_t e = 0; e < E; e++) {
-                a += dy[n * E + e] * Wo[e * Hd + i];
-                dWo[e * Hd + i] += dy[n * E + e] * s.z[n * Hd + i];
+                a += B(dy[n * E + e]) * B(Wo[e * Hd + i]);
+                dWo[e * Hd + i] += B(dy[n * E + e]) * B(s.z[n * Hd + i]);
             }
             /* z = o sigmoid(g) */
             const int64_t h = i / d, ii = i % d;
@@ -262,14 +268,16 @@ int gdn_attn_reference_backward(const gdn_attn_config *c, double *dx, double *dw
         const double *xr = x + n * E;
         for (int64_t e = 0; e < E; e++) {
             double a = 0.0;
-            for (int64_t r = 0; r < 2 * Hd; r++) a += dqg[n * 2 * Hd + r] * Wq[r * E + e];
-            for (int64_t r = 0; r < Kd; r++) a += dk[n * Kd + r] * Wk[r * E + e] + dv[n * Kd + r] * Wv[r * E + e];
+            for (int64_t r = 0; r < 2 * Hd; r++) a += B(dqg[n * 2 * Hd + r]) * B(Wq[r * E + e]);
+            for (int64_t r = 0; r < Kd; r++)
+                a += B(dk[n * Kd + r]) * B(Wk[r * E + e]) + B(dv[n * Kd + r]) * B(Wv[r * E + e]);
             dx[n * E + e] = a;
         }
         for (int64_t r = 0; r < 2 * Hd; r++)
-            for (int64_t e = 0; e < E; e++) dWq[r * E + e] += dqg[n * 2 * Hd + r] * xr[e];
+            for (int64_t e = 0; e < E; e++) dWq[r * E + e] += B(dqg[n * 2 * Hd + r]) * B(xr[e]);
         for (int64_t r = 0; r < Kd; r++)
-            for (int64_t e = 0; e < E; e++) dWk[r * E + e] += dk[n * Kd + r] * xr[e], dWv[r * E + e] += dv[n * Kd + r] * xr[e];
+            for (int64_t e = 0; e < E; e++)
+                dWk[r * E + e] += B(dk[n * Kd + r]) * B(xr[e]), dWv[r * E + e] += B(dv[n * Kd + r]) * B(xr[e]);
     }
     free(dqg), free(dk), free(dv), free(dq), free(dkr), free(dO), free(P);
     ref_free(&s);

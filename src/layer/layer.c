@@ -1,5 +1,6 @@
 /* The Qwen3.5 GatedDeltaNet layer in fp32 (DESIGN §5): plan, forward, backward, decode.
- * The four input projections and out_proj are large GEMMs (gdn_matmul); the conv, the gates
+ * The four input projections and out_proj are large GEMMs (gdn_matmul_compute: fp32, or bf16
+ * operands for in_proj_qkv, in_proj_z and out_proj under cfg.compute); the conv, the gates
  * and the gated norm are row-local loops; the gated delta rule is the kernel's plan. */
 #include "layer_internal.h"
 
@@ -35,7 +36,9 @@ gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved) {
 
 size_t gdn_layer_saved_floats(const gdn_layer_plan *lp) { return lp ? saved_floats(lp) : 0; }
 const gdn_layer_config *gdn_layer_plan_config(const gdn_layer_plan *lp) { return lp ? &lp->cfg : NULL; }
-const char *gdn_layer_plan_path(const gdn_layer_plan *lp) { return gdn_matmul_path(); }
+const char *gdn_layer_plan_path(const gdn_layer_plan *lp) {
+    return gdn_compute_path(lp ? lp->cfg.compute : GDN_COMPUTE_FP32);
+}
 
 void gdn_layer_plan_destroy(gdn_layer_plan *lp) {
     if (!lp) return;
@@ -112,7 +115,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
         N * kd, N * kd, N * vd, N * Hv, N * Hv,     /* dq dk dv dg dbeta */
         N * vd, N * vd, lp->ckpt_floats,            /* o nrm ckpt */
         halo, halo, (size_t)c->Kc * lp->cd,         /* halo dhalo convw */
-        (size_t)lp->threads * red, gdn_matmul_ws_floats(lp->threads),
+        (size_t)lp->threads * red, gdn_matmul_compute_ws_floats(c->compute, lp->threads),
         gdn_layer_param_offset(c, GDN_P_OUT_PROJ) - gdn_layer_param_offset(c, GDN_P_CONV1D), /* wsmall */
     };
     double need = 0;
@@ -195,14 +198,16 @@ int gdn_layer_weights_prepare(gdn_layer_plan *lp, const void *w, int check) {
     return GDN_OK;
 }
 
-/* The four input projections: their parameter and their columns of a projection row. */
-typedef struct { int which; int64_t col, n; } proj_part;
+/* The four input projections: their parameter, their columns of a projection row and their
+ * compute precision (the gate projections b and a stay fp32: compute.h). */
+typedef struct { int which; int64_t col, n; int compute; } proj_part;
 static void proj_parts(const gdn_layer_plan *lp, proj_part parts[4]) {
     const int64_t Hv = lp->cfg.Hv;
-    parts[0] = (proj_part){GDN_P_IN_PROJ_QKV, 0, lp->cd};
-    parts[1] = (proj_part){GDN_P_IN_PROJ_Z, lp->cd, lp->vd};
-    parts[2] = (proj_part){GDN_P_IN_PROJ_B, lp->cd + lp->vd, Hv};
-    parts[3] = (proj_part){GDN_P_IN_PROJ_A, lp->cd + lp->vd + Hv, Hv};
+    const int cm = lp->cfg.compute;
+    parts[0] = (proj_part){GDN_P_IN_PROJ_QKV, 0, lp->cd, cm};
+    parts[1] = (proj_part){GDN_P_IN_PROJ_Z, lp->cd, lp->vd, cm};
+    parts[2] = (proj_part){GDN_P_IN_PROJ_B, lp->cd + lp->vd, Hv, GDN_COMPUTE_FP32};
+    parts[3] = (proj_part){GDN_P_IN_PROJ_A, lp->cd + lp->vd + Hv, Hv, GDN_COMPUTE_FP32};
 }
 
 void gdn_layer_project(gdn_layer_plan *lp, int64_t rows, float *proj, const float *x, const void *w) {
@@ -211,8 +216,8 @@ void gdn_layer_project(gdn_layer_plan *lp, int64_t rows, float *proj, const floa
     proj_part parts[4];
     proj_parts(lp, parts);
     for (int i = 0; i < 4; i++)
-        gdn_matmul(bt, rows, parts[i].n, E, x, E, param(lp, w, parts[i].which), E, proj + parts[i].col, P,
-                   lp->mm_ws, t);
+        gdn_matmul_compute(parts[i].compute, bt, rows, parts[i].n, E, x, E, param(lp, w, parts[i].which), E,
+                           proj + parts[i].col, P, lp->mm_ws, t);
 }
 
 /* convw[j][c] = conv1d.weight[c][0][j]: taps channel-contiguous for the vector loops. */
@@ -299,8 +304,8 @@ void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const floa
 }
 
 void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const void *w) {
-    gdn_matmul(wflags(lp), rows, lp->cfg.E, lp->vd, lp->nrm, lp->vd,
-               param(lp, w, GDN_P_OUT_PROJ), lp->vd, y, lp->cfg.E, lp->mm_ws, lp->threads);
+    gdn_matmul_compute(lp->cfg.compute, wflags(lp), rows, lp->cfg.E, lp->vd, lp->nrm, lp->vd,
+                       param(lp, w, GDN_P_OUT_PROJ), lp->vd, y, lp->cfg.E, lp->mm_ws, lp->threads);
 }
 
 int gdn_layer_check_inputs(gdn_layer_plan *lp, const float *x, const char *xname, const void *w) {
@@ -574,10 +579,10 @@ void gdn_layer_project_backward(gdn_layer_plan *lp, float *dx, float *dw, const 
     proj_parts(lp, parts);
     for (int i = 0; i < 4; i++) {
         const size_t off = gdn_layer_param_offset(&lp->cfg, parts[i].which);
-        gdn_matmul(i ? GDN_GEMM_ACC : 0, N, E, parts[i].n, lp->dproj + parts[i].col, P, w + off, E,
-                   dx, E, lp->mm_ws, t);
-        gdn_matmul(GDN_GEMM_A_TRANS, parts[i].n, E, N, lp->dproj + parts[i].col, P, x, E, dw + off,
-                   E, lp->mm_ws, t);
+        gdn_matmul_compute(parts[i].compute, i ? GDN_GEMM_ACC : 0, N, E, parts[i].n, lp->dproj + parts[i].col,
+                           P, w + off, E, dx, E, lp->mm_ws, t);
+        gdn_matmul_compute(parts[i].compute, GDN_GEMM_A_TRANS, parts[i].n, E, N, lp->dproj + parts[i].col, P,
+                           x, E, dw + off, E, lp->mm_ws, t);
     }
 }
 
@@ -589,10 +594,10 @@ int gdn_layer_backward_to_proj(gdn_layer_plan *lp, float *dw, float *dhalo, cons
     memset(dw, 0, sizeof(float) * gdn_layer_param_floats(c)); /* the padding between tensors */
     /* out_proj: dW_out = dy^T nrm, then dn = dy W_out (into nrm, which is not needed after). */
     gdn_layer_norm(lp, lp->N, o, proj, w);
-    gdn_matmul(GDN_GEMM_A_TRANS, c->E, lp->vd, lp->N, dy, c->E, lp->nrm, lp->vd,
-               dw + gdn_layer_param_offset(c, GDN_P_OUT_PROJ), lp->vd, lp->mm_ws, lp->threads);
-    gdn_matmul(0, lp->N, lp->vd, c->E, dy, c->E, param(lp, w, GDN_P_OUT_PROJ), lp->vd, lp->nrm,
-               lp->vd, lp->mm_ws, lp->threads);
+    gdn_matmul_compute(c->compute, GDN_GEMM_A_TRANS, c->E, lp->vd, lp->N, dy, c->E, lp->nrm, lp->vd,
+                       dw + gdn_layer_param_offset(c, GDN_P_OUT_PROJ), lp->vd, lp->mm_ws, lp->threads);
+    gdn_matmul_compute(c->compute, 0, lp->N, lp->vd, c->E, dy, c->E, param(lp, w, GDN_P_OUT_PROJ), lp->vd,
+                       lp->nrm, lp->vd, lp->mm_ws, lp->threads);
     norm_backward(lp, dw, o, proj, w);
     if ((rc = kbwd(lp, ctx))) return rc;
     gates_backward(lp, dw, proj, w);

@@ -4,6 +4,8 @@
 
 #include "kernel_internal.h"
 
+#include <math.h>
+
 /* The flat parameter arrays of both layers (the GatedDeltaNet layer, gated attention): each
  * tensor starts on a 16-float (64-byte) boundary, so the GEMMs see aligned rows 0. The elements
  * of a tensor of nd dims (0 dims: none, an unknown tensor), and the floats it takes in the array. */
@@ -94,5 +96,14 @@ int gdn_layer_backward_to_proj(gdn_layer_plan *lp, float *dw, float *dhalo, cons
                                const float *dy, gdn_layer_kernel_bwd kbwd, void *ctx);
 void gdn_layer_project_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
                                 const float *w);
+
+/* The double oracles' operands of a BF16-mode product (compute.h): v rounded to bfloat16's 8
+ * significant bits, nearest even, when bf (normal range; zeros and non-finite values kept). */
+static inline double gdn_ref_operand(int bf, double v) {
+    if (!bf || v == 0.0 || !isfinite(v)) return v;
+    int e;
+    const double m = frexp(v, &e); /* |m| in [0.5, 1) */
+    return ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
 
 #endif

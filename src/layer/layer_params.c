@@ -40,6 +40,8 @@ int gdn_layer_config_check(const gdn_layer_config *c) {
     if (c->threads < 0) return gdn_fail(GDN_ERR_ARG, "layer threads = %d is negative", c->threads);
     if (c->weight_dtype != GDN_F32 && c->weight_dtype != GDN_BF16)
         return gdn_fail(GDN_ERR_DTYPE, "layer weight_dtype = %d (want GDN_F32 or GDN_BF16)", c->weight_dtype);
+    if (!gdn_compute_name(c->compute))
+        return gdn_fail(GDN_ERR_ARG, "layer compute = %d (want GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16)", c->compute);
     /* Every per-token row count must fit the int-sized leading dimensions of the GEMMs. */
     if (gdn_layer_conv_dim(c) > INT32_MAX / 2)
         return gdn_fail(GDN_ERR_SHAPE, "layer conv_dim = %lld is too large", (long long)gdn_layer_conv_dim(c));

@@ -2,7 +2,10 @@
  * the fp32 layer is tested against. Hugging Face Qwen3_5GatedDeltaNet.forward without a cache
  * (zero conv and recurrent states); the gated delta rule itself is the double oracle
  * gdn_reference_forward / gdn_reference_backward. Every other term, forward and backward, is
- * written out here by hand. Deliberately plain: no blocking, no threads. */
+ * written out here by hand. Deliberately plain: no blocking, no threads.
+ * With cfg->compute = GDN_COMPUTE_BF16 it is the oracle of the BF16 mode: the operands of the
+ * products that mode runs in bf16 (compute.h: in_proj_qkv, in_proj_z and out_proj, forward,
+ * dx and dW) are rounded to bfloat16 (nearest even, from the double value), the rest exact. */
 #include "layer_internal.h"
 
 #include <math.h>
@@ -102,12 +105,15 @@ static int check_weights(const gdn_layer_config *cfg, const double *w) {
     return GDN_OK;
 }
 
-/* out[n, c] = sum_e W[c, e] in[n, e]  for c < C (W [C, E]); out has row stride C. */
-static void linear(double *out, const double *in, const double *W, int64_t N, int64_t C, int64_t E) {
+static inline double opnd(int bf, double v) { return gdn_ref_operand(bf, v); }
+
+/* out[n, c] = sum_e W[c, e] in[n, e]  for c < C (W [C, E]); out has row stride C; bf: the
+ * operands rounded to bf16. */
+static void linear(double *out, const double *in, const double *W, int64_t N, int64_t C, int64_t E, int bf) {
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) {
             double s = 0.0;
-            for (int64_t e = 0; e < E; e++) s += W[c * E + e] * in[n * E + e];
+            for (int64_t e = 0; e < E; e++) s += opnd(bf, W[c * E + e]) * opnd(bf, in[n * E + e]);
             out[n * C + c] = s;
         }
 }
@@ -128,10 +134,11 @@ static int forward_all(ref_fwd *f, double *y, const double *x, const double *w,
     const double *Wout = w + gdn_layer_param_offset(cfg, GDN_P_OUT_PROJ); /* [E, vd] */
 
     /* Projections. */
-    linear(f->qkv, x, Wqkv, N, cd, E);
-    linear(f->z, x, Wz, N, vd, E);
-    linear(f->bp, x, Wb, N, Hv, E);
-    linear(f->ap, x, Wa, N, Hv, E);
+    const int bf = cfg->compute == GDN_COMPUTE_BF16; /* the gate projections b, a stay exact */
+    linear(f->qkv, x, Wqkv, N, cd, E, bf);
+    linear(f->z, x, Wz, N, vd, E, bf);
+    linear(f->bp, x, Wb, N, Hv, E, 0);
+    linear(f->ap, x, Wa, N, Hv, E, 0);
 
     /* Causal depthwise conv (rows before token 0 are zero), SiLU, split into q | k | v. */
     for (int64_t b = 0; b < B; b++)
@@ -175,7 +182,7 @@ static int forward_all(ref_fwd *f, double *y, const double *x, const double *w,
         }
 
     /* Output projection. */
-    if (y) linear(y, f->n, Wout, N, E, vd);
+    if (y) linear(y, f->n, Wout, N, E, vd, bf);
     return GDN_OK;
 }
 
@@ -244,15 +251,16 @@ int gdn_layer_reference_backward(const gdn_layer_config *cfg, double *dx, double
     double *dWout = dw + gdn_layer_param_offset(cfg, GDN_P_OUT_PROJ);
 
     /* y = n W_out^T: dn = dy W_out, dW_out[e, c] = sum_rows dy[e] n[c]. */
+    const int bf = cfg->compute == GDN_COMPUTE_BF16;
     for (int64_t row = 0; row < N; row++) {
         const double *dyr = dy + row * E, *nr = f.n + row * vd;
         for (int64_t c = 0; c < vd; c++) {
             double s = 0.0;
-            for (int64_t e = 0; e < E; e++) s += dyr[e] * Wout[e * vd + c];
+            for (int64_t e = 0; e < E; e++) s += opnd(bf, dyr[e]) * opnd(bf, Wout[e * vd + c]);
             dn[row * vd + c] = s;
         }
         for (int64_t e = 0; e < E; e++)
-            for (int64_t c = 0; c < vd; c++) dWout[e * vd + c] += dyr[e] * nr[c];
+            for (int64_t c = 0; c < vd; c++) dWout[e * vd + c] += opnd(bf, dyr[e]) * opnd(bf, nr[c]);
     }
 
     /* Gated RMSNorm: n_i = w_i o_i r silu(z_i), r = (mean(o^2) + eps)^-1/2. With
@@ -329,11 +337,12 @@ int gdn_layer_reference_backward(const gdn_layer_config *cfg, double *dx, double
             double *dxr = dx + row * E;
             int64_t off = 0;
             for (int m = 0; m < 4; m++) {
+                const int bm = bf && m < 2; /* qkv and z in bf16; the gate projections exact */
                 for (int64_t c = 0; c < cols[m]; c++) {
-                    const double d = dproj[row * P + off + c];
+                    const double d = opnd(bm, dproj[row * P + off + c]);
                     for (int64_t e = 0; e < E; e++) {
-                        dWs[m][c * E + e] += d * xr[e];
-                        dxr[e] += d * Ws[m][c * E + e];
+                        dWs[m][c * E + e] += d * opnd(bm, xr[e]);
+                        dxr[e] += d * opnd(bm, Ws[m][c * E + e]);
                     }
                 }
                 off += cols[m];

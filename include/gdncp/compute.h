@@ -1,0 +1,36 @@
+/* The compute precision of gdncp's large matrix products (docs/design.md, "BF16 compute").
+ *
+ * GDN_COMPUTE_FP32 (the default): every product in fp32.
+ * GDN_COMPUTE_BF16: the projections' GEMMs (the GatedDeltaNet layer's in_proj_qkv, in_proj_z and
+ * out_proj, the attention layer's q/k/v/o_proj, the model's MLP and lm_head), forward and
+ * backward (input and weight gradients), take both operands rounded to bfloat16 (nearest even)
+ * and accumulate in fp32, on the best path the CPU and OS allow: AMX tiles (TDPBF16PS), else
+ * AVX512-BF16 (VDPBF16PS), else an fp32-vector fallback with the same roundings. Products of at
+ * most 16 rows (decoding a token) stay fp32 in either mode: reading the weights bounds them, and
+ * the BF16 path would add a packing pass. Everything else
+ * stays fp32: the gated delta rule and its recurrent state (and its composition across ranks),
+ * the conv, the gate projections (in_proj_a / in_proj_b: their errors would compound through the
+ * gates' cumulative products) and gates, norms, RoPE, the attention core and its softmax
+ * statistics, losses, optimizer moments and master weights. */
+#ifndef GDNCP_COMPUTE_H
+#define GDNCP_COMPUTE_H
+
+#include "version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { GDN_COMPUTE_FP32 = 0, GDN_COMPUTE_BF16 = 1 } gdn_compute;
+
+/* "fp32" / "bf16" -> *compute; GDN_ERR_ARG naming the text otherwise. */
+GDN_API int gdn_compute_parse(const char *name, int *compute);
+/* "fp32", "bf16" (NULL for another value). */
+GDN_API const char *gdn_compute_name(int compute);
+/* What runs the products in this mode on this machine, e.g. "bf16 AMX (TDPBF16PS, 32x32 block)". */
+GDN_API const char *gdn_compute_path(int compute);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GDNCP_COMPUTE_H */

@@ -1,0 +1,271 @@
+/* The layers in BF16 compute mode (cfg.compute = GDN_COMPUTE_BF16, compute.h), on the BF16 path
+ * this CPU runs (printed), forward and backward: the GatedDeltaNet layer in both memory modes, the
+ * gated attention layer keeping all or only the core.
+ *
+ * 1. Against its own oracle, the double reference layer with the same operands rounded to bf16
+ *    (gdn_layer_reference_* with compute = BF16): all that is left is fp32's accumulation and the
+ *    fp32 kernel, plus the rare element whose fp32 and double values round to different bf16
+ *    neighbours (an intermediate: the gated norm's output, z, dproj; each a bf16 ulp in one term
+ *    of a sum). Measured norm-wise (l2_err), tolerance ORACLE_TOL for every tensor (observed at
+ *    most 7.2e-5, grad.out_proj; controls 1.0e-3 and above).
+ *    Negative controls through the same check: the recurrent state rounded to bf16 after every
+ *    chunk (the round trip the mode must not do: the kernel's GDN_KERNEL_FAULT_STATE_BF16), and
+ *    the fp32 layer (whose products are not rounded).
+ * 2. Against the fp32 oracle (exact products): the accuracy a user gets, stated per tensor:
+ *    bf16 operands give ~2^-9 relative per operand, in practice ~5e-3 on y and ~1e-2 on the
+ *    gradients (printed); tolerance F32_TOL. Control: the BF16 GEMM's k pairs shifted by one
+ *    (GDN_BF16_FAULT_PAIR_SHIFT) through the same check.
+ * The attention layer: the same two checks; its controls are the fp32 layer through the BF16
+ * oracle's check and the shifted k pairs through the fp32 one (it has no recurrent state).
+ * Shapes keep every product above 16 rows (products of <= 16 rows run fp32 in either mode). */
+#include "harness.h"
+#include "kernel_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ORACLE_TOL 2e-4
+#define F32_TOL 5e-2
+
+/* Norm-wise relative error ||x - ref||_2 / ||ref||_2 (NaN fails). Not the max-abs measure of the
+ * fp32 tests: the oracle rounds its own double intermediates (the norm's output, z, dproj) to
+ * bf16, and the rare element whose fp32 value rounds to the other bf16 neighbour moves one
+ * output row by up to a bf16 ulp of one term; norm-wise such a flip is diluted by the tensor's
+ * size, while a systematic error (the controls) is not. */
+static double l2_err(const float *xf, const double *xd, const double *ref, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (xf ? (double)xf[i] : xd[i]) - ref[i];
+        num += d * d, den += ref[i] * ref[i];
+    }
+    const double e = sqrt(num) / fmax(sqrt(den), REL_ERR_FLOOR);
+    return e == e ? e : INFINITY;
+}
+#define rel_err_f32(x, ref, n) l2_err((x), NULL, (ref), (n))
+#define rel_err_dd(x, ref, n) l2_err(NULL, (x), (ref), (n))
+
+typedef struct {
+    double *y, *dx, *dw;
+} ref_out;
+
+static double *widen(const float *x, size_t n) {
+    double *d = malloc(sizeof(double) * (n + 1));
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static int reference(gdn_layer_config c, int compute, const double *x, const double *w, const double *dy,
+                     ref_out *r) {
+    const size_t nx = (size_t)c.B * c.T * c.E;
+    c.compute = compute;
+    r->y = malloc(sizeof(double) * nx), r->dx = malloc(sizeof(double) * nx);
+    r->dw = malloc(sizeof(double) * gdn_layer_param_floats(&c));
+    int rc = gdn_layer_reference_forward(&c, r->y, x, w);
+    if (!rc) rc = gdn_layer_reference_backward(&c, r->dx, r->dw, x, w, dy);
+    return rc;
+}
+static void ref_free(ref_out *r) { free(r->y), free(r->dx), free(r->dw); }
+
+/* The layer (c.compute, c.keep as given) forward + backward; the worst error over y, dx and
+ * every weight gradient against r, each checked (expect) or required to fail (control). */
+static double run_case(const char *label, const char *what, gdn_layer_config c, const float *w, const float *x,
+                       const float *dy, const ref_out *r, double tol, int control) {
+    gdn_layer_plan *lp;
+    if (gdn_layer_plan_create(&lp, &c)) {
+        check(0, "%s: plan: %s", label, gdn_errmsg());
+        return INFINITY;
+    }
+    const size_t nx = (size_t)c.B * c.T * c.E, nw = gdn_layer_param_floats(&c);
+    float *y = malloc(sizeof(float) * nx), *dx = malloc(sizeof(float) * nx), *dw = malloc(sizeof(float) * nw);
+    float *saved = malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1));
+    int rc = gdn_layer_forward(lp, y, saved, x, w, NULL, NULL);
+    if (!rc) rc = gdn_layer_backward(lp, dx, dw, x, w, saved, dy);
+    double worst = INFINITY;
+    if (rc) {
+        check(0, "%s: %s: %s", label, what, gdn_errmsg());
+    } else {
+        const char *keep = c.keep == GDN_LAYER_KEEP_PROJ ? "keep proj" : "keep min";
+        double e = rel_err_f32(y, r->y, (int64_t)nx);
+        worst = e;
+        if (control) {
+            expect_far(e, tol, "%s %s: y", label, what);
+        } else {
+            expect_close(e, tol, "%s %s y (%s)", label, what, keep);
+            e = rel_err_f32(dx, r->dx, (int64_t)nx);
+            expect_close(e, tol, "%s %s dx (%s)", label, what, keep);
+            worst = fmax(worst, e);
+            for (int i = 0; i < GDN_P_COUNT; i++) {
+                const size_t off = gdn_layer_param_offset(&c, i);
+                e = rel_err_f32(dw + off, r->dw + off, (int64_t)gdn_layer_param_numel(&c, i));
+                expect_close(e, tol, "%s %s grad.%s (%s)", label, what, gdn_layer_param_name(i), keep);
+                worst = fmax(worst, e);
+            }
+        }
+    }
+    free(y), free(dx), free(dw), free(saved);
+    gdn_layer_plan_destroy(lp);
+    return worst;
+}
+
+static void one_shape(int64_t B, int64_t T, int64_t E, int64_t Hk, int64_t Hv, int64_t K, int64_t V, int chunk,
+                      double a_hi, uint64_t seed) {
+    gdn_layer_config c = gdn_layer_config_default(B, T, E, Hk, Hv, K, V);
+    c.chunk = chunk;
+    rng_seed(seed);
+    float *w = layer_random_weights(&c, 0.05, a_hi);
+    const size_t nx = (size_t)B * T * E, nw = gdn_layer_param_floats(&c);
+    float *x = random_floats(nx), *dy = random_floats(nx);
+    double *xd = widen(x, nx), *dyd = widen(dy, nx), *wd = widen(w, nw);
+    ref_out rb = {0}, r32 = {0};
+    char label[160];
+    snprintf(label, sizeof label, "bf16 layer B=%lld T=%lld E=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d A<=%g",
+             (long long)B, (long long)T, (long long)E, (long long)Hk, (long long)Hv, (long long)K, (long long)V,
+             chunk, a_hi);
+    if (reference(c, GDN_COMPUTE_BF16, xd, wd, dyd, &rb) || reference(c, GDN_COMPUTE_FP32, xd, wd, dyd, &r32)) {
+        check(0, "%s: reference: %s", label, gdn_errmsg());
+    } else {
+        c.compute = GDN_COMPUTE_BF16;
+        for (int keep = 0; keep < 2; keep++) {
+            c.keep = keep;
+            run_case(label, "vs its bf16-operand oracle", c, w, x, dy, &rb, ORACLE_TOL, 0);
+        }
+        c.keep = GDN_LAYER_KEEP_MIN;
+        gdn_kernel_fault = GDN_KERNEL_FAULT_STATE_BF16;
+        run_case(label, "control: state round-tripped through bf16 per chunk, vs the bf16 oracle", c, w, x, dy, &rb,
+                 ORACLE_TOL, 1);
+        gdn_kernel_fault = 0;
+        c.compute = GDN_COMPUTE_FP32;
+        run_case(label, "control: the fp32 layer vs the bf16 oracle", c, w, x, dy, &rb, ORACLE_TOL, 1);
+        c.compute = GDN_COMPUTE_BF16;
+        const double e = run_case(label, "vs the fp32 oracle (its accuracy)", c, w, x, dy, &r32, F32_TOL, 0);
+        if (!tests_quiet) printf("      %s: worst error vs the exact fp32 oracle %.2e\n", label, e);
+        gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
+        run_case(label, "control: bf16 GEMM k pairs shifted, vs the fp32 oracle", c, w, x, dy, &r32, F32_TOL, 1);
+        gdn_bf16_fault = 0;
+    }
+    ref_free(&rb), ref_free(&r32);
+    free(w), free(x), free(dy), free(xd), free(dyd), free(wd);
+}
+
+/* ---------------------------------------------------------------- the attention layer */
+
+typedef struct {
+    double *y, *dx, *dw;
+} attn_out;
+
+/* The attention layer in c's compute and keep mode on the fp32 inputs, or its double reference
+ * (ref) on the same values; outputs widened to double. */
+static int attn_run(const gdn_attn_config *c, int ref, const float *x, const float *w, const float *dy, attn_out *o) {
+    const size_t nx = (size_t)c->B * c->T * c->E, nw = gdn_attn_param_floats(c);
+    o->y = dalloc((int64_t)nx), o->dx = dalloc((int64_t)nx), o->dw = dalloc((int64_t)nw);
+    if (ref) {
+        double *xd = widen(x, nx), *wd = widen(w, nw), *dyd = widen(dy, nx);
+        int rc = gdn_attn_reference_forward(c, o->y, xd, wd);
+        if (!rc) rc = gdn_attn_reference_backward(c, o->dx, o->dw, xd, wd, dyd);
+        free(xd), free(wd), free(dyd);
+        return rc;
+    }
+    gdn_attn_plan *p = NULL;
+    int rc = gdn_attn_plan_create(&p, c);
+    if (rc) return rc;
+    float *y = falloc((int64_t)nx), *dx = falloc((int64_t)nx), *dw = falloc((int64_t)nw);
+    float *sv = falloc((int64_t)gdn_attn_saved_floats(p) + 1);
+    rc = gdn_attn_forward(p, y, sv, x, w);
+    if (!rc) rc = gdn_attn_backward(p, dx, dw, x, w, sv, dy);
+    for (size_t i = 0; i < nx; i++) o->y[i] = y[i], o->dx[i] = dx[i];
+    for (size_t i = 0; i < nw; i++) o->dw[i] = dw[i];
+    free(y), free(dx), free(dw), free(sv);
+    gdn_attn_plan_destroy(p);
+    return rc;
+}
+static void attn_free(attn_out *o) { free(o->y), free(o->dx), free(o->dw); }
+
+/* Every tensor of o against r within tol (control: y must differ by more). */
+static void attn_compare(const char *label, const char *what, const gdn_attn_config *c, const attn_out *o,
+                         const attn_out *r, double tol, int control) {
+    const int64_t nx = c->B * c->T * c->E;
+    if (control) {
+        expect_far(rel_err_dd(o->y, r->y, nx), tol, "%s %s: y", label, what);
+        return;
+    }
+    expect_close(rel_err_dd(o->y, r->y, nx), tol, "%s %s y", label, what);
+    expect_close(rel_err_dd(o->dx, r->dx, nx), tol, "%s %s dx", label, what);
+    for (int p = 0; p < GDN_A_COUNT; p++) {
+        const size_t off = gdn_attn_param_offset(c, p);
+        expect_close(rel_err_dd(o->dw + off, r->dw + off, (int64_t)gdn_attn_param_numel(c, p)), tol, "%s %s grad.%s",
+                     label, what, gdn_attn_param_name(p));
+    }
+}
+
+static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t Hkv, int64_t d, uint64_t seed) {
+    gdn_attn_config c = gdn_attn_config_default(B, T, E, H, Hkv, d);
+    c.R = d / 2, c.rope_theta = 1e4;
+    rng_seed(seed);
+    const size_t nx = (size_t)B * T * E, nw = gdn_attn_param_floats(&c);
+    float *w = falloc((int64_t)nw), *x = random_floats(nx), *dy = random_floats(nx);
+    for (int p = 0; p < GDN_A_COUNT; p++) {
+        int64_t shape[2];
+        const int nd = gdn_attn_param_shape(&c, p, shape);
+        const double a = nd == 2 ? 1.5 / sqrt((double)shape[1]) : 0.4;
+        for (size_t i = 0; i < gdn_attn_param_numel(&c, p); i++)
+            w[gdn_attn_param_offset(&c, p) + i] = (float)rng_uniform(-a, a);
+    }
+    char label[128];
+    snprintf(label, sizeof label, "bf16 attention B=%lld T=%lld E=%lld H=%lld Hkv=%lld d=%lld", (long long)B,
+             (long long)T, (long long)E, (long long)H, (long long)Hkv, (long long)d);
+    attn_out rb = {0}, r32 = {0}, o = {0};
+    c.compute = GDN_COMPUTE_BF16;
+    int rc = attn_run(&c, 1, x, w, dy, &rb);
+    c.compute = GDN_COMPUTE_FP32;
+    if (!rc) rc = attn_run(&c, 1, x, w, dy, &r32);
+    if (rc) {
+        check(0, "%s: reference: %s", label, gdn_errmsg());
+    } else {
+        c.compute = GDN_COMPUTE_BF16;
+        for (int keep = GDN_ATTN_KEEP_ALL; keep <= GDN_ATTN_KEEP_CORE; keep++) {
+            c.keep = keep;
+            if (!attn_run(&c, 0, x, w, dy, &o))
+                attn_compare(label, keep == GDN_ATTN_KEEP_ALL ? "vs its bf16-operand oracle (keep all)"
+                                                              : "vs its bf16-operand oracle (keep core)",
+                             &c, &o, &rb, ORACLE_TOL, 0);
+            else
+                check(0, "%s: %s", label, gdn_errmsg());
+            attn_free(&o);
+        }
+        c.keep = GDN_ATTN_KEEP_ALL;
+        if (!attn_run(&c, 0, x, w, dy, &o)) attn_compare(label, "vs the fp32 oracle (its accuracy)", &c, &o, &r32, F32_TOL, 0);
+        attn_free(&o);
+        gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
+        if (!attn_run(&c, 0, x, w, dy, &o))
+            attn_compare(label, "control: bf16 GEMM k pairs shifted, vs the fp32 oracle", &c, &o, &r32, F32_TOL, 1);
+        gdn_bf16_fault = 0;
+        attn_free(&o);
+        c.compute = GDN_COMPUTE_FP32;
+        if (!attn_run(&c, 0, x, w, dy, &o))
+            attn_compare(label, "control: the fp32 layer vs the bf16 oracle", &c, &o, &rb, ORACLE_TOL, 1);
+        attn_free(&o);
+    }
+    attn_free(&rb), attn_free(&r32);
+    free(w), free(x), free(dy);
+}
+
+void test_compute_bf16(void) {
+    if (!tests_quiet) printf("bf16 layer: products on %s\n", gdn_compute_path(GDN_COMPUTE_BF16));
+    /* grouped heads, K != V, T over several chunks and not a multiple of one; gates weak enough
+     * that the state carries across chunks (else its rounding is invisible) */
+    one_shape(2, 45, 48, 2, 4, 16, 24, 16, 1, 11);
+    one_shape(1, 150, 64, 2, 4, 32, 16, 16, 1, 12);
+    /* the attention layer: GQA, a T over the core's tiles, E and every projection width > 16 */
+    attention_case(2, 40, 32, 4, 2, 16, 13);
+    /* compute out of range: refused by the config check */
+    gdn_layer_config c = gdn_layer_config_default(1, 8, 16, 1, 1, 8, 8);
+    c.compute = 7;
+    gdn_layer_plan *lp = NULL;
+    expect_status(gdn_layer_plan_create(&lp, &c), GDN_ERR_ARG, "compute", "bf16 layer: compute = 7 refused");
+    gdn_layer_plan_destroy(lp);
+    int cm = -1;
+    expect_status(gdn_compute_parse("fp16", &cm), GDN_ERR_ARG, "fp16", "compute 'fp16' refused");
+    check(!gdn_compute_parse("bf16", &cm) && cm == GDN_COMPUTE_BF16, "compute 'bf16' parsed");
+}
