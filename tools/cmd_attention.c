@@ -33,6 +33,7 @@ static int fail(int status, const char *fmt, ...) {
 typedef struct {
     const char *weights, *config, *prefix, *in, *out, *cp, *shards;
     int backward, decode, stats, threads;
+    int compute;               /* --compute: GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16 */
     int fault;                 /* --fault: a GDN_CP_FAULT_ATTN_* testing hook (negative controls) */
     int recompute, keep_flag;  /* --recompute: the backward recomputes the forward; keep_flag: one was given */
     int64_t pos_offset;
@@ -45,6 +46,7 @@ static int usage(void) {
             "usage: gdncp attention --weights W.safetensors [--config config.json] [--prefix P]\n"
             "                       --in IN.safetensors --out OUT.safetensors [--backward [--keep-saved|--recompute]]\n"
             "                       [--decode N] [--position-offset P] [--cu-seqlens 0,a,..,T] [--threads N]\n"
+            "                       [--compute fp32|bf16]\n"
             "       mpiexec -n D gdncp attention ... --cp kv|heads [--shards a,b,..] [--stats]\n"
             "                       [--fault drop-kv|drop-kv-grad]  (testing only: deliberately WRONG results)\n");
     return CLI_USAGE_ERROR;
@@ -58,6 +60,10 @@ static int parse(int argc, char **argv, attn_opts *o) {
         if (!strcmp(a, "--backward")) o->backward = 1;
         else if (!strcmp(a, "--stats")) o->stats = 1;
         else if (!strcmp(a, "--recompute")) o->recompute = 1, o->keep_flag = 1;
+        else if (!strcmp(a, "--compute")) {
+            if (cli_parse_compute("attention", a, v, &o->compute)) return CLI_USAGE_ERROR;
+            i++;
+        }
         else if (!strcmp(a, "--keep-saved")) o->recompute = 0, o->keep_flag = 1;
         else if (!strcmp(a, "--weights") && v) o->weights = v, i++;
         else if (!strcmp(a, "--config") && v) o->config = v, i++;
@@ -434,10 +440,11 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
                                "documents (--cu-seqlens, a cu_seqlens tensor or restarting position_ids in %s)", o.in);
     if (cp) { /* the agreement steps on everything that decides the collectives that follow */
         static const char *const names[] = {"--cp (0 kv, 1 heads)", "--backward", "--recompute", "--stats",
-                                            "--shards (the lists differ; values are hashes)", "T of the input file"};
-        const int64_t vals[6] = {strategy, o.backward, o.recompute, o.stats, cli_hash(o.shards), T};
+                                            "--shards (the lists differ; values are hashes)", "T of the input file",
+                                            "--compute (0 fp32, 1 bf16)"};
+        const int64_t vals[7] = {strategy, o.backward, o.recompute, o.stats, cli_hash(o.shards), T, o.compute};
         const int local = rc;
-        rc = gdn_cp_agree_values(cp, vals, 6, names, rc);
+        rc = gdn_cp_agree_values(cp, vals, 7, names, rc);
         if (rc && !local) cli_error("attention", rc), reported = 1;
         if (!rc) {
             static const char *const more[] = {"B of the input file", "the position offset", "the packed documents",
@@ -487,7 +494,7 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
     if (!rc && cp && o.decode) rc = read_rows(f, "x", ndim, aw.cfg.E, T - o.decode, o.decode, B, T, &xdec);
     if (!rc && o.backward) rc = read_rows(f, "dy", ndim, aw.cfg.E, t0, tn, B, T, &dy);
     gdn_attn_config c = aw.cfg;
-    c.B = B, c.T = tn, c.threads = o.threads, c.pos_offset = pos_offset, c.cp = strategy;
+    c.B = B, c.T = tn, c.threads = o.threads, c.pos_offset = pos_offset, c.cp = strategy, c.compute = o.compute;
     c.cu_seqlens = cu, c.n_docs = n_docs, c.seq_offset = cp ? t0 : 0;
     if (cp && o.decode && rank == D - 1) c.T = tn - o.decode; /* the prefill's share */
     if (!rc && !o.decode) rc = gdn_attn_plan_create(&plan, &c);
@@ -541,14 +548,14 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
         if (!cp) rc = write_outputs(&o, &aw, ndim, B, T, y, o.backward ? dx : NULL, o.backward ? dw : NULL);
         if (!rc)
             printf("gdncp attention: B=%lld T=%lld E=%lld H=%lld Hkv=%lld d=%lld R=%lld theta=%g positions %s%lld "
-                   "(%s): %s%s%s in %.3f s%s%s -> %s\n",
+                   "(%s): %s%s%s in %.3f s%s%s (products: %s) -> %s\n",
                    (long long)B, (long long)T, (long long)c.E, (long long)c.H, (long long)c.Hkv, (long long)c.d,
                    (long long)c.R, c.rope_theta, cu ? "per document from 0, documents=" : "from ",
                    (long long)(cu ? n_docs : pos_offset), aw.dtype == GDN_BF16 ? "BF16 on disk, F32 in memory"
                    : aw.dtype == GDN_F64 ? "F64 on disk, F32 in memory" : "F32",
                    o.decode ? "prefill + decode" : "forward", o.backward ? " + backward" : "",
                    o.backward ? (o.recompute ? " (recomputed)" : " (saved)") : "", secs,
-                   cp ? " over ranks, strategy " : "", cp ? o.cp : "", o.out);
+                   cp ? " over ranks, strategy " : "", cp ? o.cp : "", gdn_compute_path(c.compute), o.out);
     }
     if (cp) rc = gdn_cp_agree_status(cp, rc);
 done:

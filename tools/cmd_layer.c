@@ -32,6 +32,7 @@ static int fail(int status, const char *fmt, ...) {
 typedef struct {
     const char *weights, *config, *prefix, *in, *out, *cp, *shards;
     int backward, keep, decode;
+    int compute; /* --compute: GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16 */
     int f32; /* --f32: keep BF16 checkpoints as fp32 in memory for inference */
     gdn_layer_config given; /* dims from flags (0: not given), chunk, threads */
     int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
@@ -41,7 +42,8 @@ static int usage(void) {
     fprintf(stderr,
             "usage: gdncp layer --weights W.safetensors [--config config.json] [--prefix P]\n"
             "                   --in IN.safetensors --out OUT.safetensors [--backward]\n"
-            "                   [--keep min|proj] [--decode N] [--f32] [--chunk C] [--threads N]\n"
+            "                   [--keep min|proj] [--decode N] [--f32] [--compute fp32|bf16] [--chunk C]\n"
+            "                   [--threads N]\n"
             "                   [--E --Hk --Hv --K --V --Kc N] [--eps X] [--cu-seqlens 0,a,..,T]\n"
             "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n");
     return CLI_USAGE_ERROR;
@@ -73,7 +75,10 @@ static int parse(int argc, char **argv, layer_opts *o) {
         else if (!strcmp(a, "--out") && v) o->out = v, i++;
         else if (!strcmp(a, "--cp") && v) o->cp = v, i++;
         else if (!strcmp(a, "--shards") && v) o->shards = v, i++;
-        else if (!strcmp(a, "--keep") && v && (!strcmp(v, "min") || !strcmp(v, "proj")))
+        else if (!strcmp(a, "--compute")) {
+            if (cli_parse_compute("layer", a, v, &o->compute)) return CLI_USAGE_ERROR;
+            i++;
+        } else if (!strcmp(a, "--keep") && v && (!strcmp(v, "min") || !strcmp(v, "proj")))
             o->keep = !strcmp(v, "proj") ? GDN_LAYER_KEEP_PROJ : GDN_LAYER_KEEP_MIN, i++;
         else if (!strcmp(a, "--eps")) {
             /* the RMSNorm's epsilon (Qwen: 1e-6); beyond 1 it would swamp the norm it guards */
@@ -241,10 +246,10 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
     if (cp) { /* one agreement step on everything that decides the collectives that follow */
         static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--keep",
                                             "--f32", "--shards (the lists differ; values are hashes)",
-                                            "T of the input file"};
-        const int64_t vals[6] = {gdn_cp_get_strategy(cp), o.backward, o.keep, o.f32, cli_hash(o.shards), T};
+                                            "T of the input file", "--compute (0 fp32, 1 bf16)"};
+        const int64_t vals[7] = {gdn_cp_get_strategy(cp), o.backward, o.keep, o.f32, cli_hash(o.shards), T, o.compute};
         const int local = rc;
-        rc = gdn_cp_agree_values(cp, vals, 6, names, rc);
+        rc = gdn_cp_agree_values(cp, vals, 7, names, rc);
         if (rc && !local) cli_error("layer", rc), reported = 1;
         /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
         if (!rc && cli_shard_of(o.shards, D, rank, T, &t0, &tn)) rc = GDN_ERR_SHAPE, reported = 1;
@@ -271,6 +276,7 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
     const int64_t Tl = cp ? tn : T, E = lw.cfg.E;
     gdn_layer_config c = lw.cfg;
     c.B = B, c.T = Tl, c.chunk = o.given.chunk, c.threads = o.given.threads, c.keep = o.keep;
+    c.compute = o.compute;
     c.cu_seqlens = cu, c.n_docs = n_docs, c.seq_offset = cu ? t0 : 0;
     if (!rc) rc = gdn_layer_plan_create(&lp, &c);
     const size_t nx = (size_t)B * Tl * E, nw = gdn_layer_param_floats(&c);
@@ -316,13 +322,13 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
         if (!cp) rc = write_outputs(&o, &lw, B, T, y, o.backward ? dx : NULL, o.backward ? dw : NULL);
         if (!rc)
             printf("gdncp layer: B=%lld T=%lld%s%.0lld E=%lld Hk=%lld Hv=%lld K=%lld V=%lld Kc=%lld (%s layout, %s): "
-                   "%s%s in %.3f s%s%s -> %s\n",
+                   "%s%s in %.3f s%s%s (products: %s) -> %s\n",
                    (long long)B, (long long)T, cu ? " documents=" : "", (long long)n_docs, (long long)E,
                    (long long)c.Hk, (long long)c.Hv,
                    (long long)c.K, (long long)c.V, (long long)c.Kc, lw.fused ? "fused" : "split",
                    lw.cfg.weight_dtype == GDN_BF16 ? "BF16 in memory" : lw.dtype == GDN_BF16 ? "BF16 on disk, F32 in memory" : "F32",
                    o.decode ? "prefill + decode" : "forward", o.backward ? " + backward" : "", secs,
-                   cp ? " over ranks, strategy " : "", cp ? o.cp : "", o.out);
+                   cp ? " over ranks, strategy " : "", cp ? o.cp : "", gdn_compute_path(c.compute), o.out);
     }
     if (cp) rc = gdn_cp_agree_status(cp, rc);
 done:

@@ -37,15 +37,16 @@ def test_kernel_config_roundtrip_and_shifted_layout_fails():
 
 def test_layer_config_roundtrip():
     cfg = L.gdn_layer_config_default(2, 50, 96, 2, 6, 16, 24)
-    cfg.Kc, cfg.eps, cfg.chunk, cfg.threads, cfg.keep = 3, 1e-5, 16, 1, 1
+    cfg.Kc, cfg.eps, cfg.chunk, cfg.threads, cfg.keep, cfg.compute = 3, 1e-5, 16, 1, 1, 1
     h = ctypes.c_void_p()
     L.check(L.gdn_layer_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_layer_plan_create")
     try:
         back = L.gdn_layer_plan_config(h).contents
         got = {n: getattr(back, n) for n in ("B", "T", "E", "Hk", "Hv", "K", "V", "Kc", "chunk",
-                                             "threads", "keep", "check_finite", "weight_dtype")}
+                                             "threads", "keep", "check_finite", "weight_dtype",
+                                             "compute")}
         assert got == dict(B=2, T=50, E=96, Hk=2, Hv=6, K=16, V=24, Kc=3, chunk=16, threads=1,
-                           keep=1, check_finite=1, weight_dtype=0)
+                           keep=1, check_finite=1, weight_dtype=0, compute=1)
         assert abs(back.eps - 1e-5) < 1e-12
         assert L.gdn_layer_conv_dim(ctypes.byref(cfg)) == 2 * 2 * 16 + 6 * 24
     finally:
@@ -56,6 +57,7 @@ def test_attention_config_roundtrip_and_shifted_layout_fails():
     """gdn_attn_config (the attention layer's, which gdn_sdpa_* reads too) through a layer plan."""
     cfg = L.gdn_attn_config_default(2, 40, 32, 4, 2, 16)
     cfg.R, cfg.rope_theta, cfg.eps, cfg.threads, cfg.pos_offset, cfg.max_position = 8, 1e4, 1e-5, 1, 3, 100
+    cfg.compute = 1
     h = ctypes.c_void_p()
     L.check(L.gdn_attn_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_attn_plan_create")
     try:
@@ -63,7 +65,7 @@ def test_attention_config_roundtrip_and_shifted_layout_fails():
     finally:
         L.gdn_attn_plan_destroy(h)
     want = dict(B=2, T=40, E=32, H=4, Hkv=2, d=16, R=8, rope_theta=1e4, threads=1, check_finite=1,
-                n_docs=0, pos_offset=3, seq_offset=0, max_position=100, cp=0, keep=0)
+                n_docs=0, pos_offset=3, seq_offset=0, max_position=100, cp=0, keep=0, compute=1)
     assert {n: getattr(back, n) for n in want} == want and abs(back.eps - 1e-5) < 1e-12
 
     class Shifted(ctypes.Structure):   # control: one int64 field missing at the front

@@ -1,6 +1,8 @@
 /* Option values of the gdncp command (see parse.h). */
 #include "parse.h"
 
+#include "gdncp/compute.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -92,4 +94,10 @@ int cli_parse_i64_list(const char *cmd, const char *opt, const char *text, int64
     }
     *out = list, *count = n;
     return 0;
+}
+
+int cli_parse_compute(const char *cmd, const char *opt, const char *text, int *out) {
+    if (text && !gdn_compute_parse(text, out)) return 0;
+    fprintf(stderr, "gdncp %s: option %s needs fp32 or bf16, got '%s'\n", cmd, opt, text ? text : "");
+    return 1;
 }

@@ -24,4 +24,7 @@ int cli_parse_f64(const char *cmd, const char *opt, const char *text, double min
  * Returns 1 after printing what is wrong ("gdncp CMD: option OPT needs ..."), else 0. */
 int cli_parse_i64_list(const char *cmd, const char *opt, const char *text, int64_t **out, int64_t *count);
 
+/* --compute fp32|bf16 (gdncp/compute.h) into *out; 1 after printing what is wrong, else 0. */
+int cli_parse_compute(const char *cmd, const char *opt, const char *text, int *out);
+
 #endif

@@ -52,7 +52,7 @@ class LayerConfig(ctypes.Structure):
     _fields_ = [("B", c_int64), ("T", c_int64), ("E", c_int64), ("Hk", c_int64),
                 ("Hv", c_int64), ("K", c_int64), ("V", c_int64), ("Kc", c_int64),
                 ("eps", c_float), ("chunk", c_int), ("threads", c_int), ("keep", c_int),
-                ("check_finite", c_int), ("weight_dtype", c_int), ("cu_seqlens", P_int64),
+                ("check_finite", c_int), ("weight_dtype", c_int), ("compute", c_int), ("cu_seqlens", P_int64),
                 ("n_docs", c_int64), ("seq_offset", c_int64)]
 
 
@@ -64,7 +64,7 @@ class AttnConfig(ctypes.Structure):
                 ("d", c_int64), ("R", c_int64), ("rope_theta", c_double), ("eps", c_float),
                 ("threads", c_int), ("check_finite", c_int), ("cu_seqlens", P_int64),
                 ("n_docs", c_int64), ("pos_offset", c_int64), ("seq_offset", c_int64),
-                ("max_position", c_int64), ("cp", c_int), ("keep", c_int)]
+                ("max_position", c_int64), ("cp", c_int), ("keep", c_int), ("compute", c_int)]
 
 
 class RuleInputs(ctypes.Structure):

@@ -306,15 +306,21 @@ class Layer:
     Layer(E, Hk, Hv, K, V, weights, Kc=4, eps=1e-6): weights is a dict of Hugging Face names
     (in_proj_qkv.weight, ..., with or without a common prefix) to arrays in PyTorch's [out, in]
     shapes, or the flat float32 vector of gdn_layer_param_offset. Plans are made per (B, T)
-    and reused.
+    and reused. compute="bf16": in_proj_qkv, in_proj_z and out_proj (forward and backward) with
+    bfloat16 operands and fp32 accumulation on the CPU's best BF16 path (gdncp/compute.h;
+    ~1e-2 relative on outputs), the rest fp32.
     """
 
     def __init__(self, E, Hk, Hv, K, V, weights, Kc=4, eps=1e-6, chunk=64, threads=0,
-                 keep_projections=False):
+                 keep_projections=False, compute="fp32"):
+        if compute not in ("fp32", "bf16"):
+            raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
         self._base = L.gdn_layer_config_default(0, 0, E, Hk, Hv, K, V)
         self._base.Kc, self._base.eps = Kc, eps
         self._base.chunk, self._base.threads = chunk, threads
         self._base.keep = 1 if keep_projections else 0
+        self._base.compute = 1 if compute == "bf16" else 0
+        self.compute = compute
         probe = self._cfg(1, 1)
         L.check(L.gdn_layer_config_check(ctypes.byref(probe)), "layer config")
         self.E, self.Hk, self.Hv, self.K, self.V, self.Kc = E, Hk, Hv, K, V, Kc
