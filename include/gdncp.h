@@ -10,6 +10,7 @@
  *   gdncp/attention.h Qwen3.5's gated full-attention layer
  *   gdncp/io.h       safetensors, layer weights from checkpoints, problem files
  *   gdncp/bench.h    benchmark probes (measured peak, issued FLOPs)
+ *   gdncp/sample.h   the next token from logits (greedy, temperature, top-k, top-p, a seed)
  * The MPI parts include <mpi.h> and are included on their own:
  *   gdncp/cp.h       context parallelism (the rule, the layer, the conv halo, agreement)
  *   gdncp/train.h    the byte-level model, AdamW, data, checkpoints, the trainer
@@ -26,5 +27,6 @@
 #include "gdncp/attention.h"
 #include "gdncp/io.h"
 #include "gdncp/bench.h"
+#include "gdncp/sample.h"
 
 #endif /* GDNCP_H */

@@ -51,6 +51,14 @@ if [ -n "$s1" ] && [ "$s1" = "$s2" ]; then ok "temperature 1, seed 5: reproducib
 if [ "$s1" != "$want" ] && [ "$s1" != "$s3" ]; then ok "negative control: temperature 1 differs from greedy and seed 6 from seed 5"
 else bad "sampling at temperature 1 gave greedy's ids or seed 6's"; fi
 
+# top-p (the library's sampler, shared with the Python package): a nucleus of one token is greedy
+got=$(samp --prompt-ids "$prompt" --temperature 1 --top-p 1e-9 --seed 5 --print-ids 2>/dev/null)
+if [ "$got" = "$want" ]; then ok "temperature 1 with --top-p 1e-9 (a one-token nucleus) = greedy"; else bad "top-p 1e-9: '$got'"; fi
+p9=$(samp --prompt-ids "$prompt" --temperature 1 --top-p 0.9 --seed 5 --print-ids 2>/dev/null)
+p1=$(samp --prompt-ids "$prompt" --temperature 1 --top-p 1 --seed 5 --print-ids 2>/dev/null)
+if [ "$p1" = "$s1" ] && [ -n "$p9" ] && [ "$p9" != "$p1" ]; then ok "--top-p 1 = no nucleus (seed 5's ids); control: --top-p 0.9 differs from it"
+else bad "top-p 1 '$p1' vs '$s1', top-p 0.9 '$p9'"; fi
+
 echo "== refusals"
 refuse() { # refuse WHAT PATTERN ARGS...: non-zero exit and PATTERN in stderr
   local what=$1 pat=$2; shift 2
@@ -61,4 +69,6 @@ refuse() { # refuse WHAT PATTERN ARGS...: non-zero exit and PATTERN in stderr
 refuse "--prompt and --prompt-ids together" "one of --prompt, --prompt-ids" samp --prompt a --prompt-ids 1
 refuse "a token id 256 (the vocabulary of 256)" "token ids in \[0, 256\)" samp --prompt-ids 1,256
 refuse "an empty --prompt-ids" "prompt" samp --prompt-ids ""
+refuse "--top-p 0" "top-p" samp --prompt-ids 1 --top-p 0
+refuse "--top-p 1.5" "top-p" samp --prompt-ids 1 --top-p 1.5
 finish

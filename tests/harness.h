@@ -122,6 +122,7 @@ void test_backward(void);
 void test_backward_chunked(void);
 void test_matmul(void);          /* tests/test_matmul.c: the large GEMM */
 void test_matmul_bf16(void);     /* tests/test_matmul_bf16.c: the BF16-compute GEMM, every path */
+void test_sample(void);          /* tests/test_sample.c: gdn_sample_next */
 void test_step(void);            /* tests/test_step.c: gdn_step (decode) */
 void test_layer_reference(void); /* tests/test_layer_reference.c: the double layer vs finite differences and golden */
 void test_layer_io(void);        /* tests/test_layer_io.c: loading layer weights */

@@ -10,67 +10,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gdncp/sample.h"
 #include "gdncp/train.h"
 
 static int usage(void) {
     fprintf(stderr, "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [--tokens N]\n"
-                    "                    [--temperature T] [--top-k K] [--seed S] [--threads N]\n"
+                    "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
                     "                    [--stop auto|none] [--print-ids] [--score]\n"
                     "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
                     "  --prompt-ids: the prompt as token ids in [0, vocab); --print-ids: the new tokens as ids\n"
                     "  (comma-separated, one line) instead of the prompt and the text. --prompt TEXT and text\n"
                     "  output are for byte models (vocab_size 256); another vocabulary needs both id options.\n"
                     "  --score: print the mean next-token loss of the prompt under the checkpoint (nothing generated)\n"
-                    "  --temperature 0 picks the most likely token every time.\n"
+                    "  --temperature 0 picks the most likely token every time; otherwise softmax(logits / T) over the\n"
+                    "  --top-k largest logits (0: all), then over the smallest set of the largest whose probability\n"
+                    "  reaches --top-p (1: all); the same sampler as the Python package's Model.generate.\n"
                     "  --stop auto (default): a checkpoint trained with --pack SEP or --pack-id N stops once it\n"
                     "  writes the separator (its document ended; the token after it was never trained); none:\n"
                     "  run to --tokens.\n");
     return CLI_USAGE_ERROR;
-}
-
-/* xorshift64*: the sampling stream (deterministic for a --seed). */
-static double next_uniform(uint64_t *s) {
-    *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
-    return (double)((*s * 0x2545f4914f6cdd1dull) >> 11) * 0x1.0p-53;
-}
-
-static int cmp_desc(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
-}
-
-/* The next token from logits: greedy at temperature 0, else softmax(logits / T) over the top_k.
- * sorted (n floats) and p (n doubles): scratch made once, nothing allocated per token. */
-static int pick(const float *logits, int n, double temperature, int top_k, uint64_t *rng, float *sorted,
-                double *p) {
-    int best = 0;
-    for (int i = 1; i < n; i++) best = logits[i] > logits[best] ? i : best;
-    if (temperature <= 0) return best;
-    /* the k-th largest logit is the cut (ties kept) */
-    float cut = -INFINITY;
-    if (top_k > 0 && top_k < n) {
-        memcpy(sorted, logits, sizeof(float) * (size_t)n);
-        if (top_k <= 64) {
-            for (int i = 0; i < top_k; i++) { /* partial selection */
-                int m = i;
-                for (int j = i + 1; j < n; j++) m = sorted[j] > sorted[m] ? j : m;
-                const float t = sorted[i];
-                sorted[i] = sorted[m], sorted[m] = t;
-            }
-        } else {
-            qsort(sorted, (size_t)n, sizeof(float), cmp_desc);
-        }
-        cut = sorted[top_k - 1];
-    }
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        p[i] = logits[i] >= cut ? exp((logits[i] - logits[best]) / temperature) : 0.0;
-        sum += p[i];
-    }
-    double u = next_uniform(rng) * sum;
-    for (int i = 0; i < n; i++)
-        if ((u -= p[i]) <= 0 && p[i] > 0) return i;
-    return best;
 }
 
 /* "1,2,3" into ids[0..n) (cap: strlen / 2 + 1 holds any list); 0 or a message. */
@@ -94,7 +52,7 @@ int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
     int print_ids = 0, fault_no_kv = 0, score = 0;
     int64_t tokens = 200, top_k = 0, seed = 1, threads = 0;
-    double temperature = 0.8;
+    double temperature = 0.8, top_p = 1;
     int stop_auto = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -109,6 +67,13 @@ int cmd_sample(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--top-k")) {
             if (cli_parse_i64("sample", a, v, 1, GDN_MODEL_MAX_VOCAB, &top_k)) return CLI_USAGE_ERROR;
+            i++;
+        } else if (!strcmp(a, "--top-p")) {
+            if (cli_parse_f64("sample", a, v, 0, 1, &top_p)) return CLI_USAGE_ERROR;
+            if (!(top_p > 0)) {
+                fprintf(stderr, "gdncp sample: --top-p %s: expected a probability in (0, 1]\n", v);
+                return CLI_USAGE_ERROR;
+            }
             i++;
         } else if (!strcmp(a, "--seed")) {
             if (cli_parse_i64("sample", a, v, 0, INT64_MAX, &seed)) return CLI_USAGE_ERROR;
@@ -161,12 +126,11 @@ int cmd_sample(int argc, char **argv) {
     }
     float *w = aligned_alloc(64, sizeof(float) * ((gdn_model_param_floats(&cfg) + 15) & ~(size_t)15));
     float *logits = malloc(sizeof(float) * np * (size_t)cfg.vocab);
-    float *sorted = malloc(sizeof(float) * (size_t)cfg.vocab);
-    double *probs = malloc(sizeof(double) * (size_t)cfg.vocab);
+    float *swork = malloc(sizeof(float) * (size_t)cfg.vocab); /* the sampler's (top-k, top-p) */
     gdn_model_decoder *dec = NULL;
-    if (!w || !logits || !sorted || !probs) {
+    if (!w || !logits || !swork) {
         fprintf(stderr, "gdncp sample: out of memory for the model's %zu parameters\n", gdn_model_param_floats(&cfg));
-        free(w), free(logits), free(ptok), free(sorted), free(probs);
+        free(w), free(logits), free(ptok), free(swork);
         return 1;
     }
     if (!rc) rc = gdn_ckpt_load(dir, &cfg, w, NULL, NULL, NULL);
@@ -195,19 +159,22 @@ int cmd_sample(int argc, char **argv) {
         }
         printf("score: loss %.7f over %zu targets\n", np > 1 ? sum / (double)(np - 1) : NAN, np - 1);
         gdn_model_decoder_destroy(dec);
-        free(w), free(logits), free(ptok), free(sorted), free(probs);
+        free(w), free(logits), free(ptok), free(swork);
         return 0;
     }
     if (!rc) memmove(logits, logits + (np - 1) * (size_t)cfg.vocab, sizeof(float) * (size_t)cfg.vocab);
     for (size_t i = 0; sep_len && i < np; i++)
         memmove(tail, tail + 1, sizeof *tail * ((size_t)sep_len - 1)), tail[sep_len - 1] = ptok[i];
-    uint64_t rng = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
+    const gdn_sampling sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p};
+    uint64_t rng = gdn_sample_seed((uint64_t)seed);
     for (size_t i = 0; !rc && !print_ids && i < np; i++) fputc(ptok[i], stdout);
     const double t0 = cli_now();
     int64_t made = 0;
     int stopped = 0;
     for (; !rc && made < tokens && !stopped; made++) {
-        const gdn_token b = (gdn_token)pick(logits, (int)cfg.vocab, temperature, (int)top_k, &rng, sorted, probs);
+        int64_t next = 0;
+        if ((rc = gdn_sample_next(&next, logits, cfg.vocab, &sampling, &rng, swork))) break;
+        const gdn_token b = (gdn_token)next;
         if (print_ids) printf(made ? ",%d" : "%d", (int)b);
         else fputc(b, stdout);
         if (sep_len) { /* the document ends with the separator (a match ending on a new token) */
@@ -229,6 +196,6 @@ int cmd_sample(int argc, char **argv) {
                 stopped ? "; stopped at the end of the document (the checkpoint was trained with --pack; "
                           "--stop none goes on)" : "");
     gdn_model_decoder_destroy(dec);
-    free(w), free(logits), free(ptok), free(sorted), free(probs);
+    free(w), free(logits), free(ptok), free(swork);
     return rc ? cli_error("sample", rc) : 0;
 }

@@ -231,3 +231,83 @@ def test_rule_bundle_null_fields_are_named():
                               ctypes.byref(L.rule_inputs(*x)), L.f32p(do), None) == 0
     finally:
         L.gdn_plan_destroy(h)
+
+
+def test_model_config_mirror_reads_the_tiny_checkpoint():
+    """gdn_model_config (the whole model's) filled by gdn_ckpt_load_config from the transformers
+    checkpoint tests/data/qwen35_tiny reads back every config.json field in its place, and
+    gdn_model_param_floats takes it; control: the same bytes through a layout missing its first
+    field do not."""
+    import json
+    from conftest import TINY
+    cfg = L.ModelConfig()
+    L.check(L.gdn_ckpt_load_config(TINY.encode(), ctypes.byref(cfg)), "gdn_ckpt_load_config")
+    j = json.load(open(f"{TINY}/config.json"))
+    want = dict(vocab=j["vocab_size"], E=j["hidden_size"], L=j["num_hidden_layers"],
+                I=j["intermediate_size"], Hk=j["linear_num_key_heads"],
+                Hv=j["linear_num_value_heads"], K=j["linear_key_head_dim"],
+                V=j["linear_value_head_dim"], Kc=j["linear_conv_kernel_dim"],
+                tie_embeddings=int(j["tie_word_embeddings"]), H=j["num_attention_heads"],
+                Hkv=j["num_key_value_heads"], d=j["head_dim"],
+                R=int(j["head_dim"] * j["rope_parameters"]["partial_rotary_factor"]),
+                rope_theta=j["rope_parameters"]["rope_theta"],
+                max_position=j["max_position_embeddings"])
+    assert {n: getattr(cfg, n) for n in want} == want
+    assert abs(cfg.eps - j["rms_norm_eps"]) < 1e-12
+    assert list(cfg.full_attention[:cfg.L + 1]) == [int(t == "full_attention") for t in j["layer_types"]] + [0]
+    assert L.gdn_model_config_check(ctypes.byref(cfg)) == 0
+    assert L.gdn_model_attn_layers(ctypes.byref(cfg)) == 1
+    n = L.gdn_model_param_floats(ctypes.byref(cfg))
+    assert n >= L.gdn_model_param_count(ctypes.byref(cfg)) > 0
+
+    class Shifted(ctypes.Structure):   # control: one int64 field missing at the front
+        _fields_ = L.ModelConfig._fields_[1:]
+    raw = Shifted.from_buffer_copy(bytes(cfg)[:ctypes.sizeof(Shifted)])
+    assert {k: getattr(raw, k) for k in want if hasattr(raw, k)} != \
+        {k: want[k] for k in want if hasattr(raw, k)}
+
+
+def test_sampling_mirror_and_token_type():
+    """gdn_sampling: the library's default comes back as (0, 0, 1); a setting the library accepts
+    is refused when sent through a layout with temperature and top_p swapped (the control: the
+    library reads the fields where the header puts them); the token dtype and its ctypes
+    pointer agree in size."""
+    d = L.gdn_sampling_default()
+    assert (d.temperature, d.top_k, d.top_p) == (0.0, 0, 1.0)
+    s = L.Sampling(2.0, 5, 1.0)
+    assert L.gdn_sampling_check(ctypes.byref(s), 256) == 0
+    Sw = _swapped(L.Sampling, "temperature", "top_p")
+    assert L.gdn_sampling_check(_as(L.Sampling, Sw(temperature=2.0, top_k=5, top_p=1.0)), 256) == 1
+    assert "top_p = 2" in L.gdn_errmsg().decode()
+    assert ctypes.sizeof(L.c_token) == np.dtype(L.TOKEN_DTYPE).itemsize
+
+
+def test_token_type_is_the_librarys():
+    """TOKEN_DTYPE is the C token type of gdn_model_logits: logits.io's ids passed as that dtype
+    give transformers' logits (1e-5). Control: the same ids as the other width (uint8 <-> int32,
+    the buffer padded so that nothing reads past it) fail the check or are refused."""
+    from conftest import TINY, read_safetensors, rel_err
+    ref = read_safetensors(f"{TINY}/logits.io.safetensors")
+    ids, want = ref["input_ids"], ref["logits"]
+    cfg = L.ModelConfig()
+    L.check(L.gdn_ckpt_load_config(TINY.encode(), ctypes.byref(cfg)), "gdn_ckpt_load_config")
+    w = np.zeros(L.gdn_model_param_floats(ctypes.byref(cfg)), np.float32)
+    L.check(L.gdn_ckpt_load(TINY.encode(), ctypes.byref(cfg), L.f32p(w), None, None, None), "load")
+    B, T = ids.shape
+    plan = ctypes.c_void_p()
+    run = L.ModelRun(B=B, T=T, threads=1, recompute=1, check_finite=1)
+    L.check(L.gdn_model_plan_create(ctypes.byref(plan), ctypes.byref(cfg), ctypes.byref(run), None), "plan")
+    try:
+        def logits(tok):
+            out = np.zeros((B, T, cfg.vocab), np.float32)
+            rc = L.gdn_model_logits(plan, L.f32p(w), ctypes.cast(tok.ctypes.data, L.P_token), L.f32p(out))
+            return out if rc == 0 else None
+        got = logits(np.ascontiguousarray(ids, dtype=L.TOKEN_DTYPE))
+        assert got is not None and rel_err(got, want) < 1e-5
+        other = np.uint8 if np.dtype(L.TOKEN_DTYPE).itemsize == 4 else np.int32
+        wrong = np.zeros(4 * ids.size, other)            # 4x: room for the wider reading
+        wrong[:ids.size] = ids.ravel()
+        bad = logits(wrong)
+        assert bad is None or rel_err(bad, want) > 1e-3
+    finally:
+        L.gdn_model_plan_destroy(plan)

@@ -1,7 +1,8 @@
 """python -m gdncp.bench: every section runs (--quick: toy sizes) and prints its numbers; the
 rule section's two sides agree (the comparison of test_torch.py, whose negative control covers
 it), and the model section's patched and unpatched first steps give the same loss, while a
-deliberately wrong rule under the patch does not (the control of that check). The attention
+deliberately wrong rule under the patch does not (the control of that check). The generate
+section's greedy ids are transformers' (test_model.py holds that comparison's controls). The attention
 section's gdncp core agrees with torch's scaled_dot_product_attention (o, dq, dk, dv), and not with
 torch's unmasked attention (its control)."""
 import re
@@ -18,7 +19,8 @@ def test_bench_quick_runs_every_section(capsys):
     for needle in ("[rule]", "speed-up (transformers / gdncp)", "forward+backward", "[model]",
                    "speed-up (transformers / gdncp.transformers.patch())", "[overhead]",
                    "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU ",
-                   "[attention]", "speed-up (torch SDPA / gdncp core)"):
+                   "[attention]", "speed-up (torch SDPA / gdncp core)", "[generate]",
+                   "speed-up (transformers / gdncp.Model)", "ids equal"):
         assert needle in out, (needle, out)
     rows, err = bench.run(T=80, Hk=1, Hv=2, K=16, V=16, reps=1)
     assert err < 2e-5 and [r[0] for r in rows] == ["transformers", "gdncp"]

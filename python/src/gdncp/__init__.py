@@ -7,6 +7,8 @@ PyTorch:                   gdncp.torch.chunk_gated_delta_rule, fused_recurrent_g
 Context parallelism (MPI): gdncp.cp.chunk_gated_delta_rule(..., comm=, strategy=) (PyTorch),
                            gdncp.cp_forward, cp_backward (NumPy); mpi4py built for the same MPI
 transformers:              with gdncp.transformers.patch(): ...
+The whole model:           gdncp.Model.from_pretrained(dir) -> .logits(ids), .generate(ids, ...),
+                           .generate_text(prompt, ...) (a Qwen3.5 checkpoint or gdncp train's output)
 
 Every call runs the C library (libgdncp.so, shipped inside this package) through ctypes; there is
 no second implementation of the mathematics in Python.
@@ -14,7 +16,9 @@ no second implementation of the mathematics in Python.
 from ._lib import GdncpError
 from .core import (Layer, chunk_backward, chunk_forward, cp_backward, cp_forward,
                    layer_param_names, reference_backward, reference_forward, step)
+from .model import Model, ModelConfig
 
 __version__ = "0.3.0"
 __all__ = ["chunk_forward", "chunk_backward", "reference_forward", "reference_backward", "step",
-           "Layer", "layer_param_names", "cp_forward", "cp_backward", "GdncpError"]
+           "Layer", "layer_param_names", "cp_forward", "cp_backward", "GdncpError",
+           "Model", "ModelConfig"]

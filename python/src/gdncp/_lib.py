@@ -7,7 +7,10 @@ loudly instead of passing garbage.
 """
 import ctypes
 import os
-from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
+from ctypes import (POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_ubyte,
+                    c_uint64, c_void_p)
+
+import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -198,6 +201,75 @@ gdn_cp_set_fault = _proto("gdn_cp_set_fault", None, c_void_p, c_int)
 # The MPI library libgdncp.so was linked against (a dependency's symbol, found through its handle)
 MPI_Get_library_version = _proto("MPI_Get_library_version", c_int, c_char_p, POINTER(c_int))
 MPI_Initialized = _proto("MPI_Initialized", c_int, POINTER(c_int))
+
+
+# The whole model (include/gdncp/train.h) and the sampler (include/gdncp/sample.h).
+
+# The C type of a model token (every `tokens` pointer of gdn_model_*: `const gdn_token *`,
+# typedef int32_t gdn_token): the one place Python names it; everything below derives from it
+# (test_abi checks it against the library).
+TOKEN_DTYPE = np.int32
+c_token = np.ctypeslib.as_ctypes_type(np.dtype(TOKEN_DTYPE))
+P_token = POINTER(c_token)
+GDN_MODEL_MAX_LAYERS = 1024
+
+
+class ModelConfig(ctypes.Structure):
+    """gdn_model_config."""
+    _fields_ = [("vocab", c_int64), ("E", c_int64), ("L", c_int64), ("I", c_int64),
+                ("Hk", c_int64), ("Hv", c_int64), ("K", c_int64), ("V", c_int64), ("Kc", c_int64),
+                ("eps", c_float), ("tie_embeddings", c_int),
+                ("H", c_int64), ("Hkv", c_int64), ("d", c_int64), ("R", c_int64),
+                ("rope_theta", c_double), ("max_position", c_int64),
+                ("full_attention", c_ubyte * GDN_MODEL_MAX_LAYERS)]
+
+
+class ModelRun(ctypes.Structure):
+    """gdn_model_run."""
+    _fields_ = [("B", c_int64), ("T", c_int64), ("threads", c_int), ("recompute", c_int),
+                ("check_finite", c_int), ("pack", c_int), ("attn_cp", c_int)]
+
+
+class Sampling(ctypes.Structure):
+    """gdn_sampling."""
+    _fields_ = [("temperature", c_double), ("top_k", c_int64), ("top_p", c_double)]
+
+
+P_mcfg = POINTER(ModelConfig)
+gdn_model_config_named = _proto("gdn_model_config_named", c_int, c_char_p, P_mcfg)
+gdn_model_config_check = _proto("gdn_model_config_check", c_int, P_mcfg)
+gdn_model_attn_layers = _proto("gdn_model_attn_layers", c_int64, P_mcfg)
+gdn_model_param_floats = _proto("gdn_model_param_floats", c_size_t, P_mcfg)
+gdn_model_param_count = _proto("gdn_model_param_count", c_size_t, P_mcfg)
+gdn_ckpt_resolve = _proto("gdn_ckpt_resolve", c_int, c_char_p, c_char_p, c_size_t)
+gdn_ckpt_load_config = _proto("gdn_ckpt_load_config", c_int, c_char_p, P_mcfg)
+# (dir, cfg, w, adam_m, adam_v, state_json)
+gdn_ckpt_load = _proto("gdn_ckpt_load", c_int, c_char_p, P_mcfg, P_float, P_float, P_float,
+                       POINTER(c_char_p))
+gdn_ckpt_pack_separator = _proto("gdn_ckpt_pack_separator", c_int, c_char_p, POINTER(c_ubyte),
+                                 c_int, POINTER(c_int))
+# (plan, cfg, run, cp: NULL for one rank); (plan, w, tokens [B,T], logits [B,T,vocab])
+gdn_model_plan_create = _proto("gdn_model_plan_create", c_int, POINTER(c_void_p), P_mcfg,
+                               POINTER(ModelRun), c_void_p)
+gdn_model_plan_destroy = _proto("gdn_model_plan_destroy", None, c_void_p)
+gdn_model_logits = _proto("gdn_model_logits", c_int, c_void_p, P_float, P_token, P_float)
+# (dec, cfg, B, max_len, threads); prefill (dec, w, tokens [B,T], T, logits [B,T,vocab]);
+# decode (dec, w, tokens [B], logits [B,vocab])
+gdn_model_decoder_create = _proto("gdn_model_decoder_create", c_int, POINTER(c_void_p), P_mcfg,
+                                  c_int64, c_int64, c_int)
+gdn_model_decoder_destroy = _proto("gdn_model_decoder_destroy", None, c_void_p)
+gdn_model_decoder_reset = _proto("gdn_model_decoder_reset", None, c_void_p)
+gdn_model_decoder_length = _proto("gdn_model_decoder_length", c_int64, c_void_p)
+gdn_model_prefill = _proto("gdn_model_prefill", c_int, c_void_p, P_float, P_token, c_int64, P_float)
+gdn_model_decode = _proto("gdn_model_decode", c_int, c_void_p, P_float, P_token, P_float)
+
+gdn_sampling_default = _proto("gdn_sampling_default", Sampling)
+gdn_sampling_check = _proto("gdn_sampling_check", c_int, POINTER(Sampling), c_int64)
+gdn_sample_seed = _proto("gdn_sample_seed", c_uint64, c_uint64)
+gdn_sample_work_floats = _proto("gdn_sample_work_floats", c_int64, POINTER(Sampling), c_int64)
+# (token out, logits [vocab], vocab, settings, rng state in/out, work)
+gdn_sample_next = _proto("gdn_sample_next", c_int, P_int64, P_float, c_int64, POINTER(Sampling),
+                         POINTER(c_uint64), P_float)
 
 
 class GdncpError(RuntimeError):

@@ -29,8 +29,13 @@ the threads.
             forward + backward of sum(o * dout), GFLOP/s by the causal count 2 T^2 d H (x3.5 with
             the backward), their ratio, and o, dq, dk, dv against torch's. Shape: --attn-T
             (default 8192), --attn-H 16, --attn-Hkv 2, --attn-d 256 (Qwen3.5-35B-A3B's heads).
+  generate  greedy generation, prompt + new tokens with every cache: transformers'
+            Qwen3_5ForCausalLM.generate(do_sample=False) against gdncp.Model.generate (the whole
+            model in C) on the same weights (a random model of --model-config's shape, default the
+            golden tiny one, saved with save_pretrained and loaded by both), new tokens per second
+            of each and whether their ids agree. --gen-B rows of --gen-prompt tokens, --gen-new.
 
-    python -m gdncp.bench [--what rule,model,overhead,conv,attention] [--quick] [--reps 5]
+    python -m gdncp.bench [--what rule,model,overhead,conv,attention,generate] [--quick] [--reps 5]
                           [--threads N]
 
 --quick runs every section at toy sizes (the test suite's smoke run). --threads sets torch's
@@ -189,6 +194,41 @@ def run_model(B=8, T=512, reps=5, config_path=None):
              f"K={cfg.linear_key_head_dim} V={cfg.linear_value_head_dim} vocab={cfg.vocab_size}, "
              f"B={B} T={T}")
     return rows, losses, shape
+
+
+# ----------------------------------------------------------------------------- generation
+
+def run_generate(B=1, P=64, N=128, reps=3, config_path=None):
+    """Greedy generation of N tokens after P-token prompts, B rows: transformers' generate
+    against gdncp.Model.generate on the same weights. [(name, median s)], ids equal, shape."""
+    import tempfile
+    from .model import Model
+    base = _model(config_path).eval()
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, base.config.vocab_size, (B, P), generator=gen)
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        base.save_pretrained(d)
+        m = Model.from_pretrained(d, threads=torch.get_num_threads())
+
+        def hf():
+            with torch.no_grad():
+                o = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N,
+                                  min_new_tokens=N, do_sample=False, pad_token_id=0)
+            out["transformers"] = o[:, P:].numpy()
+
+        def ours():
+            out["gdncp"] = m.generate(ids.numpy(), max_new_tokens=N)
+        try:
+            rows = list(zip(("transformers", "gdncp.Model"), _time_rounds([hf, ours], reps)))
+        finally:
+            m.close()
+    same = bool(np.array_equal(out["transformers"], out["gdncp"]))
+    cfg = base.config
+    shape = (f"Qwen3_5ForCausalLM E={cfg.hidden_size} layers={cfg.num_hidden_layers} "
+             f"({cfg.layer_types.count('linear_attention')} GatedDeltaNet) vocab={cfg.vocab_size}, "
+             f"B={B}, prompt {P}, {N} new tokens")
+    return rows, same, shape
 
 
 # ----------------------------------------------------------------------------- binding overhead
@@ -390,7 +430,7 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
 
 # ----------------------------------------------------------------------------- command line
 
-SECTIONS = ("rule", "model", "overhead", "conv", "attention")
+SECTIONS = ("rule", "model", "overhead", "conv", "attention", "generate")
 
 
 def main(argv=None):
@@ -398,7 +438,7 @@ def main(argv=None):
     for name, default in (("B", 1), ("T", 1024), ("Hk", 16), ("Hv", 32), ("K", 128), ("V", 128),
                           ("reps", 5), ("model-B", 8), ("model-T", 512), ("layer-E", 2048),
                           ("attn-T", 8192), ("attn-H", 16), ("attn-Hkv", 2), ("attn-d", 256),
-                          ("attn-reps", 3)):
+                          ("attn-reps", 3), ("gen-B", 1), ("gen-prompt", 64), ("gen-new", 128)):
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-backward", action="store_true", help="rule: forward only")
@@ -416,8 +456,9 @@ def main(argv=None):
         a.T, a.Hk, a.Hv, a.K, a.V, a.reps = 80, 1, 2, 16, 16, 1
         a.model_B, a.model_T, a.layer_E = 2, 64, 32
         a.attn_T, a.attn_reps = 256, 1
+        a.gen_prompt, a.gen_new = 8, 16
     for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "layer_E", "attn_T",
-                 "attn_H", "attn_Hkv", "attn_d", "attn_reps"):
+                 "attn_H", "attn_Hkv", "attn_d", "attn_reps", "gen_B", "gen_prompt", "gen_new"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.Hv % a.Hk:
@@ -485,6 +526,15 @@ def main(argv=None):
               f"{fb0 / fb1:.2f}x; gdncp path: {path}")
         print("  gdncp vs torch (max|diff| / max|torch|): "
               + ", ".join(f"{n} {e:.1e}" for n, e in err.items()))
+    if "generate" in what:
+        rows, same, gshape = run_generate(a.gen_B, a.gen_prompt, a.gen_new, a.reps, a.model_config)
+        print(f"[generate] greedy, every cache: {gshape}")
+        n = a.gen_B * a.gen_new
+        for name, t in rows:
+            print(f"  {name:12s} {t * 1e3:9.1f} ms   {n / t:9.0f} new tokens/s")
+        (_, t0), (_, t1) = rows
+        print(f"  speed-up (transformers / gdncp.Model): {t0 / t1:.1f}x; "
+              f"ids {'equal' if same else 'DIFFER'}")
     return 0
 
 

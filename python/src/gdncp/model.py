@@ -1,0 +1,485 @@
+"""The whole Qwen3.5 model from Python: gdncp.Model runs the C library's hybrid decoder
+(GatedDeltaNet and gated full-attention layers, include/gdncp/train.h) on a Hugging Face
+Qwen3.5 checkpoint or a `gdncp train` output directory.
+
+    m = gdncp.Model.from_pretrained(path, threads=0)
+    m.logits(input_ids)                      # [B, T] ints -> float32 [B, T, vocab]
+    m.generate(input_ids, max_new_tokens=N)  # -> the new ids [B, N] (greedy by default)
+    m.generate_text("prompt", max_new_tokens=N)
+
+`logits` is the model's forward (gdn_model_logits); `generate` prefills the prompt through every
+layer's cache and then decodes one token at a time (gdn_model_prefill / gdn_model_decode), so no
+token is read twice. The next token comes from the library's sampler (gdn_sample_next), the one
+`gdncp sample` uses: with the same seed and options both give the same tokens. Row b of a batch
+draws from the stream of seed + b, so it equals `gdncp sample --seed (seed + b)` on that row.
+"""
+import ctypes
+import json
+import math
+import numbers
+import os
+import threading
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import _lib as L
+
+__all__ = ["Model", "ModelConfig"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model's configuration as the C library read it from config.json (Hugging Face names)."""
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    layer_types: Tuple[str, ...]          # "linear_attention" (GatedDeltaNet) / "full_attention"
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    num_attention_heads: int              # 0 when no layer is full attention
+    num_key_value_heads: int
+    head_dim: int
+    rotary_dims: int                      # int(head_dim * partial_rotary_factor)
+    rope_theta: float
+    max_position_embeddings: int          # 0: no limit
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    num_parameters: int
+
+    @property
+    def vocab(self):
+        return self.vocab_size
+
+    @property
+    def layers(self):
+        return self.num_hidden_layers
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(vocab_size=c.vocab, hidden_size=c.E, num_hidden_layers=c.L,
+                   intermediate_size=c.I,
+                   layer_types=tuple("full_attention" if c.full_attention[i] else "linear_attention"
+                                     for i in range(c.L)),
+                   linear_num_key_heads=c.Hk, linear_num_value_heads=c.Hv,
+                   linear_key_head_dim=c.K, linear_value_head_dim=c.V, linear_conv_kernel_dim=c.Kc,
+                   num_attention_heads=c.H, num_key_value_heads=c.Hkv, head_dim=c.d,
+                   rotary_dims=c.R, rope_theta=c.rope_theta, max_position_embeddings=c.max_position,
+                   rms_norm_eps=float(c.eps), tie_word_embeddings=bool(c.tie_embeddings),
+                   num_parameters=int(L.gdn_model_param_count(ctypes.byref(c))))
+
+
+def _int_arg(name, v, lo, hi=None):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    v = int(v)
+    if v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} = {v}: expected an integer {rng}")
+    return v
+
+
+def _float_arg(name, v, ok, want):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a number, not {type(v).__name__}")
+    v = float(v)
+    if not math.isfinite(v) or not ok(v):
+        raise ValueError(f"{name} = {v}: expected {want}")
+    return v
+
+
+class Model:
+    """A Qwen3.5 checkpoint loaded into the C library (weights as fp32 in one flat array).
+
+    Calls from several Python threads take turns (a lock: the kept plan holds workspaces; the
+    library runs each call on `threads` OpenMP threads). close() or a `with` block frees the
+    weights."""
+
+    _PREFILL_BYTES = 64 << 20   # the most logits one prefill piece writes
+
+    def __init__(self, *a, **k):
+        raise TypeError("use gdncp.Model.from_pretrained(path)")
+
+    # ------------------------------------------------------------------------- loading
+
+    @classmethod
+    def from_pretrained(cls, path, threads=0, tokenizer=None):
+        """path: a checkpoint directory (config.json + model.safetensors, transformers' or gdncp's)
+        or a `gdncp train --out` directory (its newest complete checkpoint-N). threads: OpenMP
+        threads for every call (0: all). tokenizer (for encode / decode / generate_text): None
+        looks for tokenizer.json beside the weights, then in path; or a tokenizer.json file, a
+        directory holding one, or a `tokenizers.Tokenizer`."""
+        path = os.fspath(path)
+        threads = _int_arg("threads", threads, 0, 1 << 16)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"gdncp.Model: {path!r} is not a directory (expected a checkpoint "
+                                    "with config.json and model.safetensors, or a training output "
+                                    "directory)")
+
+        def missing(d):
+            for f in ("config.json", "model.safetensors"):
+                if not os.path.isfile(os.path.join(d, f)):
+                    sharded = f == "model.safetensors" and \
+                        os.path.isfile(os.path.join(d, "model.safetensors.index.json"))
+                    raise FileNotFoundError(
+                        f"gdncp.Model: {os.path.join(d, f)} is missing" +
+                        (" (sharded checkpoints, model.safetensors.index.json, are not supported: "
+                         "merge the shards into one model.safetensors)" if sharded else ""))
+        if os.path.isfile(os.path.join(path, "config.json")):
+            missing(path)                               # a checkpoint directory missing its weights
+        buf = ctypes.create_string_buffer(4096)
+        rc = L.gdn_ckpt_resolve(os.fsencode(path), buf, len(buf))
+        if rc == 7:                                     # GDN_ERR_MISSING: no checkpoint in path
+            raise FileNotFoundError(str(L.GdncpError(f"gdncp.Model: {path}", rc)))
+        L.check(rc, f"gdncp.Model: {path}")
+        d = os.fsdecode(buf.value)
+        missing(d)
+        cfg = L.ModelConfig()
+        L.check(L.gdn_ckpt_load_config(os.fsencode(d), ctypes.byref(cfg)), f"gdncp.Model: {d}/config.json")
+        vmax = np.iinfo(L.TOKEN_DTYPE).max
+        if cfg.vocab - 1 > vmax:   # cannot happen while the library refuses such configs
+            raise ValueError(f"gdncp.Model: vocab {cfg.vocab} does not fit the token type "
+                             f"{np.dtype(L.TOKEN_DTYPE)}")
+        n = L.gdn_model_param_floats(ctypes.byref(cfg))
+        raw = np.empty(n + 16, np.float32)            # 64-byte aligned, as the C side allocates
+        off = (-raw.ctypes.data % 64) // 4
+        w = raw[off:off + n]
+        L.check(L.gdn_ckpt_load(os.fsencode(d), ctypes.byref(cfg), L.f32p(w), None, None, None),
+                f"gdncp.Model: {d}/model.safetensors")
+        m = object.__new__(cls)
+        m._cfg, m._raw, m._w, m._threads, m._dir, m._path = cfg, raw, w, threads, d, path
+        m._plan, m._plan_bt, m._tokenizer = None, None, None
+        if tokenizer is not None:
+            m._tokenizer = m._load_tokenizer(tokenizer)
+        m._lock = threading.RLock()
+        m.config = ModelConfig._from_c(cfg)
+        return m
+
+    @property
+    def path(self):
+        """The checkpoint directory the weights came from (resolved from a training directory)."""
+        return self._dir
+
+    def close(self):
+        """Free the plans and the weights (idempotent); the model cannot be used afterwards."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            if self._plan is not None:
+                L.gdn_model_plan_destroy(self._plan)
+            self._plan, self._plan_bt = None, None
+            self._w = self._raw = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        c = self.config
+        kinds = "".join("A" if t == "full_attention" else "G" for t in c.layer_types)
+        return (f"gdncp.Model({self._dir!r}, vocab {c.vocab_size}, hidden {c.hidden_size}, "
+                f"layers {kinds} (G GatedDeltaNet, A attention), {c.num_parameters} parameters)")
+
+    def _live(self):
+        if self._w is None:
+            raise RuntimeError("gdncp.Model: the model was closed")
+
+    # ------------------------------------------------------------------------- inputs
+
+    def _ids(self, input_ids, name="input_ids"):
+        """input_ids as a C-contiguous [B, T] array of the token type, every id checked."""
+        a = input_ids
+        if hasattr(a, "detach") and hasattr(a, "cpu"):      # a torch tensor
+            a = a.detach().cpu().numpy()
+        try:
+            a = np.asarray(a)
+        except ValueError as e:                              # ragged lists
+            raise ValueError(f"{name} must be a rectangular [B, T] array of token ids: {e}") from None
+        if a.dtype == object or not (np.issubdtype(a.dtype, np.integer)):
+            raise TypeError(f"{name} must hold integer token ids, not {a.dtype}")
+        if a.ndim != 2:
+            raise ValueError(f"{name} must be [B, T] (2 dimensions), got shape {tuple(a.shape)}")
+        B, T = a.shape
+        if B < 1 or T < 1:
+            raise ValueError(f"{name} has shape {tuple(a.shape)}: needs at least one row and one token")
+        V = self._cfg.vocab
+        lo, hi = a.min(), a.max()
+        if lo < 0 or hi >= V:
+            bad = int(lo) if lo < 0 else int(hi)
+            b, t = (int(x) for x in np.argwhere(a == bad)[0])
+            raise ValueError(f"{name}[{b}, {t}] = {bad} is not a token id of this model "
+                             f"(0 .. {V - 1}, vocab {V})")
+        return np.ascontiguousarray(a, dtype=L.TOKEN_DTYPE)
+
+    def _check_length(self, total, what):
+        """Refuse sequences longer than max_position_embeddings (attention layers only: RoPE
+        positions and KV caches; the C side refuses them too)."""
+        mp = self._cfg.max_position
+        if mp > 0 and L.gdn_model_attn_layers(ctypes.byref(self._cfg)) and total > mp:
+            raise ValueError(f"{what} = {total} tokens is beyond this model's max_position_embeddings "
+                             f"= {mp}")
+
+    # ------------------------------------------------------------------------- forward
+
+    def logits(self, input_ids):
+        """The next-token logits of every position: input_ids [B, T] (numpy, torch or nested
+        lists of ints) -> float32 numpy [B, T, vocab], position t the logits of the token after
+        input_ids[:, t] (transformers' `model(input_ids).logits`)."""
+        with self._lock:
+            return self._logits(input_ids)
+
+    def _logits(self, input_ids):
+        self._live()
+        ids = self._ids(input_ids)
+        B, T = ids.shape
+        self._check_length(T, "input_ids' length")
+        if self._plan_bt != (B, T):
+            if self._plan is not None:
+                L.gdn_model_plan_destroy(self._plan)
+                self._plan, self._plan_bt = None, None
+            plan = ctypes.c_void_p()
+            run = L.ModelRun(B=B, T=T, threads=self._threads, recompute=1, check_finite=1)
+            L.check(L.gdn_model_plan_create(ctypes.byref(plan), ctypes.byref(self._cfg),
+                                            ctypes.byref(run), None), "gdncp.Model.logits")
+            self._plan, self._plan_bt = plan, (B, T)
+        out = np.empty((B, T, self._cfg.vocab), np.float32)
+        L.check(L.gdn_model_logits(self._plan, L.f32p(self._w), ids.ctypes.data_as(L.P_token),
+                                   L.f32p(out)), "gdncp.Model.logits")
+        return out
+
+    # ------------------------------------------------------------------------- generation
+
+    @staticmethod
+    def _sampling(do_sample, temperature, top_k, top_p):
+        temperature = _float_arg("temperature", temperature, lambda v: v > 0,
+                                 "a finite value > 0 (do_sample=False is greedy)")
+        top_k = _int_arg("top_k", top_k, 0)
+        top_p = _float_arg("top_p", top_p, lambda v: 0 < v <= 1, "a probability in (0, 1]")
+        if not isinstance(do_sample, (bool, np.bool_)):
+            raise TypeError(f"do_sample must be a bool, not {type(do_sample).__name__}")
+        if not do_sample:
+            return L.Sampling(0.0, 0, 1.0)
+        return L.Sampling(temperature, top_k, top_p)
+
+    def _eos(self, eos_token_id):
+        """eos_token_id (None, an id or a list of ids) as a list, every id checked."""
+        if eos_token_id is None:
+            return []
+        ids = [eos_token_id] if isinstance(eos_token_id, numbers.Integral) else list(eos_token_id)
+        return [_int_arg("eos_token_id", e, 0, self._cfg.vocab - 1) for e in ids]
+
+    def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=0,
+                 top_p=1.0, seed=0, eos_token_id=None, pad_token_id=None, stop=None):
+        """New tokens after each prompt row: input_ids [B, T] -> int64 numpy [B, N] with
+        N = max_new_tokens (transformers' `generate(...)[:, T:]`).
+
+        do_sample=False: greedy (the first most likely token). do_sample=True: softmax(logits /
+        temperature) over the top_k largest logits (0: all), then the smallest set of the largest
+        whose probability reaches top_p (1: all); row b draws from the seeded stream of
+        seed + b (`gdncp sample --seed (seed + b) --temperature T --top-k K --top-p P` gives the
+        same tokens). eos_token_id (an id or a list): a row that produced one is finished and
+        continues with pad_token_id (default: the first eos id); once every row is finished the
+        result stops early, with fewer than max_new_tokens columns. stop (a sequence of ids, e.g.
+        pack_separator()): a row whose newest tokens are it is finished too, after writing it."""
+        self._live()
+        ids = self._ids(input_ids)
+        B, T = ids.shape
+        N = _int_arg("max_new_tokens", max_new_tokens, 0)
+        s = self._sampling(do_sample, temperature, top_k, top_p)
+        seed = _int_arg("seed", seed, 0, (1 << 64) - 1)
+        eos = self._eos(eos_token_id)
+        pad = (eos[0] if eos else 0) if pad_token_id is None else \
+            _int_arg("pad_token_id", pad_token_id, 0, self._cfg.vocab - 1)
+        stop = self._stop(stop)
+        if N == 0:
+            return np.zeros((B, 0), np.int64)
+        self._check_length(T + N, "the prompt plus max_new_tokens")
+        with self._lock:
+            self._live()
+            return self._generate(ids, N, s, seed, set(eos), pad, stop=stop)
+
+    def _stop(self, stop):
+        """stop as a tuple of checked ids (a str through encode), or None."""
+        if stop is None:
+            return None
+        ids = self.encode(stop) if isinstance(stop, str) else list(stop)
+        if not ids:
+            raise ValueError("stop is empty: give at least one id")
+        return tuple(_int_arg("stop", x, 0, self._cfg.vocab - 1) for x in ids)
+
+    def _generate(self, ids, N, s, seed, eos, pad, stop=None):
+        """stop: a tuple of ids; a row whose newest tokens (prompt included) are it is finished
+        (after writing it), like eos."""
+        B, T = ids.shape
+        V = self._cfg.vocab
+        dec = ctypes.c_void_p()
+        L.check(L.gdn_model_decoder_create(ctypes.byref(dec), ctypes.byref(self._cfg), B, T + N,
+                                           self._threads), "gdncp.Model.generate")
+        try:
+            w = L.f32p(self._w)
+            # the prompt in pieces whose logits stay under _PREFILL_BYTES (one piece for small vocabs)
+            piece = max(1, self._PREFILL_BYTES // (4 * B * V))
+            last = np.empty((B, V), np.float32)
+            for t0 in range(0, T, piece):
+                p = np.ascontiguousarray(ids[:, t0:t0 + piece])
+                lg = np.empty((B, p.shape[1], V), np.float32)
+                L.check(L.gdn_model_prefill(dec, w, p.ctypes.data_as(L.P_token), p.shape[1],
+                                            L.f32p(lg)), "gdncp.Model.generate (prefill)")
+                last[:] = lg[:, -1]
+            del lg
+            nw = L.gdn_sample_work_floats(ctypes.byref(s), V)
+            work = np.empty(max(nw, 1), np.float32)
+            rngs = [ctypes.c_uint64(L.gdn_sample_seed((seed + b) % (1 << 64))) for b in range(B)]
+            out = np.empty((B, N), np.int64)
+            nxt = np.empty(B, L.TOKEN_DTYPE)
+            tok = ctypes.c_int64()
+            done = np.zeros(B, bool)
+            k = len(stop) if stop else 0
+            tails = [list(ids[b, max(0, T - k):]) for b in range(B)] if k else None
+            # the call's arguments made once (ctypes conversions cost more than the sampling)
+            rows = [ctypes.cast(last.ctypes.data + b * V * 4, L.P_float) for b in range(B)]
+            s_ref, tok_ref, work_p = ctypes.byref(s), ctypes.byref(tok), L.f32p(work)
+            rng_refs = [ctypes.byref(r) for r in rngs]
+            sample_next, decode = L.gdn_sample_next, L.gdn_model_decode
+            nxt_p, last_p = nxt.ctypes.data_as(L.P_token), L.f32p(last)
+            n = 0
+            for i in range(N):
+                for b in range(B):
+                    rc = sample_next(tok_ref, rows[b], V, s_ref, rng_refs[b], work_p)
+                    if rc:
+                        L.check(rc, "gdncp.Model.generate (sampling)")
+                    t = pad if done[b] else tok.value
+                    out[b, i] = t
+                    if k and not done[b]:
+                        tails[b] = (tails[b] + [t])[-k:]
+                        if tuple(int(x) for x in tails[b]) == stop:
+                            done[b] = True
+                    if t in eos:
+                        done[b] = True
+                n = i + 1
+                if done.all() or i == N - 1:
+                    break
+                nxt[:] = out[:, i]
+                rc = decode(dec, w, nxt_p, last_p)
+                if rc:
+                    L.check(rc, "gdncp.Model.generate (decode)")
+            return out[:, :n]
+        finally:
+            L.gdn_model_decoder_destroy(dec)
+
+    # ------------------------------------------------------------------------- text
+
+    @staticmethod
+    def _load_tokenizer(t):
+        """A tokenizers.Tokenizer from a Tokenizer, a tokenizer.json file or a directory with one."""
+        if hasattr(t, "encode") and hasattr(t, "decode"):
+            return t
+        f = os.fspath(t)
+        if os.path.isdir(f):
+            f = os.path.join(f, "tokenizer.json")
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"gdncp.Model: tokenizer {f} is missing")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ImportError(f"gdncp.Model: {f} needs the `tokenizers` package "
+                              "(pip install tokenizers)") from None
+        return Tokenizer.from_file(f)
+
+    def _tok(self):
+        """The Hugging Face tokenizer (tokenizer.json beside the weights or in the directory
+        given), or None for a byte-level model (vocab 256 without one: UTF-8 bytes)."""
+        if self._tokenizer is None:
+            for d in (self._dir, self._path):
+                f = os.path.join(d, "tokenizer.json")
+                if os.path.isfile(f):
+                    self._tokenizer = self._load_tokenizer(f)
+                    break
+            else:
+                if self._cfg.vocab != 256:
+                    raise FileNotFoundError(
+                        f"gdncp.Model.generate_text: no tokenizer.json in {self._dir}, and the "
+                        f"vocabulary ({self._cfg.vocab}) is not bytes: use generate() with ids")
+                self._tokenizer = False
+        return self._tokenizer or None
+
+    def _default_eos(self):
+        """generation_config.json's (then config.json's) eos_token_id, or None."""
+        for f in ("generation_config.json", "config.json"):
+            try:
+                with open(os.path.join(self._dir, f)) as fh:
+                    e = json.load(fh).get("eos_token_id")
+            except (OSError, ValueError):
+                continue
+            if e is not None:
+                return e
+        return None
+
+    def encode(self, text):
+        """text -> the list of its token ids (the tokenizer's, or UTF-8 bytes)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
+        tok = self._tok()
+        return tok.encode(text, add_special_tokens=False).ids if tok else list(text.encode("utf-8"))
+
+    def decode(self, ids):
+        """token ids -> text (special tokens skipped; invalid UTF-8 bytes replaced)."""
+        ids = [int(i) for i in ids]
+        tok = self._tok()
+        return tok.decode(ids, skip_special_tokens=True) if tok else \
+            bytes(ids).decode("utf-8", errors="replace")
+
+    def pack_separator(self):
+        """The document separator of a checkpoint `gdncp train --pack SEP` wrote (its
+        trainer_state.json), as a tuple of ids, or None."""
+        buf = (ctypes.c_ubyte * 64)()
+        n = ctypes.c_int(0)
+        L.check(L.gdn_ckpt_pack_separator(os.fsencode(self._dir), buf, 64, ctypes.byref(n)),
+                f"gdncp.Model: {self._dir}/trainer_state.json")
+        return tuple(buf[:n.value]) or None
+
+    def generate_text(self, prompt, max_new_tokens=100, eos_token_id="auto", stop="auto", **kw):
+        """The continuation of prompt (a str) as a str; the other arguments are generate()'s.
+        eos_token_id "auto": the checkpoint's generation_config.json / config.json eos id (none
+        for byte-level models); the text ends before it. stop "auto": a checkpoint trained with
+        --pack SEP stops once it writes SEP (included, as `gdncp sample --stop auto` does);
+        None: no stop."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, not {type(prompt).__name__}")
+        ids = self.encode(prompt)
+        if not ids:
+            raise ValueError("prompt is empty: give the model at least one token to continue")
+        if isinstance(eos_token_id, str) and eos_token_id == "auto":
+            eos_token_id = self._default_eos()
+        stop = self.pack_separator() if isinstance(stop, str) and stop == "auto" else self._stop(stop)
+        self._live()
+        a = self._ids([ids])
+        N = _int_arg("max_new_tokens", max_new_tokens, 0)
+        samp = self._sampling(kw.pop("do_sample", False), kw.pop("temperature", 1.0),
+                              kw.pop("top_k", 0), kw.pop("top_p", 1.0))
+        seed = _int_arg("seed", kw.pop("seed", 0), 0, (1 << 64) - 1)
+        if kw:
+            raise TypeError(f"generate_text() got unexpected arguments {sorted(kw)}")
+        eos = set(self._eos(eos_token_id))
+        if N == 0:
+            return ""
+        self._check_length(a.shape[1] + N, "the prompt plus max_new_tokens")
+        with self._lock:
+            self._live()
+            new = self._generate(a, N, samp, seed, eos, 0, stop=stop)[0]
+        cut = next((i for i, t in enumerate(new) if int(t) in eos), len(new))
+        return self.decode(new[:cut])

@@ -1,0 +1,555 @@
+"""gdncp.Model: the whole Qwen3.5 model (the C library's hybrid decoder) from Python, on the
+shared transformers checkpoint tests/data/qwen35_tiny (3 GatedDeltaNet layers + 1 gated
+attention layer, vocab 256) and its references (tests/data/qwen35_tiny/README.md).
+
+Tolerances: logits within 1e-5 relative (max-abs error / max-abs reference) of transformers'
+fp32 logits (logits.io) and of the exact float64 ones (model_grads.io); generated ids exactly
+equal. Every comparison has a negative control that the same check must reject: the logits of a
+model with one layer's weights perturbed, or of shifted input ids; a shorter prompt or a
+perturbed model for generation; another seed for sampling."""
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import gdncp
+from gdncp import _lib as L
+from conftest import TINY, read_safetensors, rel_err
+
+CLI = os.environ.get("GDNCP_CLI")
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    m = gdncp.Model.from_pretrained(TINY, threads=1)
+    yield m
+    m.close()
+
+
+def _copy_ckpt(tmp_path, config_edit=None, perturb=None, name="ckpt"):
+    """A copy of the tiny checkpoint in tmp_path/name: config.json edited by config_edit(dict),
+    the weights by perturb(dict of arrays) (else the same file, linked)."""
+    d = tmp_path / name
+    d.mkdir()
+    cfg = json.load(open(os.path.join(TINY, "config.json")))
+    if config_edit:
+        config_edit(cfg)
+    json.dump(cfg, open(d / "config.json", "w"))
+    if perturb:
+        from safetensors.numpy import save_file
+        w = read_safetensors(os.path.join(TINY, "model.safetensors"))
+        perturb(w)
+        save_file(w, str(d / "model.safetensors"))
+    else:
+        os.symlink(os.path.join(TINY, "model.safetensors"), d / "model.safetensors")
+    return d
+
+
+def _perturb_layer1(w, factor=1.05):
+    name = "model.layers.1.linear_attn.out_proj.weight"
+    w[name] = (w[name] * factor).astype(w[name].dtype)
+
+
+def _gen_io():
+    g = read_safetensors(os.path.join(TINY, "generate.io.safetensors"))
+    return g["prompt_ids"], g["generated_ids"]
+
+
+# ----------------------------------------------------------------------------- loading, config
+
+def test_config_is_the_checkpoints(tiny):
+    j = json.load(open(os.path.join(TINY, "config.json")))
+    c = tiny.config
+    assert (c.vocab, c.vocab_size, c.layers, c.hidden_size, c.intermediate_size) == \
+        (256, j["vocab_size"], j["num_hidden_layers"], j["hidden_size"], j["intermediate_size"])
+    assert list(c.layer_types) == j["layer_types"]
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dims) == (4, 2, 24, 6)
+    assert c.max_position_embeddings == 32768 and c.tie_word_embeddings is False
+    # the parameter count is the checkpoint's: every tensor's elements
+    w = read_safetensors(os.path.join(TINY, "model.safetensors"))
+    assert c.num_parameters == sum(a.size for a in w.values())
+    assert "GGGA" in repr(tiny) and tiny.path.rstrip("/") == TINY.rstrip("/")
+
+
+# ----------------------------------------------------------------------------- logits
+
+def test_logits_equal_transformers(tiny, tmp_path):
+    """m.logits on logits.io's 135 bytes = transformers' logits (fp32, eager attention) within
+    1e-5; on model_grads.io's two rows of 200 = the exact float64 logits. Controls through the
+    same check: input ids shifted by one position, and a model whose layer 1 out_proj is scaled
+    by 1.05."""
+    ref = read_safetensors(os.path.join(TINY, "logits.io.safetensors"))
+    ids, want = ref["input_ids"], ref["logits"]
+    got = tiny.logits(ids)
+    assert got.dtype == np.float32 and got.shape == want.shape == (1, ids.shape[1], 256)
+    err = rel_err(got, want)
+    assert err < TOL, err
+    shifted = tiny.logits(np.roll(ids, 1, axis=1))
+    assert rel_err(shifted, want) > 100 * TOL          # control: shifted ids
+    with gdncp.Model.from_pretrained(_copy_ckpt(tmp_path, perturb=_perturb_layer1), threads=1) as bad:
+        assert rel_err(bad.logits(ids), want) > 100 * TOL   # control: one layer perturbed
+
+    exact = read_safetensors(os.path.join(TINY, "model_grads.io.safetensors"))
+    ids2 = exact["input_ids"]
+    got2 = tiny.logits(ids2)                            # B = 2 rows
+    assert got2.shape == (2, 200, 256)
+    err2 = rel_err(got2, exact["logits"])
+    assert err2 < TOL, err2
+    assert rel_err(tiny.logits(ids2[::-1].copy()), exact["logits"]) > 100 * TOL  # rows swapped
+    print(f"logits vs transformers fp32: {err:.2e}; vs exact fp64 (B=2): {err2:.2e}")
+
+
+def test_bf16_checkpoint(tmp_path, tiny):
+    """A BF16 model.safetensors (the golden model.bf16 copy) gives exactly the logits of an F32
+    file holding the same BF16-rounded values (1e-6: the conversion is exact, only the thread
+    schedule could differ); control: the original F32 weights' logits differ by more than 1e-4."""
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import save_file
+    from safetensors.torch import load_file
+    b16 = tmp_path / "bf16"
+    b16.mkdir()
+    shutil.copy(os.path.join(TINY, "config.json"), b16 / "config.json")
+    os.symlink(os.path.join(TINY, "model.bf16.safetensors"), b16 / "model.safetensors")
+    rounded = _copy_ckpt(tmp_path, name="rounded", perturb=lambda w: w.update(
+        {k: v.float().numpy() for k, v in load_file(os.path.join(TINY, "model.bf16.safetensors")).items()}))
+    ids = read_safetensors(os.path.join(TINY, "logits.io.safetensors"))["input_ids"]
+    with gdncp.Model.from_pretrained(b16, threads=1) as m, \
+            gdncp.Model.from_pretrained(rounded, threads=1) as r:
+        got, want = m.logits(ids), r.logits(ids)
+    assert rel_err(got, want) < 1e-6, rel_err(got, want)
+    assert rel_err(got, tiny.logits(ids)) > 1e-4      # control: the F32 weights
+
+
+def _hf_random(tmp_path, name, **over):
+    """A random transformers Qwen3_5ForCausalLM of a small shape (over: config fields), saved with
+    save_pretrained into tmp_path/name: (model, directory)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen3_5ForCausalLM"):
+        pytest.skip("this transformers has no Qwen3_5ForCausalLM")
+    cfg = {k: v for k, v in json.load(open(os.path.join(TINY, "config.json"))).items()
+           if k not in ("architectures", "transformers_version", "dtype")}
+    cfg.update(over)
+    torch.manual_seed(1)
+    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**cfg)).float().eval()
+    d = tmp_path / name
+    model.save_pretrained(str(d))
+    return model, d
+
+
+@pytest.mark.parametrize("kind", ["tied-attention-first", "vocab-1000"])
+def test_other_checkpoints_equal_transformers(tmp_path, kind):
+    """Other checkpoints transformers makes: tied embeddings with the layers in another order
+    (attention, GatedDeltaNet, GatedDeltaNet), and a vocabulary of 1000 ids (skipped while the
+    library reads byte vocabularies only). Logits within 1e-5 of transformers' and greedy ids
+    equal to its generate(); controls: the ids shifted by one position, another prompt."""
+    torch = pytest.importorskip("torch")
+    over = dict(num_hidden_layers=3, layer_types=["full_attention", "linear_attention", "linear_attention"])
+    if kind.startswith("tied"):
+        over["tie_word_embeddings"] = True
+    else:
+        over["vocab_size"] = 1000
+    hf, d = _hf_random(tmp_path, kind, **over)
+    V = hf.config.vocab_size
+    try:
+        m = gdncp.Model.from_pretrained(d, threads=1)
+    except Exception as e:   # the byte-only library (before gdn_token) refuses another vocab
+        if V != 256 and "vocab" in str(e):
+            pytest.skip(f"this libgdncp reads byte vocabularies only: {e}")
+        raise
+    with m:
+        assert m.config.vocab == V and m.config.tie_word_embeddings == ("tied" in kind)
+        assert list(m.config.layer_types) == over["layer_types"]
+        ids = np.random.default_rng(2).integers(0, V, (2, 40))
+        with torch.no_grad():
+            want = hf(torch.tensor(ids)).logits.numpy()
+            out = hf.generate(torch.tensor(ids[:, :10]), attention_mask=torch.ones((2, 10), dtype=torch.long),
+                              max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+        got = m.logits(ids)
+        assert rel_err(got, want) < TOL, rel_err(got, want)
+        assert rel_err(m.logits(np.roll(ids, 1, axis=1)), want) > 100 * TOL   # control
+        gen = m.generate(ids[:, :10], max_new_tokens=16)
+        assert np.array_equal(gen, out[:, 10:].numpy())
+        assert not np.array_equal(m.generate(ids[:, 1:11], max_new_tokens=16), out[:, 10:].numpy())
+        with pytest.raises(ValueError, match=f"= {V} is not a token id"):
+            m.logits([[0, V]])
+
+
+def test_logits_take_numpy_torch_and_lists(tiny):
+    torch = pytest.importorskip("torch")
+    ids = np.array([[1, 2, 3, 250, 7]], np.int64)
+    a = tiny.logits(ids)
+    b = tiny.logits(torch.tensor(ids))
+    c = tiny.logits(ids.tolist())
+    d = tiny.logits(ids.astype(np.int16))
+    assert np.array_equal(a, b) and np.array_equal(a, c) and np.array_equal(a, d)
+    assert not np.array_equal(a, tiny.logits([[1, 2, 3, 250, 8]]))   # control: the input is read
+
+
+# ----------------------------------------------------------------------------- generation
+
+def test_generate_greedy_equals_generate_io(tiny, tmp_path):
+    """Greedy generation (prefill + one token at a time through both caches) = transformers'
+    generate() ids of generate.io, exactly. Controls: the prompt without its first id, and the
+    model with layer 1's GatedDeltaNet out_proj scaled by 3 (1.05 moves the logits by 1e-3 but
+    keeps this random model's greedy ids), give other ids."""
+    prompt, want = _gen_io()
+    got = tiny.generate(prompt, max_new_tokens=want.shape[1])
+    assert got.dtype == np.int64 and got.shape == want.shape
+    assert np.array_equal(got, want), (got, want)
+    assert not np.array_equal(tiny.generate(prompt[:, 1:], max_new_tokens=want.shape[1]), want)
+    with gdncp.Model.from_pretrained(_copy_ckpt(tmp_path, perturb=lambda w: _perturb_layer1(w, 3.0)),
+                                     threads=1) as bad:
+        assert not np.array_equal(bad.generate(prompt, max_new_tokens=want.shape[1]), want)
+
+
+def test_prompt_prefilled_in_pieces(tiny, monkeypatch):
+    """A prompt longer than one prefill piece (pieces of 5 tokens here: 12 = 5 + 5 + 2) gives the
+    same ids; control: the middle piece never fed to the decoder gives other ids."""
+    prompt, want = _gen_io()
+    monkeypatch.setattr(gdncp.Model, "_PREFILL_BYTES", 5 * 4 * 256)
+    assert np.array_equal(tiny.generate(prompt, max_new_tokens=32), want)
+    real = L.gdn_model_prefill
+    calls = []
+
+    def drop_middle(dec, w, tok, T, logits):
+        calls.append(T)
+        return real(dec, w, tok, T, logits) if len(calls) != 2 else 0
+    monkeypatch.setattr(L, "gdn_model_prefill", drop_middle)
+    assert not np.array_equal(tiny.generate(prompt, max_new_tokens=32), want)
+    assert calls == [5, 5, 2]
+
+
+def test_generate_equals_transformers_generate(tiny):
+    """The same new tokens as transformers' Qwen3_5ForCausalLM.generate(do_sample=False) on a
+    batch of two other prompts (torch, fp32); control: the rows' prompts swapped."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cls = getattr(transformers, "Qwen3_5ForCausalLM", None)
+    if cls is None:
+        pytest.skip("this transformers has no Qwen3_5ForCausalLM")
+    hf = cls.from_pretrained(TINY, torch_dtype=torch.float32).eval()
+    prompts = np.array([list(b"The quick brown fox "), list(b"jumps over the lazy ")], np.int64)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(prompts), attention_mask=torch.ones(prompts.shape, dtype=torch.long),
+                          max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+    want = out[:, prompts.shape[1]:].numpy()
+    got = tiny.generate(prompts, max_new_tokens=24)
+    assert np.array_equal(got, want), (got, want)
+    assert not np.array_equal(tiny.generate(prompts[::-1].copy(), max_new_tokens=24), want)
+
+
+def test_rows_are_independent_and_seeded_per_row(tiny):
+    """B = 3: greedy row b = that row alone; sampling, row b = the row alone with seed + b
+    (control: the row alone with the batch's seed differs)."""
+    rows = np.array([list(b"abcdefgh"), list(b"12345678"), list(b"hgfedcba")])
+    g = tiny.generate(rows, max_new_tokens=16)
+    for b in range(3):
+        assert np.array_equal(g[b], tiny.generate(rows[b:b + 1], max_new_tokens=16)[0])
+    kw = dict(max_new_tokens=16, do_sample=True, temperature=1.0)
+    s = tiny.generate(rows, seed=11, **kw)
+    for b in range(3):
+        assert np.array_equal(s[b], tiny.generate(rows[b:b + 1], seed=11 + b, **kw)[0])
+    assert not np.array_equal(s[2], tiny.generate(rows[2:3], seed=11, **kw)[0])   # control
+    assert not np.array_equal(s, g)                                                # sampled
+
+
+@pytest.mark.skipif(not CLI or not os.path.exists(CLI or ""), reason="GDNCP_CLI (the gdncp command) not set")
+@pytest.mark.parametrize("opts", [dict(temperature=1.0, top_k=0, top_p=1.0),
+                                  dict(temperature=0.8, top_k=40, top_p=1.0),
+                                  dict(temperature=1.3, top_k=0, top_p=0.9),
+                                  dict(temperature=0.7, top_k=100, top_p=0.95)])
+def test_sampling_equals_gdncp_sample(tiny, opts):
+    """Model.generate(do_sample=True, seed=S, ...) = `gdncp sample --seed S` with the same
+    options, token for token (one sampler, gdn_sample_next, in the library); control: seed
+    S + 1 differs."""
+    prompt, _ = _gen_io()
+    ids = ",".join(str(int(i)) for i in prompt[0])
+
+    def cli(seed):
+        r = subprocess.run([CLI, "sample", "--ckpt", TINY, "--prompt-ids", ids, "--tokens", "40",
+                            "--threads", "1", "--print-ids", "--seed", str(seed),
+                            "--temperature", str(opts["temperature"]), "--top-p", str(opts["top_p"])]
+                           + (["--top-k", str(opts["top_k"])] if opts["top_k"] else []),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return [int(v) for v in r.stdout.strip().split(",")]
+    got = tiny.generate(prompt, max_new_tokens=40, do_sample=True, seed=7, **opts)[0].tolist()
+    assert got == cli(7)
+    assert got != cli(8)   # control: another seed
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy(tiny):
+    prompt, want = _gen_io()
+    n = want.shape[1]
+    for kw in (dict(top_k=1), dict(top_p=1e-9)):
+        assert np.array_equal(tiny.generate(prompt, max_new_tokens=n, do_sample=True, seed=3, **kw), want)
+    assert not np.array_equal(tiny.generate(prompt, max_new_tokens=n, do_sample=True, seed=3), want)
+
+
+def test_eos_stops_rows(tiny):
+    """eos_token_id: a row stops at its first eos and continues with the pad id; the result
+    ends once every row has stopped."""
+    prompt, want = _gen_io()
+    eos = int(want[0, 4])
+    assert eos not in want[0, :4].tolist()
+    got = tiny.generate(prompt, max_new_tokens=32, eos_token_id=eos)
+    assert got.tolist() == [want[0, :5].tolist()]
+    two = np.concatenate([prompt, prompt[:, ::-1]])
+    other = tiny.generate(two[1:], max_new_tokens=32)[0]
+    got2 = tiny.generate(two, max_new_tokens=32, eos_token_id=[eos], pad_token_id=255)
+    k = other.tolist().index(eos) + 1 if eos in other.tolist() else 32
+    assert got2.shape[1] == max(5, k)
+    assert got2[0, :5].tolist() == want[0, :5].tolist() and set(got2[0, 5:].tolist()) <= {255}
+    assert tiny.generate(prompt, max_new_tokens=0).shape == (1, 0)
+
+
+def test_generate_text_bytes(tiny):
+    """A byte-level model (vocab 256, no tokenizer.json): the prompt's UTF-8 bytes in, the new
+    bytes decoded out; equal to generate() on the bytes. Control: another prompt's text."""
+    text = tiny.generate_text("Hello, wor", max_new_tokens=20)
+    ids = tiny.generate([list(b"Hello, wor")], max_new_tokens=20)[0]
+    assert text == bytes(ids.tolist()).decode("utf-8", errors="replace")
+    assert tiny.generate_text("Goodbye, w", max_new_tokens=20) != text
+    assert tiny.encode("é") == [0xC3, 0xA9]
+    with pytest.raises(ValueError, match="empty"):
+        tiny.generate_text("", max_new_tokens=3)
+
+
+def test_generate_text_stops_at_the_pack_separator(tmp_path, tiny):
+    """A checkpoint trained with --pack SEP (trainer_state.json's pack_separator_hex) stops once
+    it writes SEP, as `gdncp sample --stop auto` does (same bytes); stop=None runs on (the
+    control); a separator of two bytes matches across them."""
+    new = tiny.generate([list(b"Hello, wor")], max_new_tokens=20)[0].tolist()
+    j = next(i for i in range(2, 20) if new[i] not in new[:i] and (new[i - 1], new[i]) not in
+             list(zip(new[:i - 1], new[1:i])))
+    full = bytes(new).decode("utf-8", errors="replace")
+    for sep in ((new[j],), (new[j - 1], new[j])):
+        d = _copy_ckpt(tmp_path, name="pk" + "".join(f"{b:02x}" for b in sep))
+        (d / "trainer_state.json").write_text(json.dumps({"pack_separator_hex": bytes(sep).hex()}))
+        with gdncp.Model.from_pretrained(d, threads=1) as m:
+            assert m.pack_separator() == sep
+            text = m.generate_text("Hello, wor", max_new_tokens=20)
+            assert text == bytes(new[:j + 1]).decode("utf-8", errors="replace")
+            assert m.generate_text("Hello, wor", max_new_tokens=20, stop=None) == full != text
+            if CLI and os.path.exists(CLI):
+                r = subprocess.run([CLI, "sample", "--ckpt", str(d), "--prompt", "Hello, wor", "--tokens", "20",
+                                    "--temperature", "0", "--threads", "1", "--print-ids"],
+                                   capture_output=True, text=True, timeout=120)
+                assert [int(v) for v in r.stdout.strip().split(",")] == new[:j + 1], r.stderr
+    assert tiny.pack_separator() is None
+    with pytest.raises(TypeError, match="prompt"):
+        tiny.generate_text(b"bytes", max_new_tokens=2)
+    with pytest.raises(TypeError, match="unexpected"):
+        tiny.generate_text("a", max_new_tokens=2, temprature=1.0)
+
+
+def test_generate_text_with_a_tokenizer(tmp_path, tiny):
+    """tokenizer.json beside the weights: the prompt goes through the Hugging Face tokenizer
+    (a word-level one made here: 256 words), and the text is its decode of generate()'s ids;
+    control: the byte-level model gives other ids for the same prompt."""
+    tokenizers = pytest.importorskip("tokenizers")
+    d = _copy_ckpt(tmp_path)
+    words = {f"w{i}": i for i in range(255)}
+    words["[UNK]"] = 255
+    tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tk.decoder = None
+    tk.save(str(d / "tokenizer.json"))
+    with gdncp.Model.from_pretrained(d, threads=1) as m:
+        ids = m.encode("w5 w17 w200 w3")
+        assert ids == [5, 17, 200, 3]
+        new = m.generate([ids], max_new_tokens=12)[0]
+        assert m.generate_text("w5 w17 w200 w3", max_new_tokens=12) == tk.decode(new.tolist())
+        assert tiny.encode("w5 w17 w200 w3") != ids
+    with gdncp.Model.from_pretrained(TINY, threads=1, tokenizer=d / "tokenizer.json") as m:
+        assert m.encode("w5 w17") == [5, 17]        # tokenizer= given explicitly
+    with gdncp.Model.from_pretrained(TINY, threads=1, tokenizer=tk) as m:
+        assert m.decode([5, 17]) == tk.decode([5, 17])
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        gdncp.Model.from_pretrained(TINY, tokenizer=tmp_path / "none")
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_bad_ids_are_refused_before_c(tiny):
+    with pytest.raises(ValueError, match=r"input_ids\[0, 2\] = 256 .*vocab 256"):
+        tiny.logits([[1, 2, 256]])
+    with pytest.raises(ValueError, match=r"= -1 "):
+        tiny.generate(np.array([[3, -1]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="2 dimensions"):
+        tiny.logits([1, 2, 3])
+    with pytest.raises(ValueError, match="2 dimensions"):
+        tiny.logits(np.zeros((1, 2, 3), np.int64))
+    with pytest.raises(TypeError, match="integer"):
+        tiny.logits(np.array([[1.0, 2.0]]))
+    with pytest.raises(TypeError, match="integer"):
+        tiny.logits([[True, False]])
+    with pytest.raises(ValueError):
+        tiny.logits([[1, 2], [3]])                    # ragged
+    with pytest.raises(ValueError, match="at least one"):
+        tiny.logits(np.zeros((1, 0), np.int64))
+    with pytest.raises(ValueError, match="eos_token_id"):
+        tiny.generate([[1]], max_new_tokens=2, eos_token_id=300)
+    # the model still works after every refusal
+    prompt, want = _gen_io()
+    assert np.array_equal(tiny.generate(prompt, max_new_tokens=want.shape[1]), want)
+
+
+@pytest.mark.parametrize("kw,name", [(dict(temperature=0), "temperature"),
+                                     (dict(temperature=-1.0), "temperature"),
+                                     (dict(temperature=float("nan")), "temperature"),
+                                     (dict(top_k=-1), "top_k"), (dict(top_p=0.0), "top_p"),
+                                     (dict(top_p=1.5), "top_p"), (dict(seed=-1), "seed"),
+                                     (dict(max_new_tokens=-1), "max_new_tokens")])
+def test_sampling_arguments_are_validated(tiny, kw, name):
+    kw = dict(dict(max_new_tokens=2, do_sample=True), **kw)
+    with pytest.raises(ValueError, match=name):
+        tiny.generate([[1, 2]], **kw)
+
+
+def test_sampling_argument_types(tiny):
+    with pytest.raises(TypeError, match="top_k"):
+        tiny.generate([[1]], max_new_tokens=2, do_sample=True, top_k=1.5)
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        tiny.generate([[1]], max_new_tokens="3")
+    with pytest.raises(TypeError, match="threads"):
+        gdncp.Model.from_pretrained(TINY, threads=None)
+
+
+def test_c_errors_surface_with_the_c_message(tiny, tmp_path, monkeypatch):
+    """What the library refuses comes back as an exception carrying gdn_errmsg()'s text: a batch
+    beyond the decoder's limit, a config the loader refuses, and (with Python's own length check
+    switched off) a sequence beyond max_position."""
+    with pytest.raises(ValueError, match=r"decoder B = 5000 is out of range"):
+        tiny.generate(np.ones((5000, 1), np.int64), max_new_tokens=1)
+    d = _copy_ckpt(tmp_path, config_edit=lambda c: c.update(num_experts=8), name="moe")
+    with pytest.raises(Exception, match="num_experts|expert"):
+        gdncp.Model.from_pretrained(d)
+    short = _copy_ckpt(tmp_path, config_edit=lambda c: c.update(max_position_embeddings=40), name="short")
+    with gdncp.Model.from_pretrained(short, threads=1) as m:
+        prompt, want = _gen_io()                     # 12 tokens
+        assert np.array_equal(m.generate(prompt, max_new_tokens=28), want[:, :28])
+        with pytest.raises(ValueError, match="max_new_tokens = 41 .*max_position_embeddings = 40"):
+            m.generate(prompt, max_new_tokens=29)
+        with pytest.raises(ValueError, match="max_position"):
+            m.logits(np.ones((1, 41), np.int64))
+        monkeypatch.setattr(gdncp.Model, "_check_length", lambda self, total, what: None)
+        with pytest.raises(ValueError, match=r"gdn.*max_len = 41 is beyond max_position = 40"):
+            m.generate(prompt, max_new_tokens=29)
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        gdncp.Model.from_pretrained(tmp_path / "nope")
+    d = tmp_path / "noweights"
+    d.mkdir()
+    shutil.copy(os.path.join(TINY, "config.json"), d / "config.json")
+    with pytest.raises(FileNotFoundError, match="model.safetensors is missing"):
+        gdncp.Model.from_pretrained(d)
+    (d / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="sharded"):
+        gdncp.Model.from_pretrained(d)
+    e = tmp_path / "empty"
+    e.mkdir()
+    with pytest.raises(Exception, match="config.json|checkpoint"):
+        gdncp.Model.from_pretrained(e)
+
+
+@pytest.mark.skipif(not CLI or not os.path.exists(CLI or ""), reason="GDNCP_CLI (the gdncp command) not set")
+def test_a_gdncp_train_output(tmp_path):
+    """A real `gdncp train --out` directory (GatedDeltaNet + attention, packed fortunes, checkpoints
+    at steps 2 and 3): the model loads its newest checkpoint and generates what `gdncp sample`
+    does on it, greedy (both with the checkpoint's separator as their stop; three steps of
+    training rarely write it: test_generate_text_stops_at_the_pack_separator makes it happen) and
+    seeded sampling; control: checkpoint 2's sampling differs."""
+    text = "/usr/share/games/fortunes/fortunes"
+    if not os.path.exists(text):
+        pytest.skip(f"{text} is missing (Debian's fortunes package)")
+    out = tmp_path / "run"
+    cmd = [os.environ.get("GDN_MPIEXEC", "mpiexec.mpich"), "-n", "1", CLI, "train", "--data", text,
+           "--hidden", "32", "--layers", "2", "--layer-types", "linear,full",
+           "--attn-heads", "2", "--kv-heads", "1", "--head-dim", "16",
+           "--intermediate", "64", "--key-heads", "1", "--value-heads", "2", "--key-dim", "16",
+           "--value-dim", "16", "--seq", "64", "--steps", "3", "--save-every", "2", "--eval-every", "0",
+           "--lr", "3e-3", "--threads", "1", "--pack", "\\n%\\n", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def sample(ck, *opts):
+        r = subprocess.run([CLI, "sample", "--ckpt", str(ck), "--prompt", "The ", "--tokens", "48",
+                            "--threads", "1", "--print-ids", *opts], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        return [int(v) for v in r.stdout.strip().split(",")]
+    with gdncp.Model.from_pretrained(out, threads=1) as m:
+        assert m.path.endswith("checkpoint-00000003") and m.pack_separator() == tuple(b"\n%\n")
+        assert m.config.layer_types == ("linear_attention", "full_attention")
+        greedy = sample(out, "--temperature", "0")              # --stop auto: ends with the separator
+        assert m.generate([list(b"The ")], max_new_tokens=48, stop=m.pack_separator())[0].tolist() == greedy
+        assert m.generate_text("The ", max_new_tokens=48) == m.decode(greedy)
+        ids = m.generate([list(b"The ")], max_new_tokens=48, do_sample=True, temperature=0.9,
+                         top_k=20, seed=4)[0].tolist()
+        sampled = sample(out, "--temperature", "0.9", "--top-k", "20", "--seed", "4", "--stop", "none")
+        assert ids == sampled
+    with gdncp.Model.from_pretrained(out / "checkpoint-00000002", threads=1) as m2:
+        assert m2.generate([list(b"The ")], max_new_tokens=48, do_sample=True, temperature=0.9,
+                           top_k=20, seed=4)[0].tolist() != sampled
+
+
+def test_training_output_directory_and_close(tmp_path):
+    """A `gdncp train --out` directory loads its newest complete checkpoint-N; close() (or a
+    with block) frees the model, and a closed model refuses calls."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for step in (10, 20):
+        d = out / f"checkpoint-{step:08d}"
+        d.mkdir()
+        shutil.copy(os.path.join(TINY, "config.json"), d / "config.json")
+        os.symlink(os.path.join(TINY, "model.safetensors"), d / "model.safetensors")
+    prompt, want = _gen_io()
+    with gdncp.Model.from_pretrained(out, threads=1) as m:
+        assert m.path.endswith("checkpoint-00000020")
+        assert np.array_equal(m.generate(prompt, max_new_tokens=8), want[:, :8])
+    with pytest.raises(RuntimeError, match="closed"):
+        m.logits(prompt)
+    m.close()   # idempotent
+
+
+def test_threads_take_turns(tiny):
+    """Two Python threads calling one model get what each gets alone (the model's lock)."""
+    import threading
+    prompt, want = _gen_io()
+    ids = read_safetensors(os.path.join(TINY, "logits.io.safetensors"))["input_ids"]
+    ref = tiny.logits(ids)
+    res = {}
+
+    def gen():
+        res["g"] = [tiny.generate(prompt, max_new_tokens=32) for _ in range(3)]
+
+    def lgt():
+        res["l"] = [tiny.logits(ids) for _ in range(3)]
+    th = [threading.Thread(target=gen), threading.Thread(target=lgt)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert all(np.array_equal(g, want) for g in res["g"])
+    assert all(np.array_equal(x, ref) for x in res["l"])
+
+
+def test_generate_speed(tiny, capsys):
+    """Not a pass/fail benchmark: tokens/s of greedy decoding on the tiny model (one thread)."""
+    import time
+    prompt, _ = _gen_io()
+    t = time.perf_counter()
+    out = tiny.generate(np.repeat(prompt, 4, axis=0), max_new_tokens=128)
+    dt = time.perf_counter() - t
+    assert out.shape == (4, 128)
+    with capsys.disabled():
+        print(f"\n  gdncp.Model.generate: B=4 x 128 new tokens in {dt:.3f} s = "
+              f"{4 * 128 / dt:.0f} tokens/s (tiny model, 1 thread, Python loop over the decoder)")
