@@ -24,15 +24,8 @@ MPIEXEC = os.environ.get("GDN_MPIEXEC", "mpiexec.mpich")
 T = 64
 
 
-class ModelConfig(ctypes.Structure):       # gdn_model_config
-    _fields_ = [("vocab", ctypes.c_int64), ("E", ctypes.c_int64), ("L", ctypes.c_int64),
-                ("I", ctypes.c_int64), ("Hk", ctypes.c_int64), ("Hv", ctypes.c_int64),
-                ("K", ctypes.c_int64), ("V", ctypes.c_int64), ("Kc", ctypes.c_int64),
-                ("eps", ctypes.c_float), ("tie_embeddings", ctypes.c_int),
-                ("H", ctypes.c_int64), ("Hkv", ctypes.c_int64), ("d", ctypes.c_int64),
-                ("R", ctypes.c_int64), ("rope_theta", ctypes.c_double),
-                ("max_position", ctypes.c_int64),
-                ("full_attention", ctypes.c_ubyte * 1024)]   # GDN_MODEL_MAX_LAYERS
+ModelConfig = _lib.ModelConfig             # gdn_model_config, gdn_model_run: the package's mirrors
+ModelRun = _lib.ModelRun
 
 
 class TensorInfo(ctypes.Structure):        # gdn_model_tensor_info
@@ -41,26 +34,12 @@ class TensorInfo(ctypes.Structure):        # gdn_model_tensor_info
                 ("numel", ctypes.c_size_t), ("decay", ctypes.c_int)]
 
 
-class ModelRun(ctypes.Structure):          # gdn_model_run
-    _fields_ = [("B", ctypes.c_int64), ("T", ctypes.c_int64), ("threads", ctypes.c_int),
-                ("recompute", ctypes.c_int), ("check_finite", ctypes.c_int),
-                ("pack", ctypes.c_int), ("attn_cp", ctypes.c_int)]
-
-
 def _c_model(cfg, weights, tokens):
     """(logits [T, 256], mean loss over T targets) of gdncp's trainer model."""
     lib = _lib.lib
-    lib.gdn_model_tensor_count.argtypes = [ctypes.POINTER(ModelConfig)]
-    lib.gdn_model_tensor.argtypes = [ctypes.POINTER(ModelConfig), ctypes.c_int,
-                                     ctypes.POINTER(TensorInfo)]
-    lib.gdn_model_param_floats.argtypes = [ctypes.POINTER(ModelConfig)]
-    lib.gdn_model_param_floats.restype = ctypes.c_size_t
-    lib.gdn_model_plan_create.argtypes = [ctypes.POINTER(ctypes.c_void_p),
-                                          ctypes.POINTER(ModelConfig), ctypes.POINTER(ModelRun),
-                                          ctypes.c_void_p]
-    lib.gdn_model_plan_destroy.argtypes = [ctypes.c_void_p]
-    P_token = ctypes.POINTER(ctypes.c_int32)  # const gdn_token * (int32 ids)
-    lib.gdn_model_logits.argtypes = [ctypes.c_void_p, _lib.P_float, P_token, _lib.P_float]
+    lib.gdn_model_tensor_count.argtypes = [_lib.P_mcfg]
+    lib.gdn_model_tensor.argtypes = [_lib.P_mcfg, ctypes.c_int, ctypes.POINTER(TensorInfo)]
+    P_token = _lib.P_token                    # const gdn_token * (int32 ids)
     lib.gdn_model_forward.argtypes = [ctypes.c_void_p, _lib.P_float, P_token, ctypes.c_double,
                                       ctypes.POINTER(ctypes.c_double), ctypes.c_int]
     _lib.check(lib.gdn_model_config_check(ctypes.byref(cfg)), "gdn_model_config_check")

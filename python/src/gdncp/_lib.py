@@ -227,7 +227,7 @@ class ModelConfig(ctypes.Structure):
 class ModelRun(ctypes.Structure):
     """gdn_model_run."""
     _fields_ = [("B", c_int64), ("T", c_int64), ("threads", c_int), ("recompute", c_int),
-                ("check_finite", c_int), ("pack", c_int), ("attn_cp", c_int)]
+                ("check_finite", c_int), ("pack", c_int), ("attn_cp", c_int), ("compute", c_int)]
 
 
 class Sampling(ctypes.Structure):
