@@ -86,6 +86,9 @@ int chunked_run(const problem *p, const gdn_config *cfg, float *o, float *ht);
  * norm.weight in [0.5, 1.5]. Both from the rng_seed stream. */
 float *random_floats(size_t n);
 float *layer_random_weights(const gdn_layer_config *c, double a_lo, double a_hi);
+/* An attention layer's flat parameters: projections uniform in +-1.5/sqrt(fan-in), norms in
+ * +-0.4 (the weight is 1 + w), from the rng_seed stream. */
+float *attn_random_weights(const gdn_attn_config *c);
 
 /* Packed documents (tests/pack_ref.c): the outputs and gradients of one run, states per
  * document; pack_run_plan runs one plan (forward, then backward; with saved: gdn_forward_save +

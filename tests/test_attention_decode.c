@@ -324,16 +324,8 @@ static void split_case(void) {
     gdn_attn_config c = gdn_attn_config_default(1, 1300, 32, 4, 1, 16);
     c.R = 8, c.rope_theta = 1e4, c.threads = 3;
     const int64_t T = c.T, E = c.E, nx = T * E, P = 1200;
-    const size_t nw = gdn_attn_param_floats(&c);
     rng_seed(4242);
-    float *w = falloc((int64_t)nw), *x = falloc(nx), *yf = falloc(nx), *y = falloc(nx);
-    for (int p = 0; p < GDN_A_COUNT; p++) {
-        int64_t shape[2];
-        const int nd = gdn_attn_param_shape(&c, p, shape);
-        const double a = nd == 2 ? 1.5 / sqrt((double)shape[1]) : 0.4;
-        for (size_t i = 0; i < gdn_attn_param_numel(&c, p); i++)
-            w[gdn_attn_param_offset(&c, p) + i] = (float)rng_uniform(-a, a);
-    }
+    float *w = attn_random_weights(&c), *x = falloc(nx), *yf = falloc(nx), *y = falloc(nx);
     for (int64_t i = 0; i < nx; i++) x[i] = (float)rng_uniform(-2, 2);
     expect_status(forward_whole(&c, x, w, yf, NULL), GDN_OK, NULL, "forward B=1 T=1300 H=4 Hkv=1 d=16, 3 threads");
     int64_t sizes[200];

@@ -209,15 +209,8 @@ static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t H
     gdn_attn_config c = gdn_attn_config_default(B, T, E, H, Hkv, d);
     c.R = d / 2, c.rope_theta = 1e4;
     rng_seed(seed);
-    const size_t nx = (size_t)B * T * E, nw = gdn_attn_param_floats(&c);
-    float *w = falloc((int64_t)nw), *x = random_floats(nx), *dy = random_floats(nx);
-    for (int p = 0; p < GDN_A_COUNT; p++) {
-        int64_t shape[2];
-        const int nd = gdn_attn_param_shape(&c, p, shape);
-        const double a = nd == 2 ? 1.5 / sqrt((double)shape[1]) : 0.4;
-        for (size_t i = 0; i < gdn_attn_param_numel(&c, p); i++)
-            w[gdn_attn_param_offset(&c, p) + i] = (float)rng_uniform(-a, a);
-    }
+    const size_t nx = (size_t)B * T * E;
+    float *w = attn_random_weights(&c), *x = random_floats(nx), *dy = random_floats(nx);
     char label[128];
     snprintf(label, sizeof label, "bf16 attention B=%lld T=%lld E=%lld H=%lld Hkv=%lld d=%lld", (long long)B,
              (long long)T, (long long)E, (long long)H, (long long)Hkv, (long long)d);

@@ -198,6 +198,17 @@ float *random_floats(size_t n) {
     return x;
 }
 
+float *attn_random_weights(const gdn_attn_config *c) {
+    float *w = falloc((int64_t)gdn_attn_param_floats(c));
+    for (int p = 0; p < GDN_A_COUNT; p++) {
+        int64_t shape[2];
+        const int nd = gdn_attn_param_shape(c, p, shape);
+        const double a = nd == 2 ? 1.5 / sqrt((double)shape[1]) : 0.4; /* norms: w near 0, (1 + w) near 1 */
+        for (size_t i = 0; i < gdn_attn_param_numel(c, p); i++) w[gdn_attn_param_offset(c, p) + i] = (float)rng_uniform(-a, a);
+    }
+    return w;
+}
+
 float *layer_random_weights(const gdn_layer_config *c, double a_lo, double a_hi) {
     float *w = calloc(gdn_layer_param_floats(c), sizeof(float));
     for (int i = 0; i < GDN_P_COUNT; i++) {

@@ -1019,19 +1019,28 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
     return rc;
 }
 
+/* dir/trainer_state.json parsed into *j (path: its name), or *j NULL when the directory has none
+ * (not a gdncp training checkpoint, e.g. transformers'). */
+static int read_state(const char *dir, char path[4096], json_t **j) {
+    *j = NULL;
+    int rc = join(path, 4096, dir, STATE_FILE);
+    struct stat st;
+    if (rc || stat(path, &st) != 0) return rc;
+    char *text = NULL;
+    if ((rc = read_text(path, &text))) return rc;
+    json_error_t err;
+    *j = json_loads(text, 0, &err);
+    free(text);
+    return *j ? GDN_OK : gdn_fail(GDN_ERR_FORMAT, "%s: %s (line %d)", path, err.text, err.line);
+}
+
 int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len) {
     if (!dir || !sep || !len || cap < 1) return gdn_fail(GDN_ERR_ARG, "checkpoint separator: NULL argument");
     *len = 0;
     char path[4096];
-    int rc = join(path, sizeof path, dir, STATE_FILE);
-    struct stat st;
-    if (rc || stat(path, &st) != 0) return rc; /* not a gdncp training checkpoint: not packed */
-    char *text = NULL;
-    if ((rc = read_text(path, &text))) return rc;
-    json_error_t err;
-    json_t *j = json_loads(text, 0, &err);
-    free(text);
-    if (!j) return gdn_fail(GDN_ERR_FORMAT, "%s: %s (line %d)", path, err.text, err.line);
+    json_t *j;
+    int rc = read_state(dir, path, &j);
+    if (rc || !j) return rc; /* not a gdncp training checkpoint: not packed */
     const char *hex = json_string_value(json_object_get(j, "pack_separator_hex"));
     const size_t n = hex ? strlen(hex) : 0;
     if (n % 2 || n / 2 > (size_t)cap)
@@ -1053,15 +1062,9 @@ int gdn_ckpt_pack_separator_id(const char *dir, int64_t *id) {
     if (!dir || !id) return gdn_fail(GDN_ERR_ARG, "checkpoint separator id: NULL argument");
     *id = -1;
     char path[4096];
-    int rc = join(path, sizeof path, dir, STATE_FILE);
-    struct stat st;
-    if (rc || stat(path, &st) != 0) return rc; /* not a gdncp training checkpoint: not packed */
-    char *text = NULL;
-    if ((rc = read_text(path, &text))) return rc;
-    json_error_t err;
-    json_t *j = json_loads(text, 0, &err);
-    free(text);
-    if (!j) return gdn_fail(GDN_ERR_FORMAT, "%s: %s (line %d)", path, err.text, err.line);
+    json_t *j;
+    int rc = read_state(dir, path, &j);
+    if (rc || !j) return rc; /* not a gdncp training checkpoint: not packed */
     json_t *v = json_object_get(j, "pack_separator_id");
     if (v && !(json_is_integer(v) && json_integer_value(v) >= -1 && json_integer_value(v) < GDN_MODEL_MAX_VOCAB))
         rc = gdn_fail(GDN_ERR_FORMAT, "%s: pack_separator_id is not an integer in [-1, %lld)", path,
