@@ -23,9 +23,12 @@ bash scripts/fortunes_text.sh "$text"
 echo "== text: $(wc -c < "$text") bytes of English from Debian's fortunes package (the last 5 % held out for validation)"
 
 echo "== train the hybrid 'tiny' (3 GatedDeltaNet + 1 attention layer) for $steps steps: 8 sequences of 512 bytes per step, each split over 2 ranks (256 tokens each)"
+# a full line every 50 steps and at each validation (the CSV keeps every step); on a terminal, one
+# status line (step, loss, tokens/s, elapsed, ETA) updates in place between them
+progress=lines; [ -t 1 ] && progress=line
 OMP_NUM_THREADS=1 mpiexec.mpich -n 2 "$g" train --data "$text" --model tiny --cp 2 --seq 512 --batch 8 \
   --steps "$steps" --warmup 30 --lr 4e-3 --eval-every 50 --eval-seqs 32 --log "$out/train.csv" \
-  --out "$out/ckpt" --save-every 100 --seed 1234
+  --out "$out/ckpt" --save-every 100 --seed 1234 --log-every 50 --progress "$progress"
 bash scripts/plot_loss.sh "$out/train.csv" "$out/loss.png" "gdncp train: tiny on fortunes, 2 CP ranks"
 val=$(awk -F, 'NR > 1 && $3 != "" { v = $3 } END { print v }' "$out/train.csv")
 first=$(awk -F, 'NR == 2 { print $2 }' "$out/train.csv")

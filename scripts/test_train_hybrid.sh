@@ -161,6 +161,20 @@ train 2 "$work/lr.csv" "${bf[@]}" --lr 4.5e-3 || fail "train with --lr 4.5e-3"
 expect_far "fp32 with the learning rate 1.5x vs fp32 (tolerance $BTOL)" "$work/lr.csv" "$work/f32.csv" $BTOL
 refuse "--compute fp16" "fp32 or bf16" $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --steps 2 --compute fp16
 
+# Progress: --log-every N prints a full line at step 1, every N-th step, each validation and the
+# last step; the CSV keeps every step; --progress line updates one status line in place between them.
+train 1 "$work/le.csv" --steps 12 --batch 2 --log-every 5 --eval-every 10 || fail "train --log-every 5"
+full=$(grep -c '^step ' "$work/le.csv.out"); rows=$(($(wc -l < "$work/le.csv") - 1))
+steps_shown=$(grep -o '^step *[0-9]*' "$work/le.csv.out" | awk '{printf "%s ", $2}')
+[ "$steps_shown" = "1 5 10 12 " ] && [ "$rows" = 12 ] && pass "--log-every 5: full lines at steps $steps_shown(validation at 10), the CSV all $rows steps" ||
+  { fail "--log-every 5: lines at steps '$steps_shown' ($full), CSV rows $rows (want 1 5 10 12, 12)"; cat "$work/le.csv.out"; }
+train 1 "$work/ll.csv" --steps 12 --batch 2 --log-every 5 --eval-every 10 --progress line || fail "train --progress line"
+st=$(tr '\r' '\n' < "$work/ll.csv.out" | grep -c 'ETA [0-9]*:[0-9][0-9]')
+[ "$st" = 8 ] && pass "--progress line: 8 status lines (steps 2-4, 6-9, 11) with elapsed and ETA, updated in place" ||
+  { fail "--progress line: $st status lines (want 8)"; cat -A "$work/ll.csv.out" | head -20; }
+grep -q 'ETA' "$work/le.csv.out" && fail "--progress lines (auto, not a terminal) printed status lines" ||
+  pass "not a terminal (auto): no status lines"
+
 refuse "--resume of a hybrid checkpoint with --attn-interval 0" "layer 3 is full_attention" \
   $MPIEXEC -n 2 $g train --data "$text" "${small[@]}" --cp 2 --steps 8 --resume "$work/full" --attn-interval 0
 

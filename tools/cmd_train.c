@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gdncp/train.h"
 
@@ -20,7 +21,7 @@ static int usage(void) {
             "         [--vocab N] [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
             "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
             "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
-            "         [--compute fp32|bf16]\n"
+            "         [--compute fp32|bf16] [--log-every N] [--progress auto|line|lines]\n"
             "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
             "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
             "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
@@ -114,7 +115,7 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
     /* the int-typed options, read as int64 and range-checked like the others */
     int64_t cp = o->cp, keep = o->keep_last, threads = o->threads;
     int64_t interval = GDN_MODEL_NAMED_ATTN_INTERVAL, head_dim = -1;
-    int interval_given = 0;
+    int interval_given = 0, progress = -1; /* --progress: -1 auto, 0 lines, 1 line */
     const char *layer_types = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -129,6 +130,7 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             {"--seed", (int64_t *)&o->seed, 0, INT64_MAX}, {"--cp", &cp, 1, 1 << 20},
             {"--threads", &threads, 1, 4096},            {"--save-every", &o->save_every, 0, (int64_t)1 << 40},
             {"--keep", &keep, 0, 1 << 20},               {"--eval-every", &o->eval_every, 0, (int64_t)1 << 40},
+            {"--log-every", &o->log_every, 1, (int64_t)1 << 40},
             {"--eval-seqs", &o->eval_seqs, 1, 1 << 20},  {"--attn-heads", &o->model.H, 1, 1024},
             {"--kv-heads", &o->model.Hkv, 1, 1024},      {"--head-dim", &head_dim, 2, 1024},
             {"--attn-interval", &interval, 0, GDN_MODEL_MAX_LAYERS}, {"--vocab", &o->model.vocab, 1, GDN_MODEL_MAX_VOCAB},
@@ -173,6 +175,8 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             o->model = named, o->model_explicit = 1, i++;
         } else if (!strcmp(a, "--layer-types") && v) {
             layer_types = v, o->model_explicit = 1, i++;
+        } else if (!strcmp(a, "--progress") && v && (!strcmp(v, "auto") || !strcmp(v, "line") || !strcmp(v, "lines"))) {
+            progress = !strcmp(v, "line") ? 1 : !strcmp(v, "lines") ? 0 : -1, i++;
         } else if (!strcmp(a, "--compute")) {
             if (cli_parse_compute("train", a, v, &o->compute)) return CLI_USAGE_ERROR;
             i++;
@@ -210,6 +214,9 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
         }
     }
     o->cp = (int)cp, o->keep_last = (int)keep, o->threads = (int)threads;
+    /* auto: the status line when stdout is a terminal (under mpiexec the launcher's pipes are not:
+     * say --progress line there) */
+    o->progress_line = progress >= 0 ? progress : isatty(STDOUT_FILENO);
     if (head_dim > 0) o->model.d = head_dim, o->model.R = (head_dim / 4) & ~(int64_t)1;
     if (layer_types && interval_given) {
         fprintf(stderr, "gdncp train: --layer-types and --attn-interval exclude each other\n");

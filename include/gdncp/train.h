@@ -380,6 +380,10 @@ typedef struct {
     const char *resume;     /* continue from this checkpoint (or the newest in this directory) */
     const char *init;       /* start from these weights with a fresh optimiser */
     const char *log_csv;    /* per-step CSV (NULL: none) */
+    int64_t log_every;      /* a full progress line every N steps (<= 1: every step), at the first
+                               and last step and at each validation; the CSV keeps every step */
+    int progress_line;      /* between full lines, one status line updated in place (step / total,
+                               loss, tokens/s, elapsed and ETA; for a terminal) */
     int64_t eval_every;     /* validation loss every N steps and at the end (0: never) */
     int64_t eval_seqs;      /* validation sequences (rounded up to whole DP batches) */
     const uint8_t *pack;    /* packed documents: the bytes that end a document (NULL: none; byte

@@ -28,6 +28,7 @@ gdn_train_options gdn_train_defaults(void) {
     o.recompute = -1;
     o.keep_last = 2;
     o.eval_every = 50, o.eval_seqs = 16;
+    o.log_every = 1;
     return o;
 }
 
@@ -67,6 +68,7 @@ typedef struct {
     int64_t *doc_cu, *n_docs; /* packing: the rows' document offsets (gdn_model_set_docs) */
     int recompute, threads;
     FILE *progress, *csv;
+    int status_shown; /* rank 0: a status line (--progress line) is on the terminal */
     double peak_gflops, flops_per_token;
     int64_t first_step;
 } trainer;
@@ -485,6 +487,17 @@ static int setup(trainer *t) {
     return GDN_OK;
 }
 
+/* h:mm:ss (or m:ss) of a duration in seconds. */
+static void fmt_duration(char *buf, size_t n, double secs) {
+    const long s = secs > 0 && secs < 1e9 ? (long)(secs + 0.5) : 0;
+    if (s >= 3600) snprintf(buf, n, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
+}
+/* Rank 0 with --progress line: erase the status line before a full line is printed. */
+static void clear_status(trainer *t) {
+    if (t->progress && t->o->progress_line && t->status_shown) fputs("\r\033[K", t->progress), t->status_shown = 0;
+}
+
 static int save(trainer *t, int64_t step, double loss) {
     int rc = GDN_OK;
     if (t->rank == 0) {
@@ -493,6 +506,7 @@ static int save(trainer *t, int64_t step, double loss) {
                 : gdn_fail(GDN_ERR_NOMEM, "trainer state");
         free(st);
         if (!rc && t->progress) {
+            clear_status(t);
             fprintf(t->progress, "checkpoint: %s/checkpoint-%08lld\n", t->o->out, (long long)step);
             fflush(t->progress);
         }
@@ -502,6 +516,7 @@ static int save(trainer *t, int64_t step, double loss) {
 
 static int train_steps(trainer *t) {
     const gdn_train_options *o = t->o;
+    const double t_start = MPI_Wtime();
     const double tokens_per_step = (double)(o->batch * t->dp) * (double)o->seq;
     const int count = (int)t->nw;
     double loss = NAN;
@@ -544,7 +559,20 @@ static int train_steps(trainer *t) {
             double rmax = 0;
             for (int r = 0; r < t->size; r++) rmax = all[r] > rmax ? all[r] : rmax;
             const double tps = tokens_per_step / dt, frac = tps * t->flops_per_token / (t->peak_gflops * 1e9);
-            if (t->progress) {
+            const int full = o->log_every <= 1 || step % o->log_every == 0 || step == t->first_step ||
+                             step == o->steps || !isnan(val);
+            if (t->progress && !full && o->progress_line) {
+                char el[32], eta[32];
+                const double elapsed = MPI_Wtime() - t_start;
+                fmt_duration(el, sizeof el, elapsed);
+                fmt_duration(eta, sizeof eta, elapsed / (double)(step - t->first_step + 1) * (double)(o->steps - step));
+                fprintf(t->progress, "\rstep %5lld/%lld  loss %.4f  %8.0f tok/s  elapsed %s  ETA %s\033[K",
+                        (long long)step, (long long)o->steps, loss, tps, el, eta);
+                fflush(t->progress);
+                t->status_shown = 1;
+            }
+            if (t->progress && full) {
+                clear_status(t);
                 fprintf(t->progress, "step %5lld/%lld  loss %.4f", (long long)step, (long long)o->steps, loss);
                 if (!isnan(val)) fprintf(t->progress, "  val %.4f", val);
                 fprintf(t->progress, "  %8.0f tok/s  %7.1f ms/step  lr %.2e  gnorm %.3f  %4.1f%% of peak  rss MB",
