@@ -10,14 +10,16 @@
 # Harnesses: tests/fuzz/fuzz_safetensors.c (gdn_st_open and every read of every tensor),
 # tests/fuzz/fuzz_loaders.c (gdn_problem_load[_rows], gdn_layer_weights_load), tests/fuzz/fuzz_attn.c
 # (gdn_attn_weights_load: a config.json and a safetensors file in one input), tests/fuzz/fuzz_tokens.c
-# (gdn_data_open / gdn_data_read / gdn_data_window_docs: token files and byte text). Seeds:
+# (gdn_data_open / gdn_data_read / gdn_data_window_docs: token files and byte text),
+# tests/fuzz/fuzz_ckpt.c (gdn_ckpt_load_config / gdn_ckpt_load / the separator readers: config.json,
+# trainer_state.json and model.safetensors of one checkpoint directory in one input). Seeds:
 # tests/fuzz/corpus/ (copied: new corpus entries are never written into the repository).
 # Prints one "PASS"/"FAIL" line per harness; exits non-zero when any harness crashed, hung, leaked
 # or tripped a sanitizer. A crashing input is kept as build-fuzz/artifacts/<harness>/crash-*.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
-harnesses=(fuzz_safetensors fuzz_loaders fuzz_attn fuzz_tokens)
+harnesses=(fuzz_safetensors fuzz_loaders fuzz_attn fuzz_tokens fuzz_ckpt)
 bash scripts/deps.sh fuzz || { echo "FAIL  fuzz: installing dependencies"; exit 1; }
 # The top-level CMakeLists finds MPI even though the harnesses do not link it: point FindMPI at
 # MPICH's wrapper and make that wrapper drive clang as well.

@@ -1,5 +1,5 @@
-/* The decoder language model: its configurations, flat parameter layout, initialisation,
- * forward + backward of the loss (single rank or a sequence split over a CP group) and decode.
+/* The decoder language model's compute: forward + backward of the loss (single rank or a sequence
+ * split over a CP group) and decode (its configurations and parameter layout: model_params.c).
  *
  * Per block, with rows N = B*T of width E:
  *   a1 = norm(x; w_in)            y = mixer(a1)               h = x + y
@@ -18,267 +18,7 @@
 #include "base.h"
 #include "cp_internal.h"
 #include "layer_internal.h"
-
-/* ---------------------------------------------------------------- configurations */
-
-int gdn_model_config_named(const char *name, gdn_model_config *c) {
-    /* Hybrid like Qwen3.5: every fourth layer gated full attention ((l + 1) % 4 == 0), the others
-     * GatedDeltaNet; conv 4, eps 1e-6, untied, attention R = d / 4 rotary dims, rope_theta 1e7 */
-#define HYBRID(E_, L_, I_, Hk_, Hv_, K_, V_, H_, Hkv_, d_)                                              \
-    {.vocab = 256, .E = E_, .L = L_, .I = I_, .Hk = Hk_, .Hv = Hv_, .K = K_, .V = V_, .Kc = 4, .eps = 1e-6f, \
-     .H = H_, .Hkv = Hkv_, .d = d_, .R = (d_) / 4, .rope_theta = 1e7}
-    static const struct { const char *name; gdn_model_config cfg; } named[] = {
-        /* E, L, I, Hk, Hv, K, V, H, Hkv, d */
-        {"tiny", HYBRID(128, 4, 192, 1, 2, 32, 32, 2, 1, 32)},
-        {"small", HYBRID(256, 4, 768, 2, 4, 64, 64, 4, 2, 64)},
-        {"long", HYBRID(128, 4, 256, 2, 4, 32, 32, 4, 2, 32)},
-    };
-#undef HYBRID
-    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
-        if (name && !strcmp(name, named[i].name)) {
-            *c = named[i].cfg;
-            gdn_model_set_attention_interval(c, GDN_MODEL_NAMED_ATTN_INTERVAL);
-            return 1;
-        }
-    return 0;
-}
-
-gdn_layer_config gdn_model_layer_config(const gdn_model_config *c, int64_t B, int64_t T) {
-    gdn_layer_config lc = gdn_layer_config_default(B, T, c->E, c->Hk, c->Hv, c->K, c->V);
-    lc.Kc = c->Kc;
-    lc.eps = c->eps;
-    return lc;
-}
-
-gdn_attn_config gdn_model_attn_config(const gdn_model_config *c, int64_t B, int64_t T) {
-    gdn_attn_config ac = gdn_attn_config_default(B, T, c->E, c->H, c->Hkv, c->d);
-    ac.R = c->R, ac.rope_theta = c->rope_theta, ac.eps = c->eps, ac.max_position = c->max_position;
-    return ac;
-}
-
-static int is_attn(const gdn_model_config *c, int64_t l) { return c->full_attention[l] != 0; }
-
-/* Attention layers among the first n (n clamped to the array). */
-static int64_t attn_before(const gdn_model_config *c, int64_t n) {
-    int64_t k = 0;
-    for (int64_t l = 0; l < n && l < GDN_MODEL_MAX_LAYERS; l++) k += is_attn(c, l);
-    return k;
-}
-int64_t gdn_model_attn_layers(const gdn_model_config *c) { return attn_before(c, c->L); }
-
-void gdn_model_set_attention_interval(gdn_model_config *c, int64_t interval) {
-    memset(c->full_attention, 0, sizeof c->full_attention);
-    for (int64_t l = 0; interval > 0 && l < c->L && l < GDN_MODEL_MAX_LAYERS; l++)
-        c->full_attention[l] = (l + 1) % interval == 0;
-}
-
-int gdn_model_config_check(const gdn_model_config *c) {
-    if (!c) return gdn_fail(GDN_ERR_ARG, "model config is NULL");
-    if (c->vocab < 1 || c->vocab > GDN_MODEL_MAX_VOCAB)
-        return gdn_fail(GDN_ERR_SHAPE, "model vocab_size = %lld is out of range [1, %lld]", (long long)c->vocab,
-                        (long long)GDN_MODEL_MAX_VOCAB);
-    const struct { const char *name; int64_t v, max; } dims[] = {
-        {"num_hidden_layers", c->L, GDN_MODEL_MAX_LAYERS}, {"intermediate_size", c->I, (int64_t)1 << 20},
-    };
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i].v < 1 || dims[i].v > dims[i].max)
-            return gdn_fail(GDN_ERR_SHAPE, "model %s = %lld is out of range [1, %lld]", dims[i].name,
-                            (long long)dims[i].v, (long long)dims[i].max);
-    for (int64_t l = 0; l < GDN_MODEL_MAX_LAYERS; l++) {
-        if (c->full_attention[l] > 1)
-            return gdn_fail(GDN_ERR_ARG, "model full_attention[%lld] = %d: 1 (full attention) or 0 (GatedDeltaNet)",
-                            (long long)l, c->full_attention[l]);
-        if (l >= c->L && c->full_attention[l])
-            return gdn_fail(GDN_ERR_SHAPE, "model full_attention[%lld] = 1 but the model has %lld layers",
-                            (long long)l, (long long)c->L);
-    }
-    /* each kind's dimensions only where some layer is of that kind */
-    const int64_t na = gdn_model_attn_layers(c);
-    int rc = GDN_OK;
-    if (na < c->L) {
-        const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
-        rc = gdn_layer_config_check(&lc);
-    }
-    if (!rc && na) {
-        const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
-        rc = gdn_attn_config_check(&ac);
-    }
-    return rc;
-}
-
-/* ---------------------------------------------------------------- the flat parameter layout */
-
-/* Per block, after the mixer's block: */
-enum { BLK_IN_NORM = 0, BLK_POST_NORM, BLK_GATE, BLK_UP, BLK_DOWN, BLK_COUNT };
-static const char *const blk_names[BLK_COUNT] = {
-    "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-    "mlp.up_proj.weight", "mlp.down_proj.weight"};
-
-static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
-
-/* Floats of one mixer block of each kind (0 for a kind the model does not use: its dimensions
- * may be unset), of layer l's, and of the norms and the MLP that follow every mixer. */
-static size_t gdn_mixer_floats(const gdn_model_config *c) {
-    if (gdn_model_attn_layers(c) == c->L) return 0;
-    const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
-    return pad16(gdn_layer_param_floats(&lc));
-}
-static size_t attn_mixer_floats(const gdn_model_config *c) {
-    if (!gdn_model_attn_layers(c)) return 0;
-    const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
-    return pad16(gdn_attn_param_floats(&ac));
-}
-static size_t mixer_floats(const gdn_model_config *c, int64_t l) {
-    return is_attn(c, l) ? attn_mixer_floats(c) : gdn_mixer_floats(c);
-}
-static size_t blk_numel(const gdn_model_config *c, int which) {
-    return which <= BLK_POST_NORM ? (size_t)c->E : (size_t)(c->I * c->E);
-}
-static size_t mlp_floats(const gdn_model_config *c) {
-    size_t n = 0;
-    for (int i = 0; i < BLK_COUNT; i++) n += pad16(blk_numel(c, i));
-    return n;
-}
-static size_t embed_floats(const gdn_model_config *c) { return pad16((size_t)(c->vocab * c->E)); }
-
-size_t gdn_model_layer_offset(const gdn_model_config *c, int64_t l) {
-    const int64_t na = attn_before(c, l);
-    return embed_floats(c) + (size_t)l * mlp_floats(c) + (size_t)na * attn_mixer_floats(c) +
-           (size_t)(l - na) * gdn_mixer_floats(c);
-}
-static size_t blk_offset(const gdn_model_config *c, int64_t l, int which) {
-    size_t off = gdn_model_layer_offset(c, l) + mixer_floats(c, l);
-    for (int i = 0; i < which; i++) off += pad16(blk_numel(c, i));
-    return off;
-}
-static size_t final_norm_offset(const gdn_model_config *c) { return gdn_model_layer_offset(c, c->L); }
-/* A tied head reads the embedding. */
-static size_t lm_head_offset(const gdn_model_config *c) {
-    return c->tie_embeddings ? 0 : final_norm_offset(c) + pad16((size_t)c->E);
-}
-
-size_t gdn_model_param_floats(const gdn_model_config *c) {
-    return final_norm_offset(c) + pad16((size_t)c->E) + (c->tie_embeddings ? 0 : embed_floats(c));
-}
-
-/* Tensors of layer l: its mixer's, then the norms and the MLP. */
-static int mixer_tensors(const gdn_model_config *c, int64_t l) { return is_attn(c, l) ? GDN_A_COUNT : GDN_P_COUNT; }
-static int head_tensors(const gdn_model_config *c) { return c->tie_embeddings ? 1 : 2; } /* after the layers */
-
-int gdn_model_tensor_count(const gdn_model_config *c) {
-    const int64_t na = gdn_model_attn_layers(c);
-    return (int)(1 + c->L * BLK_COUNT + na * GDN_A_COUNT + (c->L - na) * GDN_P_COUNT + head_tensors(c));
-}
-
-/* The embedding (which 0), the final norm (1), lm_head (2). */
-static void outer_tensor(const gdn_model_config *c, int which, gdn_model_tensor_info *t) {
-    static const char *const names[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
-    snprintf(t->name, sizeof t->name, "%s", names[which]);
-    t->ndim = which == 1 ? 1 : 2;
-    t->shape[0] = which == 1 ? c->E : c->vocab;
-    t->shape[1] = c->E;
-    t->offset = which == 0 ? 0 : which == 1 ? final_norm_offset(c) : lm_head_offset(c);
-    t->numel = which == 1 ? (size_t)c->E : (size_t)(c->vocab * c->E);
-    t->decay = which != 1;
-}
-
-/* Tensor j of layer l's mixer, under its Hugging Face module (linear_attn or self_attn). */
-static void mixer_tensor(const gdn_model_config *c, int64_t l, int j, gdn_model_tensor_info *t) {
-    const size_t base = gdn_model_layer_offset(c, l);
-    if (is_attn(c, l)) {
-        const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
-        snprintf(t->name, sizeof t->name, "model.layers.%lld.self_attn.%s", (long long)l, gdn_attn_param_name(j));
-        t->ndim = gdn_attn_param_shape(&ac, j, t->shape);
-        t->offset = base + gdn_attn_param_offset(&ac, j);
-        t->numel = gdn_attn_param_numel(&ac, j);
-    } else {
-        const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
-        snprintf(t->name, sizeof t->name, "model.layers.%lld.linear_attn.%s", (long long)l, gdn_layer_param_name(j));
-        t->ndim = gdn_layer_param_shape(&lc, j, t->shape);
-        t->offset = base + gdn_layer_param_offset(&lc, j);
-        t->numel = gdn_layer_param_numel(&lc, j);
-    }
-    t->decay = t->ndim >= 2;
-}
-
-int gdn_model_tensor(const gdn_model_config *c, int i, gdn_model_tensor_info *t) {
-    const int n = gdn_model_tensor_count(c), tail = head_tensors(c);
-    if (i < 0 || i >= n) return gdn_fail(GDN_ERR_ARG, "model tensor index %d is out of range [0, %d)", i, n);
-    memset(t, 0, sizeof *t);
-    if (i == 0 || i >= n - tail) {
-        outer_tensor(c, i == 0 ? 0 : i - (n - tail) + 1, t);
-        return GDN_OK;
-    }
-    int j = i - 1;
-    int64_t l = 0;
-    for (; j >= mixer_tensors(c, l) + BLK_COUNT; l++) j -= mixer_tensors(c, l) + BLK_COUNT;
-    if (j < mixer_tensors(c, l)) {
-        mixer_tensor(c, l, j, t);
-        return GDN_OK;
-    }
-    const int b = j - mixer_tensors(c, l);
-    snprintf(t->name, sizeof t->name, "model.layers.%lld.%s", (long long)l, blk_names[b]);
-    t->offset = blk_offset(c, l, b);
-    t->numel = blk_numel(c, b);
-    if (b <= BLK_POST_NORM) {
-        t->ndim = 1, t->shape[0] = c->E;
-    } else {
-        t->ndim = 2, t->decay = 1;
-        t->shape[0] = b == BLK_DOWN ? c->E : c->I;
-        t->shape[1] = b == BLK_DOWN ? c->I : c->E;
-    }
-    return GDN_OK;
-}
-
-size_t gdn_model_param_count(const gdn_model_config *c) {
-    size_t n = 0;
-    gdn_model_tensor_info t;
-    for (int i = 0; i < gdn_model_tensor_count(c); i++)
-        if (!gdn_model_tensor(c, i, &t)) n += t.numel;
-    return n;
-}
-
-/* ---------------------------------------------------------------- initialisation */
-
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
-static double normal(uint64_t *s) { /* Box-Muller */
-    return sqrt(-2.0 * log(uniform01(s))) * cos(6.283185307179586 * uniform01(s));
-}
-
-void gdn_model_init(const gdn_model_config *c, float *w, uint64_t seed) {
-    memset(w, 0, sizeof(float) * gdn_model_param_floats(c));
-    gdn_model_tensor_info t;
-    for (int i = 0; i < gdn_model_tensor_count(c); i++) {
-        gdn_model_tensor(c, i, &t);
-        uint64_t s = seed * 0x100000001b3ull + (uint64_t)i; /* each tensor its own stream */
-        float *p = w + t.offset;
-        const char *leaf = strrchr(t.name, '.') ? strrchr(t.name, '.') + 1 : t.name;
-        const int is_weight_leaf = !strcmp(leaf, "weight");
-        const char *base = t.name;
-        if (strstr(base, "conv1d.weight")) {
-            /* PyTorch's Conv1d default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = Kc */
-            const double b = 1.0 / sqrt((double)c->Kc);
-            for (size_t k = 0; k < t.numel; k++) p[k] = (float)(b * (2 * uniform01(&s) - 1));
-        } else if (strstr(base, "A_log")) {
-            /* A uniform in (0, 16], its lower end kept away from 0 (DESIGN §5) */
-            for (size_t k = 0; k < t.numel; k++) p[k] = (float)log(0.01 + (16.0 - 0.01) * uniform01(&s));
-        } else if (strstr(base, "dt_bias") || strstr(base, "linear_attn.norm.weight")) {
-            for (size_t k = 0; k < t.numel; k++) p[k] = 1.0f;
-        } else if (t.ndim == 1 && is_weight_leaf) {
-            /* zero-centred RMSNorm: scale 1 + w starts at 1 */
-        } else {
-            for (size_t k = 0; k < t.numel; k++) p[k] = (float)(0.02 * normal(&s));
-        }
-    }
-}
-
-/* ---------------------------------------------------------------- plan */
+#include "model_internal.h"
 
 /* What the forward keeps of one block for its backward (all N rows). */
 typedef struct {
@@ -706,19 +446,19 @@ static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float 
                          const block_acts *b, const float *w, int keep) {
     const gdn_model_config *c = &p->cfg;
     const int64_t N = p->N, E = c->E, I = c->I, nt = p->threads;
-    norm_forward(p, N, b->a1, b->rstd1, x, w + blk_offset(c, l, BLK_IN_NORM));
+    norm_forward(p, N, b->a1, b->rstd1, x, w + gdn_model_blk_offset(c, l, BLK_IN_NORM));
     int rc = mixer_forward(p, l, p->y, keep ? b->saved : NULL, b->a1, w + gdn_model_layer_offset(c, l));
     if (rc) return rc;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < N * E; i++) b->h[i] = x[i] + p->y[i];
-    norm_forward(p, N, b->a2, b->rstd2, b->h, w + blk_offset(c, l, BLK_POST_NORM));
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + blk_offset(c, l, BLK_GATE), E, b->gu, 2 * I,
+    norm_forward(p, N, b->a2, b->rstd2, b->h, w + gdn_model_blk_offset(c, l, BLK_POST_NORM));
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + gdn_model_blk_offset(c, l, BLK_GATE), E, b->gu, 2 * I,
                p->mm_ws, (int)nt);
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + blk_offset(c, l, BLK_UP), E, b->gu + I, 2 * I,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, N, I, E, b->a2, E, w + gdn_model_blk_offset(c, l, BLK_UP), E, b->gu + I, 2 * I,
                p->mm_ws, (int)nt);
     swiglu_forward(p, p->m, b->gu);
     memcpy(xout, b->h, sizeof(float) * (size_t)(N * E));
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, p->m, I, w + blk_offset(c, l, BLK_DOWN), I,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, p->m, I, w + gdn_model_blk_offset(c, l, BLK_DOWN), I,
                xout, E, p->mm_ws, (int)nt);
     return GDN_OK;
 }
@@ -732,29 +472,29 @@ static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const bl
     const int nt = p->threads;
     /* down_proj: m again from gu, dW_down = dres^T m, dm = dres W_down */
     swiglu_forward(p, p->m, b->gu);
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, E, I, N, p->dres, E, p->m, I, dw + blk_offset(c, l, BLK_DOWN), I,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, E, I, N, p->dres, E, p->m, I, dw + gdn_model_blk_offset(c, l, BLK_DOWN), I,
                p->mm_ws, nt);
-    gdn_matmul_compute(p->run.compute, 0, N, I, E, p->dres, E, w + blk_offset(c, l, BLK_DOWN), I, p->dm, I, p->mm_ws, nt);
+    gdn_matmul_compute(p->run.compute, 0, N, I, E, p->dres, E, w + gdn_model_blk_offset(c, l, BLK_DOWN), I, p->dm, I, p->mm_ws, nt);
     /* SwiGLU: gu becomes [dgate | dup] in place */
     float *dgu = b->gu;
     swiglu_backward(p, dgu, p->dm);
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, I, E, N, dgu, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_GATE), E,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, I, E, N, dgu, 2 * I, b->a2, E, dw + gdn_model_blk_offset(c, l, BLK_GATE), E,
                p->mm_ws, nt);
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, I, E, N, dgu + I, 2 * I, b->a2, E, dw + blk_offset(c, l, BLK_UP), E,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, I, E, N, dgu + I, 2 * I, b->a2, E, dw + gdn_model_blk_offset(c, l, BLK_UP), E,
                p->mm_ws, nt);
-    gdn_matmul_compute(p->run.compute, 0, N, E, I, dgu, 2 * I, w + blk_offset(c, l, BLK_GATE), E, p->da, E, p->mm_ws, nt);
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_ACC, N, E, I, dgu + I, 2 * I, w + blk_offset(c, l, BLK_UP), E, p->da, E,
+    gdn_matmul_compute(p->run.compute, 0, N, E, I, dgu, 2 * I, w + gdn_model_blk_offset(c, l, BLK_GATE), E, p->da, E, p->mm_ws, nt);
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_ACC, N, E, I, dgu + I, 2 * I, w + gdn_model_blk_offset(c, l, BLK_UP), E, p->da, E,
                p->mm_ws, nt);
     /* post norm: dres (dh) += its input gradient */
-    norm_backward(p, N, p->dres, 1, dw + blk_offset(c, l, BLK_POST_NORM), p->da, b->h, b->rstd2,
-                  w + blk_offset(c, l, BLK_POST_NORM));
+    norm_backward(p, N, p->dres, 1, dw + gdn_model_blk_offset(c, l, BLK_POST_NORM), p->da, b->h, b->rstd2,
+                  w + gdn_model_blk_offset(c, l, BLK_POST_NORM));
     /* the mixer: dy = dh -> da1 (into da) */
     const size_t lo = gdn_model_layer_offset(c, l);
     int rc = mixer_backward(p, l, p->da, dw + lo, b->a1, w + lo, b->saved, p->dres);
     if (rc) return rc;
     /* input norm: dx = dh + its input gradient */
-    norm_backward(p, N, p->dres, 1, dw + blk_offset(c, l, BLK_IN_NORM), p->da, x, b->rstd1,
-                  w + blk_offset(c, l, BLK_IN_NORM));
+    norm_backward(p, N, p->dres, 1, dw + gdn_model_blk_offset(c, l, BLK_IN_NORM), p->da, x, b->rstd1,
+                  w + gdn_model_blk_offset(c, l, BLK_IN_NORM));
     return GDN_OK;
 }
 
@@ -765,7 +505,7 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const gdn
     const gdn_model_config *c = &p->cfg;
     const int64_t N = p->N, T = p->run.T, E = c->E, Vv = c->vocab;
     const int nt = p->threads;
-    const float *wl = w + lm_head_offset(c);
+    const float *wl = w + gdn_model_lm_head_offset(c);
     double loss = 0.0;
     const float scale = (float)(1.0 / denom);
     const int64_t chunk = loss_rows(c);
@@ -840,7 +580,7 @@ static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *token
                                keep && !p->run.recompute);
         if (rc) return rc;
     }
-    norm_forward(p, p->N, p->af, p->rstdf, p->xs + (size_t)c->L * NE, w + final_norm_offset(c));
+    norm_forward(p, p->N, p->af, p->rstdf, p->xs + (size_t)c->L * NE, w + gdn_model_final_norm_offset(c));
     return GDN_OK;
 }
 
@@ -877,10 +617,10 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_t
     const size_t NE = (size_t)(p->N * c->E);
     /* padding between tensors included: the optimiser may run over the whole array */
     memset(dw, 0, sizeof(float) * gdn_model_param_floats(c));
-    memcpy(dw + lm_head_offset(c), p->dlm, sizeof(float) * (size_t)(c->vocab * c->E));
+    memcpy(dw + gdn_model_lm_head_offset(c), p->dlm, sizeof(float) * (size_t)(c->vocab * c->E));
     const float *xL = p->xs + (size_t)c->L * NE;
-    norm_backward(p, p->N, p->dres, 0, dw + final_norm_offset(c), p->da, xL, p->rstdf,
-                  w + final_norm_offset(c));
+    norm_backward(p, p->N, p->dres, 0, dw + gdn_model_final_norm_offset(c), p->da, xL, p->rstdf,
+                  w + gdn_model_final_norm_offset(c));
     for (int64_t l = c->L - 1; l >= 0; l--) {
         const float *x = p->xs + (size_t)l * NE;
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
@@ -919,7 +659,7 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const gdn_token *tokens,
     free(tk);
     if (rc) return rc;
     const gdn_model_config *c = &p->cfg;
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, p->N, c->vocab, c->E, p->af, c->E, w + lm_head_offset(c), c->E,
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, p->N, c->vocab, c->E, p->af, c->E, w + gdn_model_lm_head_offset(c), c->E,
                logits, c->vocab, p->mm_ws, p->threads);
     return GDN_OK;
 }
@@ -1024,7 +764,7 @@ struct gdn_model_decoder {
 
 /* The per-layer cache index: layer l's place among the layers of its kind. */
 static int64_t kind_index(const gdn_model_config *c, int64_t l) {
-    return is_attn(c, l) ? attn_before(c, l) : l - attn_before(c, l);
+    return is_attn(c, l) ? gdn_model_attn_before(c, l) : l - gdn_model_attn_before(c, l);
 }
 
 /* Plans of the mixers for pieces of T tokens (T = 1: the decode plans). */
@@ -1174,20 +914,20 @@ int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tok
     for (int64_t i = 0; i < N; i++)
         memcpy(d->x + i * E, w + (size_t)tokens[i] * (size_t)E, sizeof(float) * (size_t)E);
     for (int64_t l = 0; l < c->L; l++) {
-        norm_rows(N, E, c->eps, d->a, d->x, w + blk_offset(c, l, BLK_IN_NORM));
+        norm_rows(N, E, c->eps, d->a, d->x, w + gdn_model_blk_offset(c, l, BLK_IN_NORM));
         if ((rc = decoder_mixer(d, l, T, w))) return rc;
         for (int64_t i = 0; i < N * E; i++) d->h[i] = d->x[i] + d->y[i];
-        norm_rows(N, E, c->eps, d->a, d->h, w + blk_offset(c, l, BLK_POST_NORM));
-        gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, d->a, E, w + blk_offset(c, l, BLK_GATE), E, d->gu, 2 * I, d->mm_ws, nt);
-        gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, d->a, E, w + blk_offset(c, l, BLK_UP), E, d->gu + I, 2 * I, d->mm_ws, nt);
+        norm_rows(N, E, c->eps, d->a, d->h, w + gdn_model_blk_offset(c, l, BLK_POST_NORM));
+        gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, d->a, E, w + gdn_model_blk_offset(c, l, BLK_GATE), E, d->gu, 2 * I, d->mm_ws, nt);
+        gdn_matmul(GDN_GEMM_B_TRANS, N, I, E, d->a, E, w + gdn_model_blk_offset(c, l, BLK_UP), E, d->gu + I, 2 * I, d->mm_ws, nt);
         for (int64_t i = 0; i < N; i++)
             for (int64_t j = 0; j < I; j++) d->m[i * I + j] = silu(d->gu[i * 2 * I + j]) * d->gu[i * 2 * I + I + j];
         memcpy(d->x, d->h, sizeof(float) * (size_t)(N * E));
-        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, w + blk_offset(c, l, BLK_DOWN), I, d->x, E,
+        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, w + gdn_model_blk_offset(c, l, BLK_DOWN), I, d->x, E,
                    d->mm_ws, nt);
     }
-    norm_rows(N, E, c->eps, d->a, d->x, w + final_norm_offset(c));
-    gdn_matmul(GDN_GEMM_B_TRANS, N, c->vocab, E, d->a, E, w + lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
+    norm_rows(N, E, c->eps, d->a, d->x, w + gdn_model_final_norm_offset(c));
+    gdn_matmul(GDN_GEMM_B_TRANS, N, c->vocab, E, d->a, E, w + gdn_model_lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
     d->len += T;
     return GDN_OK;
 }

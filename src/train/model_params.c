@@ -1,0 +1,264 @@
+/* The model's configurations, flat parameter layout (every tensor's Hugging Face name, shape and
+ * place) and initialisation (DESIGN §5): what a checkpoint reader needs, apart from the compute in
+ * model.c. */
+#include "model_internal.h"
+
+#include "base.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- configurations */
+
+int gdn_model_config_named(const char *name, gdn_model_config *c) {
+    /* Hybrid like Qwen3.5: every fourth layer gated full attention ((l + 1) % 4 == 0), the others
+     * GatedDeltaNet; conv 4, eps 1e-6, untied, attention R = d / 4 rotary dims, rope_theta 1e7 */
+#define HYBRID(E_, L_, I_, Hk_, Hv_, K_, V_, H_, Hkv_, d_)                                              \
+    {.vocab = 256, .E = E_, .L = L_, .I = I_, .Hk = Hk_, .Hv = Hv_, .K = K_, .V = V_, .Kc = 4, .eps = 1e-6f, \
+     .H = H_, .Hkv = Hkv_, .d = d_, .R = (d_) / 4, .rope_theta = 1e7}
+    static const struct { const char *name; gdn_model_config cfg; } named[] = {
+        /* E, L, I, Hk, Hv, K, V, H, Hkv, d */
+        {"tiny", HYBRID(128, 4, 192, 1, 2, 32, 32, 2, 1, 32)},
+        {"small", HYBRID(256, 4, 768, 2, 4, 64, 64, 4, 2, 64)},
+        {"long", HYBRID(128, 4, 256, 2, 4, 32, 32, 4, 2, 32)},
+    };
+#undef HYBRID
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        if (name && !strcmp(name, named[i].name)) {
+            *c = named[i].cfg;
+            gdn_model_set_attention_interval(c, GDN_MODEL_NAMED_ATTN_INTERVAL);
+            return 1;
+        }
+    return 0;
+}
+
+gdn_layer_config gdn_model_layer_config(const gdn_model_config *c, int64_t B, int64_t T) {
+    gdn_layer_config lc = gdn_layer_config_default(B, T, c->E, c->Hk, c->Hv, c->K, c->V);
+    lc.Kc = c->Kc;
+    lc.eps = c->eps;
+    return lc;
+}
+
+gdn_attn_config gdn_model_attn_config(const gdn_model_config *c, int64_t B, int64_t T) {
+    gdn_attn_config ac = gdn_attn_config_default(B, T, c->E, c->H, c->Hkv, c->d);
+    ac.R = c->R, ac.rope_theta = c->rope_theta, ac.eps = c->eps, ac.max_position = c->max_position;
+    return ac;
+}
+
+int64_t gdn_model_attn_before(const gdn_model_config *c, int64_t n) {
+    int64_t k = 0;
+    for (int64_t l = 0; l < n && l < GDN_MODEL_MAX_LAYERS; l++) k += is_attn(c, l);
+    return k;
+}
+int64_t gdn_model_attn_layers(const gdn_model_config *c) { return gdn_model_attn_before(c, c->L); }
+
+void gdn_model_set_attention_interval(gdn_model_config *c, int64_t interval) {
+    memset(c->full_attention, 0, sizeof c->full_attention);
+    for (int64_t l = 0; interval > 0 && l < c->L && l < GDN_MODEL_MAX_LAYERS; l++)
+        c->full_attention[l] = (l + 1) % interval == 0;
+}
+
+int gdn_model_config_check(const gdn_model_config *c) {
+    if (!c) return gdn_fail(GDN_ERR_ARG, "model config is NULL");
+    if (c->vocab < 1 || c->vocab > GDN_MODEL_MAX_VOCAB)
+        return gdn_fail(GDN_ERR_SHAPE, "model vocab_size = %lld is out of range [1, %lld]", (long long)c->vocab,
+                        (long long)GDN_MODEL_MAX_VOCAB);
+    const struct { const char *name; int64_t v, max; } dims[] = {
+        {"num_hidden_layers", c->L, GDN_MODEL_MAX_LAYERS}, {"intermediate_size", c->I, (int64_t)1 << 20},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v < 1 || dims[i].v > dims[i].max)
+            return gdn_fail(GDN_ERR_SHAPE, "model %s = %lld is out of range [1, %lld]", dims[i].name,
+                            (long long)dims[i].v, (long long)dims[i].max);
+    for (int64_t l = 0; l < GDN_MODEL_MAX_LAYERS; l++) {
+        if (c->full_attention[l] > 1)
+            return gdn_fail(GDN_ERR_ARG, "model full_attention[%lld] = %d: 1 (full attention) or 0 (GatedDeltaNet)",
+                            (long long)l, c->full_attention[l]);
+        if (l >= c->L && c->full_attention[l])
+            return gdn_fail(GDN_ERR_SHAPE, "model full_attention[%lld] = 1 but the model has %lld layers",
+                            (long long)l, (long long)c->L);
+    }
+    /* each kind's dimensions only where some layer is of that kind */
+    const int64_t na = gdn_model_attn_layers(c);
+    int rc = GDN_OK;
+    if (na < c->L) {
+        const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+        rc = gdn_layer_config_check(&lc);
+    }
+    if (!rc && na) {
+        const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
+        rc = gdn_attn_config_check(&ac);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the flat parameter layout */
+
+static const char *const blk_names[BLK_COUNT] = {
+    "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+    "mlp.up_proj.weight", "mlp.down_proj.weight"};
+
+/* Floats of one mixer block of each kind (0 for a kind the model does not use: its dimensions
+ * may be unset), of layer l's, and of the norms and the MLP that follow every mixer. */
+static size_t gdn_mixer_floats(const gdn_model_config *c) {
+    if (gdn_model_attn_layers(c) == c->L) return 0;
+    const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+    return pad16(gdn_layer_param_floats(&lc));
+}
+static size_t attn_mixer_floats(const gdn_model_config *c) {
+    if (!gdn_model_attn_layers(c)) return 0;
+    const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
+    return pad16(gdn_attn_param_floats(&ac));
+}
+static size_t mixer_floats(const gdn_model_config *c, int64_t l) {
+    return is_attn(c, l) ? attn_mixer_floats(c) : gdn_mixer_floats(c);
+}
+static size_t blk_numel(const gdn_model_config *c, int which) {
+    return which <= BLK_POST_NORM ? (size_t)c->E : (size_t)(c->I * c->E);
+}
+static size_t mlp_floats(const gdn_model_config *c) {
+    size_t n = 0;
+    for (int i = 0; i < BLK_COUNT; i++) n += pad16(blk_numel(c, i));
+    return n;
+}
+static size_t embed_floats(const gdn_model_config *c) { return pad16((size_t)(c->vocab * c->E)); }
+
+size_t gdn_model_layer_offset(const gdn_model_config *c, int64_t l) {
+    const int64_t na = gdn_model_attn_before(c, l);
+    return embed_floats(c) + (size_t)l * mlp_floats(c) + (size_t)na * attn_mixer_floats(c) +
+           (size_t)(l - na) * gdn_mixer_floats(c);
+}
+size_t gdn_model_blk_offset(const gdn_model_config *c, int64_t l, int which) {
+    size_t off = gdn_model_layer_offset(c, l) + mixer_floats(c, l);
+    for (int i = 0; i < which; i++) off += pad16(blk_numel(c, i));
+    return off;
+}
+size_t gdn_model_final_norm_offset(const gdn_model_config *c) { return gdn_model_layer_offset(c, c->L); }
+size_t gdn_model_lm_head_offset(const gdn_model_config *c) {
+    return c->tie_embeddings ? 0 : gdn_model_final_norm_offset(c) + pad16((size_t)c->E);
+}
+
+size_t gdn_model_param_floats(const gdn_model_config *c) {
+    return gdn_model_final_norm_offset(c) + pad16((size_t)c->E) + (c->tie_embeddings ? 0 : embed_floats(c));
+}
+
+/* Tensors of layer l: its mixer's, then the norms and the MLP. */
+static int mixer_tensors(const gdn_model_config *c, int64_t l) { return is_attn(c, l) ? GDN_A_COUNT : GDN_P_COUNT; }
+static int head_tensors(const gdn_model_config *c) { return c->tie_embeddings ? 1 : 2; } /* after the layers */
+
+int gdn_model_tensor_count(const gdn_model_config *c) {
+    const int64_t na = gdn_model_attn_layers(c);
+    return (int)(1 + c->L * BLK_COUNT + na * GDN_A_COUNT + (c->L - na) * GDN_P_COUNT + head_tensors(c));
+}
+
+/* The embedding (which 0), the final norm (1), lm_head (2). */
+static void outer_tensor(const gdn_model_config *c, int which, gdn_model_tensor_info *t) {
+    static const char *const names[3] = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+    snprintf(t->name, sizeof t->name, "%s", names[which]);
+    t->ndim = which == 1 ? 1 : 2;
+    t->shape[0] = which == 1 ? c->E : c->vocab;
+    t->shape[1] = c->E;
+    t->offset = which == 0 ? 0 : which == 1 ? gdn_model_final_norm_offset(c) : gdn_model_lm_head_offset(c);
+    t->numel = which == 1 ? (size_t)c->E : (size_t)(c->vocab * c->E);
+    t->decay = which != 1;
+}
+
+/* Tensor j of layer l's mixer, under its Hugging Face module (linear_attn or self_attn). */
+static void mixer_tensor(const gdn_model_config *c, int64_t l, int j, gdn_model_tensor_info *t) {
+    const size_t base = gdn_model_layer_offset(c, l);
+    if (is_attn(c, l)) {
+        const gdn_attn_config ac = gdn_model_attn_config(c, 1, 1);
+        snprintf(t->name, sizeof t->name, "model.layers.%lld.self_attn.%s", (long long)l, gdn_attn_param_name(j));
+        t->ndim = gdn_attn_param_shape(&ac, j, t->shape);
+        t->offset = base + gdn_attn_param_offset(&ac, j);
+        t->numel = gdn_attn_param_numel(&ac, j);
+    } else {
+        const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
+        snprintf(t->name, sizeof t->name, "model.layers.%lld.linear_attn.%s", (long long)l, gdn_layer_param_name(j));
+        t->ndim = gdn_layer_param_shape(&lc, j, t->shape);
+        t->offset = base + gdn_layer_param_offset(&lc, j);
+        t->numel = gdn_layer_param_numel(&lc, j);
+    }
+    t->decay = t->ndim >= 2;
+}
+
+int gdn_model_tensor(const gdn_model_config *c, int i, gdn_model_tensor_info *t) {
+    const int n = gdn_model_tensor_count(c), tail = head_tensors(c);
+    if (i < 0 || i >= n) return gdn_fail(GDN_ERR_ARG, "model tensor index %d is out of range [0, %d)", i, n);
+    memset(t, 0, sizeof *t);
+    if (i == 0 || i >= n - tail) {
+        outer_tensor(c, i == 0 ? 0 : i - (n - tail) + 1, t);
+        return GDN_OK;
+    }
+    int j = i - 1;
+    int64_t l = 0;
+    for (; j >= mixer_tensors(c, l) + BLK_COUNT; l++) j -= mixer_tensors(c, l) + BLK_COUNT;
+    if (j < mixer_tensors(c, l)) {
+        mixer_tensor(c, l, j, t);
+        return GDN_OK;
+    }
+    const int b = j - mixer_tensors(c, l);
+    snprintf(t->name, sizeof t->name, "model.layers.%lld.%s", (long long)l, blk_names[b]);
+    t->offset = gdn_model_blk_offset(c, l, b);
+    t->numel = blk_numel(c, b);
+    if (b <= BLK_POST_NORM) {
+        t->ndim = 1, t->shape[0] = c->E;
+    } else {
+        t->ndim = 2, t->decay = 1;
+        t->shape[0] = b == BLK_DOWN ? c->E : c->I;
+        t->shape[1] = b == BLK_DOWN ? c->I : c->E;
+    }
+    return GDN_OK;
+}
+
+size_t gdn_model_param_count(const gdn_model_config *c) {
+    size_t n = 0;
+    gdn_model_tensor_info t;
+    for (int i = 0; i < gdn_model_tensor_count(c); i++)
+        if (!gdn_model_tensor(c, i, &t)) n += t.numel;
+    return n;
+}
+
+/* ---------------------------------------------------------------- initialisation */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double normal(uint64_t *s) { /* Box-Muller */
+    return sqrt(-2.0 * log(uniform01(s))) * cos(6.283185307179586 * uniform01(s));
+}
+
+void gdn_model_init(const gdn_model_config *c, float *w, uint64_t seed) {
+    memset(w, 0, sizeof(float) * gdn_model_param_floats(c));
+    gdn_model_tensor_info t;
+    for (int i = 0; i < gdn_model_tensor_count(c); i++) {
+        gdn_model_tensor(c, i, &t);
+        uint64_t s = seed * 0x100000001b3ull + (uint64_t)i; /* each tensor its own stream */
+        float *p = w + t.offset;
+        const char *leaf = strrchr(t.name, '.') ? strrchr(t.name, '.') + 1 : t.name;
+        const int is_weight_leaf = !strcmp(leaf, "weight");
+        const char *base = t.name;
+        if (strstr(base, "conv1d.weight")) {
+            /* PyTorch's Conv1d default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = Kc */
+            const double b = 1.0 / sqrt((double)c->Kc);
+            for (size_t k = 0; k < t.numel; k++) p[k] = (float)(b * (2 * uniform01(&s) - 1));
+        } else if (strstr(base, "A_log")) {
+            /* A uniform in (0, 16], its lower end kept away from 0 (DESIGN §5) */
+            for (size_t k = 0; k < t.numel; k++) p[k] = (float)log(0.01 + (16.0 - 0.01) * uniform01(&s));
+        } else if (strstr(base, "dt_bias") || strstr(base, "linear_attn.norm.weight")) {
+            for (size_t k = 0; k < t.numel; k++) p[k] = 1.0f;
+        } else if (t.ndim == 1 && is_weight_leaf) {
+            /* zero-centred RMSNorm: scale 1 + w starts at 1 */
+        } else {
+            for (size_t k = 0; k < t.numel; k++) p[k] = (float)(0.02 * normal(&s));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- plan */
+

@@ -1,0 +1,85 @@
+/* libFuzzer harness for the checkpoint readers (src/train/checkpoint.c): gdn_ckpt_load_config,
+ * gdn_ckpt_load, gdn_ckpt_pack_separator[_id] and gdn_ckpt_resolve on one checkpoint directory
+ * whose three files come from the input:
+ *     [2 bytes: L1, little-endian][L1 bytes: config.json]
+ *     [2 bytes: L2][L2 bytes: trainer_state.json (none when L2 = 0)][the rest: model.safetensors]
+ * (a length past the end takes every remaining byte). On a loaded config every weight of the
+ * table is read (the model's last float touched); models over 4M floats are skipped before
+ * allocating (gdn_ckpt_load reads into the caller's array). A returned error is fine; a crash,
+ * hang, leak or sanitizer report is a bug. */
+#include "gdncp/train.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[4096];
+
+static int put(const char *name, const uint8_t *data, size_t size, int present) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (!present) return unlink(path) == 0 || errno == ENOENT ? 0 : -1;
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    const int ok = fwrite(data, 1, size, f) == size;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+static void cleanup(void) {
+    const char *names[] = {"config.json", "trainer_state.json", "model.safetensors"};
+    char path[4200];
+    for (int i = 0; i < 3; i++) snprintf(path, sizeof path, "%s/%s", dir, names[i]), unlink(path);
+    rmdir(dir);
+}
+
+static size_t take(const uint8_t **data, size_t *size) {
+    if (*size < 2) return *size = 0, 0;
+    size_t L = (size_t)(*data)[0] | (size_t)(*data)[1] << 8;
+    *data += 2, *size -= 2;
+    return L > *size ? *size : L;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!dir[0]) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/gdn_fuzz_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(dir)) return dir[0] = 0, 0;
+        atexit(cleanup);
+    }
+    const size_t L1 = take(&data, &size);
+    const uint8_t *config = data;
+    data += L1, size -= L1;
+    const size_t L2 = take(&data, &size);
+    const uint8_t *state = data;
+    data += L2, size -= L2;
+    if (put("config.json", config, L1, 1) || put("trainer_state.json", state, L2, L2 > 0) ||
+        put("model.safetensors", data, size, 1))
+        return 0;
+    char resolved[4096];
+    (void)gdn_ckpt_resolve(dir, resolved, sizeof resolved);
+    uint8_t sep[GDN_DATA_MAX_SEP];
+    int len = 0;
+    int64_t id = 0;
+    (void)gdn_ckpt_pack_separator(dir, sep, GDN_DATA_MAX_SEP, &len);
+    (void)gdn_ckpt_pack_separator_id(dir, &id);
+    gdn_model_config cfg;
+    if (gdn_ckpt_load_config(dir, &cfg) != GDN_OK) {
+        (void)gdn_errmsg();
+        return 0;
+    }
+    const size_t n = gdn_model_param_floats(&cfg);
+    if (n == 0 || n > ((size_t)1 << 22)) return 0;
+    float *w = malloc(sizeof(float) * n);
+    char *state_json = NULL;
+    if (w && gdn_ckpt_load(dir, &cfg, w, NULL, NULL, &state_json) == GDN_OK) {
+        volatile float sink = w[n - 1];
+        (void)sink;
+    }
+    free(state_json);
+    free(w);
+    return 0;
+}
