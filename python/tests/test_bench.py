@@ -19,11 +19,25 @@ def test_bench_quick_runs_every_section(capsys):
     for needle in ("[rule]", "speed-up (transformers / gdncp)", "forward+backward", "[model]",
                    "speed-up (transformers / gdncp.transformers.patch())", "[overhead]",
                    "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU ",
+                   "[bf16]", "gdncp bf16 / fp32 speed-up", "the autocast step",
                    "[attention]", "speed-up (torch SDPA / gdncp core)", "[generate]",
                    "speed-up (transformers / gdncp.Model)", "ids equal"):
         assert needle in out, (needle, out)
     rows, err = bench.run(T=80, Hk=1, Hv=2, K=16, V=16, reps=1)
     assert err < 2e-5 and [r[0] for r in rows] == ["transformers", "gdncp"]
+
+
+def test_bench_bf16_rows_within_bf16_accuracy():
+    """Every BF16 row's y within BF16's accuracy of gdncp's fp32 (measured ~1e-2), the fp32 rows
+    within fp32's; control: the BF16 rows are not the fp32 result (the bf16 products ran)."""
+    rows, path, _ = bench.run_bf16(T=80, E=32, Hk=1, Hv=2, K=16, V=16, reps=1)
+    errs = {n: e for n, t, e in rows if t is not None}
+    assert set(errs) >= {"transformers patched fp32", "gdncp C fp32", "gdncp C bf16"}, rows
+    assert errs["transformers patched fp32"] < 1e-5 and errs["gdncp C fp32"] == 0
+    for n in ("gdncp C bf16", "transformers patched autocast bf16"):
+        if n in errs:
+            assert 1e-5 < errs[n] < 5e-2, (n, errs[n])
+    assert "bf16" in path
 
 
 def test_bench_model_losses_agree_and_wrong_rule_differs(monkeypatch):

@@ -106,6 +106,7 @@ def _proto(name, restype, *argtypes):
 
 
 gdn_strerror = _proto("gdn_strerror", c_char_p, c_int)
+gdn_compute_path = _proto("gdn_compute_path", c_char_p, c_int)  # the path a compute precision runs on
 gdn_version = _proto("gdn_version", c_char_p)
 gdn_errmsg = _proto("gdn_errmsg", c_char_p)
 

@@ -35,7 +35,7 @@ the threads.
             golden tiny one, saved with save_pretrained and loaded by both), new tokens per second
             of each and whether their ids agree. --gen-B rows of --gen-prompt tokens, --gen-new.
 
-    python -m gdncp.bench [--what rule,model,overhead,conv,attention,generate] [--quick] [--reps 5]
+    python -m gdncp.bench [--what rule,model,overhead,conv,bf16,attention,generate] [--quick] [--reps 5]
                           [--threads N]
 
 --quick runs every section at toy sizes (the test suite's smoke run). --threads sets torch's
@@ -337,6 +337,73 @@ def run_conv(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
     return t_layer, t_conv, t_c, shape
 
 
+def run_bf16(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
+    """The GatedDeltaNet layer forward + backward in BF16 against fp32, side by side on the same
+    weights and inputs: transformers' layer with gdncp.transformers.patch() in fp32 and under
+    torch.autocast("cpu", torch.bfloat16) (oneDNN's BF16 GEMMs; the rule itself is gdncp's), and
+    gdncp.Layer in C with compute="fp32" and "bf16". Returns ([(name, seconds, rel err of y vs
+    gdncp fp32) or (name, None, why)], the BF16 path, shape)."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+    from . import transformers as gtf
+    from .core import Layer
+    from . import _lib as L
+    cfg = Qwen3_5TextConfig(hidden_size=E, linear_num_key_heads=Hk, linear_num_value_heads=Hv,
+                            linear_key_head_dim=K, linear_value_head_dim=V,
+                            linear_conv_kernel_dim=4, num_hidden_layers=1,
+                            layer_types=["linear_attention"], vocab_size=16)
+    torch.manual_seed(0)
+    layer = m.Qwen3_5GatedDeltaNet(cfg, 0).float()
+    x = torch.randn(B, T, E, generator=torch.Generator().manual_seed(2)) * 0.5
+    dy = torch.randn(B, T, E, generator=torch.Generator().manual_seed(3))
+    weights = {n: p.detach().numpy() for n, p in layer.state_dict().items()}
+    layers = {c: Layer(E, Hk, Hv, K, V, weights, Kc=4, eps=cfg.rms_norm_eps,
+                       threads=torch.get_num_threads(), compute=c) for c in ("fp32", "bf16")}
+    xa, dya = x.numpy(), dy.numpy()
+    outs = {}
+
+    def torch_step(autocast, name):
+        def step():
+            xx = x.detach().requires_grad_(True)
+            layer.zero_grad(set_to_none=True)
+            with gtf.patch(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                y = layer(xx)
+            y.float().backward(dy)
+            outs[name] = y.detach().float().numpy()
+        return step
+
+    def c_step(c):
+        def step():
+            y, saved = layers[c].forward(xa, save=True)
+            layers[c].backward(xa, dya, saved)
+            outs["gdncp C " + c] = y
+        return step
+
+    names = ["transformers patched fp32", "transformers patched autocast bf16", "gdncp C fp32",
+             "gdncp C bf16"]
+    fns = [torch_step(False, names[0]), torch_step(True, names[1]), c_step("fp32"), c_step("bf16")]
+    ok = []
+    for n, f in zip(names, fns):   # a path that cannot run here is reported, not timed
+        try:
+            f()
+            ok.append((n, f))
+        except Exception as e:  # noqa: BLE001 (reported in the table)
+            outs[n] = f"not run: {type(e).__name__}: {str(e)[:120]}"
+    times = _time_rounds([f for _, f in ok], reps)
+    ref = outs["gdncp C fp32"]
+    rows = []
+    for n in names:
+        if isinstance(outs.get(n), str):
+            rows.append((n, None, outs[n]))
+            continue
+        t = times[[k for k, _ in ok].index(n)]
+        err = float(np.abs(outs[n] - ref).max() / np.abs(ref).max())
+        rows.append((n, t, err))
+    path = L.gdn_compute_path(1).decode()
+    shape = f"Qwen3_5GatedDeltaNet E={E} Hk={Hk} Hv={Hv} K={K} V={V}, B={B} T={T}"
+    return rows, path, shape
+
+
 # ----------------------------------------------------------------------------- attention core
 
 def attention_flops(T, H, d, backward, B=1):
@@ -430,7 +497,7 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
 
 # ----------------------------------------------------------------------------- command line
 
-SECTIONS = ("rule", "model", "overhead", "conv", "attention", "generate")
+SECTIONS = ("rule", "model", "overhead", "conv", "bf16", "attention", "generate")
 
 
 def main(argv=None):
@@ -511,6 +578,19 @@ def main(argv=None):
               "through gdncp could save)")
         print(f"  gdncp.Layer (all of it in C)   {t_c * 1e3:9.1f} ms   "
               f"= {t_c / t_layer * 100:.1f} % of the patched layer")
+    if "bf16" in what:
+        rows, path, bshape = run_bf16(a.B, a.T, a.layer_E, a.Hk, a.Hv, a.K, a.V, a.reps)
+        print(f"[bf16] forward+backward, {bshape}; gdncp's BF16 products on {path}")
+        base = {n: t for n, t, _ in rows if t is not None}
+        auto = base.get("transformers patched autocast bf16")
+        for n, t, e in rows:
+            if t is None:
+                print(f"  {n:36s} {e}")
+                continue
+            vs = f"   {auto / t:.2f}x the autocast step" if auto and n.startswith("gdncp") else ""
+            print(f"  {n:36s} {t * 1e3:9.1f} ms   y vs gdncp fp32 {e:.1e}{vs}")
+        if "gdncp C fp32" in base and "gdncp C bf16" in base:
+            print(f"  gdncp bf16 / fp32 speed-up: {base['gdncp C fp32'] / base['gdncp C bf16']:.2f}x")
     if "attention" in what:
         T, H, Hkv, d = a.attn_T, a.attn_H, a.attn_Hkv, a.attn_d
         rows, err, path = run_attention(T, H, Hkv, d, a.attn_reps)
