@@ -1,6 +1,7 @@
 /* gdncp bench train: one training step of the language model (forward, backward, AdamW) on one
  * rank with all threads, for the named sizes, against the FLOP count the trainer reports
- * (6 x non-embedding parameters + the GatedDeltaNet kernel's forward and backward per token). */
+ * (6 x non-embedding parameters + the GatedDeltaNet kernel's forward and backward per token + the
+ * attention layers' causal core, 7 d H (T + 1) per token). */
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
@@ -93,7 +94,7 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
         n_docs[b] = n, at += n + 1, docs_all += n;
     }
     gdn_adamw_config opt = gdn_adamw_default();
-    const double flops_tok = gdn_model_train_flops_per_token(&c);
+    const double flops_tok = gdn_model_train_flops_per_token(&c, T);
     double dense_ms = NAN;
     for (int mode = 0; mode < 3; mode++) { /* dense, dense with recompute, packed */
         const int recompute = mode == 1, packed = mode == 2;
@@ -177,8 +178,8 @@ int cmd_bench_train(int argc, char **argv) {
     const double peak = cli_peak_gflops(threads, json);
     if (!json)
         printf("gdncp bench train: one step (forward + backward + AdamW) on %s, %d threads; FLOPs = 6 x "
-               "non-embedding parameters + the GatedDeltaNet kernel's forward and backward per token; "
-               "grad vs FD: Richardson central differences along a random direction\n", cpu, threads);
+               "non-embedding parameters + the GatedDeltaNet kernel's forward and backward + the attention "
+               "core's 7 d H (T + 1) per token; grad vs FD: Richardson central differences along a random direction\n", cpu, threads);
     static const char *const names[] = {"tiny", "small"};
     for (int i = 0; i < (quick ? 1 : 2); i++)
         if (bench_one(names[i], quick ? 2 : B, quick ? 128 : T, threads, quick ? 1 : 5, peak, cpu, json)) return 1;

@@ -406,11 +406,13 @@ GDN_API int gdn_train_fail(MPI_Comm world, int status);
 
 /* Peak resident set of this process in MiB. */
 GDN_API double gdn_peak_rss_mb(void);
-/* Useful FLOPs of one trained token (forward + backward): 6 x the non-embedding parameters (a
- * tied embedding counts: it is the head) + the GatedDeltaNet kernel's forward and backward per
- * GatedDeltaNet layer (DESIGN §3's formulas, chunk 64). An attention layer's core, whose cost
- * grows with the sequence, is not counted. */
-GDN_API double gdn_model_train_flops_per_token(const gdn_model_config *cfg);
+/* Useful FLOPs of one trained token (forward + backward) in a sequence of T tokens: 6 x the
+ * non-embedding parameters (a tied embedding counts: it is the head) + the GatedDeltaNet kernel's
+ * forward and backward per GatedDeltaNet layer (DESIGN §3's formulas, chunk 64) + per attention
+ * layer its causal core, 7 d H (T + 1) (QK^T and PV over the (T + 1) / 2 keys a token sees on
+ * average, 4 d H each, x3.5 with the backward, as `gdncp bench attention` counts). Packed
+ * documents see fewer keys: T is then an upper bound. */
+GDN_API double gdn_model_train_flops_per_token(const gdn_model_config *cfg, int64_t T);
 
 #ifdef __cplusplus
 }

@@ -38,14 +38,16 @@ double gdn_peak_rss_mb(void) {
     return ru.ru_maxrss / 1024.0; /* KiB on Linux */
 }
 
-double gdn_model_train_flops_per_token(const gdn_model_config *c) {
+double gdn_model_train_flops_per_token(const gdn_model_config *c, int64_t T) {
     /* the embedding's lookup is free; a tied one still does the head's matmul */
     const double params = (double)gdn_model_param_count(c) - (c->tie_embeddings ? 0.0 : (double)(c->vocab * c->E));
     const double C = 64, K = (double)c->K, V = (double)c->V;
     const double f = 3 * C * K + 2 * C * V + 6 * K * V + C * C / 3;
     const double b = 18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C;
-    /* the GatedDeltaNet layers' kernels (an attention layer's core, T-dependent, is not counted) */
-    return 6 * params + (double)((c->L - gdn_model_attn_layers(c)) * c->Hv) * (f + b);
+    /* the GatedDeltaNet layers' kernels, and the attention layers' causal cores */
+    const double na = (double)gdn_model_attn_layers(c);
+    return 6 * params + (double)((c->L - gdn_model_attn_layers(c)) * c->Hv) * (f + b) +
+           na * 7.0 * (double)c->d * (double)c->H * (double)(T + 1);
 }
 
 /* Everything one rank holds while training. */
@@ -429,7 +431,7 @@ static int setup(trainer *t) {
     }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
 
-    t->flops_per_token = gdn_model_train_flops_per_token(&t->cfg);
+    t->flops_per_token = gdn_model_train_flops_per_token(&t->cfg, o->seq);
     t->peak_gflops = measure_peak(t, (int)(cores < (long)t->threads * local ? cores : (long)t->threads * local));
     if (t->rank == 0 && o->log_csv) {
         /* a resumed run appends to its log; a new run starts it */
@@ -463,7 +465,7 @@ static int setup(trainer *t) {
         } else {
             fprintf(t->progress, "gdncp train: GatedDeltaNet layers only (no attention)\n");
         }
-        fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x non-embedding parameters + the kernel's), "
+        fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x non-embedding parameters + the kernel's + the attention core's), "
                 "measured peak %.1f GFLOP/s on the cores in use\n", t->flops_per_token, t->peak_gflops);
         fprintf(t->progress, "gdncp train: compute %s: products on %s%s\n", gdn_compute_name(o->compute),
                 gdn_compute_path(o->compute),
