@@ -311,6 +311,45 @@ static void model_case(void) {
     free(w), free(dw32), free(dwb), free(tok);
 }
 
+/* Decode-sized products (<= 16 rows) run fp32 in either mode: a BF16 plan's decode steps equal
+ * the fp32 plan's bit for bit (y and both states), while its forward over 40 rows is not the
+ * fp32 one (control: the BF16 products did run there). */
+static void decode_case(void) {
+    gdn_layer_config c = gdn_layer_config_default(2, 20, 24, 2, 4, 8, 12);
+    rng_seed(31);
+    float *w = layer_random_weights(&c, 0.05, 1);
+    const int64_t B = c.B, E = c.E, cd = gdn_layer_conv_dim(&c);
+    const size_t nconv = (size_t)B * cd * c.Kc, ns = (size_t)B * c.Hv * c.K * c.V, nx = (size_t)B * c.T * E;
+    float *x = random_floats(nx), *y[2], *conv[2], *rec[2], *yf[2];
+    int rc = 0;
+    for (int cm = 0; cm < 2; cm++) {
+        y[cm] = falloc((int64_t)(B * E)), yf[cm] = falloc((int64_t)nx);
+        conv[cm] = falloc((int64_t)nconv), rec[cm] = falloc((int64_t)ns);
+        memset(conv[cm], 0, sizeof(float) * nconv), memset(rec[cm], 0, sizeof(float) * ns);
+        c.compute = cm;
+        gdn_layer_plan *lp = NULL;
+        rc = rc ? rc : gdn_layer_plan_create(&lp, &c);
+        for (int t = 0; t < 5 && !rc; t++) { /* 5 tokens one at a time (x's first 5 of each row) */
+            float xt[2 * 24];
+            for (int64_t b = 0; b < B; b++) memcpy(xt + b * E, x + (b * c.T + t) * E, sizeof(float) * (size_t)E);
+            rc = gdn_layer_decode(lp, y[cm], xt, w, conv[cm], rec[cm]);
+        }
+        if (!rc) rc = gdn_layer_forward(lp, yf[cm], NULL, x, w, NULL, NULL);
+        gdn_layer_plan_destroy(lp);
+    }
+    if (rc) {
+        check(0, "bf16 decode: %s", gdn_errmsg());
+    } else {
+        check(!memcmp(y[0], y[1], sizeof(float) * (size_t)(B * E)) && !memcmp(rec[0], rec[1], sizeof(float) * ns) &&
+                  !memcmp(conv[0], conv[1], sizeof(float) * nconv),
+              "bf16 plan: decode (2 rows a step) = the fp32 plan's bit for bit (y, conv and recurrent states)");
+        check(memcmp(yf[0], yf[1], sizeof(float) * nx) != 0,
+              "control: the bf16 plan's forward over 40 rows differs from fp32's (its products ran in bf16)");
+    }
+    for (int cm = 0; cm < 2; cm++) free(y[cm]), free(yf[cm]), free(conv[cm]), free(rec[cm]);
+    free(w), free(x);
+}
+
 void test_compute_bf16(void) {
     if (!tests_quiet) printf("bf16 layer: products on %s\n", gdn_compute_path(GDN_COMPUTE_BF16));
     /* grouped heads, K != V, T over several chunks and not a multiple of one; gates weak enough
@@ -320,6 +359,7 @@ void test_compute_bf16(void) {
     /* the attention layer: GQA, a T over the core's tiles, E and every projection width > 16 */
     attention_case(2, 40, 32, 4, 2, 16, 13);
     model_case();
+    decode_case();
     /* compute out of range: refused by the config check */
     gdn_layer_config c = gdn_layer_config_default(1, 8, 16, 1, 1, 8, 8);
     c.compute = 7;

@@ -531,14 +531,17 @@ static void emu_dpbf16ps(int c, int a, int b) {
         TL(6, b + kb * 16 * NR, NR * 4);                                                       \
         TL(7, b + kb * 16 * NR + 16, NR * 4);                                                  \
         TD(0, 4, 6); TD(1, 4, 7); TD(2, 5, 6); TD(3, 5, 7);                                    \
+        PF(kb);                                                                                \
     }                                                                                          \
     TS(0, cb, cs); TS(1, cb + 16, cs); TS(2, (char *)cb + 16 * cs, cs);                         \
     TS(3, (char *)cb + 16 * cs + 64, cs);                                                      \
     if (!full)                                                                                 \
         for (int i = 0; i < mr; i++) memcpy(C + i * ldc, t + i * NR, sizeof(float) * (size_t)nc);
 
-static void mk_amx_emu(int64_t kcp, const uint16_t *a, const uint32_t *b, float *C, int64_t ldc,
-                       int acc, int mr, int nc) {
+static void mk_amx_emu(int64_t kcp, const uint16_t *a, const uint32_t *b, const uint32_t *bnext, float *C,
+                       int64_t ldc, int acc, int mr, int nc) {
+    (void)bnext;
+#define PF(kb) (void)0
 #define TZ(d) emu_zero(d)
 #define TL(d, p, s) emu_load(d, p, s)
 #define TD(c, x, y) emu_dpbf16ps(c, x, y)
@@ -548,13 +551,26 @@ static void mk_amx_emu(int64_t kcp, const uint16_t *a, const uint32_t *b, float 
 #undef TL
 #undef TD
 #undef TS
+#undef PF
 }
 
 #if HAVE_X86 && (__GNUC__ >= 11 || defined(__clang__))
 #define HAVE_AMX_CODE 1
+#ifndef GDN_BF_PREFETCH
+#define GDN_BF_PREFETCH 1
+#endif
 __attribute__((target("amx-tile,amx-bf16"))) static void mk_amx(int64_t kcp, const uint16_t *a,
-                                                               const uint32_t *b, float *C, int64_t ldc,
-                                                               int acc, int mr, int nc) {
+                                                               const uint32_t *b, const uint32_t *bnext,
+                                                               float *C, int64_t ldc, int acc, int mr,
+                                                               int nc) {
+    /* the next B micro-panel into L1 while this one is multiplied: its 16 k pairs of a 32-deep
+     * block (2 KB, 32 lines) per block */
+#undef PF
+#define PF(kb)                                                                                   \
+    do {                                                                                       \
+        if (GDN_BF_PREFETCH && bnext)                                                          \
+            for (int l = 0; l < 32; l++) _mm_prefetch((const char *)(bnext + (kb) * 16 * NR) + 64 * l, _MM_HINT_T0); \
+    } while (0)
 #define TZ(d) _tile_zero(d)
 #define TL(d, p, s) _tile_loadd(d, p, s)
 #define TD(c, x, y) _tile_dpbf16ps(c, x, y)
@@ -564,6 +580,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void mk_amx(int64_t kcp, con
 #undef TL
 #undef TD
 #undef TS
+#undef PF
 }
 __attribute__((target("amx-tile"))) static void amx_loadcfg(const tilecfg *c) { _tile_loadconfig(c); }
 __attribute__((target("amx-tile"))) static void amx_release(void) { _tile_release(); }
@@ -716,12 +733,13 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
 #endif
 #if HAVE_AMX_CODE
                             case GDN_BF16_AMX:
-                                mk_amx(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR, ldc,
+                                mk_amx(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, q + 1 < npan ? bq + kp * NR : NULL,
+                                       Crow + q * NR, ldc,
                                        acc_k, mr, ncq);
                                 break;
 #endif
                             default:
-                                mk_amx_emu(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR,
+                                mk_amx_emu(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, NULL, Crow + q * NR,
                                            ldc, acc_k, mr, ncq);
                                 break;
                             }

@@ -26,6 +26,6 @@ void gdn_matmul_compute(int compute, int flags, int64_t m, int64_t n, int64_t kk
         gdn_matmul_bf16(GDN_BF16_AUTO, flags, m, n, kk, A, lda, B, ldb, C, ldc, ws, threads);
         return;
     }
-    GDN_ASSERT(compute == GDN_COMPUTE_FP32 && !(flags & GDN_GEMM_A_BF16));
+    GDN_ASSERT((compute == GDN_COMPUTE_FP32 || compute == GDN_COMPUTE_BF16) && !(flags & GDN_GEMM_A_BF16));
     gdn_matmul(flags, m, n, kk, (const float *)A, lda, B, ldb, C, ldc, ws, threads);
 }
