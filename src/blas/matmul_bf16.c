@@ -74,6 +74,9 @@
 #ifndef GDN_BF_MCP
 #define GDN_BF_MCP 8
 #endif
+#ifndef GDN_BF_QOUTER
+#define GDN_BF_QOUTER 0 /* (a tuning switch: see the work item loop) */
+#endif
 enum { NR = 32,        /* columns of a B micro-panel (2 zmm, 2 AMX B tiles) */
        MR_V = 14,      /* rows of the AVX512-BF16 / fallback tile */
        MR_X = 32,      /* rows of the AMX block (2 A tiles) */
@@ -713,38 +716,46 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                            (int)min64(NR, nc - q * NR));
 #pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t ib = 0; ib < nblk; ib++)
-                    for (int64_t ip = ib * MCP; ip < min64(mpanels, (ib + 1) * MCP); ip++) {
+                for (int64_t ib = 0; ib < nblk; ib++) {
+                    /* the work item's (A panel, B micro-panel) pairs: each A panel over every
+                     * micro-panel (A stays in L1), or with GDN_BF_QOUTER each micro-panel over the
+                     * item's A panels (B stays in L1) */
+                    const int64_t ip0 = ib * MCP, nip = min64(mpanels, ip0 + MCP) - ip0;
+                    for (int64_t sidx = 0; sidx < nip * npan; sidx++) {
+                        const int64_t ip = ip0 + (GDN_BF_QOUTER ? sidx % nip : sidx / npan);
+                        const int64_t q = GDN_BF_QOUTER ? sidx / nip : sidx % npan;
                         const int mr = (int)min64(MR, m - ip * MR);
                         float *Crow = C + ip * MR * ldc + jc;
-                        for (int64_t q = 0; q < npan; q++) {
-                            const uint32_t *bq = (const uint32_t *)bpack + q * kp * NR;
-                            const int ncq = (int)min64(NR, nc - q * NR);
-                            switch (path) {
-                            case GDN_BF16_FALLBACK:
-                                mk_fallback(kp, (const float *)apack + ip * MR * kp * 2, bq, Crow + q * NR,
-                                            ldc, acc_k, mr, ncq);
-                                break;
+                        const uint32_t *bq = (const uint32_t *)bpack + q * kp * NR;
+                        const int ncq = (int)min64(NR, nc - q * NR);
+                        switch (path) {
+                        case GDN_BF16_FALLBACK:
+                            mk_fallback(kp, (const float *)apack + ip * MR * kp * 2, bq, Crow + q * NR, ldc, acc_k,
+                                        mr, ncq);
+                            break;
 #if HAVE_X86
-                            case GDN_BF16_AVX512:
-                                mk_avx512bf16(kp, (const uint32_t *)apack + ip * MR * kp, bq, Crow + q * NR,
-                                              ldc, acc_k, mr, ncq);
-                                break;
+                        case GDN_BF16_AVX512:
+                            mk_avx512bf16(kp, (const uint32_t *)apack + ip * MR * kp, bq, Crow + q * NR, ldc, acc_k,
+                                          mr, ncq);
+                            break;
 #endif
 #if HAVE_AMX_CODE
-                            case GDN_BF16_AMX:
-                                mk_amx(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, q + 1 < npan ? bq + kp * NR : NULL,
-                                       Crow + q * NR, ldc,
-                                       acc_k, mr, ncq);
-                                break;
+                        case GDN_BF16_AMX: {
+                            /* prefetch the micro-panel the next call starts (with QOUTER: after the
+                             * item's last A panel) */
+                            const int last = !GDN_BF_QOUTER || ip == ip0 + nip - 1;
+                            mk_amx(kcp, (const uint16_t *)apack + ip * MR * kcp, bq,
+                                   last && q + 1 < npan ? bq + kp * NR : NULL, Crow + q * NR, ldc, acc_k, mr, ncq);
+                            break;
+                        }
 #endif
-                            default:
-                                mk_amx_emu(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, NULL, Crow + q * NR,
-                                           ldc, acc_k, mr, ncq);
-                                break;
-                            }
+                        default:
+                            mk_amx_emu(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, NULL, Crow + q * NR, ldc,
+                                       acc_k, mr, ncq);
+                            break;
                         }
                     }
+                }
                 /* (implied barrier: the B panel is repacked next, the A slice after the last) */
             }
         }
