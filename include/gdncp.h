@@ -5,6 +5,7 @@
  * The umbrella header of the single-process API, one header per concern:
  *   gdncp/version.h  the version, gdn_version(), the export macro
  *   gdncp/status.h   status codes (GDN_ERR_MPI included), gdn_strerror, gdn_errmsg
+ *   gdncp/compute.h  the compute precision of the projections (fp32, or BF16 operands)
  *   gdncp/kernel.h   the gated delta rule: config, plan, forward/backward, summaries, oracle, step
  *   gdncp/layer.h    the GatedDeltaNet layer
  *   gdncp/attention.h Qwen3.5's gated full-attention layer
@@ -13,7 +14,7 @@
  *   gdncp/sample.h   the next token from logits (greedy, temperature, top-k, top-p, a seed)
  * The MPI parts include <mpi.h> and are included on their own:
  *   gdncp/cp.h       context parallelism (the rule, the layer, the conv halo, agreement)
- *   gdncp/train.h    the byte-level model, AdamW, data, checkpoints, the trainer
+ *   gdncp/train.h    the hybrid language model, AdamW, data, checkpoints, the trainer
  * Conventions: docs/design.md. Outputs first, then inputs, then sizes; a NULL where a tensor
  * is required is GDN_ERR_ARG naming it; on failure gdn_errmsg() names what is wrong.
  */
@@ -22,6 +23,7 @@
 
 #include "gdncp/version.h"
 #include "gdncp/status.h"
+#include "gdncp/compute.h"
 #include "gdncp/kernel.h"
 #include "gdncp/layer.h"
 #include "gdncp/attention.h"
