@@ -96,9 +96,9 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
     gdn_adamw_config opt = gdn_adamw_default();
     const double flops_tok = gdn_model_train_flops_per_token(&c, T);
     double dense_ms = NAN;
-    for (int mode = 0; mode < 3; mode++) { /* dense, dense with recompute, packed */
-        const int recompute = mode == 1, packed = mode == 2;
-        run.recompute = recompute, run.pack = packed;
+    for (int mode = 0; mode < 4; mode++) { /* dense, dense with recompute, packed, dense in BF16 */
+        const int recompute = mode == 1, packed = mode == 2, bf16 = mode == 3;
+        run.recompute = recompute, run.pack = packed, run.compute = bf16 ? GDN_COMPUTE_BF16 : GDN_COMPUTE_FP32;
         gdn_model_plan *p = NULL;
         int rc = gdn_model_plan_create(&p, &c, &run, NULL);
         int64_t targets = B * T;
@@ -107,7 +107,7 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
         double t[16], loss = 0;
         /* the gradient check first, at the initial weights (the timed steps then update them) */
         double err = NAN;
-        if (!rc && mode != 1 && !(rc = train_step(p, w, dw, tok, denom, &loss)))
+        if (!rc && mode != 1 && !bf16 && !(rc = train_step(p, w, dw, tok, denom, &loss)))
             err = gradient_check(p, &c, w, dw, tok, denom);
         for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
             const double t0 = cli_now();
@@ -131,18 +131,20 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
         if (!isnan(err)) snprintf(err_json, sizeof err_json, "%.3e", err);
         if (json)
             printf("{\"direction\":\"train_step\",\"model\":\"%s\",\"params\":%zu,\"B\":%lld,\"T\":%lld,"
-                   "\"threads\":%d,\"recompute\":%d,\"packed_docs\":%lld,\"ms\":%.3f,\"ms_vs_dense\":%.4f,\"reps\":%d,\"tokens_per_s\":%.1f,"
+                   "\"threads\":%d,\"recompute\":%d,\"packed_docs\":%lld,\"compute\":\"%s\",\"ms\":%.3f,\"ms_vs_dense\":%.4f,\"reps\":%d,\"tokens_per_s\":%.1f,"
                    "\"flops_per_token\":%.4g,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
                    "\"plan_mb\":%.1f,\"grad_rel_err_vs_fd\":%s,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
                    name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute,
-                   (long long)(packed ? docs_all : 0), 1e3 * med, 1e3 * med / dense_ms,
-                   reps, tps, flops_tok, gflops, peak, gflops / peak, mb, err_json, gdn_layer_plan_path(NULL), cpu);
+                   (long long)(packed ? docs_all : 0), gdn_compute_name(run.compute), 1e3 * med, 1e3 * med / dense_ms,
+                   reps, tps, flops_tok, gflops, peak, gflops / peak, mb, err_json, gdn_compute_path(run.compute), cpu);
         else {
             char check[32] = "(same step)"; /* recompute changes no value: checked once */
             if (!isnan(err)) snprintf(check, sizeof check, "%.1e", err);
             char how[48];
             if (packed) snprintf(how, sizeof how, "packed %lld docs", (long long)docs_all);
+            else if (bf16) snprintf(how, sizeof how, "compute=bf16");
             else snprintf(how, sizeof how, "recompute=%s", recompute ? "on" : "off");
+            if (bf16) snprintf(check, sizeof check, "(fp32's)");
             printf("train_step %-6s %8zu params B=%lld T=%lld thr=%d %-16s %8.1f ms (%.2fx dense) %8.0f tok/s "
                    "%7.1f GFLOP/s %5.1f %% of peak  plan %6.1f MB  grad vs FD %s\n",
                    name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, how, 1e3 * med,
@@ -179,7 +181,9 @@ int cmd_bench_train(int argc, char **argv) {
     if (!json)
         printf("gdncp bench train: one step (forward + backward + AdamW) on %s, %d threads; FLOPs = 6 x "
                "non-embedding parameters + the GatedDeltaNet kernel's forward and backward + the attention "
-               "core's 7 d H (T + 1) per token; grad vs FD: Richardson central differences along a random direction\n", cpu, threads);
+               "core's 7 d H (T + 1) per token; grad vs FD: Richardson central differences along a random "
+               "direction; the last row: dense with BF16 compute on %s, as a ratio to the first (x dense)\n",
+               cpu, threads, gdn_compute_path(GDN_COMPUTE_BF16));
     static const char *const names[] = {"tiny", "small"};
     for (int i = 0; i < (quick ? 1 : 2); i++)
         if (bench_one(names[i], quick ? 2 : B, quick ? 128 : T, threads, quick ? 1 : 5, peak, cpu, json)) return 1;
