@@ -140,10 +140,13 @@ static float *attn_weights(const gdn_attn_config *c, uint64_t *seed) {
     return w;
 }
 
-/* The layer on its first tp tokens against the double reference: y (forward) or dx (backward). */
+/* The layer (c.compute) on its first tp tokens against the exact double reference (fp32
+ * semantics, whatever c.compute): y (forward) or dx (backward). */
 static double layer_error(gdn_attn_config c, int64_t tp, const float *w, const float *x, const float *dy,
                           const float *y_full, int backward) {
     c.T = tp, c.B = 1;
+    gdn_attn_config rc_cfg = c;
+    rc_cfg.compute = GDN_COMPUTE_FP32;
     const size_t nx = (size_t)tp * c.E, nw = gdn_attn_param_floats(&c);
     double *xd = malloc(8 * nx), *wd = malloc(8 * nw), *dyd = malloc(8 * nx), *yd = malloc(8 * nx);
     double *dwd = backward ? malloc(8 * nw) : NULL;
@@ -154,8 +157,8 @@ static double layer_error(gdn_attn_config c, int64_t tp, const float *w, const f
         for (size_t i = 0; i < nx; i++) xd[i] = x[i], dyd[i] = dy[i];
         for (size_t i = 0; i < nw; i++) wd[i] = w[i];
         if (!backward) {
-            if (!gdn_attn_reference_forward(&c, yd, xd, wd)) err = max_rel(y_full, yd, (int64_t)nx);
-        } else if (!gdn_attn_reference_backward(&c, yd, dwd, xd, wd, dyd) && !gdn_attn_plan_create(&p, &c) &&
+            if (!gdn_attn_reference_forward(&rc_cfg, yd, xd, wd)) err = max_rel(y_full, yd, (int64_t)nx);
+        } else if (!gdn_attn_reference_backward(&rc_cfg, yd, dwd, xd, wd, dyd) && !gdn_attn_plan_create(&p, &c) &&
                    !gdn_attn_backward(p, dx, dw, x, w, NULL, dy)) {
             err = max_rel(dx, yd, (int64_t)nx);
         }
