@@ -285,13 +285,11 @@ def run_overhead(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=5):
 
 # ----------------------------------------------------------------------------- the causal conv
 
-def run_conv(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
-    """The patched GatedDeltaNet layer's forward + backward against its causal conv (conv1d +
-    SiLU, transformers' CPU path) alone on the same [B, conv_dim, T] input: (layer s, conv s,
-    shape)."""
+def _hf_gdn_layer(B, T, E, Hk, Hv, K, V):
+    """transformers' Qwen3_5GatedDeltaNet (fp32, seeded) at a shape, with an input x and a
+    gradient dy: (config, layer, x, dy)."""
     from transformers import Qwen3_5TextConfig
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
-    from . import transformers as gtf
     cfg = Qwen3_5TextConfig(hidden_size=E, linear_num_key_heads=Hk, linear_num_value_heads=Hv,
                             linear_key_head_dim=K, linear_value_head_dim=V,
                             linear_conv_kernel_dim=4, num_hidden_layers=1,
@@ -300,6 +298,16 @@ def run_conv(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
     layer = m.Qwen3_5GatedDeltaNet(cfg, 0).float()
     x = torch.randn(B, T, E, generator=torch.Generator().manual_seed(2)) * 0.5
     dy = torch.randn(B, T, E, generator=torch.Generator().manual_seed(3))
+    return cfg, layer, x, dy
+
+
+def run_conv(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
+    """The patched GatedDeltaNet layer's forward + backward against its causal conv (conv1d +
+    SiLU, transformers' CPU path) alone on the same [B, conv_dim, T] input: (layer s, conv s,
+    shape)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+    from . import transformers as gtf
+    cfg, layer, x, dy = _hf_gdn_layer(B, T, E, Hk, Hv, K, V)
 
     def layer_step():
         xx = x.detach().requires_grad_(True)
@@ -343,19 +351,10 @@ def run_bf16(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
     torch.autocast("cpu", torch.bfloat16) (oneDNN's BF16 GEMMs; the rule itself is gdncp's), and
     gdncp.Layer in C with compute="fp32" and "bf16". Returns ([(name, seconds, rel err of y vs
     gdncp fp32) or (name, None, why)], the BF16 path, shape)."""
-    from transformers import Qwen3_5TextConfig
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
     from . import transformers as gtf
     from .core import Layer
     from . import _lib as L
-    cfg = Qwen3_5TextConfig(hidden_size=E, linear_num_key_heads=Hk, linear_num_value_heads=Hv,
-                            linear_key_head_dim=K, linear_value_head_dim=V,
-                            linear_conv_kernel_dim=4, num_hidden_layers=1,
-                            layer_types=["linear_attention"], vocab_size=16)
-    torch.manual_seed(0)
-    layer = m.Qwen3_5GatedDeltaNet(cfg, 0).float()
-    x = torch.randn(B, T, E, generator=torch.Generator().manual_seed(2)) * 0.5
-    dy = torch.randn(B, T, E, generator=torch.Generator().manual_seed(3))
+    cfg, layer, x, dy = _hf_gdn_layer(B, T, E, Hk, Hv, K, V)
     weights = {n: p.detach().numpy() for n, p in layer.state_dict().items()}
     layers = {c: Layer(E, Hk, Hv, K, V, weights, Kc=4, eps=cfg.rms_norm_eps,
                        threads=torch.get_num_threads(), compute=c) for c in ("fp32", "bf16")}
