@@ -5,20 +5,7 @@
 # rank and samples ids; bad token files, ids beyond the vocabulary, --pack with a token file
 # refused with a message on every rank. Each comparison beside a negative control that must fail it.
 # Usage: scripts/test_tokens.sh BUILD_DIR. Ends with "N passed, N failed"; exits 1 on a failure.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-bd=${1:-build}
-case $bd in /*) g=$bd/gdncp ;; *) g=./$bd/gdncp ;; esac
-MPIEXEC=${MPIEXEC:-mpiexec.mpich}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-passed=0; failed=0
-pass() { echo "PASS  $*"; passed=$((passed + 1)); }
-fail() { echo "FAIL  $*"; failed=$((failed + 1)); }
-
-text=$work/text.txt
-bash scripts/fortunes_text.sh "$text" || true
-[ -s "$text" ] || { fail "no fortunes text (install the fortunes package)"; echo "$passed passed, $failed failed"; exit 1; }
+. "$(dirname "$0")/test_train_common.sh"
 head -c 200000 "$text" > "$work/t.txt" && text=$work/t.txt
 
 # tokfile IN OUT WIDTH VOCAB [MAP]: a token file of IN's bytes as ids (perl; MAP, a perl

@@ -3,21 +3,7 @@
 # CP = 1, 2, 3 and DP x CP = 2 x 2 as on one rank, resume = uninterrupted, checkpoints that load,
 # bad input refused with a message; every comparison beside a negative control that must fail it.
 # Usage: scripts/test_train.sh BUILD_DIR. Ends with "N passed, N failed"; exits 1 on a failure.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-bd=${1:-build}
-case $bd in /*) g=$bd/gdncp ;; *) g=./$bd/gdncp ;; esac
-MPIEXEC=${MPIEXEC:-mpiexec.mpich}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-passed=0; failed=0
-pass() { echo "PASS  $*"; passed=$((passed + 1)); }
-fail() { echo "FAIL  $*"; failed=$((failed + 1)); }
-
-# Real English text: the fortunes package (scripts/deps.sh installs it).
-text=$work/text.txt
-bash scripts/fortunes_text.sh "$text" || true
-[ -s "$text" ] || { fail "no fortunes text (install the fortunes package)"; echo "$passed passed, $failed failed"; exit 1; }
+. "$(dirname "$0")/test_train_common.sh"
 
 # A small model with every piece (the tests' size, not a named one).
 small=(--hidden 32 --layers 2 --intermediate 64 --key-heads 1 --value-heads 2 --key-dim 16 --value-dim 16

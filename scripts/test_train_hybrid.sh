@@ -6,20 +6,7 @@
 # bit; bad layer types, head counts and conflicting flags are refused with a message. Every
 # comparison beside a negative control that must fail it.
 # Usage: scripts/test_train_hybrid.sh BUILD_DIR. Ends with "N passed, N failed"; exits 1 on a failure.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-bd=${1:-build}
-case $bd in /*) g=$bd/gdncp ;; *) g=./$bd/gdncp ;; esac
-MPIEXEC=${MPIEXEC:-mpiexec.mpich}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-passed=0; failed=0
-pass() { echo "PASS  $*"; passed=$((passed + 1)); }
-fail() { echo "FAIL  $*"; failed=$((failed + 1)); }
-
-text=$work/text.txt
-bash scripts/fortunes_text.sh "$text" || true
-[ -s "$text" ] || { fail "no fortunes text (install the fortunes package)"; echo "$passed passed, $failed failed"; exit 1; }
+. "$(dirname "$0")/test_train_common.sh"
 
 # the named hybrid tiny at a test's size: 4 steps of 2 x 64 bytes
 small=(--model tiny --seq 64 --warmup 2 --lr 3e-3 --eval-every 0 --threads 1)
