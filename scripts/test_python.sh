@@ -4,7 +4,7 @@
 # ~/.cache/gdncp/venv-py: outside the work tree, so CI's fresh clones reuse it too); the package
 # installed with `pip install ./python` (scikit-build-core runs the project's CMake for
 # libgdncp.so, in build-pywheel/); the gdncp command built into BUILD (default build-py; the test
-# script passes its own build/) for the trained-checkpoint test; then python/tests/test_cp.py
+# script passes its own build/) for the trained-checkpoint test; then python/tests/test_cp.py and test_cp_train.py
 # (context parallelism over mpi4py) under `mpiexec.mpich -n 3`, one pytest per rank. mpi4py is
 # built from source against the MPI libgdncp.so links (MPICC=mpicc.mpich, or GDN_MPICC): a binary
 # wheel may load another MPI (the PyPI wheel picks Open MPI when both are installed), which gdncp
@@ -69,13 +69,14 @@ if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then   # a crash, a timeout or no test col
   tail -30 "$log"; f=1; echo "FAIL  pytest exited $rc"
 fi
 
-# The CP tests: every rank runs pytest on test_cp.py (the tests compare notes between ranks, so
+# The CP tests: every rank runs pytest on test_cp.py (the rule over mpi4py) and test_cp_train.py
+# (transformers' whole models under patch(comm=...)); the tests compare notes between ranks, so
 # every rank reports the same outcome); rank r's output goes to $build/pytest-cp.log.r.
-echo "== mpiexec.mpich -n 3 pytest python/tests/test_cp.py"
+echo "== mpiexec.mpich -n 3 pytest python/tests/test_cp.py python/tests/test_cp_train.py"
 cplog="$build/pytest-cp.log"
 rm -f "$cplog".*
 GDNCP_MPI_TESTS=1 OMP_NUM_THREADS=1 timeout 600 mpiexec.mpich -n 3 bash -c \
-  'exec "$0" -m pytest python/tests/test_cp.py -q -rfE -p no:cacheprovider > "$1.$PMI_RANK" 2>&1' \
+  'exec "$0" -m pytest python/tests/test_cp.py python/tests/test_cp_train.py -q -rfE -p no:cacheprovider > "$1.$PMI_RANK" 2>&1' \
   "$venv/bin/python" "$cplog"
 crc=$?
 cline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$cplog.0" 2>/dev/null | tail -1)

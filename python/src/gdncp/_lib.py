@@ -163,6 +163,13 @@ gdn_attn_config_default = _proto("gdn_attn_config_default", AttnConfig, *([c_int
 gdn_attn_plan_create = _proto("gdn_attn_plan_create", c_int, POINTER(c_void_p), POINTER(AttnConfig))
 gdn_attn_plan_destroy = _proto("gdn_attn_plan_destroy", None, c_void_p)
 gdn_attn_plan_config = _proto("gdn_attn_plan_config", POINTER(AttnConfig), c_void_p)
+gdn_attn_config_check = _proto("gdn_attn_config_check", c_int, POINTER(AttnConfig))
+gdn_attn_param_name = _proto("gdn_attn_param_name", c_char_p, c_int)
+gdn_attn_param_shape = _proto("gdn_attn_param_shape", c_int, POINTER(AttnConfig), c_int, P_int64)
+gdn_attn_param_offset = _proto("gdn_attn_param_offset", c_size_t, POINTER(AttnConfig), c_int)
+gdn_attn_param_floats = _proto("gdn_attn_param_floats", c_size_t, POINTER(AttnConfig))
+gdn_attn_saved_floats = _proto("gdn_attn_saved_floats", c_size_t, c_void_p)
+gdn_attn_cp_strategy_parse = _proto("gdn_attn_cp_strategy_parse", c_int, c_char_p)
 gdn_sdpa_plan_create = _proto("gdn_sdpa_plan_create", c_int, POINTER(c_void_p), POINTER(AttnConfig))
 gdn_sdpa_plan_destroy = _proto("gdn_sdpa_plan_destroy", None, c_void_p)
 gdn_sdpa_plan_path = _proto("gdn_sdpa_plan_path", c_char_p, c_void_p)
@@ -197,6 +204,20 @@ gdn_cp_forward = _proto("gdn_cp_forward", c_int, c_void_p, c_void_p, P_float, P_
 gdn_cp_backward = _proto("gdn_cp_backward", c_int, c_void_p, c_void_p, P_gr, P_in, P_float,
                          P_float, P_float)
 gdn_cp_agree_status = _proto("gdn_cp_agree_status", c_int, c_void_p, c_int)
+# The layers over a communicator (cp.h): (cp, plan, y, saved, x, w); (cp, plan, dx, dw, x, w, saved, dy)
+gdn_layer_cp_forward = _proto("gdn_layer_cp_forward", c_int, c_void_p, c_void_p, P_float, P_float,
+                              P_float, c_void_p)
+gdn_layer_cp_backward = _proto("gdn_layer_cp_backward", c_int, c_void_p, c_void_p, P_float, P_float,
+                               P_float, P_float, P_float, P_float)
+gdn_attn_cp_forward = _proto("gdn_attn_cp_forward", c_int, c_void_p, c_void_p, P_float, P_float,
+                             P_float, P_float)
+gdn_attn_cp_backward = _proto("gdn_attn_cp_backward", c_int, c_void_p, c_void_p, P_float, P_float,
+                              P_float, P_float, P_float, P_float)
+# The token-axis halo (the conv's): (cp, halo, x, B, T_local, width, row_stride, rows, local_status)
+gdn_cp_halo_forward = _proto("gdn_cp_halo_forward", c_int, c_void_p, P_float, P_float, c_int64,
+                             c_int64, c_int64, c_int64, c_int64, c_int)
+gdn_cp_halo_backward = _proto("gdn_cp_halo_backward", c_int, c_void_p, P_float, P_float, c_int64,
+                              c_int64, c_int64, c_int64, c_int64, c_int)
 gdn_cp_last_stats = _proto("gdn_cp_last_stats", CPStats, c_void_p)
 gdn_cp_set_fault = _proto("gdn_cp_set_fault", None, c_void_p, c_int)
 # The MPI library libgdncp.so was linked against (a dependency's symbol, found through its handle)

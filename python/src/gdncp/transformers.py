@@ -13,13 +13,18 @@ chunk_gated_delta_rule or torch_chunk_gated_delta_rule`); where a layer class do
 also puts a data descriptor on the class for those attributes: it wins over the instance's own
 attribute, so existing layers call gdncp too, and the layer's own choice, kept in its __dict__,
 is what it sees again once the patch is undone.
+
+Context parallelism: patch(comm=comm, strategy="scan", attention="kv") also splits whole
+Qwen3.5 / Qwen3.5-MoE / Qwen3-Next causal LMs over an mpi4py communicator, every rank passing its
+own slice of each sequence (see gdncp.transformers_cp for what runs where, and
+all_reduce_grads for the gradient).
 """
 import importlib
 import threading
 
 from . import torch as gtorch
 
-__all__ = ["patch", "unpatch", "is_patched", "PATCH_TARGETS"]
+__all__ = ["patch", "unpatch", "is_patched", "PATCH_TARGETS", "all_reduce_grads", "causal_lm_loss"]
 
 # (modeling module, GatedDeltaNet class) that patch() knows; absent ones are skipped.
 PATCH_TARGETS = (
@@ -101,20 +106,33 @@ def _targets():
     return found
 
 
-def _set(obj, name, value):
-    _undo.append((obj, name, obj.__dict__.get(name, _MISSING)))
-    setattr(obj, name, value)
+def _set(obj, name, value, undo=None, item=False):
+    """setattr (item: obj[name] =), remembered in undo (default: the rule patch's list)."""
+    undo = _undo if undo is None else undo
+    if item:
+        undo.append((obj, name, obj.get(name, _MISSING), True))
+        obj[name] = value
+    else:
+        undo.append((obj, name, obj.__dict__.get(name, _MISSING), False))
+        setattr(obj, name, value)
+
+
+_cp_depth = 0       # nested patch(comm=...) calls (all with the same settings)
+_cp_settings = None
+_cp_undo = []
 
 
 class _Patch:
     """What patch() returns: already applied; `with` undoes it on exit, so does .undo()."""
 
-    def __init__(self):
-        self._undone = False
+    def __init__(self, cp=False):
+        self._undone, self._cp = False, cp
 
     def undo(self):
         if not self._undone:
             self._undone = True
+            if self._cp:
+                _unpatch_cp()
             unpatch()
 
     def __enter__(self):
@@ -125,9 +143,71 @@ class _Patch:
         return False
 
 
-def patch():
+def patch(comm=None, strategy="scan", attention="kv", compute="fp32"):
     """Route transformers' GatedDeltaNet layers to gdncp (see the module's docstring). Raises
-    ImportError when transformers has none of those layers."""
+    ImportError when transformers has none of those layers.
+
+    comm (an mpi4py intracommunicator): also split the whole model's sequence over its ranks,
+    the GatedDeltaNet rule under `strategy` (scan, allgather, relay, heads), attention under
+    `attention` (kv, heads), the C layers' projections in `compute` (fp32, bf16); see
+    gdncp.transformers_cp. Patches with a comm nest only with the same settings."""
+    if comm is not None:
+        return _patch_cp(comm, strategy, attention, compute)
+    return _patch_rule()
+
+
+def _patch_cp(comm, strategy, attention, compute):
+    global _cp_depth, _cp_settings
+    from . import transformers_cp as tcp
+    settings = (comm, strategy, attention, compute)
+    with _lock:
+        if _cp_depth and _cp_settings != settings:
+            raise RuntimeError("gdncp.transformers.patch(comm=...) is already active with other "
+                               "settings (communicator, strategy, attention or compute); undo it "
+                               "first")
+        if _cp_depth == 0:
+            try:
+                tcp.install(lambda o, n, v, item=False: _set(o, n, v, _cp_undo, item), *settings)
+            except Exception:
+                _rollback(_cp_undo)
+                tcp.uninstall()
+                raise
+            _cp_settings = settings
+        _cp_depth += 1
+    try:
+        _patch_rule()
+    except Exception:
+        _unpatch_cp()
+        raise
+    return _Patch(cp=True)
+
+
+def _unpatch_cp():
+    global _cp_depth, _cp_settings
+    from . import transformers_cp as tcp
+    with _lock:
+        if _cp_depth == 0:
+            return
+        _cp_depth -= 1
+        if _cp_depth == 0:
+            _rollback(_cp_undo)
+            tcp.uninstall()
+            _cp_settings = None
+
+
+def all_reduce_grads(model, comm):
+    """gdncp.transformers_cp.all_reduce_grads: sum the parameters' gradients over the ranks."""
+    from . import transformers_cp as tcp
+    return tcp.all_reduce_grads(model, comm)
+
+
+def causal_lm_loss(logits, labels, **kwargs):
+    """gdncp.transformers_cp.causal_lm_loss: the whole sequence's causal-LM loss under CP."""
+    from . import transformers_cp as tcp
+    return tcp.causal_lm_loss(logits, labels, **kwargs)
+
+
+def _patch_rule():
     global _depth
     with _lock:
         if _depth == 0:
@@ -148,7 +228,7 @@ def patch():
                         _set(cls, name, _Rule(name, fn))
                         hits += 1
                 if not hits:
-                    _rollback()
+                    _rollback(_undo)
                     raise RuntimeError(f"gdncp.transformers.patch(): {mod.__name__} has none of "
                                        f"{sorted(_GLOBALS)}: this transformers version calls the "
                                        "rule in a way gdncp does not know")
@@ -156,13 +236,18 @@ def patch():
     return _Patch()
 
 
-def _rollback():
-    for obj, name, before in reversed(_undo):
-        if before is _MISSING:
+def _rollback(undo):
+    for obj, name, before, item in reversed(undo):
+        if item:
+            if before is _MISSING:
+                obj.pop(name, None)
+            else:
+                obj[name] = before
+        elif before is _MISSING:
             delattr(obj, name)
         else:
             setattr(obj, name, before)
-    _undo.clear()
+    undo.clear()
 
 
 def unpatch():
@@ -173,7 +258,7 @@ def unpatch():
             return
         _depth -= 1
         if _depth == 0:
-            _rollback()
+            _rollback(_undo)
 
 
 def is_patched():

@@ -1,0 +1,389 @@
+"""Context-parallel training of transformers' own models (gdncp.transformers.patch(comm=...)) against
+transformers itself on one process.
+
+Run under MPI, never in the plain pytest run (conftest.py leaves this file out unless
+GDNCP_MPI_TESTS=1):  GDNCP_MPI_TESTS=1 mpiexec.mpich -n 3 python -m pytest python/tests/test_cp_train.py
+
+Every rank builds the same model and tokens, runs transformers unpatched on the whole sequence
+(the reference: its own PyTorch rule, conv and SDPA), then the same model under the patch on its
+own uneven slice (rank 1 a single token), and compares the whole-sequence loss and every
+parameter's gradient (summed over the ranks with all_reduce_grads). Tolerances (fp32, max-abs
+error / max-abs reference per tensor): loss 2e-6; gradients 1e-4, except A_log and dt_bias
+(2e-3): their gradients are sums over every token and head of terms of both signs, and gdncp's
+fp32 rule rounds them differently from transformers' (one rank, no CP: 4.9e-4 against the float64
+model where transformers' own fp32 has 1.1e-4; measured on qwen35_tiny). The ranks exchange their
+errors before asserting, so every rank passes or fails alike. Each comparison also runs deliberate
+mistakes through the same check, which must fail it: the library's fault hooks on rank 1 (the
+conv halo from rank 0 dropped, the recurrent state entering it dropped, attention without the
+earlier ranks' keys and values) and local instead of global positions.
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import gdncp.transformers as gtr
+from gdncp import _lib as L
+from gdncp import core
+
+from conftest import TINY
+
+COMM = MPI.COMM_WORLD
+R, D = COMM.Get_rank(), COMM.Get_size()
+assert D >= 2, "test_cp_train.py runs under mpiexec with 2 or more ranks (scripts/test_python.sh: 3)"
+torch.set_num_threads(1)   # 3 ranks share 2 cores
+
+LOSS_TOL, GRAD_TOL = 2e-6, 1e-4
+CANCELLING = {"A_log": 2e-3, "dt_bias": 2e-3}   # see the module's docstring
+FAULT_DROP_INCOMING, FAULT_DROP_HALO, FAULT_ATTN_DROP_KV = 2, 4, 6
+
+
+def _cuts(T, size=D):
+    """Uneven slices: rank 0 the first 23 tokens, rank 1 one token, the rest share the others."""
+    if size == 1:
+        return [0, T]
+    cuts = [0, 23, 24]
+    for i in range(1, size - 1):
+        cuts.append(24 + (T - 24) * i // (size - 2))
+    return cuts if size > 2 else [0, 23, T]
+
+
+def _tiny():
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).train()
+
+
+def _next_tiny(seed=7):
+    """A dense Qwen3-Next (no experts: fused GatedDeltaNet projections, plain MLPs), random."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    cfg = Qwen3NextConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                          linear_key_head_dim=8, linear_value_head_dim=12, num_experts=0,
+                          layer_types=["linear_attention", "full_attention", "linear_attention",
+                                       "full_attention"])
+    torch.manual_seed(seed)
+    return Qwen3NextForCausalLM(cfg).float().train()
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _reference(model, ids, labels, positions=None):
+    model.zero_grad()
+    out = model(input_ids=ids, labels=labels, use_cache=False, position_ids=positions)
+    out.loss.backward()
+    return out.loss.item(), _grads(model)
+
+
+def _cp(model, ids, labels, comm=COMM, strategy="scan", attention="kv", fault=0, positions=None):
+    """This rank's slice through the patched model: the loss and the gradients summed over the
+    ranks. fault: the library's fault hook on rank 1 (a control)."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    cuts = _cuts(ids.shape[1], size)
+    a, b = cuts[rank], cuts[rank + 1]
+    model.zero_grad()
+    with gtr.patch(comm=comm, strategy=strategy, attention=attention):
+        h = core._comm_state(comm).cp(core._strategy_id(strategy))   # collective the first time
+        L.gdn_cp_set_fault(h, fault if rank == 1 else 0)
+        try:
+            out = model(input_ids=ids[:, a:b], labels=labels[:, a:b],
+                        position_ids=None if positions is None else positions[:, a:b])
+            out.loss.backward()
+        finally:
+            L.gdn_cp_set_fault(h, 0)
+    gtr.all_reduce_grads(model, comm)
+    return out.loss.item(), _grads(model)
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    s = b.abs().max().item()
+    return (a - b).abs().max().item() / (s if s > 0 else 1.0)
+
+
+def _errors(got, ref):
+    """{'loss': rel, parameter name: rel}, the worst over the ranks (the same everywhere)."""
+    (loss, grads), (rloss, rgrads) = got, ref
+    e = {"loss": abs(loss - rloss) / abs(rloss)}
+    assert grads.keys() == rgrads.keys(), sorted(set(grads) ^ set(rgrads))
+    e.update({n: _rel(grads[n], rgrads[n]) for n in rgrads})
+    table = COMM.allgather(e)
+    return {k: max(t[k] for t in table) for k in e}
+
+
+def _tol(name):
+    if name == "loss":
+        return LOSS_TOL
+    return next((t for key, t in CANCELLING.items() if name.endswith(key)), GRAD_TOL)
+
+
+def _failures(errs):
+    return {k: v for k, v in errs.items() if not v <= _tol(k)}
+
+
+def _assert_matches(errs):
+    bad = _failures(errs)
+    assert not bad, {k: f"{v:.2e} > {_tol(k):.0e}" for k, v in bad.items()}
+
+
+def _assert_broken(errs, what):
+    assert _failures(errs), f"the control '{what}' passed the check: {errs}"
+
+
+def _tokens(seed, B, T, vocab=256):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("strategy", ["scan", "allgather", "relay"])
+def test_qwen35_loss_and_every_gradient_match_one_process(strategy):
+    model = _tiny()
+    ids = _tokens(1, 2, 50)
+    ref = _reference(model, ids, ids)
+    _assert_matches(_errors(_cp(model, ids, ids, strategy=strategy), ref))
+    # controls through the same check
+    for fault, what in ((FAULT_DROP_HALO, "conv halo dropped"),
+                        (FAULT_DROP_INCOMING, "incoming state dropped"),
+                        (FAULT_ATTN_DROP_KV, "earlier ranks' keys and values not attended")):
+        _assert_broken(_errors(_cp(model, ids, ids, strategy=strategy, fault=fault), ref), what)
+
+
+def test_padding_labels_and_the_target_across_each_boundary_count():
+    """-100 labels anywhere (one at a slice's first token: the previous rank's last target), and
+    the mean over the whole sequence's targets."""
+    model = _tiny()
+    ids = _tokens(2, 2, 50)
+    labels = ids.clone()
+    labels[0, 23] = -100          # rank 1's only token: rank 0's last target is ignored
+    labels[1, 30:41] = -100
+    labels[:, 49] = -100
+    ref = _reference(model, ids, labels)
+    _assert_matches(_errors(_cp(model, ids, labels), ref))
+    # control: the labels as transformers shifts them within each slice (no cross-boundary target)
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    model.loss_function = ForCausalLMLoss
+    try:
+        got = _cp(model, ids, labels)
+    finally:
+        del model._loss_function
+    _assert_broken(_errors(got, ref), "per-slice loss")
+
+
+def test_adamw_steps_match_one_process():
+    """A few AdamW steps, the standard loop on every rank: the losses and the parameters. AdamW
+    turns the rounding of a near-zero gradient element into a full step of either sign, so the
+    parameters compare as the distance between the runs over the distance travelled (observed
+    4.4e-3 after 4 steps); the losses per step as above."""
+    steps = 4
+    ref, model = _tiny(), _tiny()
+    start = [p.detach().clone() for p in ref.parameters()]
+
+    def run(fault):
+        m = _tiny()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        losses = []
+        for step in range(steps):
+            ids = _tokens(10 + step, 2, 50)
+            opt.zero_grad()
+            loss, _ = _cp(m, ids, ids, fault=fault)
+            opt.step()
+            losses.append(loss)
+        return losses, [p.detach().clone() for p in m.parameters()]
+
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    ref_losses = []
+    for step in range(steps):
+        ids = _tokens(10 + step, 2, 50)
+        opt.zero_grad()
+        out = ref(input_ids=ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        opt.step()
+        ref_losses.append(out.loss.item())
+    ref_params = [p.detach() for p in ref.parameters()]
+    travelled = sum(((q - s).double() ** 2).sum() for q, s in zip(ref_params, start)).sqrt().item()
+
+    def errors(got):
+        losses, params = got
+        e = {"loss": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)),
+             "params": sum(((p - q).double() ** 2).sum()
+                           for p, q in zip(params, ref_params)).sqrt().item() / travelled}
+        table = COMM.allgather(e)
+        return {k: max(t[k] for t in table) for k in e}
+
+    def passes(e):
+        return e["loss"] <= LOSS_TOL and e["params"] <= 1e-2
+
+    good = errors(run(0))
+    assert passes(good), good
+    bad = errors(run(FAULT_DROP_INCOMING))
+    assert not passes(bad), bad
+
+
+def _packed(T=60, docs=(0, 10, 30, 60)):
+    ids = _tokens(3, 1, T)
+    positions = torch.cat([torch.arange(b - a) for a, b in zip(docs[:-1], docs[1:])])[None]
+    labels = ids.clone()
+    labels[0, list(docs[1:-1])] = -100   # no target across a document start
+    return ids, labels, positions, docs
+
+
+def _per_document_reference(model, ids, labels, docs):
+    """Each document alone through transformers; the mean over all the targets."""
+    model.zero_grad()
+    total, count = 0.0, 0
+    parts = []
+    for a, b in zip(docs[:-1], docs[1:]):
+        logits = model(input_ids=ids[:, a:b], use_cache=False).logits[0, :-1]
+        tgt = labels[0, a + 1:b]
+        parts.append(torch.nn.functional.cross_entropy(logits, tgt, ignore_index=-100,
+                                                       reduction="sum"))
+        count += int((tgt != -100).sum())
+    loss = sum(parts) / count
+    loss.backward()
+    return loss.item(), _grads(model)
+
+
+def test_packed_documents_crossing_ranks_match_each_document_alone():
+    model = _tiny()
+    ids, labels, positions, docs = _packed()   # the document [10, 30) spans all three ranks
+    ref = _per_document_reference(model, ids, labels, docs)
+    _assert_matches(_errors(_cp(model, ids, labels, positions=positions), ref))
+    # controls: the documents ignored (no positions: one dense sequence), local positions
+    # (restarting at every slice: documents at the slice boundaries), the halo dropped
+    _assert_broken(_errors(_cp(model, ids, labels), ref), "documents ignored")
+    cuts = _cuts(ids.shape[1])
+    local = torch.cat([torch.arange(b - a) for a, b in zip(cuts[:-1], cuts[1:])])[None]
+    _assert_broken(_errors(_cp(model, ids, labels, positions=local), ref), "local positions")
+    _assert_broken(_errors(_cp(model, ids, labels, positions=positions, fault=FAULT_DROP_HALO),
+                           ref), "conv halo dropped")
+
+
+def test_global_positions_given_equal_positions_supplied():
+    """position_ids given (global, offset by 5: RoPE at 5 + t) equal the one-process run with the
+    same positions; local positions for B = 2 are refused on every rank. (No numeric control
+    here: a constant offset of every position leaves RoPE's scores unchanged, exactly; the
+    packed test's local-positions control is the one that moves positions between ranks.)"""
+    model = _tiny()
+    ids = _tokens(4, 2, 50)
+    pos = (torch.arange(50) + 5)[None].expand(2, 50)
+    ref = _reference(model, ids, ids, positions=pos)
+    _assert_matches(_errors(_cp(model, ids, ids, positions=pos), ref))
+    cuts = _cuts(50)
+    local = torch.cat([torch.arange(b - a) for a, b in zip(cuts[:-1], cuts[1:])])[None].expand(2, 50)
+    with pytest.raises(ValueError, match="positions"):
+        _cp(model, ids, ids, positions=local)
+
+
+def test_qwen3_next_dense_matches_one_process():
+    model = _next_tiny()
+    ids = _tokens(5, 2, 50, vocab=128)
+    ref = _reference(model, ids, ids)
+    _assert_matches(_errors(_cp(model, ids, ids), ref))
+    _assert_broken(_errors(_cp(model, ids, ids, fault=FAULT_DROP_HALO), ref), "conv halo dropped")
+    _assert_broken(_errors(_cp(model, ids, ids, fault=FAULT_ATTN_DROP_KV), ref),
+                   "earlier ranks' keys and values not attended")
+
+
+def test_heads_strategies_on_two_ranks():
+    """strategy='heads' and attention='heads' need the ranks to divide the heads (qwen35_tiny:
+    Hk = 2, H = 4): ranks 0 and 1 form a communicator of two, rank 2 one of its own (a CP run on
+    one rank is the plain model); on the three ranks both are refused on every rank."""
+    model = _tiny()
+    ids = _tokens(6, 2, 50)
+    ref = _reference(model, ids, ids)
+    sub = COMM.Split(0 if R < 2 else 1, R)
+    try:
+        _assert_matches(_errors(_cp(model, ids, ids, comm=sub, strategy="heads",
+                                    attention="heads"), ref))
+        e = _errors(_cp(model, ids, ids, comm=sub, strategy="heads", attention="heads",
+                        fault=FAULT_ATTN_DROP_KV), ref)
+        _assert_broken(e, "heads: the other ranks' keys and values zeroed")   # (max over all)
+    finally:
+        sub.Free()
+    if D % 2:
+        with pytest.raises(Exception, match="divide|heads"):
+            _cp(model, ids, ids, strategy="heads")
+
+
+def _fails_everywhere(fn, match):
+    """fn raises on every rank (checked by the ranks together), and a good call follows."""
+    try:
+        fn()
+        got = None
+    except Exception as e:  # noqa: BLE001
+        got = f"{type(e).__name__}: {e}"
+    table = COMM.allgather(got)
+    assert all(t is not None for t in table), table
+    import re
+    assert all(re.search(match, t) for t in table), table
+
+
+def test_bad_inputs_fail_on_every_rank_and_a_good_call_follows():
+    model = _tiny()
+    ids = _tokens(7, 2, 50)
+    cuts = _cuts(50)
+    a, b = cuts[R], cuts[R + 1]
+    pos = torch.arange(50)[None].expand(2, 50)
+
+    def call(x, labels=None, **kw):
+        with gtr.patch(comm=COMM):
+            out = model(input_ids=x, labels=labels, **kw)
+            if labels is not None:
+                out.loss.backward()
+
+    # the slices out of rank order: rank 0 holds the last piece (its global positions say so)
+    p = D - 1 - R
+    ra, rb = cuts[p], cuts[p + 1]
+    _fails_everywhere(lambda: call(ids[:, ra:rb], ids[:, ra:rb], position_ids=pos[:, ra:rb]),
+                      "rank order|positions start")
+    # batch sizes that differ
+    _fails_everywhere(lambda: call(ids[:1 if R == 1 else 2, a:b]), "batch sizes")
+    # padding inside the sequence (on one rank)
+    mask = torch.ones(2, b - a, dtype=torch.long)
+    if R == 2 % D:
+        mask[0, -1] = 0
+    _fails_everywhere(lambda: call(ids[:, a:b], attention_mask=mask), "attention_mask")
+    # a model type the patch does not split
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=2)).train()
+
+    def call_llama():
+        with gtr.patch(comm=COMM):
+            llama(input_ids=ids[:, a:b], labels=ids[:, a:b]).loss.backward()
+    _fails_everywhere(call_llama, "not one the patch splits")
+    # a cache (generation) is refused
+    from transformers import DynamicCache
+    _fails_everywhere(lambda: call(ids[:, a:b], past_key_values=DynamicCache(config=model.config)),
+                      "cache")
+    # and a good call still works
+    ref = _reference(model, ids, ids)
+    _assert_matches(_errors(_cp(model, ids, ids), ref))
+
+
+def test_patch_is_undone_and_nests_only_with_the_same_settings():
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+    from transformers.loss.loss_utils import LOSS_MAPPING
+    from gdncp import transformers_cp as tcp
+    before = (m.Qwen3_5TextModel.forward, m.Qwen3_5Attention.forward,
+              m.Qwen3_5GatedDeltaNet.forward, LOSS_MAPPING["ForCausalLM"])
+    with gtr.patch(comm=COMM):
+        assert m.Qwen3_5Attention.forward is not before[1]
+        with gtr.patch(comm=COMM):
+            pass
+        assert LOSS_MAPPING["ForCausalLM"] is tcp.causal_lm_loss
+        with pytest.raises(RuntimeError, match="other settings"):
+            gtr.patch(comm=COMM, strategy="relay")
+        assert gtr.is_patched()
+    after = (m.Qwen3_5TextModel.forward, m.Qwen3_5Attention.forward,
+             m.Qwen3_5GatedDeltaNet.forward, LOSS_MAPPING["ForCausalLM"])
+    assert after == before
+    assert not gtr.is_patched()
+    with pytest.raises(ValueError, match="strategy"):
+        gtr.patch(comm=COMM, strategy="nope")
+    assert not gtr.is_patched() and m.Qwen3_5Attention.forward is before[1]
