@@ -274,3 +274,146 @@ def test_mpi4py_runs_gdncps_mpi_and_another_is_refused(monkeypatch):
         core._mpi()
     monkeypatch.undo()
     assert core._mpi() is MPI
+
+
+# ---------------------------------------------------------------- the conv halo and attention ops
+
+def _conv_reference(x, w, cu=None):
+    """transformers' causal conv (conv1d with padding Kc-1, cut to T) then silu, each document
+    alone when packed."""
+    def conv(xs):
+        Kc = w.shape[-1]
+        y = torch.nn.functional.conv1d(xs.transpose(1, 2), w, padding=Kc - 1,
+                                       groups=xs.shape[2])[..., :xs.shape[1]]
+        return torch.nn.functional.silu(y.transpose(1, 2))
+    if cu is None:
+        return conv(x)
+    return torch.cat([conv(x[:, a:b]) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
+
+
+def _op_check(run, ref_fn, leaves, cuts, w_out):
+    """This rank's slice of the op's output and of every leaf's gradient (of sum(out * w_out))
+    against the one-process reference: the worst relative error over the ranks."""
+    a, b = cuts[R], cuts[R + 1]
+    ref_leaves = [t.clone().requires_grad_(True) for t in leaves]
+    ref = ref_fn(*ref_leaves)
+    (ref * w_out).sum().backward()
+    mine = [t.clone().requires_grad_(True) for t in leaves]
+    out = run(*mine, a, b)
+    (out * w_out[:, a:b]).sum().backward()
+    errs = [_rel(out, ref[:, a:b])]
+    for m, r, sliced in zip(mine, ref_leaves, run.sliced):
+        # token-sliced inputs: this rank's rows of the gradient; shared ones (the weight): the
+        # sum over the ranks
+        if sliced:
+            errs.append(_rel(m.grad[:, a:b], r.grad[:, a:b]))
+        else:
+            g = m.grad.detach().clone()
+            COMM.Allreduce(MPI.IN_PLACE, g.numpy(), op=MPI.SUM)
+            errs.append(_rel(g, r.grad))
+    return max(max(COMM.allgather(e)) for e in errs)
+
+
+def test_causal_conv1d_with_halo_matches_one_process():
+    T, C, Kc = 60, 10, 4
+    cuts = _cuts(T)   # rank 1 holds one token: rank 2's halo comes from ranks 0 and 1
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(2, T, C, generator=gen)
+    w = torch.randn(C, 1, Kc, generator=gen)
+    w_out = torch.randn(2, T, C, generator=gen)
+
+    def run(xf, wf, a, b, cu=None):
+        # (the slice taken from the full leaf: its gradient lands in this rank's rows)
+        return gcp.causal_conv1d(xf[:, a:b], wf, comm=COMM, activation="silu", cu_seqlens=cu)
+    run.sliced = (True, False)
+    assert _op_check(run, lambda xf, wf: _conv_reference(xf, wf), [x, w], cuts, w_out) <= TOL
+    # controls: the halo dropped / its gradient not returned (the library's hooks), and each
+    # rank convolving its slice alone
+    h = core._comm_state(COMM).cp(0)
+    for fault in (4, 5):
+        L.gdn_cp_set_fault(h, fault)
+        try:
+            e = _op_check(run, lambda xf, wf: _conv_reference(xf, wf), [x, w], cuts, w_out)
+        finally:
+            L.gdn_cp_set_fault(h, 0)
+        assert e > 100 * TOL, (fault, e)
+
+    def alone(xf, wf, a, b):
+        return _conv_reference(xf[:, a:b], wf)
+    alone.sliced = run.sliced
+    assert _op_check(alone, lambda xf, wf: _conv_reference(xf, wf), [x, w], cuts, w_out) > 100 * TOL
+    # packed documents: one starting inside rank 2's halo, a one-token one
+    cu = torch.tensor([0, 22, 23, 25, 60])
+    x1, w1 = x[:1], w_out[:1]
+
+    def run_packed(xf, wf, a, b):
+        return run(xf, wf, a, b, cu=cu)
+    run_packed.sliced = run.sliced
+    ref_packed = lambda xf, wf: _conv_reference(xf, wf, cu)   # noqa: E731
+    assert _op_check(run_packed, ref_packed, [x1, w], cuts, w1) <= TOL
+    # control: the dense op on the packed data (taps cross the documents)
+    assert _op_check(run, ref_packed, [x1, w], cuts, w1) > 100 * TOL
+
+
+def _sdpa_reference(q, k, v, cu=None):
+    def one(qs, ks, vs):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2), is_causal=True,
+            enable_gqa=True)
+        return o.transpose(1, 2)
+    if cu is None:
+        return one(q, k, v)
+    return torch.cat([one(q[:, a:b], k[:, a:b], v[:, a:b])
+                      for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())], 1)
+
+
+def test_attention_op_matches_one_process():
+    T, H, Hkv, d = 60, 4, 2, 8
+    cuts = _cuts(T)
+    gen = torch.Generator().manual_seed(12)
+    q = torch.randn(2, T, H, d, generator=gen)
+    k = torch.randn(2, T, Hkv, d, generator=gen)
+    v = torch.randn(2, T, Hkv, d, generator=gen)
+    w_out = torch.randn(2, T, H, d, generator=gen)
+
+    def run(qf, kf, vf, a, b, cu=None):
+        return gcp.attention(qf[:, a:b], kf[:, a:b], vf[:, a:b], comm=COMM, cu_seqlens=cu)
+    run.sliced = (True, True, True)
+    assert _op_check(run, _sdpa_reference, [q, k, v], cuts, w_out) <= TOL
+
+    def alone(qf, kf, vf, a, b):   # control: each rank's queries against its own keys only
+        return _sdpa_reference(qf[:, a:b], kf[:, a:b], vf[:, a:b])
+    alone.sliced = run.sliced
+    assert _op_check(alone, _sdpa_reference, [q, k, v], cuts, w_out) > 100 * TOL
+    cu = torch.tensor([0, 10, 23, 24, 40, 60])
+
+    def run_packed(qf, kf, vf, a, b):
+        return run(qf, kf, vf, a, b, cu=cu)
+    run_packed.sliced = run.sliced
+    ref_packed = lambda qf, kf, vf: _sdpa_reference(qf, kf, vf, cu)   # noqa: E731
+    args = [q[:1], k[:1], v[:1]]
+    assert _op_check(run_packed, ref_packed, args, cuts, w_out[:1]) <= TOL
+    assert _op_check(run, ref_packed, args, cuts, w_out[:1]) > 100 * TOL
+
+
+def test_ops_bad_input_fails_on_every_rank():
+    T = 60
+    cuts = _cuts(T)
+    a, b = cuts[R], cuts[R + 1]
+    x = torch.randn(2, T, 6)
+    w = torch.randn(6, 1, 4)
+    bad_w = torch.randn(5, 1, 4) if R == 1 else w
+    errs = []
+    for fn in (lambda: gcp.causal_conv1d(x[:, a:b], bad_w, comm=COMM),
+               lambda: gcp.attention(torch.randn(2, b - a, 4, 8), torch.randn(2, b - a, 3 if R == 2 % D else 2, 8),
+                                     torch.randn(2, b - a, 3 if R == 2 % D else 2, 8), comm=COMM)):
+        try:
+            fn()
+            errs.append(None)
+        except (ValueError, TypeError, RuntimeError) as e:
+            errs.append(str(e))
+    table = COMM.allgather(errs)
+    assert all(e is not None for row in table for e in row), table
+    # and a good call follows
+    y = gcp.causal_conv1d(x[:, a:b], w, comm=COMM)
+    assert y.shape == (2, b - a, 6)

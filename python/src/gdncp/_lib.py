@@ -29,6 +29,7 @@ lib = _load()
 
 GDN_OK = 0
 GDN_F32, GDN_F64, GDN_BF16 = 0, 1, 2
+GDN_ERR_ARG, GDN_ERR_SHAPE = 1, 2  # (STATUS_NAMES below)
 GDN_ERR_MPI = 20  # include/gdncp/status.h; test_abi checks every code's text against the library
 STATUS_NAMES = {1: "ARG", 2: "SHAPE", 3: "NONFINITE", 4: "NOMEM", 5: "IO", 6: "FORMAT",
                 7: "MISSING", 8: "DTYPE", GDN_ERR_MPI: "MPI"}

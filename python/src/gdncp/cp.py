@@ -33,6 +33,13 @@ that start on it, and its initial_state.grad holds those rows (zeros elsewhere; 
 over the ranks is the full dh0). Every strategy takes packed streams (heads needs the ranks to
 divide Hk, as for dense input).
 
+The other two pieces of a GatedDeltaNet model split over ranks, as autograd functions:
+causal_conv1d(x, weight, comm=) (the layer's depthwise causal conv with its Kc-1 halo rows from
+the previous ranks, gdn_cp_halo_forward / _backward; packed documents via cu_seqlens) and
+attention(q, k, v, comm=) (causal SDPA with GQA across the ranks: keys and values all-gathered,
+their gradients reduce-scattered back). gdncp.transformers.patch(comm=...) runs whole
+transformers models this way, with gdncp's C layers (gdncp.cp_layers).
+
 Precision: inputs of any float dtype run gdncp's fp32 kernel (there is no float64 CP path); o
 comes back in q's dtype, the final state in float32, gradients in their inputs' dtypes.
 
@@ -49,12 +56,13 @@ except ImportError as e:
     raise ImportError("gdncp.cp needs PyTorch: pip install torch (the NumPy entry points are "
                       "gdncp.cp_forward / gdncp.cp_backward)") from e
 
+from . import _lib as L
 from . import core
 from .torch import _check_tensor, _cu_numpy, _np, _threads
 
 core._mpi()   # ImportError now when mpi4py is missing or runs another MPI than libgdncp.so
 
-__all__ = ["chunk_gated_delta_rule", "STRATEGIES"]
+__all__ = ["chunk_gated_delta_rule", "causal_conv1d", "attention", "STRATEGIES"]
 
 STRATEGIES = core.STRATEGIES
 
@@ -123,3 +131,164 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         raise
     return _CPRule.apply(q, k, v, g, beta, initial_state, comm, strategy, scale,
                          bool(output_final_state), bool(use_qk_l2norm_in_kernel), cu)
+
+
+# ---------------------------------------------------------------- the conv halo and attention
+
+class _Halo(torch.autograd.Function):
+    """The `rows` token rows before this rank's slice (zeros before the sequence start), from
+    however many previous ranks hold them (gdn_cp_halo_forward); the backward sends their
+    gradient back to the owners (gdn_cp_halo_backward)."""
+
+    @staticmethod
+    def forward(ctx, x, rows, cp, status):
+        xa = x.detach().to(torch.float32).contiguous()
+        B, T, C = xa.shape
+        halo = torch.zeros(B, rows, C, dtype=torch.float32)
+        L.check(L.gdn_cp_halo_forward(cp, L.f32p(halo.numpy()), L.f32p(xa.numpy()), B, T, C, C,
+                                      rows, status), "gdn_cp_halo_forward")
+        ctx.meta = (cp, B, T, C, rows, x.dtype)
+        return halo.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dhalo):
+        cp, B, T, C, rows, dtype = ctx.meta
+        dx = torch.zeros(B, T, C, dtype=torch.float32)
+        dh = dhalo.detach().to(torch.float32).contiguous()
+        L.check(L.gdn_cp_halo_backward(cp, L.f32p(dx.numpy()), L.f32p(dh.numpy()), B, T, C, C,
+                                       rows, 0), "gdn_cp_halo_backward")
+        return dx.to(dtype), None, None, None
+
+
+def _doc_start_of(cu, offset, T):
+    """For each of this rank's tokens, the global index where its document starts (packed)."""
+    g = np.arange(offset, offset + T)
+    return torch.from_numpy(cu[np.searchsorted(cu, g, side="right") - 1] - offset)
+
+
+def causal_conv1d(x, weight, *, comm, activation=None, cu_seqlens=None):
+    """The depthwise causal conv of Qwen3.5's GatedDeltaNet (transformers' conv1d with padding
+    Kc-1, or causal_conv1d_fn) on this rank's slice x [B, T_r, C], the sequence split over comm:
+    the Kc-1 rows before the slice come from the previous ranks (zeros before the sequence start);
+    their gradient goes back. weight [C, 1, Kc] or [C, Kc]; activation None or "silu"; cu_seqlens
+    (the whole stream's offsets, B = 1): no tap reaches across a document start. Collective, with
+    autograd. Returns [B, T_r, C]."""
+    err, status, Kc, cu = None, L.GDN_OK, 2, None
+    try:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or 0 in x.shape:
+            raise ValueError(f"x must be [B, T_r, C] with every size > 0, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        ok = isinstance(weight, torch.Tensor) and weight.dim() in (2, 3) \
+            and weight.shape[0] == x.shape[2] and (weight.dim() == 2 or weight.shape[1] == 1)
+        if not ok:
+            raise ValueError(f"weight must be [C, 1, Kc] or [C, Kc] with C = {x.shape[2]}, got "
+                             f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else weight!r}")
+        if activation not in (None, "silu"):
+            raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+        w = weight.reshape(weight.shape[0], -1)
+        Kc = int(w.shape[1])
+        cu = None if cu_seqlens is None else core._cp_cu(_cu_numpy(cu_seqlens), x.shape[0])
+    except (TypeError, ValueError) as e:
+        err, status = e, L.GDN_ERR_SHAPE
+    st = core._comm_state(comm)
+    cp = st.cp(0)   # the halo is point to point: any strategy's context carries it
+    rows = max(Kc - 1, 1)   # (Kc = 1 needs none; one row keeps the call, and the agreement, alike)
+    try:   # collective even where this rank failed: status makes the failure every rank's
+        halo = _Halo.apply(x if err is None else torch.zeros(1, 1, 1), rows, cp, status)
+    except (ValueError, RuntimeError):
+        if err is not None:
+            raise err from None
+        raise
+    if err is not None:
+        raise err
+    B, T, C = x.shape
+    offset = (st.py.exscan(T) if st.size > 1 else 0) or 0
+    xe = torch.cat([halo[:, rows - (Kc - 1):], x], 1)   # global tokens offset - (Kc-1) ..
+    start = None if cu is None else _doc_start_of(cu, offset, T)
+    t = torch.arange(T)
+    y = x.new_zeros(B, T, C)
+    for j in range(Kc):                                   # tap j reads token t - j
+        tap = xe[:, Kc - 1 - j:Kc - 1 - j + T] * w[:, Kc - 1 - j]
+        if start is not None and j:
+            tap = tap * (t - j >= start).to(x.dtype)[None, :, None]
+        y = y + tap
+    return torch.nn.functional.silu(y) if activation == "silu" else y
+
+
+class _GatherTokens(torch.autograd.Function):
+    """Every rank's [B, T_r, ...] slice gathered along the tokens into [B, T, ...] on every rank;
+    the backward sums the gradients over the ranks and gives each its own slice (a
+    reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, st, shards):
+        xa = x.detach().to(torch.float32).transpose(0, 1).contiguous()   # [T_r, B, ...]
+        inner = int(np.prod(xa.shape[1:]))
+        full = torch.empty((sum(shards),) + tuple(xa.shape[1:]), dtype=torch.float32)
+        counts = [t * inner for t in shards]
+        st.py.Allgatherv(xa.numpy(), [full.numpy(), counts])
+        ctx.meta = (st, shards, inner, tuple(xa.shape), x.dtype)
+        return full.transpose(0, 1).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        st, shards, inner, local_shape, dtype = ctx.meta
+        ga = g.detach().to(torch.float32).transpose(0, 1).contiguous()
+        out = torch.empty(local_shape, dtype=torch.float32)
+        st.py.Reduce_scatter(ga.numpy(), out.numpy(), [t * inner for t in shards])
+        return out.transpose(0, 1).to(dtype), None, None
+
+
+def attention(q, k, v, *, comm, scale=None, cu_seqlens=None):
+    """Causal softmax attention (SDPA with is_causal, GQA) over a sequence split on comm's ranks:
+    this rank's queries q [B, T_r, H, d] against the keys k and values v [B, T_r, Hkv, d] of every
+    token up to its own, each rank's passing its slice (FLA's token-major layout). cu_seqlens (the
+    whole stream's offsets, B = 1): no query attends across a document. The keys and values are
+    all-gathered (each rank holds the whole sequence's, O(T Hkv d); the backward reduce-scatters
+    their gradients to the owners) and the core is PyTorch's scaled_dot_product_attention over
+    the causal prefix. (The patched models' attention layers run gdncp's C layer instead, keys
+    and values passed point to point.) Collective, with autograd. Returns o [B, T_r, H, d]."""
+    err = None
+    try:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_tensor(name, t)
+            if t.dim() != 4:
+                raise ValueError(f"{name} must be [B, T_r, heads, d], got {tuple(t.shape)}")
+        B, T, H, d = q.shape
+        if k.shape != v.shape or k.shape[0] != B or k.shape[1] != T or k.shape[3] != d:
+            raise ValueError(f"k and v must be [B, T_r, Hkv, d] = [{B}, {T}, Hkv, {d}], got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        if H % k.shape[2]:
+            raise ValueError(f"the query heads ({H}) must be a multiple of the kv heads "
+                             f"({k.shape[2]})")
+        cu = None if cu_seqlens is None else core._cp_cu(_cu_numpy(cu_seqlens), B)
+        sig = (B, H, int(k.shape[2]), d, None if cu is None else cu.tobytes())
+    except (TypeError, ValueError) as e:
+        err, sig, T = e, None, 0
+    st = core._comm_state(comm)
+    table = st.py.allgather((None if err is None else (type(err).__name__, str(err)), sig, T))
+    if err is not None:
+        raise err
+    for r, (e, s, _) in enumerate(table):
+        if e is not None:
+            raise {"TypeError": TypeError}.get(e[0], ValueError)(
+                f"gdncp CP attention: rank {r} failed: {e[0]}: {e[1]}")
+        if s != table[0][1]:
+            raise ValueError(f"gdncp CP attention: rank {r}'s B, heads, d or cu_seqlens differ from "
+                             "rank 0's")
+    shards = [t for _, _, t in table]
+    offset, total = sum(shards[:st.rank]), sum(shards)
+    if cu is not None and cu[-1] != total:
+        raise ValueError(f"cu_seqlens ends at {int(cu[-1])}, the ranks hold {total} tokens")
+    K = _GatherTokens.apply(k, st, shards)[:, :offset + T]
+    V = _GatherTokens.apply(v, st, shards)[:, :offset + T]
+    qi = torch.arange(offset, offset + T)[:, None]
+    kj = torch.arange(offset + T)[None, :]
+    mask = kj <= qi
+    if cu is not None:
+        doc = torch.from_numpy(np.searchsorted(cu, np.arange(offset + T), side="right") - 1)
+        mask = mask & (doc[None, :] == doc[offset:offset + T, None])
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), K.transpose(1, 2).to(q.dtype), V.transpose(1, 2).to(q.dtype),
+        attn_mask=mask, scale=scale, enable_gqa=H != k.shape[2])
+    return o.transpose(1, 2)
