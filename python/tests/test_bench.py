@@ -65,3 +65,21 @@ def test_bench_attention_agrees_with_torch_sdpa_and_control_differs():
     assert set(err) == {"o", "dq", "dk", "dv"} and max(err.values()) < 1e-5, err
     _, bad, _ = bench.run_attention(T=150, H=8, Hkv=2, d=32, reps=1, causal_for_check=False)
     assert bad["o"] > 1e-3, bad   # control: gdncp's causal o against torch's unmasked one
+
+
+def test_bench_cp_train_quick_runs_every_side(capsys):
+    """The cp-train section (its own MPI runs): every side completes at a toy size and the first
+    losses of transformers and the patched model over 1 and 2 ranks agree (the same weights and
+    tokens; test_cp_train.py holds that comparison's controls)."""
+    from gdncp import bench_cp_train as cpt
+    rows, _ = cpt.run(("tiny",), (64,), (1, 2), reps=1, mem_gib=8)
+    got = {(side, D): (r, why) for _, _, side, D, r, why in rows}
+    ref = got[("transformers", 1)][0]
+    assert ref is not None, got
+    for D in (1, 2):
+        r, why = got[("patched", D)]
+        assert r is not None, why
+        assert abs(r["loss"] - ref["loss"]) / ref["loss"] < 1e-5, (D, r, ref)
+    cpt.report(rows, {}, 8)
+    assert "tok/s" in capsys.readouterr().out
+

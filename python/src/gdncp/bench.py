@@ -35,8 +35,15 @@ the threads.
             golden tiny one, saved with save_pretrained and loaded by both), new tokens per second
             of each and whether their ids agree. --gen-B rows of --gen-prompt tokens, --gen-new.
 
-    python -m gdncp.bench [--what rule,model,overhead,conv,bf16,attention,generate] [--quick] [--reps 5]
-                          [--threads N]
+  cp-train  (only when asked for) a training step of transformers' Qwen3_5ForCausalLM with its
+            sequence split over 1, 2, 4 MPI ranks by gdncp.transformers.patch(comm=...), against
+            transformers unpatched on one process and gdncp's C trainer on the same grid:
+            tokens/s and peak memory per rank (gdncp.bench_cp_train). --cp-models tiny,small
+            --cp-T 4096,16384 --cp-ranks 1,2,4 --mem-gib 20, --cp-max for the longest T each side
+            completes.
+
+    python -m gdncp.bench [--what rule,model,overhead,conv,bf16,attention,generate,cp-train]
+                          [--quick] [--reps 5] [--threads N]
 
 --quick runs every section at toy sizes (the test suite's smoke run). --threads sets torch's
 thread count (0: torch's default), which gdncp's kernels use too.
@@ -496,7 +503,8 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
 
 # ----------------------------------------------------------------------------- command line
 
-SECTIONS = ("rule", "model", "overhead", "conv", "bf16", "attention", "generate")
+SECTIONS = ("rule", "model", "overhead", "conv", "bf16", "attention", "generate", "cp-train")
+DEFAULT_SECTIONS = SECTIONS[:-1]   # cp-train (minutes of MPI runs) only when asked for
 
 
 def main(argv=None):
@@ -508,8 +516,16 @@ def main(argv=None):
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-backward", action="store_true", help="rule: forward only")
-    ap.add_argument("--what", default=",".join(SECTIONS),
-                    help=f"comma-separated sections of {', '.join(SECTIONS)} (default: all)")
+    ap.add_argument("--what", default=",".join(DEFAULT_SECTIONS),
+                    help=f"comma-separated sections of {', '.join(SECTIONS)} (default: all but "
+                         "cp-train)")
+    ap.add_argument("--cp-models", default="tiny,small", help="cp-train: gdncp's named models")
+    ap.add_argument("--cp-T", default="4096,16384", help="cp-train: sequence lengths")
+    ap.add_argument("--cp-ranks", default="1,2,4", help="cp-train: rank counts of the patched model")
+    ap.add_argument("--cp-max", action="store_true",
+                    help="cp-train: also the longest T each side completes within --mem-gib")
+    ap.add_argument("--mem-gib", type=float, default=20.0,
+                    help="cp-train: a run past this resident memory (all its processes) is stopped")
     ap.add_argument("--model-config", default=None, help="model: a Qwen3.5 config.json")
     ap.add_argument("--quick", action="store_true",
                     help="toy sizes for every section (a smoke run, seconds)")
@@ -523,6 +539,7 @@ def main(argv=None):
         a.model_B, a.model_T, a.layer_E = 2, 64, 32
         a.attn_T, a.attn_reps = 256, 1
         a.gen_prompt, a.gen_new = 8, 16
+        a.cp_models, a.cp_T, a.cp_ranks = "tiny", "64", "1,2"
     for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "layer_E", "attn_T",
                  "attn_H", "attn_Hkv", "attn_d", "attn_reps", "gen_B", "gen_prompt", "gen_new"):
         if getattr(a, name) < 1:
@@ -614,6 +631,19 @@ def main(argv=None):
         (_, t0), (_, t1) = rows
         print(f"  speed-up (transformers / gdncp.Model): {t0 / t1:.1f}x; "
               f"ids {'equal' if same else 'DIFFER'}")
+    if "cp-train" in what:
+        from . import bench_cp_train as cpt
+        try:
+            models = [m for m in a.cp_models.split(",") if m]
+            Ts = [int(t) for t in a.cp_T.split(",") if t]
+            ranks = [int(d) for d in a.cp_ranks.split(",") if d]
+        except ValueError:
+            ap.error("--cp-T and --cp-ranks are comma-separated integers")
+        if not models or not Ts or not ranks or min(Ts) < 1 or min(ranks) < 1:
+            ap.error("--cp-models, --cp-T and --cp-ranks need at least one positive value each")
+        rows, longest = cpt.run(models, Ts, ranks, reps=min(a.reps, 3), mem_gib=a.mem_gib,
+                                cp_max=a.cp_max, threads=a.threads or None)
+        cpt.report(rows, longest, a.mem_gib)
     return 0
 
 
