@@ -522,6 +522,8 @@ def main(argv=None):
     ap.add_argument("--cp-models", default="tiny,small", help="cp-train: gdncp's named models")
     ap.add_argument("--cp-T", default="4096,16384", help="cp-train: sequence lengths")
     ap.add_argument("--cp-ranks", default="1,2,4", help="cp-train: rank counts of the patched model")
+    ap.add_argument("--cp-sides", default="transformers,patched,gdncp C",
+                    help="cp-train: which of transformers, patched, 'gdncp C' to run")
     ap.add_argument("--cp-max", action="store_true",
                     help="cp-train: also the longest T each side completes within --mem-gib")
     ap.add_argument("--mem-gib", type=float, default=20.0,
@@ -641,8 +643,11 @@ def main(argv=None):
             ap.error("--cp-T and --cp-ranks are comma-separated integers")
         if not models or not Ts or not ranks or min(Ts) < 1 or min(ranks) < 1:
             ap.error("--cp-models, --cp-T and --cp-ranks need at least one positive value each")
+        sides = [x.strip() for x in a.cp_sides.split(",") if x.strip()]
+        if not sides or any(x not in cpt.SIDES for x in sides):
+            ap.error(f"--cp-sides: some of {', '.join(cpt.SIDES)}")
         rows, longest = cpt.run(models, Ts, ranks, reps=min(a.reps, 3), mem_gib=a.mem_gib,
-                                cp_max=a.cp_max, threads=a.threads or None)
+                                cp_max=a.cp_max, threads=a.threads or None, sides=sides)
         cpt.report(rows, longest, a.mem_gib)
     return 0
 

@@ -196,7 +196,8 @@ def _c_trainer(model, T, D, reps, mem_mb, timeout_s, threads):
             f.write(bytes(32 + b % 95 for b in os.urandom(max(4 * T, 1 << 16))))
         log = os.path.join(tmp, "log.csv")
         cmd = ["mpiexec.mpich", "-n", str(D), exe, "train", "--data", data, "--model", model,
-               "--seq", str(T), "--cp", str(D), "--steps", str(reps + 1), "--eval-every", "0",
+               "--seq", str(T), "--batch", "1", "--cp", str(D), "--steps", str(reps + 1),
+               "--eval-every", "0",
                "--log", log, "--out", os.path.join(tmp, "out"), "--threads",
                str(max(1, threads // D)), "--progress", "lines"]
         out, why = run_guarded(cmd, mem_mb, timeout_s)
@@ -209,33 +210,42 @@ def _c_trainer(model, T, D, reps, mem_mb, timeout_s, threads):
             "loss": float(rows[0][1])}, None
 
 
+SIDES = ("transformers", "patched", "gdncp C")
+
+
 def run(models=("tiny", "small"), Ts=(4096, 16384), ranks=(1, 2, 4), reps=2, mem_gib=20.0,
-        timeout_s=900, cp_max=False, threads=None):
+        timeout_s=900, cp_max=False, threads=None, sides=SIDES):
     """Rows (model, T, side, ranks, result or None, why)."""
     threads = threads or os.cpu_count() or 1
     mem_mb = mem_gib * 1024
     rows = []
     for model in models:
         for T in Ts:
-            r, why = _side(model, T, 1, False, reps, mem_mb, timeout_s, threads)
-            rows.append((model, T, "transformers", 1, r, why))
+            if "transformers" in sides:
+                r, why = _side(model, T, 1, False, reps, mem_mb, timeout_s, threads)
+                rows.append((model, T, "transformers", 1, r, why))
             for D in ranks:
-                r, why = _side(model, T, D, True, reps, mem_mb, timeout_s, threads)
-                rows.append((model, T, "patched", D, r, why))
-                r, why = _c_trainer(model, T, D, reps, mem_mb, timeout_s, threads)
-                rows.append((model, T, "gdncp C", D, r, why))
+                if "patched" in sides:
+                    r, why = _side(model, T, D, True, reps, mem_mb, timeout_s, threads)
+                    rows.append((model, T, "patched", D, r, why))
+                if "gdncp C" in sides:
+                    r, why = _c_trainer(model, T, D, reps, mem_mb, timeout_s, threads)
+                    rows.append((model, T, "gdncp C", D, r, why))
+    if not cp_max:
+        return rows, {}
     longest = {}
-    if cp_max:
-        for model in models:
-            for side, D, patched in (("transformers", 1, False), ("patched", 4, True)):
-                T, best = Ts[0], None
-                while True:
-                    r, why = _side(model, T, D, patched, 1, mem_mb, timeout_s, threads)
-                    if r is None:
-                        break
-                    best = (T, r["peak_mb"])
-                    T *= 2
-                longest[(model, side)] = (best, T, why)
+    for model in models:
+        for side, D, patched in (("transformers", 1, False), ("patched", 4, True)):
+            if side not in sides:
+                continue
+            T, best = Ts[0], None
+            while True:
+                r, why = _side(model, T, D, patched, 1, mem_mb, timeout_s, threads)
+                if r is None:
+                    break
+                best = (T, r["peak_mb"])
+                T *= 2
+            longest[(model, side)] = (best, T, why)
     return rows, longest
 
 

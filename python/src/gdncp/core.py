@@ -647,6 +647,30 @@ def _cp_cu(cu_seqlens, B):
     return cu
 
 
+def _agree(st, err, sig=None, names=(), extra=None, what="gdncp CP", show=None):
+    """One collective over st's communicator: every rank's local failure (err, this rank's
+    exception or None) and the values every rank must share (sig, a tuple; names[i] says what
+    its i-th value is), so that a failure anywhere is raised on every rank: the failing rank its
+    own exception, the others one of the same type naming it; values that differ from rank 0's
+    raise ValueError everywhere. Returns every rank's `extra` (its shard length, say)."""
+    table = st.py.allgather((None if err is None else (type(err).__name__, str(err)), sig, extra))
+    if err is not None:
+        raise err
+    for r, (e, _, _) in enumerate(table):
+        if e is not None:
+            exc = {"TypeError": TypeError, "ValueError": ValueError}.get(e[0], RuntimeError)
+            raise exc(f"{what}: rank {r} failed: {e[0]}: {e[1]}")
+    shown = show or (lambda i, x: "(differ)" if isinstance(x, bytes) else x)
+    for r, (_, s, _) in enumerate(table):
+        for i, (a, b) in enumerate(zip(s or (), table[0][1] or ())):
+            if a != b:
+                name = names[i] if i < len(names) else f"value {i}"
+                raise ValueError(f"{what}: the ranks disagree on {name}: rank {r} has "
+                                 f"{shown(i, a)}, rank 0 has "
+                                 f"{'(its own)' if isinstance(b, bytes) else shown(i, b)}")
+    return [x for _, _, x in table]
+
+
 class _CPCall:
     """One rank's part of a collective CP call, agreed with the other ranks: its problem (float32
     arrays), the plan for its shard, the gdn_cp context, its place in the stream."""
@@ -683,26 +707,13 @@ class _CPCall:
         except Exception as e:   # noqa: BLE001 -- every local failure is shared, then re-raised
             err = e
         # The agreement: every rank's status, options and shard length, in one collective.
-        table = st.py.allgather((None if err is None else (type(err).__name__, str(err)),
-                                 sig, T_local))
-        if err is not None:
-            raise err
-        for r, (e, _, _) in enumerate(table):
-            if e is not None:
-                exc = {"TypeError": TypeError, "ValueError": ValueError}.get(e[0], RuntimeError)
-                raise exc(f"gdncp CP: rank {r} failed: {e[0]}: {e[1]}")
         names = ("the CP strategy", "B", "Hk", "Hv", "K", "V", "scale", "use_qk_l2norm_in_kernel",
                  "chunk", "the number of documents of cu_seqlens (-1: dense)",
                  "the cu_seqlens offsets", "initial_state given (packed: on every rank or none)")
         names = names + tuple(name for name, _ in flags)
-        for r, (_, s, _) in enumerate(table):
-            for i, (a, b) in enumerate(zip(s, table[0][1])):
-                if a != b:
-                    show = (lambda x: STRATEGIES[x]) if i == 0 else (lambda x: "(differ)" if
-                                                                     isinstance(x, bytes) else x)
-                    raise ValueError(f"gdncp CP: the ranks disagree on {names[i]}: rank {r} has "
-                                     f"{show(a)}, rank 0 has {show(b)}")
-        self.shards = [t for _, _, t in table]
+        self.shards = _agree(st, err, sig, names, T_local,
+                             show=lambda i, x: STRATEGIES[x] if i == 0 else
+                             ("(differ)" if isinstance(x, bytes) else x))
         self.offset = sum(self.shards[:self.rank])
         self.total = sum(self.shards)
         p = self.p

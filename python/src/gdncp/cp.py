@@ -266,17 +266,8 @@ def attention(q, k, v, *, comm, scale=None, cu_seqlens=None):
     except (TypeError, ValueError) as e:
         err, sig, T = e, None, 0
     st = core._comm_state(comm)
-    table = st.py.allgather((None if err is None else (type(err).__name__, str(err)), sig, T))
-    if err is not None:
-        raise err
-    for r, (e, s, _) in enumerate(table):
-        if e is not None:
-            raise {"TypeError": TypeError}.get(e[0], ValueError)(
-                f"gdncp CP attention: rank {r} failed: {e[0]}: {e[1]}")
-        if s != table[0][1]:
-            raise ValueError(f"gdncp CP attention: rank {r}'s B, heads, d or cu_seqlens differ from "
-                             "rank 0's")
-    shards = [t for _, _, t in table]
+    shards = core._agree(st, err, sig, ("B", "the query heads", "the kv heads", "d",
+                                        "the cu_seqlens offsets"), T, what="gdncp CP attention")
     offset, total = sum(shards[:st.rank]), sum(shards)
     if cu is not None and cu[-1] != total:
         raise ValueError(f"cu_seqlens ends at {int(cu[-1])}, the ranks hold {total} tokens")

@@ -64,26 +64,11 @@ class Shard:
                    None if cu is None else cu.tobytes(), int(pos_offset))
         except Exception as e:  # noqa: BLE001 -- shared with every rank, then re-raised
             err = e
-        table = st.py.allgather((None if err is None else (type(err).__name__, str(err)), sig,
-                                 int(T_local)))
-        if err is not None:
-            raise err
-        for r, (e, _, _) in enumerate(table):
-            if e is not None:
-                exc = {"TypeError": TypeError, "ValueError": ValueError}.get(e[0], RuntimeError)
-                raise exc(f"gdncp CP: rank {r} failed: {e[0]}: {e[1]}")
         names = ("the GatedDeltaNet strategy", "the attention strategy", "compute",
                  "the batch size B (every rank passes the same rows)",
                  "the number of documents (-1: dense)", "the documents' offsets",
                  "the position of the first token")
-        for r, (_, s, _) in enumerate(table):
-            for i, (a, b) in enumerate(zip(s, table[0][1])):
-                if a != b:
-                    show = "(differ)" if isinstance(a, bytes) else a
-                    want = "(rank 0's)" if isinstance(b, bytes) else b
-                    raise ValueError(f"gdncp CP: the ranks disagree on {names[i]}: rank {r} has "
-                                     f"{show}, rank 0 has {want}")
-        self.shards = [t for _, _, t in table]
+        self.shards = core._agree(st, err, sig, names, int(T_local))
         self.offset = sum(self.shards[:self.rank])
         self.total = sum(self.shards)
         self.B, self.T = int(B), int(T_local)

@@ -123,21 +123,17 @@ def _shard_from(comm, B, T, pos, settings, err):
             summ = _summary(pos)
     except Exception as e:  # noqa: BLE001
         err = e
-    table = st.py.allgather((None if err is None else (type(err).__name__, str(err)), B, T, summ))
+    table = core._agree(st, err, extra=(B, T, summ))
     cu, pos_offset = None, 0
     if err is None:
         try:
-            for r, (e, _, _, _) in enumerate(table):
-                if e is not None:
-                    exc = {"TypeError": TypeError, "ValueError": ValueError}.get(e[0], RuntimeError)
-                    raise exc(f"gdncp CP: rank {r} failed: {e[0]}: {e[1]}")
-            Bs = [b for _, b, _, _ in table]
+            Bs = [b for b, _, _ in table]
             if any(b != Bs[0] for b in Bs):
                 raise ValueError(f"gdncp CP: the ranks' slices have different batch sizes {Bs}: "
                                  "every rank passes the same rows, each its own tokens of them")
-            lengths = [t for _, _, t, _ in table]
+            lengths = [t for _, t, _ in table]
             offsets = np.cumsum([0] + lengths)
-            summs = [s for _, _, _, s in table]
+            summs = [s for _, _, s in table]
             given = [s is not None for s in summs]
             if any(given) and not all(given):
                 raise ValueError("gdncp CP: position_ids given on some ranks and not on others "
@@ -223,6 +219,7 @@ def _text_forward(orig):
             out = orig(self, input_ids=input_ids, attention_mask=None, position_ids=position_ids,
                        cache=None, inputs_embeds=inputs_embeds, use_cache=False, **kwargs)
             _tls.last = (shard, _tls.mixers)   # for this forward's loss (a failed one leaves none)
+            _tls.recompute = shard             # for layers re-run by gradient checkpointing
         finally:
             _tls.shard = prev
         return out
@@ -230,8 +227,19 @@ def _text_forward(orig):
     return forward
 
 
+def _in_backward():
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
 def _inside(kind):
     shard = getattr(_tls, "shard", None)
+    if shard is None and _in_backward():
+        # gradient checkpointing re-runs the decoder layers inside the backward: the shard of
+        # the forward they belong to (the last one; every rank recomputes the same layers)
+        shard = getattr(_tls, "recompute", None)
+        if shard is not None:
+            return shard
     if shard is None:
         raise RuntimeError(f"gdncp CP: a {kind} layer ran outside its text model's forward under "
                            "patch(comm=...): the patch splits whole models (" + _known() + ")")
@@ -351,13 +359,7 @@ def causal_lm_loss(logits, labels, vocab_size=None, num_items_in_batch=None, ign
                              f"got {tuple(lab.shape)}")
     except Exception as e:  # noqa: BLE001
         err = e
-    table = st.py.allgather(None if err is None else (type(err).__name__, str(err)))
-    if err is not None:
-        raise err
-    for r, e in enumerate(table):
-        if e is not None:
-            exc = {"TypeError": TypeError, "ValueError": ValueError}.get(e[0], RuntimeError)
-            raise exc(f"gdncp CP: rank {r} failed: {e[0]}: {e[1]}")
+    core._agree(st, err)
     if shift_labels is None:
         # this rank's last token predicts the next rank's first label
         nxt = np.full((shard.B, 1), ignore_index, np.int64)
