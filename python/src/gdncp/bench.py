@@ -646,9 +646,11 @@ def main(argv=None):
         sides = [x.strip() for x in a.cp_sides.split(",") if x.strip()]
         if not sides or any(x not in cpt.SIDES for x in sides):
             ap.error(f"--cp-sides: some of {', '.join(cpt.SIDES)}")
-        rows, longest = cpt.run(models, Ts, ranks, reps=min(a.reps, 3), mem_gib=a.mem_gib,
-                                cp_max=a.cp_max, threads=a.threads or None, sides=sides)
-        cpt.report(rows, longest, a.mem_gib)
+        report = cpt.Report(a.mem_gib)
+        _, longest = cpt.run(models, Ts, ranks, reps=min(a.reps, 3), mem_gib=a.mem_gib,
+                             cp_max=a.cp_max, threads=a.threads or None, sides=sides,
+                             report=report)
+        report.longest(longest)
     return 0
 
 

@@ -214,23 +214,29 @@ SIDES = ("transformers", "patched", "gdncp C")
 
 
 def run(models=("tiny", "small"), Ts=(4096, 16384), ranks=(1, 2, 4), reps=2, mem_gib=20.0,
-        timeout_s=900, cp_max=False, threads=None, sides=SIDES):
-    """Rows (model, T, side, ranks, result or None, why)."""
+        timeout_s=900, cp_max=False, threads=None, sides=SIDES, report=None):
+    """Rows (model, T, side, ranks, result or None, why), each also given to report.row as it
+    finishes; and with cp_max, the longest T per (model, side)."""
     threads = threads or os.cpu_count() or 1
     mem_mb = mem_gib * 1024
     rows = []
+
+    def add(row):
+        rows.append(row)
+        if report:
+            report.row(row)
     for model in models:
         for T in Ts:
             if "transformers" in sides:
                 r, why = _side(model, T, 1, False, reps, mem_mb, timeout_s, threads)
-                rows.append((model, T, "transformers", 1, r, why))
+                add((model, T, "transformers", 1, r, why))
             for D in ranks:
                 if "patched" in sides:
                     r, why = _side(model, T, D, True, reps, mem_mb, timeout_s, threads)
-                    rows.append((model, T, "patched", D, r, why))
+                    add((model, T, "patched", D, r, why))
                 if "gdncp C" in sides:
                     r, why = _c_trainer(model, T, D, reps, mem_mb, timeout_s, threads)
-                    rows.append((model, T, "gdncp C", D, r, why))
+                    add((model, T, "gdncp C", D, r, why))
     if not cp_max:
         return rows, {}
     longest = {}
@@ -241,6 +247,8 @@ def run(models=("tiny", "small"), Ts=(4096, 16384), ranks=(1, 2, 4), reps=2, mem
             T, best = Ts[0], None
             while True:
                 r, why = _side(model, T, D, patched, 1, mem_mb, timeout_s, threads)
+                if report:
+                    report.probe(model, side, T, r, why)
                 if r is None:
                     break
                 best = (T, r["peak_mb"])
@@ -249,37 +257,47 @@ def run(models=("tiny", "small"), Ts=(4096, 16384), ranks=(1, 2, 4), reps=2, mem
     return rows, longest
 
 
-def report(rows, longest, mem_gib):
-    from .bench import _where
-    print(f"[cp-train] a training step (forward with labels, backward, gradient sum, AdamW), B=1, "
-          f"random bytes; {_where()}; peak resident memory of the largest rank; --mem-gib "
-          f"{mem_gib:g}")
-    ref = {}
-    for model, T, side, D, r, why in rows:
+class Report:
+    """Prints the section as its runs finish (a long --cp-max search shows what it found so far)."""
+
+    def __init__(self, mem_gib):
+        from .bench import _where
+        print(f"[cp-train] a training step (forward with labels, backward, gradient sum, AdamW), "
+              f"B=1, random bytes; {_where()}; peak resident memory of the largest rank; "
+              f"--mem-gib {mem_gib:g}", flush=True)
+        self.ref = {}
+
+    def row(self, row):
+        model, T, side, D, r, why = row
         tag = f"  {model:5s} T={T:<7d} {side:12s} ranks={D}"
         if r is None:
-            print(f"{tag}  -- {why}")
-            continue
-        tps = T / r["step_s"]
-        ref[(model, T, side, D)] = r["step_s"]
+            print(f"{tag}  -- {why}", flush=True)
+            return
+        self.ref[(model, T, side, D)] = r["step_s"]
         extra = ""
-        if side == "gdncp C" and (model, T, "patched", D) in ref:
-            extra = f"   patched / C {ref[(model, T, 'patched', D)] / r['step_s']:.2f}x"
-        elif side == "patched" and (model, T, "transformers", 1) in ref:
-            extra = f"   {ref[(model, T, 'transformers', 1)] / r['step_s']:.2f}x transformers"
-        print(f"{tag}  {r['step_s'] * 1e3:10.1f} ms/step {tps:9.0f} tok/s  peak "
-              f"{r['peak_mb'] / 1024:6.2f} GiB/rank  loss {r['loss']:.4f}{extra}")
-    for (model, side), (best, stop_T, why) in longest.items():
-        if best is None:
-            print(f"  longest T, {model} {side}: none (T={stop_T}: {why})")
-        else:
-            print(f"  longest T, {model} {side}: {best[0]} (peak {best[1] / 1024:.2f} GiB/rank; "
-                  f"T={stop_T}: {why})")
-    for model in {m for m, _ in longest}:
-        a, b = longest.get((model, "transformers")), longest.get((model, "patched"))
-        if a and b and a[0] and b[0]:
-            print(f"  longest T ratio, {model}: patched over 4 ranks / transformers on one "
-                  f"process = {b[0][0] / a[0][0]:.1f}x")
+        if side == "gdncp C" and (model, T, "patched", D) in self.ref:
+            extra = f"   patched / C {self.ref[(model, T, 'patched', D)] / r['step_s']:.2f}x"
+        elif side == "patched" and (model, T, "transformers", 1) in self.ref:
+            extra = f"   {self.ref[(model, T, 'transformers', 1)] / r['step_s']:.2f}x transformers"
+        print(f"{tag}  {r['step_s'] * 1e3:10.1f} ms/step {T / r['step_s']:9.0f} tok/s  peak "
+              f"{r['peak_mb'] / 1024:6.2f} GiB/rank  loss {r['loss']:.4f}{extra}", flush=True)
+
+    def probe(self, model, side, T, r, why):
+        got = f"completes, peak {r['peak_mb'] / 1024:.2f} GiB/rank" if r else why
+        print(f"  --cp-max {model} {side} T={T}: {got}", flush=True)
+
+    def longest(self, longest):
+        for (model, side), (best, stop_T, why) in longest.items():
+            if best is None:
+                print(f"  longest T, {model} {side}: none (T={stop_T}: {why})")
+            else:
+                print(f"  longest T, {model} {side}: {best[0]} (peak {best[1] / 1024:.2f} "
+                      f"GiB/rank; T={stop_T}: {why})")
+        for model in {m for m, _ in longest}:
+            a, b = longest.get((model, "transformers")), longest.get((model, "patched"))
+            if a and b and a[0] and b[0]:
+                print(f"  longest T ratio, {model}: patched over 4 ranks / transformers on one "
+                      f"process = {b[0][0] / a[0][0]:.1f}x")
 
 
 def main(argv):
