@@ -107,28 +107,29 @@ class AttnDims:
     max_position: int = 0
 
 
-def _layer_cfg(dims, shard):
+def _layer_cfg(dims, shard, cu):
+    """cu: the offsets the config points to (the plan's own copy of shard.cu, or None)."""
     c = L.gdn_layer_config_default(shard.B, shard.T, dims.E, dims.Hk, dims.Hv, dims.K, dims.V)
     c.Kc, c.eps, c.threads = dims.Kc, dims.eps, shard.threads
     c.check_finite = 1
     c.compute = 1 if shard.compute == "bf16" else 0
-    if shard.cu is not None:
-        c.cu_seqlens = shard.cu.ctypes.data_as(L.P_int64)
-        c.n_docs = shard.cu.size - 1
+    if cu is not None:
+        c.cu_seqlens = cu.ctypes.data_as(L.P_int64)
+        c.n_docs = cu.size - 1
         c.seq_offset = shard.offset   # dense: the layer finds its place from the shards
     return c
 
 
-def _attn_cfg(dims, shard):
+def _attn_cfg(dims, shard, cu):
     c = L.gdn_attn_config_default(shard.B, shard.T, dims.E, dims.H, dims.Hkv, dims.d)
     c.R, c.rope_theta, c.eps, c.threads = dims.R, dims.rope_theta, dims.eps, shard.threads
     c.check_finite = 1
     c.max_position = dims.max_position
     c.cp = L.gdn_attn_cp_strategy_parse(shard.attention.encode())
     c.compute = 1 if shard.compute == "bf16" else 0
-    if shard.cu is not None:
-        c.cu_seqlens = shard.cu.ctypes.data_as(L.P_int64)
-        c.n_docs = shard.cu.size - 1
+    if cu is not None:
+        c.cu_seqlens = cu.ctypes.data_as(L.P_int64)
+        c.n_docs = cu.size - 1
     else:
         c.pos_offset = shard.pos_offset
     c.seq_offset = shard.offset
@@ -212,8 +213,7 @@ def _plan(kind, dims, shard):
             plan = _plans.pop(key, None)
             if plan is None:
                 cu = None if shard.cu is None else shard.cu.copy()
-                s2 = shard if cu is None else _with_cu(shard, cu)
-                cfg = _layer_cfg(dims, s2) if kind == "gdn" else _attn_cfg(dims, s2)
+                cfg = (_layer_cfg if kind == "gdn" else _attn_cfg)(dims, shard, cu)
                 plan = _Plan(kind, cfg, cu)
             _plans[key] = plan
             while len(_plans) > _PLAN_CACHE:
@@ -225,13 +225,6 @@ def _plan(kind, dims, shard):
         raise err
     L.check(status, f"gdncp CP {kind} (another rank failed to make its plan)")
     return plan
-
-
-def _with_cu(shard, cu):
-    s = object.__new__(Shard)
-    s.__dict__.update(shard.__dict__)
-    s.cu = cu
-    return s
 
 
 class _MixerCP(torch.autograd.Function):
