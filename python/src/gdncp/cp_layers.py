@@ -32,6 +32,19 @@ GDN_STRATEGIES = core.STRATEGIES
 ATTN_STRATEGIES = ("kv", "heads")
 
 
+def check_options(gdn, attention, compute):
+    """ValueError unless gdn is one of GDN_STRATEGIES, attention one of ATTN_STRATEGIES and
+    compute 'fp32' or 'bf16'."""
+    if not isinstance(gdn, str) or gdn not in GDN_STRATEGIES:
+        raise ValueError(f"unknown GatedDeltaNet CP strategy {gdn!r}: use one of "
+                         f"{', '.join(GDN_STRATEGIES)}")
+    if attention not in ATTN_STRATEGIES:
+        raise ValueError(f"unknown attention CP strategy {attention!r}: use one of "
+                         f"{', '.join(ATTN_STRATEGIES)}")
+    if compute not in ("fp32", "bf16"):
+        raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
+
+
 class Shard:
     """This rank's place in the sequence: B rows, its T_local tokens at offset `offset` of the
     whole `total`, the ranks' shard lengths, and the packing (cu_seqlens of the whole stream,
@@ -47,14 +60,7 @@ class Shard:
         try:
             if err is not None:
                 raise err
-            if not isinstance(gdn, str) or L.gdn_cp_strategy_parse(gdn.encode()) < 0:
-                raise ValueError(f"unknown GatedDeltaNet CP strategy {gdn!r}: use one of "
-                                 f"{', '.join(GDN_STRATEGIES)}")
-            if attention not in ATTN_STRATEGIES:
-                raise ValueError(f"unknown attention CP strategy {attention!r}: use one of "
-                                 f"{', '.join(ATTN_STRATEGIES)}")
-            if compute not in ("fp32", "bf16"):
-                raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
+            check_options(gdn, attention, compute)
             if B < 1 or T_local < 1:
                 raise ValueError(f"every rank needs at least one token (B = {B}, T = {T_local})")
             cu = None

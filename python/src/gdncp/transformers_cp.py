@@ -113,9 +113,10 @@ def _summary(pos):
     return (False, int(row[0]), int(row[-1]), starts.astype(np.int64))
 
 
-def _shard_from(comm, B, T, pos, settings, err):
+def _shard_from(settings, B, T, pos, err):
     """The agreement of one forward: the ranks' lengths and positions, then the Shard (both
     collective; a failure on any rank raised on every rank)."""
+    comm, gdn, attention, compute = settings
     st = core._comm_state(comm)
     summ = None
     try:
@@ -173,7 +174,6 @@ def _shard_from(comm, B, T, pos, settings, err):
                     cu = np.array(sorted(set(starts)) + [int(offsets[-1])], np.int64)
         except Exception as e:  # noqa: BLE001 -- every rank reached the same table: same error
             err = e
-    comm_, gdn, attention, compute = settings
     return CL.Shard(comm, B, T, cu_seqlens=cu, pos_offset=pos_offset, gdn=gdn, attention=attention,
                     compute=compute, error=err)
 
@@ -210,7 +210,7 @@ def _text_forward(orig):
             pos = _text_positions(position_ids, B, T)
         except Exception as e:  # noqa: BLE001 -- shared with the other ranks first
             err = e
-        shard = _shard_from(settings[0], B, T, pos, settings, err)
+        shard = _shard_from(settings, B, T, pos, err)
         if position_ids is None:
             position_ids = (torch.arange(T, device=x.device) + shard.offset)[None].expand(B, T)
         prev = getattr(_tls, "shard", None)
@@ -430,14 +430,7 @@ def install(set_attr, comm, strategy, attention, compute):
     global _settings
     from transformers.loss import loss_utils
     core._comm_state(comm)   # a bad comm raised here, before anything is patched
-    if not isinstance(strategy, str) or strategy not in CL.GDN_STRATEGIES:
-        raise ValueError(f"unknown GatedDeltaNet CP strategy {strategy!r}: use one of "
-                         f"{', '.join(CL.GDN_STRATEGIES)}")
-    if attention not in CL.ATTN_STRATEGIES:
-        raise ValueError(f"unknown attention CP strategy {attention!r}: use one of "
-                         f"{', '.join(CL.ATTN_STRATEGIES)}")
-    if compute not in ("fp32", "bf16"):
-        raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
+    CL.check_options(strategy, attention, compute)
     found = targets()
     if not found:
         raise ImportError("gdncp.transformers.patch(comm=...): transformers has none of " + _known())
