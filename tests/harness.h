@@ -132,6 +132,7 @@ void test_layer_io(void);        /* tests/test_layer_io.c: loading layer weights
 void test_layer(void);           /* tests/test_layer.c: the fp32 layer */
 void test_model(void);           /* tests/test_model.c: the decoder model and AdamW */
 void test_train_io(void);        /* tests/test_train_io.c: checkpoints and training text */
+void test_hf_layouts(void);      /* tests/test_hf_layouts.c: the model's weights in transformers' layouts */
 void test_tokens(void);          /* tests/test_tokens.c: token files */
 void test_pack(void);            /* tests/test_pack.c: packed documents (cu_seqlens), one rank */
 void test_attention(void);       /* tests/test_attention.c: the gated full-attention layer */

@@ -368,7 +368,9 @@ static void test_config(void) {
          GDN_ERR_FORMAT, "layer 1 is \"sliding_attention\""},
         {"num_experts 8 (MoE)", "num_experts", json_integer(8), 0, GDN_ERR_FORMAT, "'num_experts' = 8"},
         {"rms_norm_eps 0", "rms_norm_eps", json_real(0.0), 0, GDN_ERR_SHAPE, "rms_norm_eps"},
-        {"model_type qwen3_next", "model_type", json_string("qwen3_next"), 0, GDN_ERR_FORMAT, "qwen3_next"},
+        {"model_type qwen3_next without num_experts (its default 512: MoE)", "model_type", json_string("qwen3_next"), 0,
+         GDN_ERR_FORMAT, "'num_experts' = 512 (the default when absent)"},
+        {"model_type llama", "model_type", json_string("llama"), 0, GDN_ERR_FORMAT, "'model_type' is \"llama\""},
         {"linear_num_value_heads 3 (not a multiple of 2 key heads)", "linear_num_value_heads", json_integer(3), 0,
          GDN_ERR_SHAPE, "config.json"},
     };

@@ -38,6 +38,8 @@ GDN_API int gdn_st_count(const gdn_st_file *f);
 GDN_API const gdn_st_tensor *gdn_st_at(const gdn_st_file *f, int i);
 /* NULL if absent. */
 GDN_API const gdn_st_tensor *gdn_st_find(const gdn_st_file *f, const char *name);
+/* The path the file was opened under. */
+GDN_API const char *gdn_st_path(const gdn_st_file *f);
 /* A metadata value, or NULL. */
 GDN_API const char *gdn_st_metadata(const gdn_st_file *f, const char *key);
 
@@ -132,6 +134,18 @@ GDN_API const void *gdn_layer_weights_data(const gdn_layer_weights *lw);
  * in_proj_ba.weight in their interleaved order. dw NULL reserves them (gdn_st_writer_begin). */
 GDN_API int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const float *dw,
                         const char *name_prefix);
+
+/* Qwen3-Next's fused projections against Qwen3.5's split ones (one map for reading, writing and
+ * gradients): in_proj_qkvz ([2 Hk K + 2 Hv V, E], GDN_FUSED_QKVZ) holds in_proj_qkv's and
+ * in_proj_z's rows, in_proj_ba ([2 Hv, E], GDN_FUSED_BA) in_proj_b's and in_proj_a's, interleaved
+ * per key head. gdn_layer_unfuse scatters a fused tensor into the flat split parameters w
+ * (gdn_layer_param_offset's layout; the other parameters untouched), gdn_layer_fuse gathers it
+ * back. */
+enum { GDN_FUSED_QKVZ, GDN_FUSED_BA, GDN_FUSED_COUNT };
+GDN_API const char *gdn_layer_fused_name(int fused); /* "in_proj_qkvz.weight", "in_proj_ba.weight"; NULL otherwise */
+GDN_API int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused);
+GDN_API int gdn_layer_unfuse(const gdn_layer_config *c, int fused, const float *src, float *w);
+GDN_API int gdn_layer_fuse(const gdn_layer_config *c, int fused, const float *w, float *dst);
 
 /* ---------------------------------------------------------------- attention weights
  * One gated full-attention layer's weights (Qwen3.5 / Qwen3-Next `self_attn`), bare

@@ -179,6 +179,58 @@ def test_other_checkpoints_equal_transformers(tmp_path, kind):
             m.logits([[0, V]])
 
 
+def _tiny_fields(**over):
+    cfg = {k: v for k, v in json.load(open(os.path.join(TINY, "config.json"))).items()
+           if k not in ("architectures", "transformers_version", "dtype", "model_type")}
+    cfg.update(over)
+    return cfg
+
+
+@pytest.mark.parametrize("kind", ["qwen3-next-dense", "qwen3.5-multimodal", "sharded"])
+def test_transformers_layouts_equal_transformers(tmp_path, kind):
+    """The checkpoint layouts transformers writes besides Qwen3_5ForCausalLM's one file: a dense
+    Qwen3NextForCausalLM (num_experts 0; fused in_proj_qkvz / in_proj_ba), the multimodal
+    Qwen3_5ForConditionalGeneration (text weights under model.language_model., a vision tower
+    gdncp skips), and Qwen3_5ForCausalLM saved in shards with an index. Each: gdncp's logits
+    within 1e-5 of transformers' on text; control: the ids shifted by one position."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(3)
+    d = tmp_path / kind
+    if kind == "qwen3-next-dense":
+        hf = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**_tiny_fields(num_experts=0)))
+    elif kind == "qwen3.5-multimodal":
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=96, patch_size=4,
+                      num_position_embeddings=16)
+        hf = transformers.Qwen3_5ForConditionalGeneration(
+            transformers.Qwen3_5Config(text_config=_tiny_fields(), vision_config=vision))
+    else:
+        hf = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**_tiny_fields()))
+    hf = hf.float().eval()
+    hf.save_pretrained(str(d), **({"max_shard_size": "100KB"} if kind == "sharded" else {}))
+    names = sorted(os.listdir(d))
+    tensors = set()
+    for n in names:
+        if n.endswith(".safetensors"):
+            tensors |= set(read_safetensors(str(d / n)))
+    if kind == "sharded":     # the layout is what the test says it is
+        assert "model.safetensors.index.json" in names and len([n for n in names if n.endswith(".safetensors")]) > 2
+    elif kind == "qwen3-next-dense":
+        assert "model.layers.0.linear_attn.in_proj_qkvz.weight" in tensors
+        assert "model.layers.0.linear_attn.in_proj_qkv.weight" not in tensors
+    else:
+        assert "model.language_model.layers.0.linear_attn.in_proj_qkv.weight" in tensors
+        assert any(t.startswith("model.visual.") for t in tensors)
+    ids = np.random.default_rng(4).integers(0, 256, (2, 33))
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor(ids)).logits.numpy()
+    with gdncp.Model.from_pretrained(d, threads=1) as m:
+        assert m.config.num_hidden_layers == 4 and list(m.config.layer_types)[3] == "full_attention"
+        got = m.logits(ids)
+        assert rel_err(got, want) < TOL, rel_err(got, want)
+        assert rel_err(m.logits(np.roll(ids, 1, axis=1)), want) > 100 * TOL   # control
+
+
 def test_logits_take_numpy_torch_and_lists(tiny):
     torch = pytest.importorskip("torch")
     ids = np.array([[1, 2, 3, 250, 7]], np.int64)
@@ -451,8 +503,8 @@ def test_missing_files(tmp_path):
     shutil.copy(os.path.join(TINY, "config.json"), d / "config.json")
     with pytest.raises(FileNotFoundError, match="model.safetensors is missing"):
         gdncp.Model.from_pretrained(d)
-    (d / "model.safetensors.index.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="sharded"):
+    (d / "model.safetensors.index.json").write_text("{}")     # a sharded checkpoint's index, empty
+    with pytest.raises(gdncp.GdncpError, match="no 'weight_map' object"):
         gdncp.Model.from_pretrained(d)
     e = tmp_path / "empty"
     e.mkdir()

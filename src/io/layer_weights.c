@@ -156,6 +156,43 @@ static void fused_row(const gdn_layer_config *c, int which, int64_t row, int *ds
     }
 }
 
+const char *gdn_layer_fused_name(int fused) {
+    return fused == GDN_FUSED_QKVZ || fused == GDN_FUSED_BA ? weight_name(W_QKVZ + fused) : NULL;
+}
+
+int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused) {
+    if (!c || !gdn_layer_fused_name(fused)) return 0;
+    int64_t shape[3];
+    weight_shape(c, W_QKVZ + fused, shape);
+    return shape[0];
+}
+
+/* Copy the fused tensor's rows to (to_split) or from the split parameters. */
+static int move_fused(const gdn_layer_config *c, int fused, float *split, float *tensor, int to_split) {
+    if (!c || !split || !tensor || !gdn_layer_fused_name(fused))
+        return gdn_fail(GDN_ERR_ARG, "layer (un)fuse: NULL argument or fused tensor %d is not GDN_FUSED_QKVZ or GDN_FUSED_BA",
+                        fused);
+    gdn_layer_config k = *c;
+    k.B = k.T = 1;
+    const int rc = gdn_layer_config_check(&k);
+    if (rc) return rc;
+    const int64_t rows = gdn_layer_fused_rows(c, fused), E = c->E;
+    for (int64_t i = 0; i < rows; i++) {
+        int p;
+        int64_t pr;
+        fused_row(c, W_QKVZ + fused, i, &p, &pr);
+        float *s = split + gdn_layer_param_offset(c, p) + pr * E, *t = tensor + i * E;
+        memcpy(to_split ? s : t, to_split ? t : s, (size_t)E * sizeof *s);
+    }
+    return GDN_OK;
+}
+int gdn_layer_unfuse(const gdn_layer_config *c, int fused, const float *src, float *w) {
+    return move_fused(c, fused, w, (float *)src, 1);
+}
+int gdn_layer_fuse(const gdn_layer_config *c, int fused, const float *w, float *dst) {
+    return move_fused(c, fused, (float *)w, dst, 0);
+}
+
 /* Find the layer's tensors under the prefix: found[w] (NULL when absent), *fused. */
 static int find_weights(gdn_st_file *f, const char *path, const char *prefix,
                         const gdn_st_tensor *found[W_COUNT], int *fused) {
@@ -294,13 +331,7 @@ static int read_fused(gdn_st_file *f, const gdn_st_tensor *t, int which, gdn_lay
     float *tmp = malloc((size_t)(rows * E) * sizeof *tmp + 1);
     if (!tmp) return gdn_fail(GDN_ERR_NOMEM, "reading '%s'", t->name);
     int rc = gdn_st_read_f32(f, t->name, tmp, (size_t)(rows * E));
-    for (int64_t i = 0; i < rows && !rc; i++) {
-        int dst;
-        int64_t dr;
-        fused_row(&lw->cfg, which, i, &dst, &dr);
-        memcpy(lw->w + gdn_layer_param_offset(&lw->cfg, dst) + dr * E, tmp + i * E,
-               (size_t)E * sizeof *tmp);
-    }
+    if (!rc) rc = gdn_layer_unfuse(&lw->cfg, which - W_QKVZ, tmp, lw->w);
     free(tmp);
     return rc;
 }
@@ -424,17 +455,10 @@ int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const fl
             continue;
         }
         /* Gather the split gradients back into the fused, interleaved order. */
-        const int64_t rows = shape[0], E = shape[1];
-        float *tmp = malloc((size_t)(rows * E) * sizeof *tmp);
+        float *tmp = malloc((size_t)(shape[0] * shape[1]) * sizeof *tmp);
         if (!tmp) return gdn_fail(GDN_ERR_NOMEM, "gradient of '%s'", weight_name(w));
-        for (int64_t i = 0; i < rows; i++) {
-            int src;
-            int64_t sr;
-            fused_row(&c, w, i, &src, &sr);
-            memcpy(tmp + i * E, dw + gdn_layer_param_offset(&c, src) + sr * E,
-                   (size_t)E * sizeof *tmp);
-        }
-        rc = gdn_io_add_named(wr, name_prefix, weight_name(w), nd, shape, tmp);
+        rc = gdn_layer_fuse(&c, w - W_QKVZ, dw, tmp);
+        if (!rc) rc = gdn_io_add_named(wr, name_prefix, weight_name(w), nd, shape, tmp);
         free(tmp);
     }
     return rc;

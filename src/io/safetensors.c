@@ -255,6 +255,8 @@ const gdn_st_tensor *gdn_st_find(const gdn_st_file *f, const char *name) {
     return NULL;
 }
 
+const char *gdn_st_path(const gdn_st_file *f) { return f ? f->path : NULL; }
+
 const char *gdn_st_metadata(const gdn_st_file *f, const char *key) {
     if (!f || !key) return NULL;
     return json_string_value(json_object_get(json_object_get(f->root, "__metadata__"), key));

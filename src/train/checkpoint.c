@@ -5,6 +5,7 @@
 #include "gdncp/train.h"
 
 #include "base.h"
+#include "hf_weights.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -64,11 +65,11 @@ static int exists(const char *path) {
     return lstat(path, &st) == 0;
 }
 
-/* Does dir hold what a reader needs: config.json and model.safetensors? */
+/* Does dir hold what a reader needs: config.json and the weights (model.safetensors, or the
+ * shards of a transformers checkpoint's index)? */
 static int is_complete(const char *dir) {
     char p[PATH_MAX];
-    return snprintf(p, sizeof p, "%s/%s", dir, CONFIG_FILE) < (int)sizeof p && is_regular(p) &&
-           snprintf(p, sizeof p, "%s/%s", dir, MODEL_FILE) < (int)sizeof p && is_regular(p);
+    return snprintf(p, sizeof p, "%s/%s", dir, CONFIG_FILE) < (int)sizeof p && is_regular(p) && gdn_hf_has_weights(dir);
 }
 
 /* Remove path and, if it is a directory, everything below it (symbolic links are removed, never
@@ -459,35 +460,62 @@ static int parse_attention(json_t *obj, const char *path, const char *where, gdn
     return GDN_OK;
 }
 
-/* Refused before anything else: a config whose MLPs are mixtures of experts. */
-static int refuse_moe(json_t *obj, const char *path, const char *where) {
+/* Refused before anything else: a config whose MLPs are mixtures of experts. Qwen3-Next's layer l
+ * is one unless l is in mlp_only_layers, num_experts is 0 (its default: 512) or (l + 1) is not a
+ * multiple of decoder_sparse_step (transformers' Qwen3NextDecoderLayer); the other types have
+ * only dense MLPs, so any num_experts > 0 is another model (Qwen3.5-MoE). */
+static int refuse_moe(json_t *obj, const char *path, const char *where, int next) {
     json_t *ne = json_object_get(obj, "num_experts");
-    if (ne && json_is_integer(ne) && json_integer_value(ne) > 0)
-        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' = %lld: mixture-of-experts MLPs (Qwen3.5-MoE, "
-                        "Qwen3-Next) are not supported, only the dense SwiGLU MLP", path, where,
-                        (long long)json_integer_value(ne));
     if (ne && !json_is_null(ne) && !json_is_integer(ne))
         return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' is not an integer", path, where);
-    return GDN_OK;
+    const int64_t experts = ne && json_is_integer(ne) ? (int64_t)json_integer_value(ne) : next ? 512 : 0;
+    if (experts <= 0) return GDN_OK;
+    int64_t step = 1, L = 0;
+    json_t *ds = json_object_get(obj, "decoder_sparse_step"), *only = json_object_get(obj, "mlp_only_layers");
+    json_t *nl = json_object_get(obj, "num_hidden_layers");
+    if (next && ds && !json_is_null(ds) && (!json_is_integer(ds) || (step = (int64_t)json_integer_value(ds)) < 1))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%sdecoder_sparse_step' is not an integer >= 1", path, where);
+    if (next && only && !json_is_null(only) && !json_is_array(only))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%smlp_only_layers' is not a list of layer indices", path, where);
+    if (json_is_integer(nl)) L = (int64_t)json_integer_value(nl);
+    for (int64_t l = 0; next && l < L && l < GDN_MODEL_MAX_LAYERS; l++) {
+        int dense = (l + 1) % step != 0;
+        for (size_t k = 0; !dense && json_is_array(only) && k < json_array_size(only); k++)
+            dense = json_is_integer(json_array_get(only, k)) && json_integer_value(json_array_get(only, k)) == l;
+        if (!dense)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' = %lld%s makes layer %lld's MLP a mixture of experts "
+                            "(not in '%smlp_only_layers', decoder_sparse_step %lld): mixture-of-experts MLPs are not "
+                            "supported, only the dense SwiGLU MLP (num_experts 0)", path, where, (long long)experts,
+                            ne ? "" : " (the default when absent)", (long long)l, where, (long long)step);
+    }
+    if (next) return GDN_OK;
+    return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' = %lld: mixture-of-experts MLPs (Qwen3.5-MoE, "
+                    "Qwen3-Next) are not supported, only the dense SwiGLU MLP", path, where, (long long)experts);
 }
 
-static int parse_config(json_t *root, const char *path, gdn_model_config *cfg) {
+/* *tie_stated: whether the config says tie_word_embeddings (else the weights tell, see
+ * gdn_ckpt_load_config). */
+static int parse_config(json_t *root, const char *path, gdn_model_config *cfg, int *tie_stated) {
     if (!json_is_object(root)) return gdn_fail(GDN_ERR_FORMAT, "%s: not a JSON object", path);
     /* A multimodal Qwen3.5 config keeps the text model under "text_config". */
     json_t *obj = root;
     const char *where = "";
     json_t *tc = json_object_get(root, "text_config");
     if (!json_object_get(root, "hidden_size") && json_is_object(tc)) obj = tc, where = "text_config.";
-    int rc = refuse_moe(obj, path, where);
-    if (rc) return rc;
 
+    /* Qwen3.5 (text-only or the multimodal one's text model) and Qwen3-Next: the same layers, a
+     * different file layout of the GatedDeltaNet projections (read by hf_weights.c). */
+    static const char *const types[] = {"qwen3_5_text", "qwen3_5", "qwen3_next"};
     json_t *mt = json_object_get(obj, "model_type");
-    if (mt && !(json_is_string(mt) && (!strcmp(json_string_value(mt), "qwen3_5_text") ||
-                                       !strcmp(json_string_value(mt), "qwen3_5"))))
-        return gdn_fail(GDN_ERR_FORMAT, "%s: '%smodel_type' is %s%s%s, not \"qwen3_5_text\"", path,
-                        where, json_is_string(mt) ? "\"" : "",
-                        json_is_string(mt) ? json_string_value(mt) : "not a string",
-                        json_is_string(mt) ? "\"" : "");
+    const char *type = json_string_value(mt);
+    size_t k = 0;
+    while (type && k < sizeof types / sizeof types[0] && strcmp(type, types[k])) k++;
+    int rc = refuse_moe(obj, path, where, type && !strcmp(type, "qwen3_next"));
+    if (rc) return rc;
+    if (mt && (!type || k == sizeof types / sizeof types[0]))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: '%smodel_type' is %s%s%s, not \"qwen3_5_text\", \"qwen3_5\" or "
+                        "\"qwen3_next\"", path, where, type ? "\"" : "", type ? type : "not a string",
+                        type ? "\"" : "");
     json_t *act = json_object_get(obj, "hidden_act");
     if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "silu")))
         return gdn_fail(GDN_ERR_FORMAT, "%s: '%shidden_act' must be \"silu\" (the SwiGLU MLP)", path,
@@ -525,12 +553,20 @@ static int parse_config(json_t *root, const char *path, gdn_model_config *cfg) {
                         "in fp32", path, where, e);
     cfg->eps = (float)e;
 
-    /* transformers' default when absent: untied. */
-    json_t *tie = json_object_get(obj, "tie_word_embeddings");
+    /* The text model's own field, else a multimodal config's top-level one; both stated must
+     * agree. Neither: the caller looks at the weights. */
+    json_t *tie = json_object_get(obj, "tie_word_embeddings"), *top = obj != root ? json_object_get(root, "tie_word_embeddings") : NULL;
     if (tie && !json_is_boolean(tie))
         return gdn_fail(GDN_ERR_FORMAT, "%s: field '%stie_word_embeddings' is not true or false",
                         path, where);
+    if (top && !json_is_boolean(top))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field 'tie_word_embeddings' is not true or false", path);
+    if (tie && top && json_is_true(tie) != json_is_true(top))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: 'tie_word_embeddings' is %s but '%stie_word_embeddings' is %s", path,
+                        json_is_true(top) ? "true" : "false", where, json_is_true(tie) ? "true" : "false");
+    if (!tie) tie = top;
     cfg->tie_embeddings = tie ? json_is_true(tie) : 0;
+    *tie_stated = tie != NULL;
     return GDN_OK;
 }
 
@@ -550,8 +586,16 @@ int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg) {
         return gdn_fail(GDN_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path, err.line,
                         err.column, err.text);
     gdn_model_config parsed;
-    rc = parse_config(root, path, &parsed);
+    int tie_stated = 0;
+    rc = parse_config(root, path, &parsed, &tie_stated);
     json_decref(root);
+    /* Silent on tying: a file without lm_head.weight is a tied model, as the embedding is then
+     * the only head there is; without weights (a config alone), transformers' default, untied. */
+    if (!rc && !tie_stated && gdn_hf_has_weights(dir)) {
+        int head = 0;
+        rc = gdn_hf_weights_hold(dir, "lm_head.weight", &head);
+        parsed.tie_embeddings = !head;
+    }
     if (!rc) {
         rc = gdn_model_config_check(&parsed);
         if (rc) {
@@ -652,8 +696,9 @@ static int write_tensors(const char *path, const gdn_model_tensor_info *table, i
     return gdn_st_commit(tmp, path);
 }
 
-/* Check a file against the groups' tensors (names, dtypes, exact shapes, nothing else), then
- * read it into the arrays and check the values are finite. */
+/* Check a file of gdncp's own (the optimizer's moments) against the groups' tensors (names,
+ * dtypes, exact shapes, nothing else), then read it into the arrays and check the values are
+ * finite. The model's weights, which may come from transformers, go through gdn_hf_read_model. */
 static int read_tensors(const char *path, const gdn_model_tensor_info *table, int n,
                         const tensor_group *groups, int ngroups) {
     gdn_st_file *f = NULL;
@@ -668,24 +713,7 @@ static int read_tensors(const char *path, const gdn_model_tensor_info *table, in
                 rc = gdn_fail(GDN_ERR_MISSING, "%s: tensor '%s' is missing", path, name);
                 break;
             }
-            if (t->dtype != GDN_F32 && t->dtype != GDN_BF16 && t->dtype != GDN_F64) {
-                rc = gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; F32 or BF16 expected", path,
-                              name, t->dtype_name);
-                break;
-            }
-            int same = t->ndim == table[i].ndim;
-            for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == table[i].shape[d];
-            if (!same) {
-                char want[96] = "", got[96] = "";
-                for (int d = 0; d < table[i].ndim; d++)
-                    snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "",
-                             (long long)table[i].shape[d]);
-                for (int d = 0; d < t->ndim && d < GDN_ST_MAX_DIMS; d++)
-                    snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
-                             (long long)t->shape[d]);
-                rc = gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has shape [%s]; the configuration "
-                              "needs [%s]", path, name, got, want);
-            }
+            rc = gdn_hf_check_tensor(path, t, &table[i]);
         }
     /* Every expected name was found once, so any further tensor is foreign. */
     if (!rc && gdn_st_count(f) != n * ngroups) {
@@ -1000,9 +1028,9 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
     rc = model_table(cfg, &table, &n);
     if (rc) return rc;
     char path[PATH_MAX];
-    const tensor_group model[1] = {{"", w}};
-    rc = join(path, sizeof path, dir, MODEL_FILE);
-    if (!rc) rc = read_tensors(path, table, n, model, 1);
+    rc = gdn_hf_read_model(dir, cfg, table, n, w);
+    if (!rc) rc = join(path, sizeof path, dir, MODEL_FILE);
+    if (!rc) rc = check_finite(table, n, w, path, "");
     const tensor_group moments[2] = {{"exp_avg.", adam_m}, {"exp_avg_sq.", adam_v}};
     if (!rc && adam_m) rc = join(path, sizeof path, dir, OPTIM_FILE);
     if (!rc && adam_m) {

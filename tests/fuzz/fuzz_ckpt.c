@@ -3,7 +3,9 @@
  * whose three files come from the input:
  *     [2 bytes: L1, little-endian][L1 bytes: config.json]
  *     [2 bytes: L2][L2 bytes: trainer_state.json (none when L2 = 0)][the rest: model.safetensors]
- * (a length past the end takes every remaining byte). On a loaded config every weight of the
+ * (a length past the end takes every remaining byte). A rest that starts with '{' and holds a NUL
+ * byte is a sharded checkpoint instead: model.safetensors.index.json up to the NUL, then the one
+ * shard "model-00001-of-00001.safetensors". On a loaded config every weight of the
  * table is read (the model's last float touched); models over 4M floats are skipped before
  * allocating (gdn_ckpt_load reads into the caller's array). A returned error is fine; a crash,
  * hang, leak or sanitizer report is a bug. */
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 static char dir[4096];
+#define SHARD "model-00001-of-00001.safetensors"
 
 static int put(const char *name, const uint8_t *data, size_t size, int present) {
     char path[4200];
@@ -30,9 +33,10 @@ static int put(const char *name, const uint8_t *data, size_t size, int present) 
 }
 
 static void cleanup(void) {
-    const char *names[] = {"config.json", "trainer_state.json", "model.safetensors"};
+    const char *names[] = {"config.json", "trainer_state.json", "model.safetensors", "model.safetensors.index.json",
+                           SHARD};
     char path[4200];
-    for (int i = 0; i < 3; i++) snprintf(path, sizeof path, "%s/%s", dir, names[i]), unlink(path);
+    for (int i = 0; i < 5; i++) snprintf(path, sizeof path, "%s/%s", dir, names[i]), unlink(path);
     rmdir(dir);
 }
 
@@ -56,8 +60,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const size_t L2 = take(&data, &size);
     const uint8_t *state = data;
     data += L2, size -= L2;
+    const uint8_t *nul = size && data[0] == '{' ? memchr(data, 0, size) : NULL;
+    const size_t il = nul ? (size_t)(nul - data) : 0;
     if (put("config.json", config, L1, 1) || put("trainer_state.json", state, L2, L2 > 0) ||
-        put("model.safetensors", data, size, 1))
+        put("model.safetensors", data, size, !nul) || put("model.safetensors.index.json", data, il, nul != NULL) ||
+        put(SHARD, nul ? nul + 1 : data, nul ? size - il - 1 : 0, nul != NULL))
         return 0;
     char resolved[4096];
     (void)gdn_ckpt_resolve(dir, resolved, sizeof resolved);

@@ -122,14 +122,12 @@ class Model:
                                     "directory)")
 
         def missing(d):
-            for f in ("config.json", "model.safetensors"):
-                if not os.path.isfile(os.path.join(d, f)):
-                    sharded = f == "model.safetensors" and \
-                        os.path.isfile(os.path.join(d, "model.safetensors.index.json"))
-                    raise FileNotFoundError(
-                        f"gdncp.Model: {os.path.join(d, f)} is missing" +
-                        (" (sharded checkpoints, model.safetensors.index.json, are not supported: "
-                         "merge the shards into one model.safetensors)" if sharded else ""))
+            if not os.path.isfile(os.path.join(d, "config.json")):
+                raise FileNotFoundError(f"gdncp.Model: {os.path.join(d, 'config.json')} is missing")
+            if not any(os.path.isfile(os.path.join(d, f))
+                       for f in ("model.safetensors", "model.safetensors.index.json")):
+                raise FileNotFoundError(f"gdncp.Model: {os.path.join(d, 'model.safetensors')} is missing "
+                                        "(nor is there a sharded checkpoint's model.safetensors.index.json)")
         if os.path.isfile(os.path.join(path, "config.json")):
             missing(path)                               # a checkpoint directory missing its weights
         buf = ctypes.create_string_buffer(4096)
