@@ -81,6 +81,10 @@ typedef struct {
 } cp_case;
 
 /* One case through one strategy: CP forward and backward vs the double oracle. */
+/* The wait mode run_case's contexts are set to (gdn_cp_set_wait): the default chooses by the
+ * node, so both are run explicitly too. */
+static int case_wait = GDN_CP_WAIT_AUTO;
+
 static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     gdn_config full = gdn_config_default(cc->B, cc->T, cc->Hk, cc->Hv, cc->K, cc->V);
     full.chunk = cc->chunk;
@@ -124,6 +128,7 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     gdn_cp *cp = NULL;
     int rc = gdn_plan_create(&plan, &loc);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
+    if (!rc) rc = gdn_cp_set_wait(cp, case_wait);
     if (!rc) gdn_cp_set_fault(cp, cc->fault);
     if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in,
                                  &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta,
@@ -139,8 +144,8 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     MPI_Allreduce(&rc, &any_rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
 
     char what[256];
-    snprintf(what, sizeof what, "%s %s D=%d B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d h0=%d dht=%d",
-             gdn_cp_strategy_name(strategy), cc->label, D, (long long)B, (long long)cc->T, (long long)cc->Hk,
+    snprintf(what, sizeof what, "%s%s %s D=%d B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d h0=%d dht=%d",
+             gdn_cp_strategy_name(strategy), case_wait == GDN_CP_WAIT_SLEEP ? " (waits sleep)" : case_wait == GDN_CP_WAIT_SPIN ? " (waits spin)" : "", cc->label, D, (long long)B, (long long)cc->T, (long long)cc->Hk,
              (long long)cc->Hv, (long long)cc->K, (long long)cc->V, cc->chunk, cc->with_h0, cc->with_dht);
     double eo = fwd_rc ? INFINITY : global_err(o, o_ref, B, cc->T, t0, tn, cc->Hv * cc->V);
     /* Also against the single-rank fp32 path on the whole sequence (differences: rounding). */
@@ -669,6 +674,34 @@ static void robustness(void) {
     sigaction(SIGALRM, &old, NULL);
 }
 
+/* gdn_cp_set_wait: collective, one mode on every rank, the rest refused everywhere. */
+static void wait_modes(void) {
+    gdn_cp *cp = NULL;
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) {
+        check(0, "wait modes: gdn_cp_create: %s", gdn_errmsg());
+        return;
+    }
+    const int dflt = gdn_cp_get_wait(cp);
+    check(dflt == GDN_CP_WAIT_SPIN || dflt == GDN_CP_WAIT_SLEEP, "the default wait mode is spin or sleep (%s here)",
+          dflt == GDN_CP_WAIT_SLEEP ? "sleep" : "spin");
+    int rc = gdn_cp_set_wait(cp, GDN_CP_WAIT_SLEEP);
+    check(!rc && gdn_cp_get_wait(cp) == GDN_CP_WAIT_SLEEP, "gdn_cp_set_wait(SLEEP) on every rank: sleep");
+    rc = gdn_cp_set_wait(cp, GDN_CP_WAIT_AUTO);
+    check(!rc && gdn_cp_get_wait(cp) == dflt, "gdn_cp_set_wait(AUTO): the default again");
+    if (D >= 2) {
+        rc = gdn_cp_set_wait(cp, rank == D - 1 ? GDN_CP_WAIT_SPIN : GDN_CP_WAIT_SLEEP);
+        int worst = rc;
+        MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        expect_status(worst == rc ? rc : GDN_OK, GDN_ERR_ARG, "different wait modes",
+                      "the last rank asking to spin, the others to sleep: refused on every rank");
+        check(gdn_cp_get_wait(cp) == dflt, "... and the mode is unchanged");
+    }
+    rc = gdn_cp_set_wait(cp, rank == 0 ? 7 : GDN_CP_WAIT_SPIN);
+    expect_status(rc, GDN_ERR_ARG, rank == 0 ? "mode 7 is not" : "another rank passed an unknown mode",
+                  "an unknown mode on rank 0: refused on every rank");
+    gdn_cp_destroy(cp);
+}
+
 void test_cp(void) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
@@ -687,6 +720,14 @@ void test_cp(void) {
     const int strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY};
     for (int s = 0; s < 3; s++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], (gdn_cp_strategy)strategies[s]);
+    wait_modes();
+    /* the uneven case in each explicit wait mode, every strategy (its own collectives) */
+    for (case_wait = GDN_CP_WAIT_SPIN; case_wait <= GDN_CP_WAIT_SLEEP; case_wait++)
+        for (int s = 0; s < 4; s++)
+            run_case(s == 3 ? &(cp_case){"heads-uneven", 1, D, D, 16, 8, 16, GATE_MILD, 1, 1, uneven, T_uneven, 0}
+                            : &cases[1],
+                     s == 3 ? GDN_CP_HEADS : (gdn_cp_strategy)strategies[s]);
+    case_wait = GDN_CP_WAIT_AUTO;
     /* heads: D must divide Hk. */
     const cp_case heads = {"heads-shape", 2, D, 2 * D, 16, 16, 32, GATE_MILD, 1, 1, NULL, 90, 0};
     run_case(&heads, GDN_CP_HEADS);

@@ -171,6 +171,20 @@ enum {
 };
 GDN_API void gdn_cp_set_fault(gdn_cp *cp, int fault);
 
+/* How a rank waits for its peers in the collectives of the layers' hot paths. MPI's blocking
+ * calls busy-poll; with more ranks (times their threads) than cores, a waiting rank takes the
+ * core of the one it waits for (measured: the hybrid `long` model over 8 ranks on 2 cores, a
+ * 16,384-token step 10.5 s spinning, 5.4 s sleeping). GDN_CP_WAIT_SLEEP spins 50 us, then sleeps
+ * 20 us growing to 1 ms between tests; GDN_CP_WAIT_SPIN waits as MPI does (lowest latency on
+ * dedicated cores). gdn_cp_create chooses (AUTO): SLEEP when this communicator's ranks on the
+ * node times omp_get_max_threads() exceed the node's online cores on any node, else SPIN; a
+ * caller that knows about other ranks on the node (gdn_train's DP groups) sets it. Collective:
+ * every rank must ask for the same mode (a blocking collective must never meet a nonblocking one),
+ * else GDN_ERR_ARG on every rank and the mode is unchanged; GDN_ERR_ARG for an unknown mode. */
+typedef enum { GDN_CP_WAIT_AUTO = 0, GDN_CP_WAIT_SPIN = 1, GDN_CP_WAIT_SLEEP = 2 } gdn_cp_wait;
+GDN_API int gdn_cp_set_wait(gdn_cp *cp, int mode);
+GDN_API int gdn_cp_get_wait(const gdn_cp *cp); /* GDN_CP_WAIT_SPIN or _SLEEP */
+
 #ifdef __cplusplus
 }
 #endif

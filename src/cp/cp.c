@@ -6,7 +6,10 @@
 
 #include <limits.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static double now(void) { return MPI_Wtime(); }
 
@@ -34,11 +37,55 @@ void *gdn_cp_calloc(size_t n, size_t size, const char *site) {
     return gdn_test_fault(site) ? NULL : calloc(n && size ? n : 1, n && size ? size : 1);
 }
 
+int gdn_cp_wait_all(const gdn_cp *cp, int n, MPI_Request *rq) {
+    if (!cp->sleep_wait) {
+        for (int i = 0; i < n; i++) {
+            const int mrc = MPI_Wait(&rq[i], MPI_STATUS_IGNORE);
+            if (mrc != MPI_SUCCESS) return mrc;
+        }
+        return MPI_SUCCESS;
+    }
+    const double start = MPI_Wtime();
+    long nap = 20000;
+    for (;;) {
+        int done = 1;
+        for (int i = 0; i < n; i++) { /* a completed request is MPI_REQUEST_NULL, which tests done */
+            int flag = 0;
+            const int mrc = MPI_Test(&rq[i], &flag, MPI_STATUS_IGNORE);
+            if (mrc != MPI_SUCCESS) return mrc;
+            done &= flag;
+        }
+        if (done) return MPI_SUCCESS;
+        if (MPI_Wtime() - start < GDN_CP_SPIN_S) continue;
+        nanosleep(&(struct timespec){0, nap}, NULL);
+        nap = nap < 500000 ? 2 * nap : 1000000;
+    }
+}
+
+int gdn_cp_allgather(const gdn_cp *cp, const void *send, int count, MPI_Datatype type, void *recv) {
+    if (!cp->sleep_wait) return MPI_Allgather(send, count, type, recv, count, type, cp->comm);
+    MPI_Request rq;
+    const int mrc = MPI_Iallgather(send, count, type, recv, count, type, cp->comm, &rq);
+    return mrc == MPI_SUCCESS ? gdn_cp_wait_all(cp, 1, &rq) : mrc;
+}
+
+int gdn_cp_allgatherv_in_place(const gdn_cp *cp, void *buf, const int *counts, const int *displs, MPI_Datatype type) {
+    if (!cp->sleep_wait)
+        return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, type, cp->comm);
+    MPI_Request rq;
+    const int mrc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, type, cp->comm, &rq);
+    return mrc == MPI_SUCCESS ? gdn_cp_wait_all(cp, 1, &rq) : mrc;
+}
+
 /* The worst status over the ranks of comm and the lowest rank that has it (MAXLOC): one
  * Allreduce. *worst = 0 when every rank passed GDN_OK. */
-static int worst_status(MPI_Comm comm, int rank, int local, int *worst, int *who) {
+static int worst_status(const gdn_cp *cp, MPI_Comm comm, int rank, int local, int *worst, int *who) {
     struct { int v, r; } in = {local, rank}, out = {0, 0};
-    if (MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MAXLOC, comm) != MPI_SUCCESS)
+    MPI_Request rq;
+    const int mrc = !cp || !cp->sleep_wait ? MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MAXLOC, comm)
+                    : MPI_Iallreduce(&in, &out, 1, MPI_2INT, MPI_MAXLOC, comm, &rq) == MPI_SUCCESS ? gdn_cp_wait_all(cp, 1, &rq)
+                                                                                                    : MPI_ERR_OTHER;
+    if (mrc != MPI_SUCCESS)
         return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed (status agreement)");
     *worst = out.v, *who = out.r;
     return GDN_OK;
@@ -73,7 +120,22 @@ int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
     if (!local && (!cp || !cp->shard_T || !cp->agree_tab || !cp->tab64 || !cp->counts))
         local = gdn_fail(GDN_ERR_NOMEM, "cp context (%d ranks)", size);
     /* before anyone uses the context: a rank that could not make its own stops every rank */
-    int worst = 0, who = 0, rc = worst_status(dup, rank, local, &worst, &who);
+    /* the wait mode AUTO stands for: do this communicator's ranks on the node, with their
+     * threads, outnumber its cores? */
+    MPI_Comm node = MPI_COMM_NULL;
+    int on_node = 1;
+    if (MPI_Comm_split_type(dup, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) { /* on every rank */
+        MPI_Comm_size(node, &on_node);
+        MPI_Comm_free(&node);
+    }
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int sleepy = (long)on_node * omp_get_max_threads() > (cores > 0 ? cores : 1);
+    /* one mode on every rank (a blocking collective never meets a nonblocking one): any node
+     * oversubscribed makes all sleep */
+    if (MPI_Allreduce(MPI_IN_PLACE, &sleepy, 1, MPI_INT, MPI_MAX, dup) != MPI_SUCCESS && !local)
+        local = gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed (cp wait mode)");
+    if (cp) cp->auto_sleep = cp->sleep_wait = sleepy;
+    int worst = 0, who = 0, rc = worst_status(NULL, dup, rank, local, &worst, &who);
     if (!rc && !local && worst)
         rc = gdn_fail(worst, "gdn_cp_create: rank %d failed (%s); see its message", who, gdn_strerror(worst));
     if (!rc) rc = local;
@@ -105,6 +167,24 @@ gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp) {
 }
 void gdn_cp_set_fault(gdn_cp *cp, int fault) { cp->fault = fault; }
 
+int gdn_cp_set_wait(gdn_cp *cp, int mode) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "gdn_cp_set_wait: cp is NULL");
+    const int ok = mode >= GDN_CP_WAIT_AUTO && mode <= GDN_CP_WAIT_SLEEP;
+    int want = !ok ? -1 : mode == GDN_CP_WAIT_AUTO ? cp->auto_sleep : mode == GDN_CP_WAIT_SLEEP;
+    int lo[2] = {want, -want}; /* min and -max in one reduction */
+    if (MPI_Allreduce(MPI_IN_PLACE, lo, 2, MPI_INT, MPI_MIN, cp->comm) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed (gdn_cp_set_wait)");
+    if (!ok) return gdn_fail(GDN_ERR_ARG, "gdn_cp_set_wait: mode %d is not GDN_CP_WAIT_AUTO, _SPIN or _SLEEP", mode);
+    if (lo[0] < 0) return gdn_fail(GDN_ERR_ARG, "gdn_cp_set_wait: another rank passed an unknown mode");
+    if (lo[0] != -lo[1])
+        return gdn_fail(GDN_ERR_ARG, "gdn_cp_set_wait: the ranks asked for different wait modes (spin on some, sleep "
+                        "on others); the mode is unchanged");
+    cp->sleep_wait = want;
+    return GDN_OK;
+}
+
+int gdn_cp_get_wait(const gdn_cp *cp) { return cp && cp->sleep_wait ? GDN_CP_WAIT_SLEEP : GDN_CP_WAIT_SPIN; }
+
 float *gdn_cp_scratch(gdn_cp *cp, size_t floats) {
     if (floats > cp->scratch_cap) {
         float *p = gdn_test_fault("cp scratch") ? NULL : realloc(cp->scratch, floats * sizeof(float));
@@ -127,7 +207,7 @@ int gdn_cp_agree_status(gdn_cp *cp, int local) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     int worst = 0, who = 0;
     double t0 = now();
-    int rc = worst_status(cp->comm, cp->rank, local, &worst, &who);
+    int rc = worst_status(cp, cp->comm, cp->rank, local, &worst, &who);
     cp->stats.comm_s += now() - t0;
     if (rc) return rc;
     if (worst && !local) return gdn_fail(worst, "rank %d failed (%s); see its message", who, gdn_strerror(worst));
@@ -174,7 +254,7 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
     }
     int64_t *all = cp->agree_tab + GDN_CP_AGREE_COLS; /* preallocated: [size, NSIG] */
     double t0 = now();
-    int mrc = MPI_Allgather(sig, NSIG, MPI_INT64_T, all, NSIG, MPI_INT64_T, cp->comm);
+    int mrc = gdn_cp_allgather(cp, sig, NSIG, MPI_INT64_T, all);
     cp->stats.comm_s += now() - t0;
     if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement)");
     static const char *names[NSIG] = {"", "", "T", "B", "Hk", "Hv", "K", "V", "chunk", "l2norm", "scale",
@@ -242,7 +322,7 @@ int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *cons
     mine[0] = n, mine[1] = local;
     for (int i = 0; i < n; i++) mine[i + 2] = vals[i];
     const double t0 = now();
-    const int mrc = MPI_Allgather(mine, w, MPI_INT64_T, all, w, MPI_INT64_T, cp->comm);
+    const int mrc = gdn_cp_allgather(cp, mine, w, MPI_INT64_T, all);
     cp->stats.comm_s += now() - t0;
     int rc = mrc == MPI_SUCCESS ? local : gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement)");
     for (int r = 0; r < cp->size && !rc; r++)
@@ -269,9 +349,18 @@ int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, flo
     int rc;
     if ((rc = check_count(scount)) || (rc = check_count(rcount))) return rc;
     double t0 = now();
-    int mrc = MPI_Sendrecv(sbuf, dest == MPI_PROC_NULL ? 0 : (int)scount, MPI_FLOAT, dest, 7, rbuf,
-                           src == MPI_PROC_NULL ? 0 : (int)rcount, MPI_FLOAT, src, 7, cp->comm,
-                           MPI_STATUS_IGNORE);
+    const int sn = dest == MPI_PROC_NULL ? 0 : (int)scount, rn = src == MPI_PROC_NULL ? 0 : (int)rcount;
+    int mrc;
+    if (!cp->sleep_wait) {
+        mrc = MPI_Sendrecv(sbuf, sn, MPI_FLOAT, dest, 7, rbuf, rn, MPI_FLOAT, src, 7, cp->comm, MPI_STATUS_IGNORE);
+    } else {
+        MPI_Request rq[2];
+        mrc = MPI_Irecv(rbuf, rn, MPI_FLOAT, src, 7, cp->comm, &rq[0]);
+        if (mrc == MPI_SUCCESS) {
+            mrc = MPI_Isend(sbuf, sn, MPI_FLOAT, dest, 7, cp->comm, &rq[1]);
+            mrc = gdn_cp_wait_all(cp, mrc == MPI_SUCCESS ? 2 : 1, rq) != MPI_SUCCESS ? MPI_ERR_OTHER : mrc;
+        }
+    }
     cp->stats.comm_s += now() - t0;
     if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Sendrecv failed");
     if (dest != MPI_PROC_NULL) cp->stats.bytes_sent += 4 * (uint64_t)scount, cp->stats.messages++;
@@ -333,7 +422,7 @@ int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t
         float *all = gdn_cp_scratch(cp, (size_t)pair * D);
         GDN_ASSERT(all); /* reserved before the agreement step (gdn_cp_combine_reserve) */
         double t0 = now();
-        int mrc = MPI_Allgather(mine, (int)pair, MPI_FLOAT, all, (int)pair, MPI_FLOAT, cp->comm);
+        int mrc = gdn_cp_allgather(cp, mine, (int)pair, MPI_FLOAT, all);
         cp->stats.comm_s += now() - t0;
         if (mrc != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed");
         cp->stats.bytes_sent += 4 * (uint64_t)pair * (D - 1), cp->stats.messages += D - 1;

@@ -14,6 +14,8 @@ struct gdn_cp {
     gdn_cp_strategy strategy;
     gdn_cp_stats stats;
     int fault;
+    int sleep_wait;      /* gdn_cp_wait_all sleeps between tests (GDN_CP_WAIT_SLEEP) */
+    int auto_sleep;      /* what GDN_CP_WAIT_AUTO means here (the node count at creation) */
     int64_t *shard_T;    /* every rank's T_r, filled by the agreement check */
     /* Fixed-size tables of every call, allocated once by gdn_cp_create (so no call allocates
      * them, and no allocation failure can strand the other ranks in the collective they feed):
@@ -54,6 +56,18 @@ float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
 /* Reserve the scratch gdn_cp_combine needs for pairs of this shape (GDN_OK or GDN_ERR_NOMEM,
  * local): call it before the agreement step that precedes the combine. */
 int gdn_cp_combine_reserve(gdn_cp *cp, int64_t nm, int64_t K, int64_t V);
+
+/* Complete n nonblocking MPI requests as cp's wait mode says (cp.h, gdn_cp_set_wait): MPI_Waitall,
+ * or MPI_Test in a spin for the first GDN_CP_SPIN_S seconds (a quick partner answers within it),
+ * then between sleeps that grow from 20 us to 1 ms. Every collective on the layers' hot paths goes
+ * through this. Returns MPI_SUCCESS or the failing MPI call's status. */
+#define GDN_CP_SPIN_S 50e-6
+int gdn_cp_wait_all(const gdn_cp *cp, int n, MPI_Request *rq);
+/* MPI_Allgather (count elements of type from each rank) and MPI_Allgatherv in place on cp's
+ * communicator, the blocking call when cp spins (MPICH's nonblocking collectives run slower
+ * algorithms), the nonblocking one and gdn_cp_wait_all when it sleeps. */
+int gdn_cp_allgather(const gdn_cp *cp, const void *send, int count, MPI_Datatype type, void *recv);
+int gdn_cp_allgatherv_in_place(const gdn_cp *cp, void *buf, const int *counts, const int *displs, MPI_Datatype type);
 
 /* The MPI wrapper that keeps the accounting. Counts in floats; dest/src may be MPI_PROC_NULL. */
 int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, float *rbuf,

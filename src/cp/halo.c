@@ -80,7 +80,6 @@ static int rows_type(MPI_Datatype *type, int64_t B, int64_t n, int64_t width, in
 enum { MAX_MSGS = 2 * GDN_MAX_CONV + 2 };
 typedef struct {
     MPI_Request req[MAX_MSGS];
-    MPI_Status st[MAX_MSGS];
     MPI_Datatype type[MAX_MSGS];
     void *buf[MAX_MSGS];
     int peer[MAX_MSGS], send[MAX_MSGS];
@@ -136,7 +135,7 @@ static int post(gdn_cp *cp, requests *rq) {
 
 /* Wait for every posted message and free their datatypes. */
 static int finish(gdn_cp *cp, requests *rq, int rc, double t0, const char *what) {
-    const int mrc = MPI_Waitall(rq->n, rq->req, rq->st);
+    const int mrc = gdn_cp_wait_all(cp, rq->n, rq->req);
     for (int i = 0; i < rq->n; i++) MPI_Type_free(&rq->type[i]);
     rq->n = 0;
     cp->stats.comm_s += MPI_Wtime() - t0;

@@ -81,7 +81,7 @@ static int gather_rows(gdn_cp *cp, const gdn_config *c, float *buf, int ending, 
     gdn_cp_doc_ranges(cp, c, ending, count, displ);
     int rc = GDN_OK;
     const double t0 = now();
-    if (MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count, displ, state, cp->comm) != MPI_SUCCESS)
+    if (gdn_cp_allgatherv_in_place(cp, buf, count, displ, state) != MPI_SUCCESS)
         rc = gdn_fail(GDN_ERR_MPI, "MPI_Allgatherv failed (per-row %s)", ending ? "final states" : "dh0");
     cp->stats.comm_s += now() - t0;
     cp->stats.bytes_sent += 4 * (uint64_t)count[cp->rank] * ns * (D - 1), cp->stats.messages += D - 1;

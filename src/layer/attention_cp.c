@@ -146,7 +146,7 @@ static int row_type(int64_t floats, MPI_Datatype *t) {
 static int wait(gdn_cp *cp, MPI_Request *rq) {
     if (*rq == MPI_REQUEST_NULL) return GDN_OK;
     const double t0 = MPI_Wtime();
-    const int mrc = MPI_Wait(rq, MPI_STATUS_IGNORE);
+    const int mrc = gdn_cp_wait_all(cp, 1, rq);
     cp->stats.comm_s += MPI_Wtime() - t0;
     return mrc == MPI_SUCCESS ? GDN_OK : gdn_fail(GDN_ERR_MPI, "MPI_Wait failed (attention cp)");
 }

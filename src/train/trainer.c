@@ -405,6 +405,12 @@ static int setup(trainer *t) {
     MPI_Comm_free(&node);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     t->threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);
+    /* every rank of the job on this node counts (the CP groups' own count misses the DP ones):
+     * more threads than cores, and a waiting rank must not spin (gdn_cp_set_wait) */
+    int sleep_wait = (long)local * t->threads > cores;
+    MPI_Allreduce(MPI_IN_PLACE, &sleep_wait, 1, MPI_INT, MPI_MAX, t->world); /* one mode everywhere */
+    const int mode = sleep_wait ? GDN_CP_WAIT_SLEEP : GDN_CP_WAIT_SPIN;
+    if ((rc = gdn_cp_set_wait(t->cp, mode)) || (rc = gdn_cp_set_wait(t->agree, mode))) return rc;
     /* recompute when the kept activations of every rank on this node would take more than
      * half of the memory the node has free */
     gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1,
@@ -445,12 +451,12 @@ static int setup(trainer *t) {
         fprintf(t->progress,
                 "gdncp train: %zu parameters (E=%lld, %lld layers, I=%lld, Hk=%lld Hv=%lld K=%lld V=%lld), "
                 "grid DP %d x CP %d (%s), %lld sequences of %lld tokens per step (%lld per rank), %d thread%s "
-                "per rank, recompute %s, %s %s (%lld + %lld %s)%s%s\n",
+                "per rank%s, recompute %s, %s %s (%lld + %lld %s)%s%s\n",
                 gdn_model_param_count(&t->cfg), (long long)t->cfg.E, (long long)t->cfg.L, (long long)t->cfg.I,
                 (long long)t->cfg.Hk, (long long)t->cfg.Hv, (long long)t->cfg.K, (long long)t->cfg.V, t->dp,
                 t->cp_size, gdn_cp_strategy_name((gdn_cp_strategy)o->strategy), (long long)(o->batch * t->dp),
                 (long long)o->seq, (long long)t->tn, t->threads, t->threads > 1 ? "s" : "",
-                t->recompute ? "on" : "off", gdn_data_is_tokens(t->data) ? "token file" : "text", o->data,
+                gdn_cp_get_wait(t->cp) == GDN_CP_WAIT_SLEEP ? " (more than the cores: waits sleep)" : "", t->recompute ? "on" : "off", gdn_data_is_tokens(t->data) ? "token file" : "text", o->data,
                 (long long)tl, (long long)vl, gdn_data_is_tokens(t->data) ? "tokens" : "bytes",
                 from ? (o->resume ? ", resumed from " : ", weights from ") : "", from ? ckdir : "");
         const int64_t na = gdn_model_attn_layers(&t->cfg);
