@@ -120,7 +120,7 @@ static void collect(entries *s, const layout *lo) {
             fuse(s, lp, GW + off + gdn_layer_param_offset(&lc, GDN_P_IN_PROJ_QKV),
                  GW + off + gdn_layer_param_offset(&lc, GDN_P_IN_PROJ_Z), GW + off + gdn_layer_param_offset(&lc, GDN_P_IN_PROJ_B),
                  GW + off + gdn_layer_param_offset(&lc, GDN_P_IN_PROJ_A), lo->fused == 2);
-            if (lo->drop_ba && l == 1) s->n--; /* the in_proj_ba just added */
+            if (lo->drop_ba && l == 1) free(s->e[--s->n].owned); /* the in_proj_ba just added */
             continue;
         }
         add(s, name, t.ndim, t.shape, GW + t.offset);

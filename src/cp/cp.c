@@ -322,7 +322,9 @@ int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *cons
     mine[0] = n, mine[1] = local;
     for (int i = 0; i < n; i++) mine[i + 2] = vals[i];
     const double t0 = now();
-    const int mrc = gdn_cp_allgather(cp, mine, w, MPI_INT64_T, all);
+    /* Blocking in either wait mode: the ranks may disagree on n itself, so the counts may differ,
+     * which the blocking call reports as an error where Open MPI's nonblocking one aborts. */
+    const int mrc = MPI_Allgather(mine, w, MPI_INT64_T, all, w, MPI_INT64_T, cp->comm);
     cp->stats.comm_s += now() - t0;
     int rc = mrc == MPI_SUCCESS ? local : gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement)");
     for (int r = 0; r < cp->size && !rc; r++)
