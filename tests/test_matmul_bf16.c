@@ -18,8 +18,9 @@
  *     the emulator. The paths share the slice structure (each KC slice accumulated from zero in
  *     fp32, then added to C), so per element the same fp32 additions happen in the same order. Not bitwise: AVX512-BF16 vs AMX (the pair's order differs).
  *     Controls: the fallback in the other order must differ from the path in >= 1 element.
- * Shapes: ragged m, n, k (not multiples of 14, 16 or 32), k odd, k crossing the 512-deep slice,
- * n crossing the 512-column panel, m crossing the 4480-row pass; every ACC / A^T / B^T combination; A and B stored as bf16;
+ * Shapes: ragged m, n, k (not multiples of 14, 16 or 32), k odd, k crossing the slice (512 deep;
+ * AMX 2048), n crossing the B panel (1024 columns; AMX 256), m crossing the row pass (4480; AMX
+ * 2048); every ACC / A^T / B^T combination; A and B stored as bf16;
  * 1 and 2 threads; row padding of C must stay untouched; every other call packs into a caller
  * workspace of gdn_matmul_bf16_ws_bytes (misaligned), which must not be overrun. */
 #include "harness.h"
@@ -296,7 +297,8 @@ void test_matmul_bf16(void) {
                                            "ARCH_REQ_XCOMP_PERM): its bitwise check vs the emulator did not run");
     }
     const int64_t sizes[][3] = {{1, 1, 1},    {7, 17, 33},   {33, 100, 17}, {45, 70, 1},  {100, 33, 63},
-                                {61, 95, 531}, {20, 530, 45}, {37, 40, 1100}, {3, 33, 2}};
+                                {61, 95, 531}, {20, 530, 45}, {37, 40, 1100}, {3, 33, 2},
+                                {35, 40, 2100}}; /* depth past AMX's 2048-deep slice */
     static const int FL[8] = {0, GDN_GEMM_ACC, GDN_GEMM_A_TRANS, GDN_GEMM_B_TRANS, GDN_GEMM_ACC | GDN_GEMM_A_TRANS,
                               GDN_GEMM_ACC | GDN_GEMM_B_TRANS, GDN_GEMM_A_TRANS | GDN_GEMM_B_TRANS,
                               GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_B_TRANS};
@@ -309,7 +311,7 @@ void test_matmul_bf16(void) {
     one(GDN_GEMM_B_TRANS | GDN_GEMM_B_BF16, 61, 95, 531, 2);
     one(GDN_GEMM_A_BF16 | GDN_GEMM_ACC, 37, 40, 99, 1);
     one(GDN_GEMM_A_TRANS | GDN_GEMM_A_BF16 | GDN_GEMM_B_BF16, 100, 33, 63, 2);
-    /* more rows than one pass (4480): the row blocks' offsets into A, A^T and C */
+    /* more rows than one pass (4480; AMX 2048): the row blocks' offsets into A, A^T and C */
     one(GDN_GEMM_ACC, 4500, 37, 40, 2);
     one(GDN_GEMM_A_TRANS | GDN_GEMM_A_BF16 | GDN_GEMM_B_TRANS, 4500, 37, 40, 2);
     rounding();

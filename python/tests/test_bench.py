@@ -21,7 +21,8 @@ def test_bench_quick_runs_every_section(capsys):
                    "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU ",
                    "[bf16]", "gdncp bf16 / fp32 speed-up", "the autocast step",
                    "[attention]", "speed-up (torch SDPA / gdncp core)", "[generate]",
-                   "speed-up (transformers / gdncp.Model)", "ids equal"):
+                   "speed-up (transformers / gdncp.Model)", "ids equal", "[gemm]",
+                   "gdncp bf16 vs torch bf16"):
         assert needle in out, (needle, out)
     rows, err = bench.run(T=80, Hk=1, Hv=2, K=16, V=16, reps=1)
     assert err < 2e-5 and [r[0] for r in rows] == ["transformers", "gdncp"]
@@ -38,6 +39,21 @@ def test_bench_bf16_rows_within_bf16_accuracy():
         if n in errs:
             assert 1e-5 < errs[n] < 5e-2, (n, errs[n])
     assert "bf16" in path
+
+
+def test_bench_gemm_rows_within_their_precision():
+    """Every side of the GEMM section against the float64 product: fp32 sides within fp32's
+    accumulation error, BF16 sides within BF16's (operands rounded: ~1e-2 relative to max|y|);
+    control: the BF16 sides are off by more than the fp32 ones (their products did run in bf16)."""
+    rows, pk32, pkbf, path = bench.run_gemm(T=40, reps=1, shapes=(("toy", 48, 200),))
+    errs = {side: e for side, _, e in rows[0][4]}
+    assert set(errs) == {"torch fp32", "torch bf16 (bf16 operands)", "torch autocast bf16",
+                         "gdncp fp32", "gdncp bf16"}, errs
+    for side in ("torch fp32", "gdncp fp32"):
+        assert errs[side] < 1e-5, (side, errs)
+    for side in ("torch bf16 (bf16 operands)", "torch autocast bf16", "gdncp bf16"):
+        assert 1e-4 < errs[side] < 3e-2, (side, errs)
+    assert pk32 > 0 and "bf16" in path
 
 
 def test_bench_model_losses_agree_and_wrong_rule_differs(monkeypatch):

@@ -65,11 +65,22 @@
 #include <unistd.h>
 #endif
 
-#ifndef GDN_BF_KC /* (overridable at compile time for tuning) */
+/* Blocking (overridable at compile time for tuning): depth of a slice, columns of the shared B
+ * panel and rows per pass, for the vector paths (_V) and for AMX (_X). */
+#ifndef GDN_BF_KC
 #define GDN_BF_KC 512
 #endif
 #ifndef GDN_BF_NC
 #define GDN_BF_NC 1024 /* 1 MB of B panel; measured 84-86 % of the VDPBF16PS peak vs 81-82 % at 512 (Zen 4, 1 thread) */
+#endif
+#ifndef GDN_BF_KC_X
+#define GDN_BF_KC_X 2048
+#endif
+#ifndef GDN_BF_NC_X
+#define GDN_BF_NC_X 256
+#endif
+#ifndef GDN_BF_MC_X
+#define GDN_BF_MC_X 2048
 #endif
 #ifndef GDN_BF_MCP
 #define GDN_BF_MCP 8
@@ -78,13 +89,31 @@
 enum { NR = 32,        /* columns of a B micro-panel (2 zmm, 2 AMX B tiles) */
        MR_V = 14,      /* rows of the AVX512-BF16 / fallback tile */
        MR_X = 32,      /* rows of the AMX block (2 A tiles) */
-       KC = GDN_BF_KC, /* depth of a slice (a multiple of 32) */
-       NC = GDN_BF_NC, /* columns of the shared B panel: KC x NC bf16 (1 MB) */
+       KC_V = GDN_BF_KC, /* depth of a slice (even) */
+       NC_V = GDN_BF_NC, /* columns of the shared B panel: KC_V x NC_V bf16 (1 MB) */
+       MC_V = 4480,      /* rows per pass (a multiple of MR_V): the packed A slice is at most
+                            MC_V x KC_V, so the workspace is bounded (4.6 MB; the fallback's fp32
+                            panels 9.2 MB) and B is packed once per MC_V rows */
+       /* AMX: the C block stays in tiles over a slice 4x as deep (C read and written once per
+        * 2048 of depth: at 4096 x 8192 x 2048 the 512-deep slices moved 1 GB of C), with the B
+        * panel (2048 x 256 bf16, 1 MB) in L2; measured on a Sapphire Rapids-class Xeon, 2
+        * threads: 1.03-1.3x the 512 / 1024 blocking (docs/performance.md) */
+       KC_X = GDN_BF_KC_X, /* a multiple of 32 */
+       NC_X = GDN_BF_NC_X,
+       MC_X = GDN_BF_MC_X, /* a multiple of MR_X: the A slice at most 2048 x 2048 bf16 (8 MB) */
        MCP_V = GDN_BF_MCP, /* MR_V panels per work item */
-       MCP_X = 4,      /* MR_X panels per work item */
-       MC = 4480 };    /* rows per pass (a multiple of MR_V and MR_X): the packed A slice is at
-                          most MC x KC, so the workspace is bounded (4.6 MB; the fallback's fp32
-                          panels 9.2 MB) and B is packed once per MC rows */
+       MCP_X = 4 };        /* MR_X panels per work item */
+
+/* The path's blocking. */
+typedef struct {
+    int amx, MR, MCP;
+    int64_t KC, NC, MC;
+} bf_blocking;
+static bf_blocking blocking(int path) {
+    const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU;
+    if (amx) return (bf_blocking){1, MR_X, MCP_X, KC_X, NC_X, MC_X};
+    return (bf_blocking){0, MR_V, MCP_V, KC_V, NC_V, MC_V};
+}
 
 int gdn_bf16_fault = 0;
 int gdn_bf16_fallback_amx_order = 0;
@@ -637,8 +666,10 @@ const char *gdn_bf16_path_name(int path) {
 
 /* Packing space: the A slice (all m rows' panels x kcp bf16) and the shared B panel, 64-aligned. */
 static void ws_parts(int path, int64_t m, int64_t n, int64_t kk, size_t *abytes, size_t *bbytes) {
-    m = min64(m, MC);
-    const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, MR = amx ? MR_X : MR_V;
+    const bf_blocking bl = blocking(path);
+    const int amx = bl.amx, MR = bl.MR;
+    const int64_t KC = bl.KC, NC = bl.NC;
+    m = min64(m, bl.MC);
     const int64_t kcmax = min64(KC, kk > 0 ? kk : 1), kcpmax = amx ? (kcmax + 31) / 32 * 32 : (kcmax + 1) / 2 * 2;
     const size_t esz = path == GDN_BF16_FALLBACK ? 4 : 2; /* the fallback's A widened to fp32 */
     *abytes = ((size_t)((m + MR - 1) / MR) * MR * (size_t)kcpmax * esz + 63) / 64 * 64;
@@ -651,14 +682,15 @@ size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
     return a + b + 64;
 }
 
-/* One pass over m <= MC rows of C. */
+/* One pass over m <= the path's MC rows of C. */
 static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
                              const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads) {
     const int acc = (flags & GDN_GEMM_ACC) != 0, at = (flags & GDN_GEMM_A_TRANS) != 0,
               bt = (flags & GDN_GEMM_B_TRANS) != 0, abf = (flags & GDN_GEMM_A_BF16) != 0,
               bbf = (flags & GDN_GEMM_B_BF16) != 0;
-    const int amx = path == GDN_BF16_AMX || path == GDN_BF16_AMX_EMU, fb = path == GDN_BF16_FALLBACK;
-    const int MR = amx ? MR_X : MR_V, MCP = amx ? MCP_X : MCP_V;
+    const bf_blocking bl = blocking(path);
+    const int amx = bl.amx, fb = path == GDN_BF16_FALLBACK, MR = bl.MR, MCP = bl.MCP;
+    const int64_t KC = bl.KC, NC = bl.NC;
     const int64_t mpanels = (m + MR - 1) / MR;
     /* packed A slice: mpanels x MR x kcp bf16; B panel: NC/NR micro-panels x kcp/2 x NR words */
     size_t abytes, bbytes;
@@ -755,6 +787,7 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
         return path;
     }
     const size_t esz = flags & GDN_GEMM_A_BF16 ? 2 : 4;
+    const int64_t MC = blocking(path).MC;
     for (int64_t i0 = 0; i0 < m; i0 += MC) { /* op(A)'s rows i0..: A's rows, or its columns (A^T) */
         const char *Ai = (const char *)A + esz * (size_t)(flags & GDN_GEMM_A_TRANS ? i0 : i0 * lda);
         matmul_bf16_rows(path, flags, min64(MC, m - i0), n, kk, Ai, lda, B, ldb, C + i0 * ldc, ldc, ws, threads);

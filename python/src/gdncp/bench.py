@@ -29,6 +29,12 @@ the threads.
             forward + backward of sum(o * dout), GFLOP/s by the causal count 2 T^2 d H (x3.5 with
             the backward), their ratio, and o, dq, dk, dv against torch's. Shape: --attn-T
             (default 8192), --attn-H 16, --attn-Hkv 2, --attn-d 256 (Qwen3.5-35B-A3B's heads).
+  gemm      the projections' GEMM y = x W^T at the 35B layer's shapes (in_proj_qkv, in_proj_z,
+            out_proj; T = --gemm-T rows): torch.matmul in fp32, in BF16 with operands already
+            bf16 (oneDNN's brgemm: AMX where the CPU has it) and under torch.autocast (fp32 in,
+            conversions included), against gdncp's fp32 GEMM and its BF16 GEMM (fp32 in and out,
+            the path dispatch picked); GFLOP/s, the fraction of the fp32 FMA peak and of the BF16
+            instruction peak measured in the same run, and each y against a float64 product.
   generate  greedy generation, prompt + new tokens with every cache: transformers'
             Qwen3_5ForCausalLM.generate(do_sample=False) against gdncp.Model.generate (the whole
             model in C) on the same weights (a random model of --model-config's shape, default the
@@ -42,7 +48,7 @@ the threads.
             --cp-T 4096,16384 --cp-ranks 1,2,4 --mem-gib 20, --cp-max for the longest T each side
             completes.
 
-    python -m gdncp.bench [--what rule,model,overhead,conv,bf16,attention,generate,cp-train]
+    python -m gdncp.bench [--what rule,model,overhead,conv,bf16,gemm,attention,generate,cp-train]
                           [--quick] [--reps 5] [--threads N]
 
 --quick runs every section at toy sizes (the test suite's smoke run). --threads sets torch's
@@ -410,6 +416,71 @@ def run_bf16(B=1, T=1024, E=2048, Hk=16, Hv=32, K=128, V=128, reps=5):
     return rows, path, shape
 
 
+# ----------------------------------------------------------------------------- projection GEMM
+
+GEMM_SHAPES = (("in_proj_qkv", 8192, 2048), ("in_proj_z", 4096, 2048), ("out_proj", 2048, 4096))
+
+
+def run_gemm(T=4096, reps=5, shapes=GEMM_SHAPES):
+    """y = x W^T (x [T, K], W [N, K], fp32 in memory) per projection shape: torch fp32, torch
+    bf16 with bf16 operands (oneDNN), torch autocast bf16 (fp32 operands converted per call) and
+    gdncp fp32 / bf16 (gdn_bench_projection), sides alternating. Returns (rows of (shape name,
+    M, N, K, [(side, median s, rel err vs float64)]), fp32 peak, bf16 peak, bf16 path name)."""
+    from . import _lib as L
+    lib = L.lib
+    lib.gdn_measure_peak_gflops.restype = ctypes.c_double
+    lib.gdn_measure_peak_gflops.argtypes = [ctypes.c_int]
+    lib.gdn_bench_bf16_path.restype = ctypes.c_int
+    lib.gdn_bench_bf16_path_name.restype = ctypes.c_char_p
+    lib.gdn_bench_bf16_path_name.argtypes = [ctypes.c_int]
+    lib.gdn_bench_bf16_peak_gflops.restype = ctypes.c_double
+    lib.gdn_bench_bf16_peak_gflops.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.gdn_bench_projection.restype = None
+    lib.gdn_bench_projection.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    threads = torch.get_num_threads()
+    path = lib.gdn_bench_bf16_path()
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for name, N, K in shapes:
+        x = torch.randn(T, K, generator=gen)
+        W = torch.randn(N, K, generator=gen) / K ** 0.5
+        xb, Wb = x.bfloat16(), W.bfloat16()
+        ys = {}
+        yc = {c: np.empty((T, N), np.float32) for c in ("fp32", "bf16")}
+
+        def c_side(p, c):
+            def f():
+                lib.gdn_bench_projection(p, T, N, K, x.data_ptr(), W.data_ptr(), yc[c].ctypes.data, threads)
+                ys["gdncp " + c] = yc[c]
+            return f
+
+        def t_side(n, fn):
+            def f():
+                ys[n] = fn()
+            return f
+
+        def autocast():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch.nn.functional.linear(x, W)
+
+        sides = [("torch fp32", t_side("torch fp32", lambda: x @ W.t())),
+                 ("torch bf16 (bf16 operands)", t_side("torch bf16 (bf16 operands)", lambda: xb @ Wb.t())),
+                 ("torch autocast bf16", t_side("torch autocast bf16", autocast)),
+                 ("gdncp fp32", c_side(-1, "fp32")), ("gdncp bf16", c_side(path, "bf16"))]
+        times = _time_rounds([f for _, f in sides], reps)
+        ref = (x.double() @ W.double().t()).numpy()
+        scale = np.abs(ref).max()
+        res = []
+        for (n, _), t in zip(sides, times):
+            y = ys[n]
+            y = y.float().numpy() if isinstance(y, torch.Tensor) else y
+            res.append((n, t, float(np.abs(y - ref).max() / scale)))
+        out.append((name, T, N, K, res))
+    return (out, lib.gdn_measure_peak_gflops(threads), lib.gdn_bench_bf16_peak_gflops(path, threads),
+            lib.gdn_bench_bf16_path_name(path).decode())
+
+
 # ----------------------------------------------------------------------------- attention core
 
 def attention_flops(T, H, d, backward, B=1):
@@ -503,7 +574,7 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
 
 # ----------------------------------------------------------------------------- command line
 
-SECTIONS = ("rule", "model", "overhead", "conv", "bf16", "attention", "generate", "cp-train")
+SECTIONS = ("rule", "model", "overhead", "conv", "bf16", "gemm", "attention", "generate", "cp-train")
 DEFAULT_SECTIONS = SECTIONS[:-1]   # cp-train (minutes of MPI runs) only when asked for
 
 
@@ -512,7 +583,7 @@ def main(argv=None):
     for name, default in (("B", 1), ("T", 1024), ("Hk", 16), ("Hv", 32), ("K", 128), ("V", 128),
                           ("reps", 5), ("model-B", 8), ("model-T", 512), ("layer-E", 2048),
                           ("attn-T", 8192), ("attn-H", 16), ("attn-Hkv", 2), ("attn-d", 256),
-                          ("attn-reps", 3), ("gen-B", 1), ("gen-prompt", 64), ("gen-new", 128)):
+                          ("attn-reps", 3), ("gen-B", 1), ("gen-prompt", 64), ("gen-new", 128), ("gemm-T", 4096)):
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-backward", action="store_true", help="rule: forward only")
@@ -541,9 +612,10 @@ def main(argv=None):
         a.model_B, a.model_T, a.layer_E = 2, 64, 32
         a.attn_T, a.attn_reps = 256, 1
         a.gen_prompt, a.gen_new = 8, 16
+        a.gemm_T = 64
         a.cp_models, a.cp_T, a.cp_ranks = "tiny", "64", "1,2"
     for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "layer_E", "attn_T",
-                 "attn_H", "attn_Hkv", "attn_d", "attn_reps", "gen_B", "gen_prompt", "gen_new"):
+                 "attn_H", "attn_Hkv", "attn_d", "attn_reps", "gen_B", "gen_prompt", "gen_new", "gemm_T"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.Hv % a.Hk:
@@ -609,6 +681,24 @@ def main(argv=None):
             print(f"  {n:36s} {t * 1e3:9.1f} ms   y vs gdncp fp32 {e:.1e}{vs}")
         if "gdncp C fp32" in base and "gdncp C bf16" in base:
             print(f"  gdncp bf16 / fp32 speed-up: {base['gdncp C fp32'] / base['gdncp C bf16']:.2f}x")
+    if "gemm" in what:
+        shapes = GEMM_SHAPES if not a.quick else (("toy", 96, 80),)
+        rows, pk32, pkbf, bpath = run_gemm(a.gemm_T, a.reps, shapes)
+        print(f"[gemm] y = x W^T, x [T x K], W [N x K] fp32 in memory, {_where()}; measured peaks: "
+              f"fp32 FMA {pk32:.0f} GFLOP/s, BF16 instruction {pkbf:.0f} GFLOP/s "
+              f"({bpath}); GFLOP/s by 2 T N K")
+        for name, M, N, K, res in rows:
+            fl = 2.0 * M * N * K
+            for side, t, e in res:
+                g = fl / t / 1e9
+                bf = f"{g / pkbf * 100:5.1f} % of bf16 pk" if pkbf > 0 and "fp32" not in side else " " * 17
+                print(f"  {name:12s} {M}x{N}x{K}  {side:27s} {t * 1e3:9.1f} ms {g:8.1f} GFLOP/s "
+                      f"{g / pk32 * 100:6.1f} % of fp32 pk  {bf}  err {e:.1e}")
+            tt = {side: t for side, t, _ in res}
+            print(f"  {name:12s} gdncp bf16 vs torch bf16 (bf16 operands): "
+                  f"{tt['torch bf16 (bf16 operands)'] / tt['gdncp bf16']:.2f}x, vs torch autocast: "
+                  f"{tt['torch autocast bf16'] / tt['gdncp bf16']:.2f}x; gdncp bf16 / fp32: "
+                  f"{tt['gdncp fp32'] / tt['gdncp bf16']:.2f}x")
     if "attention" in what:
         T, H, Hkv, d = a.attn_T, a.attn_H, a.attn_Hkv, a.attn_d
         rows, err, path = run_attention(T, H, Hkv, d, a.attn_reps)
