@@ -17,7 +17,8 @@ def test_bench_quick_runs_every_section(capsys):
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
     for needle in ("[rule]", "speed-up (transformers / gdncp)", "forward+backward", "[model]",
-                   "speed-up (transformers / gdncp.transformers.patch())", "[overhead]",
+                   "speed-up (transformers / gdncp.transformers.patch())",
+                   "speed-up (patched transformers / gdncp C model)", "[overhead]",
                    "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU ",
                    "[bf16]", "gdncp bf16 / fp32 speed-up", "the autocast step",
                    "[attention]", "speed-up (torch SDPA / gdncp core)", "[generate]",
@@ -60,10 +61,12 @@ def test_bench_model_losses_agree_and_wrong_rule_differs(monkeypatch):
     _, losses, _ = bench.run_model(B=1, T=48, reps=1)
     rel = abs(losses["gdncp"] - losses["transformers"]) / abs(losses["transformers"])
     assert rel < 1e-5, losses
+    rel_c = abs(losses["gdncp C model"] - losses["transformers"]) / abs(losses["transformers"])
+    assert rel_c < 1e-5, losses
     real = gtf._RULES["chunk_gated_delta_rule"]
     monkeypatch.setitem(gtf._RULES, "chunk_gated_delta_rule",   # control: g dropped
                         lambda q, k, v, g=None, **kw: real(q, k, v, g=torch.zeros_like(g), **kw))
-    _, bad, _ = bench.run_model(B=1, T=48, reps=1)
+    _, bad, _ = bench.run_model(B=1, T=48, reps=1, c_model=False)
     assert abs(bad["gdncp"] - bad["transformers"]) / abs(bad["transformers"]) > 1e-4, bad
 
 

@@ -276,6 +276,31 @@ gdn_model_plan_create = _proto("gdn_model_plan_create", c_int, POINTER(c_void_p)
                                POINTER(ModelRun), c_void_p)
 gdn_model_plan_destroy = _proto("gdn_model_plan_destroy", None, c_void_p)
 gdn_model_logits = _proto("gdn_model_logits", c_int, c_void_p, P_float, P_token, P_float)
+# (plan, w, tokens [B,T+1], denom, loss_sum out, for_backward); (plan, w, dw out, tokens)
+gdn_model_forward = _proto("gdn_model_forward", c_int, c_void_p, P_float, P_token, c_double,
+                           POINTER(c_double), c_int)
+gdn_model_backward = _proto("gdn_model_backward", c_int, c_void_p, P_float, P_float, P_token)
+
+
+class ModelTensorInfo(ctypes.Structure):
+    """gdn_model_tensor_info."""
+    _fields_ = [("name", ctypes.c_char * 96), ("ndim", c_int), ("shape", c_int64 * 3),
+                ("offset", c_size_t), ("numel", c_size_t), ("decay", c_int)]
+
+
+class AdamwConfig(ctypes.Structure):
+    """gdn_adamw_config."""
+    _fields_ = [("lr", c_double), ("min_lr", c_double), ("warmup", c_int64), ("steps", c_int64),
+                ("beta1", c_double), ("beta2", c_double), ("eps", c_double),
+                ("weight_decay", c_double), ("clip", c_double)]
+
+
+gdn_adamw_default = _proto("gdn_adamw_default", AdamwConfig)
+# (cfg, model cfg, w, dw, m, v, step (1-based), lr, grad_scale, threads)
+gdn_adamw_update = _proto("gdn_adamw_update", None, POINTER(AdamwConfig), P_mcfg, P_float, P_float,
+                          P_float, P_float, c_int64, c_double, c_double, c_int)
+gdn_model_tensor_count = _proto("gdn_model_tensor_count", c_int, P_mcfg)
+gdn_model_tensor = _proto("gdn_model_tensor", c_int, P_mcfg, c_int, POINTER(ModelTensorInfo))
 # (dec, cfg, B, max_len, threads); prefill (dec, w, tokens [B,T], T, logits [B,T,vocab]);
 # decode (dec, w, tokens [B], logits [B,vocab])
 gdn_model_decoder_create = _proto("gdn_model_decoder_create", c_int, POINTER(c_void_p), P_mcfg,

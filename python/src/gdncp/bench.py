@@ -9,8 +9,8 @@ the threads.
             max-abs of transformers' output). Shape: --B --T --Hk --Hv --K --V (default
             Qwen3.5-35B's GatedDeltaNet layer, Hk = 16, Hv = 32, K = V = 128, T = 1024).
   model     a training step of transformers' Qwen3_5ForCausalLM (forward with labels, backward,
-            AdamW): its fallback against `with gdncp.transformers.patch()`, same weights and
-            inputs. Config: --model-config (a config.json; default: the golden qwen35_tiny shape,
+            AdamW): its fallback against `with gdncp.transformers.patch()` and against gdncp's
+            C model (gdncp.Model.loss_and_grads + the C AdamW), same weights and inputs. Config: --model-config (a config.json; default: the golden qwen35_tiny shape,
             E = 96, 3 GatedDeltaNet layers + 1 attention layer), --model-B, --model-T.
   overhead  the binding's cost: gdncp.torch forward + backward (autograd) against the NumPy entry
             points (gdncp.chunk_forward(save=True) + chunk_backward) and against the C functions
@@ -178,15 +178,21 @@ def _model(config_path=None):
     return model
 
 
-def run_model(B=8, T=512, reps=5, config_path=None):
-    """A training step (forward with labels, backward, AdamW) of the fallback and of the patched
-    model, from the same weights on the same tokens: [(name, median s)], the first step's losses."""
+def run_model(B=8, T=512, reps=5, config_path=None, c_model=True):
+    """A training step (forward with labels, backward, AdamW) of the fallback, of the patched
+    model and (c_model) of gdncp's C model (gdncp.Model.loss_and_grads and the C AdamW,
+    gdn_adamw_update, with torch.optim.AdamW's settings), from the same weights on the same
+    tokens: [(name, median s)], the first step's losses."""
+    import tempfile
+    from . import _lib as L
     from . import transformers as gtf
+    from .model import Model
     base = _model(config_path)
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, base.config.vocab_size, (B, T), generator=gen)
     losses, steps = {}, []
-    for name in ("transformers", "gdncp"):
+    names = ["transformers", "gdncp"]
+    for name in names:
         model = copy.deepcopy(base)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -199,7 +205,28 @@ def run_model(B=8, T=512, reps=5, config_path=None):
             losses.setdefault(name, loss.item())
 
         steps.append(step)
-    rows = list(zip(("transformers", "gdncp"), _time_rounds(steps, reps)))
+    with contextlib.ExitStack() as stack:
+        if c_model:
+            d = stack.enter_context(tempfile.TemporaryDirectory())
+            base.save_pretrained(d)
+            m = stack.enter_context(Model.from_pretrained(d, threads=torch.get_num_threads()))
+            adam = L.gdn_adamw_default()
+            adam.lr, adam.min_lr, adam.warmup, adam.steps = 1e-3, 1e-3, 0, 1 << 40
+            adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.clip = 0.9, 0.999, 1e-8, 0.01, 0.0
+            mom = [np.zeros_like(m._w) for _ in range(2)]
+            ids_np, count = ids.numpy(), [0]
+
+            def c_step():
+                loss, dw = m._step(ids_np, "fp32", True, False)
+                count[0] += 1
+                L.gdn_adamw_update(ctypes.byref(adam), ctypes.byref(m._cfg), L.f32p(m._w), L.f32p(dw),
+                                   L.f32p(mom[0]), L.f32p(mom[1]), count[0], adam.lr, 1.0,
+                                   torch.get_num_threads())
+                losses.setdefault("gdncp C model", loss)
+
+            names.append("gdncp C model")
+            steps.append(c_step)
+        rows = list(zip(names, _time_rounds(steps, reps)))
     cfg = base.config
     shape = (f"Qwen3_5ForCausalLM E={cfg.hidden_size} layers={cfg.num_hidden_layers} "
              f"({cfg.layer_types.count('linear_attention')} GatedDeltaNet) "
@@ -639,13 +666,16 @@ def main(argv=None):
     if "model" in what:
         rows, losses, mshape = run_model(a.model_B, a.model_T, a.reps, a.model_config)
         print(f"[model] training step (forward with labels, backward, AdamW): {mshape}")
+        tok = a.model_B * a.model_T
         for name, t in rows:
-            print(f"  {name:12s} step {t * 1e3:9.1f} ms   first loss {losses[name]:.6f}")
-        (_, t0), (_, t1) = rows
+            print(f"  {name:14s} step {t * 1e3:9.1f} ms {tok / t:9.0f} tok/s   first loss {losses[name]:.6f}")
+        t0, t1, t2 = (t for _, t in rows)
+        lt = losses["transformers"]
         print(f"  speed-up (transformers / gdncp.transformers.patch()): {t0 / t1:.2f}x; "
-              f"first-step losses differ by "
-              f"{abs(losses['gdncp'] - losses['transformers']) / abs(losses['transformers']):.1e} "
-              "relative")
+              f"first-step losses differ by {abs(losses['gdncp'] - lt) / abs(lt):.1e} relative")
+        print(f"  speed-up (patched transformers / gdncp C model): {t1 / t2:.2f}x, (transformers / "
+              f"gdncp C model) {t0 / t2:.2f}x; the C model's first loss differs by "
+              f"{abs(losses['gdncp C model'] - lt) / abs(lt):.1e} relative")
     if "overhead" in what:
         rows = run_overhead(a.B, a.T, a.Hk, a.Hv, a.K, a.V, a.reps)
         print(f"[overhead] forward + backward (checkpoints kept, no final state) {shape}")

@@ -6,8 +6,13 @@ Qwen3.5 checkpoint or a `gdncp train` output directory.
     m.logits(input_ids)                      # [B, T] ints -> float32 [B, T, vocab]
     m.generate(input_ids, max_new_tokens=N)  # -> the new ids [B, N] (greedy by default)
     m.generate_text("prompt", max_new_tokens=N)
+    m.loss(input_ids)                        # transformers' model(ids, labels=ids).loss
+    loss, grads = m.loss_and_grads(input_ids)  # and d loss / d every parameter, by name
+    m.state_dict()                           # {name: float32 view of the weights}
 
-`logits` is the model's forward (gdn_model_logits); `generate` prefills the prompt through every
+`loss` and `loss_and_grads` are the training step's forward and backward (gdn_model_forward /
+gdn_model_backward), in fp32 or with BF16 products (compute="bf16"); `logits` is the model's
+forward (gdn_model_logits); `generate` prefills the prompt through every
 layer's cache and then decodes one token at a time (gdn_model_prefill / gdn_model_decode), so no
 token is read twice. The next token comes from the library's sampler (gdn_sample_next), the one
 `gdncp sample` uses: with the same seed and options both give the same tokens. Row b of a batch
@@ -152,6 +157,7 @@ class Model:
         m = object.__new__(cls)
         m._cfg, m._raw, m._w, m._threads, m._dir, m._path = cfg, raw, w, threads, d, path
         m._plan, m._plan_bt, m._tokenizer = None, None, None
+        m._train_plan, m._train_key = None, None
         if tokenizer is not None:
             m._tokenizer = m._load_tokenizer(tokenizer)
         m._lock = threading.RLock()
@@ -169,9 +175,10 @@ class Model:
         if lock is None:
             return
         with lock:
-            if self._plan is not None:
-                L.gdn_model_plan_destroy(self._plan)
-            self._plan, self._plan_bt = None, None
+            for p in (self._plan, self._train_plan):
+                if p is not None:
+                    L.gdn_model_plan_destroy(p)
+            self._plan, self._plan_bt, self._train_plan, self._train_key = None, None, None, None
             self._w = self._raw = None
 
     def __enter__(self):
@@ -258,6 +265,80 @@ class Model:
         L.check(L.gdn_model_logits(self._plan, L.f32p(self._w), ids.ctypes.data_as(L.P_token),
                                    L.f32p(out)), "gdncp.Model.logits")
         return out
+
+    # ------------------------------------------------------------------------- training step
+
+    def state_dict(self):
+        """{Hugging Face name: float32 numpy array} of every parameter, views of the model's
+        weights (writing into one changes the model; a tied model has no lm_head.weight). The
+        names and shapes are those of loss_and_grads' gradients."""
+        with self._lock:
+            self._live()
+            return {n: self._w[o:o + k].reshape(sh) for n, o, k, sh in self._tensors()}
+
+    def _tensors(self):
+        c = ctypes.byref(self._cfg)
+        out = []
+        for i in range(L.gdn_model_tensor_count(c)):
+            info = L.ModelTensorInfo()
+            L.check(L.gdn_model_tensor(c, i, ctypes.byref(info)), "gdncp.Model: tensor table")
+            out.append((info.name.decode(), int(info.offset), int(info.numel),
+                        tuple(int(info.shape[d]) for d in range(info.ndim))))
+        return out
+
+    def loss(self, input_ids, compute="fp32"):
+        """transformers' `model(input_ids, labels=input_ids).loss`: the mean over the B (T - 1)
+        next-token predictions of input_ids [B, T] (T >= 2) of -log p(next token), in double
+        from the fp32 model. compute="bf16": the projections, the MLP and lm_head with bfloat16
+        operands (fp32 accumulation; gdncp/compute.h)."""
+        with self._lock:
+            return self._step(input_ids, compute, False, False)[0]
+
+    def loss_and_grads(self, input_ids, compute="fp32", recompute=False):
+        """(loss, grads): loss as `loss` gives it, and grads {name: float32 array} the gradient
+        of that loss with respect to every parameter (state_dict()'s names and shapes; a tied
+        model's embedding gradient holds the output head's share too), as transformers'
+        `loss.backward()` leaves them in `.grad`. recompute=True keeps only each layer's input
+        in the forward and recomputes the layer in the backward (less memory, ~1.3x the time)."""
+        with self._lock:
+            loss, dw = self._step(input_ids, compute, True, bool(recompute))
+            return loss, {n: dw[o:o + k].reshape(sh) for n, o, k, sh in self._tensors()}
+
+    def _step(self, input_ids, compute, grads, recompute):
+        """(loss, the flat gradient in the C layout, or None without grads)."""
+        self._live()
+        if compute not in ("fp32", "bf16"):
+            raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
+        ids = self._ids(input_ids)
+        B, T1 = ids.shape
+        if T1 < 2:
+            raise ValueError(f"input_ids has {T1} token per row: a loss needs at least 2 (each "
+                             "token predicts the next)")
+        self._check_length(T1, "input_ids' length")
+        T = T1 - 1
+        key = (B, T, compute, recompute)
+        if self._train_key != key:
+            if self._train_plan is not None:
+                L.gdn_model_plan_destroy(self._train_plan)
+                self._train_plan, self._train_key = None, None
+            plan = ctypes.c_void_p()
+            run = L.ModelRun(B=B, T=T, threads=self._threads, recompute=int(recompute),
+                             check_finite=1, compute=1 if compute == "bf16" else 0)
+            L.check(L.gdn_model_plan_create(ctypes.byref(plan), ctypes.byref(self._cfg),
+                                            ctypes.byref(run), None), "gdncp.Model.loss")
+            self._train_plan, self._train_key = plan, key
+        tok = ids.ctypes.data_as(L.P_token)
+        loss_sum = ctypes.c_double()
+        denom = float(B * T)
+        L.check(L.gdn_model_forward(self._train_plan, L.f32p(self._w), tok, denom,
+                                    ctypes.byref(loss_sum), int(grads)), "gdncp.Model.loss")
+        loss = loss_sum.value / denom
+        if not grads:
+            return loss, None
+        dw = np.empty_like(self._w)
+        L.check(L.gdn_model_backward(self._train_plan, L.f32p(self._w), L.f32p(dw), tok),
+                "gdncp.Model.loss_and_grads")
+        return loss, dw
 
     # ------------------------------------------------------------------------- generation
 
