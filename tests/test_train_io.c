@@ -941,6 +941,85 @@ static void test_data(void) {
     expect_far(biased_failed ? NAN : chi_biased, 43.8, "windows drawn for a text half as long, confined to its first half (chi^2)");
 }
 
+/* A BF16 save (gdn_ckpt_save_dtype): model.safetensors holds BF16 tensors equal to the nearest-even
+ * rounding of the weights bit for bit, config.json says "bfloat16"; loading it for inference gives
+ * those rounded weights, resuming (the moments) gives the fp32 masters back bit for bit. Controls:
+ * the inference load is not the fp32 weights (the rounding happened), and a model file from
+ * another save (the weights scaled) beside the same optimizer file is refused by name. */
+static void test_bf16_save(void) {
+    char out[512], dir[512], path[600];
+    tpath(out, "bf16_save");
+    float *w = params_for(w_base, 7), *m = params_for(m_base, 7), *v = params_for(v_base, 7);
+    int rc = gdn_ckpt_save_dtype(out, 7, &cfg, w, m, v, "{\"step\": 7}", 0, GDN_BF16);
+    check(rc == GDN_OK, "BF16 save with the moments: %s", rc ? gdn_errmsg() : "ok");
+    rc = rc ? rc : gdn_ckpt_resolve(out, dir, sizeof dir);
+    if (rc) goto out;
+    path_fmt(path, sizeof path, "%s/model.safetensors", dir);
+    gdn_st_file *f = NULL;
+    long wrong_dtype = 0, differ = 0, rounded = 0;
+    gdn_model_tensor_info t;
+    if (gdn_st_open(&f, path) == GDN_OK) {
+        for (int i = 0; i < gdn_model_tensor_count(&cfg); i++) {
+            gdn_model_tensor(&cfg, i, &t);
+            const gdn_st_tensor *st = gdn_st_find(f, t.name);
+            if (!st || st->dtype != GDN_BF16) {
+                wrong_dtype++;
+                continue;
+            }
+            float *got = calloc(t.numel, sizeof(float));
+            if (gdn_st_read_f32(f, t.name, got, t.numel) == GDN_OK)
+                for (size_t e = 0; e < t.numel; e++) {
+                    const uint32_t u = (uint32_t)gdn_st_bf16(w[t.offset + e]) << 16;
+                    float r;
+                    memcpy(&r, &u, 4);
+                    differ += memcmp(&r, &got[e], 4) != 0;
+                    rounded += r != w[t.offset + e];
+                }
+            else
+                differ += (long)t.numel;
+            free(got);
+        }
+        gdn_st_close(f);
+    } else
+        wrong_dtype = -1;
+    check(wrong_dtype == 0, "BF16 save: every tensor of model.safetensors is BF16 (%ld are not)", wrong_dtype);
+    expect_close((double)differ, 0.0, "BF16 save: model.safetensors = bf16(weights) bit for bit (%ld differ)", differ);
+    expect_far((double)rounded, 0.5, "BF16 save control: the rounding changed %ld weights", rounded);
+    path_fmt(path, sizeof path, "%s/config.json", dir);
+    size_t n = 0;
+    char *text = (char *)slurp(path, &n);
+    check(text && strstr(text, "\"dtype\": \"bfloat16\""), "BF16 save: config.json says dtype bfloat16");
+    free(text);
+
+    float *w2 = calloc(nparam, sizeof(float)), *m2 = calloc(nparam, sizeof(float)), *v2 = calloc(nparam, sizeof(float));
+    rc = gdn_ckpt_load(dir, &cfg, w2, m2, v2, NULL);
+    check(rc == GDN_OK && table_same_bytes(w2, w) && table_same_bytes(m2, m) && table_same_bytes(v2, v),
+          "BF16 save resumed: the fp32 master weights and the moments bit for bit (%s)", rc ? gdn_errmsg() : "ok");
+    memset(w2, 0, sizeof(float) * nparam);
+    rc = gdn_ckpt_load(dir, &cfg, w2, NULL, NULL, NULL);
+    check(rc == GDN_OK && !table_same_bytes(w2, w), "BF16 save loaded for inference: the rounded weights, not the masters");
+
+    /* another save's model file beside this optimizer file */
+    for (size_t i = 0; i < nparam; i++) w2[i] = w[i] * 1.5f;
+    char out2[512], dir2[512], from[700];
+    tpath(out2, "bf16_other");
+    rc = gdn_ckpt_save_dtype(out2, 7, &cfg, w2, NULL, NULL, NULL, 0, GDN_BF16);
+    if (!rc) rc = gdn_ckpt_resolve(out2, dir2, sizeof dir2);
+    if (!rc) {
+        path_fmt(from, sizeof from, "%s/model.safetensors", dir2);
+        path_fmt(path, sizeof path, "%s/model.safetensors", dir);
+        copy_file(from, path);
+        expect_status(gdn_ckpt_load(dir, &cfg, w2, m2, v2, NULL), GDN_ERR_FORMAT,
+                      "come from different saves", "BF16 model file of another save beside the masters: refused");
+    } else
+        check(0, "BF16 save without moments: %s", gdn_errmsg());
+    expect_status(gdn_ckpt_save_dtype(out2, 8, &cfg, w, NULL, NULL, NULL, 0, 1), GDN_ERR_ARG, "neither F32",
+                  "a save in F64 (not offered) is refused");
+    free(w2), free(m2), free(v2);
+out:
+    free(w), free(m), free(v);
+}
+
 void test_train_io(void) {
     if (!gdn_model_config_named("tiny", &cfg)) {
         check(0, "the tiny model configuration exists");
@@ -968,6 +1047,7 @@ void test_train_io(void) {
     test_keep_and_replace();
     test_kills();
     test_data();
+    test_bf16_save();
     free(w_base), free(m_base), free(v_base);
     rm_tree(base_dir);
 }

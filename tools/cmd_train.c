@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gdncp/io.h"
 #include "gdncp/train.h"
 
 static int usage(void) {
@@ -25,7 +26,7 @@ static int usage(void) {
             "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
             "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
             "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
-            "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N]\n"
+            "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N] [--save-dtype f32|bf16]\n"
             "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP | --pack-id N]\n"
             "  --data FILE: byte text, or a token file (python -m gdncp.tokenize; docs/training.md).\n"
             "  --vocab N: the model's vocabulary (default 256, bytes; a token file's tokenizer's size).\n"
@@ -37,7 +38,9 @@ static int usage(void) {
             "  file's end-of-text id; for byte text, a byte value).\n"
             "  The named models are hybrid: layer l is full attention when (l + 1) %% 4 == 0; --attn-interval N\n"
             "  makes it every N-th layer (0: GatedDeltaNet only), --layer-types lists every layer.\n"
-            "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n");
+            "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n"
+            "  --save-dtype bf16: model.safetensors in BF16 (half the bytes; the fp32 master weights stay in\n"
+            "  optimizer.safetensors, so --resume is exact).\n");
     return CLI_USAGE_ERROR;
 }
 
@@ -177,6 +180,8 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             layer_types = v, o->model_explicit = 1, i++;
         } else if (!strcmp(a, "--progress") && v && (!strcmp(v, "auto") || !strcmp(v, "line") || !strcmp(v, "lines"))) {
             progress = !strcmp(v, "line") ? 1 : !strcmp(v, "lines") ? 0 : -1, i++;
+        } else if (!strcmp(a, "--save-dtype") && v && (!strcmp(v, "f32") || !strcmp(v, "bf16"))) {
+            o->save_dtype = !strcmp(v, "bf16") ? GDN_BF16 : GDN_F32, i++;
         } else if (!strcmp(a, "--compute")) {
             if (cli_parse_compute("train", a, v, &o->compute)) return CLI_USAGE_ERROR;
             i++;

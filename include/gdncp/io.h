@@ -73,6 +73,8 @@ GDN_API void gdn_st_writer_destroy(gdn_st_writer *w);
  * NULL reserves the tensor for gdn_st_write_at (below). */
 GDN_API int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const float *data);
+/* The BF16 bits a writer stores for x: round to nearest even (a NaN stays a NaN). */
+GDN_API uint16_t gdn_st_bf16(float x);
 GDN_API int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const double *data);
 /* An integer tensor stored as I64 (e.g. cu_seqlens); data is copied now (NULL: reserved). */

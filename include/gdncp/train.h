@@ -304,6 +304,14 @@ GDN_API int gdn_data_window_docs(const gdn_data *d, int split, int64_t start, in
  * newest checkpoints are kept (keep_last <= 0: all). */
 GDN_API int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
                   const float *adam_m, const float *adam_v, const char *state_json, int keep_last);
+/* The same with model.safetensors' weights in weight_dtype: 0 (GDN_F32, gdn_ckpt_save's) or 2
+ * (GDN_BF16, io.h: each weight rounded to nearest even, config.json's dtype "bfloat16"; half the
+ * bytes, for inference and for transformers). A BF16 save with the moments also keeps the fp32
+ * master weights (optimizer.safetensors, "master." + name), so that gdn_ckpt_load resumes from
+ * them bit for bit; without the moments the save holds only the rounded weights. */
+GDN_API int gdn_ckpt_save_dtype(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
+                        const float *adam_m, const float *adam_v, const char *state_json, int keep_last,
+                        int weight_dtype);
 
 /* path is a checkpoint directory (it holds config.json and model.safetensors), or a training
  * output directory: then its complete checkpoint-N with the largest N. The directory goes into
@@ -377,6 +385,9 @@ typedef struct {
     const char *out;        /* checkpoint directory (NULL: none written) */
     int64_t save_every;     /* 0: only at the end */
     int keep_last;          /* checkpoints kept (<= 0: all) */
+    int save_dtype;         /* model.safetensors' weights: 0 F32 (default) or 2 BF16 (--save-dtype;
+                               gdn_ckpt_save_dtype: the fp32 master weights stay in the optimizer
+                               file, so a resume is exact) */
     const char *resume;     /* continue from this checkpoint (or the newest in this directory) */
     const char *init;       /* start from these weights with a fresh optimiser */
     const char *log_csv;    /* per-step CSV (NULL: none) */

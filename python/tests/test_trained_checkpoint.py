@@ -28,10 +28,7 @@ ModelConfig = _lib.ModelConfig             # gdn_model_config, gdn_model_run: th
 ModelRun = _lib.ModelRun
 
 
-class TensorInfo(ctypes.Structure):        # gdn_model_tensor_info
-    _fields_ = [("name", ctypes.c_char * 96), ("ndim", ctypes.c_int),
-                ("shape", ctypes.c_int64 * 3), ("offset", ctypes.c_size_t),
-                ("numel", ctypes.c_size_t), ("decay", ctypes.c_int)]
+TensorInfo = _lib.ModelTensorInfo         # gdn_model_tensor_info
 
 
 def _c_model(cfg, weights, tokens):
@@ -72,21 +69,78 @@ def _c_model(cfg, weights, tokens):
     return logits, loss.value / T   # loss_sum is the sum over the T targets
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def _train(out, steps, *extra):
+    """`gdncp train` of the tests' small model on the fortunes for `steps` steps into out;
+    returns out/checkpoint-<steps>."""
     if not CLI or not os.access(CLI, os.X_OK):
         pytest.fail("GDNCP_CLI must name the built gdncp command (scripts/test_python.sh sets it)")
     assert os.path.exists(TEXT), f"{TEXT} is missing (Debian's fortunes package: scripts/deps.sh)"
-    out = tmp_path_factory.mktemp("train")
     cmd = [MPIEXEC, "-n", "1", CLI, "train", "--data", TEXT, "--hidden", "32", "--layers", "2",
            "--intermediate", "64", "--key-heads", "1", "--value-heads", "2", "--key-dim", "16",
-           "--value-dim", "16", "--seq", str(T), "--steps", "3", "--eval-every", "0",
-           "--threads", "1", "--out", str(out)]
+           "--value-dim", "16", "--seq", str(T), "--steps", str(steps), "--eval-every", "0",
+           "--threads", "1", "--out", str(out), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    ck = out / "checkpoint-00000003"
+    ck = out / f"checkpoint-{steps:08d}"
     assert (ck / "config.json").exists() and (ck / "model.safetensors").exists(), os.listdir(out)
     return ck
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("train"), 3)
+
+
+def test_bf16_checkpoint_loads_into_transformers_and_resumes_exactly(tmp_path):
+    """`gdncp train --save-dtype bf16`: model.safetensors holds BF16 tensors (config.json dtype
+    bfloat16), which transformers loads and on which its loss and logits equal gdncp.Model's
+    within 1e-5;
+    resuming that checkpoint for a 4th step gives fp32 master weights bit-identical to an
+    uninterrupted 4-step run saved in F32. Controls: the BF16 tensors are not the fp32 weights
+    (the rounding happened), and gdncp's logits on the fp32 master weights of the same save are
+    not transformers' on the BF16 file (so that check sees the rounding)."""
+    import json
+    import gdncp
+    from transformers import Qwen3_5ForCausalLM
+    full = _train(tmp_path / "full", 4)
+    half = _train(tmp_path / "half", 3, "--save-dtype", "bf16")
+    assert json.load(open(half / "config.json"))["dtype"] == "bfloat16"
+    with open(half / "model.safetensors", "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+
+    with open(TEXT, "rb") as f:
+        ids = np.frombuffer(f.read(T + 1), np.uint8).astype(np.int64)[None]
+    with gdncp.Model.from_pretrained(half, threads=1) as m:
+        ours, our_logits = m.loss(ids), m.logits(ids)
+    hf = Qwen3_5ForCausalLM.from_pretrained(str(half), dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor(ids), labels=torch.tensor(ids), use_cache=False)
+    theirs, their_logits = out.loss.item(), out.logits.numpy()
+    assert abs(theirs - ours) / ours < 1e-5, (theirs, ours)
+    assert rel_err(our_logits, their_logits) < 1e-5, rel_err(our_logits, their_logits)
+
+    from safetensors.numpy import save_file
+    from safetensors.torch import load_file as load_torch
+    masters3 = {k[len("master."):]: v for k, v in
+                read_safetensors(str(half / "optimizer.safetensors")).items() if k.startswith("master.")}
+    fp32 = tmp_path / "masters"
+    fp32.mkdir()
+    conf = json.load(open(half / "config.json"))
+    conf["dtype"] = "float32"
+    json.dump(conf, open(fp32 / "config.json", "w"))
+    save_file(masters3, str(fp32 / "model.safetensors"))
+    with gdncp.Model.from_pretrained(fp32, threads=1) as m:                # control: unrounded
+        assert rel_err(m.logits(ids), their_logits) > 1e-4, rel_err(m.logits(ids), their_logits)
+
+    resumed = _train(tmp_path / "resumed", 4, "--resume", str(half), "--save-dtype", "bf16")
+    want = read_safetensors(str(full / "model.safetensors"))
+    masters = read_safetensors(str(resumed / "optimizer.safetensors"))
+    bf = {k: v.float().numpy() for k, v in load_torch(str(resumed / "model.safetensors")).items()}
+    for name, a in want.items():
+        assert np.array_equal(masters["master." + name], a), name   # bit for bit
+    assert sum(not np.array_equal(bf[n], a) for n, a in want.items()) > 0   # control: rounded
 
 
 def test_trained_checkpoint_loads_into_transformers_with_gdncps_loss(checkpoint):

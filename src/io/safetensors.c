@@ -269,7 +269,7 @@ static float bf16_to_f32(uint16_t h) {
     return x;
 }
 
-static uint16_t f32_to_bf16(float x) {
+uint16_t gdn_st_bf16(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
     if (isnan(x)) return (uint16_t)((u >> 16) | 0x40); /* keep it a NaN */
@@ -499,7 +499,7 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
         } else if (dtype == GDN_F64) {
             memcpy(e->bytes + 8 * i, &x, 8);
         } else {
-            uint16_t h = f32_to_bf16((float)x);
+            uint16_t h = gdn_st_bf16((float)x);
             memcpy(e->bytes + 2 * i, &h, 2);
         }
     }

@@ -5,6 +5,7 @@
 #include "gdncp/train.h"
 
 #include "base.h"
+#include "gdncp/io.h"
 #include "hf_weights.h"
 
 #include <ctype.h>
@@ -23,6 +24,7 @@
 #define CONFIG_FILE "config.json"
 #define MODEL_FILE "model.safetensors"
 #define OPTIM_FILE "optimizer.safetensors"
+#define MASTER_PREFIX "master." /* beside BF16 weights: the fp32 masters (optimizer file) */
 #define STATE_FILE "trainer_state.json"
 #define PRIMARY_PREFIX "checkpoint-"
 #define HIDDEN_PREFIX ".checkpoint-"
@@ -317,8 +319,9 @@ static json_t *config_json(const gdn_model_config *cfg) {
         (json_int_t)cfg->vocab);
 }
 
-static int write_config(const char *path, const gdn_model_config *cfg) {
+static int write_config(const char *path, const gdn_model_config *cfg, int weight_dtype) {
     json_t *root = config_json(cfg);
+    if (root && weight_dtype == GDN_BF16) json_object_set_new(root, "dtype", json_string("bfloat16"));
     /* Nine significant digits hold any float exactly; the sorted, indented form is transformers'. */
     char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9))
                       : NULL;
@@ -650,7 +653,11 @@ static int check_finite(const gdn_model_tensor_info *table, int n, const float *
 /* Write the groups' tensors as one F32 safetensors file at path: the project's writer lays out
  * the header and the temporary file; the bytes come straight from the arrays. */
 static int write_tensors(const char *path, const gdn_model_tensor_info *table, int n,
-                         const tensor_group *groups, int ngroups) {
+                         const tensor_group *groups, int ngroups, int dtype) {
+    const size_t esz = dtype == GDN_BF16 ? 2 : 4;
+    enum { CHUNK = 1 << 16 };
+    uint16_t *half = dtype == GDN_BF16 ? malloc(sizeof(uint16_t) * CHUNK) : NULL;
+    if (dtype == GDN_BF16 && !half) return gdn_fail(GDN_ERR_NOMEM, "%s: a conversion buffer", path);
     gdn_st_writer *wr = NULL;
     int rc = gdn_st_writer_create(&wr);
     if (!rc) rc = gdn_st_writer_metadata(wr, "format", "pt");
@@ -658,7 +665,7 @@ static int write_tensors(const char *path, const gdn_model_tensor_info *table, i
     for (int g = 0; g < ngroups && !rc; g++)
         for (int i = 0; i < n && !rc; i++) {
             snprintf(name, sizeof name, "%s%s", groups[g].prefix, table[i].name);
-            rc = gdn_st_writer_add_f32(wr, name, GDN_F32, table[i].ndim, table[i].shape, NULL);
+            rc = gdn_st_writer_add_f32(wr, name, (gdn_dtype)dtype, table[i].ndim, table[i].shape, NULL);
         }
     /* The writer stores tensors in the order added, back to back after the header. */
     uint64_t offset = 0;
@@ -669,21 +676,32 @@ static int write_tensors(const char *path, const gdn_model_tensor_info *table, i
     char tmp[PATH_MAX + 32];
     if (!rc) rc = gdn_st_writer_begin(wr, path, tmp, sizeof tmp);
     gdn_st_writer_destroy(wr);
-    if (rc) return rc;
+    if (rc) {
+        free(half);
+        return rc;
+    }
     const int fd = open(tmp, O_WRONLY | O_CLOEXEC);
     int err = fd < 0 ? errno : 0;
     for (int g = 0; g < ngroups && !err; g++)
         for (int i = 0; i < n && !err; i++) {
-            const char *bytes = (const char *)(groups[g].data + table[i].offset);
-            const size_t len = table[i].numel * sizeof(float);
-            for (size_t done = 0; done < len && !err;) {
-                const ssize_t k = pwrite(fd, bytes + done, len - done, (off_t)(offset + done));
-                if (k < 0 && errno == EINTR) continue;
-                if (k <= 0) err = k < 0 ? errno : EIO;
-                else done += (size_t)k;
+            const float *src = groups[g].data + table[i].offset;
+            /* F32: the floats as they are; BF16: rounded a chunk at a time */
+            for (size_t e0 = 0; e0 < table[i].numel && !err; e0 += half ? CHUNK : table[i].numel) {
+                const size_t ne = half && table[i].numel - e0 > CHUNK ? CHUNK : table[i].numel - e0;
+                if (half)
+                    for (size_t e = 0; e < ne; e++) half[e] = gdn_st_bf16(src[e0 + e]);
+                const char *bytes = half ? (const char *)half : (const char *)src;
+                const size_t len = ne * esz;
+                for (size_t done = 0; done < len && !err;) {
+                    const ssize_t k = pwrite(fd, bytes + done, len - done, (off_t)(offset + done));
+                    if (k < 0 && errno == EINTR) continue;
+                    if (k <= 0) err = k < 0 ? errno : EIO;
+                    else done += (size_t)k;
+                }
+                offset += len;
             }
-            offset += len;
         }
+    free(half);
     struct stat st;
     if (!err && fstat(fd, &st) != 0) err = errno;
     if (!err && (uint64_t)st.st_size != offset) err = EFBIG; /* layout assumption broken */
@@ -745,16 +763,18 @@ static int read_tensors(const char *path, const gdn_model_tensor_info *table, in
 /* Build the checkpoint's files in tmp_dir. */
 static int write_files(const char *tmp_dir, const gdn_model_config *cfg,
                        const gdn_model_tensor_info *table, int n, const float *w,
-                       const float *adam_m, const float *adam_v, const char *state_json) {
+                       const float *adam_m, const float *adam_v, const char *state_json, int weight_dtype) {
     char path[PATH_MAX];
     int rc = join(path, sizeof path, tmp_dir, CONFIG_FILE);
-    if (!rc) rc = write_config(path, cfg);
+    if (!rc) rc = write_config(path, cfg, weight_dtype);
     const tensor_group model[1] = {{"", (float *)w}};
     if (!rc) rc = join(path, sizeof path, tmp_dir, MODEL_FILE);
-    if (!rc) rc = write_tensors(path, table, n, model, 1);
-    const tensor_group moments[2] = {{"exp_avg.", (float *)adam_m}, {"exp_avg_sq.", (float *)adam_v}};
+    if (!rc) rc = write_tensors(path, table, n, model, 1, weight_dtype);
+    /* the optimizer file: the moments, and beside BF16 weights the fp32 masters they round */
+    const tensor_group moments[3] = {{"exp_avg.", (float *)adam_m}, {"exp_avg_sq.", (float *)adam_v},
+                                     {MASTER_PREFIX, (float *)w}};
     if (!rc && adam_m) rc = join(path, sizeof path, tmp_dir, OPTIM_FILE);
-    if (!rc && adam_m) rc = write_tensors(path, table, n, moments, 2);
+    if (!rc && adam_m) rc = write_tensors(path, table, n, moments, weight_dtype == GDN_BF16 ? 3 : 2, GDN_F32);
     if (!rc) rc = join(path, sizeof path, tmp_dir, STATE_FILE);
     if (!rc) rc = write_synced(path, state_json, strlen(state_json));
     if (!rc) {
@@ -836,8 +856,16 @@ static int prune(const char *out_dir, int keep_last) {
 
 int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
                   const float *adam_m, const float *adam_v, const char *state_json, int keep_last) {
+    return gdn_ckpt_save_dtype(out_dir, step, cfg, w, adam_m, adam_v, state_json, keep_last, GDN_F32);
+}
+
+int gdn_ckpt_save_dtype(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
+                        const float *adam_m, const float *adam_v, const char *state_json, int keep_last,
+                        int weight_dtype) {
     if (!out_dir || !cfg || !w || (adam_m && !adam_v) || (!adam_m && adam_v))
         return gdn_fail(GDN_ERR_ARG, "checkpoint save: NULL argument (the moments: both or neither)");
+    if (weight_dtype != GDN_F32 && weight_dtype != GDN_BF16)
+        return gdn_fail(GDN_ERR_ARG, "checkpoint save: weight dtype %d is neither F32 (0) nor BF16 (2)", weight_dtype);
     if (step < 0) return gdn_fail(GDN_ERR_ARG, "checkpoint save: step %lld is negative", (long long)step);
     int rc = gdn_model_config_check(cfg);
     if (rc) return rc;
@@ -885,7 +913,7 @@ int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg
             rc = gdn_fail(GDN_ERR_IO, "%s: cannot create the temporary directory: %s", tmp_dir,
                           strerror(errno));
         else
-            rc = write_files(tmp_dir, cfg, table, n, w, adam_m, adam_v, state_json);
+            rc = write_files(tmp_dir, cfg, table, n, w, adam_m, adam_v, state_json, weight_dtype);
         if (!rc) {
             test_hook(1);
             rc = install(out_dir, tmp_dir, final, step);
@@ -1015,6 +1043,40 @@ static int same_config(const char *dir, const gdn_model_config *cfg) {
     return GDN_OK;
 }
 
+/* The optimizer file `path` into the moments; when it also holds the fp32 master weights (a BF16
+ * save), they replace w, which must be their rounding bit for bit (else the two files come from
+ * different saves, and neither is trusted). */
+static int read_moments(const char *dir, const char *path, const gdn_model_config *cfg,
+                        const gdn_model_tensor_info *table, int n, float *w, float *adam_m, float *adam_v) {
+    gdn_st_file *f = NULL;
+    int rc = gdn_st_open(&f, path);
+    if (rc) return rc;
+    char name[sizeof table->name + 32];
+    snprintf(name, sizeof name, MASTER_PREFIX "%s", table[0].name);
+    const int masters = gdn_st_find(f, name) != NULL;
+    gdn_st_close(f);
+    const size_t nw = gdn_model_param_floats(cfg);
+    float *master = masters ? malloc(sizeof(float) * nw) : NULL;
+    if (masters && !master) return gdn_fail(GDN_ERR_NOMEM, "%s: the master weights (%zu floats)", path, nw);
+    if (master) memcpy(master, w, sizeof(float) * nw); /* (padding between tensors kept) */
+    const tensor_group groups[3] = {{"exp_avg.", adam_m}, {"exp_avg_sq.", adam_v}, {MASTER_PREFIX, master}};
+    rc = read_tensors(path, table, n, groups, masters ? 3 : 2);
+    for (int i = 0; masters && !rc && i < n; i++)
+        for (size_t e = 0; e < table[i].numel && !rc; e++) {
+            const size_t at = table[i].offset + e;
+            const uint32_t u = (uint32_t)gdn_st_bf16(master[at]) << 16;
+            float r;
+            memcpy(&r, &u, sizeof r);
+            if (memcmp(&r, &w[at], sizeof r))
+                rc = gdn_fail(GDN_ERR_FORMAT, "%s/%s: %s[%zu] = %.9g is not the bf16 rounding of its master weight "
+                              "%.9g in %s: the two files come from different saves", dir, MODEL_FILE, table[i].name,
+                              e, (double)w[at], (double)master[at], path);
+        }
+    if (master && !rc) memcpy(w, master, sizeof(float) * nw);
+    free(master);
+    return rc;
+}
+
 int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float *adam_m,
                   float *adam_v, char **state_json) {
     if (!dir || !cfg || !w || (adam_m && !adam_v) || (!adam_m && adam_v))
@@ -1031,7 +1093,6 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
     rc = gdn_hf_read_model(dir, cfg, table, n, w);
     if (!rc) rc = join(path, sizeof path, dir, MODEL_FILE);
     if (!rc) rc = check_finite(table, n, w, path, "");
-    const tensor_group moments[2] = {{"exp_avg.", adam_m}, {"exp_avg_sq.", adam_v}};
     if (!rc && adam_m) rc = join(path, sizeof path, dir, OPTIM_FILE);
     if (!rc && adam_m) {
         struct stat st;
@@ -1039,7 +1100,7 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
             rc = gdn_fail(GDN_ERR_IO, "%s: the optimizer state is missing (%s): this checkpoint can "
                           "start a run (--init) but not resume one", path, strerror(errno));
         else
-            rc = read_tensors(path, table, n, moments, 2);
+            rc = read_moments(dir, path, cfg, table, n, w, adam_m, adam_v);
     }
     free(table);
     if (!rc && state_json) rc = join(path, sizeof path, dir, STATE_FILE);

@@ -1,5 +1,6 @@
 /* The training loop (trainer.h): grid, data windows, steps, validation, logging, checkpoints. */
 #include "gdncp/train.h"
+#include "gdncp/io.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -94,6 +95,8 @@ static int check_options(const gdn_train_options *o, int size) {
         return gdn_fail(GDN_ERR_ARG, "unknown attention CP strategy %d (--attn-cp kv or heads)", o->attn_cp);
     if (!gdn_compute_name(o->compute))
         return gdn_fail(GDN_ERR_ARG, "unknown compute precision %d (--compute fp32 or bf16)", o->compute);
+    if (o->save_dtype != GDN_F32 && o->save_dtype != GDN_BF16)
+        return gdn_fail(GDN_ERR_ARG, "unknown checkpoint weight dtype %d (--save-dtype f32 or bf16)", o->save_dtype);
     if (o->strategy < GDN_CP_SCAN || o->strategy > GDN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "unknown CP strategy %d", o->strategy);
     if (o->pack && (o->pack_len < 1 || o->pack_len > GDN_DATA_MAX_SEP))
@@ -510,7 +513,8 @@ static int save(trainer *t, int64_t step, double loss) {
     int rc = GDN_OK;
     if (t->rank == 0) {
         char *st = state_json(t, step, loss);
-        rc = st ? gdn_ckpt_save(t->o->out, step, &t->cfg, t->w, t->m, t->v, st, t->o->keep_last)
+        rc = st ? gdn_ckpt_save_dtype(t->o->out, step, &t->cfg, t->w, t->m, t->v, st, t->o->keep_last,
+                                      t->o->save_dtype)
                 : gdn_fail(GDN_ERR_NOMEM, "trainer state");
         free(st);
         if (!rc && t->progress) {
