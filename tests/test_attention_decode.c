@@ -9,7 +9,8 @@
  *      keys are those of positions 1000 + t;
  *   4. the key split (flash-decoding) of a long cache, B Hkv = 1 on 3 threads, pieces of 3 and 2
  *      tokens and single tokens: y == the forward, the number of key ranges as configured;
- *   5. bad input.
+ *   5. bad input;
+ *   6. a BF16 cache: bit for bit the F32 cache holding bf16-rounded keys and values.
  * Negative controls through the same comparisons: positions not continuing from the cache (a plan
  * with a wrong pos_offset, the cache length set back), the cache missing its last appended token,
  * the cached keys replaced by the keys before RoPE; for the cache itself, the keys before RoPE and
@@ -355,10 +356,89 @@ static void split_case(void) {
         expect_far(rel_err_ff(y + P * E, yf + P * E, nx - P * E), tol, "decoded y with %s, split %s",
                    tamper_name[DROP_LAST], runs[r].what);
     }
+    /* a BF16 cache through the split (3 key ranges): the F32 cache rounding what it appends, bit for bit */
+    gdn_attn_cache *cb = NULL;
+    float *yb = falloc(nx);
+    gdn_attn_decode_split_keys = 64;
+    gdn_attn_cache_reset(cache);
+    test_threads_seen = -1;
+    int rc = gdn_attn_cache_create_dtype(&cb, 1, 1, 16, T, 2);
+    if (!rc) rc = decode_pieces(&c, sizes, n, x, w, cb, yb, OK, NULL);
+    const int seen = test_threads_seen;
+    gdn_attn_cache_round_f32 = 1;
+    if (!rc) rc = decode_pieces(&c, sizes, n, x, w, cache, y, OK, NULL);
+    gdn_attn_cache_round_f32 = 0;
+    long differ = 0;
+    for (int64_t i = P * E; i < nx; i++) differ += memcmp(yb + i, y + i, 4) != 0;
+    check(!rc && seen == 3 && differ == 0,
+          "BF16 cache, split in %d key ranges: y == the F32 cache holding bf16-rounded keys and values, bit for bit (%ld differ)",
+          seen, differ);
+    expect_far(rel_err_ff(yb + P * E, yf + P * E, nx - P * E), 1e-7, "BF16 cache, split: y is not the F32 forward's (rounded)");
+    gdn_attn_cache_destroy(cb);
+    free(yb);
     test_threads_site = NULL;
     gdn_attn_decode_split_keys = keep;
     gdn_attn_cache_destroy(cache);
     free(w), free(x), free(yf), free(y);
+}
+
+/* ---------------------------------------------------------------- 6. a BF16 cache */
+
+/* The golden layer decoded in pieces into a BF16 cache (gdn_attn_cache_create_dtype), with 3
+ * threads and the key split on (64 keys a range), so the widened tiles go through every path:
+ * y == the same decode into an F32 cache that rounds what it appends through bf16 (the test hook
+ * gdn_attn_cache_round_f32), bit for bit; against the F32 cache and transformers' y within BF16's
+ * accuracy; its storage is bf16 (keys_bf16 = bf16 of the F32 cache's keys, exactly). Controls:
+ * the F32 cache without rounding fails the bitwise check, and the BF16 y is not the F32 one. */
+static void bf16_cache_case(const golden_layer *g) {
+    gdn_attn_config c = g->c;
+    c.threads = 3;
+    const int64_t B = c.B, T = c.T, E = c.E, nx = B * T * E, d = c.d, Hkv = c.Hkv;
+    float *yb = falloc(nx), *yr = falloc(nx), *yf = falloc(nx);
+    const int64_t sizes[] = {37, 64, 1, 1, 13, 34};
+    gdn_attn_cache *cb = NULL, *cf = NULL;
+    const int made = gdn_attn_cache_create_dtype(&cb, B, Hkv, d, T, 2) == GDN_OK &&
+                     gdn_attn_cache_create(&cf, B, Hkv, d, T) == GDN_OK;
+    check(made && gdn_attn_cache_dtype(cb) == 2 && gdn_attn_cache_dtype(cf) == 0 && !gdn_attn_cache_keys(cb) &&
+              gdn_attn_cache_keys_bf16(cb) && gdn_attn_cache_values_bf16(cb) && !gdn_attn_cache_keys_bf16(cf),
+          "a BF16 cache: dtype 2, bf16 storage only; an F32 cache: dtype 0, float storage only");
+    if (!made) goto out;
+    const int64_t keep = gdn_attn_decode_split_keys;
+    gdn_attn_decode_split_keys = 64;
+    int rc = decode_pieces(&c, sizes, 6, g->x, g->w, cb, yb, OK, NULL);
+    gdn_attn_cache_round_f32 = 1;
+    if (!rc) rc = decode_pieces(&c, sizes, 6, g->x, g->w, cf, yr, OK, NULL);
+    gdn_attn_cache_round_f32 = 0;
+    gdn_attn_cache_reset(cf);
+    if (!rc) rc = decode_pieces(&c, sizes, 6, g->x, g->w, cf, yf, OK, NULL);
+    gdn_attn_decode_split_keys = keep;
+    expect_status(rc, GDN_OK, NULL, "decode 37 + 64 + 1 + 1 + 13 + 34 into a BF16 cache and into F32 caches");
+    if (rc) goto out;
+    long differ = 0, differ_unrounded = 0, keys_differ = 0;
+    for (int64_t i = 0; i < nx; i++)
+        differ += memcmp(yb + i, yr + i, 4) != 0, differ_unrounded += memcmp(yb + i, yf + i, 4) != 0;
+    const uint16_t *kb = gdn_attn_cache_keys_bf16(cb);
+    const float *kf = gdn_attn_cache_keys(cf);
+    for (int64_t i = 0; i < B * Hkv * T * d; i++) {
+        const uint32_t u = (uint32_t)kb[i] << 16;
+        float r;
+        memcpy(&r, &u, 4);
+        keys_differ += fabsf(r - kf[i]) > 0x1p-8f * fabsf(kf[i]); /* within half a bf16 ulp */
+    }
+    expect_close((double)differ, 0.0, "BF16 cache y == F32 cache holding bf16-rounded keys and values, bit for bit (%ld differ)",
+                 differ);
+    expect_far((double)differ_unrounded, 0.5, "BF16 cache y vs the F32 cache without rounding, bitwise (%ld differ)",
+               differ_unrounded);
+    expect_close((double)keys_differ, 0.0, "BF16 cache keys = the F32 cache's rounded to bf16 (%ld off)", keys_differ);
+    const double e = rel_err_ff(yb, yf, nx);
+    expect_close(e, 2e-2, "BF16 cache y vs F32 cache y (BF16's accuracy)");
+    expect_far(e, 1e-7, "BF16 cache y is not the F32 cache's (the rounding happened)");
+    expect_close(rel_err_f32(yb, g->y, nx), 2e-2, "BF16 cache y vs transformers' y");
+    printf("    BF16 KV cache: y vs F32 cache %.2e, vs transformers %.2e\n", e, rel_err_f32(yb, g->y, nx));
+    expect_status(gdn_attn_cache_create_dtype(&cf, B, Hkv, d, T, 1), GDN_ERR_ARG, "neither F32", "an F64 cache: refused");
+out:
+    gdn_attn_cache_destroy(cb), gdn_attn_cache_destroy(cf);
+    free(yb), free(yr), free(yf);
 }
 
 /* ---------------------------------------------------------------- 5. bad input */
@@ -392,7 +472,19 @@ static void errors(void) {
     expect_status(gdn_attn_decode(p, cache, y, x, w), GDN_ERR_NONFINITE, "'x'", "NaN in x refused");
     x[5] = 0.0f;
     w[gdn_attn_param_offset(&c, GDN_A_V_PROJ) + 2] = INFINITY;
-    expect_status(gdn_attn_decode(p, cache, y, x, w), GDN_ERR_NONFINITE, "v_proj.weight", "Inf in v_proj refused");
+    /* a step checks x and its y (not every weight per token); a prefill piece names the weight */
+    expect_status(gdn_attn_decode(p, cache, y, x, w), GDN_ERR_NONFINITE, "'y'", "Inf in v_proj: a decode step's y refused");
+    {
+        gdn_attn_config c2 = c;
+        c2.T = 2;
+        gdn_attn_plan *p2 = NULL;
+        float *x2 = falloc(2 * c.E), *y2 = falloc(2 * c.E);
+        gdn_attn_plan_create(&p2, &c2);
+        expect_status(gdn_attn_decode(p2, cache, y2, x2, w), GDN_ERR_NONFINITE, "v_proj.weight",
+                      "Inf in v_proj: a prefill piece of 2 refused, naming it");
+        gdn_attn_plan_destroy(p2);
+        free(x2), free(y2);
+    }
     w[gdn_attn_param_offset(&c, GDN_A_V_PROJ) + 2] = 0.0f;
     check(gdn_attn_cache_length(cache) == 1, "length still 1 after the refused calls");
     const struct { int64_t B, Hkv, d; const char *needle, *what; } shapes[] = {
@@ -448,6 +540,7 @@ void test_attn_decode(void) {
     if (!golden_load(&g)) {
         pieces_case(&g);
         offset_case(&g);
+        bf16_cache_case(&g);
     }
     golden_free(&g);
     split_case();

@@ -14,6 +14,7 @@
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
+#include "gdncp/io.h" /* gdn_st_bf16 */
 
 #include <math.h>
 #include <stdio.h>
@@ -336,8 +337,9 @@ static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T)
 
 /* One decode step (B = 1) against a KV cache of T tokens (filled with random keys and values,
  * its length reset to T before every step, so each step attends to T + 1): memory-bound, against
- * the time to stream the weights and the cache once at the bandwidth measured in the same run. */
-static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T) {
+ * the time to stream the weights and the cache once at the bandwidth measured in the same run.
+ * dtype: the cache's (0 F32, 2 BF16: half the cache bytes). */
+static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T, int dtype) {
     gdn_attn_config c = gdn_attn_config_default(1, 1, s->E, s->H, s->Hkv, s->d);
     c.threads = o->threads;
     uint64_t seed = 0x5851F42D4C957F2Dull;
@@ -345,13 +347,16 @@ static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T)
     gdn_attn_plan *p = NULL;
     gdn_attn_cache *cache = NULL;
     int rc = w && x && y ? gdn_attn_plan_create(&p, &c) : GDN_ERR_NOMEM;
-    if (!rc) rc = gdn_attn_cache_create(&cache, 1, s->Hkv, s->d, T + 1);
+    if (!rc) rc = gdn_attn_cache_create_dtype(&cache, 1, s->Hkv, s->d, T + 1, dtype);
     if (!rc) {
         const size_t n = (size_t)s->Hkv * (size_t)(T + 1) * (size_t)s->d;
         float *kf = gdn_attn_cache_keys(cache), *vf = gdn_attn_cache_values(cache);
+        uint16_t *kb = gdn_attn_cache_keys_bf16(cache), *vb = gdn_attn_cache_values_bf16(cache);
         for (size_t i = 0; i < n; i++) {
             seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
-            kf[i] = (float)((seed >> 40) / 16777216.0) - 0.5f, vf[i] = (float)((seed >> 20 & 0xffffff) / 16777216.0) - 0.5f;
+            const float k = (float)((seed >> 40) / 16777216.0) - 0.5f, v = (float)((seed >> 20 & 0xffffff) / 16777216.0) - 0.5f;
+            if (kf) kf[i] = k, vf[i] = v;
+            else kb[i] = gdn_st_bf16(k), vb[i] = gdn_st_bf16(v);
         }
     }
     const int steps = o->quick ? 5 : 20;
@@ -364,18 +369,20 @@ static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T)
     }
     if (!rc) {
         const double med = cli_median(t, steps);
-        const double wbytes = 4.0 * (double)gdn_attn_param_floats(&c), cbytes = 8.0 * (double)s->Hkv * (T + 1) * s->d;
+        const double wbytes = 4.0 * (double)gdn_attn_param_floats(&c),
+                     cbytes = (dtype ? 4.0 : 8.0) * (double)s->Hkv * (T + 1) * s->d;
         const double bound = cli_stream_seconds((size_t)(wbytes + cbytes), 0, o->threads);
         if (o->json)
-            printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"B\":1,\"T_cache\":%lld,\"threads\":%d,"
-                   "\"us_per_token\":%.2f,\"bytes_per_step\":%.0f,\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,"
-                   "\"cpu\":\"%s\"}\n",
-                   s->label, (long long)T, o->threads, med * 1e6, wbytes + cbytes, bound * 1e6, bound / med, o->cpu);
+            printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"B\":1,\"T_cache\":%lld,\"cache_dtype\":\"%s\","
+                   "\"threads\":%d,\"us_per_token\":%.2f,\"bytes_per_step\":%.0f,\"bound_us\":%.2f,"
+                   "\"fraction_of_bound\":%.4f,\"cpu\":\"%s\"}\n",
+                   s->label, (long long)T, dtype ? "bf16" : "f32", o->threads, med * 1e6, wbytes + cbytes, bound * 1e6,
+                   bound / med, o->cpu);
         else
-            printf("layer_decode  %-7s cache T=%-6lld thr=%d %9.1f us/token  streams %.1f MB (weights %.1f MB, cache "
-                   "%.1f MB)  bound %8.1f us  %5.1f %% of bound\n",
-                   s->label, (long long)T, o->threads, med * 1e6, (wbytes + cbytes) / 1e6, wbytes / 1e6, cbytes / 1e6,
-                   bound * 1e6, 100 * bound / med);
+            printf("layer_decode  %-7s cache T=%-6lld %s thr=%d %9.1f us/token  streams %.1f MB (weights %.1f MB, "
+                   "cache %.1f MB)  bound %8.1f us  %5.1f %% of bound\n",
+                   s->label, (long long)T, dtype ? "bf16" : "f32 ", o->threads, med * 1e6, (wbytes + cbytes) / 1e6,
+                   wbytes / 1e6, cbytes / 1e6, bound * 1e6, 100 * bound / med);
     } else {
         fprintf(stderr, "gdncp bench attention: decode %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
     }
@@ -489,7 +496,8 @@ int cmd_bench_attention(int argc, char **argv) {
         for (int64_t t = 0; t < nT && !rc; t++) {
             if (core) rc = bench_core(&o, &shapes[k], Ts[t]);
             if (layer && !rc) rc = bench_layer_rows(&o, &shapes[k], Ts[t]);
-            if (layer && !rc) rc = bench_decode_row(&o, &shapes[k], Ts[t]);
+            if (layer && !rc) rc = bench_decode_row(&o, &shapes[k], Ts[t], 0);
+            if (layer && !rc) rc = bench_decode_row(&o, &shapes[k], Ts[t], 2);
         }
     }
     if (Ts != &T_default) free(Ts);

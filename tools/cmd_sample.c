@@ -16,7 +16,7 @@
 static int usage(void) {
     fprintf(stderr, "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [--tokens N]\n"
                     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
-                    "                    [--stop auto|none] [--print-ids] [--score]\n"
+                    "                    [--stop auto|none] [--print-ids] [--score] [--cache-dtype f32|bf16]\n"
                     "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
                     "  --prompt-ids: the prompt as token ids in [0, vocab); --print-ids: the new tokens as ids\n"
                     "  (comma-separated, one line) instead of the prompt and the text. --prompt TEXT and text\n"
@@ -27,7 +27,9 @@ static int usage(void) {
                     "  reaches --top-p (1: all); the same sampler as the Python package's Model.generate.\n"
                     "  --stop auto (default): a checkpoint trained with --pack SEP or --pack-id N stops once it\n"
                     "  writes the separator (its document ended; the token after it was never trained); none:\n"
-                    "  run to --tokens.\n");
+                    "  run to --tokens.\n"
+                    "  --cache-dtype bf16: the attention layers' KV caches in BF16 (half their memory and of the bytes\n"
+                    "  a token reads; keys and values rounded to nearest even, the attention itself in fp32).\n");
     return CLI_USAGE_ERROR;
 }
 
@@ -50,7 +52,7 @@ static int parse_ids(const char *text, gdn_token *ids, size_t cap, size_t *n, in
 
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
-    int print_ids = 0, fault_no_kv = 0, score = 0;
+    int print_ids = 0, fault_no_kv = 0, score = 0, cache_dtype = 0;
     int64_t tokens = 200, top_k = 0, seed = 1, threads = 0;
     double temperature = 0.8, top_p = 1;
     int stop_auto = 1;
@@ -61,6 +63,8 @@ int cmd_sample(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
         else if (!strcmp(a, "--score")) score = 1; /* the prompt's loss, nothing generated (tests) */
+        else if (!strcmp(a, "--cache-dtype") && v && (!strcmp(v, "f32") || !strcmp(v, "bf16")))
+            cache_dtype = !strcmp(v, "bf16") ? 2 : 0, i++; /* gdn_dtype's F32 / BF16 */
         else if (!strcmp(a, "--fault") && v && !strcmp(v, "no-kv-cache")) fault_no_kv = 1, i++; /* tests only */
         else if (!strcmp(a, "--tokens")) {
             if (cli_parse_i64("sample", a, v, 1, 1 << 24, &tokens)) return CLI_USAGE_ERROR;
@@ -143,7 +147,7 @@ int cmd_sample(int argc, char **argv) {
     for (int i = 0; i < sep_len; i++) sep[i] = sep_bytes[i];
     if (!rc && sep_id >= 0) sep[0] = (gdn_token)sep_id, sep_len = 1;
     /* the KV caches hold the prompt and every new token */
-    if (!rc) rc = gdn_model_decoder_create(&dec, &cfg, 1, (int64_t)np + tokens, (int)threads);
+    if (!rc) rc = gdn_model_decoder_create_dtype(&dec, &cfg, 1, (int64_t)np + tokens, (int)threads, cache_dtype);
     /* the prompt in one piece; its last token's logits give the first new one */
     const double tp = cli_now();
     if (!rc) rc = gdn_model_prefill(dec, w, ptok, (int64_t)np, logits);
@@ -190,9 +194,9 @@ int cmd_sample(int argc, char **argv) {
     fflush(stdout);
     if (!rc)
         fprintf(stderr, "gdncp sample: %s, %zu prompt tokens (prefill %.1f ms) + %lld new, %.2f ms per token, "
-                        "%.1f tokens/s (decode path, %lld attention layers with a KV cache)%s\n",
+                        "%.1f tokens/s (decode path, %lld attention layers with a%s KV cache)%s\n",
                 dir, np, 1e3 * prefill_s, (long long)made, 1e3 * dt / (double)(made ? made : 1),
-                dt > 0 ? (double)made / dt : 0.0, (long long)gdn_model_attn_layers(&cfg),
+                dt > 0 ? (double)made / dt : 0.0, (long long)gdn_model_attn_layers(&cfg), cache_dtype ? " BF16" : "n F32",
                 stopped ? "; stopped at the end of the document (the checkpoint was trained with --pack; "
                           "--stop none goes on)" : "");
     gdn_model_decoder_destroy(dec);

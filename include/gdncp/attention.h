@@ -128,13 +128,23 @@ GDN_API int gdn_attn_backward(gdn_attn_plan *plan, float *dx, float *dw, const f
  * Created once for the longest sequence; decoding allocates nothing. */
 typedef struct gdn_attn_cache gdn_attn_cache;
 GDN_API int gdn_attn_cache_create(gdn_attn_cache **cache, int64_t B, int64_t Hkv, int64_t d, int64_t capacity);
+/* The same with its keys and values stored as dtype: GDN_F32 (0, gdn_attn_cache_create's) or
+ * GDN_BF16 (2, io.h's gdn_dtype values): each appended key and value rounded to nearest even,
+ * half the memory and half the bytes a decode step streams; the attention reads them widened
+ * to fp32, exactly (the scores, softmax and sums stay fp32). */
+GDN_API int gdn_attn_cache_create_dtype(gdn_attn_cache **cache, int64_t B, int64_t Hkv, int64_t d, int64_t capacity,
+                                        int dtype);
+GDN_API int gdn_attn_cache_dtype(const gdn_attn_cache *cache); /* GDN_F32 (0) or GDN_BF16 (2) */
 GDN_API void gdn_attn_cache_destroy(gdn_attn_cache *cache);
 GDN_API void gdn_attn_cache_reset(gdn_attn_cache *cache); /* length 0 */
 GDN_API int64_t gdn_attn_cache_length(const gdn_attn_cache *cache);
 GDN_API int64_t gdn_attn_cache_capacity(const gdn_attn_cache *cache);
-/* [B, Hkv, capacity, d] each (writable: a caller may fill a cache it saved, then set its length). */
+/* [B, Hkv, capacity, d] each (writable: a caller may fill a cache it saved, then set its length);
+ * NULL for a BF16 cache, whose storage the _bf16 pair gives (bf16 bits; NULL for an F32 cache). */
 GDN_API float *gdn_attn_cache_keys(gdn_attn_cache *cache);
 GDN_API float *gdn_attn_cache_values(gdn_attn_cache *cache);
+GDN_API uint16_t *gdn_attn_cache_keys_bf16(gdn_attn_cache *cache);
+GDN_API uint16_t *gdn_attn_cache_values_bf16(gdn_attn_cache *cache);
 GDN_API int gdn_attn_cache_set_length(gdn_attn_cache *cache, int64_t len);
 
 /* Prefill a piece or decode: x [B, T, E] holds the next T tokens of every row (the plan's B and

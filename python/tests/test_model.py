@@ -259,6 +259,22 @@ def test_generate_greedy_equals_generate_io(tiny, tmp_path):
         assert not np.array_equal(bad.generate(prompt, max_new_tokens=want.shape[1]), want)
 
 
+def test_generate_with_a_bf16_kv_cache(tiny):
+    """cache_dtype="bf16" (the attention layers' KV caches in BF16): greedy ids = generate.io's
+    (this model's margins are wider than the rounding), and generate_text's text is the F32
+    cache's; a bad dtype is refused before C. (The bitwise check of the BF16 cache against an F32 cache holding the
+    rounded keys, and its control, are the C suite attn_decode's.)"""
+    prompt, want = _gen_io()
+    got = tiny.generate(prompt, max_new_tokens=want.shape[1], cache_dtype="bf16")
+    assert np.array_equal(got, want), (got, want)
+    text = tiny.generate_text("Hello", max_new_tokens=8, cache_dtype="bf16")
+    assert text == tiny.generate_text("Hello", max_new_tokens=8)
+    with pytest.raises(ValueError, match="cache_dtype must be"):
+        tiny.generate(prompt, max_new_tokens=2, cache_dtype="fp8")
+    with pytest.raises(ValueError, match="cache_dtype must be"):
+        tiny.generate_text("Hi", max_new_tokens=2, cache_dtype="bfloat16")
+
+
 def test_prompt_prefilled_in_pieces(tiny, monkeypatch):
     """A prompt longer than one prefill piece (pieces of 5 tokens here: 12 = 5 + 5 + 2) gives the
     same ids; control: the middle piece never fed to the decoder gives other ids."""

@@ -65,13 +65,14 @@ typedef struct {
     int32_t *hi, *lo;  /* [BQ]: each row's visible keys [lo, hi] relative to the tile */
     int64_t *tg, *db;  /* [BQ]: each row's global index and its document's first token */
     int64_t *off, *lix; /* [BQ]: Q/O/dO/dQ offset, lse/D index of each row */
+    float *kw, *vw;    /* [BK][d]: a BF16 view's key and value tile widened to fp32 (forward) */
 } tile_view;
 
 /* Carve the tile (t NULL: only count): 64-byte aligned pieces from a 64-byte aligned start. */
 static size_t tile_layout(int64_t d, float *base, tile_view *t) {
     const size_t dp = (size_t)dpad(d), dq = (size_t)d;
     const size_t sizes[] = {dq * BQ, dq * BQ, BQ * dp, BQ * dp, dq * BQ, BK * BQ, BK * BQ, BQ, BQ, BQ, BQ, BQ,
-                            BQ, BQ, 2 * BQ, 2 * BQ, 2 * BQ, 2 * BQ};
+                            BQ, BQ, 2 * BQ, 2 * BQ, 2 * BQ, 2 * BQ, BK * dq, BK * dq};
     size_t at = 0;
     float *p[sizeof sizes / sizeof sizes[0]];
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -83,6 +84,7 @@ static size_t tile_layout(int64_t d, float *base, tile_view *t) {
         t->m = p[7], t->l = p[8], t->lse = p[9], t->D = p[10], t->alpha = p[11];
         t->hi = (int32_t *)p[12], t->lo = (int32_t *)p[13];
         t->tg = (int64_t *)p[14], t->db = (int64_t *)p[15], t->off = (int64_t *)p[16], t->lix = (int64_t *)p[17];
+        t->kw = p[18], t->vw = p[19];
     }
     return at + MK_NR; /* + a panel: the micro-kernel reads whole panels past d */
 }
@@ -371,6 +373,15 @@ static int softmax_step(const tile_view *t, int n, int full) {
     return 0;
 }
 
+/* n rows of d bf16 values (row stride ld) widened into dst [n][d]: exact. */
+static void widen_rows(float *restrict dst, const uint16_t *src, int n, int64_t ld, int64_t d) {
+    for (int r = 0; r < n; r++)
+        for (int64_t e = 0; e < d; e++) {
+            const uint32_t u = (uint32_t)src[r * ld + e] << 16;
+            memcpy(dst + r * d + e, &u, 4);
+        }
+}
+
 void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
     const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
     const int64_t grp = v->H / v->Hkv, d = v->d, jobs = v->B * ng * nblk;
@@ -380,26 +391,37 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
         const tile_view t = tile_of(v);
         const int R = gather_block(v, &t, b, g, blk, hg, NULL, NULL, NULL);
         const int64_t j = g * hg / grp;
-        const float *K = v->K.p + b * v->K.bs + j * v->K.hs, *V = v->V.p + b * v->V.bs + j * v->V.hs;
+        /* a BF16 view (a BF16 KV cache) is read a tile at a time, widened into the tile's kw, vw */
+        const int bf = v->Kb != NULL;
+        const float *K = bf ? NULL : v->K.p + b * v->K.bs + j * v->K.hs, *V = bf ? NULL : v->V.p + b * v->V.bs + j * v->V.hs;
+        const uint16_t *Kb = bf ? v->Kb + b * v->K.bs + j * v->K.hs : NULL, *Vb = bf ? v->Vb + b * v->V.bs + j * v->V.hs : NULL;
+        const int64_t kld = bf ? d : v->K.ld, vld = bf ? d : v->V.ld;
         for (int i = 0; i < BQ; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
         int64_t lo, hi;
         key_range(v, &t, R, &lo, &hi);
         int first = 1;
         for (int64_t u0 = first_tile(v, lo); u0 < hi; u0 += BK) {
             const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
-            const float *Ku = K + (u0 - v->k0) * v->K.ld, *Vu = V + (u0 - v->k0) * v->V.ld;
-            /* the next tile's keys and values come into L2 under this one's products */
-            const int nn = (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
-            const prefetch_rows nk = {Ku + BK * v->K.ld, v->K.ld, d, nn > 0 ? nn : 0};
-            const prefetch_rows nv = {Vu + BK * v->V.ld, v->V.ld, d, nn > 0 ? nn : 0};
-            scores_t(n, (int)d, Ku, v->K.ld, t.QtT, t.S, &nk); /* S^T = K Q^T */
+            const float *Ku, *Vu;
+            if (bf) {
+                widen_rows(t.kw, Kb + (u0 - v->k0) * v->K.ld, n, v->K.ld, d);
+                widen_rows(t.vw, Vb + (u0 - v->k0) * v->V.ld, n, v->V.ld, d);
+                Ku = t.kw, Vu = t.vw;
+            } else {
+                Ku = K + (u0 - v->k0) * v->K.ld, Vu = V + (u0 - v->k0) * v->V.ld;
+            }
+            /* the next tile's keys and values come into L2 under this one's products (fp32 views) */
+            const int nn = bf ? 0 : (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
+            const prefetch_rows nk = {Ku + BK * kld, kld, d, nn > 0 ? nn : 0};
+            const prefetch_rows nv = {Vu + BK * vld, vld, d, nn > 0 ? nn : 0};
+            scores_t(n, (int)d, Ku, kld, t.QtT, t.S, &nk); /* S^T = K Q^T */
             const int full = tile_full(&t, R, u0, n);
             if (!full) set_limits(&t, u0);
             const int rescale = softmax_step(&t, n, full);
             if (rescale && !first)
                 for (int64_t e = 0; e < d; e++)
                     for (int i0 = 0; i0 < BQ; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
-            mm((int)d, BQ, n, Vu, 1, v->V.ld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv); /* O^T += V^T P^T */
+            mm((int)d, BQ, n, Vu, 1, vld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv); /* O^T += V^T P^T */
             first = 0;
         }
         for (int i = 0; i < BQ; i++) { /* 1 / l per row, lse; a query that sees nothing: o = 0, lse = -inf */
@@ -487,6 +509,7 @@ static void backward_block(const gdn_attn_core *v, const tile_view *t, int R, in
 }
 
 void gdn_attn_core_backward_q(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq) {
+    GDN_ASSERT(!v->Kb && !v->Vb); /* BF16 views are a KV cache's: forward only */
     const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
     const int64_t grp = v->H / v->Hkv, jobs = v->B * ng * nblk;
 #pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
@@ -508,6 +531,7 @@ static void blocks_seeing(const gdn_attn_core *v, int64_t TB, int64_t u0, int n,
 
 void gdn_attn_core_backward_kv(const gdn_attn_core *v, const float *dO, const float *lse, const float *D,
                                gdn_attn_kv dk, gdn_attn_kv dv) {
+    GDN_ASSERT(!v->Kb && !v->Vb);
     const int64_t hg = heads_per_job(v), TB = BQ / hg, ng_kv = v->H / v->Hkv / hg;
     const int64_t nkt = (v->nk + BK - 1) / BK, jobs = v->B * v->Hkv * nkt;
 #pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
@@ -545,6 +569,7 @@ static int fused_pays(const gdn_attn_core *v) {
 
 void gdn_attn_core_backward(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq,
                             gdn_attn_kv dk, gdn_attn_kv dv) {
+    GDN_ASSERT(!v->Kb && !v->Vb);
     if (!fused_pays(v)) {
         gdn_attn_core_backward_q(v, dO, lse, D, dq);
         gdn_attn_core_backward_kv(v, dO, lse, D, dk, dv);

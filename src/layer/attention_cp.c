@@ -613,7 +613,10 @@ int gdn_attn_cp_decode(gdn_cp *cp, gdn_attn_plan *ap, gdn_attn_cache *cache, flo
     if (!rc) gdn_attn_finish(ap, y, sv, w);
     gdn_fp_fast_end(fm);
     if (!rc) rc = gdn_check_output("y", y, N * c->E, ap->threads);
-    if ((rc = gdn_cp_agree_status(cp, rc))) return rc;
+    if ((rc = gdn_cp_agree_status(cp, rc))) {
+        if (last) gdn_attn_cache_unappend(cache, c->T);
+        return rc;
+    }
     if (last) cache->len += c->T;
     return GDN_OK;
 }

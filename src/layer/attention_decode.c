@@ -10,6 +10,7 @@
  * by one thread into its own partial (o, lse) carved from plan buffers that inference leaves free,
  * and the partials merged exactly by their log-sum-exp (gdn_attn_merge). */
 #include "attention_internal.h"
+#include "blas.h" /* gdn_f32_to_bf16 */
 
 #include <string.h>
 #ifdef _OPENMP
@@ -17,12 +18,22 @@
 #endif
 
 int64_t gdn_attn_decode_split_keys = 512;
+int gdn_attn_cache_round_f32 = 0;
+enum { DT_F32 = 0, DT_BF16 = 2 }; /* io.h's gdn_dtype values (the layer sits below io) */
 
 /* ---------------------------------------------------------------- the cache */
 
 int gdn_attn_cache_create(gdn_attn_cache **out, int64_t B, int64_t Hkv, int64_t d, int64_t capacity) {
+    return gdn_attn_cache_create_dtype(out, B, Hkv, d, capacity, DT_F32);
+}
+
+int gdn_attn_cache_create_dtype(gdn_attn_cache **out, int64_t B, int64_t Hkv, int64_t d, int64_t capacity,
+                                int dtype) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "attention cache output pointer is NULL");
     *out = NULL;
+    if (dtype != DT_F32 && dtype != DT_BF16)
+        return gdn_fail(GDN_ERR_ARG, "attention cache dtype %d is neither F32 (0) nor BF16 (2)", dtype);
+    const size_t esz = dtype == DT_BF16 ? 2 : 4;
     const struct { const char *name; int64_t v, max; } dims[] = {
         {"B", B, (int64_t)1 << 31}, {"Hkv", Hkv, 1 << 16}, {"d", d, 1024}, {"capacity", capacity, (int64_t)1 << 40},
     };
@@ -30,28 +41,31 @@ int gdn_attn_cache_create(gdn_attn_cache **out, int64_t B, int64_t Hkv, int64_t 
         if (dims[i].v < 1 || dims[i].v > dims[i].max)
             return gdn_fail(GDN_ERR_SHAPE, "attention cache %s = %lld is out of range [1, %lld]", dims[i].name,
                             (long long)dims[i].v, (long long)dims[i].max);
-    const double bytes = 2.0 * 4.0 * (double)B * (double)Hkv * (double)d * (double)capacity;
+    const double bytes = 2.0 * (double)esz * (double)B * (double)Hkv * (double)d * (double)capacity;
     char what[160];
-    snprintf(what, sizeof what, "the attention KV cache [B = %lld, Hkv = %lld, capacity = %lld, d = %lld] x 2",
-             (long long)B, (long long)Hkv, (long long)capacity, (long long)d);
+    snprintf(what, sizeof what, "the attention KV cache [B = %lld, Hkv = %lld, capacity = %lld, d = %lld] x 2 (%s)",
+             (long long)B, (long long)Hkv, (long long)capacity, (long long)d, dtype == DT_BF16 ? "BF16" : "F32");
     int rc = gdn_check_fits(what, bytes);
     if (rc) return rc;
     gdn_attn_cache *c = calloc(1, sizeof *c);
     const size_t n = (size_t)B * (size_t)Hkv * (size_t)capacity * (size_t)d;
-    if (c) c->k = calloc(2 * n, sizeof(float)); /* zeros: positions past the length hold 0 */
-    if (!c || !c->k) {
+    void *mem = c ? calloc(2 * n, esz) : NULL; /* zeros: positions past the length hold 0 */
+    if (!mem) {
         free(c);
         return gdn_fail(GDN_ERR_NOMEM, "%s: %.1f MB", what, bytes / 1e6);
     }
-    c->v = c->k + n;
-    c->B = B, c->Hkv = Hkv, c->d = d, c->cap = capacity, c->len = 0;
+    if (dtype == DT_BF16)
+        c->kb = mem, c->vb = c->kb + n;
+    else
+        c->k = mem, c->v = c->k + n;
+    c->B = B, c->Hkv = Hkv, c->d = d, c->cap = capacity, c->len = 0, c->dtype = dtype;
     *out = c;
     return GDN_OK;
 }
 
 void gdn_attn_cache_destroy(gdn_attn_cache *c) {
     if (!c) return;
-    free(c->k);
+    free(c->k ? (void *)c->k : (void *)c->kb);
     free(c);
 }
 
@@ -62,6 +76,9 @@ int64_t gdn_attn_cache_length(const gdn_attn_cache *c) { return c ? c->len : 0; 
 int64_t gdn_attn_cache_capacity(const gdn_attn_cache *c) { return c ? c->cap : 0; }
 float *gdn_attn_cache_keys(gdn_attn_cache *c) { return c ? c->k : NULL; }
 float *gdn_attn_cache_values(gdn_attn_cache *c) { return c ? c->v : NULL; }
+uint16_t *gdn_attn_cache_keys_bf16(gdn_attn_cache *c) { return c ? c->kb : NULL; }
+uint16_t *gdn_attn_cache_values_bf16(gdn_attn_cache *c) { return c ? c->vb : NULL; }
+int gdn_attn_cache_dtype(const gdn_attn_cache *c) { return c ? c->dtype : DT_F32; }
 
 int gdn_attn_cache_set_length(gdn_attn_cache *c, int64_t len) {
     if (!c) return gdn_fail(GDN_ERR_ARG, "gdn_attn_cache_set_length: cache is NULL");
@@ -132,7 +149,10 @@ static void decode_core(gdn_attn_plan *ap, const gdn_attn_core *v, float *o, flo
         gdn_attn_core vs = *v;
         const int64_t lo = s * chunk, hi = lo + chunk < nk ? lo + chunk : nk;
         vs.k0 = v->k0 + lo, vs.nk = hi - lo;
-        vs.K.p += lo * vs.K.ld, vs.V.p += lo * vs.V.ld;
+        if (vs.Kb)
+            vs.Kb += lo * vs.K.ld, vs.Vb += lo * vs.V.ld;
+        else
+            vs.K.p += lo * vs.K.ld, vs.V.p += lo * vs.V.ld;
         /* one thread each; the core's tile is that of its thread 0, so each range gets its own */
         vs.threads = 1, vs.tile = ap->tile + (size_t)s * tf;
         gdn_attn_core_forward(&vs, os[s], ls[s]);
@@ -173,7 +193,14 @@ int gdn_attn_decode_check(const gdn_attn_plan *ap, const gdn_attn_cache *cache, 
                         (long long)(c->pos_offset + len_total + T - 1), (long long)c->pos_offset, (long long)len_total,
                         (long long)T, (long long)c->max_position);
     if (!y) return gdn_fail(GDN_ERR_ARG, "output 'y' is NULL");
-    return gdn_attn_check_inputs(ap, x, w);
+    /* A decode step (T = 1) checks x only: scanning every weight for NaN/Inf per token read the
+     * weights twice (half the step's time at the 35B shape); a prefill piece, like the forward,
+     * checks them, and a non-finite weight that reaches a step still makes y non-finite, which
+     * the step refuses (the cache length unchanged), as gdn_layer_decode does. */
+    if (T > 1) return gdn_attn_check_inputs(ap, x, w);
+    int rc = gdn_check_tensor("x", x, ap->N * c->E, c->check_finite, ap->threads);
+    if (!rc && !w) rc = gdn_fail(GDN_ERR_ARG, "input 'w' (the attention weights) is NULL");
+    return rc;
 }
 
 void gdn_attn_decode_project(gdn_attn_plan *ap, gdn_attn_saved sv, const float *x, const float *w, int64_t base) {
@@ -197,8 +224,29 @@ void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float
     for (int64_t r = 0; r < rows; r++) {
         const int64_t b = r / (Hkv * T), j = r / T % Hkv, t = r % T, n = b * T + t;
         const size_t at = ((size_t)(b * Hkv + j) * (size_t)cap + (size_t)(len + t)) * (size_t)d;
-        memcpy(cache->k + at, ap->kr + n * ap->Kd + j * d, sizeof(float) * (size_t)d);
-        memcpy(cache->v + at, proj + n * ap->P + 2 * ap->Hd + ap->Kd + j * d, sizeof(float) * (size_t)d);
+        const float *ks = ap->kr + n * ap->Kd + j * d, *vs = proj + n * ap->P + 2 * ap->Hd + ap->Kd + j * d;
+        if (cache->dtype == DT_BF16) {
+            for (int64_t e = 0; e < d; e++)
+                cache->kb[at + e] = gdn_f32_to_bf16(ks[e]), cache->vb[at + e] = gdn_f32_to_bf16(vs[e]);
+        } else if (gdn_attn_cache_round_f32) { /* tests: the values a BF16 cache would hold */
+            for (int64_t e = 0; e < d; e++) {
+                const uint32_t uk = (uint32_t)gdn_f32_to_bf16(ks[e]) << 16, uv = (uint32_t)gdn_f32_to_bf16(vs[e]) << 16;
+                memcpy(cache->k + at + e, &uk, 4), memcpy(cache->v + at + e, &uv, 4);
+            }
+        } else {
+            memcpy(cache->k + at, ks, sizeof(float) * (size_t)d);
+            memcpy(cache->v + at, vs, sizeof(float) * (size_t)d);
+        }
+    }
+}
+
+void gdn_attn_cache_unappend(gdn_attn_cache *cache, int64_t T) {
+    const int64_t d = cache->d, n = T < cache->cap - cache->len ? T : cache->cap - cache->len;
+    const size_t esz = cache->dtype == DT_BF16 ? 2 : 4;
+    char *k = cache->k ? (char *)cache->k : (char *)cache->kb, *v = cache->v ? (char *)cache->v : (char *)cache->vb;
+    for (int64_t bj = 0; bj < cache->B * cache->Hkv && n > 0; bj++) {
+        const size_t at = ((size_t)bj * (size_t)cache->cap + (size_t)cache->len) * (size_t)d * esz;
+        memset(k + at, 0, (size_t)(n * d) * esz), memset(v + at, 0, (size_t)(n * d) * esz);
     }
 }
 
@@ -208,7 +256,8 @@ void gdn_attn_decode_attend(gdn_attn_plan *ap, const gdn_attn_cache *cache, int6
     const int64_t d = c->d, cap = cache->cap, Hkv = c->Hkv;
     const gdn_attn_core v = {
         .B = c->B, .H = c->H, .Hkv = Hkv, .d = d, .Q = ap->qr, .nq = c->T, .q0 = q0, .qld = ap->Hd, .nk = nk,
-        .k0 = k0, .K = {cache->k, d, cap * d, Hkv * cap * d}, .V = {cache->v, d, cap * d, Hkv * cap * d}, .cu = NULL,
+        .k0 = k0, .K = {cache->k, d, cap * d, Hkv * cap * d}, .V = {cache->v, d, cap * d, Hkv * cap * d},
+        .Kb = cache->kb, .Vb = cache->vb, .cu = NULL,
         .n_docs = 0, .threads = ap->threads, .tile = ap->tile,
     };
     decode_core(ap, &v, o, lse);
@@ -227,8 +276,12 @@ int gdn_attn_decode(gdn_attn_plan *ap, gdn_attn_cache *cache, float *y, const fl
     gdn_attn_decode_attend(ap, cache, len + ap->cfg.T, len, 0, sv.o, sv.lse);
     gdn_attn_finish(ap, y, sv, w);
     gdn_fp_fast_end(fm);
-    /* the new positions count only when y came out finite (on an error the length is unchanged) */
-    if ((rc = gdn_check_output("y", y, ap->N * ap->cfg.E, ap->threads))) return rc;
+    /* the new positions count only when y came out finite (on an error the length is unchanged,
+     * and what was appended is cleared) */
+    if ((rc = gdn_check_output("y", y, ap->N * ap->cfg.E, ap->threads))) {
+        gdn_attn_cache_unappend(cache, ap->cfg.T);
+        return rc;
+    }
     cache->len = len + ap->cfg.T;
     return GDN_OK;
 }

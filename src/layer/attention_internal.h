@@ -51,6 +51,8 @@ typedef struct {
     int64_t nq, q0, qld;
     int64_t nk, k0;
     gdn_attn_kv K, V;
+    const uint16_t *Kb, *Vb; /* instead of K.p, V.p (then NULL), with their strides: bf16 keys and
+                                values (a BF16 KV cache; the forward only) */
     const int64_t *cu;
     int64_t n_docs;
     int threads;
@@ -117,12 +119,18 @@ gdn_attn_saved gdn_attn_saved_view(const gdn_attn_plan *ap, float *saved);
 
 struct gdn_attn_cache {
     int64_t B, Hkv, d, cap, len;
-    float *k, *v; /* [B, Hkv, cap, d] each */
+    int dtype;          /* GDN_F32 (0) or GDN_BF16 (2) */
+    float *k, *v;       /* [B, Hkv, cap, d] each (F32) */
+    uint16_t *kb, *vb;  /* likewise (BF16) */
 };
+/* Tests only: an F32 cache rounds what it appends through bf16 (then it holds a BF16 cache's
+ * values, and its decode must give the BF16 cache's bits). */
+extern int gdn_attn_cache_round_f32;
 
 /* The phases of a decode call, shared with the CP decode:
  * decode_check: the plan (dense, seq_offset 0), the cache's shape, room for T more when this
- *   call appends, positions below max_position after len_total cached tokens, NULLs, NaN/Inf;
+ *   call appends, positions below max_position after len_total cached tokens, NULLs, NaN/Inf (x;
+ *   the weights too when T > 1: a step leaves them to its y check);
  * decode_project: projections, norms and RoPE of the T new tokens at positions base + t;
  * cache_append: their keys and values at the cache's end (the length is not changed);
  * decode_attend: the new queries (global index q0 + t) against the first nk cached keys (global
@@ -131,6 +139,9 @@ int gdn_attn_decode_check(const gdn_attn_plan *ap, const gdn_attn_cache *cache, 
                           const float *w, int64_t len_total, int appends);
 void gdn_attn_decode_project(gdn_attn_plan *ap, gdn_attn_saved sv, const float *x, const float *w, int64_t base);
 void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float *proj);
+/* Undo an append of T tokens that the call then refused (its y not finite): positions
+ * [len, len + T) back to zeros, so the positions past the length stay as they were. */
+void gdn_attn_cache_unappend(gdn_attn_cache *cache, int64_t T);
 void gdn_attn_decode_attend(gdn_attn_plan *ap, const gdn_attn_cache *cache, int64_t nk, int64_t q0, int64_t k0,
                             float *o, float *lse);
 

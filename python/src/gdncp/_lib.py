@@ -305,6 +305,8 @@ gdn_model_tensor = _proto("gdn_model_tensor", c_int, P_mcfg, c_int, POINTER(Mode
 # decode (dec, w, tokens [B], logits [B,vocab])
 gdn_model_decoder_create = _proto("gdn_model_decoder_create", c_int, POINTER(c_void_p), P_mcfg,
                                   c_int64, c_int64, c_int)
+gdn_model_decoder_create_dtype = _proto("gdn_model_decoder_create_dtype", c_int, POINTER(c_void_p),
+                                        P_mcfg, c_int64, c_int64, c_int, c_int)
 gdn_model_decoder_destroy = _proto("gdn_model_decoder_destroy", None, c_void_p)
 gdn_model_decoder_reset = _proto("gdn_model_decoder_reset", None, c_void_p)
 gdn_model_decoder_length = _proto("gdn_model_decoder_length", c_int64, c_void_p)

@@ -362,7 +362,8 @@ class Model:
         return [_int_arg("eos_token_id", e, 0, self._cfg.vocab - 1) for e in ids]
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=0,
-                 top_p=1.0, seed=0, eos_token_id=None, pad_token_id=None, stop=None):
+                 top_p=1.0, seed=0, eos_token_id=None, pad_token_id=None, stop=None,
+                 cache_dtype="f32"):
         """New tokens after each prompt row: input_ids [B, T] -> int64 numpy [B, N] with
         N = max_new_tokens (transformers' `generate(...)[:, T:]`).
 
@@ -373,7 +374,9 @@ class Model:
         same tokens). eos_token_id (an id or a list): a row that produced one is finished and
         continues with pad_token_id (default: the first eos id); once every row is finished the
         result stops early, with fewer than max_new_tokens columns. stop (a sequence of ids, e.g.
-        pack_separator()): a row whose newest tokens are it is finished too, after writing it."""
+        pack_separator()): a row whose newest tokens are it is finished too, after writing it.
+        cache_dtype="bf16": the attention layers' KV caches in BF16 (half their memory and of the
+        bytes each token reads; keys and values rounded to nearest even, attention in fp32)."""
         self._live()
         ids = self._ids(input_ids)
         B, T = ids.shape
@@ -384,12 +387,19 @@ class Model:
         pad = (eos[0] if eos else 0) if pad_token_id is None else \
             _int_arg("pad_token_id", pad_token_id, 0, self._cfg.vocab - 1)
         stop = self._stop(stop)
+        cdt = self._cache_dtype(cache_dtype)
         if N == 0:
             return np.zeros((B, 0), np.int64)
         self._check_length(T + N, "the prompt plus max_new_tokens")
         with self._lock:
             self._live()
-            return self._generate(ids, N, s, seed, set(eos), pad, stop=stop)
+            return self._generate(ids, N, s, seed, set(eos), pad, stop=stop, cache_dtype=cdt)
+
+    @staticmethod
+    def _cache_dtype(v):
+        if v not in ("f32", "bf16"):
+            raise ValueError(f"cache_dtype must be 'f32' or 'bf16', got {v!r}")
+        return 2 if v == "bf16" else 0   # gdn_dtype's F32 / BF16
 
     def _stop(self, stop):
         """stop as a tuple of checked ids (a str through encode), or None."""
@@ -400,14 +410,14 @@ class Model:
             raise ValueError("stop is empty: give at least one id")
         return tuple(_int_arg("stop", x, 0, self._cfg.vocab - 1) for x in ids)
 
-    def _generate(self, ids, N, s, seed, eos, pad, stop=None):
+    def _generate(self, ids, N, s, seed, eos, pad, stop=None, cache_dtype=0):
         """stop: a tuple of ids; a row whose newest tokens (prompt included) are it is finished
         (after writing it), like eos."""
         B, T = ids.shape
         V = self._cfg.vocab
         dec = ctypes.c_void_p()
-        L.check(L.gdn_model_decoder_create(ctypes.byref(dec), ctypes.byref(self._cfg), B, T + N,
-                                           self._threads), "gdncp.Model.generate")
+        L.check(L.gdn_model_decoder_create_dtype(ctypes.byref(dec), ctypes.byref(self._cfg), B, T + N,
+                                                 self._threads, cache_dtype), "gdncp.Model.generate")
         try:
             w = L.f32p(self._w)
             # the prompt in pieces whose logits stay under _PREFILL_BYTES (one piece for small vocabs)
@@ -551,6 +561,7 @@ class Model:
         samp = self._sampling(kw.pop("do_sample", False), kw.pop("temperature", 1.0),
                               kw.pop("top_k", 0), kw.pop("top_p", 1.0))
         seed = _int_arg("seed", kw.pop("seed", 0), 0, (1 << 64) - 1)
+        cdt = self._cache_dtype(kw.pop("cache_dtype", "f32"))
         if kw:
             raise TypeError(f"generate_text() got unexpected arguments {sorted(kw)}")
         eos = set(self._eos(eos_token_id))
@@ -559,6 +570,6 @@ class Model:
         self._check_length(a.shape[1] + N, "the prompt plus max_new_tokens")
         with self._lock:
             self._live()
-            new = self._generate(a, N, samp, seed, eos, 0, stop=stop)[0]
+            new = self._generate(a, N, samp, seed, eos, 0, stop=stop, cache_dtype=cdt)[0]
         cut = next((i for i, t in enumerate(new) if int(t) in eos), len(new))
         return self.decode(new[:cut])
