@@ -15,6 +15,8 @@
  * median over rounds of that round's ratio (the load of a shared machine drifts between rounds). */
 #include "cli/cli.h"
 #include "commands.h"
+#include "gdncp/layer.h"
+#include "gdncp/train.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -150,6 +152,66 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
     return rc ? 1 : 0;
 }
 
+/* The whole model generating at B = 1 (gdn_model_decode after a prefill of P tokens), a named
+ * model with random weights: per token it reads every weight once (the embedding's one row,
+ * unless tied to the head), every attention layer's KV cache at its current length, and reads and
+ * writes every GatedDeltaNet layer's conv and recurrent states. The bound is those bytes at the
+ * read stream measured in the same run over a buffer of that size (cli_stream_seconds); steps
+ * and streams alternate, medians. cache_dtype 0 F32, 2 BF16. */
+static int model_row(const char *name, int64_t P, int threads, int cache_dtype, int quick, int json,
+                     const char *cpu) {
+    gdn_model_config c;
+    if (!gdn_model_config_named(name, &c)) return 1;
+    const int steps = quick ? 4 : 32;
+    const size_t nw = gdn_model_param_floats(&c);
+    float *w = malloc(sizeof(float) * nw), *logits = malloc(sizeof(float) * (size_t)c.vocab * (size_t)P); /* [P, vocab] */
+    gdn_token *prompt = malloc(sizeof(gdn_token) * (size_t)P);
+    gdn_model_decoder *dec = NULL;
+    int rc = w && logits && prompt ? GDN_OK : GDN_ERR_NOMEM;
+    if (!rc) {
+        gdn_model_init(&c, w, 7);
+        for (int64_t t = 0; t < P; t++) prompt[t] = (gdn_token)(urand(0, 1) * (float)(c.vocab - 1));
+        rc = gdn_model_decoder_create_dtype(&dec, &c, 1, P + steps + 1, threads, cache_dtype);
+    }
+    if (!rc) rc = gdn_model_prefill(dec, w, prompt, P, logits);
+    const int64_t na = gdn_model_attn_layers(&c), ng = c.L - na;
+    gdn_layer_config lc = gdn_model_layer_config(&c, 1, 1);
+    const double esz = cache_dtype ? 2.0 : 4.0;
+    const double wbytes = 4.0 * ((double)gdn_model_param_count(&c) - (c.tie_embeddings ? 0.0 : (double)(c.vocab - 1) * c.E));
+    const double sbytes = 2.0 * 4.0 * (double)ng * ((double)c.Hv * c.K * c.V + (double)gdn_layer_conv_dim(&lc) * c.Kc);
+    double t[64], b[64];
+    for (int s = 0; s < steps && !rc; s++) {
+        const gdn_token tok = (gdn_token)(s % c.vocab);
+        const double kv = 2.0 * esz * (double)na * (double)c.Hkv * c.d * (double)(P + s + 1);
+        const double bytes = wbytes + sbytes + kv, t0 = cli_now();
+        rc = gdn_model_decode(dec, w, &tok, logits);
+        t[s] = cli_now() - t0;
+        b[s] = cli_stream_seconds((size_t)bytes, 0, threads);
+    }
+    if (!rc) {
+        const double step = cli_median(t, steps), bound = cli_median(b, steps);
+        const double kv = 2.0 * esz * (double)na * (double)c.Hkv * c.d * (double)(P + steps / 2);
+        if (json)
+            printf("{\"direction\":\"model_decode\",\"model\":\"%s\",\"B\":1,\"prompt\":%lld,\"cache_dtype\":\"%s\","
+                   "\"threads\":%d,\"us_per_token\":%.2f,\"tokens_per_s\":%.1f,\"bytes_per_token\":%.0f,"
+                   "\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,\"cpu\":\"%s\"}\n",
+                   name, (long long)P, cache_dtype ? "bf16" : "f32", threads, step * 1e6, 1 / step,
+                   wbytes + sbytes + kv, bound * 1e6, bound / step, cpu);
+        else
+            printf("model %-6s B=1 prompt %-5lld cache %s thr=%d %9.1f us/token %8.0f tokens/s  reads %.1f MB (weights "
+                   "%.1f, states %.1f, KV %.1f)  bound %8.1f us  %6.1f %% of bound (%.2fx)\n",
+                   name, (long long)P, cache_dtype ? "bf16" : "f32 ", threads, step * 1e6, 1 / step,
+                   (wbytes + sbytes + kv) / 1e6, wbytes / 1e6, sbytes / 1e6, kv / 1e6, bound * 1e6, 100 * bound / step,
+                   step / bound);
+        fflush(stdout);
+    } else {
+        fprintf(stderr, "gdncp bench decode: model %s: %s\n", name, gdn_errmsg());
+    }
+    gdn_model_decoder_destroy(dec);
+    free(w), free(logits), free(prompt);
+    return rc ? 1 : 0;
+}
+
 int cmd_bench_decode(int argc, char **argv) {
     int json = 0, quick = 0;
     for (int i = 1; i < argc; i++) {
@@ -206,6 +268,14 @@ int cmd_bench_decode(int argc, char **argv) {
         char path[128];
         snprintf(path, sizeof path, "%s", gdn_step_path());
         printf("path: %s\n", path);
+        printf("model generation (gdn_model_decode, B = 1, after a prefill): bytes = weights (the embedding's "
+               "one row) + GatedDeltaNet states read and written + KV caches read; bound = those bytes at "
+               "a read stream over a buffer of that size, same run\n");
     }
+    static const char *const models[] = {"small", "long"};
+    for (int m = 0; m < 2; m++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int dt = 0; dt <= 2; dt += 2)
+                if (model_row(models[m], quick ? 64 : 1024, thr[ti], dt, quick, json, cpu)) return 1;
     return 0;
 }

@@ -268,7 +268,9 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += SR) {
             const int nr = (int)min64(SR, j_hi - j0);
             const int groups = (int)((m + SI - 1) / SI);
-            memset(part, 0, sizeof part);
+            memset(part, 0, sizeof part[0] * (size_t)groups); /* only the groups in use: all 16 rows'
+                                                                 worth wrote as many bytes as W's
+                                                                 read at m = 1 */
             for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
                 const int64_t kv = min64(SK, kv_all - k0);
                 /* the first row group reads this block of W from memory; it also prefetches

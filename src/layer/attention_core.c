@@ -181,11 +181,13 @@ static void mm_pf(int m, int nc, int kk, const float *A, int64_t ars, int64_t ac
                   int64_t bps, float *C, int64_t ldc, int acc, const prefetch_rows *nx) {
     mm_body(1, m, nc, kk, A, ars, acs, B, ldb, bps, C, ldc, acc, nx);
 }
-/* Scores S^T [n x BQ] = X [n x d] (in place, rows xld apart) times a panel-major [d x BQ] gather,
- * the depth in pieces of KC. */
-static void scores_t(int n, int d, const float *X, int64_t xld, const float *GT, float *S, const prefetch_rows *nx) {
+/* Scores S^T [n x cols] = X [n x d] (in place, rows xld apart) times a panel-major [d x BQ] gather
+ * (its first cols columns, a multiple of MK_NR: a block of fewer rows, a decode step's, computes
+ * only its panels), the depth in pieces of KC; S's rows stay BQ apart. */
+static void scores_t(int n, int d, int cols, const float *X, int64_t xld, const float *GT, float *S,
+                     const prefetch_rows *nx) {
     for (int k0 = 0; k0 < d; k0 += KC)
-        mm(n, BQ, d - k0 < KC ? d - k0 : KC, X + k0, xld, 1, GT + (int64_t)k0 * MK_NR, MK_NR, (int64_t)d * MK_NR, S,
+        mm(n, cols, d - k0 < KC ? d - k0 : KC, X + k0, xld, 1, GT + (int64_t)k0 * MK_NR, MK_NR, (int64_t)d * MK_NR, S,
            BQ, k0 > 0, k0 ? NULL : nx);
 }
 
@@ -323,9 +325,9 @@ static inline gdn_vi visible(const tile_view *t, int i0, int c) {
 /* One tile's online-softmax step on S^T (n x BQ, scaled scores): P^T into dP, against each row's
  * running max m (raised when a score passes m + LAZY_MAX, or set by the first scores the row sees);
  * alpha the factor on the row's earlier sum and output. Returns whether some alpha is not 1. */
-static int softmax_step(const tile_view *t, int n, int full) {
+static int softmax_step(const tile_view *t, int n, int full, int cols) {
     gdn_vi any = {0};
-    for (int i0 = 0; i0 < BQ; i0 += VL) {
+    for (int i0 = 0; i0 < cols; i0 += VL) {
         const gdn_vf mo = vload(t->m + i0);
         if (!full)
             for (int c = 0; c < n; c++)
@@ -390,6 +392,8 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
         const int64_t blk = nblk - 1 - job / (v->B * ng), b = job % (v->B * ng) / ng, g = job % ng; /* longest first */
         const tile_view t = tile_of(v);
         const int R = gather_block(v, &t, b, g, blk, hg, NULL, NULL, NULL);
+        const int cols = (R + MK_NR - 1) / MK_NR * MK_NR; /* the block's panels in use (columns are
+                                                             independent: the same bits as all BQ) */
         const int64_t j = g * hg / grp;
         /* a BF16 view (a BF16 KV cache) is read a tile at a time, widened into the tile's kw, vw */
         const int bf = v->Kb != NULL;
@@ -414,14 +418,14 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
             const int nn = bf ? 0 : (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
             const prefetch_rows nk = {Ku + BK * kld, kld, d, nn > 0 ? nn : 0};
             const prefetch_rows nv = {Vu + BK * vld, vld, d, nn > 0 ? nn : 0};
-            scores_t(n, (int)d, Ku, kld, t.QtT, t.S, &nk); /* S^T = K Q^T */
+            scores_t(n, (int)d, cols, Ku, kld, t.QtT, t.S, &nk); /* S^T = K Q^T */
             const int full = tile_full(&t, R, u0, n);
             if (!full) set_limits(&t, u0);
-            const int rescale = softmax_step(&t, n, full);
+            const int rescale = softmax_step(&t, n, full, cols);
             if (rescale && !first)
                 for (int64_t e = 0; e < d; e++)
-                    for (int i0 = 0; i0 < BQ; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
-            mm((int)d, BQ, n, Vu, 1, vld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv); /* O^T += V^T P^T */
+                    for (int i0 = 0; i0 < cols; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
+            mm((int)d, cols, n, Vu, 1, vld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv); /* O^T += V^T P^T */
             first = 0;
         }
         for (int i = 0; i < BQ; i++) { /* 1 / l per row, lse; a query that sees nothing: o = 0, lse = -inf */
@@ -467,8 +471,8 @@ static void backward_pair(const gdn_attn_core *v, const tile_view *t, int R, int
     const int d = (int)v->d;
     /* the next tile's keys and values (n_next of them, in the caller's order) come into L2 */
     const prefetch_rows nk = {Ku + BK * v->K.ld, v->K.ld, d, n_next}, nv = {Vu + BK * v->V.ld, v->V.ld, d, n_next};
-    scores_t(n, d, Ku, v->K.ld, t->QtT, t->S, &nk);  /* S^T = K Q^T (scaled) */
-    scores_t(n, d, Vu, v->V.ld, t->dOtT, t->dP, &nv); /* dP^T = V dO^T */
+    scores_t(n, d, BQ, Ku, v->K.ld, t->QtT, t->S, &nk);  /* S^T = K Q^T (scaled) */
+    scores_t(n, d, BQ, Vu, v->V.ld, t->dOtT, t->dP, &nv); /* dP^T = V dO^T */
     const int full = tile_full(t, R, u0, n);
     if (!full) set_limits(t, u0);
     for (int i0 = 0; i0 < BQ; i0 += VL) {
