@@ -61,6 +61,10 @@ int gdn_check_fits(const char *what, double bytes);
 
 /* What a non-regular file is, for messages ("a directory", "a FIFO", ...); from st_mode. */
 const char *gdn_file_kind(mode_t mode);
+/* dir/name into buf (capacity cap): GDN_OK, or GDN_ERR_ARG naming the path when it does not fit. */
+int gdn_path_join(char *buf, size_t cap, const char *dir, const char *name);
+/* Whether path is (or links to) a regular file. */
+int gdn_is_regular_file(const char *path);
 
 /* First non-finite element of x[0..n), or -1. A large x is scanned by `threads` OpenMP threads
  * (the caller's plan or run setting; <= 0 means 1): a rank never opens more than it was given. */

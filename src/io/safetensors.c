@@ -165,6 +165,17 @@ static int parse_header(gdn_st_file *f, const char *text, size_t n) {
     return rc;
 }
 
+int gdn_path_join(char *buf, size_t cap, const char *dir, const char *name) {
+    if ((size_t)snprintf(buf, cap, "%s/%s", dir, name) >= cap)
+        return gdn_fail(GDN_ERR_ARG, "%s/%s: path too long", dir, name);
+    return GDN_OK;
+}
+
+int gdn_is_regular_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 const char *gdn_file_kind(mode_t m) {
     return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
          : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";

@@ -41,12 +41,6 @@ static void test_hook(int stage) {
 /* ------------------------------------------------------------------ paths and directories */
 
 /* buf = dir + "/" + name; GDN_ERR_ARG when it does not fit. */
-static int join(char *buf, size_t cap, const char *dir, const char *name) {
-    if ((size_t)snprintf(buf, cap, "%s/%s", dir, name) >= cap)
-        return gdn_fail(GDN_ERR_ARG, "%s/%s: path too long", dir, name);
-    return GDN_OK;
-}
-
 /* fsync a directory so that the renames and creations inside it are durable; 0 or errno. */
 static int fsync_dir(const char *dir) {
     const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -55,11 +49,6 @@ static int fsync_dir(const char *dir) {
     close(fd);
     /* A file system that cannot fsync directories says so with EINVAL: nothing to report. */
     return err == EINVAL ? 0 : err;
-}
-
-static int is_regular(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 static int exists(const char *path) {
@@ -71,7 +60,7 @@ static int exists(const char *path) {
  * shards of a transformers checkpoint's index)? */
 static int is_complete(const char *dir) {
     char p[PATH_MAX];
-    return snprintf(p, sizeof p, "%s/%s", dir, CONFIG_FILE) < (int)sizeof p && is_regular(p) && gdn_hf_has_weights(dir);
+    return snprintf(p, sizeof p, "%s/%s", dir, CONFIG_FILE) < (int)sizeof p && gdn_is_regular_file(p) && gdn_hf_has_weights(dir);
 }
 
 /* Remove path and, if it is a directory, everything below it (symbolic links are removed, never
@@ -190,10 +179,10 @@ static void clean_leftovers(const char *out_dir) {
         long pid;
         const entry_kind kind = classify(e->d_name, &step, &pid);
         if (kind == ENTRY_OTHER || kind == ENTRY_PRIMARY || !owner_gone(pid)) continue;
-        if (join(path, sizeof path, out_dir, e->d_name)) continue;
+        if (gdn_path_join(path, sizeof path, out_dir, e->d_name)) continue;
         if (kind == ENTRY_OLD) {
             primary_name(name, sizeof name, step);
-            if (join(primary, sizeof primary, out_dir, name)) continue;
+            if (gdn_path_join(primary, sizeof primary, out_dir, name)) continue;
             if (!exists(primary) && is_complete(path)) {
                 if (rename(path, primary) == 0) fsync_dir(out_dir);
                 continue;
@@ -225,7 +214,7 @@ static int list_checkpoints(const char *out_dir, found_ckpt **out, int *count) {
         const entry_kind kind = classify(e->d_name, &step, &pid);
         if ((kind != ENTRY_PRIMARY && kind != ENTRY_OLD) || strlen(e->d_name) >= sizeof list->name)
             continue;
-        if (join(path, sizeof path, out_dir, e->d_name) || !is_complete(path)) continue;
+        if (gdn_path_join(path, sizeof path, out_dir, e->d_name) || !is_complete(path)) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             found_ckpt *grown = realloc(list, sizeof *list * (size_t)cap);
@@ -576,7 +565,7 @@ static int parse_config(json_t *root, const char *path, gdn_model_config *cfg, i
 int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg) {
     if (!dir || !cfg) return gdn_fail(GDN_ERR_ARG, "checkpoint config: NULL argument");
     char path[PATH_MAX];
-    int rc = join(path, sizeof path, dir, CONFIG_FILE);
+    int rc = gdn_path_join(path, sizeof path, dir, CONFIG_FILE);
     if (rc) return rc;
     struct stat st;
     if (stat(path, &st) != 0)
@@ -765,17 +754,17 @@ static int write_files(const char *tmp_dir, const gdn_model_config *cfg,
                        const gdn_model_tensor_info *table, int n, const float *w,
                        const float *adam_m, const float *adam_v, const char *state_json, int weight_dtype) {
     char path[PATH_MAX];
-    int rc = join(path, sizeof path, tmp_dir, CONFIG_FILE);
+    int rc = gdn_path_join(path, sizeof path, tmp_dir, CONFIG_FILE);
     if (!rc) rc = write_config(path, cfg, weight_dtype);
     const tensor_group model[1] = {{"", (float *)w}};
-    if (!rc) rc = join(path, sizeof path, tmp_dir, MODEL_FILE);
+    if (!rc) rc = gdn_path_join(path, sizeof path, tmp_dir, MODEL_FILE);
     if (!rc) rc = write_tensors(path, table, n, model, 1, weight_dtype);
     /* the optimizer file: the moments, and beside BF16 weights the fp32 masters they round */
     const tensor_group moments[3] = {{"exp_avg.", (float *)adam_m}, {"exp_avg_sq.", (float *)adam_v},
                                      {MASTER_PREFIX, (float *)w}};
-    if (!rc && adam_m) rc = join(path, sizeof path, tmp_dir, OPTIM_FILE);
+    if (!rc && adam_m) rc = gdn_path_join(path, sizeof path, tmp_dir, OPTIM_FILE);
     if (!rc && adam_m) rc = write_tensors(path, table, n, moments, weight_dtype == GDN_BF16 ? 3 : 2, GDN_F32);
-    if (!rc) rc = join(path, sizeof path, tmp_dir, STATE_FILE);
+    if (!rc) rc = gdn_path_join(path, sizeof path, tmp_dir, STATE_FILE);
     if (!rc) rc = write_synced(path, state_json, strlen(state_json));
     if (!rc) {
         const int err = fsync_dir(tmp_dir);
@@ -789,7 +778,7 @@ static int write_files(const char *tmp_dir, const gdn_model_config *cfg,
 static int install(const char *out_dir, const char *tmp_dir, const char *final, int64_t step) {
     char aside[PATH_MAX], name[64];
     hidden_name(name, sizeof name, step, "old", (long)getpid());
-    int rc = join(aside, sizeof aside, out_dir, name);
+    int rc = gdn_path_join(aside, sizeof aside, out_dir, name);
     if (rc) return rc;
     const int replacing = exists(final);
     if (replacing) {
@@ -836,8 +825,8 @@ static int prune(const char *out_dir, int keep_last) {
     for (int i = keep_last; i < n && !rc; i++) {
         if (list[i].aside) continue; /* only possible for a step we did not just write */
         hidden_name(name, sizeof name, list[i].step, "del", (long)getpid());
-        rc = join(from, sizeof from, out_dir, list[i].name);
-        if (!rc) rc = join(to, sizeof to, out_dir, name);
+        rc = gdn_path_join(from, sizeof from, out_dir, list[i].name);
+        if (!rc) rc = gdn_path_join(to, sizeof to, out_dir, name);
         if (rc) break;
         if (rename(from, to) != 0) {
             rc = gdn_fail(GDN_ERR_IO, "%s: cannot remove this old checkpoint (keeping the newest %d): "
@@ -901,11 +890,11 @@ int gdn_ckpt_save_dtype(const char *out_dir, int64_t step, const gdn_model_confi
     if (!rc) {
         clean_leftovers(out_dir);
         hidden_name(name, sizeof name, step, "tmp", (long)getpid());
-        rc = join(tmp_dir, sizeof tmp_dir, out_dir, name);
+        rc = gdn_path_join(tmp_dir, sizeof tmp_dir, out_dir, name);
     }
     if (!rc) {
         primary_name(name, sizeof name, step);
-        rc = join(final, sizeof final, out_dir, name);
+        rc = gdn_path_join(final, sizeof final, out_dir, name);
     }
     if (!rc) {
         remove_tree(tmp_dir);
@@ -1091,9 +1080,9 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
     if (rc) return rc;
     char path[PATH_MAX];
     rc = gdn_hf_read_model(dir, cfg, table, n, w);
-    if (!rc) rc = join(path, sizeof path, dir, MODEL_FILE);
+    if (!rc) rc = gdn_path_join(path, sizeof path, dir, MODEL_FILE);
     if (!rc) rc = check_finite(table, n, w, path, "");
-    if (!rc && adam_m) rc = join(path, sizeof path, dir, OPTIM_FILE);
+    if (!rc && adam_m) rc = gdn_path_join(path, sizeof path, dir, OPTIM_FILE);
     if (!rc && adam_m) {
         struct stat st;
         if (stat(path, &st) != 0)
@@ -1103,7 +1092,7 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
             rc = read_moments(dir, path, cfg, table, n, w, adam_m, adam_v);
     }
     free(table);
-    if (!rc && state_json) rc = join(path, sizeof path, dir, STATE_FILE);
+    if (!rc && state_json) rc = gdn_path_join(path, sizeof path, dir, STATE_FILE);
     if (!rc && state_json) rc = read_text(path, state_json);
     return rc;
 }
@@ -1112,7 +1101,7 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
  * (not a gdncp training checkpoint, e.g. transformers'). */
 static int read_state(const char *dir, char path[4096], json_t **j) {
     *j = NULL;
-    int rc = join(path, 4096, dir, STATE_FILE);
+    int rc = gdn_path_join(path, 4096, dir, STATE_FILE);
     struct stat st;
     if (rc || stat(path, &st) != 0) return rc;
     char *text = NULL;

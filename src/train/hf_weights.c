@@ -28,21 +28,10 @@ typedef struct {
     const char *text;     /* what the model's "model." is in these files */
 } weights;
 
-static int is_regular(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int path_in(char *buf, size_t cap, const char *dir, const char *name) {
-    if ((size_t)snprintf(buf, cap, "%s/%s", dir, name) >= cap)
-        return gdn_fail(GDN_ERR_ARG, "%s/%s: path too long", dir, name);
-    return GDN_OK;
-}
-
 int gdn_hf_has_weights(const char *dir) {
     char p[PATH_MAX];
-    return (!path_in(p, sizeof p, dir, WEIGHTS_FILE) && is_regular(p)) ||
-           (!path_in(p, sizeof p, dir, INDEX_FILE) && is_regular(p));
+    return (!gdn_path_join(p, sizeof p, dir, WEIGHTS_FILE) && gdn_is_regular_file(p)) ||
+           (!gdn_path_join(p, sizeof p, dir, INDEX_FILE) && gdn_is_regular_file(p));
 }
 
 static void weights_close(weights *s) {
@@ -101,7 +90,7 @@ static int open_index(weights *s, const char *dir, const char *index) {
             rc = gdn_fail(GDN_ERR_FORMAT, "%s: more than %d shard files", index, MAX_SHARDS);
             break;
         }
-        if (!(rc = path_in(path, sizeof path, dir, fn)) && !(rc = gdn_st_open(&s->f[s->n], path))) s->n++;
+        if (!(rc = gdn_path_join(path, sizeof path, dir, fn)) && !(rc = gdn_st_open(&s->f[s->n], path))) s->n++;
     }
     /* A tensor may be in one shard only, and every name the index lists must be in the shard it
      * names. */
@@ -129,12 +118,12 @@ static int open_index(weights *s, const char *dir, const char *index) {
 /* Open dir's weights. */
 static int weights_open(weights *s, const char *dir) {
     memset(s, 0, sizeof *s);
-    int rc = path_in(s->where, sizeof s->where, dir, WEIGHTS_FILE);
+    int rc = gdn_path_join(s->where, sizeof s->where, dir, WEIGHTS_FILE);
     if (rc) return rc;
-    if (is_regular(s->where) || !gdn_hf_has_weights(dir)) { /* the latter: gdn_st_open names what is wrong */
+    if (gdn_is_regular_file(s->where) || !gdn_hf_has_weights(dir)) { /* the latter: gdn_st_open names what is wrong */
         rc = gdn_st_open(&s->f[0], s->where);
         s->n = !rc;
-    } else if (!(rc = path_in(s->where, sizeof s->where, dir, INDEX_FILE))) {
+    } else if (!(rc = gdn_path_join(s->where, sizeof s->where, dir, INDEX_FILE))) {
         rc = open_index(s, dir, s->where);
     }
     s->text = !rc && find(s, "model.language_model.embed_tokens.weight", NULL) ? "model.language_model." : "model.";
