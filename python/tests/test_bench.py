@@ -18,7 +18,8 @@ def test_bench_quick_runs_every_section(capsys):
     out = capsys.readouterr().out
     for needle in ("[rule]", "speed-up (transformers / gdncp)", "forward+backward", "[model]",
                    "speed-up (transformers / gdncp.transformers.patch())",
-                   "speed-up (patched transformers / gdncp C model)", "[overhead]",
+                   "speed-up (patched transformers / gdncp C model)", "BF16: patched transformers under",
+                   "[overhead]",
                    "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU ",
                    "[bf16]", "gdncp bf16 / fp32 speed-up", "the autocast step",
                    "[attention]", "speed-up (torch SDPA / gdncp core)", "[generate]",
@@ -63,10 +64,13 @@ def test_bench_model_losses_agree_and_wrong_rule_differs(monkeypatch):
     assert rel < 1e-5, losses
     rel_c = abs(losses["gdncp C model"] - losses["transformers"]) / abs(losses["transformers"])
     assert rel_c < 1e-5, losses
+    for n in ("gdncp autocast bf16", "gdncp C model bf16"):   # BF16's accuracy, and not fp32's
+        rel_b = abs(losses[n] - losses["transformers"]) / abs(losses["transformers"])
+        assert 1e-7 < rel_b < 2e-2, (n, losses)
     real = gtf._RULES["chunk_gated_delta_rule"]
     monkeypatch.setitem(gtf._RULES, "chunk_gated_delta_rule",   # control: g dropped
                         lambda q, k, v, g=None, **kw: real(q, k, v, g=torch.zeros_like(g), **kw))
-    _, bad, _ = bench.run_model(B=1, T=48, reps=1, c_model=False)
+    _, bad, _ = bench.run_model(B=1, T=48, reps=1, c_model=False, bf16=False)
     assert abs(bad["gdncp"] - bad["transformers"]) / abs(bad["transformers"]) > 1e-4, bad
 
 

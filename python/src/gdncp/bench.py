@@ -178,11 +178,12 @@ def _model(config_path=None):
     return model
 
 
-def run_model(B=8, T=512, reps=5, config_path=None, c_model=True):
+def run_model(B=8, T=512, reps=5, config_path=None, c_model=True, bf16=True):
     """A training step (forward with labels, backward, AdamW) of the fallback, of the patched
     model and (c_model) of gdncp's C model (gdncp.Model.loss_and_grads and the C AdamW,
     gdn_adamw_update, with torch.optim.AdamW's settings), from the same weights on the same
-    tokens: [(name, median s)], the first step's losses."""
+    tokens; with bf16 also the patched model under torch.autocast("cpu", torch.bfloat16) and the
+    C model with compute="bf16": [(name, median s)], the first step's losses."""
     import tempfile
     from . import _lib as L
     from . import transformers as gtf
@@ -191,17 +192,18 @@ def run_model(B=8, T=512, reps=5, config_path=None, c_model=True):
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(0, base.config.vocab_size, (B, T), generator=gen)
     losses, steps = {}, []
-    names = ["transformers", "gdncp"]
+    names = ["transformers", "gdncp"] + (["gdncp autocast bf16"] if bf16 else [])
     for name in names:
         model = copy.deepcopy(base)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def step(model=model, opt=opt, name=name):
-            with gtf.patch() if name == "gdncp" else contextlib.nullcontext():
+            with gtf.patch() if name != "transformers" else contextlib.nullcontext(), \
+                    torch.autocast("cpu", dtype=torch.bfloat16, enabled="bf16" in name):
                 opt.zero_grad(set_to_none=True)
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-                loss.backward()
-                opt.step()
+            loss.backward()
+            opt.step()
             losses.setdefault(name, loss.item())
 
         steps.append(step)
@@ -209,23 +211,28 @@ def run_model(B=8, T=512, reps=5, config_path=None, c_model=True):
         if c_model:
             d = stack.enter_context(tempfile.TemporaryDirectory())
             base.save_pretrained(d)
-            m = stack.enter_context(Model.from_pretrained(d, threads=torch.get_num_threads()))
             adam = L.gdn_adamw_default()
             adam.lr, adam.min_lr, adam.warmup, adam.steps = 1e-3, 1e-3, 0, 1 << 40
             adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.clip = 0.9, 0.999, 1e-8, 0.01, 0.0
-            mom = [np.zeros_like(m._w) for _ in range(2)]
-            ids_np, count = ids.numpy(), [0]
+            ids_np = ids.numpy()
 
-            def c_step():
-                loss, dw = m._step(ids_np, "fp32", True, False)
-                count[0] += 1
-                L.gdn_adamw_update(ctypes.byref(adam), ctypes.byref(m._cfg), L.f32p(m._w), L.f32p(dw),
-                                   L.f32p(mom[0]), L.f32p(mom[1]), count[0], adam.lr, 1.0,
-                                   torch.get_num_threads())
-                losses.setdefault("gdncp C model", loss)
+            def c_step(compute):
+                # each side its own weights and moments, as each torch side has its own model
+                m = stack.enter_context(Model.from_pretrained(d, threads=torch.get_num_threads()))
+                mom, count = [np.zeros_like(m._w) for _ in range(2)], [0]
 
-            names.append("gdncp C model")
-            steps.append(c_step)
+                def f():
+                    loss, dw = m._step(ids_np, compute, True, False)
+                    count[0] += 1
+                    L.gdn_adamw_update(ctypes.byref(adam), ctypes.byref(m._cfg), L.f32p(m._w), L.f32p(dw),
+                                       L.f32p(mom[0]), L.f32p(mom[1]), count[0], adam.lr, 1.0,
+                                       torch.get_num_threads())
+                    losses.setdefault("gdncp C model" + (" bf16" if compute == "bf16" else ""), loss)
+                return f
+
+            for compute in ("fp32", "bf16") if bf16 else ("fp32",):
+                names.append("gdncp C model" + (" bf16" if compute == "bf16" else ""))
+                steps.append(c_step(compute))
         rows = list(zip(names, _time_rounds(steps, reps)))
     cfg = base.config
     shape = (f"Qwen3_5ForCausalLM E={cfg.hidden_size} layers={cfg.num_hidden_layers} "
@@ -668,14 +675,20 @@ def main(argv=None):
         print(f"[model] training step (forward with labels, backward, AdamW): {mshape}")
         tok = a.model_B * a.model_T
         for name, t in rows:
-            print(f"  {name:14s} step {t * 1e3:9.1f} ms {tok / t:9.0f} tok/s   first loss {losses[name]:.6f}")
-        t0, t1, t2 = (t for _, t in rows)
+            print(f"  {name:20s} step {t * 1e3:9.1f} ms {tok / t:9.0f} tok/s   first loss {losses[name]:.6f}")
+        tt = dict(rows)
+        t0, t1, t2 = tt["transformers"], tt["gdncp"], tt["gdncp C model"]
         lt = losses["transformers"]
         print(f"  speed-up (transformers / gdncp.transformers.patch()): {t0 / t1:.2f}x; "
               f"first-step losses differ by {abs(losses['gdncp'] - lt) / abs(lt):.1e} relative")
         print(f"  speed-up (patched transformers / gdncp C model): {t1 / t2:.2f}x, (transformers / "
               f"gdncp C model) {t0 / t2:.2f}x; the C model's first loss differs by "
               f"{abs(losses['gdncp C model'] - lt) / abs(lt):.1e} relative")
+        if "gdncp C model bf16" in tt:
+            print(f"  BF16: patched transformers under torch.autocast / gdncp C model compute=bf16: "
+                  f"{tt['gdncp autocast bf16'] / tt['gdncp C model bf16']:.2f}x; first losses differ from fp32's by "
+                  f"{abs(losses['gdncp autocast bf16'] - lt) / abs(lt):.1e} (autocast) and "
+                  f"{abs(losses['gdncp C model bf16'] - lt) / abs(lt):.1e} (gdncp bf16)")
     if "overhead" in what:
         rows = run_overhead(a.B, a.T, a.Hk, a.Hv, a.K, a.V, a.reps)
         print(f"[overhead] forward + backward (checkpoints kept, no final state) {shape}")
