@@ -435,7 +435,9 @@ static void bf16_cache_case(const golden_layer *g) {
     expect_far(e, 1e-7, "BF16 cache y is not the F32 cache's (the rounding happened)");
     expect_close(rel_err_f32(yb, g->y, nx), 2e-2, "BF16 cache y vs transformers' y");
     printf("    BF16 KV cache: y vs F32 cache %.2e, vs transformers %.2e\n", e, rel_err_f32(yb, g->y, nx));
-    expect_status(gdn_attn_cache_create_dtype(&cf, B, Hkv, d, T, 1), GDN_ERR_ARG, "neither F32", "an F64 cache: refused");
+    gdn_attn_cache *bad = NULL;
+    expect_status(gdn_attn_cache_create_dtype(&bad, B, Hkv, d, T, 1), GDN_ERR_ARG, "neither F32", "an F64 cache: refused");
+    check(!bad, "no cache returned for the refused dtype");
 out:
     gdn_attn_cache_destroy(cb), gdn_attn_cache_destroy(cf);
     free(yb), free(yr), free(yf);
