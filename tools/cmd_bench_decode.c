@@ -179,10 +179,12 @@ static int model_row(const char *name, int64_t P, int threads, int cache_dtype, 
     const double esz = cache_dtype ? 2.0 : 4.0;
     const double wbytes = 4.0 * ((double)gdn_model_param_count(&c) - (c.tie_embeddings ? 0.0 : (double)(c.vocab - 1) * c.E));
     const double sbytes = 2.0 * 4.0 * (double)ng * ((double)c.Hv * c.K * c.V + (double)gdn_layer_conv_dim(&lc) * c.Kc);
+    /* the KV caches' bytes a token reads when len positions are cached (its own included) */
+    const double kv_per_pos = 2.0 * esz * (double)na * (double)c.Hkv * (double)c.d;
     double t[64], b[64];
     for (int s = 0; s < steps && !rc; s++) {
         const gdn_token tok = (gdn_token)(s % c.vocab);
-        const double kv = 2.0 * esz * (double)na * (double)c.Hkv * c.d * (double)(P + s + 1);
+        const double kv = kv_per_pos * (double)(P + s + 1);
         const double bytes = wbytes + sbytes + kv, t0 = cli_now();
         rc = gdn_model_decode(dec, w, &tok, logits);
         t[s] = cli_now() - t0;
@@ -190,7 +192,7 @@ static int model_row(const char *name, int64_t P, int threads, int cache_dtype, 
     }
     if (!rc) {
         const double step = cli_median(t, steps), bound = cli_median(b, steps);
-        const double kv = 2.0 * esz * (double)na * (double)c.Hkv * c.d * (double)(P + steps / 2);
+        const double kv = kv_per_pos * (double)(P + steps / 2); /* the median step's */
         if (json)
             printf("{\"direction\":\"model_decode\",\"model\":\"%s\",\"B\":1,\"prompt\":%lld,\"cache_dtype\":\"%s\","
                    "\"threads\":%d,\"us_per_token\":%.2f,\"tokens_per_s\":%.1f,\"bytes_per_token\":%.0f,"
