@@ -69,6 +69,14 @@ static void bprob_make(bprob *P, int flags, int64_t m, int64_t n, int64_t kk) {
     rng_seed((uint64_t)(flags * 7919 + m * 131 + n * 17 + kk));
     for (int64_t i = 0; i < na; i++) P->A[i] = (float)rng_uniform(-1, 1), P->Ah[i] = rne(P->A[i]);
     for (int64_t i = 0; i < nb; i++) P->B[i] = (float)rng_uniform(-1, 1), P->Bh[i] = rne(P->B[i]);
+    /* a triangular op(A) (the small GEMM's A_LOWER / A_UPPER): zeros where the flag says */
+    if (flags & (GDN_GEMM_A_LOWER | GDN_GEMM_A_UPPER))
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t p = 0; p < kk; p++)
+                if ((flags & GDN_GEMM_A_LOWER) ? p > i : p < i) {
+                    const int64_t e = at ? p * P->lda + i : i * P->lda + p;
+                    P->A[e] = 0.0f, P->Ah[e] = 0;
+                }
     /* a stored-bf16 operand: its fp32 copy holds the same values (so fp32 sees them too) */
     if (flags & GDN_GEMM_A_BF16)
         for (int64_t i = 0; i < na; i++) P->A[i] = bf(P->Ah[i]);
@@ -98,6 +106,10 @@ static void bprob_free(bprob *P) {
     free(P->A), free(P->B), free(P->Ah), free(P->Bh), free(P->C0), free(P->C32), free(P->ref), free(P->mag);
 }
 
+/* the C entries a check compares: all, or (C_LOWER) the lower triangle with the diagonal */
+static int wanted(const bprob *P, int64_t i, int64_t j) { return !(P->flags & GDN_GEMM_C_LOWER) || j <= i; }
+
+static int small; /* run the one-thread small GEMM (gdn_gemm_bf16) instead of gdn_matmul_bf16 */
 static int ws_short; /* control: the guard placed 64 bytes before the end of the workspace asked for */
 /* C from one path (fault: gdn_bf16_fault; even: the fallback's order). Caller frees. */
 static float *run(const bprob *P, int path, int threads, int fault, int even) {
@@ -105,12 +117,15 @@ static float *run(const bprob *P, int path, int threads, int fault, int even) {
     memcpy(C, P->C0, sizeof(float) * P->m * P->ldc);
     /* every other call with a caller workspace, misaligned by 3 bytes, guarded past its end */
     static int calls;
-    const int own = ws_short || calls++ % 2;
-    const size_t wsb = gdn_matmul_bf16_ws_bytes(path, P->m, P->n, P->kk) - (ws_short ? 64 : 0);
+    const int own = small || ws_short || calls++ % 2;
+    const size_t wsb = (small ? gdn_gemm_bf16_ws_bytes(path, (int)P->m, (int)P->n, (int)P->kk)
+                              : gdn_matmul_bf16_ws_bytes(path, P->m, P->n, P->kk)) - (ws_short ? 64 : 0);
     unsigned char *wbuf = own ? malloc(wsb + 3 + 64) : NULL;
     if (wbuf) memset(wbuf, 0xA5, wsb + 3 + 64);
     gdn_bf16_fault = fault, gdn_bf16_fallback_amx_order = even;
-    const int ran = gdn_matmul_bf16(path, P->flags, P->m, P->n, P->kk,
+    const int ran = small ? gdn_gemm_bf16(path, P->flags, (int)P->m, (int)P->n, (int)P->kk, P->A, (int)P->lda, P->B,
+                                          (int)P->ldb, C, (int)P->ldc, wbuf + 3)
+                          : gdn_matmul_bf16(path, P->flags, P->m, P->n, P->kk,
                                     (P->flags & GDN_GEMM_A_BF16) ? (const void *)P->Ah : P->A, P->lda,
                                     (P->flags & GDN_GEMM_B_BF16) ? (const void *)P->Bh : P->B, P->ldb, C, P->ldc,
                                     wbuf ? wbuf + 3 : NULL, threads);
@@ -128,6 +143,7 @@ static double err_ref(const bprob *P, const float *C) {
         for (int64_t j = P->n; j < P->ldc; j++)
             if (C[i * P->ldc + j] != PAD_SENTINEL) return INFINITY;
         for (int64_t j = 0; j < P->n; j++) {
+            if (!wanted(P, i, j)) continue;
             const double g = P->mag[i * P->n + j];
             const double e = fabs(C[i * P->ldc + j] - P->ref[i * P->n + j]) / (g > 0 ? g : 1.0);
             worst = e <= worst ? worst : isnan(e) ? INFINITY : e;
@@ -139,6 +155,7 @@ static double err_f32(const bprob *P, const float *C) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < P->m; i++)
         for (int64_t j = 0; j < P->n; j++) {
+            if (!wanted(P, i, j)) continue;
             const double d = fabs((double)C[i * P->ldc + j] - P->C32[i * P->ldc + j]);
             num = d <= num ? num : isnan(d) ? INFINITY : d;
             den = fmax(den, fabs(P->C32[i * P->ldc + j]));
@@ -148,16 +165,19 @@ static double err_f32(const bprob *P, const float *C) {
 /* elements whose bits differ (C's whole rows, padding included) */
 static int64_t bits_differ(const bprob *P, const float *X, const float *Y) {
     int64_t d = 0;
-    for (int64_t i = 0; i < P->m * P->ldc; i++) d += memcmp(X + i, Y + i, sizeof(float)) != 0;
+    for (int64_t i = 0; i < P->m * P->ldc; i++)
+        if (i % P->ldc >= P->n || wanted(P, i / P->ldc, i % P->ldc)) d += memcmp(X + i, Y + i, sizeof(float)) != 0;
     return d;
 }
 
 static const char *fname(int flags) {
     static char buf[64];
-    snprintf(buf, sizeof buf, "%s%s%s%s%s", (flags & GDN_GEMM_ACC) ? "acc " : "", (flags & GDN_GEMM_A_TRANS) ? "A^T " : "",
-             (flags & GDN_GEMM_B_TRANS) ? "B^T " : "", (flags & GDN_GEMM_A_BF16) ? "Abf16 " : "",
-             (flags & GDN_GEMM_B_BF16) ? "Bbf16 " : "");
-    if (!flags) snprintf(buf, sizeof buf, "plain ");
+    snprintf(buf, sizeof buf, "%s%s%s%s%s%s%s%s%s", small ? "small " : "", (flags & GDN_GEMM_ACC) ? "acc " : "",
+             (flags & GDN_GEMM_A_TRANS) ? "A^T " : "", (flags & GDN_GEMM_B_TRANS) ? "B^T " : "",
+             (flags & GDN_GEMM_A_BF16) ? "Abf16 " : "", (flags & GDN_GEMM_B_BF16) ? "Bbf16 " : "",
+             (flags & GDN_GEMM_A_LOWER) ? "Alower " : "", (flags & GDN_GEMM_A_UPPER) ? "Aupper " : "",
+             (flags & GDN_GEMM_C_LOWER) ? "Clower " : "");
+    if (!flags) snprintf(buf, sizeof buf, "%splain ", small ? "small " : "");
     return buf;
 }
 
@@ -316,4 +336,17 @@ void test_matmul_bf16(void) {
     one(GDN_GEMM_A_TRANS | GDN_GEMM_A_BF16 | GDN_GEMM_B_TRANS, 4500, 37, 40, 2);
     rounding();
     controls();
+    /* the one-thread small GEMM of the chunk kernel (gdn_gemm_bf16): the same checks and
+     * controls, with its triangular flags, at the kernel's shapes and ragged ones */
+    small = 1;
+    const int64_t ssizes[][3] = {{64, 64, 128}, {128, 128, 64}, {64, 128, 64}, {45, 70, 33}, {7, 17, 1}, {100, 33, 63}};
+    static const int SF[] = {0, GDN_GEMM_ACC, GDN_GEMM_A_LOWER, GDN_GEMM_ACC | GDN_GEMM_A_LOWER, GDN_GEMM_C_LOWER,
+                             GDN_GEMM_A_UPPER | GDN_GEMM_A_TRANS, GDN_GEMM_ACC | GDN_GEMM_B_TRANS,
+                             GDN_GEMM_C_LOWER | GDN_GEMM_B_TRANS, GDN_GEMM_ACC | GDN_GEMM_A_TRANS | GDN_GEMM_A_UPPER};
+    for (int s = 0; s < (int)(sizeof ssizes / sizeof ssizes[0]); s++)
+        for (int f = 0; f < (int)(sizeof SF / sizeof SF[0]); f++)
+            if ((SF[f] & (GDN_GEMM_A_LOWER | GDN_GEMM_A_UPPER)) == 0 || ssizes[s][0] == ssizes[s][2] || s >= 3)
+                one(SF[f], ssizes[s][0], ssizes[s][1], ssizes[s][2], 1);
+    controls();
+    small = 0;
 }

@@ -65,6 +65,19 @@ extern int gdn_bf16_fault;
 /* Tests only: the fallback sums in TDPBF16PS's order (blocks of 16 pairs, even and odd partial
  * sums; = the AMX path bit for bit) instead of VDPBF16PS's (= the AVX512-BF16 path). */
 extern int gdn_bf16_fallback_amx_order;
+/* ---- small BF16-compute GEMM (matmul_bf16.c) for the chunk kernel: gdn_gemm's contract (flags
+ * GDN_GEMM_ACC, _A_LOWER, _A_UPPER, _C_LOWER, _A_TRANS, _B_TRANS; fp32 operands, int strides) with
+ * both operands rounded to bf16 (nearest even) while packed and the products summed in fp32, on
+ * one path of gdn_matmul_bf16 (its micro-kernels, so the same per-element arithmetic) run by the
+ * calling thread alone (inside the kernel's parallel region). The whole depth is one slice. The
+ * skipped triangles are skipped in whole granules (32 deep with AMX, a pair otherwise): those
+ * entries of A must be zero, as for gdn_gemm. ws: gdn_gemm_bf16_ws_bytes(path, m, n, kk) bytes,
+ * any alignment. Returns the path that ran. */
+size_t gdn_gemm_bf16_ws_bytes(int path, int m, int n, int kk);
+int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
+                  float *C, int ldc, void *ws);
+/* Benchmarks: add FLOPs issued by a micro-kernel to the counter of bench.h (when counting). */
+void gdn_flops_issued_add(uint64_t flops);
 /* ---- the projections' GEMM in a compute precision (gdncp/compute.h): gdn_matmul for
  * GDN_COMPUTE_FP32, gdn_matmul_bf16 on the automatic path for GDN_COMPUTE_BF16 (same flags; A
  * fp32, or bf16 with GDN_GEMM_A_BF16; B fp32 or bf16 with GDN_GEMM_B_BF16), except that

@@ -37,6 +37,9 @@ void gdn_flops_issued_start(void) {
     __atomic_store_n(&issued, 0, __ATOMIC_RELAXED);
     counting = 1;
 }
+void gdn_flops_issued_add(uint64_t flops) {
+    if (counting) __atomic_fetch_add(&issued, flops, __ATOMIC_RELAXED);
+}
 uint64_t gdn_flops_issued_stop(void) {
     counting = 0;
     return __atomic_load_n(&issued, __ATOMIC_RELAXED);
@@ -81,7 +84,7 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
             }
         }
     }
-    if (counting) __atomic_fetch_add(&issued, flops, __ATOMIC_RELAXED);
+    gdn_flops_issued_add(flops);
 }
 
 /* Tiles of 16 x 16 keep both the reads and the strided writes inside a few cache lines. */

@@ -534,8 +534,8 @@ static void emu_dpbf16ps(int c, int a, int b) {
     }
 }
 
-/* The AMX block kernel, one source for both: C[0..mr) x [0..nc) (+)= a (MR_X rows of kcp bf16)
- * b (kcp/2 x NR words). The accumulator tiles start from C itself (acc) or zero and are stored
+/* The AMX block kernel, one source for both: C[0..mr) x [0..nc) (+)= a (MR_X rows of kcp bf16,
+ * kst apart) b (kcp/2 x NR words). The accumulator tiles start from C itself (acc) or zero and are stored
  * straight back, so per element the slice's instructions add into C in k order (a partial block
  * goes through a zero-padded copy t). Tile ops are the macros TZ (zero), TL (load), TD
  * (dpbf16ps), TS (store). */
@@ -556,8 +556,8 @@ static void emu_dpbf16ps(int c, int a, int b) {
     }                                                                                          \
     const int64_t nkb = kcp / 32 - (gdn_bf16_fault == GDN_BF16_FAULT_SKIP_KBLOCK);              \
     for (int64_t kb = 0; kb < nkb; kb++) {                                                     \
-        TL(4, a + kb * 32, kcp * 2);                                                           \
-        TL(5, a + 16 * kcp + kb * 32, kcp * 2);                                                \
+        TL(4, a + kb * 32, kst * 2);                                                           \
+        TL(5, a + 16 * kst + kb * 32, kst * 2);                                                \
         TL(6, b + kb * 16 * NR, NR * 4);                                                       \
         TL(7, b + kb * 16 * NR + 16, NR * 4);                                                  \
         TD(0, 4, 6); TD(1, 4, 7); TD(2, 5, 6); TD(3, 5, 7);                                    \
@@ -567,7 +567,7 @@ static void emu_dpbf16ps(int c, int a, int b) {
     if (!full)                                                                                 \
         for (int i = 0; i < mr; i++) memcpy(C + i * ldc, t + i * NR, sizeof(float) * (size_t)nc);
 
-static void mk_amx_emu(int64_t kcp, const uint16_t *a, const uint32_t *b, float *C, int64_t ldc,
+static void mk_amx_emu(int64_t kcp, int64_t kst, const uint16_t *a, const uint32_t *b, float *C, int64_t ldc,
                        int acc, int mr, int nc) {
 #define TZ(d) emu_zero(d)
 #define TL(d, p, s) emu_load(d, p, s)
@@ -582,7 +582,7 @@ static void mk_amx_emu(int64_t kcp, const uint16_t *a, const uint32_t *b, float 
 
 #if HAVE_X86 && (__GNUC__ >= 11 || defined(__clang__))
 #define HAVE_AMX_CODE 1
-__attribute__((target("amx-tile,amx-bf16"))) static void mk_amx(int64_t kcp, const uint16_t *a,
+__attribute__((target("amx-tile,amx-bf16"))) static void mk_amx(int64_t kcp, int64_t kst, const uint16_t *a,
                                                                const uint32_t *b, float *C, int64_t ldc,
                                                                int acc, int mr, int nc) {
 #define TZ(d) _tile_zero(d)
@@ -753,12 +753,12 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
 #endif
 #if HAVE_AMX_CODE
                         case GDN_BF16_AMX:
-                            mk_amx(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR, ldc, acc_k, mr,
+                            mk_amx(kcp, kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR, ldc, acc_k, mr,
                                    ncq);
                             break;
 #endif
                         default:
-                            mk_amx_emu(kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR, ldc, acc_k,
+                            mk_amx_emu(kcp, kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR, ldc, acc_k,
                                        mr, ncq);
                             break;
                         }
@@ -792,6 +792,113 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
         const char *Ai = (const char *)A + esz * (size_t)(flags & GDN_GEMM_A_TRANS ? i0 : i0 * lda);
         matmul_bf16_rows(path, flags, min64(MC, m - i0), n, kk, Ai, lda, B, ldb, C + i0 * ldc, ldc, ws, threads);
     }
+    return path;
+}
+
+/* ---------------------------------------------------------------- the small GEMM (one thread) */
+
+/* gdn_gemm_bf16's packing: all of op(A)'s panels and op(B)'s micro-panels, the whole depth in
+ * one slice (the chunk kernel's depths are at most 256). */
+static void small_ws_parts(int path, int m, int n, int kk, size_t *abytes, size_t *bbytes) {
+    const bf_blocking bl = blocking(path);
+    const int64_t kcp = bl.amx ? (kk + 31) / 32 * 32 : (kk + 1) / 2 * 2;
+    const size_t esz = path == GDN_BF16_FALLBACK ? 4 : 2; /* the fallback's A widened to fp32 */
+    *abytes = ((size_t)((m + bl.MR - 1) / bl.MR) * (size_t)bl.MR * (size_t)kcp * esz + 63) / 64 * 64;
+    *bbytes = (size_t)((n + NR - 1) / NR) * (size_t)(kcp / 2) * NR * 4;
+}
+size_t gdn_gemm_bf16_ws_bytes(int path, int m, int n, int kk) {
+    if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
+    size_t a, b;
+    small_ws_parts(path, m > 0 ? m : 1, n > 0 ? n : 1, kk > 0 ? kk : 1, &a, &b);
+    return a + b + 64;
+}
+
+int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
+                  float *C, int ldc, void *ws) {
+    if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
+    GDN_ASSERT(gdn_bf16_path_available(path) && !(flags & (GDN_GEMM_A_BF16 | GDN_GEMM_B_BF16)));
+    const int acc = (flags & GDN_GEMM_ACC) != 0, at = (flags & GDN_GEMM_A_TRANS) != 0,
+              bt = (flags & GDN_GEMM_B_TRANS) != 0, a_lower = (flags & GDN_GEMM_A_LOWER) != 0,
+              a_upper = (flags & GDN_GEMM_A_UPPER) != 0, c_lower = (flags & GDN_GEMM_C_LOWER) != 0;
+    if (m <= 0 || n <= 0) return path;
+    if (kk <= 0) {
+        if (!acc)
+            for (int i = 0; i < m; i++) memset(C + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
+        return path;
+    }
+    const bf_blocking bl = blocking(path);
+    const int amx = bl.amx, fb = path == GDN_BF16_FALLBACK, MR = bl.MR;
+    /* depth granule: a 32-deep tile block (AMX) or a pair */
+    const int gran = amx ? 32 : 2;
+    const int64_t kcp = (kk + gran - 1) / gran * gran, kp = kcp / 2;
+    const int mpanels = (m + MR - 1) / MR, npan = (n + NR - 1) / NR;
+    size_t abytes, bbytes;
+    small_ws_parts(path, m, n, kk, &abytes, &bbytes);
+    char *apack = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63), *bpack = apack + abytes;
+    for (int ip = 0; ip < mpanels; ip++) {
+        const int64_t mr = min64(MR, m - ip * MR);
+        if (amx)
+            pack_a_x((uint16_t *)apack + (size_t)ip * MR * kcp, A, 0, at, lda, ip * MR, mr, 0, kk, kcp);
+        else
+            pack_a_v((uint32_t *)apack + (size_t)ip * MR * kp * (fb + 1), A, 0, at, lda, ip * MR, mr, 0, kk, kp, fb);
+    }
+    for (int q = 0; q < npan; q++)
+        pack_b((uint32_t *)bpack + (size_t)q * kp * NR, B, 0, bt, ldb, 0, kk, kp, (int64_t)q * NR,
+               (int)min64(NR, n - q * NR));
+    const gdn_fpmode fm = gdn_fp_fast_begin();
+    tilecfg cfg;
+    if (amx) tilecfg_init(&cfg);
+    if (path == GDN_BF16_AMX_EMU) emu_loadcfg(&cfg);
+#if HAVE_AMX_CODE
+    if (path == GDN_BF16_AMX) amx_loadcfg(&cfg);
+#endif
+    uint64_t flops = 0;
+    for (int ip = 0; ip < mpanels; ip++) {
+        const int i0 = ip * MR, mr = (int)min64(MR, m - i0);
+        /* the depth range where this row panel's A may be nonzero, widened to whole granules;
+         * its start on a 32-deep boundary on every path, so that the fallback in TDPBF16PS's
+         * order groups the pairs in the same blocks of 16 as AMX (the tests' bitwise check) */
+        int64_t lo = a_upper ? i0 : 0, hi = a_lower ? min64(i0 + mr, kk) : kk;
+        lo = lo / 32 * 32, hi = (hi + gran - 1) / gran * gran;
+        for (int q = 0; q < npan; q++) {
+            const int j0 = q * NR, ncq = (int)min64(NR, n - j0);
+            if (c_lower && j0 > i0 + mr - 1) break; /* this and the later panels lie above the diagonal */
+            float *Cb = C + (size_t)i0 * ldc + j0;
+            if (hi <= lo) { /* A is zero here */
+                if (!acc)
+                    for (int i = 0; i < mr; i++) memset(Cb + (size_t)i * ldc, 0, sizeof(float) * (size_t)ncq);
+                continue;
+            }
+            const uint32_t *bq = (const uint32_t *)bpack + (size_t)q * kp * NR + (size_t)(lo / 2) * NR;
+            flops += 2 * (uint64_t)mr * (uint64_t)ncq * (uint64_t)(hi - lo);
+            switch (path) {
+            case GDN_BF16_FALLBACK:
+                mk_fallback((hi - lo) / 2, (const float *)apack + ((size_t)ip * MR * kp + (size_t)(lo / 2) * MR) * 2,
+                            bq, Cb, ldc, acc, mr, ncq);
+                break;
+#if HAVE_X86
+            case GDN_BF16_AVX512:
+                mk_avx512bf16((hi - lo) / 2, (const uint32_t *)apack + (size_t)ip * MR * kp + (size_t)(lo / 2) * MR,
+                              bq, Cb, ldc, acc, mr, ncq);
+                break;
+#endif
+#if HAVE_AMX_CODE
+            case GDN_BF16_AMX:
+                mk_amx(hi - lo, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, Cb, ldc, acc, mr, ncq);
+                break;
+#endif
+            default:
+                mk_amx_emu(hi - lo, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, Cb, ldc, acc, mr,
+                           ncq);
+                break;
+            }
+        }
+    }
+#if HAVE_AMX_CODE
+    if (path == GDN_BF16_AMX) amx_release();
+#endif
+    gdn_fp_fast_end(fm);
+    gdn_flops_issued_add(flops);
     return path;
 }
 
