@@ -31,6 +31,8 @@
 #include <string.h>
 
 #define ORACLE_TOL 2e-4
+#define KERNEL_ORACLE_TOL 5e-4 /* the BF16 kernel vs its oracle: measured 1.3e-4 to 1.6e-4, the bf16 rounding of an fp32
+                                  * intermediate (tm, Dl) flipping to the other neighbour than its double; controls >= 2e-3 */
 #define F32_TOL 5e-2
 #define MODEL_TOL 5e-2      /* the model's gradients vs fp32, norm-wise (measured 1.9e-2) */
 #define MODEL_LOSS_TOL 1e-3 /* its loss vs fp32, relative (measured 2e-5 at the initialisation) */
@@ -350,6 +352,96 @@ static void decode_case(void) {
     free(w), free(x);
 }
 
+/* ---------------------------------------------------------------- the chunk kernel */
+
+/* The kernel in c's compute mode on the float inputs (h0 may be NULL); o, ht widened to double. */
+static int kernel_run(const gdn_config *c, const float *const f[6], double *o, double *ht) {
+    const int64_t no = c->B * c->T * c->Hv * c->V, ns = gdn_state_floats(c);
+    float *fo = malloc(sizeof(float) * no), *fh = malloc(sizeof(float) * ns);
+    gdn_plan *p = NULL;
+    int rc = gdn_plan_create(&p, c);
+    if (!rc)
+        rc = gdn_forward(p, fo, fh, &(gdn_rule_inputs){.q = f[0], .k = f[1], .v = f[2], .g = f[3], .beta = f[4], .h0 = f[5]});
+    for (int64_t i = 0; !rc && i < no; i++) o[i] = fo[i];
+    for (int64_t i = 0; !rc && i < ns; i++) ht[i] = fh[i];
+    gdn_plan_destroy(p);
+    free(fo), free(fh);
+    return rc;
+}
+
+/* The worse of o's and ht's norm-wise errors against (ro, rh). */
+static double kernel_err(const gdn_config *c, const double *o, const double *ht, const double *ro, const double *rh) {
+    const double eo = rel_err_dd(o, ro, c->B * c->T * c->Hv * c->V), eh = rel_err_dd(ht, rh, gdn_state_floats(c));
+    return eo > eh ? eo : eh;
+}
+
+/* One kernel shape: the BF16 kernel against its oracle (gdn_reference_forward with compute =
+ * BF16: the chunked algorithm in double, the same operands rounded) within KERNEL_ORACLE_TOL, on the
+ * automatic path and on `also` (another BF16 path, e.g. AMX emulated; 0: none); controls: the
+ * state round-tripped through bf16 per chunk, and the fp32 kernel, through the same check.
+ * Against the exact oracle: its accuracy, within F32_TOL (printed); control: k pairs shifted. */
+static void kernel_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K, int64_t V, int chunk,
+                        const int64_t *cu, int64_t ndocs, int with_h0, int also, uint64_t seed) {
+    gdn_config c = gdn_config_default(B, T, Hk, Hv, K, V);
+    c.chunk = chunk, c.cu_seqlens = cu, c.n_docs = ndocs;
+    rng_seed(seed);
+    const int64_t nqk = B * T * Hk * K, nv = B * T * Hv * V, ng = B * T * Hv, ns = gdn_state_floats(&c);
+    const int64_t n[6] = {nqk, nqk, nv, ng, ng, ns};
+    float *f[6];
+    double *d[6];
+    for (int t = 0; t < 6; t++) {
+        f[t] = malloc(sizeof(float) * n[t]), d[t] = malloc(sizeof(double) * n[t]);
+        for (int64_t i = 0; i < n[t]; i++) {
+            /* gates weak enough that the state carries across chunks (else its rounding hides) */
+            const double x = t == 3 ? rng_uniform(-0.08, 0) : t == 4 ? rng_uniform(0.1, 1) : rng_uniform(-1, 1);
+            f[t][i] = (float)x, d[t][i] = f[t][i];
+        }
+    }
+    if (!with_h0) f[5] = (free(f[5]), NULL), d[5] = (free(d[5]), NULL);
+    double *rb_o = dalloc(nv), *rb_h = dalloc(ns), *r32_o = dalloc(nv), *r32_h = dalloc(ns), *o = dalloc(nv), *ht = dalloc(ns);
+    char label[160];
+    snprintf(label, sizeof label, "bf16 kernel B=%lld T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d%s%s", (long long)B,
+             (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, chunk, cu ? " packed" : "",
+             with_h0 ? " h0" : "");
+    const gdn_rule_inputs_f64 in = {.q = d[0], .k = d[1], .v = d[2], .g = d[3], .beta = d[4], .h0 = d[5]};
+    gdn_config cb = c;
+    cb.compute = GDN_COMPUTE_BF16;
+    if (gdn_reference_forward(&cb, rb_o, rb_h, &in) || gdn_reference_forward(&c, r32_o, r32_h, &in)) {
+        check(0, "%s: oracle: %s", label, gdn_errmsg());
+    } else {
+        const int paths[2] = {0, also};
+        for (int pi = 0; pi < 2; pi++) {
+            if (pi && !also) continue;
+            gdn_kernel_bf16_path = paths[pi];
+            const char *pname = gdn_bf16_path_name(paths[pi] ? paths[pi] : gdn_bf16_path_auto());
+            int rc = kernel_run(&cb, (const float *const *)f, o, ht);
+            expect_close(rc ? INFINITY : kernel_err(&c, o, ht, rb_o, rb_h), KERNEL_ORACLE_TOL, "%s [%s] o, ht vs its bf16-operand oracle",
+                         label, pname);
+            if (pi == 0) {
+                const double e = rc ? INFINITY : kernel_err(&c, o, ht, r32_o, r32_h);
+                expect_close(e, F32_TOL, "%s o, ht vs the exact oracle (its accuracy)", label);
+                if (!tests_quiet) printf("      %s: error vs the exact oracle %.2e\n", label, e);
+            }
+        }
+        gdn_kernel_bf16_path = 0;
+        gdn_kernel_fault = GDN_KERNEL_FAULT_STATE_BF16;
+        int rc = kernel_run(&cb, (const float *const *)f, o, ht);
+        gdn_kernel_fault = 0;
+        expect_far(rc ? 0.0 : kernel_err(&c, o, ht, rb_o, rb_h), KERNEL_ORACLE_TOL,
+                   "%s control: state round-tripped through bf16 per chunk, vs the bf16 oracle", label);
+        rc = kernel_run(&c, (const float *const *)f, o, ht);
+        expect_far(rc ? 0.0 : kernel_err(&c, o, ht, rb_o, rb_h), KERNEL_ORACLE_TOL, "%s control: the fp32 kernel vs the bf16 oracle",
+                   label);
+        gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
+        rc = kernel_run(&cb, (const float *const *)f, o, ht);
+        gdn_bf16_fault = 0;
+        expect_far(rc ? 0.0 : kernel_err(&c, o, ht, r32_o, r32_h), F32_TOL,
+                   "%s control: bf16 GEMM k pairs shifted, vs the exact oracle", label);
+    }
+    for (int t = 0; t < 6; t++) free(f[t]), free(d[t]);
+    free(rb_o), free(rb_h), free(r32_o), free(r32_h), free(o), free(ht);
+}
+
 void test_compute_bf16(void) {
     if (!tests_quiet) printf("bf16 layer: products on %s\n", gdn_compute_path(GDN_COMPUTE_BF16));
     /* grouped heads, K != V, T over several chunks and not a multiple of one; gates weak enough
@@ -360,12 +452,22 @@ void test_compute_bf16(void) {
     attention_case(2, 40, 32, 4, 2, 16, 13);
     model_case();
     decode_case();
+    /* the chunk kernel: grouped heads, K != V, ragged T, several chunk sizes, h0, packed
+     * documents (chunks restart at each); the AMX kernel's tile bookkeeping emulated on one */
+    if (!tests_quiet) printf("bf16 kernel: chunk products on %s\n", gdn_bf16_path_name(gdn_bf16_path_auto()));
+    kernel_case(2, 150, 2, 4, 32, 48, 32, NULL, 0, 1, GDN_BF16_AMX_EMU, 21);
+    kernel_case(1, 200, 1, 2, 64, 64, 64, NULL, 0, 0, GDN_BF16_FALLBACK, 22);
+    static const int64_t cu[4] = {0, 70, 181, 250};
+    kernel_case(1, 250, 2, 2, 16, 32, 16, cu, 3, 1, 0, 23);
     /* compute out of range: refused by the config check */
     gdn_layer_config c = gdn_layer_config_default(1, 8, 16, 1, 1, 8, 8);
     c.compute = 7;
     gdn_layer_plan *lp = NULL;
     expect_status(gdn_layer_plan_create(&lp, &c), GDN_ERR_ARG, "compute", "bf16 layer: compute = 7 refused");
     gdn_layer_plan_destroy(lp);
+    gdn_config kc = gdn_config_default(1, 8, 1, 1, 8, 8);
+    kc.compute = 2;
+    expect_status(gdn_config_check(&kc), GDN_ERR_ARG, "compute", "bf16 kernel: compute = 2 refused");
     int cm = -1;
     expect_status(gdn_compute_parse("fp16", &cm), GDN_ERR_ARG, "fp16", "compute 'fp16' refused");
     check(!gdn_compute_parse("bf16", &cm) && cm == GDN_COMPUTE_BF16, "compute 'bf16' parsed");

@@ -80,6 +80,7 @@ static double oracle_error(const gdn_config *cfg, int64_t tp, const float *q, co
                            const float *v, const float *g, const float *beta, const float *o) {
     gdn_config c = *cfg;
     c.T = tp;
+    c.compute = GDN_COMPUTE_FP32; /* BF16 rows too: against the exact rule (the accuracy a user gets) */
     /* packed rows: the first document covers the first tp tokens (doc_len >= 256), dense there */
     c.cu_seqlens = NULL, c.n_docs = 0;
     const int64_t nqk = tp * c.Hk * c.K, nv = tp * c.Hv * c.V, ng = tp * c.Hv;
@@ -105,12 +106,15 @@ typedef struct {
     int chunk; /* 0: the library default (64) */
     int64_t doc_len; /* > 0: the T tokens packed as documents of this many (cu_seqlens); at least
                         256, the tokens the oracle checks inside the first document */
+    int compute;     /* GDN_COMPUTE_BF16: the forward sweep's chunk products in bf16 (forward only:
+                        the backward runs fp32 in either mode) */
 } bench_shape;
 
 static int bench_forward(const bench_shape *s, int threads, double peak, int json, int quick,
                          const char *cpu, int backward) {
     gdn_config cfg = gdn_config_default(1, s->T, s->Hk, s->Hv, s->K, s->V);
     cfg.threads = threads;
+    cfg.compute = s->compute;
     if (s->chunk) cfg.chunk = s->chunk;
     /* Packed rows: the same tokens as documents of doc_len (the last one shorter), so a packed
      * row and the dense row above it compare throughput at equal total tokens. */
@@ -172,6 +176,9 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     rc = backward ? gdn_backward_saved(plan, &gr, &in, ckpt, dout, NULL) : gdn_forward(plan, o, ht, &in);
     const double issued_gflops = (double)gdn_flops_issued_stop() / med / 1e9;
     const double ht_per_s = (double)s->T * s->Hv / med;
+    /* BF16 rows: the register-only peak of the path the products run, measured now */
+    const int bpath = s->compute == GDN_COMPUTE_BF16 ? gdn_bench_bf16_path() : 0;
+    const double bpeak = bpath ? gdn_bench_bf16_peak_gflops(bpath, threads) : 0.0;
     const int64_t tp = s->T < 256 ? s->T : 256;
     const double err = backward ? oracle_error_backward(pc, tp, q, k, v, g, beta, dout)
                                 : oracle_error(pc, tp, q, k, v, g, beta, o);
@@ -193,6 +200,9 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
                "\"rel_err_vs_oracle\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"",
                dir, s->label, shape, threads, med, reps, ht_per_s, 1e6 / ht_per_s, gflops, peak,
                gflops / peak, issued_gflops, issued_gflops / peak, err, gdn_plan_path(plan), cpu);
+        if (bpath)
+            printf(",\"compute\":\"bf16\",\"bf16_peak_gflops\":%.3f,\"fraction_of_bf16_peak\":%.4f", bpeak,
+                   bpeak > 0 ? gflops / bpeak : 0.0);
         if (backward)
             printf(",\"saved_bytes_per_token\":%.1f,\"workspace_bytes\":%.0f,\"workspace_bytes_per_token\":%.1f,"
                    "\"input_bytes_per_token\":%.1f,\"from_saved_states\":true",
@@ -203,6 +213,7 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
                "%5.1f%% of %6.1f (issued %5.1f%%)  err %.1e  %s",
                dir, s->label, shape, threads, med * 1e3, 1e6 / ht_per_s, gflops, 100 * gflops / peak,
                peak, 100 * issued_gflops / peak, err, gdn_plan_path(plan));
+        if (bpath && bpeak > 0) printf("  bf16 peak %.0f GFLOP/s: %.1f%%", bpeak, 100 * gflops / bpeak);
         if (backward)
             printf("  mem: saved %.0f B/tok + workspace %.0f B/tok = %.1f%% of inputs (%.0f B/tok)",
                    saved_bytes / s->T, ws_bytes / s->T, 100 * (saved_bytes + ws_bytes) / input_bytes,
@@ -254,15 +265,17 @@ int cmd_bench(int argc, char **argv) {
     /* qwen35b-pk512: the first row's tokens packed as documents of 512 (cu_seqlens): the
      * packed path's cost against the dense one at equal total tokens (issue 11: within 10 %). */
     const bench_shape shapes[] = {
-        {"qwen35b", 8192, 16, 32, 128, 128, 0, 0}, {"qwen35b-pk512", 8192, 16, 32, 128, 128, 0, 512},
-        {"qwen35b", 8192, 16, 32, 128, 128, 32, 0},
-        {"llama64", 64, 32, 32, 128, 128, 0, 0}, {"llama256", 256, 32, 32, 128, 128, 0, 0},
-        {"llama512", 512, 32, 32, 128, 128, 0, 0}, {"llama1024", 1024, 32, 32, 128, 128, 0, 0}};
+        {"qwen35b", 8192, 16, 32, 128, 128, 0, 0, 0}, {"qwen35b-pk512", 8192, 16, 32, 128, 128, 0, 512, 0},
+        {"qwen35b", 8192, 16, 32, 128, 128, 32, 0, 0},
+        /* BF16 compute (issue 20's target: forward >= 2x the fp32 row at C = 64) */
+        {"qwen35b-bf16", 8192, 16, 32, 128, 128, 0, 0, GDN_COMPUTE_BF16},
+        {"llama64", 64, 32, 32, 128, 128, 0, 0, 0}, {"llama256", 256, 32, 32, 128, 128, 0, 0, 0},
+        {"llama512", 512, 32, 32, 128, 128, 0, 0, 0}, {"llama1024", 1024, 32, 32, 128, 128, 0, 0, 0}};
     int n = sizeof shapes / sizeof shapes[0];
     for (int si = 0; si < n; si++) {
         bench_shape s = shapes[si];
         if (quick && s.T > 1024) s.T = 1024; /* CI smoke: same heads and dims, fewer tokens */
-        for (int dir = 0; dir < 2; dir++)
+        for (int dir = 0; dir < 2 - (s.compute == GDN_COMPUTE_BF16); dir++)
             for (int i = 0; i < nthr; i++)
                 if (bench_forward(&s, thread_counts[i], peak[i], json, quick, cpu, dir)) return 1;
     }

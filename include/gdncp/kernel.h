@@ -45,6 +45,10 @@ typedef struct {
     int64_t seq_offset; /* the stream index of this call's first token: 0 on a single rank; under
                            context parallelism the tokens of the ranks before this one (every
                            rank passes the whole stream's cu_seqlens) */
+    int compute;        /* GDN_COMPUTE_FP32 (0, default) or GDN_COMPUTE_BF16 (compute.h): the
+                           forward sweep's chunk products with bf16 operands, fp32 sums; the state,
+                           gates, decays, the triangular solve, the backward and the summaries stay
+                           fp32 (docs/design.md, "BF16 compute"). The oracle honours it. */
 } gdn_config;
 
 /* A config with the library defaults: chunk 64, default scale, L2 norm on, all threads, checks on. */
@@ -168,7 +172,11 @@ GDN_API int gdn_summary_apply(float *out, const float *a, const float *b, const 
 /* ---------------------------------------------------------------- the double-precision oracle */
 
 /* The token-by-token recurrence of DESIGN §2 in double precision. Same layouts and
- * options as the fast path (chunk and threads are ignored). ht and in->h0 may be NULL. */
+ * options as the fast path (chunk and threads are ignored). ht and in->h0 may be NULL.
+ * With cfg->compute = GDN_COMPUTE_BF16 it is the oracle of that mode instead: the chunked
+ * forward (chunks of cfg->chunk) in double with the operands of the mode's bf16 products
+ * rounded to bf16 and all else exact. The backward oracle is the exact one in either mode (the
+ * kernel's backward runs fp32). */
 GDN_API int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht,
                                   const gdn_rule_inputs_f64 *in);
 

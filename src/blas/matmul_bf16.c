@@ -186,15 +186,50 @@ static inline gdn_vu32 bf16_lo_vl(const float *x, int n) {
     return rne_v(u);
 }
 
+/* The same rounding by VCVTNE2PS2BF16 (the packing of the paths whose CPU has AVX512-BF16, `hw`
+ * below): nearest even, as to_bf16 for every finite input that is not subnormal; a subnormal
+ * input becomes zero and a NaN a quiet NaN, which changes no product (VDPBF16PS, TDPBF16PS and
+ * the fallback's flushed arithmetic all read a bf16 with a zero exponent as zero). */
+#if defined(__x86_64__)
+#define HAVE_HW_CVT 1
+/* dst[0..15]: the pairs of x[0..31] (n of them valid, the rest zero), bf16(x[2l]) | bf16(x[2l+1]) << 16. */
+__attribute__((target("avx512f,avx512bf16"))) static inline void hw_pairs32(uint32_t *dst, const float *x, int n) {
+    const __mmask16 m0 = n >= 16 ? 0xffffu : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+    const __mmask16 m1 = n >= 32 ? 0xffffu : n <= 16 ? 0 : (__mmask16)((1u << (n - 16)) - 1u);
+    const __m512bh c = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, x + 16), _mm512_maskz_loadu_ps(m0, x));
+    _mm512_storeu_si512(dst, (__m512i)c);
+}
+/* dst[0..15] = bf16(r0[j]) | bf16(r1[j]) << 16 for j < n (<= 16; r1 NULL: zeros), the rest zero. */
+__attribute__((target("avx512f,avx512bf16,avx512bw"))) static inline void hw_interleave16(uint32_t *dst, const float *r0,
+                                                                                     const float *r1, int n) {
+    const __mmask16 m = n >= 16 ? 0xffffu : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+    const __m512 a = _mm512_maskz_loadu_ps(m, r0), b = r1 ? _mm512_maskz_loadu_ps(m, r1) : _mm512_setzero_ps();
+    const __m512i c = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* words 0..15: a's, 16..31: b's */
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(idx, c));
+}
+#else
+#define HAVE_HW_CVT 0
+#endif
+
 /* B micro-panel: dst[p * NR + j] = pair (2p, 2p+1) of column j0 + j of op(B), k rows k0.., for
- * p < kp (rows past kc and columns past nc zero). */
+ * p < kp (rows past kc and columns past nc zero). hw: round with VCVTNE2PS2BF16 (see above). */
 static void pack_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_t ldb, int64_t k0,
-                   int64_t kc, int64_t kp, int64_t j0, int nc) {
+                   int64_t kc, int64_t kp, int64_t j0, int nc, int hw) {
     const int off = gdn_bf16_fault == GDN_BF16_FAULT_PAIR_SHIFT; /* control: pairs (2p+1, 2p+2) */
     if (bt && !bf && !gdn_bf16_fault) { /* W [n x kk] fp32: each column's k contiguous, VL pairs a step */
         for (int j = 0; j < NR; j++) {
             const float *src = j < nc ? (const float *)B + (j0 + j) * ldb + k0 : NULL;
             int64_t p = 0;
+#if HAVE_HW_CVT
+            if (hw && j < nc)
+                for (; 2 * p + 32 <= kc; p += 16) {
+                    uint32_t w[16];
+                    hw_pairs32(w, src + 2 * p, 32);
+                    for (int l = 0; l < 16; l++) dst[(p + l) * NR + j] = w[l];
+                }
+#endif
             if (j < nc)
                 for (; 2 * p + 2 * GDN_VL <= kc; p += GDN_VL) {
                     const gdn_vu32 w = pairs_vl(src + 2 * p);
@@ -219,6 +254,12 @@ static void pack_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_
             }
             const float *r0 = (const float *)B + (k0 + 2 * p) * ldb + j0, *r1 = r0 + ldb;
             const int has1 = 2 * p + 1 < kc;
+#if HAVE_HW_CVT
+            if (hw) {
+                for (int j = 0; j < NR; j += 16) hw_interleave16(dst + p * NR + j, r0 + j, has1 ? r1 + j : NULL, nc - j);
+                continue;
+            }
+#endif
             for (int j = 0; j < NR; j += GDN_VL) {
                 const int n = nc - j;
                 const gdn_vu32 w = bf16_lo_vl(r0 + j, n) | (has1 ? bf16_lo_vl(r1 + j, n) << 16 : (gdn_vu32){0});
@@ -310,11 +351,17 @@ static void pack_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int6
 
 /* A panel for AMX: MR_X rows of kcp bf16 each (zero past kc and past mr). */
 static void pack_a_x(uint16_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0,
-                     int64_t mr, int64_t k0, int64_t kc, int64_t kcp) {
+                     int64_t mr, int64_t k0, int64_t kc, int64_t kcp, int hw) {
     if (!at && !bf && !gdn_bf16_fault) { /* rows of fp32 A: the pairs' words are the row's bf16 */
         for (int i = 0; i < MR_X; i++) {
             const float *src = i < mr ? (const float *)A + (i0 + i) * lda + k0 : NULL;
             int64_t k = 0;
+#if HAVE_HW_CVT
+            if (hw && i < mr) { /* kcp is a multiple of 32: the row's tail zero-padded by the masks */
+                for (; k < kcp; k += 32) hw_pairs32((uint32_t *)(dst + i * kcp + k), src + k, (int)(kc - k));
+                continue;
+            }
+#endif
             if (i < mr)
                 for (; k + 2 * GDN_VL <= kc; k += 2 * GDN_VL) {
                     const gdn_vu32 w = pairs_vl(src + k);
@@ -603,7 +650,15 @@ __attribute__((target("amx-tile"))) static void amx_release(void) { _tile_releas
 
 /* ---------------------------------------------------------------- dispatch */
 
+static int avx512bf16_state = -1; /* -1 unknown, 0 no, 1 yes */
+static int cpu_probe_avx512bf16(void);
+/* Cached: CPUID traps to the hypervisor in a VM (microseconds), and the small GEMM asks per call. */
 static int cpu_has_avx512bf16(void) {
+    int s = __atomic_load_n(&avx512bf16_state, __ATOMIC_ACQUIRE);
+    if (s < 0) __atomic_store_n(&avx512bf16_state, s = cpu_probe_avx512bf16(), __ATOMIC_RELEASE);
+    return s;
+}
+static int cpu_probe_avx512bf16(void) {
 #if HAVE_X86
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0;
@@ -664,6 +719,12 @@ const char *gdn_bf16_path_name(int path) {
 
 /* ---------------------------------------------------------------- the GEMM */
 
+/* Pack with VCVTNE2PS2BF16: the paths of CPUs that have it (the emulator and the fallback keep
+ * the portable rounding, so the tests compare the two conversions too). */
+static int hw_convert(int path) {
+    return HAVE_HW_CVT && (path == GDN_BF16_AVX512 || (path == GDN_BF16_AMX && cpu_has_avx512bf16()));
+}
+
 /* Packing space: the A slice (all m rows' panels x kcp bf16) and the shared B panel, 64-aligned. */
 static void ws_parts(int path, int64_t m, int64_t n, int64_t kk, size_t *abytes, size_t *bbytes) {
     const bf_blocking bl = blocking(path);
@@ -689,7 +750,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
               bt = (flags & GDN_GEMM_B_TRANS) != 0, abf = (flags & GDN_GEMM_A_BF16) != 0,
               bbf = (flags & GDN_GEMM_B_BF16) != 0;
     const bf_blocking bl = blocking(path);
-    const int amx = bl.amx, fb = path == GDN_BF16_FALLBACK, MR = bl.MR, MCP = bl.MCP;
+    const int amx = bl.amx, fb = path == GDN_BF16_FALLBACK, MR = bl.MR, MCP = bl.MCP, hw = hw_convert(path);
     const int64_t KC = bl.KC, NC = bl.NC;
     const int64_t mpanels = (m + MR - 1) / MR;
     /* packed A slice: mpanels x MR x kcp bf16; B panel: NC/NR micro-panels x kcp/2 x NR words */
@@ -717,7 +778,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
             for (int64_t ip = 0; ip < mpanels; ip++) {
                 const int64_t mr = min64(MR, m - ip * MR);
                 if (amx)
-                    pack_a_x((uint16_t *)apack + ip * MR * kcp, A, abf, at, lda, ip * MR, mr, pc, kc, kcp);
+                    pack_a_x((uint16_t *)apack + ip * MR * kcp, A, abf, at, lda, ip * MR, mr, pc, kc, kcp, hw);
                 else
                     pack_a_v((uint32_t *)apack + ip * MR * kp * (fb + 1), A, abf, at, lda, ip * MR, mr, pc, kc,
                              kp, fb);
@@ -726,7 +787,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                 const int64_t nc = min64(NC, n - jc), npan = (nc + NR - 1) / NR;
                 for (int64_t q = tid; q < npan; q += nt)
                     pack_b((uint32_t *)bpack + q * kp * NR, B, bbf, bt, ldb, pc, kc, kp, jc + q * NR,
-                           (int)min64(NR, nc - q * NR));
+                           (int)min64(NR, nc - q * NR), hw);
 #pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t ib = 0; ib < nblk; ib++) {
@@ -827,7 +888,7 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
         return path;
     }
     const bf_blocking bl = blocking(path);
-    const int amx = bl.amx, fb = path == GDN_BF16_FALLBACK, MR = bl.MR;
+    const int amx = bl.amx, fb = path == GDN_BF16_FALLBACK, MR = bl.MR, hw = hw_convert(path);
     /* depth granule: a 32-deep tile block (AMX) or a pair */
     const int gran = amx ? 32 : 2;
     const int64_t kcp = (kk + gran - 1) / gran * gran, kp = kcp / 2;
@@ -838,13 +899,13 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
     for (int ip = 0; ip < mpanels; ip++) {
         const int64_t mr = min64(MR, m - ip * MR);
         if (amx)
-            pack_a_x((uint16_t *)apack + (size_t)ip * MR * kcp, A, 0, at, lda, ip * MR, mr, 0, kk, kcp);
+            pack_a_x((uint16_t *)apack + (size_t)ip * MR * kcp, A, 0, at, lda, ip * MR, mr, 0, kk, kcp, hw);
         else
             pack_a_v((uint32_t *)apack + (size_t)ip * MR * kp * (fb + 1), A, 0, at, lda, ip * MR, mr, 0, kk, kp, fb);
     }
     for (int q = 0; q < npan; q++)
         pack_b((uint32_t *)bpack + (size_t)q * kp * NR, B, 0, bt, ldb, 0, kk, kp, (int64_t)q * NR,
-               (int)min64(NR, n - q * NR));
+               (int)min64(NR, n - q * NR), hw);
     const gdn_fpmode fm = gdn_fp_fast_begin();
     tilecfg cfg;
     if (amx) tilecfg_init(&cfg);

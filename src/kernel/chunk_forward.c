@@ -35,8 +35,8 @@ static void gather_keys(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inp
         ws->qinv[i] = qinv, ws->kinv[i] = kinv;
     }
     gdn_transpose(n, (int)K, ws->kn, (int)K, ws->kt, C);
-    gdn_gemm(GDN_GEMM_C_LOWER, n, n, (int)K, ws->kn, (int)K, ws->kt, C, ws->pk, C);
-    if (want_out) gdn_gemm(GDN_GEMM_C_LOWER, n, n, (int)K, ws->qs, (int)K, ws->kt, C, ws->qk, C);
+    gdn_chunk_gemm(ws, GDN_GEMM_C_LOWER, n, n, (int)K, ws->kn, (int)K, ws->kt, C, ws->pk, C);
+    if (want_out) gdn_chunk_gemm(ws, GDN_GEMM_C_LOWER, n, n, (int)K, ws->qs, (int)K, ws->kt, C, ws->qk, C);
 }
 
 /* The value-head side: gates, betas; G = in-chunk cumulative gate, eg = exp(G),
@@ -105,19 +105,33 @@ static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
         if (next_t0 + i < p->cfg.T) prefetch_row(p, in, b, h, next_t0 + i);
         const float *ki = ws->pk + (size_t)i * C, *ei = ws->ew + (size_t)i * C;
         for (int j = 0; j < i; j++) li[j] = ws->beta[i] * ki[j] * ei[j];
-        /* Row i = e_i - sum_{m<i} L_im row_m, 16 columns at a time in registers (rows of tm
-         * are zero past their diagonal, so whole 16-column strips can be summed). */
+        /* Row i = e_i - sum_{m<i} L_im row_m, over groups of 64 columns: a group's 4 16-lane
+         * sums are independent chains, and (AVX-512) even and odd m go to separate sums, so
+         * the FMA latency is hidden (one chain per 16 columns left this solve latency-bound:
+         * 14 % of the BF16 forward). Rows of tm are zero past their diagonal, so whole groups
+         * can be summed. */
         float *ti = tm + (size_t)i * C;
-        for (int cb = 0; cb < C; cb += 16) {
-            gdn_v8f a0 = {0}, a1 = {0};
-            for (int m = cb; m < i; m++) {
-                const float f = li[m];
-                const float *tmr = tm + (size_t)m * C + cb;
-                a0 += f * *(const gdn_v8f_u *)tmr;
-                a1 += f * *(const gdn_v8f_u *)(tmr + 8);
+        typedef float v16f __attribute__((vector_size(64)));
+        typedef float v16f_u __attribute__((vector_size(64), aligned(4)));
+        for (int cb = 0; cb < C; cb += 64) {
+            const int ng = C - cb < 64 ? (C - cb) / 16 : 4; /* 16-column vectors in this group */
+            v16f a[4] = {{0}}, b[4] = {{0}};
+            int m = cb;
+#if defined(__AVX512F__)
+            for (; m + 1 < i; m += 2) {
+                const float f0 = li[m], f1 = li[m + 1];
+                const float *r0 = tm + (size_t)m * C + cb, *r1 = r0 + C;
+                for (int v = 0; v < 4; v++)
+                    if (v < ng) a[v] += f0 * *(const v16f_u *)(r0 + 16 * v), b[v] += f1 * *(const v16f_u *)(r1 + 16 * v);
             }
-            *(gdn_v8f_u *)(ti + cb) = -a0;
-            *(gdn_v8f_u *)(ti + cb + 8) = -a1;
+#endif
+            for (; m < i; m++) {
+                const float f = li[m];
+                const float *r = tm + (size_t)m * C + cb;
+                for (int v = 0; v < 4; v++)
+                    if (v < ng) a[v] += f * *(const v16f_u *)(r + 16 * v);
+            }
+            for (int v = 0; v < ng; v++) *(v16f_u *)(ti + cb + 16 * v) = -(a[v] + b[v]);
         }
         ti[i] = 1.0f;
     }
@@ -137,7 +151,7 @@ void gdn_chunk_prepare(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_inpu
         const float f = -ws->beta[i] * ws->eg[i];
         for (int j = 0; j < K; j++) ws->rk[(size_t)i * K + j] = f * ws->kn[(size_t)i * K + j];
     }
-    gdn_gemm(GDN_GEMM_A_LOWER, n, K, n, ws->tm, C, ws->rk, K, ws->xw, K);
+    gdn_chunk_gemm(ws, GDN_GEMM_A_LOWER, n, K, n, ws->tm, C, ws->rk, K, ws->xw, K);
     if (!want_out) return;
     /* Rows n..2n-1 of xw: diag(eG) Q, so one product [-W ; diag(eG) Q] S serves both. */
     for (int i = 0; i < n; i++) {
@@ -171,9 +185,9 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_input
         }
         for (int j = vcols; j < w; j++) rv[j] = 0.0f;
     }
-    gdn_gemm(GDN_GEMM_A_LOWER, n, w, n, ws->tm, C, ws->rv, w, ws->u, w);
+    gdn_chunk_gemm(ws, GDN_GEMM_A_LOWER, n, w, n, ws->tm, C, ws->rv, w, ws->u, w);
     /* m2 = [-W ; diag(eG) Q] S; Dl = U - W S overwrites u. */
-    gdn_gemm(0, want_out ? 2 * n : n, w, K, ws->xw, K, S, w, ws->m2, w);
+    gdn_chunk_gemm(ws, 0, want_out ? 2 * n : n, w, K, ws->xw, K, S, w, ws->m2, w);
     for (int64_t i = 0; i < (int64_t)n * w; i++) ws->u[i] += ws->m2[i];
 }
 
@@ -189,7 +203,7 @@ void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, f
     }
     const float egc = ws->eg[n - 1];
     for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] *= egc;
-    gdn_gemm(GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
+    gdn_chunk_gemm(ws, GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
     if (gdn_kernel_fault == GDN_KERNEL_FAULT_STATE_BF16) /* tests: the state kept in bf16 */
         for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] = gdn_bf16_to_f32(gdn_f32_to_bf16(S[i]));
 }
@@ -211,7 +225,7 @@ void gdn_chunk_stream(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_input
             if (o) {
                 /* O = eG Q S + A Dl */
                 float *oc = ws->m2 + (size_t)n * w;
-                gdn_gemm(GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, w, n, ws->am, C, ws->u, w, oc, w);
+                gdn_chunk_gemm(ws, GDN_GEMM_ACC | GDN_GEMM_A_LOWER, n, w, n, ws->am, C, ws->u, w, oc, w);
                 for (int i = 0; i < n; i++)
                     memcpy(o + ((b * T + t0 + i) * Hv + h + j) * V + c0, oc + (size_t)i * w,
                            sizeof(float) * vcols);

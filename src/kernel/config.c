@@ -86,6 +86,8 @@ int gdn_config_check(const gdn_config *cfg) {
         return gdn_fail(GDN_ERR_SHAPE, "tensors of B*T*H*D = %lld*%lld*%lld*%lld are too large",
                         (long long)cfg->B, (long long)cfg->T, (long long)cfg->Hv,
                         (long long)(cfg->V > cfg->K ? cfg->V : cfg->K));
+    if (cfg->compute != GDN_COMPUTE_FP32 && cfg->compute != GDN_COMPUTE_BF16)
+        return gdn_fail(GDN_ERR_ARG, "compute must be GDN_COMPUTE_FP32 (0) or GDN_COMPUTE_BF16 (1), got %d", cfg->compute);
     if (cfg->chunk != 0 && cfg->chunk != 16 && cfg->chunk != 32 && cfg->chunk != 64 &&
         cfg->chunk != 128)
         return gdn_fail(GDN_ERR_ARG, "chunk must be 16, 32, 64 or 128, got %d", cfg->chunk);

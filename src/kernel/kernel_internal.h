@@ -6,6 +6,7 @@
 
 #include "base.h"
 #include "blas.h"
+#include "gdncp/compute.h"
 #include <string.h>
 
 /* ---- per-thread chunk workspace (sized at plan time for the widest use). */
@@ -19,6 +20,9 @@ typedef struct {
     float *g, *beta, *eg, *egd, *lrow; /* C each */
     float *qinv, *kinv;        /* C each: qs = q * qinv, kn = k * kinv row by row */
     int nonfinite;              /* set when a gathered input or written output is NaN/Inf */
+    int bf16;                   /* the BF16 path the chunk products run (gdn_chunk_gemm), 0: fp32;
+                                   set by the forward sweep for its items only */
+    void *bfws;                 /* the BF16 products' packing space (cfg.compute = BF16) */
     double *G;                  /* C: in-chunk cumulative gate, in double because G_i - G_j
                                    cancels: |G| reaches 20*128 where fp32 spacing is 1e-4 */
 } gdn_chunk_ws;
@@ -95,7 +99,22 @@ struct gdn_plan {
     int max_width;   /* widest column block the workspace holds (V + K for summaries) */
     gdn_chunk_ws *ws; /* one per thread */
     void *arena;
+    int bf16_path;    /* cfg.compute = BF16: the path of the forward sweep's products; else 0 */
+    void *bf_arena;   /* the threads' BF16 packing spaces */
 };
+
+/* The oracle of cfg.compute = BF16 (reference_bf16.c): the chunked forward in double with the
+ * BF16 products' operands rounded; gdn_reference_forward calls it after its checks. */
+int gdn_reference_forward_bf16(const gdn_config *c, double *o, double *ht, const gdn_rule_inputs_f64 *in);
+/* Tests only: the BF16 path a BF16 plan made from now on uses (0: the automatic one). */
+extern int gdn_kernel_bf16_path;
+
+/* A chunk product, C (+)= A B with gdn_gemm's flags, in the sweep's precision (ws->bf16). */
+static inline void gdn_chunk_gemm(gdn_chunk_ws *ws, int flags, int m, int n, int kk, const float *A, int lda,
+                                  const float *B, int ldb, float *C, int ldc) {
+    if (ws->bf16) gdn_gemm_bf16(ws->bf16, flags, m, n, kk, A, lda, B, ldb, C, ldc, ws->bfws);
+    else gdn_gemm(flags, m, n, kk, A, lda, B, ldb, C, ldc);
+}
 
 /* Inputs of one (batch row, value head) stream seen by the chunk loop. */
 typedef struct {

@@ -72,6 +72,18 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         ws->qinv = gdn_carve(&cur, C), ws->kinv = gdn_carve(&cur, C);
         GDN_ASSERT(cur <= (float *)p->arena + per * (t + 1));
     }
+    if (p->cfg.compute == GDN_COMPUTE_BF16) {
+        /* the largest product of a sweep: m <= max(2C, K) rows, n <= max(W, K, C), depth <= max(K, C) */
+        p->bf16_path = gdn_kernel_bf16_path ? gdn_kernel_bf16_path : gdn_bf16_path_auto();
+        const int M = 2 * C > K ? 2 * C : K, KK = K > C ? K : C, N = W > KK ? W : KK;
+        const size_t each = (gdn_gemm_bf16_ws_bytes(p->bf16_path, M, N, KK) + 63) / 64 * 64;
+        p->bf_arena = aligned_alloc(64, each * (size_t)p->threads);
+        if (!p->bf_arena) {
+            gdn_plan_destroy(p);
+            return gdn_fail(GDN_ERR_NOMEM, "BF16 packing space (%zu bytes per thread)", each);
+        }
+        for (int t = 0; t < p->threads; t++) p->ws[t].bfws = (char *)p->bf_arena + each * (size_t)t;
+    }
     if ((rc = alloc_backward(p)) || (rc = gdn_streams_init(p))) {
         gdn_plan_destroy(p);
         return rc;
@@ -170,14 +182,17 @@ void gdn_plan_destroy(gdn_plan *p) {
     free(p->bwd_arena);
     free(p->bws);
     free(p->arena);
+    free(p->bf_arena);
     free(p->ws);
     free(p);
 }
 
 const gdn_config *gdn_plan_config(const gdn_plan *p) { return p ? &p->cfg : NULL; }
 
+int gdn_kernel_bf16_path = 0;
+
 const char *gdn_plan_path(const gdn_plan *p) {
-    (void)p;
+    if (p && p->bf16_path) return gdn_bf16_path_name(p->bf16_path); /* the forward sweep's products */
     return gdn_gemm_path();
 }
 

@@ -43,6 +43,7 @@ int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const gd
     const double *q = in->q, *k = in->k, *v = in->v, *g = in->g, *beta = in->beta, *h0 = in->h0;
     rc = check_inputs_f64(cfg, q, k, v, g, beta, h0);
     if (rc) return rc;
+    if (cfg->compute == GDN_COMPUTE_BF16) return gdn_reference_forward_bf16(cfg, o, ht, in);
     const int64_t B = cfg->B, T = cfg->T, Hk = cfg->Hk, Hv = cfg->Hv, K = cfg->K, V = cfg->V;
     const int64_t r = Hv / Hk;
     const double scale = cfg->scale != 0.0f ? (double)cfg->scale : 1.0 / sqrt((double)K);

@@ -180,6 +180,7 @@ int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const flo
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             gdn_chunk_ws *ws = &p->ws[gdn_thread_id()];
+            ws->bf16 = p->bf16_path; /* this sweep's products in the plan's precision */
             const gdn_stream *s = &st->s[run[it / (Hk * nblk)]];
             const int64_t h = (it / nblk) % Hk * r;
             const int c0 = (int)(it % nblk) * bw;
@@ -209,6 +210,7 @@ int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const flo
                 for (int64_t j = 0; dst[d] && j < r; j++)
                     for (int64_t a = 0; a < K; a++)
                         memcpy(dst[d] + (h + j) * KV + a * V + c0, ws->state + (j * K + a) * w, sizeof(float) * w);
+            ws->bf16 = 0; /* the backward's and the summaries' sweeps stay fp32 */
         }
         gdn_fp_fast_end(fm);
     }

@@ -45,7 +45,7 @@ class Config(ctypes.Structure):
                 ("K", c_int64), ("V", c_int64), ("chunk", c_int), ("scale", c_float),
                 ("l2norm", c_int), ("threads", c_int), ("check_finite", c_int),
                 ("checkpoint_chunks", c_int), ("cu_seqlens", P_int64), ("n_docs", c_int64),
-                ("seq_offset", c_int64)]
+                ("seq_offset", c_int64), ("compute", c_int)]
 
 
 class LayerConfig(ctypes.Structure):
