@@ -6,11 +6,12 @@
  *    (gdn_layer_reference_* with compute = BF16): all that is left is fp32's accumulation and the
  *    fp32 kernel, plus the rare element whose fp32 and double values round to different bf16
  *    neighbours (an intermediate: the gated norm's output, z, dproj; each a bf16 ulp in one term
- *    of a sum). Measured norm-wise (l2_err), tolerance ORACLE_TOL for every tensor (observed at
- *    most 7.2e-5, grad.out_proj; controls 1.0e-3 and above).
+ *    of a sum). Measured norm-wise (l2_err), tolerance ORACLE_TOL on y and ORACLE_GRAD_TOL on
+ *    the gradients (the chunk kernel's forward products run bf16 too, its backward fp32 from the
+ *    states that forward saved: the oracle has no such split).
  *    Negative controls through the same check: the recurrent state rounded to bf16 after every
- *    chunk (the round trip the mode must not do: the kernel's GDN_KERNEL_FAULT_STATE_BF16), and
- *    the fp32 layer (whose products are not rounded).
+ *    chunk (the round trip the mode must not do: the kernel's GDN_KERNEL_FAULT_STATE_BF16; on y),
+ *    and the fp32 layer (whose products are not rounded; on y and the worst gradient).
  * 2. Against the fp32 oracle (exact products): the accuracy a user gets, stated per tensor:
  *    bf16 operands give ~2^-9 relative per operand, in practice ~5e-3 on y and ~1e-2 on the
  *    gradients (printed); tolerance F32_TOL. Control: the BF16 GEMM's k pairs shifted by one
@@ -30,7 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ORACLE_TOL 2e-4
+#define ORACLE_TOL 2e-4      /* y vs the bf16 oracle */
+#define ORACLE_GRAD_TOL 2e-3 /* the gradients vs the bf16 oracle: the kernel's backward runs fp32 from the
+                              * states its BF16 forward saved, the oracle's exactly from its own; measured
+                              * <= 8.4e-4, the fp32 layer (the control) 7e-3 and above */
 #define KERNEL_ORACLE_TOL 5e-4 /* the BF16 kernel vs its oracle: measured 1.3e-4 to 1.6e-4, the bf16 rounding of an fp32
                                   * intermediate (tm, Dl) flipping to the other neighbour than its double; controls >= 2e-3 */
 #define F32_TOL 5e-2
@@ -77,9 +81,10 @@ static int reference(gdn_layer_config c, int compute, const double *x, const dou
 static void ref_free(ref_out *r) { free(r->y), free(r->dx), free(r->dw); }
 
 /* The layer (c.compute, c.keep as given) forward + backward; the worst error over y, dx and
- * every weight gradient against r, each checked (expect) or required to fail (control). */
+ * every weight gradient against r. Checked: y within tol, each gradient within gtol. Control:
+ * y must differ by more than tol and, when gtol > 0, the worst gradient by more than gtol. */
 static double run_case(const char *label, const char *what, gdn_layer_config c, const float *w, const float *x,
-                       const float *dy, const ref_out *r, double tol, int control) {
+                       const float *dy, const ref_out *r, double tol, double gtol, int control) {
     gdn_layer_plan *lp;
     if (gdn_layer_plan_create(&lp, &c)) {
         check(0, "%s: plan: %s", label, gdn_errmsg());
@@ -95,22 +100,21 @@ static double run_case(const char *label, const char *what, gdn_layer_config c, 
         check(0, "%s: %s: %s", label, what, gdn_errmsg());
     } else {
         const char *keep = c.keep == GDN_LAYER_KEEP_PROJ ? "keep proj" : "keep min";
-        double e = rel_err_f32(y, r->y, (int64_t)nx);
-        worst = e;
-        if (control) {
-            expect_far(e, tol, "%s %s: y", label, what);
-        } else {
-            expect_close(e, tol, "%s %s y (%s)", label, what, keep);
-            e = rel_err_f32(dx, r->dx, (int64_t)nx);
-            expect_close(e, tol, "%s %s dx (%s)", label, what, keep);
-            worst = fmax(worst, e);
-            for (int i = 0; i < GDN_P_COUNT; i++) {
-                const size_t off = gdn_layer_param_offset(&c, i);
-                e = rel_err_f32(dw + off, r->dw + off, (int64_t)gdn_layer_param_numel(&c, i));
-                expect_close(e, tol, "%s %s grad.%s (%s)", label, what, gdn_layer_param_name(i), keep);
-                worst = fmax(worst, e);
-            }
+        const double ey = rel_err_f32(y, r->y, (int64_t)nx);
+        if (!control) expect_close(ey, tol, "%s %s y (%s)", label, what, keep);
+        double e = rel_err_f32(dx, r->dx, (int64_t)nx), worst_grad = e;
+        if (!control) expect_close(e, gtol, "%s %s dx (%s)", label, what, keep);
+        for (int i = 0; i < GDN_P_COUNT; i++) {
+            const size_t off = gdn_layer_param_offset(&c, i);
+            e = rel_err_f32(dw + off, r->dw + off, (int64_t)gdn_layer_param_numel(&c, i));
+            if (!control) expect_close(e, gtol, "%s %s grad.%s (%s)", label, what, gdn_layer_param_name(i), keep);
+            worst_grad = fmax(worst_grad, e);
         }
+        if (control) {
+            expect_far(ey, tol, "%s %s: y", label, what);
+            if (gtol > 0) expect_far(worst_grad, gtol, "%s %s: the worst gradient", label, what);
+        }
+        worst = fmax(ey, worst_grad);
     }
     free(y), free(dx), free(dw), free(saved);
     gdn_layer_plan_destroy(lp);
@@ -137,20 +141,20 @@ static void one_shape(int64_t B, int64_t T, int64_t E, int64_t Hk, int64_t Hv, i
         c.compute = GDN_COMPUTE_BF16;
         for (int keep = 0; keep < 2; keep++) {
             c.keep = keep;
-            run_case(label, "vs its bf16-operand oracle", c, w, x, dy, &rb, ORACLE_TOL, 0);
+            run_case(label, "vs its bf16-operand oracle", c, w, x, dy, &rb, ORACLE_TOL, ORACLE_GRAD_TOL, 0);
         }
         c.keep = GDN_LAYER_KEEP_MIN;
         gdn_kernel_fault = GDN_KERNEL_FAULT_STATE_BF16;
         run_case(label, "control: state round-tripped through bf16 per chunk, vs the bf16 oracle", c, w, x, dy, &rb,
-                 ORACLE_TOL, 1);
+                 ORACLE_TOL, 0, 1);
         gdn_kernel_fault = 0;
         c.compute = GDN_COMPUTE_FP32;
-        run_case(label, "control: the fp32 layer vs the bf16 oracle", c, w, x, dy, &rb, ORACLE_TOL, 1);
+        run_case(label, "control: the fp32 layer vs the bf16 oracle", c, w, x, dy, &rb, ORACLE_TOL, ORACLE_GRAD_TOL, 1);
         c.compute = GDN_COMPUTE_BF16;
-        const double e = run_case(label, "vs the fp32 oracle (its accuracy)", c, w, x, dy, &r32, F32_TOL, 0);
+        const double e = run_case(label, "vs the fp32 oracle (its accuracy)", c, w, x, dy, &r32, F32_TOL, F32_TOL, 0);
         if (!tests_quiet) printf("      %s: worst error vs the exact fp32 oracle %.2e\n", label, e);
         gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
-        run_case(label, "control: bf16 GEMM k pairs shifted, vs the fp32 oracle", c, w, x, dy, &r32, F32_TOL, 1);
+        run_case(label, "control: bf16 GEMM k pairs shifted, vs the fp32 oracle", c, w, x, dy, &r32, F32_TOL, F32_TOL, 1);
         gdn_bf16_fault = 0;
     }
     ref_free(&rb), ref_free(&r32);
@@ -447,7 +451,7 @@ void test_compute_bf16(void) {
     /* grouped heads, K != V, T over several chunks and not a multiple of one; gates weak enough
      * that the state carries across chunks (else its rounding is invisible) */
     one_shape(2, 45, 48, 2, 4, 16, 24, 16, 1, 11);
-    one_shape(1, 150, 64, 2, 4, 32, 16, 16, 1, 12);
+    one_shape(1, 150, 64, 2, 4, 32, 16, 16, 0.05, 12);
     /* the attention layer: GQA, a T over the core's tiles, E and every projection width > 16 */
     attention_case(2, 40, 32, 4, 2, 16, 13);
     model_case();

@@ -93,6 +93,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     gdn_config kc = gdn_config_default(c->B, c->T, c->Hk, c->Hv, c->K, c->V);
     kc.chunk = c->chunk, kc.threads = lp->threads, kc.check_finite = c->check_finite;
     kc.cu_seqlens = c->cu_seqlens, kc.n_docs = c->n_docs, kc.seq_offset = c->seq_offset;
+    kc.compute = c->compute; /* the chunk products of its forward sweep too */
     if ((rc = gdn_plan_create(&lp->kplan, &kc))) { /* it also checks the offsets */
         free(lp);
         return rc;

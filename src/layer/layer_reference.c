@@ -62,6 +62,7 @@ static int fwd_alloc(ref_fwd *f, const gdn_layer_config *cfg) {
     f->kc.scale = GDN_SCALE_DEFAULT; /* 1/sqrt(K) */
     f->kc.threads = 1;
     f->kc.check_finite = cfg->check_finite;
+    f->kc.chunk = cfg->chunk; f->kc.compute = cfg->compute; /* BF16: the kernel oracle of that mode (its chunk grid) */
     const size_t N = (size_t)f->N;
     const size_t per_row = 2 * (size_t)f->cd + 4 * (size_t)f->vd + 2 * (size_t)f->kd + 4 * (size_t)f->Hv;
     f->mem = malloc(sizeof(double) * N * per_row);
