@@ -22,6 +22,19 @@ static inline double err_over_ranks(const float *ours, const float *ref, int64_t
     return glob[0] / fmax(glob[1], 1e-30);
 }
 
+/* ||ours - ref||_2 over ||ref||_2, the sums taken over every rank's rows (NaN counts as infinite):
+ * the BF16 mode's measure (tests/test_compute_bf16.c says why). */
+static inline double l2_err_over_ranks(const float *ours, const float *ref, int64_t n) {
+    double loc[2] = {0, 0}, glob[2];
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)ours[i] - ref[i];
+        loc[0] += d * d, loc[1] += (double)ref[i] * ref[i];
+    }
+    MPI_Allreduce(loc, glob, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    const double e = sqrt(glob[0]) / fmax(sqrt(glob[1]), 1e-30);
+    return e == e ? e : INFINITY;
+}
+
 static inline float *rows_of(const float *x, int64_t B, int64_t T, int64_t t0, int64_t tn, int64_t inner) {
     float *out = malloc(sizeof(float) * (size_t)(B * tn * inner + 1));
     for (int64_t b = 0; b < B; b++) memcpy(out + b * tn * inner, x + (b * T + t0) * inner, sizeof(float) * tn * inner);

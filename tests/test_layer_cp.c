@@ -93,6 +93,106 @@ static void layer_cp_case(const char *label, gdn_layer_config full, const int64_
     free(y), free(dx), free(dw), free(dwsum);
 }
 
+/* The layer in BF16 compute over ranks: every rank replays its shard's chunk products in bf16
+ * from the incoming state that the fp32 summaries composed, so the split run is not the one-rank
+ * BF16 run's rounding: both are checked against the fp32 one-rank layer, norm-wise, within
+ * TOL_BF16 (the mode's accuracy; the worst printed), and against each other within the same
+ * bound, except head-parallel, whose ranks run the one-rank products on whole sequences: equal
+ * to the one-rank BF16 layer within TOL_LAYER_CP. Control through the first check: the incoming
+ * state dropped (D > 1; the scan). */
+#define TOL_BF16 5e-2
+static double l2_err_local(const float *ours, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num += ((double)ours[i] - ref[i]) * ((double)ours[i] - ref[i]), den += (double)ref[i] * ref[i];
+    const double e = sqrt(num) / fmax(sqrt(den), 1e-30);
+    return e == e ? e : INFINITY;
+}
+static void layer_cp_bf16_case(const char *label, gdn_layer_config full, const int64_t *sizes) {
+    const int64_t B = full.B, E = full.E;
+    int64_t T = 0, t0 = 0;
+    for (int r = 0; r < D; r++) {
+        if (r < rank) t0 += sizes[r];
+        T += sizes[r];
+    }
+    const int64_t tn = sizes[rank], nx = B * T * E, nl = B * tn * E;
+    full.T = T, full.threads = 1;
+    const size_t nw = gdn_layer_param_floats(&full);
+    rng_seed(98);
+    float *w = layer_random_weights(&full, 0.05, 0.1); /* weak gates: the state carries across shards */
+    float *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * nx);
+    for (int64_t i = 0; i < nx; i++) x[i] = (float)rng_uniform(-1, 1), dy[i] = (float)rng_uniform(-1, 1);
+    /* one rank's layer in fp32 (the reference) and in BF16, on the whole sequence */
+    float *y1[2], *dx1[2], *dw1[2];
+    for (int m = 0; m < 2; m++) {
+        gdn_layer_config c1 = full;
+        c1.compute = m ? GDN_COMPUTE_BF16 : GDN_COMPUTE_FP32;
+        y1[m] = malloc(sizeof(float) * nx), dx1[m] = malloc(sizeof(float) * nx), dw1[m] = malloc(sizeof(float) * nw);
+        gdn_layer_plan *lp1 = NULL;
+        if (gdn_layer_plan_create(&lp1, &c1) || gdn_layer_forward(lp1, y1[m], NULL, x, w, NULL, NULL) ||
+            gdn_layer_backward(lp1, dx1[m], dw1[m], x, w, NULL, dy)) {
+            check(0, "%s: single-rank layer: %s", label, gdn_errmsg());
+            return;
+        }
+        gdn_layer_plan_destroy(lp1);
+    }
+    float *yr[2], *dxr[2];
+    for (int m = 0; m < 2; m++) yr[m] = rows_of(y1[m], B, T, t0, tn, E), dxr[m] = rows_of(dx1[m], B, T, t0, tn, E);
+    float *xl = rows_of(x, B, T, t0, tn, E), *dyl = rows_of(dy, B, T, t0, tn, E);
+    gdn_layer_config loc = full;
+    loc.T = tn, loc.compute = GDN_COMPUTE_BF16;
+    float *y = malloc(sizeof(float) * nl), *dx = malloc(sizeof(float) * nl), *dw = malloc(sizeof(float) * nw),
+          *dwsum = malloc(sizeof(float) * nw);
+    double worst = 0;
+    for (int strategy = 0; strategy < 4; strategy++) {
+        if (strategy == GDN_CP_HEADS && full.Hk % D) continue; /* not run, not counted */
+        for (int fault = 0; fault < 2; fault++) {
+            if (fault && (strategy != GDN_CP_SCAN || D == 1)) continue;
+            gdn_layer_plan *lp = NULL;
+            gdn_cp *cp = NULL;
+            int rc = gdn_layer_plan_create(&lp, &loc);
+            if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)strategy);
+            float *saved = lp ? malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1)) : NULL;
+            if (cp) gdn_cp_set_fault(cp, fault ? GDN_CP_FAULT_DROP_INCOMING : 0);
+            if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, xl, w);
+            if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, xl, w, saved, dyl);
+            if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            int any = rc;
+            MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+            char what[200];
+            snprintf(what, sizeof what, "%s D=%d %s", label, D, gdn_cp_strategy_name(strategy));
+            if (any) {
+                check(0, "%s: %s", what, rc ? gdn_errmsg() : "failed on another rank");
+            } else if (fault) {
+                expect_far(l2_err_over_ranks(y, yr[0], nl), TOL_BF16, "%s y with the incoming state dropped, vs fp32", what);
+            } else {
+                for (int m = 0; m < 2; m++) {
+                    const char *vs = m ? "vs the one-rank BF16 layer" : "vs the one-rank fp32 layer";
+                    const double tol = m && strategy == GDN_CP_HEADS ? TOL_LAYER_CP : TOL_BF16;
+                    double e = l2_err_over_ranks(y, yr[m], nl);
+                    expect_close(e, tol, "%s y %s", what, vs);
+                    worst = fmax(worst, e);
+                    e = l2_err_over_ranks(dx, dxr[m], nl);
+                    expect_close(e, tol, "%s dx %s", what, vs);
+                    worst = fmax(worst, e);
+                    double ew = 0;
+                    for (int i = 0; i < GDN_P_COUNT; i++)
+                        ew = fmax(ew, l2_err_local(dwsum + gdn_layer_param_offset(&full, i),
+                                                   dw1[m] + gdn_layer_param_offset(&full, i),
+                                                   (int64_t)gdn_layer_param_numel(&full, i)));
+                    expect_close(ew, tol, "%s every weight gradient (summed over ranks) %s, worst", what, vs);
+                    worst = fmax(worst, ew);
+                }
+            }
+            free(saved);
+            gdn_cp_destroy(cp);
+            gdn_layer_plan_destroy(lp);
+        }
+    }
+    if (!tests_quiet && rank == 0) printf("      %s D=%d: worst norm-wise error %.2e\n", label, D, worst);
+    for (int m = 0; m < 2; m++) free(y1[m]), free(dx1[m]), free(dw1[m]), free(yr[m]), free(dxr[m]);
+    free(w), free(x), free(dy), free(xl), free(dyl), free(y), free(dx), free(dw), free(dwsum);
+}
+
 /* Ranks that disagree on the layer call stop together with one message (no hang). */
 static void layer_cp_disagree(void) {
     if (D < 2) return;
@@ -150,6 +250,11 @@ void test_layer_cp(void) {
     for (int r = 0; r < D; r++) sizes[r] = 1; /* every shard shorter than the halo */
     c.Kc = 5;
     layer_cp_case("layer, one token per rank, Kc=5", c, sizes);
+    /* BF16: shards over two chunks and ragged, products above 16 rows */
+    gdn_layer_config cb = gdn_layer_config_default(1, 0, 32, 2, 4, 16, 16);
+    cb.chunk = 16;
+    for (int r = 0; r < D; r++) sizes[r] = 24 + 5 * r;
+    layer_cp_bf16_case("bf16 layer, shards 24/29/..", cb, sizes);
     free(sizes);
     layer_cp_disagree();
 }
