@@ -165,7 +165,17 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
         for (int64_t i = 0; backward && i < nv; i++) dout[i] = urand() - 0.5f;
         rc = gdn_plan_create(&plan, &cfg);
     }
-    double times[64];
+    /* BF16 rows: the same inputs through an fp32 plan, run alternately with the BF16 one rep by
+     * rep (a shared machine's drift hits both sides), for the speed-up */
+    gdn_plan *plan32 = NULL;
+    float *o32 = NULL;
+    if (!rc && s->compute == GDN_COMPUTE_BF16 && !backward) {
+        gdn_config c32 = cfg;
+        c32.compute = GDN_COMPUTE_FP32;
+        o32 = malloc(sizeof(float) * nv);
+        rc = o32 ? gdn_plan_create(&plan32, &c32) : GDN_ERR_NOMEM;
+    }
+    double times[64], times32[64];
     int reps = 0;
     const gdn_rule_inputs in = {.q = q, .k = k, .v = v, .g = g, .beta = beta};
     const gdn_rule_grads gr = {.dq = gq, .dk = gq ? gq + nqk : NULL, .dv = gv, .dg = gg, .dbeta = gg ? gg + ng : NULL};
@@ -179,21 +189,28 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     if (!rc) {
 #define RUN_ONCE() (backward ? gdn_backward_saved(plan, &gr, &in, ckpt, dout, NULL) : gdn_forward(plan, o, ht, &in))
         rc = RUN_ONCE(); /* warm-up */
+        if (!rc && plan32) rc = gdn_forward(plan32, o32, ht, &in);
         double budget = quick ? 0.3 : 1.5, start = cli_now();
         while (!rc && reps < 64 && (reps < 3 || cli_now() - start < budget)) {
             double t0 = cli_now();
             rc = RUN_ONCE();
-            times[reps++] = cli_now() - t0;
+            times[reps] = cli_now() - t0;
+            if (!rc && plan32) {
+                t0 = cli_now();
+                rc = gdn_forward(plan32, o32, ht, &in);
+                times32[reps] = cli_now() - t0;
+            }
+            reps++;
         }
 #undef RUN_ONCE
     }
     if (rc) {
         free(q), free(k), free(v), free(g), free(beta), free(o), free(ht), free(dout), free(gq), free(gv), free(gg);
-        free(ckpt), free(cu);
-        gdn_plan_destroy(plan);
+        free(ckpt), free(cu), free(o32);
+        gdn_plan_destroy(plan), gdn_plan_destroy(plan32);
         return cli_error("bench", rc);
     }
-    const double med = cli_median(times, reps);
+    const double med = cli_median(times, reps), med32 = plan32 ? cli_median(times32, reps) : NAN;
     const gdn_config *pc = gdn_plan_config(plan);
     const double gflops = (backward ? flops_backward(pc) : flops_forward(pc)) / med / 1e9;
     /* One more run counting what the micro-kernels really issue (triangles skipped). */
@@ -227,8 +244,9 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
                dir, s->label, shape, threads, bpath ? "bf16" : "fp32", med, reps, ht_per_s, 1e6 / ht_per_s, gflops, peak,
                gflops / peak, issued_gflops, issued_gflops / peak, err, gdn_plan_path(plan), cpu);
         if (bpath)
-            printf(",\"bf16_peak_gflops\":%.3f,\"fraction_of_bf16_peak\":%.4f,"
-                   "\"l2_err_vs_bf16_oracle\":%.3e", bpeak, bpeak > 0 ? gflops / bpeak : 0.0, err_bf16);
+            printf(",\"bf16_peak_gflops\":%.3f,\"fraction_of_bf16_peak\":%.4f,\"l2_err_vs_bf16_oracle\":%.3e,"
+                   "\"fp32_seconds_alternated\":%.6e,\"speedup_vs_fp32\":%.3f", bpeak, bpeak > 0 ? gflops / bpeak : 0.0,
+                   err_bf16, med32, med32 / med);
         if (backward)
             printf(",\"saved_bytes_per_token\":%.1f,\"workspace_bytes\":%.0f,\"workspace_bytes_per_token\":%.1f,"
                    "\"input_bytes_per_token\":%.1f,\"from_saved_states\":true",
@@ -240,7 +258,8 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
                dir, s->label, shape, threads, med * 1e3, 1e6 / ht_per_s, gflops, 100 * gflops / peak,
                peak, 100 * issued_gflops / peak, err, gdn_plan_path(plan));
         if (bpath && bpeak > 0)
-            printf("  bf16 peak %.0f GFLOP/s: %.1f%%  l2 err vs bf16 oracle %.1e", bpeak, 100 * gflops / bpeak, err_bf16);
+            printf("  bf16 peak %.0f GFLOP/s: %.1f%%  l2 err vs bf16 oracle %.1e  %.2fx fp32 (%.3f ms, alternated)", bpeak,
+                   100 * gflops / bpeak, err_bf16, med32 / med, med32 * 1e3);
         if (backward)
             printf("  mem: saved %.0f B/tok + workspace %.0f B/tok = %.1f%% of inputs (%.0f B/tok)",
                    saved_bytes / s->T, ws_bytes / s->T, 100 * (saved_bytes + ws_bytes) / input_bytes,
@@ -249,17 +268,52 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     }
     fflush(stdout);
     free(q), free(k), free(v), free(g), free(beta), free(o), free(ht), free(dout), free(gq), free(gv), free(gg);
-    free(ckpt), free(cu);
-    gdn_plan_destroy(plan);
+    free(ckpt), free(cu), free(o32);
+    gdn_plan_destroy(plan), gdn_plan_destroy(plan32);
     return 0;
+}
+
+/* Whether `name` is one of the comma-separated names of `list`. */
+static int name_in_list(const char *list, const char *name) {
+    const size_t len = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        const size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == len && !strncmp(p, name, len)) return 1;
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
+/* --case: every name must be a case (a typo must not silently run nothing). */
+static int names_known(const char *list, const bench_shape *shapes, int n) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        int found = 0;
+        for (int i = 0; i < n && !found; i++) found = !strcmp(tok, shapes[i].label);
+        if (!found) {
+            fprintf(stderr, "gdncp bench kernel: unknown --case '%s' (cases:", tok);
+            for (int i = 0; i < n; i++) {
+                int seen = 0;
+                for (int j = 0; j < i; j++) seen |= !strcmp(shapes[i].label, shapes[j].label);
+                if (!seen) fprintf(stderr, " %s", shapes[i].label);
+            }
+            fprintf(stderr, ")\n");
+            return 0;
+        }
+    }
+    return 1;
 }
 
 int cmd_bench(int argc, char **argv) {
     int json = 0, quick = 0;
-    const char *what = NULL;
+    const char *what = NULL, *cases = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--case") && i + 1 < argc) cases = argv[++i];
         else if (!what && argv[i][0] != '-') what = argv[i];
         else {
             fprintf(stderr, "gdncp bench: unknown option '%s'\n", argv[i]);
@@ -267,10 +321,23 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (!what || strcmp(what, "kernel")) {
-        fprintf(stderr, "gdncp bench: usage: gdncp bench kernel [--json] [--quick]\n"
+        fprintf(stderr, "gdncp bench: usage: gdncp bench kernel [--json] [--quick] [--case NAME[,NAME..]]\n"
                         "                   mpiexec -n D gdncp bench cp [--json] [--T N] [--reps R]\n");
         return 1;
     }
+    /* The 35B layer again with chunk 32: the same math, less work in the C-sized products
+     * (DESIGN §3's FLOPs shrink with C), smaller GEMMs; which is faster depends on the machine. */
+    /* qwen35b-pk512: the first row's tokens packed as documents of 512 (cu_seqlens): the
+     * packed path's cost against the dense one at equal total tokens (issue 11: within 10 %). */
+    const bench_shape shapes[] = {
+        {"qwen35b", 8192, 16, 32, 128, 128, 0, 0, 0}, {"qwen35b-pk512", 8192, 16, 32, 128, 128, 0, 512, 0},
+        {"qwen35b", 8192, 16, 32, 128, 128, 32, 0, 0},
+        /* BF16 compute (issue 20's target: forward >= 2x the fp32 row at C = 64) */
+        {"qwen35b-bf16", 8192, 16, 32, 128, 128, 0, 0, GDN_COMPUTE_BF16},
+        {"llama64", 64, 32, 32, 128, 128, 0, 0, 0}, {"llama256", 256, 32, 32, 128, 128, 0, 0, 0},
+        {"llama512", 512, 32, 32, 128, 128, 0, 0, 0}, {"llama1024", 1024, 32, 32, 128, 128, 0, 0, 0}};
+    const int n = sizeof shapes / sizeof shapes[0];
+    if (cases && !names_known(cases, shapes, n)) return 1;
     int maxt = 1;
 #ifdef _OPENMP
     maxt = omp_get_max_threads();
@@ -286,21 +353,11 @@ int cmd_bench(int argc, char **argv) {
         printf("GFLOP/s count DESIGN §3 FLOPs per head-token: forward 3CK+2CV+6KV+C^2/3, backward "
                "18CK+10CV+16KV+4C^2; 'issued': the FLOPs the GEMM micro-kernels really issue (zero "
                "triangles skipped, elementwise work not counted); err = max|x-oracle|/max|oracle| (o, "
-               "resp. dv) over the first 256 tokens\n");
-    /* The 35B layer again with chunk 32: the same math, less work in the C-sized products
-     * (DESIGN §3's FLOPs shrink with C), smaller GEMMs; which is faster depends on the machine. */
-    /* qwen35b-pk512: the first row's tokens packed as documents of 512 (cu_seqlens): the
-     * packed path's cost against the dense one at equal total tokens (issue 11: within 10 %). */
-    const bench_shape shapes[] = {
-        {"qwen35b", 8192, 16, 32, 128, 128, 0, 0, 0}, {"qwen35b-pk512", 8192, 16, 32, 128, 128, 0, 512, 0},
-        {"qwen35b", 8192, 16, 32, 128, 128, 32, 0, 0},
-        /* BF16 compute (issue 20's target: forward >= 2x the fp32 row at C = 64) */
-        {"qwen35b-bf16", 8192, 16, 32, 128, 128, 0, 0, GDN_COMPUTE_BF16},
-        {"llama64", 64, 32, 32, 128, 128, 0, 0, 0}, {"llama256", 256, 32, 32, 128, 128, 0, 0, 0},
-        {"llama512", 512, 32, 32, 128, 128, 0, 0, 0}, {"llama1024", 1024, 32, 32, 128, 128, 0, 0, 0}};
-    int n = sizeof shapes / sizeof shapes[0];
+               "resp. dv) over the first 256 tokens; bf16 rows: l2 err = ||x-oracle||/||oracle|| vs the oracle with the "
+               "same operands rounded, and the speed-up over an fp32 plan run alternately on the same inputs\n");
     for (int si = 0; si < n; si++) {
         bench_shape s = shapes[si];
+        if (cases && !name_in_list(cases, s.label)) continue;
         if (quick && s.T > 1024) s.T = 1024; /* CI smoke: same heads and dims, fewer tokens */
         for (int dir = 0; dir < 2 - (s.compute == GDN_COMPUTE_BF16); dir++)
             for (int i = 0; i < nthr; i++)
