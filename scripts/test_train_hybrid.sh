@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gdncp train on hybrid models (GatedDeltaNet + gated full-attention layers, Qwen3.5's stack):
 # the named `tiny` (layers linear,linear,linear,full) gives the same losses over 1 rank, 2 CP ranks
-# with either attention strategy (kv, heads), DP 2 and packed documents; --init from transformers'
+# with either attention strategy (kv, heads), DP 2 and packed documents, and in BF16 compute the
+# same over CP 2 as on one rank (within BF16's tolerance); --init from transformers'
 # tiny checkpoint starts from that model's own loss; resume repeats the uninterrupted run bit for
 # bit; bad layer types, head counts and conflicting flags are refused with a message. Every
 # comparison beside a negative control that must fail it.
@@ -66,6 +67,24 @@ grep -q "GatedDeltaNet layers only" "$work/iv0.csv.out" && pass "--attn-interval
   fail "--attn-interval 0 still has attention"
 
 if [ -n "${GDN_TRAIN_ONLY_GRIDS:-}" ]; then echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit; fi
+
+# BF16 compute over ranks: each rank's products rounded alike, but the GatedDeltaNet state a
+# shard starts from comes from the fp32 summaries and its chunk grid restarts at the shard, so
+# the split run is not the one-rank BF16 run's rounding (measured over 4 steps: kv 6.5e-5, heads
+# 3.5e-5; the controls 1.5e-3 and 6.5e-3; the one-rank BF16 run is 9e-4 from fp32).
+TOLB=5e-4
+echo "== the hybrid tiny in BF16 compute: the same losses over CP 2 as on one rank (tolerance $TOLB)"
+train 1 "$work/oneb.csv" --steps 4 --batch 2 --compute bf16 || fail "train --compute bf16 on 1 rank"
+grep -q "compute bf16: products on bf16" "$work/oneb.csv.out" && pass "--compute bf16: the BF16 path printed" ||
+  { fail "--compute bf16: no BF16 path printed"; cat "$work/oneb.csv.out"; }
+train 2 "$work/kvb.csv" --steps 4 --batch 2 --cp 2 --attn-cp kv --compute bf16 || fail "train --cp 2 --compute bf16"
+expect_close "--compute bf16 --cp 2 --attn-cp kv vs one rank in BF16" "$work/kvb.csv" "$work/oneb.csv" $TOLB
+train 2 "$work/headsb.csv" --steps 4 --batch 2 --cp 2 --attn-cp heads --compute bf16 || fail "train --cp 2 --attn-cp heads --compute bf16"
+expect_close "--compute bf16 --cp 2 --attn-cp heads vs one rank in BF16" "$work/headsb.csv" "$work/oneb.csv" $TOLB
+train 2 "$work/dropinb.csv" --steps 4 --batch 2 --cp 2 --compute bf16 --fault drop-incoming || fail "train --compute bf16 --fault drop-incoming"
+expect_far "--compute bf16 --cp 2 with the GatedDeltaNet state dropped between ranks" "$work/dropinb.csv" "$work/oneb.csv" $TOLB
+train 2 "$work/dropkvb.csv" --steps 4 --batch 2 --cp 2 --compute bf16 --fault drop-kv || fail "train --compute bf16 --fault drop-kv"
+expect_far "--compute bf16 --cp 2 with rank 0's keys and values not attended" "$work/dropkvb.csv" "$work/oneb.csv" $TOLB
 
 echo "== packed documents and recompute on the hybrid"
 pk=(--seq 256 --steps 3 --batch 2 --pack '\n%\n')
