@@ -25,7 +25,7 @@ static void usage(FILE *out) {
             "  attention --weights W [--config C] [--prefix P] --in IN --out OUT [--backward]\n"
             "         [--decode N] [--position-offset P] [--cu-seqlens ..] [--cp kv|heads [--shards ..]]\n"
             "         Qwen3.5's gated attention layer (positions also from position_ids in IN)\n"
-            "  bench  kernel [--json] [--quick]                     kernel benchmark\n"
+            "  bench  kernel [--json] [--quick] [--case NAME,..]    kernel benchmark\n"
             "  bench  layer [--json] [--quick] [--T N]              layer benchmark (fwd, fwd+bwd, decode)\n"
             "  bench  attention [--json] [--quick] [--shape S] [--T N,..] [--threads N] [--reps R]\n"
             "         [--what core,layer]   attention layer and core (gdn_sdpa) benchmark\n"
