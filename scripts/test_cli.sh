@@ -328,4 +328,10 @@ for spec in "1|run|$T_alone|gdncp run, T = $T_alone: the inputs fit, inputs + ou
   else echo "FAIL  $label (exit $got)"; cat "$logs/mem.log"; failed=$((failed + 1)); fi
 done
 rm -f "$logs/sparse.st" "$logs/sparse_o.st"
+
+echo "== docs/cli.md's command list is gdncp help's own text"
+sed -n '/^usage: gdncp <command>/,/^```/p' "$(dirname "$0")/../docs/cli.md" | sed '$d' >"$logs/cli_md_usage.txt"
+$L help >"$logs/help.txt" 2>&1
+clicase pass "docs/cli.md's usage block = gdncp help, line for line" diff "$logs/help.txt" "$logs/cli_md_usage.txt"
+clicase fail "negative control: that block with one line dropped" bash -c "sed 3d $logs/cli_md_usage.txt | diff $logs/help.txt -"
 finish

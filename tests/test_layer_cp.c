@@ -16,14 +16,22 @@
 
 static int rank, D;
 
+/* The first token of this rank's shard; *T the whole sequence's length. */
+static int64_t shard_start(const int64_t *sizes, int64_t *T) {
+    int64_t t0 = 0;
+    *T = 0;
+    for (int r = 0; r < D; r++) {
+        if (r < rank) t0 += sizes[r];
+        *T += sizes[r];
+    }
+    return t0;
+}
+
 /* One layer case: shard sizes per rank; runs every strategy (heads where D divides Hk). */
 static void layer_cp_case(const char *label, gdn_layer_config full, const int64_t *sizes) {
     const int64_t B = full.B, E = full.E;
-    int64_t T = 0, t0 = 0;
-    for (int r = 0; r < D; r++) {
-        if (r < rank) t0 += sizes[r];
-        T += sizes[r];
-    }
+    int64_t T;
+    const int64_t t0 = shard_start(sizes, &T);
     const int64_t tn = sizes[rank];
     full.T = T, full.threads = 1;
     const size_t nw = gdn_layer_param_floats(&full);
@@ -101,19 +109,10 @@ static void layer_cp_case(const char *label, gdn_layer_config full, const int64_
  * to the one-rank BF16 layer within TOL_LAYER_CP. Control through the first check: the incoming
  * state dropped (D > 1; the scan). */
 #define TOL_BF16 5e-2
-static double l2_err_local(const float *ours, const float *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) num += ((double)ours[i] - ref[i]) * ((double)ours[i] - ref[i]), den += (double)ref[i] * ref[i];
-    const double e = sqrt(num) / fmax(sqrt(den), 1e-30);
-    return e == e ? e : INFINITY;
-}
 static void layer_cp_bf16_case(const char *label, gdn_layer_config full, const int64_t *sizes) {
     const int64_t B = full.B, E = full.E;
-    int64_t T = 0, t0 = 0;
-    for (int r = 0; r < D; r++) {
-        if (r < rank) t0 += sizes[r];
-        T += sizes[r];
-    }
+    int64_t T;
+    const int64_t t0 = shard_start(sizes, &T);
     const int64_t tn = sizes[rank], nx = B * T * E, nl = B * tn * E;
     full.T = T, full.threads = 1;
     const size_t nw = gdn_layer_param_floats(&full);
@@ -174,9 +173,9 @@ static void layer_cp_bf16_case(const char *label, gdn_layer_config full, const i
                     e = l2_err_over_ranks(dx, dxr[m], nl);
                     expect_close(e, tol, "%s dx %s", what, vs);
                     worst = fmax(worst, e);
-                    double ew = 0;
+                    double ew = 0; /* dwsum is the same on every rank: summing over ranks keeps the ratio */
                     for (int i = 0; i < GDN_P_COUNT; i++)
-                        ew = fmax(ew, l2_err_local(dwsum + gdn_layer_param_offset(&full, i),
+                        ew = fmax(ew, l2_err_over_ranks(dwsum + gdn_layer_param_offset(&full, i),
                                                    dw1[m] + gdn_layer_param_offset(&full, i),
                                                    (int64_t)gdn_layer_param_numel(&full, i)));
                     expect_close(ew, tol, "%s every weight gradient (summed over ranks) %s, worst", what, vs);

@@ -26,7 +26,7 @@ static void usage(FILE *out) {
             "         [--decode N] [--position-offset P] [--cu-seqlens ..] [--cp kv|heads [--shards ..]]\n"
             "         Qwen3.5's gated attention layer (positions also from position_ids in IN)\n"
             "  bench  kernel [--json] [--quick] [--case NAME,..]    kernel benchmark\n"
-            "  bench  layer [--json] [--quick] [--T N]              layer benchmark (fwd, fwd+bwd, decode)\n"
+            "  bench  layer [--json] [--quick] [--T N] [--compute fp32|bf16|both]  layer benchmark (fwd, fwd+bwd, decode)\n"
             "  bench  attention [--json] [--quick] [--shape S] [--T N,..] [--threads N] [--reps R]\n"
             "         [--what core,layer]   attention layer and core (gdn_sdpa) benchmark\n"
             "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"

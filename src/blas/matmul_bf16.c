@@ -744,6 +744,34 @@ size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
 }
 
 /* One pass over m <= the path's MC rows of C. */
+
+/* One micro-kernel call of `path`: depth [lo, lo + depth) (even; on AMX whole 32-deep blocks) of
+ * row panel ip of the packed A (MR rows; kcp values a row, the vector paths in pairs) against the
+ * B micro-panel bq (already at lo), into the mr x nc block C. */
+static inline void mk_run(int path, const void *apack, int64_t ip, int MR, int64_t kcp, int64_t lo, int64_t depth,
+                          const uint32_t *bq, float *C, int64_t ldc, int acc, int mr, int nc) {
+    const int64_t kp = kcp / 2;
+    switch (path) {
+    case GDN_BF16_FALLBACK:
+        mk_fallback(depth / 2, (const float *)apack + ((size_t)ip * MR * kp + (size_t)(lo / 2) * MR) * 2, bq, C, ldc, acc,
+                    mr, nc);
+        break;
+#if HAVE_X86
+    case GDN_BF16_AVX512:
+        mk_avx512bf16(depth / 2, (const uint32_t *)apack + (size_t)ip * MR * kp + (size_t)(lo / 2) * MR, bq, C, ldc, acc,
+                      mr, nc);
+        break;
+#endif
+#if HAVE_AMX_CODE
+    case GDN_BF16_AMX:
+        mk_amx(depth, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, C, ldc, acc, mr, nc);
+        break;
+#endif
+    default:
+        mk_amx_emu(depth, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, C, ldc, acc, mr, nc);
+        break;
+    }
+}
 static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
                              const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads) {
     const int acc = (flags & GDN_GEMM_ACC) != 0, at = (flags & GDN_GEMM_A_TRANS) != 0,
@@ -801,28 +829,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                         float *Crow = C + ip * MR * ldc + jc;
                         const uint32_t *bq = (const uint32_t *)bpack + q * kp * NR;
                         const int ncq = (int)min64(NR, nc - q * NR);
-                        switch (path) {
-                        case GDN_BF16_FALLBACK:
-                            mk_fallback(kp, (const float *)apack + ip * MR * kp * 2, bq, Crow + q * NR, ldc, acc_k,
-                                        mr, ncq);
-                            break;
-#if HAVE_X86
-                        case GDN_BF16_AVX512:
-                            mk_avx512bf16(kp, (const uint32_t *)apack + ip * MR * kp, bq, Crow + q * NR, ldc, acc_k,
-                                          mr, ncq);
-                            break;
-#endif
-#if HAVE_AMX_CODE
-                        case GDN_BF16_AMX:
-                            mk_amx(kcp, kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR, ldc, acc_k, mr,
-                                   ncq);
-                            break;
-#endif
-                        default:
-                            mk_amx_emu(kcp, kcp, (const uint16_t *)apack + ip * MR * kcp, bq, Crow + q * NR, ldc, acc_k,
-                                       mr, ncq);
-                            break;
-                        }
+                        mk_run(path, apack, ip, MR, kcp, 0, kcp, bq, Crow + q * NR, ldc, acc_k, mr, ncq);
                     }
                 }
                 /* (implied barrier: the B panel is repacked next, the A slice after the last) */
@@ -932,27 +939,7 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
             }
             const uint32_t *bq = (const uint32_t *)bpack + (size_t)q * kp * NR + (size_t)(lo / 2) * NR;
             flops += 2 * (uint64_t)mr * (uint64_t)ncq * (uint64_t)(hi - lo);
-            switch (path) {
-            case GDN_BF16_FALLBACK:
-                mk_fallback((hi - lo) / 2, (const float *)apack + ((size_t)ip * MR * kp + (size_t)(lo / 2) * MR) * 2,
-                            bq, Cb, ldc, acc, mr, ncq);
-                break;
-#if HAVE_X86
-            case GDN_BF16_AVX512:
-                mk_avx512bf16((hi - lo) / 2, (const uint32_t *)apack + (size_t)ip * MR * kp + (size_t)(lo / 2) * MR,
-                              bq, Cb, ldc, acc, mr, ncq);
-                break;
-#endif
-#if HAVE_AMX_CODE
-            case GDN_BF16_AMX:
-                mk_amx(hi - lo, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, Cb, ldc, acc, mr, ncq);
-                break;
-#endif
-            default:
-                mk_amx_emu(hi - lo, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, Cb, ldc, acc, mr,
-                           ncq);
-                break;
-            }
+            mk_run(path, apack, ip, MR, kcp, lo, hi - lo, bq, Cb, ldc, acc, mr, ncq);
         }
     }
 #if HAVE_AMX_CODE
