@@ -7,9 +7,10 @@
  * and accumulate in fp32, on the best path the CPU and OS allow: AMX tiles (TDPBF16PS), else
  * AVX512-BF16 (VDPBF16PS), else an fp32-vector fallback with the same roundings. Products of at
  * most 16 rows (decoding a token) stay fp32 in either mode: reading the weights bounds them, and
- * the BF16 path would add a packing pass. Everything else
- * stays fp32: the gated delta rule and its recurrent state (and its composition across ranks),
- * the conv, the gate projections (in_proj_a / in_proj_b: their errors would compound through the
+ * the BF16 path would add a packing pass. The chunk kernel's forward sweep (gdn_config.compute;
+ * a BF16 layer sets it) runs its chunk products the same way. Everything else stays fp32: the
+ * recurrent state (only its operand copy in a product is rounded) and its composition across
+ * ranks, the kernel's triangular solve, summaries and backward, the conv, the gate projections (in_proj_a / in_proj_b: their errors would compound through the
  * gates' cumulative products) and gates, norms, RoPE, the attention core and its softmax
  * statistics, losses, optimizer moments and master weights. */
 #ifndef GDNCP_COMPUTE_H

@@ -46,7 +46,8 @@ typedef struct {
                               the backward trains fp32 weights) */
     int compute;           /* GDN_COMPUTE_FP32 (0, default) or GDN_COMPUTE_BF16 (compute.h): in_proj_qkv,
                               in_proj_z and out_proj (forward, dx and dW) with bf16 operands and fp32
-                              accumulation; the rule, conv, gates and norm stay fp32 */
+                              accumulation, and the chunk kernel's forward products likewise; the
+                              state, the kernel's backward, conv, gates and norm stay fp32 */
     const int64_t *cu_seqlens; /* packed documents, as in gdn_config (B = 1; NULL: dense): the conv
                                   and the recurrent state restart at every document start (no tap
                                   reads across one, also across the CP halo); every document starts
