@@ -27,6 +27,28 @@ static int64_t shard_start(const int64_t *sizes, int64_t *T) {
     return t0;
 }
 
+/* One layer call over ranks: forward and backward of the local plan `loc` under `strategy` with
+ * `fault` injected, the weight gradient summed over ranks into dwsum. Returns this rank's status
+ * (*any: the worst over ranks). Plan and context are made and freed here. */
+static int layer_cp_run(const gdn_layer_config *loc, int strategy, int fault, float *y, float *dx, float *dw,
+                        float *dwsum, size_t nw, const float *xl, const float *w, const float *dyl, int *any) {
+    gdn_layer_plan *lp = NULL;
+    gdn_cp *cp = NULL;
+    int rc = gdn_layer_plan_create(&lp, loc);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)strategy);
+    float *saved = lp ? malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1)) : NULL;
+    if (cp) gdn_cp_set_fault(cp, fault);
+    if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, xl, w);
+    if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, xl, w, saved, dyl);
+    if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    *any = rc;
+    MPI_Allreduce(&rc, any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    free(saved);
+    gdn_cp_destroy(cp);
+    gdn_layer_plan_destroy(lp);
+    return rc;
+}
+
 /* One layer case: shard sizes per rank; runs every strategy (heads where D divides Hk). */
 static void layer_cp_case(const char *label, gdn_layer_config full, const int64_t *sizes) {
     const int64_t B = full.B, E = full.E;
@@ -61,17 +83,10 @@ static void layer_cp_case(const char *label, gdn_layer_config full, const int64_
             for (int fault = 0; fault < 3; fault++) {
                 if (fault && (keep || strategy != GDN_CP_SCAN || D == 1)) continue;
                 loc.keep = keep;
-                gdn_layer_plan *lp = NULL;
-                gdn_cp *cp = NULL;
-                int rc = gdn_layer_plan_create(&lp, &loc);
-                if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)strategy);
-                float *saved = lp ? malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1)) : NULL;
-                if (cp) gdn_cp_set_fault(cp, fault == 1 ? GDN_CP_FAULT_DROP_HALO : fault == 2 ? GDN_CP_FAULT_DROP_HALO_GRAD : 0);
-                if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, xl, w);
-                if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, xl, w, saved, dyl);
-                if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-                int any = rc;
-                MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+                int any;
+                const int rc = layer_cp_run(&loc, strategy,
+                                            fault == 1 ? GDN_CP_FAULT_DROP_HALO : fault == 2 ? GDN_CP_FAULT_DROP_HALO_GRAD : 0,
+                                            y, dx, dw, dwsum, nw, xl, w, dyl, &any);
                 char what[200];
                 snprintf(what, sizeof what, "%s D=%d %s %s", label, D, gdn_cp_strategy_name(strategy),
                          keep ? "keep-proj" : "keep-min");
@@ -92,9 +107,6 @@ static void layer_cp_case(const char *label, gdn_layer_config full, const int64_
                                                            (int64_t)gdn_layer_param_numel(&full, i)));
                     expect_close(worst, TOL_LAYER_CP, "%s every weight gradient (summed over ranks), worst", what);
                 }
-                free(saved);
-                gdn_cp_destroy(cp);
-                gdn_layer_plan_destroy(lp);
             }
     }
     free(w), free(x), free(dy), free(y1), free(dx1), free(dw1), free(yr), free(dxr), free(xl), free(dyl);
@@ -146,17 +158,9 @@ static void layer_cp_bf16_case(const char *label, gdn_layer_config full, const i
         if (strategy == GDN_CP_HEADS && full.Hk % D) continue; /* not run, not counted */
         for (int fault = 0; fault < 2; fault++) {
             if (fault && (strategy != GDN_CP_SCAN || D == 1)) continue;
-            gdn_layer_plan *lp = NULL;
-            gdn_cp *cp = NULL;
-            int rc = gdn_layer_plan_create(&lp, &loc);
-            if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)strategy);
-            float *saved = lp ? malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1)) : NULL;
-            if (cp) gdn_cp_set_fault(cp, fault ? GDN_CP_FAULT_DROP_INCOMING : 0);
-            if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, xl, w);
-            if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, xl, w, saved, dyl);
-            if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            int any = rc;
-            MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+            int any;
+            const int rc = layer_cp_run(&loc, strategy, fault ? GDN_CP_FAULT_DROP_INCOMING : 0, y, dx, dw, dwsum, nw, xl,
+                                        w, dyl, &any);
             char what[200];
             snprintf(what, sizeof what, "%s D=%d %s", label, D, gdn_cp_strategy_name(strategy));
             if (any) {
@@ -182,9 +186,6 @@ static void layer_cp_bf16_case(const char *label, gdn_layer_config full, const i
                     worst = fmax(worst, ew);
                 }
             }
-            free(saved);
-            gdn_cp_destroy(cp);
-            gdn_layer_plan_destroy(lp);
         }
     }
     if (!tests_quiet && rank == 0) printf("      %s D=%d: worst norm-wise error %.2e\n", label, D, worst);
