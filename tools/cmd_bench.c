@@ -148,18 +148,6 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
                  ? GDN_ERR_NOMEM : GDN_OK;
     if (!rc) {
         for (int64_t i = 0; i < nqk; i++) q[i] = urand() - 0.5f, k[i] = urand() - 0.5f;
-        /* q and k L2-normalised per head as the Qwen3.5 layer feeds them (use_qk_l2norm): with
-         * raw k, beta ||k||^2 reaches K / 12 and the chunk's triangular solve amplifies rounding
-         * far beyond what a model ever sees */
-        for (int64_t r = 0; r < nqk / s->K; r++) {
-            float *rows[2] = {q + r * s->K, k + r * s->K};
-            for (int w = 0; w < 2; w++) {
-                double ss = 0;
-                for (int64_t i = 0; i < s->K; i++) ss += (double)rows[w][i] * rows[w][i];
-                const float inv = (float)(1.0 / sqrt(ss + 1e-6));
-                for (int64_t i = 0; i < s->K; i++) rows[w][i] *= inv;
-            }
-        }
         for (int64_t i = 0; i < nv; i++) v[i] = urand() - 0.5f;
         for (int64_t i = 0; i < ng; i++) g[i] = -0.1f * urand(), beta[i] = urand();
         for (int64_t i = 0; backward && i < nv; i++) dout[i] = urand() - 0.5f;
@@ -273,26 +261,15 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     return 0;
 }
 
-/* Whether `name` is one of the comma-separated names of `list`. */
-static int name_in_list(const char *list, const char *name) {
-    const size_t len = strlen(name);
-    for (const char *p = list; *p;) {
-        const char *e = strchr(p, ',');
-        const size_t l = e ? (size_t)(e - p) : strlen(p);
-        if (l == len && !strncmp(p, name, len)) return 1;
-        if (!e) break;
-        p = e + 1;
-    }
-    return 0;
-}
-
-/* --case: every name must be a case (a typo must not silently run nothing). */
-static int names_known(const char *list, const bench_shape *shapes, int n) {
+/* --case: want[i] set for each shape whose label the comma-separated list names; every name
+ * must be a case (a typo must not silently run nothing). */
+static int select_cases(const char *list, const bench_shape *shapes, int n, int *want) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         int found = 0;
-        for (int i = 0; i < n && !found; i++) found = !strcmp(tok, shapes[i].label);
+        for (int i = 0; i < n; i++)
+            if (!strcmp(tok, shapes[i].label)) want[i] = found = 1;
         if (!found) {
             fprintf(stderr, "gdncp bench kernel: unknown --case '%s' (cases:", tok);
             for (int i = 0; i < n; i++) {
@@ -313,7 +290,13 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--case") && i + 1 < argc) cases = argv[++i];
+        else if (!strcmp(argv[i], "--case")) {
+            if (i + 1 == argc) {
+                fprintf(stderr, "gdncp bench kernel: --case needs a value (NAME[,NAME..])\n");
+                return 1;
+            }
+            cases = argv[++i];
+        }
         else if (!what && argv[i][0] != '-') what = argv[i];
         else {
             fprintf(stderr, "gdncp bench: unknown option '%s'\n", argv[i]);
@@ -337,7 +320,9 @@ int cmd_bench(int argc, char **argv) {
         {"llama64", 64, 32, 32, 128, 128, 0, 0, 0}, {"llama256", 256, 32, 32, 128, 128, 0, 0, 0},
         {"llama512", 512, 32, 32, 128, 128, 0, 0, 0}, {"llama1024", 1024, 32, 32, 128, 128, 0, 0, 0}};
     const int n = sizeof shapes / sizeof shapes[0];
-    if (cases && !names_known(cases, shapes, n)) return 1;
+    int want[sizeof shapes / sizeof shapes[0]];
+    for (int i = 0; i < n; i++) want[i] = !cases;
+    if (cases && !select_cases(cases, shapes, n, want)) return 1;
     int maxt = 1;
 #ifdef _OPENMP
     maxt = omp_get_max_threads();
@@ -357,7 +342,7 @@ int cmd_bench(int argc, char **argv) {
                "same operands rounded, and the speed-up over an fp32 plan run alternately on the same inputs\n");
     for (int si = 0; si < n; si++) {
         bench_shape s = shapes[si];
-        if (cases && !name_in_list(cases, s.label)) continue;
+        if (!want[si]) continue;
         if (quick && s.T > 1024) s.T = 1024; /* CI smoke: same heads and dims, fewer tokens */
         for (int dir = 0; dir < 2 - (s.compute == GDN_COMPUTE_BF16); dir++)
             for (int i = 0; i < nthr; i++)

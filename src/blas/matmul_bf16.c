@@ -743,8 +743,6 @@ size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
     return a + b + 64;
 }
 
-/* One pass over m <= the path's MC rows of C. */
-
 /* One micro-kernel call of `path`: depth [lo, lo + depth) (even; on AMX whole 32-deep blocks) of
  * row panel ip of the packed A (MR rows; kcp values a row, the vector paths in pairs) against the
  * B micro-panel bq (already at lo), into the mr x nc block C. */
@@ -772,6 +770,8 @@ static inline void mk_run(int path, const void *apack, int64_t ip, int MR, int64
         break;
     }
 }
+
+/* One pass over m <= the path's MC rows of C. */
 static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
                              const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads) {
     const int acc = (flags & GDN_GEMM_ACC) != 0, at = (flags & GDN_GEMM_A_TRANS) != 0,
