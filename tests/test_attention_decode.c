@@ -382,6 +382,48 @@ static void split_case(void) {
     free(w), free(x), free(yf), free(y);
 }
 
+/* ---------------------------------------------------------------- 5. sharp scores */
+
+/* Scores that keep growing along the cache: q_norm and k_norm weights of 5 (the norms scale by
+ * 1 + w = 6) make scores of std ~36, so a row's running max passes itself by more than the
+ * core's lazy slack (8) in later key tiles and the output is rescaled there. Decoded one token
+ * a time (after a 100-token prefill) with 8 query heads per kv head (a decode block of 8 rows:
+ * the few-row path) and with 16 (16 rows: the tiled path), against the float64 layer.
+ * Control: the same decode with the last appended token dropped. */
+static void sharp_case(void) {
+    for (int hq = 8; hq <= 16; hq += 8) {
+        gdn_attn_config c = gdn_attn_config_default(1, 400, 32, hq, 1, 16);
+        c.R = 8, c.rope_theta = 1e4, c.threads = 2;
+        const int64_t T = c.T, E = c.E, nx = T * E, nw = (int64_t)gdn_attn_param_floats(&c);
+        rng_seed(977 + hq);
+        float *w = attn_random_weights(&c), *x = falloc(nx), *y = falloc(nx);
+        for (int p = GDN_A_Q_NORM; p <= GDN_A_K_NORM; p++)
+            for (size_t i = 0; i < gdn_attn_param_numel(&c, p); i++) w[gdn_attn_param_offset(&c, p) + i] = 5.0f;
+        for (int64_t i = 0; i < nx; i++) x[i] = (float)rng_uniform(-2, 2);
+        double *xd = dalloc(nx), *wd = dalloc(nw), *yd = dalloc(nx);
+        for (int64_t i = 0; i < nx; i++) xd[i] = x[i];
+        for (int64_t i = 0; i < nw; i++) wd[i] = w[i];
+        int64_t sizes[301];
+        int n = 0;
+        sizes[n++] = 100;
+        for (int64_t s = 100; s < T; s++) sizes[n++] = 1;
+        gdn_attn_cache *cache = NULL;
+        int rc = gdn_attn_cache_create(&cache, 1, 1, 16, T);
+        if (!rc) rc = gdn_attn_reference_forward(&c, yd, xd, wd);
+        if (!rc) rc = decode_pieces(&c, sizes, n, x, w, cache, y, OK, NULL);
+        expect_status(rc, GDN_OK, NULL, "sharp scores, H = %d, Hkv = 1: reference, decode 100 + 300 x 1", hq);
+        const double tol = 2e-5;
+        expect_close(rel_err_f32(y + 100 * E, yd + 100 * E, nx - 100 * E), tol,
+                     "sharp scores (norm weights 5), %d rows a decode block: decoded y == float64 layer", hq);
+        gdn_attn_cache_reset(cache);
+        decode_pieces(&c, sizes, n, x, w, cache, y, DROP_LAST, NULL);
+        expect_far(rel_err_f32(y + 100 * E, yd + 100 * E, nx - 100 * E), tol, "sharp scores, %d rows: y with %s", hq,
+                   tamper_name[DROP_LAST]);
+        gdn_attn_cache_destroy(cache);
+        free(w), free(x), free(y), free(xd), free(wd), free(yd);
+    }
+}
+
 /* ---------------------------------------------------------------- 6. a BF16 cache */
 
 /* The golden layer decoded in pieces into a BF16 cache (gdn_attn_cache_create_dtype), with 3
@@ -546,5 +588,6 @@ void test_attn_decode(void) {
     }
     golden_free(&g);
     split_case();
+    sharp_case();
     errors();
 }

@@ -242,6 +242,33 @@ static inline float *align64(float *p) {
     return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
 }
 
+/* Partial vectors waiting for their horizontal sums: element (i, j) of C is the sum of v's
+ * lanes. VL of them at a time take a register transpose and VL - 1 vector adds (instead of
+ * VL - 1 dependent scalar adds each); queued across tiles, so that at m = 1 (a tile's SR = 4
+ * sums) the transpose is not spent on 4 vectors of VL. */
+typedef struct {
+    gdn_vf v[VL];
+    int64_t i[VL], j[VL];
+    int n;
+} hsum_queue;
+
+static void hsum_flush(hsum_queue *q, int acc, int64_t kv_all, int64_t kk, const float *A, int64_t lda,
+                       const void *W, int bf, int64_t ldw, float *C, int64_t ldc) {
+    if (!q->n) return;
+    gdn_vf r[VL];
+    for (int l = 0; l < VL; l++) r[l] = l < q->n ? q->v[l] : (gdn_vf){0};
+    gdn_transpose_vl(r);
+    for (int l = 1; l < VL; l++) r[0] += r[l];
+    for (int l = 0; l < q->n; l++) {
+        const int64_t i = q->i[l], j = q->j[l];
+        float s = r[0][l];
+        for (int64_t k = kv_all; k < kk; k++) s += A[i * lda + k] * gdn_loadw1(W, bf, j * ldw + k); /* the depth's tail */
+        float *c = C + i * ldc + j;
+        *c = acc ? *c + s : s;
+    }
+    q->n = 0;
+}
+
 /* A (m <= 16 rows) is first copied into ws with a row stride of kk rounded up to 16 floats plus
  * 16 (when it fits): in place, with a power-of-two lda, the same depth of all m rows falls into
  * one L1 set and the 16 + SR lines evict each other (measured: m = 16 ran at half speed). */
@@ -265,6 +292,7 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
         const int64_t tiles = (n + SR - 1) / SR;
         const int64_t j_lo = tiles * t / nt * SR, j_hi = min64(n, tiles * (t + 1) / nt * SR);
         gdn_vf part[SMALL_M / SI][SI][SR];
+        hsum_queue hq = {.n = 0};
         for (int64_t j0 = j_lo; j0 < j_hi; j0 += SR) {
             const int nr = (int)min64(SR, j_hi - j0);
             const int groups = (int)((m + SI - 1) / SI);
@@ -282,27 +310,14 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
                     stream_tile_any((int)min64(SI, m - g * SI), nr, bf, kv, As + g * SI * ldas + k0, ldas,
                                     gdn_eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
             }
-            /* horizontal sums of the m x nr partial vectors, VL at a time: a register
-             * transpose and VL - 1 vector adds instead of VL - 1 dependent scalar adds each */
-            float sums[SMALL_M * SR + VL];
-            for (int64_t base = 0; base < m * nr; base += VL) {
-                gdn_vf r[VL];
-                for (int l = 0; l < VL; l++) {
-                    const int64_t idx = base + l, i = idx / nr;
-                    r[l] = idx < m * nr ? part[i / SI][i % SI][idx % nr] : (gdn_vf){0};
-                }
-                gdn_transpose_vl(r);
-                for (int l = 1; l < VL; l++) r[0] += r[l];
-                gdn_vstoreu(sums + base, r[0]);
-            }
+            /* the m x nr partial vectors join the queue of horizontal sums */
             for (int64_t i = 0; i < m; i++)
                 for (int r = 0; r < nr; r++) {
-                    float s = sums[i * nr + r];
-                    for (int64_t k = kv_all; k < kk; k++) s += As[i * ldas + k] * gdn_loadw1(W, bf, (j0 + r) * ldw + k);
-                    float *c = C + i * ldc + j0 + r;
-                    *c = acc ? *c + s : s;
+                    hq.v[hq.n] = part[i / SI][i % SI][r], hq.i[hq.n] = i, hq.j[hq.n] = j0 + r;
+                    if (++hq.n == VL) hsum_flush(&hq, acc, kv_all, kk, As, ldas, W, bf, ldw, C, ldc);
                 }
         }
+        hsum_flush(&hq, acc, kv_all, kk, As, ldas, W, bf, ldw, C, ldc);
         gdn_fp_fast_end(fm);
     }
 }

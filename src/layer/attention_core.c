@@ -384,6 +384,112 @@ static void widen_rows(float *restrict dst, const uint16_t *src, int n, int64_t 
         }
 }
 
+/* ---------------------------------------------------------------- few rows (a decode step) */
+
+/* A block of at most FEW_ROWS rows (a decode step: one token's hg query heads) wastes most of the
+ * tiled path, whose products are MK_NR = 2 VL columns wide. It runs here instead, one row at a
+ * time, with the keys along the vector lanes: a score is a dot product along d, VL keys' partial
+ * sums transposed and added into one vector of VL scores; the softmax runs on those vectors; O
+ * accumulates the rows of V scaled by P (a row's o [d] in the tile's acc). Same lazy running max
+ * as softmax_step. Measured (gdncp bench decode): see docs/performance.md, the decode step. */
+#ifndef FEW_ROWS
+#define FEW_ROWS 8
+#endif
+
+/* s[c] = q . K[c] for the n keys of a tile (s padded to whole vectors, zero past n): VL keys at
+ * a time, each key's partial sums an independent chain along d (in registers when VL keys are
+ * whole), then transposed and added. */
+static void few_scores(const float *q, int64_t d, const float *K, int64_t kld, int n, float *s) {
+    const int64_t dv = d / VL * VL;
+    for (int c0 = 0; c0 < n; c0 += VL) {
+        const int nl = n - c0 < VL ? n - c0 : VL;
+        const float *k = K + (int64_t)c0 * kld;
+        gdn_vf r[VL];
+        for (int l = 0; l < VL; l++) r[l] = (gdn_vf){0};
+        if (nl == VL) {
+            for (int64_t e = 0; e < dv; e += VL) {
+                const gdn_vf qv = gdn_vloadu(q + e);
+                for (int l = 0; l < VL; l++) r[l] += gdn_vloadu(k + l * kld + e) * qv;
+            }
+        } else {
+            for (int64_t e = 0; e < dv; e += VL) {
+                const gdn_vf qv = gdn_vloadu(q + e);
+                for (int l = 0; l < nl; l++) r[l] += gdn_vloadu(k + l * kld + e) * qv;
+            }
+        }
+        for (int l = 0; l < nl; l++)
+            for (int64_t e = dv; e < d; e++) r[l][0] += k[l * kld + e] * q[e];
+        gdn_transpose_vl(r);
+        for (int l = 1; l < VL; l++) r[0] += r[l];
+        vstore(s + c0, r[0]);
+    }
+}
+
+/* o [d] += sum over keys c in [lo, hi] of p[c] V[c]: o in registers along a piece of up to 4
+ * vectors of d, the keys inside. */
+static void few_accumulate(float *o, int64_t d, const float *p, const float *Vu, int64_t vld, int lo, int hi) {
+    int64_t e0 = 0;
+    for (; e0 + 4 * VL <= d; e0 += 4 * VL) {
+        gdn_vf a0 = gdn_vloadu(o + e0), a1 = gdn_vloadu(o + e0 + VL), a2 = gdn_vloadu(o + e0 + 2 * VL),
+               a3 = gdn_vloadu(o + e0 + 3 * VL);
+        for (int c = lo; c <= hi; c++) {
+            const float *vr = Vu + (int64_t)c * vld + e0;
+            const float pc = p[c];
+            a0 += pc * gdn_vloadu(vr), a1 += pc * gdn_vloadu(vr + VL);
+            a2 += pc * gdn_vloadu(vr + 2 * VL), a3 += pc * gdn_vloadu(vr + 3 * VL);
+        }
+        gdn_vstoreu(o + e0, a0), gdn_vstoreu(o + e0 + VL, a1);
+        gdn_vstoreu(o + e0 + 2 * VL, a2), gdn_vstoreu(o + e0 + 3 * VL, a3);
+    }
+    for (; e0 + VL <= d; e0 += VL) {
+        gdn_vf a = gdn_vloadu(o + e0);
+        for (int c = lo; c <= hi; c++) a += p[c] * gdn_vloadu(Vu + (int64_t)c * vld + e0);
+        gdn_vstoreu(o + e0, a);
+    }
+    for (; e0 < d; e0++)
+        for (int c = lo; c <= hi; c++) o[e0] += p[c] * Vu[(int64_t)c * vld + e0];
+}
+
+/* One tile's step for row i of a few-row block: scores of keys [u0, u0 + n) (masked unless full),
+ * the running max and sum (m, l), o [d] rescaled when the max moves and += P V. */
+static void few_row_tile(const tile_view *t, int i, int64_t d, const float *q, float *o, const float *Ku, int64_t kld,
+                         const float *Vu, int64_t vld, int n, int full) {
+    float *s = t->S + (int64_t)i * BK; /* the tile's S holds BQ x BK floats: row i's BK scores */
+    few_scores(q, d, Ku, kld, n, s);
+    const int lo = full ? 0 : t->lo[i], hi = full ? n - 1 : (t->hi[i] < n - 1 ? t->hi[i] : n - 1);
+    if (lo > hi) return; /* this row sees none of the tile */
+    gdn_vf mxv = vsplat(-INFINITY);
+    for (int c0 = 0; c0 < n; c0 += VL) {
+        const gdn_vi c = (gdn_vi){0} + c0 + (gdn_vi){0, 1, 2, 3, 4, 5, 6, 7
+#if VL == 16
+                                                     , 8, 9, 10, 11, 12, 13, 14, 15
+#endif
+                                                    };
+        const gdn_vf x = vsel((c >= lo) & (c <= hi), vload(s + c0), vsplat(-INFINITY));
+        vstore(s + c0, x);
+        mxv = vmax(mxv, x);
+    }
+    float mx = mxv[0];
+    for (int l = 1; l < VL; l++) mx = mxv[l] > mx ? mxv[l] : mx;
+    float m = t->m[i];
+    if (m == -INFINITY || mx > m + LAZY_MAX) { /* the max moves: rescale the earlier sum and output */
+        const float alpha = m == -INFINITY ? 0.0f : vexp(vsplat(m - mx))[0];
+        t->l[i] *= alpha;
+        for (int64_t e = 0; e < d; e++) o[e] *= alpha;
+        t->m[i] = m = mx;
+    }
+    gdn_vf sum = {0};
+    for (int c0 = 0; c0 < n; c0 += VL) {
+        const gdn_vf p = vexp(vload(s + c0) - m); /* -inf (masked, or past n) -> 0 */
+        vstore(s + c0, p);
+        sum += p;
+    }
+    float l = 0.0f;
+    for (int c = 0; c < VL; c++) l += sum[c];
+    t->l[i] += l;
+    few_accumulate(o, d, s, Vu, vld, lo, hi);
+}
+
 void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
     const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
     const int64_t grp = v->H / v->Hkv, d = v->d, jobs = v->B * ng * nblk;
@@ -401,6 +507,12 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
         const uint16_t *Kb = bf ? v->Kb + b * v->K.bs + j * v->K.hs : NULL, *Vb = bf ? v->Vb + b * v->V.bs + j * v->V.hs : NULL;
         const int64_t kld = bf ? d : v->K.ld, vld = bf ? d : v->V.ld;
         for (int i = 0; i < BQ; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
+        const int few = R <= FEW_ROWS; /* rows of q [d] in Qt, of o [d] in acc */
+        if (few)
+            for (int i = 0; i < R; i++) {
+                for (int64_t e = 0; e < d; e++) t.Qt[i * d + e] = t.QtT[e * MK_NR + i]; /* scaled, as gathered */
+                memset(t.acc + i * d, 0, sizeof(float) * (size_t)d);
+            }
         int64_t lo, hi;
         key_range(v, &t, R, &lo, &hi);
         int first = 1;
@@ -413,6 +525,14 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
                 Ku = t.kw, Vu = t.vw;
             } else {
                 Ku = K + (u0 - v->k0) * v->K.ld, Vu = V + (u0 - v->k0) * v->V.ld;
+            }
+            if (few) {
+                const int full = tile_full(&t, R, u0, n);
+                if (!full) set_limits(&t, u0);
+                for (int i = 0; i < R; i++)
+                    few_row_tile(&t, i, d, t.Qt + i * d, t.acc + i * d, Ku, kld, Vu, vld, n, full);
+                first = 0;
+                continue;
             }
             /* the next tile's keys and values come into L2 under this one's products (fp32 views) */
             const int nn = bf ? 0 : (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
@@ -432,6 +552,11 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
             const float l = t.l[i];
             if (i < R) lse[t.lix[i]] = l > 0.0f && !first ? t.m[i] + logf(l) : -INFINITY;
             t.alpha[i] = l > 0.0f && !first ? 1.0f / l : 0.0f;
+        }
+        if (few) {
+            for (int i = 0; i < R; i++)
+                for (int64_t e = 0; e < d; e++) o[t.off[i] + e] = t.acc[i * d + e] * t.alpha[i];
+            continue;
         }
         if (first) memset(t.acc, 0, sizeof(float) * (size_t)d * BQ);
         scatter_t(o, t.acc, t.off, R, d, t.alpha, 0.0f, 0);
