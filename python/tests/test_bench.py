@@ -84,8 +84,10 @@ def test_bench_refuses_unknown_section(capsys):
 
 def test_bench_attention_agrees_with_torch_sdpa_and_control_differs():
     rows, err, path = bench.run_attention(T=150, H=8, Hkv=2, d=32, reps=1)
-    assert [r[0] for r in rows] == ["torch SDPA", "gdncp core"] and "flash" in path
+    assert [r[0] for r in rows] == ["torch SDPA", "torch SDPA autocast bf16", "gdncp core"] and "flash" in path
+    ac = err.pop("o (torch autocast bf16 vs fp32)")
     assert set(err) == {"o", "dq", "dk", "dv"} and max(err.values()) < 1e-5, err
+    assert 1e-4 < ac < 5e-2, ac   # bf16 operands: visibly off fp32, within bf16's accuracy
     _, bad, _ = bench.run_attention(T=150, H=8, Hkv=2, d=32, reps=1, causal_for_check=False)
     assert bad["o"] > 1e-3, bad   # control: gdncp's causal o against torch's unmasked one
 

@@ -27,7 +27,9 @@ the threads.
             alone (gdn_sdpa_forward / gdn_sdpa_backward through ctypes, token-major
             [B, T, H, d], plan and outputs made once), same values, same threads: forward and
             forward + backward of sum(o * dout), GFLOP/s by the causal count 2 T^2 d H (x3.5 with
-            the backward), their ratio, and o, dq, dk, dv against torch's. Shape: --attn-T
+            the backward), their ratio, and o, dq, dk, dv against torch's; beside them torch's
+            SDPA under torch.autocast("cpu", torch.bfloat16) (bf16 operands; gdncp's core
+            stays fp32 in either compute mode) and its o's error against torch's fp32 o. Shape: --attn-T
             (default 8192), --attn-H 16, --attn-Hkv 2, --attn-d 256 (Qwen3.5-35B-A3B's heads).
   gemm      the projections' GEMM y = x W^T at the 35B layer's shapes (in_proj_qkv, in_proj_z,
             out_proj; T = --gemm-T rows): torch.matmul in fp32, in BF16 with operands already
@@ -584,6 +586,16 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
         o.backward(dout)
         got["grads"] = (qq.grad, kk.grad, vv.grad)
 
+    def a_fwd():   # torch under autocast: SDPA runs on bf16 copies of q, k, v (oneDNN / its flash kernel)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            got["o_bf16"] = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def a_fwd_bwd():
+        qq, kk, vv = (x.detach().requires_grad_(True) for x in (q, k, v))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)
+        o.backward(dout.to(o.dtype))
+
     def g_fwd():
         core.forward(*tm[:3])
 
@@ -591,7 +603,7 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
         core.forward(*tm[:3])
         core.backward(*tm)
 
-    tf, tg, tfb, tgb = _time_rounds((t_fwd, g_fwd, t_fwd_bwd, g_fwd_bwd), reps)
+    tf, ta, tg, tfb, tab, tgb = _time_rounds((t_fwd, a_fwd, g_fwd, t_fwd_bwd, a_fwd_bwd, g_fwd_bwd), reps)
     # agreement with torch (on the last calls' outputs; the control: torch without the mask)
     if not causal_for_check:
         with torch.no_grad():
@@ -603,7 +615,11 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
     for n, r in ref.items():
         r = r.detach().transpose(1, 2).double().numpy()
         err[n] = float(np.max(np.abs(ours[n] - r)) / np.max(np.abs(r)))
-    return [("torch SDPA", tf, tfb), ("gdncp core", tg, tgb)], err, core.path()
+    # what autocast costs in accuracy, on the same scale: its o against torch's fp32 o
+    r = got["o"].double()
+    err["o (torch autocast bf16 vs fp32)"] = float((got["o_bf16"].double() - r).abs().max() / r.abs().max())
+    return ([("torch SDPA", tf, tfb), ("torch SDPA autocast bf16", ta, tab), ("gdncp core", tg, tgb)], err,
+            core.path())
 
 
 # ----------------------------------------------------------------------------- command line
@@ -745,16 +761,17 @@ def main(argv=None):
     if "attention" in what:
         T, H, Hkv, d = a.attn_T, a.attn_H, a.attn_Hkv, a.attn_d
         rows, err, path = run_attention(T, H, Hkv, d, a.attn_reps)
-        print(f"[attention] causal SDPA, fp32, B=1 T={T} H={H} Hkv={Hkv} d={d}, {_where()}, "
+        print(f"[attention] causal SDPA, fp32 (and torch autocast bf16), B=1 T={T} H={H} Hkv={Hkv} d={d}, {_where()}, "
               f"medians of {a.attn_reps} alternating rounds; GFLOP/s by 2 T^2 d H forward, "
               "x3.5 forward+backward")
         for name, f, fb in rows:
-            print(f"  {name:11s} forward {f * 1e3:9.1f} ms {attention_flops(T, H, d, 0) / f / 1e9:7.1f} "
+            print(f"  {name:24s} forward {f * 1e3:9.1f} ms {attention_flops(T, H, d, 0) / f / 1e9:7.1f} "
                   f"GFLOP/s   forward+backward {fb * 1e3:9.1f} ms "
                   f"{attention_flops(T, H, d, 1) / fb / 1e9:7.1f} GFLOP/s")
-        (_, f0, fb0), (_, f1, fb1) = rows
+        (_, f0, fb0), (_, fa, fba), (_, f1, fb1) = rows
         print(f"  speed-up (torch SDPA / gdncp core): forward {f0 / f1:.2f}x, forward+backward "
-              f"{fb0 / fb1:.2f}x; gdncp path: {path}")
+              f"{fb0 / fb1:.2f}x; (torch autocast bf16 / gdncp core, fp32): forward {fa / f1:.2f}x, "
+              f"forward+backward {fba / fb1:.2f}x; gdncp path: {path}")
         print("  gdncp vs torch (max|diff| / max|torch|): "
               + ", ".join(f"{n} {e:.1e}" for n, e in err.items()))
     if "generate" in what:
