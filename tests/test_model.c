@@ -707,6 +707,18 @@ static void test_hybrid_errors(void) {
     gdn_model_plan_destroy(p);
 }
 
+/* Whether layer 0's up_proj starts right where its gate_proj ends in the flat layout. */
+static int gate_up_adjacent(const gdn_model_config *c) {
+    size_t gate_end = 0, up = 1;
+    gdn_model_tensor_info t;
+    for (int i = 0; i < gdn_model_tensor_count(c); i++) {
+        gdn_model_tensor(c, i, &t);
+        if (strstr(t.name, "layers.0.mlp.gate_proj")) gate_end = t.offset + t.numel;
+        if (strstr(t.name, "layers.0.mlp.up_proj")) up = t.offset;
+    }
+    return gate_end == up;
+}
+
 void test_model(void) {
     test_checkpoint_logits();
     test_names();
@@ -731,6 +743,13 @@ void test_model(void) {
     v300.vocab = 300, v1000.vocab = 1000;
     test_gradients(&v300, "GatedDeltaNet, vocab 300");
     test_gradients(&v1000, "hybrid, vocab 1000");
+    /* I E not a multiple of 16: gate_proj and up_proj apart in the flat layout (padding between
+     * them), so the MLP runs them as two GEMMs instead of one [2I x E] */
+    gdn_model_config apart = hyb;
+    apart.E = 36, apart.I = 49;
+    check(!gate_up_adjacent(&apart) && gate_up_adjacent(&hyb),
+          "E 36, I 49: up_proj is not right after gate_proj in the flat layout (E 32, I 48: it is)");
+    test_gradients(&apart, "hybrid, E 36, I 49");
     test_token_ids();
     test_large_vocab();
 }
