@@ -722,8 +722,10 @@ const char *gdn_attn_core_path(const gdn_attn_core *v) {
 #define STR_(x) #x
 #define STR(x) STR_(x)
     static const char fused[] = "flash " STR(BQ) "x" STR(BK) " transposed tiles, fused backward (B Hkv jobs), "
-                                "micro-kernel " GDN_VL_STR "x" STR(MK_MR) "x" GDN_2VL_STR;
+                                "micro-kernel " GDN_VL_STR "x" STR(MK_MR) "x" GDN_2VL_STR
+                                ", blocks of <= " STR(FEW_ROWS) " rows (decode) by rows";
     static const char two[] = "flash " STR(BQ) "x" STR(BK) " transposed tiles, two-pass backward, "
-                              "micro-kernel " GDN_VL_STR "x" STR(MK_MR) "x" GDN_2VL_STR;
+                              "micro-kernel " GDN_VL_STR "x" STR(MK_MR) "x" GDN_2VL_STR
+                              ", blocks of <= " STR(FEW_ROWS) " rows (decode) by rows";
     return v && !fused_pays(v) ? two : fused;
 }
