@@ -252,9 +252,8 @@ static inline float *align64(float *p) {
 }
 
 /* Partial vectors waiting for their horizontal sums: element (i, j) of C is the sum of v's
- * lanes. VL of them at a time take a register transpose and VL - 1 vector adds (instead of
- * VL - 1 dependent scalar adds each); queued across tiles, so that at m = 1 (a tile's SR = 4
- * sums) the transpose is not spent on 4 vectors of VL. */
+ * lanes, VL of them at a time (gdn_hsum_vl); queued across tiles, so that at m = 1 (a tile's
+ * SR = 4 sums) the transpose is not spent on 4 vectors of VL. */
 typedef struct {
     gdn_vf v[VL];
     int64_t i[VL], j[VL];
@@ -266,11 +265,10 @@ static void hsum_flush(hsum_queue *q, int acc, int64_t kv_all, int64_t kk, const
     if (!q->n) return;
     gdn_vf r[VL];
     for (int l = 0; l < VL; l++) r[l] = l < q->n ? q->v[l] : (gdn_vf){0};
-    gdn_transpose_vl(r);
-    for (int l = 1; l < VL; l++) r[0] += r[l];
+    const gdn_vf sums = gdn_hsum_vl(r);
     for (int l = 0; l < q->n; l++) {
         const int64_t i = q->i[l], j = q->j[l];
-        float s = r[0][l];
+        float s = sums[l];
         for (int64_t k = kv_all; k < kk; k++) s += A[i * lda + k] * gdn_loadw1(W, bf, j * ldw + k); /* the depth's tail */
         float *c = C + i * ldc + j;
         *c = acc ? *c + s : s;

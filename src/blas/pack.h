@@ -76,6 +76,14 @@ static inline __attribute__((always_inline)) void gdn_transpose_vl(gdn_vf r[GDN_
     gdn_tr_round(r, 1, (gdn_vi){0, 4, 2, 6}, (gdn_vi){1, 5, 3, 7});
 #endif
 }
+/* Horizontal sums of VL vectors at once: lane l of the result is the sum of r[l]'s lanes, added
+ * in lane order (a register transpose, then VL - 1 vector adds instead of VL - 1 dependent
+ * scalar adds per vector). r is overwritten. */
+static inline __attribute__((always_inline)) gdn_vf gdn_hsum_vl(gdn_vf r[GDN_VL]) {
+    gdn_transpose_vl(r);
+    for (int l = 1; l < GDN_VL; l++) r[0] += r[l];
+    return r[0];
+}
 
 /* One NR-column panel (NR = NV * GDN_VL, a compile-time constant after inlining):
  * dst[p * NR + j] = op(B)[k0 + p][j0 + j] for p < kc, j < nc, zero for nc <= j < NR.

@@ -389,7 +389,7 @@ static void widen_rows(float *restrict dst, const uint16_t *src, int n, int64_t 
 /* A block of at most FEW_ROWS rows (a decode step: one token's hg query heads) wastes most of the
  * tiled path, whose products are MK_NR = 2 VL columns wide. It runs here instead, one row at a
  * time, with the keys along the vector lanes: a score is a dot product along d, VL keys' partial
- * sums transposed and added into one vector of VL scores; the softmax runs on those vectors; O
+ * sums reduced at once into one vector of VL scores (gdn_hsum_vl); the softmax runs on those vectors; O
  * accumulates the rows of V scaled by P (a row's o [d] in the tile's acc). Same lazy running max
  * as softmax_step. Measured (gdncp bench decode): see docs/performance.md, the decode step. */
 #ifndef FEW_ROWS
@@ -398,7 +398,7 @@ static void widen_rows(float *restrict dst, const uint16_t *src, int n, int64_t 
 
 /* s[c] = q . K[c] for the n keys of a tile (s padded to whole vectors, zero past n): VL keys at
  * a time, each key's partial sums an independent chain along d (in registers when VL keys are
- * whole), then transposed and added. */
+ * whole), then reduced together. */
 static void few_scores(const float *q, int64_t d, const float *K, int64_t kld, int n, float *s) {
     const int64_t dv = d / VL * VL;
     for (int c0 = 0; c0 < n; c0 += VL) {
@@ -419,9 +419,7 @@ static void few_scores(const float *q, int64_t d, const float *K, int64_t kld, i
         }
         for (int l = 0; l < nl; l++)
             for (int64_t e = dv; e < d; e++) r[l][0] += k[l * kld + e] * q[e];
-        gdn_transpose_vl(r);
-        for (int l = 1; l < VL; l++) r[0] += r[l];
-        vstore(s + c0, r[0]);
+        vstore(s + c0, gdn_hsum_vl(r));
     }
 }
 
@@ -459,12 +457,10 @@ static void few_row_tile(const tile_view *t, int i, int64_t d, const float *q, f
     const int lo = full ? 0 : t->lo[i], hi = full ? n - 1 : (t->hi[i] < n - 1 ? t->hi[i] : n - 1);
     if (lo > hi) return; /* this row sees none of the tile */
     gdn_vf mxv = vsplat(-INFINITY);
+    gdn_vi lane;
+    for (int l = 0; l < VL; l++) lane[l] = l;
     for (int c0 = 0; c0 < n; c0 += VL) {
-        const gdn_vi c = (gdn_vi){0} + c0 + (gdn_vi){0, 1, 2, 3, 4, 5, 6, 7
-#if VL == 16
-                                                     , 8, 9, 10, 11, 12, 13, 14, 15
-#endif
-                                                    };
+        const gdn_vi c = lane + c0;
         const gdn_vf x = vsel((c >= lo) & (c <= hi), vload(s + c0), vsplat(-INFINITY));
         vstore(s + c0, x);
         mxv = vmax(mxv, x);

@@ -441,7 +441,6 @@ static void swiglu_backward(const gdn_model_plan *p, float *gu, const float *dm)
     }
 }
 
-/* One block forward from x (its input) into xout; keeps what its backward needs in b. */
 /* The MLP's gate and up projections are one [2I x E] matrix when up_proj follows gate_proj with
  * no padding (I E a multiple of 16): then each of their products runs as one GEMM of twice the
  * width instead of two (one parallel region and one set of packing barriers fewer; at m = 1 one
@@ -452,6 +451,7 @@ static int gate_up_parts(const gdn_model_config *c, int64_t l, int64_t *width) {
     return one ? 1 : 2;
 }
 
+/* One block forward from x (its input) into xout; keeps what its backward needs in b. */
 static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float *x,
                          const block_acts *b, const float *w, int keep) {
     const gdn_model_config *c = &p->cfg;
