@@ -25,6 +25,7 @@
 #include "harness.h"
 #include "gdncp/train.h"
 #include "kernel_internal.h"
+#include "attention_internal.h" /* gdn_attn_bf16_path */
 
 #include <math.h>
 #include <stdio.h>
@@ -37,6 +38,9 @@
                               * <= 8.4e-4, the fp32 layer (the control) 7e-3 and above */
 #define KERNEL_ORACLE_TOL 5e-4 /* the BF16 kernel vs its oracle: measured 1.3e-4 to 1.6e-4, the bf16 rounding of an fp32
                                   * intermediate (tm, Dl) flipping to the other neighbour than its double; controls >= 2e-3 */
+#define ATTN_ORACLE_GRAD_TOL 1e-3 /* the attention layer's gradients vs its bf16 oracle: dS = P (dP - D) is a
+                                   * cancelling difference, so its fp32 value rounds to the other bf16 neighbour
+                                   * than its double more often than other operands do (measured <= 2.1e-4) */
 #define F32_TOL 5e-2
 #define MODEL_TOL 5e-2      /* the model's gradients vs fp32, norm-wise (measured 1.9e-2) */
 #define MODEL_LOSS_TOL 1e-3 /* its loss vs fp32, relative (measured 2e-5 at the initialisation) */
@@ -194,32 +198,50 @@ static int attn_run(const gdn_attn_config *c, int ref, const float *x, const flo
 }
 static void attn_free(attn_out *o) { free(o->y), free(o->dx), free(o->dw); }
 
-/* Every tensor of o against r within tol (control: y must differ by more). */
+/* Every tensor of o against r: y within tol, dx and the weight gradients within gtol (control:
+ * y must differ by more than tol). */
 static void attn_compare(const char *label, const char *what, const gdn_attn_config *c, const attn_out *o,
-                         const attn_out *r, double tol, int control) {
+                         const attn_out *r, double tol, double gtol, int control) {
     const int64_t nx = c->B * c->T * c->E;
     if (control) {
         expect_far(rel_err_dd(o->y, r->y, nx), tol, "%s %s: y", label, what);
         return;
     }
     expect_close(rel_err_dd(o->y, r->y, nx), tol, "%s %s y", label, what);
-    expect_close(rel_err_dd(o->dx, r->dx, nx), tol, "%s %s dx", label, what);
+    expect_close(rel_err_dd(o->dx, r->dx, nx), gtol, "%s %s dx", label, what);
     for (int p = 0; p < GDN_A_COUNT; p++) {
         const size_t off = gdn_attn_param_offset(c, p);
-        expect_close(rel_err_dd(o->dw + off, r->dw + off, (int64_t)gdn_attn_param_numel(c, p)), tol, "%s %s grad.%s",
+        expect_close(rel_err_dd(o->dw + off, r->dw + off, (int64_t)gdn_attn_param_numel(c, p)), gtol, "%s %s grad.%s",
                      label, what, gdn_attn_param_name(p));
     }
 }
 
-static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t Hkv, int64_t d, uint64_t seed) {
+/* Whether two runs gave the same bits (y, dx, dw). */
+static int attn_same_bits(const gdn_attn_config *c, const attn_out *a, const attn_out *b) {
+    const size_t nx = (size_t)(c->B * c->T * c->E), nw = gdn_attn_param_floats(c);
+    return !memcmp(a->y, b->y, sizeof(double) * nx) && !memcmp(a->dx, b->dx, sizeof(double) * nx) &&
+           !memcmp(a->dw, b->dw, sizeof(double) * nw);
+}
+
+/* The attention layer: its projections and its core's products in bf16 (the core on each BF16
+ * path in turn: gdn_attn_bf16_path), against its oracle (which rounds what the core rounds, P
+ * against the core's lazy running max: attention_reference.c) and the fp32 oracle. norm_w: the
+ * q/k norm weights (large: sharp scores, so a row's running max moves in later key tiles). Bit for
+ * bit: AMX emulated == the fallback in TDPBF16PS's order, AMX == AMX emulated, AVX512-BF16 == the
+ * fallback (where the CPU has them). */
+static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t Hkv, int64_t d, double norm_w,
+                           uint64_t seed) {
     gdn_attn_config c = gdn_attn_config_default(B, T, E, H, Hkv, d);
     c.R = d / 2, c.rope_theta = 1e4;
     rng_seed(seed);
     const size_t nx = (size_t)B * T * E;
     float *w = attn_random_weights(&c), *x = random_floats(nx), *dy = random_floats(nx);
-    char label[128];
-    snprintf(label, sizeof label, "bf16 attention B=%lld T=%lld E=%lld H=%lld Hkv=%lld d=%lld", (long long)B,
-             (long long)T, (long long)E, (long long)H, (long long)Hkv, (long long)d);
+    if (norm_w != 0)
+        for (int p = GDN_A_Q_NORM; p <= GDN_A_K_NORM; p++)
+            for (size_t i = 0; i < gdn_attn_param_numel(&c, p); i++) w[gdn_attn_param_offset(&c, p) + i] = (float)norm_w;
+    char label[160];
+    snprintf(label, sizeof label, "bf16 attention B=%lld T=%lld E=%lld H=%lld Hkv=%lld d=%lld norm w %g", (long long)B,
+             (long long)T, (long long)E, (long long)H, (long long)Hkv, (long long)d, norm_w);
     attn_out rb = {0}, r32 = {0}, o = {0};
     c.compute = GDN_COMPUTE_BF16;
     int rc = attn_run(&c, 1, x, w, dy, &rb);
@@ -234,22 +256,52 @@ static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t H
             if (!attn_run(&c, 0, x, w, dy, &o))
                 attn_compare(label, keep == GDN_ATTN_KEEP_ALL ? "vs its bf16-operand oracle (keep all)"
                                                               : "vs its bf16-operand oracle (keep core)",
-                             &c, &o, &rb, ORACLE_TOL, 0);
+                             &c, &o, &rb, ORACLE_TOL, ATTN_ORACLE_GRAD_TOL, 0);
             else
                 check(0, "%s: %s", label, gdn_errmsg());
             attn_free(&o);
         }
         c.keep = GDN_ATTN_KEEP_ALL;
-        if (!attn_run(&c, 0, x, w, dy, &o)) attn_compare(label, "vs the fp32 oracle (its accuracy)", &c, &o, &r32, F32_TOL, 0);
+        /* the core on each path: 0 emulated AMX, 1 the fallback in AMX order, 2 the fallback,
+         * 3 AVX512-BF16, 4 AMX */
+        static const int path[5] = {GDN_BF16_AMX_EMU, GDN_BF16_FALLBACK, GDN_BF16_FALLBACK, GDN_BF16_AVX512, GDN_BF16_AMX};
+        static const char *name[5] = {"AMX emulated", "fallback (AMX order)", "fallback", "AVX512-BF16", "AMX"};
+        attn_out po[5] = {{0}};
+        int ran[5] = {0};
+        for (int k = 0; k < 5; k++) {
+            if (!gdn_bf16_path_available(path[k])) {
+                if (!tests_quiet) printf("      %s: core on %s: not on this CPU (its bits are the emulated ones')\n", label, name[k]);
+                continue;
+            }
+            gdn_attn_bf16_path = path[k], gdn_bf16_fallback_amx_order = k == 1;
+            ran[k] = !attn_run(&c, 0, x, w, dy, &po[k]);
+            gdn_attn_bf16_path = 0, gdn_bf16_fallback_amx_order = 0;
+            check(ran[k], "%s: core on %s ran", label, name[k]);
+            if (!ran[k]) continue;
+            char what[96];
+            snprintf(what, sizeof what, "[core on %s] vs its bf16-operand oracle", name[k]);
+            attn_compare(label, what, &c, &po[k], &rb, ORACLE_TOL, ATTN_ORACLE_GRAD_TOL, 0);
+        }
+        if (ran[0] && ran[1]) check(attn_same_bits(&c, &po[0], &po[1]), "%s: core AMX emulated == fallback (AMX order) bit for bit", label);
+        if (ran[4] && ran[0]) check(attn_same_bits(&c, &po[4], &po[0]), "%s: core AMX == AMX emulated bit for bit", label);
+        if (ran[3] && ran[2]) check(attn_same_bits(&c, &po[3], &po[2]), "%s: core AVX512-BF16 == fallback bit for bit", label);
+        for (int k = 0; k < 5; k++) attn_free(&po[k]);
+        if (!attn_run(&c, 0, x, w, dy, &o))
+            attn_compare(label, "vs the fp32 oracle (its accuracy)", &c, &o, &r32, F32_TOL, F32_TOL, 0);
         attn_free(&o);
         gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
         if (!attn_run(&c, 0, x, w, dy, &o))
-            attn_compare(label, "control: bf16 GEMM k pairs shifted, vs the fp32 oracle", &c, &o, &r32, F32_TOL, 1);
+            attn_compare(label, "control: bf16 GEMM k pairs shifted, vs the fp32 oracle", &c, &o, &r32, F32_TOL, F32_TOL, 1);
+        attn_free(&o);
+        gdn_bf16_fault = GDN_BF16_FAULT_TRUNCATE;
+        if (!attn_run(&c, 0, x, w, dy, &o))
+            attn_compare(label, "control: operands truncated to bf16, vs its bf16-operand oracle", &c, &o, &rb, ORACLE_TOL,
+                         ORACLE_TOL, 1);
         gdn_bf16_fault = 0;
         attn_free(&o);
         c.compute = GDN_COMPUTE_FP32;
         if (!attn_run(&c, 0, x, w, dy, &o))
-            attn_compare(label, "control: the fp32 layer vs the bf16 oracle", &c, &o, &rb, ORACLE_TOL, 1);
+            attn_compare(label, "control: the fp32 layer vs the bf16 oracle", &c, &o, &rb, ORACLE_TOL, ORACLE_TOL, 1);
         attn_free(&o);
     }
     attn_free(&rb), attn_free(&r32);
@@ -453,7 +505,9 @@ void test_compute_bf16(void) {
     one_shape(2, 45, 48, 2, 4, 16, 24, 16, 1, 11);
     one_shape(1, 150, 64, 2, 4, 32, 16, 16, 0.05, 12);
     /* the attention layer: GQA, a T over the core's tiles, E and every projection width > 16 */
-    attention_case(2, 40, 32, 4, 2, 16, 13);
+    attention_case(2, 40, 32, 4, 2, 16, 0, 13);
+    /* several key tiles and query blocks (a partial last one), d over two B panels, sharp scores */
+    attention_case(1, 200, 48, 4, 2, 48, 2, 14);
     model_case();
     decode_case();
     /* the chunk kernel: grouped heads, K != V, ragged T, several chunk sizes, h0, packed

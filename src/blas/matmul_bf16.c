@@ -1006,6 +1006,69 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
     return path;
 }
 
+/* ---------------------------------------------------------------- pre-packed operands */
+
+/* A packed op(A) [m x kk]: its row panels in mk_run's layout over the whole depth (kcp: kk
+ * rounded up to the path's granule, 32 with AMX, a pair otherwise); a packed op(B) [kk x n]: its
+ * micro-panels of NR columns, kcp / 2 pair rows each. */
+static int64_t packed_depth(int path, int64_t kk) {
+    return blocking(path).amx ? (kk + 31) / 32 * 32 : (kk + 1) / 2 * 2;
+}
+size_t gdn_bf16_packed_a_bytes(int path, int64_t m, int64_t kk) {
+    const bf_blocking bl = blocking(path);
+    const size_t esz = path == GDN_BF16_FALLBACK ? 4 : 2; /* the fallback's A widened to fp32 */
+    return ((size_t)((m + bl.MR - 1) / bl.MR) * (size_t)bl.MR * (size_t)packed_depth(path, kk) * esz + 63) / 64 * 64;
+}
+size_t gdn_bf16_packed_b_bytes(int path, int64_t n, int64_t kk) {
+    return (size_t)((n + NR - 1) / NR) * (size_t)(packed_depth(path, kk) / 2) * NR * 4;
+}
+void gdn_bf16_pack_a(int path, int trans, int64_t m, int64_t kk, const float *A, int64_t lda, void *dst) {
+    const bf_blocking bl = blocking(path);
+    const int64_t kcp = packed_depth(path, kk), kp = kcp / 2;
+    const int fb = path == GDN_BF16_FALLBACK, hw = hw_convert(path);
+    for (int64_t ip = 0; ip * bl.MR < m; ip++) {
+        const int64_t mr = min64(bl.MR, m - ip * bl.MR);
+        if (bl.amx)
+            pack_a_x((uint16_t *)dst + ip * bl.MR * kcp, A, 0, trans, lda, ip * bl.MR, mr, 0, kk, kcp, hw);
+        else
+            pack_a_v((uint32_t *)dst + ip * bl.MR * kp * (fb + 1), A, 0, trans, lda, ip * bl.MR, mr, 0, kk, kp, fb);
+    }
+}
+void gdn_bf16_pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, int64_t ldb, void *dst) {
+    const int64_t kp = packed_depth(path, kk) / 2;
+    for (int64_t q = 0; q * NR < n; q++)
+        pack_b((uint32_t *)dst + q * kp * NR, B, 0, trans, ldb, 0, kk, kp, q * NR, (int)min64(NR, n - q * NR),
+               hw_convert(path));
+}
+unsigned gdn_bf16_thread_begin(int path) {
+    const gdn_fpmode fm = gdn_fp_fast_begin();
+    tilecfg cfg;
+    tilecfg_init(&cfg);
+    if (path == GDN_BF16_AMX_EMU) emu_loadcfg(&cfg);
+#if HAVE_AMX_CODE
+    if (path == GDN_BF16_AMX) amx_loadcfg(&cfg);
+#endif
+    return (unsigned)fm;
+}
+void gdn_bf16_thread_end(int path, unsigned mode) {
+#if HAVE_AMX_CODE
+    if (path == GDN_BF16_AMX) amx_release();
+#endif
+    (void)path;
+    gdn_fp_fast_end((gdn_fpmode)mode);
+}
+void gdn_bf16_packed_gemm(int path, int acc, int64_t m, int64_t n, int64_t kk, const void *a, const void *b,
+                          float *C, int64_t ldc) {
+    const bf_blocking bl = blocking(path);
+    const int64_t kcp = packed_depth(path, kk), kp = kcp / 2;
+    for (int64_t ip = 0; ip * bl.MR < m; ip++) {
+        const int mr = (int)min64(bl.MR, m - ip * bl.MR);
+        for (int64_t q = 0; q * NR < n; q++)
+            mk_run(path, a, ip, bl.MR, kcp, 0, kcp, (const uint32_t *)b + q * kp * NR, C + ip * bl.MR * ldc + q * NR,
+                   ldc, acc, mr, (int)min64(NR, n - q * NR));
+    }
+}
+
 /* ---------------------------------------------------------------- peaks and the bench probe */
 
 /* Register-only throughput of the path's instruction, GFLOP/s (2 per multiply-add): VDPBF16PS

@@ -218,7 +218,7 @@ gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj) {
         .B = c->B, .H = c->H, .Hkv = c->Hkv, .d = c->d, .Q = ap->qr, .nq = T, .q0 = c->seq_offset, .qld = ap->Hd,
         .nk = T, .k0 = c->seq_offset, .K = {ap->kr, ap->Kd, c->d, T * ap->Kd},
         .V = {(float *)proj + 2 * ap->Hd + ap->Kd, ap->P, c->d, T * ap->P}, .cu = ap->cu, .n_docs = c->n_docs,
-        .threads = ap->threads, .tile = ap->tile,
+        .threads = ap->threads, .bf16 = ap->cfg.compute == GDN_COMPUTE_BF16, .tile = ap->tile,
     };
     return v;
 }

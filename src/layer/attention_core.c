@@ -26,7 +26,20 @@
  * query blocks, _kv over key tiles), which recompute S and dP once more (9 products instead of 7)
  * but spread over every block and tile. Both schedules run the same products on the same operands
  * in the same order, so the result is bitwise the same whichever runs and whatever the thread
- * count; no two threads ever add into one row. A query that sees no key gives 0 (lse = -inf). */
+ * count; no two threads ever add into one row. A query that sees no key gives 0 (lse = -inf).
+ *
+ * BF16 (v->bf16, an fp32 view, blocks of more than FEW_ROWS rows). The same tiles, masks,
+ * softmax and schedule, with every product on pre-packed bf16 operands (blas.h,
+ * gdn_bf16_packed_gemm: AMX tiles, VDPBF16PS or the fallback) accumulated in fp32: the call first
+ * packs each key tile of each kv head once as the A operands it needs (K and V^T for the forward;
+ * K, V and K^T for the backward's dQ; K and V for its dK, dV), a block packs its scaled Q (and dO)
+ * once as B operands (Q^T for the scores, Q for dK; dO^T for dP, dO for dV), and a (block, tile)
+ * pair packs P^T (as B for O^T += V^T P^T and as A for dV) and dS^T (as B for dQ, as A for dK).
+ * So Q, K, V, dO, P and dS are rounded to bf16 (nearest even); the scores, the running max and
+ * sum, alpha, lse, D, O's and the gradients' accumulators stay fp32. P is rounded after it is
+ * scaled against the lazy running max (by e^(m_true - m), not a power of two), which an oracle
+ * cannot reproduce: the tests bound it (tests/test_compute_bf16.c). If the packed keys cannot be
+ * allocated, the call runs in fp32. */
 #include "attention_internal.h"
 #include "pack.h" /* the micro-kernel (microkernel.h) and the in-register transpose */
 
@@ -36,11 +49,12 @@
 #ifndef BQ
 #define BQ 128 /* rows of a query block */
 #endif
-#ifndef BK
-#define BK 64 /* keys of a tile */
-#endif
+#define BK GDN_ATTN_KEY_TILE
 #ifndef KC
 #define KC 256 /* depth of one pass of the score products */
+#endif
+#ifndef FEW_ROWS
+#define FEW_ROWS 8 /* a block of at most this many rows runs by rows (below: "few rows") */
 #endif
 #if GDN_VL == 16
 #define MK_MR 8 /* the rows of gemm.c's tile at this width */
@@ -66,13 +80,40 @@ typedef struct {
     int64_t *tg, *db;  /* [BQ]: each row's global index and its document's first token */
     int64_t *off, *lix; /* [BQ]: Q/O/dO/dQ offset, lse/D index of each row */
     float *kw, *vw;    /* [BK][d]: a BF16 view's key and value tile widened to fp32 (forward) */
+    /* BF16 products: the block's rows of scaled Q and of dO [BQ][d] (zero past R), and packed
+     * operands: Q^T, dO^T as B [d x BQ]; Q, dO as B [BQ x d]; P^T, dS^T as B [BK x BQ] and as A
+     * [BK x BQ] */
+    float *Qr, *dOr;
+    void *QtB, *dOtB, *QB, *dOB, *PtB, *dStB, *PtA, *dStA;
 } tile_view;
+
+/* The largest packed operand of a shape over the BF16 paths, in floats. */
+static size_t bf_a_floats(int64_t m, int64_t kk) {
+    const int paths[] = {GDN_BF16_FALLBACK, GDN_BF16_AVX512, GDN_BF16_AMX};
+    size_t most = 0;
+    for (int i = 0; i < 3; i++) {
+        const size_t b = gdn_bf16_packed_a_bytes(paths[i], m, kk);
+        most = b > most ? b : most;
+    }
+    return most / 4;
+}
+static size_t bf_b_floats(int64_t n, int64_t kk) {
+    const int paths[] = {GDN_BF16_FALLBACK, GDN_BF16_AVX512, GDN_BF16_AMX};
+    size_t most = 0;
+    for (int i = 0; i < 3; i++) {
+        const size_t b = gdn_bf16_packed_b_bytes(paths[i], n, kk);
+        most = b > most ? b : most;
+    }
+    return most / 4;
+}
 
 /* Carve the tile (t NULL: only count): 64-byte aligned pieces from a 64-byte aligned start. */
 static size_t tile_layout(int64_t d, float *base, tile_view *t) {
     const size_t dp = (size_t)dpad(d), dq = (size_t)d;
+    const size_t qb = bf_b_floats(BQ, d), rb = bf_b_floats(d, BQ), pb = bf_b_floats(BQ, BK), pa = bf_a_floats(BK, BQ);
     const size_t sizes[] = {dq * BQ, dq * BQ, BQ * dp, BQ * dp, dq * BQ, BK * BQ, BK * BQ, BQ, BQ, BQ, BQ, BQ,
-                            BQ, BQ, 2 * BQ, 2 * BQ, 2 * BQ, 2 * BQ, BK * dq, BK * dq};
+                            BQ, BQ, 2 * BQ, 2 * BQ, 2 * BQ, 2 * BQ, BK * dq, BK * dq,
+                            BQ * dq, BQ * dq, qb, qb, rb, rb, pb, pb, pa, pa};
     size_t at = 0;
     float *p[sizeof sizes / sizeof sizes[0]];
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -85,6 +126,9 @@ static size_t tile_layout(int64_t d, float *base, tile_view *t) {
         t->hi = (int32_t *)p[12], t->lo = (int32_t *)p[13];
         t->tg = (int64_t *)p[14], t->db = (int64_t *)p[15], t->off = (int64_t *)p[16], t->lix = (int64_t *)p[17];
         t->kw = p[18], t->vw = p[19];
+        t->Qr = p[20], t->dOr = p[21];
+        t->QtB = p[22], t->dOtB = p[23], t->QB = p[24], t->dOB = p[25];
+        t->PtB = p[26], t->dStB = p[27], t->PtA = p[28], t->dStA = p[29];
     }
     return at + MK_NR; /* + a panel: the micro-kernel reads whole panels past d */
 }
@@ -253,11 +297,28 @@ static void scatter_t(float *dst, const float *src, const int64_t *off, int R, i
     }
 }
 
+/* The plain gather: row i (times mul) at dst[i d], rows R..BQ zero. */
+static void gather_plain(float *dst, const float *src, const int64_t *off, int R, int64_t d, float mul) {
+    for (int i = 0; i < R; i++) {
+        int64_t e = 0;
+        for (; e + VL <= d; e += VL) gdn_vstoreu(dst + i * d + e, gdn_vloadu(src + off[i] + e) * mul);
+        for (; e < d; e++) dst[i * d + e] = src[off[i] + e] * mul;
+    }
+    memset(dst + (int64_t)R * d, 0, sizeof(float) * (size_t)(BQ - R) * (size_t)d);
+}
+
 /* The rows of query block blk of head group g in batch row b: i = tt hg + hh is token blk TB + tt
  * of head g hg + hh. Fills each row's offsets, global index and document start, Q^T (scaled) and,
- * for the backward (dO given), Q, dO^T, dO, lse and D; rows past R see nothing. Returns R. */
+ * for the backward (dO given), Q, dO^T, dO, lse and D (bf: Qr and dOr instead of the gathers for
+ * the fp32 products); rows past R see nothing. Returns R. */
+/* The rows of query block blk (hg heads per token). */
+static inline int block_rows(const gdn_attn_core *v, int64_t hg, int64_t blk) {
+    const int64_t TB = BQ / hg, left = v->nq - blk * TB;
+    return (int)((left < TB ? left : TB) * hg);
+}
+
 static int gather_block(const gdn_attn_core *v, const tile_view *t, int64_t b, int64_t g, int64_t blk, int64_t hg,
-                        const float *dO, const float *lse, const float *D) {
+                        const float *dO, const float *lse, const float *D, int bf) {
     const int64_t TB = BQ / hg, d = v->d, tok0 = blk * TB;
     const int64_t ntok = v->nq - tok0 < TB ? v->nq - tok0 : TB;
     const float scale = 1.0f / sqrtf((float)d);
@@ -274,11 +335,18 @@ static int gather_block(const gdn_attn_core *v, const tile_view *t, int64_t b, i
     }
     const int R = (int)(ntok * hg);
     for (int i = R; i < BQ; i++) t->tg[i] = INT64_MIN / 2, t->db[i] = INT64_MAX / 2;
-    gather_t(t->QtT, v->Q, t->off, R, d, scale);
+    if (bf) { /* rows for the packers (below) */
+        gather_plain(t->Qr, v->Q, t->off, R, d, scale);
+        if (dO) gather_plain(t->dOr, dO, t->off, R, d, 1.0f);
+    } else {
+        gather_t(t->QtT, v->Q, t->off, R, d, scale);
+        if (dO) {
+            gather_t(t->dOtT, dO, t->off, R, d, 1.0f);
+            gather_rows_major(t->Qt, v->Q, t->off, R, d, scale);
+            gather_rows_major(t->dOt, dO, t->off, R, d, 1.0f);
+        }
+    }
     if (dO) {
-        gather_t(t->dOtT, dO, t->off, R, d, 1.0f);
-        gather_rows_major(t->Qt, v->Q, t->off, R, d, scale);
-        gather_rows_major(t->dOt, dO, t->off, R, d, 1.0f);
         for (int i = 0; i < BQ; i++) {
             /* a row that saw nothing (lse -inf) and the rows past R: P = exp(s - inf) = 0 */
             const float l = i < R ? lse[t->lix[i]] : INFINITY;
@@ -315,12 +383,68 @@ static inline gdn_vi visible(const tile_view *t, int i0, int c) {
     return (cc <= *(const gdn_vi *)(t->hi + i0)) & (cc >= *(const gdn_vi *)(t->lo + i0));
 }
 
+/* ---------------------------------------------------------------- BF16: the packed keys */
+
+int gdn_attn_bf16_path = 0;
+
+/* The key tiles' A operands a call packs (a mask of): K [n x d] (the scores S^T = K Q^T), V^T
+ * [d x n] (O^T += V^T P^T), V [n x d] (dP^T = V dO^T), K^T [d x n] (dQ^T += K^T dS^T). */
+enum { BF_K = 1, BF_VT = 2, BF_V = 4, BF_KT = 8 };
+
+typedef struct {
+    int path;        /* 0: the call runs its products in fp32 */
+    char *p;         /* per (b, j, tile): the packed operands of the mask, in bit order */
+    size_t op_bytes; /* one operand's room */
+    int n_ops;
+    unsigned mask;
+    int64_t nkt;
+} bf_keys;
+
+static const void *bf_key_op(const gdn_attn_core *v, const bf_keys *k, int64_t b, int64_t j, int64_t kt, unsigned op) {
+    const int slot = __builtin_popcount(k->mask & (op - 1)); /* the operands of lower bits come first */
+    return k->p + ((size_t)((b * v->Hkv + j) * k->nkt + kt) * (size_t)k->n_ops + (size_t)slot) * k->op_bytes;
+}
+
+/* Pack the view's key tiles (mask: which operands) when its products run in BF16: an fp32 view
+ * with blocks of more than FEW_ROWS rows (a decode step's few rows run fp32 by rows); k->path 0
+ * otherwise, and when the room cannot be allocated (the call then runs in fp32). */
+static bf_keys bf_pack_keys(const gdn_attn_core *v, unsigned mask) {
+    bf_keys k = {0};
+    const int64_t hg = heads_per_job(v), TB = BQ / hg, rows = (v->nq < TB ? v->nq : TB) * hg;
+    if (!v->bf16 || v->Kb || v->Vb || rows <= FEW_ROWS || v->nk <= 0) return k;
+    const int path = gdn_attn_bf16_path ? gdn_attn_bf16_path : gdn_bf16_path_auto();
+    const int64_t d = v->d;
+    const size_t a1 = gdn_bf16_packed_a_bytes(path, BK, d), a2 = gdn_bf16_packed_a_bytes(path, d, BK);
+    k.op_bytes = a1 > a2 ? a1 : a2, k.mask = mask, k.n_ops = __builtin_popcount(mask);
+    k.nkt = (v->nk + BK - 1) / BK;
+    const int64_t tiles = v->B * v->Hkv * k.nkt;
+    k.p = aligned_alloc(64, (size_t)tiles * (size_t)k.n_ops * k.op_bytes);
+    if (!k.p) return (bf_keys){0};
+    k.path = path;
+#pragma omp parallel for num_threads(v->threads) schedule(static)
+    for (int64_t job = 0; job < tiles; job++) {
+        const int64_t kt = job % k.nkt, j = job / k.nkt % v->Hkv, b = job / k.nkt / v->Hkv;
+        const int64_t u = kt * BK, n = v->nk - u < BK ? v->nk - u : BK;
+        const float *Ku = v->K.p + b * v->K.bs + j * v->K.hs + u * v->K.ld;
+        const float *Vu = v->V.p + b * v->V.bs + j * v->V.hs + u * v->V.ld;
+        if (mask & BF_K) gdn_bf16_pack_a(path, 0, n, d, Ku, v->K.ld, (void *)bf_key_op(v, &k, b, j, kt, BF_K));
+        if (mask & BF_VT) gdn_bf16_pack_a(path, 1, d, n, Vu, v->V.ld, (void *)bf_key_op(v, &k, b, j, kt, BF_VT));
+        if (mask & BF_V) gdn_bf16_pack_a(path, 0, n, d, Vu, v->V.ld, (void *)bf_key_op(v, &k, b, j, kt, BF_V));
+        if (mask & BF_KT) gdn_bf16_pack_a(path, 1, d, n, Ku, v->K.ld, (void *)bf_key_op(v, &k, b, j, kt, BF_KT));
+    }
+    return k;
+}
+
+/* The packed keys for block blk, or none (fp32 products) when the block has at most FEW_ROWS
+ * rows: the forward's few-row path is fp32, so its backward is too. */
+static inline bf_keys block_keys(const bf_keys *k, const gdn_attn_core *v, int64_t hg, int64_t blk) {
+    bf_keys none = {0};
+    return k->path && block_rows(v, hg, blk) > FEW_ROWS ? *k : none;
+}
+
 /* ---------------------------------------------------------------- forward */
 
-/* The running max of a row moves only when a tile's scores exceed it by more than this (natural
- * log): the probabilities are then up to e^8 times their normalised values, the sum up to e^8 T,
- * far inside fp32, and the output, rescaled only then, is rescaled far less often. */
-#define LAZY_MAX 8.0f
+#define LAZY_MAX GDN_ATTN_LAZY_MAX
 
 /* One tile's online-softmax step on S^T (n x BQ, scaled scores): P^T into dP, against each row's
  * running max m (raised when a score passes m + LAZY_MAX, or set by the first scores the row sees);
@@ -392,9 +516,6 @@ static void widen_rows(float *restrict dst, const uint16_t *src, int n, int64_t 
  * sums reduced at once into one vector of VL scores (gdn_hsum_vl); the softmax runs on those vectors; O
  * accumulates the rows of V scaled by P (a row's o [d] in the tile's acc). Same lazy running max
  * as softmax_step. Measured (gdncp bench decode): see docs/performance.md, the decode step. */
-#ifndef FEW_ROWS
-#define FEW_ROWS 8
-#endif
 
 /* s[c] = q . K[c] for the n keys of a tile (s padded to whole vectors, zero past n): VL keys at
  * a time, each key's partial sums an independent chain along d (in registers when VL keys are
@@ -489,19 +610,24 @@ static void few_row_tile(const tile_view *t, int i, int64_t d, const float *q, f
 void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
     const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
     const int64_t grp = v->H / v->Hkv, d = v->d, jobs = v->B * ng * nblk;
+    const bf_keys bk = bf_pack_keys(v, BF_K | BF_VT);
 #pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; job++) {
         const int64_t blk = nblk - 1 - job / (v->B * ng), b = job % (v->B * ng) / ng, g = job % ng; /* longest first */
         const tile_view t = tile_of(v);
-        const int R = gather_block(v, &t, b, g, blk, hg, NULL, NULL, NULL);
+        const bf_keys kb = block_keys(&bk, v, hg, blk);
+        const int bf = kb.path != 0;
+        const int R = gather_block(v, &t, b, g, blk, hg, NULL, NULL, NULL, bf);
         const int cols = (R + MK_NR - 1) / MK_NR * MK_NR; /* the block's panels in use (columns are
                                                              independent: the same bits as all BQ) */
         const int64_t j = g * hg / grp;
+        const unsigned fm = bf ? gdn_bf16_thread_begin(bk.path) : 0;
+        if (bf) gdn_bf16_pack_b(bk.path, 1, cols, d, t.Qr, d, t.QtB); /* Q^T [d x cols] */
         /* a BF16 view (a BF16 KV cache) is read a tile at a time, widened into the tile's kw, vw */
-        const int bf = v->Kb != NULL;
-        const float *K = bf ? NULL : v->K.p + b * v->K.bs + j * v->K.hs, *V = bf ? NULL : v->V.p + b * v->V.bs + j * v->V.hs;
-        const uint16_t *Kb = bf ? v->Kb + b * v->K.bs + j * v->K.hs : NULL, *Vb = bf ? v->Vb + b * v->V.bs + j * v->V.hs : NULL;
-        const int64_t kld = bf ? d : v->K.ld, vld = bf ? d : v->V.ld;
+        const int kvb = v->Kb != NULL;
+        const float *K = kvb ? NULL : v->K.p + b * v->K.bs + j * v->K.hs, *V = kvb ? NULL : v->V.p + b * v->V.bs + j * v->V.hs;
+        const uint16_t *Kb = kvb ? v->Kb + b * v->K.bs + j * v->K.hs : NULL, *Vb = kvb ? v->Vb + b * v->V.bs + j * v->V.hs : NULL;
+        const int64_t kld = kvb ? d : v->K.ld, vld = kvb ? d : v->V.ld;
         for (int i = 0; i < BQ; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
         const int few = R <= FEW_ROWS; /* rows of q [d] in Qt, of o [d] in acc */
         if (few)
@@ -515,7 +641,7 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
         for (int64_t u0 = first_tile(v, lo); u0 < hi; u0 += BK) {
             const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
             const float *Ku, *Vu;
-            if (bf) {
+            if (kvb) {
                 widen_rows(t.kw, Kb + (u0 - v->k0) * v->K.ld, n, v->K.ld, d);
                 widen_rows(t.vw, Vb + (u0 - v->k0) * v->V.ld, n, v->V.ld, d);
                 Ku = t.kw, Vu = t.vw;
@@ -531,19 +657,29 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
                 continue;
             }
             /* the next tile's keys and values come into L2 under this one's products (fp32 views) */
-            const int nn = bf ? 0 : (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
+            const int nn = bf || kvb ? 0 : (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
             const prefetch_rows nk = {Ku + BK * kld, kld, d, nn > 0 ? nn : 0};
             const prefetch_rows nv = {Vu + BK * vld, vld, d, nn > 0 ? nn : 0};
-            scores_t(n, (int)d, cols, Ku, kld, t.QtT, t.S, &nk); /* S^T = K Q^T */
+            const int64_t kt = (u0 - v->k0) / BK;
+            if (bf) /* S^T = K Q^T */
+                gdn_bf16_packed_gemm(bk.path, 0, n, cols, d, bf_key_op(v, &bk, b, j, kt, BF_K), t.QtB, t.S, BQ);
+            else
+                scores_t(n, (int)d, cols, Ku, kld, t.QtT, t.S, &nk);
             const int full = tile_full(&t, R, u0, n);
             if (!full) set_limits(&t, u0);
             const int rescale = softmax_step(&t, n, full, cols);
             if (rescale && !first)
                 for (int64_t e = 0; e < d; e++)
                     for (int i0 = 0; i0 < cols; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
-            mm((int)d, cols, n, Vu, 1, vld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv); /* O^T += V^T P^T */
+            if (bf) { /* O^T += V^T P^T */
+                gdn_bf16_pack_b(bk.path, 0, cols, n, t.dP, BQ, t.PtB);
+                gdn_bf16_packed_gemm(bk.path, !first, d, cols, n, bf_key_op(v, &bk, b, j, kt, BF_VT), t.PtB, t.acc, BQ);
+            } else {
+                mm((int)d, cols, n, Vu, 1, vld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv);
+            }
             first = 0;
         }
+        if (bf) gdn_bf16_thread_end(bk.path, fm);
         for (int i = 0; i < BQ; i++) { /* 1 / l per row, lse; a query that sees nothing: o = 0, lse = -inf */
             const float l = t.l[i];
             if (i < R) lse[t.lix[i]] = l > 0.0f && !first ? t.m[i] + logf(l) : -INFINITY;
@@ -557,6 +693,7 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
         if (first) memset(t.acc, 0, sizeof(float) * (size_t)d * BQ);
         scatter_t(o, t.acc, t.off, R, d, t.alpha, 0.0f, 0);
     }
+    free(bk.p);
 }
 
 void gdn_attn_merge(int64_t rows, int64_t H, int64_t d, int64_t qld, float *o, float *lse, const float *o2,
@@ -585,15 +722,22 @@ enum { PAIR_DQ = 1, PAIR_DKV = 2 };
 
 /* One (block, tile) pair of the backward: keys [u0, u0 + n) of kv head j (Ku, Vu: key u0; dKu,
  * dVu: its gradient rows). PAIR_DQ: dQ^T += K^T dS^T (overwritten when first); PAIR_DKV:
- * dV += P^T dO, dK += dS^T Q (scaled Q: the d^-1/2 of dK) into the caller's rows. */
+ * dV += P^T dO, dK += dS^T Q (scaled Q: the d^-1/2 of dK) into the caller's rows. bk->path: the
+ * products on the packed key tile kt of (b, j) and the block's packed rows (bf_pack_block). */
 static void backward_pair(const gdn_attn_core *v, const tile_view *t, int R, int64_t u0, int n, const float *Ku,
                           const float *Vu, int flags, int first, float *dKu, int64_t dk_ld, float *dVu, int64_t dv_ld,
-                          int n_next) {
-    const int d = (int)v->d;
-    /* the next tile's keys and values (n_next of them, in the caller's order) come into L2 */
-    const prefetch_rows nk = {Ku + BK * v->K.ld, v->K.ld, d, n_next}, nv = {Vu + BK * v->V.ld, v->V.ld, d, n_next};
-    scores_t(n, d, BQ, Ku, v->K.ld, t->QtT, t->S, &nk);  /* S^T = K Q^T (scaled) */
-    scores_t(n, d, BQ, Vu, v->V.ld, t->dOtT, t->dP, &nv); /* dP^T = V dO^T */
+                          int n_next, const bf_keys *bk, int64_t b, int64_t j) {
+    const int d = (int)v->d, path = bk->path;
+    const int64_t kt = (u0 - v->k0) / BK;
+    if (path) {
+        gdn_bf16_packed_gemm(path, 0, n, BQ, d, bf_key_op(v, bk, b, j, kt, BF_K), t->QtB, t->S, BQ);   /* S^T = K Q^T */
+        gdn_bf16_packed_gemm(path, 0, n, BQ, d, bf_key_op(v, bk, b, j, kt, BF_V), t->dOtB, t->dP, BQ); /* dP^T = V dO^T */
+    } else {
+        /* the next tile's keys and values (n_next of them, in the caller's order) come into L2 */
+        const prefetch_rows nk = {Ku + BK * v->K.ld, v->K.ld, d, n_next}, nv = {Vu + BK * v->V.ld, v->V.ld, d, n_next};
+        scores_t(n, d, BQ, Ku, v->K.ld, t->QtT, t->S, &nk);  /* S^T = K Q^T (scaled) */
+        scores_t(n, d, BQ, Vu, v->V.ld, t->dOtT, t->dP, &nv); /* dP^T = V dO^T */
+    }
     const int full = tile_full(t, R, u0, n);
     if (!full) set_limits(t, u0);
     for (int i0 = 0; i0 < BQ; i0 += VL) {
@@ -606,19 +750,45 @@ static void backward_pair(const gdn_attn_core *v, const tile_view *t, int R, int
         }
     }
     if (flags & PAIR_DKV) {
-        mm_pf(n, d, R, t->S, BQ, 1, t->dOt, MK_NR, BQ * MK_NR, dVu, dv_ld, 1, NULL); /* dV += P^T dO */
-        mm_pf(n, d, R, t->dP, BQ, 1, t->Qt, MK_NR, BQ * MK_NR, dKu, dk_ld, 1, NULL); /* dK += dS^T Q */
+        if (path) {
+            gdn_bf16_pack_a(path, 0, n, R, t->S, BQ, t->PtA);
+            gdn_bf16_packed_gemm(path, 1, n, d, R, t->PtA, t->dOB, dVu, dv_ld); /* dV += P^T dO */
+            gdn_bf16_pack_a(path, 0, n, R, t->dP, BQ, t->dStA);
+            gdn_bf16_packed_gemm(path, 1, n, d, R, t->dStA, t->QB, dKu, dk_ld); /* dK += dS^T Q */
+        } else {
+            mm_pf(n, d, R, t->S, BQ, 1, t->dOt, MK_NR, BQ * MK_NR, dVu, dv_ld, 1, NULL); /* dV += P^T dO */
+            mm_pf(n, d, R, t->dP, BQ, 1, t->Qt, MK_NR, BQ * MK_NR, dKu, dk_ld, 1, NULL); /* dK += dS^T Q */
+        }
     }
-    if (flags & PAIR_DQ) mm(d, BQ, n, Ku, 1, v->K.ld, t->dP, BQ, MK_NR, t->acc, BQ, !first, NULL); /* dQ^T += K^T dS^T */
+    if (flags & PAIR_DQ) { /* dQ^T += K^T dS^T */
+        if (path) {
+            gdn_bf16_pack_b(path, 0, BQ, n, t->dP, BQ, t->dStB);
+            gdn_bf16_packed_gemm(path, !first, d, BQ, n, bf_key_op(v, bk, b, j, kt, BF_KT), t->dStB, t->acc, BQ);
+        } else {
+            mm(d, BQ, n, Ku, 1, v->K.ld, t->dP, BQ, MK_NR, t->acc, BQ, !first, NULL);
+        }
+    }
+}
+
+/* A gathered block's rows packed for the BF16 backward (R rows; flags: which pairs follow):
+ * Q^T and dO^T as the scores' B operands, and (PAIR_DKV) Q and dO as dK's and dV's. */
+static void bf_pack_block(int path, const tile_view *t, int R, int64_t d, int flags) {
+    gdn_bf16_pack_b(path, 1, BQ, d, t->Qr, d, t->QtB);
+    gdn_bf16_pack_b(path, 1, BQ, d, t->dOr, d, t->dOtB);
+    if (flags & PAIR_DKV) {
+        gdn_bf16_pack_b(path, 0, d, R, t->Qr, d, t->QB);
+        gdn_bf16_pack_b(path, 0, d, R, t->dOr, d, t->dOB);
+    }
 }
 
 /* Every tile of one gathered block (rows [0, R)): the pairs in key order; dQ added into dq when
  * asked. */
 static void backward_block(const gdn_attn_core *v, const tile_view *t, int R, int64_t b, int64_t j, int flags,
-                           float *dq, const gdn_attn_kv *dk, const gdn_attn_kv *dv) {
+                           float *dq, const gdn_attn_kv *dk, const gdn_attn_kv *dv, const bf_keys *bk) {
     int64_t lo, hi;
     key_range(v, t, R, &lo, &hi);
     if (lo >= hi) return;
+    if (bk->path) bf_pack_block(bk->path, t, R, v->d, flags);
     const float *K = v->K.p + b * v->K.bs + j * v->K.hs, *V = v->V.p + b * v->V.bs + j * v->V.hs;
     int first = 1;
     for (int64_t u0 = first_tile(v, lo); u0 < hi; u0 += BK, first = 0) {
@@ -628,7 +798,7 @@ static void backward_block(const gdn_attn_core *v, const tile_view *t, int R, in
         backward_pair(v, t, R, u0, n, K + u * v->K.ld, V + u * v->V.ld, flags, first,
                       flags & PAIR_DKV ? dk->p + b * dk->bs + j * dk->hs + u * dk->ld : NULL, flags & PAIR_DKV ? dk->ld : 0,
                       flags & PAIR_DKV ? dv->p + b * dv->bs + j * dv->hs + u * dv->ld : NULL, flags & PAIR_DKV ? dv->ld : 0,
-                      nn > 0 ? nn : 0);
+                      nn > 0 ? nn : 0, bk, b, j);
     }
     if (flags & PAIR_DQ) scatter_t(dq, t->acc, t->off, R, v->d, NULL, 1.0f / sqrtf((float)v->d), 1);
 }
@@ -637,13 +807,18 @@ void gdn_attn_core_backward_q(const gdn_attn_core *v, const float *dO, const flo
     GDN_ASSERT(!v->Kb && !v->Vb); /* BF16 views are a KV cache's: forward only */
     const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
     const int64_t grp = v->H / v->Hkv, jobs = v->B * ng * nblk;
+    const bf_keys bk = bf_pack_keys(v, BF_K | BF_V | BF_KT);
 #pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; job++) {
         const int64_t blk = nblk - 1 - job / (v->B * ng), b = job % (v->B * ng) / ng, g = job % ng; /* longest first */
         const tile_view t = tile_of(v);
-        const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D);
-        backward_block(v, &t, R, b, g * hg / grp, PAIR_DQ, dq, NULL, NULL);
+        const bf_keys kb = block_keys(&bk, v, hg, blk);
+        const unsigned fm = kb.path ? gdn_bf16_thread_begin(kb.path) : 0;
+        const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D, kb.path != 0);
+        backward_block(v, &t, R, b, g * hg / grp, PAIR_DQ, dq, NULL, NULL, &kb);
+        if (kb.path) gdn_bf16_thread_end(kb.path, fm);
     }
+    free(bk.p);
 }
 
 /* The query blocks of group g that can see keys [u0, u0 + n): [*blo, *bhi). */
@@ -659,6 +834,7 @@ void gdn_attn_core_backward_kv(const gdn_attn_core *v, const float *dO, const fl
     GDN_ASSERT(!v->Kb && !v->Vb);
     const int64_t hg = heads_per_job(v), TB = BQ / hg, ng_kv = v->H / v->Hkv / hg;
     const int64_t nkt = (v->nk + BK - 1) / BK, jobs = v->B * v->Hkv * nkt;
+    const bf_keys bk = bf_pack_keys(v, BF_K | BF_V);
 #pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; job++) {
         const int64_t kt = job / (v->B * v->Hkv), b = job % (v->B * v->Hkv) / v->Hkv, j = job % v->Hkv; /* longest first */
@@ -671,17 +847,22 @@ void gdn_attn_core_backward_kv(const gdn_attn_core *v, const float *dO, const fl
         const float *Ku = v->K.p + b * v->K.bs + j * v->K.hs + u * v->K.ld;
         const float *Vu = v->V.p + b * v->V.bs + j * v->V.hs + u * v->V.ld;
         float *dKu = dk.p + b * dk.bs + j * dk.hs + u * dk.ld, *dVu = dv.p + b * dv.bs + j * dv.hs + u * dv.ld;
+        const unsigned fm = bk.path ? gdn_bf16_thread_begin(bk.path) : 0;
         /* the same pairs in the same order as the fused pass: groups, then blocks, ascending */
         for (int64_t g = j * ng_kv; g < (j + 1) * ng_kv; g++)
             for (int64_t blk = blo; blk < bhi; blk++) {
-                const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D);
+                const bf_keys kb = block_keys(&bk, v, hg, blk);
+                const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D, kb.path != 0);
                 int64_t lo, hi;
                 key_range(v, &t, R, &lo, &hi);
                 if (lo >= hi || u0 < first_tile(v, lo) || u0 >= hi) continue;
                 const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
-                backward_pair(v, &t, R, u0, n, Ku, Vu, PAIR_DKV, 1, dKu, dk.ld, dVu, dv.ld, 0);
+                if (kb.path) bf_pack_block(kb.path, &t, R, v->d, PAIR_DKV);
+                backward_pair(v, &t, R, u0, n, Ku, Vu, PAIR_DKV, 1, dKu, dk.ld, dVu, dv.ld, 0, &kb, b, j);
             }
+        if (bk.path) gdn_bf16_thread_end(bk.path, fm);
     }
+    free(bk.p);
 }
 
 /* Whether the fused pass keeps the threads busy: its B Hkv equal jobs against the two passes'
@@ -702,16 +883,21 @@ void gdn_attn_core_backward(const gdn_attn_core *v, const float *dO, const float
     }
     const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng_kv = v->H / v->Hkv / hg;
     const int64_t jobs = v->B * v->Hkv;
+    const bf_keys bk = bf_pack_keys(v, BF_K | BF_V | BF_KT);
 #pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
     for (int64_t job = 0; job < jobs; job++) {
         const int64_t b = job / v->Hkv, j = job % v->Hkv;
         const tile_view t = tile_of(v);
+        const unsigned fm = bk.path ? gdn_bf16_thread_begin(bk.path) : 0;
         for (int64_t g = j * ng_kv; g < (j + 1) * ng_kv; g++)
             for (int64_t blk = 0; blk < nblk; blk++) {
-                const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D);
-                backward_block(v, &t, R, b, j, PAIR_DQ | PAIR_DKV, dq, &dk, &dv);
+                const bf_keys kb = block_keys(&bk, v, hg, blk);
+                const int R = gather_block(v, &t, b, g, blk, hg, dO, lse, D, kb.path != 0);
+                backward_block(v, &t, R, b, j, PAIR_DQ | PAIR_DKV, dq, &dk, &dv, &kb);
             }
+        if (bk.path) gdn_bf16_thread_end(bk.path, fm);
     }
+    free(bk.p);
 }
 
 const char *gdn_attn_core_path(const gdn_attn_core *v) {

@@ -336,7 +336,7 @@ static gdn_attn_core heads_view(const gdn_attn_plan *ap, const cp_layout *L, con
     gdn_attn_core v = {
         .B = L->B, .H = L->Hp, .Hkv = L->Hkvp, .d = c->d, .Q = h->q, .nq = Tt, .q0 = 0, .qld = L->Hp * c->d,
         .nk = Tt, .k0 = 0, .K = {h->kv, 2 * hk, c->d, Tt * 2 * hk}, .V = {h->kv + hk, 2 * hk, c->d, Tt * 2 * hk},
-        .cu = ap->cu, .n_docs = c->n_docs, .threads = ap->threads, .tile = ap->tile,
+        .cu = ap->cu, .n_docs = c->n_docs, .threads = ap->threads, .bf16 = ap->cfg.compute == GDN_COMPUTE_BF16, .tile = ap->tile,
     };
     return v;
 }

@@ -258,7 +258,7 @@ void gdn_attn_decode_attend(gdn_attn_plan *ap, const gdn_attn_cache *cache, int6
         .B = c->B, .H = c->H, .Hkv = Hkv, .d = d, .Q = ap->qr, .nq = c->T, .q0 = q0, .qld = ap->Hd, .nk = nk,
         .k0 = k0, .K = {cache->k, d, cap * d, Hkv * cap * d}, .V = {cache->v, d, cap * d, Hkv * cap * d},
         .Kb = cache->kb, .Vb = cache->vb, .cu = NULL,
-        .n_docs = 0, .threads = ap->threads, .tile = ap->tile,
+        .n_docs = 0, .threads = ap->threads, .bf16 = ap->cfg.compute == GDN_COMPUTE_BF16, .tile = ap->tile,
     };
     decode_core(ap, &v, o, lse);
 }

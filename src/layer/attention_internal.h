@@ -41,6 +41,14 @@ typedef struct {
     int64_t ld, hs, bs;
 } gdn_attn_kv;
 
+/* The core's key tiles (keys of a tile, aligned to the view's first key) and its lazy running
+ * max: a row's max moves only when a tile's scores exceed it by more than GDN_ATTN_LAZY_MAX
+ * (natural log), so the probabilities are up to e^8 times their normalised values, the sum up to
+ * e^8 T, far inside fp32, and the output, rescaled only then, is rescaled far less often. The
+ * BF16 oracle (attention_reference.c) follows both: they fix where the core rounds P. */
+#define GDN_ATTN_KEY_TILE 64
+#define GDN_ATTN_LAZY_MAX 8.0f
+
 /* Queries (b, t, h) of this view are token-major: Q, O, dO, dQ at (b nq + t) qld + h d; the
  * log-sum-exp and D = <dO, O> at (b nq + t) H + h. Query t has global index q0 + t, key u global
  * index k0 + u; query t sees key u when k0 + u <= q0 + t and both lie in one document of cu
@@ -56,8 +64,12 @@ typedef struct {
     const int64_t *cu;
     int64_t n_docs;
     int threads;
+    int bf16;    /* nonzero (cfg.compute BF16): the products of blocks of more than a few rows take
+                    bf16 operands (attention_core.c, "BF16"); fp32 views only */
     float *tile; /* threads x gdn_attn_tile_floats(d) */
 } gdn_attn_core;
+/* Tests only: the BF16 path of the core's products (0: gdn_bf16_path_auto()). */
+extern int gdn_attn_bf16_path;
 
 size_t gdn_attn_tile_floats(int64_t d);
 /* o, lse of the queries against this view's keys (overwritten): o normalised, lse = -inf and o =

@@ -2,9 +2,12 @@
  * the whole score row of a query at a time (O(T) per row, never T x T), written from DESIGN §10
  * independently of attention.c. RoPE angles in double: p * theta^(-2i/R). With c->compute =
  * GDN_COMPUTE_BF16, the oracle of the BF16 mode: the operands of q/k/v_proj and o_proj (forward,
- * dx, dW) rounded to bf16 (B(): gdn_ref_operand), all else exact. */
+ * dx, dW) and of the core's products rounded to bf16 (B(): gdn_ref_operand): the scaled q, k and
+ * v; in the backward also dO, the probabilities P (normalised, as the core's backward forms them)
+ * and dS. Not the forward's P: the core rounds it scaled against its lazy running max, which
+ * this oracle does not follow (tests/test_compute_bf16.c bounds that difference). All else exact. */
 #define B(v) gdn_ref_operand(bf, (v))
-#include "layer_internal.h"
+#include "attention_internal.h" /* the core's key tiles and lazy max (the BF16 oracle) */
 
 #include <math.h>
 #include <string.h>
@@ -93,6 +96,22 @@ static int ref_check(const gdn_attn_config *c, const void *x, const void *w, con
 }
 
 /* Everything up to the gated output z. */
+/* The BF16 forward's weights of scores sc[lo..hi] (max mx): the core rounds each probability
+ * to bf16 against its row's running max at the key's tile (the first visible tile's max, moved
+ * only when a later tile's passes it by GDN_ATTN_LAZY_MAX), and rescales what it accumulated by
+ * exact fp32 factors; so key u weighs bf16(e^(s_u - m_u)) e^(m_u - mx) (into pw). */
+static void lazy_rounded_weights(const double *sc, double *pw, int64_t lo, int64_t hi, double mx) {
+    double m = -INFINITY;
+    for (int64_t u0 = lo; u0 <= hi;) {
+        const int64_t u1 = (u0 / GDN_ATTN_KEY_TILE + 1) * GDN_ATTN_KEY_TILE; /* the tile's end */
+        double tmax = -INFINITY;
+        for (int64_t u = u0; u < u1 && u <= hi; u++) tmax = fmax(tmax, sc[u]);
+        if (m == -INFINITY || tmax > m + GDN_ATTN_LAZY_MAX) m = tmax;
+        for (int64_t u = u0; u < u1 && u <= hi; u++) pw[u] = gdn_ref_operand(1, exp(sc[u] - m)) * exp(m - mx);
+        u0 = u1;
+    }
+}
+
 static void ref_forward(ref_state *s, const double *x, const double *w) {
     const gdn_attn_config *c = s->c;
     const int64_t T = c->T, E = c->E, H = c->H, Hkv = c->Hkv, d = c->d, Hd = s->Hd, Kd = s->Kd, grp = H / Hkv;
@@ -121,8 +140,8 @@ static void ref_forward(ref_state *s, const double *x, const double *w) {
                                            s->kr + n * Kd + j * d);
     }
     const double tau = 1.0 / sqrt((double)d);
-    double *sc = malloc(sizeof(double) * (size_t)T);
-    GDN_ASSERT(sc);
+    double *sc = malloc(sizeof(double) * (size_t)T), *pw = malloc(sizeof(double) * (size_t)T);
+    GDN_ASSERT(sc && pw);
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++) {
@@ -130,19 +149,22 @@ static void ref_forward(ref_state *s, const double *x, const double *w) {
                 double mx = -INFINITY, sum = 0.0;
                 for (int64_t u = s->beg[t]; u <= t; u++) {
                     double a = 0.0;
-                    for (int64_t i = 0; i < d; i++) a += s->q[n * Hd + h * d + i] * s->kr[(b * T + u) * Kd + j * d + i];
-                    sc[u] = tau * a;
+                    for (int64_t i = 0; i < d; i++)
+                        a += B(tau * s->q[n * Hd + h * d + i]) * B(s->kr[(b * T + u) * Kd + j * d + i]);
+                    sc[u] = a;
                     mx = fmax(mx, sc[u]);
                 }
+                if (bf) lazy_rounded_weights(sc, pw, s->beg[t], t, mx);
                 for (int64_t u = s->beg[t]; u <= t; u++) sum += (sc[u] = exp(sc[u] - mx));
+                const double *wt = bf ? pw : sc;
                 for (int64_t i = 0; i < d; i++) {
                     double a = 0.0;
-                    for (int64_t u = s->beg[t]; u <= t; u++) a += sc[u] * s->v[(b * T + u) * Kd + j * d + i];
+                    for (int64_t u = s->beg[t]; u <= t; u++) a += wt[u] * B(s->v[(b * T + u) * Kd + j * d + i]);
                     s->o[n * Hd + h * d + i] = a / sum;
                     s->z[n * Hd + h * d + i] = s->o[n * Hd + h * d + i] * sigm(s->qg[n * 2 * Hd + 2 * h * d + d + i]);
                 }
             }
-    free(sc);
+    free(sc), free(pw);
 }
 
 int gdn_attn_reference_forward(const gdn_attn_config *c, double *y, const double *x, const double *w) {
@@ -232,8 +254,8 @@ int gdn_attn_reference_backward(const gdn_attn_config *c, double *dx, double *dw
                 double mx = -INFINITY, sum = 0.0, D = 0.0;
                 for (int64_t u = s.beg[t]; u <= t; u++) {
                     double a = 0.0;
-                    for (int64_t i = 0; i < d; i++) a += qt[i] * s.kr[(b * T + u) * Kd + j * d + i];
-                    P[u] = tau * a;
+                    for (int64_t i = 0; i < d; i++) a += B(tau * qt[i]) * B(s.kr[(b * T + u) * Kd + j * d + i]);
+                    P[u] = a;
                     mx = fmax(mx, P[u]);
                 }
                 for (int64_t u = s.beg[t]; u <= t; u++) sum += (P[u] = exp(P[u] - mx));
@@ -242,12 +264,12 @@ int gdn_attn_reference_backward(const gdn_attn_config *c, double *dx, double *dw
                 for (int64_t u = s.beg[t]; u <= t; u++) {
                     const int64_t m = b * T + u;
                     double dp = 0.0;
-                    for (int64_t i = 0; i < d; i++) dp += dot[i] * s.v[m * Kd + j * d + i];
+                    for (int64_t i = 0; i < d; i++) dp += B(dot[i]) * B(s.v[m * Kd + j * d + i]);
                     const double ds = P[u] * (dp - D);
                     for (int64_t i = 0; i < d; i++) {
-                        dv[m * Kd + j * d + i] += P[u] * dot[i];
-                        dq[n * Hd + h * d + i] += tau * ds * s.kr[m * Kd + j * d + i];
-                        dkr[m * Kd + j * d + i] += tau * ds * qt[i];
+                        dv[m * Kd + j * d + i] += B(P[u]) * B(dot[i]);
+                        dq[n * Hd + h * d + i] += tau * B(ds) * B(s.kr[m * Kd + j * d + i]);
+                        dkr[m * Kd + j * d + i] += B(ds) * B(tau * qt[i]);
                     }
                 }
             }

@@ -96,7 +96,7 @@ static gdn_attn_core sdpa_view(const gdn_sdpa_plan *p, const float *q, const flo
     gdn_attn_core view = {
         .B = c->B, .H = c->H, .Hkv = c->Hkv, .d = c->d, .Q = q, .nq = T, .q0 = 0, .qld = p->Hd, .nk = T, .k0 = 0,
         .K = {(float *)k, p->Kd, c->d, T * p->Kd}, .V = {(float *)v, p->Kd, c->d, T * p->Kd}, .cu = p->cu,
-        .n_docs = c->n_docs, .threads = p->threads, .tile = p->tile,
+        .n_docs = c->n_docs, .threads = p->threads, .bf16 = c->compute == GDN_COMPUTE_BF16, .tile = p->tile,
     };
     return view;
 }
