@@ -107,11 +107,11 @@ static void core_reference(const attn_shape *s, int64_t tp, const float *q, cons
 
 /* The core's dq, dk, dv on the first tp tokens alone against the double loops: the largest of the
  * three relative errors. */
-static double core_backward_error(const attn_shape *s, int64_t tp, int threads, const float *q, const float *k,
-                                  const float *v, const float *dout) {
+static double core_backward_error(const attn_shape *s, int64_t tp, int threads, int compute, const float *q,
+                                  const float *k, const float *v, const float *dout) {
     const int64_t nq = tp * s->H * s->d, nk = tp * s->Hkv * s->d;
     gdn_attn_config c = gdn_attn_config_default(1, tp, s->E, s->H, s->Hkv, s->d);
-    c.threads = threads;
+    c.threads = threads, c.compute = compute;
     float *o = malloc(4 * nq), *lse = malloc(4 * tp * s->H), *dq = malloc(4 * nq), *dk = malloc(4 * nk),
           *dv = malloc(4 * nk);
     double *ro = malloc(8 * nq), *rq = malloc(8 * nq), *rk = malloc(8 * nk), *rv = malloc(8 * nk);
@@ -171,43 +171,36 @@ static double layer_error(gdn_attn_config c, int64_t tp, const float *w, const f
 
 typedef struct {
     int json, reps, threads, quick;
-    int compute_mask; /* the layer rows: bit 0 fp32, bit 1 bf16 */
-    double peak;
+    int compute_mask; /* the core and layer rows: bit 0 fp32, bit 1 bf16 */
+    double peak, bf16_peak; /* measured in this run (bf16: when a bf16 row runs) */
     const char *cpu;
 } bench_opts;
 
+/* One row; a BF16 row (bf16) also prints its fraction of the BF16 instruction peak. */
 static void print_row(const bench_opts *o, const char *dir, const attn_shape *s, int64_t T, double med,
-                      double flops, double kept_per_token, double err, const char *path) {
+                      double flops, double kept_per_token, double err, const char *path, int bf16) {
     const double gflops = flops / med / 1e9;
+    char bpk[32] = "null", fbp[32] = "null";
+    if (bf16) snprintf(bpk, sizeof bpk, "%.3f", o->bf16_peak), snprintf(fbp, sizeof fbp, "%.4f", gflops / o->bf16_peak);
     if (o->json)
         printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"B\":1,\"T\":%lld,\"E\":%lld,\"H\":%lld,\"Hkv\":%lld,"
                "\"d\":%lld,\"threads\":%d,\"ms\":%.3f,\"reps\":%d,\"tokens_per_s\":%.1f,\"gflops\":%.3f,"
-               "\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,\"bytes_kept_per_token\":%.1f,"
-               "\"rel_err_vs_reference\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"}\n",
+               "\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,\"bf16_peak_gflops\":%s,\"fraction_of_bf16_peak\":%s,"
+               "\"bytes_kept_per_token\":%.1f,\"rel_err_vs_reference\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"}\n",
                dir, s->label, (long long)T, (long long)s->E, (long long)s->H, (long long)s->Hkv, (long long)s->d,
-               o->threads, med * 1e3, o->reps, (double)T / med, gflops, o->peak, gflops / o->peak, kept_per_token,
-               err, path, o->cpu);
-    else
-        printf("%-13s %-7s T=%-6lld H=%lld Hkv=%lld d=%lld E=%lld thr=%d %10.1f ms %9.0f tok/s %7.1f GFLOP/s "
-               "%5.1f %% of peak  kept %6.0f B/token  err %.1e  %s\n",
+               o->threads, med * 1e3, o->reps, (double)T / med, gflops, o->peak, gflops / o->peak, bpk, fbp,
+               kept_per_token, err, path, o->cpu);
+    else {
+        printf("%-18s %-7s T=%-6lld H=%lld Hkv=%lld d=%lld E=%lld thr=%d %10.1f ms %9.0f tok/s %7.1f GFLOP/s "
+               "%5.1f %% of peak",
                dir, s->label, (long long)T, (long long)s->H, (long long)s->Hkv, (long long)s->d, (long long)s->E,
-               o->threads, med * 1e3, (double)T / med, gflops, 100 * gflops / o->peak, kept_per_token, err, path);
+               o->threads, med * 1e3, (double)T / med, gflops, 100 * gflops / o->peak);
+        if (bf16) printf(" %5.1f %% of bf16 peak", 100 * gflops / o->bf16_peak);
+        printf("  kept %6.0f B/token  err %.1e  %s\n", kept_per_token, err, path);
+    }
     fflush(stdout);
 }
 
-/* Median of reps timed calls of fn after one untimed one. */
-typedef int (*bench_fn)(void *ctx);
-static int time_median(bench_fn fn, void *ctx, int reps, double *med) {
-    double t[64];
-    for (int r = 0; r <= reps; r++) {
-        const double t0 = cli_now();
-        const int rc = fn(ctx);
-        if (rc) return rc;
-        if (r) t[r - 1] = cli_now() - t0;
-    }
-    *med = cli_median(t, reps);
-    return 0;
-}
 
 typedef struct {
     gdn_sdpa_plan *p;
@@ -223,37 +216,69 @@ static int core_fwd_bwd(void *c) {
     return rc ? rc : gdn_sdpa_backward(x->p, x->dq, x->dk, x->dv, x->q, x->k, x->v, x->o, x->lse, x->dout);
 }
 
+/* The core's rows in each compute precision asked for (o->compute_mask), the precisions
+ * alternating rep by rep; a BF16 row also prints its speed-up over fp32. */
 static int bench_core(const bench_opts *o, const attn_shape *s, int64_t T) {
     gdn_attn_config c = gdn_attn_config_default(1, T, s->E, s->H, s->Hkv, s->d);
     c.threads = o->threads;
     const size_t nq = (size_t)T * s->H * s->d, nk = (size_t)T * s->Hkv * s->d;
     uint64_t seed = 0x9E3779B97F4A7C15ull;
-    core_ctx x = {NULL, random_floats(nq, -1, 1, &seed), random_floats(nk, -1, 1, &seed),
-                  random_floats(nk, -1, 1, &seed), malloc(4 * nq), malloc(4 * (size_t)T * s->H),
-                  random_floats(nq, -1, 1, &seed), malloc(4 * nq), malloc(4 * nk), malloc(4 * nk)};
-    int rc = x.q && x.k && x.v && x.o && x.lse && x.dout && x.dq && x.dk && x.dv ? gdn_sdpa_plan_create(&x.p, &c)
-                                                                                 : GDN_ERR_NOMEM;
-    double med[2] = {0, 0};
-    for (int bwd = 0; bwd < 2 && !rc; bwd++) rc = time_median(bwd ? core_fwd_bwd : core_fwd, &x, o->reps, &med[bwd]);
-    if (!rc) {
+    core_ctx x[2] = {{NULL, random_floats(nq, -1, 1, &seed), random_floats(nk, -1, 1, &seed),
+                      random_floats(nk, -1, 1, &seed), malloc(4 * nq), malloc(4 * (size_t)T * s->H),
+                      random_floats(nq, -1, 1, &seed), malloc(4 * nq), malloc(4 * nk), malloc(4 * nk)}};
+    x[1] = x[0];
+    int rc = x[0].q && x[0].k && x[0].v && x[0].o && x[0].lse && x[0].dout && x[0].dq && x[0].dk && x[0].dv ? GDN_OK
+                                                                                                          : GDN_ERR_NOMEM;
+    for (int cm = 0; cm < 2 && !rc; cm++) {
+        x[cm].p = NULL;
+        if (!(o->compute_mask & (1 << cm))) continue;
+        c.compute = cm;
+        rc = gdn_sdpa_plan_create(&x[cm].p, &c);
+    }
+    double t[2][2][64];
+    for (int bwd = 0; bwd < 2 && !rc; bwd++)
+        for (int r = 0; r <= o->reps && !rc; r++)
+            for (int k = 0; k < 2 && !rc; k++) {
+                const int cm = (r + k) % 2;
+                if (!x[cm].p) continue;
+                const double t0 = cli_now();
+                rc = bwd ? core_fwd_bwd(&x[cm]) : core_fwd(&x[cm]);
+                if (r) t[cm][bwd][r - 1] = cli_now() - t0;
+            }
+    double med[2][2];
+    for (int cm = 0; cm < 2 && !rc; cm++) {
+        if (!x[cm].p) continue;
+        med[cm][0] = cli_median(t[cm][0], o->reps), med[cm][1] = cli_median(t[cm][1], o->reps);
+        rc = core_fwd(&x[cm]); /* o of this precision for the forward's check */
         const int64_t tp = T < (o->quick ? 64 : 256) ? T : (o->quick ? 64 : 256), tb = tp < 128 ? tp : 128;
         double *ro = malloc(8 * (size_t)tp * s->H * s->d);
         double err_f = NAN;
-        if (ro) {
-            core_reference(s, tp, x.q, x.k, x.v, NULL, ro, NULL, NULL, NULL);
-            err_f = max_rel(x.o, ro, tp * s->H * s->d); /* the timed run's first tokens */
+        if (ro && !rc) {
+            core_reference(s, tp, x[cm].q, x[cm].k, x[cm].v, NULL, ro, NULL, NULL, NULL);
+            err_f = max_rel(x[cm].o, ro, tp * s->H * s->d); /* the run's first tokens */
         }
         free(ro);
-        const double err_b = core_backward_error(s, tb, o->threads, x.q, x.k, x.v, x.dout);
-        const char *path = gdn_sdpa_plan_path(x.p);
-        print_row(o, "core_forward", s, T, med[0], core_flops(s, T, 0), 0, err_f, path);
+        const double err_b = core_backward_error(s, tb, o->threads, cm, x[cm].q, x[cm].k, x[cm].v, x[cm].dout);
+        const char *path = gdn_sdpa_plan_path(x[cm].p);
+        print_row(o, cm ? "core_forward_bf16" : "core_forward", s, T, med[cm][0], core_flops(s, T, 0), 0, err_f, path, cm);
         /* kept for the backward: o and lse (q, k, v are the caller's inputs) */
-        print_row(o, "core_fwd_bwd", s, T, med[1], core_flops(s, T, 1), 4.0 * (s->H * s->d + s->H), err_b, path);
-    } else {
-        fprintf(stderr, "gdncp bench attention: core %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
+        print_row(o, cm ? "core_fwd_bwd_bf16" : "core_fwd_bwd", s, T, med[cm][1], core_flops(s, T, 1),
+                  4.0 * (s->H * s->d + s->H), err_b, path, cm);
+        if (cm && x[0].p) {
+            const double r0 = med[0][0] / med[1][0], r1 = med[0][1] / med[1][1];
+            if (o->json)
+                printf("{\"direction\":\"core_bf16_speedup\",\"shape\":\"%s\",\"T\":%lld,\"threads\":%d,"
+                       "\"forward\":%.3f,\"fwd_bwd\":%.3f,\"cpu\":\"%s\"}\n",
+                       s->label, (long long)T, o->threads, r0, r1, o->cpu);
+            else
+                printf("core bf16 vs fp32 %-7s T=%-6lld thr=%d: forward %.2fx, fwd+bwd %.2fx (medians of alternating "
+                       "runs)\n", s->label, (long long)T, o->threads, r0, r1);
+        }
     }
-    gdn_sdpa_plan_destroy(x.p);
-    free(x.q), free(x.k), free(x.v), free(x.o), free(x.lse), free(x.dout), free(x.dq), free(x.dk), free(x.dv);
+    if (rc) fprintf(stderr, "gdncp bench attention: core %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
+    for (int cm = 0; cm < 2; cm++) gdn_sdpa_plan_destroy(x[cm].p);
+    free(x[0].q), free(x[0].k), free(x[0].v), free(x[0].o), free(x[0].lse), free(x[0].dout), free(x[0].dq), free(x[0].dk),
+        free(x[0].dv);
     return rc ? 1 : 0;
 }
 
@@ -311,13 +336,13 @@ static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T)
         const double err_f = rc ? NAN : layer_error(c, tp, l[cm].w, l[cm].x, l[cm].dy, l[cm].y, 0);
         const double err_b = layer_error(c, tp, l[cm].w, l[cm].x, l[cm].dy, NULL, 1);
         char path[256];
-        snprintf(path, sizeof path, "core %s, projections %s", gdn_sdpa_plan_path(NULL), gdn_compute_path(cm));
+        snprintf(path, sizeof path, "core %s, projections %s", cm ? "bf16 products" : "fp32", gdn_compute_path(cm));
         char dir[2][32];
         snprintf(dir[0], sizeof dir[0], "layer_forward%s", cm ? "_bf16" : "");
         snprintf(dir[1], sizeof dir[1], "layer_fwd_bwd%s", cm ? "_bf16" : "");
         const double m0 = cli_median(t[cm][0], o->reps), m1 = cli_median(t[cm][1], o->reps);
-        print_row(o, dir[0], s, T, m0, proj_flops(s, T, 0) + core_flops(s, T, 0), 0, err_f, path);
-        print_row(o, dir[1], s, T, m1, proj_flops(s, T, 1) + core_flops(s, T, 1), 4.0 * nsaved / T, err_b, path);
+        print_row(o, dir[0], s, T, m0, proj_flops(s, T, 0) + core_flops(s, T, 0), 0, err_f, path, cm);
+        print_row(o, dir[1], s, T, m1, proj_flops(s, T, 1) + core_flops(s, T, 1), 4.0 * nsaved / T, err_b, path, cm);
         if (cm && l[0].p) {
             const double r0 = cli_median(t[0][0], o->reps) / m0, r1 = cli_median(t[0][1], o->reps) / m1;
             if (o->json)
@@ -474,15 +499,15 @@ int cmd_bench_attention(int argc, char **argv) {
     cli_cpu_name(cpu, sizeof cpu);
     o.cpu = cpu;
     o.peak = cli_peak_gflops(o.threads, o.json);
-    if (layer && (o.compute_mask & 2)) {
+    if (o.compute_mask & 2) {
         const int bp = gdn_bench_bf16_path();
-        const double bpk = gdn_bench_bf16_peak_gflops(bp, o.threads);
+        const double bpk = o.bf16_peak = gdn_bench_bf16_peak_gflops(bp, o.threads);
         if (o.json)
             printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", o.threads,
                    bpk, gdn_bench_bf16_path_name(bp));
         else
-            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d threads (the layer's bf16 rows run "
-                   "their projections there)\n", gdn_bench_bf16_path_name(bp), bpk, o.threads);
+            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d threads (the bf16 rows run their "
+                   "products there)\n", gdn_bench_bf16_path_name(bp), bpk, o.threads);
     }
     if (!o.json)
         printf("CPU: %s; medians of %d after a warm-up; B = 1\nGFLOP/s: core 2 T^2 d H forward (QK^T and PV over the "

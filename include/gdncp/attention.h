@@ -55,8 +55,10 @@ typedef struct {
     int keep;             /* what a forward's saved floats hold for the backward: GDN_ATTN_KEEP_ALL
                              or GDN_ATTN_KEEP_CORE (below) */
     int compute;          /* GDN_COMPUTE_FP32 (0, default) or GDN_COMPUTE_BF16 (compute.h): q/k/v_proj
-                             and o_proj (forward, dx and dW) with bf16 operands and fp32 accumulation;
-                             norms, RoPE, the core and its softmax stay fp32 */
+                             and o_proj (forward, dx and dW) and the core's products (QK^T, PV and
+                             the backward's five, on blocks of more than 8 query rows: not a decode
+                             step's) with bf16 operands and fp32 accumulation; norms, RoPE, the
+                             softmax and its statistics stay fp32 */
 } gdn_attn_config;
 
 /* Memory modes. KEEP_ALL (default): the projections, the core's output and its log-sum-exp,
@@ -160,8 +162,10 @@ GDN_API int gdn_attn_decode(gdn_attn_plan *plan, gdn_attn_cache *cache, float *y
  * Causal softmax attention without projections, norms, RoPE or gate (SDPA / flash-attention
  * style, GQA, packed documents): q [B, T, H, d], k, v [B, T, Hkv, d], o [B, T, H, d], lse
  * [B, T, H] (natural log of each row's softmax sum of exp(scale q.k), -inf for a row that sees
- * nothing), scale d^-1/2. From cfg: B, T, H, Hkv, d, threads, check_finite, cu_seqlens, n_docs
- * (the rest is ignored). Plan once; execute allocates nothing. */
+ * nothing), scale d^-1/2. From cfg: B, T, H, Hkv, d, threads, check_finite, cu_seqlens, n_docs,
+ * compute (the rest is ignored). Plan once; in fp32 execute allocates nothing; in BF16 each call
+ * packs the keys and values once as bf16 (about 2 x B T Hkv d x 2-4 bytes; if that cannot be
+ * allocated the call computes its products in fp32). */
 typedef struct gdn_sdpa_plan gdn_sdpa_plan;
 GDN_API int gdn_sdpa_plan_create(gdn_sdpa_plan **plan, const gdn_attn_config *cfg);
 GDN_API void gdn_sdpa_plan_destroy(gdn_sdpa_plan *plan);

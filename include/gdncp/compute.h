@@ -11,8 +11,11 @@
  * a BF16 layer sets it) runs its chunk products the same way. Everything else stays fp32: the
  * recurrent state (only its operand copy in a product is rounded) and its composition across
  * ranks, the kernel's triangular solve, summaries and backward, the conv, the gate projections (in_proj_a / in_proj_b: their errors would compound through the
- * gates' cumulative products) and gates, norms, RoPE, the attention core and its softmax
- * statistics, losses, optimizer moments and master weights. */
+ * gates' cumulative products) and gates, norms, RoPE, the attention core's softmax and its
+ * statistics, losses, optimizer moments and master weights. The attention core's products (QK^T,
+ * PV; the backward's QK^T, dO V^T, P^T dO, dS^T Q, dS K) run bf16 on blocks of more than 8 query
+ * rows (prefill and training; a decode step's few rows stay fp32), P rounded after it is scaled
+ * against the running max. */
 #ifndef GDNCP_COMPUTE_H
 #define GDNCP_COMPUTE_H
 

@@ -80,9 +80,11 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
  * times (the attention core: a key tile against every query block, a block against every key
  * tile): op(A) [m x kk] (trans: A is stored as A^T, kk x m) or op(B) [kk x n] (trans: n x kk),
  * fp32, rounded to bf16 and laid out for one concrete path (not AUTO) into dst (64-byte aligned,
- * the _bytes of its shape); then gdn_bf16_packed_gemm computes C[m x n] (+)= op(A) op(B) from two
- * of the same depth on the calling thread, with the micro-kernels (so the per-element arithmetic)
- * of gdn_matmul_bf16 over one slice. A thread brackets its products with gdn_bf16_thread_begin
+ * the _bytes of its shape); then gdn_bf16_packed_gemm computes C[m x n] (+)= op(A) op(B) over
+ * the first kk of their depths (packed as a_kk, b_kk >= kk; the product runs kk rounded up to the
+ * path's granule, 32 with AMX, a pair otherwise, so B must be zero there: a B packed with depth
+ * kk is) on the calling thread, with the micro-kernels (so the per-element arithmetic) of
+ * gdn_matmul_bf16 over one slice. A row panel of A is read whole, so A may have more rows than m. A thread brackets its products with gdn_bf16_thread_begin
  * (AMX: the tile configuration; FTZ/DAZ) and _end (the tiles released, the mode restored). */
 size_t gdn_bf16_packed_a_bytes(int path, int64_t m, int64_t kk);
 size_t gdn_bf16_packed_b_bytes(int path, int64_t n, int64_t kk);
@@ -90,8 +92,8 @@ void gdn_bf16_pack_a(int path, int trans, int64_t m, int64_t kk, const float *A,
 void gdn_bf16_pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, int64_t ldb, void *dst);
 unsigned gdn_bf16_thread_begin(int path);
 void gdn_bf16_thread_end(int path, unsigned mode);
-void gdn_bf16_packed_gemm(int path, int acc, int64_t m, int64_t n, int64_t kk, const void *a, const void *b,
-                          float *C, int64_t ldc);
+void gdn_bf16_packed_gemm(int path, int acc, int64_t m, int64_t n, int64_t kk, const void *a, int64_t a_kk,
+                          const void *b, int64_t b_kk, float *C, int64_t ldc);
 /* Benchmarks: add FLOPs issued by a micro-kernel to the counter of bench.h (when counting). */
 void gdn_flops_issued_add(uint64_t flops);
 /* ---- the projections' GEMM in a compute precision (gdncp/compute.h): gdn_matmul for

@@ -1057,15 +1057,16 @@ void gdn_bf16_thread_end(int path, unsigned mode) {
     (void)path;
     gdn_fp_fast_end((gdn_fpmode)mode);
 }
-void gdn_bf16_packed_gemm(int path, int acc, int64_t m, int64_t n, int64_t kk, const void *a, const void *b,
-                          float *C, int64_t ldc) {
+void gdn_bf16_packed_gemm(int path, int acc, int64_t m, int64_t n, int64_t kk, const void *a, int64_t a_kk,
+                          const void *b, int64_t b_kk, float *C, int64_t ldc) {
+    GDN_ASSERT(kk <= a_kk && kk <= b_kk);
     const bf_blocking bl = blocking(path);
-    const int64_t kcp = packed_depth(path, kk), kp = kcp / 2;
+    const int64_t depth = packed_depth(path, kk), akcp = packed_depth(path, a_kk), bkp = packed_depth(path, b_kk) / 2;
     for (int64_t ip = 0; ip * bl.MR < m; ip++) {
         const int mr = (int)min64(bl.MR, m - ip * bl.MR);
         for (int64_t q = 0; q * NR < n; q++)
-            mk_run(path, a, ip, bl.MR, kcp, 0, kcp, (const uint32_t *)b + q * kp * NR, C + ip * bl.MR * ldc + q * NR,
-                   ldc, acc, mr, (int)min64(NR, n - q * NR));
+            mk_run(path, a, ip, bl.MR, akcp, 0, depth, (const uint32_t *)b + q * bkp * NR,
+                   C + ip * bl.MR * ldc + q * NR, ldc, acc, mr, (int)min64(NR, n - q * NR));
     }
 }
 

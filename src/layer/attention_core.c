@@ -44,6 +44,7 @@
 #include "pack.h" /* the micro-kernel (microkernel.h) and the in-register transpose */
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #ifndef BQ
@@ -400,6 +401,11 @@ typedef struct {
     int64_t nkt;
 } bf_keys;
 
+/* The keys of the view's tile kt (its packed depth as V^T, K^T: a row sees n <= that many). */
+static inline int64_t tile_keys(const gdn_attn_core *v, int64_t kt) {
+    return v->nk - kt * BK < BK ? v->nk - kt * BK : BK;
+}
+
 static const void *bf_key_op(const gdn_attn_core *v, const bf_keys *k, int64_t b, int64_t j, int64_t kt, unsigned op) {
     const int slot = __builtin_popcount(k->mask & (op - 1)); /* the operands of lower bits come first */
     return k->p + ((size_t)((b * v->Hkv + j) * k->nkt + kt) * (size_t)k->n_ops + (size_t)slot) * k->op_bytes;
@@ -424,7 +430,7 @@ static bf_keys bf_pack_keys(const gdn_attn_core *v, unsigned mask) {
 #pragma omp parallel for num_threads(v->threads) schedule(static)
     for (int64_t job = 0; job < tiles; job++) {
         const int64_t kt = job % k.nkt, j = job / k.nkt % v->Hkv, b = job / k.nkt / v->Hkv;
-        const int64_t u = kt * BK, n = v->nk - u < BK ? v->nk - u : BK;
+        const int64_t u = kt * BK, n = tile_keys(v, kt);
         const float *Ku = v->K.p + b * v->K.bs + j * v->K.hs + u * v->K.ld;
         const float *Vu = v->V.p + b * v->V.bs + j * v->V.hs + u * v->V.ld;
         if (mask & BF_K) gdn_bf16_pack_a(path, 0, n, d, Ku, v->K.ld, (void *)bf_key_op(v, &k, b, j, kt, BF_K));
@@ -662,7 +668,7 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
             const prefetch_rows nv = {Vu + BK * vld, vld, d, nn > 0 ? nn : 0};
             const int64_t kt = (u0 - v->k0) / BK;
             if (bf) /* S^T = K Q^T */
-                gdn_bf16_packed_gemm(bk.path, 0, n, cols, d, bf_key_op(v, &bk, b, j, kt, BF_K), t.QtB, t.S, BQ);
+                gdn_bf16_packed_gemm(bk.path, 0, n, cols, d, bf_key_op(v, &bk, b, j, kt, BF_K), d, t.QtB, d, t.S, BQ);
             else
                 scores_t(n, (int)d, cols, Ku, kld, t.QtT, t.S, &nk);
             const int full = tile_full(&t, R, u0, n);
@@ -673,7 +679,8 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
                     for (int i0 = 0; i0 < cols; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
             if (bf) { /* O^T += V^T P^T */
                 gdn_bf16_pack_b(bk.path, 0, cols, n, t.dP, BQ, t.PtB);
-                gdn_bf16_packed_gemm(bk.path, !first, d, cols, n, bf_key_op(v, &bk, b, j, kt, BF_VT), t.PtB, t.acc, BQ);
+                gdn_bf16_packed_gemm(bk.path, !first, d, cols, n, bf_key_op(v, &bk, b, j, kt, BF_VT), tile_keys(v, kt), t.PtB, n,
+                                     t.acc, BQ);
             } else {
                 mm((int)d, cols, n, Vu, 1, vld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv);
             }
@@ -730,8 +737,8 @@ static void backward_pair(const gdn_attn_core *v, const tile_view *t, int R, int
     const int d = (int)v->d, path = bk->path;
     const int64_t kt = (u0 - v->k0) / BK;
     if (path) {
-        gdn_bf16_packed_gemm(path, 0, n, BQ, d, bf_key_op(v, bk, b, j, kt, BF_K), t->QtB, t->S, BQ);   /* S^T = K Q^T */
-        gdn_bf16_packed_gemm(path, 0, n, BQ, d, bf_key_op(v, bk, b, j, kt, BF_V), t->dOtB, t->dP, BQ); /* dP^T = V dO^T */
+        gdn_bf16_packed_gemm(path, 0, n, BQ, d, bf_key_op(v, bk, b, j, kt, BF_K), d, t->QtB, d, t->S, BQ);   /* S^T = K Q^T */
+        gdn_bf16_packed_gemm(path, 0, n, BQ, d, bf_key_op(v, bk, b, j, kt, BF_V), d, t->dOtB, d, t->dP, BQ); /* dP^T = V dO^T */
     } else {
         /* the next tile's keys and values (n_next of them, in the caller's order) come into L2 */
         const prefetch_rows nk = {Ku + BK * v->K.ld, v->K.ld, d, n_next}, nv = {Vu + BK * v->V.ld, v->V.ld, d, n_next};
@@ -752,9 +759,9 @@ static void backward_pair(const gdn_attn_core *v, const tile_view *t, int R, int
     if (flags & PAIR_DKV) {
         if (path) {
             gdn_bf16_pack_a(path, 0, n, R, t->S, BQ, t->PtA);
-            gdn_bf16_packed_gemm(path, 1, n, d, R, t->PtA, t->dOB, dVu, dv_ld); /* dV += P^T dO */
+            gdn_bf16_packed_gemm(path, 1, n, d, R, t->PtA, R, t->dOB, R, dVu, dv_ld); /* dV += P^T dO */
             gdn_bf16_pack_a(path, 0, n, R, t->dP, BQ, t->dStA);
-            gdn_bf16_packed_gemm(path, 1, n, d, R, t->dStA, t->QB, dKu, dk_ld); /* dK += dS^T Q */
+            gdn_bf16_packed_gemm(path, 1, n, d, R, t->dStA, R, t->QB, R, dKu, dk_ld); /* dK += dS^T Q */
         } else {
             mm_pf(n, d, R, t->S, BQ, 1, t->dOt, MK_NR, BQ * MK_NR, dVu, dv_ld, 1, NULL); /* dV += P^T dO */
             mm_pf(n, d, R, t->dP, BQ, 1, t->Qt, MK_NR, BQ * MK_NR, dKu, dk_ld, 1, NULL); /* dK += dS^T Q */
@@ -763,7 +770,8 @@ static void backward_pair(const gdn_attn_core *v, const tile_view *t, int R, int
     if (flags & PAIR_DQ) { /* dQ^T += K^T dS^T */
         if (path) {
             gdn_bf16_pack_b(path, 0, BQ, n, t->dP, BQ, t->dStB);
-            gdn_bf16_packed_gemm(path, !first, d, BQ, n, bf_key_op(v, bk, b, j, kt, BF_KT), t->dStB, t->acc, BQ);
+            gdn_bf16_packed_gemm(path, !first, d, BQ, n, bf_key_op(v, bk, b, j, kt, BF_KT), tile_keys(v, kt), t->dStB, n,
+                                 t->acc, BQ);
         } else {
             mm(d, BQ, n, Ku, 1, v->K.ld, t->dP, BQ, MK_NR, t->acc, BQ, !first, NULL);
         }
@@ -909,5 +917,10 @@ const char *gdn_attn_core_path(const gdn_attn_core *v) {
     static const char two[] = "flash " STR(BQ) "x" STR(BK) " transposed tiles, two-pass backward, "
                               "micro-kernel " GDN_VL_STR "x" STR(MK_MR) "x" GDN_2VL_STR
                               ", blocks of <= " STR(FEW_ROWS) " rows (decode) by rows";
-    return v && !fused_pays(v) ? two : fused;
+    const char *base = v && !fused_pays(v) ? two : fused;
+    if (!v || !v->bf16 || v->Kb) return base;
+    static _Thread_local char buf[320];
+    const int path = gdn_attn_bf16_path ? gdn_attn_bf16_path : gdn_bf16_path_auto();
+    snprintf(buf, sizeof buf, "%s; blocks of more rows: products bf16 on %s", base, gdn_bf16_path_name(path));
+    return buf;
 }

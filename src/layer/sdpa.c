@@ -32,7 +32,7 @@ void gdn_sdpa_plan_destroy(gdn_sdpa_plan *p) {
 static int sdpa_config_check(const gdn_attn_config *cfg) {
     if (!cfg) return gdn_fail(GDN_ERR_ARG, "sdpa config is NULL");
     gdn_attn_config c = gdn_attn_config_default(cfg->B, cfg->T, 1, cfg->H, cfg->Hkv, cfg->d);
-    c.R = 0, c.threads = cfg->threads, c.cu_seqlens = cfg->cu_seqlens, c.n_docs = cfg->n_docs;
+    c.R = 0, c.threads = cfg->threads, c.cu_seqlens = cfg->cu_seqlens, c.n_docs = cfg->n_docs, c.compute = cfg->compute;
     int rc = gdn_attn_config_check(&c);
     if (rc) return rc;
     if (cfg->cu_seqlens && cfg->cu_seqlens[cfg->n_docs] != cfg->T)
