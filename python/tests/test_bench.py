@@ -84,10 +84,13 @@ def test_bench_refuses_unknown_section(capsys):
 
 def test_bench_attention_agrees_with_torch_sdpa_and_control_differs():
     rows, err, path = bench.run_attention(T=150, H=8, Hkv=2, d=32, reps=1)
-    assert [r[0] for r in rows] == ["torch SDPA", "torch SDPA autocast bf16", "gdncp core"] and "flash" in path
+    assert [r[0] for r in rows] == ["torch SDPA", "torch SDPA autocast bf16", "gdncp core", "gdncp core bf16"]
+    assert "flash" in path and "products bf16" in path, path
     ac = err.pop("o (torch autocast bf16 vs fp32)")
+    g16 = {n: err.pop(f"{n} (gdncp core bf16 vs torch fp32)") for n in ("o", "dq", "dk", "dv")}
     assert set(err) == {"o", "dq", "dk", "dv"} and max(err.values()) < 1e-5, err
     assert 1e-4 < ac < 5e-2, ac   # bf16 operands: visibly off fp32, within bf16's accuracy
+    assert all(1e-4 < e < 5e-2 for e in g16.values()), g16   # gdncp's bf16 products: the same
     _, bad, _ = bench.run_attention(T=150, H=8, Hkv=2, d=32, reps=1, causal_for_check=False)
     assert bad["o"] > 1e-3, bad   # control: gdncp's causal o against torch's unmasked one
 

@@ -530,11 +530,11 @@ def attention_flops(T, H, d, backward, B=1):
 class _SDPA:
     """gdn_sdpa_* over float32 token-major NumPy arrays, one plan, outputs made once."""
 
-    def __init__(self, B, T, H, Hkv, d, threads):
+    def __init__(self, B, T, H, Hkv, d, threads, compute=0):
         from . import _lib as L
         self.L = L
         cfg = L.gdn_attn_config_default(B, T, 0, H, Hkv, d)
-        cfg.threads = threads
+        cfg.threads, cfg.compute = threads, compute
         self.h = ctypes.c_void_p()
         L.check(L.gdn_sdpa_plan_create(ctypes.byref(self.h), ctypes.byref(cfg)), "gdn_sdpa_plan_create")
         self.o = np.empty((B, T, H, d), np.float32)
@@ -574,6 +574,7 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
     # gdncp's token-major copies of the same values (made once, outside the timing)
     tm = [np.ascontiguousarray(x.transpose(1, 2).numpy()) for x in (q, k, v, dout)]
     core = _SDPA(B, T, H, Hkv, d, torch.get_num_threads())
+    core16 = _SDPA(B, T, H, Hkv, d, torch.get_num_threads(), compute=1)  # its products in bf16
     got = {}
 
     def t_fwd():
@@ -603,7 +604,15 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
         core.forward(*tm[:3])
         core.backward(*tm)
 
-    tf, ta, tg, tfb, tab, tgb = _time_rounds((t_fwd, a_fwd, g_fwd, t_fwd_bwd, a_fwd_bwd, g_fwd_bwd), reps)
+    def h_fwd():
+        core16.forward(*tm[:3])
+
+    def h_fwd_bwd():
+        core16.forward(*tm[:3])
+        core16.backward(*tm)
+
+    tf, ta, tg, th, tfb, tab, tgb, thb = _time_rounds(
+        (t_fwd, a_fwd, g_fwd, h_fwd, t_fwd_bwd, a_fwd_bwd, g_fwd_bwd, h_fwd_bwd), reps)
     # agreement with torch (on the last calls' outputs; the control: torch without the mask)
     if not causal_for_check:
         with torch.no_grad():
@@ -615,11 +624,16 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
     for n, r in ref.items():
         r = r.detach().transpose(1, 2).double().numpy()
         err[n] = float(np.max(np.abs(ours[n] - r)) / np.max(np.abs(r)))
-    # what autocast costs in accuracy, on the same scale: its o against torch's fp32 o
+    # what bf16 costs in accuracy, on the same scale: autocast's o and gdncp bf16's o, dq, dk, dv
+    # against torch's fp32 ones
     r = got["o"].double()
     err["o (torch autocast bf16 vs fp32)"] = float((got["o_bf16"].double() - r).abs().max() / r.abs().max())
-    return ([("torch SDPA", tf, tfb), ("torch SDPA autocast bf16", ta, tab), ("gdncp core", tg, tgb)], err,
-            core.path())
+    ours16 = {"o": core16.o, "dq": core16.dq, "dk": core16.dk, "dv": core16.dv}
+    for n, r in ref.items():
+        r = r.detach().transpose(1, 2).double().numpy()
+        err[f"{n} (gdncp core bf16 vs torch fp32)"] = float(np.max(np.abs(ours16[n] - r)) / np.max(np.abs(r)))
+    return ([("torch SDPA", tf, tfb), ("torch SDPA autocast bf16", ta, tab), ("gdncp core", tg, tgb),
+             ("gdncp core bf16", th, thb)], err, core.path() + " | bf16: " + core16.path())
 
 
 # ----------------------------------------------------------------------------- command line
@@ -761,17 +775,17 @@ def main(argv=None):
     if "attention" in what:
         T, H, Hkv, d = a.attn_T, a.attn_H, a.attn_Hkv, a.attn_d
         rows, err, path = run_attention(T, H, Hkv, d, a.attn_reps)
-        print(f"[attention] causal SDPA, fp32 (and torch autocast bf16), B=1 T={T} H={H} Hkv={Hkv} d={d}, {_where()}, "
+        print(f"[attention] causal SDPA, fp32 and bf16 (torch autocast, gdncp compute bf16), B=1 T={T} H={H} Hkv={Hkv} d={d}, {_where()}, "
               f"medians of {a.attn_reps} alternating rounds; GFLOP/s by 2 T^2 d H forward, "
               "x3.5 forward+backward")
         for name, f, fb in rows:
             print(f"  {name:24s} forward {f * 1e3:9.1f} ms {attention_flops(T, H, d, 0) / f / 1e9:7.1f} "
                   f"GFLOP/s   forward+backward {fb * 1e3:9.1f} ms "
                   f"{attention_flops(T, H, d, 1) / fb / 1e9:7.1f} GFLOP/s")
-        (_, f0, fb0), (_, fa, fba), (_, f1, fb1) = rows
+        (_, f0, fb0), (_, fa, fba), (_, f1, fb1), (_, f2, fb2) = rows
         print(f"  speed-up (torch SDPA / gdncp core): forward {f0 / f1:.2f}x, forward+backward "
-              f"{fb0 / fb1:.2f}x; (torch autocast bf16 / gdncp core, fp32): forward {fa / f1:.2f}x, "
-              f"forward+backward {fba / fb1:.2f}x; gdncp path: {path}")
+              f"{fb0 / fb1:.2f}x; (torch autocast bf16 / gdncp core bf16): forward {fa / f2:.2f}x, "
+              f"forward+backward {fba / fb2:.2f}x; gdncp path: {path}")
         print("  gdncp vs torch (max|diff| / max|torch|): "
               + ", ".join(f"{n} {e:.1e}" for n, e in err.items()))
     if "generate" in what:
