@@ -149,10 +149,13 @@ train 2 "$work/lr.csv" "${bf[@]}" --lr 4.5e-3 || fail "train with --lr 4.5e-3"
 expect_far "fp32 with the learning rate 1.5x vs fp32 (tolerance $BTOL)" "$work/lr.csv" "$work/f32.csv" $BTOL
 refuse "--compute fp16" "fp32 or bf16" $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --steps 2 --compute fp16
 # BF16 compute over ranks: each rank's products rounded alike, but the GatedDeltaNet state a
-# shard starts from comes from the fp32 summaries and its chunk grid restarts at the shard, so
-# the split run is not the one-rank BF16 run's rounding (measured over 4 steps: kv 6.5e-5, heads
-# 3.5e-5; the controls 1.5e-3 and 6.5e-3; the one-rank BF16 run is 9e-4 from fp32).
-TOLB=5e-4
+# shard starts from comes from the fp32 summaries and its chunk grid restarts at the shard, and
+# the attention core (its products bf16 too) rounds P against the running max of the keys it
+# holds (kv: each rank's block merges separately), so the split run is not the one-rank BF16
+# run's rounding. Measured on AMX over 4 steps: 8.6e-6 at step 1 (the same weights), then the
+# training moves the runs apart: kv 3.7e-4, heads 5.3e-4 (with the core in fp32 they were 6.5e-5
+# and 3.5e-5); the controls 1.56e-3 (state dropped) and 6.6e-3 (rank 0's keys dropped).
+TOLB=1e-3
 train 1 "$work/oneb.csv" --steps 4 --batch 2 --compute bf16 || fail "train --compute bf16 on 1 rank"
 train 2 "$work/kvb.csv" --steps 4 --batch 2 --cp 2 --attn-cp kv --compute bf16 || fail "train --cp 2 --compute bf16"
 expect_close "--compute bf16 --cp 2 --attn-cp kv vs one rank in BF16" "$work/kvb.csv" "$work/oneb.csv" $TOLB
