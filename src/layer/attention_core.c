@@ -88,22 +88,14 @@ typedef struct {
     void *QtB, *dOtB, *QB, *dOB, *PtB, *dStB, *PtA, *dStA;
 } tile_view;
 
-/* The largest packed operand of a shape over the BF16 paths, in floats. */
-static size_t bf_a_floats(int64_t m, int64_t kk) {
+/* The largest packed operand of a shape (an A [m x kk], or a B [kk x m]) over the BF16 paths,
+ * in floats. */
+static size_t bf_packed_floats(int b, int64_t m, int64_t kk) {
     const int paths[] = {GDN_BF16_FALLBACK, GDN_BF16_AVX512, GDN_BF16_AMX};
     size_t most = 0;
     for (int i = 0; i < 3; i++) {
-        const size_t b = gdn_bf16_packed_a_bytes(paths[i], m, kk);
-        most = b > most ? b : most;
-    }
-    return most / 4;
-}
-static size_t bf_b_floats(int64_t n, int64_t kk) {
-    const int paths[] = {GDN_BF16_FALLBACK, GDN_BF16_AVX512, GDN_BF16_AMX};
-    size_t most = 0;
-    for (int i = 0; i < 3; i++) {
-        const size_t b = gdn_bf16_packed_b_bytes(paths[i], n, kk);
-        most = b > most ? b : most;
+        const size_t n = b ? gdn_bf16_packed_b_bytes(paths[i], m, kk) : gdn_bf16_packed_a_bytes(paths[i], m, kk);
+        most = n > most ? n : most;
     }
     return most / 4;
 }
@@ -111,7 +103,8 @@ static size_t bf_b_floats(int64_t n, int64_t kk) {
 /* Carve the tile (t NULL: only count): 64-byte aligned pieces from a 64-byte aligned start. */
 static size_t tile_layout(int64_t d, float *base, tile_view *t) {
     const size_t dp = (size_t)dpad(d), dq = (size_t)d;
-    const size_t qb = bf_b_floats(BQ, d), rb = bf_b_floats(d, BQ), pb = bf_b_floats(BQ, BK), pa = bf_a_floats(BK, BQ);
+    const size_t qb = bf_packed_floats(1, BQ, d), rb = bf_packed_floats(1, d, BQ), pb = bf_packed_floats(1, BQ, BK),
+                 pa = bf_packed_floats(0, BK, BQ);
     const size_t sizes[] = {dq * BQ, dq * BQ, BQ * dp, BQ * dp, dq * BQ, BK * BQ, BK * BQ, BQ, BQ, BQ, BQ, BQ,
                             BQ, BQ, 2 * BQ, 2 * BQ, 2 * BQ, 2 * BQ, BK * dq, BK * dq,
                             BQ * dq, BQ * dq, qb, qb, rb, rb, pb, pb, pa, pa};
@@ -416,8 +409,7 @@ static const void *bf_key_op(const gdn_attn_core *v, const bf_keys *k, int64_t b
  * otherwise, and when the room cannot be allocated (the call then runs in fp32). */
 static bf_keys bf_pack_keys(const gdn_attn_core *v, unsigned mask) {
     bf_keys k = {0};
-    const int64_t hg = heads_per_job(v), TB = BQ / hg, rows = (v->nq < TB ? v->nq : TB) * hg;
-    if (!v->bf16 || v->Kb || v->Vb || rows <= FEW_ROWS || v->nk <= 0) return k;
+    if (!v->bf16 || v->Kb || v->Vb || block_rows(v, heads_per_job(v), 0) <= FEW_ROWS || v->nk <= 0) return k;
     const int path = gdn_attn_bf16_path ? gdn_attn_bf16_path : gdn_bf16_path_auto();
     const int64_t d = v->d;
     const size_t a1 = gdn_bf16_packed_a_bytes(path, BK, d), a2 = gdn_bf16_packed_a_bytes(path, d, BK);
