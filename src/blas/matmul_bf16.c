@@ -838,13 +838,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
     const int64_t nblk = (mpanels + MCP - 1) / MCP;
 #pragma omp parallel num_threads(threads)
     {
-        const gdn_fpmode fm = gdn_fp_fast_begin();
-        tilecfg cfg;
-        tilecfg_init(&cfg);
-        if (path == GDN_BF16_AMX_EMU) emu_loadcfg(&cfg);
-#if HAVE_AMX_CODE
-        if (path == GDN_BF16_AMX) amx_loadcfg(&cfg);
-#endif
+        const unsigned fm = gdn_bf16_thread_begin(path);
         const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
         for (int64_t pc = 0; pc < kk; pc += KC) {
             const int64_t kc = min64(KC, kk - pc);
@@ -891,10 +885,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                 /* (implied barrier: the B panel is repacked next, the A slice after the last) */
             }
         }
-#if HAVE_AMX_CODE
-        if (path == GDN_BF16_AMX) amx_release();
-#endif
-        gdn_fp_fast_end(fm);
+        gdn_bf16_thread_end(path, fm);
     }
     free(buf);
 }
@@ -922,19 +913,11 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
 /* ---------------------------------------------------------------- the small GEMM (one thread) */
 
 /* gdn_gemm_bf16's packing: all of op(A)'s panels and op(B)'s micro-panels, the whole depth in
- * one slice (the chunk kernel's depths are at most 256). */
-static void small_ws_parts(int path, int m, int n, int kk, size_t *abytes, size_t *bbytes) {
-    const bf_blocking bl = blocking(path);
-    const int64_t kcp = bl.amx ? (kk + 31) / 32 * 32 : (kk + 1) / 2 * 2;
-    const size_t esz = path == GDN_BF16_FALLBACK ? 4 : 2; /* the fallback's A widened to fp32 */
-    *abytes = ((size_t)((m + bl.MR - 1) / bl.MR) * (size_t)bl.MR * (size_t)kcp * esz + 63) / 64 * 64;
-    *bbytes = (size_t)((n + NR - 1) / NR) * (size_t)(kcp / 2) * NR * 4;
-}
+ * one slice (the chunk kernel's depths are at most 256): the pre-packed operands' layout. */
 size_t gdn_gemm_bf16_ws_bytes(int path, int m, int n, int kk) {
     if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
-    size_t a, b;
-    small_ws_parts(path, m > 0 ? m : 1, n > 0 ? n : 1, kk > 0 ? kk : 1, &a, &b);
-    return a + b + 64;
+    m = m > 0 ? m : 1, n = n > 0 ? n : 1, kk = kk > 0 ? kk : 1;
+    return gdn_bf16_packed_a_bytes(path, m, kk) + gdn_bf16_packed_b_bytes(path, n, kk) + 64;
 }
 
 int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
@@ -951,31 +934,15 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
         return path;
     }
     const bf_blocking bl = blocking(path);
-    const int amx = bl.amx, fb = path == GDN_BF16_FALLBACK, MR = bl.MR, hw = hw_convert(path);
+    const int amx = bl.amx, MR = bl.MR;
     /* depth granule: a 32-deep tile block (AMX) or a pair */
     const int gran = amx ? 32 : 2;
     const int64_t kcp = (kk + gran - 1) / gran * gran, kp = kcp / 2;
     const int mpanels = (m + MR - 1) / MR, npan = (n + NR - 1) / NR;
-    size_t abytes, bbytes;
-    small_ws_parts(path, m, n, kk, &abytes, &bbytes);
-    char *apack = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63), *bpack = apack + abytes;
-    for (int ip = 0; ip < mpanels; ip++) {
-        const int64_t mr = min64(MR, m - ip * MR);
-        if (amx)
-            pack_a_x((uint16_t *)apack + (size_t)ip * MR * kcp, A, 0, at, lda, ip * MR, mr, 0, kk, kcp, hw);
-        else
-            pack_a_v((uint32_t *)apack + (size_t)ip * MR * kp * (fb + 1), A, 0, at, lda, ip * MR, mr, 0, kk, kp, fb);
-    }
-    for (int q = 0; q < npan; q++)
-        pack_b((uint32_t *)bpack + (size_t)q * kp * NR, B, 0, bt, ldb, 0, kk, kp, (int64_t)q * NR,
-               (int)min64(NR, n - q * NR), hw);
-    const gdn_fpmode fm = gdn_fp_fast_begin();
-    tilecfg cfg;
-    if (amx) tilecfg_init(&cfg);
-    if (path == GDN_BF16_AMX_EMU) emu_loadcfg(&cfg);
-#if HAVE_AMX_CODE
-    if (path == GDN_BF16_AMX) amx_loadcfg(&cfg);
-#endif
+    char *apack = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63), *bpack = apack + gdn_bf16_packed_a_bytes(path, m, kk);
+    gdn_bf16_pack_a(path, at, m, kk, A, lda, apack);
+    gdn_bf16_pack_b(path, bt, n, kk, B, ldb, bpack);
+    const unsigned fm = gdn_bf16_thread_begin(path);
     uint64_t flops = 0;
     for (int ip = 0; ip < mpanels; ip++) {
         const int i0 = ip * MR, mr = (int)min64(MR, m - i0);
@@ -998,10 +965,7 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
             mk_run(path, apack, ip, MR, kcp, lo, hi - lo, bq, Cb, ldc, acc, mr, ncq);
         }
     }
-#if HAVE_AMX_CODE
-    if (path == GDN_BF16_AMX) amx_release();
-#endif
-    gdn_fp_fast_end(fm);
+    gdn_bf16_thread_end(path, fm);
     gdn_flops_issued_add(flops);
     return path;
 }
