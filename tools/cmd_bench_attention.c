@@ -216,6 +216,17 @@ static int core_fwd_bwd(void *c) {
     return rc ? rc : gdn_sdpa_backward(x->p, x->dq, x->dk, x->dv, x->q, x->k, x->v, x->o, x->lse, x->dout);
 }
 
+/* A BF16 row pair's speed-up over fp32 (what: "core" or "layer"): forward r0, fwd+bwd r1. */
+static void print_speedup(const bench_opts *o, const char *what, const attn_shape *s, int64_t T, double r0, double r1) {
+    if (o->json)
+        printf("{\"direction\":\"%s_bf16_speedup\",\"shape\":\"%s\",\"T\":%lld,\"threads\":%d,"
+               "\"forward\":%.3f,\"fwd_bwd\":%.3f,\"cpu\":\"%s\"}\n",
+               what, s->label, (long long)T, o->threads, r0, r1, o->cpu);
+    else
+        printf("%s bf16 vs fp32 %-7s T=%-6lld thr=%d: forward %.2fx, fwd+bwd %.2fx (medians of alternating runs)\n", what,
+               s->label, (long long)T, o->threads, r0, r1);
+}
+
 /* The core's rows in each compute precision asked for (o->compute_mask), the precisions
  * alternating rep by rep; a BF16 row also prints its speed-up over fp32. */
 static int bench_core(const bench_opts *o, const attn_shape *s, int64_t T) {
@@ -264,16 +275,7 @@ static int bench_core(const bench_opts *o, const attn_shape *s, int64_t T) {
         /* kept for the backward: o and lse (q, k, v are the caller's inputs) */
         print_row(o, cm ? "core_fwd_bwd_bf16" : "core_fwd_bwd", s, T, med[cm][1], core_flops(s, T, 1),
                   4.0 * (s->H * s->d + s->H), err_b, path, cm);
-        if (cm && x[0].p) {
-            const double r0 = med[0][0] / med[1][0], r1 = med[0][1] / med[1][1];
-            if (o->json)
-                printf("{\"direction\":\"core_bf16_speedup\",\"shape\":\"%s\",\"T\":%lld,\"threads\":%d,"
-                       "\"forward\":%.3f,\"fwd_bwd\":%.3f,\"cpu\":\"%s\"}\n",
-                       s->label, (long long)T, o->threads, r0, r1, o->cpu);
-            else
-                printf("core bf16 vs fp32 %-7s T=%-6lld thr=%d: forward %.2fx, fwd+bwd %.2fx (medians of alternating "
-                       "runs)\n", s->label, (long long)T, o->threads, r0, r1);
-        }
+        if (cm && x[0].p) print_speedup(o, "core", s, T, med[0][0] / med[1][0], med[0][1] / med[1][1]);
     }
     if (rc) fprintf(stderr, "gdncp bench attention: core %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
     for (int cm = 0; cm < 2; cm++) gdn_sdpa_plan_destroy(x[cm].p);
@@ -343,16 +345,8 @@ static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T)
         const double m0 = cli_median(t[cm][0], o->reps), m1 = cli_median(t[cm][1], o->reps);
         print_row(o, dir[0], s, T, m0, proj_flops(s, T, 0) + core_flops(s, T, 0), 0, err_f, path, cm);
         print_row(o, dir[1], s, T, m1, proj_flops(s, T, 1) + core_flops(s, T, 1), 4.0 * nsaved / T, err_b, path, cm);
-        if (cm && l[0].p) {
-            const double r0 = cli_median(t[0][0], o->reps) / m0, r1 = cli_median(t[0][1], o->reps) / m1;
-            if (o->json)
-                printf("{\"direction\":\"layer_bf16_speedup\",\"shape\":\"%s\",\"T\":%lld,\"threads\":%d,"
-                       "\"forward\":%.3f,\"fwd_bwd\":%.3f,\"cpu\":\"%s\"}\n",
-                       s->label, (long long)T, o->threads, r0, r1, o->cpu);
-            else
-                printf("layer bf16 vs fp32 %-7s T=%-6lld thr=%d: forward %.2fx, fwd+bwd %.2fx (medians of alternating "
-                       "runs)\n", s->label, (long long)T, o->threads, r0, r1);
-        }
+        if (cm && l[0].p)
+            print_speedup(o, "layer", s, T, cli_median(t[0][0], o->reps) / m0, cli_median(t[0][1], o->reps) / m1);
     }
     if (rc) fprintf(stderr, "gdncp bench attention: layer %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
     for (int cm = 0; cm < 2; cm++) gdn_attn_plan_destroy(l[cm].p), free(l[cm].saved);
