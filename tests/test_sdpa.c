@@ -352,7 +352,7 @@ static void view_case(int64_t B, int64_t H, int64_t Hkv, int64_t d, int64_t nq, 
     for (int64_t i = 0; i < nQ; i++) qd[i] = q[i], dOd[i] = dO[i], dq[i] = 0.5f;
     for (int64_t i = 0; i < nK; i++) kd[i] = k[i], vd[i] = v[i], dk[i] = dv[i] = 0.25f;
     for (int64_t i = 0; i < nL; i++) Dd[i] = D[i];
-    float *tile = falloc((int64_t)(gdn_attn_tile_floats(d) * (size_t)threads));
+    float *tile = falloc((int64_t)(gdn_attn_tile_floats(d, 0) * (size_t)threads));
     const gdn_attn_core view = {.B = B, .H = H, .Hkv = Hkv, .d = d, .Q = q, .nq = nq, .q0 = q0, .qld = H * d,
                                 .nk = nk, .k0 = k0, .K = {k, Hkv * d, d, nk * Hkv * d}, .V = {v, Hkv * d, d, nk * Hkv * d},
                                 .cu = cu, .n_docs = n_docs, .threads = threads, .tile = tile};

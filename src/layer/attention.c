@@ -83,7 +83,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
         N * Hd, N * Kd, N * H, N * (size_t)c->Hkv,        /* qr kr rq rk */
         N * Hd, N * Hd, N * H,                            /* z dO Dv */
         N * Hd, N * Kd, N * P,                            /* dqr dkr dproj */
-        (size_t)ap->threads * gdn_attn_tile_floats(d), (size_t)ap->threads * 2 * (size_t)d,
+        (size_t)ap->threads * gdn_attn_tile_floats(d, c->compute == GDN_COMPUTE_BF16), (size_t)ap->threads * 2 * (size_t)d,
         gdn_matmul_compute_ws_floats(c->compute, ap->threads),
     };
     const size_t np = sizeof pieces / sizeof pieces[0];

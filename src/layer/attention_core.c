@@ -101,13 +101,15 @@ static size_t bf_packed_floats(int b, int64_t m, int64_t kk) {
 }
 
 /* Carve the tile (t NULL: only count): 64-byte aligned pieces from a 64-byte aligned start. */
-static size_t tile_layout(int64_t d, float *base, tile_view *t) {
+static size_t tile_layout(int64_t d, int bf, float *base, tile_view *t) {
     const size_t dp = (size_t)dpad(d), dq = (size_t)d;
-    const size_t qb = bf_packed_floats(1, BQ, d), rb = bf_packed_floats(1, d, BQ), pb = bf_packed_floats(1, BQ, BK),
-                 pa = bf_packed_floats(0, BK, BQ);
+    /* the BF16 pieces only for a BF16 view */
+    const size_t qb = bf ? bf_packed_floats(1, BQ, d) : 0, rb = bf ? bf_packed_floats(1, d, BQ) : 0,
+                 pb = bf ? bf_packed_floats(1, BQ, BK) : 0, pa = bf ? bf_packed_floats(0, BK, BQ) : 0,
+                 rows = bf ? BQ * dq : 0;
     const size_t sizes[] = {dq * BQ, dq * BQ, BQ * dp, BQ * dp, dq * BQ, BK * BQ, BK * BQ, BQ, BQ, BQ, BQ, BQ,
                             BQ, BQ, 2 * BQ, 2 * BQ, 2 * BQ, 2 * BQ, BK * dq, BK * dq,
-                            BQ * dq, BQ * dq, qb, qb, rb, rb, pb, pb, pa, pa};
+                            rows, rows, qb, qb, rb, rb, pb, pb, pa, pa};
     size_t at = 0;
     float *p[sizeof sizes / sizeof sizes[0]];
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -127,15 +129,15 @@ static size_t tile_layout(int64_t d, float *base, tile_view *t) {
     return at + MK_NR; /* + a panel: the micro-kernel reads whole panels past d */
 }
 
-size_t gdn_attn_tile_floats(int64_t d) {
-    return (tile_layout(d, NULL, NULL) + 16 + 15) & ~(size_t)15; /* + 16: room to align the start */
+size_t gdn_attn_tile_floats(int64_t d, int bf16) {
+    return (tile_layout(d, bf16 != 0, NULL, NULL) + 16 + 15) & ~(size_t)15; /* + 16: room to align the start */
 }
 
 static tile_view tile_of(const gdn_attn_core *v) {
-    float *base = v->tile + (size_t)gdn_thread_id() * gdn_attn_tile_floats(v->d);
+    float *base = v->tile + (size_t)gdn_thread_id() * gdn_attn_tile_floats(v->d, v->bf16);
     base = (float *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
     tile_view t;
-    tile_layout(v->d, base, &t);
+    tile_layout(v->d, v->bf16 != 0, base, &t);
     return t;
 }
 

@@ -143,7 +143,7 @@ static void decode_core(gdn_attn_plan *ap, const gdn_attn_core *v, float *o, flo
     chunk = (chunk + KEY_ALIGN - 1) / KEY_ALIGN * KEY_ALIGN;
     S = (nk + chunk - 1) / chunk;
     gdn_test_threads("attn_decode_split", (int)S); /* the number of key ranges */
-    const size_t tf = gdn_attn_tile_floats(d);
+    const size_t tf = gdn_attn_tile_floats(d, v->bf16);
 #pragma omp parallel for num_threads((int)S) schedule(static, 1)
     for (int64_t s = 0; s < S; s++) {
         gdn_attn_core vs = *v;

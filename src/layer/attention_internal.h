@@ -66,12 +66,13 @@ typedef struct {
     int threads;
     int bf16;    /* nonzero (cfg.compute BF16): the products of blocks of more than a few rows take
                     bf16 operands (attention_core.c, "BF16"); fp32 views only */
-    float *tile; /* threads x gdn_attn_tile_floats(d) */
+    float *tile; /* threads x gdn_attn_tile_floats(d, bf16) */
 } gdn_attn_core;
 /* Tests only: the BF16 path of the core's products (0: gdn_bf16_path_auto()). */
 extern int gdn_attn_bf16_path;
 
-size_t gdn_attn_tile_floats(int64_t d);
+/* One thread's tile (bf16: with the BF16 products' rows and packed operands). */
+size_t gdn_attn_tile_floats(int64_t d, int bf16);
 /* o, lse of the queries against this view's keys (overwritten): o normalised, lse = -inf and o =
  * 0 for a query that sees none of them. */
 void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse);

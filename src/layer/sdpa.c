@@ -67,7 +67,7 @@ int gdn_sdpa_plan_create(gdn_sdpa_plan **out, const gdn_attn_config *cfg) {
     } else {
         c->n_docs = 0;
     }
-    const size_t pieces[] = {(size_t)p->threads * gdn_attn_tile_floats(c->d), (size_t)p->N * (size_t)c->H,
+    const size_t pieces[] = {(size_t)p->threads * gdn_attn_tile_floats(c->d, c->compute == GDN_COMPUTE_BF16), (size_t)p->N * (size_t)c->H,
                              (size_t)p->N * (size_t)c->H};
     size_t total = 0;
     for (size_t i = 0; i < 3; i++) total += (pieces[i] + 15) & ~(size_t)15;
