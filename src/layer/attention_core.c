@@ -37,8 +37,8 @@
  * pair packs P^T (as B for O^T += V^T P^T and as A for dV) and dS^T (as B for dQ, as A for dK).
  * So Q, K, V, dO, P and dS are rounded to bf16 (nearest even); the scores, the running max and
  * sum, alpha, lse, D, O's and the gradients' accumulators stay fp32. P is rounded after it is
- * scaled against the lazy running max (by e^(m_true - m), not a power of two), which an oracle
- * cannot reproduce: the tests bound it (tests/test_compute_bf16.c). If the packed keys cannot be
+ * scaled against the lazy running max (by e^(m_true - m), not a power of two): the BF16 oracle
+ * follows the same running max per key tile (attention_reference.c). If the packed keys cannot be
  * allocated, the call runs in fp32. */
 #include "attention_internal.h"
 #include "pack.h" /* the micro-kernel (microkernel.h) and the in-register transpose */
