@@ -216,6 +216,23 @@ static int core_fwd_bwd(void *c) {
     return rc ? rc : gdn_sdpa_backward(x->p, x->dq, x->dk, x->dv, x->q, x->k, x->v, x->o, x->lse, x->dout);
 }
 
+/* The two precisions' runs (ctx[cm], NULL: not asked for) of fwd, then of fwd_bwd, alternating
+ * rep by rep after one untimed run each: t[cm][bwd][rep]. */
+static int time_alternating(int (*fwd)(void *), int (*fwd_bwd)(void *), void *const ctx[2], int reps,
+                            double t[2][2][64]) {
+    int rc = 0;
+    for (int bwd = 0; bwd < 2 && !rc; bwd++)
+        for (int r = 0; r <= reps && !rc; r++)
+            for (int k = 0; k < 2 && !rc; k++) {
+                const int cm = (r + k) % 2;
+                if (!ctx[cm]) continue;
+                const double t0 = cli_now();
+                rc = bwd ? fwd_bwd(ctx[cm]) : fwd(ctx[cm]);
+                if (r) t[cm][bwd][r - 1] = cli_now() - t0;
+            }
+    return rc;
+}
+
 /* A BF16 row pair's speed-up over fp32 (what: "core" or "layer"): forward r0, fwd+bwd r1. */
 static void print_speedup(const bench_opts *o, const char *what, const attn_shape *s, int64_t T, double r0, double r1) {
     if (o->json)
@@ -247,15 +264,8 @@ static int bench_core(const bench_opts *o, const attn_shape *s, int64_t T) {
         rc = gdn_sdpa_plan_create(&x[cm].p, &c);
     }
     double t[2][2][64];
-    for (int bwd = 0; bwd < 2 && !rc; bwd++)
-        for (int r = 0; r <= o->reps && !rc; r++)
-            for (int k = 0; k < 2 && !rc; k++) {
-                const int cm = (r + k) % 2;
-                if (!x[cm].p) continue;
-                const double t0 = cli_now();
-                rc = bwd ? core_fwd_bwd(&x[cm]) : core_fwd(&x[cm]);
-                if (r) t[cm][bwd][r - 1] = cli_now() - t0;
-            }
+    if (!rc) rc = time_alternating(core_fwd, core_fwd_bwd, (void *[2]){x[0].p ? &x[0] : NULL, x[1].p ? &x[1] : NULL},
+                                   o->reps, t);
     double med[2][2];
     for (int cm = 0; cm < 2 && !rc; cm++) {
         if (!x[cm].p) continue;
@@ -320,15 +330,8 @@ static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T)
         if (!rc && !(l[cm].saved = malloc(4 * (nsaved + 1)))) rc = GDN_ERR_NOMEM;
     }
     double t[2][2][64];
-    for (int bwd = 0; bwd < 2 && !rc; bwd++)
-        for (int r = 0; r <= o->reps && !rc; r++)
-            for (int k = 0; k < 2 && !rc; k++) {
-                const int cm = (r + k) % 2;
-                if (!l[cm].p) continue;
-                const double t0 = cli_now();
-                rc = bwd ? layer_fwd_bwd(&l[cm]) : layer_fwd(&l[cm]);
-                if (r) t[cm][bwd][r - 1] = cli_now() - t0;
-            }
+    if (!rc) rc = time_alternating(layer_fwd, layer_fwd_bwd, (void *[2]){l[0].p ? &l[0] : NULL, l[1].p ? &l[1] : NULL},
+                                   o->reps, t);
     for (int cm = 0; cm < 2 && !rc; cm++) {
         if (!l[cm].p) continue;
         c.compute = cm;
