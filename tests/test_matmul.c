@@ -124,7 +124,8 @@ static void blocked(void) {
 }
 
 /* m = 1..16: the streaming path with B^T (kk past its 512-deep blocks, not a multiple of the
- * vector width; n not a multiple of its 4-row tiles); the blocked path without. */
+ * vector width; n not a multiple of its tiles of 4 W rows, or 8 at m <= 2 with 16 lanes); the
+ * blocked path without. */
 static void small_m(void) {
     for (int m = 1; m <= 16; m++)
         for (int fi = 0; fi < 8; fi++) {
@@ -137,6 +138,9 @@ static void small_m(void) {
         }
     expect_close(mm_err(GDN_GEMM_B_TRANS, 16, 3, 9, 2, 0), MM_TOL,
                  "matmul small m B^T m=16 n=3 k=9 (one partial tile, no full vector) threads=2");
+    for (int m = 1; m <= 2; m++) /* the wide tiles with no full vector: only the depth's tail */
+        expect_close(mm_err(GDN_GEMM_B_TRANS | (m == 2 ? GDN_GEMM_ACC : 0), m, 19, 9, m, 0), MM_TOL,
+                     "matmul small m B^T m=%d n=19 k=9 (tiles and a partial one, no full vector) threads=%d", m, m);
     /* A too large for the padded copy in ws (16 x 20016 floats > ws at 1 thread): read in place */
     expect_close(mm_err(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, 16, 5, 20000, 1, 0), MM_TOL,
                  "matmul small m acc B^T m=16 n=5 k=20000 (A not copied) threads=1");

@@ -15,7 +15,8 @@
  *    machine does not hold the other up at every slice.
  *  - streaming (decode: m <= 16, A plain and B stored transposed, i.e. a weight matrix
  *    [n x kk]): packing W would double its memory traffic, so each W row is read once and dotted
- *    with all m rows of A (threads split the W rows; 4 W rows x 4 A rows per register tile);
+ *    with all m rows of A (threads split the W rows; 4 W rows x 4 A rows per register tile, or
+ *    8 W rows x up to 2 A rows at m <= 2, so that decode at B = 1 has 8 rows of W in flight);
  *    A stays in cache. Bound by memory bandwidth up to m ~ 8.
  *
  * Vector width is the target's (microkernel.h: 16 lanes with AVX-512, 8 with AVX/AVX2, else 4);
@@ -167,84 +168,99 @@ static void micro_direct(int64_t kc, const float *a, int64_t lda, const float *r
 #ifndef GDN_MM_PFL /* prefetch locality of the next W block (3: into L1) */
 #define GDN_MM_PFL 3
 #endif
-enum { SR = 4,          /* W rows per tile */
-       SK = GDN_MM_SK }; /* depth block: A's m x SK slice and the SR W rows in L1 */                   /* depth block: A's m x SK slice and the SR W rows in L1 */
+enum { SR = 4,                        /* W rows per tile */
+       SR_WIDE = VL == 16 ? 8 : SR,   /* ... when a tile has at most SI / 2 A rows (decode at B <= 2):
+                                       * the same SI * SR accumulators, twice the W rows in flight */
+       SK = GDN_MM_SK };              /* depth block: A's m x SK slice and the tile's W rows in L1 */
 
-/* part[i][r] += A[i][k0..k0+kv) . W[r][k0..k0+kv) lane-wise, for i < mi, r < nr; kv % VL == 0. */
-/* W (and pf) fp32, or bf16 when bf (a constant: half the bytes per step, one prefetch per 64). */
-static inline __attribute__((always_inline)) void stream_tile(int mi, int nr, int bf, int64_t kv,
-                                                              const float *A, int64_t lda,
-                                                              const void *W, int64_t ldw,
-                                                              const void *pf, gdn_vf part[SI][SR]) {
-    gdn_vf s[SI][SR];
-    for (int i = 0; i < SI; i++)
-        for (int r = 0; r < SR; r++) s[i][r] = part[i][r];
+/* part[i * tr + r] (+)= A[i][k0..k0+kv) . W[r][k0..k0+kv) lane-wise, for i < mi, r < nr <= tr
+ * (tr = SR, or SR_WIDE with mi <= SI / 2); kv % VL == 0; first: part starts from zero. W (and pf)
+ * fp32, or bf16 when bf (a constant: half the bytes per step, one prefetch per 64). Each lane
+ * sums its depth positions in order whatever tr is, so a product's bits do not depend on it. */
+static inline __attribute__((always_inline)) void stream_tile(int mi, int tr, int nr, int bf, int first,
+                                                              int64_t kv, const float *A, int64_t lda,
+                                                              const void *W, int64_t ldw, const void *pf,
+                                                              gdn_vf part[SI * SR]) {
+    gdn_vf s[SI * SR];
+    for (int i = 0; i < mi; i++)
+        for (int r = 0; r < tr; r++) s[i * tr + r] = first ? (gdn_vf){0} : part[i * tr + r];
     for (int64_t k = 0; k < kv; k += VL) {
-        gdn_vf w[SR];
-        for (int r = 0; r < SR; r++) w[r] = r < nr ? gdn_loadw(W, bf, r * ldw + k) : (gdn_vf){0};
         if (pf && (!bf || (k & 31) == 0))
-            for (int r = 0; r < SR; r++) __builtin_prefetch(gdn_eptr(pf, bf, r * ldw + k), 0, GDN_MM_PFL);
-        for (int i = 0; i < SI; i++) {
-            if (i >= mi) continue;
-            const gdn_vf av = gdn_vloadu(A + i * lda + k);
-            for (int r = 0; r < SR; r++)
-                if (r < nr) s[i][r] += av * w[r];
+            for (int r = 0; r < tr; r++) __builtin_prefetch(gdn_eptr(pf, bf, r * ldw + k), 0, GDN_MM_PFL);
+        gdn_vf av[SI];
+        for (int i = 0; i < mi; i++) av[i] = gdn_vloadu(A + i * lda + k);
+        for (int r = 0; r < tr; r++) {
+            if (r >= nr) continue;
+            const gdn_vf w = gdn_loadw(W, bf, r * ldw + k);
+            for (int i = 0; i < mi; i++) s[i * tr + r] += av[i] * w;
         }
     }
-    for (int i = 0; i < SI; i++)
-        for (int r = 0; r < SR; r++) part[i][r] = s[i][r];
+    for (int i = 0; i < mi; i++)
+        for (int r = 0; r < tr; r++) part[i * tr + r] = s[i * tr + r];
 }
 
-/* Full-width tiles specialised per row count (separate functions: inlined into one switch,
- * GCC merged them back into the generic loop with a branch per FMA). */
-#define STREAM_TILE_FN(MI, BF, NAME)                                                           \
-    static __attribute__((noinline)) void NAME(int64_t kv, const float *A, int64_t lda,         \
-                                               const void *W, int64_t ldw, const void *pf,       \
-                                               gdn_vf part[SI][SR]) {                               \
-        stream_tile(MI, SR, BF, kv, A, lda, W, ldw, pf, part);                                  \
+/* Full-width tiles specialised per row count and width (separate functions: inlined into one
+ * switch, GCC merged them back into the generic loop with a branch per FMA). */
+#define STREAM_TILE_FN(MI, TR, BF, NAME)                                                               \
+    static __attribute__((noinline)) void NAME(int first, int64_t kv, const float *A, int64_t lda,      \
+                                               const void *W, int64_t ldw, const void *pf,               \
+                                               gdn_vf part[SI * SR]) {                                   \
+        stream_tile(MI, TR, TR, BF, first, kv, A, lda, W, ldw, pf, part);                              \
     }
-STREAM_TILE_FN(1, 0, stream_tile_1)
-STREAM_TILE_FN(2, 0, stream_tile_2)
-STREAM_TILE_FN(1, 1, stream_tile_bf_1)
-STREAM_TILE_FN(2, 1, stream_tile_bf_2)
+STREAM_TILE_FN(1, SR, 0, stream_tile_1)
+STREAM_TILE_FN(2, SR, 0, stream_tile_2)
+STREAM_TILE_FN(1, SR, 1, stream_tile_bf_1)
+STREAM_TILE_FN(2, SR, 1, stream_tile_bf_2)
 #if SI > 2
-STREAM_TILE_FN(3, 0, stream_tile_3)
-STREAM_TILE_FN(4, 0, stream_tile_4)
-STREAM_TILE_FN(3, 1, stream_tile_bf_3)
-STREAM_TILE_FN(4, 1, stream_tile_bf_4)
+STREAM_TILE_FN(3, SR, 0, stream_tile_3)
+STREAM_TILE_FN(4, SR, 0, stream_tile_4)
+STREAM_TILE_FN(3, SR, 1, stream_tile_bf_3)
+STREAM_TILE_FN(4, SR, 1, stream_tile_bf_4)
+STREAM_TILE_FN(1, SR_WIDE, 0, stream_tile_w1)
+STREAM_TILE_FN(2, SR_WIDE, 0, stream_tile_w2)
+STREAM_TILE_FN(1, SR_WIDE, 1, stream_tile_bf_w1)
+STREAM_TILE_FN(2, SR_WIDE, 1, stream_tile_bf_w2)
 #endif
-static __attribute__((noinline)) void stream_tile_edge(int mi, int nr, int64_t kv, const float *A,
-                                                       int64_t lda, const void *W, int64_t ldw,
-                                                       const void *pf, gdn_vf part[SI][SR]) {
-    stream_tile(mi, nr, 0, kv, A, lda, W, ldw, pf, part);
+static __attribute__((noinline)) void stream_tile_edge(int mi, int tr, int nr, int first, int64_t kv,
+                                                       const float *A, int64_t lda, const void *W,
+                                                       int64_t ldw, const void *pf, gdn_vf part[SI * SR]) {
+    stream_tile(mi, tr, nr, 0, first, kv, A, lda, W, ldw, pf, part);
 }
-static __attribute__((noinline)) void stream_tile_bf_edge(int mi, int nr, int64_t kv, const float *A,
-                                                          int64_t lda, const void *W, int64_t ldw,
-                                                          const void *pf, gdn_vf part[SI][SR]) {
-    stream_tile(mi, nr, 1, kv, A, lda, W, ldw, pf, part);
+static __attribute__((noinline)) void stream_tile_bf_edge(int mi, int tr, int nr, int first, int64_t kv,
+                                                          const float *A, int64_t lda, const void *W,
+                                                          int64_t ldw, const void *pf, gdn_vf part[SI * SR]) {
+    stream_tile(mi, tr, nr, 1, first, kv, A, lda, W, ldw, pf, part);
 }
 
-static void stream_tile_any(int mi, int nr, int bf, int64_t kv, const float *A, int64_t lda,
-                            const void *W, int64_t ldw, const void *pf, gdn_vf part[SI][SR]) {
-    if (nr == SR) {
-        switch (mi + (bf ? 8 : 0)) {
-        case 1: stream_tile_1(kv, A, lda, W, ldw, pf, part); return;
-        case 2: stream_tile_2(kv, A, lda, W, ldw, pf, part); return;
-        case 9: stream_tile_bf_1(kv, A, lda, W, ldw, pf, part); return;
-        case 10: stream_tile_bf_2(kv, A, lda, W, ldw, pf, part); return;
+/* The width of a tile of W rows for a product of m A rows: SR_WIDE when all m rows fit one
+ * group of at most SI / 2, else SR. */
+static inline int stream_width(int64_t m) { return m <= SI / 2 ? SR_WIDE : SR; }
+
+static void stream_tile_any(int mi, int tr, int nr, int bf, int first, int64_t kv, const float *A,
+                            int64_t lda, const void *W, int64_t ldw, const void *pf, gdn_vf part[SI * SR]) {
+    if (nr == tr) {
+        switch (mi + (bf ? 8 : 0) + (tr != SR ? 16 : 0)) {
+        case 1: stream_tile_1(first, kv, A, lda, W, ldw, pf, part); return;
+        case 2: stream_tile_2(first, kv, A, lda, W, ldw, pf, part); return;
+        case 9: stream_tile_bf_1(first, kv, A, lda, W, ldw, pf, part); return;
+        case 10: stream_tile_bf_2(first, kv, A, lda, W, ldw, pf, part); return;
 #if SI > 2
-        case 3: stream_tile_3(kv, A, lda, W, ldw, pf, part); return;
-        case 4: stream_tile_4(kv, A, lda, W, ldw, pf, part); return;
-        case 11: stream_tile_bf_3(kv, A, lda, W, ldw, pf, part); return;
-        case 12: stream_tile_bf_4(kv, A, lda, W, ldw, pf, part); return;
+        case 3: stream_tile_3(first, kv, A, lda, W, ldw, pf, part); return;
+        case 4: stream_tile_4(first, kv, A, lda, W, ldw, pf, part); return;
+        case 11: stream_tile_bf_3(first, kv, A, lda, W, ldw, pf, part); return;
+        case 12: stream_tile_bf_4(first, kv, A, lda, W, ldw, pf, part); return;
+        case 17: stream_tile_w1(first, kv, A, lda, W, ldw, pf, part); return;
+        case 18: stream_tile_w2(first, kv, A, lda, W, ldw, pf, part); return;
+        case 25: stream_tile_bf_w1(first, kv, A, lda, W, ldw, pf, part); return;
+        case 26: stream_tile_bf_w2(first, kv, A, lda, W, ldw, pf, part); return;
 #endif
         default: break;
         }
     }
     if (bf) /* edges: generic */
-        stream_tile_bf_edge(mi, nr, kv, A, lda, W, ldw, pf, part);
+        stream_tile_bf_edge(mi, tr, nr, first, kv, A, lda, W, ldw, pf, part);
     else
-        stream_tile_edge(mi, nr, kv, A, lda, W, ldw, pf, part);
+        stream_tile_edge(mi, tr, nr, first, kv, A, lda, W, ldw, pf, part);
 }
 
 static inline float *align64(float *p) {
@@ -295,32 +311,31 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
         }
         const float *As = copy ? ws : A;
         const int64_t ldas = copy ? lda2 : lda;
-        /* contiguous ranges of W rows, in units of SR rows */
-        const int64_t tiles = (n + SR - 1) / SR;
-        const int64_t j_lo = tiles * t / nt * SR, j_hi = min64(n, tiles * (t + 1) / nt * SR);
-        gdn_vf part[SMALL_M / SI][SI][SR];
+        /* contiguous ranges of W rows, in units of tiles of tr rows */
+        const int tr = stream_width(m);
+        const int64_t tiles = (n + tr - 1) / tr;
+        const int64_t j_lo = tiles * t / nt * tr, j_hi = min64(n, tiles * (t + 1) / nt * tr);
+        const int groups = (int)((m + SI - 1) / SI);
+        gdn_vf part[SMALL_M / SI][SI * SR];
+        if (!kv_all) memset(part, 0, sizeof part[0] * (size_t)groups); /* only the depth's tail */
         hsum_queue hq = {.n = 0};
-        for (int64_t j0 = j_lo; j0 < j_hi; j0 += SR) {
-            const int nr = (int)min64(SR, j_hi - j0);
-            const int groups = (int)((m + SI - 1) / SI);
-            memset(part, 0, sizeof part[0] * (size_t)groups); /* only the groups in use: all 16 rows'
-                                                                 worth wrote as many bytes as W's
-                                                                 read at m = 1 */
+        for (int64_t j0 = j_lo; j0 < j_hi; j0 += tr) {
+            const int nr = (int)min64(tr, j_hi - j0);
             for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
                 const int64_t kv = min64(SK, kv_all - k0);
                 /* the first row group reads this block of W from memory; it also prefetches
                  * the next block (or the next tile's first), so that the memory stream runs
                  * under the other groups' arithmetic instead of after it */
-                const void *next = gdn_eptr(W, bf, k0 + SK < kv_all ? j0 * ldw + k0 + SK : (j0 + SR) * ldw);
-                if (j0 + SR >= j_hi && k0 + SK >= kv_all) next = NULL;
+                const void *next = gdn_eptr(W, bf, k0 + SK < kv_all ? j0 * ldw + k0 + SK : (j0 + tr) * ldw);
+                if (j0 + tr >= j_hi && k0 + SK >= kv_all) next = NULL;
                 for (int g = 0; g < groups; g++)
-                    stream_tile_any((int)min64(SI, m - g * SI), nr, bf, kv, As + g * SI * ldas + k0, ldas,
-                                    gdn_eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
+                    stream_tile_any((int)min64(SI, m - g * SI), tr, nr, bf, k0 == 0, kv, As + g * SI * ldas + k0,
+                                    ldas, gdn_eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
             }
             /* the m x nr partial vectors join the queue of horizontal sums */
             for (int64_t i = 0; i < m; i++)
                 for (int r = 0; r < nr; r++) {
-                    hq.v[hq.n] = part[i / SI][i % SI][r], hq.i[hq.n] = i, hq.j[hq.n] = j0 + r;
+                    hq.v[hq.n] = part[i / SI][i % SI * tr + r], hq.i[hq.n] = i, hq.j[hq.n] = j0 + r;
                     if (++hq.n == VL) hsum_flush(&hq, acc, kv_all, kk, As, ldas, W, bf, ldw, C, ldc);
                 }
         }
