@@ -28,6 +28,9 @@ extern test_fault_ctl test_fault;
 extern int test_threads_seen;
 extern const char *test_threads_site;
 extern void (*test_point_action)(const char *site);
+/* OpenMP regions the library has opened so far (GCC's libgomp entry points, counted in
+ * tests/util.c); -1 when this compiler's cannot be counted. */
+extern long test_omp_regions;
 
 /* PASS when err <= tol. */
 void expect_close(double err, double tol, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

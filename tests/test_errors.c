@@ -305,6 +305,34 @@ static void nonfinite_threads(void) {
     omp_set_num_threads(before);
 }
 
+/* gdn_parallel_range: every index of [0, n) in exactly one share; with one thread (or one item)
+ * the shares run in no parallel region, with 3 threads and more items in one (which also shows
+ * that omp_in_parallel would see a region). */
+typedef struct {
+    int hits[41];
+    int in_parallel;
+} range_seen;
+static void range_mark(void *p, int64_t lo, int64_t hi) {
+    range_seen *r = p;
+    if (omp_in_parallel()) __atomic_store_n(&r->in_parallel, 1, __ATOMIC_RELAXED);
+    for (int64_t i = lo; i < hi; i++) __atomic_add_fetch(&r->hits[i], 1, __ATOMIC_RELAXED);
+}
+static void parallel_range_cases(void) {
+    const int64_t ns[] = {0, 1, 2, 7, 40};
+    for (int threads = 1; threads <= 3; threads += 2)
+        for (int c = 0; c < 5; c++) {
+            const int64_t n = ns[c];
+            range_seen r = {{0}, 0};
+            gdn_parallel_range(threads, n, range_mark, &r);
+            int once = 1;
+            for (int64_t i = 0; i <= 40; i++) once &= r.hits[i] == (i < n);
+            const int want_region = threads > 1 && n > 1;
+            check(once && r.in_parallel == want_region,
+                  "gdn_parallel_range(threads %d, n %lld): each index once (%s), %s a parallel region (want %s)", threads,
+                  (long long)n, once ? "yes" : "no", r.in_parallel ? "in" : "outside", want_region ? "in" : "outside");
+        }
+}
+
 /* Every status the library returns has its own text: none is "unknown status". */
 static void status_texts(void) {
     const int codes[] = {GDN_OK, GDN_ERR_ARG, GDN_ERR_SHAPE, GDN_ERR_NONFINITE, GDN_ERR_NOMEM, GDN_ERR_IO,
@@ -517,6 +545,7 @@ void test_errors(void) {
     status_texts();
     nonfinite_scan();
     nonfinite_threads();
+    parallel_range_cases();
     config_errors();
     nonfinite_inputs();
     nonfinite_backward();

@@ -507,6 +507,34 @@ out:
     gdn_st_close(f);
 }
 
+/* A decode step on one thread opens no OpenMP region: libgomp charges ~0.3 us and a futex
+ * syscall even for a team of one, ~40 times a token in this model before (a quarter of its
+ * decode time). Control: the same steps on 2 threads are counted opening regions. */
+static void test_decode_regions(const model_w *m) {
+    if (test_omp_regions < 0) {
+        check(0, "decode regions: this compiler's OpenMP regions cannot be counted (GCC's libgomp only)");
+        return;
+    }
+    const gdn_token prompt[5] = {3, 1, 4, 1, 5};
+    float *lg = falloc(5 * m->cfg.vocab);
+    for (int threads = 1; threads <= 2; threads++) {
+        gdn_model_decoder *d = NULL;
+        int rc = gdn_model_decoder_create(&d, &m->cfg, 1, 16, threads);
+        if (!rc) rc = gdn_model_prefill(d, m->w, prompt, 5, lg);
+        const long before = test_omp_regions;
+        for (int s = 0; s < 4 && !rc; s++) rc = gdn_model_decode(d, m->w, prompt + s, lg);
+        const long opened = test_omp_regions - before;
+        if (threads == 1)
+            check(!rc && opened == 0, "hybrid decoder, 1 thread: 4 decode steps open %ld OpenMP regions (want 0; "
+                  "status %d)", opened, rc);
+        else
+            check(!rc && opened > 0, "control: on 2 threads the same 4 steps are counted opening %ld regions (> 0; "
+                  "status %d)", opened, rc);
+        gdn_model_decoder_destroy(d);
+    }
+    free(lg);
+}
+
 void test_model_hybrid(void) {
     model_w m;
     if (tiny_load(&m)) return;
@@ -515,5 +543,6 @@ void test_model_hybrid(void) {
     test_stock_logits(&m);
     test_decode_hf(&m);
     test_generate_hf(&m);
+    test_decode_regions(&m);
     free(m.w);
 }

@@ -1,5 +1,8 @@
+#define _GNU_SOURCE /* RTLD_NEXT */
 #include "harness.h"
 #include "gdncp/train.h"
+
+#include <dlfcn.h>
 
 #include <math.h>
 #include <stdarg.h>
@@ -27,6 +30,31 @@ void gdn_test_threads(const char *site, int threads) {
     if (test_threads_site && strcmp(site, test_threads_site)) return;
     if (threads > test_threads_seen) test_threads_seen = threads;
 }
+
+/* The OpenMP regions the library opens, counted at libgomp's entry points: the executable's
+ * definitions take the library's calls (it is linked in statically) and pass them on. Only the
+ * entry points GCC emits for this code: `parallel` (with static loops) and dynamic loops. */
+long test_omp_regions = -1; /* -1: not countable with this compiler */
+#if defined(__GNUC__) && !defined(__clang__) && defined(_OPENMP)
+typedef void (*omp_body)(void *);
+void GOMP_parallel(omp_body fn, void *data, unsigned nt, unsigned flags);
+void GOMP_parallel_loop_dynamic(omp_body fn, void *data, unsigned nt, long start, long end, long incr, long chunk,
+                                unsigned flags);
+void GOMP_parallel(omp_body fn, void *data, unsigned nt, unsigned flags) {
+    static void (*real)(omp_body, void *, unsigned, unsigned);
+    if (!real) *(void **)&real = dlsym(RTLD_NEXT, "GOMP_parallel");
+    __atomic_add_fetch(&test_omp_regions, 1, __ATOMIC_RELAXED);
+    real(fn, data, nt, flags);
+}
+void GOMP_parallel_loop_dynamic(omp_body fn, void *data, unsigned nt, long start, long end, long incr, long chunk,
+                                unsigned flags) {
+    static void (*real)(omp_body, void *, unsigned, long, long, long, long, unsigned);
+    if (!real) *(void **)&real = dlsym(RTLD_NEXT, "GOMP_parallel_loop_dynamic");
+    __atomic_add_fetch(&test_omp_regions, 1, __ATOMIC_RELAXED);
+    real(fn, data, nt, start, end, incr, chunk, flags);
+}
+__attribute__((constructor)) static void omp_regions_countable(void) { test_omp_regions = 0; }
+#endif
 
 void gdn_test_point(const char *site) {
     if (test_point_action) test_point_action(site);

@@ -237,18 +237,27 @@ static int model_row(const char *name, const gdn_model_config *cp, const float *
     return rc ? 1 : 0;
 }
 
-/* The decode rows of one model: 1 and 2 threads, F32 and BF16 caches, on one set of weights. */
-static int model_rows(const char *name, const gdn_model_config *c, int64_t P, int quick, int json, const char *cpu) {
+/* The decode rows of one model: 1 and 2 threads, F32 and BF16 caches, on one set of weights:
+ * those of the checkpoint directory ckpt, else random ones. */
+static int model_rows(const char *name, const gdn_model_config *c, const char *ckpt, int64_t P, int quick, int json,
+                      const char *cpu) {
     const size_t nw = gdn_model_param_floats(c);
     float *w = malloc(sizeof(float) * nw);
     if (!w) {
         fprintf(stderr, "gdncp bench decode: model %s: out of memory for %.1f GB of weights\n", name, 4e-9 * (double)nw);
         return 1;
     }
-    if (nw * sizeof(float) > (size_t)BIG_BYTES)
+    if (ckpt) {
+        if (gdn_ckpt_load(ckpt, c, w, NULL, NULL, NULL)) {
+            fprintf(stderr, "gdncp bench decode: %s\n", gdn_errmsg());
+            free(w);
+            return 1;
+        }
+    } else if (nw * sizeof(float) > (size_t)BIG_BYTES) {
         fill_weights_fast(w, nw);
-    else
+    } else {
         gdn_model_init(c, w, 7);
+    }
     int rc = 0;
     for (int threads = 1; threads <= 2 && !rc; threads++)
         for (int dt = 0; dt <= 2 && !rc; dt += 2) rc = model_row(name, c, w, P, threads, dt, quick, json, cpu);
@@ -269,19 +278,48 @@ static gdn_model_config config_08b(void) {
     return c;
 }
 
+/* --ckpt DIR: the rows of that checkpoint's model on its own weights (a prefill of 1,024 tokens,
+ * fewer if its max_position_embeddings says so), instead of the step's and the named models'. */
+static int checkpoint_rows(const char *ckpt, int quick, int json, const char *cpu) {
+    char dir[4096];
+    gdn_model_config c;
+    if (gdn_ckpt_resolve(ckpt, dir, sizeof dir) || gdn_ckpt_load_config(dir, &c)) {
+        fprintf(stderr, "gdncp bench decode: %s\n", gdn_errmsg());
+        return 1;
+    }
+    int64_t P = quick ? 64 : 1024;
+    const int64_t room = c.max_position - 64; /* the steps after the prompt */
+    if (c.max_position && P > room) P = room;
+    if (P < 1) {
+        fprintf(stderr, "gdncp bench decode: %s: max_position_embeddings = %lld leaves no room for a prompt and 48 "
+                        "steps\n", dir, (long long)c.max_position);
+        return 1;
+    }
+    return model_rows("ckpt", &c, dir, P, quick, json, cpu);
+}
+
 int cmd_bench_decode(int argc, char **argv) {
     int json = 0, quick = 0;
+    const char *ckpt = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--ckpt") && i + 1 < argc) ckpt = argv[++i];
         else if (strcmp(argv[i], "decode")) {
-            fprintf(stderr, "gdncp bench decode: unknown option '%s'\n"
-                            "usage: gdncp bench decode [--json] [--quick]\n", argv[i]);
+            fprintf(stderr, "gdncp bench decode: unknown option or missing value '%s'\n"
+                            "usage: gdncp bench decode [--json] [--quick] [--ckpt DIR]\n", argv[i]);
             return 1;
         }
     }
     char cpu[256];
     cli_cpu_name(cpu, sizeof cpu);
+    if (ckpt) { /* that model's generation only */
+        if (!json)
+            printf("gdncp bench decode — CPU: %s\ncheckpoint %s generating (gdn_model_decode, B = 1, after a prefill): "
+                   "bytes = weights (the embedding's one row) + GatedDeltaNet states read and written + KV caches read; "
+                   "bound = those bytes at a read stream over a buffer of that size, same run\n", cpu, ckpt);
+        return checkpoint_rows(ckpt, quick, json, cpu);
+    }
     if (!json) {
         printf("gdncp bench decode — CPU: %s\n", cpu);
         printf("gdn_step, Hv=32 Hk=16 K=V=128; bytes = state read+write + token rows; bound = those "
@@ -333,11 +371,11 @@ int cmd_bench_decode(int argc, char **argv) {
     for (int m = 0; m < 2; m++) {
         gdn_model_config c;
         gdn_model_config_named(models[m], &c);
-        if (model_rows(models[m], &c, quick ? 64 : 1024, quick, json, cpu)) return 1;
+        if (model_rows(models[m], &c, NULL, quick ? 64 : 1024, quick, json, cpu)) return 1;
     }
     if (!quick) { /* 3 GB of weights: not in the smoke test */
         const gdn_model_config c = config_08b();
-        if (model_rows("0.8b", &c, 128, quick, json, cpu)) return 1;
+        if (model_rows("0.8b", &c, NULL, 128, quick, json, cpu)) return 1;
     }
     return 0;
 }

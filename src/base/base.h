@@ -156,4 +156,17 @@ int gdn_fail_nonfinite(const char *role, const char *name, double value, int64_t
  * thread works in p->ws[gdn_thread_id()]. */
 int gdn_thread_id(void);
 
+/* fn(ctx, t, nt) on every thread t of a team of nt <= threads; with threads <= 1, one call
+ * fn(ctx, 0, 1) on this thread and no OpenMP region at all. A region costs libgomp ~0.3 us and a
+ * futex syscall even for a team of one (its end-of-region barrier wakes unconditionally), and a
+ * decode step of a small model runs ~40 of them: on the paths a token takes, one thread must
+ * not pay for a team. Inside fn, orphaned `omp for` and `omp barrier` bind to the team (to the
+ * lone thread when there is none). */
+typedef void (*gdn_team_fn)(void *ctx, int t, int nt);
+void gdn_team(int threads, gdn_team_fn fn, void *ctx);
+/* fn(ctx, lo, hi) over contiguous shares [lo, hi) of [0, n), one per thread of a gdn_team of
+ * min(threads, n): for loops whose items are independent rows. */
+typedef void (*gdn_range_fn)(void *ctx, int64_t lo, int64_t hi);
+void gdn_parallel_range(int threads, int64_t n, gdn_range_fn fn, void *ctx);
+
 #endif

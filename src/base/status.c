@@ -47,33 +47,43 @@ __attribute__((weak)) int gdn_test_fault(const char *site) {
 __attribute__((weak)) void gdn_test_point(const char *site) { (void)site; }
 __attribute__((weak)) void gdn_test_threads(const char *site, int threads) { (void)site, (void)threads; }
 
-/* x * 0 is NaN exactly when x is NaN or Inf: sum those products a block at a time with
- * vectors, and look at single elements only in a block that turned NaN. */
+/* The first non-finite element of the block at b0 (m elements), or INT64_MAX. x * 0 is NaN
+ * exactly when x is NaN or Inf: sum those products with vectors, and look at single elements
+ * only in a block that turned NaN. */
+static int64_t scan_block(const float *x, int64_t b0, int64_t m) {
+    gdn_v8f acc = {0};
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) acc += *(const gdn_v8f_u *)(x + b0 + i) * 0.0f;
+    float s = 0.0f;
+    for (int l = 0; l < 8; l++) s += acc[l];
+    for (; i < m; i++) s += x[b0 + i] * 0.0f;
+    if (s != s)
+        for (int64_t j = 0; j < m; j++)
+            if (!isfinite(x[b0 + j])) return b0 + j;
+    return INT64_MAX;
+}
+
 int64_t gdn_find_nonfinite_f32(const float *x, int64_t n, int threads) {
-    const int64_t block = 4096;
+    enum { BLOCK = 4096 };
     int64_t first = INT64_MAX;
     /* Large tensors are scanned by the caller's threads (a serial scan costs ~7 % of a 2-thread
-     * forward), never more: ranks sharing a node each have their share of the cores. */
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (n > (1 << 20))
+     * forward), never more: ranks sharing a node each have their share of the cores. A small
+     * one, as every decode step checks, enters no parallel region (see gdn_team). */
+    if (threads <= 1 || n <= (1 << 20)) {
+        gdn_test_threads("find_nonfinite_f32", 1);
+        for (int64_t b0 = 0; b0 < n && first == INT64_MAX; b0 += BLOCK)
+            first = scan_block(x, b0, n - b0 < BLOCK ? n - b0 : BLOCK);
+        return first == INT64_MAX ? -1 : first;
+    }
+#pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP /* (the fuzz targets build this file without OpenMP) */
     if (omp_get_thread_num() == 0) gdn_test_threads("find_nonfinite_f32", omp_get_num_threads());
 #endif
 #pragma omp for schedule(static) reduction(min : first)
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-        const int64_t m = n - b0 < block ? n - b0 : block;
-        gdn_v8f acc = {0};
-        int64_t i = 0;
-        for (; i + 8 <= m; i += 8) acc += *(const gdn_v8f_u *)(x + b0 + i) * 0.0f;
-        float s = 0.0f;
-        for (int l = 0; l < 8; l++) s += acc[l];
-        for (; i < m; i++) s += x[b0 + i] * 0.0f;
-        if (s != s)
-            for (int64_t j = 0; j < m; j++)
-                if (!isfinite(x[b0 + j])) {
-                    if (b0 + j < first) first = b0 + j;
-                    break;
-                }
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+        const int64_t at = scan_block(x, b0, n - b0 < BLOCK ? n - b0 : BLOCK);
+        if (at < first) first = at;
     }
     }
     return first == INT64_MAX ? -1 : first;

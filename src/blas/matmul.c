@@ -306,56 +306,76 @@ static void hsum_flush(hsum_queue *q, int acc, int64_t kv_all, int64_t kk, const
     q->n = 0;
 }
 
-/* A (m <= 16 rows) is first copied into ws with a row stride of kk rounded up to 16 floats plus
- * 16 (when it fits): in place, with a power-of-two lda, the same depth of all m rows falls into
- * one L1 set and the 16 + SR lines evict each other (measured: m = 16 ran at half speed). */
+/* One streaming product C (+)= A W^T, shared by a team (gdn_team). */
+typedef struct {
+    int acc, bf;
+    int64_t m, n, kk;
+    const float *A;
+    int64_t lda;
+    const void *W;
+    int64_t ldw;
+    float *C;
+    int64_t ldc;
+    float *ws;
+    int copy;
+} stream_job;
+
+/* Thread t of nt: its contiguous range of W rows, in units of tiles. A (m <= 16 rows) is first
+ * copied into ws with a row stride of kk rounded up to 16 floats plus 16 (when it fits): in
+ * place, with a power-of-two lda, the same depth of all m rows falls into one L1 set and the
+ * 16 + SR lines evict each other (measured: m = 16 ran at half speed). */
+static void stream_share(void *p, int t, int nt) {
+    const stream_job *jb = p;
+    const int acc = jb->acc, bf = jb->bf;
+    const int64_t m = jb->m, n = jb->n, kk = jb->kk, ldw = jb->ldw, ldc = jb->ldc;
+    const void *W = jb->W;
+    float *C = jb->C;
+    const int64_t kv_all = kk / VL * VL;
+    const int64_t lda2 = (kk + 15) / 16 * 16 + 16;
+    const gdn_fpmode fm = gdn_fp_fast_begin();
+    if (jb->copy) {
+        for (int64_t i = t; i < m; i += nt) memcpy(jb->ws + i * lda2, jb->A + i * jb->lda, sizeof(float) * (size_t)kk);
+#pragma omp barrier
+    }
+    const float *As = jb->copy ? jb->ws : jb->A;
+    const int64_t ldas = jb->copy ? lda2 : jb->lda;
+    const int tr = stream_width(m);
+    const int64_t tiles = (n + tr - 1) / tr;
+    const int64_t j_lo = tiles * t / nt * tr, j_hi = min64(n, tiles * (t + 1) / nt * tr);
+    const int groups = (int)((m + SI - 1) / SI);
+    gdn_vf part[SMALL_M / SI][SI * SR];
+    if (!kv_all) memset(part, 0, sizeof part[0] * (size_t)groups); /* only the depth's tail */
+    hsum_queue hq = {.n = 0};
+    for (int64_t j0 = j_lo; j0 < j_hi; j0 += tr) {
+        const int nr = (int)min64(tr, j_hi - j0);
+        for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
+            const int64_t kv = min64(SK, kv_all - k0);
+            /* the first row group reads this block of W from memory; it also prefetches
+             * the next block (or the next tile's first), so that the memory stream runs
+             * under the other groups' arithmetic instead of after it */
+            const void *next = gdn_eptr(W, bf, k0 + SK < kv_all ? j0 * ldw + k0 + SK : (j0 + tr) * ldw);
+            if (j0 + tr >= j_hi && k0 + SK >= kv_all) next = NULL;
+            for (int g = 0; g < groups; g++)
+                stream_tile_any((int)min64(SI, m - g * SI), tr, nr, bf, k0 == 0, kv, As + g * SI * ldas + k0,
+                                ldas, gdn_eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
+        }
+        /* the m x nr partial vectors join the queue of horizontal sums */
+        for (int64_t i = 0; i < m; i++)
+            for (int r = 0; r < nr; r++) {
+                hq.v[hq.n] = part[i / SI][i % SI * tr + r], hq.i[hq.n] = i, hq.j[hq.n] = j0 + r;
+                if (++hq.n == VL) hsum_flush(&hq, acc, kv_all, kk, As, ldas, W, bf, ldw, C, ldc);
+            }
+    }
+    hsum_flush(&hq, acc, kv_all, kk, As, ldas, W, bf, ldw, C, ldc);
+    gdn_fp_fast_end(fm);
+}
+
 static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
                           const void *W, int64_t ldw, float *C, int64_t ldc, float *ws,
                           size_t ws_floats, int threads) {
-    const int64_t kv_all = kk / VL * VL;
     const int64_t lda2 = (kk + 15) / 16 * 16 + 16;
-    const int copy = (size_t)(m * lda2) <= ws_floats;
-#pragma omp parallel num_threads(threads)
-    {
-        const gdn_fpmode fm = gdn_fp_fast_begin();
-        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        if (copy) {
-            for (int64_t i = t; i < m; i += nt) memcpy(ws + i * lda2, A + i * lda, sizeof(float) * (size_t)kk);
-#pragma omp barrier
-        }
-        const float *As = copy ? ws : A;
-        const int64_t ldas = copy ? lda2 : lda;
-        /* contiguous ranges of W rows, in units of tiles of tr rows */
-        const int tr = stream_width(m);
-        const int64_t tiles = (n + tr - 1) / tr;
-        const int64_t j_lo = tiles * t / nt * tr, j_hi = min64(n, tiles * (t + 1) / nt * tr);
-        const int groups = (int)((m + SI - 1) / SI);
-        gdn_vf part[SMALL_M / SI][SI * SR];
-        if (!kv_all) memset(part, 0, sizeof part[0] * (size_t)groups); /* only the depth's tail */
-        hsum_queue hq = {.n = 0};
-        for (int64_t j0 = j_lo; j0 < j_hi; j0 += tr) {
-            const int nr = (int)min64(tr, j_hi - j0);
-            for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
-                const int64_t kv = min64(SK, kv_all - k0);
-                /* the first row group reads this block of W from memory; it also prefetches
-                 * the next block (or the next tile's first), so that the memory stream runs
-                 * under the other groups' arithmetic instead of after it */
-                const void *next = gdn_eptr(W, bf, k0 + SK < kv_all ? j0 * ldw + k0 + SK : (j0 + tr) * ldw);
-                if (j0 + tr >= j_hi && k0 + SK >= kv_all) next = NULL;
-                for (int g = 0; g < groups; g++)
-                    stream_tile_any((int)min64(SI, m - g * SI), tr, nr, bf, k0 == 0, kv, As + g * SI * ldas + k0,
-                                    ldas, gdn_eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
-            }
-            /* the m x nr partial vectors join the queue of horizontal sums */
-            for (int64_t i = 0; i < m; i++)
-                for (int r = 0; r < nr; r++) {
-                    hq.v[hq.n] = part[i / SI][i % SI * tr + r], hq.i[hq.n] = i, hq.j[hq.n] = j0 + r;
-                    if (++hq.n == VL) hsum_flush(&hq, acc, kv_all, kk, As, ldas, W, bf, ldw, C, ldc);
-                }
-        }
-        hsum_flush(&hq, acc, kv_all, kk, As, ldas, W, bf, ldw, C, ldc);
-        gdn_fp_fast_end(fm);
-    }
+    stream_job jb = {acc, bf, m, n, kk, A, lda, W, ldw, C, ldc, ws, (size_t)(m * lda2) <= ws_floats};
+    gdn_team(threads, stream_share, &jb);
 }
 
 /* ---------------------------------------------------------------- blocked path */

@@ -69,6 +69,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     c->threads = ap->threads;
     const int64_t T = c->T, d = c->d, hr = c->R / 2;
     ap->N = c->B * T, ap->Hd = c->H * d, ap->Kd = c->Hkv * d, ap->P = 2 * ap->Hd + 2 * ap->Kd;
+    for (int i = 0; i <= GDN_A_COUNT; i++) ap->param_off[i] = gdn_attn_param_offset(c, i);
     if (c->cu_seqlens) {
         if (!(ap->cu = malloc(sizeof(int64_t) * (size_t)(c->n_docs + 1)))) {
             gdn_attn_plan_destroy(ap);
@@ -173,42 +174,64 @@ static inline void norm_rope_row_bwd(const gdn_attn_config *c, const float *u, f
 void gdn_attn_project(gdn_attn_plan *ap, float *proj, const float *x, const float *w) {
     const gdn_attn_config *c = &ap->cfg;
     const int64_t N = ap->N, E = c->E, P = ap->P, Hd = ap->Hd, Kd = ap->Kd;
-    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, 2 * Hd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_Q_PROJ), E, proj, P,
+    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, 2 * Hd, E, x, E, w + ap->param_off[GDN_A_Q_PROJ], E, proj, P,
                ap->mm_ws, ap->threads);
-    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, Kd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_K_PROJ), E, proj + 2 * Hd, P,
+    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, Kd, E, x, E, w + ap->param_off[GDN_A_K_PROJ], E, proj + 2 * Hd, P,
                ap->mm_ws, ap->threads);
-    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, Kd, E, x, E, w + gdn_attn_param_offset(c, GDN_A_V_PROJ), E, proj + 2 * Hd + Kd,
+    gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, Kd, E, x, E, w + ap->param_off[GDN_A_V_PROJ], E, proj + 2 * Hd + Kd,
                P, ap->mm_ws, ap->threads);
 }
 
-void gdn_attn_norm_rope(gdn_attn_plan *ap, const float *proj, const float *w) {
+typedef struct {
+    gdn_attn_plan *ap;
+    const float *proj, *wq, *wk;
+} norm_rope_job;
+
+static void norm_rope_rows(void *p, int64_t lo, int64_t hi) {
+    const norm_rope_job *j = p;
+    gdn_attn_plan *ap = j->ap;
     const gdn_attn_config *c = &ap->cfg;
-    const int64_t N = ap->N, H = c->H, Hkv = c->Hkv, d = c->d, hr = c->R / 2, P = ap->P, Hd = ap->Hd, Kd = ap->Kd;
-    const float *wq = w + gdn_attn_param_offset(c, GDN_A_Q_NORM), *wk = w + gdn_attn_param_offset(c, GDN_A_K_NORM);
-#pragma omp parallel for num_threads(ap->threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
+    const int64_t H = c->H, Hkv = c->Hkv, d = c->d, hr = c->R / 2, P = ap->P, Hd = ap->Hd, Kd = ap->Kd;
+    for (int64_t n = lo; n < hi; n++) {
         const int64_t t = n % c->T;
         const float *cs = ap->cosv + t * hr, *sn = ap->sinv + t * hr;
         for (int64_t h = 0; h < H; h++)
-            ap->rq[n * H + h] = norm_rope_row(c, proj + n * P + 2 * h * d, wq, cs, sn, ap->qr + n * Hd + h * d);
-        for (int64_t j = 0; j < Hkv; j++)
-            ap->rk[n * Hkv + j] = norm_rope_row(c, proj + n * P + 2 * Hd + j * d, wk, cs, sn, ap->kr + n * Kd + j * d);
+            ap->rq[n * H + h] = norm_rope_row(c, j->proj + n * P + 2 * h * d, j->wq, cs, sn, ap->qr + n * Hd + h * d);
+        for (int64_t i = 0; i < Hkv; i++)
+            ap->rk[n * Hkv + i] = norm_rope_row(c, j->proj + n * P + 2 * Hd + i * d, j->wk, cs, sn, ap->kr + n * Kd + i * d);
     }
+}
+
+void gdn_attn_norm_rope(gdn_attn_plan *ap, const float *proj, const float *w) {
+    norm_rope_job j = {ap, proj, w + ap->param_off[GDN_A_Q_NORM], w + ap->param_off[GDN_A_K_NORM]};
+    gdn_parallel_range(ap->threads, ap->N, norm_rope_rows, &j);
+}
+
+typedef struct {
+    gdn_attn_plan *ap;
+    gdn_attn_saved sv;
+} gate_job;
+
+/* z = o sigmoid(gate), row by row */
+static void gate_rows(void *p, int64_t lo, int64_t hi) {
+    const gate_job *j = p;
+    gdn_attn_plan *ap = j->ap;
+    const int64_t H = ap->cfg.H, d = ap->cfg.d, P = ap->P, Hd = ap->Hd;
+    for (int64_t n = lo; n < hi; n++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < d; i++) {
+                const float g = j->sv.proj[n * P + 2 * h * d + d + i];
+                ap->z[n * Hd + h * d + i] = j->sv.o[n * Hd + h * d + i] / (1.0f + expf(-g));
+            }
 }
 
 void gdn_attn_finish(gdn_attn_plan *ap, float *y, gdn_attn_saved sv, const float *w) {
     const gdn_attn_config *c = &ap->cfg;
-    const int64_t N = ap->N, H = c->H, d = c->d, P = ap->P, Hd = ap->Hd;
-#pragma omp parallel for num_threads(ap->threads) schedule(static)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t i = 0; i < d; i++) {
-                const float g = sv.proj[n * P + 2 * h * d + d + i];
-                ap->z[n * Hd + h * d + i] = sv.o[n * Hd + h * d + i] / (1.0f + expf(-g));
-            }
+    gate_job j = {ap, sv};
+    gdn_parallel_range(ap->threads, ap->N, gate_rows, &j);
     if (y)
-        gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, N, c->E, Hd, ap->z, Hd, w + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd, y, c->E,
-                   ap->mm_ws, ap->threads);
+        gdn_matmul_compute(c->compute, GDN_GEMM_B_TRANS, ap->N, c->E, ap->Hd, ap->z, ap->Hd, w + ap->param_off[GDN_A_O_PROJ],
+                           ap->Hd, y, c->E, ap->mm_ws, ap->threads);
 }
 
 gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj) {
@@ -240,9 +263,9 @@ void gdn_attn_backward_gate(gdn_attn_plan *ap, float *dw, gdn_attn_saved sv, con
     for (int64_t n = 0; n < N; n++) memset(ap->dproj + n * P + 2 * Hd + ap->Kd, 0, sizeof(float) * (size_t)ap->Kd);
     memset(dw, 0, sizeof(float) * gdn_attn_param_floats(c));
     /* o_proj: dWo = dy^T z, dz = dy Wo (into z) */
-    gdn_matmul_compute(c->compute, GDN_GEMM_A_TRANS, E, Hd, N, dy, E, ap->z, Hd, dw + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd,
+    gdn_matmul_compute(c->compute, GDN_GEMM_A_TRANS, E, Hd, N, dy, E, ap->z, Hd, dw + ap->param_off[GDN_A_O_PROJ], Hd,
                ap->mm_ws, ap->threads);
-    gdn_matmul_compute(c->compute, 0, N, Hd, E, dy, E, w + gdn_attn_param_offset(c, GDN_A_O_PROJ), Hd, ap->z, Hd, ap->mm_ws, ap->threads);
+    gdn_matmul_compute(c->compute, 0, N, Hd, E, dy, E, w + ap->param_off[GDN_A_O_PROJ], Hd, ap->z, Hd, ap->mm_ws, ap->threads);
     /* the gate: dO = dz sigma, dgate = dz o sigma (1 - sigma); D = <dO, o> */
 #pragma omp parallel for num_threads(ap->threads) schedule(static)
     for (int64_t n = 0; n < N; n++)
@@ -266,7 +289,7 @@ void gdn_attn_backward_finish(gdn_attn_plan *ap, float *dx, float *dw, gdn_attn_
     const int64_t N = ap->N, E = c->E, H = c->H, Hkv = c->Hkv, d = c->d, hr = c->R / 2, P = ap->P, Hd = ap->Hd,
                   Kd = ap->Kd;
     /* norms and RoPE: dqr, dkr -> dproj q and k columns; dw of the norms per thread, then summed */
-    const float *wq = w + gdn_attn_param_offset(c, GDN_A_Q_NORM), *wk = w + gdn_attn_param_offset(c, GDN_A_K_NORM);
+    const float *wq = w + ap->param_off[GDN_A_Q_NORM], *wk = w + ap->param_off[GDN_A_K_NORM];
     memset(ap->partial, 0, sizeof(float) * (size_t)ap->threads * 2 * (size_t)d);
 #pragma omp parallel num_threads(ap->threads)
     {
@@ -283,7 +306,7 @@ void gdn_attn_backward_finish(gdn_attn_plan *ap, float *dx, float *dw, gdn_attn_
                                   ap->dkr + n * Kd + j * d, ap->dproj + n * P + 2 * Hd + j * d, pk);
         }
     }
-    float *dwq = dw + gdn_attn_param_offset(c, GDN_A_Q_NORM), *dwk = dw + gdn_attn_param_offset(c, GDN_A_K_NORM);
+    float *dwq = dw + ap->param_off[GDN_A_Q_NORM], *dwk = dw + ap->param_off[GDN_A_K_NORM];
     for (int th = 0; th < ap->threads; th++)
         for (int64_t i = 0; i < d; i++)
             dwq[i] += ap->partial[(size_t)th * 2 * d + i], dwk[i] += ap->partial[(size_t)th * 2 * d + d + i];
@@ -291,10 +314,10 @@ void gdn_attn_backward_finish(gdn_attn_plan *ap, float *dx, float *dw, gdn_attn_
     const int cols[3] = {GDN_A_Q_PROJ, GDN_A_K_PROJ, GDN_A_V_PROJ};
     const int64_t at[3] = {0, 2 * Hd, 2 * Hd + Kd}, width[3] = {2 * Hd, Kd, Kd};
     for (int m = 0; m < 3; m++) {
-        gdn_matmul_compute(c->compute, m ? GDN_GEMM_ACC : 0, N, E, width[m], ap->dproj + at[m], P, w + gdn_attn_param_offset(c, cols[m]),
+        gdn_matmul_compute(c->compute, m ? GDN_GEMM_ACC : 0, N, E, width[m], ap->dproj + at[m], P, w + ap->param_off[cols[m]],
                    E, dx, E, ap->mm_ws, ap->threads);
         gdn_matmul_compute(c->compute, GDN_GEMM_A_TRANS, width[m], E, N, ap->dproj + at[m], P, x, E,
-                   dw + gdn_attn_param_offset(c, cols[m]), E, ap->mm_ws, ap->threads);
+                   dw + ap->param_off[cols[m]], E, ap->mm_ws, ap->threads);
     }
 }
 
@@ -307,7 +330,7 @@ int gdn_attn_check_inputs(const gdn_attn_plan *ap, const float *x, const float *
     if (!w) return gdn_fail(GDN_ERR_ARG, "input 'w' (the attention weights) is NULL");
     if (!c->check_finite) return GDN_OK;
     for (int p = 0; p < GDN_A_COUNT; p++) {
-        rc = gdn_check_tensor(gdn_attn_param_name(p), w + gdn_attn_param_offset(c, p),
+        rc = gdn_check_tensor(gdn_attn_param_name(p), w + ap->param_off[p],
                               (int64_t)gdn_attn_param_numel(c, p), 1, ap->threads);
         if (rc) return rc;
     }

@@ -607,92 +607,104 @@ static void few_row_tile(const tile_view *t, int i, int64_t d, const float *q, f
     few_accumulate(o, d, s, Vu, vld, lo, hi);
 }
 
-void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
-    const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
-    const int64_t grp = v->H / v->Hkv, d = v->d, jobs = v->B * ng * nblk;
-    const bf_keys bk = bf_pack_keys(v, BF_K | BF_VT);
-#pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
-    for (int64_t job = 0; job < jobs; job++) {
-        const int64_t blk = nblk - 1 - job / (v->B * ng), b = job % (v->B * ng) / ng, g = job % ng; /* longest first */
-        const tile_view t = tile_of(v);
-        const bf_keys kb = block_keys(&bk, v, hg, blk);
-        const int bf = kb.path != 0;
-        const int R = gather_block(v, &t, b, g, blk, hg, NULL, NULL, NULL, bf);
-        const int cols = (R + MK_NR - 1) / MK_NR * MK_NR; /* the block's panels in use (columns are
-                                                             independent: the same bits as all BQ) */
-        const int64_t j = g * hg / grp;
-        const unsigned fm = bf ? gdn_bf16_thread_begin(bk.path) : 0;
-        if (bf) gdn_bf16_pack_b(bk.path, 1, cols, d, t.Qr, d, t.QtB); /* Q^T [d x cols] */
-        /* a BF16 view (a BF16 KV cache) is read a tile at a time, widened into the tile's kw, vw */
-        const int kvb = v->Kb != NULL;
-        const float *K = kvb ? NULL : v->K.p + b * v->K.bs + j * v->K.hs, *V = kvb ? NULL : v->V.p + b * v->V.bs + j * v->V.hs;
-        const uint16_t *Kb = kvb ? v->Kb + b * v->K.bs + j * v->K.hs : NULL, *Vb = kvb ? v->Vb + b * v->V.bs + j * v->V.hs : NULL;
-        const int64_t kld = kvb ? d : v->K.ld, vld = kvb ? d : v->V.ld;
-        for (int i = 0; i < BQ; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
-        const int few = R <= FEW_ROWS; /* rows of q [d] in Qt, of o [d] in acc */
-        if (few)
-            for (int i = 0; i < R; i++) {
-                for (int64_t e = 0; e < d; e++) t.Qt[i * d + e] = t.QtT[e * MK_NR + i]; /* scaled, as gathered */
-                memset(t.acc + i * d, 0, sizeof(float) * (size_t)d);
-            }
-        int64_t lo, hi;
-        key_range(v, &t, R, &lo, &hi);
-        int first = 1;
-        for (int64_t u0 = first_tile(v, lo); u0 < hi; u0 += BK) {
-            const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
-            const float *Ku, *Vu;
-            if (kvb) {
-                widen_rows(t.kw, Kb + (u0 - v->k0) * v->K.ld, n, v->K.ld, d);
-                widen_rows(t.vw, Vb + (u0 - v->k0) * v->V.ld, n, v->V.ld, d);
-                Ku = t.kw, Vu = t.vw;
-            } else {
-                Ku = K + (u0 - v->k0) * v->K.ld, Vu = V + (u0 - v->k0) * v->V.ld;
-            }
-            if (few) {
-                const int full = tile_full(&t, R, u0, n);
-                if (!full) set_limits(&t, u0);
-                for (int i = 0; i < R; i++)
-                    few_row_tile(&t, i, d, t.Qt + i * d, t.acc + i * d, Ku, kld, Vu, vld, n, full);
-                first = 0;
-                continue;
-            }
-            /* the next tile's keys and values come into L2 under this one's products (fp32 views) */
-            const int nn = bf || kvb ? 0 : (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
-            const prefetch_rows nk = {Ku + BK * kld, kld, d, nn > 0 ? nn : 0};
-            const prefetch_rows nv = {Vu + BK * vld, vld, d, nn > 0 ? nn : 0};
-            const int64_t kt = (u0 - v->k0) / BK;
-            if (bf) /* S^T = K Q^T */
-                gdn_bf16_packed_gemm(bk.path, 0, n, cols, d, bf_key_op(v, &bk, b, j, kt, BF_K), d, t.QtB, d, t.S, BQ);
-            else
-                scores_t(n, (int)d, cols, Ku, kld, t.QtT, t.S, &nk);
-            const int full = tile_full(&t, R, u0, n);
-            if (!full) set_limits(&t, u0);
-            const int rescale = softmax_step(&t, n, full, cols);
-            if (rescale && !first)
-                for (int64_t e = 0; e < d; e++)
-                    for (int i0 = 0; i0 < cols; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
-            if (bf) { /* O^T += V^T P^T */
-                gdn_bf16_pack_b(bk.path, 0, cols, n, t.dP, BQ, t.PtB);
-                gdn_bf16_packed_gemm(bk.path, !first, d, cols, n, bf_key_op(v, &bk, b, j, kt, BF_VT), tile_keys(v, kt), t.PtB, n,
-                                     t.acc, BQ);
-            } else {
-                mm((int)d, cols, n, Vu, 1, vld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv);
-            }
-            first = 0;
+/* One job of the forward core: query block blk of batch row b, head group g (hg heads). */
+static void core_forward_job(const gdn_attn_core *v, const bf_keys *pbk, int64_t hg, int64_t blk, int64_t b, int64_t g,
+                             float *o, float *lse) {
+    const bf_keys bk = *pbk;
+    const int64_t grp = v->H / v->Hkv, d = v->d;
+    const tile_view t = tile_of(v);
+    const bf_keys kb = block_keys(&bk, v, hg, blk);
+    const int bf = kb.path != 0;
+    const int R = gather_block(v, &t, b, g, blk, hg, NULL, NULL, NULL, bf);
+    const int cols = (R + MK_NR - 1) / MK_NR * MK_NR; /* the block's panels in use (columns are
+                                                         independent: the same bits as all BQ) */
+    const int64_t j = g * hg / grp;
+    const unsigned fm = bf ? gdn_bf16_thread_begin(bk.path) : 0;
+    if (bf) gdn_bf16_pack_b(bk.path, 1, cols, d, t.Qr, d, t.QtB); /* Q^T [d x cols] */
+    /* a BF16 view (a BF16 KV cache) is read a tile at a time, widened into the tile's kw, vw */
+    const int kvb = v->Kb != NULL;
+    const float *K = kvb ? NULL : v->K.p + b * v->K.bs + j * v->K.hs, *V = kvb ? NULL : v->V.p + b * v->V.bs + j * v->V.hs;
+    const uint16_t *Kb = kvb ? v->Kb + b * v->K.bs + j * v->K.hs : NULL, *Vb = kvb ? v->Vb + b * v->V.bs + j * v->V.hs : NULL;
+    const int64_t kld = kvb ? d : v->K.ld, vld = kvb ? d : v->V.ld;
+    for (int i = 0; i < BQ; i++) t.m[i] = -INFINITY, t.l[i] = 0.0f;
+    const int few = R <= FEW_ROWS; /* rows of q [d] in Qt, of o [d] in acc */
+    if (few)
+        for (int i = 0; i < R; i++) {
+            for (int64_t e = 0; e < d; e++) t.Qt[i * d + e] = t.QtT[e * MK_NR + i]; /* scaled, as gathered */
+            memset(t.acc + i * d, 0, sizeof(float) * (size_t)d);
         }
-        if (bf) gdn_bf16_thread_end(bk.path, fm);
-        for (int i = 0; i < BQ; i++) { /* 1 / l per row, lse; a query that sees nothing: o = 0, lse = -inf */
-            const float l = t.l[i];
-            if (i < R) lse[t.lix[i]] = l > 0.0f && !first ? t.m[i] + logf(l) : -INFINITY;
-            t.alpha[i] = l > 0.0f && !first ? 1.0f / l : 0.0f;
+    int64_t lo, hi;
+    key_range(v, &t, R, &lo, &hi);
+    int first = 1;
+    for (int64_t u0 = first_tile(v, lo); u0 < hi; u0 += BK) {
+        const int n = (int)(hi - u0 < BK ? hi - u0 : BK);
+        const float *Ku, *Vu;
+        if (kvb) {
+            widen_rows(t.kw, Kb + (u0 - v->k0) * v->K.ld, n, v->K.ld, d);
+            widen_rows(t.vw, Vb + (u0 - v->k0) * v->V.ld, n, v->V.ld, d);
+            Ku = t.kw, Vu = t.vw;
+        } else {
+            Ku = K + (u0 - v->k0) * v->K.ld, Vu = V + (u0 - v->k0) * v->V.ld;
         }
         if (few) {
+            const int full = tile_full(&t, R, u0, n);
+            if (!full) set_limits(&t, u0);
             for (int i = 0; i < R; i++)
-                for (int64_t e = 0; e < d; e++) o[t.off[i] + e] = t.acc[i * d + e] * t.alpha[i];
+                few_row_tile(&t, i, d, t.Qt + i * d, t.acc + i * d, Ku, kld, Vu, vld, n, full);
+            first = 0;
             continue;
         }
-        if (first) memset(t.acc, 0, sizeof(float) * (size_t)d * BQ);
-        scatter_t(o, t.acc, t.off, R, d, t.alpha, 0.0f, 0);
+        /* the next tile's keys and values come into L2 under this one's products (fp32 views) */
+        const int nn = bf || kvb ? 0 : (int)(hi - u0 - BK < BK ? hi - u0 - BK : BK);
+        const prefetch_rows nk = {Ku + BK * kld, kld, d, nn > 0 ? nn : 0};
+        const prefetch_rows nv = {Vu + BK * vld, vld, d, nn > 0 ? nn : 0};
+        const int64_t kt = (u0 - v->k0) / BK;
+        if (bf) /* S^T = K Q^T */
+            gdn_bf16_packed_gemm(bk.path, 0, n, cols, d, bf_key_op(v, &bk, b, j, kt, BF_K), d, t.QtB, d, t.S, BQ);
+        else
+            scores_t(n, (int)d, cols, Ku, kld, t.QtT, t.S, &nk);
+        const int full = tile_full(&t, R, u0, n);
+        if (!full) set_limits(&t, u0);
+        const int rescale = softmax_step(&t, n, full, cols);
+        if (rescale && !first)
+            for (int64_t e = 0; e < d; e++)
+                for (int i0 = 0; i0 < cols; i0 += VL) vstore(t.acc + e * BQ + i0, vload(t.acc + e * BQ + i0) * vload(t.alpha + i0));
+        if (bf) { /* O^T += V^T P^T */
+            gdn_bf16_pack_b(bk.path, 0, cols, n, t.dP, BQ, t.PtB);
+            gdn_bf16_packed_gemm(bk.path, !first, d, cols, n, bf_key_op(v, &bk, b, j, kt, BF_VT), tile_keys(v, kt), t.PtB, n,
+                                 t.acc, BQ);
+        } else {
+            mm((int)d, cols, n, Vu, 1, vld, t.dP, BQ, MK_NR, t.acc, BQ, !first, &nv);
+        }
+        first = 0;
+    }
+    if (bf) gdn_bf16_thread_end(bk.path, fm);
+    for (int i = 0; i < BQ; i++) { /* 1 / l per row, lse; a query that sees nothing: o = 0, lse = -inf */
+        const float l = t.l[i];
+        if (i < R) lse[t.lix[i]] = l > 0.0f && !first ? t.m[i] + logf(l) : -INFINITY;
+        t.alpha[i] = l > 0.0f && !first ? 1.0f / l : 0.0f;
+    }
+    if (few) {
+        for (int i = 0; i < R; i++)
+            for (int64_t e = 0; e < d; e++) o[t.off[i] + e] = t.acc[i * d + e] * t.alpha[i];
+        return;
+    }
+    if (first) memset(t.acc, 0, sizeof(float) * (size_t)d * BQ);
+    scatter_t(o, t.acc, t.off, R, d, t.alpha, 0.0f, 0);
+}
+
+void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
+    const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
+    const int64_t jobs = v->B * ng * nblk;
+    const bf_keys bk = bf_pack_keys(v, BF_K | BF_VT);
+    /* longest first; one thread (a decode step) enters no parallel region (gdn_team) */
+    if (v->threads <= 1 || jobs == 1) {
+        for (int64_t job = 0; job < jobs; job++)
+            core_forward_job(v, &bk, hg, nblk - 1 - job / (v->B * ng), job % (v->B * ng) / ng, job % ng, o, lse);
+    } else {
+#pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
+        for (int64_t job = 0; job < jobs; job++)
+            core_forward_job(v, &bk, hg, nblk - 1 - job / (v->B * ng), job % (v->B * ng) / ng, job % ng, o, lse);
     }
     free(bk.p);
 }

@@ -216,15 +216,23 @@ void gdn_attn_decode_project(gdn_attn_plan *ap, gdn_attn_saved sv, const float *
     ap->cosv = cos0, ap->sinv = sin0;
 }
 
-void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float *proj) {
-    /* keys normed and rotated (kr), values raw (proj's v columns), at [len, len + T) */
-    const gdn_attn_config *c = &ap->cfg;
-    const int64_t Hkv = c->Hkv, T = c->T, d = c->d, rows = c->B * Hkv * T, len = cache->len, cap = cache->cap;
-#pragma omp parallel for num_threads(ap->threads) schedule(static) if (rows * d > (1 << 16))
-    for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+    const gdn_attn_plan *ap;
+    gdn_attn_cache *cache;
+    const float *proj;
+} append_job;
+
+/* rows [lo, hi) of the B Hkv T new cache rows: keys normed and rotated (kr), values raw (proj's
+ * v columns), at [len, len + T) */
+static void append_rows(void *p, int64_t lo, int64_t hi) {
+    const append_job *jb = p;
+    const gdn_attn_plan *ap = jb->ap;
+    gdn_attn_cache *cache = jb->cache;
+    const int64_t Hkv = ap->cfg.Hkv, T = ap->cfg.T, d = ap->cfg.d, len = cache->len, cap = cache->cap;
+    for (int64_t r = lo; r < hi; r++) {
         const int64_t b = r / (Hkv * T), j = r / T % Hkv, t = r % T, n = b * T + t;
         const size_t at = ((size_t)(b * Hkv + j) * (size_t)cap + (size_t)(len + t)) * (size_t)d;
-        const float *ks = ap->kr + n * ap->Kd + j * d, *vs = proj + n * ap->P + 2 * ap->Hd + ap->Kd + j * d;
+        const float *ks = ap->kr + n * ap->Kd + j * d, *vs = jb->proj + n * ap->P + 2 * ap->Hd + ap->Kd + j * d;
         if (cache->dtype == DT_BF16) {
             for (int64_t e = 0; e < d; e++)
                 cache->kb[at + e] = gdn_f32_to_bf16(ks[e]), cache->vb[at + e] = gdn_f32_to_bf16(vs[e]);
@@ -238,6 +246,12 @@ void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float
             memcpy(cache->v + at, vs, sizeof(float) * (size_t)d);
         }
     }
+}
+
+void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float *proj) {
+    const int64_t rows = ap->cfg.B * ap->cfg.Hkv * ap->cfg.T;
+    append_job j = {ap, cache, proj};
+    gdn_parallel_range(rows * ap->cfg.d > (1 << 16) ? ap->threads : 1, rows, append_rows, &j);
 }
 
 void gdn_attn_cache_unappend(gdn_attn_cache *cache, int64_t T) {

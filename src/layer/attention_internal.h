@@ -100,6 +100,7 @@ struct gdn_attn_plan {
     gdn_attn_config cfg;
     int threads;
     int64_t N, Hd, Kd, P;
+    size_t param_off[GDN_A_COUNT + 1]; /* gdn_attn_param_offset of each tensor, once */
     int64_t *cu;              /* own copy of cu_seqlens (NULL: dense) */
     int64_t cu_cap;           /* its capacity in offsets (gdn_attn_plan_set_docs grows it) */
     float *cosv, *sinv;       /* T x R/2: cos/sin of each token's angles (gdn_attn_rope_table) */

@@ -90,6 +90,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     c->threads = lp->threads;
     lp->N = c->B * c->T, lp->kd = c->Hk * c->K, lp->vd = c->Hv * c->V;
     lp->cd = gdn_layer_conv_dim(c), lp->P = lp->cd + lp->vd + 2 * c->Hv;
+    for (int i = 0; i <= GDN_P_COUNT; i++) lp->param_off[i] = gdn_layer_param_offset(c, i);
     gdn_config kc = gdn_config_default(c->B, c->T, c->Hk, c->Hv, c->K, c->V);
     kc.chunk = c->chunk, kc.threads = lp->threads, kc.check_finite = c->check_finite;
     kc.cu_seqlens = c->cu_seqlens, kc.n_docs = c->n_docs, kc.seq_offset = c->seq_offset;
@@ -162,9 +163,9 @@ static int is_small(int which) {
     return which == GDN_P_CONV1D || which == GDN_P_A_LOG || which == GDN_P_DT_BIAS || which == GDN_P_NORM;
 }
 static const float *param(const gdn_layer_plan *lp, const void *w, int which) {
-    const size_t off = gdn_layer_param_offset(&lp->cfg, which);
+    const size_t off = lp->param_off[which];
     if (lp->cfg.weight_dtype != GDN_BF16) return (const float *)w + off;
-    if (is_small(which)) return lp->wsmall + (off - gdn_layer_param_offset(&lp->cfg, GDN_P_CONV1D));
+    if (is_small(which)) return lp->wsmall + (off - lp->param_off[GDN_P_CONV1D]);
     return (const float *)((const uint16_t *)w + off); /* read as BF16 under GDN_GEMM_B_BF16 */
 }
 static int wflags(const gdn_layer_plan *lp) {
@@ -288,20 +289,31 @@ void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *ha
 }
 
 /* Gated RMSNorm per (row, value head): nrm = w * o / sqrt(mean(o^2) + eps) * silu(z). */
-void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
-                    const void *w) {
+typedef struct {
+    gdn_layer_plan *lp;
+    const float *o, *proj, *nw;
+} norm_job;
+
+static void norm_rows(void *p, int64_t lo, int64_t hi) {
+    const norm_job *j = p;
+    const gdn_layer_plan *lp = j->lp;
     const int64_t V = lp->cfg.V, Hv = lp->cfg.Hv;
-    const float *nw = param(lp, w, GDN_P_NORM), eps = lp->cfg.eps;
-#pragma omp parallel for schedule(static) num_threads(lp->threads)
-    for (int64_t row = 0; row < rows; row++)
+    const float eps = lp->cfg.eps;
+    for (int64_t row = lo; row < hi; row++)
         for (int64_t h = 0; h < Hv; h++) {
-            const float *oh = o + row * lp->vd + h * V, *zh = proj + row * lp->P + lp->cd + h * V;
+            const float *oh = j->o + row * lp->vd + h * V, *zh = j->proj + row * lp->P + lp->cd + h * V;
             float *nh = lp->nrm + row * lp->vd + h * V;
             const float r = 1.0f / sqrtf(gdn_sumsq(oh, V) / (float)V + eps);
             float sz[GDN_MAX_HEAD_DIM];
             sigmoid_rows(sz, zh, V);
-            for (int64_t i = 0; i < V; i++) nh[i] = nw[i] * (oh[i] * r) * (zh[i] * sz[i]);
+            for (int64_t i = 0; i < V; i++) nh[i] = j->nw[i] * (oh[i] * r) * (zh[i] * sz[i]);
         }
+}
+
+void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
+                    const void *w) {
+    norm_job j = {lp, o, proj, param(lp, w, GDN_P_NORM)};
+    gdn_parallel_range(lp->threads, rows, norm_rows, &j);
 }
 
 void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const void *w) {

@@ -445,10 +445,13 @@ static void swiglu_backward(const gdn_model_plan *p, float *gu, const float *dm)
  * no padding (I E a multiple of 16): then each of their products runs as one GEMM of twice the
  * width instead of two (one parallel region and one set of packing barriers fewer; at m = 1 one
  * streaming pass). Returns how many parts to run (1 or 2) and each part's width in *width. */
-static int gate_up_parts(const gdn_model_config *c, int64_t l, int64_t *width) {
-    const int one = gdn_model_blk_offset(c, l, BLK_UP) == gdn_model_blk_offset(c, l, BLK_GATE) + (size_t)(c->I * c->E);
+static int gate_up_parts_at(const gdn_model_config *c, size_t gate_off, size_t up_off, int64_t *width) {
+    const int one = up_off == gate_off + (size_t)(c->I * c->E);
     *width = one ? 2 * c->I : c->I;
     return one ? 1 : 2;
+}
+static int gate_up_parts(const gdn_model_config *c, int64_t l, int64_t *width) {
+    return gate_up_parts_at(c, gdn_model_blk_offset(c, l, BLK_GATE), gdn_model_blk_offset(c, l, BLK_UP), width);
 }
 
 /* One block forward from x (its input) into xout; keeps what its backward needs in b. */
@@ -772,7 +775,13 @@ struct gdn_model_decoder {
     float *x, *a, *y, *h, *gu, *m;  /* cap_rows rows */
     float *mm_ws;
     size_t conv_floats, rec_floats;
+    size_t *woff; /* [L][BLK_COUNT + 1]: gdn_model_blk_offset of each block, then the layer's
+                     gdn_model_layer_offset; computed once (per token they cost a small model's
+                     decode step a few %) */
 };
+
+static size_t blk_off(const gdn_model_decoder *d, int64_t l, int which) { return d->woff[l * (BLK_COUNT + 1) + which]; }
+static size_t layer_off(const gdn_model_decoder *d, int64_t l) { return blk_off(d, l, BLK_COUNT); }
 
 /* The per-layer cache index: layer l's place among the layers of its kind. */
 static int64_t kind_index(const gdn_model_config *c, int64_t l) {
@@ -843,9 +852,15 @@ int gdn_model_decoder_create_dtype(gdn_model_decoder **out, const gdn_model_conf
     d->rec = calloc((size_t)ng * d->rec_floats + 1, sizeof(float));
     d->kv = calloc((size_t)na + 1, sizeof *d->kv);
     d->mm_ws = malloc(sizeof(float) * gdn_matmul_ws_floats(d->threads));
-    if (!d->conv || !d->rec || !d->kv || !d->mm_ws) {
+    d->woff = malloc(sizeof(size_t) * (size_t)(c->L * (BLK_COUNT + 1)));
+    if (!d->conv || !d->rec || !d->kv || !d->mm_ws || !d->woff) {
         gdn_model_decoder_destroy(d);
         return gdn_fail(GDN_ERR_NOMEM, "decoder caches");
+    }
+    for (int64_t l = 0; l < c->L; l++) {
+        size_t *o = d->woff + l * (BLK_COUNT + 1);
+        for (int b = 0; b < BLK_COUNT; b++) o[b] = gdn_model_blk_offset(c, l, b);
+        o[BLK_COUNT] = gdn_model_layer_offset(c, l);
     }
     for (int64_t i = 0; i < na; i++)
         if ((rc = gdn_attn_cache_create_dtype(&d->kv[i], B, c->Hkv, c->d, max_len, cache_dtype))) {
@@ -861,7 +876,7 @@ void gdn_model_decoder_destroy(gdn_model_decoder *d) {
     gdn_layer_plan_destroy(d->lp1), gdn_layer_plan_destroy(d->lpT);
     gdn_attn_plan_destroy(d->ap1), gdn_attn_plan_destroy(d->apT);
     for (int64_t i = 0; d->kv && i < gdn_model_attn_layers(&d->cfg); i++) gdn_attn_cache_destroy(d->kv[i]);
-    free(d->kv), free(d->conv), free(d->rec), free(d->x), free(d->mm_ws);
+    free(d->kv), free(d->conv), free(d->rec), free(d->x), free(d->mm_ws), free(d->woff);
     free(d);
 }
 
@@ -903,7 +918,7 @@ static void norm_rows(int64_t N, int64_t E, float eps, float *y, const float *x,
 /* Layer l's mixer on the piece d->a [B, T, E] into d->y, with its cache. */
 static int decoder_mixer(gdn_model_decoder *d, int64_t l, int64_t T, const float *w) {
     const gdn_model_config *c = &d->cfg;
-    const float *wl = w + gdn_model_layer_offset(c, l);
+    const float *wl = w + layer_off(d, l);
     if (is_attn(c, l)) return gdn_attn_decode(T == 1 ? d->ap1 : d->apT, d->kv[kind_index(c, l)], d->y, d->a, wl);
     float *conv, *rec;
     gdn_model_decoder_gdn_state(d, l, &conv, &rec);
@@ -933,19 +948,19 @@ int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tok
     for (int64_t i = 0; i < N; i++)
         memcpy(d->x + i * E, w + (size_t)tokens[i] * (size_t)E, sizeof(float) * (size_t)E);
     for (int64_t l = 0; l < c->L; l++) {
-        norm_rows(N, E, c->eps, d->a, d->x, w + gdn_model_blk_offset(c, l, BLK_IN_NORM));
+        norm_rows(N, E, c->eps, d->a, d->x, w + blk_off(d, l, BLK_IN_NORM));
         if ((rc = decoder_mixer(d, l, T, w))) return rc;
         for (int64_t i = 0; i < N * E; i++) d->h[i] = d->x[i] + d->y[i];
-        norm_rows(N, E, c->eps, d->a, d->h, w + gdn_model_blk_offset(c, l, BLK_POST_NORM));
+        norm_rows(N, E, c->eps, d->a, d->h, w + blk_off(d, l, BLK_POST_NORM));
         int64_t wd;
-        const int parts = gate_up_parts(c, l, &wd);
+        const int parts = gate_up_parts_at(c, blk_off(d, l, BLK_GATE), blk_off(d, l, BLK_UP), &wd);
         for (int h = 0; h < parts; h++)
-            gdn_matmul(GDN_GEMM_B_TRANS, N, wd, E, d->a, E, w + gdn_model_blk_offset(c, l, BLK_GATE + h), E, d->gu + h * I,
+            gdn_matmul(GDN_GEMM_B_TRANS, N, wd, E, d->a, E, w + blk_off(d, l, BLK_GATE + h), E, d->gu + h * I,
                        2 * I, d->mm_ws, nt);
         for (int64_t i = 0; i < N; i++)
             for (int64_t j = 0; j < I; j++) d->m[i * I + j] = silu(d->gu[i * 2 * I + j]) * d->gu[i * 2 * I + I + j];
         memcpy(d->x, d->h, sizeof(float) * (size_t)(N * E));
-        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, w + gdn_model_blk_offset(c, l, BLK_DOWN), I, d->x, E,
+        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, w + blk_off(d, l, BLK_DOWN), I, d->x, E,
                    d->mm_ws, nt);
     }
     norm_rows(N, E, c->eps, d->a, d->x, w + gdn_model_final_norm_offset(c));
