@@ -204,6 +204,45 @@ static void empty_depth(void) {
     }
 }
 
+/* One A row against a small W whose depth is a multiple of the vector width: W rows a vector's
+ * width at a time, their sums straight into C (stream_rows_vl; the rest of n by the tiles),
+ * fp32 and bf16 W, with and without ACC, 1 and 2 threads. It must give row 0 of the m = 2
+ * product (the tiles and their queue of horizontal sums) bit for bit: a model's decode step is
+ * compared with its forward. Control: A's first element 0.1 % larger gives other bits. */
+static void one_row(void) {
+    const int64_t n = 37, ks[2] = {96, 192};
+    for (int fi = 0; fi < 8; fi++) {
+        const int flags = GDN_GEMM_B_TRANS | (fi & 1 ? GDN_GEMM_ACC : 0) | (fi & 2 ? GDN_GEMM_B_BF16 : 0);
+        const int64_t kk = ks[fi / 4 % 2];
+        const int th = 1 + fi / 4;
+        expect_close(mm_err(flags, 1, n, kk, th, 0), MM_TOL, "matmul one row %-13s n=%ld k=%ld threads=%d vs double",
+                     flag_name(flags), (long)n, (long)kk, th);
+        if (fi == 2) expect_far(mm_err(flags, 1, n, kk, th, 1), MM_TOL, "one row, %s, B shifted by one element",
+                                flag_name(flags));
+        float *A = malloc(sizeof(float) * (size_t)(2 * kk)), *W = malloc(sizeof(float) * (size_t)(n * kk));
+        uint16_t *Wh = malloc(sizeof(uint16_t) * (size_t)(n * kk));
+        float C1[40], C2[80], *ws = ws_alloc(th);
+        rng_seed((uint64_t)(fi + 77));
+        for (int64_t i = 0; i < 2 * kk; i++) A[i] = (float)rng_uniform(-1, 1);
+        for (int64_t i = 0; i < n * kk; i++) W[i] = (float)rng_uniform(-1, 1), Wh[i] = bf16_rne(W[i]);
+        const void *Wv = (flags & GDN_GEMM_B_BF16) ? (const void *)Wh : (const void *)W;
+        int differs[2];
+        for (int ctl = 0; ctl < 2; ctl++) {
+            for (int j = 0; j < 40; j++) C1[j] = C2[j] = (float)j * 0.25f;
+            gdn_matmul(flags, 1, n, kk, A, kk, Wv, kk, C1, n, ws, th);
+            const float a0 = A[0];
+            if (ctl) A[0] = a0 * 1.001f;
+            gdn_matmul(flags, 2, n, kk, A, kk, Wv, kk, C2, n, ws, th);
+            A[0] = a0;
+            differs[ctl] = memcmp(C1, C2, sizeof(float) * (size_t)n) != 0;
+        }
+        check(!differs[0] && differs[1], "matmul one row %-13s n=%ld k=%ld threads=%d: row 0 of m = 2 bit for bit "
+              "(%s); control, A[0] 0.1 %% larger: %s", flag_name(flags), (long)n, (long)kk, th,
+              differs[0] ? "differs" : "same", differs[1] ? "differs" : "same");
+        free(A), free(W), free(Wh), free(ws);
+    }
+}
+
 static void negative_controls(void) {
     expect_far(mm_err(0, 100, 33, 257, 2, 1), MM_TOL, "matmul plain with B shifted by one element");
     expect_far(mm_err(GDN_GEMM_B_TRANS, 100, 33, 257, 2, 1), MM_TOL,
@@ -218,6 +257,7 @@ void test_matmul(void) {
     if (!tests_quiet) printf("matmul path: %s\n", gdn_matmul_path());
     blocked();
     small_m();
+    one_row();
     bf16_b();
     empty_depth();
     negative_controls();

@@ -306,6 +306,34 @@ static void hsum_flush(hsum_queue *q, int acc, int64_t kv_all, int64_t kk, const
     q->n = 0;
 }
 
+/* One A row (m = 1) against VL W rows j0.. whose sums go straight to C[j0 .. j0 + VL): VL
+ * accumulators in registers over the whole depth kk (a multiple of VL), the same lane order and
+ * the same gdn_hsum_vl as the tiles and their queue, so the same bits. For a W that sits in the
+ * caches (small models decode from L2/L3): the tiles' depth blocks, prefetches, stores of partial
+ * vectors and queue bookkeeping cost there as much as the FMAs at E of a few hundred. */
+static inline __attribute__((always_inline)) void stream_rows_vl(int bf, int acc, int64_t kk, const float *a,
+                                                                 const void *W, int64_t ldw, float *c) {
+    gdn_vf s[VL];
+    for (int r = 0; r < VL; r++) s[r] = (gdn_vf){0};
+    for (int64_t k = 0; k < kk; k += VL) {
+        const gdn_vf av = gdn_vloadu(a + k);
+        for (int r = 0; r < VL; r++) s[r] += av * gdn_loadw(W, bf, r * ldw + k);
+    }
+    gdn_vf sums = gdn_hsum_vl(s);
+    if (acc) sums = gdn_vloadu(c) + sums;
+    gdn_vstoreu(c, sums);
+}
+static __attribute__((noinline)) void stream_rows_vl_f32(int acc, int64_t kk, const float *a, const void *W,
+                                                         int64_t ldw, float *c) {
+    stream_rows_vl(0, acc, kk, a, W, ldw, c);
+}
+static __attribute__((noinline)) void stream_rows_vl_bf16(int acc, int64_t kk, const float *a, const void *W,
+                                                          int64_t ldw, float *c) {
+    stream_rows_vl(1, acc, kk, a, W, ldw, c);
+}
+/* W bytes up to which a one-row product takes stream_rows_vl: well inside an L2 */
+enum { ROWS_VL_MAX_BYTES = 512 << 10 };
+
 /* One streaming product C (+)= A W^T, shared by a team (gdn_team). */
 typedef struct {
     int acc, bf;
@@ -346,7 +374,11 @@ static void stream_share(void *p, int t, int nt) {
     gdn_vf part[SMALL_M / SI][SI * SR];
     if (!kv_all) memset(part, 0, sizeof part[0] * (size_t)groups); /* only the depth's tail */
     hsum_queue hq = {.n = 0};
-    for (int64_t j0 = j_lo; j0 < j_hi; j0 += tr) {
+    int64_t j_from = j_lo;
+    if (m == 1 && kv_all == kk && (double)n * (double)kk * (bf ? 2 : 4) <= ROWS_VL_MAX_BYTES)
+        for (; j_from + VL <= j_hi; j_from += VL)
+            (bf ? stream_rows_vl_bf16 : stream_rows_vl_f32)(acc, kk, As, gdn_eptr(W, bf, j_from * ldw), ldw, C + j_from);
+    for (int64_t j0 = j_from; j0 < j_hi; j0 += tr) {
         const int nr = (int)min64(tr, j_hi - j0);
         for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
             const int64_t kv = min64(SK, kv_all - k0);
