@@ -3,12 +3,13 @@
 # speed itself is measured by the benchmarks, never asserted in a test). Usage:
 # scripts/test_bench_smoke.sh BUILD_DIR. Ends with "N passed, N failed"; exits 1 on a failure.
 . "$(dirname "$0")/test_common.sh"
-# smoke BENCH LABEL PATTERN...: `gdncp bench BENCH --json --quick` runs; each PATTERN must be found
-# in its rows (a pattern starting with ! must not be)
+# smoke "BENCH [OPTIONS]" LABEL PATTERN...: `gdncp bench BENCH [OPTIONS] --json --quick` runs; each
+# PATTERN must be found in its rows (a pattern starting with ! must not be)
 smoke() {
-  local bench=$1 label=$2 out="$logs/bench_$1.json" ok=1 pat; shift 2
+  local bench=$1 label=$2 out="$logs/bench_${1%% *}.json" ok=1 pat; shift 2
   echo "== benchmark smoke (gdncp bench $bench --json --quick)"
-  $L bench "$bench" --json --quick > "$out" 2>&1 || ok=0
+  # shellcheck disable=SC2086 # BENCH and its options are words
+  $L bench $bench --json --quick > "$out" 2>&1 || ok=0
   for pat in "$@"; do
     if [ "${pat:0:1}" = '!' ]; then grep -q "${pat:1}" "$out" && ok=0; else grep -q "$pat" "$out" || ok=0; fi
   done
@@ -33,4 +34,8 @@ smoke train "the gradient within 1e-2 of finite differences" '"direction":"train
   '"grad_rel_err_vs_fd":[0-9.]*e-0[3-9]'
 smoke matmul "the BF16 GEMM within 1e-2 of fp32 on every row" '"direction":"matmul"' \
   '"bf16_rel_err_vs_fp32":[0-9.]*e-0[3-9]' '!"bf16_rel_err_vs_fp32":\(nan\|-nan\|inf\|[0-9.]*e-0[0-2]\|[0-9.]*e+\)'
+smoke "decode --ckpt $golden/qwen35_tiny" "the golden checkpoint generating: the last step's logits within 1e-5 of the forward's with an F32 cache, 1e-2 with a BF16 one" \
+  '"direction":"model_decode","model":"ckpt"' '"cache_dtype":"f32",.*"rel_err_vs_forward":[0-9.]*e-\(0[5-9]\|[1-9][0-9]\)' \
+  '!"cache_dtype":"f32",.*"rel_err_vs_forward":\(nan\|-nan\|inf\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)' \
+  '!"cache_dtype":"bf16",.*"rel_err_vs_forward":\(nan\|-nan\|inf\|[0-9.]*e-0[0-2]\|[0-9.]*e+\)'
 finish

@@ -509,30 +509,42 @@ out:
 
 /* A decode step on one thread opens no OpenMP region: libgomp charges ~0.3 us and a futex
  * syscall even for a team of one, ~40 times a token in this model before (a quarter of its
- * decode time). Control: the same steps on 2 threads are counted opening regions. */
+ * decode time). On 2 threads only passes worth a team open one (gdn_threads_for_bytes): none
+ * for this model's few-hundred-KB products. Control: 2 threads on a model 16x as wide (E 512,
+ * I 1024: MB-sized products) are counted opening regions. */
+static int decode_regions(const gdn_model_config *c, const float *w, int threads, long *opened) {
+    const gdn_token prompt[5] = {3, 1, 4, 1, 5};
+    float *lg = falloc(5 * c->vocab);
+    gdn_model_decoder *d = NULL;
+    int rc = gdn_model_decoder_create(&d, c, 1, 16, threads);
+    if (!rc) rc = gdn_model_prefill(d, w, prompt, 5, lg);
+    const long before = test_omp_regions;
+    for (int s = 0; s < 4 && !rc; s++) rc = gdn_model_decode(d, w, prompt + s, lg);
+    *opened = test_omp_regions - before;
+    gdn_model_decoder_destroy(d);
+    free(lg);
+    return rc;
+}
+
 static void test_decode_regions(const model_w *m) {
     if (test_omp_regions < 0) {
         check(0, "decode regions: this compiler's OpenMP regions cannot be counted (GCC's libgomp only)");
         return;
     }
-    const gdn_token prompt[5] = {3, 1, 4, 1, 5};
-    float *lg = falloc(5 * m->cfg.vocab);
-    for (int threads = 1; threads <= 2; threads++) {
-        gdn_model_decoder *d = NULL;
-        int rc = gdn_model_decoder_create(&d, &m->cfg, 1, 16, threads);
-        if (!rc) rc = gdn_model_prefill(d, m->w, prompt, 5, lg);
-        const long before = test_omp_regions;
-        for (int s = 0; s < 4 && !rc; s++) rc = gdn_model_decode(d, m->w, prompt + s, lg);
-        const long opened = test_omp_regions - before;
-        if (threads == 1)
-            check(!rc && opened == 0, "hybrid decoder, 1 thread: 4 decode steps open %ld OpenMP regions (want 0; "
-                  "status %d)", opened, rc);
-        else
-            check(!rc && opened > 0, "control: on 2 threads the same 4 steps are counted opening %ld regions (> 0; "
-                  "status %d)", opened, rc);
-        gdn_model_decoder_destroy(d);
-    }
-    free(lg);
+    long one, two, wide;
+    int rc = decode_regions(&m->cfg, m->w, 1, &one);
+    check(!rc && one == 0, "hybrid decoder, 1 thread: 4 decode steps open %ld OpenMP regions (want 0; status %d)", one,
+          rc);
+    rc = decode_regions(&m->cfg, m->w, 2, &two);
+    check(!rc && two == 0, "hybrid decoder, 2 threads: the same steps open %ld regions (want 0: no pass worth a team; "
+          "status %d)", two, rc);
+    gdn_model_config c = m->cfg;
+    c.E = 512, c.I = 1024;
+    float *w = falloc((int64_t)gdn_model_param_floats(&c));
+    gdn_model_init(&c, w, 5);
+    rc = decode_regions(&c, w, 2, &wide);
+    check(!rc && wide > 0, "control: 2 threads on E 512, I 1024 open %ld regions in 4 steps (> 0; status %d)", wide, rc);
+    free(w);
 }
 
 void test_model_hybrid(void) {

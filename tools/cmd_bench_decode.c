@@ -175,16 +175,34 @@ enum { BIG_BYTES = 256 << 20 };
  * steps alternate (below), medians. A model of more than BIG_BYTES streams from DRAM whatever
  * runs between its steps: its bound is the stream over a BIG_BYTES buffer scaled to its bytes,
  * measured before every run of steps. cache_dtype 0 F32, 2 BF16. */
-static int model_row(const char *name, const gdn_model_config *cp, const float *w, int64_t P, int threads,
-                     int cache_dtype, int quick, int json, const char *cpu) {
+/* The tokens a row feeds: a prompt of P random ids (the same every row), then id s % vocab at
+ * step s. */
+static void row_tokens(const gdn_model_config *c, int64_t P, int steps, gdn_token *tok) {
+    rng_state = 0x2545F4914F6CDD1Dull;
+    for (int64_t t = 0; t < P; t++) tok[t] = (gdn_token)(urand(0, 1) * (float)(c->vocab - 1));
+    for (int s = 0; s < steps; s++) tok[P + s] = (gdn_token)(s % c->vocab);
+}
+
+/* max |a - b| / max |b| over n */
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double e = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        e = d > e || d != d ? d : e, m = fabs(b[i]) > m ? fabs(b[i]) : m;
+    }
+    return m > 0 ? e / m : e;
+}
+
+/* ref: the forward's logits at the last position the row feeds (its error is printed). */
+static int model_row(const char *name, const gdn_model_config *cp, const float *w, int64_t P, int steps,
+                     const float *ref, int threads, int cache_dtype, int json, const char *cpu) {
     const gdn_model_config c = *cp;
-    const int steps = quick ? 8 : 48;
     float *logits = malloc(sizeof(float) * (size_t)c.vocab * (size_t)P); /* [P, vocab] */
-    gdn_token *prompt = malloc(sizeof(gdn_token) * (size_t)P);
+    gdn_token *prompt = malloc(sizeof(gdn_token) * (size_t)(P + steps));
     gdn_model_decoder *dec = NULL;
     int rc = logits && prompt ? GDN_OK : GDN_ERR_NOMEM;
     if (!rc) {
-        for (int64_t t = 0; t < P; t++) prompt[t] = (gdn_token)(urand(0, 1) * (float)(c.vocab - 1));
+        row_tokens(&c, P, steps, prompt);
         rc = gdn_model_decoder_create_dtype(&dec, &c, 1, P + steps + 1, threads, cache_dtype);
     }
     if (!rc) rc = gdn_model_prefill(dec, w, prompt, P, logits);
@@ -203,7 +221,7 @@ static int model_row(const char *name, const gdn_model_config *cp, const float *
     double t[64], b[64];
     int nt = 0, nb = 0;
     for (int s = 0; s < steps && !rc; s++) {
-        const gdn_token tok = (gdn_token)(s % c.vocab);
+        const gdn_token tok = prompt[P + s];
         const double kv = kv_per_pos * (double)(P + s + 1);
         const double bytes = wbytes + sbytes + kv;
         if (s % RUN == 0)
@@ -216,18 +234,19 @@ static int model_row(const char *name, const gdn_model_config *cp, const float *
     if (!rc) {
         const double step = cli_median(t, nt), bound = cli_median(b, nb);
         const double kv = kv_per_pos * (double)(P + steps / 2); /* the median step's */
+        const double err = rel_err(logits, ref, c.vocab); /* the last step's logits */
         if (json)
             printf("{\"direction\":\"model_decode\",\"model\":\"%s\",\"B\":1,\"prompt\":%lld,\"cache_dtype\":\"%s\","
                    "\"threads\":%d,\"us_per_token\":%.2f,\"tokens_per_s\":%.1f,\"bytes_per_token\":%.0f,"
-                   "\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,\"cpu\":\"%s\"}\n",
+                   "\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,\"rel_err_vs_forward\":%.3e,\"cpu\":\"%s\"}\n",
                    name, (long long)P, cache_dtype ? "bf16" : "f32", threads, step * 1e6, 1 / step,
-                   wbytes + sbytes + kv, bound * 1e6, bound / step, cpu);
+                   wbytes + sbytes + kv, bound * 1e6, bound / step, err, cpu);
         else
             printf("model %-6s B=1 prompt %-5lld cache %s thr=%d %9.1f us/token %8.0f tokens/s  reads %.1f MB (weights "
-                   "%.1f, states %.1f, KV %.1f)  bound %8.1f us  %6.1f %% of bound (%.2fx)\n",
+                   "%.1f, states %.1f, KV %.1f)  bound %8.1f us  %6.1f %% of bound (%.2fx)  err vs forward %.1e\n",
                    name, (long long)P, cache_dtype ? "bf16" : "f32 ", threads, step * 1e6, 1 / step,
                    (wbytes + sbytes + kv) / 1e6, wbytes / 1e6, sbytes / 1e6, kv / 1e6, bound * 1e6, 100 * bound / step,
-                   step / bound);
+                   step / bound, err);
         fflush(stdout);
     } else {
         fprintf(stderr, "gdncp bench decode: model %s: %s\n", name, gdn_errmsg());
@@ -258,11 +277,23 @@ static int model_rows(const char *name, const gdn_model_config *c, const char *c
     } else {
         gdn_model_init(c, w, 7);
     }
-    int rc = 0;
+    /* the reference: the training forward's logits over the same tokens, at the last position */
+    const int steps = quick ? 8 : 48;
+    const int64_t T = P + steps;
+    gdn_token *tok = malloc(sizeof(gdn_token) * (size_t)T);
+    float *all = malloc(sizeof(float) * (size_t)T * (size_t)c->vocab);
+    const gdn_model_run r = {.B = 1, .T = T, .threads = 0};
+    gdn_model_plan *plan = NULL;
+    int rc = tok && all ? GDN_OK : GDN_ERR_NOMEM;
+    if (!rc) row_tokens(c, P, steps, tok), rc = gdn_model_plan_create(&plan, c, &r, NULL);
+    if (!rc) rc = gdn_model_logits(plan, w, tok, all);
+    gdn_model_plan_destroy(plan);
+    if (rc) fprintf(stderr, "gdncp bench decode: model %s: the forward reference: %s\n", name, gdn_errmsg());
+    const float *ref = all ? all + (size_t)(T - 1) * (size_t)c->vocab : NULL;
     for (int threads = 1; threads <= 2 && !rc; threads++)
-        for (int dt = 0; dt <= 2 && !rc; dt += 2) rc = model_row(name, c, w, P, threads, dt, quick, json, cpu);
-    free(w);
-    return rc;
+        for (int dt = 0; dt <= 2 && !rc; dt += 2) rc = model_row(name, c, w, P, steps, ref, threads, dt, json, cpu);
+    free(w), free(tok), free(all);
+    return rc ? 1 : 0;
 }
 
 /* A model of the 0.8B class, Qwen3.5-0.8B's text dimensions: E 1024, 24 layers (every fourth

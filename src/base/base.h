@@ -168,5 +168,16 @@ void gdn_team(int threads, gdn_team_fn fn, void *ctx);
  * min(threads, n): for loops whose items are independent rows. */
 typedef void (*gdn_range_fn)(void *ctx, int64_t lo, int64_t hi);
 void gdn_parallel_range(int threads, int64_t n, gdn_range_fn fn, void *ctx);
+/* The threads worth a team for one memory-bound pass over `bytes` (a decode step's GEMV or
+ * state update): one per GDN_TEAM_MIN_BYTES, at least 1, at most `threads`. A second thread
+ * costs a region and its barrier (a few us); a pass over a few hundred KB of cached data takes
+ * about as long. */
+#ifndef GDN_TEAM_MIN_BYTES
+#define GDN_TEAM_MIN_BYTES (256 << 10)
+#endif
+static inline int gdn_threads_for_bytes(int threads, double bytes) {
+    const double want = bytes / (double)GDN_TEAM_MIN_BYTES;
+    return want >= (double)threads ? threads : want < 1.0 ? 1 : (int)want;
+}
 
 #endif

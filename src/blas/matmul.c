@@ -332,7 +332,10 @@ static __attribute__((noinline)) void stream_rows_vl_bf16(int acc, int64_t kk, c
     stream_rows_vl(1, acc, kk, a, W, ldw, c);
 }
 /* W bytes up to which a one-row product takes stream_rows_vl: well inside an L2 */
-enum { ROWS_VL_MAX_BYTES = 512 << 10 };
+#ifndef GDN_MM_ROWS_VL_MAX
+#define GDN_MM_ROWS_VL_MAX (512 << 10)
+#endif
+enum { ROWS_VL_MAX_BYTES = GDN_MM_ROWS_VL_MAX };
 
 /* One streaming product C (+)= A W^T, shared by a team (gdn_team). */
 typedef struct {
@@ -407,7 +410,7 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
                           size_t ws_floats, int threads) {
     const int64_t lda2 = (kk + 15) / 16 * 16 + 16;
     stream_job jb = {acc, bf, m, n, kk, A, lda, W, ldw, C, ldc, ws, (size_t)(m * lda2) <= ws_floats};
-    gdn_team(threads, stream_share, &jb);
+    gdn_team(gdn_threads_for_bytes(threads, (double)n * (double)kk * (bf ? 2 : 4)), stream_share, &jb);
 }
 
 /* ---------------------------------------------------------------- blocked path */

@@ -382,7 +382,8 @@ int gdn_step(gdn_plan *p, float *o, float *state, const gdn_rule_inputs *in) {
     /* Software prefetch only when a thread's share of the state is well beyond its L2: there
      * it keeps the L3/DRAM stream busy while a block is updated (B = 8 at the Qwen shape: +15 %);
      * on L2-resident states the prefetches are pure overhead (-10 %, measured). */
-    const int nt = (int)(p->threads < items ? p->threads : items);
+    const int nt = gdn_threads_for_bytes((int)(p->threads < items ? p->threads : items),
+                                         (double)items * K * V * sizeof(float));
     const int pf = (double)items * K * V * sizeof(float) / nt > 2.0 * l2_bytes();
     int bad = 0;
     if (nt > 1) {

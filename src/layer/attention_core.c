@@ -697,12 +697,16 @@ void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse) {
     const int64_t hg = heads_per_job(v), TB = BQ / hg, nblk = (v->nq + TB - 1) / TB, ng = v->H / hg;
     const int64_t jobs = v->B * ng * nblk;
     const bf_keys bk = bf_pack_keys(v, BF_K | BF_VT);
-    /* longest first; one thread (a decode step) enters no parallel region (gdn_team) */
-    if (v->threads <= 1 || jobs == 1) {
+    /* longest first; one thread enters no parallel region (gdn_team), nor does a core whose
+     * keys and values, read once per query row, are too few to be worth a team (a decode step
+     * over a short cache) */
+    const int nt = gdn_threads_for_bytes(v->threads, 2.0 * sizeof(float) * (double)(v->B * v->Hkv * v->d) *
+                                                         (double)v->nk * (double)v->nq);
+    if (nt <= 1 || jobs == 1) {
         for (int64_t job = 0; job < jobs; job++)
             core_forward_job(v, &bk, hg, nblk - 1 - job / (v->B * ng), job % (v->B * ng) / ng, job % ng, o, lse);
     } else {
-#pragma omp parallel for num_threads(v->threads) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int64_t job = 0; job < jobs; job++)
             core_forward_job(v, &bk, hg, nblk - 1 - job / (v->B * ng), job % (v->B * ng) / ng, job % ng, o, lse);
     }

@@ -157,6 +157,16 @@ static void sigmoid_rows(float *out, const float *x, int64_t n) {
     for (; i < n; i++) out[i] = gdn_sigmoidf(x[i]);
 }
 
+/* x = x sigmoid(x) in place (the conv's SiLU, forward and decode) */
+static void silu_rows(float *x, int64_t n) {
+    float sg[256];
+    for (int64_t i0 = 0; i0 < n; i0 += 256) {
+        const int64_t m = n - i0 < 256 ? n - i0 : 256;
+        sigmoid_rows(sg, x + i0, m);
+        for (int64_t i = 0; i < m; i++) x[i0 + i] *= sg[i];
+    }
+}
+
 /* A parameter tensor of w. With BF16 weights the projections are read as BF16 by the GEMM
  * (pass the flags of wflags()), the small tensors from their fp32 copies in lp->wsmall. */
 static int is_small(int which) {
@@ -272,12 +282,7 @@ void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *ha
         for (int s = 0; s < 3; s++) {
             float *dst = blk[s].buf + row * blk[s].width;
             conv_row(lp, proj, halo, b, t, blk[s].c0, blk[s].width, dst);
-            float sg[256];
-            for (int64_t i0 = 0; i0 < blk[s].width; i0 += 256) {
-                const int64_t m = blk[s].width - i0 < 256 ? blk[s].width - i0 : 256;
-                sigmoid_rows(sg, dst + i0, m);
-                for (int64_t i = 0; i < m; i++) dst[i0 + i] *= sg[i];
-            }
+            silu_rows(dst, blk[s].width);
         }
         const float *pb = proj + row * lp->P + lp->cd + lp->vd, *pa = pb + Hv;
         for (int64_t h = 0; h < Hv; h++) {
@@ -679,16 +684,17 @@ int gdn_layer_decode(gdn_layer_plan *lp, float *y, const float *x, const void *w
                 *dt_bias = param(lp, w, GDN_P_DT_BIAS);
     for (int64_t b = 0; b < B; b++) {
         const float *pre = lp->proj + b * P;
-        for (int64_t ch = 0; ch < cd; ch++) {
+        for (int64_t ch = 0; ch < cd; ch++) { /* the conv into q, k, v; SiLU below, vectorised */
             float *st = conv_state + (b * cd + ch) * Kc, u = 0.0f;
             for (int64_t j = 0; j + 1 < Kc; j++) st[j] = st[j + 1];
             st[Kc - 1] = pre[ch];
             for (int64_t j = 0; j < Kc; j++) u += cw[ch * Kc + j] * st[j];
-            const float s = gdn_siluf(u);
-            if (ch < lp->kd) lp->q[b * lp->kd + ch] = s;
-            else if (ch < 2 * lp->kd) lp->k[b * lp->kd + ch - lp->kd] = s;
-            else lp->v[b * lp->vd + ch - 2 * lp->kd] = s;
+            if (ch < lp->kd) lp->q[b * lp->kd + ch] = u;
+            else if (ch < 2 * lp->kd) lp->k[b * lp->kd + ch - lp->kd] = u;
+            else lp->v[b * lp->vd + ch - 2 * lp->kd] = u;
         }
+        silu_rows(lp->q + b * lp->kd, lp->kd), silu_rows(lp->k + b * lp->kd, lp->kd);
+        silu_rows(lp->v + b * lp->vd, lp->vd);
         for (int64_t h = 0; h < Hv; h++) {
             lp->beta[b * Hv + h] = gdn_sigmoidf(pre[cd + lp->vd + h]);
             lp->g[b * Hv + h] = -__builtin_expf(A_log[h]) * gdn_softplusf(pre[cd + lp->vd + Hv + h] + dt_bias[h]);
