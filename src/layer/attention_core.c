@@ -538,8 +538,19 @@ static void few_scores(const float *q, int64_t d, const float *K, int64_t kld, i
                 for (int l = 0; l < nl; l++) r[l] += gdn_vloadu(k + l * kld + e) * qv;
             }
         }
+#if GDN_VL == 16
+        if (d - dv >= 8) { /* the head's last 8 dims (d = 24, 40, ...) as a half vector in lanes 0-7 */
+            const gdn_v8f q8 = *(const gdn_v8f_u *)(q + dv), z8 = {0};
+            for (int l = 0; l < nl; l++)
+                r[l] += __builtin_shufflevector(*(const gdn_v8f_u *)(k + l * kld + dv) * q8, z8, 0, 1, 2, 3, 4, 5, 6, 7,
+                                                8, 9, 10, 11, 12, 13, 14, 15);
+        }
+        const int64_t d8 = d - dv >= 8 ? dv + 8 : dv;
+#else
+        const int64_t d8 = dv;
+#endif
         for (int l = 0; l < nl; l++)
-            for (int64_t e = dv; e < d; e++) r[l][0] += k[l * kld + e] * q[e];
+            for (int64_t e = d8; e < d; e++) r[l][0] += k[l * kld + e] * q[e];
         vstore(s + c0, gdn_hsum_vl(r));
     }
 }
@@ -565,6 +576,14 @@ static void few_accumulate(float *o, int64_t d, const float *p, const float *Vu,
         for (int c = lo; c <= hi; c++) a += p[c] * gdn_vloadu(Vu + (int64_t)c * vld + e0);
         gdn_vstoreu(o + e0, a);
     }
+#if GDN_VL == 16
+    if (d - e0 >= 8) { /* a last half vector */
+        gdn_v8f a = *(gdn_v8f_u *)(o + e0);
+        for (int c = lo; c <= hi; c++) a += p[c] * *(const gdn_v8f_u *)(Vu + (int64_t)c * vld + e0);
+        *(gdn_v8f_u *)(o + e0) = a;
+        e0 += 8;
+    }
+#endif
     for (; e0 < d; e0++)
         for (int c = lo; c <= hi; c++) o[e0] += p[c] * Vu[(int64_t)c * vld + e0];
 }
