@@ -47,6 +47,14 @@ echo "== hybrid tiny (LLLF): the same losses on any grid (4 steps; fp32, roundin
 train 1 "$work/one.csv" --steps 4 --batch 2 || fail "train on 1 rank"
 grep -q "3 GatedDeltaNet + 1 full-attention layers (LLLF" "$work/one.csv.out" &&
   pass "--model tiny is hybrid: layers linear,linear,linear,full" || { fail "tiny is not LLLF"; cat "$work/one.csv.out"; }
+# the time per step by layer type: both kinds timed in the hybrid; control, a GatedDeltaNet-only
+# model's attention time is zero
+typetimes() { sed -n 's/.*GatedDeltaNet layers \([0-9.]*\) s.*attention layers \([0-9.]*\) s.*/\1 \2/p' "$1"; }
+train 1 "$work/gdnonly.csv" --steps 1 --batch 2 --attn-interval 0 || fail "train --attn-interval 0"
+read -r g1 a1 <<< "$(typetimes "$work/one.csv.out")"; read -r g0 a0 <<< "$(typetimes "$work/gdnonly.csv.out")"
+if awk -v g="${g1:-0}" -v a="${a1:-0}" -v g0="${g0:-0}" -v a0="${a0:--1}" 'BEGIN { exit !(g > 0 && a > 0 && g0 > 0 && a0 == 0) }'; then
+  pass "time per step by layer type: hybrid GatedDeltaNet ${g1} s, attention ${a1} s; control, GatedDeltaNet only: attention ${a0} s"
+else fail "time per step by layer type: hybrid '${g1:-}' '${a1:-}', GatedDeltaNet only '${g0:-}' '${a0:-}'"; cat "$work/one.csv.out"; fi
 train 2 "$work/kv.csv" --steps 4 --batch 2 --cp 2 --attn-cp kv || fail "train --cp 2 --attn-cp kv"
 expect_close "--cp 2 --attn-cp kv vs one rank" "$work/kv.csv" "$work/one.csv" $TOL
 train 2 "$work/heads.csv" --steps 4 --batch 2 --cp 2 --attn-cp heads || fail "train --cp 2 --attn-cp heads"

@@ -154,6 +154,12 @@ GDN_API int gdn_model_set_docs(gdn_model_plan *plan, const int64_t *doc_cu, cons
 GDN_API int gdn_model_backward(gdn_model_plan *plan, const float *w, float *dw, const gdn_token *tokens);
 /* Logits [B, T, vocab] of the inputs tokens [B, T] (forward only, tests). Collective over cp. */
 GDN_API int gdn_model_logits(gdn_model_plan *plan, const float *w, const gdn_token *tokens, float *logits);
+/* Wall seconds this plan's forwards and backwards spent in each kind of token mixer since it was
+ * made or last reset: out[0], out[1] the GatedDeltaNet layers' forward and backward, out[2],
+ * out[3] the attention layers' (their CP exchanges and waits included; a forward recomputed in
+ * the backward counts as forward). reset: zero them after reading. The rest of a step (norms,
+ * MLPs, the loss head) is its time minus these. */
+GDN_API void gdn_model_mixer_seconds(gdn_model_plan *plan, double out[4], int reset);
 
 /* Generation: B sequences fed piece by piece with every layer's cache, so no token is read twice.
  * A GatedDeltaNet layer keeps its conv and recurrent states (layer.h), a full-attention layer its

@@ -51,6 +51,7 @@ struct gdn_model_plan {
     float *logits;            /* LOSS_ROWS x vocab */
     float *dlm;               /* vocab x E: lm_head's gradient from the forward's loss head */
     int ready_for_backward;   /* a forward kept what gdn_model_backward needs */
+    double mixer_s[4];        /* wall seconds in the mixers (gdn_model_mixer_seconds) */
     /* packed documents (run.pack; gdn_model_set_docs) */
     int docs_set;
     uint8_t *skip;            /* N: the target starts a document: not predicted */
@@ -373,8 +374,7 @@ static int mixer_call_backward(gdn_model_plan *p, int attn, float *dx, float *dw
 }
 
 /* Layer l's mixer on all rows: one call, or under packed CP one call per row. */
-static int mixer_forward(gdn_model_plan *p, int64_t l, float *y, float *saved, const float *x, const float *w) {
-    const int attn = is_attn(&p->cfg, l);
+static int mixer_forward_rows(gdn_model_plan *p, int attn, float *y, float *saved, const float *x, const float *w) {
     if (!rows_apart(&p->run, p->cp)) return mixer_call_forward(p, attn, y, saved, x, w);
     const size_t TE = (size_t)(p->run.T * p->cfg.E), sr = attn ? p->attn.saved_call : p->gdn.saved_call;
     for (int64_t b = 0; b < p->run.B; b++) {
@@ -384,9 +384,15 @@ static int mixer_forward(gdn_model_plan *p, int64_t l, float *y, float *saved, c
     }
     return GDN_OK;
 }
-static int mixer_backward(gdn_model_plan *p, int64_t l, float *dx, float *dw, const float *x, const float *w,
-                          const float *saved, const float *dy) {
+static int mixer_forward(gdn_model_plan *p, int64_t l, float *y, float *saved, const float *x, const float *w) {
     const int attn = is_attn(&p->cfg, l);
+    const double t0 = omp_get_wtime();
+    const int rc = mixer_forward_rows(p, attn, y, saved, x, w);
+    p->mixer_s[2 * attn] += omp_get_wtime() - t0;
+    return rc;
+}
+static int mixer_backward_rows(gdn_model_plan *p, int attn, float *dx, float *dw, const float *x, const float *w,
+                               const float *saved, const float *dy) {
     if (!rows_apart(&p->run, p->cp)) return mixer_call_backward(p, attn, dx, dw, x, w, saved, dy);
     const size_t TE = (size_t)(p->run.T * p->cfg.E), sr = attn ? p->attn.saved_call : p->gdn.saved_call;
     const size_t nf = attn ? p->attn.floats : p->gdn.floats;
@@ -399,6 +405,21 @@ static int mixer_backward(gdn_model_plan *p, int64_t l, float *dx, float *dw, co
             for (size_t i = 0; i < nf; i++) dw[i] += dwb[i];
     }
     return GDN_OK;
+}
+static int mixer_backward(gdn_model_plan *p, int64_t l, float *dx, float *dw, const float *x, const float *w,
+                          const float *saved, const float *dy) {
+    const int attn = is_attn(&p->cfg, l);
+    const double t0 = omp_get_wtime();
+    const int rc = mixer_backward_rows(p, attn, dx, dw, x, w, saved, dy);
+    p->mixer_s[2 * attn + 1] += omp_get_wtime() - t0;
+    return rc;
+}
+
+void gdn_model_mixer_seconds(gdn_model_plan *p, double out[4], int reset) {
+    for (int i = 0; i < 4; i++) {
+        out[i] = p ? p->mixer_s[i] : 0.0;
+        if (p && reset) p->mixer_s[i] = 0.0;
+    }
 }
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }

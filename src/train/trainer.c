@@ -526,6 +526,30 @@ static int save(trainer *t, int64_t step, double loss) {
     return gdn_cp_agree_status(t->agree, rc);
 }
 
+/* The time per step by layer type, mean over the steps run: each rank's seconds in its
+ * GatedDeltaNet and attention mixers (forward + backward, their CP waits included), the mean over
+ * ranks with the range; the rest is the step (the slowest rank's) minus the mean of both. */
+static void layer_type_times(trainer *t, const double mixer_sum[4], double step_sum, int64_t steps) {
+    if (steps < 1) return;
+    /* per rank: GatedDeltaNet forward, backward, both; attention forward, backward, both */
+    const double v[6] = {mixer_sum[0], mixer_sum[1], mixer_sum[0] + mixer_sum[1],
+                         mixer_sum[2], mixer_sum[3], mixer_sum[2] + mixer_sum[3]};
+    double mean[6], lo[6], hi[6];
+    MPI_Allreduce(v, mean, 6, MPI_DOUBLE, MPI_SUM, t->world);
+    MPI_Allreduce(v, lo, 6, MPI_DOUBLE, MPI_MIN, t->world);
+    MPI_Allreduce(v, hi, 6, MPI_DOUBLE, MPI_MAX, t->world);
+    if (!t->progress) return;
+    const double per = 1.0 / (double)steps;
+    for (int i = 0; i < 6; i++) mean[i] *= per / (double)t->size, lo[i] *= per, hi[i] *= per;
+    clear_status(t);
+    fprintf(t->progress, "gdncp train: time per step by layer type (mean of %lld steps; over %d ranks: mean, "
+                         "min-max): GatedDeltaNet layers %.3f s (forward %.3f, backward %.3f; %.3f-%.3f), attention "
+                         "layers %.3f s (forward %.3f, backward %.3f; %.3f-%.3f), the rest %.3f s of %.3f s\n",
+            (long long)steps, t->size, mean[2], mean[0], mean[1], lo[2], hi[2], mean[5], mean[3], mean[4], lo[5], hi[5],
+            step_sum * per - mean[2] - mean[5], step_sum * per);
+    fflush(t->progress);
+}
+
 static int train_steps(trainer *t) {
     const gdn_train_options *o = t->o;
     const double t_start = MPI_Wtime();
@@ -533,6 +557,7 @@ static int train_steps(trainer *t) {
     const int count = (int)t->nw;
     double loss = NAN;
     int rc = GDN_OK;
+    double mixer_sum[4] = {0}, step_sum = 0; /* this rank's seconds in each kind of mixer; steps' */
     for (int64_t step = t->first_step; step <= o->steps; step++) {
         const double t_begin = MPI_Wtime();
         int64_t targets = 0;
@@ -559,10 +584,16 @@ static int train_steps(trainer *t) {
         gdn_adamw_update(&o->opt, &t->cfg, t->w, t->dw, t->m, t->v, step, lr, scale, t->threads);
         double dt = MPI_Wtime() - t_begin;
         MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, t->world);
+        double ms[4];
+        gdn_model_mixer_seconds(t->plan, ms, 1);
+        for (int i = 0; i < 4; i++) mixer_sum[i] += ms[i];
+        step_sum += dt;
 
         double val = NAN;
-        if (o->eval_every && (step % o->eval_every == 0 || step == o->steps))
+        if (o->eval_every && (step % o->eval_every == 0 || step == o->steps)) {
             if ((rc = evaluate(t, &val))) return rc;
+            gdn_model_mixer_seconds(t->plan, ms, 1); /* (validation's forwards are not a step's) */
+        }
         /* peak memory of every rank, for the progress line */
         double rss = gdn_peak_rss_mb();
         double *all = t->rank == 0 ? malloc(sizeof(double) * (size_t)t->size) : NULL;
@@ -607,6 +638,7 @@ static int train_steps(trainer *t) {
         if (o->out && ((o->save_every && step % o->save_every == 0) || step == o->steps))
             if ((rc = save(t, step, loss))) return rc;
     }
+    layer_type_times(t, mixer_sum, step_sum, o->steps - t->first_step + 1);
     return GDN_OK;
 }
 
