@@ -109,7 +109,9 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
         double err = NAN;
         if (!rc && mode != 1 && !bf16 && !(rc = train_step(p, w, dw, tok, denom, &loss)))
             err = gradient_check(p, &c, w, dw, tok, denom);
+        double mix[4];
         for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
+            if (r == 1) gdn_model_mixer_seconds(p, mix, 1); /* the timed steps' share by layer type */
             const double t0 = cli_now();
             rc = train_step(p, w, dw, tok, denom, &loss);
             if (!rc) {
@@ -123,6 +125,8 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
             gdn_model_plan_destroy(p);
             return 1;
         }
+        gdn_model_mixer_seconds(p, mix, 1);
+        const double gdn_ms = 1e3 * (mix[0] + mix[1]) / reps, attn_ms = 1e3 * (mix[2] + mix[3]) / reps;
         /* every token is computed, predicted or not: throughput counts them all */
         const double med = cli_median(t, reps), tps = (double)(B * T) / med, gflops = tps * flops_tok / 1e9;
         if (mode == 0) dense_ms = 1e3 * med;
@@ -133,10 +137,12 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
             printf("{\"direction\":\"train_step\",\"model\":\"%s\",\"params\":%zu,\"B\":%lld,\"T\":%lld,"
                    "\"threads\":%d,\"recompute\":%d,\"packed_docs\":%lld,\"compute\":\"%s\",\"ms\":%.3f,\"ms_vs_dense\":%.4f,\"reps\":%d,\"tokens_per_s\":%.1f,"
                    "\"flops_per_token\":%.4g,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
+                   "\"gdn_layers_ms\":%.3f,\"attn_layers_ms\":%.3f,"
                    "\"plan_mb\":%.1f,\"grad_rel_err_vs_fd\":%s,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
                    name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute,
                    (long long)(packed ? docs_all : 0), gdn_compute_name(run.compute), 1e3 * med, 1e3 * med / dense_ms,
-                   reps, tps, flops_tok, gflops, peak, gflops / peak, mb, err_json, gdn_compute_path(run.compute), cpu);
+                   reps, tps, flops_tok, gflops, peak, gflops / peak, gdn_ms, attn_ms, mb, err_json,
+                   gdn_compute_path(run.compute), cpu);
         else {
             char check[32] = "(same step)"; /* recompute changes no value: checked once */
             if (!isnan(err)) snprintf(check, sizeof check, "%.1e", err);
@@ -145,10 +151,11 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
             else if (bf16) snprintf(how, sizeof how, "compute=bf16");
             else snprintf(how, sizeof how, "recompute=%s", recompute ? "on" : "off");
             if (bf16) snprintf(check, sizeof check, "(fp32's)");
-            printf("train_step %-6s %8zu params B=%lld T=%lld thr=%d %-16s %8.1f ms (%.2fx dense) %8.0f tok/s "
-                   "%7.1f GFLOP/s %5.1f %% of peak  plan %6.1f MB  grad vs FD %s\n",
+            printf("train_step %-6s %8zu params B=%lld T=%lld thr=%d %-16s %8.1f ms (%.2fx dense; GatedDeltaNet "
+                   "layers %.1f, attention %.1f) %8.0f tok/s %7.1f GFLOP/s %5.1f %% of peak  plan %6.1f MB  grad vs "
+                   "FD %s\n",
                    name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, how, 1e3 * med,
-                   1e3 * med / dense_ms, tps, gflops, 100 * gflops / peak, mb, check);
+                   1e3 * med / dense_ms, gdn_ms, attn_ms, tps, gflops, 100 * gflops / peak, mb, check);
         }
         gdn_model_plan_destroy(p);
     }
