@@ -571,16 +571,33 @@ static void few_accumulate(float *o, int64_t d, const float *p, const float *Vu,
         gdn_vstoreu(o + e0, a0), gdn_vstoreu(o + e0 + VL, a1);
         gdn_vstoreu(o + e0 + 2 * VL, a2), gdn_vstoreu(o + e0 + 3 * VL, a3);
     }
+    /* The rest, a vector at a time: keys four at a time into four accumulators, so that an FMA
+     * waits on the one four keys back (one chain of dependent FMAs ran at one per 4 cycles: half
+     * a decode step's attention at d = 24). */
     for (; e0 + VL <= d; e0 += VL) {
-        gdn_vf a = gdn_vloadu(o + e0);
-        for (int c = lo; c <= hi; c++) a += p[c] * gdn_vloadu(Vu + (int64_t)c * vld + e0);
-        gdn_vstoreu(o + e0, a);
+        gdn_vf a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        const float *vr = Vu + e0;
+        int c = lo;
+        for (; c + 3 <= hi; c += 4) {
+            a0 += p[c] * gdn_vloadu(vr + (int64_t)c * vld), a1 += p[c + 1] * gdn_vloadu(vr + (int64_t)(c + 1) * vld);
+            a2 += p[c + 2] * gdn_vloadu(vr + (int64_t)(c + 2) * vld), a3 += p[c + 3] * gdn_vloadu(vr + (int64_t)(c + 3) * vld);
+        }
+        for (; c <= hi; c++) a0 += p[c] * gdn_vloadu(vr + (int64_t)c * vld);
+        gdn_vstoreu(o + e0, gdn_vloadu(o + e0) + ((a0 + a1) + (a2 + a3)));
     }
 #if GDN_VL == 16
-    if (d - e0 >= 8) { /* a last half vector */
-        gdn_v8f a = *(gdn_v8f_u *)(o + e0);
-        for (int c = lo; c <= hi; c++) a += p[c] * *(const gdn_v8f_u *)(Vu + (int64_t)c * vld + e0);
-        *(gdn_v8f_u *)(o + e0) = a;
+    if (d - e0 >= 8) { /* a last half vector, the same way */
+        gdn_v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        const float *vr = Vu + e0;
+        int c = lo;
+        for (; c + 3 <= hi; c += 4) {
+            a0 += p[c] * *(const gdn_v8f_u *)(vr + (int64_t)c * vld);
+            a1 += p[c + 1] * *(const gdn_v8f_u *)(vr + (int64_t)(c + 1) * vld);
+            a2 += p[c + 2] * *(const gdn_v8f_u *)(vr + (int64_t)(c + 2) * vld);
+            a3 += p[c + 3] * *(const gdn_v8f_u *)(vr + (int64_t)(c + 3) * vld);
+        }
+        for (; c <= hi; c++) a0 += p[c] * *(const gdn_v8f_u *)(vr + (int64_t)c * vld);
+        *(gdn_v8f_u *)(o + e0) = *(gdn_v8f_u *)(o + e0) + ((a0 + a1) + (a2 + a3));
         e0 += 8;
     }
 #endif
