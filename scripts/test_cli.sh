@@ -286,6 +286,9 @@ done <<EOF
 2|--T|$L bench layer --T 0
 2|--reps|$MPIEXEC -n 1 $L bench cp --reps 17
 2|--T|$MPIEXEC -n 1 $L bench cp --T -5
+1|--ckpt|$L bench decode --ckpt
+1|no such checkpoint|$L bench decode --ckpt $logs/none
+1|no complete checkpoint|$L bench decode --ckpt $golden
 0||$L run --chunk 32 --threads 1 --scale 0.125 $R && $L gen --B 1 --T 64 --Hk 1 --Hv 2 --K 16 --V 16 --seed 7 --slow-fraction 0.5 --out $logs/opt2.st && $L diff $g1 $g1 --tol 0 && $L layer $LW --decode 8 --eps 1e-6 --chunk 32 --threads 1
 EOF
 
