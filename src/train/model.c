@@ -424,20 +424,22 @@ void gdn_model_mixer_seconds(gdn_model_plan *p, double out[4], int reset) {
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* m = silu(gate) * up for one row (I values of each), 8 lanes at a time: the training forward
+ * and the decoder's (a token's I scalar expf cost a small model's decode step ~5 %). */
+static void swiglu_row(float *m, const float *g, const float *u, int64_t I) {
+    int64_t j = 0;
+    for (; j + 8 <= I; j += 8) {
+        const gdn_v8f gv = *(const gdn_v8f_u *)(g + j);
+        *(gdn_v8f_u *)(m + j) = gv * gdn_vsigmoidf(gv) * *(const gdn_v8f_u *)(u + j);
+    }
+    for (; j < I; j++) m[j] = silu(g[j]) * u[j];
+}
+
 /* m = silu(gate) * up for gu = [gate | up] rows of 2I. */
 static void swiglu_forward(const gdn_model_plan *p, float *m, const float *gu) {
     const int64_t I = p->cfg.I;
 #pragma omp parallel for num_threads(p->threads) schedule(static)
-    for (int64_t i = 0; i < p->N; i++) {
-        const float *g = gu + i * 2 * I, *u = g + I;
-        float *mi = m + i * I;
-        int64_t j = 0;
-        for (; j + 8 <= I; j += 8) {
-            const gdn_v8f gv = *(const gdn_v8f_u *)(g + j);
-            *(gdn_v8f_u *)(mi + j) = gv * gdn_vsigmoidf(gv) * *(const gdn_v8f_u *)(u + j);
-        }
-        for (; j < I; j++) mi[j] = silu(g[j]) * u[j];
-    }
+    for (int64_t i = 0; i < p->N; i++) swiglu_row(m + i * I, gu + i * 2 * I, gu + i * 2 * I + I, I);
 }
 
 /* SwiGLU backward in place: gu = [gate | up] becomes [dgate | dup] for dm. */
@@ -978,8 +980,7 @@ int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tok
         for (int h = 0; h < parts; h++)
             gdn_matmul(GDN_GEMM_B_TRANS, N, wd, E, d->a, E, w + blk_off(d, l, BLK_GATE + h), E, d->gu + h * I,
                        2 * I, d->mm_ws, nt);
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t j = 0; j < I; j++) d->m[i * I + j] = silu(d->gu[i * 2 * I + j]) * d->gu[i * 2 * I + I + j];
+        for (int64_t i = 0; i < N; i++) swiglu_row(d->m + i * I, d->gu + i * 2 * I, d->gu + i * 2 * I + I, I);
         memcpy(d->x, d->h, sizeof(float) * (size_t)(N * E));
         gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, w + blk_off(d, l, BLK_DOWN), I, d->x, E,
                    d->mm_ws, nt);
