@@ -94,6 +94,41 @@ static void prefetch_row(const gdn_plan *p, const gdn_chunk_inputs *in, int64_t 
     }
 }
 
+/* The solve's vectors: the native width (16 lanes with AVX-512, else 8), four to a group of
+ * columns, so that a group's two sums per vector (even and odd m: independent FMA chains, the
+ * latency hidden) stay in registers; 16-lane vectors on an AVX2 build spilled them to the stack
+ * (the solve was a third of gdn_chunk_prepare there). */
+#if defined(__AVX512F__)
+typedef float solve_vec __attribute__((vector_size(64)));
+typedef float solve_vec_u __attribute__((vector_size(64), aligned(4)));
+#else
+typedef float solve_vec __attribute__((vector_size(32)));
+typedef float solve_vec_u __attribute__((vector_size(32), aligned(4)));
+#endif
+enum { SOLVE_LANES = (int)(sizeof(solve_vec) / sizeof(float)), SOLVE_GROUP = 4 * SOLVE_LANES };
+
+/* Columns [cb, cb + nv lanes) of row i: -sum_{cb <= m < i} L_im row_m. Rows m < cb are zero in
+ * these columns (tm is lower triangular), so the sum starts at m = cb. */
+static inline __attribute__((always_inline)) void solve_columns(const float *tm, const float *li, int C,
+                                                                int cb, int i, int nv, float *ti) {
+    solve_vec a[4] = {{0}}, b[4] = {{0}};
+    int m = cb;
+    for (; m + 1 < i; m += 2) {
+        const float f0 = li[m], f1 = li[m + 1];
+        const float *r0 = tm + (size_t)m * C + cb, *r1 = r0 + C;
+        for (int v = 0; v < nv; v++) {
+            a[v] += f0 * *(const solve_vec_u *)(r0 + SOLVE_LANES * v);
+            b[v] += f1 * *(const solve_vec_u *)(r1 + SOLVE_LANES * v);
+        }
+    }
+    if (m < i) {
+        const float f = li[m];
+        const float *r = tm + (size_t)m * C + cb;
+        for (int v = 0; v < nv; v++) a[v] += f * *(const solve_vec_u *)(r + SOLVE_LANES * v);
+    }
+    for (int v = 0; v < nv; v++) *(solve_vec_u *)(ti + cb + SOLVE_LANES * v) = -(a[v] + b[v]);
+}
+
 /* tm = (I + L)^-1 with L_ij = beta_i (k_i.k_j) exp(G_i - G_j), i > j, by forward substitution.
  * pk holds k_i.k_j for j <= i and is left as it is (the backward needs it); L is formed row by
  * row from the masked decays in ew. */
@@ -105,33 +140,14 @@ static void invert_unit_lower(gdn_chunk_ws *ws, int n, int C, const gdn_plan *p,
         if (next_t0 + i < p->cfg.T) prefetch_row(p, in, b, h, next_t0 + i);
         const float *ki = ws->pk + (size_t)i * C, *ei = ws->ew + (size_t)i * C;
         for (int j = 0; j < i; j++) li[j] = ws->beta[i] * ki[j] * ei[j];
-        /* Row i = e_i - sum_{m<i} L_im row_m, over groups of 64 columns: a group's 4 16-lane
-         * sums are independent chains, and (AVX-512) even and odd m go to separate sums, so
-         * the FMA latency is hidden (one chain per 16 columns left this solve latency-bound:
-         * 14 % of the BF16 forward). Rows of tm are zero past their diagonal, so whole groups
-         * can be summed. */
+        /* Row i = e_i - sum_{m<i} L_im row_m over whole groups of columns (rows of tm are zero
+         * past their diagonal; C is a multiple of 16, so a group's tail is 1 or 2 vectors). */
         float *ti = tm + (size_t)i * C;
-        typedef float v16f __attribute__((vector_size(64)));
-        typedef float v16f_u __attribute__((vector_size(64), aligned(4)));
-        for (int cb = 0; cb < C; cb += 64) {
-            const int ng = C - cb < 64 ? (C - cb) / 16 : 4; /* 16-column vectors in this group */
-            v16f a[4] = {{0}}, b[4] = {{0}};
-            int m = cb;
-#if defined(__AVX512F__)
-            for (; m + 1 < i; m += 2) {
-                const float f0 = li[m], f1 = li[m + 1];
-                const float *r0 = tm + (size_t)m * C + cb, *r1 = r0 + C;
-                for (int v = 0; v < 4; v++)
-                    if (v < ng) a[v] += f0 * *(const v16f_u *)(r0 + 16 * v), b[v] += f1 * *(const v16f_u *)(r1 + 16 * v);
-            }
-#endif
-            for (; m < i; m++) {
-                const float f = li[m];
-                const float *r = tm + (size_t)m * C + cb;
-                for (int v = 0; v < 4; v++)
-                    if (v < ng) a[v] += f * *(const v16f_u *)(r + 16 * v);
-            }
-            for (int v = 0; v < ng; v++) *(v16f_u *)(ti + cb + 16 * v) = -(a[v] + b[v]);
+        for (int cb = 0; cb < C; cb += SOLVE_GROUP) {
+            const int nv = C - cb < SOLVE_GROUP ? (C - cb) / SOLVE_LANES : 4;
+            if (nv == 4) solve_columns(tm, li, C, cb, i, 4, ti);
+            else if (nv == 2) solve_columns(tm, li, C, cb, i, 2, ti);
+            else solve_columns(tm, li, C, cb, i, 1, ti);
         }
         ti[i] = 1.0f;
     }
