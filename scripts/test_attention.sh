@@ -144,7 +144,7 @@ done <<LIST
 2|they need --backward|$L attention ${W[*]} --in $ref --out $A/x.st --recompute
 2|--position-offset|$L attention ${W[*]} --in $ref --out $A/x.st --position-offset -1
 2|--threads|$L attention ${W[*]} --in $ref --out $A/x.st --threads 0
-2|unknown or incomplete option '--bogus'|$L attention ${W[*]} --in $ref --out $A/x.st --bogus
+2|unknown option or missing value: --bogus|$L attention ${W[*]} --in $ref --out $A/x.st --bogus
 2|are required|$L attention ${W[*]} --in $ref
 1|unknown --cp strategy 'spiral'|$MPIEXEC -n 2 $L attention ${W[*]} --in $ref --out $A/x.st --cp spiral
 1|--cp heads needs the number of ranks D = 3 to divide H = 4|$MPIEXEC -n 3 $L attention ${W[*]} --in $ref --out $A/x.st --cp heads

@@ -286,7 +286,7 @@ done <<EOF
 2|--T|$L bench layer --T 0
 2|--reps|$MPIEXEC -n 1 $L bench cp --reps 17
 2|--T|$MPIEXEC -n 1 $L bench cp --T -5
-1|--ckpt|$L bench decode --ckpt
+2|--ckpt|$L bench decode --ckpt
 1|no such checkpoint|$L bench decode --ckpt $logs/none
 1|no complete checkpoint|$L bench decode --ckpt $golden
 0||$L run --chunk 32 --threads 1 --scale 0.125 $R && $L gen --B 1 --T 64 --Hk 1 --Hv 2 --K 16 --V 16 --seed 7 --slow-fraction 0.5 --out $logs/opt2.st && $L diff $g1 $g1 --tol 0 && $L layer $LW --decode 8 --eps 1e-6 --chunk 32 --threads 1
@@ -337,4 +337,20 @@ sed -n '/^usage: gdncp <command>/,/^```/p' "$(dirname "$0")/../docs/cli.md" | se
 $L help >"$logs/help.txt" 2>&1
 clicase pass "docs/cli.md's usage block = gdncp help, line for line" diff "$logs/help.txt" "$logs/cli_md_usage.txt"
 clicase fail "negative control: that block with one line dropped" bash -c "sed 3d $logs/cli_md_usage.txt | diff $logs/help.txt -"
+echo "== gdncp COMMAND --help: the command's usage on stdout, exit 0, nothing run"
+helpcase() { # helpcase ARGS...: exit 0, stdout begins with a usage line naming the command, stderr empty
+  local words="$*"; words=${words% --*}; words=${words% -h}
+  "$L" "$@" >"$logs/help_out.txt" 2>"$logs/help_err.txt"; local rc=$?
+  [ "$rc" = 0 ] && [ ! -s "$logs/help_err.txt" ] && head -1 "$logs/help_out.txt" | grep -q "^usage: .*gdncp $words"
+}
+for cmd in run layer attention diff gen train sample "bench" "bench kernel" "bench layer" "bench attention" \
+           "bench train" "bench decode" "bench matmul" "bench cp" "bench attention-cp"; do
+  clicase pass "gdncp $cmd --help" helpcase $cmd --help
+done
+clicase pass "gdncp sample -h, after other options" helpcase sample --tokens 3 -h
+clicase fail "negative control: gdncp sample --halp (an unknown option) through the same check" helpcase sample --halp
+if "$L" sample --halp >/dev/null 2>"$logs/help_err.txt"; then got=0; else got=$?; fi
+if [ "$got" = 2 ] && grep -q "unknown option or missing value: --halp" "$logs/help_err.txt"; then
+  echo "PASS  gdncp sample --halp: exit 2, the option named on stderr"; passed=$((passed + 1))
+else echo "FAIL  gdncp sample --halp: exit $got"; cat "$logs/help_err.txt"; failed=$((failed + 1)); fi
 finish

@@ -41,14 +41,16 @@ typedef struct {
     int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } attn_opts;
 
+const char cmd_attention_usage[] =
+    "usage: gdncp attention --weights W.safetensors [--config config.json] [--prefix P]\n"
+    "                       --in IN.safetensors --out OUT.safetensors [--backward [--keep-saved|--recompute]]\n"
+    "                       [--decode N] [--position-offset P] [--cu-seqlens 0,a,..,T] [--threads N]\n"
+    "                       [--compute fp32|bf16]\n"
+    "       mpiexec -n D gdncp attention ... --cp kv|heads [--shards a,b,..] [--stats]\n"
+    "                       [--fault drop-kv|drop-kv-grad]  (testing only: deliberately WRONG results)\n";
+
 static int usage(void) {
-    fprintf(stderr,
-            "usage: gdncp attention --weights W.safetensors [--config config.json] [--prefix P]\n"
-            "                       --in IN.safetensors --out OUT.safetensors [--backward [--keep-saved|--recompute]]\n"
-            "                       [--decode N] [--position-offset P] [--cu-seqlens 0,a,..,T] [--threads N]\n"
-            "                       [--compute fp32|bf16]\n"
-            "       mpiexec -n D gdncp attention ... --cp kv|heads [--shards a,b,..] [--stats]\n"
-            "                       [--fault drop-kv|drop-kv-grad]  (testing only: deliberately WRONG results)\n");
+    fputs(cmd_attention_usage, stderr);
     return CLI_USAGE_ERROR;
 }
 
@@ -88,7 +90,7 @@ static int parse(int argc, char **argv, attn_opts *o) {
             if (cli_parse_i64_list("attention", a, v, &o->cu_seqlens, &o->n_cu)) return CLI_USAGE_ERROR;
             i++;
         } else {
-            fprintf(stderr, "gdncp attention: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr, "gdncp attention: unknown option or missing value: %s\n", a);
             return usage();
         }
     }

@@ -4,6 +4,7 @@
  * the micro-kernels really issue; fractions of the native-width FMA peak measured here. */
 #include "cli/cli.h"
 #include "commands.h"
+#include "cli/parse.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -284,6 +285,12 @@ static int select_cases(const char *list, const bench_shape *shapes, int n, int 
     return 1;
 }
 
+const char cmd_bench_usage[] =
+    "usage: gdncp bench kernel [--json] [--quick] [--case NAME[,NAME..]]   the chunked gated delta rule\n"
+    "       gdncp bench layer|attention|train|decode|matmul ...\n"
+    "       mpiexec -n D gdncp bench cp|attention-cp ...\n"
+    "  gdncp bench SUB --help for each one's options\n";
+
 int cmd_bench(int argc, char **argv) {
     int json = 0, quick = 0;
     const char *what = NULL, *cases = NULL;
@@ -299,14 +306,13 @@ int cmd_bench(int argc, char **argv) {
         }
         else if (!what && argv[i][0] != '-') what = argv[i];
         else {
-            fprintf(stderr, "gdncp bench: unknown option '%s'\n", argv[i]);
-            return 1;
+            fprintf(stderr, "gdncp bench: unknown option or missing value: %s\n%s", argv[i], cmd_bench_usage);
+            return CLI_USAGE_ERROR;
         }
     }
     if (!what || strcmp(what, "kernel")) {
-        fprintf(stderr, "gdncp bench: usage: gdncp bench kernel [--json] [--quick] [--case NAME[,NAME..]]\n"
-                        "                   mpiexec -n D gdncp bench cp [--json] [--T N] [--reps R]\n");
-        return 1;
+        fputs(cmd_bench_usage, stderr);
+        return CLI_USAGE_ERROR;
     }
     /* The 35B layer again with chunk 32: the same math, less work in the C-sized products
      * (DESIGN §3's FLOPs shrink with C), smaller GEMMs; which is faster depends on the machine. */

@@ -414,11 +414,14 @@ static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T,
     return rc ? 1 : 0;
 }
 
+const char cmd_bench_attention_usage[] =
+    "usage: gdncp bench attention [--json] [--quick] [--shape S[,S..]]\n"
+    "       [--T N[,N..]] [--threads N] [--reps R] [--what core,layer] [--compute fp32|bf16|both]\n"
+    "  shapes: 35b-a3b (H 16, Hkv 2, E 2048), 9b (H 16, Hkv 4, E 4096), 0.8b (H 8, Hkv 2, E 1024),\n"
+    "  all d 256 (default: all); T in [1, 2^20] (default 1024); reps in [1, 50] (default 3)\n";
+
 static void usage(void) {
-    fprintf(stderr, "gdncp bench attention: usage: gdncp bench attention [--json] [--quick] [--shape S[,S..]]\n"
-                    "       [--T N[,N..]] [--threads N] [--reps R] [--what core,layer] [--compute fp32|bf16|both]\n"
-                    "  shapes: 35b-a3b (H 16, Hkv 2, E 2048), 9b (H 16, Hkv 4, E 4096), 0.8b (H 8, Hkv 2, E 1024),\n"
-                    "  all d 256 (default: all); T in [1, 2^20] (default 1024); reps in [1, 50] (default 3)\n");
+    fputs(cmd_bench_attention_usage, stderr);
 }
 
 int cmd_bench_attention(int argc, char **argv) {
@@ -477,6 +480,7 @@ int cmd_bench_attention(int argc, char **argv) {
             }
             i++;
         } else {
+            fprintf(stderr, "gdncp bench attention: unknown option or missing value: %s\n", a);
             usage();
             free(Ts);
             return CLI_USAGE_ERROR;

@@ -69,6 +69,11 @@ static double error_vs_one_rank(gdn_cp *cp, const gdn_attn_config *full, const f
     return err;
 }
 
+const char cmd_bench_attention_cp_usage[] =
+    "usage: mpiexec -n D gdncp bench attention-cp [--json] [--T N] [--H N] [--Hkv N] [--d N] [--E N]\n"
+    "                                             [--reps R] [--threads N] [--check-max-T N]\n"
+    "  the gated attention layer with its sequence over D ranks (kv and heads strategies)\n";
+
 int cmd_bench_attention_cp(int argc, char **argv) {
     int64_t T = 2048, H = 8, Hkv = 2, d = 256, E = 1024, reps = 3, threads = 1, check_max = 8192;
     int json = 0;
@@ -89,7 +94,8 @@ int cmd_bench_attention_cp(int argc, char **argv) {
         if (done) continue;
         if (!strcmp(argv[i], "--json")) json = 1;
         else {
-            fprintf(stderr, "gdncp bench attention-cp: unknown option '%s'\n", argv[i]);
+            fprintf(stderr, "gdncp bench attention-cp: unknown option or missing value: %s\n%s", argv[i],
+                    cmd_bench_attention_cp_usage);
             return CLI_USAGE_ERROR;
         }
     }

@@ -274,6 +274,10 @@ done:
     return rc ? 1 : 0;
 }
 
+const char cmd_bench_cp_usage[] =
+    "usage: mpiexec -n D gdncp bench cp [--json] [--T N] [--reps R] [--doc-min N] [--doc-max N] [--packed-only]\n"
+    "  the context-parallel gated delta rule (every strategy, dense and packed) against one rank\n";
+
 int cmd_bench_cp(int argc, char **argv) {
     int json = 0, rank, D, packed_only = 0;
     int64_t T = 65536, reps = 3, doc_min = 512, doc_max = 2048;
@@ -295,7 +299,7 @@ int cmd_bench_cp(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--packed-only")) {
             packed_only = 1;
         } else {
-            fprintf(stderr, "gdncp bench cp: unknown option '%s'\n", argv[i]);
+            fprintf(stderr, "gdncp bench cp: unknown option or missing value: %s\n%s", argv[i], cmd_bench_cp_usage);
             return CLI_USAGE_ERROR;
         }
     }

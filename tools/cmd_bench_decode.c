@@ -15,6 +15,7 @@
  * median over rounds of that round's ratio (the load of a shared machine drifts between rounds). */
 #include "cli/cli.h"
 #include "commands.h"
+#include "cli/parse.h"
 #include "gdncp/layer.h"
 #include "gdncp/train.h"
 
@@ -329,6 +330,11 @@ static int checkpoint_rows(const char *ckpt, int quick, int json, const char *cp
     return model_rows("ckpt", &c, dir, P, quick, json, cpu);
 }
 
+const char cmd_bench_decode_usage[] =
+    "usage: gdncp bench decode [--json] [--quick] [--ckpt DIR]\n"
+    "  one decode step (gdn_step, the layer, the whole model; --ckpt: a checkpoint's model) against\n"
+    "  the bound of streaming its weights and caches once\n";
+
 int cmd_bench_decode(int argc, char **argv) {
     int json = 0, quick = 0;
     const char *ckpt = NULL;
@@ -337,9 +343,8 @@ int cmd_bench_decode(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--ckpt") && i + 1 < argc) ckpt = argv[++i];
         else if (strcmp(argv[i], "decode")) {
-            fprintf(stderr, "gdncp bench decode: unknown option or missing value '%s'\n"
-                            "usage: gdncp bench decode [--json] [--quick] [--ckpt DIR]\n", argv[i]);
-            return 1;
+            fprintf(stderr, "gdncp bench decode: unknown option or missing value: %s\n%s", argv[i], cmd_bench_decode_usage);
+            return CLI_USAGE_ERROR;
         }
     }
     char cpu[256];

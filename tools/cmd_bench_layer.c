@@ -245,6 +245,10 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
     return 0;
 }
 
+const char cmd_bench_layer_usage[] =
+    "usage: gdncp bench layer [--json] [--quick] [--T N] [--compute fp32|bf16|both]\n"
+    "  the GatedDeltaNet layer at the Qwen3.5 shapes: forward, forward+backward and decode, fp32 and BF16\n";
+
 int cmd_bench_layer(int argc, char **argv) {
     int json = 0, quick = 0, compute_mask = 3; /* bit 0: fp32, bit 1: bf16 */
     int64_t T = 4096;
@@ -264,8 +268,7 @@ int cmd_bench_layer(int argc, char **argv) {
             } else compute_mask = 1 << cm;
             i++;
         } else {
-            fprintf(stderr, "gdncp bench layer: usage: gdncp bench layer [--json] [--quick] [--T N] "
-                            "[--compute fp32|bf16|both]\n");
+            fprintf(stderr, "gdncp bench layer: unknown option or missing value: %s\n%s", argv[i], cmd_bench_layer_usage);
             return CLI_USAGE_ERROR;
         }
     }

@@ -14,6 +14,7 @@
  * result: max|y_bf16 - y_fp32| / max|y_fp32| (inputs uniform in [-0.5, 0.5]). */
 #include "cli/cli.h"
 #include "commands.h"
+#include "cli/parse.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +32,10 @@ typedef struct {
     int64_t N, K;
 } mm_shape;
 
+const char cmd_bench_matmul_usage[] =
+    "usage: gdncp bench matmul [--json] [--quick] [--M N] [--reps R]\n"
+    "  the layer's projection GEMMs (M tokens), fp32 and BF16 compute, against the measured peaks\n";
+
 int cmd_bench_matmul(int argc, char **argv) {
     int json = 0, quick = 0, m_set = 0;
     long M = 4096, reps = 3;
@@ -43,9 +48,8 @@ int cmd_bench_matmul(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             if (cli_int("--reps", argv[++i], 1, 100, &reps)) return 1;
         } else if (strcmp(argv[i], "matmul")) {
-            fprintf(stderr, "gdncp bench matmul: unknown option '%s'\n"
-                            "usage: gdncp bench matmul [--json] [--quick] [--M N] [--reps R]\n", argv[i]);
-            return 1;
+            fprintf(stderr, "gdncp bench matmul: unknown option or missing value: %s\n%s", argv[i], cmd_bench_matmul_usage);
+            return CLI_USAGE_ERROR;
         }
     }
     const int path = gdn_bench_bf16_path();

@@ -14,6 +14,11 @@
 
 #include "gdncp/train.h"
 
+const char cmd_bench_train_usage[] =
+    "usage: gdncp bench train [--json] [--quick] [--T N] [--B N]\n"
+    "  one training step (forward, backward, AdamW) of the named models tiny and small, dense,\n"
+    "  recomputed and packed, and the BF16 compute path, against this machine's measured peak\n";
+
 /* forward + backward: the status of the first that fails */
 static int train_step(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tok, double denom,
                       double *loss) {
@@ -177,7 +182,7 @@ int cmd_bench_train(int argc, char **argv) {
             if (cli_parse_i64("bench train", a, v, 1, 4096, &B)) return CLI_USAGE_ERROR;
             i++;
         } else {
-            fprintf(stderr, "usage: gdncp bench train [--json] [--quick] [--T N] [--B N]\n");
+            fprintf(stderr, "gdncp bench train: unknown option or missing value: %s\n%s", a, cmd_bench_train_usage);
             return CLI_USAGE_ERROR;
         }
     }

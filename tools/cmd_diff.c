@@ -43,6 +43,11 @@ static int read_checked(gdn_st_file *f, const char *path, const gdn_st_tensor *t
     return GDN_OK;
 }
 
+const char cmd_diff_usage[] =
+    "usage: gdncp diff OURS.safetensors REFERENCE.safetensors [--tol X]\n"
+    "  per-tensor relative error max|ours - ref| / max|ref| of the tensors both files hold;\n"
+    "  exit status 1 when one exceeds X\n";
+
 int cmd_diff(int argc, char **argv) {
     const char *pa = NULL, *pb = NULL;
     double tol = 1e-5;
@@ -61,7 +66,7 @@ int cmd_diff(int argc, char **argv) {
         }
     }
     if (!pa || !pb) {
-        fprintf(stderr, "gdncp diff: usage: gdncp diff OURS.safetensors REFERENCE.safetensors [--tol X]\n");
+        fputs(cmd_diff_usage, stderr);
         return CLI_USAGE_ERROR;
     }
     gdn_st_file *a = NULL, *b = NULL;

@@ -30,6 +30,11 @@ static double unif(uint64_t *s) {
 
 static int gen_with(int argc, char **argv, int64_t **cu);
 
+const char cmd_gen_usage[] =
+    "usage: gdncp gen --out FILE [--B N] [--T N] [--Hk N] [--Hv N] [--K N] [--V N] [--seed S]\n"
+    "                 [--gates qwen|mild|strong] [--slow-fraction F] [--cu-seqlens 0,a,..,T]\n"
+    "  a random gated-delta-rule problem (q k v g beta h0 do dht) for gdncp run\n";
+
 int cmd_gen(int argc, char **argv) {
     int64_t *cu = NULL;
     const int rc = gen_with(argc, argv, &cu);
@@ -74,7 +79,7 @@ static int gen_with(int argc, char **argv, int64_t **cu) {
             if (cli_parse_f64("gen", a, val, 0.0, 1.0, &slow_fraction)) return CLI_USAGE_ERROR;
             i++;
         } else {
-            fprintf(stderr, "gdncp gen: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr, "gdncp gen: unknown option or missing value: %s\n%s", a, cmd_gen_usage);
             return CLI_USAGE_ERROR;
         }
     }

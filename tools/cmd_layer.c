@@ -38,14 +38,16 @@ typedef struct {
     int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } layer_opts;
 
+const char cmd_layer_usage[] =
+    "usage: gdncp layer --weights W.safetensors [--config config.json] [--prefix P]\n"
+    "                   --in IN.safetensors --out OUT.safetensors [--backward]\n"
+    "                   [--keep min|proj] [--decode N] [--f32] [--compute fp32|bf16] [--chunk C]\n"
+    "                   [--threads N]\n"
+    "                   [--E --Hk --Hv --K --V --Kc N] [--eps X] [--cu-seqlens 0,a,..,T]\n"
+    "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n";
+
 static int usage(void) {
-    fprintf(stderr,
-            "usage: gdncp layer --weights W.safetensors [--config config.json] [--prefix P]\n"
-            "                   --in IN.safetensors --out OUT.safetensors [--backward]\n"
-            "                   [--keep min|proj] [--decode N] [--f32] [--compute fp32|bf16] [--chunk C]\n"
-            "                   [--threads N]\n"
-            "                   [--E --Hk --Hv --K --V --Kc N] [--eps X] [--cu-seqlens 0,a,..,T]\n"
-            "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n");
+    fputs(cmd_layer_usage, stderr);
     return CLI_USAGE_ERROR;
 }
 
@@ -99,7 +101,7 @@ static int parse(int argc, char **argv, layer_opts *o) {
             if (cli_parse_i64_list("layer", a, v, &o->cu_seqlens, &o->n_cu)) return CLI_USAGE_ERROR;
             i++;
         } else {
-            fprintf(stderr, "gdncp layer: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr, "gdncp layer: unknown option or missing value: %s\n", a);
             return usage();
         }
     }

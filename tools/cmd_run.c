@@ -33,6 +33,13 @@ typedef struct {
 static int run_cp(const cli_cp_opts *co, gdn_config opts);
 
 
+const char cmd_run_usage[] =
+    "usage: gdncp run --in IN.safetensors --out OUT.safetensors [--chunk C] [--scale S] [--no-l2norm]\n"
+    "                 [--reference] [--threads N] [--backward] [--cu-seqlens 0,a,..,T]\n"
+    "       mpiexec -n D gdncp run ... --cp scan|allgather|relay|heads [--shards a,b,..] [--stats]\n"
+    "  the gated delta rule forward (q k v g beta [h0] from IN); --backward also reads do [dht] and\n"
+    "  writes dq dk dv dg dbeta [dh0]; --cu-seqlens: packed documents (B = 1)\n";
+
 static int parse(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->chunk = 64;
@@ -71,7 +78,7 @@ static int parse(int argc, char **argv, run_opts *o) {
             o->fault = argv[++i];
         }
         else {
-            fprintf(stderr, "gdncp run: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr, "gdncp run: unknown option or missing value: %s\n%s", a, cmd_run_usage);
             return 1;
         }
     }

@@ -13,23 +13,26 @@
 #include "gdncp/sample.h"
 #include "gdncp/train.h"
 
+const char cmd_sample_usage[] =
+    "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [--tokens N]\n"
+    "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
+    "                    [--stop auto|none] [--print-ids] [--score] [--cache-dtype f32|bf16]\n"
+    "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
+    "  --prompt-ids: the prompt as token ids in [0, vocab); --print-ids: the new tokens as ids\n"
+    "  (comma-separated, one line) instead of the prompt and the text. --prompt TEXT and text\n"
+    "  output are for byte models (vocab_size 256); another vocabulary needs both id options.\n"
+    "  --score: print the mean next-token loss of the prompt under the checkpoint (nothing generated)\n"
+    "  --temperature 0 picks the most likely token every time; otherwise softmax(logits / T) over the\n"
+    "  --top-k largest logits (0: all), then over the smallest set of the largest whose probability\n"
+    "  reaches --top-p (1: all); the same sampler as the Python package's Model.generate.\n"
+    "  --stop auto (default): a checkpoint trained with --pack SEP or --pack-id N stops once it\n"
+    "  writes the separator (its document ended; the token after it was never trained); none:\n"
+    "  run to --tokens.\n"
+    "  --cache-dtype bf16: the attention layers' KV caches in BF16 (half their memory and of the bytes\n"
+    "  a token reads; keys and values rounded to nearest even, the attention itself in fp32).\n";
+
 static int usage(void) {
-    fprintf(stderr, "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [--tokens N]\n"
-                    "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
-                    "                    [--stop auto|none] [--print-ids] [--score] [--cache-dtype f32|bf16]\n"
-                    "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
-                    "  --prompt-ids: the prompt as token ids in [0, vocab); --print-ids: the new tokens as ids\n"
-                    "  (comma-separated, one line) instead of the prompt and the text. --prompt TEXT and text\n"
-                    "  output are for byte models (vocab_size 256); another vocabulary needs both id options.\n"
-                    "  --score: print the mean next-token loss of the prompt under the checkpoint (nothing generated)\n"
-                    "  --temperature 0 picks the most likely token every time; otherwise softmax(logits / T) over the\n"
-                    "  --top-k largest logits (0: all), then over the smallest set of the largest whose probability\n"
-                    "  reaches --top-p (1: all); the same sampler as the Python package's Model.generate.\n"
-                    "  --stop auto (default): a checkpoint trained with --pack SEP or --pack-id N stops once it\n"
-                    "  writes the separator (its document ended; the token after it was never trained); none:\n"
-                    "  run to --tokens.\n"
-                    "  --cache-dtype bf16: the attention layers' KV caches in BF16 (half their memory and of the bytes\n"
-                    "  a token reads; keys and values rounded to nearest even, the attention itself in fp32).\n");
+    fputs(cmd_sample_usage, stderr);
     return CLI_USAGE_ERROR;
 }
 

@@ -16,31 +16,33 @@
 #include "gdncp/io.h"
 #include "gdncp/train.h"
 
+const char cmd_train_usage[] =
+    "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long]\n"
+    "         [--vocab N] [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
+    "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
+    "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
+    "         [--compute fp32|bf16] [--log-every N] [--progress auto|line|lines]\n"
+    "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
+    "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
+    "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
+    "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N] [--save-dtype f32|bf16]\n"
+    "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP | --pack-id N]\n"
+    "  --data FILE: byte text, or a token file (python -m gdncp.tokenize; docs/training.md).\n"
+    "  --vocab N: the model's vocabulary (default 256, bytes; a token file's tokenizer's size).\n"
+    "  --seq is the whole sequence; with --cp C each of its C ranks holds about T/C tokens.\n"
+    "  DP = ranks / C groups each train --batch sequences per step.\n"
+    "  --pack SEP: the text is documents each ending with SEP (escapes \\n \\t \\r \\\\ \\xHH, e.g.\n"
+    "  '\\n%\\n' for fortunes): the state and the conv restart after every SEP and the byte after\n"
+    "  it is not predicted (byte text). --pack-id N: the documents end with the one token id N (a token\n"
+    "  file's end-of-text id; for byte text, a byte value).\n"
+    "  The named models are hybrid: layer l is full attention when (l + 1) % 4 == 0; --attn-interval N\n"
+    "  makes it every N-th layer (0: GatedDeltaNet only), --layer-types lists every layer.\n"
+    "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n"
+    "  --save-dtype bf16: model.safetensors in BF16 (half the bytes; the fp32 master weights stay in\n"
+    "  optimizer.safetensors, so --resume is exact).\n";
+
 static int usage(void) {
-    fprintf(stderr,
-            "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long]\n"
-            "         [--vocab N] [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
-            "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
-            "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
-            "         [--compute fp32|bf16] [--log-every N] [--progress auto|line|lines]\n"
-            "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
-            "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
-            "         [--seed N] [--threads N] [--recompute auto|on|off] [--val-fraction X]\n"
-            "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N] [--save-dtype f32|bf16]\n"
-            "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP | --pack-id N]\n"
-            "  --data FILE: byte text, or a token file (python -m gdncp.tokenize; docs/training.md).\n"
-            "  --vocab N: the model's vocabulary (default 256, bytes; a token file's tokenizer's size).\n"
-            "  --seq is the whole sequence; with --cp C each of its C ranks holds about T/C tokens.\n"
-            "  DP = ranks / C groups each train --batch sequences per step.\n"
-            "  --pack SEP: the text is documents each ending with SEP (escapes \\n \\t \\r \\\\ \\xHH, e.g.\n"
-            "  '\\n%%\\n' for fortunes): the state and the conv restart after every SEP and the byte after\n"
-            "  it is not predicted (byte text). --pack-id N: the documents end with the one token id N (a token\n"
-            "  file's end-of-text id; for byte text, a byte value).\n"
-            "  The named models are hybrid: layer l is full attention when (l + 1) %% 4 == 0; --attn-interval N\n"
-            "  makes it every N-th layer (0: GatedDeltaNet only), --layer-types lists every layer.\n"
-            "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n"
-            "  --save-dtype bf16: model.safetensors in BF16 (half the bytes; the fp32 master weights stay in\n"
-            "  optimizer.safetensors, so --resume is exact).\n");
+    fputs(cmd_train_usage, stderr);
     return CLI_USAGE_ERROR;
 }
 

@@ -1,6 +1,8 @@
 /* The subcommands of gdncp, one file each (tools/cmd_*.c), called by tools/main.c's dispatch
  * table with the arguments after the command's own words. Each returns the process exit
- * status: 0, 1 (the run failed, the message printed) or 2 (called wrongly). */
+ * status: 0, 1 (the run failed, the message printed) or 2 (called wrongly). Each has its usage
+ * text, cmd_*_usage: printed to stderr when called wrongly, and to stdout by main for
+ * `gdncp COMMAND [SUB] --help` (or -h). */
 #ifndef GDNCP_COMMANDS_H
 #define GDNCP_COMMANDS_H
 
@@ -19,5 +21,21 @@ int cmd_bench_layer(int argc, char **argv);
 int cmd_bench_attention_cp(int argc, char **argv);
 int cmd_attention(int argc, char **argv);
 int cmd_bench_attention(int argc, char **argv);
+
+extern const char cmd_run_usage[];
+extern const char cmd_bench_usage[];
+extern const char cmd_diff_usage[];
+extern const char cmd_bench_cp_usage[];
+extern const char cmd_bench_decode_usage[];
+extern const char cmd_bench_matmul_usage[];
+extern const char cmd_gen_usage[];
+extern const char cmd_train_usage[];
+extern const char cmd_sample_usage[];
+extern const char cmd_bench_train_usage[];
+extern const char cmd_layer_usage[];
+extern const char cmd_bench_layer_usage[];
+extern const char cmd_bench_attention_cp_usage[];
+extern const char cmd_attention_usage[];
+extern const char cmd_bench_attention_usage[];
 
 #endif

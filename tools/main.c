@@ -42,7 +42,7 @@ static void usage(FILE *out) {
             "         [--cp C] [--out DIR] [--resume DIR] [--log F.csv] ...  (under mpiexec: DP x CP)\n"
             "         train the hybrid language model on byte text or a token file; gdncp train for every option\n"
             "  sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]  generate text (or ids)\n"
-            "  help                                                 this text\n");
+            "  help                                                 this text (gdncp COMMAND --help: its options)\n");
 }
 
 /* How a subcommand meets MPI: never (a single process), always (it runs under mpiexec), or only
@@ -55,22 +55,23 @@ static const struct {
     const char *word, *sub; /* sub NULL: any (or no) second word */
     int (*fn)(int argc, char **argv);
     int mpi;
+    const char *usage;
 } commands[] = {
-    {"run", NULL, cmd_run, MPI_WITH_CP},
-    {"layer", NULL, cmd_layer, MPI_WITH_CP},
-    {"attention", NULL, cmd_attention, MPI_WITH_CP},
-    {"bench", "layer", cmd_bench_layer, MPI_NEVER},
-    {"bench", "attention", cmd_bench_attention, MPI_NEVER},
-    {"bench", "cp", cmd_bench_cp, MPI_ALWAYS},
-    {"bench", "attention-cp", cmd_bench_attention_cp, MPI_ALWAYS},
-    {"bench", "train", cmd_bench_train, MPI_NEVER},
-    {"bench", "decode", cmd_bench_decode, MPI_NEVER},
-    {"bench", "matmul", cmd_bench_matmul, MPI_NEVER},
-    {"bench", NULL, cmd_bench, MPI_NEVER}, /* bench kernel (and its refusals of unknown benches) */
-    {"diff", NULL, cmd_diff, MPI_NEVER},
-    {"gen", NULL, cmd_gen, MPI_NEVER},
-    {"train", NULL, cmd_train, MPI_ALWAYS},
-    {"sample", NULL, cmd_sample, MPI_NEVER},
+    {"run", NULL, cmd_run, MPI_WITH_CP, cmd_run_usage},
+    {"layer", NULL, cmd_layer, MPI_WITH_CP, cmd_layer_usage},
+    {"attention", NULL, cmd_attention, MPI_WITH_CP, cmd_attention_usage},
+    {"bench", "layer", cmd_bench_layer, MPI_NEVER, cmd_bench_layer_usage},
+    {"bench", "attention", cmd_bench_attention, MPI_NEVER, cmd_bench_attention_usage},
+    {"bench", "cp", cmd_bench_cp, MPI_ALWAYS, cmd_bench_cp_usage},
+    {"bench", "attention-cp", cmd_bench_attention_cp, MPI_ALWAYS, cmd_bench_attention_cp_usage},
+    {"bench", "train", cmd_bench_train, MPI_NEVER, cmd_bench_train_usage},
+    {"bench", "decode", cmd_bench_decode, MPI_NEVER, cmd_bench_decode_usage},
+    {"bench", "matmul", cmd_bench_matmul, MPI_NEVER, cmd_bench_matmul_usage},
+    {"bench", NULL, cmd_bench, MPI_NEVER, cmd_bench_usage}, /* bench kernel (and its refusals of unknown benches) */
+    {"diff", NULL, cmd_diff, MPI_NEVER, cmd_diff_usage},
+    {"gen", NULL, cmd_gen, MPI_NEVER, cmd_gen_usage},
+    {"train", NULL, cmd_train, MPI_ALWAYS, cmd_train_usage},
+    {"sample", NULL, cmd_sample, MPI_NEVER, cmd_sample_usage},
 };
 
 /* SIGINT/SIGTERM (the library installs no handlers): remove the temporary files of the
@@ -131,6 +132,12 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].word) || (commands[i].sub && (argc < 3 || strcmp(argv[2], commands[i].sub))))
             continue;
+        /* --help or -h anywhere among the options: this command's usage, no run (and no MPI) */
+        for (int a = commands[i].sub ? 3 : 2; a < argc; a++)
+            if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
+                fputs(commands[i].usage, stdout);
+                return 0;
+            }
         int mpi = commands[i].mpi == MPI_ALWAYS;
         for (int a = 2; commands[i].mpi == MPI_WITH_CP && a < argc; a++) mpi |= !strcmp(argv[a], "--cp");
         return mpi ? with_mpi(commands[i].fn, argc, argv) : commands[i].fn(argc - 1, argv + 1);
