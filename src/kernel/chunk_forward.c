@@ -3,6 +3,7 @@
  * value heads of that key head, all products run while the data is hot in L1/L2, and only the
  * K x w states survive to the next chunk (DESIGN §3). */
 #include "kernel_internal.h"
+#include "microkernel.h"
 
 #include <math.h>
 #include <string.h>
@@ -94,17 +95,12 @@ static void prefetch_row(const gdn_plan *p, const gdn_chunk_inputs *in, int64_t 
     }
 }
 
-/* The solve's vectors: the native width (16 lanes with AVX-512, else 8), four to a group of
- * columns, so that a group's two sums per vector (even and odd m: independent FMA chains, the
- * latency hidden) stay in registers; 16-lane vectors on an AVX2 build spilled them to the stack
- * (the solve was a third of gdn_chunk_prepare there). */
-#if defined(__AVX512F__)
-typedef float solve_vec __attribute__((vector_size(64)));
-typedef float solve_vec_u __attribute__((vector_size(64), aligned(4)));
-#else
-typedef float solve_vec __attribute__((vector_size(32)));
-typedef float solve_vec_u __attribute__((vector_size(32), aligned(4)));
-#endif
+/* The solve's vectors: blas's native width (gdn_vf: 16 lanes with AVX-512, 8 with AVX), four to
+ * a group of columns, so that a group's two sums per vector (even and odd m: independent FMA
+ * chains, the latency hidden) stay in registers; 16-lane vectors on an AVX2 build spilled them to
+ * the stack (the solve was a third of gdn_chunk_prepare there). */
+typedef gdn_vf solve_vec;
+typedef gdn_vf_u solve_vec_u;
 enum { SOLVE_LANES = (int)(sizeof(solve_vec) / sizeof(float)), SOLVE_GROUP = 4 * SOLVE_LANES };
 
 /* Columns [cb, cb + nv lanes) of row i: -sum_{cb <= m < i} L_im row_m. Rows m < cb are zero in
