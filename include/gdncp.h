@@ -9,6 +9,7 @@
  *   gdncp/kernel.h   the gated delta rule: config, plan, forward/backward, summaries, oracle, step
  *   gdncp/layer.h    the GatedDeltaNet layer
  *   gdncp/attention.h Qwen3.5's gated full-attention layer
+ *   gdncp/moe.h      the sparse mixture-of-experts MLP (Qwen3.5-MoE, Qwen3-Next)
  *   gdncp/io.h       safetensors, layer weights from checkpoints, problem files
  *   gdncp/bench.h    benchmark probes (measured peak, issued FLOPs)
  *   gdncp/sample.h   the next token from logits (greedy, temperature, top-k, top-p, a seed)
@@ -27,6 +28,7 @@
 #include "gdncp/kernel.h"
 #include "gdncp/layer.h"
 #include "gdncp/attention.h"
+#include "gdncp/moe.h"
 #include "gdncp/io.h"
 #include "gdncp/bench.h"
 #include "gdncp/sample.h"

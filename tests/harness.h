@@ -144,5 +144,7 @@ void test_attn_io(void);         /* tests/test_attn_io.c: loading attention weig
 void test_model_hybrid(void);    /* tests/test_model_hybrid.c: the hybrid model against transformers */
 void test_sdpa(void);            /* tests/test_sdpa.c: the attention core alone (gdn_sdpa_*) */
 void test_compute_bf16(void);    /* tests/test_compute_bf16.c: the layers in BF16 compute mode */
+void test_moe(void);             /* tests/test_moe.c: the sparse mixture-of-experts MLP */
+void test_model_moe(void);       /* tests/test_model_hybrid.c: the Qwen3.5-MoE model against transformers */
 
 #endif

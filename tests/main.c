@@ -14,7 +14,7 @@ static const struct { const char *name; void (*fn)(void); } suites[] = {
     {"attention", test_attention}, {"attn_decode", test_attn_decode}, {"attn_io", test_attn_io},
     {"model_hybrid", test_model_hybrid}, {"matmul_bf16", test_matmul_bf16},
     {"sdpa", test_sdpa}, {"compute_bf16", test_compute_bf16}, {"tokens", test_tokens},
-    {"sample", test_sample}, {"hf_layouts", test_hf_layouts},
+    {"sample", test_sample}, {"hf_layouts", test_hf_layouts}, {"moe", test_moe}, {"model_moe", test_model_moe},
 };
 
 int main(int argc, char **argv) {

@@ -303,38 +303,63 @@ static void test_layouts(void) {
                   "'model.layers.1.linear_attn.in_proj_ba.weight' is missing (the fused Qwen3-Next layout)",
                   "layer 1 fused without in_proj_ba");
 
-    /* Qwen3-Next's mixture-of-experts rule (transformers' Qwen3NextDecoderLayer) */
+    /* Qwen3-Next's mixture-of-experts rule (transformers' Qwen3NextDecoderLayer): which layers get
+     * the sparse MoE block ('1') and which the dense MLP ('0'); 8 experts, 2 per token unless said */
     gdn_model_config c;
-    struct { const char *what; int experts; const char *field; json_t *value; int want; const char *needle; } moe[] = {
-        {"num_experts absent (its default, 512)", -1, NULL, NULL, GDN_ERR_FORMAT,
-         "'num_experts' = 512 (the default when absent) makes layer 0's MLP a mixture of experts"},
-        {"num_experts 8", 8, NULL, NULL, GDN_ERR_FORMAT, "'num_experts' = 8 makes layer 0's MLP"},
-        {"num_experts 8, mlp_only_layers every layer", 8, "mlp_only_layers", json_pack("[iiii]", 0, 1, 2, 3), GDN_OK, NULL},
-        {"num_experts 8, mlp_only_layers [0, 1, 2]", 8, "mlp_only_layers", json_pack("[iii]", 0, 1, 2), GDN_ERR_FORMAT,
-         "makes layer 3's MLP a mixture of experts"},
-        {"num_experts 8, decoder_sparse_step 5 (> 4 layers)", 8, "decoder_sparse_step", json_integer(5), GDN_OK, NULL},
-        {"num_experts 8, decoder_sparse_step 2", 8, "decoder_sparse_step", json_integer(2), GDN_ERR_FORMAT,
-         "makes layer 1's MLP"},
-        {"decoder_sparse_step 0", 8, "decoder_sparse_step", json_integer(0), GDN_ERR_FORMAT,
-         "'decoder_sparse_step' is not an integer >= 1"},
-        {"mlp_only_layers 3", 8, "mlp_only_layers", json_integer(3), GDN_ERR_FORMAT, "'mlp_only_layers' is not a list"},
+    struct { const char *what; int experts; const char *field; json_t *value; int want; const char *needle, *layers; } moe[] = {
+        {"num_experts absent (its default, 512; 10 per token)", -1, NULL, NULL, GDN_OK, NULL, "1111"},
+        {"num_experts 8", 8, NULL, NULL, GDN_OK, NULL, "1111"},
+        {"num_experts 8, 10 per token", 8, "num_experts_per_tok", json_integer(10), GDN_ERR_SHAPE,
+         "'num_experts_per_tok' = 10 is more than num_experts = 8", NULL},
+        {"num_experts 8, mlp_only_layers every layer", 8, "mlp_only_layers", json_pack("[iiii]", 0, 1, 2, 3), GDN_OK, NULL,
+         "0000"},
+        {"num_experts 8, mlp_only_layers [0, 1, 2]", 8, "mlp_only_layers", json_pack("[iii]", 0, 1, 2), GDN_OK, NULL, "0001"},
+        {"num_experts 8, decoder_sparse_step 5 (> 4 layers)", 8, "decoder_sparse_step", json_integer(5), GDN_OK, NULL,
+         "0000"},
+        {"num_experts 8, decoder_sparse_step 2", 8, "decoder_sparse_step", json_integer(2), GDN_OK, NULL, "0101"},
+        {"decoder_sparse_step 0", 8, "decoder_sparse_step", json_integer(0), GDN_ERR_SHAPE, "'decoder_sparse_step' = 0",
+         NULL},
+        {"mlp_only_layers 3", 8, "mlp_only_layers", json_integer(3), GDN_ERR_FORMAT, "'mlp_only_layers' is not a list", NULL},
+        {"num_experts_per_tok 0", 8, "num_experts_per_tok", json_integer(0), GDN_ERR_SHAPE, "'num_experts_per_tok' = 0",
+         NULL},
     };
     fresh(dir, "next_moe");
     for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
         json_t *cfg = next_config(moe[i].experts);
+        if (moe[i].experts == 8) json_object_set_new(cfg, "num_experts_per_tok", json_integer(2));
+        json_object_set_new(cfg, "moe_intermediate_size", json_integer(16));
         if (moe[i].field) json_object_set_new(cfg, moe[i].field, moe[i].value);
         char p[600];
         snprintf(p, sizeof p, "%s/config.json", dir);
         put_json(p, cfg);
-        expect_status(gdn_ckpt_load_config(dir, &c), moe[i].want, moe[i].needle, "qwen3_next config: %s", moe[i].what);
+        const int rc = gdn_ckpt_load_config(dir, &c);
+        expect_status(rc, moe[i].want, moe[i].needle, "qwen3_next config: %s", moe[i].what);
+        if (rc || !moe[i].layers) continue;
+        char got[8] = "";
+        for (int64_t l = 0; l < c.L && l < 4; l++) got[l] = c.moe[l] ? '1' : '0';
+        check(!strcmp(got, moe[i].layers) && (strchr(got, '1') == NULL || c.n_experts == (moe[i].experts < 0 ? 512 : 8)),
+              "qwen3_next config, %s: MoE layers %s (want %s), %lld experts", moe[i].what, got, moe[i].layers,
+              (long long)c.n_experts);
     }
+    /* Qwen3.5-MoE: every layer's MLP a mixture of experts */
     json_t *moe_type = golden_config();
     json_object_set_new(moe_type, "model_type", json_string("qwen3_5_moe_text"));
+    json_object_set_new(moe_type, "num_experts", json_integer(4));
+    json_object_set_new(moe_type, "num_experts_per_tok", json_integer(2));
+    json_object_set_new(moe_type, "moe_intermediate_size", json_integer(16));
     char p[600];
     snprintf(p, sizeof p, "%s/config.json", dir);
     put_json(p, moe_type);
-    expect_status(gdn_ckpt_load_config(dir, &c), GDN_ERR_FORMAT, "is \"qwen3_5_moe_text\", not \"qwen3_5_text\"",
-                  "model_type qwen3_5_moe_text (named)");
+    const int rc35 = gdn_ckpt_load_config(dir, &c);
+    check(!rc35 && gdn_model_moe_layers(&c) == c.L && c.n_experts == 4 && c.top_k == 2 && c.moe_I == 16 &&
+              c.shared_I == 512 && c.norm_topk,
+          "model_type qwen3_5_moe_text: every layer MoE, 4 experts, 2 per token, I 16, shared expert 512 (the default), "
+          "renormalised (status %d %s)", rc35, rc35 ? gdn_errmsg() : "");
+    json_t *dense_moe = golden_config();
+    json_object_set_new(dense_moe, "num_experts", json_integer(4));
+    put_json(p, dense_moe);
+    expect_status(gdn_ckpt_load_config(dir, &c), GDN_ERR_FORMAT, "names a dense Qwen3.5 model",
+                  "model_type qwen3_5_text with num_experts 4 (another model)");
 
     /* shards and their index */
     fresh(dir, "sharded");

@@ -9,14 +9,28 @@
  * (positions not continuing, no KV cache, the recurrent states reset). */
 #include "harness.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gdncp/train.h"
 
 #define TINY GDN_GOLDEN_DIR "/qwen35_tiny"
+#define MOE_TINY GDN_GOLDEN_DIR "/qwen35_moe_tiny"
+
+/* The checkpoint whose references the tests below read (qwen35_tiny, then qwen35_moe_tiny: the
+ * same hybrid with every MLP a sparse mixture of experts), and a reference file's path in it. */
+static const char *g_dir = TINY;
+static const char *ref_path(const char *file) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, file);
+    return buf[k];
+}
 
 /* fp32 against the exact (float64) references; transformers' stock fp32 logits (RoPE angles in
  * fp32, ~1e-5 rad apart at these positions) */
@@ -31,10 +45,10 @@ typedef struct {
 } model_w;
 
 static int tiny_load(model_w *m) {
-    int rc = gdn_ckpt_load_config(TINY, &m->cfg);
+    int rc = gdn_ckpt_load_config(g_dir, &m->cfg);
     m->w = rc ? NULL : aligned_alloc(64, sizeof(float) * ((gdn_model_param_floats(&m->cfg) + 15) & ~(size_t)15));
-    if (!rc) rc = m->w ? gdn_ckpt_load(TINY, &m->cfg, m->w, NULL, NULL, NULL) : GDN_ERR_NOMEM;
-    if (rc) check(0, "load %s: %s", TINY, gdn_errmsg());
+    if (!rc) rc = m->w ? gdn_ckpt_load(g_dir, &m->cfg, m->w, NULL, NULL, NULL) : GDN_ERR_NOMEM;
+    if (rc) check(0, "load %s: %s", g_dir, gdn_errmsg());
     return rc;
 }
 
@@ -67,6 +81,7 @@ static double *first_positions(const double *ref, int64_t B, int64_t Tr, int64_t
 typedef struct {
     double loss;
     float *logits, *dw;
+    double aux; /* the MoE aux loss (gdn_model_aux_loss; 0 without MoE layers) */
 } run_out;
 
 /* The relative error of every tensor's gradient against grad.<name>; the worst into *worst (its
@@ -124,7 +139,9 @@ static int run_model(const gdn_model_config *c, const float *w, const gdn_token 
     int rc = gdn_model_plan_create(&p, c, &r, NULL);
     if (!rc && docs) rc = gdn_model_set_docs(p, docs, &n_docs, 0, &targets);
     if (!rc) rc = model_train_step(p, w, o->dw, tok, denom, &ls);
-    o->loss = ls / denom;
+    /* with the aux loss on: CE + router_aux_loss_coef x the load-balancing loss, as transformers */
+    o->aux = rc ? NAN : gdn_model_aux_loss(p);
+    o->loss = ls / denom + (c->router_aux ? c->router_aux_coef * o->aux : 0.0);
     gdn_token *in = malloc(sizeof *in * (size_t)(B * T));
     for (int64_t b = 0; b < B; b++) memcpy(in + b * T, tok + b * (T + 1), sizeof *in * (size_t)T);
     if (!rc) rc = gdn_model_logits(p, w, in, o->logits);
@@ -168,19 +185,19 @@ static float *no_attention_weights(const model_w *m) {
 /* model_grads.io: input_ids [2, 200], mean CE over 2 x 199 targets, logits of all 200 positions. */
 static void test_dense(const model_w *m) {
     gdn_st_file *ref = NULL;
-    if (gdn_st_open(&ref, TINY "/model_grads.io.safetensors")) {
+    if (gdn_st_open(&ref, ref_path("model_grads.io.safetensors"))) {
         check(0, "open model_grads.io: %s", gdn_errmsg());
         return;
     }
     enum { B = 2, N = 200, V = 256 };
     gdn_token tok[B * N];
     double loss_ref = NAN, *lref = dalloc(B * N * V);
-    int bad = read_bytes(ref, TINY "/model_grads.io.safetensors", "input_ids", tok, B * N) || gdn_st_read_f64(ref, "loss", &loss_ref, 1) ||
+    int bad = read_bytes(ref, ref_path("model_grads.io.safetensors"), "input_ids", tok, B * N) || gdn_st_read_f64(ref, "loss", &loss_ref, 1) ||
               gdn_st_read_f64(ref, "logits", lref, (size_t)B * N * V);
     check(!bad, "model_grads.io: input_ids [2, 200], loss, logits");
     const gdn_model_config *c = &m->cfg;
     const size_t nw = gdn_model_param_floats(c);
-    run_out o = {0, falloc(B * N * V), falloc((int64_t)nw)}, scratch = {0, falloc(B * N * V), falloc((int64_t)nw)};
+    run_out o = {0, falloc(B * N * V), falloc((int64_t)nw), 0}, scratch = {0, falloc(B * N * V), falloc((int64_t)nw), 0};
     /* the loss and gradient over T = 199 inputs; the logits of all 200 from a plan of T = 200 */
     if (bad || run_model(c, m->w, tok, B, N - 1, B * (N - 1), NULL, 0, &o)) goto out;
     {
@@ -200,14 +217,29 @@ static void test_dense(const model_w *m) {
     /* control 1: the layer types shifted by one */
     gdn_model_config sc;
     float *ws = shifted_weights(m, &sc);
-    run_out s = {0, scratch.logits, falloc((int64_t)gdn_model_param_floats(&sc))};
+    run_out s = {0, scratch.logits, falloc((int64_t)gdn_model_param_floats(&sc)), 0};
     double *l199 = first_positions(lref, B, N, N - 1, V);
     if (!run_model(&sc, ws, tok, B, N - 1, B * (N - 1), NULL, 0, &s)) {
-        expect_far(fabs(s.loss - loss_ref) / fabs(loss_ref), TOL_LOSS, "the layer types shifted by one, loss");
+        /* (the MoE tiny's loss moves by only 7e-6 under this swap: its loss control is the next one) */
+        if (!gdn_model_moe_layers(c))
+            expect_far(fabs(s.loss - loss_ref) / fabs(loss_ref), TOL_LOSS, "the layer types shifted by one, loss");
         expect_far(rel_err_f32(s.logits, l199, B * (N - 1) * V), TOL_LOGITS,
                    "the layer types shifted by one, logits (199 positions)");
     }
-    free(ws), free(s.dw), free(l199);
+    free(ws), free(s.dw);
+    /* control (MoE): the chosen experts' weights not renormalised, as if the config asked for no
+     * renormalisation (Qwen3-Next's norm_topk_prob false) */
+    if (gdn_model_moe_layers(c)) {
+        gdn_model_config raw = *c;
+        raw.norm_topk = 0;
+        if (!run_model(&raw, m->w, tok, B, N - 1, B * (N - 1), NULL, 0, &scratch)) {
+            expect_far(rel_err_f32(scratch.logits, l199, B * (N - 1) * V), TOL_LOGITS,
+                       "the experts' weights not renormalised, logits (199 positions)");
+            grad_errors(c, scratch.dw, ref, &worst, wname, &best, "mlp.", 0);
+            expect_far(worst, TOL_GRAD, "the experts' weights not renormalised, the MLP gradients (worst %s)", wname);
+        }
+    }
+    free(l199);
     /* control 2: the attention layer removed (o_proj zero) */
     float *wn = no_attention_weights(m);
     if (!run_model(c, wn, tok, B, N - 1, B * (N - 1), NULL, 0, &scratch)) {
@@ -227,7 +259,7 @@ out:
  * each document alone, loss over the 128 targets inside documents. */
 static void test_packed_hf(const model_w *m) {
     gdn_st_file *ref = NULL;
-    if (gdn_st_open(&ref, TINY "/model_packed.io.safetensors")) {
+    if (gdn_st_open(&ref, ref_path("model_packed.io.safetensors"))) {
         check(0, "open model_packed.io: %s", gdn_errmsg());
         return;
     }
@@ -235,13 +267,13 @@ static void test_packed_hf(const model_w *m) {
     gdn_token tok[N];
     int64_t cu[4] = {0}, ncu = 0;
     double loss_ref = NAN, *lref = dalloc(N * V);
-    int bad = read_bytes(ref, TINY "/model_packed.io.safetensors", "input_ids", tok, N) || gdn_st_read_i64(ref, "cu_seqlens", cu, 4, &ncu) || ncu != 4 ||
+    int bad = read_bytes(ref, ref_path("model_packed.io.safetensors"), "input_ids", tok, N) || gdn_st_read_i64(ref, "cu_seqlens", cu, 4, &ncu) || ncu != 4 ||
               gdn_st_read_f64(ref, "loss", &loss_ref, 1) || gdn_st_read_f64(ref, "logits", lref, (size_t)N * V);
     check(!bad && cu[1] == 50 && cu[2] == 51 && cu[3] == 131, "model_packed.io: input_ids [1, 131], cu_seqlens "
           "[0, 50, 51, 131], loss, logits");
     const gdn_model_config *c = &m->cfg;
     const size_t nw = gdn_model_param_floats(c);
-    run_out o = {0, falloc(N * V), falloc((int64_t)nw)};
+    run_out o = {0, falloc(N * V), falloc((int64_t)nw), 0};
     /* the window's offsets are the documents' own (the last, T_full + 1 = 131, ends the window) */
     const double denom = 128; /* 49 + 0 + 79 targets inside documents */
     if (bad || run_model(c, m->w, tok, 1, N - 1, denom, cu, 3, &o)) goto out;
@@ -270,7 +302,7 @@ out:
 /* logits.io: transformers' stock fp32 model (eager attention) on 135 bytes of text. */
 static void test_stock_logits(const model_w *m) {
     gdn_st_file *ref = NULL;
-    if (gdn_st_open(&ref, TINY "/logits.io.safetensors")) {
+    if (gdn_st_open(&ref, ref_path("logits.io.safetensors"))) {
         check(0, "open logits.io: %s", gdn_errmsg());
         return;
     }
@@ -278,7 +310,7 @@ static void test_stock_logits(const model_w *m) {
     gdn_token tok[N];
     double *lref = dalloc(N * V);
     float *logits = falloc(N * V);
-    const int bad = read_bytes(ref, TINY "/logits.io.safetensors", "input_ids", tok, N) || gdn_st_read_f64(ref, "logits", lref, (size_t)N * V);
+    const int bad = read_bytes(ref, ref_path("logits.io.safetensors"), "input_ids", tok, N) || gdn_st_read_f64(ref, "logits", lref, (size_t)N * V);
     const gdn_model_run r = {.B = 1, .T = N, .threads = 0, .check_finite = 1};
     gdn_model_plan *p = NULL;
     if (!bad && !gdn_model_plan_create(&p, &m->cfg, &r, NULL) && !gdn_model_logits(p, m->w, tok, logits)) {
@@ -415,7 +447,7 @@ static void dec_compare(gdn_model_decoder *d, const gdn_model_config *c, gdn_st_
 
 static void test_decode_hf(const model_w *m) {
     gdn_st_file *f = NULL;
-    if (gdn_st_open(&f, TINY "/model_decode.io.safetensors")) {
+    if (gdn_st_open(&f, ref_path("model_decode.io.safetensors"))) {
         check(0, "open model_decode.io: %s", gdn_errmsg());
         return;
     }
@@ -424,7 +456,7 @@ static void test_decode_hf(const model_w *m) {
     gdn_token tok[T];
     double *lfull = dalloc(T * V), *lpre = dalloc(T0 * V), *ldec = dalloc((T - T0) * V);
     float *lg = falloc(T * V), *fwd = falloc(T * V);
-    const int bad = read_bytes(f, TINY "/model_decode.io.safetensors", "input_ids", tok, T) ||
+    const int bad = read_bytes(f, ref_path("model_decode.io.safetensors"), "input_ids", tok, T) ||
                     gdn_st_read_f64(f, "logits_full", lfull, (size_t)T * V) ||
                     gdn_st_read_f64(f, "logits_prefill", lpre, (size_t)T0 * V) ||
                     gdn_st_read_f64(f, "logits_decode", ldec, (size_t)(T - T0) * V);
@@ -476,22 +508,24 @@ static int greedy(gdn_model_decoder *d, const gdn_model_config *c, const float *
 
 static void test_generate_hf(const model_w *m) {
     gdn_st_file *f = NULL;
-    if (gdn_st_open(&f, TINY "/generate.io.safetensors")) {
+    if (gdn_st_open(&f, ref_path("generate.io.safetensors"))) {
         check(0, "open generate.io: %s", gdn_errmsg());
         return;
     }
     enum { NP = 12, NG = 32 };
     gdn_token prompt[NP], ref[NG], got[NG];
-    const int bad = read_bytes(f, TINY "/generate.io.safetensors", "prompt_ids", prompt, NP) ||
-                    read_bytes(f, TINY "/generate.io.safetensors", "generated_ids", ref, NG);
+    const int bad = read_bytes(f, ref_path("generate.io.safetensors"), "prompt_ids", prompt, NP) ||
+                    read_bytes(f, ref_path("generate.io.safetensors"), "generated_ids", ref, NG);
     check(!bad, "generate.io: prompt_ids [1, 12], generated_ids [1, 32]");
     gdn_model_decoder *d = NULL;
     if (bad || gdn_model_decoder_create(&d, &m->cfg, 1, NP + NG, 0)) {
         check(0, "generate.io setup: %s", gdn_errmsg());
         goto out;
     }
-    const dec_tamper kinds[3] = {DEC_OK, DEC_KV_SET_BACK, DEC_KV_NONE};
-    for (int k = 0; k < 3; k++) {
+    /* (the MoE tiny's greedy tokens do not move when its attention positions are set back by one,
+     * nor with its recurrent states reset: its control is the attention layer without its cache) */
+    const dec_tamper kinds[3] = {DEC_OK, DEC_KV_NONE, DEC_KV_SET_BACK};
+    for (int k = 0; k < (gdn_model_moe_layers(&m->cfg) ? 2 : 3); k++) {
         double margin;
         if (greedy(d, &m->cfg, m->w, prompt, NP, NG, kinds[k], got, &margin)) break;
         int same = 0, first = -1;
@@ -547,8 +581,266 @@ static void test_decode_regions(const model_w *m) {
     free(w);
 }
 
+/* model_grads_aux.io: the same step with output_router_logits on: loss = CE + 0.01 aux, the aux
+ * loss itself, every gradient of that loss. transformers routes all 200 positions of each row (the
+ * last has no target), so the plan runs 200 inputs with the 201st token a document of its own
+ * (its target not predicted: gdn_model_set_docs). rows: the plan's rows (2: the batch; 1: row
+ * `row` alone); stats (NULL: the plan's own) replaces the routers' statistics before the
+ * backward; *own receives the plan's. */
+enum { AUX_N = 200, AUX_V = 256 };
+static int aux_step(const gdn_model_config *c, const float *w, const gdn_token *tok, int rows, int row,
+                    const double *stats, double *own, double *loss, double *aux, float *dw) {
+    const gdn_model_run r = {.B = rows, .T = AUX_N, .threads = 0, .check_finite = 1, .pack = 1};
+    gdn_token in[2 * (AUX_N + 1)];
+    int64_t cu[6], nd[2] = {2, 2}, targets = 0;
+    for (int b = 0; b < rows; b++) {
+        memcpy(in + b * (AUX_N + 1), tok + (row + b) * AUX_N, sizeof *in * AUX_N);
+        in[b * (AUX_N + 1) + AUX_N] = 0;
+        cu[3 * b] = 0, cu[3 * b + 1] = AUX_N, cu[3 * b + 2] = AUX_N + 1;
+    }
+    gdn_model_plan *p = NULL;
+    double ce = 0;
+    int rc = gdn_model_plan_create(&p, c, &r, NULL);
+    if (!rc) rc = gdn_model_set_docs(p, cu, nd, 0, &targets);
+    if (!rc) rc = gdn_model_forward(p, w, in, 2 * (AUX_N - 1), &ce, 1);
+    if (!rc && own) rc = gdn_model_router_stats(p, own);
+    if (!rc && stats) rc = gdn_model_set_router_stats(p, stats);
+    if (!rc) rc = gdn_model_backward(p, w, dw, in);
+    *aux = rc ? NAN : gdn_model_aux_loss(p);
+    *loss = ce / (2 * (AUX_N - 1)) + c->router_aux_coef * *aux;
+    gdn_model_plan_destroy(p);
+    return rc;
+}
+
+/* Then the batch split in two halves (each row its own plan, as two data-parallel ranks): their
+ * routers' statistics summed and handed back to both give the whole batch's loss and gradients.
+ * Negative controls through the same checks: the aux term off (its gradient dropped), each half's
+ * aux from its own statistics (per rank, not over the grid). */
+static void test_moe_aux(const model_w *m) {
+    gdn_st_file *ref = NULL;
+    if (gdn_st_open(&ref, ref_path("model_grads_aux.io.safetensors"))) {
+        check(0, "open model_grads_aux.io: %s", gdn_errmsg());
+        return;
+    }
+    gdn_token tok[2 * AUX_N];
+    double loss_ref = NAN, aux_ref = NAN;
+    const int bad = read_bytes(ref, ref_path("model_grads_aux.io.safetensors"), "input_ids", tok, 2 * AUX_N) ||
+                    gdn_st_read_f64(ref, "loss", &loss_ref, 1) || gdn_st_read_f64(ref, "aux_loss", &aux_ref, 1);
+    check(!bad, "model_grads_aux.io: input_ids [2, 200], loss, aux_loss");
+    gdn_model_config c = m->cfg;
+    c.router_aux = 1;
+    const size_t nw = gdn_model_param_floats(&c);
+    const int64_t ns = 2 * c.n_experts + 1;
+    float *dw = falloc((int64_t)nw), *dws[2] = {falloc((int64_t)nw), falloc((int64_t)nw)};
+    double *st[2] = {dalloc(ns), dalloc(ns)}, *grid = dalloc(ns);
+    double worst, best, loss, aux, l2[2], a2[2];
+    char wname[96] = "";
+    int rc = bad ? GDN_ERR_FORMAT : aux_step(&c, m->w, tok, 2, 0, NULL, NULL, &loss, &aux, dw);
+    if (!rc) {
+        expect_close(fabs(aux - aux_ref) / aux_ref, TOL_LOSS, "MoE tiny: aux loss %.8f vs transformers' %.8f", aux, aux_ref);
+        expect_close(fabs(loss - loss_ref) / loss_ref, TOL_LOSS, "MoE tiny: CE + 0.01 aux = %.8f vs transformers' %.8f",
+                     loss, loss_ref);
+        grad_errors(&c, dw, ref, &worst, wname, &best, NULL, 0);
+        expect_close(worst, TOL_GRAD, "MoE tiny with the aux loss: every gradient (worst %s)", wname);
+        /* control: the same step without the aux term: the routers' gradients miss it */
+        gdn_model_config off = c;
+        off.router_aux = 0;
+        if (!(rc = aux_step(&off, m->w, tok, 2, 0, NULL, NULL, &loss, &aux, dw))) {
+            grad_errors(&off, dw, ref, &worst, wname, &best, "mlp.gate.weight", 0);
+            expect_far(worst, TOL_GRAD, "the aux loss's gradient dropped, the routers' gradients (worst %s)", wname);
+        }
+    }
+    /* the batch in two halves: each half's statistics first, then both steps with their sum */
+    for (int h = 0; h < 2 && !rc; h++) rc = aux_step(&c, m->w, tok, 1, h, NULL, st[h], &l2[h], &a2[h], dws[h]);
+    for (int64_t i = 0; i < ns; i++) grid[i] = st[0][i] + st[1][i];
+    for (int pass = 0; pass < 2 && !rc; pass++) { /* 0: the grid's statistics; 1 (control): each its own */
+        for (int h = 0; h < 2 && !rc; h++)
+            rc = aux_step(&c, m->w, tok, 1, h, pass ? NULL : grid, NULL, &l2[h], &a2[h], dws[h]);
+        for (size_t i = 0; !rc && i < nw; i++) dw[i] = dws[0][i] + dws[1][i];
+        if (rc) break;
+        grad_errors(&c, dw, ref, &worst, wname, &best, NULL, 0);
+        /* each half's CE over the whole batch's targets; the aux once, from the grid */
+        loss = l2[0] + l2[1] - c.router_aux_coef * (pass ? a2[0] + a2[1] : a2[0]);
+        const double whole = loss + (pass ? c.router_aux_coef * aux_ref : 0.0);
+        if (!pass) {
+            expect_close(fabs(whole - loss_ref) / loss_ref, TOL_LOSS, "MoE tiny, the batch as two 1-row plans with the "
+                         "routers' statistics summed: loss %.8f", whole);
+            expect_close(worst, TOL_GRAD, "... the summed gradients (worst %s)", wname);
+        } else {
+            expect_far(worst, TOL_GRAD, "each half's aux loss from its own rows' statistics, the summed gradients "
+                       "(worst %s)", wname);
+        }
+    }
+    if (rc) check(0, "MoE tiny aux steps: %s", gdn_errmsg());
+    for (int h = 0; h < 2; h++) free(st[h]), free(dws[h]);
+    free(grid), free(dw);
+    gdn_st_close(ref);
+}
+
+/* A checkpoint directory written here: config.json copied from the golden checkpoint, the weights
+ * w with each MoE layer's experts fused (as gdncp's table names them) or one by one (as
+ * save_pretrained writes them); `drop` (NULL: none) left out, `extra` (NULL: none) added as a
+ * zero tensor of `extra_shape`. */
+static int write_moe_ckpt(const char *dir, const gdn_model_config *c, const float *w, int one_by_one, const char *drop,
+                          const char *extra, const int64_t extra_shape[2]) {
+    char path[600], *text = NULL;
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    FILE *fp = fopen(path, "rb");
+    long len = 0;
+    if (fp && !fseek(fp, 0, SEEK_END) && (len = ftell(fp)) > 0 && !fseek(fp, 0, SEEK_SET) && (text = calloc(1, (size_t)len + 1)))
+        len = (long)fread(text, 1, (size_t)len, fp);
+    if (fp) fclose(fp);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    fp = text ? fopen(path, "wb") : NULL;
+    int rc = fp && fwrite(text, 1, (size_t)len, fp) == (size_t)len ? GDN_OK : GDN_ERR_IO;
+    if (fp) fclose(fp);
+    free(text);
+    gdn_st_writer *wr = NULL;
+    if (!rc) rc = gdn_st_writer_create(&wr);
+    gdn_model_tensor_info t;
+    const int64_t I = c->moe_I, E = c->E;
+    char name[160];
+    for (int i = 0; !rc && i < gdn_model_tensor_count(c); i++) {
+        gdn_model_tensor(c, i, &t);
+        const char *ex = strstr(t.name, "mlp.experts.");
+        if (!one_by_one || !ex) {
+            if (!drop || strcmp(drop, t.name)) rc = gdn_st_writer_add_f32(wr, t.name, GDN_F32, t.ndim, t.shape, w + t.offset);
+            continue;
+        }
+        const int down = strstr(ex, "down_proj") != NULL;
+        for (int64_t e = 0; !rc && e < c->n_experts; e++)
+            for (int k = 0; !rc && k < (down ? 1 : 2); k++) {
+                snprintf(name, sizeof name, "%.*sexperts.%lld.%s.weight", (int)(ex - t.name) + 4, t.name, (long long)e,
+                         down ? "down_proj" : k ? "up_proj" : "gate_proj");
+                const int64_t shape[2] = {down ? E : I, down ? I : E};
+                const float *src = w + t.offset + (size_t)e * (down ? 1 : 2) * (size_t)(I * E) + (size_t)k * (size_t)(I * E);
+                if (!drop || strcmp(drop, name)) rc = gdn_st_writer_add_f32(wr, name, GDN_F32, 2, shape, src);
+            }
+    }
+    if (!rc && extra) {
+        float *z = falloc(extra_shape[0] * extra_shape[1]);
+        rc = gdn_st_writer_add_f32(wr, extra, GDN_F32, 2, extra_shape, z);
+        free(z);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (!rc) rc = gdn_st_writer_save(wr, path);
+    gdn_st_writer_destroy(wr);
+    return rc;
+}
+
+static void remove_ckpt(const char *dir) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", dir), unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir), unlink(path);
+    rmdir(dir);
+}
+
+/* The experts on disk fused and one by one load the same weights (bit for bit, so the same
+ * model); gdncp's own checkpoint (gdn_ckpt_save) reads back as the same configuration and
+ * weights. Refused, naming the tensor: an expert missing, one misshaped, both layouts at once. */
+static void test_moe_layouts(const model_w *m) {
+    const gdn_model_config *c = &m->cfg;
+    const size_t nw = gdn_model_param_floats(c);
+    float *w = falloc((int64_t)nw);
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/gdn_moe_XXXXXX");
+    if (!mkdtemp(dir)) {
+        check(0, "mkdtemp: %s", strerror(errno));
+        free(w);
+        return;
+    }
+    gdn_model_config lc;
+    for (int one = 0; one < 2; one++) {
+        int rc = write_moe_ckpt(dir, c, m->w, one, NULL, NULL, NULL);
+        memset(w, 0xff, sizeof(float) * nw);
+        if (!rc) rc = gdn_ckpt_load_config(dir, &lc);
+        if (!rc) rc = gdn_ckpt_load(dir, &lc, w, NULL, NULL, NULL);
+        size_t same = 0;
+        gdn_model_tensor_info t;
+        for (int i = 0; !rc && i < gdn_model_tensor_count(c); i++) {
+            gdn_model_tensor(c, i, &t);
+            same += !memcmp(w + t.offset, m->w + t.offset, sizeof(float) * t.numel);
+        }
+        check(!rc && same == (size_t)gdn_model_tensor_count(c), "MoE tiny, experts %s on disk: every one of the %d "
+              "tensors loads bit for bit (status %d %s)", one ? "one by one" : "fused", gdn_model_tensor_count(c), rc,
+              rc ? gdn_errmsg() : "");
+    }
+    /* control: expert 5 of layer 1 shifted to expert 6's place (an index off by one) is not the same model */
+    {
+        float *ws = falloc((int64_t)nw);
+        memcpy(ws, m->w, sizeof(float) * nw);
+        gdn_model_tensor_info t;
+        for (int i = 0; i < gdn_model_tensor_count(c); i++) {
+            gdn_model_tensor(c, i, &t);
+            if (strstr(t.name, "layers.1.mlp.experts.gate_up_proj")) {
+                const size_t per = t.numel / (size_t)c->n_experts;
+                memcpy(ws + t.offset + 6 * per, m->w + t.offset + 5 * per, sizeof(float) * per);
+            }
+        }
+        size_t differ = 0;
+        for (size_t i = 0; i < nw; i++) differ += ws[i] != m->w[i];
+        check(differ > 0, "control: an expert index off by one changes %zu weights", differ);
+        free(ws);
+    }
+    const int64_t shape_ok[2] = {c->moe_I, c->E}, shape_bad[2] = {c->moe_I + 1, c->E};
+    const struct {
+        const char *what, *drop, *extra;
+        const int64_t *shape;
+        int want;
+        const char *needle;
+    } bad[] = {
+        {"an expert's up_proj missing", "model.layers.1.mlp.experts.5.up_proj.weight", NULL, NULL, GDN_ERR_MISSING,
+         "model.layers.1.mlp.experts.5.up_proj.weight"},
+        {"the router missing", "model.layers.2.mlp.gate.weight", NULL, NULL, GDN_ERR_MISSING, "model.layers.2.mlp.gate.weight"},
+        {"an expert beyond num_experts", NULL, "model.layers.0.mlp.experts.8.gate_proj.weight", shape_ok, GDN_ERR_FORMAT,
+         "experts.8.gate_proj"},
+        {"an expert's gate_proj twice, fused beside one by one", NULL, NULL, NULL, GDN_ERR_FORMAT, "stored twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int fused_and_split = bad[i].needle && !strcmp(bad[i].needle, "stored twice");
+        int rc = write_moe_ckpt(dir, c, m->w, !fused_and_split, bad[i].drop,
+                                fused_and_split ? "model.layers.0.mlp.experts.0.gate_proj.weight" : bad[i].extra,
+                                fused_and_split ? shape_ok : bad[i].shape);
+        if (!rc) rc = gdn_ckpt_load(dir, c, w, NULL, NULL, NULL);
+        expect_status(rc, bad[i].want, bad[i].needle, "MoE checkpoint with %s: refused naming it", bad[i].what);
+    }
+    {   /* one expert's down_proj misshaped: replace it by a wider one */
+        int rc = write_moe_ckpt(dir, c, m->w, 1, "model.layers.3.mlp.experts.2.gate_proj.weight",
+                                "model.layers.3.mlp.experts.2.gate_proj.weight", shape_bad);
+        if (!rc) rc = gdn_ckpt_load(dir, c, w, NULL, NULL, NULL);
+        expect_status(rc, GDN_ERR_SHAPE, "experts.2.gate_proj", "MoE checkpoint with an expert misshaped [33, 64]: refused "
+                      "naming it");
+    }
+    remove_ckpt(dir);
+    /* gdncp's own checkpoint of the MoE model */
+    char out[80];
+    snprintf(out, sizeof out, "%s.out", dir);
+    char ck[600];
+    int rc = gdn_ckpt_save(out, 3, c, m->w, NULL, NULL, NULL, 0);
+    if (!rc) rc = gdn_ckpt_resolve(out, ck, sizeof ck);
+    if (!rc) rc = gdn_ckpt_load_config(ck, &lc);
+    if (!rc) rc = gdn_ckpt_load(ck, &lc, w, NULL, NULL, NULL);
+    int same = 0;
+    gdn_model_tensor_info t;
+    for (int i = 0; !rc && i < gdn_model_tensor_count(c); i++) {
+        gdn_model_tensor(c, i, &t);
+        same += !memcmp(w + t.offset, m->w + t.offset, sizeof(float) * t.numel);
+    }
+    check(!rc && gdn_model_moe_layers(&lc) == 4 && lc.n_experts == c->n_experts && lc.top_k == c->top_k &&
+              lc.moe_I == c->moe_I && lc.shared_I == c->shared_I && lc.norm_topk == c->norm_topk &&
+              lc.router_aux_coef == c->router_aux_coef && gdn_model_param_floats(&lc) == nw &&
+              same == gdn_model_tensor_count(c),
+          "MoE tiny saved by gdncp reads back as the same configuration and every tensor (status %d %s)", rc,
+          rc ? gdn_errmsg() : "");
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
+    if (system(cmd)) check(0, "remove %s", out);
+    free(w);
+}
+
 void test_model_hybrid(void) {
     model_w m;
+    g_dir = TINY;
     if (tiny_load(&m)) return;
     test_dense(&m);
     test_packed_hf(&m);
@@ -557,4 +849,24 @@ void test_model_hybrid(void) {
     test_generate_hf(&m);
     test_decode_regions(&m);
     free(m.w);
+}
+
+/* The same references of transformers' Qwen3_5MoeForCausalLM (every MLP a sparse MoE block, its
+ * experts stored one by one), and the aux loss. */
+void test_model_moe(void) {
+    model_w m;
+    g_dir = MOE_TINY;
+    printf("  (checkpoint %s)\n", g_dir);
+    if (tiny_load(&m)) return;
+    check(gdn_model_moe_layers(&m.cfg) == 4 && m.cfg.n_experts == 8 && m.cfg.top_k == 2 && m.cfg.moe_I == 32 &&
+              m.cfg.shared_I == 48 && m.cfg.norm_topk && !m.cfg.router_aux && fabs(m.cfg.router_aux_coef - 0.01) < 1e-12,
+          "MoE tiny's config.json: 4 MoE layers of 8 experts, top 2, I 32, shared 48, renormalised, aux off, coef 0.01");
+    test_dense(&m);
+    test_moe_aux(&m);
+    test_moe_layouts(&m);
+    test_packed_hf(&m);
+    test_decode_hf(&m);
+    test_generate_hf(&m);
+    free(m.w);
+    g_dir = TINY;
 }

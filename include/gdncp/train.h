@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "cp.h"
+#include "moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,6 +64,20 @@ typedef struct {
     /* layer_types: full_attention[l] = 1 where layer l is "full_attention", 0 for
      * "linear_attention"; entries from L on must be 0. */
     unsigned char full_attention[GDN_MODEL_MAX_LAYERS];
+    /* The sparse mixture-of-experts MLPs (moe.h; DESIGN §13), read only where some layer has one
+     * (all 0 in a dense model): */
+    int64_t n_experts;     /* num_experts */
+    int64_t top_k;         /* num_experts_per_tok */
+    int64_t moe_I;         /* moe_intermediate_size */
+    int64_t shared_I;      /* shared_expert_intermediate_size (0: no shared expert) */
+    int norm_topk;         /* renormalise the chosen experts' weights (Qwen3.5-MoE: 1; Qwen3-Next:
+                              norm_topk_prob) */
+    int router_aux;        /* output_router_logits: the training loss adds router_aux_coef x the
+                              load-balancing loss (gdn_model_aux_loss) */
+    double router_aux_coef;/* router_aux_loss_coef */
+    /* moe[l] = 1 where layer l's MLP is the sparse MoE block, 0 for the dense SwiGLU MLP of
+     * intermediate_size (I; unused, may be 0, when every layer is MoE); entries from L on 0. */
+    unsigned char moe[GDN_MODEL_MAX_LAYERS];
 } gdn_model_config;
 
 /* Named sizes: "tiny" (demo, tests), "small", "long" (the long runs), hybrid like Qwen3.5: layer l
@@ -75,8 +90,12 @@ GDN_API int gdn_model_config_check(const gdn_model_config *cfg);
 GDN_API gdn_layer_config gdn_model_layer_config(const gdn_model_config *cfg, int64_t B, int64_t T);
 /* ... and of one gated attention mixer (dense, seq_offset 0, CP strategy kv). */
 GDN_API gdn_attn_config gdn_model_attn_config(const gdn_model_config *cfg, int64_t B, int64_t T);
+/* ... and of one sparse MoE MLP for N token rows (the model's moe fields; threads all, checks on). */
+GDN_API gdn_moe_config gdn_model_moe_config(const gdn_model_config *cfg, int64_t N);
 /* Layers of each kind: full attention, and (L minus that) GatedDeltaNet. */
 GDN_API int64_t gdn_model_attn_layers(const gdn_model_config *cfg);
+/* Layers whose MLP is the sparse MoE block (the others: dense SwiGLU). */
+GDN_API int64_t gdn_model_moe_layers(const gdn_model_config *cfg);
 /* Transformers' default layer_types (no layer_types in config.json): layer l is full attention
  * when (l + 1) % interval == 0 (full_attention_interval, 4 in Qwen3.5); interval <= 0 or
  * > L: none. Sets full_attention[0..GDN_MODEL_MAX_LAYERS). */
@@ -148,6 +167,18 @@ GDN_API int gdn_model_forward(gdn_model_plan *plan, const float *w, const gdn_to
  * documents). *targets receives the predicted targets of this rank's rows (for denom). */
 GDN_API int gdn_model_set_docs(gdn_model_plan *plan, const int64_t *doc_cu, const int64_t *n_docs,
                        int64_t seq_offset, int64_t *targets);
+/* The mixture-of-experts aux loss (transformers' load_balancing_loss_func over every MoE layer's
+ * router, DESIGN §13): a forward counts each router's choices and sums its probabilities over its
+ * rows; stats = [count[n_experts] | prob[n_experts] | rows] (2 n_experts + 1 doubles).
+ * gdn_model_router_stats gives this rank's rows' of the last forward; the plan itself holds them
+ * summed over its CP group. A caller that splits the batch further (data parallelism) sums every
+ * rank's and hands the grid's sums back with gdn_model_set_router_stats before the backward, so
+ * that the aux loss and its gradient are the whole batch's. gdn_model_aux_loss: the aux loss of
+ * the statistics the plan holds (0 without MoE layers); the training loss is loss_sum / denom +
+ * router_aux_coef x it when cfg.router_aux, whose gradient gdn_model_backward then includes. */
+GDN_API int gdn_model_router_stats(const gdn_model_plan *plan, double *stats);
+GDN_API int gdn_model_set_router_stats(gdn_model_plan *plan, const double *stats);
+GDN_API double gdn_model_aux_loss(const gdn_model_plan *plan);
 /* dw (flat, overwritten): the gradient of (sum of every rank's loss_sum) / denom, this rank's
  * share (sum it over the ranks), for the preceding gdn_model_forward(..., for_backward = 1) on
  * the same tokens. Collective over cp. */

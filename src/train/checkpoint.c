@@ -278,7 +278,7 @@ static double rotary_factor(int64_t R, int64_t d) {
  * a GatedDeltaNet-only one they are there only because transformers requires them to build the
  * config (no layer uses them: every entry of layer_types is linear_attention). */
 static json_t *config_json(const gdn_model_config *cfg) {
-    const int hybrid = gdn_model_attn_layers(cfg) > 0;
+    const int hybrid = gdn_model_attn_layers(cfg) > 0, moe = gdn_model_moe_layers(cfg) > 0;
     json_t *layer_types = json_array();
     for (int64_t l = 0; layer_types && l < cfg->L; l++)
         json_array_append_new(layer_types, json_string(cfg->full_attention[l] ? "full_attention" : "linear_attention"));
@@ -291,7 +291,7 @@ static json_t *config_json(const gdn_model_config *cfg) {
     const int64_t heads = hybrid ? cfg->H : cfg->Hv, kv_heads = hybrid ? cfg->Hkv : cfg->Hk;
     const int64_t head_dim = hybrid ? cfg->d : cfg->V;
     const int64_t max_pos = hybrid && cfg->max_position > 0 ? cfg->max_position : 32768;
-    return json_pack(
+    json_t *root = json_pack(
         "{s:[s], s:b, s:f, s:n, s:s, s:n, s:I, s:s, s:I, s:f, s:I, s:o, s:I, s:I, s:I, s:I, s:I,"
         " s:I, s:s, s:I, s:I, s:I, s:n, s:f, s:o, s:b, s:b, s:I}",
         "architectures", "Qwen3_5ForCausalLM", "attention_bias", 0, "attention_dropout", 0.0,
@@ -306,6 +306,26 @@ static json_t *config_json(const gdn_model_config *cfg) {
         "pad_token_id", "rms_norm_eps", shortest_decimal(cfg->eps), "rope_parameters", rope,
         "tie_word_embeddings", cfg->tie_embeddings != 0, "use_cache", 1, "vocab_size",
         (json_int_t)cfg->vocab);
+    if (!root || !moe) return root;
+    /* Qwen3.5-MoE: its fields, and the dense layers' indices when some layer is dense (gdncp reads
+     * them back; transformers' Qwen3.5-MoE makes every layer MoE) */
+    json_t *dense = json_array();
+    for (int64_t l = 0; dense && l < cfg->L; l++)
+        if (!cfg->moe[l]) json_array_append_new(dense, json_integer((json_int_t)l));
+    json_t *moe_fields = json_pack("{s:[s], s:s, s:I, s:I, s:I, s:I, s:b, s:b, s:f, s:o}", "architectures",
+                                   "Qwen3_5MoeForCausalLM", "model_type", "qwen3_5_moe_text", "num_experts",
+                                   (json_int_t)cfg->n_experts, "num_experts_per_tok", (json_int_t)cfg->top_k,
+                                   "moe_intermediate_size", (json_int_t)cfg->moe_I, "shared_expert_intermediate_size",
+                                   (json_int_t)cfg->shared_I, "norm_topk_prob", cfg->norm_topk != 0,
+                                   "output_router_logits", cfg->router_aux != 0,
+                                   "router_aux_loss_coef", cfg->router_aux_coef, "mlp_only_layers", dense);
+    if (!moe_fields || json_object_update(root, moe_fields)) {
+        json_decref(root), json_decref(moe_fields);
+        return NULL;
+    }
+    json_decref(moe_fields);
+    if (gdn_model_moe_layers(cfg) == cfg->L) json_object_del(root, "mlp_only_layers");
+    return root;
 }
 
 static int write_config(const char *path, const gdn_model_config *cfg, int weight_dtype) {
@@ -452,37 +472,101 @@ static int parse_attention(json_t *obj, const char *path, const char *where, gdn
     return GDN_OK;
 }
 
-/* Refused before anything else: a config whose MLPs are mixtures of experts. Qwen3-Next's layer l
- * is one unless l is in mlp_only_layers, num_experts is 0 (its default: 512) or (l + 1) is not a
- * multiple of decoder_sparse_step (transformers' Qwen3NextDecoderLayer); the other types have
- * only dense MLPs, so any num_experts > 0 is another model (Qwen3.5-MoE). */
-static int refuse_moe(json_t *obj, const char *path, const char *where, int next) {
-    json_t *ne = json_object_get(obj, "num_experts");
-    if (ne && !json_is_null(ne) && !json_is_integer(ne))
-        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' is not an integer", path, where);
-    const int64_t experts = ne && json_is_integer(ne) ? (int64_t)json_integer_value(ne) : next ? 512 : 0;
-    if (experts <= 0) return GDN_OK;
-    int64_t step = 1, L = 0;
-    json_t *ds = json_object_get(obj, "decoder_sparse_step"), *only = json_object_get(obj, "mlp_only_layers");
-    json_t *nl = json_object_get(obj, "num_hidden_layers");
-    if (next && ds && !json_is_null(ds) && (!json_is_integer(ds) || (step = (int64_t)json_integer_value(ds)) < 1))
-        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%sdecoder_sparse_step' is not an integer >= 1", path, where);
-    if (next && only && !json_is_null(only) && !json_is_array(only))
-        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%smlp_only_layers' is not a list of layer indices", path, where);
-    if (json_is_integer(nl)) L = (int64_t)json_integer_value(nl);
-    for (int64_t l = 0; next && l < L && l < GDN_MODEL_MAX_LAYERS; l++) {
-        int dense = (l + 1) % step != 0;
-        for (size_t k = 0; !dense && json_is_array(only) && k < json_array_size(only); k++)
-            dense = json_is_integer(json_array_get(only, k)) && json_integer_value(json_array_get(only, k)) == l;
-        if (!dense)
-            return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' = %lld%s makes layer %lld's MLP a mixture of experts "
-                            "(not in '%smlp_only_layers', decoder_sparse_step %lld): mixture-of-experts MLPs are not "
-                            "supported, only the dense SwiGLU MLP (num_experts 0)", path, where, (long long)experts,
-                            ne ? "" : " (the default when absent)", (long long)l, where, (long long)step);
+/* The model types read and what their MLPs are: Qwen3.5 dense, Qwen3.5-MoE (every layer's MLP a
+ * mixture of experts, the chosen experts' weights always renormalised), Qwen3-Next (MoE or dense
+ * per layer, below). */
+typedef enum { MLP_DENSE = 0, MLP_QWEN35_MOE, MLP_QWEN3_NEXT } mlp_family;
+static const struct { const char *type; mlp_family family; } model_types[] = {
+    {"qwen3_5_text", MLP_DENSE}, {"qwen3_5", MLP_DENSE}, {"qwen3_5_moe_text", MLP_QWEN35_MOE},
+    {"qwen3_5_moe", MLP_QWEN35_MOE}, {"qwen3_next", MLP_QWEN3_NEXT},
+};
+
+/* An optional boolean field (absent or null: dflt). */
+static int config_bool(json_t *obj, const char *path, const char *where, const char *field, int dflt, int *out) {
+    json_t *v = json_object_get(obj, field);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return GDN_OK;
     }
-    if (next) return GDN_OK;
-    return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' = %lld: mixture-of-experts MLPs (Qwen3.5-MoE, "
-                    "Qwen3-Next) are not supported, only the dense SwiGLU MLP", path, where, (long long)experts);
+    if (!json_is_boolean(v))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%s%s' is not true or false", path, where, field);
+    *out = json_is_true(v);
+    return GDN_OK;
+}
+/* An optional integer field in [lo, hi] (absent or null: dflt). */
+static int config_int_or(json_t *obj, const char *path, const char *where, const char *field, int64_t lo, int64_t hi,
+                         int64_t dflt, int64_t *out) {
+    json_t *v = json_object_get(obj, field);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return GDN_OK;
+    }
+    return config_int(obj, path, where, field, lo, hi, out);
+}
+
+/* The MLPs: which layers are mixtures of experts and the experts' fields (transformers' defaults
+ * where a field is absent: Qwen3.5-MoE's 256 experts, 8 per token, 512 wide, a shared expert of
+ * 512, aux coefficient 0.001; Qwen3-Next's 512 and 10). Qwen3-Next's layer l is MoE unless l is in
+ * mlp_only_layers, num_experts is 0, or (l + 1) is not a multiple of decoder_sparse_step
+ * (transformers' Qwen3NextDecoderLayer); its dense layers are intermediate_size wide. The dense
+ * types have no experts: a num_experts > 0 there is another model, refused. */
+static int parse_mlps(json_t *obj, const char *path, const char *where, mlp_family family, gdn_model_config *cfg) {
+    json_t *ne = json_object_get(obj, "num_experts");
+    int rc = GDN_OK;
+    if (family == MLP_DENSE) {
+        if (ne && !json_is_null(ne) && !json_is_integer(ne))
+            return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' is not an integer", path, where);
+        if (json_is_integer(ne) && json_integer_value(ne) > 0)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' = %lld but '%smodel_type' names a dense Qwen3.5 "
+                            "model (its MoE form is \"qwen3_5_moe_text\")", path, where,
+                            (long long)json_integer_value(ne), where);
+        return config_int(obj, path, where, "intermediate_size", 1, (int64_t)1 << 24, &cfg->I);
+    }
+    const int next = family == MLP_QWEN3_NEXT;
+    int64_t step = 1;
+    /* decoder_sparse_step and mlp_only_layers are Qwen3-Next's; gdncp writes them for a Qwen3.5-MoE
+     * model with dense layers too (which transformers' Qwen3.5-MoE cannot build) */
+    if ((rc = config_int_or(obj, path, where, "num_experts", next ? 0 : 1, GDN_MOE_MAX_EXPERTS, next ? 512 : 256,
+                            &cfg->n_experts)) ||
+        (rc = config_int_or(obj, path, where, "num_experts_per_tok", 1, GDN_MOE_MAX_EXPERTS, next ? 10 : 8,
+                            &cfg->top_k)) ||
+        (rc = config_int_or(obj, path, where, "moe_intermediate_size", 1, (int64_t)1 << 20, 512, &cfg->moe_I)) ||
+        (rc = config_int_or(obj, path, where, "shared_expert_intermediate_size", 0, (int64_t)1 << 20, 512,
+                            &cfg->shared_I)) ||
+        (rc = config_bool(obj, path, where, "output_router_logits", 0, &cfg->router_aux)) ||
+        (rc = config_real(obj, path, where, "router_aux_loss_coef", 0.0, 1e30, 1, 0.001, &cfg->router_aux_coef)))
+        return rc;
+    /* Qwen3-Next renormalises by norm_topk_prob; transformers' Qwen3.5-MoE router always does (its
+     * released configs say norm_topk_prob true; gdncp writes false for a model that does not) */
+    if ((rc = config_bool(obj, path, where, "norm_topk_prob", 1, &cfg->norm_topk))) return rc;
+    if ((rc = config_int_or(obj, path, where, "decoder_sparse_step", 1, INT32_MAX, 1, &step))) return rc;
+    json_t *only = json_object_get(obj, "mlp_only_layers");
+    if (only && !json_is_null(only) && !json_is_array(only))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: field '%smlp_only_layers' is not a list of layer indices", path, where);
+    for (size_t k = 0; json_is_array(only) && k < json_array_size(only); k++) {
+        json_t *v = json_array_get(only, k);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return gdn_fail(GDN_ERR_FORMAT, "%s: entry %zu of '%smlp_only_layers' is not a layer index", path, k, where);
+    }
+    for (int64_t l = 0; l < cfg->L; l++) {
+        int dense = cfg->n_experts == 0 || (l + 1) % step != 0;
+        for (size_t k = 0; !dense && json_is_array(only) && k < json_array_size(only); k++)
+            dense = json_integer_value(json_array_get(only, k)) == l;
+        cfg->moe[l] = (unsigned char)!dense;
+    }
+    if (!gdn_model_moe_layers(cfg)) { /* no expert anywhere: a dense model, whatever the experts' fields say */
+        cfg->n_experts = cfg->top_k = cfg->moe_I = cfg->shared_I = 0;
+        cfg->norm_topk = cfg->router_aux = 0, cfg->router_aux_coef = 0;
+    } else if (cfg->top_k > cfg->n_experts) {
+        return gdn_fail(GDN_ERR_SHAPE, "%s: field '%snum_experts_per_tok' = %lld is more than num_experts = %lld", path,
+                        where, (long long)cfg->top_k, (long long)cfg->n_experts);
+    }
+    if (gdn_model_moe_layers(cfg) < cfg->L) /* the dense layers' width */
+        return config_int(obj, path, where, "intermediate_size", 1, (int64_t)1 << 24, &cfg->I);
+    json_t *is = json_object_get(obj, "intermediate_size"); /* unused; kept to be written back */
+    if (json_is_integer(is) && json_integer_value(is) >= 1 && json_integer_value(is) <= ((int64_t)1 << 24))
+        cfg->I = (int64_t)json_integer_value(is);
+    return GDN_OK;
 }
 
 /* *tie_stated: whether the config says tie_word_embeddings (else the weights tell, see
@@ -495,19 +579,19 @@ static int parse_config(json_t *root, const char *path, gdn_model_config *cfg, i
     json_t *tc = json_object_get(root, "text_config");
     if (!json_object_get(root, "hidden_size") && json_is_object(tc)) obj = tc, where = "text_config.";
 
-    /* Qwen3.5 (text-only or the multimodal one's text model) and Qwen3-Next: the same layers, a
-     * different file layout of the GatedDeltaNet projections (read by hf_weights.c). */
-    static const char *const types[] = {"qwen3_5_text", "qwen3_5", "qwen3_next"};
+    /* Qwen3.5 (text-only or the multimodal one's text model), its MoE form, and Qwen3-Next: the
+     * same layers, a different file layout of the GatedDeltaNet projections (read by hf_weights.c). */
     json_t *mt = json_object_get(obj, "model_type");
     const char *type = json_string_value(mt);
     size_t k = 0;
-    while (type && k < sizeof types / sizeof types[0] && strcmp(type, types[k])) k++;
-    int rc = refuse_moe(obj, path, where, type && !strcmp(type, "qwen3_next"));
-    if (rc) return rc;
-    if (mt && (!type || k == sizeof types / sizeof types[0]))
-        return gdn_fail(GDN_ERR_FORMAT, "%s: '%smodel_type' is %s%s%s, not \"qwen3_5_text\", \"qwen3_5\" or "
-                        "\"qwen3_next\"", path, where, type ? "\"" : "", type ? type : "not a string",
-                        type ? "\"" : "");
+    const size_t ntypes = sizeof model_types / sizeof model_types[0];
+    while (type && k < ntypes && strcmp(type, model_types[k].type)) k++;
+    if (mt && (!type || k == ntypes))
+        return gdn_fail(GDN_ERR_FORMAT, "%s: '%smodel_type' is %s%s%s, not \"qwen3_5_text\", \"qwen3_5\", "
+                        "\"qwen3_5_moe_text\", \"qwen3_5_moe\" or \"qwen3_next\"", path, where, type ? "\"" : "",
+                        type ? type : "not a string", type ? "\"" : "");
+    const mlp_family family = mt ? model_types[k].family : MLP_DENSE;
+    int rc;
     json_t *act = json_object_get(obj, "hidden_act");
     if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "silu")))
         return gdn_fail(GDN_ERR_FORMAT, "%s: '%shidden_act' must be \"silu\" (the SwiGLU MLP)", path,
@@ -518,10 +602,10 @@ static int parse_config(json_t *root, const char *path, gdn_model_config *cfg, i
         {"vocab_size", 1, GDN_MODEL_MAX_VOCAB, &cfg->vocab},
         {"hidden_size", 1, (int64_t)1 << 20, &cfg->E},
         {"num_hidden_layers", 1, GDN_MODEL_MAX_LAYERS, &cfg->L},
-        {"intermediate_size", 1, (int64_t)1 << 24, &cfg->I},
     };
     if ((rc = config_ints(obj, path, where, ints, sizeof ints / sizeof ints[0]))) return rc;
     if ((rc = parse_layer_types(obj, path, where, cfg))) return rc;
+    if ((rc = parse_mlps(obj, path, where, family, cfg))) return rc;
     /* each kind's fields where some layer is of that kind */
     const int64_t na = gdn_model_attn_layers(cfg);
     const int_field linear[] = {
@@ -1002,11 +1086,22 @@ static int same_config(const char *dir, const gdn_model_config *cfg) {
             return gdn_fail(GDN_ERR_SHAPE, "%s/%s: layer %lld is %s but in the model being loaded %s", dir, CONFIG_FILE,
                             (long long)l, file.full_attention[l] ? "full_attention" : "linear_attention",
                             cfg->full_attention[l] ? "full_attention" : "linear_attention");
+    for (int64_t l = 0; l < cfg->L && l < file.L; l++)
+        if (file.moe[l] != cfg->moe[l])
+            return gdn_fail(GDN_ERR_SHAPE, "%s/%s: layer %lld's MLP is %s but in the model being loaded %s", dir,
+                            CONFIG_FILE, (long long)l, file.moe[l] ? "a mixture of experts" : "dense",
+                            cfg->moe[l] ? "a mixture of experts" : "dense");
     const int linear = gdn_model_attn_layers(cfg) < cfg->L, attn = gdn_model_attn_layers(cfg) > 0;
+    const int dense = gdn_model_moe_layers(cfg) < cfg->L, moe = gdn_model_moe_layers(cfg) > 0;
     const struct { const char *field; int64_t file, want; int used; } ints[] = {
         {"hidden_size", file.E, cfg->E, 1},
         {"num_hidden_layers", file.L, cfg->L, 1},
-        {"intermediate_size", file.I, cfg->I, 1},
+        {"intermediate_size", file.I, cfg->I, dense},
+        {"num_experts", file.n_experts, cfg->n_experts, moe},
+        {"num_experts_per_tok", file.top_k, cfg->top_k, moe},
+        {"moe_intermediate_size", file.moe_I, cfg->moe_I, moe},
+        {"shared_expert_intermediate_size", file.shared_I, cfg->shared_I, moe},
+        {"norm_topk_prob", file.norm_topk != 0, cfg->norm_topk != 0, moe},
         {"linear_num_key_heads", file.Hk, cfg->Hk, linear},
         {"linear_num_value_heads", file.Hv, cfg->Hv, linear},
         {"linear_key_head_dim", file.K, cfg->K, linear},

@@ -239,6 +239,55 @@ static int read_fused_layer(const weights *s, const gdn_model_config *cfg, int64
     return rc;
 }
 
+/* Layer l's MoE experts stored one by one (experts.E.{gate,up,down}_proj.weight: what
+ * save_pretrained writes and Qwen ships) when the file does not hold the fused in-memory tensors
+ * (experts.gate_up_proj [n, 2I, E], experts.down_proj [n, E, I]): each read into its place in the
+ * fused layout (expert e's gate rows, then its up rows), the two fused entries marked done. A file
+ * with both layouts, or with some experts missing, is refused naming the tensor. */
+static int read_expert_layer(const weights *s, const gdn_model_config *cfg, int64_t l, const gdn_model_tensor_info *table,
+                             int n, float *w, char *done, used_set *u) {
+    char ours[160], name[192];
+    int idx[2];
+    static const char *const fused[2] = {"gate_up_proj", "down_proj"};
+    int has_fused = 0;
+    for (int f = 0; f < 2; f++) {
+        snprintf(ours, sizeof ours, "model.layers.%lld.mlp.experts.%s", (long long)l, fused[f]);
+        idx[f] = table_index(table, n, ours);
+        if (idx[f] < 0) return gdn_fail(GDN_ERR_ARG, "internal: the model table lacks '%s'", ours);
+        file_name(s, ours, name, sizeof name);
+        has_fused |= find(s, name, NULL) != NULL;
+    }
+    snprintf(ours, sizeof ours, "model.layers.%lld.mlp.experts.0.gate_proj.weight", (long long)l);
+    file_name(s, ours, name, sizeof name);
+    const int has_split = find(s, name, NULL) != NULL;
+    if (has_fused && has_split)
+        return gdn_fail(GDN_ERR_FORMAT, "%s: layer %lld's experts are stored twice: '%s' (one by one) beside the fused "
+                        "experts.gate_up_proj / experts.down_proj; keep one layout", s->where, (long long)l, name);
+    if (has_fused) return GDN_OK; /* read by name with the rest of the table */
+    const int64_t I = cfg->moe_I, E = cfg->E;
+    static const char *const parts[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int64_t e = 0; e < cfg->n_experts; e++)
+        for (int k = 0; k < 3; k++) {
+            gdn_model_tensor_info want = {.ndim = 2, .shape = {k == 2 ? E : I, k == 2 ? I : E}};
+            want.numel = (size_t)(I * E);
+            snprintf(want.name, sizeof want.name, "model.layers.%lld.mlp.experts.%lld.%s.weight", (long long)l,
+                     (long long)e, parts[k]);
+            file_name(s, want.name, name, sizeof name);
+            int shard = 0;
+            const gdn_st_tensor *t = find(s, name, &shard);
+            if (!t)
+                return gdn_fail(GDN_ERR_MISSING, "%s: tensor '%s' is missing (layer %lld's experts are stored one by "
+                                "one: every expert's gate_proj, up_proj and down_proj)", s->where, name, (long long)l);
+            /* gate rows of expert e at [e, 0:I), up rows at [e, I:2I) of gate_up; down [e] of down_proj */
+            const size_t at = k == 2 ? table[idx[1]].offset + (size_t)e * want.numel
+                                     : table[idx[0]].offset + (size_t)e * 2 * want.numel + (size_t)k * want.numel;
+            const int rc = read_one(s, t, shard, &want, w + at, u);
+            if (rc) return rc;
+        }
+    done[idx[0]] = done[idx[1]] = 1;
+    return GDN_OK;
+}
+
 /* A tied model's file may keep lm_head.weight (transformers writes it for some models): it must be
  * the embedding, which the model uses as its head. */
 static int read_tied_head(const weights *s, const gdn_model_tensor_info *table, int n, const float *w, used_set *u) {
@@ -276,6 +325,8 @@ int gdn_hf_read_model(const char *dir, const gdn_model_config *cfg, const gdn_mo
     if (!done || !u.t) rc = gdn_fail(GDN_ERR_NOMEM, "model weights read: %d tensors", total);
     for (int64_t l = 0; l < cfg->L && !rc; l++)
         if (!cfg->full_attention[l]) rc = read_fused_layer(&s, cfg, l, table, n, w, done, &u);
+    for (int64_t l = 0; l < cfg->L && !rc; l++)
+        if (cfg->moe[l]) rc = read_expert_layer(&s, cfg, l, table, n, w, done, &u);
     char name[192];
     for (int i = 0; i < n && !rc; i++) {
         if (done[i]) continue;

@@ -18,11 +18,14 @@
 #include "base.h"
 #include "cp_internal.h"
 #include "layer_internal.h"
+#include "swiglu.h"
 #include "model_internal.h"
 
-/* What the forward keeps of one block for its backward (all N rows). */
+/* What the forward keeps of one block for its backward (all N rows): the mixer's saved floats
+ * and the MLP's (the dense MLP's gate and up projections [N, 2I]; the MoE block's routing and
+ * activations). */
 typedef struct {
-    float *a1, *rstd1, *saved, *h, *a2, *rstd2, *gu;
+    float *a1, *rstd1, *saved, *h, *a2, *rstd2, *mlp_saved;
 } block_acts;
 
 /* One plan per mixer kind, shared by every layer of that kind (same shapes). A call runs over
@@ -41,12 +44,19 @@ struct gdn_model_plan {
     gdn_layer_plan *lp;       /* the GatedDeltaNet layers' plan (NULL: none) */
     gdn_attn_plan *ap;        /* the attention layers' plan (NULL: none) */
     mixer_sizes gdn, attn;
+    gdn_moe_plan *mp;         /* the MoE layers' block (NULL: none) */
+    size_t mlp_saved[2];      /* one block's MLP saved floats, dense and MoE (mlp_ops) */
+    double *router_stats;     /* [count n | prob n | rows]: the MoE routers' statistics of the last
+                                 forward, summed over the CP group (gdn_model_set_router_stats: the
+                                 caller's grid) */
+    double *router_local;     /* the same, this rank's rows only */
+    float *aux_dp;            /* n: the aux loss's gradient in every row's router probabilities */
     int64_t ap_row;           /* packed CP: the row whose documents ap holds (-1: none) */
     int ap_offset_known;      /* dense CP: ap has this shard's seq_offset */
     float *xs;                /* (L+1) x N x E: each block's input, then the final residual */
     block_acts *acts;         /* L of them (recompute: 1, reused) */
     float *af, *rstdf;        /* final norm output, its rstd */
-    float *y, *m;             /* N x E layer output; N x I MLP activation */
+    float *y, *m;             /* N x E layer output; N x I dense MLP activation */
     float *dres, *da, *dm;    /* N x E residual gradient, N x E norm-input gradient, N x I */
     float *logits;            /* LOSS_ROWS x vocab */
     float *dlm;               /* vocab x E: lm_head's gradient from the forward's loss head */
@@ -104,18 +114,32 @@ static int agree_local(const gdn_model_plan *p, int rc) {
 static int rows_apart(const gdn_model_run *r, const gdn_cp *cp) { return r->pack && cp; }
 
 /* Floats of the whole arena for this plan: saved_gdn and saved_attn are one block's saved floats
- * of each mixer kind (all rows). */
+ * of each mixer kind (all rows), mlp[0], mlp[1] one block's MLP saved floats, dense and MoE. */
 static size_t plan_floats(const gdn_model_config *c, const gdn_model_run *r, int threads,
-                          size_t saved_gdn, size_t saved_attn) {
-    const size_t N = (size_t)(r->B * r->T), E = (size_t)c->E, I = (size_t)c->I, L = (size_t)c->L;
-    const size_t na = (size_t)gdn_model_attn_layers(c);
-    const size_t act = pad16(N * E) * 3 + pad16(N) * 2 + pad16(N * 2 * I);
-    /* recompute: one block's, reused, with room for the larger kind (a kind the model lacks has 0) */
-    const size_t acts = r->recompute ? act + pad16(saved_gdn > saved_attn ? saved_gdn : saved_attn)
-                                     : L * act + (L - na) * pad16(saved_gdn) + na * pad16(saved_attn);
+                          size_t saved_gdn, size_t saved_attn, const size_t mlp[2]) {
+    const size_t N = (size_t)(r->B * r->T), E = (size_t)c->E, L = (size_t)c->L;
+    const size_t I = gdn_model_moe_layers(c) < c->L ? (size_t)c->I : 0;
+    const size_t na = (size_t)gdn_model_attn_layers(c), nm = (size_t)gdn_model_moe_layers(c);
+    const size_t act = pad16(N * E) * 3 + pad16(N) * 2;
+    /* recompute: one block's, reused, with room for the larger kinds (a kind the model lacks has 0) */
+    const size_t mixer_max = saved_gdn > saved_attn ? saved_gdn : saved_attn;
+    const size_t mlp_max = mlp[0] > mlp[1] ? mlp[0] : mlp[1];
+    const size_t acts = r->recompute ? act + pad16(mixer_max) + pad16(mlp_max)
+                                     : L * act + (L - na) * pad16(saved_gdn) + na * pad16(saved_attn) +
+                                           (L - nm) * pad16(mlp[0]) + nm * pad16(mlp[1]);
     return pad16((L + 1) * N * E) + acts + pad16(N * E) + pad16(N) + pad16(N * E) * 3 + pad16(N * I) * 2 +
            pad16((size_t)loss_rows(c) * (size_t)c->vocab) + pad16((size_t)(c->vocab * c->E)) +
            pad16((size_t)threads * E) + pad16(2 * (size_t)threads) + gdn_matmul_compute_ws_floats(r->compute, threads);
+}
+
+/* The MoE block's saved floats for N rows, approximated from its per-row sizes (routing, the
+ * router's probabilities, every slot's gate/up activations, the shared expert's), and its
+ * workspace (each slot's input, activations and output rows). */
+static void moe_estimate(const gdn_model_config *c, double N, double *saved, double *ws) {
+    const double n = (double)c->n_experts, k = (double)c->top_k, I = (double)c->moe_I, Is = (double)c->shared_I;
+    const double E = (double)c->E;
+    *saved = N * (n + 2 * k + 2 * k * I + 2 * Is + 1);
+    *ws = 4.0 * N * (k * (2 * E + 3 * I) + n + 3 * Is + E);
 }
 
 double gdn_model_plan_estimate(const gdn_model_config *c, const gdn_model_run *r) {
@@ -140,7 +164,11 @@ double gdn_model_plan_estimate(const gdn_model_config *c, const gdn_model_run *r
         attn_saved = tokens * (P + Hd + (double)c->H);
         attn_ws = 4.0 * (attn_saved + tokens * (4 * Hd + 2 * Kd + 2 * (double)c->H + (double)c->Hkv + P + (double)c->R));
     }
-    return 4.0 * (double)plan_floats(c, r, threads, (size_t)gdn_saved, (size_t)attn_saved) + gdn_ws + attn_ws;
+    double moe_saved = 0, moe_ws = 0;
+    if (gdn_model_moe_layers(c)) moe_estimate(c, tokens, &moe_saved, &moe_ws);
+    const size_t mlp[2] = {(size_t)(tokens * 2.0 * (double)c->I), (size_t)moe_saved};
+    return 4.0 * (double)plan_floats(c, r, threads, (size_t)gdn_saved, (size_t)attn_saved, mlp) + gdn_ws + attn_ws +
+           moe_ws;
 }
 
 /* The mixers' plans for the run's rows. Packed: one rank runs all rows as one stream (a row start
@@ -181,6 +209,16 @@ static int mixer_plans_create(gdn_model_plan *p) {
         if (!rc) p->attn = (mixer_sizes){gdn_attn_saved_floats(p->ap), gdn_attn_param_floats(&ac)};
     }
     free(row_cu);
+    /* the MLPs: token by token, so one plan of all B*T rows whatever the documents and shards */
+    p->mlp_saved[0] = gdn_model_moe_layers(c) < c->L ? (size_t)(p->N * 2 * c->I) : 0;
+    if (!rc && gdn_model_moe_layers(c)) {
+        gdn_moe_config mc = gdn_model_moe_config(c, p->N);
+        mc.threads = p->threads;
+        mc.check_finite = r->check_finite;
+        mc.compute = r->compute;
+        rc = gdn_moe_plan_create(&p->mp, &mc);
+        if (!rc) p->mlp_saved[1] = gdn_moe_saved_floats(p->mp);
+    }
     p->ap_row = -1;
     return rc;
 }
@@ -225,7 +263,7 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
         }
     }
     const size_t saved_gdn = p->gdn.saved_call * row_mult, saved_attn = p->attn.saved_call * row_mult;
-    const size_t floats = plan_floats(c, r, p->threads, saved_gdn, saved_attn);
+    const size_t floats = plan_floats(c, r, p->threads, saved_gdn, saved_attn, p->mlp_saved);
     if ((rc = gdn_check_fits("the model's activations and workspace", 4.0 * (double)floats))) {
         gdn_model_plan_destroy(p);
         return rc;
@@ -233,22 +271,28 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     const int nacts = r->recompute ? 1 : (int)c->L;
     p->acts = calloc((size_t)nacts, sizeof *p->acts);
     p->arena = aligned_alloc(64, sizeof(float) * floats);
-    if (!p->acts || !p->arena) {
+    const size_t nstats = 2 * (size_t)c->n_experts + 1;
+    p->router_stats = calloc(2 * nstats, sizeof(double));
+    p->aux_dp = calloc((size_t)c->n_experts + 1, sizeof(float));
+    if (!p->acts || !p->arena || !p->router_stats || !p->aux_dp) {
         gdn_model_plan_destroy(p);
         return gdn_fail(GDN_ERR_NOMEM, "the model's activations and workspace (%.3g GB for B = %lld, "
                         "T = %lld)", 4e-9 * (double)floats, (long long)r->B, (long long)r->T);
     }
     p->arena_bytes = sizeof(float) * floats;
     float *a = p->arena;
-    const size_t N = (size_t)p->N, E = (size_t)c->E, I = (size_t)c->I;
+    p->router_local = p->router_stats + nstats;
+    const size_t N = (size_t)p->N, E = (size_t)c->E, I = gdn_model_moe_layers(c) < c->L ? (size_t)c->I : 0;
     const size_t saved_max = saved_gdn > saved_attn ? saved_gdn : saved_attn;
+    const size_t mlp_max = p->mlp_saved[0] > p->mlp_saved[1] ? p->mlp_saved[0] : p->mlp_saved[1];
 #define CARVE(ptr, n) (ptr = a, a += pad16(n))
     CARVE(p->xs, ((size_t)c->L + 1) * N * E);
     for (int l = 0; l < nacts; l++) {
         block_acts *b = &p->acts[l];
         CARVE(b->a1, N * E), CARVE(b->rstd1, N);
         CARVE(b->saved, r->recompute ? saved_max : is_attn(c, l) ? saved_attn : saved_gdn);
-        CARVE(b->h, N * E), CARVE(b->a2, N * E), CARVE(b->rstd2, N), CARVE(b->gu, N * 2 * I);
+        CARVE(b->h, N * E), CARVE(b->a2, N * E), CARVE(b->rstd2, N);
+        CARVE(b->mlp_saved, r->recompute ? mlp_max : p->mlp_saved[is_moe(c, l)]);
     }
     CARVE(p->af, N * E), CARVE(p->rstdf, N);
     CARVE(p->y, N * E), CARVE(p->dres, N * E), CARVE(p->da, N * E);
@@ -267,6 +311,8 @@ void gdn_model_plan_destroy(gdn_model_plan *p) {
     if (!p) return;
     gdn_layer_plan_destroy(p->lp);
     gdn_attn_plan_destroy(p->ap);
+    gdn_moe_plan_destroy(p->mp);
+    free(p->router_stats), free(p->aux_dp);
     free(p->skip), free(p->doc_cu), free(p->row_first), free(p->row_docs), free(p->dw_row);
     free(p->acts);
     free(p->arena);
@@ -422,24 +468,11 @@ void gdn_model_mixer_seconds(gdn_model_plan *p, double out[4], int reset) {
     }
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-
-/* m = silu(gate) * up for one row (I values of each), 8 lanes at a time: the training forward
- * and the decoder's (a token's I scalar expf cost a small model's decode step ~5 %). */
-static void swiglu_row(float *m, const float *g, const float *u, int64_t I) {
-    int64_t j = 0;
-    for (; j + 8 <= I; j += 8) {
-        const gdn_v8f gv = *(const gdn_v8f_u *)(g + j);
-        *(gdn_v8f_u *)(m + j) = gv * gdn_vsigmoidf(gv) * *(const gdn_v8f_u *)(u + j);
-    }
-    for (; j < I; j++) m[j] = silu(g[j]) * u[j];
-}
-
 /* m = silu(gate) * up for gu = [gate | up] rows of 2I. */
 static void swiglu_forward(const gdn_model_plan *p, float *m, const float *gu) {
     const int64_t I = p->cfg.I;
 #pragma omp parallel for num_threads(p->threads) schedule(static)
-    for (int64_t i = 0; i < p->N; i++) swiglu_row(m + i * I, gu + i * 2 * I, gu + i * 2 * I + I, I);
+    for (int64_t i = 0; i < p->N; i++) gdn_swiglu_row(m + i * I, gu + i * 2 * I, gu + i * 2 * I + I, I);
 }
 
 /* SwiGLU backward in place: gu = [gate | up] becomes [dgate | dup] for dm. */
@@ -447,57 +480,112 @@ static void swiglu_backward(const gdn_model_plan *p, float *gu, const float *dm)
     const int64_t I = p->cfg.I;
 #pragma omp parallel for num_threads(p->threads) schedule(static)
     for (int64_t i = 0; i < p->N; i++) {
-        float *g = gu + i * 2 * I, *u = g + I;
-        const float *d = dm + i * I;
-        int64_t j = 0;
-        for (; j + 8 <= I; j += 8) {
-            const gdn_v8f gv = *(gdn_v8f_u *)(g + j), uv = *(gdn_v8f_u *)(u + j), dv = *(const gdn_v8f_u *)(d + j);
-            const gdn_v8f s = gdn_vsigmoidf(gv);
-            *(gdn_v8f_u *)(g + j) = dv * uv * s * (1.0f + gv * (1.0f - s));
-            *(gdn_v8f_u *)(u + j) = dv * gv * s;
-        }
-        for (; j < I; j++) {
-            const float gj = g[j], uj = u[j], s = 1.0f / (1.0f + expf(-gj));
-            g[j] = d[j] * uj * s * (1.0f + gj * (1.0f - s));
-            u[j] = d[j] * gj * s;
-        }
+        float *g = gu + i * 2 * I;
+        gdn_swiglu_grad_row(g, g + I, g, g + I, dm + i * I, I);
     }
 }
 
-/* The MLP's gate and up projections are one [2I x E] matrix when up_proj follows gate_proj with
- * no padding (I E a multiple of 16): then each of their products runs as one GEMM of twice the
- * width instead of two (one parallel region and one set of packing barriers fewer; at m = 1 one
- * streaming pass). Returns how many parts to run (1 or 2) and each part's width in *width. */
-static int gate_up_parts_at(const gdn_model_config *c, size_t gate_off, size_t up_off, int64_t *width) {
-    const int one = up_off == gate_off + (size_t)(c->I * c->E);
+/* The dense MLP's gate and up projections are one [2I x E] matrix when up_proj follows gate_proj
+ * with no padding (I E a multiple of 16): then each of their products runs as one GEMM of twice
+ * the width instead of two (one parallel region and one set of packing barriers fewer; at m = 1
+ * one streaming pass). Returns how many parts to run (1 or 2) and each part's width in *width. */
+static int gate_up_parts(const gdn_model_config *c, int64_t *width) {
+    const int one = pad16((size_t)(c->I * c->E)) == (size_t)(c->I * c->E);
     *width = one ? 2 * c->I : c->I;
     return one ? 1 : 2;
 }
-static int gate_up_parts(const gdn_model_config *c, int64_t l, int64_t *width) {
-    return gate_up_parts_at(c, gdn_model_blk_offset(c, l, BLK_GATE), gdn_model_blk_offset(c, l, BLK_UP), width);
-}
+static size_t dense_off(const gdn_model_config *c, int which) { return (size_t)which * pad16((size_t)(c->I * c->E)); }
 
-/* One block forward from x (its input) into xout; keeps what its backward needs in b. */
-static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float *x,
-                         const block_acts *b, const float *w, int keep) {
+/* ---------------------------------------------------------------- the MLP ops
+ *
+ * One entry per MLP kind (model_params.c's gdn_mlp_layout holds their parameter layouts): the
+ * forward from a2 = n2(h) into xout = h + mlp(a2), keeping `saved` (NULL: nothing is kept)
+ * and adding the MoE routers' statistics into stats (NULL: none); the backward of dy = the
+ * block output's gradient into da (overwritten: the gradient of a2) and the block's dw (w, dw:
+ * the MLP block's own parameters). */
+typedef struct {
+    int (*forward)(gdn_model_plan *p, float *xout, float *saved, const float *h, const float *a2, const float *w,
+                   double *stats);
+    int (*backward)(gdn_model_plan *p, float *da, float *dw, const float *a2, const float *w, float *saved,
+                    const float *dy);
+} mlp_ops;
+
+/* Dense: gu = a2 [W_gate; W_up]^T (kept), m = silu(gate) * up, xout = h + m W_down^T. */
+static int dense_forward(gdn_model_plan *p, float *xout, float *saved, const float *h, const float *a2,
+                         const float *w, double *stats) {
     const gdn_model_config *c = &p->cfg;
     const int64_t N = p->N, E = c->E, I = c->I, nt = p->threads;
+    float *gu = saved; /* block_forward always gives the dense MLP its gate/up buffer */
+    int64_t wd;
+    const int parts = gate_up_parts(c, &wd);
+    for (int k = 0; k < parts; k++)
+        gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, N, wd, E, a2, E, w + dense_off(c, DENSE_GATE + k), E,
+                           gu + k * I, 2 * I, p->mm_ws, (int)nt);
+    swiglu_forward(p, p->m, gu);
+    memcpy(xout, h, sizeof(float) * (size_t)(N * E));
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, p->m, I,
+                       w + dense_off(c, DENSE_DOWN), I, xout, E, p->mm_ws, (int)nt);
+    return GDN_OK;
+}
+
+static int dense_backward(gdn_model_plan *p, float *da, float *dw, const float *a2, const float *w, float *saved,
+                          const float *dy) {
+    const gdn_model_config *c = &p->cfg;
+    const int64_t N = p->N, E = c->E, I = c->I;
+    const int nt = p->threads;
+    /* down_proj: m again from gu, dW_down = dy^T m, dm = dy W_down */
+    swiglu_forward(p, p->m, saved);
+    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, E, I, N, dy, E, p->m, I, dw + dense_off(c, DENSE_DOWN), I,
+                       p->mm_ws, nt);
+    gdn_matmul_compute(p->run.compute, 0, N, I, E, dy, E, w + dense_off(c, DENSE_DOWN), I, p->dm, I, p->mm_ws, nt);
+    /* SwiGLU: gu becomes [dgate | dup] in place */
+    float *dgu = saved;
+    swiglu_backward(p, dgu, p->dm);
+    int64_t wd;
+    const int parts = gate_up_parts(c, &wd);
+    for (int k = 0; k < parts; k++) /* [dW_gate; dW_up] = dgu^T a2 */
+        gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, wd, E, N, dgu + k * I, 2 * I, a2, E,
+                           dw + dense_off(c, DENSE_GATE + k), E, p->mm_ws, nt);
+    for (int k = 0; k < parts; k++) /* da = dgu [W_gate; W_up] */
+        gdn_matmul_compute(p->run.compute, k ? GDN_GEMM_ACC : 0, N, E, wd, dgu + k * I, 2 * I,
+                           w + dense_off(c, DENSE_GATE + k), E, da, E, p->mm_ws, nt);
+    return GDN_OK;
+}
+
+/* MoE: y = moe(a2) into the plan's layer-output buffer, xout = h + y. */
+static int moe_forward(gdn_model_plan *p, float *xout, float *saved, const float *h, const float *a2,
+                       const float *w, double *stats) {
+    const int rc = gdn_moe_forward(p->mp, p->y, saved, a2, w, stats, NULL, NULL);
+    if (rc) return rc;
+    const int64_t n = p->N * p->cfg.E;
+#pragma omp parallel for num_threads(p->threads) schedule(static)
+    for (int64_t i = 0; i < n; i++) xout[i] = h[i] + p->y[i];
+    return GDN_OK;
+}
+
+static int moe_backward(gdn_model_plan *p, float *da, float *dw, const float *a2, const float *w, float *saved,
+                        const float *dy) {
+    return gdn_moe_backward(p->mp, da, dw, a2, w, saved, dy, p->cfg.router_aux ? p->aux_dp : NULL);
+}
+
+static const mlp_ops mlp_table[2] = {{dense_forward, dense_backward}, {moe_forward, moe_backward}};
+
+/* One block forward from x (its input) into xout; keeps what its backward needs in b (keep),
+ * the MoE routers' statistics into stats (NULL: not counted, as in a recomputed forward). */
+static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float *x,
+                         const block_acts *b, const float *w, int keep, double *stats) {
+    const gdn_model_config *c = &p->cfg;
+    const int64_t N = p->N, E = c->E, nt = p->threads;
     norm_forward(p, N, b->a1, b->rstd1, x, w + gdn_model_blk_offset(c, l, BLK_IN_NORM));
     int rc = mixer_forward(p, l, p->y, keep ? b->saved : NULL, b->a1, w + gdn_model_layer_offset(c, l));
     if (rc) return rc;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < N * E; i++) b->h[i] = x[i] + p->y[i];
     norm_forward(p, N, b->a2, b->rstd2, b->h, w + gdn_model_blk_offset(c, l, BLK_POST_NORM));
-    int64_t wd;
-    const int parts = gate_up_parts(c, l, &wd);
-    for (int h = 0; h < parts; h++) /* gu = a2 [W_gate; W_up]^T */
-        gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, N, wd, E, b->a2, E,
-                           w + gdn_model_blk_offset(c, l, BLK_GATE + h), E, b->gu + h * I, 2 * I, p->mm_ws, (int)nt);
-    swiglu_forward(p, p->m, b->gu);
-    memcpy(xout, b->h, sizeof(float) * (size_t)(N * E));
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, p->m, I, w + gdn_model_blk_offset(c, l, BLK_DOWN), I,
-               xout, E, p->mm_ws, (int)nt);
-    return GDN_OK;
+    /* the dense MLP keeps its gate/up rows in any case (its own buffer); MoE only when asked */
+    float *saved = keep || !is_moe(c, l) ? b->mlp_saved : NULL;
+    return mlp_table[is_moe(c, l)].forward(p, xout, saved, b->h, b->a2, w + gdn_model_blk_offset(c, l, BLK_MLP),
+                                           stats);
 }
 
 /* One block backward: dres holds the gradient of the block's output on entry and of its input
@@ -505,30 +593,16 @@ static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float 
 static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const block_acts *b,
                           const float *w, float *dw) {
     const gdn_model_config *c = &p->cfg;
-    const int64_t N = p->N, E = c->E, I = c->I;
-    const int nt = p->threads;
-    /* down_proj: m again from gu, dW_down = dres^T m, dm = dres W_down */
-    swiglu_forward(p, p->m, b->gu);
-    gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, E, I, N, p->dres, E, p->m, I, dw + gdn_model_blk_offset(c, l, BLK_DOWN), I,
-               p->mm_ws, nt);
-    gdn_matmul_compute(p->run.compute, 0, N, I, E, p->dres, E, w + gdn_model_blk_offset(c, l, BLK_DOWN), I, p->dm, I, p->mm_ws, nt);
-    /* SwiGLU: gu becomes [dgate | dup] in place */
-    float *dgu = b->gu;
-    swiglu_backward(p, dgu, p->dm);
-    int64_t wd;
-    const int parts = gate_up_parts(c, l, &wd);
-    for (int h = 0; h < parts; h++) /* [dW_gate; dW_up] = dgu^T a2 */
-        gdn_matmul_compute(p->run.compute, GDN_GEMM_A_TRANS, wd, E, N, dgu + h * I, 2 * I, b->a2, E,
-                           dw + gdn_model_blk_offset(c, l, BLK_GATE + h), E, p->mm_ws, nt);
-    for (int h = 0; h < parts; h++) /* da = dgu [W_gate; W_up] */
-        gdn_matmul_compute(p->run.compute, h ? GDN_GEMM_ACC : 0, N, E, wd, dgu + h * I, 2 * I,
-                           w + gdn_model_blk_offset(c, l, BLK_GATE + h), E, p->da, E, p->mm_ws, nt);
+    const int64_t N = p->N;
+    const size_t mo = gdn_model_blk_offset(c, l, BLK_MLP);
+    int rc = mlp_table[is_moe(c, l)].backward(p, p->da, dw + mo, b->a2, w + mo, b->mlp_saved, p->dres);
+    if (rc) return rc;
     /* post norm: dres (dh) += its input gradient */
     norm_backward(p, N, p->dres, 1, dw + gdn_model_blk_offset(c, l, BLK_POST_NORM), p->da, b->h, b->rstd2,
                   w + gdn_model_blk_offset(c, l, BLK_POST_NORM));
     /* the mixer: dy = dh -> da1 (into da) */
     const size_t lo = gdn_model_layer_offset(c, l);
-    int rc = mixer_backward(p, l, p->da, dw + lo, b->a1, w + lo, b->saved, p->dres);
+    rc = mixer_backward(p, l, p->da, dw + lo, b->a1, w + lo, b->saved, p->dres);
     if (rc) return rc;
     /* input norm: dx = dh + its input gradient */
     norm_backward(p, N, p->dres, 1, dw + gdn_model_blk_offset(c, l, BLK_IN_NORM), p->da, x, b->rstd1,
@@ -606,20 +680,63 @@ static void embed_forward(gdn_model_plan *p, const float *w, const gdn_token *to
     }
 }
 
+/* The MoE routers' statistics of the forward just run: this rank's (router_local, its rows
+ * counted once per MoE layer in the last entry), summed over the CP group into router_stats. */
+static int router_stats_done(gdn_model_plan *p) {
+    const int64_t nm = gdn_model_moe_layers(&p->cfg);
+    const size_t ns = 2 * (size_t)p->cfg.n_experts + 1;
+    if (!nm) return GDN_OK;
+    p->router_local[ns - 1] = (double)(p->N * nm);
+    if (!p->cp) {
+        memcpy(p->router_stats, p->router_local, sizeof(double) * ns);
+        return GDN_OK;
+    }
+    if (MPI_Allreduce(p->router_local, p->router_stats, (int)ns, MPI_DOUBLE, MPI_SUM, p->cp->comm) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce of the MoE routers' statistics (the aux loss) failed");
+    return GDN_OK;
+}
+
 static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *tokens, int keep) {
     const gdn_model_config *c = &p->cfg;
     const size_t NE = (size_t)(p->N * c->E);
     int rc = attn_learn_offset(p);
     if (rc) return rc;
+    memset(p->router_local, 0, sizeof(double) * (2 * (size_t)c->n_experts + 1));
     embed_forward(p, w, tokens);
     for (int64_t l = 0; l < c->L; l++) {
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
         rc = block_forward(p, l, p->xs + (size_t)(l + 1) * NE, p->xs + (size_t)l * NE, b, w,
-                               keep && !p->run.recompute);
+                           keep && !p->run.recompute, p->router_local);
         if (rc) return rc;
     }
     norm_forward(p, p->N, p->af, p->rstdf, p->xs + (size_t)c->L * NE, w + gdn_model_final_norm_offset(c));
+    return router_stats_done(p);
+}
+
+int gdn_model_router_stats(const gdn_model_plan *p, double *stats) {
+    if (!p || !stats) return gdn_fail(GDN_ERR_ARG, "model router statistics: plan and stats must not be NULL");
+    memcpy(stats, p->router_local, sizeof(double) * (2 * (size_t)p->cfg.n_experts + 1));
     return GDN_OK;
+}
+
+int gdn_model_set_router_stats(gdn_model_plan *p, const double *stats) {
+    if (!p || !stats) return gdn_fail(GDN_ERR_ARG, "model router statistics: plan and stats must not be NULL");
+    const int64_t n = p->cfg.n_experts;
+    double rows = stats[2 * n];
+    for (int64_t i = 0; i < 2 * n; i++)
+        if (!(stats[i] >= 0.0) || !isfinite(stats[i]))
+            return gdn_fail(GDN_ERR_ARG, "model router statistics: entry %lld = %g is not a finite count or sum",
+                            (long long)i, stats[i]);
+    if (gdn_model_moe_layers(&p->cfg) && !(rows >= 1.0 && isfinite(rows)))
+        return gdn_fail(GDN_ERR_ARG, "model router statistics: %g rows (want >= 1)", rows);
+    memcpy(p->router_stats, stats, sizeof(double) * (2 * (size_t)n + 1));
+    return GDN_OK;
+}
+
+double gdn_model_aux_loss(const gdn_model_plan *p) {
+    if (!p || !gdn_model_moe_layers(&p->cfg)) return 0.0;
+    const int64_t n = p->cfg.n_experts;
+    return gdn_moe_aux(n, p->router_stats, p->router_stats[2 * n], 0.0, NULL);
 }
 
 int gdn_model_forward(gdn_model_plan *p, const float *w, const gdn_token *tokens, double denom,
@@ -656,6 +773,9 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_t
     /* padding between tensors included: the optimiser may run over the whole array */
     memset(dw, 0, sizeof(float) * gdn_model_param_floats(c));
     memcpy(dw + gdn_model_lm_head_offset(c), p->dlm, sizeof(float) * (size_t)(c->vocab * c->E));
+    /* the aux loss's gradient in every row's router probabilities, from the grid's statistics */
+    if (c->router_aux && gdn_model_moe_layers(c))
+        gdn_moe_aux(c->n_experts, p->router_stats, p->router_stats[2 * c->n_experts], c->router_aux_coef, p->aux_dp);
     const float *xL = p->xs + (size_t)c->L * NE;
     norm_backward(p, p->N, p->dres, 0, dw + gdn_model_final_norm_offset(c), p->da, xL, p->rstdf,
                   w + gdn_model_final_norm_offset(c));
@@ -663,7 +783,7 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_t
         const float *x = p->xs + (size_t)l * NE;
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
         if (p->run.recompute) /* the block again, this time keeping what its backward needs */
-            if ((rc = block_forward(p, l, p->y, x, b, w, 1))) return rc;
+            if ((rc = block_forward(p, l, p->y, x, b, w, 1, NULL))) return rc;
         if ((rc = block_backward(p, l, x, b, w, dw))) return rc;
     }
     /* embedding: scatter-add the input rows' gradient (serial: tokens repeat) */
@@ -792,27 +912,30 @@ struct gdn_model_decoder {
     int threads;
     gdn_layer_plan *lp1, *lpT;      /* GatedDeltaNet plans: one token, the current piece */
     gdn_attn_plan *ap1, *apT;       /* attention plans (NULL without attention layers) */
+    gdn_moe_plan *mp1, *mpT;        /* MoE plans (NULL without MoE layers) */
     int64_t pT, cap_rows;           /* the piece plans' T; rows the buffers hold */
     gdn_attn_cache **kv;            /* one per attention layer */
     float *conv, *rec;              /* per GatedDeltaNet layer: [B, conv_dim, Kc], [B, Hv, K, V] */
     float *x, *a, *y, *h, *gu, *m;  /* cap_rows rows */
     float *mm_ws;
     size_t conv_floats, rec_floats;
-    size_t *woff; /* [L][BLK_COUNT + 1]: gdn_model_blk_offset of each block, then the layer's
-                     gdn_model_layer_offset; computed once (per token they cost a small model's
-                     decode step a few %) */
+    size_t *woff; /* [L][WOFF]: gdn_model_blk_offset of the two norms and the MLP block, then the
+                     layer's gdn_model_layer_offset; computed once (per token they cost a small
+                     model's decode step a few %) */
 };
 
-static size_t blk_off(const gdn_model_decoder *d, int64_t l, int which) { return d->woff[l * (BLK_COUNT + 1) + which]; }
-static size_t layer_off(const gdn_model_decoder *d, int64_t l) { return blk_off(d, l, BLK_COUNT); }
+enum { WOFF_LAYER = BLK_MLP + 1, WOFF = WOFF_LAYER + 1 };
+static size_t blk_off(const gdn_model_decoder *d, int64_t l, int which) { return d->woff[l * WOFF + which]; }
+static size_t layer_off(const gdn_model_decoder *d, int64_t l) { return blk_off(d, l, WOFF_LAYER); }
 
 /* The per-layer cache index: layer l's place among the layers of its kind. */
 static int64_t kind_index(const gdn_model_config *c, int64_t l) {
     return is_attn(c, l) ? gdn_model_attn_before(c, l) : l - gdn_model_attn_before(c, l);
 }
 
-/* Plans of the mixers for pieces of T tokens (T = 1: the decode plans). */
-static int decoder_plans(gdn_model_decoder *d, int64_t T, gdn_layer_plan **lp, gdn_attn_plan **ap) {
+/* Plans of the mixers and the MoE blocks for pieces of T tokens (T = 1: the decode plans). */
+static int decoder_plans(gdn_model_decoder *d, int64_t T, gdn_layer_plan **lp, gdn_attn_plan **ap,
+                         gdn_moe_plan **mp) {
     const gdn_model_config *c = &d->cfg;
     gdn_layer_config lc = gdn_model_layer_config(c, d->B, T);
     lc.threads = d->threads;
@@ -822,6 +945,11 @@ static int decoder_plans(gdn_model_decoder *d, int64_t T, gdn_layer_plan **lp, g
         ac.threads = d->threads;
         rc = gdn_attn_plan_create(ap, &ac);
     }
+    if (!rc && gdn_model_moe_layers(c)) {
+        gdn_moe_config mc = gdn_model_moe_config(c, d->B * T);
+        mc.threads = d->threads;
+        rc = gdn_moe_plan_create(mp, &mc);
+    }
     return rc;
 }
 
@@ -829,7 +957,7 @@ static int decoder_plans(gdn_model_decoder *d, int64_t T, gdn_layer_plan **lp, g
 static int decoder_rows(gdn_model_decoder *d, int64_t T) {
     const int64_t rows = d->B * T;
     if (rows <= d->cap_rows) return GDN_OK;
-    const size_t E = (size_t)d->cfg.E, I = (size_t)d->cfg.I;
+    const size_t E = (size_t)d->cfg.E, I = gdn_model_moe_layers(&d->cfg) < d->cfg.L ? (size_t)d->cfg.I : 0;
     float *x = calloc((size_t)rows * (4 * E + 3 * I), sizeof(float));
     if (!x) return gdn_fail(GDN_ERR_NOMEM, "decoder: buffers for %lld rows", (long long)rows);
     free(d->x);
@@ -864,7 +992,7 @@ int gdn_model_decoder_create_dtype(gdn_model_decoder **out, const gdn_model_conf
     gdn_model_decoder *d = calloc(1, sizeof *d);
     if (!d) return gdn_fail(GDN_ERR_NOMEM, "decoder");
     d->cfg = *c, d->B = B, d->max_len = max_len, d->threads = threads > 0 ? threads : omp_get_max_threads();
-    if ((rc = decoder_plans(d, 1, &d->lp1, &d->ap1)) || (rc = decoder_rows(d, 1))) {
+    if ((rc = decoder_plans(d, 1, &d->lp1, &d->ap1, &d->mp1)) || (rc = decoder_rows(d, 1))) {
         gdn_model_decoder_destroy(d);
         return rc;
     }
@@ -875,15 +1003,15 @@ int gdn_model_decoder_create_dtype(gdn_model_decoder **out, const gdn_model_conf
     d->rec = calloc((size_t)ng * d->rec_floats + 1, sizeof(float));
     d->kv = calloc((size_t)na + 1, sizeof *d->kv);
     d->mm_ws = malloc(sizeof(float) * gdn_matmul_ws_floats(d->threads));
-    d->woff = malloc(sizeof(size_t) * (size_t)(c->L * (BLK_COUNT + 1)));
+    d->woff = malloc(sizeof(size_t) * (size_t)(c->L * WOFF));
     if (!d->conv || !d->rec || !d->kv || !d->mm_ws || !d->woff) {
         gdn_model_decoder_destroy(d);
         return gdn_fail(GDN_ERR_NOMEM, "decoder caches");
     }
     for (int64_t l = 0; l < c->L; l++) {
-        size_t *o = d->woff + l * (BLK_COUNT + 1);
-        for (int b = 0; b < BLK_COUNT; b++) o[b] = gdn_model_blk_offset(c, l, b);
-        o[BLK_COUNT] = gdn_model_layer_offset(c, l);
+        size_t *o = d->woff + l * WOFF;
+        for (int b = 0; b <= BLK_MLP; b++) o[b] = gdn_model_blk_offset(c, l, b);
+        o[WOFF_LAYER] = gdn_model_layer_offset(c, l);
     }
     for (int64_t i = 0; i < na; i++)
         if ((rc = gdn_attn_cache_create_dtype(&d->kv[i], B, c->Hkv, c->d, max_len, cache_dtype))) {
@@ -898,6 +1026,7 @@ void gdn_model_decoder_destroy(gdn_model_decoder *d) {
     if (!d) return;
     gdn_layer_plan_destroy(d->lp1), gdn_layer_plan_destroy(d->lpT);
     gdn_attn_plan_destroy(d->ap1), gdn_attn_plan_destroy(d->apT);
+    gdn_moe_plan_destroy(d->mp1), gdn_moe_plan_destroy(d->mpT);
     for (int64_t i = 0; d->kv && i < gdn_model_attn_layers(&d->cfg); i++) gdn_attn_cache_destroy(d->kv[i]);
     free(d->kv), free(d->conv), free(d->rec), free(d->x), free(d->mm_ws), free(d->woff);
     free(d);
@@ -959,9 +1088,9 @@ int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tok
     int rc = check_tokens(T == 1 ? "decode" : "prefill", tokens, d->B, T, T, d->cfg.vocab, NULL);
     if (rc) return rc;
     if (T > 1 && T != d->pT) { /* this piece length's plans (made at a prefill, never per token) */
-        gdn_layer_plan_destroy(d->lpT), gdn_attn_plan_destroy(d->apT);
-        d->lpT = NULL, d->apT = NULL, d->pT = 0;
-        if ((rc = decoder_plans(d, T, &d->lpT, &d->apT))) return rc;
+        gdn_layer_plan_destroy(d->lpT), gdn_attn_plan_destroy(d->apT), gdn_moe_plan_destroy(d->mpT);
+        d->lpT = NULL, d->apT = NULL, d->mpT = NULL, d->pT = 0;
+        if ((rc = decoder_plans(d, T, &d->lpT, &d->apT, &d->mpT))) return rc;
         d->pT = T;
     }
     if ((rc = decoder_rows(d, T))) return rc;
@@ -975,14 +1104,20 @@ int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tok
         if ((rc = decoder_mixer(d, l, T, w))) return rc;
         for (int64_t i = 0; i < N * E; i++) d->h[i] = d->x[i] + d->y[i];
         norm_rows(N, E, c->eps, d->a, d->h, w + blk_off(d, l, BLK_POST_NORM));
+        const float *wm = w + blk_off(d, l, BLK_MLP);
+        if (is_moe(c, l)) { /* only the chosen experts' weights are read */
+            if ((rc = gdn_moe_forward(T == 1 ? d->mp1 : d->mpT, d->y, NULL, d->a, wm, NULL, NULL, NULL))) return rc;
+            for (int64_t i = 0; i < N * E; i++) d->x[i] = d->h[i] + d->y[i];
+            continue;
+        }
         int64_t wd;
-        const int parts = gate_up_parts_at(c, blk_off(d, l, BLK_GATE), blk_off(d, l, BLK_UP), &wd);
+        const int parts = gate_up_parts(c, &wd);
         for (int h = 0; h < parts; h++)
-            gdn_matmul(GDN_GEMM_B_TRANS, N, wd, E, d->a, E, w + blk_off(d, l, BLK_GATE + h), E, d->gu + h * I,
+            gdn_matmul(GDN_GEMM_B_TRANS, N, wd, E, d->a, E, wm + dense_off(c, DENSE_GATE + h), E, d->gu + h * I,
                        2 * I, d->mm_ws, nt);
-        for (int64_t i = 0; i < N; i++) swiglu_row(d->m + i * I, d->gu + i * 2 * I, d->gu + i * 2 * I + I, I);
+        for (int64_t i = 0; i < N; i++) gdn_swiglu_row(d->m + i * I, d->gu + i * 2 * I, d->gu + i * 2 * I + I, I);
         memcpy(d->x, d->h, sizeof(float) * (size_t)(N * E));
-        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, w + blk_off(d, l, BLK_DOWN), I, d->x, E,
+        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, wm + dense_off(c, DENSE_DOWN), I, d->x, E,
                    d->mm_ws, nt);
     }
     norm_rows(N, E, c->eps, d->a, d->x, w + gdn_model_final_norm_offset(c));

@@ -52,6 +52,18 @@ int64_t gdn_model_attn_before(const gdn_model_config *c, int64_t n) {
     return k;
 }
 int64_t gdn_model_attn_layers(const gdn_model_config *c) { return gdn_model_attn_before(c, c->L); }
+int64_t gdn_model_moe_before(const gdn_model_config *c, int64_t n) {
+    int64_t k = 0;
+    for (int64_t l = 0; l < n && l < GDN_MODEL_MAX_LAYERS; l++) k += is_moe(c, l);
+    return k;
+}
+int64_t gdn_model_moe_layers(const gdn_model_config *c) { return gdn_model_moe_before(c, c->L); }
+
+gdn_moe_config gdn_model_moe_config(const gdn_model_config *c, int64_t N) {
+    gdn_moe_config mc = gdn_moe_config_default(N, c->E, c->n_experts, c->top_k, c->moe_I, c->shared_I);
+    mc.norm_topk = c->norm_topk;
+    return mc;
+}
 
 void gdn_model_set_attention_interval(gdn_model_config *c, int64_t interval) {
     memset(c->full_attention, 0, sizeof c->full_attention);
@@ -64,13 +76,9 @@ int gdn_model_config_check(const gdn_model_config *c) {
     if (c->vocab < 1 || c->vocab > GDN_MODEL_MAX_VOCAB)
         return gdn_fail(GDN_ERR_SHAPE, "model vocab_size = %lld is out of range [1, %lld]", (long long)c->vocab,
                         (long long)GDN_MODEL_MAX_VOCAB);
-    const struct { const char *name; int64_t v, max; } dims[] = {
-        {"num_hidden_layers", c->L, GDN_MODEL_MAX_LAYERS}, {"intermediate_size", c->I, (int64_t)1 << 20},
-    };
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i].v < 1 || dims[i].v > dims[i].max)
-            return gdn_fail(GDN_ERR_SHAPE, "model %s = %lld is out of range [1, %lld]", dims[i].name,
-                            (long long)dims[i].v, (long long)dims[i].max);
+    if (c->L < 1 || c->L > GDN_MODEL_MAX_LAYERS)
+        return gdn_fail(GDN_ERR_SHAPE, "model num_hidden_layers = %lld is out of range [1, %d]", (long long)c->L,
+                        GDN_MODEL_MAX_LAYERS);
     for (int64_t l = 0; l < GDN_MODEL_MAX_LAYERS; l++) {
         if (c->full_attention[l] > 1)
             return gdn_fail(GDN_ERR_ARG, "model full_attention[%lld] = %d: 1 (full attention) or 0 (GatedDeltaNet)",
@@ -78,6 +86,24 @@ int gdn_model_config_check(const gdn_model_config *c) {
         if (l >= c->L && c->full_attention[l])
             return gdn_fail(GDN_ERR_SHAPE, "model full_attention[%lld] = 1 but the model has %lld layers",
                             (long long)l, (long long)c->L);
+        if (c->moe[l] > 1)
+            return gdn_fail(GDN_ERR_ARG, "model moe[%lld] = %d: 1 (sparse MoE MLP) or 0 (dense)", (long long)l,
+                            c->moe[l]);
+        if (l >= c->L && c->moe[l])
+            return gdn_fail(GDN_ERR_SHAPE, "model moe[%lld] = 1 but the model has %lld layers", (long long)l,
+                            (long long)c->L);
+    }
+    /* each MLP kind's dimensions only where some layer is of that kind */
+    const int64_t nm = gdn_model_moe_layers(c);
+    if (nm < c->L && (c->I < 1 || c->I > (int64_t)1 << 20))
+        return gdn_fail(GDN_ERR_SHAPE, "model intermediate_size = %lld is out of range [1, %lld]", (long long)c->I,
+                        (long long)1 << 20);
+    if (nm) {
+        const gdn_moe_config mc = gdn_model_moe_config(c, 1);
+        int rc = gdn_moe_config_check(&mc);
+        if (rc) return rc;
+        if (!(c->router_aux_coef >= 0.0) || !isfinite(c->router_aux_coef))
+            return gdn_fail(GDN_ERR_ARG, "model router_aux_loss_coef = %g must be finite and >= 0", c->router_aux_coef);
     }
     /* each kind's dimensions only where some layer is of that kind */
     const int64_t na = gdn_model_attn_layers(c);
@@ -95,10 +121,6 @@ int gdn_model_config_check(const gdn_model_config *c) {
 
 /* ---------------------------------------------------------------- the flat parameter layout */
 
-static const char *const blk_names[BLK_COUNT] = {
-    "input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-    "mlp.up_proj.weight", "mlp.down_proj.weight"};
-
 /* Floats of one mixer block of each kind (0 for a kind the model does not use: its dimensions
  * may be unset), of layer l's, and of the norms and the MLP that follow every mixer. */
 static size_t gdn_mixer_floats(const gdn_model_config *c) {
@@ -114,25 +136,54 @@ static size_t attn_mixer_floats(const gdn_model_config *c) {
 static size_t mixer_floats(const gdn_model_config *c, int64_t l) {
     return is_attn(c, l) ? attn_mixer_floats(c) : gdn_mixer_floats(c);
 }
-static size_t blk_numel(const gdn_model_config *c, int which) {
-    return which <= BLK_POST_NORM ? (size_t)c->E : (size_t)(c->I * c->E);
+
+/* ---- the MLP kinds' parameter layouts: the dense SwiGLU (gate_proj, up_proj, down_proj, each
+ * padded to 16 floats) and the sparse MoE block (moe.h's flat layout), each tensor named under
+ * the layer's "mlp." module. One entry per kind; model.c's mlp_ops holds their compute. */
+static const char *const dense_names[DENSE_COUNT] = {"gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+static size_t dense_floats(const gdn_model_config *c) { return 3 * pad16((size_t)(c->I * c->E)); }
+static int dense_count(const gdn_model_config *c) { return DENSE_COUNT; }
+static void dense_tensor(const gdn_model_config *c, int j, gdn_model_tensor_info *t) {
+    snprintf(t->name, sizeof t->name, "%s", dense_names[j]);
+    t->ndim = 2;
+    t->shape[0] = j == DENSE_DOWN ? c->E : c->I;
+    t->shape[1] = j == DENSE_DOWN ? c->I : c->E;
+    t->offset = (size_t)j * pad16((size_t)(c->I * c->E));
+    t->numel = (size_t)(c->I * c->E);
 }
-static size_t mlp_floats(const gdn_model_config *c) {
-    size_t n = 0;
-    for (int i = 0; i < BLK_COUNT; i++) n += pad16(blk_numel(c, i));
-    return n;
+static size_t moe_floats(const gdn_model_config *c) {
+    const gdn_moe_config mc = gdn_model_moe_config(c, 1);
+    return pad16(gdn_moe_param_floats(&mc));
 }
+/* Without a shared expert (shared_I = 0) its three tensors and its gate are absent. */
+static int moe_count(const gdn_model_config *c) { return c->shared_I > 0 ? GDN_MOE_COUNT : GDN_MOE_SHARED_GATE; }
+static void moe_tensor(const gdn_model_config *c, int j, gdn_model_tensor_info *t) {
+    const gdn_moe_config mc = gdn_model_moe_config(c, 1);
+    snprintf(t->name, sizeof t->name, "%s", gdn_moe_param_name(j));
+    t->ndim = gdn_moe_param_shape(&mc, j, t->shape);
+    t->offset = gdn_moe_param_offset(&mc, j);
+    t->numel = gdn_moe_param_numel(&mc, j);
+}
+static const gdn_mlp_layout mlp_layouts[2] = {
+    {"dense", dense_floats, dense_count, dense_tensor},
+    {"moe", moe_floats, moe_count, moe_tensor},
+};
+const gdn_mlp_layout *gdn_model_mlp_layout(const gdn_model_config *c, int64_t l) { return &mlp_layouts[is_moe(c, l)]; }
+
 static size_t embed_floats(const gdn_model_config *c) { return pad16((size_t)(c->vocab * c->E)); }
 
 size_t gdn_model_layer_offset(const gdn_model_config *c, int64_t l) {
-    const int64_t na = gdn_model_attn_before(c, l);
-    return embed_floats(c) + (size_t)l * mlp_floats(c) + (size_t)na * attn_mixer_floats(c) +
-           (size_t)(l - na) * gdn_mixer_floats(c);
+    /* the layers before l, counted by kind (dense and MoE blocks, GatedDeltaNet and attention mixers) */
+    const int64_t na = gdn_model_attn_before(c, l), nm = gdn_model_moe_before(c, l);
+    const size_t norms = 2 * pad16((size_t)c->E);
+    size_t off = embed_floats(c) + (size_t)l * norms + (size_t)na * attn_mixer_floats(c) +
+                 (size_t)(l - na) * gdn_mixer_floats(c);
+    if (nm) off += (size_t)nm * mlp_layouts[1].floats(c);
+    if (l - nm) off += (size_t)(l - nm) * mlp_layouts[0].floats(c);
+    return off;
 }
 size_t gdn_model_blk_offset(const gdn_model_config *c, int64_t l, int which) {
-    size_t off = gdn_model_layer_offset(c, l) + mixer_floats(c, l);
-    for (int i = 0; i < which; i++) off += pad16(blk_numel(c, i));
-    return off;
+    return gdn_model_layer_offset(c, l) + mixer_floats(c, l) + (size_t)which * pad16((size_t)c->E);
 }
 size_t gdn_model_final_norm_offset(const gdn_model_config *c) { return gdn_model_layer_offset(c, c->L); }
 size_t gdn_model_lm_head_offset(const gdn_model_config *c) {
@@ -146,10 +197,15 @@ size_t gdn_model_param_floats(const gdn_model_config *c) {
 /* Tensors of layer l: its mixer's, then the norms and the MLP. */
 static int mixer_tensors(const gdn_model_config *c, int64_t l) { return is_attn(c, l) ? GDN_A_COUNT : GDN_P_COUNT; }
 static int head_tensors(const gdn_model_config *c) { return c->tie_embeddings ? 1 : 2; } /* after the layers */
+/* Layer l's: its mixer's, the two norms, its MLP's. */
+static int layer_tensors(const gdn_model_config *c, int64_t l) {
+    return mixer_tensors(c, l) + 2 + gdn_model_mlp_layout(c, l)->count(c);
+}
 
 int gdn_model_tensor_count(const gdn_model_config *c) {
-    const int64_t na = gdn_model_attn_layers(c);
-    return (int)(1 + c->L * BLK_COUNT + na * GDN_A_COUNT + (c->L - na) * GDN_P_COUNT + head_tensors(c));
+    int n = 1 + head_tensors(c);
+    for (int64_t l = 0; l < c->L; l++) n += layer_tensors(c, l);
+    return n;
 }
 
 /* The embedding (which 0), the final norm (1), lm_head (2). */
@@ -193,22 +249,26 @@ int gdn_model_tensor(const gdn_model_config *c, int i, gdn_model_tensor_info *t)
     }
     int j = i - 1;
     int64_t l = 0;
-    for (; j >= mixer_tensors(c, l) + BLK_COUNT; l++) j -= mixer_tensors(c, l) + BLK_COUNT;
+    for (; j >= layer_tensors(c, l); l++) j -= layer_tensors(c, l);
     if (j < mixer_tensors(c, l)) {
         mixer_tensor(c, l, j, t);
         return GDN_OK;
     }
-    const int b = j - mixer_tensors(c, l);
-    snprintf(t->name, sizeof t->name, "model.layers.%lld.%s", (long long)l, blk_names[b]);
-    t->offset = gdn_model_blk_offset(c, l, b);
-    t->numel = blk_numel(c, b);
-    if (b <= BLK_POST_NORM) {
+    j -= mixer_tensors(c, l);
+    if (j < 2) { /* input_layernorm, post_attention_layernorm */
+        snprintf(t->name, sizeof t->name, "model.layers.%lld.%s", (long long)l,
+                 j ? "post_attention_layernorm.weight" : "input_layernorm.weight");
+        t->offset = gdn_model_blk_offset(c, l, j);
+        t->numel = (size_t)c->E;
         t->ndim = 1, t->shape[0] = c->E;
-    } else {
-        t->ndim = 2, t->decay = 1;
-        t->shape[0] = b == BLK_DOWN ? c->E : c->I;
-        t->shape[1] = b == BLK_DOWN ? c->I : c->E;
+        return GDN_OK;
     }
+    gdn_model_mlp_layout(c, l)->tensor(c, j - 2, t);
+    char leaf[sizeof t->name];
+    memcpy(leaf, t->name, sizeof leaf); /* a leaf name is short: "experts.gate_up_proj" at most */
+    snprintf(t->name, sizeof t->name, "model.layers.%lld.mlp.%.40s", (long long)l, leaf);
+    t->offset += gdn_model_blk_offset(c, l, BLK_MLP);
+    t->decay = t->ndim >= 2;
     return GDN_OK;
 }
 

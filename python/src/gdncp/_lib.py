@@ -244,7 +244,10 @@ class ModelConfig(ctypes.Structure):
                 ("eps", c_float), ("tie_embeddings", c_int),
                 ("H", c_int64), ("Hkv", c_int64), ("d", c_int64), ("R", c_int64),
                 ("rope_theta", c_double), ("max_position", c_int64),
-                ("full_attention", c_ubyte * GDN_MODEL_MAX_LAYERS)]
+                ("full_attention", c_ubyte * GDN_MODEL_MAX_LAYERS),
+                ("n_experts", c_int64), ("top_k", c_int64), ("moe_I", c_int64), ("shared_I", c_int64),
+                ("norm_topk", c_int), ("router_aux", c_int), ("router_aux_coef", c_double),
+                ("moe", c_ubyte * GDN_MODEL_MAX_LAYERS)]
 
 
 class ModelRun(ctypes.Structure):
