@@ -74,7 +74,52 @@ train 1 "$work/iv0.csv" --steps 4 --batch 2 --attn-interval 0 || fail "train --a
 grep -q "GatedDeltaNet layers only" "$work/iv0.csv.out" && pass "--attn-interval 0: GatedDeltaNet only" ||
   fail "--attn-interval 0 still has attention"
 
+echo "== tiny-moe (every MLP a sparse mixture of 8 experts, 2 per token, a shared expert; the aux loss over the grid)"
+moe=(--model tiny-moe --steps 4)
+train 1 "$work/moe1.csv" "${moe[@]}" --batch 2 || fail "train --model tiny-moe"
+awk -F, 'NR > 1 && $9 + 0 > 0 { n++ } END { exit !(n == 4) }' "$work/moe1.csv" &&
+  pass "tiny-moe: the aux loss in every step's CSV row ($(awk -F, 'NR == 2 { print $9 }' "$work/moe1.csv"))" ||
+  { fail "tiny-moe: no aux_loss column"; cat "$work/moe1.csv"; }
+for grid in "2 --cp 2 --attn-cp kv --batch 2" "2 --cp 2 --attn-cp heads --batch 2" "3 --cp 3 --batch 2" \
+            "2 --batch 1" "4 --cp 2 --batch 1"; do
+  set -- $grid
+  n=$1; shift
+  train "$n" "$work/moeg.csv" "${moe[@]}" "$@" || fail "train tiny-moe on $n ranks $*"
+  expect_close "tiny-moe on $n ranks ($*) vs one rank, aux loss included" "$work/moeg.csv" "$work/moe1.csv" $TOL
+done
+train 2 "$work/moepr.csv" "${moe[@]}" --batch 1 --fault aux-per-rank || fail "train tiny-moe --fault aux-per-rank"
+expect_far "tiny-moe DP 2 with each rank's aux loss from its own rows (--fault aux-per-rank)" "$work/moepr.csv" "$work/moe1.csv" $TOL
+train 2 "$work/moeprc.csv" "${moe[@]}" --batch 2 --cp 2 --fault aux-per-rank || fail "train tiny-moe --cp 2 --fault aux-per-rank"
+expect_far "tiny-moe CP 2 with each rank's aux loss from its own shard" "$work/moeprc.csv" "$work/moe1.csv" $TOL
+train 1 "$work/moe0.csv" "${moe[@]}" --batch 2 --router-aux-coef 0 || fail "train tiny-moe --router-aux-coef 0"
+expect_far "tiny-moe without the aux loss (--router-aux-coef 0)" "$work/moe0.csv" "$work/moe1.csv" $TOL
+
 if [ -n "${GDN_TRAIN_ONLY_GRIDS:-}" ]; then echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit; fi
+
+echo "== tiny-moe: packed documents, resume bit for bit, --init from transformers' Qwen3.5-MoE checkpoint"
+train 1 "$work/mpk1.csv" --model tiny-moe --seq 256 --steps 3 --batch 2 --pack '\n%\n' || fail "train tiny-moe --pack"
+train 2 "$work/mpk2.csv" --model tiny-moe --seq 256 --steps 3 --batch 2 --pack '\n%\n' --cp 2 || fail "train tiny-moe --pack --cp 2"
+expect_close "tiny-moe --pack, --cp 2 vs one rank" "$work/mpk2.csv" "$work/mpk1.csv" $TOL
+train 2 "$work/mfull.csv" "${moe[@]}" --steps 6 --batch 2 --cp 2 --out "$work/mfull" --save-every 3 --keep 0 ||
+  fail "tiny-moe uninterrupted"
+mkdir -p "$work/mpart" && cp -r "$work/mfull/checkpoint-00000003" "$work/mpart/"
+train 2 "$work/mres.csv" "${moe[@]}" --steps 6 --batch 2 --cp 2 --resume "$work/mpart" --out "$work/mpart" || fail "tiny-moe resume"
+if [ "$(tail -n +5 "$work/mfull.csv" | cut -d, -f2,9)" = "$(tail -n +2 "$work/mres.csv" | cut -d, -f2,9)" ] &&
+   [ "$(tail -n +2 "$work/mres.csv" | wc -l)" = 3 ]; then
+  pass "tiny-moe resumed from step 3: steps 4-6's loss and aux loss bit-identical"
+else fail "tiny-moe resume differs:"; paste -d' ' "$work/mfull.csv" "$work/mres.csv"; fi
+# 400 bytes, half held out: the training split is exactly one window of 200 bytes, so step 1's
+# batch is bytes 0..199, the loss before any update (the --init checks below use it too)
+head -c 400 "$text" > "$work/400.txt"
+ids() { head -c "$2" "$work/400.txt" | tail -c "$1" | od -An -tu1 -v | tr -s ' \n' ',' | sed 's/^,//;s/,$//'; }
+mref=$($g sample --ckpt tests/data/qwen35_moe_tiny --prompt-ids "$(ids 200 200)" --score | awk '/^score/ { print $3 }')
+timeout 120 $MPIEXEC -n 2 $g train --data "$work/400.txt" --init tests/data/qwen35_moe_tiny --seq 199 --batch 1 --steps 2 \
+  --val-fraction 0.5 --eval-every 0 --threads 1 --cp 2 --router-aux-coef 0 --log "$work/minit.csv" >"$work/minit.out" 2>&1 ||
+  { fail "--init qwen35_moe_tiny --cp 2"; cat "$work/minit.out"; }
+first=$(awk -F, 'NR == 2 { print $2 }' "$work/minit.csv")
+if awk -v a="$first" -v b="$mref" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5) }'; then
+  pass "--init qwen35_moe_tiny --cp 2: step 1's loss $first = the checkpoint's loss on those bytes $mref (gdncp sample --score)"
+else fail "--init qwen35_moe_tiny: step 1's loss $first vs the checkpoint's $mref"; cat "$work/minit.out"; fi
 
 echo "== packed documents and recompute on the hybrid"
 pk=(--seq 256 --steps 3 --batch 2 --pack '\n%\n')
@@ -87,10 +132,6 @@ train 2 "$work/pkdrop.csv" "${pk[@]}" --cp 2 --fault drop-kv || fail "train --pa
 expect_far "--pack, --cp 2 with rank 0's keys and values dropped" "$work/pkdrop.csv" "$work/pk1.csv" $TOL
 
 echo "== --init tests/data/qwen35_tiny (transformers' checkpoint decides the model)"
-# 400 bytes, half held out: the training split is exactly one window of 200 bytes, so step 1's
-# batch is bytes 0..199, the loss before any update
-head -c 400 "$text" > "$work/400.txt"
-ids() { head -c "$2" "$work/400.txt" | tail -c "$1" | od -An -tu1 -v | tr -s ' \n' ',' | sed 's/^,//;s/,$//'; }
 ref=$($g sample --ckpt tests/data/qwen35_tiny --prompt-ids "$(ids 200 200)" --score | awk '/^score/ { print $3 }')
 shifted=$($g sample --ckpt tests/data/qwen35_tiny --prompt-ids "$(ids 200 201)" --score | awk '/^score/ { print $3 }')
 for grid in "1 1 kv" "2 2 heads"; do

@@ -17,10 +17,12 @@
 #include "gdncp/train.h"
 
 const char cmd_train_usage[] =
-    "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long]\n"
+    "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long|tiny-moe|small-moe]\n"
     "         [--vocab N] [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
     "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
     "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
+    "         [--experts N] [--experts-per-tok K] [--moe-intermediate I] [--shared-intermediate I]\n"
+    "         [--router-aux-coef X]\n"
     "         [--compute fp32|bf16] [--log-every N] [--progress auto|line|lines]\n"
     "         [--seq T] [--batch B] [--steps N] [--cp C] [--strategy scan|allgather|relay|heads]\n"
     "         [--lr X] [--min-lr X] [--warmup N] [--weight-decay X] [--clip X] [--beta1 X] [--beta2 X]\n"
@@ -38,6 +40,11 @@ const char cmd_train_usage[] =
     "  The named models are hybrid: layer l is full attention when (l + 1) % 4 == 0; --attn-interval N\n"
     "  makes it every N-th layer (0: GatedDeltaNet only), --layer-types lists every layer.\n"
     "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n"
+    "  --experts N: every layer's MLP a sparse mixture of N experts (Qwen3.5-MoE), K of them per token\n"
+    "  (default 2), each --moe-intermediate wide (default: --intermediate), beside a shared expert of\n"
+    "  --shared-intermediate (default 0: none); the *-moe models have them. --router-aux-coef X: the\n"
+    "  loss adds X times the load-balancing loss over the whole DP x CP batch (0: off; default: the\n"
+    "  model's, 0.001 in the *-moe models, a checkpoint's router_aux_loss_coef if output_router_logits).\n"
     "  --save-dtype bf16: model.safetensors in BF16 (half the bytes; the fp32 master weights stay in\n"
     "  optimizer.safetensors, so --resume is exact).\n";
 
@@ -120,6 +127,7 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
     /* the int-typed options, read as int64 and range-checked like the others */
     int64_t cp = o->cp, keep = o->keep_last, threads = o->threads;
     int64_t interval = GDN_MODEL_NAMED_ATTN_INTERVAL, head_dim = -1;
+    int64_t experts = -1, top_k = -1, moe_I = -1, shared_I = -1; /* -1: not given */
     int interval_given = 0, progress = -1; /* --progress: -1 auto, 0 lines, 1 line */
     const char *layer_types = NULL;
     for (int i = 1; i < argc; i++) {
@@ -139,11 +147,15 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             {"--eval-seqs", &o->eval_seqs, 1, 1 << 20},  {"--attn-heads", &o->model.H, 1, 1024},
             {"--kv-heads", &o->model.Hkv, 1, 1024},      {"--head-dim", &head_dim, 2, 1024},
             {"--attn-interval", &interval, 0, GDN_MODEL_MAX_LAYERS}, {"--vocab", &o->model.vocab, 1, GDN_MODEL_MAX_VOCAB},
+            {"--experts", &experts, 0, GDN_MOE_MAX_EXPERTS}, {"--experts-per-tok", &top_k, 1, GDN_MOE_MAX_EXPERTS},
+            {"--moe-intermediate", &moe_I, 1, 1 << 18},  {"--shared-intermediate", &shared_I, 0, 1 << 18},
         };
         /* the flags that set the model (refused against a checkpoint's config that differs) */
         static const char *const model_flags[] = {"--hidden", "--layers", "--intermediate", "--key-heads",
                                                   "--value-heads", "--key-dim", "--value-dim", "--conv",
-                                                  "--attn-heads", "--kv-heads", "--head-dim", "--attn-interval", "--vocab"};
+                                                  "--attn-heads", "--kv-heads", "--head-dim", "--attn-interval", "--vocab",
+                                                  "--experts", "--experts-per-tok", "--moe-intermediate",
+                                                  "--shared-intermediate"};
         for (size_t k = 0; k < sizeof model_flags / sizeof model_flags[0]; k++)
             if (!strcmp(a, model_flags[k])) o->model_explicit = 1;
         if (!strcmp(a, "--attn-interval")) interval_given = 1;
@@ -151,7 +163,7 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             {"--lr", &o->opt.lr, 1e-8, 1},           {"--min-lr", &o->opt.min_lr, 0, 1}, /* <= --lr */
             {"--weight-decay", &o->opt.weight_decay, 0, 1}, {"--clip", &o->opt.clip, 0, 1e6},
             {"--beta1", &o->opt.beta1, 0, 0.999999}, {"--beta2", &o->opt.beta2, 0, 0.999999},
-            {"--val-fraction", &o->val_fraction, 1e-6, 0.5},
+            {"--val-fraction", &o->val_fraction, 1e-6, 0.5}, {"--router-aux-coef", &o->router_aux_coef, 0, 1e3},
         };
         int matched = 0;
         for (size_t k = 0; !matched && k < sizeof ints / sizeof ints[0]; k++)
@@ -213,6 +225,8 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             o->pack = sep, i++;
         } else if (!strcmp(a, "--fault") && v && !strcmp(v, "drop-incoming")) {
             o->fault = GDN_CP_FAULT_DROP_INCOMING, i++; /* testing only: a deliberately wrong run */
+        } else if (!strcmp(a, "--fault") && v && !strcmp(v, "aux-per-rank")) {
+            o->fault = GDN_TRAIN_FAULT_AUX_PER_RANK, i++; /* testing only: the MoE aux loss per rank */
         } else if (!strcmp(a, "--fault") && v && !strcmp(v, "drop-kv")) {
             o->fault = GDN_CP_FAULT_ATTN_DROP_KV, i++; /* testing only: earlier ranks' keys and values unseen */
         } else {
@@ -234,6 +248,23 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
     } else {
         gdn_model_set_attention_interval(&o->model, interval); /* over the final --layers */
     }
+    /* the experts: --experts makes (0: unmakes) every layer's MLP a mixture; the other MoE flags
+     * change a model that has them */
+    if (experts >= 0) {
+        o->model.n_experts = experts;
+        for (int64_t l = 0; l < GDN_MODEL_MAX_LAYERS; l++) o->model.moe[l] = experts > 0 && l < o->model.L;
+        if (experts && !o->model.top_k) o->model.top_k = 2;
+        if (experts && !o->model.moe_I) o->model.moe_I = o->model.I;
+        if (experts && !o->model.norm_topk) o->model.norm_topk = 1;
+    }
+    if ((top_k >= 0 || moe_I >= 0 || shared_I >= 0) && !o->model.n_experts) {
+        fprintf(stderr, "gdncp train: --experts-per-tok, --moe-intermediate and --shared-intermediate set a mixture "
+                        "of experts: give --experts N (or a *-moe --model)\n");
+        return CLI_USAGE_ERROR;
+    }
+    if (top_k >= 0) o->model.top_k = top_k;
+    if (moe_I >= 0) o->model.moe_I = moe_I;
+    if (shared_I >= 0) o->model.shared_I = shared_I;
     if (!o->data) {
         fprintf(stderr, "gdncp train: --data FILE is required\n");
         return usage();

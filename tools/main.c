@@ -32,6 +32,8 @@ static void usage(FILE *out) {
             "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"
             "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
             "  bench  matmul [--json] [--quick] [--M N] [--reps R]  projection GEMM, fp32 and BF16 compute\n"
+            "  bench  moe [--json] [--quick] [--shape 35b|next|both] [--T N,..] [--compute fp32|bf16|both]\n"
+            "         [--threads N] [--reps R]   sparse MoE block benchmark (fwd, fwd+bwd, decode)\n"
             "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
             "  bench  attention-cp [--T N] [--H --Hkv --d --E N] [--reps R]  (under mpiexec) attention CP\n"
             "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
@@ -67,6 +69,7 @@ static const struct {
     {"bench", "train", cmd_bench_train, MPI_NEVER, cmd_bench_train_usage},
     {"bench", "decode", cmd_bench_decode, MPI_NEVER, cmd_bench_decode_usage},
     {"bench", "matmul", cmd_bench_matmul, MPI_NEVER, cmd_bench_matmul_usage},
+    {"bench", "moe", cmd_bench_moe, MPI_NEVER, cmd_bench_moe_usage},
     {"bench", NULL, cmd_bench, MPI_NEVER, cmd_bench_usage}, /* bench kernel (and its refusals of unknown benches) */
     {"diff", NULL, cmd_diff, MPI_NEVER, cmd_diff_usage},
     {"gen", NULL, cmd_gen, MPI_NEVER, cmd_gen_usage},

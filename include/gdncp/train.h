@@ -410,6 +410,8 @@ typedef struct {
     gdn_model_config model; /* with init/resume the checkpoint's config is used: then model must
                                agree with it where model_explicit is set */
     int model_explicit;     /* model was given (flags): refuse a checkpoint whose config differs */
+    double router_aux_coef; /* MoE models: the aux loss's coefficient over the model's (-1: the model's
+                               router_aux / router_aux_coef; 0: off; > 0: on with this coefficient) */
     int attn_cp;            /* the attention layers' CP strategy: GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS */
     int compute;            /* GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16 (the model's products; gdn_model_run) */
     const char *data;       /* byte text or token file */
@@ -445,8 +447,12 @@ typedef struct {
     int pack_by_id;         /* packed documents ending with the one id pack_id (--pack-id; byte
                                text or token file; excludes pack) */
     gdn_token pack_id;
-    int fault;              /* testing only: a gdn_cp fault injected into every CP exchange */
+    int fault;              /* testing only: a gdn_cp fault injected into every CP exchange, or
+                               GDN_TRAIN_FAULT_AUX_PER_RANK */
 } gdn_train_options;
+/* Testing only (gdn_train_options.fault): each rank's MoE aux loss from its own rows' router
+ * statistics instead of the whole grid's (a split run then differs from one rank). */
+#define GDN_TRAIN_FAULT_AUX_PER_RANK 100
 
 GDN_API gdn_train_options gdn_train_defaults(void);
 /* Train. Progress lines go to `progress` on world rank 0 (NULL: quiet). Collective over world:

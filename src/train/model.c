@@ -584,8 +584,10 @@ static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float 
     norm_forward(p, N, b->a2, b->rstd2, b->h, w + gdn_model_blk_offset(c, l, BLK_POST_NORM));
     /* the dense MLP keeps its gate/up rows in any case (its own buffer); MoE only when asked */
     float *saved = keep || !is_moe(c, l) ? b->mlp_saved : NULL;
-    return mlp_table[is_moe(c, l)].forward(p, xout, saved, b->h, b->a2, w + gdn_model_blk_offset(c, l, BLK_MLP),
-                                           stats);
+    rc = mlp_table[is_moe(c, l)].forward(p, xout, saved, b->h, b->a2, w + gdn_model_blk_offset(c, l, BLK_MLP), stats);
+    /* the MoE block can fail on one rank alone (a NaN in its router): agreed before the next
+     * layer's CP exchanges */
+    return is_moe(c, l) ? agree_local(p, rc) : rc;
 }
 
 /* One block backward: dres holds the gradient of the block's output on entry and of its input
@@ -596,6 +598,7 @@ static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const bl
     const int64_t N = p->N;
     const size_t mo = gdn_model_blk_offset(c, l, BLK_MLP);
     int rc = mlp_table[is_moe(c, l)].backward(p, p->da, dw + mo, b->a2, w + mo, b->mlp_saved, p->dres);
+    if (is_moe(c, l)) rc = agree_local(p, rc);
     if (rc) return rc;
     /* post norm: dres (dh) += its input gradient */
     norm_backward(p, N, p->dres, 1, dw + gdn_model_blk_offset(c, l, BLK_POST_NORM), p->da, b->h, b->rstd2,

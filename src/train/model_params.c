@@ -17,17 +17,30 @@ int gdn_model_config_named(const char *name, gdn_model_config *c) {
 #define HYBRID(E_, L_, I_, Hk_, Hv_, K_, V_, H_, Hkv_, d_)                                              \
     {.vocab = 256, .E = E_, .L = L_, .I = I_, .Hk = Hk_, .Hv = Hv_, .K = K_, .V = V_, .Kc = 4, .eps = 1e-6f, \
      .H = H_, .Hkv = Hkv_, .d = d_, .R = (d_) / 4, .rope_theta = 1e7}
+    /* The MoE forms: every MLP a sparse MoE block whose active width (top_k x moe_I + shared_I)
+     * is the dense form's I, the aux loss on with Qwen's coefficient 0.001 */
+#define MOE(n_, k_, I_, Is_) .n_experts = n_, .top_k = k_, .moe_I = I_, .shared_I = Is_, .norm_topk = 1, \
+                             .router_aux = 1, .router_aux_coef = 1e-3
+#define HYBRID_MOE(E_, L_, Hk_, Hv_, K_, V_, H_, Hkv_, d_, ...)                                               \
+    {.vocab = 256, .E = E_, .L = L_, .Hk = Hk_, .Hv = Hv_, .K = K_, .V = V_, .Kc = 4, .eps = 1e-6f, .H = H_,  \
+     .Hkv = Hkv_, .d = d_, .R = (d_) / 4, .rope_theta = 1e7, MOE(__VA_ARGS__)}
     static const struct { const char *name; gdn_model_config cfg; } named[] = {
         /* E, L, I, Hk, Hv, K, V, H, Hkv, d */
         {"tiny", HYBRID(128, 4, 192, 1, 2, 32, 32, 2, 1, 32)},
         {"small", HYBRID(256, 4, 768, 2, 4, 64, 64, 4, 2, 64)},
         {"long", HYBRID(128, 4, 256, 2, 4, 32, 32, 4, 2, 32)},
+        /* E, L, Hk, Hv, K, V, H, Hkv, d, experts, top_k, moe_I, shared_I */
+        {"tiny-moe", HYBRID_MOE(128, 4, 1, 2, 32, 32, 2, 1, 32, 8, 2, 64, 64)},
+        {"small-moe", HYBRID_MOE(256, 4, 2, 4, 64, 64, 4, 2, 64, 32, 4, 128, 256)},
     };
+#undef HYBRID_MOE
+#undef MOE
 #undef HYBRID
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
         if (name && !strcmp(name, named[i].name)) {
             *c = named[i].cfg;
             gdn_model_set_attention_interval(c, GDN_MODEL_NAMED_ATTN_INTERVAL);
+            for (int64_t l = 0; c->n_experts && l < c->L; l++) c->moe[l] = 1;
             return 1;
         }
     return 0;

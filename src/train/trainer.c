@@ -30,6 +30,7 @@ gdn_train_options gdn_train_defaults(void) {
     o.keep_last = 2;
     o.eval_every = 50, o.eval_seqs = 16;
     o.log_every = 1;
+    o.router_aux_coef = -1;
     return o;
 }
 
@@ -40,8 +41,12 @@ double gdn_peak_rss_mb(void) {
 }
 
 double gdn_model_train_flops_per_token(const gdn_model_config *c, int64_t T) {
-    /* the embedding's lookup is free; a tied one still does the head's matmul */
-    const double params = (double)gdn_model_param_count(c) - (c->tie_embeddings ? 0.0 : (double)(c->vocab * c->E));
+    /* the embedding's lookup is free; a tied one still does the head's matmul; a token runs only
+     * top_k of an MoE layer's n_experts experts (the active parameters) */
+    const double idle_experts = (double)gdn_model_moe_layers(c) * (double)(c->n_experts - c->top_k) * 3.0 *
+                                (double)c->moe_I * (double)c->E;
+    const double params = (double)gdn_model_param_count(c) - (c->tie_embeddings ? 0.0 : (double)(c->vocab * c->E)) -
+                          idle_experts;
     const double C = 64, K = (double)c->K, V = (double)c->V;
     const double f = 3 * C * K + 2 * C * V + 6 * K * V + C * C / 3;
     const double b = 18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C;
@@ -62,6 +67,7 @@ typedef struct {
     gdn_model_config cfg;
     size_t nw;
     float *w, *dw, *m, *v;
+    double *router; /* MoE: the routers' statistics, 2 n_experts + 1 (grid_router_stats) */
     gdn_model_plan *plan;
     gdn_data *data;
     gdn_token *tokens; /* batch x (tn + 1) */
@@ -216,6 +222,22 @@ static int grid_targets(trainer *t, int64_t local, double *denom) {
                               "data is separators only?)");
 }
 
+/* The MoE routers' statistics of this step over the whole grid (every rank's rows: DP x CP), so
+ * that the aux loss and its gradient are the global batch's (a split run's equal one rank's):
+ * one all-reduce of 2 n_experts + 1 doubles; *aux the aux loss (0 without MoE layers). */
+static int grid_router_stats(trainer *t, double *aux) {
+    *aux = 0;
+    if (!gdn_model_moe_layers(&t->cfg)) return GDN_OK;
+    const int ns = (int)(2 * t->cfg.n_experts + 1);
+    gdn_model_router_stats(t->plan, t->router); /* (plan and array are set: it cannot fail) */
+    if (t->o->fault != GDN_TRAIN_FAULT_AUX_PER_RANK &&
+        MPI_Allreduce(MPI_IN_PLACE, t->router, ns, MPI_DOUBLE, MPI_SUM, t->world) != MPI_SUCCESS)
+        return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce of the routers' statistics failed");
+    const int rc = gdn_model_set_router_stats(t->plan, t->router);
+    if (!rc) *aux = gdn_model_aux_loss(t->plan);
+    return rc;
+}
+
 /* Sum of a double over the world. */
 static double world_sum(trainer *t, double x) {
     double s = 0;
@@ -259,21 +281,23 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 21
+#define N_AGREED 22
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     uint64_t sep_hash = 1469598103934665603ull; /* FNV-1a of the packing separator */
     for (int i = 0; o->pack && i < o->pack_len && i < GDN_DATA_MAX_SEP; i++)
         sep_hash = (sep_hash ^ o->pack[i]) * 1099511628211ull;
+    int64_t aux_bits;
+    memcpy(&aux_bits, &o->router_aux_coef, sizeof aux_bits);
     const int64_t vals[N_AGREED] = {o->cp, o->seq, o->batch, o->steps, (int64_t)o->seed, o->strategy,
                             o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
                             o->resume != NULL, o->init != NULL, o->out != NULL,
                             o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->pack_by_id,
-                            o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab, o->compute};
+                            o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab, o->compute, aux_bits};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
                                         "--fault", "--resume", "--init", "--out", "--pack (length)",
                                         "--pack (bytes)", "--attn-cp", "--pack-id (given)", "--pack-id", "--vocab",
-                                        "--compute (0 fp32, 1 bf16)"};
+                                        "--compute (0 fp32, 1 bf16)", "--router-aux-coef (its bits)"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 
@@ -337,7 +361,7 @@ static int setup(trainer *t) {
     MPI_Comm_split(t->world, t->dp_index, t->rank, &t->cp_comm);
     rc = gdn_cp_create(&t->cp, t->cp_comm, (gdn_cp_strategy)o->strategy);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
-    if (o->fault) gdn_cp_set_fault(t->cp, o->fault);
+    if (o->fault && o->fault != GDN_TRAIN_FAULT_AUX_PER_RANK) gdn_cp_set_fault(t->cp, o->fault);
     /* contiguous shards, the remainder spread over the first ranks */
     const int64_t base = o->seq / o->cp, extra = o->seq % o->cp;
     t->tn = base + (t->cp_rank < extra);
@@ -354,6 +378,8 @@ static int setup(trainer *t) {
     } else {
         rc = gdn_model_config_check(&t->cfg);
     }
+    if (!rc && o->router_aux_coef >= 0) /* the aux loss's coefficient is the run's choice, not the checkpoint's */
+        t->cfg.router_aux = o->router_aux_coef > 0, t->cfg.router_aux_coef = o->router_aux_coef;
     if (!rc) rc = check_attn_cp(&t->cfg, o->attn_cp, t->cp_size);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     t->nw = gdn_model_param_floats(&t->cfg);
@@ -363,6 +389,8 @@ static int setup(trainer *t) {
     if (!rc && !(t->dw = aligned_alloc(64, bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
     if (!rc && !(t->m = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
     if (!rc && !(t->v = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
+    if (!rc && !(t->router = calloc(2 * (size_t)t->cfg.n_experts + 1, sizeof(double))))
+        rc = gdn_fail(GDN_ERR_NOMEM, "the routers' statistics");
     if (!rc) rc = gdn_data_open(&t->data, o->data, o->val_fraction, t->cfg.vocab);
     /* the separator as ids: --pack's bytes (byte text only), or --pack-id's one id */
     if (!rc && o->pack && gdn_data_is_tokens(t->data))
@@ -447,7 +475,7 @@ static int setup(trainer *t) {
         t->csv = fopen(o->log_csv, t->first_step > 1 ? "a" : "w");
         if (!t->csv) rc = gdn_fail(GDN_ERR_IO, "cannot write the log %s", o->log_csv);
         else if (t->first_step == 1 || ftell(t->csv) == 0)
-            fprintf(t->csv, "step,loss,val_loss,tokens_per_s,peak_rss_mb,lr,grad_norm,ms_per_step\n");
+            fprintf(t->csv, "step,loss,val_loss,tokens_per_s,peak_rss_mb,lr,grad_norm,ms_per_step,aux_loss\n");
     }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     if (t->progress) {
@@ -565,8 +593,12 @@ static int train_steps(trainer *t) {
         rc = read_batch(t, GDN_SPLIT_TRAIN, step, t->dp_index * o->batch, &targets);
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
         if ((rc = gdn_cp_agree_status(t->agree, grid_targets(t, targets, &denom)))) return rc;
-        double ls = 0;
+        double ls = 0, aux = 0;
         rc = gdn_model_forward(t->plan, t->w, t->tokens, denom, &ls, 1);
+        if (gdn_model_moe_layers(&t->cfg)) { /* every DP group's forward done before the world's sum */
+            if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+            rc = grid_router_stats(t, &aux);
+        }
         if (!rc) rc = gdn_model_backward(t->plan, t->w, t->dw, t->tokens);
         /* a failure inside is its CP group's; make it every DP group's before the reduction */
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
@@ -574,7 +606,7 @@ static int train_steps(trainer *t) {
          * differently on different ranks, and the replicas would drift apart) */
         MPI_Reduce(t->rank ? t->dw : MPI_IN_PLACE, t->dw, count, MPI_FLOAT, MPI_SUM, 0, t->world);
         MPI_Bcast(t->dw, count, MPI_FLOAT, 0, t->world);
-        loss = world_sum(t, ls) / denom;
+        loss = world_sum(t, ls) / denom + (t->cfg.router_aux ? t->cfg.router_aux_coef * aux : 0.0);
         const double gnorm = gdn_grad_norm(&t->cfg, t->dw);
         if (!isfinite(loss) || !isfinite(gnorm))
             return gdn_fail(GDN_ERR_NONFINITE, "step %lld: the loss (%g) or gradient norm (%g) is not finite: "
@@ -618,6 +650,7 @@ static int train_steps(trainer *t) {
                 clear_status(t);
                 fprintf(t->progress, "step %5lld/%lld  loss %.4f", (long long)step, (long long)o->steps, loss);
                 if (!isnan(val)) fprintf(t->progress, "  val %.4f", val);
+                if (gdn_model_moe_layers(&t->cfg)) fprintf(t->progress, "  aux %.4f", aux);
                 fprintf(t->progress, "  %8.0f tok/s  %7.1f ms/step  lr %.2e  gnorm %.3f  %4.1f%% of peak  rss MB",
                         tps, 1e3 * dt, lr, gnorm, 100 * frac);
                 if (t->size <= 8)
@@ -630,7 +663,9 @@ static int train_steps(trainer *t) {
             if (t->csv) {
                 fprintf(t->csv, "%lld,%.6f,", (long long)step, loss);
                 if (!isnan(val)) fprintf(t->csv, "%.6f", val);
-                fprintf(t->csv, ",%.1f,%.1f,%.6g,%.6g,%.2f\n", tps, rmax, lr, gnorm, 1e3 * dt);
+                fprintf(t->csv, ",%.1f,%.1f,%.6g,%.6g,%.2f,", tps, rmax, lr, gnorm, 1e3 * dt);
+                if (gdn_model_moe_layers(&t->cfg)) fprintf(t->csv, "%.6f", aux);
+                fprintf(t->csv, "\n");
                 fflush(t->csv);
             }
         }
@@ -660,6 +695,6 @@ int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
     gdn_cp_destroy(t.cp);
     gdn_cp_destroy(t.agree);
     if (t.cp_comm != MPI_COMM_NULL) MPI_Comm_free(&t.cp_comm);
-    free(t.w), free(t.dw), free(t.m), free(t.v), free(t.tokens), free(t.window), free(t.doc_cu), free(t.n_docs);
+    free(t.w), free(t.dw), free(t.m), free(t.v), free(t.router), free(t.tokens), free(t.window), free(t.doc_cu), free(t.n_docs);
     return rc;
 }

@@ -1,4 +1,5 @@
-/* Shared pieces of the benchmarks: CPU name, measured peak, medians, the streaming bound. */
+/* Shared pieces of the benchmarks: CPU name, measured peak, medians, the streaming bound, random
+ * normal weights. */
 #include "cli.h"
 
 #include <math.h>
@@ -93,4 +94,18 @@ double cli_stream_seconds(size_t bytes, int rmw, int threads) {
     if (sink == 12345.0f) fprintf(stderr, " ");
     free(buf);
     return best;
+}
+
+void cli_fill_normal(float *x, size_t n, float std, uint64_t seed) {
+    /* each 16-bit uniform: mean 32767.5, variance (65536^2 - 1) / 12; the sum of four fits a float exactly */
+    const float mean4 = 4 * 32767.5f, scale = (float)(std / sqrt(4.0 * (65536.0 * 65536.0 - 1.0) / 12.0));
+    const uint64_t s0 = seed * 0xD1B54A32D192ED03ull + 0x9E3779B97F4A7C15ull;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint64_t z = s0 + (uint64_t)i * 0x9E3779B97F4A7C15ull; /* splitmix64 */
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull, z = (z ^ (z >> 27)) * 0x94D049BB133111EBull, z ^= z >> 31;
+        const float s = (float)(z & 0xFFFF) + (float)((z >> 16) & 0xFFFF) + (float)((z >> 32) & 0xFFFF) +
+                        (float)(z >> 48);
+        x[i] = (s - mean4) * scale;
+    }
 }

@@ -71,5 +71,10 @@ double cli_median(double *x, int n);
  * size with `threads` threads: best of several passes after a warm-up (the cache state a decode
  * step sees); the bound of a memory-bound step. */
 double cli_stream_seconds(size_t bytes, int rmw, int threads);
+/* x[i] ~ normal(0, std), approximately: a counter-based hash of (seed, i) split into four 16-bit
+ * uniforms whose sum (Irwin-Hall, tails cut at 3.46 std) is scaled to the exact std. Filled in
+ * parallel, fast enough for gigabytes of benchmark weights (sequential Box-Muller draws take
+ * tens of seconds there), and the same values whatever the thread count. */
+void cli_fill_normal(float *x, size_t n, float std, uint64_t seed);
 
 #endif

@@ -1,0 +1,405 @@
+/* gdncp bench moe: the sparse mixture-of-experts block (gdn_moe_*, DESIGN §13) at the
+ * Qwen3.5-35B-A3B shape (E 2048, 256 experts, top 8, I 512, shared 512) and the Qwen3-Next shape
+ * (E 2048, 512 experts, top 10, I 512, shared 512): forward, forward+backward, for each T, and
+ * decode (B = 1), in fp32 and BF16 compute.
+ *
+ * FLOPs (DESIGN §13) per token forward: 2·k·3·E·I (routed) + 2·3·E·Is (shared) + 2·E·n (router);
+ * forward+backward three times that (the backward's products are twice the forward's).
+ * Elementwise work (softmax, top-k, SwiGLU, the sort, gather and combine) is not counted.
+ * Fractions are of this machine's native-width fp32 FMA peak and of the BF16 instruction peak of
+ * the path, both measured in the same run. The fp32 and BF16 plans alternate rep by rep (which
+ * goes first too) and each row is the median of --reps runs after a warm-up; the warm-up forward
+ * also collects the router's statistics: the expert-load spread, min / mean / max rows per
+ * expert. Every row prints the error of its block's y on the first rows against the float64
+ * reference (gdn_moe_reference_forward, same routing rule): max |y - y_ref| / max |y_ref|.
+ *
+ * Weights: normal(0, 0.02) (cli_fill_normal), the router normal(0, 1/sqrt(E)) so that the
+ * logits of the normal(0, 1) token rows are ~normal(0, 1): routing spread over the experts.
+ * Allocated once per shape and reused across T.
+ *
+ * Decode (one token, N = 1): memory-bound; a step reads the router, the k chosen experts and the
+ * shared expert once. Its bound is the time to stream those bytes (cli_stream_seconds, a read
+ * stream over a buffer of that size, measured in rounds alternating with the steps); the steps
+ * cycle through distinct tokens, so the chosen experts change step by step and come from memory
+ * as a real generation's do. */
+#include "cli/cli.h"
+#include "commands.h"
+#include "cli/parse.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef struct {
+    const char *label;
+    int64_t E, n, k, I, Is;
+} moe_shape;
+
+static const moe_shape shapes[] = {
+    {"35b-a3b", 2048, 256, 8, 512, 512},
+    {"next", 2048, 512, 10, 512, 512},
+    {"quick", 256, 16, 4, 64, 64},
+};
+
+typedef struct {
+    int json, quick, threads, reps, compute_mask;
+    double peak, bf16_peak;
+    const char *cpu;
+} bench_opts;
+
+static double flops_per_token(const moe_shape *s) {
+    const double E = (double)s->E;
+    return 2.0 * (double)s->k * 3 * E * (double)s->I + 2.0 * 3 * E * (double)s->Is + 2.0 * E * (double)s->n;
+}
+
+static double max_rel(const float *y, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)y[i] - ref[i]);
+        num = d > num || d != d ? d : num, den = fmax(den, fabs(ref[i]));
+    }
+    return num != num ? NAN : den > 0 ? num / den : num;
+}
+
+/* The float64 reference on the first tp rows of x. Its weights in double: the router, the shared
+ * expert and only the experts those rows choose (the rest of the array stays calloc's untouched
+ * zero pages: the reference reads nothing else, and the whole array in double would be 6 to 13
+ * GB). A first pass finds the choices (from the router alone), the second computes y. */
+static int reference_rows(const gdn_moe_config *cfg, const float *w, const float *x, int64_t tp, double *yref) {
+    gdn_moe_config c = *cfg;
+    c.N = tp;
+    const size_t nw = gdn_moe_param_floats(&c), nx = (size_t)(tp * c.E);
+    double *wd = calloc(nw, sizeof(double)), *xd = malloc(sizeof(double) * nx);
+    int32_t *sel = malloc(sizeof(int32_t) * (size_t)(tp * c.top_k));
+    char *have = calloc((size_t)c.n_experts, 1);
+    int rc = wd && xd && sel && have ? GDN_OK : GDN_ERR_NOMEM;
+    for (size_t i = 0; !rc && i < nx; i++) xd[i] = x[i];
+    const int dense[] = {GDN_MOE_ROUTER, GDN_MOE_SHARED_GATE, GDN_MOE_SHARED_UP, GDN_MOE_SHARED_DOWN,
+                         GDN_MOE_SHARED_EXPERT_GATE};
+    for (size_t d = 0; !rc && d < sizeof dense / sizeof dense[0]; d++) {
+        const size_t o = gdn_moe_param_offset(&c, dense[d]), m = gdn_moe_param_numel(&c, dense[d]);
+        for (size_t i = 0; i < m; i++) wd[o + i] = w[o + i];
+    }
+    if (!rc) rc = gdn_moe_reference_forward(&c, yref, xd, wd, sel);
+    const size_t oGU = gdn_moe_param_offset(&c, GDN_MOE_GATE_UP), oD = gdn_moe_param_offset(&c, GDN_MOE_DOWN);
+    const size_t nGU = (size_t)(2 * c.I * c.E), nD = (size_t)(c.E * c.I);
+    for (int64_t j = 0; !rc && j < tp * c.top_k; j++) {
+        const int32_t e = sel[j];
+        if (have[e]) continue;
+        have[e] = 1;
+        for (size_t i = 0; i < nGU; i++) wd[oGU + e * nGU + i] = w[oGU + e * nGU + i];
+        for (size_t i = 0; i < nD; i++) wd[oD + e * nD + i] = w[oD + e * nD + i];
+    }
+    if (!rc) rc = gdn_moe_reference_forward(&c, yref, xd, wd, NULL);
+    free(wd), free(xd), free(sel), free(have);
+    return rc;
+}
+
+enum { MODE_FORWARD, MODE_FWD_BWD };
+
+/* Forward and forward+backward at one T, each compute precision asked for, alternating. */
+static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const float *w, float *dw, const float *x,
+                   const float *dy, float *const y[2], float *dx, const double *yref, int64_t tp) {
+    gdn_moe_config c = gdn_moe_config_default(T, s->E, s->n, s->k, s->I, s->Is);
+    c.threads = o->threads;
+    gdn_moe_plan *p[2] = {NULL, NULL};
+    float *saved = NULL;
+    double *stats = calloc((size_t)(2 * s->n), sizeof(double));
+    double *t = malloc(sizeof(double) * 2 * 2 * (size_t)o->reps); /* [mode][compute][rep] */
+    int rc = stats && t ? GDN_OK : GDN_ERR_NOMEM;
+    for (int cm = 0; cm < 2 && !rc; cm++)
+        if (o->compute_mask & (1 << cm)) {
+            c.compute = cm;
+            rc = gdn_moe_plan_create(&p[cm], &c);
+        }
+    const int first = p[0] ? 0 : 1;
+    if (!rc && !(saved = malloc(sizeof(float) * (gdn_moe_saved_floats(p[first]) + 1)))) rc = GDN_ERR_NOMEM;
+    int got_stats = 0;
+    for (int mode = MODE_FORWARD; mode <= MODE_FWD_BWD && !rc; mode++)
+        for (int r = 0; r <= o->reps && !rc; r++) /* r = 0 warms up */
+            for (int kk = 0; kk < 2 && !rc; kk++) {
+                const int cm = (r + kk) % 2; /* alternate which precision goes first */
+                if (!p[cm]) continue;
+                double *st = !got_stats && cm == first ? stats : NULL; /* one untimed forward's statistics */
+                got_stats |= st != NULL;
+                const double t0 = cli_now();
+                rc = gdn_moe_forward(p[cm], y[cm], mode == MODE_FWD_BWD ? saved : NULL, x, w, st, NULL, NULL);
+                if (!rc && mode == MODE_FWD_BWD) rc = gdn_moe_backward(p[cm], dx, dw, x, w, saved, dy, NULL);
+                if (r) t[(mode * 2 + cm) * o->reps + r - 1] = cli_now() - t0;
+            }
+    if (rc) {
+        if (rc == GDN_ERR_NOMEM && !p[0] && !p[1]) fprintf(stderr, "gdncp bench moe: %s T=%lld: out of memory\n", s->label, (long long)T);
+        else fprintf(stderr, "gdncp bench moe: %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
+    } else {
+        double lmin = INFINITY, lmax = 0;
+        for (int64_t e = 0; e < s->n; e++) lmin = fmin(lmin, stats[e]), lmax = fmax(lmax, stats[e]);
+        const double lmean = (double)T * (double)s->k / (double)s->n;
+        double err[2] = {NAN, NAN};
+        for (int cm = 0; cm < 2; cm++)
+            if (p[cm]) err[cm] = max_rel(y[cm], yref, tp * s->E);
+        for (int mode = MODE_FORWARD; mode <= MODE_FWD_BWD; mode++) {
+            const double flops = (mode == MODE_FWD_BWD ? 3.0 : 1.0) * (double)T * flops_per_token(s);
+            const char *dir = mode == MODE_FORWARD ? "moe_forward" : "moe_fwd_bwd";
+            const double med32 = p[0] ? cli_median(t + (mode * 2 + 0) * o->reps, o->reps) : NAN;
+            for (int cm = 0; cm < 2; cm++) {
+                if (!p[cm]) continue;
+                const double med = cli_median(t + (mode * 2 + cm) * o->reps, o->reps), gf = flops / med / 1e9;
+                const double speedup = cm && p[0] ? med32 / med : NAN;
+                if (o->json) {
+                    char bpk[32] = "null", fbp[32] = "null", spd[32] = "null";
+                    if (cm) {
+                        snprintf(bpk, sizeof bpk, "%.3f", o->bf16_peak);
+                        if (o->bf16_peak > 0) snprintf(fbp, sizeof fbp, "%.4f", gf / o->bf16_peak);
+                        if (p[0]) snprintf(spd, sizeof spd, "%.3f", speedup);
+                    }
+                    printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"E\":%lld,\"n_experts\":%lld,\"top_k\":%lld,"
+                           "\"I\":%lld,\"Is\":%lld,\"T\":%lld,\"threads\":%d,\"compute\":\"%s\",\"ms\":%.3f,\"reps\":%d,"
+                           "\"tokens_per_s\":%.1f,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
+                           "\"bf16_peak_gflops\":%s,\"fraction_of_bf16_peak\":%s,\"speedup_vs_fp32\":%s,"
+                           "\"load_min\":%.0f,\"load_mean\":%.2f,\"load_max\":%.0f,\"ref_rows\":%lld,"
+                           "\"rel_err_vs_reference\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
+                           dir, s->label, (long long)s->E, (long long)s->n, (long long)s->k, (long long)s->I,
+                           (long long)s->Is, (long long)T, o->threads, gdn_compute_name(cm), med * 1e3, o->reps,
+                           (double)T / med, gf, o->peak, gf / o->peak, bpk, fbp, spd, lmin, lmean, lmax,
+                           (long long)tp, err[cm], gdn_compute_path(cm), o->cpu);
+                } else {
+                    printf("%-11s %-7s %s T=%-5lld thr=%d %9.1f ms %8.0f tok/s %7.1f GFLOP/s %5.1f %% of fp32 peak",
+                           dir, s->label, gdn_compute_name(cm), (long long)T, o->threads, med * 1e3, (double)T / med,
+                           gf, 100 * gf / o->peak);
+                    if (cm) printf(" %5.1f %% of bf16 peak", o->bf16_peak > 0 ? 100 * gf / o->bf16_peak : NAN);
+                    if (cm && p[0]) printf(" %5.2fx fp32", speedup);
+                    printf("  load %.0f/%.1f/%.0f  err %.1e\n", lmin, lmean, lmax, err[cm]);
+                }
+            }
+        }
+        fflush(stdout);
+    }
+    free(saved), free(stats), free(t);
+    for (int cm = 0; cm < 2; cm++) gdn_moe_plan_destroy(p[cm]);
+    return rc ? 1 : 0;
+}
+
+/* Decode: one token per call (N = 1), the tokens x[0..tp) in turn, each precision asked for;
+ * rounds of tp steps of each precision alternate with a stream of the step's bytes. */
+static int bench_decode(const bench_opts *o, const moe_shape *s, const float *w, const float *x,
+                        const double *yref, int64_t tp) {
+    gdn_moe_config c = gdn_moe_config_default(1, s->E, s->n, s->k, s->I, s->Is);
+    c.threads = o->threads;
+    gdn_moe_plan *p[2] = {NULL, NULL};
+    const int rounds = o->quick ? 3 : 9;
+    const int nsteps = rounds * (int)tp;
+    double *t = malloc(sizeof(double) * (size_t)(2 * nsteps + 3 * rounds)), *tb = t + 2 * nsteps;
+    double *fr = tb + rounds;  /* [compute][round]: the round's bound / its median step */
+    float *y = malloc(sizeof(float) * (size_t)s->E);
+    int rc = t && y ? GDN_OK : GDN_ERR_NOMEM;
+    for (int cm = 0; cm < 2 && !rc; cm++)
+        if (o->compute_mask & (1 << cm)) {
+            c.compute = cm;
+            rc = gdn_moe_plan_create(&p[cm], &c);
+        }
+    const double bytes = 4.0 * ((double)s->n * s->E + (double)s->k * 3 * s->I * s->E +
+                                (s->Is ? 3.0 * s->Is * s->E + s->E : 0.0));
+    double err[2] = {0, 0}, den = 0;
+    for (int64_t i = 0; i < tp * s->E; i++) den = fmax(den, fabs(yref[i]));
+    for (int tok = 0; tok < (int)tp && !rc; tok++) /* warm-up: every token once, untimed */
+        for (int cm = 0; cm < 2 && !rc; cm++)
+            if (p[cm]) rc = gdn_moe_forward(p[cm], y, NULL, x + tok * s->E, w, NULL, NULL, NULL);
+    for (int r = 0; r < rounds && !rc; r++) {
+        for (int kk = 0; kk < 2 && !rc; kk++) {
+            const int cm = (r + kk) % 2;
+            if (!p[cm]) continue;
+            for (int tok = 0; tok < (int)tp && !rc; tok++) {
+                const double t0 = cli_now();
+                rc = gdn_moe_forward(p[cm], y, NULL, x + tok * s->E, w, NULL, NULL, NULL);
+                t[cm * nsteps + r * tp + tok] = cli_now() - t0;
+                for (int64_t i = 0; i < s->E; i++) {
+                    const double d = fabs((double)y[i] - yref[tok * s->E + i]);
+                    err[cm] = d > err[cm] || d != d ? d : err[cm];
+                }
+            }
+        }
+        tb[r] = cli_stream_seconds((size_t)bytes, 0, o->threads);
+        for (int cm = 0; cm < 2; cm++) {
+            if (!p[cm]) continue;
+            double tr[4096];
+            for (int i = 0; i < tp; i++) tr[i] = t[cm * nsteps + r * tp + i];
+            fr[cm * rounds + r] = tb[r] / cli_median(tr, (int)tp);
+        }
+    }
+    if (rc) {
+        fprintf(stderr, "gdncp bench moe: decode %s: %s\n", s->label, gdn_errmsg());
+    } else {
+        const double bound = cli_median(tb, rounds);
+        for (int cm = 0; cm < 2; cm++) {
+            if (!p[cm]) continue;
+            const double med = cli_median(t + cm * nsteps, nsteps), frac = cli_median(fr + cm * rounds, rounds);
+            const double e = den > 0 ? err[cm] / den : err[cm];
+            if (o->json)
+                printf("{\"direction\":\"moe_decode\",\"shape\":\"%s\",\"B\":1,\"threads\":%d,\"compute\":\"%s\","
+                       "\"us_per_token\":%.2f,\"steps\":%d,\"bytes_per_step\":%.0f,\"bound_us\":%.2f,"
+                       "\"fraction_of_bound\":%.4f,\"time_over_bound\":%.3f,\"ref_rows\":%lld,"
+                       "\"rel_err_vs_reference\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
+                       s->label, o->threads, gdn_compute_name(cm), med * 1e6, nsteps, bytes, bound * 1e6, frac,
+                       1.0 / frac, (long long)tp, e, gdn_compute_path(cm), o->cpu);
+            else
+                printf("moe_decode  %-7s %s B=1   thr=%d %9.1f us/token  streams %.1f MB (router, %lld experts, "
+                       "shared)  bound %8.1f us  %5.1f %% of bound (%.2fx)  err %.1e\n",
+                       s->label, gdn_compute_name(cm), o->threads, med * 1e6, bytes / 1e6, (long long)s->k,
+                       bound * 1e6, 100 * frac, 1.0 / frac, e);
+        }
+        fflush(stdout);
+    }
+    for (int cm = 0; cm < 2; cm++) gdn_moe_plan_destroy(p[cm]);
+    free(t), free(y);
+    return rc ? 1 : 0;
+}
+
+static int bench_shape(const bench_opts *o, const moe_shape *s, const int64_t *Ts, int64_t nT) {
+    int64_t Tmax = 1;
+    for (int64_t i = 0; i < nT; i++) Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
+    const int64_t tp = o->quick ? 4 : 16; /* the reference's rows (and the decode's tokens) */
+    const int64_t rows = Tmax > tp ? Tmax : tp;
+    gdn_moe_config c = gdn_moe_config_default(rows, s->E, s->n, s->k, s->I, s->Is);
+    const size_t nw = gdn_moe_param_floats(&c), nx = (size_t)(rows * s->E);
+    float *w = calloc(nw, sizeof(float)), *dw = malloc(sizeof(float) * nw);
+    float *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * nx), *dx = malloc(sizeof(float) * nx);
+    float *y[2] = {malloc(sizeof(float) * nx), o->compute_mask & 2 ? malloc(sizeof(float) * nx) : NULL};
+    double *yref = malloc(sizeof(double) * (size_t)(tp * s->E));
+    int rc = 0;
+    if (!w || !dw || !x || !dy || !dx || !y[0] || (o->compute_mask & 2 && !y[1]) || !yref) {
+        fprintf(stderr, "gdncp bench moe: %s: out of memory for %.1f GB of weights and their gradient\n", s->label,
+                8e-9 * (double)nw);
+        rc = 1;
+    }
+    if (!rc) {
+        for (int i = 0; i < GDN_MOE_COUNT; i++) {
+            const float sd = i == GDN_MOE_ROUTER ? 1.0f / sqrtf((float)s->E) : 0.02f;
+            cli_fill_normal(w + gdn_moe_param_offset(&c, i), gdn_moe_param_numel(&c, i), sd, 0x5EED0000u + (uint64_t)i);
+        }
+        cli_fill_normal(x, nx, 1.0f, 0xA11CEu);
+        cli_fill_normal(dy, nx, 1.0f, 0xB0Bu);
+        if (reference_rows(&c, w, x, tp, yref)) {
+            fprintf(stderr, "gdncp bench moe: %s: the reference: %s\n", s->label, gdn_errmsg());
+            rc = 1;
+        }
+    }
+    if (!rc && !o->json)
+        printf("shape %s: E %lld, %lld experts, top %lld, I %lld, shared %lld; %.2f GB of fp32 weights; %.1f MFLOP "
+               "per token forward\n",
+               s->label, (long long)s->E, (long long)s->n, (long long)s->k, (long long)s->I, (long long)s->Is,
+               4e-9 * (double)nw, flops_per_token(s) / 1e6);
+    for (int64_t i = 0; i < nT && !rc; i++) {
+        float *yy[2] = {o->compute_mask & 1 ? y[0] : NULL, o->compute_mask & 2 ? y[1] : NULL};
+        rc = bench_T(o, s, Ts[i], w, dw, x, dy, yy, dx, yref, Ts[i] < tp ? Ts[i] : tp);
+    }
+    if (!rc) rc = bench_decode(o, s, w, x, yref, tp);
+    free(w), free(dw), free(x), free(dy), free(dx), free(y[0]), free(y[1]), free(yref);
+    return rc;
+}
+
+const char cmd_bench_moe_usage[] =
+    "usage: gdncp bench moe [--json] [--quick] [--shape 35b|next|both] [--T N[,N..]]\n"
+    "       [--compute fp32|bf16|both] [--threads N] [--reps R]\n"
+    "  the sparse MoE block: forward, forward+backward and decode (B = 1), fp32 and BF16 compute;\n"
+    "  shapes: 35b (Qwen3.5-35B-A3B: E 2048, 256 experts, top 8, I 512, shared 512), next (Qwen3-Next:\n"
+    "  512 experts, top 10) (default: both); T in [1, 2^20] (default 1024,2048,4096,8192);\n"
+    "  reps in [1, 50] (default 3); --quick: E 256, 16 experts, top 4, I 64, shared 64, T 256, 1 rep\n";
+
+int cmd_bench_moe(int argc, char **argv) {
+    bench_opts o = {.reps = 3, .compute_mask = 3};
+    int want[2] = {1, 1}, reps_set = 0;
+    int64_t *Ts = NULL, nT = 0, v;
+    for (int i = 2; i < argc; i++) { /* argv: bench moe ... */
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) o.json = 1;
+        else if (!strcmp(a, "--quick")) o.quick = 1;
+        else if (!strcmp(a, "--T") && val) {
+            free(Ts);
+            if (cli_parse_i64_list("bench moe", a, val, &Ts, &nT)) return CLI_USAGE_ERROR;
+            for (int64_t k = 0; k < nT; k++)
+                if (Ts[k] < 1 || Ts[k] > (1 << 20)) {
+                    fprintf(stderr, "gdncp bench moe: option --T needs values in [1, 2^20], got %lld\n", (long long)Ts[k]);
+                    free(Ts);
+                    return CLI_USAGE_ERROR;
+                }
+            i++;
+        } else if ((!strcmp(a, "--threads") || !strcmp(a, "--reps")) && val) {
+            const int thr = !strcmp(a, "--threads");
+            if (cli_parse_i64("bench moe", a, val, 1, thr ? 4096 : 50, &v)) {
+                free(Ts);
+                return CLI_USAGE_ERROR;
+            }
+            if (thr) o.threads = (int)v;
+            else o.reps = (int)v, reps_set = 1;
+            i++;
+        } else if (!strcmp(a, "--compute") && val) {
+            int cm = 0;
+            if (!strcmp(val, "both")) o.compute_mask = 3;
+            else if (cli_parse_compute("bench moe", a, val, &cm)) {
+                free(Ts);
+                return CLI_USAGE_ERROR;
+            } else o.compute_mask = 1 << cm;
+            i++;
+        } else if (!strcmp(a, "--shape") && val) {
+            if (!strcmp(val, "35b")) want[0] = 1, want[1] = 0;
+            else if (!strcmp(val, "next")) want[0] = 0, want[1] = 1;
+            else if (!strcmp(val, "both")) want[0] = want[1] = 1;
+            else {
+                fprintf(stderr, "gdncp bench moe: option --shape needs 35b, next or both, got '%s'\n%s", val,
+                        cmd_bench_moe_usage);
+                free(Ts);
+                return CLI_USAGE_ERROR;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "gdncp bench moe: unknown option or missing value: %s\n%s", a, cmd_bench_moe_usage);
+            free(Ts);
+            return CLI_USAGE_ERROR;
+        }
+    }
+    int64_t T_default[] = {1024, 2048, 4096, 8192}, T_quick = 256;
+    if (!Ts) {
+        if (o.quick) Ts = &T_quick, nT = 1;
+        else Ts = T_default, nT = 4;
+    }
+    if (o.quick && !reps_set) o.reps = 1;
+    int maxt = 1;
+#ifdef _OPENMP
+    maxt = omp_get_max_threads();
+#endif
+    if (!o.threads) o.threads = maxt;
+    char cpu[256];
+    cli_cpu_name(cpu, sizeof cpu);
+    o.cpu = cpu;
+    if (!o.json) printf("gdncp bench moe — CPU: %s\n", cpu);
+    o.peak = cli_peak_gflops(o.threads, o.json);
+    o.bf16_peak = NAN;
+    if (o.compute_mask & 2) {
+        const int bp = gdn_bench_bf16_path();
+        o.bf16_peak = gdn_bench_bf16_peak_gflops(bp, o.threads);
+        if (o.json)
+            printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", o.threads,
+                   o.bf16_peak, gdn_bench_bf16_path_name(bp));
+        else
+            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d thread%s (0: the path has no "
+                   "instruction of its own)\n", gdn_bench_bf16_path_name(bp), o.bf16_peak, o.threads,
+                   o.threads > 1 ? "s" : "");
+    }
+    if (!o.json)
+        printf("GEMM path: fp32 %s; bf16 %s\nmedians of %d after a warm-up, fp32 and bf16 alternating; GFLOP/s: "
+               "2k*3*E*I + 2*3*E*Is + 2*E*n per token forward (x3 with the backward); load: min/mean/max rows per "
+               "expert (the forward's router statistics); err: y on the first rows vs the float64 reference "
+               "block; decode: one token, against streaming the router, the k chosen experts and the shared "
+               "expert once\n",
+               gdn_compute_path(GDN_COMPUTE_FP32), gdn_compute_path(GDN_COMPUTE_BF16), o.reps);
+    int rc = 0;
+    if (o.quick) rc = bench_shape(&o, &shapes[2], Ts, nT);
+    for (int k = 0; k < 2 && !rc && !o.quick; k++)
+        if (want[k]) rc = bench_shape(&o, &shapes[k], Ts, nT);
+    if (Ts != T_default && Ts != &T_quick) free(Ts);
+    return rc;
+}
