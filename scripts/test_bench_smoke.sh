@@ -38,4 +38,19 @@ smoke "decode --ckpt $golden/qwen35_tiny" "the golden checkpoint generating: the
   '"direction":"model_decode","model":"ckpt"' '"cache_dtype":"f32",.*"rel_err_vs_forward":[0-9.]*e-\(0[5-9]\|[1-9][0-9]\)' \
   '!"cache_dtype":"f32",.*"rel_err_vs_forward":\(nan\|-nan\|inf\|[0-9.]*e-0[0-4]\|[0-9.]*e+\)' \
   '!"cache_dtype":"bf16",.*"rel_err_vs_forward":\(nan\|-nan\|inf\|[0-9.]*e-0[0-2]\|[0-9.]*e+\)'
+smoke moe "every fp32 row's error vs the float64 block below 1e-5, every bf16 row's below 5e-2; the load spread and the decode bound printed" \
+  '"direction":"moe_forward"' '"direction":"moe_fwd_bwd"' '"direction":"moe_decode"' '"compute":"bf16"' \
+  '"load_min":[0-9]*,"load_mean":[0-9.]*,"load_max":[0-9]*' '"bound_us":[0-9.]*,"fraction_of_bound":[0-9.]*' \
+  '!"compute":"fp32",.*"rel_err_vs_reference":\(nan\|-nan\|inf\|[0-9.]*e-0[0-5]\|[0-9.]*e+\)' \
+  '!"compute":"bf16",.*"rel_err_vs_reference":\(nan\|-nan\|inf\|[0-9.]*e-0[0-1]\|[5-9][0-9.]*e-02\|[0-9.]*e+\)'
+echo "== gdncp bench moe --quick (text), and a bad option"
+out="$logs/bench_moe.txt"
+if $L bench moe --quick > "$out" 2>&1 && grep -q '^moe_fwd_bwd .* GFLOP/s .* % of fp32 peak .* % of bf16 peak .*load [0-9]*/[0-9.]*/[0-9]*  err ' "$out" \
+   && grep -q '^moe_decode .* bound .* % of bound' "$out" && grep -q '^GEMM path: fp32 ' "$out"; then
+  echo "PASS  bench moe --quick prints its rows (GFLOP/s, both peaks, the load spread, err, the decode bound, the path)"; passed=$((passed + 1))
+else echo "FAIL  bench moe --quick (text)"; cat "$out"; failed=$((failed + 1)); fi
+$L bench moe --quick --bogus-option > "$out" 2>&1; rc=$?
+if [ "$rc" = 2 ] && grep -q 'unknown option or missing value: --bogus-option' "$out"; then
+  echo "PASS  bench moe --bogus-option exits 2 naming it"; passed=$((passed + 1))
+else echo "FAIL  bench moe --bogus-option: exit $rc"; cat "$out"; failed=$((failed + 1)); fi
 finish

@@ -23,7 +23,8 @@ extern "C" {
  * per layer:
  *
  *   embed -> L x [ zero-centred RMSNorm -> mixer (GatedDeltaNet | gated attention) -> + residual
- *                  -> zero-centred RMSNorm -> SwiGLU MLP -> + residual ] -> RMSNorm -> lm_head
+ *                  -> zero-centred RMSNorm -> MLP (SwiGLU | sparse MoE, moe.h) -> + residual ]
+ *         -> RMSNorm -> lm_head
  *
  * Parameters (and gradients, and AdamW's moments) are one flat fp32 array; every tensor has a
  * Hugging Face Qwen3.5 name ("model.layers.3.mlp.up_proj.weight", "model.layers.3.self_attn.

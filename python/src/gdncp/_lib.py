@@ -265,6 +265,7 @@ P_mcfg = POINTER(ModelConfig)
 gdn_model_config_named = _proto("gdn_model_config_named", c_int, c_char_p, P_mcfg)
 gdn_model_config_check = _proto("gdn_model_config_check", c_int, P_mcfg)
 gdn_model_attn_layers = _proto("gdn_model_attn_layers", c_int64, P_mcfg)
+gdn_model_moe_layers = _proto("gdn_model_moe_layers", c_int64, P_mcfg)
 gdn_model_param_floats = _proto("gdn_model_param_floats", c_size_t, P_mcfg)
 gdn_model_param_count = _proto("gdn_model_param_count", c_size_t, P_mcfg)
 gdn_ckpt_resolve = _proto("gdn_ckpt_resolve", c_int, c_char_p, c_char_p, c_size_t)
@@ -283,6 +284,13 @@ gdn_model_logits = _proto("gdn_model_logits", c_int, c_void_p, P_float, P_token,
 gdn_model_forward = _proto("gdn_model_forward", c_int, c_void_p, P_float, P_token, c_double,
                            POINTER(c_double), c_int)
 gdn_model_backward = _proto("gdn_model_backward", c_int, c_void_p, P_float, P_float, P_token)
+# (plan, doc_cu, n_docs [B], seq_offset, targets out): packed documents before a forward
+gdn_model_set_docs = _proto("gdn_model_set_docs", c_int, c_void_p, POINTER(c_int64), POINTER(c_int64),
+                            c_int64, POINTER(c_int64))
+# the MoE aux loss: (plan, stats out / in: 2 n_experts + 1 doubles); the aux of the plan's statistics
+gdn_model_router_stats = _proto("gdn_model_router_stats", c_int, c_void_p, POINTER(c_double))
+gdn_model_set_router_stats = _proto("gdn_model_set_router_stats", c_int, c_void_p, POINTER(c_double))
+gdn_model_aux_loss = _proto("gdn_model_aux_loss", c_double, c_void_p)
 
 
 class ModelTensorInfo(ctypes.Structure):

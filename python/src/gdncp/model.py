@@ -56,6 +56,14 @@ class ModelConfig:
     rms_norm_eps: float
     tie_word_embeddings: bool
     num_parameters: int
+    mlp_types: Tuple[str, ...] = ()       # per layer: "dense" (SwiGLU) or "moe" (sparse mixture of experts)
+    num_experts: int = 0                  # the MoE layers' (0: none)
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    output_router_logits: bool = False    # the loss adds router_aux_loss_coef x the aux loss
+    router_aux_loss_coef: float = 0.0
 
     @property
     def vocab(self):
@@ -76,7 +84,11 @@ class ModelConfig:
                    num_attention_heads=c.H, num_key_value_heads=c.Hkv, head_dim=c.d,
                    rotary_dims=c.R, rope_theta=c.rope_theta, max_position_embeddings=c.max_position,
                    rms_norm_eps=float(c.eps), tie_word_embeddings=bool(c.tie_embeddings),
-                   num_parameters=int(L.gdn_model_param_count(ctypes.byref(c))))
+                   num_parameters=int(L.gdn_model_param_count(ctypes.byref(c))),
+                   mlp_types=tuple("moe" if c.moe[i] else "dense" for i in range(c.L)),
+                   num_experts=c.n_experts, num_experts_per_tok=c.top_k, moe_intermediate_size=c.moe_I,
+                   shared_expert_intermediate_size=c.shared_I, norm_topk_prob=bool(c.norm_topk),
+                   output_router_logits=bool(c.router_aux), router_aux_loss_coef=float(c.router_aux_coef))
 
 
 def _int_arg(name, v, lo, hi=None):
@@ -289,7 +301,9 @@ class Model:
     def loss(self, input_ids, compute="fp32"):
         """transformers' `model(input_ids, labels=input_ids).loss`: the mean over the B (T - 1)
         next-token predictions of input_ids [B, T] (T >= 2) of -log p(next token), in double
-        from the fp32 model. compute="bf16": the projections, the MLP and lm_head with bfloat16
+        from the fp32 model; for a mixture-of-experts model whose config says
+        output_router_logits, plus router_aux_loss_coef x the load-balancing loss of every MoE
+        layer's router over all B T tokens (as transformers). compute="bf16": the projections, the MLP and lm_head with bfloat16
         operands (fp32 accumulation; gdncp/compute.h)."""
         with self._lock:
             return self._step(input_ids, compute, False, False)[0]
@@ -315,7 +329,10 @@ class Model:
             raise ValueError(f"input_ids has {T1} token per row: a loss needs at least 2 (each "
                              "token predicts the next)")
         self._check_length(T1, "input_ids' length")
-        T = T1 - 1
+        # an MoE model with the aux loss routes all T1 tokens, as transformers does: the plan runs
+        # T1 inputs, the last one's target a document of its own (a dummy, not predicted)
+        aux = bool(self._cfg.router_aux) and L.gdn_model_moe_layers(ctypes.byref(self._cfg)) > 0
+        T = T1 if aux else T1 - 1
         key = (B, T, compute, recompute)
         if self._train_key != key:
             if self._train_plan is not None:
@@ -323,16 +340,25 @@ class Model:
                 self._train_plan, self._train_key = None, None
             plan = ctypes.c_void_p()
             run = L.ModelRun(B=B, T=T, threads=self._threads, recompute=int(recompute),
-                             check_finite=1, compute=1 if compute == "bf16" else 0)
+                             check_finite=1, compute=1 if compute == "bf16" else 0, pack=int(aux))
             L.check(L.gdn_model_plan_create(ctypes.byref(plan), ctypes.byref(self._cfg),
                                             ctypes.byref(run), None), "gdncp.Model.loss")
             self._train_plan, self._train_key = plan, key
+        if aux:
+            ids = np.ascontiguousarray(np.concatenate([ids, np.zeros((B, 1), ids.dtype)], axis=1))
+            cu = np.tile(np.array([0, T1, T1 + 1], np.int64), B)
+            n_docs, targets = np.full(B, 2, np.int64), ctypes.c_int64()
+            L.check(L.gdn_model_set_docs(self._train_plan, cu.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+                                         n_docs.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), 0,
+                                         ctypes.byref(targets)), "gdncp.Model.loss")
         tok = ids.ctypes.data_as(L.P_token)
         loss_sum = ctypes.c_double()
-        denom = float(B * T)
+        denom = float(B * (T1 - 1))
         L.check(L.gdn_model_forward(self._train_plan, L.f32p(self._w), tok, denom,
                                     ctypes.byref(loss_sum), int(grads)), "gdncp.Model.loss")
         loss = loss_sum.value / denom
+        if aux:
+            loss += self._cfg.router_aux_coef * L.gdn_model_aux_loss(self._train_plan)
         if not grads:
             return loss, None
         dw = np.empty_like(self._w)
