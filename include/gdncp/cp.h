@@ -146,7 +146,8 @@ GDN_API int gdn_cp_agree_status(gdn_cp *cp, int local_status);
 /* One agreement step: every rank passes n values (options, sizes, flags that decide which
  * collectives follow) and its local status; returns GDN_OK when every rank's values equal rank
  * 0's and no rank failed, else the same failure on every rank naming the value (names[i]) or the
- * rank. Collective. */
+ * rank. A name ending in " (its bits)" marks a double passed as its bits (memcpy): the message
+ * shows the numbers. Collective. */
 GDN_API int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names,
                         int local_status);
 

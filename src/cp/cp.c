@@ -303,6 +303,8 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
     return rc; /* every rank saw the same table, so every rank fails alike */
 }
 
+/* gdn_cp_agree_values: a value whose name ends so holds a double's bits (cp.h). */
+#define BITS_SUFFIX " (its bits)"
 int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names, int local) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     if (n < 0 || (n && (!vals || !names))) local = local ? local : gdn_fail(GDN_ERR_ARG, "cp agreement: bad values");
@@ -332,11 +334,27 @@ int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *cons
             rc = gdn_fail((int)all[r * w + 1], "rank %d failed (%s); see its message", r,
                           gdn_strerror((int)all[r * w + 1]));
     for (int r = 0; r < cp->size && !rc; r++)
-        for (int i = 0; i < n + 1 && !rc; i++)
-            if (all[r * w + (i ? i + 1 : 0)] != all[i ? i + 1 : 0])
-                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld",
-                              i ? names[i - 1] : "the number of values agreed on", r,
-                              (long long)all[r * w + (i ? i + 1 : 0)], (long long)all[i ? i + 1 : 0]);
+        for (int i = 0; i < n + 1 && !rc; i++) {
+            const int64_t theirs = all[r * w + (i ? i + 1 : 0)], first = all[i ? i + 1 : 0];
+            if (theirs == first) continue;
+            /* a name ending in BITS_SUFFIX carries a double's bits: shown as that number */
+            const char *name = i ? names[i - 1] : "the number of values agreed on";
+            const size_t len = strlen(name), sl = strlen(BITS_SUFFIX);
+            if (len > sl && !strcmp(name + len - sl, BITS_SUFFIX)) {
+                double a, b;
+                memcpy(&a, &theirs, sizeof a), memcpy(&b, &first, sizeof b);
+                char sa[32], sb[32]; /* the shortest digits that tell them apart */
+                for (int digits = 6; digits <= 17; digits++) {
+                    snprintf(sa, sizeof sa, "%.*g", digits, a), snprintf(sb, sizeof sb, "%.*g", digits, b);
+                    if (strcmp(sa, sb)) break;
+                }
+                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %.*s: rank %d has %s, rank 0 has %s", (int)(len - sl), name,
+                              r, sa, sb);
+            } else {
+                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld", name, r,
+                              (long long)theirs, (long long)first);
+            }
+        }
     free(own);
     return rc;
 }

@@ -352,6 +352,80 @@ static int check_attn_cp(const gdn_model_config *c, int attn_cp, int D) {
     return GDN_OK;
 }
 
+/* FNV-1a over bytes, continuing from h. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+static uint64_t weights_digest(const float *w, size_t n) {
+    const size_t step = n > (1u << 20) ? n / (1u << 20) : 1; /* ~1M samples: a different checkpoint differs */
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i += step) h = fnv(h, w + i, sizeof *w);
+    return h;
+}
+/* The data file's identity: its size and the first 64 KiB's digest (every rank reads its own
+ * windows of it, so ranks given different files would silently train on a mix). */
+static int64_t data_digest(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    unsigned char buf[65536];
+    const size_t n = fread(buf, 1, sizeof buf, f);
+    uint64_t h = fnv(1469598103934665603ull, buf, n);
+    if (!fseeko(f, 0, SEEK_END)) {
+        const int64_t size = (int64_t)ftello(f);
+        h = fnv(h, &size, sizeof size);
+    }
+    fclose(f);
+    return (int64_t)(h >> 1);
+}
+static int64_t f64_bits(double x) {
+    int64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+/* Everything every rank's model, optimiser and data must share, agreed once the configuration is
+ * known (from flags or a checkpoint) and before any collective depends on it: on a difference
+ * every rank stops naming the first value that differs and the ranks' values (gdn_cp_agree_values).
+ * The per-rank inputs (the data shard, the rank's tokens) are not in it. */
+static int agree_run(trainer *t) {
+    const gdn_model_config *c = &t->cfg;
+    const gdn_adamw_config *a = &t->o->opt;
+    const int64_t vals[] = {c->vocab, c->E, c->L, c->I, c->Hk, c->Hv, c->K, c->V, c->Kc, c->H, c->Hkv, c->d, c->R,
+                            f64_bits(c->rope_theta), c->max_position, f64_bits(c->eps), c->tie_embeddings,
+                            c->n_experts, c->top_k, c->moe_I, c->shared_I, c->norm_topk,
+                            c->router_aux, f64_bits(c->router_aux_coef), f64_bits(a->lr), f64_bits(a->min_lr),
+                            a->warmup, f64_bits(a->beta1), f64_bits(a->beta2), f64_bits(a->eps),
+                            f64_bits(a->weight_decay), f64_bits(a->clip), f64_bits(t->o->val_fraction),
+                            data_digest(t->o->data)};
+    static const char *const names[] = {
+        "vocab_size (--vocab)", "hidden_size (--hidden)", "num_hidden_layers (--layers)", "intermediate_size (--intermediate)",
+        "linear_num_key_heads (--key-heads)", "linear_num_value_heads (--value-heads)", "linear_key_head_dim (--key-dim)",
+        "linear_value_head_dim (--value-dim)", "linear_conv_kernel_dim (--conv)", "num_attention_heads (--attn-heads)",
+        "num_key_value_heads (--kv-heads)", "head_dim (--head-dim)", "the rotary dims", "rope_theta (its bits)",
+        "max_position_embeddings", "rms_norm_eps (its bits)", "tie_word_embeddings", "num_experts (--experts)", "num_experts_per_tok (--experts-per-tok)", "moe_intermediate_size (--moe-intermediate)",
+        "shared_expert_intermediate_size (--shared-intermediate)", "norm_topk_prob", "the aux loss on (--router-aux-coef)",
+        "router_aux_loss_coef (--router-aux-coef; its bits)", "--lr (its bits)", "--min-lr (its bits)", "--warmup",
+        "--beta1 (its bits)", "--beta2 (its bits)", "AdamW's eps (its bits)", "--weight-decay (its bits)",
+        "--clip (its bits)", "--val-fraction (its bits)", "the --data file (its size and first 64 KiB; a digest)"};
+    _Static_assert(sizeof vals / sizeof vals[0] == sizeof names / sizeof names[0], "one name per agreed value");
+    int rc = gdn_cp_agree_values(t->agree, vals, (int)(sizeof vals / sizeof vals[0]), names, GDN_OK);
+    if (rc) return rc;
+    /* each layer's kind: its mixer (0 GatedDeltaNet, 1 full attention) + 2 for an MoE MLP (L, the
+     * same on every rank now) */
+    int64_t kinds[GDN_MODEL_MAX_LAYERS];
+    static char label[GDN_MODEL_MAX_LAYERS][80];
+    const char *knames[GDN_MODEL_MAX_LAYERS];
+    for (int64_t l = 0; l < c->L; l++) {
+        kinds[l] = c->full_attention[l] + 2 * c->moe[l];
+        snprintf(label[l], sizeof label[l], "layer %lld's kind (0 linear_attention, 1 full_attention; +2 an MoE MLP)",
+                 (long long)l);
+        knames[l] = label[l];
+    }
+    return gdn_cp_agree_values(t->agree, kinds, (int)c->L, knames, GDN_OK);
+}
+
 static int setup(trainer *t) {
     const gdn_train_options *o = t->o;
     int rc = check_options(o, t->size);
@@ -382,6 +456,7 @@ static int setup(trainer *t) {
         t->cfg.router_aux = o->router_aux_coef > 0, t->cfg.router_aux_coef = o->router_aux_coef;
     if (!rc) rc = check_attn_cp(&t->cfg, o->attn_cp, t->cp_size);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    if ((rc = agree_run(t))) return rc;
     t->nw = gdn_model_param_floats(&t->cfg);
     if (t->nw > (size_t)INT32_MAX) rc = gdn_fail(GDN_ERR_SHAPE, "%zu parameters: more than one MPI message holds", t->nw);
     const size_t bytes = sizeof(float) * ((t->nw + 15) & ~(size_t)15);
@@ -414,6 +489,11 @@ static int setup(trainer *t) {
     }
     free(state);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    /* the same starting weights everywhere (an --init or --resume of another checkpoint with the
+     * same configuration would otherwise train from different points and sum their gradients) */
+    const int64_t wd = (int64_t)weights_digest(t->w, t->nw);
+    static const char *const wname[] = {"the starting weights (a digest of --init / --resume's model.safetensors)"};
+    if ((rc = gdn_cp_agree_values(t->agree, &wd, 1, wname, GDN_OK))) return rc;
 
     /* every window of seq + 1 tokens must fit each split it is drawn from */
     const int64_t need = o->seq + 1, tl = gdn_data_split_len(t->data, GDN_SPLIT_TRAIN),
@@ -502,7 +582,15 @@ static int setup(trainer *t) {
         } else {
             fprintf(t->progress, "gdncp train: GatedDeltaNet layers only (no attention)\n");
         }
-        fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x non-embedding parameters + the kernel's + the attention core's), "
+        const int64_t nm = gdn_model_moe_layers(&t->cfg);
+        char aux[96] = "aux loss off";
+        if (t->cfg.router_aux) snprintf(aux, sizeof aux, "aux loss x %g over the DP x CP batch", t->cfg.router_aux_coef);
+        if (nm)
+            fprintf(t->progress, "gdncp train: %lld of %lld MLPs a mixture of %lld experts, %lld per token (I %lld), "
+                    "shared expert I %lld, %srenormalised; %s\n", (long long)nm, (long long)t->cfg.L,
+                    (long long)t->cfg.n_experts, (long long)t->cfg.top_k, (long long)t->cfg.moe_I,
+                    (long long)t->cfg.shared_I, t->cfg.norm_topk ? "" : "not ", aux);
+        fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x active non-embedding parameters + the kernel's + the attention core's), "
                 "measured peak %.1f GFLOP/s on the cores in use\n", t->flops_per_token, t->peak_gflops);
         fprintf(t->progress, "gdncp train: compute %s: products on %s%s\n", gdn_compute_name(o->compute),
                 gdn_compute_path(o->compute),
