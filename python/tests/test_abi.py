@@ -53,6 +53,28 @@ def test_layer_config_roundtrip():
         L.gdn_layer_plan_destroy(h)
 
 
+def test_moe_config_roundtrip_and_shifted_layout_fails():
+    """gdn_moe_config through an MoE plan: every field back where the header puts it, and the
+    struct's size (its last field set). Control: the same bytes through a layout missing its first
+    field do not read back."""
+    cfg = L.gdn_moe_config_default(5, 32, 6, 2, 8, 4)
+    cfg.norm_topk, cfg.threads, cfg.check_finite, cfg.compute = 0, 1, 0, 1
+    h = ctypes.c_void_p()
+    L.check(L.gdn_moe_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_moe_plan_create")
+    try:
+        back = L.gdn_moe_plan_config(h).contents
+        want = dict(N=5, E=32, n_experts=6, top_k=2, I=8, Is=4, norm_topk=0, threads=1, check_finite=0, compute=1)
+        assert {n: getattr(back, n) for n in want} == want
+        assert L.gdn_moe_param_floats(ctypes.byref(cfg)) >= 6 * 32 + 6 * 16 * 32 + 6 * 32 * 8 + 3 * 4 * 32 + 32
+
+        class Shifted(ctypes.Structure):   # control: one int64 field missing at the front
+            _fields_ = L.MoeConfig._fields_[1:]
+        raw = Shifted.from_buffer_copy(bytes(back)[:ctypes.sizeof(Shifted)])
+        assert {n: getattr(raw, n) for n in want if hasattr(raw, n)} != {n: want[n] for n in want if hasattr(raw, n)}
+    finally:
+        L.gdn_moe_plan_destroy(h)
+
+
 def test_attention_config_roundtrip_and_shifted_layout_fails():
     """gdn_attn_config (the attention layer's, which gdn_sdpa_* reads too) through a layer plan."""
     cfg = L.gdn_attn_config_default(2, 40, 32, 4, 2, 16)

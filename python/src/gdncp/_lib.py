@@ -57,6 +57,13 @@ class LayerConfig(ctypes.Structure):
                 ("n_docs", c_int64), ("seq_offset", c_int64)]
 
 
+class MoeConfig(ctypes.Structure):
+    """gdn_moe_config (include/gdncp/moe.h): the sparse mixture-of-experts MLP's."""
+    _fields_ = [("N", c_int64), ("E", c_int64), ("n_experts", c_int64), ("top_k", c_int64),
+                ("I", c_int64), ("Is", c_int64), ("norm_topk", c_int), ("threads", c_int),
+                ("check_finite", c_int), ("compute", c_int)]
+
+
 class AttnConfig(ctypes.Structure):
     """gdn_attn_config (include/gdncp/attention.h): the gated attention layer's, whose B, T, H,
     Hkv, d, threads, check_finite, cu_seqlens and n_docs the attention core alone (gdn_sdpa_*)
@@ -266,6 +273,23 @@ gdn_model_config_named = _proto("gdn_model_config_named", c_int, c_char_p, P_mcf
 gdn_model_config_check = _proto("gdn_model_config_check", c_int, P_mcfg)
 gdn_model_attn_layers = _proto("gdn_model_attn_layers", c_int64, P_mcfg)
 gdn_model_moe_layers = _proto("gdn_model_moe_layers", c_int64, P_mcfg)
+# the sparse MoE block: (N, E, n_experts, top_k, I, Is) -> config; its flat layout; plan; forward
+# (plan, y, saved, x, w, stats, routing, routing_w); backward (plan, dx, dw, x, w, saved, dy, aux_dp)
+P_moecfg = POINTER(MoeConfig)
+GDN_MOE_COUNT = 7
+gdn_moe_config_default = _proto("gdn_moe_config_default", MoeConfig, c_int64, c_int64, c_int64, c_int64,
+                                c_int64, c_int64)
+gdn_moe_param_offset = _proto("gdn_moe_param_offset", c_size_t, P_moecfg, c_int)
+gdn_moe_param_numel = _proto("gdn_moe_param_numel", c_size_t, P_moecfg, c_int)
+gdn_moe_param_floats = _proto("gdn_moe_param_floats", c_size_t, P_moecfg)
+gdn_moe_plan_create = _proto("gdn_moe_plan_create", c_int, POINTER(c_void_p), P_moecfg)
+gdn_moe_plan_destroy = _proto("gdn_moe_plan_destroy", None, c_void_p)
+gdn_moe_plan_config = _proto("gdn_moe_plan_config", P_moecfg, c_void_p)
+gdn_moe_saved_floats = _proto("gdn_moe_saved_floats", c_size_t, c_void_p)
+gdn_moe_forward = _proto("gdn_moe_forward", c_int, c_void_p, P_float, P_float, P_float, P_float, P_double,
+                         POINTER(ctypes.c_int32), P_float)
+gdn_moe_backward = _proto("gdn_moe_backward", c_int, c_void_p, P_float, P_float, P_float, P_float, P_float,
+                          P_float, P_float)
 gdn_model_param_floats = _proto("gdn_model_param_floats", c_size_t, P_mcfg)
 gdn_model_param_count = _proto("gdn_model_param_count", c_size_t, P_mcfg)
 gdn_ckpt_resolve = _proto("gdn_ckpt_resolve", c_int, c_char_p, c_char_p, c_size_t)

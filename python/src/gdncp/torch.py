@@ -25,7 +25,7 @@ except ImportError as e:  # the NumPy entry points (gdncp.chunk_forward, ...) ne
 
 from . import core
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "moe_block"]
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -183,3 +183,111 @@ def _shape_state(t, want):
     if tuple(t.shape) != tuple(want):
         raise ValueError(f"initial_state has shape {tuple(t.shape)}, expected {tuple(want)} "
                          "[B,Hv,K,V]")
+
+
+# ----------------------------------------------------------------------------- the sparse MoE MLP
+
+_MOE_PLANS = {}              # (N, E, n, k, I, Is, norm, threads, compute) -> (plan, cfg); a few kept
+_MOE_LOCK = __import__("threading").Lock()
+
+
+def _moe_plan(key):
+    from . import _lib as L
+    import ctypes
+    if key in _MOE_PLANS:
+        return _MOE_PLANS[key]
+    N, E, n, k, I, Is, norm, threads, compute = key
+    cfg = L.gdn_moe_config_default(N, E, n, k, I, Is)
+    cfg.norm_topk, cfg.threads, cfg.compute = int(norm), threads, compute
+    plan = ctypes.c_void_p()
+    L.check(L.gdn_moe_plan_create(ctypes.byref(plan), ctypes.byref(cfg)), "gdncp.torch.moe_block")
+    while len(_MOE_PLANS) >= 4:  # one per shape in use (decode, prefill, training rows)
+        L.gdn_moe_plan_destroy(_MOE_PLANS.pop(next(iter(_MOE_PLANS)))[0])
+    _MOE_PLANS[key] = (plan, cfg)
+    return plan, cfg
+
+
+class _MoeBlock(torch.autograd.Function):
+    """gdn_moe_forward / gdn_moe_backward on the block's tensors (copied into the op's flat layout)."""
+
+    @staticmethod
+    def forward(ctx, x, *args):
+        from . import _lib as L
+        import ctypes
+        weights, (top_k, norm, compute) = args[:-3], args[-3:]
+        N, E = x.shape
+        n, I = weights[0].shape[0], weights[2].shape[2]
+        Is = 0 if weights[3] is None else weights[3].shape[0]
+        key = (N, E, n, top_k, I, Is, bool(norm), _threads(), compute)
+        with _MOE_LOCK:
+            plan, cfg = _moe_plan(key)
+            w = np.zeros(L.gdn_moe_param_floats(ctypes.byref(cfg)), np.float32)
+            for i, t in enumerate(weights):
+                if t is not None:
+                    o = L.gdn_moe_param_offset(ctypes.byref(cfg), i)
+                    w[o:o + t.numel()] = t.detach().to(torch.float32).reshape(-1).numpy()
+            xa = x.detach().to(torch.float32).contiguous().numpy()
+            y = np.empty((N, E), np.float32)
+            grads = any(ctx.needs_input_grad)
+            saved = np.empty(L.gdn_moe_saved_floats(plan), np.float32) if grads else None
+            L.check(L.gdn_moe_forward(plan, L.f32p(y), L.f32p(saved), L.f32p(xa), L.f32p(w), None, None, None),
+                    "gdncp.torch.moe_block")
+        ctx.key, ctx.w, ctx.x, ctx.saved = key, w, xa, saved
+        ctx.shapes = [None if t is None else (t.shape, t.dtype) for t in weights]
+        ctx.x_dtype = x.dtype
+        return torch.from_numpy(y).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        from . import _lib as L
+        import ctypes
+        dya = dy.detach().to(torch.float32).contiguous().numpy()
+        dx = np.empty_like(ctx.x)
+        dw = np.empty_like(ctx.w)
+        with _MOE_LOCK:
+            plan, cfg = _moe_plan(ctx.key)
+            L.check(L.gdn_moe_backward(plan, L.f32p(dx), L.f32p(dw), L.f32p(ctx.x), L.f32p(ctx.w), L.f32p(ctx.saved),
+                                       L.f32p(dya), None), "gdncp.torch.moe_block")
+            offs = [L.gdn_moe_param_offset(ctypes.byref(cfg), i) for i in range(L.GDN_MOE_COUNT)]
+        out = []
+        for i, sd in enumerate(ctx.shapes):
+            if sd is None:
+                out.append(None)
+                continue
+            shape, dtype = sd
+            numel = int(np.prod(shape))
+            out.append(torch.from_numpy(dw[offs[i]:offs[i] + numel].reshape(shape).copy()).to(dtype))
+        return (torch.from_numpy(dx).to(ctx.x_dtype), *out, None, None, None)
+
+
+def moe_block(x, router, gate_up, down, shared_gate=None, shared_up=None, shared_down=None,
+              shared_expert_gate=None, top_k=2, norm_topk_prob=True, compute="fp32"):
+    """transformers' sparse MoE block (Qwen3.5-MoE, Qwen3-Next) on gdncp's op (include/gdncp/moe.h):
+    x [N, E] -> y [N, E], differentiable in x and every weight. router [n, E]; gate_up [n, 2I, E]
+    (each expert's gate rows, then its up rows); down [n, E, I]; the shared expert's gate/up [Is, E],
+    down [E, Is] and its sigmoid gate [1, E] (all None: no shared expert). compute "bf16": the
+    products with bfloat16 operands. The weights are copied into the op's layout at each call."""
+    for name, t in (("x", x), ("router", router), ("gate_up", gate_up), ("down", down)):
+        _check_tensor(name, t)
+    shared = (shared_gate, shared_up, shared_down, shared_expert_gate)
+    if any(t is None for t in shared) and not all(t is None for t in shared):
+        raise ValueError("the shared expert needs all of shared_gate, shared_up, shared_down and "
+                         "shared_expert_gate (or none of them)")
+    if x.dim() != 2 or router.dim() != 2 or gate_up.dim() != 3 or down.dim() != 3:
+        raise ValueError(f"x [N, E], router [n, E], gate_up [n, 2I, E], down [n, E, I]; got {tuple(x.shape)}, "
+                         f"{tuple(router.shape)}, {tuple(gate_up.shape)}, {tuple(down.shape)}")
+    n, E = router.shape
+    I = down.shape[2]
+    if x.shape[1] != E or tuple(gate_up.shape) != (n, 2 * I, E) or tuple(down.shape) != (n, E, I):
+        raise ValueError(f"shapes disagree: x {tuple(x.shape)}, router {tuple(router.shape)}, gate_up "
+                         f"{tuple(gate_up.shape)}, down {tuple(down.shape)}")
+    if shared_gate is not None:
+        Is = shared_gate.shape[0]
+        want = {"shared_gate": (Is, E), "shared_up": (Is, E), "shared_down": (E, Is), "shared_expert_gate": (1, E)}
+        for (name, shape), t in zip(want.items(), shared):
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    if compute not in ("fp32", "bf16"):
+        raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
+    return _MoeBlock.apply(x, router, gate_up, down, *shared, int(top_k), bool(norm_topk_prob),
+                           1 if compute == "bf16" else 0)

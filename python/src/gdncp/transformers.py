@@ -33,6 +33,13 @@ PATCH_TARGETS = (
     ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextGatedDeltaNet"),
 )
 
+# (modeling module, sparse mixture-of-experts block class) whose forward patch() routes to gdncp's
+# MoE op (gdncp.torch.moe_block); absent ones are skipped.
+MOE_TARGETS = (
+    ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeSparseMoeBlock"),
+    ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextSparseMoeBlock"),
+)
+
 # What the adapters call, looked up at call time (tests swap in a deliberately wrong rule).
 _RULES = {
     "chunk_gated_delta_rule": gtorch.chunk_gated_delta_rule,
@@ -93,9 +100,9 @@ class _Rule:
         obj.__dict__.pop(self.name, None)
 
 
-def _targets():
+def _targets(targets=PATCH_TARGETS):
     found = []
-    for mod_name, cls_name in PATCH_TARGETS:
+    for mod_name, cls_name in targets:
         try:
             mod = importlib.import_module(mod_name)
         except ImportError:
@@ -232,8 +239,51 @@ def _patch_rule():
                     raise RuntimeError(f"gdncp.transformers.patch(): {mod.__name__} has none of "
                                        f"{sorted(_GLOBALS)}: this transformers version calls the "
                                        "rule in a way gdncp does not know")
+            for mod, cls in _targets(MOE_TARGETS):
+                _set(cls, "forward", _moe_forward(cls.forward))
         _depth += 1
     return _Patch()
+
+
+def _recording_router_logits():
+    """Whether transformers is collecting the routers' logits (output_router_logits: the aux loss):
+    its hook on the router module records them when the router runs."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return True  # unknown mechanism: run the router so whatever records it sees it
+    collected = _active_collector.get()
+    return collected is not None and "router_logits" in collected
+
+
+def _moe_forward(original):
+    """The sparse MoE block's forward on gdncp's op: fp32 CPU weights (bfloat16 compute under a
+    bfloat16 autocast); other dtypes or devices keep transformers' own forward. When the aux loss
+    is being collected the block's router also runs as transformers' module, so its hook records the
+    logits (their gradient, the aux loss's, flows through it; gdncp's op gives the rest)."""
+    import torch
+
+    def forward(self, hidden_states):
+        shared = getattr(self, "shared_expert", None)
+        weights = (self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj,
+                   *((shared.gate_proj.weight, shared.up_proj.weight, shared.down_proj.weight,
+                      self.shared_expert_gate.weight) if shared is not None else (None,) * 4))
+        if hidden_states.device.type != "cpu" or any(
+                w is not None and (w.dtype != torch.float32 or w.device.type != "cpu") for w in weights) or \
+                type(getattr(self.experts, "act_fn", None)).__name__ not in ("SiLUActivation", "SiLU"):
+            return original(self, hidden_states)
+        B, T, H = hidden_states.shape
+        flat = hidden_states.reshape(-1, H)
+        if _recording_router_logits():
+            self.gate(flat)
+        bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        y = gtorch.moe_block(flat, *weights, top_k=self.gate.top_k,
+                             norm_topk_prob=getattr(self.gate, "norm_topk_prob", True),
+                             compute="bf16" if bf16 else "fp32")
+        return y.reshape(B, T, H)
+
+    forward.__wrapped__ = original
+    return forward
 
 
 def _rollback(undo):

@@ -1,0 +1,106 @@
+"""Mixture-of-experts from Python: gdncp.torch.moe_block against transformers' exact block
+(tests/data/qwen35_moe_tiny/moe.io), gdncp.transformers.patch() routing transformers' own
+Qwen3.5-MoE model to it (loss and every gradient against the exact references, with and without
+the aux loss), and gdncp.Model on the MoE checkpoint. Every comparison beside a deliberately wrong
+variant run through the same check."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import gdncp
+import gdncp.torch as gtorch
+import gdncp.transformers as gt
+from conftest import GOLDEN, rel_err, read_safetensors
+
+MOE = os.path.join(GOLDEN, "qwen35_moe_tiny")
+TOL_OUT, TOL_GRAD = 2e-5, 1e-4
+
+
+def _layer0_weights():
+    st = read_safetensors(os.path.join(MOE, "model.safetensors"))
+    p = "model.layers.0.mlp."
+    n = 8
+    gu = np.stack([np.concatenate([st[f"{p}experts.{e}.gate_proj.weight"], st[f"{p}experts.{e}.up_proj.weight"]])
+                   for e in range(n)])
+    down = np.stack([st[f"{p}experts.{e}.down_proj.weight"] for e in range(n)])
+    t = lambda a: torch.tensor(np.asarray(a, np.float32), requires_grad=True)
+    return [t(st[p + "gate.weight"]), t(gu), t(down), t(st[p + "shared_expert.gate_proj.weight"]),
+            t(st[p + "shared_expert.up_proj.weight"]), t(st[p + "shared_expert.down_proj.weight"]),
+            t(st[p + "shared_expert_gate.weight"])]
+
+
+def test_moe_block_matches_transformers_exact_block():
+    """y, dx and every weight's gradient of loss = sum(y dy) against the float64 references of
+    transformers' Qwen3_5MoeSparseMoeBlock (2e-5 / 1e-4). Control: the chosen experts' weights not
+    renormalised (norm_topk_prob False) fails y and the router's gradient."""
+    ref = read_safetensors(os.path.join(MOE, "moe.io.safetensors"))
+    names = ["gate.weight", "experts.gate_up_proj", "experts.down_proj", "shared_expert.gate_proj.weight",
+             "shared_expert.up_proj.weight", "shared_expert.down_proj.weight", "shared_expert_gate.weight"]
+    errs = {}
+    for norm in (True, False):
+        w = _layer0_weights()
+        x = torch.tensor(ref["x"].reshape(-1, 64).astype(np.float32), requires_grad=True)
+        y = gtorch.moe_block(x, *w, top_k=2, norm_topk_prob=norm)
+        (y * torch.tensor(ref["dy"].reshape(-1, 64))).sum().backward()
+        errs[norm] = dict(y=rel_err(y, ref["y"].reshape(-1, 64)), dx=rel_err(x.grad, ref["dx"].reshape(-1, 64)),
+                          **{n: rel_err(t.grad, ref["grad." + n]) for n, t in zip(names, w)})
+    assert errs[True]["y"] < TOL_OUT and errs[True]["dx"] < TOL_GRAD, errs[True]
+    assert max(errs[True][n] for n in names) < TOL_GRAD, errs[True]
+    assert errs[False]["y"] > TOL_OUT and errs[False]["gate.weight"] > TOL_GRAD, errs[False]
+
+
+def test_moe_block_refuses_bad_shapes():
+    w = _layer0_weights()
+    with pytest.raises(ValueError, match="shapes disagree"):
+        gtorch.moe_block(torch.zeros(3, 32), *w)
+    with pytest.raises(ValueError, match="shared expert needs all"):
+        gtorch.moe_block(torch.zeros(3, 64), *w[:3], w[3], None, None, None)
+    with pytest.raises(ValueError, match="top_k"):
+        gtorch.moe_block(torch.zeros(3, 64), *w, top_k=9)
+    x = torch.zeros(3, 64)
+    x[1, 5] = float("nan")
+    with pytest.raises(ValueError, match="x"):
+        gtorch.moe_block(x, *w)
+
+
+@pytest.mark.parametrize("aux", [False, True])
+def test_patched_transformers_moe_model_exact(aux, monkeypatch):
+    """transformers' own Qwen3_5MoeForCausalLM under gdncp.transformers.patch(): the loss (and with
+    output_router_logits the CE + 0.01 aux) and every parameter's gradient against the exact
+    references. Control: the same run with the block's top-k weights not renormalised fails."""
+    from transformers import AutoModelForCausalLM
+    ref = read_safetensors(os.path.join(MOE, "model_grads_aux.io.safetensors" if aux else "model_grads.io.safetensors"))
+    ids = torch.tensor(ref["input_ids"])
+
+    def run():
+        m = AutoModelForCausalLM.from_pretrained(MOE, dtype=torch.float32)
+        with gt.patch():
+            out = m(ids, labels=ids, output_router_logits=aux)
+            out.loss.backward()
+        worst = max(rel_err(p.grad, ref["grad." + n]) for n, p in m.named_parameters())
+        return abs(out.loss.item() - float(ref["loss"][0])) / float(ref["loss"][0]), worst
+
+    loss_err, grad_err = run()
+    assert loss_err < 1e-5 and grad_err < TOL_GRAD, (loss_err, grad_err)
+    real = gtorch.moe_block
+    monkeypatch.setattr(gtorch, "moe_block", lambda *a, **k: real(*a, **{**k, "norm_topk_prob": False}))
+    loss_bad, grad_bad = run()
+    assert grad_bad > TOL_GRAD, grad_bad
+
+
+def test_model_from_pretrained_moe_loss_and_grads():
+    """gdncp.Model on the Qwen3.5-MoE checkpoint: loss_and_grads equals the exact references
+    (names and shapes as transformers' parameters, the experts fused); its config says MoE."""
+    ref = read_safetensors(os.path.join(MOE, "model_grads.io.safetensors"))
+    with gdncp.Model.from_pretrained(MOE, threads=1) as m:
+        assert m.config.mlp_types == ("moe",) * 4 and m.config.num_experts == 8
+        loss, grads = m.loss_and_grads(ref["input_ids"])
+        assert abs(loss - float(ref["loss"][0])) / float(ref["loss"][0]) < 1e-5
+        worst = max(rel_err(g, ref["grad." + n]) for n, g in grads.items())
+        assert worst < TOL_GRAD, worst
+        # control: another row's tokens give other gradients
+        other = np.roll(ref["input_ids"], 1, axis=1)
+        _, g2 = m.loss_and_grads(other)
+        assert max(rel_err(g, ref["grad." + n]) for n, g in g2.items()) > TOL_GRAD
