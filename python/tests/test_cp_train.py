@@ -352,6 +352,31 @@ def test_qwen35_moe_matches_one_process():
                    "incoming state dropped")
 
 
+def test_qwen35_moe_aux_loss_matches_one_process(monkeypatch):
+    """The same MoE model with output_router_logits (coefficient 0.1): the loss CE + 0.1 aux and every
+    gradient over 3 ranks equal one process (the aux loss over every rank's routers,
+    gdncp.transformers_cp.load_balancing_loss). Control: each rank's aux loss from its own tokens."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    import gdncp.transformers_cp as tcp
+    cfg = Qwen3_5MoeTextConfig(vocab_size=128, hidden_size=64, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               linear_num_key_heads=2, linear_num_value_heads=4,
+                               linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4,
+                               num_experts_per_tok=2, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=32, output_router_logits=True,
+                               router_aux_loss_coef=0.1,
+                               layer_types=["linear_attention"] * 3 + ["full_attention"])
+    torch.manual_seed(9)
+    model = Qwen3_5MoeForCausalLM(cfg).float().train()
+    ids = _tokens(9, 2, 50, vocab=128)
+    ref = _reference(model, ids, ids)
+    _assert_matches(_errors(_cp(model, ids, ids), ref))
+    real = tcp.load_balancing_loss
+    monkeypatch.setattr(tcp, "load_balancing_loss",
+                        lambda *a, **k: real(*a, **{**k, "comm": MPI.COMM_SELF}))
+    _assert_broken(_errors(_cp(model, ids, ids), ref), "each rank's aux loss from its own tokens")
+
+
 def test_heads_strategies_on_two_ranks():
     """strategy='heads' and attention='heads' need the ranks to divide the heads (qwen35_tiny:
     Hk = 2, H = 4): ranks 0 and 1 form a communicator of two, rank 2 one of its own (a CP run on

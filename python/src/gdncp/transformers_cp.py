@@ -113,7 +113,7 @@ def _summary(pos):
     return (False, int(row[0]), int(row[-1]), starts.astype(np.int64))
 
 
-def _shard_from(settings, B, T, pos, err):
+def _shard_from(settings, B, T, pos, err, router_logits=False):
     """The agreement of one forward: the ranks' lengths and positions, then the Shard (both
     collective; a failure on any rank raised on every rank)."""
     comm, gdn, attention, compute = settings
@@ -124,7 +124,9 @@ def _shard_from(settings, B, T, pos, err):
             summ = _summary(pos)
     except Exception as e:  # noqa: BLE001
         err = e
-    table = core._agree(st, err, extra=(B, T, summ))
+    table = core._agree(st, err, sig=(router_logits,),
+                        names=("output_router_logits (the MoE aux loss: every rank's routers or none)",),
+                        extra=(B, T, summ))
     cu, pos_offset = None, 0
     if err is None:
         try:
@@ -210,7 +212,7 @@ def _text_forward(orig):
             pos = _text_positions(position_ids, B, T)
         except Exception as e:  # noqa: BLE001 -- shared with the other ranks first
             err = e
-        shard = _shard_from(settings, B, T, pos, err)
+        shard = _shard_from(settings, B, T, pos, err, bool(kwargs.get("output_router_logits")))
         if position_ids is None:
             position_ids = (torch.arange(T, device=x.device) + shard.offset)[None].expand(B, T)
         prev = getattr(_tls, "shard", None)
@@ -411,6 +413,44 @@ def all_reduce_grads(model, comm):
 
 # ---------------------------------------------------------------- installing it
 
+def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=None, comm=None):
+    """transformers' load_balancing_loss_func over the whole sequence split on comm's ranks (the
+    patch's): `num_experts x sum_e f_e P_e` with the choice counts f and the mean probabilities P
+    of every MoE layer's router over every rank's tokens (one all-reduce of 2 n + 1 numbers), the
+    same value on every rank; its gradient this rank's share (the other ranks' sums are constants
+    here: all_reduce_grads adds their shares). attention_mask is all ones under the patch."""
+    if gate_logits is None or not isinstance(gate_logits, tuple) or not gate_logits:
+        return 0
+    settings = _settings
+    comm = comm if comm is not None else (settings[0] if settings else None)
+    if comm is None:
+        raise RuntimeError("gdncp CP: load_balancing_loss needs comm= (or patch(comm=...))")
+    st = core._comm_state(comm)
+    n = int(num_experts)
+    counts = torch.zeros(n, dtype=torch.float64)
+    probs = torch.zeros(n, dtype=torch.float64)
+    rows = 0
+    for layer in gate_logits:
+        p = torch.nn.functional.softmax(layer.float(), dim=-1)
+        chosen = torch.topk(p, top_k, dim=-1).indices
+        counts += torch.bincount(chosen.reshape(-1), minlength=n).double()
+        probs = probs + p.double().sum(dim=0)
+        rows += p.shape[0]
+    mine = np.concatenate([counts.numpy(), probs.detach().numpy(), [float(rows)]])
+    grid = np.empty_like(mine)
+    st.py.Allreduce(mine, grid)
+    R = grid[-1]
+    others = torch.from_numpy(grid[n:2 * n]) - probs.detach()
+    f = torch.from_numpy(grid[:n]) / R
+    P = (probs + others) / R
+    return (n * (f * P).sum()).float()
+
+
+def _aux_loss(*args, **kwargs):
+    # looked up at call time (a test swaps in a deliberately wrong one)
+    return load_balancing_loss(*args, **kwargs)
+
+
 def targets():
     """[(text model class, GDN class, attention class, fused)] of the installed transformers."""
     found = []
@@ -438,6 +478,9 @@ def install(set_attr, comm, strategy, attention, compute):
         set_attr(text, "forward", _text_forward(text.forward))
         set_attr(gdn, "forward", _gdn_forward(fused))
         set_attr(attn, "forward", _attn_forward)
+        mod = importlib.import_module(text.__module__)
+        if hasattr(mod, "load_balancing_loss_func"):   # the MoE models' aux loss, over every rank
+            set_attr(mod, "load_balancing_loss_func", _aux_loss)
     set_attr(loss_utils.LOSS_MAPPING, "ForCausalLM", causal_lm_loss, item=True)
     _settings = (comm, strategy, attention, compute)
 
