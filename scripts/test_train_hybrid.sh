@@ -91,6 +91,9 @@ train 2 "$work/moepr.csv" "${moe[@]}" --batch 1 --fault aux-per-rank || fail "tr
 expect_far "tiny-moe DP 2 with each rank's aux loss from its own rows (--fault aux-per-rank)" "$work/moepr.csv" "$work/moe1.csv" $TOL
 train 2 "$work/moeprc.csv" "${moe[@]}" --batch 2 --cp 2 --fault aux-per-rank || fail "train tiny-moe --cp 2 --fault aux-per-rank"
 expect_far "tiny-moe CP 2 with each rank's aux loss from its own shard" "$work/moeprc.csv" "$work/moe1.csv" $TOL
+train 1 "$work/moerc.csv" "${moe[@]}" --batch 2 --recompute on || fail "train tiny-moe --recompute on"
+expect_close "tiny-moe --recompute on (each block re-run in the backward) = off, bit for bit" \
+  "$work/moerc.csv" "$work/moe1.csv" 0
 train 1 "$work/moe0.csv" "${moe[@]}" --batch 2 --router-aux-coef 0 || fail "train tiny-moe --router-aux-coef 0"
 expect_far "tiny-moe without the aux loss (--router-aux-coef 0)" "$work/moe0.csv" "$work/moe1.csv" $TOL
 
