@@ -80,6 +80,12 @@ train 1 "$work/moe1.csv" "${moe[@]}" --batch 2 || fail "train --model tiny-moe"
 awk -F, 'NR > 1 && $9 + 0 > 0 { n++ } END { exit !(n == 4) }' "$work/moe1.csv" &&
   pass "tiny-moe: the aux loss in every step's CSV row ($(awk -F, 'NR == 2 { print $9 }' "$work/moe1.csv"))" ||
   { fail "tiny-moe: no aux_loss column"; cat "$work/moe1.csv"; }
+# the experts' load over the run: 4 steps x 2 rows x 64 tokens x 2 slots / 8 experts = 128 per expert
+# on average in every layer, on one rank and summed over DP 2 x CP 2 alike
+loadmean() { grep -o "layer [0-9]* min [0-9]* mean [0-9.]*" "$1" | awk '{ print $6 }' | sort -u | tr '\n' ' '; }
+[ "$(loadmean "$work/moe1.csv.out")" = "128.0 " ] &&
+  pass "tiny-moe: the expert load line, 128.0 choices per expert on average in every layer ($(grep -o 'layer 0 min [^;]*' "$work/moe1.csv.out"))" ||
+  { fail "tiny-moe: expert load '$(loadmean "$work/moe1.csv.out")' (want 128.0)"; cat "$work/moe1.csv.out"; }
 for grid in "2 --cp 2 --attn-cp kv --batch 2" "2 --cp 2 --attn-cp heads --batch 2" "3 --cp 3 --batch 2" \
             "2 --batch 1" "4 --cp 2 --batch 1"; do
   set -- $grid
@@ -87,6 +93,8 @@ for grid in "2 --cp 2 --attn-cp kv --batch 2" "2 --cp 2 --attn-cp heads --batch 
   train "$n" "$work/moeg.csv" "${moe[@]}" "$@" || fail "train tiny-moe on $n ranks $*"
   expect_close "tiny-moe on $n ranks ($*) vs one rank, aux loss included" "$work/moeg.csv" "$work/moe1.csv" $TOL
 done
+[ "$(loadmean "$work/moeg.csv.out")" = "128.0 " ] && pass "tiny-moe on 4 ranks: the expert load summed over the grid, 128.0" ||
+  { fail "tiny-moe on 4 ranks: expert load '$(loadmean "$work/moeg.csv.out")' (want 128.0)"; cat "$work/moeg.csv.out"; }
 train 2 "$work/moepr.csv" "${moe[@]}" --batch 1 --fault aux-per-rank || fail "train tiny-moe --fault aux-per-rank"
 expect_far "tiny-moe DP 2 with each rank's aux loss from its own rows (--fault aux-per-rank)" "$work/moepr.csv" "$work/moe1.csv" $TOL
 train 2 "$work/moeprc.csv" "${moe[@]}" --batch 2 --cp 2 --fault aux-per-rank || fail "train tiny-moe --cp 2 --fault aux-per-rank"

@@ -180,6 +180,10 @@ GDN_API int gdn_model_set_docs(gdn_model_plan *plan, const int64_t *doc_cu, cons
 GDN_API int gdn_model_router_stats(const gdn_model_plan *plan, double *stats);
 GDN_API int gdn_model_set_router_stats(gdn_model_plan *plan, const double *stats);
 GDN_API double gdn_model_aux_loss(const gdn_model_plan *plan);
+/* The experts' load: counts [MoE layers][n_experts] receives the (token, slot) choices of every
+ * expert of each MoE layer (in layer order) over this rank's rows of the training forwards
+ * (for_backward) since the plan was made or last reset (reset: zero them after reading). */
+GDN_API int gdn_model_expert_load(gdn_model_plan *plan, double *counts, int reset);
 /* dw (flat, overwritten): the gradient of (sum of every rank's loss_sum) / denom, this rank's
  * share (sum it over the ranks), for the preceding gdn_model_forward(..., for_backward = 1) on
  * the same tokens. Collective over cp. */

@@ -50,6 +50,9 @@ struct gdn_model_plan {
                                  forward, summed over the CP group (gdn_model_set_router_stats: the
                                  caller's grid) */
     double *router_local;     /* the same, this rank's rows only */
+    double *layer_stats;      /* one MoE layer's statistics of one forward (2 n) */
+    double *expert_load;      /* [MoE layers][n]: choices per expert over the training forwards
+                                 (gdn_model_expert_load) */
     float *aux_dp;            /* n: the aux loss's gradient in every row's router probabilities */
     int64_t ap_row;           /* packed CP: the row whose documents ap holds (-1: none) */
     int ap_offset_known;      /* dense CP: ap has this shard's seq_offset */
@@ -272,7 +275,8 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     p->acts = calloc((size_t)nacts, sizeof *p->acts);
     p->arena = aligned_alloc(64, sizeof(float) * floats);
     const size_t nstats = 2 * (size_t)c->n_experts + 1;
-    p->router_stats = calloc(2 * nstats, sizeof(double));
+    p->router_stats = calloc(2 * nstats + 2 * (size_t)c->n_experts +
+                                 (size_t)(gdn_model_moe_layers(c) * c->n_experts), sizeof(double));
     p->aux_dp = calloc((size_t)c->n_experts + 1, sizeof(float));
     if (!p->acts || !p->arena || !p->router_stats || !p->aux_dp) {
         gdn_model_plan_destroy(p);
@@ -282,6 +286,8 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     p->arena_bytes = sizeof(float) * floats;
     float *a = p->arena;
     p->router_local = p->router_stats + nstats;
+    p->layer_stats = p->router_local + nstats;
+    p->expert_load = p->layer_stats + 2 * (size_t)c->n_experts;
     const size_t N = (size_t)p->N, E = (size_t)c->E, I = gdn_model_moe_layers(c) < c->L ? (size_t)c->I : 0;
     const size_t saved_max = saved_gdn > saved_attn ? saved_gdn : saved_attn;
     const size_t mlp_max = p->mlp_saved[0] > p->mlp_saved[1] ? p->mlp_saved[0] : p->mlp_saved[1];
@@ -704,13 +710,19 @@ static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *token
     const size_t NE = (size_t)(p->N * c->E);
     int rc = attn_learn_offset(p);
     if (rc) return rc;
-    memset(p->router_local, 0, sizeof(double) * (2 * (size_t)c->n_experts + 1));
+    const int64_t n = c->n_experts;
+    memset(p->router_local, 0, sizeof(double) * (2 * (size_t)n + 1));
     embed_forward(p, w, tokens);
-    for (int64_t l = 0; l < c->L; l++) {
+    for (int64_t l = 0, mi = 0; l < c->L; l++) {
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
+        if (is_moe(c, l)) memset(p->layer_stats, 0, sizeof(double) * 2 * (size_t)n);
         rc = block_forward(p, l, p->xs + (size_t)(l + 1) * NE, p->xs + (size_t)l * NE, b, w,
-                           keep && !p->run.recompute, p->router_local);
+                           keep && !p->run.recompute, p->layer_stats);
         if (rc) return rc;
+        if (!is_moe(c, l)) continue;
+        for (int64_t e = 0; e < 2 * n; e++) p->router_local[e] += p->layer_stats[e];
+        for (int64_t e = 0; keep && e < n; e++) p->expert_load[mi * n + e] += p->layer_stats[e];
+        mi++;
     }
     norm_forward(p, p->N, p->af, p->rstdf, p->xs + (size_t)c->L * NE, w + gdn_model_final_norm_offset(c));
     return router_stats_done(p);
@@ -733,6 +745,14 @@ int gdn_model_set_router_stats(gdn_model_plan *p, const double *stats) {
     if (gdn_model_moe_layers(&p->cfg) && !(rows >= 1.0 && isfinite(rows)))
         return gdn_fail(GDN_ERR_ARG, "model router statistics: %g rows (want >= 1)", rows);
     memcpy(p->router_stats, stats, sizeof(double) * (2 * (size_t)n + 1));
+    return GDN_OK;
+}
+
+int gdn_model_expert_load(gdn_model_plan *p, double *counts, int reset) {
+    if (!p || !counts) return gdn_fail(GDN_ERR_ARG, "model expert load: plan and counts must not be NULL");
+    const size_t k = (size_t)(gdn_model_moe_layers(&p->cfg) * p->cfg.n_experts);
+    memcpy(counts, p->expert_load, sizeof(double) * k);
+    if (reset) memset(p->expert_load, 0, sizeof(double) * k);
     return GDN_OK;
 }
 

@@ -68,6 +68,7 @@ typedef struct {
     size_t nw;
     float *w, *dw, *m, *v;
     double *router; /* MoE: the routers' statistics, 2 n_experts + 1 (grid_router_stats) */
+    double *load;   /* MoE: the experts' load, 2 x MoE layers x n_experts (expert_load) */
     gdn_model_plan *plan;
     gdn_data *data;
     gdn_token *tokens; /* batch x (tn + 1) */
@@ -466,6 +467,8 @@ static int setup(trainer *t) {
     if (!rc && !(t->v = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
     if (!rc && !(t->router = calloc(2 * (size_t)t->cfg.n_experts + 1, sizeof(double))))
         rc = gdn_fail(GDN_ERR_NOMEM, "the routers' statistics");
+    if (!rc && !(t->load = calloc(2 * (size_t)(gdn_model_moe_layers(&t->cfg) * t->cfg.n_experts) + 1, sizeof(double))))
+        rc = gdn_fail(GDN_ERR_NOMEM, "the experts' load");
     if (!rc) rc = gdn_data_open(&t->data, o->data, o->val_fraction, t->cfg.vocab);
     /* the separator as ids: --pack's bytes (byte text only), or --pack-id's one id */
     if (!rc && o->pack && gdn_data_is_tokens(t->data))
@@ -666,6 +669,34 @@ static void layer_type_times(trainer *t, const double mixer_sum[4], double step_
     fflush(t->progress);
 }
 
+/* The experts' load over the steps run, summed over every rank: per MoE layer the (token, slot)
+ * choices per expert, min / mean / max and the busiest expert's share over the mean (1.00:
+ * balanced), the aux loss's target. */
+static void expert_load(trainer *t) {
+    const int64_t nm = gdn_model_moe_layers(&t->cfg), n = t->cfg.n_experts;
+    if (!nm) return;
+    double *c = t->load, *all = t->load + nm * n;
+    gdn_model_expert_load(t->plan, c, 1);
+    MPI_Reduce(c, all, (int)(nm * n), MPI_DOUBLE, MPI_SUM, 0, t->world);
+    if (t->progress) {
+        clear_status(t);
+        fprintf(t->progress, "gdncp train: expert load (tokens x slots per expert over the run, all ranks):");
+        for (int64_t m = 0, l = 0; m < nm; m++, l++) {
+            while (!t->cfg.moe[l]) l++;
+            double lo = INFINITY, hi = 0, sum = 0;
+            for (int64_t e = 0; e < n; e++) {
+                const double v = all[m * n + e];
+                lo = v < lo ? v : lo, hi = v > hi ? v : hi, sum += v;
+            }
+            const double mean = sum / (double)n;
+            fprintf(t->progress, "%s layer %lld min %.0f mean %.1f max %.0f (%.2fx)", m ? ";" : "", (long long)l, lo,
+                    mean, hi, mean > 0 ? hi / mean : 0.0);
+        }
+        fprintf(t->progress, "\n");
+        fflush(t->progress);
+    }
+}
+
 static int train_steps(trainer *t) {
     const gdn_train_options *o = t->o;
     const double t_start = MPI_Wtime();
@@ -762,6 +793,7 @@ static int train_steps(trainer *t) {
             if ((rc = save(t, step, loss))) return rc;
     }
     layer_type_times(t, mixer_sum, step_sum, o->steps - t->first_step + 1);
+    expert_load(t);
     return GDN_OK;
 }
 
@@ -783,6 +815,6 @@ int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
     gdn_cp_destroy(t.cp);
     gdn_cp_destroy(t.agree);
     if (t.cp_comm != MPI_COMM_NULL) MPI_Comm_free(&t.cp_comm);
-    free(t.w), free(t.dw), free(t.m), free(t.v), free(t.router), free(t.tokens), free(t.window), free(t.doc_cu), free(t.n_docs);
+    free(t.w), free(t.dw), free(t.m), free(t.v), free(t.router), free(t.load), free(t.tokens), free(t.window), free(t.doc_cu), free(t.n_docs);
     return rc;
 }
