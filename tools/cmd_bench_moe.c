@@ -7,8 +7,10 @@
  * forward+backward three times that (the backward's products are twice the forward's).
  * Elementwise work (softmax, top-k, SwiGLU, the sort, gather and combine) is not counted.
  * Fractions are of this machine's native-width fp32 FMA peak and of the BF16 instruction peak of
- * the path, both measured in the same run. The fp32 and BF16 plans alternate rep by rep (which
- * goes first too) and each row is the median of --reps runs after a warm-up; the warm-up forward
+ * the path, measured in the same run: again right before every timed run (a shared machine's
+ * speed drifts by 2x between seconds), each fraction the median over the runs of that run's
+ * ratio, as bench matmul does. The fp32 and BF16 plans alternate rep by rep (which goes first
+ * too) and each time is the median of --reps runs after a warm-up; the warm-up forward
  * also collects the router's statistics: the expert-load spread, min / mean / max rows per
  * expert. Every row prints the error of its block's y on the first rows against the float64
  * reference (gdn_moe_reference_forward, same routing rule): max |y - y_ref| / max |y_ref|.
@@ -109,7 +111,9 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
     gdn_moe_plan *p[2] = {NULL, NULL};
     float *saved = NULL;
     double *stats = calloc((size_t)(2 * s->n), sizeof(double));
-    double *t = malloc(sizeof(double) * 2 * 2 * (size_t)o->reps); /* [mode][compute][rep] */
+    /* [mode][compute][rep]: the time, and the fp32 and BF16 peaks measured just before */
+    const size_t nt = 2 * 2 * (size_t)o->reps;
+    double *t = malloc(sizeof(double) * 3 * nt), *pk32 = t + nt, *pkbf = pk32 + nt;
     int rc = stats && t ? GDN_OK : GDN_ERR_NOMEM;
     for (int cm = 0; cm < 2 && !rc; cm++)
         if (o->compute_mask & (1 << cm)) {
@@ -126,10 +130,15 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
                 if (!p[cm]) continue;
                 double *st = !got_stats && cm == first ? stats : NULL; /* one untimed forward's statistics */
                 got_stats |= st != NULL;
+                const size_t at = (size_t)(mode * 2 + cm) * (size_t)o->reps + (size_t)(r ? r - 1 : 0);
+                if (r) {
+                    pk32[at] = gdn_measure_peak_gflops(o->threads);
+                    pkbf[at] = cm ? gdn_bench_bf16_peak_gflops(gdn_bench_bf16_path(), o->threads) : NAN;
+                }
                 const double t0 = cli_now();
                 rc = gdn_moe_forward(p[cm], y[cm], mode == MODE_FWD_BWD ? saved : NULL, x, w, st, NULL, NULL);
                 if (!rc && mode == MODE_FWD_BWD) rc = gdn_moe_backward(p[cm], dx, dw, x, w, saved, dy, NULL);
-                if (r) t[(mode * 2 + cm) * o->reps + r - 1] = cli_now() - t0;
+                if (r) t[at] = cli_now() - t0;
             }
     if (rc) {
         if (rc == GDN_ERR_NOMEM && !p[0] && !p[1]) fprintf(stderr, "gdncp bench moe: %s T=%lld: out of memory\n", s->label, (long long)T);
@@ -147,13 +156,18 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
             const double med32 = p[0] ? cli_median(t + (mode * 2 + 0) * o->reps, o->reps) : NAN;
             for (int cm = 0; cm < 2; cm++) {
                 if (!p[cm]) continue;
-                const double med = cli_median(t + (mode * 2 + cm) * o->reps, o->reps), gf = flops / med / 1e9;
+                double *tt = t + (mode * 2 + cm) * o->reps, *p32 = pk32 + (mode * 2 + cm) * o->reps,
+                       *pbf = pkbf + (mode * 2 + cm) * o->reps, f32[64], fbf[64];
+                for (int r = 0; r < o->reps; r++) f32[r] = flops / tt[r] / 1e9 / p32[r], fbf[r] = flops / tt[r] / 1e9 / pbf[r];
+                const double fr32 = cli_median(f32, o->reps), frbf = cm ? cli_median(fbf, o->reps) : NAN;
+                const double peak = cli_median(p32, o->reps), bpeak = cm ? cli_median(pbf, o->reps) : NAN;
+                const double med = cli_median(tt, o->reps), gf = flops / med / 1e9;
                 const double speedup = cm && p[0] ? med32 / med : NAN;
                 if (o->json) {
                     char bpk[32] = "null", fbp[32] = "null", spd[32] = "null";
                     if (cm) {
-                        snprintf(bpk, sizeof bpk, "%.3f", o->bf16_peak);
-                        if (o->bf16_peak > 0) snprintf(fbp, sizeof fbp, "%.4f", gf / o->bf16_peak);
+                        snprintf(bpk, sizeof bpk, "%.3f", bpeak);
+                        if (bpeak > 0) snprintf(fbp, sizeof fbp, "%.4f", frbf);
                         if (p[0]) snprintf(spd, sizeof spd, "%.3f", speedup);
                     }
                     printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"E\":%lld,\"n_experts\":%lld,\"top_k\":%lld,"
@@ -164,13 +178,13 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
                            "\"rel_err_vs_reference\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
                            dir, s->label, (long long)s->E, (long long)s->n, (long long)s->k, (long long)s->I,
                            (long long)s->Is, (long long)T, o->threads, gdn_compute_name(cm), med * 1e3, o->reps,
-                           (double)T / med, gf, o->peak, gf / o->peak, bpk, fbp, spd, lmin, lmean, lmax,
+                           (double)T / med, gf, peak, fr32, bpk, fbp, spd, lmin, lmean, lmax,
                            (long long)tp, err[cm], gdn_compute_path(cm), o->cpu);
                 } else {
                     printf("%-11s %-7s %s T=%-5lld thr=%d %9.1f ms %8.0f tok/s %7.1f GFLOP/s %5.1f %% of fp32 peak",
                            dir, s->label, gdn_compute_name(cm), (long long)T, o->threads, med * 1e3, (double)T / med,
-                           gf, 100 * gf / o->peak);
-                    if (cm) printf(" %5.1f %% of bf16 peak", o->bf16_peak > 0 ? 100 * gf / o->bf16_peak : NAN);
+                           gf, 100 * fr32);
+                    if (cm) printf(" %5.1f %% of bf16 peak", bpeak > 0 ? 100 * frbf : NAN);
                     if (cm && p[0]) printf(" %5.2fx fp32", speedup);
                     printf("  load %.0f/%.1f/%.0f  err %.1e\n", lmin, lmean, lmax, err[cm]);
                 }
@@ -391,7 +405,8 @@ int cmd_bench_moe(int argc, char **argv) {
     }
     if (!o.json)
         printf("GEMM path: fp32 %s; bf16 %s\nmedians of %d after a warm-up, fp32 and bf16 alternating; GFLOP/s: "
-               "2k*3*E*I + 2*3*E*Is + 2*E*n per token forward (x3 with the backward); load: min/mean/max rows per "
+               "2k*3*E*I + 2*3*E*Is + 2*E*n per token forward (x3 with the backward); %% of peak: the median over the "
+               "runs of each run's ratio to the peaks measured again right before it; load: min/mean/max rows per "
                "expert (the forward's router statistics); err: y on the first rows vs the float64 reference "
                "block; decode: one token, against streaming the router, the k chosen experts and the shared "
                "expert once\n",
