@@ -180,3 +180,33 @@ def test_trained_checkpoint_loads_into_transformers_with_gdncps_loss(checkpoint)
         bad = model(input_ids=ids[:, :T], use_cache=False).logits[0]
         bad_loss = torch.nn.functional.cross_entropy(bad, ids[0, 1:T + 1]).item()
     assert rel_err(bad.numpy(), c_logits) > 1e-2 and abs(bad_loss - c_loss) / c_loss > 1e-5
+
+
+def test_trained_moe_checkpoint_loads_into_transformers_with_gdncps_loss(tmp_path):
+    """`gdncp train --experts 4` (every MLP a mixture of 4 experts, 2 per token, a shared expert; the
+    aux loss on): its checkpoint (config.json qwen3_5_moe_text, the experts fused as transformers
+    holds them) loads into transformers' Qwen3_5MoeForCausalLM, whose loss and logits equal
+    gdncp.Model's on the same bytes (1e-5), and back into gdncp bit for bit. Control: two experts
+    of layer 0 swapped in transformers' model change its logits."""
+    import json
+    import gdncp
+    from transformers import AutoModelForCausalLM
+    ck = _train(tmp_path / "moe", 3, "--experts", "4", "--experts-per-tok", "2", "--moe-intermediate", "32",
+                "--shared-intermediate", "16", "--router-aux-coef", "0.01")
+    conf = json.load(open(ck / "config.json"))
+    assert conf["model_type"] == "qwen3_5_moe_text" and conf["num_experts"] == 4 and conf["output_router_logits"]
+    with open(TEXT, "rb") as f:
+        ids = np.frombuffer(f.read(T + 1), np.uint8).astype(np.int64)[None]
+    with gdncp.Model.from_pretrained(ck, threads=1) as m:
+        ours, our_logits = m.loss(ids), m.logits(ids)
+    hf = AutoModelForCausalLM.from_pretrained(str(ck), dtype=torch.float32).eval()
+    assert type(hf).__name__ == "Qwen3_5MoeForCausalLM"
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor(ids), labels=torch.tensor(ids), use_cache=False)
+    assert abs(out.loss.item() - ours) / ours < 1e-5, (out.loss.item(), ours)
+    assert rel_err(our_logits, out.logits.numpy()) < 1e-5, rel_err(our_logits, out.logits.numpy())
+    gu = hf.model.layers[0].mlp.experts.gate_up_proj
+    with torch.no_grad():
+        gu[[0, 1]] = gu[[1, 0]].clone()
+        bad = hf(input_ids=torch.tensor(ids), use_cache=False).logits.numpy()
+    assert rel_err(bad, out.logits.numpy()) > 1e-4
