@@ -113,3 +113,23 @@ def test_bench_cp_train_quick_runs_every_side(capsys):
         report.row(row)
     assert "tok/s" in capsys.readouterr().out
 
+
+
+def test_bench_moe_quick_rows_and_errors(capsys, monkeypatch):
+    """--what moe: every side's row and the speed-up line; gdncp's fp32 block agrees with
+    transformers' eager one (y, dx within 2e-5), its BF16 block within BF16's reach of it and of
+    transformers' own autocast error. Control: gdncp's block with the top-k weights not
+    renormalised fails the same check."""
+    assert bench.main(["--what", "moe", "--quick"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("[moe]", "transformers grouped_mm", "transformers eager", "transformers autocast bf16",
+                   "gdncp bf16", "speed-up, fp32", "gdncp vs transformers eager fp32"):
+        assert needle in out, (needle, out)
+    _, err, _ = bench.run_moe(128, 1, "35b", quick=True)
+    assert max(err["gdncp"]) < 2e-5, err
+    assert max(err["gdncp bf16"]) <= 2 * max(err["transformers autocast bf16"]) + 1e-2, err
+    import gdncp.torch as gt
+    real = gt.moe_block
+    monkeypatch.setattr(gt, "moe_block", lambda *a, **k: real(*a, **{**k, "norm_topk_prob": False}))
+    _, bad, _ = bench.run_moe(128, 1, "35b", quick=True)
+    assert max(bad["gdncp"]) > 2e-5, bad

@@ -50,7 +50,13 @@ the threads.
             --cp-T 4096,16384 --cp-ranks 1,2,4 --mem-gib 20, --cp-max for the longest T each side
             completes.
 
-    python -m gdncp.bench [--what rule,model,overhead,conv,bf16,gemm,attention,generate,cp-train]
+  moe       (only when asked for) the sparse MoE block at --moe-shape (35b: Qwen3.5-35B-A3B, E 2048,
+            256 experts, top 8, I 512, shared 512; next: Qwen3-Next, 512 experts, top 10) over
+            --moe-T tokens: transformers' Qwen3_5MoeSparseMoeBlock (grouped_mm and eager experts,
+            fp32, and under bfloat16 autocast) against gdncp.torch.moe_block (fp32 and bf16), forward
+            and forward + backward, alternated, and gdncp's errors against transformers' eager fp32.
+
+    python -m gdncp.bench [--what rule,model,overhead,conv,bf16,gemm,attention,generate,moe,cp-train]
                           [--quick] [--reps 5] [--threads N]
 
 --quick runs every section at toy sizes (the test suite's smoke run). --threads sets torch's
@@ -636,10 +642,82 @@ def run_attention(T=8192, H=16, Hkv=2, d=256, reps=3, B=1, causal_for_check=True
              ("gdncp core bf16", th, thb)], err, core.path() + " | bf16: " + core16.path())
 
 
+# ----------------------------------------------------------------------------- the MoE block
+
+MOE_SHAPES = {  # E, experts, top_k, moe I, shared I
+    "35b": (2048, 256, 8, 512, 512),     # Qwen3.5-35B-A3B / Qwen3.6-35B-A3B
+    "next": (2048, 512, 10, 512, 512),   # Qwen3-Next-80B-A3B
+}
+
+
+def run_moe(T, reps, shape, quick=False):
+    """transformers' Qwen3_5MoeSparseMoeBlock (its default grouped_mm experts and eager, fp32 and
+    under bfloat16 autocast) against gdncp.torch.moe_block on the same weights and tokens, the sides
+    alternated round by round: [(side, forward s, forward+backward s)], the errors of gdncp's y and
+    dx against transformers' eager fp32, the shape's description."""
+    from transformers import Qwen3_5MoeTextConfig
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSparseMoeBlock
+    from .torch import moe_block
+    E, n, k, I, Is = (64, 16, 4, 32, 32) if quick else MOE_SHAPES[shape]
+    cfg = Qwen3_5MoeTextConfig(hidden_size=E, num_experts=n, num_experts_per_tok=k, moe_intermediate_size=I,
+                               shared_expert_intermediate_size=Is)
+    blocks = {}
+    gen = torch.Generator().manual_seed(5)
+    for impl in ("grouped_mm", "eager"):
+        c = copy.deepcopy(cfg)
+        c._experts_implementation = impl
+        blocks[impl] = Qwen3_5MoeSparseMoeBlock(c)
+    with torch.no_grad():   # the same weights in both: normal(0, 0.02), the router spread (1 / sqrt(E))
+        for name, p in blocks["eager"].named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * (E ** -0.5 if name == "gate.weight" else 0.02))
+        blocks["grouped_mm"].load_state_dict(blocks["eager"].state_dict())
+    x0 = torch.randn(1, T, E, generator=gen)
+    dy = torch.randn(1, T, E, generator=gen)
+    b = blocks["eager"]
+    weights = lambda blk: (blk.gate.weight, blk.experts.gate_up_proj, blk.experts.down_proj,  # noqa: E731
+                           blk.shared_expert.gate_proj.weight, blk.shared_expert.up_proj.weight,
+                           blk.shared_expert.down_proj.weight, blk.shared_expert_gate.weight)
+    out = {}
+
+    def side(name, fn, backward, bf16=False):
+        def call():
+            x = x0.clone().requires_grad_(backward)
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+            with ctx, (contextlib.nullcontext() if backward else torch.no_grad()):
+                y = fn(x)
+            if backward:
+                for p in b.parameters():
+                    p.grad = None
+                y.float().backward(dy)
+            out[name] = (y.detach().float(), None if not backward else x.grad)
+        return call
+
+    tfm = lambda impl: (lambda x: blocks[impl](x))   # noqa: E731
+    ours = lambda compute: (lambda x: moe_block(x.reshape(-1, E), *weights(b), top_k=k,  # noqa: E731
+                                                 compute=compute).reshape(1, T, E))
+    sides = [("transformers grouped_mm", tfm("grouped_mm"), False), ("transformers eager", tfm("eager"), False),
+             ("transformers autocast bf16", tfm("grouped_mm"), True), ("gdncp", ours("fp32"), False),
+             ("gdncp bf16", ours("bf16"), False)]
+    fns = []
+    for name, fn, bf16 in sides:
+        fns.append(side(name + " fwd", fn, False, bf16))
+        fns.append(side(name + " fwd+bwd", fn, True, bf16))
+    times = _time_rounds(fns, reps)
+    rows = [(name, times[2 * i], times[2 * i + 1]) for i, (name, _, _) in enumerate(sides)]
+    ref_y, ref_dx = out["transformers eager fwd+bwd"]
+    err = {}
+    for name in ("gdncp", "gdncp bf16", "transformers autocast bf16"):
+        y, dx = out[name + " fwd+bwd"]
+        err[name] = (float((y - ref_y).abs().max() / ref_y.abs().max()),
+                     float((dx - ref_dx).abs().max() / ref_dx.abs().max()))
+    desc = f"T={T} E={E} experts={n} top_k={k} I={I} shared={Is}" + (" (quick)" if quick else f" ({shape})")
+    return rows, err, desc
+
+
 # ----------------------------------------------------------------------------- command line
 
-SECTIONS = ("rule", "model", "overhead", "conv", "bf16", "gemm", "attention", "generate", "cp-train")
-DEFAULT_SECTIONS = SECTIONS[:-1]   # cp-train (minutes of MPI runs) only when asked for
+SECTIONS = ("rule", "model", "overhead", "conv", "bf16", "gemm", "attention", "generate", "moe", "cp-train")
+DEFAULT_SECTIONS = SECTIONS[:-2]   # moe (GBs of experts) and cp-train (minutes of MPI runs) when asked for
 
 
 def main(argv=None):
@@ -647,7 +725,8 @@ def main(argv=None):
     for name, default in (("B", 1), ("T", 1024), ("Hk", 16), ("Hv", 32), ("K", 128), ("V", 128),
                           ("reps", 5), ("model-B", 8), ("model-T", 512), ("layer-E", 2048),
                           ("attn-T", 8192), ("attn-H", 16), ("attn-Hkv", 2), ("attn-d", 256),
-                          ("attn-reps", 3), ("gen-B", 1), ("gen-prompt", 64), ("gen-new", 128), ("gemm-T", 4096)):
+                          ("attn-reps", 3), ("gen-B", 1), ("gen-prompt", 64), ("gen-new", 128), ("gemm-T", 4096),
+                          ("moe-T", 4096)):
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-backward", action="store_true", help="rule: forward only")
@@ -664,6 +743,8 @@ def main(argv=None):
     ap.add_argument("--mem-gib", type=float, default=20.0,
                     help="cp-train: a run past this resident memory (all its processes) is stopped")
     ap.add_argument("--model-config", default=None, help="model: a Qwen3.5 config.json")
+    ap.add_argument("--moe-shape", default="35b", choices=sorted(MOE_SHAPES),
+                    help="moe: the block's shape (35b: Qwen3.5-35B-A3B; next: Qwen3-Next-80B-A3B)")
     ap.add_argument("--quick", action="store_true",
                     help="toy sizes for every section (a smoke run, seconds)")
     a = ap.parse_args(argv)
@@ -677,9 +758,10 @@ def main(argv=None):
         a.attn_T, a.attn_reps = 256, 1
         a.gen_prompt, a.gen_new = 8, 16
         a.gemm_T = 64
+        a.moe_T = 128
         a.cp_models, a.cp_T, a.cp_ranks = "tiny", "64", "1,2"
     for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "layer_E", "attn_T",
-                 "attn_H", "attn_Hkv", "attn_d", "attn_reps", "gen_B", "gen_prompt", "gen_new", "gemm_T"):
+                 "attn_H", "attn_Hkv", "attn_d", "attn_reps", "gen_B", "gen_prompt", "gen_new", "gemm_T", "moe_T"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.Hv % a.Hk:
@@ -690,6 +772,19 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
     print(f"python -m gdncp.bench: {_where()}, medians of {a.reps} after a warm-up")
     shape = f"B={a.B} T={a.T} Hk={a.Hk} Hv={a.Hv} K={a.K} V={a.V}"
+    if "moe" in what:
+        rows, err, desc = run_moe(a.moe_T, a.reps, a.moe_shape, a.quick)
+        print(f"[moe] the sparse MoE block, {desc}: transformers' Qwen3_5MoeSparseMoeBlock vs gdncp.torch.moe_block")
+        for name, f, fb in rows:
+            print(f"  {name:28s} forward {f * 1e3:9.1f} ms   forward+backward {fb * 1e3:9.1f} ms")
+        t = {name: (f, fb) for name, f, fb in rows}
+        best = min(("transformers grouped_mm", "transformers eager"), key=lambda n: t[n][1])
+        print(f"  speed-up, fp32 (transformers' fastest, {best}, / gdncp): forward {t[best][0] / t['gdncp'][0]:.2f}x, "
+              f"forward+backward {t[best][1] / t['gdncp'][1]:.2f}x; BF16 (autocast / gdncp bf16): forward "
+              f"{t['transformers autocast bf16'][0] / t['gdncp bf16'][0]:.2f}x, forward+backward "
+              f"{t['transformers autocast bf16'][1] / t['gdncp bf16'][1]:.2f}x")
+        for name, (ey, edx) in err.items():
+            print(f"  {name} vs transformers eager fp32: y {ey:.1e}, dx {edx:.1e}")
     if "rule" in what:
         rows, err = run(a.B, a.T, a.Hk, a.Hv, a.K, a.V, a.reps, not a.no_backward)
         print(f"[rule] {shape}")
