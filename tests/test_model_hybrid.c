@@ -472,6 +472,19 @@ static void test_decode_hf(const model_w *m) {
     for (int tk = 0; !rc && tk < DEC_KINDS; tk++)
         if (!dec_run(d, c, m->w, tok, T, T0, (dec_tamper)tk, lg))
             dec_compare(d, c, f, lg, fwd, lfull, lpre, ldec, T, T0, (dec_tamper)tk);
+    /* gdn_model_prefill_last: the prompt in two pieces, only the last position's logits (what
+     * generation reads) = transformers' logits of position T0 - 1; control: the first piece left
+     * out (the caches start at the second) */
+    for (int skip = 0; !rc && skip < 2; skip++) {
+        gdn_model_decoder_reset(d);
+        rc = skip ? GDN_OK : gdn_model_prefill_last(d, m->w, tok, 20, lg);
+        if (!rc) rc = gdn_model_prefill_last(d, m->w, tok + 20, T0 - 20, lg);
+        if (rc) break;
+        const double e = rel_err_f32(lg, lpre + (T0 - 1) * V, V);
+        if (!skip) expect_close(e, TOL_STOCK, "gdn_model_prefill_last over pieces of 20 + 17 tokens: the last logits");
+        else expect_far(e, TOL_STOCK, "the prompt's first 20 tokens never prefilled, the last logits");
+    }
+    if (rc) check(0, "prefill_last: %s", gdn_errmsg());
     gdn_model_decoder_destroy(d);
     gdn_model_plan_destroy(p);
     free(lfull), free(lpre), free(ldec), free(lg), free(fwd);

@@ -132,7 +132,8 @@ int cmd_sample(int argc, char **argv) {
         return CLI_USAGE_ERROR;
     }
     float *w = aligned_alloc(64, sizeof(float) * ((gdn_model_param_floats(&cfg) + 15) & ~(size_t)15));
-    float *logits = malloc(sizeof(float) * np * (size_t)cfg.vocab);
+    /* --score reads every prompt position's logits; generating, only the last one's */
+    float *logits = malloc(sizeof(float) * (score ? np : 1) * (size_t)cfg.vocab);
     float *swork = malloc(sizeof(float) * (size_t)cfg.vocab); /* the sampler's (top-k, top-p) */
     gdn_model_decoder *dec = NULL;
     if (!w || !logits || !swork) {
@@ -151,9 +152,15 @@ int cmd_sample(int argc, char **argv) {
     if (!rc && sep_id >= 0) sep[0] = (gdn_token)sep_id, sep_len = 1;
     /* the KV caches hold the prompt and every new token */
     if (!rc) rc = gdn_model_decoder_create_dtype(&dec, &cfg, 1, (int64_t)np + tokens, (int)threads, cache_dtype);
-    /* the prompt in one piece; its last token's logits give the first new one */
+    /* the prompt (scoring: in one piece, every position's logits; generating: in pieces of at most
+     * PREFILL_PIECE tokens, so its activations stay bounded, and only the last position's logits,
+     * which give the first new token) */
     const double tp = cli_now();
-    if (!rc) rc = gdn_model_prefill(dec, w, ptok, (int64_t)np, logits);
+    enum { PREFILL_PIECE = 4096 };
+    if (!rc && score) rc = gdn_model_prefill(dec, w, ptok, (int64_t)np, logits);
+    for (size_t t0 = 0; !rc && !score && t0 < np; t0 += PREFILL_PIECE)
+        rc = gdn_model_prefill_last(dec, w, ptok + t0, (int64_t)(np - t0 < PREFILL_PIECE ? np - t0 : PREFILL_PIECE),
+                                    logits);
     const double prefill_s = cli_now() - tp;
     if (!rc && score) { /* mean cross-entropy of the prompt's bytes 1..np-1, in double */
         double sum = 0;
@@ -169,7 +176,6 @@ int cmd_sample(int argc, char **argv) {
         free(w), free(logits), free(ptok), free(swork);
         return 0;
     }
-    if (!rc) memmove(logits, logits + (np - 1) * (size_t)cfg.vocab, sizeof(float) * (size_t)cfg.vocab);
     for (size_t i = 0; sep_len && i < np; i++)
         memmove(tail, tail + 1, sizeof *tail * ((size_t)sep_len - 1)), tail[sep_len - 1] = ptok[i];
     const gdn_sampling sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p};

@@ -222,6 +222,11 @@ GDN_API int64_t gdn_model_decoder_length(const gdn_model_decoder *dec);
  * the caches may be partly advanced: reset before reusing them. */
 GDN_API int gdn_model_prefill(gdn_model_decoder *dec, const float *w, const gdn_token *tokens, int64_t T,
                               float *logits);
+/* The same, forming only each sequence's last logits: logits [B, vocab] (those of the token after
+ * tokens[b, T - 1]). What generation needs: at a real vocabulary the head over every prompt
+ * position is most of a prefill's work. */
+GDN_API int gdn_model_prefill_last(gdn_model_decoder *dec, const float *w, const gdn_token *tokens, int64_t T,
+                                   float *logits);
 /* One token: gdn_model_prefill with T = 1 (tokens [B], logits [B, vocab]). */
 GDN_API int gdn_model_decode(gdn_model_decoder *dec, const float *w, const gdn_token *tokens, float *logits);
 /* The caches themselves (tests, saving a session): layer l's KV cache (NULL unless l is a

@@ -279,15 +279,15 @@ def test_prompt_prefilled_in_pieces(tiny, monkeypatch):
     """A prompt longer than one prefill piece (pieces of 5 tokens here: 12 = 5 + 5 + 2) gives the
     same ids; control: the middle piece never fed to the decoder gives other ids."""
     prompt, want = _gen_io()
-    monkeypatch.setattr(gdncp.Model, "_PREFILL_BYTES", 5 * 4 * 256)
+    monkeypatch.setattr(gdncp.Model, "_PREFILL_PIECE", 5)
     assert np.array_equal(tiny.generate(prompt, max_new_tokens=32), want)
-    real = L.gdn_model_prefill
+    real = L.gdn_model_prefill_last
     calls = []
 
     def drop_middle(dec, w, tok, T, logits):
         calls.append(T)
         return real(dec, w, tok, T, logits) if len(calls) != 2 else 0
-    monkeypatch.setattr(L, "gdn_model_prefill", drop_middle)
+    monkeypatch.setattr(L, "gdn_model_prefill_last", drop_middle)
     assert not np.array_equal(tiny.generate(prompt, max_new_tokens=32), want)
     assert calls == [5, 5, 2]
 

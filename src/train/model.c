@@ -1101,7 +1101,11 @@ static int decoder_mixer(gdn_model_decoder *d, int64_t l, int64_t T, const float
                   : gdn_layer_forward(d->lpT, d->y, NULL, d->a, wl, conv, rec);
 }
 
-int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens, int64_t T, float *logits) {
+/* A piece of T tokens per sequence through every layer with its cache; the head over every
+ * position (logits [B, T, vocab]) or, last_only, each sequence's last (logits [B, vocab]: what
+ * generation needs; at a real vocabulary the head is most of a prefill's work). */
+static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens, int64_t T, float *logits,
+                   int last_only) {
     if (!d || !w || !tokens || !logits)
         return gdn_fail(GDN_ERR_ARG, "decode: decoder, w, tokens and logits must not be NULL");
     if (T < 1) return gdn_fail(GDN_ERR_SHAPE, "decode: a piece of T = %lld tokens (>= 1)", (long long)T);
@@ -1143,12 +1147,26 @@ int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tok
         gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, wm + dense_off(c, DENSE_DOWN), I, d->x, E,
                    d->mm_ws, nt);
     }
-    norm_rows(N, E, c->eps, d->a, d->x, w + gdn_model_final_norm_offset(c));
-    gdn_matmul(GDN_GEMM_B_TRANS, N, c->vocab, E, d->a, E, w + gdn_model_lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
+    const float *wf = w + gdn_model_final_norm_offset(c);
+    int64_t rows = N;
+    if (last_only && T > 1) { /* each sequence's last position's row, then the head over B rows */
+        for (int64_t b = 0; b < d->B; b++) norm_rows(1, E, c->eps, d->a + b * E, d->x + (b * T + T - 1) * E, wf);
+        rows = d->B;
+    } else {
+        norm_rows(N, E, c->eps, d->a, d->x, wf);
+    }
+    gdn_matmul(GDN_GEMM_B_TRANS, rows, c->vocab, E, d->a, E, w + gdn_model_lm_head_offset(c), E, logits, c->vocab,
+               d->mm_ws, nt);
     d->len += T;
     return GDN_OK;
 }
 
+int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens, int64_t T, float *logits) {
+    return prefill(d, w, tokens, T, logits, 0);
+}
+int gdn_model_prefill_last(gdn_model_decoder *d, const float *w, const gdn_token *tokens, int64_t T, float *logits) {
+    return prefill(d, w, tokens, T, logits, 1);
+}
 int gdn_model_decode(gdn_model_decoder *d, const float *w, const gdn_token *tokens, float *logits) {
-    return gdn_model_prefill(d, w, tokens, 1, logits);
+    return prefill(d, w, tokens, 1, logits, 0);
 }

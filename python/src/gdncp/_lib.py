@@ -346,6 +346,8 @@ gdn_model_decoder_destroy = _proto("gdn_model_decoder_destroy", None, c_void_p)
 gdn_model_decoder_reset = _proto("gdn_model_decoder_reset", None, c_void_p)
 gdn_model_decoder_length = _proto("gdn_model_decoder_length", c_int64, c_void_p)
 gdn_model_prefill = _proto("gdn_model_prefill", c_int, c_void_p, P_float, P_token, c_int64, P_float)
+# (dec, w, tokens [B, T], T, logits [B, vocab]: each sequence's last position only)
+gdn_model_prefill_last = _proto("gdn_model_prefill_last", c_int, c_void_p, P_float, P_token, c_int64, P_float)
 gdn_model_decode = _proto("gdn_model_decode", c_int, c_void_p, P_float, P_token, P_float)
 
 gdn_sampling_default = _proto("gdn_sampling_default", Sampling)

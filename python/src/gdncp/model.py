@@ -117,7 +117,7 @@ class Model:
     library runs each call on `threads` OpenMP threads). close() or a `with` block frees the
     weights."""
 
-    _PREFILL_BYTES = 64 << 20   # the most logits one prefill piece writes
+    _PREFILL_PIECE = 4096       # generate's prompt pieces: tokens a row
 
     def __init__(self, *a, **k):
         raise TypeError("use gdncp.Model.from_pretrained(path)")
@@ -446,16 +446,13 @@ class Model:
                                                  self._threads, cache_dtype), "gdncp.Model.generate")
         try:
             w = L.f32p(self._w)
-            # the prompt in pieces whose logits stay under _PREFILL_BYTES (one piece for small vocabs)
-            piece = max(1, self._PREFILL_BYTES // (4 * B * V))
+            # the prompt in pieces of at most _PREFILL_PIECE tokens a row (bounded activations),
+            # each forming only its last position's logits (the head over B rows, not B x T)
             last = np.empty((B, V), np.float32)
-            for t0 in range(0, T, piece):
-                p = np.ascontiguousarray(ids[:, t0:t0 + piece])
-                lg = np.empty((B, p.shape[1], V), np.float32)
-                L.check(L.gdn_model_prefill(dec, w, p.ctypes.data_as(L.P_token), p.shape[1],
-                                            L.f32p(lg)), "gdncp.Model.generate (prefill)")
-                last[:] = lg[:, -1]
-            del lg
+            for t0 in range(0, T, self._PREFILL_PIECE):
+                p = np.ascontiguousarray(ids[:, t0:t0 + self._PREFILL_PIECE])
+                L.check(L.gdn_model_prefill_last(dec, w, p.ctypes.data_as(L.P_token), p.shape[1],
+                                                 L.f32p(last)), "gdncp.Model.generate (prefill)")
             nw = L.gdn_sample_work_floats(ctypes.byref(s), V)
             work = np.empty(max(nw, 1), np.float32)
             rngs = [ctypes.c_uint64(L.gdn_sample_seed((seed + b) % (1 << 64))) for b in range(B)]
