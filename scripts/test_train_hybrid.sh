@@ -192,6 +192,12 @@ refuse "--init qwen35_tiny --model tiny (the checkpoint decides)" "config.json d
   $MPIEXEC -n 2 $g train --data "$text" --init tests/data/qwen35_tiny --model tiny --steps 1
 refuse "--init qwen35_tiny --layer-types (another layer order)" "its layer 2 is linear_attention" \
   $MPIEXEC -n 1 $g train --data "$text" --init tests/data/qwen35_tiny --layers 4 --layer-types linear,linear,full,full --steps 1
+refuse "--init qwen35_tiny --vocab 256 --hidden 64 (one flag that differs: named)" "its hidden_size is 96, but --hidden says 64" \
+  $MPIEXEC -n 1 $g train --data "$text" --init tests/data/qwen35_tiny --vocab 256 --hidden 64 --steps 1
+if timeout 120 $MPIEXEC -n 1 $g train --data "$text" --init tests/data/qwen35_tiny --vocab 256 --layers 4 --steps 1 --seq 32 \
+     --eval-every 0 --threads 1 > "$work/agree.out" 2>&1; then
+  pass "--init qwen35_tiny --vocab 256 --layers 4: flags that agree with the checkpoint (the others take its values) train"
+else fail "--init qwen35_tiny with agreeing flags refused"; cat "$work/agree.out"; fi
 # BF16 compute (--compute bf16: every projection, the MLP and lm_head with bf16 operands; fp32
 # master weights, moments, loss, norms and state): the loss curve follows fp32's within BF16's
 # accuracy. Measured over 20 steps of 4 x 128 tokens on 2 CP ranks: 1.2e-2 at most (on AMX); the

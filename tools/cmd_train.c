@@ -39,7 +39,8 @@ const char cmd_train_usage[] =
     "  file's end-of-text id; for byte text, a byte value).\n"
     "  The named models are hybrid: layer l is full attention when (l + 1) % 4 == 0; --attn-interval N\n"
     "  makes it every N-th layer (0: GatedDeltaNet only), --layer-types lists every layer.\n"
-    "  --init DIR: the checkpoint's config.json decides the model (model flags must agree with it).\n"
+    "  --init DIR: the checkpoint's config.json decides the model (model flags given must agree with it;\n"
+    "  the fields not given take its values).\n"
     "  --experts N: every layer's MLP a sparse mixture of N experts (Qwen3.5-MoE), K of them per token\n"
     "  (default 2), each --moe-intermediate wide (default: --intermediate), beside a shared expert of\n"
     "  --shared-intermediate (default 0: none); the *-moe models have them. --router-aux-coef X: the\n"
@@ -150,14 +151,18 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
             {"--experts", &experts, 0, GDN_MOE_MAX_EXPERTS}, {"--experts-per-tok", &top_k, 1, GDN_MOE_MAX_EXPERTS},
             {"--moe-intermediate", &moe_I, 1, 1 << 18},  {"--shared-intermediate", &shared_I, 0, 1 << 18},
         };
-        /* the flags that set the model (refused against a checkpoint's config that differs) */
-        static const char *const model_flags[] = {"--hidden", "--layers", "--intermediate", "--key-heads",
-                                                  "--value-heads", "--key-dim", "--value-dim", "--conv",
-                                                  "--attn-heads", "--kv-heads", "--head-dim", "--attn-interval", "--vocab",
-                                                  "--experts", "--experts-per-tok", "--moe-intermediate",
-                                                  "--shared-intermediate"};
+        /* the flags that set the model's fields (with --init / --resume, refused where they differ
+         * from the checkpoint's config; the fields not given take the checkpoint's) */
+        static const struct { const char *flag; int bit; } model_flags[] = {
+            {"--hidden", GDN_GIVEN_HIDDEN}, {"--layers", GDN_GIVEN_LAYERS}, {"--intermediate", GDN_GIVEN_INTERMEDIATE},
+            {"--key-heads", GDN_GIVEN_KEY_HEADS}, {"--value-heads", GDN_GIVEN_VALUE_HEADS},
+            {"--key-dim", GDN_GIVEN_KEY_DIM}, {"--value-dim", GDN_GIVEN_VALUE_DIM}, {"--conv", GDN_GIVEN_CONV},
+            {"--attn-heads", GDN_GIVEN_ATTN_HEADS}, {"--kv-heads", GDN_GIVEN_KV_HEADS},
+            {"--head-dim", GDN_GIVEN_HEAD_DIM}, {"--attn-interval", GDN_GIVEN_LAYER_TYPES},
+            {"--vocab", GDN_GIVEN_VOCAB}, {"--experts", GDN_GIVEN_EXPERTS}, {"--experts-per-tok", GDN_GIVEN_EXPERTS},
+            {"--moe-intermediate", GDN_GIVEN_EXPERTS}, {"--shared-intermediate", GDN_GIVEN_EXPERTS}};
         for (size_t k = 0; k < sizeof model_flags / sizeof model_flags[0]; k++)
-            if (!strcmp(a, model_flags[k])) o->model_explicit = 1;
+            if (!strcmp(a, model_flags[k].flag)) o->model_explicit |= model_flags[k].bit;
         if (!strcmp(a, "--attn-interval")) interval_given = 1;
         const struct { const char *flag; double *dst, min, max; } reals[] = {
             {"--lr", &o->opt.lr, 1e-8, 1},           {"--min-lr", &o->opt.min_lr, 0, 1}, /* <= --lr */
@@ -189,9 +194,9 @@ static int parse(int argc, char **argv, gdn_train_options *o) {
                 fprintf(stderr, "gdncp train: unknown --model '%s' (tiny, small or long)\n", v);
                 return CLI_USAGE_ERROR;
             }
-            o->model = named, o->model_explicit = 1, i++;
+            o->model = named, o->model_explicit = GDN_GIVEN_ALL, i++;
         } else if (!strcmp(a, "--layer-types") && v) {
-            layer_types = v, o->model_explicit = 1, i++;
+            layer_types = v, o->model_explicit |= GDN_GIVEN_LAYER_TYPES, i++;
         } else if (!strcmp(a, "--progress") && v && (!strcmp(v, "auto") || !strcmp(v, "line") || !strcmp(v, "lines"))) {
             progress = !strcmp(v, "line") ? 1 : !strcmp(v, "lines") ? 0 : -1, i++;
         } else if (!strcmp(a, "--save-dtype") && v && (!strcmp(v, "f32") || !strcmp(v, "bf16"))) {

@@ -419,7 +419,9 @@ GDN_API int gdn_ckpt_pack_separator_id(const char *dir, int64_t *id);
 typedef struct {
     gdn_model_config model; /* with init/resume the checkpoint's config is used: then model must
                                agree with it where model_explicit is set */
-    int model_explicit;     /* model was given (flags): refuse a checkpoint whose config differs */
+    int model_explicit;     /* which of model's fields were given (GDN_GIVEN_* bits; --model: all):
+                               with init / resume, a given field that differs from the checkpoint's
+                               is refused, naming it; the others take the checkpoint's */
     double router_aux_coef; /* MoE models: the aux loss's coefficient over the model's (-1: the model's
                                router_aux / router_aux_coef; 0: off; > 0: on with this coefficient) */
     int attn_cp;            /* the attention layers' CP strategy: GDN_ATTN_CP_KV or GDN_ATTN_CP_HEADS */
@@ -464,6 +466,13 @@ typedef struct {
  * statistics instead of the whole grid's (a split run then differs from one rank). */
 #define GDN_TRAIN_FAULT_AUX_PER_RANK 100
 
+enum {
+    GDN_GIVEN_VOCAB = 1 << 0, GDN_GIVEN_HIDDEN = 1 << 1, GDN_GIVEN_LAYERS = 1 << 2, GDN_GIVEN_INTERMEDIATE = 1 << 3,
+    GDN_GIVEN_KEY_HEADS = 1 << 4, GDN_GIVEN_VALUE_HEADS = 1 << 5, GDN_GIVEN_KEY_DIM = 1 << 6,
+    GDN_GIVEN_VALUE_DIM = 1 << 7, GDN_GIVEN_CONV = 1 << 8, GDN_GIVEN_ATTN_HEADS = 1 << 9, GDN_GIVEN_KV_HEADS = 1 << 10,
+    GDN_GIVEN_HEAD_DIM = 1 << 11, GDN_GIVEN_LAYER_TYPES = 1 << 12, GDN_GIVEN_EXPERTS = 1 << 13,
+    GDN_GIVEN_ALL = (1 << 14) - 1
+};
 GDN_API gdn_train_options gdn_train_defaults(void);
 /* Train. Progress lines go to `progress` on world rank 0 (NULL: quiet). Collective over world:
  * every rank returns the same status. */

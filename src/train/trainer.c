@@ -313,32 +313,42 @@ int gdn_train_fail(MPI_Comm world, int status) {
     return status;
 }
 
-/* With --init / --resume the checkpoint decides the model: model flags that say otherwise are
- * refused, naming the first field that differs. */
-static int check_model_flags(const gdn_model_config *ck, const gdn_model_config *want, const char *dir) {
+/* With --init / --resume the checkpoint decides the model: the model flags given (the bits of
+ * `given`, GDN_GIVEN_*; --model sets them all) that say otherwise are refused, naming the first
+ * field that differs and its flag; fields whose flags were not given take the checkpoint's. */
+static int check_model_flags(const gdn_model_config *ck, const gdn_model_config *want, int given, const char *dir) {
     const int ck_attn = gdn_model_attn_layers(ck) > 0, want_attn = gdn_model_attn_layers(want) > 0;
-    const struct { const char *field, *flag; int64_t ck, want; int attn; } f[] = {
-        {"vocab_size", "--vocab", ck->vocab, want->vocab, 0}, {"hidden_size", "--hidden", ck->E, want->E, 0}, {"num_hidden_layers", "--layers", ck->L, want->L, 0},
-        {"intermediate_size", "--intermediate", ck->I, want->I, 0},
-        {"linear_num_key_heads", "--key-heads", ck->Hk, want->Hk, 0},
-        {"linear_num_value_heads", "--value-heads", ck->Hv, want->Hv, 0},
-        {"linear_key_head_dim", "--key-dim", ck->K, want->K, 0}, {"linear_value_head_dim", "--value-dim", ck->V, want->V, 0},
-        {"linear_conv_kernel_dim", "--conv", ck->Kc, want->Kc, 0},
-        {"num_attention_heads", "--attn-heads", ck->H, want->H, 1}, {"num_key_value_heads", "--kv-heads", ck->Hkv, want->Hkv, 1},
-        {"head_dim", "--head-dim", ck->d, want->d, 1},
+    const struct { const char *field, *flag; int64_t ck, want; int attn, bit; } f[] = {
+        {"vocab_size", "--vocab", ck->vocab, want->vocab, 0, GDN_GIVEN_VOCAB},
+        {"hidden_size", "--hidden", ck->E, want->E, 0, GDN_GIVEN_HIDDEN},
+        {"num_hidden_layers", "--layers", ck->L, want->L, 0, GDN_GIVEN_LAYERS},
+        {"intermediate_size", "--intermediate", ck->I, want->I, 0, GDN_GIVEN_INTERMEDIATE},
+        {"linear_num_key_heads", "--key-heads", ck->Hk, want->Hk, 0, GDN_GIVEN_KEY_HEADS},
+        {"linear_num_value_heads", "--value-heads", ck->Hv, want->Hv, 0, GDN_GIVEN_VALUE_HEADS},
+        {"linear_key_head_dim", "--key-dim", ck->K, want->K, 0, GDN_GIVEN_KEY_DIM},
+        {"linear_value_head_dim", "--value-dim", ck->V, want->V, 0, GDN_GIVEN_VALUE_DIM},
+        {"linear_conv_kernel_dim", "--conv", ck->Kc, want->Kc, 0, GDN_GIVEN_CONV},
+        {"num_attention_heads", "--attn-heads", ck->H, want->H, 1, GDN_GIVEN_ATTN_HEADS},
+        {"num_key_value_heads", "--kv-heads", ck->Hkv, want->Hkv, 1, GDN_GIVEN_KV_HEADS},
+        {"head_dim", "--head-dim", ck->d, want->d, 1, GDN_GIVEN_HEAD_DIM},
+        {"num_experts", "--experts", ck->n_experts, want->n_experts, 0, GDN_GIVEN_EXPERTS},
+        {"num_experts_per_tok", "--experts-per-tok", ck->top_k, want->top_k, 0, GDN_GIVEN_EXPERTS},
+        {"moe_intermediate_size", "--moe-intermediate", ck->moe_I, want->moe_I, 0, GDN_GIVEN_EXPERTS},
+        {"shared_expert_intermediate_size", "--shared-intermediate", ck->shared_I, want->shared_I, 0, GDN_GIVEN_EXPERTS},
     };
-    if (ck->L == want->L)
+    const char *named = given == GDN_GIVEN_ALL ? "--model or " : "";
+    if (ck->L == want->L && (given & GDN_GIVEN_LAYER_TYPES))
         for (int64_t l = 0; l < ck->L; l++)
             if (ck->full_attention[l] != want->full_attention[l])
-                return gdn_fail(GDN_ERR_ARG, "%s/config.json decides the model: its layer %lld is %s, but the model flags "
-                            "(--model, --layer-types or --attn-interval) make it %s; leave them out, or make them agree",
-                            dir, (long long)l, ck->full_attention[l] ? "full_attention" : "linear_attention",
-                            want->full_attention[l] ? "full_attention" : "linear_attention");
+                return gdn_fail(GDN_ERR_ARG, "%s/config.json decides the model: its layer %lld is %s, but %s--layer-types "
+                                "or --attn-interval make it %s; leave them out, or make them agree", dir, (long long)l,
+                                ck->full_attention[l] ? "full_attention" : "linear_attention", named,
+                                want->full_attention[l] ? "full_attention" : "linear_attention");
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if ((!f[i].attn || (ck_attn && want_attn)) && f[i].ck != f[i].want)
-            return gdn_fail(GDN_ERR_ARG, "%s/config.json decides the model: its %s is %lld, but the model flags (--model "
-                            "or %s) say %lld; leave them out, or make them agree", dir, f[i].field, (long long)f[i].ck,
-                            f[i].flag, (long long)f[i].want);
+        if ((given & f[i].bit) && (!f[i].attn || (ck_attn && want_attn)) && f[i].ck != f[i].want)
+            return gdn_fail(GDN_ERR_ARG, "%s/config.json decides the model: its %s is %lld, but %s%s says %lld; leave it "
+                            "out, or make it agree", dir, f[i].field, (long long)f[i].ck, named, f[i].flag,
+                            (long long)f[i].want);
     return GDN_OK;
 }
 
@@ -449,7 +459,7 @@ static int setup(trainer *t) {
     if (from) {
         rc = gdn_ckpt_resolve(from, ckdir, sizeof ckdir);
         if (!rc) rc = gdn_ckpt_load_config(ckdir, &t->cfg);
-        if (!rc && o->model_explicit) rc = check_model_flags(&t->cfg, &o->model, ckdir);
+        if (!rc && o->model_explicit) rc = check_model_flags(&t->cfg, &o->model, o->model_explicit, ckdir);
     } else {
         rc = gdn_model_config_check(&t->cfg);
     }
