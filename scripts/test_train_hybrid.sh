@@ -192,6 +192,15 @@ refuse "--init qwen35_tiny --model tiny (the checkpoint decides)" "config.json d
   $MPIEXEC -n 2 $g train --data "$text" --init tests/data/qwen35_tiny --model tiny --steps 1
 refuse "--init qwen35_tiny --layer-types (another layer order)" "its layer 2 is linear_attention" \
   $MPIEXEC -n 1 $g train --data "$text" --init tests/data/qwen35_tiny --layers 4 --layer-types linear,linear,full,full --steps 1
+# outputs checked before step 1 (no run trains and then cannot save), a resume with nothing left
+touch "$work/a_file"
+refuse "--out naming an existing file, before step 1" "--out .*a_file exists and is not a directory" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --steps 50 --out "$work/a_file"
+refuse "--out in a directory that does not exist, before step 1" "its parent directory .*/no/such does not exist" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --steps 50 --out "$work/no/such/out"
+grep -q "^step" "$work/bad.out" && fail "--out refused only after training" || pass "... and no step ran"
+refuse "--resume a checkpoint at --steps (nothing to train)" "its checkpoint is at step 6, at or past --steps 6" \
+  $MPIEXEC -n 2 $g train --data "$text" "${small[@]}" --steps 6 --batch 2 --cp 2 --attn-cp heads --resume "$work/full" --out "$work/full"
 refuse "--init qwen35_tiny --vocab 256 --hidden 64 (one flag that differs: named)" "its hidden_size is 96, but --hidden says 64" \
   $MPIEXEC -n 1 $g train --data "$text" --init tests/data/qwen35_tiny --vocab 256 --hidden 64 --steps 1
 if timeout 120 $MPIEXEC -n 1 $g train --data "$text" --init tests/data/qwen35_tiny --vocab 256 --layers 4 --steps 1 --seq 32 \

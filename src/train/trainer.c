@@ -6,8 +6,10 @@
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -437,6 +439,32 @@ static int agree_run(trainer *t) {
     return gdn_cp_agree_values(t->agree, kinds, (int)c->L, knames, GDN_OK);
 }
 
+/* --out can take the checkpoints: a writable directory, or a new one in a writable directory
+ * (gdn_ckpt_save makes it). Checked before step 1, so that no run trains and then cannot save. */
+static int probe_out(const char *out) {
+    struct stat st;
+    if (!stat(out, &st)) {
+        if (!S_ISDIR(st.st_mode))
+            return gdn_fail(GDN_ERR_IO, "--out %s exists and is not a directory (%s): the checkpoints go into a "
+                            "directory", out, S_ISREG(st.st_mode) ? "a regular file" : gdn_file_kind(st.st_mode));
+        if (access(out, W_OK | X_OK))
+            return gdn_fail(GDN_ERR_IO, "--out %s: cannot write into it (%s)", out, strerror(errno));
+        return GDN_OK;
+    }
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", out);
+    char *slash = strrchr(parent, '/');
+    while (slash && slash > parent && slash[1] == 0) *slash = 0, slash = strrchr(parent, '/'); /* "dir/" */
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) parent[1] = 0;
+    else *slash = 0;
+    if (stat(parent, &st) || !S_ISDIR(st.st_mode))
+        return gdn_fail(GDN_ERR_IO, "--out %s: its parent directory %s does not exist", out, parent);
+    if (access(parent, W_OK | X_OK))
+        return gdn_fail(GDN_ERR_IO, "--out %s: cannot create it in %s (%s)", out, parent, strerror(errno));
+    return GDN_OK;
+}
+
 static int setup(trainer *t) {
     const gdn_train_options *o = t->o;
     int rc = check_options(o, t->size);
@@ -466,6 +494,7 @@ static int setup(trainer *t) {
     if (!rc && o->router_aux_coef >= 0) /* the aux loss's coefficient is the run's choice, not the checkpoint's */
         t->cfg.router_aux = o->router_aux_coef > 0, t->cfg.router_aux_coef = o->router_aux_coef;
     if (!rc) rc = check_attn_cp(&t->cfg, o->attn_cp, t->cp_size);
+    if (!rc && o->out) rc = probe_out(o->out);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     if ((rc = agree_run(t))) return rc;
     t->nw = gdn_model_param_floats(&t->cfg);
@@ -497,6 +526,9 @@ static int setup(trainer *t) {
                            o->resume ? &state : NULL);
         int64_t done = 0;
         if (!rc && o->resume && !(rc = check_resume_state(t, state, &done))) t->first_step = done + 1;
+        if (!rc && o->resume && done >= o->steps)
+            rc = gdn_fail(GDN_ERR_ARG, "--resume %s: its checkpoint is at step %lld, at or past --steps %lld: nothing "
+                          "to train (raise --steps to train on)", o->resume, (long long)done, (long long)o->steps);
     } else if (!rc) {
         gdn_model_init(&t->cfg, t->w, o->seed);
     }
