@@ -436,6 +436,15 @@ def test_bad_inputs_fail_on_every_rank_and_a_good_call_follows():
     if R == 2 % D:
         mask[0, -1] = 0
     _fails_everywhere(lambda: call(ids[:, a:b], attention_mask=mask), "attention_mask")
+    # labels on rank 0 only (the loss is collective: rank 0 would wait in it for ever)
+    _fails_everywhere(lambda: call(ids[:, a:b], ids[:, a:b] if R == 0 else None), "labels given")
+    # a token id outside the vocabulary on one rank (torch's embedding would raise there alone)
+    bad = ids[:, a:b].clone()
+    if R == 1:
+        bad[0, 0] = 256
+    _fails_everywhere(lambda: call(bad, bad.clamp(max=255)), "outside the vocabulary")
+    # output_router_logits on one rank only (the MoE aux loss is collective)
+    _fails_everywhere(lambda: call(ids[:, a:b], output_router_logits=R == 0), "output_router_logits")
     # a model type the patch does not split
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)

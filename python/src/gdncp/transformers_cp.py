@@ -210,6 +210,13 @@ def _text_forward(orig):
                                      "patch(comm=...) (no padding tokens inside the sequence; mark "
                                      "padding targets with labels = -100)")
             pos = _text_positions(position_ids, B, T)
+            vocab = getattr(getattr(self, "embed_tokens", None), "num_embeddings", None)
+            if input_ids is not None and vocab is not None and input_ids.numel():
+                lo, hi = int(input_ids.min()), int(input_ids.max())
+                if lo < 0 or hi >= vocab:
+                    bad = lo if lo < 0 else hi
+                    raise ValueError(f"gdncp CP: token id {bad} in this rank's input_ids is outside the "
+                                     f"vocabulary [0, {vocab})")
         except Exception as e:  # noqa: BLE001 -- shared with the other ranks first
             err = e
         shard = _shard_from(settings, B, T, pos, err, bool(kwargs.get("output_router_logits")))
@@ -225,6 +232,20 @@ def _text_forward(orig):
         finally:
             _tls.shard = prev
         return out
+    forward._gdncp_cp = True
+    return forward
+
+
+def _lm_forward(orig):
+    """A causal LM's forward under the patch: the ranks agree first on whether labels were given
+    (the loss is collective: a rank without labels would leave the others waiting in it)."""
+    @functools.wraps(orig)
+    def forward(self, *args, labels=None, **kwargs):
+        settings = _settings
+        if settings is not None:
+            core._agree(core._comm_state(settings[0]), None, sig=(labels is not None,),
+                        names=("labels given (the loss is computed over every rank's slice, or on none)",))
+        return orig(self, *args, labels=labels, **kwargs)
     forward._gdncp_cp = True
     return forward
 
@@ -481,6 +502,9 @@ def install(set_attr, comm, strategy, attention, compute):
         mod = importlib.import_module(text.__module__)
         if hasattr(mod, "load_balancing_loss_func"):   # the MoE models' aux loss, over every rank
             set_attr(mod, "load_balancing_loss_func", _aux_loss)
+        lm = getattr(mod, text.__name__.replace("TextModel", "").replace("Model", "") + "ForCausalLM", None)
+        if lm is not None:   # labels agreed before the (collective) loss
+            set_attr(lm, "forward", _lm_forward(lm.forward))
     set_attr(loss_utils.LOSS_MAPPING, "ForCausalLM", causal_lm_loss, item=True)
     _settings = (comm, strategy, attention, compute)
 
