@@ -332,9 +332,8 @@ def test_qwen3_next_dense_matches_one_process():
                    "earlier ranks' keys and values not attended")
 
 
-def test_qwen35_moe_matches_one_process():
-    """Qwen3_5MoeForCausalLM (4 experts, 2 per token, a shared expert; routing is per token, the
-    user's PyTorch) made in the test."""
+def _moe_tiny(**extra):
+    """Qwen3_5MoeForCausalLM (4 experts, 2 per token, a shared expert) made in the test."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
     cfg = Qwen3_5MoeTextConfig(vocab_size=128, hidden_size=64, num_hidden_layers=4,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -342,9 +341,14 @@ def test_qwen35_moe_matches_one_process():
                                linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4,
                                num_experts_per_tok=2, moe_intermediate_size=32,
                                shared_expert_intermediate_size=32,
-                               layer_types=["linear_attention"] * 3 + ["full_attention"])
+                               layer_types=["linear_attention"] * 3 + ["full_attention"], **extra)
     torch.manual_seed(9)
-    model = Qwen3_5MoeForCausalLM(cfg).float().train()
+    return Qwen3_5MoeForCausalLM(cfg).float().train()
+
+
+def test_qwen35_moe_matches_one_process():
+    """The MoE model (routing per token; its block runs gdncp's MoE op under the patch)."""
+    model = _moe_tiny()
     ids = _tokens(9, 2, 50, vocab=128)
     ref = _reference(model, ids, ids)
     _assert_matches(_errors(_cp(model, ids, ids), ref))
@@ -356,18 +360,8 @@ def test_qwen35_moe_aux_loss_matches_one_process(monkeypatch):
     """The same MoE model with output_router_logits (coefficient 0.1): the loss CE + 0.1 aux and every
     gradient over 3 ranks equal one process (the aux loss over every rank's routers,
     gdncp.transformers_cp.load_balancing_loss). Control: each rank's aux loss from its own tokens."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
     import gdncp.transformers_cp as tcp
-    cfg = Qwen3_5MoeTextConfig(vocab_size=128, hidden_size=64, num_hidden_layers=4,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                               linear_num_key_heads=2, linear_num_value_heads=4,
-                               linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4,
-                               num_experts_per_tok=2, moe_intermediate_size=32,
-                               shared_expert_intermediate_size=32, output_router_logits=True,
-                               router_aux_loss_coef=0.1,
-                               layer_types=["linear_attention"] * 3 + ["full_attention"])
-    torch.manual_seed(9)
-    model = Qwen3_5MoeForCausalLM(cfg).float().train()
+    model = _moe_tiny(output_router_logits=True, router_aux_loss_coef=0.1)
     ids = _tokens(9, 2, 50, vocab=128)
     ref = _reference(model, ids, ids)
     _assert_matches(_errors(_cp(model, ids, ids), ref))
