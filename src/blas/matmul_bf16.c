@@ -907,14 +907,23 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                     pack_b((uint32_t *)bpack + q * kp * NR, B, bbf, bt, ldb, pc, kc, kp, jc + q * NR,
                            (int)min64(NR, nc - q * NR), hw);
 #pragma omp barrier
+                /* Work items: a block of MCP row panels x a group of B micro-panels. Few row
+                 * blocks (an MoE expert's ~100-200 rows are 1-2 of them) are also split by
+                 * columns, so that every thread has items (4 per thread); each C element is
+                 * still one micro-kernel call over the same depth: the same bits. */
+                int64_t ncg = 1;
+                if (nblk < 4 * nt) ncg = min64(npan, (4 * nt + nblk - 1) / nblk);
+                const int64_t qper = (npan + ncg - 1) / ncg;
+                ncg = (npan + qper - 1) / qper;
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t ib = 0; ib < nblk; ib++) {
-                    /* each A panel of the work item over every B micro-panel: the A panel stays
+                for (int64_t it = 0; it < nblk * ncg; it++) {
+                    /* each A panel of the work item over its B micro-panels: the A panel stays
                      * in L1 (measured on AMX: faster than B-outer, and than prefetching the next
                      * micro-panel) */
+                    const int64_t ib = it / ncg, q0 = it % ncg * qper, nq = min64(npan, q0 + qper) - q0;
                     const int64_t ip0 = ib * MCP, nip = min64(mpanels, ip0 + MCP) - ip0;
-                    for (int64_t sidx = 0; sidx < nip * npan; sidx++) {
-                        const int64_t ip = ip0 + sidx / npan, q = sidx % npan;
+                    for (int64_t sidx = 0; sidx < nip * nq; sidx++) {
+                        const int64_t ip = ip0 + sidx / nq, q = q0 + sidx % nq;
                         const int mr = (int)min64(MR, m - ip * MR);
                         float *Crow = C + ip * MR * ldc + jc;
                         const uint32_t *bq = (const uint32_t *)bpack + q * kp * NR;
