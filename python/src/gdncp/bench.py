@@ -661,19 +661,14 @@ def run_moe(T, reps, shape, quick=False):
     E, n, k, I, Is = (64, 16, 4, 32, 32) if quick else MOE_SHAPES[shape]
     cfg = Qwen3_5MoeTextConfig(hidden_size=E, num_experts=n, num_experts_per_tok=k, moe_intermediate_size=I,
                                shared_expert_intermediate_size=Is)
-    blocks = {}
     gen = torch.Generator().manual_seed(5)
-    for impl in ("grouped_mm", "eager"):
-        c = copy.deepcopy(cfg)
-        c._experts_implementation = impl
-        blocks[impl] = Qwen3_5MoeSparseMoeBlock(c)
-    with torch.no_grad():   # the same weights in both: normal(0, 0.02), the router spread (1 / sqrt(E))
-        for name, p in blocks["eager"].named_parameters():
+    cfg._experts_implementation = "grouped_mm"
+    b = Qwen3_5MoeSparseMoeBlock(cfg)   # one block (GBs at the real shapes): its experts' implementation switched
+    with torch.no_grad():   # normal(0, 0.02), the router spread (1 / sqrt(E))
+        for name, p in b.named_parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * (E ** -0.5 if name == "gate.weight" else 0.02))
-        blocks["grouped_mm"].load_state_dict(blocks["eager"].state_dict())
     x0 = torch.randn(1, T, E, generator=gen)
     dy = torch.randn(1, T, E, generator=gen)
-    b = blocks["eager"]
     weights = lambda blk: (blk.gate.weight, blk.experts.gate_up_proj, blk.experts.down_proj,  # noqa: E731
                            blk.shared_expert.gate_proj.weight, blk.shared_expert.up_proj.weight,
                            blk.shared_expert.down_proj.weight, blk.shared_expert_gate.weight)
@@ -692,7 +687,11 @@ def run_moe(T, reps, shape, quick=False):
             out[name] = (y.detach().float(), None if not backward else x.grad)
         return call
 
-    tfm = lambda impl: (lambda x: blocks[impl](x))   # noqa: E731
+    def tfm(impl):
+        def run(x):
+            b.experts.config._experts_implementation = impl
+            return b(x)
+        return run
     ours = lambda compute: (lambda x: moe_block(x.reshape(-1, E), *weights(b), top_k=k,  # noqa: E731
                                                  compute=compute).reshape(1, T, E))
     sides = [("transformers grouped_mm", tfm("grouped_mm"), False), ("transformers eager", tfm("eager"), False),

@@ -188,6 +188,7 @@ def _shape_state(t, want):
 # ----------------------------------------------------------------------------- the sparse MoE MLP
 
 _MOE_PLANS = {}              # (N, E, n, k, I, Is, norm, threads, compute) -> (plan, cfg); a few kept
+_MOE_FLAT = {}               # the router's data_ptr and the shapes -> the block's flat weights (reused)
 _MOE_LOCK = __import__("threading").Lock()
 
 
@@ -221,7 +222,14 @@ class _MoeBlock(torch.autograd.Function):
         key = (N, E, n, top_k, I, Is, bool(norm), _threads(), compute)
         with _MOE_LOCK:
             plan, cfg = _moe_plan(key)
-            w = np.zeros(L.gdn_moe_param_floats(ctypes.byref(cfg)), np.float32)
+            # one flat copy per block, kept (a fresh one a call costs its pages: GBs at real sizes);
+            # refilled every call, as the weights change between steps
+            fkey = (weights[0].data_ptr(), n, E, I, Is)
+            w = _MOE_FLAT.get(fkey)
+            if w is None:
+                while len(_MOE_FLAT) >= 256:   # blocks of models gone (a model has one per MoE layer)
+                    _MOE_FLAT.pop(next(iter(_MOE_FLAT)))
+                w = _MOE_FLAT[fkey] = np.zeros(L.gdn_moe_param_floats(ctypes.byref(cfg)), np.float32)
             for i, t in enumerate(weights):
                 if t is not None:
                     o = L.gdn_moe_param_offset(ctypes.byref(cfg), i)
@@ -255,8 +263,8 @@ class _MoeBlock(torch.autograd.Function):
                 out.append(None)
                 continue
             shape, dtype = sd
-            numel = int(np.prod(shape))
-            out.append(torch.from_numpy(dw[offs[i]:offs[i] + numel].reshape(shape).copy()).to(dtype))
+            numel = int(np.prod(shape))   # views of this call's own dw (no second copy)
+            out.append(torch.from_numpy(dw[offs[i]:offs[i] + numel].reshape(shape)).to(dtype))
         return (torch.from_numpy(dx).to(ctx.x_dtype), *out, None, None, None)
 
 
