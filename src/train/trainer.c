@@ -605,10 +605,13 @@ static int setup(trainer *t) {
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     if (t->progress) {
         fprintf(t->progress,
-                "gdncp train: %zu parameters (E=%lld, %lld layers, I=%lld, Hk=%lld Hv=%lld K=%lld V=%lld), "
+                "gdncp train: %zu parameters (E=%lld, %lld layers, %s=%lld, Hk=%lld Hv=%lld K=%lld V=%lld), "
                 "grid DP %d x CP %d (%s), %lld sequences of %lld tokens per step (%lld per rank), %d thread%s "
                 "per rank%s, recompute %s, %s %s (%lld + %lld %s)%s%s\n",
-                gdn_model_param_count(&t->cfg), (long long)t->cfg.E, (long long)t->cfg.L, (long long)t->cfg.I,
+                gdn_model_param_count(&t->cfg), (long long)t->cfg.E, (long long)t->cfg.L,
+                /* every MLP a mixture of experts: their width (the dense I is unused) */
+                gdn_model_moe_layers(&t->cfg) == t->cfg.L ? "moe I" : "I",
+                (long long)(gdn_model_moe_layers(&t->cfg) == t->cfg.L ? t->cfg.moe_I : t->cfg.I),
                 (long long)t->cfg.Hk, (long long)t->cfg.Hv, (long long)t->cfg.K, (long long)t->cfg.V, t->dp,
                 t->cp_size, gdn_cp_strategy_name((gdn_cp_strategy)o->strategy), (long long)(o->batch * t->dp),
                 (long long)o->seq, (long long)t->tn, t->threads, t->threads > 1 ? "s" : "",
