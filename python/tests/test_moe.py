@@ -104,3 +104,31 @@ def test_model_from_pretrained_moe_loss_and_grads():
         other = np.roll(ref["input_ids"], 1, axis=1)
         _, g2 = m.loss_and_grads(other)
         assert max(rel_err(g, ref["grad." + n]) for n, g in g2.items()) > TOL_GRAD
+
+
+def test_patched_block_reads_its_weights_in_place_and_sees_updates():
+    """Under the patch a block's parameters move into the op's flat layout once (the same
+    Parameter objects, their data views of it) and are read there without a copy; an in-place
+    update of a parameter (an optimizer's step) is what the next call computes with: the patched
+    loss equals transformers' own on the updated weights (1e-5). Control: the update changed the
+    loss."""
+    from transformers import AutoModelForCausalLM
+    ref = read_safetensors(os.path.join(MOE, "model_grads.io.safetensors"))
+    ids = torch.tensor(ref["input_ids"])
+    m = AutoModelForCausalLM.from_pretrained(MOE, dtype=torch.float32)
+    mlp = m.model.layers[0].mlp
+    params_before = [id(p) for p in m.parameters()]
+    with torch.no_grad(), gt.patch():
+        before = m(ids, labels=ids).loss.item()
+    flat = gtorch._MOE_ADOPTED[id(mlp.gate.weight)][1]
+    lo, hi = flat.data_ptr(), flat.data_ptr() + 4 * flat.numel()
+    assert lo <= mlp.experts.gate_up_proj.data_ptr() < hi and lo <= mlp.shared_expert_gate.weight.data_ptr() < hi
+    assert [id(p) for p in m.parameters()] == params_before
+    with torch.no_grad():
+        mlp.experts.gate_up_proj.mul_(3.0)
+        mlp.gate.weight.add_(0.05)
+        with gt.patch():
+            after = m(ids, labels=ids).loss.item()
+        theirs = m(ids, labels=ids).loss.item()
+    assert abs(after - theirs) / theirs < 1e-5, (after, theirs)
+    assert abs(after - before) / before > 1e-5, (after, before)

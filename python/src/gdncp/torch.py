@@ -25,7 +25,7 @@ except ImportError as e:  # the NumPy entry points (gdncp.chunk_forward, ...) ne
 
 from . import core
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "moe_block"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "moe_block", "adopt_moe_weights"]
 
 _FLOATS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -189,6 +189,68 @@ def _shape_state(t, want):
 
 _MOE_PLANS = {}              # (N, E, n, k, I, Is, norm, threads, compute) -> (plan, cfg); a few kept
 _MOE_FLAT = {}               # the router's data_ptr and the shapes -> the block's flat weights (reused)
+_MOE_ADOPTED = {}   # id(router tensor) -> (a weak reference to it, the flat tensor its block lives in)
+
+
+def _big_empty(n):
+    """An uninitialised float32 array of n; from 64 MiB up in transparent huge pages where the
+    kernel offers them (madvise): a fresh gradient of a real block is GBs, and 4 KiB pages made its
+    first writes a second of page faults."""
+    import mmap
+    nbytes = 4 * int(n)
+    if nbytes < (64 << 20) or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.empty(n, np.float32)
+    m = mmap.mmap(-1, nbytes)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        pass
+    return np.frombuffer(m, np.float32, n)   # (the array keeps the mapping alive)
+
+
+def _moe_layout(weights):
+    """[(offset, numel)] of the op's flat layout for the block's tensors, and its floats."""
+    from . import _lib as L
+    import ctypes
+    n, E = weights[0].shape
+    I = weights[2].shape[2]
+    Is = 0 if weights[3] is None else weights[3].shape[0]
+    cfg = L.gdn_moe_config_default(1, E, n, 1, I, Is)
+    offs = [(L.gdn_moe_param_offset(ctypes.byref(cfg), i), 0 if t is None else t.numel())
+            for i, t in enumerate(weights)]
+    return offs, L.gdn_moe_param_floats(ctypes.byref(cfg))
+
+
+def _adopted(weights, offs):
+    """The flat tensor the weights live in, in the op's layout (adopt_moe_weights), or None."""
+    entry = _MOE_ADOPTED.get(id(weights[0]))
+    if entry is None or entry[0]() is not weights[0]:
+        return None
+    flat = entry[1]
+    base = flat.data_ptr()
+    ok = all(t is None or (t.dtype == torch.float32 and t.data_ptr() == base + 4 * o) for t, (o, _) in zip(weights, offs))
+    return flat if ok else None
+
+
+def adopt_moe_weights(router, gate_up, down, shared_gate=None, shared_up=None, shared_down=None,
+                      shared_expert_gate=None):
+    """Move a block's fp32 parameters into one flat tensor in the MoE op's layout (each
+    parameter's .data becomes a view of it; the Parameter objects, and so an optimizer's references,
+    stay), so that moe_block reads them in place instead of copying them each call. Idempotent;
+    a parameter later replaced (.data or .to()) is adopted again at the next call."""
+    weights = (router, gate_up, down, shared_gate, shared_up, shared_down, shared_expert_gate)
+    offs, floats = _moe_layout(weights)
+    if _adopted(weights, offs) is not None:
+        return
+    flat = torch.zeros(floats, dtype=torch.float32)
+    with torch.no_grad():
+        for t, (o, k) in zip(weights, offs):
+            if t is not None:
+                view = flat[o:o + k].view(t.shape)
+                view.copy_(t)
+                t.data = view
+    key = id(router)   # the entry leaves with the router tensor (its id may be reused after)
+    _MOE_ADOPTED[key] = (__import__("weakref").ref(router, lambda _r, k=key: _MOE_ADOPTED.pop(k, None)), flat)
 _MOE_LOCK = __import__("threading").Lock()
 
 
@@ -222,22 +284,26 @@ class _MoeBlock(torch.autograd.Function):
         key = (N, E, n, top_k, I, Is, bool(norm), _threads(), compute)
         with _MOE_LOCK:
             plan, cfg = _moe_plan(key)
-            # one flat copy per block, kept (a fresh one a call costs its pages: GBs at real sizes);
-            # refilled every call, as the weights change between steps
-            fkey = (weights[0].data_ptr(), n, E, I, Is)
-            w = _MOE_FLAT.get(fkey)
-            if w is None:
-                while len(_MOE_FLAT) >= 256:   # blocks of models gone (a model has one per MoE layer)
-                    _MOE_FLAT.pop(next(iter(_MOE_FLAT)))
-                w = _MOE_FLAT[fkey] = np.zeros(L.gdn_moe_param_floats(ctypes.byref(cfg)), np.float32)
-            for i, t in enumerate(weights):
-                if t is not None:
-                    o = L.gdn_moe_param_offset(ctypes.byref(cfg), i)
-                    w[o:o + t.numel()] = t.detach().to(torch.float32).reshape(-1).numpy()
+            offs, floats = _moe_layout(weights)
+            adopted = _adopted(weights, offs)
+            if adopted is not None:   # the weights live in the op's layout already (adopt_moe_weights)
+                w = adopted.detach().numpy()
+            else:
+                # one flat copy per block, kept (a fresh one a call costs its pages: GBs at real
+                # sizes); refilled every call, as the weights change between steps
+                fkey = (weights[0].data_ptr(), n, E, I, Is)
+                w = _MOE_FLAT.get(fkey)
+                if w is None:
+                    while len(_MOE_FLAT) >= 256:   # blocks of models gone (one per MoE layer)
+                        _MOE_FLAT.pop(next(iter(_MOE_FLAT)))
+                    w = _MOE_FLAT[fkey] = np.zeros(floats, np.float32)
+                for t, (o, k) in zip(weights, offs):
+                    if t is not None:
+                        w[o:o + k] = t.detach().to(torch.float32).reshape(-1).numpy()
             xa = x.detach().to(torch.float32).contiguous().numpy()
             y = np.empty((N, E), np.float32)
             grads = any(ctx.needs_input_grad)
-            saved = np.empty(L.gdn_moe_saved_floats(plan), np.float32) if grads else None
+            saved = _big_empty(L.gdn_moe_saved_floats(plan)) if grads else None
             L.check(L.gdn_moe_forward(plan, L.f32p(y), L.f32p(saved), L.f32p(xa), L.f32p(w), None, None, None),
                     "gdncp.torch.moe_block")
         ctx.key, ctx.w, ctx.x, ctx.saved = key, w, xa, saved
@@ -251,7 +317,7 @@ class _MoeBlock(torch.autograd.Function):
         import ctypes
         dya = dy.detach().to(torch.float32).contiguous().numpy()
         dx = np.empty_like(ctx.x)
-        dw = np.empty_like(ctx.w)
+        dw = _big_empty(ctx.w.size)
         with _MOE_LOCK:
             plan, cfg = _moe_plan(ctx.key)
             L.check(L.gdn_moe_backward(plan, L.f32p(dx), L.f32p(dw), L.f32p(ctx.x), L.f32p(ctx.w), L.f32p(ctx.saved),

@@ -272,6 +272,7 @@ def _moe_forward(original):
                 w is not None and (w.dtype != torch.float32 or w.device.type != "cpu") for w in weights) or \
                 type(getattr(self.experts, "act_fn", None)).__name__ not in ("SiLUActivation", "SiLU"):
             return original(self, hidden_states)
+        gtorch.adopt_moe_weights(*weights)   # the parameters into the op's layout, once: no copy a call
         B, T, H = hidden_states.shape
         flat = hidden_states.reshape(-1, H)
         if _recording_router_logits():
