@@ -672,10 +672,9 @@ static void test_moe_aux(const model_w *m) {
         for (size_t i = 0; !rc && i < nw; i++) dw[i] = dws[0][i] + dws[1][i];
         if (rc) break;
         grad_errors(&c, dw, ref, &worst, wname, &best, NULL, 0);
-        /* each half's CE over the whole batch's targets; the aux once, from the grid */
-        loss = l2[0] + l2[1] - c.router_aux_coef * (pass ? a2[0] + a2[1] : a2[0]);
-        const double whole = loss + (pass ? c.router_aux_coef * aux_ref : 0.0);
         if (!pass) {
+            /* each half's loss is its CE over the whole batch's targets + the grid's aux: the aux once */
+            const double whole = l2[0] + l2[1] - c.router_aux_coef * a2[0];
             expect_close(fabs(whole - loss_ref) / loss_ref, TOL_LOSS, "MoE tiny, the batch as two 1-row plans with the "
                          "routers' statistics summed: loss %.8f", whole);
             expect_close(worst, TOL_GRAD, "... the summed gradients (worst %s)", wname);
