@@ -131,7 +131,7 @@ done <<LIST
 1|packed documents: one row|$L attention ${W[*]} --in $A/pkb2.st --out $A/x.st
 1|but position_ids start at 1000|$L attention ${W[*]} --in $A/offpos.st --out $A/x.st --position-offset 7
 1|positions restart at 0|$L attention ${W[*]} --in $A/r0.st --out $A/x.st --cu-seqlens 0,50,150 --position-offset 3
-1|differ from the|$L attention ${W[*]} --in $A/pk_pos.st --out $A/x.st --cu-seqlens 0,50,150
+1|position_ids hold 3 document(s), cu_seqlens 2 (the first 2 start alike)|$L attention ${W[*]} --in $A/pk_pos.st --out $A/x.st --cu-seqlens 0,50,150
 1|without restarting, but cu_seqlens holds 2|$L attention ${W[*]} --in $A/r0pos.st --out $A/x.st --cu-seqlens 0,50,150
 1|must end at T|$L attention ${W[*]} --in $A/r0.st --out $A/x.st --cu-seqlens 0,50,149
 1|needs B = 1|$L attention ${W[*]} --in $A/nopos.st --out $A/x.st --cu-seqlens 0,50,150

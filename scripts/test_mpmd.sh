@@ -28,6 +28,38 @@ for spec in "--cp spiral|--cp scan|an unknown strategy on rank 0 only" "--cp sca
   if [ "$got" = 1 ] && grep -qE "disagree|rank [0-9]+ failed" "$logs/mpmd.log"; then echo "PASS  gdncp layer MPMD: $label: exit 1, one message"; passed=$((passed + 1))
   else echo "FAIL  gdncp layer MPMD: $label (exit $got; 124 = hang)"; cat "$logs/mpmd.log"; failed=$((failed + 1)); fi
 done
+# gdncp layer / attention / run --cp: the weights (a digest of their bytes) and their configuration
+# (the problem's shapes, options and whole-sequence states for run) agreed before any exchange: each
+# case stops every rank with exit 1 and the message naming what differs (without the agreement the
+# first three ran to exit 0 on a mix of two models); the controls, everything equal, run.
+tiny=$golden/qwen35_tiny
+SL="python3 scripts/st_slice.py"
+$SL "$tiny/model.safetensors" "$logs/mpmd_swapped.st" \
+  --rename model.layers.3.self_attn.q_norm.weight=model.layers.3.self_attn.k_norm.weight,model.layers.3.self_attn.k_norm.weight=model.layers.3.self_attn.q_norm.weight
+$L gen --T 64 --seed 1 --out "$logs/mpmd_s1.st" >/dev/null 2>&1; $L gen --T 64 --seed 2 --out "$logs/mpmd_s2.st" >/dev/null 2>&1
+GL="layer --config $tiny/config.json --in $tiny/layer0.io.safetensors --out $logs/mpmd.safetensors --cp scan"
+GA="attention --config $tiny/config.json --prefix model.layers.3.self_attn. --in $tiny/attn.io.safetensors --out $logs/mpmd.safetensors --cp kv"
+GR="run --out $logs/mpmd.safetensors --cp scan"
+while IFS='|' read -r want what a b; do
+  if OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 $MPIEXEC -n 1 $L $a : -n 1 $L $b >"$logs/mpmd.log" 2>&1 </dev/null
+  then got=0; else got=$?; fi
+  lbl="gdncp ${a%% *} --cp MPMD: $what"
+  if [ "$want" = 0 ] && [ "$got" = 0 ]; then echo "PASS  $lbl: exit 0 (control: everything equal)"; passed=$((passed + 1))
+  elif [ "$want" != 0 ] && [ "$got" = 1 ] && grep -qF -- "ranks disagree on $want" "$logs/mpmd.log"; then
+    echo "PASS  $lbl: exit 1, \"$(grep -m1 -oE 'ranks disagree on .*' "$logs/mpmd.log" | cut -c1-120)\""; passed=$((passed + 1))
+  else echo "FAIL  $lbl (exit $got; 124 = hang; wanted '$want')"; cat "$logs/mpmd.log"; failed=$((failed + 1)); fi
+done <<LIST
+the weights (a digest of the layer's tensors in --weights): rank 1 has|layer 0's weights / layer 1's|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.|$GL --weights $tiny/model.safetensors --prefix model.layers.1.linear_attn.
+hidden_size E (--weights / --config): rank 1 has 64, rank 0 has 96|qwen35_tiny's layer 0 / layer_small|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.|layer --weights $golden/layer_small.weights.safetensors --in $tiny/layer0.io.safetensors --out $logs/mpmd.safetensors --cp scan
+0|layer 0's weights on both ranks|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.
+the weights (a digest of the layer's tensors in --weights): rank 1 has|layer 3 / the same with q_norm and k_norm swapped|$GA --weights $tiny/model.safetensors|$GA --weights $logs/mpmd_swapped.st
+rope_theta: rank 1 has 1e+07, rank 0 has 10000|--config / none (RoPE theta 1e7 by default)|$GA --weights $tiny/model.safetensors|attention --weights $tiny/model.safetensors --prefix model.layers.3.self_attn. --in $tiny/attn.io.safetensors --out $logs/mpmd.safetensors --cp kv
+0|layer 3's weights on both ranks|$GA --weights $tiny/model.safetensors|$GA --weights $tiny/model.safetensors
+h0 of the input file (a digest; 0: none): rank 1 has|gen --seed 1 / --seed 2 (another h0)|$GR --in $logs/mpmd_s1.st|$GR --in $logs/mpmd_s2.st
+--scale (0 is 1/sqrt(K)): rank 1 has 0.1, rank 0 has 0|--scale on rank 1 only|$GR --in $logs/mpmd_s1.st|$GR --in $logs/mpmd_s1.st --scale 0.1
+0|one file on both ranks, --backward|$GR --in $logs/mpmd_s1.st --backward|$GR --in $logs/mpmd_s1.st --backward
+LIST
+
 # gdncp train: the run's configuration agreed before any collective depends on it (the model's
 # every dimension and layer kind, the optimiser, the data, the starting weights): each case stops
 # every rank with a non-zero exit and the message naming the value; the control, everything equal,
@@ -40,6 +72,7 @@ for spec in "--hidden 64||hidden_size (--hidden)" \
             "--layers 3||num_hidden_layers (--layers)" \
             "--intermediate 96||intermediate_size (--intermediate)" \
             "--attn-interval 2||layer 1's kind" \
+            "--cp 2 --attn-interval 2|--cp 2 --attn-interval 4|layer 1's kind" \
             "--attn-heads 4 --kv-heads 2||num_attention_heads (--attn-heads)" \
             "--layer-types linear,linear,full,linear|--layer-types linear,linear,linear,full|layer 2's kind" \
             "--cp 2 --lr 3e-3|--cp 2 --lr 1e-3|--lr: rank 1 has 0.001, rank 0 has 0.003" \

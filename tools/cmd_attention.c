@@ -116,88 +116,6 @@ static int parse(int argc, char **argv, attn_opts *o) {
 
 /* ------------------------------------------------------------------ positions */
 
-/* What the input's position_ids say about the tokens' positions: dense (every row b holds
- * off + t at t, one off for all rows) or packed (B = 1, counting from 0 and restarting at 0 at
- * each document start: *cu gets the offsets, malloc'ed). Anything else is refused naming the
- * first token that fits neither. */
-static int positions_meaning(const int64_t *p, int64_t B, int64_t T, int64_t *off, int64_t **cu, int64_t *n_docs) {
-    *cu = NULL, *n_docs = 0;
-    if (p[0] < 0) return fail(GDN_ERR_ARG, "position_ids[0] = %lld is negative", (long long)p[0]);
-    int64_t bad_b = -1, bad_t = -1;
-    for (int64_t b = 0; b < B && bad_b < 0; b++)
-        for (int64_t t = 0; t < T; t++)
-            if (p[b * T + t] != p[b * T] + t) {
-                bad_b = b, bad_t = t;
-                break;
-            }
-    if (bad_b < 0) { /* every row counts up by one: one offset for all of them */
-        for (int64_t b = 1; b < B; b++)
-            if (p[b * T] != p[0])
-                return fail(GDN_ERR_ARG,
-                            "position_ids of row %lld start at %lld, row 0's at %lld: the layer takes one position "
-                            "offset for every row",
-                            (long long)b, (long long)p[b * T], (long long)p[0]);
-        *off = p[0];
-        return GDN_OK;
-    }
-    const int64_t *q = p + bad_b * T;
-    if (B > 1 || q[bad_t] != 0 || p[0] != 0)
-        return fail(GDN_ERR_ARG,
-                    "position_ids row %lld holds %lld at t = %lld after %lld: positions must be 0..T-1 plus one "
-                    "offset per sequence, or restart at 0 at document starts (packed documents: one row, "
-                    "counting from 0)",
-                    (long long)bad_b, (long long)q[bad_t], (long long)bad_t, (long long)q[bad_t - 1]);
-    int64_t docs = 1;
-    for (int64_t t = 1; t < T; t++) {
-        if (p[t] == 0) docs++;
-        else if (p[t] != p[t - 1] + 1)
-            return fail(GDN_ERR_ARG,
-                        "position_ids[%lld] = %lld after %lld: neither the next position nor a document start (0); "
-                        "packed positions restart at 0 at each document and count up by one",
-                        (long long)t, (long long)p[t], (long long)p[t - 1]);
-    }
-    int64_t *c = malloc(sizeof(int64_t) * (docs + 1));
-    if (!c) return fail(GDN_ERR_NOMEM, "%lld document offsets", (long long)(docs + 1));
-    int64_t k = 0;
-    for (int64_t t = 0; t < T; t++)
-        if (p[t] == 0) c[k++] = t;
-    c[k] = T;
-    *cu = c, *n_docs = docs;
-    return GDN_OK;
-}
-
-/* The input's position_ids, when it has them: [T], [1, T] or [B, T], I64 or I32. *p NULL when
- * absent. */
-static int read_positions(gdn_st_file *f, int64_t B, int64_t T, int64_t **p) {
-    *p = NULL;
-    const gdn_st_tensor *t = gdn_st_find(f, "position_ids");
-    if (!t) return GDN_OK;
-    const int fits = (t->ndim == 1 && t->shape[0] == T) || (t->ndim == 2 && t->shape[1] == T &&
-                                                             (t->shape[0] == B || t->shape[0] == 1));
-    if (!fits)
-        return fail(GDN_ERR_SHAPE, "'position_ids' must be [T = %lld] or [B = %lld, T] (or [1, T]), got %d dims (%lld, ...)",
-                    (long long)T, (long long)B, t->ndim, (long long)(t->ndim ? t->shape[0] : 0));
-    const size_t n = (size_t)gdn_st_numel(t);
-    int64_t *q = malloc(sizeof(int64_t) * (n ? n : 1)), got = 0;
-    if (!q) return fail(GDN_ERR_NOMEM, "position_ids (%zu values)", n);
-    const int rc = gdn_st_read_i64_all(f, "position_ids", q, n, &got);
-    if (rc) {
-        free(q);
-        return rc;
-    }
-    if ((int64_t)n == T && B > 1) { /* one row given for all: the same positions in each */
-        int64_t *all = realloc(q, sizeof(int64_t) * (size_t)(B * T));
-        if (!all) {
-            free(q);
-            return fail(GDN_ERR_NOMEM, "position_ids for %lld rows", (long long)B);
-        }
-        for (int64_t b = 1; b < B; b++) memcpy(all + b * T, all, sizeof(int64_t) * (size_t)T);
-        q = all;
-    }
-    *p = q;
-    return GDN_OK;
-}
-
 /* The layer's positions from every source that states them: --position-offset (given), the
  * position_ids tensor (pos, may be NULL) and the packed offsets (cu from --cu-seqlens or the
  * file's cu_seqlens, may be NULL). They must agree; *off and *cu, *n_docs get the result (cu
@@ -212,15 +130,14 @@ static int settle_positions(const attn_opts *o, const int64_t *pos, int64_t B, i
         return GDN_OK;
     }
     int64_t poff = 0, *pcu = NULL, pdocs = 0;
-    int rc = positions_meaning(pos, B, T, &poff, &pcu, &pdocs);
-    if (rc) return rc;
+    int rc = cli_positions_meaning("gdncp attention", pos, B, T, &poff, &pcu, &pdocs);
+    if (rc) return reported = 1, rc;
     if (pcu) { /* packed by position_ids */
         if (o->pos_given && o->pos_offset)
             rc = fail(GDN_ERR_ARG, "--position-offset %lld, but position_ids restart at document starts (packed: "
                                    "positions from 0)", (long long)o->pos_offset);
-        else if (*cu && (*n_docs != pdocs || memcmp(*cu, pcu, sizeof(int64_t) * (size_t)(pdocs + 1))))
-            rc = fail(GDN_ERR_ARG, "position_ids restart at %lld document start(s), which differ from the %lld "
-                                   "document(s) of cu_seqlens", (long long)pdocs, (long long)*n_docs);
+        else if (*cu && (rc = cli_positions_match_documents("gdncp attention", T, 0, pcu, pdocs, *cu, *n_docs)))
+            reported = 1;
         if (rc) {
             free(pcu);
             return rc;
@@ -232,11 +149,8 @@ static int settle_positions(const attn_opts *o, const int64_t *pos, int64_t B, i
     if (o->pos_given && poff != o->pos_offset)
         return fail(GDN_ERR_ARG, "--position-offset %lld, but position_ids start at %lld", (long long)o->pos_offset,
                     (long long)poff);
-    if (*cu && (poff || *n_docs > 1))
-        return fail(GDN_ERR_ARG,
-                    "position_ids count %lld..%lld without restarting, but cu_seqlens holds %lld document(s) (packed "
-                    "positions restart at 0 at each)",
-                    (long long)poff, (long long)(poff + T - 1), (long long)*n_docs);
+    if (*cu && (rc = cli_positions_match_documents("gdncp attention", T, poff, NULL, 0, *cu, *n_docs)))
+        return reported = 1, rc;
     *off = poff;
     return GDN_OK;
 }
@@ -371,14 +285,6 @@ static void print_stats(gdn_cp *cp, const attn_opts *o, const gdn_cp_stats *fs, 
     free(all);
 }
 
-/* FNV-1a of the offsets, so ranks can agree on a whole list in one value. */
-static int64_t hash_offsets(const int64_t *cu, int64_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t i = 0; cu && i < n; i++)
-        for (int k = 0; k < 8; k++) h = (h ^ (uint64_t)((cu[i] >> (8 * k)) & 255)) * 1099511628211ull;
-    return (int64_t)(h >> 1);
-}
-
 static int attention_with(attn_opts *o, int argc, char **argv);
 
 int cmd_attention(int argc, char **argv) {
@@ -435,7 +341,7 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
         snprintf(who, sizeof who, rank ? "gdncp attention: rank %d" : "gdncp attention", rank);
         if (cli_pack_offsets(who, o.in, "x", o.cu_seqlens, o.n_cu, &cu, &n_docs)) rc = GDN_ERR_ARG, reported = 1;
     }
-    if (!rc) rc = read_positions(f, B, T, &pos);
+    if (!rc && (rc = cli_read_positions("gdncp attention", f, B, T, &pos))) reported = 1;
     if (!rc) rc = settle_positions(&o, pos, B, T, &pos_offset, &cu, &n_docs);
     if (!rc && cu && o.decode) /* the cache holds one stream per row */
         rc = fail(GDN_ERR_ARG, "--decode runs one sequence per row with a KV cache; it does not combine with packed "
@@ -450,9 +356,22 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
         if (rc && !local) cli_error("attention", rc), reported = 1;
         if (!rc) {
             static const char *const more[] = {"B of the input file", "the position offset", "the packed documents",
-                                               "their offsets (hashes)", "H of the weights", "--fault"};
-            const int64_t vals2[6] = {B, pos_offset, n_docs, hash_offsets(cu, cu ? n_docs + 1 : 0), aw.cfg.H, o.fault};
-            if ((rc = gdn_cp_agree_values(cp, vals2, 6, more, GDN_OK))) cli_error("attention", rc), reported = 1;
+                                               "their offsets (hashes)", "--fault"};
+            const int64_t vals2[5] = {B, pos_offset, n_docs, gdn_cp_digest(cu, cu ? sizeof *cu * (size_t)(n_docs + 1) : 0),
+                                      o.fault};
+            if ((rc = gdn_cp_agree_values(cp, vals2, 5, more, GDN_OK))) cli_error("attention", rc), reported = 1;
+        }
+        if (!rc) { /* the weights and their configuration, before any exchange (every rank loaded its own) */
+            static const char *const wnames[] = {"hidden_size E (--weights / --config)", "num_attention_heads H",
+                                                 "num_key_value_heads Hkv", "head_dim d", "the rotary dims R",
+                                                 "rope_theta (its bits)", "rms_norm_eps (its bits)",
+                                                 "max_position_embeddings"};
+            const gdn_attn_config *wc = &aw.cfg;
+            const int64_t wvals[8] = {wc->E, wc->H, wc->Hkv, wc->d, wc->R, cli_f64_bits(wc->rope_theta),
+                                      cli_f64_bits(wc->eps), wc->max_position};
+            if ((rc = cli_cp_agree_weights(cp, "attention", wvals, wnames, 8, aw.w, sizeof(float) * gdn_attn_param_floats(wc),
+                                           "the weights (a digest of the layer's tensors in --weights)")))
+                reported = 1;
         }
         /* same spec, T, D and H everywhere (agreed): every rank reaches the same verdict */
         if (!rc && o.decode >= T) {

@@ -190,6 +190,23 @@ static int run_decode(const layer_opts *o, gdn_layer_config c, const void *w, co
     return rc;
 }
 
+/* The input's position_ids, as gdncp attention reads them: restarting ones pack documents (the
+ * conv and the state restart there), which must be those of --cu-seqlens or the file's cu_seqlens
+ * when given too (*cu, *n_docs: taken over or replaced); counting ones place the tokens, which a
+ * GatedDeltaNet layer does not need (no positions), but cannot be one packed stream of several
+ * documents. Prints what is wrong; returns its status. */
+static int positions_documents(const char *who, gdn_st_file *f, int64_t B, int64_t T, int64_t **cu, int64_t *n_docs) {
+    int64_t *pos = NULL, off = 0, *pcu = NULL, pdocs = 0;
+    int rc = cli_read_positions(who, f, B, T, &pos);
+    if (rc || !pos) return rc;
+    rc = cli_positions_meaning(who, pos, B, T, &off, &pcu, &pdocs);
+    free(pos);
+    if (!rc && *cu) rc = cli_positions_match_documents(who, T, off, pcu, pdocs, *cu, *n_docs);
+    if (!rc && pcu) free(*cu), *cu = pcu, *n_docs = pdocs, pcu = NULL;
+    free(pcu);
+    return rc;
+}
+
 static int layer_with(layer_opts *o, int argc, char **argv);
 
 int cmd_layer(int argc, char **argv) {
@@ -241,10 +258,11 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
         char who[64];
         snprintf(who, sizeof who, rank ? "gdncp layer: rank %d" : "gdncp layer", rank);
         if (cli_pack_offsets(who, o.in, "x", o.cu_seqlens, o.n_cu, &cu, &n_docs)) rc = GDN_ERR_ARG, reported = 1;
+        if (!rc && (rc = positions_documents(who, f, B, T, &cu, &n_docs))) reported = 1;
     }
     if (!rc && cu && o.decode) /* the decode cache carries one stream's states */
         rc = fail(GDN_ERR_ARG, "--decode runs one sequence with a cache; it does not combine with packed documents "
-                  "(--cu-seqlens or a cu_seqlens tensor in %s)", o.in);
+                  "(--cu-seqlens, a cu_seqlens tensor or restarting position_ids in %s)", o.in);
     if (cp) { /* one agreement step on everything that decides the collectives that follow */
         static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--keep",
                                             "--f32", "--shards (the lists differ; values are hashes)",
@@ -253,6 +271,18 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
         const int local = rc;
         rc = gdn_cp_agree_values(cp, vals, 7, names, rc);
         if (rc && !local) cli_error("layer", rc), reported = 1;
+        if (!rc) { /* the weights and their configuration, before any exchange (every rank loaded its own) */
+            static const char *const wnames[] = {"hidden_size E (--weights / --config)", "linear_num_key_heads Hk",
+                                                 "linear_num_value_heads Hv", "linear_key_head_dim K",
+                                                 "linear_value_head_dim V", "linear_conv_kernel_dim Kc",
+                                                 "rms_norm_eps (its bits)", "the weights' dtype in memory"};
+            const gdn_layer_config *wc = &lw.cfg;
+            const int64_t wvals[8] = {wc->E, wc->Hk, wc->Hv, wc->K, wc->V, wc->Kc, cli_f64_bits(wc->eps), wc->weight_dtype};
+            const size_t bytes = gdn_layer_param_floats(wc) * (wc->weight_dtype == GDN_BF16 ? 2 : 4);
+            if ((rc = cli_cp_agree_weights(cp, "layer", wvals, wnames, 8, wd, bytes,
+                                           "the weights (a digest of the layer's tensors in --weights)")))
+                reported = 1;
+        }
         /* same spec, T and D everywhere (agreed): every rank reaches the same verdict */
         if (!rc && cli_shard_of(o.shards, D, rank, T, &t0, &tn)) rc = GDN_ERR_SHAPE, reported = 1;
         if (rc) goto done; /* every rank fails here alike: no collective after it */

@@ -378,7 +378,21 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
     memset(&pb, 0, sizeof pb);
     rc = gdn_problem_load_packed(&pb, in, backward, t0, tn, n_docs);
     if (rc) cli_error("run --cp", rc);
-    if ((rc = gdn_cp_agree_status(cp, rc))) {
+    rc = gdn_cp_agree_status(cp, rc);
+    if (!rc) { /* the problem's shapes and options, and the states every rank holds whole (h0, dht), before
+                * any exchange: ranks given different files or options stop here naming the difference */
+        static const char *const pnames[] = {"B of the input file", "Hk of the input file", "Hv of the input file",
+                                             "K of the input file", "V of the input file", "--scale (0 is 1/sqrt(K)) (its bits)",
+                                             "--no-l2norm (0: L2 norm of q and k)", "--chunk",
+                                             "dht of the input file (a digest; 0: none)"};
+        const gdn_config *pc = &pb.cfg;
+        const size_t state_bytes = sizeof(float) * (size_t)((cu ? n_docs : pc->B) * pc->Hv * pc->K * pc->V);
+        const int64_t pvals[9] = {pc->B, pc->Hk, pc->Hv, pc->K, pc->V, cli_f64_bits(opts.scale), !opts.l2norm, opts.chunk,
+                                  gdn_cp_digest(pb.dht, pb.dht ? state_bytes : 0)};
+        rc = cli_cp_agree_weights(cp, "run --cp", pvals, pnames, 9, pb.h0, pb.h0 ? state_bytes : 0,
+                                  "h0 of the input file (a digest; 0: none)");
+    }
+    if (rc) {
         gdn_problem_free(&pb);
         free(cu);
         gdn_cp_destroy(cp);

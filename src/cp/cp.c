@@ -303,6 +303,23 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
     return rc; /* every rank saw the same table, so every rank fails alike */
 }
 
+int64_t gdn_cp_digest(const void *data, size_t bytes) {
+    if (!data) return 0;
+    enum { WORDS = 1 << 20 };
+    const unsigned char *b = data;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (int k = 0; k < 8; k++) h = (h ^ (uint64_t)((bytes >> (8 * k)) & 255)) * 1099511628211ull;
+    const size_t words = bytes / 4, step = bytes <= 4 * (size_t)WORDS ? 1 : words / WORDS;
+    if (step == 1) {
+        for (size_t i = 0; i < bytes; i++) h = (h ^ b[i]) * 1099511628211ull;
+    } else {
+        for (size_t w = 0; w < words; w += step)
+            for (int k = 0; k < 4; k++) h = (h ^ b[4 * w + k]) * 1099511628211ull;
+        for (size_t i = 4 * words; i < bytes; i++) h = (h ^ b[i]) * 1099511628211ull; /* the tail */
+    }
+    return (int64_t)(h >> 1);
+}
+
 /* gdn_cp_agree_values: a value whose name ends so holds a double's bits (cp.h). */
 #define BITS_SUFFIX " (its bits)"
 int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names, int local) {

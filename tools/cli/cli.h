@@ -29,8 +29,17 @@ int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_
  * other ranks' first collectives with a failure, so they stop too instead of waiting. Every --cp
  * command's first agreement is gdn_cp_create then gdn_cp_agree_values over 6 values. Returns 1. */
 int cli_cp_fail_early(int argc, char **argv);
-/* FNV-1a of a string (0 for NULL), for agreeing on option strings across ranks. */
+/* A digest of a string (gdn_cp_digest; 0 for NULL), for agreeing on option strings across ranks. */
 int64_t cli_hash(const char *s);
+/* A split run's weights (or another input every rank holds whole) the same on every rank, before any
+ * exchange: one agreement step on their configuration (n <= 16 values, names[i] naming each; a name
+ * ending " (its bits)" a double, cli_f64_bits) and a digest of their bytes (gdn_cp_digest, named
+ * `what`). On a difference every rank prints "gdncp CMD: ... ranks disagree on NAME: rank r has ..,
+ * rank 0 has .." and gets the same failure. Collective. */
+int cli_cp_agree_weights(gdn_cp *cp, const char *cmd, const int64_t *vals, const char *const *names, int n,
+                         const void *w, size_t bytes, const char *what);
+/* A double's bits, for gdn_cp_agree_values' " (its bits)" values. */
+int64_t cli_f64_bits(double x);
 /* A split run's memory check before its large allocations: `bytes` (this rank's need) summed over
  * the ranks that share this machine, against its memory (gdn_check_fits). Collective (over
  * MPI_COMM_WORLD, whose ranks cp must hold); the verdict is agreed, so every rank returns the
@@ -50,6 +59,23 @@ int cli_run_header(const char *path, int backward, long long *T, double *bytes_p
  * returns 1; else 0. */
 int cli_pack_offsets(const char *who, const char *path, const char *rows, const int64_t *given, int64_t n_given,
                      int64_t **cu, int64_t *n_docs);
+
+/* The input file's position_ids, when it has them ([T], [1, T] or [B, T], I64 or I32; one row is every
+ * row's): *p malloc'ed, NULL when absent. */
+int cli_read_positions(const char *who, gdn_st_file *f, int64_t B, int64_t T, int64_t **p);
+/* What position_ids p [B, T] say about the tokens' positions: dense (every row b holds off + t at t,
+ * one *off for all rows) or packed (B = 1, counting from 0 and restarting at 0 at each document
+ * start: *cu gets the offsets, malloc'ed, *n_docs their documents). Anything else is refused naming
+ * the first token that fits neither. */
+int cli_positions_meaning(const char *who, const int64_t *p, int64_t B, int64_t T, int64_t *off, int64_t **cu,
+                          int64_t *n_docs);
+/* Positions (cli_positions_meaning's: counting from off when pcu is NULL, else restarting at the
+ * documents pcu, pdocs) that agree with packed documents cu, n_docs given otherwise (--cu-seqlens, a
+ * cu_seqlens tensor): restarting ones at the same documents (else the first document whose start
+ * differs is named), counting ones only as one document from 0. */
+int cli_positions_match_documents(const char *who, int64_t T, int64_t off, const int64_t *pcu, int64_t pdocs,
+                                  const int64_t *cu, int64_t n_docs);
+/* (Each of the three prints "WHO: <status text>: <detail>" and returns the status on a failure.) */
 
 /* Print "gdncp <what>: <status text>: <detail>" to stderr and return exit code 1. */
 int cli_error(const char *what, int status);

@@ -1,10 +1,23 @@
-/* Input files of gdncp run and gdncp layer: packed-document offsets, the run file's header. */
+/* Input files of gdncp run, layer and attention: packed-document offsets, position_ids, the run file's header. */
 #include "cli.h"
 #include "parse.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Print "WHO: <status text>: <detail>" and return status. */
+static int say(const char *who, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int say(const char *who, int status, const char *fmt, ...) {
+    char detail[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s: %s: %s\n", who, gdn_strerror(status), detail);
+    return status;
+}
 
 int cli_pack_offsets(const char *who, const char *path, const char *rows, const int64_t *given, int64_t n_given,
                      int64_t **cu, int64_t *n_docs) {
@@ -75,6 +88,108 @@ int cli_pack_offsets(const char *who, const char *path, const char *rows, const 
     *n_docs = n - 1;
     free(from_file);
     return 0;
+}
+
+/* What the input's position_ids say about the tokens' positions: dense (every row b holds
+ * off + t at t, one off for all rows) or packed (B = 1, counting from 0 and restarting at 0 at
+ * each document start: *cu gets the offsets, malloc'ed). Anything else is refused naming the
+ * first token that fits neither. */
+int cli_positions_meaning(const char *who, const int64_t *p, int64_t B, int64_t T, int64_t *off, int64_t **cu,
+                          int64_t *n_docs) {
+    *cu = NULL, *n_docs = 0;
+    if (p[0] < 0) return say(who, GDN_ERR_ARG, "position_ids[0] = %lld is negative", (long long)p[0]);
+    int64_t bad_b = -1, bad_t = -1;
+    for (int64_t b = 0; b < B && bad_b < 0; b++)
+        for (int64_t t = 0; t < T; t++)
+            if (p[b * T + t] != p[b * T] + t) {
+                bad_b = b, bad_t = t;
+                break;
+            }
+    if (bad_b < 0) { /* every row counts up by one: one offset for all of them */
+        for (int64_t b = 1; b < B; b++)
+            if (p[b * T] != p[0])
+                return say(who, GDN_ERR_ARG,
+                            "position_ids of row %lld start at %lld, row 0's at %lld: the layer takes one position "
+                            "offset for every row",
+                            (long long)b, (long long)p[b * T], (long long)p[0]);
+        *off = p[0];
+        return GDN_OK;
+    }
+    const int64_t *q = p + bad_b * T;
+    if (B > 1 || q[bad_t] != 0 || p[0] != 0)
+        return say(who, GDN_ERR_ARG,
+                    "position_ids row %lld holds %lld at t = %lld after %lld: positions must be 0..T-1 plus one "
+                    "offset per sequence, or restart at 0 at document starts (packed documents: one row, "
+                    "counting from 0)",
+                    (long long)bad_b, (long long)q[bad_t], (long long)bad_t, (long long)q[bad_t - 1]);
+    int64_t docs = 1;
+    for (int64_t t = 1; t < T; t++) {
+        if (p[t] == 0) docs++;
+        else if (p[t] != p[t - 1] + 1)
+            return say(who, GDN_ERR_ARG,
+                        "position_ids[%lld] = %lld after %lld: neither the next position nor a document start (0); "
+                        "packed positions restart at 0 at each document and count up by one",
+                        (long long)t, (long long)p[t], (long long)p[t - 1]);
+    }
+    int64_t *c = malloc(sizeof(int64_t) * (docs + 1));
+    if (!c) return say(who, GDN_ERR_NOMEM, "%lld document offsets", (long long)(docs + 1));
+    int64_t k = 0;
+    for (int64_t t = 0; t < T; t++)
+        if (p[t] == 0) c[k++] = t;
+    c[k] = T;
+    *cu = c, *n_docs = docs;
+    return GDN_OK;
+}
+
+/* The input's position_ids, when it has them: [T], [1, T] or [B, T], I64 or I32. *p NULL when
+ * absent. */
+int cli_read_positions(const char *who, gdn_st_file *f, int64_t B, int64_t T, int64_t **p) {
+    *p = NULL;
+    const gdn_st_tensor *t = gdn_st_find(f, "position_ids");
+    if (!t) return GDN_OK;
+    const int fits = (t->ndim == 1 && t->shape[0] == T) || (t->ndim == 2 && t->shape[1] == T &&
+                                                             (t->shape[0] == B || t->shape[0] == 1));
+    if (!fits)
+        return say(who, GDN_ERR_SHAPE, "'position_ids' must be [T = %lld] or [B = %lld, T] (or [1, T]), got %d dims (%lld, ...)",
+                    (long long)T, (long long)B, t->ndim, (long long)(t->ndim ? t->shape[0] : 0));
+    const size_t n = (size_t)gdn_st_numel(t);
+    int64_t *q = malloc(sizeof(int64_t) * (n ? n : 1)), got = 0;
+    if (!q) return say(who, GDN_ERR_NOMEM, "position_ids (%zu values)", n);
+    const int rc = gdn_st_read_i64_all(f, "position_ids", q, n, &got);
+    if (rc) {
+        free(q);
+        return say(who, rc, "%s", gdn_errmsg());
+    }
+    if ((int64_t)n == T && B > 1) { /* one row given for all: the same positions in each */
+        int64_t *all = realloc(q, sizeof(int64_t) * (size_t)(B * T));
+        if (!all) {
+            free(q);
+            return say(who, GDN_ERR_NOMEM, "position_ids for %lld rows", (long long)B);
+        }
+        for (int64_t b = 1; b < B; b++) memcpy(all + b * T, all, sizeof(int64_t) * (size_t)T);
+        q = all;
+    }
+    *p = q;
+    return GDN_OK;
+}
+
+int cli_positions_match_documents(const char *who, int64_t T, int64_t off, const int64_t *pcu, int64_t pdocs,
+                                  const int64_t *cu, int64_t n_docs) {
+    if (!pcu) /* counting from off: one document at most, from 0 */
+        return off || n_docs > 1 ? say(who, GDN_ERR_ARG, "position_ids count %lld..%lld without restarting, but "
+                                       "cu_seqlens holds %lld document(s) (packed positions restart at 0 at each)",
+                                       (long long)off, (long long)(off + T - 1), (long long)n_docs)
+                                 : GDN_OK;
+    int64_t i = 0; /* the first offset that differs (both lists end at T, so one does unless equal) */
+    while (i <= pdocs && i <= n_docs && pcu[i] == cu[i]) i++;
+    if (i > pdocs && i > n_docs) return GDN_OK;
+    if (i < pdocs && i < n_docs) /* (offset n_docs is T, the end: no document starts there) */
+        return say(who, GDN_ERR_ARG, "position_ids restart at documents other than cu_seqlens's: document %lld starts "
+                   "at token %lld by position_ids, at %lld by cu_seqlens (%lld and %lld document(s))", (long long)i,
+                   (long long)pcu[i], (long long)cu[i], (long long)pdocs, (long long)n_docs);
+    return say(who, GDN_ERR_ARG, "position_ids restart at documents other than cu_seqlens's: position_ids hold %lld "
+               "document(s), cu_seqlens %lld (the first %lld start alike)", (long long)pdocs, (long long)n_docs,
+               (long long)i);
 }
 
 int cli_run_header(const char *path, int backward, long long *T, double *bytes_per_token) {

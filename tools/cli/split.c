@@ -126,9 +126,23 @@ int cli_cp_check_fits(gdn_cp *cp, const char *cmd, const char *what, double byte
 }
 
 /* FNV-1a of a string (0 for NULL): lets ranks agree on a whole option string in one value. */
-int64_t cli_hash(const char *s) {
-    if (!s) return 0;
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return (int64_t)(h >> 1);
+int64_t cli_hash(const char *s) { return s ? gdn_cp_digest(s, strlen(s)) : 0; }
+
+int cli_cp_agree_weights(gdn_cp *cp, const char *cmd, const int64_t *vals, const char *const *names, int n,
+                         const void *w, size_t bytes, const char *what) {
+    enum { MAX_VALUES = 16 };
+    int64_t v[MAX_VALUES + 1];
+    const char *nv[MAX_VALUES + 1];
+    if (n < 0 || n > MAX_VALUES) n = 0; /* (the callers pass fewer) */
+    for (int i = 0; i < n; i++) v[i] = vals[i], nv[i] = names[i];
+    v[n] = gdn_cp_digest(w, bytes), nv[n] = what;
+    const int rc = gdn_cp_agree_values(cp, v, n + 1, nv, GDN_OK);
+    if (rc) cli_error(cmd, rc);
+    return rc;
+}
+
+int64_t cli_f64_bits(double x) {
+    int64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
 }
