@@ -358,7 +358,7 @@ static void test_layouts(void) {
     json_t *dense_moe = golden_config();
     json_object_set_new(dense_moe, "num_experts", json_integer(4));
     put_json(p, dense_moe);
-    expect_status(gdn_ckpt_load_config(dir, &c), GDN_ERR_FORMAT, "names a dense Qwen3.5 model",
+    expect_status(gdn_ckpt_load_config(dir, &c), GDN_ERR_SHAPE, "names a dense Qwen3.5 model",
                   "model_type qwen3_5_text with num_experts 4 (another model)");
 
     /* shards and their index */

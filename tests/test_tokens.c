@@ -149,7 +149,7 @@ static void test_bad_headers(void) {
          "truncated by one byte", {GDN_TOKENS_MAGIC, GDN_TOKENS_VERSION, N, 0, 2, 256}, 0, 0, 1, GDN_ERR_FORMAT},
         {"count.tok", "says 1001 ids of 2 bytes", "a count one more than the file holds",
          {GDN_TOKENS_MAGIC, GDN_TOKENS_VERSION, N + 1, 0, 2, 256}, 0, 0, 0, GDN_ERR_FORMAT},
-        {"count_hi.tok", "ids of 2 bytes (-1 bytes", "a count beyond 2^32 (high word)",
+        {"count_hi.tok", "says 9223372036854776808 ids of 2 bytes (2^64 or more bytes", "a count of 2^63 + 1000 (high word; unsigned, not negative)",
          {GDN_TOKENS_MAGIC, GDN_TOKENS_VERSION, N, 1u << 31, 2, 256}, 0, 0, 0, GDN_ERR_FORMAT},
         {"zero.tok", "says 0 ids", "no ids", {GDN_TOKENS_MAGIC, GDN_TOKENS_VERSION, 0, 0, 2, 256}, 0, 0, 2 * N,
          GDN_ERR_FORMAT},

@@ -366,7 +366,7 @@ static void test_config(void) {
          "linear_attention"), 0, GDN_ERR_SHAPE, "'layer_types' has 3 entries but num_hidden_layers is 2"},
         {"a layer of type sliding_attention", "layer_types", json_pack("[ss]", "linear_attention", "sliding_attention"), 0,
          GDN_ERR_FORMAT, "layer 1 is \"sliding_attention\""},
-        {"num_experts 8 (MoE)", "num_experts", json_integer(8), 0, GDN_ERR_FORMAT, "'num_experts' = 8"},
+        {"num_experts 8 (MoE)", "num_experts", json_integer(8), 0, GDN_ERR_SHAPE, "'num_experts' = 8"},
         {"rms_norm_eps 0", "rms_norm_eps", json_real(0.0), 0, GDN_ERR_SHAPE, "rms_norm_eps"},
         {"model_type qwen3_5_moe_text (transformers' defaults: 256 experts, 8 per token, 512 wide): loads", "model_type", json_string("qwen3_5_moe_text"), 0, GDN_OK, NULL},
         {"model_type llama", "model_type", json_string("llama"), 0, GDN_ERR_FORMAT, "'model_type' is \"llama\""},
@@ -543,7 +543,7 @@ static void test_hybrid_config_errors(void) {
         {"rope_theta missing", "rope_parameters", json_pack("{s:f, s:s}", "partial_rotary_factor", 0.25, "rope_type",
          "default"), NULL, NULL, GDN_ERR_FORMAT, 0, "'rope_parameters.rope_theta' is missing"},
         {"attention_bias true", "attention_bias", json_true(), NULL, NULL, GDN_ERR_FORMAT, 0, "'attention_bias' must be false"},
-        {"num_experts 4 (MoE)", "num_experts", json_integer(4), NULL, NULL, GDN_ERR_FORMAT, 0, "'num_experts' = 4"},
+        {"num_experts 4 (MoE)", "num_experts", json_integer(4), NULL, NULL, GDN_ERR_SHAPE, 0, "'num_experts' = 4"},
         {"max_position_embeddings 0", "max_position_embeddings", json_integer(0), NULL, NULL, GDN_ERR_SHAPE, 0,
          "'max_position_embeddings' = 0 is out of range"},
     };
@@ -577,7 +577,7 @@ static void test_hybrid_config_errors(void) {
     check(!rc && !memcmp(&got, &g, sizeof g), "config.json with the fields under text_config: the same model");
     json_object_set_new(json_object_get(wrapped, "text_config"), "num_experts", json_integer(512));
     json_dump_file(wrapped, p, JSON_INDENT(2));
-    expect_status(gdn_ckpt_load_config(dir, &got), GDN_ERR_FORMAT, "'text_config.num_experts' = 512",
+    expect_status(gdn_ckpt_load_config(dir, &got), GDN_ERR_SHAPE, "'text_config.num_experts' = 512",
                   "config.json: text_config.num_experts 512");
     json_decref(wrapped), json_decref(golden);
     free(w);

@@ -567,6 +567,32 @@ int gdn_ckpt_save_dtype(const char *out_dir, int64_t step, const gdn_model_confi
 
 /* ------------------------------------------------------------------ resolve and load */
 
+/* What a directory with no complete checkpoint lacks: one of its two files present and the other
+ * missing or not a regular file (a directory, a FIFO, a device) is named; neither, the layout is. */
+static int why_incomplete(const char *dir) {
+    /* the weights: model.safetensors, or a sharded checkpoint's index in its place */
+    const char *names[2] = {CONFIG_FILE, MODEL_FILE};
+    char p[PATH_MAX];
+    struct stat st[2];
+    int found[2], regular[2];
+    for (int i = 0; i < 2; i++) {
+        found[i] = !gdn_path_join(p, sizeof p, dir, names[i]) && stat(p, &st[i]) == 0;
+        regular[i] = found[i] && S_ISREG(st[i].st_mode);
+    }
+    if (!found[1] && !gdn_path_join(p, sizeof p, dir, MODEL_FILE ".index.json") && stat(p, &st[1]) == 0)
+        names[1] = MODEL_FILE ".index.json", found[1] = 1, regular[1] = S_ISREG(st[1].st_mode);
+    if (!found[0] && !found[1])
+        return gdn_fail(GDN_ERR_MISSING, "%s: no complete checkpoint (neither %s nor %s here, nor a "
+                        "checkpoint-N directory holding them)", dir, CONFIG_FILE, MODEL_FILE);
+    /* the file at fault: one that is there but not a regular file, else the one missing */
+    const int bad = found[0] && !regular[0] ? 0 : found[1] && !regular[1] ? 1 : !found[0] ? 0 : 1;
+    if (!found[bad])
+        return gdn_fail(GDN_ERR_MISSING, "%s: no complete checkpoint: %s is here but %s is missing (a checkpoint "
+                        "holds both)", dir, names[!bad], names[bad]);
+    return gdn_fail(GDN_ERR_IO, "%s: no complete checkpoint: %s is %s, not a regular file", dir, names[bad],
+                    gdn_file_kind(st[bad].st_mode));
+}
+
 int gdn_ckpt_resolve(const char *path, char *dir, size_t n) {
     if (!path || !dir || !n) return gdn_fail(GDN_ERR_ARG, "checkpoint resolve: NULL argument");
     struct stat st;
@@ -591,9 +617,7 @@ int gdn_ckpt_resolve(const char *path, char *dir, size_t n) {
         if (best < 0 || list[i].step > list[best].step ||
             (list[i].step == list[best].step && !list[i].aside))
             best = i;
-    if (best < 0)
-        rc = gdn_fail(GDN_ERR_MISSING, "%s: no complete checkpoint (neither %s nor %s here, nor a "
-                      "checkpoint-N directory holding them)", path, CONFIG_FILE, MODEL_FILE);
+    if (best < 0) rc = why_incomplete(path);
     else if ((size_t)snprintf(dir, n, "%s/%s", path, list[best].name) >= n)
         rc = gdn_fail(GDN_ERR_ARG, "%s/%s: path too long", path, list[best].name);
     free(list);

@@ -63,12 +63,13 @@ static int parse_header(gdn_data *d, uint32_t first_word) {
     int rc = pread_all(d->fd, d->path, 0, GDN_TOKENS_HEADER_BYTES, h);
     if (rc) return rc;
     const uint32_t magic = le32(h), version = le32(h + 4);
+    uint64_t said; /* the header's count of ids */
     d->header = GDN_TOKENS_HEADER_BYTES;
     if (magic == GDN_TOKENS_MAGIC) {
         if (version != GDN_TOKENS_VERSION)
             return gdn_fail(GDN_ERR_FORMAT, "%s: token file version %u (this gdncp reads version %d)", d->path,
                             (unsigned)version, GDN_TOKENS_VERSION);
-        d->count = (int64_t)((uint64_t)le32(h + 8) | (uint64_t)le32(h + 12) << 32);
+        said = (uint64_t)le32(h + 8) | (uint64_t)le32(h + 12) << 32;
         const uint32_t width = le32(h + 16), vocab = le32(h + 20);
         if (width != 2 && width != 4)
             return gdn_fail(GDN_ERR_FORMAT, "%s: token file header: id width %u bytes (2 for uint16, 4 for uint32)",
@@ -85,13 +86,19 @@ static int parse_header(gdn_data *d, uint32_t first_word) {
         if (version != 1 && version != 2)
             return gdn_fail(GDN_ERR_FORMAT, "%s: llm.c token file (magic %u) version %u (1: uint16, 2: uint32)",
                             d->path, (unsigned)GDN_TOKENS_MAGIC_LLMC, (unsigned)version);
-        d->count = le32(h + 8), d->width = version == 1 ? 2 : 4, d->file_vocab = 0;
+        said = le32(h + 8), d->width = version == 1 ? 2 : 4, d->file_vocab = 0;
     }
-    if (d->count < 1 || d->count > (d->size - d->header) / d->width || d->header + d->count * d->width != d->size)
-        return gdn_fail(GDN_ERR_FORMAT, "%s: token file header says %lld ids of %d bytes (%lld bytes after the "
-                        "%lld-byte header), the file has %lld after it", d->path, (long long)d->count, d->width,
-                        d->count >= 0 && d->count < ((int64_t)1 << 60) / 4 ? (long long)(d->count * d->width) : -1LL,
-                        (long long)d->header, (long long)(d->size - d->header));
+    /* the header's count as the unsigned number it is (2^63 and above too), checked before it is one */
+    const uint64_t after = (uint64_t)(d->size - d->header);
+    if (said < 1 || said > after / (uint64_t)d->width || said * (uint64_t)d->width != after) {
+        char need[40];
+        if (said > UINT64_MAX / (uint64_t)d->width) snprintf(need, sizeof need, "2^64 or more");
+        else snprintf(need, sizeof need, "%llu", (unsigned long long)(said * (uint64_t)d->width));
+        return gdn_fail(GDN_ERR_FORMAT, "%s: token file header says %llu ids of %d bytes (%s bytes after the "
+                        "%lld-byte header), the file has %lld after it", d->path, (unsigned long long)said, d->width,
+                        need, (long long)d->header, (long long)after);
+    }
+    d->count = (int64_t)said;
     if (d->file_vocab > d->vocab)
         return gdn_fail(GDN_ERR_SHAPE, "%s: the token file's vocabulary has %lld ids (its header), the model's %lld: "
                         "tokenized for another model?", d->path, (long long)d->file_vocab, (long long)d->vocab);

@@ -287,7 +287,7 @@ static int parse_mlps(json_t *obj, const char *path, const char *where, mlp_fami
         if (ne && !json_is_null(ne) && !json_is_integer(ne))
             return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' is not an integer", path, where);
         if (json_is_integer(ne) && json_integer_value(ne) > 0)
-            return gdn_fail(GDN_ERR_FORMAT, "%s: field '%snum_experts' = %lld but '%smodel_type' names a dense Qwen3.5 "
+            return gdn_fail(GDN_ERR_SHAPE, "%s: field '%snum_experts' = %lld but '%smodel_type' names a dense Qwen3.5 "
                             "model (its MoE form is \"qwen3_5_moe_text\")", path, where,
                             (long long)json_integer_value(ne), where);
         return config_int(obj, path, where, "intermediate_size", 1, (int64_t)1 << 24, &cfg->I);
@@ -450,6 +450,7 @@ int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg) {
             rc = gdn_fail(rc, "%s: %s", path, why);
         }
     }
+    if (!rc && gdn_hf_has_weights(dir)) rc = gdn_hf_check_embedding(dir, &parsed, path);
     if (!rc) *cfg = parsed;
     return rc;
 }

@@ -149,6 +149,27 @@ int gdn_hf_weights_hold(const char *dir, const char *name, int *present) {
     return GDN_OK;
 }
 
+int gdn_hf_check_embedding(const char *dir, const gdn_model_config *cfg, const char *config_path) {
+    if (!dir || !cfg || !config_path) return gdn_fail(GDN_ERR_ARG, "check embedding: NULL argument");
+    weights s;
+    int rc = weights_open(&s, dir);
+    if (rc) return rc;
+    char fname[192];
+    file_name(&s, "model.embed_tokens.weight", fname, sizeof fname);
+    int shard = 0;
+    const gdn_st_tensor *t = find(&s, fname, &shard);
+    if (t && (t->ndim != 2 || t->shape[0] != cfg->vocab || t->shape[1] != cfg->E)) {
+        char got[96] = "";
+        for (int d = 0; d < t->ndim && d < GDN_ST_MAX_DIMS; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        rc = gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has shape [%s], but %s's vocab_size %lld and hidden_size %lld "
+                      "need [%lld, %lld]", gdn_st_path(s.f[shard]), fname, got, config_path, (long long)cfg->vocab,
+                      (long long)cfg->E, (long long)cfg->vocab, (long long)cfg->E);
+    }
+    weights_close(&s);
+    return rc;
+}
+
 int gdn_hf_check_tensor(const char *path, const gdn_st_tensor *t, const gdn_model_tensor_info *want) {
     if (t->dtype != GDN_F32 && t->dtype != GDN_BF16 && t->dtype != GDN_F64)
         return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; F32 or BF16 expected", path, t->name, t->dtype_name);

@@ -14,6 +14,11 @@ int gdn_hf_has_weights(const char *dir);
  * prefix, model.language_model., is taken into account). */
 int gdn_hf_weights_hold(const char *dir, const char *name, int *present);
 
+/* dir's embedding (model.embed_tokens.weight), when its weights hold one, is [vocab, E] as cfg (read
+ * from config_path) says: checked from the header before the model's size is trusted (a vocab_size
+ * of 2^30 beside 256 rows would otherwise be an allocation of the wrong size). */
+int gdn_hf_check_embedding(const char *dir, const gdn_model_config *cfg, const char *config_path);
+
 /* Read every tensor of the table (gdn_model_tensor's) from dir's weights into w at its offset:
  * names as transformers writes them for Qwen3.5 (text-only "model." or the multimodal
  * "model.language_model.", with mtp.* and model.visual.* ignored) or Qwen3-Next (fused

@@ -146,13 +146,23 @@ static char *state_json(const trainer *t, int64_t step, double loss) {
 }
 
 /* A resume must see the same run: same seed, sequence, global batch and text. */
-static int check_resume_state(const trainer *t, const char *text, int64_t *step) {
+static int check_resume_state(const trainer *t, const char *dir, const char *text, int64_t *step) {
     json_error_t err;
     json_t *j = json_loads(text ? text : "", 0, &err);
-    if (!j) return gdn_fail(GDN_ERR_FORMAT, "trainer_state.json: %s (line %d)", err.text, err.line);
+    if (!j) return gdn_fail(GDN_ERR_FORMAT, "%s/trainer_state.json: %s (line %d)", dir, err.text, err.line);
+    /* each field an integer, the step a count (>= 0): the first that is not named */
     json_int_t st = -1, seed = -1, seq = -1, gb = -1, bytes = -1;
-    const int bad = json_unpack(j, "{s:I, s:I, s:I, s:I, s:I}", "step", &st, "seed", &seed, "seq", &seq,
-                                "global_batch", &gb, "data_bytes", &bytes);
+    const struct { const char *key; json_int_t *to; } fields[] = {
+        {"step", &st}, {"seed", &seed}, {"seq", &seq}, {"global_batch", &gb}, {"data_bytes", &bytes}};
+    char bad[160] = "";
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0] && !bad[0]; i++) {
+        json_t *v = json_object_get(j, fields[i].key);
+        if (!v) snprintf(bad, sizeof bad, "lacks '%s'", fields[i].key);
+        else if (!json_is_integer(v)) snprintf(bad, sizeof bad, "has a '%s' that is not an integer", fields[i].key);
+        else *fields[i].to = json_integer_value(v);
+    }
+    if (!bad[0] && st < 0)
+        snprintf(bad, sizeof bad, "has 'step' = %lld: a number of steps done is at least 0", (long long)st);
     /* checkpoints from before packing have no separator: they were not packed */
     const char *sep_in_json = json_string_value(json_object_get(j, "pack_separator_hex"));
     char hex[2 * GDN_DATA_MAX_SEP + 1], was_hex[2 * GDN_DATA_MAX_SEP + 1];
@@ -162,7 +172,7 @@ static int check_resume_state(const trainer *t, const char *text, int64_t *step)
     json_t *id_in_json = json_object_get(j, "pack_separator_id");
     const int64_t was_id = json_is_integer(id_in_json) ? (int64_t)json_integer_value(id_in_json) : -1;
     json_decref(j);
-    if (bad || st < 0) return gdn_fail(GDN_ERR_FORMAT, "trainer_state.json lacks step, seed, seq, global_batch or data_bytes");
+    if (bad[0]) return gdn_fail(GDN_ERR_FORMAT, "%s/trainer_state.json %s", dir, bad);
     if (pack_differs)
         return gdn_fail(GDN_ERR_ARG, "cannot resume: the checkpoint was trained with a different --pack separator "
                         "(hex '%s'; this run has '%s')", was_hex, hex);
@@ -371,12 +381,6 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
     return h;
 }
-static uint64_t weights_digest(const float *w, size_t n) {
-    const size_t step = n > (1u << 20) ? n / (1u << 20) : 1; /* ~1M samples: a different checkpoint differs */
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i += step) h = fnv(h, w + i, sizeof *w);
-    return h;
-}
 /* The data file's identity: its size and the first 64 KiB's digest (every rank reads its own
  * windows of it, so ranks given different files would silently train on a mix). */
 static int64_t data_digest(const char *path) {
@@ -525,7 +529,7 @@ static int setup(trainer *t) {
         rc = gdn_ckpt_load(ckdir, &t->cfg, t->w, o->resume ? t->m : NULL, o->resume ? t->v : NULL,
                            o->resume ? &state : NULL);
         int64_t done = 0;
-        if (!rc && o->resume && !(rc = check_resume_state(t, state, &done))) t->first_step = done + 1;
+        if (!rc && o->resume && !(rc = check_resume_state(t, ckdir, state, &done))) t->first_step = done + 1;
         if (!rc && o->resume && done >= o->steps)
             rc = gdn_fail(GDN_ERR_ARG, "--resume %s: its checkpoint is at step %lld, at or past --steps %lld: nothing "
                           "to train (raise --steps to train on)", o->resume, (long long)done, (long long)o->steps);
@@ -536,7 +540,7 @@ static int setup(trainer *t) {
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     /* the same starting weights everywhere (an --init or --resume of another checkpoint with the
      * same configuration would otherwise train from different points and sum their gradients) */
-    const int64_t wd = (int64_t)weights_digest(t->w, t->nw);
+    const int64_t wd = gdn_cp_digest(t->w, sizeof *t->w * t->nw);
     static const char *const wname[] = {"the starting weights (a digest of --init / --resume's model.safetensors)"};
     if ((rc = gdn_cp_agree_values(t->agree, &wd, 1, wname, GDN_OK))) return rc;
 
