@@ -36,20 +36,29 @@ static int usage(void) {
     return CLI_USAGE_ERROR;
 }
 
-/* "1,2,3" into ids[0..n) (cap: strlen / 2 + 1 holds any list); 0 or a message. */
-static int parse_ids(const char *text, gdn_token *ids, size_t cap, size_t *n, int64_t vocab) {
-    *n = 0;
-    for (const char *p = text; *p;) {
-        char *end;
-        const long long v = strtoll(p, &end, 10);
-        if (end == p || v < 0 || v >= vocab || (*end && *end != ',') || *n == cap) {
-            fprintf(stderr, "gdncp sample: --prompt-ids %s: expected comma-separated token ids in [0, %lld) (the "
-                    "checkpoint's vocabulary)\n", text, (long long)vocab);
+/* --prompt-ids "1,2,3" into *ids (malloc'ed, *n of them), each in [0, vocab); 0, or CLI_USAGE_ERROR after
+ * saying what is wrong (cli_parse_i64_list refuses blanks, signs, empty entries and a trailing comma). */
+static int parse_ids(const char *text, gdn_token **ids, size_t *n, int64_t vocab) {
+    int64_t *list = NULL, count = 0;
+    *ids = NULL, *n = 0;
+    if (cli_parse_i64_list("sample", "--prompt-ids", text, &list, &count)) return CLI_USAGE_ERROR;
+    for (int64_t i = 0; i < count; i++)
+        if (list[i] >= vocab) {
+            fprintf(stderr, "gdncp sample: --prompt-ids: id %lld (entry %lld) is outside the checkpoint's vocabulary: "
+                    "expected comma-separated token ids in [0, %lld)\n", (long long)list[i], (long long)i,
+                    (long long)vocab);
+            free(list);
             return CLI_USAGE_ERROR;
         }
-        ids[(*n)++] = (gdn_token)v;
-        p = *end ? end + 1 : end;
+    *ids = malloc(sizeof **ids * (size_t)(count + 1));
+    if (!*ids) {
+        fprintf(stderr, "gdncp sample: out of memory for the prompt's %lld ids\n", (long long)count);
+        free(list);
+        return 1;
     }
+    for (int64_t i = 0; i < count; i++) (*ids)[i] = (gdn_token)list[i];
+    *n = (size_t)count;
+    free(list);
     return 0;
 }
 
@@ -73,7 +82,7 @@ int cmd_sample(int argc, char **argv) {
             if (cli_parse_i64("sample", a, v, 1, 1 << 24, &tokens)) return CLI_USAGE_ERROR;
             i++;
         } else if (!strcmp(a, "--top-k")) {
-            if (cli_parse_i64("sample", a, v, 1, GDN_MODEL_MAX_VOCAB, &top_k)) return CLI_USAGE_ERROR;
+            if (cli_parse_i64("sample", a, v, 0, GDN_MODEL_MAX_VOCAB, &top_k)) return CLI_USAGE_ERROR; /* 0: all */
             i++;
         } else if (!strcmp(a, "--top-p")) {
             if (cli_parse_f64("sample", a, v, 0, 1, &top_p)) return CLI_USAGE_ERROR;
@@ -114,22 +123,41 @@ int cmd_sample(int argc, char **argv) {
                 (long long)cfg.vocab);
         return CLI_USAGE_ERROR;
     }
-    size_t np = prompt ? strlen(prompt) : strlen(prompt_ids) / 2 + 1;
-    gdn_token *ptok = malloc(sizeof *ptok * (np + 1));
-    if (!ptok) {
-        fprintf(stderr, "gdncp sample: out of memory for the prompt\n");
-        return 1;
-    }
+    size_t np = 0;
+    gdn_token *ptok = NULL;
     if (prompt) {
+        np = strlen(prompt);
+        if (!(ptok = malloc(sizeof *ptok * (np + 1)))) {
+            fprintf(stderr, "gdncp sample: out of memory for the prompt\n");
+            return 1;
+        }
         for (size_t i = 0; i < np; i++) ptok[i] = (unsigned char)prompt[i];
-    } else if (parse_ids(prompt_ids, ptok, np, &np, cfg.vocab)) {
-        free(ptok);
-        return CLI_USAGE_ERROR;
+    } else if ((rc = parse_ids(prompt_ids, &ptok, &np, cfg.vocab))) {
+        return rc;
     }
     if (!np) {
         fprintf(stderr, "gdncp sample: the prompt is empty: give the model at least one token to continue\n");
         free(ptok);
         return CLI_USAGE_ERROR;
+    }
+    if (score && np < 2) { /* as Python's Model.loss: no target to score */
+        fprintf(stderr, "gdncp sample: --score needs a prompt of at least 2 tokens (each token predicts the next), "
+                "got %zu\n", np);
+        free(ptok);
+        return CLI_USAGE_ERROR;
+    }
+    /* the attention layers' positions: the prompt, and the new tokens unless scoring (which generates none) */
+    const int64_t positions = (int64_t)np + (score ? 0 : tokens);
+    if (gdn_model_attn_layers(&cfg) && cfg.max_position > 0 && positions > cfg.max_position) {
+        if (score)
+            fprintf(stderr, "gdncp sample: the prompt's %zu tokens are beyond the checkpoint's max_position_embeddings "
+                    "= %lld\n", np, (long long)cfg.max_position);
+        else
+            fprintf(stderr, "gdncp sample: the prompt's %zu tokens + --tokens %lld = %lld positions are beyond the "
+                    "checkpoint's max_position_embeddings = %lld (ask for fewer --tokens, or a shorter prompt)\n", np,
+                    (long long)tokens, (long long)positions, (long long)cfg.max_position);
+        free(ptok);
+        return 1;
     }
     float *w = aligned_alloc(64, sizeof(float) * ((gdn_model_param_floats(&cfg) + 15) & ~(size_t)15));
     /* --score reads every prompt position's logits; generating, only the last one's */
@@ -151,7 +179,7 @@ int cmd_sample(int argc, char **argv) {
     for (int i = 0; i < sep_len; i++) sep[i] = sep_bytes[i];
     if (!rc && sep_id >= 0) sep[0] = (gdn_token)sep_id, sep_len = 1;
     /* the KV caches hold the prompt and every new token */
-    if (!rc) rc = gdn_model_decoder_create_dtype(&dec, &cfg, 1, (int64_t)np + tokens, (int)threads, cache_dtype);
+    if (!rc) rc = gdn_model_decoder_create_dtype(&dec, &cfg, 1, positions, (int)threads, cache_dtype);
     /* the prompt (scoring: in one piece, every position's logits; generating: in pieces of at most
      * PREFILL_PIECE tokens, so its activations stay bounded, and only the last position's logits,
      * which give the first new token) */
@@ -171,7 +199,7 @@ int cmd_sample(int argc, char **argv) {
             for (int64_t k = 0; k < cfg.vocab; k++) se += exp((double)z[k] - mx);
             sum += mx + log(se) - (double)z[ptok[t + 1]];
         }
-        printf("score: loss %.7f over %zu targets\n", np > 1 ? sum / (double)(np - 1) : NAN, np - 1);
+        printf("score: loss %.7f over %zu targets\n", sum / (double)(np - 1), np - 1);
         gdn_model_decoder_destroy(dec);
         free(w), free(logits), free(ptok), free(swork);
         return 0;
