@@ -396,6 +396,43 @@ def test_attention_op_matches_one_process():
     assert _op_check(run, ref_packed, args, cuts, w_out[:1]) > 100 * TOL
 
 
+def test_double_backward_refused_on_every_rank():
+    """create_graph=True through gdncp.cp's rule, conv halo and attention raises on every rank
+    (their gradients come from the library and MPI, not from differentiable torch operations),
+    before any collective of the backward, so no rank waits; the control, a plain backward of the
+    same calls, gives finite gradients on every rank."""
+    T = 60
+    cuts = _cuts(T)
+    a, b = cuts[R], cuts[R + 1]
+    xs, _, _ = _problem(13, T=T)
+    gen = torch.Generator().manual_seed(14)
+    conv_x, conv_w = torch.randn(2, T, 10, generator=gen), torch.randn(10, 1, 4, generator=gen)
+    qkv = [torch.randn(2, T, h, 8, generator=gen) for h in (4, 2, 2)]
+    calls = {
+        "gdncp.cp.chunk_gated_delta_rule": lambda ins: gcp.chunk_gated_delta_rule(
+            *ins, comm=COMM, strategy="scan")[0],
+        "gdncp.cp (the conv halo)": lambda ins: gcp.causal_conv1d(ins[0], ins[1], comm=COMM),
+        "gdncp.cp (the token gather)": lambda ins: gcp.attention(*ins, comm=COMM),
+    }
+    inputs = {
+        "gdncp.cp.chunk_gated_delta_rule": lambda: [x[:, a:b].clone().requires_grad_(True) for x in xs[:5]],
+        "gdncp.cp (the conv halo)": lambda: [conv_x[:, a:b].clone().requires_grad_(True), conv_w.clone().requires_grad_(True)],
+        "gdncp.cp (the token gather)": lambda: [t[:, a:b].clone().requires_grad_(True) for t in qkv],
+    }
+    for what, call in calls.items():
+        ins = inputs[what]()
+        try:
+            torch.autograd.grad((call(ins) ** 2).sum(), ins, create_graph=True)
+            said = "no error"
+        except RuntimeError as e:
+            said = str(e)
+        ins = inputs[what]()
+        grads = torch.autograd.grad((call(ins) ** 2).sum(), ins)   # control: one backward
+        finite = all(bool(torch.isfinite(gr).all()) for gr in grads)
+        table = COMM.allgather((said, finite))
+        assert all(f"{what}: double backward is not supported" in s and f for s, f in table), table
+
+
 def test_ops_bad_input_fails_on_every_rank():
     T = 60
     cuts = _cuts(T)

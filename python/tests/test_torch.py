@@ -178,3 +178,28 @@ def test_bad_inputs(rng, case, exc, words):
     with pytest.raises(exc) as info:
         gt.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, **kw)
     assert words in str(info.value), str(info.value)
+
+
+def test_double_backward_refused_single_backward_runs(rng):
+    """create_graph=True (a gradient penalty, a Hessian-vector product) needs gradients that are
+    themselves differentiable; gdncp's come from the C library, so every autograd Function raises
+    instead of returning detached ones (before, torch.autograd.grad(..., create_graph=True) gave
+    gradients without a graph and a second backward silently lost gdncp's part). The control: the
+    same calls with create_graph=False give the gradients."""
+    q, k, v, g, beta, h0 = _tensors(problem(rng, B=1, T=9, Hk=1, Hv=2, K=4, V=3))
+    gen = torch.Generator().manual_seed(3)
+    E, n, I = 8, 4, 6
+    x = torch.randn(5, E, generator=gen, requires_grad=True)
+    w = [torch.randn(s, generator=gen, requires_grad=True) * 0.3 for s in ((n, E), (n, 2 * I, E), (n, E, I))]
+    w = [t.detach().requires_grad_(True) for t in w]
+    calls = {
+        "gdncp.torch.chunk_gated_delta_rule": (lambda: gt.chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True)[0], (q, k, v, g, beta, h0)),
+        "gdncp.torch.moe_block": (lambda: gt.moe_block(x, *w, top_k=2), (x, *w)),
+    }
+    for what, (call, inputs) in calls.items():
+        loss = (call() ** 2).sum()
+        with pytest.raises(RuntimeError, match=f"{what}: double backward is not supported"):
+            torch.autograd.grad(loss, inputs, create_graph=True)
+        grads = torch.autograd.grad((call() ** 2).sum(), inputs)       # control: one backward
+        assert all(gr is not None and torch.isfinite(gr).all() and gr.abs().sum() > 0 for gr in grads), what

@@ -58,7 +58,7 @@ except ImportError as e:
 
 from . import _lib as L
 from . import core
-from .torch import _check_tensor, _cu_numpy, _np, _threads
+from .torch import _check_tensor, _cu_numpy, _no_double_backward, _np, _threads
 
 core._mpi()   # ImportError now when mpi4py is missing or runs another MPI than libgdncp.so
 
@@ -87,6 +87,7 @@ class _CPRule(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
+        _no_double_backward("gdncp.cp.chunk_gated_delta_rule")
         call = ctx.call
         p = call.p
         do_a = _np(do, np.float32) if do is not None else np.zeros(p.v.shape, np.float32)
@@ -152,6 +153,7 @@ class _Halo(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dhalo):
+        _no_double_backward("gdncp.cp (the conv halo)")
         cp, B, T, C, rows, dtype = ctx.meta
         dx = torch.zeros(B, T, C, dtype=torch.float32)
         dh = dhalo.detach().to(torch.float32).contiguous()
@@ -232,6 +234,7 @@ class _GatherTokens(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        _no_double_backward("gdncp.cp (the token gather)")
         st, shards, inner, local_shape, dtype = ctx.meta
         ga = g.detach().to(torch.float32).transpose(0, 1).contiguous()
         out = torch.empty(local_shape, dtype=torch.float32)

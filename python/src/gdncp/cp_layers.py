@@ -24,6 +24,7 @@ import torch
 
 from . import _lib as L
 from . import core
+from .torch import _no_double_backward
 
 __all__ = ["Shard", "LayerDims", "AttnDims", "flat_params", "gdn_layer", "attention_layer",
            "GDN_STRATEGIES", "ATTN_STRATEGIES"]
@@ -253,6 +254,7 @@ class _MixerCP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        _no_double_backward("gdncp CP layer (GatedDeltaNet or attention)")
         plan, shard, kind, xa, wa, saved, dtype = ctx.keep
         dya = dy.detach().to(torch.float32).contiguous()
         dx, dw = torch.empty_like(xa), torch.empty_like(wa)

@@ -60,6 +60,15 @@ def _cu_numpy(cu_seqlens):
     return np.asarray(cu_seqlens, dtype=np.int64)
 
 
+def _no_double_backward(what):
+    """Called first in every backward of gdncp's autograd Functions: the gradients they return come
+    from the C library, not from differentiable torch operations, so create_graph=True (double
+    backward: gradient penalties, Hessian-vector products) would silently get detached ones."""
+    if torch.is_grad_enabled():   # backward runs with grad mode on only under create_graph=True
+        raise RuntimeError(f"{what}: double backward is not supported (backward was called with "
+                           "create_graph=True; gdncp's gradients are not themselves differentiable)")
+
+
 class _ChunkRule(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, h0, scale, want_ht, l2norm, cu, oracle):
@@ -89,6 +98,7 @@ class _ChunkRule(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
+        _no_double_backward("gdncp.torch.chunk_gated_delta_rule")
         q, k, v, g, beta, h0, ck = ctx.saved_tensors
         dt = np.float64 if ctx.oracle else np.float32
         arrays = [x.numpy() for x in (q, k, v, g, beta)]
@@ -313,6 +323,7 @@ class _MoeBlock(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        _no_double_backward("gdncp.torch.moe_block")
         from . import _lib as L
         import ctypes
         dya = dy.detach().to(torch.float32).contiguous().numpy()
