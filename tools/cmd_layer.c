@@ -2,8 +2,9 @@
  * y, and with --backward dx and grad.<weight> for loss = sum(y * dy). Under mpiexec with --cp
  * every rank reads only its token rows; rank 0 writes the gathered file, which equals the
  * single-rank one. --decode N prefills all but the last N tokens, then decodes them one by one.
- * Packed documents (--cu-seqlens, or a cu_seqlens tensor in the input file; B = 1): the conv and
- * the recurrent state restart at every document start, on one rank or over ranks. */
+ * Packed documents (--cu-seqlens, a cu_seqlens tensor or restarting position_ids in the input
+ * file, as gdncp attention reads them; B = 1): the conv and the recurrent state restart at every
+ * document start, on one rank or over ranks. */
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
