@@ -123,6 +123,39 @@ static void blocked(void) {
             }
 }
 
+/* Few row blocks against many columns (a shard's rows, the loss head's chunk against the
+ * vocabulary): each thread owns a column range of every B panel. n crosses NC with a last
+ * panel one micro-panel wide (where the ranges split differently from the panels before it,
+ * while another thread may still be on them) and kk crosses KC; 3 threads split unevenly. Each
+ * thread count gives the same bits as one thread; control: B shifted by one element differs. */
+static void column_owned(void) {
+    const int64_t m = 300, n = 2080, kk = 600;
+    for (int fi = 0; fi < 8; fi++)
+        for (int th = 1; th <= 3; th += 2)
+            expect_close(mm_err(FLAG_SET[fi], m, n, kk, th, 0), MM_TOL,
+                         "matmul column-owned %-11s m=%ld n=%ld k=%ld threads=%d vs double", flag_name(FLAG_SET[fi]),
+                         (long)m, (long)n, (long)kk, th);
+    float *A = malloc(sizeof(float) * (size_t)(m * kk)), *B = malloc(sizeof(float) * (size_t)(n * kk + 1));
+    float *C[3];
+    rng_seed(77);
+    for (int64_t i = 0; i < m * kk; i++) A[i] = (float)rng_uniform(-1, 1);
+    for (int64_t i = 0; i < n * kk + 1; i++) B[i] = (float)rng_uniform(-1, 1);
+    for (int v = 0; v < 3; v++) { /* 1 thread, 3 threads, 3 threads on the shifted B */
+        const int th = v ? 3 : 1;
+        float *ws = ws_alloc(th);
+        C[v] = malloc(sizeof(float) * (size_t)(m * n));
+        gdn_matmul(GDN_GEMM_B_TRANS, m, n, kk, A, kk, B + (v == 2), kk, C[v], n, ws, th);
+        free(ws);
+    }
+    double differ[2] = {0, 0}; /* elements whose bits differ from 1 thread's */
+    for (int v = 1; v < 3; v++)
+        for (int64_t i = 0; i < m * n; i++) differ[v - 1] += memcmp(&C[0][i], &C[v][i], sizeof(float)) != 0;
+    expect_close(differ[0], 0, "matmul column-owned B^T m=%ld n=%ld k=%ld: elements of 3 threads' not 1 thread's bits",
+                 (long)m, (long)n, (long)kk);
+    expect_far(differ[1], 0, "matmul column-owned with B shifted by one element: elements differing");
+    free(A), free(B), free(C[0]), free(C[1]), free(C[2]);
+}
+
 /* m = 1..16: the streaming path with B^T (kk past its 512-deep blocks, not a multiple of the
  * vector width; n not a multiple of its tiles of 4 W rows, or 8 at m <= 2 with 16 lanes); the
  * blocked path without. */
@@ -256,6 +289,7 @@ static void negative_controls(void) {
 void test_matmul(void) {
     if (!tests_quiet) printf("matmul path: %s\n", gdn_matmul_path());
     blocked();
+    column_owned();
     small_m();
     one_row();
     bf16_b();

@@ -213,6 +213,32 @@ static void one(int flags, int64_t m, int64_t n, int64_t kk, int threads) {
     bprob_free(&P);
 }
 
+/* Few row blocks against many columns: each thread owns a range of the micro-panels over the
+ * whole width, packed a part of the B panel at a time (n = 2600: several parts, the last one
+ * micro-panel narrow; depth past one slice). Through every path here, 3 threads (uneven ranges)
+ * give 1 thread's bits; control: the same check against a product with B perturbed fails. */
+static void column_owned(void) {
+    bprob P;
+    bprob_make(&P, GDN_GEMM_B_TRANS, 150, 2600, 1100);
+    one(GDN_GEMM_B_TRANS, 150, 2600, 1100, 3);
+    const int64_t at = 7 * P.ldb + 5;
+    const float b_at = P.B[at];
+    for (int p = 1; p <= 4; p++) {
+        if (!have[p]) continue;
+        float *C1 = run(&P, p, 1, 0, 0), *C3 = run(&P, p, 3, 0, 0);
+        check(bits_differ(&P, C1, C3) == 0, "bf16 %s column-owned B^T m=150 n=2600 k=1100: 3 threads == 1 thread bit for bit",
+              PNAME[p]);
+        free(C3);
+        P.B[at] = b_at + 1.0f;
+        C3 = run(&P, p, 3, 0, 0);
+        check(bits_differ(&P, C1, C3) != 0, "negative control: bf16 %s column-owned with one B element changed differs",
+              PNAME[p]);
+        P.B[at] = b_at;
+        free(C1), free(C3);
+    }
+    bprob_free(&P);
+}
+
 /* The negative controls, on a bprob large enough that each must show. */
 static void controls(void) {
     bprob P;
@@ -334,6 +360,7 @@ void test_matmul_bf16(void) {
     /* more rows than one pass (4480; AMX 2048): the row blocks' offsets into A, A^T and C */
     one(GDN_GEMM_ACC, 4500, 37, 40, 2);
     one(GDN_GEMM_A_TRANS | GDN_GEMM_A_BF16 | GDN_GEMM_B_TRANS, 4500, 37, 40, 2);
+    column_owned();
     rounding();
     controls();
     /* the one-thread small GEMM of the chunk kernel (gdn_gemm_bf16): the same checks and

@@ -420,8 +420,10 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
 
 size_t gdn_matmul_ws_floats(int threads) {
     if (threads < 1) threads = 1;
-    /* shared B panel (NC rounded to NR) + one A block per thread + alignment slack */
-    return (size_t)KC * ((NC + NR - 1) / NR * NR) + (size_t)threads * ((MC + MR - 1) / MR * MR * KC + 16) + 16;
+    /* shared B panel (NC rounded to NR; one more micro-panel a thread where each owns a
+     * region of it) + one A block per thread + alignment slack */
+    return (size_t)KC * NR * ((NC + NR - 1) / NR + (size_t)threads) +
+           (size_t)threads * ((MC + MR - 1) / MR * MR * KC + 16) + 16;
 }
 
 void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
@@ -443,7 +445,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
         return;
     }
     float *bpack = align64(ws);
-    float *apack0 = bpack + (size_t)KC * ((NC + NR - 1) / NR * NR);
+    float *apack0 = bpack + (size_t)KC * NR * ((NC + NR - 1) / NR + (size_t)threads);
     const int64_t ablock = (int64_t)((MC + MR - 1) / MR * MR) * KC + 16; /* + slack, see pack_a */
     /* Row blocks of about MC rows (whole MR panels, sizes balanced); when there are fewer row
      * blocks than threads, each row block is also split into column groups. The work items
@@ -453,17 +455,45 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
     const int64_t nblk = (mpanels + ppb_max - 1) / ppb_max;
     const int64_t ppb = (mpanels + nblk - 1) / nblk; /* panels per row block */
     const int64_t nblk_m = (mpanels + ppb - 1) / ppb;
+    /* Few row blocks (m up to a few thousand rows: a sequence shard, the loss head's chunk)
+     * against many columns: each thread owns a column range of every panel instead, packs its
+     * own B micro-panels and every A block, and never waits for the other within the product.
+     * Shared row blocks would be handed out a few per slice (4 at m = 512: 20 panels against
+     * 17), the slower thread setting every slice's pace (the lm_head's 512 x 248,320 x 1024 ran
+     * at 71 % of the peak there against 92 % with many blocks); packing A once per thread costs
+     * about 1 / (2 n / threads) of the FLOPs. */
+    const int own_cols = nblk_m < 4 * threads && n >= 4 * NR * threads;
 #pragma omp parallel num_threads(threads)
     {
         const gdn_fpmode fm = gdn_fp_fast_begin();
         const int nt = omp_get_num_threads(), t = omp_get_thread_num();
         float *apack = apack0 + t * ablock;
         const int64_t tn = nblk_m >= nt ? 1 : nt, items = nblk_m * tn;
+        const int64_t own_panels = (NC + NR - 1) / NR / nt + 1; /* the most a thread packs */
         for (int64_t jc = 0; jc < n; jc += NC) {
             const int64_t nc = min64(NC, n - jc), npan = (nc + NR - 1) / NR;
             for (int64_t pc = 0; pc < kk; pc += KC) {
                 const int64_t kc = min64(KC, kk - pc);
                 const int acc_k = acc || pc > 0;
+                if (own_cols) {
+                    /* the thread's panels in a region of its own: another thread may already
+                     * be packing the next slice, whose narrower last panel splits differently */
+                    const int64_t q_lo = npan * t / nt, q_hi = npan * (t + 1) / nt;
+                    float *own = bpack + t * own_panels * KC * NR - q_lo * kc * NR;
+                    for (int64_t q = q_lo; q < q_hi; q++)
+                        pack_b_panel(own + q * kc * NR, B, ldb, b_trans, bf, pc, kc, jc + q * NR,
+                                     (int)min64(NR, nc - q * NR));
+                    for (int64_t ib = 0; ib < nblk_m && q_lo < q_hi; ib++) {
+                        const int64_t ic = ib * ppb * MR, mc = min64(ppb * MR, m - ic);
+                        pack_a(apack, A, lda, a_trans, ic, mc, pc, kc);
+                        for (int64_t ir = 0; ir < mc; ir += MR)
+                            for (int64_t q = q_lo; q < q_hi; q++)
+                                micro(kc, apack + ir * kc, own + q * kc * NR,
+                                      C + (ic + ir) * ldc + jc + q * NR, ldc, acc_k,
+                                      (int)min64(MR, mc - ir), (int)min64(NR, nc - q * NR));
+                    }
+                    continue;
+                }
                 for (int64_t q = t; q < npan; q += nt)
                     pack_b_panel(bpack + q * kc * NR, B, ldb, b_trans, bf, pc, kc, jc + q * NR,
                                  (int)min64(NR, nc - q * NR));

@@ -872,6 +872,12 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
     GDN_ASSERT(ws || buf);
     char *apack = (char *)(((uintptr_t)(ws ? ws : buf) + 63) & ~(uintptr_t)63), *bpack = apack + abytes;
     const int64_t nblk = (mpanels + MCP - 1) / MCP;
+    /* Few row blocks against many columns (the loss head's chunk against the vocabulary): each
+     * thread owns a range of the columns and packs its own B micro-panels, with no wait for the
+     * others within the slice (a shared panel costs a barrier per NC columns: 243 of them in the
+     * loss head's 512 x 248,320 x 1024). The same micro-kernel calls over the same depth: the
+     * same bits. */
+    const int own_cols = nblk < 4 * threads && n >= 4 * NR * threads && NC / NR >= threads;
 #pragma omp parallel num_threads(threads)
     {
         const unsigned fm = gdn_bf16_thread_begin(path);
@@ -900,6 +906,25 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                         pack_a_v((uint32_t *)apack + ip * MR * kp * (fb + 1), A, abf, at, lda, ip * MR, mr, pc,
                                  kc, kp, fb, hw);
                 }
+            }
+            if (own_cols) {
+                /* this thread's micro-panels of the whole width, cap at a time into its own
+                 * part of the B panel; every row panel against them (the A panel in L1) */
+                const int64_t p_all = (n + NR - 1) / NR, cap = (min64(NC, n) + NR - 1) / NR / nt; /* ws_parts */
+                uint32_t *own = (uint32_t *)bpack + tid * cap * kp * NR;
+                for (int64_t q0 = p_all * tid / nt, q_hi = p_all * (tid + 1) / nt; q0 < q_hi; q0 += cap) {
+                    const int64_t nq = min64(cap, q_hi - q0);
+                    for (int64_t q = 0; q < nq; q++)
+                        pack_b(own + q * kp * NR, B, bbf, bt, ldb, pc, kc, kp, (q0 + q) * NR,
+                               (int)min64(NR, n - (q0 + q) * NR), hw);
+                    for (int64_t ip = 0; ip < mpanels; ip++)
+                        for (int64_t q = 0; q < nq; q++)
+                            mk_run(path, apack, ip, MR, kcp, 0, kcp, own + q * kp * NR,
+                                   C + ip * MR * ldc + (q0 + q) * NR, ldc, acc_k, (int)min64(MR, m - ip * MR),
+                                   (int)min64(NR, n - (q0 + q) * NR));
+                }
+#pragma omp barrier /* (the A slice is repacked next) */
+                continue;
             }
             for (int64_t jc = 0; jc < n; jc += NC) {
                 const int64_t nc = min64(NC, n - jc), npan = (nc + NR - 1) / NR;

@@ -81,13 +81,17 @@ struct gdn_model_plan {
     size_t arena_bytes;
 };
 
-/* The loss head runs over chunks of rows: LOSS_ROWS at most, fewer for a large vocabulary so that
- * one chunk's logits stay near LOSS_FLOATS floats (64 MiB: 67 rows of Qwen3.5's 248,320; a byte
- * vocabulary keeps 1024), never fewer than LOSS_MIN_ROWS. Nothing else is per token x vocab. */
+/* The loss head runs over chunks of rows: LOSS_ROWS at most, never fewer than LOSS_MIN_ROWS. A
+ * chunk's logits take LOSS_FLOATS floats (64 MiB; a byte vocabulary keeps 1024 rows) or, where
+ * the vocabulary is large, up to half the lm_head's own size (E / 2 rows): each chunk streams the
+ * whole lm_head through three products, so a chunk of few rows is bound by that read and by
+ * packing it, not by its FLOPs (Qwen3.5's 248,320 x 1024: 512 rows, 0.5 GB, where 67 rows made
+ * the packing 10 % of a step). Nothing else is per token x vocab. */
 enum { LOSS_ROWS = 1024, LOSS_MIN_ROWS = 16 };
 #define LOSS_FLOATS ((int64_t)1 << 24)
 static int64_t loss_rows(const gdn_model_config *c) {
-    const int64_t r = LOSS_FLOATS / (c->vocab > 0 ? c->vocab : 1);
+    int64_t r = LOSS_FLOATS / (c->vocab > 0 ? c->vocab : 1);
+    if (r < c->E / 2) r = c->E / 2;
     return r > LOSS_ROWS ? LOSS_ROWS : r < LOSS_MIN_ROWS ? LOSS_MIN_ROWS : r;
 }
 
@@ -273,7 +277,7 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     }
     const int nacts = r->recompute ? 1 : (int)c->L;
     p->acts = calloc((size_t)nacts, sizeof *p->acts);
-    p->arena = aligned_alloc(64, sizeof(float) * floats);
+    p->arena = gdn_alloc_large(sizeof(float) * floats);
     const size_t nstats = 2 * (size_t)c->n_experts + 1;
     p->router_stats = calloc(2 * nstats + 2 * (size_t)c->n_experts +
                                  (size_t)(gdn_model_moe_layers(c) * c->n_experts), sizeof(double));

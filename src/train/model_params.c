@@ -21,6 +21,11 @@ int gdn_model_config_named(const char *name, gdn_model_config *c) {
      * is the dense form's I, the aux loss on with Qwen's coefficient 0.001 */
 #define MOE(n_, k_, I_, Is_) .n_experts = n_, .top_k = k_, .moe_I = I_, .shared_I = Is_, .norm_topk = 1, \
                              .router_aux = 1, .router_aux_coef = 1e-3
+    /* Qwen3.5's published dense shapes (their config.json): the 248,320-token vocabulary, tied,
+     * 24 layers, GatedDeltaNet heads of 128, attention 8/2 heads of 256 with 64 rotary dims */
+#define QWEN35(E_, I_)                                                                                     \
+    {.vocab = 248320, .E = E_, .L = 24, .I = I_, .Hk = 16, .Hv = 16, .K = 128, .V = 128, .Kc = 4, .eps = 1e-6f, \
+     .tie_embeddings = 1, .H = 8, .Hkv = 2, .d = 256, .R = 64, .rope_theta = 1e7, .max_position = 262144}
 #define HYBRID_MOE(E_, L_, Hk_, Hv_, K_, V_, H_, Hkv_, d_, ...)                                               \
     {.vocab = 256, .E = E_, .L = L_, .Hk = Hk_, .Hv = Hv_, .K = K_, .V = V_, .Kc = 4, .eps = 1e-6f, .H = H_,  \
      .Hkv = Hkv_, .d = d_, .R = (d_) / 4, .rope_theta = 1e7, MOE(__VA_ARGS__)}
@@ -32,7 +37,11 @@ int gdn_model_config_named(const char *name, gdn_model_config *c) {
         /* E, L, Hk, Hv, K, V, H, Hkv, d, experts, top_k, moe_I, shared_I */
         {"tiny-moe", HYBRID_MOE(128, 4, 1, 2, 32, 32, 2, 1, 32, 8, 2, 64, 64)},
         {"small-moe", HYBRID_MOE(256, 4, 2, 4, 64, 64, 4, 2, 64, 32, 4, 128, 256)},
+        /* E, I */
+        {"qwen3.5-0.8b", QWEN35(1024, 3584)},
+        {"qwen3.5-2b", QWEN35(2048, 6144)},
     };
+#undef QWEN35
 #undef HYBRID_MOE
 #undef MOE
 #undef HYBRID

@@ -504,10 +504,10 @@ static int setup(trainer *t) {
     t->nw = gdn_model_param_floats(&t->cfg);
     if (t->nw > (size_t)INT32_MAX) rc = gdn_fail(GDN_ERR_SHAPE, "%zu parameters: more than one MPI message holds", t->nw);
     const size_t bytes = sizeof(float) * ((t->nw + 15) & ~(size_t)15);
-    if (!rc && !(t->w = aligned_alloc(64, bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "parameters (%zu floats)", t->nw);
-    if (!rc && !(t->dw = aligned_alloc(64, bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
-    if (!rc && !(t->m = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
-    if (!rc && !(t->v = calloc(t->nw, sizeof(float)))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
+    if (!rc && !(t->w = gdn_alloc_large(bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "parameters (%zu floats)", t->nw);
+    if (!rc && !(t->dw = gdn_alloc_large(bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
+    if (!rc && !(t->m = gdn_alloc_large_zeroed(bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
+    if (!rc && !(t->v = gdn_alloc_large_zeroed(bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
     if (!rc && !(t->router = calloc(2 * (size_t)t->cfg.n_experts + 1, sizeof(double))))
         rc = gdn_fail(GDN_ERR_NOMEM, "the routers' statistics");
     if (!rc && !(t->load = calloc(2 * (size_t)(gdn_model_moe_layers(&t->cfg) * t->cfg.n_experts) + 1, sizeof(double))))
