@@ -7,6 +7,7 @@ fp32 logits (logits.io) and of the exact float64 ones (model_grads.io); generate
 equal. Every comparison has a negative control that the same check must reject: the logits of a
 model with one layer's weights perturbed, or of shifted input ids; a shorter prompt or a
 perturbed model for generation; another seed for sampling."""
+import ctypes
 import json
 import os
 import shutil
@@ -708,3 +709,141 @@ def test_loss_refuses_bad_input(tiny):
         tiny.loss([[1, 2]], compute="fp16")
     with pytest.raises(ValueError, match=r"\[B, T\]"):
         tiny.loss_and_grads([1, 2, 3])
+
+
+# ----------------------------------------------------------------------------- gradient buffer, AdamW
+
+def test_loss_and_grads_out_is_overwritten_with_each_calls_gradient(tiny):
+    """loss_and_grads(out=buf): the gradient written into the caller's buffer (every returned
+    array a view of it, nothing parameter-sized allocated), overwriting what it held: with buf
+    full of stale values the result is still the exact float64 gradient (1e-4) and the fresh
+    call's (out=None); a second call with other ids makes the same views that call's fresh
+    gradient. Controls through the same checks: the first call's values (a stale buffer, as if
+    the second call had not written) against the second fresh gradient, and the second call's
+    result against the first call's exact gradient, both rejected."""
+    exact = read_safetensors(os.path.join(TINY, "model_grads.io.safetensors"))
+    ids = exact["input_ids"]
+    other = ids.copy()
+    other[0, 1:] = ids[1, 1:]
+    buf = tiny.grad_buffer()
+    assert buf.dtype == np.float32 and buf.shape == (tiny.grad_size,) and buf.ctypes.data % 64 == 0
+    buf[:] = 7.0                                              # stale contents
+    loss, g = tiny.loss_and_grads(ids, out=buf)
+    assert all(np.shares_memory(a, buf) for a in g.values())
+    fresh_loss, fresh = tiny.loss_and_grads(ids)
+    assert loss == fresh_loss and not any(np.shares_memory(a, buf) for a in fresh.values())
+
+    def same(x, y):   # the check every comparison below goes through
+        return max(rel_err(x[n], y[n]) for n in y) <= 1e-6
+    assert same(g, fresh)
+    assert max(rel_err(g[n], exact["grad." + n]) for n in g) < 1e-4
+    first = {n: a.copy() for n, a in g.items()}
+    loss2, g2 = tiny.loss_and_grads(other, out=buf)
+    _, fresh2 = tiny.loss_and_grads(other)
+    assert loss2 != loss and all(np.shares_memory(a, buf) for a in g2.values())
+    assert same(g2, fresh2) and same(g, fresh2)               # the old views show the new gradient
+    assert not same(first, fresh2)                            # control: a stale buffer is rejected
+    assert max(rel_err(g2[n], exact["grad." + n]) for n in g2) > 1e-4   # control: other ids
+
+
+def test_loss_and_grads_out_refuses_what_is_not_a_gradient_buffer(tiny):
+    n = tiny.grad_size
+    ids = [[1, 2, 3, 4]]
+    with pytest.raises(TypeError, match="grad_buffer"):
+        tiny.loss_and_grads(ids, out=[0.0] * n)
+    with pytest.raises(ValueError, match="grad_size"):
+        tiny.loss_and_grads(ids, out=np.zeros(n - 1, np.float32))
+    with pytest.raises(ValueError, match="grad_size"):
+        tiny.loss_and_grads(ids, out=np.zeros(n, np.float64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        tiny.loss_and_grads(ids, out=np.zeros(2 * n, np.float32)[::2])
+    w = next(iter(tiny.state_dict().values())).base           # the weights themselves
+    assert w is not None and w.size >= n
+    with pytest.raises(ValueError, match="overlaps the model's weights"):
+        tiny.loss_and_grads(ids, out=tiny._w)
+    ok = tiny.grad_buffer()
+    tiny.loss_and_grads(ids, out=ok)                          # control: a right buffer is taken
+
+
+def _decay_flags(m):
+    c = ctypes.byref(m._cfg)
+    out = {}
+    for i in range(L.gdn_model_tensor_count(c)):
+        info = L.ModelTensorInfo()
+        L.gdn_model_tensor(c, i, ctypes.byref(info))
+        out[info.name.decode()] = bool(info.decay)
+    return out
+
+
+def _adamw_reference(sd, grads, state, t, lr, b1, b2, eps, wd, decay, scale=1.0, bias_correction=True):
+    """torch.optim.AdamW's update in float64 on {name: array}, in place of sd."""
+    for n, g in grads.items():
+        g = g.astype(np.float64) * scale
+        m, v = state.setdefault(n, (np.zeros(g.shape), np.zeros(g.shape)))
+        m[...] = b1 * m + (1 - b1) * g
+        v[...] = b2 * v + (1 - b2) * g * g
+        c1, c2 = (1 - b1 ** t, 1 - b2 ** t) if bias_correction else (1.0, 1.0)
+        w = sd[n].astype(np.float64) * (1 - lr * wd if decay[n] else 1.0)
+        sd[n][...] = w - lr * (m / c1) / (np.sqrt(v / c2) + eps)
+
+
+def test_adamw_step_is_loss_and_grads_then_torchs_adamw():
+    """model.adamw().step(ids): the loss and gradient of loss_and_grads at the current weights,
+    then torch.optim.AdamW's update (decoupled decay on the decayed tensors only, bias-corrected
+    moments, clipping by the global norm): three steps (the third clipped) against a float64
+    reference driven by loss_and_grads on a second model from the same checkpoint; every
+    weight within 1e-5 of it (max-abs / max-abs per tensor), the losses equal, grad_norm the
+    float64 norm. Control: the reference without bias correction fails the same weight check."""
+    ids = np.random.default_rng(11).integers(0, 256, size=(2, 33))
+    lr, b1, b2, eps, wd = 3e-3, 0.9, 0.95, 1e-8, 0.1
+    with gdncp.Model.from_pretrained(TINY, threads=1) as m, \
+            gdncp.Model.from_pretrained(TINY, threads=1) as ref, \
+            gdncp.Model.from_pretrained(TINY, threads=1) as ctl:
+        decay = _decay_flags(m)
+        assert any(decay.values()) and not all(decay.values())
+        opt = m.adamw(lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+        state, state_c = {}, {}
+        sd, sd_ref, sd_ctl = m.state_dict(), ref.state_dict(), ctl.state_dict()
+        for t in (1, 2, 3):
+            if t == 3:
+                opt.clip = 0.5 * opt.grad_norm                 # the third step clipped
+            loss = opt.step(ids)
+            loss_ref, g = ref.loss_and_grads(ids)
+            assert loss == loss_ref or t > 1 and abs(loss - loss_ref) < 1e-6 * loss_ref
+            norm = float(np.sqrt(sum(np.sum(x.astype(np.float64) ** 2) for x in g.values())))
+            assert abs(opt.grad_norm - norm) <= 1e-5 * norm, (opt.grad_norm, norm)
+            scale = opt.clip / norm if opt.clip and norm > opt.clip else 1.0
+            assert (scale < 1) == (t == 3)
+            _adamw_reference(sd_ref, g, state, t, lr, b1, b2, eps, wd, decay, scale)
+            _, gc = ctl.loss_and_grads(ids)
+            _adamw_reference(sd_ctl, gc, state_c, t, lr, b1, b2, eps, wd, decay, scale, bias_correction=False)
+        assert opt.steps == 3
+
+        def close(x, y):
+            return max(rel_err(x[n], y[n]) for n in y) < 1e-5
+        assert close(sd, sd_ref)
+        assert not close(sd, sd_ctl)                           # control: no bias correction
+        assert not close(sd, gdncp.Model.from_pretrained(TINY, threads=1).state_dict())   # it moved
+        assert set(opt.grads) == set(sd) and all(np.shares_memory(a, opt.grad) for a in opt.grads.values())
+
+
+def test_adamw_refuses_bad_settings_and_a_diverged_step(tiny):
+    with pytest.raises(ValueError, match="betas"):
+        tiny.adamw(betas=0.9)
+    with pytest.raises(ValueError, match="lr"):
+        tiny.adamw(lr=float("nan"))
+    with pytest.raises(TypeError):
+        gdncp.model.AdamW(object())
+    with gdncp.Model.from_pretrained(TINY, threads=1) as m:
+        sd = m.state_dict()
+        name = next(n for n in sd if n.endswith("embed_tokens.weight"))
+        sd[name][3, 0] = np.inf                                # a non-finite weight: the loss diverges
+        before = {n: a.copy() for n, a in sd.items()}
+        opt = m.adamw()
+        with pytest.raises((FloatingPointError, ValueError)):
+            opt.step([[3, 4, 5]])
+        assert opt.steps == 0
+        assert all(np.array_equal(sd[n], before[n]) for n in sd)   # nothing applied
+        sd[name][3, 0] = 0.0
+        opt.step([[3, 4, 5]])                                   # control: a finite step applies
+        assert opt.steps == 1 and not all(np.array_equal(sd[n], before[n]) for n in sd if n != name)

@@ -331,9 +331,15 @@ class AdamwConfig(ctypes.Structure):
 
 
 gdn_adamw_default = _proto("gdn_adamw_default", AdamwConfig)
+gdn_adamw_check = _proto("gdn_adamw_check", c_int, POINTER(AdamwConfig))
+gdn_adamw_lr = _proto("gdn_adamw_lr", c_double, POINTER(AdamwConfig), c_int64)
 # (cfg, model cfg, w, dw, m, v, step (1-based), lr, grad_scale, threads)
 gdn_adamw_update = _proto("gdn_adamw_update", None, POINTER(AdamwConfig), P_mcfg, P_float, P_float,
                           P_float, P_float, c_int64, c_double, c_double, c_int)
+# the Euclidean norm of a flat gradient over the model's tensors (padding excluded), in double
+gdn_grad_norm = _proto("gdn_grad_norm", c_double, P_mcfg, P_float)
+# FLOPs of a training step per token at T (6 x parameters + the mixers', the trainer's count)
+gdn_model_train_flops_per_token = _proto("gdn_model_train_flops_per_token", c_double, P_mcfg, c_int64)
 gdn_model_tensor_count = _proto("gdn_model_tensor_count", c_int, P_mcfg)
 gdn_model_tensor = _proto("gdn_model_tensor", c_int, P_mcfg, c_int, POINTER(ModelTensorInfo))
 # (dec, cfg, B, max_len, threads); prefill (dec, w, tokens [B,T], T, logits [B,T,vocab]);
@@ -378,6 +384,40 @@ def check(status, what):
     if status in (1, 2, 3, 8):  # ARG, SHAPE, NONFINITE, DTYPE: the caller's values
         raise ValueError(str(err)) from None
     raise err
+
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_empty(n, dtype=np.float32):
+    """An uninitialised (in fact zero-filled) 1-D array of n elements, as the C side's
+    gdn_alloc_large allocates: from one huge page (2 MiB) up, a private anonymous mapping whose
+    data starts on a 2 MiB boundary and that is advised MADV_HUGEPAGE (transparent huge pages where
+    the kernel offers them only on request, the "madvise" setting); below that a plain array,
+    64-byte aligned. Model weights, gradients and moments are GBs: in 4 KiB pages their first
+    writes are a second of page faults per GB and every pass over them walks the TLB. The array
+    keeps its mapping alive (its base); the advice is only advice: refused, nothing but speed
+    changes."""
+    import mmap
+    dtype = np.dtype(dtype)
+    n = int(n)
+    nbytes = n * dtype.itemsize
+    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        raw = np.empty(nbytes + 64, np.uint8)
+        off = -raw.ctypes.data % 64
+        return raw[off:off + nbytes].view(dtype)
+    # private: a shared anonymous mapping is shmem, whose huge pages follow shmem_enabled
+    # ("never" by default), not the madvise setting; page-aligned: at most 2 MiB - 4 KiB to skip
+    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    a = np.frombuffer(m, np.uint8)
+    off = -a.ctypes.data % HUGE_PAGE
+    length = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE, off, min(length, len(m) - off))
+    except (OSError, ValueError):
+        pass
+    del a
+    return np.frombuffer(m, dtype, n, off)
 
 
 def f32p(a):

@@ -8,6 +8,9 @@ Qwen3.5 checkpoint or a `gdncp train` output directory.
     m.generate_text("prompt", max_new_tokens=N)
     m.loss(input_ids)                        # transformers' model(ids, labels=ids).loss
     loss, grads = m.loss_and_grads(input_ids)  # and d loss / d every parameter, by name
+    loss, grads = m.loss_and_grads(input_ids, out=buf)   # into buf = m.grad_buffer(), no allocation
+    opt = m.adamw(lr=1e-3)                   # gdncp train's step: the C AdamW, persistent moments
+    loss = opt.step(input_ids)               # forward, backward, clipping, update; no allocation
     m.state_dict()                           # {name: float32 view of the weights}
 
 `loss` and `loss_and_grads` are the training step's forward and backward (gdn_model_forward /
@@ -31,7 +34,7 @@ import numpy as np
 
 from . import _lib as L
 
-__all__ = ["Model", "ModelConfig"]
+__all__ = ["Model", "ModelConfig", "AdamW"]
 
 
 @dataclass(frozen=True)
@@ -161,15 +164,14 @@ class Model:
             raise ValueError(f"gdncp.Model: vocab {cfg.vocab} does not fit the token type "
                              f"{np.dtype(L.TOKEN_DTYPE)}")
         n = L.gdn_model_param_floats(ctypes.byref(cfg))
-        raw = np.empty(n + 16, np.float32)            # 64-byte aligned, as the C side allocates
-        off = (-raw.ctypes.data % 64) // 4
-        w = raw[off:off + n]
+        # as the C trainer's (gdn_alloc_large): 2 MiB-aligned, in transparent huge pages
+        w = raw = L.huge_empty(n, np.float32)
         L.check(L.gdn_ckpt_load(os.fsencode(d), ctypes.byref(cfg), L.f32p(w), None, None, None),
                 f"gdncp.Model: {d}/model.safetensors")
         m = object.__new__(cls)
         m._cfg, m._raw, m._w, m._threads, m._dir, m._path = cfg, raw, w, threads, d, path
         m._plan, m._plan_bt, m._tokenizer = None, None, None
-        m._train_plan, m._train_key = None, None
+        m._train_plan, m._train_key, m._tensor_table = None, None, None
         if tokenizer is not None:
             m._tokenizer = m._load_tokenizer(tokenizer)
         m._lock = threading.RLock()
@@ -289,14 +291,69 @@ class Model:
             return {n: self._w[o:o + k].reshape(sh) for n, o, k, sh in self._tensors()}
 
     def _tensors(self):
-        c = ctypes.byref(self._cfg)
-        out = []
-        for i in range(L.gdn_model_tensor_count(c)):
-            info = L.ModelTensorInfo()
-            L.check(L.gdn_model_tensor(c, i, ctypes.byref(info)), "gdncp.Model: tensor table")
-            out.append((info.name.decode(), int(info.offset), int(info.numel),
-                        tuple(int(info.shape[d]) for d in range(info.ndim))))
+        if self._tensor_table is None:      # fixed by the config: read once
+            c = ctypes.byref(self._cfg)
+            out = []
+            for i in range(L.gdn_model_tensor_count(c)):
+                info = L.ModelTensorInfo()
+                L.check(L.gdn_model_tensor(c, i, ctypes.byref(info)), "gdncp.Model: tensor table")
+                out.append((info.name.decode(), int(info.offset), int(info.numel),
+                            tuple(int(info.shape[d]) for d in range(info.ndim))))
+            self._tensor_table = tuple(out)
+        return self._tensor_table
+
+    def _views(self, flat):
+        """{name: view of flat} in the gradient layout (state_dict()'s names and shapes)."""
+        return {n: flat[o:o + k].reshape(sh) for n, o, k, sh in self._tensors()}
+
+    @property
+    def grad_size(self):
+        """Floats of the flat gradient (= of the flat weights, padding included): the size of
+        grad_buffer() and of loss_and_grads' out."""
+        return int(L.gdn_model_param_floats(ctypes.byref(self._cfg)))
+
+    def grad_buffer(self):
+        """A new flat float32 array of grad_size floats for loss_and_grads(out=...), allocated as
+        the C trainer allocates its gradient: 2 MiB-aligned, in transparent huge pages."""
+        return L.huge_empty(self.grad_size, np.float32)
+
+    def _check_out(self, out):
+        n = self.grad_size
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy float32 array of {n} floats (grad_buffer()), "
+                            f"not {type(out).__name__}")
+        if out.dtype != np.float32 or out.ndim != 1 or out.size != n:
+            raise ValueError(f"out must be a flat float32 array of grad_size = {n} floats "
+                             f"(grad_buffer()), got {out.dtype} of shape {tuple(out.shape)}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out must be C-contiguous and writeable (grad_buffer())")
+        if np.may_share_memory(out, self._w):
+            raise ValueError("out overlaps the model's weights (state_dict()'s arrays): give a "
+                             "buffer of its own (grad_buffer())")
         return out
+
+    def _omp_threads(self):
+        """The threads count the plans run on (threads=0: OMP_NUM_THREADS, else the CPUs this
+        process may run on), for the calls that need a number (AdamW)."""
+        if self._threads > 0:
+            return self._threads
+        try:
+            n = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
+            if n > 0:
+                return n
+        except ValueError:
+            pass
+        try:
+            return len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return os.cpu_count() or 1
+
+    def adamw(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip=0.0):
+        """An AdamW optimizer on this model's weights (the C library's, gdn_adamw_update, which
+        `gdncp train` runs; torch.optim.AdamW's defaults): opt.step(input_ids) is one training
+        step. It owns the gradient buffer and the two moments (3 x the weights' memory, allocated
+        here once); see AdamW."""
+        return AdamW(self, lr, betas, eps, weight_decay, clip)
 
     def loss(self, input_ids, compute="fp32"):
         """transformers' `model(input_ids, labels=input_ids).loss`: the mean over the B (T - 1)
@@ -308,18 +365,28 @@ class Model:
         with self._lock:
             return self._step(input_ids, compute, False, False)[0]
 
-    def loss_and_grads(self, input_ids, compute="fp32", recompute=False):
+    def loss_and_grads(self, input_ids, compute="fp32", recompute=False, out=None):
         """(loss, grads): loss as `loss` gives it, and grads {name: float32 array} the gradient
         of that loss with respect to every parameter (state_dict()'s names and shapes; a tied
         model's embedding gradient holds the output head's share too), as transformers'
         `loss.backward()` leaves them in `.grad`. recompute=True keeps only each layer's input
-        in the forward and recomputes the layer in the backward (less memory, ~1.3x the time)."""
-        with self._lock:
-            loss, dw = self._step(input_ids, compute, True, bool(recompute))
-            return loss, {n: dw[o:o + k].reshape(sh) for n, o, k, sh in self._tensors()}
+        in the forward and recomputes the layer in the backward (less memory, ~1.3x the time).
 
-    def _step(self, input_ids, compute, grads, recompute):
-        """(loss, the flat gradient in the C layout, or None without grads)."""
+        out=None: the gradients are views of a new flat array (a parameter-sized allocation a
+        call; each call's result is its own). out=buf (grad_buffer(), or any C-contiguous
+        writeable float32 array of grad_size floats apart from the weights): the gradient is
+        written into buf, overwriting it (not accumulated), and grads are views of buf, so the
+        next call with the same buf overwrites them: copy what must outlive it. No
+        parameter-sized allocation then; AdamW.step goes further (moments and update in C)."""
+        if out is not None:
+            self._check_out(out)
+        with self._lock:
+            loss, dw = self._step(input_ids, compute, True, bool(recompute), out)
+            return loss, self._views(dw)
+
+    def _step(self, input_ids, compute, grads, recompute, dw=None):
+        """(loss, the flat gradient in the C layout (written into dw when given, else into a new
+        array), or None without grads)."""
         self._live()
         if compute not in ("fp32", "bf16"):
             raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
@@ -361,7 +428,8 @@ class Model:
             loss += self._cfg.router_aux_coef * L.gdn_model_aux_loss(self._train_plan)
         if not grads:
             return loss, None
-        dw = np.empty_like(self._w)
+        if dw is None:
+            dw = L.huge_empty(self._w.size, np.float32)
         L.check(L.gdn_model_backward(self._train_plan, L.f32p(self._w), L.f32p(dw), tok),
                 "gdncp.Model.loss_and_grads")
         return loss, dw
@@ -596,3 +664,82 @@ class Model:
             new = self._generate(a, N, samp, seed, eos, 0, stop=stop, cache_dtype=cdt)[0]
         cut = next((i for i, t in enumerate(new) if int(t) in eos), len(new))
         return self.decode(new[:cut])
+
+
+class AdamW:
+    """One `gdncp train` step on a gdncp.Model from Python: opt = model.adamw(lr=...), then
+    loss = opt.step(input_ids) per batch runs the forward and backward (loss_and_grads'), the
+    global gradient norm (gdn_grad_norm), clipping to `clip` (0: none) and the C AdamW
+    (gdn_adamw_update: decoupled weight decay on the matrices and conv taps, not on norms,
+    A_log, dt_bias; bias-corrected moments), on the model's weights in place. Everything it
+    writes lives in buffers made once here (the gradient, exp_avg, exp_avg_sq: flat, in the
+    model's layout, 2 MiB-aligned transparent huge pages), so a step allocates nothing
+    parameter-sized and copies no weights: the trainer's step, through ctypes.
+
+    Attributes: lr (the next steps' rate; step(lr=) overrides it for one step, e.g. a schedule),
+    betas, eps, weight_decay, clip; steps (updates applied so far; the next is 1-based
+    steps + 1); grad_norm (the last step's, before clipping); grad (the last step's flat gradient,
+    before clipping: overwritten by the next step) and grads (its views by name);
+    exp_avg / exp_avg_sq (the flat moments). A step whose loss or gradient norm is not finite
+    raises FloatingPointError and leaves the weights and moments unchanged (the trainer's
+    "training diverged")."""
+
+    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip=0.0):
+        if not isinstance(model, Model):
+            raise TypeError(f"AdamW needs a gdncp.Model, not {type(model).__name__}")
+        model._live()
+        try:
+            b1, b2 = betas
+        except (TypeError, ValueError):
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
+        self.lr = _float_arg("lr", lr, lambda v: v >= 0, "a finite learning rate >= 0")
+        b1 = _float_arg("betas[0]", b1, lambda v: 0 <= v < 1, "a value in [0, 1)")
+        b2 = _float_arg("betas[1]", b2, lambda v: 0 <= v < 1, "a value in [0, 1)")
+        self.betas = (b1, b2)
+        self.eps = _float_arg("eps", eps, lambda v: v > 0, "a finite value > 0")
+        self.weight_decay = _float_arg("weight_decay", weight_decay, lambda v: v >= 0, "a value >= 0")
+        self.clip = _float_arg("clip", clip, lambda v: v >= 0, "a gradient-norm limit >= 0 (0: none)")
+        self._model = model
+        n = model.grad_size
+        self.grad = L.huge_empty(n, np.float32)
+        self.exp_avg = L.huge_empty(n, np.float32)
+        self.exp_avg_sq = L.huge_empty(n, np.float32)
+        self.exp_avg[:] = 0      # (a fresh mapping is zero already; a small array is not)
+        self.exp_avg_sq[:] = 0
+        self.steps = 0
+        self.grad_norm = float("nan")
+
+    def _config(self, lr):
+        a = L.gdn_adamw_default()
+        a.lr = a.min_lr = lr
+        a.warmup, a.steps = 0, 1 << 62          # the rate is given to every update
+        a.beta1, a.beta2 = self.betas
+        a.eps, a.weight_decay, a.clip = self.eps, self.weight_decay, self.clip
+        return a
+
+    @property
+    def grads(self):
+        """{name: view of grad}: the last step's gradient by name (overwritten by the next step)."""
+        return self._model._views(self.grad)
+
+    def step(self, input_ids, compute="fp32", recompute=False, lr=None):
+        """One training step on input_ids [B, T] (the loss of loss_and_grads, compute and
+        recompute as there): the gradient into self.grad, then clipping and the AdamW update of
+        the model's weights (at lr, default self.lr). Returns the loss (before the update)."""
+        m = self._model
+        lr = self.lr if lr is None else _float_arg("lr", lr, lambda v: v >= 0, "a finite learning rate >= 0")
+        a = self._config(lr)
+        with m._lock:
+            loss, _ = m._step(input_ids, compute, True, bool(recompute), self.grad)
+            gnorm = float(L.gdn_grad_norm(ctypes.byref(m._cfg), L.f32p(self.grad)))
+            self.grad_norm = gnorm
+            if not (math.isfinite(loss) and math.isfinite(gnorm)):
+                raise FloatingPointError(f"gdncp AdamW step {self.steps + 1}: the loss ({loss}) or the "
+                                         f"gradient norm ({gnorm}) is not finite; the update was not "
+                                         "applied (training diverged: lower lr)")
+            scale = self.clip / gnorm if self.clip > 0 and gnorm > self.clip else 1.0
+            L.gdn_adamw_update(ctypes.byref(a), ctypes.byref(m._cfg), L.f32p(m._w), L.f32p(self.grad),
+                               L.f32p(self.exp_avg), L.f32p(self.exp_avg_sq), self.steps + 1, lr, scale,
+                               m._omp_threads())
+            self.steps += 1
+        return loss

@@ -203,19 +203,11 @@ _MOE_ADOPTED = {}   # id(router tensor) -> (a weak reference to it, the flat ten
 
 
 def _big_empty(n):
-    """An uninitialised float32 array of n; from 64 MiB up in transparent huge pages where the
-    kernel offers them (madvise): a fresh gradient of a real block is GBs, and 4 KiB pages made its
-    first writes a second of page faults."""
-    import mmap
-    nbytes = 4 * int(n)
-    if nbytes < (64 << 20) or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.empty(n, np.float32)
-    m = mmap.mmap(-1, nbytes)
-    try:
-        m.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:
-        pass
-    return np.frombuffer(m, np.float32, n)   # (the array keeps the mapping alive)
+    """An uninitialised float32 array of n in transparent huge pages (gdncp._lib.huge_empty: a
+    private mapping, 2 MiB-aligned, MADV_HUGEPAGE): a fresh gradient of a real block is GBs, and
+    4 KiB pages made its first writes a second of page faults."""
+    from ._lib import huge_empty
+    return huge_empty(n, np.float32)
 
 
 def _moe_layout(weights):
