@@ -1,7 +1,8 @@
 """python -m gdncp.bench: every section runs (--quick: toy sizes) and prints its numbers; the
 rule section's two sides agree (the comparison of test_torch.py, whose negative control covers
-it), and the model section's patched and unpatched first steps give the same loss, while a
-deliberately wrong rule under the patch does not (the control of that check). The generate
+it), and the model section's sides (each a process of its own) give transformers' first loss,
+while a deliberately wrong rule under the patch and other ids do not (the controls of that
+check). The generate
 section's greedy ids are transformers' (test_model.py holds that comparison's controls). The attention
 section's gdncp core agrees with torch's scaled_dot_product_attention (o, dq, dk, dv), and not with
 torch's unmasked attention (its control)."""
@@ -17,8 +18,8 @@ def test_bench_quick_runs_every_section(capsys):
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
     for needle in ("[rule]", "speed-up (transformers / gdncp)", "forward+backward", "[model]",
-                   "speed-up (transformers / gdncp.transformers.patch())",
-                   "speed-up (patched transformers / gdncp C model)", "BF16: patched transformers under",
+                   "speed-up (transformers / patched)", "gdncp.Model step / gdncp train step",
+                   "% fp32 pk", "peak RSS", "first losses relative to transformers'",
                    "[overhead]",
                    "gdncp.torch / C ", "[conv]", "% of the patched layer", "threads", "CPU ",
                    "[bf16]", "gdncp bf16 / fp32 speed-up", "the autocast step",
@@ -58,20 +59,55 @@ def test_bench_gemm_rows_within_their_precision():
     assert pk32 > 0 and "bf16" in path
 
 
-def test_bench_model_losses_agree_and_wrong_rule_differs(monkeypatch):
-    _, losses, _ = bench.run_model(B=1, T=48, reps=1)
-    rel = abs(losses["gdncp"] - losses["transformers"]) / abs(losses["transformers"])
-    assert rel < 1e-5, losses
-    rel_c = abs(losses["gdncp C model"] - losses["transformers"]) / abs(losses["transformers"])
-    assert rel_c < 1e-5, losses
-    for n in ("gdncp autocast bf16", "gdncp C model bf16"):   # BF16's accuracy, and not fp32's
-        rel_b = abs(losses[n] - losses["transformers"]) / abs(losses["transformers"])
-        assert 1e-7 < rel_b < 2e-2, (n, losses)
+def test_bench_model_sides_run_in_their_own_processes_and_agree(monkeypatch, tmp_path):
+    """--what model at the tiny shape: every side a process of its own (python -m gdncp.bench
+    --model-worker SIDE; pids differ from this one's and from each other), each row with its
+    step time, tokens/s, fractions of the measured peaks and peak memory; the first-step losses of
+    the patched model and gdncp.Model fp32 equal transformers' within 1e-5, the BF16 sides' within
+    BF16's accuracy and not fp32's (their bf16 products ran); `gdncp train` (when a gdncp command
+    is found) runs the same checkpoint. Controls through the same 1e-5 check, run in this process
+    on the same checkpoint: the patched side with the rule's g dropped, and gdncp.Model fp32 on
+    other ids."""
+    import os
+    rows, info = bench.run_model("tiny", B=1, T=47, reps=1)
+    got = {n: (r, why) for n, r, why in rows}
+    assert list(got) == list(bench.MODEL_SIDES)
+    pids = []
+    for n, (r, why) in got.items():
+        if n.startswith("gdncp train") and r is None:
+            assert "no gdncp command" in why, why
+            continue
+        assert r is not None, (n, why)
+        assert r["step_s"] > 0 and r["tok_s"] > 0 and 0 < r["frac32"] and 0 < r["frac16"], r
+        assert r["peak_mb"] > 50, r
+        pids += [p for p in r.get("pids", []) if p is not None]
+    assert len(pids) == len(set(pids)) >= 5 and os.getpid() not in pids, pids
+    assert info["B"] == 1 and info["T"] == 47 and info["flops_per_token"] > 0 and info["peak32"] > 0
+
+    lt = got["transformers"][0]["loss"]
+
+    def agrees(loss):   # the check of every fp32 side
+        return abs(loss - lt) / abs(lt) < 1e-5
+    assert agrees(got["patched"][0]["loss"]) and agrees(got["gdncp.Model fp32"][0]["loss"]), rows
+    for n in ("patched autocast bf16", "gdncp.Model bf16"):
+        rel = abs(got[n][0]["loss"] - lt) / abs(lt)
+        assert 1e-7 < rel < 2e-2, (n, rows)
+    d = str(tmp_path / "ckpt")
+    bench.save_model_checkpoint(bench.model_shape_config("tiny"), d)
+    assert agrees(bench.model_side("gdncp.Model fp32", d, 1, 47, 1, 1)["loss"])   # this process, same checkpoint
+    assert not agrees(bench.model_side("gdncp.Model fp32", d, 1, 47, 1, 1, seed=4)["loss"])   # control: other ids
     real = gtf._RULES["chunk_gated_delta_rule"]
     monkeypatch.setitem(gtf._RULES, "chunk_gated_delta_rule",   # control: g dropped
                         lambda q, k, v, g=None, **kw: real(q, k, v, g=torch.zeros_like(g), **kw))
-    _, bad, _ = bench.run_model(B=1, T=48, reps=1, c_model=False, bf16=False)
-    assert abs(bad["gdncp"] - bad["transformers"]) / abs(bad["transformers"]) > 1e-4, bad
+    assert not agrees(bench.model_side("patched", d, 1, 47, 1, 1)["loss"])
+
+
+def test_bench_model_refuses_unknown_side(capsys):
+    try:
+        bench.main(["--what", "model", "--model-sides", "transformers,gpu"])
+    except SystemExit as e:
+        assert e.code == 2
+    assert "--model-sides" in capsys.readouterr().err
 
 
 def test_bench_refuses_unknown_section(capsys):

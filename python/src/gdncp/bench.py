@@ -8,10 +8,17 @@ the threads.
             backward of sum(o * w); their ratio and the outputs' agreement (max-abs error /
             max-abs of transformers' output). Shape: --B --T --Hk --Hv --K --V (default
             Qwen3.5-35B's GatedDeltaNet layer, Hk = 16, Hv = 32, K = V = 128, T = 1024).
-  model     a training step of transformers' Qwen3_5ForCausalLM (forward with labels, backward,
-            AdamW): its fallback against `with gdncp.transformers.patch()` and against gdncp's
-            C model (gdncp.Model.loss_and_grads + the C AdamW), same weights and inputs. Config: --model-config (a config.json; default: the golden qwen35_tiny shape,
-            E = 96, 3 GatedDeltaNet layers + 1 attention layer), --model-B, --model-T.
+  model     a training step (forward with labels, backward, AdamW), each side in a process of its
+            own (python -m gdncp.bench --model-worker SIDE; peak RSS its own), on one random
+            checkpoint and the same ids: transformers' Qwen3_5ForCausalLM unpatched, patched
+            (gdncp.transformers.patch()), patched under torch.autocast bf16, gdncp.Model's step
+            (Model.adamw().step: the C AdamW) in fp32 and bf16, and `gdncp train --init` on the
+            same checkpoint (fp32, --compute bf16) when a gdncp command is found (GDNCP_CLI,
+            build/gdncp, PATH): median step, tokens/s, fractions of the measured fp32 / BF16 peaks,
+            peak RSS, first loss. --model-shape tiny (default; B 8 T 512) | 0.8b (Qwen3.5-0.8B's
+            dimensions, vocabulary 248320 tied, 4 layers LLLF, B 1 T 2048) | 2b (E 2048, I 6144);
+            --model-layers, --model-B, --model-T, --model-rounds (sides in turn), --model-sides,
+            --model-config (a config.json instead of a shape).
   overhead  the binding's cost: gdncp.torch forward + backward (autograd) against the NumPy entry
             points (gdncp.chunk_forward(save=True) + chunk_backward) and against the C functions
             called straight through ctypes with the plan and outputs made once (gdn_forward_save +
@@ -64,12 +71,12 @@ thread count (0: torch's default), which gdncp's kernels use too.
 """
 import argparse
 import contextlib
-import copy
 import ctypes
 import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -186,69 +193,253 @@ def _model(config_path=None):
     return model
 
 
-def run_model(B=8, T=512, reps=5, config_path=None, c_model=True, bf16=True):
-    """A training step (forward with labels, backward, AdamW) of the fallback, of the patched
-    model and (c_model) of gdncp's C model (gdncp.Model.loss_and_grads and the C AdamW,
-    gdn_adamw_update, with torch.optim.AdamW's settings), from the same weights on the same
-    tokens; with bf16 also the patched model under torch.autocast("cpu", torch.bfloat16) and the
-    C model with compute="bf16": [(name, median s)], the first step's losses."""
-    import tempfile
-    from . import _lib as L
-    from . import transformers as gtf
-    from .model import Model
-    base = _model(config_path)
-    gen = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, base.config.vocab_size, (B, T), generator=gen)
-    losses, steps = {}, []
-    names = ["transformers", "gdncp"] + (["gdncp autocast bf16"] if bf16 else [])
-    for name in names:
-        model = copy.deepcopy(base)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+# The real shapes (the 248,320-token vocabulary, tied embeddings; issue 41): Qwen3.5-0.8B's and a
+# 2B-class model's dimensions (gdncp's named qwen3.5-0.8b / qwen3.5-2b) with --model-layers layers
+# (default 4: three GatedDeltaNet, one full attention), random weights.
+def _qwen35_config(E, I, layers):
+    return {
+        "model_type": "qwen3_5_text", "hidden_size": E, "intermediate_size": I,
+        "num_hidden_layers": layers, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+        "layer_types": ["full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(layers)],
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16, "linear_value_head_dim": 128, "vocab_size": 248320,
+        "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    }
 
-        def step(model=model, opt=opt, name=name):
-            with gtf.patch() if name != "transformers" else contextlib.nullcontext(), \
-                    torch.autocast("cpu", dtype=torch.bfloat16, enabled="bf16" in name):
+
+MODEL_SHAPES = {   # name -> (config maker(layers), default layers, default B, default T)
+    "tiny": (lambda layers: dict(TINY_CONFIG), 4, 8, 512),
+    "0.8b": (lambda layers: _qwen35_config(1024, 3584, layers), 4, 1, 2048),
+    "2b": (lambda layers: _qwen35_config(2048, 6144, layers), 4, 1, 2048),
+}
+
+# The sides of the model section, each run in a process of its own (its peak resident memory is
+# its own): transformers' model unpatched, patched, patched under BF16 autocast; gdncp.Model's
+# training step (gdncp.Model.adamw().step: forward, backward, clipping, the C AdamW) in fp32 and
+# BF16 compute; and the `gdncp train` command on the same checkpoint (--init), when one is found.
+MODEL_SIDES = ("transformers", "patched", "patched autocast bf16", "gdncp.Model fp32", "gdncp.Model bf16",
+               "gdncp train fp32", "gdncp train bf16")
+
+
+def model_shape_config(shape="tiny", layers=None, config_path=None):
+    """The transformers config dict of a model-section shape (or of config_path's config.json)."""
+    if config_path:
+        with open(config_path) as f:
+            cfg = json.load(f)
+        return {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")}
+    make, dl, _, _ = MODEL_SHAPES[shape]
+    return make(layers or dl)
+
+
+def save_model_checkpoint(cfg, d):
+    """A random Qwen3_5ForCausalLM of config cfg (seed 0), saved into d (save_pretrained: the
+    checkpoint every side loads)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**cfg)).float()
+    model.save_pretrained(d)
+
+
+def _model_ids(vocab, B, T, seed):
+    """The step's B rows of T + 1 ids (T predicted positions, as `gdncp train --seq T`)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (B, T + 1), generator=gen)
+
+
+def model_side(side, d, B, T, reps, threads, seed=3):
+    """Run one side in this process: load checkpoint d, a warm-up step, then reps timed steps
+    (forward with labels, backward, AdamW with torch.optim.AdamW's defaults: lr 1e-3, betas
+    0.9 / 0.999, eps 1e-8, weight decay 0.01; the same ids every step). Returns {"times": [s],
+    "loss": the first step's loss, "peak_mb": this process's peak resident memory}."""
+    import resource
+    times, losses = [], []
+    if side.startswith("gdncp.Model"):
+        from .model import Model
+        compute = "bf16" if side.endswith("bf16") else "fp32"
+        m = Model.from_pretrained(d, threads=threads)
+        ids = _model_ids(m.config.vocab_size, B, T, seed).numpy()
+        opt = m.adamw(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            losses.append(opt.step(ids, compute=compute))
+            times.append(time.perf_counter() - t0)
+        m.close()
+    elif side in ("transformers", "patched", "patched autocast bf16"):
+        from transformers import Qwen3_5ForCausalLM
+        from . import transformers as gtf
+        torch.set_num_threads(threads)
+        model = Qwen3_5ForCausalLM.from_pretrained(d, dtype=torch.float32)
+        model.train()
+        ids = _model_ids(model.config.vocab_size, B, T, seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            with gtf.patch() if side != "transformers" else contextlib.nullcontext(), \
+                    torch.autocast("cpu", dtype=torch.bfloat16, enabled=side.endswith("bf16")):
                 opt.zero_grad(set_to_none=True)
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
             opt.step()
-            losses.setdefault(name, loss.item())
+            times.append(time.perf_counter() - t0)
+            losses.append(loss.item())
+    else:
+        raise ValueError(f"model_side: unknown side {side!r} (of {', '.join(MODEL_SIDES[:5])})")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"times": times[1:], "loss": losses[0], "peak_mb": peak, "pid": os.getpid()}
 
-        steps.append(step)
-    with contextlib.ExitStack() as stack:
-        if c_model:
-            d = stack.enter_context(tempfile.TemporaryDirectory())
-            base.save_pretrained(d)
-            adam = L.gdn_adamw_default()
-            adam.lr, adam.min_lr, adam.warmup, adam.steps = 1e-3, 1e-3, 0, 1 << 40
-            adam.beta1, adam.beta2, adam.eps, adam.weight_decay, adam.clip = 0.9, 0.999, 1e-8, 0.01, 0.0
-            ids_np = ids.numpy()
 
-            def c_step(compute):
-                # each side its own weights and moments, as each torch side has its own model
-                m = stack.enter_context(Model.from_pretrained(d, threads=torch.get_num_threads()))
-                mom, count = [np.zeros_like(m._w) for _ in range(2)], [0]
+def _gdncp_cli():
+    """The gdncp command: GDNCP_CLI, else build/gdncp beside the repository's python/, else PATH."""
+    import shutil
+    exe = os.environ.get("GDNCP_CLI")
+    if exe:
+        return exe if os.access(exe, os.X_OK) else None
+    here = os.path.dirname(os.path.abspath(__file__))
+    for root in (os.getcwd(), os.path.join(here, "..", "..", "..")):
+        p = os.path.join(root, "build", "gdncp")
+        if os.access(p, os.X_OK):
+            return os.path.abspath(p)
+    return shutil.which("gdncp")
 
-                def f():
-                    loss, dw = m._step(ids_np, compute, True, False)
-                    count[0] += 1
-                    L.gdn_adamw_update(ctypes.byref(adam), ctypes.byref(m._cfg), L.f32p(m._w), L.f32p(dw),
-                                       L.f32p(mom[0]), L.f32p(mom[1]), count[0], adam.lr, 1.0,
-                                       torch.get_num_threads())
-                    losses.setdefault("gdncp C model" + (" bf16" if compute == "bf16" else ""), loss)
-                return f
 
-            for compute in ("fp32", "bf16") if bf16 else ("fp32",):
-                names.append("gdncp C model" + (" bf16" if compute == "bf16" else ""))
-                steps.append(c_step(compute))
-        rows = list(zip(names, _time_rounds(steps, reps)))
-    cfg = base.config
-    shape = (f"Qwen3_5ForCausalLM E={cfg.hidden_size} layers={cfg.num_hidden_layers} "
-             f"({cfg.layer_types.count('linear_attention')} GatedDeltaNet) "
-             f"Hk={cfg.linear_num_key_heads} Hv={cfg.linear_num_value_heads} "
-             f"K={cfg.linear_key_head_dim} V={cfg.linear_value_head_dim} vocab={cfg.vocab_size}, "
-             f"B={B} T={T}")
-    return rows, losses, shape
+def _cli_side(side, d, B, T, reps, threads, mem_mb, timeout_s, vocab, seed=3):
+    """`gdncp train --init d` (the same checkpoint) for reps + 1 steps over a token file of random
+    ids of the vocabulary (the sides' distribution, not their rows): ms/step of its log after the
+    first step, its first loss, its peak resident memory (the log's, and the watchdog's)."""
+    from .bench_cp_train import run_guarded
+    from .tokenize import header
+    exe = _gdncp_cli()
+    if not exe:
+        return None, "no gdncp command (GDNCP_CLI, build/gdncp or PATH)"
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data.tok")
+        n = max(4 * B * (T + 1) * (reps + 2), 1 << 16)
+        ids = np.random.default_rng(seed).integers(0, vocab, n, dtype=np.uint32)
+        with open(data, "wb") as f:
+            f.write(header(n, 4, vocab))
+            f.write(ids.astype("<u4").tobytes())
+        log = os.path.join(tmp, "log.csv")
+        cmd = [exe, "train", "--data", data, "--init", d, "--seq", str(T), "--batch", str(B),
+               "--steps", str(reps + 1), "--eval-every", "0", "--recompute", "off", "--threads", str(threads),
+               "--log", log, "--progress", "lines"]
+        if side.endswith("bf16"):
+            cmd += ["--compute", "bf16"]
+        out, why = run_guarded(cmd, mem_mb, timeout_s)
+        if why:
+            return None, why
+        with open(log) as f:
+            rows = [line.strip().split(",") for line in f][1:]
+    if len(rows) < 2:
+        return None, f"the log has {len(rows)} steps"
+    return {"times": [float(r[7]) / 1e3 for r in rows[1:]], "loss": float(rows[0][1]),
+            "peak_mb": max(float(r[4]) for r in rows)}, None
+
+
+def _model_worker(side, d, B, T, reps, threads, seed):
+    """The internal --model-worker entry: one side in this process, its result as one line."""
+    if side == "save":
+        with open(os.path.join(d, "shape.json")) as f:
+            save_model_checkpoint(json.load(f), d)
+        print("GDNCP_BENCH {}")
+        return 0
+    print("GDNCP_BENCH " + json.dumps(model_side(side, d, B, T, reps, threads, seed)), flush=True)
+    return 0
+
+
+def _run_worker(args, mem_mb, timeout_s, threads):
+    from .bench_cp_train import run_guarded, _parse
+    cmd = [sys.executable, "-m", "gdncp.bench"] + [str(a) for a in args]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out, why = run_guarded(cmd, mem_mb, timeout_s, env)
+    if why:
+        return None, why
+    r = _parse(out)
+    return (r, None) if r is not None else (None, "no result line: " + " | ".join(out.strip().splitlines()[-3:])[-300:])
+
+
+def model_peaks(threads):
+    """(fp32 FMA peak, BF16 instruction peak, its path's name), GFLOP/s on threads threads, measured
+    as the gemm section measures them."""
+    from . import _lib as L
+    lib = L.lib
+    lib.gdn_bench_bf16_path.restype = ctypes.c_int
+    lib.gdn_bench_bf16_path_name.restype = ctypes.c_char_p
+    lib.gdn_bench_bf16_path_name.argtypes = [ctypes.c_int]
+    lib.gdn_bench_bf16_peak_gflops.restype = ctypes.c_double
+    lib.gdn_bench_bf16_peak_gflops.argtypes = [ctypes.c_int, ctypes.c_int]
+    path = lib.gdn_bench_bf16_path()
+    return (L.gdn_measure_peak_gflops(threads), lib.gdn_bench_bf16_peak_gflops(path, threads),
+            lib.gdn_bench_bf16_path_name(path).decode())
+
+
+def run_model(shape="tiny", B=None, T=None, reps=3, rounds=1, config_path=None, layers=None,
+              sides=MODEL_SIDES, threads=None, mem_gib=20.0, timeout_s=3600, seed=3, report=None):
+    """A training step (forward with labels, backward, AdamW) of every side in `sides`, each side a
+    process of its own (python -m gdncp.bench --model-worker SIDE: a warm-up step, then reps timed
+    ones), all on one checkpoint (random weights of the shape, saved once by a process of its own)
+    and the same ids; `rounds` times over the sides in turn (a drifting load weighs on every side).
+    Returns (rows [(side, result or None, why)], info): result {"times": every timed step's s,
+    "step_s": their median, "loss": the first step's loss, "peak_mb", "tok_s", "frac32", "frac16":
+    the model's FLOPs a second over the measured fp32 / BF16 peaks}; info {"shape": a description,
+    "flops_per_token", "peak32", "peak16", "bf16_path", "B", "T", "threads"}. report(side, result,
+    why) is called as each run ends."""
+    import tempfile
+    from . import _lib as L
+    _, _, dB, dT = MODEL_SHAPES.get(shape, MODEL_SHAPES["tiny"])
+    B, T = B or dB, T or dT
+    threads = threads or torch.get_num_threads()
+    cfg = model_shape_config(shape, layers, config_path)
+    mem_mb = mem_gib * 1024
+    res = {s: [] for s in sides}
+    why = {}
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "shape.json"), "w") as f:
+            json.dump(cfg, f)
+        r, w = _run_worker(["--model-worker", "save", "--model-dir", d], mem_mb, timeout_s, threads)
+        if r is None:
+            raise RuntimeError(f"bench model: saving the {shape} checkpoint failed: {w}")
+        c = L.ModelConfig()
+        L.check(L.gdn_ckpt_load_config(os.fsencode(d), ctypes.byref(c)), "bench model: config.json")
+        flops = L.gdn_model_train_flops_per_token(ctypes.byref(c), T)
+        for _ in range(rounds):
+            for s in sides:
+                if s in why:
+                    continue
+                if s.startswith("gdncp train"):
+                    r, w = _cli_side(s, d, B, T, reps, threads, mem_mb, timeout_s, cfg["vocab_size"], seed)
+                else:
+                    r, w = _run_worker(["--model-worker", s, "--model-dir", d, "--model-B", B, "--model-T", T,
+                                        "--reps", reps, "--threads", threads, "--model-seed", seed],
+                                       mem_mb, timeout_s, threads)
+                if r is None:
+                    why[s] = w
+                else:
+                    res[s].append(r)
+                if report:
+                    report(s, r, w)
+    pk32, pk16, path = model_peaks(threads)
+    rows = []
+    for s in sides:
+        if s in why or not res[s]:
+            rows.append((s, None, why.get(s, "not run")))
+            continue
+        times = [t for r in res[s] for t in r["times"]]
+        step = statistics.median(times)
+        tok_s = B * T / step
+        rows.append((s, {"times": times, "step_s": step, "loss": res[s][0]["loss"],
+                         "pids": [r.get("pid") for r in res[s]],
+                         "peak_mb": max(r["peak_mb"] for r in res[s]), "tok_s": tok_s,
+                         "frac32": tok_s * flops / (pk32 * 1e9), "frac16": tok_s * flops / (pk16 * 1e9)}, None))
+    lt = cfg["layer_types"]
+    desc = (f"Qwen3_5ForCausalLM E={cfg['hidden_size']} I={cfg['intermediate_size']} layers={len(lt)} "
+            f"({lt.count('linear_attention')} GatedDeltaNet) Hk={cfg['linear_num_key_heads']} "
+            f"Hv={cfg['linear_num_value_heads']} K={cfg['linear_key_head_dim']} V={cfg['linear_value_head_dim']} "
+            f"attention {cfg['num_attention_heads']}/{cfg['num_key_value_heads']}x{cfg['head_dim']} "
+            f"vocab={cfg['vocab_size']}{' tied' if cfg.get('tie_word_embeddings') else ''}, B={B} T={T}")
+    return rows, {"shape": desc, "flops_per_token": flops, "peak32": pk32, "peak16": pk16, "bf16_path": path,
+                  "B": B, "T": T, "threads": threads}
 
 
 # ----------------------------------------------------------------------------- generation
@@ -713,6 +904,46 @@ def run_moe(T, reps, shape, quick=False):
     return rows, err, desc
 
 
+def print_model_section(a, sides):
+    """--what model: the rows as each side's process ends, then the table and the ratios."""
+    B, T = a.model_B, a.model_T
+    print(f"[model] training step (forward with labels, backward, AdamW), each side a process of its "
+          f"own, {a.model_rounds} round(s) of a warm-up + {a.reps} steps, {a.threads or torch.get_num_threads()} "
+          f"threads; running ({', '.join(sides)}):", flush=True)
+
+    def report(side, r, why):
+        got = (f"median {statistics.median(r['times']):.3f} s, loss {r['loss']:.4f}, peak {r['peak_mb'] / 1024:.2f} GiB"
+               if r else why)
+        print(f"  .. {side}: {got}", flush=True)
+    rows, info = run_model(a.model_shape, B, T, a.reps, a.model_rounds, a.model_config, a.model_layers,
+                           sides, a.threads or None, a.mem_gib, report=report)
+    print(f"[model] {info['shape']}; {_where()}; measured peaks fp32 {info['peak32']:.0f} GFLOP/s, BF16 "
+          f"{info['peak16']:.0f} GFLOP/s ({info['bf16_path']}); {info['flops_per_token'] / 1e9:.2f} GFLOP a "
+          "token (gdncp train's count); medians over every round's steps")
+    for name, r, why in rows:
+        if r is None:
+            print(f"  {name:24s} not run: {why}")
+            continue
+        print(f"  {name:24s} step {r['step_s'] * 1e3:10.1f} ms {r['tok_s']:9.0f} tok/s {100 * r['frac32']:5.1f} % fp32 pk "
+              f"{100 * r['frac16']:5.1f} % bf16 pk  peak RSS {r['peak_mb'] / 1024:6.2f} GiB  loss {r['loss']:.6f}")
+    t = {n: r for n, r, _ in rows if r}
+    lt = t.get("transformers", {}).get("loss")
+
+    def ratio(x, y):
+        return f"{t[x]['step_s'] / t[y]['step_s']:.3f}x" if x in t and y in t else "n/a"
+    print(f"  speed-up (transformers / patched): {ratio('transformers', 'patched')}; (patched / gdncp.Model fp32): "
+          f"{ratio('patched', 'gdncp.Model fp32')}; BF16 (patched autocast / gdncp.Model bf16): "
+          f"{ratio('patched autocast bf16', 'gdncp.Model bf16')}")
+    print(f"  gdncp.Model step / gdncp train step: fp32 {ratio('gdncp.Model fp32', 'gdncp train fp32')}, "
+          f"bf16 {ratio('gdncp.Model bf16', 'gdncp train bf16')}")
+    if lt:
+        print("  first losses relative to transformers': " + ", ".join(
+            f"{n} {abs(r['loss'] - lt) / abs(lt):.1e}" for n, r in t.items()
+            if n != "transformers" and not n.startswith("gdncp train"))
+            + " (gdncp train: other ids of the same vocabulary)")
+    return rows, info
+
+
 # ----------------------------------------------------------------------------- command line
 
 SECTIONS = ("rule", "model", "overhead", "conv", "bf16", "gemm", "attention", "generate", "moe", "cp-train")
@@ -722,7 +953,7 @@ DEFAULT_SECTIONS = SECTIONS[:-2]   # moe (GBs of experts) and cp-train (minutes 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m gdncp.bench", description=__doc__.split("\n\n")[0])
     for name, default in (("B", 1), ("T", 1024), ("Hk", 16), ("Hv", 32), ("K", 128), ("V", 128),
-                          ("reps", 5), ("model-B", 8), ("model-T", 512), ("layer-E", 2048),
+                          ("reps", 5), ("layer-E", 2048),
                           ("attn-T", 8192), ("attn-H", 16), ("attn-Hkv", 2), ("attn-d", 256),
                           ("attn-reps", 3), ("gen-B", 1), ("gen-prompt", 64), ("gen-new", 128), ("gemm-T", 4096),
                           ("moe-T", 4096)):
@@ -741,28 +972,51 @@ def main(argv=None):
                     help="cp-train: also the longest T each side completes within --mem-gib")
     ap.add_argument("--mem-gib", type=float, default=20.0,
                     help="cp-train: a run past this resident memory (all its processes) is stopped")
-    ap.add_argument("--model-config", default=None, help="model: a Qwen3.5 config.json")
+    ap.add_argument("--model-config", default=None, help="model: a Qwen3.5 config.json (instead of --model-shape)")
+    ap.add_argument("--model-shape", default="tiny", choices=sorted(MODEL_SHAPES),
+                    help="model: tiny (the golden qwen35_tiny, B 8 T 512), 0.8b (Qwen3.5-0.8B's dimensions, "
+                         "vocabulary 248320 tied, B 1 T 2048), 2b (hidden 2048, I 6144, the same heads)")
+    ap.add_argument("--model-layers", type=int, default=None, help="model: layers of 0.8b / 2b (default 4: LLLF)")
+    ap.add_argument("--model-B", type=int, default=None, help="model: rows (default: the shape's)")
+    ap.add_argument("--model-T", type=int, default=None,
+                    help="model: predicted positions a row (default: the shape's; T + 1 ids, as gdncp train --seq T)")
+    ap.add_argument("--model-rounds", type=int, default=1,
+                    help="model: rounds over the sides (each side a process a round; medians over all)")
+    ap.add_argument("--model-sides", default=",".join(MODEL_SIDES),
+                    help="model: comma-separated sides of: " + ", ".join(MODEL_SIDES))
+    ap.add_argument("--model-worker", default=None, help=argparse.SUPPRESS)   # internal: one side
+    ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--model-seed", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--moe-shape", default="35b", choices=sorted(MOE_SHAPES),
                     help="moe: the block's shape (35b: Qwen3.5-35B-A3B; next: Qwen3-Next-80B-A3B)")
     ap.add_argument("--quick", action="store_true",
                     help="toy sizes for every section (a smoke run, seconds)")
     a = ap.parse_args(argv)
+    if a.model_worker:
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        return _model_worker(a.model_worker, a.model_dir, a.model_B, a.model_T, a.reps,
+                             a.threads or torch.get_num_threads(), a.model_seed)
     what = [w.strip() for w in a.what.split(",") if w.strip()]
     for w in what:
         if w not in SECTIONS:
             ap.error(f"--what: unknown section {w!r} (sections: {', '.join(SECTIONS)})")
     if a.quick:
         a.T, a.Hk, a.Hv, a.K, a.V, a.reps = 80, 1, 2, 16, 16, 1
-        a.model_B, a.model_T, a.layer_E = 2, 64, 32
+        a.model_B, a.model_T, a.layer_E = a.model_B or 2, a.model_T or 64, 32
         a.attn_T, a.attn_reps = 256, 1
         a.gen_prompt, a.gen_new = 8, 16
         a.gemm_T = 64
         a.moe_T = 128
         a.cp_models, a.cp_T, a.cp_ranks = "tiny", "64", "1,2"
-    for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "layer_E", "attn_T",
-                 "attn_H", "attn_Hkv", "attn_d", "attn_reps", "gen_B", "gen_prompt", "gen_new", "gemm_T", "moe_T"):
-        if getattr(a, name) < 1:
+    for name in ("B", "T", "Hk", "Hv", "K", "V", "reps", "model_B", "model_T", "model_layers", "model_rounds",
+                 "layer_E", "attn_T", "attn_H", "attn_Hkv", "attn_d", "attn_reps", "gen_B", "gen_prompt", "gen_new",
+                 "gemm_T", "moe_T"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    model_sides = [x.strip() for x in a.model_sides.split(",") if x.strip()]
+    if not model_sides or any(x not in MODEL_SIDES for x in model_sides):
+        ap.error(f"--model-sides: some of {', '.join(MODEL_SIDES)}")
     if a.Hv % a.Hk:
         ap.error(f"--Hv {a.Hv} must be a multiple of --Hk {a.Hk}")
     if a.attn_H % a.attn_Hkv:
@@ -795,24 +1049,7 @@ def main(argv=None):
               + ("" if fb0 is None else f", forward+backward {fb0 / fb1:.1f}x"))
         print(f"  o: max|gdncp - transformers| / max|transformers| = {err:.1e}")
     if "model" in what:
-        rows, losses, mshape = run_model(a.model_B, a.model_T, a.reps, a.model_config)
-        print(f"[model] training step (forward with labels, backward, AdamW): {mshape}")
-        tok = a.model_B * a.model_T
-        for name, t in rows:
-            print(f"  {name:20s} step {t * 1e3:9.1f} ms {tok / t:9.0f} tok/s   first loss {losses[name]:.6f}")
-        tt = dict(rows)
-        t0, t1, t2 = tt["transformers"], tt["gdncp"], tt["gdncp C model"]
-        lt = losses["transformers"]
-        print(f"  speed-up (transformers / gdncp.transformers.patch()): {t0 / t1:.2f}x; "
-              f"first-step losses differ by {abs(losses['gdncp'] - lt) / abs(lt):.1e} relative")
-        print(f"  speed-up (patched transformers / gdncp C model): {t1 / t2:.2f}x, (transformers / "
-              f"gdncp C model) {t0 / t2:.2f}x; the C model's first loss differs by "
-              f"{abs(losses['gdncp C model'] - lt) / abs(lt):.1e} relative")
-        if "gdncp C model bf16" in tt:
-            print(f"  BF16: patched transformers under torch.autocast / gdncp C model compute=bf16: "
-                  f"{tt['gdncp autocast bf16'] / tt['gdncp C model bf16']:.2f}x; first losses differ from fp32's by "
-                  f"{abs(losses['gdncp autocast bf16'] - lt) / abs(lt):.1e} (autocast) and "
-                  f"{abs(losses['gdncp C model bf16'] - lt) / abs(lt):.1e} (gdncp bf16)")
+        print_model_section(a, model_sides)
     if "overhead" in what:
         rows = run_overhead(a.B, a.T, a.Hk, a.Hv, a.K, a.V, a.reps)
         print(f"[overhead] forward + backward (checkpoints kept, no final state) {shape}")
