@@ -94,5 +94,8 @@ done <<LIST
 0|step     3/3|$T --steps 3 --init $tiny --vocab 256
 0|step     3/3|$T --steps 3 --init $tiny --layers 4
 1|its num_hidden_layers is 4, but --layers says 3|$T --steps 3 --init $tiny --layers 3
+2|--model needs at most 8 named models separated by single commas, got 'tiny,,small'|$L bench train --model tiny,,small
+2|--model needs at most 8 named models separated by single commas, got 'tiny,'|$L bench train --model tiny,
+2|--model bogus: no such named model|$L bench train --model bogus
 LIST
 finish

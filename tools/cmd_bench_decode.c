@@ -297,17 +297,67 @@ static int model_rows(const char *name, const gdn_model_config *c, const char *c
     return rc ? 1 : 0;
 }
 
-/* A model of the 0.8B class, Qwen3.5-0.8B's text dimensions: E 1024, 24 layers (every fourth
- * attention), I 3584, GatedDeltaNet 16 key and 16 value heads of 128, attention 8 heads, 2 kv
- * heads of 256 (64 rotary dims), vocabulary 248,320, tied embeddings: 3.0 GB of fp32 weights,
- * far past any cache, as every real checkpoint is. */
-static gdn_model_config config_08b(void) {
-    gdn_model_config c;
-    gdn_model_config_named("tiny", &c); /* eps, Kc, rope_theta */
-    c.vocab = 248320, c.E = 1024, c.L = 24, c.I = 3584, c.Hk = 16, c.Hv = 16, c.K = 128, c.V = 128;
-    c.H = 8, c.Hkv = 2, c.d = 256, c.R = 64, c.tie_embeddings = 1;
-    gdn_model_set_attention_interval(&c, GDN_MODEL_NAMED_ATTN_INTERVAL);
-    return c;
+/* A prefill of P tokens forming only the last logits (gdn_model_prefill_last, what generation
+ * runs), 2 threads, fp32: the median of 3 after a warm-up, against the measured fp32 peak on the
+ * forward FLOPs it needs (gdn_model_prefill_flops); the error of its logits against the
+ * training forward's at the last position (ref). */
+static int prefill_row(const char *name, const gdn_model_config *c, const float *w, int64_t P, const float *ref,
+                       double peak, int json, const char *cpu) {
+    const int threads = 2;
+    gdn_token *tok = malloc(sizeof(gdn_token) * (size_t)P);
+    float *logits = malloc(sizeof(float) * (size_t)c->vocab);
+    gdn_model_decoder *dec = NULL;
+    int rc = tok && logits ? GDN_OK : GDN_ERR_NOMEM;
+    if (!rc) row_tokens(c, P, 0, tok), rc = gdn_model_decoder_create(&dec, c, 1, P, threads);
+    double t[4];
+    for (int r = 0; r < 4 && !rc; r++) { /* r = 0 warms up (the piece's plans, first touch) */
+        gdn_model_decoder_reset(dec);
+        const double t0 = cli_now();
+        rc = gdn_model_prefill_last(dec, w, tok, P, logits);
+        if (r) t[r - 1] = cli_now() - t0;
+    }
+    if (!rc) {
+        const double s = cli_median(t, 3), gf = gdn_model_prefill_flops(c, P, 1) / s / 1e9;
+        const double err = ref ? rel_err(logits, ref, c->vocab) : NAN;
+        if (json)
+            printf("{\"direction\":\"model_prefill\",\"model\":\"%s\",\"layers\":%lld,\"B\":1,\"prompt\":%lld,"
+                   "\"threads\":%d,\"ms\":%.2f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"peak_gflops\":%.2f,"
+                   "\"fraction_of_peak\":%.4f,\"rel_err_vs_forward\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
+                   name, (long long)c->L, (long long)P, threads, 1e3 * s, (double)P / s, gf, peak, gf / peak, err,
+                   gdn_compute_path(GDN_COMPUTE_FP32), cpu);
+        else
+            printf("prefill %-14s L=%-2lld B=1 prompt %-5lld thr=%d %9.1f ms %8.0f tokens/s %7.1f GFLOP/s %5.1f %% of "
+                   "the fp32 peak  last logits only  err vs forward %.1e\n",
+                   name, (long long)c->L, (long long)P, threads, 1e3 * s, (double)P / s, gf, 100 * gf / peak, err);
+        fflush(stdout);
+    } else {
+        fprintf(stderr, "gdncp bench decode: prefill %s: %s\n", name, gdn_errmsg());
+    }
+    gdn_model_decoder_destroy(dec);
+    free(tok), free(logits);
+    return rc ? 1 : 0;
+}
+
+/* The prefill row of one model on random weights: the reference the training forward's logits
+ * at the prompt's last position. */
+static int prefill_rows(const char *name, const gdn_model_config *c, int64_t P, double peak, int json, const char *cpu) {
+    const size_t nw = gdn_model_param_floats(c);
+    float *w = malloc(sizeof(float) * nw), *all = malloc(sizeof(float) * (size_t)P * (size_t)c->vocab);
+    gdn_token *tok = malloc(sizeof(gdn_token) * (size_t)P);
+    const gdn_model_run r = {.B = 1, .T = P, .threads = 0};
+    gdn_model_plan *plan = NULL;
+    int rc = w && all && tok ? GDN_OK : GDN_ERR_NOMEM;
+    if (!rc) {
+        fill_weights_fast(w, nw);
+        row_tokens(c, P, 0, tok);
+        rc = gdn_model_plan_create(&plan, c, &r, NULL);
+    }
+    if (!rc) rc = gdn_model_logits(plan, w, tok, all);
+    gdn_model_plan_destroy(plan);
+    if (rc) fprintf(stderr, "gdncp bench decode: prefill %s: the forward reference: %s\n", name, gdn_errmsg());
+    if (!rc) rc = prefill_row(name, c, w, P, all + (size_t)(P - 1) * (size_t)c->vocab, peak, json, cpu);
+    free(w), free(all), free(tok);
+    return rc ? 1 : 0;
 }
 
 /* --ckpt DIR: the rows of that checkpoint's model on its own weights (a prefill of 1,024 tokens,
@@ -409,9 +459,22 @@ int cmd_bench_decode(int argc, char **argv) {
         gdn_model_config_named(models[m], &c);
         if (model_rows(models[m], &c, NULL, quick ? 64 : 1024, quick, json, cpu)) return 1;
     }
-    if (!quick) { /* 3 GB of weights: not in the smoke test */
-        const gdn_model_config c = config_08b();
-        if (model_rows("0.8b", &c, NULL, 128, quick, json, cpu)) return 1;
+    if (!quick) { /* Qwen3.5-0.8B's shape, 3 GB of weights: not in the smoke test */
+        gdn_model_config c;
+        gdn_model_config_named("qwen3.5-0.8b", &c);
+        if (model_rows("qwen3.5-0.8b", &c, NULL, 128, quick, json, cpu)) return 1;
+    }
+    /* Prefill of a prompt forming the last logits: at the real vocabulary, 4 layers (LLLF) and
+     * all 24 of Qwen3.5-0.8B's shape; --quick: the small model's */
+    const double peak = cli_peak_gflops(2, json);
+    if (!json)
+        printf("prefill (gdn_model_prefill_last, B = 1, fp32): FLOPs = 2 x the non-embedding parameters a token + "
+               "the GatedDeltaNet kernel's forward + the attention core's 2 d H (T + 1) + the last row's head\n");
+    for (int v = 0; v < (quick ? 1 : 2); v++) {
+        gdn_model_config c;
+        gdn_model_config_named(quick ? "small" : "qwen3.5-0.8b", &c);
+        if (!quick && v == 0) c.L = 4, gdn_model_set_attention_interval(&c, GDN_MODEL_NAMED_ATTN_INTERVAL);
+        if (prefill_rows(quick ? "small" : "qwen3.5-0.8b", &c, quick ? 64 : 1024, peak, json, cpu)) return 1;
     }
     return 0;
 }

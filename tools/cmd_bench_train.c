@@ -12,13 +12,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gdncp/bench.h"
 #include "gdncp/train.h"
 
 const char cmd_bench_train_usage[] =
-    "usage: gdncp bench train [--json] [--quick] [--T N] [--B N]\n"
+    "usage: gdncp bench train [--json] [--quick] [--T N] [--B N] [--model NAME[,NAME...]] [--layers L]\n"
     "  one training step (forward, backward, AdamW) of the named models tiny, tiny-moe, small and\n"
     "  small-moe (--quick: tiny and tiny-moe), dense,\n"
-    "  recomputed and packed, and the BF16 compute path, against this machine's measured peak\n";
+    "  recomputed and packed, and the BF16 compute path, against this machine's measured peaks.\n"
+    "  --model: those named models instead (qwen3.5-0.8b and qwen3.5-2b: Qwen3.5's shapes with\n"
+    "  the 248,320-token vocabulary; they run dense fp32 and BF16 only, 2 timed steps), --layers L\n"
+    "  of them (every fourth full attention)\n";
 
 /* forward + backward: the status of the first that fails */
 static int train_step(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tok, double denom,
@@ -61,14 +65,25 @@ static double gradient_check(gdn_model_plan *p, const gdn_model_config *c, const
     return fabs(an - fd) / fmax(fabs(fd), 1e-12);
 }
 
-static int bench_one(const char *name, int64_t B, int64_t T, int threads, int reps, double peak,
+/* The peaks the rows are measured against: fp32 FMA, and the BF16 path's instruction (0: none). */
+typedef struct {
+    double fp32, bf16;
+} peaks;
+
+static int bench_one(const char *name, int64_t layers, int64_t B, int64_t T, int threads, int reps, peaks peak,
                      const char *cpu, int json) {
     gdn_model_config c;
     gdn_model_config_named(name, &c);
+    if (layers > 0) { /* the named model's kinds over L layers (every MLP of a *-moe model MoE) */
+        c.L = layers, gdn_model_set_attention_interval(&c, GDN_MODEL_NAMED_ATTN_INTERVAL);
+        for (int64_t l = 0; l < GDN_MODEL_MAX_LAYERS; l++) c.moe[l] = c.n_experts > 0 && l < c.L;
+    }
+    /* at a real vocabulary a step takes tens of seconds: the dense fp32 and BF16 steps only */
+    const int real = c.vocab > 65536;
     gdn_model_run run = {.B = B, .T = T, .threads = threads, .recompute = 0, .check_finite = 1};
     const size_t nw = gdn_model_param_floats(&c), bytes = sizeof(float) * ((nw + 15) & ~(size_t)15);
-    float *w = aligned_alloc(64, bytes), *dw = aligned_alloc(64, bytes);
-    float *m = calloc(nw, sizeof(float)), *v = calloc(nw, sizeof(float));
+    float *w = gdn_model_alloc(bytes, 0), *dw = gdn_model_alloc(bytes, 0);
+    float *m = gdn_model_alloc(bytes, 1), *v = gdn_model_alloc(bytes, 1);
     gdn_token *tok = malloc(sizeof *tok * (size_t)(B * (T + 1)));
     if (!w || !dw || !m || !v || !tok) {
         fprintf(stderr, "gdncp bench train: out of memory\n");
@@ -103,6 +118,7 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
     const double flops_tok = gdn_model_train_flops_per_token(&c, T);
     double dense_ms = NAN;
     for (int mode = 0; mode < 4; mode++) { /* dense, dense with recompute, packed, dense in BF16 */
+        if (real && (mode == 1 || mode == 2)) continue;
         const int recompute = mode == 1, packed = mode == 2, bf16 = mode == 3;
         run.recompute = recompute, run.pack = packed, run.compute = bf16 ? GDN_COMPUTE_BF16 : GDN_COMPUTE_FP32;
         gdn_model_plan *p = NULL;
@@ -118,7 +134,7 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
          * with the routing held) */
         double err = NAN;
         const int moe = gdn_model_moe_layers(&c) > 0;
-        if (!rc && mode != 1 && !bf16 && !(rc = train_step(p, w, dw, tok, denom, &loss)) && !moe)
+        if (!rc && mode != 1 && !bf16 && !(rc = train_step(p, w, dw, tok, denom, &loss)) && !moe && !real)
             err = gradient_check(p, &c, w, dw, tok, denom);
         double mix[4];
         for (int r = 0; r <= reps && !rc; r++) { /* r = 0 warms up */
@@ -141,18 +157,22 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
         /* every token is computed, predicted or not: throughput counts them all */
         const double med = cli_median(t, reps), tps = (double)(B * T) / med, gflops = tps * flops_tok / 1e9;
         if (mode == 0) dense_ms = 1e3 * med;
-        const double mb = gdn_model_plan_bytes(p) / 1048576.0;
-        char err_json[32] = "null"; /* JSON has no NaN: null where the check was not repeated */
+        const double mb = gdn_model_plan_bytes(p) / 1048576.0, rss = gdn_peak_rss_mb();
+        /* a BF16 row against the BF16 instructions' peak too (its products run on them) */
+        const double bfrac = bf16 && peak.bf16 > 0 ? gflops / peak.bf16 : NAN;
+        char err_json[32] = "null", bf_json[32]; /* JSON has no NaN: null where not measured */
         if (!isnan(err)) snprintf(err_json, sizeof err_json, "%.3e", err);
         if (json)
-            printf("{\"direction\":\"train_step\",\"model\":\"%s\",\"params\":%zu,\"B\":%lld,\"T\":%lld,"
+            printf("{\"direction\":\"train_step\",\"model\":\"%s\",\"layers\":%lld,\"params\":%zu,\"B\":%lld,\"T\":%lld,"
                    "\"threads\":%d,\"recompute\":%d,\"packed_docs\":%lld,\"compute\":\"%s\",\"ms\":%.3f,\"ms_vs_dense\":%.4f,\"reps\":%d,\"tokens_per_s\":%.1f,"
                    "\"flops_per_token\":%.4g,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
                    "\"gdn_layers_ms\":%.3f,\"attn_layers_ms\":%.3f,"
-                   "\"plan_mb\":%.1f,\"grad_rel_err_vs_fd\":%s,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
-                   name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute,
+                   "\"plan_mb\":%.1f,\"peak_rss_mb\":%.1f,\"bf16_peak_gflops\":%.3f,\"fraction_of_bf16_peak\":%s,"
+                   "\"grad_rel_err_vs_fd\":%s,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
+                   name, (long long)c.L, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute,
                    (long long)(packed ? docs_all : 0), gdn_compute_name(run.compute), 1e3 * med, 1e3 * med / dense_ms,
-                   reps, tps, flops_tok, gflops, peak, gflops / peak, gdn_ms, attn_ms, mb, err_json,
+                   reps, tps, flops_tok, gflops, peak.fp32, gflops / peak.fp32, gdn_ms, attn_ms, mb, rss, peak.bf16,
+                   isnan(bfrac) ? "null" : (snprintf(bf_json, sizeof bf_json, "%.4f", bfrac), bf_json), err_json,
                    gdn_compute_path(run.compute), cpu);
         else {
             char check[32] = "(same step)"; /* recompute changes no value: checked once */
@@ -163,11 +183,14 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
             else snprintf(how, sizeof how, "recompute=%s", recompute ? "on" : "off");
             if (bf16) snprintf(check, sizeof check, "(fp32's)");
             if (moe && !bf16 && mode != 1) snprintf(check, sizeof check, "n/a (routing)");
-            printf("train_step %-9s %8zu params B=%lld T=%lld thr=%d %-16s %8.1f ms (%.2fx dense; GatedDeltaNet "
-                   "layers %.1f, attention %.1f) %8.0f tok/s %7.1f GFLOP/s %5.1f %% of peak  plan %6.1f MB  grad vs "
-                   "FD %s\n",
-                   name, gdn_model_param_count(&c), (long long)B, (long long)T, threads, how, 1e3 * med,
-                   1e3 * med / dense_ms, gdn_ms, attn_ms, tps, gflops, 100 * gflops / peak, mb, check);
+            if (real && !bf16) snprintf(check, sizeof check, "not run (size)");
+            char of_bf16[40] = "";
+            if (!isnan(bfrac)) snprintf(of_bf16, sizeof of_bf16, " (%.1f %% of the BF16 peak)", 100 * bfrac);
+            printf("train_step %-9s L=%lld %8zu params B=%lld T=%lld thr=%d %-16s %8.1f ms (%.2fx dense; GatedDeltaNet "
+                   "layers %.1f, attention %.1f) %8.0f tok/s %7.1f GFLOP/s %5.1f %% of peak%s  plan %6.1f MB  peak RSS "
+                   "%.0f MB  grad vs FD %s\n",
+                   name, (long long)c.L, gdn_model_param_count(&c), (long long)B, (long long)T, threads, how, 1e3 * med,
+                   1e3 * med / dense_ms, gdn_ms, attn_ms, tps, gflops, 100 * gflops / peak.fp32, of_bf16, mb, rss, check);
         }
         gdn_model_plan_destroy(p);
     }
@@ -175,37 +198,85 @@ static int bench_one(const char *name, int64_t B, int64_t T, int threads, int re
     return 0;
 }
 
+/* The names of --model: each a named model, separated by single commas. */
+static int parse_models(const char *v, char names[][32], int max, int *n) {
+    *n = 0;
+    for (const char *p = v;;) {
+        const char *e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        gdn_model_config c;
+        if (*n == max || len == 0 || len >= 32) {
+            fprintf(stderr, "gdncp bench train: --model needs at most %d named models separated by single commas, "
+                            "got '%s'\n", max, v);
+            return CLI_USAGE_ERROR;
+        }
+        memcpy(names[*n], p, len), names[*n][len] = 0;
+        if (!gdn_model_config_named(names[*n], &c)) {
+            fprintf(stderr, "gdncp bench train: --model %s: no such named model (tiny, small, long, tiny-moe, "
+                            "small-moe, qwen3.5-0.8b, qwen3.5-2b)\n", names[*n]);
+            return CLI_USAGE_ERROR;
+        }
+        ++*n;
+        if (!e) return 0;
+        p = e + 1;
+    }
+}
+
 int cmd_bench_train(int argc, char **argv) {
-    int json = 0, quick = 0;
-    int64_t T = 512, B = 8;
+    int json = 0, quick = 0, n_models = 0;
+    int64_t T = 512, B = 8, layers = 0;
+    char models[8][32];
+    int given_T = 0, given_B = 0;
     for (int i = 2; i < argc; i++) { /* argv: bench train ... */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--quick")) quick = 1;
         else if (!strcmp(a, "--T")) {
             if (cli_parse_i64("bench train", a, v, 1, 1 << 22, &T)) return CLI_USAGE_ERROR;
-            i++;
+            i++, given_T = 1;
         } else if (!strcmp(a, "--B")) {
             if (cli_parse_i64("bench train", a, v, 1, 4096, &B)) return CLI_USAGE_ERROR;
+            i++, given_B = 1;
+        } else if (!strcmp(a, "--layers")) {
+            if (cli_parse_i64("bench train", a, v, 1, GDN_MODEL_MAX_LAYERS, &layers)) return CLI_USAGE_ERROR;
+            i++;
+        } else if (!strcmp(a, "--model") && v) {
+            if (parse_models(v, models, 8, &n_models)) return CLI_USAGE_ERROR;
             i++;
         } else {
             fprintf(stderr, "gdncp bench train: unknown option or missing value: %s\n%s", a, cmd_bench_train_usage);
             return CLI_USAGE_ERROR;
         }
     }
+    if (!n_models) { /* the named sizes */
+        static const char *const names[] = {"tiny", "tiny-moe", "small", "small-moe"};
+        for (int i = 0; i < (quick ? 2 : 4); i++) snprintf(models[n_models++], sizeof models[0], "%s", names[i]);
+        if (quick) T = given_T ? T : 128, B = given_B ? B : 2;
+    } else if (!given_T && !given_B) { /* the real shapes: one sequence of 2048 */
+        T = 2048, B = 1;
+    }
     const int threads = omp_get_max_threads();
     char cpu[256];
     cli_cpu_name(cpu, sizeof cpu);
-    const double peak = cli_peak_gflops(threads, json);
-    if (!json)
+    peaks peak = {cli_peak_gflops(threads, json), 0};
+    const int bp = gdn_bench_bf16_path();
+    peak.bf16 = gdn_bench_bf16_peak_gflops(bp, threads);
+    if (json)
+        printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", threads,
+               peak.bf16, gdn_bench_bf16_path_name(bp));
+    else
         printf("gdncp bench train: one step (forward + backward + AdamW) on %s, %d threads; FLOPs = 6 x "
                "non-embedding parameters + the GatedDeltaNet kernel's forward and backward + the attention "
                "core's 7 d H (T + 1) per token; grad vs FD: Richardson central differences along a random "
-               "direction; the last row: dense with BF16 compute on %s, as a ratio to the first (x dense)\n",
-               cpu, threads, gdn_compute_path(GDN_COMPUTE_BF16));
+               "direction; the last row: dense with BF16 compute on %s, as a ratio to the first (x dense); measured "
+               "BF16 instruction peak %.1f GFLOP/s\n",
+               cpu, threads, gdn_compute_path(GDN_COMPUTE_BF16), peak.bf16);
     /* the *-moe models: FLOPs on the active parameters (each token's top_k experts) */
-    static const char *const names[] = {"tiny", "tiny-moe", "small", "small-moe"};
-    for (int i = 0; i < (quick ? 2 : 4); i++)
-        if (bench_one(names[i], quick ? 2 : B, quick ? 128 : T, threads, quick ? 1 : 5, peak, cpu, json)) return 1;
+    for (int i = 0; i < n_models; i++) {
+        gdn_model_config c;
+        gdn_model_config_named(models[i], &c);
+        const int reps = quick ? 1 : c.vocab > 65536 ? 2 : 5;
+        if (bench_one(models[i], layers, B, T, threads, reps, peak, cpu, json)) return 1;
+    }
     return 0;
 }

@@ -17,7 +17,7 @@
 #include "gdncp/train.h"
 
 const char cmd_train_usage[] =
-    "usage: [mpiexec -n N] gdncp train --data FILE [--model tiny|small|long|tiny-moe|small-moe]\n"
+    "usage: [mpiexec -n N] gdncp train --data FILE [--model NAME]\n"
     "         [--vocab N] [--hidden E] [--layers L] [--intermediate I] [--key-heads Hk] [--value-heads Hv]\n"
     "         [--key-dim K] [--value-dim V] [--conv Kc] [--attn-heads H] [--kv-heads Hkv] [--head-dim d]\n"
     "         [--layer-types linear,linear,linear,full,... | --attn-interval N] [--attn-cp kv|heads]\n"
@@ -30,6 +30,8 @@ const char cmd_train_usage[] =
     "         [--eval-every N] [--eval-seqs N] [--out DIR] [--save-every N] [--keep N] [--save-dtype f32|bf16]\n"
     "         [--resume DIR] [--init DIR] [--log FILE.csv] [--pack SEP | --pack-id N]\n"
     "  --data FILE: byte text, or a token file (python -m gdncp.tokenize; docs/training.md).\n"
+    "  --model NAME: tiny (default), small, long, tiny-moe, small-moe, or Qwen3.5's shapes with the\n"
+    "  real vocabulary, qwen3.5-0.8b and qwen3.5-2b (docs/training.md lists their dimensions).\n"
     "  --vocab N: the model's vocabulary (default 256, bytes; a token file's tokenizer's size).\n"
     "  --seq is the whole sequence; with --cp C each of its C ranks holds about T/C tokens.\n"
     "  DP = ranks / C groups each train --batch sequences per step.\n"

@@ -81,6 +81,12 @@ typedef struct {
     unsigned char moe[GDN_MODEL_MAX_LAYERS];
 } gdn_model_config;
 
+/* Memory for a model's flat arrays (weights, gradients, AdamW moments) as the trainer allocates
+ * them: 64-byte aligned, and from 2 MiB on in transparent huge pages where Linux grants them
+ * (the GEMMs stream these arrays; 4 KiB pages cost TLB misses). zeroed: cleared. Release with
+ * free(); NULL when out of memory. */
+GDN_API void *gdn_model_alloc(size_t bytes, int zeroed);
+
 /* Named sizes: "tiny" (demo, tests), "small", "long" (the long runs), hybrid like Qwen3.5: layer l
  * is full attention when (l + 1) % GDN_MODEL_NAMED_ATTN_INTERVAL == 0 (docs/training.md lists
  * their dimensions). 0 if unknown. */
@@ -490,6 +496,9 @@ GDN_API double gdn_peak_rss_mb(void);
  * average, 4 d H each, x3.5 with the backward, as `gdncp bench attention` counts). Packed
  * documents see fewer keys: T is then an upper bound. */
 GDN_API double gdn_model_train_flops_per_token(const gdn_model_config *cfg, int64_t T);
+/* The FLOPs of a forward over one sequence of T tokens whose head_rows rows go through the
+ * lm_head (a prefill that forms the last logits: 1; every position's: T). */
+GDN_API double gdn_model_prefill_flops(const gdn_model_config *cfg, int64_t T, int64_t head_rows);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+void *gdn_model_alloc(size_t bytes, int zeroed) { return zeroed ? gdn_alloc_large_zeroed(bytes) : gdn_alloc_large(bytes); }
+
 /* ---------------------------------------------------------------- configurations */
 
 int gdn_model_config_named(const char *name, gdn_model_config *c) {
