@@ -35,10 +35,11 @@ smoke train "the gradient within 1e-2 of finite differences" '"direction":"train
 smoke "train --model tiny-moe,tiny --layers 2" "--model and --layers: the models given, in their order, with 2 layers" \
   '"direction":"train_step","model":"tiny-moe","layers":2' '"direction":"train_step","model":"tiny","layers":2' \
   '!"model":"small' '!"layers":4'
-smoke decode "the prefill of the last logits within 1e-5 of the training forward's, at a measured fraction of the peak" \
+smoke decode "the prefill of the last logits within 1e-5 of the training forward's in fp32, 5e-2 in BF16 compute, at a measured fraction of the peak" \
   '"direction":"model_prefill","model":"small","layers":4' \
   '"direction":"model_prefill",.*"fraction_of_peak":0\.[0-9]*[1-9]' \
-  '"direction":"model_prefill",.*"rel_err_vs_forward":[0-9.]*e-\(0[6-9]\|[1-9][0-9]\)'
+  '"direction":"model_prefill",.*"compute":"fp32",.*"rel_err_vs_forward":[0-9.]*e-\(0[6-9]\|[1-9][0-9]\)' \
+  '"direction":"model_prefill",.*"compute":"bf16",.*"rel_err_vs_forward":\([0-4][0-9.]*e-02\|[0-9.]*e-0[3-9]\)'
 smoke matmul "the BF16 GEMM within 1e-2 of fp32 on every row" '"direction":"matmul"' \
   '"bf16_rel_err_vs_fp32":[0-9.]*e-0[3-9]' '!"bf16_rel_err_vs_fp32":\(nan\|-nan\|inf\|[0-9.]*e-0[0-2]\|[0-9.]*e+\)'
 smoke "decode --ckpt $golden/qwen35_tiny" "the golden checkpoint generating: the last step's logits within 1e-5 of the forward's with an F32 cache, 1e-2 with a BF16 one" \

@@ -41,6 +41,16 @@ bytes=$(samp --prompt "$(printf "$esc")" --temperature 0 --fault no-kv-cache 2>/
 if [ -n "$bytes" ] && [ "$bytes" != "$prompt,$want,10" ]; then ok "negative control: as text without the KV cache differs"
 else bad "negative control: text without the KV cache still matches"; fi
 
+echo "== --compute bf16: the prompt's products in BF16, the decode steps in fp32"
+got=$(samp --prompt-ids "$prompt" --temperature 0 --print-ids --compute bf16 2>/dev/null)
+same=$(python3 -c "a='$got'.split(','); b='$want'.split(','); print(sum(x == y for x, y in zip(a, b)) if len(a) == len(b) else -1)")
+if [ "${got%%,*}" = "${want%%,*}" ] && [ "$same" -ge 24 ]; then
+  ok "BF16 prefill: the first greedy id = transformers' and $same of 32 equal (decode in fp32 from BF16-rounded caches)"
+else bad "BF16 prefill: '$got' vs '$want' ($same equal)"; fi
+got=$(samp --prompt-ids "${prompt#*,}" --temperature 0 --print-ids --compute bf16 2>/dev/null)
+if [ -n "$got" ] && [ "$got" != "$want" ]; then ok "negative control: BF16 with the prompt without its first id differs"
+else bad "negative control: BF16 with a shorter prompt still gives '$got'"; fi
+
 echo "== temperature and top-k"
 got=$(samp --prompt-ids "$prompt" --temperature 1 --top-k 1 --seed 5 --print-ids 2>/dev/null)
 if [ "$got" = "$want" ]; then ok "temperature 1 with --top-k 1 = greedy"; else bad "top-k 1: '$got'"; fi
@@ -71,4 +81,5 @@ refuse "a token id 256 (the vocabulary of 256)" "token ids in \[0, 256\)" samp -
 refuse "an empty --prompt-ids" "prompt" samp --prompt-ids ""
 refuse "--top-p 0" "top-p" samp --prompt-ids 1 --top-p 0
 refuse "--top-p 1.5" "top-p" samp --prompt-ids 1 --top-p 1.5
+refuse "--compute fp16" "unknown option or missing value: --compute" samp --prompt-ids 1 --compute fp16
 finish

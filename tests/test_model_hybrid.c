@@ -485,6 +485,35 @@ static void test_decode_hf(const model_w *m) {
         else expect_far(e, TOL_STOCK, "the prompt's first 20 tokens never prefilled, the last logits");
     }
     if (rc) check(0, "prefill_last: %s", gdn_errmsg());
+    /* A BF16 prefill (gdn_model_decoder_set_compute): the same two pieces within BF16's rounding of
+     * transformers' logits, then a decode step (fp32 either way) within it of logits_decode's
+     * first row; control: the two pieces fed in the other order. Back in fp32 the pieces are fp32's again
+     * (the piece plans remade), and a compute that is neither is refused. */
+    enum { TOL_BF16_LOGITS = 3 };               /* x 1e-2 */
+    for (int skip = 0; !rc && skip < 2; skip++) {
+        gdn_model_decoder_reset(d);
+        rc = gdn_model_decoder_set_compute(d, GDN_COMPUTE_BF16);
+        if (!rc) rc = gdn_model_prefill_last(d, m->w, tok + (skip ? 20 : 0), skip ? T0 - 20 : 20, lg);
+        if (!rc) rc = gdn_model_prefill_last(d, m->w, tok + (skip ? 0 : 20), skip ? 20 : T0 - 20, lg);
+        if (rc) break;
+        const double e = rel_err_f32(lg, lpre + (T0 - 1) * V, V);
+        if (skip) {
+            expect_far(e, TOL_BF16_LOGITS * 1e-2, "BF16 prefill with its two pieces in the other order, the last logits");
+            break;
+        }
+        expect_close(e, TOL_BF16_LOGITS * 1e-2, "gdn_model_prefill_last in BF16 compute over 20 + 17 tokens: the last logits");
+        if (!(rc = gdn_model_decode(d, m->w, tok + T0, lg)))
+            expect_close(rel_err_f32(lg, ldec, V), TOL_BF16_LOGITS * 1e-2, "a decode step after the BF16 prefill");
+    }
+    if (!rc) {
+        gdn_model_decoder_reset(d);
+        rc = gdn_model_decoder_set_compute(d, GDN_COMPUTE_FP32);
+        if (!rc) rc = gdn_model_prefill_last(d, m->w, tok, T0, lg);
+        if (!rc) expect_close(rel_err_f32(lg, lpre + (T0 - 1) * V, V), TOL_STOCK, "back in fp32: the last logits");
+    }
+    if (rc) check(0, "BF16 prefill: %s", gdn_errmsg());
+    expect_status(gdn_model_decoder_set_compute(d, 7), GDN_ERR_ARG, "neither GDN_COMPUTE_FP32",
+                  "gdn_model_decoder_set_compute(7) is refused naming the two");
     gdn_model_decoder_destroy(d);
     gdn_model_plan_destroy(p);
     free(lfull), free(lpre), free(ldec), free(lg), free(fwd);

@@ -16,6 +16,7 @@
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
+#include "gdncp/bench.h"
 #include "gdncp/layer.h"
 #include "gdncp/train.h"
 
@@ -302,13 +303,14 @@ static int model_rows(const char *name, const gdn_model_config *c, const char *c
  * forward FLOPs it needs (gdn_model_prefill_flops); the error of its logits against the
  * training forward's at the last position (ref). */
 static int prefill_row(const char *name, const gdn_model_config *c, const float *w, int64_t P, const float *ref,
-                       double peak, int json, const char *cpu) {
+                       int compute, double peak, int json, const char *cpu) {
     const int threads = 2;
     gdn_token *tok = malloc(sizeof(gdn_token) * (size_t)P);
     float *logits = malloc(sizeof(float) * (size_t)c->vocab);
     gdn_model_decoder *dec = NULL;
     int rc = tok && logits ? GDN_OK : GDN_ERR_NOMEM;
     if (!rc) row_tokens(c, P, 0, tok), rc = gdn_model_decoder_create(&dec, c, 1, P, threads);
+    if (!rc) rc = gdn_model_decoder_set_compute(dec, compute);
     double t[4];
     for (int r = 0; r < 4 && !rc; r++) { /* r = 0 warms up (the piece's plans, first touch) */
         gdn_model_decoder_reset(dec);
@@ -321,14 +323,16 @@ static int prefill_row(const char *name, const gdn_model_config *c, const float 
         const double err = ref ? rel_err(logits, ref, c->vocab) : NAN;
         if (json)
             printf("{\"direction\":\"model_prefill\",\"model\":\"%s\",\"layers\":%lld,\"B\":1,\"prompt\":%lld,"
-                   "\"threads\":%d,\"ms\":%.2f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"peak_gflops\":%.2f,"
-                   "\"fraction_of_peak\":%.4f,\"rel_err_vs_forward\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
-                   name, (long long)c->L, (long long)P, threads, 1e3 * s, (double)P / s, gf, peak, gf / peak, err,
-                   gdn_compute_path(GDN_COMPUTE_FP32), cpu);
+                   "\"threads\":%d,\"compute\":\"%s\",\"ms\":%.2f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
+                   "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"rel_err_vs_forward\":%.3e,\"gemm_path\":\"%s\","
+                   "\"cpu\":\"%s\"}\n",
+                   name, (long long)c->L, (long long)P, threads, gdn_compute_name(compute), 1e3 * s, (double)P / s, gf,
+                   peak, gf / peak, err, gdn_compute_path(compute), cpu);
         else
-            printf("prefill %-14s L=%-2lld B=1 prompt %-5lld thr=%d %9.1f ms %8.0f tokens/s %7.1f GFLOP/s %5.1f %% of "
-                   "the fp32 peak  last logits only  err vs forward %.1e\n",
-                   name, (long long)c->L, (long long)P, threads, 1e3 * s, (double)P / s, gf, 100 * gf / peak, err);
+            printf("prefill %-14s L=%-2lld B=1 prompt %-5lld thr=%d %-4s %9.1f ms %8.0f tokens/s %7.1f GFLOP/s %5.1f %% "
+                   "of the %s peak  last logits only  err vs forward %.1e\n",
+                   name, (long long)c->L, (long long)P, threads, gdn_compute_name(compute), 1e3 * s, (double)P / s, gf,
+                   100 * gf / peak, compute == GDN_COMPUTE_BF16 ? "BF16" : "fp32", err);
         fflush(stdout);
     } else {
         fprintf(stderr, "gdncp bench decode: prefill %s: %s\n", name, gdn_errmsg());
@@ -340,7 +344,8 @@ static int prefill_row(const char *name, const gdn_model_config *c, const float 
 
 /* The prefill row of one model on random weights: the reference the training forward's logits
  * at the prompt's last position. */
-static int prefill_rows(const char *name, const gdn_model_config *c, int64_t P, double peak, int json, const char *cpu) {
+static int prefill_rows(const char *name, const gdn_model_config *c, int64_t P, const double peak[2], int json,
+                        const char *cpu) {
     const size_t nw = gdn_model_param_floats(c);
     float *w = malloc(sizeof(float) * nw), *all = malloc(sizeof(float) * (size_t)P * (size_t)c->vocab);
     gdn_token *tok = malloc(sizeof(gdn_token) * (size_t)P);
@@ -355,7 +360,10 @@ static int prefill_rows(const char *name, const gdn_model_config *c, int64_t P, 
     if (!rc) rc = gdn_model_logits(plan, w, tok, all);
     gdn_model_plan_destroy(plan);
     if (rc) fprintf(stderr, "gdncp bench decode: prefill %s: the forward reference: %s\n", name, gdn_errmsg());
-    if (!rc) rc = prefill_row(name, c, w, P, all + (size_t)(P - 1) * (size_t)c->vocab, peak, json, cpu);
+    /* fp32, then BF16 compute where a BF16 path runs (its fraction of the BF16 instructions' peak) */
+    for (int k = 0; k < (peak[1] > 0 ? 2 : 1) && !rc; k++)
+        rc = prefill_row(name, c, w, P, all + (size_t)(P - 1) * (size_t)c->vocab, k ? GDN_COMPUTE_BF16 : GDN_COMPUTE_FP32,
+                         peak[k], json, cpu);
     free(w), free(all), free(tok);
     return rc ? 1 : 0;
 }
@@ -466,10 +474,13 @@ int cmd_bench_decode(int argc, char **argv) {
     }
     /* Prefill of a prompt forming the last logits: at the real vocabulary, 4 layers (LLLF) and
      * all 24 of Qwen3.5-0.8B's shape; --quick: the small model's */
-    const double peak = cli_peak_gflops(2, json);
+    const int bp = gdn_bench_bf16_path();
+    const double peak[2] = {cli_peak_gflops(2, json), gdn_bench_bf16_peak_gflops(bp, 2)};
     if (!json)
-        printf("prefill (gdn_model_prefill_last, B = 1, fp32): FLOPs = 2 x the non-embedding parameters a token + "
-               "the GatedDeltaNet kernel's forward + the attention core's 2 d H (T + 1) + the last row's head\n");
+        printf("prefill (gdn_model_prefill_last, B = 1, fp32 and BF16 compute): FLOPs = 2 x the non-embedding "
+               "parameters a token + the GatedDeltaNet kernel's forward + the attention core's 2 d H (T + 1) + the "
+               "last row's head; measured BF16 instruction peak %.1f GFLOP/s (%s)\n", peak[1],
+               gdn_bench_bf16_path_name(bp));
     for (int v = 0; v < (quick ? 1 : 2); v++) {
         gdn_model_config c;
         gdn_model_config_named(quick ? "small" : "qwen3.5-0.8b", &c);

@@ -17,6 +17,7 @@ const char cmd_sample_usage[] =
     "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [--tokens N]\n"
     "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
     "                    [--stop auto|none] [--print-ids] [--score] [--cache-dtype f32|bf16]\n"
+    "                    [--compute fp32|bf16]\n"
     "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
     "  --prompt-ids: the prompt as token ids in [0, vocab); --print-ids: the new tokens as ids\n"
     "  (comma-separated, one line) instead of the prompt and the text. --prompt TEXT and text\n"
@@ -29,7 +30,10 @@ const char cmd_sample_usage[] =
     "  writes the separator (its document ended; the token after it was never trained); none:\n"
     "  run to --tokens.\n"
     "  --cache-dtype bf16: the attention layers' KV caches in BF16 (half their memory and of the bytes\n"
-    "  a token reads; keys and values rounded to nearest even, the attention itself in fp32).\n";
+    "  a token reads; keys and values rounded to nearest even, the attention itself in fp32).\n"
+    "  --compute bf16: the prompt's products (projections, MLPs, the head) with bf16 operands and\n"
+    "  fp32 accumulation (a faster prefill where the CPU has BF16 instructions; logits within ~1e-2);\n"
+    "  each new token's step stays fp32.\n";
 
 static int usage(void) {
     fputs(cmd_sample_usage, stderr);
@@ -64,7 +68,7 @@ static int parse_ids(const char *text, gdn_token **ids, size_t *n, int64_t vocab
 
 int cmd_sample(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
-    int print_ids = 0, fault_no_kv = 0, score = 0, cache_dtype = 0;
+    int print_ids = 0, fault_no_kv = 0, score = 0, cache_dtype = 0, compute = GDN_COMPUTE_FP32;
     int64_t tokens = 200, top_k = 0, seed = 1, threads = 0;
     double temperature = 0.8, top_p = 1;
     int stop_auto = 1;
@@ -77,6 +81,7 @@ int cmd_sample(int argc, char **argv) {
         else if (!strcmp(a, "--score")) score = 1; /* the prompt's loss, nothing generated (tests) */
         else if (!strcmp(a, "--cache-dtype") && v && (!strcmp(v, "f32") || !strcmp(v, "bf16")))
             cache_dtype = !strcmp(v, "bf16") ? 2 : 0, i++; /* gdn_dtype's F32 / BF16 */
+        else if (!strcmp(a, "--compute") && v && !gdn_compute_parse(v, &compute)) i++;
         else if (!strcmp(a, "--fault") && v && !strcmp(v, "no-kv-cache")) fault_no_kv = 1, i++; /* tests only */
         else if (!strcmp(a, "--tokens")) {
             if (cli_parse_i64("sample", a, v, 1, 1 << 24, &tokens)) return CLI_USAGE_ERROR;
@@ -180,6 +185,7 @@ int cmd_sample(int argc, char **argv) {
     if (!rc && sep_id >= 0) sep[0] = (gdn_token)sep_id, sep_len = 1;
     /* the KV caches hold the prompt and every new token */
     if (!rc) rc = gdn_model_decoder_create_dtype(&dec, &cfg, 1, positions, (int)threads, cache_dtype);
+    if (!rc) rc = gdn_model_decoder_set_compute(dec, compute);
     /* the prompt (scoring: in one piece, every position's logits; generating: in pieces of at most
      * PREFILL_PIECE tokens, so its activations stay bounded, and only the last position's logits,
      * which give the first new token) */

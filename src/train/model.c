@@ -941,6 +941,7 @@ struct gdn_model_decoder {
     gdn_attn_plan *ap1, *apT;       /* attention plans (NULL without attention layers) */
     gdn_moe_plan *mp1, *mpT;        /* MoE plans (NULL without MoE layers) */
     int64_t pT, cap_rows;           /* the piece plans' T; rows the buffers hold */
+    int compute;                    /* the pieces' products (a token's stay fp32: compute.h) */
     gdn_attn_cache **kv;            /* one per attention layer */
     float *conv, *rec;              /* per GatedDeltaNet layer: [B, conv_dim, Kc], [B, Hv, K, V] */
     float *x, *a, *y, *h, *gu, *m;  /* cap_rows rows */
@@ -964,17 +965,18 @@ static int64_t kind_index(const gdn_model_config *c, int64_t l) {
 static int decoder_plans(gdn_model_decoder *d, int64_t T, gdn_layer_plan **lp, gdn_attn_plan **ap,
                          gdn_moe_plan **mp) {
     const gdn_model_config *c = &d->cfg;
+    const int compute = T > 1 ? d->compute : GDN_COMPUTE_FP32;
     gdn_layer_config lc = gdn_model_layer_config(c, d->B, T);
-    lc.threads = d->threads;
+    lc.threads = d->threads, lc.compute = compute;
     int rc = c->L > gdn_model_attn_layers(c) ? gdn_layer_plan_create(lp, &lc) : GDN_OK;
     if (!rc && gdn_model_attn_layers(c)) {
         gdn_attn_config ac = gdn_model_attn_config(c, d->B, T);
-        ac.threads = d->threads;
+        ac.threads = d->threads, ac.compute = compute;
         rc = gdn_attn_plan_create(ap, &ac);
     }
     if (!rc && gdn_model_moe_layers(c)) {
         gdn_moe_config mc = gdn_model_moe_config(c, d->B * T);
-        mc.threads = d->threads;
+        mc.threads = d->threads, mc.compute = compute;
         rc = gdn_moe_plan_create(mp, &mc);
     }
     return rc;
@@ -1029,7 +1031,8 @@ int gdn_model_decoder_create_dtype(gdn_model_decoder **out, const gdn_model_conf
     d->conv = calloc((size_t)ng * d->conv_floats + 1, sizeof(float));
     d->rec = calloc((size_t)ng * d->rec_floats + 1, sizeof(float));
     d->kv = calloc((size_t)na + 1, sizeof *d->kv);
-    d->mm_ws = malloc(sizeof(float) * gdn_matmul_ws_floats(d->threads));
+    /* room for either precision's packing: gdn_model_decoder_set_compute may switch it later */
+    d->mm_ws = malloc(sizeof(float) * gdn_matmul_compute_ws_floats(GDN_COMPUTE_BF16, d->threads));
     d->woff = malloc(sizeof(size_t) * (size_t)(c->L * WOFF));
     if (!d->conv || !d->rec || !d->kv || !d->mm_ws || !d->woff) {
         gdn_model_decoder_destroy(d);
@@ -1143,13 +1146,14 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
         }
         int64_t wd;
         const int parts = gate_up_parts(c, &wd);
+        const int compute = T > 1 ? d->compute : GDN_COMPUTE_FP32;
         for (int h = 0; h < parts; h++)
-            gdn_matmul(GDN_GEMM_B_TRANS, N, wd, E, d->a, E, wm + dense_off(c, DENSE_GATE + h), E, d->gu + h * I,
-                       2 * I, d->mm_ws, nt);
+            gdn_matmul_compute(compute, GDN_GEMM_B_TRANS, N, wd, E, d->a, E, wm + dense_off(c, DENSE_GATE + h), E,
+                               d->gu + h * I, 2 * I, d->mm_ws, nt);
         for (int64_t i = 0; i < N; i++) gdn_swiglu_row(d->m + i * I, d->gu + i * 2 * I, d->gu + i * 2 * I + I, I);
         memcpy(d->x, d->h, sizeof(float) * (size_t)(N * E));
-        gdn_matmul(GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, wm + dense_off(c, DENSE_DOWN), I, d->x, E,
-                   d->mm_ws, nt);
+        gdn_matmul_compute(compute, GDN_GEMM_B_TRANS | GDN_GEMM_ACC, N, E, I, d->m, I, wm + dense_off(c, DENSE_DOWN),
+                           I, d->x, E, d->mm_ws, nt);
     }
     const float *wf = w + gdn_model_final_norm_offset(c);
     int64_t rows = N;
@@ -1159,9 +1163,22 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
     } else {
         norm_rows(N, E, c->eps, d->a, d->x, wf);
     }
-    gdn_matmul(GDN_GEMM_B_TRANS, rows, c->vocab, E, d->a, E, w + gdn_model_lm_head_offset(c), E, logits, c->vocab,
-               d->mm_ws, nt);
+    gdn_matmul_compute(T > 1 ? d->compute : GDN_COMPUTE_FP32, GDN_GEMM_B_TRANS, rows, c->vocab, E, d->a, E,
+                       w + gdn_model_lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
     d->len += T;
+    return GDN_OK;
+}
+
+int gdn_model_decoder_set_compute(gdn_model_decoder *d, int compute) {
+    if (!d) return gdn_fail(GDN_ERR_ARG, "decoder is NULL");
+    if (compute != GDN_COMPUTE_FP32 && compute != GDN_COMPUTE_BF16)
+        return gdn_fail(GDN_ERR_ARG, "decoder compute %d is neither GDN_COMPUTE_FP32 (0) nor GDN_COMPUTE_BF16 (1)",
+                        compute);
+    if (compute != d->compute) { /* the piece plans are remade in it at the next prefill */
+        gdn_layer_plan_destroy(d->lpT), gdn_attn_plan_destroy(d->apT), gdn_moe_plan_destroy(d->mpT);
+        d->lpT = NULL, d->apT = NULL, d->mpT = NULL, d->pT = 0;
+        d->compute = compute;
+    }
     return GDN_OK;
 }
 
