@@ -156,18 +156,18 @@ int gdn_fail_nonfinite(const char *role, const char *name, double value, int64_t
  * thread works in p->ws[gdn_thread_id()]. */
 int gdn_thread_id(void);
 
-/* fn(ctx, t, nt) on every thread t of a team of nt <= threads; with threads <= 1, one call
- * fn(ctx, 0, 1) on this thread and no OpenMP region at all. A region costs libgomp ~0.3 us and a
- * futex syscall even for a team of one (its end-of-region barrier wakes unconditionally), and a
- * decode step of a small model runs ~40 of them: on the paths a token takes, one thread must
- * not pay for a team. Inside fn, orphaned `omp for` and `omp barrier` bind to the team (to the
- * lone thread when there is none). */
 /* A buffer of bytes for the large arrays (a model's weights, gradients, moments, a plan's
  * arena): 64-byte aligned, and from 2 MiB on aligned to and advised into transparent huge pages
  * (Linux). Released with free(). NULL when out of memory. The _zeroed form clears it. */
 void *gdn_alloc_large(size_t bytes);
 void *gdn_alloc_large_zeroed(size_t bytes);
 
+/* fn(ctx, t, nt) on every thread t of a team of nt <= threads; with threads <= 1, one call
+ * fn(ctx, 0, 1) on this thread and no OpenMP region at all. A region costs libgomp ~0.3 us and a
+ * futex syscall even for a team of one (its end-of-region barrier wakes unconditionally), and a
+ * decode step of a small model runs ~40 of them: on the paths a token takes, one thread must
+ * not pay for a team. Inside fn, orphaned `omp for` and `omp barrier` bind to the team (to the
+ * lone thread when there is none). */
 typedef void (*gdn_team_fn)(void *ctx, int t, int nt);
 void gdn_team(int threads, gdn_team_fn fn, void *ctx);
 /* fn(ctx, lo, hi) over contiguous shares [lo, hi) of [0, n), one per thread of a gdn_team of

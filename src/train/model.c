@@ -337,19 +337,36 @@ double gdn_model_plan_bytes(const gdn_model_plan *p) {
 /* ---------------------------------------------------------------- pieces */
 
 /* y = x / sqrt(mean(x^2) + eps) * (1 + w), row by row; rstd keeps 1/sqrt(...). */
+/* Qwen3.5's RMSNorm of N rows of E, y = x / rms(x) * (1 + w), the one of the training forward
+ * and of the decoder: rstd (NULL: not kept) receives each row's 1 / rms. Rows split over the
+ * threads worth a team for their bytes (a decode step's one row opens no region). */
+typedef struct {
+    int64_t E;
+    float eps;
+    float *y, *rstd;
+    const float *x, *w;
+} rms_norm_job;
+
+static void rms_norm_range(void *ctx, int64_t lo, int64_t hi) {
+    const rms_norm_job *j = ctx;
+    const int64_t E = j->E;
+    for (int64_t i = lo; i < hi; i++) {
+        const float *xi = j->x + i * E;
+        const float r = 1.0f / sqrtf(gdn_sumsq(xi, E) / (float)E + j->eps);
+        if (j->rstd) j->rstd[i] = r;
+        for (int64_t e = 0; e < E; e++) j->y[i * E + e] = xi[e] * r * (1.0f + j->w[e]);
+    }
+}
+
+static void rms_norm(int threads, int64_t N, int64_t E, float eps, float *y, float *rstd, const float *x,
+                     const float *w) {
+    rms_norm_job j = {E, eps, y, rstd, x, w};
+    gdn_parallel_range(gdn_threads_for_bytes(threads, 8.0 * (double)(N * E)), N, rms_norm_range, &j);
+}
+
 static void norm_forward(const gdn_model_plan *p, int64_t N, float *y, float *rstd, const float *x,
                          const float *w) {
-    const int64_t E = p->cfg.E;
-    const float eps = p->cfg.eps;
-#pragma omp parallel for num_threads(p->threads) schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        const float *xi = x + i * E;
-        float ss = 0.0f;
-        for (int64_t e = 0; e < E; e++) ss += xi[e] * xi[e];
-        const float r = 1.0f / sqrtf(ss / (float)E + eps);
-        if (rstd) rstd[i] = r;
-        for (int64_t e = 0; e < E; e++) y[i * E + e] = xi[e] * r * (1.0f + w[e]);
-    }
+    rms_norm(p->threads, N, p->cfg.E, p->cfg.eps, y, rstd, x, w);
 }
 
 /* dx (+)= the norm's input gradient for dy; dw = its weight gradient (overwritten). Per-thread
@@ -1088,15 +1105,6 @@ int gdn_model_decoder_gdn_state(gdn_model_decoder *d, int64_t l, float **conv_st
 }
 
 /* The per-row norm for the decoder's rows (no plan: a tiny loop). */
-static void norm_rows(int64_t N, int64_t E, float eps, float *y, const float *x, const float *w) {
-    for (int64_t i = 0; i < N; i++) {
-        float ss = 0.0f;
-        for (int64_t e = 0; e < E; e++) ss += x[i * E + e] * x[i * E + e];
-        const float r = 1.0f / sqrtf(ss / (float)E + eps);
-        for (int64_t e = 0; e < E; e++) y[i * E + e] = x[i * E + e] * r * (1.0f + w[e]);
-    }
-}
-
 /* Layer l's mixer on the piece d->a [B, T, E] into d->y, with its cache. */
 static int decoder_mixer(gdn_model_decoder *d, int64_t l, int64_t T, const float *w) {
     const gdn_model_config *c = &d->cfg;
@@ -1134,10 +1142,10 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
     for (int64_t i = 0; i < N; i++)
         memcpy(d->x + i * E, w + (size_t)tokens[i] * (size_t)E, sizeof(float) * (size_t)E);
     for (int64_t l = 0; l < c->L; l++) {
-        norm_rows(N, E, c->eps, d->a, d->x, w + blk_off(d, l, BLK_IN_NORM));
+        rms_norm(nt, N, E, c->eps, d->a, NULL, d->x, w + blk_off(d, l, BLK_IN_NORM));
         if ((rc = decoder_mixer(d, l, T, w))) return rc;
         for (int64_t i = 0; i < N * E; i++) d->h[i] = d->x[i] + d->y[i];
-        norm_rows(N, E, c->eps, d->a, d->h, w + blk_off(d, l, BLK_POST_NORM));
+        rms_norm(nt, N, E, c->eps, d->a, NULL, d->h, w + blk_off(d, l, BLK_POST_NORM));
         const float *wm = w + blk_off(d, l, BLK_MLP);
         if (is_moe(c, l)) { /* only the chosen experts' weights are read */
             if ((rc = gdn_moe_forward(T == 1 ? d->mp1 : d->mpT, d->y, NULL, d->a, wm, NULL, NULL, NULL))) return rc;
@@ -1158,10 +1166,10 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
     const float *wf = w + gdn_model_final_norm_offset(c);
     int64_t rows = N;
     if (last_only && T > 1) { /* each sequence's last position's row, then the head over B rows */
-        for (int64_t b = 0; b < d->B; b++) norm_rows(1, E, c->eps, d->a + b * E, d->x + (b * T + T - 1) * E, wf);
+        for (int64_t b = 0; b < d->B; b++) rms_norm(1, 1, E, c->eps, d->a + b * E, NULL, d->x + (b * T + T - 1) * E, wf);
         rows = d->B;
     } else {
-        norm_rows(N, E, c->eps, d->a, d->x, wf);
+        rms_norm(nt, N, E, c->eps, d->a, NULL, d->x, wf);
     }
     gdn_matmul_compute(T > 1 ? d->compute : GDN_COMPUTE_FP32, GDN_GEMM_B_TRANS, rows, c->vocab, E, d->a, E,
                        w + gdn_model_lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
