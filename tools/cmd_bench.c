@@ -21,14 +21,12 @@ static float urand(void) { /* uniform in [0, 1) */
 }
 
 static double flops_forward(const gdn_config *c) {
-    const double C = c->chunk, K = c->K, V = c->V;
-    return (3 * C * K + 2 * C * V + 6 * K * V + C * C / 3) * (double)c->B * c->T * c->Hv;
+    return gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 0) * (double)c->B * c->T * c->Hv;
 }
 
 /* DESIGN §3: backward including recompute, triangular products counted in full. */
 static double flops_backward(const gdn_config *c) {
-    const double C = c->chunk, K = c->K, V = c->V;
-    return (18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C) * (double)c->B * c->T * c->Hv;
+    return gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 1) * (double)c->B * c->T * c->Hv;
 }
 
 /* max|x - ref| / max|ref| (the absolute error when ref is all zeros). */

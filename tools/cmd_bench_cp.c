@@ -35,9 +35,8 @@ enum { MAX_REPS = 16 };
  * forward, and the backward with its recompute; per token, so dense and packed runs of the same
  * tokens count the same work. */
 static double flops_fwd_bwd(const gdn_config *c, int64_t T) {
-    const double C = c->chunk, K = c->K, V = c->V;
-    return ((3 * C * K + 2 * C * V + 6 * K * V + C * C / 3) + (18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C)) *
-           (double)T * c->Hv;
+    return (gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 0) + gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 1)) *
+           (double)T * (double)c->Hv;
 }
 
 /* Document lengths drawn uniformly in [lo, hi] (xorshift, `seed`) until T tokens; when what is

@@ -28,10 +28,8 @@ static double proj_flops_per_token(const gdn_layer_config *c) {
     return 2 * E * (2 * kd + 2 * vd + 2 * c->Hv) + 2 * vd * E;
 }
 static double kernel_flops_per_token(const gdn_layer_config *c, int backward) {
-    const double C = c->chunk ? c->chunk : 64, K = c->K, V = c->V;
-    const double f = 3 * C * K + 2 * C * V + 6 * K * V + C * C / 3;
-    const double b = 18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C;
-    return c->Hv * (backward ? f + b : f);
+    const double f = gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 0);
+    return c->Hv * (backward ? f + gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 1) : f);
 }
 
 static float *random_floats(size_t n, float lo, float hi, uint64_t *s) {

@@ -96,6 +96,11 @@ typedef struct {
     double *dh0;
 } gdn_rule_grads_f64;
 
+/* The chunked rule's useful FLOPs per (value head, token) at chunk C (0: 64), value and key
+ * widths K, V (DESIGN §3, triangular products counted in full): the forward, or (backward = 1)
+ * the backward with its recompute. The one count of the benchmarks and the trainer. */
+GDN_API double gdn_rule_flops_per_head_token(int64_t K, int64_t V, int chunk, int backward);
+
 /* ---------------------------------------------------------------- the fast chunked kernel */
 
 /* A plan fixes shapes, chunk size, threads, kernel path and owns all workspace:

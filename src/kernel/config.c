@@ -64,6 +64,11 @@ int gdn_pack_check_whole(const gdn_config *c) {
     return GDN_OK;
 }
 
+double gdn_rule_flops_per_head_token(int64_t K, int64_t V, int chunk, int backward) {
+    const double C = chunk > 0 ? chunk : 64, k = (double)K, v = (double)V;
+    return backward ? 18 * C * k + 10 * C * v + 16 * k * v + 4 * C * C : 3 * C * k + 2 * C * v + 6 * k * v + C * C / 3;
+}
+
 int gdn_config_check(const gdn_config *cfg) {
     if (!cfg) return gdn_fail(GDN_ERR_ARG, "config is NULL");
     const struct { const char *name; int64_t v; } dims[] = {

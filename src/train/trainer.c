@@ -51,9 +51,7 @@ static double flops_per_token(const gdn_model_config *c, int64_t T, int train, i
                                 (double)c->moe_I * (double)c->E;
     const double params = (double)gdn_model_param_count(c) - (c->tie_embeddings ? 0.0 : (double)(c->vocab * c->E)) -
                           idle_experts - (head ? 0.0 : (double)(c->vocab * c->E));
-    const double C = 64, K = (double)c->K, V = (double)c->V;
-    const double f = 3 * C * K + 2 * C * V + 6 * K * V + C * C / 3;
-    const double b = 18 * C * K + 10 * C * V + 16 * K * V + 4 * C * C;
+    const double f = gdn_rule_flops_per_head_token(c->K, c->V, 64, 0), b = gdn_rule_flops_per_head_token(c->K, c->V, 64, 1);
     /* the GatedDeltaNet layers' kernels, and the attention layers' causal cores (forward
      * 2 d H (T + 1) a token: QK^T and PV over half the positions on average; backward 5) */
     const double na = (double)gdn_model_attn_layers(c);
