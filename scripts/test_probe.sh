@@ -97,5 +97,7 @@ done <<LIST
 2|--model needs at most 8 named models separated by single commas, got 'tiny,,small'|$L bench train --model tiny,,small
 2|--model needs at most 8 named models separated by single commas, got 'tiny,'|$L bench train --model tiny,
 2|--model bogus: no such named model|$L bench train --model bogus
+2|option --M needs an integer in \[1, 1048576\], got 'x'|$L bench matmul --M x
+2|option --reps needs an integer|$L bench matmul --reps 0
 LIST
 finish

@@ -43,10 +43,10 @@ int cmd_bench_matmul(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--M") && i + 1 < argc) {
-            if (cli_int("--M", argv[++i], 1, 1 << 20, &M)) return 1;
+            if (cli_int("--M", argv[++i], 1, 1 << 20, &M)) return CLI_USAGE_ERROR;
             m_set = 1;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            if (cli_int("--reps", argv[++i], 1, 100, &reps)) return 1;
+            if (cli_int("--reps", argv[++i], 1, 100, &reps)) return CLI_USAGE_ERROR;
         } else if (strcmp(argv[i], "matmul")) {
             fprintf(stderr, "gdncp bench matmul: unknown option or missing value: %s\n%s", argv[i], cmd_bench_matmul_usage);
             return CLI_USAGE_ERROR;
