@@ -12,7 +12,10 @@
  *    of packing it for one use (40 -> 60 % of peak there).
  *    Work items of a slice (row blocks of about MC rows; for small m, row block x column group)
  *    are handed out dynamically, so that a thread slowed by another process on a shared
- *    machine does not hold the other up at every slice.
+ *    machine does not hold the other up at every slice. Fewer than 4 row blocks a thread
+ *    against many columns (a shard's rows, the loss head's chunk against the vocabulary): each
+ *    thread owns a column range of every panel instead, packs its own B micro-panels and all
+ *    of A, and never waits for the other inside the product.
  *  - streaming (decode: m <= 16, A plain and B stored transposed, i.e. a weight matrix
  *    [n x kk]): packing W would double its memory traffic, so each W row is read once and dotted
  *    with all m rows of A (threads split the W rows; 4 W rows x 4 A rows per register tile, or

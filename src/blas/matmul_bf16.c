@@ -30,8 +30,10 @@
  *    contiguous (an A tile is 16 rows x 32 k at a row stride of 2 kc bytes).
  * Loops: for each KC slice, the threads pack all of op(A)'s rows (m x kc bf16, once per slice:
  * the whole of A is converted once), then for each NC-column panel they pack op(B)'s
- * micro-panels (shared) and run work items (row block x all micro-panels) dynamically. C is
- * accumulated in fp32 in memory across slices.
+ * micro-panels (shared) and run work items (row block x all micro-panels) dynamically; with
+ * few row blocks against many columns each thread instead owns a range of the micro-panels over
+ * the whole width and packs them itself (no barrier per panel). C is accumulated in fp32 in
+ * memory across slices.
  *
  * Rounding (what each path computes per output element, for one KC slice, the pairs in order):
  *  - VDPBF16PS (Intel SDM vol. 2, VDPBF16PS pseudo-code): acc += a[2i+1] b[2i+1];
