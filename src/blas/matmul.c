@@ -421,6 +421,20 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
 
 /* ---------------------------------------------------------------- blocked path */
 
+/* Rows [ic, ic + mc) of op(A)'s depth slice [pc, pc + kc), packed into apack, times the packed B
+ * micro-panels q_lo..q_hi of the panel at bp (panel q at bp + q kc NR) into C's columns
+ * [q_lo NR, q_hi NR) of the nc the panel holds (C at the panel's first column). Each A
+ * micro-panel (kc x MR, 14 KB) stays in L1 while the B micro-panels stream from L2. */
+static void block_product(float *apack, const float *A, int64_t lda, int a_trans, int64_t ic, int64_t mc,
+                          int64_t pc, int64_t kc, const float *bp, int64_t q_lo, int64_t q_hi, float *C, int64_t ldc,
+                          int64_t nc, int acc) {
+    pack_a(apack, A, lda, a_trans, ic, mc, pc, kc);
+    for (int64_t ir = 0; ir < mc; ir += MR)
+        for (int64_t q = q_lo; q < q_hi; q++)
+            micro(kc, apack + ir * kc, bp + q * kc * NR, C + (ic + ir) * ldc + q * NR, ldc, acc,
+                  (int)min64(MR, mc - ir), (int)min64(NR, nc - q * NR));
+}
+
 size_t gdn_matmul_ws_floats(int threads) {
     if (threads < 1) threads = 1;
     /* shared B panel (NC rounded to NR; one more micro-panel a thread where each owns a
@@ -487,13 +501,9 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                         pack_b_panel(own + q * kc * NR, B, ldb, b_trans, bf, pc, kc, jc + q * NR,
                                      (int)min64(NR, nc - q * NR));
                     for (int64_t ib = 0; ib < nblk_m && q_lo < q_hi; ib++) {
-                        const int64_t ic = ib * ppb * MR, mc = min64(ppb * MR, m - ic);
-                        pack_a(apack, A, lda, a_trans, ic, mc, pc, kc);
-                        for (int64_t ir = 0; ir < mc; ir += MR)
-                            for (int64_t q = q_lo; q < q_hi; q++)
-                                micro(kc, apack + ir * kc, own + q * kc * NR,
-                                      C + (ic + ir) * ldc + jc + q * NR, ldc, acc_k,
-                                      (int)min64(MR, mc - ir), (int)min64(NR, nc - q * NR));
+                        const int64_t ic = ib * ppb * MR;
+                        block_product(apack, A, lda, a_trans, ic, min64(ppb * MR, m - ic), pc, kc, own, q_lo, q_hi,
+                                      C + jc, ldc, nc, acc_k);
                     }
                     continue;
                 }
@@ -514,14 +524,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                                          (int)min64(MR, mc - ir), (int)min64(NR, nc - q_lo * NR));
                         continue;
                     }
-                    pack_a(apack, A, lda, a_trans, ic, mc, pc, kc);
-                    /* A micro-panel (kc x MR, 14 KB) stays in L1 while the B micro-panels
-                     * stream from the L2-resident packed panel */
-                    for (int64_t ir = 0; ir < mc; ir += MR)
-                        for (int64_t q = q_lo; q < q_hi; q++)
-                            micro(kc, apack + ir * kc, bpack + q * kc * NR,
-                                  C + (ic + ir) * ldc + jc + q * NR, ldc, acc_k,
-                                  (int)min64(MR, mc - ir), (int)min64(NR, nc - q * NR));
+                    block_product(apack, A, lda, a_trans, ic, mc, pc, kc, bpack, q_lo, q_hi, C + jc, ldc, nc, acc_k);
                 } /* (implied barrier: the B panel is repacked next) */
             }
         }
