@@ -925,8 +925,8 @@ def print_model_section(a, sides):
     print(f"[model] {info['shape']}; {_where()}; measured peaks fp32 {info['peak32']:.0f} GFLOP/s, BF16 "
           f"{info['peak16']:.0f} GFLOP/s ({info['bf16_path']}; the larger of before the sides, "
           f"{info['peaks_before'][0]:.0f} / {info['peaks_before'][1]:.0f}, and after, {info['peaks_after'][0]:.0f} / "
-          f"{info['peaks_after'][1]:.0f}: a fraction over 100 % means other work ran on the cores during a "
-          f"measurement); {info['flops_per_token'] / 1e9:.2f} GFLOP a token (gdncp train's count); medians over "
+          f"{info['peaks_after'][1]:.0f}; a BF16 side may pass the fp32 peak, but a side past 100 % of its own "
+          f"precision's peak means other work ran on the cores while a peak was measured); {info['flops_per_token'] / 1e9:.2f} GFLOP a token (gdncp train's count); medians over "
           "every round's steps")
     for name, r, why in rows:
         if r is None:
