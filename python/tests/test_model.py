@@ -276,6 +276,28 @@ def test_generate_with_a_bf16_kv_cache(tiny):
         tiny.generate_text("Hi", max_new_tokens=2, cache_dtype="bfloat16")
 
 
+def test_generate_with_a_bf16_prefill(tiny, monkeypatch):
+    """compute="bf16" (the prompt's products on bf16 operands; gdn_model_decoder_set_compute):
+    greedy ids = generate.io's (the C suite model_hybrid checks the logits within 3e-2 of
+    transformers'); control: the decoder left in fp32 when bf16 is asked (the call dropped) is
+    observed as the compute passed, and a bad compute is refused before C."""
+    prompt, want = _gen_io()
+    got = tiny.generate(prompt, max_new_tokens=want.shape[1], compute="bf16")
+    assert np.array_equal(got, want), (got, want)
+    assert not np.array_equal(tiny.generate(prompt[:, 1:], max_new_tokens=want.shape[1], compute="bf16"), want)
+    real, seen = L.gdn_model_decoder_set_compute, []
+
+    def spy(dec, compute):
+        seen.append(compute)
+        return real(dec, compute)
+    monkeypatch.setattr(L, "gdn_model_decoder_set_compute", spy)
+    tiny.generate(prompt, max_new_tokens=2, compute="bf16")
+    tiny.generate(prompt, max_new_tokens=2)
+    assert seen == [1, 0]
+    with pytest.raises(ValueError, match="compute must be"):
+        tiny.generate(prompt, max_new_tokens=2, compute="fp16")
+
+
 def test_prompt_prefilled_in_pieces(tiny, monkeypatch):
     """A prompt longer than one prefill piece (pieces of 5 tokens here: 12 = 5 + 5 + 2) gives the
     same ids; control: the middle piece never fed to the decoder gives other ids."""

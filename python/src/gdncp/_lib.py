@@ -348,6 +348,8 @@ gdn_model_decoder_create = _proto("gdn_model_decoder_create", c_int, POINTER(c_v
                                   c_int64, c_int64, c_int)
 gdn_model_decoder_create_dtype = _proto("gdn_model_decoder_create_dtype", c_int, POINTER(c_void_p),
                                         P_mcfg, c_int64, c_int64, c_int, c_int)
+# (dec, compute): the prefill pieces' products in GDN_COMPUTE_FP32 (0) or GDN_COMPUTE_BF16 (1)
+gdn_model_decoder_set_compute = _proto("gdn_model_decoder_set_compute", c_int, c_void_p, c_int)
 gdn_model_decoder_destroy = _proto("gdn_model_decoder_destroy", None, c_void_p)
 gdn_model_decoder_reset = _proto("gdn_model_decoder_reset", None, c_void_p)
 gdn_model_decoder_length = _proto("gdn_model_decoder_length", c_int64, c_void_p)

@@ -457,7 +457,7 @@ class Model:
 
     def generate(self, input_ids, max_new_tokens=20, do_sample=False, temperature=1.0, top_k=0,
                  top_p=1.0, seed=0, eos_token_id=None, pad_token_id=None, stop=None,
-                 cache_dtype="f32"):
+                 cache_dtype="f32", compute="fp32"):
         """New tokens after each prompt row: input_ids [B, T] -> int64 numpy [B, N] with
         N = max_new_tokens (transformers' `generate(...)[:, T:]`).
 
@@ -470,7 +470,10 @@ class Model:
         result stops early, with fewer than max_new_tokens columns. stop (a sequence of ids, e.g.
         pack_separator()): a row whose newest tokens are it is finished too, after writing it.
         cache_dtype="bf16": the attention layers' KV caches in BF16 (half their memory and of the
-        bytes each token reads; keys and values rounded to nearest even, attention in fp32)."""
+        bytes each token reads; keys and values rounded to nearest even, attention in fp32).
+        compute="bf16": the prompt's products (projections, MLPs, the head) with bf16 operands and
+        fp32 accumulation (`gdncp sample --compute bf16`; a faster prefill where the CPU has BF16
+        instructions, logits within ~1e-2); each new token's step stays fp32."""
         self._live()
         ids = self._ids(input_ids)
         B, T = ids.shape
@@ -482,12 +485,15 @@ class Model:
             _int_arg("pad_token_id", pad_token_id, 0, self._cfg.vocab - 1)
         stop = self._stop(stop)
         cdt = self._cache_dtype(cache_dtype)
+        if compute not in ("fp32", "bf16"):
+            raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
         if N == 0:
             return np.zeros((B, 0), np.int64)
         self._check_length(T + N, "the prompt plus max_new_tokens")
         with self._lock:
             self._live()
-            return self._generate(ids, N, s, seed, set(eos), pad, stop=stop, cache_dtype=cdt)
+            return self._generate(ids, N, s, seed, set(eos), pad, stop=stop, cache_dtype=cdt,
+                                  compute=1 if compute == "bf16" else 0)
 
     @staticmethod
     def _cache_dtype(v):
@@ -504,7 +510,7 @@ class Model:
             raise ValueError("stop is empty: give at least one id")
         return tuple(_int_arg("stop", x, 0, self._cfg.vocab - 1) for x in ids)
 
-    def _generate(self, ids, N, s, seed, eos, pad, stop=None, cache_dtype=0):
+    def _generate(self, ids, N, s, seed, eos, pad, stop=None, cache_dtype=0, compute=0):
         """stop: a tuple of ids; a row whose newest tokens (prompt included) are it is finished
         (after writing it), like eos."""
         B, T = ids.shape
@@ -513,6 +519,7 @@ class Model:
         L.check(L.gdn_model_decoder_create_dtype(ctypes.byref(dec), ctypes.byref(self._cfg), B, T + N,
                                                  self._threads, cache_dtype), "gdncp.Model.generate")
         try:
+            L.check(L.gdn_model_decoder_set_compute(dec, compute), "gdncp.Model.generate")
             w = L.f32p(self._w)
             # the prompt in pieces of at most _PREFILL_PIECE tokens a row (bounded activations),
             # each forming only its last position's logits (the head over B rows, not B x T)
