@@ -248,13 +248,14 @@ int cmd_bench_train(int argc, char **argv) {
             return CLI_USAGE_ERROR;
         }
     }
-    if (!n_models) { /* the named sizes */
+    const int given_models = n_models > 0;
+    if (!given_models) { /* the named sizes */
         static const char *const names[] = {"tiny", "tiny-moe", "small", "small-moe"};
         for (int i = 0; i < (quick ? 2 : 4); i++) snprintf(models[n_models++], sizeof models[0], "%s", names[i]);
-        if (quick) T = given_T ? T : 128, B = given_B ? B : 2;
-    } else if (!given_T && !given_B) { /* the real shapes: one sequence of 2048 */
-        T = 2048, B = 1;
     }
+    /* defaults: --quick 2 x 128; models given (the real shapes) one sequence of 2048 */
+    if (!given_T) T = quick ? 128 : given_models ? 2048 : T;
+    if (!given_B) B = quick ? 2 : given_models ? 1 : B;
     const int threads = omp_get_max_threads();
     char cpu[256];
     cli_cpu_name(cpu, sizeof cpu);

@@ -978,11 +978,21 @@ static int64_t kind_index(const gdn_model_config *c, int64_t l) {
     return is_attn(c, l) ? gdn_model_attn_before(c, l) : l - gdn_model_attn_before(c, l);
 }
 
+/* The products' precision of a piece of T tokens: the decoder's for a prefill, fp32 for a token
+ * (bound by reading the weights; compute.h). */
+static int piece_compute(const gdn_model_decoder *d, int64_t T) { return T > 1 ? d->compute : GDN_COMPUTE_FP32; }
+
+/* The plans for pieces of T > 1 tokens dropped: the next prefill makes them anew. */
+static void drop_piece_plans(gdn_model_decoder *d) {
+    gdn_layer_plan_destroy(d->lpT), gdn_attn_plan_destroy(d->apT), gdn_moe_plan_destroy(d->mpT);
+    d->lpT = NULL, d->apT = NULL, d->mpT = NULL, d->pT = 0;
+}
+
 /* Plans of the mixers and the MoE blocks for pieces of T tokens (T = 1: the decode plans). */
 static int decoder_plans(gdn_model_decoder *d, int64_t T, gdn_layer_plan **lp, gdn_attn_plan **ap,
                          gdn_moe_plan **mp) {
     const gdn_model_config *c = &d->cfg;
-    const int compute = T > 1 ? d->compute : GDN_COMPUTE_FP32;
+    const int compute = piece_compute(d, T);
     gdn_layer_config lc = gdn_model_layer_config(c, d->B, T);
     lc.threads = d->threads, lc.compute = compute;
     int rc = c->L > gdn_model_attn_layers(c) ? gdn_layer_plan_create(lp, &lc) : GDN_OK;
@@ -1130,15 +1140,14 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
     int rc = check_tokens(T == 1 ? "decode" : "prefill", tokens, d->B, T, T, d->cfg.vocab, NULL);
     if (rc) return rc;
     if (T > 1 && T != d->pT) { /* this piece length's plans (made at a prefill, never per token) */
-        gdn_layer_plan_destroy(d->lpT), gdn_attn_plan_destroy(d->apT), gdn_moe_plan_destroy(d->mpT);
-        d->lpT = NULL, d->apT = NULL, d->mpT = NULL, d->pT = 0;
+        drop_piece_plans(d);
         if ((rc = decoder_plans(d, T, &d->lpT, &d->apT, &d->mpT))) return rc;
         d->pT = T;
     }
     if ((rc = decoder_rows(d, T))) return rc;
     const gdn_model_config *c = &d->cfg;
     const int64_t N = d->B * T, E = c->E, I = c->I;
-    const int nt = d->threads;
+    const int nt = d->threads, compute = piece_compute(d, T);
     for (int64_t i = 0; i < N; i++)
         memcpy(d->x + i * E, w + (size_t)tokens[i] * (size_t)E, sizeof(float) * (size_t)E);
     for (int64_t l = 0; l < c->L; l++) {
@@ -1154,7 +1163,6 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
         }
         int64_t wd;
         const int parts = gate_up_parts(c, &wd);
-        const int compute = T > 1 ? d->compute : GDN_COMPUTE_FP32;
         for (int h = 0; h < parts; h++)
             gdn_matmul_compute(compute, GDN_GEMM_B_TRANS, N, wd, E, d->a, E, wm + dense_off(c, DENSE_GATE + h), E,
                                d->gu + h * I, 2 * I, d->mm_ws, nt);
@@ -1171,7 +1179,7 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
     } else {
         rms_norm(nt, N, E, c->eps, d->a, NULL, d->x, wf);
     }
-    gdn_matmul_compute(T > 1 ? d->compute : GDN_COMPUTE_FP32, GDN_GEMM_B_TRANS, rows, c->vocab, E, d->a, E,
+    gdn_matmul_compute(compute, GDN_GEMM_B_TRANS, rows, c->vocab, E, d->a, E,
                        w + gdn_model_lm_head_offset(c), E, logits, c->vocab, d->mm_ws, nt);
     d->len += T;
     return GDN_OK;
@@ -1182,11 +1190,8 @@ int gdn_model_decoder_set_compute(gdn_model_decoder *d, int compute) {
     if (compute != GDN_COMPUTE_FP32 && compute != GDN_COMPUTE_BF16)
         return gdn_fail(GDN_ERR_ARG, "decoder compute %d is neither GDN_COMPUTE_FP32 (0) nor GDN_COMPUTE_BF16 (1)",
                         compute);
-    if (compute != d->compute) { /* the piece plans are remade in it at the next prefill */
-        gdn_layer_plan_destroy(d->lpT), gdn_attn_plan_destroy(d->apT), gdn_moe_plan_destroy(d->mpT);
-        d->lpT = NULL, d->apT = NULL, d->mpT = NULL, d->pT = 0;
-        d->compute = compute;
-    }
+    if (compute != d->compute) drop_piece_plans(d); /* remade in it at the next prefill */
+    d->compute = compute;
     return GDN_OK;
 }
 
