@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gdncp/train.h"
+#include "gdncp.h"
 
 /* A model small enough for finite differences, with every piece present. */
 static gdn_model_config small_cfg(void) {

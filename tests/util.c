@@ -1,6 +1,6 @@
 #define _GNU_SOURCE /* RTLD_NEXT */
 #include "harness.h"
-#include "gdncp/train.h"
+#include "gdncp.h"
 
 #include <dlfcn.h>
 

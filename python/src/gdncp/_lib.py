@@ -16,16 +16,20 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _load():
-    # GDNCP_LIBRARY overrides the copy installed inside the package (a developer's build).
+    # GDNCP_LIBRARY overrides the copy installed inside the package (a developer's build). The
+    # MPI wing, libgdncp_mpi.so (context parallelism), sits beside it in a build with MPI: loaded
+    # through the wing, the symbols of both resolve (the wing depends on libgdncp.so).
     path = os.environ.get("GDNCP_LIBRARY") or os.path.join(_HERE, "libgdncp.so")
     if not os.path.exists(path):
         raise ImportError(
             f"gdncp: the shared library {path} is missing; install the package with "
             "`pip install ./python` from the repository (it builds libgdncp.so with CMake)")
-    return ctypes.CDLL(path)
+    wing = os.path.join(os.path.dirname(path), "libgdncp_mpi.so")
+    has_wing = os.path.exists(wing)
+    return ctypes.CDLL(wing if has_wing else path), has_wing
 
 
-lib = _load()
+lib, HAS_MPI_WING = _load()
 
 GDN_OK = 0
 GDN_F32, GDN_F64, GDN_BF16 = 0, 1, 2
@@ -107,6 +111,11 @@ def rule_grads(dq, dk, dv, dg, dbeta, dh0=None, f64=False):
 
 
 def _proto(name, restype, *argtypes):
+    if not HAS_MPI_WING and not hasattr(lib, name):  # a CP function in a build without the wing
+        def missing(*args):
+            raise RuntimeError(f"gdncp: {name} is context parallelism, in libgdncp_mpi.so, which this "
+                               "build of the library does not have (built with GDN_MPI=OFF)")
+        return missing
     f = getattr(lib, name)
     f.restype = restype
     f.argtypes = list(argtypes)

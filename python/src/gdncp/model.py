@@ -1,5 +1,5 @@
 """The whole Qwen3.5 model from Python: gdncp.Model runs the C library's hybrid decoder
-(GatedDeltaNet and gated full-attention layers, include/gdncp/train.h) on a Hugging Face
+(GatedDeltaNet and gated full-attention layers, include/gdncp/model.h) on a Hugging Face
 Qwen3.5 checkpoint or a `gdncp train` output directory.
 
     m = gdncp.Model.from_pretrained(path, threads=0)

@@ -10,7 +10,7 @@ document, or several when --split SEP is given (SEP with the escapes \\n \\t \\r
 <|endoftext|>, </s>, <|im_end|>, <eos> in its vocabulary); without either it is an error. Train on
 the file with `gdncp train --data FILE --vocab N --pack-id EOT` (N: the vocabulary printed here).
 
-The format (docs/training.md "Token files"; include/gdncp/train.h): a 1024-byte header of 256
+The format (docs/training.md "Token files"; include/gdncp/data.h): a 1024-byte header of 256
 little-endian uint32 words, then the ids, little-endian, uint16 when the vocabulary has at most
 65,536 ids, else uint32:
 

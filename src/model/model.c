@@ -7,7 +7,7 @@
  *   m = silu(gate) * up           x' = h + m W_down^T
  * with norm(x; w) = x / sqrt(mean(x^2) + eps) * (1 + w) (the zero-centred RMSNorm) and the mixer
  * layer l's GatedDeltaNet or gated full attention (cfg.full_attention[l]). */
-#include "gdncp/train.h"
+#include "gdncp/model.h"
 
 #include <math.h>
 #include <omp.h>
@@ -16,9 +16,9 @@
 #include <string.h>
 
 #include "base.h"
-#include "cp_internal.h"
 #include "layer_internal.h"
 #include "swiglu.h"
+#include "model_group.h"
 #include "model_internal.h"
 
 /* What the forward keeps of one block for its backward (all N rows): the mixer's saved floats
@@ -104,7 +104,7 @@ static int check_tokens(const char *what, const gdn_token *tokens, int64_t B, in
             const gdn_token id = tokens[b * stride + t];
             if (id < 0 || id >= vocab) {
                 char where[64] = "";
-                if (cp) snprintf(where, sizeof where, " (of CP rank %d's shard)", cp->rank);
+                if (cp) snprintf(where, sizeof where, " (of CP rank %d's shard)", gdn_model_group_of(cp)->rank);
                 return gdn_fail(GDN_ERR_ARG, "%s: token id %d at row %lld position %lld%s is outside the vocabulary "
                                 "[0, %lld)", what, (int)id, (long long)b, (long long)t, where, (long long)vocab);
             }
@@ -114,7 +114,7 @@ static int check_tokens(const char *what, const gdn_token *tokens, int64_t B, in
 /* A collective entry point's local check, agreed over the CP group (one rank's bad token stops
  * them all before any exchange, each returning an error). */
 static int agree_local(const gdn_model_plan *p, int rc) {
-    return p->cp ? gdn_cp_agree_status(p->cp, rc) : rc;
+    return p->cp ? gdn_model_group_of(p->cp)->agree_status(p->cp, rc) : rc;
 }
 
 /* Packed rows under CP run one mixer call per row (each row its own stream over the ranks). */
@@ -408,11 +408,11 @@ static void norm_backward(gdn_model_plan *p, int64_t N, float *dx, int accumulat
  * shard lengths, once (inside the forward, which is collective anyway). */
 static int attn_learn_offset(gdn_model_plan *p) {
     if (!p->ap || !p->cp || p->run.pack || p->ap_offset_known) return GDN_OK;
-    int64_t T = p->run.T, before = 0;
-    if (MPI_Exscan(&T, &before, 1, MPI_INT64_T, MPI_SUM, p->cp->comm) != MPI_SUCCESS)
-        return gdn_fail(GDN_ERR_MPI, "MPI_Exscan of the shard lengths (the attention layers' seq_offset) failed");
-    if (p->cp->rank == 0) before = 0; /* Exscan leaves rank 0's undefined */
-    const int rc = gdn_cp_agree_status(p->cp, gdn_attn_plan_set_docs(p->ap, NULL, 0, before));
+    const gdn_model_group *g = gdn_model_group_of(p->cp);
+    int64_t before = 0;
+    int rc = g->exscan_sum(p->cp, p->run.T, &before);
+    if (rc) return rc;
+    rc = g->agree_status(p->cp, gdn_attn_plan_set_docs(p->ap, NULL, 0, before));
     p->ap_offset_known = !rc;
     return rc;
 }
@@ -428,22 +428,21 @@ static int set_row_docs(gdn_model_plan *p, int attn, int64_t b) {
         rc = gdn_attn_plan_set_docs(p->ap, cu, n, p->seq_offset);
         p->ap_row = rc ? -1 : b;
     }
-    return gdn_cp_agree_status(p->cp, rc);
+    return gdn_model_group_of(p->cp)->agree_status(p->cp, rc);
 }
 
 /* One mixer call over the plan's rows (one rank: all of them; CP: this rank's shard). */
 static int mixer_call_forward(gdn_model_plan *p, int attn, float *y, float *saved, const float *x, const float *w) {
-    if (attn) return p->cp ? gdn_attn_cp_forward(p->cp, p->ap, y, saved, x, w) : gdn_attn_forward(p->ap, y, saved, x, w);
-    return p->cp ? gdn_layer_cp_forward(p->cp, p->lp, y, saved, x, w)
-                 : gdn_layer_forward(p->lp, y, saved, x, w, NULL, NULL);
+    const gdn_model_group *g = p->cp ? gdn_model_group_of(p->cp) : NULL;
+    if (attn) return g ? g->attn_forward(p->cp, p->ap, y, saved, x, w) : gdn_attn_forward(p->ap, y, saved, x, w);
+    return g ? g->layer_forward(p->cp, p->lp, y, saved, x, w) : gdn_layer_forward(p->lp, y, saved, x, w, NULL, NULL);
 }
 static int mixer_call_backward(gdn_model_plan *p, int attn, float *dx, float *dw, const float *x, const float *w,
                                const float *saved, const float *dy) {
+    const gdn_model_group *g = p->cp ? gdn_model_group_of(p->cp) : NULL;
     if (attn)
-        return p->cp ? gdn_attn_cp_backward(p->cp, p->ap, dx, dw, x, w, saved, dy)
-                     : gdn_attn_backward(p->ap, dx, dw, x, w, saved, dy);
-    return p->cp ? gdn_layer_cp_backward(p->cp, p->lp, dx, dw, x, w, saved, dy)
-                 : gdn_layer_backward(p->lp, dx, dw, x, w, saved, dy);
+        return g ? g->attn_backward(p->cp, p->ap, dx, dw, x, w, saved, dy) : gdn_attn_backward(p->ap, dx, dw, x, w, saved, dy);
+    return g ? g->layer_backward(p->cp, p->lp, dx, dw, x, w, saved, dy) : gdn_layer_backward(p->lp, dx, dw, x, w, saved, dy);
 }
 
 /* Layer l's mixer on all rows: one call, or under packed CP one call per row. */
@@ -721,9 +720,7 @@ static int router_stats_done(gdn_model_plan *p) {
         memcpy(p->router_stats, p->router_local, sizeof(double) * ns);
         return GDN_OK;
     }
-    if (MPI_Allreduce(p->router_local, p->router_stats, (int)ns, MPI_DOUBLE, MPI_SUM, p->cp->comm) != MPI_SUCCESS)
-        return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce of the MoE routers' statistics (the aux loss) failed");
-    return GDN_OK;
+    return gdn_model_group_of(p->cp)->sum_doubles(p->cp, p->router_local, p->router_stats, (int)ns);
 }
 
 static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *tokens, int keep) {
