@@ -13,6 +13,7 @@
  *   gdncp/io.h       safetensors, layer weights from checkpoints, problem files
  *   gdncp/bench.h    benchmark probes (measured peak, issued FLOPs)
  *   gdncp/sample.h   the next token from logits (greedy, temperature, top-k, top-p, a seed)
+ *   gdncp/abi.h      every public struct's size and field offsets as compiled (for bindings)
  * The MPI parts include <mpi.h> and are included on their own:
  *   gdncp/cp.h       context parallelism (the rule, the layer, the conv halo, agreement)
  *   gdncp/train.h    the hybrid language model, AdamW, data, checkpoints, the trainer
@@ -32,5 +33,6 @@
 #include "gdncp/io.h"
 #include "gdncp/bench.h"
 #include "gdncp/sample.h"
+#include "gdncp/abi.h"
 
 #endif /* GDNCP_H */

@@ -545,8 +545,9 @@ def _mpi():
     _comm_type = {4: ctypes.c_uint32, 8: ctypes.c_uint64}.get(size)
     if _comm_type is None:
         raise ImportError(f"gdncp: MPI_Comm of {size} bytes is not supported")
-    L.gdn_cp_create = L._proto("gdn_cp_create", ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-                               _comm_type, ctypes.c_int)
+    for name, (_, args) in L._abi.PROTOTYPES.items():   # gdn_cp_create, gdn_train, ...
+        if "MPI_Comm" in args:
+            setattr(L, name, L.bind(name, MPI_Comm=_comm_type))
     _MPI = MPI
     return MPI
 
