@@ -155,7 +155,7 @@ def layout(kind, dims):
     else:
         c = L.gdn_attn_config_default(1, 1, dims.E, dims.H, dims.Hkv, dims.d)
         c.R = dims.R
-        n, name, shape, off, total = (6, L.gdn_attn_param_name, L.gdn_attn_param_shape,
+        n, name, shape, off, total = (L.GDN_A_COUNT, L.gdn_attn_param_name, L.gdn_attn_param_shape,
                                       L.gdn_attn_param_offset, L.gdn_attn_param_floats)
     out = []
     for i in range(n):

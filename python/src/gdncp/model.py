@@ -153,7 +153,7 @@ class Model:
             missing(path)                               # a checkpoint directory missing its weights
         buf = ctypes.create_string_buffer(4096)
         rc = L.gdn_ckpt_resolve(os.fsencode(path), buf, len(buf))
-        if rc == 7:                                     # GDN_ERR_MISSING: no checkpoint in path
+        if rc == L.GDN_ERR_MISSING:                     # no checkpoint in path
             raise FileNotFoundError(str(L.GdncpError(f"gdncp.Model: {path}", rc)))
         L.check(rc, f"gdncp.Model: {path}")
         d = os.fsdecode(buf.value)
