@@ -21,6 +21,8 @@
  * which include <mpi.h> and are included on their own:
  *   gdncp/cp.h       context parallelism (the rule, the layers, the conv halo, the model, agreement)
  *   gdncp/train.h    the trainer over a DP x CP grid of ranks
+ *   gdncp/abi.h      every public struct's size and field offsets as compiled, both libraries'
+ *                    (for bindings: its table includes the wing's headers, so it is the wing's)
  * Conventions: docs/design.md. Outputs first, then inputs, then sizes; a NULL where a tensor
  * is required is GDN_ERR_ARG naming it; on failure gdn_errmsg() names what is wrong.
  */

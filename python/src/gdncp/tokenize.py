@@ -29,9 +29,11 @@ import os
 import struct
 import sys
 
-MAGIC = 20261201
-VERSION = 1
-HEADER_BYTES = 1024
+# the token file header's constants: include/gdncp/train.h's, from the generated gdncp/_abi.py
+from ._abi import GDN_TOKENS_HEADER_BYTES as HEADER_BYTES
+from ._abi import GDN_TOKENS_MAGIC as MAGIC
+from ._abi import GDN_TOKENS_VERSION as VERSION
+
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|im_end|>", "<eos>")
 
 
