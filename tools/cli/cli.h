@@ -27,8 +27,24 @@ int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_
                       int (*add_more)(gdn_st_writer *w, int rank, void *ctx), void *ctx);
 /* A split run (argv has --cp) that fails before its first agreement step (bad options): join the
  * other ranks' first collectives with a failure, so they stop too instead of waiting. Every --cp
- * command's first agreement is gdn_cp_create then gdn_cp_agree_values over 6 values. Returns 1. */
+ * command's first collectives are gdn_cp_create then gdn_cp_agree_values (one fixed-width row,
+ * whatever the values). Returns 1. */
 int cli_cp_fail_early(int argc, char **argv);
+/* The start of a --cp run of `cmd` (gdncp run, layer, attention): this rank's place (*rank, *D)
+ * and the context over MPI_COMM_WORLD for `strategy` (a gdn_cp_strategy). strategy < 0: the
+ * --cp value `name` is unknown, named here with the `known` ones, and this rank joins the other
+ * ranks' first collectives with the failure. 0 when *cp is ready, else the exit status. */
+int cli_cp_begin(const char *cmd, const char *name, int strategy, const char *known, int argc, char **argv,
+                 gdn_cp **cp, int *rank, int *D);
+/* The first agreement step of a --cp run: every rank's values (what decides the collectives that
+ * follow) and its local status. A failure that is not this rank's own (another rank's, or a
+ * disagreement) is printed here as "gdncp <cmd>: ...", and *reported set. Collective. */
+int cli_cp_agree_first(gdn_cp *cp, const char *cmd, const int64_t *vals, int n, const char *const *names, int local,
+                       int *reported);
+/* Every rank's weight gradients dw [n] summed on rank 0 into *sum (allocated there, NULL
+ * elsewhere; the caller frees): rank 0's allocation agreed before the reduction. A failure of
+ * this rank's is printed as "gdncp <cmd>: ..." and *reported set. Collective. */
+int cli_cp_sum_to_root(gdn_cp *cp, const char *cmd, const float *dw, size_t n, float **sum, int *reported);
 /* A digest of a string (gdn_cp_digest; 0 for NULL), for agreeing on option strings across ranks. */
 int64_t cli_hash(const char *s);
 /* A split run's weights (or another input every rank holds whole) the same on every rank, before any
