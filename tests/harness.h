@@ -28,6 +28,9 @@ extern test_fault_ctl test_fault;
 extern int test_threads_seen;
 extern const char *test_threads_site;
 extern void (*test_point_action)(const char *site);
+/* gdn_test_mutate's steering: the one mutation site (its exact name in the library) that is
+ * active, NULL for none. */
+extern const char *test_mutation;
 /* OpenMP regions the library has opened so far (GCC's libgomp entry points, counted in
  * tests/util.c); -1 when this compiler's cannot be counted. */
 extern long test_omp_regions;

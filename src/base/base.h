@@ -28,8 +28,13 @@ GDN_WING int gdn_fail(int status, const char *fmt, ...) __attribute__((format(pr
  * gdn_test_point: called at named points of long operations (e.g. a safetensors write with its
  * temporary file in place), so a test can act there (raise a signal).
  * gdn_test_threads: called once by the first thread of some parallel regions with the size of
- * the team that runs it, so a test can see that a configured thread count is honoured. */
+ * the team that runs it, so a test can see that a configured thread count is honoured.
+ * gdn_test_mutate: asked once per call at named places of the math (a chunk's solve, the dg
+ * sum); non-zero makes that step deliberately wrong, so a test can show that its comparison
+ * against the oracle catches exactly that mistake (a mutation inside the computation, where
+ * changing our outputs afterwards would only exercise the comparison). */
 GDN_WING int gdn_test_fault(const char *site);
+int gdn_test_mutate(const char *site);
 void gdn_test_point(const char *site);
 void gdn_test_threads(const char *site, int threads);
 

@@ -650,6 +650,8 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const gdn
     double loss = 0.0;
     const float scale = (float)(1.0 / denom);
     const int64_t chunk = loss_rows(c);
+    /* (tests: each row scored against its own token instead of the next, must be caught) */
+    const int64_t ahead = gdn_test_mutate("model: the loss head's targets one position early") ? 0 : 1;
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t R = N - r0 < chunk ? N - r0 : chunk;
         gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, R, Vv, E, p->af + r0 * E, E, wl, E, p->logits, Vv, p->mm_ws, nt);
@@ -660,7 +662,7 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const gdn
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < R; i++) {
                 const int64_t row = r0 + i, bb = row / T, t = row % T;
-                const int target = tokens[bb * (T + 1) + t + 1];
+                const int target = tokens[bb * (T + 1) + t + ahead];
                 float *li = p->logits + i * Vv;
                 if (p->skip && p->skip[row]) { /* a document's first token: not predicted */
                     if (dlm) memset(li, 0, sizeof(float) * (size_t)Vv);
