@@ -29,6 +29,10 @@ GDN_A_COUNT = 6
 # compute.h
 GDN_COMPUTE_FP32 = 0
 GDN_COMPUTE_BF16 = 1
+GDN_F32 = 0
+GDN_F64 = 1
+GDN_BF16 = 2
+GDN_DTYPE_OTHER = 3
 # cp.h
 GDN_CP_SCAN = 0
 GDN_CP_ALLGATHER = 1
@@ -55,10 +59,6 @@ GDN_SPLIT_TRAIN = 0
 GDN_SPLIT_VAL = 1
 # io.h
 GDN_ST_MAX_DIMS = 8
-GDN_F32 = 0
-GDN_F64 = 1
-GDN_BF16 = 2
-GDN_DTYPE_OTHER = 3
 GDN_FUSED_QKVZ = 0
 GDN_FUSED_BA = 1
 GDN_FUSED_COUNT = 2
@@ -132,9 +132,9 @@ GDN_VERSION = 300
 ENUMS = {
     'gdn_attn_param': {'GDN_A_Q_PROJ': 0, 'GDN_A_K_PROJ': 1, 'GDN_A_V_PROJ': 2, 'GDN_A_O_PROJ': 3, 'GDN_A_Q_NORM': 4, 'GDN_A_K_NORM': 5, 'GDN_A_COUNT': 6},
     'gdn_compute': {'GDN_COMPUTE_FP32': 0, 'GDN_COMPUTE_BF16': 1},
+    'gdn_dtype': {'GDN_F32': 0, 'GDN_F64': 1, 'GDN_BF16': 2, 'GDN_DTYPE_OTHER': 3},
     'gdn_cp_strategy': {'GDN_CP_SCAN': 0, 'GDN_CP_ALLGATHER': 1, 'GDN_CP_RELAY': 2, 'GDN_CP_HEADS': 3},
     'gdn_cp_wait': {'GDN_CP_WAIT_AUTO': 0, 'GDN_CP_WAIT_SPIN': 1, 'GDN_CP_WAIT_SLEEP': 2},
-    'gdn_dtype': {'GDN_F32': 0, 'GDN_F64': 1, 'GDN_BF16': 2, 'GDN_DTYPE_OTHER': 3},
     'gdn_layer_keep': {'GDN_LAYER_KEEP_MIN': 0, 'GDN_LAYER_KEEP_PROJ': 1},
     'gdn_layer_param': {'GDN_P_IN_PROJ_QKV': 0, 'GDN_P_IN_PROJ_Z': 1, 'GDN_P_IN_PROJ_B': 2, 'GDN_P_IN_PROJ_A': 3, 'GDN_P_CONV1D': 4, 'GDN_P_A_LOG': 5, 'GDN_P_DT_BIAS': 6, 'GDN_P_NORM': 7, 'GDN_P_OUT_PROJ': 8, 'GDN_P_COUNT': 9},
     'gdn_moe_param': {'GDN_MOE_ROUTER': 0, 'GDN_MOE_GATE_UP': 1, 'GDN_MOE_DOWN': 2, 'GDN_MOE_SHARED_GATE': 3, 'GDN_MOE_SHARED_UP': 4, 'GDN_MOE_SHARED_DOWN': 5, 'GDN_MOE_SHARED_EXPERT_GATE': 6, 'GDN_MOE_COUNT': 7},
