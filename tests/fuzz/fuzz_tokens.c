@@ -1,5 +1,5 @@
 /* libFuzzer harness for the training data reader (src/model/data.c): the input is the data file,
- * byte text or a token file (include/gdncp/train.h's header), opened for models of 256, 300,
+ * byte text or a token file (include/gdncp/data.h's header), opened for models of 256, 300,
  * 65,536 and 248,320 ids with two validation fractions; on success every id of both splits is
  * read in pieces (the last one short), reads past each split's end and at negative offsets are
  * made (refused), and windows are split into packed documents at a one-id and a two-id separator.
@@ -7,7 +7,7 @@
  * that succeeds with an id outside the vocabulary. */
 #include "fuzz_common.h"
 
-#include "gdncp/train.h"
+#include "gdncp/data.h"
 
 enum { PIECE = 4096 };
 

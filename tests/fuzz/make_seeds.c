@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "gdncp.h"
-#include "gdncp/train.h"
 
 static const char *dir;
 
@@ -145,7 +144,7 @@ static void raw(const char *name, const char *header, size_t data) {
     fclose(fp);
 }
 
-/* A token file (include/gdncp/train.h): header words magic, version, count (2 words), width,
+/* A token file (include/gdncp/data.h): header words magic, version, count (2 words), width,
  * vocab, then n ids of the given width; ids cycle through 0..span-1 with the separators 10, 37. */
 static void tokens(const char *name, uint32_t magic, uint32_t version, int width, uint32_t vocab, int64_t n,
                    uint32_t span) {
