@@ -98,13 +98,14 @@ fi
 p=$((p + cp)); f=$((f + cf))
 
 # The same CP tests of gdncp.torch_cp over torch.distributed: torchrun (gloo, a free port of its
-# own: --standalone), 3 processes, one pytest each (test_torch_cp.py; conftest.py collects only
-# it under GDNCP_TORCHRUN_TESTS=1); rank r's output goes to $build/pytest-torchrun.log.r.
-echo "== torchrun --nproc-per-node 3 pytest python/tests/test_torch_cp.py"
+# own: --standalone), 3 processes, one pytest each: test_torch_cp.py (the ops) and
+# test_torch_cp_train.py (patch(group=...): whole models); conftest.py collects only these under
+# GDNCP_TORCHRUN_TESTS=1; rank r's output goes to $build/pytest-torchrun.log.r.
+echo "== torchrun --nproc-per-node 3 pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py"
 trlog="$build/pytest-torchrun.log"
 rm -f "$trlog".*
 GDNCP_TORCHRUN_TESTS=1 OMP_NUM_THREADS=1 timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 3 \
-  --no-python bash -c 'exec "$0" -m pytest python/tests/test_torch_cp.py -q -rfE -p no:cacheprovider > "$1.$RANK" 2>&1' \
+  --no-python bash -c 'exec "$0" -m pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py -q -rfE -p no:cacheprovider > "$1.$RANK" 2>&1' \
   "$venv/bin/python" "$trlog" > "$trlog.launcher" 2>&1
 trc=$?
 tline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$trlog.0" 2>/dev/null | tail -1)

@@ -48,5 +48,7 @@ collect_ignore = [] if os.environ.get("GDNCP_MPI_TESTS") == "1" else ["test_cp.p
 # test_torch_cp.py likewise, under torchrun (GDNCP_TORCHRUN_TESTS=1) or mpiexec (GDNCP_MPI_TESTS=1)
 if os.environ.get("GDNCP_MPI_TESTS") != "1" and os.environ.get("GDNCP_TORCHRUN_TESTS") != "1":
     collect_ignore.append("test_torch_cp.py")
+if os.environ.get("GDNCP_TORCHRUN_TESTS") != "1":   # patch(group=...): torchrun only
+    collect_ignore.append("test_torch_cp_train.py")
 if os.environ.get("GDNCP_TORCHRUN_TESTS") == "1":   # torchrun runs only the torch.distributed tests
     collect_ignore += ["test_cp.py", "test_cp_train.py"]

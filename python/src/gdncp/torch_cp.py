@@ -258,12 +258,20 @@ class CPContext:
                  bool(cu[d + 1] <= o + T)) for d in range(d0, d1 + 1)]
 
 
+_default_fault = None   # what contexts made from now on start with (set_test_fault(None, ...))
+
+
 def set_test_fault(ctx, fault):
     """Testing hook (negative controls): one of FAULTS, or None. Makes this rank's results
-    deliberately wrong through the real code path."""
+    deliberately wrong through the real code path: ctx's, or (ctx None) those of every context
+    built from now on (a patched model builds one per forward)."""
+    global _default_fault
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}: one of {FAULTS}")
-    ctx.fault = fault
+    if ctx is None:
+        _default_fault = fault
+    else:
+        ctx.fault = fault
 
 
 def build_cp_context(cu_seqlens_global, group=None, conv1d_kernel_size=None, *,
@@ -324,7 +332,8 @@ def build_cp_context(cu_seqlens_global, group=None, conv1d_kernel_size=None, *,
                      offset=offset, total=int(cu[-1]), cu_seqlens_global=cu if packed else None,
                      cu_seqlens=local, is_first_rank=pre == 0, is_last_rank=post == 0,
                      pre_num_ranks=pre, post_num_ranks=post, conv1d_kernel_size=W,
-                     pre_num_conv_tokens=0 if W is None else min(W - 1, offset - doc_start))
+                     pre_num_conv_tokens=0 if W is None else min(W - 1, offset - doc_start),
+                     fault=_default_fault)
 
 
 def _check_ctx(cp_context):
