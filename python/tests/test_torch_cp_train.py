@@ -173,3 +173,73 @@ def test_packed_documents_across_ranks_match_one_process():
     assert not _failures(errs), {k: f"{errs[k][0]:.2e} > {errs[k][1]:.1e}" for k in _failures(errs)}
     bad = _errors(_cp(model, ids, labels, positions=positions, fault="drop_state"), ref)
     assert _failures(bad), bad
+
+
+def _moe_tiny(**extra):
+    """Qwen3_5MoeForCausalLM (4 experts, 2 per token, a shared expert) made in the test."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    cfg = Qwen3_5MoeTextConfig(vocab_size=128, hidden_size=64, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               linear_num_key_heads=2, linear_num_value_heads=4,
+                               linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4,
+                               num_experts_per_tok=2, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=32,
+                               layer_types=["linear_attention"] * 3 + ["full_attention"], **extra)
+    torch.manual_seed(9)
+    return Qwen3_5MoeForCausalLM(cfg).float().train()
+
+
+def test_qwen35_moe_with_aux_loss_matches_one_process(monkeypatch):
+    """The MoE model with output_router_logits (coefficient 0.1): CE + 0.1 aux over every rank's
+    routers (transformers_torch_cp.load_balancing_loss) and every gradient equal one process.
+    Controls: the state dropped; each rank's aux loss from its own tokens only."""
+    import gdncp.transformers_torch_cp as ttcp
+    model = _moe_tiny(output_router_logits=True, router_aux_loss_coef=0.1)
+    ids = _tokens(9, 2, 40, vocab=128)
+    ref = _reference(model, ids, ids)
+    errs = _errors(_cp(model, ids, ids), ref)
+    assert not _failures(errs), {k: f"{errs[k][0]:.2e} > {errs[k][1]:.1e}" for k in _failures(errs)}
+    bad = _errors(_cp(model, ids, ids, fault="drop_state"), ref)
+    assert _failures(bad), bad
+    real = ttcp.load_balancing_loss
+
+    class _Self(tcp.Transport):   # a one-rank transport: each rank's own tokens only
+        size = 1
+
+        def allreduce_(self, t):
+            return t
+
+    monkeypatch.setattr(ttcp, "load_balancing_loss",
+                        lambda *a, **k: real(*a, **{**k, "group": _Self()}))
+    bad = _errors(_cp(model, ids, ids), ref)
+    assert _failures(bad), bad
+
+
+def test_bad_inputs_fail_on_every_rank_and_a_good_call_follows():
+    model = _tiny()
+    ids = _tokens(4, 2, 40)
+    cuts = _cuts(40)
+    a, b = cuts[R], cuts[R + 1]
+
+    def call(x, **kw):
+        with gtr.patch(group=GROUP):
+            return model(input_ids=x, labels=x, **kw).loss
+
+    # one rank with a batch size the others lack
+    with pytest.raises(ValueError, match="batch sizes"):
+        call(ids[:1 if R == 1 else 2, a:b])
+    # padding in attention_mask on one rank: its own error, the others name it
+    mask = torch.ones(2, b - a, dtype=torch.long)
+    if R == 2:
+        mask[0, -1] = 0
+    with pytest.raises(ValueError, match="attention_mask|rank 2 failed"):
+        call(ids[:, a:b], attention_mask=mask)
+    # labels on some ranks only
+    with pytest.raises(ValueError, match="labels given"):
+        with gtr.patch(group=GROUP):
+            model(input_ids=ids[:, a:b], labels=ids[:, a:b] if R else None)
+    # a good call follows, and the patch is undone afterwards
+    loss = call(ids[:, a:b])
+    assert torch.isfinite(loss)
+    import gdncp.transformers_torch_cp as ttcp
+    assert ttcp._settings is None
