@@ -52,6 +52,8 @@ The same functions take an mpi4py communicator as `group` (the MPI transport): t
 both. gdncp.cp (the C library's own MPI CP: scan, relay, heads strategies) is unchanged.
 """
 import ctypes
+import hashlib
+import pickle
 import time
 from dataclasses import dataclass, field
 
@@ -142,10 +144,19 @@ class TorchTransport(Transport):
         return t
 
     def allgather_object(self, obj):
+        """Every rank's obj. The agreements mostly find every rank holding the same value: a
+        fixed-size probe (the pickle's length and digest) settles that in one collective; only
+        when the probes differ do the objects travel (torch's all_gather_object: two more)."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        digest = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little",
+                                signed=True)
+        probes = self.allgather(torch.tensor([len(data), digest], dtype=torch.int64))
+        if bool((probes == probes[0]).all()):
+            return [obj] * self.size
         out = [None] * self.size
         t0 = time.perf_counter()
         self.dist.all_gather_object(out, obj, group=self.group)
-        self._count(t0, 0, 0)
+        self._count(t0, len(data) * (self.size - 1), 0)
         return out
 
 
