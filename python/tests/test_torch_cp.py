@@ -188,6 +188,13 @@ def test_fla_even_split_context_and_call():
     assert sum(ctx.shards) == T and max(ctx.shards) - min(ctx.shards) <= 1
     assert ctx.cu_seqlens[0] == 0 and ctx.cu_seqlens[-1] == ctx.T
     assert ctx.is_first_rank == (ctx.pre_num_ranks == 0)
+    assert ctx.cu_seqlens_cpu is ctx.cu_seqlens and ctx.num_seqs == len(ctx.cu_seqlens) - 1
+    # FLA's fields for the even split of 90 tokens over the ranks (documents [0,25) [25,31) [31,90))
+    if D == 3:   # shards [0,30) [30,60) [60,90)
+        want = {0: ([0, 25, 30], 0, 1, 0), 1: ([0, 1, 30], 1, 1, 3), 2: ([0, 30], 1, 0, 3)}[R]
+        got = (ctx.cu_seqlens.tolist(), ctx.pre_num_ranks, ctx.post_num_ranks,
+               ctx.pre_num_conv_tokens)
+        assert got == want, (got, want)
     xs, w_o, w_h = _problem(3, B=1, n_states=3)
     ref = _gt_plain(xs, w_o, cu)
     leaves = [ctx.shard(x).clone().requires_grad_(True) for x in xs[:5]]

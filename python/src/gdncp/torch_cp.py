@@ -252,6 +252,19 @@ class CPContext:
     def is_cp_enabled(self):
         return self.group is not None
 
+    # the rest of FLA's FLACPContext: everything here is on the CPU already
+    @property
+    def cu_seqlens_cpu(self):
+        return self.cu_seqlens
+
+    @property
+    def num_seqs(self):
+        """The documents (pieces of documents) on this rank, as FLA counts them."""
+        return 0 if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+
+    def copy_for_backward(self):
+        return self
+
     def shard(self, x, dim=1):
         """This rank's tokens of a whole-sequence tensor (dim: the token axis)."""
         return x.narrow(dim, self.offset, self.T)
