@@ -243,3 +243,21 @@ def test_bad_inputs_fail_on_every_rank_and_a_good_call_follows():
     assert torch.isfinite(loss)
     import gdncp.transformers_torch_cp as ttcp
     assert ttcp._settings is None
+
+
+def test_gradient_checkpointing_matches_one_process():
+    """model.gradient_checkpointing_enable(): the decoder layers re-run inside the backward, their
+    exchanges with them (every rank recomputes the same layers in the same order): the same loss
+    and gradients. Control: the state dropped in the recomputation too."""
+    model = _tiny()
+    ids = _tokens(8, 2, 40)
+    ref = _reference(model, ids, ids)
+    model.gradient_checkpointing_enable()
+    try:
+        errs = _errors(_cp(model, ids, ids), ref)
+        assert not _failures(errs), {k: f"{errs[k][0]:.2e} > {errs[k][1]:.1e}"
+                                     for k in _failures(errs)}
+        bad = _errors(_cp(model, ids, ids, fault="drop_state"), ref)
+        assert _failures(bad), bad
+    finally:
+        model.gradient_checkpointing_disable()
