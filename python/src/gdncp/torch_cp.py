@@ -27,8 +27,8 @@ packed documents that cross the ranks, initial_state and output_final_state:
 
 The design (issue 40): the strategies are not written a second time. The C library's local
 primitives do the work and only their small results travel, through a Transport (allgather of
-equal-size tensors, allreduce-sum, allgather of small Python objects) that torch.distributed (a
-gloo group) or mpi4py backs:
+equal-size tensors, its adjoint reduce-scatter, allreduce-sum, allgather of small Python objects)
+that torch.distributed (a gloo group) or mpi4py backs:
   * the rule (FLA's "all-gather + merge", gdncp's `allgather` strategy): each rank forms the
     affine map of its shard, S_out = A S_in + B (gdn_summary; a constant map (0, the last
     document's final state) where a document starts on the shard, gdn_forward), the maps are
@@ -38,9 +38,10 @@ gloo group) or mpi4py backs:
     folded in reverse rank order, then the local backward (gdn_backward) from the incoming state
     gradient. One all-gather of B Hv K (K + V) floats per rank each way.
   * the conv (causal_conv1d): each rank's last W-1 rows all-gathered (the halo), their gradient
-    returned by an all-reduce of the same [D, B, W-1, C] block (gloo has no reduce-scatter).
+    returned to the owners by a reduce-scatter (an all-to-all and a sum: gloo has no
+    reduce-scatter of its own).
   * attention: keys and values all-gathered (the `kv` strategy), the core PyTorch's SDPA over the
-    causal prefix (documents masked); their gradients all-reduced back.
+    causal prefix (documents masked); their gradients reduce-scattered back.
 Every call first agrees on the options and shapes (core._agree over the transport): a bad input
 on one rank raises on every rank, the failing one its own error, the others one naming it; a
 rank whose C call fails reports it in the exchange that follows, and every rank raises. A rank
@@ -82,8 +83,10 @@ FAULTS = ("drop_state",        # the rule replays from zeros instead of the inco
 
 class Transport:
     """The collectives the CP ops use, over one group (rank order = token order): allgather
-    (every rank's equal-shape float32 tensor, stacked [size, ...]), allreduce_ (sum, in place)
-    and allgather_object (small picklable values: the agreement). Keeps its accounting (stats)."""
+    (every rank's equal-shape tensor, stacked [size, ...]), reduce_scatter (the adjoint of
+    allgather: blocks [size, ...] on every rank -> the sum over the ranks of block[rank], by an
+    all-to-all and a sum in rank order), allreduce_ (sum, in place) and allgather_object (small
+    picklable values: the agreement). Keeps its accounting (stats)."""
     rank = 0
     size = 1
     name = "?"
@@ -143,6 +146,14 @@ class TorchTransport(Transport):
         self._count(t0, t.nbytes, t.nbytes)
         return t
 
+    def reduce_scatter(self, blocks):
+        blocks = blocks.contiguous()
+        got = torch.empty_like(blocks)
+        t0 = time.perf_counter()
+        self.dist.all_to_all_single(got, blocks, group=self.group)
+        self._count(t0, blocks[0].nbytes * (self.size - 1), blocks[0].nbytes * (self.size - 1))
+        return got.sum(0)
+
     def allgather_object(self, obj):
         """Every rank's obj. The agreements mostly find every rank holding the same value: a
         fixed-size probe (the pickle's length and digest) settles that in one collective; only
@@ -188,6 +199,14 @@ class MPITransport(Transport):
         self.comm.Allreduce(self.MPI.IN_PLACE, t.numpy(), op=self.MPI.SUM)
         self._count(t0, t.nbytes, t.nbytes)
         return t
+
+    def reduce_scatter(self, blocks):
+        blocks = blocks.contiguous()
+        got = torch.empty_like(blocks)
+        t0 = time.perf_counter()
+        self.comm.Alltoall(blocks.numpy(), got.numpy())
+        self._count(t0, blocks[0].nbytes * (self.size - 1), blocks[0].nbytes * (self.size - 1))
+        return got.sum(0)
 
     def allgather_object(self, obj):
         t0 = time.perf_counter()
@@ -687,8 +706,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 # ---------------------------------------------------------------------------- token exchange
 
 class _AllGather(torch.autograd.Function):
-    """Every rank's equal-shape tensor stacked [D, ...] on every rank; the backward sums the
-    ranks' gradients of the stack (an all-reduce) and gives each its own block."""
+    """Every rank's equal-shape tensor stacked [D, ...] on every rank; the backward gives each
+    rank the sum over the ranks of their gradients of its block (reduce_scatter)."""
 
     @staticmethod
     def forward(fctx, x, tr):
@@ -698,8 +717,8 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def backward(fctx, grad):
         _no_double_backward("gdncp.torch_cp (a token exchange)")
-        gsum = fctx.tr.allreduce_(grad.detach().to(torch.float32).contiguous().clone())
-        return gsum[fctx.rank].to(fctx.dtype), None
+        mine = fctx.tr.reduce_scatter(grad.detach().to(torch.float32))
+        return mine.to(fctx.dtype), None
 
 
 def _halo_plan(ctx, rows):
@@ -717,9 +736,9 @@ def _halo_plan(ctx, rows):
 
 class _Halo(torch.autograd.Function):
     """The `rows` token rows before this rank's x [B, T_r, C] (zeros before the sequence start):
-    every rank's last rows all-gathered; the backward all-reduces the [D, B, rows, C] gradient
-    block so each owner gets its rows' gradient back. Collective both ways (a Function of its
-    own so that rank 0, whose halo is all zeros, still joins the backward)."""
+    every rank's last rows all-gathered; the backward reduce-scatters the [D, B, rows, C]
+    gradient blocks so each owner gets its rows' gradient back. Collective both ways (a Function
+    of its own so that rank 0, whose halo is all zeros, still joins the backward)."""
 
     @staticmethod
     def forward(fctx, x, ctx, rows):
@@ -743,10 +762,10 @@ class _Halo(torch.autograd.Function):
         blocks = torch.zeros(ctx.world_size, B, rows, C)
         for j, src, dst, n in _halo_plan(ctx, rows):
             blocks[j, :, src:src + n] = dh[:, dst:dst + n]
-        blocks = ctx.transport.allreduce_(blocks)
+        mine = ctx.transport.reduce_scatter(blocks)       # [B, rows, C]: this rank's tail's
         dx = torch.zeros(B, T, C)
         n = min(T, rows)
-        dx[:, T - n:] = blocks[ctx.rank, :, rows - n:]
+        dx[:, T - n:] = mine[:, rows - n:]
         return dx.to(dtype), None, None
 
 
@@ -845,7 +864,7 @@ def attention(q, k, v, scale=None, *, cp_context):
     """Causal softmax attention (GQA) over the split sequence: this rank's queries q [B, T_r, H,
     d] against the keys and values [B, T_r, Hkv, d] of every token up to its own (documents
     masked when packed). Keys and values are all-gathered (gdncp's `kv` strategy), the core is
-    PyTorch's scaled_dot_product_attention; their gradients return by an all-reduce.
+    PyTorch's scaled_dot_product_attention; their gradients return by a reduce-scatter.
     Collective, autograd. Returns o [B, T_r, H, d]."""
     ctx = _check_ctx(cp_context)
     err, sig = None, None
