@@ -334,6 +334,15 @@ def test_bad_shape_on_one_rank_raises_on_every_rank():
     # a wrong token count on one rank (its shard says otherwise)
     with pytest.raises(ValueError):
         tcp.chunk_gated_delta_rule(*[x[:, :ctx.T + (R == 2)] for x in xs[:5]], cp_context=ctx)
+    # the conv's and attention's options agreed too (an activation, a scale on one rank only)
+    cctx = tcp.build_cp_context(T, group=GROUP, conv1d_kernel_size=4, shard_lengths=_shards())
+    x = torch.randn(1, cctx.T, 6)
+    with pytest.raises(ValueError, match="activation"):
+        tcp.causal_conv1d(x, torch.randn(6, 4), activation="silu" if R == 2 else None,
+                          cp_context=cctx)
+    qa = torch.randn(1, cctx.T, 2, 8)
+    with pytest.raises(ValueError, match="scale"):
+        tcp.attention(qa, qa, qa, scale=0.5 if R == 0 else None, cp_context=cctx)
     # contexts that disagree (another document split on one rank)
     with pytest.raises(ValueError, match="offsets"):
         tcp.build_cp_context([0, 40, T] if R == 0 else [0, 41, T], group=GROUP)
@@ -359,6 +368,9 @@ if TORCH:
         monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
         with pytest.raises(ValueError, match="gloo"):
             tcp.build_cp_context(T, group=GROUP)
+        # a device map with gloo for the CPU is taken (CPU tensors go to gloo)
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "cpu:gloo,cuda:nccl")
+        assert tcp.build_cp_context(T, group=GROUP).total == T
 
     def test_missing_rank_times_out_instead_of_hanging():
         """A rank that never calls: the others get gloo's timeout (3 s on this group), not a

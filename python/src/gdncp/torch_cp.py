@@ -123,7 +123,8 @@ class TorchTransport(Transport):
         self.dist = dist
         self.group = dist.group.WORLD if group is None else group
         backend = str(dist.get_backend(self.group)).lower()
-        if backend != "gloo":
+        # "gloo", or a device map whose CPU backend is gloo ("cpu:gloo,cuda:nccl")
+        if backend != "gloo" and "cpu:gloo" not in backend:
             raise ValueError(f"gdncp.torch_cp runs on the CPU over a gloo process group; this "
                              f"group's backend is {backend!r} (NCCL and other GPU backends are not "
                              "supported: make one with dist.new_group(backend='gloo'))")
@@ -826,10 +827,13 @@ def causal_conv1d(x, weight=None, bias=None, residual=None, initial_state=None,
         if cu_seqlens is not None and (ctx.cu_seqlens is None or
                                        not np.array_equal(_cu_numpy(cu_seqlens), ctx.cu_seqlens.numpy())):
             raise ValueError("cu_seqlens must be None or cp_context.cu_seqlens")
-        sig = (int(x.shape[0]), int(x.shape[2]), W)
+        sig = (int(x.shape[0]), int(x.shape[2]), W, activation in ("silu", "swish"),
+               bias is not None, residual is not None)
     except (TypeError, ValueError) as e:
         err = e
-    core._agree(ctx.transport, err, sig, ("B", "C", "W"), what="gdncp.torch_cp.causal_conv1d")
+    core._agree(ctx.transport, err, sig, ("B", "C", "W", "the activation (silu)", "bias given",
+                                          "residual given"),
+                what="gdncp.torch_cp.causal_conv1d")
     B, T, C = x.shape
     rows = W - 1
     o = ctx.offset
@@ -878,10 +882,13 @@ def attention(q, k, v, scale=None, *, cp_context):
         if k.shape != v.shape or k.shape[0] != B or k.shape[3] != d or H % k.shape[2]:
             raise ValueError(f"k and v must be [B, T_r, Hkv, d] with Hkv dividing H = {H}; got "
                              f"{tuple(k.shape)} and {tuple(v.shape)}")
-        sig = (B, H, int(k.shape[2]), d)
+        if scale is not None and not (float(scale) > 0 and np.isfinite(float(scale))):
+            raise ValueError(f"scale must be a positive finite number, got {scale}")
+        sig = (B, H, int(k.shape[2]), d, None if scale is None else float(scale))
     except (TypeError, ValueError) as e:
         err = e
-    core._agree(ctx.transport, err, sig, ("B", "H", "Hkv", "d"), what="gdncp.torch_cp.attention")
+    core._agree(ctx.transport, err, sig, ("B", "H", "Hkv", "d", "scale"),
+                what="gdncp.torch_cp.attention")
     B, T, H, d = q.shape
     o = ctx.offset
     K = _gather_tokens(k, ctx, o + T)
