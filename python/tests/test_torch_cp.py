@@ -112,7 +112,8 @@ def _cp(xs, w_o, w_h, ctx, use_h0, fault=None, fla_cu=True):
     try:
         o, ht = tcp.chunk_gated_delta_rule(
             *leaves, initial_state=h0 if use_h0 else None, output_final_state=True,
-            use_qk_l2norm_in_kernel=True, cu_seqlens=ctx.cu_seqlens if fla_cu else None,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=ctx.cu_seqlens if fla_cu and leaves[0].shape[0] == 1 else None,
             cp_context=ctx)
         ((o * ctx.shard(w_o)).sum() + (ht * w_h[R]).sum()).backward()
     finally:
@@ -155,7 +156,7 @@ def _check_rule(xs, w_o, w_h, cu, ctx, use_h0, crosses=True):
 def test_dense_rows_uneven_shards_match_one_process(use_h0):
     xs, w_o, w_h = _problem(1, B=2, n_states=2)
     ctx = tcp.build_cp_context(T, group=GROUP, shard_lengths=_shards())
-    assert ctx.cu_seqlens is None and ctx.shards == _shards()
+    assert ctx.cu_seqlens.tolist() == [0, ctx.T] and ctx.shards == _shards()
     _check_rule(xs, w_o, w_h, None, ctx, use_h0)
 
 
@@ -191,7 +192,7 @@ def test_fla_even_split_context_and_call():
     assert ctx.cu_seqlens_cpu is ctx.cu_seqlens and ctx.num_seqs == len(ctx.cu_seqlens) - 1
     # FLA's fields for the even split of 90 tokens over the ranks (documents [0,25) [25,31) [31,90))
     if D == 3:   # shards [0,30) [30,60) [60,90)
-        want = {0: ([0, 25, 30], 0, 1, 0), 1: ([0, 1, 30], 1, 1, 3), 2: ([0, 30], 1, 0, 3)}[R]
+        want = {0: ([0, 25, 30], 0, 1, 0), 1: ([0, 1, 30], 1, 1, 5), 2: ([0, 30], 1, 0, 29)}[R]
         got = (ctx.cu_seqlens.tolist(), ctx.pre_num_ranks, ctx.post_num_ranks,
                ctx.pre_num_conv_tokens)
         assert got == want, (got, want)
@@ -331,6 +332,10 @@ def test_bad_shape_on_one_rank_raises_on_every_rank():
     with pytest.raises(ValueError, match="use_qk_l2norm_in_kernel"):
         tcp.chunk_gated_delta_rule(*[ctx.shard(x) for x in xs[:5]], cp_context=ctx,
                                    use_qk_l2norm_in_kernel=R == 0)
+    # FLA's varlen form with B > 1 (cu_seqlens is for B = 1)
+    with pytest.raises(ValueError, match="B = 1"):
+        tcp.chunk_gated_delta_rule(*[torch.cat([ctx.shard(x)] * 2) for x in xs[:5]],
+                                   cu_seqlens=ctx.cu_seqlens, cp_context=ctx)
     # a wrong token count on one rank (its shard says otherwise)
     with pytest.raises(ValueError):
         tcp.chunk_gated_delta_rule(*[x[:, :ctx.T + (R == 2)] for x in xs[:5]], cp_context=ctx)

@@ -233,10 +233,10 @@ def _transport(group):
 @dataclass
 class CPContext:
     """This rank's place in the split sequence (build_cp_context). FLA's fields: group,
-    cu_seqlens (this rank's local document offsets, int64; None for dense rows),
+    cu_seqlens (this rank's local document offsets, int64, [0, T_r] with one document),
     is_first_rank, is_last_rank, pre_num_ranks / post_num_ranks (the ranks before / after this
     one that share its first / last document), conv1d_kernel_size, pre_num_conv_tokens (the
-    halo rows this rank needs: the earlier tokens of its first document, at most W - 1).
+    tokens of this rank's first document before its shard, as FLA counts them).
     gdncp's: rank, world_size, shards (every rank's token count), offset (this rank's first
     global token), total, cu_seqlens_global (None for dense), transport."""
     group: object
@@ -280,7 +280,7 @@ class CPContext:
     @property
     def num_seqs(self):
         """The documents (pieces of documents) on this rank, as FLA counts them."""
-        return 0 if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+        return len(self.cu_seqlens) - 1
 
     def copy_for_backward(self):
         return self
@@ -368,15 +368,13 @@ def build_cp_context(cu_seqlens_global, group=None, conv1d_kernel_size=None, *,
     doc_start, doc_end = int(cu[first_doc]), int(cu[last_doc + 1])
     pre = r - (int(np.searchsorted(starts, doc_start, side="right")) - 1)
     post = (int(np.searchsorted(starts, doc_end - 1, side="right")) - 1) - r
-    local = None
-    if packed:
-        inner = cu[(cu > offset) & (cu < offset + T)] - offset
-        local = torch.from_numpy(np.concatenate([[0], inner, [T]]).astype(np.int64))
+    inner = cu[(cu > offset) & (cu < offset + T)] - offset
+    local = torch.from_numpy(np.concatenate([[0], inner, [T]]).astype(np.int64))
     return CPContext(group=group, transport=tr, rank=r, world_size=D, shards=shards,
                      offset=offset, total=int(cu[-1]), cu_seqlens_global=cu if packed else None,
                      cu_seqlens=local, is_first_rank=pre == 0, is_last_rank=post == 0,
                      pre_num_ranks=pre, post_num_ranks=post, conv1d_kernel_size=W,
-                     pre_num_conv_tokens=0 if W is None else min(W - 1, offset - doc_start),
+                     pre_num_conv_tokens=offset - doc_start,
                      fault=_default_fault)
 
 
@@ -682,12 +680,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
             raise ValueError(f"packed documents (cu_seqlens) need B = 1, got B = {B}")
         if cu_seqlens is not None:
             cu = _cu_numpy(cu_seqlens)
-            want = None if ctx.cu_seqlens is None else ctx.cu_seqlens.numpy()
-            if want is None and not (cu.size == 2 and cu[0] == 0 and cu[1] == T and B == 1):
-                raise ValueError("cu_seqlens given, but cp_context holds dense rows (pass None)")
-            if want is not None and not np.array_equal(cu, want):
+            want = ctx.cu_seqlens.numpy()
+            if not np.array_equal(cu, want):
                 raise ValueError(f"cu_seqlens must be cp_context.cu_seqlens (this rank's local "
                                  f"offsets {want.tolist()}), got {cu.tolist()}")
+            if B != 1:
+                raise ValueError(f"cu_seqlens needs B = 1 (FLA's varlen form), got B = {B}: pass "
+                                 "None for dense rows")
         N = ctx.n_docs if ctx.packed else B
         if initial_state is not None and tuple(initial_state.shape) != (N, Hv, K, V):
             raise ValueError(f"initial_state must be [N, Hv, K, V] = {(N, Hv, K, V)} (N: "
@@ -824,8 +823,8 @@ def causal_conv1d(x, weight=None, bias=None, residual=None, initial_state=None,
             raise ValueError("causal_conv1d under CP takes no initial_state / output_final_state")
         if ctx.packed and x.shape[0] != 1:
             raise ValueError(f"packed documents need B = 1, got B = {x.shape[0]}")
-        if cu_seqlens is not None and (ctx.cu_seqlens is None or
-                                       not np.array_equal(_cu_numpy(cu_seqlens), ctx.cu_seqlens.numpy())):
+        if cu_seqlens is not None and not np.array_equal(_cu_numpy(cu_seqlens),
+                                                         ctx.cu_seqlens.numpy()):
             raise ValueError("cu_seqlens must be None or cp_context.cu_seqlens")
         sig = (int(x.shape[0]), int(x.shape[2]), W, activation in ("silu", "swish"),
                bias is not None, residual is not None)
