@@ -13,9 +13,16 @@
  *   gdncp/io.h       safetensors, layer weights from checkpoints, problem files
  *   gdncp/bench.h    benchmark probes (measured peak, issued FLOPs)
  *   gdncp/sample.h   the next token from logits (greedy, temperature, top-k, top-p, a seed)
- * The MPI parts include <mpi.h> and are included on their own:
- *   gdncp/cp.h       context parallelism (the rule, the layer, the conv halo, agreement)
- *   gdncp/train.h    the hybrid language model, AdamW, data, checkpoints, the trainer
+ *   gdncp/model.h    the hybrid language model: config, tensors, training forward/backward, decoder
+ *   gdncp/optim.h    AdamW
+ *   gdncp/data.h     training data (byte text, token files, packed documents)
+ *   gdncp/checkpoint.h checkpoints in Hugging Face's layout
+ * All of these are libgdncp, which links no MPI. The MPI wing, libgdncp_mpi, has its own headers,
+ * which include <mpi.h> and are included on their own:
+ *   gdncp/cp.h       context parallelism (the rule, the layers, the conv halo, the model, agreement)
+ *   gdncp/train.h    the trainer over a DP x CP grid of ranks
+ *   gdncp/abi.h      every public struct's size and field offsets as compiled, both libraries'
+ *                    (for bindings: its table includes the wing's headers, so it is the wing's)
  * Conventions: docs/design.md. Outputs first, then inputs, then sizes; a NULL where a tensor
  * is required is GDN_ERR_ARG naming it; on failure gdn_errmsg() names what is wrong.
  */
@@ -32,5 +39,9 @@
 #include "gdncp/io.h"
 #include "gdncp/bench.h"
 #include "gdncp/sample.h"
+#include "gdncp/model.h"
+#include "gdncp/optim.h"
+#include "gdncp/data.h"
+#include "gdncp/checkpoint.h"
 
 #endif /* GDNCP_H */

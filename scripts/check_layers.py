@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """The layers of the tree import only downward, and no file includes itself round a cycle.
 
-Layers, lowest first: base, blas, kernel, cp, layer, io, train (src/<layer>/), then tools/ and the
-tests. A quoted #include is resolved the way the compiler does (the including file's folder, then
+Layers, lowest first: base, blas, kernel, layer, io, model (libgdncp, no MPI), then cp, train (the
+MPI wing, libgdncp_mpi) (src/<layer>/), then tools/ and the tests. A quoted #include is resolved the way the compiler does (the including file's folder, then
 the public include/ folder, then the folders of the layers the file may use) and must land in the
 file's own layer, a layer below it, or include/; a file under src/ never includes a file of tools/
 or tests/. The file-level include graph must have no cycle. Prints one line per check and
 "N passed, N failed"; exits 1 on a failure. --control runs the same checks on a copy of the
-tree with one deliberately upward include added (kernel -> cp) and expects them to fail.
+tree with one deliberately upward include added (kernel -> cp), a cycle, and <mpi.h> in a model
+header, and expects them to fail. Only the MPI wing (cp, train, include/gdncp/cp.h and train.h) may
+reach <mpi.h>.
 """
 import os, re, sys, shutil, tempfile
 
-LAYERS = ["base", "blas", "kernel", "cp", "layer", "io", "train"]
+LAYERS = ["base", "blas", "kernel", "layer", "io", "model", "cp", "train"]
+WING = ["cp", "train"]  # libgdncp_mpi: the only layers (and public headers) that may see <mpi.h>
+WING_HEADERS = [os.path.join("include", "gdncp", h) for h in ("cp.h", "train.h")]
+MPI_INC = re.compile(r'^\s*#\s*include\s+<mpi\.h>', re.M)
 INC = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -40,10 +45,12 @@ def check(root):
     for top in ("src", "include", "tools", "tests"):
         for d, _, fs in os.walk(os.path.join(root, top)):
             files += [os.path.join(d, f) for f in fs if f.endswith((".c", ".h"))]
-    bad_layer, unresolved, graph = [], [], {}
+    bad_layer, unresolved, graph, mpi_direct = [], [], {}, set()
     for f in files:
         text = open(f, errors="replace").read()
         graph[f] = []
+        if MPI_INC.search(text):
+            mpi_direct.add(f)
         for name in INC.findall(text):
             tgt = resolve(root, f, name)
             if tgt is None:
@@ -80,16 +87,32 @@ def check(root):
                 path.append(nxt)
         if cycle:
             break
-    return bad_layer, unresolved, [os.path.relpath(c, root) for c in cycle], len(files)
+    # libgdncp links no MPI: no file of its layers and no public header outside the wing's reaches
+    # <mpi.h>, directly or through the headers it includes.
+    def reaches_mpi(f, seen):
+        if f in mpi_direct:
+            return True
+        seen.add(f)
+        return any(t not in seen and reaches_mpi(t, seen) for t in graph.get(f, []))
+    mpi_leaks = []
+    for f in files:
+        rel = os.path.relpath(f, root)
+        parts = rel.split(os.sep)
+        core = (parts[0] == "src" and len(parts) > 2 and parts[1] in LAYERS and parts[1] not in WING) or \
+               (parts[0] == "include" and rel not in WING_HEADERS)
+        if core and reaches_mpi(f, set()):
+            mpi_leaks.append(f"{rel} reaches <mpi.h>")
+    return bad_layer, unresolved, [os.path.relpath(c, root) for c in cycle], len(files), mpi_leaks
 
 
 def report(root):
-    bad, unres, cyc, n = check(root)
+    bad, unres, cyc, n, leaks = check(root)
     passed = failed = 0
     for label, problems in (("every include goes to the file's own layer, a lower one or include/; tools/ only to "
                              "include/", bad),
                             ("every quoted include resolves to a file of the tree", unres),
-                            ("no include cycle between files", [" -> ".join(cyc)] if cyc else [])):
+                            ("no include cycle between files", [" -> ".join(cyc)] if cyc else []),
+                            ("libgdncp's layers and public headers (all but cp.h, train.h) never reach <mpi.h>", leaks)):
         if not problems:
             passed += 1
             print(f"PASS  {label} ({n} files)")
@@ -118,12 +141,17 @@ def main():
             fh.write('\n#include "cycle_probe.h"\n')
         with open(os.path.join(tmp, "src", "base", "cycle_probe.h"), "w") as fh:
             fh.write('#include "base.h"\n')
-        bad, unres, cyc, _ = check(tmp)
+        mdl = sorted(x for x in os.listdir(os.path.join(tmp, "src", "model")) if x.endswith(".h"))[0]
+        with open(os.path.join(tmp, "src", "model", mdl), "a") as fh:  # MPI leaking into libgdncp
+            fh.write('\n#include <mpi.h>\n')
+        bad, unres, cyc, _, leaks = check(tmp)
         for label, problems in (("control: a kernel file including cp_internal.h is caught",
                                  [x for x in bad if "cp_internal.h" in x]),
                                 ("control: tools/main.c including kernel_internal.h is caught",
                                  [x for x in bad if "the CLI" in x]),
-                                ("control: base.h -> cycle_probe.h -> base.h is caught", cyc)):
+                                ("control: base.h -> cycle_probe.h -> base.h is caught", cyc),
+                                ("control: <mpi.h> in a header of src/model is caught (and in the files "
+                                 "including it)", leaks)):
             if problems:
                 p += 1
                 print(f"PASS  {label}")

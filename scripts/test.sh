@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build and run every test: the CTest suites of the MPICH build (unit suites, the CP suites under
-# mpiexec at D = 1..8, the command line, training, MPMD, benchmark smoke), the MPI suites again
-# against Open MPI, the Python package, the unit suites under AddressSanitizer + UBSan, and 60 s
+# mpiexec at D = 1..8, the command line, training, MPMD, benchmark smoke), libgdncp alone built
+# without MPI and its suites, the MPI suites again against Open MPI, the Python package, the unit suites under AddressSanitizer + UBSan, and 60 s
 # of fuzzing. Ends with "N passed, N failed" (the checks of every suite added up); exits non-zero
 # on any failure.
 set -uo pipefail
@@ -33,6 +33,13 @@ ctest_tally() { # ctest_tally BUILD_DIR LOG [CTEST ARGS...]: run ctest, add ever
 echo "== build (Release, -march=native, MPICH) and ctest"
 bash scripts/build.sh build || { echo "0 passed, 1 failed"; exit 1; }
 ctest_tally build "$logs/ctest.log"
+
+echo "== libgdncp alone (-DGDN_MPI=OFF: no MPI looked for or linked; the single-process suites, the layer check, the decode example)"
+if bash scripts/build.sh build-nompi -DGDN_MPI=OFF; then
+  ctest_tally build-nompi "$logs/ctest-nompi.log"
+else
+  echo "FAIL  the build without MPI"; failed=$((failed + 1))
+fi
 
 echo "== the MPI suites under Open MPI (CP at D = 1..4, MPMD, the training grids)"
 if GDN_MPICC=$(command -v mpicc.openmpi) bash scripts/build.sh build-openmpi \

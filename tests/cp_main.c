@@ -6,12 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
-void test_cp(void);
-void test_layer_cp(void);
-void test_model_cp(void);
-void test_pack_cp(void);
-void test_attention_cp(void);
-void test_model_cp_hybrid(void);
+#define SUITE(name)
+#define SUITE_CLI(name)
+#define SUITE_CP(name) void test_##name(void);
+#include "suites.h"
 
 int main(int argc, char **argv) {
     int provided = MPI_THREAD_SINGLE;
@@ -27,8 +25,10 @@ int main(int argc, char **argv) {
     tests_quiet = rank != 0;
     /* suites named on the command line run alone (all by default) */
     static const struct { const char *name; void (*run)(void); } suites[] = {
-        {"cp", test_cp}, {"layer_cp", test_layer_cp}, {"model_cp", test_model_cp}, {"pack_cp", test_pack_cp},
-        {"attention_cp", test_attention_cp}, {"model_cp_hybrid", test_model_cp_hybrid}};
+#define SUITE_CLI(name)
+#define SUITE_CP(name) {#name, test_##name},
+#include "suites.h"
+    };
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++) {
         int run = argc < 2;
         for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], suites[i].name);

@@ -28,6 +28,9 @@ extern test_fault_ctl test_fault;
 extern int test_threads_seen;
 extern const char *test_threads_site;
 extern void (*test_point_action)(const char *site);
+/* gdn_test_mutate's steering: the one mutation site (its exact name in the library) that is
+ * active, NULL for none. */
+extern const char *test_mutation;
 /* OpenMP regions the library has opened so far (GCC's libgomp entry points, counted in
  * tests/util.c); -1 when this compiler's cannot be counted. */
 extern long test_omp_regions;
@@ -117,34 +120,6 @@ typedef int32_t gdn_token; /* train.h's (C11 allows the repeat) */
 int model_train_step(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tok, double denom,
                      double *loss);
 
-/* Test suites. */
-void test_forward(void);
-void test_golden(void);
-void test_summary(void);
-void test_safetensors(void);
-void test_errors(void);
-void test_cli(void);
-void test_backward(void);
-void test_backward_chunked(void);
-void test_matmul(void);          /* tests/test_matmul.c: the large GEMM */
-void test_matmul_bf16(void);     /* tests/test_matmul_bf16.c: the BF16-compute GEMM, every path */
-void test_sample(void);          /* tests/test_sample.c: gdn_sample_next */
-void test_step(void);            /* tests/test_step.c: gdn_step (decode) */
-void test_layer_reference(void); /* tests/test_layer_reference.c: the double layer vs finite differences and golden */
-void test_layer_io(void);        /* tests/test_layer_io.c: loading layer weights */
-void test_layer(void);           /* tests/test_layer.c: the fp32 layer */
-void test_model(void);           /* tests/test_model.c: the decoder model and AdamW */
-void test_train_io(void);        /* tests/test_train_io.c: checkpoints and training text */
-void test_hf_layouts(void);      /* tests/test_hf_layouts.c: the model's weights in transformers' layouts */
-void test_tokens(void);          /* tests/test_tokens.c: token files */
-void test_pack(void);            /* tests/test_pack.c: packed documents (cu_seqlens), one rank */
-void test_attention(void);       /* tests/test_attention.c: the gated full-attention layer */
-void test_attn_decode(void);     /* tests/test_attention_decode.c: its KV cache and decode */
-void test_attn_io(void);         /* tests/test_attn_io.c: loading attention weights */
-void test_model_hybrid(void);    /* tests/test_model_hybrid.c: the hybrid model against transformers */
-void test_sdpa(void);            /* tests/test_sdpa.c: the attention core alone (gdn_sdpa_*) */
-void test_compute_bf16(void);    /* tests/test_compute_bf16.c: the layers in BF16 compute mode */
-void test_moe(void);             /* tests/test_moe.c: the sparse mixture-of-experts MLP */
-void test_model_moe(void);       /* tests/test_model_hybrid.c: the Qwen3.5-MoE model against transformers */
+/* Test suites: tests/suites.h. */
 
 #endif

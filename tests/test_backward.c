@@ -369,10 +369,16 @@ static void backward_negative_controls(void) {
                  &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2], .dg = ours[3],
                                    .dbeta = ours[4], .dh0 = ours[5]}, RULE_INPUTS(&p, p.h0), dout, dht);
     expect_close(rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "dg, grouped heads, 5 chunks of 32");
+    /* dg without its in-chunk reverse cumulative sum (a mutation inside the kernel's backward):
+     * the same comparison must catch it. */
+    test_mutation = "chunk: dg without its reverse cumulative sum";
+    gdn_backward(plan,
+                 &(gdn_rule_grads){.dq = ours[0], .dk = ours[1], .dv = ours[2], .dg = ours[3],
+                                   .dbeta = ours[4], .dh0 = ours[5]}, RULE_INPUTS(&p, p.h0), dout, dht);
+    test_mutation = NULL;
+    expect_far(rel_err_f32(ours[3], ref[3], ng), TOL_BWD, "mutation: dg without its in-chunk reverse cumulative sum");
     /* dg misaligned by one token: the backward run with the gates shifted by one token (token t
-     * given g[t + 1], the last token the first's), its dg against the same reference. (No control
-     * for a dg missing its in-chunk reverse cumulative sum: no hook reaches that sum, and
-     * differencing our dg afterwards would only exercise the error metric.) */
+     * given g[t + 1], the last token the first's), its dg against the same reference. */
     {
         float *gs = malloc(sizeof(float) * ng);
         for (int64_t i = 0; i < ng; i++) gs[i] = p.g[(i + cfg.Hv) % ng];

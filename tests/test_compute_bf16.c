@@ -23,7 +23,7 @@
  * oracle's check and the shifted k pairs through the fp32 one (it has no recurrent state).
  * Shapes keep every product above 16 rows (products of <= 16 rows run fp32 in either mode). */
 #include "harness.h"
-#include "gdncp/train.h"
+#include "gdncp.h"
 #include "kernel_internal.h"
 #include "attention_internal.h" /* gdn_attn_bf16_path */
 

@@ -16,6 +16,7 @@
 
 static int rank, D;
 static void golden_cp(gdn_cp_strategy strategy, const char *name);
+static void agree_values(void);
 
 /* Rows [t0, t0+tn) of a [B, T, inner] tensor. */
 static float *slice_rows(const float *x, int64_t B, int64_t T, int64_t t0, int64_t tn, int64_t inner) {
@@ -752,8 +753,45 @@ void test_cp(void) {
         run_case(&c, GDN_CP_ALLGATHER);
     }
     bad_input();
+    agree_values();
     heads_counts();
     robustness();
+}
+
+/* gdn_cp_agree_values: one well-formed collective whatever n each rank passes (K1: a rank that
+ * failed early passes no values while the others pass theirs), and the values beyond one row
+ * compared in a second exchange. Each case's expectation is checked on every rank. */
+static void agree_values(void) {
+    gdn_cp *cp = NULL;
+    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+    enum { N = 45 }; /* beyond one row of GDN_CP_AGREE_COLS */
+    int64_t v[N];
+    const char *names[N];
+    char buf[N][8];
+    for (int i = 0; i < N; i++) v[i] = 1000 + i, snprintf(buf[i], sizeof buf[i], "v%d", i), names[i] = buf[i];
+    const int last = rank == D - 1 && D > 1;
+    struct { const char *what; int n, fail, bad_at; const char *needle; } cases[] = {
+        {"equal 7 values", 7, 0, -1, NULL},
+        {"equal 45 values (two exchanges)", N, 0, -1, NULL},
+        {"the last rank failed early and passes no values, the others 7", 7, GDN_ERR_ARG, -1, "rank"},
+        {"the last rank passes 6 values, the others 7", 7, 0, -1, "number of values"},
+        {"45 values, the last rank's v40 differs", N, 0, 40, "v40"},
+        {"7 values, the last rank's v3 differs", 7, 0, 3, "v3"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        if (D < 2 && cases[k].needle) continue; /* disagreements need two ranks */
+        int n = cases[k].n, local = GDN_OK;
+        if (last && cases[k].fail) n = 0, local = cases[k].fail;
+        if (last && k == 3) n = 6;
+        if (last && cases[k].bad_at >= 0) v[cases[k].bad_at] = -7;
+        const int rc = gdn_cp_agree_values(cp, n ? v : NULL, n, names, local);
+        if (last && cases[k].bad_at >= 0) v[cases[k].bad_at] = 1000 + cases[k].bad_at;
+        int ok = cases[k].needle ? rc != GDN_OK && strstr(gdn_errmsg(), cases[k].needle) != NULL : rc == GDN_OK, all;
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        check(all, "agree_values: %s -> %s on every rank (\"%s\")", cases[k].what,
+              cases[k].needle ? cases[k].needle : "agreed", rc ? gdn_errmsg() : "ok");
+    }
+    gdn_cp_destroy(cp);
 }
 
 /* A golden file split over the ranks: every rank reads the whole file and keeps its slice. */

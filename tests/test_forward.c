@@ -91,6 +91,13 @@ static void negative_controls(void) {
         free(qe), free(ke);
     }
 
+    /* The chunk's solve skipped ((I + L)^-1 replaced by I, a mutation inside the kernel): the
+     * same comparison must catch it. */
+    test_mutation = "chunk: (I + L)^-1 replaced by I";
+    chunked_run(&p, &cfg, o, ht);
+    test_mutation = NULL;
+    expect_far(rel_err_f32(o, o_ref, n_v(&cfg)), TOL_FWD, "mutation: the chunk's (I + L)^-1 replaced by I");
+
     /* Missing scale: the chunked path told scale = 1. */
     gdn_config noscale = cfg;
     noscale.scale = 1.0f;

@@ -1,4 +1,4 @@
-/* The model's weights in every layout transformers writes (src/train/hf_weights.c): transformers'
+/* The model's weights in every layout transformers writes (src/model/hf_weights.c): transformers'
  * tiny Qwen3.5 rewritten here as the multimodal Qwen3_5ForConditionalGeneration names
  * (model.language_model.*, with a vision tower and an MTP head that are skipped), as dense
  * Qwen3-Next (fused in_proj_qkvz / in_proj_ba built by an independent block interleave; control:
@@ -7,7 +7,7 @@
  * message naming what is wrong. */
 #include "harness.h"
 
-#include "gdncp/train.h"
+#include "gdncp.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gdncp/train.h"
+#include "gdncp.h"
 
 #define TINY GDN_GOLDEN_DIR "/qwen35_tiny"
 #define MOE_TINY GDN_GOLDEN_DIR "/qwen35_moe_tiny"

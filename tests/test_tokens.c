@@ -1,11 +1,11 @@
-/* Token files (docs/training.md "Token files"; gdn_data_open in src/train/data.c): uint16 and
+/* Token files (docs/training.md "Token files"; gdn_data_open in src/model/data.c): uint16 and
  * uint32 ids read back exactly with positioned reads, llm.c's header read too, every malformed
  * header refused with a message naming what is wrong, ids outside the model's vocabulary refused
  * naming the file, the byte offset and the id, packed documents split at a one-id separator.
  * Each equality beside a control that must fail it. */
 #include "harness.h"
 
-#include "gdncp/train.h"
+#include "gdncp.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
  * the training windows). */
 #include "harness.h"
 
-#include "gdncp/train.h"
+#include "gdncp.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -24,7 +24,7 @@
 
 #define GOLDEN_TINY GDN_GOLDEN_DIR "/qwen35_tiny"
 
-/* Defined in src/train/checkpoint.c for tests only: called at the stages of a save. */
+/* Defined in src/model/checkpoint.c for tests only: called at the stages of a save. */
 
 /* ------------------------------------------------------------ small file helpers */
 

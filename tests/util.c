@@ -1,6 +1,6 @@
 #define _GNU_SOURCE /* RTLD_NEXT */
 #include "harness.h"
-#include "gdncp/train.h"
+#include "gdncp.h"
 
 #include <dlfcn.h>
 
@@ -17,6 +17,9 @@ test_fault_ctl test_fault = {0, 0, 0, NULL, NULL};
 int test_threads_seen = -1;
 const char *test_threads_site = NULL;
 void (*test_point_action)(const char *site) = NULL;
+const char *test_mutation = NULL;
+
+int gdn_test_mutate(const char *site) { return test_mutation && !strcmp(site, test_mutation); }
 
 int gdn_test_fault(const char *site) {
     if (!test_fault.armed) return 0;

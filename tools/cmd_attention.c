@@ -303,17 +303,12 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
     }
     int rank = 0, D = 1, strategy = GDN_ATTN_CP_KV;
     gdn_cp *cp = NULL;
-    if (o.cp) {
+    if (o.cp) { /* (the attention strategy travels in the plan's config; the context's own is unused) */
         strategy = gdn_attn_cp_strategy_parse(o.cp);
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &D);
-        if (strategy < 0) {
-            fprintf(stderr, "gdncp attention: rank %d: unknown --cp strategy '%s' (kv, heads)\n", rank, o.cp);
-            return cli_cp_fail_early(argc, argv);
-        }
-        /* (the attention strategy travels in the plan's config; the context's own is unused) */
-        if (gdn_cp_create(&cp, MPI_COMM_WORLD, strategy == GDN_ATTN_CP_HEADS ? GDN_CP_HEADS : GDN_CP_SCAN))
-            return cli_error("attention", GDN_ERR_MPI);
+        const int begun = cli_cp_begin("attention", o.cp, strategy < 0 ? -1 : strategy == GDN_ATTN_CP_HEADS ? GDN_CP_HEADS
+                                                                                                           : GDN_CP_SCAN,
+                                       "kv, heads", argc, argv, &cp, &rank, &D);
+        if (begun) return begun;
     }
     gdn_attn_weights aw;
     memset(&aw, 0, sizeof aw);
@@ -351,9 +346,7 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
                                             "--shards (the lists differ; values are hashes)", "T of the input file",
                                             "--compute (0 fp32, 1 bf16)"};
         const int64_t vals[7] = {strategy, o.backward, o.recompute, o.stats, cli_hash(o.shards), T, o.compute};
-        const int local = rc;
-        rc = gdn_cp_agree_values(cp, vals, 7, names, rc);
-        if (rc && !local) cli_error("attention", rc), reported = 1;
+        rc = cli_cp_agree_first(cp, "attention", vals, 7, names, rc, &reported);
         if (!rc) {
             static const char *const more[] = {"B of the input file", "the position offset", "the packed documents",
                                                "their offsets (hashes)", "--fault"};
@@ -440,13 +433,9 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
         if (!rc && o.backward) bs = gdn_cp_last_stats(cp);
         /* the weight gradients summed on rank 0 (the size of the weights); y and dx written by
          * each rank at their rows of the file: no rank holds the whole sequence's */
-        if (!rc && o.backward && !rank && !(dw_all = malloc(sizeof(float) * nw)))
-            rc = fail(GDN_ERR_NOMEM, "the summed weight gradients (%zu floats)", nw);
         rc = gdn_cp_agree_status(cp, rc);
         if (!rc && o.stats) print_stats(cp, &o, &fs, &bs, t0, tn, cli_now() - t_start);
-        if (!rc && o.backward && nw > INT32_MAX) rc = fail(GDN_ERR_SHAPE, "%zu weights exceed MPI's int count", nw);
-        if (!rc && o.backward && MPI_Reduce(dw, dw_all, (int)nw, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-            rc = fail(GDN_ERR_MPI, "MPI_Reduce of the weight gradients failed");
+        if (!rc && o.backward) rc = cli_cp_sum_to_root(cp, "attention", dw, nw, &dw_all, &reported);
         if (!rc) {
             const grads_ctx gc = {&aw, o.backward ? dw_all : NULL};
             const int64_t E = aw.cfg.E;

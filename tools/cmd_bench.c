@@ -10,31 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
+/* the inputs' generator, continued from shape to shape */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float urand(void) { /* uniform in [0, 1) */
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return (float)(rng_state >> 40) / 16777216.0f;
-}
-
-static double flops_forward(const gdn_config *c) {
-    return gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 0) * (double)c->B * c->T * c->Hv;
-}
-
-/* DESIGN §3: backward including recompute, triangular products counted in full. */
-static double flops_backward(const gdn_config *c) {
-    return gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 1) * (double)c->B * c->T * c->Hv;
-}
-
-/* max|x - ref| / max|ref| (the absolute error when ref is all zeros). */
-static double rel_err(const float *x, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) num = fmax(num, fabs(x[i] - ref[i])), den = fmax(den, fabs(ref[i]));
-    return den > 0 ? num / den : num;
-}
 
 /* Norm-wise: ||x - ref||_2 / ||ref||_2. The BF16 path against its bf16-operand oracle: an fp32
  * intermediate now and then rounds to the other bf16 neighbour than its double, which moves one
@@ -78,7 +56,7 @@ static double oracle_error_backward(const gdn_config *cfg, int64_t tp, const flo
         gdn_backward(plan, &(gdn_rule_grads){.dq = oq, .dk = ok, .dv = ov, .dg = og, .dbeta = ob},
                      &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta}, dout,
                      NULL) == GDN_OK) {
-        err = rel_err(ov, rdv, nv);
+        err = cli_rel_err(ov, rdv, nv);
     }
     gdn_plan_destroy(plan);
     free(buf), free(fq);
@@ -106,7 +84,7 @@ static double oracle_error(const gdn_config *cfg, int compute, int64_t tp, const
     if (gdn_reference_forward(&c, od, NULL,
                               &(gdn_rule_inputs_f64){.q = dq, .k = dk, .v = dv, .g = dg,
                                                      .beta = db}) == GDN_OK) {
-        err = compute == GDN_COMPUTE_BF16 ? rel_l2_err(o, od, nv) : rel_err(o, od, nv);
+        err = compute == GDN_COMPUTE_BF16 ? rel_l2_err(o, od, nv) : cli_rel_err(o, od, nv);
     }
     free(buf);
     return err;
@@ -146,10 +124,11 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     int rc = !q || !k || !v || !g || !beta || !o || !ht || (backward && (!dout || !gq || !gv || !gg))
                  ? GDN_ERR_NOMEM : GDN_OK;
     if (!rc) {
-        for (int64_t i = 0; i < nqk; i++) q[i] = urand() - 0.5f, k[i] = urand() - 0.5f;
-        for (int64_t i = 0; i < nv; i++) v[i] = urand() - 0.5f;
-        for (int64_t i = 0; i < ng; i++) g[i] = -0.1f * urand(), beta[i] = urand();
-        for (int64_t i = 0; backward && i < nv; i++) dout[i] = urand() - 0.5f;
+        uint64_t *r = &rng_state;
+        for (int64_t i = 0; i < nqk; i++) q[i] = cli_uniform(r, -0.5f, 0.5f), k[i] = cli_uniform(r, -0.5f, 0.5f);
+        for (int64_t i = 0; i < nv; i++) v[i] = cli_uniform(r, -0.5f, 0.5f);
+        for (int64_t i = 0; i < ng; i++) g[i] = cli_uniform(r, 0, -0.1f), beta[i] = cli_uniform(r, 0, 1);
+        for (int64_t i = 0; backward && i < nv; i++) dout[i] = cli_uniform(r, -0.5f, 0.5f);
         rc = gdn_plan_create(&plan, &cfg);
     }
     /* BF16 rows: the same inputs through an fp32 plan, run alternately with the BF16 one rep by
@@ -199,7 +178,8 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     }
     const double med = cli_median(times, reps), med32 = plan32 ? cli_median(times32, reps) : NAN;
     const gdn_config *pc = gdn_plan_config(plan);
-    const double gflops = (backward ? flops_backward(pc) : flops_forward(pc)) / med / 1e9;
+    const double head_tokens = (double)pc->B * pc->T * pc->Hv;
+    const double gflops = cli_rule_flops(pc->K, pc->V, pc->chunk, head_tokens, backward ? 2 : 1) / med / 1e9;
     /* One more run counting what the micro-kernels really issue (triangles skipped). */
     gdn_flops_issued_start();
     rc = backward ? gdn_backward_saved(plan, &gr, &in, ckpt, dout, NULL) : gdn_forward(plan, o, ht, &in);
@@ -221,38 +201,33 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     int len = snprintf(shape, sizeof shape, "B=1 T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d", (long long)s->T,
                        (long long)s->Hk, (long long)s->Hv, (long long)s->K, (long long)s->V, pc->chunk);
     if (cu) snprintf(shape + len, sizeof shape - (size_t)len, " docs=%lldx%lld", (long long)n_docs, (long long)s->doc_len);
-    const char *dir = backward ? "backward" : "forward";
-    if (json) {
-        printf("{\"direction\":\"%s\",\"case\":\"%s\",\"shape\":\"%s\",\"threads\":%d,\"compute\":\"%s\","
-               "\"seconds\":%.6e,\"reps\":%d,\"head_tokens_per_s\":%.6e,\"us_per_head_token\":%.4f,"
-               "\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
-               "\"issued_gflops\":%.3f,\"fraction_of_peak_issued\":%.4f,"
-               "\"rel_err_vs_oracle\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"",
-               dir, s->label, shape, threads, bpath ? "bf16" : "fp32", med, reps, ht_per_s, 1e6 / ht_per_s, gflops, peak,
-               gflops / peak, issued_gflops, issued_gflops / peak, err, gdn_plan_path(plan), cpu);
-        if (bpath)
-            printf(",\"bf16_peak_gflops\":%.3f,\"fraction_of_bf16_peak\":%.4f,\"l2_err_vs_bf16_oracle\":%.3e,"
-                   "\"fp32_seconds_alternated\":%.6e,\"speedup_vs_fp32\":%.3f", bpeak, bpeak > 0 ? gflops / bpeak : 0.0,
-                   err_bf16, med32, med32 / med);
-        if (backward)
-            printf(",\"saved_bytes_per_token\":%.1f,\"workspace_bytes\":%.0f,\"workspace_bytes_per_token\":%.1f,"
-                   "\"input_bytes_per_token\":%.1f,\"from_saved_states\":true",
-                   saved_bytes / s->T, ws_bytes, ws_bytes / s->T, input_bytes / s->T);
-        printf("}\n");
-    } else {
-        printf("%-8s %-13s %-58s thr=%d  %9.3f ms  %6.3f us/head-tok  %7.1f GFLOP/s  "
-               "%5.1f%% of %6.1f (issued %5.1f%%)  err %.1e  %s",
-               dir, s->label, shape, threads, med * 1e3, 1e6 / ht_per_s, gflops, 100 * gflops / peak,
-               peak, 100 * issued_gflops / peak, err, gdn_plan_path(plan));
-        if (bpath && bpeak > 0)
-            printf("  bf16 peak %.0f GFLOP/s: %.1f%%  l2 err vs bf16 oracle %.1e  %.2fx fp32 (%.3f ms, alternated)", bpeak,
-                   100 * gflops / bpeak, err_bf16, med32 / med, med32 * 1e3);
-        if (backward)
-            printf("  mem: saved %.0f B/tok + workspace %.0f B/tok = %.1f%% of inputs (%.0f B/tok)",
-                   saved_bytes / s->T, ws_bytes / s->T, 100 * (saved_bytes + ws_bytes) / input_bytes,
-                   input_bytes / s->T);
-        printf("\n");
-    }
+    const int bf = bpath != 0, bt = bpath && bpeak > 0; /* a BF16 row (its text: when its path has a peak) */
+    CLI_ROW(json, CLI_S("direction", "%s", "%-8s", backward ? "backward" : "forward"),
+            CLI_S("case", "%s", " %-13s", s->label), CLI_S("shape", "%s", " %-58s", shape),
+            CLI_I("threads", "%lld", " thr=%lld", threads), CLI_S("compute", "%s", NULL, bpath ? "bf16" : "fp32"),
+            cli_x(CLI_F("seconds", "%.6e", "  %9.3f ms", med), 1e3), CLI_I("reps", "%lld", NULL, reps),
+            CLI_F("head_tokens_per_s", "%.6e", NULL, ht_per_s),
+            CLI_F("us_per_head_token", "%.4f", "  %6.3f us/head-tok", 1e6 / ht_per_s),
+            CLI_F("gflops", "%.3f", "  %7.1f GFLOP/s", gflops),
+            cli_at(CLI_F("peak_gflops", "%.3f", " of %6.1f", peak), 3),
+            cli_at(cli_x(CLI_F("fraction_of_peak", "%.4f", "  %5.1f%%", gflops / peak), 100), 2),
+            cli_at(CLI_F("issued_gflops", "%.3f", NULL, issued_gflops), 3),
+            cli_x(CLI_F("fraction_of_peak_issued", "%.4f", " (issued %5.1f%%)", issued_gflops / peak), 100),
+            CLI_F("rel_err_vs_oracle", "%.3e", "  err %.1e", err), CLI_S("path", "%s", "  %s", gdn_plan_path(plan)),
+            CLI_S("cpu", "%s", NULL, cpu),
+            cli_if(bf, CLI_F("bf16_peak_gflops", "%.3f", bt ? "  bf16 peak %.0f GFLOP/s" : NULL, bpeak)),
+            cli_if(bf, cli_x(CLI_F("fraction_of_bf16_peak", "%.4f", bt ? ": %.1f%%" : NULL,
+                                   bpeak > 0 ? gflops / bpeak : 0.0), 100)),
+            cli_if(bf, CLI_F("l2_err_vs_bf16_oracle", "%.3e", bt ? "  l2 err vs bf16 oracle %.1e" : NULL, err_bf16)),
+            cli_if(bf, cli_at(cli_x(CLI_F("fp32_seconds_alternated", "%.6e", bt ? " (%.3f ms, alternated)" : NULL, med32),
+                                    1e3), 5)),
+            cli_if(bf, cli_at(CLI_F("speedup_vs_fp32", "%.3f", bt ? "  %.2fx fp32" : NULL, med32 / med), 4)),
+            cli_if(backward, CLI_F("saved_bytes_per_token", "%.1f", "  mem: saved %.0f B/tok", saved_bytes / s->T)),
+            cli_if(backward, CLI_F("workspace_bytes", "%.0f", NULL, ws_bytes)),
+            cli_if(backward, CLI_F("workspace_bytes_per_token", "%.1f", " + workspace %.0f B/tok", ws_bytes / s->T)),
+            cli_if(backward, CLI_F(NULL, NULL, " = %.1f%% of inputs", 100 * (saved_bytes + ws_bytes) / input_bytes)),
+            cli_if(backward, CLI_F("input_bytes_per_token", "%.1f", " (%.0f B/tok)", input_bytes / s->T)),
+            cli_if(backward, CLI_R("from_saved_states", NULL, "true")));
     fflush(stdout);
     free(q), free(k), free(v), free(g), free(beta), free(o), free(ht), free(dout), free(gq), free(gv), free(gg);
     free(ckpt), free(cu), free(o32);
@@ -327,12 +302,8 @@ int cmd_bench(int argc, char **argv) {
     int want[sizeof shapes / sizeof shapes[0]];
     for (int i = 0; i < n; i++) want[i] = !cases;
     if (cases && !select_cases(cases, shapes, n, want)) return 1;
-    int maxt = 1;
-#ifdef _OPENMP
-    maxt = omp_get_max_threads();
-#endif
-    char cpu[256];
-    cli_cpu_name(cpu, sizeof cpu);
+    const int maxt = cli_max_threads();
+    const char *cpu = cli_cpu();
     const int thread_counts[2] = {1, maxt};
     const int nthr = maxt > 1 ? 2 : 1;
     if (!json) printf("gdncp bench kernel — CPU: %s\n", cpu);

@@ -20,9 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 typedef struct {
     const char *label;
@@ -34,28 +31,9 @@ static const attn_shape shapes[] = {
 };
 enum { NSHAPES = sizeof shapes / sizeof shapes[0] };
 
-static double core_flops(const attn_shape *s, int64_t T, int backward) {
-    const double f = 2.0 * (double)T * (double)T * (double)s->d * (double)s->H;
-    return backward ? 3.5 * f : f;
-}
 static double proj_flops(const attn_shape *s, int64_t T, int backward) {
     const double E = (double)s->E, Hd = (double)(s->H * s->d), Kd = (double)(s->Hkv * s->d);
     return (backward ? 3.0 : 1.0) * (double)T * (2 * E * (2 * Hd + 2 * Kd) + 2 * Hd * E);
-}
-
-static float *random_floats(size_t n, float lo, float hi, uint64_t *s) {
-    float *x = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; x && i < n; i++) {
-        *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-        x[i] = lo + (hi - lo) * (float)((*s >> 40) / 16777216.0);
-    }
-    return x;
-}
-
-static double max_rel(const float *x, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) num = fmax(num, fabs(x[i] - ref[i])), den = fmax(den, fabs(ref[i]));
-    return num != num ? NAN : den > 0 ? num / den : num;
 }
 
 /* Causal attention in double with plain loops over the first tp tokens (B = 1, token-major):
@@ -120,7 +98,7 @@ static double core_backward_error(const attn_shape *s, int64_t tp, int threads, 
     if (o && lse && dq && dk && dv && ro && rq && rk && rv && !gdn_sdpa_plan_create(&p, &c) &&
         !gdn_sdpa_forward(p, o, lse, q, k, v) && !gdn_sdpa_backward(p, dq, dk, dv, q, k, v, o, lse, dout)) {
         core_reference(s, tp, q, k, v, dout, ro, rq, rk, rv);
-        err = fmax(max_rel(dq, rq, nq), fmax(max_rel(dk, rk, nk), max_rel(dv, rv, nk)));
+        err = fmax(cli_rel_err(dq, rq, nq), fmax(cli_rel_err(dk, rk, nk), cli_rel_err(dv, rv, nk)));
     }
     gdn_sdpa_plan_destroy(p);
     free(o), free(lse), free(dq), free(dk), free(dv), free(ro), free(rq), free(rk), free(rv);
@@ -134,7 +112,7 @@ static float *attn_weights(const gdn_attn_config *c, uint64_t *seed) {
         int64_t shape[2];
         const int nd = gdn_attn_param_shape(c, i, shape);
         const float a = nd == 2 ? 1.0f / sqrtf((float)shape[1]) : 0.1f;
-        float *r = random_floats(gdn_attn_param_numel(c, i), -a, a, seed);
+        float *r = cli_random_floats(gdn_attn_param_numel(c, i), -a, a, seed);
         if (r) memcpy(w + gdn_attn_param_offset(c, i), r, sizeof(float) * gdn_attn_param_numel(c, i));
         free(r);
     }
@@ -158,10 +136,10 @@ static double layer_error(gdn_attn_config c, int64_t tp, const float *w, const f
         for (size_t i = 0; i < nx; i++) xd[i] = x[i], dyd[i] = dy[i];
         for (size_t i = 0; i < nw; i++) wd[i] = w[i];
         if (!backward) {
-            if (!gdn_attn_reference_forward(&rc_cfg, yd, xd, wd)) err = max_rel(y_full, yd, (int64_t)nx);
+            if (!gdn_attn_reference_forward(&rc_cfg, yd, xd, wd)) err = cli_rel_err(y_full, yd, (int64_t)nx);
         } else if (!gdn_attn_reference_backward(&rc_cfg, yd, dwd, xd, wd, dyd) && !gdn_attn_plan_create(&p, &c) &&
                    !gdn_attn_backward(p, dx, dw, x, w, NULL, dy)) {
-            err = max_rel(dx, yd, (int64_t)nx);
+            err = cli_rel_err(dx, yd, (int64_t)nx);
         }
     }
     gdn_attn_plan_destroy(p);
@@ -180,24 +158,20 @@ typedef struct {
 static void print_row(const bench_opts *o, const char *dir, const attn_shape *s, int64_t T, double med,
                       double flops, double kept_per_token, double err, const char *path, int bf16) {
     const double gflops = flops / med / 1e9;
-    char bpk[32] = "null", fbp[32] = "null";
-    if (bf16) snprintf(bpk, sizeof bpk, "%.3f", o->bf16_peak), snprintf(fbp, sizeof fbp, "%.4f", gflops / o->bf16_peak);
-    if (o->json)
-        printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"B\":1,\"T\":%lld,\"E\":%lld,\"H\":%lld,\"Hkv\":%lld,"
-               "\"d\":%lld,\"threads\":%d,\"ms\":%.3f,\"reps\":%d,\"tokens_per_s\":%.1f,\"gflops\":%.3f,"
-               "\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,\"bf16_peak_gflops\":%s,\"fraction_of_bf16_peak\":%s,"
-               "\"bytes_kept_per_token\":%.1f,\"rel_err_vs_reference\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"}\n",
-               dir, s->label, (long long)T, (long long)s->E, (long long)s->H, (long long)s->Hkv, (long long)s->d,
-               o->threads, med * 1e3, o->reps, (double)T / med, gflops, o->peak, gflops / o->peak, bpk, fbp,
-               kept_per_token, err, path, o->cpu);
-    else {
-        printf("%-18s %-7s T=%-6lld H=%lld Hkv=%lld d=%lld E=%lld thr=%d %10.1f ms %9.0f tok/s %7.1f GFLOP/s "
-               "%5.1f %% of peak",
-               dir, s->label, (long long)T, (long long)s->H, (long long)s->Hkv, (long long)s->d, (long long)s->E,
-               o->threads, med * 1e3, (double)T / med, gflops, 100 * gflops / o->peak);
-        if (bf16) printf(" %5.1f %% of bf16 peak", 100 * gflops / o->bf16_peak);
-        printf("  kept %6.0f B/token  err %.1e  %s\n", kept_per_token, err, path);
-    }
+    CLI_ROW(o->json, CLI_S("direction", "%s", "%-18s", dir), CLI_S("shape", "%s", " %-7s", s->label),
+            CLI_I("B", "%lld", NULL, 1), CLI_I("T", "%lld", " T=%-6lld", T),
+            cli_at(CLI_I("E", "%lld", " E=%lld", s->E), 2), cli_at(CLI_I("H", "%lld", " H=%lld", s->H), 1),
+            CLI_I("Hkv", "%lld", " Hkv=%lld", s->Hkv), CLI_I("d", "%lld", " d=%lld", s->d),
+            cli_at(CLI_I("threads", "%lld", " thr=%lld", o->threads), 3), CLI_F("ms", "%.3f", " %10.1f ms", med * 1e3),
+            CLI_I("reps", "%lld", NULL, o->reps), CLI_F("tokens_per_s", "%.1f", " %9.0f tok/s", (double)T / med),
+            CLI_F("gflops", "%.3f", " %7.1f GFLOP/s", gflops), CLI_F("peak_gflops", "%.3f", NULL, o->peak),
+            cli_x(CLI_F("fraction_of_peak", "%.4f", " %5.1f %% of peak", gflops / o->peak), 100),
+            cli_or_null(bf16, CLI_F("bf16_peak_gflops", "%.3f", NULL, o->bf16_peak)),
+            cli_or_null(bf16, cli_x(CLI_F("fraction_of_bf16_peak", "%.4f", " %5.1f %% of bf16 peak", gflops / o->bf16_peak),
+                                    100)),
+            CLI_F("bytes_kept_per_token", "%.1f", "  kept %6.0f B/token", kept_per_token),
+            CLI_F("rel_err_vs_reference", "%.3e", "  err %.1e", err), CLI_S("path", "%s", "  %s", path),
+            CLI_S("cpu", "%s", NULL, o->cpu));
     fflush(stdout);
 }
 
@@ -235,13 +209,11 @@ static int time_alternating(int (*fwd)(void *), int (*fwd_bwd)(void *), void *co
 
 /* A BF16 row pair's speed-up over fp32 (what: "core" or "layer"): forward r0, fwd+bwd r1. */
 static void print_speedup(const bench_opts *o, const char *what, const attn_shape *s, int64_t T, double r0, double r1) {
-    if (o->json)
-        printf("{\"direction\":\"%s_bf16_speedup\",\"shape\":\"%s\",\"T\":%lld,\"threads\":%d,"
-               "\"forward\":%.3f,\"fwd_bwd\":%.3f,\"cpu\":\"%s\"}\n",
-               what, s->label, (long long)T, o->threads, r0, r1, o->cpu);
-    else
-        printf("%s bf16 vs fp32 %-7s T=%-6lld thr=%d: forward %.2fx, fwd+bwd %.2fx (medians of alternating runs)\n", what,
-               s->label, (long long)T, o->threads, r0, r1);
+    CLI_ROW(o->json, CLI_S("direction", "%s_bf16_speedup", "%s bf16 vs fp32", what),
+            CLI_S("shape", "%s", " %-7s", s->label), CLI_I("T", "%lld", " T=%-6lld", T),
+            CLI_I("threads", "%lld", " thr=%lld:", o->threads), CLI_F("forward", "%.3f", " forward %.2fx,", r0),
+            CLI_F("fwd_bwd", "%.3f", " fwd+bwd %.2fx", r1), CLI_S("cpu", "%s", NULL, o->cpu),
+            CLI_T(" (medians of alternating runs)"));
 }
 
 /* The core's rows in each compute precision asked for (o->compute_mask), the precisions
@@ -251,9 +223,9 @@ static int bench_core(const bench_opts *o, const attn_shape *s, int64_t T) {
     c.threads = o->threads;
     const size_t nq = (size_t)T * s->H * s->d, nk = (size_t)T * s->Hkv * s->d;
     uint64_t seed = 0x9E3779B97F4A7C15ull;
-    core_ctx x[2] = {{NULL, random_floats(nq, -1, 1, &seed), random_floats(nk, -1, 1, &seed),
-                      random_floats(nk, -1, 1, &seed), malloc(4 * nq), malloc(4 * (size_t)T * s->H),
-                      random_floats(nq, -1, 1, &seed), malloc(4 * nq), malloc(4 * nk), malloc(4 * nk)}};
+    core_ctx x[2] = {{NULL, cli_random_floats(nq, -1, 1, &seed), cli_random_floats(nk, -1, 1, &seed),
+                      cli_random_floats(nk, -1, 1, &seed), malloc(4 * nq), malloc(4 * (size_t)T * s->H),
+                      cli_random_floats(nq, -1, 1, &seed), malloc(4 * nq), malloc(4 * nk), malloc(4 * nk)}};
     x[1] = x[0];
     int rc = x[0].q && x[0].k && x[0].v && x[0].o && x[0].lse && x[0].dout && x[0].dq && x[0].dk && x[0].dv ? GDN_OK
                                                                                                           : GDN_ERR_NOMEM;
@@ -276,14 +248,15 @@ static int bench_core(const bench_opts *o, const attn_shape *s, int64_t T) {
         double err_f = NAN;
         if (ro && !rc) {
             core_reference(s, tp, x[cm].q, x[cm].k, x[cm].v, NULL, ro, NULL, NULL, NULL);
-            err_f = max_rel(x[cm].o, ro, tp * s->H * s->d); /* the run's first tokens */
+            err_f = cli_rel_err(x[cm].o, ro, tp * s->H * s->d); /* the run's first tokens */
         }
         free(ro);
         const double err_b = core_backward_error(s, tb, o->threads, cm, x[cm].q, x[cm].k, x[cm].v, x[cm].dout);
         const char *path = gdn_sdpa_plan_path(x[cm].p);
-        print_row(o, cm ? "core_forward_bf16" : "core_forward", s, T, med[cm][0], core_flops(s, T, 0), 0, err_f, path, cm);
+        print_row(o, cm ? "core_forward_bf16" : "core_forward", s, T, med[cm][0], cli_attn_core_flops(T, s->d, s->H, 0), 0,
+                  err_f, path, cm);
         /* kept for the backward: o and lse (q, k, v are the caller's inputs) */
-        print_row(o, cm ? "core_fwd_bwd_bf16" : "core_fwd_bwd", s, T, med[cm][1], core_flops(s, T, 1),
+        print_row(o, cm ? "core_fwd_bwd_bf16" : "core_fwd_bwd", s, T, med[cm][1], cli_attn_core_flops(T, s->d, s->H, 1),
                   4.0 * (s->H * s->d + s->H), err_b, path, cm);
         if (cm && x[0].p) print_speedup(o, "core", s, T, med[0][0] / med[1][0], med[0][1] / med[1][1]);
     }
@@ -315,8 +288,8 @@ static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T)
     c.threads = o->threads;
     uint64_t seed = 0x2545F4914F6CDD1Dull;
     const size_t nx = (size_t)T * s->E, nw = gdn_attn_param_floats(&c);
-    layer_ctx l[2] = {{NULL, random_floats(nx, -1, 1, &seed), attn_weights(&c, &seed), malloc(4 * nx),
-                       random_floats(nx, -1, 1, &seed), malloc(4 * nx), malloc(4 * nw), NULL}};
+    layer_ctx l[2] = {{NULL, cli_random_floats(nx, -1, 1, &seed), attn_weights(&c, &seed), malloc(4 * nx),
+                       cli_random_floats(nx, -1, 1, &seed), malloc(4 * nx), malloc(4 * nw), NULL}};
     l[1] = l[0];
     l[1].saved = NULL;
     int rc = l[0].x && l[0].w && l[0].y && l[0].dy && l[0].dx && l[0].dw ? GDN_OK : GDN_ERR_NOMEM;
@@ -346,8 +319,9 @@ static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T)
         snprintf(dir[0], sizeof dir[0], "layer_forward%s", cm ? "_bf16" : "");
         snprintf(dir[1], sizeof dir[1], "layer_fwd_bwd%s", cm ? "_bf16" : "");
         const double m0 = cli_median(t[cm][0], o->reps), m1 = cli_median(t[cm][1], o->reps);
-        print_row(o, dir[0], s, T, m0, proj_flops(s, T, 0) + core_flops(s, T, 0), 0, err_f, path, cm);
-        print_row(o, dir[1], s, T, m1, proj_flops(s, T, 1) + core_flops(s, T, 1), 4.0 * nsaved / T, err_b, path, cm);
+        print_row(o, dir[0], s, T, m0, proj_flops(s, T, 0) + cli_attn_core_flops(T, s->d, s->H, 0), 0, err_f, path, cm);
+        print_row(o, dir[1], s, T, m1, proj_flops(s, T, 1) + cli_attn_core_flops(T, s->d, s->H, 1), 4.0 * nsaved / T, err_b,
+                  path, cm);
         if (cm && l[0].p)
             print_speedup(o, "layer", s, T, cli_median(t[0][0], o->reps) / m0, cli_median(t[0][1], o->reps) / m1);
     }
@@ -365,7 +339,8 @@ static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T,
     gdn_attn_config c = gdn_attn_config_default(1, 1, s->E, s->H, s->Hkv, s->d);
     c.threads = o->threads;
     uint64_t seed = 0x5851F42D4C957F2Dull;
-    float *w = attn_weights(&c, &seed), *x = random_floats((size_t)s->E, -1, 1, &seed), *y = malloc(4 * (size_t)s->E);
+    float *w = attn_weights(&c, &seed), *x = cli_random_floats((size_t)s->E, -1, 1, &seed);
+    float *y = malloc(4 * (size_t)s->E);
     gdn_attn_plan *p = NULL;
     gdn_attn_cache *cache = NULL;
     int rc = w && x && y ? gdn_attn_plan_create(&p, &c) : GDN_ERR_NOMEM;
@@ -375,8 +350,7 @@ static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T,
         float *kf = gdn_attn_cache_keys(cache), *vf = gdn_attn_cache_values(cache);
         uint16_t *kb = gdn_attn_cache_keys_bf16(cache), *vb = gdn_attn_cache_values_bf16(cache);
         for (size_t i = 0; i < n; i++) {
-            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
-            const float k = (float)((seed >> 40) / 16777216.0) - 0.5f, v = (float)((seed >> 20 & 0xffffff) / 16777216.0) - 0.5f;
+            const float k = cli_uniform(&seed, -0.5f, 0.5f), v = cli_uniform(&seed, -0.5f, 0.5f);
             if (kf) kf[i] = k, vf[i] = v;
             else kb[i] = gdn_st_bf16(k), vb[i] = gdn_st_bf16(v);
         }
@@ -394,17 +368,17 @@ static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T,
         const double wbytes = 4.0 * (double)gdn_attn_param_floats(&c),
                      cbytes = (dtype ? 4.0 : 8.0) * (double)s->Hkv * (T + 1) * s->d;
         const double bound = cli_stream_seconds((size_t)(wbytes + cbytes), 0, o->threads);
-        if (o->json)
-            printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"B\":1,\"T_cache\":%lld,\"cache_dtype\":\"%s\","
-                   "\"threads\":%d,\"us_per_token\":%.2f,\"bytes_per_step\":%.0f,\"bound_us\":%.2f,"
-                   "\"fraction_of_bound\":%.4f,\"cpu\":\"%s\"}\n",
-                   s->label, (long long)T, dtype ? "bf16" : "f32", o->threads, med * 1e6, wbytes + cbytes, bound * 1e6,
-                   bound / med, o->cpu);
-        else
-            printf("layer_decode  %-7s cache T=%-6lld %s thr=%d %9.1f us/token  streams %.1f MB (weights %.1f MB, "
-                   "cache %.1f MB)  bound %8.1f us  %5.1f %% of bound\n",
-                   s->label, (long long)T, dtype ? "bf16" : "f32 ", o->threads, med * 1e6, (wbytes + cbytes) / 1e6,
-                   wbytes / 1e6, cbytes / 1e6, bound * 1e6, 100 * bound / med);
+        CLI_ROW(o->json, CLI_S("direction", "%s", "%s ", "layer_decode"), CLI_S("shape", "%s", " %-7s", s->label),
+                CLI_I("B", "%lld", NULL, 1), CLI_I("T_cache", "%lld", " cache T=%-6lld", T),
+                CLI_S("cache_dtype", "%s", " %-4s", dtype ? "bf16" : "f32"),
+                CLI_I("threads", "%lld", " thr=%lld", o->threads),
+                CLI_F("us_per_token", "%.2f", " %9.1f us/token", med * 1e6),
+                cli_x(CLI_F("bytes_per_step", "%.0f", "  streams %.1f MB", wbytes + cbytes), 1e-6),
+                CLI_F(NULL, NULL, " (weights %.1f MB,", wbytes / 1e6),
+                CLI_F(NULL, NULL, " cache %.1f MB)", cbytes / 1e6),
+                CLI_F("bound_us", "%.2f", "  bound %8.1f us", bound * 1e6),
+                cli_x(CLI_F("fraction_of_bound", "%.4f", "  %5.1f %% of bound", bound / med), 100),
+                CLI_S("cpu", "%s", NULL, o->cpu));
     } else {
         fprintf(stderr, "gdncp bench attention: decode %s T=%lld: %s\n", s->label, (long long)T, gdn_errmsg());
     }
@@ -491,31 +465,16 @@ int cmd_bench_attention(int argc, char **argv) {
     int64_t T_default = o.quick ? 128 : 1024;
     if (!Ts) Ts = &T_default, nT = 1;
     if (o.quick) o.reps = 1;
-    int maxt = 1;
-#ifdef _OPENMP
-    maxt = omp_get_max_threads();
-#endif
-    if (!o.threads) o.threads = maxt;
-    char cpu[256];
-    cli_cpu_name(cpu, sizeof cpu);
-    o.cpu = cpu;
-    o.peak = cli_peak_gflops(o.threads, o.json);
-    if (o.compute_mask & 2) {
-        const int bp = gdn_bench_bf16_path();
-        const double bpk = o.bf16_peak = gdn_bench_bf16_peak_gflops(bp, o.threads);
-        if (o.json)
-            printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", o.threads,
-                   bpk, gdn_bench_bf16_path_name(bp));
-        else
-            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d threads (the bf16 rows run their "
-                   "products there)\n", gdn_bench_bf16_path_name(bp), bpk, o.threads);
-    }
+    if (!o.threads) o.threads = cli_max_threads();
+    o.cpu = cli_cpu();
+    o.peak = cli_peaks(o.threads, o.json, o.compute_mask & 2, " (the bf16 rows run their products there)",
+                       &o.bf16_peak);
     if (!o.json)
         printf("CPU: %s; medians of %d after a warm-up; B = 1\nGFLOP/s: core 2 T^2 d H forward (QK^T and PV over the "
                "causal half), x3.5 forward+backward; layer: + projections 2E(2Hd + 2 Hkv d) + 2HdE per token (x3 "
                "with the backward); err: core o of the timed run (first tokens) and dq, dk, dv (a run on the first "
                "128 tokens) vs double loops; layer y, dx vs the double reference layer on the first tokens\n",
-               cpu, o.reps);
+               o.cpu, o.reps);
     int rc = 0;
     for (int k = 0; k < NSHAPES && !rc; k++) {
         if (!want[k]) continue;

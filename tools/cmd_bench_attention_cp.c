@@ -21,11 +21,6 @@
 
 enum { MAX_REPS = 16 };
 
-static float frand(uint64_t *s) {
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return (float)(*s >> 40) / 16777216.0f - 0.5f;
-}
-
 typedef struct {
     double call, core, comm, recv;
 } rank_times;
@@ -58,9 +53,7 @@ static double error_vs_one_rank(gdn_cp *cp, const gdn_attn_config *full, const f
     if (!rc && rank == 0 && y_all && y1) {
         gdn_attn_plan *p = NULL;
         if (!gdn_attn_plan_create(&p, full) && !gdn_attn_forward(p, y1, NULL, x_full, w)) {
-            double num = 0, den = 0;
-            for (int64_t i = 0; i < n; i++) num = fmax(num, fabs((double)y_all[i] - y1[i])), den = fmax(den, fabs(y1[i]));
-            err = num / fmax(den, 1e-30);
+            err = cli_rel_err_f32(y_all, y1, n);
         }
         gdn_attn_plan_destroy(p);
     }
@@ -117,15 +110,14 @@ int cmd_bench_attention_cp(int argc, char **argv) {
     float *dx = malloc(sizeof(float) * (size_t)(tn * E)), *dw = malloc(sizeof(float) * nw);
     if (!w || !x || !dy || !y || !dx || !dw) return cli_error("bench attention-cp", GDN_ERR_NOMEM);
     uint64_t s = 0x9E3779B97F4A7C15ull;
-    for (size_t i = 0; i < nw; i++) w[i] = 0.1f * frand(&s);
-    for (int64_t i = 0; i < T * E; i++) x[i] = frand(&s);
-    for (int64_t i = 0; i < tn * E; i++) dy[i] = frand(&s);
-    char cpu[128];
-    cli_cpu_name(cpu, sizeof cpu);
+    for (size_t i = 0; i < nw; i++) w[i] = 0.1f * cli_uniform(&s, -0.5f, 0.5f);
+    for (int64_t i = 0; i < T * E; i++) x[i] = cli_uniform(&s, -0.5f, 0.5f);
+    for (int64_t i = 0; i < tn * E; i++) dy[i] = cli_uniform(&s, -0.5f, 0.5f);
+    const char *cpu = cli_cpu();
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double peak = rank == 0 ? cli_peak_gflops((int)threads, json) : 0.0; /* one rank measures while the rest wait */
     MPI_Bcast(&peak, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    const double core_flops = 3.5 * 2.0 * (double)T * (double)T * (double)d * (double)H;
+    const double core_flops = cli_attn_core_flops(T, d, H, 1);
     if (!rank && !json)
         printf("bench attention-cp: T=%lld over D=%d ranks (%lld..%lld tokens each), H=%lld Hkv=%lld d=%lld E=%lld, "
                "%lld thread(s) per rank, CPU %s%s\n"
@@ -167,19 +159,22 @@ int cmd_bench_attention_cp(int argc, char **argv) {
             }
             const double mean = core_sum / D, gflops = core_flops / core_max / 1e9 / D;
             const double ideal = all[3 * (D - 1) + 1] / call_max;
-            if (json)
-                printf("{\"bench\":\"attention-cp\",\"strategy\":\"%s\",\"D\":%d,\"T\":%lld,\"H\":%lld,\"Hkv\":%lld,"
-                       "\"d\":%lld,\"E\":%lld,\"threads\":%lld,\"call_max_s\":%.4f,\"core_max_s\":%.4f,"
-                       "\"core_mean_s\":%.4f,\"core_gflops_per_rank\":%.2f,\"peak_gflops\":%.2f,\"last_rank_core_over_call\":%.3f,"
-                       "\"err_vs_one_rank\":%.3e,\"cpu\":\"%s\"}\n",
-                       gdn_attn_cp_strategy_name(strategy), D, (long long)T, (long long)H, (long long)Hkv,
-                       (long long)d, (long long)E, (long long)threads, call_max, core_max, mean, gflops, peak, ideal,
-                       isfinite(err) ? err : -1.0, cpu);
-            else
-                printf("  %-5s D=%d: slowest call %.3f s; core max/mean %.3f/%.3f s = %.2fx; core %.1f GFLOP/s per rank "
-                       "(%.0f%% of peak); last rank's core / slowest call %.2f; y vs one rank %s%.2e\n",
-                       gdn_attn_cp_strategy_name(strategy), D, call_max, core_max, mean, core_max / mean, gflops,
-                       100.0 * gflops / peak, ideal, isfinite(err) ? "" : "(not run) ", isfinite(err) ? err : 0.0);
+            CLI_ROW(json, CLI_S("bench", "%s", NULL, "attention-cp"),
+                    CLI_S("strategy", "%s", "  %-5s", gdn_attn_cp_strategy_name(strategy)),
+                    CLI_I("D", "%lld", " D=%lld:", D), CLI_I("T", "%lld", NULL, T), CLI_I("H", "%lld", NULL, H),
+                    CLI_I("Hkv", "%lld", NULL, Hkv), CLI_I("d", "%lld", NULL, d), CLI_I("E", "%lld", NULL, E),
+                    CLI_I("threads", "%lld", NULL, threads),
+                    CLI_F("call_max_s", "%.4f", " slowest call %.3f s;", call_max),
+                    CLI_F("core_max_s", "%.4f", " core max/mean %.3f", core_max),
+                    CLI_F("core_mean_s", "%.4f", "/%.3f s", mean), CLI_F(NULL, NULL, " = %.2fx;", core_max / mean),
+                    CLI_F("core_gflops_per_rank", "%.2f", " core %.1f GFLOP/s per rank", gflops),
+                    CLI_F("peak_gflops", "%.2f", NULL, peak),
+                    CLI_F(NULL, NULL, " (%.0f%% of peak);", 100.0 * gflops / peak),
+                    CLI_F("last_rank_core_over_call", "%.3f", " last rank's core / slowest call %.2f;", ideal),
+                    CLI_F("err_vs_one_rank", "%.3e",
+                          isfinite(err) ? " y vs one rank %.2e" : " y vs one rank (not run) 0.00e+00",
+                          isfinite(err) ? err : -1.0),
+                    CLI_S("cpu", "%s", NULL, cpu));
         }
         free(saved);
         gdn_cp_destroy(cp);

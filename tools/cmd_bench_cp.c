@@ -23,21 +23,8 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static float frand(uint64_t *s) {
-    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-    return (float)(*s >> 40) / 16777216.0f;
-}
-
 /* Repetitions per case: their times and stats live in arrays of this size on the stack. */
 enum { MAX_REPS = 16 };
-
-/* FLOPs as gdncp bench kernel counts them (DESIGN §3, triangular products in full): the chunked
- * forward, and the backward with its recompute; per token, so dense and packed runs of the same
- * tokens count the same work. */
-static double flops_fwd_bwd(const gdn_config *c, int64_t T) {
-    return (gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 0) + gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 1)) *
-           (double)T * (double)c->Hv;
-}
 
 /* Document lengths drawn uniformly in [lo, hi] (xorshift, `seed`) until T tokens; when what is
  * left after a draw would be shorter than lo, the document takes it all (so every document has at
@@ -47,20 +34,12 @@ static int64_t *draw_documents(int64_t T, int64_t lo, int64_t hi, uint64_t seed,
     if (!cu) return NULL;
     cu[0] = 0;
     while (cu[n] < T) {
-        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
-        int64_t len = lo + (int64_t)(seed % (uint64_t)(hi - lo + 1));
+        int64_t len = lo + (int64_t)(cli_rng_next(&seed) % (uint64_t)(hi - lo + 1));
         if (T - cu[n] - len < lo) len = T - cu[n];
         cu[n + 1] = cu[n] + len, n++;
     }
     *n_docs = n;
     return cu;
-}
-
-/* max|x - ref| / max|ref|. */
-static double rel_err(const float *x, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) num = fmax(num, fabs(x[i] - ref[i])), den = fmax(den, fabs(ref[i]));
-    return den > 0 ? num / den : num;
 }
 
 /* The float64 oracle on rows [0, n) of this rank's tensors (the start of the stream, from zero
@@ -90,11 +69,6 @@ static int oracle_rows(const gdn_config *shape, int64_t n, const float *q, const
 }
 
 /* A number for JSON: null where it is not finite (an oracle that could not run). */
-static const char *json_num(char *buf, size_t n, double x) {
-    if (isfinite(x)) snprintf(buf, n, "%.3e", x);
-    else snprintf(buf, n, "null");
-    return buf;
-}
 
 /* This rank's shard and the buffers of one dense or packed run. */
 typedef struct {
@@ -183,11 +157,11 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
     MPI_Comm_free(&node);
     first_on_node = node_rank == 0;
     MPI_Allreduce(&first_on_node, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    char cpu[128] = "";
+    const char *cpu = "";
     double peak = 0;
     MPI_Barrier(MPI_COMM_WORLD);
     if (!rank) {
-        cli_cpu_name(cpu, sizeof cpu);
+        cpu = cli_cpu();
         const long cores = sysconf(_SC_NPROCESSORS_ONLN);
         peak = nodes * cli_peak_gflops(cores > 0 ? (int)cores : 1, json);
         if (!json)
@@ -200,7 +174,9 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
                    (long long)longest, (long long)doc_min, (long long)doc_max, crossing, D - 1, reps, peak, nodes, cpu);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    const double flops = flops_fwd_bwd(&cfg, T);
+    /* FLOPs as gdncp bench kernel counts them, per token: dense and packed runs of the same tokens
+     * count the same work */
+    const double flops = cli_rule_flops(cfg.K, cfg.V, cfg.chunk, (double)T * (double)cfg.Hv, 3);
     for (int s = 0; s < 4 && !rc; s++) {
         if (s == GDN_CP_HEADS && cfg.Hk % D) continue;
         gdn_cp *cp = NULL;
@@ -212,7 +188,7 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
         /* warm-up (untimed), and the dense run's forward error on its first tokens */
         rc = fwd_bwd(cp, dense, b, htd, gsd, &x, &y);
         double err_dense = NAN, err_fwd = NAN, err_bwd = NAN;
-        if (!rc && check_dense) err_dense = rel_err(b->o, od_dense, n_dense * cfg.Hv * cfg.V);
+        if (!rc && check_dense) err_dense = cli_rel_err(b->o, od_dense, n_dense * cfg.Hv * cfg.V);
         if (!rc) rc = fwd_bwd(cp, packed, b, htp, gsp, &x, &y);
         /* Repetition r runs packed first when (reps - 1 - r) is odd: the orders alternate and the
          * last run is packed (its outputs are checked below). */
@@ -228,8 +204,8 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
             break;
         }
         if (check_doc) {
-            err_fwd = rel_err(b->o, od, first_doc * cfg.Hv * cfg.V);
-            err_bwd = rel_err(b->gv, rv, first_doc * cfg.Hv * cfg.V);
+            err_fwd = cli_rel_err(b->o, od, first_doc * cfg.Hv * cfg.V);
+            err_bwd = cli_rel_err(b->gv, rv, first_doc * cfg.Hv * cfg.V);
         }
         if (!rank) {
             for (int r = 0; r < reps; r++) ratio[r] = tt[1][r] / tt[0][r];
@@ -238,31 +214,31 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
             for (int p = 0; p < 2; p++)
                 med[p][0] = cli_median(tf[p], reps), med[p][1] = cli_median(tb[p], reps), med[p][2] = cli_median(tt[p], reps);
             const char *name = gdn_cp_strategy_name((gdn_cp_strategy)s), *path = gdn_plan_path(packed);
-            char e[3][32];
-            if (json)
-                printf("{\"bench\":\"cp_packed\",\"strategy\":\"%s\",\"D\":%d,\"T\":%lld,\"n_docs\":%lld,"
-                       "\"shortest_doc\":%lld,\"longest_doc\":%lld,\"drawn_in\":[%lld,%lld],\"cuts_inside_documents\":%d,\"reps\":%d,"
-                       "\"dense_fwd_s\":%.6f,\"dense_bwd_s\":%.6f,\"dense_fwd_bwd_s\":%.6f,"
-                       "\"packed_fwd_s\":%.6f,\"packed_bwd_s\":%.6f,\"packed_fwd_bwd_s\":%.6f,"
-                       "\"packed_over_dense\":%.4f,\"dense_gflops\":%.3f,\"packed_gflops\":%.3f,\"peak_gflops\":%.3f,"
-                       "\"dense_fraction_of_peak\":%.4f,\"packed_fraction_of_peak\":%.4f,"
-                       "\"dense_rel_err_fwd\":%s,\"packed_rel_err_fwd\":%s,\"packed_rel_err_bwd\":%s,"
-                       "\"path\":\"%s\",\"cpu\":\"%s\"}\n",
-                       name, D, (long long)T, (long long)n_docs, (long long)shortest, (long long)longest, (long long)doc_min,
-                       (long long)doc_max, crossing,
-                       reps, med[0][0], med[0][1], med[0][2], med[1][0], med[1][1], med[1][2], ratio_med,
-                       flops / med[0][2] / 1e9, flops / med[1][2] / 1e9, peak, flops / med[0][2] / 1e9 / peak,
-                       flops / med[1][2] / 1e9 / peak, json_num(e[0], sizeof e[0], err_dense),
-                       json_num(e[1], sizeof e[1], err_fwd), json_num(e[2], sizeof e[2], err_bwd), path, cpu);
-            else
-                printf("%-9s fwd+bwd  dense %7.4f s (%6.4f + %6.4f)  packed %7.4f s (%6.4f + %6.4f)  "
-                       "packed/dense %.3f (median of %d pairs)  %6.1f / %6.1f GFLOP/s = %4.1f%% / %4.1f%% of peak  "
-                       "err dense o %.1e (first %lld tokens), packed o %.1e dv %.1e (first document, %lld tokens)  "
-                       "path %s\n",
-                       name, med[0][2], med[0][0], med[0][1], med[1][2], med[1][0], med[1][1], ratio_med, reps,
-                       flops / med[0][2] / 1e9, flops / med[1][2] / 1e9, 100 * flops / med[0][2] / 1e9 / peak,
-                       100 * flops / med[1][2] / 1e9 / peak, err_dense, (long long)n_dense, err_fwd, err_bwd,
-                       (long long)first_doc, path);
+            char drawn[64];
+            snprintf(drawn, sizeof drawn, "[%lld,%lld]", (long long)doc_min, (long long)doc_max);
+            const double gd = flops / med[0][2] / 1e9, gp = flops / med[1][2] / 1e9;
+            CLI_ROW(json, CLI_S("bench", "%s", NULL, "cp_packed"), CLI_S("strategy", "%s", "%-9s fwd+bwd", name),
+                    CLI_I("D", "%lld", NULL, D), CLI_I("T", "%lld", NULL, T), CLI_I("n_docs", "%lld", NULL, n_docs),
+                    CLI_I("shortest_doc", "%lld", NULL, shortest), CLI_I("longest_doc", "%lld", NULL, longest),
+                    CLI_R("drawn_in", NULL, drawn), CLI_I("cuts_inside_documents", "%lld", NULL, crossing),
+                    cli_at(CLI_I("reps", "%lld", " (median of %lld pairs)", reps), 7),
+                    cli_at(CLI_F("dense_fwd_s", "%.6f", " (%6.4f", med[0][0]), 3),
+                    CLI_F("dense_bwd_s", "%.6f", " + %6.4f)", med[0][1]),
+                    cli_at(CLI_F("dense_fwd_bwd_s", "%.6f", "  dense %7.4f s", med[0][2]), 2),
+                    cli_at(CLI_F("packed_fwd_s", "%.6f", " (%6.4f", med[1][0]), 5),
+                    CLI_F("packed_bwd_s", "%.6f", " + %6.4f)", med[1][1]),
+                    cli_at(CLI_F("packed_fwd_bwd_s", "%.6f", "  packed %7.4f s", med[1][2]), 4),
+                    cli_at(CLI_F("packed_over_dense", "%.4f", "  packed/dense %.3f", ratio_med), 6),
+                    cli_at(CLI_F("dense_gflops", "%.3f", "  %6.1f", gd), 8),
+                    CLI_F("packed_gflops", "%.3f", " / %6.1f GFLOP/s", gp), CLI_F("peak_gflops", "%.3f", NULL, peak),
+                    cli_x(CLI_F("dense_fraction_of_peak", "%.4f", " = %4.1f%%", gd / peak), 100),
+                    cli_x(CLI_F("packed_fraction_of_peak", "%.4f", " / %4.1f%% of peak", gp / peak), 100),
+                    CLI_N("dense_rel_err_fwd", "%.3e", "  err dense o %.1e", err_dense),
+                    CLI_I(NULL, NULL, " (first %lld tokens),", n_dense),
+                    CLI_N("packed_rel_err_fwd", "%.3e", " packed o %.1e", err_fwd),
+                    CLI_N("packed_rel_err_bwd", "%.3e", " dv %.1e", err_bwd),
+                    CLI_I(NULL, NULL, " (first document, %lld tokens)", first_doc),
+                    CLI_S("path", "%s", "  path %s", path), CLI_S("cpu", "%s", NULL, cpu));
             fflush(stdout);
         }
         gdn_cp_destroy(cp);
@@ -324,9 +300,9 @@ int cmd_bench_cp(int argc, char **argv) {
     float *q = buf, *k = q + nqk, *gq = k + nqk, *gk = gq + nqk, *v = gk + nqk, *o = v + nv, *dout = o + nv, *gv = dout + nv;
     float *g = gv + nv, *beta = g + ng, *gg = beta + ng, *gb = gg + ng, *ht = gb + ng, *s_in = ht + ns, *gs = s_in + ns;
     uint64_t seed = 0x9E3779B97F4A7C15ull ^ (uint64_t)(rank + 1) * 0x100000001B3ull;
-    for (int64_t i = 0; i < nqk; i++) q[i] = frand(&seed) - 0.5f, k[i] = frand(&seed) - 0.5f;
-    for (int64_t i = 0; i < nv; i++) v[i] = frand(&seed) - 0.5f, dout[i] = frand(&seed) - 0.5f;
-    for (int64_t i = 0; i < ng; i++) g[i] = -0.05f * frand(&seed), beta[i] = frand(&seed);
+    for (int64_t i = 0; i < nqk; i++) q[i] = cli_uniform(&seed, -0.5f, 0.5f), k[i] = cli_uniform(&seed, -0.5f, 0.5f);
+    for (int64_t i = 0; i < nv; i++) v[i] = cli_uniform(&seed, -0.5f, 0.5f), dout[i] = cli_uniform(&seed, -0.5f, 0.5f);
+    for (int64_t i = 0; i < ng; i++) g[i] = cli_uniform(&seed, 0, -0.05f), beta[i] = cli_uniform(&seed, 0, 1);
     gdn_plan *plan = NULL;
     int rc = gdn_plan_create(&plan, &cfg);
     /* The single-rank time of this rank's share: the same plan alone on the shard. */
@@ -390,18 +366,20 @@ int cmd_bench_cp(int argc, char **argv) {
             if (!rank) {
                 for (int r = 0; r < D; r++) {
                     const double *y = all + 9 * r;
-                    if (json)
-                        printf("{\"bench\":\"cp\",\"strategy\":\"%s\",\"direction\":\"%s\",\"D\":%d,\"rank\":%d,"
-                               "\"T\":%lld,\"wall_s\":%.6f,\"fold_s\":%.6f,\"comm_s\":%.6f,\"replay_s\":%.6f,"
-                               "\"bytes_sent\":%.0f,\"bytes_recv\":%.0f,\"rounds\":%.0f,\"peak_rss_mib\":%.1f,"
-                               "\"compute_over_alone\":%.3f}\n",
-                               gdn_cp_strategy_name((gdn_cp_strategy)s), dir ? "backward" : "forward", D, r, (long long)T,
-                               y[0], y[1], y[2], y[3], y[4], y[5], y[6], y[7], y[8]);
-                    else
-                        printf("%-9s %-8s rank %d/%d  wall %8.4f s  fold %7.4f  comm %7.4f  replay %7.4f  sent %9.0f B  "
-                               "recv %9.0f B  rounds %2.0f  rss %6.1f MiB  compute/alone %.2f\n",
-                               gdn_cp_strategy_name((gdn_cp_strategy)s), dir ? "backward" : "forward", r, D, y[0],
-                               y[1], y[2], y[3], y[4], y[5], y[6], y[7], y[8]);
+                    CLI_ROW(json, CLI_S("bench", "%s", NULL, "cp"),
+                            CLI_S("strategy", "%s", "%-9s", gdn_cp_strategy_name((gdn_cp_strategy)s)),
+                            CLI_S("direction", "%s", " %-8s", dir ? "backward" : "forward"),
+                            cli_at(CLI_I("D", "%lld", "/%lld", D), 3),
+                            cli_at(CLI_I("rank", "%lld", " rank %lld", r), 2), cli_at(CLI_I("T", "%lld", NULL, T), 4),
+                            CLI_F("wall_s", "%.6f", "  wall %8.4f s", y[0]),
+                            CLI_F("fold_s", "%.6f", "  fold %7.4f", y[1]),
+                            CLI_F("comm_s", "%.6f", "  comm %7.4f", y[2]),
+                            CLI_F("replay_s", "%.6f", "  replay %7.4f", y[3]),
+                            CLI_F("bytes_sent", "%.0f", "  sent %9.0f B", y[4]),
+                            CLI_F("bytes_recv", "%.0f", "  recv %9.0f B", y[5]),
+                            CLI_F("rounds", "%.0f", "  rounds %2.0f", y[6]),
+                            CLI_F("peak_rss_mib", "%.1f", "  rss %6.1f MiB", y[7]),
+                            CLI_F("compute_over_alone", "%.3f", "  compute/alone %.2f", y[8]));
                 }
                 fflush(stdout);
             }

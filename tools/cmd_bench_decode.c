@@ -28,11 +28,8 @@
 #include <omp.h>
 #endif
 
+/* the inputs' generator: continued from row to row, restarted for each row's tokens */
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static float urand(float lo, float hi) {
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return lo + (hi - lo) * (float)(rng_state >> 40) / 16777216.0f;
-}
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16_u __attribute__((vector_size(64), aligned(4)));
@@ -44,7 +41,9 @@ static void share(size_t n, int t, int nt, size_t *lo, size_t *hi) {
     *hi = per * (t + 1) < n ? per * (t + 1) : n;
 }
 
-static void stream_rmw(float *x, size_t n, int threads) {
+/* One pass over x [n] with `threads` threads, each over its share: x = src (a copy) or, src NULL,
+ * x = x * a + b in place. */
+static void stream(float *x, const float *src, size_t n, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         int t = 0, nt = 1;
@@ -53,23 +52,13 @@ static void stream_rmw(float *x, size_t n, int threads) {
 #endif
         size_t lo, hi;
         share(n, t, nt, &lo, &hi);
-        for (size_t i = lo; i < hi; i += 16) {
-            v16 y = *(v16_u *)(x + i);
-            *(v16_u *)(x + i) = y * 0.999f + 0.001f; /* converges to 1: no drift to Inf/denormals */
-        }
-    }
-}
-
-static void stream_copy(float *dst, const float *src, size_t n, int threads) {
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        int t = 0, nt = 1;
-#ifdef _OPENMP
-        t = omp_get_thread_num(), nt = omp_get_num_threads();
-#endif
-        size_t lo, hi;
-        share(n, t, nt, &lo, &hi);
-        memcpy(dst + lo, src + lo, sizeof(float) * (hi - lo));
+        if (src)
+            memcpy(x + lo, src + lo, sizeof(float) * (hi - lo));
+        else
+            for (size_t i = lo; i < hi; i += 16) {
+                v16 y = *(v16_u *)(x + i);
+                *(v16_u *)(x + i) = y * 0.999f + 0.001f; /* converges to 1: no drift to Inf/denormals */
+            }
     }
 }
 
@@ -100,10 +89,11 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
         fprintf(stderr, "gdncp bench decode: out of memory\n");
         return 1;
     }
-    for (size_t i = 0; i < ns; i++) state[i] = h1[i] = urand(-1, 1), h2[i] = 0, buf[i] = 1;
-    for (size_t i = 0; i < nqk * NTOK; i++) q[i] = urand(-1, 1), k[i] = urand(-1, 1);
-    for (size_t i = 0; i < nv * NTOK; i++) v[i] = urand(-1, 1);
-    for (size_t i = 0; i < ng * NTOK; i++) g[i] = urand(-0.3f, 0.0f), beta[i] = urand(0, 1);
+    uint64_t *r = &rng_state;
+    for (size_t i = 0; i < ns; i++) state[i] = h1[i] = cli_uniform(r, -1, 1), h2[i] = 0, buf[i] = 1;
+    for (size_t i = 0; i < nqk * NTOK; i++) q[i] = cli_uniform(r, -1, 1), k[i] = cli_uniform(r, -1, 1);
+    for (size_t i = 0; i < nv * NTOK; i++) v[i] = cli_uniform(r, -1, 1);
+    for (size_t i = 0; i < ng * NTOK; i++) g[i] = cli_uniform(r, -0.3f, 0.0f), beta[i] = cli_uniform(r, 0, 1);
     /* Rounds of `calls` calls of each, ~10 ms per kind per round: many short rounds, so that
      * a neighbour's burst spoils a few rounds rather than the median. */
     const int rounds = quick ? 7 : 21;
@@ -128,9 +118,9 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
             hin = hout, hout = sw;
         }
         double t2 = cli_now();
-        for (int c = 0; c < calls; c++) stream_copy(h2, buf, ns, threads);
+        for (int c = 0; c < calls; c++) stream(h2, buf, ns, threads);
         double t3 = cli_now();
-        for (int c = 0; c < calls; c++) stream_rmw(buf, ns, threads);
+        for (int c = 0; c < calls; c++) stream(buf, NULL, ns, threads);
         double t4 = cli_now();
         if (r >= 0)
             ts[r] = (t1 - t0) / calls, tf[r] = (t2 - t1) / fcalls, tc[r] = (t3 - t2) / calls,
@@ -154,18 +144,6 @@ static int bench_row(int64_t B, int threads, int quick, decode_times *out, doubl
     return rc ? 1 : 0;
 }
 
-/* Weights for a model of the 0.8B class: U(-0.035, 0.035) (the std of Qwen's N(0, 0.02)) from a
- * counter-based hash, filled in parallel: gdn_model_init's sequential normal draws take ~25 s
- * for 0.75 G parameters, and a decode step's work does not depend on the values. */
-static void fill_weights_fast(float *w, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        uint64_t z = (uint64_t)i * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull, z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        w[i] = 0.035f * (2.0f * (float)((z ^ (z >> 31)) >> 40) / 16777216.0f - 1.0f);
-    }
-}
-
 /* A read stream bigger than the last-level cache (bytes): its weights come from DRAM. */
 enum { BIG_BYTES = 256 << 20 };
 
@@ -181,18 +159,8 @@ enum { BIG_BYTES = 256 << 20 };
  * step s. */
 static void row_tokens(const gdn_model_config *c, int64_t P, int steps, gdn_token *tok) {
     rng_state = 0x2545F4914F6CDD1Dull;
-    for (int64_t t = 0; t < P; t++) tok[t] = (gdn_token)(urand(0, 1) * (float)(c->vocab - 1));
+    for (int64_t t = 0; t < P; t++) tok[t] = (gdn_token)(cli_uniform(&rng_state, 0, 1) * (float)(c->vocab - 1));
     for (int s = 0; s < steps; s++) tok[P + s] = (gdn_token)(s % c->vocab);
-}
-
-/* max |a - b| / max |b| over n */
-static double rel_err(const float *a, const float *b, int64_t n) {
-    double e = 0, m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = fabs((double)a[i] - b[i]);
-        e = d > e || d != d ? d : e, m = fabs(b[i]) > m ? fabs(b[i]) : m;
-    }
-    return m > 0 ? e / m : e;
 }
 
 /* ref: the forward's logits at the last position the row feeds (its error is printed). */
@@ -233,25 +201,24 @@ static int model_row(const char *name, const gdn_model_config *cp, const float *
         rc = gdn_model_decode(dec, w, &tok, logits);
         if (s % RUN) t[nt++] = cli_now() - t0;
     }
-    if (!rc) {
+    if (rc) {
+        fprintf(stderr, "gdncp bench decode: model %s: %s\n", name, gdn_errmsg());
+    } else {
         const double step = cli_median(t, nt), bound = cli_median(b, nb);
         const double kv = kv_per_pos * (double)(P + steps / 2); /* the median step's */
-        const double err = rel_err(logits, ref, c.vocab); /* the last step's logits */
-        if (json)
-            printf("{\"direction\":\"model_decode\",\"model\":\"%s\",\"B\":1,\"prompt\":%lld,\"cache_dtype\":\"%s\","
-                   "\"threads\":%d,\"us_per_token\":%.2f,\"tokens_per_s\":%.1f,\"bytes_per_token\":%.0f,"
-                   "\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,\"rel_err_vs_forward\":%.3e,\"cpu\":\"%s\"}\n",
-                   name, (long long)P, cache_dtype ? "bf16" : "f32", threads, step * 1e6, 1 / step,
-                   wbytes + sbytes + kv, bound * 1e6, bound / step, err, cpu);
-        else
-            printf("model %-6s B=1 prompt %-5lld cache %s thr=%d %9.1f us/token %8.0f tokens/s  reads %.1f MB (weights "
-                   "%.1f, states %.1f, KV %.1f)  bound %8.1f us  %6.1f %% of bound (%.2fx)  err vs forward %.1e\n",
-                   name, (long long)P, cache_dtype ? "bf16" : "f32 ", threads, step * 1e6, 1 / step,
-                   (wbytes + sbytes + kv) / 1e6, wbytes / 1e6, sbytes / 1e6, kv / 1e6, bound * 1e6, 100 * bound / step,
-                   step / bound, err);
-        fflush(stdout);
-    } else {
-        fprintf(stderr, "gdncp bench decode: model %s: %s\n", name, gdn_errmsg());
+        const double err = cli_rel_err_f32(logits, ref, c.vocab); /* the last step's logits */
+        CLI_ROW(json, CLI_S("direction", "%s", NULL, "model_decode"), CLI_S("model", "%s", "model %-6s", name),
+                CLI_I("B", "%lld", " B=%lld", 1), CLI_I("prompt", "%lld", " prompt %-5lld", P),
+                CLI_S("cache_dtype", "%s", " cache %-4s", cache_dtype ? "bf16" : "f32"),
+                CLI_I("threads", "%lld", " thr=%lld", threads),
+                CLI_F("us_per_token", "%.2f", " %9.1f us/token", step * 1e6),
+                CLI_F("tokens_per_s", "%.1f", " %8.0f tokens/s", 1 / step),
+                cli_x(CLI_F("bytes_per_token", "%.0f", "  reads %.1f MB", wbytes + sbytes + kv), 1e-6),
+                CLI_F(NULL, NULL, " (weights %.1f,", wbytes / 1e6), CLI_F(NULL, NULL, " states %.1f,", sbytes / 1e6),
+                CLI_F(NULL, NULL, " KV %.1f)", kv / 1e6), CLI_F("bound_us", "%.2f", "  bound %8.1f us", bound * 1e6),
+                cli_x(CLI_F("fraction_of_bound", "%.4f", "  %6.1f %% of bound", bound / step), 100),
+                CLI_F(NULL, NULL, " (%.2fx)", step / bound),
+                CLI_F("rel_err_vs_forward", "%.3e", "  err vs forward %.1e", err), CLI_S("cpu", "%s", NULL, cpu));
     }
     gdn_model_decoder_destroy(dec);
     free(logits), free(prompt);
@@ -275,7 +242,10 @@ static int model_rows(const char *name, const gdn_model_config *c, const char *c
             return 1;
         }
     } else if (nw * sizeof(float) > (size_t)BIG_BYTES) {
-        fill_weights_fast(w, nw);
+        /* U(-0.035, 0.035) (the std of Qwen's N(0, 0.02)), in parallel: gdn_model_init's sequential
+         * normal draws take ~25 s for 0.75 G parameters, and a decode step's work does not depend on
+         * the values */
+        cli_fill_uniform_sym(w, nw, 0.035f, 0);
     } else {
         gdn_model_init(c, w, 7);
     }
@@ -318,24 +288,21 @@ static int prefill_row(const char *name, const gdn_model_config *c, const float 
         rc = gdn_model_prefill_last(dec, w, tok, P, logits);
         if (r) t[r - 1] = cli_now() - t0;
     }
-    if (!rc) {
-        const double s = cli_median(t, 3), gf = gdn_model_prefill_flops(c, P, 1) / s / 1e9;
-        const double err = ref ? rel_err(logits, ref, c->vocab) : NAN;
-        if (json)
-            printf("{\"direction\":\"model_prefill\",\"model\":\"%s\",\"layers\":%lld,\"B\":1,\"prompt\":%lld,"
-                   "\"threads\":%d,\"compute\":\"%s\",\"ms\":%.2f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
-                   "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.4f,\"rel_err_vs_forward\":%.3e,\"gemm_path\":\"%s\","
-                   "\"cpu\":\"%s\"}\n",
-                   name, (long long)c->L, (long long)P, threads, gdn_compute_name(compute), 1e3 * s, (double)P / s, gf,
-                   peak, gf / peak, err, gdn_compute_path(compute), cpu);
-        else
-            printf("prefill %-14s L=%-2lld B=1 prompt %-5lld thr=%d %-4s %9.1f ms %8.0f tokens/s %7.1f GFLOP/s %5.1f %% "
-                   "of the %s peak  last logits only  err vs forward %.1e\n",
-                   name, (long long)c->L, (long long)P, threads, gdn_compute_name(compute), 1e3 * s, (double)P / s, gf,
-                   100 * gf / peak, compute == GDN_COMPUTE_BF16 ? "BF16" : "fp32", err);
-        fflush(stdout);
-    } else {
+    if (rc) {
         fprintf(stderr, "gdncp bench decode: prefill %s: %s\n", name, gdn_errmsg());
+    } else {
+        const double s = cli_median(t, 3), gf = gdn_model_prefill_flops(c, P, 1) / s / 1e9;
+        const double err = ref ? cli_rel_err_f32(logits, ref, c->vocab) : NAN;
+        CLI_ROW(json, CLI_S("direction", "%s", NULL, "model_prefill"), CLI_S("model", "%s", "prefill %-14s", name),
+                CLI_I("layers", "%lld", " L=%-2lld", c->L), CLI_I("B", "%lld", " B=%lld", 1),
+                CLI_I("prompt", "%lld", " prompt %-5lld", P), CLI_I("threads", "%lld", " thr=%lld", threads),
+                CLI_S("compute", "%s", " %-4s", gdn_compute_name(compute)), CLI_F("ms", "%.2f", " %9.1f ms", 1e3 * s),
+                CLI_F("tokens_per_s", "%.1f", " %8.0f tokens/s", (double)P / s),
+                CLI_F("gflops", "%.2f", " %7.1f GFLOP/s", gf), CLI_F("peak_gflops", "%.2f", NULL, peak),
+                cli_x(CLI_F("fraction_of_peak", "%.4f", " %5.1f %% of the", gf / peak), 100),
+                CLI_S(NULL, NULL, " %s peak  last logits only", compute == GDN_COMPUTE_BF16 ? "BF16" : "fp32"),
+                CLI_F("rel_err_vs_forward", "%.3e", "  err vs forward %.1e", err),
+                CLI_S("gemm_path", "%s", NULL, gdn_compute_path(compute)), CLI_S("cpu", "%s", NULL, cpu));
     }
     gdn_model_decoder_destroy(dec);
     free(tok), free(logits);
@@ -353,7 +320,7 @@ static int prefill_rows(const char *name, const gdn_model_config *c, int64_t P, 
     gdn_model_plan *plan = NULL;
     int rc = w && all && tok ? GDN_OK : GDN_ERR_NOMEM;
     if (!rc) {
-        fill_weights_fast(w, nw);
+        cli_fill_uniform_sym(w, nw, 0.035f, 0); /* as model_rows does for a large model */
         row_tokens(c, P, 0, tok);
         rc = gdn_model_plan_create(&plan, c, &r, NULL);
     }
@@ -405,8 +372,7 @@ int cmd_bench_decode(int argc, char **argv) {
             return CLI_USAGE_ERROR;
         }
     }
-    char cpu[256];
-    cli_cpu_name(cpu, sizeof cpu);
+    const char *cpu = cli_cpu();
     if (ckpt) { /* that model's generation only */
         if (!json)
             printf("gdncp bench decode — CPU: %s\ncheckpoint %s generating (gdn_model_decode, B = 1, after a prefill): "
@@ -439,18 +405,15 @@ int cmd_bench_decode(int argc, char **argv) {
             if (ti == 0) rmw1 = t.rmw_gbs;
             char shape[96];
             snprintf(shape, sizeof shape, "B=%lld Hk=16 Hv=32 K=128 V=128", (long long)Bs[bi]);
-            if (json)
-                printf("{\"direction\":\"decode_step\",\"shape\":\"%s\",\"threads\":%d,"
-                       "\"us_per_step\":%.3f,\"bytes_per_step\":%.0f,\"gb_per_s\":%.3f,"
-                       "\"bound_gb_per_s\":%.3f,\"memcpy_gb_per_s\":%.3f,\"fraction_of_bound\":%.4f,"
-                       "\"forward_t1_us_per_step\":%.3f,\"speedup_vs_forward_t1\":%.3f,"
-                       "\"path\":\"%s\",\"cpu\":\"%s\"}\n",
-                       shape, thr[ti], t.step_us, bytes, gbs, t.rmw_gbs, t.copy_gbs, frac, t.fwd_us,
-                       t.fwd_us / t.step_us, path, cpu);
-            else
-                printf("%-5lld %-3d %10.1f %8.1f %9.1f %9.1f %7.1f%% %11.1f %7.1fx\n",
-                       (long long)Bs[bi], thr[ti], t.step_us, gbs, t.rmw_gbs, t.copy_gbs,
-                       100 * frac, t.fwd_us, t.fwd_us / t.step_us);
+            CLI_ROW(json, CLI_S("direction", "%s", NULL, "decode_step"), CLI_I(NULL, NULL, "%-5lld", Bs[bi]),
+                    CLI_S("shape", "%s", NULL, shape), CLI_I("threads", "%lld", " %-3lld", thr[ti]),
+                    CLI_F("us_per_step", "%.3f", " %10.1f", t.step_us), CLI_F("bytes_per_step", "%.0f", NULL, bytes),
+                    CLI_F("gb_per_s", "%.3f", " %8.1f", gbs), CLI_F("bound_gb_per_s", "%.3f", " %9.1f", t.rmw_gbs),
+                    CLI_F("memcpy_gb_per_s", "%.3f", " %9.1f", t.copy_gbs),
+                    cli_x(CLI_F("fraction_of_bound", "%.4f", " %7.1f%%", frac), 100),
+                    CLI_F("forward_t1_us_per_step", "%.3f", " %11.1f", t.fwd_us),
+                    CLI_F("speedup_vs_forward_t1", "%.3f", " %7.1fx", t.fwd_us / t.step_us),
+                    CLI_S("path", "%s", NULL, path), CLI_S("cpu", "%s", NULL, cpu));
             fflush(stdout);
         }
     if (!json) {

@@ -14,9 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 typedef struct {
     const char *label;
@@ -27,27 +24,13 @@ static double proj_flops_per_token(const gdn_layer_config *c) {
     const double E = c->E, kd = c->Hk * c->K, vd = c->Hv * c->V;
     return 2 * E * (2 * kd + 2 * vd + 2 * c->Hv) + 2 * vd * E;
 }
-static double kernel_flops_per_token(const gdn_layer_config *c, int backward) {
-    const double f = gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 0);
-    return c->Hv * (backward ? f + gdn_rule_flops_per_head_token(c->K, c->V, c->chunk, 1) : f);
-}
-
-static float *random_floats(size_t n, float lo, float hi, uint64_t *s) {
-    float *x = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; x && i < n; i++) {
-        *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
-        x[i] = lo + (hi - lo) * (float)((*s >> 40) / 16777216.0);
-    }
-    return x;
-}
-
 /* Qwen-like weights: projections ~ 1/sqrt(fan-in), A = exp(A_log) in (0.5, 16], dt_bias 1. */
 static float *layer_weights(const gdn_layer_config *c, uint64_t *s) {
     float *w = calloc(gdn_layer_param_floats(c), sizeof(float));
     for (int i = 0; w && i < GDN_P_COUNT; i++) {
         const size_t n = gdn_layer_param_numel(c, i);
         const float a = i == GDN_P_OUT_PROJ ? 1.0f / sqrtf((float)(c->Hv * c->V)) : 1.0f / sqrtf((float)c->E);
-        float *r = random_floats(n, -a, a, s), *p = w + gdn_layer_param_offset(c, i);
+        float *r = cli_random_floats(n, -a, a, s), *p = w + gdn_layer_param_offset(c, i);
         for (size_t j = 0; r && j < n; j++)
             p[j] = i == GDN_P_A_LOG ? logf(0.5f + 15.5f * (r[j] / (2 * a) + 0.5f))
                    : i == GDN_P_DT_BIAS || i == GDN_P_NORM ? 1.0f
@@ -75,9 +58,7 @@ static double error_vs_reference(gdn_layer_config c, const float *w, const float
         for (size_t i = 0; i < nw; i++) wd[i] = w[i];
         if (!gdn_layer_reference_forward(&rc_cfg, yd, xd, wd) && !gdn_layer_plan_create(&lp, &c) &&
             !gdn_layer_forward(lp, y, NULL, x, w, NULL, NULL)) {
-            double num = 0, den = 0;
-            for (size_t i = 0; i < nx; i++) num = fmax(num, fabs(y[i] - yd[i])), den = fmax(den, fabs(yd[i]));
-            err = num / den;
+            err = cli_rel_err(y, yd, (int64_t)nx);
         }
     }
     gdn_layer_plan_destroy(lp);
@@ -97,7 +78,7 @@ static int bench_layer(const layer_shape *s, int threads, double peak, double bf
     uint64_t seed = 0x9E3779B97F4A7C15ull;
     float *w = layer_weights(&c, &seed);
     const size_t nx = (size_t)c.T * c.E, nw = gdn_layer_param_floats(&c);
-    float *x = random_floats(nx, -1, 1, &seed), *dy = random_floats(nx, -1, 1, &seed);
+    float *x = cli_random_floats(nx, -1, 1, &seed), *dy = cli_random_floats(nx, -1, 1, &seed);
     float *y = malloc(sizeof(float) * nx), *dx = malloc(sizeof(float) * nx), *dw = malloc(sizeof(float) * nw);
     if (!w || !x || !dy || !y || !dx || !dw) {
         fprintf(stderr, "gdncp bench layer: out of memory for %s\n", s->label);
@@ -144,9 +125,9 @@ static int bench_layer(const layer_shape *s, int threads, double peak, double bf
             for (int cm = 0; cm < 2; cm++) free(saved[cm]), gdn_layer_plan_destroy(lp[cm]);
             return 1;
         }
-        const double flops = (double)c.T * (mode == MODE_FORWARD
-                                                ? proj_flops_per_token(&c) + kernel_flops_per_token(&c, 0)
-                                                : 3 * proj_flops_per_token(&c) + kernel_flops_per_token(&c, 1));
+        const int fwd = mode == MODE_FORWARD; /* the kernel's directions: forward (1), or both (3) */
+        const double flops = (double)c.T * ((fwd ? 1 : 3) * proj_flops_per_token(&c) +
+                                            cli_rule_flops(c.K, c.V, c.chunk, (double)c.Hv, fwd ? 1 : 3));
         const double kept = mode == MODE_FORWARD ? 0 : 4.0 * nsaved / c.T;
         const char *dir = mode == MODE_FORWARD ? "layer_forward" : "layer_fwd_bwd";
         const char *keep = mode == MODE_FORWARD ? "none" : mode == MODE_KEEP_MIN ? "min" : "proj";
@@ -155,37 +136,26 @@ static int bench_layer(const layer_shape *s, int threads, double peak, double bf
             if (!lp[cm]) continue;
             const double med = cli_median(t[cm], reps), gflops = flops / med / 1e9;
             const double speedup = cm && lp[0] ? med32 / med : NAN;
-            if (json) {
-                /* JSON has no NaN: null for what a row does not have (the fp32 rows' BF16 fields) */
-                char bpk[32] = "null", fbp[32] = "null", spd[32] = "null", eor[32] = "null";
-                if (cm) {
-                    snprintf(bpk, sizeof bpk, "%.3f", bf16_peak), snprintf(fbp, sizeof fbp, "%.4f", gflops / bf16_peak);
-                    snprintf(eor, sizeof eor, "%.3e", err_oracle);
-                    if (lp[0]) snprintf(spd, sizeof spd, "%.3f", speedup);
-                }
-                printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"E\":%lld,\"Hk\":%lld,\"Hv\":%lld,\"K\":%lld,"
-                       "\"V\":%lld,\"T\":%lld,\"threads\":%d,\"keep\":\"%s\",\"compute\":\"%s\",\"ms\":%.3f,"
-                       "\"reps\":%d,\"tokens_per_s\":%.1f,\"gflops\":%.3f,\"peak_gflops\":%.3f,"
-                       "\"fraction_of_peak\":%.4f,\"bf16_peak_gflops\":%s,\"fraction_of_bf16_peak\":%s,"
-                       "\"speedup_vs_fp32\":%s,\"bytes_kept_per_token\":%.1f,\"x_bytes_per_token\":%lld,"
-                       "\"rel_err_vs_reference\":%.3e,\"rel_err_vs_bf16_oracle\":%s,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
-                       dir, s->label, (long long)c.E, (long long)c.Hk, (long long)c.Hv, (long long)c.K,
-                       (long long)c.V, (long long)c.T, threads, keep, gdn_compute_name(cm), med * 1e3, reps,
-                       c.T / med, gflops, peak, gflops / peak, bpk, fbp, spd, kept, (long long)(4 * c.E), err[cm], eor,
-                       gdn_layer_plan_path(lp[cm]), cpu);
-            }
-            else {
-                printf("%-14s %-6s %s E=%lld Hk=%lld Hv=%lld K=V=%lld T=%lld thr=%d keep=%-4s %9.1f ms %9.0f tok/s "
-                       "%7.1f GFLOP/s %5.1f %% of fp32 peak",
-                       dir, s->label, gdn_compute_name(cm), (long long)c.E, (long long)c.Hk, (long long)c.Hv,
-                       (long long)c.K, (long long)c.T, threads, keep, med * 1e3, c.T / med, gflops,
-                       100 * gflops / peak);
-                if (cm) printf(" %5.1f %% of bf16 peak", 100 * gflops / bf16_peak);
-                if (cm && lp[0]) printf(" %5.2fx fp32", speedup);
-                printf("  kept %8.0f B/token  err %.1e", kept, err[cm]);
-                if (cm) printf(" (vs its bf16-operand oracle %.1e)", err_oracle);
-                printf("\n");
-            }
+            CLI_ROW(json, CLI_S("direction", "%s", "%-14s", dir), CLI_S("shape", "%s", " %-6s", s->label),
+                    cli_at(CLI_I("E", "%lld", " E=%lld", c.E), 2), CLI_I("Hk", "%lld", " Hk=%lld", c.Hk),
+                    CLI_I("Hv", "%lld", " Hv=%lld", c.Hv), CLI_I("K", "%lld", " K=V=%lld", c.K),
+                    CLI_I("V", "%lld", NULL, c.V), CLI_I("T", "%lld", " T=%lld", c.T),
+                    CLI_I("threads", "%lld", " thr=%lld", threads), CLI_S("keep", "%s", " keep=%-4s", keep),
+                    cli_at(CLI_S("compute", "%s", " %s", gdn_compute_name(cm)), 1),
+                    cli_at(CLI_F("ms", "%.3f", " %9.1f ms", med * 1e3), 2), CLI_I("reps", "%lld", NULL, reps),
+                    CLI_F("tokens_per_s", "%.1f", " %9.0f tok/s", c.T / med),
+                    CLI_F("gflops", "%.3f", " %7.1f GFLOP/s", gflops), CLI_F("peak_gflops", "%.3f", NULL, peak),
+                    cli_x(CLI_F("fraction_of_peak", "%.4f", " %5.1f %% of fp32 peak", gflops / peak), 100),
+                    cli_or_null(cm, CLI_F("bf16_peak_gflops", "%.3f", NULL, bf16_peak)),
+                    cli_or_null(cm, cli_x(CLI_F("fraction_of_bf16_peak", "%.4f", " %5.1f %% of bf16 peak",
+                                                gflops / bf16_peak), 100)),
+                    cli_or_null(cm && lp[0], CLI_F("speedup_vs_fp32", "%.3f", " %5.2fx fp32", speedup)),
+                    CLI_F("bytes_kept_per_token", "%.1f", "  kept %8.0f B/token", kept),
+                    CLI_I("x_bytes_per_token", "%lld", NULL, 4 * c.E),
+                    CLI_F("rel_err_vs_reference", "%.3e", "  err %.1e", err[cm]),
+                    cli_or_null(cm, CLI_F("rel_err_vs_bf16_oracle", "%.3e", " (vs its bf16-operand oracle %.1e)",
+                                          err_oracle)),
+                    CLI_S("gemm_path", "%s", NULL, gdn_layer_plan_path(lp[cm])), CLI_S("cpu", "%s", NULL, cpu));
         }
         for (int cm = 0; cm < 2; cm++) free(saved[cm]), gdn_layer_plan_destroy(lp[cm]);
     }
@@ -204,8 +174,8 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
     c = lw.cfg;
     const void *w = gdn_layer_weights_data(&lw);
     const size_t nconv = (size_t)B * gdn_layer_conv_dim(&c) * c.Kc, ns = (size_t)B * c.Hv * c.K * c.V;
-    float *x = random_floats((size_t)B * c.E, -1, 1, &seed), *y = malloc(sizeof(float) * B * c.E);
-    float *conv = random_floats(nconv, -1, 1, &seed), *rec = random_floats(ns, -0.1f, 0.1f, &seed);
+    float *x = cli_random_floats((size_t)B * c.E, -1, 1, &seed), *y = malloc(sizeof(float) * B * c.E);
+    float *conv = cli_random_floats(nconv, -1, 1, &seed), *rec = cli_random_floats(ns, -0.1f, 0.1f, &seed);
     gdn_layer_plan *lp = NULL;
     int rc = w && x && y && conv && rec ? gdn_layer_plan_create(&lp, &c) : GDN_ERR_NOMEM;
     const int steps = quick ? 5 : 30;
@@ -225,18 +195,16 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
     const size_t sbytes = 4 * (nconv + ns);
     const double bound = cli_stream_seconds(wbytes, 0, threads) + cli_stream_seconds(sbytes, 1, threads);
     const double bytes = (double)wbytes + 2.0 * sbytes;
-    if (json)
-        printf("{\"direction\":\"layer_decode\",\"shape\":\"%s\",\"B\":%lld,\"threads\":%d,"
-               "\"us_per_token\":%.2f,\"us_per_step\":%.2f,\"bytes_per_step\":%.0f,\"weights_bytes\":%zu,"
-               "\"weights_dtype\":\"%s\",\"bound_us\":%.2f,\"fraction_of_bound\":%.4f,\"gemm_path\":\"%s\","
-               "\"cpu\":\"%s\"}\n",
-               s->label, (long long)B, threads, med * 1e6 / B, med * 1e6, bytes, wbytes, bf16 ? "BF16" : "F32",
-               bound * 1e6, bound / med, gdn_layer_plan_path(lp), cpu);
-    else
-        printf("layer_decode   %-6s B=%-3lld thr=%d %9.1f us/step %8.1f us/token  streams %.1f MB "
-               "(weights %s %.1f MB)  bound %8.1f us  %5.1f %% of bound\n",
-               s->label, (long long)B, threads, med * 1e6, med * 1e6 / B, bytes / 1e6, bf16 ? "BF16" : "F32",
-               wbytes / 1e6, bound * 1e6, 100 * bound / med);
+    CLI_ROW(json, CLI_S("direction", "%s", "%s  ", "layer_decode"), CLI_S("shape", "%s", " %-6s", s->label),
+            CLI_I("B", "%lld", " B=%-3lld", B), CLI_I("threads", "%lld", " thr=%lld", threads),
+            cli_at(CLI_F("us_per_token", "%.2f", " %8.1f us/token", med * 1e6 / B), 3),
+            cli_at(CLI_F("us_per_step", "%.2f", " %9.1f us/step", med * 1e6), 2),
+            cli_at(cli_x(CLI_F("bytes_per_step", "%.0f", "  streams %.1f MB", bytes), 1e-6), 4),
+            CLI_I("weights_bytes", "%lld", NULL, wbytes),
+            CLI_S("weights_dtype", "%s", " (weights %s", bf16 ? "BF16" : "F32"),
+            CLI_F(NULL, NULL, " %.1f MB)", wbytes / 1e6), CLI_F("bound_us", "%.2f", "  bound %8.1f us", bound * 1e6),
+            cli_x(CLI_F("fraction_of_bound", "%.4f", "  %5.1f %% of bound", bound / med), 100),
+            CLI_S("gemm_path", "%s", NULL, gdn_layer_plan_path(lp)), CLI_S("cpu", "%s", NULL, cpu));
     gdn_layer_plan_destroy(lp);
     gdn_layer_weights_free(&lw);
     free(x), free(y), free(conv), free(rec);
@@ -271,23 +239,15 @@ int cmd_bench_layer(int argc, char **argv) {
         }
     }
     if (quick && T > 256) T = 256;
-    int maxt = 1;
-#ifdef _OPENMP
-    maxt = omp_get_max_threads();
-#endif
-    char cpu[256];
-    cli_cpu_name(cpu, sizeof cpu);
+    const int maxt = cli_max_threads();
+    const char *cpu = cli_cpu();
     const double peak = cli_peak_gflops(maxt, json);
-    const int bpath = gdn_bench_bf16_path();
-    const double bf16_peak = compute_mask & 2 ? gdn_bench_bf16_peak_gflops(bpath, maxt) : NAN;
-    if (json && (compute_mask & 2))
-        printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", maxt,
-               bf16_peak, gdn_bench_bf16_path_name(bpath));
-    if (!json) {
+    if (!json)
         printf("GEMM path: fp32 %s; bf16 %s\n", gdn_compute_path(GDN_COMPUTE_FP32), gdn_compute_path(GDN_COMPUTE_BF16));
-        if (compute_mask & 2)
-            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d thread%s (0: the path has no "
-                   "instruction of its own)\n", gdn_bench_bf16_path_name(bpath), bf16_peak, maxt, maxt > 1 ? "s" : "");
+    const double bf16_peak = compute_mask & 2 ? cli_bf16_peak(gdn_bench_bf16_path(), maxt, json,
+                                                              " (0: the path has no instruction of its own)")
+                                              : NAN;
+    if (!json) {
         printf("GFLOP/s: projections 2E(2HkK+2HvV+2Hv)+2HvVE per token (x3 with the backward) + kernel DESIGN §3; "
                "err: y vs the exact double reference layer on the first tokens (16; bf16: 32, with in_proj_qkv, "
                "in_proj_z, out_proj in bf16: also vs the reference with those operands rounded to bf16)\n");

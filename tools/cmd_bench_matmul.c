@@ -21,11 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the inputs' generator, continued from shape to shape */
 static uint64_t rng_state = 0x853C49E6748FEA9Bull;
-static float urand(void) {
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return (float)(rng_state >> 40) / 16777216.0f - 0.5f;
-}
 
 typedef struct {
     const char *name;
@@ -53,8 +50,7 @@ int cmd_bench_matmul(int argc, char **argv) {
         }
     }
     const int path = gdn_bench_bf16_path();
-    char cpu[256];
-    cli_cpu_name(cpu, sizeof cpu);
+    const char *cpu = cli_cpu();
     if (!json) {
         printf("gdncp bench matmul — CPU: %s\n", cpu);
         printf("y = x W^T, x [M x K], W [N x K] fp32 in memory; bf16: %s\n", gdn_bench_bf16_path_name(path));
@@ -63,22 +59,15 @@ int cmd_bench_matmul(int argc, char **argv) {
     const int nshapes = quick ? 1 : 3;
     if (quick && reps > 2) reps = 2;
     if (quick && !m_set) M = 512;
-    double peakbf[3] = {0};
-    for (int th = 1; th <= 2; th++) {
-        (void)cli_peak_gflops(th, json); /* the fractions use the per-round peaks below */
-        peakbf[th] = gdn_bench_bf16_peak_gflops(path, th);
-        if (json)
-            printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", th,
-                   peakbf[th], gdn_bench_bf16_path_name(path));
-        else
-            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d thread%s\n",
-                   path == 3 ? "TDPBF16PS" : path == 2 ? "VDPBF16PS zmm" : "none on the fallback", peakbf[th], th,
-                   th > 1 ? "s" : "");
+    for (int th = 1; th <= 2; th++) { /* the fractions use the per-round peaks below */
+        (void)cli_peak_gflops(th, json);
+        (void)cli_bf16_peak(path, th, json, "");
     }
     if (path == 3) { /* AMX: the VDPBF16PS peak too, for comparison */
         for (int th = 1; th <= 2 && gdn_bench_bf16_path_available(2); th++)
-            printf("%s{\"direction\":\"bf16_peak_vdpbf16ps\",\"threads\":%d,\"peak_gflops\":%.3f}\n", json ? "" : "  ",
-                   th, gdn_bench_bf16_peak_gflops(2, th));
+            CLI_ROW(json, CLI_S("direction", "%s", "  %s peak", "bf16_peak_vdpbf16ps"),
+                    cli_at(CLI_I("threads", "%lld", " with %lld thread(s)", th), 2),
+                    cli_at(CLI_F("peak_gflops", "%.3f", ": %.1f GFLOP/s", gdn_bench_bf16_peak_gflops(2, th)), 1));
     }
     if (!json)
         printf("%-12s %-18s %-3s %8s %8s %8s %8s %8s %8s %8s %7s %7s %9s\n", "projection", "M x N x K", "thr", "fp32 ms",
@@ -92,8 +81,8 @@ int cmd_bench_matmul(int argc, char **argv) {
             free(x), free(W), free(y32), free(ybf);
             return 1;
         }
-        for (int64_t i = 0; i < M * K; i++) x[i] = urand();
-        for (int64_t i = 0; i < N * K; i++) W[i] = urand();
+        for (int64_t i = 0; i < M * K; i++) x[i] = cli_uniform(&rng_state, -0.5f, 0.5f);
+        for (int64_t i = 0; i < N * K; i++) W[i] = cli_uniform(&rng_state, -0.5f, 0.5f);
         const double flops = 2.0 * (double)M * (double)N * (double)K;
         for (int th = 1; th <= 2; th++) {
             /* per round: fp32 peak, fp32 GEMM, bf16 peak, bf16 GEMM; each fraction the median
@@ -114,28 +103,26 @@ int cmd_bench_matmul(int argc, char **argv) {
                 fb32[r] = flops / tbf[r] * 1e-9 / p32r[r];
                 fbb[r] = pbfr[r] > 0 ? flops / tbf[r] * 1e-9 / pbfr[r] : NAN;
             }
-            double num = 0, den = 0;
-            for (int64_t i = 0; i < M * N; i++) num = fmax(num, fabs(ybf[i] - y32[i])), den = fmax(den, fabs(y32[i]));
-            const double err = den > 0 ? num / den : num;
+            const double err = cli_rel_err_f32(ybf, y32, M * N);
             const double m32 = cli_median(t32, (int)reps), mbf = cli_median(tbf, (int)reps);
             const double g32 = flops / m32 * 1e-9, gbf = flops / mbf * 1e-9;
             const double fr32 = cli_median(f32, (int)reps), frb32 = cli_median(fb32, (int)reps);
             const double fbf = pbfr[0] > 0 ? cli_median(fbb, (int)reps) : NAN;
             const double pk32 = cli_median(p32r, (int)reps), pkbf = cli_median(pbfr, (int)reps);
-            if (json)
-                printf("{\"direction\":\"matmul\",\"projection\":\"%s\",\"M\":%ld,\"N\":%lld,\"K\":%lld,\"threads\":%d,"
-                       "\"fp32_s\":%.5f,\"fp32_gflops\":%.3f,\"fp32_fraction_of_fp32_peak\":%.4f,"
-                       "\"bf16_s\":%.5f,\"bf16_gflops\":%.3f,\"bf16_fraction_of_fp32_peak\":%.4f,"
-                       "\"bf16_fraction_of_bf16_peak\":%.4f,\"fp32_peak_gflops\":%.3f,\"bf16_peak_gflops\":%.3f,"
-                       "\"bf16_rel_err_vs_fp32\":%.3e,\"path\":\"%s\",\"cpu\":\"%s\"}\n",
-                       all[s].name, M, (long long)N, (long long)K, th, m32, g32, fr32, mbf, gbf, frb32, fbf, pk32,
-                       pkbf, err, gdn_bench_bf16_path_name(path), cpu);
-            else {
-                char shape[64];
-                snprintf(shape, sizeof shape, "%ldx%lldx%lld", M, (long long)N, (long long)K);
-                printf("%-12s %-18s %-3d %8.1f %8.1f %7.1f%% %8.1f %8.1f %7.1f%% %7.1f%% %7.1f %7.1f %9.2e\n", all[s].name,
-                       shape, th, m32 * 1e3, g32, 100 * fr32, mbf * 1e3, gbf, 100 * frb32, 100 * fbf, pk32, pkbf, err);
-            }
+            char shape[64];
+            snprintf(shape, sizeof shape, "%ldx%lldx%lld", M, (long long)N, (long long)K);
+            CLI_ROW(json, CLI_S("direction", "%s", NULL, "matmul"), CLI_S("projection", "%s", "%-12s", all[s].name),
+                    CLI_I("M", "%lld", NULL, M), CLI_S(NULL, NULL, " %-18s", shape), CLI_I("N", "%lld", NULL, N),
+                    CLI_I("K", "%lld", NULL, K), CLI_I("threads", "%lld", " %-3lld", th),
+                    cli_x(CLI_F("fp32_s", "%.5f", " %8.1f", m32), 1e3), CLI_F("fp32_gflops", "%.3f", " %8.1f", g32),
+                    cli_x(CLI_F("fp32_fraction_of_fp32_peak", "%.4f", " %7.1f%%", fr32), 100),
+                    cli_x(CLI_F("bf16_s", "%.5f", " %8.1f", mbf), 1e3), CLI_F("bf16_gflops", "%.3f", " %8.1f", gbf),
+                    cli_x(CLI_F("bf16_fraction_of_fp32_peak", "%.4f", " %7.1f%%", frb32), 100),
+                    cli_x(CLI_F("bf16_fraction_of_bf16_peak", "%.4f", " %7.1f%%", fbf), 100),
+                    CLI_F("fp32_peak_gflops", "%.3f", " %7.1f", pk32),
+                    CLI_F("bf16_peak_gflops", "%.3f", " %7.1f", pkbf),
+                    CLI_F("bf16_rel_err_vs_fp32", "%.3e", " %9.2e", err),
+                    CLI_S("path", "%s", NULL, gdn_bench_bf16_path_name(path)), CLI_S("cpu", "%s", NULL, cpu));
             fflush(stdout);
         }
         free(x), free(W), free(y32), free(ybf);

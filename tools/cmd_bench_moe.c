@@ -32,9 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 typedef struct {
     const char *label;
@@ -56,15 +53,6 @@ typedef struct {
 static double flops_per_token(const moe_shape *s) {
     const double E = (double)s->E;
     return 2.0 * (double)s->k * 3 * E * (double)s->I + 2.0 * 3 * E * (double)s->Is + 2.0 * E * (double)s->n;
-}
-
-static double max_rel(const float *y, const double *ref, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = fabs((double)y[i] - ref[i]);
-        num = d > num || d != d ? d : num, den = fmax(den, fabs(ref[i]));
-    }
-    return num != num ? NAN : den > 0 ? num / den : num;
 }
 
 /* The float64 reference on the first tp rows of x. Its weights in double: the router, the shared
@@ -149,7 +137,7 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
         const double lmean = (double)T * (double)s->k / (double)s->n;
         double err[2] = {NAN, NAN};
         for (int cm = 0; cm < 2; cm++)
-            if (p[cm]) err[cm] = max_rel(y[cm], yref, tp * s->E);
+            if (p[cm]) err[cm] = cli_rel_err(y[cm], yref, tp * s->E);
         for (int mode = MODE_FORWARD; mode <= MODE_FWD_BWD; mode++) {
             const double flops = (mode == MODE_FWD_BWD ? 3.0 : 1.0) * (double)T * flops_per_token(s);
             const char *dir = mode == MODE_FORWARD ? "moe_forward" : "moe_fwd_bwd";
@@ -163,31 +151,25 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
                 const double peak = cli_median(p32, o->reps), bpeak = cm ? cli_median(pbf, o->reps) : NAN;
                 const double med = cli_median(tt, o->reps), gf = flops / med / 1e9;
                 const double speedup = cm && p[0] ? med32 / med : NAN;
-                if (o->json) {
-                    char bpk[32] = "null", fbp[32] = "null", spd[32] = "null";
-                    if (cm) {
-                        snprintf(bpk, sizeof bpk, "%.3f", bpeak);
-                        if (bpeak > 0) snprintf(fbp, sizeof fbp, "%.4f", frbf);
-                        if (p[0]) snprintf(spd, sizeof spd, "%.3f", speedup);
-                    }
-                    printf("{\"direction\":\"%s\",\"shape\":\"%s\",\"E\":%lld,\"n_experts\":%lld,\"top_k\":%lld,"
-                           "\"I\":%lld,\"Is\":%lld,\"T\":%lld,\"threads\":%d,\"compute\":\"%s\",\"ms\":%.3f,\"reps\":%d,"
-                           "\"tokens_per_s\":%.1f,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
-                           "\"bf16_peak_gflops\":%s,\"fraction_of_bf16_peak\":%s,\"speedup_vs_fp32\":%s,"
-                           "\"load_min\":%.0f,\"load_mean\":%.2f,\"load_max\":%.0f,\"ref_rows\":%lld,"
-                           "\"rel_err_vs_reference\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
-                           dir, s->label, (long long)s->E, (long long)s->n, (long long)s->k, (long long)s->I,
-                           (long long)s->Is, (long long)T, o->threads, gdn_compute_name(cm), med * 1e3, o->reps,
-                           (double)T / med, gf, peak, fr32, bpk, fbp, spd, lmin, lmean, lmax,
-                           (long long)tp, err[cm], gdn_compute_path(cm), o->cpu);
-                } else {
-                    printf("%-11s %-7s %s T=%-5lld thr=%d %9.1f ms %8.0f tok/s %7.1f GFLOP/s %5.1f %% of fp32 peak",
-                           dir, s->label, gdn_compute_name(cm), (long long)T, o->threads, med * 1e3, (double)T / med,
-                           gf, 100 * fr32);
-                    if (cm) printf(" %5.1f %% of bf16 peak", bpeak > 0 ? 100 * frbf : NAN);
-                    if (cm && p[0]) printf(" %5.2fx fp32", speedup);
-                    printf("  load %.0f/%.1f/%.0f  err %.1e\n", lmin, lmean, lmax, err[cm]);
-                }
+                /* fraction_of_bf16_peak: null in JSON, nan in the text on a path without an instruction peak */
+                CLI_ROW(o->json, CLI_S("direction", "%s", "%-11s", dir), CLI_S("shape", "%s", " %-7s", s->label),
+                        CLI_I("E", "%lld", NULL, s->E), CLI_I("n_experts", "%lld", NULL, s->n),
+                        CLI_I("top_k", "%lld", NULL, s->k), CLI_I("I", "%lld", NULL, s->I),
+                        CLI_I("Is", "%lld", NULL, s->Is), cli_at(CLI_I("T", "%lld", " T=%-5lld", T), 2),
+                        CLI_I("threads", "%lld", " thr=%lld", o->threads),
+                        cli_at(CLI_S("compute", "%s", " %s", gdn_compute_name(cm)), 1),
+                        cli_at(CLI_F("ms", "%.3f", " %9.1f ms", med * 1e3), 2), CLI_I("reps", "%lld", NULL, o->reps),
+                        CLI_F("tokens_per_s", "%.1f", " %8.0f tok/s", (double)T / med),
+                        CLI_F("gflops", "%.3f", " %7.1f GFLOP/s", gf), CLI_F("peak_gflops", "%.3f", NULL, peak),
+                        cli_x(CLI_F("fraction_of_peak", "%.4f", " %5.1f %% of fp32 peak", fr32), 100),
+                        cli_or_null(cm, CLI_F("bf16_peak_gflops", "%.3f", NULL, bpeak)),
+                        cli_x(CLI_N("fraction_of_bf16_peak", "%.4f", cm ? " %5.1f %% of bf16 peak" : NULL,
+                                    cm && bpeak > 0 ? frbf : NAN), 100),
+                        cli_or_null(cm && p[0], CLI_F("speedup_vs_fp32", "%.3f", " %5.2fx fp32", speedup)),
+                        CLI_F("load_min", "%.0f", "  load %.0f", lmin), CLI_F("load_mean", "%.2f", "/%.1f", lmean),
+                        CLI_F("load_max", "%.0f", "/%.0f", lmax), CLI_I("ref_rows", "%lld", NULL, tp),
+                        CLI_F("rel_err_vs_reference", "%.3e", "  err %.1e", err[cm]),
+                        CLI_S("gemm_path", "%s", NULL, gdn_compute_path(cm)), CLI_S("cpu", "%s", NULL, o->cpu));
             }
         }
         fflush(stdout);
@@ -208,7 +190,7 @@ static int bench_decode(const bench_opts *o, const moe_shape *s, const float *w,
     const int nsteps = rounds * (int)tp;
     double *t = malloc(sizeof(double) * (size_t)(2 * nsteps + 3 * rounds)), *tb = t + 2 * nsteps;
     double *fr = tb + rounds;  /* [compute][round]: the round's bound / its median step */
-    float *y = malloc(sizeof(float) * (size_t)s->E);
+    float *y = malloc(sizeof(float) * (size_t)(2 * tp * s->E)); /* [compute][token]: the last round's outputs */
     int rc = t && y ? GDN_OK : GDN_ERR_NOMEM;
     for (int cm = 0; cm < 2 && !rc; cm++)
         if (o->compute_mask & (1 << cm)) {
@@ -217,23 +199,18 @@ static int bench_decode(const bench_opts *o, const moe_shape *s, const float *w,
         }
     const double bytes = 4.0 * ((double)s->n * s->E + (double)s->k * 3 * s->I * s->E +
                                 (s->Is ? 3.0 * s->Is * s->E + s->E : 0.0));
-    double err[2] = {0, 0}, den = 0;
-    for (int64_t i = 0; i < tp * s->E; i++) den = fmax(den, fabs(yref[i]));
     for (int tok = 0; tok < (int)tp && !rc; tok++) /* warm-up: every token once, untimed */
         for (int cm = 0; cm < 2 && !rc; cm++)
-            if (p[cm]) rc = gdn_moe_forward(p[cm], y, NULL, x + tok * s->E, w, NULL, NULL, NULL);
+            if (p[cm])
+                rc = gdn_moe_forward(p[cm], y + (cm * tp + tok) * s->E, NULL, x + tok * s->E, w, NULL, NULL, NULL);
     for (int r = 0; r < rounds && !rc; r++) {
         for (int kk = 0; kk < 2 && !rc; kk++) {
             const int cm = (r + kk) % 2;
             if (!p[cm]) continue;
             for (int tok = 0; tok < (int)tp && !rc; tok++) {
                 const double t0 = cli_now();
-                rc = gdn_moe_forward(p[cm], y, NULL, x + tok * s->E, w, NULL, NULL, NULL);
+                rc = gdn_moe_forward(p[cm], y + (cm * tp + tok) * s->E, NULL, x + tok * s->E, w, NULL, NULL, NULL);
                 t[cm * nsteps + r * tp + tok] = cli_now() - t0;
-                for (int64_t i = 0; i < s->E; i++) {
-                    const double d = fabs((double)y[i] - yref[tok * s->E + i]);
-                    err[cm] = d > err[cm] || d != d ? d : err[cm];
-                }
             }
         }
         tb[r] = cli_stream_seconds((size_t)bytes, 0, o->threads);
@@ -251,19 +228,19 @@ static int bench_decode(const bench_opts *o, const moe_shape *s, const float *w,
         for (int cm = 0; cm < 2; cm++) {
             if (!p[cm]) continue;
             const double med = cli_median(t + cm * nsteps, nsteps), frac = cli_median(fr + cm * rounds, rounds);
-            const double e = den > 0 ? err[cm] / den : err[cm];
-            if (o->json)
-                printf("{\"direction\":\"moe_decode\",\"shape\":\"%s\",\"B\":1,\"threads\":%d,\"compute\":\"%s\","
-                       "\"us_per_token\":%.2f,\"steps\":%d,\"bytes_per_step\":%.0f,\"bound_us\":%.2f,"
-                       "\"fraction_of_bound\":%.4f,\"time_over_bound\":%.3f,\"ref_rows\":%lld,"
-                       "\"rel_err_vs_reference\":%.3e,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
-                       s->label, o->threads, gdn_compute_name(cm), med * 1e6, nsteps, bytes, bound * 1e6, frac,
-                       1.0 / frac, (long long)tp, e, gdn_compute_path(cm), o->cpu);
-            else
-                printf("moe_decode  %-7s %s B=1   thr=%d %9.1f us/token  streams %.1f MB (router, %lld experts, "
-                       "shared)  bound %8.1f us  %5.1f %% of bound (%.2fx)  err %.1e\n",
-                       s->label, gdn_compute_name(cm), o->threads, med * 1e6, bytes / 1e6, (long long)s->k,
-                       bound * 1e6, 100 * frac, 1.0 / frac, e);
+            const double e = cli_rel_err(y + cm * tp * s->E, yref, tp * s->E);
+            CLI_ROW(o->json, CLI_S("direction", "%s", "%s ", "moe_decode"), CLI_S("shape", "%s", " %-7s", s->label),
+                    cli_at(CLI_I("B", "%lld", " B=%lld  ", 1), 2), CLI_I("threads", "%lld", " thr=%lld", o->threads),
+                    cli_at(CLI_S("compute", "%s", " %s", gdn_compute_name(cm)), 1),
+                    cli_at(CLI_F("us_per_token", "%.2f", " %9.1f us/token", med * 1e6), 2),
+                    CLI_I("steps", "%lld", NULL, nsteps),
+                    cli_x(CLI_F("bytes_per_step", "%.0f", "  streams %.1f MB", bytes), 1e-6),
+                    CLI_I(NULL, NULL, " (router, %lld experts, shared)", s->k),
+                    CLI_F("bound_us", "%.2f", "  bound %8.1f us", bound * 1e6),
+                    cli_x(CLI_F("fraction_of_bound", "%.4f", "  %5.1f %% of bound", frac), 100),
+                    CLI_F("time_over_bound", "%.3f", " (%.2fx)", 1.0 / frac), CLI_I("ref_rows", "%lld", NULL, tp),
+                    CLI_F("rel_err_vs_reference", "%.3e", "  err %.1e", e),
+                    CLI_S("gemm_path", "%s", NULL, gdn_compute_path(cm)), CLI_S("cpu", "%s", NULL, o->cpu));
         }
         fflush(stdout);
     }
@@ -381,28 +358,11 @@ int cmd_bench_moe(int argc, char **argv) {
         else Ts = T_default, nT = 4;
     }
     if (o.quick && !reps_set) o.reps = 1;
-    int maxt = 1;
-#ifdef _OPENMP
-    maxt = omp_get_max_threads();
-#endif
-    if (!o.threads) o.threads = maxt;
-    char cpu[256];
-    cli_cpu_name(cpu, sizeof cpu);
-    o.cpu = cpu;
-    if (!o.json) printf("gdncp bench moe — CPU: %s\n", cpu);
-    o.peak = cli_peak_gflops(o.threads, o.json);
-    o.bf16_peak = NAN;
-    if (o.compute_mask & 2) {
-        const int bp = gdn_bench_bf16_path();
-        o.bf16_peak = gdn_bench_bf16_peak_gflops(bp, o.threads);
-        if (o.json)
-            printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", o.threads,
-                   o.bf16_peak, gdn_bench_bf16_path_name(bp));
-        else
-            printf("measured BF16 instruction peak (%s): %.1f GFLOP/s with %d thread%s (0: the path has no "
-                   "instruction of its own)\n", gdn_bench_bf16_path_name(bp), o.bf16_peak, o.threads,
-                   o.threads > 1 ? "s" : "");
-    }
+    if (!o.threads) o.threads = cli_max_threads();
+    o.cpu = cli_cpu();
+    if (!o.json) printf("gdncp bench moe — CPU: %s\n", o.cpu);
+    o.peak = cli_peaks(o.threads, o.json, o.compute_mask & 2, " (0: the path has no instruction of its own)",
+                       &o.bf16_peak);
     if (!o.json)
         printf("GEMM path: fp32 %s; bf16 %s\nmedians of %d after a warm-up, fp32 and bf16 alternating; GFLOP/s: "
                "2k*3*E*I + 2*3*E*Is + 2*E*n per token forward (x3 with the backward); %% of peak: the median over the "

@@ -7,7 +7,6 @@
 #include "cli/parse.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,9 +44,8 @@ static double gradient_check(gdn_model_plan *p, const gdn_model_config *c, const
     uint64_t s = 12345;
     double an = 0;
     for (size_t i = 0; i < nw; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         /* relative to each weight's size: the 0.02-sized embeddings and the unit norms alike */
-        dir[i] = (float)(((double)(s >> 11) * 0x1.0p-53 * 2 - 1) * (fabs(w[i]) + 0.01));
+        dir[i] = (float)(((double)(cli_rng_next(&s) >> 11) * 0x1.0p-53 * 2 - 1) * (fabs(w[i]) + 0.01));
         an += (double)dir[i] * dw[i];
     }
     double d[2];
@@ -92,8 +90,8 @@ static int bench_one(const char *name, int64_t layers, int64_t B, int64_t T, int
     gdn_model_init(&c, w, 1);
     uint64_t s = 99;
     for (int64_t i = 0; i < B * (T + 1); i++) { /* lower-case letters and spaces, text-like */
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        tok[i] = (gdn_token)(s % 27 == 26 ? ' ' : 'a' + s % 27);
+        const uint64_t r = cli_rng_next(&s);
+        tok[i] = (gdn_token)(r % 27 == 26 ? ' ' : 'a' + r % 27);
     }
     /* Packed rows: documents of 64-320 tokens (fortunes-like; mean 192) cut at random places. */
     int64_t *doc_cu = malloc(sizeof(int64_t) * (size_t)(B * (T + 3))), *n_docs = malloc(sizeof(int64_t) * (size_t)B);
@@ -106,8 +104,7 @@ static int bench_one(const char *name, int64_t layers, int64_t B, int64_t T, int
         int64_t n = 0, pos = -(int64_t)(s % 192); /* the row starts inside a document */
         doc_cu[at] = 0;
         for (;;) {
-            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-            pos += 64 + (int64_t)(s % 257);
+            pos += 64 + (int64_t)(cli_rng_next(&s) % 257);
             if (pos >= T + 1) break;
             if (pos > 0) doc_cu[at + ++n] = pos;
         }
@@ -160,38 +157,37 @@ static int bench_one(const char *name, int64_t layers, int64_t B, int64_t T, int
         const double mb = gdn_model_plan_bytes(p) / 1048576.0, rss = gdn_peak_rss_mb();
         /* a BF16 row against the BF16 instructions' peak too (its products run on them) */
         const double bfrac = bf16 && peak.bf16 > 0 ? gflops / peak.bf16 : NAN;
-        char err_json[32] = "null", bf_json[32]; /* JSON has no NaN: null where not measured */
-        if (!isnan(err)) snprintf(err_json, sizeof err_json, "%.3e", err);
-        if (json)
-            printf("{\"direction\":\"train_step\",\"model\":\"%s\",\"layers\":%lld,\"params\":%zu,\"B\":%lld,\"T\":%lld,"
-                   "\"threads\":%d,\"recompute\":%d,\"packed_docs\":%lld,\"compute\":\"%s\",\"ms\":%.3f,\"ms_vs_dense\":%.4f,\"reps\":%d,\"tokens_per_s\":%.1f,"
-                   "\"flops_per_token\":%.4g,\"gflops\":%.3f,\"peak_gflops\":%.3f,\"fraction_of_peak\":%.4f,"
-                   "\"gdn_layers_ms\":%.3f,\"attn_layers_ms\":%.3f,"
-                   "\"plan_mb\":%.1f,\"peak_rss_mb\":%.1f,\"bf16_peak_gflops\":%.3f,\"fraction_of_bf16_peak\":%s,"
-                   "\"grad_rel_err_vs_fd\":%s,\"gemm_path\":\"%s\",\"cpu\":\"%s\"}\n",
-                   name, (long long)c.L, gdn_model_param_count(&c), (long long)B, (long long)T, threads, recompute,
-                   (long long)(packed ? docs_all : 0), gdn_compute_name(run.compute), 1e3 * med, 1e3 * med / dense_ms,
-                   reps, tps, flops_tok, gflops, peak.fp32, gflops / peak.fp32, gdn_ms, attn_ms, mb, rss, peak.bf16,
-                   isnan(bfrac) ? "null" : (snprintf(bf_json, sizeof bf_json, "%.4f", bfrac), bf_json), err_json,
-                   gdn_compute_path(run.compute), cpu);
-        else {
-            char check[32] = "(same step)"; /* recompute changes no value: checked once */
-            if (!isnan(err)) snprintf(check, sizeof check, "%.1e", err);
-            char how[48];
-            if (packed) snprintf(how, sizeof how, "packed %lld docs", (long long)docs_all);
-            else if (bf16) snprintf(how, sizeof how, "compute=bf16");
-            else snprintf(how, sizeof how, "recompute=%s", recompute ? "on" : "off");
-            if (bf16) snprintf(check, sizeof check, "(fp32's)");
-            if (moe && !bf16 && mode != 1) snprintf(check, sizeof check, "n/a (routing)");
-            if (real && !bf16) snprintf(check, sizeof check, "not run (size)");
-            char of_bf16[40] = "";
-            if (!isnan(bfrac)) snprintf(of_bf16, sizeof of_bf16, " (%.1f %% of the BF16 peak)", 100 * bfrac);
-            printf("train_step %-9s L=%lld %8zu params B=%lld T=%lld thr=%d %-16s %8.1f ms (%.2fx dense; GatedDeltaNet "
-                   "layers %.1f, attention %.1f) %8.0f tok/s %7.1f GFLOP/s %5.1f %% of peak%s  plan %6.1f MB  peak RSS "
-                   "%.0f MB  grad vs FD %s\n",
-                   name, (long long)c.L, gdn_model_param_count(&c), (long long)B, (long long)T, threads, how, 1e3 * med,
-                   1e3 * med / dense_ms, gdn_ms, attn_ms, tps, gflops, 100 * gflops / peak.fp32, of_bf16, mb, rss, check);
-        }
+        char check[32] = "(same step)"; /* the text's: recompute changes no value, checked once */
+        if (!isnan(err)) snprintf(check, sizeof check, "%.1e", err);
+        char how[48];
+        if (packed) snprintf(how, sizeof how, "packed %lld docs", (long long)docs_all);
+        else if (bf16) snprintf(how, sizeof how, "compute=bf16");
+        else snprintf(how, sizeof how, "recompute=%s", recompute ? "on" : "off");
+        if (bf16) snprintf(check, sizeof check, "(fp32's)");
+        if (moe && !bf16 && mode != 1) snprintf(check, sizeof check, "n/a (routing)");
+        if (real && !bf16) snprintf(check, sizeof check, "not run (size)");
+        /* JSON has no NaN: null where not measured */
+        CLI_ROW(json, CLI_S("direction", "%s", "%s", "train_step"), CLI_S("model", "%s", " %-9s", name),
+                CLI_I("layers", "%lld", " L=%lld", c.L),
+                CLI_I("params", "%lld", " %8lld params", gdn_model_param_count(&c)), CLI_I("B", "%lld", " B=%lld", B),
+                CLI_I("T", "%lld", " T=%lld", T), CLI_I("threads", "%lld", " thr=%lld", threads),
+                CLI_I("recompute", "%lld", NULL, recompute), CLI_I("packed_docs", "%lld", NULL, packed ? docs_all : 0),
+                CLI_S("compute", "%s", NULL, gdn_compute_name(run.compute)), CLI_S(NULL, NULL, " %-16s", how),
+                CLI_F("ms", "%.3f", " %8.1f ms", 1e3 * med),
+                CLI_F("ms_vs_dense", "%.4f", " (%.2fx dense;", 1e3 * med / dense_ms), CLI_I("reps", "%lld", NULL, reps),
+                cli_at(CLI_F("tokens_per_s", "%.1f", " %8.0f tok/s", tps), 3),
+                CLI_F("flops_per_token", "%.4g", NULL, flops_tok), CLI_F("gflops", "%.3f", " %7.1f GFLOP/s", gflops),
+                CLI_F("peak_gflops", "%.3f", NULL, peak.fp32),
+                cli_x(CLI_F("fraction_of_peak", "%.4f", " %5.1f %% of peak", gflops / peak.fp32), 100),
+                cli_at(CLI_F("gdn_layers_ms", "%.3f", " GatedDeltaNet layers %.1f,", gdn_ms), 2),
+                CLI_F("attn_layers_ms", "%.3f", " attention %.1f)", attn_ms),
+                cli_at(CLI_F("plan_mb", "%.1f", "  plan %6.1f MB", mb), 4),
+                CLI_F("peak_rss_mb", "%.1f", "  peak RSS %.0f MB", rss),
+                CLI_F("bf16_peak_gflops", "%.3f", NULL, peak.bf16),
+                cli_at(cli_x(CLI_N("fraction_of_bf16_peak", "%.4f", isnan(bfrac) ? NULL : " (%.1f %% of the BF16 peak)",
+                                   bfrac), 100), 3),
+                cli_at(CLI_N("grad_rel_err_vs_fd", "%.3e", NULL, err), 4), CLI_S(NULL, NULL, "  grad vs FD %s", check),
+                CLI_S("gemm_path", "%s", NULL, gdn_compute_path(run.compute)), CLI_S("cpu", "%s", NULL, cpu));
         gdn_model_plan_destroy(p);
     }
     free(w), free(dw), free(m), free(v), free(tok), free(doc_cu), free(n_docs);
@@ -256,16 +252,11 @@ int cmd_bench_train(int argc, char **argv) {
     /* defaults: --quick 2 x 128; models given (the real shapes) one sequence of 2048 */
     if (!given_T) T = quick ? 128 : given_models ? 2048 : T;
     if (!given_B) B = quick ? 2 : given_models ? 1 : B;
-    const int threads = omp_get_max_threads();
-    char cpu[256];
-    cli_cpu_name(cpu, sizeof cpu);
+    const int threads = cli_max_threads();
+    const char *cpu = cli_cpu();
     peaks peak = {cli_peak_gflops(threads, json), 0};
-    const int bp = gdn_bench_bf16_path();
-    peak.bf16 = gdn_bench_bf16_peak_gflops(bp, threads);
-    if (json)
-        printf("{\"direction\":\"bf16_peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"path\":\"%s\"}\n", threads,
-               peak.bf16, gdn_bench_bf16_path_name(bp));
-    else
+    peak.bf16 = cli_bf16_peak(gdn_bench_bf16_path(), threads, json, NULL); /* the text: in the line below */
+    if (!json)
         printf("gdncp bench train: one step (forward + backward + AdamW) on %s, %d threads; FLOPs = 6 x "
                "non-embedding parameters + the GatedDeltaNet kernel's forward and backward + the attention "
                "core's 7 d H (T + 1) per token; grad vs FD: Richardson central differences along a random "

@@ -227,14 +227,9 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
     int rank = 0, D = 1;
     gdn_cp *cp = NULL;
     if (o.cp) {
-        const int s = gdn_cp_strategy_parse(o.cp);
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &D);
-        if (s < 0) {
-            fprintf(stderr, "gdncp layer: rank %d: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", rank, o.cp);
-            return cli_cp_fail_early(argc, argv);
-        }
-        if (gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s)) return cli_error("layer", GDN_ERR_MPI);
+        const int begun = cli_cp_begin("layer", o.cp, gdn_cp_strategy_parse(o.cp), "scan, allgather, relay, heads", argc,
+                                       argv, &cp, &rank, &D);
+        if (begun) return begun;
     }
     gdn_layer_weights lw;
     memset(&lw, 0, sizeof lw);
@@ -269,9 +264,7 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
                                             "--f32", "--shards (the lists differ; values are hashes)",
                                             "T of the input file", "--compute (0 fp32, 1 bf16)"};
         const int64_t vals[7] = {gdn_cp_get_strategy(cp), o.backward, o.keep, o.f32, cli_hash(o.shards), T, o.compute};
-        const int local = rc;
-        rc = gdn_cp_agree_values(cp, vals, 7, names, rc);
-        if (rc && !local) cli_error("layer", rc), reported = 1;
+        rc = cli_cp_agree_first(cp, "layer", vals, 7, names, rc, &reported);
         if (!rc) { /* the weights and their configuration, before any exchange (every rank loaded its own) */
             static const char *const wnames[] = {"hidden_size E (--weights / --config)", "linear_num_key_heads Hk",
                                                  "linear_num_value_heads Hv", "linear_key_head_dim K",
@@ -329,12 +322,8 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
         if (!rc && o.backward) rc = gdn_layer_cp_backward(cp, lp, dx, dw, x, wd, saved, dy);
         /* the weight gradients summed on rank 0 (the size of the weights); y and dx written
          * by each rank at their rows of the file: no rank holds the whole sequence's */
-        if (!rc && o.backward && !rank && !(dw_all = malloc(sizeof(float) * nw)))
-            rc = fail(GDN_ERR_NOMEM, "the summed weight gradients (%zu floats)", nw);
         rc = gdn_cp_agree_status(cp, rc);
-        if (!rc && o.backward && nw > INT32_MAX) rc = fail(GDN_ERR_SHAPE, "%zu weights exceed MPI's int count", nw);
-        if (!rc && o.backward && MPI_Reduce(dw, dw_all, (int)nw, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
-            rc = fail(GDN_ERR_MPI, "MPI_Reduce of the weight gradients failed");
+        if (!rc && o.backward) rc = cli_cp_sum_to_root(cp, "layer", dw, nw, &dw_all, &reported);
         if (!rc) {
             const grads_ctx gc = {&lw, o.backward ? dw_all : NULL};
             rc = cli_cp_write_rows(cp, o.out, "gdncp layer", B, T, t0, Tl, (const cli_out_tensor[]){

@@ -342,9 +342,9 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
                                         "--fault", "--shards (the lists differ; values are hashes)",
                                         "T of the input file"};
     const int64_t vals[6] = {s, backward, stats, fault, cli_hash(shards), T};
-    int rc = gdn_cp_agree_values(cp, vals, 6, names, local);
+    int reported = 0;
+    int rc = cli_cp_agree_first(cp, "run --cp", vals, 6, names, local, &reported);
     if (rc) {
-        if (!local) cli_error("run --cp", rc);
         gdn_cp_destroy(cp);
         return 1;
     }

@@ -31,6 +31,9 @@ GDN_API double gdn_bench_bf16_peak_gflops(int path, int threads);
 GDN_API void gdn_bench_projection(int bf16_path, int64_t m, int64_t n, int64_t kk, const float *x,
                                   const float *W, float *y, int threads);
 
+/* Peak resident set of this process in MiB. */
+GDN_API double gdn_peak_rss_mb(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,6 +27,10 @@ extern "C" {
 
 typedef enum { GDN_COMPUTE_FP32 = 0, GDN_COMPUTE_BF16 = 1 } gdn_compute;
 
+/* The storage dtypes of tensors: files (io.h: safetensors), weights held in memory (a layer's
+ * weight_dtype) and caches (a KV cache's). */
+typedef enum { GDN_F32 = 0, GDN_F64 = 1, GDN_BF16 = 2, GDN_DTYPE_OTHER = 3 } gdn_dtype;
+
 /* "fp32" / "bf16" -> *compute; GDN_ERR_ARG naming the text otherwise. */
 GDN_API int gdn_compute_parse(const char *name, int *compute);
 /* "fp32", "bf16" (NULL for another value). */

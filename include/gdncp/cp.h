@@ -147,7 +147,8 @@ GDN_API int gdn_cp_agree_status(gdn_cp *cp, int local_status);
  * collectives follow) and its local status; returns GDN_OK when every rank's values equal rank
  * 0's and no rank failed, else the same failure on every rank naming the value (names[i]) or the
  * rank. A name ending in " (its bits)" marks a double passed as its bits (memcpy): the message
- * shows the numbers. Collective. */
+ * shows the numbers. Ranks may pass different n (a rank that failed before it knew its values
+ * passes 0): a disagreement like any other, never a mismatched collective. Collective. */
 GDN_API int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names,
                         int local_status);
 /* A digest of `bytes` bytes at data, for agreeing in gdn_cp_agree_values on something every rank

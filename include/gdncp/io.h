@@ -14,9 +14,8 @@ extern "C" {
 
 /* ---------------------------------------------------------------- safetensors I/O */
 
-/* Readable/writable dtypes; other safetensors dtypes are accepted in a file (GDN_DTYPE_OTHER)
- * but reading them is refused with GDN_ERR_DTYPE. */
-typedef enum { GDN_F32 = 0, GDN_F64 = 1, GDN_BF16 = 2, GDN_DTYPE_OTHER = 3 } gdn_dtype;
+/* The readable/writable dtypes: gdn_dtype (compute.h); other safetensors dtypes are accepted in
+ * a file (GDN_DTYPE_OTHER) but reading them is refused with GDN_ERR_DTYPE. */
 
 #define GDN_ST_MAX_DIMS 8
 

@@ -1,14 +1,94 @@
-"""The ctypes mirrors of gdn_config and gdn_layer_config (gdncp/_lib.py) against the library:
-a config made by Python goes through gdn_plan_create and comes back from gdn_plan_config field
-by field. A header change not mirrored in _lib.py shifts the fields and fails here; the control
-reads the returned struct through a deliberately shifted layout. The tensor bundles
-(gdn_rule_inputs / gdn_rule_grads and their _f64 twins) go through real calls, with swapped
-layouts as the controls."""
+"""The ctypes structs (generated from the headers into gdncp/_abi.py by scripts/gen_bindings.py)
+against the library: every public struct's size, field names and field offsets equal the
+compiler's (gdn_abi_sizeof / gdn_abi_offsetof / gdn_abi_field_name, include/gdncp/abi.h); the
+control runs the same comparison on layouts built from the generated classes with a field
+appended or removed and expects it to fail. Every prototype of the headers is bound. Configs make
+the round trip through the library field by field; the tensor bundles (gdn_rule_inputs /
+gdn_rule_grads and their _f64 twins) go through real calls, with swapped layouts as the
+controls."""
 import ctypes
 
 import numpy as np
 
-from gdncp import _lib as L
+from gdncp import _abi, _lib as L
+
+
+def _layout_mismatches(cls, name):
+    """What differs between the ctypes struct cls and the library's struct `name`: the size, the
+    field names in order, each field's offset ([] when nothing does)."""
+    out = []
+    size = L.gdn_abi_sizeof(name.encode())
+    if ctypes.sizeof(cls) != size:
+        out.append(f"{name}: sizeof {ctypes.sizeof(cls)} in Python, {size} in C")
+    c_fields, i = [], 0
+    while (f := L.gdn_abi_field_name(name.encode(), i)) is not None:
+        c_fields.append(f.decode())
+        i += 1
+    py_fields = [f for f, _ in cls._fields_]
+    if py_fields != c_fields:
+        out.append(f"{name}: fields {py_fields} in Python, {c_fields} in C")
+    for f in py_fields:
+        off = L.gdn_abi_offsetof(name.encode(), f.encode())
+        if getattr(cls, f).offset != off:
+            out.append(f"{name}.{f}: offset {getattr(cls, f).offset} in Python, {off} in C")
+    return out
+
+
+def _c_struct_names():
+    names, i = [], 0
+    while (n := L.gdn_abi_struct_name(i)) is not None:
+        names.append(n.decode())
+        i += 1
+    return names
+
+
+def test_every_struct_has_the_c_layout():
+    """Every struct the library's table lists is generated, and each one's size, field names and
+    offsets are the compiler's; unknown names are refused (0 / -1 / NULL)."""
+    names = _c_struct_names()
+    assert len(names) >= 20 and "gdn_config" in names and "gdn_model_config" in names
+    assert sorted(names) == sorted(_abi.STRUCTS)
+    bad = [m for n in names for m in _layout_mismatches(_abi.STRUCTS[n], n)]
+    assert bad == []
+    for n in names:                                   # the classes _lib exports are these
+        assert getattr(L, _abi.STRUCTS[n].__name__) is _abi.STRUCTS[n]
+    assert L.gdn_abi_sizeof(b"gdn_nothing") == 0 and L.gdn_abi_sizeof(None) == 0
+    assert L.gdn_abi_offsetof(b"gdn_config", b"nothing") == -1
+    assert L.gdn_abi_struct_name(len(names)) is None and L.gdn_abi_struct_name(-1) is None
+    assert L.gdn_abi_field_name(b"gdn_config", 10 ** 6) is None
+
+
+def test_a_wrong_layout_fails_the_comparison():
+    """The control: layouts built from every generated class with a field appended, the first
+    field removed or the last field removed, run through the same comparison, all fail."""
+    for name, cls in _abi.STRUCTS.items():
+        f = list(cls._fields_)
+        wrong = {"appended": f + [("extra", ctypes.c_int64)], "first removed": f[1:],
+                 "last removed": f[:-1]}
+        for what, fields in wrong.items():
+            Wrong = type("Wrong" + cls.__name__, (ctypes.Structure,), {"_fields_": fields})
+            assert _layout_mismatches(Wrong, name) != [], (name, what)
+    # a single field of another width in the middle: the offsets after it differ
+    f = list(L.Config._fields_)
+    i = [n for n, _ in f].index("chunk")
+    f[i] = ("chunk", ctypes.c_int64)
+    Wide = type("WideConfig", (ctypes.Structure,), {"_fields_": f})
+    assert any(".scale: offset" in m for m in _layout_mismatches(Wide, "gdn_config"))
+
+
+def test_every_prototype_is_bound():
+    """Every GDN_API function of the headers is found in the library and bound with its header's
+    prototype (those taking an MPI_Comm by gdncp.core, once the MPI's handle type is known)."""
+    assert L.MISSING == []
+    assert len(_abi.PROTOTYPES) > 200
+    for name, (res, args) in _abi.PROTOTYPES.items():
+        if any(isinstance(t, str) for t in args):
+            assert args.count("MPI_Comm") == sum(isinstance(t, str) for t in args), name
+            continue
+        f = getattr(L, name)
+        assert f.restype is res and f.argtypes == args, name
+    assert _abi.PROTOTYPES["gdn_plan_create"] == (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p),
+                                                                 ctypes.POINTER(L.Config)])
 
 
 def _roundtrip_plan(cfg):
@@ -20,19 +100,13 @@ def _roundtrip_plan(cfg):
         L.gdn_plan_destroy(h)
 
 
-def test_kernel_config_roundtrip_and_shifted_layout_fails():
+def test_kernel_config_roundtrip():
     cfg = L.gdn_config_default(3, 77, 2, 6, 24, 40)
     cfg.chunk, cfg.scale, cfg.l2norm, cfg.threads = 32, 0.25, 0, 1
     back = _roundtrip_plan(cfg)
     want = dict(B=3, T=77, Hk=2, Hv=6, K=24, V=40, chunk=32, scale=0.25, l2norm=0, threads=1,
                 check_finite=1)
     assert {n: getattr(back, n) for n in want} == want
-
-    class Shifted(ctypes.Structure):   # control: one int64 field missing at the front
-        _fields_ = L.Config._fields_[1:]
-    raw = Shifted.from_buffer_copy(bytes(back)[:ctypes.sizeof(Shifted)])
-    assert {n: getattr(raw, n) for n in want if hasattr(raw, n)} != \
-        {n: want[n] for n in want if hasattr(raw, n)}
 
 
 def test_layer_config_roundtrip():
@@ -53,10 +127,9 @@ def test_layer_config_roundtrip():
         L.gdn_layer_plan_destroy(h)
 
 
-def test_moe_config_roundtrip_and_shifted_layout_fails():
-    """gdn_moe_config through an MoE plan: every field back where the header puts it, and the
-    struct's size (its last field set). Control: the same bytes through a layout missing its first
-    field do not read back."""
+def test_moe_config_roundtrip():
+    """gdn_moe_config through an MoE plan: every field back where the header puts it (the layout
+    itself, and its control, are test_every_struct_has_the_c_layout's)."""
     cfg = L.gdn_moe_config_default(5, 32, 6, 2, 8, 4)
     cfg.norm_topk, cfg.threads, cfg.check_finite, cfg.compute = 0, 1, 0, 1
     h = ctypes.c_void_p()
@@ -66,16 +139,11 @@ def test_moe_config_roundtrip_and_shifted_layout_fails():
         want = dict(N=5, E=32, n_experts=6, top_k=2, I=8, Is=4, norm_topk=0, threads=1, check_finite=0, compute=1)
         assert {n: getattr(back, n) for n in want} == want
         assert L.gdn_moe_param_floats(ctypes.byref(cfg)) >= 6 * 32 + 6 * 16 * 32 + 6 * 32 * 8 + 3 * 4 * 32 + 32
-
-        class Shifted(ctypes.Structure):   # control: one int64 field missing at the front
-            _fields_ = L.MoeConfig._fields_[1:]
-        raw = Shifted.from_buffer_copy(bytes(back)[:ctypes.sizeof(Shifted)])
-        assert {n: getattr(raw, n) for n in want if hasattr(raw, n)} != {n: want[n] for n in want if hasattr(raw, n)}
     finally:
         L.gdn_moe_plan_destroy(h)
 
 
-def test_attention_config_roundtrip_and_shifted_layout_fails():
+def test_attention_config_roundtrip():
     """gdn_attn_config (the attention layer's, which gdn_sdpa_* reads too) through a layer plan."""
     cfg = L.gdn_attn_config_default(2, 40, 32, 4, 2, 16)
     cfg.R, cfg.rope_theta, cfg.eps, cfg.threads, cfg.pos_offset, cfg.max_position = 8, 1e4, 1e-5, 1, 3, 100
@@ -89,12 +157,6 @@ def test_attention_config_roundtrip_and_shifted_layout_fails():
     want = dict(B=2, T=40, E=32, H=4, Hkv=2, d=16, R=8, rope_theta=1e4, threads=1, check_finite=1,
                 n_docs=0, pos_offset=3, seq_offset=0, max_position=100, cp=0, keep=0, compute=1)
     assert {n: getattr(back, n) for n in want} == want and abs(back.eps - 1e-5) < 1e-12
-
-    class Shifted(ctypes.Structure):   # control: one int64 field missing at the front
-        _fields_ = L.AttnConfig._fields_[1:]
-    raw = Shifted.from_buffer_copy(bytes(back)[:ctypes.sizeof(Shifted)])
-    assert {n: getattr(raw, n) for n in want if hasattr(raw, n)} != \
-        {n: want[n] for n in want if hasattr(raw, n)}
 
 
 def test_errors_name_the_problem():
@@ -111,12 +173,13 @@ def test_errors_name_the_problem():
 
 
 def test_version_and_status_codes_match_the_library():
-    """gdncp.__version__ and the package metadata are the library's gdn_version(); every status
-    code Python names has the library's own text (an unknown code gets "unknown status": the
-    control that the comparison can fail)."""
+    """gdncp.__version__ and the package metadata are the library's gdn_version(), which is the
+    headers' GDN_VERSION_STRING; every status code of the header's gdn_status has the library's
+    own text (an unknown code gets "unknown status": the control that the comparison can fail)."""
     import gdncp
     from importlib.metadata import version
-    assert gdncp.__version__ == L.gdn_version().decode() == version("gdncp")
+    assert gdncp.__version__ == L.gdn_version().decode() == version("gdncp") == _abi.GDN_VERSION_STRING
+    assert sorted(L.STATUS_NAMES) == sorted(v for v in _abi.ENUMS["gdn_status"].values() if v)
     for code in L.STATUS_NAMES:
         assert L.gdn_strerror(code).decode() != "unknown status", code
     assert L.gdn_strerror(99).decode() == "unknown status"
@@ -258,8 +321,7 @@ def test_rule_bundle_null_fields_are_named():
 def test_model_config_mirror_reads_the_tiny_checkpoint():
     """gdn_model_config (the whole model's) filled by gdn_ckpt_load_config from the transformers
     checkpoint tests/data/qwen35_tiny reads back every config.json field in its place, and
-    gdn_model_param_floats takes it; control: the same bytes through a layout missing its first
-    field do not."""
+    gdn_model_param_floats takes it (more floats than real parameters, gdn_model_param_count)."""
     import json
     from conftest import TINY
     cfg = L.ModelConfig()
@@ -281,12 +343,6 @@ def test_model_config_mirror_reads_the_tiny_checkpoint():
     assert L.gdn_model_attn_layers(ctypes.byref(cfg)) == 1
     n = L.gdn_model_param_floats(ctypes.byref(cfg))
     assert n >= L.gdn_model_param_count(ctypes.byref(cfg)) > 0
-
-    class Shifted(ctypes.Structure):   # control: one int64 field missing at the front
-        _fields_ = L.ModelConfig._fields_[1:]
-    raw = Shifted.from_buffer_copy(bytes(cfg)[:ctypes.sizeof(Shifted)])
-    assert {k: getattr(raw, k) for k in want if hasattr(raw, k)} != \
-        {k: want[k] for k in want if hasattr(raw, k)}
 
 
 def test_sampling_mirror_and_token_type():

@@ -1,4 +1,4 @@
-"""python -m gdncp.bench: every section runs (--quick: toy sizes) and prints its numbers; the
+"""python/benchmarks/bench.py (the benchmarks, outside the package): every section runs (--quick: toy sizes) and prints its numbers; the
 rule section's two sides agree (the comparison of test_torch.py, whose negative control covers
 it), and the model section's sides (each a process of its own) give transformers' first loss,
 while a deliberately wrong rule under the patch and other ids do not (the controls of that
@@ -6,11 +6,14 @@ check). The generate
 section's greedy ids are transformers' (test_model.py holds that comparison's controls). The attention
 section's gdncp core agrees with torch's scaled_dot_product_attention (o, dq, dk, dv), and not with
 torch's unmasked attention (its control)."""
+import os
 import re
+import sys
 
 import torch
 
-from gdncp import bench
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import bench  # noqa: E402  (python/benchmarks/bench.py)
 import gdncp.transformers as gtf
 
 
@@ -60,7 +63,7 @@ def test_bench_gemm_rows_within_their_precision():
 
 
 def test_bench_model_sides_run_in_their_own_processes_and_agree(monkeypatch, tmp_path):
-    """--what model at the tiny shape: every side a process of its own (python -m gdncp.bench
+    """--what model at the tiny shape: every side a process of its own (bench.py
     --model-worker SIDE; pids differ from this one's and from each other), each row with its
     step time, tokens/s, fractions of the measured peaks and peak memory; the first-step losses of
     the patched model and gdncp.Model fp32 equal transformers' within 1e-5, the BF16 sides' within
@@ -136,7 +139,7 @@ def test_bench_cp_train_quick_runs_every_side(capsys):
     and the first losses of transformers and the patched model over 1 and 2 ranks (mpi4py and
     gloo) agree (the same weights and tokens; test_cp_train.py and test_torch_cp_train.py hold
     that comparison's controls)."""
-    from gdncp import bench_cp_train as cpt
+    import bench_cp_train as cpt
     rows, _ = cpt.run(("tiny",), (64,), (1, 2), reps=1, mem_gib=8)
     got = {(side, D): (r, why) for _, _, side, D, r, why in rows}
     ref = got[("transformers", 1)][0]

@@ -211,3 +211,30 @@ def test_layer_bad_inputs():
     with pytest.raises(ValueError, match="no tensor\\(s\\) named A_log"):
         gdncp.Layer(96, 2, 6, 16, 24, {n: np.zeros(s, np.float32) for n, s, _ in
                                        layer.param_layout() if n != "A_log"})
+
+
+def test_one_plan_cache(rng):
+    """gdncp._plans.PLANS holds the package's plans: the same problem and options twice give the
+    same kernel plan (control: another chunk gives another), two Layers of one configuration share
+    theirs (control: another T), and at most `keep` plans of a kind stay, the oldest dropped
+    first, a hit making nothing."""
+    import ctypes
+    from gdncp import _lib as L, core
+    from gdncp._plans import PLANS, PlanCache
+    q, k, v, g, beta, h0 = (a.astype(np.float32) for a in problem(rng, B=1, T=20, Hk=1, Hv=2, K=8, V=8))
+    p = core._Problem(q, k, v, g, beta, h0, None)
+    a = core._plan(p, None, True, 64, 1)
+    assert core._plan(p, None, True, 64, 1) is a and core._plan(p, None, True, 32, 1) is not a
+    assert 1 <= PLANS.kinds()["rule"] <= core._PLAN_CACHE
+    cfg = L.gdn_layer_config_default(1, 1, 16, 1, 2, 8, 8)
+    n = L.gdn_layer_param_floats(ctypes.byref(cfg))
+    l1, l2 = (core.Layer(16, 1, 2, 8, 8, np.zeros(n, np.float32), threads=1) for _ in range(2))
+    assert l1._plan(2, 5) is l2._plan(2, 5) and l1._plan(2, 6) is not l1._plan(2, 5)
+    cache, made = PlanCache(), []
+    for i in range(5):
+        cache.get(("k", i), lambda i=i: made.append(i) or ("plan", i), 3)
+    assert made == [0, 1, 2, 3, 4] and cache.kinds() == {"k": 3}
+    assert cache.get(("k", 4), lambda: 1 / 0, 3) == ("plan", 4)          # a hit makes nothing
+    assert cache.get(("k", 0), lambda: ("again", 0), 3) == ("again", 0)   # dropped: made anew
+    cache.get(("other",), lambda: "o", 1)
+    assert cache.kinds() == {"k": 3, "other": 1}

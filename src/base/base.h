@@ -10,8 +10,15 @@
 #include <stdlib.h>
 #include <sys/types.h>
 
+/* Exported from libgdncp.so for the MPI wing (libgdncp_mpi.so) alone: the internal steps the CP
+ * forms of the rule and the layers are built from, which the wing, a separate shared library, can
+ * only call when they are exported. Not API: no public header declares them, they may change in
+ * any release, and scripts/test_exports.sh checks that libgdncp.so exports exactly the GDN_API
+ * functions of its public headers and these. */
+#define GDN_WING __attribute__((visibility("default")))
+
 /* Record a failure for gdn_errmsg() and return its code: `return gdn_fail(GDN_ERR_SHAPE, "...")`. */
-int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+GDN_WING int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Test-only hooks (not API): weak definitions in status.c do nothing; a test program that links
  * the static library overrides them with strong ones. The library holds no mutable test state.
@@ -21,8 +28,13 @@ int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 
  * gdn_test_point: called at named points of long operations (e.g. a safetensors write with its
  * temporary file in place), so a test can act there (raise a signal).
  * gdn_test_threads: called once by the first thread of some parallel regions with the size of
- * the team that runs it, so a test can see that a configured thread count is honoured. */
-int gdn_test_fault(const char *site);
+ * the team that runs it, so a test can see that a configured thread count is honoured.
+ * gdn_test_mutate: asked once per call at named places of the math (a chunk's solve, the dg
+ * sum); non-zero makes that step deliberately wrong, so a test can show that its comparison
+ * against the oracle catches exactly that mistake (a mutation inside the computation, where
+ * changing our outputs afterwards would only exercise the comparison). */
+GDN_WING int gdn_test_fault(const char *site);
+int gdn_test_mutate(const char *site);
 void gdn_test_point(const char *site);
 void gdn_test_threads(const char *site, int threads);
 
@@ -60,7 +72,7 @@ static inline void gdn_fp_fast_end(gdn_fpmode m) { (void)m; }
 int gdn_check_fits(const char *what, double bytes);
 
 /* What a non-regular file is, for messages ("a directory", "a FIFO", ...); from st_mode. */
-const char *gdn_file_kind(mode_t mode);
+GDN_WING const char *gdn_file_kind(mode_t mode);
 /* dir/name into buf (capacity cap): GDN_OK, or GDN_ERR_ARG naming the path when it does not fit. */
 int gdn_path_join(char *buf, size_t cap, const char *dir, const char *name);
 /* Whether path is (or links to) a regular file. */
@@ -141,10 +153,10 @@ static inline int gdn_row_nonfinite(const float *x, int64_t n) {
     for (int l = 0; l < 8; l++) s += acc[l];
     return s != s;
 }
-int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite, int threads);
+GDN_WING int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite, int threads);
 /* An output (or a gradient) that came out non-finite: GDN_ERR_NONFINITE naming it and the
  * element, with the usual causes; GDN_OK when finite. */
-int gdn_check_output(const char *name, const float *x, int64_t n, int threads);
+GDN_WING int gdn_check_output(const char *name, const float *x, int64_t n, int threads);
 typedef struct { const char *name; const float *x; int64_t n; } gdn_named_output;
 /* The in-loop check found a non-finite row but the exact scans found nothing: a finite q or k
  * row so large that its squared norm overflows. Returns GDN_ERR_NONFINITE. */
@@ -159,8 +171,8 @@ int gdn_thread_id(void);
 /* A buffer of bytes for the large arrays (a model's weights, gradients, moments, a plan's
  * arena): 64-byte aligned, and from 2 MiB on aligned to and advised into transparent huge pages
  * (Linux). Released with free(). NULL when out of memory. The _zeroed form clears it. */
-void *gdn_alloc_large(size_t bytes);
-void *gdn_alloc_large_zeroed(size_t bytes);
+GDN_WING void *gdn_alloc_large(size_t bytes);
+GDN_WING void *gdn_alloc_large_zeroed(size_t bytes);
 
 /* fn(ctx, t, nt) on every thread t of a team of nt <= threads; with threads <= 1, one call
  * fn(ctx, 0, 1) on this thread and no OpenMP region at all. A region costs libgomp ~0.3 us and a

@@ -3,6 +3,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -30,4 +31,10 @@ void *gdn_alloc_large_zeroed(size_t bytes) {
     void *p = gdn_alloc_large(bytes);
     if (p) memset(p, 0, bytes);
     return p;
+}
+
+double gdn_peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0; /* KiB on Linux */
 }

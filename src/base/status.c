@@ -45,6 +45,10 @@ __attribute__((weak)) int gdn_test_fault(const char *site) {
     return 0;
 }
 __attribute__((weak)) void gdn_test_point(const char *site) { (void)site; }
+__attribute__((weak)) int gdn_test_mutate(const char *site) {
+    (void)site;
+    return 0;
+}
 __attribute__((weak)) void gdn_test_threads(const char *site, int threads) { (void)site, (void)threads; }
 
 /* The first non-finite element of the block at b0 (m elements), or INT64_MAX. x * 0 is NaN

@@ -34,7 +34,7 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
 /* The name of the path gdn_matmul runs (for benchmarks). */
 const char *gdn_matmul_path(void);
 /* dst[c][r] = src[r][c] for an r x c block. */
-void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd);
+GDN_WING void gdn_transpose(int rows, int cols, const float *src, int lds, float *dst, int ldd);
 /* ---- BF16-compute GEMM (matmul_bf16.c): C[m x n] (+)= op(A) op(B) with both operands rounded to
  * bfloat16 (nearest even) while packed, products accumulated in fp32. flags: GDN_GEMM_ACC,
  * GDN_GEMM_A_TRANS, GDN_GEMM_B_TRANS, and GDN_GEMM_A_BF16 / GDN_GEMM_B_BF16 (that operand is

@@ -1,4 +1,4 @@
-/* The context-parallel layer: the CP context, agreement between ranks, MPI accounting, the
+/* The context-parallel layer: the context's accessors (made in context.c), agreement between ranks, MPI accounting, the
  * prefix combine of affine pairs, and the entry points, which check, agree and dispatch to the
  * strategy (rule.c: scan, allgather, relay; heads.c). It knows nothing of files; the compute is
  * the kernel's (plans, streams, summaries, adjoints). */
@@ -6,10 +6,8 @@
 
 #include <limits.h>
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 static double now(void) { return MPI_Wtime(); }
 
@@ -77,9 +75,7 @@ int gdn_cp_allgatherv_in_place(const gdn_cp *cp, void *buf, const int *counts, c
     return mrc == MPI_SUCCESS ? gdn_cp_wait_all(cp, 1, &rq) : mrc;
 }
 
-/* The worst status over the ranks of comm and the lowest rank that has it (MAXLOC): one
- * Allreduce. *worst = 0 when every rank passed GDN_OK. */
-static int worst_status(const gdn_cp *cp, MPI_Comm comm, int rank, int local, int *worst, int *who) {
+int gdn_cp_worst_status(const gdn_cp *cp, MPI_Comm comm, int rank, int local, int *worst, int *who) {
     struct { int v, r; } in = {local, rank}, out = {0, 0};
     MPI_Request rq;
     const int mrc = !cp || !cp->sleep_wait ? MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MAXLOC, comm)
@@ -91,73 +87,6 @@ static int worst_status(const gdn_cp *cp, MPI_Comm comm, int rank, int local, in
     return GDN_OK;
 }
 
-int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
-    if (!out) return gdn_fail(GDN_ERR_ARG, "cp output pointer is NULL");
-    *out = NULL;
-    if (strategy < GDN_CP_SCAN || strategy > GDN_CP_HEADS)
-        return gdn_fail(GDN_ERR_ARG, "unknown CP strategy %d", (int)strategy);
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) return gdn_fail(GDN_ERR_MPI, "MPI is not initialised (call MPI_Init_thread first)");
-    MPI_Comm dup = MPI_COMM_NULL;
-    if (MPI_Comm_dup(comm, &dup) != MPI_SUCCESS) return gdn_fail(GDN_ERR_MPI, "MPI_Comm_dup failed");
-    /* MPI failures on gdncp's communicator come back as return codes (the default handler
-     * aborts the job), so they become gdncp errors with a message. */
-    int local = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN) == MPI_SUCCESS
-                    ? GDN_OK
-                    : gdn_fail(GDN_ERR_MPI, "MPI_Comm_set_errhandler(MPI_ERRORS_RETURN) failed");
-    int rank = 0, size = 1;
-    MPI_Comm_rank(dup, &rank);
-    MPI_Comm_size(dup, &size);
-    gdn_cp *cp = gdn_cp_calloc(1, sizeof *cp, "cp context");
-    if (cp) {
-        cp->comm = dup, cp->rank = rank, cp->size = size, cp->strategy = strategy;
-        cp->shard_T = gdn_cp_calloc((size_t)size, sizeof *cp->shard_T, "cp context: shard sizes");
-        cp->agree_tab = gdn_cp_calloc((size_t)GDN_CP_AGREE_COLS * (size + 1), sizeof(int64_t), "cp context: agreement table");
-        cp->tab64 = gdn_cp_calloc((size_t)size, sizeof(int64_t), "cp context: gather sizes");
-        cp->counts = gdn_cp_calloc(4 * (size_t)size, sizeof(int), "cp context: gather counts");
-    }
-    if (!local && (!cp || !cp->shard_T || !cp->agree_tab || !cp->tab64 || !cp->counts))
-        local = gdn_fail(GDN_ERR_NOMEM, "cp context (%d ranks)", size);
-    /* before anyone uses the context: a rank that could not make its own stops every rank */
-    /* the wait mode AUTO stands for: do this communicator's ranks on the node, with their
-     * threads, outnumber its cores? */
-    MPI_Comm node = MPI_COMM_NULL;
-    int on_node = 1;
-    if (MPI_Comm_split_type(dup, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) { /* on every rank */
-        MPI_Comm_size(node, &on_node);
-        MPI_Comm_free(&node);
-    }
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int sleepy = (long)on_node * omp_get_max_threads() > (cores > 0 ? cores : 1);
-    /* one mode on every rank (a blocking collective never meets a nonblocking one): any node
-     * oversubscribed makes all sleep */
-    if (MPI_Allreduce(MPI_IN_PLACE, &sleepy, 1, MPI_INT, MPI_MAX, dup) != MPI_SUCCESS && !local)
-        local = gdn_fail(GDN_ERR_MPI, "MPI_Allreduce failed (cp wait mode)");
-    if (cp) cp->auto_sleep = cp->sleep_wait = sleepy;
-    int worst = 0, who = 0, rc = worst_status(NULL, dup, rank, local, &worst, &who);
-    if (!rc && !local && worst)
-        rc = gdn_fail(worst, "gdn_cp_create: rank %d failed (%s); see its message", who, gdn_strerror(worst));
-    if (!rc) rc = local;
-    if (rc) {
-        if (cp) cp->comm = MPI_COMM_NULL;
-        gdn_cp_destroy(cp);
-        MPI_Comm_free(&dup);
-        return rc;
-    }
-    *out = cp;
-    return GDN_OK;
-}
-
-void gdn_cp_destroy(gdn_cp *cp) {
-    if (!cp) return;
-    if (cp->comm != MPI_COMM_NULL) MPI_Comm_free(&cp->comm);
-    gdn_plan_destroy(cp->heads_plan);
-    free(cp->shard_T), free(cp->agree_tab), free(cp->tab64), free(cp->counts);
-    free(cp->scratch);
-    free(cp);
-}
-
 int gdn_cp_rank(const gdn_cp *cp) { return cp ? cp->rank : -1; }
 int gdn_cp_size(const gdn_cp *cp) { return cp ? cp->size : 0; }
 gdn_cp_strategy gdn_cp_get_strategy(const gdn_cp *cp) { return cp ? cp->strategy : GDN_CP_SCAN; }
@@ -165,7 +94,9 @@ gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp) {
     gdn_cp_stats z = {0};
     return cp ? cp->stats : z;
 }
-void gdn_cp_set_fault(gdn_cp *cp, int fault) { cp->fault = fault; }
+void gdn_cp_set_fault(gdn_cp *cp, int fault) {
+    if (cp) cp->fault = fault;
+}
 
 int gdn_cp_set_wait(gdn_cp *cp, int mode) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "gdn_cp_set_wait: cp is NULL");
@@ -207,7 +138,7 @@ int gdn_cp_agree_status(gdn_cp *cp, int local) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
     int worst = 0, who = 0;
     double t0 = now();
-    int rc = worst_status(cp, cp->comm, cp->rank, local, &worst, &who);
+    int rc = gdn_cp_worst_status(cp, cp->comm, cp->rank, local, &worst, &who);
     cp->stats.comm_s += now() - t0;
     if (rc) return rc;
     if (worst && !local) return gdn_fail(worst, "rank %d failed (%s); see its message", who, gdn_strerror(worst));
@@ -322,40 +253,17 @@ int64_t gdn_cp_digest(const void *data, size_t bytes) {
 
 /* gdn_cp_agree_values: a value whose name ends so holds a double's bits (cp.h). */
 #define BITS_SUFFIX " (its bits)"
-int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names, int local) {
-    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
-    if (n < 0 || (n && (!vals || !names))) local = local ? local : gdn_fail(GDN_ERR_ARG, "cp agreement: bad values");
-    if (n < 0 || !vals) n = 0;
-    const int w = n + 2;
-    int64_t *mine = cp->agree_tab, *all = cp->agree_tab + GDN_CP_AGREE_COLS, *own = NULL;
-    if (w > GDN_CP_AGREE_COLS) { /* beyond the preallocated table: allocate, and agree on that first */
-        own = gdn_cp_malloc(sizeof(int64_t) * (size_t)w * (cp->size + 1), "cp agreement table");
-        int rc = gdn_cp_agree_status(cp, own ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "cp agreement (%d values)", n));
-        if (rc) {
-            free(own);
-            return rc;
-        }
-        mine = own, all = own + w;
-    }
-    /* n itself travels first (a count mismatch is a disagreement too; every rank sends n + 2) */
-    mine[0] = n, mine[1] = local;
-    for (int i = 0; i < n; i++) mine[i + 2] = vals[i];
-    const double t0 = now();
-    /* Blocking in either wait mode: the ranks may disagree on n itself, so the counts may differ,
-     * which the blocking call reports as an error where Open MPI's nonblocking one aborts. */
-    const int mrc = MPI_Allgather(mine, w, MPI_INT64_T, all, w, MPI_INT64_T, cp->comm);
-    cp->stats.comm_s += now() - t0;
-    int rc = mrc == MPI_SUCCESS ? local : gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement)");
-    for (int r = 0; r < cp->size && !rc; r++)
-        if (all[r * w + 1])
-            rc = gdn_fail((int)all[r * w + 1], "rank %d failed (%s); see its message", r,
-                          gdn_strerror((int)all[r * w + 1]));
-    for (int r = 0; r < cp->size && !rc; r++)
-        for (int i = 0; i < n + 1 && !rc; i++) {
-            const int64_t theirs = all[r * w + (i ? i + 1 : 0)], first = all[i ? i + 1 : 0];
+
+/* The first value on which a rank differs from rank 0, named: rows of `stride` int64 per rank in
+ * all, the n values from column `off`. Every rank finds the same one (same table). */
+static int first_disagreement(const gdn_cp *cp, const int64_t *all, int stride, int off, int n,
+                              const char *const *names) {
+    for (int r = 1; r < cp->size; r++)
+        for (int i = 0; i < n; i++) {
+            const int64_t theirs = all[r * stride + off + i], first = all[off + i];
             if (theirs == first) continue;
             /* a name ending in BITS_SUFFIX carries a double's bits: shown as that number */
-            const char *name = i ? names[i - 1] : "the number of values agreed on";
+            const char *name = names[i];
             const size_t len = strlen(name), sl = strlen(BITS_SUFFIX);
             if (len > sl && !strcmp(name + len - sl, BITS_SUFFIX)) {
                 double a, b;
@@ -365,14 +273,53 @@ int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *cons
                     snprintf(sa, sizeof sa, "%.*g", digits, a), snprintf(sb, sizeof sb, "%.*g", digits, b);
                     if (strcmp(sa, sb)) break;
                 }
-                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %.*s: rank %d has %s, rank 0 has %s", (int)(len - sl), name,
-                              r, sa, sb);
-            } else {
-                rc = gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld", name, r,
-                              (long long)theirs, (long long)first);
+                return gdn_fail(GDN_ERR_MPI, "ranks disagree on %.*s: rank %d has %s, rank 0 has %s", (int)(len - sl),
+                                name, r, sa, sb);
             }
+            return gdn_fail(GDN_ERR_MPI, "ranks disagree on %s: rank %d has %lld, rank 0 has %lld", name, r,
+                            (long long)theirs, (long long)first);
         }
-    free(own);
+    return GDN_OK;
+}
+
+/* Every rank sends one row of GDN_CP_AGREE_COLS int64 — [n, status, the values when they fit] —
+ * whatever n it was called with, so ranks that disagree on n (a rank that failed before it knew
+ * its values, one running another command) still make one well-formed MPI_Allgather and learn
+ * it. Only when every rank passed and has the same n beyond the row do they exchange the values
+ * themselves, a second collective all of them make. */
+int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names, int local) {
+    if (!cp) return gdn_fail(GDN_ERR_ARG, "cp context is NULL");
+    if (n < 0 || (n && (!vals || !names))) local = local ? local : gdn_fail(GDN_ERR_ARG, "cp agreement: bad values");
+    if (n < 0 || !vals) n = 0;
+    enum { W = GDN_CP_AGREE_COLS };
+    const int fits = n <= W - 2;
+    int64_t *mine = cp->agree_tab, *all = cp->agree_tab + W;
+    memset(mine, 0, sizeof(int64_t) * W);
+    mine[0] = n, mine[1] = local;
+    for (int i = 0; fits && i < n; i++) mine[i + 2] = vals[i];
+    const double t0 = now();
+    const int mrc = gdn_cp_allgather(cp, mine, W, MPI_INT64_T, all);
+    cp->stats.comm_s += now() - t0;
+    int rc = mrc == MPI_SUCCESS ? local : gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement)");
+    for (int r = 0; r < cp->size && !rc; r++)
+        if (all[r * W + 1])
+            rc = gdn_fail((int)all[r * W + 1], "rank %d failed (%s); see its message", r, gdn_strerror((int)all[r * W + 1]));
+    static const char *const count_name[] = {"the number of values agreed on"};
+    if (!rc) rc = first_disagreement(cp, all, W, 0, 1, count_name);
+    if (rc || fits) return rc ? rc : first_disagreement(cp, all, W, 2, n, names);
+    /* every rank is here, with the same n: the values themselves */
+    int64_t *table = gdn_cp_malloc(sizeof(int64_t) * (size_t)n * (cp->size + 1), "cp agreement table");
+    if ((rc = gdn_cp_agree_status(cp, table ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "cp agreement (%d values)", n)))) {
+        free(table);
+        return rc;
+    }
+    memcpy(table, vals, sizeof(int64_t) * (size_t)n);
+    const double t1 = now();
+    rc = gdn_cp_allgather(cp, table, n, MPI_INT64_T, table + n) == MPI_SUCCESS
+             ? first_disagreement(cp, table + n, n, 0, n, names)
+             : gdn_fail(GDN_ERR_MPI, "MPI_Allgather failed (cp agreement of %d values)", n);
+    cp->stats.comm_s += now() - t1;
+    free(table);
     return rc;
 }
 

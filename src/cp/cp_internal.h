@@ -5,10 +5,12 @@
 
 #include "gdncp/cp.h"
 #include "kernel_internal.h"
+#include "model_group.h"
 
 /* The deliberate faults (GDN_CP_FAULT_*) and gdn_cp_set_fault are in gdncp/cp.h (testing hooks). */
 
 struct gdn_cp {
+    gdn_model_group group; /* first: the model reaches its peers through it (model_group.h) */
     MPI_Comm comm;
     int rank, size;
     gdn_cp_strategy strategy;
@@ -29,9 +31,8 @@ struct gdn_cp {
     gdn_config heads_key; /* the config it was made from (its cu_seqlens pointer only says whether packed) */
 };
 
-/* Columns of the preallocated agreement table: gdn_cp_agree's signature, the halo's and
- * gdn_cp_agree_values' n + 2 values fit it (a longer gdn_cp_agree_values allocates its table and
- * agrees on that allocation first). */
+/* Columns of the preallocated agreement table and the width of every row gdn_cp_agree_values
+ * exchanges, whatever a rank's n (gdn_cp_agree's signature and the halo's fit it too). */
 enum { GDN_CP_AGREE_COLS = 32 };
 
 /* Every allocation of the CP layer goes through these (malloc / calloc semantics, a zero size
@@ -43,6 +44,11 @@ void *gdn_cp_calloc(size_t n, size_t size, const char *site);
 /* An MPI datatype constructor, unless the fault hook fails it first (then MPI_ERR_OTHER, and
  * nothing was created). */
 #define GDN_CP_MPI_TYPE(site, call) (gdn_test_fault(site) ? MPI_ERR_OTHER : (call))
+
+/* The worst status over the ranks of comm and the lowest rank that has it (MAXLOC): one
+ * Allreduce (nonblocking and waited as cp says, when cp is given). *worst = 0 when every rank
+ * passed GDN_OK. */
+int gdn_cp_worst_status(const gdn_cp *cp, MPI_Comm comm, int rank, int local, int *worst, int *who);
 
 /* Check that all ranks agree on the plan's shape and options (except T), the strategy and the
  * call (GDN_CP_CALL_* flags); fills shard_T. Collective. Also folds a local failure status into

@@ -256,11 +256,13 @@ static void chunk_backward(const gdn_plan *p, const gdn_chunk_ws *ws, gdn_bwd_ws
     gdn_gemm(GDN_GEMM_ACC, n, K, n, bw->bsym, C, Kn, K, bw->dKn, K);   /* dK += (Bl + Bl^T) K */
     dG[n - 1] += dGc;
 
-    /* dg = reverse cumulative sum of dG within the chunk. */
+    /* dg = reverse cumulative sum of dG within the chunk (tests: the sum dropped, each row its
+     * own dG, must be caught against the oracle). */
+    const int no_cumsum = gdn_test_mutate("chunk: dg without its reverse cumulative sum");
     double acc = 0.0;
     for (int i = n - 1; i >= 0; i--) {
         const int64_t row = b * T + t0 + i;
-        acc += dG[i];
+        acc = no_cumsum ? dG[i] : acc + dG[i];
         const float dg = (float)acc, db = (float)bw->dbeta_row[i];
         gr->dg[row * Hv + h] = dg, gr->dbeta[row * Hv + h] = db;
         if (!(dg * 0.0f == 0.0f && db * 0.0f == 0.0f)) bw->nonfinite = 1;

@@ -184,7 +184,7 @@ int gdn_pack_check(const gdn_config *c);
 /* The config's tokens are the whole stream (single-rank entry points and the oracle). */
 int gdn_pack_check_whole(const gdn_config *c);
 /* Floats of h0, ht, dht, dh0: [n_docs or B, Hv, K, V]. */
-int64_t gdn_state_floats(const gdn_config *c);
+GDN_WING int64_t gdn_state_floats(const gdn_config *c);
 /* Build / free p->streams (after the backward's segment sizes are chosen). */
 int gdn_streams_init(gdn_plan *p);
 void gdn_streams_free(gdn_plan *p);
@@ -195,10 +195,10 @@ void gdn_streams_free(gdn_plan *p);
  * state after each row's last stream; ds_out is the gradient of that state for a stream whose
  * document goes on (NULL: zeros), ds_in receives the gradient of s_in. With o, ckpt and ht all
  * NULL only the last streams run (their final states are all that is wanted). */
-int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
+GDN_WING int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
                         const float *k, const float *v, const float *g, const float *beta,
                         const float *h0, const float *s_in, float *s_out);
-int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
+GDN_WING int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg, float *dbeta,
                          float *dh0, const float *q, const float *k, const float *v,
                          const float *g, const float *beta, const float *h0, const float *s_in,
                          const float *ckpt, const float *dout, const float *dht,
@@ -206,22 +206,22 @@ int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg
 /* The adjoint offset of every row's first stream alone (its gradient with respect to the state
  * entering it, from its outputs and, when its document ends within the plan, from that
  * document's dht), into sg [B, Hv, K, V]. */
-int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const float *k,
+GDN_WING int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const float *k,
                               const float *g, const float *beta, const float *dout,
                               const float *dht);
 
 /* A dense plan's place in a context-parallel split: not the first shard, its streams continue
  * from s_in; not the last, they go on into s_out (no ht rows). A packed plan is placed by its
  * documents and seq_offset (no-op). The single-rank entry points set (1, 1). */
-void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard);
+GDN_WING void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard);
 
 /* The public bundles (kernel.h) checked for NULL: the bundle itself, then each required field
  * (need_v: in->v is required). GDN_OK or GDN_ERR_ARG naming the bundle or the field. */
-int gdn_rule_inputs_check(const gdn_rule_inputs *in, int need_v);
-int gdn_rule_grads_check(const gdn_rule_grads *gr);
+GDN_WING int gdn_rule_inputs_check(const gdn_rule_inputs *in, int need_v);
+GDN_WING int gdn_rule_grads_check(const gdn_rule_grads *gr);
 
 /* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */
-int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
+GDN_WING int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
                      const float *g, const float *beta, const float *h0);
 /* dS_in = A^T dS_out + G for every (batch row, value head) in one state-only reverse pass
  * (ds_out NULL: G alone). What gdn_summary_adjoint computes, with a final-state gradient. */

@@ -19,21 +19,20 @@
 
 int64_t gdn_attn_decode_split_keys = 512;
 int gdn_attn_cache_round_f32 = 0;
-enum { DT_F32 = 0, DT_BF16 = 2 }; /* io.h's gdn_dtype values (the layer sits below io) */
 
 /* ---------------------------------------------------------------- the cache */
 
 int gdn_attn_cache_create(gdn_attn_cache **out, int64_t B, int64_t Hkv, int64_t d, int64_t capacity) {
-    return gdn_attn_cache_create_dtype(out, B, Hkv, d, capacity, DT_F32);
+    return gdn_attn_cache_create_dtype(out, B, Hkv, d, capacity, GDN_F32);
 }
 
 int gdn_attn_cache_create_dtype(gdn_attn_cache **out, int64_t B, int64_t Hkv, int64_t d, int64_t capacity,
                                 int dtype) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "attention cache output pointer is NULL");
     *out = NULL;
-    if (dtype != DT_F32 && dtype != DT_BF16)
+    if (dtype != GDN_F32 && dtype != GDN_BF16)
         return gdn_fail(GDN_ERR_ARG, "attention cache dtype %d is neither F32 (0) nor BF16 (2)", dtype);
-    const size_t esz = dtype == DT_BF16 ? 2 : 4;
+    const size_t esz = dtype == GDN_BF16 ? 2 : 4;
     const struct { const char *name; int64_t v, max; } dims[] = {
         {"B", B, (int64_t)1 << 31}, {"Hkv", Hkv, 1 << 16}, {"d", d, 1024}, {"capacity", capacity, (int64_t)1 << 40},
     };
@@ -44,7 +43,7 @@ int gdn_attn_cache_create_dtype(gdn_attn_cache **out, int64_t B, int64_t Hkv, in
     const double bytes = 2.0 * (double)esz * (double)B * (double)Hkv * (double)d * (double)capacity;
     char what[160];
     snprintf(what, sizeof what, "the attention KV cache [B = %lld, Hkv = %lld, capacity = %lld, d = %lld] x 2 (%s)",
-             (long long)B, (long long)Hkv, (long long)capacity, (long long)d, dtype == DT_BF16 ? "BF16" : "F32");
+             (long long)B, (long long)Hkv, (long long)capacity, (long long)d, dtype == GDN_BF16 ? "BF16" : "F32");
     int rc = gdn_check_fits(what, bytes);
     if (rc) return rc;
     gdn_attn_cache *c = calloc(1, sizeof *c);
@@ -54,7 +53,7 @@ int gdn_attn_cache_create_dtype(gdn_attn_cache **out, int64_t B, int64_t Hkv, in
         free(c);
         return gdn_fail(GDN_ERR_NOMEM, "%s: %.1f MB", what, bytes / 1e6);
     }
-    if (dtype == DT_BF16)
+    if (dtype == GDN_BF16)
         c->kb = mem, c->vb = c->kb + n;
     else
         c->k = mem, c->v = c->k + n;
@@ -78,7 +77,7 @@ float *gdn_attn_cache_keys(gdn_attn_cache *c) { return c ? c->k : NULL; }
 float *gdn_attn_cache_values(gdn_attn_cache *c) { return c ? c->v : NULL; }
 uint16_t *gdn_attn_cache_keys_bf16(gdn_attn_cache *c) { return c ? c->kb : NULL; }
 uint16_t *gdn_attn_cache_values_bf16(gdn_attn_cache *c) { return c ? c->vb : NULL; }
-int gdn_attn_cache_dtype(const gdn_attn_cache *c) { return c ? c->dtype : DT_F32; }
+int gdn_attn_cache_dtype(const gdn_attn_cache *c) { return c ? c->dtype : GDN_F32; }
 
 int gdn_attn_cache_set_length(gdn_attn_cache *c, int64_t len) {
     if (!c) return gdn_fail(GDN_ERR_ARG, "gdn_attn_cache_set_length: cache is NULL");
@@ -233,7 +232,7 @@ static void append_rows(void *p, int64_t lo, int64_t hi) {
         const int64_t b = r / (Hkv * T), j = r / T % Hkv, t = r % T, n = b * T + t;
         const size_t at = ((size_t)(b * Hkv + j) * (size_t)cap + (size_t)(len + t)) * (size_t)d;
         const float *ks = ap->kr + n * ap->Kd + j * d, *vs = jb->proj + n * ap->P + 2 * ap->Hd + ap->Kd + j * d;
-        if (cache->dtype == DT_BF16) {
+        if (cache->dtype == GDN_BF16) {
             for (int64_t e = 0; e < d; e++)
                 cache->kb[at + e] = gdn_f32_to_bf16(ks[e]), cache->vb[at + e] = gdn_f32_to_bf16(vs[e]);
         } else if (gdn_attn_cache_round_f32) { /* tests: the values a BF16 cache would hold */
@@ -256,7 +255,7 @@ void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float
 
 void gdn_attn_cache_unappend(gdn_attn_cache *cache, int64_t T) {
     const int64_t d = cache->d, n = T < cache->cap - cache->len ? T : cache->cap - cache->len;
-    const size_t esz = cache->dtype == DT_BF16 ? 2 : 4;
+    const size_t esz = cache->dtype == GDN_BF16 ? 2 : 4;
     char *k = cache->k ? (char *)cache->k : (char *)cache->kb, *v = cache->v ? (char *)cache->v : (char *)cache->vb;
     for (int64_t bj = 0; bj < cache->B * cache->Hkv && n > 0; bj++) {
         const size_t at = ((size_t)bj * (size_t)cache->cap + (size_t)cache->len) * (size_t)d * esz;

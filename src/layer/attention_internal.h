@@ -75,15 +75,15 @@ extern int gdn_attn_bf16_path;
 size_t gdn_attn_tile_floats(int64_t d, int bf16);
 /* o, lse of the queries against this view's keys (overwritten): o normalised, lse = -inf and o =
  * 0 for a query that sees none of them. */
-void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse);
+GDN_WING void gdn_attn_core_forward(const gdn_attn_core *v, float *o, float *lse);
 /* Fold a second partial result (o2, lse2 over other keys) into (o, lse): the exact softmax over
  * the union, rows*H entries of d. */
-void gdn_attn_merge(int64_t rows, int64_t H, int64_t d, int64_t qld, float *o, float *lse, const float *o2,
+GDN_WING void gdn_attn_merge(int64_t rows, int64_t H, int64_t d, int64_t qld, float *o, float *lse, const float *o2,
                     const float *lse2, int threads);
 /* Backward with the final lse and D of every query: dq += its gradient through these keys;
  * dk, dv (laid out like K, V) += the keys' and values' gradients from these queries. */
-void gdn_attn_core_backward_q(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq);
-void gdn_attn_core_backward_kv(const gdn_attn_core *v, const float *dO, const float *lse, const float *D,
+GDN_WING void gdn_attn_core_backward_q(const gdn_attn_core *v, const float *dO, const float *lse, const float *D, float *dq);
+GDN_WING void gdn_attn_core_backward_kv(const gdn_attn_core *v, const float *dO, const float *lse, const float *D,
                                gdn_attn_kv dk, gdn_attn_kv dv);
 /* Both at once (dq += and dk, dv +=, exactly as the two calls above give): one pass when the
  * B Hkv (batch row, kv head) jobs keep the threads busy, else the two calls. */
@@ -127,7 +127,7 @@ extern int64_t gdn_attn_decode_split_keys;
 typedef struct {
     float *proj, *o, *lse;
 } gdn_attn_saved;
-gdn_attn_saved gdn_attn_saved_view(const gdn_attn_plan *ap, float *saved);
+GDN_WING gdn_attn_saved gdn_attn_saved_view(const gdn_attn_plan *ap, float *saved);
 
 /* ---------------------------------------------------------------- the KV cache (attention_decode.c) */
 
@@ -149,18 +149,18 @@ extern int gdn_attn_cache_round_f32;
  * cache_append: their keys and values at the cache's end (the length is not changed);
  * decode_attend: the new queries (global index q0 + t) against the first nk cached keys (global
  *   index k0 + u), into o and lse (split over idle threads when that helps). */
-int gdn_attn_decode_check(const gdn_attn_plan *ap, const gdn_attn_cache *cache, const float *y, const float *x,
+GDN_WING int gdn_attn_decode_check(const gdn_attn_plan *ap, const gdn_attn_cache *cache, const float *y, const float *x,
                           const float *w, int64_t len_total, int appends);
-void gdn_attn_decode_project(gdn_attn_plan *ap, gdn_attn_saved sv, const float *x, const float *w, int64_t base);
-void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float *proj);
+GDN_WING void gdn_attn_decode_project(gdn_attn_plan *ap, gdn_attn_saved sv, const float *x, const float *w, int64_t base);
+GDN_WING void gdn_attn_cache_append(gdn_attn_plan *ap, gdn_attn_cache *cache, const float *proj);
 /* Undo an append of T tokens that the call then refused (its y not finite): positions
  * [len, len + T) back to zeros, so the positions past the length stay as they were. */
-void gdn_attn_cache_unappend(gdn_attn_cache *cache, int64_t T);
-void gdn_attn_decode_attend(gdn_attn_plan *ap, const gdn_attn_cache *cache, int64_t nk, int64_t q0, int64_t k0,
+GDN_WING void gdn_attn_cache_unappend(gdn_attn_cache *cache, int64_t T);
+GDN_WING void gdn_attn_decode_attend(gdn_attn_plan *ap, const gdn_attn_cache *cache, int64_t nk, int64_t q0, int64_t k0,
                             float *o, float *lse);
 
 /* The core over this call's own queries and keys (the single-rank attention). */
-gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj);
+GDN_WING gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj);
 
 /* Phases, shared by the single-rank, CP and cache paths:
  * check_inputs: NULLs and NaN/Inf of x and the weights;
@@ -173,13 +173,13 @@ gdn_attn_core gdn_attn_local_view(const gdn_attn_plan *ap, const float *proj);
  *   columns zeroed for the core's backward to add into;
  * backward_finish: the norms, RoPE and projections from dqr, dkr and dproj's v and gate columns:
  *   dx, and dw of everything but o_proj. */
-int gdn_attn_check_inputs(const gdn_attn_plan *ap, const float *x, const float *w);
-void gdn_attn_project(gdn_attn_plan *ap, float *proj, const float *x, const float *w);
-void gdn_attn_norm_rope(gdn_attn_plan *ap, const float *proj, const float *w);
-void gdn_attn_finish(gdn_attn_plan *ap, float *y, gdn_attn_saved sv, const float *w);
-gdn_attn_saved gdn_attn_backward_restore(gdn_attn_plan *ap, const float *saved, const float *x, const float *w);
-void gdn_attn_backward_gate(gdn_attn_plan *ap, float *dw, gdn_attn_saved sv, const float *w, const float *dy);
-void gdn_attn_backward_finish(gdn_attn_plan *ap, float *dx, float *dw, gdn_attn_saved sv, const float *x,
+GDN_WING int gdn_attn_check_inputs(const gdn_attn_plan *ap, const float *x, const float *w);
+GDN_WING void gdn_attn_project(gdn_attn_plan *ap, float *proj, const float *x, const float *w);
+GDN_WING void gdn_attn_norm_rope(gdn_attn_plan *ap, const float *proj, const float *w);
+GDN_WING void gdn_attn_finish(gdn_attn_plan *ap, float *y, gdn_attn_saved sv, const float *w);
+GDN_WING gdn_attn_saved gdn_attn_backward_restore(gdn_attn_plan *ap, const float *saved, const float *x, const float *w);
+GDN_WING void gdn_attn_backward_gate(gdn_attn_plan *ap, float *dw, gdn_attn_saved sv, const float *w, const float *dy);
+GDN_WING void gdn_attn_backward_finish(gdn_attn_plan *ap, float *dx, float *dw, gdn_attn_saved sv, const float *x,
                               const float *w);
 
 #endif

@@ -54,7 +54,7 @@ struct gdn_layer_plan {
 typedef struct {
     float *halo, *h0, *ckpt, *proj, *o;
 } gdn_layer_saved;
-gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved);
+GDN_WING gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved);
 
 /* The plan's kernel tensors as the rule's bundles (kernel.h): its q, k, v, g, beta with the
  * initial state h0 (NULL: zeros), and its dq .. dbeta (no dh0). */
@@ -76,27 +76,27 @@ static inline int gdn_layer_tap_ok(const struct gdn_layer_plan *lp, int64_t t, i
  * conv_gates: causal conv + SiLU of proj's qkv columns (rows before 0 from halo) into q, k, v,
  *             and g, beta from its b, a columns.
  * norm: nrm = gated RMSNorm of o with proj's z columns. out: y = nrm W_out^T (first `rows` rows). */
-void gdn_layer_project(gdn_layer_plan *lp, int64_t rows, float *proj, const float *x, const void *w);
-void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const void *w);
-void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
+GDN_WING void gdn_layer_project(gdn_layer_plan *lp, int64_t rows, float *proj, const float *x, const void *w);
+GDN_WING void gdn_layer_conv_gates(gdn_layer_plan *lp, const float *proj, const float *halo, const void *w);
+GDN_WING void gdn_layer_norm(gdn_layer_plan *lp, int64_t rows, const float *o, const float *proj,
                     const void *w);
-void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const void *w);
+GDN_WING void gdn_layer_out(gdn_layer_plan *lp, int64_t rows, float *y, const void *w);
 /* Checks of the public entry points (NULLs, NaN/Inf in x or w); with BF16 weights it also makes
  * the fp32 copies of the small tensors (gdn_layer_weights_prepare), so call it first. */
-int gdn_layer_check_inputs(gdn_layer_plan *lp, const float *x, const char *xname, const void *w);
+GDN_WING int gdn_layer_check_inputs(gdn_layer_plan *lp, const float *x, const char *xname, const void *w);
 int gdn_layer_weights_prepare(gdn_layer_plan *lp, const void *w, int check_finite);
 /* GDN_ERR_DTYPE for BF16 weights (the backward trains fp32 weights). */
-int gdn_layer_check_trainable(const gdn_layer_plan *lp);
+GDN_WING int gdn_layer_check_trainable(const gdn_layer_plan *lp);
 /* The backward from the kernel inputs on (q..beta in lp, o, proj, halo as the forward had
  * them) down to the projections' gradient in lp->dproj: dw (overwritten) for every weight but
  * the four input projections, and the halo rows' gradient into dhalo (may be NULL).
  * kbwd runs the gated delta rule's backward (single rank or CP) from do (in lp->nrm) into
  * lp->dq .. lp->dbeta. Then gdn_layer_project_backward: dx and the projections' dw. */
 typedef int (*gdn_layer_kernel_bwd)(gdn_layer_plan *lp, void *ctx);
-int gdn_layer_backward_to_proj(gdn_layer_plan *lp, float *dw, float *dhalo, const float *w,
+GDN_WING int gdn_layer_backward_to_proj(gdn_layer_plan *lp, float *dw, float *dhalo, const float *w,
                                const float *proj, const float *o, const float *halo,
                                const float *dy, gdn_layer_kernel_bwd kbwd, void *ctx);
-void gdn_layer_project_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
+GDN_WING void gdn_layer_project_backward(gdn_layer_plan *lp, float *dx, float *dw, const float *x,
                                 const float *w);
 
 /* The double oracles' operands of a BF16-mode product (compute.h): v rounded to bfloat16's 8

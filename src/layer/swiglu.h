@@ -1,4 +1,4 @@
-/* SwiGLU rows, shared by the dense MLP (src/train/model.c) and the MoE experts (moe.c):
+/* SwiGLU rows, shared by the dense MLP (src/model/model.c) and the MoE experts (moe.c):
  * m = silu(gate) * up and its backward, 8 lanes at a time (a scalar expf per element costs a
  * tenth of a training step). Header-only: static inline. */
 #ifndef GDNCP_SWIGLU_H

@@ -1,4 +1,4 @@
-/* libFuzzer harness for the checkpoint readers (src/train/checkpoint.c): gdn_ckpt_load_config,
+/* libFuzzer harness for the checkpoint readers (src/model/checkpoint.c): gdn_ckpt_load_config,
  * gdn_ckpt_load, gdn_ckpt_pack_separator[_id] and gdn_ckpt_resolve on one checkpoint directory
  * whose three files come from the input:
  *     [2 bytes: L1, little-endian][L1 bytes: config.json]
@@ -11,7 +11,7 @@
  * table is read (the model's last float touched); models over 4M floats are skipped before
  * allocating (gdn_ckpt_load reads into the caller's array). A returned error is fine; a crash,
  * hang, leak or sanitizer report is a bug. */
-#include "gdncp/train.h"
+#include "gdncp.h"
 
 #include <errno.h>
 #include <stdint.h>

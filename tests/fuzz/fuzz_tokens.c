@@ -1,4 +1,4 @@
-/* libFuzzer harness for the training data reader (src/train/data.c): the input is the data file,
+/* libFuzzer harness for the training data reader (src/model/data.c): the input is the data file,
  * byte text or a token file (include/gdncp/train.h's header), opened for models of 256, 300,
  * 65,536 and 248,320 ids with two validation fractions; on success every id of both splits is
  * read in pieces (the last one short), reads past each split's end and at negative offsets are

@@ -1,16 +1,21 @@
-/* Shared pieces of the benchmarks: CPU name, measured peak, medians, the streaming bound, random
- * normal weights. */
+/* Shared pieces of the benchmarks: CPU name, measured peaks, medians, the streaming bound, the
+ * random inputs, the error against a reference, the FLOP counts and the row printer. */
 #include "cli.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-void cli_cpu_name(char *buf, size_t n) {
-    snprintf(buf, n, "unknown CPU");
+const char *cli_cpu(void) {
+    static char name[256];
+    if (name[0]) return name;
+    snprintf(name, sizeof name, "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
+    if (!f) return name;
     char line[512];
     while (fgets(line, sizeof line, f))
         if (!strncmp(line, "model name", 10)) {
@@ -18,11 +23,20 @@ void cli_cpu_name(char *buf, size_t n) {
             if (c) {
                 c += 2;
                 c[strcspn(c, "\n")] = 0;
-                snprintf(buf, n, "%s", c);
+                snprintf(name, sizeof name, "%s", c);
             }
             break;
         }
     fclose(f);
+    return name;
+}
+
+int cli_max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
 }
 
 double cli_peak_gflops(int threads, int json) {
@@ -37,14 +51,10 @@ double cli_peak_gflops(int threads, int json) {
     if (threads > 1 && peak < 0.9 * threads * one)
         fprintf(stderr, "gdncp bench: warning: %d-thread peak %.1f GFLOP/s is below %d x %.1f; the machine "
                         "looks busy, fractions of peak are overstated\n", threads, peak, threads, one);
-    if (json)
-        printf("{\"direction\":\"peak\",\"threads\":%d,\"peak_gflops\":%.3f,\"peak_1thread_gflops\":%.3f}\n",
-               threads, peak, one);
-    else if (threads > 1)
-        printf("measured native-width fp32 FMA peak: %.1f GFLOP/s with %d threads (%.1f with 1)\n", peak,
-               threads, one);
-    else
-        printf("measured native-width fp32 FMA peak: %.1f GFLOP/s with 1 thread\n", peak);
+    CLI_ROW(json, CLI_S("direction", "%s", NULL, "peak"), CLI_T("measured native-width fp32 FMA peak"),
+            cli_at(CLI_I("threads", "%lld", threads > 1 ? " with %lld threads" : " with %lld thread", threads), 3),
+            cli_at(CLI_F("peak_gflops", "%.3f", ": %.1f GFLOP/s", peak), 2),
+            cli_at(CLI_F("peak_1thread_gflops", "%.3f", threads > 1 ? " (%.1f with 1)" : NULL, one), 4));
     return peak;
 }
 
@@ -96,16 +106,147 @@ double cli_stream_seconds(size_t bytes, int rmw, int threads) {
     return best;
 }
 
+/* splitmix64's finalizer over a counter: the i-th value of the stream that starts at s0 */
+static uint64_t counter_hash(uint64_t s0, size_t i) {
+    uint64_t z = s0 + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull, z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 void cli_fill_normal(float *x, size_t n, float std, uint64_t seed) {
     /* each 16-bit uniform: mean 32767.5, variance (65536^2 - 1) / 12; the sum of four fits a float exactly */
     const float mean4 = 4 * 32767.5f, scale = (float)(std / sqrt(4.0 * (65536.0 * 65536.0 - 1.0) / 12.0));
     const uint64_t s0 = seed * 0xD1B54A32D192ED03ull + 0x9E3779B97F4A7C15ull;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        uint64_t z = s0 + (uint64_t)i * 0x9E3779B97F4A7C15ull; /* splitmix64 */
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull, z = (z ^ (z >> 27)) * 0x94D049BB133111EBull, z ^= z >> 31;
+        const uint64_t z = counter_hash(s0, i);
         const float s = (float)(z & 0xFFFF) + (float)((z >> 16) & 0xFFFF) + (float)((z >> 32) & 0xFFFF) +
                         (float)(z >> 48);
         x[i] = (s - mean4) * scale;
     }
+}
+
+void cli_fill_uniform_sym(float *x, size_t n, float a, uint64_t seed) {
+    const uint64_t s0 = seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] = a * (2.0f * (float)(counter_hash(s0, i) >> 40) / 16777216.0f - 1.0f);
+}
+
+uint64_t cli_rng_next(uint64_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+float cli_uniform(uint64_t *s, float lo, float hi) {
+    return lo + (hi - lo) * ((float)(cli_rng_next(s) >> 40) / 16777216.0f);
+}
+
+float *cli_random_floats(size_t n, float lo, float hi, uint64_t *s) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; x && i < n; i++) x[i] = cli_uniform(s, lo, hi);
+    return x;
+}
+
+/* x against a reference of doubles (rd) or floats (rf) */
+static double rel_err(const float *x, const double *rd, const float *rf, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double r = rd ? rd[i] : (double)rf[i], d = fabs((double)x[i] - r);
+        num = d > num || d != d ? d : num, den = fmax(den, fabs(r));
+    }
+    return den > 0 ? num / den : num;
+}
+double cli_rel_err(const float *x, const double *ref, int64_t n) { return rel_err(x, ref, NULL, n); }
+double cli_rel_err_f32(const float *x, const float *ref, int64_t n) { return rel_err(x, NULL, ref, n); }
+
+double cli_rule_flops(int64_t K, int64_t V, int chunk, double head_tokens, int dirs) {
+    return ((dirs & 1 ? gdn_rule_flops_per_head_token(K, V, chunk, 0) : 0.0) +
+            (dirs & 2 ? gdn_rule_flops_per_head_token(K, V, chunk, 1) : 0.0)) * head_tokens;
+}
+
+double cli_attn_core_flops(int64_t T, int64_t d, int64_t H, int backward) {
+    const double f = 2.0 * (double)T * (double)T * (double)d * (double)H;
+    return backward ? 3.5 * f : f;
+}
+
+cli_field cli_at(cli_field f, int at) {
+    f.at = at;
+    return f;
+}
+
+cli_field cli_x(cli_field f, double x) {
+    f.scale = x;
+    return f;
+}
+
+cli_field cli_if(int have, cli_field f) { return have ? f : CLI_NONE; }
+
+cli_field cli_or_null(int have, cli_field f) {
+    if (!have) f.kind = 'n', f.f = NAN, f.text = NULL;
+    return f;
+}
+
+/* One field's value with format fmt (text: a double times its scale). */
+static void put_value(const cli_field *f, const char *fmt, int text) {
+    const double x = text && f->scale != 0 ? f->f * f->scale : f->f;
+    switch (f->kind) {
+    case 's':
+    case 'r': printf(fmt, f->s); break;
+    case 'i': printf(fmt, f->i); break;
+    case 'f':
+    case 'n': printf(fmt, x); break;
+    default: printf(fmt, 0); break; /* words only */
+    }
+}
+
+void cli_row(int json, const cli_field *f, int n) {
+    if (n > 128) n = 128; /* (the rows have 30 at most) */
+    if (json) {
+        int first = 1;
+        putchar('{');
+        for (int i = 0; i < n; i++) {
+            if (!f[i].key || !f[i].json) continue;
+            printf("%s\"%s\":", first ? "" : ",", f[i].key);
+            first = 0;
+            if (f[i].kind == 'n' && !isfinite(f[i].f)) fputs("null", stdout);
+            else if (f[i].kind == 's') putchar('"'), put_value(&f[i], f[i].json, 0), putchar('"');
+            else put_value(&f[i], f[i].json, 0);
+        }
+        puts("}");
+    } else {
+        int at[128], g = 1 << 30;
+        for (int i = 0; i < n; i++) {
+            at[i] = f[i].at ? f[i].at : i ? at[i - 1] : 1;
+            g = at[i] < g ? at[i] : g;
+        }
+        /* the groups in ascending order, each in list order */
+        for (;;) {
+            int up = 1 << 30;
+            for (int i = 0; i < n; i++) {
+                if (at[i] == g && f[i].text) put_value(&f[i], f[i].text, 1);
+                if (at[i] > g && at[i] < up) up = at[i];
+            }
+            if (up == 1 << 30) break;
+            g = up;
+        }
+        putchar('\n');
+    }
+    fflush(stdout);
+}
+
+double cli_bf16_peak(int path, int threads, int json, const char *note) {
+    const double peak = gdn_bench_bf16_peak_gflops(path, threads);
+    const char *name = gdn_bench_bf16_path_name(path);
+    if (json || note)
+        CLI_ROW(json, CLI_S("direction", "%s", NULL, "bf16_peak"), CLI_T("measured BF16 instruction peak"),
+                cli_at(CLI_I("threads", "%lld", threads > 1 ? " with %lld threads" : " with %lld thread", threads), 3),
+                cli_at(CLI_F("peak_gflops", "%.3f", ": %.1f GFLOP/s", peak), 2),
+                cli_at(CLI_S("path", "%s", " (%s)", name), 1), cli_at(CLI_T(note), 4));
+    return peak;
+}
+
+double cli_peaks(int threads, int json, int bf16, const char *note, double *bf16_peak) {
+    const double peak = cli_peak_gflops(threads, json);
+    *bf16_peak = bf16 ? cli_bf16_peak(gdn_bench_bf16_path(), threads, json, note) : NAN;
+    return peak;
 }

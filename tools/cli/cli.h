@@ -1,7 +1,7 @@
 /* The helpers every gdncp subcommand shares (in tools/cli/): errors, option numbers, the clock,
  * the input files, the pieces of a --cp run (shards, the first agreement, the memory check,
- * per-rank output) and the benchmarks' CPU name, peak and medians. They use only the public API
- * (include/gdncp*). */
+ * per-rank output) and the benchmarks' support (CPU name, peaks, medians, random inputs, errors,
+ * FLOP counts, the row printer). They use only the public API (include/gdncp*). */
 #ifndef GDNCP_CLI_H
 #define GDNCP_CLI_H
 
@@ -27,8 +27,24 @@ int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_
                       int (*add_more)(gdn_st_writer *w, int rank, void *ctx), void *ctx);
 /* A split run (argv has --cp) that fails before its first agreement step (bad options): join the
  * other ranks' first collectives with a failure, so they stop too instead of waiting. Every --cp
- * command's first agreement is gdn_cp_create then gdn_cp_agree_values over 6 values. Returns 1. */
+ * command's first collectives are gdn_cp_create then gdn_cp_agree_values (one fixed-width row,
+ * whatever the values). Returns 1. */
 int cli_cp_fail_early(int argc, char **argv);
+/* The start of a --cp run of `cmd` (gdncp run, layer, attention): this rank's place (*rank, *D)
+ * and the context over MPI_COMM_WORLD for `strategy` (a gdn_cp_strategy). strategy < 0: the
+ * --cp value `name` is unknown, named here with the `known` ones, and this rank joins the other
+ * ranks' first collectives with the failure. 0 when *cp is ready, else the exit status. */
+int cli_cp_begin(const char *cmd, const char *name, int strategy, const char *known, int argc, char **argv,
+                 gdn_cp **cp, int *rank, int *D);
+/* The first agreement step of a --cp run: every rank's values (what decides the collectives that
+ * follow) and its local status. A failure that is not this rank's own (another rank's, or a
+ * disagreement) is printed here as "gdncp <cmd>: ...", and *reported set. Collective. */
+int cli_cp_agree_first(gdn_cp *cp, const char *cmd, const int64_t *vals, int n, const char *const *names, int local,
+                       int *reported);
+/* Every rank's weight gradients dw [n] summed on rank 0 into *sum (allocated there, NULL
+ * elsewhere; the caller frees): rank 0's allocation agreed before the reduction. A failure of
+ * this rank's is printed as "gdncp <cmd>: ..." and *reported set. Collective. */
+int cli_cp_sum_to_root(gdn_cp *cp, const char *cmd, const float *dw, size_t n, float **sum, int *reported);
 /* A digest of a string (gdn_cp_digest; 0 for NULL), for agreeing on option strings across ranks. */
 int64_t cli_hash(const char *s);
 /* A split run's weights (or another input every rank holds whole) the same on every rank, before any
@@ -87,10 +103,13 @@ double cli_now(void);
  * or, with spec NULL, the even split. Prints the problem (rank 0) and returns 1 when invalid. */
 int cli_shard_of(const char *spec, int D, int rank, int64_t T, int64_t *t0, int64_t *tn);
 
-/* Benchmark support (tools/cli/bench.c): the CPU's model name; this machine's native-width fp32
- * FMA peak with `threads` threads (measured again while a busy neighbour makes the all-thread
- * peak look low; printed as a line, or a JSON row); the median of n samples (reordered). */
-void cli_cpu_name(char *buf, size_t n);
+/* Benchmark support (tools/cli/bench.c): the CPU's model name (read once; "unknown CPU" when
+ * /proc/cpuinfo does not say); this machine's native-width fp32 FMA peak with `threads` threads
+ * (measured again while a busy neighbour makes the all-thread peak look low; printed as a line,
+ * or a JSON row); the median of n samples (reordered). */
+const char *cli_cpu(void);
+/* The threads an OpenMP region would use (1 without OpenMP). */
+int cli_max_threads(void);
 double cli_peak_gflops(int threads, int json);
 double cli_median(double *x, int n);
 /* Seconds to stream `bytes` once (read-only, or read-modify-write when rmw) over a buffer of that
@@ -102,5 +121,72 @@ double cli_stream_seconds(size_t bytes, int rmw, int threads);
  * parallel, fast enough for gigabytes of benchmark weights (sequential Box-Muller draws take
  * tens of seconds there), and the same values whatever the thread count. */
 void cli_fill_normal(float *x, size_t n, float std, uint64_t seed);
+/* x[i] = a (2u - 1), u uniform in [0, 1) with 24 bits, from the same kind of counter-based hash
+ * (a stream of its own for each seed, not cli_fill_normal's): U(-a, a) filled in parallel. */
+void cli_fill_uniform_sym(float *x, size_t n, float a, uint64_t seed);
+/* The benchmarks' sequential generator (xorshift64, *s its state, nonzero): the next 64 bits; a
+ * float lo + (hi - lo) u with u uniform in [0, 1) on 24 bits (its top 24); n of those in a new
+ * array (malloc'ed; NULL when out of memory). */
+uint64_t cli_rng_next(uint64_t *s);
+float cli_uniform(uint64_t *s, float lo, float hi);
+float *cli_random_floats(size_t n, float lo, float hi, uint64_t *s);
+
+/* The benchmarks' error against a reference: max|x - ref| / max|ref| over n (the absolute error
+ * when ref is all zeros; NaN when x holds a NaN). _f32: a float reference. */
+double cli_rel_err(const float *x, const double *ref, int64_t n);
+double cli_rel_err_f32(const float *x, const float *ref, int64_t n);
+
+/* FLOPs the benchmarks count (DESIGN §3, §10): the chunked rule's over `head_tokens` (value head,
+ * token) pairs at key and value widths K, V and chunk C (gdn_rule_flops_per_head_token): the
+ * forward (dirs 1), the backward with its recompute (2) or both (3); the causal attention core
+ * over T tokens of H heads of width d, 2 T^2 d H forward, x3.5 with the backward. */
+double cli_rule_flops(int64_t K, int64_t V, int chunk, double head_tokens, int dirs);
+double cli_attn_core_flops(int64_t T, int64_t d, int64_t H, int backward);
+
+/* One row of a benchmark: a list of fields, written either as a JSON line ({"key":value,...},
+ * the fields with a key, in list order) or as a text line (the fields' text pieces, each with
+ * its own words and spacing, then a newline), by cli_row. The text pieces print in ascending
+ * `at` (a field whose at is 0 takes the one before it, the first 1; list order among equals), so
+ * the text may order its columns unlike the JSON. */
+typedef struct {
+    const char *key;  /* the JSON key; NULL: text only */
+    const char *json; /* the JSON value's printf format (a string's quotes are added); NULL: text only */
+    const char *text; /* the text piece's printf format; NULL: JSON only */
+    char kind;        /* 's' a string, 'r' a string written into JSON as it is (true, [1,2], 1.5),
+                         'i' a long long, 'f' a double, 'n' a double, or JSON's null when
+                         it is not finite;
+                         0: no value (a text piece of words, or nothing at all) */
+    int at;           /* the text's order, above */
+    double scale;     /* the text shows the double times scale (0: 1) */
+    const char *s;
+    long long i;
+    double f;
+} cli_field;
+#define CLI_S(k, j, t, v) ((cli_field){.key = (k), .json = (j), .text = (t), .kind = 's', .s = (v)})
+#define CLI_R(k, t, v) ((cli_field){.key = (k), .json = "%s", .text = (t), .kind = 'r', .s = (v)})
+#define CLI_I(k, j, t, v) ((cli_field){.key = (k), .json = (j), .text = (t), .kind = 'i', .i = (long long)(v)})
+#define CLI_F(k, j, t, v) ((cli_field){.key = (k), .json = (j), .text = (t), .kind = 'f', .f = (v)})
+#define CLI_N(k, j, t, v) ((cli_field){.key = (k), .json = (j), .text = (t), .kind = 'n', .f = (v)})
+#define CLI_T(t) ((cli_field){.text = (t)})
+#define CLI_NONE ((cli_field){.kind = 0})
+/* A field with its text moved (at) or scaled (the text shows the value times x); a field that is
+ * JSON's null and has no text unless `have` (what a row does not have: JSON has no NaN). */
+cli_field cli_at(cli_field f, int at);
+cli_field cli_x(cli_field f, double x);
+cli_field cli_or_null(int have, cli_field f);
+/* f when have, else no field at all (CLI_NONE). */
+cli_field cli_if(int have, cli_field f);
+/* Print the row of n fields (n <= 128; stdout, flushed): JSON when json, else text. */
+void cli_row(int json, const cli_field *f, int n);
+#define CLI_ROW(json, ...) cli_row((json), (const cli_field[]){__VA_ARGS__}, \
+                                   (int)(sizeof((const cli_field[]){__VA_ARGS__}) / sizeof(cli_field)))
+/* This machine's BF16 instruction peak on `path` with `threads` threads
+ * (gdn_bench_bf16_peak_gflops), printed as a JSON row, or as a text line ending in `note` (NULL:
+ * no text line). */
+double cli_bf16_peak(int path, int threads, int json, const char *note);
+/* Both peaks of a benchmark that runs BF16 rows when bf16: the fp32 one (cli_peak_gflops)
+ * returned, the BF16 one of this CPU's path (cli_bf16_peak with note) in *bf16_peak, NaN when not
+ * bf16. */
+double cli_peaks(int threads, int json, int bf16, const char *note, double *bf16_peak);
 
 #endif

@@ -5,6 +5,7 @@
 #include "gdncp/cp.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,14 +99,46 @@ int cli_cp_fail_early(int argc, char **argv) {
     for (int i = 1; i < argc; i++) under_cp |= !strcmp(argv[i], "--cp");
     MPI_Initialized(&inited);
     if (!under_cp || !inited) return 1;
-    /* the other ranks' first collectives: the context's communicator, then the 6-value step */
+    /* the other ranks' first collectives: the context's communicator, then their first agreement
+     * step, whatever number of values they pass (every rank sends one fixed-width row) */
     gdn_cp *cp = NULL;
     if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) return 1;
-    static const char *const names[6] = {"", "", "", "", "", ""};
-    const int64_t none[6] = {0};
-    gdn_cp_agree_values(cp, none, 6, names, GDN_ERR_ARG);
+    gdn_cp_agree_values(cp, NULL, 0, NULL, GDN_ERR_ARG);
     gdn_cp_destroy(cp);
     return 1;
+}
+
+int cli_cp_begin(const char *cmd, const char *name, int strategy, const char *known, int argc, char **argv,
+                 gdn_cp **cp, int *rank, int *D) {
+    *cp = NULL;
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, D);
+    if (strategy < 0) {
+        fprintf(stderr, "gdncp %s: rank %d: unknown --cp strategy '%s' (%s)\n", cmd, *rank, name, known);
+        return cli_cp_fail_early(argc, argv);
+    }
+    return gdn_cp_create(cp, MPI_COMM_WORLD, (gdn_cp_strategy)strategy) ? cli_error(cmd, GDN_ERR_MPI) : 0;
+}
+
+int cli_cp_agree_first(gdn_cp *cp, const char *cmd, const int64_t *vals, int n, const char *const *names, int local,
+                       int *reported) {
+    const int rc = gdn_cp_agree_values(cp, vals, n, names, local);
+    if (rc && !local) cli_error(cmd, rc), *reported = 1;
+    return rc;
+}
+
+int cli_cp_sum_to_root(gdn_cp *cp, const char *cmd, const float *dw, size_t n, float **sum, int *reported) {
+    *sum = NULL;
+    int rc = GDN_OK;
+    if (n > INT32_MAX) /* (alike on every rank) */
+        fprintf(stderr, "gdncp %s: %zu weights exceed MPI's int count\n", cmd, n), rc = GDN_ERR_SHAPE;
+    else if (!gdn_cp_rank(cp) && !(*sum = malloc(sizeof(float) * (n ? n : 1))))
+        fprintf(stderr, "gdncp %s: out of memory for the summed weight gradients (%zu floats)\n", cmd, n), rc = GDN_ERR_NOMEM;
+    if (rc) *reported = 1;
+    if ((rc = gdn_cp_agree_status(cp, rc))) return rc;
+    if (MPI_Reduce(dw, *sum, (int)n, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        fprintf(stderr, "gdncp %s: MPI_Reduce of the weight gradients failed\n", cmd), rc = GDN_ERR_MPI, *reported = 1;
+    return rc;
 }
 
 int cli_cp_check_fits(gdn_cp *cp, const char *cmd, const char *what, double bytes) {

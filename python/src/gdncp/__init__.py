@@ -15,12 +15,12 @@ The whole model:           gdncp.Model.from_pretrained(dir) -> .logits(ids), .ge
 Every call runs the C library (libgdncp.so, shipped inside this package) through ctypes; there is
 no second implementation of the mathematics in Python.
 """
-from ._lib import GdncpError
+from ._lib import GdncpError, gdn_version as _gdn_version
 from .core import (Layer, chunk_backward, chunk_forward, cp_backward, cp_forward,
                    layer_param_names, reference_backward, reference_forward, step)
 from .model import Model, ModelConfig
 
-__version__ = "0.3.0"
+__version__ = _gdn_version().decode()  # the library's own (test_abi: = the package metadata)
 __all__ = ["chunk_forward", "chunk_backward", "reference_forward", "reference_backward", "step",
            "Layer", "layer_param_names", "cp_forward", "cp_backward", "GdncpError",
            "Model", "ModelConfig"]

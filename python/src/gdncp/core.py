@@ -10,11 +10,11 @@ copy; other float dtypes and strided views are converted (one copy), anything el
 import ctypes
 import math
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
 from . import _lib as L
+from ._plans import PLANS, Plan, config_key
 
 __all__ = ["chunk_forward", "chunk_backward", "reference_forward", "reference_backward",
            "step", "Layer", "layer_param_names"]
@@ -124,43 +124,19 @@ def _config(p, scale, l2norm, chunk, threads, seq_offset=0):
     return cfg
 
 
-# ----------------------------------------------------------------------------- plan cache
+# ----------------------------------------------------------------------------- plans
 
-class _Plan:
-    """One gdn_plan with a lock (a plan runs one call at a time); freed with the object."""
-
-    def __init__(self, cfg, cu):
-        h = ctypes.c_void_p()
-        L.check(L.gdn_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_plan_create")
-        self.h = h
-        self.lock = threading.Lock()
-        self.cu = cu  # the plan copies the offsets; kept only for the cache key's lifetime
-
-    def __del__(self):
-        if getattr(self, "h", None) and L is not None and L.gdn_plan_destroy is not None:
-            L.gdn_plan_destroy(self.h)
-            self.h = None
-
-
-_plans = OrderedDict()
-_plans_lock = threading.Lock()
 _PLAN_CACHE = 8  # plans hold workspace: a few shapes (a model's layers share one) are enough
 
 
 def _plan(p, scale, l2norm, chunk, threads, seq_offset=0):
-    key = (p.B, p.T, p.Hk, p.Hv, p.K, p.V, _scale_value(scale), bool(l2norm), int(chunk),
+    """The kernel plan of this problem and these options (gdncp._plans.PLANS, kind "rule")."""
+    key = ("rule", p.B, p.T, p.Hk, p.Hv, p.K, p.V, _scale_value(scale), bool(l2norm), int(chunk),
            int(threads), None if p.cu is None else p.cu.tobytes(), int(seq_offset))
-    with _plans_lock:
-        plan = _plans.get(key)
-        if plan is not None:
-            _plans.move_to_end(key)
-            return plan
-    plan = _Plan(_config(p, scale, l2norm, chunk, threads, seq_offset), p.cu)
-    with _plans_lock:
-        _plans[key] = plan
-        while len(_plans) > _PLAN_CACHE:
-            _plans.popitem(last=False)
-    return plan
+    # the plan copies the offsets; p.cu is kept with it only for the config's pointer
+    return PLANS.get(key, lambda: Plan(L.gdn_plan_create, L.gdn_plan_destroy,
+                                       _config(p, scale, l2norm, chunk, threads, seq_offset),
+                                       "gdn_plan_create", keep=p.cu), _PLAN_CACHE)
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -286,20 +262,6 @@ def layer_param_names():
     return [L.gdn_layer_param_name(i).decode() for i in range(L.GDN_P_COUNT)]
 
 
-class _LayerPlan:
-    def __init__(self, cfg):
-        h = ctypes.c_void_p()
-        L.check(L.gdn_layer_plan_create(ctypes.byref(h), ctypes.byref(cfg)),
-                "gdn_layer_plan_create")
-        self.h = h
-        self.lock = threading.Lock()
-
-    def __del__(self):
-        if getattr(self, "h", None) and L is not None and L.gdn_layer_plan_destroy is not None:
-            L.gdn_layer_plan_destroy(self.h)
-            self.h = None
-
-
 class Layer:
     """The Qwen3.5 GatedDeltaNet layer (DESIGN §5) over NumPy arrays.
 
@@ -327,7 +289,6 @@ class Layer:
         self.conv_dim = int(L.gdn_layer_conv_dim(ctypes.byref(probe)))
         self.n_params = int(L.gdn_layer_param_floats(ctypes.byref(probe)))
         self.w = self._flat(weights, probe)
-        self._plans = {}
 
     def _cfg(self, B, T):
         c = L.LayerConfig.from_buffer_copy(self._base)
@@ -373,12 +334,12 @@ class Layer:
                 for name, shape, off in self.param_layout()}
 
     def _plan(self, B, T):
-        key = (B, T)
-        plan = self._plans.pop(key, None) or _LayerPlan(self._cfg(B, T))
-        self._plans[key] = plan           # most recent last (dicts keep insertion order)
-        while len(self._plans) > _PLAN_CACHE:   # prompts of ever new lengths: keep a few
-            self._plans.pop(next(iter(self._plans)))
-        return plan
+        """The layer plan of (B, T) (gdncp._plans.PLANS, kind "layer", keyed by the whole config:
+        layers of one configuration share theirs); prompts of ever new lengths: a few kept."""
+        cfg = self._cfg(B, T)
+        return PLANS.get(("layer",) + config_key(cfg), lambda: Plan(
+            L.gdn_layer_plan_create, L.gdn_layer_plan_destroy, cfg, "gdn_layer_plan_create"),
+            _PLAN_CACHE)
 
     def _x(self, name, x):
         x = _array(name, x, np.float32)
@@ -545,8 +506,9 @@ def _mpi():
     _comm_type = {4: ctypes.c_uint32, 8: ctypes.c_uint64}.get(size)
     if _comm_type is None:
         raise ImportError(f"gdncp: MPI_Comm of {size} bytes is not supported")
-    L.gdn_cp_create = L._proto("gdn_cp_create", ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-                               _comm_type, ctypes.c_int)
+    for name, (_, args) in L._abi.PROTOTYPES.items():   # gdn_cp_create, gdn_train, ...
+        if "MPI_Comm" in args:
+            setattr(L, name, L.bind(name, MPI_Comm=_comm_type))
     _MPI = MPI
     return MPI
 

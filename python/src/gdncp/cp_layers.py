@@ -16,7 +16,6 @@ any data-parallel gradient. Calls are collective, forward and backward alike: ev
 the same layers in the same order (the same model on its own tokens).
 """
 import ctypes
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch
 
 from . import _lib as L
 from . import core
+from ._plans import PLANS, Plan
 from .torch import _no_double_backward
 
 __all__ = ["Shard", "LayerDims", "AttnDims", "flat_params", "gdn_layer", "attention_layer",
@@ -155,7 +155,7 @@ def layout(kind, dims):
     else:
         c = L.gdn_attn_config_default(1, 1, dims.E, dims.H, dims.Hkv, dims.d)
         c.R = dims.R
-        n, name, shape, off, total = (6, L.gdn_attn_param_name, L.gdn_attn_param_shape,
+        n, name, shape, off, total = (L.GDN_A_COUNT, L.gdn_attn_param_name, L.gdn_attn_param_shape,
                                       L.gdn_attn_param_offset, L.gdn_attn_param_floats)
     out = []
     for i in range(n):
@@ -189,42 +189,25 @@ def flat_params(kind, dims, tensors):
 
 
 _PLAN_CACHE = 16
-_plans = {}
-_plans_lock = threading.Lock()
-
-
-class _Plan:
-    def __init__(self, kind, cfg, cu):
-        h = ctypes.c_void_p()
-        create, self.destroy = ((L.gdn_layer_plan_create, L.gdn_layer_plan_destroy) if kind == "gdn"
-                                else (L.gdn_attn_plan_create, L.gdn_attn_plan_destroy))
-        self.cu = cu   # the offsets the config points to, alive as long as the plan
-        L.check(create(ctypes.byref(h), ctypes.byref(cfg)), f"gdncp CP {kind} plan")
-        self.h = h
-        self.saved = (L.gdn_layer_saved_floats if kind == "gdn" else L.gdn_attn_saved_floats)(h)
-        self.lock = threading.Lock()
-
-    def __del__(self):
-        if getattr(self, "h", None) and L is not None:
-            self.destroy(self.h)
-            self.h = None
 
 
 def _plan(kind, dims, shard):
-    """The plan of this rank's shard (made locally; a failure on one rank is every rank's)."""
-    key = (kind, dims, shard.B, shard.T, shard.offset, shard.pos_offset, shard.attention,
+    """The plan of this rank's shard (made locally; a failure on one rank is every rank's):
+    gdncp._plans.PLANS, kind "cp-gdn" or "cp-attn"; plan.saved: its saved floats."""
+    key = ("cp-" + kind, dims, shard.B, shard.T, shard.offset, shard.pos_offset, shard.attention,
            shard.compute, shard.threads, None if shard.cu is None else shard.cu.tobytes())
+
+    def make():
+        cu = None if shard.cu is None else shard.cu.copy()   # alive as long as the plan
+        cfg = (_layer_cfg if kind == "gdn" else _attn_cfg)(dims, shard, cu)
+        create, destroy = ((L.gdn_layer_plan_create, L.gdn_layer_plan_destroy) if kind == "gdn"
+                           else (L.gdn_attn_plan_create, L.gdn_attn_plan_destroy))
+        plan = Plan(create, destroy, cfg, f"gdncp CP {kind} plan", keep=cu)
+        plan.saved = (L.gdn_layer_saved_floats if kind == "gdn" else L.gdn_attn_saved_floats)(plan.h)
+        return plan
     err, status, plan = None, L.GDN_OK, None
     try:
-        with _plans_lock:
-            plan = _plans.pop(key, None)
-            if plan is None:
-                cu = None if shard.cu is None else shard.cu.copy()
-                cfg = (_layer_cfg if kind == "gdn" else _attn_cfg)(dims, shard, cu)
-                plan = _Plan(kind, cfg, cu)
-            _plans[key] = plan
-            while len(_plans) > _PLAN_CACHE:
-                _plans.pop(next(iter(_plans)))
+        plan = PLANS.get(key, make, _PLAN_CACHE)
     except Exception as e:  # noqa: BLE001
         err, status = e, getattr(e, "status", L.GDN_ERR_MPI)
     status = L.gdn_cp_agree_status(shard.cp, status)

@@ -1,5 +1,5 @@
 """The whole Qwen3.5 model from Python: gdncp.Model runs the C library's hybrid decoder
-(GatedDeltaNet and gated full-attention layers, include/gdncp/train.h) on a Hugging Face
+(GatedDeltaNet and gated full-attention layers, include/gdncp/model.h) on a Hugging Face
 Qwen3.5 checkpoint or a `gdncp train` output directory.
 
     m = gdncp.Model.from_pretrained(path, threads=0)
@@ -33,6 +33,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import _lib as L
+from ._plans import PlanCache, Plan
 
 __all__ = ["Model", "ModelConfig", "AdamW"]
 
@@ -152,7 +153,7 @@ class Model:
             missing(path)                               # a checkpoint directory missing its weights
         buf = ctypes.create_string_buffer(4096)
         rc = L.gdn_ckpt_resolve(os.fsencode(path), buf, len(buf))
-        if rc == 7:                                     # GDN_ERR_MISSING: no checkpoint in path
+        if rc == L.GDN_ERR_MISSING:                     # no checkpoint in path
             raise FileNotFoundError(str(L.GdncpError(f"gdncp.Model: {path}", rc)))
         L.check(rc, f"gdncp.Model: {path}")
         d = os.fsdecode(buf.value)
@@ -170,8 +171,7 @@ class Model:
                 f"gdncp.Model: {d}/model.safetensors")
         m = object.__new__(cls)
         m._cfg, m._raw, m._w, m._threads, m._dir, m._path = cfg, raw, w, threads, d, path
-        m._plan, m._plan_bt, m._tokenizer = None, None, None
-        m._train_plan, m._train_key, m._tensor_table = None, None, None
+        m._plans, m._tokenizer, m._tensor_table = PlanCache(), None, None   # this model's plans
         if tokenizer is not None:
             m._tokenizer = m._load_tokenizer(tokenizer)
         m._lock = threading.RLock()
@@ -189,10 +189,7 @@ class Model:
         if lock is None:
             return
         with lock:
-            for p in (self._plan, self._train_plan):
-                if p is not None:
-                    L.gdn_model_plan_destroy(p)
-            self._plan, self._plan_bt, self._train_plan, self._train_key = None, None, None, None
+            self._plans.clear()   # each destroyed with its last reference
             self._w = self._raw = None
 
     def __enter__(self):
@@ -261,22 +258,24 @@ class Model:
         with self._lock:
             return self._logits(input_ids)
 
+    def _model_plan(self, kind, key, run, what):
+        """This model's plan for `kind` ("logits" or "train": one each, the last shape's; a new
+        shape frees the old plan before making its own). A model plan keeps state between calls
+        (a forward's activations for the backward), so it is the model's alone."""
+        cfg = self._cfg
+        return self._plans.get((kind,) + tuple(key), lambda: Plan(
+            lambda h, r: L.gdn_model_plan_create(h, ctypes.byref(cfg), r, None),
+            L.gdn_model_plan_destroy, run, what), 1)
+
     def _logits(self, input_ids):
         self._live()
         ids = self._ids(input_ids)
         B, T = ids.shape
         self._check_length(T, "input_ids' length")
-        if self._plan_bt != (B, T):
-            if self._plan is not None:
-                L.gdn_model_plan_destroy(self._plan)
-                self._plan, self._plan_bt = None, None
-            plan = ctypes.c_void_p()
-            run = L.ModelRun(B=B, T=T, threads=self._threads, recompute=1, check_finite=1)
-            L.check(L.gdn_model_plan_create(ctypes.byref(plan), ctypes.byref(self._cfg),
-                                            ctypes.byref(run), None), "gdncp.Model.logits")
-            self._plan, self._plan_bt = plan, (B, T)
+        plan = self._model_plan("logits", (B, T), L.ModelRun(
+            B=B, T=T, threads=self._threads, recompute=1, check_finite=1), "gdncp.Model.logits")
         out = np.empty((B, T, self._cfg.vocab), np.float32)
-        L.check(L.gdn_model_logits(self._plan, L.f32p(self._w), ids.ctypes.data_as(L.P_token),
+        L.check(L.gdn_model_logits(plan.h, L.f32p(self._w), ids.ctypes.data_as(L.P_token),
                                    L.f32p(out)), "gdncp.Model.logits")
         return out
 
@@ -400,37 +399,30 @@ class Model:
         # T1 inputs, the last one's target a document of its own (a dummy, not predicted)
         aux = bool(self._cfg.router_aux) and L.gdn_model_moe_layers(ctypes.byref(self._cfg)) > 0
         T = T1 if aux else T1 - 1
-        key = (B, T, compute, recompute)
-        if self._train_key != key:
-            if self._train_plan is not None:
-                L.gdn_model_plan_destroy(self._train_plan)
-                self._train_plan, self._train_key = None, None
-            plan = ctypes.c_void_p()
-            run = L.ModelRun(B=B, T=T, threads=self._threads, recompute=int(recompute),
-                             check_finite=1, compute=1 if compute == "bf16" else 0, pack=int(aux))
-            L.check(L.gdn_model_plan_create(ctypes.byref(plan), ctypes.byref(self._cfg),
-                                            ctypes.byref(run), None), "gdncp.Model.loss")
-            self._train_plan, self._train_key = plan, key
+        train = self._model_plan("train", (B, T, compute, recompute), L.ModelRun(
+            B=B, T=T, threads=self._threads, recompute=int(recompute), check_finite=1,
+            compute=1 if compute == "bf16" else 0, pack=int(aux)), "gdncp.Model.loss")
+        plan = train.h
         if aux:
             ids = np.ascontiguousarray(np.concatenate([ids, np.zeros((B, 1), ids.dtype)], axis=1))
             cu = np.tile(np.array([0, T1, T1 + 1], np.int64), B)
             n_docs, targets = np.full(B, 2, np.int64), ctypes.c_int64()
-            L.check(L.gdn_model_set_docs(self._train_plan, cu.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+            L.check(L.gdn_model_set_docs(plan, cu.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
                                          n_docs.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), 0,
                                          ctypes.byref(targets)), "gdncp.Model.loss")
         tok = ids.ctypes.data_as(L.P_token)
         loss_sum = ctypes.c_double()
         denom = float(B * (T1 - 1))
-        L.check(L.gdn_model_forward(self._train_plan, L.f32p(self._w), tok, denom,
+        L.check(L.gdn_model_forward(plan, L.f32p(self._w), tok, denom,
                                     ctypes.byref(loss_sum), int(grads)), "gdncp.Model.loss")
         loss = loss_sum.value / denom
         if aux:
-            loss += self._cfg.router_aux_coef * L.gdn_model_aux_loss(self._train_plan)
+            loss += self._cfg.router_aux_coef * L.gdn_model_aux_loss(plan)
         if not grads:
             return loss, None
         if dw is None:
             dw = L.huge_empty(self._w.size, np.float32)
-        L.check(L.gdn_model_backward(self._train_plan, L.f32p(self._w), L.f32p(dw), tok),
+        L.check(L.gdn_model_backward(plan, L.f32p(self._w), L.f32p(dw), tok),
                 "gdncp.Model.loss_and_grads")
         return loss, dw
 

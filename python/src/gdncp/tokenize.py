@@ -10,7 +10,7 @@ document, or several when --split SEP is given (SEP with the escapes \\n \\t \\r
 <|endoftext|>, </s>, <|im_end|>, <eos> in its vocabulary); without either it is an error. Train on
 the file with `gdncp train --data FILE --vocab N --pack-id EOT` (N: the vocabulary printed here).
 
-The format (docs/training.md "Token files"; include/gdncp/train.h): a 1024-byte header of 256
+The format (docs/training.md "Token files"; include/gdncp/data.h): a 1024-byte header of 256
 little-endian uint32 words, then the ids, little-endian, uint16 when the vocabulary has at most
 65,536 ids, else uint32:
 
@@ -29,9 +29,11 @@ import os
 import struct
 import sys
 
-MAGIC = 20261201
-VERSION = 1
-HEADER_BYTES = 1024
+# the token file header's constants: include/gdncp/train.h's, from the generated gdncp/_abi.py
+from ._abi import GDN_TOKENS_HEADER_BYTES as HEADER_BYTES
+from ._abi import GDN_TOKENS_MAGIC as MAGIC
+from ._abi import GDN_TOKENS_VERSION as VERSION
+
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|im_end|>", "<eos>")
 
 

@@ -197,7 +197,6 @@ def _shape_state(t, want):
 
 # ----------------------------------------------------------------------------- the sparse MoE MLP
 
-_MOE_PLANS = {}              # (N, E, n, k, I, Is, norm, threads, compute) -> (plan, cfg); a few kept
 _MOE_FLAT = {}               # the router's data_ptr and the shapes -> the block's flat weights (reused)
 _MOE_ADOPTED = {}   # id(router tensor) -> (a weak reference to it, the flat tensor its block lives in)
 
@@ -257,19 +256,17 @@ _MOE_LOCK = __import__("threading").Lock()
 
 
 def _moe_plan(key):
+    """The MoE plan of key = (N, E, n, k, I, Is, norm, threads, compute): gdncp._plans.PLANS,
+    kind "moe", one per shape in use (decode, prefill, training rows): a few kept."""
     from . import _lib as L
-    import ctypes
-    if key in _MOE_PLANS:
-        return _MOE_PLANS[key]
-    N, E, n, k, I, Is, norm, threads, compute = key
-    cfg = L.gdn_moe_config_default(N, E, n, k, I, Is)
-    cfg.norm_topk, cfg.threads, cfg.compute = int(norm), threads, compute
-    plan = ctypes.c_void_p()
-    L.check(L.gdn_moe_plan_create(ctypes.byref(plan), ctypes.byref(cfg)), "gdncp.torch.moe_block")
-    while len(_MOE_PLANS) >= 4:  # one per shape in use (decode, prefill, training rows)
-        L.gdn_moe_plan_destroy(_MOE_PLANS.pop(next(iter(_MOE_PLANS)))[0])
-    _MOE_PLANS[key] = (plan, cfg)
-    return plan, cfg
+    from ._plans import PLANS, Plan
+
+    def make():
+        N, E, n, k, I, Is, norm, threads, compute = key
+        cfg = L.gdn_moe_config_default(N, E, n, k, I, Is)
+        cfg.norm_topk, cfg.threads, cfg.compute = int(norm), threads, compute
+        return Plan(L.gdn_moe_plan_create, L.gdn_moe_plan_destroy, cfg, "gdncp.torch.moe_block")
+    return PLANS.get(("moe",) + tuple(key), make, 4)
 
 
 class _MoeBlock(torch.autograd.Function):
@@ -285,7 +282,7 @@ class _MoeBlock(torch.autograd.Function):
         Is = 0 if weights[3] is None else weights[3].shape[0]
         key = (N, E, n, top_k, I, Is, bool(norm), _threads(), compute)
         with _MOE_LOCK:
-            plan, cfg = _moe_plan(key)
+            plan = _moe_plan(key)
             offs, floats = _moe_layout(weights)
             adopted = _adopted(weights, offs)
             if adopted is not None:   # the weights live in the op's layout already (adopt_moe_weights)
@@ -305,8 +302,8 @@ class _MoeBlock(torch.autograd.Function):
             xa = x.detach().to(torch.float32).contiguous().numpy()
             y = np.empty((N, E), np.float32)
             grads = any(ctx.needs_input_grad)
-            saved = _big_empty(L.gdn_moe_saved_floats(plan)) if grads else None
-            L.check(L.gdn_moe_forward(plan, L.f32p(y), L.f32p(saved), L.f32p(xa), L.f32p(w), None, None, None),
+            saved = _big_empty(L.gdn_moe_saved_floats(plan.h)) if grads else None
+            L.check(L.gdn_moe_forward(plan.h, L.f32p(y), L.f32p(saved), L.f32p(xa), L.f32p(w), None, None, None),
                     "gdncp.torch.moe_block")
         ctx.key, ctx.w, ctx.x, ctx.saved = key, w, xa, saved
         ctx.shapes = [None if t is None else (t.shape, t.dtype) for t in weights]
@@ -322,10 +319,10 @@ class _MoeBlock(torch.autograd.Function):
         dx = np.empty_like(ctx.x)
         dw = _big_empty(ctx.w.size)
         with _MOE_LOCK:
-            plan, cfg = _moe_plan(ctx.key)
-            L.check(L.gdn_moe_backward(plan, L.f32p(dx), L.f32p(dw), L.f32p(ctx.x), L.f32p(ctx.w), L.f32p(ctx.saved),
+            plan = _moe_plan(ctx.key)
+            L.check(L.gdn_moe_backward(plan.h, L.f32p(dx), L.f32p(dw), L.f32p(ctx.x), L.f32p(ctx.w), L.f32p(ctx.saved),
                                        L.f32p(dya), None), "gdncp.torch.moe_block")
-            offs = [L.gdn_moe_param_offset(ctypes.byref(cfg), i) for i in range(L.GDN_MOE_COUNT)]
+            offs = [L.gdn_moe_param_offset(ctypes.byref(plan.cfg), i) for i in range(L.GDN_MOE_COUNT)]
         out = []
         for i, sd in enumerate(ctx.shapes):
             if sd is None:

@@ -346,3 +346,25 @@ void gdn_model_init(const gdn_model_config *c, float *w, uint64_t seed) {
 
 /* ---------------------------------------------------------------- plan */
 
+/* A token's FLOPs through the model: passes 1 (a forward) or 3 (forward and backward, the
+ * weights' products twice as many backward), the lm_head's product included or not. */
+static double flops_per_token(const gdn_model_config *c, int64_t T, int train, int head) {
+    /* the embedding's lookup is free; a tied one still does the head's matmul; a token runs only
+     * top_k of an MoE layer's n_experts experts (the active parameters) */
+    const double idle_experts = (double)gdn_model_moe_layers(c) * (double)(c->n_experts - c->top_k) * 3.0 *
+                                (double)c->moe_I * (double)c->E;
+    const double params = (double)gdn_model_param_count(c) - (c->tie_embeddings ? 0.0 : (double)(c->vocab * c->E)) -
+                          idle_experts - (head ? 0.0 : (double)(c->vocab * c->E));
+    const double f = gdn_rule_flops_per_head_token(c->K, c->V, 64, 0), b = gdn_rule_flops_per_head_token(c->K, c->V, 64, 1);
+    /* the GatedDeltaNet layers' kernels, and the attention layers' causal cores (forward
+     * 2 d H (T + 1) a token: QK^T and PV over half the positions on average; backward 5) */
+    const double na = (double)gdn_model_attn_layers(c);
+    return (train ? 6 : 2) * params + (double)((c->L - gdn_model_attn_layers(c)) * c->Hv) * (train ? f + b : f) +
+           na * (train ? 7.0 : 2.0) * (double)c->d * (double)c->H * (double)(T + 1);
+}
+
+double gdn_model_train_flops_per_token(const gdn_model_config *c, int64_t T) { return flops_per_token(c, T, 1, 1); }
+
+double gdn_model_prefill_flops(const gdn_model_config *c, int64_t T, int64_t head_rows) {
+    return (double)T * flops_per_token(c, T, 0, 0) + 2.0 * (double)head_rows * (double)c->vocab * (double)c->E;
+}

@@ -3,7 +3,7 @@
 #ifndef GDNCP_MODEL_INTERNAL_H
 #define GDNCP_MODEL_INTERNAL_H
 
-#include "gdncp/train.h"
+#include "gdncp/model.h"
 
 #include <stddef.h>
 #include <stdint.h>

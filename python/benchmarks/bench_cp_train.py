@@ -1,12 +1,12 @@
-"""python -m gdncp.bench --what cp-train: a training step of transformers' own Qwen3_5ForCausalLM
+"""python python/benchmarks/bench.py --what cp-train: a training step of transformers' own Qwen3_5ForCausalLM
 with its sequence split over 1, 2 and 4 MPI ranks (gdncp.transformers.patch(comm=...)), and over
 a torchrun gloo group (patch(group=...), side "patched gloo": its CP bytes per step from
 gdncp.torch_cp's transport), against
 transformers unpatched on one process, and against gdncp's own C trainer (`gdncp train`) on the
 same model and grid: tokens/s and the peak memory per rank.
 
-Each (model, side, ranks, T) runs in fresh processes (`mpiexec.mpich -n D python -m
-gdncp.bench_cp_train --worker ...`), so its peak resident memory (ru_maxrss, the largest rank's;
+Each (model, side, ranks, T) runs in fresh processes (`mpiexec.mpich -n D python
+bench_cp_train.py --worker ...`), so its peak resident memory (ru_maxrss, the largest rank's;
 the model, the optimizer state and the step) is its own. A watchdog sums the resident memory of
 the run's processes every 50 ms and stops it past --mem-gib (default 20 of this machine's 24):
 such a run is reported as "does not fit". The step: forward with labels, backward,
@@ -35,8 +35,8 @@ def hf_config(name):
     """transformers' Qwen3_5TextConfig of gdncp's named model `name` (gdn_model_config_named)."""
     import ctypes
     from transformers import Qwen3_5TextConfig
-    from . import _lib as L
-    from .model import ModelConfig
+    from gdncp import _lib as L
+    from gdncp.model import ModelConfig
     c = L.ModelConfig()
     if not L.gdn_model_config_named(name.encode(), ctypes.byref(c)):
         raise ValueError(f"no named model {name!r} (tiny, small, long)")
@@ -215,11 +215,11 @@ def _side(model, T, D, patched, reps, mem_mb, timeout_s, threads):
     (patch(group=) under torchrun)."""
     flag = "gloo" if patched == "gloo" else ("1" if patched else "0")
     args = ["--worker", model, str(T), str(reps), flag]
-    py = [sys.executable, "-m", "gdncp.bench_cp_train"] + args
+    py = [sys.executable, os.path.abspath(__file__)] + args
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, threads // D)))
     if patched == "gloo":
-        cmd = [_torchrun(), "--standalone", "--nproc-per-node", str(D), "-m",
-               "gdncp.bench_cp_train"] + args
+        cmd = [_torchrun(), "--standalone", "--nproc-per-node", str(D),
+               os.path.abspath(__file__)] + args
     else:
         cmd = (["mpiexec.mpich", "-n", str(D)] + py) if patched else py
     out, why = run_guarded(cmd, mem_mb, timeout_s, env)
@@ -309,7 +309,7 @@ class Report:
     """Prints the section as its runs finish (a long --cp-max search shows what it found so far)."""
 
     def __init__(self, mem_gib):
-        from .bench import _where
+        from bench import _where
         print(f"[cp-train] a training step (forward with labels, backward, gradient sum, AdamW), "
               f"B=1, random bytes; {_where()}; peak resident memory of the largest rank; "
               f"--mem-gib {mem_gib:g}", flush=True)
@@ -361,7 +361,7 @@ def main(argv):
         worker(model, int(T), int(reps), "gloo" if patched == "gloo" else patched == "1",
                strategy, attention)
         return 0
-    raise SystemExit("run it as python -m gdncp.bench --what cp-train")
+    raise SystemExit("run it as python python/benchmarks/bench.py --what cp-train")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 #define GDN_HF_WEIGHTS_H
 
 #include "gdncp/io.h"
-#include "gdncp/train.h"
+#include "gdncp/model.h"
 
 /* Does dir hold weights: model.safetensors, or model.safetensors.index.json (sharded)? */
 int gdn_hf_has_weights(const char *dir);

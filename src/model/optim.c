@@ -1,6 +1,6 @@
 /* AdamW (Loshchilov & Hutter): moments with bias correction, weight decay applied to the
  * weights directly (not through the gradient), tensor by tensor. */
-#include "gdncp/train.h"
+#include "gdncp/optim.h"
 
 #include <math.h>
 #include <omp.h>

@@ -7,7 +7,7 @@
  *   m = silu(gate) * up           x' = h + m W_down^T
  * with norm(x; w) = x / sqrt(mean(x^2) + eps) * (1 + w) (the zero-centred RMSNorm) and the mixer
  * layer l's GatedDeltaNet or gated full attention (cfg.full_attention[l]). */
-#include "gdncp/train.h"
+#include "gdncp/model.h"
 
 #include <math.h>
 #include <omp.h>
@@ -16,9 +16,9 @@
 #include <string.h>
 
 #include "base.h"
-#include "cp_internal.h"
 #include "layer_internal.h"
 #include "swiglu.h"
+#include "model_group.h"
 #include "model_internal.h"
 
 /* What the forward keeps of one block for its backward (all N rows): the mixer's saved floats
@@ -30,6 +30,7 @@ typedef struct {
 
 /* One plan per mixer kind, shared by every layer of that kind (same shapes). A call runs over
  * the plan's rows: all of them, or one row at a time under packed CP. */
+enum { MIXER_GDN = 0, MIXER_ATTN = 1, MIXER_KINDS = 2 }; /* is_attn(cfg, l): layer l's kind */
 typedef struct {
     size_t saved_call;   /* the mixer's saved floats of one call */
     size_t floats;       /* its flat parameters */
@@ -43,7 +44,7 @@ struct gdn_model_plan {
     int64_t N;                /* B*T rows */
     gdn_layer_plan *lp;       /* the GatedDeltaNet layers' plan (NULL: none) */
     gdn_attn_plan *ap;        /* the attention layers' plan (NULL: none) */
-    mixer_sizes gdn, attn;
+    mixer_sizes mixer[MIXER_KINDS];
     gdn_moe_plan *mp;         /* the MoE layers' block (NULL: none) */
     size_t mlp_saved[2];      /* one block's MLP saved floats, dense and MoE (mlp_ops) */
     double *router_stats;     /* [count n | prob n | rows]: the MoE routers' statistics of the last
@@ -104,7 +105,7 @@ static int check_tokens(const char *what, const gdn_token *tokens, int64_t B, in
             const gdn_token id = tokens[b * stride + t];
             if (id < 0 || id >= vocab) {
                 char where[64] = "";
-                if (cp) snprintf(where, sizeof where, " (of CP rank %d's shard)", cp->rank);
+                if (cp) snprintf(where, sizeof where, " (of CP rank %d's shard)", gdn_model_group_of(cp)->rank);
                 return gdn_fail(GDN_ERR_ARG, "%s: token id %d at row %lld position %lld%s is outside the vocabulary "
                                 "[0, %lld)", what, (int)id, (long long)b, (long long)t, where, (long long)vocab);
             }
@@ -114,7 +115,7 @@ static int check_tokens(const char *what, const gdn_token *tokens, int64_t B, in
 /* A collective entry point's local check, agreed over the CP group (one rank's bad token stops
  * them all before any exchange, each returning an error). */
 static int agree_local(const gdn_model_plan *p, int rc) {
-    return p->cp ? gdn_cp_agree_status(p->cp, rc) : rc;
+    return p->cp ? gdn_model_group_of(p->cp)->agree_status(p->cp, rc) : rc;
 }
 
 /* Packed rows under CP run one mixer call per row (each row its own stream over the ranks). */
@@ -203,7 +204,7 @@ static int mixer_plans_create(gdn_model_plan *p) {
         lc.keep = r->recompute ? GDN_LAYER_KEEP_MIN : GDN_LAYER_KEEP_PROJ;
         lc.compute = r->compute;
         rc = gdn_layer_plan_create(&p->lp, &lc);
-        if (!rc) p->gdn = (mixer_sizes){gdn_layer_saved_floats(p->lp), gdn_layer_param_floats(&lc)};
+        if (!rc) p->mixer[MIXER_GDN] = (mixer_sizes){gdn_layer_saved_floats(p->lp), gdn_layer_param_floats(&lc)};
     }
     if (!rc && na) {
         gdn_attn_config ac = gdn_model_attn_config(c, B_call, T_call);
@@ -213,7 +214,7 @@ static int mixer_plans_create(gdn_model_plan *p) {
         ac.cp = r->attn_cp;
         ac.compute = r->compute;
         rc = gdn_attn_plan_create(&p->ap, &ac);
-        if (!rc) p->attn = (mixer_sizes){gdn_attn_saved_floats(p->ap), gdn_attn_param_floats(&ac)};
+        if (!rc) p->mixer[MIXER_ATTN] = (mixer_sizes){gdn_attn_saved_floats(p->ap), gdn_attn_param_floats(&ac)};
     }
     free(row_cu);
     /* the MLPs: token by token, so one plan of all B*T rows whatever the documents and shards */
@@ -258,7 +259,8 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     const int apart = rows_apart(r, cp);
     const size_t row_mult = (size_t)(apart ? r->B : 1);
     if (r->pack) {
-        const size_t mixer_dw = p->gdn.floats > p->attn.floats ? p->gdn.floats : p->attn.floats;
+        const size_t mixer_dw = p->mixer[MIXER_GDN].floats > p->mixer[MIXER_ATTN].floats ? p->mixer[MIXER_GDN].floats
+                                                                                       : p->mixer[MIXER_ATTN].floats;
         p->skip = calloc((size_t)p->N, 1);
         p->row_first = calloc((size_t)r->B, sizeof(int64_t));
         p->row_docs = calloc((size_t)r->B, sizeof(int64_t));
@@ -269,7 +271,8 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
                             (long long)r->T);
         }
     }
-    const size_t saved_gdn = p->gdn.saved_call * row_mult, saved_attn = p->attn.saved_call * row_mult;
+    const size_t saved_gdn = p->mixer[MIXER_GDN].saved_call * row_mult,
+                 saved_attn = p->mixer[MIXER_ATTN].saved_call * row_mult;
     const size_t floats = plan_floats(c, r, p->threads, saved_gdn, saved_attn, p->mlp_saved);
     if ((rc = gdn_check_fits("the model's activations and workspace", 4.0 * (double)floats))) {
         gdn_model_plan_destroy(p);
@@ -408,51 +411,76 @@ static void norm_backward(gdn_model_plan *p, int64_t N, float *dx, int accumulat
  * shard lengths, once (inside the forward, which is collective anyway). */
 static int attn_learn_offset(gdn_model_plan *p) {
     if (!p->ap || !p->cp || p->run.pack || p->ap_offset_known) return GDN_OK;
-    int64_t T = p->run.T, before = 0;
-    if (MPI_Exscan(&T, &before, 1, MPI_INT64_T, MPI_SUM, p->cp->comm) != MPI_SUCCESS)
-        return gdn_fail(GDN_ERR_MPI, "MPI_Exscan of the shard lengths (the attention layers' seq_offset) failed");
-    if (p->cp->rank == 0) before = 0; /* Exscan leaves rank 0's undefined */
-    const int rc = gdn_cp_agree_status(p->cp, gdn_attn_plan_set_docs(p->ap, NULL, 0, before));
+    const gdn_model_group *g = gdn_model_group_of(p->cp);
+    int64_t before = 0;
+    int rc = g->exscan_sum(p->cp, p->run.T, &before);
+    if (rc) return rc;
+    rc = g->agree_status(p->cp, gdn_attn_plan_set_docs(p->ap, NULL, 0, before));
     p->ap_offset_known = !rc;
     return rc;
 }
 
-/* Packed rows over CP: row b's documents into the mixer's plan (agreed: the call after it is
- * collective). The attention plan keeps the row it holds (its cos/sin table is redone on a change). */
-static int set_row_docs(gdn_model_plan *p, int attn, int64_t b) {
-    const int64_t *cu = p->doc_cu + p->row_first[b], n = p->row_docs[b];
-    int rc = GDN_OK;
-    if (!attn) {
-        rc = gdn_layer_plan_set_docs(p->lp, cu, n, p->seq_offset);
-    } else if (p->ap_row != b) {
-        rc = gdn_attn_plan_set_docs(p->ap, cu, n, p->seq_offset);
-        p->ap_row = rc ? -1 : b;
-    }
-    return gdn_cp_agree_status(p->cp, rc);
-}
+/* ---------------------------------------------------------------- the mixer ops
+ *
+ * One entry per token-mixer kind (MIXER_GDN, MIXER_ATTN): a call over the plan's rows (one rank:
+ * all of them; CP: this rank's shard), in the mixer's CP form through the group's table
+ * (model_group.h) when the plan spans ranks; and a row's documents into the kind's plan. */
+typedef struct {
+    int (*forward)(gdn_model_plan *p, float *y, float *saved, const float *x, const float *w);
+    int (*backward)(gdn_model_plan *p, float *dx, float *dw, const float *x, const float *w, const float *saved,
+                    const float *dy);
+    int (*set_docs)(gdn_model_plan *p, int64_t row, const int64_t *cu, int64_t n, int64_t seq_offset);
+} mixer_ops;
 
-/* One mixer call over the plan's rows (one rank: all of them; CP: this rank's shard). */
-static int mixer_call_forward(gdn_model_plan *p, int attn, float *y, float *saved, const float *x, const float *w) {
-    if (attn) return p->cp ? gdn_attn_cp_forward(p->cp, p->ap, y, saved, x, w) : gdn_attn_forward(p->ap, y, saved, x, w);
-    return p->cp ? gdn_layer_cp_forward(p->cp, p->lp, y, saved, x, w)
+static int gdn_mixer_forward(gdn_model_plan *p, float *y, float *saved, const float *x, const float *w) {
+    return p->cp ? gdn_model_group_of(p->cp)->layer_forward(p->cp, p->lp, y, saved, x, w)
                  : gdn_layer_forward(p->lp, y, saved, x, w, NULL, NULL);
 }
-static int mixer_call_backward(gdn_model_plan *p, int attn, float *dx, float *dw, const float *x, const float *w,
-                               const float *saved, const float *dy) {
-    if (attn)
-        return p->cp ? gdn_attn_cp_backward(p->cp, p->ap, dx, dw, x, w, saved, dy)
-                     : gdn_attn_backward(p->ap, dx, dw, x, w, saved, dy);
-    return p->cp ? gdn_layer_cp_backward(p->cp, p->lp, dx, dw, x, w, saved, dy)
+static int gdn_mixer_backward(gdn_model_plan *p, float *dx, float *dw, const float *x, const float *w,
+                              const float *saved, const float *dy) {
+    return p->cp ? gdn_model_group_of(p->cp)->layer_backward(p->cp, p->lp, dx, dw, x, w, saved, dy)
                  : gdn_layer_backward(p->lp, dx, dw, x, w, saved, dy);
+}
+static int gdn_mixer_set_docs(gdn_model_plan *p, int64_t row, const int64_t *cu, int64_t n, int64_t seq_offset) {
+    (void)row;
+    return gdn_layer_plan_set_docs(p->lp, cu, n, seq_offset);
+}
+static int attn_mixer_forward(gdn_model_plan *p, float *y, float *saved, const float *x, const float *w) {
+    return p->cp ? gdn_model_group_of(p->cp)->attn_forward(p->cp, p->ap, y, saved, x, w)
+                 : gdn_attn_forward(p->ap, y, saved, x, w);
+}
+static int attn_mixer_backward(gdn_model_plan *p, float *dx, float *dw, const float *x, const float *w,
+                               const float *saved, const float *dy) {
+    return p->cp ? gdn_model_group_of(p->cp)->attn_backward(p->cp, p->ap, dx, dw, x, w, saved, dy)
+                 : gdn_attn_backward(p->ap, dx, dw, x, w, saved, dy);
+}
+/* The attention plan keeps the row it holds (its cos/sin table is redone on a change; row < 0:
+ * the whole run's documents, always set). */
+static int attn_mixer_set_docs(gdn_model_plan *p, int64_t row, const int64_t *cu, int64_t n, int64_t seq_offset) {
+    if (row >= 0 && p->ap_row == row) return GDN_OK;
+    const int rc = gdn_attn_plan_set_docs(p->ap, cu, n, seq_offset);
+    p->ap_row = rc ? -1 : row;
+    return rc;
+}
+
+static const mixer_ops mixer_table[MIXER_KINDS] = {
+    {gdn_mixer_forward, gdn_mixer_backward, gdn_mixer_set_docs},
+    {attn_mixer_forward, attn_mixer_backward, attn_mixer_set_docs}};
+
+/* Packed rows over CP: row b's documents into the mixer's plan (agreed: the call after it is
+ * collective). */
+static int set_row_docs(gdn_model_plan *p, int attn, int64_t b) {
+    const int rc = mixer_table[attn].set_docs(p, b, p->doc_cu + p->row_first[b], p->row_docs[b], p->seq_offset);
+    return gdn_model_group_of(p->cp)->agree_status(p->cp, rc);
 }
 
 /* Layer l's mixer on all rows: one call, or under packed CP one call per row. */
 static int mixer_forward_rows(gdn_model_plan *p, int attn, float *y, float *saved, const float *x, const float *w) {
-    if (!rows_apart(&p->run, p->cp)) return mixer_call_forward(p, attn, y, saved, x, w);
-    const size_t TE = (size_t)(p->run.T * p->cfg.E), sr = attn ? p->attn.saved_call : p->gdn.saved_call;
+    if (!rows_apart(&p->run, p->cp)) return mixer_table[attn].forward(p, y, saved, x, w);
+    const size_t TE = (size_t)(p->run.T * p->cfg.E), sr = p->mixer[attn].saved_call;
     for (int64_t b = 0; b < p->run.B; b++) {
         int rc = set_row_docs(p, attn, b);
-        if (!rc) rc = mixer_call_forward(p, attn, y + b * TE, saved ? saved + b * sr : NULL, x + b * TE, w);
+        if (!rc) rc = mixer_table[attn].forward(p, y + b * TE, saved ? saved + b * sr : NULL, x + b * TE, w);
         if (rc) return rc;
     }
     return GDN_OK;
@@ -466,13 +494,13 @@ static int mixer_forward(gdn_model_plan *p, int64_t l, float *y, float *saved, c
 }
 static int mixer_backward_rows(gdn_model_plan *p, int attn, float *dx, float *dw, const float *x, const float *w,
                                const float *saved, const float *dy) {
-    if (!rows_apart(&p->run, p->cp)) return mixer_call_backward(p, attn, dx, dw, x, w, saved, dy);
-    const size_t TE = (size_t)(p->run.T * p->cfg.E), sr = attn ? p->attn.saved_call : p->gdn.saved_call;
-    const size_t nf = attn ? p->attn.floats : p->gdn.floats;
+    if (!rows_apart(&p->run, p->cp)) return mixer_table[attn].backward(p, dx, dw, x, w, saved, dy);
+    const size_t TE = (size_t)(p->run.T * p->cfg.E), sr = p->mixer[attn].saved_call;
+    const size_t nf = p->mixer[attn].floats;
     for (int64_t b = 0; b < p->run.B; b++) {
         float *dwb = b ? p->dw_row : dw;
         int rc = set_row_docs(p, attn, b);
-        if (!rc) rc = mixer_call_backward(p, attn, dx + b * TE, dwb, x + b * TE, w, saved + b * sr, dy + b * TE);
+        if (!rc) rc = mixer_table[attn].backward(p, dx + b * TE, dwb, x + b * TE, w, saved + b * sr, dy + b * TE);
         if (rc) return rc;
         if (b)
             for (size_t i = 0; i < nf; i++) dw[i] += dwb[i];
@@ -651,6 +679,8 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const gdn
     double loss = 0.0;
     const float scale = (float)(1.0 / denom);
     const int64_t chunk = loss_rows(c);
+    /* (tests: each row scored against its own token instead of the next, must be caught) */
+    const int64_t ahead = gdn_test_mutate("model: the loss head's targets one position early") ? 0 : 1;
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t R = N - r0 < chunk ? N - r0 : chunk;
         gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, R, Vv, E, p->af + r0 * E, E, wl, E, p->logits, Vv, p->mm_ws, nt);
@@ -661,7 +691,7 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const gdn
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < R; i++) {
                 const int64_t row = r0 + i, bb = row / T, t = row % T;
-                const int target = tokens[bb * (T + 1) + t + 1];
+                const int target = tokens[bb * (T + 1) + t + ahead];
                 float *li = p->logits + i * Vv;
                 if (p->skip && p->skip[row]) { /* a document's first token: not predicted */
                     if (dlm) memset(li, 0, sizeof(float) * (size_t)Vv);
@@ -721,9 +751,7 @@ static int router_stats_done(gdn_model_plan *p) {
         memcpy(p->router_stats, p->router_local, sizeof(double) * ns);
         return GDN_OK;
     }
-    if (MPI_Allreduce(p->router_local, p->router_stats, (int)ns, MPI_DOUBLE, MPI_SUM, p->cp->comm) != MPI_SUCCESS)
-        return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce of the MoE routers' statistics (the aux loss) failed");
-    return GDN_OK;
+    return gdn_model_group_of(p->cp)->sum_doubles(p->cp, p->router_local, p->router_stats, (int)ns);
 }
 
 static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *tokens, int keep) {
@@ -932,8 +960,10 @@ int gdn_model_set_docs(gdn_model_plan *p, const int64_t *doc_cu, const int64_t *
     if (!p->cp) {
         p->doc_cu[k++] = B * T;
         p->row_docs[0] = k - 1;
-        int rc = p->lp ? gdn_layer_plan_set_docs(p->lp, p->doc_cu, k - 1, 0) : GDN_OK;
-        if (!rc && p->ap) rc = gdn_attn_plan_set_docs(p->ap, p->doc_cu, k - 1, 0);
+        int rc = GDN_OK; /* one rank: every row's documents at once, in each kind's plan that exists */
+        for (int kind = 0; kind < MIXER_KINDS && !rc; kind++)
+            if (kind == MIXER_ATTN ? p->ap != NULL : p->lp != NULL)
+                rc = mixer_table[kind].set_docs(p, -1, p->doc_cu, k - 1, 0);
         if (rc) return rc;
     }
     *targets = predicted;

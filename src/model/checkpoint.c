@@ -2,7 +2,7 @@
  * the tensor files; config.json is hf_config.c's. The tensors go through the project's safetensors writer, with their
  * bytes written straight from the caller's flat arrays (no copy of the model), and are read back
  * with its validating reader. */
-#include "gdncp/train.h"
+#include "gdncp/checkpoint.h"
 
 #include "base.h"
 #include "gdncp/io.h"

@@ -1,7 +1,7 @@
 /* Training data: byte text or a token file (docs/training.md "Token files"), opened and vetted,
  * positioned reads of the two splits as token ids checked against the model's vocabulary, and the
  * deterministic choice of each training row's window. */
-#include "gdncp/train.h"
+#include "gdncp/data.h"
 
 #include "base.h"
 

@@ -1,9 +1,9 @@
 /* config.json (internal to the train layer; hf_config.c): the one reader of transformers' model
- * configuration (public: gdn_ckpt_load_config in gdncp/train.h) and its writer. */
+ * configuration (public: gdn_ckpt_load_config in gdncp/checkpoint.h) and its writer. */
 #ifndef GDN_HF_CONFIG_H
 #define GDN_HF_CONFIG_H
 
-#include "gdncp/train.h"
+#include "gdncp/model.h"
 
 #define GDN_HF_CONFIG_FILE "config.json"
 

@@ -1,0 +1,85 @@
+/* Checkpoints in Hugging Face's layout: config.json, model.safetensors, the optimizer state. */
+#ifndef GDNCP_CHECKPOINT_H
+#define GDNCP_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Training checkpoints in Hugging Face's Qwen3.5 layout, so that transformers'
+ * Qwen3_5ForCausalLM.from_pretrained loads what gdncp trains:
+ *
+ *   OUT/checkpoint-00000120/config.json             transformers' Qwen3.5 text config
+ *       model.safetensors       every tensor of gdn_model_tensor() by its name, F32, PyTorch shape
+ *       optimizer.safetensors   AdamW moments "exp_avg.<name>", "exp_avg_sq.<name>" (optional)
+ *       trainer_state.json      the trainer's own JSON, verbatim
+ *
+ * A save builds OUT/.checkpoint-<step>.tmp-<pid>/ (every file fsync'ed), renames it into place and
+ * fsyncs OUT: a crash or kill -9 at any moment leaves the previous checkpoints whole. Replacing an
+ * existing step first moves the old directory aside (OUT/.checkpoint-<step>.old-<pid>) and removes
+ * it only once the new one is in place; if a crash falls between the two renames, readers take
+ * the moved-aside copy and the next save puts it back. Leftovers of dead processes (dot-names) are
+ * ignored by readers and removed by the next save.
+ */
+
+
+
+/* Write checkpoint `step` (>= 0) of the parameters w and, when adam_m is not NULL, the moments
+ * adam_m and adam_v (all gdn_model_param_floats(cfg) floats) with the caller's state_json text
+ * (NULL: "{}"). out_dir is created if missing (its parent must exist). Then only the keep_last
+ * newest checkpoints are kept (keep_last <= 0: all). */
+GDN_API int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
+                  const float *adam_m, const float *adam_v, const char *state_json, int keep_last);
+/* The same with model.safetensors' weights in weight_dtype: 0 (GDN_F32, gdn_ckpt_save's) or 2
+ * (GDN_BF16, io.h: each weight rounded to nearest even, config.json's dtype "bfloat16"; half the
+ * bytes, for inference and for transformers). A BF16 save with the moments also keeps the fp32
+ * master weights (optimizer.safetensors, "master." + name), so that gdn_ckpt_load resumes from
+ * them bit for bit; without the moments the save holds only the rounded weights. */
+GDN_API int gdn_ckpt_save_dtype(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
+                        const float *adam_m, const float *adam_v, const char *state_json, int keep_last,
+                        int weight_dtype);
+
+/* path is a checkpoint directory (it holds config.json and model.safetensors), or a training
+ * output directory: then its complete checkpoint-N with the largest N. The directory goes into
+ * dir (capacity n). */
+GDN_API int gdn_ckpt_resolve(const char *path, char *dir, size_t n);
+
+/* The model configuration from dir/config.json (its fields at the top level or under
+ * "text_config"). The layers from layer_types ("linear_attention" / "full_attention"), or when it
+ * is absent from full_attention_interval (transformers' default 4); the GatedDeltaNet fields are
+ * read when some layer is one, the attention fields (num_attention_heads, num_key_value_heads,
+ * head_dim, rope_parameters' rope_theta and partial_rotary_factor (or the older top-level ones),
+ * max_position_embeddings) when some layer is full attention. Refused: an unknown layer type,
+ * layer_types of another length than num_hidden_layers, mixture-of-experts (num_experts > 0),
+ * attention biases, a RoPE scaling other than "default", a vocab_size outside [1, GDN_MODEL_MAX_VOCAB],
+ * missing, non-integer or out-of-range fields, then whatever gdn_model_config_check refuses. */
+GDN_API int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg);
+
+/* Read dir/model.safetensors into w (gdn_model_param_floats(cfg) floats) after checking that
+ * dir/config.json describes cfg: every tensor of the table with its exact shape, F32 or BF16 (or
+ * F64), finite, and no other tensor. adam_m and
+ * adam_v (both or neither; NULL: skip) from dir/optimizer.safetensors under the same rules.
+ * state_json (NULL: skip) receives trainer_state.json's text, malloc'd (the caller frees). On
+ * failure the arrays may hold part of the checkpoint. */
+GDN_API int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float *adam_m,
+                  float *adam_v, char **state_json);
+
+/* The separator of a checkpoint trained with --pack (trainer_state.json's pack_separator_hex)
+ * into sep (at most cap bytes); *len 0 when the run did not pack or the directory has no
+ * trainer_state.json (e.g. a transformers checkpoint). */
+GDN_API int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len);
+/* ... and the one-id separator of a run packed with --pack-id (trainer_state.json's
+ * pack_separator_id): *id -1 when there is none. */
+GDN_API int gdn_ckpt_pack_separator_id(const char *dir, int64_t *id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GDNCP_CHECKPOINT_H */

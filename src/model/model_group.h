@@ -1,0 +1,35 @@
+/* What the model needs from the ranks its sequence is split over (context parallelism).
+ *
+ * libgdncp links no MPI, so the model cannot call the CP forms of its mixers or an MPI collective
+ * itself. The MPI wing (libgdncp_mpi, src/cp) fills this table when it makes a gdn_cp context,
+ * whose struct starts with it, and the model reaches its peers only through it. A NULL cp is one
+ * process: the model then calls the mixers' single-rank forms. Another transport would fill the
+ * same table. */
+#ifndef GDNCP_MODEL_GROUP_H
+#define GDNCP_MODEL_GROUP_H
+
+#include "gdncp/model.h"
+
+typedef struct {
+    int rank; /* this rank in the group, for messages */
+    /* Every rank's status in, the same verdict out on every rank (gdn_cp_agree_status). */
+    int (*agree_status)(gdn_cp *cp, int local_status);
+    /* *before = the sum of `mine` over the ranks before this one (0 on the first). */
+    int (*exscan_sum)(gdn_cp *cp, int64_t mine, int64_t *before);
+    /* out[i] = in[i] summed over the ranks, on every rank. */
+    int (*sum_doubles)(gdn_cp *cp, const double *in, double *out, int n);
+    /* The mixers' CP forms (cp.h). */
+    int (*layer_forward)(gdn_cp *cp, gdn_layer_plan *plan, float *y, float *saved, const float *x, const void *w);
+    int (*layer_backward)(gdn_cp *cp, gdn_layer_plan *plan, float *dx, float *dw, const float *x, const float *w,
+                          const float *saved, const float *dy);
+    int (*attn_forward)(gdn_cp *cp, gdn_attn_plan *plan, float *y, float *saved, const float *x, const float *w);
+    int (*attn_backward)(gdn_cp *cp, gdn_attn_plan *plan, float *dx, float *dw, const float *x, const float *w,
+                         const float *saved, const float *dy);
+} gdn_model_group;
+
+/* The table at the head of a context (C allows a struct pointer to be read as its first member). */
+static inline const gdn_model_group *gdn_model_group_of(const gdn_cp *cp) {
+    return (const gdn_model_group *)(const void *)cp;
+}
+
+#endif /* GDNCP_MODEL_GROUP_H */
