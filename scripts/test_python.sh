@@ -4,8 +4,9 @@
 # ~/.cache/gdncp/venv-py: outside the work tree, so CI's fresh clones reuse it too); the package
 # installed with `pip install ./python` (scikit-build-core runs the project's CMake for
 # libgdncp.so, in build-pywheel/); the gdncp command built into BUILD (default build-py; the test
-# script passes its own build/) for the trained-checkpoint test; then python/tests/test_cp.py and test_cp_train.py
-# (context parallelism over mpi4py) under `mpiexec.mpich -n 3`, one pytest per rank. mpi4py is
+# script passes its own build/) for the trained-checkpoint test; then python/tests/test_cp.py, test_cp_train.py
+# and test_torch_cp.py (context parallelism over mpi4py) under `mpiexec.mpich -n 3`, one pytest per rank,
+# and test_torch_cp.py again under `torchrun --nproc-per-node 3` (torch.distributed, gloo). mpi4py is
 # built from source against the MPI libgdncp.so links (MPICC=mpicc.mpich, or GDN_MPICC): a binary
 # wheel may load another MPI (the PyPI wheel picks Open MPI when both are installed), which gdncp
 # refuses. Ends with "N passed, N failed" (both pytest runs' summaries added; errors count as
@@ -76,7 +77,7 @@ echo "== mpiexec.mpich -n 3 pytest python/tests/test_cp.py python/tests/test_cp_
 cplog="$build/pytest-cp.log"
 rm -f "$cplog".*
 GDNCP_MPI_TESTS=1 OMP_NUM_THREADS=1 timeout 600 mpiexec.mpich -n 3 bash -c \
-  'exec "$0" -m pytest python/tests/test_cp.py python/tests/test_cp_train.py -q -rfE -p no:cacheprovider > "$1.$PMI_RANK" 2>&1' \
+  'exec "$0" -m pytest python/tests/test_cp.py python/tests/test_cp_train.py python/tests/test_torch_cp.py -q -rfE -p no:cacheprovider > "$1.$PMI_RANK" 2>&1' \
   "$venv/bin/python" "$cplog"
 crc=$?
 cline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$cplog.0" 2>/dev/null | tail -1)
@@ -95,5 +96,33 @@ if [ "$crc" -ne 0 ] && [ "$cf" -eq 0 ]; then
   tail -30 "$cplog.0"; cf=1; echo "FAIL  mpiexec pytest exited $crc"
 fi
 p=$((p + cp)); f=$((f + cf))
+
+# The same CP tests of gdncp.torch_cp over torch.distributed: torchrun (gloo, a free port of its
+# own: --standalone), 3 processes, one pytest each: test_torch_cp.py (the ops) and
+# test_torch_cp_train.py (patch(group=...): whole models); conftest.py collects only these under
+# GDNCP_TORCHRUN_TESTS=1; rank r's output goes to $build/pytest-torchrun.log.r.
+echo "== torchrun --nproc-per-node 3 pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py"
+trlog="$build/pytest-torchrun.log"
+rm -f "$trlog".*
+GDNCP_TORCHRUN_TESTS=1 OMP_NUM_THREADS=1 timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 3 \
+  --no-python bash -c 'exec "$0" -m pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py -q -rfE -p no:cacheprovider > "$1.$RANK" 2>&1' \
+  "$venv/bin/python" "$trlog" > "$trlog.launcher" 2>&1
+trc=$?
+tline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$trlog.0" 2>/dev/null | tail -1)
+tr_num() { echo "$tline" | grep -oE "[0-9]+ $1" | head -1 | cut -d' ' -f1; }
+tp=$(tr_num passed); tf=$(tr_num failed); te=$(tr_num 'errors?')
+tp=${tp:-0}; tf=$((${tf:-0} + ${te:-0}))
+grep -hE '^(FAILED|ERROR)' "$trlog.0" 2>/dev/null
+echo "${tline:-no summary from rank 0} (each of 3 torchrun ranks)"
+for r in 1 2; do
+  other=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$trlog.$r" 2>/dev/null | tail -1)
+  if [ "${other% in *}" != "${tline% in *}" ]; then
+    echo "FAIL  torchrun rank $r's summary '$other' differs from rank 0's"; tail -30 "$trlog.$r"; tf=$((tf + 1))
+  fi
+done
+if [ "$trc" -ne 0 ] && [ "$tf" -eq 0 ]; then
+  tail -30 "$trlog.0" "$trlog.launcher"; tf=1; echo "FAIL  torchrun pytest exited $trc"
+fi
+p=$((p + tp)); f=$((f + tf))
 echo "$p passed, $f failed"
 [ "$f" -eq 0 ]

@@ -51,9 +51,10 @@ the threads.
             of each and whether their ids agree. --gen-B rows of --gen-prompt tokens, --gen-new.
 
   cp-train  (only when asked for) a training step of transformers' Qwen3_5ForCausalLM with its
-            sequence split over 1, 2, 4 MPI ranks by gdncp.transformers.patch(comm=...), against
-            transformers unpatched on one process and gdncp's C trainer on the same grid:
-            tokens/s and peak memory per rank (bench_cp_train.py). --cp-models tiny,small
+            sequence split over 1, 2, 4 MPI ranks by gdncp.transformers.patch(comm=...) and
+            over a torchrun gloo group by patch(group=...) ("patched gloo": also its CP bytes
+            per step), against transformers unpatched on one process and gdncp's C trainer on
+            the same grid: tokens/s and peak memory per rank (bench_cp_train.py). --cp-models tiny,small
             --cp-T 4096,16384 --cp-ranks 1,2,4 --mem-gib 20, --cp-max for the longest T each side
             completes.
 
@@ -974,8 +975,8 @@ def main(argv=None):
     ap.add_argument("--cp-models", default="tiny,small", help="cp-train: gdncp's named models")
     ap.add_argument("--cp-T", default="4096,16384", help="cp-train: sequence lengths")
     ap.add_argument("--cp-ranks", default="1,2,4", help="cp-train: rank counts of the patched model")
-    ap.add_argument("--cp-sides", default="transformers,patched,gdncp C",
-                    help="cp-train: which of transformers, patched, 'gdncp C' to run")
+    ap.add_argument("--cp-sides", default="transformers,patched,patched gloo,gdncp C",
+                    help="cp-train: which of transformers, patched, 'patched gloo', 'gdncp C' to run")
     ap.add_argument("--cp-max", action="store_true",
                     help="cp-train: also the longest T each side completes within --mem-gib")
     ap.add_argument("--mem-gib", type=float, default=20.0,

@@ -1,5 +1,7 @@
 """python python/benchmarks/bench.py --what cp-train: a training step of transformers' own Qwen3_5ForCausalLM
-with its sequence split over 1, 2 and 4 MPI ranks (gdncp.transformers.patch(comm=...)) against
+with its sequence split over 1, 2 and 4 MPI ranks (gdncp.transformers.patch(comm=...)), and over
+a torchrun gloo group (patch(group=...), side "patched gloo": its CP bytes per step from
+gdncp.torch_cp's transport), against
 transformers unpatched on one process, and against gdncp's own C trainer (`gdncp train`) on the
 same model and grid: tokens/s and the peak memory per rank.
 
@@ -61,8 +63,16 @@ def worker(model_name, T, reps, patched, strategy, attention):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 256, (1, T), generator=gen)
-    rank, size, comm = 0, 1, None
-    if patched:
+    rank, size, comm, group = 0, 1, None, None
+    if patched == "gloo":   # patch(group=...) under torchrun
+        import torch.distributed as dist
+        import gdncp.transformers as gtr
+        import gdncp.transformers_torch_cp as ttcp
+        dist.init_process_group("gloo")
+        group = dist.group.WORLD
+        rank, size = dist.get_rank(), dist.get_world_size()
+        cp_bytes = []
+    elif patched:
         from mpi4py import MPI
         import gdncp.transformers as gtr
         comm = MPI.COMM_WORLD
@@ -73,7 +83,14 @@ def worker(model_name, T, reps, patched, strategy, attention):
     for i in range(reps + 1):
         t0 = time.perf_counter()
         opt.zero_grad()
-        if patched:
+        if group is not None:
+            with gtr.patch(group=group):
+                loss = model(input_ids=x, labels=x).loss
+                loss.backward()
+                st = ttcp._settings.stats   # this step's CP exchanges (a fresh transport a patch)
+                cp_bytes.append(st["bytes_sent"])
+            gtr.all_reduce_grads(model, group)
+        elif patched:
             with gtr.patch(comm=comm, strategy=strategy, attention=attention):
                 loss = model(input_ids=x, labels=x).loss
                 loss.backward()
@@ -84,18 +101,34 @@ def worker(model_name, T, reps, patched, strategy, attention):
         opt.step()
         if comm is not None:
             comm.Barrier()
+        if group is not None:
+            dist.barrier()
         if i:
             times.append(time.perf_counter() - t0)
         losses.append(float(loss))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    extra = {}
     if comm is not None:
         peak_mb = comm.allreduce(peak_mb, op=MPI.MAX)
         times = [comm.allreduce(t, op=MPI.MAX) for t in times]
+    if group is not None:
+        import torch
+        t = torch.tensor([peak_mb] + times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        peak_mb, times = float(t[0]), t[1:].tolist()
+        b = torch.tensor([float(statistics.median(cp_bytes))], dtype=torch.float64)
+        dist.all_reduce(b, op=dist.ReduceOp.MAX)
+        # the CP exchanges of a step (forward, backward; the largest rank's bytes sent) and the
+        # gradient all-reduce (every parameter's fp32 gradient)
+        extra = {"cp_bytes": float(b[0]), "grad_bytes": 4 * sum(p.numel() for p in model.parameters())}
     if rank == 0:
         print("GDNCP_BENCH " + json.dumps({"step_s": statistics.median(times), "peak_mb": peak_mb,
                                            "loss": losses[0],
-                                           "params": sum(p.numel() for p in model.parameters())}),
+                                           "params": sum(p.numel() for p in model.parameters()),
+                                           **extra}),
               flush=True)
+    if group is not None:
+        dist.destroy_process_group()
 
 
 def _rss_mb(pids):
@@ -172,11 +205,23 @@ def _parse(out):
     return None
 
 
+def _torchrun():
+    near = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    return near if os.access(near, os.X_OK) else (shutil.which("torchrun") or "torchrun")
+
+
 def _side(model, T, D, patched, reps, mem_mb, timeout_s, threads):
-    py = [sys.executable, os.path.abspath(__file__), "--worker", model, str(T), str(reps),
-          "1" if patched else "0"]
+    """patched: False (transformers, one process), True (patch(comm=) under mpiexec) or "gloo"
+    (patch(group=) under torchrun)."""
+    flag = "gloo" if patched == "gloo" else ("1" if patched else "0")
+    args = ["--worker", model, str(T), str(reps), flag]
+    py = [sys.executable, os.path.abspath(__file__)] + args
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, threads // D)))
-    cmd = (["mpiexec.mpich", "-n", str(D)] + py) if patched else py
+    if patched == "gloo":
+        cmd = [_torchrun(), "--standalone", "--nproc-per-node", str(D),
+               os.path.abspath(__file__)] + args
+    else:
+        cmd = (["mpiexec.mpich", "-n", str(D)] + py) if patched else py
     out, why = run_guarded(cmd, mem_mb, timeout_s, env)
     if why:
         return None, why
@@ -210,7 +255,7 @@ def _c_trainer(model, T, D, reps, mem_mb, timeout_s, threads):
             "loss": float(rows[0][1])}, None
 
 
-SIDES = ("transformers", "patched", "gdncp C")
+SIDES = ("transformers", "patched", "patched gloo", "gdncp C")
 
 
 def run(models=("tiny", "small"), Ts=(4096, 16384), ranks=(1, 2, 4), reps=2, mem_gib=20.0,
@@ -234,6 +279,9 @@ def run(models=("tiny", "small"), Ts=(4096, 16384), ranks=(1, 2, 4), reps=2, mem
                 if "patched" in sides:
                     r, why = _side(model, T, D, True, reps, mem_mb, timeout_s, threads)
                     add((model, T, "patched", D, r, why))
+                if "patched gloo" in sides:
+                    r, why = _side(model, T, D, "gloo", reps, mem_mb, timeout_s, threads)
+                    add((model, T, "patched gloo", D, r, why))
                 if "gdncp C" in sides:
                     r, why = _c_trainer(model, T, D, reps, mem_mb, timeout_s, threads)
                     add((model, T, "gdncp C", D, r, why))
@@ -279,6 +327,11 @@ class Report:
             extra = f"   patched / C {self.ref[(model, T, 'patched', D)] / r['step_s']:.2f}x"
         elif side == "patched" and (model, T, "transformers", 1) in self.ref:
             extra = f"   {self.ref[(model, T, 'transformers', 1)] / r['step_s']:.2f}x transformers"
+        elif side == "patched gloo":
+            if (model, T, "patched", D) in self.ref:
+                extra = f"   gloo / mpi4py {r['step_s'] / self.ref[(model, T, 'patched', D)]:.2f}x"
+            extra += (f"   CP bytes/step/rank {r['cp_bytes'] / 2**20:.2f} MiB, gradients "
+                      f"{r['grad_bytes'] / 2**20:.1f} MiB")
         print(f"{tag}  {r['step_s'] * 1e3:10.1f} ms/step {T / r['step_s']:9.0f} tok/s  peak "
               f"{r['peak_mb'] / 1024:6.2f} GiB/rank  loss {r['loss']:.4f}{extra}", flush=True)
 
@@ -305,7 +358,8 @@ def main(argv):
         _, model, T, reps, patched = argv[:5]
         strategy = os.environ.get("GDNCP_BENCH_STRATEGY", "scan")
         attention = os.environ.get("GDNCP_BENCH_ATTENTION", "kv")
-        worker(model, int(T), int(reps), patched == "1", strategy, attention)
+        worker(model, int(T), int(reps), "gloo" if patched == "gloo" else patched == "1",
+               strategy, attention)
         return 0
     raise SystemExit("run it as python python/benchmarks/bench.py --what cp-train")
 

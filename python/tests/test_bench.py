@@ -135,18 +135,21 @@ def test_bench_attention_agrees_with_torch_sdpa_and_control_differs():
 
 
 def test_bench_cp_train_quick_runs_every_side(capsys):
-    """The cp-train section (its own MPI runs): every side completes at a toy size and the first
-    losses of transformers and the patched model over 1 and 2 ranks agree (the same weights and
-    tokens; test_cp_train.py holds that comparison's controls)."""
+    """The cp-train section (its own MPI and torchrun runs): every side completes at a toy size
+    and the first losses of transformers and the patched model over 1 and 2 ranks (mpi4py and
+    gloo) agree (the same weights and tokens; test_cp_train.py and test_torch_cp_train.py hold
+    that comparison's controls)."""
     import bench_cp_train as cpt
     rows, _ = cpt.run(("tiny",), (64,), (1, 2), reps=1, mem_gib=8)
     got = {(side, D): (r, why) for _, _, side, D, r, why in rows}
     ref = got[("transformers", 1)][0]
     assert ref is not None, got
     for D in (1, 2):
-        r, why = got[("patched", D)]
-        assert r is not None, why
-        assert abs(r["loss"] - ref["loss"]) / ref["loss"] < 1e-5, (D, r, ref)
+        for side in ("patched", "patched gloo"):   # mpi4py, and torchrun's gloo group
+            r, why = got[(side, D)]
+            assert r is not None, (side, why)
+            assert abs(r["loss"] - ref["loss"]) / ref["loss"] < 1e-5, (side, D, r, ref)
+    assert got[("patched gloo", 2)][0]["cp_bytes"] > 0
     report = cpt.Report(8)
     for row in rows:
         report.row(row)

@@ -6,6 +6,8 @@ PyTorch:                   gdncp.torch.chunk_gated_delta_rule, fused_recurrent_g
                            (flash-linear-attention's signatures)
 Context parallelism (MPI): gdncp.cp.chunk_gated_delta_rule(..., comm=, strategy=) (PyTorch),
                            gdncp.cp_forward, cp_backward (NumPy); mpi4py built for the same MPI
+CP over torch.distributed: gdncp.torch_cp.build_cp_context / chunk_gated_delta_rule /
+                           causal_conv1d (FLA's cp_context= calls; torchrun, gloo)
 transformers:              with gdncp.transformers.patch(): ...
 The whole model:           gdncp.Model.from_pretrained(dir) -> .logits(ids), .generate(ids, ...),
                            .generate_text(prompt, ...) (a Qwen3.5 checkpoint or gdncp train's output)

@@ -150,23 +150,36 @@ class _Patch:
         return False
 
 
-def patch(comm=None, strategy="scan", attention="kv", compute="fp32"):
+def patch(comm=None, strategy="scan", attention="kv", compute="fp32", group=None):
     """Route transformers' GatedDeltaNet layers to gdncp (see the module's docstring). Raises
     ImportError when transformers has none of those layers.
 
     comm (an mpi4py intracommunicator): also split the whole model's sequence over its ranks,
     the GatedDeltaNet rule under `strategy` (scan, allgather, relay, heads), attention under
     `attention` (kv, heads), the C layers' projections in `compute` (fp32, bf16); see
-    gdncp.transformers_cp. Patches with a comm nest only with the same settings."""
+    gdncp.transformers_cp. group (a torch.distributed gloo ProcessGroup, e.g.
+    dist.group.WORLD under torchrun): the same split over it, transformers' own layers with the
+    conv, the rule and attention on gdncp.torch_cp (see gdncp.transformers_torch_cp; strategy,
+    attention and compute do not apply). Patches with a comm or group nest only with the same
+    settings."""
+    if comm is not None and group is not None:
+        raise ValueError("patch: pass comm= (mpi4py) or group= (torch.distributed), not both")
+    if group is not None:
+        return _patch_cp(group, strategy, attention, compute, torch_group=True)
     if comm is not None:
         return _patch_cp(comm, strategy, attention, compute)
     return _patch_rule()
 
 
-def _patch_cp(comm, strategy, attention, compute):
+def _patch_cp(comm, strategy, attention, compute, torch_group=False):
     global _cp_depth, _cp_settings
-    from . import transformers_cp as tcp
-    settings = (comm, strategy, attention, compute)
+    if torch_group:
+        from . import transformers_torch_cp as tcp
+        settings = ("torch.distributed", comm)
+        args = (comm, _RULES)
+    else:
+        from . import transformers_cp as tcp
+        settings = args = (comm, strategy, attention, compute)
     with _lock:
         if _cp_depth and _cp_settings != settings:
             raise RuntimeError("gdncp.transformers.patch(comm=...) is already active with other "
@@ -174,7 +187,7 @@ def _patch_cp(comm, strategy, attention, compute):
                                "first")
         if _cp_depth == 0:
             try:
-                tcp.install(lambda o, n, v, item=False: _set(o, n, v, _cp_undo, item), *settings)
+                tcp.install(lambda o, n, v, item=False: _set(o, n, v, _cp_undo, item), *args)
             except Exception:
                 _rollback(_cp_undo)
                 tcp.uninstall()
@@ -191,20 +204,33 @@ def _patch_cp(comm, strategy, attention, compute):
 
 def _unpatch_cp():
     global _cp_depth, _cp_settings
-    from . import transformers_cp as tcp
     with _lock:
         if _cp_depth == 0:
             return
         _cp_depth -= 1
         if _cp_depth == 0:
             _rollback(_cp_undo)
+            if _cp_settings[0] == "torch.distributed":
+                from . import transformers_torch_cp as tcp
+            else:
+                from . import transformers_cp as tcp
             tcp.uninstall()
             _cp_settings = None
 
 
 def all_reduce_grads(model, comm):
-    """gdncp.transformers_cp.all_reduce_grads: sum the parameters' gradients over the ranks."""
-    from . import transformers_cp as tcp
+    """Sum the parameters' gradients over the ranks: comm an mpi4py communicator
+    (gdncp.transformers_cp.all_reduce_grads) or a torch.distributed group
+    (gdncp.transformers_torch_cp.all_reduce_grads)."""
+    try:
+        from mpi4py import MPI
+        is_mpi = isinstance(comm, MPI.Comm)
+    except ImportError:
+        is_mpi = False
+    if is_mpi:
+        from . import transformers_cp as tcp
+    else:
+        from . import transformers_torch_cp as tcp
     return tcp.all_reduce_grads(model, comm)
 
 

@@ -117,8 +117,19 @@ def _shard_from(settings, B, T, pos, err, router_logits=False):
     """The agreement of one forward: the ranks' lengths and positions, then the Shard (both
     collective; a failure on any rank raised on every rank)."""
     comm, gdn, attention, compute = settings
-    st = core._comm_state(comm)
-    summ = None
+    _, cu, pos_offset, err = _agree_positions(core._comm_state(comm), B, T, pos, err,
+                                              router_logits)
+    return CL.Shard(comm, B, T, cu_seqlens=cu, pos_offset=pos_offset, gdn=gdn, attention=attention,
+                    compute=compute, error=err)
+
+
+def _agree_positions(st, B, T, pos, err, router_logits=False):
+    """One collective over st (core._agree's: a communicator state, or gdncp.torch_cp's
+    Transport): every rank's batch size, length and positions. Returns (the ranks' lengths, the
+    whole stream's document offsets cu or None, the position of the first token, err): err, a
+    failure found in the table, is the same on every rank (raise it everywhere); a local failure
+    passed in is raised on every rank by the agreement itself."""
+    summ, lengths = None, None
     try:
         if err is None:
             summ = _summary(pos)
@@ -176,8 +187,7 @@ def _shard_from(settings, B, T, pos, err, router_logits=False):
                     cu = np.array(sorted(set(starts)) + [int(offsets[-1])], np.int64)
         except Exception as e:  # noqa: BLE001 -- every rank reached the same table: same error
             err = e
-    return CL.Shard(comm, B, T, cu_seqlens=cu, pos_offset=pos_offset, gdn=gdn, attention=attention,
-                    compute=compute, error=err)
+    return lengths, cu, pos_offset, err
 
 
 # ---------------------------------------------------------------- the patched forwards
