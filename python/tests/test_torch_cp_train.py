@@ -261,3 +261,36 @@ def test_gradient_checkpointing_matches_one_process():
         assert _failures(bad), bad
     finally:
         model.gradient_checkpointing_disable()
+
+
+EXACT_LOSS_TOL, EXACT_GRAD_TOL = 1e-6, 2e-5   # as test_cp_train.py's, over mpi4py
+
+
+def test_exact_float64_references_with_plain_tolerances():
+    """test_cp_train.py's test of the same name over the torch group: the golden checkpoint under
+    patch(group=) on model_grads.io's two rows of 200 ids against the exact float64 references
+    (transformers' modules with their fp32 casts turned into fp64): the loss within 1e-6
+    relative, every gradient, the gates' included, within 2e-5. Control through the same check:
+    the recurrent state not passed between the ranks."""
+    import numpy as np
+    from conftest import read_safetensors
+    exact = read_safetensors(os.path.join(TINY, "model_grads.io.safetensors"))
+    ids = torch.from_numpy(np.asarray(exact["input_ids"])).long()
+    ref_loss = float(np.asarray(exact["loss"]).reshape(-1)[0])
+
+    def errors(fault):
+        loss, grads = _cp(_tiny(), ids, ids, fault=fault)
+        e = {"loss": (abs(loss - ref_loss) / abs(ref_loss), EXACT_LOSS_TOL)}
+        for n, g in grads.items():
+            e[n] = (_rel(g, torch.from_numpy(np.asarray(exact["grad." + n]))), EXACT_GRAD_TOL)
+        table = [None] * D
+        dist.all_gather_object(table, e)
+        return {k: (max(t[k][0] for t in table), tol) for k, (_, tol) in e.items()}
+
+    errs = errors(None)
+    bad = _failures(errs)
+    assert not bad, {k: f"{errs[k][0]:.2e} > {errs[k][1]:.1e}" for k in bad}
+    if R == 0:
+        print(f"\n  exact references over {D} ranks (gloo): loss {errs['loss'][0]:.1e}, worst gradient "
+              f"{max(v for k, (v, _) in errs.items() if k != 'loss'):.1e}")
+    assert _failures(errors("drop_state")), "the control 'drop_state' passed the check"
