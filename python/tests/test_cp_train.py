@@ -33,6 +33,8 @@ from gdncp import _lib as L
 from gdncp import core
 
 from conftest import TINY
+from cp_train_common import (exact_errors, grads as _grads, moe_tiny as _moe_tiny, next_tiny as _next_tiny,
+                             rel as _rel, tiny as _tiny, worst_gradient)
 
 COMM = MPI.COMM_WORLD
 R, D = COMM.Get_rank(), COMM.Get_size()
@@ -54,26 +56,10 @@ def _cuts(T, size=D):
     return cuts if size > 2 else [0, 23, T]
 
 
-def _tiny():
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).train()
 
 
-def _next_tiny(seed=7):
-    """A dense Qwen3-Next (no experts: fused GatedDeltaNet projections, plain MLPs), random."""
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-    cfg = Qwen3NextConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
-                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                          linear_key_head_dim=8, linear_value_head_dim=12, num_experts=0,
-                          layer_types=["linear_attention", "full_attention", "linear_attention",
-                                       "full_attention"])
-    torch.manual_seed(seed)
-    return Qwen3NextForCausalLM(cfg).float().train()
 
 
-def _grads(model):
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _reference(model, ids, labels, positions=None):
@@ -120,10 +106,6 @@ def _cp(model, ids, labels, comm=COMM, strategy="scan", attention="kv", fault=0,
     return out.loss.item(), _grads(model)
 
 
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    s = b.abs().max().item()
-    return (a - b).abs().max().item() / (s if s > 0 else 1.0)
 
 
 def _errors(got, ref):
@@ -332,18 +314,6 @@ def test_qwen3_next_dense_matches_one_process():
                    "earlier ranks' keys and values not attended")
 
 
-def _moe_tiny(**extra):
-    """Qwen3_5MoeForCausalLM (4 experts, 2 per token, a shared expert) made in the test."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-    cfg = Qwen3_5MoeTextConfig(vocab_size=128, hidden_size=64, num_hidden_layers=4,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                               linear_num_key_heads=2, linear_num_value_heads=4,
-                               linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4,
-                               num_experts_per_tok=2, moe_intermediate_size=32,
-                               shared_expert_intermediate_size=32,
-                               layer_types=["linear_attention"] * 3 + ["full_attention"], **extra)
-    torch.manual_seed(9)
-    return Qwen3_5MoeForCausalLM(cfg).float().train()
 
 
 def test_qwen35_moe_matches_one_process():
@@ -482,8 +452,6 @@ def test_patch_is_undone_and_nests_only_with_the_same_settings():
     assert not gtr.is_patched() and m.Qwen3_5Attention.forward is before[1]
 
 
-EXACT_LOSS_TOL, EXACT_GRAD_TOL = 1e-6, 2e-5   # measured 8.5e-8 and 1.4e-6 (3 ranks)
-
 
 def test_exact_float64_references_with_plain_tolerances():
     """The golden checkpoint under the patch over the ranks, on model_grads.io's two rows of 200
@@ -491,25 +459,12 @@ def test_exact_float64_references_with_plain_tolerances():
     (tests/data/qwen35_tiny/README.md: its modules with their fp32 casts turned into fp64): the
     loss within 1e-6 relative, every parameter's gradient within 2e-5 (max-abs error / max-abs
     reference), the gates' A_log, dt_bias and in_proj_a included: plain tolerances, none scaled
-    by a measured error. Control through the same check: the recurrent state entering rank 1
-    dropped."""
-    from conftest import read_safetensors
-    exact = read_safetensors(os.path.join(TINY, "model_grads.io.safetensors"))
-    ids = torch.from_numpy(np.asarray(exact["input_ids"])).long()
-    ref_loss = float(np.asarray(exact["loss"]).reshape(-1)[0])
-
-    def errors(fault):
-        loss, grads = _cp(_tiny(), ids, ids, fault=fault)
-        e = {"loss": (abs(loss - ref_loss) / abs(ref_loss), EXACT_LOSS_TOL)}
-        for n, g in grads.items():
-            e[n] = (_rel(g, torch.from_numpy(np.asarray(exact["grad." + n]))), EXACT_GRAD_TOL)
-        table = COMM.allgather(e)
-        return {k: (max(t[k][0] for t in table), tol) for k, (_, tol) in e.items()}
-
-    errs = errors(0)
+    by a measured error (cp_train_common.py). Control through the same check: the recurrent
+    state entering rank 1 dropped."""
+    errs = exact_errors(lambda model, ids: _cp(model, ids, ids), COMM.allgather)
     _assert_matches(errs)
-    gates = {k: f"{v:.1e}" for k, (v, _) in errs.items() if k.endswith(("A_log", "dt_bias", "in_proj_a.weight"))}
     if R == 0:
         print(f"\n  exact references over {D} ranks: loss {errs['loss'][0]:.1e}, worst gradient "
-              f"{max(v for k, (v, _) in errs.items() if k != 'loss'):.1e}; gates {gates}")
-    _assert_broken(errors(FAULT_DROP_INCOMING), "the state entering rank 1 dropped")
+              f"{worst_gradient(errs):.1e}")
+    _assert_broken(exact_errors(lambda model, ids: _cp(model, ids, ids, fault=FAULT_DROP_INCOMING), COMM.allgather),
+                   "the state entering rank 1 dropped")

@@ -27,6 +27,8 @@ import gdncp.torch_cp as tcp
 import gdncp.transformers as gtr
 
 from conftest import TINY
+from cp_train_common import (exact_errors, grads as _grads, moe_tiny as _moe_tiny, next_tiny as _next_tiny,
+                             rel as _rel, tiny as _tiny, worst_gradient)
 
 if not dist.is_initialized():
     dist.init_process_group("gloo", timeout=datetime.timedelta(
@@ -45,31 +47,12 @@ def _cuts(T):
     return [T * r // D for r in range(D + 1)]
 
 
-def _tiny():
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).train()
 
 
-def _next_tiny(seed=7):
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-    cfg = Qwen3NextConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
-                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                          linear_key_head_dim=8, linear_value_head_dim=12, num_experts=0,
-                          layer_types=["linear_attention", "full_attention", "linear_attention",
-                                       "full_attention"])
-    torch.manual_seed(seed)
-    return Qwen3NextForCausalLM(cfg).float().train()
 
 
-def _grads(model):
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    s = b.abs().max().item()
-    return (a - b).abs().max().item() / (s if s > 0 else 1.0)
 
 
 def _reference(model, ids, labels, positions=None):
@@ -175,18 +158,6 @@ def test_packed_documents_across_ranks_match_one_process():
     assert _failures(bad), bad
 
 
-def _moe_tiny(**extra):
-    """Qwen3_5MoeForCausalLM (4 experts, 2 per token, a shared expert) made in the test."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-    cfg = Qwen3_5MoeTextConfig(vocab_size=128, hidden_size=64, num_hidden_layers=4,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                               linear_num_key_heads=2, linear_num_value_heads=4,
-                               linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4,
-                               num_experts_per_tok=2, moe_intermediate_size=32,
-                               shared_expert_intermediate_size=32,
-                               layer_types=["linear_attention"] * 3 + ["full_attention"], **extra)
-    torch.manual_seed(9)
-    return Qwen3_5MoeForCausalLM(cfg).float().train()
 
 
 def test_qwen35_moe_with_aux_loss_matches_one_process(monkeypatch):
@@ -263,34 +234,23 @@ def test_gradient_checkpointing_matches_one_process():
         model.gradient_checkpointing_disable()
 
 
-EXACT_LOSS_TOL, EXACT_GRAD_TOL = 1e-6, 2e-5   # as test_cp_train.py's, over mpi4py
+
+def _allgather(obj):
+    table = [None] * D
+    dist.all_gather_object(table, obj)
+    return table
 
 
 def test_exact_float64_references_with_plain_tolerances():
     """test_cp_train.py's test of the same name over the torch group: the golden checkpoint under
-    patch(group=) on model_grads.io's two rows of 200 ids against the exact float64 references
-    (transformers' modules with their fp32 casts turned into fp64): the loss within 1e-6
-    relative, every gradient, the gates' included, within 2e-5. Control through the same check:
-    the recurrent state not passed between the ranks."""
-    import numpy as np
-    from conftest import read_safetensors
-    exact = read_safetensors(os.path.join(TINY, "model_grads.io.safetensors"))
-    ids = torch.from_numpy(np.asarray(exact["input_ids"])).long()
-    ref_loss = float(np.asarray(exact["loss"]).reshape(-1)[0])
-
-    def errors(fault):
-        loss, grads = _cp(_tiny(), ids, ids, fault=fault)
-        e = {"loss": (abs(loss - ref_loss) / abs(ref_loss), EXACT_LOSS_TOL)}
-        for n, g in grads.items():
-            e[n] = (_rel(g, torch.from_numpy(np.asarray(exact["grad." + n]))), EXACT_GRAD_TOL)
-        table = [None] * D
-        dist.all_gather_object(table, e)
-        return {k: (max(t[k][0] for t in table), tol) for k, (_, tol) in e.items()}
-
-    errs = errors(None)
+    patch(group=) on model_grads.io's two rows of 200 ids against the exact float64 references,
+    plain tolerances (cp_train_common.py). Control through the same check: the recurrent state
+    not passed between the ranks."""
+    errs = exact_errors(lambda model, ids: _cp(model, ids, ids), _allgather)
     bad = _failures(errs)
     assert not bad, {k: f"{errs[k][0]:.2e} > {errs[k][1]:.1e}" for k in bad}
     if R == 0:
         print(f"\n  exact references over {D} ranks (gloo): loss {errs['loss'][0]:.1e}, worst gradient "
-              f"{max(v for k, (v, _) in errs.items() if k != 'loss'):.1e}")
-    assert _failures(errors("drop_state")), "the control 'drop_state' passed the check"
+              f"{worst_gradient(errs):.1e}")
+    assert _failures(exact_errors(lambda model, ids: _cp(model, ids, ids, fault="drop_state"), _allgather)), \
+        "the control 'drop_state' passed the check"
