@@ -192,6 +192,36 @@ def _agree_positions(st, B, T, pos, err, router_logits=False):
 
 # ---------------------------------------------------------------- the patched forwards
 
+def _text_inputs(model, input_ids, inputs_embeds, attention_mask, position_ids, cache, patch):
+    """The checks every rank makes of a text model's inputs under a CP patch (`patch` names it in
+    the messages: "patch(comm=...)", "patch(group=...)"): (the input, B, T, the positions read
+    from position_ids or None), or a ValueError, which the caller shares with the other ranks
+    before raising it."""
+    x = input_ids if input_ids is not None else inputs_embeds
+    if x is None or (input_ids is not None and inputs_embeds is not None):
+        raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+    if x.dim() < 2:
+        raise ValueError(f"gdncp CP: input_ids must be [B, T_local], got {tuple(x.shape)}")
+    B, T = int(x.shape[0]), int(x.shape[1])
+    if cache is not None:
+        raise ValueError(f"gdncp CP: under {patch} the model runs without a cache "
+                         "(training, or a whole-sequence forward); generate outside the "
+                         "patch or with gdncp.Model")
+    if attention_mask is not None:
+        if isinstance(attention_mask, dict) or not bool((attention_mask != 0).all()):
+            raise ValueError(f"gdncp CP: attention_mask must be all ones under {patch} (no padding "
+                             "tokens inside the sequence; mark padding targets with labels = -100)")
+    pos = _text_positions(position_ids, B, T)
+    vocab = getattr(getattr(model, "embed_tokens", None), "num_embeddings", None)
+    if input_ids is not None and vocab is not None and input_ids.numel():
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"gdncp CP: token id {bad} in this rank's input_ids is outside the "
+                             f"vocabulary [0, {vocab})")
+    return x, B, T, pos
+
+
 def _text_forward(orig):
     @functools.wraps(orig)
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
@@ -202,31 +232,10 @@ def _text_forward(orig):
                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
                         use_cache=use_cache, **kwargs)
         cache = cache if cache is not None else kwargs.pop("past_key_values", None)
-        err, B, T, pos = None, 0, 0, None
+        err, B, T, pos, x = None, 0, 0, None, None
         try:
-            x = input_ids if input_ids is not None else inputs_embeds
-            if x is None or (input_ids is not None and inputs_embeds is not None):
-                raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-            if x.dim() < 2:
-                raise ValueError(f"gdncp CP: input_ids must be [B, T_local], got {tuple(x.shape)}")
-            B, T = int(x.shape[0]), int(x.shape[1])
-            if cache is not None:
-                raise ValueError("gdncp CP: under patch(comm=...) the model runs without a cache "
-                                 "(training, or a whole-sequence forward); generate outside the "
-                                 "patch or with gdncp.Model")
-            if attention_mask is not None:
-                if isinstance(attention_mask, dict) or not bool((attention_mask != 0).all()):
-                    raise ValueError("gdncp CP: attention_mask must be all ones under "
-                                     "patch(comm=...) (no padding tokens inside the sequence; mark "
-                                     "padding targets with labels = -100)")
-            pos = _text_positions(position_ids, B, T)
-            vocab = getattr(getattr(self, "embed_tokens", None), "num_embeddings", None)
-            if input_ids is not None and vocab is not None and input_ids.numel():
-                lo, hi = int(input_ids.min()), int(input_ids.max())
-                if lo < 0 or hi >= vocab:
-                    bad = lo if lo < 0 else hi
-                    raise ValueError(f"gdncp CP: token id {bad} in this rank's input_ids is outside the "
-                                     f"vocabulary [0, {vocab})")
+            x, B, T, pos = _text_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, cache,
+                                        "patch(comm=...)")
         except Exception as e:  # noqa: BLE001 -- shared with the other ranks first
             err = e
         shard = _shard_from(settings, B, T, pos, err, bool(kwargs.get("output_router_logits")))

@@ -70,21 +70,11 @@ def _text_forward(orig):
         err, B, T, pos = None, 0, 0, None
         try:
             x = input_ids if input_ids is not None else inputs_embeds
-            if x is None or (input_ids is not None and inputs_embeds is not None):
-                raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-            if x.dim() < 2:
-                raise ValueError(f"gdncp CP: input_ids must be [B, T_local], got {tuple(x.shape)}")
-            if x.device.type != "cpu":
+            if x is not None and x.device.type != "cpu":
                 raise ValueError(f"gdncp CP: the model's inputs are on {x.device}: gdncp's "
                                  "torch.distributed CP runs on the CPU (gloo)")
-            B, T = int(x.shape[0]), int(x.shape[1])
-            if cache is not None:
-                raise ValueError("gdncp CP: under patch(group=...) the model runs without a cache")
-            if attention_mask is not None and (isinstance(attention_mask, dict) or
-                                               not bool((attention_mask != 0).all())):
-                raise ValueError("gdncp CP: attention_mask must be all ones under patch(group=...) "
-                                 "(mark padding targets with labels = -100)")
-            pos = TC._text_positions(position_ids, B, T)
+            x, B, T, pos = TC._text_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, cache,
+                                           "patch(group=...)")
         except Exception as e:  # noqa: BLE001 -- shared with the other ranks first
             err = e
         lengths, cu, pos_offset, err = TC._agree_positions(
