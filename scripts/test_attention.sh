@@ -47,7 +47,7 @@ acase pass "an input without position_ids (positions 0..T-1), --threads 1" \
 acase fail "negative control: q_norm and k_norm swapped in the checkpoint" \
   bash -c "$L attention ${Wsw[*]} --in $ref --out $A/o.st --backward && $L diff $A/o.st $ref --tol 1e-5"
 # BF16 compute: within BF16's accuracy of the exact references (measured ~4e-3; the exact checks
-# are tests/test_compute_bf16.c's); control: the swapped norms through the same tolerance.
+# are tests/layer/test_compute_bf16.c's); control: the swapped norms through the same tolerance.
 acase pass "--compute bf16 forward + backward: the 8 tensors within 5e-2 of the exact references" \
   bash -c "run --in $ref --out $A/ob.st --backward --compute bf16 | grep -q 'products: bf16' && $L diff $A/ob.st $ref --tol 5e-2 | grep -q '^8 tensor(s) compared'"
 acase fail "negative control: --compute bf16 with q_norm and k_norm swapped (tol 5e-2)" \

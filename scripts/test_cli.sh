@@ -67,7 +67,7 @@ clicase pass "qwen35_tiny layer 0 (config.json + prefix) y, dx vs transformers (
 clicase fail "qwen35_tiny layer 1's weights against layer 0's references (negative control)" bash -c \
   "$L layer --weights $tiny/model.safetensors --config $tiny/config.json --prefix model.layers.1.linear_attn. --in $tiny/layer0.io.safetensors --out $logs/l1.safetensors && $L diff $logs/l1.safetensors $tiny/layer0.io.safetensors --tol 1e-4"
 # BF16 compute (--compute bf16): transformers' fp32 references within BF16's accuracy (measured
-# ~1e-2 on y and dx; tests/test_compute_bf16.c holds the exact checks); control: layer 1's weights.
+# ~1e-2 on y and dx; tests/layer/test_compute_bf16.c holds the exact checks); control: layer 1's weights.
 clicase pass "qwen35_tiny layer 0 --compute bf16 y, dx vs transformers' fp32 (tol 5e-2), the path printed" bash -c \
   "$L layer ${tinyw[*]} --in $tiny/layer0.io.safetensors --out $logs/l0b.safetensors --backward --compute bf16 | grep -q 'products: bf16' && $L diff $logs/l0b.safetensors $tiny/layer0.io.safetensors --tol 5e-2 | grep -E '^(y|dx) +ok' | wc -l | grep -qx 2"
 clicase fail "qwen35_tiny layer 1's weights --compute bf16 against layer 0's references (negative control)" bash -c \

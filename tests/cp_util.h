@@ -23,7 +23,7 @@ static inline double err_over_ranks(const float *ours, const float *ref, int64_t
 }
 
 /* ||ours - ref||_2 over ||ref||_2, the sums taken over every rank's rows (NaN counts as infinite):
- * the BF16 mode's measure (tests/test_compute_bf16.c says why). */
+ * the BF16 mode's measure (tests/layer/test_compute_bf16.c says why). */
 static inline double l2_err_over_ranks(const float *ours, const float *ref, int64_t n) {
     double loc[2] = {0, 0}, glob[2];
     for (int64_t i = 0; i < n; i++) {

@@ -148,7 +148,7 @@ def test_layer_matches_transformers_golden_and_float64_layer_and_other_layer_fai
     grads, grads64 = layer.grads_by_name(dw), layer.grads_by_name(dw64)
     for name, gw in grads.items():
         # dA_log and ddt_bias are sums of dg * (...) over 300 tokens that cancel to ~1e-2 of their
-        # terms: fp32 rounding shows 100x larger there (1e-3, as in tests/test_layer.c), and the
+        # terms: fp32 rounding shows 100x larger there (1e-3, as in tests/layer/test_layer.c), and the
         # file's own values (its rule ran in fp32 inside transformers) are off by 1e-3..1e-2
         tol = 1e-3 if name in ("A_log", "dt_bias") else LAYER_TOL
         assert rel_err(gw, grads64[name]) < tol, (name, rel_err(gw, grads64[name]))

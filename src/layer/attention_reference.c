@@ -5,7 +5,7 @@
  * dx, dW) and of the core's products rounded to bf16 (B(): gdn_ref_operand): the scaled q, k and
  * v; in the backward also dO, the probabilities P (normalised, as the core's backward forms them)
  * and dS. Not the forward's P: the core rounds it scaled against its lazy running max, which
- * this oracle does not follow (tests/test_compute_bf16.c bounds that difference). All else exact. */
+ * this oracle does not follow (tests/layer/test_compute_bf16.c bounds that difference). All else exact. */
 #define B(v) gdn_ref_operand(bf, (v))
 #include "attention_internal.h" /* the core's key tiles and lazy max (the BF16 oracle) */
 
