@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static int agree_status(gdn_cp *cp, int local_status) { return gdn_cp_agree_status(cp, local_status); }
-
 static int exscan_sum(gdn_cp *cp, int64_t mine, int64_t *before) {
     *before = 0;
     if (MPI_Exscan(&mine, before, 1, MPI_INT64_T, MPI_SUM, cp->comm) != MPI_SUCCESS)
@@ -42,7 +40,7 @@ int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
     MPI_Comm_size(dup, &size);
     gdn_cp *cp = gdn_cp_calloc(1, sizeof *cp, "cp context");
     if (cp) {
-        cp->group = (gdn_model_group){.rank = rank, .agree_status = agree_status, .exscan_sum = exscan_sum,
+        cp->group = (gdn_model_group){.rank = rank, .agree_status = gdn_cp_agree_status, .exscan_sum = exscan_sum,
                                       .sum_doubles = sum_doubles, .layer_forward = gdn_layer_cp_forward,
                                       .layer_backward = gdn_layer_cp_backward, .attn_forward = gdn_attn_cp_forward,
                                       .attn_backward = gdn_attn_cp_backward};
