@@ -466,7 +466,19 @@ def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=N
     if comm is None:
         raise RuntimeError("gdncp CP: load_balancing_loss needs comm= (or patch(comm=...))")
     st = core._comm_state(comm)
-    n = int(num_experts)
+
+    def sum_over_ranks(t):
+        out = np.empty(t.numel())
+        st.py.Allreduce(t.numpy(), out)
+        return torch.from_numpy(out)
+    return aux_loss_over(gate_logits, int(num_experts), top_k, sum_over_ranks)
+
+
+def aux_loss_over(gate_logits, n, top_k, sum_over_ranks):
+    """The load-balancing loss of every MoE layer's router over the ranks' tokens, for either
+    transport: sum_over_ranks(t) returns t (float64, 2 n + 1 numbers: the choice counts, the
+    probability sums, the rows) summed over the ranks. The other ranks' probability sums enter
+    as constants (all_reduce_grads adds their shares of the gradient)."""
     counts = torch.zeros(n, dtype=torch.float64)
     probs = torch.zeros(n, dtype=torch.float64)
     rows = 0
@@ -476,12 +488,10 @@ def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=N
         counts += torch.bincount(chosen.reshape(-1), minlength=n).double()
         probs = probs + p.double().sum(dim=0)
         rows += p.shape[0]
-    mine = np.concatenate([counts.numpy(), probs.detach().numpy(), [float(rows)]])
-    grid = np.empty_like(mine)
-    st.py.Allreduce(mine, grid)
+    grid = sum_over_ranks(torch.cat([counts, probs.detach(), torch.tensor([float(rows)], dtype=torch.float64)]))
     R = grid[-1]
-    others = torch.from_numpy(grid[n:2 * n]) - probs.detach()
-    f = torch.from_numpy(grid[:n]) / R
+    others = grid[n:2 * n] - probs.detach()
+    f = grid[:n] / R
     P = (probs + others) / R
     return (n * (f * P).sum()).float()
 

@@ -221,23 +221,7 @@ def load_balancing_loss(gate_logits, num_experts=None, top_k=2, attention_mask=N
     if gate_logits is None or not isinstance(gate_logits, tuple) or not gate_logits:
         return 0
     tr = _transport(group) if group is not None else _settings
-    n = int(num_experts)
-    counts = torch.zeros(n, dtype=torch.float64)
-    probs = torch.zeros(n, dtype=torch.float64)
-    rows = 0
-    for layer in gate_logits:
-        p = torch.nn.functional.softmax(layer.float(), dim=-1)
-        chosen = torch.topk(p, top_k, dim=-1).indices
-        counts += torch.bincount(chosen.reshape(-1), minlength=n).double()
-        probs = probs + p.double().sum(dim=0)
-        rows += p.shape[0]
-    grid = tr.allreduce_(torch.cat([counts, probs.detach(), torch.tensor([float(rows)],
-                                                                         dtype=torch.float64)]))
-    R = grid[-1]
-    others = grid[n:2 * n] - probs.detach()
-    f = grid[:n] / R
-    P = (probs + others) / R
-    return (n * (f * P).sum()).float()
+    return TC.aux_loss_over(gate_logits, int(num_experts), top_k, tr.allreduce_)
 
 
 def _aux_loss(*args, **kwargs):
