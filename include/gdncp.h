@@ -20,6 +20,7 @@
  * All of these are libgdncp, which links no MPI. The MPI wing, libgdncp_mpi, has its own headers,
  * which include <mpi.h> and are included on their own:
  *   gdncp/cp.h       context parallelism (the rule, the layers, the conv halo, the model, agreement)
+ *   gdncp/ep.h       expert parallelism (the MoE block's experts split over ranks)
  *   gdncp/train.h    the trainer over a DP x CP grid of ranks
  *   gdncp/abi.h      every public struct's size and field offsets as compiled, both libraries'
  *                    (for bindings: its table includes the wing's headers, so it is the wing's)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The shared libraries export exactly what is declared, and no data:
 #   libgdncp.so      the functions declared GDN_API in the public headers of libgdncp (every
-#                    include/gdncp/*.h but the wing's cp.h, train.h and abi.h), and the internal steps
+#                    include/gdncp/*.h but the wing's cp.h, ep.h, train.h and abi.h), and the internal steps
 #                    declared GDN_WING in src/*/*.h, which only the wing calls (base.h says why);
-#   libgdncp_mpi.so  the functions declared GDN_API in cp.h, train.h and abi.h (the layout table,
+#   libgdncp_mpi.so  the functions declared GDN_API in cp.h, ep.h, train.h and abi.h (the layout table,
 #                    which includes every header, the wing's too).
 # The control runs the same comparison on the static archive, which keeps every internal symbol
 # for the tests: it must find the difference.
@@ -14,9 +14,9 @@ bd=${1:-build}
 passed=0; failed=0
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 api() { grep -ohE '^GDN_API [^(]*\bgdn_[a-z0-9_]+\(' "$@" | grep -oE 'gdn_[a-z0-9_]+\($' | tr -d '(' | sort -u; }
-core_headers=$(ls include/gdncp/*.h | grep -vE '/(cp|train|abi)\.h$')
+core_headers=$(ls include/gdncp/*.h | grep -vE '/(cp|ep|train|abi)\.h$')
 api $core_headers > "$tmp/core_api"
-api include/gdncp/cp.h include/gdncp/train.h include/gdncp/abi.h > "$tmp/wing_api"
+api include/gdncp/cp.h include/gdncp/ep.h include/gdncp/train.h include/gdncp/abi.h > "$tmp/wing_api"
 grep -ohE '^GDN_WING [^(]*\bgdn_[a-z0-9_]+\(' src/*/*.h | grep -oE 'gdn_[a-z0-9_]+\($' | tr -d '(' | sort -u > "$tmp/wing_internal"
 sort -u "$tmp/core_api" "$tmp/wing_internal" > "$tmp/core_exports"
 compare() { # compare LABEL EXPECT(same|differ) LIST SYMBOLS...: the defined global symbols against LIST
@@ -39,7 +39,7 @@ if [ -f "$so" ] && [ -f "$a" ]; then
     echo "PASS  the declared lists hold gdn_forward, gdn_model_forward, gdn_version; gdn_cp_forward, gdn_train; gdn_layer_out"; passed=$((passed + 1))
   else echo "FAIL  the declared lists from include/gdncp/*.h and src/*/*.h are incomplete"; failed=$((failed + 1)); fi
   if [ -f "$wing" ]; then
-    compare "nm -D libgdncp_mpi.so: exactly the $(wc -l < "$tmp/wing_api") GDN_API functions of cp.h, train.h and abi.h" \
+    compare "nm -D libgdncp_mpi.so: exactly the $(wc -l < "$tmp/wing_api") GDN_API functions of cp.h, ep.h, train.h and abi.h" \
       same "$tmp/wing_api" $(defined "$wing")
     # control: the wing's exports are not libgdncp's
     compare "libgdncp_mpi.so's exports differ from libgdncp.so's list (control)" differ "$tmp/core_exports" $(defined "$wing")

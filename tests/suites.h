@@ -43,5 +43,6 @@ SUITE_CP(model_cp)      /* cp/test_model_cp.c: the model under CP */
 SUITE_CP(pack_cp)       /* cp/test_pack_cp.c: packed documents crossing ranks */
 SUITE_CP(attention_cp)  /* cp/test_attention_cp.c: the attention layer under CP (kv, heads) */
 SUITE_CP(model_cp_hybrid) /* cp/test_model_cp.c: the hybrid model under CP */
+SUITE_CP(moe_ep)        /* cp/test_moe_ep.c: the MoE block with its experts split over ranks */
 #undef SUITE_CLI
 #undef SUITE_CP

@@ -58,6 +58,12 @@ typedef struct {
     int compute;          /* GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16: the expert, shared-expert and
                              router products with bf16 operands and fp32 accumulation; softmax,
                              top-k, weights and the combine stay fp32 */
+    /* Expert parallelism (ep.h, libgdncp_mpi): the routed experts split over ep_size ranks, this
+     * block holding slice ep_rank, experts [ep_rank n_experts / ep_size, (ep_rank + 1) n_experts
+     * / ep_size), so that gate_up_proj and down_proj have n_experts / ep_size rows here (ep_size
+     * divides n_experts). 0 or 1: every expert (the default); the router and the shared expert
+     * are whole either way. A sliced block runs only through gdn_moe_ep_forward/backward. */
+    int64_t ep_size, ep_rank;
 } gdn_moe_config;
 
 #define GDN_MOE_MAX_EXPERTS 4096
@@ -66,6 +72,8 @@ typedef struct {
 GDN_API gdn_moe_config gdn_moe_config_default(int64_t N, int64_t E, int64_t n_experts, int64_t top_k,
                                               int64_t I, int64_t Is);
 GDN_API int gdn_moe_config_check(const gdn_moe_config *cfg);
+/* The experts this block holds: *first and the count (n_experts / ep_size; all when ep_size <= 1). */
+GDN_API int64_t gdn_moe_local_experts(const gdn_moe_config *cfg, int64_t *first);
 /* transformers' in-memory name of a parameter ("gate.weight", "experts.gate_up_proj", ...). */
 GDN_API const char *gdn_moe_param_name(int which);
 /* Its shape (returns ndim, fills shape[0..ndim); 0 for a shared-expert tensor when Is = 0),

@@ -34,7 +34,7 @@ GDN_WING int gdn_fail(int status, const char *fmt, ...) __attribute__((format(pr
  * against the oracle catches exactly that mistake (a mutation inside the computation, where
  * changing our outputs afterwards would only exercise the comparison). */
 GDN_WING int gdn_test_fault(const char *site);
-int gdn_test_mutate(const char *site);
+GDN_WING int gdn_test_mutate(const char *site);
 void gdn_test_point(const char *site);
 void gdn_test_threads(const char *site, int threads);
 

@@ -20,7 +20,8 @@ static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 size_t gdn_moe_saved_floats_cfg(const gdn_moe_config *c) {
     const size_t N = (size_t)c->N, NK = N * (size_t)c->top_k, n = (size_t)c->n_experts, I = (size_t)c->I,
                  Is = (size_t)c->Is;
-    size_t s = 2 * pad16(NK) + pad16(N * n) + pad16(NK * 2 * I);
+    size_t s = 2 * pad16(NK) + pad16(N * n);
+    if (c->ep_size <= 1) s += pad16(NK * 2 * I); /* under EP the experts' owners recompute it */
     if (Is) s += pad16(N * 2 * Is) + pad16(N);
     return s;
 }
@@ -32,7 +33,7 @@ gdn_moe_saved gdn_moe_saved_view(const gdn_moe_plan *p, float *saved) {
     s.sel = (int32_t *)gdn_carve(&cur, (size_t)p->NK);
     s.w = gdn_carve(&cur, (size_t)p->NK);
     s.p = gdn_carve(&cur, (size_t)(p->N * p->n));
-    s.gu = gdn_carve(&cur, (size_t)p->NK * 2 * (size_t)p->I);
+    if (p->cfg.ep_size <= 1) s.gu = gdn_carve(&cur, (size_t)p->NK * 2 * (size_t)p->I);
     if (p->Is) {
         s.sgu = gdn_carve(&cur, (size_t)(p->N * 2 * p->Is));
         s.sgl = gdn_carve(&cur, (size_t)p->N);
@@ -63,7 +64,7 @@ int gdn_moe_plan_create(gdn_moe_plan **out, const gdn_moe_config *cfg) {
     const size_t pieces[] = {
         p->saved_floats, N * n,         /* scratch_saved lg */
         NK * E, NK * E,                 /* xg dyg */
-        NK * I, NK * I, NK * 2 * I, NK, /* m dm dgu c */
+        NK * I, NK * I, NK * 2 * I, NK, NK, /* m dm dgu c wr */
         N * Is, N * Is, N * 2 * Is, N,  /* sm sdm sdgu sdl */
         gdn_matmul_compute_ws_floats(cfg->compute, p->threads),
         2 * (n + 1), NK, NK, /* start (int64) pos tok (int32) */
@@ -85,12 +86,13 @@ int gdn_moe_plan_create(gdn_moe_plan **out, const gdn_moe_config *cfg) {
         return gdn_fail(GDN_ERR_NOMEM, "moe workspace: %.1f MB for N = %lld rows", p->bytes / 1e6, (long long)p->N);
     }
     float *cur = p->arena;
-    float **dst[] = {&p->scratch_saved, &p->lg, &p->xg, &p->dyg, &p->m, &p->dm, &p->dgu, &p->c,
+    float **dst[] = {&p->scratch_saved, &p->lg, &p->xg, &p->dyg, &p->m, &p->dm, &p->dgu, &p->c, &p->wr,
                      &p->sm, &p->sdm, &p->sdgu, &p->sdl, &p->mm_ws};
     for (size_t i = 0; i < sizeof dst / sizeof dst[0]; i++) *dst[i] = gdn_carve(&cur, pieces[i]);
-    p->start = (int64_t *)gdn_carve(&cur, pieces[13]);
-    p->pos = (int32_t *)gdn_carve(&cur, pieces[14]);
-    p->tok = (int32_t *)gdn_carve(&cur, pieces[15]);
+    const size_t nd = sizeof dst / sizeof dst[0];
+    p->start = (int64_t *)gdn_carve(&cur, pieces[nd]);
+    p->pos = (int32_t *)gdn_carve(&cur, pieces[nd + 1]);
+    p->tok = (int32_t *)gdn_carve(&cur, pieces[nd + 2]);
     *out = p;
     return GDN_OK;
 }
@@ -178,25 +180,18 @@ static int route_row(const float *l, float *pr, int32_t *sr, float *wr, int64_t 
     return bad;
 }
 
-int gdn_moe_forward(gdn_moe_plan *p, float *y, float *saved, const float *x, const float *w, double *stats,
-                    int32_t *routing, float *routing_w) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "moe forward: plan is NULL");
-    if (!y) return gdn_fail(GDN_ERR_ARG, "moe forward: output 'y' is NULL");
-    if (!w) return gdn_fail(GDN_ERR_ARG, "moe forward: weights 'w' are NULL");
+int gdn_moe_route(gdn_moe_plan *p, const gdn_moe_saved *s, const float *x, const float *w, double *stats,
+                  int32_t *routing, float *routing_w) {
     const gdn_moe_config *c = &p->cfg;
     const int th = p->threads;
-    const int64_t N = p->N, E = p->E, n = p->n, k = p->k, I = p->I, Is = p->Is;
+    const int64_t N = p->N, E = p->E, n = p->n, k = p->k;
     int rc = gdn_check_tensor("x", x, N * E, c->check_finite, th);
     if (rc) return rc;
-    gdn_moe_saved s = gdn_moe_saved_view(p, saved ? saved : p->scratch_saved);
-    const float *Wr = w + p->off[GDN_MOE_ROUTER], *GU = w + p->off[GDN_MOE_GATE_UP], *D = w + p->off[GDN_MOE_DOWN];
-
-    /* Router: logits, softmax, top-k, weights. */
-    mm(p, GDN_GEMM_B_TRANS, N, n, E, x, E, Wr, E, p->lg, n);
+    mm(p, GDN_GEMM_B_TRANS, N, n, E, x, E, w + p->off[GDN_MOE_ROUTER], E, p->lg, n);
     int64_t bad = N;
 #pragma omp parallel for num_threads(th) schedule(static) reduction(min : bad) if (N >= MOE_PAR_ROWS)
     for (int64_t t = 0; t < N; t++)
-        if (route_row(p->lg + t * n, s.p + t * n, s.sel + t * k, s.w + t * k, n, k, c->norm_topk) && t < bad)
+        if (route_row(p->lg + t * n, s->p + t * n, s->sel + t * k, s->w + t * k, n, k, c->norm_topk) && t < bad)
             bad = t;
     if (c->check_finite && bad < N) {
         int64_t e = 0;
@@ -208,122 +203,158 @@ int gdn_moe_forward(gdn_moe_plan *p, float *y, float *saved, const float *x, con
     }
     if (stats) /* in token order: the sums do not depend on the thread count */
         for (int64_t t = 0; t < N; t++) {
-            for (int64_t j = 0; j < k; j++) stats[s.sel[t * k + j]] += 1.0;
-            for (int64_t e = 0; e < n; e++) stats[n + e] += (double)s.p[t * n + e];
+            for (int64_t j = 0; j < k; j++) stats[s->sel[t * k + j]] += 1.0;
+            for (int64_t e = 0; e < n; e++) stats[n + e] += (double)s->p[t * n + e];
         }
-    if (routing) memcpy(routing, s.sel, sizeof(int32_t) * (size_t)p->NK);
-    if (routing_w) memcpy(routing_w, s.w, sizeof(float) * (size_t)p->NK);
-
-    /* The routed experts, grouped. */
-    if ((rc = group_pairs(p, s.sel))) return rc;
+    if (routing) memcpy(routing, s->sel, sizeof(int32_t) * (size_t)p->NK);
+    if (routing_w) memcpy(routing_w, s->w, sizeof(float) * (size_t)p->NK);
+    if ((rc = group_pairs(p, s->sel))) return rc;
     gather_rows(p, p->xg, x);
-    for (int64_t e = 0; e < n; e++) {
-        const int64_t r0 = p->start[e], rows = p->start[e + 1] - r0;
-        if (rows) mm(p, GDN_GEMM_B_TRANS, rows, 2 * I, E, p->xg + r0 * E, E, GU + e * 2 * I * E, E, s.gu + r0 * 2 * I, 2 * I);
-    }
-#pragma omp parallel for num_threads(th) schedule(static) if (p->NK >= MOE_PAR_ROWS)
-    for (int64_t r = 0; r < p->NK; r++) gdn_swiglu_row(p->m + r * I, s.gu + r * 2 * I, s.gu + r * 2 * I + I, I);
-    float *outg = p->xg; /* the experts' outputs replace the gathered x */
-    for (int64_t e = 0; e < n; e++) {
-        const int64_t r0 = p->start[e], rows = p->start[e + 1] - r0;
-        if (rows) mm(p, GDN_GEMM_B_TRANS, rows, E, I, p->m + r0 * I, I, D + e * E * I, I, outg + r0 * E, E);
-    }
+    return GDN_OK;
+}
 
-    /* The shared expert, dense over all rows, its output into y (scaled at the combine). */
-    if (Is) {
-        const float *SG = w + p->off[GDN_MOE_SHARED_GATE], *SU = w + p->off[GDN_MOE_SHARED_UP],
-                    *SD = w + p->off[GDN_MOE_SHARED_DOWN], *g = w + p->off[GDN_MOE_SHARED_EXPERT_GATE];
-        mm(p, GDN_GEMM_B_TRANS, N, Is, E, x, E, SG, E, s.sgu, 2 * Is);
-        mm(p, GDN_GEMM_B_TRANS, N, Is, E, x, E, SU, E, s.sgu + Is, 2 * Is);
-        mm(p, GDN_GEMM_B_TRANS, N, 1, E, x, E, g, E, s.sgl, 1);
-#pragma omp parallel for num_threads(th) schedule(static) if (N >= MOE_PAR_ROWS)
-        for (int64_t t = 0; t < N; t++) gdn_swiglu_row(p->sm + t * Is, s.sgu + t * 2 * Is, s.sgu + t * 2 * Is + Is, Is);
-        mm(p, GDN_GEMM_B_TRANS, N, E, Is, p->sm, Is, SD, Is, y, E);
+void gdn_moe_experts_forward(gdn_moe_plan *p, int64_t nexp, const int64_t *start, const float *GU, const float *D,
+                             const float *xg, int64_t ldx, float *gu, float *m, float *out) {
+    const int64_t E = p->E, I = p->I, rows_all = start[nexp] - start[0];
+    for (int64_t e = 0; e < nexp; e++) {
+        const int64_t r0 = start[e] - start[0], rows = start[e + 1] - start[e];
+        if (rows) mm(p, GDN_GEMM_B_TRANS, rows, 2 * I, E, xg + r0 * ldx, ldx, GU + e * 2 * I * E, E, gu + r0 * 2 * I, 2 * I);
     }
+    if (!out) return; /* the activations alone (a backward that recomputes them) */
+#pragma omp parallel for num_threads(p->threads) schedule(static) if (rows_all >= MOE_PAR_ROWS)
+    for (int64_t r = 0; r < rows_all; r++) gdn_swiglu_row(m + r * I, gu + r * 2 * I, gu + r * 2 * I + I, I);
+    for (int64_t e = 0; e < nexp; e++) {
+        const int64_t r0 = start[e] - start[0], rows = start[e + 1] - start[e];
+        if (rows) mm(p, GDN_GEMM_B_TRANS, rows, E, I, m + r0 * I, I, D + e * E * I, I, out + r0 * E, E);
+    }
+}
 
-    /* Combine: y[t] = sum_j w_tj out(t, j) in slot order (+ sigmoid(g . x_t) s(x_t)). */
-#pragma omp parallel for num_threads(th) schedule(static) if (N >= MOE_PAR_ROWS)
+void gdn_moe_shared_forward(gdn_moe_plan *p, float *y, const gdn_moe_saved *s, const float *x, const float *w) {
+    const int64_t N = p->N, E = p->E, Is = p->Is;
+    if (!Is) return;
+    const float *SG = w + p->off[GDN_MOE_SHARED_GATE], *SU = w + p->off[GDN_MOE_SHARED_UP],
+                *SD = w + p->off[GDN_MOE_SHARED_DOWN], *g = w + p->off[GDN_MOE_SHARED_EXPERT_GATE];
+    mm(p, GDN_GEMM_B_TRANS, N, Is, E, x, E, SG, E, s->sgu, 2 * Is);
+    mm(p, GDN_GEMM_B_TRANS, N, Is, E, x, E, SU, E, s->sgu + Is, 2 * Is);
+    mm(p, GDN_GEMM_B_TRANS, N, 1, E, x, E, g, E, s->sgl, 1);
+#pragma omp parallel for num_threads(p->threads) schedule(static) if (N >= MOE_PAR_ROWS)
+    for (int64_t t = 0; t < N; t++) gdn_swiglu_row(p->sm + t * Is, s->sgu + t * 2 * Is, s->sgu + t * 2 * Is + Is, Is);
+    mm(p, GDN_GEMM_B_TRANS, N, E, Is, p->sm, Is, SD, Is, y, E);
+}
+
+void gdn_moe_combine(gdn_moe_plan *p, float *y, const gdn_moe_saved *s, const float *outg) {
+    const int64_t N = p->N, E = p->E, k = p->k, Is = p->Is;
+#pragma omp parallel for num_threads(p->threads) schedule(static) if (N >= MOE_PAR_ROWS)
     for (int64_t t = 0; t < N; t++) {
         float *yr = y + t * E;
-        const float sig = Is ? gdn_sigmoidf(s.sgl[t]) : 0.0f;
+        const float sig = Is ? gdn_sigmoidf(s->sgl[t]) : 0.0f;
         const float *o0 = outg + (int64_t)p->pos[t * k] * E;
-        const float w0 = s.w[t * k];
+        const float w0 = s->w[t * k];
         if (Is)
             for (int64_t i = 0; i < E; i++) yr[i] = sig * yr[i];
         for (int64_t i = 0; i < E; i++) {
             float a = w0 * o0[i];
-            for (int64_t j = 1; j < k; j++) a += s.w[t * k + j] * outg[(int64_t)p->pos[t * k + j] * E + i];
+            for (int64_t j = 1; j < k; j++) a += s->w[t * k + j] * outg[(int64_t)p->pos[t * k + j] * E + i];
             yr[i] = Is ? a + yr[i] : a;
         }
     }
+}
+
+/* A sliced block (ep_size > 1) holds only some experts: it runs through the wing's EP forms. */
+static int whole(const gdn_moe_plan *p, const char *what) {
+    if (gdn_moe_local_experts(&p->cfg, NULL) == p->n) return GDN_OK;
+    return gdn_fail(GDN_ERR_ARG, "moe %s: this block holds experts of slice %lld of %lld only (ep_size > 1): run it "
+                    "with gdn_moe_ep_%s over its expert-parallel group (ep.h)", what, (long long)p->cfg.ep_rank,
+                    (long long)p->cfg.ep_size, what);
+}
+
+int gdn_moe_forward(gdn_moe_plan *p, float *y, float *saved, const float *x, const float *w, double *stats,
+                    int32_t *routing, float *routing_w) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "moe forward: plan is NULL");
+    if (!y) return gdn_fail(GDN_ERR_ARG, "moe forward: output 'y' is NULL");
+    if (!w) return gdn_fail(GDN_ERR_ARG, "moe forward: weights 'w' are NULL");
+    int rc = whole(p, "forward");
+    if (rc) return rc;
+    gdn_moe_saved s = gdn_moe_saved_view(p, saved ? saved : p->scratch_saved);
+    if ((rc = gdn_moe_route(p, &s, x, w, stats, routing, routing_w))) return rc;
+    /* the experts' outputs replace the gathered x */
+    gdn_moe_experts_forward(p, p->n, p->start, w + p->off[GDN_MOE_GATE_UP], w + p->off[GDN_MOE_DOWN], p->xg, p->E,
+                            s.gu, p->m, p->xg);
+    gdn_moe_shared_forward(p, y, &s, x, w);
+    gdn_moe_combine(p, y, &s, p->xg);
     return GDN_OK;
 }
 
-int gdn_moe_backward(gdn_moe_plan *p, float *dx, float *dw, const float *x, const float *w, const float *saved,
-                     const float *dy, const float *aux_dp) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "moe backward: plan is NULL");
-    if (!dx) return gdn_fail(GDN_ERR_ARG, "moe backward: output 'dx' is NULL");
-    if (!dw) return gdn_fail(GDN_ERR_ARG, "moe backward: output 'dw' is NULL");
-    if (!w) return gdn_fail(GDN_ERR_ARG, "moe backward: weights 'w' are NULL");
-    if (!saved) return gdn_fail(GDN_ERR_ARG, "moe backward: 'saved' is NULL (run the forward with saved)");
-    const gdn_moe_config *c = &p->cfg;
+int gdn_moe_backward_begin(gdn_moe_plan *p, const gdn_moe_saved *s, const float *x, const float *dy) {
     const int th = p->threads;
-    const int64_t N = p->N, E = p->E, n = p->n, k = p->k, I = p->I, Is = p->Is, NK = p->NK;
-    int rc = gdn_check_tensor("x", x, N * E, c->check_finite, th);
-    if (!rc) rc = gdn_check_tensor("dy", dy, N * E, c->check_finite, th);
+    int rc = gdn_check_tensor("x", x, p->N * p->E, p->cfg.check_finite, th);
+    if (!rc) rc = gdn_check_tensor("dy", dy, p->N * p->E, p->cfg.check_finite, th);
+    if (!rc) rc = group_pairs(p, s->sel);
     if (rc) return rc;
-    const gdn_moe_saved s = gdn_moe_saved_view(p, (float *)saved);
-    const float *Wr = w + p->off[GDN_MOE_ROUTER], *GU = w + p->off[GDN_MOE_GATE_UP], *D = w + p->off[GDN_MOE_DOWN];
-    float *dWr = dw + p->off[GDN_MOE_ROUTER], *dGU = dw + p->off[GDN_MOE_GATE_UP], *dD = dw + p->off[GDN_MOE_DOWN];
+    for (int64_t r = 0; r < p->NK; r++) p->wr[r] = s->w[p->tok[r]];
+    return GDN_OK;
+}
 
-    /* The experts: dm_raw = dy D_e per pair; c = <dm_raw, m> = <dy, e_j(x)>; the pair's gradient
-     * is the dense MLP's scaled by w. */
-    if ((rc = group_pairs(p, s.sel))) return rc;
-    gather_rows(p, p->xg, x);
-    gather_rows(p, p->dyg, dy);
-    for (int64_t e = 0; e < n; e++) {
-        const int64_t r0 = p->start[e], rows = p->start[e + 1] - r0;
-        if (rows) mm(p, 0, rows, I, E, p->dyg + r0 * E, E, D + e * E * I, I, p->dm + r0 * I, I);
+void gdn_moe_experts_backward(gdn_moe_plan *p, int64_t nexp, const int64_t *start, const float *GU, const float *D,
+                              float *dGU, float *dD, const float *xg, int64_t ldx, const float *gu, const float *dyg,
+                              int64_t ldd, const float *wr, float *m, float *dm, float *dgu, float *c, float *dxg) {
+    const int64_t E = p->E, I = p->I, rows_all = start[nexp] - start[0];
+    /* dm_raw = dy D_e per row; c = <dm_raw, m> = <dy, e(x)>; the row's gradient is the dense
+     * MLP's scaled by its weight. */
+    for (int64_t e = 0; e < nexp; e++) {
+        const int64_t r0 = start[e] - start[0], rows = start[e + 1] - start[e];
+        if (rows) mm(p, 0, rows, I, E, dyg + r0 * ldd, ldd, D + e * E * I, I, dm + r0 * I, I);
     }
-#pragma omp parallel for num_threads(th) schedule(static) if (NK >= MOE_PAR_ROWS)
-    for (int64_t r = 0; r < NK; r++) {
-        const float wt = s.w[p->tok[r]];
-        const float *g = s.gu + r * 2 * I;
-        float *m = p->m + r * I, *dm = p->dm + r * I;
-        gdn_swiglu_row(m, g, g + I, I);
-        p->c[r] = (float)dot_d(dm, m, I);
-        for (int64_t i = 0; i < I; i++) m[i] *= wt, dm[i] *= wt;
-        gdn_swiglu_grad_row(p->dgu + r * 2 * I, p->dgu + r * 2 * I + I, g, g + I, dm, I);
+#pragma omp parallel for num_threads(p->threads) schedule(static) if (rows_all >= MOE_PAR_ROWS)
+    for (int64_t r = 0; r < rows_all; r++) {
+        const float wt = wr[r];
+        const float *g = gu + r * 2 * I;
+        float *mr = m + r * I, *dmr = dm + r * I;
+        gdn_swiglu_row(mr, g, g + I, I);
+        c[r] = (float)dot_d(dmr, mr, I);
+        for (int64_t i = 0; i < I; i++) mr[i] *= wt, dmr[i] *= wt;
+        gdn_swiglu_grad_row(dgu + r * 2 * I, dgu + r * 2 * I + I, g, g + I, dmr, I);
     }
-    for (int64_t e = 0; e < n; e++) {
-        const int64_t r0 = p->start[e], rows = p->start[e + 1] - r0;
+    for (int64_t e = 0; e < nexp; e++) {
+        const int64_t r0 = start[e] - start[0], rows = start[e + 1] - start[e];
         float *dDe = dD + e * E * I, *dGUe = dGU + e * 2 * I * E;
         if (!rows) { /* chosen by no row: zero gradient, its weights unread */
             memset(dDe, 0, sizeof(float) * (size_t)(E * I));
             memset(dGUe, 0, sizeof(float) * (size_t)(2 * I * E));
             continue;
         }
-        mm(p, GDN_GEMM_A_TRANS, E, I, rows, p->dyg + r0 * E, E, p->m + r0 * I, I, dDe, I);
-        mm(p, GDN_GEMM_A_TRANS, 2 * I, E, rows, p->dgu + r0 * 2 * I, 2 * I, p->xg + r0 * E, E, dGUe, E);
-        /* the pairs' dx replace their gathered dy */
-        mm(p, 0, rows, E, 2 * I, p->dgu + r0 * 2 * I, 2 * I, GU + e * 2 * I * E, E, p->dyg + r0 * E, E);
+        mm(p, GDN_GEMM_A_TRANS, E, I, rows, dyg + r0 * ldd, ldd, m + r0 * I, I, dDe, I);
+        mm(p, GDN_GEMM_A_TRANS, 2 * I, E, rows, dgu + r0 * 2 * I, 2 * I, xg + r0 * ldx, ldx, dGUe, E);
+        mm(p, 0, rows, E, 2 * I, dgu + r0 * 2 * I, 2 * I, GU + e * 2 * I * E, E, dxg + r0 * ldd, ldd);
     }
+}
+
+void gdn_moe_router_shared_backward(gdn_moe_plan *p, float *dx, float *dw, const float *x, const float *w,
+                                    const gdn_moe_saved *s, const float *dy, const float *aux_dp, const float *dxg,
+                                    int64_t lddx, const float *cg, int64_t ldc) {
+    const gdn_moe_config *c = &p->cfg;
+    const int th = p->threads;
+    const int64_t N = p->N, E = p->E, n = p->n, k = p->k, Is = p->Is;
+    const float *Wr = w + p->off[GDN_MOE_ROUTER];
+    float *dWr = dw + p->off[GDN_MOE_ROUTER];
 
     /* The router: dl per row (DESIGN §13) into lg, plus the aux term through the softmax. */
     float *dl = p->lg;
 #pragma omp parallel for num_threads(th) schedule(static) if (N >= MOE_PAR_ROWS)
     for (int64_t t = 0; t < N; t++) {
         float *d = dl + t * n;
-        const float *pr = s.p + t * n, *wt = s.w + t * k;
-        const int32_t *sr = s.sel + t * k;
+        const float *pr = s->p + t * n, *wt = s->w + t * k;
+        const int32_t *sr = s->sel + t * k;
         double dot = 0.0;
-        for (int64_t j = 0; j < k; j++) dot += (double)wt[j] * (double)p->c[p->pos[t * k + j]];
+        for (int64_t j = 0; j < k; j++) dot += (double)wt[j] * (double)cg[(int64_t)p->pos[t * k + j] * ldc];
         if (c->norm_topk) {
             for (int64_t e = 0; e < n; e++) d[e] = 0.0f;
-            for (int64_t j = 0; j < k; j++) d[sr[j]] = (float)((double)wt[j] * ((double)p->c[p->pos[t * k + j]] - dot));
+            for (int64_t j = 0; j < k; j++)
+                d[sr[j]] = (float)((double)wt[j] * ((double)cg[(int64_t)p->pos[t * k + j] * ldc] - dot));
         } else {
             for (int64_t e = 0; e < n; e++) d[e] = (float)(-(double)pr[e] * dot);
-            for (int64_t j = 0; j < k; j++) d[sr[j]] += (float)((double)pr[sr[j]] * (double)p->c[p->pos[t * k + j]]);
+            for (int64_t j = 0; j < k; j++)
+                d[sr[j]] += (float)((double)pr[sr[j]] * (double)cg[(int64_t)p->pos[t * k + j] * ldc]);
         }
         if (aux_dp) {
             double pa = 0.0;
@@ -346,8 +377,8 @@ int gdn_moe_backward(gdn_moe_plan *p, float *dx, float *dw, const float *x, cons
         mm(p, 0, N, Is, E, dy, E, SD, Is, p->sdm, Is);
 #pragma omp parallel for num_threads(th) schedule(static) if (N >= MOE_PAR_ROWS)
         for (int64_t t = 0; t < N; t++) {
-            const float sig = gdn_sigmoidf(s.sgl[t]);
-            const float *gu = s.sgu + t * 2 * Is;
+            const float sig = gdn_sigmoidf(s->sgl[t]);
+            const float *gu = s->sgu + t * 2 * Is;
             float *m = p->sm + t * Is, *dm = p->sdm + t * Is;
             gdn_swiglu_row(m, gu, gu + Is, Is);
             p->sdl[t] = (float)((double)sig * (1.0 - (double)sig) * dot_d(dm, m, Is));
@@ -363,12 +394,11 @@ int gdn_moe_backward(gdn_moe_plan *p, float *dx, float *dw, const float *x, cons
     }
 
     /* Combine: dx[t] += the pairs' dx in slot order (+ d(g . x_t) g). */
-    const float *dxg = p->dyg;
 #pragma omp parallel for num_threads(th) schedule(static) if (N >= MOE_PAR_ROWS)
     for (int64_t t = 0; t < N; t++) {
         float *d = dx + t * E;
         for (int64_t j = 0; j < k; j++) {
-            const float *src = dxg + (int64_t)p->pos[t * k + j] * E;
+            const float *src = dxg + (int64_t)p->pos[t * k + j] * lddx;
             for (int64_t i = 0; i < E; i++) d[i] += src[i];
         }
         if (g) {
@@ -381,6 +411,26 @@ int gdn_moe_backward(gdn_moe_plan *p, float *dx, float *dw, const float *x, cons
         const size_t end = p->off[i] + gdn_moe_param_numel(c, i);
         memset(dw + end, 0, sizeof(float) * (p->off[i + 1] - end));
     }
+}
+
+int gdn_moe_backward(gdn_moe_plan *p, float *dx, float *dw, const float *x, const float *w, const float *saved,
+                     const float *dy, const float *aux_dp) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "moe backward: plan is NULL");
+    if (!dx) return gdn_fail(GDN_ERR_ARG, "moe backward: output 'dx' is NULL");
+    if (!dw) return gdn_fail(GDN_ERR_ARG, "moe backward: output 'dw' is NULL");
+    if (!w) return gdn_fail(GDN_ERR_ARG, "moe backward: weights 'w' are NULL");
+    if (!saved) return gdn_fail(GDN_ERR_ARG, "moe backward: 'saved' is NULL (run the forward with saved)");
+    int rc = whole(p, "backward");
+    if (rc) return rc;
+    const gdn_moe_saved s = gdn_moe_saved_view(p, (float *)saved);
+    if ((rc = gdn_moe_backward_begin(p, &s, x, dy))) return rc;
+    gather_rows(p, p->xg, x);
+    gather_rows(p, p->dyg, dy);
+    /* the pairs' dx replace their gathered dy */
+    gdn_moe_experts_backward(p, p->n, p->start, w + p->off[GDN_MOE_GATE_UP], w + p->off[GDN_MOE_DOWN],
+                             dw + p->off[GDN_MOE_GATE_UP], dw + p->off[GDN_MOE_DOWN], p->xg, p->E, s.gu, p->dyg, p->E,
+                             p->wr, p->m, p->dm, p->dgu, p->c, p->dyg);
+    gdn_moe_router_shared_backward(p, dx, dw, x, w, &s, dy, aux_dp, p->dyg, p->E, p->c, 1);
     return GDN_OK;
 }
 

@@ -36,9 +36,21 @@ int gdn_moe_config_check(const gdn_moe_config *c) {
     if (c->threads < 0) return gdn_fail(GDN_ERR_ARG, "moe threads = %d is negative", c->threads);
     if (c->norm_topk != 0 && c->norm_topk != 1)
         return gdn_fail(GDN_ERR_ARG, "moe norm_topk = %d (want 0 or 1)", c->norm_topk);
+    if (c->ep_size < 0 || c->ep_size > c->n_experts || (c->ep_size > 1 && c->n_experts % c->ep_size))
+        return gdn_fail(GDN_ERR_SHAPE, "moe ep_size = %lld must divide n_experts = %lld (the experts split evenly "
+                        "over the expert-parallel ranks)", (long long)c->ep_size, (long long)c->n_experts);
+    if (c->ep_rank < 0 || c->ep_rank >= (c->ep_size > 1 ? c->ep_size : 1))
+        return gdn_fail(GDN_ERR_ARG, "moe ep_rank = %lld is out of range [0, ep_size = %lld)", (long long)c->ep_rank,
+                        (long long)(c->ep_size > 1 ? c->ep_size : 1));
     if (!gdn_compute_name(c->compute))
         return gdn_fail(GDN_ERR_ARG, "moe compute = %d (want GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16)", c->compute);
     return GDN_OK;
+}
+
+int64_t gdn_moe_local_experts(const gdn_moe_config *c, int64_t *first) {
+    const int64_t count = c->ep_size > 1 ? c->n_experts / c->ep_size : c->n_experts;
+    if (first) *first = c->ep_size > 1 ? c->ep_rank * count : 0;
+    return count;
 }
 
 static const char *const param_names[GDN_MOE_COUNT] = {
@@ -59,8 +71,8 @@ int gdn_moe_param_shape(const gdn_moe_config *c, int which, int64_t shape[3]) {
     const int shared = c->Is > 0;
     switch (which) {
     case GDN_MOE_ROUTER: shape[0] = c->n_experts, shape[1] = c->E; return 2;
-    case GDN_MOE_GATE_UP: shape[0] = c->n_experts, shape[1] = 2 * c->I, shape[2] = c->E; return 3;
-    case GDN_MOE_DOWN: shape[0] = c->n_experts, shape[1] = c->E, shape[2] = c->I; return 3;
+    case GDN_MOE_GATE_UP: shape[0] = gdn_moe_local_experts(c, NULL), shape[1] = 2 * c->I, shape[2] = c->E; return 3;
+    case GDN_MOE_DOWN: shape[0] = gdn_moe_local_experts(c, NULL), shape[1] = c->E, shape[2] = c->I; return 3;
     case GDN_MOE_SHARED_GATE:
     case GDN_MOE_SHARED_UP:
         if (!shared) return 0;

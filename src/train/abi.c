@@ -6,6 +6,7 @@
 #include "gdncp/abi.h"
 #include "gdncp/attention.h"
 #include "gdncp/cp.h"
+#include "gdncp/ep.h"
 #include "gdncp/io.h"
 #include "gdncp/kernel.h"
 #include "gdncp/layer.h"
@@ -50,6 +51,16 @@ static const abi_field fields_gdn_cp_stats[] = {
     {"bytes_recv", offsetof(gdn_cp_stats, bytes_recv)},
     {"messages", offsetof(gdn_cp_stats, messages)},
     {"rounds", offsetof(gdn_cp_stats, rounds)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_ep_stats[] = {
+    {"exchange_s", offsetof(gdn_ep_stats, exchange_s)},
+    {"experts_s", offsetof(gdn_ep_stats, experts_s)},
+    {"bytes_sent", offsetof(gdn_ep_stats, bytes_sent)},
+    {"bytes_recv", offsetof(gdn_ep_stats, bytes_recv)},
+    {"rows_owned", offsetof(gdn_ep_stats, rows_owned)},
+    {"rows_routed", offsetof(gdn_ep_stats, rows_routed)},
+    {"calls", offsetof(gdn_ep_stats, calls)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_st_tensor[] = {
@@ -233,6 +244,8 @@ static const abi_field fields_gdn_moe_config[] = {
     {"threads", offsetof(gdn_moe_config, threads)},
     {"check_finite", offsetof(gdn_moe_config, check_finite)},
     {"compute", offsetof(gdn_moe_config, compute)},
+    {"ep_size", offsetof(gdn_moe_config, ep_size)},
+    {"ep_rank", offsetof(gdn_moe_config, ep_rank)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_adamw_config[] = {
@@ -296,6 +309,7 @@ static const struct {
 } structs[] = {
     {"gdn_attn_config", sizeof(gdn_attn_config), fields_gdn_attn_config},
     {"gdn_cp_stats", sizeof(gdn_cp_stats), fields_gdn_cp_stats},
+    {"gdn_ep_stats", sizeof(gdn_ep_stats), fields_gdn_ep_stats},
     {"gdn_st_tensor", sizeof(gdn_st_tensor), fields_gdn_st_tensor},
     {"gdn_layer_weights", sizeof(gdn_layer_weights), fields_gdn_layer_weights},
     {"gdn_attn_weights", sizeof(gdn_attn_weights), fields_gdn_attn_weights},

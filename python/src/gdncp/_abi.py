@@ -11,7 +11,7 @@ from ctypes import (POINTER, c_bool, c_byte, c_char, c_char_p, c_double, c_float
                     c_int8, c_int16, c_int32, c_int64, c_long, c_size_t, c_ubyte, c_uint,
                     c_uint8, c_uint16, c_uint32, c_uint64, c_ulong, c_void_p)
 
-HEADERS = ['abi.h', 'attention.h', 'bench.h', 'checkpoint.h', 'compute.h', 'cp.h', 'data.h', 'io.h', 'kernel.h', 'layer.h', 'model.h', 'moe.h', 'optim.h', 'sample.h', 'status.h', 'train.h', 'version.h']
+HEADERS = ['abi.h', 'attention.h', 'bench.h', 'checkpoint.h', 'compute.h', 'cp.h', 'data.h', 'ep.h', 'io.h', 'kernel.h', 'layer.h', 'model.h', 'moe.h', 'optim.h', 'sample.h', 'status.h', 'train.h', 'version.h']
 
 # ---------------------------------------------------------------- constants
 # attention.h
@@ -183,6 +183,19 @@ class CpStats(ctypes.Structure):
         ('bytes_recv', c_uint64),
         ('messages', c_uint64),
         ('rounds', c_int),
+    ]
+
+
+class EpStats(ctypes.Structure):
+    """gdn_ep_stats (ep.h)."""
+    _fields_ = [
+        ('exchange_s', c_double),
+        ('experts_s', c_double),
+        ('bytes_sent', c_double),
+        ('bytes_recv', c_double),
+        ('rows_owned', c_double),
+        ('rows_routed', c_double),
+        ('calls', c_int64),
     ]
 
 
@@ -411,6 +424,8 @@ class MoeConfig(ctypes.Structure):
         ('threads', c_int),
         ('check_finite', c_int),
         ('compute', c_int),
+        ('ep_size', c_int64),
+        ('ep_rank', c_int64),
     ]
 
 
@@ -477,7 +492,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_cp_stats': CpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -581,6 +596,15 @@ PROTOTYPES = {
     'gdn_data_read': (c_int, [c_void_p, c_int, c_int64, c_int64, POINTER(c_int32)]),
     'gdn_data_window': (c_int64, [c_uint64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_data_window_docs': (c_int, [c_void_p, c_int, c_int64, c_int64, POINTER(c_int32), c_int, POINTER(c_int32), POINTER(POINTER(c_int32)), POINTER(c_int64), POINTER(c_int64)]),
+    # ep.h
+    'gdn_ep_create': (c_int, [POINTER(c_void_p), "MPI_Comm"]),
+    'gdn_ep_destroy': (None, [c_void_p]),
+    'gdn_ep_rank': (c_int, [c_void_p]),
+    'gdn_ep_size': (c_int, [c_void_p]),
+    'gdn_ep_moe_config': (c_int, [c_void_p, POINTER(MoeConfig)]),
+    'gdn_moe_ep_forward': (c_int, [c_void_p, c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_double)]),
+    'gdn_moe_ep_backward': (c_int, [c_void_p, c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
+    'gdn_ep_get_stats': (None, [c_void_p, POINTER(EpStats), c_int]),
     # io.h
     'gdn_st_open': (c_int, [POINTER(c_void_p), c_char_p]),
     'gdn_st_close': (None, [c_void_p]),
@@ -714,6 +738,7 @@ PROTOTYPES = {
     # moe.h
     'gdn_moe_config_default': (MoeConfig, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_moe_config_check': (c_int, [POINTER(MoeConfig)]),
+    'gdn_moe_local_experts': (c_int64, [POINTER(MoeConfig), POINTER(c_int64)]),
     'gdn_moe_param_name': (c_char_p, [c_int]),
     'gdn_moe_param_shape': (c_int, [POINTER(MoeConfig), c_int, POINTER(c_int64)]),
     'gdn_moe_param_offset': (c_size_t, [POINTER(MoeConfig), c_int]),
