@@ -31,7 +31,7 @@
 extern "C" {
 #endif
 
-typedef struct gdn_ep gdn_ep;
+/* gdn_ep: model.h (opaque there). */
 
 /* comm (duplicated): the ranks the experts are split over; this rank holds slice
  * rank-in-comm. Collective over comm. */

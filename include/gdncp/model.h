@@ -84,6 +84,13 @@ typedef struct {
     /* moe[l] = 1 where layer l's MLP is the sparse MoE block, 0 for the dense SwiGLU MLP of
      * intermediate_size (I; unused, may be 0, when every layer is MoE); entries from L on 0. */
     unsigned char moe[GDN_MODEL_MAX_LAYERS];
+    /* Expert parallelism (ep.h, libgdncp_mpi): not the model's but this process's share of it.
+     * The routed experts of every MoE layer split over ep_size ranks, this process holding slice
+     * ep_rank (experts [ep_rank n_experts / ep_size, (ep_rank + 1) n_experts / ep_size)): the
+     * parameter layout (and gradients, and moments) then holds only those experts' rows of
+     * experts.gate_up_proj and experts.down_proj. 0 or 1: every expert (config.json never sets
+     * it). ep_size must divide n_experts, and the model must have MoE layers. */
+    int64_t ep_size, ep_rank;
 } gdn_model_config;
 
 /* Memory for a model's flat arrays (weights, gradients, AdamW moments) as the trainer allocates
@@ -121,6 +128,10 @@ typedef struct {
     int64_t shape[3];
     size_t offset, numel;
     int decay;
+    /* A routed experts' tensor (experts.gate_up_proj, experts.down_proj: dimension 0 indexes the
+     * experts): experts_whole = n_experts, and this array holds experts [expert_first,
+     * expert_first + shape[0]) of them (all but under expert parallelism). 0, 0 otherwise. */
+    int64_t experts_whole, expert_first;
 } gdn_model_tensor_info;
 GDN_API int gdn_model_tensor_count(const gdn_model_config *cfg);
 GDN_API int gdn_model_tensor(const gdn_model_config *cfg, int i, gdn_model_tensor_info *info);
@@ -156,6 +167,12 @@ typedef struct {
 GDN_API int gdn_model_plan_create(gdn_model_plan **plan, const gdn_model_config *cfg,
                           const gdn_model_run *run, gdn_cp *cp);
 GDN_API void gdn_model_plan_destroy(gdn_model_plan *plan);
+/* An expert-parallel group (ep.h, libgdncp_mpi): opaque here. */
+typedef struct gdn_ep gdn_ep;
+/* The group the MoE layers' experts are split over, for a model whose cfg.ep_size > 1 (its size
+ * and this rank's place in it must be cfg.ep_size and cfg.ep_rank); before the first forward.
+ * Every forward and backward is then collective over the group as well (DESIGN §14). */
+GDN_API int gdn_model_plan_set_experts(gdn_model_plan *plan, gdn_ep *ep);
 /* Bytes the plan holds (workspace + kept activations). */
 GDN_API double gdn_model_plan_bytes(const gdn_model_plan *plan);
 /* Bytes a plan would hold, without making it (for choosing recompute). */
@@ -243,6 +260,9 @@ GDN_API int gdn_model_prefill_last(gdn_model_decoder *dec, const float *w, const
  * MLPs and the head, about 1.6x faster where the CPU has BF16 instructions, logits within ~1e-2).
  * A token's decode step stays fp32 either way: it is bound by reading the weights. */
 GDN_API int gdn_model_decoder_set_compute(gdn_model_decoder *dec, int compute);
+/* The expert-parallel group of a decoder whose cfg.ep_size > 1 (gdn_model_plan_set_experts):
+ * every prefill and decode step is then collective over it, each rank feeding its own sequences. */
+GDN_API int gdn_model_decoder_set_experts(gdn_model_decoder *dec, gdn_ep *ep);
 /* One token: gdn_model_prefill with T = 1 (tokens [B], logits [B, vocab]). */
 GDN_API int gdn_model_decode(gdn_model_decoder *dec, const float *w, const gdn_token *tokens, float *logits);
 /* The caches themselves (tests, saving a session): layer l's KV cache (NULL unless l is a

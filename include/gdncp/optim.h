@@ -28,6 +28,9 @@ GDN_API int gdn_adamw_check(const gdn_adamw_config *a);
 GDN_API double gdn_adamw_lr(const gdn_adamw_config *a, int64_t step);
 /* Euclidean norm of the gradient over the model's tensors (padding excluded), in double. */
 GDN_API double gdn_grad_norm(const gdn_model_config *cfg, const float *dw);
+/* Its square in two parts: sums[0] over every tensor but the routed experts', sums[1] over theirs
+ * (under expert parallelism this rank's slice: the whole norm sums sums[1] over the slices). */
+GDN_API void gdn_grad_sumsq(const gdn_model_config *cfg, const float *dw, double sums[2]);
 /* One update, step 1-based: dw scaled by `grad_scale` (clipping) first; m, v are the moments.
  * threads: the OpenMP threads this rank may use (the trainer's resolved count; <= 0 means 1). */
 GDN_API void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,

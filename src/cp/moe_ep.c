@@ -23,6 +23,7 @@
 enum { HDR_STATUS, HDR_E, HDR_I, HDR_N, HDR_EP_SIZE, HDR_EP_RANK, HDR_COLS };
 
 struct gdn_ep {
+    gdn_model_experts table; /* first: the model reaches the group through it (model_group.h) */
     MPI_Comm comm;
     int rank, size;
     int width;                /* HDR_COLS + the most experts a rank can hold */
@@ -35,6 +36,15 @@ struct gdn_ep {
     gdn_ep_stats stats;
 };
 
+static int exchange_counts(gdn_ep *ep, const gdn_moe_plan *p, int status, const char *what, int64_t *rows);
+
+/* The model's way in for a rank that failed before its peers' next exchange (model_group.h). */
+static int join(gdn_ep *ep, gdn_moe_plan *p, int status) {
+    int64_t rows = 0;
+    const int rc = exchange_counts(ep, p, status, "join", &rows);
+    return rc ? rc : status;
+}
+
 int gdn_ep_create(gdn_ep **out, MPI_Comm comm) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "ep create: output pointer is NULL");
     *out = NULL;
@@ -46,6 +56,7 @@ int gdn_ep_create(gdn_ep **out, MPI_Comm comm) {
     }
     MPI_Comm_rank(ep->comm, &ep->rank);
     MPI_Comm_size(ep->comm, &ep->size);
+    ep->table = (gdn_model_experts){ep->size, ep->rank, gdn_moe_ep_forward, gdn_moe_ep_backward, join};
     const size_t D = (size_t)ep->size;
     ep->width = HDR_COLS + GDN_MOE_MAX_EXPERTS / ep->size;
     ep->shdr = gdn_cp_malloc(sizeof(int64_t) * 2 * D * (size_t)ep->width, "ep.header");

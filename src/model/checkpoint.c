@@ -388,7 +388,7 @@ static int read_tensors(const char *path, const gdn_model_tensor_info *table, in
     for (int g = 0; g < ngroups && !rc; g++)
         for (int i = 0; i < n && !rc; i++) {
             snprintf(name, sizeof name, "%s%s", groups[g].prefix, table[i].name);
-            rc = gdn_st_read_f32(f, name, groups[g].data + table[i].offset, table[i].numel);
+            rc = gdn_hf_read_tensor(f, gdn_st_find(f, name), &table[i], groups[g].data + table[i].offset);
         }
     for (int g = 0; g < ngroups && !rc; g++) rc = check_finite(table, n, groups[g].data, path, groups[g].prefix);
     gdn_st_close(f);
@@ -507,6 +507,10 @@ int gdn_ckpt_save_dtype(const char *out_dir, int64_t step, const gdn_model_confi
     if (weight_dtype != GDN_F32 && weight_dtype != GDN_BF16)
         return gdn_fail(GDN_ERR_ARG, "checkpoint save: weight dtype %d is neither F32 (0) nor BF16 (2)", weight_dtype);
     if (step < 0) return gdn_fail(GDN_ERR_ARG, "checkpoint save: step %lld is negative", (long long)step);
+    if (cfg->ep_size > 1)
+        return gdn_fail(GDN_ERR_ARG, "checkpoint save: the config holds slice %lld of %lld of the experts; a checkpoint "
+                        "holds every expert (gather the slices into the whole layout, ep_size 0)",
+                        (long long)cfg->ep_rank, (long long)cfg->ep_size);
     int rc = gdn_model_config_check(cfg);
     if (rc) return rc;
     if (!state_json) state_json = "{}";

@@ -173,16 +173,27 @@ int gdn_hf_check_embedding(const char *dir, const gdn_model_config *cfg, const c
 int gdn_hf_check_tensor(const char *path, const gdn_st_tensor *t, const gdn_model_tensor_info *want) {
     if (t->dtype != GDN_F32 && t->dtype != GDN_BF16 && t->dtype != GDN_F64)
         return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; F32 or BF16 expected", path, t->name, t->dtype_name);
+    /* a slice of the experts (expert parallelism) is read from the whole tensor */
+    int64_t whole[3] = {want->shape[0], want->shape[1], want->shape[2]};
+    if (want->experts_whole) whole[0] = want->experts_whole;
     int same = t->ndim == want->ndim;
-    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == want->shape[d];
+    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == whole[d];
     if (same) return GDN_OK;
     char need[96] = "", got[96] = "";
     for (int d = 0; d < want->ndim; d++)
-        snprintf(need + strlen(need), sizeof need - strlen(need), "%s%lld", d ? ", " : "", (long long)want->shape[d]);
+        snprintf(need + strlen(need), sizeof need - strlen(need), "%s%lld", d ? ", " : "", (long long)whole[d]);
     for (int d = 0; d < t->ndim && d < GDN_ST_MAX_DIMS; d++)
         snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
     return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has shape [%s]; the configuration needs [%s]", path, t->name,
                     got, need);
+}
+
+int gdn_hf_read_tensor(gdn_st_file *f, const gdn_st_tensor *t, const gdn_model_tensor_info *want, float *dst) {
+    int rc = gdn_hf_check_tensor(gdn_st_path(f), t, want);
+    if (rc) return rc;
+    if (want->experts_whole && want->shape[0] != want->experts_whole) /* this rank's experts only */
+        return gdn_st_read_f32_slice(f, t->name, dst, want->numel, 0, want->expert_first, want->shape[0]);
+    return gdn_st_read_f32(f, t->name, dst, want->numel);
 }
 
 /* The tensors read so far, so that whatever else a file holds can be named. */
@@ -200,9 +211,7 @@ static int is_used(const used_set *u, const gdn_st_tensor *t) {
 /* Check t against want and read it (as fp32) into dst. */
 static int read_one(const weights *s, const gdn_st_tensor *t, int shard, const gdn_model_tensor_info *want,
                     float *dst, used_set *u) {
-    const char *path = gdn_st_path(s->f[shard]);
-    int rc = gdn_hf_check_tensor(path, t, want);
-    if (!rc) rc = gdn_st_read_f32(s->f[shard], t->name, dst, want->numel);
+    const int rc = gdn_hf_read_tensor(s->f[shard], t, want, dst);
     if (!rc) u->t[u->n++] = t;
     return rc;
 }
@@ -285,7 +294,7 @@ static int read_expert_layer(const weights *s, const gdn_model_config *cfg, int6
         return gdn_fail(GDN_ERR_FORMAT, "%s: layer %lld's experts are stored twice: '%s' (one by one) beside the fused "
                         "experts.gate_up_proj / experts.down_proj; keep one layout", s->where, (long long)l, name);
     if (has_fused) return GDN_OK; /* read by name with the rest of the table */
-    const int64_t I = cfg->moe_I, E = cfg->E;
+    const int64_t I = cfg->moe_I, E = cfg->E, first = table[idx[0]].expert_first, count = table[idx[0]].shape[0];
     static const char *const parts[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int64_t e = 0; e < cfg->n_experts; e++)
         for (int k = 0; k < 3; k++) {
@@ -299,9 +308,14 @@ static int read_expert_layer(const weights *s, const gdn_model_config *cfg, int6
             if (!t)
                 return gdn_fail(GDN_ERR_MISSING, "%s: tensor '%s' is missing (layer %lld's experts are stored one by "
                                 "one: every expert's gate_proj, up_proj and down_proj)", s->where, name, (long long)l);
+            if (e < first || e >= first + count) { /* another rank's expert (expert parallelism) */
+                u->t[u->n++] = t;
+                continue;
+            }
             /* gate rows of expert e at [e, 0:I), up rows at [e, I:2I) of gate_up; down [e] of down_proj */
-            const size_t at = k == 2 ? table[idx[1]].offset + (size_t)e * want.numel
-                                     : table[idx[0]].offset + (size_t)e * 2 * want.numel + (size_t)k * want.numel;
+            const size_t j = (size_t)(e - first);
+            const size_t at = k == 2 ? table[idx[1]].offset + j * want.numel
+                                     : table[idx[0]].offset + j * 2 * want.numel + (size_t)k * want.numel;
             const int rc = read_one(s, t, shard, &want, w + at, u);
             if (rc) return rc;
         }

@@ -31,5 +31,8 @@ int gdn_hf_read_model(const char *dir, const gdn_model_config *cfg, const gdn_mo
 /* A tensor found under name must have the table entry's dtype class (F32, BF16, F64) and exact
  * shape; path names the file in the message. */
 int gdn_hf_check_tensor(const char *path, const gdn_st_tensor *t, const gdn_model_tensor_info *want);
+/* Read tensor t of f into dst after that check: the whole of it, or for a routed experts' tensor of
+ * a model whose experts are split over ranks, this rank's experts' rows of dimension 0. */
+int gdn_hf_read_tensor(gdn_st_file *f, const gdn_st_tensor *t, const gdn_model_tensor_info *want, float *dst);
 
 #endif

@@ -40,6 +40,7 @@ struct gdn_model_plan {
     gdn_model_config cfg;
     gdn_model_run run;
     gdn_cp *cp;
+    gdn_ep *ep;               /* the group the experts are split over (NULL: every expert here) */
     int threads;
     int64_t N;                /* B*T rows */
     gdn_layer_plan *lp;       /* the GatedDeltaNet layers' plan (NULL: none) */
@@ -116,6 +117,17 @@ static int check_tokens(const char *what, const gdn_token *tokens, int64_t B, in
  * them all before any exchange, each returning an error). */
 static int agree_local(const gdn_model_plan *p, int rc) {
     return p->cp ? gdn_model_group_of(p->cp)->agree_status(p->cp, rc) : rc;
+}
+
+/* Under expert parallelism a failure outside the experts' exchange (a token check, a mixer; agreed
+ * over the CP group) must also reach the rest of the expert group, whose ranks wait in their next
+ * exchange: this rank joins that one with its status, when its peers will reach one (a MoE layer
+ * from layer `from` on, in the direction dir: +1 forward, -1 backward). */
+static int ep_failed(const gdn_model_config *c, gdn_ep *ep, gdn_moe_plan *mp, int rc, int64_t from, int dir) {
+    if (!rc || !ep) return rc;
+    for (int64_t l = from; l >= 0 && l < c->L; l += dir)
+        if (c->moe[l]) return gdn_model_experts_of(ep)->join(ep, mp, rc);
+    return rc;
 }
 
 /* Packed rows under CP run one mixer call per row (each row its own stream over the ranks). */
@@ -317,6 +329,30 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     p->mm_ws = a;
 #undef CARVE
     *out = p;
+    return GDN_OK;
+}
+
+/* The group a model's experts are split over: its size and this rank's place must be the
+ * config's slice (the parameter layout was made for it). */
+static int check_experts(const gdn_model_config *c, const gdn_ep *ep, const char *what) {
+    const int64_t size = c->ep_size > 1 ? c->ep_size : 1;
+    if (!ep)
+        return size > 1 ? gdn_fail(GDN_ERR_ARG, "%s: ep is NULL but the model's experts are split over %lld ranks "
+                                   "(ep_size)", what, (long long)size)
+                        : GDN_OK;
+    const gdn_model_experts *g = gdn_model_experts_of(ep);
+    if (g->size != size || g->rank != c->ep_rank)
+        return gdn_fail(GDN_ERR_ARG, "%s: the expert group has %d ranks and this is rank %d, but the model config "
+                        "holds slice %lld of %lld (ep_rank, ep_size)", what, g->size, g->rank, (long long)c->ep_rank,
+                        (long long)size);
+    return GDN_OK;
+}
+
+int gdn_model_plan_set_experts(gdn_model_plan *p, gdn_ep *ep) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "model set experts: plan is NULL");
+    const int rc = check_experts(&p->cfg, ep, "model set experts");
+    if (rc) return rc;
+    p->ep = p->cfg.ep_size > 1 ? ep : NULL;
     return GDN_OK;
 }
 
@@ -610,7 +646,8 @@ static int dense_backward(gdn_model_plan *p, float *da, float *dw, const float *
 /* MoE: y = moe(a2) into the plan's layer-output buffer, xout = h + y. */
 static int moe_forward(gdn_model_plan *p, float *xout, float *saved, const float *h, const float *a2,
                        const float *w, double *stats) {
-    const int rc = gdn_moe_forward(p->mp, p->y, saved, a2, w, stats, NULL, NULL);
+    const int rc = p->ep ? gdn_model_experts_of(p->ep)->forward(p->ep, p->mp, p->y, saved, a2, w, stats)
+                         : gdn_moe_forward(p->mp, p->y, saved, a2, w, stats, NULL, NULL);
     if (rc) return rc;
     const int64_t n = p->N * p->cfg.E;
 #pragma omp parallel for num_threads(p->threads) schedule(static)
@@ -620,20 +657,23 @@ static int moe_forward(gdn_model_plan *p, float *xout, float *saved, const float
 
 static int moe_backward(gdn_model_plan *p, float *da, float *dw, const float *a2, const float *w, float *saved,
                         const float *dy) {
-    return gdn_moe_backward(p->mp, da, dw, a2, w, saved, dy, p->cfg.router_aux ? p->aux_dp : NULL);
+    const float *aux = p->cfg.router_aux ? p->aux_dp : NULL;
+    return p->ep ? gdn_model_experts_of(p->ep)->backward(p->ep, p->mp, da, dw, a2, w, saved, dy, aux)
+                 : gdn_moe_backward(p->mp, da, dw, a2, w, saved, dy, aux);
 }
 
 static const mlp_ops mlp_table[2] = {{dense_forward, dense_backward}, {moe_forward, moe_backward}};
 
 /* One block forward from x (its input) into xout; keeps what its backward needs in b (keep),
- * the MoE routers' statistics into stats (NULL: not counted, as in a recomputed forward). */
+ * the MoE routers' statistics into stats (NULL: not counted, as in a recomputed forward). dir:
+ * +1 in the forward, -1 recomputed in the backward (where a failure meets the expert group next). */
 static int block_forward(gdn_model_plan *p, int64_t l, float *xout, const float *x,
-                         const block_acts *b, const float *w, int keep, double *stats) {
+                         const block_acts *b, const float *w, int keep, double *stats, int dir) {
     const gdn_model_config *c = &p->cfg;
     const int64_t N = p->N, E = c->E, nt = p->threads;
     norm_forward(p, N, b->a1, b->rstd1, x, w + gdn_model_blk_offset(c, l, BLK_IN_NORM));
     int rc = mixer_forward(p, l, p->y, keep ? b->saved : NULL, b->a1, w + gdn_model_layer_offset(c, l));
-    if (rc) return rc;
+    if (rc) return ep_failed(c, p->ep, p->mp, rc, l, dir);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < N * E; i++) b->h[i] = x[i] + p->y[i];
     norm_forward(p, N, b->a2, b->rstd2, b->h, w + gdn_model_blk_offset(c, l, BLK_POST_NORM));
@@ -661,7 +701,7 @@ static int block_backward(gdn_model_plan *p, int64_t l, const float *x, const bl
     /* the mixer: dy = dh -> da1 (into da) */
     const size_t lo = gdn_model_layer_offset(c, l);
     rc = mixer_backward(p, l, p->da, dw + lo, b->a1, w + lo, b->saved, p->dres);
-    if (rc) return rc;
+    if (rc) return ep_failed(c, p->ep, p->mp, rc, l - 1, -1);
     /* input norm: dx = dh + its input gradient */
     norm_backward(p, N, p->dres, 1, dw + gdn_model_blk_offset(c, l, BLK_IN_NORM), p->da, x, b->rstd1,
                   w + gdn_model_blk_offset(c, l, BLK_IN_NORM));
@@ -758,7 +798,7 @@ static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *token
     const gdn_model_config *c = &p->cfg;
     const size_t NE = (size_t)(p->N * c->E);
     int rc = attn_learn_offset(p);
-    if (rc) return rc;
+    if (rc) return ep_failed(c, p->ep, p->mp, rc, 0, 1);
     const int64_t n = c->n_experts;
     memset(p->router_local, 0, sizeof(double) * (2 * (size_t)n + 1));
     embed_forward(p, w, tokens);
@@ -766,7 +806,7 @@ static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *token
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
         if (is_moe(c, l)) memset(p->layer_stats, 0, sizeof(double) * 2 * (size_t)n);
         rc = block_forward(p, l, p->xs + (size_t)(l + 1) * NE, p->xs + (size_t)l * NE, b, w,
-                           keep && !p->run.recompute, p->layer_stats);
+                           keep && !p->run.recompute, p->layer_stats, 1);
         if (rc) return rc;
         if (!is_moe(c, l)) continue;
         for (int64_t e = 0; e < 2 * n; e++) p->router_local[e] += p->layer_stats[e];
@@ -821,7 +861,7 @@ int gdn_model_forward(gdn_model_plan *p, const float *w, const gdn_token *tokens
     int rc = p->run.pack && !p->docs_set
                  ? gdn_fail(GDN_ERR_ARG, "model forward: a packed plan needs gdn_model_set_docs first")
                  : check_tokens("model forward", tokens, p->run.B, p->run.T + 1, p->run.T + 1, p->cfg.vocab, p->cp);
-    if ((rc = agree_local(p, rc))) return rc;
+    if ((rc = agree_local(p, rc))) return ep_failed(&p->cfg, p->ep, p->mp, rc, 0, 1);
     rc = forward_all(p, w, tokens, for_backward);
     if (rc) return rc;
     /* The head's gradient is formed with its loss, chunk by chunk, so no [N, vocab] logits are
@@ -839,7 +879,7 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_t
                  ? gdn_fail(GDN_ERR_ARG, "model backward: no gdn_model_forward(..., for_backward = 1) precedes it")
                  : check_tokens("model backward", tokens, p->run.B, p->run.T, p->run.T + 1, p->cfg.vocab, p->cp);
     p->ready_for_backward = 0;
-    if ((rc = agree_local(p, rc))) return rc;
+    if ((rc = agree_local(p, rc))) return ep_failed(&p->cfg, p->ep, p->mp, rc, p->cfg.L - 1, -1);
     const gdn_model_config *c = &p->cfg;
     const size_t NE = (size_t)(p->N * c->E);
     /* padding between tensors included: the optimiser may run over the whole array */
@@ -855,7 +895,7 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_t
         const float *x = p->xs + (size_t)l * NE;
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
         if (p->run.recompute) /* the block again, this time keeping what its backward needs */
-            if ((rc = block_forward(p, l, p->y, x, b, w, 1, NULL))) return rc;
+            if ((rc = block_forward(p, l, p->y, x, b, w, 1, NULL, -1))) return rc;
         if ((rc = block_backward(p, l, x, b, w, dw))) return rc;
     }
     /* embedding: scatter-add the input rows' gradient (serial: tokens repeat) */
@@ -881,7 +921,7 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const gdn_token *tokens,
     if (!rc && !tk) rc = gdn_fail(GDN_ERR_NOMEM, "model logits: token copy");
     if ((rc = agree_local(p, rc))) {
         free(tk);
-        return rc;
+        return ep_failed(&p->cfg, p->ep, p->mp, rc, 0, 1);
     }
     for (int64_t b = 0; b < B; b++) memcpy(tk + b * (T + 1), tokens + b * T, sizeof *tk * (size_t)T);
     p->ready_for_backward = 0; /* the activations are overwritten */
@@ -989,6 +1029,7 @@ struct gdn_model_decoder {
     gdn_moe_plan *mp1, *mpT;        /* MoE plans (NULL without MoE layers) */
     int64_t pT, cap_rows;           /* the piece plans' T; rows the buffers hold */
     int compute;                    /* the pieces' products (a token's stay fp32: compute.h) */
+    gdn_ep *ep;                     /* the group the experts are split over (NULL: all here) */
     gdn_attn_cache **kv;            /* one per attention layer */
     float *conv, *rec;              /* per GatedDeltaNet layer: [B, conv_dim, Kc], [B, Hv, K, V] */
     float *x, *a, *y, *h, *gu, *m;  /* cap_rows rows */
@@ -1163,18 +1204,18 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
                    int last_only) {
     if (!d || !w || !tokens || !logits)
         return gdn_fail(GDN_ERR_ARG, "decode: decoder, w, tokens and logits must not be NULL");
-    if (T < 1) return gdn_fail(GDN_ERR_SHAPE, "decode: a piece of T = %lld tokens (>= 1)", (long long)T);
-    if (d->max_len && d->len + T > d->max_len)
-        return gdn_fail(GDN_ERR_SHAPE, "decode: %lld tokens fed + %lld new exceed the decoder's max_len = %lld",
-                        (long long)d->len, (long long)T, (long long)d->max_len);
-    int rc = check_tokens(T == 1 ? "decode" : "prefill", tokens, d->B, T, T, d->cfg.vocab, NULL);
-    if (rc) return rc;
-    if (T > 1 && T != d->pT) { /* this piece length's plans (made at a prefill, never per token) */
+    /* (under expert parallelism a failure before layer l's experts reaches the group there) */
+    int rc = T < 1 ? gdn_fail(GDN_ERR_SHAPE, "decode: a piece of T = %lld tokens (>= 1)", (long long)T)
+           : d->max_len && d->len + T > d->max_len
+               ? gdn_fail(GDN_ERR_SHAPE, "decode: %lld tokens fed + %lld new exceed the decoder's max_len = %lld",
+                          (long long)d->len, (long long)T, (long long)d->max_len)
+               : check_tokens(T == 1 ? "decode" : "prefill", tokens, d->B, T, T, d->cfg.vocab, NULL);
+    if (!rc && T > 1 && T != d->pT) { /* this piece length's plans (made at a prefill, never per token) */
         drop_piece_plans(d);
-        if ((rc = decoder_plans(d, T, &d->lpT, &d->apT, &d->mpT))) return rc;
-        d->pT = T;
+        if (!(rc = decoder_plans(d, T, &d->lpT, &d->apT, &d->mpT))) d->pT = T;
     }
-    if ((rc = decoder_rows(d, T))) return rc;
+    if (!rc) rc = decoder_rows(d, T);
+    if (rc) return ep_failed(&d->cfg, d->ep, d->mp1, rc, 0, 1);
     const gdn_model_config *c = &d->cfg;
     const int64_t N = d->B * T, E = c->E, I = c->I;
     const int nt = d->threads, compute = piece_compute(d, T);
@@ -1182,12 +1223,15 @@ static int prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens
         memcpy(d->x + i * E, w + (size_t)tokens[i] * (size_t)E, sizeof(float) * (size_t)E);
     for (int64_t l = 0; l < c->L; l++) {
         rms_norm(nt, N, E, c->eps, d->a, NULL, d->x, w + blk_off(d, l, BLK_IN_NORM));
-        if ((rc = decoder_mixer(d, l, T, w))) return rc;
+        if ((rc = decoder_mixer(d, l, T, w))) return ep_failed(c, d->ep, d->mp1, rc, l, 1);
         for (int64_t i = 0; i < N * E; i++) d->h[i] = d->x[i] + d->y[i];
         rms_norm(nt, N, E, c->eps, d->a, NULL, d->h, w + blk_off(d, l, BLK_POST_NORM));
         const float *wm = w + blk_off(d, l, BLK_MLP);
         if (is_moe(c, l)) { /* only the chosen experts' weights are read */
-            if ((rc = gdn_moe_forward(T == 1 ? d->mp1 : d->mpT, d->y, NULL, d->a, wm, NULL, NULL, NULL))) return rc;
+            gdn_moe_plan *mp = T == 1 ? d->mp1 : d->mpT;
+            rc = d->ep ? gdn_model_experts_of(d->ep)->forward(d->ep, mp, d->y, NULL, d->a, wm, NULL)
+                       : gdn_moe_forward(mp, d->y, NULL, d->a, wm, NULL, NULL, NULL);
+            if (rc) return rc;
             for (int64_t i = 0; i < N * E; i++) d->x[i] = d->h[i] + d->y[i];
             continue;
         }
@@ -1222,6 +1266,14 @@ int gdn_model_decoder_set_compute(gdn_model_decoder *d, int compute) {
                         compute);
     if (compute != d->compute) drop_piece_plans(d); /* remade in it at the next prefill */
     d->compute = compute;
+    return GDN_OK;
+}
+
+int gdn_model_decoder_set_experts(gdn_model_decoder *d, gdn_ep *ep) {
+    if (!d) return gdn_fail(GDN_ERR_ARG, "decoder set experts: decoder is NULL");
+    const int rc = check_experts(&d->cfg, ep, "decoder set experts");
+    if (rc) return rc;
+    d->ep = d->cfg.ep_size > 1 ? ep : NULL;
     return GDN_OK;
 }
 

@@ -27,6 +27,23 @@ typedef struct {
                          const float *saved, const float *dy);
 } gdn_model_group;
 
+/* What the model needs from the ranks its MoE layers' experts are split over (expert parallelism):
+ * the wing's gdn_ep context starts with this table (ep.h; the MoE block's EP forms). */
+typedef struct {
+    int size, rank;
+    int (*forward)(gdn_ep *ep, gdn_moe_plan *plan, float *y, float *saved, const float *x, const float *w,
+                   double *stats);
+    int (*backward)(gdn_ep *ep, gdn_moe_plan *plan, float *dx, float *dw, const float *x, const float *w,
+                    const float *saved, const float *dy, const float *aux_dp);
+    /* A rank that failed elsewhere (status != 0) joins its peers' next forward or backward with
+     * that status: they stop there with an error naming it instead of waiting; returns status. */
+    int (*join)(gdn_ep *ep, gdn_moe_plan *plan, int status);
+} gdn_model_experts;
+
+static inline const gdn_model_experts *gdn_model_experts_of(const gdn_ep *ep) {
+    return (const gdn_model_experts *)(const void *)ep;
+}
+
 /* The table at the head of a context (C allows a struct pointer to be read as its first member). */
 static inline const gdn_model_group *gdn_model_group_of(const gdn_cp *cp) {
     return (const gdn_model_group *)(const void *)cp;

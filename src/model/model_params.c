@@ -86,6 +86,7 @@ int64_t gdn_model_moe_layers(const gdn_model_config *c) { return gdn_model_moe_b
 gdn_moe_config gdn_model_moe_config(const gdn_model_config *c, int64_t N) {
     gdn_moe_config mc = gdn_moe_config_default(N, c->E, c->n_experts, c->top_k, c->moe_I, c->shared_I);
     mc.norm_topk = c->norm_topk;
+    mc.ep_size = c->ep_size, mc.ep_rank = c->ep_rank;
     return mc;
 }
 
@@ -122,6 +123,11 @@ int gdn_model_config_check(const gdn_model_config *c) {
     if (nm < c->L && (c->I < 1 || c->I > (int64_t)1 << 20))
         return gdn_fail(GDN_ERR_SHAPE, "model intermediate_size = %lld is out of range [1, %lld]", (long long)c->I,
                         (long long)1 << 20);
+    if (c->ep_size > 1 && !nm)
+        return gdn_fail(GDN_ERR_ARG, "model ep_size = %lld: expert parallelism needs MoE layers, and this model has "
+                        "none", (long long)c->ep_size);
+    if (!nm && c->ep_rank)
+        return gdn_fail(GDN_ERR_ARG, "model ep_rank = %lld without expert parallelism", (long long)c->ep_rank);
     if (nm) {
         const gdn_moe_config mc = gdn_model_moe_config(c, 1);
         int rc = gdn_moe_config_check(&mc);
@@ -187,6 +193,10 @@ static void moe_tensor(const gdn_model_config *c, int j, gdn_model_tensor_info *
     t->ndim = gdn_moe_param_shape(&mc, j, t->shape);
     t->offset = gdn_moe_param_offset(&mc, j);
     t->numel = gdn_moe_param_numel(&mc, j);
+    if (j == GDN_MOE_GATE_UP || j == GDN_MOE_DOWN) {
+        t->experts_whole = c->n_experts;
+        gdn_moe_local_experts(&mc, &t->expert_first);
+    }
 }
 static const gdn_mlp_layout mlp_layouts[2] = {
     {"dense", dense_floats, dense_count, dense_tensor},
@@ -339,6 +349,9 @@ void gdn_model_init(const gdn_model_config *c, float *w, uint64_t seed) {
         } else if (t.ndim == 1 && is_weight_leaf) {
             /* zero-centred RMSNorm: scale 1 + w starts at 1 */
         } else {
+            /* a slice of the experts (expert parallelism) draws what the whole tensor's stream
+             * draws there: the stream skipped to its first element (two draws an element) */
+            s += 2 * (uint64_t)t.expert_first * (uint64_t)(t.numel / (size_t)t.shape[0]) * 0x9e3779b97f4a7c15ull;
             for (size_t k = 0; k < t.numel; k++) p[k] = (float)(0.02 * normal(&s));
         }
     }

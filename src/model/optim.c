@@ -37,14 +37,21 @@ double gdn_adamw_lr(const gdn_adamw_config *a, int64_t step) {
     return a->min_lr + 0.5 * (a->lr - a->min_lr) * (1.0 + cos(3.141592653589793 * t));
 }
 
-double gdn_grad_norm(const gdn_model_config *cfg, const float *dw) {
-    double ss = 0.0;
+void gdn_grad_sumsq(const gdn_model_config *cfg, const float *dw, double sums[2]) {
+    sums[0] = sums[1] = 0.0;
     gdn_model_tensor_info t;
     for (int i = 0; i < gdn_model_tensor_count(cfg); i++) {
         gdn_model_tensor(cfg, i, &t);
+        double ss = 0.0;
         for (size_t k = 0; k < t.numel; k++) ss += (double)dw[t.offset + k] * dw[t.offset + k];
+        sums[t.experts_whole > 0] += ss;
     }
-    return sqrt(ss);
+}
+
+double gdn_grad_norm(const gdn_model_config *cfg, const float *dw) {
+    double s[2];
+    gdn_grad_sumsq(cfg, dw, s);
+    return sqrt(s[0] + s[1]);
 }
 
 void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,

@@ -211,6 +211,8 @@ static const abi_field fields_gdn_model_config[] = {
     {"router_aux", offsetof(gdn_model_config, router_aux)},
     {"router_aux_coef", offsetof(gdn_model_config, router_aux_coef)},
     {"moe", offsetof(gdn_model_config, moe)},
+    {"ep_size", offsetof(gdn_model_config, ep_size)},
+    {"ep_rank", offsetof(gdn_model_config, ep_rank)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_model_tensor_info[] = {
@@ -220,6 +222,8 @@ static const abi_field fields_gdn_model_tensor_info[] = {
     {"offset", offsetof(gdn_model_tensor_info, offset)},
     {"numel", offsetof(gdn_model_tensor_info, numel)},
     {"decay", offsetof(gdn_model_tensor_info, decay)},
+    {"experts_whole", offsetof(gdn_model_tensor_info, experts_whole)},
+    {"expert_first", offsetof(gdn_model_tensor_info, expert_first)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_model_run[] = {

@@ -382,6 +382,8 @@ class ModelConfig(ctypes.Structure):
         ('router_aux', c_int),
         ('router_aux_coef', c_double),
         ('moe', (c_ubyte * 1024)),
+        ('ep_size', c_int64),
+        ('ep_rank', c_int64),
     ]
 
 
@@ -394,6 +396,8 @@ class ModelTensorInfo(ctypes.Structure):
         ('offset', c_size_t),
         ('numel', c_size_t),
         ('decay', c_int),
+        ('experts_whole', c_int64),
+        ('expert_first', c_int64),
     ]
 
 
@@ -711,6 +715,7 @@ PROTOTYPES = {
     'gdn_model_init': (None, [POINTER(ModelConfig), POINTER(c_float), c_uint64]),
     'gdn_model_plan_create': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), POINTER(ModelRun), c_void_p]),
     'gdn_model_plan_destroy': (None, [c_void_p]),
+    'gdn_model_plan_set_experts': (c_int, [c_void_p, c_void_p]),
     'gdn_model_plan_bytes': (c_double, [c_void_p]),
     'gdn_model_plan_estimate': (c_double, [POINTER(ModelConfig), POINTER(ModelRun)]),
     'gdn_model_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), c_double, POINTER(c_double), c_int]),
@@ -730,6 +735,7 @@ PROTOTYPES = {
     'gdn_model_prefill': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), c_int64, POINTER(c_float)]),
     'gdn_model_prefill_last': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), c_int64, POINTER(c_float)]),
     'gdn_model_decoder_set_compute': (c_int, [c_void_p, c_int]),
+    'gdn_model_decoder_set_experts': (c_int, [c_void_p, c_void_p]),
     'gdn_model_decode': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), POINTER(c_float)]),
     'gdn_model_decoder_kv_cache': (c_void_p, [c_void_p, c_int64]),
     'gdn_model_decoder_gdn_state': (c_int, [c_void_p, c_int64, POINTER(POINTER(c_float)), POINTER(POINTER(c_float))]),
@@ -759,6 +765,7 @@ PROTOTYPES = {
     'gdn_adamw_check': (c_int, [POINTER(AdamwConfig)]),
     'gdn_adamw_lr': (c_double, [POINTER(AdamwConfig), c_int64]),
     'gdn_grad_norm': (c_double, [POINTER(ModelConfig), POINTER(c_float)]),
+    'gdn_grad_sumsq': (None, [POINTER(ModelConfig), POINTER(c_float), POINTER(c_double)]),
     'gdn_adamw_update': (None, [POINTER(AdamwConfig), POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int64, c_double, c_double, c_int]),
     # sample.h
     'gdn_sampling_default': (Sampling, []),
