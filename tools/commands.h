@@ -6,6 +6,8 @@
 #ifndef GDNCP_COMMANDS_H
 #define GDNCP_COMMANDS_H
 
+#include "cli/parse.h"
+
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
@@ -23,14 +25,14 @@ int cmd_bench_attention_cp(int argc, char **argv);
 int cmd_attention(int argc, char **argv);
 int cmd_bench_attention(int argc, char **argv);
 
-extern const char cmd_run_usage[];
+extern const cli_command cmd_run_cli;
 extern const char cmd_bench_usage[];
-extern const char cmd_diff_usage[];
+extern const cli_command cmd_diff_cli;
 extern const char cmd_bench_cp_usage[];
 extern const char cmd_bench_decode_usage[];
 extern const char cmd_bench_matmul_usage[];
 extern const char cmd_bench_moe_usage[];
-extern const char cmd_gen_usage[];
+extern const cli_command cmd_gen_cli;
 extern const char cmd_train_usage[];
 extern const char cmd_sample_usage[];
 extern const char cmd_bench_train_usage[];

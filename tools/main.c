@@ -57,9 +57,10 @@ static const struct {
     const char *word, *sub; /* sub NULL: any (or no) second word */
     int (*fn)(int argc, char **argv);
     int mpi;
-    const char *usage;
+    const char *usage;       /* (a command not yet on an option table) */
+    const cli_command *cli;  /* the command's options: its --help, parser and docs */
 } commands[] = {
-    {"run", NULL, cmd_run, MPI_WITH_CP, cmd_run_usage},
+    {"run", NULL, cmd_run, MPI_WITH_CP, NULL, &cmd_run_cli},
     {"layer", NULL, cmd_layer, MPI_WITH_CP, cmd_layer_usage},
     {"attention", NULL, cmd_attention, MPI_WITH_CP, cmd_attention_usage},
     {"bench", "layer", cmd_bench_layer, MPI_NEVER, cmd_bench_layer_usage},
@@ -71,8 +72,8 @@ static const struct {
     {"bench", "matmul", cmd_bench_matmul, MPI_NEVER, cmd_bench_matmul_usage},
     {"bench", "moe", cmd_bench_moe, MPI_NEVER, cmd_bench_moe_usage},
     {"bench", NULL, cmd_bench, MPI_NEVER, cmd_bench_usage}, /* bench kernel (and its refusals of unknown benches) */
-    {"diff", NULL, cmd_diff, MPI_NEVER, cmd_diff_usage},
-    {"gen", NULL, cmd_gen, MPI_NEVER, cmd_gen_usage},
+    {"diff", NULL, cmd_diff, MPI_NEVER, NULL, &cmd_diff_cli},
+    {"gen", NULL, cmd_gen, MPI_NEVER, NULL, &cmd_gen_cli},
     {"train", NULL, cmd_train, MPI_ALWAYS, cmd_train_usage},
     {"sample", NULL, cmd_sample, MPI_NEVER, cmd_sample_usage},
 };
@@ -138,7 +139,8 @@ int main(int argc, char **argv) {
         /* --help or -h anywhere among the options: this command's usage, no run (and no MPI) */
         for (int a = commands[i].sub ? 3 : 2; a < argc; a++)
             if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
-                fputs(commands[i].usage, stdout);
+                if (commands[i].cli) cli_help(stdout, commands[i].cli);
+                else fputs(commands[i].usage, stdout);
                 return 0;
             }
         int mpi = commands[i].mpi == MPI_ALWAYS;
