@@ -33,13 +33,13 @@ extern const char cmd_bench_decode_usage[];
 extern const char cmd_bench_matmul_usage[];
 extern const char cmd_bench_moe_usage[];
 extern const cli_command cmd_gen_cli;
-extern const char cmd_train_usage[];
-extern const char cmd_sample_usage[];
+extern const cli_command cmd_train_cli;
+extern const cli_command cmd_sample_cli;
 extern const char cmd_bench_train_usage[];
-extern const char cmd_layer_usage[];
+extern const cli_command cmd_layer_cli;
 extern const char cmd_bench_layer_usage[];
 extern const char cmd_bench_attention_cp_usage[];
-extern const char cmd_attention_usage[];
+extern const cli_command cmd_attention_cli;
 extern const char cmd_bench_attention_usage[];
 
 #endif

@@ -61,8 +61,8 @@ static const struct {
     const cli_command *cli;  /* the command's options: its --help, parser and docs */
 } commands[] = {
     {"run", NULL, cmd_run, MPI_WITH_CP, NULL, &cmd_run_cli},
-    {"layer", NULL, cmd_layer, MPI_WITH_CP, cmd_layer_usage},
-    {"attention", NULL, cmd_attention, MPI_WITH_CP, cmd_attention_usage},
+    {"layer", NULL, cmd_layer, MPI_WITH_CP, NULL, &cmd_layer_cli},
+    {"attention", NULL, cmd_attention, MPI_WITH_CP, NULL, &cmd_attention_cli},
     {"bench", "layer", cmd_bench_layer, MPI_NEVER, cmd_bench_layer_usage},
     {"bench", "attention", cmd_bench_attention, MPI_NEVER, cmd_bench_attention_usage},
     {"bench", "cp", cmd_bench_cp, MPI_ALWAYS, cmd_bench_cp_usage},
@@ -74,8 +74,8 @@ static const struct {
     {"bench", NULL, cmd_bench, MPI_NEVER, cmd_bench_usage}, /* bench kernel (and its refusals of unknown benches) */
     {"diff", NULL, cmd_diff, MPI_NEVER, NULL, &cmd_diff_cli},
     {"gen", NULL, cmd_gen, MPI_NEVER, NULL, &cmd_gen_cli},
-    {"train", NULL, cmd_train, MPI_ALWAYS, cmd_train_usage},
-    {"sample", NULL, cmd_sample, MPI_NEVER, cmd_sample_usage},
+    {"train", NULL, cmd_train, MPI_ALWAYS, NULL, &cmd_train_cli},
+    {"sample", NULL, cmd_sample, MPI_NEVER, NULL, &cmd_sample_cli},
 };
 
 /* SIGINT/SIGTERM (the library installs no handlers): remove the temporary files of the
