@@ -81,5 +81,5 @@ refuse "a token id 256 (the vocabulary of 256)" "token ids in \[0, 256\)" samp -
 refuse "an empty --prompt-ids" "prompt" samp --prompt-ids ""
 refuse "--top-p 0" "top-p" samp --prompt-ids 1 --top-p 0
 refuse "--top-p 1.5" "top-p" samp --prompt-ids 1 --top-p 1.5
-refuse "--compute fp16" "unknown option or missing value: --compute" samp --prompt-ids 1 --compute fp16
+refuse "--compute fp16" "option --compute needs fp32 or bf16" samp --prompt-ids 1 --compute fp16
 finish

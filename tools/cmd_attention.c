@@ -41,63 +41,43 @@ typedef struct {
     int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } attn_opts;
 
-const char cmd_attention_usage[] =
-    "usage: gdncp attention --weights W.safetensors [--config config.json] [--prefix P]\n"
-    "                       --in IN.safetensors --out OUT.safetensors [--backward [--keep-saved|--recompute]]\n"
-    "                       [--decode N] [--position-offset P] [--cu-seqlens 0,a,..,T] [--threads N]\n"
-    "                       [--compute fp32|bf16]\n"
-    "       mpiexec -n D gdncp attention ... --cp kv|heads [--shards a,b,..] [--stats]\n"
-    "                       [--fault drop-kv|drop-kv-grad]  (testing only: deliberately WRONG results)\n";
+static const cli_opt attn_table[] = {
+    {CLI_STR("--weights", attn_opts, weights, "W", "the weights, bare (q_proj.weight, ...) or under --prefix"), .req = 1},
+    {CLI_STR("--config", attn_opts, config, "C", "a config.json (fields at the top level or under text_config)")},
+    {CLI_STR("--prefix", attn_opts, prefix, "P", "e.g. model.layers.3.self_attn. in a whole-model model.safetensors; other tensors are ignored")},
+    {CLI_STR("--in", attn_opts, in, "F", "the input file: x [B,T,E] or [T,E] (and dy with --backward; optionally position_ids, cu_seqlens)"), .req = 1},
+    {CLI_STR("--out", attn_opts, out, "F", "the output file"), .req = 1},
+    {CLI_FLAG("--backward", attn_opts, backward, "also compute dx and the weight gradients")},
+    {CLI_SET("--keep-saved", attn_opts, recompute, 0, "with --backward: the backward uses what the forward kept (the default: the projections, the attention output before the gate and the log-sum-exp)")},
+    {CLI_FLAG("--recompute", attn_opts, recompute, "with --backward: the backward recomputes the forward (less memory)")},
+    /* (at most T, checked once T is known) */
+    {CLI_I64("--decode", attn_opts, decode, 1, INT32_MAX, "N", "prefill all but the last N tokens into a KV cache, then decode those one token at a time (N <= T); not with --backward or packed documents"), .dflt = ""},
+    /* the library's bound on pos_offset */
+    {CLI_I64("--position-offset", attn_opts, pos_offset, 0, (int64_t)1 << 40, "P", "the position of token 0 of every row"), .dflt = "0, or what position_ids say"},
+    {CLI_LIST("--cu-seqlens", attn_opts, cu_seqlens, n_cu, "0,a,..,T", "packed documents (B = 1), or a cu_seqlens tensor beside x")},
+    {CLI_I64("--threads", attn_opts, threads, 1, 4096, "N", "OpenMP threads"), .dflt = "all"},
+    {CLI_COMPUTE("--compute", attn_opts, compute, "the precision of q/k/v_proj and o_proj, as for gdncp layer (the core, norms and RoPE stay fp32)")},
+    {CLI_STR("--cp", attn_opts, cp, "kv|heads", "under mpiexec: the tokens split over the ranks; kv: keys and values travel to the later ranks (any D); heads: an all-to-all to head-parallel for the core (D must divide H)")},
+    {CLI_STR("--shards", attn_opts, shards, "a,b,..", "with --cp: each rank's token count (default an even split)")},
+    {CLI_FLAG("--stats", attn_opts, stats, "with --cp: every rank's attention compute and time in MPI, forward and backward, on rank 0's stderr")},
+    {CLI_ENUM("--fault", attn_opts, fault, "drop-kv|drop-kv-grad", CLI_VALUES(GDN_CP_FAULT_ATTN_DROP_KV, GDN_CP_FAULT_ATTN_DROP_KV_GRAD), "with --cp, testing only: the earlier ranks' keys and values are not attended, or their gradients not returned; deliberately WRONG results (negative controls)")},
+};
 
-static int usage(void) {
-    fputs(cmd_attention_usage, stderr);
-    return CLI_USAGE_ERROR;
-}
+const cli_command cmd_attention_cli = {
+    .name = "attention",
+    .usage = "usage: gdncp attention --weights W.safetensors [--config config.json] [--prefix P]\n"
+             "                       --in IN.safetensors --out OUT.safetensors [options]\n"
+             "       mpiexec -n D gdncp attention ... --cp kv|heads [--shards a,b,..] [--stats]\n",
+    .summary = "Qwen3.5's gated attention layer from a checkpoint (forward, backward, KV-cache decode, --cp)",
+    .about = "  Qwen3.5's gated attention layer (positions also from position_ids in IN)\n",
+    .size = sizeof(attn_opts), CLI_OPTS(attn_table),
+};
 
 static int parse(int argc, char **argv, attn_opts *o) {
-    memset(o, 0, sizeof *o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t n;
-        if (!strcmp(a, "--backward")) o->backward = 1;
-        else if (!strcmp(a, "--stats")) o->stats = 1;
-        else if (!strcmp(a, "--recompute")) o->recompute = 1, o->keep_flag = 1;
-        else if (!strcmp(a, "--compute")) {
-            if (cli_parse_compute("attention", a, v, &o->compute)) return CLI_USAGE_ERROR;
-            i++;
-        }
-        else if (!strcmp(a, "--keep-saved")) o->recompute = 0, o->keep_flag = 1;
-        else if (!strcmp(a, "--weights") && v) o->weights = v, i++;
-        else if (!strcmp(a, "--config") && v) o->config = v, i++;
-        else if (!strcmp(a, "--prefix") && v) o->prefix = v, i++;
-        else if (!strcmp(a, "--in") && v) o->in = v, i++;
-        else if (!strcmp(a, "--out") && v) o->out = v, i++;
-        else if (!strcmp(a, "--cp") && v) o->cp = v, i++;
-        else if (!strcmp(a, "--shards") && v) o->shards = v, i++;
-        else if (!strcmp(a, "--fault") && v && (!strcmp(v, "drop-kv") || !strcmp(v, "drop-kv-grad")))
-            o->fault = !strcmp(v, "drop-kv") ? GDN_CP_FAULT_ATTN_DROP_KV : GDN_CP_FAULT_ATTN_DROP_KV_GRAD, i++;
-        else if (!strcmp(a, "--decode")) { /* (at most T, checked once T is known) */
-            if (cli_parse_i64("attention", a, v, 1, INT32_MAX, &n)) return CLI_USAGE_ERROR;
-            o->decode = (int)n, i++;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_i64("attention", a, v, 1, 4096, &n)) return CLI_USAGE_ERROR;
-            o->threads = (int)n, i++;
-        } else if (!strcmp(a, "--position-offset")) { /* the library's bound on pos_offset */
-            if (cli_parse_i64("attention", a, v, 0, (int64_t)1 << 40, &o->pos_offset)) return CLI_USAGE_ERROR;
-            o->pos_given = 1, i++;
-        } else if (!strcmp(a, "--cu-seqlens")) { /* packed documents (checked against the file later) */
-            free(o->cu_seqlens), o->cu_seqlens = NULL;
-            if (cli_parse_i64_list("attention", a, v, &o->cu_seqlens, &o->n_cu)) return CLI_USAGE_ERROR;
-            i++;
-        } else {
-            fprintf(stderr, "gdncp attention: unknown option or missing value: %s\n", a);
-            return usage();
-        }
-    }
-    if (!o->weights || !o->in || !o->out) {
-        fprintf(stderr, "gdncp attention: --weights, --in and --out are required\n");
-        return usage();
-    }
+    unsigned char seen[CLI_MAX_OPTS];
+    if (cli_parse(&cmd_attention_cli, argc, argv, o, seen)) return CLI_USAGE_ERROR;
+    o->pos_given = cli_given(&cmd_attention_cli, seen, "--position-offset");
+    o->keep_flag = cli_given(&cmd_attention_cli, seen, "--keep-saved") || cli_given(&cmd_attention_cli, seen, "--recompute");
     if (o->decode && o->backward) {
         fprintf(stderr, "gdncp attention: --decode runs inference; it does not combine with --backward\n");
         return CLI_USAGE_ERROR;
@@ -290,7 +270,7 @@ static int attention_with(attn_opts *o, int argc, char **argv);
 int cmd_attention(int argc, char **argv) {
     attn_opts o;
     const int rc = attention_with(&o, argc, argv);
-    free(o.cu_seqlens);
+    cli_free(&cmd_attention_cli, &o);
     return rc;
 }
 

@@ -258,33 +258,36 @@ static int select_cases(const char *list, const bench_shape *shapes, int n, int 
     return 1;
 }
 
-const char cmd_bench_usage[] =
-    "usage: gdncp bench kernel [--json] [--quick] [--case NAME[,NAME..]]   the chunked gated delta rule\n"
-    "       gdncp bench layer|attention|train|decode|matmul ...\n"
-    "       mpiexec -n D gdncp bench cp|attention-cp ...\n"
-    "  gdncp bench SUB --help for each one's options\n";
+typedef struct {
+    const char *what; /* the bench's name: kernel */
+    int json, quick;
+    const char *cases;
+} kernel_opts;
+
+static const cli_opt kernel_table[] = {
+    {CLI_FLAG("--json", kernel_opts, json, "one JSON object per row instead of text")},
+    {CLI_FLAG("--quick", kernel_opts, quick, "toy sizes (T at most 1024; the tests' smoke runs)")},
+    {CLI_STR("--case", kernel_opts, cases, "NAME[,NAME..]", "run only these cases (qwen35b, qwen35b-pk512, qwen35b-bf16, llama64, llama256, llama512, llama1024)"), .dflt = "all"},
+};
+
+const cli_command cmd_bench_cli = {
+    .name = "bench kernel",
+    .usage = "usage: gdncp bench kernel [--json] [--quick] [--case NAME[,NAME..]]   the chunked gated delta rule\n"
+             "       gdncp bench layer|attention|train|decode|matmul|moe ...\n"
+             "       mpiexec -n D gdncp bench cp|attention-cp ...\n",
+    .summary = "the chunked kernel, forward and backward, at the Qwen3.5-35B and llama.cpp shapes, against the measured peak",
+    .about = "  gdncp bench SUB --help for each one's options\n",
+    .size = sizeof(kernel_opts), CLI_OPTS(kernel_table),
+    .max_pos = 1, .pos_off = offsetof(kernel_opts, what),
+};
 
 int cmd_bench(int argc, char **argv) {
-    int json = 0, quick = 0;
-    const char *what = NULL, *cases = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--case")) {
-            if (i + 1 == argc) {
-                fprintf(stderr, "gdncp bench kernel: --case needs a value (NAME[,NAME..])\n");
-                return 1;
-            }
-            cases = argv[++i];
-        }
-        else if (!what && argv[i][0] != '-') what = argv[i];
-        else {
-            fprintf(stderr, "gdncp bench: unknown option or missing value: %s\n%s", argv[i], cmd_bench_usage);
-            return CLI_USAGE_ERROR;
-        }
-    }
-    if (!what || strcmp(what, "kernel")) {
-        fputs(cmd_bench_usage, stderr);
+    kernel_opts o;
+    if (cli_parse(&cmd_bench_cli, argc, argv, &o, NULL)) return CLI_USAGE_ERROR;
+    const int json = o.json, quick = o.quick;
+    const char *cases = o.cases;
+    if (!o.what || strcmp(o.what, "kernel")) {
+        fputs(cmd_bench_cli.usage, stderr);
         return CLI_USAGE_ERROR;
     }
     /* The 35B layer again with chunk 32: the same math, less work in the C-sized products

@@ -388,76 +388,75 @@ static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T,
     return rc ? 1 : 0;
 }
 
-const char cmd_bench_attention_usage[] =
-    "usage: gdncp bench attention [--json] [--quick] [--shape S[,S..]]\n"
-    "       [--T N[,N..]] [--threads N] [--reps R] [--what core,layer] [--compute fp32|bf16|both]\n"
-    "  shapes: 35b-a3b (H 16, Hkv 2, E 2048), 9b (H 16, Hkv 4, E 4096), 0.8b (H 8, Hkv 2, E 1024),\n"
-    "  all d 256 (default: all); T in [1, 2^20] (default 1024); reps in [1, 50] (default 3)\n";
+typedef struct {
+    int json, quick, threads, reps, compute_mask;
+    const char *shape, *what;
+    int64_t *Ts, nT;
+} bench_attn_cli;
 
-static void usage(void) {
-    fputs(cmd_bench_attention_usage, stderr);
+static void bench_attn_init(void *p) {
+    bench_attn_cli *o = p;
+    o->reps = 3, o->compute_mask = 3;
 }
 
+static const cli_opt bench_attn_table[] = {
+    {CLI_FLAG("--json", bench_attn_cli, json, "one JSON object per row instead of text")},
+    {CLI_FLAG("--quick", bench_attn_cli, quick, "0.8b, T 128, one repetition")},
+    {CLI_STR("--shape", bench_attn_cli, shape, "S[,S..]", "35b-a3b (H 16, Hkv 2, E 2048), 9b (H 16, Hkv 4, E 4096), 0.8b (H 8, Hkv 2, E 1024), all d 256; all"), .dflt = "all"},
+    {CLI_LIST("--T", bench_attn_cli, Ts, nT, "N[,N..]", "tokens, each in [1, 2^20]"), .dflt = "1024"},
+    {CLI_I64("--threads", bench_attn_cli, threads, 1, 4096, "N", "OpenMP threads"), .dflt = "all"},
+    {CLI_I64("--reps", bench_attn_cli, reps, 1, 50, "R", "timed repetitions (the median)")},
+    {CLI_STR("--what", bench_attn_cli, what, "core,layer", "the attention core alone (gdn_sdpa), the layer, or both"), .dflt = "core,layer"},
+    {CLI_ENUM("--compute", bench_attn_cli, compute_mask, "fp32|bf16|both", CLI_VALUES(1, 2, 3), "the core's and the layer's precision (both: alternating rep by rep)")},
+};
+
+const cli_command cmd_bench_attention_cli = {
+    .name = "bench attention",
+    .usage = "usage: gdncp bench attention [--json] [--quick] [--shape S[,S..]]\n"
+             "       [--T N[,N..]] [--threads N] [--reps R] [--what core,layer] [--compute fp32|bf16|both]\n",
+    .summary = "the gated attention layer and its core (gdn_sdpa) at the Qwen3.5 heads, against the measured peak",
+    .size = sizeof(bench_attn_cli), .init = bench_attn_init, CLI_OPTS(bench_attn_table),
+};
+
+static int bench_attention_with(bench_attn_cli *c);
+
 int cmd_bench_attention(int argc, char **argv) {
-    bench_opts o = {.reps = 3, .compute_mask = 3};
+    bench_attn_cli c;
+    int rc = cli_parse(&cmd_bench_attention_cli, argc - 1, argv + 1, &c, NULL);
+    if (!rc) rc = bench_attention_with(&c);
+    cli_free(&cmd_bench_attention_cli, &c);
+    return rc;
+}
+
+static int bench_attention_with(bench_attn_cli *c) {
+    bench_opts o = {.json = c->json, .quick = c->quick, .threads = c->threads, .reps = c->reps,
+                    .compute_mask = c->compute_mask};
     int want[NSHAPES] = {0}, any_shape = 0, core = 1, layer = 1;
-    int64_t *Ts = NULL, nT = 0, v;
-    for (int i = 2; i < argc; i++) { /* argv: bench attention ... */
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) o.json = 1;
-        else if (!strcmp(a, "--quick")) o.quick = 1;
-        else if (!strcmp(a, "--T")) {
-            free(Ts);
-            if (cli_parse_i64_list("bench attention", a, val, &Ts, &nT)) return CLI_USAGE_ERROR;
-            for (int64_t k = 0; k < nT; k++)
-                if (Ts[k] < 1 || Ts[k] > (1 << 20)) {
-                    fprintf(stderr, "gdncp bench attention: option --T needs values in [1, 2^20], got %lld\n",
-                            (long long)Ts[k]);
-                    free(Ts);
-                    return CLI_USAGE_ERROR;
-                }
-            i++;
-        } else if (!strcmp(a, "--threads") || !strcmp(a, "--reps")) {
-            const int thr = !strcmp(a, "--threads");
-            if (cli_parse_i64("bench attention", a, val, thr ? 1 : 1, thr ? 4096 : 50, &v)) return CLI_USAGE_ERROR;
-            if (thr) o.threads = (int)v;
-            else o.reps = (int)v;
-            i++;
-        } else if (!strcmp(a, "--compute")) {
-            int cm = 0;
-            if (val && !strcmp(val, "both")) o.compute_mask = 3;
-            else if (cli_parse_compute("bench attention", a, val, &cm)) return CLI_USAGE_ERROR;
-            else o.compute_mask = 1 << cm;
-            i++;
-        } else if (!strcmp(a, "--shape") || !strcmp(a, "--what")) {
-            if (!val) {
-                fprintf(stderr, "gdncp bench attention: option %s needs a value\n", a);
+    int64_t *Ts = c->Ts, nT = c->nT;
+    for (int64_t k = 0; k < nT; k++)
+        if (Ts[k] < 1 || Ts[k] > (1 << 20)) {
+            fprintf(stderr, "gdncp bench attention: option --T needs values in [1, 2^20], got %lld\n", (long long)Ts[k]);
+            return CLI_USAGE_ERROR;
+        }
+    for (int is_shape = 1; is_shape >= 0; is_shape--) {
+        const char *val = is_shape ? c->shape : c->what, *a = is_shape ? "--shape" : "--what";
+        if (!val) continue;
+        if (!is_shape) core = layer = 0;
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", val);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            int found = 0;
+            if (is_shape) {
+                for (int k = 0; k < NSHAPES; k++)
+                    if (!strcmp(tok, shapes[k].label) || !strcmp(tok, "all")) want[k] = 1, found = 1;
+                any_shape = 1;
+            } else if (!strcmp(tok, "core")) core = found = 1;
+            else if (!strcmp(tok, "layer")) layer = found = 1;
+            if (!found) {
+                fprintf(stderr, "gdncp bench attention: %s '%s' is unknown\n", a, tok);
+                fputs(cmd_bench_attention_cli.usage, stderr);
                 return CLI_USAGE_ERROR;
             }
-            const int is_shape = !strcmp(a, "--shape");
-            if (!is_shape) core = layer = 0;
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", val);
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-                int found = 0;
-                if (is_shape) {
-                    for (int k = 0; k < NSHAPES; k++)
-                        if (!strcmp(tok, shapes[k].label) || !strcmp(tok, "all")) want[k] = 1, found = 1;
-                    any_shape = 1;
-                } else if (!strcmp(tok, "core")) core = found = 1;
-                else if (!strcmp(tok, "layer")) layer = found = 1;
-                if (!found) {
-                    fprintf(stderr, "gdncp bench attention: %s '%s' is unknown\n", a, tok);
-                    usage();
-                    return CLI_USAGE_ERROR;
-                }
-            }
-            i++;
-        } else {
-            fprintf(stderr, "gdncp bench attention: unknown option or missing value: %s\n", a);
-            usage();
-            free(Ts);
-            return CLI_USAGE_ERROR;
         }
     }
     if (!any_shape)
@@ -485,6 +484,5 @@ int cmd_bench_attention(int argc, char **argv) {
             if (layer && !rc) rc = bench_decode_row(&o, &shapes[k], Ts[t], 2);
         }
     }
-    if (Ts != &T_default) free(Ts);
     return rc;
 }

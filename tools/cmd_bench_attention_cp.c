@@ -62,36 +62,43 @@ static double error_vs_one_rank(gdn_cp *cp, const gdn_attn_config *full, const f
     return err;
 }
 
-const char cmd_bench_attention_cp_usage[] =
-    "usage: mpiexec -n D gdncp bench attention-cp [--json] [--T N] [--H N] [--Hkv N] [--d N] [--E N]\n"
-    "                                             [--reps R] [--threads N] [--check-max-T N]\n"
-    "  the gated attention layer with its sequence over D ranks (kv and heads strategies)\n";
+typedef struct {
+    int64_t T, H, Hkv, d, E, reps, threads, check_max;
+    int json;
+} bench_attn_cp_opts;
+
+static void bench_attn_cp_init(void *p) {
+    bench_attn_cp_opts *o = p;
+    o->T = 2048, o->H = 8, o->Hkv = 2, o->d = 256, o->E = 1024, o->reps = 3, o->threads = 1, o->check_max = 8192;
+}
+
+static const cli_opt bench_attn_cp_table[] = {
+    {CLI_FLAG("--json", bench_attn_cp_opts, json, "one JSON object per row instead of text")},
+    {CLI_I64("--T", bench_attn_cp_opts, T, 1, (int64_t)1 << 30, "N", "tokens of the one sequence (at least the ranks)")},
+    {CLI_I64("--H", bench_attn_cp_opts, H, 1, 1024, "N", "attention heads")},
+    {CLI_I64("--Hkv", bench_attn_cp_opts, Hkv, 1, 1024, "N", "key/value heads")},
+    {CLI_I64("--d", bench_attn_cp_opts, d, 1, 1024, "N", "head width")},
+    {CLI_I64("--E", bench_attn_cp_opts, E, 1, 1 << 16, "N", "hidden size")},
+    {CLI_I64("--reps", bench_attn_cp_opts, reps, 1, MAX_REPS, "R", "timed repetitions")},
+    {CLI_I64("--threads", bench_attn_cp_opts, threads, 1, 1024, "N", "threads per rank")},
+    {CLI_I64("--check-max-T", bench_attn_cp_opts, check_max, 0, (int64_t)1 << 30, "N", "compare with a single-rank run up to this T")},
+};
+
+const cli_command cmd_bench_attention_cp_cli = {
+    .name = "bench attention-cp",
+    .usage = "usage: mpiexec -n D gdncp bench attention-cp [--json] [--T N] [--H N] [--Hkv N] [--d N] [--E N]\n"
+             "                                             [--reps R] [--threads N] [--check-max-T N]\n",
+    .summary = "(under mpiexec) the gated attention layer with its sequence over the ranks (kv and heads)",
+    .about = "  the gated attention layer with its sequence over D ranks (kv and heads strategies)\n",
+    .size = sizeof(bench_attn_cp_opts), .init = bench_attn_cp_init, CLI_OPTS(bench_attn_cp_table),
+};
 
 int cmd_bench_attention_cp(int argc, char **argv) {
-    int64_t T = 2048, H = 8, Hkv = 2, d = 256, E = 1024, reps = 3, threads = 1, check_max = 8192;
-    int json = 0;
-    for (int i = 2; i < argc; i++) { /* after "gdncp bench attention-cp" (MPI commands get the whole argv minus "gdncp") */
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        struct { const char *opt; int64_t *dst, lo, hi; } nums[] = {
-            {"--T", &T, 1, (int64_t)1 << 30}, {"--H", &H, 1, 1024}, {"--Hkv", &Hkv, 1, 1024}, {"--d", &d, 1, 1024},
-            {"--E", &E, 1, 1 << 16}, {"--reps", &reps, 1, MAX_REPS}, {"--threads", &threads, 1, 1024},
-            {"--check-max-T", &check_max, 0, (int64_t)1 << 30},
-        };
-        int done = 0;
-        for (size_t k = 0; k < sizeof nums / sizeof nums[0] && !done; k++)
-            if (!strcmp(argv[i], nums[k].opt)) {
-                if (cli_parse_i64("bench attention-cp", nums[k].opt, val, nums[k].lo, nums[k].hi, nums[k].dst))
-                    return CLI_USAGE_ERROR;
-                i++, done = 1;
-            }
-        if (done) continue;
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else {
-            fprintf(stderr, "gdncp bench attention-cp: unknown option or missing value: %s\n%s", argv[i],
-                    cmd_bench_attention_cp_usage);
-            return CLI_USAGE_ERROR;
-        }
-    }
+    bench_attn_cp_opts o;
+    if (cli_parse(&cmd_bench_attention_cp_cli, argc - 1, argv + 1, &o, NULL)) return CLI_USAGE_ERROR;
+    const int64_t T = o.T, H = o.H, Hkv = o.Hkv, d = o.d, E = o.E, reps = o.reps, threads = o.threads,
+                  check_max = o.check_max;
+    const int json = o.json;
     int rank, D;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);

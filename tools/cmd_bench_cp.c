@@ -249,35 +249,39 @@ done:
     return rc ? 1 : 0;
 }
 
-const char cmd_bench_cp_usage[] =
-    "usage: mpiexec -n D gdncp bench cp [--json] [--T N] [--reps R] [--doc-min N] [--doc-max N] [--packed-only]\n"
-    "  the context-parallel gated delta rule (every strategy, dense and packed) against one rank\n";
+typedef struct {
+    int json, packed_only;
+    int64_t T, reps, doc_min, doc_max;
+} bench_cp_opts;
+
+static void bench_cp_init(void *p) {
+    bench_cp_opts *o = p;
+    o->T = 65536, o->reps = 3, o->doc_min = 512, o->doc_max = 2048;
+}
+
+static const cli_opt bench_cp_table[] = {
+    {CLI_FLAG("--json", bench_cp_opts, json, "one JSON object per row instead of text")},
+    {CLI_I64("--T", bench_cp_opts, T, 1, (int64_t)1 << 30, "N", "tokens of the one sequence")},
+    {CLI_I64("--reps", bench_cp_opts, reps, 1, MAX_REPS, "R", "timed repetitions")},
+    {CLI_I64("--doc-min", bench_cp_opts, doc_min, 1, (int64_t)1 << 30, "N", "the packed part's shortest document")},
+    {CLI_I64("--doc-max", bench_cp_opts, doc_max, 1, (int64_t)1 << 30, "N", "the packed part's longest document (at least --doc-min)")},
+    {CLI_FLAG("--packed-only", bench_cp_opts, packed_only, "run only the packed-against-dense part")},
+};
+
+const cli_command cmd_bench_cp_cli = {
+    .name = "bench cp",
+    .usage = "usage: mpiexec -n D gdncp bench cp [--json] [--T N] [--reps R] [--doc-min N] [--doc-max N] [--packed-only]\n",
+    .summary = "(under mpiexec) every CP strategy's per-rank time split and bytes, then packed documents against dense",
+    .about = "  the context-parallel gated delta rule (every strategy, dense and packed) against one rank\n",
+    .size = sizeof(bench_cp_opts), .init = bench_cp_init, CLI_OPTS(bench_cp_table),
+};
 
 int cmd_bench_cp(int argc, char **argv) {
-    int json = 0, rank, D, packed_only = 0;
-    int64_t T = 65536, reps = 3, doc_min = 512, doc_max = 2048;
-    for (int i = 2; i < argc; i++) {
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--T")) {
-            if (cli_parse_i64("bench cp", "--T", val, 1, (int64_t)1 << 30, &T)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(argv[i], "--reps")) {
-            if (cli_parse_i64("bench cp", "--reps", val, 1, MAX_REPS, &reps)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(argv[i], "--doc-min")) {
-            if (cli_parse_i64("bench cp", "--doc-min", val, 1, (int64_t)1 << 30, &doc_min)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(argv[i], "--doc-max")) {
-            if (cli_parse_i64("bench cp", "--doc-max", val, 1, (int64_t)1 << 30, &doc_max)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(argv[i], "--packed-only")) {
-            packed_only = 1;
-        } else {
-            fprintf(stderr, "gdncp bench cp: unknown option or missing value: %s\n%s", argv[i], cmd_bench_cp_usage);
-            return CLI_USAGE_ERROR;
-        }
-    }
+    bench_cp_opts opts;
+    int rank, D;
+    if (cli_parse(&cmd_bench_cp_cli, argc - 1, argv + 1, &opts, NULL)) return CLI_USAGE_ERROR;
+    const int json = opts.json, packed_only = opts.packed_only;
+    const int64_t T = opts.T, reps = opts.reps, doc_min = opts.doc_min, doc_max = opts.doc_max;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
     if (doc_max < doc_min) {

@@ -355,23 +355,31 @@ static int checkpoint_rows(const char *ckpt, int quick, int json, const char *cp
     return model_rows("ckpt", &c, dir, P, quick, json, cpu);
 }
 
-const char cmd_bench_decode_usage[] =
-    "usage: gdncp bench decode [--json] [--quick] [--ckpt DIR]\n"
-    "  one decode step (gdn_step, the layer, the whole model; --ckpt: a checkpoint's model) against\n"
-    "  the bound of streaming its weights and caches once\n";
+typedef struct {
+    int json, quick;
+    const char *ckpt;
+} bench_decode_opts;
+
+static const cli_opt bench_decode_table[] = {
+    {CLI_FLAG("--json", bench_decode_opts, json, "one JSON object per row instead of text")},
+    {CLI_FLAG("--quick", bench_decode_opts, quick, "toy sizes (the small model, a 64-token prefill)")},
+    {CLI_STR("--ckpt", bench_decode_opts, ckpt, "DIR", "measure this checkpoint's model on its own weights instead")},
+};
+
+const cli_command cmd_bench_decode_cli = {
+    .name = "bench decode",
+    .usage = "usage: gdncp bench decode [--json] [--quick] [--ckpt DIR]\n",
+    .summary = "the decode step (gdn_step, the layer, the whole model) against the memory bound of its traffic",
+    .about = "  one decode step (gdn_step, the layer, the whole model; --ckpt: a checkpoint's model) against\n"
+             "  the bound of streaming its weights and caches once\n",
+    .size = sizeof(bench_decode_opts), CLI_OPTS(bench_decode_table),
+};
 
 int cmd_bench_decode(int argc, char **argv) {
-    int json = 0, quick = 0;
-    const char *ckpt = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--ckpt") && i + 1 < argc) ckpt = argv[++i];
-        else if (strcmp(argv[i], "decode")) {
-            fprintf(stderr, "gdncp bench decode: unknown option or missing value: %s\n%s", argv[i], cmd_bench_decode_usage);
-            return CLI_USAGE_ERROR;
-        }
-    }
+    bench_decode_opts o;
+    if (cli_parse(&cmd_bench_decode_cli, argc - 1, argv + 1, &o, NULL)) return CLI_USAGE_ERROR;
+    const int json = o.json, quick = o.quick;
+    const char *ckpt = o.ckpt;
     const char *cpu = cli_cpu();
     if (ckpt) { /* that model's generation only */
         if (!json)

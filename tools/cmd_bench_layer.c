@@ -211,33 +211,36 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
     return 0;
 }
 
-const char cmd_bench_layer_usage[] =
-    "usage: gdncp bench layer [--json] [--quick] [--T N] [--compute fp32|bf16|both]\n"
-    "  the GatedDeltaNet layer at the Qwen3.5 shapes: forward, forward+backward and decode, fp32 and BF16\n";
+typedef struct {
+    int json, quick, compute_mask; /* bit 0: fp32, bit 1: bf16 */
+    int64_t T;
+} bench_layer_opts;
+
+static void bench_layer_init(void *p) {
+    bench_layer_opts *o = p;
+    o->compute_mask = 3, o->T = 4096;
+}
+
+static const cli_opt bench_layer_table[] = {
+    {CLI_FLAG("--json", bench_layer_opts, json, "one JSON object per row instead of text")},
+    {CLI_FLAG("--quick", bench_layer_opts, quick, "toy sizes (T at most 256)")},
+    {CLI_I64("--T", bench_layer_opts, T, 1, 1 << 24, "N", "tokens")},
+    {CLI_ENUM("--compute", bench_layer_opts, compute_mask, "fp32|bf16|both", CLI_VALUES(1, 2, 3), "the projections' precision (both: alternating rep by rep)")},
+};
+
+const cli_command cmd_bench_layer_cli = {
+    .name = "bench layer",
+    .usage = "usage: gdncp bench layer [--json] [--quick] [--T N] [--compute fp32|bf16|both]\n",
+    .summary = "the GatedDeltaNet layer: forward, forward + backward, decode, fp32 and BF16 compute",
+    .about = "  the GatedDeltaNet layer at the Qwen3.5 shapes: forward, forward+backward and decode, fp32 and BF16\n",
+    .size = sizeof(bench_layer_opts), .init = bench_layer_init, CLI_OPTS(bench_layer_table),
+};
 
 int cmd_bench_layer(int argc, char **argv) {
-    int json = 0, quick = 0, compute_mask = 3; /* bit 0: fp32, bit 1: bf16 */
-    int64_t T = 4096;
-    for (int i = 2; i < argc; i++) { /* argv: bench layer ... */
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--T")) {
-            if (cli_parse_i64("bench layer", "--T", i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 24, &T))
-                return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(argv[i], "--compute") && i + 1 < argc) {
-            int cm = 0;
-            if (!strcmp(argv[i + 1], "both")) compute_mask = 3;
-            else if (gdn_compute_parse(argv[i + 1], &cm)) {
-                fprintf(stderr, "gdncp bench layer: --compute: %s (or both)\n", gdn_errmsg());
-                return CLI_USAGE_ERROR;
-            } else compute_mask = 1 << cm;
-            i++;
-        } else {
-            fprintf(stderr, "gdncp bench layer: unknown option or missing value: %s\n%s", argv[i], cmd_bench_layer_usage);
-            return CLI_USAGE_ERROR;
-        }
-    }
+    bench_layer_opts o;
+    if (cli_parse(&cmd_bench_layer_cli, argc - 1, argv + 1, &o, NULL)) return CLI_USAGE_ERROR;
+    const int json = o.json, quick = o.quick, compute_mask = o.compute_mask;
+    int64_t T = o.T;
     if (quick && T > 256) T = 256;
     const int maxt = cli_max_threads();
     const char *cpu = cli_cpu();

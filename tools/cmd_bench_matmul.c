@@ -29,26 +29,37 @@ typedef struct {
     int64_t N, K;
 } mm_shape;
 
-const char cmd_bench_matmul_usage[] =
-    "usage: gdncp bench matmul [--json] [--quick] [--M N] [--reps R]\n"
-    "  the layer's projection GEMMs (M tokens), fp32 and BF16 compute, against the measured peaks\n";
+typedef struct {
+    int json, quick;
+    int64_t M, reps;
+} bench_matmul_opts;
+
+static void bench_matmul_init(void *p) {
+    bench_matmul_opts *o = p;
+    o->M = 4096, o->reps = 3;
+}
+
+static const cli_opt bench_matmul_table[] = {
+    {CLI_FLAG("--json", bench_matmul_opts, json, "one JSON object per row instead of text")},
+    {CLI_FLAG("--quick", bench_matmul_opts, quick, "in_proj_qkv only, M = 512 (unless --M), 2 rounds")},
+    {CLI_I64("--M", bench_matmul_opts, M, 1, 1 << 20, "N", "tokens (the GEMMs' M)")},
+    {CLI_I64("--reps", bench_matmul_opts, reps, 1, 100, "R", "rounds")},
+};
+
+const cli_command cmd_bench_matmul_cli = {
+    .name = "bench matmul",
+    .usage = "usage: gdncp bench matmul [--json] [--quick] [--M N] [--reps R]\n",
+    .summary = "the projection GEMMs in fp32 and BF16 compute against both peaks",
+    .about = "  the layer's projection GEMMs (M tokens), fp32 and BF16 compute, against the measured peaks\n",
+    .size = sizeof(bench_matmul_opts), .init = bench_matmul_init, CLI_OPTS(bench_matmul_table),
+};
 
 int cmd_bench_matmul(int argc, char **argv) {
-    int json = 0, quick = 0, m_set = 0;
-    long M = 4096, reps = 3;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--M") && i + 1 < argc) {
-            if (cli_int("--M", argv[++i], 1, 1 << 20, &M)) return CLI_USAGE_ERROR;
-            m_set = 1;
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            if (cli_int("--reps", argv[++i], 1, 100, &reps)) return CLI_USAGE_ERROR;
-        } else if (strcmp(argv[i], "matmul")) {
-            fprintf(stderr, "gdncp bench matmul: unknown option or missing value: %s\n%s", argv[i], cmd_bench_matmul_usage);
-            return CLI_USAGE_ERROR;
-        }
-    }
+    bench_matmul_opts o;
+    unsigned char seen[CLI_MAX_OPTS];
+    if (cli_parse(&cmd_bench_matmul_cli, argc - 1, argv + 1, &o, seen)) return CLI_USAGE_ERROR;
+    const int json = o.json, quick = o.quick, m_set = cli_given(&cmd_bench_matmul_cli, seen, "--M");
+    long M = (long)o.M, reps = (long)o.reps;
     const int path = gdn_bench_bf16_path();
     const char *cpu = cli_cpu();
     if (!json) {

@@ -292,66 +292,57 @@ static int bench_shape(const bench_opts *o, const moe_shape *s, const int64_t *T
     return rc;
 }
 
-const char cmd_bench_moe_usage[] =
-    "usage: gdncp bench moe [--json] [--quick] [--shape 35b|next|both] [--T N[,N..]]\n"
-    "       [--compute fp32|bf16|both] [--threads N] [--reps R]\n"
-    "  the sparse MoE block: forward, forward+backward and decode (B = 1), fp32 and BF16 compute;\n"
-    "  shapes: 35b (Qwen3.5-35B-A3B: E 2048, 256 experts, top 8, I 512, shared 512), next (Qwen3-Next:\n"
-    "  512 experts, top 10) (default: both); T in [1, 2^20] (default 1024,2048,4096,8192);\n"
-    "  reps in [1, 50] (default 3); --quick: E 256, 16 experts, top 4, I 64, shared 64, T 256, 1 rep\n";
+typedef struct {
+    int json, quick, threads, reps, compute_mask;
+    int shape; /* bit 0: 35b, bit 1: next */
+    int64_t *Ts, nT;
+} bench_moe_cli;
+
+static void bench_moe_init(void *p) {
+    bench_moe_cli *o = p;
+    o->reps = 3, o->compute_mask = 3, o->shape = 3;
+}
+
+static const cli_opt bench_moe_table[] = {
+    {CLI_FLAG("--json", bench_moe_cli, json, "one JSON object per row instead of text")},
+    {CLI_FLAG("--quick", bench_moe_cli, quick, "E 256, 16 experts, top 4, I 64, shared 64, T 256 (unless --T), one repetition (unless --reps)")},
+    {CLI_ENUM("--shape", bench_moe_cli, shape, "35b|next|both", CLI_VALUES(1, 2, 3), "35b: Qwen3.5-35B-A3B (E 2048, 256 experts, top 8, I 512, shared 512); next: Qwen3-Next (512 experts, top 10)")},
+    {CLI_LIST("--T", bench_moe_cli, Ts, nT, "N[,N..]", "tokens, each in [1, 2^20]"), .dflt = "1024,2048,4096,8192"},
+    {CLI_ENUM("--compute", bench_moe_cli, compute_mask, "fp32|bf16|both", CLI_VALUES(1, 2, 3), "the block's GEMMs' precision (both: alternating rep by rep)")},
+    {CLI_I64("--threads", bench_moe_cli, threads, 1, 4096, "N", "OpenMP threads"), .dflt = "all"},
+    {CLI_I64("--reps", bench_moe_cli, reps, 1, 50, "R", "timed repetitions after a warm-up (the median)")},
+};
+
+const cli_command cmd_bench_moe_cli = {
+    .name = "bench moe",
+    .usage = "usage: gdncp bench moe [--json] [--quick] [--shape 35b|next|both] [--T N[,N..]]\n"
+             "       [--compute fp32|bf16|both] [--threads N] [--reps R]\n",
+    .summary = "the sparse MoE block: forward, forward + backward and decode, fp32 and BF16 compute",
+    .about = "  the sparse MoE block: forward, forward+backward and decode (B = 1), fp32 and BF16 compute\n",
+    .size = sizeof(bench_moe_cli), .init = bench_moe_init, CLI_OPTS(bench_moe_table),
+};
+
+static int bench_moe_with(const bench_moe_cli *c, const unsigned char *seen);
 
 int cmd_bench_moe(int argc, char **argv) {
-    bench_opts o = {.reps = 3, .compute_mask = 3};
-    int want[2] = {1, 1}, reps_set = 0;
-    int64_t *Ts = NULL, nT = 0, v;
-    for (int i = 2; i < argc; i++) { /* argv: bench moe ... */
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) o.json = 1;
-        else if (!strcmp(a, "--quick")) o.quick = 1;
-        else if (!strcmp(a, "--T") && val) {
-            free(Ts);
-            if (cli_parse_i64_list("bench moe", a, val, &Ts, &nT)) return CLI_USAGE_ERROR;
-            for (int64_t k = 0; k < nT; k++)
-                if (Ts[k] < 1 || Ts[k] > (1 << 20)) {
-                    fprintf(stderr, "gdncp bench moe: option --T needs values in [1, 2^20], got %lld\n", (long long)Ts[k]);
-                    free(Ts);
-                    return CLI_USAGE_ERROR;
-                }
-            i++;
-        } else if ((!strcmp(a, "--threads") || !strcmp(a, "--reps")) && val) {
-            const int thr = !strcmp(a, "--threads");
-            if (cli_parse_i64("bench moe", a, val, 1, thr ? 4096 : 50, &v)) {
-                free(Ts);
-                return CLI_USAGE_ERROR;
-            }
-            if (thr) o.threads = (int)v;
-            else o.reps = (int)v, reps_set = 1;
-            i++;
-        } else if (!strcmp(a, "--compute") && val) {
-            int cm = 0;
-            if (!strcmp(val, "both")) o.compute_mask = 3;
-            else if (cli_parse_compute("bench moe", a, val, &cm)) {
-                free(Ts);
-                return CLI_USAGE_ERROR;
-            } else o.compute_mask = 1 << cm;
-            i++;
-        } else if (!strcmp(a, "--shape") && val) {
-            if (!strcmp(val, "35b")) want[0] = 1, want[1] = 0;
-            else if (!strcmp(val, "next")) want[0] = 0, want[1] = 1;
-            else if (!strcmp(val, "both")) want[0] = want[1] = 1;
-            else {
-                fprintf(stderr, "gdncp bench moe: option --shape needs 35b, next or both, got '%s'\n%s", val,
-                        cmd_bench_moe_usage);
-                free(Ts);
-                return CLI_USAGE_ERROR;
-            }
-            i++;
-        } else {
-            fprintf(stderr, "gdncp bench moe: unknown option or missing value: %s\n%s", a, cmd_bench_moe_usage);
-            free(Ts);
+    bench_moe_cli c;
+    unsigned char seen[CLI_MAX_OPTS];
+    int rc = cli_parse(&cmd_bench_moe_cli, argc - 1, argv + 1, &c, seen);
+    if (!rc) rc = bench_moe_with(&c, seen);
+    cli_free(&cmd_bench_moe_cli, &c);
+    return rc;
+}
+
+static int bench_moe_with(const bench_moe_cli *c, const unsigned char *seen) {
+    bench_opts o = {.json = c->json, .quick = c->quick, .threads = c->threads, .reps = c->reps,
+                    .compute_mask = c->compute_mask};
+    const int want[2] = {c->shape & 1, (c->shape >> 1) & 1}, reps_set = cli_given(&cmd_bench_moe_cli, seen, "--reps");
+    int64_t *Ts = c->Ts, nT = c->nT;
+    for (int64_t k = 0; k < nT; k++)
+        if (Ts[k] < 1 || Ts[k] > (1 << 20)) {
+            fprintf(stderr, "gdncp bench moe: option --T needs values in [1, 2^20], got %lld\n", (long long)Ts[k]);
             return CLI_USAGE_ERROR;
         }
-    }
     int64_t T_default[] = {1024, 2048, 4096, 8192}, T_quick = 256;
     if (!Ts) {
         if (o.quick) Ts = &T_quick, nT = 1;
@@ -375,6 +366,5 @@ int cmd_bench_moe(int argc, char **argv) {
     if (o.quick) rc = bench_shape(&o, &shapes[2], Ts, nT);
     for (int k = 0; k < 2 && !rc && !o.quick; k++)
         if (want[k]) rc = bench_shape(&o, &shapes[k], Ts, nT);
-    if (Ts != T_default && Ts != &T_quick) free(Ts);
     return rc;
 }

@@ -14,15 +14,6 @@
 #include "gdncp/bench.h"
 #include "gdncp/train.h"
 
-const char cmd_bench_train_usage[] =
-    "usage: gdncp bench train [--json] [--quick] [--T N] [--B N] [--model NAME[,NAME...]] [--layers L]\n"
-    "  one training step (forward, backward, AdamW) of the named models tiny, tiny-moe, small and\n"
-    "  small-moe (--quick: tiny and tiny-moe), dense,\n"
-    "  recomputed and packed, and the BF16 compute path, against this machine's measured peaks.\n"
-    "  --model: those named models instead (qwen3.5-0.8b and qwen3.5-2b: Qwen3.5's shapes with\n"
-    "  the 248,320-token vocabulary; they run dense fp32 and BF16 only, 2 timed steps), --layers L\n"
-    "  of them (every fourth full attention)\n";
-
 /* forward + backward: the status of the first that fails */
 static int train_step(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tok, double denom,
                       double *loss) {
@@ -218,32 +209,46 @@ static int parse_models(const char *v, char names[][32], int max, int *n) {
     }
 }
 
+typedef struct {
+    int json, quick;
+    int64_t T, B, layers;
+    const char *models;
+} bench_train_opts;
+
+static void bench_train_init(void *p) {
+    bench_train_opts *o = p;
+    o->T = 512, o->B = 8;
+}
+
+static const cli_opt bench_train_table[] = {
+    {CLI_FLAG("--json", bench_train_opts, json, "one JSON object per row instead of text")},
+    {CLI_FLAG("--quick", bench_train_opts, quick, "tiny and tiny-moe, 2 x 128, one repetition")},
+    {CLI_I64("--T", bench_train_opts, T, 1, 1 << 22, "N", "tokens per sequence"), .dflt = "512 (--model: 2048)"},
+    {CLI_I64("--B", bench_train_opts, B, 1, 4096, "N", "sequences per step"), .dflt = "8 (--model: 1)"},
+    {CLI_STR("--model", bench_train_opts, models, "NAME[,NAME..]", "these named models instead (qwen3.5-0.8b, qwen3.5-2b: the real vocabulary, dense fp32 and BF16 only, 2 timed steps)"), .dflt = "tiny,tiny-moe,small,small-moe"},
+    {CLI_I64("--layers", bench_train_opts, layers, 1, GDN_MODEL_MAX_LAYERS, "L", "the models' layers (every fourth full attention)"), .dflt = "the model's"},
+};
+
+const cli_command cmd_bench_train_cli = {
+    .name = "bench train",
+    .usage = "usage: gdncp bench train [--json] [--quick] [--T N] [--B N] [--model NAME[,NAME...]] [--layers L]\n",
+    .summary = "one training step of the tiny and small models (and their MoE twins), against the measured peaks",
+    .about = "  one training step (forward, backward, AdamW) of the named models tiny, tiny-moe, small and\n"
+             "  small-moe (--quick: tiny and tiny-moe), dense, recomputed and packed, and the BF16 compute\n"
+             "  path, against this machine's measured peaks\n",
+    .size = sizeof(bench_train_opts), .init = bench_train_init, CLI_OPTS(bench_train_table),
+};
+
 int cmd_bench_train(int argc, char **argv) {
-    int json = 0, quick = 0, n_models = 0;
-    int64_t T = 512, B = 8, layers = 0;
+    bench_train_opts o;
+    unsigned char seen[CLI_MAX_OPTS];
+    if (cli_parse(&cmd_bench_train_cli, argc - 1, argv + 1, &o, seen)) return CLI_USAGE_ERROR;
+    const int json = o.json, quick = o.quick;
+    int n_models = 0;
+    int64_t T = o.T, B = o.B, layers = o.layers;
     char models[8][32];
-    int given_T = 0, given_B = 0;
-    for (int i = 2; i < argc; i++) { /* argv: bench train ... */
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--quick")) quick = 1;
-        else if (!strcmp(a, "--T")) {
-            if (cli_parse_i64("bench train", a, v, 1, 1 << 22, &T)) return CLI_USAGE_ERROR;
-            i++, given_T = 1;
-        } else if (!strcmp(a, "--B")) {
-            if (cli_parse_i64("bench train", a, v, 1, 4096, &B)) return CLI_USAGE_ERROR;
-            i++, given_B = 1;
-        } else if (!strcmp(a, "--layers")) {
-            if (cli_parse_i64("bench train", a, v, 1, GDN_MODEL_MAX_LAYERS, &layers)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(a, "--model") && v) {
-            if (parse_models(v, models, 8, &n_models)) return CLI_USAGE_ERROR;
-            i++;
-        } else {
-            fprintf(stderr, "gdncp bench train: unknown option or missing value: %s\n%s", a, cmd_bench_train_usage);
-            return CLI_USAGE_ERROR;
-        }
-    }
+    const int given_T = cli_given(&cmd_bench_train_cli, seen, "--T"), given_B = cli_given(&cmd_bench_train_cli, seen, "--B");
+    if (o.models && parse_models(o.models, models, 8, &n_models)) return CLI_USAGE_ERROR;
     const int given_models = n_models > 0;
     if (!given_models) { /* the named sizes */
         static const char *const names[] = {"tiny", "tiny-moe", "small", "small-moe"};

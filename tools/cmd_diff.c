@@ -43,30 +43,36 @@ static int read_checked(gdn_st_file *f, const char *path, const gdn_st_tensor *t
     return GDN_OK;
 }
 
-const char cmd_diff_usage[] =
-    "usage: gdncp diff OURS.safetensors REFERENCE.safetensors [--tol X]\n"
-    "  per-tensor relative error max|ours - ref| / max|ref| of the tensors both files hold;\n"
-    "  exit status 1 when one exceeds X\n";
+typedef struct {
+    const char *files[2]; /* OURS, REFERENCE */
+    double tol;
+} diff_opts;
+
+static void diff_init(void *p) { ((diff_opts *)p)->tol = 1e-5; }
+
+static const cli_opt diff_table[] = {
+    /* a relative error: from about 2 on, any two tensors of similar magnitude pass, so a tolerance
+     * above 1000 (or inf) can only be a mistake */
+    {CLI_F64("--tol", diff_opts, tol, 0.0, 1e3, "X", "the largest relative error max|ours - ref| / max|ref| (the absolute one where ref is all zeros) that passes")},
+};
+
+const cli_command cmd_diff_cli = {
+    .name = "diff",
+    .usage = "usage: gdncp diff OURS.safetensors REFERENCE.safetensors [--tol X]\n",
+    .summary = "per-tensor relative error of two files against a tolerance; fails on NaN/Inf",
+    .about = "  per-tensor relative error max|ours - ref| / max|ref| of the tensors both files hold;\n"
+             "  exit status 1 when one exceeds X\n",
+    .size = sizeof(diff_opts), .init = diff_init, CLI_OPTS(diff_table),
+    .max_pos = 2, .pos_off = offsetof(diff_opts, files),
+};
 
 int cmd_diff(int argc, char **argv) {
-    const char *pa = NULL, *pb = NULL;
-    double tol = 1e-5;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tol")) {
-            /* a relative error: from about 2 on, any two tensors of similar magnitude pass, so
-             * a tolerance above 1000 (or inf) can only be a mistake */
-            if (cli_parse_f64("diff", "--tol", i + 1 < argc ? argv[i + 1] : NULL, 0.0, 1e3, &tol))
-                return CLI_USAGE_ERROR;
-            i++;
-        } else if (!pa) pa = argv[i];
-        else if (!pb) pb = argv[i];
-        else {
-            fprintf(stderr, "gdncp diff: unexpected argument '%s'\n", argv[i]);
-            return CLI_USAGE_ERROR;
-        }
-    }
+    diff_opts o;
+    if (cli_parse(&cmd_diff_cli, argc, argv, &o, NULL)) return CLI_USAGE_ERROR;
+    const char *pa = o.files[0], *pb = o.files[1];
+    const double tol = o.tol;
     if (!pa || !pb) {
-        fputs(cmd_diff_usage, stderr);
+        fputs(cmd_diff_cli.usage, stderr);
         return CLI_USAGE_ERROR;
     }
     gdn_st_file *a = NULL, *b = NULL;

@@ -28,65 +28,60 @@ static double unif(uint64_t *s) {
     return (double)(*s >> 11) / 9007199254740992.0;
 }
 
-static int gen_with(int argc, char **argv, int64_t **cu);
+typedef struct {
+    const char *out;
+    int64_t B, T, Hk, Hv, K, V, seed;
+    int gates; /* an index into gate_names */
+    double slow_fraction;
+    int64_t *cu, n_cu;
+} gen_opts;
 
-const char cmd_gen_usage[] =
-    "usage: gdncp gen --out FILE [--B N] [--T N] [--Hk N] [--Hv N] [--K N] [--V N] [--seed S]\n"
-    "                 [--gates qwen|mild|strong] [--slow-fraction F] [--cu-seqlens 0,a,..,T]\n"
-    "  a random gated-delta-rule problem (q k v g beta h0 do dht) for gdncp run\n";
+static const char *const gate_names[] = {"qwen", "mild", "strong"};
+
+static void gen_init(void *p) {
+    gen_opts *o = p;
+    o->B = 1, o->T = 4096, o->Hk = 2, o->Hv = 4, o->K = 128, o->V = 128, o->seed = 1, o->slow_fraction = 0.25;
+}
+
+/* the sizes' bounds: the kernel's head dims; a B*T*H*D product that cannot fit in memory is
+ * refused afterwards, before anything is allocated */
+static const cli_opt gen_table[] = {
+    {CLI_STR("--out", gen_opts, out, "F", "the file to write"), .req = 1},
+    {CLI_I64("--B", gen_opts, B, 1, 1 << 20, "N", "batch rows")},
+    {CLI_I64("--T", gen_opts, T, 1, (int64_t)1 << 40, "N", "tokens")},
+    {CLI_I64("--Hk", gen_opts, Hk, 1, 1 << 16, "N", "key heads")},
+    {CLI_I64("--Hv", gen_opts, Hv, 1, 1 << 16, "N", "value heads (a multiple of Hk)")},
+    {CLI_I64("--K", gen_opts, K, 1, GDN_MAX_HEAD_DIM, "N", "key head width")},
+    {CLI_I64("--V", gen_opts, V, 1, GDN_MAX_HEAD_DIM, "N", "value head width")},
+    {CLI_I64("--seed", gen_opts, seed, 0, INT64_MAX, "S", "the random stream")},
+    {CLI_ENUM("--gates", gen_opts, gates, "qwen|mild|strong", NULL, "the gates' decays: qwen like a trained Qwen3.5 layer's per head, mild (mean g about -0.12), strong (about -2)")},
+    {CLI_F64("--slow-fraction", gen_opts, slow_fraction, 0.0, 1.0, "F", "with --gates qwen: the fraction of value heads that are slow (remembering over 1e5 tokens)")},
+    {CLI_LIST("--cu-seqlens", gen_opts, cu, n_cu, "0,a,..,T", "packed documents (B = 1): also write them, h0 and dht per document")},
+};
+
+const cli_command cmd_gen_cli = {
+    .name = "gen",
+    .usage = "usage: gdncp gen --out FILE [options]\n",
+    .summary = "write a random problem (q k v g beta h0 do dht) for gdncp run",
+    .about = "  a random gated-delta-rule problem (q k v g beta h0 do dht) for gdncp run\n",
+    .size = sizeof(gen_opts), .init = gen_init, CLI_OPTS(gen_table),
+};
+
+static int gen_with(const gen_opts *o);
 
 int cmd_gen(int argc, char **argv) {
-    int64_t *cu = NULL;
-    const int rc = gen_with(argc, argv, &cu);
-    free(cu);
+    gen_opts o;
+    int rc = cli_parse(&cmd_gen_cli, argc, argv, &o, NULL);
+    if (!rc) rc = gen_with(&o);
+    cli_free(&cmd_gen_cli, &o);
     return rc;
 }
 
-static int gen_with(int argc, char **argv, int64_t **cu) {
-    int64_t n_cu = 0;
-    int64_t B = 1, T = 4096, Hk = 2, Hv = 4, K = 128, V = 128, seed = 1;
-    const char *out = NULL, *gates = "qwen";
-    double slow_fraction = 0.25;
-    /* the sizes' bounds: the kernel's head dims; a B*T*H*D product that cannot fit in memory
-     * is refused afterwards, before anything is allocated */
-    const struct { const char *flag; int64_t *dst, min, max; } nums[] = {
-        {"--B", &B, 1, 1 << 20}, {"--T", &T, 1, (int64_t)1 << 40}, {"--Hk", &Hk, 1, 1 << 16},
-        {"--Hv", &Hv, 1, 1 << 16}, {"--K", &K, 1, GDN_MAX_HEAD_DIM}, {"--V", &V, 1, GDN_MAX_HEAD_DIM},
-        {"--seed", &seed, 0, INT64_MAX}};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int matched = 0;
-        for (size_t n = 0; n < sizeof nums / sizeof nums[0]; n++)
-            if (!strcmp(a, nums[n].flag)) {
-                if (cli_parse_i64("gen", a, val, nums[n].min, nums[n].max, nums[n].dst)) return CLI_USAGE_ERROR;
-                i++, matched = 1;
-            }
-        if (matched) continue;
-        if (!strcmp(a, "--out") && val) {
-            out = argv[++i];
-        } else if (!strcmp(a, "--gates") && val) {
-            gates = argv[++i];
-            if (strcmp(gates, "qwen") && strcmp(gates, "mild") && strcmp(gates, "strong")) {
-                fprintf(stderr, "gdncp gen: --gates must be qwen, mild or strong, got '%s'\n", gates);
-                return CLI_USAGE_ERROR;
-            }
-        } else if (!strcmp(a, "--cu-seqlens")) {
-            free(*cu);
-            *cu = NULL;
-            if (cli_parse_i64_list("gen", a, val, cu, &n_cu)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(a, "--slow-fraction")) {
-            if (cli_parse_f64("gen", a, val, 0.0, 1.0, &slow_fraction)) return CLI_USAGE_ERROR;
-            i++;
-        } else {
-            fprintf(stderr, "gdncp gen: unknown option or missing value: %s\n%s", a, cmd_gen_usage);
-            return CLI_USAGE_ERROR;
-        }
-    }
-    if (!out) {
-        fprintf(stderr, "gdncp gen: --out is required\n");
-        return CLI_USAGE_ERROR;
-    }
+static int gen_with(const gen_opts *o) {
+    const int64_t B = o->B, T = o->T, Hk = o->Hk, Hv = o->Hv, K = o->K, V = o->V, seed = o->seed, n_cu = o->n_cu;
+    const char *out = o->out, *gates = gate_names[o->gates];
+    const double slow_fraction = o->slow_fraction;
+    int64_t *const *cu = &o->cu;
     gdn_config c = gdn_config_default(B, T, Hk, Hv, K, V);
     if (*cu) c.cu_seqlens = *cu, c.n_docs = n_cu - 1; /* the library names bad offsets */
     if (*cu && n_cu < 2) {

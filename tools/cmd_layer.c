@@ -39,77 +39,46 @@ typedef struct {
     int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } layer_opts;
 
-const char cmd_layer_usage[] =
-    "usage: gdncp layer --weights W.safetensors [--config config.json] [--prefix P]\n"
-    "                   --in IN.safetensors --out OUT.safetensors [--backward]\n"
-    "                   [--keep min|proj] [--decode N] [--f32] [--compute fp32|bf16] [--chunk C]\n"
-    "                   [--threads N]\n"
-    "                   [--E --Hk --Hv --K --V --Kc N] [--eps X] [--cu-seqlens 0,a,..,T]\n"
-    "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n";
+static void layer_init(void *p) { ((layer_opts *)p)->given.chunk = 64; }
 
-static int usage(void) {
-    fputs(cmd_layer_usage, stderr);
-    return CLI_USAGE_ERROR;
-}
+static const cli_opt layer_table[] = {
+    {CLI_STR("--weights", layer_opts, weights, "W", "the weights, bare (in_proj_qkv.weight, ...) or under --prefix"), .req = 1},
+    {CLI_STR("--config", layer_opts, config, "C", "a config.json (fields at the top level or under text_config)")},
+    {CLI_STR("--prefix", layer_opts, prefix, "P", "e.g. model.layers.0.linear_attn. in a whole-model model.safetensors; other tensors are ignored")},
+    {CLI_STR("--in", layer_opts, in, "F", "the input file: x [B,T,E] (and dy with --backward)"), .req = 1},
+    {CLI_STR("--out", layer_opts, out, "F", "the output file"), .req = 1},
+    {CLI_FLAG("--backward", layer_opts, backward, "also compute dx and the weight gradients")},
+    {CLI_ENUM("--keep", layer_opts, keep, "min|proj", CLI_VALUES(GDN_LAYER_KEEP_MIN, GDN_LAYER_KEEP_PROJ), "what the forward keeps for the backward: min recomputes the projections, conv and kernel forward; proj keeps them (faster backward, more memory)")},
+    /* (at most T, checked once T is known) */
+    {CLI_I64("--decode", layer_opts, decode, 1, INT32_MAX, "N", "prefill all but the last N tokens with the cache, then decode those one token at a time (N <= T); not with --backward, --cp or packed documents"), .dflt = ""},
+    {CLI_FLAG("--f32", layer_opts, f32, "keep a BF16 checkpoint as fp32 in memory (inference keeps BF16 as BF16 otherwise; --backward always uses fp32)")},
+    {CLI_COMPUTE("--compute", layer_opts, compute, "the precision of in_proj_qkv, in_proj_z and out_proj: bf16 rounds their operands to bfloat16 and accumulates in fp32; everything else stays fp32")},
+    {CLI_I64("--chunk", layer_opts, given.chunk, 16, 128, "C", "the kernel's chunk: 16, 32, 64 or 128")},
+    {CLI_I64("--threads", layer_opts, given.threads, 1, 4096, "N", "OpenMP threads"), .dflt = "all"},
+    {CLI_I64("--E", layer_opts, given.E, 1, 1 << 20, "N", "the hidden size, when neither the config nor the file's metadata states it"), .dflt = ""},
+    {CLI_I64("--Hk", layer_opts, given.Hk, 1, 1 << 16, "N", "key heads (likewise)"), .dflt = ""},
+    {CLI_I64("--Hv", layer_opts, given.Hv, 1, 1 << 16, "N", "value heads (likewise)"), .dflt = ""},
+    {CLI_I64("--K", layer_opts, given.K, 1, GDN_MAX_HEAD_DIM, "N", "key head width (likewise)"), .dflt = ""},
+    {CLI_I64("--V", layer_opts, given.V, 1, GDN_MAX_HEAD_DIM, "N", "value head width (likewise)"), .dflt = ""},
+    {CLI_I64("--Kc", layer_opts, given.Kc, 1, GDN_MAX_CONV, "N", "the causal conv's kernel size (likewise)"), .dflt = ""},
+    /* the RMSNorm's epsilon (Qwen: 1e-6); beyond 1 it would swamp the norm it guards */
+    {CLI_F64("--eps", layer_opts, given.eps, 1e-12, 1.0, "X", "the gated RMSNorm's epsilon (likewise)"), .dflt = ""},
+    {CLI_LIST("--cu-seqlens", layer_opts, cu_seqlens, n_cu, "0,a,..,T", "packed documents (B = 1), or a cu_seqlens tensor beside x")},
+    {CLI_STR("--cp", layer_opts, cp, "scan|allgather|relay|heads", "under mpiexec: the tokens split over the ranks, as for gdncp run")},
+    {CLI_STR("--shards", layer_opts, shards, "a,b,..", "with --cp: each rank's token count (default an even split)")},
+};
+
+const cli_command cmd_layer_cli = {
+    .name = "layer",
+    .usage = "usage: gdncp layer --weights W.safetensors [--config config.json] [--prefix P]\n"
+             "                   --in IN.safetensors --out OUT.safetensors [options]\n"
+             "       mpiexec -n D gdncp layer ... --cp scan|allgather|relay|heads [--shards a,b,..]\n",
+    .summary = "the Qwen3.5 GatedDeltaNet layer from a Hugging Face checkpoint (forward, backward, decode, --cp)",
+    .size = sizeof(layer_opts), .init = layer_init, CLI_OPTS(layer_table),
+};
 
 static int parse(int argc, char **argv, layer_opts *o) {
-    memset(o, 0, sizeof *o);
-    o->given.chunk = 64;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t n;
-        const struct { const char *flag; int64_t *dst; int64_t max; } dims[] = {
-            {"--E", &o->given.E, 1 << 20}, {"--Hk", &o->given.Hk, 1 << 16}, {"--Hv", &o->given.Hv, 1 << 16},
-            {"--K", &o->given.K, GDN_MAX_HEAD_DIM}, {"--V", &o->given.V, GDN_MAX_HEAD_DIM},
-            {"--Kc", &o->given.Kc, GDN_MAX_CONV}};
-        int matched = 0;
-        for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
-            if (!strcmp(a, dims[d].flag)) {
-                if (cli_parse_i64("layer", a, v, 1, dims[d].max, dims[d].dst)) return CLI_USAGE_ERROR;
-                i++, matched = 1;
-            }
-        if (matched) continue;
-        if (!strcmp(a, "--backward")) o->backward = 1;
-        else if (!strcmp(a, "--f32")) o->f32 = 1;
-        else if (!strcmp(a, "--weights") && v) o->weights = v, i++;
-        else if (!strcmp(a, "--config") && v) o->config = v, i++;
-        else if (!strcmp(a, "--prefix") && v) o->prefix = v, i++;
-        else if (!strcmp(a, "--in") && v) o->in = v, i++;
-        else if (!strcmp(a, "--out") && v) o->out = v, i++;
-        else if (!strcmp(a, "--cp") && v) o->cp = v, i++;
-        else if (!strcmp(a, "--shards") && v) o->shards = v, i++;
-        else if (!strcmp(a, "--compute")) {
-            if (cli_parse_compute("layer", a, v, &o->compute)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(a, "--keep") && v && (!strcmp(v, "min") || !strcmp(v, "proj")))
-            o->keep = !strcmp(v, "proj") ? GDN_LAYER_KEEP_PROJ : GDN_LAYER_KEEP_MIN, i++;
-        else if (!strcmp(a, "--eps")) {
-            /* the RMSNorm's epsilon (Qwen: 1e-6); beyond 1 it would swamp the norm it guards */
-            double eps;
-            if (cli_parse_f64("layer", a, v, 1e-12, 1.0, &eps)) return CLI_USAGE_ERROR;
-            o->given.eps = (float)eps, i++;
-        } else if (!strcmp(a, "--decode")) { /* (at most T, checked once T is known) */
-            if (cli_parse_i64("layer", a, v, 1, INT32_MAX, &n)) return CLI_USAGE_ERROR;
-            o->decode = (int)n, i++;
-        } else if (!strcmp(a, "--chunk")) {
-            if (cli_parse_i64("layer", a, v, 16, 128, &n)) return CLI_USAGE_ERROR;
-            o->given.chunk = (int)n, i++;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_i64("layer", a, v, 1, 4096, &n)) return CLI_USAGE_ERROR;
-            o->given.threads = (int)n, i++;
-        } else if (!strcmp(a, "--cu-seqlens")) { /* packed documents (checked against the file later) */
-            free(o->cu_seqlens), o->cu_seqlens = NULL;
-            if (cli_parse_i64_list("layer", a, v, &o->cu_seqlens, &o->n_cu)) return CLI_USAGE_ERROR;
-            i++;
-        } else {
-            fprintf(stderr, "gdncp layer: unknown option or missing value: %s\n", a);
-            return usage();
-        }
-    }
-    if (!o->weights || !o->in || !o->out) {
-        fprintf(stderr, "gdncp layer: --weights, --in and --out are required\n");
-        return usage();
-    }
+    if (cli_parse(&cmd_layer_cli, argc, argv, o, NULL)) return CLI_USAGE_ERROR;
     if (o->given.chunk != 16 && o->given.chunk != 32 && o->given.chunk != 64 && o->given.chunk != 128) {
         fprintf(stderr, "gdncp layer: --chunk must be 16, 32, 64 or 128, got %d\n", o->given.chunk);
         return CLI_USAGE_ERROR;
@@ -213,7 +182,7 @@ static int layer_with(layer_opts *o, int argc, char **argv);
 int cmd_layer(int argc, char **argv) {
     layer_opts o;
     const int rc = layer_with(&o, argc, argv);
-    free(o.cu_seqlens);
+    cli_free(&cmd_layer_cli, &o);
     return rc;
 }
 

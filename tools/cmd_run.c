@@ -18,7 +18,8 @@ typedef struct {
     int64_t chunk, threads;
     double scale;
     int no_l2norm, reference, backward, stats;
-    const char *cp, *shards, *fault;
+    const char *cp, *shards;
+    int fault;                 /* --fault drop-incoming (1), a testing hook; 0 without */
     int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } run_opts;
 
@@ -33,61 +34,34 @@ typedef struct {
 static int run_cp(const cli_cp_opts *co, gdn_config opts);
 
 
-const char cmd_run_usage[] =
-    "usage: gdncp run --in IN.safetensors --out OUT.safetensors [--chunk C] [--scale S] [--no-l2norm]\n"
-    "                 [--reference] [--threads N] [--backward] [--cu-seqlens 0,a,..,T]\n"
-    "       mpiexec -n D gdncp run ... --cp scan|allgather|relay|heads [--shards a,b,..] [--stats]\n"
-    "  the gated delta rule forward (q k v g beta [h0] from IN); --backward also reads do [dht] and\n"
-    "  writes dq dk dv dg dbeta [dh0]; --cu-seqlens: packed documents (B = 1)\n";
+static void run_init(void *p) { ((run_opts *)p)->chunk = 64; }
 
-static int parse(int argc, char **argv, run_opts *o) {
-    memset(o, 0, sizeof *o);
-    o->chunk = 64;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--in") && val) o->in = argv[++i];
-        else if (!strcmp(a, "--out") && val) o->out = argv[++i];
-        else if (!strcmp(a, "--chunk")) {
-            if (cli_parse_i64("run", a, val, 16, 128, &o->chunk)) return 1;
-            i++;
-        } else if (!strcmp(a, "--threads")) { /* 0: all of OpenMP's threads */
-            if (cli_parse_i64("run", a, val, 0, 4096, &o->threads)) return 1;
-            i++;
-        } else if (!strcmp(a, "--scale")) {
-            /* positive: q's scale (1/sqrt(K) by default); far outside [1e-6, 1e6] it only makes
-             * the fp32 outputs underflow or overflow */
-            if (cli_parse_f64("run", a, val, 1e-6, 1e6, &o->scale)) return 1;
-            i++;
-        } else if (!strcmp(a, "--no-l2norm")) o->no_l2norm = 1;
-        else if (!strcmp(a, "--reference")) o->reference = 1;
-        else if (!strcmp(a, "--backward")) o->backward = 1;
-        else if (!strcmp(a, "--stats")) o->stats = 1;
-        else if (!strcmp(a, "--cu-seqlens")) {
-            free(o->cu_seqlens);
-            if (cli_parse_i64_list("run", a, val, &o->cu_seqlens, &o->n_cu)) return 1;
-            i++;
-        } else if (!strcmp(a, "--cp") && val) o->cp = argv[++i];
-        else if (!strcmp(a, "--shards") && val) o->shards = argv[++i];
-        else if (!strcmp(a, "--fault") && val) {
-            /* testing only (negative controls): deliberately wrong results, see run_cp below */
-            if (strcmp(val, "drop-incoming")) {
-                fprintf(stderr, "gdncp run: --fault knows only 'drop-incoming' (a testing hook), got '%s'\n", val);
-                return 1;
-            }
-            o->fault = argv[++i];
-        }
-        else {
-            fprintf(stderr, "gdncp run: unknown option or missing value: %s\n%s", a, cmd_run_usage);
-            return 1;
-        }
-    }
-    if (!o->in || !o->out) {
-        fprintf(stderr, "gdncp run: --in and --out are required\n");
-        return 1;
-    }
-    return 0;
-}
+static const cli_opt run_table[] = {
+    {CLI_STR("--in", run_opts, in, "F", "the problem file (q k v g beta [h0], with --backward do [dht])"), .req = 1},
+    {CLI_STR("--out", run_opts, out, "F", "the output file"), .req = 1},
+    {CLI_I64("--chunk", run_opts, chunk, 16, 128, "C", "the kernel's chunk size: 16, 32, 64 or 128")},
+    /* positive: q's scale; far outside [1e-6, 1e6] it only makes the fp32 outputs underflow or overflow */
+    {CLI_F64("--scale", run_opts, scale, 1e-6, 1e6, "S", "the scale multiplying q after the norm"), .dflt = "1/sqrt(K)"},
+    {CLI_FLAG("--no-l2norm", run_opts, no_l2norm, "use q and k as given (the in-kernel L2 norm is on by default, as in Qwen)")},
+    {CLI_FLAG("--reference", run_opts, reference, "run the float64 oracle instead of the fp32 kernel (results rounded to F32); not with --cp")},
+    {CLI_I64("--threads", run_opts, threads, 0, 4096, "N", "OpenMP threads (0: all)"), .dflt = "all"},
+    {CLI_FLAG("--backward", run_opts, backward, "also read do [dht] and write dq dk dv dg dbeta [dh0]")},
+    {CLI_LIST("--cu-seqlens", run_opts, cu_seqlens, n_cu, "0,a,..,T", "packed documents (B = 1; or a cu_seqlens tensor in the input); h0 ht dht dh0 per document")},
+    {CLI_STR("--cp", run_opts, cp, "scan|allgather|relay|heads", "under mpiexec: split the sequence over the ranks with this strategy (heads: the rank count must divide Hk)")},
+    {CLI_STR("--shards", run_opts, shards, "a,b,..", "with --cp: each rank's token count (D positive sizes summing to T; default an even split)")},
+    {CLI_FLAG("--stats", run_opts, stats, "with --cp: print each rank's accounting")},
+    {CLI_ENUM("--fault", run_opts, fault, "drop-incoming", CLI_VALUES(1), "with --cp scan, allgather or relay: every rank replays from a zero state; deliberately WRONG results, testing only (negative controls)")},
+};
+
+const cli_command cmd_run_cli = {
+    .name = "run",
+    .usage = "usage: gdncp run --in IN.safetensors --out OUT.safetensors [options]\n"
+             "       mpiexec -n D gdncp run ... --cp scan|allgather|relay|heads [--shards a,b,..] [--stats]\n",
+    .summary = "the gated delta rule forward (--backward: and its gradients) on a problem file",
+    .about = "  the gated delta rule forward (q k v g beta [h0] from IN); --backward also reads do [dht] and\n"
+             "  writes dq dk dv dg dbeta [dh0]; --cu-seqlens: packed documents (B = 1)\n",
+    .size = sizeof(run_opts), .init = run_init, CLI_OPTS(run_table),
+};
 
 static double *to_f64(const float *x, int64_t n) {
     if (!x) return NULL;
@@ -179,7 +153,7 @@ static int run_with(run_opts *opts, int argc, char **argv);
 int cmd_run(int argc, char **argv) {
     run_opts opt;
     const int rc = run_with(&opt, argc, argv);
-    free(opt.cu_seqlens);
+    cli_free(&cmd_run_cli, &opt);
     return rc;
 }
 
@@ -187,7 +161,7 @@ static int run_with(run_opts *opts, int argc, char **argv) {
     run_opts opt;
     /* (under --cp, an option error here still joins the other ranks' first agreement; the
      * exit status is the usage error's on every rank: the job's is the largest) */
-    int bad_usage = parse(argc, argv, opts);
+    int bad_usage = cli_parse(&cmd_run_cli, argc, argv, opts, NULL);
     opt = *opts;
     if (!bad_usage && opt.chunk != 16 && opt.chunk != 32 && opt.chunk != 64 && opt.chunk != 128) {
         fprintf(stderr, "gdncp run: --chunk must be 16, 32, 64 or 128, got %lld\n", (long long)opt.chunk);
@@ -206,7 +180,7 @@ static int run_with(run_opts *opts, int argc, char **argv) {
         gdn_config o = gdn_config_default(1, 1, 1, 1, 1, 1);
         o.chunk = (int)opt.chunk, o.threads = (int)opt.threads, o.scale = (float)opt.scale;
         o.l2norm = !opt.no_l2norm;
-        const cli_cp_opts co = {opt.in, opt.out, opt.cp, opt.shards, opt.fault, opt.backward, opt.stats,
+        const cli_cp_opts co = {opt.in, opt.out, opt.cp, opt.shards, opt.fault ? "drop-incoming" : NULL, opt.backward, opt.stats,
                                 opt.cu_seqlens, opt.n_cu};
         return run_cp(&co, o);
     }

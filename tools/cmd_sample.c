@@ -13,11 +13,44 @@
 #include "gdncp/sample.h"
 #include "gdncp/train.h"
 
-const char cmd_sample_usage[] =
-    "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [--tokens N]\n"
-    "                    [--temperature T] [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
-    "                    [--stop auto|none] [--print-ids] [--score] [--cache-dtype f32|bf16]\n"
-    "                    [--compute fp32|bf16]\n"
+typedef struct {
+    const char *ckpt, *prompt, *prompt_ids;
+    int print_ids, fault_no_kv, score, cache_dtype, compute, stop_auto;
+    int64_t tokens, top_k, seed, threads;
+    double temperature, top_p;
+} sample_opts;
+
+static void sample_init(void *p) {
+    sample_opts *o = p;
+    o->tokens = 200, o->seed = 1, o->temperature = 0.8, o->top_p = 1, o->stop_auto = 1;
+    o->compute = GDN_COMPUTE_FP32;
+}
+
+static const cli_opt sample_table[] = {
+    {CLI_STR("--ckpt", sample_opts, ckpt, "DIR", "a checkpoint directory, or a training --out directory (its newest checkpoint)"), .req = 1},
+    {CLI_STR("--prompt", sample_opts, prompt, "TEXT", "the prompt (byte models only; exactly one of --prompt, --prompt-ids)")},
+    {CLI_STR("--prompt-ids", sample_opts, prompt_ids, "I,J,..", "the prompt as token ids in [0, vocab)")},
+    {CLI_I64("--tokens", sample_opts, tokens, 1, 1 << 24, "N", "new tokens")},
+    {CLI_F64("--temperature", sample_opts, temperature, 0, 100, "T", "softmax(logits / T) (0: greedy, the most likely token every time)")},
+    {CLI_I64("--top-k", sample_opts, top_k, 0, GDN_MODEL_MAX_VOCAB, "K", "sample among the K largest logits (ties at the k-th kept; 0: all)")},
+    {CLI_F64("--top-p", sample_opts, top_p, 0, 1, "P", "then among the smallest set of the largest whose probability reaches P, in (0, 1] (1: all)")},
+    {CLI_I64("--seed", sample_opts, seed, 0, INT64_MAX, "S", "the sampling stream")},
+    {CLI_I64("--threads", sample_opts, threads, 1, 4096, "N", "OpenMP threads"), .dflt = "all"},
+    {CLI_ENUM("--stop", sample_opts, stop_auto, "auto|none", CLI_VALUES(1, 0), "auto: a checkpoint trained with --pack SEP or --pack-id N stops once it writes the separator; none: run to --tokens")},
+    {CLI_FLAG("--print-ids", sample_opts, print_ids, "print the new token ids (comma-separated, one line) instead of the text (required beyond bytes)")},
+    /* the prompt's loss, nothing generated (tests) */
+    {CLI_FLAG("--score", sample_opts, score, "print the prompt's mean next-token loss under the checkpoint (at least 2 tokens) and stop")},
+    {CLI_ENUM("--cache-dtype", sample_opts, cache_dtype, "f32|bf16", CLI_VALUES(GDN_F32, GDN_BF16), "the attention layers' KV caches (bf16: half their memory and bytes per token)")},
+    {CLI_COMPUTE("--compute", sample_opts, compute, "the prompt's products with bf16 operands and fp32 accumulation (a faster prefill); each new token's step stays fp32")},
+    /* testing only: the attention caches emptied before every decode step */
+    {CLI_ENUM("--fault", sample_opts, fault_no_kv, "no-kv-cache", CLI_VALUES(1), NULL)},
+};
+
+const cli_command cmd_sample_cli = {
+    .name = "sample",
+    .usage = "usage: gdncp sample --ckpt DIR (--prompt TEXT | --prompt-ids I,J,...) [options]\n",
+    .summary = "generate text (or token ids) from a checkpoint through the decode path and its caches",
+    .about =
     "  DIR: a checkpoint directory, or a training --out directory (its newest checkpoint).\n"
     "  --prompt-ids: the prompt as token ids in [0, vocab); --print-ids: the new tokens as ids\n"
     "  (comma-separated, one line) instead of the prompt and the text. --prompt TEXT and text\n"
@@ -33,12 +66,9 @@ const char cmd_sample_usage[] =
     "  a token reads; keys and values rounded to nearest even, the attention itself in fp32).\n"
     "  --compute bf16: the prompt's products (projections, MLPs, the head) with bf16 operands and\n"
     "  fp32 accumulation (a faster prefill where the CPU has BF16 instructions; logits within ~1e-2);\n"
-    "  each new token's step stays fp32.\n";
-
-static int usage(void) {
-    fputs(cmd_sample_usage, stderr);
-    return CLI_USAGE_ERROR;
-}
+    "  each new token's step stays fp32.\n",
+    .size = sizeof(sample_opts), .init = sample_init, CLI_OPTS(sample_table),
+};
 
 /* --prompt-ids "1,2,3" into *ids (malloc'ed, *n of them), each in [0, vocab); 0, or CLI_USAGE_ERROR after
  * saying what is wrong (cli_parse_i64_list refuses blanks, signs, empty entries and a trailing comma). */
@@ -67,54 +97,21 @@ static int parse_ids(const char *text, gdn_token **ids, size_t *n, int64_t vocab
 }
 
 int cmd_sample(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = NULL, *prompt_ids = NULL;
-    int print_ids = 0, fault_no_kv = 0, score = 0, cache_dtype = 0, compute = GDN_COMPUTE_FP32;
-    int64_t tokens = 200, top_k = 0, seed = 1, threads = 0;
-    double temperature = 0.8, top_p = 1;
-    int stop_auto = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--ckpt") && v) ckpt = v, i++;
-        else if (!strcmp(a, "--prompt") && v) prompt = v, i++;
-        else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
-        else if (!strcmp(a, "--print-ids")) print_ids = 1;
-        else if (!strcmp(a, "--score")) score = 1; /* the prompt's loss, nothing generated (tests) */
-        else if (!strcmp(a, "--cache-dtype") && v && (!strcmp(v, "f32") || !strcmp(v, "bf16")))
-            cache_dtype = !strcmp(v, "bf16") ? 2 : 0, i++; /* gdn_dtype's F32 / BF16 */
-        else if (!strcmp(a, "--compute") && v && !gdn_compute_parse(v, &compute)) i++;
-        else if (!strcmp(a, "--fault") && v && !strcmp(v, "no-kv-cache")) fault_no_kv = 1, i++; /* tests only */
-        else if (!strcmp(a, "--tokens")) {
-            if (cli_parse_i64("sample", a, v, 1, 1 << 24, &tokens)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(a, "--top-k")) {
-            if (cli_parse_i64("sample", a, v, 0, GDN_MODEL_MAX_VOCAB, &top_k)) return CLI_USAGE_ERROR; /* 0: all */
-            i++;
-        } else if (!strcmp(a, "--top-p")) {
-            if (cli_parse_f64("sample", a, v, 0, 1, &top_p)) return CLI_USAGE_ERROR;
-            if (!(top_p > 0)) {
-                fprintf(stderr, "gdncp sample: --top-p %s: expected a probability in (0, 1]\n", v);
-                return CLI_USAGE_ERROR;
-            }
-            i++;
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_i64("sample", a, v, 0, INT64_MAX, &seed)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_i64("sample", a, v, 1, 4096, &threads)) return CLI_USAGE_ERROR;
-            i++;
-        } else if (!strcmp(a, "--stop") && v && (!strcmp(v, "auto") || !strcmp(v, "none"))) {
-            stop_auto = !strcmp(v, "auto"), i++;
-        } else if (!strcmp(a, "--temperature")) {
-            if (cli_parse_f64("sample", a, v, 0, 100, &temperature)) return CLI_USAGE_ERROR;
-            i++;
-        } else {
-            fprintf(stderr, "gdncp sample: unknown option or missing value: %s\n", a);
-            return usage();
-        }
+    sample_opts o;
+    if (cli_parse(&cmd_sample_cli, argc, argv, &o, NULL)) return CLI_USAGE_ERROR;
+    const char *ckpt = o.ckpt, *prompt = o.prompt, *prompt_ids = o.prompt_ids;
+    const int print_ids = o.print_ids, fault_no_kv = o.fault_no_kv, score = o.score, cache_dtype = o.cache_dtype,
+              compute = o.compute, stop_auto = o.stop_auto;
+    const int64_t tokens = o.tokens, top_k = o.top_k, seed = o.seed, threads = o.threads;
+    const double temperature = o.temperature, top_p = o.top_p;
+    if (!(top_p > 0)) {
+        fprintf(stderr, "gdncp sample: --top-p %g: expected a probability in (0, 1]\n", top_p);
+        return CLI_USAGE_ERROR;
     }
-    if (!ckpt || !prompt == !prompt_ids) {
+    if (!prompt == !prompt_ids) {
         fprintf(stderr, "gdncp sample: --ckpt and one of --prompt, --prompt-ids are required\n");
-        return usage();
+        fputs(cmd_sample_cli.usage, stderr);
+        return CLI_USAGE_ERROR;
     }
     char dir[4096];
     gdn_model_config cfg;

@@ -8,45 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: gdncp <command> [options]\n"
-            "commands:\n"
-            "  run    --in IN.safetensors --out OUT.safetensors [--chunk C] [--scale S]\n"
-            "         [--no-l2norm] [--reference] [--threads N]   gated delta rule forward\n"
-            "         [--backward]: also read do [, dht], write dq dk dv dg dbeta [dh0]\n"
-            "         [--cu-seqlens 0,a,..,T]: packed documents (or a cu_seqlens tensor in IN;\n"
-            "         B = 1; h0 ht dht dh0 per document [N_docs,Hv,K,V]; every --cp strategy)\n"
-            "         [--cp scan|allgather|relay|heads [--shards a,b,..] [--stats]]\n"
-            "         under mpiexec -n D: the sequence split over D ranks; [--fault drop-incoming]:\n"
-            "         testing only (negative controls), deliberately WRONG results\n"
-            "  layer  --weights W [--config C] [--prefix P] --in IN --out OUT [--backward]\n"
-            "         [--keep min|proj] [--decode N] [--cp S [--shards ..]]  the Qwen3.5 layer\n"            "         [--cu-seqlens 0,a,..,T]: packed documents (or a cu_seqlens tensor in IN; B = 1)\n"
-            "  attention --weights W [--config C] [--prefix P] --in IN --out OUT [--backward]\n"
-            "         [--decode N] [--position-offset P] [--cu-seqlens ..] [--cp kv|heads [--shards ..]]\n"
-            "         Qwen3.5's gated attention layer (positions also from position_ids in IN)\n"
-            "  bench  kernel [--json] [--quick] [--case NAME,..]    kernel benchmark\n"
-            "  bench  layer [--json] [--quick] [--T N] [--compute fp32|bf16|both]  layer benchmark (fwd, fwd+bwd, decode)\n"
-            "  bench  attention [--json] [--quick] [--shape S] [--T N,..] [--threads N] [--reps R]\n"
-            "         [--what core,layer]   attention layer and core (gdn_sdpa) benchmark\n"
-            "  bench  train [--json] [--quick] [--T N] [--B N]      training step (tiny, small)\n"
-            "  bench  decode [--json] [--quick]                     decode step (gdn_step) benchmark\n"
-            "  bench  matmul [--json] [--quick] [--M N] [--reps R]  projection GEMM, fp32 and BF16 compute\n"
-            "  bench  moe [--json] [--quick] [--shape 35b|next|both] [--T N,..] [--compute fp32|bf16|both]\n"
-            "         [--threads N] [--reps R]   sparse MoE block benchmark (fwd, fwd+bwd, decode)\n"
-            "  bench  cp [--json] [--T N] [--reps R]  (under mpiexec) context-parallel benchmark\n"
-            "  bench  attention-cp [--T N] [--H --Hkv --d --E N] [--reps R]  (under mpiexec) attention CP\n"
-            "  diff   OURS REF [--tol X]                           per-tensor relative error\n"
-            "  gen    --out F [--B --T --Hk --Hv --K --V --seed]   write a random problem\n"
-            "         [--gates qwen|mild|strong (default qwen)] [--slow-fraction F (0.25)]\n"
-            "         [--cu-seqlens 0,a,..,T]: also write them, h0 and dht per document\n"
-            "  train  --data FILE [--model tiny|small|long] [--seq T] [--batch B] [--steps N]\n"
-            "         [--cp C] [--out DIR] [--resume DIR] [--log F.csv] ...  (under mpiexec: DP x CP)\n"
-            "         train the hybrid language model on byte text or a token file; gdncp train for every option\n"
-            "  sample --ckpt DIR --prompt TEXT [--tokens N] [--temperature T]  generate text (or ids)\n"
-            "  help                                                 this text (gdncp COMMAND --help: its options)\n");
-}
-
 /* How a subcommand meets MPI: never (a single process), always (it runs under mpiexec), or only
  * when its command line asks for context parallelism (--cp). */
 enum { MPI_NEVER, MPI_ALWAYS, MPI_WITH_CP };
@@ -57,25 +18,73 @@ static const struct {
     const char *word, *sub; /* sub NULL: any (or no) second word */
     int (*fn)(int argc, char **argv);
     int mpi;
-    const char *usage;
+    const cli_command *cli; /* the command's options: its --help, its parser's table and docs/cli.md's lists */
 } commands[] = {
-    {"run", NULL, cmd_run, MPI_WITH_CP, cmd_run_usage},
-    {"layer", NULL, cmd_layer, MPI_WITH_CP, cmd_layer_usage},
-    {"attention", NULL, cmd_attention, MPI_WITH_CP, cmd_attention_usage},
-    {"bench", "layer", cmd_bench_layer, MPI_NEVER, cmd_bench_layer_usage},
-    {"bench", "attention", cmd_bench_attention, MPI_NEVER, cmd_bench_attention_usage},
-    {"bench", "cp", cmd_bench_cp, MPI_ALWAYS, cmd_bench_cp_usage},
-    {"bench", "attention-cp", cmd_bench_attention_cp, MPI_ALWAYS, cmd_bench_attention_cp_usage},
-    {"bench", "train", cmd_bench_train, MPI_NEVER, cmd_bench_train_usage},
-    {"bench", "decode", cmd_bench_decode, MPI_NEVER, cmd_bench_decode_usage},
-    {"bench", "matmul", cmd_bench_matmul, MPI_NEVER, cmd_bench_matmul_usage},
-    {"bench", "moe", cmd_bench_moe, MPI_NEVER, cmd_bench_moe_usage},
-    {"bench", NULL, cmd_bench, MPI_NEVER, cmd_bench_usage}, /* bench kernel (and its refusals of unknown benches) */
-    {"diff", NULL, cmd_diff, MPI_NEVER, cmd_diff_usage},
-    {"gen", NULL, cmd_gen, MPI_NEVER, cmd_gen_usage},
-    {"train", NULL, cmd_train, MPI_ALWAYS, cmd_train_usage},
-    {"sample", NULL, cmd_sample, MPI_NEVER, cmd_sample_usage},
+    {"run", NULL, cmd_run, MPI_WITH_CP, &cmd_run_cli},
+    {"layer", NULL, cmd_layer, MPI_WITH_CP, &cmd_layer_cli},
+    {"attention", NULL, cmd_attention, MPI_WITH_CP, &cmd_attention_cli},
+    {"bench", "layer", cmd_bench_layer, MPI_NEVER, &cmd_bench_layer_cli},
+    {"bench", "attention", cmd_bench_attention, MPI_NEVER, &cmd_bench_attention_cli},
+    {"bench", "cp", cmd_bench_cp, MPI_ALWAYS, &cmd_bench_cp_cli},
+    {"bench", "attention-cp", cmd_bench_attention_cp, MPI_ALWAYS, &cmd_bench_attention_cp_cli},
+    {"bench", "train", cmd_bench_train, MPI_NEVER, &cmd_bench_train_cli},
+    {"bench", "decode", cmd_bench_decode, MPI_NEVER, &cmd_bench_decode_cli},
+    {"bench", "matmul", cmd_bench_matmul, MPI_NEVER, &cmd_bench_matmul_cli},
+    {"bench", "moe", cmd_bench_moe, MPI_NEVER, &cmd_bench_moe_cli},
+    {"bench", NULL, cmd_bench, MPI_NEVER, &cmd_bench_cli}, /* bench kernel (and its refusals of unknown benches) */
+    {"diff", NULL, cmd_diff, MPI_NEVER, &cmd_diff_cli},
+    {"gen", NULL, cmd_gen, MPI_NEVER, &cmd_gen_cli},
+    {"train", NULL, cmd_train, MPI_ALWAYS, &cmd_train_cli},
+    {"sample", NULL, cmd_sample, MPI_NEVER, &cmd_sample_cli},
 };
+
+/* The commands in the order of `gdncp help` and docs/cli.md. */
+static const cli_command *const listed[] = {
+    &cmd_run_cli, &cmd_diff_cli, &cmd_gen_cli, &cmd_layer_cli, &cmd_attention_cli, &cmd_train_cli, &cmd_sample_cli,
+    &cmd_bench_cli, &cmd_bench_layer_cli, &cmd_bench_attention_cli, &cmd_bench_decode_cli, &cmd_bench_matmul_cli,
+    &cmd_bench_moe_cli, &cmd_bench_cp_cli, &cmd_bench_attention_cp_cli, &cmd_bench_train_cli,
+};
+enum { N_LISTED = sizeof listed / sizeof listed[0] };
+
+/* `gdncp help`: every command's summary (its options: gdncp COMMAND --help). */
+static void usage(FILE *out) {
+    fprintf(out, "usage: gdncp <command> [options]\ncommands:\n");
+    for (int i = 0; i < N_LISTED; i++) {
+        fprintf(out, "  %-20s ", listed[i]->name);
+        const char *p = listed[i]->summary;
+        int col = 23;
+        while (*p) { /* wrapped at 100 columns */
+            const char *e = strchr(p, ' ');
+            const int len = e ? (int)(e - p) : (int)strlen(p);
+            if (col > 23 && col + 1 + len > 100) fprintf(out, "\n%23s", ""), col = 23;
+            else if (col > 23) fputc(' ', out), col++;
+            fprintf(out, "%.*s", len, p), col += len;
+            p += len + (e != NULL);
+        }
+        fputc('\n', out);
+    }
+    fprintf(out, "  %-20s this text; gdncp COMMAND --help: that command's options; gdncp help --markdown\n"
+                 "  %-20s [COMMAND..]: docs/cli.md's option sections\n", "help", "");
+}
+
+/* `gdncp help --markdown [COMMAND..]`: docs/cli.md's section of each command (all: in order). */
+static int markdown(int argc, char **argv) {
+    if (argc == 0) {
+        for (int i = 0; i < N_LISTED; i++) cli_markdown(stdout, listed[i]);
+        return 0;
+    }
+    for (int a = 0; a < argc; a++) {
+        int found = 0;
+        for (int i = 0; i < N_LISTED && !found; i++)
+            if (!strcmp(argv[a], listed[i]->name)) cli_markdown(stdout, listed[i]), found = 1;
+        if (!found) {
+            fprintf(stderr, "gdncp help --markdown: unknown command '%s' (a command's words as one argument: "
+                            "'bench moe')\n", argv[a]);
+            return 2;
+        }
+    }
+    return 0;
+}
 
 /* SIGINT/SIGTERM (the library installs no handlers): remove the temporary files of the
  * safetensors writes in progress (gdn_st_writer_save's and the parallel writer's), then die of
@@ -129,6 +138,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        if (argc > 2 && !strcmp(argv[2], "--markdown")) return markdown(argc - 3, argv + 3);
         usage(stdout);
         return 0;
     }
@@ -138,7 +148,7 @@ int main(int argc, char **argv) {
         /* --help or -h anywhere among the options: this command's usage, no run (and no MPI) */
         for (int a = commands[i].sub ? 3 : 2; a < argc; a++)
             if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
-                fputs(commands[i].usage, stdout);
+                cli_help(stdout, commands[i].cli);
                 return 0;
             }
         int mpi = commands[i].mpi == MPI_ALWAYS;

@@ -95,9 +95,6 @@ int cli_positions_match_documents(const char *who, int64_t T, int64_t off, const
 
 /* Print "gdncp <what>: <status text>: <detail>" to stderr and return exit code 1. */
 int cli_error(const char *what, int status);
-/* Parse an int option value; prints an error naming the option on failure. (The subcommands
- * read their numbers with parse.h's helpers, which also name the command and the reason.) */
-int cli_int(const char *opt, const char *val, long lo, long hi, long *out);
 double cli_now(void);
 /* This rank's token rows [t0, t0 + tn) of T: "--shards a,b,c" (D positive sizes summing to T)
  * or, with spec NULL, the even split. Prints the problem (rank 0) and returns 1 when invalid. */
