@@ -95,6 +95,58 @@ for grid in "2 --cp 2 --attn-cp kv --batch 2" "2 --cp 2 --attn-cp heads --batch 
 done
 [ "$(loadmean "$work/moeg.csv.out")" = "128.0 " ] && pass "tiny-moe on 4 ranks: the expert load summed over the grid, 128.0" ||
   { fail "tiny-moe on 4 ranks: expert load '$(loadmean "$work/moeg.csv.out")' (want 128.0)"; cat "$work/moeg.csv.out"; }
+
+echo "== tiny-moe with its experts split over ranks (--ep): = one rank; each rank holds 1/N of the experts"
+# expert groups of whole DP ranks, the CP groups themselves, spanning DP groups, inside a CP group
+for grid in "2 --batch 1 --ep 2" "4 --cp 2 --batch 1 --ep 2" "4 --cp 2 --batch 1 --ep 4" "4 --cp 4 --batch 2 --ep 2" \
+            "2 --cp 2 --batch 2 --ep 2 --recompute on"; do
+  set -- $grid
+  n=$1; shift
+  train "$n" "$work/moeep.csv" "${moe[@]}" "$@" || fail "train tiny-moe on $n ranks $*"
+  expect_close "tiny-moe on $n ranks ($*) vs one rank, aux loss included" "$work/moeep.csv" "$work/moe1.csv" $TOL
+done
+# the last grid's run split the experts over 2 ranks, this one over 4
+experts() { grep -o '[0-9]* expert parameters' "$1" | cut -d' ' -f1; }
+train 4 "$work/moeep4.csv" "${moe[@]}" --cp 2 --batch 1 --ep 4 || fail "train tiny-moe --ep 4"
+e2=$(experts "$work/moeep.csv.out"); e4=$(experts "$work/moeep4.csv.out")
+whole=$(( 4 * 8 * 3 * 64 * 128 ))  # 4 MoE layers x 8 experts x (gate, up, down) x moe_I 64 x E 128
+[ -n "$e4" ] && [ "$e2" = $((whole / 2)) ] && [ "$e4" = $((whole / 4)) ] &&
+  pass "--ep 2 / --ep 4: each rank holds $e2 / $e4 of the $whole expert parameters (1/2, 1/4)" ||
+  { fail "expert parameters per rank '$e2' (ep 2), '$e4' (ep 4); want $((whole / 2)), $((whole / 4))"; cat "$work/moeep4.csv.out"; }
+train 4 "$work/moeepf.csv" "${moe[@]}" --cp 2 --batch 1 --ep 2 --fault ep-replicas || fail "train --fault ep-replicas"
+expect_far "--ep 2 on 4 ranks with the experts' gradients not summed over their replicas (--fault ep-replicas)" \
+  "$work/moeepf.csv" "$work/moe1.csv" $TOL
+# a checkpoint of a split run holds every expert (transformers' layout): resumed split or not, bit for bit
+rm -rf "$work/epfull" "$work/eppart"
+train 4 "$work/epfull.csv" "${moe[@]}" --steps 6 --batch 1 --cp 2 --ep 4 --out "$work/epfull" --save-every 3 --keep 0 ||
+  fail "tiny-moe --ep 4 uninterrupted"
+mkdir -p "$work/eppart" && cp -r "$work/epfull/checkpoint-00000003" "$work/eppart/"
+train 4 "$work/epres.csv" "${moe[@]}" --steps 6 --batch 1 --cp 2 --ep 4 --resume "$work/eppart" --out "$work/eppart" ||
+  fail "tiny-moe --ep 4 resume"
+train 4 "$work/epres1.csv" "${moe[@]}" --steps 6 --batch 1 --cp 2 --resume "$work/epfull/checkpoint-00000003" ||
+  fail "tiny-moe resume of an --ep 4 checkpoint without --ep"
+for r in epres epres1; do
+  if [ "$(tail -n +5 "$work/epfull.csv" | cut -d, -f2,9)" = "$(tail -n +2 "$work/$r.csv" | cut -d, -f2,9)" ] &&
+     [ "$(tail -n +2 "$work/$r.csv" | wc -l)" = 3 ]; then
+    pass "tiny-moe --ep 4 resumed from step 3 ($r): steps 4-6's loss and aux loss bit-identical"
+  else fail "tiny-moe --ep 4 resume ($r) differs:"; paste -d' ' "$work/epfull.csv" "$work/$r.csv"; fi
+done
+python3 - "$work/epfull/checkpoint-00000006/model.safetensors" <<'PY' && pass "the --ep 4 checkpoint holds every expert: experts.gate_up_proj [8, 128, 128]" || fail "the --ep 4 checkpoint's experts"
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+sys.exit(h["model.layers.0.mlp.experts.gate_up_proj"]["shape"] != [8, 128, 128])
+PY
+# bad input: an error on every rank, exit status 1, no hang
+for bad in "4 --ep 3|not divisible by --ep 3" "3 --ep 3|does not divide the model's 8 experts" \
+           "4 --cp 4 --ep 2 --model tiny|no mixture-of-experts layers"; do
+  args=${bad%%|*}; want=${bad#*|}
+  set -- $args
+  n=$1; shift
+  timeout 120 $MPIEXEC -n "$n" $g train --data "$text" "${small[@]}" --model tiny-moe "$@" >"$work/epbad.out" 2>&1
+  rc=$?
+  [ $rc = 1 ] && grep -q "$want" "$work/epbad.out" && pass "train $* on $n ranks refused: $want (exit 1)" ||
+    { fail "train $* on $n ranks: exit $rc, want 1 and '$want'"; cat "$work/epbad.out"; }
+done
 train 2 "$work/moepr.csv" "${moe[@]}" --batch 1 --fault aux-per-rank || fail "train tiny-moe --fault aux-per-rank"
 expect_far "tiny-moe DP 2 with each rank's aux loss from its own rows (--fault aux-per-rank)" "$work/moepr.csv" "$work/moe1.csv" $TOL
 train 2 "$work/moeprc.csv" "${moe[@]}" --batch 2 --cp 2 --fault aux-per-rank || fail "train tiny-moe --cp 2 --fault aux-per-rank"

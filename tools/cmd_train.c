@@ -153,6 +153,7 @@ static const cli_opt train_table[] = {
     {CLI_I64("--batch", train_opts, t.batch, 1, 65536, "B", "sequences per DP group per step (DP = ranks / --cp)")},
     {CLI_I64("--steps", train_opts, t.steps, 1, (int64_t)1 << 40, "N", "train until this step")},
     {CLI_I64("--cp", train_opts, t.cp, 1, 1 << 20, "C", "ranks per sequence (must divide the world size)")},
+    {CLI_I64("--ep", train_opts, t.ep, 1, 1 << 20, "N", "expert parallelism: each MoE layer's experts split over groups of N ranks (N divides the world size and the experts, and divides --cp or is a multiple of it); each rank holds, trains and stores in memory 1/N of them"), .dflt = "1"},
     {CLI_ENUM("--strategy", train_opts, t.strategy, "scan|allgather|relay|heads", CLI_VALUES(GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY, GDN_CP_HEADS), "the GatedDeltaNet layers' CP strategy")},
     {CLI_F64("--lr", train_opts, t.opt.lr, 1e-8, 1, "X", "the peak learning rate")},
     {CLI_F64("--min-lr", train_opts, t.opt.min_lr, 0, 1, "X", "the floor of the cosine decay (at most --lr)"), .dflt = "lr / 10"},
@@ -178,7 +179,7 @@ static const cli_opt train_table[] = {
     {CLI_I64("--pack-id", train_opts, pack_id, 0, GDN_MODEL_MAX_VOCAB - 1, "N", "packed documents ending with the one id N (a token file's end-of-text id; for byte text a byte value); excludes --pack"), .dflt = ""},
     /* testing only: a deliberately wrong run (the state between CP ranks dropped; the MoE aux
      * loss per rank; the earlier ranks' keys and values unseen) */
-    {CLI_ENUM("--fault", train_opts, t.fault, "drop-incoming|aux-per-rank|drop-kv", CLI_VALUES(GDN_CP_FAULT_DROP_INCOMING, GDN_TRAIN_FAULT_AUX_PER_RANK, GDN_CP_FAULT_ATTN_DROP_KV), NULL)},
+    {CLI_ENUM("--fault", train_opts, t.fault, "drop-incoming|aux-per-rank|drop-kv|ep-replicas", CLI_VALUES(GDN_CP_FAULT_DROP_INCOMING, GDN_TRAIN_FAULT_AUX_PER_RANK, GDN_CP_FAULT_ATTN_DROP_KV, GDN_TRAIN_FAULT_EP_REPLICAS), NULL)},
 };
 #undef MODELS
 

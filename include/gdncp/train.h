@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "cp.h"
+#include "ep.h"
 #include "model.h"
 #include "optim.h"
 #include "data.h"
@@ -21,7 +22,10 @@ extern "C" {
  * CSV log.
  *
  * Grid: ranks [g*cp, (g+1)*cp) form CP group g (one sequence per row, sharded contiguously in
- * rank order); the DP index is g = rank / cp. Every rank reads only its own rows' shard of the
+ * rank order); the DP index is g = rank / cp. With expert parallelism (ep > 1) ranks [e*ep,
+ * (e+1)*ep) also form expert group e: rank r holds slice r % ep of every MoE layer's experts, the
+ * experts' gradients are summed over the ranks holding the same slice and everything else's over
+ * the whole grid; checkpoints gather the slices into transformers' layout. Every rank reads only its own rows' shard of the
  * text. Weight gradients are summed over the whole grid (reduced on rank 0 and broadcast, so
  * every rank applies bit-identical updates). Deterministic for a given seed and grid: the text
  * windows are a function of (seed, step, row), so a resumed run repeats the uninterrupted one.
@@ -51,6 +55,11 @@ typedef struct {
     gdn_adamw_config opt;
     uint64_t seed;
     int cp;                 /* ranks per sequence (divides the world size) */
+    int ep;                 /* expert parallelism (ep.h): the MoE layers' experts split over groups of
+                               ep consecutive ranks, each rank holding (and training) n_experts / ep
+                               of them, replicated across the groups; 0 or 1: every rank holds every
+                               expert. Divides the world size and n_experts, and divides --cp or is
+                               a multiple of it */
     int strategy;           /* gdn_cp_strategy */
     int threads;            /* per rank (0: the cores divided among the ranks on this node) */
     int recompute;          /* -1: when the kept activations would not fit; 0; 1 */
@@ -82,6 +91,9 @@ typedef struct {
 /* Testing only (gdn_train_options.fault): each rank's MoE aux loss from its own rows' router
  * statistics instead of the whole grid's (a split run then differs from one rank). */
 #define GDN_TRAIN_FAULT_AUX_PER_RANK 100
+/* Testing only: the experts' gradients not summed over the groups that hold the same experts
+ * (each group then trains its replica on its own rows: a split run differs from one rank). */
+#define GDN_TRAIN_FAULT_EP_REPLICAS 101
 
 enum {
     GDN_GIVEN_VOCAB = 1 << 0, GDN_GIVEN_HIDDEN = 1 << 1, GDN_GIVEN_LAYERS = 1 << 2, GDN_GIVEN_INTERMEDIATE = 1 << 3,

@@ -42,6 +42,12 @@ typedef struct {
     MPI_Comm world, cp_comm;
     gdn_cp *agree; /* world-wide agreement of statuses and values */
     gdn_cp *cp;    /* this rank's CP group */
+    /* expert parallelism (--ep > 1): the group the experts are split over, the ranks holding the
+     * same slice (replicas), and an agreement over those */
+    MPI_Comm ep_comm, replica_comm;
+    gdn_ep *ep;
+    gdn_cp *replica_agree;
+    int ep_size, ep_rank;
     int rank, size, dp, dp_index, cp_rank, cp_size;
     int64_t t0, tn; /* this rank's shard of every sequence */
     gdn_model_config cfg;
@@ -67,6 +73,13 @@ static int check_options(const gdn_train_options *o, int size) {
     if (!o->data) return gdn_fail(GDN_ERR_ARG, "no training text (--data FILE)");
     if (o->cp < 1 || size % o->cp)
         return gdn_fail(GDN_ERR_ARG, "the world size %d is not divisible by --cp %d", size, o->cp);
+    if (o->ep < 0 || (o->ep > 1 && size % o->ep))
+        return gdn_fail(GDN_ERR_ARG, "the world size %d is not divisible by --ep %d", size, o->ep);
+    /* a failure agreed over one kind of group must reach every rank of the other's groups it meets:
+     * one kind's groups are unions of the other's */
+    if (o->ep > 1 && o->ep % o->cp && o->cp % o->ep)
+        return gdn_fail(GDN_ERR_ARG, "--ep %d and --cp %d: one must divide the other (expert groups made of whole CP "
+                        "groups, or CP groups of whole expert groups)", o->ep, o->cp);
     if (o->seq < 1 || o->seq > ((int64_t)1 << 36))
         return gdn_fail(GDN_ERR_ARG, "--seq %lld is out of range [1, 2^36]", (long long)o->seq);
     if (o->seq < o->cp)
@@ -272,7 +285,7 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 22
+#define N_AGREED 23
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     uint64_t sep_hash = 1469598103934665603ull; /* FNV-1a of the packing separator */
     for (int i = 0; o->pack && i < o->pack_len && i < GDN_DATA_MAX_SEP; i++)
@@ -283,12 +296,13 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
                             o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
                             o->resume != NULL, o->init != NULL, o->out != NULL,
                             o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->pack_by_id,
-                            o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab, o->compute, aux_bits};
+                            o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab, o->compute, aux_bits,
+                            o->ep > 1 ? o->ep : 1};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
                                         "--fault", "--resume", "--init", "--out", "--pack (length)",
                                         "--pack (bytes)", "--attn-cp", "--pack-id (given)", "--pack-id", "--vocab",
-                                        "--compute (0 fp32, 1 bf16)", "--router-aux-coef (its bits)"};
+                                        "--compute (0 fp32, 1 bf16)", "--router-aux-coef (its bits)", "--ep"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 
@@ -447,6 +461,69 @@ static int probe_out(const char *out) {
     return GDN_OK;
 }
 
+/* Digests of the weights every rank must agree on: [0] every tensor but the routed experts' (the
+ * whole grid holds them), [1] the experts' this rank holds (its replicas hold the same). */
+static void weights_digest(const trainer *t, int64_t wd[2]) {
+    wd[0] = wd[1] = 0;
+    gdn_model_tensor_info ti;
+    for (int i = 0; i < gdn_model_tensor_count(&t->cfg); i++) {
+        gdn_model_tensor(&t->cfg, i, &ti);
+        const int64_t d = gdn_cp_digest(t->w + ti.offset, sizeof *t->w * ti.numel);
+        int64_t *h = &wd[ti.experts_whole > 0];
+        *h = (int64_t)((uint64_t)*h * 1099511628211ull ^ (uint64_t)d);
+    }
+}
+
+/* Reduce on the group's rank 0, then broadcast: every rank of comm gets the same bits (an
+ * all-reduce may round differently on different ranks, and the replicas would drift apart). */
+static void sum_same_bits(float *x, int n, int rank_in, MPI_Comm comm) {
+    if (n <= 0) return;
+    MPI_Reduce(rank_in ? x : MPI_IN_PLACE, x, n, MPI_FLOAT, MPI_SUM, 0, comm);
+    MPI_Bcast(x, n, MPI_FLOAT, 0, comm);
+}
+
+/* The gradients summed where their weights are shared: everything over the grid, and under
+ * expert parallelism the routed experts' tensors only over the ranks holding the same slice
+ * (each run of the flat array, padding included, goes to one kind of group). */
+static void reduce_grads(trainer *t) {
+    if (t->ep_size <= 1) {
+        sum_same_bits(t->dw, (int)t->nw, t->rank, t->world);
+        return;
+    }
+    int replica_rank;
+    MPI_Comm_rank(t->replica_comm, &replica_rank);
+    const int replicas_summed = t->o->fault != GDN_TRAIN_FAULT_EP_REPLICAS;
+    gdn_model_tensor_info ti;
+    size_t run = 0; /* the current run starts here */
+    int kind = 0;   /* its kind: 0 shared by the grid, 1 an expert slice */
+    const int n = gdn_model_tensor_count(&t->cfg);
+    for (int i = 0; i <= n; i++) {
+        int k = kind;
+        size_t at = t->nw;
+        if (i < n) {
+            gdn_model_tensor(&t->cfg, i, &ti);
+            k = ti.experts_whole > 0, at = ti.offset;
+        }
+        if (i < n && k == kind) continue;
+        if (at > run) {
+            if (!kind) sum_same_bits(t->dw + run, (int)(at - run), t->rank, t->world);
+            else if (replicas_summed) sum_same_bits(t->dw + run, (int)(at - run), replica_rank, t->replica_comm);
+        }
+        run = at, kind = k;
+    }
+}
+
+/* The gradient's norm over the whole model: under expert parallelism the experts' part summed
+ * over the slices of the expert group (the same bits on every rank). */
+static double grad_norm(trainer *t) {
+    if (t->ep_size <= 1) return gdn_grad_norm(&t->cfg, t->dw);
+    double s[2], experts = 0;
+    gdn_grad_sumsq(&t->cfg, t->dw, s);
+    MPI_Reduce(&s[1], &experts, 1, MPI_DOUBLE, MPI_SUM, 0, t->ep_comm);
+    MPI_Bcast(&experts, 1, MPI_DOUBLE, 0, t->ep_comm);
+    return sqrt(s[0] + experts);
+}
+
 static int setup(trainer *t) {
     const gdn_train_options *o = t->o;
     int rc = check_options(o, t->size);
@@ -455,6 +532,14 @@ static int setup(trainer *t) {
     t->dp_index = t->rank / o->cp, t->cp_rank = t->rank % o->cp;
     MPI_Comm_split(t->world, t->dp_index, t->rank, &t->cp_comm);
     rc = gdn_cp_create(&t->cp, t->cp_comm, (gdn_cp_strategy)o->strategy);
+    t->ep_size = o->ep > 1 ? o->ep : 1, t->ep_rank = t->rank % t->ep_size;
+    if (!rc && t->ep_size > 1) {
+        MPI_Comm_split(t->world, t->rank / t->ep_size, t->rank, &t->ep_comm);
+        MPI_Comm_split(t->world, t->ep_rank, t->rank, &t->replica_comm);
+        rc = gdn_ep_create(&t->ep, t->ep_comm);
+        const int rc2 = gdn_cp_create(&t->replica_agree, t->replica_comm, GDN_CP_SCAN);
+        if (!rc) rc = rc2;
+    }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     if (o->fault && o->fault != GDN_TRAIN_FAULT_AUX_PER_RANK) gdn_cp_set_fault(t->cp, o->fault);
     /* contiguous shards, the remainder spread over the first ranks */
@@ -476,6 +561,14 @@ static int setup(trainer *t) {
     if (!rc && o->router_aux_coef >= 0) /* the aux loss's coefficient is the run's choice, not the checkpoint's */
         t->cfg.router_aux = o->router_aux_coef > 0, t->cfg.router_aux_coef = o->router_aux_coef;
     if (!rc) rc = check_attn_cp(&t->cfg, o->attn_cp, t->cp_size);
+    if (!rc && t->ep_size > 1) {
+        if (!gdn_model_moe_layers(&t->cfg))
+            rc = gdn_fail(GDN_ERR_ARG, "--ep %d: the model has no mixture-of-experts layers to split", t->ep_size);
+        else if (t->cfg.n_experts % t->ep_size)
+            rc = gdn_fail(GDN_ERR_ARG, "--ep %d does not divide the model's %lld experts (each rank of an expert "
+                          "group holds as many)", t->ep_size, (long long)t->cfg.n_experts);
+        t->cfg.ep_size = t->ep_size, t->cfg.ep_rank = t->ep_rank;
+    }
     if (!rc && o->out) rc = probe_out(o->out);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     if ((rc = agree_run(t))) return rc;
@@ -518,9 +611,13 @@ static int setup(trainer *t) {
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     /* the same starting weights everywhere (an --init or --resume of another checkpoint with the
      * same configuration would otherwise train from different points and sum their gradients) */
-    const int64_t wd = gdn_cp_digest(t->w, sizeof *t->w * t->nw);
+    int64_t wd[2];
+    weights_digest(t, wd);
     static const char *const wname[] = {"the starting weights (a digest of --init / --resume's model.safetensors)"};
-    if ((rc = gdn_cp_agree_values(t->agree, &wd, 1, wname, GDN_OK))) return rc;
+    if ((rc = gdn_cp_agree_values(t->agree, wd, 1, wname, GDN_OK))) return rc;
+    static const char *const ename[] = {"the starting weights of this rank's experts (a digest)"};
+    if (t->replica_agree) rc = gdn_cp_agree_values(t->replica_agree, wd + 1, 1, ename, GDN_OK);
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
 
     /* every window of seq + 1 tokens must fit each split it is drawn from */
     const int64_t need = o->seq + 1, tl = gdn_data_split_len(t->data, GDN_SPLIT_TRAIN),
@@ -563,6 +660,7 @@ static int setup(trainer *t) {
     }
     run.recompute = t->recompute;
     rc = gdn_model_plan_create(&t->plan, &t->cfg, &run, t->cp_size > 1 ? t->cp : NULL);
+    if (!rc && t->ep) rc = gdn_model_plan_set_experts(t->plan, t->ep);
     if (!rc && !(t->tokens = malloc(sizeof *t->tokens * (size_t)(o->batch * (t->tn + 1)))))
         rc = gdn_fail(GDN_ERR_NOMEM, "token buffer");
     if (!rc && t->sep_len) {
@@ -655,12 +753,46 @@ static void clear_status(trainer *t) {
     if (t->progress && t->o->progress_line && t->status_shown) fputs("\r\033[K", t->progress), t->status_shown = 0;
 }
 
-static int save(trainer *t, int64_t step, double loss) {
+/* Under expert parallelism a checkpoint still holds every expert (transformers' layout): the first
+ * expert group (world ranks [0, ep)) gathers its slices of the weights and moments on rank 0, which
+ * holds the whole model only while it saves. whole: the config without the split. */
+static int gather_whole(trainer *t, gdn_model_config *whole, float **wf, float **mf, float **vf) {
+    *whole = t->cfg;
+    whole->ep_size = 0, whole->ep_rank = 0;
+    const size_t nwf = gdn_model_param_floats(whole);
     int rc = GDN_OK;
     if (t->rank == 0) {
+        *wf = calloc(nwf, sizeof(float)), *mf = calloc(nwf, sizeof(float)), *vf = calloc(nwf, sizeof(float));
+        if (!*wf || !*mf || !*vf) rc = gdn_fail(GDN_ERR_NOMEM, "checkpoint: the whole model's weights and moments "
+                                                "(3 x %zu floats) to gather the experts' slices into", nwf);
+    }
+    int worst = rc;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, t->ep_comm);
+    if (worst) return rc ? rc : gdn_fail(worst, "checkpoint: rank 0 could not gather the experts' slices");
+    gdn_model_tensor_info li, wi;
+    float *const local[3] = {t->w, t->m, t->v}, *const all[3] = {*wf, *mf, *vf};
+    for (int i = 0; i < gdn_model_tensor_count(&t->cfg); i++) {
+        gdn_model_tensor(&t->cfg, i, &li);
+        gdn_model_tensor(whole, i, &wi);
+        for (int a = 0; a < 3; a++)
+            if (li.experts_whole) /* slice r holds experts [r n / ep, (r + 1) n / ep): rank order */
+                MPI_Gather(local[a] + li.offset, (int)li.numel, MPI_FLOAT, t->rank ? NULL : all[a] + wi.offset,
+                           (int)li.numel, MPI_FLOAT, 0, t->ep_comm);
+            else if (t->rank == 0)
+                memcpy(all[a] + wi.offset, local[a] + li.offset, sizeof(float) * li.numel);
+    }
+    return GDN_OK;
+}
+
+static int save(trainer *t, int64_t step, double loss) {
+    int rc = GDN_OK;
+    gdn_model_config whole = t->cfg;
+    float *wf = NULL, *mf = NULL, *vf = NULL;
+    if (t->ep_size > 1 && t->rank < t->ep_size) rc = gather_whole(t, &whole, &wf, &mf, &vf);
+    if (t->rank == 0 && !rc) {
         char *st = state_json(t, step, loss);
-        rc = st ? gdn_ckpt_save_dtype(t->o->out, step, &t->cfg, t->w, t->m, t->v, st, t->o->keep_last,
-                                      t->o->save_dtype)
+        rc = st ? gdn_ckpt_save_dtype(t->o->out, step, &whole, wf ? wf : t->w, wf ? mf : t->m, wf ? vf : t->v, st,
+                                      t->o->keep_last, t->o->save_dtype)
                 : gdn_fail(GDN_ERR_NOMEM, "trainer state");
         free(st);
         if (!rc && t->progress) {
@@ -669,6 +801,7 @@ static int save(trainer *t, int64_t step, double loss) {
             fflush(t->progress);
         }
     }
+    free(wf), free(mf), free(vf);
     return gdn_cp_agree_status(t->agree, rc);
 }
 
@@ -724,11 +857,51 @@ static void expert_load(trainer *t) {
     }
 }
 
+/* Expert parallelism over the run: what each rank holds of the experts, what its all-to-alls
+ * moved and waited, and how evenly the rows fell on the ranks (the busiest rank's rows over the
+ * mean: the experts' GEMMs wait for it). */
+static void expert_parallel_summary(trainer *t, int64_t steps) {
+    if (!t->ep || steps < 1) return;
+    gdn_ep_stats st;
+    gdn_ep_get_stats(t->ep, &st, 1);
+    double expert_floats = 0, all_floats = 0;
+    gdn_model_tensor_info ti;
+    for (int i = 0; i < gdn_model_tensor_count(&t->cfg); i++) {
+        gdn_model_tensor(&t->cfg, i, &ti);
+        all_floats += (double)ti.numel;
+        if (ti.experts_whole) expert_floats += (double)ti.numel;
+    }
+    const double mine[5] = {st.exchange_s, st.experts_s, st.bytes_sent + st.bytes_recv, st.rows_owned, expert_floats};
+    double *all = t->rank == 0 ? malloc(sizeof mine * (size_t)t->size) : NULL;
+    MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, t->world);
+    if (!all) return;
+    if (t->progress) {
+        double mx[5] = {0}, mean[5] = {0};
+        for (int r = 0; r < t->size; r++)
+            for (int k = 0; k < 5; k++) {
+                const double v = all[5 * r + k];
+                mx[k] = v > mx[k] ? v : mx[k], mean[k] += v / (double)t->size;
+            }
+        const double whole = all_floats + expert_floats * (double)(t->ep_size - 1);
+        const double per_step = 1.0 / (double)steps;
+        clear_status(t);
+        fprintf(t->progress,
+                "gdncp train: expert parallelism over %d ranks per group: %lld of %lld experts per MoE layer on each "
+                "rank: %.0f expert parameters and %.0f in all, %.3f of the whole model's %.0f (weights, gradients and "
+                "moments alike); per step and rank (mean, max): all-to-all wait %.4f s, %.4f s, bytes %.3g, %.3g, "
+                "the experts' GEMMs on the rows they own %.4f s, %.4f s; rows imbalance (busiest rank / mean) %.2fx\n",
+                t->ep_size, (long long)(t->cfg.n_experts / t->ep_size), (long long)t->cfg.n_experts, mean[4],
+                all_floats, all_floats / whole, whole, mean[0] * per_step, mx[0] * per_step, mean[2] * per_step,
+                mx[2] * per_step, mean[1] * per_step, mx[1] * per_step, mean[3] > 0 ? mx[3] / mean[3] : 0.0);
+        fflush(t->progress);
+    }
+    free(all);
+}
+
 static int train_steps(trainer *t) {
     const gdn_train_options *o = t->o;
     const double t_start = MPI_Wtime();
     const double tokens_per_step = (double)(o->batch * t->dp) * (double)o->seq;
-    const int count = (int)t->nw;
     double loss = NAN;
     int rc = GDN_OK;
     double mixer_sum[4] = {0}, step_sum = 0; /* this rank's seconds in each kind of mixer; steps' */
@@ -748,12 +921,9 @@ static int train_steps(trainer *t) {
         if (!rc) rc = gdn_model_backward(t->plan, t->w, t->dw, t->tokens);
         /* a failure inside is its CP group's; make it every DP group's before the reduction */
         if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
-        /* reduce then broadcast: every rank gets the same bits (an all-reduce may round
-         * differently on different ranks, and the replicas would drift apart) */
-        MPI_Reduce(t->rank ? t->dw : MPI_IN_PLACE, t->dw, count, MPI_FLOAT, MPI_SUM, 0, t->world);
-        MPI_Bcast(t->dw, count, MPI_FLOAT, 0, t->world);
+        reduce_grads(t);
         loss = world_sum(t, ls) / denom + (t->cfg.router_aux ? t->cfg.router_aux_coef * aux : 0.0);
-        const double gnorm = gdn_grad_norm(&t->cfg, t->dw);
+        const double gnorm = grad_norm(t);
         if (!isfinite(loss) || !isfinite(gnorm))
             return gdn_fail(GDN_ERR_NONFINITE, "step %lld: the loss (%g) or gradient norm (%g) is not finite: "
                             "training diverged (lower --lr)", (long long)step, loss, gnorm);
@@ -821,13 +991,14 @@ static int train_steps(trainer *t) {
     }
     layer_type_times(t, mixer_sum, step_sum, o->steps - t->first_step + 1);
     expert_load(t);
+    expert_parallel_summary(t, o->steps - t->first_step + 1);
     return GDN_OK;
 }
 
 int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
     trainer t;
     memset(&t, 0, sizeof t);
-    t.o = o, t.world = world, t.cp_comm = MPI_COMM_NULL;
+    t.o = o, t.world = world, t.cp_comm = t.ep_comm = t.replica_comm = MPI_COMM_NULL;
     MPI_Comm_rank(world, &t.rank);
     MPI_Comm_size(world, &t.size);
     t.progress = t.rank == 0 ? progress : NULL;
@@ -841,7 +1012,11 @@ int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
     gdn_data_close(t.data);
     gdn_cp_destroy(t.cp);
     gdn_cp_destroy(t.agree);
+    gdn_ep_destroy(t.ep);
+    gdn_cp_destroy(t.replica_agree);
     if (t.cp_comm != MPI_COMM_NULL) MPI_Comm_free(&t.cp_comm);
+    if (t.ep_comm != MPI_COMM_NULL) MPI_Comm_free(&t.ep_comm);
+    if (t.replica_comm != MPI_COMM_NULL) MPI_Comm_free(&t.replica_comm);
     free(t.w), free(t.dw), free(t.m), free(t.v), free(t.router), free(t.load), free(t.tokens), free(t.window), free(t.doc_cu), free(t.n_docs);
     return rc;
 }

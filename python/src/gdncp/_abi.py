@@ -106,6 +106,7 @@ GDN_ERR_DTYPE = 8
 GDN_ERR_MPI = 20
 # train.h
 GDN_TRAIN_FAULT_AUX_PER_RANK = 100
+GDN_TRAIN_FAULT_EP_REPLICAS = 101
 GDN_GIVEN_VOCAB = 1
 GDN_GIVEN_HIDDEN = 2
 GDN_GIVEN_LAYERS = 4
@@ -473,6 +474,7 @@ class TrainOptions(ctypes.Structure):
         ('opt', AdamwConfig),
         ('seed', c_uint64),
         ('cp', c_int),
+        ('ep', c_int),
         ('strategy', c_int),
         ('threads', c_int),
         ('recompute', c_int),
