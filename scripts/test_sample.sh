@@ -82,4 +82,33 @@ refuse "an empty --prompt-ids" "prompt" samp --prompt-ids ""
 refuse "--top-p 0" "top-p" samp --prompt-ids 1 --top-p 0
 refuse "--top-p 1.5" "top-p" samp --prompt-ids 1 --top-p 1.5
 refuse "--compute fp16" "option --compute needs fp32 or bf16" samp --prompt-ids 1 --compute fp16
+
+echo "== expert parallelism (--ep): transformers' Qwen3.5-MoE checkpoint, its experts split over ranks"
+moe=$golden/qwen35_moe_tiny
+tiny=$moe
+mprompt=$(ids prompt_ids) mwant=$(ids generated_ids)
+for n in 2 4; do
+  got=$(timeout 120 $MPIEXEC -n $n $L sample --ckpt "$moe" --tokens 32 --threads 1 --prompt-ids "$mprompt" --temperature 0 \
+        --print-ids --ep $n 2>"$logs/ep.err")
+  if [ -n "$mwant" ] && [ "$got" = "$mwant" ]; then ok "--ep $n on $n ranks: greedy ids = transformers' generate() ($mwant)"
+  else bad "--ep $n: '$got' vs generated_ids '$mwant'"; cat "$logs/ep.err"; fi
+done
+got=$(timeout 120 $MPIEXEC -n 2 $L sample --ckpt "$moe" --tokens 32 --threads 1 --prompt-ids "$mprompt" --temperature 0 \
+      --print-ids --ep 2 --fault no-kv-cache 2>/dev/null)
+if [ -n "$got" ] && [ "$got" != "$mwant" ]; then ok "negative control: --ep 2 without the KV cache differs"
+else bad "negative control: --ep 2 without the KV cache still gives '$got'"; fi
+one=$($L sample --ckpt "$moe" --tokens 32 --threads 1 --prompt-ids "$mprompt" --temperature 0.9 --seed 4 --print-ids 2>/dev/null)
+got=$(timeout 120 $MPIEXEC -n 4 $L sample --ckpt "$moe" --tokens 32 --threads 1 --prompt-ids "$mprompt" --temperature 0.9 \
+      --seed 4 --print-ids --ep 2 2>/dev/null)
+if [ -n "$one" ] && [ "$got" = "$one" ]; then ok "--ep 2 on 4 ranks (two groups), temperature 0.9, seed 4: one rank's ids"
+else bad "--ep 2 sampled: '$got' vs one rank '$one'"; fi
+for bad in "3|must divide n_experts" "2|needs MoE layers|$golden/qwen35_tiny"; do
+  n=${bad%%|*}; rest=${bad#*|}; want=${rest%%|*}; ck=${rest#*|}; [ "$ck" = "$rest" ] && ck=$moe
+  timeout 120 $MPIEXEC -n $n $L sample --ckpt "$ck" --prompt-ids 1,2 --ep $n >"$logs/epbad.out" 2>&1; rc=$?
+  [ $rc = 1 ] && [ "$(grep -c "$want" "$logs/epbad.out")" = "$n" ] && ok "--ep $n refused on every rank: $want (exit 1)" ||
+    { bad "--ep $n on $ck: exit $rc, want 1 and '$want' from each of $n ranks"; cat "$logs/epbad.out"; }
+done
+timeout 120 $MPIEXEC -n 3 $L sample --ckpt "$moe" --prompt-ids 1,2 --ep 2 >"$logs/epbad.out" 2>&1; rc=$?
+[ $rc = 2 ] && grep -q "does not divide the 3 ranks" "$logs/epbad.out" && ok "--ep 2 on 3 ranks refused (exit 2)" ||
+  { bad "--ep 2 on 3 ranks: exit $rc"; cat "$logs/epbad.out"; }
 finish

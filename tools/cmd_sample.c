@@ -16,14 +16,14 @@
 typedef struct {
     const char *ckpt, *prompt, *prompt_ids;
     int print_ids, fault_no_kv, score, cache_dtype, compute, stop_auto;
-    int64_t tokens, top_k, seed, threads;
+    int64_t tokens, top_k, seed, threads, ep;
     double temperature, top_p;
 } sample_opts;
 
 static void sample_init(void *p) {
     sample_opts *o = p;
     o->tokens = 200, o->seed = 1, o->temperature = 0.8, o->top_p = 1, o->stop_auto = 1;
-    o->compute = GDN_COMPUTE_FP32;
+    o->compute = GDN_COMPUTE_FP32, o->ep = 1;
 }
 
 static const cli_opt sample_table[] = {
@@ -41,6 +41,7 @@ static const cli_opt sample_table[] = {
     /* the prompt's loss, nothing generated (tests) */
     {CLI_FLAG("--score", sample_opts, score, "print the prompt's mean next-token loss under the checkpoint (at least 2 tokens) and stop")},
     {CLI_ENUM("--cache-dtype", sample_opts, cache_dtype, "f32|bf16", CLI_VALUES(GDN_F32, GDN_BF16), "the attention layers' KV caches (bf16: half their memory and bytes per token)")},
+    {CLI_I64("--ep", sample_opts, ep, 1, 1 << 20, "N", "under mpiexec: the MoE layers' experts split over groups of N ranks, each rank loading 1/N of them; every group generates the same text, which rank 0 prints")},
     {CLI_COMPUTE("--compute", sample_opts, compute, "the prompt's products with bf16 operands and fp32 accumulation (a faster prefill); each new token's step stays fp32")},
     /* testing only: the attention caches emptied before every decode step */
     {CLI_ENUM("--fault", sample_opts, fault_no_kv, "no-kv-cache", CLI_VALUES(1), NULL)},
@@ -96,9 +97,39 @@ static int parse_ids(const char *text, gdn_token **ids, size_t *n, int64_t vocab
     return 0;
 }
 
+/* Expert parallelism (--ep N under mpiexec): groups of N consecutive ranks, each group one
+ * generation; rank 0 of a group draws every token and sends it to the others, so the group feeds
+ * the same token to its decoders (and the same random stream is drawn once). */
+typedef struct {
+    int rank, size, ep;
+    MPI_Comm comm;
+    gdn_ep *group;
+} sample_ep;
+
+/* The worst status over the ranks: a failure on one rank (a file it could not read) stops all
+ * (the others say which rank; the failing one says why). */
+static int ep_agree(const sample_ep *e, int rc) {
+    if (e->ep <= 1) return rc;
+    struct { int status, rank; } in = {rc, e->rank}, out = {0, 0};
+    MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MAXLOC, MPI_COMM_WORLD);
+    if (rc || !out.status) return rc;
+    fprintf(stderr, "gdncp sample: rank %d failed (%s)\n", out.rank, gdn_strerror(out.status));
+    return -out.status; /* said here: the caller exits 1 without printing */
+}
+
 int cmd_sample(int argc, char **argv) {
     sample_opts o;
     if (cli_parse(&cmd_sample_cli, argc, argv, &o, NULL)) return CLI_USAGE_ERROR;
+    sample_ep e = {0, 1, (int)o.ep, MPI_COMM_NULL, NULL};
+    if (e.ep > 1) { /* main started MPI for --ep */
+        MPI_Comm_rank(MPI_COMM_WORLD, &e.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &e.size);
+        if (e.size % e.ep) {
+            fprintf(stderr, "gdncp sample: --ep %d does not divide the %d ranks of mpiexec\n", e.ep, e.size);
+            return CLI_USAGE_ERROR;
+        }
+    }
+    const int quiet = e.rank != 0; /* one rank prints */
     const char *ckpt = o.ckpt, *prompt = o.prompt, *prompt_ids = o.prompt_ids;
     const int print_ids = o.print_ids, fault_no_kv = o.fault_no_kv, score = o.score, cache_dtype = o.cache_dtype,
               compute = o.compute, stop_auto = o.stop_auto;
@@ -117,6 +148,10 @@ int cmd_sample(int argc, char **argv) {
     gdn_model_config cfg;
     int rc = gdn_ckpt_resolve(ckpt, dir, sizeof dir);
     if (!rc) rc = gdn_ckpt_load_config(dir, &cfg);
+    if (!rc && e.ep > 1) {
+        cfg.ep_size = e.ep, cfg.ep_rank = e.rank % e.ep;
+        rc = gdn_model_config_check(&cfg); /* MoE layers whose experts N divides */
+    }
     if (rc) return cli_error("sample", rc);
     const int bytes_model = cfg.vocab == 256;
     if (!bytes_model && (prompt || (!print_ids && !score))) {
@@ -172,6 +207,11 @@ int cmd_sample(int argc, char **argv) {
         return 1;
     }
     if (!rc) rc = gdn_ckpt_load(dir, &cfg, w, NULL, NULL, NULL);
+    if (e.ep > 1) {
+        MPI_Comm_split(MPI_COMM_WORLD, e.rank / e.ep, e.rank, &e.comm);
+        const int rc2 = gdn_ep_create(&e.group, e.comm);
+        if (!rc) rc = rc2;
+    }
     uint8_t sep_bytes[GDN_DATA_MAX_SEP];
     gdn_token sep[GDN_DATA_MAX_SEP], tail[GDN_DATA_MAX_SEP] = {0};
     int sep_len = 0;
@@ -183,6 +223,8 @@ int cmd_sample(int argc, char **argv) {
     /* the KV caches hold the prompt and every new token */
     if (!rc) rc = gdn_model_decoder_create_dtype(&dec, &cfg, 1, positions, (int)threads, cache_dtype);
     if (!rc) rc = gdn_model_decoder_set_compute(dec, compute);
+    if (!rc && e.group) rc = gdn_model_decoder_set_experts(dec, e.group);
+    rc = ep_agree(&e, rc);
     /* the prompt (scoring: in one piece, every position's logits; generating: in pieces of at most
      * PREFILL_PIECE tokens, so its activations stay bounded, and only the last position's logits,
      * which give the first new token) */
@@ -202,8 +244,10 @@ int cmd_sample(int argc, char **argv) {
             for (int64_t k = 0; k < cfg.vocab; k++) se += exp((double)z[k] - mx);
             sum += mx + log(se) - (double)z[ptok[t + 1]];
         }
-        printf("score: loss %.7f over %zu targets\n", sum / (double)(np - 1), np - 1);
+        if (!quiet) printf("score: loss %.7f over %zu targets\n", sum / (double)(np - 1), np - 1);
         gdn_model_decoder_destroy(dec);
+        gdn_ep_destroy(e.group);
+        if (e.comm != MPI_COMM_NULL) MPI_Comm_free(&e.comm);
         free(w), free(logits), free(ptok), free(swork);
         return 0;
     }
@@ -211,15 +255,28 @@ int cmd_sample(int argc, char **argv) {
         memmove(tail, tail + 1, sizeof *tail * ((size_t)sep_len - 1)), tail[sep_len - 1] = ptok[i];
     const gdn_sampling sampling = {.temperature = temperature, .top_k = top_k, .top_p = top_p};
     uint64_t rng = gdn_sample_seed((uint64_t)seed);
-    for (size_t i = 0; !rc && !print_ids && i < np; i++) fputc(ptok[i], stdout);
+    for (size_t i = 0; !rc && !quiet && !print_ids && i < np; i++) fputc(ptok[i], stdout);
     const double t0 = cli_now();
     int64_t made = 0;
     int stopped = 0;
     for (; !rc && made < tokens && !stopped; made++) {
         int64_t next = 0;
-        if ((rc = gdn_sample_next(&next, logits, cfg.vocab, &sampling, &rng, swork))) break;
+        int group_rank = 0;
+        if (e.group) MPI_Comm_rank(e.comm, &group_rank);
+        if (!group_rank) rc = gdn_sample_next(&next, logits, cfg.vocab, &sampling, &rng, swork);
+        if (e.group) { /* the group's token (or its first rank's failure) */
+            int64_t msg[2] = {rc, next};
+            MPI_Bcast(msg, 2, MPI_INT64_T, 0, e.comm);
+            if (msg[0] && !rc) {
+                fprintf(stderr, "gdncp sample: the expert group's first rank failed to sample\n");
+                rc = -(int)msg[0];
+            }
+            next = msg[1];
+        }
+        if (rc) break;
         const gdn_token b = (gdn_token)next;
-        if (print_ids) printf(made ? ",%d" : "%d", (int)b);
+        if (quiet) {
+        } else if (print_ids) printf(made ? ",%d" : "%d", (int)b);
         else fputc(b, stdout);
         if (sep_len) { /* the document ends with the separator (a match ending on a new token) */
             memmove(tail, tail + 1, sizeof *tail * ((size_t)sep_len - 1)), tail[sep_len - 1] = b;
@@ -230,9 +287,9 @@ int cmd_sample(int argc, char **argv) {
         if (!stopped) rc = gdn_model_decode(dec, w, &b, logits);
     }
     const double dt = cli_now() - t0;
-    fputc('\n', stdout);
+    if (!quiet) fputc('\n', stdout);
     fflush(stdout);
-    if (!rc)
+    if (!rc && !quiet)
         fprintf(stderr, "gdncp sample: %s, %zu prompt tokens (prefill %.1f ms) + %lld new, %.2f ms per token, "
                         "%.1f tokens/s (decode path, %lld attention layers with a%s KV cache)%s\n",
                 dir, np, 1e3 * prefill_s, (long long)made, 1e3 * dt / (double)(made ? made : 1),
@@ -240,6 +297,8 @@ int cmd_sample(int argc, char **argv) {
                 stopped ? "; stopped at the end of the document (the checkpoint was trained with --pack; "
                           "--stop none goes on)" : "");
     gdn_model_decoder_destroy(dec);
+    gdn_ep_destroy(e.group);
+    if (e.comm != MPI_COMM_NULL) MPI_Comm_free(&e.comm);
     free(w), free(logits), free(ptok), free(swork);
-    return rc ? cli_error("sample", rc) : 0;
+    return rc < 0 ? 1 : rc ? cli_error("sample", rc) : 0;
 }

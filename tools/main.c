@@ -9,7 +9,7 @@
 #include <string.h>
 
 /* How a subcommand meets MPI: never (a single process), always (it runs under mpiexec), or only
- * when its command line asks for context parallelism (--cp). */
+ * when its command line asks for context or expert parallelism (--cp, --ep). */
 enum { MPI_NEVER, MPI_ALWAYS, MPI_WITH_CP };
 
 /* The dispatch table: the command's words (a second word selects a bench), its function and its
@@ -35,7 +35,7 @@ static const struct {
     {"diff", NULL, cmd_diff, MPI_NEVER, &cmd_diff_cli},
     {"gen", NULL, cmd_gen, MPI_NEVER, &cmd_gen_cli},
     {"train", NULL, cmd_train, MPI_ALWAYS, &cmd_train_cli},
-    {"sample", NULL, cmd_sample, MPI_NEVER, &cmd_sample_cli},
+    {"sample", NULL, cmd_sample, MPI_WITH_CP, &cmd_sample_cli},
 };
 
 /* The commands in the order of `gdncp help` and docs/cli.md. */
@@ -152,7 +152,8 @@ int main(int argc, char **argv) {
                 return 0;
             }
         int mpi = commands[i].mpi == MPI_ALWAYS;
-        for (int a = 2; commands[i].mpi == MPI_WITH_CP && a < argc; a++) mpi |= !strcmp(argv[a], "--cp");
+        for (int a = 2; commands[i].mpi == MPI_WITH_CP && a < argc; a++)
+            mpi |= !strcmp(argv[a], "--cp") || !strcmp(argv[a], "--ep");
         return mpi ? with_mpi(commands[i].fn, argc, argv) : commands[i].fn(argc - 1, argv + 1);
     }
     fprintf(stderr, "gdncp: unknown command '%s'\n", argv[1]);
