@@ -27,30 +27,21 @@
 #include "cli/cli.h"
 #include "commands.h"
 #include "cli/parse.h"
+#include "bench_moe.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    const char *label;
-    int64_t E, n, k, I, Is;
-} moe_shape;
-
-static const moe_shape shapes[] = {
+const moe_shape bench_moe_shapes[3] = {
     {"35b-a3b", 2048, 256, 8, 512, 512},
     {"next", 2048, 512, 10, 512, 512},
     {"quick", 256, 16, 4, 64, 64},
 };
+#define shapes bench_moe_shapes
 
-typedef struct {
-    int json, quick, threads, reps, compute_mask;
-    double peak, bf16_peak;
-    const char *cpu;
-} bench_opts;
-
-static double flops_per_token(const moe_shape *s) {
+double bench_moe_flops_per_token(const moe_shape *s) {
     const double E = (double)s->E;
     return 2.0 * (double)s->k * 3 * E * (double)s->I + 2.0 * 3 * E * (double)s->Is + 2.0 * E * (double)s->n;
 }
@@ -59,7 +50,7 @@ static double flops_per_token(const moe_shape *s) {
  * expert and only the experts those rows choose (the rest of the array stays calloc's untouched
  * zero pages: the reference reads nothing else, and the whole array in double would be 6 to 13
  * GB). A first pass finds the choices (from the router alone), the second computes y. */
-static int reference_rows(const gdn_moe_config *cfg, const float *w, const float *x, int64_t tp, double *yref) {
+int bench_moe_reference_rows(const gdn_moe_config *cfg, const float *w, const float *x, int64_t tp, double *yref) {
     gdn_moe_config c = *cfg;
     c.N = tp;
     const size_t nw = gdn_moe_param_floats(&c), nx = (size_t)(tp * c.E);
@@ -139,7 +130,7 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
         for (int cm = 0; cm < 2; cm++)
             if (p[cm]) err[cm] = cli_rel_err(y[cm], yref, tp * s->E);
         for (int mode = MODE_FORWARD; mode <= MODE_FWD_BWD; mode++) {
-            const double flops = (mode == MODE_FWD_BWD ? 3.0 : 1.0) * (double)T * flops_per_token(s);
+            const double flops = (mode == MODE_FWD_BWD ? 3.0 : 1.0) * (double)T * bench_moe_flops_per_token(s);
             const char *dir = mode == MODE_FORWARD ? "moe_forward" : "moe_fwd_bwd";
             const double med32 = p[0] ? cli_median(t + (mode * 2 + 0) * o->reps, o->reps) : NAN;
             for (int cm = 0; cm < 2; cm++) {
@@ -273,7 +264,7 @@ static int bench_shape(const bench_opts *o, const moe_shape *s, const int64_t *T
         }
         cli_fill_normal(x, nx, 1.0f, 0xA11CEu);
         cli_fill_normal(dy, nx, 1.0f, 0xB0Bu);
-        if (reference_rows(&c, w, x, tp, yref)) {
+        if (bench_moe_reference_rows(&c, w, x, tp, yref)) {
             fprintf(stderr, "gdncp bench moe: %s: the reference: %s\n", s->label, gdn_errmsg());
             rc = 1;
         }
@@ -282,7 +273,7 @@ static int bench_shape(const bench_opts *o, const moe_shape *s, const int64_t *T
         printf("shape %s: E %lld, %lld experts, top %lld, I %lld, shared %lld; %.2f GB of fp32 weights; %.1f MFLOP "
                "per token forward\n",
                s->label, (long long)s->E, (long long)s->n, (long long)s->k, (long long)s->I, (long long)s->Is,
-               4e-9 * (double)nw, flops_per_token(s) / 1e6);
+               4e-9 * (double)nw, bench_moe_flops_per_token(s) / 1e6);
     for (int64_t i = 0; i < nT && !rc; i++) {
         float *yy[2] = {o->compute_mask & 1 ? y[0] : NULL, o->compute_mask & 2 ? y[1] : NULL};
         rc = bench_T(o, s, Ts[i], w, dw, x, dy, yy, dx, yref, Ts[i] < tp ? Ts[i] : tp);
@@ -292,15 +283,9 @@ static int bench_shape(const bench_opts *o, const moe_shape *s, const int64_t *T
     return rc;
 }
 
-typedef struct {
-    int json, quick, threads, reps, compute_mask;
-    int shape; /* bit 0: 35b, bit 1: next */
-    int64_t *Ts, nT;
-} bench_moe_cli;
-
 static void bench_moe_init(void *p) {
     bench_moe_cli *o = p;
-    o->reps = 3, o->compute_mask = 3, o->shape = 3;
+    o->reps = 3, o->compute_mask = 3, o->shape = 3, o->ep = 1;
 }
 
 static const cli_opt bench_moe_table[] = {
@@ -311,12 +296,14 @@ static const cli_opt bench_moe_table[] = {
     {CLI_ENUM("--compute", bench_moe_cli, compute_mask, "fp32|bf16|both", CLI_VALUES(1, 2, 3), "the block's GEMMs' precision (both: alternating rep by rep)")},
     {CLI_I64("--threads", bench_moe_cli, threads, 1, 4096, "N", "OpenMP threads"), .dflt = "all"},
     {CLI_I64("--reps", bench_moe_cli, reps, 1, 50, "R", "timed repetitions after a warm-up (the median)")},
+    {CLI_I64("--ep", bench_moe_cli, ep, 1, 1 << 20, "N", "under mpiexec -n N: the experts split over the N ranks, each with its own --T tokens, against the one-rank block on the same tokens (all-to-all time and bytes, the experts' GEMMs, imbalance; fp32)")},
 };
 
 const cli_command cmd_bench_moe_cli = {
     .name = "bench moe",
     .usage = "usage: gdncp bench moe [--json] [--quick] [--shape 35b|next|both] [--T N[,N..]]\n"
-             "       [--compute fp32|bf16|both] [--threads N] [--reps R]\n",
+             "       [--compute fp32|bf16|both] [--threads N] [--reps R]\n"
+             "       mpiexec -n N gdncp bench moe --ep N [--quick] [--shape 35b|next] [--T N[,N..]] [--threads N]\n",
     .summary = "the sparse MoE block: forward, forward + backward and decode, fp32 and BF16 compute",
     .about = "  the sparse MoE block: forward, forward+backward and decode (B = 1), fp32 and BF16 compute\n",
     .size = sizeof(bench_moe_cli), .init = bench_moe_init, CLI_OPTS(bench_moe_table),
@@ -343,6 +330,7 @@ static int bench_moe_with(const bench_moe_cli *c, const unsigned char *seen) {
             fprintf(stderr, "gdncp bench moe: option --T needs values in [1, 2^20], got %lld\n", (long long)Ts[k]);
             return CLI_USAGE_ERROR;
         }
+    if (c->ep > 1) return bench_moe_ep(c, reps_set);
     int64_t T_default[] = {1024, 2048, 4096, 8192}, T_quick = 256;
     if (!Ts) {
         if (o.quick) Ts = &T_quick, nT = 1;

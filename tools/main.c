@@ -30,7 +30,7 @@ static const struct {
     {"bench", "train", cmd_bench_train, MPI_NEVER, &cmd_bench_train_cli},
     {"bench", "decode", cmd_bench_decode, MPI_NEVER, &cmd_bench_decode_cli},
     {"bench", "matmul", cmd_bench_matmul, MPI_NEVER, &cmd_bench_matmul_cli},
-    {"bench", "moe", cmd_bench_moe, MPI_NEVER, &cmd_bench_moe_cli},
+    {"bench", "moe", cmd_bench_moe, MPI_WITH_CP, &cmd_bench_moe_cli},
     {"bench", NULL, cmd_bench, MPI_NEVER, &cmd_bench_cli}, /* bench kernel (and its refusals of unknown benches) */
     {"diff", NULL, cmd_diff, MPI_NEVER, &cmd_diff_cli},
     {"gen", NULL, cmd_gen, MPI_NEVER, &cmd_gen_cli},
