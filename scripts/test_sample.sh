@@ -108,6 +108,10 @@ for bad in "3|must divide n_experts" "2|needs MoE layers|$golden/qwen35_tiny"; d
   [ $rc = 1 ] && [ "$(grep -c "$want" "$logs/epbad.out")" = "$n" ] && ok "--ep $n refused on every rank: $want (exit 1)" ||
     { bad "--ep $n on $ck: exit $rc, want 1 and '$want' from each of $n ranks"; cat "$logs/epbad.out"; }
 done
+timeout 120 $MPIEXEC -n 1 $L sample --ckpt "$moe" --prompt-ids 1,2 --ep 2 : -n 1 $L sample --ckpt "$moe" --prompt-ids 1,2 \
+  --ep 4 >"$logs/epbad.out" 2>&1; rc=$?
+[ $rc = 2 ] && [ "$(grep -c "disagree on --ep" "$logs/epbad.out")" = 2 ] && ok "ranks launched with --ep 2 and --ep 4: refused on both (exit 2)" ||
+  { bad "--ep 2 beside --ep 4: exit $rc"; cat "$logs/epbad.out"; }
 timeout 120 $MPIEXEC -n 3 $L sample --ckpt "$moe" --prompt-ids 1,2 --ep 2 >"$logs/epbad.out" 2>&1; rc=$?
 [ $rc = 2 ] && grep -q "does not divide the 3 ranks" "$logs/epbad.out" && ok "--ep 2 on 3 ranks refused (exit 2)" ||
   { bad "--ep 2 on 3 ranks: exit $rc"; cat "$logs/epbad.out"; }

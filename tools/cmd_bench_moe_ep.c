@@ -70,8 +70,18 @@ static int bench_T(const ep_bench *b, const moe_shape *s, int64_t T) {
     gdn_moe_plan *p[2] = {NULL, NULL};
     float *saved[2] = {NULL, NULL};
     const int R = b->reps;
+    /* every rank of this node holds the whole block (the one-rank side), its slice and a gradient
+     * of the whole block's size, the rows' buffers of both sides (about 12 floats a row each way
+     * per unit of E, the experts' received rows as many again) and the reference's touched weights */
+    const double per_rank = 4.0 * (2.0 * (double)nw + (double)nwl) +
+                            4.0 * (double)(T * s->k) * (12.0 * (double)s->E + 8.0 * (double)s->I);
+    char what[160];
+    snprintf(what, sizeof what, "bench moe --ep %d at T = %lld per rank: the whole block beside its slice on every rank",
+             b->D, (long long)T);
+    if (!rc) rc = gdn_check_fits(what, 1.25 * per_rank * b->D); /* (all ranks on this node; a quarter more for the rest) */
     double *t = malloc(sizeof(double) * 2 * 2 * (size_t)R), *xs = malloc(sizeof(double) * 4 * 2 * (size_t)R);
-    if (!rc && (!w || !wl || !dw || !x || !dy || !y[0] || !y[1] || !dx || !yref || !t || !xs)) rc = GDN_ERR_NOMEM;
+    int no_mem = !rc && (!w || !wl || !dw || !x || !dy || !y[0] || !y[1] || !dx || !yref || !t || !xs);
+    if (no_mem) rc = GDN_ERR_NOMEM;
     if (!rc) {
         for (int i = 0; i < GDN_MOE_COUNT; i++) { /* the same weights on every rank */
             const float sd = i == GDN_MOE_ROUTER ? 1.0f / sqrtf((float)s->E) : 0.02f;
@@ -84,14 +94,14 @@ static int bench_T(const ep_bench *b, const moe_shape *s, int64_t T) {
         if (!rc) rc = gdn_moe_plan_create(&p[SIDE_ONE], &one);
     }
     for (int k = 0; k < 2 && !rc; k++)
-        if (!(saved[k] = malloc(sizeof(float) * (gdn_moe_saved_floats(p[k]) + 1)))) rc = GDN_ERR_NOMEM;
-    if (!rc && b->rank == 0 && bench_moe_reference_rows(&one, w, x, tp, yref)) rc = GDN_ERR_NOMEM;
+        if (!(saved[k] = malloc(sizeof(float) * (gdn_moe_saved_floats(p[k]) + 1)))) rc = GDN_ERR_NOMEM, no_mem = 1;
+    if (!rc && b->rank == 0) rc = bench_moe_reference_rows(&one, w, x, tp, yref);
     /* a rank that could not set up stops them all before any exchange */
     int worst = rc;
     MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (worst) {
         if (rc) fprintf(stderr, "gdncp bench moe --ep: %s T=%lld: %s\n", s->label, (long long)T,
-                        rc == GDN_ERR_NOMEM ? "out of memory" : gdn_errmsg());
+                        no_mem ? "out of memory" : gdn_errmsg());
         rc = worst;
     }
     /* t[mode][side][rep]: the slowest rank's time; xs[mode][what][rep]: this rank's exchange

@@ -124,6 +124,13 @@ int cmd_sample(int argc, char **argv) {
     if (e.ep > 1) { /* main started MPI for --ep */
         MPI_Comm_rank(MPI_COMM_WORLD, &e.rank);
         MPI_Comm_size(MPI_COMM_WORLD, &e.size);
+        int lo = e.ep, hi = e.ep; /* every rank the same --ep (an MPMD launch may differ) */
+        MPI_Allreduce(&e.ep, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        MPI_Allreduce(&e.ep, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (lo != hi) {
+            fprintf(stderr, "gdncp sample: the ranks disagree on --ep (from %d to %d)\n", lo, hi);
+            return CLI_USAGE_ERROR;
+        }
         if (e.size % e.ep) {
             fprintf(stderr, "gdncp sample: --ep %d does not divide the %d ranks of mpiexec\n", e.ep, e.size);
             return CLI_USAGE_ERROR;
