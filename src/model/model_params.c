@@ -366,7 +366,9 @@ static double flops_per_token(const gdn_model_config *c, int64_t T, int train, i
      * top_k of an MoE layer's n_experts experts (the active parameters) */
     const double idle_experts = (double)gdn_model_moe_layers(c) * (double)(c->n_experts - c->top_k) * 3.0 *
                                 (double)c->moe_I * (double)c->E;
-    const double params = (double)gdn_model_param_count(c) - (c->tie_embeddings ? 0.0 : (double)(c->vocab * c->E)) -
+    gdn_model_config whole = *c; /* a token's FLOPs are the whole model's, however its experts are split */
+    whole.ep_size = 0, whole.ep_rank = 0;
+    const double params = (double)gdn_model_param_count(&whole) - (c->tie_embeddings ? 0.0 : (double)(c->vocab * c->E)) -
                           idle_experts - (head ? 0.0 : (double)(c->vocab * c->E));
     const double f = gdn_rule_flops_per_head_token(c->K, c->V, 64, 0), b = gdn_rule_flops_per_head_token(c->K, c->V, 64, 1);
     /* the GatedDeltaNet layers' kernels, and the attention layers' causal cores (forward

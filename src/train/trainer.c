@@ -684,16 +684,22 @@ static int setup(trainer *t) {
     }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     if (t->progress) {
+        gdn_model_config whole = t->cfg;
+        whole.ep_size = 0, whole.ep_rank = 0;
+        char ep_note[128] = "";
+        if (t->ep_size > 1)
+            snprintf(ep_note, sizeof ep_note, " x EP %d (%zu parameters on each rank)", t->ep_size,
+                     gdn_model_param_count(&t->cfg));
         fprintf(t->progress,
                 "gdncp train: %zu parameters (E=%lld, %lld layers, %s=%lld, Hk=%lld Hv=%lld K=%lld V=%lld), "
-                "grid DP %d x CP %d (%s), %lld sequences of %lld tokens per step (%lld per rank), %d thread%s "
+                "grid DP %d x CP %d%s (%s), %lld sequences of %lld tokens per step (%lld per rank), %d thread%s "
                 "per rank%s, recompute %s, %s %s (%lld + %lld %s)%s%s\n",
-                gdn_model_param_count(&t->cfg), (long long)t->cfg.E, (long long)t->cfg.L,
+                gdn_model_param_count(&whole), (long long)t->cfg.E, (long long)t->cfg.L,
                 /* every MLP a mixture of experts: their width (the dense I is unused) */
                 gdn_model_moe_layers(&t->cfg) == t->cfg.L ? "moe I" : "I",
                 (long long)(gdn_model_moe_layers(&t->cfg) == t->cfg.L ? t->cfg.moe_I : t->cfg.I),
                 (long long)t->cfg.Hk, (long long)t->cfg.Hv, (long long)t->cfg.K, (long long)t->cfg.V, t->dp,
-                t->cp_size, gdn_cp_strategy_name((gdn_cp_strategy)o->strategy), (long long)(o->batch * t->dp),
+                t->cp_size, ep_note, gdn_cp_strategy_name((gdn_cp_strategy)o->strategy), (long long)(o->batch * t->dp),
                 (long long)o->seq, (long long)t->tn, t->threads, t->threads > 1 ? "s" : "",
                 gdn_cp_get_wait(t->cp) == GDN_CP_WAIT_SLEEP ? " (more than the cores: waits sleep)" : "", t->recompute ? "on" : "off", gdn_data_is_tokens(t->data) ? "token file" : "text", o->data,
                 (long long)tl, (long long)vl, gdn_data_is_tokens(t->data) ? "tokens" : "bytes",
