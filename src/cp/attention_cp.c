@@ -75,11 +75,9 @@ static int attn_cp_agree(gdn_cp *cp, const gdn_attn_plan *ap, int backward, cons
         int32_t eps_bits;
         int64_t theta_bits;
         memcpy(&eps_bits, &c->eps, 4), memcpy(&theta_bits, &c->rope_theta, 8);
-        uint64_t cu_hash = 1469598103934665603ull; /* FNV-1a of the offsets */
-        for (int64_t k = 0; c->cu_seqlens && k <= c->n_docs; k++)
-            cu_hash = (cu_hash ^ (uint64_t)c->cu_seqlens[k]) * 1099511628211ull;
         const int64_t s[NV] = {backward, c->B, c->E, c->H, c->Hkv, c->d, c->R, theta_bits, eps_bits, c->pos_offset,
-                               c->cp, saved != NULL, c->cu_seqlens ? c->n_docs : -1, (int64_t)cu_hash,
+                               c->cp, saved != NULL, c->cu_seqlens ? c->n_docs : -1,
+                               gdn_cp_docs_hash(c->cu_seqlens, c->n_docs),
                                c->max_position, 1};
         memcpy(v, s, sizeof v);
     } else if (!local) {
@@ -568,11 +566,8 @@ int gdn_attn_cp_decode(gdn_cp *cp, gdn_attn_plan *ap, gdn_attn_cache *cache, flo
         int32_t eps_bits;
         int64_t theta_bits;
         memcpy(&eps_bits, &c->eps, 4), memcpy(&theta_bits, &c->rope_theta, 8);
-        uint64_t h = 1469598103934665603ull;
-        const uint32_t *xb = (const uint32_t *)x;
-        for (int64_t i = 0; i < ap->N * c->E; i++) h = (h ^ xb[i]) * 1099511628211ull;
         const int64_t s[NV] = {c->B, c->T, c->E, c->H, c->Hkv, c->d, c->R, theta_bits, eps_bits, c->pos_offset,
-                               c->max_position, (int64_t)h};
+                               c->max_position, gdn_cp_digest(x, sizeof *x * (size_t)(ap->N * c->E))};
         memcpy(v, s, sizeof v);
     }
     int rc = gdn_cp_agree_values(cp, v, NV, names, local);

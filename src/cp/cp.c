@@ -171,14 +171,11 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
     if (c) {
         int32_t scale_bits;
         memcpy(&scale_bits, &c->scale, 4);
-        /* Packed streams: the same offsets everywhere (their count and an FNV-1a hash), and each
-         * rank's seq_offset (checked against the shards before it, below). */
-        uint64_t cu_hash = 1469598103934665603ull;
-        for (int64_t d = 0; c->cu_seqlens && d <= c->n_docs; d++)
-            cu_hash = (cu_hash ^ (uint64_t)c->cu_seqlens[d]) * 1099511628211ull;
+        /* Packed streams: the same offsets everywhere (their count and digest), and each rank's
+         * seq_offset (checked against the shards before it, below). */
         const int64_t s[NSIG] = {1, local, c->T, c->B, c->Hk, c->Hv, c->K, c->V, c->chunk, c->l2norm, scale_bits,
-                                 cp->strategy, call, c->cu_seqlens ? c->n_docs : -1, (int64_t)cu_hash,
-                                 c->seq_offset};
+                                 cp->strategy, call, c->cu_seqlens ? c->n_docs : -1,
+                                 gdn_cp_docs_hash(c->cu_seqlens, c->n_docs), c->seq_offset};
         memcpy(sig, s, sizeof sig);
     } else {
         sig[HAS_PLAN] = 0, sig[STATUS] = local, sig[STRATEGY] = cp->strategy, sig[CALL] = call;

@@ -50,6 +50,12 @@ void *gdn_cp_calloc(size_t n, size_t size, const char *site);
  * passed GDN_OK. */
 int gdn_cp_worst_status(const gdn_cp *cp, MPI_Comm comm, int rank, int local, int *worst, int *who);
 
+/* Packed documents' offsets as one value of an agreement row: a digest of cu_seqlens[0..n_docs]
+ * (gdn_cp_digest), -1 for a dense plan (cu NULL). The one hash of documents every agreement uses. */
+static inline int64_t gdn_cp_docs_hash(const int64_t *cu, int64_t n_docs) {
+    return cu ? gdn_cp_digest(cu, sizeof *cu * (size_t)(n_docs + 1)) : -1;
+}
+
 /* Check that all ranks agree on the plan's shape and options (except T), the strategy and the
  * call (GDN_CP_CALL_* flags); fills shard_T. Collective. Also folds a local failure status into
  * a collective one. */

@@ -4,7 +4,7 @@
  * under every strategy (heads included: the kernel's packed heads path). */
 #include "layer_internal.h"
 
-#include "gdncp/cp.h"
+#include "cp_internal.h"
 
 #include <string.h>
 
@@ -22,12 +22,9 @@ static int layer_agree(gdn_cp *cp, const gdn_layer_plan *lp, int backward, const
         const gdn_layer_config *c = &lp->cfg;
         int32_t eps_bits;
         memcpy(&eps_bits, &c->eps, 4);
-        uint64_t cu_hash = 1469598103934665603ull; /* FNV-1a of the offsets */
-        for (int64_t d = 0; c->cu_seqlens && d <= c->n_docs; d++)
-            cu_hash = (cu_hash ^ (uint64_t)c->cu_seqlens[d]) * 1099511628211ull;
         const int64_t s[NV] = {backward, c->B, c->E, c->Hk, c->Hv, c->K, c->V, c->Kc, c->keep,
                                c->weight_dtype, eps_bits, c->chunk, saved != NULL,
-                               c->cu_seqlens ? c->n_docs : -1, (int64_t)cu_hash};
+                               c->cu_seqlens ? c->n_docs : -1, gdn_cp_docs_hash(c->cu_seqlens, c->n_docs)};
         memcpy(v, s, sizeof v);
     } else if (!local) {
         local = gdn_fail(GDN_ERR_ARG, "layer plan is NULL");

@@ -287,9 +287,8 @@ static double measure_peak(trainer *t, int cores) {
  * agreement step (gdn_train_fail joins it with a failure). */
 #define N_AGREED 23
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
-    uint64_t sep_hash = 1469598103934665603ull; /* FNV-1a of the packing separator */
-    for (int i = 0; o->pack && i < o->pack_len && i < GDN_DATA_MAX_SEP; i++)
-        sep_hash = (sep_hash ^ o->pack[i]) * 1099511628211ull;
+    const int64_t sep_hash = o->pack ? gdn_cp_digest(o->pack, (size_t)(o->pack_len < GDN_DATA_MAX_SEP ? o->pack_len
+                                                                                         : GDN_DATA_MAX_SEP)) : 0;
     int64_t aux_bits;
     memcpy(&aux_bits, &o->router_aux_coef, sizeof aux_bits);
     const int64_t vals[N_AGREED] = {o->cp, o->seq, o->batch, o->steps, (int64_t)o->seed, o->strategy,
@@ -367,26 +366,18 @@ static int check_attn_cp(const gdn_model_config *c, int attn_cp, int D) {
     return GDN_OK;
 }
 
-/* FNV-1a over bytes, continuing from h. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
-/* The data file's identity: its size and the first 64 KiB's digest (every rank reads its own
+/* The data file's identity: the digest of its size and first 64 KiB (every rank reads its own
  * windows of it, so ranks given different files would silently train on a mix). */
 static int64_t data_digest(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
-    unsigned char buf[65536];
-    const size_t n = fread(buf, 1, sizeof buf, f);
-    uint64_t h = fnv(1469598103934665603ull, buf, n);
-    if (!fseeko(f, 0, SEEK_END)) {
-        const int64_t size = (int64_t)ftello(f);
-        h = fnv(h, &size, sizeof size);
-    }
+    unsigned char buf[8 + 65536];
+    const size_t n = fread(buf + 8, 1, sizeof buf - 8, f);
+    int64_t size = -1;
+    if (!fseeko(f, 0, SEEK_END)) size = (int64_t)ftello(f);
+    memcpy(buf, &size, 8);
     fclose(f);
-    return (int64_t)(h >> 1);
+    return gdn_cp_digest(buf, 8 + n);
 }
 static int64_t f64_bits(double x) {
     int64_t b;

@@ -63,7 +63,8 @@ static void setup(ep_setup *s, const ep_case *c, uint64_t seed) {
     MPI_Comm_split(MPI_COMM_WORLD, s->rank / c->G, s->rank, &s->group);
     MPI_Comm_split(MPI_COMM_WORLD, s->rank % c->G, s->rank, &s->replica);
     MPI_Comm_rank(s->group, &s->grank);
-    const int64_t E = 16, n = 12, k = 2, I = 8, Is = c->shared ? 8 : 0;
+    /* 3 D experts: every group size dividing D divides them, and a slice holds at least 3 (> top_k) */
+    const int64_t E = 16, n = 3 * s->D, k = 2, I = 8, Is = c->shared ? 8 : 0;
     for (int r = 0; r < s->D; r++) {
         const int64_t Nr = 1 + 2 * r;
         if (r == s->rank) s->row0 = s->Ntot, s->N = Nr;
@@ -202,7 +203,7 @@ static void run_case(const ep_case *c, uint64_t seed) {
     ep_errs e = compare(&s, &o, 1);
     expect_close(e.y, tol, "%s: y", tag);
     expect_close(e.dx, tol, "%s: dx", tag);
-    expect_close(e.st, 1e-12, "%s: router statistics", tag);
+    expect_close(e.st, tol, "%s: router statistics (the router's GEMM rounds by its row count)", tag);
     expect_close(e.dense, tol, "%s: router + shared gradients summed over the ranks", tag);
     expect_close(e.experts, tol, "%s: expert gradients summed over the %d replicas", tag, s.replicas);
     if (c->skew) {
