@@ -86,9 +86,6 @@ static inline bf_blocking blocking(int path) {
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* lane l: GDN_VL k-pairs packed as bf16(x[2l]) | bf16(x[2l+1]) << 16 (bf16_pack.c, bf16_fallback.c) */
-typedef uint32_t gdn_vu32 __attribute__((vector_size(GDN_VL * 4)));
-
 /* Write a computed tile t (rows of NR floats) into C: mr rows, nc columns, added or stored. */
 static inline void store_tile(const float *t, int tld, float *C, int64_t ldc, int mr, int nc, int acc) {
     for (int i = 0; i < mr; i++)

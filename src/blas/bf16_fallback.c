@@ -16,8 +16,8 @@
 #else
 #define FB_ROWS 1
 #endif
-static inline gdn_vf lo_f(gdn_vu32 w) { gdn_vf f; w <<= 16; memcpy(&f, &w, sizeof f); return f; }
-static inline gdn_vf hi_f(gdn_vu32 w) { gdn_vf f; w &= 0xffff0000u; memcpy(&f, &w, sizeof f); return f; }
+static inline gdn_vf lo_f(gdn_vu w) { gdn_vf f; w <<= 16; memcpy(&f, &w, sizeof f); return f; }
+static inline gdn_vf hi_f(gdn_vu w) { gdn_vf f; w &= 0xffff0000u; memcpy(&f, &w, sizeof f); return f; }
 static inline float bf_lo(uint32_t w) { float f; w <<= 16; memcpy(&f, &w, sizeof f); return f; }
 static inline float bf_hi(uint32_t w) { float f; w &= 0xffff0000u; memcpy(&f, &w, sizeof f); return f; }
 
@@ -31,7 +31,7 @@ static inline __attribute__((always_inline)) void mk_fb(int64_t kp, const float 
         for (int64_t p = 0; p < kp; p++) {
             gdn_vf be[NVF], bo[NVF];
             for (int v = 0; v < NVF; v++) {
-                const gdn_vu32 w = *(const gdn_vu32 *)(b + p * NR + v * GDN_VL);
+                const gdn_vu w = *(const gdn_vu *)(b + p * NR + v * GDN_VL);
                 be[v] = lo_f(w), bo[v] = hi_f(w);
             }
             for (int i = 0; i < FB_ROWS; i++) {

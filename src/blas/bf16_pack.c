@@ -37,11 +37,10 @@ static inline uint16_t eltb(const void *X, int bf, int trans, int64_t ld, int64_
 
 /* Vector rounding (the same bits as to_bf16): lane l of the result holds bf16(x[2l]) |
  * bf16(x[2l+1]) << 16 for 2 GDN_VL contiguous fp32 values x, i.e. GDN_VL k-pairs. */
-typedef uint32_t gdn_vu32 __attribute__((vector_size(GDN_VL * 4)));
-static inline gdn_vu32 rne_v(gdn_vu32 u) {
-    const gdn_vu32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const gdn_vu32 special = (gdn_vu32)((u & 0x7f800000u) == 0x7f800000u); /* Inf, NaN */
-    const gdn_vu32 sp = (u >> 16) | ((gdn_vu32)((u & 0xffffu) != 0) & 0x40u);
+static inline gdn_vu rne_v(gdn_vu u) {
+    const gdn_vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const gdn_vu special = (gdn_vu)((u & 0x7f800000u) == 0x7f800000u); /* Inf, NaN */
+    const gdn_vu sp = (u >> 16) | ((gdn_vu)((u & 0xffffu) != 0) & 0x40u);
     return (sp & special) | (r & ~special);
 }
 #if GDN_VL == 16
@@ -54,19 +53,19 @@ static inline gdn_vu32 rne_v(gdn_vu32 u) {
 #define EVEN_IDX {0, 2, 4, 6}
 #define ODD_IDX {1, 3, 5, 7}
 #endif
-static inline gdn_vu32 pairs_vl(const float *x) {
-    gdn_vu32 u0, u1;
+static inline gdn_vu pairs_vl(const float *x) {
+    gdn_vu u0, u1;
     memcpy(&u0, x, sizeof u0);
     memcpy(&u1, x + GDN_VL, sizeof u1);
     u0 = rne_v(u0), u1 = rne_v(u1);
-    const gdn_vu32 e = __builtin_shuffle(u0, u1, (gdn_vu32)EVEN_IDX), o = __builtin_shuffle(u0, u1, (gdn_vu32)ODD_IDX);
+    const gdn_vu e = __builtin_shuffle(u0, u1, (gdn_vu)EVEN_IDX), o = __builtin_shuffle(u0, u1, (gdn_vu)ODD_IDX);
     return e | (o << 16);
 }
 
 
 /* bf16(x[l]) in the low half of lane l, for GDN_VL floats x (n of them, the rest 0). */
-static inline gdn_vu32 bf16_lo_vl(const float *x, int n) {
-    gdn_vu32 u = {0};
+static inline gdn_vu bf16_lo_vl(const float *x, int n) {
+    gdn_vu u = {0};
     if (n >= GDN_VL) memcpy(&u, x, sizeof u);
     else memcpy(&u, x, sizeof(float) * (size_t)(n > 0 ? n : 0));
     return rne_v(u);
@@ -90,7 +89,7 @@ void gdn_bf16_panel_b(uint32_t *restrict dst, const void *B, int bf, int bt, int
 #endif
             if (j < nc)
                 for (; 2 * p + 2 * GDN_VL <= kc; p += GDN_VL) {
-                    const gdn_vu32 w = pairs_vl(src + 2 * p);
+                    const gdn_vu w = pairs_vl(src + 2 * p);
                     for (int l = 0; l < GDN_VL; l++) dst[(p + l) * NR + j] = w[l];
                 }
             for (; p < kp; p++) {
@@ -120,7 +119,7 @@ void gdn_bf16_panel_b(uint32_t *restrict dst, const void *B, int bf, int bt, int
 #endif
             for (int j = 0; j < NR; j += GDN_VL) {
                 const int n = nc - j;
-                const gdn_vu32 w = bf16_lo_vl(r0 + j, n) | (has1 ? bf16_lo_vl(r1 + j, n) << 16 : (gdn_vu32){0});
+                const gdn_vu w = bf16_lo_vl(r0 + j, n) | (has1 ? bf16_lo_vl(r1 + j, n) << 16 : (gdn_vu){0});
                 memcpy(dst + p * NR + j, &w, sizeof w);
             }
         }
@@ -160,7 +159,7 @@ void gdn_bf16_panel_a_v(uint32_t *restrict dst, const void *A, int bf, int at, i
 #endif
             if (i < mr)
                 for (; 2 * p + 2 * GDN_VL <= kc; p += GDN_VL) {
-                    const gdn_vu32 w = pairs_vl(src + 2 * p);
+                    const gdn_vu w = pairs_vl(src + 2 * p);
                     for (int l = 0; l < GDN_VL; l++) {
                         const int64_t d = (p + l) * MR_V + i;
                         if (widen)
@@ -191,7 +190,7 @@ void gdn_bf16_panel_a_v(uint32_t *restrict dst, const void *A, int bf, int at, i
             uint32_t w[MR_V + GDN_VL];
             for (int i = 0; i < MR_V; i += GDN_VL) {
                 const int n = (int)mr - i < MR_V - i ? (int)mr - i : MR_V - i;
-                const gdn_vu32 v = bf16_lo_vl(r0 + i, n) | (has1 ? bf16_lo_vl(r1 + i, n) << 16 : (gdn_vu32){0});
+                const gdn_vu v = bf16_lo_vl(r0 + i, n) | (has1 ? bf16_lo_vl(r1 + i, n) << 16 : (gdn_vu){0});
                 memcpy(w + i, &v, sizeof v);
             }
             for (int i = 0; i < MR_V; i++) {
@@ -233,7 +232,7 @@ void gdn_bf16_panel_a_x(uint16_t *restrict dst, const void *A, int bf, int at, i
 #endif
             if (i < mr)
                 for (; k + 2 * GDN_VL <= kc; k += 2 * GDN_VL) {
-                    const gdn_vu32 w = pairs_vl(src + k);
+                    const gdn_vu w = pairs_vl(src + k);
                     memcpy(dst + i * kcp + k, &w, sizeof w);
                 }
             for (; k < kcp; k++) dst[i * kcp + k] = i < mr && k < kc ? to_bf16(src[k]) : 0;
@@ -245,7 +244,7 @@ void gdn_bf16_panel_a_x(uint16_t *restrict dst, const void *A, int bf, int at, i
         for (int64_t k = 0; k < kc; k++) {
             const float *r = (const float *)A + (k0 + k) * lda + i0;
             for (int i = 0; i < MR_X && i < mr; i += GDN_VL) {
-                const gdn_vu32 v = bf16_lo_vl(r + i, (int)mr - i);
+                const gdn_vu v = bf16_lo_vl(r + i, (int)mr - i);
                 for (int l = 0; l < GDN_VL && i + l < mr; l++) dst[(i + l) * kcp + k] = (uint16_t)v[l];
             }
         }
