@@ -1,10 +1,11 @@
 /* The base layer (src/base): errors and messages, test-only hooks, invariants, the FP mode of
- * compute regions, memory checks, the one tensor checker and the small SIMD helpers every layer
- * above uses. Includes nothing of the library but the public headers. */
+ * compute regions, memory checks, the one tensor checker and the one SIMD vocabulary (simd.h)
+ * every layer above uses. Includes nothing of the library but the public headers. */
 #ifndef GDNCP_BASE_H
 #define GDNCP_BASE_H
 
 #include "gdncp.h"
+#include "simd.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,56 +86,6 @@ int64_t gdn_find_nonfinite_f64(const double *x, int64_t n);
 
 /* The GEMMs (src/blas): gdn_gemm, gdn_matmul, gdn_transpose and their flags. */
 
-/* 8-lane fp32 vectors (GCC/Clang vector extensions; AVX2 here, two SSE halves or NEON elsewhere). */
-typedef float gdn_v8f __attribute__((vector_size(32)));
-typedef float gdn_v8f_u __attribute__((vector_size(32), aligned(4))); /* unaligned access */
-
-/* sum of x[i]^2 with 8 independent partial sums (a serial fp32 sum is latency-bound). */
-static inline float gdn_sumsq(const float *x, int64_t n) {
-    gdn_v8f acc = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        gdn_v8f v = *(const gdn_v8f_u *)(x + i);
-        acc += v * v;
-    }
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < n; i++) s += x[i] * x[i];
-    return s;
-}
-
-/* exp() of 8 lanes, Cephes-style: 2^n * p(r) with |r| <= ln2/2, a degree-6 polynomial, about
- * 1 ulp; lanes below -69 give exactly 0 like gdn_expf_ftz, lanes above 88 give +Inf. */
-typedef int32_t gdn_v8i __attribute__((vector_size(32)));
-static inline gdn_v8f gdn_vexpf_ftz(gdn_v8f x) {
-    const gdn_v8i tiny = x < -69.0f, huge = x > 88.0f;
-    x = (gdn_v8f)(((gdn_v8i)x & ~(tiny | huge)));       /* those lanes computed from 0 */
-    const gdn_v8f magic = (gdn_v8f){0} + 12582912.0f;    /* 1.5 * 2^23: round to nearest */
-    const gdn_v8f t = x * 1.44269504088896341f + magic;
-    const gdn_v8f n = t - magic;
-    const gdn_v8f r = x - n * 0.693359375f - n * -2.12194440e-4f;
-    gdn_v8f p = (gdn_v8f){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const gdn_v8i e = ((gdn_v8i)t - (gdn_v8i)magic + 127) << 23; /* 2^n */
-    gdn_v8f y = p * (gdn_v8f)e;
-    const gdn_v8f inf = (gdn_v8f){0} + __builtin_inff();
-    y = (gdn_v8f)(((gdn_v8i)y & ~(tiny | huge)) | ((gdn_v8i)inf & huge));
-    return y;
-}
-
-/* sigmoid of 8 lanes by the vector exp above (a scalar expf per element costs a tenth of a
- * layer's or a training step's time). */
-static inline gdn_v8f gdn_vsigmoidf(gdn_v8f x) { return 1.0f / (1.0f + gdn_vexpf_ftz(-x)); }
-
-/* exp() that returns exactly 0 below 1e-30 (avoids denormal slow paths; far below fp32 rounding). */
-static inline float gdn_expf_ftz(float x) {
-    return x < -69.0f ? 0.0f : __builtin_expf(x);
-}
-
 /* Carve n floats from a workspace arena; each piece starts on a 64-byte boundary. */
 static inline float *gdn_carve(float **cur, size_t n) {
     float *p = *cur;
@@ -143,16 +94,7 @@ static inline float *gdn_carve(float **cur, size_t n) {
 }
 
 /* ---- the one tensor checker (check.c): NULLs and non-finite values, one set of messages */
-/* 1 when some element of x[0..n) is NaN or Inf (vectorised; for rows inside the hot loop). */
-static inline int gdn_row_nonfinite(const float *x, int64_t n) {
-    gdn_v8f acc = {0};
-    float s = 0.0f;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc += *(const gdn_v8f_u *)(x + i) * 0.0f;
-    for (; i < n; i++) s += x[i] * 0.0f;
-    for (int l = 0; l < 8; l++) s += acc[l];
-    return s != s;
-}
+/* (gdn_row_nonfinite, the in-loop scan of a row: simd.h) */
 GDN_WING int gdn_check_tensor(const char *name, const float *x, int64_t n, int check_finite, int threads);
 /* An output (or a gradient) that came out non-finite: GDN_ERR_NONFINITE naming it and the
  * element, with the usual causes; GDN_OK when finite. */

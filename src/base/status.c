@@ -55,11 +55,11 @@ __attribute__((weak)) void gdn_test_threads(const char *site, int threads) { (vo
  * exactly when x is NaN or Inf: sum those products with vectors, and look at single elements
  * only in a block that turned NaN. */
 static int64_t scan_block(const float *x, int64_t b0, int64_t m) {
-    gdn_v8f acc = {0};
+    gdn_vf acc = {0};
     int64_t i = 0;
-    for (; i + 8 <= m; i += 8) acc += *(const gdn_v8f_u *)(x + b0 + i) * 0.0f;
+    for (; i + GDN_VL <= m; i += GDN_VL) acc += gdn_vloadu(x + b0 + i) * 0.0f;
     float s = 0.0f;
-    for (int l = 0; l < 8; l++) s += acc[l];
+    for (int l = 0; l < GDN_VL; l++) s += acc[l];
     for (; i < m; i++) s += x[b0 + i] * 0.0f;
     if (s != s)
         for (int64_t j = 0; j < m; j++)

@@ -1,8 +1,7 @@
 /* The one fp32 register-tiled micro-kernel under both GEMMs (gemm.c: the chunk kernel's small
- * in-cache products; matmul.c: the layer's blocked projections), in GCC/Clang vector
- * extensions. The vector width is the target's, chosen at compile time: 16 floats with
- * AVX-512, 8 with AVX/AVX2, 4 otherwise (SSE2, NEON, or generic code), so one source builds
- * for every target and the same binary path is what the peak (gdn_measure_peak_gflops) runs.
+ * in-cache products; matmul.c: the layer's blocked projections), on the native-width vectors of
+ * base's simd.h (16 floats with AVX-512, 8 with AVX/AVX2, 4 otherwise), so one source builds for
+ * every target and the same binary path is what the peak (gdn_measure_peak_gflops) runs.
  *
  * The tile: MR rows of C by NV vectors of columns, MR * NV accumulators held in registers for
  * the whole depth loop; per depth step NV vector loads of B and MR scalar broadcasts of A, so
@@ -12,29 +11,9 @@
 #ifndef GDNCP_BLAS_MICROKERNEL_H
 #define GDNCP_BLAS_MICROKERNEL_H
 
+#include "simd.h"
+
 #include <stdint.h>
-
-/* GDN_VL_STR, GDN_2VL_STR: the width and twice it (a two-vector tile), for path names. */
-#if defined(__AVX512F__)
-#define GDN_VL 16
-#define GDN_VL_STR "16"
-#define GDN_2VL_STR "32"
-#elif defined(__AVX__)
-#define GDN_VL 8
-#define GDN_VL_STR "8"
-#define GDN_2VL_STR "16"
-#else
-#define GDN_VL 4
-#define GDN_VL_STR "4"
-#define GDN_2VL_STR "8"
-#endif
-
-typedef float gdn_vf __attribute__((vector_size(GDN_VL * 4)));
-typedef float gdn_vf_u __attribute__((vector_size(GDN_VL * 4), aligned(4))); /* unaligned */
-typedef int32_t gdn_vi __attribute__((vector_size(GDN_VL * 4)));
-
-static inline gdn_vf gdn_vloadu(const float *p) { return *(const gdn_vf_u *)p; }
-static inline void gdn_vstoreu(float *p, gdn_vf x) { *(gdn_vf_u *)p = x; }
 
 /* The largest tile the unrolled loops below can express (what a caller may ask for is bounded
  * by the register file: MR * NV accumulators + NV B vectors + a broadcast within 32 vector

@@ -15,7 +15,6 @@
 /* B elements: fp32, or bfloat16 (GDN_GEMM_B_BF16: the upper 16 bits of an fp32, stored as
  * uint16_t). `bf` is a compile-time constant wherever these are inlined. */
 typedef uint16_t gdn_vh_u __attribute__((vector_size(GDN_VL * 2), aligned(2)));
-typedef uint32_t gdn_vu __attribute__((vector_size(GDN_VL * 4)));
 static inline __attribute__((always_inline)) const void *gdn_eptr(const void *p, int bf, int64_t i) {
     return (const char *)p + i * (bf ? 2 : 4);
 }

@@ -60,15 +60,21 @@ static void gather_gates(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_in
     }
     /* Decays between rows, masked (j <= i) before exponentiating; shared by L and the output. */
     const int C = c->chunk;
-    typedef double v8d __attribute__((vector_size(64)));
-    typedef double v8d_u __attribute__((vector_size(64), aligned(8)));
+    typedef double vd __attribute__((vector_size(GDN_VL * 8)));
+    typedef double vd_u __attribute__((vector_size(GDN_VL * 8), aligned(8)));
     for (int i = 0; i < n; i++) {
         float *ei = ws->ew + (size_t)i * C;
         const double Gi = ws->G[i];
         int j = 0;
-        for (; j + 8 <= i + 1; j += 8) { /* the difference in double, then exp in fp32 */
-            const v8d d = Gi - *(const v8d_u *)(ws->G + j);
-            *(gdn_v8f_u *)(ei + j) = gdn_vexpf_ftz(__builtin_convertvector(d, gdn_v8f));
+        for (; j + GDN_VL <= i + 1; j += GDN_VL) { /* the difference in double, then exp in fp32 */
+            const vd d = Gi - *(const vd_u *)(ws->G + j);
+            gdn_vstoreu(ei + j, gdn_vexpf_ftz(__builtin_convertvector(d, gdn_vf)));
+        }
+        if (j <= i && j + GDN_VL <= C) { /* the diagonal's vector, its lanes past i exp(-1e30) = 0 */
+            gdn_vf d;
+            for (int l = 0; l < GDN_VL; l++) d[l] = j + l <= i ? (float)(Gi - ws->G[j + l]) : -1e30f;
+            gdn_vstoreu(ei + j, gdn_vexpf_ftz(d));
+            j = i + 1;
         }
         for (; j <= i; j++) ei[j] = gdn_expf_ftz((float)(Gi - ws->G[j]));
     }

@@ -178,7 +178,7 @@ void gdn_adjoint_item(const gdn_plan *p, gdn_chunk_ws *ws, gdn_bwd_ws *bw, const
                       const gdn_chunk_grads *gr, int64_t b, int64_t h, int64_t t_begin, int64_t t_end,
                       const float *ds_out, float *sg);
 
-/* ---- streams (stream.c) */
+/* ---- streams (stream.c; the packed offsets' checks config.c) */
 /* Offsets valid for the config (called by gdn_config_check): GDN_OK for a dense config. */
 int gdn_pack_check(const gdn_config *c);
 /* The config's tokens are the whole stream (single-rank entry points and the oracle). */
@@ -215,6 +215,7 @@ GDN_WING int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, c
  * documents and seq_offset (no-op). The single-rank entry points set (1, 1). */
 GDN_WING void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard);
 
+/* ---- the rule's input checks (rule_check.c) */
 /* The public bundles (kernel.h) checked for NULL: the bundle itself, then each required field
  * (need_v: in->v is required). GDN_OK or GDN_ERR_ARG naming the bundle or the field. */
 GDN_WING int gdn_rule_inputs_check(const gdn_rule_inputs *in, int need_v);
@@ -223,6 +224,12 @@ GDN_WING int gdn_rule_grads_check(const gdn_rule_grads *gr);
 /* Validate the inputs of a plan's shape (NULL, and NaN/Inf when check_finite is on); h0 may be NULL. */
 GDN_WING int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
                      const float *g, const float *beta, const float *h0);
+/* A non-finite value that a stream loop found (its nonfinite flags): GDN_ERR_NONFINITE naming the
+ * input (q, k, v, g, beta, h0; do when given), else the first of the outputs outs[0..nouts) that
+ * holds one (dh0: the rows of the streams that start within the plan), else the keys whose
+ * squared norm overflowed. */
+int gdn_streams_explain_nonfinite(gdn_plan *p, const gdn_chunk_inputs *in, const float *h0, const float *dout,
+                                  const gdn_named_output *outs, int nouts, const float *dh0);
 /* dS_in = A^T dS_out + G for every (batch row, value head) in one state-only reverse pass
  * (ds_out NULL: G alone). What gdn_summary_adjoint computes, with a final-state gradient. */
 int gdn_state_adjoint(gdn_plan *p, float *ds_in, const float *q, const float *k, const float *g,

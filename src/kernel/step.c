@@ -133,14 +133,14 @@ static void prep_head(const gdn_config *c, head_prep *h, const float *q, const f
         kinv = 1.0f / sqrtf(gdn_sumsq(k, K) + 1e-6f);
         qinv = c->scale / sqrtf(gdn_sumsq(q, K) + 1e-6f);
     }
-    gdn_v8f acc = {0};
+    gdn_vf acc = {0};
     int64_t i = 0;
-    for (; i + 8 <= K; i += 8) {
-        const gdn_v8f kv = *(const gdn_v8f_u *)(k + i) * kinv, qv = *(const gdn_v8f_u *)(q + i) * qinv;
-        *(gdn_v8f_u *)(h->kn + i) = kv, *(gdn_v8f_u *)(h->qs + i) = qv;
+    for (; i + GDN_VL <= K; i += GDN_VL) {
+        const gdn_vf kv = gdn_vloadu(k + i) * kinv, qv = gdn_vloadu(q + i) * qinv;
+        gdn_vstoreu(h->kn + i, kv), gdn_vstoreu(h->qs + i, qv);
         acc += kv * qv;
     }
-    float kq = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    float kq = gdn_vhsum(acc);
     for (; i < K; i++) h->kn[i] = k[i] * kinv, h->qs[i] = q[i] * qinv, kq += h->kn[i] * h->qs[i];
     h->e = gdn_expf_ftz(g), h->beta = beta, h->kq = kq;
 }
@@ -189,14 +189,14 @@ static void prep_lite(const step_io *io, head_lite *h, int64_t it) {
     const gdn_config *c = io->c;
     const int64_t K = c->K, b = it / c->Hv, hk = it % c->Hv / (c->Hv / c->Hk);
     const float *k = io->k + (b * c->Hk + hk) * K, *q = io->q + (b * c->Hk + hk) * K;
-    gdn_v8f kk = {0}, qq = {0}, kq = {0};
+    gdn_vf kk = {0}, qq = {0}, kq = {0};
     int64_t i = 0;
-    for (; i + 8 <= K; i += 8) {
-        const gdn_v8f kv = *(const gdn_v8f_u *)(k + i), qv = *(const gdn_v8f_u *)(q + i);
+    for (; i + GDN_VL <= K; i += GDN_VL) {
+        const gdn_vf kv = gdn_vloadu(k + i), qv = gdn_vloadu(q + i);
         kk += kv * kv, qq += qv * qv, kq += kv * qv;
     }
     float skk = 0, sqq = 0, skq = 0;
-    for (int l = 0; l < 8; l++) skk += kk[l], sqq += qq[l], skq += kq[l];
+    for (int l = 0; l < GDN_VL; l++) skk += kk[l], sqq += qq[l], skq += kq[l];
     for (; i < K; i++) skk += k[i] * k[i], sqq += q[i] * q[i], skq += k[i] * q[i];
     h->k = k, h->q = q;
     h->kinv = c->l2norm ? 1.0f / sqrtf(skk + 1e-6f) : 1.0f;

@@ -4,7 +4,8 @@
  * documents (cu_seqlens, as flash-linear-attention). Every stream is chunked from its own first
  * token, so a reset never falls inside a chunk and the chunk machinery runs unchanged; streams
  * are independent work items (with the key heads and column blocks), which keeps all threads busy
- * even with few heads. The forward, the backward and the single-rank entry points all run here. */
+ * even with few heads. The forward, the backward and the adjoint over the streams run here; the
+ * public entry points are rule.c, the input checks rule_check.c. */
 #include "kernel_internal.h"
 
 #include <string.h>
@@ -69,80 +70,12 @@ int gdn_streams_init(gdn_plan *p) {
     return GDN_OK;
 }
 
-int gdn_plan_set_docs(gdn_plan *p, const int64_t *cu_seqlens, int64_t n_docs, int64_t seq_offset) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: plan is NULL");
-    if (!p->streams.packed)
-        return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: the plan was made dense (cu_seqlens NULL); make it with "
-                        "offsets (e.g. one document {0, T}) to change its documents later");
-    if (!cu_seqlens) return gdn_fail(GDN_ERR_ARG, "gdn_plan_set_docs: cu_seqlens is NULL");
-    gdn_config c = p->cfg;
-    c.cu_seqlens = cu_seqlens, c.n_docs = n_docs, c.seq_offset = seq_offset;
-    int rc = gdn_pack_check(&c);
-    if (rc) return rc;
-    /* Build the new streams beside the old ones, so that a failure leaves the plan as it was
-     * (never silently dense). */
-    const gdn_streams old = p->streams;
-    const gdn_config old_cfg = p->cfg;
-    memset(&p->streams, 0, sizeof p->streams);
-    p->cfg = c;
-    rc = gdn_streams_init(p);
-    if (!rc && p->streams.ckpt_rows > p->ckpt_rows_cap) /* cannot happen: see ckpt_rows_cap */
-        rc = gdn_fail(GDN_ERR_SHAPE, "gdn_plan_set_docs: %lld saved-state rows exceed the plan's %lld",
-                      (long long)p->streams.ckpt_rows, (long long)p->ckpt_rows_cap);
-    if (rc) {
-        gdn_streams_free(p);
-        p->streams = old, p->cfg = old_cfg;
-        return rc;
-    }
-    free(old.cu);
-    free(old.s);
-    free(old.run);
-    return GDN_OK;
-}
-
-size_t gdn_plan_checkpoint_floats(const gdn_plan *p) {
-    return p ? (size_t)(p->cfg.Hv * p->streams.ckpt_rows) * p->cfg.K * p->cfg.V : 0;
-}
-
 /* The state a stream enters with ([Hv, K, V] base; NULL: zeros) and the one its gradient goes
  * to: a stream that continues a document begun before the plan's tokens takes s_in (per batch
  * row), the others their row of h0. */
 static const float *stream_h0(const gdn_stream *s, int64_t ns, const float *h0, const float *s_in) {
     if (s->cont_in) return s_in ? s_in + s->b * ns : NULL;
     return h0 ? h0 + s->row * ns : NULL;
-}
-
-/* A non-finite value found inside the loop: name the input (or do), else the output (dh0: the
- * rows of the documents that start within the plan), else the keys whose squared norm
- * overflowed. */
-static int explain_nonfinite(gdn_plan *p, const gdn_chunk_inputs *in, const float *h0, const float *dout,
-                             const gdn_named_output *outs, int nouts, const float *dh0) {
-    const gdn_config *c = &p->cfg;
-    const int64_t ns = c->Hv * c->K * c->V;
-    int rc;
-    if ((rc = gdn_check_inputs(p, in->q, in->k, in->v, in->g, in->beta, h0))) return rc;
-    if (dout && (rc = gdn_check_tensor("do", dout, c->B * c->T * c->Hv * c->V, 1, c->threads))) return rc;
-    for (int i = 0; i < nouts; i++)
-        if (outs[i].x && (rc = gdn_check_output(outs[i].name, outs[i].x, outs[i].n, c->threads))) return rc;
-    for (int64_t i = 0; dh0 && i < p->streams.n; i++)
-        if (!p->streams.s[i].cont_in && (rc = gdn_check_output("dh0", dh0 + p->streams.s[i].row * ns, ns, c->threads)))
-            return rc;
-    return gdn_fail_keys_overflow();
-}
-
-int gdn_check_inputs(const gdn_plan *p, const float *q, const float *k, const float *v,
-                     const float *g, const float *beta, const float *h0) {
-    const gdn_config *c = &p->cfg;
-    const int64_t nqk = c->B * c->T * c->Hk * c->K, nv = c->B * c->T * c->Hv * c->V,
-                  ng = c->B * c->T * c->Hv;
-    int rc;
-    if ((rc = gdn_check_tensor("q", q, nqk, c->check_finite, c->threads))) return rc;
-    if ((rc = gdn_check_tensor("k", k, nqk, c->check_finite, c->threads))) return rc;
-    if ((rc = gdn_check_tensor("v", v, nv, c->check_finite, c->threads))) return rc;
-    if ((rc = gdn_check_tensor("g", g, ng, c->check_finite, c->threads))) return rc;
-    if ((rc = gdn_check_tensor("beta", beta, ng, c->check_finite, c->threads))) return rc;
-    if (h0 && (rc = gdn_check_tensor("h0", h0, gdn_state_floats(c), c->check_finite, c->threads))) return rc;
-    return GDN_OK;
 }
 
 int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const float *q,
@@ -219,7 +152,7 @@ int gdn_streams_forward(gdn_plan *p, float *o, float *ht, float *ckpt, const flo
         for (int t = 0; t < p->threads; t++) found |= p->ws[t].nonfinite;
         if (found) {
             const gdn_named_output outs[] = {{"o", o, c->B * c->T * Hv * V}};
-            return explain_nonfinite(p, &in, h0, NULL, outs, 1, NULL);
+            return gdn_streams_explain_nonfinite(p, &in, h0, NULL, outs, 1, NULL);
         }
         for (int64_t i = 0; ht && i < st->n; i++)
             if (!st->s[i].cont_out && (rc = gdn_check_output("ht", ht + st->s[i].row * ns, ns, c->threads))) return rc;
@@ -274,7 +207,7 @@ int gdn_streams_backward(gdn_plan *p, float *dq, float *dk, float *dv, float *dg
     const int64_t nqk = c->B * c->T * Hk * c->K, nv = c->B * c->T * Hv * c->V, ng = c->B * c->T * Hv;
     const gdn_named_output outs[] = {{"dq", dq, nqk}, {"dk", dk, nqk}, {"dv", dv, nv}, {"dg", dg, ng},
                                      {"dbeta", dbeta, ng}};
-    return explain_nonfinite(p, &in, h0, dout, outs, 5, dh0);
+    return gdn_streams_explain_nonfinite(p, &in, h0, dout, outs, 5, dh0);
 }
 
 int gdn_streams_adjoint_first(gdn_plan *p, float *sg, const float *q, const float *k,
@@ -313,59 +246,4 @@ void gdn_streams_set_shard(gdn_plan *p, int first_shard, int last_shard) {
         p->streams.s[i].cont_in = !first_shard;
         p->streams.s[i].cont_out = !last_shard;
     }
-}
-
-/* ---------------------------------------------------------------- the single-rank entry points */
-
-int gdn_rule_inputs_check(const gdn_rule_inputs *in, int need_v) {
-    if (!in) return gdn_fail(GDN_ERR_ARG, "inputs 'in' (gdn_rule_inputs) is NULL");
-    const char *miss = !in->q ? "q" : !in->k ? "k" : need_v && !in->v ? "v" : !in->g ? "g" : !in->beta ? "beta" : NULL;
-    return miss ? gdn_fail(GDN_ERR_ARG, "input '%s' is NULL", miss) : GDN_OK;
-}
-
-int gdn_rule_grads_check(const gdn_rule_grads *gr) {
-    if (!gr) return gdn_fail(GDN_ERR_ARG, "gradients 'grads' (gdn_rule_grads) is NULL");
-    const char *miss = !gr->dq ? "dq" : !gr->dk ? "dk" : !gr->dv ? "dv" : !gr->dg ? "dg" : !gr->dbeta ? "dbeta" : NULL;
-    return miss ? gdn_fail(GDN_ERR_ARG, "gradient output '%s' is NULL", miss) : GDN_OK;
-}
-
-/* The plan's tokens are the whole sequence: every stream starts from its h0 row and ends with
- * its ht row. */
-static int single_rank(gdn_plan *p) {
-    int rc = gdn_pack_check_whole(&p->cfg);
-    if (!rc) gdn_streams_set_shard(p, 1, 1);
-    return rc;
-}
-
-int gdn_forward(gdn_plan *p, float *o, float *ht, const gdn_rule_inputs *in) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    int rc = gdn_rule_inputs_check(in, 1);
-    if (!rc) rc = single_rank(p);
-    return rc ? rc : gdn_streams_forward(p, o, ht, NULL, in->q, in->k, in->v, in->g, in->beta, in->h0, NULL, NULL);
-}
-
-int gdn_forward_save(gdn_plan *p, float *o, float *ht, float *ckpt, const gdn_rule_inputs *in) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    if (!o) return gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
-    if (!ckpt) return gdn_fail(GDN_ERR_ARG, "checkpoint buffer is NULL");
-    int rc = gdn_rule_inputs_check(in, 1);
-    if (!rc) rc = single_rank(p);
-    return rc ? rc : gdn_streams_forward(p, o, ht, ckpt, in->q, in->k, in->v, in->g, in->beta, in->h0, NULL, NULL);
-}
-
-int gdn_backward(gdn_plan *p, const gdn_rule_grads *grads, const gdn_rule_inputs *in,
-                 const float *dout, const float *dht) {
-    return gdn_backward_saved(p, grads, in, NULL, dout, dht);
-}
-
-int gdn_backward_saved(gdn_plan *p, const gdn_rule_grads *grads, const gdn_rule_inputs *in,
-                       const float *ckpt, const float *dout, const float *dht) {
-    if (!p) return gdn_fail(GDN_ERR_ARG, "plan is NULL");
-    int rc = gdn_rule_grads_check(grads);
-    if (!rc) rc = gdn_rule_inputs_check(in, 1);
-    if (!rc) rc = single_rank(p);
-    return rc ? rc : gdn_streams_backward(p, grads->dq, grads->dk, grads->dv, grads->dg, grads->dbeta, grads->dh0,
-                                          in->q, in->k, in->v, in->g, in->beta, in->h0, NULL, ckpt, dout, dht,
-                                          NULL, NULL);
 }

@@ -148,12 +148,10 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
 
 /* ---------------------------------------------------------------- forward phases */
 
-/* out = sigmoid(x), 8 lanes at a time. */
+/* out = sigmoid(x), a vector at a time. */
 static void sigmoid_rows(float *out, const float *x, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        *(gdn_v8f_u *)(out + i) = gdn_vsigmoidf(*(const gdn_v8f_u *)(x + i));
-    }
+    for (; i + GDN_VL <= n; i += GDN_VL) gdn_vstoreu(out + i, gdn_vsigmoidf(gdn_vloadu(x + i)));
     for (; i < n; i++) out[i] = gdn_sigmoidf(x[i]);
 }
 

@@ -147,12 +147,12 @@ int gdn_sdpa_backward(gdn_sdpa_plan *p, float *dq, float *dk, float *dv, const f
         memset(dv + n * Kd, 0, sizeof(float) * (size_t)Kd);
         for (int64_t h = 0; h < H; h++) {
             const float *a = dout + n * Hd + h * d, *b = o + n * Hd + h * d;
-            gdn_v8f acc = {0};
+            gdn_vf acc = {0};
             float s = 0.0f;
             int64_t e = 0;
-            for (; e + 8 <= d; e += 8) acc += *(const gdn_v8f_u *)(a + e) * *(const gdn_v8f_u *)(b + e);
+            for (; e + GDN_VL <= d; e += GDN_VL) acc += gdn_vloadu(a + e) * gdn_vloadu(b + e);
             for (; e < d; e++) s += a[e] * b[e];
-            D[n * H + h] = s + (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+            D[n * H + h] = s + gdn_vhsum(acc);
         }
     }
     const gdn_attn_core view = sdpa_view(p, q, k, v);

@@ -1,5 +1,5 @@
 /* SwiGLU rows, shared by the dense MLP (src/model/model.c) and the MoE experts (moe.c):
- * m = silu(gate) * up and its backward, 8 lanes at a time (a scalar expf per element costs a
+ * m = silu(gate) * up and its backward, a vector at a time (a scalar expf per element costs a
  * tenth of a training step). Header-only: static inline. */
 #ifndef GDNCP_SWIGLU_H
 #define GDNCP_SWIGLU_H
@@ -12,9 +12,9 @@
 /* m[0..I) = silu(g) * u. */
 static inline void gdn_swiglu_row(float *m, const float *g, const float *u, int64_t I) {
     int64_t j = 0;
-    for (; j + 8 <= I; j += 8) {
-        const gdn_v8f gv = *(const gdn_v8f_u *)(g + j);
-        *(gdn_v8f_u *)(m + j) = gv * gdn_vsigmoidf(gv) * *(const gdn_v8f_u *)(u + j);
+    for (; j + GDN_VL <= I; j += GDN_VL) {
+        const gdn_vf gv = gdn_vloadu(g + j);
+        gdn_vstoreu(m + j, gv * gdn_vsigmoidf(gv) * gdn_vloadu(u + j));
     }
     for (; j < I; j++) m[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
 }
@@ -24,12 +24,11 @@ static inline void gdn_swiglu_row(float *m, const float *g, const float *u, int6
 static inline void gdn_swiglu_grad_row(float *dg, float *du, const float *g, const float *u, const float *dm,
                                        int64_t I) {
     int64_t j = 0;
-    for (; j + 8 <= I; j += 8) {
-        const gdn_v8f gv = *(const gdn_v8f_u *)(g + j), uv = *(const gdn_v8f_u *)(u + j),
-                      dv = *(const gdn_v8f_u *)(dm + j);
-        const gdn_v8f s = gdn_vsigmoidf(gv);
-        *(gdn_v8f_u *)(dg + j) = dv * uv * s * (1.0f + gv * (1.0f - s));
-        *(gdn_v8f_u *)(du + j) = dv * gv * s;
+    for (; j + GDN_VL <= I; j += GDN_VL) {
+        const gdn_vf gv = gdn_vloadu(g + j), uv = gdn_vloadu(u + j), dv = gdn_vloadu(dm + j);
+        const gdn_vf s = gdn_vsigmoidf(gv);
+        gdn_vstoreu(dg + j, dv * uv * s * (1.0f + gv * (1.0f - s)));
+        gdn_vstoreu(du + j, dv * gv * s);
     }
     for (; j < I; j++) {
         const float gj = g[j], uj = u[j], s = 1.0f / (1.0f + expf(-gj));

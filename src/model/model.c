@@ -741,15 +741,15 @@ static double loss_head(gdn_model_plan *p, const float *w, float *dlm, const gdn
                 for (int64_t v = 1; v < Vv; v++) mx = li[v] > mx ? li[v] : mx;
                 const float lt = li[target];
                 /* li becomes exp(li - mx) (the vector exp; below e^-69 a probability is 0) */
-                gdn_v8f e8 = {0};
+                gdn_vf ev = {0};
                 int64_t v = 0;
-                for (; v + 8 <= Vv; v += 8) {
-                    const gdn_v8f e = gdn_vexpf_ftz(*(gdn_v8f_u *)(li + v) - mx);
-                    *(gdn_v8f_u *)(li + v) = e;
-                    e8 += e;
+                for (; v + GDN_VL <= Vv; v += GDN_VL) {
+                    const gdn_vf e = gdn_vexpf_ftz(gdn_vloadu(li + v) - mx);
+                    gdn_vstoreu(li + v, e);
+                    ev += e;
                 }
                 double se = 0.0;
-                for (int l = 0; l < 8; l++) se += (double)e8[l];
+                for (int l = 0; l < GDN_VL; l++) se += (double)ev[l];
                 for (; v < Vv; v++) se += (double)(li[v] = expf(li[v] - mx));
                 acc += log(se) - (double)(lt - mx);
                 if (dlm) {
