@@ -1,0 +1,75 @@
+/* The trainer's files (trainer.c: the loop; trainer_setup.c: the options, the agreement, the set-up;
+ * trainer_grid.c: the sums over the grid and the checkpoints; trainer_report.c: the progress
+ * reports): what one rank holds while training, and the steps they share. */
+#ifndef GDNCP_TRAINER_INTERNAL_H
+#define GDNCP_TRAINER_INTERNAL_H
+
+#include "gdncp/train.h"
+#include "gdncp/io.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <errno.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base.h"
+#include "gdncp/attention.h"
+
+/* Everything one rank holds while training. */
+typedef struct {
+    const gdn_train_options *o;
+    MPI_Comm world, cp_comm;
+    gdn_cp *agree; /* world-wide agreement of statuses and values */
+    gdn_cp *cp;    /* this rank's CP group */
+    /* expert parallelism (--ep > 1): the group the experts are split over, the ranks holding the
+     * same slice (replicas), and an agreement over those */
+    MPI_Comm ep_comm, replica_comm;
+    gdn_ep *ep;
+    gdn_cp *replica_agree;
+    int ep_size, ep_rank;
+    int rank, size, dp, dp_index, cp_rank, cp_size;
+    int64_t t0, tn; /* this rank's shard of every sequence */
+    gdn_model_config cfg;
+    size_t nw;
+    float *w, *dw, *m, *v;
+    double *router; /* MoE: the routers' statistics, 2 n_experts + 1 (gdn_trainer_grid_router_stats) */
+    double *load;   /* MoE: the experts' load, 2 x MoE layers x n_experts (gdn_trainer_expert_load) */
+    gdn_model_plan *plan;
+    gdn_data *data;
+    gdn_token *tokens; /* batch x (tn + 1) */
+    gdn_token *window; /* packing: one row's whole window (and the separator's length before it) */
+    gdn_token sep[GDN_DATA_MAX_SEP]; /* packing: the separator's ids (--pack's bytes or --pack-id) */
+    int sep_len;                     /*   0: not packing */
+    int64_t *doc_cu, *n_docs; /* packing: the rows' document offsets (gdn_model_set_docs) */
+    int recompute, threads;
+    FILE *progress, *csv;
+    int status_shown; /* rank 0: a status line (--progress line) is on the terminal */
+    double peak_gflops, flops_per_token;
+    int64_t first_step;
+} trainer;
+
+/* trainer_setup.c */
+void gdn_trainer_pack_hex(const gdn_train_options *o, char out[2 * GDN_DATA_MAX_SEP + 1]);
+int64_t gdn_trainer_pack_id(const gdn_train_options *o);
+int gdn_trainer_setup(trainer *t);
+/* trainer_grid.c */
+int gdn_trainer_grid_targets(trainer *t, int64_t local, double *denom);
+int gdn_trainer_grid_router_stats(trainer *t, double *aux);
+double gdn_trainer_world_sum(trainer *t, double x);
+void gdn_trainer_reduce_grads(trainer *t);
+double gdn_trainer_grad_norm(trainer *t);
+int gdn_trainer_save(trainer *t, int64_t step, double loss);
+/* trainer_report.c */
+void gdn_trainer_fmt_duration(char *buf, size_t n, double secs);
+void gdn_trainer_clear_status(trainer *t);
+void gdn_trainer_layer_type_times(trainer *t, const double mixer_sum[4], double step_sum, int64_t steps);
+void gdn_trainer_expert_load(trainer *t);
+void gdn_trainer_ep_summary(trainer *t, int64_t steps);
+
+#endif
