@@ -348,12 +348,16 @@ static int check_experts(const gdn_model_config *c, const gdn_ep *ep, const char
     return GDN_OK;
 }
 
+/* *slot = ep after that check (NULL when every expert is here). */
+static int set_experts(const gdn_model_config *c, gdn_ep *ep, gdn_ep **slot, const char *what) {
+    const int rc = check_experts(c, ep, what);
+    if (!rc) *slot = c->ep_size > 1 ? ep : NULL;
+    return rc;
+}
+
 int gdn_model_plan_set_experts(gdn_model_plan *p, gdn_ep *ep) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "model set experts: plan is NULL");
-    const int rc = check_experts(&p->cfg, ep, "model set experts");
-    if (rc) return rc;
-    p->ep = p->cfg.ep_size > 1 ? ep : NULL;
-    return GDN_OK;
+    return set_experts(&p->cfg, ep, &p->ep, "model set experts");
 }
 
 void gdn_model_plan_destroy(gdn_model_plan *p) {
@@ -1271,10 +1275,7 @@ int gdn_model_decoder_set_compute(gdn_model_decoder *d, int compute) {
 
 int gdn_model_decoder_set_experts(gdn_model_decoder *d, gdn_ep *ep) {
     if (!d) return gdn_fail(GDN_ERR_ARG, "decoder set experts: decoder is NULL");
-    const int rc = check_experts(&d->cfg, ep, "decoder set experts");
-    if (rc) return rc;
-    d->ep = d->cfg.ep_size > 1 ? ep : NULL;
-    return GDN_OK;
+    return set_experts(&d->cfg, ep, &d->ep, "decoder set experts");
 }
 
 int gdn_model_prefill(gdn_model_decoder *d, const float *w, const gdn_token *tokens, int64_t T, float *logits) {

@@ -92,16 +92,18 @@ void gdn_trainer_ep_summary(trainer *t, int64_t steps) {
                 mx[k] = v > mx[k] ? v : mx[k], mean[k] += v / (double)t->size;
             }
         const double whole = all_floats + expert_floats * (double)(t->ep_size - 1);
-        const double per_step = 1.0 / (double)steps;
+        const double per_step = 1.0 / (double)steps, layers = (double)gdn_model_moe_layers(&t->cfg);
         gdn_trainer_clear_status(t);
         fprintf(t->progress,
                 "gdncp train: expert parallelism over %d ranks per group: %lld of %lld experts per MoE layer on each "
                 "rank: %.0f expert parameters and %.0f in all, %.3f of the whole model's %.0f (weights, gradients and "
-                "moments alike); per step and rank (mean, max): all-to-all wait %.4f s, %.4f s, bytes %.3g, %.3g, "
-                "the experts' GEMMs on the rows they own %.4f s, %.4f s; rows imbalance (busiest rank / mean) %.2fx\n",
+                "moments alike); per step and rank (mean, max): all-to-all wait %.4f s, %.4f s, bytes %.3g, %.3g "
+                "(per MoE layer %.3g, %.3g), the experts' GEMMs on the rows they own %.4f s, %.4f s; rows imbalance "
+                "(busiest rank / mean) %.2fx\n",
                 t->ep_size, (long long)(t->cfg.n_experts / t->ep_size), (long long)t->cfg.n_experts, mean[4],
                 all_floats, all_floats / whole, whole, mean[0] * per_step, mx[0] * per_step, mean[2] * per_step,
-                mx[2] * per_step, mean[1] * per_step, mx[1] * per_step, mean[3] > 0 ? mx[3] / mean[3] : 0.0);
+                mx[2] * per_step, mean[2] * per_step / layers, mx[2] * per_step / layers, mean[1] * per_step,
+                mx[1] * per_step, mean[3] > 0 ? mx[3] / mean[3] : 0.0);
         fflush(t->progress);
     }
     free(all);

@@ -247,7 +247,7 @@ static int agree_run(trainer *t) {
     /* each layer's kind: its mixer (0 GatedDeltaNet, 1 full attention) + 2 for an MoE MLP (L, the
      * same on every rank now) */
     int64_t kinds[GDN_MODEL_MAX_LAYERS];
-    static char label[GDN_MODEL_MAX_LAYERS][80];
+    static char label[GDN_MODEL_MAX_LAYERS][96];
     const char *knames[GDN_MODEL_MAX_LAYERS];
     for (int64_t l = 0; l < c->L; l++) {
         kinds[l] = c->full_attention[l] + 2 * c->moe[l];
