@@ -11,6 +11,7 @@
  * grouped order. */
 #include "gdncp/ep.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,7 @@ struct gdn_ep {
     int width;                /* HDR_COLS + the most experts a rank can hold */
     int64_t *shdr, *rhdr;     /* [size][width] */
     int *counts;              /* scount sdispl rcount rdispl, [size] each, in rows */
-    int64_t *cursor;          /* [size]: the next row of each source (permutations) */
+    int64_t *first;           /* [experts held][size]: each (expert, source) run's first row, source-major */
     int64_t *start;           /* [GDN_MOE_MAX_EXPERTS + 1]: expert-major first rows */
     float *ws;                /* grow-only workspace of the rows */
     size_t ws_cap;
@@ -61,9 +62,9 @@ int gdn_ep_create(gdn_ep **out, MPI_Comm comm) {
     ep->width = HDR_COLS + GDN_MOE_MAX_EXPERTS / ep->size;
     ep->shdr = gdn_cp_malloc(sizeof(int64_t) * 2 * D * (size_t)ep->width, "ep.header");
     ep->counts = gdn_cp_malloc(sizeof(int) * 4 * D, "ep.counts");
-    ep->cursor = gdn_cp_malloc(sizeof(int64_t) * D, "ep.cursor");
+    ep->first = gdn_cp_malloc(sizeof(int64_t) * (GDN_MOE_MAX_EXPERTS + D), "ep.first");
     ep->start = gdn_cp_malloc(sizeof(int64_t) * (GDN_MOE_MAX_EXPERTS + 1), "ep.start");
-    int local = ep->shdr && ep->counts && ep->cursor && ep->start ? GDN_OK : GDN_ERR_NOMEM;
+    int local = ep->shdr && ep->counts && ep->first && ep->start ? GDN_OK : GDN_ERR_NOMEM;
     if (!local) ep->rhdr = ep->shdr + D * (size_t)ep->width;
     int worst = local;
     if (MPI_Allreduce(&local, &worst, 1, MPI_INT, MPI_MAX, ep->comm) != MPI_SUCCESS) worst = GDN_ERR_MPI;
@@ -79,7 +80,7 @@ int gdn_ep_create(gdn_ep **out, MPI_Comm comm) {
 void gdn_ep_destroy(gdn_ep *ep) {
     if (!ep) return;
     if (ep->comm != MPI_COMM_NULL) MPI_Comm_free(&ep->comm);
-    free(ep->shdr), free(ep->counts), free(ep->cursor), free(ep->start), free(ep->ws);
+    free(ep->shdr), free(ep->counts), free(ep->first), free(ep->start), free(ep->ws);
     free(ep);
 }
 
@@ -242,21 +243,26 @@ static void permute(gdn_ep *ep, const gdn_moe_plan *p, float *dst, int64_t dst_w
     const int *rcount = ep->counts + 2 * D, *rdispl = ep->counts + 3 * D;
     const int reverse = !to_expert && gdn_test_mutate("moe_ep.return_order");
     const int drop = !to_expert && ep->rank == 0 && gdn_test_mutate("moe_ep.drop_rows");
-    for (int s = 0; s < D; s++) ep->cursor[s] = rdispl[s];
+    for (int s = 0; s < D; s++) {
+        int64_t at = rdispl[s];
+        for (int64_t j = 0; j < nl; j++) ep->first[j * D + s] = at, at += ep->rhdr[(size_t)s * W + HDR_COLS + j];
+    }
+    /* each expert's rows are disjoint runs on both sides: the experts in parallel */
+#pragma omp parallel for num_threads(p->threads) schedule(dynamic) if (ep->start[nl] >= 256)
     for (int64_t j = 0; j < nl; j++) {
         int64_t e = ep->start[j];
         for (int s = 0; s < D; s++) {
-            const int64_t cnt = ep->rhdr[(size_t)s * W + HDR_COLS + j];
+            const int64_t cnt = ep->rhdr[(size_t)s * W + HDR_COLS + j], a0 = ep->first[j * D + s];
             for (int64_t i = 0; i < cnt; i++) {
-                int64_t a = ep->cursor[s] + i; /* source-major */
-                const int64_t b = e + i;       /* expert-major */
+                int64_t a = a0 + i;      /* source-major */
+                const int64_t b = e + i; /* expert-major */
                 if (reverse) a = 2 * (int64_t)rdispl[s] + rcount[s] - 1 - a;
                 const float *from = src + (to_expert ? a : b) * src_width;
                 float *to = dst + (to_expert ? b : a) * dst_width;
                 if (drop) memset(to, 0, sizeof(float) * (size_t)dst_width);
                 else memcpy(to, from, sizeof(float) * (size_t)dst_width);
             }
-            ep->cursor[s] += cnt, e += cnt;
+            e += cnt;
         }
     }
 }
@@ -328,6 +334,7 @@ int gdn_moe_ep_backward(gdn_ep *ep, gdn_moe_plan *p, float *dx, float *dw, const
           *m = gdn_carve(&cur, nr * I), *dm = gdn_carve(&cur, nr * I), *wt = gdn_carve(&cur, nr),
           *c = gdn_carve(&cur, nr), *back = gdn_carve(&cur, nr * (E + 1)), *got = gdn_carve(&cur, nk * (E + 1));
     /* each grouped row's [x | dy | weight] to its expert's owner */
+#pragma omp parallel for num_threads(p->threads) schedule(static) if (NK >= 256)
     for (int64_t r = 0; r < NK; r++) {
         const int64_t t = p->tok[r] / k;
         float *o = out + r * wide;
@@ -345,7 +352,7 @@ int gdn_moe_ep_backward(gdn_ep *ep, gdn_moe_plan *p, float *dx, float *dw, const
     gdn_moe_experts_backward(p, nl, ep->start, GU, D, dw + p->off[GDN_MOE_GATE_UP], dw + p->off[GDN_MOE_DOWN], xe,
                              wide, gu, xe + E, wide, wt, m, dm, dgu, c, xe + E);
     /* [dx | c] per row, back in the senders' order */
-    for (int64_t r = 0; r < R; r++) {
+    for (int64_t r = 0; r < R; r++) { /* in place, in order: row r's target ends before row r + 1's source */
         memmove(xe + r * (E + 1), xe + r * wide + E, sizeof(float) * (size_t)E);
         xe[r * (E + 1) + E] = c[r];
     }

@@ -306,15 +306,17 @@ int gdn_trainer_setup(trainer *t) {
     MPI_Comm_split(t->world, t->dp_index, t->rank, &t->cp_comm);
     rc = gdn_cp_create(&t->cp, t->cp_comm, (gdn_cp_strategy)o->strategy);
     t->ep_size = o->ep > 1 ? o->ep : 1, t->ep_rank = t->rank % t->ep_size;
-    if (!rc && t->ep_size > 1) {
+    if (t->ep_size > 1) { /* collective: every rank, whatever its CP context did */
         MPI_Comm_split(t->world, t->rank / t->ep_size, t->rank, &t->ep_comm);
         MPI_Comm_split(t->world, t->ep_rank, t->rank, &t->replica_comm);
-        rc = gdn_ep_create(&t->ep, t->ep_comm);
+        const int rc1 = gdn_ep_create(&t->ep, t->ep_comm);
         const int rc2 = gdn_cp_create(&t->replica_agree, t->replica_comm, GDN_CP_SCAN);
-        if (!rc) rc = rc2;
+        rc = rc ? rc : rc1 ? rc1 : rc2;
     }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
-    if (o->fault && o->fault != GDN_TRAIN_FAULT_AUX_PER_RANK) gdn_cp_set_fault(t->cp, o->fault);
+    /* (the trainer's own faults are not the CP context's) */
+    if (o->fault && o->fault != GDN_TRAIN_FAULT_AUX_PER_RANK && o->fault != GDN_TRAIN_FAULT_EP_REPLICAS)
+        gdn_cp_set_fault(t->cp, o->fault);
     /* contiguous shards, the remainder spread over the first ranks */
     const int64_t base = o->seq / o->cp, extra = o->seq % o->cp;
     t->tn = base + (t->cp_rank < extra);

@@ -41,6 +41,7 @@ typedef struct {
     int shared;  /* a shared expert */
     int norm;    /* norm_topk */
     int skew;    /* the last slice's experts never chosen; token 0's experts all in slice 0 */
+    int many;    /* ~150 rows a rank: the row copies run on the threads (256 rows and up) */
 } ep_case;
 
 typedef struct {
@@ -66,12 +67,12 @@ static void setup(ep_setup *s, const ep_case *c, uint64_t seed) {
     /* 3 D experts: every group size dividing D divides them, and a slice holds at least 3 (> top_k) */
     const int64_t E = 16, n = 3 * s->D, k = 2, I = 8, Is = c->shared ? 8 : 0;
     for (int r = 0; r < s->D; r++) {
-        const int64_t Nr = 1 + 2 * r;
+        const int64_t Nr = c->many ? 150 + 7 * r : 1 + 2 * r;
         if (r == s->rank) s->row0 = s->Ntot, s->N = Nr;
         s->Ntot += Nr;
     }
     s->full = gdn_moe_config_default(s->Ntot, E, n, k, I, Is);
-    s->full.norm_topk = c->norm, s->full.threads = 1;
+    s->full.norm_topk = c->norm, s->full.threads = c->many ? 2 : 1;
     rng_seed(seed);
     const size_t nf = gdn_moe_param_floats(&s->full);
     s->w = falloc((int64_t)nf);
@@ -192,8 +193,8 @@ static void run_case(const ep_case *c, uint64_t seed) {
     ep_setup s;
     setup(&s, c, seed);
     char tag[128];
-    snprintf(tag, sizeof tag, "moe ep D=%d G=%d%s%s%s", s.D, c->G, c->shared ? " shared" : "", c->norm ? " norm" : "",
-             c->skew ? " skewed" : "");
+    snprintf(tag, sizeof tag, "moe ep D=%d G=%d%s%s%s%s", s.D, c->G, c->shared ? " shared" : "", c->norm ? " norm" : "",
+             c->skew ? " skewed" : "", c->many ? " many rows" : "");
     const double tol = 2e-5;
     ep_out o = run_ep(&s, 1);
     int bad = o.rc != GDN_OK, any = 0;
@@ -252,7 +253,7 @@ static void bad_input(void) {
     int D, rank;
     MPI_Comm_size(MPI_COMM_WORLD, &D);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    const ep_case c = {D, 1, 1, 0};
+    const ep_case c = {D, 1, 1, 0, 0};
     ep_setup s;
     setup(&s, &c, 77);
     const int64_t E = s.full.E;
@@ -305,7 +306,7 @@ static void bad_input(void) {
     /* the last rank cannot take its rows */
     {
         ep_setup t;
-        const ep_case c2 = {D, 1, 1, 0};
+        const ep_case c2 = {D, 1, 1, 0, 0};
         setup(&t, &c2, 78); /* a fresh context: its row buffer not yet grown */
         if (rank == D - 1) test_fault = (test_fault_ctl){.armed = 1, .at = 1, .prefix = "ep.rows"};
         int rc = gdn_moe_plan_create(&p, &t.loc);
@@ -327,8 +328,9 @@ void test_moe_ep(void) {
     for (int G = 1; G <= D; G++) {
         if (D % G) continue;
         /* skewed routing needs two slices: one never chosen, one holding token 0's experts */
-        const ep_case cases[] = {{G, 1, 1, 0}, {G, 0, 0, G > 1}, {G, 1, 1, G > 1}};
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], seed++);
+        const ep_case cases[] = {{G, 1, 1, 0, 0}, {G, 0, 0, G > 1, 0}, {G, 1, 1, G > 1, 0}, {G, 1, 1, 0, G == D}};
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            if (i < 3 || cases[i].many) run_case(&cases[i], seed++);
     }
     bad_input();
 }
