@@ -480,6 +480,9 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
      * at 71 % of the peak there against 92 % with many blocks); packing A once per thread costs
      * about 1 / (2 n / threads) of the FLOPs. */
     const int own_cols = nblk_m < 4 * threads && n >= 4 * NR * threads;
+    /* (a mutation whose sums depend on the thread: what the tests' bitwise thread checks catch) */
+    const int depth_reversed = own_cols && gdn_test_mutate("matmul: column-owned depth blocks reversed off the first thread");
+    const int64_t depth_blocks = (kk + KC - 1) / KC;
 #pragma omp parallel num_threads(threads)
     {
         const gdn_fpmode fm = gdn_fp_fast_begin();
@@ -496,13 +499,15 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                     /* the thread's panels in a region of its own: another thread may already
                      * be packing the next slice, whose narrower last panel splits differently */
                     const int64_t q_lo = npan * t / nt, q_hi = npan * (t + 1) / nt;
-                    float *own = bpack + t * own_panels * KC * NR - q_lo * kc * NR;
+                    const int64_t po = depth_reversed && t ? (depth_blocks - 1 - pc / KC) * KC : pc;
+                    const int64_t ko = min64(KC, kk - po);
+                    float *own = bpack + t * own_panels * KC * NR - q_lo * ko * NR;
                     for (int64_t q = q_lo; q < q_hi; q++)
-                        pack_b_panel(own + q * kc * NR, B, ldb, b_trans, bf, pc, kc, jc + q * NR,
+                        pack_b_panel(own + q * ko * NR, B, ldb, b_trans, bf, po, ko, jc + q * NR,
                                      (int)min64(NR, nc - q * NR));
                     for (int64_t ib = 0; ib < nblk_m && q_lo < q_hi; ib++) {
                         const int64_t ic = ib * ppb * MR;
-                        block_product(apack, A, lda, a_trans, ic, min64(ppb * MR, m - ic), pc, kc, own, q_lo, q_hi,
+                        block_product(apack, A, lda, a_trans, ic, min64(ppb * MR, m - ic), po, ko, own, q_lo, q_hi,
                                       C + jc, ldc, nc, acc_k);
                     }
                     continue;

@@ -177,10 +177,20 @@ static int move_fused(const gdn_layer_config *c, int fused, float *split, float 
     const int rc = gdn_layer_config_check(&k);
     if (rc) return rc;
     const int64_t rows = gdn_layer_fused_rows(c, fused), E = c->E;
+    /* the mistake a reader of Qwen3-Next files makes: the fused rows taken as [q; k; v; z] and
+     * [b; a] concatenated, not interleaved per key head (the loaders' tests must catch it) */
+    const int concatenated = to_split && gdn_test_mutate("layer io: fused rows read as concatenated, not interleaved");
+    const int64_t first_rows = fused == GDN_FUSED_QKVZ ? 2 * c->Hk * c->K + c->Hv * c->V : c->Hv;
     for (int64_t i = 0; i < rows; i++) {
         int p;
         int64_t pr;
         fused_row(c, W_QKVZ + fused, i, &p, &pr);
+        if (concatenated) {
+            const int first = i < first_rows;
+            p = fused == GDN_FUSED_QKVZ ? (first ? GDN_P_IN_PROJ_QKV : GDN_P_IN_PROJ_Z)
+                                        : (first ? GDN_P_IN_PROJ_B : GDN_P_IN_PROJ_A);
+            pr = first ? i : i - first_rows;
+        }
         float *s = split + gdn_layer_param_offset(c, p) + pr * E, *t = tensor + i * E;
         memcpy(to_split ? s : t, to_split ? t : s, (size_t)E * sizeof *s);
     }

@@ -201,11 +201,13 @@ int gdn_moe_route(gdn_moe_plan *p, const gdn_moe_saved *s, const float *x, const
                         "value in gate.weight (x is finite), or logits that overflow fp32",
                         v != v ? "NaN" : "Inf", (long long)bad, (long long)e);
     }
-    if (stats) /* in token order: the sums do not depend on the thread count */
+    if (stats) { /* in token order: the sums do not depend on the thread count */
+        const int64_t next = gdn_test_mutate("moe: a token's choices counted for the next expert") ? 1 : 0;
         for (int64_t t = 0; t < N; t++) {
-            for (int64_t j = 0; j < k; j++) stats[s->sel[t * k + j]] += 1.0;
+            for (int64_t j = 0; j < k; j++) stats[(s->sel[t * k + j] + next) % n] += 1.0;
             for (int64_t e = 0; e < n; e++) stats[n + e] += (double)s->p[t * n + e];
         }
+    }
     if (routing) memcpy(routing, s->sel, sizeof(int32_t) * (size_t)p->NK);
     if (routing_w) memcpy(routing_w, s->w, sizeof(float) * (size_t)p->NK);
     if ((rc = group_pairs(p, s->sel))) return rc;
@@ -244,6 +246,8 @@ void gdn_moe_shared_forward(gdn_moe_plan *p, float *y, const gdn_moe_saved *s, c
 
 void gdn_moe_combine(gdn_moe_plan *p, float *y, const gdn_moe_saved *s, const float *outg) {
     const int64_t N = p->N, E = p->E, k = p->k, Is = p->Is;
+    /* (the mutation makes the sum's order depend on the thread: what the bitwise thread checks catch) */
+    const int by_thread = gdn_test_mutate("moe: the combine's slots added in reverse order off the first thread");
 #pragma omp parallel for num_threads(p->threads) schedule(static) if (N >= MOE_PAR_ROWS)
     for (int64_t t = 0; t < N; t++) {
         float *yr = y + t * E;
@@ -252,6 +256,14 @@ void gdn_moe_combine(gdn_moe_plan *p, float *y, const gdn_moe_saved *s, const fl
         const float w0 = s->w[t * k];
         if (Is)
             for (int64_t i = 0; i < E; i++) yr[i] = sig * yr[i];
+        if (by_thread && omp_get_thread_num() > 0) {
+            for (int64_t i = 0; i < E; i++) {
+                float a = 0.0f;
+                for (int64_t j = k - 1; j >= 0; j--) a += s->w[t * k + j] * outg[(int64_t)p->pos[t * k + j] * E + i];
+                yr[i] = Is ? a + yr[i] : a;
+            }
+            continue;
+        }
         for (int64_t i = 0; i < E; i++) {
             float a = w0 * o0[i];
             for (int64_t j = 1; j < k; j++) a += s->w[t * k + j] * outg[(int64_t)p->pos[t * k + j] * E + i];

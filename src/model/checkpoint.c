@@ -317,17 +317,28 @@ static int write_tensors(const char *path, const gdn_model_tensor_info *table, i
         free(half);
         return rc;
     }
+    /* the mistake of a writer that confuses its dtypes: F32 tensors written rounded to bfloat16
+     * (a test mutation: the save-and-load checks must see it) */
+    float *rounded = !half && gdn_test_mutate("ckpt save: F32 tensors written rounded to bfloat16")
+                         ? malloc(sizeof(float) * CHUNK)
+                         : NULL;
+    const int chunked = half || rounded;
     const int fd = open(tmp, O_WRONLY | O_CLOEXEC);
     int err = fd < 0 ? errno : 0;
     for (int g = 0; g < ngroups && !err; g++)
         for (int i = 0; i < n && !err; i++) {
             const float *src = groups[g].data + table[i].offset;
             /* F32: the floats as they are; BF16: rounded a chunk at a time */
-            for (size_t e0 = 0; e0 < table[i].numel && !err; e0 += half ? CHUNK : table[i].numel) {
-                const size_t ne = half && table[i].numel - e0 > CHUNK ? CHUNK : table[i].numel - e0;
+            for (size_t e0 = 0; e0 < table[i].numel && !err; e0 += chunked ? CHUNK : table[i].numel) {
+                const size_t ne = chunked && table[i].numel - e0 > CHUNK ? CHUNK : table[i].numel - e0;
                 if (half)
                     for (size_t e = 0; e < ne; e++) half[e] = gdn_st_bf16(src[e0 + e]);
-                const char *bytes = half ? (const char *)half : (const char *)src;
+                if (rounded)
+                    for (size_t e = 0; e < ne; e++) {
+                        const uint32_t u = (uint32_t)gdn_st_bf16(src[e0 + e]) << 16;
+                        memcpy(rounded + e, &u, sizeof u);
+                    }
+                const char *bytes = half ? (const char *)half : rounded ? (const char *)rounded : (const char *)src;
                 const size_t len = ne * esz;
                 for (size_t done = 0; done < len && !err;) {
                     const ssize_t k = pwrite(fd, bytes + done, len - done, (off_t)(offset + done));
@@ -338,7 +349,7 @@ static int write_tensors(const char *path, const gdn_model_tensor_info *table, i
                 offset += len;
             }
         }
-    free(half);
+    free(half), free(rounded);
     struct stat st;
     if (!err && fstat(fd, &st) != 0) err = errno;
     if (!err && (uint64_t)st.st_size != offset) err = EFBIG; /* layout assumption broken */

@@ -327,8 +327,11 @@ void test_moe_ep(void) {
     uint64_t seed = 100;
     for (int G = 1; G <= D; G++) {
         if (D % G) continue;
+        /* Above 4 ranks (oversubscribed 2-core CI machines) only the group sizes 1 and D: the
+         * sizes between, with replicas, are run at 4 ranks, and each case costs D processes. */
+        if (D > 4 && G != 1 && G != D) continue;
         /* skewed routing needs two slices: one never chosen, one holding token 0's experts */
-        const ep_case cases[] = {{G, 1, 1, 0, 0}, {G, 0, 0, G > 1, 0}, {G, 1, 1, G > 1, 0}, {G, 1, 1, 0, G == D}};
+        const ep_case cases[] = {{G, 1, 1, 0, 0}, {G, 0, 0, G > 1, 0}, {G, 1, 1, G > 1, 0}, {G, 1, 1, 0, G == D && D <= 4}};
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             if (i < 3 || cases[i].many) run_case(&cases[i], seed++);
     }

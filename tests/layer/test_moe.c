@@ -503,10 +503,13 @@ static void moe_suite_threads_bf16(void) {
     expect_close(rel_err_ff(o2.y, o1.y, N * E), 0.0, "moe threads 2 vs 1: y bit-identical");
     expect_close(rel_err_ff(o2.dx, o1.dx, N * E), 0.0, "moe threads 2 vs 1: dx bit-identical");
     expect_close(rel_err_ff(o2.dw, o1.dw, (int64_t)nf), 0.0, "moe threads 2 vs 1: dw bit-identical");
-    gdn_moe_config c0 = c;
-    c0.norm_topk = 0;
-    rc = run_fast(&c0, w, x, dy, NULL, &bad);
-    expect_far(rel_err_ff(bad.y, o1.y, N * E), 0.0, "moe threads control: norm_topk = 0 y differs");
+    /* control: a combine whose order depends on the thread (a mutation inside the block) */
+    test_mutation = "moe: the combine's slots added in reverse order off the first thread";
+    rc = run_fast(&c, w, x, dy, NULL, &bad);
+    test_mutation = NULL;
+    check(!rc, "moe threads control: runs");
+    expect_far(rel_err_ff(bad.y, o1.y, N * E), 0.0,
+               "moe threads control: 2 threads whose combine order differs off thread 0: y not bit-identical");
     fast_free(&bad);
 
     /* BF16 compute vs fp32: operands rounded to bf16 (8 bits of mantissa, 2^-9 relative each),
@@ -597,14 +600,22 @@ static void moe_suite_aux(void) {
     gdn_moe_config c = gdn_moe_config_default(50, 16, 6, 2, 8, 0);
     const int64_t n = c.n_experts;
     float *w = moe_random_weights(&c, 4.0), *x = random_floats((size_t)(c.N * c.E));
-    fast_out o;
-    int rc = run_fast(&c, w, x, NULL, NULL, &o);
-    /* stats: two forwards of the same rows add up (as two layers' rows do) */
-    gdn_moe_plan *p = NULL;
-    rc |= gdn_moe_plan_create(&p, &c);
+    fast_out o, mutated;
     float *y = falloc(c.N * c.E);
-    rc |= gdn_moe_forward(p, y, NULL, x, w, o.stats, NULL, NULL);
-    gdn_moe_plan_destroy(p);
+    int rc = 0;
+    /* the block's statistics, then the same with a token's choices counted for the wrong expert
+     * (the control: a mutation of the count inside the block) */
+    for (int m = 0; m < 2; m++) {
+        fast_out *r = m ? &mutated : &o;
+        test_mutation = m ? "moe: a token's choices counted for the next expert" : NULL;
+        rc |= run_fast(&c, w, x, NULL, NULL, r);
+        /* stats: two forwards of the same rows add up (as two layers' rows do) */
+        gdn_moe_plan *p = NULL;
+        rc |= gdn_moe_plan_create(&p, &c);
+        rc |= gdn_moe_forward(p, y, NULL, x, w, r->stats, NULL, NULL);
+        gdn_moe_plan_destroy(p);
+        test_mutation = NULL;
+    }
     check(!rc, "moe aux: forwards run");
     /* direct: counts from the routing, probabilities by a double softmax */
     double *st = dalloc(2 * n);
@@ -622,10 +633,9 @@ static void moe_suite_aux(void) {
     }
     expect_close(rel_err_dd(o.stats, st, n), 0.0, "moe aux: choice counts == direct counts");
     expect_close(rel_err_dd(o.stats + n, st + n, n), 1e-6, "moe aux: probability sums vs double softmax");
-    double *wrong = dalloc(2 * n);
-    memcpy(wrong, st, sizeof(double) * 2 * (size_t)n);
-    for (int64_t e = 0; e < n; e++) wrong[e] = st[(e + 1) % n];
-    expect_far(rel_err_dd(wrong, st, n), 0.0, "moe aux control: counts shifted by one expert");
+    expect_far(rel_err_dd(mutated.stats, st, n), 0.0,
+               "moe aux control: a block counting each choice for the next expert: counts differ");
+    fast_free(&mutated);
 
     const double R = 2.0 * (double)c.N, coef = 0.01;
     float *dp = falloc(n);
@@ -659,7 +669,7 @@ static void moe_suite_aux(void) {
     check(isnan(gdn_moe_aux(n, o.stats, 0.0, coef, NULL)) && strstr(gdn_errmsg(), "R"), "moe aux: R = 0 refused (%s)",
           gdn_errmsg());
     fast_free(&o);
-    free(w), free(x), free(y), free(st), free(wrong), free(dp);
+    free(w), free(x), free(y), free(st), free(dp);
 }
 
 void test_moe(void) {

@@ -248,11 +248,19 @@ static void test_round_trip(void) {
     check(state && !strcmp(state, "{\"step\": 20}"), "trainer_state.json verbatim: %s", state ? state : "(null)");
     free(state);
 
-    /* Negative control: step 10's checkpoint holds other values. */
-    path_fmt(dir10, sizeof dir10, "%s/checkpoint-00000010", out);
-    rc = gdn_ckpt_load(dir10, &cfg, w, NULL, NULL, NULL);
-    check(rc == GDN_OK, "load step 10 without moments or state");
-    expect_far(table_diff(w, w20), 0.0, "step 10's weights vs step 20's");
+    /* Negative control: a save that writes the F32 weights rounded to bfloat16 (a mutation of
+     * the writer), through the same load and comparison. */
+    test_mutation = "ckpt save: F32 tensors written rounded to bfloat16";
+    rc = save_step(out, 30, 0);
+    test_mutation = NULL;
+    path_fmt(dir10, sizeof dir10, "%s/checkpoint-00000030", out);
+    if (!rc) rc = gdn_ckpt_load(dir10, &cfg, w, NULL, NULL, NULL);
+    float *w30 = params_for(w_base, 30);
+    check(rc == GDN_OK, "control: save step 30 through the mutated writer, load it");
+    check(!table_same_bytes(w, w30), "control: the weights written rounded are not the saved bytes");
+    expect_far(table_diff(w, w30), 1e-6, "control: weights written rounded to bfloat16 vs saved (max abs diff)");
+    free(w30);
+    rm_tree(dir10);
 
     /* The file is a Hugging Face checkpoint: F32 tensors under their names, format pt. */
     char p[600];
@@ -764,9 +772,15 @@ static void test_keep_and_replace(void) {
     check(rc == GDN_OK && lrc == GDN_OK && table_same_bytes(got, w) && state && strstr(state, "replaced") &&
               access(p, F_OK) != 0 && hidden_entries(out) == 0,
           "save over an existing step replaces it whole (weights, state, no stale optimizer file)");
-    float *w6 = params_for(w_base, 6);
-    expect_far(table_diff(got, w6), 0.0, "the replaced step's weights differ from the old ones");
-    free(w), free(got), free(w6), free(state);
+    /* control: the same replacement through a writer that rounds the F32 weights (a mutation) */
+    test_mutation = "ckpt save: F32 tensors written rounded to bfloat16";
+    rc = gdn_ckpt_save(out, 6, &cfg, w, NULL, NULL, "{\"replaced\": true}", 0);
+    test_mutation = NULL;
+    const int mrc = rc ? rc : gdn_ckpt_load(dir, &cfg, got, NULL, NULL, NULL);
+    check(mrc == GDN_OK && !table_same_bytes(got, w) && table_diff(got, w) > 1e-6,
+          "control: a replacement written rounded to bfloat16 is not the weights saved (max diff %g)",
+          table_diff(got, w));
+    free(w), free(got), free(state);
 }
 
 /* ------------------------------------------------------------ kills during a save */
