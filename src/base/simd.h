@@ -61,12 +61,10 @@ static inline float gdn_expf_ftz(float x) {
     return x < -69.0f ? 0.0f : __builtin_expf(x);
 }
 
-/* exp() of every lane, Cephes-style: 2^n * p(r) with |r| <= ln2/2, a degree-6 polynomial, about
- * 1 ulp; lanes below -69 give exactly 0 like gdn_expf_ftz, lanes above 88 give +Inf. */
-static inline gdn_vf gdn_vexpf_ftz(gdn_vf x) {
-    const gdn_vi tiny = x < -69.0f, huge = x > 88.0f;
-    x = (gdn_vf)(((gdn_vi)x & ~(tiny | huge)));       /* those lanes computed from 0 */
-    const gdn_vf magic = (gdn_vf){0} + 12582912.0f;    /* 1.5 * 2^23: round to nearest */
+/* 2^n * p(r) for lanes in [-69, 88], Cephes-style: |r| <= ln2/2, a degree-6 polynomial, about
+ * 1 ulp. The callers below mask the lanes outside the range. */
+static inline gdn_vf gdn_vexpf_poly(gdn_vf x) {
+    const gdn_vf magic = (gdn_vf){0} + 12582912.0f; /* 1.5 * 2^23: round to nearest */
     const gdn_vf t = x * 1.44269504088896341f + magic;
     const gdn_vf n = t - magic;
     const gdn_vf r = x - n * 0.693359375f - n * -2.12194440e-4f;
@@ -78,10 +76,23 @@ static inline gdn_vf gdn_vexpf_ftz(gdn_vf x) {
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
     const gdn_vi e = ((gdn_vi)t - (gdn_vi)magic + 127) << 23; /* 2^n */
-    gdn_vf y = p * (gdn_vf)e;
+    return p * (gdn_vf)e;
+}
+
+/* exp() of every lane: lanes below -69 give exactly 0 like gdn_expf_ftz, lanes above 88 +Inf. */
+static inline gdn_vf gdn_vexpf_ftz(gdn_vf x) {
+    const gdn_vi tiny = x < -69.0f, huge = x > 88.0f;
+    x = (gdn_vf)(((gdn_vi)x & ~(tiny | huge))); /* those lanes computed from 0 */
+    const gdn_vf y = gdn_vexpf_poly(x);
     const gdn_vf inf = (gdn_vf){0} + __builtin_inff();
-    y = (gdn_vf)(((gdn_vi)y & ~(tiny | huge)) | ((gdn_vi)inf & huge));
-    return y;
+    return (gdn_vf)(((gdn_vi)y & ~(tiny | huge)) | ((gdn_vi)inf & huge));
+}
+
+/* exp() of lanes known to be at most 88 (scores minus their running maximum): below -69 (and
+ * -inf) exactly 0; one mask fewer than gdn_vexpf_ftz in the attention's innermost loop. */
+static inline gdn_vf gdn_vexpf_ftz_le88(gdn_vf x) {
+    const gdn_vi tiny = x < -69.0f;
+    return (gdn_vf)((gdn_vi)gdn_vexpf_poly((gdn_vf)((gdn_vi)x & ~tiny)) & ~tiny);
 }
 
 /* sigmoid of every lane by the vector exp above (a scalar expf per element costs a tenth of a

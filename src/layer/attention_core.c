@@ -158,25 +158,8 @@ static inline gdn_vf vmax(gdn_vf a, gdn_vf b) { return vsel(a > b, a, b); }
 static inline gdn_vf vload(const float *p) { return *(const gdn_vf *)p; }
 static inline void vstore(float *p, gdn_vf x) { *(gdn_vf *)p = x; }
 
-/* exp() of GDN_VL lanes: gdn_vexpf_ftz's polynomial (about 1 ulp), lanes below -69 (and -inf)
- * exactly 0; no lane here is above 88 (scores minus their running max or their lse). */
-static inline gdn_vf vexp(gdn_vf x) {
-    const gdn_vi tiny = x < -69.0f;
-    x = (gdn_vf)((gdn_vi)x & ~tiny);
-    const gdn_vf magic = vsplat(12582912.0f);
-    const gdn_vf t = x * 1.44269504088896341f + magic;
-    const gdn_vf n = t - magic;
-    const gdn_vf r = x - n * 0.693359375f - n * -2.12194440e-4f;
-    gdn_vf p = vsplat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const gdn_vi e = ((gdn_vi)t - (gdn_vi)magic + 127) << 23;
-    return (gdn_vf)((gdn_vi)(p * (gdn_vf)e) & ~tiny);
-}
+/* exp() of the scores: no lane here is above 88 (scores minus their running max or their lse). */
+static inline gdn_vf vexp(gdn_vf x) { return gdn_vexpf_ftz_le88(x); }
 
 /* ---------------------------------------------------------------- products */
 
