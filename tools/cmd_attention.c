@@ -283,11 +283,9 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
     }
     int rank = 0, D = 1, strategy = GDN_ATTN_CP_KV;
     gdn_cp *cp = NULL;
-    if (o.cp) { /* (the attention strategy travels in the plan's config; the context's own is unused) */
+    if (o.cp) { /* (the strategy travels in the plan's config) */
         strategy = gdn_attn_cp_strategy_parse(o.cp);
-        const int begun = cli_cp_begin("attention", o.cp, strategy < 0 ? -1 : strategy == GDN_ATTN_CP_HEADS ? GDN_CP_HEADS
-                                                                                                           : GDN_CP_SCAN,
-                                       "kv, heads", argc, argv, &cp, &rank, &D);
+        const int begun = cli_cp_begin("attention", o.cp, strategy, "kv, heads", argc, argv, &cp, &rank, &D);
         if (begun) return begun;
     }
     gdn_attn_weights aw;

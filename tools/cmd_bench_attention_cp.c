@@ -145,7 +145,7 @@ int cmd_bench_attention_cp(int argc, char **argv) {
         int rc = gdn_attn_plan_create(&p, &loc);
         float *saved = p ? malloc(sizeof(float) * gdn_attn_saved_floats(p)) : NULL;
         if (!rc && !saved) rc = GDN_ERR_NOMEM;
-        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
         rank_times t[MAX_REPS];
         for (int r = 0; r < reps && !rc; r++) rc = fwd_bwd(cp, p, y, saved, dx, dw, x + t0 * E, w, dy, &t[r]);
         if (rc) return cli_error("bench attention-cp", rc);

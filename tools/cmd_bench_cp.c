@@ -76,10 +76,17 @@ typedef struct {
     float *q, *k, *v, *g, *beta, *o, *dout, *gq, *gk, *gv, *gg, *gb, *s_in;
 } shard_bufs;
 
+/* A plan like p whose CP calls take strategy s (NULL in *out when it cannot be made). */
+static int with_strategy(gdn_plan **out, const gdn_plan *p, int s) {
+    gdn_config c = *gdn_plan_config(p);
+    c.cp = s;
+    return gdn_plan_create(out, &c);
+}
+
 /* One forward + backward through cp (the backward reuses the forward's s_in but under heads,
  * which forms none); times of both halves between barriers. */
 static int fwd_bwd(gdn_cp *cp, gdn_plan *plan, const shard_bufs *b, float *ht, float *gs, double *tf, double *tb) {
-    const int heads = gdn_cp_get_strategy(cp) == GDN_CP_HEADS;
+    const int heads = gdn_plan_config(plan)->cp == GDN_CP_HEADS;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     int rc = gdn_cp_forward(cp, plan, b->o, ht, b->s_in,
@@ -177,29 +184,30 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
     /* FLOPs as gdncp bench kernel counts them, per token: dense and packed runs of the same tokens
      * count the same work */
     const double flops = cli_rule_flops(cfg.K, cfg.V, cfg.chunk, (double)T * (double)cfg.Hv, 3);
+    gdn_cp *cp = NULL;
+    if ((rc = gdn_cp_create(&cp, MPI_COMM_WORLD))) cli_error("bench cp (packed)", rc);
     for (int s = 0; s < 4 && !rc; s++) {
         if (s == GDN_CP_HEADS && cfg.Hk % D) continue;
-        gdn_cp *cp = NULL;
-        if ((rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s))) {
-            cli_error("bench cp (packed)", rc);
-            break;
-        }
+        /* the strategy is the plans' (a plan that fails on one rank: every rank's error at the
+         * first call's agreement) */
+        gdn_plan *dn = NULL, *pk = NULL;
+        with_strategy(&dn, dense, s), with_strategy(&pk, packed, s);
         double tf[2][MAX_REPS], tb[2][MAX_REPS], tt[2][MAX_REPS], ratio[MAX_REPS], x, y;
         /* warm-up (untimed), and the dense run's forward error on its first tokens */
-        rc = fwd_bwd(cp, dense, b, htd, gsd, &x, &y);
+        rc = fwd_bwd(cp, dn, b, htd, gsd, &x, &y);
         double err_dense = NAN, err_fwd = NAN, err_bwd = NAN;
         if (!rc && check_dense) err_dense = cli_rel_err(b->o, od_dense, n_dense * cfg.Hv * cfg.V);
-        if (!rc) rc = fwd_bwd(cp, packed, b, htp, gsp, &x, &y);
+        if (!rc) rc = fwd_bwd(cp, pk, b, htp, gsp, &x, &y);
         /* Repetition r runs packed first when (reps - 1 - r) is odd: the orders alternate and the
          * last run is packed (its outputs are checked below). */
         for (int r = 0; r < reps && !rc; r++)
             for (int i = 0; i < 2 && !rc; i++) {
                 const int p = ((reps - 1 - r) % 2) ? i == 0 : i == 1;
-                rc = fwd_bwd(cp, p ? packed : dense, b, p ? htp : htd, p ? gsp : gsd, &tf[p][r], &tb[p][r]);
+                rc = fwd_bwd(cp, p ? pk : dn, b, p ? htp : htd, p ? gsp : gsd, &tf[p][r], &tb[p][r]);
                 tt[p][r] = tf[p][r] + tb[p][r];
             }
         if (rc) {
-            gdn_cp_destroy(cp);
+            gdn_plan_destroy(dn), gdn_plan_destroy(pk);
             cli_error("bench cp (packed)", rc);
             break;
         }
@@ -213,7 +221,7 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
             double med[2][3];
             for (int p = 0; p < 2; p++)
                 med[p][0] = cli_median(tf[p], reps), med[p][1] = cli_median(tb[p], reps), med[p][2] = cli_median(tt[p], reps);
-            const char *name = gdn_cp_strategy_name((gdn_cp_strategy)s), *path = gdn_plan_path(packed);
+            const char *name = gdn_cp_strategy_name((gdn_cp_strategy)s), *path = gdn_plan_path(pk);
             char drawn[64];
             snprintf(drawn, sizeof drawn, "[%lld,%lld]", (long long)doc_min, (long long)doc_max);
             const double gd = flops / med[0][2] / 1e9, gp = flops / med[1][2] / 1e9;
@@ -241,8 +249,9 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
                     CLI_S("path", "%s", "  path %s", path), CLI_S("cpu", "%s", NULL, cpu));
             fflush(stdout);
         }
-        gdn_cp_destroy(cp);
+        gdn_plan_destroy(dn), gdn_plan_destroy(pk);
     }
+    gdn_cp_destroy(cp);
 done:
     gdn_plan_destroy(packed);
     free(cu), free(htd), free(gsd), free(htp), free(gsp), free(od);
@@ -331,28 +340,33 @@ int cmd_bench_cp(int argc, char **argv) {
                "summary = Hv K (K+V) 4 = %lld bytes\n",
                D, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, gdn_plan_config(plan)->chunk,
                gdn_plan_config(plan)->threads, (long long)(Hv * K * (K + V) * 4));
+    gdn_cp *cp = NULL;
+    if ((rc = gdn_cp_create(&cp, MPI_COMM_WORLD))) return cli_error("bench cp", rc);
     for (int s = 0; s < 4 && !packed_only; s++) {
         if (s == GDN_CP_HEADS && Hk % D) continue;
-        gdn_cp *cp = NULL;
-        if ((rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s))) return cli_error("bench cp", rc);
+        gdn_plan *sp = NULL; /* the strategy is the plan's (NULL on a rank: every rank's error below) */
+        with_strategy(&sp, plan, s);
         for (int dir = 0; dir < 2; dir++) {
             double t[MAX_REPS];
             gdn_cp_stats st[MAX_REPS];
             for (int r = 0; r < reps && !rc; r++) {
                 MPI_Barrier(MPI_COMM_WORLD);
                 double t0 = MPI_Wtime();
-                rc = dir ? gdn_cp_backward(cp, plan,
+                rc = dir ? gdn_cp_backward(cp, sp,
                                            &(gdn_rule_grads){.dq = gq, .dk = gk, .dv = gv, .dg = gg,
                                                              .dbeta = gb, .dh0 = gs},
                                            &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta},
                                            s == GDN_CP_HEADS ? NULL : s_in, dout, NULL)
-                         : gdn_cp_forward(cp, plan, o, ht, s_in,
+                         : gdn_cp_forward(cp, sp, o, ht, s_in,
                                           &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta});
                 MPI_Barrier(MPI_COMM_WORLD);
                 t[r] = MPI_Wtime() - t0;
                 st[r] = gdn_cp_last_stats(cp);
             }
-            if (rc) return cli_error("bench cp", rc);
+            if (rc) {
+                gdn_plan_destroy(sp), gdn_cp_destroy(cp);
+                return cli_error("bench cp", rc);
+            }
             /* The median wall time and the accounting of that repetition. */
             int med = 0;
             double sorted[MAX_REPS];
@@ -389,8 +403,9 @@ int cmd_bench_cp(int argc, char **argv) {
             }
             free(all);
         }
-        gdn_cp_destroy(cp);
+        gdn_plan_destroy(sp);
     }
+    gdn_cp_destroy(cp);
     const shard_bufs sb = {Tr, q, k, v, g, beta, o, dout, gq, gk, gv, gg, gb, s_in};
     rc = bench_packed(&sb, plan, T, (int)reps, doc_min, doc_max, json);
     gdn_plan_destroy(plan);

@@ -195,9 +195,10 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
     }
     int rank = 0, D = 1;
     gdn_cp *cp = NULL;
+    const int strategy = o.cp ? gdn_cp_strategy_parse(o.cp) : GDN_CP_SCAN;
     if (o.cp) {
-        const int begun = cli_cp_begin("layer", o.cp, gdn_cp_strategy_parse(o.cp), "scan, allgather, relay, heads", argc,
-                                       argv, &cp, &rank, &D);
+        const int begun = cli_cp_begin("layer", o.cp, strategy, "scan, allgather, relay, heads", argc, argv, &cp,
+                                       &rank, &D);
         if (begun) return begun;
     }
     gdn_layer_weights lw;
@@ -232,7 +233,7 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
         static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--keep",
                                             "--f32", "--shards (the lists differ; values are hashes)",
                                             "T of the input file", "--compute (0 fp32, 1 bf16)"};
-        const int64_t vals[7] = {gdn_cp_get_strategy(cp), o.backward, o.keep, o.f32, cli_hash(o.shards), T, o.compute};
+        const int64_t vals[7] = {strategy, o.backward, o.keep, o.f32, cli_hash(o.shards), T, o.compute};
         rc = cli_cp_agree_first(cp, "layer", vals, 7, names, rc, &reported);
         if (!rc) { /* the weights and their configuration, before any exchange (every rank loaded its own) */
             static const char *const wnames[] = {"hidden_size E (--weights / --config)", "linear_num_key_heads Hk",
@@ -272,6 +273,7 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
     gdn_layer_config c = lw.cfg;
     c.B = B, c.T = Tl, c.chunk = o.given.chunk, c.threads = o.given.threads, c.keep = o.keep;
     c.compute = o.compute;
+    c.cp = strategy;
     c.cu_seqlens = cu, c.n_docs = n_docs, c.seq_offset = cu ? t0 : 0;
     if (!rc) rc = gdn_layer_plan_create(&lp, &c);
     const size_t nx = (size_t)B * Tl * E, nw = gdn_layer_param_floats(&c);

@@ -307,7 +307,7 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
         fprintf(stderr, "gdncp run: --fault drop-incoming needs --cp scan, allgather or relay ('heads' has no incoming state)\n"),
             local = GDN_ERR_ARG;
     gdn_cp *cp = NULL;
-    if (gdn_cp_create(&cp, MPI_COMM_WORLD, s < 0 ? GDN_CP_SCAN : (gdn_cp_strategy)s)) return cli_error("run --cp", GDN_ERR_MPI);
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD)) return cli_error("run --cp", GDN_ERR_MPI);
     /* Each rank reads the header of its own file: T must agree too. */
     long long T = -1;
     double per_token = 0;
@@ -374,6 +374,7 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
     }
     gdn_config cfg = pb.cfg;
     cfg.chunk = opts.chunk, cfg.threads = opts.threads, cfg.scale = opts.scale, cfg.l2norm = opts.l2norm;
+    cfg.cp = s;
     cfg.cu_seqlens = cu, cfg.n_docs = n_docs, cfg.seq_offset = cu ? t0 : 0;
     /* h0, ht, dht and the gradient of the states are per document when packed; s_in (the state
      * entering this shard) is one stream's */

@@ -27,15 +27,6 @@
 extern "C" {
 #endif
 
-typedef enum {
-    GDN_CP_SCAN = 0,      /* log-depth prefix scan of (A, B) pairs over MPI_Sendrecv (default) */
-    GDN_CP_ALLGATHER = 1, /* every rank's pair to everyone, then a local fold */
-    GDN_CP_RELAY = 2,     /* the state passed rank to rank (D - 1 hops) */
-    GDN_CP_HEADS = 3      /* all-to-all to head-parallel and back (D must divide Hk); it forms
-                             no per-shard states: s_in, and ds_in except rank 0's dh0, are zero
-                             (packed: s_in zero, ds_in every document's dh0 on every rank) */
-} gdn_cp_strategy;
-
 
 typedef struct {
     double fold_s;     /* local summaries / adjoints */
@@ -47,12 +38,14 @@ typedef struct {
 
 typedef struct gdn_cp gdn_cp;
 
-/* comm is duplicated; any communicator works (e.g. one axis of a DP x CP grid). */
-GDN_API int gdn_cp_create(gdn_cp **cp, MPI_Comm comm, gdn_cp_strategy strategy);
+/* A CP group: comm is duplicated; any communicator works (e.g. one axis of a DP x CP grid).
+ * The context is the group alone: how a call crosses the ranks is the plan's choice (the
+ * rule's gdn_config.cp, kernel.h; the attention's gdn_attn_config.cp), so one context serves
+ * every strategy and every layer. Collective. */
+GDN_API int gdn_cp_create(gdn_cp **cp, MPI_Comm comm);
 GDN_API void gdn_cp_destroy(gdn_cp *cp);
 GDN_API int gdn_cp_rank(const gdn_cp *cp);
 GDN_API int gdn_cp_size(const gdn_cp *cp);
-GDN_API gdn_cp_strategy gdn_cp_get_strategy(const gdn_cp *cp);
 GDN_API const char *gdn_cp_strategy_name(gdn_cp_strategy s);
 /* Parse "scan", "allgather", "relay", "heads"; -1 if unknown. */
 GDN_API int gdn_cp_strategy_parse(const char *name);

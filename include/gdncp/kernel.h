@@ -18,6 +18,17 @@ extern "C" {
 #define GDN_MAX_HEAD_DIM 256 /* K and V may be any size from 1 to this */
 #define GDN_SCALE_DEFAULT 0.0f /* scale == 0 means 1/sqrt(K) */
 
+/* How a context-parallel call of the rule (gdn_cp_forward / gdn_cp_backward, cp.h) crosses the
+ * ranks: gdn_config.cp. Single-rank calls ignore it. */
+typedef enum {
+    GDN_CP_SCAN = 0,      /* log-depth prefix scan of (A, B) pairs over MPI_Sendrecv (default) */
+    GDN_CP_ALLGATHER = 1, /* every rank's pair to everyone, then a local fold */
+    GDN_CP_RELAY = 2,     /* the state passed rank to rank (D - 1 hops) */
+    GDN_CP_HEADS = 3      /* all-to-all to head-parallel and back (D must divide Hk); it forms
+                             no per-shard states: s_in, and ds_in except rank 0's dh0, are zero
+                             (packed: s_in zero, ds_in every document's dh0 on every rank) */
+} gdn_cp_strategy;
+
 typedef struct {
     int64_t B, T;   /* batch rows, tokens */
     int64_t Hk, Hv; /* key heads, value heads; Hv % Hk == 0 */
@@ -49,6 +60,8 @@ typedef struct {
                            forward sweep's chunk products with bf16 operands, fp32 sums; the state,
                            gates, decays, the triangular solve, the backward and the summaries stay
                            fp32 (docs/design.md, "BF16 compute"). The oracle honours it. */
+    int cp;             /* under context parallelism (cp.h): a gdn_cp_strategy, GDN_CP_SCAN (0,
+                           default); every rank's plan must name the same one */
 } gdn_config;
 
 /* A config with the library defaults: chunk 64, default scale, L2 norm on, all threads, checks on. */

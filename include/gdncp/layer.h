@@ -57,6 +57,8 @@ typedef struct {
                                   B = n_docs) */
     int64_t n_docs;
     int64_t seq_offset;        /* under CP: this rank's first token in the packed stream */
+    int cp;                    /* under CP: the rule's gdn_cp_strategy (kernel.h; GDN_CP_SCAN, 0,
+                                  default) */
 } gdn_layer_config;
 
 typedef enum {

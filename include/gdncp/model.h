@@ -163,6 +163,8 @@ typedef struct {
     int compute;    /* GDN_COMPUTE_FP32 (0, default) or GDN_COMPUTE_BF16 (compute.h): every
                        projection, the MLP and lm_head (forward and backward) with bf16
                        operands; the loss, norms, the mixers' own arithmetic stay fp32 */
+    int rule_cp;    /* under CP, the GatedDeltaNet layers' strategy: a gdn_cp_strategy
+                       (kernel.h; GDN_CP_SCAN, 0, default) */
 } gdn_model_run;
 GDN_API int gdn_model_plan_create(gdn_model_plan **plan, const gdn_model_config *cfg,
                           const gdn_model_run *run, gdn_cp *cp);

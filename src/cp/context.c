@@ -20,11 +20,9 @@ static int sum_doubles(gdn_cp *cp, const double *in, double *out, int n) {
     return GDN_OK;
 }
 
-int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
+int gdn_cp_create(gdn_cp **out, MPI_Comm comm) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "cp output pointer is NULL");
     *out = NULL;
-    if (strategy < GDN_CP_SCAN || strategy > GDN_CP_HEADS)
-        return gdn_fail(GDN_ERR_ARG, "unknown CP strategy %d", (int)strategy);
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) return gdn_fail(GDN_ERR_MPI, "MPI is not initialised (call MPI_Init_thread first)");
@@ -44,7 +42,7 @@ int gdn_cp_create(gdn_cp **out, MPI_Comm comm, gdn_cp_strategy strategy) {
                                       .sum_doubles = sum_doubles, .layer_forward = gdn_layer_cp_forward,
                                       .layer_backward = gdn_layer_cp_backward, .attn_forward = gdn_attn_cp_forward,
                                       .attn_backward = gdn_attn_cp_backward};
-        cp->comm = dup, cp->rank = rank, cp->size = size, cp->strategy = strategy;
+        cp->comm = dup, cp->rank = rank, cp->size = size;
         cp->shard_T = gdn_cp_calloc((size_t)size, sizeof *cp->shard_T, "cp context: shard sizes");
         cp->agree_tab = gdn_cp_calloc((size_t)GDN_CP_AGREE_COLS * (size + 1), sizeof(int64_t), "cp context: agreement table");
         cp->tab64 = gdn_cp_calloc((size_t)size, sizeof(int64_t), "cp context: gather sizes");

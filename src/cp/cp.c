@@ -89,7 +89,6 @@ int gdn_cp_worst_status(const gdn_cp *cp, MPI_Comm comm, int rank, int local, in
 
 int gdn_cp_rank(const gdn_cp *cp) { return cp ? cp->rank : -1; }
 int gdn_cp_size(const gdn_cp *cp) { return cp ? cp->size : 0; }
-gdn_cp_strategy gdn_cp_get_strategy(const gdn_cp *cp) { return cp ? cp->strategy : GDN_CP_SCAN; }
 gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp) {
     gdn_cp_stats z = {0};
     return cp ? cp->stats : z;
@@ -125,12 +124,11 @@ float *gdn_cp_scratch(gdn_cp *cp, size_t floats) {
     return cp->scratch;
 }
 
-int gdn_cp_combine_reserve(gdn_cp *cp, int64_t nm, int64_t K, int64_t V) {
+int gdn_cp_combine_reserve(gdn_cp *cp, gdn_cp_strategy strategy, int64_t nm, int64_t K, int64_t V) {
     const int64_t pair = nm * K * (K + V);
-    const int64_t need = cp->strategy == GDN_CP_SCAN ? 2 * pair : cp->strategy == GDN_CP_ALLGATHER ? pair * cp->size : 0;
+    const int64_t need = strategy == GDN_CP_SCAN ? 2 * pair : strategy == GDN_CP_ALLGATHER ? pair * cp->size : 0;
     if (need && !gdn_cp_scratch(cp, (size_t)need))
-        return gdn_fail(GDN_ERR_NOMEM, "cp %s buffers (%lld floats)", gdn_cp_strategy_name(cp->strategy),
-                        (long long)need);
+        return gdn_fail(GDN_ERR_NOMEM, "cp %s buffers (%lld floats)", gdn_cp_strategy_name(strategy), (long long)need);
     return GDN_OK;
 }
 
@@ -174,11 +172,11 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local, int call) {
         /* Packed streams: the same offsets everywhere (their count and digest), and each rank's
          * seq_offset (checked against the shards before it, below). */
         const int64_t s[NSIG] = {1, local, c->T, c->B, c->Hk, c->Hv, c->K, c->V, c->chunk, c->l2norm, scale_bits,
-                                 cp->strategy, call, c->cu_seqlens ? c->n_docs : -1,
+                                 c->cp, call, c->cu_seqlens ? c->n_docs : -1,
                                  gdn_cp_docs_hash(c->cu_seqlens, c->n_docs), c->seq_offset};
         memcpy(sig, s, sizeof sig);
     } else {
-        sig[HAS_PLAN] = 0, sig[STATUS] = local, sig[STRATEGY] = cp->strategy, sig[CALL] = call;
+        sig[HAS_PLAN] = 0, sig[STATUS] = local, sig[STRATEGY] = -1, sig[CALL] = call;
     }
     int64_t *all = cp->agree_tab + GDN_CP_AGREE_COLS; /* preallocated: [size, NSIG] */
     double t0 = now();
@@ -367,13 +365,13 @@ static void compose_into(gdn_cp *cp, float *mine, const float *recv, float *tmp,
  * `incoming` holds the B of the exclusive prefix, i.e. the state entering this rank.
  * Direction +1: token order (forward); -1: reverse order (adjoint pairs, backward).
  * The rank at the far end (last in the direction) neither folds nor sends. */
-int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t K, int64_t V,
-                   int dir) {
+int gdn_cp_combine(gdn_cp *cp, gdn_cp_strategy strategy, float *mine, float *incoming, int64_t nm, int64_t K,
+                   int64_t V, int dir) {
     const int D = cp->size, r = dir > 0 ? cp->rank : D - 1 - cp->rank; /* position in the scan */
     const int64_t pair = nm * K * (K + V), ns = nm * K * V;
 #define RANK(pos) (dir > 0 ? (pos) : D - 1 - (pos))
     int rc = GDN_OK;
-    if (cp->strategy == GDN_CP_SCAN) {
+    if (strategy == GDN_CP_SCAN) {
         float *buf = gdn_cp_scratch(cp, 2 * (size_t)pair);
         GDN_ASSERT(buf); /* reserved before the agreement step (gdn_cp_combine_reserve) */
         float *recv = buf, *tmp = buf + pair;
@@ -399,7 +397,7 @@ int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t
                 compose_into(cp, mine, recv, tmp, nm, K, V);
             }
         }
-    } else if (cp->strategy == GDN_CP_ALLGATHER) {
+    } else if (strategy == GDN_CP_ALLGATHER) {
         float *all = gdn_cp_scratch(cp, (size_t)pair * D);
         GDN_ASSERT(all); /* reserved before the agreement step (gdn_cp_combine_reserve) */
         double t0 = now();
@@ -448,7 +446,7 @@ int gdn_cp_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *s_in,
     if (!local && !o) local = gdn_fail(GDN_ERR_ARG, "output 'o' is NULL");
     int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_FORWARD | (packed && ht ? GDN_CP_CALL_HT : 0));
     if (rc) return rc;
-    if (cp->strategy == GDN_CP_HEADS) return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
+    if (plan->cfg.cp == GDN_CP_HEADS) return gdn_cp_heads_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
     return gdn_cp_rule_forward(cp, plan, o, ht, s_in, q, k, v, g, beta, h0);
 }
 
@@ -478,7 +476,7 @@ int gdn_cp_backward(gdn_cp *cp, gdn_plan *plan, const gdn_rule_grads *grads, con
     int rc = gdn_cp_agree(cp, plan, local, GDN_CP_CALL_BACKWARD | (s_in ? GDN_CP_CALL_SIN : 0) |
                                                (packed && ds_in ? GDN_CP_CALL_HT : 0));
     if (rc) return rc;
-    if (cp->strategy == GDN_CP_HEADS)
+    if (c->cp == GDN_CP_HEADS)
         return gdn_cp_heads_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0, dout, dht);
     return gdn_cp_rule_backward(cp, plan, dq, dk, dv, dg, dbeta, ds_in, q, k, v, g, beta, h0, s_in, dout, dht);
 }

@@ -13,7 +13,6 @@ struct gdn_cp {
     gdn_model_group group; /* first: the model reaches its peers through it (model_group.h) */
     MPI_Comm comm;
     int rank, size;
-    gdn_cp_strategy strategy;
     gdn_cp_stats stats;
     int fault;
     int sleep_wait;      /* gdn_cp_wait_all sleeps between tests (GDN_CP_WAIT_SLEEP) */
@@ -67,7 +66,7 @@ int gdn_cp_agree(gdn_cp *cp, const gdn_plan *plan, int local_status, int call);
 float *gdn_cp_scratch(gdn_cp *cp, size_t floats);
 /* Reserve the scratch gdn_cp_combine needs for pairs of this shape (GDN_OK or GDN_ERR_NOMEM,
  * local): call it before the agreement step that precedes the combine. */
-int gdn_cp_combine_reserve(gdn_cp *cp, int64_t nm, int64_t K, int64_t V);
+int gdn_cp_combine_reserve(gdn_cp *cp, gdn_cp_strategy strategy, int64_t nm, int64_t K, int64_t V);
 
 /* Complete n nonblocking MPI requests as cp's wait mode says (cp.h, gdn_cp_set_wait): MPI_Waitall,
  * or MPI_Test in a spin for the first GDN_CP_SPIN_S seconds (a quick partner answers within it),
@@ -89,7 +88,8 @@ int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, flo
  * [nm, K, K] then B [nm, K, V] (the first rank in the direction must hold a constant map, A =
  * 0); on exit `incoming` holds the state (dir +1: token order) or state gradient (dir -1: reverse
  * order, adjoint pairs) entering this rank. Scan and allgather strategies. Collective. */
-int gdn_cp_combine(gdn_cp *cp, float *mine, float *incoming, int64_t nm, int64_t K, int64_t V, int dir);
+int gdn_cp_combine(gdn_cp *cp, gdn_cp_strategy strategy, float *mine, float *incoming, int64_t nm, int64_t K,
+                   int64_t V, int dir);
 
 /* The scan, allgather and relay strategies over the plan's streams, dense or packed (rule.c):
  * called by gdn_cp_forward / gdn_cp_backward after the agreement step, same arguments. Packed:

@@ -92,10 +92,10 @@ int gdn_layer_cp_backward(gdn_cp *cp, gdn_layer_plan *lp, float *dx, float *dw, 
         /* The kernel's output again: from the saved incoming state on this rank alone, or (no
          * saved state, or the heads strategy, which forms none) by the CP forward. */
         const gdn_rule_inputs from_s_in = gdn_layer_rule_inputs(lp, kb.s_in), from_zero = gdn_layer_rule_inputs(lp, NULL);
-        if (kb.s_in && gdn_cp_get_strategy(cp) != GDN_CP_HEADS && c->cu_seqlens)
+        if (kb.s_in && c->cp != GDN_CP_HEADS && c->cu_seqlens)
             rc = gdn_streams_forward(lp->kplan, lp->o, NULL, NULL, lp->q, lp->k, lp->v, lp->g, lp->beta, NULL,
                                     kb.s_in, NULL); /* documents from zeros, a continued one from s_in */
-        else if (kb.s_in && gdn_cp_get_strategy(cp) != GDN_CP_HEADS)
+        else if (kb.s_in && c->cp != GDN_CP_HEADS)
             rc = gdn_forward(lp->kplan, lp->o, NULL, &from_s_in);
         else
             rc = gdn_cp_forward(cp, lp->kplan, lp->o, NULL, NULL, &from_zero);

@@ -103,7 +103,7 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
     int rc = GDN_OK;
     const gdn_config *c = gdn_plan_config(plan);
     const gdn_streams *st = &plan->streams;
-    const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
+    const int D = cp->size, r = cp->rank, relay = c->cp == GDN_CP_RELAY;
     gdn_streams_set_shard(plan, r == 0, r == D - 1);
     const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, KV = K * V, ns = nm * KV, na = nm * K * K, pair = na + ns;
     MPI_Datatype st_type = MPI_DATATYPE_NULL;
@@ -125,7 +125,7 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
         rc = gdn_streams_forward(plan, NULL, NULL, NULL, q, k, v, g, beta, h0, NULL, out_state);
     }
     (D == 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
-    if (!rc) rc = gdn_cp_combine_reserve(cp, nm, K, V);
+    if (!rc) rc = gdn_cp_combine_reserve(cp, c->cp, nm, K, V);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine (rank 0 starts every row afresh: its map is constant, as the scan needs). Relay:
@@ -135,7 +135,7 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
         if (early) rc = gdn_cp_sendrecv(cp, out_state, ns, r + 1, NULL, 0, MPI_PROC_NULL);
         if (!rc && r >= 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, incoming, ns, r - 1);
     } else {
-        rc = gdn_cp_combine(cp, mine, incoming, nm, K, V, +1);
+        rc = gdn_cp_combine(cp, c->cp, mine, incoming, nm, K, V, +1);
     }
     /* 3. Replay from the true incoming state (used by the streams that continue). */
     if (!rc) {
@@ -174,7 +174,7 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
     int rc = GDN_OK;
     const gdn_config *c = gdn_plan_config(plan);
     const gdn_streams *st = &plan->streams;
-    const int D = cp->size, r = cp->rank, relay = cp->strategy == GDN_CP_RELAY;
+    const int D = cp->size, r = cp->rank, relay = c->cp == GDN_CP_RELAY;
     const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, ns = nm * K * V, na = nm * K * K, pair = na + ns;
     MPI_Datatype st_type = MPI_DATATYPE_NULL;
     /* (a failure here meets the other ranks' first collective: the recompute's or the fold's
@@ -212,7 +212,7 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
         } /* else every stream starts here: no gradient flows to the ranks before */
     }
     (D == 1 ? &cp->stats.replay_s : &cp->stats.fold_s)[0] += now() - t0;
-    if (!rc) rc = gdn_cp_combine_reserve(cp, nm, K, V);
+    if (!rc) rc = gdn_cp_combine_reserve(cp, c->cp, nm, K, V);
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
 
     /* 2. Combine in reverse rank order (the last rank ends every row: a constant map). */
@@ -220,7 +220,7 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
         if (early) rc = gdn_cp_sendrecv(cp, dsin, ns, r - 1, NULL, 0, MPI_PROC_NULL);
         if (!rc && r < D - 1) rc = gdn_cp_sendrecv(cp, NULL, 0, MPI_PROC_NULL, ds_out, ns, r + 1);
     } else {
-        rc = gdn_cp_combine(cp, mine, ds_out, nm, K, V, -1);
+        rc = gdn_cp_combine(cp, c->cp, mine, ds_out, nm, K, V, -1);
     }
     /* 3. Local backward: ds_out feeds the streams that go on. A packed call's ds_in is every
      *    document's dh0 (the documents that start here written now, the others gathered); a

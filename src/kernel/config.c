@@ -93,6 +93,9 @@ int gdn_config_check(const gdn_config *cfg) {
                         (long long)(cfg->V > cfg->K ? cfg->V : cfg->K));
     if (cfg->compute != GDN_COMPUTE_FP32 && cfg->compute != GDN_COMPUTE_BF16)
         return gdn_fail(GDN_ERR_ARG, "compute must be GDN_COMPUTE_FP32 (0) or GDN_COMPUTE_BF16 (1), got %d", cfg->compute);
+    if (cfg->cp < GDN_CP_SCAN || cfg->cp > GDN_CP_HEADS)
+        return gdn_fail(GDN_ERR_ARG, "cp must be a CP strategy: GDN_CP_SCAN (0), GDN_CP_ALLGATHER (1), GDN_CP_RELAY (2) "
+                        "or GDN_CP_HEADS (3), got %d", cfg->cp);
     if (cfg->chunk != 0 && cfg->chunk != 16 && cfg->chunk != 32 && cfg->chunk != 64 &&
         cfg->chunk != 128)
         return gdn_fail(GDN_ERR_ARG, "chunk must be 16, 32, 64 or 128, got %d", cfg->chunk);

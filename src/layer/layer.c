@@ -95,6 +95,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     kc.chunk = c->chunk, kc.threads = lp->threads, kc.check_finite = c->check_finite;
     kc.cu_seqlens = c->cu_seqlens, kc.n_docs = c->n_docs, kc.seq_offset = c->seq_offset;
     kc.compute = c->compute; /* the chunk products of its forward sweep too */
+    kc.cp = c->cp;
     if ((rc = gdn_plan_create(&lp->kplan, &kc))) { /* it also checks the offsets */
         free(lp);
         return rc;

@@ -42,6 +42,8 @@ int gdn_layer_config_check(const gdn_layer_config *c) {
         return gdn_fail(GDN_ERR_DTYPE, "layer weight_dtype = %d (want GDN_F32 or GDN_BF16)", c->weight_dtype);
     if (!gdn_compute_name(c->compute))
         return gdn_fail(GDN_ERR_ARG, "layer compute = %d (want GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16)", c->compute);
+    if (c->cp < GDN_CP_SCAN || c->cp > GDN_CP_HEADS)
+        return gdn_fail(GDN_ERR_ARG, "layer cp = %d (want a CP strategy: GDN_CP_SCAN, _ALLGATHER, _RELAY or _HEADS)", c->cp);
     /* Every per-token row count must fit the int-sized leading dimensions of the GEMMs. */
     if (gdn_layer_conv_dim(c) > INT32_MAX / 2)
         return gdn_fail(GDN_ERR_SHAPE, "layer conv_dim = %lld is too large", (long long)gdn_layer_conv_dim(c));

@@ -215,6 +215,7 @@ static int mixer_plans_create(gdn_model_plan *p) {
          * otherwise every block keeps its projections too, for the faster backward. */
         lc.keep = r->recompute ? GDN_LAYER_KEEP_MIN : GDN_LAYER_KEEP_PROJ;
         lc.compute = r->compute;
+        lc.cp = r->rule_cp;
         rc = gdn_layer_plan_create(&p->lp, &lc);
         if (!rc) p->mixer[MIXER_GDN] = (mixer_sizes){gdn_layer_saved_floats(p->lp), gdn_layer_param_floats(&lc)};
     }
@@ -259,6 +260,9 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
                         r->attn_cp);
     if (!gdn_compute_name(r->compute))
         return gdn_fail(GDN_ERR_ARG, "model run compute = %d (want GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16)", r->compute);
+    if (r->rule_cp < GDN_CP_SCAN || r->rule_cp > GDN_CP_HEADS)
+        return gdn_fail(GDN_ERR_ARG, "model run rule_cp = %d is unknown (GDN_CP_SCAN, _ALLGATHER, _RELAY or _HEADS)",
+                        r->rule_cp);
     gdn_model_plan *p = calloc(1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "model plan");
     p->cfg = *c, p->run = *r, p->cp = cp;

@@ -125,6 +125,7 @@ static const abi_field fields_gdn_config[] = {
     {"n_docs", offsetof(gdn_config, n_docs)},
     {"seq_offset", offsetof(gdn_config, seq_offset)},
     {"compute", offsetof(gdn_config, compute)},
+    {"cp", offsetof(gdn_config, cp)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_rule_inputs[] = {
@@ -182,6 +183,7 @@ static const abi_field fields_gdn_layer_config[] = {
     {"cu_seqlens", offsetof(gdn_layer_config, cu_seqlens)},
     {"n_docs", offsetof(gdn_layer_config, n_docs)},
     {"seq_offset", offsetof(gdn_layer_config, seq_offset)},
+    {"cp", offsetof(gdn_layer_config, cp)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_model_config[] = {
@@ -235,6 +237,7 @@ static const abi_field fields_gdn_model_run[] = {
     {"pack", offsetof(gdn_model_run, pack)},
     {"attn_cp", offsetof(gdn_model_run, attn_cp)},
     {"compute", offsetof(gdn_model_run, compute)},
+    {"rule_cp", offsetof(gdn_model_run, rule_cp)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_moe_config[] = {

@@ -172,7 +172,7 @@ int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
     MPI_Comm_rank(world, &t.rank);
     MPI_Comm_size(world, &t.size);
     t.progress = t.rank == 0 ? progress : NULL;
-    int rc = gdn_cp_create(&t.agree, world, GDN_CP_SCAN);
+    int rc = gdn_cp_create(&t.agree, world);
     if (rc) return rc;
     rc = gdn_trainer_setup(&t);
     if (!rc) rc = train_steps(&t);

@@ -138,7 +138,7 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
 
 int gdn_train_fail(MPI_Comm world, int status) {
     gdn_cp *agree = NULL;
-    if (gdn_cp_create(&agree, world, GDN_CP_SCAN)) return status;
+    if (gdn_cp_create(&agree, world)) return status;
     gdn_train_options o;
     memset(&o, 0, sizeof o);
     agree_options(agree, &o, status);
@@ -304,13 +304,13 @@ int gdn_trainer_setup(trainer *t) {
     t->cp_size = o->cp, t->dp = t->size / o->cp;
     t->dp_index = t->rank / o->cp, t->cp_rank = t->rank % o->cp;
     MPI_Comm_split(t->world, t->dp_index, t->rank, &t->cp_comm);
-    rc = gdn_cp_create(&t->cp, t->cp_comm, (gdn_cp_strategy)o->strategy);
+    rc = gdn_cp_create(&t->cp, t->cp_comm);
     t->ep_size = o->ep > 1 ? o->ep : 1, t->ep_rank = t->rank % t->ep_size;
     if (t->ep_size > 1) { /* collective: every rank, whatever its CP context did */
         MPI_Comm_split(t->world, t->rank / t->ep_size, t->rank, &t->ep_comm);
         MPI_Comm_split(t->world, t->ep_rank, t->rank, &t->replica_comm);
         const int rc1 = gdn_ep_create(&t->ep, t->ep_comm);
-        const int rc2 = gdn_cp_create(&t->replica_agree, t->replica_comm, GDN_CP_SCAN);
+        const int rc2 = gdn_cp_create(&t->replica_agree, t->replica_comm);
         rc = rc ? rc : rc1 ? rc1 : rc2;
     }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
@@ -424,7 +424,8 @@ int gdn_trainer_setup(trainer *t) {
     /* recompute when the kept activations of every rank on this node would take more than
      * half of the memory the node has free */
     gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1,
-                         .pack = t->sep_len > 0, .attn_cp = o->attn_cp, .compute = o->compute};
+                         .pack = t->sep_len > 0, .attn_cp = o->attn_cp, .compute = o->compute,
+                         .rule_cp = o->strategy};
     t->recompute = o->recompute;
     if (t->recompute < 0) {
         const double need_bytes = gdn_model_plan_estimate(&t->cfg, &run) * local;

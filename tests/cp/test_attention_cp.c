@@ -75,7 +75,7 @@ static void attn_cp_case(const char *label, gdn_attn_config full, const int64_t 
                 gdn_cp *cp = NULL;
                 loc.keep = keep == 2 ? GDN_ATTN_KEEP_CORE : GDN_ATTN_KEEP_ALL;
                 rc = gdn_attn_plan_create(&lp, &loc);
-                if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+                if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
                 float *saved = lp && keep ? malloc(sizeof(float) * (gdn_attn_saved_floats(lp) + 1)) : NULL;
                 if (cp) gdn_cp_set_fault(cp, fault == 1 ? GDN_CP_FAULT_ATTN_DROP_KV : fault == 2 ? GDN_CP_FAULT_ATTN_DROP_KV_GRAD : 0);
                 if (!rc) rc = gdn_attn_cp_forward(cp, lp, y, saved, xl, w);
@@ -156,7 +156,7 @@ static void attn_cp_generate(const int64_t *sizes) {
             rc = gdn_attn_plan_create(&pd[k], &dc);
         }
         if (!rc) rc = gdn_attn_cache_create(&cache, B, 2, 16, tn + (rank == D - 1 ? added + 1 : 0));
-        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
         if (!rc) rc = gdn_attn_cp_prefill(cp, pp, cache, yp, xl, w);
         if (cp) gdn_cp_set_fault(cp, fault ? GDN_CP_FAULT_ATTN_DROP_KV : 0);
         for (int64_t s = 0, at = 0; s < nsteps && !rc; at += steps[s], s++) {
@@ -222,7 +222,7 @@ static void errors(void) {
         gdn_attn_plan *p = NULL;
         gdn_cp *cp = NULL;
         int rc = gdn_attn_plan_create(&p, &b);
-        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
         x[5] = rank == cases[i].nan_rank ? NAN : 0.0f;
         if (!rc) rc = gdn_attn_cp_forward(cp, p, y, NULL, x, w);
         const int want = i == 0 ? GDN_OK : i == 1 || i == 2 ? GDN_ERR_SHAPE : i == 3 ? GDN_ERR_NONFINITE : GDN_ERR_MPI;

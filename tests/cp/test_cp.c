@@ -118,6 +118,7 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     const int64_t t0 = sp.t0[rank], tn = sp.tn[rank], B = cc->B;
     gdn_config loc = full;
     loc.T = tn;
+    loc.cp = strategy;
     float *q = slice_rows(p.q, B, cc->T, t0, tn, cc->Hk * cc->K), *k = slice_rows(p.k, B, cc->T, t0, tn, cc->Hk * cc->K);
     float *v = slice_rows(p.v, B, cc->T, t0, tn, cc->Hv * cc->V), *g = slice_rows(p.g, B, cc->T, t0, tn, cc->Hv);
     float *beta = slice_rows(p.beta, B, cc->T, t0, tn, cc->Hv), *ldo = slice_rows(dout, B, cc->T, t0, tn, cc->Hv * cc->V);
@@ -128,7 +129,7 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     gdn_plan *plan = NULL;
     gdn_cp *cp = NULL;
     int rc = gdn_plan_create(&plan, &loc);
-    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
     if (!rc) rc = gdn_cp_set_wait(cp, case_wait);
     if (!rc) gdn_cp_set_fault(cp, cc->fault);
     if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in,
@@ -210,7 +211,7 @@ static void bad_input(void) {
     gdn_plan *plan = NULL;
     gdn_cp *cp = NULL;
     gdn_plan_create(&plan, &c);
-    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+    gdn_cp_create(&cp, MPI_COMM_WORLD);
     if (D > 1) {
         int rc = gdn_cp_forward(cp, plan, o, ht, NULL, RULE_INPUTS(&p, NULL));
         int ok = rc == GDN_ERR_MPI && strstr(gdn_errmsg(), "disagree on K"), all;
@@ -227,15 +228,17 @@ static void bad_input(void) {
     int ok = rc != GDN_OK, all;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     check(all, "NaN in 'v' on the last rank: every rank returns an error (%s)", gdn_errmsg());
-    gdn_cp_destroy(cp);
     if (D > 1 && c.Hk % D) {
-        gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_HEADS);
+        gdn_config hc = c;
+        hc.cp = GDN_CP_HEADS;
+        gdn_plan *hp = NULL;
+        gdn_plan_create(&hp, &hc);
         p.v[3] = 0.5f;
-        rc = gdn_cp_forward(cp, plan, o, ht, NULL, RULE_INPUTS(&p, NULL));
+        rc = gdn_cp_forward(cp, hp, o, ht, NULL, RULE_INPUTS(&p, NULL));
         ok = rc != GDN_OK && strstr(gdn_errmsg(), "divide");
         MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         check(all, "heads with D=%d not dividing Hk=1: every rank returns an error (%s)", D, gdn_errmsg());
-        gdn_cp_destroy(cp);
+        gdn_plan_destroy(hp);
     }
     /* Ranks that disagree on what happens next stop together, each with the same message,
      * instead of entering different collectives. */
@@ -249,10 +252,13 @@ static void bad_input(void) {
             {"rank 0 calls the forward, the others the backward", "the call"},
             {"s_in given to the backward on rank 0 only", "the call"},
         };
+        gdn_config relay = c;
+        relay.cp = GDN_CP_RELAY;
+        gdn_plan *rp = NULL;
+        gdn_plan_create(&rp, &relay);
         for (int i = 0; i < 3; i++) {
-            gdn_cp_create(&cp, MPI_COMM_WORLD, i == 0 && rank ? GDN_CP_RELAY : GDN_CP_SCAN);
             if (i == 0 || (i == 1 && rank == 0))
-                rc = gdn_cp_forward(cp, plan, o, ht, NULL, RULE_INPUTS(&p, NULL));
+                rc = gdn_cp_forward(cp, i == 0 && rank ? rp : plan, o, ht, NULL, RULE_INPUTS(&p, NULL));
             else
                 rc = gdn_cp_backward(cp, plan,
                                      &(gdn_rule_grads){.dq = gq, .dk = gk, .dv = gv, .dg = gg, .dbeta = gb},
@@ -261,10 +267,11 @@ static void bad_input(void) {
             MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
             check(all, "%s: every rank returns an error naming %s (\"%s\")", cases[i].what, cases[i].needle,
                   gdn_errmsg());
-            gdn_cp_destroy(cp);
         }
+        gdn_plan_destroy(rp);
         free(gq), free(gk), free(gv), free(gg), free(gb), free(s_in);
     }
+    gdn_cp_destroy(cp);
     gdn_plan_destroy(plan);
     free(o), free(ht);
     problem_free(&p);
@@ -341,12 +348,12 @@ typedef struct {
     float *o, *ht, *s_in, *gq, *gk, *gv, *gg, *gb, *gs;
 } small_case;
 
-static void small_make(small_case *sc, int packed, int check_finite, int ckpt) {
+static void small_make(small_case *sc, int strategy, int packed, int check_finite, int ckpt) {
     memset(sc, 0, sizeof *sc);
     const int64_t T = 5 * D;
     sc->cu[0] = 0, sc->cu[1] = 3, sc->cu[2] = T;
     gdn_config c = gdn_config_default(1, 5, D, D, 8, 8);
-    c.chunk = 16, c.threads = 1, c.check_finite = check_finite, c.checkpoint_chunks = ckpt;
+    c.chunk = 16, c.threads = 1, c.check_finite = check_finite, c.checkpoint_chunks = ckpt, c.cp = strategy;
     if (packed) c.cu_seqlens = sc->cu, c.n_docs = 2, c.seq_offset = 5 * rank;
     sc->loc = c;
     problem p;
@@ -395,9 +402,9 @@ static void null_plans(void) {
     char needle[64];
     for (int s = 0; s < 4; s++) {
         small_case sc;
-        small_make(&sc, 0, 1, 0);
+        small_make(&sc, s, 0, 1, 0);
         gdn_cp *cp = NULL;
-        gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+        gdn_cp_create(&cp, MPI_COMM_WORLD);
         for (int backward = 0; backward < 2; backward++)
             for (int who = 0; who < 3; who++) { /* 0: rank `bad` only, 1: every rank, 2: none (control) */
                 const int mine_null = who == 1 || (who == 0 && rank == bad);
@@ -425,9 +432,9 @@ static void null_bundles(void) {
     snprintf(other, sizeof other, "rank %d", bad);
     for (int s = 0; s < 4; s++) {
         small_case sc;
-        small_make(&sc, 0, 1, 0);
+        small_make(&sc, s, 0, 1, 0);
         gdn_cp *cp = NULL;
-        gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+        gdn_cp_create(&cp, MPI_COMM_WORLD);
         const gdn_rule_grads gr = {.dq = sc.gq, .dk = sc.gk, .dv = sc.gv, .dg = sc.gg, .dbeta = sc.gb, .dh0 = sc.gs};
         gdn_rule_inputs in_no_k = *RULE_INPUTS(&sc, sc.h0);
         in_no_k.k = NULL;
@@ -470,9 +477,9 @@ static void fault_sites(void) {
         for (int packed = 0; packed < 2; packed++)
             for (int backward = 0; backward < 2; backward++) {
                 small_case sc;
-                small_make(&sc, packed, 1, 0);
+                small_make(&sc, s, packed, 1, 0);
                 gdn_cp *cp = NULL;
-                gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+                gdn_cp_create(&cp, MPI_COMM_WORLD);
                 float *out = backward ? sc.gq : sc.o;
                 const int64_t nout = backward ? n_qk(&sc.loc) : n_v(&sc.loc);
                 int rc0 = small_call(cp, &sc, sc.plan, backward);
@@ -483,7 +490,7 @@ static void fault_sites(void) {
                 for (long n = 1; n < 100; n++) {
                     /* a fresh context each time: its grow-only scratch is allocated again */
                     gdn_cp *fc = NULL;
-                    gdn_cp_create(&fc, MPI_COMM_WORLD, (gdn_cp_strategy)s);
+                    gdn_cp_create(&fc, MPI_COMM_WORLD);
                     memset(out, 0, sizeof(float) * nout);
                     if (rank == fr) test_fault = (test_fault_ctl){1, n, 0, NULL, NULL};
                     rc = small_call(fc, &sc, sc.plan, backward);
@@ -527,7 +534,7 @@ static void fault_sites(void) {
         gdn_cp *cp = NULL;
         if (rank == fr) test_fault = (test_fault_ctl){1, n, 0, NULL, NULL};
         alarm(30);
-        const int rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        const int rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
         alarm(0);
         const int hit_here = test_fault.site != NULL;
         test_fault.armed = 0;
@@ -575,7 +582,7 @@ static void halo_faults(void) {
     char needle[32];
     snprintf(needle, sizeof needle, "rank %d", fr);
     gdn_cp *cp = NULL;
-    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+    gdn_cp_create(&cp, MPI_COMM_WORLD);
     float x[6], dx[6], halo[9], dhalo[9];
     for (int i = 0; i < 6; i++) x[i] = (float)(100 * rank + i);
     for (int i = 0; i < 9; i++) dhalo[i] = 1.0f;
@@ -615,13 +622,13 @@ static void halo_faults(void) {
  * chunks: the cached plan follows (64 tokens a rank, 4 chunks of 16). */
 static void heads_plan_key(void) {
     gdn_cp *cp = NULL;
-    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_HEADS);
+    gdn_cp_create(&cp, MPI_COMM_WORLD);
     for (int order = 0; order < 2; order++) {
         int rc[2];
         for (int i = 0; i < 2; i++) {
             const int cf = order == 0 ? i : 1 - i; /* order 0: off, on; order 1: on, off */
             small_case sc;
-            small_make(&sc, 0, cf, 0);
+            small_make(&sc, GDN_CP_HEADS, 0, cf, 0);
             if (i == 1 && rank == D - 1) sc.q[3] = 3e19f;
             rc[i] = small_call(cp, &sc, sc.plan, 0);
             small_free(&sc);
@@ -637,7 +644,7 @@ static void heads_plan_key(void) {
     int ck[2] = {0, 0}, rcs[2] = {0, 0};
     for (int i = 0; i < 2; i++) {
         gdn_config c = gdn_config_default(1, 64, D, D, 8, 8);
-        c.chunk = 16, c.threads = 1, c.checkpoint_chunks = i + 1;
+        c.chunk = 16, c.threads = 1, c.checkpoint_chunks = i + 1, c.cp = GDN_CP_HEADS;
         problem p;
         problem_make(&p, c, GATE_MILD, BETA_RANDOM, 0, 5);
         float *dout = random_floats(n_v(&c)), *gr = malloc(sizeof(float) * (3 * n_qk(&c) + n_v(&c) + 2 * n_g(&c)));
@@ -678,7 +685,7 @@ static void robustness(void) {
 /* gdn_cp_set_wait: collective, one mode on every rank, the rest refused everywhere. */
 static void wait_modes(void) {
     gdn_cp *cp = NULL;
-    if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) {
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD)) {
         check(0, "wait modes: gdn_cp_create: %s", gdn_errmsg());
         return;
     }
@@ -763,7 +770,7 @@ void test_cp(void) {
  * compared in a second exchange. Each case's expectation is checked on every rank. */
 static void agree_values(void) {
     gdn_cp *cp = NULL;
-    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+    gdn_cp_create(&cp, MPI_COMM_WORLD);
     enum { N = 45 }; /* beyond one row of GDN_CP_AGREE_COLS */
     int64_t v[N];
     const char *names[N];
@@ -817,6 +824,7 @@ static void golden_cp(gdn_cp_strategy strategy, const char *name) {
     gdn_config loc = *c;
     loc.T = tn;
     loc.threads = 1;
+    loc.cp = strategy;
     float *q = slice_rows(pb.q, B, T, t0, tn, c->Hk * c->K), *k = slice_rows(pb.k, B, T, t0, tn, c->Hk * c->K);
     float *v = slice_rows(pb.v, B, T, t0, tn, c->Hv * c->V), *g = slice_rows(pb.g, B, T, t0, tn, c->Hv);
     float *beta = slice_rows(pb.beta, B, T, t0, tn, c->Hv), *ldo = slice_rows(pb.dout, B, T, t0, tn, c->Hv * c->V);
@@ -826,7 +834,7 @@ static void golden_cp(gdn_cp_strategy strategy, const char *name) {
     gdn_plan *plan = NULL;
     gdn_cp *cp = NULL;
     rc = gdn_plan_create(&plan, &loc);
-    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
     if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, NULL,
                                  &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta,
                                                     .h0 = pb.h0});

@@ -34,8 +34,10 @@ static int layer_cp_run(const gdn_layer_config *loc, int strategy, int fault, fl
                         float *dwsum, size_t nw, const float *xl, const float *w, const float *dyl, int *any) {
     gdn_layer_plan *lp = NULL;
     gdn_cp *cp = NULL;
-    int rc = gdn_layer_plan_create(&lp, loc);
-    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, (gdn_cp_strategy)strategy);
+    gdn_layer_config with = *loc;
+    with.cp = strategy;
+    int rc = gdn_layer_plan_create(&lp, &with);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
     float *saved = lp ? malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1)) : NULL;
     if (cp) gdn_cp_set_fault(cp, fault);
     if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, xl, w);
@@ -206,7 +208,7 @@ static void layer_cp_disagree(void) {
     gdn_layer_plan *lp;
     gdn_cp *cp;
     gdn_layer_plan_create(&lp, &c);
-    gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+    gdn_cp_create(&cp, MPI_COMM_WORLD);
     float *saved = malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1));
     int rc = gdn_layer_cp_forward(cp, lp, y, saved, x, w), ok, all;
     const struct { const char *what, *needle; } cases[] = {

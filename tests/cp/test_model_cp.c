@@ -15,10 +15,14 @@
 /* Rounding only (summation order differs between the split and single runs). */
 #define TOL_MODEL_CP 2e-5
 
+/* The GatedDeltaNet layers' CP strategy of the runs below (gdn_model_run.rule_cp). */
+static gdn_cp_strategy rule_strategy = GDN_CP_SCAN;
+
 static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w, float *dw,
                            const gdn_token *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
                            int recompute, int fault, int attn_cp) {
-    gdn_model_run r = {.B = B, .T = tn, .threads = 1, .recompute = recompute, .check_finite = 1, .attn_cp = attn_cp};
+    gdn_model_run r = {.B = B, .T = tn, .threads = 1, .recompute = recompute, .check_finite = 1, .attn_cp = attn_cp,
+                       .rule_cp = rule_strategy};
     gdn_model_plan *p = NULL;
     int rc = gdn_model_plan_create(&p, c, &r, cp);
     gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
@@ -43,7 +47,8 @@ static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w
 static double packed_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w, float *dw,
                             const gdn_token *tok, int64_t B, int64_t T, int64_t t0, int64_t tn,
                             const int64_t *cu, const int64_t *nd, double denom, int fault, int attn_cp) {
-    gdn_model_run r = {.B = B, .T = tn, .threads = 1, .check_finite = 1, .pack = 1, .attn_cp = attn_cp};
+    gdn_model_run r = {.B = B, .T = tn, .threads = 1, .check_finite = 1, .pack = 1, .attn_cp = attn_cp,
+                       .rule_cp = rule_strategy};
     gdn_model_plan *p = NULL;
     int rc = gdn_model_plan_create(&p, c, &r, cp);
     gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
@@ -93,7 +98,8 @@ static void test_model_cp_packed(const gdn_model_config *c, const float *w, cons
     const gdn_cp_strategy strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY};
     for (int s = 0; s < 3; s++) {
         gdn_cp *cp = NULL;
-        if (gdn_cp_create(&cp, MPI_COMM_WORLD, strategies[s])) continue;
+        rule_strategy = strategies[s];
+        if (gdn_cp_create(&cp, MPI_COMM_WORLD)) continue;
         const char *sn = gdn_cp_strategy_name(strategies[s]);
         double got = packed_cp_run(cp, c, w, dw, tok, B, T, t0, tn, cu, nd, denom, 0, 0);
         expect_close(fabs(got - ref) / fabs(ref), TOL_MODEL_CP, "packed model loss over %d ranks (%s) vs one rank, "
@@ -107,6 +113,7 @@ static void test_model_cp_packed(const gdn_model_config *c, const float *w, cons
         }
         gdn_cp_destroy(cp);
     }
+    rule_strategy = GDN_CP_SCAN;
     free(dw), free(dw_ref);
 }
 
@@ -119,7 +126,7 @@ static void test_model_cp_bad_token(const gdn_model_config *c, const float *w, c
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     gdn_cp *cp = NULL;
-    if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) return;
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD)) return;
     gdn_model_run r = {.B = B, .T = tn, .threads = 1, .check_finite = 1};
     gdn_model_plan *p = NULL;
     gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
@@ -178,7 +185,8 @@ void test_model_cp(void) {
     const gdn_cp_strategy strategies[] = {GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY};
     for (int s = 0; s < 3; s++) {
         gdn_cp *cp = NULL;
-        if (gdn_cp_create(&cp, MPI_COMM_WORLD, strategies[s])) {
+        rule_strategy = strategies[s];
+        if (gdn_cp_create(&cp, MPI_COMM_WORLD)) {
             check(0, "gdn_cp_create: %s", gdn_errmsg());
             continue;
         }
@@ -204,6 +212,7 @@ void test_model_cp(void) {
         }
         gdn_cp_destroy(cp);
     }
+    rule_strategy = GDN_CP_SCAN;
     test_model_cp_packed(&c, w, tok, B, T, t0, tn, D);
     test_model_cp_bad_token(&c, w, tok, B, T, t0, tn, D, ref);
     free(w), free(dw), free(dw_ref), free(tok);
@@ -273,7 +282,7 @@ void test_model_cp_hybrid(void) {
     cp_docs(T, D, cu, nd);
     static const int strategies[2] = {GDN_ATTN_CP_KV, GDN_ATTN_CP_HEADS};
     gdn_cp *cp = NULL;
-    if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) {
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD)) {
         check(0, "gdn_cp_create: %s", gdn_errmsg());
         free(tok);
         goto out;

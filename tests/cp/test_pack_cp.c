@@ -123,8 +123,9 @@ static int run_case(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault,
     float *gb = calloc((size_t)(tn * Hv), sizeof(float));
     gdn_plan *plan = NULL;
     gdn_cp *cp = NULL;
+    loc.cp = strategy;
     if (!rc) rc = gdn_plan_create(&plan, &loc);
-    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
     if (!rc) gdn_cp_set_fault(cp, fault);
     if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in,
                                  &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta, .h0 = h0});
@@ -231,8 +232,9 @@ static void layer_cp_errors(const cp_pack_case *cc, gdn_cp_strategy strategy, in
     float *dw = calloc((size_t)nw, sizeof(float)), *saved = NULL;
     gdn_layer_plan *lp = NULL;
     gdn_cp *cp = NULL;
+    loc.cp = strategy;
     if (!rc) rc = gdn_layer_plan_create(&lp, &loc);
-    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, strategy);
+    if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
     if (!rc) gdn_cp_set_fault(cp, fault), saved = calloc(gdn_layer_saved_floats(lp) + 1, sizeof(float));
     if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, x + t0 * E, w);
     if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, x + t0 * E, w, saved, dy + t0 * E);
@@ -360,7 +362,7 @@ void test_pack_cp(void) {
         gdn_cp *cp = NULL;
         float x[64] = {0}, o[64];
         rc = gdn_plan_create(&plan, &c);
-        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN);
+        if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
         if (!rc) rc = gdn_cp_forward(cp, plan, o, NULL, NULL,
                                      &(gdn_rule_inputs){.q = x, .k = x, .v = x, .g = x, .beta = x});
         expect_status(rc, GDN_ERR_SHAPE, "seq_offset 0 but the ranks before it hold 4",

@@ -32,7 +32,13 @@ static void config_errors(void) {
     BAD(threads, -2, GDN_ERR_ARG, "threads");
     BAD(scale, NAN, GDN_ERR_ARG, "scale");
     BAD(T, (int64_t)1 << 62, GDN_ERR_SHAPE, "too large");
+    BAD(cp, 4, GDN_ERR_ARG, "cp must be a CP strategy");
+    BAD(cp, -1, GDN_ERR_ARG, "cp must be a CP strategy");
 #undef BAD
+    c = gdn_config_default(1, 8, 1, 1, 16, 16);
+    c.cp = GDN_CP_HEADS; /* control: every strategy plans on one rank (it ignores it) */
+    expect_status(gdn_plan_create(&plan, &c), GDN_OK, NULL, "config cp = GDN_CP_HEADS plans");
+    gdn_plan_destroy(plan), plan = NULL;
     c = gdn_config_default(1, 8, 3, 4, 16, 16);
     expect_status(gdn_plan_create(&plan, &c), GDN_ERR_SHAPE, "multiple of Hk", "Hv %% Hk != 0");
     expect_status(gdn_plan_create(NULL, &c), GDN_ERR_ARG, NULL, "NULL plan pointer");

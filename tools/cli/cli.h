@@ -31,8 +31,8 @@ int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_
  * whatever the values). Returns 1. */
 int cli_cp_fail_early(int argc, char **argv);
 /* The start of a --cp run of `cmd` (gdncp run, layer, attention): this rank's place (*rank, *D)
- * and the context over MPI_COMM_WORLD for `strategy` (a gdn_cp_strategy). strategy < 0: the
- * --cp value `name` is unknown, named here with the `known` ones, and this rank joins the other
+ * and the context over MPI_COMM_WORLD (the strategy, parsed from `name` by the caller, goes in
+ * its plan's config). strategy < 0: the --cp value `name` is unknown, named here with the `known` ones, and this rank joins the other
  * ranks' first collectives with the failure. 0 when *cp is ready, else the exit status. */
 int cli_cp_begin(const char *cmd, const char *name, int strategy, const char *known, int argc, char **argv,
                  gdn_cp **cp, int *rank, int *D);

@@ -102,7 +102,7 @@ int cli_cp_fail_early(int argc, char **argv) {
     /* the other ranks' first collectives: the context's communicator, then their first agreement
      * step, whatever number of values they pass (every rank sends one fixed-width row) */
     gdn_cp *cp = NULL;
-    if (gdn_cp_create(&cp, MPI_COMM_WORLD, GDN_CP_SCAN)) return 1;
+    if (gdn_cp_create(&cp, MPI_COMM_WORLD)) return 1;
     gdn_cp_agree_values(cp, NULL, 0, NULL, GDN_ERR_ARG);
     gdn_cp_destroy(cp);
     return 1;
@@ -117,7 +117,7 @@ int cli_cp_begin(const char *cmd, const char *name, int strategy, const char *kn
         fprintf(stderr, "gdncp %s: rank %d: unknown --cp strategy '%s' (%s)\n", cmd, *rank, name, known);
         return cli_cp_fail_early(argc, argv);
     }
-    return gdn_cp_create(cp, MPI_COMM_WORLD, (gdn_cp_strategy)strategy) ? cli_error(cmd, GDN_ERR_MPI) : 0;
+    return gdn_cp_create(cp, MPI_COMM_WORLD) ? cli_error(cmd, GDN_ERR_MPI) : 0;
 }
 
 int cli_cp_agree_first(gdn_cp *cp, const char *cmd, const int64_t *vals, int n, const char *const *names, int local,

@@ -34,10 +34,6 @@ GDN_F64 = 1
 GDN_BF16 = 2
 GDN_DTYPE_OTHER = 3
 # cp.h
-GDN_CP_SCAN = 0
-GDN_CP_ALLGATHER = 1
-GDN_CP_RELAY = 2
-GDN_CP_HEADS = 3
 GDN_CP_FAULT_NONE = 0
 GDN_CP_FAULT_REVERSED_ORDER = 1
 GDN_CP_FAULT_DROP_INCOMING = 2
@@ -65,6 +61,10 @@ GDN_FUSED_COUNT = 2
 # kernel.h
 GDN_MAX_HEAD_DIM = 256
 GDN_SCALE_DEFAULT = 0.0
+GDN_CP_SCAN = 0
+GDN_CP_ALLGATHER = 1
+GDN_CP_RELAY = 2
+GDN_CP_HEADS = 3
 # layer.h
 GDN_MAX_CONV = 16
 GDN_LAYER_KEEP_MIN = 0
@@ -134,8 +134,8 @@ ENUMS = {
     'gdn_attn_param': {'GDN_A_Q_PROJ': 0, 'GDN_A_K_PROJ': 1, 'GDN_A_V_PROJ': 2, 'GDN_A_O_PROJ': 3, 'GDN_A_Q_NORM': 4, 'GDN_A_K_NORM': 5, 'GDN_A_COUNT': 6},
     'gdn_compute': {'GDN_COMPUTE_FP32': 0, 'GDN_COMPUTE_BF16': 1},
     'gdn_dtype': {'GDN_F32': 0, 'GDN_F64': 1, 'GDN_BF16': 2, 'GDN_DTYPE_OTHER': 3},
-    'gdn_cp_strategy': {'GDN_CP_SCAN': 0, 'GDN_CP_ALLGATHER': 1, 'GDN_CP_RELAY': 2, 'GDN_CP_HEADS': 3},
     'gdn_cp_wait': {'GDN_CP_WAIT_AUTO': 0, 'GDN_CP_WAIT_SPIN': 1, 'GDN_CP_WAIT_SLEEP': 2},
+    'gdn_cp_strategy': {'GDN_CP_SCAN': 0, 'GDN_CP_ALLGATHER': 1, 'GDN_CP_RELAY': 2, 'GDN_CP_HEADS': 3},
     'gdn_layer_keep': {'GDN_LAYER_KEEP_MIN': 0, 'GDN_LAYER_KEEP_PROJ': 1},
     'gdn_layer_param': {'GDN_P_IN_PROJ_QKV': 0, 'GDN_P_IN_PROJ_Z': 1, 'GDN_P_IN_PROJ_B': 2, 'GDN_P_IN_PROJ_A': 3, 'GDN_P_CONV1D': 4, 'GDN_P_A_LOG': 5, 'GDN_P_DT_BIAS': 6, 'GDN_P_NORM': 7, 'GDN_P_OUT_PROJ': 8, 'GDN_P_COUNT': 9},
     'gdn_moe_param': {'GDN_MOE_ROUTER': 0, 'GDN_MOE_GATE_UP': 1, 'GDN_MOE_DOWN': 2, 'GDN_MOE_SHARED_GATE': 3, 'GDN_MOE_SHARED_UP': 4, 'GDN_MOE_SHARED_DOWN': 5, 'GDN_MOE_SHARED_EXPERT_GATE': 6, 'GDN_MOE_COUNT': 7},
@@ -234,6 +234,7 @@ class LayerConfig(ctypes.Structure):
         ('cu_seqlens', POINTER(c_int64)),
         ('n_docs', c_int64),
         ('seq_offset', c_int64),
+        ('cp', c_int),
     ]
 
 
@@ -276,6 +277,7 @@ class Config(ctypes.Structure):
         ('n_docs', c_int64),
         ('seq_offset', c_int64),
         ('compute', c_int),
+        ('cp', c_int),
     ]
 
 
@@ -413,6 +415,7 @@ class ModelRun(ctypes.Structure):
         ('pack', c_int),
         ('attn_cp', c_int),
         ('compute', c_int),
+        ('rule_cp', c_int),
     ]
 
 
@@ -567,11 +570,10 @@ PROTOTYPES = {
     'gdn_compute_name': (c_char_p, [c_int]),
     'gdn_compute_path': (c_char_p, [c_int]),
     # cp.h
-    'gdn_cp_create': (c_int, [POINTER(c_void_p), "MPI_Comm", c_int]),
+    'gdn_cp_create': (c_int, [POINTER(c_void_p), "MPI_Comm"]),
     'gdn_cp_destroy': (None, [c_void_p]),
     'gdn_cp_rank': (c_int, [c_void_p]),
     'gdn_cp_size': (c_int, [c_void_p]),
-    'gdn_cp_get_strategy': (c_int, [c_void_p]),
     'gdn_cp_strategy_name': (c_char_p, [c_int]),
     'gdn_cp_strategy_parse': (c_int, [c_char_p]),
     'gdn_cp_forward': (c_int, [c_void_p, c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(RuleInputs)]),

@@ -111,8 +111,9 @@ def _scale_value(scale):
     return scale
 
 
-def _config(p, scale, l2norm, chunk, threads, seq_offset=0):
+def _config(p, scale, l2norm, chunk, threads, seq_offset=0, strategy=0):
     cfg = L.gdn_config_default(p.B, p.T, p.Hk, p.Hv, p.K, p.V)
+    cfg.cp = int(strategy)   # its CP calls' strategy (gdn_cp_strategy); one rank ignores it
     cfg.scale = _scale_value(scale)
     cfg.l2norm = 1 if l2norm else 0
     cfg.chunk = int(chunk)
@@ -129,13 +130,13 @@ def _config(p, scale, l2norm, chunk, threads, seq_offset=0):
 _PLAN_CACHE = 8  # plans hold workspace: a few shapes (a model's layers share one) are enough
 
 
-def _plan(p, scale, l2norm, chunk, threads, seq_offset=0):
+def _plan(p, scale, l2norm, chunk, threads, seq_offset=0, strategy=0):
     """The kernel plan of this problem and these options (gdncp._plans.PLANS, kind "rule")."""
     key = ("rule", p.B, p.T, p.Hk, p.Hv, p.K, p.V, _scale_value(scale), bool(l2norm), int(chunk),
-           int(threads), None if p.cu is None else p.cu.tobytes(), int(seq_offset))
+           int(threads), None if p.cu is None else p.cu.tobytes(), int(seq_offset), int(strategy))
     # the plan copies the offsets; p.cu is kept with it only for the config's pointer
     return PLANS.get(key, lambda: Plan(L.gdn_plan_create, L.gdn_plan_destroy,
-                                       _config(p, scale, l2norm, chunk, threads, seq_offset),
+                                       _config(p, scale, l2norm, chunk, threads, seq_offset, strategy),
                                        "gdn_plan_create", keep=p.cu), _PLAN_CACHE)
 
 
@@ -515,32 +516,29 @@ def _mpi():
 
 class _CommState:
     """gdncp's side of one communicator: a duplicate for the Python-side collectives (the
-    agreement table, the sum of the final state's gradient) and one gdn_cp context per strategy
-    (each gdn_cp_create duplicates it again). Made collectively on first use."""
+    agreement table, the sum of the final state's gradient) and its one gdn_cp context (which
+    duplicates it again; the strategy of a call is its plan's). Made collectively on first use."""
 
     def __init__(self, MPI, comm):
         self.MPI = MPI
         self.py = comm.Dup()
         self.rank, self.size = self.py.Get_rank(), self.py.Get_size()
-        self.cps = {}
+        self.ctx = None
 
-    def cp(self, strategy):
-        """The gdn_cp context of a strategy (collective the first time: called only after the
-        ranks agreed on the strategy)."""
-        h = self.cps.get(strategy)
-        if h is None:
+    def cp(self):
+        """The communicator's gdn_cp context (collective the first time, on every rank alike)."""
+        if self.ctx is None:
             h = ctypes.c_void_p()
-            st = L.gdn_cp_create(ctypes.byref(h), self.MPI._handleof(self.py), strategy)
-            L.check(st, "gdn_cp_create")
-            self.cps[strategy] = h
-        return h
+            L.check(L.gdn_cp_create(ctypes.byref(h), self.MPI._handleof(self.py)), "gdn_cp_create")
+            self.ctx = h
+        return self.ctx
 
     def close(self):
         if self.MPI.Is_finalized():
             return
-        for h in self.cps.values():
-            L.gdn_cp_destroy(h)
-        self.cps = {}
+        if self.ctx is not None:
+            L.gdn_cp_destroy(self.ctx)
+        self.ctx = None
         if self.py != self.MPI.COMM_NULL:
             self.py.Free()
 
@@ -686,11 +684,11 @@ class _CPCall:
         if self.sid == 3 and p.Hk % self.size:
             raise ValueError(f"strategy 'heads' needs the number of ranks ({self.size}) to divide "
                              f"the key heads Hk = {p.Hk}")
-        self.cp = st.cp(self.sid)   # collective on first use; the ranks agree on the strategy
+        self.cp = st.cp()   # collective on first use (every rank reaches it: agreed above)
         # The plan for this shard (local; a failure on one rank is made every rank's)
         err, status = None, L.GDN_OK
         try:
-            self.plan = _plan(p, scale, l2norm, chunk, threads, self.offset)
+            self.plan = _plan(p, scale, l2norm, chunk, threads, self.offset, self.sid)
         except Exception as e:  # noqa: BLE001
             err, status = e, getattr(e, "status", L.GDN_ERR_MPI)
         status = L.gdn_cp_agree_status(self.cp, status)

@@ -193,7 +193,7 @@ def causal_conv1d(x, weight, *, comm, activation=None, cu_seqlens=None):
     except (TypeError, ValueError) as e:
         err, status = e, L.GDN_ERR_SHAPE
     st = core._comm_state(comm)
-    cp = st.cp(0)   # the halo is point to point: any strategy's context carries it
+    cp = st.cp()
     rows = max(Kc - 1, 1)   # (Kc = 1 needs none; one row keeps the call, and the agreement, alike)
     try:   # collective even where this rank failed: status makes the failure every rank's
         halo = _Halo.apply(x if err is None else torch.zeros(1, 1, 1), rows, cp, status)

@@ -86,7 +86,7 @@ class Shard:
         self.pos_offset = int(pos_offset)
         self.gdn, self.attention, self.compute = gdn, attention, compute
         self.threads = int(threads)
-        self.cp = st.cp(core._strategy_id(gdn))   # collective on first use (agreed above)
+        self.cp = st.cp()   # collective on first use (agreed above)
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,7 @@ def _layer_cfg(dims, shard, cu):
     c.Kc, c.eps, c.threads = dims.Kc, dims.eps, shard.threads
     c.check_finite = 1
     c.compute = 1 if shard.compute == "bf16" else 0
+    c.cp = core._strategy_id(shard.gdn)   # the rule's CP strategy (agreed)
     if cu is not None:
         c.cu_seqlens = cu.ctypes.data_as(L.P_int64)
         c.n_docs = cu.size - 1
@@ -194,7 +195,7 @@ _PLAN_CACHE = 16
 def _plan(kind, dims, shard):
     """The plan of this rank's shard (made locally; a failure on one rank is every rank's):
     gdncp._plans.PLANS, kind "cp-gdn" or "cp-attn"; plan.saved: its saved floats."""
-    key = ("cp-" + kind, dims, shard.B, shard.T, shard.offset, shard.pos_offset, shard.attention,
+    key = ("cp-" + kind, dims, shard.B, shard.T, shard.offset, shard.pos_offset, shard.gdn, shard.attention,
            shard.compute, shard.threads, None if shard.cu is None else shard.cu.tobytes())
 
     def make():
