@@ -39,7 +39,7 @@ enum {
 };
 extern const char *const cp_site[8];
 /* The BF16 GEMM's sites (src/blas/blas.h, GDN_BF16_MUT_*) the BF16 suites use. */
-#define SITE_BF16_TRUNCATE "bf16 gemm: operands truncated, not rounded"
+#define SITE_BF16_TRUNCATE "bf16 gemm: operands truncated instead of rounded"
 #define SITE_BF16_PAIR_SHIFT "bf16 gemm: B k pairs taken one k late"
 #define SITE_BF16_SKIP_KBLOCK "bf16 gemm: AMX last k block of a slice skipped"
 #define SITE_BF16_AMX_ORDER "bf16 gemm: fallback sums in the AMX order"

@@ -61,7 +61,7 @@ uint16_t gdn_f32_to_bf16(float x); /* nearest even (NaN kept a NaN) */
  * handed down to its packers and micro-kernels as these bits (0: none): three negative controls
  * and one order the tests compare bit for bit (the fallback summing in TDPBF16PS's order: blocks
  * of 16 pairs, even and odd partial sums, = the AMX path, instead of VDPBF16PS's). */
-enum { GDN_BF16_MUT_TRUNCATE = 1,    /* "bf16 gemm: operands truncated, not rounded" */
+enum { GDN_BF16_MUT_TRUNCATE = 1,    /* "bf16 gemm: operands truncated instead of rounded" */
        GDN_BF16_MUT_PAIR_SHIFT = 2,  /* "bf16 gemm: B k pairs taken one k late" (2p+1, 2p+2) */
        GDN_BF16_MUT_SKIP_KBLOCK = 4, /* "bf16 gemm: AMX last k block of a slice skipped" */
        GDN_BF16_MUT_AMX_ORDER = 8,   /* "bf16 gemm: fallback sums in the AMX order" */

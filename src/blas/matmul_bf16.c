@@ -69,7 +69,7 @@
 #endif
 
 int gdn_bf16_mutations(void) {
-    return (gdn_test_mutate("bf16 gemm: operands truncated, not rounded") ? GDN_BF16_MUT_TRUNCATE : 0) |
+    return (gdn_test_mutate("bf16 gemm: operands truncated instead of rounded") ? GDN_BF16_MUT_TRUNCATE : 0) |
            (gdn_test_mutate("bf16 gemm: B k pairs taken one k late") ? GDN_BF16_MUT_PAIR_SHIFT : 0) |
            (gdn_test_mutate("bf16 gemm: AMX last k block of a slice skipped") ? GDN_BF16_MUT_SKIP_KBLOCK : 0) |
            (gdn_test_mutate("bf16 gemm: fallback sums in the AMX order") ? GDN_BF16_MUT_AMX_ORDER : 0);
