@@ -41,7 +41,7 @@ GDN_WING int gdn_fail(int status, const char *fmt, ...) __attribute__((format(pr
  * meaning the library's own choice. The weak definition answers from the environment,
  * GDNCP_MUTATE=site[=value][,site[=value]...] (exact names, value 1 when absent; a name holds
  * neither ',' nor '='), so the command line and the shell tests can break a run on purpose.
- * docs/testing.md lists every site; scripts/test_cli.sh checks that list against the sources. */
+ * docs/testing.md lists every site. */
 #ifndef GDN_TEST_HOOKS
 #define GDN_TEST_HOOKS 1
 #endif
