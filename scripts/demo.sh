@@ -43,14 +43,16 @@ echo "== sample from the checkpoint (the layers' decode path, temperature 0.7)"
 "$g" sample --ckpt "$out/ckpt" --prompt "The meaning of life is" --tokens 300 --temperature 0.7 --seed 7
 
 echo "== exactness: 10 steps of 8 x 64 bytes on 1 rank, on 2 CP ranks, and on 2 ranks deliberately wrong:"
-echo "   --fault drop-incoming (the GatedDeltaNet state not passed on) and --fault drop-kv (the attention"
+echo "   GDNCP_MUTATE='cp: incoming state dropped' (the GatedDeltaNet state not passed on) and"
+echo "   GDNCP_MUTATE='attention cp: keys and values of earlier ranks dropped' (the attention"
 echo "   layer not attending to the earlier rank's keys and values); their losses must differ, or the check"
 echo "   proves nothing"
 for run in "1 one" "2 cp2" "2 dropped" "2 dropkv"; do
   set -- $run
-  extra=(); [ "$2" != one ] && extra=(--cp 2); [ "$2" = dropped ] && extra+=(--fault drop-incoming)
-  [ "$2" = dropkv ] && extra+=(--fault drop-kv)
-  OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" "$g" train --data "$text" --model tiny --seq 64 --batch 8 --steps 10 \
+  extra=(); [ "$2" != one ] && extra=(--cp 2); mutate=
+  [ "$2" = dropped ] && mutate="cp: incoming state dropped"
+  [ "$2" = dropkv ] && mutate="attention cp: keys and values of earlier ranks dropped"
+  GDNCP_MUTATE=$mutate OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" "$g" train --data "$text" --model tiny --seq 64 --batch 8 --steps 10 \
     --eval-every 0 --log "$out/exact_$2.csv" "${extra[@]}" > /dev/null
 done
 cmp_losses() { # the largest relative difference of the loss column of two logs

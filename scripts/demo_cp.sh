@@ -32,8 +32,8 @@ for spec in "4 scan" "3 allgather" "2 relay" "2 heads"; do
     continue
   fi
   echo "== negative control: the same run (forward only, to save time) and comparison with the incoming"
-  echo "   state dropped (--fault drop-incoming, deliberately wrong); the comparison must FAIL"
-  OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" ./"$bd"/gdncp run --cp "$2" --fault drop-incoming \
+  echo "   state dropped (GDNCP_MUTATE='cp: incoming state dropped', deliberately wrong); the comparison must FAIL"
+  GDNCP_MUTATE="cp: incoming state dropped" OMP_NUM_THREADS=1 mpiexec.mpich -n "$1" ./"$bd"/gdncp run --cp "$2" \
     --in "$work/seq.safetensors" --out "$work/dropped.safetensors"
   rc=0
   out=$(./"$bd"/gdncp diff "$work/dropped.safetensors" "$work/single.safetensors" --tol 2e-5) || rc=$?

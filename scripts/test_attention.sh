@@ -140,7 +140,6 @@ done <<LIST
 1|does not combine with packed|$L attention ${W[*]} --in $A/pk_pos.st --out $A/x.st --decode 2
 2|does not combine with --backward|$L attention ${W[*]} --in $ref --out $A/x.st --decode 2 --backward
 2|need --cp|$L attention ${W[*]} --in $ref --out $A/x.st --stats
-2|need --cp|$L attention ${W[*]} --in $ref --out $A/x.st --fault drop-kv
 2|they need --backward|$L attention ${W[*]} --in $ref --out $A/x.st --recompute
 2|--position-offset|$L attention ${W[*]} --in $ref --out $A/x.st --position-offset -1
 2|--threads|$L attention ${W[*]} --in $ref --out $A/x.st --threads 0
@@ -167,12 +166,12 @@ attn_cp_cases() {
   done
   acase pass "mpiexec -n 3 --cp kv --backward --recompute --stats: every rank's replay_s and comm_s printed" \
     bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $ref --out $A/cp.st --backward --recompute --cp kv --stats && $L diff $A/cp.st $ref --tol 1e-5 && [ \$(grep -cE '^ +[0-2] .*(forward|backward) ' $A/log) = 6 ] && grep -q 'replay_s' $A/log"
-  acase fail "negative control: mpiexec -n 3 --cp kv --fault drop-kv vs the exact references" \
-    bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $ref --out $A/cp.st --cp kv --fault drop-kv && $L diff $A/cp.st $ref --tol 1e-5"
-  acase fail "negative control: mpiexec -n 3 --cp kv --backward --fault drop-kv-grad vs the exact references" \
-    bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $ref --out $A/cp.st --backward --cp kv --fault drop-kv-grad && $L diff $A/cp.st $ref --tol 1e-5"
-  acase fail "negative control: mpiexec -n 2 --cp heads --fault drop-kv vs the exact references" \
-    bash -c "$MPIEXEC -n 2 $L attention ${W[*]} --in $ref --out $A/cp.st --cp heads --fault drop-kv && $L diff $A/cp.st $ref --tol 1e-5"
+  acase fail "negative control: mpiexec -n 3 --cp kv (GDNCP_MUTATE: the keys and values of earlier ranks dropped) vs the exact references" \
+    bash -c "GDNCP_MUTATE='attention cp: keys and values of earlier ranks dropped' $MPIEXEC -n 3 $L attention ${W[*]} --in $ref --out $A/cp.st --cp kv && $L diff $A/cp.st $ref --tol 1e-5"
+  acase fail "negative control: mpiexec -n 3 --cp kv --backward (GDNCP_MUTATE: the key and value gradients of later ranks dropped) vs the exact references" \
+    bash -c "GDNCP_MUTATE='attention cp: key and value gradients of later ranks dropped' $MPIEXEC -n 3 $L attention ${W[*]} --in $ref --out $A/cp.st --backward --cp kv && $L diff $A/cp.st $ref --tol 1e-5"
+  acase fail "negative control: mpiexec -n 2 --cp heads (GDNCP_MUTATE: the keys and values of earlier ranks dropped) vs the exact references" \
+    bash -c "GDNCP_MUTATE='attention cp: keys and values of earlier ranks dropped' $MPIEXEC -n 2 $L attention ${W[*]} --in $ref --out $A/cp.st --cp heads && $L diff $A/cp.st $ref --tol 1e-5"
   for spec in "3 kv" "2 heads"; do
     set -- $spec
     acase pass "mpiexec -n $1 --cp $2: x_off by --position-offset 1000 == y_off" \
@@ -182,8 +181,8 @@ attn_cp_cases() {
     acase pass "mpiexec -n $1 --cp $2: packed (restarting position_ids) --backward == the single-rank packed run (tol 2e-5)" \
       bash -c "$MPIEXEC -n $1 $L attention ${W[*]} --in $A/pk_pos.st --out $A/cp.st --backward --cp $2 && $L diff $A/cp.st $A/pk.st --tol 2e-5"
   done
-  acase fail "negative control: mpiexec -n 3 --cp kv --fault drop-kv: x_off at --position-offset 1000 vs y_off" \
-    bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/off.st --out $A/cp.st --position-offset 1000 --cp kv --fault drop-kv && $L diff $A/cp.st $A/offref.st --tol 1e-5"
+  acase fail "negative control: mpiexec -n 3 --cp kv (GDNCP_MUTATE: the keys and values of earlier ranks dropped): x_off at --position-offset 1000 vs y_off" \
+    bash -c "GDNCP_MUTATE='attention cp: keys and values of earlier ranks dropped' $MPIEXEC -n 3 $L attention ${W[*]} --in $A/off.st --out $A/cp.st --position-offset 1000 --cp kv && $L diff $A/cp.st $A/offref.st --tol 1e-5"
   acase fail "negative control: mpiexec -n 3 --cp kv: the stream dense vs the packed run" \
     bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/r0.st --out $A/cp.st --backward --cp kv && $L diff $A/cp.st $A/pk.st --tol 2e-5"
   acase pass "mpiexec -n 3 --cp kv --shards 50,1,99 --cu-seqlens 0,50,51,150 (a rank per document) == single rank (tol 2e-5)" \
@@ -192,8 +191,8 @@ attn_cp_cases() {
     bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/xy.st --out $A/cp.st --cp kv --decode 8 && diffn $A/cp.st $A/xy.st 1"
   acase pass "mpiexec -n 2 --cp heads --decode 3 --shards 30,31 --position-offset 1000 (x_off, 64 tokens) == y_off" \
     bash -c "$MPIEXEC -n 2 $L attention ${W[*]} --in $A/off.st --out $A/cp.st --cp heads --decode 3 --shards 30,31 --position-offset 1000 && diffn $A/cp.st $A/offref.st 1"
-  acase fail "negative control: mpiexec -n 3 --cp kv --decode 8 --fault drop-kv (the other ranks' cache parts left out) vs the exact y" \
-    bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/xy.st --out $A/cp.st --cp kv --decode 8 --fault drop-kv && $L diff $A/cp.st $A/xy.st --tol 1e-5"
+  acase fail "negative control: mpiexec -n 3 --cp kv --decode 8 (GDNCP_MUTATE: the keys and values of earlier ranks dropped) (the other ranks' cache parts left out) vs the exact y" \
+    bash -c "GDNCP_MUTATE='attention cp: keys and values of earlier ranks dropped' $MPIEXEC -n 3 $L attention ${W[*]} --in $A/xy.st --out $A/cp.st --cp kv --decode 8 && $L diff $A/cp.st $A/xy.st --tol 1e-5"
   acase pass "mpiexec -n 3 --cp kv: a [T, E] input at --position-offset 1000 == y_off" \
     bash -c "$MPIEXEC -n 3 $L attention ${W[*]} --in $A/off2d.st --out $A/cp.st --position-offset 1000 --cp kv && diffn $A/cp.st $A/off2dref.st 1"
 }

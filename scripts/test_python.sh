@@ -72,11 +72,13 @@ fi
 
 # The CP tests: every rank runs pytest on test_cp.py (the rule over mpi4py) and test_cp_train.py
 # (transformers' whole models under patch(comm=...)); the tests compare notes between ranks, so
-# every rank reports the same outcome); rank r's output goes to $build/pytest-cp.log.r.
+# every rank reports the same outcome); rank r's output goes to $build/pytest-cp.log.r. Their negative
+# controls break the library through GDNCP_MUTATE, which the wheel (no test hooks) cannot: they load
+# BUILD's libgdncp.so (GDNCP_LIBRARY), built with the hooks.
 echo "== mpiexec.mpich -n 3 pytest python/tests/test_cp.py python/tests/test_cp_train.py"
 cplog="$build/pytest-cp.log"
 rm -f "$cplog".*
-GDNCP_MPI_TESTS=1 OMP_NUM_THREADS=1 timeout 600 mpiexec.mpich -n 3 bash -c \
+GDNCP_LIBRARY="$PWD/$build/libgdncp.so" GDNCP_MPI_TESTS=1 OMP_NUM_THREADS=1 timeout 600 mpiexec.mpich -n 3 bash -c \
   'exec "$0" -m pytest python/tests/test_cp.py python/tests/test_cp_train.py python/tests/test_torch_cp.py -q -rfE -p no:cacheprovider > "$1.$PMI_RANK" 2>&1' \
   "$venv/bin/python" "$cplog"
 crc=$?

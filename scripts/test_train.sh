@@ -46,7 +46,7 @@ for d in 2 3; do
 done
 train 3 "$work/cp3r.csv" --steps 4 --batch 2 --cp 3 --strategy relay --recompute on || fail "train --cp 3 relay"
 expect_close "--cp 3 --strategy relay --recompute on vs one rank" "$work/cp3r.csv" "$work/cp1.csv" 2e-5
-train 2 "$work/drop.csv" --steps 4 --batch 2 --cp 2 --fault drop-incoming || fail "train --fault"
+GDNCP_MUTATE="cp: incoming state dropped" train 2 "$work/drop.csv" --steps 4 --batch 2 --cp 2 || fail "train incoming state dropped"
 expect_far "--cp 2 with the incoming state dropped" "$work/drop.csv" "$work/cp1.csv" 2e-5
 train 4 "$work/dp2cp2.csv" --steps 4 --batch 1 --cp 2 || fail "train DP 2 x CP 2"
 expect_close "DP 2 x CP 2 (--batch 1 each) vs one rank --batch 2" "$work/dp2cp2.csv" "$work/cp1.csv" 2e-5

@@ -61,10 +61,10 @@ train 2 "$work/heads.csv" --steps 4 --batch 2 --cp 2 --attn-cp heads || fail "tr
 expect_close "--cp 2 --attn-cp heads (2 query heads, 1 kv head: 1 query head per rank) vs one rank" "$work/heads.csv" "$work/one.csv" $TOL
 train 2 "$work/dp2.csv" --steps 4 --batch 1 || fail "train DP 2 x CP 1"
 expect_close "DP 2 x CP 1 (--batch 1 each) vs one rank --batch 2" "$work/dp2.csv" "$work/one.csv" $TOL
-train 2 "$work/dropkv.csv" --steps 4 --batch 2 --cp 2 --fault drop-kv || fail "train --fault drop-kv"
-expect_far "--cp 2 with the attention's keys and values of rank 0 not attended (--fault drop-kv)" "$work/dropkv.csv" "$work/one.csv" $TOL
-train 2 "$work/dropin.csv" --steps 4 --batch 2 --cp 2 --fault drop-incoming || fail "train --fault drop-incoming"
-expect_far "--cp 2 with the GatedDeltaNet state dropped between ranks (--fault drop-incoming)" "$work/dropin.csv" "$work/one.csv" $TOL
+GDNCP_MUTATE="attention cp: keys and values of earlier ranks dropped" train 2 "$work/dropkv.csv" --steps 4 --batch 2 --cp 2 || fail "train keys and values of earlier ranks dropped"
+expect_far "--cp 2 with the attention's keys and values of rank 0 not attended (GDNCP_MUTATE='attention cp: keys and values of earlier ranks dropped')" "$work/dropkv.csv" "$work/one.csv" $TOL
+GDNCP_MUTATE="cp: incoming state dropped" train 2 "$work/dropin.csv" --steps 4 --batch 2 --cp 2 || fail "train incoming state dropped"
+expect_far "--cp 2 with the GatedDeltaNet state dropped between ranks (GDNCP_MUTATE='cp: incoming state dropped')" "$work/dropin.csv" "$work/one.csv" $TOL
 train 1 "$work/lt.csv" --steps 4 --batch 2 --layer-types linear,linear,linear,full_attention || fail "train --layer-types"
 expect_close "--layer-types linear,linear,linear,full_attention = the named tiny" "$work/lt.csv" "$work/one.csv" 0
 train 1 "$work/iv2.csv" --steps 4 --batch 2 --attn-interval 2 || fail "train --attn-interval 2"
@@ -113,8 +113,8 @@ whole=$(( 4 * 8 * 3 * 64 * 128 ))  # 4 MoE layers x 8 experts x (gate, up, down)
 [ -n "$e4" ] && [ "$e2" = $((whole / 2)) ] && [ "$e4" = $((whole / 4)) ] &&
   pass "--ep 2 / --ep 4: each rank holds $e2 / $e4 of the $whole expert parameters (1/2, 1/4)" ||
   { fail "expert parameters per rank '$e2' (ep 2), '$e4' (ep 4); want $((whole / 2)), $((whole / 4))"; cat "$work/moeep4.csv.out"; }
-train 4 "$work/moeepf.csv" "${moe[@]}" --cp 2 --batch 1 --ep 2 --fault ep-replicas || fail "train --fault ep-replicas"
-expect_far "--ep 2 on 4 ranks with the experts' gradients not summed over their replicas (--fault ep-replicas)" \
+GDNCP_MUTATE="train: expert gradients not summed over their replicas" train 4 "$work/moeepf.csv" "${moe[@]}" --cp 2 --batch 1 --ep 2 || fail "train expert gradients not summed over their replicas"
+expect_far "--ep 2 on 4 ranks with the experts' gradients not summed over their replicas (GDNCP_MUTATE='train: expert gradients not summed over their replicas')" \
   "$work/moeepf.csv" "$work/moe1.csv" $TOL
 # a checkpoint of a split run holds every expert (transformers' layout): resumed split, bit for bit; resumed
 # without --ep, within rounding (the gradients are then summed in one piece, and an MPI's reduction may
@@ -150,9 +150,9 @@ for bad in "4 --ep 3|not divisible by --ep 3" "3 --ep 3|does not divide the mode
   [ $rc = 1 ] && grep -q "$want" "$work/epbad.out" && pass "train $* on $n ranks refused: $want (exit 1)" ||
     { fail "train $* on $n ranks: exit $rc, want 1 and '$want'"; cat "$work/epbad.out"; }
 done
-train 2 "$work/moepr.csv" "${moe[@]}" --batch 1 --fault aux-per-rank || fail "train tiny-moe --fault aux-per-rank"
-expect_far "tiny-moe DP 2 with each rank's aux loss from its own rows (--fault aux-per-rank)" "$work/moepr.csv" "$work/moe1.csv" $TOL
-train 2 "$work/moeprc.csv" "${moe[@]}" --batch 2 --cp 2 --fault aux-per-rank || fail "train tiny-moe --cp 2 --fault aux-per-rank"
+GDNCP_MUTATE="train: the MoE aux loss from each rank alone" train 2 "$work/moepr.csv" "${moe[@]}" --batch 1 || fail "train tiny-moe the MoE aux loss from each rank alone"
+expect_far "tiny-moe DP 2 with each rank's aux loss from its own rows (GDNCP_MUTATE='train: the MoE aux loss from each rank alone')" "$work/moepr.csv" "$work/moe1.csv" $TOL
+GDNCP_MUTATE="train: the MoE aux loss from each rank alone" train 2 "$work/moeprc.csv" "${moe[@]}" --batch 2 --cp 2 || fail "train tiny-moe --cp 2 the MoE aux loss from each rank alone"
 expect_far "tiny-moe CP 2 with each rank's aux loss from its own shard" "$work/moeprc.csv" "$work/moe1.csv" $TOL
 train 1 "$work/moerc.csv" "${moe[@]}" --batch 2 --recompute on || fail "train tiny-moe --recompute on"
 expect_close "tiny-moe --recompute on (each block re-run in the backward) = off, bit for bit" \
@@ -194,7 +194,7 @@ train 2 "$work/pk2.csv" "${pk[@]}" --cp 2 --attn-cp heads --recompute on || fail
 expect_close "--pack, --cp 2 --attn-cp heads --recompute on vs one rank" "$work/pk2.csv" "$work/pk1.csv" $TOL
 train 2 "$work/pkkv.csv" "${pk[@]}" --cp 2 || fail "train --pack --cp 2 kv"
 expect_close "--pack, --cp 2 --attn-cp kv vs one rank" "$work/pkkv.csv" "$work/pk1.csv" $TOL
-train 2 "$work/pkdrop.csv" "${pk[@]}" --cp 2 --fault drop-kv || fail "train --pack --fault drop-kv"
+GDNCP_MUTATE="attention cp: keys and values of earlier ranks dropped" train 2 "$work/pkdrop.csv" "${pk[@]}" --cp 2 || fail "train --pack keys and values of earlier ranks dropped"
 expect_far "--pack, --cp 2 with rank 0's keys and values dropped" "$work/pkdrop.csv" "$work/pk1.csv" $TOL
 
 echo "== --init tests/data/qwen35_tiny (transformers' checkpoint decides the model)"
@@ -291,9 +291,9 @@ train 2 "$work/kvb.csv" --steps 4 --batch 2 --cp 2 --attn-cp kv --compute bf16 |
 expect_close "--compute bf16 --cp 2 --attn-cp kv vs one rank in BF16" "$work/kvb.csv" "$work/oneb.csv" $TOLB
 train 2 "$work/headsb.csv" --steps 4 --batch 2 --cp 2 --attn-cp heads --compute bf16 || fail "train --cp 2 --attn-cp heads --compute bf16"
 expect_close "--compute bf16 --cp 2 --attn-cp heads vs one rank in BF16" "$work/headsb.csv" "$work/oneb.csv" $TOLB
-train 2 "$work/dropinb.csv" --steps 4 --batch 2 --cp 2 --compute bf16 --fault drop-incoming || fail "train --compute bf16 --fault drop-incoming"
+GDNCP_MUTATE="cp: incoming state dropped" train 2 "$work/dropinb.csv" --steps 4 --batch 2 --cp 2 --compute bf16 || fail "train --compute bf16 incoming state dropped"
 expect_far "--compute bf16 --cp 2 with the GatedDeltaNet state dropped between ranks" "$work/dropinb.csv" "$work/oneb.csv" $TOLB
-train 2 "$work/dropkvb.csv" --steps 4 --batch 2 --cp 2 --compute bf16 --fault drop-kv || fail "train --compute bf16 --fault drop-kv"
+GDNCP_MUTATE="attention cp: keys and values of earlier ranks dropped" train 2 "$work/dropkvb.csv" --steps 4 --batch 2 --cp 2 --compute bf16 || fail "train --compute bf16 keys and values of earlier ranks dropped"
 expect_far "--compute bf16 --cp 2 with rank 0's keys and values not attended" "$work/dropkvb.csv" "$work/oneb.csv" $TOLB
 
 # Progress: --log-every N prints a full line at step 1, every N-th step, each validation and the

@@ -28,9 +28,21 @@ extern test_fault_ctl test_fault;
 extern int test_threads_seen;
 extern const char *test_threads_site;
 extern void (*test_point_action)(const char *site);
-/* gdn_test_mutate's steering: the one mutation site (its exact name in the library) that is
- * active, NULL for none. */
+/* gdn_test_mutate's steering: the active sites, as GDNCP_MUTATE lists them (src/base/base.h:
+ * "site" or "site=value", comma-separated, exact names), NULL for none. */
 extern const char *test_mutation;
+/* The CP layer's sites (docs/testing.md), numbered for the CP suites' negative controls:
+ * test_mutation = cp_site[CP_FAULT_DROP_INCOMING], ...; cp_site[CP_FAULT_NONE] is NULL. */
+enum {
+    CP_FAULT_NONE, CP_FAULT_REVERSED_ORDER, CP_FAULT_DROP_INCOMING, CP_FAULT_DROP_GRADIENT, CP_FAULT_DROP_HALO,
+    CP_FAULT_DROP_HALO_GRAD, CP_FAULT_ATTN_DROP_KV, CP_FAULT_ATTN_DROP_KV_GRAD
+};
+extern const char *const cp_site[8];
+/* The BF16 GEMM's sites (src/blas/blas.h, GDN_BF16_MUT_*) the BF16 suites use. */
+#define SITE_BF16_TRUNCATE "bf16 gemm: operands truncated instead of rounded"
+#define SITE_BF16_PAIR_SHIFT "bf16 gemm: B k pairs taken one k late"
+#define SITE_BF16_SKIP_KBLOCK "bf16 gemm: AMX last k block of a slice skipped"
+#define SITE_BF16_AMX_ORDER "bf16 gemm: fallback sums in the AMX order"
 /* OpenMP regions the library has opened so far (GCC's libgomp entry points, counted in
  * tests/util.c); -1 when this compiler's cannot be counted. */
 extern long test_omp_regions;

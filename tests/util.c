@@ -19,7 +19,19 @@ const char *test_threads_site = NULL;
 void (*test_point_action)(const char *site) = NULL;
 const char *test_mutation = NULL;
 
-int gdn_test_mutate(const char *site) { return test_mutation && !strcmp(site, test_mutation); }
+/* (the library's parser of GDNCP_MUTATE, src/base/status.c) */
+int gdn_test_site_value(const char *list, const char *site);
+int gdn_test_mutate(const char *site) { return gdn_test_site_value(test_mutation, site); }
+const char *const cp_site[8] = {
+    NULL,
+    "cp: scan composed in the reversed order",
+    "cp: incoming state dropped",
+    "cp: incoming state gradient dropped",
+    "cp: conv halo dropped",
+    "cp: conv halo gradient dropped",
+    "attention cp: keys and values of earlier ranks dropped",
+    "attention cp: key and value gradients of later ranks dropped",
+};
 
 int gdn_test_fault(const char *site) {
     if (!test_fault.armed) return 0;

@@ -34,7 +34,6 @@ typedef struct {
     const char *weights, *config, *prefix, *in, *out, *cp, *shards;
     int backward, decode, stats, threads;
     int compute;               /* --compute: GDN_COMPUTE_FP32 or GDN_COMPUTE_BF16 */
-    int fault;                 /* --fault: a GDN_CP_FAULT_ATTN_* testing hook (negative controls) */
     int recompute, keep_flag;  /* --recompute: the backward recomputes the forward; keep_flag: one was given */
     int64_t pos_offset;
     int pos_given;             /* --position-offset was given */
@@ -60,7 +59,6 @@ static const cli_opt attn_table[] = {
     {CLI_STR("--cp", attn_opts, cp, "kv|heads", "under mpiexec: the tokens split over the ranks; kv: keys and values travel to the later ranks (any D); heads: an all-to-all to head-parallel for the core (D must divide H)")},
     {CLI_STR("--shards", attn_opts, shards, "a,b,..", "with --cp: each rank's token count (default an even split)")},
     {CLI_FLAG("--stats", attn_opts, stats, "with --cp: every rank's attention compute and time in MPI, forward and backward, on rank 0's stderr")},
-    {CLI_ENUM("--fault", attn_opts, fault, "drop-kv|drop-kv-grad", CLI_VALUES(GDN_CP_FAULT_ATTN_DROP_KV, GDN_CP_FAULT_ATTN_DROP_KV_GRAD), "with --cp, testing only: the earlier ranks' keys and values are not attended, or their gradients not returned; deliberately WRONG results (negative controls)")},
 };
 
 const cli_command cmd_attention_cli = {
@@ -82,8 +80,8 @@ static int parse(int argc, char **argv, attn_opts *o) {
         fprintf(stderr, "gdncp attention: --decode runs inference; it does not combine with --backward\n");
         return CLI_USAGE_ERROR;
     }
-    if (!o->cp && (o->shards || o->stats || o->fault)) {
-        fprintf(stderr, "gdncp attention: --shards, --stats and --fault need --cp kv|heads (under mpiexec)\n");
+    if (!o->cp && (o->shards || o->stats)) {
+        fprintf(stderr, "gdncp attention: --shards and --stats need --cp kv|heads (under mpiexec)\n");
         return CLI_USAGE_ERROR;
     }
     if (o->keep_flag && !o->backward) {
@@ -327,10 +325,9 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
         rc = cli_cp_agree_first(cp, "attention", vals, 7, names, rc, &reported);
         if (!rc) {
             static const char *const more[] = {"B of the input file", "the position offset", "the packed documents",
-                                               "their offsets (hashes)", "--fault"};
-            const int64_t vals2[5] = {B, pos_offset, n_docs, gdn_cp_digest(cu, cu ? sizeof *cu * (size_t)(n_docs + 1) : 0),
-                                      o.fault};
-            if ((rc = gdn_cp_agree_values(cp, vals2, 5, more, GDN_OK))) cli_error("attention", rc), reported = 1;
+                                               "their offsets (hashes)"};
+            const int64_t vals2[4] = {B, pos_offset, n_docs, gdn_cp_digest(cu, cu ? sizeof *cu * (size_t)(n_docs + 1) : 0)};
+            if ((rc = gdn_cp_agree_values(cp, vals2, 4, more, GDN_OK))) cli_error("attention", rc), reported = 1;
         }
         if (!rc) { /* the weights and their configuration, before any exchange (every rank loaded its own) */
             static const char *const wnames[] = {"hidden_size E (--weights / --config)", "num_attention_heads H",
@@ -361,12 +358,6 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
             rc = GDN_ERR_ARG, reported = 1;
         }
         if (rc) goto done; /* every rank fails here alike: no collective after it */
-        if (o.fault && !rank)
-            fprintf(stderr, "gdncp attention --cp %s: TESTING FAULT %s: the results are deliberately WRONG (for "
-                            "negative controls only)\n", o.cp,
-                    o.fault == GDN_CP_FAULT_ATTN_DROP_KV ? "drop-kv (earlier ranks' keys and values not attended)"
-                                                         : "drop-kv-grad (key/value gradients not returned)");
-        gdn_cp_set_fault(cp, o.fault);
     } else {
         tn = T;
     }

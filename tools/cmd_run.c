@@ -19,14 +19,12 @@ typedef struct {
     double scale;
     int no_l2norm, reference, backward, stats;
     const char *cp, *shards;
-    int fault;                 /* --fault drop-incoming (1), a testing hook; 0 without */
     int64_t *cu_seqlens, n_cu; /* --cu-seqlens as given (n_cu values), NULL when absent */
 } run_opts;
 
 /* gdncp run --cp: the options that every rank must agree on. */
 typedef struct {
     const char *in, *out, *strategy, *shards;
-    const char *fault; /* testing only (negative controls): "drop-incoming", or NULL */
     int backward, stats;
     const int64_t *cu_seqlens; /* --cu-seqlens (n_cu values), NULL when not given */
     int64_t n_cu;
@@ -50,7 +48,6 @@ static const cli_opt run_table[] = {
     {CLI_STR("--cp", run_opts, cp, "scan|allgather|relay|heads", "under mpiexec: split the sequence over the ranks with this strategy (heads: the rank count must divide Hk)")},
     {CLI_STR("--shards", run_opts, shards, "a,b,..", "with --cp: each rank's token count (D positive sizes summing to T; default an even split)")},
     {CLI_FLAG("--stats", run_opts, stats, "with --cp: print each rank's accounting")},
-    {CLI_ENUM("--fault", run_opts, fault, "drop-incoming", CLI_VALUES(1), "with --cp scan, allgather or relay: every rank replays from a zero state; deliberately WRONG results, testing only (negative controls)")},
 };
 
 const cli_command cmd_run_cli = {
@@ -180,12 +177,12 @@ static int run_with(run_opts *opts, int argc, char **argv) {
         gdn_config o = gdn_config_default(1, 1, 1, 1, 1, 1);
         o.chunk = (int)opt.chunk, o.threads = (int)opt.threads, o.scale = (float)opt.scale;
         o.l2norm = !opt.no_l2norm;
-        const cli_cp_opts co = {opt.in, opt.out, opt.cp, opt.shards, opt.fault ? "drop-incoming" : NULL, opt.backward, opt.stats,
+        const cli_cp_opts co = {opt.in, opt.out, opt.cp, opt.shards, opt.backward, opt.stats,
                                 opt.cu_seqlens, opt.n_cu};
         return run_cp(&co, o);
     }
-    if (opt.shards || opt.stats || opt.fault) {
-        fprintf(stderr, "gdncp run: --shards, --stats and --fault need --cp STRATEGY\n");
+    if (opt.shards || opt.stats) {
+        fprintf(stderr, "gdncp run: --shards and --stats need --cp STRATEGY\n");
         return CLI_USAGE_ERROR;
     }
     /* Inputs and outputs together, before loading: the loader alone checks only the inputs. A
@@ -300,12 +297,6 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
     int local = GDN_OK;
     const int s = gdn_cp_strategy_parse(strategy);
     if (s < 0) fprintf(stderr, "gdncp run: rank %d: unknown --cp strategy '%s' (scan, allgather, relay, heads)\n", rank, strategy), local = GDN_ERR_ARG;
-    const int fault = co->fault && !strcmp(co->fault, "drop-incoming") ? GDN_CP_FAULT_DROP_INCOMING : GDN_CP_FAULT_NONE;
-    if (!local && co->fault && !fault)
-        fprintf(stderr, "gdncp run: unknown --fault '%s' (drop-incoming)\n", co->fault), local = GDN_ERR_ARG;
-    if (!local && fault && s == GDN_CP_HEADS)
-        fprintf(stderr, "gdncp run: --fault drop-incoming needs --cp scan, allgather or relay ('heads' has no incoming state)\n"),
-            local = GDN_ERR_ARG;
     gdn_cp *cp = NULL;
     if (gdn_cp_create(&cp, MPI_COMM_WORLD)) return cli_error("run --cp", GDN_ERR_MPI);
     /* Each rank reads the header of its own file: T must agree too. */
@@ -313,18 +304,15 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
     double per_token = 0;
     if (!local) local = cli_run_header(in, backward, &T, &per_token);
     static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--stats",
-                                        "--fault", "--shards (the lists differ; values are hashes)",
+                                        "--shards (the lists differ; values are hashes)",
                                         "T of the input file"};
-    const int64_t vals[6] = {s, backward, stats, fault, cli_hash(shards), T};
+    const int64_t vals[5] = {s, backward, stats, cli_hash(shards), T};
     int reported = 0;
-    int rc = cli_cp_agree_first(cp, "run --cp", vals, 6, names, local, &reported);
+    int rc = cli_cp_agree_first(cp, "run --cp", vals, 5, names, local, &reported);
     if (rc) {
         gdn_cp_destroy(cp);
         return 1;
     }
-    if (fault && !rank)
-        fprintf(stderr, "gdncp run --cp %s: TESTING FAULT drop-incoming: every rank but 0 replays from a zero state; "
-                "the results are deliberately WRONG (for negative controls only)\n", strategy);
     /* Packed documents: every rank holds the whole stream's offsets (the library agrees on them
      * again, by count and hash, when the plans meet). Each rank checks its own file's. */
     int64_t *cu = NULL, n_docs = 0;
@@ -405,7 +393,6 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
         exit_code = 1;
         goto done;
     }
-    gdn_cp_set_fault(cp, fault);
     const gdn_rule_inputs rin = problem_inputs(&pb);
     rc = gdn_cp_forward(cp, plan, o, ht, s_in, &rin);
     if (!rc) fs = gdn_cp_last_stats(cp);

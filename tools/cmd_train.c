@@ -179,7 +179,6 @@ static const cli_opt train_table[] = {
     {CLI_I64("--pack-id", train_opts, pack_id, 0, GDN_MODEL_MAX_VOCAB - 1, "N", "packed documents ending with the one id N (a token file's end-of-text id; for byte text a byte value); excludes --pack"), .dflt = ""},
     /* testing only: a deliberately wrong run (the state between CP ranks dropped; the MoE aux
      * loss per rank; the earlier ranks' keys and values unseen) */
-    {CLI_ENUM("--fault", train_opts, t.fault, "drop-incoming|aux-per-rank|drop-kv|ep-replicas", CLI_VALUES(GDN_CP_FAULT_DROP_INCOMING, GDN_TRAIN_FAULT_AUX_PER_RANK, GDN_CP_FAULT_ATTN_DROP_KV, GDN_TRAIN_FAULT_EP_REPLICAS), NULL)},
 };
 #undef MODELS
 

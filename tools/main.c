@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* How a subcommand meets MPI: never (a single process), always (it runs under mpiexec), or only
@@ -107,6 +108,13 @@ static void install_signal_handlers(void) {
     }
 }
 
+/* GDNCP_MUTATE names test sites (src/base/base.h, docs/testing.md) whose steps a run makes
+ * deliberately wrong, for the negative controls of the shell tests: said once on stderr. */
+static void mutation_notice(void) {
+    const char *m = getenv("GDNCP_MUTATE");
+    if (m && *m) fprintf(stderr, "gdncp: TESTING: GDNCP_MUTATE=%s: these steps are deliberately WRONG\n", m);
+}
+
 /* Run a subcommand inside MPI (context parallelism): every rank's exit status agrees. gdncp
  * runs OpenMP threads inside each rank and needs MPI_THREAD_FUNNELED: an MPI that cannot give it
  * is refused (every rank gets the same answer, so every rank stops). */
@@ -125,6 +133,7 @@ static int with_mpi(int (*cmd)(int, char **), int argc, char **argv) {
         MPI_Finalize();
         return 1;
     }
+    if (!rank) mutation_notice();
     int rc = cmd(argc - 1, argv + 1), any = rc;
     MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Finalize();
@@ -142,6 +151,15 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+#if !GDN_TEST_HOOKS
+    /* a control run by a build that cannot break the computation would pass vacuously */
+    const char *mutate = getenv("GDNCP_MUTATE");
+    if (mutate && *mutate) {
+        fprintf(stderr, "gdncp: GDNCP_MUTATE is set, but this build has no test hooks (GDN_TEST_HOOKS=OFF): it cannot "
+                        "make any step wrong on purpose; unset it, or use a build with the hooks\n");
+        return 2;
+    }
+#endif
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].word) || (commands[i].sub && (argc < 3 || strcmp(argv[2], commands[i].sub))))
             continue;
@@ -154,6 +172,7 @@ int main(int argc, char **argv) {
         int mpi = commands[i].mpi == MPI_ALWAYS;
         for (int a = 2; commands[i].mpi == MPI_WITH_CP && a < argc; a++)
             mpi |= !strcmp(argv[a], "--cp") || !strcmp(argv[a], "--ep");
+        if (!mpi) mutation_notice();
         return mpi ? with_mpi(commands[i].fn, argc, argv) : commands[i].fn(argc - 1, argv + 1);
     }
     fprintf(stderr, "gdncp: unknown command '%s'\n", argv[1]);

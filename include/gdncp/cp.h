@@ -153,24 +153,6 @@ GDN_API int64_t gdn_cp_digest(const void *data, size_t bytes);
 /* Accounting of the last forward or backward call on this rank. */
 GDN_API gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);
 
-/* Testing hooks, for negative controls only: a fault makes this rank's results deliberately
- * WRONG through the real code path (the scan, allgather and relay strategies; heads has no
- * incoming state to drop). Never set one in a real run. */
-enum {
-    GDN_CP_FAULT_NONE = 0,
-    GDN_CP_FAULT_REVERSED_ORDER = 1, /* compose (mine o received) the wrong way round */
-    GDN_CP_FAULT_DROP_INCOMING = 2,  /* replay from zeros instead of the incoming state */
-    GDN_CP_FAULT_DROP_GRADIENT = 3,  /* local backward from dS_out = 0 instead of the received one */
-    GDN_CP_FAULT_DROP_HALO = 4,      /* the conv halo from the predecessors replaced by zeros */
-    GDN_CP_FAULT_DROP_HALO_GRAD = 5, /* the halo's gradient not added at its owners */
-    GDN_CP_FAULT_ATTN_DROP_KV = 6,   /* attention: the earlier ranks' keys and values not attended
-                                        (kv), the other ranks' zeroed (heads), the other ranks'
-                                        cache parts left out of a CP decode */
-    GDN_CP_FAULT_ATTN_DROP_KV_GRAD = 7 /* attention: key/value gradients from later ranks not
-                                          returned (kv), or the owners' sum skipped (heads) */
-};
-GDN_API void gdn_cp_set_fault(gdn_cp *cp, int fault);
-
 /* How a rank waits for its peers in the collectives of the layers' hot paths. MPI's blocking
  * calls busy-poll; with more ranks (times their threads) than cores, a waiting rank takes the
  * core of the one it waits for (measured: the hybrid `long` model over 8 ranks on 2 cores, a

@@ -85,15 +85,7 @@ typedef struct {
     int pack_by_id;         /* packed documents ending with the one id pack_id (--pack-id; byte
                                text or token file; excludes pack) */
     gdn_token pack_id;
-    int fault;              /* testing only: a gdn_cp fault injected into every CP exchange, or
-                               GDN_TRAIN_FAULT_AUX_PER_RANK */
 } gdn_train_options;
-/* Testing only (gdn_train_options.fault): each rank's MoE aux loss from its own rows' router
- * statistics instead of the whole grid's (a split run then differs from one rank). */
-#define GDN_TRAIN_FAULT_AUX_PER_RANK 100
-/* Testing only: the experts' gradients not summed over the groups that hold the same experts
- * (each group then trains its replica on its own rows: a split run differs from one rank). */
-#define GDN_TRAIN_FAULT_EP_REPLICAS 101
 
 enum {
     GDN_GIVEN_VOCAB = 1 << 0, GDN_GIVEN_HIDDEN = 1 << 1, GDN_GIVEN_LAYERS = 1 << 2, GDN_GIVEN_INTERMEDIATE = 1 << 3,

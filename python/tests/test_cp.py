@@ -11,7 +11,7 @@ before asserting, so every rank passes or fails each test alike (a rank that fai
 leave the others waiting in the next test's collectives). Each comparison also runs a deliberate
 mistake through the same check, which must fail it: one rank's shard shifted by a token (any
 strategy), and for scan/allgather/relay the library's fault hook that drops the state entering a
-rank (gdn_cp_set_fault, the real code path with zeros in place of the received state).
+rank (GDNCP_MUTATE, the real code path with zeros in place of the received state).
 """
 import os
 
@@ -25,6 +25,21 @@ import gdncp.cp as gcp
 import gdncp.torch as gt
 from gdncp import _lib as L
 from gdncp import core
+
+# The library's CP test sites (docs/testing.md, "Test sites"), by the numbers these tests use:
+# set through GDNCP_MUTATE, which a library built with its test hooks reads at every call.
+_CP_SITES = {2: "cp: incoming state dropped", 3: "cp: incoming state gradient dropped",
+             4: "cp: conv halo dropped", 5: "cp: conv halo gradient dropped",
+             6: "attention cp: keys and values of earlier ranks dropped"}
+
+
+def _mutate(code):
+    """Make this process's CP steps deliberately wrong at site `code` (0: none)."""
+    if code:
+        os.environ["GDNCP_MUTATE"] = _CP_SITES[code]
+    else:
+        os.environ.pop("GDNCP_MUTATE", None)
+
 
 TOL = 2e-5
 COMM = MPI.COMM_WORLD
@@ -76,7 +91,7 @@ def _reference(xs, w_o, w_h, cu=None):
 
 def _cp_run(xs, w_o, w_h, cuts, strategy, cu=None, shift=False, fault=0):
     """This rank's slice through gdncp.cp: its o, ht and gradients, and dh0 summed over the
-    ranks. shift: rank 1 takes its tokens one later (a control); fault: gdn_cp_set_fault."""
+    ranks. shift: rank 1 takes its tokens one later (a control); fault: a site of _CP_SITES (GDNCP_MUTATE)."""
     a, b = cuts[R], cuts[R + 1]
     if shift and R == 1:
         a, b = a + 1, b + 1
@@ -84,7 +99,7 @@ def _cp_run(xs, w_o, w_h, cuts, strategy, cu=None, shift=False, fault=0):
     h0 = xs[5].clone().requires_grad_(True)
     if fault:
         st = core._comm_state(COMM)
-        L.gdn_cp_set_fault(st.cp(L.gdn_cp_strategy_parse(strategy.encode())), fault)
+        _mutate(fault)
     try:
         o, ht = gcp.chunk_gated_delta_rule(*leaves, initial_state=h0, output_final_state=True,
                                            use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
@@ -92,7 +107,7 @@ def _cp_run(xs, w_o, w_h, cuts, strategy, cu=None, shift=False, fault=0):
         ((o * w_o[:, cuts[R]:cuts[R + 1]]).sum() + (ht * w_h[R]).sum()).backward()
     finally:
         if fault:
-            L.gdn_cp_set_fault(st.cp(L.gdn_cp_strategy_parse(strategy.encode())), 0)
+            _mutate(0)
     dh0 = h0.grad.clone()
     COMM.Allreduce(MPI.IN_PLACE, dh0.numpy(), op=MPI.SUM)
     return [o.detach(), ht.detach()] + [x.grad for x in leaves] + [dh0]
@@ -179,12 +194,12 @@ def test_numpy_entry_points_match_chunk_forward_backward():
 
     def run(fault):
         st = core._comm_state(COMM)
-        L.gdn_cp_set_fault(st.cp(0), fault)
+        _mutate(fault)
         try:
             o, ht, s_in = gdncp.cp_forward(COMM, *loc, a[5], threads=1)
             grads = gdncp.cp_backward(COMM, *loc, do[:, s], a[5], dht, s_in=s_in, threads=1)
         finally:
-            L.gdn_cp_set_fault(st.cp(0), 0)
+            _mutate(0)
         e = {"o": _rel(torch.from_numpy(o), torch.from_numpy(o_ref[:, s])),
              "ht": _rel(torch.from_numpy(ht), torch.from_numpy(ht_ref))}
         for n, x, y in zip(("dq", "dk", "dv", "dg", "dbeta"), grads, g_ref):
@@ -329,13 +344,12 @@ def test_causal_conv1d_with_halo_matches_one_process():
     assert _op_check(run, lambda xf, wf: _conv_reference(xf, wf), [x, w], cuts, w_out) <= TOL
     # controls: the halo dropped / its gradient not returned (the library's hooks), and each
     # rank convolving its slice alone
-    h = core._comm_state(COMM).cp(0)
     for fault in (4, 5):
-        L.gdn_cp_set_fault(h, fault)
+        _mutate(fault)
         try:
             e = _op_check(run, lambda xf, wf: _conv_reference(xf, wf), [x, w], cuts, w_out)
         finally:
-            L.gdn_cp_set_fault(h, 0)
+            _mutate(0)
         assert e > 100 * TOL, (fault, e)
 
     def alone(xf, wf, a, b):

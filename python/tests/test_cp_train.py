@@ -36,6 +36,21 @@ from conftest import TINY
 from cp_train_common import (exact_errors, grads as _grads, moe_tiny as _moe_tiny, next_tiny as _next_tiny,
                              rel as _rel, tiny as _tiny, worst_gradient)
 
+# The library's CP test sites (docs/testing.md, "Test sites"), by the numbers these tests use:
+# set through GDNCP_MUTATE, which a library built with its test hooks reads at every call.
+_CP_SITES = {2: "cp: incoming state dropped", 3: "cp: incoming state gradient dropped",
+             4: "cp: conv halo dropped", 5: "cp: conv halo gradient dropped",
+             6: "attention cp: keys and values of earlier ranks dropped"}
+
+
+def _mutate(code):
+    """Make this process's CP steps deliberately wrong at site `code` (0: none)."""
+    if code:
+        os.environ["GDNCP_MUTATE"] = _CP_SITES[code]
+    else:
+        os.environ.pop("GDNCP_MUTATE", None)
+
+
 COMM = MPI.COMM_WORLD
 R, D = COMM.Get_rank(), COMM.Get_size()
 assert D >= 2, "test_cp_train.py runs under mpiexec with 2 or more ranks (scripts/test_python.sh: 3)"
@@ -94,14 +109,13 @@ def _cp(model, ids, labels, comm=COMM, strategy="scan", attention="kv", fault=0,
     a, b = cuts[rank], cuts[rank + 1]
     model.zero_grad()
     with gtr.patch(comm=comm, strategy=strategy, attention=attention):
-        h = core._comm_state(comm).cp(core._strategy_id(strategy))   # collective the first time
-        L.gdn_cp_set_fault(h, fault if rank == 1 else 0)
+        _mutate(fault if rank == 1 else 0)
         try:
             out = model(input_ids=ids[:, a:b], labels=labels[:, a:b],
                         position_ids=None if positions is None else positions[:, a:b])
             out.loss.backward()
         finally:
-            L.gdn_cp_set_fault(h, 0)
+            _mutate(0)
     gtr.all_reduce_grads(model, comm)
     return out.loss.item(), _grads(model)
 

@@ -21,8 +21,11 @@
 /* Record a failure for gdn_errmsg() and return its code: `return gdn_fail(GDN_ERR_SHAPE, "...")`. */
 GDN_WING int gdn_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Test-only hooks (not API): weak definitions in status.c do nothing; a test program that links
- * the static library overrides them with strong ones. The library holds no mutable test state.
+/* Test-only hooks (not API), compiled only into test builds (CMake GDN_TEST_HOOKS, default ON;
+ * the Python wheel builds without them): without them each hook is the constant 0, no symbol
+ * and no call. With them, the weak definitions in status.c do nothing but gdn_test_mutate's,
+ * which reads GDNCP_MUTATE (below); a test program that links the static library overrides
+ * them with strong ones. The library holds no mutable test state.
  * gdn_test_fault: called before each allocation of the CP layer (gdn_cp_malloc) and each MPI
  * datatype it creates, naming the site; non-zero makes that allocation / MPI call fail as if
  * the system had refused it (fault injection: "allocation number N fails on rank R").
@@ -30,14 +33,32 @@ GDN_WING int gdn_fail(int status, const char *fmt, ...) __attribute__((format(pr
  * temporary file in place), so a test can act there (raise a signal).
  * gdn_test_threads: called once by the first thread of some parallel regions with the size of
  * the team that runs it, so a test can see that a configured thread count is honoured.
- * gdn_test_mutate: asked once per call at named places of the math (a chunk's solve, the dg
- * sum); non-zero makes that step deliberately wrong, so a test can show that its comparison
- * against the oracle catches exactly that mistake (a mutation inside the computation, where
- * changing our outputs afterwards would only exercise the comparison). */
+ * gdn_test_mutate: the named test sites, asked once per call (never per element): non-zero
+ * makes that step deliberately wrong (a chunk's solve, the dg sum, the state a CP rank
+ * receives), so a test can show that its comparison catches exactly that mistake (a mutation
+ * inside the computation, where changing our outputs afterwards would only exercise the
+ * comparison); a few sites take the value itself (a forced BF16 path, a key-range size), 0
+ * meaning the library's own choice. The weak definition answers from the environment,
+ * GDNCP_MUTATE=site[=value][,site[=value]...] (exact names, value 1 when absent; a name holds
+ * neither ',' nor '='), so the command line and the shell tests can break a run on purpose.
+ * docs/testing.md lists every site. */
+#ifndef GDN_TEST_HOOKS
+#define GDN_TEST_HOOKS 1
+#endif
+#if GDN_TEST_HOOKS
 GDN_WING int gdn_test_fault(const char *site);
 GDN_WING int gdn_test_mutate(const char *site);
 void gdn_test_point(const char *site);
 void gdn_test_threads(const char *site, int threads);
+/* The value of `site` in a GDNCP_MUTATE-style list (0: not in it); the weak gdn_test_mutate's
+ * parser, which a test program's own gdn_test_mutate may share. */
+int gdn_test_site_value(const char *list, const char *site);
+#else
+#define gdn_test_fault(site) ((void)sizeof(site), 0)
+#define gdn_test_mutate(site) ((void)sizeof(site), 0)
+#define gdn_test_point(site) ((void)sizeof(site))
+#define gdn_test_threads(site, threads) ((void)sizeof(site), (void)sizeof(threads))
+#endif
 
 /* A broken internal invariant (never a user error): abort with file:line. */
 #define GDN_ASSERT(cond)                                                                    \

@@ -4,8 +4,10 @@
 
 #include <unistd.h>
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -40,16 +42,33 @@ int gdn_fail(int status, const char *fmt, ...) {
     return status;
 }
 
+#if GDN_TEST_HOOKS
 __attribute__((weak)) int gdn_test_fault(const char *site) {
     (void)site;
     return 0;
 }
 __attribute__((weak)) void gdn_test_point(const char *site) { (void)site; }
-__attribute__((weak)) int gdn_test_mutate(const char *site) {
-    (void)site;
+/* Read at every call, not once: a process (a Python test) may set and clear the variable between
+ * calls. The sites are asked once per call of a step, so the lookup costs nothing measurable. */
+__attribute__((weak)) int gdn_test_mutate(const char *site) { return gdn_test_site_value(getenv("GDNCP_MUTATE"), site); }
+__attribute__((weak)) void gdn_test_threads(const char *site, int threads) { (void)site, (void)threads; }
+
+int gdn_test_site_value(const char *list, const char *site) {
+    if (!list || !site) return 0;
+    const size_t n = strlen(site);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        if ((size_t)(end - p) >= n && !strncmp(p, site, n) && (p + n == end || p[n] == '=')) {
+            if (p + n == end) return 1;
+            const long v = strtol(p + n + 1, NULL, 10);
+            return v > INT_MAX ? INT_MAX : v < INT_MIN ? INT_MIN : (int)v;
+        }
+        p = *end ? end + 1 : end;
+    }
     return 0;
 }
-__attribute__((weak)) void gdn_test_threads(const char *site, int threads) { (void)site, (void)threads; }
+#endif
 
 /* The first non-finite element of the block at b0 (m elements), or INT64_MAX. x * 0 is NaN
  * exactly when x is NaN or Inf: sum those products with vectors, and look at single elements

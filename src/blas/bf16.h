@@ -96,13 +96,13 @@ static inline void store_tile(const float *t, int tld, float *C, int64_t ldc, in
 
 /* B micro-panel: NR columns j0.. of op(B), kp pairs from depth k0 (kc deep); A panels for the
  * vector tiles (MR_V rows; widen: the fallback's fp32 pairs) and for AMX (MR_X rows of kcp
- * bf16). bf: that operand is bf16; hw: round with VCVTNE2PS2BF16. */
+ * bf16). bf: that operand is bf16; hw: round with VCVTNE2PS2BF16; mut: gdn_bf16_mutations(). */
 void gdn_bf16_panel_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_t ldb, int64_t k0, int64_t kc,
-                      int64_t kp, int64_t j0, int nc, int hw);
+                      int64_t kp, int64_t j0, int nc, int hw, int mut);
 void gdn_bf16_panel_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0, int64_t mr,
-                        int64_t k0, int64_t kc, int64_t kp, int widen, int hw);
+                        int64_t k0, int64_t kc, int64_t kp, int widen, int hw, int mut);
 void gdn_bf16_panel_a_x(uint16_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0, int64_t mr,
-                        int64_t k0, int64_t kc, int64_t kcp, int hw);
+                        int64_t k0, int64_t kc, int64_t kcp, int hw, int mut);
 
 /* The packers' rounding by VCVTNE2PS2BF16 (the packing of the paths whose CPU has AVX512-BF16,
  * `hw`): nearest even, as bf16_pack.c's to_bf16 for every finite input that is not subnormal; a subnormal
@@ -146,9 +146,9 @@ double gdn_bf16_peak_avx512_once(int threads);
 /* ---------------------------------------------------------------- the fallback (bf16_fallback.c) */
 
 /* The same with the A panel widened to fp32 pairs, in VDPBF16PS's order (or, for the tests,
- * gdn_bf16_fallback_amx_order: TDPBF16PS's). */
+ * amx_order, GDN_BF16_MUT_AMX_ORDER: TDPBF16PS's). */
 void gdn_bf16_mk_fallback(int64_t kp, const float *a, const uint32_t *b, float *C, int64_t ldc, int acc, int mr,
-                          int nc);
+                          int nc, int amx_order);
 
 /* ---------------------------------------------------------------- AMX (bf16_amx.c, bf16_amx_emu.c) */
 
@@ -185,7 +185,7 @@ static inline void tilecfg_init(tilecfg *cfg) {
     } else {                                                                                   \
         TZ(0); TZ(1); TZ(2); TZ(3);                                                            \
     }                                                                                          \
-    const int64_t nkb = kcp / 32 - (gdn_bf16_fault == GDN_BF16_FAULT_SKIP_KBLOCK);              \
+    const int64_t nkb = kcp / 32 - (skip != 0); /* skip: the control GDN_BF16_MUT_SKIP_KBLOCK */ \
     for (int64_t kb = 0; kb < nkb; kb++) {                                                     \
         TL(4, a + kb * 32, kst * 2);                                                           \
         TL(5, a + 16 * kst + kb * 32, kst * 2);                                                \
@@ -200,11 +200,11 @@ static inline void tilecfg_init(tilecfg *cfg) {
 
 /* C[mr x nc] (+)= the AMX block: a (MR_X rows of kcp bf16, kst apart) x b (kcp/2 x NR words). */
 void gdn_bf16_mk_amx_emu(int64_t kcp, int64_t kst, const uint16_t *a, const uint32_t *b, float *C, int64_t ldc,
-                         int acc, int mr, int nc);
+                         int acc, int mr, int nc, int skip);
 void gdn_bf16_emu_loadcfg(const tilecfg *c); /* the calling thread's emulated tile configuration */
 #if HAVE_AMX_CODE
 void gdn_bf16_mk_amx(int64_t kcp, int64_t kst, const uint16_t *a, const uint32_t *b, float *C, int64_t ldc, int acc,
-                     int mr, int nc);
+                     int mr, int nc, int skip);
 void gdn_bf16_amx_loadcfg(const tilecfg *c);
 void gdn_bf16_amx_release(void);
 double gdn_bf16_peak_amx_once(int threads);

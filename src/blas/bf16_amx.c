@@ -9,7 +9,7 @@
 #if HAVE_AMX_CODE
 __attribute__((target("amx-tile,amx-bf16"))) void gdn_bf16_mk_amx(int64_t kcp, int64_t kst, const uint16_t *a,
                                                                const uint32_t *b, float *C, int64_t ldc,
-                                                               int acc, int mr, int nc) {
+                                                               int acc, int mr, int nc, int skip) {
 #define TZ(d) _tile_zero(d)
 #define TL(d, p, s) _tile_loadd(d, p, s)
 #define TD(c, x, y) _tile_dpbf16ps(c, x, y)

@@ -60,7 +60,7 @@ static void emu_dpbf16ps(int c, int a, int b) {
 }
 
 void gdn_bf16_mk_amx_emu(int64_t kcp, int64_t kst, const uint16_t *a, const uint32_t *b, float *C, int64_t ldc,
-                       int acc, int mr, int nc) {
+                       int acc, int mr, int nc, int skip) {
 #define TZ(d) emu_zero(d)
 #define TL(d, p, s) emu_load(d, p, s)
 #define TD(c, x, y) emu_dpbf16ps(c, x, y)

@@ -67,8 +67,8 @@ static void mk_fb_amx_order(int64_t kp, const float *a, const uint32_t *b, float
         }
 }
 void gdn_bf16_mk_fallback(int64_t kp, const float *a, const uint32_t *b, float *C, int64_t ldc, int acc,
-                        int mr, int nc) {
-    if (gdn_bf16_fallback_amx_order) { /* tests: = the AMX emulator bit for bit */
+                        int mr, int nc, int amx_order) {
+    if (amx_order) { /* tests: = the AMX emulator bit for bit */
         mk_fb_amx_order(kp, a, b, C, ldc, acc, mr, nc);
         return;
     }

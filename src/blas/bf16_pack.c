@@ -11,7 +11,6 @@
 static inline uint16_t to_bf16(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    if (gdn_bf16_fault == GDN_BF16_FAULT_TRUNCATE) return (uint16_t)(u >> 16);
     if ((u & 0x7f800000u) == 0x7f800000u) /* Inf, NaN: keep (NaN stays NaN) */
         return (uint16_t)((u >> 16) | ((u & 0xffffu) ? 0x40u : 0u));
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
@@ -27,10 +26,14 @@ static inline float elt(const void *X, int bf, int trans, int64_t ld, int64_t r,
     memcpy(&f, &u, sizeof f);
     return f;
 }
-static inline uint16_t eltb(const void *X, int bf, int trans, int64_t ld, int64_t r, int64_t c) {
-    if (bf && gdn_bf16_fault != GDN_BF16_FAULT_TRUNCATE)
-        return ((const uint16_t *)X)[trans ? c * ld + r : r * ld + c];
-    return to_bf16(elt(X, bf, trans, ld, r, c));
+/* The same rounded to bf16; trunc: truncated instead (the control GDN_BF16_MUT_TRUNCATE). */
+static inline uint16_t eltb(const void *X, int bf, int trans, int64_t ld, int64_t r, int64_t c, int trunc) {
+    if (bf && !trunc) return ((const uint16_t *)X)[trans ? c * ld + r : r * ld + c];
+    const float x = elt(X, bf, trans, ld, r, c);
+    if (!trunc) return to_bf16(x);
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)(u >> 16);
 }
 
 /* ---------------------------------------------------------------- packing */
@@ -73,9 +76,10 @@ static inline gdn_vu bf16_lo_vl(const float *x, int n) {
 /* B micro-panel: dst[p * NR + j] = pair (2p, 2p+1) of column j0 + j of op(B), k rows k0.., for
  * p < kp (rows past kc and columns past nc zero). hw: round with VCVTNE2PS2BF16 (bf16.h). */
 void gdn_bf16_panel_b(uint32_t *restrict dst, const void *B, int bf, int bt, int64_t ldb, int64_t k0,
-                   int64_t kc, int64_t kp, int64_t j0, int nc, int hw) {
-    const int off = gdn_bf16_fault == GDN_BF16_FAULT_PAIR_SHIFT; /* control: pairs (2p+1, 2p+2) */
-    if (bt && !bf && !gdn_bf16_fault) { /* W [n x kk] fp32: each column's k contiguous, VL pairs a step */
+                   int64_t kc, int64_t kp, int64_t j0, int nc, int hw, int mut) {
+    const int off = (mut & GDN_BF16_MUT_PAIR_SHIFT) != 0, trunc = mut & GDN_BF16_MUT_TRUNCATE; /* off: pairs (2p+1, 2p+2) */
+    mut &= GDN_BF16_MUT_PACKING;
+    if (bt && !bf && !mut) { /* W [n x kk] fp32: each column's k contiguous, VL pairs a step */
         for (int j = 0; j < NR; j++) {
             const float *src = j < nc ? (const float *)B + (j0 + j) * ldb + k0 : NULL;
             int64_t p = 0;
@@ -103,7 +107,7 @@ void gdn_bf16_panel_b(uint32_t *restrict dst, const void *B, int bf, int bt, int
         }
         return;
     }
-    if (!bt && !bf && !gdn_bf16_fault) { /* B [kk x n] fp32 rows: a pair is two rows' columns j0.. */
+    if (!bt && !bf && !mut) { /* B [kk x n] fp32 rows: a pair is two rows' columns j0.. */
         for (int64_t p = 0; p < kp; p++) {
             if (2 * p >= kc) { /* AMX pads the slice to 32 deep: zero pairs */
                 memset(dst + p * NR, 0, sizeof(uint32_t) * NR);
@@ -130,8 +134,8 @@ void gdn_bf16_panel_b(uint32_t *restrict dst, const void *B, int bf, int bt, int
             uint32_t w = 0;
             if (j < nc) {
                 const int64_t k = 2 * p + off;
-                if (k < kc) w = eltb(B, bf, bt, ldb, k0 + k, j0 + j);
-                if (k + 1 < kc) w |= (uint32_t)eltb(B, bf, bt, ldb, k0 + k + 1, j0 + j) << 16;
+                if (k < kc) w = eltb(B, bf, bt, ldb, k0 + k, j0 + j, trunc);
+                if (k + 1 < kc) w |= (uint32_t)eltb(B, bf, bt, ldb, k0 + k + 1, j0 + j, trunc) << 16;
             }
             dst[p * NR + j] = w;
         }
@@ -142,8 +146,10 @@ void gdn_bf16_panel_b(uint32_t *restrict dst, const void *B, int bf, int bt, int
  * odd): the same values, so that its micro-kernel broadcasts them straight from memory. hw: rows
  * of fp32 A rounded with VCVTNE2PS2BF16 (A^T: gdn_bf16_pack_a_trans_v_hw). */
 void gdn_bf16_panel_a_v(uint32_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0,
-                     int64_t mr, int64_t k0, int64_t kc, int64_t kp, int widen, int hw) {
-    if (!at && !bf && !gdn_bf16_fault) { /* rows of fp32 A: k contiguous, VL pairs a step */
+                     int64_t mr, int64_t k0, int64_t kc, int64_t kp, int widen, int hw, int mut) {
+    const int trunc = mut & GDN_BF16_MUT_TRUNCATE;
+    mut &= GDN_BF16_MUT_PACKING;
+    if (!at && !bf && !mut) { /* rows of fp32 A: k contiguous, VL pairs a step */
         for (int i = 0; i < MR_V; i++) {
             const float *src = i < mr ? (const float *)A + (i0 + i) * lda + k0 : NULL;
             int64_t p = 0;
@@ -183,7 +189,7 @@ void gdn_bf16_panel_a_v(uint32_t *restrict dst, const void *A, int bf, int at, i
         }
         return;
     }
-    if (at && !bf && !gdn_bf16_fault) { /* A^T [kk x m] fp32: a pair is two rows' entries i0.. */
+    if (at && !bf && !mut) { /* A^T [kk x m] fp32: a pair is two rows' entries i0.. */
         for (int64_t p = 0; p < kp; p++) {
             const float *r0 = (const float *)A + (k0 + 2 * p) * lda + i0, *r1 = r0 + lda;
             const int has1 = 2 * p + 1 < kc;
@@ -207,8 +213,8 @@ void gdn_bf16_panel_a_v(uint32_t *restrict dst, const void *A, int bf, int at, i
         for (int i = 0; i < MR_V; i++) {
             uint32_t w = 0;
             if (i < mr) {
-                w = eltb(A, bf, at, lda, i0 + i, k0 + 2 * p);
-                if (2 * p + 1 < kc) w |= (uint32_t)eltb(A, bf, at, lda, i0 + i, k0 + 2 * p + 1) << 16;
+                w = eltb(A, bf, at, lda, i0 + i, k0 + 2 * p, trunc);
+                if (2 * p + 1 < kc) w |= (uint32_t)eltb(A, bf, at, lda, i0 + i, k0 + 2 * p + 1, trunc) << 16;
             }
             if (widen)
                 dst[2 * (p * MR_V + i)] = w << 16, dst[2 * (p * MR_V + i) + 1] = w & 0xffff0000u;
@@ -219,8 +225,10 @@ void gdn_bf16_panel_a_v(uint32_t *restrict dst, const void *A, int bf, int at, i
 
 /* A panel for AMX: MR_X rows of kcp bf16 each (zero past kc and past mr). */
 void gdn_bf16_panel_a_x(uint16_t *restrict dst, const void *A, int bf, int at, int64_t lda, int64_t i0,
-                     int64_t mr, int64_t k0, int64_t kc, int64_t kcp, int hw) {
-    if (!at && !bf && !gdn_bf16_fault) { /* rows of fp32 A: the pairs' words are the row's bf16 */
+                     int64_t mr, int64_t k0, int64_t kc, int64_t kcp, int hw, int mut) {
+    const int trunc = mut & GDN_BF16_MUT_TRUNCATE;
+    mut &= GDN_BF16_MUT_PACKING;
+    if (!at && !bf && !mut) { /* rows of fp32 A: the pairs' words are the row's bf16 */
         for (int i = 0; i < MR_X; i++) {
             const float *src = i < mr ? (const float *)A + (i0 + i) * lda + k0 : NULL;
             int64_t k = 0;
@@ -239,7 +247,7 @@ void gdn_bf16_panel_a_x(uint16_t *restrict dst, const void *A, int bf, int at, i
         }
         return;
     }
-    if (at && !bf && !gdn_bf16_fault) { /* A^T [kk x m] fp32: row k of A^T is column k of 32 rows */
+    if (at && !bf && !mut) { /* A^T [kk x m] fp32: row k of A^T is column k of 32 rows */
         memset(dst, 0, sizeof(uint16_t) * (size_t)MR_X * (size_t)kcp);
         for (int64_t k = 0; k < kc; k++) {
             const float *r = (const float *)A + (k0 + k) * lda + i0;
@@ -252,5 +260,5 @@ void gdn_bf16_panel_a_x(uint16_t *restrict dst, const void *A, int bf, int at, i
     }
     for (int i = 0; i < MR_X; i++)
         for (int64_t k = 0; k < kcp; k++)
-            dst[i * kcp + k] = i < mr && k < kc ? eltb(A, bf, at, lda, i0 + i, k0 + k) : 0;
+            dst[i * kcp + k] = i < mr && k < kc ? eltb(A, bf, at, lda, i0 + i, k0 + k, trunc) : 0;
 }

@@ -57,14 +57,16 @@ const char *gdn_bf16_path_name(int path);
 /* The path's register-only instruction peak (VDPBF16PS / TDPBF16PS), GFLOP/s; 0 for the others. */
 double gdn_measure_bf16_peak_gflops(int path, int threads);
 uint16_t gdn_f32_to_bf16(float x); /* nearest even (NaN kept a NaN) */
-/* Tests only: negative controls injected into the BF16 GEMM (0: none). */
-enum { GDN_BF16_FAULT_TRUNCATE = 1,    /* operands truncated to bf16, not rounded */
-       GDN_BF16_FAULT_PAIR_SHIFT = 2,  /* B's k pairs taken one k late (2p+1, 2p+2) */
-       GDN_BF16_FAULT_SKIP_KBLOCK = 3 }; /* AMX: the last 32-deep tile block of each slice skipped */
-extern int gdn_bf16_fault;
-/* Tests only: the fallback sums in TDPBF16PS's order (blocks of 16 pairs, even and odd partial
- * sums; = the AMX path bit for bit) instead of VDPBF16PS's (= the AVX512-BF16 path). */
-extern int gdn_bf16_fallback_amx_order;
+/* The BF16 GEMM's test sites (base.h), asked once per GEMM call by gdn_bf16_mutations() and
+ * handed down to its packers and micro-kernels as these bits (0: none): three negative controls
+ * and one order the tests compare bit for bit (the fallback summing in TDPBF16PS's order: blocks
+ * of 16 pairs, even and odd partial sums, = the AMX path, instead of VDPBF16PS's). */
+enum { GDN_BF16_MUT_TRUNCATE = 1,    /* "bf16 gemm: operands truncated instead of rounded" */
+       GDN_BF16_MUT_PAIR_SHIFT = 2,  /* "bf16 gemm: B k pairs taken one k late" (2p+1, 2p+2) */
+       GDN_BF16_MUT_SKIP_KBLOCK = 4, /* "bf16 gemm: AMX last k block of a slice skipped" */
+       GDN_BF16_MUT_AMX_ORDER = 8,   /* "bf16 gemm: fallback sums in the AMX order" */
+       GDN_BF16_MUT_PACKING = 7 };   /* the controls: the packers take their generic path */
+int gdn_bf16_mutations(void);
 /* ---- small BF16-compute GEMM (matmul_bf16.c) for the chunk kernel: gdn_gemm's contract (flags
  * GDN_GEMM_ACC, _A_LOWER, _A_UPPER, _C_LOWER, _A_TRANS, _B_TRANS; fp32 operands, int strides) with
  * both operands rounded to bf16 (nearest even) while packed and the products summed in fp32, on

@@ -68,8 +68,14 @@
 #include <unistd.h>
 #endif
 
-int gdn_bf16_fault = 0;
-int gdn_bf16_fallback_amx_order = 0;
+int gdn_bf16_mutations(void) {
+    return (gdn_test_mutate("bf16 gemm: operands truncated instead of rounded") ? GDN_BF16_MUT_TRUNCATE : 0) |
+           (gdn_test_mutate("bf16 gemm: B k pairs taken one k late") ? GDN_BF16_MUT_PAIR_SHIFT : 0) |
+           (gdn_test_mutate("bf16 gemm: AMX last k block of a slice skipped") ? GDN_BF16_MUT_SKIP_KBLOCK : 0) |
+           (gdn_test_mutate("bf16 gemm: fallback sums in the AMX order") ? GDN_BF16_MUT_AMX_ORDER : 0);
+}
+static void pack_a(int path, int trans, int64_t m, int64_t kk, const float *A, int64_t lda, void *dst, int mut);
+static void pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, int64_t ldb, void *dst, int mut);
 
 /* ---------------------------------------------------------------- dispatch */
 
@@ -170,12 +176,12 @@ size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
  * row panel ip of the packed A (MR rows; kcp values a row, the vector paths in pairs) against the
  * B micro-panel bq (already at lo), into the mr x nc block C. */
 static inline void mk_run(int path, const void *apack, int64_t ip, int MR, int64_t kcp, int64_t lo, int64_t depth,
-                          const uint32_t *bq, float *C, int64_t ldc, int acc, int mr, int nc) {
+                          const uint32_t *bq, float *C, int64_t ldc, int acc, int mr, int nc, int mut) {
     const int64_t kp = kcp / 2;
     switch (path) {
     case GDN_BF16_FALLBACK:
         gdn_bf16_mk_fallback(depth / 2, (const float *)apack + ((size_t)ip * MR * kp + (size_t)(lo / 2) * MR) * 2, bq, C, ldc, acc,
-                    mr, nc);
+                    mr, nc, (mut & GDN_BF16_MUT_AMX_ORDER) != 0);
         break;
 #if HAVE_X86
     case GDN_BF16_AVX512:
@@ -185,11 +191,13 @@ static inline void mk_run(int path, const void *apack, int64_t ip, int MR, int64
 #endif
 #if HAVE_AMX_CODE
     case GDN_BF16_AMX:
-        gdn_bf16_mk_amx(depth, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, C, ldc, acc, mr, nc);
+        gdn_bf16_mk_amx(depth, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, C, ldc, acc, mr, nc,
+                        mut & GDN_BF16_MUT_SKIP_KBLOCK);
         break;
 #endif
     default:
-        gdn_bf16_mk_amx_emu(depth, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, C, ldc, acc, mr, nc);
+        gdn_bf16_mk_amx_emu(depth, kcp, (const uint16_t *)apack + (size_t)ip * MR * kcp + lo, bq, C, ldc, acc, mr, nc,
+                            mut & GDN_BF16_MUT_SKIP_KBLOCK);
         break;
     }
 }
@@ -202,6 +210,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
               bbf = (flags & GDN_GEMM_B_BF16) != 0;
     const bf_blocking bl = blocking(path);
     const int amx = bl.amx, fb = path == GDN_BF16_FALLBACK, MR = bl.MR, MCP = bl.MCP, hw = hw_convert(path);
+    const int mut = gdn_bf16_mutations();
     const int64_t KC = bl.KC, NC = bl.NC;
     const int64_t mpanels = (m + MR - 1) / MR;
     /* packed A slice: mpanels x MR x kcp bf16; B panel: NC/NR micro-panels x kcp/2 x NR words */
@@ -225,7 +234,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
             const int64_t kc = min64(KC, kk - pc);
             const int64_t kcp = amx ? (kc + 31) / 32 * 32 : (kc + 1) / 2 * 2, kp = kcp / 2;
             const int acc_k = acc || pc > 0;
-            if (HAVE_HW_CVT && hw && at && !abf && !gdn_bf16_fault) {
+            if (HAVE_HW_CVT && hw && at && !abf && !(mut & GDN_BF16_MUT_PACKING)) {
                 /* A^T fp32 (see gdn_bf16_pack_a_trans_x_hw): this thread's share of the panels, depth outer */
                 const int64_t per = (mpanels + nt - 1) / nt, np0 = min64(mpanels, tid * per);
                 if (amx)
@@ -240,10 +249,10 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                 for (int64_t ip = 0; ip < mpanels; ip++) {
                     const int64_t mr = min64(MR, m - ip * MR);
                     if (amx)
-                        gdn_bf16_panel_a_x((uint16_t *)apack + ip * MR * kcp, A, abf, at, lda, ip * MR, mr, pc, kc, kcp, hw);
+                        gdn_bf16_panel_a_x((uint16_t *)apack + ip * MR * kcp, A, abf, at, lda, ip * MR, mr, pc, kc, kcp, hw, mut);
                     else
                         gdn_bf16_panel_a_v((uint32_t *)apack + ip * MR * kp * (fb + 1), A, abf, at, lda, ip * MR, mr, pc,
-                                 kc, kp, fb, hw);
+                                 kc, kp, fb, hw, mut);
                 }
             }
             if (own_cols) {
@@ -255,12 +264,12 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                     const int64_t nq = min64(cap, q_hi - q0);
                     for (int64_t q = 0; q < nq; q++)
                         gdn_bf16_panel_b(own + q * kp * NR, B, bbf, bt, ldb, pc, kc, kp, (q0 + q) * NR,
-                               (int)min64(NR, n - (q0 + q) * NR), hw);
+                               (int)min64(NR, n - (q0 + q) * NR), hw, mut);
                     for (int64_t ip = 0; ip < mpanels; ip++)
                         for (int64_t q = 0; q < nq; q++)
                             mk_run(path, apack, ip, MR, kcp, 0, kcp, own + q * kp * NR,
                                    C + ip * MR * ldc + (q0 + q) * NR, ldc, acc_k, (int)min64(MR, m - ip * MR),
-                                   (int)min64(NR, n - (q0 + q) * NR));
+                                   (int)min64(NR, n - (q0 + q) * NR), mut);
                 }
 #pragma omp barrier /* (the A slice is repacked next) */
                 continue;
@@ -269,7 +278,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                 const int64_t nc = min64(NC, n - jc), npan = (nc + NR - 1) / NR;
                 for (int64_t q = tid; q < npan; q += nt)
                     gdn_bf16_panel_b((uint32_t *)bpack + q * kp * NR, B, bbf, bt, ldb, pc, kc, kp, jc + q * NR,
-                           (int)min64(NR, nc - q * NR), hw);
+                           (int)min64(NR, nc - q * NR), hw, mut);
 #pragma omp barrier
                 /* Work items: a block of MCP row panels x a group of B micro-panels. Few row
                  * blocks (an MoE expert's ~100-200 rows are 1-2 of them) are also split by
@@ -292,7 +301,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
                         float *Crow = C + ip * MR * ldc + jc;
                         const uint32_t *bq = (const uint32_t *)bpack + q * kp * NR;
                         const int ncq = (int)min64(NR, nc - q * NR);
-                        mk_run(path, apack, ip, MR, kcp, 0, kcp, bq, Crow + q * NR, ldc, acc_k, mr, ncq);
+                        mk_run(path, apack, ip, MR, kcp, 0, kcp, bq, Crow + q * NR, ldc, acc_k, mr, ncq, mut);
                     }
                 }
                 /* (implied barrier: the B panel is repacked next, the A slice after the last) */
@@ -353,8 +362,9 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
     const int64_t kcp = (kk + gran - 1) / gran * gran, kp = kcp / 2;
     const int mpanels = (m + MR - 1) / MR, npan = (n + NR - 1) / NR;
     char *apack = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63), *bpack = apack + gdn_bf16_packed_a_bytes(path, m, kk);
-    gdn_bf16_pack_a(path, at, m, kk, A, lda, apack);
-    gdn_bf16_pack_b(path, bt, n, kk, B, ldb, bpack);
+    const int mut = gdn_bf16_mutations();
+    pack_a(path, at, m, kk, A, lda, apack, mut);
+    pack_b(path, bt, n, kk, B, ldb, bpack, mut);
     const unsigned fm = gdn_bf16_thread_begin(path);
     uint64_t flops = 0;
     for (int ip = 0; ip < mpanels; ip++) {
@@ -375,7 +385,7 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
             }
             const uint32_t *bq = (const uint32_t *)bpack + (size_t)q * kp * NR + (size_t)(lo / 2) * NR;
             flops += 2 * (uint64_t)mr * (uint64_t)ncq * (uint64_t)(hi - lo);
-            mk_run(path, apack, ip, MR, kcp, lo, hi - lo, bq, Cb, ldc, acc, mr, ncq);
+            mk_run(path, apack, ip, MR, kcp, lo, hi - lo, bq, Cb, ldc, acc, mr, ncq, mut);
         }
     }
     gdn_bf16_thread_end(path, fm);
@@ -399,23 +409,29 @@ size_t gdn_bf16_packed_a_bytes(int path, int64_t m, int64_t kk) {
 size_t gdn_bf16_packed_b_bytes(int path, int64_t n, int64_t kk) {
     return (size_t)((n + NR - 1) / NR) * (size_t)(packed_depth(path, kk) / 2) * NR * 4;
 }
-void gdn_bf16_pack_a(int path, int trans, int64_t m, int64_t kk, const float *A, int64_t lda, void *dst) {
+static void pack_a(int path, int trans, int64_t m, int64_t kk, const float *A, int64_t lda, void *dst, int mut) {
     const bf_blocking bl = blocking(path);
     const int64_t kcp = packed_depth(path, kk), kp = kcp / 2;
     const int fb = path == GDN_BF16_FALLBACK, hw = hw_convert(path);
     for (int64_t ip = 0; ip * bl.MR < m; ip++) {
         const int64_t mr = min64(bl.MR, m - ip * bl.MR);
         if (bl.amx)
-            gdn_bf16_panel_a_x((uint16_t *)dst + ip * bl.MR * kcp, A, 0, trans, lda, ip * bl.MR, mr, 0, kk, kcp, hw);
+            gdn_bf16_panel_a_x((uint16_t *)dst + ip * bl.MR * kcp, A, 0, trans, lda, ip * bl.MR, mr, 0, kk, kcp, hw, mut);
         else
-            gdn_bf16_panel_a_v((uint32_t *)dst + ip * bl.MR * kp * (fb + 1), A, 0, trans, lda, ip * bl.MR, mr, 0, kk, kp, fb, hw);
+            gdn_bf16_panel_a_v((uint32_t *)dst + ip * bl.MR * kp * (fb + 1), A, 0, trans, lda, ip * bl.MR, mr, 0, kk, kp, fb, hw, mut);
     }
 }
-void gdn_bf16_pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, int64_t ldb, void *dst) {
+static void pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, int64_t ldb, void *dst, int mut) {
     const int64_t kp = packed_depth(path, kk) / 2;
     for (int64_t q = 0; q * NR < n; q++)
         gdn_bf16_panel_b((uint32_t *)dst + q * kp * NR, B, 0, trans, ldb, 0, kk, kp, q * NR, (int)min64(NR, n - q * NR),
-               hw_convert(path));
+               hw_convert(path), mut);
+}
+void gdn_bf16_pack_a(int path, int trans, int64_t m, int64_t kk, const float *A, int64_t lda, void *dst) {
+    pack_a(path, trans, m, kk, A, lda, dst, gdn_bf16_mutations());
+}
+void gdn_bf16_pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, int64_t ldb, void *dst) {
+    pack_b(path, trans, n, kk, B, ldb, dst, gdn_bf16_mutations());
 }
 unsigned gdn_bf16_thread_begin(int path) {
     const gdn_fpmode fm = gdn_fp_fast_begin();
@@ -439,11 +455,12 @@ void gdn_bf16_packed_gemm(int path, int acc, int64_t m, int64_t n, int64_t kk, c
     GDN_ASSERT(kk <= a_kk && kk <= b_kk);
     const bf_blocking bl = blocking(path);
     const int64_t depth = packed_depth(path, kk), akcp = packed_depth(path, a_kk), bkp = packed_depth(path, b_kk) / 2;
+    const int mut = gdn_bf16_mutations();
     for (int64_t ip = 0; ip * bl.MR < m; ip++) {
         const int mr = (int)min64(bl.MR, m - ip * bl.MR);
         for (int64_t q = 0; q * NR < n; q++)
             mk_run(path, a, ip, bl.MR, akcp, 0, depth, (const uint32_t *)b + q * bkp * NR,
-                   C + ip * bl.MR * ldc + q * NR, ldc, acc, mr, (int)min64(NR, n - q * NR));
+                   C + ip * bl.MR * ldc + q * NR, ldc, acc, mr, (int)min64(NR, n - q * NR), mut);
     }
 }
 

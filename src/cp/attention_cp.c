@@ -183,6 +183,7 @@ static gdn_attn_core kv_block_view(const gdn_attn_plan *ap, const cp_layout *L, 
 }
 
 static int kv_forward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_attn_saved sv) {
+    const int drop_kv = gdn_test_mutate("attention cp: keys and values of earlier ranks dropped");
     const gdn_attn_config *c = &ap->cfg;
     const int r = L->r, D = L->D;
     const int64_t row = 2 * ap->Kd, blk = L->B * L->T_max * row;
@@ -207,7 +208,7 @@ static int kv_forward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_att
         /* step s + 1: pass block r - s on (rank r + 1 needs it next) and receive block r - s - 1 */
         if (next != MPI_PROC_NULL) rc = post(cp, 1, cur, 2 * L->B * shard(cp, r - s), t, next, TAG_KV, &rs, ap->Kd);
         if (!rc && s + 1 <= r) rc = post(cp, 0, other, 2 * L->B * shard(cp, r - s - 1), t, prev, TAG_KV, &rr, ap->Kd);
-        if (cp->fault == GDN_CP_FAULT_ATTN_DROP_KV) continue;
+        if (drop_kv) continue;
         t0 = MPI_Wtime();
         const gdn_attn_core v = kv_block_view(ap, L, cp, r - s, sv.proj, cur);
         gdn_attn_core_forward(&v, o2, lse2);
@@ -223,6 +224,7 @@ static int kv_forward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_att
 
 /* Backward: dqr, dkr and dproj's v columns (zeroed by the caller) receive this rank's gradients. */
 static int kv_backward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_attn_saved sv) {
+    const int drop_kv = gdn_test_mutate("attention cp: keys and values of earlier ranks dropped"), drop_grad = gdn_test_mutate("attention cp: key and value gradients of later ranks dropped");
     const gdn_attn_config *c = &ap->cfg;
     const int r = L->r, D = L->D;
     const int64_t Kd = ap->Kd, blk = L->B * L->T_max * 4 * Kd, N = ap->N;
@@ -252,7 +254,7 @@ static int kv_backward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_at
         if (s + 1 <= r) rc = post(cp, 0, other, 4 * L->B * shard(cp, src - 1), t, prev, TAG_KV, &rr, Kd);
         if (rc) break;
         t0 = MPI_Wtime();
-        if (cp->fault != GDN_CP_FAULT_ATTN_DROP_KV) {
+        if (!drop_kv) {
             gdn_attn_core v = kv_block_view(ap, L, cp, src, sv.proj, cur);
             const gdn_attn_kv bdk = {cur + 2 * nb, Kd, c->d, Ts * Kd}, bdv = {cur + 3 * nb, Kd, c->d, Ts * Kd};
             gdn_attn_core_backward_q(&v, ap->dO, sv.lse, ap->Dv, ap->dqr);
@@ -270,7 +272,7 @@ static int kv_backward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_at
     if (!rc) rc = wait(cp, &rsh[1]);
     if (!rc) rc = wait(cp, &rh);
     MPI_Type_free(&t);
-    if (rc || r == last || cp->fault == GDN_CP_FAULT_ATTN_DROP_KV_GRAD) return rc;
+    if (rc || r == last || drop_grad) return rc;
     /* the later ranks' share of this rank's key and value gradients */
 #pragma omp parallel for num_threads(ap->threads) schedule(static)
     for (int64_t n = 0; n < N; n++)
@@ -344,6 +346,7 @@ static int64_t heads_row(const cp_layout *L, int p, int64_t b, int64_t t) { retu
 
 static int heads_forward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_attn_saved sv, int backward_inputs,
                          heads_tensors *hout) {
+    const int drop_kv = gdn_test_mutate("attention cp: keys and values of earlier ranks dropped");
     const gdn_attn_config *c = &ap->cfg;
     const int64_t d = c->d, Hp = L->Hp, Hkvp = L->Hkvp, N = ap->N, P = ap->P, Hd = ap->Hd, Kd = ap->Kd;
     const int64_t hd = Hp * d, kvd = Hkvp * d;
@@ -372,7 +375,7 @@ static int heads_forward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_
     int64_t at = 0;
     for (int p = 0; p < L->D; p++) {
         const int64_t Tp = shard(cp, p);
-        const int drop = cp->fault == GDN_CP_FAULT_ATTN_DROP_KV && p != L->r;
+        const int drop = drop_kv && p != L->r;
         for (int64_t b = 0; b < L->B; b++)
             for (int64_t t = 0; t < Tp; t++, at++) {
                 const float *row = rbuf + at * sw;
@@ -415,6 +418,7 @@ static int heads_forward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_
 }
 
 static int heads_backward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn_attn_saved sv) {
+    const int drop_grad = gdn_test_mutate("attention cp: key and value gradients of later ranks dropped");
     const gdn_attn_config *c = &ap->cfg;
     const int64_t d = c->d, Hp = L->Hp, Hkvp = L->Hkvp, N = ap->N, P = ap->P, Hd = ap->Hd, Kd = ap->Kd;
     const int64_t hd = Hp * d, kvd = Hkvp * d, Tt = L->B * L->T_total;
@@ -445,7 +449,7 @@ static int heads_backward(gdn_cp *cp, gdn_attn_plan *ap, const cp_layout *L, gdn
     /* dq is this rank's to take; a kv head several ranks used sums their shares in rank order */
     for (int p = 0; p < L->D; p++) {
         const int64_t kv_lo = heads_kv_lo(c, Hp, p);
-        const int skip = cp->fault == GDN_CP_FAULT_ATTN_DROP_KV_GRAD && p > 0 && heads_kv_lo(c, Hp, p - 1) == kv_lo;
+        const int skip = drop_grad && p > 0 && heads_kv_lo(c, Hp, p - 1) == kv_lo;
 #pragma omp parallel for num_threads(ap->threads) schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const float *row = rbuf + ((int64_t)p * N + n) * bw;
@@ -583,7 +587,7 @@ int gdn_attn_cp_decode(gdn_cp *cp, gdn_attn_plan *ap, gdn_attn_cache *cache, flo
     if (last) gdn_attn_cache_append(ap, cache, sv.proj);
     t0 = MPI_Wtime();
     gdn_attn_decode_attend(ap, cache, cache->len + (last ? c->T : 0), total, k0, sv.o, sv.lse);
-    if (cp->fault == GDN_CP_FAULT_ATTN_DROP_KV && !last)
+    if (!last && gdn_test_mutate("attention cp: keys and values of earlier ranks dropped"))
         for (int64_t i = 0; i < N * H; i++) sv.lse[i] = -INFINITY;
     cp->stats.replay_s += MPI_Wtime() - t0;
     /* merge over ranks: m = max lse; sum of o e^(lse - m) and of e^(lse - m) */

@@ -93,10 +93,6 @@ gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp) {
     gdn_cp_stats z = {0};
     return cp ? cp->stats : z;
 }
-void gdn_cp_set_fault(gdn_cp *cp, int fault) {
-    if (cp) cp->fault = fault;
-}
-
 int gdn_cp_set_wait(gdn_cp *cp, int mode) {
     if (!cp) return gdn_fail(GDN_ERR_ARG, "gdn_cp_set_wait: cp is NULL");
     const int ok = mode >= GDN_CP_WAIT_AUTO && mode <= GDN_CP_WAIT_SLEEP;
@@ -350,10 +346,9 @@ int gdn_cp_sendrecv(gdn_cp *cp, const float *sbuf, int64_t scount, int dest, flo
 /* ------------------------------------------------------------------ affine-pair scans */
 
 /* Pairs live in one buffer: A [nm, X, X] then B [nm, X, V]. mine <- mine o recv (recv first). */
-static void compose_into(gdn_cp *cp, float *mine, const float *recv, float *tmp, int64_t nm,
-                         int64_t K, int64_t V) {
+static void compose_into(int reversed, float *mine, const float *recv, float *tmp, int64_t nm, int64_t K, int64_t V) {
     const int64_t na = nm * K * K;
-    if (cp->fault == GDN_CP_FAULT_REVERSED_ORDER)
+    if (reversed)
         gdn_summary_compose(tmp, tmp + na, recv, recv + na, mine, mine + na, nm, K, V);
     else
         gdn_summary_compose(tmp, tmp + na, mine, mine + na, recv, recv + na, nm, K, V);
@@ -371,6 +366,7 @@ int gdn_cp_combine(gdn_cp *cp, gdn_cp_strategy strategy, float *mine, float *inc
     const int64_t pair = nm * K * (K + V), ns = nm * K * V;
 #define RANK(pos) (dir > 0 ? (pos) : D - 1 - (pos))
     int rc = GDN_OK;
+    const int reversed = gdn_test_mutate("cp: scan composed in the reversed order");
     if (strategy == GDN_CP_SCAN) {
         float *buf = gdn_cp_scratch(cp, 2 * (size_t)pair);
         GDN_ASSERT(buf); /* reserved before the agreement step (gdn_cp_combine_reserve) */
@@ -387,14 +383,14 @@ int gdn_cp_combine(gdn_cp *cp, gdn_cp_strategy strategy, float *mine, float *inc
                                  theirs_const ? recv + na : recv, theirs_const ? ns : pair, from);
             cp->stats.rounds++;
             if (rc || from == MPI_PROC_NULL) continue;
-            if (theirs_const && cp->fault != GDN_CP_FAULT_REVERSED_ORDER) {
+            if (theirs_const && !reversed) {
                 /* mine o (0, b): the constant map (0, A_mine b + B_mine). */
                 gdn_summary_apply(tmp, mine, mine + na, recv + na, nm, K, V);
                 memset(mine, 0, sizeof(float) * na);
                 memcpy(mine + na, tmp, sizeof(float) * ns);
             } else {
                 if (theirs_const) memset(recv, 0, sizeof(float) * na);
-                compose_into(cp, mine, recv, tmp, nm, K, V);
+                compose_into(reversed, mine, recv, tmp, nm, K, V);
             }
         }
     } else if (strategy == GDN_CP_ALLGATHER) {
@@ -413,7 +409,7 @@ int gdn_cp_combine(gdn_cp *cp, gdn_cp_strategy strategy, float *mine, float *inc
             for (int j = 1; j < r; j++) {
                 const float *pj = all + (int64_t)RANK(j) * pair;
                 float *tmp = mine; /* this rank's own pair is no longer needed */
-                if (cp->fault == GDN_CP_FAULT_REVERSED_ORDER) /* wrong: fold from the far side */
+                if (reversed) /* wrong: fold from the far side */
                     pj = all + (int64_t)RANK(r - j) * pair;
                 gdn_summary_apply(tmp, pj, pj + na, incoming, nm, K, V);
                 memcpy(incoming, tmp, sizeof(float) * ns);

@@ -7,14 +7,11 @@
 #include "kernel_internal.h"
 #include "model_group.h"
 
-/* The deliberate faults (GDN_CP_FAULT_*) and gdn_cp_set_fault are in gdncp/cp.h (testing hooks). */
-
 struct gdn_cp {
     gdn_model_group group; /* first: the model reaches its peers through it (model_group.h) */
     MPI_Comm comm;
     int rank, size;
     gdn_cp_stats stats;
-    int fault;
     int sleep_wait;      /* gdn_cp_wait_all sleeps between tests (GDN_CP_WAIT_SLEEP) */
     int auto_sleep;      /* what GDN_CP_WAIT_AUTO means here (the node count at creation) */
     int64_t *shard_T;    /* every rank's T_r, filled by the agreement check */

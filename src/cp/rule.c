@@ -139,7 +139,7 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
     }
     /* 3. Replay from the true incoming state (used by the streams that continue). */
     if (!rc) {
-        if (r >= 1 && cp->fault == GDN_CP_FAULT_DROP_INCOMING) memset(incoming, 0, sizeof(float) * ns);
+        if (r >= 1 && gdn_test_mutate("cp: incoming state dropped")) memset(incoming, 0, sizeof(float) * ns);
         t0 = now();
         if (o) rc = gdn_streams_forward(plan, o, ht, NULL, q, k, v, g, beta, h0, incoming, out_state);
         else if (relay && r + 1 < D && !early) /* the state must travel on */
@@ -226,7 +226,7 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
      *    document's dh0 (the documents that start here written now, the others gathered); a
      *    dense call's is this rank's gradient of its incoming state (rank 0: dh0). */
     if (!rc) {
-        if (r < D - 1 && cp->fault == GDN_CP_FAULT_DROP_GRADIENT) memset(ds_out, 0, sizeof(float) * ns);
+        if (r < D - 1 && gdn_test_mutate("cp: incoming state gradient dropped")) memset(ds_out, 0, sizeof(float) * ns);
         t0 = now();
         rc = gdn_streams_backward(plan, dq, dk, dv, dg, dbeta, st->packed ? ds_in : dsin, q, k, v, g, beta, h0,
                                   state_in, NULL, dout, dht, ds_out, dsin);

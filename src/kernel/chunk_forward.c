@@ -211,8 +211,6 @@ void gdn_chunk_values(const gdn_plan *p, gdn_chunk_ws *ws, const gdn_chunk_input
     for (int64_t i = 0; i < (int64_t)n * w; i++) ws->u[i] += ws->m2[i];
 }
 
-int gdn_kernel_fault = 0;
-
 void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, float *S) {
     const int C = p->cfg.chunk, K = (int)p->cfg.K;
     /* S' = exp(Gc) S + Kd^T Dl, Kd = diag(exp(Gc - G)) K */
@@ -224,7 +222,7 @@ void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, f
     const float egc = ws->eg[n - 1];
     for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] *= egc;
     gdn_chunk_gemm(ws, GDN_GEMM_ACC, K, w, n, ws->kdt, C, ws->u, w, S, w);
-    if (gdn_kernel_fault == GDN_KERNEL_FAULT_STATE_BF16) /* tests: the state kept in bf16 */
+    if (gdn_test_mutate("chunk: the state kept in bf16"))
         for (int64_t i = 0; i < (int64_t)K * w; i++) S[i] = gdn_bf16_to_f32(gdn_f32_to_bf16(S[i]));
 }
 

@@ -106,8 +106,6 @@ struct gdn_plan {
 /* The oracle of cfg.compute = BF16 (reference_bf16.c): the chunked forward in double with the
  * BF16 products' operands rounded; gdn_reference_forward calls it after its checks. */
 int gdn_reference_forward_bf16(const gdn_config *c, double *o, double *ht, const gdn_rule_inputs_f64 *in);
-/* Tests only: the BF16 path a BF16 plan made from now on uses (0: the automatic one). */
-extern int gdn_kernel_bf16_path;
 
 /* A chunk product, C (+)= A B with gdn_gemm's flags, in the sweep's precision (ws->bf16). */
 static inline void gdn_chunk_gemm(gdn_chunk_ws *ws, int flags, int m, int n, int kk, const float *A, int lda,
@@ -145,8 +143,6 @@ void gdn_chunk_update_state(const gdn_plan *p, gdn_chunk_ws *ws, int n, int w, f
 /* Tests only: negative controls injected into the chunk kernel (0: none).
  * STATE_BF16: the recurrent state rounded to bf16 after every chunk (the round trip DESIGN
  * rules out; the BF16 compute mode keeps the state fp32, and its tests must see this fail). */
-enum { GDN_KERNEL_FAULT_STATE_BF16 = 1 };
-extern int gdn_kernel_fault;
 static inline float gdn_bf16_to_f32(uint16_t h) {
     const uint32_t u = (uint32_t)h << 16;
     float f;

@@ -74,7 +74,8 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     }
     if (p->cfg.compute == GDN_COMPUTE_BF16) {
         /* the largest product of a sweep: m <= max(2C, K) rows, n <= max(W, K, C), depth <= max(K, C) */
-        p->bf16_path = gdn_kernel_bf16_path ? gdn_kernel_bf16_path : gdn_bf16_path_auto();
+        const int forced = gdn_test_mutate("kernel: the BF16 path a plan uses"); /* a GDN_BF16_* path; 0: automatic */
+        p->bf16_path = forced ? forced : gdn_bf16_path_auto();
         const int M = 2 * C > K ? 2 * C : K, KK = K > C ? K : C, N = W > KK ? W : KK;
         const size_t each = (gdn_gemm_bf16_ws_bytes(p->bf16_path, M, N, KK) + 63) / 64 * 64;
         p->bf_arena = aligned_alloc(64, each * (size_t)p->threads);
@@ -189,7 +190,6 @@ void gdn_plan_destroy(gdn_plan *p) {
 
 const gdn_config *gdn_plan_config(const gdn_plan *p) { return p ? &p->cfg : NULL; }
 
-int gdn_kernel_bf16_path = 0;
 
 const char *gdn_plan_path(const gdn_plan *p) {
     if (p && p->bf16_path) return gdn_bf16_path_name(p->bf16_path); /* the forward sweep's products */

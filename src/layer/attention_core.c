@@ -364,7 +364,6 @@ static inline gdn_vi visible(const tile_view *t, int i0, int c) {
 
 /* ---------------------------------------------------------------- BF16: the packed keys */
 
-int gdn_attn_bf16_path = 0;
 
 /* The key tiles' A operands a call packs (a mask of): K [n x d] (the scores S^T = K Q^T), V^T
  * [d x n] (O^T += V^T P^T), V [n x d] (dP^T = V dO^T), K^T [d x n] (dQ^T += K^T dS^T). */
@@ -395,7 +394,8 @@ static const void *bf_key_op(const gdn_attn_core *v, const bf_keys *k, int64_t b
 static bf_keys bf_pack_keys(const gdn_attn_core *v, unsigned mask) {
     bf_keys k = {0};
     if (!v->bf16 || v->Kb || v->Vb || block_rows(v, heads_per_job(v), 0) <= FEW_ROWS || v->nk <= 0) return k;
-    const int path = gdn_attn_bf16_path ? gdn_attn_bf16_path : gdn_bf16_path_auto();
+    const int forced = gdn_test_mutate("attention: the BF16 path of the core"); /* a GDN_BF16_* path; 0: automatic */
+    const int path = forced ? forced : gdn_bf16_path_auto();
     const int64_t d = v->d;
     const size_t a1 = gdn_bf16_packed_a_bytes(path, BK, d), a2 = gdn_bf16_packed_a_bytes(path, d, BK);
     k.op_bytes = a1 > a2 ? a1 : a2, k.mask = mask, k.n_ops = __builtin_popcount(mask);
@@ -949,7 +949,8 @@ const char *gdn_attn_core_path(const gdn_attn_core *v) {
     const char *base = v && !fused_pays(v) ? two : fused;
     if (!v || !v->bf16 || v->Kb) return base;
     static _Thread_local char buf[320];
-    const int path = gdn_attn_bf16_path ? gdn_attn_bf16_path : gdn_bf16_path_auto();
+    const int forced = gdn_test_mutate("attention: the BF16 path of the core"); /* a GDN_BF16_* path; 0: automatic */
+    const int path = forced ? forced : gdn_bf16_path_auto();
     snprintf(buf, sizeof buf, "%s; blocks of more rows: products bf16 on %s", base, gdn_bf16_path_name(path));
     return buf;
 }

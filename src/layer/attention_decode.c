@@ -17,8 +17,6 @@
 #include <omp.h>
 #endif
 
-int64_t gdn_attn_decode_split_keys = 512;
-int gdn_attn_cache_round_f32 = 0;
 
 /* ---------------------------------------------------------------- the cache */
 
@@ -109,6 +107,14 @@ static float *take(span *pool, int n, size_t want) {
 
 enum { MAX_SPLITS = 256, KEY_ALIGN = 64 /* the core's key tile */ };
 
+/* When the core would have fewer jobs than threads (B Hkv small, T = 1), the cache's keys are
+ * split into ranges of at least this many keys, one per thread, whose partial results merge by
+ * their log-sum-exp (flash-decoding): 512 (caches above 1024 keys split), or the test site's. */
+static int64_t decode_split_keys(void) {
+    const int keys = gdn_test_mutate("attention decode: keys a range at least");
+    return keys > 0 ? keys : 512;
+}
+
 /* The core over the cache, split over key ranges when that gives idle threads work; o, lse: the
  * saved view's (the finish reads o). */
 static void decode_core(gdn_attn_plan *ap, const gdn_attn_core *v, float *o, float *lse) {
@@ -118,7 +124,8 @@ static void decode_core(gdn_attn_plan *ap, const gdn_attn_core *v, float *o, flo
     const int64_t hg = grp < 16 ? grp : 16, jobs = c->B * (H / hg) * ((v->nq + 64 / hg - 1) / (64 / hg));
     int64_t S = ap->threads;
     if (S > MAX_SPLITS) S = MAX_SPLITS;
-    if (gdn_attn_decode_split_keys > 0 && nk / gdn_attn_decode_split_keys < S) S = nk / gdn_attn_decode_split_keys;
+    const int64_t keys = decode_split_keys();
+    if (nk / keys < S) S = nk / keys;
     float *os[MAX_SPLITS], *ls[MAX_SPLITS];
     if (jobs < ap->threads && S >= 2) {
         span pool[] = {
@@ -228,6 +235,8 @@ static void append_rows(void *p, int64_t lo, int64_t hi) {
     const gdn_attn_plan *ap = jb->ap;
     gdn_attn_cache *cache = jb->cache;
     const int64_t Hkv = ap->cfg.Hkv, T = ap->cfg.T, d = ap->cfg.d, len = cache->len, cap = cache->cap;
+    /* tests: an F32 cache holding the values a BF16 cache would (its decode must give that one's bits) */
+    const int round_f32 = cache->dtype != GDN_BF16 && gdn_test_mutate("attention decode: the F32 cache rounds to bf16");
     for (int64_t r = lo; r < hi; r++) {
         const int64_t b = r / (Hkv * T), j = r / T % Hkv, t = r % T, n = b * T + t;
         const size_t at = ((size_t)(b * Hkv + j) * (size_t)cap + (size_t)(len + t)) * (size_t)d;
@@ -235,7 +244,7 @@ static void append_rows(void *p, int64_t lo, int64_t hi) {
         if (cache->dtype == GDN_BF16) {
             for (int64_t e = 0; e < d; e++)
                 cache->kb[at + e] = gdn_f32_to_bf16(ks[e]), cache->vb[at + e] = gdn_f32_to_bf16(vs[e]);
-        } else if (gdn_attn_cache_round_f32) { /* tests: the values a BF16 cache would hold */
+        } else if (round_f32) {
             for (int64_t e = 0; e < d; e++) {
                 const uint32_t uk = (uint32_t)gdn_f32_to_bf16(ks[e]) << 16, uv = (uint32_t)gdn_f32_to_bf16(vs[e]) << 16;
                 memcpy(cache->k + at + e, &uk, 4), memcpy(cache->v + at + e, &uv, 4);

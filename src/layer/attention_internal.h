@@ -68,8 +68,6 @@ typedef struct {
                     bf16 operands (attention_core.c, "BF16"); fp32 views only */
     float *tile; /* threads x gdn_attn_tile_floats(d, bf16) */
 } gdn_attn_core;
-/* Tests only: the BF16 path of the core's products (0: gdn_bf16_path_auto()). */
-extern int gdn_attn_bf16_path;
 
 /* One thread's tile (bf16: with the BF16 products' rows and packed operands). */
 size_t gdn_attn_tile_floats(int64_t d, int bf16);
@@ -117,11 +115,6 @@ struct gdn_attn_plan {
  * (base unused). The one place the angles are computed. */
 void gdn_attn_rope_table(const gdn_attn_plan *ap, int64_t base, float *cosv, float *sinv);
 
-/* Decode with a KV cache (attention_decode.c): when the core would have fewer jobs than threads
- * (B Hkv small, T = 1), the cache's keys are split into ranges of at least this many keys, one
- * per thread, whose partial results merge by their log-sum-exp (flash-decoding). Default 512
- * (caches above 1024 keys split); tests and timing programs may change it (not thread-safe). */
-extern int64_t gdn_attn_decode_split_keys;
 
 /* What the forward keeps: the projections [N, P], the core's output o [N, Hd], lse [N, H]. */
 typedef struct {
@@ -137,9 +130,6 @@ struct gdn_attn_cache {
     float *k, *v;       /* [B, Hkv, cap, d] each (F32) */
     uint16_t *kb, *vb;  /* likewise (BF16) */
 };
-/* Tests only: an F32 cache rounds what it appends through bf16 (then it holds a BF16 cache's
- * values, and its decode must give the BF16 cache's bits). */
-extern int gdn_attn_cache_round_f32;
 
 /* The phases of a decode call, shared with the CP decode:
  * decode_check: the plan (dense, seq_offset 0), the cache's shape, room for T more when this

@@ -306,7 +306,6 @@ static const abi_field fields_gdn_train_options[] = {
     {"pack_len", offsetof(gdn_train_options, pack_len)},
     {"pack_by_id", offsetof(gdn_train_options, pack_by_id)},
     {"pack_id", offsetof(gdn_train_options, pack_id)},
-    {"fault", offsetof(gdn_train_options, fault)},
     {NULL, 0}
 };
 

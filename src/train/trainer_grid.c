@@ -44,7 +44,7 @@ int gdn_trainer_grid_router_stats(trainer *t, double *aux) {
     if (!gdn_model_moe_layers(&t->cfg)) return GDN_OK;
     const int ns = (int)(2 * t->cfg.n_experts + 1);
     gdn_model_router_stats(t->plan, t->router); /* (plan and array are set: it cannot fail) */
-    if (t->o->fault != GDN_TRAIN_FAULT_AUX_PER_RANK &&
+    if (!gdn_test_mutate("train: the MoE aux loss from each rank alone") &&
         MPI_Allreduce(MPI_IN_PLACE, t->router, ns, MPI_DOUBLE, MPI_SUM, t->world) != MPI_SUCCESS)
         return gdn_fail(GDN_ERR_MPI, "MPI_Allreduce of the routers' statistics failed");
     const int rc = gdn_model_set_router_stats(t->plan, t->router);
@@ -77,7 +77,7 @@ void gdn_trainer_reduce_grads(trainer *t) {
     }
     int replica_rank;
     MPI_Comm_rank(t->replica_comm, &replica_rank);
-    const int replicas_summed = t->o->fault != GDN_TRAIN_FAULT_EP_REPLICAS;
+    const int replicas_summed = !gdn_test_mutate("train: expert gradients not summed over their replicas");
     gdn_model_tensor_info ti;
     size_t run = 0; /* the current run starts here */
     int kind = 0;   /* its kind: 0 shared by the grid, 1 an expert slice */

@@ -115,7 +115,7 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 23
+#define N_AGREED 22
 
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     const int64_t sep_hash = o->pack ? gdn_cp_digest(o->pack, (size_t)(o->pack_len < GDN_DATA_MAX_SEP ? o->pack_len
@@ -123,14 +123,14 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     int64_t aux_bits;
     memcpy(&aux_bits, &o->router_aux_coef, sizeof aux_bits);
     const int64_t vals[N_AGREED] = {o->cp, o->seq, o->batch, o->steps, (int64_t)o->seed, o->strategy,
-                            o->recompute, o->save_every, o->eval_every, o->eval_seqs, o->fault,
+                            o->recompute, o->save_every, o->eval_every, o->eval_seqs,
                             o->resume != NULL, o->init != NULL, o->out != NULL,
                             o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->pack_by_id,
                             o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab, o->compute, aux_bits,
                             o->ep > 1 ? o->ep : 1};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
-                                        "--fault", "--resume", "--init", "--out", "--pack (length)",
+                                        "--resume", "--init", "--out", "--pack (length)",
                                         "--pack (bytes)", "--attn-cp", "--pack-id (given)", "--pack-id", "--vocab",
                                         "--compute (0 fp32, 1 bf16)", "--router-aux-coef (its bits)", "--ep"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
@@ -314,9 +314,6 @@ int gdn_trainer_setup(trainer *t) {
         rc = rc ? rc : rc1 ? rc1 : rc2;
     }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
-    /* (the trainer's own faults are not the CP context's) */
-    if (o->fault && o->fault != GDN_TRAIN_FAULT_AUX_PER_RANK && o->fault != GDN_TRAIN_FAULT_EP_REPLICAS)
-        gdn_cp_set_fault(t->cp, o->fault);
     /* contiguous shards, the remainder spread over the first ranks */
     const int64_t base = o->seq / o->cp, extra = o->seq % o->cp;
     t->tn = base + (t->cp_rank < extra);

@@ -111,8 +111,9 @@ static int wanted(const bprob *P, int64_t i, int64_t j) { return !(P->flags & GD
 
 static int small; /* run the one-thread small GEMM (gdn_gemm_bf16) instead of gdn_matmul_bf16 */
 static int ws_short; /* control: the guard placed 64 bytes before the end of the workspace asked for */
-/* C from one path (fault: gdn_bf16_fault; even: the fallback's order). Caller frees. */
-static float *run(const bprob *P, int path, int threads, int fault, int even) {
+/* C from one path (fault: a SITE_BF16_* control, or NULL; even: the fallback's order,
+ * SITE_BF16_AMX_ORDER). Caller frees. */
+static float *run(const bprob *P, int path, int threads, const char *fault, int even) {
     float *C = malloc(sizeof(float) * P->m * P->ldc);
     memcpy(C, P->C0, sizeof(float) * P->m * P->ldc);
     /* every other call with a caller workspace, misaligned by 3 bytes, guarded past its end */
@@ -122,14 +123,16 @@ static float *run(const bprob *P, int path, int threads, int fault, int even) {
                               : gdn_matmul_bf16_ws_bytes(path, P->m, P->n, P->kk)) - (ws_short ? 64 : 0);
     unsigned char *wbuf = own ? malloc(wsb + 3 + 64) : NULL;
     if (wbuf) memset(wbuf, 0xA5, wsb + 3 + 64);
-    gdn_bf16_fault = fault, gdn_bf16_fallback_amx_order = even;
+    char sites[128];
+    snprintf(sites, sizeof sites, "%s,%s", fault ? fault : "", even ? SITE_BF16_AMX_ORDER : "");
+    test_mutation = sites;
     const int ran = small ? gdn_gemm_bf16(path, P->flags, (int)P->m, (int)P->n, (int)P->kk, P->A, (int)P->lda, P->B,
                                           (int)P->ldb, C, (int)P->ldc, wbuf + 3)
                           : gdn_matmul_bf16(path, P->flags, P->m, P->n, P->kk,
                                     (P->flags & GDN_GEMM_A_BF16) ? (const void *)P->Ah : P->A, P->lda,
                                     (P->flags & GDN_GEMM_B_BF16) ? (const void *)P->Bh : P->B, P->ldb, C, P->ldc,
                                     wbuf ? wbuf + 3 : NULL, threads);
-    gdn_bf16_fault = 0, gdn_bf16_fallback_amx_order = 0;
+    test_mutation = NULL;
     if (ran != path) C[0] = NAN; /* not the path asked for: fail every check */
     for (size_t i = 0; wbuf && i < 64; i++)
         if (wbuf[wsb + 3 + i] != 0xA5) C[0] = NAN; /* wrote past the workspace it asked for */
@@ -246,13 +249,13 @@ static void controls(void) {
     bprob_make(&P, flags, 45, 70, 601);
     for (int p = 1; p <= 4; p++) {
         if (!have[p]) continue;
-        float *t = run(&P, p, 2, GDN_BF16_FAULT_TRUNCATE, 0);
+        float *t = run(&P, p, 2, SITE_BF16_TRUNCATE, 0);
         expect_far(err_ref(&P, t), REF_TOL, "bf16 %-12s control: operands truncated, not rounded (vs double)", PNAME[p]);
-        float *s = run(&P, p, 1, GDN_BF16_FAULT_PAIR_SHIFT, 0);
+        float *s = run(&P, p, 1, SITE_BF16_PAIR_SHIFT, 0);
         expect_far(err_ref(&P, s), REF_TOL, "bf16 %-12s control: B's k pairs off by one (vs double)", PNAME[p]);
         expect_far(err_f32(&P, s), F32_TOL, "bf16 %-12s control: B's k pairs off by one (vs fp32)", PNAME[p]);
         if (p >= 3) {
-            float *k = run(&P, p, 2, GDN_BF16_FAULT_SKIP_KBLOCK, 0);
+            float *k = run(&P, p, 2, SITE_BF16_SKIP_KBLOCK, 0);
             expect_far(err_ref(&P, k), REF_TOL, "bf16 %-12s control: last 32-deep tile block of each slice skipped",
                        PNAME[p]);
             free(k);
@@ -291,7 +294,7 @@ static void controls(void) {
  * 0x8000, upper half even and odd), 0x7fff and 0x8001 below/above them, signs, exponents
  * 2^-27..2^23. Measure: the number of elements whose bits differ from this file's own
  * round-to-nearest-even; control: the truncating fault. kk = 77: vector steps and the tail. */
-static int64_t rounding_mismatches(int path, int b_side, int fault) {
+static int64_t rounding_mismatches(int path, int b_side, const char *fault) {
     enum { R = 19, KK = 77 };
     float X[R * KK], I[KK * KK], C[R * KK > KK * R ? R * KK : KK * R];
     rng_seed(4242);
@@ -304,12 +307,12 @@ static int64_t rounding_mismatches(int path, int b_side, int fault) {
         memcpy(X + i, &u, sizeof u);
     }
     for (int i = 0; i < KK * KK; i++) I[i] = i / KK == i % KK ? 1.0f : 0.0f;
-    gdn_bf16_fault = fault;
+    test_mutation = fault;
     if (!b_side) /* C [R x KK] = X [R x KK] I */
         gdn_matmul_bf16(path, 0, R, KK, KK, X, KK, I, KK, C, KK, NULL, 1 + (path % 2));
     else /* C [KK x R] = I X^T: C[i][j] = X[j][i] (B = X^T, X stored as W [R x KK]) */
         gdn_matmul_bf16(path, GDN_GEMM_B_TRANS, KK, R, KK, I, KK, X, KK, C, R, NULL, 1 + (path % 2));
-    gdn_bf16_fault = 0;
+    test_mutation = NULL;
     int64_t bad = 0;
     for (int i = 0; i < R; i++)
         for (int p = 0; p < KK; p++) {
@@ -323,7 +326,7 @@ static void rounding(void) {
     for (int p = 1; p <= 4; p++) {
         if (!have[p]) continue;
         for (int side = 0; side <= 1; side++) {
-            const int64_t ok = rounding_mismatches(p, side, 0), bad = rounding_mismatches(p, side, GDN_BF16_FAULT_TRUNCATE);
+            const int64_t ok = rounding_mismatches(p, side, NULL), bad = rounding_mismatches(p, side, SITE_BF16_TRUNCATE);
             expect_close((double)ok, 0.0, "bf16 %-12s %s rounded to nearest even, bit for bit (ties, 0x7fff, 0x8001): %ld differ",
                          PNAME[p], side ? "B (W, k contiguous)" : "A (rows)", (long)ok);
             expect_far((double)bad, 0.5, "bf16 %-12s %s control: truncated instead (%ld elements differ)", PNAME[p],

@@ -77,7 +77,7 @@ static void attn_cp_case(const char *label, gdn_attn_config full, const int64_t 
                 rc = gdn_attn_plan_create(&lp, &loc);
                 if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
                 float *saved = lp && keep ? malloc(sizeof(float) * (gdn_attn_saved_floats(lp) + 1)) : NULL;
-                if (cp) gdn_cp_set_fault(cp, fault == 1 ? GDN_CP_FAULT_ATTN_DROP_KV : fault == 2 ? GDN_CP_FAULT_ATTN_DROP_KV_GRAD : 0);
+                if (cp) test_mutation = cp_site[fault == 1 ? CP_FAULT_ATTN_DROP_KV : fault == 2 ? CP_FAULT_ATTN_DROP_KV_GRAD : 0];
                 if (!rc) rc = gdn_attn_cp_forward(cp, lp, y, saved, xl, w);
                 if (!rc) rc = gdn_attn_cp_backward(cp, lp, dx, dw, xl, w, saved, dyl);
                 if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -109,6 +109,7 @@ static void attn_cp_case(const char *label, gdn_attn_config full, const int64_t 
                               (unsigned long long)st.bytes_recv);
                 }
                 free(saved);
+                test_mutation = NULL;
                 gdn_cp_destroy(cp);
                 gdn_attn_plan_destroy(lp);
             }
@@ -158,7 +159,7 @@ static void attn_cp_generate(const int64_t *sizes) {
         if (!rc) rc = gdn_attn_cache_create(&cache, B, 2, 16, tn + (rank == D - 1 ? added + 1 : 0));
         if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
         if (!rc) rc = gdn_attn_cp_prefill(cp, pp, cache, yp, xl, w);
-        if (cp) gdn_cp_set_fault(cp, fault ? GDN_CP_FAULT_ATTN_DROP_KV : 0);
+        if (cp) test_mutation = cp_site[fault ? CP_FAULT_ATTN_DROP_KV : 0];
         for (int64_t s = 0, at = 0; s < nsteps && !rc; at += steps[s], s++) {
             float *xs = rows_of(x, B, T, P + at, steps[s], E);
             rc = gdn_attn_cp_decode(cp, pd[steps[s]], cache, ys, xs, w);
@@ -192,6 +193,7 @@ static void attn_cp_generate(const int64_t *sizes) {
                           "on every rank (rank %d)", what, rank);
             free(xs);
         }
+        test_mutation = NULL;
         gdn_cp_destroy(cp);
         gdn_attn_cache_destroy(cache);
         gdn_attn_plan_destroy(pp);

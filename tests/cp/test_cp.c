@@ -131,7 +131,7 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     int rc = gdn_plan_create(&plan, &loc);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
     if (!rc) rc = gdn_cp_set_wait(cp, case_wait);
-    if (!rc) gdn_cp_set_fault(cp, cc->fault);
+    if (!rc) test_mutation = cp_site[cc->fault];
     if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in,
                                  &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta,
                                                     .h0 = p.h0});
@@ -169,7 +169,7 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
     eg[5] = any_rc ? INFINITY : max_over_ranks(rank == 0 && cc->with_h0 ? rel_err_f32(gs, gref[5], ns) : 0.0);
     double ebwd = 0.0;
     for (int i = 0; i < 6; i++) ebwd = fmax(ebwd, eg[i]);
-    if (cc->fault == GDN_CP_FAULT_NONE) {
+    if (cc->fault == CP_FAULT_NONE) {
         expect_close(fmax(eo, eh), TOL_CP_FWD, "cp forward %s (o %.1e ht %.1e)", what, eo, eh);
         expect_close(es, TOL_CP_FWD, "cp forward vs the single-rank fp32 path %s", what);
         expect_close(ebwd, TOL_CP_BWD, "cp backward %s (dq %.1e dk %.1e dv %.1e dg %.1e db %.1e dh0 %.1e)", what,
@@ -190,9 +190,10 @@ static void run_case(const cp_case *cc, gdn_cp_strategy strategy) {
         }
     } else {
         static const char *fault_names[] = {"", "reversed composition order", "dropped incoming state", "dropped cross-rank gradient"};
-        const double e = cc->fault == GDN_CP_FAULT_DROP_GRADIENT ? ebwd : fmax(fmin(eo, es), eh);
-        expect_far(e, cc->fault == GDN_CP_FAULT_DROP_GRADIENT ? TOL_CP_BWD : TOL_CP_FWD, "%s: %s", fault_names[cc->fault], what);
+        const double e = cc->fault == CP_FAULT_DROP_GRADIENT ? ebwd : fmax(fmin(eo, es), eh);
+        expect_far(e, cc->fault == CP_FAULT_DROP_GRADIENT ? TOL_CP_BWD : TOL_CP_FWD, "%s: %s", fault_names[cc->fault], what);
     }
+    test_mutation = NULL;
     gdn_cp_destroy(cp);
     gdn_plan_destroy(plan);
     free(q), free(k), free(v), free(g), free(beta), free(ldo), free(o), free(ht), free(s_in);
@@ -748,14 +749,14 @@ void test_cp(void) {
     /* Negative controls through the same checks. */
     if (D >= 2) {
         cp_case c = cases[0];
-        c.fault = GDN_CP_FAULT_DROP_INCOMING;
+        c.fault = CP_FAULT_DROP_INCOMING;
         for (int s = 0; s < 3; s++) run_case(&c, (gdn_cp_strategy)strategies[s]);
-        c.fault = GDN_CP_FAULT_DROP_GRADIENT;
+        c.fault = CP_FAULT_DROP_GRADIENT;
         for (int s = 0; s < 3; s++) run_case(&c, (gdn_cp_strategy)strategies[s]);
     }
     if (D >= 4) {
         cp_case c = cases[0];
-        c.fault = GDN_CP_FAULT_REVERSED_ORDER;
+        c.fault = CP_FAULT_REVERSED_ORDER;
         run_case(&c, GDN_CP_SCAN);
         run_case(&c, GDN_CP_ALLGATHER);
     }

@@ -39,13 +39,14 @@ static int layer_cp_run(const gdn_layer_config *loc, int strategy, int fault, fl
     int rc = gdn_layer_plan_create(&lp, &with);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
     float *saved = lp ? malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1)) : NULL;
-    if (cp) gdn_cp_set_fault(cp, fault);
+    if (cp) test_mutation = cp_site[fault];
     if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, xl, w);
     if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, xl, w, saved, dyl);
     if (!rc) rc = MPI_Allreduce(dw, dwsum, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     *any = rc;
     MPI_Allreduce(&rc, any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     free(saved);
+    test_mutation = NULL;
     gdn_cp_destroy(cp);
     gdn_layer_plan_destroy(lp);
     return rc;
@@ -87,7 +88,7 @@ static void layer_cp_case(const char *label, gdn_layer_config full, const int64_
                 loc.keep = keep;
                 int any;
                 const int rc = layer_cp_run(&loc, strategy,
-                                            fault == 1 ? GDN_CP_FAULT_DROP_HALO : fault == 2 ? GDN_CP_FAULT_DROP_HALO_GRAD : 0,
+                                            fault == 1 ? CP_FAULT_DROP_HALO : fault == 2 ? CP_FAULT_DROP_HALO_GRAD : 0,
                                             y, dx, dw, dwsum, nw, xl, w, dyl, &any);
                 char what[200];
                 snprintf(what, sizeof what, "%s D=%d %s %s", label, D, gdn_cp_strategy_name(strategy),
@@ -161,7 +162,7 @@ static void layer_cp_bf16_case(const char *label, gdn_layer_config full, const i
         for (int fault = 0; fault < 2; fault++) {
             if (fault && (strategy != GDN_CP_SCAN || D == 1)) continue;
             int any;
-            const int rc = layer_cp_run(&loc, strategy, fault ? GDN_CP_FAULT_DROP_INCOMING : 0, y, dx, dw, dwsum, nw, xl,
+            const int rc = layer_cp_run(&loc, strategy, fault ? CP_FAULT_DROP_INCOMING : 0, y, dx, dw, dwsum, nw, xl,
                                         w, dyl, &any);
             char what[200];
             snprintf(what, sizeof what, "%s D=%d %s", label, D, gdn_cp_strategy_name(strategy));

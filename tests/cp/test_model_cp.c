@@ -28,10 +28,10 @@ static double model_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *w
     gdn_token *mine = malloc(sizeof *mine * (size_t)(B * (tn + 1)));
     for (int64_t b = 0; b < B; b++) memcpy(mine + b * (tn + 1), tok + b * (T + 1) + t0, sizeof *mine * (size_t)(tn + 1));
     double ls = NAN, total = NAN;
-    gdn_cp_set_fault(cp, fault);
+    test_mutation = cp_site[fault];
     if (!rc) rc = dw ? model_train_step(p, w, dw, mine, (double)(B * T), &ls)
                      : gdn_model_forward(p, w, mine, (double)(B * T), &ls, 0);
-    gdn_cp_set_fault(cp, GDN_CP_FAULT_NONE);
+    test_mutation = cp_site[CP_FAULT_NONE];
     if (rc) ls = NAN;
     MPI_Allreduce(&ls, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     if (dw) MPI_Allreduce(MPI_IN_PLACE, dw, (int)gdn_model_param_floats(c), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -56,9 +56,9 @@ static double packed_cp_run(gdn_cp *cp, const gdn_model_config *c, const float *
     double ls = NAN, total = NAN;
     int64_t targets = 0;
     if (!rc) rc = gdn_model_set_docs(p, cu, nd, t0, &targets);
-    gdn_cp_set_fault(cp, fault);
+    test_mutation = cp_site[fault];
     if (!rc) rc = model_train_step(p, w, dw, mine, denom, &ls);
-    gdn_cp_set_fault(cp, GDN_CP_FAULT_NONE);
+    test_mutation = cp_site[CP_FAULT_NONE];
     if (rc) ls = NAN, check(0, "packed model step over ranks: %s", gdn_errmsg());
     MPI_Allreduce(&ls, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, dw, (int)gdn_model_param_floats(c), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -107,7 +107,7 @@ static void test_model_cp_packed(const gdn_model_config *c, const float *w, cons
         expect_close(rel_err_ff(dw, dw_ref, (int64_t)nw), TOL_MODEL_CP,
                      "packed model gradient over %d ranks (%s) vs one rank", D, sn);
         if (D > 1 && !s) {
-            packed_cp_run(cp, c, w, dw, tok, B, T, t0, tn, cu, nd, denom, GDN_CP_FAULT_DROP_INCOMING, 0);
+            packed_cp_run(cp, c, w, dw, tok, B, T, t0, tn, cu, nd, denom, CP_FAULT_DROP_INCOMING, 0);
             expect_far(rel_err_ff(dw, dw_ref, (int64_t)nw), TOL_MODEL_CP,
                        "packed model gradient over %d ranks with the incoming state dropped", D);
         }
@@ -201,11 +201,11 @@ void test_model_cp(void) {
                          "model gradient over %d ranks (%s%s) vs one rank", D, sn, recompute ? ", recompute" : "");
         }
         if (D > 1) {
-            const double dropped = model_cp_run(cp, &c, w, NULL, tok, B, T, t0, tn, 0, GDN_CP_FAULT_DROP_INCOMING, 0);
+            const double dropped = model_cp_run(cp, &c, w, NULL, tok, B, T, t0, tn, 0, CP_FAULT_DROP_INCOMING, 0);
             expect_far(fabs(dropped - ref) / fabs(ref), TOL_MODEL_CP,
                        "model loss over %d ranks (%s) with the incoming state dropped", D, sn);
             if (!s) {
-                const double nohalo = model_cp_run(cp, &c, w, NULL, tok, B, T, t0, tn, 0, GDN_CP_FAULT_DROP_HALO, 0);
+                const double nohalo = model_cp_run(cp, &c, w, NULL, tok, B, T, t0, tn, 0, CP_FAULT_DROP_HALO, 0);
                 expect_far(fabs(nohalo - ref) / fabs(ref), TOL_MODEL_CP,
                            "model loss over %d ranks with the conv halo dropped", D);
             }
@@ -260,7 +260,7 @@ static double one_rank_step(const gdn_model_config *c, const float *w, float *dw
  * its sequence over the ranks, each attention strategy (heads where the head counts allow),
  * dense (recompute too) and packed, against the same model on one rank (itself checked against
  * transformers in the model_hybrid suite): the loss and every gradient. Negative control: the
- * attention layer's earlier keys and values dropped (GDN_CP_FAULT_ATTN_DROP_KV on the cp object
+ * attention layer's earlier keys and values dropped (CP_FAULT_ATTN_DROP_KV on the cp object
  * the model runs its attention layers with). */
 void test_model_cp_hybrid(void) {
     int rank, D;
@@ -305,8 +305,8 @@ void test_model_cp_hybrid(void) {
             if (D < 2) continue;
             const double dropped = packed
                                        ? packed_cp_run(cp, &c, w, dw, tok, B, T, t0, tn, cu, nd, denom,
-                                                       GDN_CP_FAULT_ATTN_DROP_KV, strategies[s])
-                                       : model_cp_run(cp, &c, w, dw, tok, B, T, t0, tn, 0, GDN_CP_FAULT_ATTN_DROP_KV,
+                                                       CP_FAULT_ATTN_DROP_KV, strategies[s])
+                                       : model_cp_run(cp, &c, w, dw, tok, B, T, t0, tn, 0, CP_FAULT_ATTN_DROP_KV,
                                                       strategies[s]);
             expect_far(fabs(dropped - ref) / fabs(ref), TOL_MODEL_CP,
                        "hybrid tiny%s over %d ranks (attention %s) with the attention's earlier keys and values "

@@ -81,7 +81,7 @@ static void scramble_docs(float *x, int64_t n_docs, int64_t ns, const int *pick)
 }
 
 /* One case through one strategy: forward and backward errors against the documents run alone
- * (both INFINITY when a call fails). fault: a GDN_CP_FAULT_* negative control. */
+ * (both INFINITY when a call fails). fault: a CP_FAULT_* negative control. */
 static int run_case(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault, int mode, double *ef,
                     double *eb) {
     /* heads needs D | Hk: Hk = D there (two value heads per key head as elsewhere) */
@@ -126,7 +126,7 @@ static int run_case(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault,
     loc.cp = strategy;
     if (!rc) rc = gdn_plan_create(&plan, &loc);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
-    if (!rc) gdn_cp_set_fault(cp, fault);
+    if (!rc) test_mutation = cp_site[fault];
     if (!rc) rc = gdn_cp_forward(cp, plan, o, ht, s_in,
                                  &(gdn_rule_inputs){.q = q, .k = k, .v = v, .g = g, .beta = beta, .h0 = h0});
     const int fwd_rc = rc;
@@ -146,6 +146,7 @@ static int run_case(const cp_pack_case *cc, gdn_cp_strategy strategy, int fault,
         *eb = fmax(*eb, rows_err(gb, ref.dbeta, cc->T, t0, tn, Hv));
         if (mode != RESETS_DISABLED) *eb = fmax(*eb, max_over_ranks(rel_err_ff(dh0, ref.dh0, nst)));
     }
+    test_mutation = NULL;
     gdn_cp_destroy(cp);
     gdn_plan_destroy(plan);
     free(q), free(k), free(v), free(g), free(beta), free(ldo), free(o), free(ht), free(s_in), free(dh0);
@@ -167,7 +168,7 @@ static void check_case(const cp_pack_case *cc) {
     char what[256];
     double ef, eb;
     for (int s = 0; s < 4; s++) {
-        run_case(cc, strategies[s], GDN_CP_FAULT_NONE, PACKED, &ef, &eb);
+        run_case(cc, strategies[s], CP_FAULT_NONE, PACKED, &ef, &eb);
         describe(what, sizeof what, cc, strategies[s]);
         expect_close(ef, TOL_PACK_CP_FWD, "%s: forward (o, ht per document) == documents run alone", what);
         expect_close(eb, TOL_PACK_CP_BWD, "%s: backward (all gradients, dh0 per document) == documents run alone",
@@ -177,19 +178,19 @@ static void check_case(const cp_pack_case *cc) {
     const gdn_cp_strategy owners[] = {GDN_CP_SCAN, GDN_CP_HEADS};
     for (int s = 0; s < 2; s++) {
         describe(what, sizeof what, cc, owners[s]);
-        run_case(cc, owners[s], GDN_CP_FAULT_NONE, OWNED_ONLY, &ef, &eb);
+        run_case(cc, owners[s], CP_FAULT_NONE, OWNED_ONLY, &ef, &eb);
         expect_close(ef, TOL_PACK_CP_FWD, "%s: h0 rows of documents not starting on a rank scrambled there: "
                      "forward unchanged", what);
         expect_close(eb, TOL_PACK_CP_BWD, "%s: dht rows of documents not ending on a rank scrambled there: "
                      "backward unchanged", what);
-        run_case(cc, owners[s], GDN_CP_FAULT_NONE, OWNED_SCRAMBLED, &ef, &eb);
+        run_case(cc, owners[s], CP_FAULT_NONE, OWNED_SCRAMBLED, &ef, &eb);
         expect_far(ef, TOL_PACK_CP_FWD, "%s: the owners' h0 rows scrambled: forward differs (negative control)", what);
         expect_far(eb, TOL_PACK_CP_BWD, "%s: the owners' dht rows scrambled: backward differs (negative control)",
                    what);
     }
     if (cc->n_docs > 1) { /* (one document: a dense run is the same run) */
         describe(what, sizeof what, cc, GDN_CP_HEADS);
-        run_case(cc, GDN_CP_HEADS, GDN_CP_FAULT_NONE, RESETS_DISABLED, &ef, &eb);
+        run_case(cc, GDN_CP_HEADS, CP_FAULT_NONE, RESETS_DISABLED, &ef, &eb);
         expect_far(ef, TOL_PACK_CP_FWD, "%s: resets disabled (dense plans): forward differs (negative control)", what);
         expect_far(eb, TOL_PACK_CP_BWD, "%s: resets disabled (dense plans): backward differs (negative control)",
                    what);
@@ -235,7 +236,8 @@ static void layer_cp_errors(const cp_pack_case *cc, gdn_cp_strategy strategy, in
     loc.cp = strategy;
     if (!rc) rc = gdn_layer_plan_create(&lp, &loc);
     if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
-    if (!rc) gdn_cp_set_fault(cp, fault), saved = calloc(gdn_layer_saved_floats(lp) + 1, sizeof(float));
+    test_mutation = cp_site[fault];
+    if (!rc) saved = calloc(gdn_layer_saved_floats(lp) + 1, sizeof(float));
     if (!rc) rc = gdn_layer_cp_forward(cp, lp, y, saved, x + t0 * E, w);
     if (!rc) rc = gdn_layer_cp_backward(cp, lp, dx, dw, x + t0 * E, w, saved, dy + t0 * E);
     if (!rc) MPI_Allreduce(dw, dw_all, (int)nw, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -244,6 +246,7 @@ static void layer_cp_errors(const cp_pack_case *cc, gdn_cp_strategy strategy, in
         *ey = rows_err(y, y_ref, cc->T, t0, tn, E), *edx = rows_err(dx, dx_ref, cc->T, t0, tn, E);
         *edw = max_over_ranks(rel_err_ff(dw_all, dw_ref, nw));
     }
+    test_mutation = NULL;
     gdn_cp_destroy(cp);
     gdn_layer_plan_destroy(lp);
     free(w), free(x), free(dy), free(y_ref), free(dx_ref), free(dw_ref), free(dw_all), free(y), free(dx), free(dw);
@@ -261,20 +264,20 @@ static void layer_cp_check(void) {
     char what[256];
     double ey, edx, edw;
     for (int s = 0; s < 4; s++) {
-        layer_cp_errors(&cc, strategies[s], GDN_CP_FAULT_NONE, LAYER_PACKED, &ey, &edx, &edw);
+        layer_cp_errors(&cc, strategies[s], CP_FAULT_NONE, LAYER_PACKED, &ey, &edx, &edw);
         describe(what, sizeof what, &cc, strategies[s]);
         expect_close(fmax(ey, edx), TOL_PACK_LAYER, "%s: packed layer y, dx == documents run alone", what);
         expect_close(edw, TOL_PACK_LAYER, "%s: packed layer dw (summed over ranks) == documents' dw summed", what);
     }
     if (D > 1) {
-        layer_cp_errors(&cc, GDN_CP_SCAN, GDN_CP_FAULT_DROP_HALO, LAYER_PACKED, &ey, &edx, &edw);
+        layer_cp_errors(&cc, GDN_CP_SCAN, CP_FAULT_DROP_HALO, LAYER_PACKED, &ey, &edx, &edw);
         expect_far(ey, TOL_PACK_LAYER, "scan %s D=%d: conv halo dropped (forward)", cc.label, D);
-        layer_cp_errors(&cc, GDN_CP_SCAN, GDN_CP_FAULT_DROP_HALO_GRAD, LAYER_PACKED, &ey, &edx, &edw);
+        layer_cp_errors(&cc, GDN_CP_SCAN, CP_FAULT_DROP_HALO_GRAD, LAYER_PACKED, &ey, &edx, &edw);
         expect_far(edx, TOL_PACK_LAYER, "scan %s D=%d: halo gradient not returned (backward)", cc.label, D);
     }
-    layer_cp_errors(&cc, GDN_CP_SCAN, GDN_CP_FAULT_NONE, LAYER_DENSE, &ey, &edx, &edw);
+    layer_cp_errors(&cc, GDN_CP_SCAN, CP_FAULT_NONE, LAYER_DENSE, &ey, &edx, &edw);
     expect_far(ey, TOL_PACK_LAYER, "scan %s D=%d: resets disabled (dense layer plans)", cc.label, D);
-    layer_cp_errors(&cc, GDN_CP_HEADS, GDN_CP_FAULT_NONE, LAYER_DENSE, &ey, &edx, &edw);
+    layer_cp_errors(&cc, GDN_CP_HEADS, CP_FAULT_NONE, LAYER_DENSE, &ey, &edx, &edw);
     expect_far(fmin(ey, edx), TOL_PACK_LAYER, "heads %s D=%d: resets disabled (dense layer plans): y and dx differ",
                cc.label, D);
     expect_far(edw, TOL_PACK_LAYER, "heads %s D=%d: resets disabled (dense layer plans): dw differs", cc.label, D);
@@ -324,23 +327,23 @@ void test_pack_cp(void) {
         double ef, eb;
         char what[256];
         describe(what, sizeof what, &inside, GDN_CP_SCAN);
-        run_case(&inside, GDN_CP_SCAN, GDN_CP_FAULT_DROP_INCOMING, PACKED, &ef, &eb);
+        run_case(&inside, GDN_CP_SCAN, CP_FAULT_DROP_INCOMING, PACKED, &ef, &eb);
         expect_far(ef, TOL_PACK_CP_FWD, "%s: incoming state dropped in the replay (forward)", what);
-        run_case(&inside, GDN_CP_SCAN, GDN_CP_FAULT_DROP_GRADIENT, PACKED, &ef, &eb);
+        run_case(&inside, GDN_CP_SCAN, CP_FAULT_DROP_GRADIENT, PACKED, &ef, &eb);
         expect_far(eb, TOL_PACK_CP_BWD, "%s: received state gradient dropped (backward)", what);
-        run_case(&inside, GDN_CP_RELAY, GDN_CP_FAULT_DROP_INCOMING, PACKED, &ef, &eb);
+        run_case(&inside, GDN_CP_RELAY, CP_FAULT_DROP_INCOMING, PACKED, &ef, &eb);
         expect_far(ef, TOL_PACK_CP_FWD, "relay %s: incoming state dropped (forward)", inside.label);
     }
     {
         double ef, eb;
-        run_case(&inside, GDN_CP_SCAN, GDN_CP_FAULT_NONE, RESETS_DISABLED, &ef, &eb);
+        run_case(&inside, GDN_CP_SCAN, CP_FAULT_NONE, RESETS_DISABLED, &ef, &eb);
         expect_far(ef, TOL_PACK_CP_FWD, "scan %s D=%d: resets disabled (dense plans on the packed stream)",
                    inside.label, D);
     }
 
     /* Refusals, on every rank alike. */
     double ef, eb;
-    int rc = run_case(&inside, GDN_CP_HEADS, GDN_CP_FAULT_NONE, HK_ONE, &ef, &eb);
+    int rc = run_case(&inside, GDN_CP_HEADS, CP_FAULT_NONE, HK_ONE, &ef, &eb);
     if (D > 1)
         expect_status(rc, GDN_ERR_SHAPE, "to divide Hk", "heads with cu_seqlens, Hk = 1 over %d ranks, is refused", D);
     else
@@ -351,7 +354,7 @@ void test_pack_cp(void) {
     past[inside.n_docs] += 1; /* one token more than the ranks hold */
     cp_pack_case longer = inside;
     longer.cu = past;
-    rc = run_case(&longer, GDN_CP_SCAN, GDN_CP_FAULT_NONE, PACKED, &ef, &eb);
+    rc = run_case(&longer, GDN_CP_SCAN, CP_FAULT_NONE, PACKED, &ef, &eb);
     expect_status(rc, GDN_ERR_SHAPE, "but the", "cu_seqlens ending past the ranks' tokens is refused");
     free(past);
     if (D > 1) { /* every rank claiming to start the stream */

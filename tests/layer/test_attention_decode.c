@@ -19,6 +19,7 @@
 #include "attention_internal.h"
 
 #include <math.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -335,14 +336,15 @@ static void split_case(void) {
     for (int64_t s = P + 5; s < T; s++) sizes[n++] = 1;
     gdn_attn_cache *cache = NULL;
     gdn_attn_cache_create(&cache, 1, 1, 16, T);
-    const int64_t keep = gdn_attn_decode_split_keys;
-    const struct { int64_t keys; int want; const char *what; } runs[] = {
-        {keep, 2, "default (>= 512 keys a range)"}, {64, 3, ">= 64 keys a range"}, {INT64_MAX, -1, "no split"},
+    const struct { int keys; int want; const char *what; } runs[] = {
+        {0, 2, "default (>= 512 keys a range)"}, {64, 3, ">= 64 keys a range"}, {INT_MAX, -1, "no split"},
     };
     const double tol = 1e-5;
     test_threads_site = "attn_decode_split";
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-        gdn_attn_decode_split_keys = runs[r].keys;
+        char site[64];
+        snprintf(site, sizeof site, "attention decode: keys a range at least=%d", runs[r].keys);
+        test_mutation = site;
         gdn_attn_cache_reset(cache);
         test_threads_seen = -1;
         expect_status(decode_pieces(&c, sizes, n, x, w, cache, y, OK, NULL), GDN_OK, NULL,
@@ -359,15 +361,15 @@ static void split_case(void) {
     /* a BF16 cache through the split (3 key ranges): the F32 cache rounding what it appends, bit for bit */
     gdn_attn_cache *cb = NULL;
     float *yb = falloc(nx);
-    gdn_attn_decode_split_keys = 64;
+    test_mutation = "attention decode: keys a range at least=64";
     gdn_attn_cache_reset(cache);
     test_threads_seen = -1;
     int rc = gdn_attn_cache_create_dtype(&cb, 1, 1, 16, T, 2);
     if (!rc) rc = decode_pieces(&c, sizes, n, x, w, cb, yb, OK, NULL);
     const int seen = test_threads_seen;
-    gdn_attn_cache_round_f32 = 1;
+    test_mutation = "attention decode: keys a range at least=64,attention decode: the F32 cache rounds to bf16";
     if (!rc) rc = decode_pieces(&c, sizes, n, x, w, cache, y, OK, NULL);
-    gdn_attn_cache_round_f32 = 0;
+    test_mutation = "attention decode: keys a range at least=64";
     long differ = 0;
     for (int64_t i = P * E; i < nx; i++) differ += memcmp(yb + i, y + i, 4) != 0;
     check(!rc && seen == 3 && differ == 0,
@@ -377,7 +379,7 @@ static void split_case(void) {
     gdn_attn_cache_destroy(cb);
     free(yb);
     test_threads_site = NULL;
-    gdn_attn_decode_split_keys = keep;
+    test_mutation = NULL;
     gdn_attn_cache_destroy(cache);
     free(w), free(x), free(yf), free(y);
 }
@@ -428,8 +430,8 @@ static void sharp_case(void) {
 
 /* The golden layer decoded in pieces into a BF16 cache (gdn_attn_cache_create_dtype), with 3
  * threads and the key split on (64 keys a range), so the widened tiles go through every path:
- * y == the same decode into an F32 cache that rounds what it appends through bf16 (the test hook
- * gdn_attn_cache_round_f32), bit for bit; against the F32 cache and transformers' y within BF16's
+ * y == the same decode into an F32 cache that rounds what it appends through bf16 (the test site
+ * "attention decode: the F32 cache rounds to bf16"), bit for bit; against the F32 cache and transformers' y within BF16's
  * accuracy; its storage is bf16 (keys_bf16 = bf16 of the F32 cache's keys, exactly). Controls:
  * the F32 cache without rounding fails the bitwise check, and the BF16 y is not the F32 one. */
 static void bf16_cache_case(const golden_layer *g) {
@@ -445,15 +447,14 @@ static void bf16_cache_case(const golden_layer *g) {
               gdn_attn_cache_keys_bf16(cb) && gdn_attn_cache_values_bf16(cb) && !gdn_attn_cache_keys_bf16(cf),
           "a BF16 cache: dtype 2, bf16 storage only; an F32 cache: dtype 0, float storage only");
     if (!made) goto out;
-    const int64_t keep = gdn_attn_decode_split_keys;
-    gdn_attn_decode_split_keys = 64;
+    test_mutation = "attention decode: keys a range at least=64";
     int rc = decode_pieces(&c, sizes, 6, g->x, g->w, cb, yb, OK, NULL);
-    gdn_attn_cache_round_f32 = 1;
+    test_mutation = "attention decode: keys a range at least=64,attention decode: the F32 cache rounds to bf16";
     if (!rc) rc = decode_pieces(&c, sizes, 6, g->x, g->w, cf, yr, OK, NULL);
-    gdn_attn_cache_round_f32 = 0;
+    test_mutation = "attention decode: keys a range at least=64";
     gdn_attn_cache_reset(cf);
     if (!rc) rc = decode_pieces(&c, sizes, 6, g->x, g->w, cf, yf, OK, NULL);
-    gdn_attn_decode_split_keys = keep;
+    test_mutation = NULL;
     expect_status(rc, GDN_OK, NULL, "decode 37 + 64 + 1 + 1 + 13 + 34 into a BF16 cache and into F32 caches");
     if (rc) goto out;
     long differ = 0, differ_unrounded = 0, keys_differ = 0;

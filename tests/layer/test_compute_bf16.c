@@ -10,12 +10,12 @@
  *    the gradients (the chunk kernel's forward products run bf16 too, its backward fp32 from the
  *    states that forward saved: the oracle has no such split).
  *    Negative controls through the same check: the recurrent state rounded to bf16 after every
- *    chunk (the round trip the mode must not do: the kernel's GDN_KERNEL_FAULT_STATE_BF16; on y),
+ *    chunk (the round trip the mode must not do: the kernel's site "chunk: the state kept in bf16"; on y),
  *    and the fp32 layer (whose products are not rounded; on y and the worst gradient).
  * 2. Against the fp32 oracle (exact products): the accuracy a user gets, stated per tensor:
  *    bf16 operands give ~2^-9 relative per operand, in practice ~5e-3 on y and ~1e-2 on the
  *    gradients (printed); tolerance F32_TOL. Control: the BF16 GEMM's k pairs shifted by one
- *    (GDN_BF16_FAULT_PAIR_SHIFT) through the same check.
+ *    (SITE_BF16_PAIR_SHIFT) through the same check.
  * 3. The whole model (the hybrid `tiny`: its MLP, lm_head and both mixers' projections in bf16)
  *    against itself in fp32: the loss within MODEL_LOSS_TOL, every gradient within MODEL_TOL
  *    (norm-wise; the worst tensor printed); control: the shifted k pairs.
@@ -25,7 +25,7 @@
 #include "harness.h"
 #include "gdncp.h"
 #include "kernel_internal.h"
-#include "attention_internal.h" /* gdn_attn_bf16_path */
+#include "attention_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -152,18 +152,18 @@ static void one_shape(int64_t B, int64_t T, int64_t E, int64_t Hk, int64_t Hv, i
             run_case(label, "vs its bf16-operand oracle", c, w, x, dy, &rb, ORACLE_TOL, ORACLE_GRAD_TOL, 0);
         }
         c.keep = GDN_LAYER_KEEP_MIN;
-        gdn_kernel_fault = GDN_KERNEL_FAULT_STATE_BF16;
+        test_mutation = "chunk: the state kept in bf16";
         run_case(label, "control: state round-tripped through bf16 per chunk, vs the bf16 oracle", c, w, x, dy, &rb,
                  ORACLE_TOL, 0, 1);
-        gdn_kernel_fault = 0;
+        test_mutation = NULL;
         c.compute = GDN_COMPUTE_FP32;
         run_case(label, "control: the fp32 layer vs the bf16 oracle", c, w, x, dy, &rb, ORACLE_TOL, ORACLE_GRAD_TOL, 1);
         c.compute = GDN_COMPUTE_BF16;
         const double e = run_case(label, "vs the fp32 oracle (its accuracy)", c, w, x, dy, &r32, F32_TOL, F32_TOL, 0);
         if (!tests_quiet) printf("      %s: worst error vs the exact fp32 oracle %.2e\n", label, e);
-        gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
+        test_mutation = SITE_BF16_PAIR_SHIFT;
         run_case(label, "control: bf16 GEMM k pairs shifted, vs the fp32 oracle", c, w, x, dy, &r32, F32_TOL, F32_TOL, 1);
-        gdn_bf16_fault = 0;
+        test_mutation = NULL;
     }
     ref_free(&rb), ref_free(&r32);
     free(w), free(x), free(dy), free(xd), free(dyd), free(wd);
@@ -228,7 +228,7 @@ static int attn_same_bits(const gdn_attn_config *c, const attn_out *a, const att
 }
 
 /* The attention layer: its projections and its core's products in bf16 (the core on each BF16
- * path in turn: gdn_attn_bf16_path), against its oracle (which rounds what the core rounds, P
+ * path in turn: the site "attention: the BF16 path of the core"), against its oracle (which rounds what the core rounds, P
  * against the core's lazy running max: attention_reference.c) and the fp32 oracle. norm_w: the
  * q/k norm weights (large: sharp scores, so a row's running max moves in later key tiles). Bit for
  * bit: AMX emulated == the fallback in TDPBF16PS's order, AMX == AMX emulated, AVX512-BF16 == the
@@ -279,9 +279,11 @@ static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t H
             }
             /* the projections run on the automatic path: where that is the fallback (no
              * AVX512-BF16), they too must be in AMX order in both runs compared bit for bit */
-            gdn_attn_bf16_path = path[k], gdn_bf16_fallback_amx_order = k <= 1;
+            char sites[128];
+            snprintf(sites, sizeof sites, "attention: the BF16 path of the core=%d%s", path[k], k <= 1 ? "," SITE_BF16_AMX_ORDER : "");
+            test_mutation = sites;
             ran[k] = !attn_run(&c, 0, x, w, dy, &po[k]);
-            gdn_attn_bf16_path = 0, gdn_bf16_fallback_amx_order = 0;
+            test_mutation = NULL;
             check(ran[k], "%s: core on %s ran", label, name[k]);
             if (!ran[k]) continue;
             char what[96];
@@ -295,15 +297,15 @@ static void attention_case(int64_t B, int64_t T, int64_t E, int64_t H, int64_t H
         if (!attn_run(&c, 0, x, w, dy, &o))
             attn_compare(label, "vs the fp32 oracle (its accuracy)", &c, &o, &r32, F32_TOL, F32_TOL, 0);
         attn_free(&o);
-        gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
+        test_mutation = SITE_BF16_PAIR_SHIFT;
         if (!attn_run(&c, 0, x, w, dy, &o))
             attn_compare(label, "control: bf16 GEMM k pairs shifted, vs the fp32 oracle", &c, &o, &r32, F32_TOL, F32_TOL, 1);
         attn_free(&o);
-        gdn_bf16_fault = GDN_BF16_FAULT_TRUNCATE;
+        test_mutation = SITE_BF16_TRUNCATE;
         if (!attn_run(&c, 0, x, w, dy, &o))
             attn_compare(label, "control: operands truncated to bf16, vs its bf16-operand oracle", &c, &o, &rb, ATTN_ORACLE_TOL,
                          ATTN_ORACLE_TOL, 1);
-        gdn_bf16_fault = 0;
+        test_mutation = NULL;
         attn_free(&o);
         c.compute = GDN_COMPUTE_FP32;
         if (!attn_run(&c, 0, x, w, dy, &o))
@@ -362,9 +364,9 @@ static void model_case(void) {
         gdn_model_tensor_info info;
         if (worst >= 0 && !gdn_model_tensor(&mc, worst, &info) && !tests_quiet)
             printf("      bf16 model: the worst tensor's gradient vs fp32: %s %.2e\n", info.name, we);
-        gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
+        test_mutation = SITE_BF16_PAIR_SHIFT;
         rc = model_step(&mc, GDN_COMPUTE_BF16, w, tok, B, T, &lbad, dwb);
-        gdn_bf16_fault = 0;
+        test_mutation = NULL;
         if (rc) check(0, "bf16 model control step: %s", gdn_errmsg());
         else {
             expect_far(rel_err_f32(dwb, ref, nw), MODEL_TOL, "control: bf16 model with k pairs shifted, gradient vs fp32");
@@ -472,9 +474,11 @@ static void kernel_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K,
         check(0, "%s: oracle: %s", label, gdn_errmsg());
     } else {
         const int paths[2] = {0, also};
+        char site[64];
         for (int pi = 0; pi < 2; pi++) {
             if (pi && !also) continue;
-            gdn_kernel_bf16_path = paths[pi];
+            snprintf(site, sizeof site, "kernel: the BF16 path a plan uses=%d", paths[pi]);
+            test_mutation = site;
             const char *pname = gdn_bf16_path_name(paths[pi] ? paths[pi] : gdn_bf16_path_auto());
             int rc = kernel_run(&cb, (const float *const *)f, o, ht);
             expect_close(rc ? INFINITY : kernel_err(&c, o, ht, rb_o, rb_h), KERNEL_ORACLE_TOL, "%s [%s] o, ht vs its bf16-operand oracle",
@@ -485,18 +489,17 @@ static void kernel_case(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t K,
                 if (!tests_quiet) printf("      %s: error vs the exact oracle %.2e\n", label, e);
             }
         }
-        gdn_kernel_bf16_path = 0;
-        gdn_kernel_fault = GDN_KERNEL_FAULT_STATE_BF16;
+        test_mutation = "chunk: the state kept in bf16";
         int rc = kernel_run(&cb, (const float *const *)f, o, ht);
-        gdn_kernel_fault = 0;
+        test_mutation = NULL;
         expect_far(rc ? 0.0 : kernel_err(&c, o, ht, rb_o, rb_h), KERNEL_ORACLE_TOL,
                    "%s control: state round-tripped through bf16 per chunk, vs the bf16 oracle", label);
         rc = kernel_run(&c, (const float *const *)f, o, ht);
         expect_far(rc ? 0.0 : kernel_err(&c, o, ht, rb_o, rb_h), KERNEL_ORACLE_TOL, "%s control: the fp32 kernel vs the bf16 oracle",
                    label);
-        gdn_bf16_fault = GDN_BF16_FAULT_PAIR_SHIFT;
+        test_mutation = SITE_BF16_PAIR_SHIFT;
         rc = kernel_run(&cb, (const float *const *)f, o, ht);
-        gdn_bf16_fault = 0;
+        test_mutation = NULL;
         expect_far(rc ? 0.0 : kernel_err(&c, o, ht, r32_o, r32_h), F32_TOL,
                    "%s control: bf16 GEMM k pairs shifted, vs the exact oracle", label);
     }

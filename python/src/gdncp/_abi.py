@@ -34,14 +34,6 @@ GDN_F64 = 1
 GDN_BF16 = 2
 GDN_DTYPE_OTHER = 3
 # cp.h
-GDN_CP_FAULT_NONE = 0
-GDN_CP_FAULT_REVERSED_ORDER = 1
-GDN_CP_FAULT_DROP_INCOMING = 2
-GDN_CP_FAULT_DROP_GRADIENT = 3
-GDN_CP_FAULT_DROP_HALO = 4
-GDN_CP_FAULT_DROP_HALO_GRAD = 5
-GDN_CP_FAULT_ATTN_DROP_KV = 6
-GDN_CP_FAULT_ATTN_DROP_KV_GRAD = 7
 GDN_CP_WAIT_AUTO = 0
 GDN_CP_WAIT_SPIN = 1
 GDN_CP_WAIT_SLEEP = 2
@@ -105,8 +97,6 @@ GDN_ERR_MISSING = 7
 GDN_ERR_DTYPE = 8
 GDN_ERR_MPI = 20
 # train.h
-GDN_TRAIN_FAULT_AUX_PER_RANK = 100
-GDN_TRAIN_FAULT_EP_REPLICAS = 101
 GDN_GIVEN_VOCAB = 1
 GDN_GIVEN_HIDDEN = 2
 GDN_GIVEN_LAYERS = 4
@@ -496,7 +486,6 @@ class TrainOptions(ctypes.Structure):
         ('pack_len', c_int),
         ('pack_by_id', c_int),
         ('pack_id', c_int32),
-        ('fault', c_int),
     ]
 
 
@@ -591,7 +580,6 @@ PROTOTYPES = {
     'gdn_cp_agree_values': (c_int, [c_void_p, POINTER(c_int64), c_int, POINTER(c_char_p), c_int]),
     'gdn_cp_digest': (c_int64, [c_void_p, c_size_t]),
     'gdn_cp_last_stats': (CpStats, [c_void_p]),
-    'gdn_cp_set_fault': (None, [c_void_p, c_int]),
     'gdn_cp_set_wait': (c_int, [c_void_p, c_int]),
     'gdn_cp_get_wait': (c_int, [c_void_p]),
     # data.h
