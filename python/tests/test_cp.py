@@ -98,7 +98,6 @@ def _cp_run(xs, w_o, w_h, cuts, strategy, cu=None, shift=False, fault=0):
     leaves = [x[:, a:b].clone().requires_grad_(True) for x in xs[:5]]
     h0 = xs[5].clone().requires_grad_(True)
     if fault:
-        st = core._comm_state(COMM)
         _mutate(fault)
     try:
         o, ht = gcp.chunk_gated_delta_rule(*leaves, initial_state=h0, output_final_state=True,
@@ -193,7 +192,6 @@ def test_numpy_entry_points_match_chunk_forward_backward():
     loc = [x[:, s] for x in a[:5]]
 
     def run(fault):
-        st = core._comm_state(COMM)
         _mutate(fault)
         try:
             o, ht, s_in = gdncp.cp_forward(COMM, *loc, a[5], threads=1)
