@@ -51,9 +51,11 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     p->ws = gdn_calloc("plan: p->ws", (size_t)p->threads, sizeof *p->ws);
     p->arena = gdn_alloc_aligned("plan: p->arena", ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->ws || !p->arena) {
+        /* the message before the plan goes: it names the plan's thread count */
+        rc = gdn_fail(GDN_ERR_NOMEM, "plan workspace (%zu bytes per thread, %d threads)", per * sizeof(float),
+                      p->threads);
         gdn_plan_destroy(p);
-        return gdn_fail(GDN_ERR_NOMEM, "plan workspace (%zu bytes per thread, %d threads)",
-                        per * sizeof(float), p->threads);
+        return rc;
     }
     const int W = p->max_width;
     for (int t = 0; t < p->threads; t++) {

@@ -82,8 +82,10 @@ int gdn_moe_plan_create(gdn_moe_plan **out, const gdn_moe_config *cfg) {
     }
     p->arena = gdn_alloc_aligned("moe: p->arena", total * sizeof(float));
     if (!p->arena) {
+        /* the message before the plan goes: it names the plan's sizes */
+        const int rc = gdn_fail(GDN_ERR_NOMEM, "moe workspace: %.1f MB for N = %lld rows", p->bytes / 1e6, (long long)p->N);
         gdn_moe_plan_destroy(p);
-        return gdn_fail(GDN_ERR_NOMEM, "moe workspace: %.1f MB for N = %lld rows", p->bytes / 1e6, (long long)p->N);
+        return rc;
     }
     float *cur = p->arena;
     float **dst[] = {&p->scratch_saved, &p->lg, &p->xg, &p->dyg, &p->m, &p->dm, &p->dgu, &p->c, &p->wr,

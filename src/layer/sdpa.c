@@ -78,9 +78,11 @@ int gdn_sdpa_plan_create(gdn_sdpa_plan **out, const gdn_attn_config *cfg) {
         return rc;
     }
     if (!(p->arena = gdn_alloc_aligned("sdpa: p->arena", total * sizeof(float)))) {
+        /* the message before the plan goes: it names the plan's token count */
+        const int rc = gdn_fail(GDN_ERR_NOMEM, "sdpa workspace: %.1f MB for B*T = %lld tokens", total * 4.0 / 1e6,
+                                (long long)p->N);
         gdn_sdpa_plan_destroy(p);
-        return gdn_fail(GDN_ERR_NOMEM, "sdpa workspace: %.1f MB for B*T = %lld tokens", total * 4.0 / 1e6,
-                        (long long)p->N);
+        return rc;
     }
     float *cur = p->arena;
     p->tile = gdn_carve(&cur, pieces[0]), p->lse = gdn_carve(&cur, pieces[1]), p->D = gdn_carve(&cur, pieces[2]);
