@@ -25,6 +25,9 @@ typedef struct {
     const char *prefix, *site;
 } test_fault_ctl;
 extern test_fault_ctl test_fault;
+/* When set, called with the number and site of every call test_fault counts (the count is atomic:
+ * the library allocates on OpenMP threads too). */
+extern void (*test_fault_seen)(long n, const char *site);
 extern int test_threads_seen;
 extern const char *test_threads_site;
 extern void (*test_point_action)(const char *site);

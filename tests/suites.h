@@ -37,6 +37,7 @@ SUITE(sample)           /* model/test_sample.c: gdn_sample_next */
 SUITE(hf_layouts)       /* model/test_hf_layouts.c: the model's weights in transformers' layouts */
 SUITE(moe)              /* layer/test_moe.c: the sparse mixture-of-experts MLP */
 SUITE(model_moe)        /* model/test_model_hybrid.c: the Qwen3.5-MoE model against transformers */
+SUITE(alloc_failures)   /* model/test_alloc_failures.c: every allocation of forward, backward, decode, checkpoints failed in turn */
 SUITE_CP(cp)            /* cp/test_cp.c: the rule's CP strategies, agreement, faults */
 SUITE_CP(layer_cp)      /* cp/test_layer_cp.c: the GatedDeltaNet layer under CP */
 SUITE_CP(model_cp)      /* cp/test_model_cp.c: the model under CP */

@@ -14,6 +14,7 @@ int tests_passed, tests_failed, tests_quiet;
 
 /* The library's test-only hooks (weak there, src/base/status.c), overridden here. */
 test_fault_ctl test_fault = {0, 0, 0, NULL, NULL};
+void (*test_fault_seen)(long n, const char *site);
 int test_threads_seen = -1;
 const char *test_threads_site = NULL;
 void (*test_point_action)(const char *site) = NULL;
@@ -36,7 +37,9 @@ const char *const cp_site[8] = {
 int gdn_test_fault(const char *site) {
     if (!test_fault.armed) return 0;
     if (test_fault.prefix && strncmp(site, test_fault.prefix, strlen(test_fault.prefix))) return 0;
-    if (++test_fault.count != test_fault.at) return 0;
+    const long n = __atomic_add_fetch(&test_fault.count, 1, __ATOMIC_RELAXED);
+    if (test_fault_seen) test_fault_seen(n, site);
+    if (n != test_fault.at) return 0;
     test_fault.site = site;
     return 1;
 }

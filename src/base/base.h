@@ -26,9 +26,9 @@ GDN_WING int gdn_fail(int status, const char *fmt, ...) __attribute__((format(pr
  * and no call. With them, the weak definitions in status.c do nothing but gdn_test_mutate's,
  * which reads GDNCP_MUTATE (below); a test program that links the static library overrides
  * them with strong ones. The library holds no mutable test state.
- * gdn_test_fault: called before each allocation of the CP layer (gdn_cp_malloc) and each MPI
- * datatype it creates, naming the site; non-zero makes that allocation / MPI call fail as if
- * the system had refused it (fault injection: "allocation number N fails on rank R").
+ * gdn_test_fault: called before each allocation of the library (the gdn_malloc family) and each
+ * MPI datatype the CP layer creates, naming the site; non-zero makes that allocation / MPI call
+ * fail as if the system had refused it (fault injection: "allocation number N fails on rank R").
  * gdn_test_point: called at named points of long operations (e.g. a safetensors write with its
  * temporary file in place), so a test can act there (raise a signal).
  * gdn_test_threads: called once by the first thread of some parallel regions with the size of
@@ -131,11 +131,24 @@ int gdn_fail_nonfinite(const char *role, const char *name, double value, int64_t
  * thread works in p->ws[gdn_thread_id()]. */
 int gdn_thread_id(void);
 
+/* Every allocation of the library (libgdncp and the MPI wing) goes through this family, so a
+ * test can fail any one of them: each asks gdn_test_fault(site) first (a weak call returning 0
+ * outside the tests; no lock, no state) and returns NULL when it says so, as when the system
+ * refuses. `site` names the allocation ("model: p->arena"); scripts/check_allocs.py keeps raw
+ * malloc, calloc, realloc, aligned_alloc and strdup out of src/ but this file's memory.c.
+ * malloc / calloc / realloc / strdup semantics, except that a zero size allocates one byte (so
+ * NULL always means failure). Everything is released with free(). gdn_realloc leaves p intact
+ * when it fails. gdn_alloc_aligned: 64-byte aligned (a cache line, the vector loads'). */
+GDN_WING void *gdn_malloc(const char *site, size_t bytes);
+GDN_WING void *gdn_calloc(const char *site, size_t n, size_t size);
+GDN_WING void *gdn_realloc(const char *site, void *p, size_t bytes);
+GDN_WING void *gdn_alloc_aligned(const char *site, size_t bytes);
+GDN_WING char *gdn_strdup(const char *site, const char *s);
 /* A buffer of bytes for the large arrays (a model's weights, gradients, moments, a plan's
  * arena): 64-byte aligned, and from 2 MiB on aligned to and advised into transparent huge pages
  * (Linux). Released with free(). NULL when out of memory. The _zeroed form clears it. */
-GDN_WING void *gdn_alloc_large(size_t bytes);
-GDN_WING void *gdn_alloc_large_zeroed(size_t bytes);
+GDN_WING void *gdn_alloc_large(const char *site, size_t bytes);
+GDN_WING void *gdn_alloc_large_zeroed(const char *site, size_t bytes);
 
 /* fn(ctx, t, nt) on every thread t of a team of nt <= threads; with threads <= 1, one call
  * fn(ctx, 0, 1) on this thread and no OpenMP region at all. A region costs libgomp ~0.3 us and a

@@ -1,4 +1,5 @@
-/* Large buffers (weights, gradients, moments, a model plan's arena) in transparent huge pages. */
+/* The one allocation family (each call a named site a test can fail) and large buffers in
+ * transparent huge pages. */
 #include "base.h"
 
 #include <stdint.h>
@@ -11,10 +12,36 @@
 
 enum { HUGE_PAGE = 2 << 20 };
 
-void *gdn_alloc_large(size_t bytes) {
-    /* Below a huge page the alignment would only waste memory: 64 bytes (a cache line, the
-     * vector loads' alignment) as everywhere. */
-    if (bytes < HUGE_PAGE) return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+void *gdn_malloc(const char *site, size_t bytes) {
+    return gdn_test_fault(site) ? NULL : malloc(bytes ? bytes : 1);
+}
+
+void *gdn_calloc(const char *site, size_t n, size_t size) {
+    if (!n || !size) n = 1, size = 1;
+    return gdn_test_fault(site) ? NULL : calloc(n, size);
+}
+
+void *gdn_realloc(const char *site, void *p, size_t bytes) {
+    /* realloc(p, 0) may free p and return NULL: one byte keeps "NULL means p is intact". */
+    return gdn_test_fault(site) ? NULL : realloc(p, bytes ? bytes : 1);
+}
+
+char *gdn_strdup(const char *site, const char *s) {
+    const size_t n = strlen(s) + 1;
+    char *d = gdn_malloc(site, n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+void *gdn_alloc_aligned(const char *site, size_t bytes) {
+    /* aligned_alloc wants a multiple of the alignment (C11); at least one line. */
+    return gdn_test_fault(site) ? NULL : aligned_alloc(64, bytes ? (bytes + 63) & ~(size_t)63 : 64);
+}
+
+void *gdn_alloc_large(const char *site, size_t bytes) {
+    /* Below a huge page the alignment would only waste memory: 64 bytes as everywhere. */
+    if (bytes < HUGE_PAGE) return gdn_alloc_aligned(site, bytes);
+    if (gdn_test_fault(site)) return NULL;
     const size_t rounded = (bytes + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
     void *p = aligned_alloc(HUGE_PAGE, rounded);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -27,8 +54,8 @@ void *gdn_alloc_large(size_t bytes) {
     return p;
 }
 
-void *gdn_alloc_large_zeroed(size_t bytes) {
-    void *p = gdn_alloc_large(bytes);
+void *gdn_alloc_large_zeroed(const char *site, size_t bytes) {
+    void *p = gdn_alloc_large(site, bytes);
     if (p) memset(p, 0, bytes);
     return p;
 }

@@ -216,7 +216,7 @@ static void matmul_bf16_rows(int path, int flags, int64_t m, int64_t n, int64_t 
     /* packed A slice: mpanels x MR x kcp bf16; B panel: NC/NR micro-panels x kcp/2 x NR words */
     size_t abytes, bbytes;
     ws_parts(path, m, n, kk, &abytes, &bbytes);
-    char *buf = ws ? NULL : aligned_alloc(64, abytes + bbytes + 64);
+    char *buf = ws ? NULL : gdn_alloc_aligned("matmul_bf16: buf", abytes + bbytes + 64);
     GDN_ASSERT(ws || buf);
     char *apack = (char *)(((uintptr_t)(ws ? ws : buf) + 63) & ~(uintptr_t)63), *bpack = apack + abytes;
     const int64_t nblk = (mpanels + MCP - 1) / MCP;
@@ -496,7 +496,7 @@ void gdn_bench_projection(int bf16_path, int64_t m, int64_t n, int64_t kk, const
                           float *y, int threads) {
     if (bf16_path < 0) {
         const size_t bytes = (gdn_matmul_ws_floats(threads) * sizeof(float) + 63) / 64 * 64;
-        float *ws = aligned_alloc(64, bytes);
+        float *ws = gdn_alloc_aligned("matmul_bf16: ws", bytes);
         GDN_ASSERT(ws);
         gdn_matmul(GDN_GEMM_B_TRANS, m, n, kk, x, kk, W, kk, y, n, ws, threads);
         free(ws);

@@ -36,17 +36,17 @@ int gdn_cp_create(gdn_cp **out, MPI_Comm comm) {
     int rank = 0, size = 1;
     MPI_Comm_rank(dup, &rank);
     MPI_Comm_size(dup, &size);
-    gdn_cp *cp = gdn_cp_calloc(1, sizeof *cp, "cp context");
+    gdn_cp *cp = gdn_calloc("cp context", 1, sizeof *cp);
     if (cp) {
         cp->group = (gdn_model_group){.rank = rank, .agree_status = gdn_cp_agree_status, .exscan_sum = exscan_sum,
                                       .sum_doubles = sum_doubles, .layer_forward = gdn_layer_cp_forward,
                                       .layer_backward = gdn_layer_cp_backward, .attn_forward = gdn_attn_cp_forward,
                                       .attn_backward = gdn_attn_cp_backward};
         cp->comm = dup, cp->rank = rank, cp->size = size;
-        cp->shard_T = gdn_cp_calloc((size_t)size, sizeof *cp->shard_T, "cp context: shard sizes");
-        cp->agree_tab = gdn_cp_calloc((size_t)GDN_CP_AGREE_COLS * (size + 1), sizeof(int64_t), "cp context: agreement table");
-        cp->tab64 = gdn_cp_calloc((size_t)size, sizeof(int64_t), "cp context: gather sizes");
-        cp->counts = gdn_cp_calloc(4 * (size_t)size, sizeof(int), "cp context: gather counts");
+        cp->shard_T = gdn_calloc("cp context: shard sizes", (size_t)size, sizeof *cp->shard_T);
+        cp->agree_tab = gdn_calloc("cp context: agreement table", (size_t)GDN_CP_AGREE_COLS * (size + 1), sizeof(int64_t));
+        cp->tab64 = gdn_calloc("cp context: gather sizes", (size_t)size, sizeof(int64_t));
+        cp->counts = gdn_calloc("cp context: gather counts", 4 * (size_t)size, sizeof(int));
     }
     if (!local && (!cp || !cp->shard_T || !cp->agree_tab || !cp->tab64 || !cp->counts))
         local = gdn_fail(GDN_ERR_NOMEM, "cp context (%d ranks)", size);

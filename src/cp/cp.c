@@ -27,14 +27,6 @@ int gdn_cp_strategy_parse(const char *name) {
     return -1;
 }
 
-void *gdn_cp_malloc(size_t bytes, const char *site) {
-    return gdn_test_fault(site) ? NULL : malloc(bytes ? bytes : 1);
-}
-
-void *gdn_cp_calloc(size_t n, size_t size, const char *site) {
-    return gdn_test_fault(site) ? NULL : calloc(n && size ? n : 1, n && size ? size : 1);
-}
-
 int gdn_cp_wait_all(const gdn_cp *cp, int n, MPI_Request *rq) {
     if (!cp->sleep_wait) {
         for (int i = 0; i < n; i++) {
@@ -113,7 +105,7 @@ int gdn_cp_get_wait(const gdn_cp *cp) { return cp && cp->sleep_wait ? GDN_CP_WAI
 
 float *gdn_cp_scratch(gdn_cp *cp, size_t floats) {
     if (floats > cp->scratch_cap) {
-        float *p = gdn_test_fault("cp scratch") ? NULL : realloc(cp->scratch, floats * sizeof(float));
+        float *p = gdn_realloc("cp scratch", cp->scratch, floats * sizeof(float));
         if (!p) return NULL;
         cp->scratch = p, cp->scratch_cap = floats;
     }
@@ -299,7 +291,7 @@ int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *cons
     if (!rc) rc = first_disagreement(cp, all, W, 0, 1, count_name);
     if (rc || fits) return rc ? rc : first_disagreement(cp, all, W, 2, n, names);
     /* every rank is here, with the same n: the values themselves */
-    int64_t *table = gdn_cp_malloc(sizeof(int64_t) * (size_t)n * (cp->size + 1), "cp agreement table");
+    int64_t *table = gdn_malloc("cp agreement table", sizeof(int64_t) * (size_t)n * (cp->size + 1));
     if ((rc = gdn_cp_agree_status(cp, table ? GDN_OK : gdn_fail(GDN_ERR_NOMEM, "cp agreement (%d values)", n)))) {
         free(table);
         return rc;
@@ -495,7 +487,7 @@ int gdn_cp_gather_rows(gdn_cp *cp, const float *local, int64_t B, int64_t T_loca
                           (long long)(B * (total + T[r]) * inner));
         else counts[r] = (int)(B * T[r] * inner), counts[D + r] = (int)(total * B * inner), total += T[r];
     }
-    if (!rc && cp->rank == root && !(all = gdn_cp_malloc(sizeof(float) * (B * total * inner + 1), "gather rows: the whole tensor")))
+    if (!rc && cp->rank == root && !(all = gdn_malloc("gather rows: the whole tensor", sizeof(float) * (B * total * inner + 1))))
         rc = gdn_fail(GDN_ERR_NOMEM, "gather rows (%lld floats)", (long long)(B * total * inner));
     rc = gdn_cp_agree_status(cp, rc);
     if (!rc && MPI_Gatherv(local, (int)(B * T_local * inner), MPI_FLOAT, all, counts, counts + D,

@@ -31,12 +31,9 @@ struct gdn_cp {
  * exchanges, whatever a rank's n (gdn_cp_agree's signature and the halo's fit it too). */
 enum { GDN_CP_AGREE_COLS = 32 };
 
-/* Every allocation of the CP layer goes through these (malloc / calloc semantics, a zero size
- * allocates one byte): the site names it for the test-only fault hook (gdn_test_fault). A
+/* The CP layer allocates through base.h's gdn_malloc family, as the whole library does. A
  * failure is local: the caller folds it into a collective status (gdn_cp_agree_status, or the
  * local status of an agreement step) before the next collective, so no rank is left waiting. */
-void *gdn_cp_malloc(size_t bytes, const char *site);
-void *gdn_cp_calloc(size_t n, size_t size, const char *site);
 /* An MPI datatype constructor, unless the fault hook fails it first (then MPI_ERR_OTHER, and
  * nothing was created). */
 #define GDN_CP_MPI_TYPE(site, call) (gdn_test_fault(site) ? MPI_ERR_OTHER : (call))

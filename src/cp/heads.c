@@ -84,8 +84,8 @@ static int layout_init(gdn_cp *cp, layout *L, const gdn_config *c) {
     L->block_type = MPI_DATATYPE_NULL;
     L->B = c->B, L->state_rows = c->cu_seqlens ? c->n_docs : c->B;
     L->row_floats[0] = c->Hk / D * c->K, L->row_floats[1] = c->Hv / D * c->V, L->row_floats[2] = c->Hv / D;
-    L->t_off = gdn_cp_calloc(D + 1, sizeof(int64_t), "cp heads: token offsets");
-    L->scount = gdn_cp_calloc(4 * (size_t)D, sizeof(int), "cp heads: counts");
+    L->t_off = gdn_calloc("cp heads: token offsets", D + 1, sizeof(int64_t));
+    L->scount = gdn_calloc("cp heads: counts", 4 * (size_t)D, sizeof(int));
     if (!L->t_off || !L->scount) return gdn_fail(GDN_ERR_NOMEM, "heads layout");
     L->sdispl = L->scount + D, L->rcount = L->sdispl + D, L->rdispl = L->rcount + D;
     int64_t T_max = 0;
@@ -113,9 +113,9 @@ static int layout_init(gdn_cp *cp, layout *L, const gdn_config *c) {
     const int64_t rows = c->B * (D * T_max > L->T_total ? D * T_max : L->T_total);
     const int64_t widest = L->row_floats[0] > L->row_floats[1] ? L->row_floats[0] : L->row_floats[1];
     const size_t n = (size_t)(rows * widest), nstate = (size_t)(L->state_rows * c->Hv * c->K * c->V);
-    L->sbuf = gdn_cp_malloc(sizeof(float) * n, "cp heads: send buffer");
-    L->rbuf = gdn_cp_malloc(sizeof(float) * n, "cp heads: receive buffer");
-    L->state = gdn_cp_malloc(sizeof(float) * nstate, "cp heads: state buffer");
+    L->sbuf = gdn_malloc("cp heads: send buffer", sizeof(float) * n);
+    L->rbuf = gdn_malloc("cp heads: receive buffer", sizeof(float) * n);
+    L->state = gdn_malloc("cp heads: state buffer", sizeof(float) * nstate);
     if (!L->sbuf || !L->rbuf || !L->state)
         return gdn_fail(GDN_ERR_NOMEM, "heads exchange buffers (2 x %zu + %zu floats)", n, nstate);
     return GDN_OK;
@@ -365,8 +365,7 @@ int gdn_cp_heads_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float 
     const int verdict = heads_enter(cp, plan, &L, &hp, &rc);
     if (verdict) return verdict; /* (refused alike on every rank, before any collective) */
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D;
-    if (!rc && !(buf = gdn_cp_malloc(sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * nsr * Hvl * KV),
-                                     "cp heads forward: head-parallel tensors")))
+    if (!rc && !(buf = gdn_malloc("cp heads forward: head-parallel tensors", sizeof(float) * (2 * B * T * Hkl * K + 2 * B * T * Hvl * V + 2 * B * T * Hvl + 2 * nsr * Hvl * KV))))
         rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     float *hq = buf, *hk = hq + B * T * Hkl * K, *hv = hk + B * T * Hkl * K, *ho = hv + B * T * Hvl * V;
@@ -408,8 +407,7 @@ int gdn_cp_heads_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, floa
     const int verdict = heads_enter(cp, plan, &L, &hp, &rc);
     if (verdict) return verdict; /* (refused alike on every rank, before any collective) */
     const int64_t T = L.T_total, Hkl = Hk / D, Hvl = Hv / D, nqk = B * T * Hkl * K, nv = B * T * Hvl * V, ng = B * T * Hvl;
-    if (!rc && !(buf = gdn_cp_malloc(sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * nsr * Hvl * KV),
-                                     "cp heads backward: head-parallel tensors")))
+    if (!rc && !(buf = gdn_malloc("cp heads backward: head-parallel tensors", sizeof(float) * (4 * nqk + 3 * nv + 4 * ng + 3 * nsr * Hvl * KV))))
         rc = gdn_fail(GDN_ERR_NOMEM, "heads buffers");
     if ((rc = gdn_cp_agree_status(cp, rc))) goto done;
     float *hq = buf, *hk = hq + nqk, *gq = hk + nqk, *gk = gq + nqk, *hv = gk + nqk, *hdo = hv + nv, *gv = hdo + nv;

@@ -49,7 +49,7 @@ static int join(gdn_ep *ep, gdn_moe_plan *p, int status) {
 int gdn_ep_create(gdn_ep **out, MPI_Comm comm) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "ep create: output pointer is NULL");
     *out = NULL;
-    gdn_ep *ep = calloc(1, sizeof *ep);
+    gdn_ep *ep = gdn_calloc("moe_ep: ep", 1, sizeof *ep);
     if (!ep) return gdn_fail(GDN_ERR_NOMEM, "ep context");
     if (MPI_Comm_dup(comm, &ep->comm) != MPI_SUCCESS) {
         free(ep);
@@ -60,10 +60,10 @@ int gdn_ep_create(gdn_ep **out, MPI_Comm comm) {
     ep->table = (gdn_model_experts){ep->size, ep->rank, gdn_moe_ep_forward, gdn_moe_ep_backward, join};
     const size_t D = (size_t)ep->size;
     ep->width = HDR_COLS + GDN_MOE_MAX_EXPERTS / ep->size;
-    ep->shdr = gdn_cp_malloc(sizeof(int64_t) * 2 * D * (size_t)ep->width, "ep.header");
-    ep->counts = gdn_cp_malloc(sizeof(int) * 4 * D, "ep.counts");
-    ep->first = gdn_cp_malloc(sizeof(int64_t) * (GDN_MOE_MAX_EXPERTS + D), "ep.first");
-    ep->start = gdn_cp_malloc(sizeof(int64_t) * (GDN_MOE_MAX_EXPERTS + 1), "ep.start");
+    ep->shdr = gdn_malloc("ep.header", sizeof(int64_t) * 2 * D * (size_t)ep->width);
+    ep->counts = gdn_malloc("ep.counts", sizeof(int) * 4 * D);
+    ep->first = gdn_malloc("ep.first", sizeof(int64_t) * (GDN_MOE_MAX_EXPERTS + D));
+    ep->start = gdn_malloc("ep.start", sizeof(int64_t) * (GDN_MOE_MAX_EXPERTS + 1));
     int local = ep->shdr && ep->counts && ep->first && ep->start ? GDN_OK : GDN_ERR_NOMEM;
     if (!local) ep->rhdr = ep->shdr + D * (size_t)ep->width;
     int worst = local;
@@ -169,7 +169,7 @@ static int reserve(gdn_ep *ep, size_t floats, int64_t rows, const char *what) {
     if (rows > INT32_MAX) local = gdn_fail(GDN_ERR_SHAPE, "moe ep %s: this rank would receive %lld rows, more than "
                                            "an MPI count holds (%d)", what, (long long)rows, INT32_MAX);
     if (!local && floats > ep->ws_cap) {
-        float *n = gdn_cp_malloc(sizeof(float) * floats, "ep.rows");
+        float *n = gdn_malloc("ep.rows", sizeof(float) * floats);
         if (!n) local = gdn_fail(GDN_ERR_NOMEM, "moe ep %s: %.1f MB for %lld received rows", what,
                                  4.0 * (double)floats / 1e6, (long long)rows);
         else free(ep->ws), ep->ws = n, ep->ws_cap = floats;

@@ -108,7 +108,7 @@ int gdn_cp_rule_forward(gdn_cp *cp, gdn_plan *plan, float *o, float *ht, float *
     const int64_t nm = c->B * c->Hv, K = c->K, V = c->V, KV = K * V, ns = nm * KV, na = nm * K * K, pair = na + ns;
     MPI_Datatype st_type = MPI_DATATYPE_NULL;
     /* (a failure here meets the other ranks' first collective, the fold's agreement step) */
-    float *mine = gdn_cp_calloc((size_t)(pair + 2 * ns), sizeof(float), "cp forward: pair and states");
+    float *mine = gdn_calloc("cp forward: pair and states", (size_t)(pair + 2 * ns), sizeof(float));
     if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
     float *incoming = mine + pair, *out_state = incoming + ns;
     /* 1. Fold (the last rank's map is needed by nobody; relay passes states instead, but a relay
@@ -179,7 +179,7 @@ int gdn_cp_rule_backward(gdn_cp *cp, gdn_plan *plan, float *dq, float *dk, float
     MPI_Datatype st_type = MPI_DATATYPE_NULL;
     /* (a failure here meets the other ranks' first collective: the recompute's or the fold's
      * agreement step) */
-    float *mine = gdn_cp_calloc((size_t)(pair + 3 * ns + na), sizeof(float), "cp backward: pair and states");
+    float *mine = gdn_calloc("cp backward: pair and states", (size_t)(pair + 3 * ns + na), sizeof(float));
     if (!mine) return gdn_cp_agree_status(cp, gdn_fail(GDN_ERR_NOMEM, "cp pair (%lld floats)", (long long)pair));
     float *ds_out = mine + pair, *state_in = ds_out + ns, *dsin = state_in + ns, *A = dsin + ns;
     gdn_cp_stats fwd = {0};

@@ -392,7 +392,7 @@ static int load(gdn_attn_weights *aw, gdn_st_file *f, const char *path, const ch
     }
     const size_t n = gdn_attn_param_floats(&c);
     if ((rc = gdn_check_fits("the attention weights", 4.0 * (double)n))) return rc;
-    aw->w = calloc(n, sizeof *aw->w);
+    aw->w = gdn_calloc("attn_weights: aw->w", n, sizeof *aw->w);
     if (!aw->w) return gdn_fail(GDN_ERR_NOMEM, "attention weights (%zu floats)", n);
     aw->dtype = found[GDN_A_Q_PROJ]->dtype;
     for (int w = 0; w < GDN_A_COUNT && !rc; w++)

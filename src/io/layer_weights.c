@@ -338,7 +338,7 @@ static int dims_from_shapes(dims *ds, const gdn_st_tensor *found[W_COUNT], int f
 /* Read one fused tensor and scatter its rows into the split parameters of lw->w. */
 static int read_fused(gdn_st_file *f, const gdn_st_tensor *t, int which, gdn_layer_weights *lw) {
     const int64_t rows = t->shape[0], E = t->shape[1];
-    float *tmp = malloc((size_t)(rows * E) * sizeof *tmp + 1);
+    float *tmp = gdn_malloc("layer_weights: tmp", (size_t)(rows * E) * sizeof *tmp + 1);
     if (!tmp) return gdn_fail(GDN_ERR_NOMEM, "reading '%s'", t->name);
     int rc = gdn_st_read_f32(f, t->name, tmp, (size_t)(rows * E));
     if (!rc) rc = gdn_layer_unfuse(&lw->cfg, which - W_QKVZ, tmp, lw->w);
@@ -388,7 +388,7 @@ static int load(gdn_layer_weights *lw, gdn_st_file *f, const char *path, const c
     }
 
     const size_t n = gdn_layer_param_floats(&c);
-    lw->w = calloc(n, sizeof *lw->w);
+    lw->w = gdn_calloc("layer_weights: lw->w", n, sizeof *lw->w);
     if (!lw->w) return gdn_fail(GDN_ERR_NOMEM, "layer weights (%zu floats)", n);
     lw->fused = fused;
     lw->dtype = found[fused ? W_QKVZ : GDN_P_IN_PROJ_QKV]->dtype;
@@ -425,7 +425,7 @@ void gdn_layer_weights_free(gdn_layer_weights *lw) {
 int gdn_layer_weights_to_bf16(gdn_layer_weights *lw) {
     if (!lw || !lw->w) return gdn_fail(GDN_ERR_ARG, "no fp32 layer weights to convert");
     const size_t n = gdn_layer_param_floats(&lw->cfg);
-    uint16_t *h = malloc(sizeof(uint16_t) * (n ? n : 1));
+    uint16_t *h = gdn_malloc("layer_weights: h", sizeof(uint16_t) * (n ? n : 1));
     if (!h) return gdn_fail(GDN_ERR_NOMEM, "BF16 layer weights (%zu values)", n);
     for (size_t i = 0; i < n; i++) {
         uint32_t u;
@@ -465,7 +465,7 @@ int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, const fl
             continue;
         }
         /* Gather the split gradients back into the fused, interleaved order. */
-        float *tmp = malloc((size_t)(shape[0] * shape[1]) * sizeof *tmp);
+        float *tmp = gdn_malloc("layer_weights: tmp", (size_t)(shape[0] * shape[1]) * sizeof *tmp);
         if (!tmp) return gdn_fail(GDN_ERR_NOMEM, "gradient of '%s'", weight_name(w));
         rc = gdn_layer_fuse(&c, w - W_QKVZ, dw, tmp);
         if (!rc) rc = gdn_io_add_named(wr, name_prefix, weight_name(w), nd, shape, tmp);

@@ -136,7 +136,7 @@ void gdn_io_prefix_hint(const gdn_st_file *f, const char *const *suffixes, int n
 int gdn_io_add_named(gdn_st_writer *wr, const char *name_prefix, const char *name, int ndim,
                      const int64_t *shape, const float *data) {
     const size_t len = strlen(name_prefix) + strlen(name) + 1;
-    char *full = malloc(len);
+    char *full = gdn_malloc("loader_common: full", len);
     if (!full) return gdn_fail(GDN_ERR_NOMEM, "gradient name");
     snprintf(full, len, "%s%s", name_prefix, name);
     const int rc = gdn_st_writer_add_f32(wr, full, GDN_F32, ndim, shape, data);

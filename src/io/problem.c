@@ -29,7 +29,7 @@ static int read_exact(gdn_st_file *f, const char *path, const char *name, int nd
     }
     size_t n = 1;
     for (int i = 0; i < nd; i++) n *= (size_t)(i == 1 && tn >= 0 ? tn : want[i]);
-    *dst = malloc(sizeof(float) * (n ? n : 1));
+    *dst = gdn_malloc("problem: dst", sizeof(float) * (n ? n : 1));
     if (!*dst) return gdn_fail(GDN_ERR_NOMEM, "%s: tensor '%s' (%zu floats)", path, name, n);
     return tn >= 0 ? gdn_st_read_f32_rows(f, name, *dst, n, t0, tn) : gdn_st_read_f32(f, name, *dst, n);
 }

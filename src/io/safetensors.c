@@ -119,7 +119,7 @@ static int parse_header(gdn_st_file *f, const char *text, size_t n) {
     if (!json_is_object(f->root))
         return gdn_fail(GDN_ERR_FORMAT, "%s: header JSON is not an object", f->path);
     size_t cap = json_object_size(f->root);
-    f->tensors = calloc(cap ? cap : 1, sizeof *f->tensors);
+    f->tensors = gdn_calloc("safetensors: f->tensors", cap ? cap : 1, sizeof *f->tensors);
     if (!f->tensors)
         return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the table of %zu tensors", f->path, cap);
     const char *key;
@@ -142,7 +142,7 @@ static int parse_header(gdn_st_file *f, const char *text, size_t n) {
      * (the reference implementation requires the ranges to tile the data section). Every tensor,
      * empty or not, is compared with the furthest end seen so far, not only with its sorted
      * neighbour: otherwise an empty tensor between two overlapping ones would hide the overlap. */
-    gdn_st_tensor **order = malloc(sizeof(*order) * (f->count ? f->count : 1));
+    gdn_st_tensor **order = gdn_malloc("safetensors: order", sizeof(*order) * (f->count ? f->count : 1));
     if (!order)
         return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the overlap check of %d tensors",
                         f->path, f->count);
@@ -192,9 +192,9 @@ int gdn_st_open(gdn_st_file **out, const char *path) {
     if (!S_ISREG(st.st_mode))
         return gdn_fail(GDN_ERR_IO, "%s: not a regular file (%s); gdncp reads only regular files",
                         path, gdn_file_kind(st.st_mode));
-    gdn_st_file *f = calloc(1, sizeof *f);
+    gdn_st_file *f = gdn_calloc("safetensors: f", 1, sizeof *f);
     if (!f) return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the file handle", path);
-    f->path = strdup(path);
+    f->path = gdn_strdup("safetensors: f->path", path);
     /* The path may have been replaced since stat(): open without blocking, check again. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     int open_errno = errno;
@@ -226,7 +226,7 @@ int gdn_st_open(gdn_st_file **out, const char *path) {
             rc = gdn_fail(GDN_ERR_FORMAT,
                           "%s: header length %llu exceeds the file (%lld bytes) or the %u-byte limit",
                           path, (unsigned long long)n, (long long)st.st_size, MAX_HEADER_BYTES);
-        } else if (!(text = malloc(n + 1))) {
+        } else if (!(text = gdn_malloc("safetensors: text", n + 1))) {
             rc = gdn_fail(GDN_ERR_NOMEM, "%s: header of %llu bytes", path, (unsigned long long)n);
         } else if (fread(text, 1, n, f->fp) != n) {
             rc = gdn_fail(GDN_ERR_FORMAT, "%s: header truncated", path);
@@ -441,7 +441,7 @@ struct gdn_st_writer {
 
 int gdn_st_writer_create(gdn_st_writer **w) {
     if (!w) return gdn_fail(GDN_ERR_ARG, "writer output pointer is NULL");
-    *w = calloc(1, sizeof **w);
+    *w = gdn_calloc("safetensors: w", 1, sizeof **w);
     if (!*w || !((*w)->metadata = json_object())) {
         free(*w);
         *w = NULL;
@@ -482,7 +482,7 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
     }
     if (w->count == w->cap) {
         int cap = w->cap ? 2 * w->cap : 8;
-        st_entry *e = realloc(w->entries, sizeof *e * cap);
+        st_entry *e = gdn_realloc("safetensors: e", w->entries, sizeof *e * cap);
         if (!e)
             return gdn_fail(GDN_ERR_NOMEM, "writer add '%s': cannot grow the tensor list to %d", name, cap);
         w->entries = e, w->cap = cap;
@@ -490,8 +490,8 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
     st_entry *e = &w->entries[w->count];
     memset(e, 0, sizeof *e);
     e->nbytes = n * (src == SRC_I64 ? 8 : dtype_size(dtype));
-    e->name = strdup(name);
-    e->bytes = data ? malloc(e->nbytes ? e->nbytes : 1) : NULL; /* NULL data: reserved, written at its offset later */
+    e->name = gdn_strdup("safetensors: e->name", name);
+    e->bytes = data ? gdn_malloc("safetensors: e->bytes", e->nbytes ? e->nbytes : 1) : NULL; /* NULL data: reserved, written at its offset later */
     if (!e->name || (data && !e->bytes)) {
         free(e->name), free(e->bytes);
         return gdn_fail(GDN_ERR_NOMEM, "writer add: cannot allocate tensor '%s' (%zu bytes)", name,
@@ -562,7 +562,7 @@ static char *build_header(gdn_st_writer *w, size_t *len) {
     if (!text) return NULL;
     /* Pad with spaces to a multiple of 8 so the data section stays aligned. */
     size_t n = strlen(text), padded = (n + 7) & ~(size_t)7;
-    char *out = realloc(text, padded + 1);
+    char *out = gdn_realloc("safetensors: out", text, padded + 1);
     if (!out) {
         free(text);
         return NULL;
@@ -665,7 +665,7 @@ int gdn_st_writer_save(gdn_st_writer *w, const char *path) {
      * every failure the temporary file is removed; while it exists it is registered for
      * gdn_st_remove_temporaries (the application's signal handler). */
     size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
+    char *tmp = gdn_malloc("safetensors: tmp", plen + 16);
     if (!tmp) {
         free(header);
         return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the temporary file name", path);

@@ -30,7 +30,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     *out = NULL;
     int rc = gdn_config_check(cfg);
     if (rc) return rc;
-    gdn_plan *p = calloc(1, sizeof *p);
+    gdn_plan *p = gdn_calloc("plan: p", 1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "plan");
     p->cfg = *cfg;
     if (p->cfg.chunk == 0) p->cfg.chunk = 64;
@@ -48,12 +48,14 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         gdn_plan_destroy(p);
         return rc;
     }
-    p->ws = calloc((size_t)p->threads, sizeof *p->ws);
-    p->arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
+    p->ws = gdn_calloc("plan: p->ws", (size_t)p->threads, sizeof *p->ws);
+    p->arena = gdn_alloc_aligned("plan: p->arena", ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->ws || !p->arena) {
+        /* the message before the plan goes: it names the plan's thread count */
+        rc = gdn_fail(GDN_ERR_NOMEM, "plan workspace (%zu bytes per thread, %d threads)", per * sizeof(float),
+                      p->threads);
         gdn_plan_destroy(p);
-        return gdn_fail(GDN_ERR_NOMEM, "plan workspace (%zu bytes per thread, %d threads)",
-                        per * sizeof(float), p->threads);
+        return rc;
     }
     const int W = p->max_width;
     for (int t = 0; t < p->threads; t++) {
@@ -78,7 +80,7 @@ int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
         p->bf16_path = forced ? forced : gdn_bf16_path_auto();
         const int M = 2 * C > K ? 2 * C : K, KK = K > C ? K : C, N = W > KK ? W : KK;
         const size_t each = (gdn_gemm_bf16_ws_bytes(p->bf16_path, M, N, KK) + 63) / 64 * 64;
-        p->bf_arena = aligned_alloc(64, each * (size_t)p->threads);
+        p->bf_arena = gdn_alloc_aligned("plan: p->bf_arena", each * (size_t)p->threads);
         if (!p->bf_arena) {
             gdn_plan_destroy(p);
             return gdn_fail(GDN_ERR_NOMEM, "BF16 packing space (%zu bytes per thread)", each);
@@ -148,8 +150,8 @@ static int alloc_backward(gdn_plan *p) {
     int rc = gdn_check_fits(what, 4.0 * per_need * p->threads);
     if (rc) return rc;
     const size_t per = (size_t)per_need;
-    p->bws = calloc((size_t)p->threads, sizeof *p->bws);
-    p->bwd_arena = aligned_alloc(64, ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
+    p->bws = gdn_calloc("plan: p->bws", (size_t)p->threads, sizeof *p->bws);
+    p->bwd_arena = gdn_alloc_aligned("plan: p->bwd_arena", ((per * p->threads * sizeof(float)) + 63) & ~(size_t)63);
     if (!p->bws || !p->bwd_arena)
         return gdn_fail(GDN_ERR_NOMEM, "backward workspace (%zu bytes per thread, %d threads)",
                         per * sizeof(float), p->threads);

@@ -47,7 +47,7 @@ int gdn_reference_forward(const gdn_config *cfg, double *o, double *ht, const gd
     const int64_t B = cfg->B, T = cfg->T, Hk = cfg->Hk, Hv = cfg->Hv, K = cfg->K, V = cfg->V;
     const int64_t r = Hv / Hk;
     const double scale = cfg->scale != 0.0f ? (double)cfg->scale : 1.0 / sqrt((double)K);
-    double *S = malloc(sizeof(double) * (K * V + 2 * K + V));
+    double *S = gdn_malloc("reference: S", sizeof(double) * (K * V + 2 * K + V));
     if (!S) return gdn_fail(GDN_ERR_NOMEM, "oracle state (%lld doubles)", (long long)(K * V));
     double *qt = S + K * V, *kt = qt + K, *d = kt + K;
     /* A packed stream (B = 1) restarts the state at every document start, from that document's

@@ -46,7 +46,7 @@ int gdn_reference_backward(const gdn_config *cfg, const gdn_rule_grads_f64 *grad
     const int64_t r = Hv / Hk, KV = K * V;
     const double scale = cfg->scale != 0.0f ? (double)cfg->scale : 1.0 / sqrt((double)K);
     /* states[t] = S_t (after token t), states[0] = S_0; plus per-token scratch. */
-    double *states = malloc(sizeof(double) * ((T + 1) * KV + KV + 4 * K + 3 * V));
+    double *states = gdn_malloc("reference_backward: states", sizeof(double) * ((T + 1) * KV + KV + 4 * K + 3 * V));
     if (!states) return gdn_fail(GDN_ERR_NOMEM, "oracle backward states (%lld doubles)", (long long)((T + 1) * KV));
     double *dS = states + (T + 1) * KV, *qh = dS + KV, *kh = qh + K, *dqh = kh + K, *dkh = dqh + K;
     double *d = dkh + K, *dd = d + V, *kS = dd + V;

@@ -106,7 +106,7 @@ int gdn_reference_forward_bf16(const gdn_config *c, double *o, double *ht, const
     const int64_t C = c->chunk ? c->chunk : 64;
     const double scale = c->scale != 0.0f ? (double)c->scale : 1.0 / sqrt((double)K);
     const size_t nscr = (size_t)(2 * C * K + 3 * C * C + C + 2 * C * K + C * V + 2 * C * V + 2 * K * V + K * V);
-    double *S = malloc(sizeof(double) * (K * V + nscr));
+    double *S = gdn_malloc("reference_bf16: S", sizeof(double) * (K * V + nscr));
     if (!S) return gdn_fail(GDN_ERR_NOMEM, "BF16 oracle scratch (%zu doubles)", nscr);
     const int64_t *cu = c->cu_seqlens, nseq = cu ? c->n_docs : 1;
     for (int64_t b = 0; b < B; b++)

@@ -39,7 +39,7 @@ int gdn_streams_init(gdn_plan *p) {
     int64_t first = 0, n = c->B;
     if (c->cu_seqlens) {
         const int64_t nd = c->n_docs;
-        st->cu = malloc(sizeof(int64_t) * (nd + 1));
+        st->cu = gdn_malloc("stream: st->cu", sizeof(int64_t) * (nd + 1));
         if (!st->cu) return gdn_fail(GDN_ERR_NOMEM, "cu_seqlens copy (%lld documents)", (long long)nd);
         memcpy(st->cu, c->cu_seqlens, sizeof(int64_t) * (nd + 1));
         c->cu_seqlens = st->cu;
@@ -48,8 +48,8 @@ int gdn_streams_init(gdn_plan *p) {
         n = doc_of(st->cu, nd, t1 - 1) - first + 1;
         st->first_doc = first;
     }
-    st->s = calloc((size_t)n, sizeof *st->s);
-    st->run = malloc(sizeof(int64_t) * (size_t)n);
+    st->s = gdn_calloc("stream: st->s", (size_t)n, sizeof *st->s);
+    st->run = gdn_malloc("stream: st->run", sizeof(int64_t) * (size_t)n);
     if (!st->s || !st->run) return gdn_fail(GDN_ERR_NOMEM, "the plan's %lld streams", (long long)n);
     st->n = n;
     int64_t rows = 0;

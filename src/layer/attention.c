@@ -57,7 +57,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     *out = NULL;
     int rc = gdn_attn_config_check(cfg);
     if (rc) return rc;
-    gdn_attn_plan *ap = calloc(1, sizeof *ap);
+    gdn_attn_plan *ap = gdn_calloc("attention: ap", 1, sizeof *ap);
     if (!ap) return gdn_fail(GDN_ERR_NOMEM, "attention plan");
     ap->cfg = *cfg;
     gdn_attn_config *c = &ap->cfg;
@@ -71,7 +71,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     ap->N = c->B * T, ap->Hd = c->H * d, ap->Kd = c->Hkv * d, ap->P = 2 * ap->Hd + 2 * ap->Kd;
     for (int i = 0; i <= GDN_A_COUNT; i++) ap->param_off[i] = gdn_attn_param_offset(c, i);
     if (c->cu_seqlens) {
-        if (!(ap->cu = malloc(sizeof(int64_t) * (size_t)(c->n_docs + 1)))) {
+        if (!(ap->cu = gdn_malloc("attention: ap->cu", sizeof(int64_t) * (size_t)(c->n_docs + 1)))) {
             gdn_attn_plan_destroy(ap);
             return gdn_fail(GDN_ERR_NOMEM, "attention cu_seqlens copy (%lld documents)", (long long)c->n_docs);
         }
@@ -97,7 +97,7 @@ int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
         gdn_attn_plan_destroy(ap);
         return rc;
     }
-    ap->arena = aligned_alloc(64, total * sizeof(float));
+    ap->arena = gdn_alloc_aligned("attention: ap->arena", total * sizeof(float));
     if (!ap->arena) {
         gdn_attn_plan_destroy(ap);
         return gdn_fail(GDN_ERR_NOMEM, "attention workspace: %.1f MB for B*T = %lld tokens", total * 4.0 / 1e6,
@@ -122,7 +122,7 @@ int gdn_attn_plan_set_docs(gdn_attn_plan *ap, const int64_t *cu_seqlens, int64_t
     int rc = gdn_attn_config_check(&c);
     if (rc) return rc;
     if (cu_seqlens && n_docs + 1 > ap->cu_cap) { /* grow-only: later steps reuse it */
-        int64_t *grown = realloc(ap->cu, sizeof(int64_t) * (size_t)(n_docs + 1));
+        int64_t *grown = gdn_realloc("attention: grown", ap->cu, sizeof(int64_t) * (size_t)(n_docs + 1));
         if (!grown) return gdn_fail(GDN_ERR_NOMEM, "attention cu_seqlens copy (%lld documents)", (long long)n_docs);
         ap->cu = grown, ap->cu_cap = n_docs + 1;
     }

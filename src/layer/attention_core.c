@@ -401,7 +401,7 @@ static bf_keys bf_pack_keys(const gdn_attn_core *v, unsigned mask) {
     k.op_bytes = a1 > a2 ? a1 : a2, k.mask = mask, k.n_ops = __builtin_popcount(mask);
     k.nkt = (v->nk + BK - 1) / BK;
     const int64_t tiles = v->B * v->Hkv * k.nkt;
-    k.p = aligned_alloc(64, (size_t)tiles * (size_t)k.n_ops * k.op_bytes);
+    k.p = gdn_alloc_aligned("attention_core: k.p", (size_t)tiles * (size_t)k.n_ops * k.op_bytes);
     if (!k.p) return (bf_keys){0};
     k.path = path;
 #pragma omp parallel for num_threads(v->threads) schedule(static)

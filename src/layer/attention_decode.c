@@ -44,9 +44,9 @@ int gdn_attn_cache_create_dtype(gdn_attn_cache **out, int64_t B, int64_t Hkv, in
              (long long)B, (long long)Hkv, (long long)capacity, (long long)d, dtype == GDN_BF16 ? "BF16" : "F32");
     int rc = gdn_check_fits(what, bytes);
     if (rc) return rc;
-    gdn_attn_cache *c = calloc(1, sizeof *c);
+    gdn_attn_cache *c = gdn_calloc("attention_decode: c", 1, sizeof *c);
     const size_t n = (size_t)B * (size_t)Hkv * (size_t)capacity * (size_t)d;
-    void *mem = c ? calloc(2 * n, esz) : NULL; /* zeros: positions past the length hold 0 */
+    void *mem = c ? gdn_calloc("attention_decode: mem", 2 * n, esz) : NULL; /* zeros: positions past the length hold 0 */
     if (!mem) {
         free(c);
         return gdn_fail(GDN_ERR_NOMEM, "%s: %.1f MB", what, bytes / 1e6);

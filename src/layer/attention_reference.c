@@ -31,13 +31,13 @@ static int ref_alloc(ref_state *s, const gdn_attn_config *c) {
     memset(s, 0, sizeof *s);
     s->c = c, s->N = c->B * c->T, s->Hd = c->H * c->d, s->Kd = c->Hkv * c->d;
     const size_t N = (size_t)s->N;
-    s->qg = calloc(N * 2 * s->Hd, sizeof(double)), s->k = calloc(N * s->Kd, sizeof(double));
-    s->v = calloc(N * s->Kd, sizeof(double)), s->qn = calloc(N * s->Hd, sizeof(double));
-    s->kn = calloc(N * s->Kd, sizeof(double)), s->q = calloc(N * s->Hd, sizeof(double));
-    s->kr = calloc(N * s->Kd, sizeof(double)), s->rq = calloc(N * c->H, sizeof(double));
-    s->rk = calloc(N * c->Hkv, sizeof(double)), s->o = calloc(N * s->Hd, sizeof(double));
-    s->z = calloc(N * s->Hd, sizeof(double));
-    s->beg = calloc((size_t)c->T, sizeof(int64_t)), s->pos = calloc((size_t)c->T, sizeof(int64_t));
+    s->qg = gdn_calloc("attention_reference: s->qg", N * 2 * s->Hd, sizeof(double)), s->k = gdn_calloc("attention_reference: s->k", N * s->Kd, sizeof(double));
+    s->v = gdn_calloc("attention_reference: s->v", N * s->Kd, sizeof(double)), s->qn = gdn_calloc("attention_reference: s->qn", N * s->Hd, sizeof(double));
+    s->kn = gdn_calloc("attention_reference: s->kn", N * s->Kd, sizeof(double)), s->q = gdn_calloc("attention_reference: s->q", N * s->Hd, sizeof(double));
+    s->kr = gdn_calloc("attention_reference: s->kr", N * s->Kd, sizeof(double)), s->rq = gdn_calloc("attention_reference: s->rq", N * c->H, sizeof(double));
+    s->rk = gdn_calloc("attention_reference: s->rk", N * c->Hkv, sizeof(double)), s->o = gdn_calloc("attention_reference: s->o", N * s->Hd, sizeof(double));
+    s->z = gdn_calloc("attention_reference: s->z", N * s->Hd, sizeof(double));
+    s->beg = gdn_calloc("attention_reference: s->beg", (size_t)c->T, sizeof(int64_t)), s->pos = gdn_calloc("attention_reference: s->pos", (size_t)c->T, sizeof(int64_t));
     if (!s->qg || !s->k || !s->v || !s->qn || !s->kn || !s->q || !s->kr || !s->rq || !s->rk || !s->o || !s->z ||
         !s->beg || !s->pos) {
         ref_free(s);
@@ -140,7 +140,7 @@ static void ref_forward(ref_state *s, const double *x, const double *w) {
                                            s->kr + n * Kd + j * d);
     }
     const double tau = 1.0 / sqrt((double)d);
-    double *sc = malloc(sizeof(double) * (size_t)T), *pw = malloc(sizeof(double) * (size_t)T);
+    double *sc = gdn_malloc("attention_reference: sc", sizeof(double) * (size_t)T), *pw = gdn_malloc("attention_reference: pw", sizeof(double) * (size_t)T);
     GDN_ASSERT(sc && pw);
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t t = 0; t < T; t++)
@@ -221,10 +221,10 @@ int gdn_attn_reference_backward(const gdn_attn_config *c, double *dx, double *dw
     memset(dw, 0, sizeof(double) * gdn_attn_param_floats(c));
     double *dWq = dw + gdn_attn_param_offset(c, GDN_A_Q_PROJ), *dWk = dw + gdn_attn_param_offset(c, GDN_A_K_PROJ);
     double *dWv = dw + gdn_attn_param_offset(c, GDN_A_V_PROJ), *dWo = dw + gdn_attn_param_offset(c, GDN_A_O_PROJ);
-    double *dqg = calloc((size_t)N * 2 * Hd, sizeof(double)), *dk = calloc((size_t)N * Kd, sizeof(double));
-    double *dv = calloc((size_t)N * Kd, sizeof(double)), *dq = calloc((size_t)N * Hd, sizeof(double));
-    double *dkr = calloc((size_t)N * Kd, sizeof(double)), *dO = calloc((size_t)N * Hd, sizeof(double));
-    double *P = malloc(sizeof(double) * (size_t)T);
+    double *dqg = gdn_calloc("attention_reference: dqg", (size_t)N * 2 * Hd, sizeof(double)), *dk = gdn_calloc("attention_reference: dk", (size_t)N * Kd, sizeof(double));
+    double *dv = gdn_calloc("attention_reference: dv", (size_t)N * Kd, sizeof(double)), *dq = gdn_calloc("attention_reference: dq", (size_t)N * Hd, sizeof(double));
+    double *dkr = gdn_calloc("attention_reference: dkr", (size_t)N * Kd, sizeof(double)), *dO = gdn_calloc("attention_reference: dO", (size_t)N * Hd, sizeof(double));
+    double *P = gdn_malloc("attention_reference: P", sizeof(double) * (size_t)T);
     if (!dqg || !dk || !dv || !dq || !dkr || !dO || !P) {
         free(dqg), free(dk), free(dv), free(dq), free(dkr), free(dO), free(P), ref_free(&s);
         return gdn_fail(GDN_ERR_NOMEM, "attention reference backward");

@@ -77,7 +77,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     *out = NULL;
     int rc = gdn_layer_config_check(cfg);
     if (rc) return rc;
-    gdn_layer_plan *lp = calloc(1, sizeof *lp);
+    gdn_layer_plan *lp = gdn_calloc("layer: lp", 1, sizeof *lp);
     if (!lp) return gdn_fail(GDN_ERR_NOMEM, "layer plan");
     lp->cfg = *cfg;
     gdn_layer_config *c = &lp->cfg;
@@ -101,7 +101,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
         return rc;
     }
     if (c->cu_seqlens) {
-        lp->doc_begin = malloc(sizeof(int64_t) * (size_t)c->T);
+        lp->doc_begin = gdn_malloc("layer: lp->doc_begin", sizeof(int64_t) * (size_t)c->T);
         if (!lp->doc_begin) {
             gdn_layer_plan_destroy(lp);
             return gdn_fail(GDN_ERR_NOMEM, "layer document starts (%lld tokens)", (long long)c->T);
@@ -132,7 +132,7 @@ int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     }
     size_t total = 0;
     for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) total += (pieces[i] + 15) & ~(size_t)15;
-    lp->arena = aligned_alloc(64, total * sizeof(float));
+    lp->arena = gdn_alloc_aligned("layer: lp->arena", total * sizeof(float));
     if (!lp->arena) {
         gdn_layer_plan_destroy(lp);
         return gdn_fail(GDN_ERR_NOMEM, "layer workspace: %.1f MB for B*T = %lld tokens (%.1f KB per token)",

@@ -65,7 +65,7 @@ static int fwd_alloc(ref_fwd *f, const gdn_layer_config *cfg) {
     f->kc.chunk = cfg->chunk; f->kc.compute = cfg->compute; /* BF16: the kernel oracle of that mode (its chunk grid) */
     const size_t N = (size_t)f->N;
     const size_t per_row = 2 * (size_t)f->cd + 4 * (size_t)f->vd + 2 * (size_t)f->kd + 4 * (size_t)f->Hv;
-    f->mem = malloc(sizeof(double) * N * per_row);
+    f->mem = gdn_malloc("layer_reference: f->mem", sizeof(double) * N * per_row);
     if (!f->mem)
         return gdn_fail(GDN_ERR_NOMEM, "layer reference intermediates (%zu doubles)", N * per_row);
     double *p = f->mem;
@@ -113,7 +113,7 @@ static inline double opnd(int bf, double v) { return gdn_ref_operand(bf, v); }
 static void linear(double *out, const double *in, const double *W, int64_t N, int64_t C, int64_t E, int bf) {
     double *ib = NULL, *wb = NULL;
     if (bf) {
-        ib = malloc(sizeof(double) * (size_t)(N * E)), wb = malloc(sizeof(double) * (size_t)(C * E));
+        ib = gdn_malloc("layer_reference: ib", sizeof(double) * (size_t)(N * E)), wb = gdn_malloc("layer_reference: wb", sizeof(double) * (size_t)(C * E));
         GDN_ASSERT(ib && wb);
         for (int64_t i = 0; i < N * E; i++) ib[i] = opnd(1, in[i]);
         for (int64_t i = 0; i < C * E; i++) wb[i] = opnd(1, W[i]);
@@ -231,7 +231,7 @@ int gdn_layer_reference_backward(const gdn_layer_config *cfg, double *dx, double
      * norm's input gradient do and output gradient dn, and the kernel's input gradients. */
     const int64_t P = cd + vd + 2 * Hv;
     const size_t nbuf = (size_t)N * (size_t)(P + 2 * vd + 2 * kd + vd + 2 * Hv);
-    double *buf = malloc(sizeof(double) * nbuf);
+    double *buf = gdn_malloc("layer_reference: buf", sizeof(double) * nbuf);
     if (!buf) {
         fwd_free(&f);
         return gdn_fail(GDN_ERR_NOMEM, "layer reference gradients (%zu doubles)", nbuf);

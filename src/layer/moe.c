@@ -46,7 +46,7 @@ int gdn_moe_plan_create(gdn_moe_plan **out, const gdn_moe_config *cfg) {
     *out = NULL;
     int rc = gdn_moe_config_check(cfg);
     if (rc) return rc;
-    gdn_moe_plan *p = calloc(1, sizeof *p);
+    gdn_moe_plan *p = gdn_calloc("moe: p", 1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "moe plan");
     p->cfg = *cfg;
 #ifdef _OPENMP
@@ -80,10 +80,12 @@ int gdn_moe_plan_create(gdn_moe_plan **out, const gdn_moe_config *cfg) {
         gdn_moe_plan_destroy(p);
         return rc;
     }
-    p->arena = aligned_alloc(64, total * sizeof(float));
+    p->arena = gdn_alloc_aligned("moe: p->arena", total * sizeof(float));
     if (!p->arena) {
+        /* the message before the plan goes: it names the plan's sizes */
+        const int rc = gdn_fail(GDN_ERR_NOMEM, "moe workspace: %.1f MB for N = %lld rows", p->bytes / 1e6, (long long)p->N);
         gdn_moe_plan_destroy(p);
-        return gdn_fail(GDN_ERR_NOMEM, "moe workspace: %.1f MB for N = %lld rows", p->bytes / 1e6, (long long)p->N);
+        return rc;
     }
     float *cur = p->arena;
     float **dst[] = {&p->scratch_saved, &p->lg, &p->xg, &p->dyg, &p->m, &p->dm, &p->dgu, &p->c, &p->wr,

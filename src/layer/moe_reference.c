@@ -62,7 +62,7 @@ typedef struct {
 static int ref_ws_make(const gdn_moe_config *c, ref_ws *r) {
     const int64_t n = c->n_experts, k = c->top_k, E = c->E, In = c->I > c->Is ? c->I : c->Is;
     const size_t doubles = (size_t)(n + k + 4 * In + E + k + n + In);
-    r->mem = calloc(doubles * sizeof(double) + (size_t)k * sizeof(int32_t), 1);
+    r->mem = gdn_calloc("moe_reference: r->mem", doubles * sizeof(double) + (size_t)k * sizeof(int32_t), 1);
     if (!r->mem) return gdn_fail(GDN_ERR_NOMEM, "moe reference workspace");
     double *d = r->mem;
     r->p = d, d += n;

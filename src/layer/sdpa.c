@@ -46,7 +46,7 @@ int gdn_sdpa_plan_create(gdn_sdpa_plan **out, const gdn_attn_config *cfg) {
     *out = NULL;
     int rc = sdpa_config_check(cfg);
     if (rc) return rc;
-    gdn_sdpa_plan *p = calloc(1, sizeof *p);
+    gdn_sdpa_plan *p = gdn_calloc("sdpa: p", 1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "sdpa plan");
     p->cfg = *cfg;
     gdn_attn_config *c = &p->cfg;
@@ -58,7 +58,7 @@ int gdn_sdpa_plan_create(gdn_sdpa_plan **out, const gdn_attn_config *cfg) {
     c->threads = p->threads;
     p->N = c->B * c->T, p->Hd = c->H * c->d, p->Kd = c->Hkv * c->d;
     if (c->cu_seqlens) {
-        if (!(p->cu = malloc(sizeof(int64_t) * (size_t)(c->n_docs + 1)))) {
+        if (!(p->cu = gdn_malloc("sdpa: p->cu", sizeof(int64_t) * (size_t)(c->n_docs + 1)))) {
             gdn_sdpa_plan_destroy(p);
             return gdn_fail(GDN_ERR_NOMEM, "sdpa cu_seqlens copy (%lld documents)", (long long)c->n_docs);
         }
@@ -77,10 +77,12 @@ int gdn_sdpa_plan_create(gdn_sdpa_plan **out, const gdn_attn_config *cfg) {
         gdn_sdpa_plan_destroy(p);
         return rc;
     }
-    if (!(p->arena = aligned_alloc(64, total * sizeof(float)))) {
+    if (!(p->arena = gdn_alloc_aligned("sdpa: p->arena", total * sizeof(float)))) {
+        /* the message before the plan goes: it names the plan's token count */
+        const int rc = gdn_fail(GDN_ERR_NOMEM, "sdpa workspace: %.1f MB for B*T = %lld tokens", total * 4.0 / 1e6,
+                                (long long)p->N);
         gdn_sdpa_plan_destroy(p);
-        return gdn_fail(GDN_ERR_NOMEM, "sdpa workspace: %.1f MB for B*T = %lld tokens", total * 4.0 / 1e6,
-                        (long long)p->N);
+        return rc;
     }
     float *cur = p->arena;
     p->tile = gdn_carve(&cur, pieces[0]), p->lse = gdn_carve(&cur, pieces[1]), p->D = gdn_carve(&cur, pieces[2]);

@@ -218,7 +218,7 @@ static int list_checkpoints(const char *out_dir, found_ckpt **out, int *count) {
         if (gdn_path_join(path, sizeof path, out_dir, e->d_name) || !is_complete(path)) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
-            found_ckpt *grown = realloc(list, sizeof *list * (size_t)cap);
+            found_ckpt *grown = gdn_realloc("checkpoint: grown", list, sizeof *list * (size_t)cap);
             if (!grown) {
                 rc = gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the list of checkpoints", out_dir);
                 break;
@@ -254,7 +254,7 @@ static int list_checkpoints(const char *out_dir, found_ckpt **out, int *count) {
 static int model_table(const gdn_model_config *cfg, gdn_model_tensor_info **out, int *count) {
     const int n = gdn_model_tensor_count(cfg);
     if (n <= 0) return gdn_fail(GDN_ERR_ARG, "the model configuration has no tensors");
-    gdn_model_tensor_info *t = calloc((size_t)n, sizeof *t);
+    gdn_model_tensor_info *t = gdn_calloc("checkpoint: t", (size_t)n, sizeof *t);
     if (!t) return gdn_fail(GDN_ERR_NOMEM, "cannot allocate the table of %d tensors", n);
     for (int i = 0; i < n; i++) {
         const int rc = gdn_model_tensor(cfg, i, &t[i]);
@@ -293,7 +293,7 @@ static int write_tensors(const char *path, const gdn_model_tensor_info *table, i
                          const tensor_group *groups, int ngroups, int dtype) {
     const size_t esz = dtype == GDN_BF16 ? 2 : 4;
     enum { CHUNK = 1 << 16 };
-    uint16_t *half = dtype == GDN_BF16 ? malloc(sizeof(uint16_t) * CHUNK) : NULL;
+    uint16_t *half = dtype == GDN_BF16 ? gdn_malloc("checkpoint: half", sizeof(uint16_t) * CHUNK) : NULL;
     if (dtype == GDN_BF16 && !half) return gdn_fail(GDN_ERR_NOMEM, "%s: a conversion buffer", path);
     gdn_st_writer *wr = NULL;
     int rc = gdn_st_writer_create(&wr);
@@ -320,7 +320,7 @@ static int write_tensors(const char *path, const gdn_model_tensor_info *table, i
     /* the mistake of a writer that confuses its dtypes: F32 tensors written rounded to bfloat16
      * (a test mutation: the save-and-load checks must see it) */
     float *rounded = !half && gdn_test_mutate("ckpt save: F32 tensors written rounded to bfloat16")
-                         ? malloc(sizeof(float) * CHUNK)
+                         ? gdn_malloc("ckpt save: the rounded chunk (a test mutation)", sizeof(float) * CHUNK)
                          : NULL;
     const int chunked = half || rounded;
     const int fd = open(tmp, O_WRONLY | O_CLOEXEC);
@@ -650,7 +650,7 @@ static int read_text(const char *path, char **out) {
                         (long long)st.st_size, (long long)MAX_STATE_BYTES);
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return gdn_fail(GDN_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    char *text = malloc((size_t)st.st_size + 1);
+    char *text = gdn_malloc("checkpoint: text", (size_t)st.st_size + 1);
     if (!text) {
         close(fd);
         return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate %lld bytes", path, (long long)st.st_size);
@@ -694,7 +694,7 @@ static int read_moments(const char *dir, const char *path, const gdn_model_confi
     const int masters = gdn_st_find(f, name) != NULL;
     gdn_st_close(f);
     const size_t nw = gdn_model_param_floats(cfg);
-    float *master = masters ? malloc(sizeof(float) * nw) : NULL;
+    float *master = masters ? gdn_malloc("checkpoint: master", sizeof(float) * nw) : NULL;
     if (masters && !master) return gdn_fail(GDN_ERR_NOMEM, "%s: the master weights (%zu floats)", path, nw);
     if (master) memcpy(master, w, sizeof(float) * nw); /* (padding between tensors kept) */
     const tensor_group groups[3] = {{"exp_avg.", adam_m}, {"exp_avg_sq.", adam_v}, {MASTER_PREFIX, master}};

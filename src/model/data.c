@@ -110,7 +110,7 @@ static int is_control(uint8_t c) { return c < 0x09 || (c >= 0x0e && c <= 0x1f); 
 /* Does the start of the file look like text? Errors name the first offending byte. */
 static int check_text(const gdn_data *d) {
     const int64_t n = d->size < SAMPLE_BYTES ? d->size : SAMPLE_BYTES;
-    uint8_t *buf = malloc((size_t)n);
+    uint8_t *buf = gdn_malloc("data: buf", (size_t)n);
     if (!buf) return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate %lld bytes to check the text", d->path, (long long)n);
     int rc = pread_all(d->fd, d->path, 0, n, buf);
     int64_t controls = 0, first_control = -1;
@@ -150,8 +150,8 @@ int gdn_data_open(gdn_data **out, const char *path, double val_fraction, int64_t
     if (!S_ISREG(st.st_mode))
         return gdn_fail(GDN_ERR_IO, "%s: the data file is not a regular file (%s)", path,
                         gdn_file_kind(st.st_mode));
-    gdn_data *d = calloc(1, sizeof *d);
-    if (!d || !(d->path = strdup(path))) {
+    gdn_data *d = gdn_calloc("data: d", 1, sizeof *d);
+    if (!d || !(d->path = gdn_strdup("data: d->path", path))) {
         free(d);
         return gdn_fail(GDN_ERR_NOMEM, "%s: cannot allocate the data handle", path);
     }

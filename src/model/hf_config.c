@@ -108,7 +108,7 @@ int gdn_hf_config_text(const gdn_model_config *cfg, int weight_dtype, char **out
     json_decref(root);
     if (!text) return gdn_fail(GDN_ERR_NOMEM, "config.json: cannot build the JSON text");
     const size_t len = strlen(text);
-    char *with_newline = realloc(text, len + 2);
+    char *with_newline = gdn_realloc("hf_config: with_newline", text, len + 2);
     if (!with_newline) {
         free(text);
         return gdn_fail(GDN_ERR_NOMEM, "config.json: cannot build the JSON text");

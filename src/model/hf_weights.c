@@ -255,7 +255,7 @@ static int read_fused_layer(const weights *s, const gdn_model_config *cfg, int64
             break;
         }
         free(tmp);
-        tmp = malloc(want.numel * sizeof *tmp);
+        tmp = gdn_malloc("hf_weights: tmp", want.numel * sizeof *tmp);
         if (!tmp) rc = gdn_fail(GDN_ERR_NOMEM, "reading '%s' (%zu floats)", want.name, want.numel);
         if (!rc) rc = read_one(s, fused[f], shard[f], &want, tmp, u);
         if (!rc) rc = gdn_layer_unfuse(&lc, f, tmp, w + gdn_model_layer_offset(cfg, l));
@@ -331,7 +331,7 @@ static int read_tied_head(const weights *s, const gdn_model_tensor_info *table, 
     if (!t) return GDN_OK;
     const int e = table_index(table, n, "model.embed_tokens.weight");
     const gdn_model_tensor_info want = table[e];
-    float *head = malloc(want.numel * sizeof *head + 1);
+    float *head = gdn_malloc("hf_weights: head", want.numel * sizeof *head + 1);
     if (!head) return gdn_fail(GDN_ERR_NOMEM, "reading lm_head.weight (%zu floats)", want.numel);
     int rc = read_one(s, t, shard, &want, head, u);
     size_t k = 0;
@@ -355,8 +355,8 @@ int gdn_hf_read_model(const char *dir, const gdn_model_config *cfg, const gdn_mo
     if (rc) return rc;
     int total = 0;
     for (int i = 0; i < s.n; i++) total += gdn_st_count(s.f[i]);
-    char *done = calloc((size_t)n, 1);
-    used_set u = {calloc((size_t)total + 1, sizeof *u.t), 0};
+    char *done = gdn_calloc("hf_weights: done", (size_t)n, 1);
+    used_set u = {gdn_calloc("hf_weights: u.t", (size_t)total + 1, sizeof *u.t), 0};
     if (!done || !u.t) rc = gdn_fail(GDN_ERR_NOMEM, "model weights read: %d tensors", total);
     for (int64_t l = 0; l < cfg->L && !rc; l++)
         if (!cfg->full_attention[l]) rc = read_fused_layer(&s, cfg, l, table, n, w, done, &u);

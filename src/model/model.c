@@ -201,7 +201,7 @@ static int mixer_plans_create(gdn_model_plan *p) {
     const int apart = rows_apart(r, p->cp);
     const int64_t na = gdn_model_attn_layers(c), rows = r->pack && !apart ? r->B : 1;
     const int64_t T_call = r->pack ? (apart ? r->T : r->B * r->T) : r->T, B_call = r->pack ? 1 : r->B;
-    int64_t *row_cu = malloc(sizeof(int64_t) * (size_t)(rows + 1));
+    int64_t *row_cu = gdn_malloc("model: row_cu", sizeof(int64_t) * (size_t)(rows + 1));
     if (!row_cu) return gdn_fail(GDN_ERR_NOMEM, "the model's row offsets (B = %lld)", (long long)r->B);
     for (int64_t b = 0; b <= rows; b++) row_cu[b] = b * (T_call / rows);
     int rc = GDN_OK;
@@ -263,7 +263,7 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     if (r->rule_cp < GDN_CP_SCAN || r->rule_cp > GDN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "model run rule_cp = %d is unknown (GDN_CP_SCAN, _ALLGATHER, _RELAY or _HEADS)",
                         r->rule_cp);
-    gdn_model_plan *p = calloc(1, sizeof *p);
+    gdn_model_plan *p = gdn_calloc("model: p", 1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "model plan");
     p->cfg = *c, p->run = *r, p->cp = cp;
     p->threads = r->threads > 0 ? r->threads : omp_get_max_threads();
@@ -277,10 +277,10 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
     if (r->pack) {
         const size_t mixer_dw = p->mixer[MIXER_GDN].floats > p->mixer[MIXER_ATTN].floats ? p->mixer[MIXER_GDN].floats
                                                                                        : p->mixer[MIXER_ATTN].floats;
-        p->skip = calloc((size_t)p->N, 1);
-        p->row_first = calloc((size_t)r->B, sizeof(int64_t));
-        p->row_docs = calloc((size_t)r->B, sizeof(int64_t));
-        if (apart) p->dw_row = malloc(sizeof(float) * mixer_dw);
+        p->skip = gdn_calloc("model: p->skip", (size_t)p->N, 1);
+        p->row_first = gdn_calloc("model: p->row_first", (size_t)r->B, sizeof(int64_t));
+        p->row_docs = gdn_calloc("model: p->row_docs", (size_t)r->B, sizeof(int64_t));
+        if (apart) p->dw_row = gdn_malloc("model: p->dw_row", sizeof(float) * mixer_dw);
         if (!p->skip || !p->row_first || !p->row_docs || (apart && !p->dw_row)) {
             gdn_model_plan_destroy(p);
             return gdn_fail(GDN_ERR_NOMEM, "the model's document tables (B = %lld, T = %lld)", (long long)r->B,
@@ -295,12 +295,12 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
         return rc;
     }
     const int nacts = r->recompute ? 1 : (int)c->L;
-    p->acts = calloc((size_t)nacts, sizeof *p->acts);
-    p->arena = gdn_alloc_large(sizeof(float) * floats);
+    p->acts = gdn_calloc("model: p->acts", (size_t)nacts, sizeof *p->acts);
+    p->arena = gdn_alloc_large("model: p->arena", sizeof(float) * floats);
     const size_t nstats = 2 * (size_t)c->n_experts + 1;
-    p->router_stats = calloc(2 * nstats + 2 * (size_t)c->n_experts +
+    p->router_stats = gdn_calloc("model: p->router_stats", 2 * nstats + 2 * (size_t)c->n_experts +
                                  (size_t)(gdn_model_moe_layers(c) * c->n_experts), sizeof(double));
-    p->aux_dp = calloc((size_t)c->n_experts + 1, sizeof(float));
+    p->aux_dp = gdn_calloc("model: p->aux_dp", (size_t)c->n_experts + 1, sizeof(float));
     if (!p->acts || !p->arena || !p->router_stats || !p->aux_dp) {
         gdn_model_plan_destroy(p);
         return gdn_fail(GDN_ERR_NOMEM, "the model's activations and workspace (%.3g GB for B = %lld, "
@@ -925,7 +925,7 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const gdn_token *tokens,
                  ? gdn_fail(GDN_ERR_ARG, "model logits: a packed plan needs gdn_model_set_docs first")
                  : check_tokens("model logits", tokens, B, T, T, p->cfg.vocab, p->cp);
     /* the inputs in the [B, T+1] layout the step uses (the extra column is not read) */
-    gdn_token *tk = rc ? NULL : calloc((size_t)(B * (T + 1)), sizeof *tk);
+    gdn_token *tk = rc ? NULL : gdn_calloc("model: tk", (size_t)(B * (T + 1)), sizeof *tk);
     if (!rc && !tk) rc = gdn_fail(GDN_ERR_NOMEM, "model logits: token copy");
     if ((rc = agree_local(p, rc))) {
         free(tk);
@@ -977,7 +977,7 @@ int gdn_model_set_docs(gdn_model_plan *p, const int64_t *doc_cu, const int64_t *
                         "tokens [%lld, %lld) plus the next", (long long)full, (long long)seq_offset,
                         (long long)(seq_offset + T));
     if (total + 1 > p->doc_cu_cap) {
-        int64_t *grown = realloc(p->doc_cu, sizeof(int64_t) * (total + 1));
+        int64_t *grown = gdn_realloc("model: grown", p->doc_cu, sizeof(int64_t) * (total + 1));
         if (!grown) return gdn_fail(GDN_ERR_NOMEM, "model documents (%zu offsets)", total + 1);
         p->doc_cu = grown, p->doc_cu_cap = total + 1;
     }
@@ -1093,7 +1093,7 @@ static int decoder_rows(gdn_model_decoder *d, int64_t T) {
     const int64_t rows = d->B * T;
     if (rows <= d->cap_rows) return GDN_OK;
     const size_t E = (size_t)d->cfg.E, I = gdn_model_moe_layers(&d->cfg) < d->cfg.L ? (size_t)d->cfg.I : 0;
-    float *x = calloc((size_t)rows * (4 * E + 3 * I), sizeof(float));
+    float *x = gdn_calloc("model: x", (size_t)rows * (4 * E + 3 * I), sizeof(float));
     if (!x) return gdn_fail(GDN_ERR_NOMEM, "decoder: buffers for %lld rows", (long long)rows);
     free(d->x);
     d->x = x, d->cap_rows = rows;
@@ -1124,7 +1124,7 @@ int gdn_model_decoder_create_dtype(gdn_model_decoder **out, const gdn_model_conf
     if (na && c->max_position > 0 && max_len > c->max_position) /* positions matter to attention only */
         return gdn_fail(GDN_ERR_SHAPE, "decoder max_len = %lld is beyond max_position = %lld", (long long)max_len,
                         (long long)c->max_position);
-    gdn_model_decoder *d = calloc(1, sizeof *d);
+    gdn_model_decoder *d = gdn_calloc("model: d", 1, sizeof *d);
     if (!d) return gdn_fail(GDN_ERR_NOMEM, "decoder");
     d->cfg = *c, d->B = B, d->max_len = max_len, d->threads = threads > 0 ? threads : omp_get_max_threads();
     if ((rc = decoder_plans(d, 1, &d->lp1, &d->ap1, &d->mp1)) || (rc = decoder_rows(d, 1))) {
@@ -1134,12 +1134,12 @@ int gdn_model_decoder_create_dtype(gdn_model_decoder **out, const gdn_model_conf
     gdn_layer_config lc = gdn_model_layer_config(c, B, 1);
     d->conv_floats = (size_t)(B * gdn_layer_conv_dim(&lc) * c->Kc);
     d->rec_floats = (size_t)(B * c->Hv * c->K * c->V);
-    d->conv = calloc((size_t)ng * d->conv_floats + 1, sizeof(float));
-    d->rec = calloc((size_t)ng * d->rec_floats + 1, sizeof(float));
-    d->kv = calloc((size_t)na + 1, sizeof *d->kv);
+    d->conv = gdn_calloc("model: d->conv", (size_t)ng * d->conv_floats + 1, sizeof(float));
+    d->rec = gdn_calloc("model: d->rec", (size_t)ng * d->rec_floats + 1, sizeof(float));
+    d->kv = gdn_calloc("model: d->kv", (size_t)na + 1, sizeof *d->kv);
     /* room for either precision's packing: gdn_model_decoder_set_compute may switch it later */
-    d->mm_ws = malloc(sizeof(float) * gdn_matmul_compute_ws_floats(GDN_COMPUTE_BF16, d->threads));
-    d->woff = malloc(sizeof(size_t) * (size_t)(c->L * WOFF));
+    d->mm_ws = gdn_malloc("model: d->mm_ws", sizeof(float) * gdn_matmul_compute_ws_floats(GDN_COMPUTE_BF16, d->threads));
+    d->woff = gdn_malloc("model: d->woff", sizeof(size_t) * (size_t)(c->L * WOFF));
     if (!d->conv || !d->rec || !d->kv || !d->mm_ws || !d->woff) {
         gdn_model_decoder_destroy(d);
         return gdn_fail(GDN_ERR_NOMEM, "decoder caches");

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 
-void *gdn_model_alloc(size_t bytes, int zeroed) { return zeroed ? gdn_alloc_large_zeroed(bytes) : gdn_alloc_large(bytes); }
+void *gdn_model_alloc(size_t bytes, int zeroed) {
+    return zeroed ? gdn_alloc_large_zeroed("gdn_model_alloc", bytes) : gdn_alloc_large("gdn_model_alloc", bytes);
+}
 
 /* ---------------------------------------------------------------- configurations */
 

@@ -114,7 +114,7 @@ static int train_steps(trainer *t) {
         }
         /* peak memory of every rank, for the progress line */
         double rss = gdn_peak_rss_mb();
-        double *all = t->rank == 0 ? malloc(sizeof(double) * (size_t)t->size) : NULL;
+        double *all = t->rank == 0 ? gdn_malloc("trainer: all", sizeof(double) * (size_t)t->size) : NULL;
         MPI_Gather(&rss, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, t->world);
         if (t->rank == 0) {
             double rmax = 0;

@@ -118,7 +118,7 @@ static int gather_whole(trainer *t, gdn_model_config *whole, float **wf, float *
     const size_t nwf = gdn_model_param_floats(whole);
     int rc = GDN_OK;
     if (t->rank == 0) {
-        *wf = calloc(nwf, sizeof(float)), *mf = calloc(nwf, sizeof(float)), *vf = calloc(nwf, sizeof(float));
+        *wf = gdn_calloc("trainer_grid: wf", nwf, sizeof(float)), *mf = gdn_calloc("trainer_grid: mf", nwf, sizeof(float)), *vf = gdn_calloc("trainer_grid: vf", nwf, sizeof(float));
         if (!*wf || !*mf || !*vf) rc = gdn_fail(GDN_ERR_NOMEM, "checkpoint: the whole model's weights and moments "
                                                 "(3 x %zu floats) to gather the experts' slices into", nwf);
     }

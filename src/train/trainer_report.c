@@ -81,7 +81,7 @@ void gdn_trainer_ep_summary(trainer *t, int64_t steps) {
         if (ti.experts_whole) expert_floats += (double)ti.numel;
     }
     const double mine[5] = {st.exchange_s, st.experts_s, st.bytes_sent + st.bytes_recv, st.rows_owned, expert_floats};
-    double *all = t->rank == 0 ? malloc(sizeof mine * (size_t)t->size) : NULL;
+    double *all = t->rank == 0 ? gdn_malloc("trainer_report: all", sizeof mine * (size_t)t->size) : NULL;
     MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, 0, t->world);
     if (!all) return;
     if (t->progress) {

@@ -347,13 +347,13 @@ int gdn_trainer_setup(trainer *t) {
     t->nw = gdn_model_param_floats(&t->cfg);
     if (t->nw > (size_t)INT32_MAX) rc = gdn_fail(GDN_ERR_SHAPE, "%zu parameters: more than one MPI message holds", t->nw);
     const size_t bytes = sizeof(float) * ((t->nw + 15) & ~(size_t)15);
-    if (!rc && !(t->w = gdn_alloc_large(bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "parameters (%zu floats)", t->nw);
-    if (!rc && !(t->dw = gdn_alloc_large(bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
-    if (!rc && !(t->m = gdn_alloc_large_zeroed(bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
-    if (!rc && !(t->v = gdn_alloc_large_zeroed(bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
-    if (!rc && !(t->router = calloc(2 * (size_t)t->cfg.n_experts + 1, sizeof(double))))
+    if (!rc && !(t->w = gdn_alloc_large("trainer_setup: t->w", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "parameters (%zu floats)", t->nw);
+    if (!rc && !(t->dw = gdn_alloc_large("trainer_setup: t->dw", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
+    if (!rc && !(t->m = gdn_alloc_large_zeroed("trainer_setup: t->m", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
+    if (!rc && !(t->v = gdn_alloc_large_zeroed("trainer_setup: t->v", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
+    if (!rc && !(t->router = gdn_calloc("trainer_setup: t->router", 2 * (size_t)t->cfg.n_experts + 1, sizeof(double))))
         rc = gdn_fail(GDN_ERR_NOMEM, "the routers' statistics");
-    if (!rc && !(t->load = calloc(2 * (size_t)(gdn_model_moe_layers(&t->cfg) * t->cfg.n_experts) + 1, sizeof(double))))
+    if (!rc && !(t->load = gdn_calloc("trainer_setup: t->load", 2 * (size_t)(gdn_model_moe_layers(&t->cfg) * t->cfg.n_experts) + 1, sizeof(double))))
         rc = gdn_fail(GDN_ERR_NOMEM, "the experts' load");
     if (!rc) rc = gdn_data_open(&t->data, o->data, o->val_fraction, t->cfg.vocab);
     /* the separator as ids: --pack's bytes (byte text only), or --pack-id's one id */
@@ -434,12 +434,12 @@ int gdn_trainer_setup(trainer *t) {
     run.recompute = t->recompute;
     rc = gdn_model_plan_create(&t->plan, &t->cfg, &run, t->cp_size > 1 ? t->cp : NULL);
     if (!rc && t->ep) rc = gdn_model_plan_set_experts(t->plan, t->ep);
-    if (!rc && !(t->tokens = malloc(sizeof *t->tokens * (size_t)(o->batch * (t->tn + 1)))))
+    if (!rc && !(t->tokens = gdn_malloc("trainer_setup: t->tokens", sizeof *t->tokens * (size_t)(o->batch * (t->tn + 1)))))
         rc = gdn_fail(GDN_ERR_NOMEM, "token buffer");
     if (!rc && t->sep_len) {
-        t->window = malloc(sizeof *t->window * (size_t)(o->seq + t->sep_len));
-        t->doc_cu = malloc(sizeof(int64_t) * (size_t)(o->batch * (o->seq + 2)));
-        t->n_docs = malloc(sizeof(int64_t) * (size_t)o->batch);
+        t->window = gdn_malloc("trainer_setup: t->window", sizeof *t->window * (size_t)(o->seq + t->sep_len));
+        t->doc_cu = gdn_malloc("trainer_setup: t->doc_cu", sizeof(int64_t) * (size_t)(o->batch * (o->seq + 2)));
+        t->n_docs = gdn_malloc("trainer_setup: t->n_docs", sizeof(int64_t) * (size_t)o->batch);
         if (!t->window || !t->doc_cu || !t->n_docs)
             rc = gdn_fail(GDN_ERR_NOMEM, "document tables for --pack (%lld rows of %lld bytes)", (long long)o->batch,
                           (long long)o->seq);
