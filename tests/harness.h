@@ -6,6 +6,7 @@
 #define GDNCP_TEST_HARNESS_H
 
 #include "gdncp.h"
+#include "base.h" /* the library's internal pieces the tests check (the parameter tables' offsets, ...) */
 
 #include <stdint.h>
 

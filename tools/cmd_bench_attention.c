@@ -109,11 +109,11 @@ static double core_backward_error(const attn_shape *s, int64_t tp, int threads, 
 static float *attn_weights(const gdn_attn_config *c, uint64_t *seed) {
     float *w = calloc(gdn_attn_param_floats(c), sizeof(float));
     for (int i = 0; w && i < GDN_A_COUNT; i++) {
-        int64_t shape[2];
-        const int nd = gdn_attn_param_shape(c, i, shape);
-        const float a = nd == 2 ? 1.0f / sqrtf((float)shape[1]) : 0.1f;
-        float *r = cli_random_floats(gdn_attn_param_numel(c, i), -a, a, seed);
-        if (r) memcpy(w + gdn_attn_param_offset(c, i), r, sizeof(float) * gdn_attn_param_numel(c, i));
+        gdn_param_info p;
+        if (gdn_attn_param(c, i, &p)) break;
+        const float a = p.ndim == 2 ? 1.0f / sqrtf((float)p.shape[1]) : 0.1f;
+        float *r = cli_random_floats(p.numel, -a, a, seed);
+        if (r) memcpy(w + p.offset, r, sizeof(float) * p.numel);
         free(r);
     }
     return w;

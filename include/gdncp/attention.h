@@ -28,8 +28,8 @@ extern "C" {
  * log-sum-exp per (token, head) kept; the backward recomputes the probabilities. Memory O(T),
  * tiles above the diagonal and tiles outside a packed document skipped.
  *
- * Parameters live in one flat fp32 array, the tensors in gdn_attn_param order at
- * gdn_attn_param_offset() (64-byte aligned), each in its Hugging Face shape (PyTorch
+ * Parameters live in one flat fp32 array, the tensors in gdn_attn_param_id order at
+ * the offsets gdn_attn_param gives (64-byte aligned), each in its Hugging Face shape (PyTorch
  * [out, in]); gradients use the same layout. */
 
 typedef struct {
@@ -79,19 +79,17 @@ typedef enum {
     GDN_A_Q_NORM,     /* [d] */
     GDN_A_K_NORM,     /* [d] */
     GDN_A_COUNT
-} gdn_attn_param;
+} gdn_attn_param_id;
 
 /* Defaults: R = int(0.25 d) rounded down to even, rope_theta 1e7 (Qwen3.5 checkpoints), eps
  * 1e-6, all threads, checks on, dense, pos_offset 0. */
 GDN_API gdn_attn_config gdn_attn_config_default(int64_t B, int64_t T, int64_t E, int64_t H, int64_t Hkv,
                                                 int64_t d);
 GDN_API int gdn_attn_config_check(const gdn_attn_config *cfg);
-/* Hugging Face name of a parameter ("q_proj.weight", ..., "k_norm.weight"). */
-GDN_API const char *gdn_attn_param_name(int which);
-/* Its shape (returns ndim, fills shape[0..ndim)), offset and size in the flat array. */
-GDN_API int gdn_attn_param_shape(const gdn_attn_config *cfg, int which, int64_t shape[2]);
-GDN_API size_t gdn_attn_param_offset(const gdn_attn_config *cfg, int which);
-GDN_API size_t gdn_attn_param_numel(const gdn_attn_config *cfg, int which);
+/* Parameter `which` (gdn_attn_param_id) into *info: its Hugging Face name ("q_proj.weight", ...,
+ * "k_norm.weight"), shape, offset and size in the flat array (compute.h); GDN_ERR_ARG for a
+ * `which` outside [0, GDN_A_COUNT). */
+GDN_API int gdn_attn_param(const gdn_attn_config *cfg, int which, gdn_param_info *info);
 GDN_API size_t gdn_attn_param_floats(const gdn_attn_config *cfg); /* the whole array */
 
 typedef struct gdn_attn_plan gdn_attn_plan;

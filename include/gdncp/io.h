@@ -140,7 +140,7 @@ GDN_API int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, 
  * gradients): in_proj_qkvz ([2 Hk K + 2 Hv V, E], GDN_FUSED_QKVZ) holds in_proj_qkv's and
  * in_proj_z's rows, in_proj_ba ([2 Hv, E], GDN_FUSED_BA) in_proj_b's and in_proj_a's, interleaved
  * per key head. gdn_layer_unfuse scatters a fused tensor into the flat split parameters w
- * (gdn_layer_param_offset's layout; the other parameters untouched), gdn_layer_fuse gathers it
+ * (gdn_layer_param's layout; the other parameters untouched), gdn_layer_fuse gathers it
  * back. */
 enum { GDN_FUSED_QKVZ, GDN_FUSED_BA, GDN_FUSED_COUNT };
 GDN_API const char *gdn_layer_fused_name(int fused); /* "in_proj_qkvz.weight", "in_proj_ba.weight"; NULL otherwise */

@@ -34,8 +34,8 @@ typedef struct gdn_cp gdn_cp;
  * Parameters (and gradients, and AdamW's moments) are one flat fp32 array; every tensor has a
  * Hugging Face Qwen3.5 name ("model.layers.3.mlp.up_proj.weight", "model.layers.3.self_attn.
  * q_proj.weight") and PyTorch [out, in] shape, listed by gdn_model_tensor(). Each layer's mixer
- * weights are one contiguous block in the mixer's own flat layout (gdn_layer_param_offset or
- * gdn_attn_param_offset), so the mixer runs on them in place. A tied model (tie_embeddings) has
+ * weights are one contiguous block in the mixer's own flat layout (gdn_layer_param's offsets or
+ * gdn_attn_param's), so the mixer runs on them in place. A tied model (tie_embeddings) has
  * no lm_head tensor: the head reads the embedding, whose gradient sums both uses.
  *
  * Above src/layer: uses both mixers and, for a sequence split over ranks, their CP forms.

@@ -72,6 +72,22 @@ static inline void gdn_fp_fast_end(gdn_fpmode m) { (void)m; }
  * later). GDN_ERR_NOMEM naming `what`, the need and the memory, or GDN_OK. */
 int gdn_check_fits(const char *what, double bytes);
 
+/* The parameter tables' pieces, for the library and the tests (the public call is
+ * gdn_layer_param / gdn_attn_param / gdn_moe_param, which fills a gdn_param_info from these):
+ * the name (NULL outside the table), the shape (returns ndim), the offset and the element count. */
+const char *gdn_layer_param_name(int which);
+int gdn_layer_param_shape(const gdn_layer_config *cfg, int which, int64_t shape[3]);
+size_t gdn_layer_param_offset(const gdn_layer_config *cfg, int which);
+size_t gdn_layer_param_numel(const gdn_layer_config *cfg, int which);
+const char *gdn_attn_param_name(int which);
+int gdn_attn_param_shape(const gdn_attn_config *cfg, int which, int64_t shape[2]);
+size_t gdn_attn_param_offset(const gdn_attn_config *cfg, int which);
+size_t gdn_attn_param_numel(const gdn_attn_config *cfg, int which);
+const char *gdn_moe_param_name(int which);
+int gdn_moe_param_shape(const gdn_moe_config *cfg, int which, int64_t shape[3]);
+size_t gdn_moe_param_offset(const gdn_moe_config *cfg, int which);
+size_t gdn_moe_param_numel(const gdn_moe_config *cfg, int which);
+
 /* What a non-regular file is, for messages ("a directory", "a FIFO", ...); from st_mode. */
 GDN_WING const char *gdn_file_kind(mode_t mode);
 /* dir/name into buf (capacity cap): GDN_OK, or GDN_ERR_ARG naming the path when it does not fit. */

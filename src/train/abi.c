@@ -5,6 +5,7 @@
 
 #include "gdncp/abi.h"
 #include "gdncp/attention.h"
+#include "gdncp/compute.h"
 #include "gdncp/cp.h"
 #include "gdncp/ep.h"
 #include "gdncp/io.h"
@@ -41,6 +42,14 @@ static const abi_field fields_gdn_attn_config[] = {
     {"cp", offsetof(gdn_attn_config, cp)},
     {"keep", offsetof(gdn_attn_config, keep)},
     {"compute", offsetof(gdn_attn_config, compute)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_param_info[] = {
+    {"name", offsetof(gdn_param_info, name)},
+    {"ndim", offsetof(gdn_param_info, ndim)},
+    {"shape", offsetof(gdn_param_info, shape)},
+    {"offset", offsetof(gdn_param_info, offset)},
+    {"numel", offsetof(gdn_param_info, numel)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_cp_stats[] = {
@@ -313,6 +322,7 @@ static const struct {
     const abi_field *fields;
 } structs[] = {
     {"gdn_attn_config", sizeof(gdn_attn_config), fields_gdn_attn_config},
+    {"gdn_param_info", sizeof(gdn_param_info), fields_gdn_param_info},
     {"gdn_cp_stats", sizeof(gdn_cp_stats), fields_gdn_cp_stats},
     {"gdn_ep_stats", sizeof(gdn_ep_stats), fields_gdn_ep_stats},
     {"gdn_st_tensor", sizeof(gdn_st_tensor), fields_gdn_st_tensor},

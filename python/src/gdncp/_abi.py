@@ -131,14 +131,14 @@ GDN_VERSION = 300
 
 # the typedef'd enums: name -> {member: value}
 ENUMS = {
-    'gdn_attn_param': {'GDN_A_Q_PROJ': 0, 'GDN_A_K_PROJ': 1, 'GDN_A_V_PROJ': 2, 'GDN_A_O_PROJ': 3, 'GDN_A_Q_NORM': 4, 'GDN_A_K_NORM': 5, 'GDN_A_COUNT': 6},
+    'gdn_attn_param_id': {'GDN_A_Q_PROJ': 0, 'GDN_A_K_PROJ': 1, 'GDN_A_V_PROJ': 2, 'GDN_A_O_PROJ': 3, 'GDN_A_Q_NORM': 4, 'GDN_A_K_NORM': 5, 'GDN_A_COUNT': 6},
     'gdn_compute': {'GDN_COMPUTE_FP32': 0, 'GDN_COMPUTE_BF16': 1},
     'gdn_dtype': {'GDN_F32': 0, 'GDN_F64': 1, 'GDN_BF16': 2, 'GDN_DTYPE_OTHER': 3},
     'gdn_cp_strategy': {'GDN_CP_SCAN': 0, 'GDN_CP_ALLGATHER': 1, 'GDN_CP_RELAY': 2, 'GDN_CP_HEADS': 3},
     'gdn_cp_wait': {'GDN_CP_WAIT_AUTO': 0, 'GDN_CP_WAIT_SPIN': 1, 'GDN_CP_WAIT_SLEEP': 2},
     'gdn_layer_keep': {'GDN_LAYER_KEEP_MIN': 0, 'GDN_LAYER_KEEP_PROJ': 1},
-    'gdn_layer_param': {'GDN_P_IN_PROJ_QKV': 0, 'GDN_P_IN_PROJ_Z': 1, 'GDN_P_IN_PROJ_B': 2, 'GDN_P_IN_PROJ_A': 3, 'GDN_P_CONV1D': 4, 'GDN_P_A_LOG': 5, 'GDN_P_DT_BIAS': 6, 'GDN_P_NORM': 7, 'GDN_P_OUT_PROJ': 8, 'GDN_P_COUNT': 9},
-    'gdn_moe_param': {'GDN_MOE_ROUTER': 0, 'GDN_MOE_GATE_UP': 1, 'GDN_MOE_DOWN': 2, 'GDN_MOE_SHARED_GATE': 3, 'GDN_MOE_SHARED_UP': 4, 'GDN_MOE_SHARED_DOWN': 5, 'GDN_MOE_SHARED_EXPERT_GATE': 6, 'GDN_MOE_COUNT': 7},
+    'gdn_layer_param_id': {'GDN_P_IN_PROJ_QKV': 0, 'GDN_P_IN_PROJ_Z': 1, 'GDN_P_IN_PROJ_B': 2, 'GDN_P_IN_PROJ_A': 3, 'GDN_P_CONV1D': 4, 'GDN_P_A_LOG': 5, 'GDN_P_DT_BIAS': 6, 'GDN_P_NORM': 7, 'GDN_P_OUT_PROJ': 8, 'GDN_P_COUNT': 9},
+    'gdn_moe_param_id': {'GDN_MOE_ROUTER': 0, 'GDN_MOE_GATE_UP': 1, 'GDN_MOE_DOWN': 2, 'GDN_MOE_SHARED_GATE': 3, 'GDN_MOE_SHARED_UP': 4, 'GDN_MOE_SHARED_DOWN': 5, 'GDN_MOE_SHARED_EXPERT_GATE': 6, 'GDN_MOE_COUNT': 7},
     'gdn_status': {'GDN_OK': 0, 'GDN_ERR_ARG': 1, 'GDN_ERR_SHAPE': 2, 'GDN_ERR_NONFINITE': 3, 'GDN_ERR_NOMEM': 4, 'GDN_ERR_IO': 5, 'GDN_ERR_FORMAT': 6, 'GDN_ERR_MISSING': 7, 'GDN_ERR_DTYPE': 8, 'GDN_ERR_MPI': 20},
 }
 
@@ -171,6 +171,17 @@ class AttnConfig(ctypes.Structure):
         ('cp', c_int),
         ('keep', c_int),
         ('compute', c_int),
+    ]
+
+
+class ParamInfo(ctypes.Structure):
+    """gdn_param_info (compute.h)."""
+    _fields_ = [
+        ('name', c_char_p),
+        ('ndim', c_int),
+        ('shape', (c_int64 * 3)),
+        ('offset', c_size_t),
+        ('numel', c_size_t),
     ]
 
 
@@ -498,7 +509,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -510,10 +521,7 @@ PROTOTYPES = {
     # attention.h
     'gdn_attn_config_default': (AttnConfig, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_attn_config_check': (c_int, [POINTER(AttnConfig)]),
-    'gdn_attn_param_name': (c_char_p, [c_int]),
-    'gdn_attn_param_shape': (c_int, [POINTER(AttnConfig), c_int, POINTER(c_int64)]),
-    'gdn_attn_param_offset': (c_size_t, [POINTER(AttnConfig), c_int]),
-    'gdn_attn_param_numel': (c_size_t, [POINTER(AttnConfig), c_int]),
+    'gdn_attn_param': (c_int, [POINTER(AttnConfig), c_int, POINTER(ParamInfo)]),
     'gdn_attn_param_floats': (c_size_t, [POINTER(AttnConfig)]),
     'gdn_attn_plan_create': (c_int, [POINTER(c_void_p), POINTER(AttnConfig)]),
     'gdn_attn_plan_destroy': (None, [c_void_p]),
@@ -683,10 +691,7 @@ PROTOTYPES = {
     'gdn_layer_config_default': (LayerConfig, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_layer_config_check': (c_int, [POINTER(LayerConfig)]),
     'gdn_layer_conv_dim': (c_int64, [POINTER(LayerConfig)]),
-    'gdn_layer_param_name': (c_char_p, [c_int]),
-    'gdn_layer_param_shape': (c_int, [POINTER(LayerConfig), c_int, POINTER(c_int64)]),
-    'gdn_layer_param_offset': (c_size_t, [POINTER(LayerConfig), c_int]),
-    'gdn_layer_param_numel': (c_size_t, [POINTER(LayerConfig), c_int]),
+    'gdn_layer_param': (c_int, [POINTER(LayerConfig), c_int, POINTER(ParamInfo)]),
     'gdn_layer_param_floats': (c_size_t, [POINTER(LayerConfig)]),
     'gdn_layer_plan_create': (c_int, [POINTER(c_void_p), POINTER(LayerConfig)]),
     'gdn_layer_plan_destroy': (None, [c_void_p]),
@@ -747,10 +752,7 @@ PROTOTYPES = {
     'gdn_moe_config_default': (MoeConfig, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_moe_config_check': (c_int, [POINTER(MoeConfig)]),
     'gdn_moe_local_experts': (c_int64, [POINTER(MoeConfig), POINTER(c_int64)]),
-    'gdn_moe_param_name': (c_char_p, [c_int]),
-    'gdn_moe_param_shape': (c_int, [POINTER(MoeConfig), c_int, POINTER(c_int64)]),
-    'gdn_moe_param_offset': (c_size_t, [POINTER(MoeConfig), c_int]),
-    'gdn_moe_param_numel': (c_size_t, [POINTER(MoeConfig), c_int]),
+    'gdn_moe_param': (c_int, [POINTER(MoeConfig), c_int, POINTER(ParamInfo)]),
     'gdn_moe_param_floats': (c_size_t, [POINTER(MoeConfig)]),
     'gdn_moe_plan_create': (c_int, [POINTER(c_void_p), POINTER(MoeConfig)]),
     'gdn_moe_plan_destroy': (None, [c_void_p]),
