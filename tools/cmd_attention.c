@@ -189,7 +189,7 @@ static int run_decode(const attn_opts *o, gdn_attn_config c, const float *w, con
     float *xt = malloc(sizeof(float) * (size_t)(B * piece * E)), *yt = malloc(sizeof(float) * (size_t)(B * piece * E));
     gdn_attn_cache *cache = NULL;
     gdn_attn_plan *plan = NULL;
-    int rc = xt && yt ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, T) : fail(GDN_ERR_NOMEM, "decode buffers");
+    int rc = xt && yt ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, T, GDN_F32) : fail(GDN_ERR_NOMEM, "decode buffers");
     for (int phase = 0; phase < 2 && !rc; phase++) {
         const int64_t t_begin = phase ? T0 : 0, t_end = phase ? T : T0, step = phase ? 1 : T0;
         if (t_end <= t_begin) continue;
@@ -202,9 +202,9 @@ static int run_decode(const attn_opts *o, gdn_attn_config c, const float *w, con
         }
         gdn_attn_plan_destroy(plan), plan = NULL;
     }
-    if (!rc && gdn_attn_cache_length(cache) != T)
-        rc = fail(GDN_ERR_ARG, "the KV cache holds %lld positions after %lld tokens", (long long)gdn_attn_cache_length(cache),
-                  (long long)T);
+    gdn_attn_cache_info ci;
+    if (!rc && (rc = gdn_attn_cache_view(cache, &ci)) == GDN_OK && ci.length != T)
+        rc = fail(GDN_ERR_ARG, "the KV cache holds %lld positions after %lld tokens", (long long)ci.length, (long long)T);
     gdn_attn_cache_destroy(cache);
     free(xt), free(yt);
     return rc;
@@ -222,7 +222,7 @@ static int run_cp_decode(gdn_cp *cp, const attn_opts *o, gdn_attn_config c, cons
     float *xs = malloc(sizeof(float) * (size_t)(B * E));
     gdn_attn_cache *cache = NULL;
     gdn_attn_plan *plan = NULL;
-    int rc = xt && yt && xs ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, tn) : fail(GDN_ERR_NOMEM, "decode buffers");
+    int rc = xt && yt && xs ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, tn, GDN_F32) : fail(GDN_ERR_NOMEM, "decode buffers");
     if (!rc) rc = gdn_attn_plan_create(&plan, &c);
     for (int64_t b = 0; b < B && !rc; b++) memcpy(xt + b * Tp * E, x + b * tn * E, sizeof(float) * Tp * E);
     rc = gdn_cp_agree_status(cp, rc);

@@ -228,7 +228,7 @@ int cmd_sample(int argc, char **argv) {
     for (int i = 0; i < sep_len; i++) sep[i] = sep_bytes[i];
     if (!rc && sep_id >= 0) sep[0] = (gdn_token)sep_id, sep_len = 1;
     /* the KV caches hold the prompt and every new token */
-    if (!rc) rc = gdn_model_decoder_create_dtype(&dec, &cfg, 1, positions, (int)threads, cache_dtype);
+    if (!rc) rc = gdn_model_decoder_create(&dec, &cfg, 1, positions, (int)threads, cache_dtype);
     if (!rc) rc = gdn_model_decoder_set_compute(dec, compute);
     if (!rc && e.group) rc = gdn_model_decoder_set_experts(dec, e.group);
     rc = ep_agree(&e, rc);

@@ -233,12 +233,10 @@ GDN_API void gdn_model_mixer_seconds(gdn_model_plan *plan, double out[4], int re
  * max_position when that is set). Decoding one token allocates nothing; a prefill of T > 1 tokens makes that piece
  * length's plans (kept for the next piece of the same length). */
 typedef struct gdn_model_decoder gdn_model_decoder;
+/* The attention layers' KV caches in cache_dtype: 0 (GDN_F32) or 2 (GDN_BF16: half their memory
+ * and of what each decode step reads; gdn_attn_cache_create). */
 GDN_API int gdn_model_decoder_create(gdn_model_decoder **dec, const gdn_model_config *cfg, int64_t B,
-                                     int64_t max_len, int threads);
-/* The same with the attention layers' KV caches in cache_dtype: 0 (GDN_F32, the above) or 2
- * (GDN_BF16: half their memory and of what each decode step reads; gdn_attn_cache_create_dtype). */
-GDN_API int gdn_model_decoder_create_dtype(gdn_model_decoder **dec, const gdn_model_config *cfg, int64_t B,
-                                           int64_t max_len, int threads, int cache_dtype);
+                                     int64_t max_len, int threads, int cache_dtype);
 GDN_API void gdn_model_decoder_destroy(gdn_model_decoder *dec);
 /* New sequences: every state and cache emptied (length 0). */
 GDN_API void gdn_model_decoder_reset(gdn_model_decoder *dec);

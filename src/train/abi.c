@@ -44,6 +44,17 @@ static const abi_field fields_gdn_attn_config[] = {
     {"compute", offsetof(gdn_attn_config, compute)},
     {NULL, 0}
 };
+static const abi_field fields_gdn_attn_cache_info[] = {
+    {"B", offsetof(gdn_attn_cache_info, B)},
+    {"Hkv", offsetof(gdn_attn_cache_info, Hkv)},
+    {"d", offsetof(gdn_attn_cache_info, d)},
+    {"capacity", offsetof(gdn_attn_cache_info, capacity)},
+    {"length", offsetof(gdn_attn_cache_info, length)},
+    {"dtype", offsetof(gdn_attn_cache_info, dtype)},
+    {"keys", offsetof(gdn_attn_cache_info, keys)},
+    {"values", offsetof(gdn_attn_cache_info, values)},
+    {NULL, 0}
+};
 static const abi_field fields_gdn_param_info[] = {
     {"name", offsetof(gdn_param_info, name)},
     {"ndim", offsetof(gdn_param_info, ndim)},
@@ -322,6 +333,7 @@ static const struct {
     const abi_field *fields;
 } structs[] = {
     {"gdn_attn_config", sizeof(gdn_attn_config), fields_gdn_attn_config},
+    {"gdn_attn_cache_info", sizeof(gdn_attn_cache_info), fields_gdn_attn_cache_info},
     {"gdn_param_info", sizeof(gdn_param_info), fields_gdn_param_info},
     {"gdn_cp_stats", sizeof(gdn_cp_stats), fields_gdn_cp_stats},
     {"gdn_ep_stats", sizeof(gdn_ep_stats), fields_gdn_ep_stats},

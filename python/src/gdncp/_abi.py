@@ -174,6 +174,20 @@ class AttnConfig(ctypes.Structure):
     ]
 
 
+class AttnCacheInfo(ctypes.Structure):
+    """gdn_attn_cache_info (attention.h)."""
+    _fields_ = [
+        ('B', c_int64),
+        ('Hkv', c_int64),
+        ('d', c_int64),
+        ('capacity', c_int64),
+        ('length', c_int64),
+        ('dtype', c_int),
+        ('keys', c_void_p),
+        ('values', c_void_p),
+    ]
+
+
 class ParamInfo(ctypes.Structure):
     """gdn_param_info (compute.h)."""
     _fields_ = [
@@ -509,7 +523,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -530,17 +544,10 @@ PROTOTYPES = {
     'gdn_attn_saved_floats': (c_size_t, [c_void_p]),
     'gdn_attn_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_attn_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
-    'gdn_attn_cache_create': (c_int, [POINTER(c_void_p), c_int64, c_int64, c_int64, c_int64]),
-    'gdn_attn_cache_create_dtype': (c_int, [POINTER(c_void_p), c_int64, c_int64, c_int64, c_int64, c_int]),
-    'gdn_attn_cache_dtype': (c_int, [c_void_p]),
+    'gdn_attn_cache_create': (c_int, [POINTER(c_void_p), c_int64, c_int64, c_int64, c_int64, c_int]),
     'gdn_attn_cache_destroy': (None, [c_void_p]),
     'gdn_attn_cache_reset': (None, [c_void_p]),
-    'gdn_attn_cache_length': (c_int64, [c_void_p]),
-    'gdn_attn_cache_capacity': (c_int64, [c_void_p]),
-    'gdn_attn_cache_keys': (POINTER(c_float), [c_void_p]),
-    'gdn_attn_cache_values': (POINTER(c_float), [c_void_p]),
-    'gdn_attn_cache_keys_bf16': (POINTER(c_uint16), [c_void_p]),
-    'gdn_attn_cache_values_bf16': (POINTER(c_uint16), [c_void_p]),
+    'gdn_attn_cache_view': (c_int, [c_void_p, POINTER(AttnCacheInfo)]),
     'gdn_attn_cache_set_length': (c_int, [c_void_p, c_int64]),
     'gdn_attn_decode': (c_int, [c_void_p, c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_sdpa_plan_create': (c_int, [POINTER(c_void_p), POINTER(AttnConfig)]),
@@ -734,8 +741,7 @@ PROTOTYPES = {
     'gdn_model_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_int32)]),
     'gdn_model_logits': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), POINTER(c_float)]),
     'gdn_model_mixer_seconds': (None, [c_void_p, POINTER(c_double), c_int]),
-    'gdn_model_decoder_create': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), c_int64, c_int64, c_int]),
-    'gdn_model_decoder_create_dtype': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), c_int64, c_int64, c_int, c_int]),
+    'gdn_model_decoder_create': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), c_int64, c_int64, c_int, c_int]),
     'gdn_model_decoder_destroy': (None, [c_void_p]),
     'gdn_model_decoder_reset': (None, [c_void_p]),
     'gdn_model_decoder_length': (c_int64, [c_void_p]),

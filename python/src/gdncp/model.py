@@ -508,7 +508,7 @@ class Model:
         B, T = ids.shape
         V = self._cfg.vocab
         dec = ctypes.c_void_p()
-        L.check(L.gdn_model_decoder_create_dtype(ctypes.byref(dec), ctypes.byref(self._cfg), B, T + N,
+        L.check(L.gdn_model_decoder_create(ctypes.byref(dec), ctypes.byref(self._cfg), B, T + N,
                                                  self._threads, cache_dtype), "gdncp.Model.generate")
         try:
             L.check(L.gdn_model_decoder_set_compute(dec, compute), "gdncp.Model.generate")
