@@ -187,17 +187,14 @@ typedef struct {
     float *dht;     /* NULL when absent */
 } gdn_problem;
 
-/* Read and validate. want_grads: also read "do" (required) and "dht" (optional). */
-GDN_API int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads);
-/* The same for tokens [t_begin, t_begin + count) only (a context-parallel shard): shapes are
- * checked against the whole file, only the shard's rows are read; h0 and dht whole. */
-GDN_API int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin,
-                          int64_t count);
-/* Packed documents (n_docs >= 1; 0 is gdn_problem_load_rows): B must be 1, and h0 and dht, when
- * present, are per document, [n_docs, Hv, K, V]. count < 0: every row. The offsets themselves
- * are the caller's (the file's "cu_seqlens" tensor: gdn_st_read_i64). */
-GDN_API int gdn_problem_load_packed(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin,
-                            int64_t count, int64_t n_docs);
+/* Read and validate. want_grads: also read "do" (required) and "dht" (optional). Tokens
+ * [t_begin, t_begin + count) only (a context-parallel shard; count < 0: every row, t_begin 0):
+ * shapes are checked against the whole file, only the shard's rows are read; h0 and dht whole.
+ * n_docs >= 1: packed documents: B must be 1, and h0 and dht, when present, are per document,
+ * [n_docs, Hv, K, V] (0: dense). The offsets themselves are the caller's (the file's
+ * "cu_seqlens" tensor: gdn_st_read_i64). */
+GDN_API int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin, int64_t count,
+                             int64_t n_docs);
 GDN_API void gdn_problem_free(gdn_problem *pb);
 
 /* Write named f32 tensors atomically. */

@@ -147,7 +147,7 @@ int gdn_trainer_save(trainer *t, int64_t step, double loss) {
     if (t->ep_size > 1 && t->rank < t->ep_size) rc = gather_whole(t, &whole, &wf, &mf, &vf);
     if (t->rank == 0 && !rc) {
         char *st = state_json(t, step, loss);
-        rc = st ? gdn_ckpt_save_dtype(t->o->out, step, &whole, wf ? wf : t->w, wf ? mf : t->m, wf ? vf : t->v, st,
+        rc = st ? gdn_ckpt_save(t->o->out, step, &whole, wf ? wf : t->w, wf ? mf : t->m, wf ? vf : t->v, st,
                                       t->o->keep_last, t->o->save_dtype)
                 : gdn_fail(GDN_ERR_NOMEM, "trainer state");
         free(st);

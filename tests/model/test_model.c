@@ -473,8 +473,8 @@ static void test_checkpoint_logits(void) {
     for (size_t i = 0; i < nw; i++) w2[i] = w[i] * (1.0f + 1e-3f);
     float *l0 = malloc(sizeof(float) * (size_t)(T * c.vocab)), *l1 = malloc(sizeof(float) * (size_t)(T * c.vocab));
     gdn_token *tok = random_tokens(T, 4);
-    int rc = gdn_ckpt_save(dir, 1, &c, w, NULL, NULL, NULL, 0);
-    if (!rc) rc = gdn_ckpt_save(dir, 2, &c, w2, NULL, NULL, NULL, 0);
+    int rc = gdn_ckpt_save(dir, 1, &c, w, NULL, NULL, NULL, 0, GDN_F32);
+    if (!rc) rc = gdn_ckpt_save(dir, 2, &c, w2, NULL, NULL, NULL, 0, GDN_F32);
     snprintf(ck, sizeof ck, "%s/checkpoint-00000001", dir);
     gdn_model_config cl;
     if (!rc) rc = gdn_ckpt_load_config(ck, &cl);

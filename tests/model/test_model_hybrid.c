@@ -857,7 +857,7 @@ static void test_moe_layouts(const model_w *m) {
     char out[80];
     snprintf(out, sizeof out, "%s.out", dir);
     char ck[600];
-    int rc = gdn_ckpt_save(out, 3, c, m->w, NULL, NULL, NULL, 0);
+    int rc = gdn_ckpt_save(out, 3, c, m->w, NULL, NULL, NULL, 0, GDN_F32);
     if (!rc) rc = gdn_ckpt_resolve(out, ck, sizeof ck);
     if (!rc) rc = gdn_ckpt_load_config(ck, &lc);
     if (!rc) rc = gdn_ckpt_load(ck, &lc, w, NULL, NULL, NULL);

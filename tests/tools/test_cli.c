@@ -131,7 +131,7 @@ void test_cli(void) {
     char nodo[1100];
     snprintf(nodo, sizeof nodo, "%s.nodo", out);
     gdn_problem pb;
-    if (gdn_problem_load(&pb, gold, 0) == GDN_OK) { /* the inputs without 'do' */
+    if (gdn_problem_load(&pb, gold, 0, 0, -1, 0) == GDN_OK) { /* the inputs without 'do' */
         const gdn_config *c = &pb.cfg;
         const gdn_named_tensor t[] = {{"q", 4, {c->B, c->T, c->Hk, c->K}, pb.q}, {"k", 4, {c->B, c->T, c->Hk, c->K}, pb.k},
                                       {"v", 4, {c->B, c->T, c->Hv, c->V}, pb.v}, {"g", 3, {c->B, c->T, c->Hv}, pb.g},

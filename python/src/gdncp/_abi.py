@@ -570,13 +570,11 @@ PROTOTYPES = {
     'gdn_bench_projection': (None, [c_int, c_int64, c_int64, c_int64, POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int]),
     'gdn_peak_rss_mb': (c_double, []),
     # checkpoint.h
-    'gdn_ckpt_save': (c_int, [c_char_p, c_int64, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_char_p, c_int]),
-    'gdn_ckpt_save_dtype': (c_int, [c_char_p, c_int64, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_char_p, c_int, c_int]),
+    'gdn_ckpt_save': (c_int, [c_char_p, c_int64, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_char_p, c_int, c_int]),
     'gdn_ckpt_resolve': (c_int, [c_char_p, c_char_p, c_size_t]),
     'gdn_ckpt_load_config': (c_int, [c_char_p, POINTER(ModelConfig)]),
     'gdn_ckpt_load': (c_int, [c_char_p, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_char_p)]),
-    'gdn_ckpt_pack_separator': (c_int, [c_char_p, POINTER(c_uint8), c_int, POINTER(c_int)]),
-    'gdn_ckpt_pack_separator_id': (c_int, [c_char_p, POINTER(c_int64)]),
+    'gdn_ckpt_pack_separator': (c_int, [c_char_p, POINTER(c_uint8), c_int, POINTER(c_int), POINTER(c_int64)]),
     # compute.h
     'gdn_compute_parse': (c_int, [c_char_p, POINTER(c_int)]),
     'gdn_compute_name': (c_char_p, [c_int]),
@@ -666,9 +664,7 @@ PROTOTYPES = {
     'gdn_attn_weights_load': (c_int, [POINTER(AttnWeights), c_char_p, c_char_p, c_char_p, POINTER(AttnConfig)]),
     'gdn_attn_weights_free': (None, [POINTER(AttnWeights)]),
     'gdn_attn_grads_add': (c_int, [c_void_p, POINTER(AttnWeights), POINTER(c_float), c_char_p]),
-    'gdn_problem_load': (c_int, [POINTER(Problem), c_char_p, c_int]),
-    'gdn_problem_load_rows': (c_int, [POINTER(Problem), c_char_p, c_int, c_int64, c_int64]),
-    'gdn_problem_load_packed': (c_int, [POINTER(Problem), c_char_p, c_int, c_int64, c_int64, c_int64]),
+    'gdn_problem_load': (c_int, [POINTER(Problem), c_char_p, c_int, c_int64, c_int64, c_int64]),
     'gdn_problem_free': (None, [POINTER(Problem)]),
     'gdn_save_tensors': (c_int, [c_char_p, POINTER(NamedTensor), c_int, c_char_p]),
     # kernel.h

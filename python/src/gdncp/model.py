@@ -627,7 +627,7 @@ class Model:
         trainer_state.json), as a tuple of ids, or None."""
         buf = (ctypes.c_ubyte * 64)()
         n = ctypes.c_int(0)
-        L.check(L.gdn_ckpt_pack_separator(os.fsencode(self._dir), buf, 64, ctypes.byref(n)),
+        L.check(L.gdn_ckpt_pack_separator(os.fsencode(self._dir), buf, 64, ctypes.byref(n), None),
                 f"gdncp.Model: {self._dir}/trainer_state.json")
         return tuple(buf[:n.value]) or None
 
