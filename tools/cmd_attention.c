@@ -150,7 +150,7 @@ static int read_rows(gdn_st_file *f, const char *name, int ndim, int64_t E, int6
     const size_t n = (size_t)B * tn * E;
     *out = malloc(sizeof(float) * (n ? n : 1));
     if (!*out) return fail(GDN_ERR_NOMEM, "'%s' rows (%zu floats)", name, n);
-    return ndim == 3 ? gdn_st_read_f32_rows(f, name, *out, n, t0, tn) : gdn_st_read_f32_slice(f, name, *out, n, 0, t0, tn);
+    return ndim == 3 ? gdn_st_read(f, name, GDN_F32, *out, n, 1, t0, tn) : gdn_st_read(f, name, GDN_F32, *out, n, 0, t0, tn);
 }
 
 /* The weight gradients in the checkpoint's names: data on rank 0, reserved elsewhere. */
@@ -170,8 +170,8 @@ static int write_outputs(const attn_opts *o, const gdn_attn_weights *aw, int ndi
     const int64_t *shape = ndim == 3 ? s3 : s2;
     int rc = gdn_st_writer_create(&wr);
     if (!rc) rc = gdn_st_writer_metadata(wr, "producer", "gdncp attention");
-    if (!rc) rc = gdn_st_writer_add_f32(wr, "y", GDN_F32, ndim, shape, y);
-    if (!rc && dx) rc = gdn_st_writer_add_f32(wr, "dx", GDN_F32, ndim, shape, dx);
+    if (!rc) rc = gdn_st_writer_add(wr, "y", GDN_F32, ndim, shape, y, GDN_F32);
+    if (!rc && dx) rc = gdn_st_writer_add(wr, "dx", GDN_F32, ndim, shape, dx, GDN_F32);
     if (!rc && dw) rc = gdn_attn_grads_add(wr, aw, dw, "grad.");
     if (!rc) rc = gdn_st_writer_save(wr, o->out);
     gdn_st_writer_destroy(wr);

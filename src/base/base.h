@@ -88,6 +88,21 @@ int gdn_moe_param_shape(const gdn_moe_config *cfg, int which, int64_t shape[3]);
 size_t gdn_moe_param_offset(const gdn_moe_config *cfg, int which);
 size_t gdn_moe_param_numel(const gdn_moe_config *cfg, int which);
 
+/* Safetensors shorthands over gdn_st_read / gdn_st_read_ints / gdn_st_writer_add (io.h), for the
+ * library and the tests: a whole tensor as f32 or f64; rows along dimension 1 (count >= 0) or any
+ * axis (count < 0 refused); a 1-D integer tensor, or one of any rank; f32 or f64 data added. */
+int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n);
+int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n);
+int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin, int64_t count);
+int gdn_st_read_f32_slice(gdn_st_file *f, const char *name, float *dst, size_t n, int axis, int64_t begin,
+                          int64_t count);
+int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
+int gdn_st_read_i64_all(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
+int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim, const int64_t *shape,
+                          const float *data);
+int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim, const int64_t *shape,
+                          const double *data);
+
 /* What a non-regular file is, for messages ("a directory", "a FIFO", ...); from st_mode. */
 GDN_WING const char *gdn_file_kind(mode_t mode);
 /* dir/name into buf (capacity cap): GDN_OK, or GDN_ERR_ARG naming the path when it does not fit. */

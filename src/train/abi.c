@@ -89,6 +89,7 @@ static const abi_field fields_gdn_st_tensor[] = {
     {"dtype_name", offsetof(gdn_st_tensor, dtype_name)},
     {"ndim", offsetof(gdn_st_tensor, ndim)},
     {"shape", offsetof(gdn_st_tensor, shape)},
+    {"numel", offsetof(gdn_st_tensor, numel)},
     {"begin", offsetof(gdn_st_tensor, begin)},
     {"end", offsetof(gdn_st_tensor, end)},
     {NULL, 0}

@@ -29,7 +29,7 @@ static void add(gdn_st_writer *w, const char *name, gdn_dtype dt, int nd, const 
     int64_t n = 1;
     for (int i = 0; i < nd; i++) n *= shape[i];
     float *x = ramp(n, 0.5f);
-    if (gdn_st_writer_add_f32(w, name, dt, nd, shape, x)) die(name);
+    if (gdn_st_writer_add(w, name, dt, nd, shape, x, GDN_F32)) die(name);
     free(x);
 }
 

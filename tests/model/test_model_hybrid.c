@@ -58,7 +58,7 @@ static int read_bytes(gdn_st_file *f, const char *path, const char *name, gdn_to
     const gdn_st_tensor *t = gdn_st_find(f, name);
     FILE *fp = fopen(path, "rb");
     uint64_t hlen = 0;
-    int ok = t && fp && !strcmp(t->dtype_name, "I64") && gdn_st_numel(t) == n && fread(&hlen, 8, 1, fp) == 1 &&
+    int ok = t && fp && !strcmp(t->dtype_name, "I64") && (t)->numel == n && fread(&hlen, 8, 1, fp) == 1 &&
              !fseeko(fp, (off_t)(8 + hlen + t->begin), SEEK_SET);
     for (int64_t i = 0; ok && i < n; i++) {
         int64_t v;

@@ -34,7 +34,7 @@ static double compare_file(const char *out, const char *ref, const char *name) {
     if (gdn_st_open(&a, out) == GDN_OK && gdn_st_open(&b, ref) == GDN_OK) {
         const gdn_st_tensor *t = gdn_st_find(b, name);
         if (t) {
-            int64_t n = gdn_st_numel(t);
+            int64_t n = (t)->numel;
             float *x = malloc(sizeof(float) * n);
             double *r = malloc(sizeof(double) * n);
             if (gdn_st_read_f32(a, name, x, n) == GDN_OK && gdn_st_read_f64(b, name, r, n) == GDN_OK)
