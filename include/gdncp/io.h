@@ -136,8 +136,9 @@ GDN_API int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, 
  * (gdn_layer_param's layout; the other parameters untouched), gdn_layer_fuse gathers it
  * back. */
 enum { GDN_FUSED_QKVZ, GDN_FUSED_BA, GDN_FUSED_COUNT };
-GDN_API const char *gdn_layer_fused_name(int fused); /* "in_proj_qkvz.weight", "in_proj_ba.weight"; NULL otherwise */
-GDN_API int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused);
+/* The fused tensor's name ("in_proj_qkvz.weight", "in_proj_ba.weight"), shape [rows, E] and numel
+ * into *info (offset 0: it is not in the flat array); GDN_ERR_ARG for another `fused`. */
+GDN_API int gdn_layer_fused(const gdn_layer_config *c, int fused, gdn_param_info *info);
 GDN_API int gdn_layer_unfuse(const gdn_layer_config *c, int fused, const float *src, float *w);
 GDN_API int gdn_layer_fuse(const gdn_layer_config *c, int fused, const float *w, float *dst);
 

@@ -88,6 +88,10 @@ int gdn_moe_param_shape(const gdn_moe_config *cfg, int which, int64_t shape[3]);
 size_t gdn_moe_param_offset(const gdn_moe_config *cfg, int which);
 size_t gdn_moe_param_numel(const gdn_moe_config *cfg, int which);
 
+/* A fused projection's name (NULL for another `fused`) and rows (gdn_layer_fused, io.h). */
+const char *gdn_layer_fused_name(int fused);
+int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused);
+
 /* Safetensors shorthands over gdn_st_read / gdn_st_read_ints / gdn_st_writer_add (io.h), for the
  * library and the tests: a whole tensor as f32 or f64; rows along dimension 1 (count >= 0) or any
  * axis (count < 0 refused); a 1-D integer tensor, or one of any rank; f32 or f64 data added. */

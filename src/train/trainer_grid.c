@@ -101,9 +101,9 @@ void gdn_trainer_reduce_grads(trainer *t) {
 /* The gradient's norm over the whole model: under expert parallelism the experts' part summed
  * over the slices of the expert group (the same bits on every rank). */
 double gdn_trainer_grad_norm(trainer *t) {
-    if (t->ep_size <= 1) return gdn_grad_norm(&t->cfg, t->dw);
     double s[2], experts = 0;
     gdn_grad_sumsq(&t->cfg, t->dw, s);
+    if (t->ep_size <= 1) return sqrt(s[0] + s[1]);
     MPI_Reduce(&s[1], &experts, 1, MPI_DOUBLE, MPI_SUM, 0, t->ep_comm);
     MPI_Bcast(&experts, 1, MPI_DOUBLE, 0, t->ep_comm);
     return sqrt(s[0] + experts);

@@ -465,6 +465,11 @@ static void param_tables(void) {
     }
     expect_status(gdn_layer_param(&lc, GDN_P_COUNT, &p), GDN_ERR_ARG, "out of range", "gdn_layer_param past the end");
     expect_status(gdn_layer_param(&lc, -1, &p), GDN_ERR_ARG, "out of range", "gdn_layer_param -1");
+    for (int f = 0; f < GDN_FUSED_COUNT; f++)
+        check(!gdn_layer_fused(&lc, f, &p) && !strcmp(p.name, gdn_layer_fused_name(f)) && p.ndim == 2 &&
+                  p.shape[0] == gdn_layer_fused_rows(&lc, f) && p.shape[1] == 96 && p.numel == (size_t)(p.shape[0] * 96),
+              "gdn_layer_fused %d: %s [%lld, 96]", f, gdn_layer_fused_name(f), (long long)gdn_layer_fused_rows(&lc, f));
+    expect_status(gdn_layer_fused(&lc, GDN_FUSED_COUNT, &p), GDN_ERR_ARG, "neither", "gdn_layer_fused past the end");
     const gdn_attn_config ac = gdn_attn_config_default(1, 1, 64, 4, 2, 16);
     for (int i = 0; i < GDN_A_COUNT; i++) {
         int64_t shape[3] = {0};

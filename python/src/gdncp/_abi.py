@@ -652,8 +652,7 @@ PROTOTYPES = {
     'gdn_layer_weights_to_bf16': (c_int, [POINTER(LayerWeights)]),
     'gdn_layer_weights_data': (c_void_p, [POINTER(LayerWeights)]),
     'gdn_layer_grads_add': (c_int, [c_void_p, POINTER(LayerWeights), POINTER(c_float), c_char_p]),
-    'gdn_layer_fused_name': (c_char_p, [c_int]),
-    'gdn_layer_fused_rows': (c_int64, [POINTER(LayerConfig), c_int]),
+    'gdn_layer_fused': (c_int, [POINTER(LayerConfig), c_int, POINTER(ParamInfo)]),
     'gdn_layer_unfuse': (c_int, [POINTER(LayerConfig), c_int, POINTER(c_float), POINTER(c_float)]),
     'gdn_layer_fuse': (c_int, [POINTER(LayerConfig), c_int, POINTER(c_float), POINTER(c_float)]),
     'gdn_attn_weights_load': (c_int, [POINTER(AttnWeights), c_char_p, c_char_p, c_char_p, POINTER(AttnConfig)]),
@@ -765,7 +764,6 @@ PROTOTYPES = {
     'gdn_adamw_default': (AdamwConfig, []),
     'gdn_adamw_check': (c_int, [POINTER(AdamwConfig)]),
     'gdn_adamw_lr': (c_double, [POINTER(AdamwConfig), c_int64]),
-    'gdn_grad_norm': (c_double, [POINTER(ModelConfig), POINTER(c_float)]),
     'gdn_grad_sumsq': (None, [POINTER(ModelConfig), POINTER(c_float), POINTER(c_double)]),
     'gdn_adamw_update': (None, [POINTER(AdamwConfig), POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int64, c_double, c_double, c_int]),
     # sample.h
