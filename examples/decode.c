@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     if ((rc = gdn_ckpt_load(argv[1], &cfg, w, NULL, NULL, NULL))) return fail(rc);
-    if ((rc = gdn_model_decoder_create(&dec, &cfg, 1, T + n_new, 0))) return fail(rc);
+    if ((rc = gdn_model_decoder_create(&dec, &cfg, 1, T + n_new, 0, GDN_F32))) return fail(rc);
     const gdn_sampling greedy = gdn_sampling_default();
     uint64_t rng = gdn_sample_seed(0);
     rc = gdn_model_prefill_last(dec, w, ids, T, logits);

@@ -6,8 +6,33 @@
 #define GDNCP_TEST_HARNESS_H
 
 #include "gdncp.h"
+#include "base.h" /* the library's internal pieces the tests check (the parameter tables' offsets, ...) */
 
 #include <stdint.h>
+
+/* A KV cache's view (gdn_attn_cache_view; zeroed for a NULL cache), and its storage as the test
+ * expects it: the fp32 keys and values (NULL for a BF16 cache) or the bf16 ones (NULL for F32). */
+static inline gdn_attn_cache_info cache_view(gdn_attn_cache *c) {
+    gdn_attn_cache_info i;
+    (void)gdn_attn_cache_view(c, &i);
+    return i;
+}
+static inline float *cache_keys(gdn_attn_cache *c) {
+    const gdn_attn_cache_info i = cache_view(c);
+    return i.dtype == GDN_F32 ? (float *)i.keys : NULL;
+}
+static inline float *cache_values(gdn_attn_cache *c) {
+    const gdn_attn_cache_info i = cache_view(c);
+    return i.dtype == GDN_F32 ? (float *)i.values : NULL;
+}
+static inline uint16_t *cache_keys_bf16(gdn_attn_cache *c) {
+    const gdn_attn_cache_info i = cache_view(c);
+    return i.dtype == GDN_BF16 ? (uint16_t *)i.keys : NULL;
+}
+static inline uint16_t *cache_values_bf16(gdn_attn_cache *c) {
+    const gdn_attn_cache_info i = cache_view(c);
+    return i.dtype == GDN_BF16 ? (uint16_t *)i.values : NULL;
+}
 
 extern int tests_passed, tests_failed;
 extern int tests_quiet; /* set on MPI ranks other than 0: count, but do not print */

@@ -1,5 +1,6 @@
 /* The loader suites' tensor sets and temporary files (tensor_set.h). */
 #include "tensor_set.h"
+#include "base.h" /* gdn_st_read_f32, gdn_st_writer_add_f32 */
 
 #include <stdio.h>
 #include <stdlib.h>

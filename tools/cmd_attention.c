@@ -148,7 +148,7 @@ static int read_rows(gdn_st_file *f, const char *name, int ndim, int64_t E, int6
     const size_t n = (size_t)B * tn * E;
     *out = malloc(sizeof(float) * (n ? n : 1));
     if (!*out) return fail(GDN_ERR_NOMEM, "'%s' rows (%zu floats)", name, n);
-    return ndim == 3 ? gdn_st_read_f32_rows(f, name, *out, n, t0, tn) : gdn_st_read_f32_slice(f, name, *out, n, 0, t0, tn);
+    return ndim == 3 ? gdn_st_read(f, name, GDN_F32, *out, n, 1, t0, tn) : gdn_st_read(f, name, GDN_F32, *out, n, 0, t0, tn);
 }
 
 /* The weight gradients in the checkpoint's names: data on rank 0, reserved elsewhere. */
@@ -168,8 +168,8 @@ static int write_outputs(const attn_opts *o, const gdn_attn_weights *aw, int ndi
     const int64_t *shape = ndim == 3 ? s3 : s2;
     int rc = gdn_st_writer_create(&wr);
     if (!rc) rc = gdn_st_writer_metadata(wr, "producer", "gdncp attention");
-    if (!rc) rc = gdn_st_writer_add_f32(wr, "y", GDN_F32, ndim, shape, y);
-    if (!rc && dx) rc = gdn_st_writer_add_f32(wr, "dx", GDN_F32, ndim, shape, dx);
+    if (!rc) rc = gdn_st_writer_add(wr, "y", GDN_F32, ndim, shape, y, GDN_F32);
+    if (!rc && dx) rc = gdn_st_writer_add(wr, "dx", GDN_F32, ndim, shape, dx, GDN_F32);
     if (!rc && dw) rc = gdn_attn_grads_add(wr, aw, dw, "grad.");
     if (!rc) rc = gdn_st_writer_save(wr, o->out);
     gdn_st_writer_destroy(wr);
@@ -187,7 +187,7 @@ static int run_decode(const attn_opts *o, gdn_attn_config c, const float *w, con
     float *xt = malloc(sizeof(float) * (size_t)(B * piece * E)), *yt = malloc(sizeof(float) * (size_t)(B * piece * E));
     gdn_attn_cache *cache = NULL;
     gdn_attn_plan *plan = NULL;
-    int rc = xt && yt ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, T) : fail(GDN_ERR_NOMEM, "decode buffers");
+    int rc = xt && yt ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, T, GDN_F32) : fail(GDN_ERR_NOMEM, "decode buffers");
     for (int phase = 0; phase < 2 && !rc; phase++) {
         const int64_t t_begin = phase ? T0 : 0, t_end = phase ? T : T0, step = phase ? 1 : T0;
         if (t_end <= t_begin) continue;
@@ -200,9 +200,9 @@ static int run_decode(const attn_opts *o, gdn_attn_config c, const float *w, con
         }
         gdn_attn_plan_destroy(plan), plan = NULL;
     }
-    if (!rc && gdn_attn_cache_length(cache) != T)
-        rc = fail(GDN_ERR_ARG, "the KV cache holds %lld positions after %lld tokens", (long long)gdn_attn_cache_length(cache),
-                  (long long)T);
+    gdn_attn_cache_info ci;
+    if (!rc && (rc = gdn_attn_cache_view(cache, &ci)) == GDN_OK && ci.length != T)
+        rc = fail(GDN_ERR_ARG, "the KV cache holds %lld positions after %lld tokens", (long long)ci.length, (long long)T);
     gdn_attn_cache_destroy(cache);
     free(xt), free(yt);
     return rc;
@@ -220,7 +220,7 @@ static int run_cp_decode(gdn_cp *cp, const attn_opts *o, gdn_attn_config c, cons
     float *xs = malloc(sizeof(float) * (size_t)(B * E));
     gdn_attn_cache *cache = NULL;
     gdn_attn_plan *plan = NULL;
-    int rc = xt && yt && xs ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, tn) : fail(GDN_ERR_NOMEM, "decode buffers");
+    int rc = xt && yt && xs ? gdn_attn_cache_create(&cache, B, c.Hkv, c.d, tn, GDN_F32) : fail(GDN_ERR_NOMEM, "decode buffers");
     if (!rc) rc = gdn_attn_plan_create(&plan, &c);
     for (int64_t b = 0; b < B && !rc; b++) memcpy(xt + b * Tp * E, x + b * tn * E, sizeof(float) * Tp * E);
     rc = gdn_cp_agree_status(cp, rc);

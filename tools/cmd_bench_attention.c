@@ -109,11 +109,11 @@ static double core_backward_error(const attn_shape *s, int64_t tp, int threads, 
 static float *attn_weights(const gdn_attn_config *c, uint64_t *seed) {
     float *w = calloc(gdn_attn_param_floats(c), sizeof(float));
     for (int i = 0; w && i < GDN_A_COUNT; i++) {
-        int64_t shape[2];
-        const int nd = gdn_attn_param_shape(c, i, shape);
-        const float a = nd == 2 ? 1.0f / sqrtf((float)shape[1]) : 0.1f;
-        float *r = cli_random_floats(gdn_attn_param_numel(c, i), -a, a, seed);
-        if (r) memcpy(w + gdn_attn_param_offset(c, i), r, sizeof(float) * gdn_attn_param_numel(c, i));
+        gdn_param_info p;
+        if (gdn_attn_param(c, i, &p)) break;
+        const float a = p.ndim == 2 ? 1.0f / sqrtf((float)p.shape[1]) : 0.1f;
+        float *r = cli_random_floats(p.numel, -a, a, seed);
+        if (r) memcpy(w + p.offset, r, sizeof(float) * p.numel);
         free(r);
     }
     return w;
@@ -344,11 +344,14 @@ static int bench_decode_row(const bench_opts *o, const attn_shape *s, int64_t T,
     gdn_attn_plan *p = NULL;
     gdn_attn_cache *cache = NULL;
     int rc = w && x && y ? gdn_attn_plan_create(&p, &c) : GDN_ERR_NOMEM;
-    if (!rc) rc = gdn_attn_cache_create_dtype(&cache, 1, s->Hkv, s->d, T + 1, dtype);
+    if (!rc) rc = gdn_attn_cache_create(&cache, 1, s->Hkv, s->d, T + 1, dtype);
+    gdn_attn_cache_info ci;
+    if (!rc) rc = gdn_attn_cache_view(cache, &ci);
     if (!rc) {
         const size_t n = (size_t)s->Hkv * (size_t)(T + 1) * (size_t)s->d;
-        float *kf = gdn_attn_cache_keys(cache), *vf = gdn_attn_cache_values(cache);
-        uint16_t *kb = gdn_attn_cache_keys_bf16(cache), *vb = gdn_attn_cache_values_bf16(cache);
+        const int f32 = ci.dtype == GDN_F32;
+        float *kf = f32 ? ci.keys : NULL, *vf = f32 ? ci.values : NULL;
+        uint16_t *kb = f32 ? NULL : ci.keys, *vb = f32 ? NULL : ci.values;
         for (size_t i = 0; i < n; i++) {
             const float k = cli_uniform(&seed, -0.5f, 0.5f), v = cli_uniform(&seed, -0.5f, 0.5f);
             if (kf) kf[i] = k, vf[i] = v;

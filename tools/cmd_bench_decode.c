@@ -173,7 +173,7 @@ static int model_row(const char *name, const gdn_model_config *cp, const float *
     int rc = logits && prompt ? GDN_OK : GDN_ERR_NOMEM;
     if (!rc) {
         row_tokens(&c, P, steps, prompt);
-        rc = gdn_model_decoder_create_dtype(&dec, &c, 1, P + steps + 1, threads, cache_dtype);
+        rc = gdn_model_decoder_create(&dec, &c, 1, P + steps + 1, threads, cache_dtype);
     }
     if (!rc) rc = gdn_model_prefill(dec, w, prompt, P, logits);
     const int64_t na = gdn_model_attn_layers(&c), ng = c.L - na;
@@ -279,7 +279,7 @@ static int prefill_row(const char *name, const gdn_model_config *c, const float 
     float *logits = malloc(sizeof(float) * (size_t)c->vocab);
     gdn_model_decoder *dec = NULL;
     int rc = tok && logits ? GDN_OK : GDN_ERR_NOMEM;
-    if (!rc) row_tokens(c, P, 0, tok), rc = gdn_model_decoder_create(&dec, c, 1, P, threads);
+    if (!rc) row_tokens(c, P, 0, tok), rc = gdn_model_decoder_create(&dec, c, 1, P, threads, GDN_F32);
     if (!rc) rc = gdn_model_decoder_set_compute(dec, compute);
     double t[4];
     for (int r = 0; r < 4 && !rc; r++) { /* r = 0 warms up (the piece's plans, first touch) */

@@ -28,9 +28,11 @@ static double proj_flops_per_token(const gdn_layer_config *c) {
 static float *layer_weights(const gdn_layer_config *c, uint64_t *s) {
     float *w = calloc(gdn_layer_param_floats(c), sizeof(float));
     for (int i = 0; w && i < GDN_P_COUNT; i++) {
-        const size_t n = gdn_layer_param_numel(c, i);
+        gdn_param_info info;
+        if (gdn_layer_param(c, i, &info)) break;
+        const size_t n = info.numel;
         const float a = i == GDN_P_OUT_PROJ ? 1.0f / sqrtf((float)(c->Hv * c->V)) : 1.0f / sqrtf((float)c->E);
-        float *r = cli_random_floats(n, -a, a, s), *p = w + gdn_layer_param_offset(c, i);
+        float *r = cli_random_floats(n, -a, a, s), *p = w + info.offset;
         for (size_t j = 0; r && j < n; j++)
             p[j] = i == GDN_P_A_LOG ? logf(0.5f + 15.5f * (r[j] / (2 * a) + 0.5f))
                    : i == GDN_P_DT_BIAS || i == GDN_P_NORM ? 1.0f
@@ -191,7 +193,10 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
     }
     const double med = cli_median(t, steps);
     size_t wbytes = 0;
-    for (int i = 0; i < GDN_P_COUNT; i++) wbytes += (bf16 ? 2 : 4) * gdn_layer_param_numel(&c, i);
+    for (int i = 0; i < GDN_P_COUNT; i++) {
+        gdn_param_info p;
+        if (!gdn_layer_param(&c, i, &p)) wbytes += (bf16 ? 2 : 4) * p.numel;
+    }
     const size_t sbytes = 4 * (nconv + ns);
     const double bound = cli_stream_seconds(wbytes, 0, threads) + cli_stream_seconds(sbytes, 1, threads);
     const double bytes = (double)wbytes + 2.0 * sbytes;

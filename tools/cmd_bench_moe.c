@@ -62,11 +62,15 @@ int bench_moe_reference_rows(const gdn_moe_config *cfg, const float *w, const fl
     const int dense[] = {GDN_MOE_ROUTER, GDN_MOE_SHARED_GATE, GDN_MOE_SHARED_UP, GDN_MOE_SHARED_DOWN,
                          GDN_MOE_SHARED_EXPERT_GATE};
     for (size_t d = 0; !rc && d < sizeof dense / sizeof dense[0]; d++) {
-        const size_t o = gdn_moe_param_offset(&c, dense[d]), m = gdn_moe_param_numel(&c, dense[d]);
-        for (size_t i = 0; i < m; i++) wd[o + i] = w[o + i];
+        gdn_param_info p;
+        rc = gdn_moe_param(&c, dense[d], &p);
+        for (size_t i = 0; !rc && i < p.numel; i++) wd[p.offset + i] = w[p.offset + i];
     }
     if (!rc) rc = gdn_moe_reference_forward(&c, yref, xd, wd, sel);
-    const size_t oGU = gdn_moe_param_offset(&c, GDN_MOE_GATE_UP), oD = gdn_moe_param_offset(&c, GDN_MOE_DOWN);
+    gdn_param_info pGU, pD;
+    if (!rc) rc = gdn_moe_param(&c, GDN_MOE_GATE_UP, &pGU);
+    if (!rc) rc = gdn_moe_param(&c, GDN_MOE_DOWN, &pD);
+    const size_t oGU = rc ? 0 : pGU.offset, oD = rc ? 0 : pD.offset;
     const size_t nGU = (size_t)(2 * c.I * c.E), nD = (size_t)(c.E * c.I);
     for (int64_t j = 0; !rc && j < tp * c.top_k; j++) {
         const int32_t e = sel[j];
@@ -260,7 +264,8 @@ static int bench_shape(const bench_opts *o, const moe_shape *s, const int64_t *T
     if (!rc) {
         for (int i = 0; i < GDN_MOE_COUNT; i++) {
             const float sd = i == GDN_MOE_ROUTER ? 1.0f / sqrtf((float)s->E) : 0.02f;
-            cli_fill_normal(w + gdn_moe_param_offset(&c, i), gdn_moe_param_numel(&c, i), sd, 0x5EED0000u + (uint64_t)i);
+            gdn_param_info p;
+            if (!gdn_moe_param(&c, i, &p)) cli_fill_normal(w + p.offset, p.numel, sd, 0x5EED0000u + (uint64_t)i);
         }
         cli_fill_normal(x, nx, 1.0f, 0xA11CEu);
         cli_fill_normal(dy, nx, 1.0f, 0xB0Bu);

@@ -50,10 +50,12 @@ static void slice_weights(const gdn_moe_config *whole, const gdn_moe_config *min
     int64_t first = 0;
     const int64_t count = gdn_moe_local_experts(mine, &first);
     for (int i = 0; i < GDN_MOE_COUNT; i++) {
-        const size_t ne = gdn_moe_param_numel(mine, i);
+        gdn_param_info pm, pw;
+        if (gdn_moe_param(mine, i, &pm) || gdn_moe_param(whole, i, &pw)) return;
+        const size_t ne = pm.numel;
         const int expert = i == GDN_MOE_GATE_UP || i == GDN_MOE_DOWN;
         const size_t skip = expert ? (size_t)first * (ne / (size_t)count) : 0;
-        memcpy(wl + gdn_moe_param_offset(mine, i), w + gdn_moe_param_offset(whole, i) + skip, sizeof(float) * ne);
+        memcpy(wl + pm.offset, w + pw.offset + skip, sizeof(float) * ne);
     }
 }
 
@@ -85,7 +87,8 @@ static int bench_T(const ep_bench *b, const moe_shape *s, int64_t T) {
     if (!rc) {
         for (int i = 0; i < GDN_MOE_COUNT; i++) { /* the same weights on every rank */
             const float sd = i == GDN_MOE_ROUTER ? 1.0f / sqrtf((float)s->E) : 0.02f;
-            cli_fill_normal(w + gdn_moe_param_offset(&one, i), gdn_moe_param_numel(&one, i), sd, 0x5EED0000u + (uint64_t)i);
+            gdn_param_info p;
+            if (!gdn_moe_param(&one, i, &p)) cli_fill_normal(w + p.offset, p.numel, sd, 0x5EED0000u + (uint64_t)i);
         }
         slice_weights(&one, &mine, w, wl);
         cli_fill_normal(x, nx, 1.0f, 0xA11CEu + (uint64_t)b->rank); /* each rank its own tokens */

@@ -18,7 +18,7 @@
 static int read_checked(gdn_st_file *f, const char *path, const gdn_st_tensor *t, int compare,
                         double **out, int *nonfinite) {
     *out = NULL;
-    const int64_t n = gdn_st_numel(t);
+    const int64_t n = (t)->numel;
     if (t->dtype == GDN_DTYPE_OTHER && !compare) return GDN_OK;
     double *x = malloc(sizeof(double) * (n ? n : 1));
     if (!x) {
@@ -26,7 +26,7 @@ static int read_checked(gdn_st_file *f, const char *path, const gdn_st_tensor *t
                 gdn_strerror(GDN_ERR_NOMEM), (long long)n, t->name, path);
         return -1; /* reported here */
     }
-    int rc = gdn_st_read_f64(f, t->name, x, (size_t)n);
+    int rc = gdn_st_read(f, t->name, GDN_F64, x, (size_t)n, 0, 0, -1);
     if (rc) {
         free(x);
         return rc;
@@ -103,7 +103,7 @@ int cmd_diff(int argc, char **argv) {
             free(x);
             continue;
         }
-        const int64_t n = gdn_st_numel(ta);
+        const int64_t n = (ta)->numel;
         double num = 0, den = 0;
         for (int64_t j = 0; j < n; j++) {
             double d = fabs(x[j] - y[j]);

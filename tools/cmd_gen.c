@@ -153,7 +153,7 @@ static int gen_with(const gen_opts *o) {
     gdn_st_writer *w = NULL;
     rc = gdn_st_writer_create(&w);
     if (!rc) rc = gdn_st_writer_metadata(w, "producer", "gdncp gen");
-    for (int i = 0; i < 8 && !rc; i++) rc = gdn_st_writer_add_f32(w, t[i].name, GDN_F32, t[i].ndim, t[i].shape, t[i].data);
+    for (int i = 0; i < 8 && !rc; i++) rc = gdn_st_writer_add(w, t[i].name, GDN_F32, t[i].ndim, t[i].shape, t[i].data, GDN_F32);
     if (!rc && *cu) rc = gdn_st_writer_add_i64(w, "cu_seqlens", 1, &n_cu, *cu);
     if (!rc) rc = gdn_st_writer_save(w, out);
     gdn_st_writer_destroy(w);

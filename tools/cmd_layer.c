@@ -106,7 +106,7 @@ static int read_rows(gdn_st_file *f, const char *name, int64_t E, int64_t t0, in
     const size_t n = (size_t)*B * tn * E;
     *out = malloc(sizeof(float) * (n ? n : 1));
     if (!*out) return fail(GDN_ERR_NOMEM, "'%s' rows (%zu floats)", name, n);
-    return gdn_st_read_f32_rows(f, name, *out, n, t0, tn);
+    return gdn_st_read(f, name, GDN_F32, *out, n, 1, t0, tn);
 }
 
 /* The weight gradients in the checkpoint's names: data on rank 0, reserved elsewhere. */
@@ -125,8 +125,8 @@ static int write_outputs(const layer_opts *o, const gdn_layer_weights *lw, int64
     const int64_t shape[3] = {B, T, lw->cfg.E};
     int rc = gdn_st_writer_create(&wr);
     if (!rc) rc = gdn_st_writer_metadata(wr, "producer", "gdncp layer");
-    if (!rc) rc = gdn_st_writer_add_f32(wr, "y", GDN_F32, 3, shape, y);
-    if (!rc && dx) rc = gdn_st_writer_add_f32(wr, "dx", GDN_F32, 3, shape, dx);
+    if (!rc) rc = gdn_st_writer_add(wr, "y", GDN_F32, 3, shape, y, GDN_F32);
+    if (!rc && dx) rc = gdn_st_writer_add(wr, "dx", GDN_F32, 3, shape, dx, GDN_F32);
     if (!rc && dw) rc = gdn_layer_grads_add(wr, lw, dw, "grad.");
     if (!rc) rc = gdn_st_writer_save(wr, o->out);
     gdn_st_writer_destroy(wr);

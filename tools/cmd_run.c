@@ -197,7 +197,7 @@ static int run_with(run_opts *opts, int argc, char **argv) {
     int64_t *cu = NULL, n_docs = 0; /* packed documents: --cu-seqlens or the file's tensor */
     if (cli_pack_offsets("gdncp run", opt.in, "q", opt.cu_seqlens, opt.n_cu, &cu, &n_docs)) return 1;
     gdn_problem pb;
-    rc = gdn_problem_load_packed(&pb, opt.in, opt.backward, 0, -1, n_docs);
+    rc = gdn_problem_load(&pb, opt.in, opt.backward, 0, -1, n_docs);
     if (rc) {
         free(cu);
         return cli_error("run", rc);
@@ -338,7 +338,7 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
     }
     gdn_problem pb;
     memset(&pb, 0, sizeof pb);
-    rc = gdn_problem_load_packed(&pb, in, backward, t0, tn, n_docs);
+    rc = gdn_problem_load(&pb, in, backward, t0, tn, n_docs);
     if (rc) cli_error("run --cp", rc);
     rc = gdn_cp_agree_status(cp, rc);
     if (!rc) { /* the problem's shapes and options, and the states every rank holds whole (h0, dht), before

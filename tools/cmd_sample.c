@@ -223,12 +223,11 @@ int cmd_sample(int argc, char **argv) {
     gdn_token sep[GDN_DATA_MAX_SEP], tail[GDN_DATA_MAX_SEP] = {0};
     int sep_len = 0;
     int64_t sep_id = -1;
-    if (!rc && stop_auto) rc = gdn_ckpt_pack_separator(dir, sep_bytes, GDN_DATA_MAX_SEP, &sep_len);
-    if (!rc && stop_auto) rc = gdn_ckpt_pack_separator_id(dir, &sep_id);
+    if (!rc && stop_auto) rc = gdn_ckpt_pack_separator(dir, sep_bytes, GDN_DATA_MAX_SEP, &sep_len, &sep_id);
     for (int i = 0; i < sep_len; i++) sep[i] = sep_bytes[i];
     if (!rc && sep_id >= 0) sep[0] = (gdn_token)sep_id, sep_len = 1;
     /* the KV caches hold the prompt and every new token */
-    if (!rc) rc = gdn_model_decoder_create_dtype(&dec, &cfg, 1, positions, (int)threads, cache_dtype);
+    if (!rc) rc = gdn_model_decoder_create(&dec, &cfg, 1, positions, (int)threads, cache_dtype);
     if (!rc) rc = gdn_model_decoder_set_compute(dec, compute);
     if (!rc && e.group) rc = gdn_model_decoder_set_experts(dec, e.group);
     rc = ep_agree(&e, rc);

@@ -28,8 +28,8 @@ extern "C" {
  * log-sum-exp per (token, head) kept; the backward recomputes the probabilities. Memory O(T),
  * tiles above the diagonal and tiles outside a packed document skipped.
  *
- * Parameters live in one flat fp32 array, the tensors in gdn_attn_param order at
- * gdn_attn_param_offset() (64-byte aligned), each in its Hugging Face shape (PyTorch
+ * Parameters live in one flat fp32 array, the tensors in gdn_attn_param_id order at
+ * the offsets gdn_attn_param gives (64-byte aligned), each in its Hugging Face shape (PyTorch
  * [out, in]); gradients use the same layout. */
 
 typedef struct {
@@ -79,19 +79,17 @@ typedef enum {
     GDN_A_Q_NORM,     /* [d] */
     GDN_A_K_NORM,     /* [d] */
     GDN_A_COUNT
-} gdn_attn_param;
+} gdn_attn_param_id;
 
 /* Defaults: R = int(0.25 d) rounded down to even, rope_theta 1e7 (Qwen3.5 checkpoints), eps
  * 1e-6, all threads, checks on, dense, pos_offset 0. */
 GDN_API gdn_attn_config gdn_attn_config_default(int64_t B, int64_t T, int64_t E, int64_t H, int64_t Hkv,
                                                 int64_t d);
 GDN_API int gdn_attn_config_check(const gdn_attn_config *cfg);
-/* Hugging Face name of a parameter ("q_proj.weight", ..., "k_norm.weight"). */
-GDN_API const char *gdn_attn_param_name(int which);
-/* Its shape (returns ndim, fills shape[0..ndim)), offset and size in the flat array. */
-GDN_API int gdn_attn_param_shape(const gdn_attn_config *cfg, int which, int64_t shape[2]);
-GDN_API size_t gdn_attn_param_offset(const gdn_attn_config *cfg, int which);
-GDN_API size_t gdn_attn_param_numel(const gdn_attn_config *cfg, int which);
+/* Parameter `which` (gdn_attn_param_id) into *info: its Hugging Face name ("q_proj.weight", ...,
+ * "k_norm.weight"), shape, offset and size in the flat array (compute.h); GDN_ERR_ARG for a
+ * `which` outside [0, GDN_A_COUNT). */
+GDN_API int gdn_attn_param(const gdn_attn_config *cfg, int which, gdn_param_info *info);
 GDN_API size_t gdn_attn_param_floats(const gdn_attn_config *cfg); /* the whole array */
 
 typedef struct gdn_attn_plan gdn_attn_plan;
@@ -125,28 +123,31 @@ GDN_API int gdn_attn_backward(gdn_attn_plan *plan, float *dx, float *dw, const f
 /* ---------------------------------------------------------------- decode with a KV cache
  *
  * The cache of one attention layer in transformers' layout: keys (after k_norm and RoPE) and raw
- * values, each [B, Hkv, capacity, d]; the first gdn_attn_cache_length() positions of every row
+ * values, each [B, Hkv, capacity, d]; the first `length` positions (gdn_attn_cache_view) of every row
  * are filled ([B, Hkv, len, d] of transformers' DynamicCache is its leading part of each head).
  * Created once for the longest sequence; decoding allocates nothing. */
 typedef struct gdn_attn_cache gdn_attn_cache;
-GDN_API int gdn_attn_cache_create(gdn_attn_cache **cache, int64_t B, int64_t Hkv, int64_t d, int64_t capacity);
-/* The same with its keys and values stored as dtype: GDN_F32 (0, gdn_attn_cache_create's) or
- * GDN_BF16 (2, io.h's gdn_dtype values): each appended key and value rounded to nearest even,
- * half the memory and half the bytes a decode step streams; the attention reads them widened
- * to fp32, exactly (the scores, softmax and sums stay fp32). */
-GDN_API int gdn_attn_cache_create_dtype(gdn_attn_cache **cache, int64_t B, int64_t Hkv, int64_t d, int64_t capacity,
-                                        int dtype);
-GDN_API int gdn_attn_cache_dtype(const gdn_attn_cache *cache); /* GDN_F32 (0) or GDN_BF16 (2) */
+/* A cache whose keys and values are stored as dtype: GDN_F32 (0) or GDN_BF16 (2, compute.h's
+ * gdn_dtype values): BF16 rounds each appended key and value to nearest even, half the memory
+ * and half the bytes a decode step streams; the attention reads them widened to fp32, exactly
+ * (the scores, softmax and sums stay fp32). Other dtypes: GDN_ERR_ARG. */
+GDN_API int gdn_attn_cache_create(gdn_attn_cache **cache, int64_t B, int64_t Hkv, int64_t d, int64_t capacity,
+                                  int dtype);
 GDN_API void gdn_attn_cache_destroy(gdn_attn_cache *cache);
 GDN_API void gdn_attn_cache_reset(gdn_attn_cache *cache); /* length 0 */
-GDN_API int64_t gdn_attn_cache_length(const gdn_attn_cache *cache);
-GDN_API int64_t gdn_attn_cache_capacity(const gdn_attn_cache *cache);
-/* [B, Hkv, capacity, d] each (writable: a caller may fill a cache it saved, then set its length);
- * NULL for a BF16 cache, whose storage the _bf16 pair gives (bf16 bits; NULL for an F32 cache). */
-GDN_API float *gdn_attn_cache_keys(gdn_attn_cache *cache);
-GDN_API float *gdn_attn_cache_values(gdn_attn_cache *cache);
-GDN_API uint16_t *gdn_attn_cache_keys_bf16(gdn_attn_cache *cache);
-GDN_API uint16_t *gdn_attn_cache_values_bf16(gdn_attn_cache *cache);
+/* What a cache is and holds (gdn_attn_cache_view). */
+typedef struct {
+    int64_t B, Hkv, d, capacity;
+    int64_t length;       /* positions filled in every row */
+    int dtype;            /* GDN_F32 or GDN_BF16 */
+    void *keys, *values;  /* [B, Hkv, capacity, d] each, float (F32) or bf16 bits as uint16_t
+                             (BF16); writable: a caller may fill a cache it saved, then set its
+                             length */
+} gdn_attn_cache_info;
+/* The cache's shape, length, dtype and storage into *info (zeroed, and GDN_ERR_ARG, for a NULL
+ * cache). */
+GDN_API int gdn_attn_cache_view(gdn_attn_cache *cache, gdn_attn_cache_info *info);
+/* Set the length (0 .. capacity; GDN_ERR_ARG otherwise, the length unchanged). */
 GDN_API int gdn_attn_cache_set_length(gdn_attn_cache *cache, int64_t len);
 
 /* Prefill a piece or decode: x [B, T, E] holds the next T tokens of every row (the plan's B and

@@ -34,17 +34,15 @@ extern "C" {
 /* Write checkpoint `step` (>= 0) of the parameters w and, when adam_m is not NULL, the moments
  * adam_m and adam_v (all gdn_model_param_floats(cfg) floats) with the caller's state_json text
  * (NULL: "{}"). out_dir is created if missing (its parent must exist). Then only the keep_last
- * newest checkpoints are kept (keep_last <= 0: all). */
+ * newest checkpoints are kept (keep_last <= 0: all). model.safetensors' weights are stored in
+ * weight_dtype: 0 (GDN_F32) or 2 (GDN_BF16, compute.h: each weight rounded to nearest even,
+ * config.json's dtype "bfloat16"; half the bytes, for inference and for transformers). A BF16
+ * save with the moments also keeps the fp32 master weights (optimizer.safetensors, "master." +
+ * name), so that gdn_ckpt_load resumes from them bit for bit; without the moments the save holds
+ * only the rounded weights. */
 GDN_API int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
-                  const float *adam_m, const float *adam_v, const char *state_json, int keep_last);
-/* The same with model.safetensors' weights in weight_dtype: 0 (GDN_F32, gdn_ckpt_save's) or 2
- * (GDN_BF16, io.h: each weight rounded to nearest even, config.json's dtype "bfloat16"; half the
- * bytes, for inference and for transformers). A BF16 save with the moments also keeps the fp32
- * master weights (optimizer.safetensors, "master." + name), so that gdn_ckpt_load resumes from
- * them bit for bit; without the moments the save holds only the rounded weights. */
-GDN_API int gdn_ckpt_save_dtype(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
-                        const float *adam_m, const float *adam_v, const char *state_json, int keep_last,
-                        int weight_dtype);
+                  const float *adam_m, const float *adam_v, const char *state_json, int keep_last,
+                  int weight_dtype);
 
 /* path is a checkpoint directory (it holds config.json and model.safetensors), or a training
  * output directory: then its complete checkpoint-N with the largest N. The directory goes into
@@ -73,11 +71,9 @@ GDN_API int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w
 
 /* The separator of a checkpoint trained with --pack (trainer_state.json's pack_separator_hex)
  * into sep (at most cap bytes); *len 0 when the run did not pack or the directory has no
- * trainer_state.json (e.g. a transformers checkpoint). */
-GDN_API int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len);
-/* ... and the one-id separator of a run packed with --pack-id (trainer_state.json's
- * pack_separator_id): *id -1 when there is none. */
-GDN_API int gdn_ckpt_pack_separator_id(const char *dir, int64_t *id);
+ * trainer_state.json (e.g. a transformers checkpoint). id (may be NULL): the one-id separator of
+ * a run packed with --pack-id (trainer_state.json's pack_separator_id), -1 when there is none. */
+GDN_API int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len, int64_t *id);
 
 #ifdef __cplusplus
 }

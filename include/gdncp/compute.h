@@ -19,6 +19,8 @@
 #ifndef GDNCP_COMPUTE_H
 #define GDNCP_COMPUTE_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include "version.h"
 
 #ifdef __cplusplus
@@ -30,6 +32,17 @@ typedef enum { GDN_COMPUTE_FP32 = 0, GDN_COMPUTE_BF16 = 1 } gdn_compute;
 /* The storage dtypes of tensors: files (io.h: safetensors), weights held in memory (a layer's
  * weight_dtype) and caches (a KV cache's). */
 typedef enum { GDN_F32 = 0, GDN_F64 = 1, GDN_BF16 = 2, GDN_DTYPE_OTHER = 3 } gdn_dtype;
+
+/* One tensor of a layer's flat parameter array (gdn_layer_param, gdn_attn_param, gdn_moe_param):
+ * its Hugging Face name, its shape (PyTorch's; ndim 0 and numel 0 for a tensor the configuration
+ * leaves out, e.g. the MoE shared expert when Is = 0), its offset in floats in the flat array
+ * (each tensor on a 16-float boundary) and its element count. */
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[3]; /* shape[0..ndim); the rest 0 */
+    size_t offset, numel;
+} gdn_param_info;
 
 /* "fp32" / "bf16" -> *compute; GDN_ERR_ARG naming the text otherwise. */
 GDN_API int gdn_compute_parse(const char *name, int *compute);

@@ -25,6 +25,7 @@ typedef struct {
     const char *dtype_name; /* as written in the file, e.g. "F32" */
     int ndim;
     int64_t shape[GDN_ST_MAX_DIMS];
+    int64_t numel;        /* number of elements (product of the shape) */
     uint64_t begin, end; /* byte offsets within the data section */
 } gdn_st_tensor;
 
@@ -42,40 +43,32 @@ GDN_API const char *gdn_st_path(const gdn_st_file *f);
 /* A metadata value, or NULL. */
 GDN_API const char *gdn_st_metadata(const gdn_st_file *f, const char *key);
 
-/* Read a whole tensor converting to f32 / f64. n is the capacity of dst in elements. */
-GDN_API int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n);
-GDN_API int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n);
-/* Rows [begin, begin+count) along dimension 1 (the T axis of [B,T,...] tensors), for every
- * index of dimension 0: dst gets [d0, count, d2, ...]. Only those bytes are read. */
-GDN_API int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin,
-                         int64_t count);
-/* The same along any dimension `axis`, for every index of the dimensions before it (axis 1:
- * gdn_st_read_f32_rows; axis 0: a contiguous run of rows, e.g. tokens of a [T, E] tensor). */
-GDN_API int gdn_st_read_f32_slice(gdn_st_file *f, const char *name, float *dst, size_t n, int axis,
-                                  int64_t begin, int64_t count);
-/* A 1-D integer tensor (I64 or I32, e.g. packed documents' cu_seqlens) as int64: *count gets its
- * length. Refuses other dtypes (GDN_ERR_DTYPE), other ranks and more than n elements
- * (GDN_ERR_SHAPE), naming the tensor. */
-GDN_API int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
-/* The same for an integer tensor of any rank (e.g. position_ids [B, T]), its elements in
- * row-major order: *count gets their number. */
-GDN_API int gdn_st_read_i64_all(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
-/* Number of elements of a tensor (product of its shape). */
-GDN_API int64_t gdn_st_numel(const gdn_st_tensor *t);
+/* Read tensor `name` converted to dst_dtype (GDN_F32: dst is float[], GDN_F64: double[]; the
+ * file's F32, F64 or BF16), n the capacity of dst in elements. count < 0: the whole tensor (axis
+ * and begin ignored). count >= 0: rows [begin, begin + count) along dimension `axis`, for every
+ * index of the dimensions before it, and only those bytes are read: dst gets [d0, ..,
+ * count, ...] (axis 1: the T rows of a [B, T, ...] tensor; axis 0: a contiguous run, e.g. tokens
+ * of a [T, E] tensor). Errors name the tensor. */
+GDN_API int gdn_st_read(gdn_st_file *f, const char *name, gdn_dtype dst_dtype, void *dst, size_t n, int axis,
+                        int64_t begin, int64_t count);
+/* An integer tensor (I64 or I32, e.g. packed documents' cu_seqlens or position_ids [B, T]) as
+ * int64, its elements in row-major order: *count gets their number. ndim > 0: the tensor must
+ * have that many dimensions (GDN_ERR_SHAPE otherwise); 0: any. Refuses other dtypes
+ * (GDN_ERR_DTYPE) and more than n elements (GDN_ERR_SHAPE), naming the tensor. */
+GDN_API int gdn_st_read_ints(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count, int ndim);
 
 /* A writer gathers tensors, then writes the file atomically (temp file, fsync, rename). */
 typedef struct gdn_st_writer gdn_st_writer;
 
 GDN_API int gdn_st_writer_create(gdn_st_writer **w);
 GDN_API void gdn_st_writer_destroy(gdn_st_writer *w);
-/* data is f32; it is stored as dtype (F32, F64 or BF16 round-to-nearest-even) and copied now;
- * NULL reserves the tensor for gdn_st_write_at (below). */
-GDN_API int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
-                          const int64_t *shape, const float *data);
+/* data is data_dtype (GDN_F32: float[], GDN_F64: double[]); it is stored as dtype (F32, F64 or
+ * BF16 round-to-nearest-even) and copied now; NULL reserves the tensor for gdn_st_write_at
+ * (below). */
+GDN_API int gdn_st_writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim, const int64_t *shape,
+                              const void *data, gdn_dtype data_dtype);
 /* The BF16 bits a writer stores for x: round to nearest even (a NaN stays a NaN). */
 GDN_API uint16_t gdn_st_bf16(float x);
-GDN_API int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
-                          const int64_t *shape, const double *data);
 /* An integer tensor stored as I64 (e.g. cu_seqlens); data is copied now (NULL: reserved). */
 GDN_API int gdn_st_writer_add_i64(gdn_st_writer *w, const char *name, int ndim, const int64_t *shape,
                           const int64_t *data);
@@ -140,11 +133,12 @@ GDN_API int gdn_layer_grads_add(gdn_st_writer *wr, const gdn_layer_weights *lw, 
  * gradients): in_proj_qkvz ([2 Hk K + 2 Hv V, E], GDN_FUSED_QKVZ) holds in_proj_qkv's and
  * in_proj_z's rows, in_proj_ba ([2 Hv, E], GDN_FUSED_BA) in_proj_b's and in_proj_a's, interleaved
  * per key head. gdn_layer_unfuse scatters a fused tensor into the flat split parameters w
- * (gdn_layer_param_offset's layout; the other parameters untouched), gdn_layer_fuse gathers it
+ * (gdn_layer_param's layout; the other parameters untouched), gdn_layer_fuse gathers it
  * back. */
 enum { GDN_FUSED_QKVZ, GDN_FUSED_BA, GDN_FUSED_COUNT };
-GDN_API const char *gdn_layer_fused_name(int fused); /* "in_proj_qkvz.weight", "in_proj_ba.weight"; NULL otherwise */
-GDN_API int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused);
+/* The fused tensor's name ("in_proj_qkvz.weight", "in_proj_ba.weight"), shape [rows, E] and numel
+ * into *info (offset 0: it is not in the flat array); GDN_ERR_ARG for another `fused`. */
+GDN_API int gdn_layer_fused(const gdn_layer_config *c, int fused, gdn_param_info *info);
 GDN_API int gdn_layer_unfuse(const gdn_layer_config *c, int fused, const float *src, float *w);
 GDN_API int gdn_layer_fuse(const gdn_layer_config *c, int fused, const float *w, float *dst);
 
@@ -187,17 +181,14 @@ typedef struct {
     float *dht;     /* NULL when absent */
 } gdn_problem;
 
-/* Read and validate. want_grads: also read "do" (required) and "dht" (optional). */
-GDN_API int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads);
-/* The same for tokens [t_begin, t_begin + count) only (a context-parallel shard): shapes are
- * checked against the whole file, only the shard's rows are read; h0 and dht whole. */
-GDN_API int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin,
-                          int64_t count);
-/* Packed documents (n_docs >= 1; 0 is gdn_problem_load_rows): B must be 1, and h0 and dht, when
- * present, are per document, [n_docs, Hv, K, V]. count < 0: every row. The offsets themselves
- * are the caller's (the file's "cu_seqlens" tensor: gdn_st_read_i64). */
-GDN_API int gdn_problem_load_packed(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin,
-                            int64_t count, int64_t n_docs);
+/* Read and validate. want_grads: also read "do" (required) and "dht" (optional). Tokens
+ * [t_begin, t_begin + count) only (a context-parallel shard; count < 0: every row, t_begin 0):
+ * shapes are checked against the whole file, only the shard's rows are read; h0 and dht whole.
+ * n_docs >= 1: packed documents: B must be 1, and h0 and dht, when present, are per document,
+ * [n_docs, Hv, K, V] (0: dense). The offsets themselves are the caller's (the file's
+ * "cu_seqlens" tensor: gdn_st_read_ints). */
+GDN_API int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads, int64_t t_begin, int64_t count,
+                             int64_t n_docs);
 GDN_API void gdn_problem_free(gdn_problem *pb);
 
 /* Write named f32 tensors atomically. */

@@ -17,8 +17,8 @@ extern "C" {
  * over the [q|k|v] channels, beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias), the gated
  * delta rule (L2 norm on, scale 1/sqrt(K)), gated RMSNorm per value head, out_proj.
  *
- * Parameters live in one flat fp32 array, the tensors in gdn_layer_param order at
- * gdn_layer_param_offset(), each in its Hugging Face shape (PyTorch [out, in]); gradients use
+ * Parameters live in one flat fp32 array, the tensors in gdn_layer_param_id order at
+ * the offsets gdn_layer_param gives, each in its Hugging Face shape (PyTorch [out, in]); gradients use
  * the same layout. */
 
 #define GDN_MAX_CONV 16 /* Kc may be 1..this */
@@ -72,19 +72,17 @@ typedef enum {
     GDN_P_NORM,            /* [V] */
     GDN_P_OUT_PROJ,        /* [E, Hv V] */
     GDN_P_COUNT
-} gdn_layer_param;
+} gdn_layer_param_id;
 
 /* Defaults: Kc 4, eps 1e-6, chunk 64, all threads, KEEP_MIN, checks on. */
 GDN_API gdn_layer_config gdn_layer_config_default(int64_t B, int64_t T, int64_t E, int64_t Hk,
                                           int64_t Hv, int64_t K, int64_t V);
 GDN_API int gdn_layer_config_check(const gdn_layer_config *cfg);
 GDN_API int64_t gdn_layer_conv_dim(const gdn_layer_config *cfg);
-/* Hugging Face name of a parameter ("in_proj_qkv.weight", "conv1d.weight", "A_log", ...). */
-GDN_API const char *gdn_layer_param_name(int which);
-/* Its shape (returns ndim, fills shape[0..ndim)), offset and size in the flat array. */
-GDN_API int gdn_layer_param_shape(const gdn_layer_config *cfg, int which, int64_t shape[3]);
-GDN_API size_t gdn_layer_param_offset(const gdn_layer_config *cfg, int which);
-GDN_API size_t gdn_layer_param_numel(const gdn_layer_config *cfg, int which);
+/* Parameter `which` (gdn_layer_param_id) into *info: its Hugging Face name ("in_proj_qkv.weight",
+ * "conv1d.weight", "A_log", ...), shape, offset and size in the flat array (compute.h);
+ * GDN_ERR_ARG for a `which` outside [0, GDN_P_COUNT). */
+GDN_API int gdn_layer_param(const gdn_layer_config *cfg, int which, gdn_param_info *info);
 GDN_API size_t gdn_layer_param_floats(const gdn_layer_config *cfg); /* the whole array */
 
 typedef struct gdn_layer_plan gdn_layer_plan;

@@ -34,8 +34,8 @@ typedef struct gdn_cp gdn_cp;
  * Parameters (and gradients, and AdamW's moments) are one flat fp32 array; every tensor has a
  * Hugging Face Qwen3.5 name ("model.layers.3.mlp.up_proj.weight", "model.layers.3.self_attn.
  * q_proj.weight") and PyTorch [out, in] shape, listed by gdn_model_tensor(). Each layer's mixer
- * weights are one contiguous block in the mixer's own flat layout (gdn_layer_param_offset or
- * gdn_attn_param_offset), so the mixer runs on them in place. A tied model (tie_embeddings) has
+ * weights are one contiguous block in the mixer's own flat layout (gdn_layer_param's offsets or
+ * gdn_attn_param's), so the mixer runs on them in place. A tied model (tie_embeddings) has
  * no lm_head tensor: the head reads the embedding, whose gradient sums both uses.
  *
  * Above src/layer: uses both mixers and, for a sequence split over ranks, their CP forms.
@@ -235,12 +235,10 @@ GDN_API void gdn_model_mixer_seconds(gdn_model_plan *plan, double out[4], int re
  * max_position when that is set). Decoding one token allocates nothing; a prefill of T > 1 tokens makes that piece
  * length's plans (kept for the next piece of the same length). */
 typedef struct gdn_model_decoder gdn_model_decoder;
+/* The attention layers' KV caches in cache_dtype: 0 (GDN_F32) or 2 (GDN_BF16: half their memory
+ * and of what each decode step reads; gdn_attn_cache_create). */
 GDN_API int gdn_model_decoder_create(gdn_model_decoder **dec, const gdn_model_config *cfg, int64_t B,
-                                     int64_t max_len, int threads);
-/* The same with the attention layers' KV caches in cache_dtype: 0 (GDN_F32, the above) or 2
- * (GDN_BF16: half their memory and of what each decode step reads; gdn_attn_cache_create_dtype). */
-GDN_API int gdn_model_decoder_create_dtype(gdn_model_decoder **dec, const gdn_model_config *cfg, int64_t B,
-                                           int64_t max_len, int threads, int cache_dtype);
+                                     int64_t max_len, int threads, int cache_dtype);
 GDN_API void gdn_model_decoder_destroy(gdn_model_decoder *dec);
 /* New sequences: every state and cache emptied (length 0). */
 GDN_API void gdn_model_decoder_reset(gdn_model_decoder *dec);

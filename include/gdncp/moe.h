@@ -24,7 +24,7 @@ extern "C" {
  *   y = sum_{j in S} w_j e_j(x)  +  sigmoid(g . x) s(x)     (s: the shared expert, same form; none
  *                                                            when Is = 0)
  *
- * Parameters: one flat fp32 array, the tensors in gdn_moe_param order at gdn_moe_param_offset(),
+ * Parameters: one flat fp32 array, the tensors in gdn_moe_param_id order at the offsets gdn_moe_param gives,
  * each in transformers' in-memory shape (the experts fused: gate_up_proj [n_experts, 2I, E], the
  * gate rows of expert e first, then its up rows; down_proj [n_experts, E, I]); gradients use the
  * same layout. Execution is grouped: the (token, slot) pairs sorted by expert (a counting sort,
@@ -42,7 +42,7 @@ typedef enum {
     GDN_MOE_SHARED_DOWN,       /* shared_expert.down_proj.weight  [E, Is] */
     GDN_MOE_SHARED_EXPERT_GATE,/* shared_expert_gate.weight       [1, E] */
     GDN_MOE_COUNT
-} gdn_moe_param;
+} gdn_moe_param_id;
 
 typedef struct {
     int64_t N;            /* token rows per call */
@@ -74,13 +74,10 @@ GDN_API gdn_moe_config gdn_moe_config_default(int64_t N, int64_t E, int64_t n_ex
 GDN_API int gdn_moe_config_check(const gdn_moe_config *cfg);
 /* The experts this block holds: *first and the count (n_experts / ep_size; all when ep_size <= 1). */
 GDN_API int64_t gdn_moe_local_experts(const gdn_moe_config *cfg, int64_t *first);
-/* transformers' in-memory name of a parameter ("gate.weight", "experts.gate_up_proj", ...). */
-GDN_API const char *gdn_moe_param_name(int which);
-/* Its shape (returns ndim, fills shape[0..ndim); 0 for a shared-expert tensor when Is = 0),
- * offset and size in the flat array. */
-GDN_API int gdn_moe_param_shape(const gdn_moe_config *cfg, int which, int64_t shape[3]);
-GDN_API size_t gdn_moe_param_offset(const gdn_moe_config *cfg, int which);
-GDN_API size_t gdn_moe_param_numel(const gdn_moe_config *cfg, int which);
+/* Parameter `which` (gdn_moe_param_id) into *info: transformers' in-memory name ("gate.weight",
+ * "experts.gate_up_proj", ...), shape (ndim 0 for a shared-expert tensor when Is = 0), offset and
+ * size in the flat array (compute.h); GDN_ERR_ARG for a `which` outside [0, GDN_MOE_COUNT). */
+GDN_API int gdn_moe_param(const gdn_moe_config *cfg, int which, gdn_param_info *info);
 GDN_API size_t gdn_moe_param_floats(const gdn_moe_config *cfg); /* the whole array */
 
 typedef struct gdn_moe_plan gdn_moe_plan;

@@ -26,10 +26,10 @@ GDN_API gdn_adamw_config gdn_adamw_default(void);
 GDN_API int gdn_adamw_check(const gdn_adamw_config *a);
 /* Learning rate for step (1-based). */
 GDN_API double gdn_adamw_lr(const gdn_adamw_config *a, int64_t step);
-/* Euclidean norm of the gradient over the model's tensors (padding excluded), in double. */
-GDN_API double gdn_grad_norm(const gdn_model_config *cfg, const float *dw);
-/* Its square in two parts: sums[0] over every tensor but the routed experts', sums[1] over theirs
- * (under expert parallelism this rank's slice: the whole norm sums sums[1] over the slices). */
+/* The squared Euclidean norm of the gradient over the model's tensors (padding excluded), in
+ * double, in two parts: sums[0] over every tensor but the routed experts', sums[1] over theirs
+ * (under expert parallelism this rank's slice: the whole norm sums sums[1] over the slices). The
+ * norm: sqrt(sums[0] + sums[1]). */
 GDN_API void gdn_grad_sumsq(const gdn_model_config *cfg, const float *dw, double sums[2]);
 /* One update, step 1-based: dw scaled by `grad_scale` (clipping) first; m, v are the moments.
  * threads: the OpenMP threads this rank may use (the trainer's resolved count; <= 0 means 1). */

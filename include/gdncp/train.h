@@ -67,7 +67,7 @@ typedef struct {
     int64_t save_every;     /* 0: only at the end */
     int keep_last;          /* checkpoints kept (<= 0: all) */
     int save_dtype;         /* model.safetensors' weights: 0 F32 (default) or 2 BF16 (--save-dtype;
-                               gdn_ckpt_save_dtype: the fp32 master weights stay in the optimizer
+                               gdn_ckpt_save with GDN_BF16: the fp32 master weights stay in the optimizer
                                file, so a resume is exact) */
     const char *resume;     /* continue from this checkpoint (or the newest in this directory) */
     const char *init;       /* start from these weights with a fresh optimiser */

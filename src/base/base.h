@@ -93,6 +93,41 @@ static inline void gdn_fp_fast_end(gdn_fpmode m) { (void)m; }
  * later). GDN_ERR_NOMEM naming `what`, the need and the memory, or GDN_OK. */
 int gdn_check_fits(const char *what, double bytes);
 
+/* The parameter tables' pieces, for the library and the tests (the public call is
+ * gdn_layer_param / gdn_attn_param / gdn_moe_param, which fills a gdn_param_info from these):
+ * the name (NULL outside the table), the shape (returns ndim), the offset and the element count. */
+const char *gdn_layer_param_name(int which);
+int gdn_layer_param_shape(const gdn_layer_config *cfg, int which, int64_t shape[3]);
+size_t gdn_layer_param_offset(const gdn_layer_config *cfg, int which);
+size_t gdn_layer_param_numel(const gdn_layer_config *cfg, int which);
+const char *gdn_attn_param_name(int which);
+int gdn_attn_param_shape(const gdn_attn_config *cfg, int which, int64_t shape[2]);
+size_t gdn_attn_param_offset(const gdn_attn_config *cfg, int which);
+size_t gdn_attn_param_numel(const gdn_attn_config *cfg, int which);
+const char *gdn_moe_param_name(int which);
+int gdn_moe_param_shape(const gdn_moe_config *cfg, int which, int64_t shape[3]);
+size_t gdn_moe_param_offset(const gdn_moe_config *cfg, int which);
+size_t gdn_moe_param_numel(const gdn_moe_config *cfg, int which);
+
+/* A fused projection's name (NULL for another `fused`) and rows (gdn_layer_fused, io.h). */
+const char *gdn_layer_fused_name(int fused);
+int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused);
+
+/* Safetensors shorthands over gdn_st_read / gdn_st_read_ints / gdn_st_writer_add (io.h), for the
+ * library and the tests: a whole tensor as f32 or f64; rows along dimension 1 (count >= 0) or any
+ * axis (count < 0 refused); a 1-D integer tensor, or one of any rank; f32 or f64 data added. */
+int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n);
+int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n);
+int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin, int64_t count);
+int gdn_st_read_f32_slice(gdn_st_file *f, const char *name, float *dst, size_t n, int axis, int64_t begin,
+                          int64_t count);
+int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
+int gdn_st_read_i64_all(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count);
+int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim, const int64_t *shape,
+                          const float *data);
+int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim, const int64_t *shape,
+                          const double *data);
+
 /* What a non-regular file is, for messages ("a directory", "a FIFO", ...); from st_mode. */
 GDN_WING const char *gdn_file_kind(mode_t mode);
 /* dir/name into buf (capacity cap): GDN_OK, or GDN_ERR_ARG naming the path when it does not fit. */

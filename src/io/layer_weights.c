@@ -167,6 +167,18 @@ int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused) {
     return shape[0];
 }
 
+int gdn_layer_fused(const gdn_layer_config *c, int fused, gdn_param_info *info) {
+    if (!c || !info) return gdn_fail(GDN_ERR_ARG, "gdn_layer_fused: config or info is NULL");
+    memset(info, 0, sizeof *info);
+    if (!gdn_layer_fused_name(fused))
+        return gdn_fail(GDN_ERR_ARG, "gdn_layer_fused: %d is neither GDN_FUSED_QKVZ nor GDN_FUSED_BA", fused);
+    info->name = gdn_layer_fused_name(fused);
+    info->ndim = 2;
+    info->shape[0] = gdn_layer_fused_rows(c, fused), info->shape[1] = c->E;
+    info->numel = (size_t)(info->shape[0] * info->shape[1]);
+    return GDN_OK;
+}
+
 /* Copy the fused tensor's rows to (to_split) or from the split parameters. */
 static int move_fused(const gdn_layer_config *c, int fused, float *split, float *tensor, int to_split) {
     if (!c || !split || !tensor || !gdn_layer_fused_name(fused))

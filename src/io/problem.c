@@ -34,17 +34,8 @@ static int read_exact(gdn_st_file *f, const char *path, const char *name, int nd
     return tn >= 0 ? gdn_st_read_f32_rows(f, name, *dst, n, t0, tn) : gdn_st_read_f32(f, name, *dst, n);
 }
 
-int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads) {
-    return gdn_problem_load_rows(pb, path, want_grads, 0, -1);
-}
-
-int gdn_problem_load_rows(gdn_problem *pb, const char *path, int want_grads, int64_t t0,
-                          int64_t tn) {
-    return gdn_problem_load_packed(pb, path, want_grads, t0, tn, 0);
-}
-
-int gdn_problem_load_packed(gdn_problem *pb, const char *path, int want_grads, int64_t t0,
-                            int64_t tn, int64_t n_docs) {
+int gdn_problem_load(gdn_problem *pb, const char *path, int want_grads, int64_t t0, int64_t tn,
+                     int64_t n_docs) {
     memset(pb, 0, sizeof *pb);
     gdn_st_file *f = NULL;
     int rc = gdn_st_open(&f, path);

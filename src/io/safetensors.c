@@ -40,11 +40,6 @@ static const struct { const char *name; int size; gdn_dtype dt; } dtype_table[] 
 
 static int dtype_size(gdn_dtype dt) { return dt == GDN_F32 ? 4 : dt == GDN_F64 ? 8 : 2; }
 
-int64_t gdn_st_numel(const gdn_st_tensor *t) {
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-    return n;
-}
 
 static int parse_tensor(gdn_st_file *f, const char *name, json_t *val, gdn_st_tensor *t) {
     const char *path = f->path;
@@ -80,6 +75,7 @@ static int parse_tensor(gdn_st_file *f, const char *name, json_t *val, gdn_st_te
             return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' shape overflows", path, name);
         numel *= (uint64_t)t->shape[i];
     }
+    t->numel = (int64_t)numel;
     if (!json_is_array(off) || json_array_size(off) != 2 ||
         !json_is_integer(json_array_get(off, 0)) || !json_is_integer(json_array_get(off, 1)))
         return gdn_fail(GDN_ERR_FORMAT, "%s: tensor '%s' needs 'data_offsets' [begin, end]", path,
@@ -333,7 +329,7 @@ static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap,
         return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; only F32, F64 and BF16 are read",
                         f->path, name, t->dtype_name);
     if (count < 0) {
-        const uint64_t n = (uint64_t)gdn_st_numel(t);
+        const uint64_t n = (uint64_t)(t)->numel;
         if (n > cap)
             return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %llu elements, buffer holds %zu",
                             f->path, name, (unsigned long long)n, cap);
@@ -362,26 +358,35 @@ static int read_convert(gdn_st_file *f, const char *name, void *dst, size_t cap,
     return GDN_OK;
 }
 
+int gdn_st_read(gdn_st_file *f, const char *name, gdn_dtype dst_dtype, void *dst, size_t n, int axis, int64_t begin,
+                int64_t count) {
+    if (dst_dtype != GDN_F32 && dst_dtype != GDN_F64)
+        return gdn_fail(GDN_ERR_DTYPE, "safetensors read '%s': destination dtype %d is neither F32 (0) nor F64 (1)",
+                        name ? name : "(null)", (int)dst_dtype);
+    return read_convert(f, name, dst, n, dst_dtype == GDN_F64, axis, begin, count);
+}
+
+/* The library's shorthands (base.h). */
 int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n) {
-    return read_convert(f, name, dst, n, 0, 0, 0, -1);
+    return gdn_st_read(f, name, GDN_F32, dst, n, 0, 0, -1);
 }
 
 int gdn_st_read_f64(gdn_st_file *f, const char *name, double *dst, size_t n) {
-    return read_convert(f, name, dst, n, 1, 0, 0, -1);
+    return gdn_st_read(f, name, GDN_F64, dst, n, 0, 0, -1);
 }
 
 int gdn_st_read_f32_rows(gdn_st_file *f, const char *name, float *dst, size_t n, int64_t begin,
                          int64_t count) {
-    return read_convert(f, name, dst, n, 0, 1, begin, count);
+    return gdn_st_read(f, name, GDN_F32, dst, n, 1, begin, count);
 }
 
 int gdn_st_read_f32_slice(gdn_st_file *f, const char *name, float *dst, size_t n, int axis, int64_t begin,
                           int64_t count) {
     if (count < 0) return gdn_fail(GDN_ERR_ARG, "safetensors read_f32_slice: count %lld < 0", (long long)count);
-    return read_convert(f, name, dst, n, 0, axis, begin, count);
+    return gdn_st_read(f, name, GDN_F32, dst, n, axis, begin, count);
 }
 
-static int read_ints(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count, int any_rank) {
+int gdn_st_read_ints(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count, int ndim) {
     if (!f || !name || !dst || !count) return gdn_fail(GDN_ERR_ARG, "safetensors read_i64: NULL argument");
     const gdn_st_tensor *t = gdn_st_find(f, name);
     if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: no tensor named '%s'", f->path, name);
@@ -389,9 +394,10 @@ static int read_ints(gdn_st_file *f, const char *name, int64_t *dst, size_t n, i
     if (!wide && strcmp(t->dtype_name, "I32"))
         return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; an integer tensor must be I64 or I32", f->path, name,
                         t->dtype_name);
-    if (t->ndim != 1 && !any_rank)
-        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %d dims; it must be 1-D", f->path, name, t->ndim);
-    const uint64_t m = (uint64_t)gdn_st_numel(t);
+    if (ndim < 0) return gdn_fail(GDN_ERR_ARG, "safetensors read_ints '%s': ndim %d < 0", name, ndim);
+    if (ndim && t->ndim != ndim)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %d dims; it must be %d-D", f->path, name, t->ndim, ndim);
+    const uint64_t m = (uint64_t)t->numel;
     if (m > n)
         return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has %llu elements, buffer holds %zu", f->path, name,
                         (unsigned long long)m, n);
@@ -414,11 +420,11 @@ static int read_ints(gdn_st_file *f, const char *name, int64_t *dst, size_t n, i
 }
 
 int gdn_st_read_i64(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count) {
-    return read_ints(f, name, dst, n, count, 0);
+    return gdn_st_read_ints(f, name, dst, n, count, 1);
 }
 
 int gdn_st_read_i64_all(gdn_st_file *f, const char *name, int64_t *dst, size_t n, int64_t *count) {
-    return read_ints(f, name, dst, n, count, 1);
+    return gdn_st_read_ints(f, name, dst, n, count, 0);
 }
 
 /* ------------------------------------------------------------------------ writer */
@@ -518,14 +524,23 @@ static int writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int n
     return GDN_OK;
 }
 
+int gdn_st_writer_add(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim, const int64_t *shape,
+                      const void *data, gdn_dtype data_dtype) {
+    if (data_dtype != GDN_F32 && data_dtype != GDN_F64)
+        return gdn_fail(GDN_ERR_DTYPE, "writer add '%s': data dtype %d is neither F32 (0) nor F64 (1)",
+                        name ? name : "(null)", (int)data_dtype);
+    return writer_add(w, name, dtype, ndim, shape, data, data_dtype == GDN_F64 ? SRC_F64 : SRC_F32);
+}
+
+/* The library's shorthands (base.h). */
 int gdn_st_writer_add_f32(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const float *data) {
-    return writer_add(w, name, dtype, ndim, shape, data, SRC_F32);
+    return gdn_st_writer_add(w, name, dtype, ndim, shape, data, GDN_F32);
 }
 
 int gdn_st_writer_add_f64(gdn_st_writer *w, const char *name, gdn_dtype dtype, int ndim,
                           const int64_t *shape, const double *data) {
-    return writer_add(w, name, dtype, ndim, shape, data, SRC_F64);
+    return gdn_st_writer_add(w, name, dtype, ndim, shape, data, GDN_F64);
 }
 
 int gdn_st_writer_add_i64(gdn_st_writer *w, const char *name, int ndim, const int64_t *shape,

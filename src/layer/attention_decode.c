@@ -20,12 +20,7 @@
 
 /* ---------------------------------------------------------------- the cache */
 
-int gdn_attn_cache_create(gdn_attn_cache **out, int64_t B, int64_t Hkv, int64_t d, int64_t capacity) {
-    return gdn_attn_cache_create_dtype(out, B, Hkv, d, capacity, GDN_F32);
-}
-
-int gdn_attn_cache_create_dtype(gdn_attn_cache **out, int64_t B, int64_t Hkv, int64_t d, int64_t capacity,
-                                int dtype) {
+int gdn_attn_cache_create(gdn_attn_cache **out, int64_t B, int64_t Hkv, int64_t d, int64_t capacity, int dtype) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "attention cache output pointer is NULL");
     *out = NULL;
     if (dtype != GDN_F32 && dtype != GDN_BF16)
@@ -69,13 +64,17 @@ void gdn_attn_cache_destroy(gdn_attn_cache *c) {
 void gdn_attn_cache_reset(gdn_attn_cache *c) {
     if (c) c->len = 0;
 }
-int64_t gdn_attn_cache_length(const gdn_attn_cache *c) { return c ? c->len : 0; }
-int64_t gdn_attn_cache_capacity(const gdn_attn_cache *c) { return c ? c->cap : 0; }
-float *gdn_attn_cache_keys(gdn_attn_cache *c) { return c ? c->k : NULL; }
-float *gdn_attn_cache_values(gdn_attn_cache *c) { return c ? c->v : NULL; }
-uint16_t *gdn_attn_cache_keys_bf16(gdn_attn_cache *c) { return c ? c->kb : NULL; }
-uint16_t *gdn_attn_cache_values_bf16(gdn_attn_cache *c) { return c ? c->vb : NULL; }
-int gdn_attn_cache_dtype(const gdn_attn_cache *c) { return c ? c->dtype : GDN_F32; }
+
+int gdn_attn_cache_view(gdn_attn_cache *c, gdn_attn_cache_info *info) {
+    if (!info) return gdn_fail(GDN_ERR_ARG, "gdn_attn_cache_view: info is NULL");
+    memset(info, 0, sizeof *info);
+    if (!c) return gdn_fail(GDN_ERR_ARG, "gdn_attn_cache_view: cache is NULL");
+    info->B = c->B, info->Hkv = c->Hkv, info->d = c->d, info->capacity = c->cap, info->length = c->len;
+    info->dtype = c->dtype;
+    info->keys = c->dtype == GDN_BF16 ? (void *)c->kb : (void *)c->k;
+    info->values = c->dtype == GDN_BF16 ? (void *)c->vb : (void *)c->v;
+    return GDN_OK;
+}
 
 int gdn_attn_cache_set_length(gdn_attn_cache *c, int64_t len) {
     if (!c) return gdn_fail(GDN_ERR_ARG, "gdn_attn_cache_set_length: cache is NULL");

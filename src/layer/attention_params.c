@@ -128,4 +128,16 @@ size_t gdn_attn_param_offset(const gdn_attn_config *c, int which) {
     return off;
 }
 
+int gdn_attn_param(const gdn_attn_config *c, int which, gdn_param_info *info) {
+    if (!c || !info) return gdn_fail(GDN_ERR_ARG, "gdn_attn_param: config or info is NULL");
+    if (which < 0 || which >= GDN_A_COUNT)
+        return gdn_fail(GDN_ERR_ARG, "attention parameter %d is out of range [0, %d)", which, GDN_A_COUNT);
+    memset(info, 0, sizeof *info);
+    info->name = attn_param_names[which];
+    info->ndim = gdn_attn_param_shape(c, which, info->shape);
+    info->offset = gdn_attn_param_offset(c, which);
+    info->numel = gdn_attn_param_numel(c, which);
+    return GDN_OK;
+}
+
 size_t gdn_attn_param_floats(const gdn_attn_config *c) { return gdn_attn_param_offset(c, GDN_A_COUNT); }

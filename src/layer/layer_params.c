@@ -88,6 +88,18 @@ size_t gdn_layer_param_offset(const gdn_layer_config *c, int which) {
     return off;
 }
 
+int gdn_layer_param(const gdn_layer_config *c, int which, gdn_param_info *info) {
+    if (!c || !info) return gdn_fail(GDN_ERR_ARG, "gdn_layer_param: config or info is NULL");
+    if (which < 0 || which >= GDN_P_COUNT)
+        return gdn_fail(GDN_ERR_ARG, "layer parameter %d is out of range [0, %d)", which, GDN_P_COUNT);
+    memset(info, 0, sizeof *info);
+    info->name = param_names[which];
+    info->ndim = gdn_layer_param_shape(c, which, info->shape);
+    info->offset = gdn_layer_param_offset(c, which);
+    info->numel = gdn_layer_param_numel(c, which);
+    return GDN_OK;
+}
+
 size_t gdn_layer_param_floats(const gdn_layer_config *c) {
     return gdn_layer_param_offset(c, GDN_P_COUNT);
 }

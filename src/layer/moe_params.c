@@ -102,4 +102,16 @@ size_t gdn_moe_param_offset(const gdn_moe_config *c, int which) {
     return off;
 }
 
+int gdn_moe_param(const gdn_moe_config *c, int which, gdn_param_info *info) {
+    if (!c || !info) return gdn_fail(GDN_ERR_ARG, "gdn_moe_param: config or info is NULL");
+    if (which < 0 || which >= GDN_MOE_COUNT)
+        return gdn_fail(GDN_ERR_ARG, "moe parameter %d is out of range [0, %d)", which, GDN_MOE_COUNT);
+    memset(info, 0, sizeof *info);
+    info->name = param_names[which];
+    info->ndim = gdn_moe_param_shape(c, which, info->shape);
+    info->offset = gdn_moe_param_offset(c, which);
+    info->numel = gdn_moe_param_numel(c, which);
+    return GDN_OK;
+}
+
 size_t gdn_moe_param_floats(const gdn_moe_config *c) { return gdn_moe_param_offset(c, GDN_MOE_COUNT); }

@@ -506,13 +506,8 @@ static int prune(const char *out_dir, int keep_last) {
 }
 
 int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
-                  const float *adam_m, const float *adam_v, const char *state_json, int keep_last) {
-    return gdn_ckpt_save_dtype(out_dir, step, cfg, w, adam_m, adam_v, state_json, keep_last, GDN_F32);
-}
-
-int gdn_ckpt_save_dtype(const char *out_dir, int64_t step, const gdn_model_config *cfg, const float *w,
-                        const float *adam_m, const float *adam_v, const char *state_json, int keep_last,
-                        int weight_dtype) {
+                  const float *adam_m, const float *adam_v, const char *state_json, int keep_last,
+                  int weight_dtype) {
     if (!out_dir || !cfg || !w || (adam_m && !adam_v) || (!adam_m && adam_v))
         return gdn_fail(GDN_ERR_ARG, "checkpoint save: NULL argument (the moments: both or neither)");
     if (weight_dtype != GDN_F32 && weight_dtype != GDN_BF16)
@@ -761,16 +756,23 @@ static int read_state(const char *dir, char path[4096], json_t **j) {
     return *j ? GDN_OK : gdn_fail(GDN_ERR_FORMAT, "%s: %s (line %d)", path, err.text, err.line);
 }
 
-int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len) {
+int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len, int64_t *id) {
     if (!dir || !sep || !len || cap < 1) return gdn_fail(GDN_ERR_ARG, "checkpoint separator: NULL argument");
     *len = 0;
+    if (id) *id = -1;
     char path[4096];
     json_t *j;
     int rc = read_state(dir, path, &j);
     if (rc || !j) return rc; /* not a gdncp training checkpoint: not packed */
+    json_t *v = json_object_get(j, "pack_separator_id");
+    if (id && v && !(json_is_integer(v) && json_integer_value(v) >= -1 && json_integer_value(v) < GDN_MODEL_MAX_VOCAB))
+        rc = gdn_fail(GDN_ERR_FORMAT, "%s: pack_separator_id is not an integer in [-1, %lld)", path,
+                      (long long)GDN_MODEL_MAX_VOCAB);
+    else if (id && v)
+        *id = (int64_t)json_integer_value(v);
     const char *hex = json_string_value(json_object_get(j, "pack_separator_hex"));
     const size_t n = hex ? strlen(hex) : 0;
-    if (n % 2 || n / 2 > (size_t)cap)
+    if (!rc && (n % 2 || n / 2 > (size_t)cap))
         rc = gdn_fail(GDN_ERR_FORMAT, "%s: pack_separator_hex '%s' is not 1 to %d bytes of hex", path, hex, cap);
     for (size_t i = 0; !rc && i < n / 2; i++) {
         unsigned byte;
@@ -785,19 +787,3 @@ int gdn_ckpt_pack_separator(const char *dir, uint8_t *sep, int cap, int *len) {
     return rc;
 }
 
-int gdn_ckpt_pack_separator_id(const char *dir, int64_t *id) {
-    if (!dir || !id) return gdn_fail(GDN_ERR_ARG, "checkpoint separator id: NULL argument");
-    *id = -1;
-    char path[4096];
-    json_t *j;
-    int rc = read_state(dir, path, &j);
-    if (rc || !j) return rc; /* not a gdncp training checkpoint: not packed */
-    json_t *v = json_object_get(j, "pack_separator_id");
-    if (v && !(json_is_integer(v) && json_integer_value(v) >= -1 && json_integer_value(v) < GDN_MODEL_MAX_VOCAB))
-        rc = gdn_fail(GDN_ERR_FORMAT, "%s: pack_separator_id is not an integer in [-1, %lld)", path,
-                      (long long)GDN_MODEL_MAX_VOCAB);
-    else if (v)
-        *id = (int64_t)json_integer_value(v);
-    json_decref(j);
-    return rc;
-}

@@ -1103,12 +1103,7 @@ static int decoder_rows(gdn_model_decoder *d, int64_t T) {
 }
 
 int gdn_model_decoder_create(gdn_model_decoder **out, const gdn_model_config *c, int64_t B, int64_t max_len,
-                             int threads) {
-    return gdn_model_decoder_create_dtype(out, c, B, max_len, threads, 0);
-}
-
-int gdn_model_decoder_create_dtype(gdn_model_decoder **out, const gdn_model_config *c, int64_t B, int64_t max_len,
-                                   int threads, int cache_dtype) {
+                             int threads, int cache_dtype) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "decoder pointer is NULL");
     if (cache_dtype != 0 && cache_dtype != 2)
         return gdn_fail(GDN_ERR_ARG, "decoder cache dtype %d is neither F32 (0) nor BF16 (2)", cache_dtype);
@@ -1150,7 +1145,7 @@ int gdn_model_decoder_create_dtype(gdn_model_decoder **out, const gdn_model_conf
         o[WOFF_LAYER] = gdn_model_layer_offset(c, l);
     }
     for (int64_t i = 0; i < na; i++)
-        if ((rc = gdn_attn_cache_create_dtype(&d->kv[i], B, c->Hkv, c->d, max_len, cache_dtype))) {
+        if ((rc = gdn_attn_cache_create(&d->kv[i], B, c->Hkv, c->d, max_len, cache_dtype))) {
             gdn_model_decoder_destroy(d);
             return rc;
         }

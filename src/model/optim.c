@@ -48,12 +48,6 @@ void gdn_grad_sumsq(const gdn_model_config *cfg, const float *dw, double sums[2]
     }
 }
 
-double gdn_grad_norm(const gdn_model_config *cfg, const float *dw) {
-    double s[2];
-    gdn_grad_sumsq(cfg, dw, s);
-    return sqrt(s[0] + s[1]);
-}
-
 void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,
                       const float *dw, float *m, float *v, int64_t step, double lr,
                       double grad_scale, int threads) {

@@ -5,6 +5,7 @@
 
 #include "gdncp/abi.h"
 #include "gdncp/attention.h"
+#include "gdncp/compute.h"
 #include "gdncp/cp.h"
 #include "gdncp/ep.h"
 #include "gdncp/io.h"
@@ -43,6 +44,25 @@ static const abi_field fields_gdn_attn_config[] = {
     {"compute", offsetof(gdn_attn_config, compute)},
     {NULL, 0}
 };
+static const abi_field fields_gdn_attn_cache_info[] = {
+    {"B", offsetof(gdn_attn_cache_info, B)},
+    {"Hkv", offsetof(gdn_attn_cache_info, Hkv)},
+    {"d", offsetof(gdn_attn_cache_info, d)},
+    {"capacity", offsetof(gdn_attn_cache_info, capacity)},
+    {"length", offsetof(gdn_attn_cache_info, length)},
+    {"dtype", offsetof(gdn_attn_cache_info, dtype)},
+    {"keys", offsetof(gdn_attn_cache_info, keys)},
+    {"values", offsetof(gdn_attn_cache_info, values)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_param_info[] = {
+    {"name", offsetof(gdn_param_info, name)},
+    {"ndim", offsetof(gdn_param_info, ndim)},
+    {"shape", offsetof(gdn_param_info, shape)},
+    {"offset", offsetof(gdn_param_info, offset)},
+    {"numel", offsetof(gdn_param_info, numel)},
+    {NULL, 0}
+};
 static const abi_field fields_gdn_cp_stats[] = {
     {"fold_s", offsetof(gdn_cp_stats, fold_s)},
     {"comm_s", offsetof(gdn_cp_stats, comm_s)},
@@ -69,6 +89,7 @@ static const abi_field fields_gdn_st_tensor[] = {
     {"dtype_name", offsetof(gdn_st_tensor, dtype_name)},
     {"ndim", offsetof(gdn_st_tensor, ndim)},
     {"shape", offsetof(gdn_st_tensor, shape)},
+    {"numel", offsetof(gdn_st_tensor, numel)},
     {"begin", offsetof(gdn_st_tensor, begin)},
     {"end", offsetof(gdn_st_tensor, end)},
     {NULL, 0}
@@ -315,6 +336,8 @@ static const struct {
     const abi_field *fields;
 } structs[] = {
     {"gdn_attn_config", sizeof(gdn_attn_config), fields_gdn_attn_config},
+    {"gdn_attn_cache_info", sizeof(gdn_attn_cache_info), fields_gdn_attn_cache_info},
+    {"gdn_param_info", sizeof(gdn_param_info), fields_gdn_param_info},
     {"gdn_cp_stats", sizeof(gdn_cp_stats), fields_gdn_cp_stats},
     {"gdn_ep_stats", sizeof(gdn_ep_stats), fields_gdn_ep_stats},
     {"gdn_st_tensor", sizeof(gdn_st_tensor), fields_gdn_st_tensor},

@@ -101,9 +101,9 @@ void gdn_trainer_reduce_grads(trainer *t) {
 /* The gradient's norm over the whole model: under expert parallelism the experts' part summed
  * over the slices of the expert group (the same bits on every rank). */
 double gdn_trainer_grad_norm(trainer *t) {
-    if (t->ep_size <= 1) return gdn_grad_norm(&t->cfg, t->dw);
     double s[2], experts = 0;
     gdn_grad_sumsq(&t->cfg, t->dw, s);
+    if (t->ep_size <= 1) return sqrt(s[0] + s[1]);
     MPI_Reduce(&s[1], &experts, 1, MPI_DOUBLE, MPI_SUM, 0, t->ep_comm);
     MPI_Bcast(&experts, 1, MPI_DOUBLE, 0, t->ep_comm);
     return sqrt(s[0] + experts);
@@ -147,7 +147,7 @@ int gdn_trainer_save(trainer *t, int64_t step, double loss) {
     if (t->ep_size > 1 && t->rank < t->ep_size) rc = gather_whole(t, &whole, &wf, &mf, &vf);
     if (t->rank == 0 && !rc) {
         char *st = state_json(t, step, loss);
-        rc = st ? gdn_ckpt_save_dtype(t->o->out, step, &whole, wf ? wf : t->w, wf ? mf : t->m, wf ? vf : t->v, st,
+        rc = st ? gdn_ckpt_save(t->o->out, step, &whole, wf ? wf : t->w, wf ? mf : t->m, wf ? vf : t->v, st,
                                       t->o->keep_last, t->o->save_dtype)
                 : gdn_fail(GDN_ERR_NOMEM, "trainer state");
         free(st);

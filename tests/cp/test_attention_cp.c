@@ -156,7 +156,7 @@ static void attn_cp_generate(const int64_t *sizes) {
             dc.T = k;
             rc = gdn_attn_plan_create(&pd[k], &dc);
         }
-        if (!rc) rc = gdn_attn_cache_create(&cache, B, 2, 16, tn + (rank == D - 1 ? added + 1 : 0));
+        if (!rc) rc = gdn_attn_cache_create(&cache, B, 2, 16, tn + (rank == D - 1 ? added + 1 : 0), GDN_F32);
         if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
         if (!rc) rc = gdn_attn_cp_prefill(cp, pp, cache, yp, xl, w);
         if (cp) test_mutation = cp_site[fault ? CP_FAULT_ATTN_DROP_KV : 0];

@@ -807,7 +807,7 @@ static void golden_cp(gdn_cp_strategy strategy, const char *name) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s.safetensors", GDN_GOLDEN_DIR, name);
     gdn_problem pb;
-    int rc = gdn_problem_load(&pb, path, 1);
+    int rc = gdn_problem_load(&pb, path, 1, 0, -1, 0);
     if (rc) {
         check(0, "golden %s loads (%s)", name, gdn_errmsg());
         return;

@@ -18,7 +18,9 @@ static void attn(const char *path, const char *config, const char *prefix, const
     }
     volatile float sink = 0;
     for (int p = 0; p < GDN_A_COUNT; p++) { /* ASan flags an array shorter than the layout says */
-        const size_t off = gdn_attn_param_offset(&aw.cfg, p), n = gdn_attn_param_numel(&aw.cfg, p);
+        gdn_param_info info;
+        if (gdn_attn_param(&aw.cfg, p, &info)) break;
+        const size_t off = info.offset, n = info.numel;
         if (n) sink += aw.w[off + n - 1];
     }
     (void)sink;

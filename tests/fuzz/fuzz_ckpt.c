@@ -82,8 +82,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t sep[GDN_DATA_MAX_SEP];
     int len = 0;
     int64_t id = 0;
-    (void)gdn_ckpt_pack_separator(dir, sep, GDN_DATA_MAX_SEP, &len);
-    (void)gdn_ckpt_pack_separator_id(dir, &id);
+    (void)gdn_ckpt_pack_separator(dir, sep, GDN_DATA_MAX_SEP, &len, NULL);
+    (void)gdn_ckpt_pack_separator(dir, sep, GDN_DATA_MAX_SEP, &len, &id);
     gdn_model_config cfg;
     if (gdn_ckpt_load_config(dir, &cfg) != GDN_OK) {
         (void)gdn_errmsg();

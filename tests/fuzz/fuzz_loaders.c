@@ -1,5 +1,5 @@
 /* libFuzzer harness for the loaders built on the safetensors reader: gdn_problem_load (with and
- * without gradients), gdn_problem_load_rows over a few token ranges (inside, at the edges and
+ * without gradients), gdn_problem_load by rows over a few token ranges (inside, at the edges and
  * outside the file's T), and gdn_layer_weights_load with no prefix and with the Hugging Face
  * prefix "model.layers.0.linear_attn." (then gdn_layer_weights_to_bf16 on success). A returned
  * error is fine; a crash, hang, leak or sanitizer report is a bug. */
@@ -24,8 +24,8 @@ static void touch_problem(const gdn_problem *pb, int want_grads) {
 
 static void problem(const char *path, int want_grads, int64_t t0, int64_t tn) {
     gdn_problem pb;
-    int rc = tn < 0 ? gdn_problem_load(&pb, path, want_grads)
-                    : gdn_problem_load_rows(&pb, path, want_grads, t0, tn);
+    int rc = tn < 0 ? gdn_problem_load(&pb, path, want_grads, 0, -1, 0)
+                    : gdn_problem_load(&pb, path, want_grads, t0, tn, 0);
     if (rc == GDN_OK) {
         if (tn >= 0 && (pb.cfg.T != tn || pb.t_begin != t0)) abort();
         touch_problem(&pb, want_grads);

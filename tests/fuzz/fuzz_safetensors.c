@@ -24,7 +24,7 @@ static void read_rows(gdn_st_file *f, const gdn_st_tensor *t, int64_t begin, int
     if (n > CAP_ELEMS) return;
     float *dst = malloc(n ? n * sizeof(float) : 1);
     if (!dst) return;
-    if (gdn_st_read_f32_rows(f, t->name, dst, n, begin, count) == GDN_OK && n)
+    if (gdn_st_read(f, t->name, GDN_F32, dst, n, 1, begin, count) == GDN_OK && n)
         (void)dst[n - 1];
     free(dst);
 }
@@ -48,16 +48,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!t || !t->name || !t->dtype_name || t->ndim < 0 || t->ndim > GDN_ST_MAX_DIMS) abort();
         if (gdn_st_find(f, t->name) == NULL) abort();
         (void)gdn_st_metadata(f, t->name);
-        const int64_t numel = gdn_st_numel(t);
+        const int64_t numel = (t)->numel;
         if (numel < 0 || (uint64_t)numel > CAP_ELEMS) continue;
         const size_t n = (size_t)numel;
         float *a = malloc(n ? n * sizeof(float) : 1);
         double *b = malloc(n ? n * sizeof(double) : 1);
         if (a && b) {
-            (void)gdn_st_read_f32(f, t->name, a, n);
-            (void)gdn_st_read_f64(f, t->name, b, n);
+            (void)gdn_st_read(f, t->name, GDN_F32, a, n, 0, 0, -1);
+            (void)gdn_st_read(f, t->name, GDN_F64, b, n, 0, 0, -1);
             /* One element short: must be refused without touching memory past n - 1. */
-            if (n && t->dtype != GDN_DTYPE_OTHER && gdn_st_read_f32(f, t->name, a, n - 1) == GDN_OK)
+            if (n && t->dtype != GDN_DTYPE_OTHER && gdn_st_read(f, t->name, GDN_F32, a, n - 1, 0, 0, -1) == GDN_OK)
                 abort();
         }
         free(a), free(b);
@@ -74,7 +74,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             read_rows(f, t, 0, 1); /* fewer than 2 dims: must be refused */
         }
     }
-    (void)gdn_st_read_f32(f, "no such tensor", NULL, 0);
+    (void)gdn_st_read(f, "no such tensor", GDN_F32, NULL, 0, 0, 0, -1);
     gdn_st_close(f);
     return 0;
 }

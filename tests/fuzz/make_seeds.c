@@ -29,7 +29,7 @@ static void add(gdn_st_writer *w, const char *name, gdn_dtype dt, int nd, const 
     int64_t n = 1;
     for (int i = 0; i < nd; i++) n *= shape[i];
     float *x = ramp(n, 0.5f);
-    if (gdn_st_writer_add_f32(w, name, dt, nd, shape, x)) die(name);
+    if (gdn_st_writer_add(w, name, dt, nd, shape, x, GDN_F32)) die(name);
     free(x);
 }
 
@@ -69,9 +69,11 @@ static void layer(const char *name, gdn_dtype dt, const char *prefix, int fused,
     int64_t shape[3];
     for (int p = 0; p < GDN_P_COUNT; p++) {
         if (fused && p <= GDN_P_IN_PROJ_A) continue;
-        int nd = gdn_layer_param_shape(&c, p, shape);
-        snprintf(full, sizeof full, "%s%s", prefix, gdn_layer_param_name(p));
-        add(w, full, dt, nd, shape);
+        gdn_param_info info;
+        if (gdn_layer_param(&c, p, &info)) break;
+        memcpy(shape, info.shape, sizeof shape);
+        snprintf(full, sizeof full, "%s%s", prefix, info.name);
+        add(w, full, dt, info.ndim, shape);
     }
     if (fused) {
         const int64_t qkvz[2] = {2 * c.Hk * c.K + 2 * c.Hv * c.V, c.E}, ba[2] = {2 * c.Hv, c.E};
@@ -102,9 +104,11 @@ static void attention(const char *name, const char *config, gdn_dtype dt, const 
     char full[256], path[4096], tmp[4096];
     int64_t shape[2];
     for (int p = 0; p < GDN_A_COUNT; p++) {
-        const int nd = gdn_attn_param_shape(&c, p, shape);
-        snprintf(full, sizeof full, "%s%s", prefix, gdn_attn_param_name(p));
-        add(w, full, dt, nd, shape);
+        gdn_param_info info;
+        if (gdn_attn_param(&c, p, &info)) break;
+        memcpy(shape, info.shape, sizeof shape);
+        snprintf(full, sizeof full, "%s%s", prefix, info.name);
+        add(w, full, dt, info.ndim, shape);
     }
     if (*prefix) { /* another layer's tensor: ignored */
         const int64_t s1[1] = {3};

@@ -227,7 +227,33 @@ void test_safetensors(void) {
     const char *meta = gdn_st_metadata(f, "who");
     check(meta && !strcmp(meta, "gdncp test"), "metadata round trip");
     const gdn_st_tensor *t = gdn_st_find(f, "a16");
-    check(t && t->dtype == GDN_BF16 && t->ndim == 3 && t->shape[2] == 5 && t->end - t->begin == 60,
+    /* the public general calls: gdn_st_read (whole, rows along any axis, either destination dtype)
+     * gives what the shorthands give; other destination dtypes are refused */
+    {
+        float a[30], b[30];
+        double ad[30], bd[30];
+        check(!gdn_st_read_f32(f, "a32", a, 30) && !gdn_st_read(f, "a32", GDN_F32, b, 30, 0, 0, -1) &&
+                  !memcmp(a, b, sizeof a),
+              "gdn_st_read F32 whole = gdn_st_read_f32");
+        check(!gdn_st_read_f64(f, "a64", ad, 30) && !gdn_st_read(f, "a64", GDN_F64, bd, 30, 0, 0, -1) &&
+                  !memcmp(ad, bd, sizeof ad),
+              "gdn_st_read F64 whole = gdn_st_read_f64");
+        check(!gdn_st_read_f32_rows(f, "a32", a, 30, 1, 2) && !gdn_st_read(f, "a32", GDN_F32, b, 30, 1, 1, 2) &&
+                  !memcmp(a, b, sizeof(float) * 20),
+              "gdn_st_read rows along axis 1 = gdn_st_read_f32_rows");
+        check(!gdn_st_read(f, "a32", GDN_F32, b, 30, 2, 4, 1) && b[0] == x[4] && b[5] == x[29],
+              "gdn_st_read: column 4 of the last axis");
+        expect_status(gdn_st_read(f, "a32", GDN_BF16, b, 30, 0, 0, -1), GDN_ERR_DTYPE, "neither F32",
+                      "gdn_st_read into BF16 refused");
+        expect_status(gdn_st_read(f, "a32", GDN_F32, b, 29, 0, 0, -1), GDN_ERR_SHAPE, "buffer holds",
+                      "gdn_st_read into a short buffer refused");
+        gdn_st_writer *w2 = NULL;
+        gdn_st_writer_create(&w2);
+        expect_status(gdn_st_writer_add(w2, "x", GDN_F32, 3, shape, x, GDN_BF16), GDN_ERR_DTYPE, "neither F32",
+                      "gdn_st_writer_add of BF16 data refused");
+        gdn_st_writer_destroy(w2);
+    }
+    check(t && t->dtype == GDN_BF16 && t->ndim == 3 && t->shape[2] == 5 && t->end - t->begin == 60 && t->numel == 30,
           "BF16 tensor header: dtype, shape, 2 bytes per element");
     float y[30];
     double yd[30];

@@ -422,7 +422,7 @@ static void golden_chunked(void) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s.safetensors", GDN_GOLDEN_DIR, golden_names[gi]);
         gdn_problem pb;
-        if (gdn_problem_load(&pb, path, 1)) {
+        if (gdn_problem_load(&pb, path, 1, 0, -1, 0)) {
             check(0, "golden %s loads with gradients (%s)", golden_names[gi], gdn_errmsg());
             continue;
         }

@@ -218,7 +218,7 @@ static void file_errors(void) {
         snprintf(needle, sizeof needle, "%s: not a regular file", fifo);
         expect_status(gdn_st_open(&f, fifo), GDN_ERR_IO, needle, "file: the FIFO's path is named");
         gdn_problem pb;
-        expect_status(gdn_problem_load(&pb, fifo, 0), GDN_ERR_IO, "not a regular file", "problem load: a FIFO is refused");
+        expect_status(gdn_problem_load(&pb, fifo, 0, 0, -1, 0), GDN_ERR_IO, "not a regular file", "problem load: a FIFO is refused");
         unlink(fifo);
         expect_status(gdn_st_open(&f, dir), GDN_ERR_IO, "not a regular file (a directory)", "file: a directory is refused");
         rmdir(dir);
@@ -255,7 +255,7 @@ static void file_errors(void) {
             write_raw(path, hdr, -1, 576);
         }
         gdn_problem pb;
-        int rc = gdn_problem_load(&pb, path, variant == 7);
+        int rc = gdn_problem_load(&pb, path, variant == 7, 0, -1, 0);
         static const struct { int want; const char *needle; } expect[] = {
             {GDN_ERR_MISSING, "'q' is missing"}, {GDN_ERR_MISSING, "'v' is missing"},
             {GDN_ERR_SHAPE, "'k' has shape [1,4,1,7], expected [1,4,1,8]"}, {GDN_ERR_MISSING, "'g' is missing"},
@@ -391,7 +391,7 @@ static void too_large(void) {
             break;
         }
         gdn_problem pb;
-        const int rc = gdn_problem_load(&pb, path, 0);
+        const int rc = gdn_problem_load(&pb, path, 0, 0, -1, 0);
         if (big)
             expect_status(rc, GDN_ERR_NOMEM, "needs", "problem file claiming %.0f GB (twice this machine's memory): refused before allocating",
                           3.0 * sq / 1e9);

@@ -275,7 +275,7 @@ void test_golden(void) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s.safetensors", GDN_GOLDEN_DIR, golden_names[i]);
         gdn_problem pb;
-        int rc = gdn_problem_load(&pb, path, 0);
+        int rc = gdn_problem_load(&pb, path, 0, 0, -1, 0);
         check(rc == GDN_OK, "golden %s loads (%s)", golden_names[i], rc ? gdn_errmsg() : "ok");
         if (rc) continue;
         gdn_st_file *f = NULL;

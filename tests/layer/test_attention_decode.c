@@ -95,11 +95,11 @@ static int decode_pieces(const gdn_attn_config *c, const int64_t *sizes, int n, 
     int64_t t0 = 0;
     for (int i = 0; i < n && !rc; t0 += sizes[i], i++) {
         const int64_t Tp = sizes[i], pos = c->pos_offset + (tk == WRONG_POS && i > 0 ? 3 : 0);
-        if (tk == SET_BACK && i == 1) gdn_attn_cache_set_length(cache, gdn_attn_cache_length(cache) - 7);
-        if (tk == DROP_LAST && i == 3) gdn_attn_cache_set_length(cache, gdn_attn_cache_length(cache) - 1);
+        if (tk == SET_BACK && i == 1) gdn_attn_cache_set_length(cache, cache_view(cache).length - 7);
+        if (tk == DROP_LAST && i == 3) gdn_attn_cache_set_length(cache, cache_view(cache).length - 1);
         if (tk == UNROPED && i == 1) {
-            const int64_t cap = gdn_attn_cache_capacity(cache), d = c->d;
-            float *k = gdn_attn_cache_keys(cache);
+            const int64_t cap = cache_view(cache).capacity, d = c->d;
+            float *k = cache_keys(cache);
             for (int64_t bj = 0; bj < B * c->Hkv; bj++)
                 for (int64_t t = 0; t < sizes[0]; t++)
                     for (int64_t e = 0; e < d; e++) k[(bj * cap + t) * d + e] = (float)unroped[(bj * Ttot + t) * d + e];
@@ -203,11 +203,11 @@ static void pieces_case(const golden_layer *g) {
     expect_status(gdn_attn_forward(pf, yf, saved, g->x, g->w), GDN_OK, NULL, "forward of the whole sequence");
     for (int64_t i = 0; i < nx; i++) yfd[i] = yf[i];
     gdn_attn_cache *cache = NULL;
-    expect_status(gdn_attn_cache_create(&cache, B, Hkv, d, T), GDN_OK, NULL, "cache [2, 2, 150, 24]");
+    expect_status(gdn_attn_cache_create(&cache, B, Hkv, d, T, GDN_F32), GDN_OK, NULL, "cache [2, 2, 150, 24]");
     expect_status(decode_pieces(c, sizes, n, g->x, g->w, cache, yd, OK, NULL), GDN_OK, NULL,
                   "decode 37 + 64 + 1 + 1 + 13 + 34 x 1 tokens");
-    check(gdn_attn_cache_length(cache) == T, "cache length %lld == 150 after the pieces",
-          (long long)gdn_attn_cache_length(cache));
+    check(cache_view(cache).length == T, "cache length %lld == 150 after the pieces",
+          (long long)cache_view(cache).length);
     expect_close(rel_err_ff(yd, yf, nx), tol, "pieces y == forward y [2,150,96]");
     expect_close(rel_err_f32(yd, g->y, nx), tol, "pieces y == transformers' y");
     expect_close(rel_err_f32(yf, g->y, nx), tol, "forward y == transformers' y (the forward itself)");
@@ -215,7 +215,7 @@ static void pieces_case(const golden_layer *g) {
     /* 2. the cache: [B, Hkv, 150, d] (capacity 150: the whole arrays) */
     expected_kv(c, g->x, g->w, 1, Ke, Ve);
     expected_kv(c, g->x, g->w, 0, K0, tm);
-    const float *ck = gdn_attn_cache_keys(cache), *cv = gdn_attn_cache_values(cache);
+    const float *ck = cache_keys(cache), *cv = cache_values(cache);
     expect_close(rel_err_f32(ck, Ke, nkv), tol, "cached keys == k_norm + RoPE keys (double) [2,2,150,24]");
     expect_close(rel_err_f32(cv, Ve, nkv), tol, "cached values == raw v_proj values (double)");
     expect_far(rel_err_f32(ck, K0, nkv), tol, "cached keys vs the keys before RoPE");
@@ -300,7 +300,7 @@ static void offset_case(const golden_layer *g) {
     float *y = falloc(nx), *yf = falloc(nx);
     double *Ke = dalloc(nkv), *Ve = dalloc(nkv), *K0 = dalloc(nkv);
     gdn_attn_cache *cache = NULL;
-    gdn_attn_cache_create(&cache, 1, c->Hkv, c->d, T);
+    gdn_attn_cache_create(&cache, 1, c->Hkv, c->d, T, GDN_F32);
     expect_status(decode_pieces(c, sizes, n, g->xo, g->w, cache, y, OK, NULL), GDN_OK, NULL,
                   "decode x_off 20 + 7 + 37 x 1 at pos_offset %lld", (long long)c->pos_offset);
     expect_status(forward_whole(c, g->xo, g->w, yf, NULL), GDN_OK, NULL, "forward x_off");
@@ -311,8 +311,8 @@ static void offset_case(const golden_layer *g) {
     gdn_attn_config c0 = *c;
     c0.pos_offset = 0;
     expected_kv(&c0, g->xo, g->w, 1, K0, Ve);
-    expect_close(rel_err_f32(gdn_attn_cache_keys(cache), Ke, nkv), tol, "cached keys at positions 1000 + t");
-    expect_far(rel_err_f32(gdn_attn_cache_keys(cache), K0, nkv), tol, "cached keys vs those at positions t");
+    expect_close(rel_err_f32(cache_keys(cache), Ke, nkv), tol, "cached keys at positions 1000 + t");
+    expect_far(rel_err_f32(cache_keys(cache), K0, nkv), tol, "cached keys vs those at positions t");
     gdn_attn_cache_reset(cache);
     decode_pieces(c, sizes, n, g->xo, g->w, cache, y, WRONG_POS, NULL);
     expect_far(rel_err_f32(y, g->yo, nx), tol, "y_off with %s", tamper_name[WRONG_POS]);
@@ -335,7 +335,7 @@ static void split_case(void) {
     sizes[n++] = P, sizes[n++] = 3, sizes[n++] = 2;
     for (int64_t s = P + 5; s < T; s++) sizes[n++] = 1;
     gdn_attn_cache *cache = NULL;
-    gdn_attn_cache_create(&cache, 1, 1, 16, T);
+    gdn_attn_cache_create(&cache, 1, 1, 16, T, GDN_F32);
     const struct { int keys; int want; const char *what; } runs[] = {
         {0, 2, "default (>= 512 keys a range)"}, {64, 3, ">= 64 keys a range"}, {INT_MAX, -1, "no split"},
     };
@@ -364,7 +364,7 @@ static void split_case(void) {
     test_mutation = "attention decode: keys a range at least=64";
     gdn_attn_cache_reset(cache);
     test_threads_seen = -1;
-    int rc = gdn_attn_cache_create_dtype(&cb, 1, 1, 16, T, 2);
+    int rc = gdn_attn_cache_create(&cb, 1, 1, 16, T, 2);
     if (!rc) rc = decode_pieces(&c, sizes, n, x, w, cb, yb, OK, NULL);
     const int seen = test_threads_seen;
     test_mutation = "attention decode: keys a range at least=64,attention decode: the F32 cache rounds to bf16";
@@ -410,7 +410,7 @@ static void sharp_case(void) {
         sizes[n++] = 100;
         for (int64_t s = 100; s < T; s++) sizes[n++] = 1;
         gdn_attn_cache *cache = NULL;
-        int rc = gdn_attn_cache_create(&cache, 1, 1, 16, T);
+        int rc = gdn_attn_cache_create(&cache, 1, 1, 16, T, GDN_F32);
         if (!rc) rc = gdn_attn_reference_forward(&c, yd, xd, wd);
         if (!rc) rc = decode_pieces(&c, sizes, n, x, w, cache, y, OK, NULL);
         expect_status(rc, GDN_OK, NULL, "sharp scores, H = %d, Hkv = 1: reference, decode 100 + 300 x 1", hq);
@@ -428,7 +428,7 @@ static void sharp_case(void) {
 
 /* ---------------------------------------------------------------- 6. a BF16 cache */
 
-/* The golden layer decoded in pieces into a BF16 cache (gdn_attn_cache_create_dtype), with 3
+/* The golden layer decoded in pieces into a BF16 cache (gdn_attn_cache_create with GDN_BF16), with 3
  * threads and the key split on (64 keys a range), so the widened tiles go through every path:
  * y == the same decode into an F32 cache that rounds what it appends through bf16 (the test site
  * "attention decode: the F32 cache rounds to bf16"), bit for bit; against the F32 cache and transformers' y within BF16's
@@ -441,10 +441,10 @@ static void bf16_cache_case(const golden_layer *g) {
     float *yb = falloc(nx), *yr = falloc(nx), *yf = falloc(nx);
     const int64_t sizes[] = {37, 64, 1, 1, 13, 34};
     gdn_attn_cache *cb = NULL, *cf = NULL;
-    const int made = gdn_attn_cache_create_dtype(&cb, B, Hkv, d, T, 2) == GDN_OK &&
-                     gdn_attn_cache_create(&cf, B, Hkv, d, T) == GDN_OK;
-    check(made && gdn_attn_cache_dtype(cb) == 2 && gdn_attn_cache_dtype(cf) == 0 && !gdn_attn_cache_keys(cb) &&
-              gdn_attn_cache_keys_bf16(cb) && gdn_attn_cache_values_bf16(cb) && !gdn_attn_cache_keys_bf16(cf),
+    const int made = gdn_attn_cache_create(&cb, B, Hkv, d, T, 2) == GDN_OK &&
+                     gdn_attn_cache_create(&cf, B, Hkv, d, T, GDN_F32) == GDN_OK;
+    check(made && cache_view(cb).dtype == 2 && cache_view(cf).dtype == 0 && !cache_keys(cb) &&
+              cache_keys_bf16(cb) && cache_values_bf16(cb) && !cache_keys_bf16(cf),
           "a BF16 cache: dtype 2, bf16 storage only; an F32 cache: dtype 0, float storage only");
     if (!made) goto out;
     test_mutation = "attention decode: keys a range at least=64";
@@ -460,8 +460,8 @@ static void bf16_cache_case(const golden_layer *g) {
     long differ = 0, differ_unrounded = 0, keys_differ = 0;
     for (int64_t i = 0; i < nx; i++)
         differ += memcmp(yb + i, yr + i, 4) != 0, differ_unrounded += memcmp(yb + i, yf + i, 4) != 0;
-    const uint16_t *kb = gdn_attn_cache_keys_bf16(cb);
-    const float *kf = gdn_attn_cache_keys(cf);
+    const uint16_t *kb = cache_keys_bf16(cb);
+    const float *kf = cache_keys(cf);
     for (int64_t i = 0; i < B * Hkv * T * d; i++) {
         const uint32_t u = (uint32_t)kb[i] << 16;
         float r;
@@ -479,7 +479,7 @@ static void bf16_cache_case(const golden_layer *g) {
     expect_close(rel_err_f32(yb, g->y, nx), 2e-2, "BF16 cache y vs transformers' y");
     printf("    BF16 KV cache: y vs F32 cache %.2e, vs transformers %.2e\n", e, rel_err_f32(yb, g->y, nx));
     gdn_attn_cache *bad = NULL;
-    expect_status(gdn_attn_cache_create_dtype(&bad, B, Hkv, d, T, 1), GDN_ERR_ARG, "neither F32", "an F64 cache: refused");
+    expect_status(gdn_attn_cache_create(&bad, B, Hkv, d, T, 1), GDN_ERR_ARG, "neither F32", "an F64 cache: refused");
     check(!bad, "no cache returned for the refused dtype");
 out:
     gdn_attn_cache_destroy(cb), gdn_attn_cache_destroy(cf);
@@ -494,20 +494,20 @@ static void errors(void) {
     float *x = falloc(16 * 2), *y = falloc(16 * 2), *w = falloc((int64_t)nw);
     gdn_attn_cache *cache = NULL, *bad = NULL;
     gdn_attn_plan *p = NULL, *q = NULL;
-    expect_status(gdn_attn_cache_create(NULL, 1, 2, 8, 4), GDN_ERR_ARG, "NULL", "cache_create(NULL) refused");
-    expect_status(gdn_attn_cache_create(&bad, 0, 2, 8, 4), GDN_ERR_SHAPE, "B = 0", "cache B = 0 refused");
-    expect_status(gdn_attn_cache_create(&bad, 1, 2, 2000, 4), GDN_ERR_SHAPE, "d = 2000", "cache d = 2000 refused");
-    expect_status(gdn_attn_cache_create(&bad, 1, 2, 8, 0), GDN_ERR_SHAPE, "capacity = 0", "cache capacity 0 refused");
+    expect_status(gdn_attn_cache_create(NULL, 1, 2, 8, 4, GDN_F32), GDN_ERR_ARG, "NULL", "cache_create(NULL) refused");
+    expect_status(gdn_attn_cache_create(&bad, 0, 2, 8, 4, GDN_F32), GDN_ERR_SHAPE, "B = 0", "cache B = 0 refused");
+    expect_status(gdn_attn_cache_create(&bad, 1, 2, 2000, 4, GDN_F32), GDN_ERR_SHAPE, "d = 2000", "cache d = 2000 refused");
+    expect_status(gdn_attn_cache_create(&bad, 1, 2, 8, 0, GDN_F32), GDN_ERR_SHAPE, "capacity = 0", "cache capacity 0 refused");
     check(!bad, "no cache returned on an error");
-    check(gdn_attn_cache_length(NULL) == 0 && gdn_attn_cache_keys(NULL) == NULL && gdn_attn_cache_values(NULL) == NULL,
+    check(cache_view(NULL).length == 0 && cache_keys(NULL) == NULL && cache_values(NULL) == NULL,
           "accessors of a NULL cache: 0, NULL");
-    expect_status(gdn_attn_cache_create(&cache, 1, 2, 8, 4), GDN_OK, NULL, "cache [1, 2, 4, 8] (control)");
+    expect_status(gdn_attn_cache_create(&cache, 1, 2, 8, 4, GDN_F32), GDN_OK, NULL, "cache [1, 2, 4, 8] (control)");
     expect_status(gdn_attn_cache_set_length(cache, 5), GDN_ERR_ARG, "capacity = 4", "set_length(5) of 4 refused");
     expect_status(gdn_attn_cache_set_length(cache, -1), GDN_ERR_ARG, "out of range", "set_length(-1) refused");
     expect_status(gdn_attn_cache_set_length(NULL, 0), GDN_ERR_ARG, "NULL", "set_length of NULL refused");
     gdn_attn_plan_create(&p, &c);
     expect_status(gdn_attn_decode(p, cache, y, x, w), GDN_OK, NULL, "a decode step of zeros (control)");
-    check(gdn_attn_cache_length(cache) == 1, "length 1 after it");
+    check(cache_view(cache).length == 1, "length 1 after it");
     expect_status(gdn_attn_decode(NULL, cache, y, x, w), GDN_ERR_ARG, "plan is NULL", "NULL plan refused");
     expect_status(gdn_attn_decode(p, NULL, y, x, w), GDN_ERR_ARG, "cache is NULL", "NULL cache refused");
     expect_status(gdn_attn_decode(p, cache, NULL, x, w), GDN_ERR_ARG, "'y'", "NULL y refused");
@@ -531,20 +531,20 @@ static void errors(void) {
         free(x2), free(y2);
     }
     w[gdn_attn_param_offset(&c, GDN_A_V_PROJ) + 2] = 0.0f;
-    check(gdn_attn_cache_length(cache) == 1, "length still 1 after the refused calls");
+    check(cache_view(cache).length == 1, "length still 1 after the refused calls");
     const struct { int64_t B, Hkv, d; const char *needle, *what; } shapes[] = {
         {2, 2, 8, "B = 2", "a cache of B = 2 for a B = 1 plan"},
         {1, 1, 8, "Hkv = 1", "a cache of Hkv = 1 for Hkv = 2"},
         {1, 2, 16, "d = 16", "a cache of d = 16 for d = 8"},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        gdn_attn_cache_create(&bad, shapes[i].B, shapes[i].Hkv, shapes[i].d, 4);
+        gdn_attn_cache_create(&bad, shapes[i].B, shapes[i].Hkv, shapes[i].d, 4, GDN_F32);
         expect_status(gdn_attn_decode(p, bad, y, x, w), GDN_ERR_SHAPE, shapes[i].needle, "%s refused", shapes[i].what);
         gdn_attn_cache_destroy(bad), bad = NULL;
     }
     gdn_attn_cache_set_length(cache, 4);
     expect_status(gdn_attn_decode(p, cache, y, x, w), GDN_ERR_SHAPE, "capacity 4", "a full cache (4 of 4) refused");
-    check(gdn_attn_cache_length(cache) == 4, "a full cache keeps its length");
+    check(cache_view(cache).length == 4, "a full cache keeps its length");
     gdn_attn_cache_set_length(cache, 3);
     expect_status(gdn_attn_decode(p, cache, y, x, w), GDN_OK, NULL, "the last free position decodes (control)");
     /* a piece of T = 2 into one free position */

@@ -450,7 +450,51 @@ static void bf16_weights(void) {
     free(w), free(wr), free(x), free(y16), free(y32), free(yraw);
 }
 
+/* The public parameter tables (gdn_layer_param, gdn_attn_param, gdn_moe_param) give what the
+ * library's own pieces give, and refuse an index outside the table. */
+static void param_tables(void) {
+    gdn_param_info p;
+    const gdn_layer_config lc = gdn_layer_config_default(1, 1, 96, 2, 6, 16, 24);
+    for (int i = 0; i < GDN_P_COUNT; i++) {
+        int64_t shape[3] = {0};
+        const int nd = gdn_layer_param_shape(&lc, i, shape);
+        check(!gdn_layer_param(&lc, i, &p) && !strcmp(p.name, gdn_layer_param_name(i)) && p.ndim == nd &&
+                  !memcmp(p.shape, shape, sizeof shape) && p.offset == gdn_layer_param_offset(&lc, i) &&
+                  p.numel == gdn_layer_param_numel(&lc, i),
+              "gdn_layer_param %d", i);
+    }
+    expect_status(gdn_layer_param(&lc, GDN_P_COUNT, &p), GDN_ERR_ARG, "out of range", "gdn_layer_param past the end");
+    expect_status(gdn_layer_param(&lc, -1, &p), GDN_ERR_ARG, "out of range", "gdn_layer_param -1");
+    for (int f = 0; f < GDN_FUSED_COUNT; f++)
+        check(!gdn_layer_fused(&lc, f, &p) && !strcmp(p.name, gdn_layer_fused_name(f)) && p.ndim == 2 &&
+                  p.shape[0] == gdn_layer_fused_rows(&lc, f) && p.shape[1] == 96 && p.numel == (size_t)(p.shape[0] * 96),
+              "gdn_layer_fused %d: %s [%lld, 96]", f, gdn_layer_fused_name(f), (long long)gdn_layer_fused_rows(&lc, f));
+    expect_status(gdn_layer_fused(&lc, GDN_FUSED_COUNT, &p), GDN_ERR_ARG, "neither", "gdn_layer_fused past the end");
+    const gdn_attn_config ac = gdn_attn_config_default(1, 1, 64, 4, 2, 16);
+    for (int i = 0; i < GDN_A_COUNT; i++) {
+        int64_t shape[3] = {0};
+        const int nd = gdn_attn_param_shape(&ac, i, shape);
+        check(!gdn_attn_param(&ac, i, &p) && !strcmp(p.name, gdn_attn_param_name(i)) && p.ndim == nd &&
+                  !memcmp(p.shape, shape, sizeof shape) && p.offset == gdn_attn_param_offset(&ac, i) &&
+                  p.numel == gdn_attn_param_numel(&ac, i),
+              "gdn_attn_param %d", i);
+    }
+    expect_status(gdn_attn_param(&ac, GDN_A_COUNT, &p), GDN_ERR_ARG, "out of range", "gdn_attn_param past the end");
+    const gdn_moe_config mc = gdn_moe_config_default(1, 32, 4, 2, 8, 0); /* no shared expert: ndim 0 */
+    for (int i = 0; i < GDN_MOE_COUNT; i++) {
+        int64_t shape[3] = {0};
+        const int nd = gdn_moe_param_shape(&mc, i, shape);
+        check(!gdn_moe_param(&mc, i, &p) && !strcmp(p.name, gdn_moe_param_name(i)) && p.ndim == nd &&
+                  !memcmp(p.shape, shape, sizeof shape) && p.offset == gdn_moe_param_offset(&mc, i) &&
+                  p.numel == gdn_moe_param_numel(&mc, i),
+              "gdn_moe_param %d", i);
+    }
+    check(!gdn_moe_param(&mc, GDN_MOE_SHARED_UP, &p) && p.ndim == 0 && p.numel == 0, "gdn_moe_param: no shared expert");
+    expect_status(gdn_moe_param(&mc, GDN_MOE_COUNT, &p), GDN_ERR_ARG, "out of range", "gdn_moe_param past the end");
+}
+
 void test_layer(void) {
+    param_tables();
     double tol_all[GDN_P_COUNT];
     for (int i = 0; i < GDN_P_COUNT; i++) tol_all[i] = 1e-4;
     gdn_st_file *f;

@@ -303,13 +303,13 @@ static int op_decoder(void *ctx, run_result *r) {
     gdn_model_decoder *d = NULL;
     int first = GDN_OK;
     arm();
-    int rc = gdn_model_decoder_create(&d, &m->cfg, m->B, m->T + DECODE_STEPS, 1);
+    int rc = gdn_model_decoder_create(&d, &m->cfg, m->B, m->T + DECODE_STEPS, 1, GDN_F32);
     if (rc) {
         first = rc;
         r->not_usable |= d != NULL;
         disarm();
         d = NULL;
-        rc = gdn_model_decoder_create(&d, &m->cfg, m->B, m->T + DECODE_STEPS, 1);
+        rc = gdn_model_decoder_create(&d, &m->cfg, m->B, m->T + DECODE_STEPS, 1, GDN_F32);
     }
     if (!rc) rc = gdn_model_decoder_set_compute(d, m->compute);
     if (!rc) rc = decode_all(m, d, logits);
@@ -376,13 +376,13 @@ static int op_ckpt_save(void *ctx, run_result *r) {
     remove_tree(dir);
     disarm();
     float *back = zeroed_floats(m->nw);
-    int rc = back ? gdn_ckpt_save(dir, 1, &m->cfg, m->w, NULL, NULL, "{\"step\": 1}", 0) : GDN_ERR_NOMEM, first = GDN_OK;
+    int rc = back ? gdn_ckpt_save(dir, 1, &m->cfg, m->w, NULL, NULL, "{\"step\": 1}", 0, GDN_F32) : GDN_ERR_NOMEM, first = GDN_OK;
     if (rc) {
         free(back);
         return rc;
     }
     arm();
-    rc = gdn_ckpt_save_dtype(dir, 2, &m->cfg, k->w2, k->mom_m, k->mom_v, "{\"step\": 2}", 1, k->dtype);
+    rc = gdn_ckpt_save(dir, 2, &m->cfg, k->w2, k->mom_m, k->mom_v, "{\"step\": 2}", 1, k->dtype);
     disarm();
     if (rc) {
         first = rc;
@@ -391,7 +391,7 @@ static int op_ckpt_save(void *ctx, run_result *r) {
         else if (step == 1) r->partial_ckpt |= (memcmp(back, m->w, sizeof(float) * m->nw) != 0) << 1;
         else if (step != 2) r->partial_ckpt |= 4;
         if (leftovers(dir)) r->partial_ckpt |= 8;
-        rc = gdn_ckpt_save_dtype(dir, 2, &m->cfg, k->w2, k->mom_m, k->mom_v, "{\"step\": 2}", 1, k->dtype);
+        rc = gdn_ckpt_save(dir, 2, &m->cfg, k->w2, k->mom_m, k->mom_v, "{\"step\": 2}", 1, k->dtype);
         r->not_usable |= rc != GDN_OK;
     }
     int step = 0;
@@ -470,14 +470,14 @@ static void sweep_checkpoints(const model_case *m, int dtype, const char *what) 
     for (size_t i = 0; i < m->nw; i++)
         k.w2[i] = m->w[i] * 0.5f + 0.25f, k.mom_m[i] = 0.001f * (float)(i % 97), k.mom_v[i] = 1e-4f * (float)(i % 31);
     char name[160];
-    snprintf(name, sizeof name, "%s: gdn_ckpt_save_dtype (%s, with moments) over a previous checkpoint", what,
+    snprintf(name, sizeof name, "%s: gdn_ckpt_save (%s, with moments) over a previous checkpoint", what,
              dtype == GDN_BF16 ? "BF16" : "F32");
     sweep_stats s = sweep(op_ckpt_save, &k, name, 1);
     report(name, &s, 0);
     /* the load's sweep, from a checkpoint saved here */
     char dir[128];
     snprintf(dir, sizeof dir, "%s/load", k.base);
-    if (gdn_ckpt_save_dtype(dir, 2, &m->cfg, k.w2, k.mom_m, k.mom_v, "{\"step\": 2}", 0, dtype))
+    if (gdn_ckpt_save(dir, 2, &m->cfg, k.w2, k.mom_m, k.mom_v, "{\"step\": 2}", 0, dtype))
         check(0, "save the checkpoint to load: %s", gdn_errmsg());
     else {
         snprintf(name, sizeof name, "%s: gdn_ckpt_load (%s weights, moments, trainer state)", what,

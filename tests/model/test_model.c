@@ -178,8 +178,8 @@ static void test_decode_cfg(const gdn_model_config *cp, const char *what) {
     gdn_model_plan *p = NULL;
     gdn_model_decoder *d = NULL, *d2 = NULL;
     check(gdn_model_plan_create(&p, &c, &r, NULL) == GDN_OK, "%s: model plan for logits", what);
-    check(gdn_model_decoder_create(&d, &c, B, max_len, 0) == GDN_OK &&
-              gdn_model_decoder_create(&d2, &c, B, max_len, 0) == GDN_OK,
+    check(gdn_model_decoder_create(&d, &c, B, max_len, 0, GDN_F32) == GDN_OK &&
+              gdn_model_decoder_create(&d2, &c, B, max_len, 0, GDN_F32) == GDN_OK,
           "%s: model decoders B=2", what);
     if (!p || !d || !d2) goto out;
     float *w = model_weights(&c, 3);
@@ -297,7 +297,7 @@ static void test_token_ids(void) {
     const gdn_model_run r = {.B = 2, .T = 8, .check_finite = 1};
     gdn_model_plan *p = NULL;
     gdn_model_decoder *d = NULL;
-    if (gdn_model_plan_create(&p, &c, &r, NULL) || gdn_model_decoder_create(&d, &c, 2, 0, 1)) {
+    if (gdn_model_plan_create(&p, &c, &r, NULL) || gdn_model_decoder_create(&d, &c, 2, 0, 1, GDN_F32)) {
         check(0, "vocab 300: plan and decoder: %s", gdn_errmsg());
         gdn_model_plan_destroy(p);
         return;
@@ -472,10 +472,10 @@ static void test_checkpoint_logits(void) {
     float *w = model_weights(&c, 5), *back = aligned_alloc(64, sizeof(float) * nw);
     float *l0 = malloc(sizeof(float) * (size_t)(T * c.vocab)), *l1 = malloc(sizeof(float) * (size_t)(T * c.vocab));
     gdn_token *tok = random_tokens(T, 4);
-    int rc = gdn_ckpt_save(dir, 1, &c, w, NULL, NULL, NULL, 0);
+    int rc = gdn_ckpt_save(dir, 1, &c, w, NULL, NULL, NULL, 0, GDN_F32);
     /* step 2: the same weights through a writer that rounds F32 to bfloat16 (a mutation) */
     test_mutation = "ckpt save: F32 tensors written rounded to bfloat16";
-    if (!rc) rc = gdn_ckpt_save(dir, 2, &c, w, NULL, NULL, NULL, 0);
+    if (!rc) rc = gdn_ckpt_save(dir, 2, &c, w, NULL, NULL, NULL, 0, GDN_F32);
     test_mutation = NULL;
     snprintf(ck, sizeof ck, "%s/checkpoint-00000001", dir);
     gdn_model_config cl;
@@ -677,21 +677,21 @@ static void test_hybrid_errors(void) {
                   "model plan: 32 tokens with max_position_embeddings 16");
     gdn_model_decoder *d = NULL;
     c = hybrid_cfg(0);
-    expect_status(gdn_model_decoder_create(&d, &c, 1, 0, 1), GDN_ERR_SHAPE, "needs max_len >= 1",
+    expect_status(gdn_model_decoder_create(&d, &c, 1, 0, 1, GDN_F32), GDN_ERR_SHAPE, "needs max_len >= 1",
                   "decoder of a hybrid model without max_len (its KV caches need one)");
     c.max_position = 16;
-    expect_status(gdn_model_decoder_create(&d, &c, 1, 17, 1), GDN_ERR_SHAPE, "beyond max_position = 16",
+    expect_status(gdn_model_decoder_create(&d, &c, 1, 17, 1, GDN_F32), GDN_ERR_SHAPE, "beyond max_position = 16",
                   "decoder max_len 17 with max_position_embeddings 16");
     {
         gdn_model_config g = small_cfg();
         g.max_position = 16;
-        check(gdn_model_decoder_create(&d, &g, 1, 17, 1) == GDN_OK,
+        check(gdn_model_decoder_create(&d, &g, 1, 17, 1, GDN_F32) == GDN_OK,
               "decoder max_len 17 of a GatedDeltaNet-only model with max_position 16 (no positions)");
         gdn_model_decoder_destroy(d);
         d = NULL;
     }
     c.max_position = 0;
-    check(gdn_model_decoder_create(&d, &c, 1, 4, 1) == GDN_OK, "decoder of a hybrid model, max_len 4");
+    check(gdn_model_decoder_create(&d, &c, 1, 4, 1, GDN_F32) == GDN_OK, "decoder of a hybrid model, max_len 4");
     {
         const gdn_token tok[5] = {1, 2, 3, 4, 5};
         float *lg = malloc(sizeof(float) * 5 * (size_t)c.vocab), *wt = model_weights(&c, 1);

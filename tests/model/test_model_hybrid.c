@@ -58,7 +58,7 @@ static int read_bytes(gdn_st_file *f, const char *path, const char *name, gdn_to
     const gdn_st_tensor *t = gdn_st_find(f, name);
     FILE *fp = fopen(path, "rb");
     uint64_t hlen = 0;
-    int ok = t && fp && !strcmp(t->dtype_name, "I64") && gdn_st_numel(t) == n && fread(&hlen, 8, 1, fp) == 1 &&
+    int ok = t && fp && !strcmp(t->dtype_name, "I64") && (t)->numel == n && fread(&hlen, 8, 1, fp) == 1 &&
              !fseeko(fp, (off_t)(8 + hlen + t->begin), SEEK_SET);
     for (int64_t i = 0; ok && i < n; i++) {
         int64_t v;
@@ -349,7 +349,7 @@ static void dec_apply(gdn_model_decoder *d, const gdn_model_config *c, dec_tampe
     for (int64_t l = 0; l < c->L; l++) {
         gdn_attn_cache *kv = gdn_model_decoder_kv_cache(d, l);
         float *rec = NULL;
-        if (kv && tk == DEC_KV_SET_BACK && step == 0) gdn_attn_cache_set_length(kv, gdn_attn_cache_length(kv) - 1);
+        if (kv && tk == DEC_KV_SET_BACK && step == 0) gdn_attn_cache_set_length(kv, cache_view(kv).length - 1);
         if (kv && tk == DEC_KV_NONE) gdn_attn_cache_reset(kv);
         if (!kv && tk == DEC_REC_RESET && !gdn_model_decoder_gdn_state(d, l, NULL, &rec))
             memset(rec, 0, sizeof(float) * (size_t)(c->Hv * c->K * c->V));
@@ -381,12 +381,12 @@ static double cache_errors(gdn_model_decoder *d, const gdn_model_config *c, gdn_
     for (int64_t l = 0; l < c->L; l++) {
         gdn_attn_cache *kv = gdn_model_decoder_kv_cache(d, l);
         if (kv) {
-            *kv_len = gdn_attn_cache_length(kv);
-            const int64_t cap = gdn_attn_cache_capacity(kv), n = c->Hkv * Tn * c->d;
+            *kv_len = cache_view(kv).length;
+            const int64_t cap = cache_view(kv).capacity, n = c->Hkv * Tn * c->d;
             float *ours = falloc(n);
             double *ref = dalloc(n);
             for (int part = 0; part < 2; part++) {
-                const float *src = part ? gdn_attn_cache_values(kv) : gdn_attn_cache_keys(kv);
+                const float *src = part ? cache_values(kv) : cache_keys(kv);
                 for (int64_t h = 0; h < c->Hkv; h++)
                     memcpy(ours + h * Tn * c->d, src + h * cap * c->d, sizeof(float) * (size_t)(Tn * c->d));
                 snprintf(name, sizeof name, "layers.%lld.%s", (long long)l, part ? "value_cache" : "key_cache");
@@ -467,7 +467,7 @@ static void test_decode_hf(const model_w *m) {
     int rc = bad ? GDN_ERR_FORMAT : gdn_model_plan_create(&p, c, &r, NULL);
     if (!rc) rc = gdn_model_logits(p, m->w, tok, fwd);
     /* a capacity above the sequence: our cache's first 45 positions are compared */
-    if (!rc) rc = gdn_model_decoder_create(&d, c, 1, CAP, 0);
+    if (!rc) rc = gdn_model_decoder_create(&d, c, 1, CAP, 0, GDN_F32);
     if (rc) check(0, "model_decode.io setup: %s", gdn_errmsg());
     for (int tk = 0; !rc && tk < DEC_KINDS; tk++)
         if (!dec_run(d, c, m->w, tok, T, T0, (dec_tamper)tk, lg))
@@ -560,7 +560,7 @@ static void test_generate_hf(const model_w *m) {
                     read_bytes(f, ref_path("generate.io.safetensors"), "generated_ids", ref, NG);
     check(!bad, "generate.io: prompt_ids [1, 12], generated_ids [1, 32]");
     gdn_model_decoder *d = NULL;
-    if (bad || gdn_model_decoder_create(&d, &m->cfg, 1, NP + NG, 0)) {
+    if (bad || gdn_model_decoder_create(&d, &m->cfg, 1, NP + NG, 0, GDN_F32)) {
         check(0, "generate.io setup: %s", gdn_errmsg());
         goto out;
     }
@@ -592,7 +592,7 @@ static int decode_regions(const gdn_model_config *c, const float *w, int threads
     const gdn_token prompt[5] = {3, 1, 4, 1, 5};
     float *lg = falloc(5 * c->vocab);
     gdn_model_decoder *d = NULL;
-    int rc = gdn_model_decoder_create(&d, c, 1, 16, threads);
+    int rc = gdn_model_decoder_create(&d, c, 1, 16, threads, GDN_F32);
     if (!rc) rc = gdn_model_prefill(d, w, prompt, 5, lg);
     const long before = test_omp_regions;
     for (int s = 0; s < 4 && !rc; s++) rc = gdn_model_decode(d, w, prompt + s, lg);
@@ -857,7 +857,7 @@ static void test_moe_layouts(const model_w *m) {
     char out[80];
     snprintf(out, sizeof out, "%s.out", dir);
     char ck[600];
-    int rc = gdn_ckpt_save(out, 3, c, m->w, NULL, NULL, NULL, 0);
+    int rc = gdn_ckpt_save(out, 3, c, m->w, NULL, NULL, NULL, 0, GDN_F32);
     if (!rc) rc = gdn_ckpt_resolve(out, ck, sizeof ck);
     if (!rc) rc = gdn_ckpt_load_config(ck, &lc);
     if (!rc) rc = gdn_ckpt_load(ck, &lc, w, NULL, NULL, NULL);

@@ -204,7 +204,7 @@ static int save_as(const char *out, int64_t step, int64_t content, int keep_last
     float *w = params_for(w_base, content), *m = params_for(m_base, content), *v = params_for(v_base, content);
     char state[64];
     path_fmt(state, sizeof state, "{\"step\": %lld}", (long long)content);
-    const int rc = gdn_ckpt_save(out, step, &cfg, w, m, v, state, keep_last);
+    const int rc = gdn_ckpt_save(out, step, &cfg, w, m, v, state, keep_last, GDN_F32);
     free(w), free(m), free(v);
     return rc;
 }
@@ -445,7 +445,7 @@ static void test_hybrid_round_trip(void) {
           gdn_model_tensor_count(&g), rc ? gdn_errmsg() : "ok");
     char out[512], dir[700], p[800], first[128];
     tpath(out, "hybrid");
-    rc = gdn_ckpt_save(out, 1, &g, w, NULL, NULL, NULL, 0);
+    rc = gdn_ckpt_save(out, 1, &g, w, NULL, NULL, NULL, 0, GDN_F32);
     path_fmt(dir, sizeof dir, "%s/checkpoint-00000001", out);
     path_fmt(p, sizeof p, "%s/config.json", dir);
     check(!rc && config_matches_golden(p, first, sizeof first),
@@ -464,7 +464,7 @@ static void test_hybrid_round_trip(void) {
     shifted.full_attention[2] = 1, shifted.full_attention[3] = 0;
     float *ws = calloc(gdn_model_param_floats(&shifted), sizeof(float));
     gdn_model_init(&shifted, ws, 1);
-    rc = gdn_ckpt_save(out, 2, &shifted, ws, NULL, NULL, NULL, 0);
+    rc = gdn_ckpt_save(out, 2, &shifted, ws, NULL, NULL, NULL, 0, GDN_F32);
     path_fmt(p, sizeof p, "%s/checkpoint-00000002/config.json", out);
     check(!rc && !config_matches_golden(p, first, sizeof first) && !strcmp(first, "layer_types"),
           "control: the layer types shifted by one differ from transformers' config.json in '%s'", first);
@@ -477,7 +477,7 @@ static void test_hybrid_round_trip(void) {
     tied.tie_embeddings = 1;
     check(gdn_model_param_floats(&tied) < nw && gdn_model_tensor_count(&tied) == gdn_model_tensor_count(&g) - 1,
           "a tied model has one tensor less (no lm_head)");
-    rc = gdn_ckpt_save(out, 3, &tied, w, NULL, NULL, NULL, 0);
+    rc = gdn_ckpt_save(out, 3, &tied, w, NULL, NULL, NULL, 0, GDN_F32);
     path_fmt(dir, sizeof dir, "%s/checkpoint-00000003", out);
     path_fmt(p, sizeof p, "%s/model.safetensors", dir);
     gdn_st_file *f = NULL;
@@ -490,7 +490,7 @@ static void test_hybrid_round_trip(void) {
     /* no position limit (0): written as transformers' required field, and loads back into itself */
     gdn_model_config unlimited = g;
     unlimited.max_position = 0;
-    rc = gdn_ckpt_save(out, 4, &unlimited, w, NULL, NULL, NULL, 0);
+    rc = gdn_ckpt_save(out, 4, &unlimited, w, NULL, NULL, NULL, 0, GDN_F32);
     path_fmt(dir, sizeof dir, "%s/checkpoint-00000004", out);
     check(!rc && !gdn_ckpt_load(dir, &unlimited, w2, NULL, NULL, NULL),
           "a model without a position limit saves and loads back into itself (%s)", rc ? gdn_errmsg() : "ok");
@@ -693,12 +693,12 @@ static void test_corrupt(void) {
 static void test_save_errors(void) {
     char p[512], out[512];
     float *w = params_for(w_base, 1);
-    expect_status(gdn_ckpt_save(tpath(p, "no/such/parent"), 1, &cfg, w, NULL, NULL, NULL, 0), GDN_ERR_IO,
+    expect_status(gdn_ckpt_save(tpath(p, "no/such/parent"), 1, &cfg, w, NULL, NULL, NULL, 0, GDN_F32), GDN_ERR_IO,
                   "parent directory does not exist", "save into a directory whose parent is missing");
     write_bytes(tpath(p, "a_file"), "x", 1);
-    expect_status(gdn_ckpt_save(p, 1, &cfg, w, NULL, NULL, NULL, 0), GDN_ERR_IO, "not a directory",
+    expect_status(gdn_ckpt_save(p, 1, &cfg, w, NULL, NULL, NULL, 0, GDN_F32), GDN_ERR_IO, "not a directory",
                   "save into a path that is a file");
-    expect_status(gdn_ckpt_save(tpath(out, "run_err"), 1, &cfg, w, NULL, NULL, "{\"step\": ", 0), GDN_ERR_ARG,
+    expect_status(gdn_ckpt_save(tpath(out, "run_err"), 1, &cfg, w, NULL, NULL, "{\"step\": ", 0, GDN_F32), GDN_ERR_ARG,
                   "not JSON", "save with a trainer state that is not JSON");
     check(save_step(out, 3, 0) == GDN_OK, "a good checkpoint (step 3) in %s", out);
     gdn_model_tensor_info t;
@@ -706,7 +706,7 @@ static void test_save_errors(void) {
     w[t.offset + 1] = INFINITY;
     char needle[160];
     path_fmt(needle, sizeof needle, "'%s' holds inf", t.name);
-    expect_status(gdn_ckpt_save(out, 4, &cfg, w, NULL, NULL, NULL, 1), GDN_ERR_NONFINITE, needle,
+    expect_status(gdn_ckpt_save(out, 4, &cfg, w, NULL, NULL, NULL, 1, GDN_F32), GDN_ERR_NONFINITE, needle,
                   "save refuses non-finite weights");
     char dir[512];
     const int rc = gdn_ckpt_resolve(out, dir, sizeof dir);
@@ -717,7 +717,7 @@ static void test_save_errors(void) {
     mkdir(tpath(p, "empty_out"), 0755);
     expect_status(gdn_ckpt_resolve(p, dir, sizeof dir), GDN_ERR_MISSING, "no complete checkpoint",
                   "resolve an output directory without checkpoints");
-    expect_status(gdn_ckpt_save(out, -1, &cfg, w, NULL, NULL, NULL, 0), GDN_ERR_ARG, "negative", "save step -1");
+    expect_status(gdn_ckpt_save(out, -1, &cfg, w, NULL, NULL, NULL, 0, GDN_F32), GDN_ERR_ARG, "negative", "save step -1");
     free(w);
 }
 
@@ -763,7 +763,7 @@ static void test_keep_and_replace(void) {
 
     /* Replacing an existing step: new contents in place, nothing left aside. */
     float *w = params_for(w_base, 77);
-    rc = gdn_ckpt_save(out, 6, &cfg, w, NULL, NULL, "{\"replaced\": true}", 0);
+    rc = gdn_ckpt_save(out, 6, &cfg, w, NULL, NULL, "{\"replaced\": true}", 0, GDN_F32);
     path_fmt(dir, sizeof dir, "%s/checkpoint-00000006", out);
     float *got = calloc(nparam, sizeof(float));
     char *state = NULL;
@@ -774,7 +774,7 @@ static void test_keep_and_replace(void) {
           "save over an existing step replaces it whole (weights, state, no stale optimizer file)");
     /* control: the same replacement through a writer that rounds the F32 weights (a mutation) */
     test_mutation = "ckpt save: F32 tensors written rounded to bfloat16";
-    rc = gdn_ckpt_save(out, 6, &cfg, w, NULL, NULL, "{\"replaced\": true}", 0);
+    rc = gdn_ckpt_save(out, 6, &cfg, w, NULL, NULL, "{\"replaced\": true}", 0, GDN_F32);
     test_mutation = NULL;
     const int mrc = rc ? rc : gdn_ckpt_load(dir, &cfg, got, NULL, NULL, NULL);
     check(mrc == GDN_OK && !table_same_bytes(got, w) && table_diff(got, w) > 1e-6,
@@ -954,7 +954,7 @@ static void test_data(void) {
     expect_far(biased_failed ? NAN : chi_biased, 43.8, "windows drawn for a text half as long, confined to its first half (chi^2)");
 }
 
-/* A BF16 save (gdn_ckpt_save_dtype): model.safetensors holds BF16 tensors equal to the nearest-even
+/* A BF16 save (gdn_ckpt_save with GDN_BF16): model.safetensors holds BF16 tensors equal to the nearest-even
  * rounding of the weights bit for bit, config.json says "bfloat16"; loading it for inference gives
  * those rounded weights, resuming (the moments) gives the fp32 masters back bit for bit. Controls:
  * the inference load is not the fp32 weights (the rounding happened), and a model file from
@@ -963,7 +963,7 @@ static void test_bf16_save(void) {
     char out[512], dir[512], path[600];
     tpath(out, "bf16_save");
     float *w = params_for(w_base, 7), *m = params_for(m_base, 7), *v = params_for(v_base, 7);
-    int rc = gdn_ckpt_save_dtype(out, 7, &cfg, w, m, v, "{\"step\": 7}", 0, GDN_BF16);
+    int rc = gdn_ckpt_save(out, 7, &cfg, w, m, v, "{\"step\": 7}", 0, GDN_BF16);
     check(rc == GDN_OK, "BF16 save with the moments: %s", rc ? gdn_errmsg() : "ok");
     rc = rc ? rc : gdn_ckpt_resolve(out, dir, sizeof dir);
     if (rc) goto out;
@@ -1016,7 +1016,7 @@ static void test_bf16_save(void) {
     for (size_t i = 0; i < nparam; i++) w2[i] = w[i] * 1.5f;
     char out2[512], dir2[512], from[700];
     tpath(out2, "bf16_other");
-    rc = gdn_ckpt_save_dtype(out2, 7, &cfg, w2, NULL, NULL, NULL, 0, GDN_BF16);
+    rc = gdn_ckpt_save(out2, 7, &cfg, w2, NULL, NULL, NULL, 0, GDN_BF16);
     if (!rc) rc = gdn_ckpt_resolve(out2, dir2, sizeof dir2);
     if (!rc) {
         path_fmt(from, sizeof from, "%s/model.safetensors", dir2);
@@ -1026,7 +1026,7 @@ static void test_bf16_save(void) {
                       "come from different saves", "BF16 model file of another save beside the masters: refused");
     } else
         check(0, "BF16 save without moments: %s", gdn_errmsg());
-    expect_status(gdn_ckpt_save_dtype(out2, 8, &cfg, w, NULL, NULL, NULL, 0, 1), GDN_ERR_ARG, "neither F32",
+    expect_status(gdn_ckpt_save(out2, 8, &cfg, w, NULL, NULL, NULL, 0, 1), GDN_ERR_ARG, "neither F32",
                   "a save in F64 (not offered) is refused");
     free(w2), free(m2), free(v2);
 out:

@@ -34,7 +34,7 @@ static double compare_file(const char *out, const char *ref, const char *name) {
     if (gdn_st_open(&a, out) == GDN_OK && gdn_st_open(&b, ref) == GDN_OK) {
         const gdn_st_tensor *t = gdn_st_find(b, name);
         if (t) {
-            int64_t n = gdn_st_numel(t);
+            int64_t n = (t)->numel;
             float *x = malloc(sizeof(float) * n);
             double *r = malloc(sizeof(double) * n);
             if (gdn_st_read_f32(a, name, x, n) == GDN_OK && gdn_st_read_f64(b, name, r, n) == GDN_OK)
@@ -131,7 +131,7 @@ void test_cli(void) {
     char nodo[1100];
     snprintf(nodo, sizeof nodo, "%s.nodo", out);
     gdn_problem pb;
-    if (gdn_problem_load(&pb, gold, 0) == GDN_OK) { /* the inputs without 'do' */
+    if (gdn_problem_load(&pb, gold, 0, 0, -1, 0) == GDN_OK) { /* the inputs without 'do' */
         const gdn_config *c = &pb.cfg;
         const gdn_named_tensor t[] = {{"q", 4, {c->B, c->T, c->Hk, c->K}, pb.q}, {"k", 4, {c->B, c->T, c->Hk, c->K}, pb.k},
                                       {"v", 4, {c->B, c->T, c->Hv, c->V}, pb.v}, {"g", 3, {c->B, c->T, c->Hv}, pb.g},

@@ -40,7 +40,7 @@ int cli_pack_offsets(const char *who, const char *path, const char *rows, const 
         const size_t cap = t->ndim == 1 ? (size_t)t->shape[0] : 1;
         if (!(from_file = malloc(sizeof(int64_t) * (cap ? cap : 1))))
             rc = GDN_ERR_NOMEM, fprintf(stderr, "%s: out of memory for %s's cu_seqlens (%zu values)\n", who, path, cap);
-        else if ((rc = gdn_st_read_i64(f, "cu_seqlens", from_file, cap, &n_file)))
+        else if ((rc = gdn_st_read_ints(f, "cu_seqlens", from_file, cap, &n_file, 1)))
             fprintf(stderr, "%s: %s: %s\n", who, gdn_strerror(rc), gdn_errmsg());
     }
     gdn_st_close(f);
@@ -152,10 +152,10 @@ int cli_read_positions(const char *who, gdn_st_file *f, int64_t B, int64_t T, in
     if (!fits)
         return say(who, GDN_ERR_SHAPE, "'position_ids' must be [T = %lld] or [B = %lld, T] (or [1, T]), got %d dims (%lld, ...)",
                     (long long)T, (long long)B, t->ndim, (long long)(t->ndim ? t->shape[0] : 0));
-    const size_t n = (size_t)gdn_st_numel(t);
+    const size_t n = (size_t)(t)->numel;
     int64_t *q = malloc(sizeof(int64_t) * (n ? n : 1)), got = 0;
     if (!q) return say(who, GDN_ERR_NOMEM, "position_ids (%zu values)", n);
-    const int rc = gdn_st_read_i64_all(f, "position_ids", q, n, &got);
+    const int rc = gdn_st_read_ints(f, "position_ids", q, n, &got, 0);
     if (rc) {
         free(q);
         return say(who, rc, "%s", gdn_errmsg());

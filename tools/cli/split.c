@@ -62,8 +62,8 @@ int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_
     if (!rc) rc = gdn_st_writer_metadata(w, "producer", producer);
     for (int i = 0; i < n && !rc; i++)
         if (t[i].data || t[i].rows) /* a rows tensor absent here is absent on every rank (agreed) */
-            rc = gdn_st_writer_add_f32(w, t[i].name, GDN_F32, t[i].ndim, t[i].shape,
-                                       t[i].rows || rank ? NULL : t[i].data);
+            rc = gdn_st_writer_add(w, t[i].name, GDN_F32, t[i].ndim, t[i].shape,
+                                   t[i].rows || rank ? NULL : t[i].data, GDN_F32);
     if (!rc && add_more) rc = add_more(w, rank, ctx);
     char tmp[4096] = {0};
     if (!rank && !rc) rc = gdn_st_writer_begin(w, path, tmp, sizeof tmp);

@@ -121,14 +121,14 @@ GDN_VERSION = 300
 
 # the typedef'd enums: name -> {member: value}
 ENUMS = {
-    'gdn_attn_param': {'GDN_A_Q_PROJ': 0, 'GDN_A_K_PROJ': 1, 'GDN_A_V_PROJ': 2, 'GDN_A_O_PROJ': 3, 'GDN_A_Q_NORM': 4, 'GDN_A_K_NORM': 5, 'GDN_A_COUNT': 6},
+    'gdn_attn_param_id': {'GDN_A_Q_PROJ': 0, 'GDN_A_K_PROJ': 1, 'GDN_A_V_PROJ': 2, 'GDN_A_O_PROJ': 3, 'GDN_A_Q_NORM': 4, 'GDN_A_K_NORM': 5, 'GDN_A_COUNT': 6},
     'gdn_compute': {'GDN_COMPUTE_FP32': 0, 'GDN_COMPUTE_BF16': 1},
     'gdn_dtype': {'GDN_F32': 0, 'GDN_F64': 1, 'GDN_BF16': 2, 'GDN_DTYPE_OTHER': 3},
     'gdn_cp_wait': {'GDN_CP_WAIT_AUTO': 0, 'GDN_CP_WAIT_SPIN': 1, 'GDN_CP_WAIT_SLEEP': 2},
     'gdn_cp_strategy': {'GDN_CP_SCAN': 0, 'GDN_CP_ALLGATHER': 1, 'GDN_CP_RELAY': 2, 'GDN_CP_HEADS': 3},
     'gdn_layer_keep': {'GDN_LAYER_KEEP_MIN': 0, 'GDN_LAYER_KEEP_PROJ': 1},
-    'gdn_layer_param': {'GDN_P_IN_PROJ_QKV': 0, 'GDN_P_IN_PROJ_Z': 1, 'GDN_P_IN_PROJ_B': 2, 'GDN_P_IN_PROJ_A': 3, 'GDN_P_CONV1D': 4, 'GDN_P_A_LOG': 5, 'GDN_P_DT_BIAS': 6, 'GDN_P_NORM': 7, 'GDN_P_OUT_PROJ': 8, 'GDN_P_COUNT': 9},
-    'gdn_moe_param': {'GDN_MOE_ROUTER': 0, 'GDN_MOE_GATE_UP': 1, 'GDN_MOE_DOWN': 2, 'GDN_MOE_SHARED_GATE': 3, 'GDN_MOE_SHARED_UP': 4, 'GDN_MOE_SHARED_DOWN': 5, 'GDN_MOE_SHARED_EXPERT_GATE': 6, 'GDN_MOE_COUNT': 7},
+    'gdn_layer_param_id': {'GDN_P_IN_PROJ_QKV': 0, 'GDN_P_IN_PROJ_Z': 1, 'GDN_P_IN_PROJ_B': 2, 'GDN_P_IN_PROJ_A': 3, 'GDN_P_CONV1D': 4, 'GDN_P_A_LOG': 5, 'GDN_P_DT_BIAS': 6, 'GDN_P_NORM': 7, 'GDN_P_OUT_PROJ': 8, 'GDN_P_COUNT': 9},
+    'gdn_moe_param_id': {'GDN_MOE_ROUTER': 0, 'GDN_MOE_GATE_UP': 1, 'GDN_MOE_DOWN': 2, 'GDN_MOE_SHARED_GATE': 3, 'GDN_MOE_SHARED_UP': 4, 'GDN_MOE_SHARED_DOWN': 5, 'GDN_MOE_SHARED_EXPERT_GATE': 6, 'GDN_MOE_COUNT': 7},
     'gdn_status': {'GDN_OK': 0, 'GDN_ERR_ARG': 1, 'GDN_ERR_SHAPE': 2, 'GDN_ERR_NONFINITE': 3, 'GDN_ERR_NOMEM': 4, 'GDN_ERR_IO': 5, 'GDN_ERR_FORMAT': 6, 'GDN_ERR_MISSING': 7, 'GDN_ERR_DTYPE': 8, 'GDN_ERR_MPI': 20},
 }
 
@@ -161,6 +161,31 @@ class AttnConfig(ctypes.Structure):
         ('cp', c_int),
         ('keep', c_int),
         ('compute', c_int),
+    ]
+
+
+class AttnCacheInfo(ctypes.Structure):
+    """gdn_attn_cache_info (attention.h)."""
+    _fields_ = [
+        ('B', c_int64),
+        ('Hkv', c_int64),
+        ('d', c_int64),
+        ('capacity', c_int64),
+        ('length', c_int64),
+        ('dtype', c_int),
+        ('keys', c_void_p),
+        ('values', c_void_p),
+    ]
+
+
+class ParamInfo(ctypes.Structure):
+    """gdn_param_info (compute.h)."""
+    _fields_ = [
+        ('name', c_char_p),
+        ('ndim', c_int),
+        ('shape', (c_int64 * 3)),
+        ('offset', c_size_t),
+        ('numel', c_size_t),
     ]
 
 
@@ -198,6 +223,7 @@ class StTensor(ctypes.Structure):
         ('dtype_name', c_char_p),
         ('ndim', c_int),
         ('shape', (c_int64 * 8)),
+        ('numel', c_int64),
         ('begin', c_uint64),
         ('end', c_uint64),
     ]
@@ -490,7 +516,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -502,10 +528,7 @@ PROTOTYPES = {
     # attention.h
     'gdn_attn_config_default': (AttnConfig, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_attn_config_check': (c_int, [POINTER(AttnConfig)]),
-    'gdn_attn_param_name': (c_char_p, [c_int]),
-    'gdn_attn_param_shape': (c_int, [POINTER(AttnConfig), c_int, POINTER(c_int64)]),
-    'gdn_attn_param_offset': (c_size_t, [POINTER(AttnConfig), c_int]),
-    'gdn_attn_param_numel': (c_size_t, [POINTER(AttnConfig), c_int]),
+    'gdn_attn_param': (c_int, [POINTER(AttnConfig), c_int, POINTER(ParamInfo)]),
     'gdn_attn_param_floats': (c_size_t, [POINTER(AttnConfig)]),
     'gdn_attn_plan_create': (c_int, [POINTER(c_void_p), POINTER(AttnConfig)]),
     'gdn_attn_plan_destroy': (None, [c_void_p]),
@@ -514,17 +537,10 @@ PROTOTYPES = {
     'gdn_attn_saved_floats': (c_size_t, [c_void_p]),
     'gdn_attn_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_attn_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
-    'gdn_attn_cache_create': (c_int, [POINTER(c_void_p), c_int64, c_int64, c_int64, c_int64]),
-    'gdn_attn_cache_create_dtype': (c_int, [POINTER(c_void_p), c_int64, c_int64, c_int64, c_int64, c_int]),
-    'gdn_attn_cache_dtype': (c_int, [c_void_p]),
+    'gdn_attn_cache_create': (c_int, [POINTER(c_void_p), c_int64, c_int64, c_int64, c_int64, c_int]),
     'gdn_attn_cache_destroy': (None, [c_void_p]),
     'gdn_attn_cache_reset': (None, [c_void_p]),
-    'gdn_attn_cache_length': (c_int64, [c_void_p]),
-    'gdn_attn_cache_capacity': (c_int64, [c_void_p]),
-    'gdn_attn_cache_keys': (POINTER(c_float), [c_void_p]),
-    'gdn_attn_cache_values': (POINTER(c_float), [c_void_p]),
-    'gdn_attn_cache_keys_bf16': (POINTER(c_uint16), [c_void_p]),
-    'gdn_attn_cache_values_bf16': (POINTER(c_uint16), [c_void_p]),
+    'gdn_attn_cache_view': (c_int, [c_void_p, POINTER(AttnCacheInfo)]),
     'gdn_attn_cache_set_length': (c_int, [c_void_p, c_int64]),
     'gdn_attn_decode': (c_int, [c_void_p, c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_sdpa_plan_create': (c_int, [POINTER(c_void_p), POINTER(AttnConfig)]),
@@ -547,13 +563,11 @@ PROTOTYPES = {
     'gdn_bench_projection': (None, [c_int, c_int64, c_int64, c_int64, POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int]),
     'gdn_peak_rss_mb': (c_double, []),
     # checkpoint.h
-    'gdn_ckpt_save': (c_int, [c_char_p, c_int64, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_char_p, c_int]),
-    'gdn_ckpt_save_dtype': (c_int, [c_char_p, c_int64, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_char_p, c_int, c_int]),
+    'gdn_ckpt_save': (c_int, [c_char_p, c_int64, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_char_p, c_int, c_int]),
     'gdn_ckpt_resolve': (c_int, [c_char_p, c_char_p, c_size_t]),
     'gdn_ckpt_load_config': (c_int, [c_char_p, POINTER(ModelConfig)]),
     'gdn_ckpt_load': (c_int, [c_char_p, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_char_p)]),
-    'gdn_ckpt_pack_separator': (c_int, [c_char_p, POINTER(c_uint8), c_int, POINTER(c_int)]),
-    'gdn_ckpt_pack_separator_id': (c_int, [c_char_p, POINTER(c_int64)]),
+    'gdn_ckpt_pack_separator': (c_int, [c_char_p, POINTER(c_uint8), c_int, POINTER(c_int), POINTER(c_int64)]),
     # compute.h
     'gdn_compute_parse': (c_int, [c_char_p, POINTER(c_int)]),
     'gdn_compute_name': (c_char_p, [c_int]),
@@ -609,18 +623,12 @@ PROTOTYPES = {
     'gdn_st_find': (POINTER(StTensor), [c_void_p, c_char_p]),
     'gdn_st_path': (c_char_p, [c_void_p]),
     'gdn_st_metadata': (c_char_p, [c_void_p, c_char_p]),
-    'gdn_st_read_f32': (c_int, [c_void_p, c_char_p, POINTER(c_float), c_size_t]),
-    'gdn_st_read_f64': (c_int, [c_void_p, c_char_p, POINTER(c_double), c_size_t]),
-    'gdn_st_read_f32_rows': (c_int, [c_void_p, c_char_p, POINTER(c_float), c_size_t, c_int64, c_int64]),
-    'gdn_st_read_f32_slice': (c_int, [c_void_p, c_char_p, POINTER(c_float), c_size_t, c_int, c_int64, c_int64]),
-    'gdn_st_read_i64': (c_int, [c_void_p, c_char_p, POINTER(c_int64), c_size_t, POINTER(c_int64)]),
-    'gdn_st_read_i64_all': (c_int, [c_void_p, c_char_p, POINTER(c_int64), c_size_t, POINTER(c_int64)]),
-    'gdn_st_numel': (c_int64, [POINTER(StTensor)]),
+    'gdn_st_read': (c_int, [c_void_p, c_char_p, c_int, c_void_p, c_size_t, c_int, c_int64, c_int64]),
+    'gdn_st_read_ints': (c_int, [c_void_p, c_char_p, POINTER(c_int64), c_size_t, POINTER(c_int64), c_int]),
     'gdn_st_writer_create': (c_int, [POINTER(c_void_p)]),
     'gdn_st_writer_destroy': (None, [c_void_p]),
-    'gdn_st_writer_add_f32': (c_int, [c_void_p, c_char_p, c_int, c_int, POINTER(c_int64), POINTER(c_float)]),
+    'gdn_st_writer_add': (c_int, [c_void_p, c_char_p, c_int, c_int, POINTER(c_int64), c_void_p, c_int]),
     'gdn_st_bf16': (c_uint16, [c_float]),
-    'gdn_st_writer_add_f64': (c_int, [c_void_p, c_char_p, c_int, c_int, POINTER(c_int64), POINTER(c_double)]),
     'gdn_st_writer_add_i64': (c_int, [c_void_p, c_char_p, c_int, POINTER(c_int64), POINTER(c_int64)]),
     'gdn_st_writer_metadata': (c_int, [c_void_p, c_char_p, c_char_p]),
     'gdn_st_writer_save': (c_int, [c_void_p, c_char_p]),
@@ -634,16 +642,13 @@ PROTOTYPES = {
     'gdn_layer_weights_to_bf16': (c_int, [POINTER(LayerWeights)]),
     'gdn_layer_weights_data': (c_void_p, [POINTER(LayerWeights)]),
     'gdn_layer_grads_add': (c_int, [c_void_p, POINTER(LayerWeights), POINTER(c_float), c_char_p]),
-    'gdn_layer_fused_name': (c_char_p, [c_int]),
-    'gdn_layer_fused_rows': (c_int64, [POINTER(LayerConfig), c_int]),
+    'gdn_layer_fused': (c_int, [POINTER(LayerConfig), c_int, POINTER(ParamInfo)]),
     'gdn_layer_unfuse': (c_int, [POINTER(LayerConfig), c_int, POINTER(c_float), POINTER(c_float)]),
     'gdn_layer_fuse': (c_int, [POINTER(LayerConfig), c_int, POINTER(c_float), POINTER(c_float)]),
     'gdn_attn_weights_load': (c_int, [POINTER(AttnWeights), c_char_p, c_char_p, c_char_p, POINTER(AttnConfig)]),
     'gdn_attn_weights_free': (None, [POINTER(AttnWeights)]),
     'gdn_attn_grads_add': (c_int, [c_void_p, POINTER(AttnWeights), POINTER(c_float), c_char_p]),
-    'gdn_problem_load': (c_int, [POINTER(Problem), c_char_p, c_int]),
-    'gdn_problem_load_rows': (c_int, [POINTER(Problem), c_char_p, c_int, c_int64, c_int64]),
-    'gdn_problem_load_packed': (c_int, [POINTER(Problem), c_char_p, c_int, c_int64, c_int64, c_int64]),
+    'gdn_problem_load': (c_int, [POINTER(Problem), c_char_p, c_int, c_int64, c_int64, c_int64]),
     'gdn_problem_free': (None, [POINTER(Problem)]),
     'gdn_save_tensors': (c_int, [c_char_p, POINTER(NamedTensor), c_int, c_char_p]),
     # kernel.h
@@ -673,10 +678,7 @@ PROTOTYPES = {
     'gdn_layer_config_default': (LayerConfig, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_layer_config_check': (c_int, [POINTER(LayerConfig)]),
     'gdn_layer_conv_dim': (c_int64, [POINTER(LayerConfig)]),
-    'gdn_layer_param_name': (c_char_p, [c_int]),
-    'gdn_layer_param_shape': (c_int, [POINTER(LayerConfig), c_int, POINTER(c_int64)]),
-    'gdn_layer_param_offset': (c_size_t, [POINTER(LayerConfig), c_int]),
-    'gdn_layer_param_numel': (c_size_t, [POINTER(LayerConfig), c_int]),
+    'gdn_layer_param': (c_int, [POINTER(LayerConfig), c_int, POINTER(ParamInfo)]),
     'gdn_layer_param_floats': (c_size_t, [POINTER(LayerConfig)]),
     'gdn_layer_plan_create': (c_int, [POINTER(c_void_p), POINTER(LayerConfig)]),
     'gdn_layer_plan_destroy': (None, [c_void_p]),
@@ -719,8 +721,7 @@ PROTOTYPES = {
     'gdn_model_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_int32)]),
     'gdn_model_logits': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), POINTER(c_float)]),
     'gdn_model_mixer_seconds': (None, [c_void_p, POINTER(c_double), c_int]),
-    'gdn_model_decoder_create': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), c_int64, c_int64, c_int]),
-    'gdn_model_decoder_create_dtype': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), c_int64, c_int64, c_int, c_int]),
+    'gdn_model_decoder_create': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), c_int64, c_int64, c_int, c_int]),
     'gdn_model_decoder_destroy': (None, [c_void_p]),
     'gdn_model_decoder_reset': (None, [c_void_p]),
     'gdn_model_decoder_length': (c_int64, [c_void_p]),
@@ -737,10 +738,7 @@ PROTOTYPES = {
     'gdn_moe_config_default': (MoeConfig, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_moe_config_check': (c_int, [POINTER(MoeConfig)]),
     'gdn_moe_local_experts': (c_int64, [POINTER(MoeConfig), POINTER(c_int64)]),
-    'gdn_moe_param_name': (c_char_p, [c_int]),
-    'gdn_moe_param_shape': (c_int, [POINTER(MoeConfig), c_int, POINTER(c_int64)]),
-    'gdn_moe_param_offset': (c_size_t, [POINTER(MoeConfig), c_int]),
-    'gdn_moe_param_numel': (c_size_t, [POINTER(MoeConfig), c_int]),
+    'gdn_moe_param': (c_int, [POINTER(MoeConfig), c_int, POINTER(ParamInfo)]),
     'gdn_moe_param_floats': (c_size_t, [POINTER(MoeConfig)]),
     'gdn_moe_plan_create': (c_int, [POINTER(c_void_p), POINTER(MoeConfig)]),
     'gdn_moe_plan_destroy': (None, [c_void_p]),
@@ -756,7 +754,6 @@ PROTOTYPES = {
     'gdn_adamw_default': (AdamwConfig, []),
     'gdn_adamw_check': (c_int, [POINTER(AdamwConfig)]),
     'gdn_adamw_lr': (c_double, [POINTER(AdamwConfig), c_int64]),
-    'gdn_grad_norm': (c_double, [POINTER(ModelConfig), POINTER(c_float)]),
     'gdn_grad_sumsq': (None, [POINTER(ModelConfig), POINTER(c_float), POINTER(c_double)]),
     'gdn_adamw_update': (None, [POINTER(AdamwConfig), POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int64, c_double, c_double, c_int]),
     # sample.h

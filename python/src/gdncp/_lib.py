@@ -151,6 +151,14 @@ def check(status, what):
     raise err
 
 
+def param_info(fn, cfg, i):
+    """(name, shape, offset, numel) of parameter i of a layer's flat array: fn is gdn_layer_param,
+    gdn_attn_param or gdn_moe_param, cfg its config struct (gdn_param_info, compute.h)."""
+    info = ParamInfo()  # noqa: F821
+    check(fn(ctypes.byref(cfg), i, ctypes.byref(info)), "parameter table")
+    return (info.name.decode(), tuple(info.shape[:info.ndim]), int(info.offset), int(info.numel))
+
+
 HUGE_PAGE = 2 << 20
 
 

@@ -260,7 +260,8 @@ def step(q, k, v, g, beta, state, *, scale=None, l2norm=True, threads=0):
 
 def layer_param_names():
     """The layer's parameters in their flat order, by Hugging Face name (without prefix)."""
-    return [L.gdn_layer_param_name(i).decode() for i in range(L.GDN_P_COUNT)]
+    c = L.gdn_layer_config_default(1, 1, 1, 1, 1, 1, 1)
+    return [L.param_info(L.gdn_layer_param, c, i)[0] for i in range(L.GDN_P_COUNT)]
 
 
 class Layer:
@@ -268,7 +269,7 @@ class Layer:
 
     Layer(E, Hk, Hv, K, V, weights, Kc=4, eps=1e-6): weights is a dict of Hugging Face names
     (in_proj_qkv.weight, ..., with or without a common prefix) to arrays in PyTorch's [out, in]
-    shapes, or the flat float32 vector of gdn_layer_param_offset. Plans are made per (B, T)
+    shapes, or the flat float32 vector of gdn_layer_param's offsets. Plans are made per (B, T)
     and reused. compute="bf16": in_proj_qkv, in_proj_z and out_proj (forward and backward) with
     bfloat16 operands and fp32 accumulation on the CPU's best BF16 path (gdncp/compute.h;
     ~1e-2 relative on outputs), the rest fp32.
@@ -299,13 +300,7 @@ class Layer:
     def param_layout(self):
         """[(name, shape, offset)] of the flat parameter vector."""
         probe = self._cfg(1, 1)
-        out = []
-        for i in range(L.GDN_P_COUNT):
-            shp = (ctypes.c_int64 * 3)()
-            nd = L.gdn_layer_param_shape(ctypes.byref(probe), i, shp)
-            out.append((L.gdn_layer_param_name(i).decode(), tuple(shp[:nd]),
-                        int(L.gdn_layer_param_offset(ctypes.byref(probe), i))))
-        return out
+        return [L.param_info(L.gdn_layer_param, probe, i)[:3] for i in range(L.GDN_P_COUNT)]
 
     def _flat(self, weights, probe):
         if isinstance(weights, np.ndarray) and weights.ndim == 1:

@@ -150,19 +150,12 @@ def layout(kind, dims):
     if kind == "gdn":
         c = L.gdn_layer_config_default(1, 1, dims.E, dims.Hk, dims.Hv, dims.K, dims.V)
         c.Kc = dims.Kc
-        n, name, shape, off, total = (L.GDN_P_COUNT, L.gdn_layer_param_name,
-                                      L.gdn_layer_param_shape, L.gdn_layer_param_offset,
-                                      L.gdn_layer_param_floats)
+        n, param, total = L.GDN_P_COUNT, L.gdn_layer_param, L.gdn_layer_param_floats
     else:
         c = L.gdn_attn_config_default(1, 1, dims.E, dims.H, dims.Hkv, dims.d)
         c.R = dims.R
-        n, name, shape, off, total = (L.GDN_A_COUNT, L.gdn_attn_param_name, L.gdn_attn_param_shape,
-                                      L.gdn_attn_param_offset, L.gdn_attn_param_floats)
-    out = []
-    for i in range(n):
-        shp = (ctypes.c_int64 * 3)()
-        nd = shape(ctypes.byref(c), i, shp)
-        out.append((name(i).decode(), tuple(shp[:nd]), int(off(ctypes.byref(c), i))))
+        n, param, total = L.GDN_A_COUNT, L.gdn_attn_param, L.gdn_attn_param_floats
+    out = [L.param_info(param, c, i)[:3] for i in range(n)]
     return out, int(total(ctypes.byref(c)))
 
 

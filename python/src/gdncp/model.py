@@ -508,7 +508,7 @@ class Model:
         B, T = ids.shape
         V = self._cfg.vocab
         dec = ctypes.c_void_p()
-        L.check(L.gdn_model_decoder_create_dtype(ctypes.byref(dec), ctypes.byref(self._cfg), B, T + N,
+        L.check(L.gdn_model_decoder_create(ctypes.byref(dec), ctypes.byref(self._cfg), B, T + N,
                                                  self._threads, cache_dtype), "gdncp.Model.generate")
         try:
             L.check(L.gdn_model_decoder_set_compute(dec, compute), "gdncp.Model.generate")
@@ -627,7 +627,7 @@ class Model:
         trainer_state.json), as a tuple of ids, or None."""
         buf = (ctypes.c_ubyte * 64)()
         n = ctypes.c_int(0)
-        L.check(L.gdn_ckpt_pack_separator(os.fsencode(self._dir), buf, 64, ctypes.byref(n)),
+        L.check(L.gdn_ckpt_pack_separator(os.fsencode(self._dir), buf, 64, ctypes.byref(n), None),
                 f"gdncp.Model: {self._dir}/trainer_state.json")
         return tuple(buf[:n.value]) or None
 
@@ -668,7 +668,7 @@ class Model:
 class AdamW:
     """One `gdncp train` step on a gdncp.Model from Python: opt = model.adamw(lr=...), then
     loss = opt.step(input_ids) per batch runs the forward and backward (loss_and_grads'), the
-    global gradient norm (gdn_grad_norm), clipping to `clip` (0: none) and the C AdamW
+    global gradient norm (the square root of gdn_grad_sumsq's two parts), clipping to `clip` (0: none) and the C AdamW
     (gdn_adamw_update: decoupled weight decay on the matrices and conv taps, not on norms,
     A_log, dt_bias; bias-corrected moments), on the model's weights in place. Everything it
     writes lives in buffers made once here (the gradient, exp_avg, exp_avg_sq: flat, in the
@@ -730,7 +730,9 @@ class AdamW:
         a = self._config(lr)
         with m._lock:
             loss, _ = m._step(input_ids, compute, True, bool(recompute), self.grad)
-            gnorm = float(L.gdn_grad_norm(ctypes.byref(m._cfg), L.f32p(self.grad)))
+            ss = (ctypes.c_double * 2)()
+            L.gdn_grad_sumsq(ctypes.byref(m._cfg), L.f32p(self.grad), ss)
+            gnorm = math.sqrt(ss[0] + ss[1])
             self.grad_norm = gnorm
             if not (math.isfinite(loss) and math.isfinite(gnorm)):
                 raise FloatingPointError(f"gdncp AdamW step {self.steps + 1}: the loss ({loss}) or the "

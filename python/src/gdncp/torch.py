@@ -217,7 +217,7 @@ def _moe_layout(weights):
     I = weights[2].shape[2]
     Is = 0 if weights[3] is None else weights[3].shape[0]
     cfg = L.gdn_moe_config_default(1, E, n, 1, I, Is)
-    offs = [(L.gdn_moe_param_offset(ctypes.byref(cfg), i), 0 if t is None else t.numel())
+    offs = [(L.param_info(L.gdn_moe_param, cfg, i)[2], 0 if t is None else t.numel())
             for i, t in enumerate(weights)]
     return offs, L.gdn_moe_param_floats(ctypes.byref(cfg))
 
@@ -322,7 +322,7 @@ class _MoeBlock(torch.autograd.Function):
             plan = _moe_plan(ctx.key)
             L.check(L.gdn_moe_backward(plan.h, L.f32p(dx), L.f32p(dw), L.f32p(ctx.x), L.f32p(ctx.w), L.f32p(ctx.saved),
                                        L.f32p(dya), None), "gdncp.torch.moe_block")
-            offs = [L.gdn_moe_param_offset(ctypes.byref(plan.cfg), i) for i in range(L.GDN_MOE_COUNT)]
+            offs = [L.param_info(L.gdn_moe_param, plan.cfg, i)[2] for i in range(L.GDN_MOE_COUNT)]
         out = []
         for i, sd in enumerate(ctx.shapes):
             if sd is None:
