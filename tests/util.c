@@ -22,7 +22,15 @@ const char *test_mutation = NULL;
 
 /* (the library's parser of GDNCP_MUTATE, src/base/status.c) */
 int gdn_test_site_value(const char *list, const char *site);
-int gdn_test_mutate(const char *site) { return gdn_test_site_value(test_mutation, site); }
+int gdn_test_mutate(const char *site) {
+    /* a site named with ',' or '=' could never be selected from a list: its control would pass
+     * vacuously, so it stops the test program the first time the library asks for it */
+    if (strpbrk(site, ",=")) {
+        fprintf(stderr, "test site \"%s\" holds ',' or '=' (GDNCP_MUTATE's separators): rename it\n", site);
+        abort();
+    }
+    return gdn_test_site_value(test_mutation, site);
+}
 const char *const cp_site[8] = {
     NULL,
     "cp: scan composed in the reversed order",

@@ -191,7 +191,7 @@ static int move_fused(const gdn_layer_config *c, int fused, float *split, float 
     const int64_t rows = gdn_layer_fused_rows(c, fused), E = c->E;
     /* the mistake a reader of Qwen3-Next files makes: the fused rows taken as [q; k; v; z] and
      * [b; a] concatenated, not interleaved per key head (the loaders' tests must catch it) */
-    const int concatenated = to_split && gdn_test_mutate("layer io: fused rows read as concatenated, not interleaved");
+    const int concatenated = to_split && gdn_test_mutate("layer io: fused rows read as concatenated (not interleaved)");
     const int64_t first_rows = fused == GDN_FUSED_QKVZ ? 2 * c->Hk * c->K + c->Hv * c->V : c->Hv;
     for (int64_t i = 0; i < rows; i++) {
         int p;

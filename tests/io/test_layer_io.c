@@ -198,7 +198,7 @@ static void fused(void) {
         check(!memcmp(lf.w, ls.w, n * sizeof(float)), "fused load identical to the split load (bitwise)");
         expect_close(rel_err_ff(lf.w, ls.w, (int64_t)n), 0.0, "fused vs split, relative difference");
         /* control: a reader taking the fused rows as concatenated [q;k;v;z], [b;a] (a mutation) */
-        test_mutation = "layer io: fused rows read as concatenated, not interleaved";
+        test_mutation = "layer io: fused rows read as concatenated (not interleaved)";
         const int crc = gdn_layer_weights_load(&lc, pf, TINY_CFG, L0, NULL);
         test_mutation = NULL;
         if (!crc) {

@@ -281,7 +281,7 @@ static void test_layouts(void) {
           "golden model, bit for bit");
     /* control: the same file through a reader that takes the fused rows as concatenated (a
      * mutation of the loader) */
-    test_mutation = "layer io: fused rows read as concatenated, not interleaved";
+    test_mutation = "layer io: fused rows read as concatenated (not interleaved)";
     loads_as_golden(dir, &G, &far, "qwen3_next, read as concatenated");
     test_mutation = NULL;
     expect_far(far, 1e-3, "control: fused tensors read as concatenated instead of interleaved per key head: other weights");
