@@ -10,6 +10,21 @@ GOLDEN = os.environ.get("GDN_GOLDEN_DIR", os.path.join(REPO, "tests", "data"))
 TINY = os.path.join(GOLDEN, "qwen35_tiny")
 
 
+# The library's CP test sites (docs/testing.md, "Test sites"), by the numbers the CP tests use:
+# set through GDNCP_MUTATE, which a library built with its test hooks reads at every call.
+CP_SITES = {2: "cp: incoming state dropped", 3: "cp: incoming state gradient dropped",
+            4: "cp: conv halo dropped", 5: "cp: conv halo gradient dropped",
+            6: "attention cp: keys and values of earlier ranks dropped"}
+
+
+def mutate(code):
+    """Make this process's library calls deliberately wrong at CP site `code` (0: none)."""
+    if code:
+        os.environ["GDNCP_MUTATE"] = CP_SITES[code]
+    else:
+        os.environ.pop("GDNCP_MUTATE", None)
+
+
 def rel_err(a, b):
     """max|a - b| / max|b|: the project's per-tensor relative error (DESIGN §6)."""
     a, b = (np.asarray(x.detach().double() if hasattr(x, "detach") else x, np.float64)

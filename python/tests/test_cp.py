@@ -13,7 +13,6 @@ mistake through the same check, which must fail it: one rank's shard shifted by 
 strategy), and for scan/allgather/relay the library's fault hook that drops the state entering a
 rank (GDNCP_MUTATE, the real code path with zeros in place of the received state).
 """
-import os
 
 import numpy as np
 import pytest
@@ -26,20 +25,7 @@ import gdncp.torch as gt
 from gdncp import _lib as L
 from gdncp import core
 
-# The library's CP test sites (docs/testing.md, "Test sites"), by the numbers these tests use:
-# set through GDNCP_MUTATE, which a library built with its test hooks reads at every call.
-_CP_SITES = {2: "cp: incoming state dropped", 3: "cp: incoming state gradient dropped",
-             4: "cp: conv halo dropped", 5: "cp: conv halo gradient dropped",
-             6: "attention cp: keys and values of earlier ranks dropped"}
-
-
-def _mutate(code):
-    """Make this process's CP steps deliberately wrong at site `code` (0: none)."""
-    if code:
-        os.environ["GDNCP_MUTATE"] = _CP_SITES[code]
-    else:
-        os.environ.pop("GDNCP_MUTATE", None)
-
+from conftest import mutate as _mutate
 
 TOL = 2e-5
 COMM = MPI.COMM_WORLD

@@ -21,7 +21,6 @@ mistakes through the same check, which must fail it: the library's fault hooks o
 conv halo from rank 0 dropped, the recurrent state entering it dropped, attention without the
 earlier ranks' keys and values) and local instead of global positions.
 """
-import os
 
 import numpy as np
 import pytest
@@ -32,24 +31,9 @@ import gdncp.transformers as gtr
 from gdncp import _lib as L
 from gdncp import core
 
-from conftest import TINY
+from conftest import TINY, mutate as _mutate
 from cp_train_common import (exact_errors, grads as _grads, moe_tiny as _moe_tiny, next_tiny as _next_tiny,
                              rel as _rel, tiny as _tiny, worst_gradient)
-
-# The library's CP test sites (docs/testing.md, "Test sites"), by the numbers these tests use:
-# set through GDNCP_MUTATE, which a library built with its test hooks reads at every call.
-_CP_SITES = {2: "cp: incoming state dropped", 3: "cp: incoming state gradient dropped",
-             4: "cp: conv halo dropped", 5: "cp: conv halo gradient dropped",
-             6: "attention cp: keys and values of earlier ranks dropped"}
-
-
-def _mutate(code):
-    """Make this process's CP steps deliberately wrong at site `code` (0: none)."""
-    if code:
-        os.environ["GDNCP_MUTATE"] = _CP_SITES[code]
-    else:
-        os.environ.pop("GDNCP_MUTATE", None)
-
 
 COMM = MPI.COMM_WORLD
 R, D = COMM.Get_rank(), COMM.Get_size()
