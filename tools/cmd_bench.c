@@ -186,8 +186,8 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     const double issued_gflops = (double)gdn_flops_issued_stop() / med / 1e9;
     const double ht_per_s = (double)s->T * s->Hv / med;
     /* BF16 rows: the register-only peak of the path the products run, measured now */
-    const int bpath = s->compute == GDN_COMPUTE_BF16 ? gdn_bench_bf16_path() : 0;
-    const double bpeak = bpath ? gdn_bench_bf16_peak_gflops(bpath, threads) : 0.0;
+    const int bpath = s->compute == GDN_COMPUTE_BF16 ? cli_bf16(0, 0).path : 0;
+    const double bpeak = bpath ? cli_bf16(bpath, threads).peak_gflops : 0.0;
     const int64_t tp = s->T < 256 ? s->T : 256;
     const double err = backward ? oracle_error_backward(pc, tp, q, k, v, g, beta, dout)
                                 : oracle_error(pc, GDN_COMPUTE_FP32, tp, q, k, v, g, beta, o);

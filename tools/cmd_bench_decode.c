@@ -445,13 +445,13 @@ int cmd_bench_decode(int argc, char **argv) {
     }
     /* Prefill of a prompt forming the last logits: at the real vocabulary, 4 layers (LLLF) and
      * all 24 of Qwen3.5-0.8B's shape; --quick: the small model's */
-    const int bp = gdn_bench_bf16_path();
-    const double peak[2] = {cli_peak_gflops(2, json), gdn_bench_bf16_peak_gflops(bp, 2)};
+    const gdn_bf16_path_info bp = cli_bf16(0, 2);
+    const double peak[2] = {cli_peak_gflops(2, json), bp.peak_gflops};
     if (!json)
         printf("prefill (gdn_model_prefill_last, B = 1, fp32 and BF16 compute): FLOPs = 2 x the non-embedding "
                "parameters a token + the GatedDeltaNet kernel's forward + the attention core's 2 d H (T + 1) + the "
                "last row's head; measured BF16 instruction peak %.1f GFLOP/s (%s)\n", peak[1],
-               gdn_bench_bf16_path_name(bp));
+               bp.name);
     for (int v = 0; v < (quick ? 1 : 2); v++) {
         gdn_model_config c;
         gdn_model_config_named(quick ? "small" : "qwen3.5-0.8b", &c);

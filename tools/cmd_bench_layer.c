@@ -252,7 +252,7 @@ int cmd_bench_layer(int argc, char **argv) {
     const double peak = cli_peak_gflops(maxt, json);
     if (!json)
         printf("GEMM path: fp32 %s; bf16 %s\n", gdn_compute_path(GDN_COMPUTE_FP32), gdn_compute_path(GDN_COMPUTE_BF16));
-    const double bf16_peak = compute_mask & 2 ? cli_bf16_peak(gdn_bench_bf16_path(), maxt, json,
+    const double bf16_peak = compute_mask & 2 ? cli_bf16_peak(0, maxt, json,
                                                               " (0: the path has no instruction of its own)")
                                               : NAN;
     if (!json) {

@@ -116,7 +116,7 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
                 const size_t at = (size_t)(mode * 2 + cm) * (size_t)o->reps + (size_t)(r ? r - 1 : 0);
                 if (r) {
                     pk32[at] = gdn_measure_peak_gflops(o->threads);
-                    pkbf[at] = cm ? gdn_bench_bf16_peak_gflops(gdn_bench_bf16_path(), o->threads) : NAN;
+                    pkbf[at] = cm ? cli_bf16(0, o->threads).peak_gflops : NAN;
                 }
                 const double t0 = cli_now();
                 rc = gdn_moe_forward(p[cm], y[cm], mode == MODE_FWD_BWD ? saved : NULL, x, w, st, NULL, NULL);

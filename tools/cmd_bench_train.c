@@ -262,7 +262,7 @@ int cmd_bench_train(int argc, char **argv) {
     const int threads = cli_max_threads();
     const char *cpu = cli_cpu();
     peaks peak = {cli_peak_gflops(threads, json), 0};
-    peak.bf16 = cli_bf16_peak(gdn_bench_bf16_path(), threads, json, NULL); /* the text: in the line below */
+    peak.bf16 = cli_bf16_peak(0, threads, json, NULL); /* the text: in the line below */
     if (!json)
         printf("gdncp bench train: one step (forward + backward + AdamW) on %s, %d threads; FLOPs = 6 x "
                "non-embedding parameters + the GatedDeltaNet kernel's forward and backward + the attention "

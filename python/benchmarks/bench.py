@@ -364,15 +364,11 @@ def model_peaks(threads):
     """(fp32 FMA peak, BF16 instruction peak, its path's name), GFLOP/s on threads threads, measured
     as the gemm section measures them."""
     from gdncp import _lib as L
-    lib = L.lib
-    lib.gdn_bench_bf16_path.restype = ctypes.c_int
-    lib.gdn_bench_bf16_path_name.restype = ctypes.c_char_p
-    lib.gdn_bench_bf16_path_name.argtypes = [ctypes.c_int]
-    lib.gdn_bench_bf16_peak_gflops.restype = ctypes.c_double
-    lib.gdn_bench_bf16_peak_gflops.argtypes = [ctypes.c_int, ctypes.c_int]
-    path = lib.gdn_bench_bf16_path()
-    return (L.gdn_measure_peak_gflops(threads), lib.gdn_bench_bf16_peak_gflops(path, threads),
-            lib.gdn_bench_bf16_path_name(path).decode())
+    info = L.Bf16PathInfo()
+    L.check(L.gdn_bench_bf16(0, 0, ctypes.byref(info)), "gdn_bench_bf16")
+    pk32 = L.gdn_measure_peak_gflops(threads)
+    L.check(L.gdn_bench_bf16(0, threads, ctypes.byref(info)), "gdn_bench_bf16")
+    return (pk32, info.peak_gflops, info.name.decode())
 
 
 def run_model(shape="tiny", B=None, T=None, reps=3, rounds=1, config_path=None, layers=None,
@@ -669,16 +665,13 @@ def run_gemm(T=4096, reps=5, shapes=GEMM_SHAPES):
     lib = L.lib
     lib.gdn_measure_peak_gflops.restype = ctypes.c_double
     lib.gdn_measure_peak_gflops.argtypes = [ctypes.c_int]
-    lib.gdn_bench_bf16_path.restype = ctypes.c_int
-    lib.gdn_bench_bf16_path_name.restype = ctypes.c_char_p
-    lib.gdn_bench_bf16_path_name.argtypes = [ctypes.c_int]
-    lib.gdn_bench_bf16_peak_gflops.restype = ctypes.c_double
-    lib.gdn_bench_bf16_peak_gflops.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.gdn_bench_projection.restype = None
     lib.gdn_bench_projection.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     threads = torch.get_num_threads()
-    path = lib.gdn_bench_bf16_path()
+    info = L.Bf16PathInfo()
+    L.check(L.gdn_bench_bf16(0, 0, ctypes.byref(info)), "gdn_bench_bf16")
+    path = info.path
     gen = torch.Generator().manual_seed(5)
     out = []
     for name, N, K in shapes:
@@ -716,8 +709,9 @@ def run_gemm(T=4096, reps=5, shapes=GEMM_SHAPES):
             y = y.float().numpy() if isinstance(y, torch.Tensor) else y
             res.append((n, t, float(np.abs(y - ref).max() / scale)))
         out.append((name, T, N, K, res))
-    return (out, lib.gdn_measure_peak_gflops(threads), lib.gdn_bench_bf16_peak_gflops(path, threads),
-            lib.gdn_bench_bf16_path_name(path).decode())
+    pk32 = lib.gdn_measure_peak_gflops(threads)
+    L.check(L.gdn_bench_bf16(path, threads, ctypes.byref(info)), "gdn_bench_bf16")
+    return (out, pk32, info.peak_gflops, info.name.decode())
 
 
 # ----------------------------------------------------------------------------- attention core

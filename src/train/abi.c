@@ -5,6 +5,7 @@
 
 #include "gdncp/abi.h"
 #include "gdncp/attention.h"
+#include "gdncp/bench.h"
 #include "gdncp/compute.h"
 #include "gdncp/cp.h"
 #include "gdncp/ep.h"
@@ -53,6 +54,13 @@ static const abi_field fields_gdn_attn_cache_info[] = {
     {"dtype", offsetof(gdn_attn_cache_info, dtype)},
     {"keys", offsetof(gdn_attn_cache_info, keys)},
     {"values", offsetof(gdn_attn_cache_info, values)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_bf16_path_info[] = {
+    {"path", offsetof(gdn_bf16_path_info, path)},
+    {"available", offsetof(gdn_bf16_path_info, available)},
+    {"name", offsetof(gdn_bf16_path_info, name)},
+    {"peak_gflops", offsetof(gdn_bf16_path_info, peak_gflops)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_param_info[] = {
@@ -337,6 +345,7 @@ static const struct {
 } structs[] = {
     {"gdn_attn_config", sizeof(gdn_attn_config), fields_gdn_attn_config},
     {"gdn_attn_cache_info", sizeof(gdn_attn_cache_info), fields_gdn_attn_cache_info},
+    {"gdn_bf16_path_info", sizeof(gdn_bf16_path_info), fields_gdn_bf16_path_info},
     {"gdn_param_info", sizeof(gdn_param_info), fields_gdn_param_info},
     {"gdn_cp_stats", sizeof(gdn_cp_stats), fields_gdn_cp_stats},
     {"gdn_ep_stats", sizeof(gdn_ep_stats), fields_gdn_ep_stats},

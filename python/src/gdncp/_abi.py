@@ -178,6 +178,16 @@ class AttnCacheInfo(ctypes.Structure):
     ]
 
 
+class Bf16PathInfo(ctypes.Structure):
+    """gdn_bf16_path_info (bench.h)."""
+    _fields_ = [
+        ('path', c_int),
+        ('available', c_int),
+        ('name', c_char_p),
+        ('peak_gflops', c_double),
+    ]
+
+
 class ParamInfo(ctypes.Structure):
     """gdn_param_info (compute.h)."""
     _fields_ = [
@@ -516,7 +526,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -556,10 +566,7 @@ PROTOTYPES = {
     'gdn_measure_peak_gflops': (c_double, [c_int]),
     'gdn_flops_issued_start': (None, []),
     'gdn_flops_issued_stop': (c_uint64, []),
-    'gdn_bench_bf16_path': (c_int, []),
-    'gdn_bench_bf16_path_available': (c_int, [c_int]),
-    'gdn_bench_bf16_path_name': (c_char_p, [c_int]),
-    'gdn_bench_bf16_peak_gflops': (c_double, [c_int, c_int]),
+    'gdn_bench_bf16': (c_int, [c_int, c_int, POINTER(Bf16PathInfo)]),
     'gdn_bench_projection': (None, [c_int, c_int64, c_int64, c_int64, POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int]),
     'gdn_peak_rss_mb': (c_double, []),
     # checkpoint.h
