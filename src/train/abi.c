@@ -8,6 +8,7 @@
 #include "gdncp/bench.h"
 #include "gdncp/compute.h"
 #include "gdncp/cp.h"
+#include "gdncp/data.h"
 #include "gdncp/ep.h"
 #include "gdncp/io.h"
 #include "gdncp/kernel.h"
@@ -79,6 +80,12 @@ static const abi_field fields_gdn_cp_stats[] = {
     {"bytes_recv", offsetof(gdn_cp_stats, bytes_recv)},
     {"messages", offsetof(gdn_cp_stats, messages)},
     {"rounds", offsetof(gdn_cp_stats, rounds)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_data_info[] = {
+    {"tokens", offsetof(gdn_data_info, tokens)},
+    {"width", offsetof(gdn_data_info, width)},
+    {"file_vocab", offsetof(gdn_data_info, file_vocab)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_ep_stats[] = {
@@ -348,6 +355,7 @@ static const struct {
     {"gdn_bf16_path_info", sizeof(gdn_bf16_path_info), fields_gdn_bf16_path_info},
     {"gdn_param_info", sizeof(gdn_param_info), fields_gdn_param_info},
     {"gdn_cp_stats", sizeof(gdn_cp_stats), fields_gdn_cp_stats},
+    {"gdn_data_info", sizeof(gdn_data_info), fields_gdn_data_info},
     {"gdn_ep_stats", sizeof(gdn_ep_stats), fields_gdn_ep_stats},
     {"gdn_st_tensor", sizeof(gdn_st_tensor), fields_gdn_st_tensor},
     {"gdn_layer_weights", sizeof(gdn_layer_weights), fields_gdn_layer_weights},

@@ -212,6 +212,15 @@ class CpStats(ctypes.Structure):
     ]
 
 
+class DataInfo(ctypes.Structure):
+    """gdn_data_info (data.h)."""
+    _fields_ = [
+        ('tokens', c_int),
+        ('width', c_int),
+        ('file_vocab', c_int64),
+    ]
+
+
 class EpStats(ctypes.Structure):
     """gdn_ep_stats (ep.h)."""
     _fields_ = [
@@ -526,7 +535,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -606,9 +615,7 @@ PROTOTYPES = {
     # data.h
     'gdn_data_open': (c_int, [POINTER(c_void_p), c_char_p, c_double, c_int64]),
     'gdn_data_close': (None, [c_void_p]),
-    'gdn_data_is_tokens': (c_int, [c_void_p]),
-    'gdn_data_width': (c_int, [c_void_p]),
-    'gdn_data_file_vocab': (c_int64, [c_void_p]),
+    'gdn_data_describe': (c_int, [c_void_p, POINTER(DataInfo)]),
     'gdn_data_split_len': (c_int64, [c_void_p, c_int]),
     'gdn_data_read': (c_int, [c_void_p, c_int, c_int64, c_int64, POINTER(c_int32)]),
     'gdn_data_window': (c_int64, [c_uint64, c_int64, c_int64, c_int64, c_int64]),
