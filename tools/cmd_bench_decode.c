@@ -176,7 +176,7 @@ static int model_row(const char *name, const gdn_model_config *cp, const float *
         rc = gdn_model_decoder_create(&dec, &c, 1, P + steps + 1, threads, cache_dtype);
     }
     if (!rc) rc = gdn_model_prefill(dec, w, prompt, P, logits);
-    const int64_t na = gdn_model_attn_layers(&c), ng = c.L - na;
+    const int64_t na = gdn_model_count_layers(&c, GDN_MODEL_ATTN_LAYERS), ng = c.L - na;
     gdn_layer_config lc = gdn_model_layer_config(&c, 1, 1);
     const double esz = cache_dtype ? 2.0 : 4.0;
     const double wbytes = 4.0 * ((double)gdn_model_param_count(&c) - (c.tie_embeddings ? 0.0 : (double)(c.vocab - 1) * c.E));

@@ -121,7 +121,7 @@ static int bench_one(const char *name, int64_t layers, int64_t B, int64_t T, int
          * gradients are tested against transformers and against the block's finite differences
          * with the routing held) */
         double err = NAN;
-        const int moe = gdn_model_moe_layers(&c) > 0;
+        const int moe = gdn_model_count_layers(&c, GDN_MODEL_MOE_LAYERS) > 0;
         if (!rc && mode != 1 && !bf16 && !(rc = train_step(p, w, dw, tok, denom, &loss)) && !moe && !real)
             err = gradient_check(p, &c, w, dw, tok, denom);
         double mix[4];

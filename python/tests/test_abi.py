@@ -340,7 +340,7 @@ def test_model_config_mirror_reads_the_tiny_checkpoint():
     assert abs(cfg.eps - j["rms_norm_eps"]) < 1e-12
     assert list(cfg.full_attention[:cfg.L + 1]) == [int(t == "full_attention") for t in j["layer_types"]] + [0]
     assert L.gdn_model_config_check(ctypes.byref(cfg)) == 0
-    assert L.gdn_model_attn_layers(ctypes.byref(cfg)) == 1
+    assert L.gdn_model_count_layers(ctypes.byref(cfg), L.GDN_MODEL_ATTN_LAYERS) == 1
     n = L.gdn_model_param_floats(ctypes.byref(cfg))
     assert n >= L.gdn_model_param_count(ctypes.byref(cfg)) > 0
 

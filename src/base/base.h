@@ -109,6 +109,15 @@ int gdn_moe_param_shape(const gdn_moe_config *cfg, int which, int64_t shape[3]);
 size_t gdn_moe_param_offset(const gdn_moe_config *cfg, int which);
 size_t gdn_moe_param_numel(const gdn_moe_config *cfg, int which);
 
+/* The model's layer counts (gdn_model_count_layers, model.h), for the library, the wing and the
+ * tests: full-attention layers, and layers with the sparse MoE MLP. */
+static inline int64_t gdn_model_attn_layers(const gdn_model_config *c) {
+    return gdn_model_count_layers(c, GDN_MODEL_ATTN_LAYERS);
+}
+static inline int64_t gdn_model_moe_layers(const gdn_model_config *c) {
+    return gdn_model_count_layers(c, GDN_MODEL_MOE_LAYERS);
+}
+
 /* A fused projection's name (NULL for another `fused`) and rows (gdn_layer_fused, io.h). */
 const char *gdn_layer_fused_name(int fused);
 int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused);

@@ -75,6 +75,8 @@ GDN_P_COUNT = 9
 GDN_MODEL_MAX_VOCAB = 1073741824
 GDN_MODEL_MAX_LAYERS = 1024
 GDN_MODEL_NAMED_ATTN_INTERVAL = 4
+GDN_MODEL_ATTN_LAYERS = 0
+GDN_MODEL_MOE_LAYERS = 1
 # moe.h
 GDN_MOE_MAX_EXPERTS = 4096
 GDN_MOE_ROUTER = 0
@@ -712,8 +714,7 @@ PROTOTYPES = {
     'gdn_model_layer_config': (LayerConfig, [POINTER(ModelConfig), c_int64, c_int64]),
     'gdn_model_attn_config': (AttnConfig, [POINTER(ModelConfig), c_int64, c_int64]),
     'gdn_model_moe_config': (MoeConfig, [POINTER(ModelConfig), c_int64]),
-    'gdn_model_attn_layers': (c_int64, [POINTER(ModelConfig)]),
-    'gdn_model_moe_layers': (c_int64, [POINTER(ModelConfig)]),
+    'gdn_model_count_layers': (c_int64, [POINTER(ModelConfig), c_int]),
     'gdn_model_set_attention_interval': (None, [POINTER(ModelConfig), c_int64]),
     'gdn_model_tensor_count': (c_int, [POINTER(ModelConfig)]),
     'gdn_model_tensor': (c_int, [POINTER(ModelConfig), c_int, POINTER(ModelTensorInfo)]),
