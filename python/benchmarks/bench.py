@@ -508,7 +508,7 @@ def run_overhead(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=5):
     prob = core._Problem(*arrays, None, None)
     plan = core._plan(prob, None, True, 64, threads)
     o = np.empty_like(arrays[2])
-    ck = np.empty(L.gdn_plan_checkpoint_floats(plan.h), np.float32)
+    ck = np.empty(L.describe(L.gdn_plan_describe, L.PlanInfo, plan.h).checkpoint_floats, np.float32)
     grads = [np.empty_like(a) for a in arrays]
     In = ctypes.byref(L.rule_inputs(*arrays))
     Po, Pck, Pdo = L.f32p(o), L.f32p(ck), L.f32p(do)

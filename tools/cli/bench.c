@@ -234,6 +234,27 @@ void cli_row(int json, const cli_field *f, int n) {
     fflush(stdout);
 }
 
+gdn_plan_info cli_plan(const gdn_plan *p) {
+    gdn_plan_info info = {0};
+    if (p) (void)gdn_plan_describe(p, &info);
+    return info;
+}
+gdn_layer_plan_info cli_layer_plan(const gdn_layer_plan *p) {
+    gdn_layer_plan_info info = {0};
+    if (p) (void)gdn_layer_plan_describe(p, &info);
+    return info;
+}
+gdn_attn_plan_info cli_attn_plan(const gdn_attn_plan *p) {
+    gdn_attn_plan_info info = {0};
+    if (p) (void)gdn_attn_plan_describe(p, &info);
+    return info;
+}
+gdn_moe_plan_info cli_moe_plan(const gdn_moe_plan *p) {
+    gdn_moe_plan_info info = {0};
+    if (p) (void)gdn_moe_plan_describe(p, &info);
+    return info;
+}
+
 gdn_bf16_path_info cli_bf16(int path, int threads) {
     gdn_bf16_path_info info;
     (void)gdn_bench_bf16(path, threads, &info);

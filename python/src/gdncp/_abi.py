@@ -166,6 +166,14 @@ class AttnConfig(ctypes.Structure):
     ]
 
 
+class AttnPlanInfo(ctypes.Structure):
+    """gdn_attn_plan_info (attention.h)."""
+    _fields_ = [
+        ('config', POINTER(AttnConfig)),
+        ('saved_floats', c_size_t),
+    ]
+
+
 class AttnCacheInfo(ctypes.Structure):
     """gdn_attn_cache_info (attention.h)."""
     _fields_ = [
@@ -393,6 +401,25 @@ class RuleGradsF64(ctypes.Structure):
     ]
 
 
+class PlanInfo(ctypes.Structure):
+    """gdn_plan_info (kernel.h)."""
+    _fields_ = [
+        ('config', POINTER(Config)),
+        ('path', c_char_p),
+        ('checkpoint_floats', c_size_t),
+        ('backward_bytes', c_size_t),
+    ]
+
+
+class LayerPlanInfo(ctypes.Structure):
+    """gdn_layer_plan_info (layer.h)."""
+    _fields_ = [
+        ('config', POINTER(LayerConfig)),
+        ('path', c_char_p),
+        ('saved_floats', c_size_t),
+    ]
+
+
 class ModelConfig(ctypes.Structure):
     """gdn_model_config (model.h)."""
     _fields_ = [
@@ -474,6 +501,15 @@ class MoeConfig(ctypes.Structure):
     ]
 
 
+class MoePlanInfo(ctypes.Structure):
+    """gdn_moe_plan_info (moe.h)."""
+    _fields_ = [
+        ('config', POINTER(MoeConfig)),
+        ('saved_floats', c_size_t),
+        ('bytes', c_double),
+    ]
+
+
 class AdamwConfig(ctypes.Structure):
     """gdn_adamw_config (optim.h)."""
     _fields_ = [
@@ -537,7 +573,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_plan_info': AttnPlanInfo, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_plan_info': PlanInfo, 'gdn_layer_config': LayerConfig, 'gdn_layer_plan_info': LayerPlanInfo, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_moe_plan_info': MoePlanInfo, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -553,9 +589,8 @@ PROTOTYPES = {
     'gdn_attn_param_floats': (c_size_t, [POINTER(AttnConfig)]),
     'gdn_attn_plan_create': (c_int, [POINTER(c_void_p), POINTER(AttnConfig)]),
     'gdn_attn_plan_destroy': (None, [c_void_p]),
-    'gdn_attn_plan_config': (POINTER(AttnConfig), [c_void_p]),
+    'gdn_attn_plan_describe': (c_int, [c_void_p, POINTER(AttnPlanInfo)]),
     'gdn_attn_plan_set_docs': (c_int, [c_void_p, POINTER(c_int64), c_int64, c_int64]),
-    'gdn_attn_saved_floats': (c_size_t, [c_void_p]),
     'gdn_attn_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_attn_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_attn_cache_create': (c_int, [POINTER(c_void_p), c_int64, c_int64, c_int64, c_int64, c_int]),
@@ -673,15 +708,12 @@ PROTOTYPES = {
     'gdn_rule_flops_per_head_token': (c_double, [c_int64, c_int64, c_int, c_int]),
     'gdn_plan_create': (c_int, [POINTER(c_void_p), POINTER(Config)]),
     'gdn_plan_destroy': (None, [c_void_p]),
-    'gdn_plan_config': (POINTER(Config), [c_void_p]),
-    'gdn_plan_path': (c_char_p, [c_void_p]),
+    'gdn_plan_describe': (c_int, [c_void_p, POINTER(PlanInfo)]),
     'gdn_plan_set_docs': (c_int, [c_void_p, POINTER(c_int64), c_int64, c_int64]),
     'gdn_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(RuleInputs)]),
     'gdn_backward': (c_int, [c_void_p, POINTER(RuleGrads), POINTER(RuleInputs), POINTER(c_float), POINTER(c_float)]),
-    'gdn_plan_checkpoint_floats': (c_size_t, [c_void_p]),
     'gdn_forward_save': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(RuleInputs)]),
     'gdn_backward_saved': (c_int, [c_void_p, POINTER(RuleGrads), POINTER(RuleInputs), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
-    'gdn_plan_backward_bytes': (c_size_t, [c_void_p]),
     'gdn_summary': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(RuleInputs)]),
     'gdn_summary_adjoint': (c_int, [c_void_p, POINTER(c_float), POINTER(RuleInputs), POINTER(c_float)]),
     'gdn_summary_compose': (c_int, [POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int64, c_int64, c_int64]),
@@ -698,10 +730,8 @@ PROTOTYPES = {
     'gdn_layer_param_floats': (c_size_t, [POINTER(LayerConfig)]),
     'gdn_layer_plan_create': (c_int, [POINTER(c_void_p), POINTER(LayerConfig)]),
     'gdn_layer_plan_destroy': (None, [c_void_p]),
-    'gdn_layer_plan_config': (POINTER(LayerConfig), [c_void_p]),
+    'gdn_layer_plan_describe': (c_int, [c_void_p, POINTER(LayerPlanInfo)]),
     'gdn_layer_plan_set_docs': (c_int, [c_void_p, POINTER(c_int64), c_int64, c_int64]),
-    'gdn_layer_saved_floats': (c_size_t, [c_void_p]),
-    'gdn_layer_plan_path': (c_char_p, [c_void_p]),
     'gdn_layer_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), c_void_p, POINTER(c_float), POINTER(c_float)]),
     'gdn_layer_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_layer_decode': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), c_void_p, POINTER(c_float), POINTER(c_float)]),
@@ -757,9 +787,7 @@ PROTOTYPES = {
     'gdn_moe_param_floats': (c_size_t, [POINTER(MoeConfig)]),
     'gdn_moe_plan_create': (c_int, [POINTER(c_void_p), POINTER(MoeConfig)]),
     'gdn_moe_plan_destroy': (None, [c_void_p]),
-    'gdn_moe_plan_config': (POINTER(MoeConfig), [c_void_p]),
-    'gdn_moe_saved_floats': (c_size_t, [c_void_p]),
-    'gdn_moe_plan_bytes': (c_double, [c_void_p]),
+    'gdn_moe_plan_describe': (c_int, [c_void_p, POINTER(MoePlanInfo)]),
     'gdn_moe_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_double), POINTER(c_int32), POINTER(c_float)]),
     'gdn_moe_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_moe_aux': (c_double, [c_int64, POINTER(c_double), c_double, c_double, POINTER(c_float)]),
