@@ -176,6 +176,10 @@ static inline double gdn_moe_plan_bytes(const gdn_moe_plan *p) {
 const char *gdn_layer_fused_name(int fused);
 int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused);
 
+/* The number of tensors of a safetensors file (0 for NULL): the first i at which gdn_st_at (io.h)
+ * gives NULL, kept for the library and the tests. */
+int gdn_st_count(const gdn_st_file *f);
+
 /* Safetensors shorthands over gdn_st_read / gdn_st_read_ints / gdn_st_writer_add (io.h), for the
  * library and the tests: a whole tensor as f32 or f64; rows along dimension 1 (count >= 0) or any
  * axis (count < 0 refused); a 1-D integer tensor, or one of any rank; f32 or f64 data added. */

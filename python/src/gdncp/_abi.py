@@ -669,7 +669,6 @@ PROTOTYPES = {
     # io.h
     'gdn_st_open': (c_int, [POINTER(c_void_p), c_char_p]),
     'gdn_st_close': (None, [c_void_p]),
-    'gdn_st_count': (c_int, [c_void_p]),
     'gdn_st_at': (POINTER(StTensor), [c_void_p, c_int]),
     'gdn_st_find': (POINTER(StTensor), [c_void_p, c_char_p]),
     'gdn_st_path': (c_char_p, [c_void_p]),
