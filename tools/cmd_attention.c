@@ -382,7 +382,7 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
     if (cp && o.decode && rank == D - 1) c.T = tn - o.decode; /* the prefill's share */
     if (!rc && !o.decode) rc = gdn_attn_plan_create(&plan, &c);
     const size_t nx = (size_t)B * tn * aw.cfg.E, nw = gdn_attn_param_floats(&c);
-    const size_t ns = plan && o.backward && !o.recompute ? gdn_attn_saved_floats(plan) : 0;
+    const size_t ns = plan && o.backward && !o.recompute ? cli_attn_plan(plan).saved_floats : 0;
     if (!rc) {
         y = malloc(sizeof(float) * nx);
         if (ns) saved = malloc(sizeof(float) * ns);

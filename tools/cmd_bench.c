@@ -149,7 +149,7 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
      * inputs at most), so it skips the initial sweep; the forward that saves them is not timed. */
     float *ckpt = NULL;
     if (!rc && backward) {
-        ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
+        ckpt = malloc(sizeof(float) * (cli_plan(plan).checkpoint_floats + 1));
         rc = ckpt ? gdn_forward_save(plan, o, ht, ckpt, &in) : GDN_ERR_NOMEM;
     }
     if (!rc) {
@@ -177,7 +177,7 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
         return cli_error("bench", rc);
     }
     const double med = cli_median(times, reps), med32 = plan32 ? cli_median(times32, reps) : NAN;
-    const gdn_config *pc = gdn_plan_config(plan);
+    const gdn_config *pc = cli_plan(plan).config;
     const double head_tokens = (double)pc->B * pc->T * pc->Hv;
     const double gflops = cli_rule_flops(pc->K, pc->V, pc->chunk, head_tokens, backward ? 2 : 1) / med / 1e9;
     /* One more run counting what the micro-kernels really issue (triangles skipped). */
@@ -186,16 +186,16 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
     const double issued_gflops = (double)gdn_flops_issued_stop() / med / 1e9;
     const double ht_per_s = (double)s->T * s->Hv / med;
     /* BF16 rows: the register-only peak of the path the products run, measured now */
-    const int bpath = s->compute == GDN_COMPUTE_BF16 ? gdn_bench_bf16_path() : 0;
-    const double bpeak = bpath ? gdn_bench_bf16_peak_gflops(bpath, threads) : 0.0;
+    const int bpath = s->compute == GDN_COMPUTE_BF16 ? cli_bf16(0, 0).path : 0;
+    const double bpeak = bpath ? cli_bf16(bpath, threads).peak_gflops : 0.0;
     const int64_t tp = s->T < 256 ? s->T : 256;
     const double err = backward ? oracle_error_backward(pc, tp, q, k, v, g, beta, dout)
                                 : oracle_error(pc, GDN_COMPUTE_FP32, tp, q, k, v, g, beta, o);
     const double err_bf16 = bpath ? oracle_error(pc, GDN_COMPUTE_BF16, tp, q, k, v, g, beta, o) : NAN;
     /* Saved between forward and backward: the segment-start states; held while the backward
      * runs: its per-thread workspace. */
-    const double saved_bytes = backward ? 4.0 * (double)gdn_plan_checkpoint_floats(plan) : 0.0;
-    const double ws_bytes = (double)gdn_plan_backward_bytes(plan) * threads;
+    const double saved_bytes = backward ? 4.0 * (double)cli_plan(plan).checkpoint_floats : 0.0;
+    const double ws_bytes = (double)cli_plan(plan).backward_bytes * threads;
     const double input_bytes = 4.0 * (double)s->T * (2 * s->Hk * s->K + s->Hv * s->V + 2 * s->Hv);
     char shape[160];
     int len = snprintf(shape, sizeof shape, "B=1 T=%lld Hk=%lld Hv=%lld K=%lld V=%lld C=%d", (long long)s->T,
@@ -213,7 +213,7 @@ static int bench_forward(const bench_shape *s, int threads, double peak, int jso
             cli_at(cli_x(CLI_F("fraction_of_peak", "%.4f", "  %5.1f%%", gflops / peak), 100), 2),
             cli_at(CLI_F("issued_gflops", "%.3f", NULL, issued_gflops), 3),
             cli_x(CLI_F("fraction_of_peak_issued", "%.4f", " (issued %5.1f%%)", issued_gflops / peak), 100),
-            CLI_F("rel_err_vs_oracle", "%.3e", "  err %.1e", err), CLI_S("path", "%s", "  %s", gdn_plan_path(plan)),
+            CLI_F("rel_err_vs_oracle", "%.3e", "  err %.1e", err), CLI_S("path", "%s", "  %s", cli_plan(plan).path),
             CLI_S("cpu", "%s", NULL, cpu),
             cli_if(bf, CLI_F("bf16_peak_gflops", "%.3f", bt ? "  bf16 peak %.0f GFLOP/s" : NULL, bpeak)),
             cli_if(bf, cli_x(CLI_F("fraction_of_bf16_peak", "%.4f", bt ? ": %.1f%%" : NULL,

@@ -299,7 +299,7 @@ static int bench_layer_rows(const bench_opts *o, const attn_shape *s, int64_t T)
         if (!(o->compute_mask & (1 << cm))) continue;
         c.compute = cm;
         rc = gdn_attn_plan_create(&l[cm].p, &c);
-        nsaved = l[cm].p ? gdn_attn_saved_floats(l[cm].p) : 0;
+        nsaved = l[cm].p ? cli_attn_plan(l[cm].p).saved_floats : 0;
         if (!rc && !(l[cm].saved = malloc(4 * (nsaved + 1)))) rc = GDN_ERR_NOMEM;
     }
     double t[2][2][64];

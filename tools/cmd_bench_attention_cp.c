@@ -143,7 +143,7 @@ int cmd_bench_attention_cp(int argc, char **argv) {
         gdn_attn_plan *p = NULL;
         gdn_cp *cp = NULL;
         int rc = gdn_attn_plan_create(&p, &loc);
-        float *saved = p ? malloc(sizeof(float) * gdn_attn_saved_floats(p)) : NULL;
+        float *saved = p ? malloc(sizeof(float) * cli_attn_plan(p).saved_floats) : NULL;
         if (!rc && !saved) rc = GDN_ERR_NOMEM;
         if (!rc) rc = gdn_cp_create(&cp, MPI_COMM_WORLD);
         rank_times t[MAX_REPS];

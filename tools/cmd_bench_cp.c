@@ -78,7 +78,7 @@ typedef struct {
 
 /* A plan like p whose CP calls take strategy s (NULL in *out when it cannot be made). */
 static int with_strategy(gdn_plan **out, const gdn_plan *p, int s) {
-    gdn_config c = *gdn_plan_config(p);
+    gdn_config c = *cli_plan(p).config;
     c.cp = s;
     return gdn_plan_create(out, &c);
 }
@@ -86,7 +86,7 @@ static int with_strategy(gdn_plan **out, const gdn_plan *p, int s) {
 /* One forward + backward through cp (the backward reuses the forward's s_in but under heads,
  * which forms none); times of both halves between barriers. */
 static int fwd_bwd(gdn_cp *cp, gdn_plan *plan, const shard_bufs *b, float *ht, float *gs, double *tf, double *tb) {
-    const int heads = gdn_plan_config(plan)->cp == GDN_CP_HEADS;
+    const int heads = cli_plan(plan).config->cp == GDN_CP_HEADS;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     int rc = gdn_cp_forward(cp, plan, b->o, ht, b->s_in,
@@ -110,7 +110,7 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
     int rank, D;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &D);
-    gdn_config cfg = *gdn_plan_config(dense);
+    gdn_config cfg = *cli_plan(dense).config;
     const int64_t ns = cfg.Hv * cfg.K * cfg.V;
     const int64_t t_first = rank * (T / D) + (rank < T % D ? rank : T % D); /* this shard's first token */
     int64_t n_docs = 0;
@@ -177,7 +177,7 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
                    "inside a document; fwd+bwd medians of %d interleaved repetitions; peak %.1f GFLOP/s = %d node(s) "
                    "x all cores; CPU %s\n",
                    D, (long long)T, (long long)cfg.Hk, (long long)cfg.Hv, (long long)cfg.K, (long long)cfg.V,
-                   cfg.chunk, gdn_plan_config(dense)->threads, (long long)n_docs, (long long)shortest,
+                   cfg.chunk, cli_plan(dense).config->threads, (long long)n_docs, (long long)shortest,
                    (long long)longest, (long long)doc_min, (long long)doc_max, crossing, D - 1, reps, peak, nodes, cpu);
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -221,7 +221,7 @@ static int bench_packed(const shard_bufs *b, gdn_plan *dense, int64_t T, int rep
             double med[2][3];
             for (int p = 0; p < 2; p++)
                 med[p][0] = cli_median(tf[p], reps), med[p][1] = cli_median(tb[p], reps), med[p][2] = cli_median(tt[p], reps);
-            const char *name = gdn_cp_strategy_name((gdn_cp_strategy)s), *path = gdn_plan_path(pk);
+            const char *name = gdn_cp_strategy_name((gdn_cp_strategy)s), *path = cli_plan(pk).path;
             char drawn[64];
             snprintf(drawn, sizeof drawn, "[%lld,%lld]", (long long)doc_min, (long long)doc_max);
             const double gd = flops / med[0][2] / 1e9, gp = flops / med[1][2] / 1e9;
@@ -338,8 +338,8 @@ int cmd_bench_cp(int argc, char **argv) {
     if (!rank && !json)
         printf("gdncp bench cp: D=%d T=%lld (B=1 Hk=%lld Hv=%lld K=%lld V=%lld C=%d, %d thread(s) per rank); "
                "summary = Hv K (K+V) 4 = %lld bytes\n",
-               D, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, gdn_plan_config(plan)->chunk,
-               gdn_plan_config(plan)->threads, (long long)(Hv * K * (K + V) * 4));
+               D, (long long)T, (long long)Hk, (long long)Hv, (long long)K, (long long)V, cli_plan(plan).config->chunk,
+               cli_plan(plan).config->threads, (long long)(Hv * K * (K + V) * 4));
     gdn_cp *cp = NULL;
     if ((rc = gdn_cp_create(&cp, MPI_COMM_WORLD))) return cli_error("bench cp", rc);
     for (int s = 0; s < 4 && !packed_only; s++) {

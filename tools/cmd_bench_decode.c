@@ -176,7 +176,7 @@ static int model_row(const char *name, const gdn_model_config *cp, const float *
         rc = gdn_model_decoder_create(&dec, &c, 1, P + steps + 1, threads, cache_dtype);
     }
     if (!rc) rc = gdn_model_prefill(dec, w, prompt, P, logits);
-    const int64_t na = gdn_model_attn_layers(&c), ng = c.L - na;
+    const int64_t na = gdn_model_count_layers(&c, GDN_MODEL_ATTN_LAYERS), ng = c.L - na;
     gdn_layer_config lc = gdn_model_layer_config(&c, 1, 1);
     const double esz = cache_dtype ? 2.0 : 4.0;
     const double wbytes = 4.0 * ((double)gdn_model_param_count(&c) - (c.tie_embeddings ? 0.0 : (double)(c.vocab - 1) * c.E));
@@ -445,13 +445,13 @@ int cmd_bench_decode(int argc, char **argv) {
     }
     /* Prefill of a prompt forming the last logits: at the real vocabulary, 4 layers (LLLF) and
      * all 24 of Qwen3.5-0.8B's shape; --quick: the small model's */
-    const int bp = gdn_bench_bf16_path();
-    const double peak[2] = {cli_peak_gflops(2, json), gdn_bench_bf16_peak_gflops(bp, 2)};
+    const gdn_bf16_path_info bp = cli_bf16(0, 2);
+    const double peak[2] = {cli_peak_gflops(2, json), bp.peak_gflops};
     if (!json)
         printf("prefill (gdn_model_prefill_last, B = 1, fp32 and BF16 compute): FLOPs = 2 x the non-embedding "
                "parameters a token + the GatedDeltaNet kernel's forward + the attention core's 2 d H (T + 1) + the "
                "last row's head; measured BF16 instruction peak %.1f GFLOP/s (%s)\n", peak[1],
-               gdn_bench_bf16_path_name(bp));
+               bp.name);
     for (int v = 0; v < (quick ? 1 : 2); v++) {
         gdn_model_config c;
         gdn_model_config_named(quick ? "small" : "qwen3.5-0.8b", &c);

@@ -107,7 +107,7 @@ static int bench_layer(const layer_shape *s, int threads, double peak, double bf
             if (compute_mask & (1 << cm)) {
                 c.compute = cm;
                 rc = gdn_layer_plan_create(&lp[cm], &c);
-                nsaved = lp[cm] ? gdn_layer_saved_floats(lp[cm]) : 0;
+                nsaved = lp[cm] ? cli_layer_plan(lp[cm]).saved_floats : 0;
                 if (!rc && mode != MODE_FORWARD && !(saved[cm] = malloc(sizeof(float) * (nsaved + 1)))) {
                     fprintf(stderr, "gdncp bench layer: %s: out of memory for the saved floats\n", s->label);
                     rc = GDN_ERR_NOMEM;
@@ -157,7 +157,7 @@ static int bench_layer(const layer_shape *s, int threads, double peak, double bf
                     CLI_F("rel_err_vs_reference", "%.3e", "  err %.1e", err[cm]),
                     cli_or_null(cm, CLI_F("rel_err_vs_bf16_oracle", "%.3e", " (vs its bf16-operand oracle %.1e)",
                                           err_oracle)),
-                    CLI_S("gemm_path", "%s", NULL, gdn_layer_plan_path(lp[cm])), CLI_S("cpu", "%s", NULL, cpu));
+                    CLI_S("gemm_path", "%s", NULL, cli_layer_plan(lp[cm]).path), CLI_S("cpu", "%s", NULL, cpu));
         }
         for (int cm = 0; cm < 2; cm++) free(saved[cm]), gdn_layer_plan_destroy(lp[cm]);
     }
@@ -209,7 +209,7 @@ static int bench_decode(const layer_shape *s, int64_t B, int threads, int bf16, 
             CLI_S("weights_dtype", "%s", " (weights %s", bf16 ? "BF16" : "F32"),
             CLI_F(NULL, NULL, " %.1f MB)", wbytes / 1e6), CLI_F("bound_us", "%.2f", "  bound %8.1f us", bound * 1e6),
             cli_x(CLI_F("fraction_of_bound", "%.4f", "  %5.1f %% of bound", bound / med), 100),
-            CLI_S("gemm_path", "%s", NULL, gdn_layer_plan_path(lp)), CLI_S("cpu", "%s", NULL, cpu));
+            CLI_S("gemm_path", "%s", NULL, cli_layer_plan(lp).path), CLI_S("cpu", "%s", NULL, cpu));
     gdn_layer_plan_destroy(lp);
     gdn_layer_weights_free(&lw);
     free(x), free(y), free(conv), free(rec);
@@ -252,7 +252,7 @@ int cmd_bench_layer(int argc, char **argv) {
     const double peak = cli_peak_gflops(maxt, json);
     if (!json)
         printf("GEMM path: fp32 %s; bf16 %s\n", gdn_compute_path(GDN_COMPUTE_FP32), gdn_compute_path(GDN_COMPUTE_BF16));
-    const double bf16_peak = compute_mask & 2 ? cli_bf16_peak(gdn_bench_bf16_path(), maxt, json,
+    const double bf16_peak = compute_mask & 2 ? cli_bf16_peak(0, maxt, json,
                                                               " (0: the path has no instruction of its own)")
                                               : NAN;
     if (!json) {

@@ -60,11 +60,11 @@ int cmd_bench_matmul(int argc, char **argv) {
     if (cli_parse(&cmd_bench_matmul_cli, argc - 1, argv + 1, &o, seen)) return CLI_USAGE_ERROR;
     const int json = o.json, quick = o.quick, m_set = cli_given(&cmd_bench_matmul_cli, seen, "--M");
     long M = (long)o.M, reps = (long)o.reps;
-    const int path = gdn_bench_bf16_path();
+    const int path = cli_bf16(0, 0).path;
     const char *cpu = cli_cpu();
     if (!json) {
         printf("gdncp bench matmul — CPU: %s\n", cpu);
-        printf("y = x W^T, x [M x K], W [N x K] fp32 in memory; bf16: %s\n", gdn_bench_bf16_path_name(path));
+        printf("y = x W^T, x [M x K], W [N x K] fp32 in memory; bf16: %s\n", cli_bf16(path, 0).name);
     }
     const mm_shape all[] = {{"in_proj_qkv", 8192, 2048}, {"in_proj_z", 4096, 2048}, {"out_proj", 2048, 4096}};
     const int nshapes = quick ? 1 : 3;
@@ -75,10 +75,10 @@ int cmd_bench_matmul(int argc, char **argv) {
         (void)cli_bf16_peak(path, th, json, "");
     }
     if (path == 3) { /* AMX: the VDPBF16PS peak too, for comparison */
-        for (int th = 1; th <= 2 && gdn_bench_bf16_path_available(2); th++)
+        for (int th = 1; th <= 2 && cli_bf16(2, 0).available; th++)
             CLI_ROW(json, CLI_S("direction", "%s", "  %s peak", "bf16_peak_vdpbf16ps"),
                     cli_at(CLI_I("threads", "%lld", " with %lld thread(s)", th), 2),
-                    cli_at(CLI_F("peak_gflops", "%.3f", ": %.1f GFLOP/s", gdn_bench_bf16_peak_gflops(2, th)), 1));
+                    cli_at(CLI_F("peak_gflops", "%.3f", ": %.1f GFLOP/s", cli_bf16(2, th).peak_gflops), 1));
     }
     if (!json)
         printf("%-12s %-18s %-3s %8s %8s %8s %8s %8s %8s %8s %7s %7s %9s\n", "projection", "M x N x K", "thr", "fp32 ms",
@@ -106,7 +106,7 @@ int cmd_bench_matmul(int argc, char **argv) {
                 double t0 = cli_now();
                 gdn_bench_projection(-1, M, N, K, x, W, y32, th);
                 t32[r] = cli_now() - t0;
-                pbfr[r] = gdn_bench_bf16_peak_gflops(path, th);
+                pbfr[r] = cli_bf16(path, th).peak_gflops;
                 t0 = cli_now();
                 gdn_bench_projection(path, M, N, K, x, W, ybf, th);
                 tbf[r] = cli_now() - t0;
@@ -133,7 +133,7 @@ int cmd_bench_matmul(int argc, char **argv) {
                     CLI_F("fp32_peak_gflops", "%.3f", " %7.1f", pk32),
                     CLI_F("bf16_peak_gflops", "%.3f", " %7.1f", pkbf),
                     CLI_F("bf16_rel_err_vs_fp32", "%.3e", " %9.2e", err),
-                    CLI_S("path", "%s", NULL, gdn_bench_bf16_path_name(path)), CLI_S("cpu", "%s", NULL, cpu));
+                    CLI_S("path", "%s", NULL, cli_bf16(path, 0).name), CLI_S("cpu", "%s", NULL, cpu));
             fflush(stdout);
         }
         free(x), free(W), free(y32), free(ybf);

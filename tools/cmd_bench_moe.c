@@ -104,7 +104,7 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
             rc = gdn_moe_plan_create(&p[cm], &c);
         }
     const int first = p[0] ? 0 : 1;
-    if (!rc && !(saved = malloc(sizeof(float) * (gdn_moe_saved_floats(p[first]) + 1)))) rc = GDN_ERR_NOMEM;
+    if (!rc && !(saved = malloc(sizeof(float) * (cli_moe_plan(p[first]).saved_floats + 1)))) rc = GDN_ERR_NOMEM;
     int got_stats = 0;
     for (int mode = MODE_FORWARD; mode <= MODE_FWD_BWD && !rc; mode++)
         for (int r = 0; r <= o->reps && !rc; r++) /* r = 0 warms up */
@@ -116,7 +116,7 @@ static int bench_T(const bench_opts *o, const moe_shape *s, int64_t T, const flo
                 const size_t at = (size_t)(mode * 2 + cm) * (size_t)o->reps + (size_t)(r ? r - 1 : 0);
                 if (r) {
                     pk32[at] = gdn_measure_peak_gflops(o->threads);
-                    pkbf[at] = cm ? gdn_bench_bf16_peak_gflops(gdn_bench_bf16_path(), o->threads) : NAN;
+                    pkbf[at] = cm ? cli_bf16(0, o->threads).peak_gflops : NAN;
                 }
                 const double t0 = cli_now();
                 rc = gdn_moe_forward(p[cm], y[cm], mode == MODE_FWD_BWD ? saved : NULL, x, w, st, NULL, NULL);

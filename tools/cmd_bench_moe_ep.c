@@ -97,7 +97,7 @@ static int bench_T(const ep_bench *b, const moe_shape *s, int64_t T) {
         if (!rc) rc = gdn_moe_plan_create(&p[SIDE_ONE], &one);
     }
     for (int k = 0; k < 2 && !rc; k++)
-        if (!(saved[k] = malloc(sizeof(float) * (gdn_moe_saved_floats(p[k]) + 1)))) rc = GDN_ERR_NOMEM, no_mem = 1;
+        if (!(saved[k] = malloc(sizeof(float) * (cli_moe_plan(p[k]).saved_floats + 1)))) rc = GDN_ERR_NOMEM, no_mem = 1;
     if (!rc && b->rank == 0) rc = bench_moe_reference_rows(&one, w, x, tp, yref);
     /* a rank that could not set up stops them all before any exchange */
     int worst = rc;

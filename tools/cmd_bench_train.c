@@ -121,7 +121,7 @@ static int bench_one(const char *name, int64_t layers, int64_t B, int64_t T, int
          * gradients are tested against transformers and against the block's finite differences
          * with the routing held) */
         double err = NAN;
-        const int moe = gdn_model_moe_layers(&c) > 0;
+        const int moe = gdn_model_count_layers(&c, GDN_MODEL_MOE_LAYERS) > 0;
         if (!rc && mode != 1 && !bf16 && !(rc = train_step(p, w, dw, tok, denom, &loss)) && !moe && !real)
             err = gradient_check(p, &c, w, dw, tok, denom);
         double mix[4];
@@ -262,7 +262,7 @@ int cmd_bench_train(int argc, char **argv) {
     const int threads = cli_max_threads();
     const char *cpu = cli_cpu();
     peaks peak = {cli_peak_gflops(threads, json), 0};
-    peak.bf16 = cli_bf16_peak(gdn_bench_bf16_path(), threads, json, NULL); /* the text: in the line below */
+    peak.bf16 = cli_bf16_peak(0, threads, json, NULL); /* the text: in the line below */
     if (!json)
         printf("gdncp bench train: one step (forward + backward + AdamW) on %s, %d threads; FLOPs = 6 x "
                "non-embedding parameters + the GatedDeltaNet kernel's forward and backward + the attention "

@@ -83,8 +83,9 @@ int cmd_diff(int argc, char **argv) {
         return cli_error("diff", rc);
     }
     int compared = 0, bad = 0, nonfinite = 0;
-    for (int i = 0; i < gdn_st_count(a); i++) {
-        const gdn_st_tensor *ta = gdn_st_at(a, i), *tb = gdn_st_find(b, ta->name);
+    const gdn_st_tensor *ta;
+    for (int i = 0; (ta = gdn_st_at(a, i)); i++) {
+        const gdn_st_tensor *tb = gdn_st_find(b, ta->name);
         int same = tb && ta->ndim == tb->ndim;
         for (int d = 0; same && d < ta->ndim; d++) same = ta->shape[d] == tb->shape[d];
         if (tb && !same) {
@@ -119,8 +120,8 @@ int cmd_diff(int argc, char **argv) {
         free(x), free(y);
     }
     /* Tensors only in the reference are not compared, but must be finite too. */
-    for (int i = 0; i < gdn_st_count(b); i++) {
-        const gdn_st_tensor *tb = gdn_st_at(b, i);
+    const gdn_st_tensor *tb;
+    for (int i = 0; (tb = gdn_st_at(b, i)); i++) {
         if (gdn_st_find(a, tb->name)) continue;
         double *y = NULL;
         rc = read_checked(b, pb, tb, 0, &y, &nonfinite);

@@ -278,13 +278,13 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
     if (!rc) rc = gdn_layer_plan_create(&lp, &c);
     const size_t nx = (size_t)B * Tl * E, nw = gdn_layer_param_floats(&c);
     if (!rc) {
-        y = malloc(sizeof(float) * nx), saved = malloc(sizeof(float) * (gdn_layer_saved_floats(lp) + 1));
+        y = malloc(sizeof(float) * nx), saved = malloc(sizeof(float) * (cli_layer_plan(lp).saved_floats + 1));
         if (o.backward) dx = malloc(sizeof(float) * nx), dw = malloc(sizeof(float) * nw);
         if (!y || !saved || (o.backward && (!dx || !dw)))
             rc = fail(GDN_ERR_NOMEM, "rank %d: the layer's outputs%s for %lld tokens (%.2f GB)", rank,
                       o.backward ? " and gradients" : "", (long long)(B * Tl),
                       4e-9 * ((double)nx * (o.backward ? 2 : 1) + (o.backward ? (double)nw : 0) +
-                              (double)gdn_layer_saved_floats(lp)));
+                              (double)cli_layer_plan(lp).saved_floats));
     }
     double t_start = cli_now();
     if (cp) {

@@ -136,7 +136,7 @@ static int run_reference(const gdn_problem *pb, const gdn_config *cfg, float *o,
 static int run_fast(gdn_plan *plan, const gdn_problem *pb, float *o, float *ht, run_grads *gr) {
     const gdn_rule_inputs in = problem_inputs(pb);
     if (!gr) return gdn_forward(plan, o, ht, &in);
-    float *ckpt = malloc(sizeof(float) * (gdn_plan_checkpoint_floats(plan) + 1));
+    float *ckpt = malloc(sizeof(float) * (cli_plan(plan).checkpoint_floats + 1));
     int rc = ckpt ? GDN_OK : GDN_ERR_NOMEM;
     if (!rc) rc = gdn_forward_save(plan, o, ht, ckpt, &in);
     if (!rc)
@@ -233,7 +233,7 @@ static int run_with(run_opts *opts, int argc, char **argv) {
             (rc = run_fast(plan, &pb, o, ht, opt.backward ? &gr : NULL)))
             exit_code = cli_error("run", rc);
         else
-            path = gdn_plan_path(plan);
+            path = cli_plan(plan).path;
         gdn_plan_destroy(plan);
     }
     double secs = cli_now() - t0;

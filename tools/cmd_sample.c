@@ -192,7 +192,7 @@ int cmd_sample(int argc, char **argv) {
     }
     /* the attention layers' positions: the prompt, and the new tokens unless scoring (which generates none) */
     const int64_t positions = (int64_t)np + (score ? 0 : tokens);
-    if (gdn_model_attn_layers(&cfg) && cfg.max_position > 0 && positions > cfg.max_position) {
+    if (gdn_model_count_layers(&cfg, GDN_MODEL_ATTN_LAYERS) && cfg.max_position > 0 && positions > cfg.max_position) {
         if (score)
             fprintf(stderr, "gdncp sample: the prompt's %zu tokens are beyond the checkpoint's max_position_embeddings "
                     "= %lld\n", np, (long long)cfg.max_position);
@@ -299,7 +299,7 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr, "gdncp sample: %s, %zu prompt tokens (prefill %.1f ms) + %lld new, %.2f ms per token, "
                         "%.1f tokens/s (decode path, %lld attention layers with a%s KV cache)%s\n",
                 dir, np, 1e3 * prefill_s, (long long)made, 1e3 * dt / (double)(made ? made : 1),
-                dt > 0 ? (double)made / dt : 0.0, (long long)gdn_model_attn_layers(&cfg), cache_dtype ? " BF16" : "n F32",
+                dt > 0 ? (double)made / dt : 0.0, (long long)gdn_model_count_layers(&cfg, GDN_MODEL_ATTN_LAYERS), cache_dtype ? " BF16" : "n F32",
                 stopped ? "; stopped at the end of the document (the checkpoint was trained with --pack; "
                           "--stop none goes on)" : "");
     gdn_model_decoder_destroy(dec);

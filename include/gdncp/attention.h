@@ -98,7 +98,15 @@ typedef struct gdn_attn_plan gdn_attn_plan;
  * execute allocates nothing. */
 GDN_API int gdn_attn_plan_create(gdn_attn_plan **plan, const gdn_attn_config *cfg);
 GDN_API void gdn_attn_plan_destroy(gdn_attn_plan *plan);
-GDN_API const gdn_attn_config *gdn_attn_plan_config(const gdn_attn_plan *plan);
+/* What an attention plan is (gdn_attn_plan_describe). */
+typedef struct {
+    const gdn_attn_config *config; /* the config it was made with: the plan's own, valid while it lives */
+    size_t saved_floats;  /* floats the forward keeps for the backward (cfg.keep): with KEEP_ALL the
+                             projections (B T (2Hd + 2Hkv d)), the attention output before the gate
+                             (B T H d) and the log-sum-exp (B T H); with KEEP_CORE the last two */
+} gdn_attn_plan_info;
+/* The plan's config and saved floats into *info (zeroed, and GDN_ERR_ARG, for a NULL plan). */
+GDN_API int gdn_attn_plan_describe(const gdn_attn_plan *plan, gdn_attn_plan_info *info);
 /* Another step's documents, or this shard's place in the stream, for a plan (the cos/sin table is
  * redone; nothing else changes): a packed plan takes new cu_seqlens (n_docs + 1 offsets, checked
  * as at plan creation), a dense one NULL (then only seq_offset moves). A forward's saved floats
@@ -106,13 +114,9 @@ GDN_API const gdn_attn_config *gdn_attn_plan_config(const gdn_attn_plan *plan);
  * keeps what it had. */
 GDN_API int gdn_attn_plan_set_docs(gdn_attn_plan *plan, const int64_t *cu_seqlens, int64_t n_docs,
                                    int64_t seq_offset);
-/* Floats the forward keeps for the backward (cfg.keep): with KEEP_ALL the projections
- * (B T (2Hd + 2Hkv d)), the attention output before the gate (B T H d) and the log-sum-exp
- * (B T H); with KEEP_CORE the last two. */
-GDN_API size_t gdn_attn_saved_floats(const gdn_attn_plan *plan);
 
 /* Forward: y [B,T,E] from x [B,T,E] and the flat weights w. saved (may be NULL: inference)
- * receives gdn_attn_saved_floats() floats for the backward. */
+ * receives gdn_attn_plan_info's saved_floats floats for the backward. */
 GDN_API int gdn_attn_forward(gdn_attn_plan *plan, float *y, float *saved, const float *x, const float *w);
 
 /* Backward of loss = sum(y * dy): dx [B,T,E] and dw (flat, overwritten, padding zeroed).

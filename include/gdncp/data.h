@@ -44,11 +44,15 @@ typedef struct gdn_data gdn_data;
  * non-empty. Errors name the file and the offending offset or value. *d is NULL on failure. */
 GDN_API int gdn_data_open(gdn_data **d, const char *path, double val_fraction, int64_t vocab);
 GDN_API void gdn_data_close(gdn_data *d);
-/* 1 for a token file, 0 for byte text; its bytes per id (1 for text); the token file header's
- * vocabulary (0: not given, or text). */
-GDN_API int gdn_data_is_tokens(const gdn_data *d);
-GDN_API int gdn_data_width(const gdn_data *d);
-GDN_API int64_t gdn_data_file_vocab(const gdn_data *d);
+/* What an open data file is (gdn_data_describe). */
+typedef struct {
+    int tokens;          /* 1 for a token file, 0 for byte text */
+    int width;           /* bytes per id (1 for text) */
+    int64_t file_vocab;  /* the token file header's vocabulary (0: not given, or text) */
+} gdn_data_info;
+/* The file's kind, id width and header vocabulary into *info (zeroed, and GDN_ERR_ARG, for a
+ * NULL d). */
+GDN_API int gdn_data_describe(const gdn_data *d, gdn_data_info *info);
 
 /* Tokens (bytes of a text) of a split (GDN_SPLIT_TRAIN or GDN_SPLIT_VAL); -1 (with gdn_fail) for
  * another split. */

@@ -34,7 +34,8 @@ typedef struct gdn_st_file gdn_st_file;
 /* Open a file and validate its whole header (JSON, dtypes, shapes, offsets, overlaps, size). */
 GDN_API int gdn_st_open(gdn_st_file **f, const char *path);
 GDN_API void gdn_st_close(gdn_st_file *f);
-GDN_API int gdn_st_count(const gdn_st_file *f);
+/* Tensor i of the file, in header order; NULL for i < 0 or past the last one (walk from 0 until
+ * NULL; a NULL file has none). */
 GDN_API const gdn_st_tensor *gdn_st_at(const gdn_st_file *f, int i);
 /* NULL if absent. */
 GDN_API const gdn_st_tensor *gdn_st_find(const gdn_st_file *f, const char *name);

@@ -122,10 +122,16 @@ typedef struct gdn_plan gdn_plan;
 
 GDN_API int gdn_plan_create(gdn_plan **plan, const gdn_config *cfg);
 GDN_API void gdn_plan_destroy(gdn_plan *plan);
-/* The config the plan was made with (chunk, scale and threads resolved). */
-GDN_API const gdn_config *gdn_plan_config(const gdn_plan *plan);
-/* Name of the micro-kernel path the plan runs (for benchmarks and logs). */
-GDN_API const char *gdn_plan_path(const gdn_plan *plan);
+/* What a plan is (gdn_plan_describe). */
+typedef struct {
+    const gdn_config *config;  /* the config the plan was made with (chunk, scale and threads
+                                  resolved): the plan's own, valid while it lives */
+    const char *path;          /* name of the micro-kernel path it runs (benchmarks, logs; static) */
+    size_t checkpoint_floats;  /* gdn_forward_save's ckpt floats (below) */
+    size_t backward_bytes;     /* bytes the backward uses per thread (below) */
+} gdn_plan_info;
+/* The plan's config, path and sizes into *info (zeroed, and GDN_ERR_ARG, for a NULL plan). */
+GDN_API int gdn_plan_describe(const gdn_plan *plan, gdn_plan_info *info);
 /* Other documents for a packed plan's tokens (a training step's): cu_seqlens, n_docs and
  * seq_offset as in gdn_config, checked and copied; shapes and workspace stay. The plan must have
  * been made packed (one document {0, T} will do). On failure the plan keeps its documents. */
@@ -143,21 +149,19 @@ GDN_API int gdn_backward(gdn_plan *plan, const gdn_rule_grads *grads, const gdn_
                          const float *dout, const float *dht);
 
 /* Training step without the backward's forward sweep: gdn_forward_save also writes the state at
- * the start of every checkpoint segment after the first into ckpt (gdn_plan_checkpoint_floats()
- * floats: [B, Hv, segments - 1, K, V]; at most a tenth of the inputs with automatic
+ * the start of every checkpoint segment after the first into ckpt (gdn_plan_info's
+ * checkpoint_floats: [B, Hv, segments - 1, K, V]; at most a tenth of the inputs with automatic
  * checkpointing), and gdn_backward_saved starts from them (the first segment from h0). ckpt
  * must come from the same plan and inputs; gdn_backward_saved with ckpt NULL is gdn_backward. */
-GDN_API size_t gdn_plan_checkpoint_floats(const gdn_plan *plan);
 GDN_API int gdn_forward_save(gdn_plan *plan, float *o, float *ht, float *ckpt,
                              const gdn_rule_inputs *in);
 GDN_API int gdn_backward_saved(gdn_plan *plan, const gdn_rule_grads *grads,
                                const gdn_rule_inputs *in, const float *ckpt, const float *dout,
                                const float *dht);
 
-/* Bytes the backward uses per thread (its own checkpoints, one segment's states and chunk
- * intermediates, scratch) — independent of B and of the number of heads; it grows as sqrt(T)
- * with automatic checkpointing. */
-GDN_API size_t gdn_plan_backward_bytes(const gdn_plan *plan);
+/* gdn_plan_info's backward_bytes: the bytes the backward uses per thread (its own checkpoints,
+ * one segment's states and chunk intermediates, scratch) — independent of B and of the number of
+ * heads; it grows as sqrt(T) with automatic checkpointing. */
 
 /* ---------------------------------------------------------------- segment summaries (affine view)
  *

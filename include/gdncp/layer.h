@@ -89,15 +89,19 @@ typedef struct gdn_layer_plan gdn_layer_plan;
 
 GDN_API int gdn_layer_plan_create(gdn_layer_plan **plan, const gdn_layer_config *cfg);
 GDN_API void gdn_layer_plan_destroy(gdn_layer_plan *plan);
-GDN_API const gdn_layer_config *gdn_layer_plan_config(const gdn_layer_plan *plan);
+/* What a layer plan is (gdn_layer_plan_describe). */
+typedef struct {
+    const gdn_layer_config *config; /* the config it was made with: the plan's own, valid while it lives */
+    const char *path;               /* name of the GEMM path the projections run (cfg.compute's:
+                                       gdn_compute_path; static) */
+    size_t saved_floats;            /* floats the forward keeps for the backward (depends on cfg.keep) */
+} gdn_layer_plan_info;
+/* The plan's config, path and saved floats into *info (zeroed, and GDN_ERR_ARG, for a NULL plan). */
+GDN_API int gdn_layer_plan_describe(const gdn_layer_plan *plan, gdn_layer_plan_info *info);
 /* Other documents for a packed layer plan (gdn_plan_set_docs; the conv restarts move too). A
  * forward's saved floats belong to the documents it ran with: set the same ones for its backward. */
 GDN_API int gdn_layer_plan_set_docs(gdn_layer_plan *plan, const int64_t *cu_seqlens, int64_t n_docs,
                             int64_t seq_offset);
-/* Floats the forward keeps for the backward (depends on cfg.keep). */
-GDN_API size_t gdn_layer_saved_floats(const gdn_layer_plan *plan);
-/* Name of the GEMM path the projections run (cfg.compute's: gdn_compute_path). */
-GDN_API const char *gdn_layer_plan_path(const gdn_layer_plan *plan);
 
 /* Forward. w: the flat parameters (float, or uint16_t BF16 when cfg.weight_dtype is GDN_BF16).
  * saved (may be NULL: inference) receives what the backward

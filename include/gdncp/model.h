@@ -111,10 +111,12 @@ GDN_API gdn_layer_config gdn_model_layer_config(const gdn_model_config *cfg, int
 GDN_API gdn_attn_config gdn_model_attn_config(const gdn_model_config *cfg, int64_t B, int64_t T);
 /* ... and of one sparse MoE MLP for N token rows (the model's moe fields; threads all, checks on). */
 GDN_API gdn_moe_config gdn_model_moe_config(const gdn_model_config *cfg, int64_t N);
-/* Layers of each kind: full attention, and (L minus that) GatedDeltaNet. */
-GDN_API int64_t gdn_model_attn_layers(const gdn_model_config *cfg);
-/* Layers whose MLP is the sparse MoE block (the others: dense SwiGLU). */
-GDN_API int64_t gdn_model_moe_layers(const gdn_model_config *cfg);
+/* The kinds of layer gdn_model_count_layers counts. */
+enum { GDN_MODEL_ATTN_LAYERS = 0, /* full attention (the others, L minus these: GatedDeltaNet) */
+       GDN_MODEL_MOE_LAYERS = 1   /* those whose MLP is the sparse MoE block (the others: dense SwiGLU) */ };
+/* Layers of `kind` among the model's L (full_attention[] / moe[]); -1 (with gdn_fail) for a NULL
+ * cfg or another kind. */
+GDN_API int64_t gdn_model_count_layers(const gdn_model_config *cfg, int kind);
 /* Transformers' default layer_types (no layer_types in config.json): layer l is full attention
  * when (l + 1) % interval == 0 (full_attention_interval, 4 in Qwen3.5); interval <= 0 or
  * > L: none. Sets full_attention[0..GDN_MODEL_MAX_LAYERS). */

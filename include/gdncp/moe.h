@@ -83,12 +83,17 @@ GDN_API size_t gdn_moe_param_floats(const gdn_moe_config *cfg); /* the whole arr
 typedef struct gdn_moe_plan gdn_moe_plan;
 GDN_API int gdn_moe_plan_create(gdn_moe_plan **plan, const gdn_moe_config *cfg);
 GDN_API void gdn_moe_plan_destroy(gdn_moe_plan *plan);
-GDN_API const gdn_moe_config *gdn_moe_plan_config(const gdn_moe_plan *plan);
-/* Floats the forward keeps for the backward (routing, the router's probabilities, the experts'
- * gate/up activations per (token, slot), the shared expert's). */
-GDN_API size_t gdn_moe_saved_floats(const gdn_moe_plan *plan);
-/* Bytes of the plan's workspace. */
-GDN_API double gdn_moe_plan_bytes(const gdn_moe_plan *plan);
+/* What a MoE plan is (gdn_moe_plan_describe). */
+typedef struct {
+    const gdn_moe_config *config; /* the config it was made with: the plan's own, valid while it lives */
+    size_t saved_floats;  /* floats the forward keeps for the backward (routing, the router's
+                             probabilities, the experts' gate/up activations per (token, slot), the
+                             shared expert's) */
+    double bytes;         /* bytes of the plan's workspace */
+} gdn_moe_plan_info;
+/* The plan's config, saved floats and workspace bytes into *info (zeroed, and GDN_ERR_ARG, for a
+ * NULL plan). */
+GDN_API int gdn_moe_plan_describe(const gdn_moe_plan *plan, gdn_moe_plan_info *info);
 
 /* The router's statistics of the rows of one forward, for the aux loss (transformers'
  * load_balancing_loss_func): count[e] = (token, slot) choices of expert e, prob[e] = the sum over

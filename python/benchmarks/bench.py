@@ -364,15 +364,11 @@ def model_peaks(threads):
     """(fp32 FMA peak, BF16 instruction peak, its path's name), GFLOP/s on threads threads, measured
     as the gemm section measures them."""
     from gdncp import _lib as L
-    lib = L.lib
-    lib.gdn_bench_bf16_path.restype = ctypes.c_int
-    lib.gdn_bench_bf16_path_name.restype = ctypes.c_char_p
-    lib.gdn_bench_bf16_path_name.argtypes = [ctypes.c_int]
-    lib.gdn_bench_bf16_peak_gflops.restype = ctypes.c_double
-    lib.gdn_bench_bf16_peak_gflops.argtypes = [ctypes.c_int, ctypes.c_int]
-    path = lib.gdn_bench_bf16_path()
-    return (L.gdn_measure_peak_gflops(threads), lib.gdn_bench_bf16_peak_gflops(path, threads),
-            lib.gdn_bench_bf16_path_name(path).decode())
+    info = L.Bf16PathInfo()
+    L.check(L.gdn_bench_bf16(0, 0, ctypes.byref(info)), "gdn_bench_bf16")
+    pk32 = L.gdn_measure_peak_gflops(threads)
+    L.check(L.gdn_bench_bf16(0, threads, ctypes.byref(info)), "gdn_bench_bf16")
+    return (pk32, info.peak_gflops, info.name.decode())
 
 
 def run_model(shape="tiny", B=None, T=None, reps=3, rounds=1, config_path=None, layers=None,
@@ -512,7 +508,7 @@ def run_overhead(B=1, T=1024, Hk=16, Hv=32, K=128, V=128, reps=5):
     prob = core._Problem(*arrays, None, None)
     plan = core._plan(prob, None, True, 64, threads)
     o = np.empty_like(arrays[2])
-    ck = np.empty(L.gdn_plan_checkpoint_floats(plan.h), np.float32)
+    ck = np.empty(L.describe(L.gdn_plan_describe, L.PlanInfo, plan.h).checkpoint_floats, np.float32)
     grads = [np.empty_like(a) for a in arrays]
     In = ctypes.byref(L.rule_inputs(*arrays))
     Po, Pck, Pdo = L.f32p(o), L.f32p(ck), L.f32p(do)
@@ -669,16 +665,13 @@ def run_gemm(T=4096, reps=5, shapes=GEMM_SHAPES):
     lib = L.lib
     lib.gdn_measure_peak_gflops.restype = ctypes.c_double
     lib.gdn_measure_peak_gflops.argtypes = [ctypes.c_int]
-    lib.gdn_bench_bf16_path.restype = ctypes.c_int
-    lib.gdn_bench_bf16_path_name.restype = ctypes.c_char_p
-    lib.gdn_bench_bf16_path_name.argtypes = [ctypes.c_int]
-    lib.gdn_bench_bf16_peak_gflops.restype = ctypes.c_double
-    lib.gdn_bench_bf16_peak_gflops.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.gdn_bench_projection.restype = None
     lib.gdn_bench_projection.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     threads = torch.get_num_threads()
-    path = lib.gdn_bench_bf16_path()
+    info = L.Bf16PathInfo()
+    L.check(L.gdn_bench_bf16(0, 0, ctypes.byref(info)), "gdn_bench_bf16")
+    path = info.path
     gen = torch.Generator().manual_seed(5)
     out = []
     for name, N, K in shapes:
@@ -716,8 +709,9 @@ def run_gemm(T=4096, reps=5, shapes=GEMM_SHAPES):
             y = y.float().numpy() if isinstance(y, torch.Tensor) else y
             res.append((n, t, float(np.abs(y - ref).max() / scale)))
         out.append((name, T, N, K, res))
-    return (out, lib.gdn_measure_peak_gflops(threads), lib.gdn_bench_bf16_peak_gflops(path, threads),
-            lib.gdn_bench_bf16_path_name(path).decode())
+    pk32 = lib.gdn_measure_peak_gflops(threads)
+    L.check(L.gdn_bench_bf16(path, threads, ctypes.byref(info)), "gdn_bench_bf16")
+    return (out, pk32, info.peak_gflops, info.name.decode())
 
 
 # ----------------------------------------------------------------------------- attention core

@@ -95,9 +95,19 @@ def _roundtrip_plan(cfg):
     h = ctypes.c_void_p()
     L.check(L.gdn_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_plan_create")
     try:
-        return L.Config.from_buffer_copy(L.gdn_plan_config(h).contents)
+        return L.Config.from_buffer_copy(L.describe(L.gdn_plan_describe, L.PlanInfo, h).config.contents)
     finally:
         L.gdn_plan_destroy(h)
+
+
+def test_plan_describe_refuses_null():
+    """Every plan description refuses a NULL plan (ValueError naming it), its info zeroed."""
+    for fn, cls in ((L.gdn_plan_describe, L.PlanInfo), (L.gdn_layer_plan_describe, L.LayerPlanInfo),
+                    (L.gdn_attn_plan_describe, L.AttnPlanInfo), (L.gdn_moe_plan_describe, L.MoePlanInfo)):
+        info = cls()
+        assert fn(None, ctypes.byref(info)) == L.GDN_ERR_ARG
+        assert "the plan is NULL" in L.gdn_errmsg().decode()
+        assert not info.config and getattr(info, "saved_floats", 0) == 0
 
 
 def test_kernel_config_roundtrip():
@@ -115,7 +125,7 @@ def test_layer_config_roundtrip():
     h = ctypes.c_void_p()
     L.check(L.gdn_layer_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_layer_plan_create")
     try:
-        back = L.gdn_layer_plan_config(h).contents
+        back = L.describe(L.gdn_layer_plan_describe, L.LayerPlanInfo, h).config.contents
         got = {n: getattr(back, n) for n in ("B", "T", "E", "Hk", "Hv", "K", "V", "Kc", "chunk",
                                              "threads", "keep", "check_finite", "weight_dtype",
                                              "compute")}
@@ -135,7 +145,7 @@ def test_moe_config_roundtrip():
     h = ctypes.c_void_p()
     L.check(L.gdn_moe_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_moe_plan_create")
     try:
-        back = L.gdn_moe_plan_config(h).contents
+        back = L.describe(L.gdn_moe_plan_describe, L.MoePlanInfo, h).config.contents
         want = dict(N=5, E=32, n_experts=6, top_k=2, I=8, Is=4, norm_topk=0, threads=1, check_finite=0, compute=1)
         assert {n: getattr(back, n) for n in want} == want
         assert L.gdn_moe_param_floats(ctypes.byref(cfg)) >= 6 * 32 + 6 * 16 * 32 + 6 * 32 * 8 + 3 * 4 * 32 + 32
@@ -151,7 +161,7 @@ def test_attention_config_roundtrip():
     h = ctypes.c_void_p()
     L.check(L.gdn_attn_plan_create(ctypes.byref(h), ctypes.byref(cfg)), "gdn_attn_plan_create")
     try:
-        back = L.AttnConfig.from_buffer_copy(L.gdn_attn_plan_config(h).contents)
+        back = L.AttnConfig.from_buffer_copy(L.describe(L.gdn_attn_plan_describe, L.AttnPlanInfo, h).config.contents)
     finally:
         L.gdn_attn_plan_destroy(h)
     want = dict(B=2, T=40, E=32, H=4, Hkv=2, d=16, R=8, rope_theta=1e4, threads=1, check_finite=1,
@@ -340,7 +350,7 @@ def test_model_config_mirror_reads_the_tiny_checkpoint():
     assert abs(cfg.eps - j["rms_norm_eps"]) < 1e-12
     assert list(cfg.full_attention[:cfg.L + 1]) == [int(t == "full_attention") for t in j["layer_types"]] + [0]
     assert L.gdn_model_config_check(ctypes.byref(cfg)) == 0
-    assert L.gdn_model_attn_layers(ctypes.byref(cfg)) == 1
+    assert L.gdn_model_count_layers(ctypes.byref(cfg), L.GDN_MODEL_ATTN_LAYERS) == 1
     n = L.gdn_model_param_floats(ctypes.byref(cfg))
     assert n >= L.gdn_model_param_count(ctypes.byref(cfg)) > 0
 

@@ -109,9 +109,76 @@ int gdn_moe_param_shape(const gdn_moe_config *cfg, int which, int64_t shape[3]);
 size_t gdn_moe_param_offset(const gdn_moe_config *cfg, int which);
 size_t gdn_moe_param_numel(const gdn_moe_config *cfg, int which);
 
+/* The model's layer counts (gdn_model_count_layers, model.h), for the library, the wing and the
+ * tests: full-attention layers, and layers with the sparse MoE MLP. */
+static inline int64_t gdn_model_attn_layers(const gdn_model_config *c) {
+    return gdn_model_count_layers(c, GDN_MODEL_ATTN_LAYERS);
+}
+static inline int64_t gdn_model_moe_layers(const gdn_model_config *c) {
+    return gdn_model_count_layers(c, GDN_MODEL_MOE_LAYERS);
+}
+
+/* The plans' shorthands over gdn_plan_describe / gdn_layer_plan_describe / gdn_attn_plan_describe
+ * / gdn_moe_plan_describe, for the library, the wing and the tests: one field each; a NULL plan
+ * gives NULL or 0 (no error recorded). gdn_plan_ckpt_floats (rule.c): the checkpoint count the
+ * description gives. */
+size_t gdn_plan_ckpt_floats(const gdn_plan *p);
+static inline const gdn_config *gdn_plan_config(const gdn_plan *p) {
+    gdn_plan_info i = {0};
+    return p && !gdn_plan_describe(p, &i) ? i.config : NULL;
+}
+static inline const char *gdn_plan_path(const gdn_plan *p) {
+    gdn_plan_info i = {0};
+    return p && !gdn_plan_describe(p, &i) ? i.path : NULL;
+}
+static inline size_t gdn_plan_checkpoint_floats(const gdn_plan *p) {
+    gdn_plan_info i = {0};
+    return p && !gdn_plan_describe(p, &i) ? i.checkpoint_floats : 0;
+}
+static inline size_t gdn_plan_backward_bytes(const gdn_plan *p) {
+    gdn_plan_info i = {0};
+    return p && !gdn_plan_describe(p, &i) ? i.backward_bytes : 0;
+}
+static inline const gdn_layer_config *gdn_layer_plan_config(const gdn_layer_plan *p) {
+    gdn_layer_plan_info i = {0};
+    return p && !gdn_layer_plan_describe(p, &i) ? i.config : NULL;
+}
+static inline size_t gdn_layer_saved_floats(const gdn_layer_plan *p) {
+    gdn_layer_plan_info i = {0};
+    return p && !gdn_layer_plan_describe(p, &i) ? i.saved_floats : 0;
+}
+static inline const char *gdn_layer_plan_path(const gdn_layer_plan *p) {
+    gdn_layer_plan_info i = {0};
+    return p && !gdn_layer_plan_describe(p, &i) ? i.path : NULL;
+}
+static inline const gdn_attn_config *gdn_attn_plan_config(const gdn_attn_plan *p) {
+    gdn_attn_plan_info i = {0};
+    return p && !gdn_attn_plan_describe(p, &i) ? i.config : NULL;
+}
+static inline size_t gdn_attn_saved_floats(const gdn_attn_plan *p) {
+    gdn_attn_plan_info i = {0};
+    return p && !gdn_attn_plan_describe(p, &i) ? i.saved_floats : 0;
+}
+static inline const gdn_moe_config *gdn_moe_plan_config(const gdn_moe_plan *p) {
+    gdn_moe_plan_info i = {0};
+    return p && !gdn_moe_plan_describe(p, &i) ? i.config : NULL;
+}
+static inline size_t gdn_moe_saved_floats(const gdn_moe_plan *p) {
+    gdn_moe_plan_info i = {0};
+    return p && !gdn_moe_plan_describe(p, &i) ? i.saved_floats : 0;
+}
+static inline double gdn_moe_plan_bytes(const gdn_moe_plan *p) {
+    gdn_moe_plan_info i = {0};
+    return p && !gdn_moe_plan_describe(p, &i) ? i.bytes : 0.0;
+}
+
 /* A fused projection's name (NULL for another `fused`) and rows (gdn_layer_fused, io.h). */
 const char *gdn_layer_fused_name(int fused);
 int64_t gdn_layer_fused_rows(const gdn_layer_config *c, int fused);
+
+/* The number of tensors of a safetensors file (0 for NULL): the first i at which gdn_st_at (io.h)
+ * gives NULL, kept for the library and the tests. */
+int gdn_st_count(const gdn_st_file *f);
 
 /* Safetensors shorthands over gdn_st_read / gdn_st_read_ints / gdn_st_writer_add (io.h), for the
  * library and the tests: a whole tensor as f32 or f64; rows along dimension 1 (count >= 0) or any

@@ -488,10 +488,18 @@ double gdn_measure_bf16_peak_gflops(int path, int threads) {
 }
 
 /* Public probes for `gdncp bench matmul` (include/gdncp/bench.h). */
-int gdn_bench_bf16_path(void) { return gdn_bf16_path_auto(); }
-const char *gdn_bench_bf16_path_name(int path) { return gdn_bf16_path_name(path); }
-int gdn_bench_bf16_path_available(int path) { return gdn_bf16_path_available(path); }
-double gdn_bench_bf16_peak_gflops(int path, int threads) { return gdn_measure_bf16_peak_gflops(path, threads); }
+int gdn_bench_bf16(int path, int threads, gdn_bf16_path_info *info) {
+    if (info) memset(info, 0, sizeof *info);
+    if (!info) return gdn_fail(GDN_ERR_ARG, "gdn_bench_bf16: info is NULL");
+    if (path < GDN_BF16_AUTO || path > GDN_BF16_AMX_EMU)
+        return gdn_fail(GDN_ERR_ARG, "gdn_bench_bf16: path %d (0 for this CPU's, or 1..4)", path);
+    if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
+    info->path = path;
+    info->available = gdn_bf16_path_available(path);
+    info->name = gdn_bf16_path_name(path);
+    info->peak_gflops = threads >= 1 ? gdn_measure_bf16_peak_gflops(path, threads) : 0.0;
+    return GDN_OK;
+}
 void gdn_bench_projection(int bf16_path, int64_t m, int64_t n, int64_t kk, const float *x, const float *W,
                           float *y, int threads) {
     if (bf16_path < 0) {

@@ -173,8 +173,7 @@ static int alloc_backward(gdn_plan *p) {
     return GDN_OK;
 }
 
-size_t gdn_plan_backward_bytes(const gdn_plan *p) {
-    if (!p) return 0;
+static size_t backward_bytes(const gdn_plan *p) {
     const int Nmax = p->ckpt_chunks > p->save_chunks ? p->ckpt_chunks : p->save_chunks;
     return (size_t)bwd_floats(&p->cfg, p->nseg, Nmax, p->rec_slots) * sizeof(float);
 }
@@ -190,12 +189,16 @@ void gdn_plan_destroy(gdn_plan *p) {
     free(p);
 }
 
-const gdn_config *gdn_plan_config(const gdn_plan *p) { return p ? &p->cfg : NULL; }
-
-
-const char *gdn_plan_path(const gdn_plan *p) {
-    if (p && p->bf16_path) return gdn_bf16_path_name(p->bf16_path); /* the forward sweep's products */
-    return gdn_gemm_path();
+int gdn_plan_describe(const gdn_plan *p, gdn_plan_info *info) {
+    if (!info) return gdn_fail(GDN_ERR_ARG, "gdn_plan_describe: info is NULL");
+    memset(info, 0, sizeof *info);
+    if (!p) return gdn_fail(GDN_ERR_ARG, "gdn_plan_describe: the plan is NULL");
+    info->config = &p->cfg;
+    /* the forward sweep's products */
+    info->path = p->bf16_path ? gdn_bf16_path_name(p->bf16_path) : gdn_gemm_path();
+    info->checkpoint_floats = gdn_plan_ckpt_floats(p);
+    info->backward_bytes = backward_bytes(p);
+    return GDN_OK;
 }
 
 /* Split columns only when there are fewer (batch, head) streams than threads; blocks stay

@@ -36,7 +36,7 @@ int gdn_plan_set_docs(gdn_plan *p, const int64_t *cu_seqlens, int64_t n_docs, in
     return GDN_OK;
 }
 
-size_t gdn_plan_checkpoint_floats(const gdn_plan *p) {
+size_t gdn_plan_ckpt_floats(const gdn_plan *p) {
     return p ? (size_t)(p->cfg.Hv * p->streams.ckpt_rows) * p->cfg.K * p->cfg.V : 0;
 }
 

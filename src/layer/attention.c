@@ -25,11 +25,14 @@ gdn_attn_saved gdn_attn_saved_view(const gdn_attn_plan *ap, float *s) {
 static size_t saved_floats(const gdn_attn_plan *ap) { /* the plan's own buffer */
     return (size_t)ap->N * (ap->P + ap->Hd + ap->cfg.H);
 }
-size_t gdn_attn_saved_floats(const gdn_attn_plan *ap) {
-    if (!ap) return 0;
-    return ap->cfg.keep == GDN_ATTN_KEEP_CORE ? (size_t)ap->N * (ap->Hd + ap->cfg.H) : saved_floats(ap);
+int gdn_attn_plan_describe(const gdn_attn_plan *ap, gdn_attn_plan_info *info) {
+    if (!info) return gdn_fail(GDN_ERR_ARG, "gdn_attn_plan_describe: info is NULL");
+    memset(info, 0, sizeof *info);
+    if (!ap) return gdn_fail(GDN_ERR_ARG, "gdn_attn_plan_describe: the plan is NULL");
+    info->config = &ap->cfg;
+    info->saved_floats = ap->cfg.keep == GDN_ATTN_KEEP_CORE ? (size_t)ap->N * (ap->Hd + ap->cfg.H) : saved_floats(ap);
+    return GDN_OK;
 }
-const gdn_attn_config *gdn_attn_plan_config(const gdn_attn_plan *ap) { return ap ? &ap->cfg : NULL; }
 
 void gdn_attn_plan_destroy(gdn_attn_plan *ap) {
     if (!ap) return;

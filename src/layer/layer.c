@@ -34,10 +34,14 @@ gdn_layer_saved gdn_layer_saved_view(const gdn_layer_plan *lp, float *saved) {
     return s;
 }
 
-size_t gdn_layer_saved_floats(const gdn_layer_plan *lp) { return lp ? saved_floats(lp) : 0; }
-const gdn_layer_config *gdn_layer_plan_config(const gdn_layer_plan *lp) { return lp ? &lp->cfg : NULL; }
-const char *gdn_layer_plan_path(const gdn_layer_plan *lp) {
-    return gdn_compute_path(lp ? lp->cfg.compute : GDN_COMPUTE_FP32);
+int gdn_layer_plan_describe(const gdn_layer_plan *lp, gdn_layer_plan_info *info) {
+    if (!info) return gdn_fail(GDN_ERR_ARG, "gdn_layer_plan_describe: info is NULL");
+    memset(info, 0, sizeof *info);
+    if (!lp) return gdn_fail(GDN_ERR_ARG, "gdn_layer_plan_describe: the plan is NULL");
+    info->config = &lp->cfg;
+    info->path = gdn_compute_path(lp->cfg.compute);
+    info->saved_floats = saved_floats(lp);
+    return GDN_OK;
 }
 
 void gdn_layer_plan_destroy(gdn_layer_plan *lp) {

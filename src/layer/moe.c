@@ -105,9 +105,15 @@ void gdn_moe_plan_destroy(gdn_moe_plan *p) {
     free(p);
 }
 
-const gdn_moe_config *gdn_moe_plan_config(const gdn_moe_plan *p) { return p ? &p->cfg : NULL; }
-size_t gdn_moe_saved_floats(const gdn_moe_plan *p) { return p ? p->saved_floats : 0; }
-double gdn_moe_plan_bytes(const gdn_moe_plan *p) { return p ? p->bytes : 0.0; }
+int gdn_moe_plan_describe(const gdn_moe_plan *p, gdn_moe_plan_info *info) {
+    if (!info) return gdn_fail(GDN_ERR_ARG, "gdn_moe_plan_describe: info is NULL");
+    memset(info, 0, sizeof *info);
+    if (!p) return gdn_fail(GDN_ERR_ARG, "gdn_moe_plan_describe: the plan is NULL");
+    info->config = &p->cfg;
+    info->saved_floats = p->saved_floats;
+    info->bytes = p->bytes;
+    return GDN_OK;
+}
 
 /* The product C = op(A) op(B) of the plan's compute precision, its threads, its packing space. */
 static void mm(gdn_moe_plan *p, int flags, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,

@@ -204,9 +204,15 @@ int64_t gdn_data_split_len(const gdn_data *d, int split) {
     return gdn_fail(GDN_ERR_ARG, "%s: split %d is neither 0 (train) nor 1 (validation)", d->path, split), -1;
 }
 
-int gdn_data_is_tokens(const gdn_data *d) { return d ? d->tokens : 0; }
-int64_t gdn_data_file_vocab(const gdn_data *d) { return d ? d->file_vocab : 0; }
-int gdn_data_width(const gdn_data *d) { return d ? d->width : 0; }
+int gdn_data_describe(const gdn_data *d, gdn_data_info *info) {
+    if (!info) return gdn_fail(GDN_ERR_ARG, "gdn_data_describe: info is NULL");
+    memset(info, 0, sizeof *info);
+    if (!d) return gdn_fail(GDN_ERR_ARG, "gdn_data_describe: the data file is NULL");
+    info->tokens = d->tokens;
+    info->width = d->width;
+    info->file_vocab = d->file_vocab;
+    return GDN_OK;
+}
 
 int gdn_data_read(const gdn_data *d, int split, int64_t start, int64_t n, gdn_token *out) {
     if (!d || (n > 0 && !out)) return gdn_fail(GDN_ERR_ARG, "data read: NULL argument");

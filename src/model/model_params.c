@@ -77,13 +77,19 @@ int64_t gdn_model_attn_before(const gdn_model_config *c, int64_t n) {
     for (int64_t l = 0; l < n && l < GDN_MODEL_MAX_LAYERS; l++) k += is_attn(c, l);
     return k;
 }
-int64_t gdn_model_attn_layers(const gdn_model_config *c) { return gdn_model_attn_before(c, c->L); }
 int64_t gdn_model_moe_before(const gdn_model_config *c, int64_t n) {
     int64_t k = 0;
     for (int64_t l = 0; l < n && l < GDN_MODEL_MAX_LAYERS; l++) k += is_moe(c, l);
     return k;
 }
-int64_t gdn_model_moe_layers(const gdn_model_config *c) { return gdn_model_moe_before(c, c->L); }
+int64_t gdn_model_count_layers(const gdn_model_config *c, int kind) {
+    if (!c) return gdn_fail(GDN_ERR_ARG, "gdn_model_count_layers: cfg is NULL"), -1;
+    switch (kind) {
+    case GDN_MODEL_ATTN_LAYERS: return gdn_model_attn_before(c, c->L);
+    case GDN_MODEL_MOE_LAYERS: return gdn_model_moe_before(c, c->L);
+    default: return gdn_fail(GDN_ERR_ARG, "gdn_model_count_layers: kind %d (GDN_MODEL_ATTN_LAYERS or GDN_MODEL_MOE_LAYERS)", kind), -1;
+    }
+}
 
 gdn_moe_config gdn_model_moe_config(const gdn_model_config *c, int64_t N) {
     gdn_moe_config mc = gdn_moe_config_default(N, c->E, c->n_experts, c->top_k, c->moe_I, c->shared_I);

@@ -5,8 +5,10 @@
 
 #include "gdncp/abi.h"
 #include "gdncp/attention.h"
+#include "gdncp/bench.h"
 #include "gdncp/compute.h"
 #include "gdncp/cp.h"
+#include "gdncp/data.h"
 #include "gdncp/ep.h"
 #include "gdncp/io.h"
 #include "gdncp/kernel.h"
@@ -44,6 +46,11 @@ static const abi_field fields_gdn_attn_config[] = {
     {"compute", offsetof(gdn_attn_config, compute)},
     {NULL, 0}
 };
+static const abi_field fields_gdn_attn_plan_info[] = {
+    {"config", offsetof(gdn_attn_plan_info, config)},
+    {"saved_floats", offsetof(gdn_attn_plan_info, saved_floats)},
+    {NULL, 0}
+};
 static const abi_field fields_gdn_attn_cache_info[] = {
     {"B", offsetof(gdn_attn_cache_info, B)},
     {"Hkv", offsetof(gdn_attn_cache_info, Hkv)},
@@ -53,6 +60,13 @@ static const abi_field fields_gdn_attn_cache_info[] = {
     {"dtype", offsetof(gdn_attn_cache_info, dtype)},
     {"keys", offsetof(gdn_attn_cache_info, keys)},
     {"values", offsetof(gdn_attn_cache_info, values)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_bf16_path_info[] = {
+    {"path", offsetof(gdn_bf16_path_info, path)},
+    {"available", offsetof(gdn_bf16_path_info, available)},
+    {"name", offsetof(gdn_bf16_path_info, name)},
+    {"peak_gflops", offsetof(gdn_bf16_path_info, peak_gflops)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_param_info[] = {
@@ -71,6 +85,12 @@ static const abi_field fields_gdn_cp_stats[] = {
     {"bytes_recv", offsetof(gdn_cp_stats, bytes_recv)},
     {"messages", offsetof(gdn_cp_stats, messages)},
     {"rounds", offsetof(gdn_cp_stats, rounds)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_data_info[] = {
+    {"tokens", offsetof(gdn_data_info, tokens)},
+    {"width", offsetof(gdn_data_info, width)},
+    {"file_vocab", offsetof(gdn_data_info, file_vocab)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_ep_stats[] = {
@@ -185,6 +205,13 @@ static const abi_field fields_gdn_rule_grads_f64[] = {
     {"dh0", offsetof(gdn_rule_grads_f64, dh0)},
     {NULL, 0}
 };
+static const abi_field fields_gdn_plan_info[] = {
+    {"config", offsetof(gdn_plan_info, config)},
+    {"path", offsetof(gdn_plan_info, path)},
+    {"checkpoint_floats", offsetof(gdn_plan_info, checkpoint_floats)},
+    {"backward_bytes", offsetof(gdn_plan_info, backward_bytes)},
+    {NULL, 0}
+};
 static const abi_field fields_gdn_layer_config[] = {
     {"B", offsetof(gdn_layer_config, B)},
     {"T", offsetof(gdn_layer_config, T)},
@@ -205,6 +232,12 @@ static const abi_field fields_gdn_layer_config[] = {
     {"n_docs", offsetof(gdn_layer_config, n_docs)},
     {"seq_offset", offsetof(gdn_layer_config, seq_offset)},
     {"cp", offsetof(gdn_layer_config, cp)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_layer_plan_info[] = {
+    {"config", offsetof(gdn_layer_plan_info, config)},
+    {"path", offsetof(gdn_layer_plan_info, path)},
+    {"saved_floats", offsetof(gdn_layer_plan_info, saved_floats)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_model_config[] = {
@@ -276,6 +309,12 @@ static const abi_field fields_gdn_moe_config[] = {
     {"ep_rank", offsetof(gdn_moe_config, ep_rank)},
     {NULL, 0}
 };
+static const abi_field fields_gdn_moe_plan_info[] = {
+    {"config", offsetof(gdn_moe_plan_info, config)},
+    {"saved_floats", offsetof(gdn_moe_plan_info, saved_floats)},
+    {"bytes", offsetof(gdn_moe_plan_info, bytes)},
+    {NULL, 0}
+};
 static const abi_field fields_gdn_adamw_config[] = {
     {"lr", offsetof(gdn_adamw_config, lr)},
     {"min_lr", offsetof(gdn_adamw_config, min_lr)},
@@ -336,9 +375,12 @@ static const struct {
     const abi_field *fields;
 } structs[] = {
     {"gdn_attn_config", sizeof(gdn_attn_config), fields_gdn_attn_config},
+    {"gdn_attn_plan_info", sizeof(gdn_attn_plan_info), fields_gdn_attn_plan_info},
     {"gdn_attn_cache_info", sizeof(gdn_attn_cache_info), fields_gdn_attn_cache_info},
+    {"gdn_bf16_path_info", sizeof(gdn_bf16_path_info), fields_gdn_bf16_path_info},
     {"gdn_param_info", sizeof(gdn_param_info), fields_gdn_param_info},
     {"gdn_cp_stats", sizeof(gdn_cp_stats), fields_gdn_cp_stats},
+    {"gdn_data_info", sizeof(gdn_data_info), fields_gdn_data_info},
     {"gdn_ep_stats", sizeof(gdn_ep_stats), fields_gdn_ep_stats},
     {"gdn_st_tensor", sizeof(gdn_st_tensor), fields_gdn_st_tensor},
     {"gdn_layer_weights", sizeof(gdn_layer_weights), fields_gdn_layer_weights},
@@ -350,11 +392,14 @@ static const struct {
     {"gdn_rule_grads", sizeof(gdn_rule_grads), fields_gdn_rule_grads},
     {"gdn_rule_inputs_f64", sizeof(gdn_rule_inputs_f64), fields_gdn_rule_inputs_f64},
     {"gdn_rule_grads_f64", sizeof(gdn_rule_grads_f64), fields_gdn_rule_grads_f64},
+    {"gdn_plan_info", sizeof(gdn_plan_info), fields_gdn_plan_info},
     {"gdn_layer_config", sizeof(gdn_layer_config), fields_gdn_layer_config},
+    {"gdn_layer_plan_info", sizeof(gdn_layer_plan_info), fields_gdn_layer_plan_info},
     {"gdn_model_config", sizeof(gdn_model_config), fields_gdn_model_config},
     {"gdn_model_tensor_info", sizeof(gdn_model_tensor_info), fields_gdn_model_tensor_info},
     {"gdn_model_run", sizeof(gdn_model_run), fields_gdn_model_run},
     {"gdn_moe_config", sizeof(gdn_moe_config), fields_gdn_moe_config},
+    {"gdn_moe_plan_info", sizeof(gdn_moe_plan_info), fields_gdn_moe_plan_info},
     {"gdn_adamw_config", sizeof(gdn_adamw_config), fields_gdn_adamw_config},
     {"gdn_sampling", sizeof(gdn_sampling), fields_gdn_sampling},
     {"gdn_train_options", sizeof(gdn_train_options), fields_gdn_train_options},

@@ -15,7 +15,7 @@ static char *state_json(const trainer *t, int64_t step, double loss) {
                                        gdn_data_split_len(t->data, GDN_SPLIT_VAL)),
                           "loss", loss, "dp", (json_int_t)t->dp, "cp", (json_int_t)t->cp_size,
                           "lr_peak", o->opt.lr, "pack_separator_hex", hex, "pack_separator_id",
-                          (json_int_t)gdn_trainer_pack_id(o), "data_kind", gdn_data_is_tokens(t->data) ? "tokens" : "text");
+                          (json_int_t)gdn_trainer_pack_id(o), "data_kind", t->data_info.tokens ? "tokens" : "text");
     char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     return s;

@@ -42,6 +42,7 @@ typedef struct {
     double *load;   /* MoE: the experts' load, 2 x MoE layers x n_experts (gdn_trainer_expert_load) */
     gdn_model_plan *plan;
     gdn_data *data;
+    gdn_data_info data_info; /* what it is (gdn_data_describe, once opened) */
     gdn_token *tokens; /* batch x (tn + 1) */
     gdn_token *window; /* packing: one row's whole window (and the separator's length before it) */
     gdn_token sep[GDN_DATA_MAX_SEP]; /* packing: the separator's ids (--pack's bytes or --pack-id) */

@@ -356,8 +356,9 @@ int gdn_trainer_setup(trainer *t) {
     if (!rc && !(t->load = gdn_calloc("trainer_setup: t->load", 2 * (size_t)(gdn_model_moe_layers(&t->cfg) * t->cfg.n_experts) + 1, sizeof(double))))
         rc = gdn_fail(GDN_ERR_NOMEM, "the experts' load");
     if (!rc) rc = gdn_data_open(&t->data, o->data, o->val_fraction, t->cfg.vocab);
+    if (!rc) rc = gdn_data_describe(t->data, &t->data_info);
     /* the separator as ids: --pack's bytes (byte text only), or --pack-id's one id */
-    if (!rc && o->pack && gdn_data_is_tokens(t->data))
+    if (!rc && o->pack && t->data_info.tokens)
         rc = gdn_fail(GDN_ERR_ARG, "%s is a token file: --pack SEP gives a separator of bytes, for byte text; give "
                       "the token file's end-of-document id with --pack-id N", o->data);
     else if (!rc && o->pack_by_id && o->pack_id >= t->cfg.vocab)
@@ -396,12 +397,12 @@ int gdn_trainer_setup(trainer *t) {
                   vl = gdn_data_split_len(t->data, GDN_SPLIT_VAL);
     if (tl < need)
         rc = gdn_fail(GDN_ERR_SHAPE, "the training split of %s has %lld %s; a sequence of --seq %lld needs %lld",
-                      o->data, (long long)tl, gdn_data_is_tokens(t->data) ? "tokens" : "bytes", (long long)o->seq,
+                      o->data, (long long)tl, t->data_info.tokens ? "tokens" : "bytes", (long long)o->seq,
                       (long long)need);
     else if (o->eval_every && vl < need)
         rc = gdn_fail(GDN_ERR_SHAPE, "the validation split of %s has %lld %s; a sequence of --seq %lld needs "
                       "%lld (raise --val-fraction, or --eval-every 0)", o->data, (long long)vl,
-                      gdn_data_is_tokens(t->data) ? "tokens" : "bytes", (long long)o->seq, (long long)need);
+                      t->data_info.tokens ? "tokens" : "bytes", (long long)o->seq, (long long)need);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
 
     /* threads: the node's cores shared among its ranks */
@@ -474,8 +475,8 @@ int gdn_trainer_setup(trainer *t) {
                 (long long)t->cfg.Hk, (long long)t->cfg.Hv, (long long)t->cfg.K, (long long)t->cfg.V, t->dp,
                 t->cp_size, ep_note, gdn_cp_strategy_name((gdn_cp_strategy)o->strategy), (long long)(o->batch * t->dp),
                 (long long)o->seq, (long long)t->tn, t->threads, t->threads > 1 ? "s" : "",
-                gdn_cp_get_wait(t->cp) == GDN_CP_WAIT_SLEEP ? " (more than the cores: waits sleep)" : "", t->recompute ? "on" : "off", gdn_data_is_tokens(t->data) ? "token file" : "text", o->data,
-                (long long)tl, (long long)vl, gdn_data_is_tokens(t->data) ? "tokens" : "bytes",
+                gdn_cp_get_wait(t->cp) == GDN_CP_WAIT_SLEEP ? " (more than the cores: waits sleep)" : "", t->recompute ? "on" : "off", t->data_info.tokens ? "token file" : "text", o->data,
+                (long long)tl, (long long)vl, t->data_info.tokens ? "tokens" : "bytes",
                 from ? (o->resume ? ", resumed from " : ", weights from ") : "", from ? ckdir : "");
         const int64_t na = gdn_model_attn_layers(&t->cfg);
         if (na) {
@@ -502,9 +503,9 @@ int gdn_trainer_setup(trainer *t) {
         fprintf(t->progress, "gdncp train: compute %s: products on %s%s\n", gdn_compute_name(o->compute),
                 gdn_compute_path(o->compute),
                 o->compute == GDN_COMPUTE_BF16 ? " (fp32 master weights, moments, loss, norms and recurrent state)" : "");
-        if (gdn_data_is_tokens(t->data))
+        if (t->data_info.tokens)
             fprintf(t->progress, "gdncp train: token file of uint%d ids, header vocabulary %lld, model vocabulary "
-                    "%lld\n", 8 * gdn_data_width(t->data), (long long)gdn_data_file_vocab(t->data),
+                    "%lld\n", 8 * t->data_info.width, (long long)t->data_info.file_vocab,
                     (long long)t->cfg.vocab);
         if (o->pack_by_id)
             fprintf(t->progress, "gdncp train: packed documents, each ending with the id %d: the state and the conv "

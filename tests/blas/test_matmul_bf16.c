@@ -335,8 +335,33 @@ static void rounding(void) {
     }
 }
 
+/* gdn_bench_bf16 (bench.h) against the pieces it replaces (the CPU's path, each path's
+ * availability and name; the peak only when threads >= 1) and its refusals. */
+static void bench_bf16_info(void) {
+    gdn_bf16_path_info info;
+    int bad = 0;
+    for (int p = 0; p <= 4; p++) {
+        const int want = p ? p : gdn_bf16_path_auto();
+        bad += gdn_bench_bf16(p, 0, &info) != GDN_OK;
+        bad += info.path != want || info.available != gdn_bf16_path_available(want) ||
+               !info.name || strcmp(info.name, gdn_bf16_path_name(want)) != 0 || info.peak_gflops != 0.0;
+    }
+    expect_close((double)bad, 0.0, "gdn_bench_bf16(0..4, threads 0): the CPU's path, availability and name as the pieces, no peak (%d differ)", bad);
+    const int have_peak = gdn_bf16_path_auto() == GDN_BF16_AVX512 || gdn_bf16_path_auto() == GDN_BF16_AMX;
+    expect_close(gdn_bench_bf16(GDN_BF16_FALLBACK, 1, &info) == GDN_OK && info.peak_gflops == 0.0 ? 0 : 1, 0,
+                 "gdn_bench_bf16(fallback, 1 thread): no instruction peak (0)");
+    expect_close(gdn_bench_bf16(0, 1, &info) == GDN_OK && (info.peak_gflops > 0) == have_peak ? 0 : 1, 0,
+                 "gdn_bench_bf16(0, 1 thread): a measured peak exactly when the path has an instruction (%g)", info.peak_gflops);
+    info.path = 7;
+    expect_status(gdn_bench_bf16(5, 0, &info), GDN_ERR_ARG, "path 5", "gdn_bench_bf16: path past the end refused");
+    expect_close(info.path == 0 && info.name == NULL ? 0 : 1, 0, "gdn_bench_bf16: a refused call leaves info zeroed");
+    expect_status(gdn_bench_bf16(-1, 0, &info), GDN_ERR_ARG, "path -1", "gdn_bench_bf16: a negative path refused");
+    expect_status(gdn_bench_bf16(0, 0, NULL), GDN_ERR_ARG, "info is NULL", "gdn_bench_bf16: a NULL info refused");
+}
+
 void test_matmul_bf16(void) {
     for (int p = 1; p <= 4; p++) have[p] = gdn_bf16_path_available(p);
+    bench_bf16_info();
     if (!tests_quiet) {
         printf("bf16 paths here (auto: %s):\n", gdn_bf16_path_name(gdn_bf16_path_auto()));
         for (int p = 1; p <= 4; p++)

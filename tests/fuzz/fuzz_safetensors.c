@@ -40,9 +40,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     (void)gdn_st_metadata(f, "producer");
     (void)gdn_st_metadata(f, "__metadata__");
     (void)gdn_st_metadata(f, "Hk");
-    const int count = gdn_st_count(f);
-    (void)gdn_st_at(f, -1);
-    (void)gdn_st_at(f, count);
+    int count = 0; /* gdn_st_at is NULL from the last tensor on */
+    while (gdn_st_at(f, count)) count++;
+    if (gdn_st_at(f, -1) || gdn_st_at(f, count) || gdn_st_at(f, count + 1)) abort();
     for (int i = 0; i < count; i++) {
         const gdn_st_tensor *t = gdn_st_at(f, i);
         if (!t || !t->name || !t->dtype_name || t->ndim < 0 || t->ndim > GDN_ST_MAX_DIMS) abort();

@@ -223,6 +223,14 @@ void test_safetensors(void) {
     gdn_st_file *f = NULL;
     rc = gdn_st_open(&f, path);
     check(rc == GDN_OK && gdn_st_count(f) == 5, "reopen: 5 tensors");
+    if (rc == GDN_OK) { /* gdn_st_at ends the walk with NULL where gdn_st_count (now internal) says */
+        int walked = 0;
+        while (gdn_st_at(f, walked)) walked++;
+        check(walked == 5 && walked == gdn_st_count(f) && !gdn_st_at(f, 5) && !gdn_st_at(f, 6) && !gdn_st_at(f, -1) &&
+                  gdn_st_at(f, 4) && gdn_st_find(f, gdn_st_at(f, 4)->name) == gdn_st_at(f, 4),
+              "gdn_st_at: tensors 0..4 then NULL (past the end, and for -1), as gdn_st_count");
+        check(!gdn_st_at(NULL, 0) && gdn_st_count(NULL) == 0, "gdn_st_at: a NULL file has no tensor");
+    }
     if (rc) return;
     const char *meta = gdn_st_metadata(f, "who");
     check(meta && !strcmp(meta, "gdncp test"), "metadata round trip");

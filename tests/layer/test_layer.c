@@ -3,6 +3,7 @@
  * sequence, and the cache states against transformers'. Each comparison has a negative control
  * through the same check. */
 #include "harness.h"
+#include "blas.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -493,7 +494,66 @@ static void param_tables(void) {
     expect_status(gdn_moe_param(&mc, GDN_MOE_COUNT, &p), GDN_ERR_ARG, "out of range", "gdn_moe_param past the end");
 }
 
+size_t gdn_moe_saved_floats_cfg(const gdn_moe_config *c); /* moe_internal.h */
+
+/* The four plan descriptions (gdn_plan_describe, gdn_layer_plan_describe, gdn_attn_plan_describe,
+ * gdn_moe_plan_describe) against the pieces they replace (the config made with, the path, the
+ * counts from the config alone) and their refusals. */
+static void plan_descriptions(void) {
+    gdn_config kc = gdn_config_default(2, 64, 2, 4, 16, 32);
+    kc.threads = 1;
+    gdn_plan *kp = NULL;
+    gdn_plan_info ki;
+    int rc = gdn_plan_create(&kp, &kc);
+    rc = rc ? rc : gdn_plan_describe(kp, &ki);
+    check(!rc && ki.config && ki.config->B == 2 && ki.config->T == 64 && ki.config->Hv == 4 && ki.config->chunk > 0 &&
+              ki.path && strcmp(ki.path, gdn_gemm_path()) == 0 && ki.checkpoint_floats == gdn_plan_ckpt_floats(kp) &&
+              ki.backward_bytes > 0 && gdn_plan_config(kp) == ki.config,
+          "gdn_plan_describe: the plan's config (chunk resolved), fp32 GEMM path, checkpoint floats and backward bytes");
+    gdn_layer_config lc = gdn_layer_config_default(2, 24, 32, 2, 4, 8, 16);
+    lc.threads = 1, lc.keep = GDN_LAYER_KEEP_PROJ;
+    gdn_layer_plan *lp = NULL;
+    gdn_layer_plan_info li;
+    rc = gdn_layer_plan_create(&lp, &lc);
+    rc = rc ? rc : gdn_layer_plan_describe(lp, &li);
+    check(!rc && li.config && li.config->E == 32 && li.config->keep == GDN_LAYER_KEEP_PROJ && li.path &&
+              strcmp(li.path, gdn_compute_path(lc.compute)) == 0 && li.saved_floats > (size_t)(2 * 24 * 32),
+          "gdn_layer_plan_describe: config, the compute's GEMM path, saved floats (KEEP_PROJ: more than x)");
+    gdn_attn_config ac = gdn_attn_config_default(2, 20, 32, 4, 2, 8);
+    ac.threads = 1, ac.keep = GDN_ATTN_KEEP_CORE;
+    gdn_attn_plan *ap = NULL;
+    gdn_attn_plan_info ai;
+    rc = gdn_attn_plan_create(&ap, &ac);
+    rc = rc ? rc : gdn_attn_plan_describe(ap, &ai);
+    check(!rc && ai.config && ai.config->H == 4 && ai.saved_floats == (size_t)(2 * 20) * (4 * 8 + 4),
+          "gdn_attn_plan_describe: config, KEEP_CORE saved floats B T (H d + H)");
+    gdn_moe_config mc = gdn_moe_config_default(6, 32, 4, 2, 8, 4);
+    mc.threads = 1;
+    gdn_moe_plan *mp = NULL;
+    gdn_moe_plan_info mi;
+    rc = gdn_moe_plan_create(&mp, &mc);
+    rc = rc ? rc : gdn_moe_plan_describe(mp, &mi);
+    check(!rc && mi.config && mi.config->n_experts == 4 && mi.saved_floats == gdn_moe_saved_floats_cfg(&mc) && mi.bytes > 0,
+          "gdn_moe_plan_describe: config, saved floats as the config's count, workspace bytes");
+    /* refusals: a NULL plan (info zeroed), a NULL info */
+    memset(&ki, 0xff, sizeof ki), memset(&li, 0xff, sizeof li), memset(&ai, 0xff, sizeof ai), memset(&mi, 0xff, sizeof mi);
+    expect_status(gdn_plan_describe(NULL, &ki), GDN_ERR_ARG, "the plan is NULL", "gdn_plan_describe: a NULL plan");
+    expect_status(gdn_layer_plan_describe(NULL, &li), GDN_ERR_ARG, "the plan is NULL", "gdn_layer_plan_describe: a NULL plan");
+    expect_status(gdn_attn_plan_describe(NULL, &ai), GDN_ERR_ARG, "the plan is NULL", "gdn_attn_plan_describe: a NULL plan");
+    expect_status(gdn_moe_plan_describe(NULL, &mi), GDN_ERR_ARG, "the plan is NULL", "gdn_moe_plan_describe: a NULL plan");
+    check(!ki.config && !ki.path && !ki.checkpoint_floats && !li.config && !li.saved_floats && !ai.config && !ai.saved_floats &&
+              !mi.config && mi.bytes == 0.0, "plan descriptions: a refused call leaves info zeroed");
+    expect_status(gdn_plan_describe(kp, NULL), GDN_ERR_ARG, "info is NULL", "gdn_plan_describe: a NULL info");
+    expect_status(gdn_layer_plan_describe(lp, NULL), GDN_ERR_ARG, "info is NULL", "gdn_layer_plan_describe: a NULL info");
+    expect_status(gdn_attn_plan_describe(ap, NULL), GDN_ERR_ARG, "info is NULL", "gdn_attn_plan_describe: a NULL info");
+    expect_status(gdn_moe_plan_describe(mp, NULL), GDN_ERR_ARG, "info is NULL", "gdn_moe_plan_describe: a NULL info");
+    check(gdn_plan_config(NULL) == NULL && gdn_layer_saved_floats(NULL) == 0 && gdn_moe_plan_bytes(NULL) == 0.0,
+          "the shorthands give NULL / 0 for a NULL plan");
+    gdn_plan_destroy(kp), gdn_layer_plan_destroy(lp), gdn_attn_plan_destroy(ap), gdn_moe_plan_destroy(mp);
+}
+
 void test_layer(void) {
+    plan_descriptions();
     param_tables();
     double tol_all[GDN_P_COUNT];
     for (int i = 0; i < GDN_P_COUNT; i++) tol_all[i] = 1e-4;

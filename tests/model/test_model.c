@@ -642,6 +642,27 @@ static void test_tied(void) {
 }
 
 /* A hybrid configuration or run that cannot be is refused, naming what is wrong. */
+/* gdn_model_count_layers against the config's own arrays (full_attention[], moe[]), and its
+ * refusals. */
+static void test_count_layers(void) {
+    gdn_model_config c;
+    memset(&c, 0, sizeof c);
+    c.L = 6;
+    c.full_attention[1] = c.full_attention[5] = 1;
+    c.moe[0] = c.moe[2] = c.moe[3] = 1;
+    c.full_attention[6] = c.moe[7] = 1; /* past L: not counted */
+    int64_t na = 0, nm = 0;
+    for (int l = 0; l < c.L; l++) na += c.full_attention[l], nm += c.moe[l];
+    check(gdn_model_count_layers(&c, GDN_MODEL_ATTN_LAYERS) == na && na == 2 && gdn_model_attn_layers(&c) == na,
+          "gdn_model_count_layers: 2 full-attention layers of 6, as full_attention[] and the shorthand say");
+    check(gdn_model_count_layers(&c, GDN_MODEL_MOE_LAYERS) == nm && nm == 3 && gdn_model_moe_layers(&c) == nm,
+          "gdn_model_count_layers: 3 MoE layers of 6, as moe[] and the shorthand say");
+    check(gdn_model_count_layers(&c, 2) == -1 && strstr(gdn_errmsg(), "kind 2"), "gdn_model_count_layers: kind 2 refused (-1)");
+    check(gdn_model_count_layers(&c, -1) == -1, "gdn_model_count_layers: kind -1 refused (-1)");
+    check(gdn_model_count_layers(NULL, GDN_MODEL_ATTN_LAYERS) == -1 && strstr(gdn_errmsg(), "cfg is NULL"),
+          "gdn_model_count_layers: a NULL cfg refused (-1)");
+}
+
 static void test_hybrid_errors(void) {
     gdn_model_plan *p = NULL;
     gdn_model_run r = {.B = 1, .T = 8, .check_finite = 1};
@@ -732,6 +753,7 @@ void test_model(void) {
     test_errors_model();
     test_adamw();
     test_adamw_threads();
+    test_count_layers();
     test_hybrid_errors();
     const gdn_model_config gdn = small_cfg(), hyb = hybrid_cfg(0), att = hybrid_cfg(1);
     gdn_model_config tied = hyb;

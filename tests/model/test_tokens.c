@@ -43,6 +43,13 @@ static int ids_equal(const gdn_token *a, const uint32_t *b, int64_t n) {
     return 1;
 }
 
+/* gdn_data_describe's answer (zeroed when refused). */
+static gdn_data_info info_of(const gdn_data *d) {
+    gdn_data_info info;
+    (void)gdn_data_describe(d, &info);
+    return info;
+}
+
 static void test_round_trips(void) {
     char p[512];
     enum { N = 5000 };
@@ -54,7 +61,7 @@ static void test_round_trips(void) {
     const uint32_t h16[6] = {GDN_TOKENS_MAGIC, GDN_TOKENS_VERSION, N, 0, 2, 300};
     write_tokens(at(p, "u16.tok"), h16, 0, 0, ids, N, 2, 0);
     int rc = gdn_data_open(&d, p, 0.1, 300);
-    check(rc == GDN_OK && gdn_data_is_tokens(d) && gdn_data_width(d) == 2 && gdn_data_file_vocab(d) == 300 &&
+    check(rc == GDN_OK && info_of(d).tokens && info_of(d).width == 2 && info_of(d).file_vocab == 300 &&
               gdn_data_split_len(d, GDN_SPLIT_TRAIN) == 4500 && gdn_data_split_len(d, GDN_SPLIT_VAL) == 500,
           "uint16 token file: %d ids split 4500 / 500 (%s)", N, rc ? gdn_errmsg() : "ok");
     if (!rc) {
@@ -77,7 +84,7 @@ static void test_round_trips(void) {
     const uint32_t h32[6] = {GDN_TOKENS_MAGIC, GDN_TOKENS_VERSION, N, 0, 4, 0};
     write_tokens(at(p, "u32.tok"), h32, 0, 0, ids, N, 4, 0);
     rc = gdn_data_open(&d, p, 0.1, 248320);
-    check(rc == GDN_OK && gdn_data_width(d) == 4, "uint32 token file opens (%s)", rc ? gdn_errmsg() : "ok");
+    check(rc == GDN_OK && info_of(d).width == 4, "uint32 token file opens (%s)", rc ? gdn_errmsg() : "ok");
     if (!rc) {
         rc = gdn_data_read(d, GDN_SPLIT_TRAIN, 2900, 100, got);
         check(rc == GDN_OK && ids_equal(got, ids + 2900, 100), "uint32: ids [2900, 3000) read back (ids up to 248,319)");
@@ -103,7 +110,7 @@ static void test_round_trips(void) {
     write_tokens(at(p, "llmc.bin"), hl, 0, 0, ids, N, 2, 0);
     rc = gdn_data_open(&d, p, 0.1, 50257);
     if (!rc) rc = gdn_data_read(d, GDN_SPLIT_TRAIN, 1000, 128, got);
-    check(rc == GDN_OK && ids_equal(got, ids + 1000, 128) && gdn_data_file_vocab(d) == 0,
+    check(rc == GDN_OK && ids_equal(got, ids + 1000, 128) && info_of(d).file_vocab == 0,
           "llm.c token file (version 1, uint16) read back (%s)", rc ? gdn_errmsg() : "ok");
     gdn_data_close(d), d = NULL;
 
@@ -176,7 +183,14 @@ static void test_bad_headers(void) {
         expect_status(gdn_data_read(d, GDN_SPLIT_TRAIN, 2480, 64, got), GDN_ERR_SHAPE,
                       "token id 120 at byte offset 2500 (id 2500 of the file) is outside the model's vocabulary [0, 100)",
                       "byte text for a model of 100 ids: the byte 'x' (120) refused");
+        const gdn_data_info ti = info_of(d);
+        check(ti.tokens == 0 && ti.width == 1 && ti.file_vocab == 0, "gdn_data_describe of byte text: not tokens, "
+              "1 byte an id, no header vocabulary (%d, %d, %lld)", ti.tokens, ti.width, (long long)ti.file_vocab);
+        expect_status(gdn_data_describe(d, NULL), GDN_ERR_ARG, "info is NULL", "gdn_data_describe: a NULL info refused");
         gdn_data_close(d), d = NULL;
+        gdn_data_info z = {1, 4, 9};
+        expect_status(gdn_data_describe(NULL, &z), GDN_ERR_ARG, "data file is NULL", "gdn_data_describe: a NULL file refused");
+        check(z.tokens == 0 && z.width == 0 && z.file_vocab == 0, "gdn_data_describe: a refused call leaves info zeroed");
     }
 }
 

@@ -234,9 +234,37 @@ void cli_row(int json, const cli_field *f, int n) {
     fflush(stdout);
 }
 
+gdn_plan_info cli_plan(const gdn_plan *p) {
+    gdn_plan_info info = {0};
+    if (p) (void)gdn_plan_describe(p, &info);
+    return info;
+}
+gdn_layer_plan_info cli_layer_plan(const gdn_layer_plan *p) {
+    gdn_layer_plan_info info = {0};
+    if (p) (void)gdn_layer_plan_describe(p, &info);
+    return info;
+}
+gdn_attn_plan_info cli_attn_plan(const gdn_attn_plan *p) {
+    gdn_attn_plan_info info = {0};
+    if (p) (void)gdn_attn_plan_describe(p, &info);
+    return info;
+}
+gdn_moe_plan_info cli_moe_plan(const gdn_moe_plan *p) {
+    gdn_moe_plan_info info = {0};
+    if (p) (void)gdn_moe_plan_describe(p, &info);
+    return info;
+}
+
+gdn_bf16_path_info cli_bf16(int path, int threads) {
+    gdn_bf16_path_info info;
+    (void)gdn_bench_bf16(path, threads, &info);
+    return info;
+}
+
 double cli_bf16_peak(int path, int threads, int json, const char *note) {
-    const double peak = gdn_bench_bf16_peak_gflops(path, threads);
-    const char *name = gdn_bench_bf16_path_name(path);
+    const gdn_bf16_path_info info = cli_bf16(path, threads < 1 ? 1 : threads);
+    const double peak = info.peak_gflops;
+    const char *name = info.name;
     if (json || note)
         CLI_ROW(json, CLI_S("direction", "%s", NULL, "bf16_peak"), CLI_T("measured BF16 instruction peak"),
                 cli_at(CLI_I("threads", "%lld", threads > 1 ? " with %lld threads" : " with %lld thread", threads), 3),
@@ -247,6 +275,6 @@ double cli_bf16_peak(int path, int threads, int json, const char *note) {
 
 double cli_peaks(int threads, int json, int bf16, const char *note, double *bf16_peak) {
     const double peak = cli_peak_gflops(threads, json);
-    *bf16_peak = bf16 ? cli_bf16_peak(gdn_bench_bf16_path(), threads, json, note) : NAN;
+    *bf16_peak = bf16 ? cli_bf16_peak(0, threads, json, note) : NAN;
     return peak;
 }

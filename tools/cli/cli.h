@@ -177,8 +177,16 @@ cli_field cli_if(int have, cli_field f);
 void cli_row(int json, const cli_field *f, int n);
 #define CLI_ROW(json, ...) cli_row((json), (const cli_field[]){__VA_ARGS__}, \
                                    (int)(sizeof((const cli_field[]){__VA_ARGS__}) / sizeof(cli_field)))
+/* A plan's description (gdn_plan_describe and the layers' _plan_describe); zeroed for a NULL plan. */
+gdn_plan_info cli_plan(const gdn_plan *p);
+gdn_layer_plan_info cli_layer_plan(const gdn_layer_plan *p);
+gdn_attn_plan_info cli_attn_plan(const gdn_attn_plan *p);
+gdn_moe_plan_info cli_moe_plan(const gdn_moe_plan *p);
+/* gdn_bench_bf16's description of BF16 path `path` (0: this CPU's), its peak measured on
+ * `threads` threads when threads >= 1 (a refused path: zeroed, as the call leaves it). */
+gdn_bf16_path_info cli_bf16(int path, int threads);
 /* This machine's BF16 instruction peak on `path` with `threads` threads
- * (gdn_bench_bf16_peak_gflops), printed as a JSON row, or as a text line ending in `note` (NULL:
+ * (gdn_bench_bf16's peak_gflops), printed as a JSON row, or as a text line ending in `note` (NULL:
  * no text line). */
 double cli_bf16_peak(int path, int threads, int json, const char *note);
 /* Both peaks of a benchmark that runs BF16 rows when bf16: the fp32 one (cli_peak_gflops)

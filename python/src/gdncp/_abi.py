@@ -75,6 +75,8 @@ GDN_P_COUNT = 9
 GDN_MODEL_MAX_VOCAB = 1073741824
 GDN_MODEL_MAX_LAYERS = 1024
 GDN_MODEL_NAMED_ATTN_INTERVAL = 4
+GDN_MODEL_ATTN_LAYERS = 0
+GDN_MODEL_MOE_LAYERS = 1
 # moe.h
 GDN_MOE_MAX_EXPERTS = 4096
 GDN_MOE_ROUTER = 0
@@ -164,6 +166,14 @@ class AttnConfig(ctypes.Structure):
     ]
 
 
+class AttnPlanInfo(ctypes.Structure):
+    """gdn_attn_plan_info (attention.h)."""
+    _fields_ = [
+        ('config', POINTER(AttnConfig)),
+        ('saved_floats', c_size_t),
+    ]
+
+
 class AttnCacheInfo(ctypes.Structure):
     """gdn_attn_cache_info (attention.h)."""
     _fields_ = [
@@ -175,6 +185,16 @@ class AttnCacheInfo(ctypes.Structure):
         ('dtype', c_int),
         ('keys', c_void_p),
         ('values', c_void_p),
+    ]
+
+
+class Bf16PathInfo(ctypes.Structure):
+    """gdn_bf16_path_info (bench.h)."""
+    _fields_ = [
+        ('path', c_int),
+        ('available', c_int),
+        ('name', c_char_p),
+        ('peak_gflops', c_double),
     ]
 
 
@@ -199,6 +219,15 @@ class CpStats(ctypes.Structure):
         ('bytes_recv', c_uint64),
         ('messages', c_uint64),
         ('rounds', c_int),
+    ]
+
+
+class DataInfo(ctypes.Structure):
+    """gdn_data_info (data.h)."""
+    _fields_ = [
+        ('tokens', c_int),
+        ('width', c_int),
+        ('file_vocab', c_int64),
     ]
 
 
@@ -372,6 +401,25 @@ class RuleGradsF64(ctypes.Structure):
     ]
 
 
+class PlanInfo(ctypes.Structure):
+    """gdn_plan_info (kernel.h)."""
+    _fields_ = [
+        ('config', POINTER(Config)),
+        ('path', c_char_p),
+        ('checkpoint_floats', c_size_t),
+        ('backward_bytes', c_size_t),
+    ]
+
+
+class LayerPlanInfo(ctypes.Structure):
+    """gdn_layer_plan_info (layer.h)."""
+    _fields_ = [
+        ('config', POINTER(LayerConfig)),
+        ('path', c_char_p),
+        ('saved_floats', c_size_t),
+    ]
+
+
 class ModelConfig(ctypes.Structure):
     """gdn_model_config (model.h)."""
     _fields_ = [
@@ -453,6 +501,15 @@ class MoeConfig(ctypes.Structure):
     ]
 
 
+class MoePlanInfo(ctypes.Structure):
+    """gdn_moe_plan_info (moe.h)."""
+    _fields_ = [
+        ('config', POINTER(MoeConfig)),
+        ('saved_floats', c_size_t),
+        ('bytes', c_double),
+    ]
+
+
 class AdamwConfig(ctypes.Structure):
     """gdn_adamw_config (optim.h)."""
     _fields_ = [
@@ -516,7 +573,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_layer_config': LayerConfig, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_plan_info': AttnPlanInfo, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_plan_info': PlanInfo, 'gdn_layer_config': LayerConfig, 'gdn_layer_plan_info': LayerPlanInfo, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_moe_plan_info': MoePlanInfo, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -532,9 +589,8 @@ PROTOTYPES = {
     'gdn_attn_param_floats': (c_size_t, [POINTER(AttnConfig)]),
     'gdn_attn_plan_create': (c_int, [POINTER(c_void_p), POINTER(AttnConfig)]),
     'gdn_attn_plan_destroy': (None, [c_void_p]),
-    'gdn_attn_plan_config': (POINTER(AttnConfig), [c_void_p]),
+    'gdn_attn_plan_describe': (c_int, [c_void_p, POINTER(AttnPlanInfo)]),
     'gdn_attn_plan_set_docs': (c_int, [c_void_p, POINTER(c_int64), c_int64, c_int64]),
-    'gdn_attn_saved_floats': (c_size_t, [c_void_p]),
     'gdn_attn_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_attn_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_attn_cache_create': (c_int, [POINTER(c_void_p), c_int64, c_int64, c_int64, c_int64, c_int]),
@@ -556,10 +612,7 @@ PROTOTYPES = {
     'gdn_measure_peak_gflops': (c_double, [c_int]),
     'gdn_flops_issued_start': (None, []),
     'gdn_flops_issued_stop': (c_uint64, []),
-    'gdn_bench_bf16_path': (c_int, []),
-    'gdn_bench_bf16_path_available': (c_int, [c_int]),
-    'gdn_bench_bf16_path_name': (c_char_p, [c_int]),
-    'gdn_bench_bf16_peak_gflops': (c_double, [c_int, c_int]),
+    'gdn_bench_bf16': (c_int, [c_int, c_int, POINTER(Bf16PathInfo)]),
     'gdn_bench_projection': (None, [c_int, c_int64, c_int64, c_int64, POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int]),
     'gdn_peak_rss_mb': (c_double, []),
     # checkpoint.h
@@ -599,9 +652,7 @@ PROTOTYPES = {
     # data.h
     'gdn_data_open': (c_int, [POINTER(c_void_p), c_char_p, c_double, c_int64]),
     'gdn_data_close': (None, [c_void_p]),
-    'gdn_data_is_tokens': (c_int, [c_void_p]),
-    'gdn_data_width': (c_int, [c_void_p]),
-    'gdn_data_file_vocab': (c_int64, [c_void_p]),
+    'gdn_data_describe': (c_int, [c_void_p, POINTER(DataInfo)]),
     'gdn_data_split_len': (c_int64, [c_void_p, c_int]),
     'gdn_data_read': (c_int, [c_void_p, c_int, c_int64, c_int64, POINTER(c_int32)]),
     'gdn_data_window': (c_int64, [c_uint64, c_int64, c_int64, c_int64, c_int64]),
@@ -618,7 +669,6 @@ PROTOTYPES = {
     # io.h
     'gdn_st_open': (c_int, [POINTER(c_void_p), c_char_p]),
     'gdn_st_close': (None, [c_void_p]),
-    'gdn_st_count': (c_int, [c_void_p]),
     'gdn_st_at': (POINTER(StTensor), [c_void_p, c_int]),
     'gdn_st_find': (POINTER(StTensor), [c_void_p, c_char_p]),
     'gdn_st_path': (c_char_p, [c_void_p]),
@@ -657,15 +707,12 @@ PROTOTYPES = {
     'gdn_rule_flops_per_head_token': (c_double, [c_int64, c_int64, c_int, c_int]),
     'gdn_plan_create': (c_int, [POINTER(c_void_p), POINTER(Config)]),
     'gdn_plan_destroy': (None, [c_void_p]),
-    'gdn_plan_config': (POINTER(Config), [c_void_p]),
-    'gdn_plan_path': (c_char_p, [c_void_p]),
+    'gdn_plan_describe': (c_int, [c_void_p, POINTER(PlanInfo)]),
     'gdn_plan_set_docs': (c_int, [c_void_p, POINTER(c_int64), c_int64, c_int64]),
     'gdn_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(RuleInputs)]),
     'gdn_backward': (c_int, [c_void_p, POINTER(RuleGrads), POINTER(RuleInputs), POINTER(c_float), POINTER(c_float)]),
-    'gdn_plan_checkpoint_floats': (c_size_t, [c_void_p]),
     'gdn_forward_save': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(RuleInputs)]),
     'gdn_backward_saved': (c_int, [c_void_p, POINTER(RuleGrads), POINTER(RuleInputs), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
-    'gdn_plan_backward_bytes': (c_size_t, [c_void_p]),
     'gdn_summary': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(RuleInputs)]),
     'gdn_summary_adjoint': (c_int, [c_void_p, POINTER(c_float), POINTER(RuleInputs), POINTER(c_float)]),
     'gdn_summary_compose': (c_int, [POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int64, c_int64, c_int64]),
@@ -682,10 +729,8 @@ PROTOTYPES = {
     'gdn_layer_param_floats': (c_size_t, [POINTER(LayerConfig)]),
     'gdn_layer_plan_create': (c_int, [POINTER(c_void_p), POINTER(LayerConfig)]),
     'gdn_layer_plan_destroy': (None, [c_void_p]),
-    'gdn_layer_plan_config': (POINTER(LayerConfig), [c_void_p]),
+    'gdn_layer_plan_describe': (c_int, [c_void_p, POINTER(LayerPlanInfo)]),
     'gdn_layer_plan_set_docs': (c_int, [c_void_p, POINTER(c_int64), c_int64, c_int64]),
-    'gdn_layer_saved_floats': (c_size_t, [c_void_p]),
-    'gdn_layer_plan_path': (c_char_p, [c_void_p]),
     'gdn_layer_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), c_void_p, POINTER(c_float), POINTER(c_float)]),
     'gdn_layer_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_layer_decode': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), c_void_p, POINTER(c_float), POINTER(c_float)]),
@@ -698,8 +743,7 @@ PROTOTYPES = {
     'gdn_model_layer_config': (LayerConfig, [POINTER(ModelConfig), c_int64, c_int64]),
     'gdn_model_attn_config': (AttnConfig, [POINTER(ModelConfig), c_int64, c_int64]),
     'gdn_model_moe_config': (MoeConfig, [POINTER(ModelConfig), c_int64]),
-    'gdn_model_attn_layers': (c_int64, [POINTER(ModelConfig)]),
-    'gdn_model_moe_layers': (c_int64, [POINTER(ModelConfig)]),
+    'gdn_model_count_layers': (c_int64, [POINTER(ModelConfig), c_int]),
     'gdn_model_set_attention_interval': (None, [POINTER(ModelConfig), c_int64]),
     'gdn_model_tensor_count': (c_int, [POINTER(ModelConfig)]),
     'gdn_model_tensor': (c_int, [POINTER(ModelConfig), c_int, POINTER(ModelTensorInfo)]),
@@ -742,9 +786,7 @@ PROTOTYPES = {
     'gdn_moe_param_floats': (c_size_t, [POINTER(MoeConfig)]),
     'gdn_moe_plan_create': (c_int, [POINTER(c_void_p), POINTER(MoeConfig)]),
     'gdn_moe_plan_destroy': (None, [c_void_p]),
-    'gdn_moe_plan_config': (POINTER(MoeConfig), [c_void_p]),
-    'gdn_moe_saved_floats': (c_size_t, [c_void_p]),
-    'gdn_moe_plan_bytes': (c_double, [c_void_p]),
+    'gdn_moe_plan_describe': (c_int, [c_void_p, POINTER(MoePlanInfo)]),
     'gdn_moe_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_double), POINTER(c_int32), POINTER(c_float)]),
     'gdn_moe_backward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_moe_aux': (c_double, [c_int64, POINTER(c_double), c_double, c_double, POINTER(c_float)]),

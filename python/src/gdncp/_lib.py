@@ -159,6 +159,15 @@ def param_info(fn, cfg, i):
     return (info.name.decode(), tuple(info.shape[:info.ndim]), int(info.offset), int(info.numel))
 
 
+def describe(fn, cls, h):
+    """A plan's description: fn is gdn_plan_describe, gdn_layer_plan_describe,
+    gdn_attn_plan_describe or gdn_moe_plan_describe, cls its info struct (PlanInfo, LayerPlanInfo,
+    AttnPlanInfo, MoePlanInfo), h the plan."""
+    info = cls()
+    check(fn(h, ctypes.byref(info)), "plan description")
+    return info
+
+
 HUGE_PAGE = 2 << 20
 
 

@@ -162,7 +162,7 @@ def chunk_forward(q, k, v, g, beta, h0=None, *, scale=None, l2norm=True, cu_seql
     ht = np.empty(p.state_shape(), np.float32) if output_final_state else None
     with plan.lock:
         if save:
-            ck = np.empty(L.gdn_plan_checkpoint_floats(plan.h), np.float32)
+            ck = np.empty(L.describe(L.gdn_plan_describe, L.PlanInfo, plan.h).checkpoint_floats, np.float32)
             L.check(L.gdn_forward_save(plan.h, L.f32p(o), L.f32p(ht), L.f32p(ck),
                                        ctypes.byref(_inputs(p))), "gdn_forward_save")
             return o, ht, ck
@@ -188,9 +188,9 @@ def chunk_backward(q, k, v, g, beta, do, h0=None, dht=None, *, scale=None, l2nor
     with plan.lock:
         if saved is not None:
             ck = _array("saved", saved, np.float32)
-            if ck.size != L.gdn_plan_checkpoint_floats(plan.h):
+            if ck.size != L.describe(L.gdn_plan_describe, L.PlanInfo, plan.h).checkpoint_floats:
                 raise ValueError(f"saved holds {ck.size} floats, this problem's checkpoints "
-                                 f"are {L.gdn_plan_checkpoint_floats(plan.h)}: it comes from "
+                                 f"are {L.describe(L.gdn_plan_describe, L.PlanInfo, plan.h).checkpoint_floats}: it comes from "
                                  "another shape")
         else:
             ck = None
@@ -368,7 +368,7 @@ class Layer:
         plan = self._plan(B, T)
         y = np.empty_like(x)
         with plan.lock:
-            saved = np.empty(L.gdn_layer_saved_floats(plan.h), np.float32) if save else None
+            saved = np.empty(L.describe(L.gdn_layer_plan_describe, L.LayerPlanInfo, plan.h).saved_floats, np.float32) if save else None
             L.check(L.gdn_layer_forward(plan.h, L.f32p(y), L.f32p(saved), L.f32p(x),
                                         self.w.ctypes.data_as(ctypes.c_void_p),
                                         L.f32p(conv_state), L.f32p(rec_state)),
@@ -389,7 +389,7 @@ class Layer:
         with plan.lock:
             if saved is not None:
                 saved = _array("saved", saved, np.float32)
-                if saved.size != L.gdn_layer_saved_floats(plan.h):
+                if saved.size != L.describe(L.gdn_layer_plan_describe, L.LayerPlanInfo, plan.h).saved_floats:
                     raise ValueError("saved does not come from forward() of this shape")
             L.check(L.gdn_layer_backward(plan.h, L.f32p(dx), L.f32p(dw), L.f32p(x),
                                          L.f32p(self.w), L.f32p(saved), L.f32p(dy)),

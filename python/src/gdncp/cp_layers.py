@@ -197,7 +197,8 @@ def _plan(kind, dims, shard):
         create, destroy = ((L.gdn_layer_plan_create, L.gdn_layer_plan_destroy) if kind == "gdn"
                            else (L.gdn_attn_plan_create, L.gdn_attn_plan_destroy))
         plan = Plan(create, destroy, cfg, f"gdncp CP {kind} plan", keep=cu)
-        plan.saved = (L.gdn_layer_saved_floats if kind == "gdn" else L.gdn_attn_saved_floats)(plan.h)
+        plan.saved = (L.describe(L.gdn_layer_plan_describe, L.LayerPlanInfo, plan.h) if kind == "gdn"
+                      else L.describe(L.gdn_attn_plan_describe, L.AttnPlanInfo, plan.h)).saved_floats
         return plan
     err, status, plan = None, L.GDN_OK, None
     try:

@@ -245,7 +245,7 @@ class Model:
         """Refuse sequences longer than max_position_embeddings (attention layers only: RoPE
         positions and KV caches; the C side refuses them too)."""
         mp = self._cfg.max_position
-        if mp > 0 and L.gdn_model_attn_layers(ctypes.byref(self._cfg)) and total > mp:
+        if mp > 0 and L.gdn_model_count_layers(ctypes.byref(self._cfg), L.GDN_MODEL_ATTN_LAYERS) and total > mp:
             raise ValueError(f"{what} = {total} tokens is beyond this model's max_position_embeddings "
                              f"= {mp}")
 
@@ -397,7 +397,7 @@ class Model:
         self._check_length(T1, "input_ids' length")
         # an MoE model with the aux loss routes all T1 tokens, as transformers does: the plan runs
         # T1 inputs, the last one's target a document of its own (a dummy, not predicted)
-        aux = bool(self._cfg.router_aux) and L.gdn_model_moe_layers(ctypes.byref(self._cfg)) > 0
+        aux = bool(self._cfg.router_aux) and L.gdn_model_count_layers(ctypes.byref(self._cfg), L.GDN_MODEL_MOE_LAYERS) > 0
         T = T1 if aux else T1 - 1
         train = self._model_plan("train", (B, T, compute, recompute), L.ModelRun(
             B=B, T=T, threads=self._threads, recompute=int(recompute), check_finite=1,

@@ -302,7 +302,7 @@ class _MoeBlock(torch.autograd.Function):
             xa = x.detach().to(torch.float32).contiguous().numpy()
             y = np.empty((N, E), np.float32)
             grads = any(ctx.needs_input_grad)
-            saved = _big_empty(L.gdn_moe_saved_floats(plan.h)) if grads else None
+            saved = _big_empty(L.describe(L.gdn_moe_plan_describe, L.MoePlanInfo, plan.h).saved_floats) if grads else None
             L.check(L.gdn_moe_forward(plan.h, L.f32p(y), L.f32p(saved), L.f32p(xa), L.f32p(w), None, None, None),
                     "gdncp.torch.moe_block")
         ctx.key, ctx.w, ctx.x, ctx.saved = key, w, xa, saved
