@@ -10,6 +10,13 @@
 
 #include <stdint.h>
 
+/* A decoder's layer l as gdn_model_decoder_layer sees it (zeroed when refused). */
+static inline gdn_model_decoder_view decoder_layer(gdn_model_decoder *d, int64_t l) {
+    gdn_model_decoder_view v;
+    (void)gdn_model_decoder_layer(d, l, &v);
+    return v;
+}
+
 /* A KV cache's view (gdn_attn_cache_view; zeroed for a NULL cache), and its storage as the test
  * expects it: the fp32 keys and values (NULL for a BF16 cache) or the bf16 ones (NULL for F32). */
 static inline gdn_attn_cache_info cache_view(gdn_attn_cache *c) {

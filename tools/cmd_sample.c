@@ -288,8 +288,10 @@ int cmd_sample(int argc, char **argv) {
             memmove(tail, tail + 1, sizeof *tail * ((size_t)sep_len - 1)), tail[sep_len - 1] = b;
             stopped = !memcmp(tail, sep, sizeof *sep * (size_t)sep_len);
         }
-        for (int64_t l = 0; fault_no_kv && l < cfg.L; l++) /* the tests' control: every token alone */
-            if (gdn_model_decoder_kv_cache(dec, l)) gdn_attn_cache_reset(gdn_model_decoder_kv_cache(dec, l));
+        for (int64_t l = 0; fault_no_kv && l < cfg.L; l++) { /* the tests' control: every token alone */
+            gdn_model_decoder_view v;
+            if (!gdn_model_decoder_layer(dec, l, &v) && v.kv) gdn_attn_cache_reset(v.kv);
+        }
         if (!stopped) rc = gdn_model_decode(dec, w, &b, logits);
     }
     const double dt = cli_now() - t0;

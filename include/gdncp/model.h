@@ -244,8 +244,6 @@ GDN_API int gdn_model_decoder_create(gdn_model_decoder **dec, const gdn_model_co
 GDN_API void gdn_model_decoder_destroy(gdn_model_decoder *dec);
 /* New sequences: every state and cache emptied (length 0). */
 GDN_API void gdn_model_decoder_reset(gdn_model_decoder *dec);
-/* Tokens fed so far to each sequence. */
-GDN_API int64_t gdn_model_decoder_length(const gdn_model_decoder *dec);
 /* Feed the next T tokens of each sequence, tokens [B, T]; logits [B, T, vocab], row (b, t) the
  * logits of the token after tokens[b, t]. Pieces of any sizes give the forward's logits of the
  * whole sequence. An id outside [0, vocab) is refused before anything is fed; on another error
@@ -267,12 +265,16 @@ GDN_API int gdn_model_decoder_set_compute(gdn_model_decoder *dec, int compute);
 GDN_API int gdn_model_decoder_set_experts(gdn_model_decoder *dec, gdn_ep *ep);
 /* One token: gdn_model_prefill with T = 1 (tokens [B], logits [B, vocab]). */
 GDN_API int gdn_model_decode(gdn_model_decoder *dec, const float *w, const gdn_token *tokens, float *logits);
-/* The caches themselves (tests, saving a session): layer l's KV cache (NULL unless l is a
- * full-attention layer), or a GatedDeltaNet layer's conv_state [B, conv_dim, Kc] (newest column
- * last) and rec_state [B, Hv, K, V] (either may be NULL), writable in place. */
-GDN_API gdn_attn_cache *gdn_model_decoder_kv_cache(gdn_model_decoder *dec, int64_t l);
-GDN_API int gdn_model_decoder_gdn_state(gdn_model_decoder *dec, int64_t l, float **conv_state,
-                                        float **rec_state);
+/* The decoder as it stands and layer l's caches themselves (tests, saving a session), writable
+ * in place: a full-attention layer's KV cache, or a GatedDeltaNet layer's conv_state
+ * [B, conv_dim, Kc] (newest column last) and rec_state [B, Hv, K, V]; the other kind's NULL. */
+typedef struct {
+    int64_t length;                /* tokens fed so far to each sequence (every layer alike) */
+    gdn_attn_cache *kv;            /* full attention: its KV cache (attention.h) */
+    float *conv_state, *rec_state; /* GatedDeltaNet: its conv and recurrent states */
+} gdn_model_decoder_view;
+/* GDN_ERR_ARG (out zeroed) for a NULL decoder or out, or l outside [0, L). */
+GDN_API int gdn_model_decoder_layer(gdn_model_decoder *dec, int64_t l, gdn_model_decoder_view *out);
 
 /* Useful FLOPs of one trained token (forward + backward) in a sequence of T tokens: 6 x the
  * non-embedding parameters (a tied embedding counts: it is the head) + the GatedDeltaNet kernel's

@@ -1172,19 +1172,20 @@ void gdn_model_decoder_reset(gdn_model_decoder *d) {
     d->len = 0;
 }
 
-int64_t gdn_model_decoder_length(const gdn_model_decoder *d) { return d ? d->len : 0; }
-
-gdn_attn_cache *gdn_model_decoder_kv_cache(gdn_model_decoder *d, int64_t l) {
-    if (!d || l < 0 || l >= d->cfg.L || !is_attn(&d->cfg, l)) return NULL;
-    return d->kv[kind_index(&d->cfg, l)];
-}
-
-int gdn_model_decoder_gdn_state(gdn_model_decoder *d, int64_t l, float **conv_state, float **rec_state) {
-    if (!d || l < 0 || l >= d->cfg.L || is_attn(&d->cfg, l))
-        return gdn_fail(GDN_ERR_ARG, "decoder: layer %lld is not a GatedDeltaNet layer of this model", (long long)l);
-    const int64_t g = kind_index(&d->cfg, l);
-    if (conv_state) *conv_state = d->conv + (size_t)g * d->conv_floats;
-    if (rec_state) *rec_state = d->rec + (size_t)g * d->rec_floats;
+int gdn_model_decoder_layer(gdn_model_decoder *d, int64_t l, gdn_model_decoder_view *out) {
+    if (out) memset(out, 0, sizeof *out);
+    if (!d || !out) return gdn_fail(GDN_ERR_ARG, "gdn_model_decoder_layer: decoder or out is NULL");
+    if (l < 0 || l >= d->cfg.L)
+        return gdn_fail(GDN_ERR_ARG, "decoder: layer %lld is outside the model's [0, %lld)", (long long)l,
+                        (long long)d->cfg.L);
+    const int64_t k = kind_index(&d->cfg, l);
+    out->length = d->len;
+    if (is_attn(&d->cfg, l)) {
+        out->kv = d->kv[k];
+    } else {
+        out->conv_state = d->conv + (size_t)k * d->conv_floats;
+        out->rec_state = d->rec + (size_t)k * d->rec_floats;
+    }
     return GDN_OK;
 }
 
@@ -1194,10 +1195,10 @@ static int decoder_mixer(gdn_model_decoder *d, int64_t l, int64_t T, const float
     const gdn_model_config *c = &d->cfg;
     const float *wl = w + layer_off(d, l);
     if (is_attn(c, l)) return gdn_attn_decode(T == 1 ? d->ap1 : d->apT, d->kv[kind_index(c, l)], d->y, d->a, wl);
-    float *conv, *rec;
-    gdn_model_decoder_gdn_state(d, l, &conv, &rec);
-    return T == 1 ? gdn_layer_decode(d->lp1, d->y, d->a, wl, conv, rec)
-                  : gdn_layer_forward(d->lpT, d->y, NULL, d->a, wl, conv, rec);
+    gdn_model_decoder_view v;
+    gdn_model_decoder_layer(d, l, &v);
+    return T == 1 ? gdn_layer_decode(d->lp1, d->y, d->a, wl, v.conv_state, v.rec_state)
+                  : gdn_layer_forward(d->lpT, d->y, NULL, d->a, wl, v.conv_state, v.rec_state);
 }
 
 /* A piece of T tokens per sequence through every layer with its cache; the head over every

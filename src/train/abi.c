@@ -294,6 +294,13 @@ static const abi_field fields_gdn_model_run[] = {
     {"rule_cp", offsetof(gdn_model_run, rule_cp)},
     {NULL, 0}
 };
+static const abi_field fields_gdn_model_decoder_view[] = {
+    {"length", offsetof(gdn_model_decoder_view, length)},
+    {"kv", offsetof(gdn_model_decoder_view, kv)},
+    {"conv_state", offsetof(gdn_model_decoder_view, conv_state)},
+    {"rec_state", offsetof(gdn_model_decoder_view, rec_state)},
+    {NULL, 0}
+};
 static const abi_field fields_gdn_moe_config[] = {
     {"N", offsetof(gdn_moe_config, N)},
     {"E", offsetof(gdn_moe_config, E)},
@@ -398,6 +405,7 @@ static const struct {
     {"gdn_model_config", sizeof(gdn_model_config), fields_gdn_model_config},
     {"gdn_model_tensor_info", sizeof(gdn_model_tensor_info), fields_gdn_model_tensor_info},
     {"gdn_model_run", sizeof(gdn_model_run), fields_gdn_model_run},
+    {"gdn_model_decoder_view", sizeof(gdn_model_decoder_view), fields_gdn_model_decoder_view},
     {"gdn_moe_config", sizeof(gdn_moe_config), fields_gdn_moe_config},
     {"gdn_moe_plan_info", sizeof(gdn_moe_plan_info), fields_gdn_moe_plan_info},
     {"gdn_adamw_config", sizeof(gdn_adamw_config), fields_gdn_adamw_config},

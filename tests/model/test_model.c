@@ -337,8 +337,8 @@ static void test_token_ids(void) {
     const gdn_token one[2] = {4, -7};
     expect_status(gdn_model_decode(d, w, one, logits), GDN_ERR_ARG, "token id -7 at row 1 position 0",
                   "decode: id -7");
-    check(gdn_model_decoder_length(d) == 0, "a refused piece feeds nothing (length %lld)",
-          (long long)gdn_model_decoder_length(d));
+    check(decoder_layer(d, 0).length == 0, "a refused piece feeds nothing (length %lld)",
+          (long long)decoder_layer(d, 0).length);
     free(w), free(dw), free(logits), free(tok);
     gdn_model_plan_destroy(p);
     gdn_model_decoder_destroy(d);
@@ -720,10 +720,15 @@ static void test_hybrid_errors(void) {
         expect_status(gdn_model_prefill(d, wt, tok, 2, lg), GDN_ERR_SHAPE, "exceed the decoder's max_len = 4",
                       "3 fed + 2 more past max_len 4");
         expect_status(gdn_model_prefill(d, wt, tok, 0, lg), GDN_ERR_SHAPE, "T = 0", "a piece of 0 tokens");
-        check(gdn_model_decoder_kv_cache(d, 0) == NULL && gdn_model_decoder_kv_cache(d, 1) != NULL,
-              "kv cache only for the attention layer (1)");
-        expect_status(gdn_model_decoder_gdn_state(d, 1, NULL, NULL), GDN_ERR_ARG, "not a GatedDeltaNet layer",
-                      "GatedDeltaNet state of an attention layer");
+        const gdn_model_decoder_view v0 = decoder_layer(d, 0), v1 = decoder_layer(d, 1);
+        check(!v0.kv && v0.conv_state && v0.rec_state && v1.kv && !v1.conv_state && !v1.rec_state &&
+                  v0.length == 3 && v1.length == 3,
+              "decoder layers: states for the GatedDeltaNet layer (0), a KV cache for the attention layer (1), "
+              "3 tokens fed");
+        gdn_model_decoder_view out;
+        expect_status(gdn_model_decoder_layer(d, c.L, &out), GDN_ERR_ARG, "outside the model", "layer L refused");
+        check(!out.kv && !out.rec_state && !out.length, "a refused layer's view is zeroed");
+        expect_status(gdn_model_decoder_layer(d, 0, NULL), GDN_ERR_ARG, "NULL", "a NULL view refused");
         free(lg), free(wt);
     }
     gdn_model_decoder_destroy(d);

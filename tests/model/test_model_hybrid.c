@@ -347,12 +347,11 @@ static const char *const dec_tamper_name[DEC_KINDS] = {
 
 static void dec_apply(gdn_model_decoder *d, const gdn_model_config *c, dec_tamper tk, int step) {
     for (int64_t l = 0; l < c->L; l++) {
-        gdn_attn_cache *kv = gdn_model_decoder_kv_cache(d, l);
-        float *rec = NULL;
+        const gdn_model_decoder_view v = decoder_layer(d, l);
+        gdn_attn_cache *kv = v.kv;
         if (kv && tk == DEC_KV_SET_BACK && step == 0) gdn_attn_cache_set_length(kv, cache_view(kv).length - 1);
         if (kv && tk == DEC_KV_NONE) gdn_attn_cache_reset(kv);
-        if (!kv && tk == DEC_REC_RESET && !gdn_model_decoder_gdn_state(d, l, NULL, &rec))
-            memset(rec, 0, sizeof(float) * (size_t)(c->Hv * c->K * c->V));
+        if (v.rec_state && tk == DEC_REC_RESET) memset(v.rec_state, 0, sizeof(float) * (size_t)(c->Hv * c->K * c->V));
     }
 }
 
@@ -379,7 +378,8 @@ static double cache_errors(gdn_model_decoder *d, const gdn_model_config *c, gdn_
     *kv_err = 0, *rec_err = 0;
     char name[64];
     for (int64_t l = 0; l < c->L; l++) {
-        gdn_attn_cache *kv = gdn_model_decoder_kv_cache(d, l);
+        const gdn_model_decoder_view v = decoder_layer(d, l);
+        gdn_attn_cache *kv = v.kv;
         if (kv) {
             *kv_len = cache_view(kv).length;
             const int64_t cap = cache_view(kv).capacity, n = c->Hkv * Tn * c->d;
@@ -396,8 +396,7 @@ static double cache_errors(gdn_model_decoder *d, const gdn_model_config *c, gdn_
             free(ours), free(ref);
             continue;
         }
-        float *conv, *rec;
-        gdn_model_decoder_gdn_state(d, l, &conv, &rec);
+        const float *conv = v.conv_state, *rec = v.rec_state;
         const gdn_layer_config lc = gdn_model_layer_config(c, 1, 1);
         const int64_t nc = gdn_layer_conv_dim(&lc) * c->Kc, nr = c->Hv * c->K * c->V;
         double *ref = dalloc(nc > nr ? nc : nr);
@@ -431,8 +430,8 @@ static void dec_compare(gdn_model_decoder *d, const gdn_model_config *c, gdn_st_
         expect_close(e_full, TOL_STOCK, "hybrid decoder: prefill + decode = transformers' logits_full (no cache)");
         expect_close(e_fwd, TOL_STOCK, "hybrid decoder: prefill + decode = our forward of the %lld tokens",
                      (long long)T);
-        check(kv_len == T && gdn_model_decoder_length(d) == T, "hybrid decoder: %lld tokens fed, the attention "
-              "cache's length %lld", (long long)gdn_model_decoder_length(d), (long long)kv_len);
+        check(kv_len == T && decoder_layer(d, 0).length == T, "hybrid decoder: %lld tokens fed, the attention "
+              "cache's length %lld", (long long)decoder_layer(d, 0).length, (long long)kv_len);
         expect_close(kv_err, TOL_STOCK, "hybrid decoder: the attention layer's key_cache and value_cache "
                      "(first %lld positions of our capacity %lld)", (long long)T, (long long)CAP_DEC);
         expect_close(conv_err, TOL_STOCK, "hybrid decoder: every GatedDeltaNet layer's conv_state at the end");

@@ -483,6 +483,16 @@ class ModelRun(ctypes.Structure):
     ]
 
 
+class ModelDecoderView(ctypes.Structure):
+    """gdn_model_decoder_view (model.h)."""
+    _fields_ = [
+        ('length', c_int64),
+        ('kv', c_void_p),
+        ('conv_state', POINTER(c_float)),
+        ('rec_state', POINTER(c_float)),
+    ]
+
+
 class MoeConfig(ctypes.Structure):
     """gdn_moe_config (moe.h)."""
     _fields_ = [
@@ -573,7 +583,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_plan_info': AttnPlanInfo, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_plan_info': PlanInfo, 'gdn_layer_config': LayerConfig, 'gdn_layer_plan_info': LayerPlanInfo, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_moe_config': MoeConfig, 'gdn_moe_plan_info': MoePlanInfo, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_plan_info': AttnPlanInfo, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_plan_info': PlanInfo, 'gdn_layer_config': LayerConfig, 'gdn_layer_plan_info': LayerPlanInfo, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_model_decoder_view': ModelDecoderView, 'gdn_moe_config': MoeConfig, 'gdn_moe_plan_info': MoePlanInfo, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -768,14 +778,12 @@ PROTOTYPES = {
     'gdn_model_decoder_create': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), c_int64, c_int64, c_int, c_int]),
     'gdn_model_decoder_destroy': (None, [c_void_p]),
     'gdn_model_decoder_reset': (None, [c_void_p]),
-    'gdn_model_decoder_length': (c_int64, [c_void_p]),
     'gdn_model_prefill': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), c_int64, POINTER(c_float)]),
     'gdn_model_prefill_last': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), c_int64, POINTER(c_float)]),
     'gdn_model_decoder_set_compute': (c_int, [c_void_p, c_int]),
     'gdn_model_decoder_set_experts': (c_int, [c_void_p, c_void_p]),
     'gdn_model_decode': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), POINTER(c_float)]),
-    'gdn_model_decoder_kv_cache': (c_void_p, [c_void_p, c_int64]),
-    'gdn_model_decoder_gdn_state': (c_int, [c_void_p, c_int64, POINTER(POINTER(c_float)), POINTER(POINTER(c_float))]),
+    'gdn_model_decoder_layer': (c_int, [c_void_p, c_int64, POINTER(ModelDecoderView)]),
     'gdn_model_train_flops_per_token': (c_double, [POINTER(ModelConfig), c_int64]),
     'gdn_model_prefill_flops': (c_double, [POINTER(ModelConfig), c_int64, c_int64]),
     # moe.h
