@@ -255,7 +255,7 @@ void gdn_moe_shared_forward(gdn_moe_plan *p, float *y, const gdn_moe_saved *s, c
 void gdn_moe_combine(gdn_moe_plan *p, float *y, const gdn_moe_saved *s, const float *outg) {
     const int64_t N = p->N, E = p->E, k = p->k, Is = p->Is;
     /* (the mutation makes the sum's order depend on the thread: what the bitwise thread checks catch) */
-    const int by_thread = gdn_test_mutate("moe: the combine's slots added in reverse order off the first thread");
+    const int by_thread = gdn_test_mutate("moe: the combine's terms added in another order off the first thread");
 #pragma omp parallel for num_threads(p->threads) schedule(static) if (N >= MOE_PAR_ROWS)
     for (int64_t t = 0; t < N; t++) {
         float *yr = y + t * E;
@@ -264,11 +264,11 @@ void gdn_moe_combine(gdn_moe_plan *p, float *y, const gdn_moe_saved *s, const fl
         const float w0 = s->w[t * k];
         if (Is)
             for (int64_t i = 0; i < E; i++) yr[i] = sig * yr[i];
-        if (by_thread && omp_get_thread_num() > 0) {
+        if (by_thread && omp_get_thread_num() > 0) { /* the shared expert first, the slots from the last */
             for (int64_t i = 0; i < E; i++) {
-                float a = 0.0f;
+                float a = Is ? yr[i] : 0.0f;
                 for (int64_t j = k - 1; j >= 0; j--) a += s->w[t * k + j] * outg[(int64_t)p->pos[t * k + j] * E + i];
-                yr[i] = Is ? a + yr[i] : a;
+                yr[i] = a;
             }
             continue;
         }

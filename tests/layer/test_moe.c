@@ -504,7 +504,7 @@ static void moe_suite_threads_bf16(void) {
     expect_close(rel_err_ff(o2.dx, o1.dx, N * E), 0.0, "moe threads 2 vs 1: dx bit-identical");
     expect_close(rel_err_ff(o2.dw, o1.dw, (int64_t)nf), 0.0, "moe threads 2 vs 1: dw bit-identical");
     /* control: a combine whose order depends on the thread (a mutation inside the block) */
-    test_mutation = "moe: the combine's slots added in reverse order off the first thread";
+    test_mutation = "moe: the combine's terms added in another order off the first thread";
     rc = run_fast(&c, w, x, dy, NULL, &bad);
     test_mutation = NULL;
     check(!rc, "moe threads control: runs");
