@@ -5,6 +5,11 @@ import os
 import numpy as np
 import pytest
 
+# A library built with test hooks reads GDNCP_MUTATE at every call only when the process had it
+# at load (src/base/status.c): present and empty here, before any test loads libgdncp, so that
+# mutate() below reaches it. Empty means no site (the gdncp command ignores it too).
+os.environ.setdefault("GDNCP_MUTATE", "")
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GOLDEN = os.environ.get("GDN_GOLDEN_DIR", os.path.join(REPO, "tests", "data"))
 TINY = os.path.join(GOLDEN, "qwen35_tiny")
