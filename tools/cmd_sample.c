@@ -15,7 +15,7 @@
 
 typedef struct {
     const char *ckpt, *prompt, *prompt_ids;
-    int print_ids, fault_no_kv, score, cache_dtype, compute, stop_auto;
+    int print_ids, score, cache_dtype, compute, stop_auto;
     int64_t tokens, top_k, seed, threads, ep;
     double temperature, top_p;
 } sample_opts;
@@ -44,7 +44,6 @@ static const cli_opt sample_table[] = {
     {CLI_I64("--ep", sample_opts, ep, 1, 1 << 20, "N", "under mpiexec: the MoE layers' experts split over groups of N ranks, each rank loading 1/N of them; every group generates the same text, which rank 0 prints")},
     {CLI_COMPUTE("--compute", sample_opts, compute, "the prompt's products with bf16 operands and fp32 accumulation (a faster prefill); each new token's step stays fp32")},
     /* testing only: the attention caches emptied before every decode step */
-    {CLI_ENUM("--fault", sample_opts, fault_no_kv, "no-kv-cache", CLI_VALUES(1), NULL)},
 };
 
 const cli_command cmd_sample_cli = {
@@ -138,7 +137,7 @@ int cmd_sample(int argc, char **argv) {
     }
     const int quiet = e.rank != 0; /* one rank prints */
     const char *ckpt = o.ckpt, *prompt = o.prompt, *prompt_ids = o.prompt_ids;
-    const int print_ids = o.print_ids, fault_no_kv = o.fault_no_kv, score = o.score, cache_dtype = o.cache_dtype,
+    const int print_ids = o.print_ids, score = o.score, cache_dtype = o.cache_dtype,
               compute = o.compute, stop_auto = o.stop_auto;
     const int64_t tokens = o.tokens, top_k = o.top_k, seed = o.seed, threads = o.threads;
     const double temperature = o.temperature, top_p = o.top_p;
@@ -287,10 +286,6 @@ int cmd_sample(int argc, char **argv) {
         if (sep_len) { /* the document ends with the separator (a match ending on a new token) */
             memmove(tail, tail + 1, sizeof *tail * ((size_t)sep_len - 1)), tail[sep_len - 1] = b;
             stopped = !memcmp(tail, sep, sizeof *sep * (size_t)sep_len);
-        }
-        for (int64_t l = 0; fault_no_kv && l < cfg.L; l++) { /* the tests' control: every token alone */
-            gdn_model_decoder_view v;
-            if (!gdn_model_decoder_layer(dec, l, &v) && v.kv) gdn_attn_cache_reset(v.kv);
         }
         if (!stopped) rc = gdn_model_decode(dec, w, &b, logits);
     }

@@ -1285,5 +1285,9 @@ int gdn_model_prefill_last(gdn_model_decoder *d, const float *w, const gdn_token
     return prefill(d, w, tokens, T, logits, 1);
 }
 int gdn_model_decode(gdn_model_decoder *d, const float *w, const gdn_token *tokens, float *logits) {
+    /* (tests: every decoded token attending to itself alone must be caught against the references) */
+    if (d && gdn_test_mutate("decode: the attention caches emptied before each step"))
+        for (int64_t l = 0; l < d->cfg.L; l++)
+            if (is_attn(&d->cfg, l)) gdn_attn_cache_reset(d->kv[kind_index(&d->cfg, l)]);
     return prefill(d, w, tokens, 1, logits, 0);
 }
