@@ -24,22 +24,15 @@ static inline gdn_attn_cache_info cache_view(gdn_attn_cache *c) {
     (void)gdn_attn_cache_view(c, &i);
     return i;
 }
-static inline float *cache_keys(gdn_attn_cache *c) {
+/* One half of a cache's storage (values: 0 keys, 1 values) when the cache holds that dtype. */
+static inline void *cache_part(gdn_attn_cache *c, int dtype, int values) {
     const gdn_attn_cache_info i = cache_view(c);
-    return i.dtype == GDN_F32 ? (float *)i.keys : NULL;
+    return i.dtype == dtype ? (values ? i.values : i.keys) : NULL;
 }
-static inline float *cache_values(gdn_attn_cache *c) {
-    const gdn_attn_cache_info i = cache_view(c);
-    return i.dtype == GDN_F32 ? (float *)i.values : NULL;
-}
-static inline uint16_t *cache_keys_bf16(gdn_attn_cache *c) {
-    const gdn_attn_cache_info i = cache_view(c);
-    return i.dtype == GDN_BF16 ? (uint16_t *)i.keys : NULL;
-}
-static inline uint16_t *cache_values_bf16(gdn_attn_cache *c) {
-    const gdn_attn_cache_info i = cache_view(c);
-    return i.dtype == GDN_BF16 ? (uint16_t *)i.values : NULL;
-}
+static inline float *cache_keys(gdn_attn_cache *c) { return (float *)cache_part(c, GDN_F32, 0); }
+static inline float *cache_values(gdn_attn_cache *c) { return (float *)cache_part(c, GDN_F32, 1); }
+static inline uint16_t *cache_keys_bf16(gdn_attn_cache *c) { return (uint16_t *)cache_part(c, GDN_BF16, 0); }
+static inline uint16_t *cache_values_bf16(gdn_attn_cache *c) { return (uint16_t *)cache_part(c, GDN_BF16, 1); }
 
 extern int tests_passed, tests_failed;
 extern int tests_quiet; /* set on MPI ranks other than 0: count, but do not print */
