@@ -5,6 +5,7 @@
  * The umbrella header of the single-process API, one header per concern:
  *   gdncp/version.h  the version, gdn_version(), the export macro
  *   gdncp/status.h   status codes (GDN_ERR_MPI included), gdn_strerror, gdn_errmsg
+ *   gdncp/isa.h      the instruction sets the library dispatches on, and GDNCP_ISA's cap
  *   gdncp/compute.h  the compute precision of the projections (fp32, or BF16 operands)
  *   gdncp/kernel.h   the gated delta rule: config, plan, forward/backward, summaries, oracle, step
  *   gdncp/layer.h    the GatedDeltaNet layer
@@ -32,6 +33,7 @@
 
 #include "gdncp/version.h"
 #include "gdncp/status.h"
+#include "gdncp/isa.h"
 #include "gdncp/compute.h"
 #include "gdncp/kernel.h"
 #include "gdncp/layer.h"

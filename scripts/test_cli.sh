@@ -353,4 +353,47 @@ if "$L" sample --halp >/dev/null 2>"$logs/help_err.txt"; then got=0; else got=$?
 if [ "$got" = 2 ] && grep -q "unknown option or missing value: --halp" "$logs/help_err.txt"; then
   echo "PASS  gdncp sample --halp: exit 2, the option named on stderr"; passed=$((passed + 1))
 else echo "FAIL  gdncp sample --halp: exit $got"; cat "$logs/help_err.txt"; failed=$((failed + 1)); fi
+
+echo "== GDNCP_ISA: the cap of the dispatched instruction sets (docs/design.md, Instruction sets)"
+# The levels this CPU and build have, as every benchmark prints them: "[isa L..., fp32 kernels C]".
+isa_of() { # isa_of [ENV...]: the header of a quick bench matmul run under that environment
+  env "$@" "$L" bench matmul --quick --reps 1 --M 32 2>&1 | head -2
+}
+head2=$(isa_of)
+cpu_isa=$(echo "$head2" | sed -n 's/.*\[isa \([a-z0-9]*\).*/\1/p' | head -1)
+built=$(echo "$head2" | sed -n 's/.*fp32 kernels \([a-z0-9]*\)\].*/\1/p' | head -1)
+if [ -z "$cpu_isa" ] || [ -z "$built" ]; then echo "FAIL  no '[isa ..., fp32 kernels ...]' in the benchmark header: $head2"; failed=$((failed + 1)); fi
+isa_refused() { # isa_refused VALUE NEEDLE LABEL: exit 2 with the needle on stderr, before any run
+  if GDNCP_ISA=$1 "$L" gen --T 4 --out "$logs/isa.safetensors" >"$logs/isa.log" 2>&1; then got=0; else got=$?; fi
+  if [ "$got" = 2 ] && grep -q "$2" "$logs/isa.log" && [ ! -e "$logs/isa.safetensors" ]; then
+    echo "PASS  GDNCP_ISA=$1 refused: $3"; passed=$((passed + 1))
+  else echo "FAIL  GDNCP_ISA=$1 (exit $got, want 2 and '$2'): $3"; cat "$logs/isa.log"; failed=$((failed + 1)); fi
+  rm -f "$logs/isa.safetensors"
+}
+isa_refused bogus "expected avx2, avx512, avx512bf16 or amx" "an unknown name"
+isa_refused AVX2 "expected avx2" "names are lower case"
+levels="avx2 avx512 avx512bf16 amx"
+above=""; below=""; seen=0
+for l in $levels; do
+  [ "$l" = "$cpu_isa" ] && { seen=1; continue; }
+  if [ $seen = 1 ] && [ -z "$above" ]; then above=$l; fi
+done
+for l in $levels; do [ "$l" = "$built" ] && break; below=$l; done
+if [ -n "$above" ]; then isa_refused "$above" "run at most $cpu_isa" "a level this CPU ($cpu_isa) lacks"
+else echo "NOT RUN  GDNCP_ISA above the CPU's level ($cpu_isa is the highest)"; fi
+if [ -n "$below" ]; then isa_refused "$below" "compiled for $built" "below this build's fp32 kernels ($built)"
+else echo "NOT RUN  GDNCP_ISA below the build's level ($built: a portable build accepts every level up to the CPU's)"; fi
+# control: the CPU's own level and the build's are accepted, and what runs says so
+for l in $cpu_isa $built; do
+  h=$(isa_of GDNCP_ISA="$l")
+  if echo "$h" | grep -q "\[isa $l[ ,]"; then echo "PASS  GDNCP_ISA=$l accepted, the benchmark header names it"; passed=$((passed + 1))
+  else echo "FAIL  GDNCP_ISA=$l: $h"; failed=$((failed + 1)); fi
+done
+# capped below avx512bf16, the BF16 products take the FMA path, never VDPBF16PS or AMX tiles
+if [ "$built" != "$cpu_isa" ] && { [ "$built" = avx2 ] || [ "$built" = avx512 ]; }; then
+  h=$(isa_of GDNCP_ISA="$built")
+  if echo "$h" | grep -q "bf16: bf16 operands on the fp32 FMA micro-kernel"; then
+    echo "PASS  GDNCP_ISA=$built: BF16 compute on the FMA path"; passed=$((passed + 1))
+  else echo "FAIL  GDNCP_ISA=$built: BF16 compute not on the FMA path: $h"; failed=$((failed + 1)); fi
+else echo "NOT RUN  BF16 under a cap below the CPU's BF16 instructions (CPU $cpu_isa, build $built)"; fi
 finish

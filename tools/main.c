@@ -160,6 +160,13 @@ int main(int argc, char **argv) {
         return 2;
     }
 #endif
+    /* GDNCP_ISA (gdncp/isa.h): a cap this CPU or build cannot honour stops here, on every rank,
+     * before MPI or any kernel starts */
+    gdn_isa_info isa;
+    if (gdn_isa(&isa) != GDN_OK) {
+        fprintf(stderr, "gdncp: %s\n", gdn_errmsg());
+        return 2;
+    }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].word) || (commands[i].sub && (argc < 3 || strcmp(argv[2], commands[i].sub))))
             continue;

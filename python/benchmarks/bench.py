@@ -432,7 +432,8 @@ def run_model(shape="tiny", B=None, T=None, reps=3, rounds=1, config_path=None, 
         rows.append((s, {"times": times, "step_s": step, "loss": res[s][0]["loss"],
                          "pids": [r.get("pid") for r in res[s]],
                          "peak_mb": max(r["peak_mb"] for r in res[s]), "tok_s": tok_s,
-                         "frac32": tok_s * flops / (pk32 * 1e9), "frac16": tok_s * flops / (pk16 * 1e9)}, None))
+                         "frac32": tok_s * flops / (pk32 * 1e9),
+                         "frac16": tok_s * flops / (pk16 * 1e9) if pk16 > 0 else float("nan")}, None))
     lt = cfg["layer_types"]
     desc = (f"Qwen3_5ForCausalLM E={cfg['hidden_size']} I={cfg['intermediate_size']} layers={len(lt)} "
             f"({lt.count('linear_attention')} GatedDeltaNet) Hk={cfg['linear_num_key_heads']} "

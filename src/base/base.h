@@ -88,6 +88,12 @@ static inline gdn_fpmode gdn_fp_fast_begin(void) { return 0; }
 static inline void gdn_fp_fast_end(gdn_fpmode m) { (void)m; }
 #endif
 
+/* The instruction-set levels (isa.c, gdncp/isa.h): the level every run-time dispatch uses (the
+ * CPU's, capped by GDNCP_ISA), and GDN_OK or GDN_ERR_ARG with GDNCP_ISA's refusal (every plan
+ * creation asks it first). */
+GDN_WING int gdn_isa_dispatched(void);
+GDN_WING int gdn_isa_check(void);
+
 /* Refuse, before allocating, what clearly cannot fit: more bytes than the machine's physical
  * memory (Linux overcommits, so such a malloc would succeed and the OOM killer end the run
  * later). GDN_ERR_NOMEM naming `what`, the need and the memory, or GDN_OK. */

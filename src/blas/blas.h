@@ -16,7 +16,13 @@
  *        GDN_GEMM_C_LOWER: only C[i][j] with j <= i is needed (others may hold anything);
  *        GDN_GEMM_B_BF16: gdn_matmul only (B in bfloat16, with GDN_GEMM_B_TRANS), see below. */
 enum { GDN_GEMM_ACC = 1, GDN_GEMM_A_LOWER = 2, GDN_GEMM_C_LOWER = 4, GDN_GEMM_A_TRANS = 8,
-       GDN_GEMM_B_TRANS = 16, GDN_GEMM_A_UPPER = 32, GDN_GEMM_B_BF16 = 64, GDN_GEMM_A_BF16 = 128 };
+       GDN_GEMM_B_TRANS = 16, GDN_GEMM_A_UPPER = 32, GDN_GEMM_B_BF16 = 64, GDN_GEMM_A_BF16 = 128,
+       /* the BF16 GEMM's FMA path (GDN_BF16_FMA): gdn_matmul rounds both operands to bf16
+        * (nearest even) as it packs them; gdn_gemm rounds B as it packs it (A is read in place:
+        * the caller passes it rounded). The test controls: _TRUNC truncates instead
+        * (GDN_BF16_MUT_TRUNCATE), _SHIFT moves each packed B panel's rows one depth step up
+        * (GDN_BF16_MUT_PAIR_SHIFT: B's depth off by one). */
+       GDN_GEMM_ROUND_BF16 = 256, GDN_GEMM_TRUNC_BF16 = 512, GDN_GEMM_SHIFT_BF16 = 1024 };
 void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const float *B, int ldb,
               float *C, int ldc);
 /* ---- large GEMM for the layer's projections (m = tokens, n and kk = thousands):
@@ -26,10 +32,10 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
  * B is const float * unless GDN_GEMM_B_BF16 (gdn_matmul only): then B points to bfloat16
  * values stored as uint16_t (the upper 16 bits of an fp32: value = bits (uint32_t)h << 16),
  * same layout and ldb (in elements); converted to fp32 on the fly (A, C and all arithmetic stay
- * fp32). Precondition: only together with GDN_GEMM_B_TRANS (a weight matrix W [n x kk]
- * row-major, B = W^T); without it gdn_matmul aborts (GDN_ASSERT). */
+ * fp32). GDN_GEMM_A_BF16 likewise for A (the BF16 GEMM's FMA path). GDN_GEMM_ROUND_BF16: both
+ * operands rounded to bf16 while packed (no streaming path, A always packed). */
 size_t gdn_matmul_ws_floats(int threads);
-void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
+void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
                 const void *B, int64_t ldb, float *C, int64_t ldc, float *ws, int threads);
 /* The name of the path gdn_matmul runs (for benchmarks). */
 const char *gdn_matmul_path(void);
@@ -40,21 +46,28 @@ GDN_WING void gdn_transpose(int rows, int cols, const float *src, int lds, float
  * GDN_GEMM_A_TRANS, GDN_GEMM_B_TRANS, and GDN_GEMM_A_BF16 / GDN_GEMM_B_BF16 (that operand is
  * stored as bfloat16 bits, uint16_t, ld in elements; else fp32). Any combination: a
  * projection's forward (x W^T: B_TRANS), input gradient (dy W) and weight gradient (dy^T x:
- * A_TRANS). path: GDN_BF16_AUTO (the best the CPU and OS allow: AMX, else AVX512-BF16, else the
- * fallback) or one path (must be available: GDN_ASSERT). Returns the path that ran. Threads:
- * an OpenMP team of `threads` (call from outside a parallel region). */
+ * A_TRANS). path: GDN_BF16_AUTO (the best the CPU and OS allow, up to GDNCP_ISA's cap: AMX, else
+ * AVX512-BF16, else the FMA path) or one path (must be available: GDN_ASSERT). Returns the path
+ * that ran. Threads: an OpenMP team of `threads` (call from outside a parallel region).
+ * The FMA path (CPUs without BF16 instructions) rounds the operands to bf16 as the fp32 GEMMs
+ * pack them and runs the fp32 micro-kernel: the products of bf16 values are exact in fp32, so it
+ * computes what the BF16 instructions do, in another summation order, at the fp32 speed; the
+ * fallback computes it in VDPBF16PS's order, bit for bit, at a fraction of that (a test oracle). */
 enum { GDN_BF16_AUTO = 0, GDN_BF16_FALLBACK = 1, GDN_BF16_AVX512 = 2, GDN_BF16_AMX = 3,
-       GDN_BF16_AMX_EMU = 4 };
+       GDN_BF16_AMX_EMU = 4, GDN_BF16_FMA = 5 };
 int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
                     const void *B, int64_t ldb, float *C, int64_t ldc, void *ws, int threads);
 /* ws: gdn_matmul_bf16_ws_bytes(path, m, n, kk) bytes of packing space (any alignment), or NULL:
  * then it is allocated per call (at most 4480 x 512 bf16 of A per pass, 9.2 MB for the fallback's
- * fp32 panels, + 1 MB of B). Rows beyond 4480 run in further passes (B packed once per pass). */
+ * fp32 panels, + 1 MB of B). Rows beyond 4480 run in further passes (B packed once per pass).
+ * The FMA path allocates gdn_matmul's packing space per call (its size depends on the threads);
+ * gdn_matmul_compute, the library's caller, passes its own. */
 size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk);
 int gdn_bf16_path_available(int path); /* fallback and AMX_EMU always; AVX512 / AMX per CPUID + OS */
 int gdn_bf16_path_auto(void);
 const char *gdn_bf16_path_name(int path);
-/* The path's register-only instruction peak (VDPBF16PS / TDPBF16PS), GFLOP/s; 0 for the others. */
+/* The path's register-only instruction peak (VDPBF16PS / TDPBF16PS; the FMA path's: the fp32
+ * FMA peak), GFLOP/s; 0 for the fallback and the emulator. */
 double gdn_measure_bf16_peak_gflops(int path, int threads);
 uint16_t gdn_f32_to_bf16(float x); /* nearest even (NaN kept a NaN) */
 /* The BF16 GEMM's test sites (base.h), asked once per GEMM call by gdn_bf16_mutations() and
@@ -67,6 +80,9 @@ enum { GDN_BF16_MUT_TRUNCATE = 1,    /* "bf16 gemm: operands truncated instead o
        GDN_BF16_MUT_AMX_ORDER = 8,   /* "bf16 gemm: fallback sums in the AMX order" */
        GDN_BF16_MUT_PACKING = 7 };   /* the controls: the packers take their generic path */
 int gdn_bf16_mutations(void);
+/* The FMA path's flags for the fp32 GEMMs: GDN_GEMM_ROUND_BF16, or GDN_GEMM_TRUNC_BF16 under the
+ * control GDN_BF16_MUT_TRUNCATE, with GDN_GEMM_SHIFT_BF16 under GDN_BF16_MUT_PAIR_SHIFT. */
+int gdn_bf16_fma_rounding(void);
 /* ---- small BF16-compute GEMM (matmul_bf16.c) for the chunk kernel: gdn_gemm's contract (flags
  * GDN_GEMM_ACC, _A_LOWER, _A_UPPER, _C_LOWER, _A_TRANS, _B_TRANS; fp32 operands, int strides) with
  * both operands rounded to bf16 (nearest even) while packed and the products summed in fp32, on

@@ -51,6 +51,7 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
     const int a_lower = (flags & GDN_GEMM_A_LOWER) != 0, a_upper = (flags & GDN_GEMM_A_UPPER) != 0;
     const int c_lower = (flags & GDN_GEMM_C_LOWER) != 0;
     const int b_trans = (flags & GDN_GEMM_B_TRANS) != 0;
+    const int fma_bf16 = flags & (GDN_GEMM_ROUND_BF16 | GDN_GEMM_TRUNC_BF16 | GDN_GEMM_SHIFT_BF16);
     const int ars = (flags & GDN_GEMM_A_TRANS) ? 1 : lda, acs = (flags & GDN_GEMM_A_TRANS) ? lda : 1;
     if (m <= 0 || n <= 0) return;
     if (kk <= 0) {
@@ -67,6 +68,7 @@ void gdn_gemm(int flags, int m, int n, int kk, const float *A, int lda, const fl
         for (int k0 = 0; k0 < kk; k0 += KC) {
             const int kc = kk - k0 < KC ? kk - k0 : KC, acc_k = acc || k0 > 0;
             gdn_pack_b(NR, panel, B, ldb, b_trans, 0, k0, kc, j0, nc);
+            if (fma_bf16) gdn_fma_panel_b(panel, kc, NR, fma_bf16); /* the BF16 GEMM's FMA path */
             for (int i0 = i_start; i0 < m; i0 += MR) {
                 const int mr = m - i0 < MR ? m - i0 : MR;
                 /* Depth range with nonzero A in this row block, within this depth block. */

@@ -86,9 +86,32 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---------------------------------------------------------------- packing */
 
-/* dst: ceil(mc/MR) micro-panels of kc x MR (dst[p*MR + i] = op(A)[i0+i][k0+p]), zero-padded rows. */
-static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans, int64_t i0,
-                   int64_t mc, int64_t k0, int64_t kc) {
+/* How the operands are stored and packed (gdn_matmul's flags): A in bf16; the BF16 GEMM's FMA
+ * path (fma_flags: GDN_GEMM_ROUND_BF16, or its controls _TRUNC_ and _SHIFT_BF16). */
+typedef struct {
+    int abf, fma_flags;
+} pack_mode;
+
+static void pack_a_fp32(float *restrict dst, const float *A, int64_t lda, int a_trans, int64_t i0, int64_t mc,
+                        int64_t k0, int64_t kc);
+/* dst: ceil(mc/MR) micro-panels of kc x MR (dst[p*MR + i] = op(A)[i0+i][k0+p]), zero-padded rows;
+ * rounded to bf16 after (the panels are in L2) when the mode says so. */
+static void pack_a(float *restrict dst, const void *A, int64_t lda, int a_trans, int64_t i0, int64_t mc,
+                   int64_t k0, int64_t kc, pack_mode pm) {
+    if (!pm.abf)
+        pack_a_fp32(dst, A, lda, a_trans, i0, mc, k0, kc);
+    else /* bf16 A (tests and the FMA path's callers only): element by element */
+        for (int64_t ir = 0; ir < mc; ir += MR)
+            for (int64_t p = 0; p < kc; p++)
+                for (int i = 0; i < MR; i++) {
+                    const int64_t r = i0 + ir + i, c = k0 + p;
+                    dst[ir * kc + p * MR + i] = ir + i < mc ? gdn_loadw1(A, 1, a_trans ? c * lda + r : r * lda + c) : 0.0f;
+                }
+    if (pm.fma_flags & (GDN_GEMM_ROUND_BF16 | GDN_GEMM_TRUNC_BF16))
+        gdn_round_bf16_rows(dst, 1, (mc + MR - 1) / MR * MR * kc, 0, (pm.fma_flags & GDN_GEMM_TRUNC_BF16) != 0);
+}
+static void pack_a_fp32(float *restrict dst, const float *A, int64_t lda, int a_trans, int64_t i0, int64_t mc,
+                        int64_t k0, int64_t kc) {
     for (int64_t ir = 0; ir < mc; ir += MR) {
         const int mr = (int)min64(MR, mc - ir);
         float *restrict d = dst + ir * kc;
@@ -137,14 +160,17 @@ static void pack_a(float *restrict dst, const float *A, int64_t lda, int a_trans
     }
 }
 
-/* One NR-column micro-panel of op(B) (pack.h), bf16 widened here; the two cases apart so that
- * the fp32 one has no bf16 branch. */
+/* One NR-column micro-panel of op(B) (pack.h), bf16 widened here; the cases apart so that the
+ * fp32 one has no bf16 branch. Rounded to bf16 after (the panel is in L1) when pm says so. */
 static void pack_b_panel(float *restrict dst, const void *B, int64_t ldb, int b_trans, int bf,
-                         int64_t k0, int64_t kc, int64_t j0, int nc) {
-    if (bf)
+                         int64_t k0, int64_t kc, int64_t j0, int nc, pack_mode pm) {
+    if (bf && b_trans)
         gdn_pack_b(NR, dst, B, ldb, 1, 1, k0, kc, j0, nc);
+    else if (bf)
+        gdn_pack_b(NR, dst, B, ldb, 0, 1, k0, kc, j0, nc);
     else
         gdn_pack_b(NR, dst, B, ldb, b_trans, 0, k0, kc, j0, nc);
+    if (pm.fma_flags) gdn_fma_panel_b(dst, kc, NR, pm.fma_flags);
 }
 
 /* ---------------------------------------------------------------- micro-kernel */
@@ -425,10 +451,10 @@ static void matmul_stream(int acc, int bf, int64_t m, int64_t n, int64_t kk, con
  * micro-panels q_lo..q_hi of the panel at bp (panel q at bp + q kc NR) into C's columns
  * [q_lo NR, q_hi NR) of the nc the panel holds (C at the panel's first column). Each A
  * micro-panel (kc x MR, 14 KB) stays in L1 while the B micro-panels stream from L2. */
-static void block_product(float *apack, const float *A, int64_t lda, int a_trans, int64_t ic, int64_t mc,
+static void block_product(float *apack, const void *A, int64_t lda, int a_trans, int64_t ic, int64_t mc,
                           int64_t pc, int64_t kc, const float *bp, int64_t q_lo, int64_t q_hi, float *C, int64_t ldc,
-                          int64_t nc, int acc) {
-    pack_a(apack, A, lda, a_trans, ic, mc, pc, kc);
+                          int64_t nc, int acc, pack_mode pm) {
+    pack_a(apack, A, lda, a_trans, ic, mc, pc, kc, pm);
     for (int64_t ir = 0; ir < mc; ir += MR)
         for (int64_t q = q_lo; q < q_hi; q++)
             micro(kc, apack + ir * kc, bp + q * kc * NR, C + (ic + ir) * ldc + q * NR, ldc, acc,
@@ -443,11 +469,14 @@ size_t gdn_matmul_ws_floats(int threads) {
            (size_t)threads * ((MC + MR - 1) / MR * MR * KC + 16) + 16;
 }
 
-void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int64_t lda,
+void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const void *A, int64_t lda,
                 const void *B, int64_t ldb, float *C, int64_t ldc, float *ws, int threads) {
     const int acc = (flags & GDN_GEMM_ACC) != 0, a_trans = (flags & GDN_GEMM_A_TRANS) != 0,
               b_trans = (flags & GDN_GEMM_B_TRANS) != 0, bf = (flags & GDN_GEMM_B_BF16) != 0;
-    GDN_ASSERT(!bf || b_trans); /* bf16 B only as a weight matrix W [n x kk] (B = W^T) */
+    const pack_mode pm = {(flags & GDN_GEMM_A_BF16) != 0,
+                          flags & (GDN_GEMM_ROUND_BF16 | GDN_GEMM_TRUNC_BF16 | GDN_GEMM_SHIFT_BF16)};
+    /* A read in place (the streaming path, one B micro-panel) only when it is fp32 as it stands */
+    const int a_in_place = !pm.abf && !pm.fma_flags;
     if (m <= 0 || n <= 0) return;
     if (threads < 1) threads = 1;
     if (kk <= 0) {
@@ -455,9 +484,9 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
             for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
         return;
     }
-    if (m <= SMALL_M && b_trans && !a_trans) {
+    if (m <= SMALL_M && b_trans && !a_trans && a_in_place) {
         float *w64 = align64(ws);
-        matmul_stream(acc, bf, m, n, kk, A, lda, B, ldb, C, ldc, w64,
+        matmul_stream(acc, bf, m, n, kk, (const float *)A, lda, B, ldb, C, ldc, w64,
                       gdn_matmul_ws_floats(threads) - (size_t)(w64 - ws), threads);
         return;
     }
@@ -504,17 +533,17 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                     float *own = bpack + t * own_panels * KC * NR - q_lo * ko * NR;
                     for (int64_t q = q_lo; q < q_hi; q++)
                         pack_b_panel(own + q * ko * NR, B, ldb, b_trans, bf, po, ko, jc + q * NR,
-                                     (int)min64(NR, nc - q * NR));
+                                     (int)min64(NR, nc - q * NR), pm);
                     for (int64_t ib = 0; ib < nblk_m && q_lo < q_hi; ib++) {
                         const int64_t ic = ib * ppb * MR;
                         block_product(apack, A, lda, a_trans, ic, min64(ppb * MR, m - ic), po, ko, own, q_lo, q_hi,
-                                      C + jc, ldc, nc, acc_k);
+                                      C + jc, ldc, nc, acc_k, pm);
                     }
                     continue;
                 }
                 for (int64_t q = t; q < npan; q += nt)
                     pack_b_panel(bpack + q * kc * NR, B, ldb, b_trans, bf, pc, kc, jc + q * NR,
-                                 (int)min64(NR, nc - q * NR));
+                                 (int)min64(NR, nc - q * NR), pm);
 #pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t it = 0; it < items; it++) {
@@ -522,14 +551,14 @@ void gdn_matmul(int flags, int64_t m, int64_t n, int64_t kk, const float *A, int
                     const int64_t ic = ib * ppb * MR, mc = min64(ppb * MR, m - ic);
                     const int64_t q_lo = npan * tj / tn, q_hi = npan * (tj + 1) / tn;
                     if (q_lo == q_hi) continue;
-                    if (!a_trans && q_hi - q_lo == 1) { /* one B micro-panel: A in place */
+                    if (!a_trans && q_hi - q_lo == 1 && a_in_place) { /* one B micro-panel: A in place */
                         for (int64_t ir = 0; ir < mc; ir += MR)
-                            micro_direct(kc, A + (ic + ir) * lda + pc, lda, bpack + q_lo * kc * NR,
+                            micro_direct(kc, (const float *)A + (ic + ir) * lda + pc, lda, bpack + q_lo * kc * NR,
                                          C + (ic + ir) * ldc + jc + q_lo * NR, ldc, acc_k,
                                          (int)min64(MR, mc - ir), (int)min64(NR, nc - q_lo * NR));
                         continue;
                     }
-                    block_product(apack, A, lda, a_trans, ic, mc, pc, kc, bpack, q_lo, q_hi, C + jc, ldc, nc, acc_k);
+                    block_product(apack, A, lda, a_trans, ic, mc, pc, kc, bpack, q_lo, q_hi, C + jc, ldc, nc, acc_k, pm);
                 } /* (implied barrier: the B panel is repacked next) */
             }
         }

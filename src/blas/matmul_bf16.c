@@ -56,17 +56,12 @@
  * own target attributes.
  *
  * Not here yet: a streaming path for small m (decode: m <= 16 runs the blocked loops). */
-#define _GNU_SOURCE /* syscall */
 #include "bf16.h"
+#include "pack.h"
 
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 int gdn_bf16_mutations(void) {
     return (gdn_test_mutate("bf16 gemm: operands truncated instead of rounded") ? GDN_BF16_MUT_TRUNCATE : 0) |
@@ -74,59 +69,26 @@ int gdn_bf16_mutations(void) {
            (gdn_test_mutate("bf16 gemm: AMX last k block of a slice skipped") ? GDN_BF16_MUT_SKIP_KBLOCK : 0) |
            (gdn_test_mutate("bf16 gemm: fallback sums in the AMX order") ? GDN_BF16_MUT_AMX_ORDER : 0);
 }
+int gdn_bf16_fma_rounding(void) {
+    const int mut = gdn_bf16_mutations();
+    return (mut & GDN_BF16_MUT_TRUNCATE ? GDN_GEMM_TRUNC_BF16 : GDN_GEMM_ROUND_BF16) |
+           (mut & GDN_BF16_MUT_PAIR_SHIFT ? GDN_GEMM_SHIFT_BF16 : 0);
+}
 static void pack_a(int path, int trans, int64_t m, int64_t kk, const float *A, int64_t lda, void *dst, int mut);
 static void pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, int64_t ldb, void *dst, int mut);
+static void fma_pack_a(int trans, int64_t m, int64_t kk, const float *A, int64_t lda, float *dst, int trunc);
 
 /* ---------------------------------------------------------------- dispatch */
 
-static int avx512bf16_state = -1; /* -1 unknown, 0 no, 1 yes */
-static int cpu_probe_avx512bf16(void);
-/* Cached: CPUID traps to the hypervisor in a VM (microseconds), and the small GEMM asks per call. */
-static int cpu_has_avx512bf16(void) {
-    int s = __atomic_load_n(&avx512bf16_state, __ATOMIC_ACQUIRE);
-    if (s < 0) __atomic_store_n(&avx512bf16_state, s = cpu_probe_avx512bf16(), __ATOMIC_RELEASE);
-    return s;
-}
-static int cpu_probe_avx512bf16(void) {
-#if HAVE_X86
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b & (1u << 16))) return 0; /* AVX512F */
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0;         /* OSXSAVE */
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0xe6u) == 0xe6u; /* XMM, YMM, opmask, ZMM state enabled by the OS */
-#else
-    return 0;
-#endif
-}
-
-static int amx_state = -1; /* -1 unknown, 0 no, 1 yes (permission granted) */
-static int cpu_has_amx(void) {
-#if HAVE_X86 && HAVE_AMX_CODE
-    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
-    if (s >= 0) return s;
-    s = 0;
-    unsigned a, b, c, d;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 24)) && (d & (1u << 22)) &&
-        __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27))) {
-        unsigned lo, hi;
-        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-        /* XTILECFG (17) and XTILEDATA (18) in XCR0, then Linux's per-process permission */
-        if ((lo & (3u << 17)) == (3u << 17) && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                                                       18 /* XFEATURE_XTILEDATA */) == 0)
-            s = 1;
-    }
-    __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
-    return s;
-#else
-    return 0;
-#endif
-}
+/* The CPU's BF16 instructions as dispatched (base's isa.c: CPUID, the OS, Linux's AMX permission,
+ * GDNCP_ISA's cap). */
+static int cpu_has_avx512bf16(void) { return HAVE_X86 && gdn_isa_dispatched() >= GDN_ISA_AVX512BF16; }
+static int cpu_has_amx(void) { return HAVE_AMX_CODE && gdn_isa_dispatched() >= GDN_ISA_AMX; }
 
 int gdn_bf16_path_available(int path) {
     switch (path) {
     case GDN_BF16_FALLBACK:
+    case GDN_BF16_FMA:
     case GDN_BF16_AMX_EMU: return 1;
     case GDN_BF16_AVX512: return cpu_has_avx512bf16();
     case GDN_BF16_AMX: return cpu_has_amx();
@@ -134,7 +96,7 @@ int gdn_bf16_path_available(int path) {
     }
 }
 int gdn_bf16_path_auto(void) {
-    return cpu_has_amx() ? GDN_BF16_AMX : cpu_has_avx512bf16() ? GDN_BF16_AVX512 : GDN_BF16_FALLBACK;
+    return cpu_has_amx() ? GDN_BF16_AMX : cpu_has_avx512bf16() ? GDN_BF16_AVX512 : GDN_BF16_FMA;
 }
 const char *gdn_bf16_path_name(int path) {
     switch (path) {
@@ -142,6 +104,7 @@ const char *gdn_bf16_path_name(int path) {
     case GDN_BF16_AVX512: return "bf16 AVX512-BF16 (VDPBF16PS, 14x32 tile)";
     case GDN_BF16_AMX: return "bf16 AMX (TDPBF16PS, 32x32 block)";
     case GDN_BF16_AMX_EMU: return "bf16 AMX emulated (scalar TDPBF16PS, 32x32 block)";
+    case GDN_BF16_FMA: return "bf16 operands on the fp32 FMA micro-kernel (no BF16 instructions; " GDN_VL_STR " lanes)";
     default: return "bf16 auto";
     }
 }
@@ -167,6 +130,7 @@ static void ws_parts(int path, int64_t m, int64_t n, int64_t kk, size_t *abytes,
 }
 size_t gdn_matmul_bf16_ws_bytes(int path, int64_t m, int64_t n, int64_t kk) {
     if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
+    if (path == GDN_BF16_FMA) return 64; /* (gdn_matmul's space, allocated per call) */
     size_t a, b;
     ws_parts(path, m, n, kk, &a, &b);
     return a + b + 64;
@@ -323,6 +287,13 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
             for (int64_t i = 0; i < m; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)n);
         return path;
     }
+    if (path == GDN_BF16_FMA) { /* the fp32 GEMM rounding as it packs */
+        float *fws = gdn_alloc_aligned("matmul_bf16: fma ws", gdn_matmul_ws_floats(threads) * sizeof(float));
+        GDN_ASSERT(fws);
+        gdn_matmul(flags | gdn_bf16_fma_rounding(), m, n, kk, A, lda, B, ldb, C, ldc, fws, threads);
+        free(fws);
+        return path;
+    }
     const size_t esz = flags & GDN_GEMM_A_BF16 ? 2 : 4;
     const int64_t MC = blocking(path).MC;
     for (int64_t i0 = 0; i0 < m; i0 += MC) { /* op(A)'s rows i0..: A's rows, or its columns (A^T) */
@@ -339,6 +310,7 @@ int gdn_matmul_bf16(int path, int flags, int64_t m, int64_t n, int64_t kk, const
 size_t gdn_gemm_bf16_ws_bytes(int path, int m, int n, int kk) {
     if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
     m = m > 0 ? m : 1, n = n > 0 ? n : 1, kk = kk > 0 ? kk : 1;
+    if (path == GDN_BF16_FMA) return (size_t)m * (size_t)kk * 4 + 64; /* op(A) alone (gdn_gemm packs B), aligned */
     return gdn_bf16_packed_a_bytes(path, m, kk) + gdn_bf16_packed_b_bytes(path, n, kk) + 64;
 }
 
@@ -353,6 +325,13 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
     if (kk <= 0) {
         if (!acc)
             for (int i = 0; i < m; i++) memset(C + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
+        return path;
+    }
+    if (path == GDN_BF16_FMA) { /* op(A) rounded into ws, then the fp32 small GEMM rounding B as it packs */
+        const int rounding = gdn_bf16_fma_rounding();
+        float *a = (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+        fma_pack_a(at, m, kk, A, lda, a, (rounding & GDN_GEMM_TRUNC_BF16) != 0);
+        gdn_gemm((flags & ~GDN_GEMM_A_TRANS) | rounding, m, n, kk, a, kk, B, ldb, C, ldc);
         return path;
     }
     const bf_blocking bl = blocking(path);
@@ -401,12 +380,24 @@ int gdn_gemm_bf16(int path, int flags, int m, int n, int kk, const float *A, int
 static int64_t packed_depth(int path, int64_t kk) {
     return blocking(path).amx ? (kk + 31) / 32 * 32 : (kk + 1) / 2 * 2;
 }
+/* The FMA path's packed operands: op(A) [m x kk] and op(B)^T [n x kk], row-major fp32 rounded to
+ * bf16, so that a product over fewer rows, columns or depth finds them in place (gdn_gemm reads
+ * A in place and packs B into its own panel). */
+static void fma_pack_a(int trans, int64_t m, int64_t kk, const float *A, int64_t lda, float *dst, int trunc) {
+    if (trans)
+        gdn_transpose((int)kk, (int)m, A, (int)lda, dst, (int)kk);
+    else
+        for (int64_t i = 0; i < m; i++) memcpy(dst + i * kk, A + i * lda, sizeof(float) * (size_t)kk);
+    gdn_round_bf16_rows(dst, 1, m * kk, 0, trunc);
+}
 size_t gdn_bf16_packed_a_bytes(int path, int64_t m, int64_t kk) {
+    if (path == GDN_BF16_FMA) return ((size_t)m * (size_t)kk * 4 + 63) / 64 * 64;
     const bf_blocking bl = blocking(path);
     const size_t esz = path == GDN_BF16_FALLBACK ? 4 : 2; /* the fallback's A widened to fp32 */
     return ((size_t)((m + bl.MR - 1) / bl.MR) * (size_t)bl.MR * (size_t)packed_depth(path, kk) * esz + 63) / 64 * 64;
 }
 size_t gdn_bf16_packed_b_bytes(int path, int64_t n, int64_t kk) {
+    if (path == GDN_BF16_FMA) return ((size_t)n * (size_t)kk * 4 + 63) / 64 * 64;
     return (size_t)((n + NR - 1) / NR) * (size_t)(packed_depth(path, kk) / 2) * NR * 4;
 }
 static void pack_a(int path, int trans, int64_t m, int64_t kk, const float *A, int64_t lda, void *dst, int mut) {
@@ -428,10 +419,18 @@ static void pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, i
                hw_convert(path), mut);
 }
 void gdn_bf16_pack_a(int path, int trans, int64_t m, int64_t kk, const float *A, int64_t lda, void *dst) {
-    pack_a(path, trans, m, kk, A, lda, dst, gdn_bf16_mutations());
+    const int mut = gdn_bf16_mutations();
+    if (path == GDN_BF16_FMA)
+        fma_pack_a(trans, m, kk, A, lda, dst, (mut & GDN_BF16_MUT_TRUNCATE) != 0);
+    else
+        pack_a(path, trans, m, kk, A, lda, dst, mut);
 }
 void gdn_bf16_pack_b(int path, int trans, int64_t n, int64_t kk, const float *B, int64_t ldb, void *dst) {
-    pack_b(path, trans, n, kk, B, ldb, dst, gdn_bf16_mutations());
+    const int mut = gdn_bf16_mutations();
+    if (path == GDN_BF16_FMA) /* op(B)^T [n x kk]: its rows where they are whatever n a product uses */
+        fma_pack_a(!trans, n, kk, B, ldb, dst, (mut & GDN_BF16_MUT_TRUNCATE) != 0);
+    else
+        pack_b(path, trans, n, kk, B, ldb, dst, mut);
 }
 unsigned gdn_bf16_thread_begin(int path) {
     const gdn_fpmode fm = gdn_fp_fast_begin();
@@ -453,6 +452,12 @@ void gdn_bf16_thread_end(int path, unsigned mode) {
 void gdn_bf16_packed_gemm(int path, int acc, int64_t m, int64_t n, int64_t kk, const void *a, int64_t a_kk,
                           const void *b, int64_t b_kk, float *C, int64_t ldc) {
     GDN_ASSERT(kk <= a_kk && kk <= b_kk);
+    if (path == GDN_BF16_FMA) {
+        /* (B already rounded: rounding it again as gdn_gemm packs it changes nothing but the controls) */
+        gdn_gemm((acc ? GDN_GEMM_ACC : 0) | GDN_GEMM_B_TRANS | gdn_bf16_fma_rounding(), (int)m, (int)n, (int)kk, a,
+                 (int)a_kk, b, (int)b_kk, C, (int)ldc);
+        return;
+    }
     const bf_blocking bl = blocking(path);
     const int64_t depth = packed_depth(path, kk), akcp = packed_depth(path, a_kk), bkp = packed_depth(path, b_kk) / 2;
     const int mut = gdn_bf16_mutations();
@@ -475,7 +480,7 @@ double gdn_measure_bf16_peak_gflops(int path, int threads) {
     if (threads < 1) threads = 1;
     double best = 0;
     for (int run = 0; run < 6; run++) {
-        double g = 0;
+        double g = path == GDN_BF16_FMA ? gdn_measure_peak_gflops(threads) : 0;
 #if HAVE_X86
         if (path == GDN_BF16_AVX512 && cpu_has_avx512bf16()) g = gdn_bf16_peak_avx512_once(threads);
 #endif
@@ -491,8 +496,8 @@ double gdn_measure_bf16_peak_gflops(int path, int threads) {
 int gdn_bench_bf16(int path, int threads, gdn_bf16_path_info *info) {
     if (info) memset(info, 0, sizeof *info);
     if (!info) return gdn_fail(GDN_ERR_ARG, "gdn_bench_bf16: info is NULL");
-    if (path < GDN_BF16_AUTO || path > GDN_BF16_AMX_EMU)
-        return gdn_fail(GDN_ERR_ARG, "gdn_bench_bf16: path %d (0 for this CPU's, or 1..4)", path);
+    if (path < GDN_BF16_AUTO || path > GDN_BF16_FMA)
+        return gdn_fail(GDN_ERR_ARG, "gdn_bench_bf16: path %d (0 for this CPU's, or 1..5)", path);
     if (path == GDN_BF16_AUTO) path = gdn_bf16_path_auto();
     info->path = path;
     info->available = gdn_bf16_path_available(path);

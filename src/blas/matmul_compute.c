@@ -23,9 +23,12 @@ void gdn_matmul_compute(int compute, int flags, int64_t m, int64_t n, int64_t kk
     /* Decode-sized products (m <= 16 rows) run the fp32 streaming GEMM in either mode: they are
      * bound by reading the weights, which BF16 operands would only add a packing pass to. */
     if (compute == GDN_COMPUTE_BF16 && (m > 16 || (flags & GDN_GEMM_A_BF16))) {
-        gdn_matmul_bf16(GDN_BF16_AUTO, flags, m, n, kk, A, lda, B, ldb, C, ldc, ws, threads);
+        if (gdn_bf16_path_auto() == GDN_BF16_FMA) /* no BF16 instructions: the fp32 GEMM rounding as it packs, in ws */
+            gdn_matmul(flags | gdn_bf16_fma_rounding(), m, n, kk, A, lda, B, ldb, C, ldc, ws, threads);
+        else
+            gdn_matmul_bf16(GDN_BF16_AUTO, flags, m, n, kk, A, lda, B, ldb, C, ldc, ws, threads);
         return;
     }
     GDN_ASSERT((compute == GDN_COMPUTE_FP32 || compute == GDN_COMPUTE_BF16) && !(flags & GDN_GEMM_A_BF16));
-    gdn_matmul(flags, m, n, kk, (const float *)A, lda, B, ldb, C, ldc, ws, threads);
+    gdn_matmul(flags, m, n, kk, A, lda, B, ldb, C, ldc, ws, threads);
 }

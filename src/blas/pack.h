@@ -43,6 +43,50 @@ static inline __attribute__((always_inline)) float gdn_loadw1(const void *p, int
     return f;
 }
 
+/* bf16(x) as fp32, lane by lane: nearest even, as gdn_f32_to_bf16 (Inf kept, a NaN stays a NaN),
+ * or truncated (trunc: the test control GDN_BF16_MUT_TRUNCATE). The BF16 GEMM's FMA path rounds
+ * its operands so while the fp32 GEMMs pack them. */
+static inline __attribute__((always_inline)) gdn_vf gdn_round_bf16_v(gdn_vf x, int trunc) {
+    gdn_vu u;
+    memcpy(&u, &x, sizeof u);
+    const gdn_vu hi = (gdn_vu){0} + 0xffff0000u;
+    gdn_vu r;
+    if (trunc)
+        r = u & hi;
+    else {
+        const gdn_vu special = (gdn_vu)((u & 0x7f800000u) == 0x7f800000u); /* Inf, NaN */
+        const gdn_vu sp = (u & hi) | ((gdn_vu)((u & 0xffffu) != 0) & 0x00400000u);
+        r = (sp & special) | (((u + 0x7fffu + ((u >> 16) & 1u)) & hi) & ~special);
+    }
+    memcpy(&x, &r, sizeof x);
+    return x;
+}
+static inline void gdn_round_bf16_rows(float *x, int64_t rows, int64_t cols, int64_t ld, int trunc) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * ld;
+        int64_t c = 0;
+        for (; c + GDN_VL <= cols; c += GDN_VL) gdn_vstoreu(row + c, gdn_round_bf16_v(gdn_vloadu(row + c), trunc));
+        if (c < cols) { /* the tail through a zero-padded vector */
+            float t[GDN_VL] __attribute__((aligned(64))) = {0};
+            memcpy(t, row + c, sizeof(float) * (size_t)(cols - c));
+            *(gdn_vf *)t = gdn_round_bf16_v(*(gdn_vf *)t, trunc);
+            memcpy(row + c, t, sizeof(float) * (size_t)(cols - c));
+        }
+    }
+}
+
+/* The FMA path's treatment of a packed B panel (kc rows of NR floats) per gdn_matmul / gdn_gemm
+ * flags: rounded or truncated to bf16, and under the control GDN_GEMM_SHIFT_BF16 its rows moved
+ * one depth step up (the last one zero). */
+static inline void gdn_fma_panel_b(float *panel, int64_t kc, int NR, int flags) {
+    enum { ROUND = 256, TRUNC = 512, SHIFT = 1024 }; /* blas.h's GDN_GEMM_*_BF16 */
+    if (flags & (ROUND | TRUNC)) gdn_round_bf16_rows(panel, 1, kc * NR, 0, (flags & TRUNC) != 0);
+    if (flags & SHIFT) {
+        memmove(panel, panel + NR, sizeof(float) * (size_t)((kc - 1) * NR));
+        memset(panel + (kc - 1) * NR, 0, sizeof(float) * (size_t)NR);
+    }
+}
+
 /* In-register transpose of GDN_VL x GDN_VL held in r[0..GDN_VL): out[c][l] = in[l][c], by
  * log2(GDN_VL) rounds; round h swaps bit h of the row index with bit h of the column index:
  * rows i and i + h (i & h == 0) exchange their off-diagonal h-blocks. */
@@ -86,22 +130,21 @@ static inline __attribute__((always_inline)) gdn_vf gdn_hsum_vl(gdn_vf r[GDN_VL]
 
 /* One NR-column panel (NR = NV * GDN_VL, a compile-time constant after inlining):
  * dst[p * NR + j] = op(B)[k0 + p][j0 + j] for p < kc, j < nc, zero for nc <= j < NR.
- * op(B)[p][j] is B[p * ldb + j], or B[j * ldb + p] with b_trans; bf (bf16 B, widened here)
- * only with b_trans. */
+ * op(B)[p][j] is B[p * ldb + j], or B[j * ldb + p] with b_trans; bf: bf16 B, widened here. */
 static inline __attribute__((always_inline)) void gdn_pack_b(const int NR, float *restrict dst,
                                                              const void *Bv, int64_t ldb,
                                                              int b_trans, int bf, int64_t k0,
                                                              int64_t kc, int64_t j0, int nc) {
     if (!b_trans) { /* (a variable-length memcpy here compiles to a slow rep movs) */
-        const float *s = (const float *)Bv + k0 * ldb + j0;
+        const void *s = gdn_eptr(Bv, bf, k0 * ldb + j0);
         if (nc == NR)
             for (int64_t p = 0; p < kc; p++)
 #pragma GCC unroll 4
                 for (int v = 0; v < NR; v += GDN_VL)
-                    gdn_vstoreu(dst + p * NR + v, gdn_vloadu(s + p * ldb + v));
+                    gdn_vstoreu(dst + p * NR + v, gdn_loadw(s, bf, p * ldb + v));
         else
             for (int64_t p = 0; p < kc; p++)
-                for (int j = 0; j < NR; j++) dst[p * NR + j] = j < nc ? s[p * ldb + j] : 0.0f;
+                for (int j = 0; j < NR; j++) dst[p * NR + j] = j < nc ? gdn_loadw1(s, bf, p * ldb + j) : 0.0f;
         return;
     }
     const void *s = gdn_eptr(Bv, bf, j0 * ldb + k0);

@@ -28,8 +28,8 @@ static int alloc_backward(gdn_plan *p);
 int gdn_plan_create(gdn_plan **out, const gdn_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "plan output pointer is NULL");
     *out = NULL;
-    int rc = gdn_config_check(cfg);
-    if (rc) return rc;
+    int rc = gdn_isa_check();
+    if (rc || (rc = gdn_config_check(cfg))) return rc;
     gdn_plan *p = gdn_calloc("plan: p", 1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "plan");
     p->cfg = *cfg;

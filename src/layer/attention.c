@@ -58,8 +58,8 @@ void gdn_attn_rope_table(const gdn_attn_plan *ap, int64_t base, float *cosv, flo
 int gdn_attn_plan_create(gdn_attn_plan **out, const gdn_attn_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "attention plan output pointer is NULL");
     *out = NULL;
-    int rc = gdn_attn_config_check(cfg);
-    if (rc) return rc;
+    int rc = gdn_isa_check();
+    if (rc || (rc = gdn_attn_config_check(cfg))) return rc;
     gdn_attn_plan *ap = gdn_calloc("attention: ap", 1, sizeof *ap);
     if (!ap) return gdn_fail(GDN_ERR_NOMEM, "attention plan");
     ap->cfg = *cfg;

@@ -91,9 +91,9 @@ typedef struct {
 /* The largest packed operand of a shape (an A [m x kk], or a B [kk x m]) over the BF16 paths,
  * in floats. */
 static size_t bf_packed_floats(int b, int64_t m, int64_t kk) {
-    const int paths[] = {GDN_BF16_FALLBACK, GDN_BF16_AVX512, GDN_BF16_AMX};
+    const int paths[] = {GDN_BF16_FALLBACK, GDN_BF16_AVX512, GDN_BF16_AMX, GDN_BF16_FMA}; /* (FMA: fp32 values) */
     size_t most = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         const size_t n = b ? gdn_bf16_packed_b_bytes(paths[i], m, kk) : gdn_bf16_packed_a_bytes(paths[i], m, kk);
         most = n > most ? n : most;
     }

@@ -79,8 +79,8 @@ int gdn_layer_plan_set_docs(gdn_layer_plan *lp, const int64_t *cu_seqlens, int64
 int gdn_layer_plan_create(gdn_layer_plan **out, const gdn_layer_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "layer plan output pointer is NULL");
     *out = NULL;
-    int rc = gdn_layer_config_check(cfg);
-    if (rc) return rc;
+    int rc = gdn_isa_check();
+    if (rc || (rc = gdn_layer_config_check(cfg))) return rc;
     gdn_layer_plan *lp = gdn_calloc("layer: lp", 1, sizeof *lp);
     if (!lp) return gdn_fail(GDN_ERR_NOMEM, "layer plan");
     lp->cfg = *cfg;

@@ -44,8 +44,8 @@ gdn_moe_saved gdn_moe_saved_view(const gdn_moe_plan *p, float *saved) {
 int gdn_moe_plan_create(gdn_moe_plan **out, const gdn_moe_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "moe plan output pointer is NULL");
     *out = NULL;
-    int rc = gdn_moe_config_check(cfg);
-    if (rc) return rc;
+    int rc = gdn_isa_check();
+    if (rc || (rc = gdn_moe_config_check(cfg))) return rc;
     gdn_moe_plan *p = gdn_calloc("moe: p", 1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "moe plan");
     p->cfg = *cfg;

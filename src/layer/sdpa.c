@@ -44,8 +44,8 @@ static int sdpa_config_check(const gdn_attn_config *cfg) {
 int gdn_sdpa_plan_create(gdn_sdpa_plan **out, const gdn_attn_config *cfg) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "sdpa plan output pointer is NULL");
     *out = NULL;
-    int rc = sdpa_config_check(cfg);
-    if (rc) return rc;
+    int rc = gdn_isa_check();
+    if (rc || (rc = sdpa_config_check(cfg))) return rc;
     gdn_sdpa_plan *p = gdn_calloc("sdpa: p", 1, sizeof *p);
     if (!p) return gdn_fail(GDN_ERR_NOMEM, "sdpa plan");
     p->cfg = *cfg;

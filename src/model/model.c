@@ -248,8 +248,8 @@ int gdn_model_plan_create(gdn_model_plan **out, const gdn_model_config *c,
                           const gdn_model_run *r, gdn_cp *cp) {
     if (!out) return gdn_fail(GDN_ERR_ARG, "model plan pointer is NULL");
     *out = NULL;
-    int rc = gdn_model_config_check(c);
-    if (rc) return rc;
+    int rc = gdn_isa_check();
+    if (rc || (rc = gdn_model_config_check(c))) return rc;
     if (!r) return gdn_fail(GDN_ERR_ARG, "model run is NULL");
     if (r->B < 1 || r->T < 1 || r->B > (1 << 20) || r->T > ((int64_t)1 << 36))
         return gdn_fail(GDN_ERR_SHAPE, "model run B = %lld, T = %lld is out of range",
@@ -1108,8 +1108,8 @@ int gdn_model_decoder_create(gdn_model_decoder **out, const gdn_model_config *c,
     if (cache_dtype != 0 && cache_dtype != 2)
         return gdn_fail(GDN_ERR_ARG, "decoder cache dtype %d is neither F32 (0) nor BF16 (2)", cache_dtype);
     *out = NULL;
-    int rc = gdn_model_config_check(c);
-    if (rc) return rc;
+    int rc = gdn_isa_check();
+    if (rc || (rc = gdn_model_config_check(c))) return rc;
     if (B < 1 || B > 4096) return gdn_fail(GDN_ERR_SHAPE, "decoder B = %lld is out of range [1, 4096]", (long long)B);
     const int64_t na = gdn_model_attn_layers(c), ng = c->L - na;
     if (max_len < 0 || (na && max_len < 1))

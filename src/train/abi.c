@@ -11,6 +11,7 @@
 #include "gdncp/data.h"
 #include "gdncp/ep.h"
 #include "gdncp/io.h"
+#include "gdncp/isa.h"
 #include "gdncp/kernel.h"
 #include "gdncp/layer.h"
 #include "gdncp/model.h"
@@ -147,6 +148,13 @@ static const abi_field fields_gdn_named_tensor[] = {
     {"ndim", offsetof(gdn_named_tensor, ndim)},
     {"shape", offsetof(gdn_named_tensor, shape)},
     {"data", offsetof(gdn_named_tensor, data)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_isa_info[] = {
+    {"cpu", offsetof(gdn_isa_info, cpu)},
+    {"compiled", offsetof(gdn_isa_info, compiled)},
+    {"cap", offsetof(gdn_isa_info, cap)},
+    {"dispatched", offsetof(gdn_isa_info, dispatched)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_config[] = {
@@ -394,6 +402,7 @@ static const struct {
     {"gdn_attn_weights", sizeof(gdn_attn_weights), fields_gdn_attn_weights},
     {"gdn_problem", sizeof(gdn_problem), fields_gdn_problem},
     {"gdn_named_tensor", sizeof(gdn_named_tensor), fields_gdn_named_tensor},
+    {"gdn_isa_info", sizeof(gdn_isa_info), fields_gdn_isa_info},
     {"gdn_config", sizeof(gdn_config), fields_gdn_config},
     {"gdn_rule_inputs", sizeof(gdn_rule_inputs), fields_gdn_rule_inputs},
     {"gdn_rule_grads", sizeof(gdn_rule_grads), fields_gdn_rule_grads},

@@ -1,6 +1,7 @@
 /* The BF16-compute GEMM (gdn_matmul_bf16, src/blas/matmul_bf16.c) on every path: the fallback,
  * AVX512-BF16 (VDPBF16PS) where the CPU has it, the AMX kernel with its tile instructions
- * emulated (always), and real AMX where the CPU and OS allow it. A path that cannot run here is
+ * emulated (always), real AMX where the CPU and OS allow it, and the FMA path (the operands
+ * rounded as the fp32 GEMMs pack them; always). A path that cannot run here is
  * printed NOT RUN and counts neither as passed nor as failed.
  *
  * Checks, each with its negative control through the same measure:
@@ -9,7 +10,8 @@
  *     the only rounding left is fp32's accumulation (the products of two bf16 are exact in fp32),
  *     bounded by about kk 2^-24 and in practice ~sqrt(kk) 2^-24: tolerance 1e-5 (observed ~1e-7).
  *     Controls: operands truncated instead of rounded (a bias of ~2^-9 per operand: ~1e-3),
- *     B's k pairs off by one, and (AMX) the last 32-deep tile block of each slice skipped.
+ *     B's k pairs off by one (not the FMA path: no pairs), and (AMX) the last 32-deep tile block
+ *     of each slice skipped.
  *  2. vs the fp32 gdn_matmul on the unrounded operands: max|C - C32| / max|C32| within 1e-2 (the
  *     bf16 rounding of the inputs, ~2^-9 relative per operand); control: k pairs off by one.
  *  3. bit for bit where the arithmetic is identical: the fallback in VDPBF16PS order (odd product
@@ -184,15 +186,16 @@ static const char *fname(int flags) {
     return buf;
 }
 
-static const char *PNAME[5] = {"auto", "fallback", "AVX512-BF16", "AMX", "AMX-emulated"};
-static int have[5];
+static const char *PNAME[6] = {"auto", "fallback", "AVX512-BF16", "AMX", "AMX-emulated", "FMA"};
+static int have[6];
+enum { NPATH = 5 }; /* paths 1..NPATH */
 
 /* One bprob through every path that runs here, checks 1-3. */
 static void one(int flags, int64_t m, int64_t n, int64_t kk, int threads) {
     bprob P;
     bprob_make(&P, flags, m, n, kk);
-    float *C[5] = {0};
-    for (int p = 1; p <= 4; p++) {
+    float *C[6] = {0};
+    for (int p = 1; p <= NPATH; p++) {
         if (!have[p]) continue;
         C[p] = run(&P, p, threads, 0, 0);
         expect_close(err_ref(&P, C[p]), REF_TOL, "bf16 %-12s %-20s m=%-3ld n=%-3ld k=%-4ld thr=%d vs double(bf16 operands)",
@@ -211,7 +214,7 @@ static void one(int flags, int64_t m, int64_t n, int64_t kk, int threads) {
     if (C[3])
         check(bits_differ(&P, C[3], C[4]) == 0, "bf16 AMX == AMX-emulated bit for bit, %s m=%ld n=%ld k=%ld", fname(flags),
               (long)m, (long)n, (long)kk);
-    for (int p = 0; p < 5; p++) free(C[p]);
+    for (int p = 0; p < 6; p++) free(C[p]);
     free(even);
     bprob_free(&P);
 }
@@ -226,7 +229,7 @@ static void column_owned(void) {
     one(GDN_GEMM_B_TRANS, 150, 2600, 1100, 3);
     const int64_t at = 7 * P.ldb + 5;
     const float b_at = P.B[at];
-    for (int p = 1; p <= 4; p++) {
+    for (int p = 1; p <= NPATH; p++) {
         if (!have[p]) continue;
         float *C1 = run(&P, p, 1, 0, 0), *C3 = run(&P, p, 3, 0, 0);
         check(bits_differ(&P, C1, C3) == 0, "bf16 %s column-owned B^T m=150 n=2600 k=1100: 3 threads == 1 thread bit for bit",
@@ -247,10 +250,14 @@ static void controls(void) {
     bprob P;
     const int flags = GDN_GEMM_ACC | GDN_GEMM_B_TRANS;
     bprob_make(&P, flags, 45, 70, 601);
-    for (int p = 1; p <= 4; p++) {
+    for (int p = 1; p <= NPATH; p++) {
         if (!have[p]) continue;
         float *t = run(&P, p, 2, SITE_BF16_TRUNCATE, 0);
         expect_far(err_ref(&P, t), REF_TOL, "bf16 %-12s control: operands truncated, not rounded (vs double)", PNAME[p]);
+        if (p == GDN_BF16_FMA) { /* no k pairs on the fp32 micro-kernel */
+            free(t);
+            continue;
+        }
         float *s = run(&P, p, 1, SITE_BF16_PAIR_SHIFT, 0);
         expect_far(err_ref(&P, s), REF_TOL, "bf16 %-12s control: B's k pairs off by one (vs double)", PNAME[p]);
         expect_far(err_f32(&P, s), F32_TOL, "bf16 %-12s control: B's k pairs off by one (vs fp32)", PNAME[p]);
@@ -264,8 +271,9 @@ static void controls(void) {
     }
     /* the workspace guard sees a write into the last 64 bytes asked for */
     ws_short = 1;
-    for (int p = 1; p <= 4; p++) {
-        if (!have[p]) continue;
+    for (int p = 1; p <= NPATH; p++) {
+        /* (the FMA path's large GEMM takes no caller workspace: gdn_matmul's depends on the threads) */
+        if (!have[p] || (p == GDN_BF16_FMA && !small)) continue;
         float *w = run(&P, p, 2, 0, 0);
         expect_far(err_ref(&P, w), REF_TOL, "bf16 %-12s control: workspace guard 64 bytes early (must be hit)", PNAME[p]);
         free(w);
@@ -323,7 +331,7 @@ static int64_t rounding_mismatches(int path, int b_side, const char *fault) {
 }
 
 static void rounding(void) {
-    for (int p = 1; p <= 4; p++) {
+    for (int p = 1; p <= NPATH; p++) {
         if (!have[p]) continue;
         for (int side = 0; side <= 1; side++) {
             const int64_t ok = rounding_mismatches(p, side, NULL), bad = rounding_mismatches(p, side, SITE_BF16_TRUNCATE);
@@ -340,31 +348,72 @@ static void rounding(void) {
 static void bench_bf16_info(void) {
     gdn_bf16_path_info info;
     int bad = 0;
-    for (int p = 0; p <= 4; p++) {
+    for (int p = 0; p <= NPATH; p++) {
         const int want = p ? p : gdn_bf16_path_auto();
         bad += gdn_bench_bf16(p, 0, &info) != GDN_OK;
         bad += info.path != want || info.available != gdn_bf16_path_available(want) ||
                !info.name || strcmp(info.name, gdn_bf16_path_name(want)) != 0 || info.peak_gflops != 0.0;
     }
-    expect_close((double)bad, 0.0, "gdn_bench_bf16(0..4, threads 0): the CPU's path, availability and name as the pieces, no peak (%d differ)", bad);
-    const int have_peak = gdn_bf16_path_auto() == GDN_BF16_AVX512 || gdn_bf16_path_auto() == GDN_BF16_AMX;
+    expect_close((double)bad, 0.0, "gdn_bench_bf16(0..5, threads 0): the CPU's path, availability and name as the pieces, no peak (%d differ)", bad);
+    /* every automatic path has an instruction: VDPBF16PS, TDPBF16PS, or the FMA path's fp32 FMA */
+    const int have_peak = gdn_bf16_path_auto() != GDN_BF16_FALLBACK && gdn_bf16_path_auto() != GDN_BF16_AMX_EMU;
     expect_close(gdn_bench_bf16(GDN_BF16_FALLBACK, 1, &info) == GDN_OK && info.peak_gflops == 0.0 ? 0 : 1, 0,
                  "gdn_bench_bf16(fallback, 1 thread): no instruction peak (0)");
     expect_close(gdn_bench_bf16(0, 1, &info) == GDN_OK && (info.peak_gflops > 0) == have_peak ? 0 : 1, 0,
                  "gdn_bench_bf16(0, 1 thread): a measured peak exactly when the path has an instruction (%g)", info.peak_gflops);
     info.path = 7;
-    expect_status(gdn_bench_bf16(5, 0, &info), GDN_ERR_ARG, "path 5", "gdn_bench_bf16: path past the end refused");
+    expect_status(gdn_bench_bf16(6, 0, &info), GDN_ERR_ARG, "path 6", "gdn_bench_bf16: path past the end refused");
     expect_close(info.path == 0 && info.name == NULL ? 0 : 1, 0, "gdn_bench_bf16: a refused call leaves info zeroed");
     expect_status(gdn_bench_bf16(-1, 0, &info), GDN_ERR_ARG, "path -1", "gdn_bench_bf16: a negative path refused");
     expect_status(gdn_bench_bf16(0, 0, NULL), GDN_ERR_ARG, "info is NULL", "gdn_bench_bf16: a NULL info refused");
 }
 
+/* GDNCP_ISA's cap as the dispatch sees it (gdncp/isa.h): the levels agree (dispatched = the CPU's,
+ * capped; never below the build's), and the BF16 paths available and chosen are within the
+ * dispatched level: no AVX512-BF16 below avx512bf16, no AMX below amx. Control (where the cap is
+ * below the CPU: CI's portable run at GDNCP_ISA=avx2 on an AVX-512 machine): the cap ignored
+ * ("isa: the GDNCP_ISA cap ignored") must break that check. The refusals of bad values:
+ * scripts/test_cli.sh (the cap is read once per process). */
+static int paths_within(const gdn_isa_info *in) {
+    const int lv = gdn_isa_dispatched(), a = gdn_bf16_path_auto();
+    return lv == in->dispatched && gdn_bf16_path_available(GDN_BF16_AVX512) == (lv >= GDN_ISA_AVX512BF16) &&
+           gdn_bf16_path_available(GDN_BF16_AMX) <= (lv >= GDN_ISA_AMX) &&
+           (a != GDN_BF16_AVX512 || lv >= GDN_ISA_AVX512BF16) && (a != GDN_BF16_AMX || lv >= GDN_ISA_AMX);
+}
+static void isa_cap(void) {
+    gdn_isa_info in;
+    const int rc = gdn_isa(&in);
+    check(rc == GDN_OK, "gdn_isa: this run's GDNCP_ISA accepted (%s)", rc ? gdn_errmsg() : "ok");
+    const int want = in.cap >= 0 ? in.cap : in.cpu;
+    check(in.dispatched == want && in.compiled <= in.dispatched && in.dispatched <= in.cpu,
+          "gdn_isa: cpu %s, compiled %s, cap %s: dispatched %s = the CPU's capped, not below the build's",
+          gdn_isa_name(in.cpu), gdn_isa_name(in.compiled), in.cap >= 0 ? gdn_isa_name(in.cap) : "unset",
+          gdn_isa_name(in.dispatched));
+    check(gdn_isa_name(GDN_ISA_AVX2) && !strcmp(gdn_isa_name(GDN_ISA_AVX512BF16), "avx512bf16") && !gdn_isa_name(5) &&
+              !gdn_isa_name(-1),
+          "gdn_isa_name: GDNCP_ISA's names, NULL outside the levels");
+    expect_status(gdn_isa(NULL), GDN_ERR_ARG, "NULL", "gdn_isa: a NULL info refused");
+    check(paths_within(&in), "isa: the BF16 paths available and chosen (%s) are within the dispatched level %s",
+          gdn_bf16_path_name(gdn_bf16_path_auto()), gdn_isa_name(in.dispatched));
+    if (in.cap >= 0 && in.cap < in.cpu) {
+        test_mutation = "isa: the GDNCP_ISA cap ignored";
+        const int within = paths_within(&in);
+        test_mutation = NULL;
+        check(!within, "negative control: the cap %s ignored (the CPU's %s dispatched) breaks the level check",
+              gdn_isa_name(in.cap), gdn_isa_name(in.cpu));
+    } else if (!tests_quiet) {
+        printf("NOT RUN  isa control: the cap ignored (GDNCP_ISA %s the CPU's level: nothing to ignore)\n",
+               in.cap >= 0 ? "equals" : "unset, at");
+    }
+}
+
 void test_matmul_bf16(void) {
-    for (int p = 1; p <= 4; p++) have[p] = gdn_bf16_path_available(p);
+    isa_cap();
+    for (int p = 1; p <= NPATH; p++) have[p] = gdn_bf16_path_available(p);
     bench_bf16_info();
     if (!tests_quiet) {
         printf("bf16 paths here (auto: %s):\n", gdn_bf16_path_name(gdn_bf16_path_auto()));
-        for (int p = 1; p <= 4; p++)
+        for (int p = 1; p <= NPATH; p++)
             printf("  %-12s %s%s\n", PNAME[p], have[p] ? "RUN" : "NOT RUN",
                    have[p] ? "" : p == 2 ? " (CPUID: no AVX512-BF16, or the OS does not enable zmm state)"
                                          : " (CPUID: no AMX-TILE/AMX-BF16, XCR0 lacks tile state, or Linux refused "

@@ -10,24 +10,33 @@
 #include <omp.h>
 #endif
 
+/* The CPU's model name and the instruction sets that run (gdncp/isa.h): every benchmark says on
+ * which paths its rows ran, e.g. "AMD EPYC [isa avx2 (GDNCP_ISA; the CPU has avx512bf16), fp32
+ * kernels avx2]". */
 const char *cli_cpu(void) {
-    static char name[256];
+    static char name[384];
     if (name[0]) return name;
-    snprintf(name, sizeof name, "unknown CPU");
+    char model[256] = "unknown CPU";
     FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return name;
     char line[512];
-    while (fgets(line, sizeof line, f))
+    while (f && fgets(line, sizeof line, f))
         if (!strncmp(line, "model name", 10)) {
             char *c = strchr(line, ':');
             if (c) {
                 c += 2;
                 c[strcspn(c, "\n")] = 0;
-                snprintf(name, sizeof name, "%s", c);
+                snprintf(model, sizeof model, "%s", c);
             }
             break;
         }
-    fclose(f);
+    if (f) fclose(f);
+    gdn_isa_info isa;
+    gdn_isa(&isa); /* (refused caps stop the command line before any benchmark) */
+    char capped[96] = "";
+    if (isa.cap >= 0 && isa.cap < isa.cpu)
+        snprintf(capped, sizeof capped, " (GDNCP_ISA; the CPU has %s)", gdn_isa_name(isa.cpu));
+    snprintf(name, sizeof name, "%s [isa %s%s, fp32 kernels %s]", model, gdn_isa_name(isa.dispatched), capped,
+             gdn_isa_name(isa.compiled));
     return name;
 }
 
@@ -208,7 +217,8 @@ void cli_row(int json, const cli_field *f, int n) {
             if (!f[i].key || !f[i].json) continue;
             printf("%s\"%s\":", first ? "" : ",", f[i].key);
             first = 0;
-            if (f[i].kind == 'n' && !isfinite(f[i].f)) fputs("null", stdout);
+            /* JSON has no Inf or NaN: every non-finite double is null (a ratio over a peak of 0) */
+            if ((f[i].kind == 'n' || f[i].kind == 'f') && !isfinite(f[i].f)) fputs("null", stdout);
             else if (f[i].kind == 's') putchar('"'), put_value(&f[i], f[i].json, 0), putchar('"');
             else put_value(&f[i], f[i].json, 0);
         }

@@ -150,8 +150,8 @@ typedef struct {
     const char *json; /* the JSON value's printf format (a string's quotes are added); NULL: text only */
     const char *text; /* the text piece's printf format; NULL: JSON only */
     char kind;        /* 's' a string, 'r' a string written into JSON as it is (true, [1,2], 1.5),
-                         'i' a long long, 'f' a double, 'n' a double, or JSON's null when
-                         it is not finite;
+                         'i' a long long, 'f' or 'n' a double (JSON's null when it is not
+                         finite: JSON has no Inf or NaN);
                          0: no value (a text piece of words, or nothing at all) */
     int at;           /* the text's order, above */
     double scale;     /* the text shows the double times scale (0: 1) */

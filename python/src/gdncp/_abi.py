@@ -11,7 +11,7 @@ from ctypes import (POINTER, c_bool, c_byte, c_char, c_char_p, c_double, c_float
                     c_int8, c_int16, c_int32, c_int64, c_long, c_size_t, c_ubyte, c_uint,
                     c_uint8, c_uint16, c_uint32, c_uint64, c_ulong, c_void_p)
 
-HEADERS = ['abi.h', 'attention.h', 'bench.h', 'checkpoint.h', 'compute.h', 'cp.h', 'data.h', 'ep.h', 'io.h', 'kernel.h', 'layer.h', 'model.h', 'moe.h', 'optim.h', 'sample.h', 'status.h', 'train.h', 'version.h']
+HEADERS = ['abi.h', 'attention.h', 'bench.h', 'checkpoint.h', 'compute.h', 'cp.h', 'data.h', 'ep.h', 'io.h', 'isa.h', 'kernel.h', 'layer.h', 'model.h', 'moe.h', 'optim.h', 'sample.h', 'status.h', 'train.h', 'version.h']
 
 # ---------------------------------------------------------------- constants
 # attention.h
@@ -50,6 +50,12 @@ GDN_ST_MAX_DIMS = 8
 GDN_FUSED_QKVZ = 0
 GDN_FUSED_BA = 1
 GDN_FUSED_COUNT = 2
+# isa.h
+GDN_ISA_GENERIC = 0
+GDN_ISA_AVX2 = 1
+GDN_ISA_AVX512 = 2
+GDN_ISA_AVX512BF16 = 3
+GDN_ISA_AMX = 4
 # kernel.h
 GDN_MAX_HEAD_DIM = 256
 GDN_SCALE_DEFAULT = 0.0
@@ -127,6 +133,7 @@ ENUMS = {
     'gdn_compute': {'GDN_COMPUTE_FP32': 0, 'GDN_COMPUTE_BF16': 1},
     'gdn_dtype': {'GDN_F32': 0, 'GDN_F64': 1, 'GDN_BF16': 2, 'GDN_DTYPE_OTHER': 3},
     'gdn_cp_wait': {'GDN_CP_WAIT_AUTO': 0, 'GDN_CP_WAIT_SPIN': 1, 'GDN_CP_WAIT_SLEEP': 2},
+    'gdn_isa_level': {'GDN_ISA_GENERIC': 0, 'GDN_ISA_AVX2': 1, 'GDN_ISA_AVX512': 2, 'GDN_ISA_AVX512BF16': 3, 'GDN_ISA_AMX': 4},
     'gdn_cp_strategy': {'GDN_CP_SCAN': 0, 'GDN_CP_ALLGATHER': 1, 'GDN_CP_RELAY': 2, 'GDN_CP_HEADS': 3},
     'gdn_layer_keep': {'GDN_LAYER_KEEP_MIN': 0, 'GDN_LAYER_KEEP_PROJ': 1},
     'gdn_layer_param_id': {'GDN_P_IN_PROJ_QKV': 0, 'GDN_P_IN_PROJ_Z': 1, 'GDN_P_IN_PROJ_B': 2, 'GDN_P_IN_PROJ_A': 3, 'GDN_P_CONV1D': 4, 'GDN_P_A_LOG': 5, 'GDN_P_DT_BIAS': 6, 'GDN_P_NORM': 7, 'GDN_P_OUT_PROJ': 8, 'GDN_P_COUNT': 9},
@@ -350,6 +357,16 @@ class NamedTensor(ctypes.Structure):
         ('ndim', c_int),
         ('shape', (c_int64 * 4)),
         ('data', POINTER(c_float)),
+    ]
+
+
+class IsaInfo(ctypes.Structure):
+    """gdn_isa_info (isa.h)."""
+    _fields_ = [
+        ('cpu', c_int),
+        ('compiled', c_int),
+        ('cap', c_int),
+        ('dispatched', c_int),
     ]
 
 
@@ -583,7 +600,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_plan_info': AttnPlanInfo, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_plan_info': PlanInfo, 'gdn_layer_config': LayerConfig, 'gdn_layer_plan_info': LayerPlanInfo, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_model_decoder_view': ModelDecoderView, 'gdn_moe_config': MoeConfig, 'gdn_moe_plan_info': MoePlanInfo, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_plan_info': AttnPlanInfo, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_isa_info': IsaInfo, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_plan_info': PlanInfo, 'gdn_layer_config': LayerConfig, 'gdn_layer_plan_info': LayerPlanInfo, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_model_decoder_view': ModelDecoderView, 'gdn_moe_config': MoeConfig, 'gdn_moe_plan_info': MoePlanInfo, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -711,6 +728,9 @@ PROTOTYPES = {
     'gdn_problem_load': (c_int, [POINTER(Problem), c_char_p, c_int, c_int64, c_int64, c_int64]),
     'gdn_problem_free': (None, [POINTER(Problem)]),
     'gdn_save_tensors': (c_int, [c_char_p, POINTER(NamedTensor), c_int, c_char_p]),
+    # isa.h
+    'gdn_isa': (c_int, [POINTER(IsaInfo)]),
+    'gdn_isa_name': (c_char_p, [c_int]),
     # kernel.h
     'gdn_config_default': (Config, [c_int64, c_int64, c_int64, c_int64, c_int64, c_int64]),
     'gdn_config_check': (c_int, [POINTER(Config)]),

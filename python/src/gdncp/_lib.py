@@ -151,6 +151,26 @@ def check(status, what):
     raise err
 
 
+def isa():
+    """The instruction-set levels of this process (gdncp/isa.h) by name: {"cpu", "compiled", "cap",
+    "dispatched"} ("cap" None when GDNCP_ISA is unset). ValueError naming GDNCP_ISA's value when
+    it is refused (an unknown name, a level this CPU lacks, or below the build's)."""
+    info = IsaInfo()  # noqa: F821 (from _abi)
+    check(gdn_isa(ctypes.byref(info)), "GDNCP_ISA")  # noqa: F821
+
+    def name(level):
+        return gdn_isa_name(level).decode() if level >= 0 else None  # noqa: F821
+    return {k: name(getattr(info, k)) for k in ("cpu", "compiled", "cap", "dispatched")}
+
+
+# GDNCP_ISA is checked on import, as the command line checks it at start-up: a cap the CPU or the
+# build cannot honour stops here with its reason, not at the first plan.
+try:
+    isa()
+except ValueError as e:
+    raise ImportError(f"gdncp: {e}") from None
+
+
 def param_info(fn, cfg, i):
     """(name, shape, offset, numel) of parameter i of a layer's flat array: fn is gdn_layer_param,
     gdn_attn_param or gdn_moe_param, cfg its config struct (gdn_param_info, compute.h)."""
