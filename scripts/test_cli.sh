@@ -361,6 +361,8 @@ isa_of() { # isa_of [ENV...]: the header of a quick bench matmul run under that 
 }
 head2=$(isa_of)
 cpu_isa=$(echo "$head2" | sed -n 's/.*\[isa \([a-z0-9]*\).*/\1/p' | head -1)
+# (run under a cap itself: the header names the CPU's own level beside it)
+case $head2 in *"the CPU has "*) cpu_isa=$(echo "$head2" | sed -n 's/.*the CPU has \([a-z0-9]*\).*/\1/p' | head -1) ;; esac
 built=$(echo "$head2" | sed -n 's/.*fp32 kernels \([a-z0-9]*\)\].*/\1/p' | head -1)
 if [ -z "$cpu_isa" ] || [ -z "$built" ]; then echo "FAIL  no '[isa ..., fp32 kernels ...]' in the benchmark header: $head2"; failed=$((failed + 1)); fi
 isa_refused() { # isa_refused VALUE NEEDLE LABEL: exit 2 with the needle on stderr, before any run
