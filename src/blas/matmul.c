@@ -201,8 +201,10 @@ static void micro_direct(int64_t kc, const float *a, int64_t lda, const float *r
 #define GDN_MM_PFL 2
 #endif
 enum { SR = 4,                        /* W rows per tile */
-       SR_WIDE = VL == 16 ? 8 : SR,   /* ... when a tile has at most SI / 2 A rows (decode at B <= 2):
-                                       * the same SI * SR accumulators, twice the W rows in flight */
+       SR_WIDE = 2 * SR,              /* ... when a tile has at most SI / 2 A rows (decode at B <= 2;
+                                       * AVX2: B = 1): the same SI * SR accumulators, twice the W
+                                       * rows in flight (AVX2, B = 1, bf16 W from DRAM: 64 -> % of
+                                       * the bound, see the commit) */
        SK = GDN_MM_SK };              /* depth block: A's m x SK slice and the tile's W rows in L1 */
 
 /* part[i * tr + r] (+)= A[i][k0..k0+kv) . W[r][k0..k0+kv) lane-wise, for i < mi, r < nr <= tr
@@ -254,14 +256,14 @@ STREAM_TILE_FN(1, SR, 0, stream_tile_1)
 STREAM_TILE_FN(2, SR, 0, stream_tile_2)
 STREAM_TILE_FN(1, SR, 1, stream_tile_bf_1)
 STREAM_TILE_FN(2, SR, 1, stream_tile_bf_2)
+STREAM_TILE_FN(1, SR_WIDE, 0, stream_tile_w1)
+STREAM_TILE_FN(1, SR_WIDE, 1, stream_tile_bf_w1)
 #if SI > 2
 STREAM_TILE_FN(3, SR, 0, stream_tile_3)
 STREAM_TILE_FN(4, SR, 0, stream_tile_4)
 STREAM_TILE_FN(3, SR, 1, stream_tile_bf_3)
 STREAM_TILE_FN(4, SR, 1, stream_tile_bf_4)
-STREAM_TILE_FN(1, SR_WIDE, 0, stream_tile_w1)
 STREAM_TILE_FN(2, SR_WIDE, 0, stream_tile_w2)
-STREAM_TILE_FN(1, SR_WIDE, 1, stream_tile_bf_w1)
 STREAM_TILE_FN(2, SR_WIDE, 1, stream_tile_bf_w2)
 #endif
 static __attribute__((noinline)) void stream_tile_edge(int mi, int tr, int nr, int first, int64_t kv,
@@ -287,14 +289,14 @@ static void stream_tile_any(int mi, int tr, int nr, int bf, int first, int64_t k
         case 2: stream_tile_2(first, kv, A, lda, W, ldw, pf, part); return;
         case 9: stream_tile_bf_1(first, kv, A, lda, W, ldw, pf, part); return;
         case 10: stream_tile_bf_2(first, kv, A, lda, W, ldw, pf, part); return;
+        case 17: stream_tile_w1(first, kv, A, lda, W, ldw, pf, part); return;
+        case 25: stream_tile_bf_w1(first, kv, A, lda, W, ldw, pf, part); return;
 #if SI > 2
         case 3: stream_tile_3(first, kv, A, lda, W, ldw, pf, part); return;
         case 4: stream_tile_4(first, kv, A, lda, W, ldw, pf, part); return;
         case 11: stream_tile_bf_3(first, kv, A, lda, W, ldw, pf, part); return;
         case 12: stream_tile_bf_4(first, kv, A, lda, W, ldw, pf, part); return;
-        case 17: stream_tile_w1(first, kv, A, lda, W, ldw, pf, part); return;
         case 18: stream_tile_w2(first, kv, A, lda, W, ldw, pf, part); return;
-        case 25: stream_tile_bf_w1(first, kv, A, lda, W, ldw, pf, part); return;
         case 26: stream_tile_bf_w2(first, kv, A, lda, W, ldw, pf, part); return;
 #endif
         default: break;
@@ -413,6 +415,12 @@ static void stream_share(void *p, int t, int nt) {
     if (m == 1 && kv_all == kk && (double)n * (double)kk * (bf ? 2 : 4) <= ROWS_VL_MAX_BYTES)
         for (; j_from + VL <= j_hi; j_from += VL)
             (bf ? stream_rows_vl_bf16 : stream_rows_vl_f32)(acc, kk, As, gdn_eptr(W, bf, j_from * ldw), ldw, C + j_from);
+    /* bf16 W under several row groups: the block widened once into L1 (wide), which every group
+     * then reads as fp32; widened again per group, the conversions outnumbered the FMAs at m = 16
+     * with AVX2's 2-row groups (bf16 decode at B = 16 ran 1.5x slower than fp32). The same FMAs in
+     * the same order: the same bits. */
+    float wide[SR * SK] __attribute__((aligned(64)));
+    const int widen = bf && groups > 1 && tr == SR;
     for (int64_t j0 = j_from; j0 < j_hi; j0 += tr) {
         const int nr = (int)min64(tr, j_hi - j0);
         for (int64_t k0 = 0; k0 < kv_all; k0 += SK) {
@@ -422,9 +430,19 @@ static void stream_share(void *p, int t, int nt) {
              * under the other groups' arithmetic instead of after it */
             const void *next = gdn_eptr(W, bf, k0 + SK < kv_all ? j0 * ldw + k0 + SK : (j0 + tr) * ldw);
             if (j0 + tr >= j_hi && k0 + SK >= kv_all) next = NULL;
+            const void *wb = gdn_eptr(W, bf, j0 * ldw + k0);
+            int64_t ldwb = ldw;
+            int bfb = bf;
+            if (widen) {
+                for (int r = 0; r < nr; r++) {
+                    for (int64_t k = 0; next && k < kv; k += 32) __builtin_prefetch(gdn_eptr(next, 1, r * ldw + k), 0, GDN_MM_PFL);
+                    for (int64_t k = 0; k < kv; k += VL) gdn_vstoreu(wide + r * SK + k, gdn_loadw(wb, 1, r * ldw + k));
+                }
+                wb = wide, ldwb = SK, bfb = 0, next = NULL;
+            }
             for (int g = 0; g < groups; g++)
-                stream_tile_any((int)min64(SI, m - g * SI), tr, nr, bf, k0 == 0, kv, As + g * SI * ldas + k0,
-                                ldas, gdn_eptr(W, bf, j0 * ldw + k0), ldw, g ? NULL : next, part[g]);
+                stream_tile_any((int)min64(SI, m - g * SI), tr, nr, bfb, k0 == 0, kv, As + g * SI * ldas + k0,
+                                ldas, wb, ldwb, g ? NULL : next, part[g]);
         }
         /* the m x nr partial vectors join the queue of horizontal sums */
         for (int64_t i = 0; i < m; i++)
