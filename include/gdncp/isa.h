@@ -12,8 +12,10 @@
  * (CI runs a portable build at GDNCP_ISA=avx2 on whatever CPU it has). It is refused, never
  * silently ignored, when it is not one of those names, when it names a level this CPU lacks, and
  * when it is below the level the build's fp32 kernels were compiled for (a -march=native build
- * on an AVX-512 CPU cannot run AVX2 code: build with -DGDN_PORTABLE=ON). Every plan creation
- * and the command line check it first; so does the Python package on import. */
+ * on an AVX-512 CPU cannot run AVX2 code: build with -DGDN_PORTABLE=ON). A build whose fp32
+ * kernels need more than the CPU has (-march=native carried to an older machine) is refused the
+ * same way. Every plan creation and the command line check it first; so does the Python package
+ * on import. */
 #ifndef GDNCP_ISA_H
 #define GDNCP_ISA_H
 
@@ -40,7 +42,7 @@ typedef struct {
 
 /* This process's levels into *info (always filled, also on failure); GDN_OK, or GDN_ERR_ARG with
  * a message naming GDNCP_ISA's value and what is wrong with it (unknown name, a level this CPU
- * lacks, below the build's). GDN_ERR_ARG for a NULL info. */
+ * lacks, below the build's), or the build's level the CPU lacks. GDN_ERR_ARG for a NULL info. */
 GDN_API int gdn_isa(gdn_isa_info *info);
 /* "generic", "avx2", "avx512", "avx512bf16", "amx" (GDNCP_ISA's names); NULL for another value. */
 GDN_API const char *gdn_isa_name(int level);

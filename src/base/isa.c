@@ -83,7 +83,12 @@ static void probe_once(void) {
     gdn_isa_info *in = &probe.info;
     in->cpu = cpu_level(), in->compiled = compiled_level(), in->cap = -1;
     const char *env = getenv("GDNCP_ISA");
-    if (env && *env) {
+    if (in->compiled > in->cpu) /* a -march=native build carried to an older CPU (if it got this far) */
+        snprintf(probe.why, sizeof probe.why,
+                 "this build's fp32 kernels were compiled for %s (-march=native on another machine); this CPU runs "
+                 "at most %s: rebuild here, or with -DGDN_PORTABLE=ON",
+                 level_names[in->compiled], level_names[in->cpu]);
+    else if (env && *env) {
         int cap = -1;
         for (int l = GDN_ISA_AVX2; l < N_LEVELS; l++)
             if (!strcmp(env, level_names[l])) cap = l;
