@@ -399,3 +399,28 @@ def test_token_type_is_the_librarys():
         assert bad is None or rel_err(bad, want) > 1e-3
     finally:
         L.gdn_model_plan_destroy(plan)
+
+
+def test_isa_levels_and_refusal_on_import():
+    """gdncp._lib.isa() names the levels as the C library has them (gdn_isa), and a GDNCP_ISA the
+    CPU or the build cannot honour stops `import gdncp` with an ImportError that names it, in a
+    fresh process (the cap is read once per process). Control: the same import under the
+    dispatched level as the cap succeeds."""
+    import os
+    import subprocess
+    import sys
+    lv = L.isa()
+    names = {"generic", "avx2", "avx512", "avx512bf16", "amx"}
+    assert lv["cpu"] in names and lv["compiled"] in names and lv["dispatched"] in names, lv
+    order = ["generic", "avx2", "avx512", "avx512bf16", "amx"]
+    assert order.index(lv["compiled"]) <= order.index(lv["dispatched"]) <= order.index(lv["cpu"]), lv
+
+    def import_with(cap):
+        env = dict(os.environ, GDNCP_ISA=cap)
+        return subprocess.run([sys.executable, "-c", "import gdncp"], env=env, capture_output=True, text=True,
+                              timeout=120)
+    bad = import_with("bogus")
+    assert bad.returncode != 0 and "ImportError" in bad.stderr and "GDNCP_ISA='bogus'" in bad.stderr, bad.stderr
+    assert lv["dispatched"] != "generic", "an x86 CPU with AVX2 is needed for the control"
+    good = import_with(lv["dispatched"])
+    assert good.returncode == 0, good.stderr
