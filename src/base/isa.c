@@ -117,8 +117,8 @@ int gdn_isa(gdn_isa_info *info) {
 }
 
 int gdn_isa_check(void) {
-    probe_once();
-    return probe.why[0] ? gdn_fail(GDN_ERR_ARG, "%s", probe.why) : GDN_OK;
+    gdn_isa_info unused;
+    return gdn_isa(&unused);
 }
 
 int gdn_isa_dispatched(void) {

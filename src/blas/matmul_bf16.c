@@ -386,19 +386,10 @@ static int64_t packed_depth(int path, int64_t kk) {
 static void fma_pack_a(int trans, int64_t m, int64_t kk, const float *A, int64_t lda, float *dst, int trunc) {
     if (trans) {
         gdn_transpose((int)kk, (int)m, A, (int)lda, dst, (int)kk);
-        gdn_round_bf16_rows(dst, 1, m * kk, 0, trunc);
+        gdn_round_bf16(dst, dst, m * kk, trunc);
         return;
     }
-    for (int64_t i = 0; i < m; i++) { /* one pass: each row read, rounded and stored */
-        const float *a = A + i * lda;
-        float *d = dst + i * kk;
-        int64_t k = 0;
-        for (; k + GDN_VL <= kk; k += GDN_VL) gdn_vstoreu(d + k, gdn_round_bf16_v(gdn_vloadu(a + k), trunc));
-        if (k < kk) {
-            memcpy(d + k, a + k, sizeof(float) * (size_t)(kk - k));
-            gdn_round_bf16_rows(d + k, 1, kk - k, 0, trunc);
-        }
-    }
+    for (int64_t i = 0; i < m; i++) gdn_round_bf16(dst + i * kk, A + i * lda, kk, trunc); /* read, rounded, stored */
 }
 size_t gdn_bf16_packed_a_bytes(int path, int64_t m, int64_t kk) {
     if (path == GDN_BF16_FMA) return ((size_t)m * (size_t)kk * 4 + 63) / 64 * 64;

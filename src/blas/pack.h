@@ -8,6 +8,7 @@
 #ifndef GDNCP_BLAS_PACK_H
 #define GDNCP_BLAS_PACK_H
 
+#include "blas.h"
 #include "microkernel.h"
 
 #include <string.h>
@@ -61,17 +62,15 @@ static inline __attribute__((always_inline)) gdn_vf gdn_round_bf16_v(gdn_vf x, i
     memcpy(&x, &r, sizeof x);
     return x;
 }
-static inline void gdn_round_bf16_rows(float *x, int64_t rows, int64_t cols, int64_t ld, int trunc) {
-    for (int64_t r = 0; r < rows; r++) {
-        float *row = x + r * ld;
-        int64_t c = 0;
-        for (; c + GDN_VL <= cols; c += GDN_VL) gdn_vstoreu(row + c, gdn_round_bf16_v(gdn_vloadu(row + c), trunc));
-        if (c < cols) { /* the tail through a zero-padded vector */
-            float t[GDN_VL] __attribute__((aligned(64))) = {0};
-            memcpy(t, row + c, sizeof(float) * (size_t)(cols - c));
-            *(gdn_vf *)t = gdn_round_bf16_v(*(gdn_vf *)t, trunc);
-            memcpy(row + c, t, sizeof(float) * (size_t)(cols - c));
-        }
+/* dst[0..n) = bf16(src[0..n)) as fp32 (dst may be src: in place). */
+static inline void gdn_round_bf16(float *dst, const float *src, int64_t n, int trunc) {
+    int64_t i = 0;
+    for (; i + GDN_VL <= n; i += GDN_VL) gdn_vstoreu(dst + i, gdn_round_bf16_v(gdn_vloadu(src + i), trunc));
+    if (i < n) { /* the tail through a zero-padded vector */
+        float t[GDN_VL] __attribute__((aligned(64))) = {0};
+        memcpy(t, src + i, sizeof(float) * (size_t)(n - i));
+        *(gdn_vf *)t = gdn_round_bf16_v(*(gdn_vf *)t, trunc);
+        memcpy(dst + i, t, sizeof(float) * (size_t)(n - i));
     }
 }
 
@@ -79,9 +78,9 @@ static inline void gdn_round_bf16_rows(float *x, int64_t rows, int64_t cols, int
  * flags: rounded or truncated to bf16, and under the control GDN_GEMM_SHIFT_BF16 its rows moved
  * one depth step up (the last one zero). */
 static inline void gdn_fma_panel_b(float *panel, int64_t kc, int NR, int flags) {
-    enum { ROUND = 256, TRUNC = 512, SHIFT = 1024 }; /* blas.h's GDN_GEMM_*_BF16 */
-    if (flags & (ROUND | TRUNC)) gdn_round_bf16_rows(panel, 1, kc * NR, 0, (flags & TRUNC) != 0);
-    if (flags & SHIFT) {
+    if (flags & (GDN_GEMM_ROUND_BF16 | GDN_GEMM_TRUNC_BF16))
+        gdn_round_bf16(panel, panel, kc * NR, (flags & GDN_GEMM_TRUNC_BF16) != 0);
+    if (flags & GDN_GEMM_SHIFT_BF16) {
         memmove(panel, panel + NR, sizeof(float) * (size_t)((kc - 1) * NR));
         memset(panel + (kc - 1) * NR, 0, sizeof(float) * (size_t)NR);
     }
