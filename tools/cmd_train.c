@@ -154,6 +154,7 @@ static const cli_opt train_table[] = {
     {CLI_I64("--steps", train_opts, t.steps, 1, (int64_t)1 << 40, "N", "train until this step")},
     {CLI_I64("--cp", train_opts, t.cp, 1, 1 << 20, "C", "ranks per sequence (must divide the world size)")},
     {CLI_I64("--ep", train_opts, t.ep, 1, 1 << 20, "N", "expert parallelism: each MoE layer's experts split over groups of N ranks (N divides the world size and the experts, and divides --cp or is a multiple of it); each rank holds, trains and stores in memory 1/N of them"), .dflt = "1"},
+    {CLI_I64("--zero", train_opts, t.zero, 0, 3, "LEVEL", "the training state sharded over the ranks that replicate it (DESIGN §15): 1 the AdamW moments (each rank updates its slice of the weights, then they are all-gathered), 2 also the gradients (reduce-scattered to their slices' owners); 0 every rank holds everything"), .dflt = "0"},
     {CLI_ENUM("--strategy", train_opts, t.strategy, "scan|allgather|relay|heads", CLI_VALUES(GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY, GDN_CP_HEADS), "the GatedDeltaNet layers' CP strategy")},
     {CLI_F64("--lr", train_opts, t.opt.lr, 1e-8, 1, "X", "the peak learning rate")},
     {CLI_F64("--min-lr", train_opts, t.opt.min_lr, 0, 1, "X", "the floor of the cosine decay (at most --lr)"), .dflt = "lr / 10"},

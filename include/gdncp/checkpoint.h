@@ -44,6 +44,32 @@ GDN_API int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_con
                   const float *adam_m, const float *adam_v, const char *state_json, int keep_last,
                   int weight_dtype);
 
+/* The same save written by several processes at once, each its own part of the flat arrays, so
+ * that no process holds (or gathers) the whole model or optimizer state: the trainer's sharded
+ * state (--zero) and its expert slices (--ep). One process begins (the temporary directory,
+ * config.json and both tensor files at their full size; the layout is transformers', the same
+ * files as gdn_ckpt_save's) and shares the struct (plain bytes) with the others; every process
+ * writes its parts; once every part is written, one process finishes (trainer_state.json, the
+ * rename into place, the pruning) or, when some process failed, aborts (the temporary directory
+ * goes; the previous checkpoints are untouched). The writers must see the same file system. */
+typedef struct {
+    char out_dir[4096], tmp_dir[4096], final_dir[4096];
+    char model_tmp[4096 + 64], optim_tmp[4096 + 64]; /* the tensor files being written */
+    uint64_t model_base, optim_base;                 /* each file's first tensor's byte offset */
+    int64_t step;
+    int weight_dtype, moments; /* moments: the optimizer file is written */
+} gdn_ckpt_parts;
+/* cfg: the model (an expert-parallel slice's config is taken whole: every expert is stored). */
+GDN_API int gdn_ckpt_parts_begin(gdn_ckpt_parts *p, const char *out_dir, int64_t step, const gdn_model_config *cfg,
+                                 int moments, int weight_dtype);
+/* Write the flat elements [lo, hi) of cfg's layout (an expert slice's config puts its experts at
+ * their place in the whole tensors): w indexed by flat offset, adam_m / adam_v (when the save has
+ * moments) holding the moments of [lo, hi) from [0]. Refuses non-finite values, naming them. */
+GDN_API int gdn_ckpt_parts_write(const gdn_ckpt_parts *p, const gdn_model_config *cfg, size_t lo, size_t hi,
+                                 const float *w, const float *adam_m, const float *adam_v);
+GDN_API int gdn_ckpt_parts_finish(const gdn_ckpt_parts *p, const char *state_json, int keep_last);
+GDN_API void gdn_ckpt_parts_abort(const gdn_ckpt_parts *p);
+
 /* path is a checkpoint directory (it holds config.json and model.safetensors), or a training
  * output directory: then its complete checkpoint-N with the largest N. The directory goes into
  * dir (capacity n). */
@@ -68,6 +94,15 @@ GDN_API int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg);
  * failure the arrays may hold part of the checkpoint. */
 GDN_API int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float *adam_m,
                   float *adam_v, char **state_json);
+
+/* A part of the optimizer state of dir's checkpoint: the moments of the flat elements [lo, hi) of
+ * cfg's layout (an expert slice's config reads its experts' rows) into adam_m / adam_v from [0],
+ * only those bytes read; when the file holds fp32 master weights (a BF16 save), w's elements
+ * [lo, hi) (w indexed by flat offset, holding model.safetensors' weights) are checked to be their
+ * rounding and replaced by them. The file's tensors are checked (names, shapes) and the values read
+ * are finite. A sharded trainer's resume onto any number of ranks. */
+GDN_API int gdn_ckpt_load_part(const char *dir, const gdn_model_config *cfg, size_t lo, size_t hi, float *w,
+                               float *adam_m, float *adam_v);
 
 /* The separator of a checkpoint trained with --pack (trainer_state.json's pack_separator_hex)
  * into sep (at most cap bytes); *len 0 when the run did not pack or the directory has no

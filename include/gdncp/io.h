@@ -52,6 +52,9 @@ GDN_API const char *gdn_st_metadata(const gdn_st_file *f, const char *key);
  * of a [T, E] tensor). Errors name the tensor. */
 GDN_API int gdn_st_read(gdn_st_file *f, const char *name, gdn_dtype dst_dtype, void *dst, size_t n, int axis,
                         int64_t begin, int64_t count);
+/* Elements [first, first + count) of tensor `name` in row-major order as F32 (from F32, F64 or
+ * BF16), into dst (count floats); only those bytes are read (a slice of a sharded state). */
+GDN_API int gdn_st_read_span(gdn_st_file *f, const char *name, float *dst, int64_t first, int64_t count);
 /* An integer tensor (I64 or I32, e.g. packed documents' cu_seqlens or position_ids [B, T]) as
  * int64, its elements in row-major order: *count gets their number. ndim > 0: the tensor must
  * have that many dimensions (GDN_ERR_SHAPE otherwise); 0: any. Refuses other dtypes

@@ -60,6 +60,10 @@ typedef struct {
                                of them, replicated across the groups; 0 or 1: every rank holds every
                                expert. Divides the world size and n_experts, and divides --cp or is
                                a multiple of it */
+    int zero;               /* the training state sharded over the ranks replicating it (DESIGN
+                               §15): 0 replicated; 1 the AdamW moments (each rank updates its
+                               slice, then the weights are all-gathered); 2 also the gradients
+                               (reduce-scattered to their slices' owners) */
     int strategy;           /* gdn_cp_strategy */
     int threads;            /* per rank (0: the cores divided among the ranks on this node) */
     int recompute;          /* -1: when the kept activations would not fit; 0; 1 */

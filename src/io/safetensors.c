@@ -366,6 +366,20 @@ int gdn_st_read(gdn_st_file *f, const char *name, gdn_dtype dst_dtype, void *dst
     return read_convert(f, name, dst, n, dst_dtype == GDN_F64, axis, begin, count);
 }
 
+int gdn_st_read_span(gdn_st_file *f, const char *name, float *dst, int64_t first, int64_t count) {
+    if (!f || !name || (!dst && count)) return gdn_fail(GDN_ERR_ARG, "safetensors read span: NULL argument");
+    const gdn_st_tensor *t = gdn_st_find(f, name);
+    if (!t) return gdn_fail(GDN_ERR_MISSING, "%s: no tensor named '%s'", f->path, name);
+    if (t->dtype == GDN_DTYPE_OTHER)
+        return gdn_fail(GDN_ERR_DTYPE, "%s: tensor '%s' is %s; only F32, F64 and BF16 are read", f->path, name,
+                        t->dtype_name);
+    /* overflow-safe: first + count is never formed before it is known to fit */
+    if (first < 0 || count < 0 || first > t->numel || count > t->numel - first)
+        return gdn_fail(GDN_ERR_SHAPE, "%s: tensor '%s' has no elements [%lld, %lld + %lld) (it has %lld)", f->path,
+                        name, (long long)first, (long long)first, (long long)count, (long long)t->numel);
+    return read_span(f, t, (uint64_t)first, (uint64_t)count, dst, 0);
+}
+
 /* The library's shorthands (base.h). */
 int gdn_st_read_f32(gdn_st_file *f, const char *name, float *dst, size_t n) {
     return gdn_st_read(f, name, GDN_F32, dst, n, 0, 0, -1);

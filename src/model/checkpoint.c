@@ -287,79 +287,267 @@ static int check_finite(const gdn_model_tensor_info *table, int n, const float *
     return GDN_OK;
 }
 
-/* Write the groups' tensors as one F32 safetensors file at path: the project's writer lays out
- * the header and the temporary file; the bytes come straight from the arrays. */
-static int write_tensors(const char *path, const gdn_model_tensor_info *table, int n,
-                         const tensor_group *groups, int ngroups, int dtype) {
-    const size_t esz = dtype == GDN_BF16 ? 2 : 4;
-    enum { CHUNK = 1 << 16 };
-    uint16_t *half = dtype == GDN_BF16 ? gdn_malloc("checkpoint: half", sizeof(uint16_t) * CHUNK) : NULL;
-    if (dtype == GDN_BF16 && !half) return gdn_fail(GDN_ERR_NOMEM, "%s: a conversion buffer", path);
+/* The optimizer file's tensor groups, in file order: the moments, and beside BF16 weights the
+ * fp32 masters they round. */
+static const char *const optim_prefix[3] = {"exp_avg.", "exp_avg_sq.", MASTER_PREFIX};
+
+/* Reserve every tensor of the groups (prefixes) in a safetensors file at path, laid out back to
+ * back in table order after the header: the temporary file is created at its full size, its name
+ * into tmp, the first tensor's byte offset into *base; the bytes come from gdn_ckpt_parts_write. */
+static int reserve_tensors(const char *path, const gdn_model_tensor_info *table, int n, const char *const *prefixes,
+                           int ngroups, int dtype, char *tmp, size_t cap, uint64_t *base) {
     gdn_st_writer *wr = NULL;
     int rc = gdn_st_writer_create(&wr);
     if (!rc) rc = gdn_st_writer_metadata(wr, "format", "pt");
     char name[sizeof table->name + 32];
     for (int g = 0; g < ngroups && !rc; g++)
         for (int i = 0; i < n && !rc; i++) {
-            snprintf(name, sizeof name, "%s%s", groups[g].prefix, table[i].name);
+            snprintf(name, sizeof name, "%s%s", prefixes[g], table[i].name);
             rc = gdn_st_writer_add_f32(wr, name, (gdn_dtype)dtype, table[i].ndim, table[i].shape, NULL);
         }
-    /* The writer stores tensors in the order added, back to back after the header. */
-    uint64_t offset = 0;
     if (!rc) {
-        snprintf(name, sizeof name, "%s%s", groups[0].prefix, table[0].name);
-        rc = gdn_st_writer_offset(wr, name, &offset);
+        snprintf(name, sizeof name, "%s%s", prefixes[0], table[0].name);
+        rc = gdn_st_writer_offset(wr, name, base);
     }
-    char tmp[PATH_MAX + 32];
-    if (!rc) rc = gdn_st_writer_begin(wr, path, tmp, sizeof tmp);
+    if (!rc) rc = gdn_st_writer_begin(wr, path, tmp, cap);
     gdn_st_writer_destroy(wr);
-    if (rc) {
-        free(half);
-        return rc;
-    }
+    return rc;
+}
+
+/* n floats of src at byte offset `at` of fd, as dtype (F32, or BF16 rounded a chunk at a time);
+ * 0 or errno. */
+static int write_span(int fd, uint64_t at, const float *src, size_t n, int dtype) {
+    enum { CHUNK = 1 << 14 };
+    uint16_t half[CHUNK];
+    float rounded[CHUNK];
     /* the mistake of a writer that confuses its dtypes: F32 tensors written rounded to bfloat16
      * (a test mutation: the save-and-load checks must see it) */
-    float *rounded = !half && gdn_test_mutate("ckpt save: F32 tensors written rounded to bfloat16")
-                         ? gdn_malloc("ckpt save: the rounded chunk (a test mutation)", sizeof(float) * CHUNK)
-                         : NULL;
-    const int chunked = half || rounded;
-    const int fd = open(tmp, O_WRONLY | O_CLOEXEC);
-    int err = fd < 0 ? errno : 0;
-    for (int g = 0; g < ngroups && !err; g++)
-        for (int i = 0; i < n && !err; i++) {
-            const float *src = groups[g].data + table[i].offset;
-            /* F32: the floats as they are; BF16: rounded a chunk at a time */
-            for (size_t e0 = 0; e0 < table[i].numel && !err; e0 += chunked ? CHUNK : table[i].numel) {
-                const size_t ne = chunked && table[i].numel - e0 > CHUNK ? CHUNK : table[i].numel - e0;
-                if (half)
-                    for (size_t e = 0; e < ne; e++) half[e] = gdn_st_bf16(src[e0 + e]);
-                if (rounded)
-                    for (size_t e = 0; e < ne; e++) {
-                        const uint32_t u = (uint32_t)gdn_st_bf16(src[e0 + e]) << 16;
-                        memcpy(rounded + e, &u, sizeof u);
-                    }
-                const char *bytes = half ? (const char *)half : rounded ? (const char *)rounded : (const char *)src;
-                const size_t len = ne * esz;
-                for (size_t done = 0; done < len && !err;) {
-                    const ssize_t k = pwrite(fd, bytes + done, len - done, (off_t)(offset + done));
-                    if (k < 0 && errno == EINTR) continue;
-                    if (k <= 0) err = k < 0 ? errno : EIO;
-                    else done += (size_t)k;
-                }
-                offset += len;
+    const int round_f32 = dtype != GDN_BF16 && gdn_test_mutate("ckpt save: F32 tensors written rounded to bfloat16");
+    const size_t esz = dtype == GDN_BF16 ? 2 : 4;
+    for (size_t e0 = 0; e0 < n;) {
+        const size_t ne = dtype == GDN_BF16 || round_f32 ? (n - e0 < CHUNK ? n - e0 : CHUNK) : n - e0;
+        const char *bytes = (const char *)(src + e0);
+        if (dtype == GDN_BF16) {
+            for (size_t e = 0; e < ne; e++) half[e] = gdn_st_bf16(src[e0 + e]);
+            bytes = (const char *)half;
+        } else if (round_f32) {
+            for (size_t e = 0; e < ne; e++) {
+                const uint32_t u = (uint32_t)gdn_st_bf16(src[e0 + e]) << 16;
+                memcpy(rounded + e, &u, sizeof u);
             }
+            bytes = (const char *)rounded;
         }
-    free(half), free(rounded);
-    struct stat st;
-    if (!err && fstat(fd, &st) != 0) err = errno;
-    if (!err && (uint64_t)st.st_size != offset) err = EFBIG; /* layout assumption broken */
-    if (!err && fsync(fd) != 0) err = errno;
-    if (fd >= 0 && close(fd) != 0 && !err) err = errno;
-    if (err) {
-        unlink(tmp);
-        return gdn_fail(GDN_ERR_IO, "%s: writing the tensors failed: %s", path, strerror(err));
+        const size_t len = ne * esz;
+        for (size_t done = 0; done < len;) {
+            const ssize_t k = pwrite(fd, bytes + done, len - done, (off_t)(at + done));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) return k < 0 ? errno : EIO;
+            done += (size_t)k;
+        }
+        at += len, e0 += ne;
     }
-    return gdn_st_commit(tmp, path);
+    return 0;
+}
+
+/* The whole model's tensor table (every expert: a checkpoint's layout) beside cfg's, and each
+ * tensor's first element in a file of the whole tensors back to back (prefix[n]: the total). */
+typedef struct {
+    gdn_model_config whole;
+    gdn_model_tensor_info *local, *table; /* cfg's, the whole model's */
+    uint64_t *prefix;
+    int n;
+} ckpt_layout;
+
+static void layout_free(ckpt_layout *l) { free(l->local), free(l->table), free(l->prefix); }
+
+static int layout_make(const gdn_model_config *cfg, ckpt_layout *l) {
+    memset(l, 0, sizeof *l);
+    l->whole = *cfg;
+    l->whole.ep_size = 0, l->whole.ep_rank = 0;
+    int n2 = 0;
+    int rc = model_table(cfg, &l->local, &l->n);
+    if (!rc) rc = model_table(&l->whole, &l->table, &n2);
+    if (!rc && !(l->prefix = gdn_malloc("checkpoint: prefix", sizeof *l->prefix * (size_t)(l->n + 1))))
+        rc = gdn_fail(GDN_ERR_NOMEM, "checkpoint: the tensor layout");
+    for (int i = 0; !rc && i <= l->n; i++) l->prefix[i] = i ? l->prefix[i - 1] + l->table[i - 1].numel : 0;
+    if (rc) layout_free(l);
+    return rc;
+}
+
+/* Element k of cfg's tensor i is element shift + k of the whole tensor (experts split over ranks:
+ * this rank's first expert's rows come first). */
+static uint64_t expert_shift(const ckpt_layout *l, int i) {
+    const gdn_model_tensor_info *t = &l->local[i];
+    return t->experts_whole && t->shape[0] ? (uint64_t)t->expert_first * (t->numel / (uint64_t)t->shape[0]) : 0;
+}
+
+/* The part [k0, k1) of cfg's tensor i inside the flat range [lo, hi) (k0 >= k1: none). */
+static void part_of(const gdn_model_tensor_info *t, size_t lo, size_t hi, size_t *k0, size_t *k1) {
+    *k0 = lo > t->offset ? lo - t->offset : 0;
+    *k1 = hi < t->offset + t->numel ? (hi > t->offset ? hi - t->offset : 0) : t->numel;
+}
+
+/* ------------------------------------------------------------------ save, in parts */
+
+static int install(const char *out_dir, const char *tmp_dir, const char *final, int64_t step);
+static int prune(const char *out_dir, int keep_last);
+
+int gdn_ckpt_parts_begin(gdn_ckpt_parts *p, const char *out_dir, int64_t step, const gdn_model_config *cfg,
+                         int moments, int weight_dtype) {
+    if (!p || !out_dir || !cfg) return gdn_fail(GDN_ERR_ARG, "checkpoint save: NULL argument");
+    memset(p, 0, sizeof *p);
+    if (weight_dtype != GDN_F32 && weight_dtype != GDN_BF16)
+        return gdn_fail(GDN_ERR_ARG, "checkpoint save: weight dtype %d is neither F32 (0) nor BF16 (2)", weight_dtype);
+    if (step < 0) return gdn_fail(GDN_ERR_ARG, "checkpoint save: step %lld is negative", (long long)step);
+    if (strlen(out_dir) >= sizeof p->out_dir) return gdn_fail(GDN_ERR_ARG, "checkpoint save: the path %s is too long", out_dir);
+    ckpt_layout l;
+    int rc = gdn_model_config_check(cfg);
+    if (!rc) rc = layout_make(cfg, &l);
+    if (rc) return rc;
+    snprintf(p->out_dir, sizeof p->out_dir, "%s", out_dir);
+    p->step = step, p->weight_dtype = weight_dtype, p->moments = moments != 0;
+    /* One level only: a missing parent is more likely a typo than a wish. */
+    struct stat st;
+    const int made = mkdir(out_dir, 0755) == 0 ? 0 : errno;
+    if (made && made != EEXIST) {
+        rc = gdn_fail(GDN_ERR_IO, "%s: cannot create the output directory: %s%s", out_dir,
+                      strerror(made), made == ENOENT ? " (its parent directory does not exist)" : "");
+    } else if (stat(out_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        rc = gdn_fail(GDN_ERR_IO, "%s: the output path exists and is not a directory", out_dir);
+    }
+    char name[64], path[PATH_MAX];
+    if (!rc) {
+        clean_leftovers(out_dir);
+        hidden_name(name, sizeof name, step, "tmp", (long)getpid());
+        rc = gdn_path_join(p->tmp_dir, sizeof p->tmp_dir, out_dir, name);
+    }
+    if (!rc) {
+        primary_name(name, sizeof name, step);
+        rc = gdn_path_join(p->final_dir, sizeof p->final_dir, out_dir, name);
+    }
+    if (rc) {
+        layout_free(&l);
+        return rc;
+    }
+    remove_tree(p->tmp_dir);
+    if (mkdir(p->tmp_dir, 0755) != 0) {
+        rc = gdn_fail(GDN_ERR_IO, "%s: cannot create the temporary directory: %s", p->tmp_dir, strerror(errno));
+        layout_free(&l);
+        return rc;
+    }
+    char *text = NULL;
+    rc = gdn_path_join(path, sizeof path, p->tmp_dir, CONFIG_FILE);
+    if (!rc) rc = gdn_hf_config_text(&l.whole, weight_dtype, &text);
+    if (!rc) rc = write_synced(path, text, strlen(text));
+    free(text);
+    static const char *const bare[1] = {""};
+    if (!rc) rc = gdn_path_join(path, sizeof path, p->tmp_dir, MODEL_FILE);
+    if (!rc) rc = reserve_tensors(path, l.table, l.n, bare, 1, weight_dtype, p->model_tmp, sizeof p->model_tmp,
+                                  &p->model_base);
+    if (!rc && moments) rc = gdn_path_join(path, sizeof path, p->tmp_dir, OPTIM_FILE);
+    if (!rc && moments)
+        rc = reserve_tensors(path, l.table, l.n, optim_prefix, weight_dtype == GDN_BF16 ? 3 : 2, GDN_F32,
+                             p->optim_tmp, sizeof p->optim_tmp, &p->optim_base);
+    layout_free(&l);
+    if (rc) gdn_ckpt_parts_abort(p);
+    return rc;
+}
+
+/* Open a temporary file that gdn_ckpt_parts_begin made (in this process or another). */
+static int open_part(const char *tmp, const gdn_ckpt_parts *p, int *fd) {
+    *fd = open(tmp, O_WRONLY | O_CLOEXEC);
+    if (*fd >= 0) return GDN_OK;
+    return gdn_fail(GDN_ERR_IO, "%s: cannot open the checkpoint's temporary file (%s): every process writing a part "
+                    "must see the directory the first one made (one file system for %s)", tmp, strerror(errno),
+                    p->out_dir);
+}
+
+int gdn_ckpt_parts_write(const gdn_ckpt_parts *p, const gdn_model_config *cfg, size_t lo, size_t hi, const float *w,
+                         const float *adam_m, const float *adam_v) {
+    if (!p || !cfg || (hi > lo && (!w || (p->moments && (!adam_m || !adam_v)))))
+        return gdn_fail(GDN_ERR_ARG, "checkpoint part: NULL argument (a save with moments needs both)");
+    if (lo > hi || hi > gdn_model_param_floats(cfg))
+        return gdn_fail(GDN_ERR_ARG, "checkpoint part: the range [%zu, %zu) is not inside the %zu floats of the model",
+                        lo, hi, gdn_model_param_floats(cfg));
+    if (lo == hi) return GDN_OK;
+    ckpt_layout l;
+    int rc = layout_make(cfg, &l);
+    if (rc) return rc;
+    /* a diverged run never replaces (or prunes) the good checkpoints with one that cannot be loaded */
+    const float *const src[4] = {w, adam_m, adam_v, w};
+    const char *const what[4] = {"", optim_prefix[0], optim_prefix[1], optim_prefix[2]};
+    const int groups = p->moments ? (p->weight_dtype == GDN_BF16 ? 3 : 2) : 0;
+    for (int i = 0; i < l.n && !rc; i++) {
+        size_t k0, k1;
+        part_of(&l.local[i], lo, hi, &k0, &k1);
+        for (int g = 0; g <= groups && g < 3 && k0 < k1 && !rc; g++) {
+            /* w by flat offset, the moments from lo */
+            const float *x = g ? src[g] + (l.local[i].offset + k0 - lo) : w + l.local[i].offset + k0;
+            const int64_t bad = gdn_find_nonfinite_f32(x, (int64_t)(k1 - k0), 1);
+            if (bad >= 0)
+                rc = gdn_fail(GDN_ERR_NONFINITE, "refusing to save a checkpoint: tensor '%s%s' holds %g at element %llu",
+                              what[g], l.local[i].name, (double)x[bad],
+                              (unsigned long long)(expert_shift(&l, i) + k0 + (uint64_t)bad));
+        }
+    }
+    int fm = -1, fo = -1, err = 0;
+    if (!rc) rc = open_part(p->model_tmp, p, &fm);
+    if (!rc && groups) rc = open_part(p->optim_tmp, p, &fo);
+    const size_t esz = p->weight_dtype == GDN_BF16 ? 2 : 4;
+    for (int i = 0; i < l.n && !rc && !err; i++) {
+        size_t k0, k1;
+        part_of(&l.local[i], lo, hi, &k0, &k1);
+        if (k0 >= k1) continue;
+        const uint64_t at = l.prefix[i] + expert_shift(&l, i) + k0; /* the element in the file's order */
+        err = write_span(fm, p->model_base + at * esz, w + l.local[i].offset + k0, k1 - k0, p->weight_dtype);
+        for (int g = 0; g < groups && !err; g++) {
+            const float *x = g == 2 ? w + l.local[i].offset + k0 : (g ? adam_v : adam_m) + (l.local[i].offset + k0 - lo);
+            err = write_span(fo, p->optim_base + ((uint64_t)g * l.prefix[l.n] + at) * 4, x, k1 - k0, GDN_F32);
+        }
+    }
+    if (!rc && !err && fsync(fm) != 0) err = errno;
+    if (!rc && !err && fo >= 0 && fsync(fo) != 0) err = errno;
+    if (fm >= 0) close(fm);
+    if (fo >= 0) close(fo);
+    if (!rc && err) rc = gdn_fail(GDN_ERR_IO, "%s: writing the tensors failed: %s", p->tmp_dir, strerror(err));
+    layout_free(&l);
+    return rc;
+}
+
+int gdn_ckpt_parts_finish(const gdn_ckpt_parts *p, const char *state_json, int keep_last) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "checkpoint finish: NULL argument");
+    if (!state_json) state_json = "{}";
+    json_error_t jerr;
+    json_t *state = json_loads(state_json, JSON_DECODE_ANY, &jerr);
+    int rc = state ? GDN_OK
+                   : gdn_fail(GDN_ERR_ARG, "checkpoint save: the trainer state is not JSON (line %d column %d: %s)",
+                              jerr.line, jerr.column, jerr.text);
+    json_decref(state);
+    char path[PATH_MAX];
+    if (!rc) rc = gdn_path_join(path, sizeof path, p->tmp_dir, MODEL_FILE);
+    if (!rc) rc = gdn_st_commit(p->model_tmp, path);
+    if (!rc && p->moments) rc = gdn_path_join(path, sizeof path, p->tmp_dir, OPTIM_FILE);
+    if (!rc && p->moments) rc = gdn_st_commit(p->optim_tmp, path);
+    if (!rc) rc = gdn_path_join(path, sizeof path, p->tmp_dir, STATE_FILE);
+    if (!rc) rc = write_synced(path, state_json, strlen(state_json));
+    if (!rc) {
+        const int err = fsync_dir(p->tmp_dir);
+        if (err) rc = gdn_fail(GDN_ERR_IO, "%s: fsync failed: %s", p->tmp_dir, strerror(err));
+    }
+    if (!rc) {
+        test_hook(1);
+        rc = install(p->out_dir, p->tmp_dir, p->final_dir, p->step);
+    }
+    if (rc) {
+        gdn_ckpt_parts_abort(p); /* the previous checkpoints are untouched */
+        return rc;
+    }
+    return keep_last > 0 ? prune(p->out_dir, keep_last) : GDN_OK;
+}
+
+void gdn_ckpt_parts_abort(const gdn_ckpt_parts *p) {
+    if (!p || !p->tmp_dir[0]) return;
+    remove_tree(p->tmp_dir);
 }
 
 /* Check a file of gdncp's own (the optimizer's moments) against the groups' tensors (names,
@@ -407,33 +595,6 @@ static int read_tensors(const char *path, const gdn_model_tensor_info *table, in
 }
 
 /* ------------------------------------------------------------------ save */
-
-/* Build the checkpoint's files in tmp_dir. */
-static int write_files(const char *tmp_dir, const gdn_model_config *cfg,
-                       const gdn_model_tensor_info *table, int n, const float *w,
-                       const float *adam_m, const float *adam_v, const char *state_json, int weight_dtype) {
-    char path[PATH_MAX];
-    int rc = gdn_path_join(path, sizeof path, tmp_dir, CONFIG_FILE);
-    char *text = NULL;
-    if (!rc) rc = gdn_hf_config_text(cfg, weight_dtype, &text);
-    if (!rc) rc = write_synced(path, text, strlen(text));
-    free(text);
-    const tensor_group model[1] = {{"", (float *)w}};
-    if (!rc) rc = gdn_path_join(path, sizeof path, tmp_dir, MODEL_FILE);
-    if (!rc) rc = write_tensors(path, table, n, model, 1, weight_dtype);
-    /* the optimizer file: the moments, and beside BF16 weights the fp32 masters they round */
-    const tensor_group moments[3] = {{"exp_avg.", (float *)adam_m}, {"exp_avg_sq.", (float *)adam_v},
-                                     {MASTER_PREFIX, (float *)w}};
-    if (!rc && adam_m) rc = gdn_path_join(path, sizeof path, tmp_dir, OPTIM_FILE);
-    if (!rc && adam_m) rc = write_tensors(path, table, n, moments, weight_dtype == GDN_BF16 ? 3 : 2, GDN_F32);
-    if (!rc) rc = gdn_path_join(path, sizeof path, tmp_dir, STATE_FILE);
-    if (!rc) rc = write_synced(path, state_json, strlen(state_json));
-    if (!rc) {
-        const int err = fsync_dir(tmp_dir);
-        if (err) rc = gdn_fail(GDN_ERR_IO, "%s: fsync failed: %s", tmp_dir, strerror(err));
-    }
-    return rc;
-}
 
 /* Put the complete tmp_dir in place as final; an existing final is moved aside first and
  * removed only once the new one is in place. */
@@ -510,69 +671,19 @@ int gdn_ckpt_save(const char *out_dir, int64_t step, const gdn_model_config *cfg
                   int weight_dtype) {
     if (!out_dir || !cfg || !w || (adam_m && !adam_v) || (!adam_m && adam_v))
         return gdn_fail(GDN_ERR_ARG, "checkpoint save: NULL argument (the moments: both or neither)");
-    if (weight_dtype != GDN_F32 && weight_dtype != GDN_BF16)
-        return gdn_fail(GDN_ERR_ARG, "checkpoint save: weight dtype %d is neither F32 (0) nor BF16 (2)", weight_dtype);
-    if (step < 0) return gdn_fail(GDN_ERR_ARG, "checkpoint save: step %lld is negative", (long long)step);
     if (cfg->ep_size > 1)
         return gdn_fail(GDN_ERR_ARG, "checkpoint save: the config holds slice %lld of %lld of the experts; a checkpoint "
-                        "holds every expert (gather the slices into the whole layout, ep_size 0)",
-                        (long long)cfg->ep_rank, (long long)cfg->ep_size);
-    int rc = gdn_model_config_check(cfg);
+                        "holds every expert (gather the slices into the whole layout, ep_size 0, or write each "
+                        "slice with gdn_ckpt_parts_write)", (long long)cfg->ep_rank, (long long)cfg->ep_size);
+    gdn_ckpt_parts p;
+    int rc = gdn_ckpt_parts_begin(&p, out_dir, step, cfg, adam_m != NULL, weight_dtype);
     if (rc) return rc;
-    if (!state_json) state_json = "{}";
-    json_error_t jerr;
-    json_t *state = json_loads(state_json, JSON_DECODE_ANY, &jerr);
-    if (!state)
-        return gdn_fail(GDN_ERR_ARG, "checkpoint save: the trainer state is not JSON (line %d column "
-                        "%d: %s)", jerr.line, jerr.column, jerr.text);
-    json_decref(state);
-
-    gdn_model_tensor_info *table = NULL;
-    int n = 0;
-    rc = model_table(cfg, &table, &n);
-    if (!rc) rc = check_finite(table, n, w, "refusing to save a checkpoint", "");
-    if (!rc && adam_m) rc = check_finite(table, n, adam_m, "refusing to save a checkpoint", "exp_avg.");
-    if (!rc && adam_m) rc = check_finite(table, n, adam_v, "refusing to save a checkpoint", "exp_avg_sq.");
+    rc = gdn_ckpt_parts_write(&p, cfg, 0, gdn_model_param_floats(cfg), w, adam_m, adam_v);
     if (rc) {
-        free(table);
+        gdn_ckpt_parts_abort(&p);
         return rc;
     }
-
-    /* One level only: a missing parent is more likely a typo than a wish. */
-    struct stat st;
-    const int made = mkdir(out_dir, 0755) == 0 ? 0 : errno;
-    if (made && made != EEXIST) {
-        rc = gdn_fail(GDN_ERR_IO, "%s: cannot create the output directory: %s%s", out_dir,
-                      strerror(made), made == ENOENT ? " (its parent directory does not exist)" : "");
-    } else if (stat(out_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        rc = gdn_fail(GDN_ERR_IO, "%s: the output path exists and is not a directory", out_dir);
-    }
-    char tmp_dir[PATH_MAX], final[PATH_MAX], name[64];
-    if (!rc) {
-        clean_leftovers(out_dir);
-        hidden_name(name, sizeof name, step, "tmp", (long)getpid());
-        rc = gdn_path_join(tmp_dir, sizeof tmp_dir, out_dir, name);
-    }
-    if (!rc) {
-        primary_name(name, sizeof name, step);
-        rc = gdn_path_join(final, sizeof final, out_dir, name);
-    }
-    if (!rc) {
-        remove_tree(tmp_dir);
-        if (mkdir(tmp_dir, 0755) != 0)
-            rc = gdn_fail(GDN_ERR_IO, "%s: cannot create the temporary directory: %s", tmp_dir,
-                          strerror(errno));
-        else
-            rc = write_files(tmp_dir, cfg, table, n, w, adam_m, adam_v, state_json, weight_dtype);
-        if (!rc) {
-            test_hook(1);
-            rc = install(out_dir, tmp_dir, final, step);
-        }
-        if (rc) remove_tree(tmp_dir); /* the previous checkpoints are untouched */
-    }
-    free(table);
-    if (!rc && keep_last > 0) rc = prune(out_dir, keep_last);
-    return rc;
+    return gdn_ckpt_parts_finish(&p, state_json, keep_last);
 }
 
 /* ------------------------------------------------------------------ resolve and load */
@@ -738,6 +849,78 @@ int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w, float 
     free(table);
     if (!rc && state_json) rc = gdn_path_join(path, sizeof path, dir, STATE_FILE);
     if (!rc && state_json) rc = read_text(path, state_json);
+    return rc;
+}
+
+int gdn_ckpt_load_part(const char *dir, const gdn_model_config *cfg, size_t lo, size_t hi, float *w, float *adam_m,
+                       float *adam_v) {
+    if (!dir || !cfg || (hi > lo && (!w || !adam_m || !adam_v)))
+        return gdn_fail(GDN_ERR_ARG, "checkpoint part load: NULL argument");
+    if (lo > hi || hi > gdn_model_param_floats(cfg))
+        return gdn_fail(GDN_ERR_ARG, "checkpoint part load: the range [%zu, %zu) is not inside the %zu floats of the "
+                        "model", lo, hi, gdn_model_param_floats(cfg));
+    char path[PATH_MAX];
+    int rc = gdn_path_join(path, sizeof path, dir, OPTIM_FILE);
+    struct stat st;
+    if (!rc && stat(path, &st) != 0)
+        return gdn_fail(GDN_ERR_IO, "%s: the optimizer state is missing (%s): this checkpoint can start a run (--init) "
+                        "but not resume one", path, strerror(errno));
+    ckpt_layout l;
+    if (!rc) rc = layout_make(cfg, &l);
+    if (rc) return rc;
+    gdn_st_file *f = NULL;
+    rc = gdn_st_open(&f, path);
+    char name[sizeof l.table->name + 32];
+    snprintf(name, sizeof name, MASTER_PREFIX "%s", l.table[0].name);
+    const int groups = !rc && gdn_st_find(f, name) ? 3 : 2;
+    /* every tensor there with its whole shape, and nothing else: a file of this model's saves */
+    for (int g = 0; g < groups && !rc; g++)
+        for (int i = 0; i < l.n && !rc; i++) {
+            snprintf(name, sizeof name, "%s%s", optim_prefix[g], l.table[i].name);
+            const gdn_st_tensor *t = gdn_st_find(f, name);
+            rc = t ? gdn_hf_check_tensor(path, t, &l.table[i])
+                   : gdn_fail(GDN_ERR_MISSING, "%s: tensor '%s' is missing", path, name);
+        }
+    if (!rc && gdn_st_count(f) != groups * l.n)
+        rc = gdn_fail(GDN_ERR_FORMAT, "%s: %d tensors where this model's optimizer state has %d: not a checkpoint of "
+                      "this configuration", path, gdn_st_count(f), groups * l.n);
+    enum { CHUNK = 1 << 14 };
+    float master[CHUNK];
+    for (int i = 0; i < l.n && !rc; i++) {
+        size_t k0, k1;
+        part_of(&l.local[i], lo, hi, &k0, &k1);
+        const uint64_t shift = expert_shift(&l, i);
+        float *const dst[2] = {adam_m + (l.local[i].offset + k0 - lo), adam_v + (l.local[i].offset + k0 - lo)};
+        for (int g = 0; g < 2 && k0 < k1 && !rc; g++) {
+            snprintf(name, sizeof name, "%s%s", optim_prefix[g], l.table[i].name);
+            rc = gdn_st_read_span(f, name, dst[g], (int64_t)(shift + k0), (int64_t)(k1 - k0));
+            const int64_t bad = rc ? -1 : gdn_find_nonfinite_f32(dst[g], (int64_t)(k1 - k0), 1);
+            if (bad >= 0)
+                rc = gdn_fail(GDN_ERR_NONFINITE, "%s: tensor '%s' holds %g at element %llu", path, name,
+                              (double)dst[g][bad], (unsigned long long)(shift + k0 + (uint64_t)bad));
+        }
+        snprintf(name, sizeof name, MASTER_PREFIX "%s", l.table[i].name);
+        for (size_t c = k0; groups == 3 && c < k1 && !rc; c += CHUNK) {
+            const size_t ne = k1 - c < CHUNK ? k1 - c : CHUNK;
+            float *wi = w + l.local[i].offset + c;
+            rc = gdn_st_read_span(f, name, master, (int64_t)(shift + c), (int64_t)ne);
+            for (size_t e = 0; e < ne && !rc; e++) {
+                const uint32_t u = (uint32_t)gdn_st_bf16(master[e]) << 16;
+                float r;
+                memcpy(&r, &u, sizeof r);
+                if (!isfinite(master[e]))
+                    rc = gdn_fail(GDN_ERR_NONFINITE, "%s: tensor '%s' holds %g at element %llu", path, name,
+                                  (double)master[e], (unsigned long long)(shift + c + e));
+                else if (memcmp(&r, &wi[e], sizeof r))
+                    rc = gdn_fail(GDN_ERR_FORMAT, "%s/%s: %s[%llu] = %.9g is not the bf16 rounding of its master weight "
+                                  "%.9g in %s: the two files come from different saves", dir, MODEL_FILE, l.table[i].name,
+                                  (unsigned long long)(shift + c + e), (double)wi[e], (double)master[e], path);
+            }
+            if (!rc) memcpy(wi, master, sizeof(float) * ne);
+        }
+    }
+    gdn_st_close(f);
+    layout_free(&l);
     return rc;
 }
 

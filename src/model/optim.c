@@ -37,20 +37,32 @@ double gdn_adamw_lr(const gdn_adamw_config *a, int64_t step) {
     return a->min_lr + 0.5 * (a->lr - a->min_lr) * (1.0 + cos(3.141592653589793 * t));
 }
 
-void gdn_grad_sumsq(const gdn_model_config *cfg, const float *dw, double sums[2]) {
+/* The part of tensor t inside [lo, hi): its first and end elements (first >= end: none). */
+static void clip_tensor(const gdn_model_tensor_info *t, size_t lo, size_t hi, size_t *first, size_t *end) {
+    *first = lo > t->offset ? lo - t->offset : 0;
+    *end = hi < t->offset + t->numel ? (hi > t->offset ? hi - t->offset : 0) : t->numel;
+}
+
+void gdn_grad_sumsq_range(const gdn_model_config *cfg, const float *dw, size_t lo, size_t hi, double sums[2]) {
     sums[0] = sums[1] = 0.0;
     gdn_model_tensor_info t;
     for (int i = 0; i < gdn_model_tensor_count(cfg); i++) {
         gdn_model_tensor(cfg, i, &t);
+        size_t k0, k1;
+        clip_tensor(&t, lo, hi, &k0, &k1);
         double ss = 0.0;
-        for (size_t k = 0; k < t.numel; k++) ss += (double)dw[t.offset + k] * dw[t.offset + k];
+        for (size_t k = k0; k < k1; k++) ss += (double)dw[t.offset + k] * dw[t.offset + k];
         sums[t.experts_whole > 0] += ss;
     }
 }
 
-void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,
-                      const float *dw, float *m, float *v, int64_t step, double lr,
-                      double grad_scale, int threads) {
+void gdn_grad_sumsq(const gdn_model_config *cfg, const float *dw, double sums[2]) {
+    gdn_grad_sumsq_range(cfg, dw, 0, gdn_model_param_floats(cfg), sums);
+}
+
+void gdn_adamw_update_range(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w, const float *dw,
+                            float *m, float *v, size_t lo, size_t hi, int64_t step, double lr, double grad_scale,
+                            int threads) {
     const double bc1 = 1.0 - pow(a->beta1, (double)step), bc2 = 1.0 - pow(a->beta2, (double)step);
     const float b1 = (float)a->beta1, b2 = (float)a->beta2, gs = (float)grad_scale;
     const float step_size = (float)(lr / bc1), inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
@@ -58,10 +70,14 @@ void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, fl
     gdn_model_tensor_info t;
     for (int i = 0; i < gdn_model_tensor_count(cfg); i++) {
         gdn_model_tensor(cfg, i, &t);
+        size_t k0, k1;
+        clip_tensor(&t, lo, hi, &k0, &k1);
+        if (k0 >= k1) continue;
         const float shrink = t.decay ? (float)(1.0 - lr * a->weight_decay) : 1.0f;
-        float *wi = w + t.offset, *mi = m + t.offset, *vi = v + t.offset;
-        const float *gi = dw + t.offset;
-        const int64_t n = (int64_t)t.numel;
+        /* w and dw by flat offset; the moments from lo */
+        float *wi = w + t.offset + k0, *mi = m + (t.offset + k0 - lo), *vi = v + (t.offset + k0 - lo);
+        const float *gi = dw + t.offset + k0;
+        const int64_t n = (int64_t)(k1 - k0);
         /* the caller's (the trainer's per-rank) thread count, never the OpenMP default: ranks
          * sharing a node would oversubscribe it */
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) if (n > 65536)
@@ -76,4 +92,10 @@ void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, fl
             }
         }
     }
+}
+
+void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,
+                      const float *dw, float *m, float *v, int64_t step, double lr,
+                      double grad_scale, int threads) {
+    gdn_adamw_update_range(a, cfg, w, dw, m, v, 0, gdn_model_param_floats(cfg), step, lr, grad_scale, threads);
 }

@@ -6,6 +6,7 @@
 #include "gdncp/abi.h"
 #include "gdncp/attention.h"
 #include "gdncp/bench.h"
+#include "gdncp/checkpoint.h"
 #include "gdncp/compute.h"
 #include "gdncp/cp.h"
 #include "gdncp/data.h"
@@ -68,6 +69,19 @@ static const abi_field fields_gdn_bf16_path_info[] = {
     {"available", offsetof(gdn_bf16_path_info, available)},
     {"name", offsetof(gdn_bf16_path_info, name)},
     {"peak_gflops", offsetof(gdn_bf16_path_info, peak_gflops)},
+    {NULL, 0}
+};
+static const abi_field fields_gdn_ckpt_parts[] = {
+    {"out_dir", offsetof(gdn_ckpt_parts, out_dir)},
+    {"tmp_dir", offsetof(gdn_ckpt_parts, tmp_dir)},
+    {"final_dir", offsetof(gdn_ckpt_parts, final_dir)},
+    {"model_tmp", offsetof(gdn_ckpt_parts, model_tmp)},
+    {"optim_tmp", offsetof(gdn_ckpt_parts, optim_tmp)},
+    {"model_base", offsetof(gdn_ckpt_parts, model_base)},
+    {"optim_base", offsetof(gdn_ckpt_parts, optim_base)},
+    {"step", offsetof(gdn_ckpt_parts, step)},
+    {"weight_dtype", offsetof(gdn_ckpt_parts, weight_dtype)},
+    {"moments", offsetof(gdn_ckpt_parts, moments)},
     {NULL, 0}
 };
 static const abi_field fields_gdn_param_info[] = {
@@ -393,6 +407,7 @@ static const struct {
     {"gdn_attn_plan_info", sizeof(gdn_attn_plan_info), fields_gdn_attn_plan_info},
     {"gdn_attn_cache_info", sizeof(gdn_attn_cache_info), fields_gdn_attn_cache_info},
     {"gdn_bf16_path_info", sizeof(gdn_bf16_path_info), fields_gdn_bf16_path_info},
+    {"gdn_ckpt_parts", sizeof(gdn_ckpt_parts), fields_gdn_ckpt_parts},
     {"gdn_param_info", sizeof(gdn_param_info), fields_gdn_param_info},
     {"gdn_cp_stats", sizeof(gdn_cp_stats), fields_gdn_cp_stats},
     {"gdn_data_info", sizeof(gdn_data_info), fields_gdn_data_info},

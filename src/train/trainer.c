@@ -99,7 +99,7 @@ static int train_steps(trainer *t) {
                             "training diverged (lower --lr)", (long long)step, loss, gnorm);
         const double lr = gdn_adamw_lr(&o->opt, step);
         const double scale = o->opt.clip > 0 && gnorm > o->opt.clip ? o->opt.clip / gnorm : 1.0;
-        gdn_adamw_update(&o->opt, &t->cfg, t->w, t->dw, t->m, t->v, step, lr, scale, t->threads);
+        gdn_trainer_update(t, step, lr, scale);
         double dt = MPI_Wtime() - t_begin;
         MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, t->world);
         double ms[4];
@@ -187,6 +187,7 @@ int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
     if (t.cp_comm != MPI_COMM_NULL) MPI_Comm_free(&t.cp_comm);
     if (t.ep_comm != MPI_COMM_NULL) MPI_Comm_free(&t.ep_comm);
     if (t.replica_comm != MPI_COMM_NULL) MPI_Comm_free(&t.replica_comm);
+    gdn_trainer_shard_free(&t);
     free(t.w), free(t.dw), free(t.m), free(t.v), free(t.router), free(t.load), free(t.tokens), free(t.window), free(t.doc_cu), free(t.n_docs);
     return rc;
 }

@@ -21,6 +21,16 @@
 #include "base.h"
 #include "gdncp/attention.h"
 
+/* A run of the flat parameter array (trainer_shard.c): [lo, hi), shared by the grid (kind 0) or
+ * by an expert slice's replicas (kind 1), split over that group's `size` ranks (counts, displs:
+ * each rank's slice, relative to lo); this rank (`me` in the group) owns [own_lo, own_hi), whose
+ * moments start at `at` of the packed moments (levels >= 1). */
+typedef struct {
+    size_t lo, hi, own_lo, own_hi, at;
+    int kind, size, me;
+    int *counts, *displs;
+} gdn_shard_run;
+
 /* Everything one rank holds while training. */
 typedef struct {
     const gdn_train_options *o;
@@ -37,7 +47,10 @@ typedef struct {
     int64_t t0, tn; /* this rank's shard of every sequence */
     gdn_model_config cfg;
     size_t nw;
-    float *w, *dw, *m, *v;
+    float *w, *dw, *m, *v; /* m, v: every parameter's (--zero 0) or the owned slices' */
+    gdn_shard_run *runs;
+    int nruns;
+    size_t owned; /* floats in this rank's slices */
     double *router; /* MoE: the routers' statistics, 2 n_experts + 1 (gdn_trainer_grid_router_stats) */
     double *load;   /* MoE: the experts' load, 2 x MoE layers x n_experts (gdn_trainer_expert_load) */
     gdn_model_plan *plan;
@@ -49,6 +62,9 @@ typedef struct {
     int sep_len;                     /*   0: not packing */
     int64_t *doc_cu, *n_docs; /* packing: the rows' document offsets (gdn_model_set_docs) */
     int recompute, threads;
+    int local, sleep_wait; /* ranks on this node; waits sleep (more threads than cores) */
+    double mem[6]; /* bytes: weights, gradients, moments (the most of any rank), activations; this node's
+                      total, its MemAvailable (-1 unknown) */
     FILE *progress, *csv;
     int status_shown; /* rank 0: a status line (--progress line) is on the terminal */
     double peak_gflops, flops_per_token;
@@ -63,8 +79,13 @@ int gdn_trainer_setup(trainer *t);
 int gdn_trainer_grid_targets(trainer *t, int64_t local, double *denom);
 int gdn_trainer_grid_router_stats(trainer *t, double *aux);
 double gdn_trainer_world_sum(trainer *t, double x);
+/* trainer_shard.c */
+int gdn_trainer_shard_setup(trainer *t);
+void gdn_trainer_shard_free(trainer *t);
 void gdn_trainer_reduce_grads(trainer *t);
 double gdn_trainer_grad_norm(trainer *t);
+void gdn_trainer_update(trainer *t, int64_t step, double lr, double scale);
+int gdn_trainer_load_slices(trainer *t, const char *dir);
 int gdn_trainer_save(trainer *t, int64_t step, double loss);
 /* trainer_report.c */
 void gdn_trainer_fmt_duration(char *buf, size_t n, double secs);

@@ -24,6 +24,10 @@ static int check_options(const gdn_train_options *o, int size) {
     if (o->save_every < 0 || o->eval_every < 0 || o->eval_seqs < 0)
         return gdn_fail(GDN_ERR_ARG, "--save-every, --eval-every and --eval-seqs must not be negative");
     if (o->resume && o->init) return gdn_fail(GDN_ERR_ARG, "--resume and --init exclude each other");
+    if (o->zero == 3)
+        return gdn_fail(GDN_ERR_ARG, "--zero 3 (the weights sharded too, gathered layer by layer) is not built yet: "
+                        "--zero 2 shards the moments and the gradients' sums");
+    if (o->zero < 0 || o->zero > 2) return gdn_fail(GDN_ERR_ARG, "--zero %d: the levels are 0, 1 and 2", o->zero);
     if (o->attn_cp != GDN_ATTN_CP_KV && o->attn_cp != GDN_ATTN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "unknown attention CP strategy %d (--attn-cp kv or heads)", o->attn_cp);
     if (!gdn_compute_name(o->compute))
@@ -115,7 +119,7 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 22
+#define N_AGREED 23
 
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     const int64_t sep_hash = o->pack ? gdn_cp_digest(o->pack, (size_t)(o->pack_len < GDN_DATA_MAX_SEP ? o->pack_len
@@ -127,12 +131,12 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
                             o->resume != NULL, o->init != NULL, o->out != NULL,
                             o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->pack_by_id,
                             o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab, o->compute, aux_bits,
-                            o->ep > 1 ? o->ep : 1};
+                            o->ep > 1 ? o->ep : 1, o->zero};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
                                         "--resume", "--init", "--out", "--pack (length)",
                                         "--pack (bytes)", "--attn-cp", "--pack-id (given)", "--pack-id", "--vocab",
-                                        "--compute (0 fp32, 1 bf16)", "--router-aux-coef (its bits)", "--ep"};
+                                        "--compute (0 fp32, 1 bf16)", "--router-aux-coef (its bits)", "--ep", "--zero"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 
@@ -297,6 +301,71 @@ static void weights_digest(const trainer *t, int64_t wd[2]) {
     }
 }
 
+/* What the model's plan is asked for (the rows, this rank's shard, the threads, ...). */
+static gdn_model_run plan_run(const trainer *t) {
+    const gdn_train_options *o = t->o;
+    return (gdn_model_run){.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = t->recompute,
+                           .check_finite = 1, .pack = t->sep_len > 0 || o->pack || o->pack_by_id,
+                           .attn_cp = o->attn_cp, .compute = o->compute, .rule_cp = o->strategy};
+}
+
+/* The memory the kernel says a new process may still use (/proc/meminfo's MemAvailable), in
+ * bytes; -1 when unknown. */
+static double mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    double kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+/* Before anything large is allocated: the threads (the node's cores shared among its ranks), the
+ * recompute choice, and each rank's memory (the training state at its --zero level and the plan's
+ * activations) against what the node has; a run that would not fit is refused with the numbers. */
+static int plan_memory(trainer *t) {
+    const gdn_train_options *o = t->o;
+    MPI_Comm node;
+    MPI_Comm_split_type(t->world, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &t->local);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    t->threads = o->threads > 0 ? o->threads : (int)(cores / t->local > 0 ? cores / t->local : 1);
+    /* every rank of the job on this node counts (the CP groups' own count misses the DP ones):
+     * more threads than cores, and a waiting rank must not spin (gdn_cp_set_wait) */
+    t->sleep_wait = (long)t->local * t->threads > cores;
+    MPI_Allreduce(MPI_IN_PLACE, &t->sleep_wait, 1, MPI_INT, MPI_MAX, t->world); /* one mode everywhere */
+    const double avail = mem_available();
+    /* recompute when the kept activations of every rank on this node would take more than half
+     * of the memory the node has */
+    t->recompute = o->recompute;
+    if (t->recompute < 0) {
+        t->recompute = 0;
+        gdn_model_run run = plan_run(t);
+        int r = avail > 0 && gdn_model_plan_estimate(&t->cfg, &run) * t->local > 0.5 * avail;
+        MPI_Allreduce(MPI_IN_PLACE, &r, 1, MPI_INT, MPI_MAX, t->world);
+        t->recompute = r;
+    }
+    gdn_model_run run = plan_run(t);
+    const double moments = 8.0 * (double)(o->zero ? t->owned : t->nw);
+    t->mem[0] = 4.0 * (double)t->nw, t->mem[1] = 4.0 * (double)t->nw, t->mem[2] = moments;
+    t->mem[3] = gdn_model_plan_estimate(&t->cfg, &run);
+    double mine = t->mem[0] + t->mem[1] + t->mem[2] + t->mem[3], on_node = 0, most = 0;
+    MPI_Allreduce(&mine, &on_node, 1, MPI_DOUBLE, MPI_SUM, node);
+    MPI_Allreduce(&moments, &most, 1, MPI_DOUBLE, MPI_MAX, t->world);
+    MPI_Comm_free(&node);
+    t->mem[2] = most, t->mem[4] = on_node, t->mem[5] = avail;
+    int rc = GDN_OK;
+    if (avail > 0 && on_node > avail)
+        rc = gdn_fail(GDN_ERR_NOMEM, "the run needs %.2f GB on this node (%d rank%s x [weights %.2f + gradients %.2f + "
+                      "AdamW moments %.2f (--zero %d) + activations %.2f GB]) and the node has %.2f GB available: "
+                      "use --zero 1 or 2 with more ranks, --recompute on, a shorter --seq or --batch, or a smaller model",
+                      on_node / 1e9, t->local, t->local > 1 ? "s" : "", t->mem[0] / 1e9, t->mem[1] / 1e9,
+                      moments / 1e9, o->zero, t->mem[3] / 1e9, avail / 1e9);
+    return gdn_cp_agree_status(t->agree, rc);
+}
+
 int gdn_trainer_setup(trainer *t) {
     const gdn_train_options *o = t->o;
     int rc = check_options(o, t->size);
@@ -346,11 +415,15 @@ int gdn_trainer_setup(trainer *t) {
     if ((rc = agree_run(t))) return rc;
     t->nw = gdn_model_param_floats(&t->cfg);
     if (t->nw > (size_t)INT32_MAX) rc = gdn_fail(GDN_ERR_SHAPE, "%zu parameters: more than one MPI message holds", t->nw);
+    if (!rc) rc = gdn_trainer_shard_setup(t);
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    if ((rc = plan_memory(t))) return rc;
     const size_t bytes = sizeof(float) * ((t->nw + 15) & ~(size_t)15);
+    const size_t nmom = o->zero ? t->owned : t->nw, mbytes = sizeof(float) * ((nmom + 15) & ~(size_t)15);
     if (!rc && !(t->w = gdn_alloc_large("trainer_setup: t->w", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "parameters (%zu floats)", t->nw);
     if (!rc && !(t->dw = gdn_alloc_large("trainer_setup: t->dw", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
-    if (!rc && !(t->m = gdn_alloc_large_zeroed("trainer_setup: t->m", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
-    if (!rc && !(t->v = gdn_alloc_large_zeroed("trainer_setup: t->v", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", t->nw);
+    if (!rc && !(t->m = gdn_alloc_large_zeroed("trainer_setup: t->m", mbytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", nmom);
+    if (!rc && !(t->v = gdn_alloc_large_zeroed("trainer_setup: t->v", mbytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", nmom);
     if (!rc && !(t->router = gdn_calloc("trainer_setup: t->router", 2 * (size_t)t->cfg.n_experts + 1, sizeof(double))))
         rc = gdn_fail(GDN_ERR_NOMEM, "the routers' statistics");
     if (!rc && !(t->load = gdn_calloc("trainer_setup: t->load", 2 * (size_t)(gdn_model_moe_layers(&t->cfg) * t->cfg.n_experts) + 1, sizeof(double))))
@@ -370,8 +443,9 @@ int gdn_trainer_setup(trainer *t) {
     char *state = NULL;
     t->first_step = 1;
     if (!rc && from) {
-        rc = gdn_ckpt_load(ckdir, &t->cfg, t->w, o->resume ? t->m : NULL, o->resume ? t->v : NULL,
-                           o->resume ? &state : NULL);
+        /* sharded: the moments (and fp32 masters) of this rank's slices below, once agreed */
+        const int whole = o->resume && !o->zero;
+        rc = gdn_ckpt_load(ckdir, &t->cfg, t->w, whole ? t->m : NULL, whole ? t->v : NULL, o->resume ? &state : NULL);
         int64_t done = 0;
         if (!rc && o->resume && !(rc = check_resume_state(t, ckdir, state, &done))) t->first_step = done + 1;
         if (!rc && o->resume && done >= o->steps)
@@ -382,6 +456,7 @@ int gdn_trainer_setup(trainer *t) {
     }
     free(state);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    if (o->resume && o->zero && (rc = gdn_trainer_load_slices(t, ckdir))) return rc;
     /* the same starting weights everywhere (an --init or --resume of another checkpoint with the
      * same configuration would otherwise train from different points and sum their gradients) */
     int64_t wd[2];
@@ -405,34 +480,9 @@ int gdn_trainer_setup(trainer *t) {
                       t->data_info.tokens ? "tokens" : "bytes", (long long)o->seq, (long long)need);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
 
-    /* threads: the node's cores shared among its ranks */
-    MPI_Comm node;
-    int local = 1;
-    MPI_Comm_split_type(t->world, MPI_COMM_TYPE_SHARED, t->rank, MPI_INFO_NULL, &node);
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    t->threads = o->threads > 0 ? o->threads : (int)(cores / local > 0 ? cores / local : 1);
-    /* every rank of the job on this node counts (the CP groups' own count misses the DP ones):
-     * more threads than cores, and a waiting rank must not spin (gdn_cp_set_wait) */
-    int sleep_wait = (long)local * t->threads > cores;
-    MPI_Allreduce(MPI_IN_PLACE, &sleep_wait, 1, MPI_INT, MPI_MAX, t->world); /* one mode everywhere */
-    const int mode = sleep_wait ? GDN_CP_WAIT_SLEEP : GDN_CP_WAIT_SPIN;
+    const int mode = t->sleep_wait ? GDN_CP_WAIT_SLEEP : GDN_CP_WAIT_SPIN;
     if ((rc = gdn_cp_set_wait(t->cp, mode)) || (rc = gdn_cp_set_wait(t->agree, mode))) return rc;
-    /* recompute when the kept activations of every rank on this node would take more than
-     * half of the memory the node has free */
-    gdn_model_run run = {.B = o->batch, .T = t->tn, .threads = t->threads, .recompute = 0, .check_finite = 1,
-                         .pack = t->sep_len > 0, .attn_cp = o->attn_cp, .compute = o->compute,
-                         .rule_cp = o->strategy};
-    t->recompute = o->recompute;
-    if (t->recompute < 0) {
-        const double need_bytes = gdn_model_plan_estimate(&t->cfg, &run) * local;
-        const double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-        int r = need_bytes > 0.5 * avail;
-        MPI_Allreduce(MPI_IN_PLACE, &r, 1, MPI_INT, MPI_MAX, t->world);
-        t->recompute = r;
-    }
-    run.recompute = t->recompute;
+    gdn_model_run run = plan_run(t);
     rc = gdn_model_plan_create(&t->plan, &t->cfg, &run, t->cp_size > 1 ? t->cp : NULL);
     if (!rc && t->ep) rc = gdn_model_plan_set_experts(t->plan, t->ep);
     if (!rc && !(t->tokens = gdn_malloc("trainer_setup: t->tokens", sizeof *t->tokens * (size_t)(o->batch * (t->tn + 1)))))
@@ -448,7 +498,8 @@ int gdn_trainer_setup(trainer *t) {
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
 
     t->flops_per_token = gdn_model_train_flops_per_token(&t->cfg, o->seq);
-    t->peak_gflops = measure_peak(t, (int)(cores < (long)t->threads * local ? cores : (long)t->threads * local));
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    t->peak_gflops = measure_peak(t, (int)(cores < (long)t->threads * t->local ? cores : (long)t->threads * t->local));
     if (t->rank == 0 && o->log_csv) {
         /* a resumed run appends to its log; a new run starts it */
         t->csv = fopen(o->log_csv, t->first_step > 1 ? "a" : "w");
@@ -500,6 +551,12 @@ int gdn_trainer_setup(trainer *t) {
                     (long long)t->cfg.shared_I, t->cfg.norm_topk ? "" : "not ", aux);
         fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x active non-embedding parameters + the kernel's + the attention core's), "
                 "measured peak %.1f GFLOP/s on the cores in use\n", t->flops_per_token, t->peak_gflops);
+        fprintf(t->progress, "gdncp train: memory a rank: weights %.3g GB + gradients %.3g GB + AdamW moments %.3g GB "
+                "(%s) + activations %.3g GB; this node's %d rank%s %.3g GB of %.3g GB available\n", t->mem[0] / 1e9,
+                t->mem[1] / 1e9, t->mem[2] / 1e9,
+                o->zero ? (o->zero == 1 ? "--zero 1: this rank's slice" : "--zero 2: this rank's slice; the gradients reduce-scattered")
+                        : "every parameter's, --zero 0", t->mem[3] / 1e9, t->local, t->local > 1 ? "s" : "",
+                t->mem[4] / 1e9, t->mem[5] / 1e9);
         fprintf(t->progress, "gdncp train: compute %s: products on %s%s\n", gdn_compute_name(o->compute),
                 gdn_compute_path(o->compute),
                 o->compute == GDN_COMPUTE_BF16 ? " (fp32 master weights, moments, loss, norms and recurrent state)" : "");

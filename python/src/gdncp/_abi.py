@@ -205,6 +205,22 @@ class Bf16PathInfo(ctypes.Structure):
     ]
 
 
+class CkptParts(ctypes.Structure):
+    """gdn_ckpt_parts (checkpoint.h)."""
+    _fields_ = [
+        ('out_dir', (c_char * 4096)),
+        ('tmp_dir', (c_char * 4096)),
+        ('final_dir', (c_char * 4096)),
+        ('model_tmp', (c_char * 4160)),
+        ('optim_tmp', (c_char * 4160)),
+        ('model_base', c_uint64),
+        ('optim_base', c_uint64),
+        ('step', c_int64),
+        ('weight_dtype', c_int),
+        ('moments', c_int),
+    ]
+
+
 class ParamInfo(ctypes.Structure):
     """gdn_param_info (compute.h)."""
     _fields_ = [
@@ -600,7 +616,7 @@ class TrainOptions(ctypes.Structure):
 
 
 # C name -> class, every public struct
-STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_plan_info': AttnPlanInfo, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_isa_info': IsaInfo, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_plan_info': PlanInfo, 'gdn_layer_config': LayerConfig, 'gdn_layer_plan_info': LayerPlanInfo, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_model_decoder_view': ModelDecoderView, 'gdn_moe_config': MoeConfig, 'gdn_moe_plan_info': MoePlanInfo, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
+STRUCTS = {'gdn_attn_config': AttnConfig, 'gdn_attn_plan_info': AttnPlanInfo, 'gdn_attn_cache_info': AttnCacheInfo, 'gdn_bf16_path_info': Bf16PathInfo, 'gdn_ckpt_parts': CkptParts, 'gdn_param_info': ParamInfo, 'gdn_cp_stats': CpStats, 'gdn_data_info': DataInfo, 'gdn_ep_stats': EpStats, 'gdn_st_tensor': StTensor, 'gdn_layer_weights': LayerWeights, 'gdn_attn_weights': AttnWeights, 'gdn_problem': Problem, 'gdn_named_tensor': NamedTensor, 'gdn_isa_info': IsaInfo, 'gdn_config': Config, 'gdn_rule_inputs': RuleInputs, 'gdn_rule_grads': RuleGrads, 'gdn_rule_inputs_f64': RuleInputsF64, 'gdn_rule_grads_f64': RuleGradsF64, 'gdn_plan_info': PlanInfo, 'gdn_layer_config': LayerConfig, 'gdn_layer_plan_info': LayerPlanInfo, 'gdn_model_config': ModelConfig, 'gdn_model_tensor_info': ModelTensorInfo, 'gdn_model_run': ModelRun, 'gdn_model_decoder_view': ModelDecoderView, 'gdn_moe_config': MoeConfig, 'gdn_moe_plan_info': MoePlanInfo, 'gdn_adamw_config': AdamwConfig, 'gdn_sampling': Sampling, 'gdn_train_options': TrainOptions}
 
 # ---------------------------------------------------------------- prototypes
 PROTOTYPES = {
@@ -644,9 +660,14 @@ PROTOTYPES = {
     'gdn_peak_rss_mb': (c_double, []),
     # checkpoint.h
     'gdn_ckpt_save': (c_int, [c_char_p, c_int64, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_char_p, c_int, c_int]),
+    'gdn_ckpt_parts_begin': (c_int, [POINTER(CkptParts), c_char_p, c_int64, POINTER(ModelConfig), c_int, c_int]),
+    'gdn_ckpt_parts_write': (c_int, [POINTER(CkptParts), POINTER(ModelConfig), c_size_t, c_size_t, POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
+    'gdn_ckpt_parts_finish': (c_int, [POINTER(CkptParts), c_char_p, c_int]),
+    'gdn_ckpt_parts_abort': (None, [POINTER(CkptParts)]),
     'gdn_ckpt_resolve': (c_int, [c_char_p, c_char_p, c_size_t]),
     'gdn_ckpt_load_config': (c_int, [c_char_p, POINTER(ModelConfig)]),
     'gdn_ckpt_load': (c_int, [c_char_p, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_char_p)]),
+    'gdn_ckpt_load_part': (c_int, [c_char_p, POINTER(ModelConfig), c_size_t, c_size_t, POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_ckpt_pack_separator': (c_int, [c_char_p, POINTER(c_uint8), c_int, POINTER(c_int), POINTER(c_int64)]),
     # compute.h
     'gdn_compute_parse': (c_int, [c_char_p, POINTER(c_int)]),
@@ -701,6 +722,7 @@ PROTOTYPES = {
     'gdn_st_path': (c_char_p, [c_void_p]),
     'gdn_st_metadata': (c_char_p, [c_void_p, c_char_p]),
     'gdn_st_read': (c_int, [c_void_p, c_char_p, c_int, c_void_p, c_size_t, c_int, c_int64, c_int64]),
+    'gdn_st_read_span': (c_int, [c_void_p, c_char_p, POINTER(c_float), c_int64, c_int64]),
     'gdn_st_read_ints': (c_int, [c_void_p, c_char_p, POINTER(c_int64), c_size_t, POINTER(c_int64), c_int]),
     'gdn_st_writer_create': (c_int, [POINTER(c_void_p)]),
     'gdn_st_writer_destroy': (None, [c_void_p]),
@@ -825,7 +847,9 @@ PROTOTYPES = {
     'gdn_adamw_check': (c_int, [POINTER(AdamwConfig)]),
     'gdn_adamw_lr': (c_double, [POINTER(AdamwConfig), c_int64]),
     'gdn_grad_sumsq': (None, [POINTER(ModelConfig), POINTER(c_float), POINTER(c_double)]),
+    'gdn_grad_sumsq_range': (None, [POINTER(ModelConfig), POINTER(c_float), c_size_t, c_size_t, POINTER(c_double)]),
     'gdn_adamw_update': (None, [POINTER(AdamwConfig), POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_int64, c_double, c_double, c_int]),
+    'gdn_adamw_update_range': (None, [POINTER(AdamwConfig), POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_float), c_size_t, c_size_t, c_int64, c_double, c_double, c_int]),
     # sample.h
     'gdn_sampling_default': (Sampling, []),
     'gdn_sampling_check': (c_int, [POINTER(Sampling), c_int64]),
