@@ -377,6 +377,7 @@ static const abi_field fields_gdn_train_options[] = {
     {"seed", offsetof(gdn_train_options, seed)},
     {"cp", offsetof(gdn_train_options, cp)},
     {"ep", offsetof(gdn_train_options, ep)},
+    {"zero", offsetof(gdn_train_options, zero)},
     {"strategy", offsetof(gdn_train_options, strategy)},
     {"threads", offsetof(gdn_train_options, threads)},
     {"recompute", offsetof(gdn_train_options, recompute)},

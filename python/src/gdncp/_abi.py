@@ -594,6 +594,7 @@ class TrainOptions(ctypes.Structure):
         ('seed', c_uint64),
         ('cp', c_int),
         ('ep', c_int),
+        ('zero', c_int),
         ('strategy', c_int),
         ('threads', c_int),
         ('recompute', c_int),
