@@ -11,32 +11,6 @@
 
 # the named hybrid tiny at a test's size: 4 steps of 2 x 64 bytes
 small=(--model tiny --seq 64 --warmup 2 --lr 3e-3 --eval-every 0 --threads 1)
-train() { # train RANKS LOG ARGS...
-  local n=$1 log=$2; shift 2
-  timeout 300 $MPIEXEC -n "$n" $g train --data "$text" "${small[@]}" --log "$log" "$@" >"$log.out" 2>&1
-}
-lossdiff() { # max relative difference of the loss column of two logs (steps present in both)
-  awk -F, 'NR == FNR { if (FNR > 1) a[$1] = $2; next }
-           FNR > 1 && ($1 in a) { d = ($2 - a[$1]) / a[$1]; if (d < 0) d = -d; if (d > m) m = d; n++ }
-           END { if (!n) print "inf"; else printf "%.3e\n", m }' "$1" "$2"
-}
-expect_close() {
-  local d; d=$(lossdiff "$2" "$3")
-  if awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "inf" && d <= t) }'; then pass "$1  loss rel diff $d <= $4"
-  else fail "$1  loss rel diff $d > $4"; cat "$2.out"; fi
-}
-expect_far() {
-  local d; d=$(lossdiff "$2" "$3")
-  if awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "inf" && d > t) }'; then pass "negative control: $1  loss rel diff $d > $4"
-  else fail "negative control: $1  loss rel diff $d <= $4 (the check cannot tell)"; fi
-}
-refuse() { # refuse LABEL PATTERN CMD...: a non-zero exit (not a signal or a timeout) naming PATTERN
-  local label=$1 pat=$2; shift 2
-  local rc=0; timeout 120 "$@" >"$work/bad.out" 2>&1 || rc=$?
-  if [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -qiE -- "$pat" "$work/bad.out"; then
-    pass "$label: exit $rc, \"$(grep -m1 -iE -- "$pat" "$work/bad.out" | cut -c1-160)\""
-  else fail "$label (exit $rc; wanted a message matching '$pat')"; cat "$work/bad.out"; fi
-}
 
 # Tolerance: the first step's loss agrees to the printed digits and the second to ~2e-7, but
 # AdamW's first updates are ~lr * g / |g| where |g| is tiny, so rounding in the gradient moves

@@ -155,6 +155,7 @@ static const cli_opt train_table[] = {
     {CLI_I64("--cp", train_opts, t.cp, 1, 1 << 20, "C", "ranks per sequence (must divide the world size)")},
     {CLI_I64("--ep", train_opts, t.ep, 1, 1 << 20, "N", "expert parallelism: each MoE layer's experts split over groups of N ranks (N divides the world size and the experts, and divides --cp or is a multiple of it); each rank holds, trains and stores in memory 1/N of them"), .dflt = "1"},
     {CLI_I64("--zero", train_opts, t.zero, 0, 3, "LEVEL", "the training state sharded over the ranks that replicate it (DESIGN §15): 1 the AdamW moments (each rank updates its slice of the weights, then they are all-gathered), 2 also the gradients (reduce-scattered to their slices' owners); 0 every rank holds everything"), .dflt = "0"},
+    {CLI_FLAG("--dry-run", train_opts, t.dry_run, "check the options, the grid, the model (from --init / --resume too) and each rank's memory (state at its --zero level and activations), print them and stop: nothing large is allocated, nothing trained")},
     {CLI_ENUM("--strategy", train_opts, t.strategy, "scan|allgather|relay|heads", CLI_VALUES(GDN_CP_SCAN, GDN_CP_ALLGATHER, GDN_CP_RELAY, GDN_CP_HEADS), "the GatedDeltaNet layers' CP strategy")},
     {CLI_F64("--lr", train_opts, t.opt.lr, 1e-8, 1, "X", "the peak learning rate")},
     {CLI_F64("--min-lr", train_opts, t.opt.min_lr, 0, 1, "X", "the floor of the cosine decay (at most --lr)"), .dflt = "lr / 10"},
@@ -279,6 +280,12 @@ int cmd_train(int argc, char **argv) {
     rc = gdn_train(MPI_COMM_WORLD, &o, stdout);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rc) return rank == 0 ? cli_error("train", rc) : 1;
-    return 0;
+    if (!rc) return 0;
+    /* rank 0 says what stopped the run; a rank whose own failure it was says its own message too
+     * (the others only know "rank N failed"), so that the cause is on the terminal */
+    const char *msg = gdn_errmsg();
+    if (rank == 0) return cli_error("train", rc);
+    if (!strstr(msg, "see its message") && !strstr(msg, "ranks disagree"))
+        fprintf(stderr, "gdncp train (rank %d): %s: %s\n", rank, gdn_strerror(rc), msg);
+    return 1;
 }

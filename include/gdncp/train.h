@@ -64,6 +64,8 @@ typedef struct {
                                §15): 0 replicated; 1 the AdamW moments (each rank updates its
                                slice, then the weights are all-gathered); 2 also the gradients
                                (reduce-scattered to their slices' owners) */
+    int dry_run;            /* plan only: check and agree the options, the model and the memory, print
+                               each rank's memory, allocate nothing large, train nothing */
     int strategy;           /* gdn_cp_strategy */
     int threads;            /* per rank (0: the cores divided among the ranks on this node) */
     int recompute;          /* -1: when the kept activations would not fit; 0; 1 */

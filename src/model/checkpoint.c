@@ -505,6 +505,8 @@ int gdn_ckpt_parts_write(const gdn_ckpt_parts *p, const gdn_model_config *cfg, s
             err = write_span(fo, p->optim_base + ((uint64_t)g * l.prefix[l.n] + at) * 4, x, k1 - k0, GDN_F32);
         }
     }
+    /* a rank whose disk is full (a test mutation: its peers and the previous checkpoints must survive it) */
+    if (!rc && !err && gdn_test_mutate("ckpt part: this process's write fails (as on a full disk)")) err = ENOSPC;
     if (!rc && !err && fsync(fm) != 0) err = errno;
     if (!rc && !err && fo >= 0 && fsync(fo) != 0) err = errno;
     if (fm >= 0) close(fm);

@@ -378,6 +378,7 @@ static const abi_field fields_gdn_train_options[] = {
     {"cp", offsetof(gdn_train_options, cp)},
     {"ep", offsetof(gdn_train_options, ep)},
     {"zero", offsetof(gdn_train_options, zero)},
+    {"dry_run", offsetof(gdn_train_options, dry_run)},
     {"strategy", offsetof(gdn_train_options, strategy)},
     {"threads", offsetof(gdn_train_options, threads)},
     {"recompute", offsetof(gdn_train_options, recompute)},

@@ -175,7 +175,7 @@ int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress) {
     int rc = gdn_cp_create(&t.agree, world);
     if (rc) return rc;
     rc = gdn_trainer_setup(&t);
-    if (!rc) rc = train_steps(&t);
+    if (!rc && !o->dry_run) rc = train_steps(&t);
     rc = gdn_cp_agree_status(t.agree, rc);
     if (t.csv) fclose(t.csv);
     gdn_model_plan_destroy(t.plan);

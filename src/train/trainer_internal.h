@@ -89,6 +89,7 @@ int gdn_trainer_load_slices(trainer *t, const char *dir);
 int gdn_trainer_save(trainer *t, int64_t step, double loss);
 /* trainer_report.c */
 void gdn_trainer_fmt_duration(char *buf, size_t n, double secs);
+void gdn_trainer_fmt_bytes(char *buf, size_t n, double bytes);
 void gdn_trainer_clear_status(trainer *t);
 void gdn_trainer_layer_type_times(trainer *t, const double mixer_sum[4], double step_sum, int64_t steps);
 void gdn_trainer_expert_load(trainer *t);

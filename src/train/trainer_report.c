@@ -108,3 +108,11 @@ void gdn_trainer_ep_summary(trainer *t, int64_t steps) {
     }
     free(all);
 }
+
+/* bytes as "152 kB", "3.21 MB", "7.53 GB" (decimal units, three significant digits). */
+void gdn_trainer_fmt_bytes(char *buf, size_t n, double bytes) {
+    static const char *const unit[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+    int u = 0;
+    while (bytes >= 1000 && u < 5) bytes /= 1000, u++;
+    snprintf(buf, n, "%.3g %s", bytes, unit[u]);
+}

@@ -322,6 +322,19 @@ static double mem_available(void) {
     return kb < 0 ? -1 : kb * 1024;
 }
 
+/* Rank 0's line of each rank's memory (plan_memory's numbers). */
+static void print_memory(const trainer *t) {
+    const gdn_train_options *o = t->o;
+    char b[6][24];
+    for (int i = 0; i < 6; i++) gdn_trainer_fmt_bytes(b[i], sizeof b[i], t->mem[i]);
+    fprintf(t->progress, "gdncp train: memory a rank: weights %s + gradients %s + AdamW moments %s (%s) + "
+            "activations %s; this node's %d rank%s %s of %s available\n", b[0], b[1], b[2],
+            o->zero ? (o->zero == 1 ? "--zero 1: this rank's slice" : "--zero 2: this rank's slice; the gradients "
+                                      "reduce-scattered")
+                    : "every parameter's, --zero 0",
+            b[3], t->local, t->local > 1 ? "s" : "", b[4], t->mem[5] > 0 ? b[5] : "? (unknown)");
+}
+
 /* Before anything large is allocated: the threads (the node's cores shared among its ranks), the
  * recompute choice, and each rank's memory (the training state at its --zero level and the plan's
  * activations) against what the node has; a run that would not fit is refused with the numbers. */
@@ -354,15 +367,20 @@ static int plan_memory(trainer *t) {
     double mine = t->mem[0] + t->mem[1] + t->mem[2] + t->mem[3], on_node = 0, most = 0;
     MPI_Allreduce(&mine, &on_node, 1, MPI_DOUBLE, MPI_SUM, node);
     MPI_Allreduce(&moments, &most, 1, MPI_DOUBLE, MPI_MAX, t->world);
+    int node_rank = 0;
+    MPI_Comm_rank(node, &node_rank);
     MPI_Comm_free(&node);
     t->mem[2] = most, t->mem[4] = on_node, t->mem[5] = avail;
     int rc = GDN_OK;
-    if (avail > 0 && on_node > avail)
-        rc = gdn_fail(GDN_ERR_NOMEM, "the run needs %.2f GB on this node (%d rank%s x [weights %.2f + gradients %.2f + "
-                      "AdamW moments %.2f (--zero %d) + activations %.2f GB]) and the node has %.2f GB available: "
-                      "use --zero 1 or 2 with more ranks, --recompute on, a shorter --seq or --batch, or a smaller model",
-                      on_node / 1e9, t->local, t->local > 1 ? "s" : "", t->mem[0] / 1e9, t->mem[1] / 1e9,
-                      moments / 1e9, o->zero, t->mem[3] / 1e9, avail / 1e9);
+    if (avail > 0 && on_node > avail && node_rank == 0) { /* said once a node; its other ranks name this one */
+        char b[6][24];
+        const double v[6] = {on_node, t->mem[0], t->mem[1], moments, t->mem[3], avail};
+        for (int i = 0; i < 6; i++) gdn_trainer_fmt_bytes(b[i], sizeof b[i], v[i]);
+        rc = gdn_fail(GDN_ERR_NOMEM, "the run needs %s on this node (%d rank%s x [weights %s + gradients %s + AdamW "
+                      "moments %s (--zero %d) + activations %s]) and the node has %s available: use --zero 1 or 2 "
+                      "with more ranks, --recompute on, a shorter --seq or --batch, or a smaller model", b[0], t->local,
+                      t->local > 1 ? "s" : "", b[1], b[2], b[3], o->zero, b[4], b[5]);
+    }
     return gdn_cp_agree_status(t->agree, rc);
 }
 
@@ -418,6 +436,16 @@ int gdn_trainer_setup(trainer *t) {
     if (!rc) rc = gdn_trainer_shard_setup(t);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     if ((rc = plan_memory(t))) return rc;
+    if (o->dry_run) { /* the plan only: nothing large allocated, no data read */
+        if (t->progress) {
+            fprintf(t->progress, "gdncp train --dry-run: %zu parameters, grid DP %d x CP %d%s, %lld sequences of %lld "
+                    "tokens per step, recompute %s\n", gdn_model_param_count(&t->cfg), t->dp, t->cp_size,
+                    t->ep_size > 1 ? " (with --ep)" : "", (long long)(o->batch * t->dp), (long long)o->seq,
+                    t->recompute ? "on" : "off");
+            print_memory(t);
+        }
+        return GDN_OK;
+    }
     const size_t bytes = sizeof(float) * ((t->nw + 15) & ~(size_t)15);
     const size_t nmom = o->zero ? t->owned : t->nw, mbytes = sizeof(float) * ((nmom + 15) & ~(size_t)15);
     if (!rc && !(t->w = gdn_alloc_large("trainer_setup: t->w", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "parameters (%zu floats)", t->nw);
@@ -551,12 +579,7 @@ int gdn_trainer_setup(trainer *t) {
                     (long long)t->cfg.shared_I, t->cfg.norm_topk ? "" : "not ", aux);
         fprintf(t->progress, "gdncp train: %.3g FLOP per token (6 x active non-embedding parameters + the kernel's + the attention core's), "
                 "measured peak %.1f GFLOP/s on the cores in use\n", t->flops_per_token, t->peak_gflops);
-        fprintf(t->progress, "gdncp train: memory a rank: weights %.3g GB + gradients %.3g GB + AdamW moments %.3g GB "
-                "(%s) + activations %.3g GB; this node's %d rank%s %.3g GB of %.3g GB available\n", t->mem[0] / 1e9,
-                t->mem[1] / 1e9, t->mem[2] / 1e9,
-                o->zero ? (o->zero == 1 ? "--zero 1: this rank's slice" : "--zero 2: this rank's slice; the gradients reduce-scattered")
-                        : "every parameter's, --zero 0", t->mem[3] / 1e9, t->local, t->local > 1 ? "s" : "",
-                t->mem[4] / 1e9, t->mem[5] / 1e9);
+        print_memory(t);
         fprintf(t->progress, "gdncp train: compute %s: products on %s%s\n", gdn_compute_name(o->compute),
                 gdn_compute_path(o->compute),
                 o->compute == GDN_COMPUTE_BF16 ? " (fp32 master weights, moments, loss, norms and recurrent state)" : "");

@@ -70,59 +70,40 @@ static float *moments_of(const trainer *t, const gdn_shard_run *r, float *a) {
     return a + (t->o->zero ? r->at : r->own_lo);
 }
 
-/* Reduce on the group's rank 0, then broadcast: every rank of comm gets the same bits (an
- * all-reduce may round differently on different ranks, and the replicas would drift apart). */
-static void sum_same_bits(float *x, int n, int rank_in, MPI_Comm comm) {
-    if (n <= 0) return;
-    MPI_Reduce(rank_in ? x : MPI_IN_PLACE, x, n, MPI_FLOAT, MPI_SUM, 0, comm);
-    MPI_Bcast(x, n, MPI_FLOAT, 0, comm);
-}
-
 /* The gradients summed where their weights are shared: everything over the grid, the routed
- * experts' tensors under --ep only over their replicas. Levels 0 and 1: every rank gets the whole
- * sum; level 2: each rank only its slices' (a reduce-scatter, half the bytes), at their place. */
+ * experts' tensors under --ep only over their replicas. Each run is reduce-scattered (every slice
+ * summed once, at its owner, in the same order at every level), then at levels 0 and 1
+ * all-gathered (the all-reduce; the same bits on every rank, so the replicas never drift apart);
+ * level 2 keeps only the owned slices' sums (half the bytes). */
 void gdn_trainer_reduce_grads(trainer *t) {
     const int replicas_summed = !gdn_test_mutate("train: expert gradients not summed over their replicas");
     const int leave_out = gdn_test_mutate("zero: one rank's gradient slice left out");
     for (int i = 0; i < t->nruns; i++) {
         const gdn_shard_run *r = &t->runs[i];
         float *g = t->dw + r->lo;
-        const int len = (int)(r->hi - r->lo);
         if (r->kind && !replicas_summed) continue;
-        if (leave_out && r->me == r->size - 1 && r->size > 1) memset(g, 0, sizeof *g * (size_t)len);
-        if (t->o->zero < 2) {
-            sum_same_bits(g, len, r->me, group_of(t, r));
-        } else {
-            MPI_Reduce_scatter(MPI_IN_PLACE, g, r->counts, MPI_FLOAT, MPI_SUM, group_of(t, r));
-            /* (in place, the slice's sum lands at the front of the buffer) */
-            memmove(t->dw + r->own_lo, g, sizeof *g * (size_t)r->counts[r->me]);
-        }
+        if (leave_out && r->me == r->size - 1 && r->size > 1) memset(g, 0, sizeof *g * (r->hi - r->lo));
+        if (r->size < 2) continue;
+        /* in place: the owned slice's sum lands at the front of the run */
+        MPI_Reduce_scatter(MPI_IN_PLACE, g, r->counts, MPI_FLOAT, MPI_SUM, group_of(t, r));
+        memmove(t->dw + r->own_lo, g, sizeof *g * (size_t)r->counts[r->me]);
+        if (t->o->zero < 2)
+            MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, g, r->counts, r->displs, MPI_FLOAT, group_of(t, r));
     }
 }
 
-/* A double summed over comm with the same bits on every rank. */
-static double sum_double_same_bits(double x, MPI_Comm comm) {
-    double s = 0;
-    MPI_Reduce(&x, &s, 1, MPI_DOUBLE, MPI_SUM, 0, comm);
-    MPI_Bcast(&s, 1, MPI_DOUBLE, 0, comm);
-    return s;
-}
-
-/* The gradient's norm over the whole model. Level 0: every rank has the sums (under --ep the
- * experts' part summed over the slices of the expert group); levels >= 1: the owned slices'
- * squares summed over the world (each element is owned by exactly one rank of it). */
+/* The gradient's norm over the whole model, at every level from the owned slices: their squares
+ * summed over the world (each element is owned by one rank of it), reduced on rank 0 and
+ * broadcast (the same bits everywhere). */
 double gdn_trainer_grad_norm(trainer *t) {
-    double s[2];
-    if (t->o->zero) {
-        double mine = 0;
-        for (int i = 0; i < t->nruns; i++) {
-            gdn_grad_sumsq_range(&t->cfg, t->dw, t->runs[i].own_lo, t->runs[i].own_hi, s);
-            mine += s[0] + s[1];
-        }
-        return sqrt(sum_double_same_bits(mine, t->world));
+    double mine = 0, s[2], all = 0;
+    for (int i = 0; i < t->nruns; i++) {
+        gdn_grad_sumsq_range(&t->cfg, t->dw, t->runs[i].own_lo, t->runs[i].own_hi, s);
+        mine += s[0] + s[1];
     }
-    gdn_grad_sumsq(&t->cfg, t->dw, s);
-    return sqrt(s[0] + (t->ep_size > 1 ? sum_double_same_bits(s[1], t->ep_comm) : s[1]));
+    MPI_Reduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, 0, t->world);
+    MPI_Bcast(&all, 1, MPI_DOUBLE, 0, t->world);
+    return sqrt(all);
 }
 
 /* Level >= 1: the updated slices to every rank of their groups (in place). */

@@ -595,6 +595,7 @@ class TrainOptions(ctypes.Structure):
         ('cp', c_int),
         ('ep', c_int),
         ('zero', c_int),
+        ('dry_run', c_int),
         ('strategy', c_int),
         ('threads', c_int),
         ('recompute', c_int),
