@@ -177,6 +177,12 @@ typedef struct gdn_ep gdn_ep;
  * and this rank's place in it must be cfg.ep_size and cfg.ep_rank); before the first forward.
  * Every forward and backward is then collective over the group as well (DESIGN §14). */
 GDN_API int gdn_model_plan_set_experts(gdn_model_plan *plan, gdn_ep *ep);
+/* The flat parameter array cut into units: 0 the embedding, 1 + l layer l, L + 1 the final norm
+ * and lm_head (with tied embeddings lm_head is unit 0's tensor); unit u is [gdn_model_unit_offset(cfg,
+ * u), gdn_model_unit_offset(cfg, u + 1)). The units a sharded trainer gathers one at a time. */
+/* The first float of unit u (0 <= u <= L + 2; unit L + 2 is the end, gdn_model_param_floats). */
+GDN_API size_t gdn_model_unit_offset(const gdn_model_config *cfg, int64_t u);
+
 /* Bytes the plan holds (workspace + kept activations). */
 GDN_API double gdn_model_plan_bytes(const gdn_model_plan *plan);
 /* Bytes a plan would hold, without making it (for choosing recompute). */

@@ -66,6 +66,7 @@ struct gdn_model_plan {
     float *logits;            /* LOSS_ROWS x vocab */
     float *dlm;               /* vocab x E: lm_head's gradient from the forward's loss head */
     int ready_for_backward;   /* a forward kept what gdn_model_backward needs */
+    gdn_model_units_hook units; /* sharded weights: called around each unit (gdn_model_plan_set_units_hook) */
     double mixer_s[4];        /* wall seconds in the mixers (gdn_model_mixer_seconds) */
     /* packed documents (run.pack; gdn_model_set_docs) */
     int docs_set;
@@ -362,6 +363,33 @@ static int set_experts(const gdn_model_config *c, gdn_ep *ep, gdn_ep **slot, con
 int gdn_model_plan_set_experts(gdn_model_plan *p, gdn_ep *ep) {
     if (!p) return gdn_fail(GDN_ERR_ARG, "model set experts: plan is NULL");
     return set_experts(&p->cfg, ep, &p->ep, "model set experts");
+}
+
+int gdn_model_plan_set_units_hook(gdn_model_plan *p, const gdn_model_units_hook *hook) {
+    if (!p) return gdn_fail(GDN_ERR_ARG, "model set units hook: plan is NULL");
+    if (hook && !hook->call) return gdn_fail(GDN_ERR_ARG, "model set units hook: the hook has no function");
+    p->units = hook ? *hook : (gdn_model_units_hook){0};
+    return GDN_OK;
+}
+
+/* The units hook at one point of a pass (nothing without a hook). */
+static int unit_event(gdn_model_plan *p, int64_t u, int event) {
+    return p->units.call ? p->units.call(p->units.ctx, u, event, 0) : GDN_OK;
+}
+
+/* A pass that failed on this rank: the hook meets its peers' next call with the status. */
+static int pass_failed(gdn_model_plan *p, int rc) {
+    if (rc && p->units.call) p->units.call(p->units.ctx, -1, GDN_UNIT_FAILED, rc);
+    return rc;
+}
+
+/* A pass's end: the hook's last call of a pass that succeeded. */
+static int pass_end(gdn_model_plan *p) { return unit_event(p, -1, GDN_UNIT_END); }
+
+/* Unit u's gradient zeroed (padding included: the optimiser may run over the whole array). */
+static void zero_unit(const gdn_model_config *c, float *dw, int64_t u) {
+    const size_t lo = gdn_model_unit_offset(c, u);
+    memset(dw + lo, 0, sizeof(float) * (gdn_model_unit_offset(c, u + 1) - lo));
 }
 
 void gdn_model_plan_destroy(gdn_model_plan *p) {
@@ -809,20 +837,34 @@ static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *token
     if (rc) return ep_failed(c, p->ep, p->mp, rc, 0, 1);
     const int64_t n = c->n_experts;
     memset(p->router_local, 0, sizeof(double) * (2 * (size_t)n + 1));
+    if ((rc = unit_event(p, 0, GDN_UNIT_NEED))) return rc;
     embed_forward(p, w, tokens);
+    if ((rc = unit_event(p, 0, GDN_UNIT_DONE))) return rc;
     for (int64_t l = 0, mi = 0; l < c->L; l++) {
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
         if (is_moe(c, l)) memset(p->layer_stats, 0, sizeof(double) * 2 * (size_t)n);
+        if ((rc = unit_event(p, 1 + l, GDN_UNIT_NEED))) return rc;
         rc = block_forward(p, l, p->xs + (size_t)(l + 1) * NE, p->xs + (size_t)l * NE, b, w,
                            keep && !p->run.recompute, p->layer_stats, 1);
+        if (!rc) rc = unit_event(p, 1 + l, GDN_UNIT_DONE);
         if (rc) return rc;
         if (!is_moe(c, l)) continue;
         for (int64_t e = 0; e < 2 * n; e++) p->router_local[e] += p->layer_stats[e];
         for (int64_t e = 0; keep && e < n; e++) p->expert_load[mi * n + e] += p->layer_stats[e];
         mi++;
     }
+    /* the head: the final norm here, lm_head (unit 0 again when tied) in the caller */
+    if ((rc = unit_event(p, c->L + 1, GDN_UNIT_NEED))) return rc;
+    if (c->tie_embeddings && (rc = unit_event(p, 0, GDN_UNIT_NEED))) return rc;
     norm_forward(p, p->N, p->af, p->rstdf, p->xs + (size_t)c->L * NE, w + gdn_model_final_norm_offset(c));
     return router_stats_done(p);
+}
+
+/* The head's units released after the caller's lm_head product. */
+static int head_done(gdn_model_plan *p) {
+    int rc = unit_event(p, p->cfg.L + 1, GDN_UNIT_DONE);
+    if (!rc && p->cfg.tie_embeddings) rc = unit_event(p, 0, GDN_UNIT_DONE);
+    return rc;
 }
 
 int gdn_model_router_stats(const gdn_model_plan *p, double *stats) {
@@ -869,15 +911,16 @@ int gdn_model_forward(gdn_model_plan *p, const float *w, const gdn_token *tokens
     int rc = p->run.pack && !p->docs_set
                  ? gdn_fail(GDN_ERR_ARG, "model forward: a packed plan needs gdn_model_set_docs first")
                  : check_tokens("model forward", tokens, p->run.B, p->run.T + 1, p->run.T + 1, p->cfg.vocab, p->cp);
-    if ((rc = agree_local(p, rc))) return ep_failed(&p->cfg, p->ep, p->mp, rc, 0, 1);
+    if ((rc = agree_local(p, rc))) return pass_failed(p, ep_failed(&p->cfg, p->ep, p->mp, rc, 0, 1));
     rc = forward_all(p, w, tokens, for_backward);
-    if (rc) return rc;
+    if (rc) return pass_failed(p, rc);
     /* The head's gradient is formed with its loss, chunk by chunk, so no [N, vocab] logits are
      * kept: da (the final norm's output gradient) and lm_head's gradient wait in the plan. */
     if (for_backward) memset(p->da, 0, sizeof(float) * (size_t)(p->N * p->cfg.E));
     *loss_sum = loss_head(p, w, for_backward ? p->dlm : NULL, tokens, denom);
+    if ((rc = head_done(p))) return pass_failed(p, rc);
     p->ready_for_backward = for_backward;
-    return GDN_OK;
+    return pass_end(p);
 }
 
 int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tokens) {
@@ -887,26 +930,36 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_t
                  ? gdn_fail(GDN_ERR_ARG, "model backward: no gdn_model_forward(..., for_backward = 1) precedes it")
                  : check_tokens("model backward", tokens, p->run.B, p->run.T, p->run.T + 1, p->cfg.vocab, p->cp);
     p->ready_for_backward = 0;
-    if ((rc = agree_local(p, rc))) return ep_failed(&p->cfg, p->ep, p->mp, rc, p->cfg.L - 1, -1);
+    if ((rc = agree_local(p, rc))) return pass_failed(p, ep_failed(&p->cfg, p->ep, p->mp, rc, p->cfg.L - 1, -1));
     const gdn_model_config *c = &p->cfg;
     const size_t NE = (size_t)(p->N * c->E);
-    /* padding between tensors included: the optimiser may run over the whole array */
-    memset(dw, 0, sizeof(float) * gdn_model_param_floats(c));
+    /* each unit's gradient zeroed just before it is first written (a sharded caller holds one at
+     * a time): the head's now, and with tied embeddings the embedding's, where lm_head's goes */
+    zero_unit(c, dw, c->L + 1);
+    if (c->tie_embeddings) zero_unit(c, dw, 0);
     memcpy(dw + gdn_model_lm_head_offset(c), p->dlm, sizeof(float) * (size_t)(c->vocab * c->E));
     /* the aux loss's gradient in every row's router probabilities, from the grid's statistics */
     if (c->router_aux && gdn_model_moe_layers(c))
         gdn_moe_aux(c->n_experts, p->router_stats, p->router_stats[2 * c->n_experts], c->router_aux_coef, p->aux_dp);
     const float *xL = p->xs + (size_t)c->L * NE;
+    if ((rc = unit_event(p, c->L + 1, GDN_UNIT_NEED))) return pass_failed(p, rc);
     norm_backward(p, p->N, p->dres, 0, dw + gdn_model_final_norm_offset(c), p->da, xL, p->rstdf,
                   w + gdn_model_final_norm_offset(c));
+    if ((rc = unit_event(p, c->L + 1, GDN_UNIT_DONE)) || (rc = unit_event(p, c->L + 1, GDN_UNIT_GRADS)))
+        return pass_failed(p, rc);
     for (int64_t l = c->L - 1; l >= 0; l--) {
         const float *x = p->xs + (size_t)l * NE;
         const block_acts *b = &p->acts[p->run.recompute ? 0 : l];
+        zero_unit(c, dw, 1 + l);
+        if ((rc = unit_event(p, 1 + l, GDN_UNIT_NEED))) return pass_failed(p, rc);
         if (p->run.recompute) /* the block again, this time keeping what its backward needs */
-            if ((rc = block_forward(p, l, p->y, x, b, w, 1, NULL, -1))) return rc;
-        if ((rc = block_backward(p, l, x, b, w, dw))) return rc;
+            if ((rc = block_forward(p, l, p->y, x, b, w, 1, NULL, -1))) return pass_failed(p, rc);
+        if ((rc = block_backward(p, l, x, b, w, dw))) return pass_failed(p, rc);
+        if ((rc = unit_event(p, 1 + l, GDN_UNIT_DONE)) || (rc = unit_event(p, 1 + l, GDN_UNIT_GRADS)))
+            return pass_failed(p, rc);
     }
     /* embedding: scatter-add the input rows' gradient (serial: tokens repeat) */
+    if (!c->tie_embeddings) zero_unit(c, dw, 0);
     const int64_t T = p->run.T, E = c->E;
     for (int64_t row = 0; row < p->N; row++) {
         const int tok = tokens[(row / T) * (T + 1) + row % T];
@@ -914,7 +967,8 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_t
         const float *g = p->dres + row * E;
         for (int64_t e = 0; e < E; e++) d[e] += g[e];
     }
-    return GDN_OK;
+    if ((rc = unit_event(p, 0, GDN_UNIT_GRADS))) return pass_failed(p, rc);
+    return pass_end(p);
 }
 
 int gdn_model_logits(gdn_model_plan *p, const float *w, const gdn_token *tokens, float *logits) {
@@ -929,17 +983,18 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const gdn_token *tokens,
     if (!rc && !tk) rc = gdn_fail(GDN_ERR_NOMEM, "model logits: token copy");
     if ((rc = agree_local(p, rc))) {
         free(tk);
-        return ep_failed(&p->cfg, p->ep, p->mp, rc, 0, 1);
+        return pass_failed(p, ep_failed(&p->cfg, p->ep, p->mp, rc, 0, 1));
     }
     for (int64_t b = 0; b < B; b++) memcpy(tk + b * (T + 1), tokens + b * T, sizeof *tk * (size_t)T);
     p->ready_for_backward = 0; /* the activations are overwritten */
     rc = forward_all(p, w, tk, 0);
     free(tk);
-    if (rc) return rc;
+    if (rc) return pass_failed(p, rc);
     const gdn_model_config *c = &p->cfg;
     gdn_matmul_compute(p->run.compute, GDN_GEMM_B_TRANS, p->N, c->vocab, c->E, p->af, c->E, w + gdn_model_lm_head_offset(c), c->E,
                logits, c->vocab, p->mm_ws, p->threads);
-    return GDN_OK;
+    if ((rc = head_done(p))) return pass_failed(p, rc);
+    return pass_end(p);
 }
 
 int gdn_model_set_docs(gdn_model_plan *p, const int64_t *doc_cu, const int64_t *n_docs,

@@ -232,6 +232,11 @@ size_t gdn_model_lm_head_offset(const gdn_model_config *c) {
     return c->tie_embeddings ? 0 : gdn_model_final_norm_offset(c) + pad16((size_t)c->E);
 }
 
+size_t gdn_model_unit_offset(const gdn_model_config *c, int64_t u) {
+    if (u <= 0) return 0;
+    return u <= c->L + 1 ? gdn_model_layer_offset(c, u - 1) : gdn_model_param_floats(c);
+}
+
 size_t gdn_model_param_floats(const gdn_model_config *c) {
     return gdn_model_final_norm_offset(c) + pad16((size_t)c->E) + (c->tie_embeddings ? 0 : embed_floats(c));
 }

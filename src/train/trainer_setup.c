@@ -119,7 +119,7 @@ static double measure_peak(trainer *t, int cores) {
 
 /* The values every rank must share before any collective depends on them: the trainer's first
  * agreement step (gdn_train_fail joins it with a failure). */
-#define N_AGREED 23
+#define N_AGREED 24
 
 static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
     const int64_t sep_hash = o->pack ? gdn_cp_digest(o->pack, (size_t)(o->pack_len < GDN_DATA_MAX_SEP ? o->pack_len
@@ -131,12 +131,12 @@ static int agree_options(gdn_cp *agree, const gdn_train_options *o, int rc) {
                             o->resume != NULL, o->init != NULL, o->out != NULL,
                             o->pack ? o->pack_len : 0, (int64_t)sep_hash, o->attn_cp, o->pack_by_id,
                             o->pack_by_id ? (int64_t)o->pack_id : 0, o->model.vocab, o->compute, aux_bits,
-                            o->ep > 1 ? o->ep : 1, o->zero};
+                            o->ep > 1 ? o->ep : 1, o->zero, o->dry_run};
     static const char *const names[] = {"--cp", "--seq", "--batch", "--steps", "--seed", "--strategy",
                                         "--recompute", "--save-every", "--eval-every", "--eval-seqs",
                                         "--resume", "--init", "--out", "--pack (length)",
                                         "--pack (bytes)", "--attn-cp", "--pack-id (given)", "--pack-id", "--vocab",
-                                        "--compute (0 fp32, 1 bf16)", "--router-aux-coef (its bits)", "--ep", "--zero"};
+                                        "--compute (0 fp32, 1 bf16)", "--router-aux-coef (its bits)", "--ep", "--zero", "--dry-run"};
     return gdn_cp_agree_values(agree, vals, N_AGREED, names, rc);
 }
 

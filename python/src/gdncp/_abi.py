@@ -808,6 +808,7 @@ PROTOTYPES = {
     'gdn_model_plan_create': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), POINTER(ModelRun), c_void_p]),
     'gdn_model_plan_destroy': (None, [c_void_p]),
     'gdn_model_plan_set_experts': (c_int, [c_void_p, c_void_p]),
+    'gdn_model_unit_offset': (c_size_t, [POINTER(ModelConfig), c_int64]),
     'gdn_model_plan_bytes': (c_double, [c_void_p]),
     'gdn_model_plan_estimate': (c_double, [POINTER(ModelConfig), POINTER(ModelRun)]),
     'gdn_model_forward': (c_int, [c_void_p, POINTER(c_float), POINTER(c_int32), c_double, POINTER(c_double), c_int]),
