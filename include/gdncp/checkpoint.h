@@ -63,8 +63,8 @@ typedef struct {
 GDN_API int gdn_ckpt_parts_begin(gdn_ckpt_parts *p, const char *out_dir, int64_t step, const gdn_model_config *cfg,
                                  int moments, int weight_dtype);
 /* Write the flat elements [lo, hi) of cfg's layout (an expert slice's config puts its experts at
- * their place in the whole tensors): w indexed by flat offset, adam_m / adam_v (when the save has
- * moments) holding the moments of [lo, hi) from [0]. Refuses non-finite values, naming them. */
+ * their place in the whole tensors): w, and adam_m / adam_v when the save has moments, hold them
+ * from [0]. Refuses non-finite values, naming them. */
 GDN_API int gdn_ckpt_parts_write(const gdn_ckpt_parts *p, const gdn_model_config *cfg, size_t lo, size_t hi,
                                  const float *w, const float *adam_m, const float *adam_v);
 GDN_API int gdn_ckpt_parts_finish(const gdn_ckpt_parts *p, const char *state_json, int keep_last);
@@ -97,9 +97,9 @@ GDN_API int gdn_ckpt_load(const char *dir, const gdn_model_config *cfg, float *w
 
 /* A part of the optimizer state of dir's checkpoint: the moments of the flat elements [lo, hi) of
  * cfg's layout (an expert slice's config reads its experts' rows) into adam_m / adam_v from [0],
- * only those bytes read; when the file holds fp32 master weights (a BF16 save), w's elements
- * [lo, hi) (w indexed by flat offset, holding model.safetensors' weights) are checked to be their
- * rounding and replaced by them. The file's tensors are checked (names, shapes) and the values read
+ * only those bytes read; when the file holds fp32 master weights (a BF16 save), w (the elements
+ * [lo, hi) from [0], holding model.safetensors' weights) is checked to be their rounding and
+ * replaced by them. The file's tensors are checked (names, shapes) and the values read
  * are finite. A sharded trainer's resume onto any number of ranks. */
 GDN_API int gdn_ckpt_load_part(const char *dir, const gdn_model_config *cfg, size_t lo, size_t hi, float *w,
                                float *adam_m, float *adam_v);

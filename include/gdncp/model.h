@@ -146,6 +146,9 @@ GDN_API size_t gdn_model_layer_offset(const gdn_model_config *cfg, int64_t l);
 /* Qwen-style initialisation from a seed (DESIGN §5): normal(0, 0.02) matrices, zero-centred norm
  * weights 0, gated-norm weights 1, dt_bias 1, A_log = log U(1e-3?, 16], conv taps U(+-1/sqrt(Kc)). */
 GDN_API void gdn_model_init(const gdn_model_config *cfg, float *w, uint64_t seed);
+/* The same values for the flat elements [lo, hi) only, into w (from w[0]): a sharded trainer's
+ * slice, without the whole array. */
+GDN_API void gdn_model_init_range(const gdn_model_config *cfg, float *w, uint64_t seed, size_t lo, size_t hi);
 
 /* A plan for B sequences of T tokens on this rank (its shard of each, when cp spans several
  * ranks: rank order is token order). cp may be NULL (one rank). recompute: keep only each

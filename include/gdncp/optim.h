@@ -31,7 +31,8 @@ GDN_API double gdn_adamw_lr(const gdn_adamw_config *a, int64_t step);
  * (under expert parallelism this rank's slice: the whole norm sums sums[1] over the slices). The
  * norm: sqrt(sums[0] + sums[1]). */
 GDN_API void gdn_grad_sumsq(const gdn_model_config *cfg, const float *dw, double sums[2]);
-/* The same over the flat elements [lo, hi) only (a sharded optimizer's slice; padding excluded). */
+/* The same over the flat elements [lo, hi) only, dw holding them from dw[0] (a sharded
+ * optimizer's slice; padding excluded). */
 GDN_API void gdn_grad_sumsq_range(const gdn_model_config *cfg, const float *dw, size_t lo, size_t hi,
                                   double sums[2]);
 /* One update, step 1-based: dw scaled by `grad_scale` (clipping) first; m, v are the moments.
@@ -39,8 +40,8 @@ GDN_API void gdn_grad_sumsq_range(const gdn_model_config *cfg, const float *dw, 
 GDN_API void gdn_adamw_update(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,
                       const float *dw, float *m, float *v, int64_t step, double lr,
                       double grad_scale, int threads);
-/* The same update of the flat elements [lo, hi) only (a sharded optimizer's slice, DESIGN §15): w
- * and dw are the whole flat arrays, m and v hold the moments of [lo, hi) from m[0]. */
+/* The same update of the flat elements [lo, hi) only (a sharded optimizer's slice, DESIGN §15):
+ * w, dw, m and v hold them from [0]. */
 GDN_API void gdn_adamw_update_range(const gdn_adamw_config *a, const gdn_model_config *cfg, float *w,
                                     const float *dw, float *m, float *v, size_t lo, size_t hi, int64_t step,
                                     double lr, double grad_scale, int threads);

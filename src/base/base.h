@@ -257,6 +257,9 @@ GDN_WING char *gdn_strdup(const char *site, const char *s);
  * (Linux). Released with free(). NULL when out of memory. The _zeroed form clears it. */
 GDN_WING void *gdn_alloc_large(const char *site, size_t bytes);
 GDN_WING void *gdn_alloc_large_zeroed(const char *site, size_t bytes);
+/* Give the pages wholly inside [p, p + bytes) of an anonymous allocation back to the system (they
+ * read as zeros when touched again): a sharded trainer's gathered weights once a unit is used. */
+GDN_WING void gdn_release_pages(void *p, size_t bytes);
 
 /* fn(ctx, t, nt) on every thread t of a team of nt <= threads; with threads <= 1, one call
  * fn(ctx, 0, 1) on this thread and no OpenMP region at all. A region costs libgomp ~0.3 us and a

@@ -1,5 +1,6 @@
 /* The one allocation family (each call a named site a test can fail) and large buffers in
  * transparent huge pages. */
+#define _DEFAULT_SOURCE /* madvise: MADV_HUGEPAGE, MADV_DONTNEED */
 #include "base.h"
 
 #include <stdint.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 enum { HUGE_PAGE = 2 << 20 };
@@ -58,6 +60,17 @@ void *gdn_alloc_large_zeroed(const char *site, size_t bytes) {
     void *p = gdn_alloc_large(site, bytes);
     if (p) memset(p, 0, bytes);
     return p;
+}
+
+void gdn_release_pages(void *p, size_t bytes) {
+#if defined(__linux__)
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) & ~(page - 1),
+                    b = ((uintptr_t)p + bytes) & ~(page - 1);
+    /* only pages wholly inside: their neighbours may hold live data; advice that fails frees nothing */
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+#else
+    (void)p, (void)bytes;
+#endif
 }
 
 double gdn_peak_rss_mb(void) {

@@ -481,8 +481,7 @@ int gdn_ckpt_parts_write(const gdn_ckpt_parts *p, const gdn_model_config *cfg, s
         size_t k0, k1;
         part_of(&l.local[i], lo, hi, &k0, &k1);
         for (int g = 0; g <= groups && g < 3 && k0 < k1 && !rc; g++) {
-            /* w by flat offset, the moments from lo */
-            const float *x = g ? src[g] + (l.local[i].offset + k0 - lo) : w + l.local[i].offset + k0;
+            const float *x = src[g] + (l.local[i].offset + k0 - lo); /* every array from lo */
             const int64_t bad = gdn_find_nonfinite_f32(x, (int64_t)(k1 - k0), 1);
             if (bad >= 0)
                 rc = gdn_fail(GDN_ERR_NONFINITE, "refusing to save a checkpoint: tensor '%s%s' holds %g at element %llu",
@@ -499,9 +498,10 @@ int gdn_ckpt_parts_write(const gdn_ckpt_parts *p, const gdn_model_config *cfg, s
         part_of(&l.local[i], lo, hi, &k0, &k1);
         if (k0 >= k1) continue;
         const uint64_t at = l.prefix[i] + expert_shift(&l, i) + k0; /* the element in the file's order */
-        err = write_span(fm, p->model_base + at * esz, w + l.local[i].offset + k0, k1 - k0, p->weight_dtype);
+        const size_t from = l.local[i].offset + k0 - lo;
+        err = write_span(fm, p->model_base + at * esz, w + from, k1 - k0, p->weight_dtype);
         for (int g = 0; g < groups && !err; g++) {
-            const float *x = g == 2 ? w + l.local[i].offset + k0 : (g ? adam_v : adam_m) + (l.local[i].offset + k0 - lo);
+            const float *x = (g == 2 ? w : g ? adam_v : adam_m) + from;
             err = write_span(fo, p->optim_base + ((uint64_t)g * l.prefix[l.n] + at) * 4, x, k1 - k0, GDN_F32);
         }
     }
@@ -904,7 +904,7 @@ int gdn_ckpt_load_part(const char *dir, const gdn_model_config *cfg, size_t lo, 
         snprintf(name, sizeof name, MASTER_PREFIX "%s", l.table[i].name);
         for (size_t c = k0; groups == 3 && c < k1 && !rc; c += CHUNK) {
             const size_t ne = k1 - c < CHUNK ? k1 - c : CHUNK;
-            float *wi = w + l.local[i].offset + c;
+            float *wi = w + (l.local[i].offset + c - lo);
             rc = gdn_st_read_span(f, name, master, (int64_t)(shift + c), (int64_t)ne);
             for (size_t e = 0; e < ne && !rc; e++) {
                 const uint32_t u = (uint32_t)gdn_st_bf16(master[e]) << 16;

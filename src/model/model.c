@@ -846,6 +846,9 @@ static int forward_all(gdn_model_plan *p, const float *w, const gdn_token *token
         if ((rc = unit_event(p, 1 + l, GDN_UNIT_NEED))) return rc;
         rc = block_forward(p, l, p->xs + (size_t)(l + 1) * NE, p->xs + (size_t)l * NE, b, w,
                            keep && !p->run.recompute, p->layer_stats, 1);
+        /* (tests: a failure of this rank alone, where its peers carry on to their next exchange) */
+        if (!rc && l == c->L - 1 && gdn_test_mutate("model: this rank's forward fails at its last layer (a fault)"))
+            rc = gdn_fail(GDN_ERR_NONFINITE, "model forward: layer %lld failed (an injected fault)", (long long)l);
         if (!rc) rc = unit_event(p, 1 + l, GDN_UNIT_DONE);
         if (rc) return rc;
         if (!is_moe(c, l)) continue;
@@ -908,6 +911,7 @@ int gdn_model_forward(gdn_model_plan *p, const float *w, const gdn_token *tokens
     if (!(denom > 0.0) || !isfinite(denom))
         return gdn_fail(GDN_ERR_ARG, "model forward: denom = %g must be positive", denom);
     p->ready_for_backward = 0;
+    if (p->units.call) p->units.call(p->units.ctx, 0, GDN_UNIT_BEGIN, 0);
     int rc = p->run.pack && !p->docs_set
                  ? gdn_fail(GDN_ERR_ARG, "model forward: a packed plan needs gdn_model_set_docs first")
                  : check_tokens("model forward", tokens, p->run.B, p->run.T + 1, p->run.T + 1, p->cfg.vocab, p->cp);
@@ -926,6 +930,7 @@ int gdn_model_forward(gdn_model_plan *p, const float *w, const gdn_token *tokens
 int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_token *tokens) {
     if (!p || !w || !dw || !tokens)
         return gdn_fail(GDN_ERR_ARG, "model backward: plan, w, dw and tokens must not be NULL");
+    if (p->units.call) p->units.call(p->units.ctx, 1, GDN_UNIT_BEGIN, 0);
     int rc = !p->ready_for_backward
                  ? gdn_fail(GDN_ERR_ARG, "model backward: no gdn_model_forward(..., for_backward = 1) precedes it")
                  : check_tokens("model backward", tokens, p->run.B, p->run.T, p->run.T + 1, p->cfg.vocab, p->cp);
@@ -955,6 +960,8 @@ int gdn_model_backward(gdn_model_plan *p, const float *w, float *dw, const gdn_t
         if (p->run.recompute) /* the block again, this time keeping what its backward needs */
             if ((rc = block_forward(p, l, p->y, x, b, w, 1, NULL, -1))) return pass_failed(p, rc);
         if ((rc = block_backward(p, l, x, b, w, dw))) return pass_failed(p, rc);
+        if (l == 0 && gdn_test_mutate("model: this rank's backward fails at its first layer (a fault)"))
+            return pass_failed(p, gdn_fail(GDN_ERR_NONFINITE, "model backward: layer 0 failed (an injected fault)"));
         if ((rc = unit_event(p, 1 + l, GDN_UNIT_DONE)) || (rc = unit_event(p, 1 + l, GDN_UNIT_GRADS)))
             return pass_failed(p, rc);
     }
@@ -975,6 +982,7 @@ int gdn_model_logits(gdn_model_plan *p, const float *w, const gdn_token *tokens,
     if (!p || !w || !tokens || !logits)
         return gdn_fail(GDN_ERR_ARG, "model logits: plan, w, tokens and logits must not be NULL");
     const int64_t T = p->run.T, B = p->run.B;
+    if (p->units.call) p->units.call(p->units.ctx, 0, GDN_UNIT_BEGIN, 0);
     int rc = p->run.pack && !p->docs_set
                  ? gdn_fail(GDN_ERR_ARG, "model logits: a packed plan needs gdn_model_set_docs first")
                  : check_tokens("model logits", tokens, B, T, T, p->cfg.vocab, p->cp);

@@ -59,7 +59,7 @@ static inline const gdn_model_experts *gdn_model_experts_of(const gdn_ep *ep) {
  *                     then meets the other ranks' next call (e.g. an agreement of statuses) so
  *                     that they stop too, with no hang.
  * A non-zero return stops the pass with that status. NULL hook: the whole array is always there. */
-enum { GDN_UNIT_NEED = 0, GDN_UNIT_DONE = 1, GDN_UNIT_GRADS = 2, GDN_UNIT_END = 3, GDN_UNIT_FAILED = 4 };
+enum { GDN_UNIT_NEED = 0, GDN_UNIT_DONE = 1, GDN_UNIT_GRADS = 2, GDN_UNIT_END = 3, GDN_UNIT_FAILED = 4, GDN_UNIT_BEGIN = 5 };
 typedef struct {
     void *ctx;
     int (*call)(void *ctx, int64_t unit, int event, int status);

@@ -340,34 +340,48 @@ static double normal(uint64_t *s) { /* Box-Muller */
     return sqrt(-2.0 * log(uniform01(s))) * cos(6.283185307179586 * uniform01(s));
 }
 
-void gdn_model_init(const gdn_model_config *c, float *w, uint64_t seed) {
-    memset(w, 0, sizeof(float) * gdn_model_param_floats(c));
+void gdn_model_init_range(const gdn_model_config *c, float *w, uint64_t seed, size_t lo, size_t hi) {
+    memset(w, 0, sizeof(float) * (hi - lo));
     gdn_model_tensor_info t;
     for (int i = 0; i < gdn_model_tensor_count(c); i++) {
         gdn_model_tensor(c, i, &t);
+        /* this tensor's elements [k0, k1) inside [lo, hi) */
+        const size_t k0 = lo > t.offset ? lo - t.offset : 0;
+        const size_t k1 = hi < t.offset + t.numel ? (hi > t.offset ? hi - t.offset : 0) : t.numel;
+        if (k0 >= k1) continue;
         uint64_t s = seed * 0x100000001b3ull + (uint64_t)i; /* each tensor its own stream */
-        float *p = w + t.offset;
+#define p(k) w[t.offset + (k) - lo] /* element k of the tensor (k in [k0, k1): inside w) */
         const char *leaf = strrchr(t.name, '.') ? strrchr(t.name, '.') + 1 : t.name;
         const int is_weight_leaf = !strcmp(leaf, "weight");
         const char *base = t.name;
+        /* the stream skipped to element k0: a splitmix64 draw adds one constant; uniform draws
+         * once an element, normal twice */
+        const uint64_t step = 0x9e3779b97f4a7c15ull;
         if (strstr(base, "conv1d.weight")) {
             /* PyTorch's Conv1d default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = Kc */
             const double b = 1.0 / sqrt((double)c->Kc);
-            for (size_t k = 0; k < t.numel; k++) p[k] = (float)(b * (2 * uniform01(&s) - 1));
+            s += (uint64_t)k0 * step;
+            for (size_t k = k0; k < k1; k++) p(k) = (float)(b * (2 * uniform01(&s) - 1));
         } else if (strstr(base, "A_log")) {
             /* A uniform in (0, 16], its lower end kept away from 0 (DESIGN §5) */
-            for (size_t k = 0; k < t.numel; k++) p[k] = (float)log(0.01 + (16.0 - 0.01) * uniform01(&s));
+            s += (uint64_t)k0 * step;
+            for (size_t k = k0; k < k1; k++) p(k) = (float)log(0.01 + (16.0 - 0.01) * uniform01(&s));
         } else if (strstr(base, "dt_bias") || strstr(base, "linear_attn.norm.weight")) {
-            for (size_t k = 0; k < t.numel; k++) p[k] = 1.0f;
+            for (size_t k = k0; k < k1; k++) p(k) = 1.0f;
         } else if (t.ndim == 1 && is_weight_leaf) {
             /* zero-centred RMSNorm: scale 1 + w starts at 1 */
         } else {
             /* a slice of the experts (expert parallelism) draws what the whole tensor's stream
-             * draws there: the stream skipped to its first element (two draws an element) */
-            s += 2 * (uint64_t)t.expert_first * (uint64_t)(t.numel / (size_t)t.shape[0]) * 0x9e3779b97f4a7c15ull;
-            for (size_t k = 0; k < t.numel; k++) p[k] = (float)(0.02 * normal(&s));
+             * draws there: the stream skipped to its first element */
+            s += 2 * ((uint64_t)t.expert_first * (uint64_t)(t.numel / (size_t)t.shape[0]) + (uint64_t)k0) * step;
+            for (size_t k = k0; k < k1; k++) p(k) = (float)(0.02 * normal(&s));
         }
     }
+#undef p
+}
+
+void gdn_model_init(const gdn_model_config *c, float *w, uint64_t seed) {
+    gdn_model_init_range(c, w, seed, 0, gdn_model_param_floats(c));
 }
 
 /* ---------------------------------------------------------------- plan */

@@ -51,7 +51,7 @@ void gdn_grad_sumsq_range(const gdn_model_config *cfg, const float *dw, size_t l
         size_t k0, k1;
         clip_tensor(&t, lo, hi, &k0, &k1);
         double ss = 0.0;
-        for (size_t k = k0; k < k1; k++) ss += (double)dw[t.offset + k] * dw[t.offset + k];
+        for (size_t k = k0; k < k1; k++) ss += (double)dw[t.offset + k - lo] * dw[t.offset + k - lo];
         sums[t.experts_whole > 0] += ss;
     }
 }
@@ -74,9 +74,10 @@ void gdn_adamw_update_range(const gdn_adamw_config *a, const gdn_model_config *c
         clip_tensor(&t, lo, hi, &k0, &k1);
         if (k0 >= k1) continue;
         const float shrink = t.decay ? (float)(1.0 - lr * a->weight_decay) : 1.0f;
-        /* w and dw by flat offset; the moments from lo */
-        float *wi = w + t.offset + k0, *mi = m + (t.offset + k0 - lo), *vi = v + (t.offset + k0 - lo);
-        const float *gi = dw + t.offset + k0;
+        /* every array from lo */
+        const size_t at = t.offset + k0 - lo;
+        float *wi = w + at, *mi = m + at, *vi = v + at;
+        const float *gi = dw + at;
         const int64_t n = (int64_t)(k1 - k0);
         /* the caller's (the trainer's per-rank) thread count, never the OpenMP default: ranks
          * sharing a node would oversubscribe it */

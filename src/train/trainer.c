@@ -84,7 +84,9 @@ static int train_steps(trainer *t) {
         if ((rc = gdn_cp_agree_status(t->agree, gdn_trainer_grid_targets(t, targets, &denom)))) return rc;
         double ls = 0, aux = 0;
         rc = gdn_model_forward(t->plan, t->w, t->tokens, denom, &ls, 1);
-        if (gdn_model_moe_layers(&t->cfg)) { /* every DP group's forward done before the world's sum */
+        /* every DP group's forward done before the world's sums: the MoE routers' statistics, and
+         * under --zero 2 the backward's reduce-scatters */
+        if (gdn_model_moe_layers(&t->cfg) || t->o->zero == 2) {
             if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
             rc = gdn_trainer_grid_router_stats(t, &aux);
         }

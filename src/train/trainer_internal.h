@@ -20,6 +20,7 @@
 
 #include "base.h"
 #include "gdncp/attention.h"
+#include "model_group.h"
 
 /* A run of the flat parameter array (trainer_shard.c): [lo, hi), shared by the grid (kind 0) or
  * by an expert slice's replicas (kind 1), split over that group's `size` ranks (counts, displs:
@@ -30,6 +31,23 @@ typedef struct {
     int kind, size, me;
     int *counts, *displs;
 } gdn_shard_run;
+
+/* Levels 2 and 3's schedule of non-blocking collectives (trainer_shard.c's units hook). */
+typedef struct {
+    int64_t unit;
+    int kind;     /* a gather of the weights or a reduce-scatter of the gradient */
+    int last_req; /* its requests end here in req */
+} gdn_shard_pending;
+typedef struct {
+    MPI_Request *req;
+    int nreq;
+    gdn_shard_pending *pend;
+    int npend;
+    char *gathered;         /* per unit: its weights are in the flat array */
+    int dir;                /* the pass's direction (+1 forward, -1 backward) */
+    int64_t last_need;      /* the pass's last unit needed (-1: none yet) */
+    int failed, kept_stale; /* a failure agreed at an event; (a test mutation's unit kept) */
+} gdn_shard_sched;
 
 /* Everything one rank holds while training. */
 typedef struct {
@@ -51,6 +69,9 @@ typedef struct {
     gdn_shard_run *runs;
     int nruns;
     size_t owned; /* floats in this rank's slices */
+    float *w_own, *dw_own; /* levels 3 / >= 2: this rank's slices of the weights / of the summed gradients */
+    int *unit_first;       /* levels >= 2: unit u's runs are [unit_first[u], unit_first[u + 1]) */
+    gdn_shard_sched sched;
     double *router; /* MoE: the routers' statistics, 2 n_experts + 1 (gdn_trainer_grid_router_stats) */
     double *load;   /* MoE: the experts' load, 2 x MoE layers x n_experts (gdn_trainer_expert_load) */
     gdn_model_plan *plan;
@@ -86,6 +107,10 @@ void gdn_trainer_reduce_grads(trainer *t);
 double gdn_trainer_grad_norm(trainer *t);
 void gdn_trainer_update(trainer *t, int64_t step, double lr, double scale);
 int gdn_trainer_load_slices(trainer *t, const char *dir);
+int gdn_trainer_units_setup(trainer *t);
+void gdn_trainer_init_weights(trainer *t);
+void gdn_trainer_keep_slices(trainer *t);
+void gdn_trainer_release_weights(trainer *t);
 int gdn_trainer_save(trainer *t, int64_t step, double loss);
 /* trainer_report.c */
 void gdn_trainer_fmt_duration(char *buf, size_t n, double secs);

@@ -24,10 +24,7 @@ static int check_options(const gdn_train_options *o, int size) {
     if (o->save_every < 0 || o->eval_every < 0 || o->eval_seqs < 0)
         return gdn_fail(GDN_ERR_ARG, "--save-every, --eval-every and --eval-seqs must not be negative");
     if (o->resume && o->init) return gdn_fail(GDN_ERR_ARG, "--resume and --init exclude each other");
-    if (o->zero == 3)
-        return gdn_fail(GDN_ERR_ARG, "--zero 3 (the weights sharded too, gathered layer by layer) is not built yet: "
-                        "--zero 2 shards the moments and the gradients' sums");
-    if (o->zero < 0 || o->zero > 2) return gdn_fail(GDN_ERR_ARG, "--zero %d: the levels are 0, 1 and 2", o->zero);
+    if (o->zero < 0 || o->zero > 3) return gdn_fail(GDN_ERR_ARG, "--zero %d: the levels are 0, 1, 2 and 3", o->zero);
     if (o->attn_cp != GDN_ATTN_CP_KV && o->attn_cp != GDN_ATTN_CP_HEADS)
         return gdn_fail(GDN_ERR_ARG, "unknown attention CP strategy %d (--attn-cp kv or heads)", o->attn_cp);
     if (!gdn_compute_name(o->compute))
@@ -452,6 +449,10 @@ int gdn_trainer_setup(trainer *t) {
     if (!rc && !(t->dw = gdn_alloc_large("trainer_setup: t->dw", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
     if (!rc && !(t->m = gdn_alloc_large_zeroed("trainer_setup: t->m", mbytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", nmom);
     if (!rc && !(t->v = gdn_alloc_large_zeroed("trainer_setup: t->v", mbytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", nmom);
+    if (!rc && o->zero >= 2 && !(t->dw_own = gdn_alloc_large("trainer_setup: t->dw_own", mbytes)))
+        rc = gdn_fail(GDN_ERR_NOMEM, "this rank's slices of the gradients (%zu floats)", nmom);
+    if (!rc && o->zero >= 3 && !(t->w_own = gdn_alloc_large("trainer_setup: t->w_own", mbytes)))
+        rc = gdn_fail(GDN_ERR_NOMEM, "this rank's slices of the weights (%zu floats)", nmom);
     if (!rc && !(t->router = gdn_calloc("trainer_setup: t->router", 2 * (size_t)t->cfg.n_experts + 1, sizeof(double))))
         rc = gdn_fail(GDN_ERR_NOMEM, "the routers' statistics");
     if (!rc && !(t->load = gdn_calloc("trainer_setup: t->load", 2 * (size_t)(gdn_model_moe_layers(&t->cfg) * t->cfg.n_experts) + 1, sizeof(double))))
@@ -480,20 +481,22 @@ int gdn_trainer_setup(trainer *t) {
             rc = gdn_fail(GDN_ERR_ARG, "--resume %s: its checkpoint is at step %lld, at or past --steps %lld: nothing "
                           "to train (raise --steps to train on)", o->resume, (long long)done, (long long)o->steps);
     } else if (!rc) {
-        gdn_model_init(&t->cfg, t->w, o->seed);
+        gdn_trainer_init_weights(t); /* level 3: this rank's slices only */
     }
     free(state);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    if (from) gdn_trainer_keep_slices(t); /* level 3: this rank's slices of the loaded weights, apart */
     if (o->resume && o->zero && (rc = gdn_trainer_load_slices(t, ckdir))) return rc;
     /* the same starting weights everywhere (an --init or --resume of another checkpoint with the
      * same configuration would otherwise train from different points and sum their gradients) */
-    int64_t wd[2];
-    weights_digest(t, wd);
+    int64_t wd[2] = {0, 0}; /* (level 3 from a seed: no whole array to digest; the seed is agreed) */
+    if (from || o->zero < 3) weights_digest(t, wd);
     static const char *const wname[] = {"the starting weights (a digest of --init / --resume's model.safetensors)"};
     if ((rc = gdn_cp_agree_values(t->agree, wd, 1, wname, GDN_OK))) return rc;
     static const char *const ename[] = {"the starting weights of this rank's experts (a digest)"};
     if (t->replica_agree) rc = gdn_cp_agree_values(t->replica_agree, wd + 1, 1, ename, GDN_OK);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    gdn_trainer_release_weights(t); /* level 3: the whole array held only while loading */
 
     /* every window of seq + 1 tokens must fit each split it is drawn from */
     const int64_t need = o->seq + 1, tl = gdn_data_split_len(t->data, GDN_SPLIT_TRAIN),
@@ -513,6 +516,7 @@ int gdn_trainer_setup(trainer *t) {
     gdn_model_run run = plan_run(t);
     rc = gdn_model_plan_create(&t->plan, &t->cfg, &run, t->cp_size > 1 ? t->cp : NULL);
     if (!rc && t->ep) rc = gdn_model_plan_set_experts(t->plan, t->ep);
+    if (!rc) rc = gdn_trainer_units_setup(t);
     if (!rc && !(t->tokens = gdn_malloc("trainer_setup: t->tokens", sizeof *t->tokens * (size_t)(o->batch * (t->tn + 1)))))
         rc = gdn_fail(GDN_ERR_NOMEM, "token buffer");
     if (!rc && t->sep_len) {

@@ -433,6 +433,50 @@ static void test_adamw(void) {
 /* AdamW runs with the trainer's thread count, never OpenMP's default team: with the default
  * raised to 4, threads = 1 and threads = 0 ("not given": one thread) update a 256 x 512
  * embedding with a team of 1; the control, threads = 3, is seen with 3. */
+/* The sharded trainer's pieces (DESIGN §15): the initialisation, the AdamW update and the squared
+ * gradient norm over slices [lo, hi) of uneven lengths give the whole array's values bit for bit;
+ * the controls: a slice drawn from the tensor's stream without skipping to its start, and a slice
+ * updated at another step, differ. */
+static void test_ranges(void) {
+    gdn_model_config c = small_cfg();
+    gdn_adamw_config a = gdn_adamw_default();
+    const size_t nw = gdn_model_param_floats(&c);
+    float *w = malloc(4 * nw), *ws = malloc(4 * nw), *g = malloc(4 * nw), *m = calloc(nw, 4), *v = calloc(nw, 4),
+          *ms = calloc(nw, 4), *vs = calloc(nw, 4);
+    gdn_model_init(&c, w, 7);
+    const size_t cut[] = {0, 1, nw / 3 + 5, nw / 2 + 1, nw - 7, nw}; /* slices that split tensors */
+    const int ncut = (int)(sizeof cut / sizeof cut[0]);
+    for (int i = 0; i + 1 < ncut; i++) gdn_model_init_range(&c, ws + cut[i], 7, cut[i], cut[i + 1]);
+    check(!memcmp(w, ws, 4 * nw), "model init over 5 slices = the whole array's, bit for bit");
+    /* control: the second slice drawn as if it started its tensors' streams */
+    gdn_model_init_range(&c, ws + cut[1], 7, 0, cut[2] - cut[1]);
+    check(memcmp(w + cut[1], ws + cut[1], 4 * (cut[2] - cut[1])) != 0,
+                "control: a slice not skipped to its place in the streams differs");
+    rng_seed(5);
+    for (size_t i = 0; i < nw; i++) g[i] = (float)rng_uniform(-1, 1);
+    memcpy(ws, w, 4 * nw);
+    double whole[2], part[2], sum[2] = {0, 0};
+    gdn_grad_sumsq(&c, g, whole);
+    for (int i = 0; i + 1 < ncut; i++) {
+        gdn_grad_sumsq_range(&c, g + cut[i], cut[i], cut[i + 1], part);
+        sum[0] += part[0], sum[1] += part[1];
+    }
+    expect_close(fabs(sum[0] - whole[0]) / whole[0], 1e-12, "the squared gradient norm summed over 5 slices");
+    gdn_grad_sumsq_range(&c, g + cut[2], cut[2], cut[3], part);
+    expect_far(fabs(sum[0] - part[0] - whole[0]) / whole[0], 1e-12, "control: the same sum with one slice left out");
+    for (int64_t step = 1; step <= 2; step++) {
+        gdn_adamw_update(&a, &c, w, g, m, v, step, 1e-3, 0.5, 0);
+        for (int i = 0; i + 1 < ncut; i++)
+            gdn_adamw_update_range(&a, &c, ws + cut[i], g + cut[i], ms + cut[i], vs + cut[i], cut[i], cut[i + 1],
+                                   step, 1e-3, 0.5, 0);
+    }
+    check(!memcmp(w, ws, 4 * nw) && !memcmp(m, ms, 4 * nw) && !memcmp(v, vs, 4 * nw),
+                "AdamW over 5 slices, 2 steps = the whole array's weights and moments, bit for bit");
+    gdn_adamw_update_range(&a, &c, ws + cut[2], g + cut[2], ms + cut[2], vs + cut[2], cut[2], cut[3], 5, 1e-3, 0.5, 0);
+    check(memcmp(w, ws, 4 * nw) != 0, "control: one slice updated once more differs");
+    free(w), free(ws), free(g), free(m), free(v), free(ms), free(vs);
+}
+
 static void test_adamw_threads(void) {
     gdn_model_config c = small_cfg();
     c.E = 512, c.I = 64;
@@ -753,6 +797,7 @@ static int gate_up_adjacent(const gdn_model_config *c) {
 }
 
 void test_model(void) {
+    test_ranges();
     test_checkpoint_logits();
     test_names();
     test_errors_model();

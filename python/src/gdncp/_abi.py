@@ -805,6 +805,7 @@ PROTOTYPES = {
     'gdn_model_param_count': (c_size_t, [POINTER(ModelConfig)]),
     'gdn_model_layer_offset': (c_size_t, [POINTER(ModelConfig), c_int64]),
     'gdn_model_init': (None, [POINTER(ModelConfig), POINTER(c_float), c_uint64]),
+    'gdn_model_init_range': (None, [POINTER(ModelConfig), POINTER(c_float), c_uint64, c_size_t, c_size_t]),
     'gdn_model_plan_create': (c_int, [POINTER(c_void_p), POINTER(ModelConfig), POINTER(ModelRun), c_void_p]),
     'gdn_model_plan_destroy': (None, [c_void_p]),
     'gdn_model_plan_set_experts': (c_int, [c_void_p, c_void_p]),
