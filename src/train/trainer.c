@@ -164,6 +164,7 @@ static int train_steps(trainer *t) {
     gdn_trainer_layer_type_times(t, mixer_sum, step_sum, o->steps - t->first_step + 1);
     gdn_trainer_expert_load(t);
     gdn_trainer_ep_summary(t, o->steps - t->first_step + 1);
+    gdn_trainer_zero_summary(t, o->steps - t->first_step + 1);
     return GDN_OK;
 }
 

@@ -72,6 +72,7 @@ typedef struct {
     float *w_own, *dw_own; /* levels 3 / >= 2: this rank's slices of the weights / of the summed gradients */
     int *unit_first;       /* levels >= 2: unit u's runs are [unit_first[u], unit_first[u + 1]) */
     gdn_shard_sched sched;
+    double zero_bytes; /* bytes the sums and gathers moved on this rank (count_bytes) */
     double *router; /* MoE: the routers' statistics, 2 n_experts + 1 (gdn_trainer_grid_router_stats) */
     double *load;   /* MoE: the experts' load, 2 x MoE layers x n_experts (gdn_trainer_expert_load) */
     gdn_model_plan *plan;
@@ -111,6 +112,7 @@ int gdn_trainer_units_setup(trainer *t);
 void gdn_trainer_init_weights(trainer *t);
 void gdn_trainer_keep_slices(trainer *t);
 void gdn_trainer_release_weights(trainer *t);
+void gdn_trainer_zero_summary(trainer *t, int64_t steps);
 int gdn_trainer_save(trainer *t, int64_t step, double loss);
 /* trainer_report.c */
 void gdn_trainer_fmt_duration(char *buf, size_t n, double secs);

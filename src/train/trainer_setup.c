@@ -322,13 +322,15 @@ static double mem_available(void) {
 /* Rank 0's line of each rank's memory (plan_memory's numbers). */
 static void print_memory(const trainer *t) {
     const gdn_train_options *o = t->o;
+    static const char *const level_note[4] = {
+        "--zero 0: every rank holds everything", "--zero 1: the moments of this rank's slices",
+        "--zero 2: the moments and summed gradients of this rank's slices, two units' gradients at a time",
+        "--zero 3: the weights, moments and summed gradients of this rank's slices, two units gathered at a time"};
     char b[6][24];
     for (int i = 0; i < 6; i++) gdn_trainer_fmt_bytes(b[i], sizeof b[i], t->mem[i]);
     fprintf(t->progress, "gdncp train: memory a rank: weights %s + gradients %s + AdamW moments %s (%s) + "
             "activations %s; this node's %d rank%s %s of %s available\n", b[0], b[1], b[2],
-            o->zero ? (o->zero == 1 ? "--zero 1: this rank's slice" : "--zero 2: this rank's slice; the gradients "
-                                      "reduce-scattered")
-                    : "every parameter's, --zero 0",
+            level_note[o->zero < 0 || o->zero > 3 ? 0 : o->zero],
             b[3], t->local, t->local > 1 ? "s" : "", b[4], t->mem[5] > 0 ? b[5] : "? (unknown)");
 }
 
@@ -358,8 +360,20 @@ static int plan_memory(trainer *t) {
         t->recompute = r;
     }
     gdn_model_run run = plan_run(t);
-    const double moments = 8.0 * (double)(o->zero ? t->owned : t->nw);
-    t->mem[0] = 4.0 * (double)t->nw, t->mem[1] = 4.0 * (double)t->nw, t->mem[2] = moments;
+    /* the largest unit (model_group.h; the embedding at a large vocabulary): levels 2 and 3 hold two
+     * units' gradients (one written, one being summed) and level 3 two units' weights (one in use,
+     * the next being gathered), and with tied embeddings the embedding's gradient through the
+     * whole backward and its weights beside the head's */
+    double unit = 0;
+    for (int64_t u = 0; u <= t->cfg.L + 1; u++) {
+        const double f = (double)(gdn_model_unit_offset(&t->cfg, u + 1) - gdn_model_unit_offset(&t->cfg, u));
+        unit = f > unit ? f : unit;
+    }
+    const double tied = t->cfg.tie_embeddings ? (double)gdn_model_unit_offset(&t->cfg, 1) : 0;
+    const double own = (double)t->owned, all = (double)t->nw, moments = 8.0 * (o->zero ? own : all);
+    t->mem[0] = 4.0 * (o->zero >= 3 ? own + 2 * unit + tied : all);
+    t->mem[1] = 4.0 * (o->zero >= 2 ? own + 2 * unit + tied : all);
+    t->mem[2] = moments;
     t->mem[3] = gdn_model_plan_estimate(&t->cfg, &run);
     double mine = t->mem[0] + t->mem[1] + t->mem[2] + t->mem[3], on_node = 0, most = 0;
     MPI_Allreduce(&mine, &on_node, 1, MPI_DOUBLE, MPI_SUM, node);

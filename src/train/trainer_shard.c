@@ -82,6 +82,12 @@ static float *own_grads(const trainer *t, const gdn_shard_run *r) {
     return t->o->zero >= 2 ? t->dw_own + r->at : t->dw + r->own_lo;
 }
 
+/* What one collective of run r moves on this rank: a reduce-scatter or an all-gather over n ranks
+ * sends and receives (n - 1) / n of the run, 4 bytes a float (the ring's count). */
+static void count_bytes(trainer *t, const gdn_shard_run *r) {
+    if (r->size > 1) t->zero_bytes += 4.0 * (double)(r->hi - r->lo) * (double)(r->size - 1) / (double)r->size;
+}
+
 /* One rank's gradient left out of the sums (a test mutation: the sums must see it). */
 static void leave_out(const gdn_shard_run *r, float *g) {
     if (r->size > 1 && r->me == r->size - 1) memset(g, 0, sizeof *g * (r->hi - r->lo));
@@ -106,6 +112,7 @@ void gdn_trainer_reduce_grads(trainer *t) {
         MPI_Reduce_scatter(MPI_IN_PLACE, g, r->counts, MPI_FLOAT, MPI_SUM, group_of(t, r));
         memmove(t->dw + r->own_lo, g, sizeof *g * (size_t)r->counts[r->me]);
         MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, g, r->counts, r->displs, MPI_FLOAT, group_of(t, r));
+        count_bytes(t, r), count_bytes(t, r);
     }
 }
 
@@ -130,6 +137,7 @@ static void gather_weights(trainer *t) {
         const gdn_shard_run *r = &t->runs[i];
         MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t->w + r->lo, r->counts, r->displs, MPI_FLOAT,
                        group_of(t, r));
+        count_bytes(t, r);
     }
 }
 
@@ -175,6 +183,7 @@ static void start_unit(trainer *t, int64_t u, pend_kind kind) {
     for (int i = t->unit_first[u]; i < t->unit_first[u + 1]; i++) {
         const gdn_shard_run *r = &t->runs[i];
         MPI_Request *q = &z->req[z->nreq++];
+        count_bytes(t, r);
         if (kind == PEND_GATHER) {
             MPI_Iallgatherv(t->w_own + r->at, r->counts[r->me], MPI_FLOAT, t->w + r->lo, r->counts, r->displs,
                             MPI_FLOAT, group_of(t, r), q);
@@ -393,4 +402,19 @@ int gdn_trainer_save(trainer *t, int64_t step, double loss) {
         }
     }
     return gdn_cp_agree_status(t->agree, rc);
+}
+
+/* Rank 0's line on what the sharding moved: the mean bytes a step on each rank (the steps'
+ * forward, backward and update; validation's gathers included at level 3). */
+void gdn_trainer_zero_summary(trainer *t, int64_t steps) {
+    double most = 0;
+    MPI_Reduce(&t->zero_bytes, &most, 1, MPI_DOUBLE, MPI_MAX, 0, t->world);
+    if (!t->progress || steps < 1) return;
+    char b[24];
+    gdn_trainer_fmt_bytes(b, sizeof b, most / (double)steps);
+    static const char *const what[4] = {"the gradients' all-reduce", "the gradients' all-reduce and the weights' all-gather",
+                                        "the gradients' reduce-scatter and the weights' all-gather",
+                                        "the gradients' reduce-scatter and each unit's weights gathered for the forward and again for the backward"};
+    fprintf(t->progress, "gdncp train: --zero %d moved %s a step on the busiest rank (%s; sent and received alike)\n",
+            t->o->zero, b, what[t->o->zero]);
 }
