@@ -360,19 +360,20 @@ static int plan_memory(trainer *t) {
         t->recompute = r;
     }
     gdn_model_run run = plan_run(t);
-    /* the largest unit (model_group.h; the embedding at a large vocabulary): levels 2 and 3 hold two
-     * units' gradients (one written, one being summed) and level 3 two units' weights (one in use,
-     * the next being gathered), and with tied embeddings the embedding's gradient through the
-     * whole backward and its weights beside the head's */
-    double unit = 0;
+    /* the two largest units (model_group.h; the embedding and the head at a large vocabulary): level
+     * 3 holds one in use and the next being gathered, levels 2 and 3 one unit's gradient being
+     * written and one being summed, and with tied embeddings the embedding's gradient (where
+     * lm_head's goes) through the whole backward */
+    double u1 = 0, u2 = 0;
     for (int64_t u = 0; u <= t->cfg.L + 1; u++) {
         const double f = (double)(gdn_model_unit_offset(&t->cfg, u + 1) - gdn_model_unit_offset(&t->cfg, u));
-        unit = f > unit ? f : unit;
+        if (f > u1) u2 = u1, u1 = f;
+        else if (f > u2) u2 = f;
     }
     const double tied = t->cfg.tie_embeddings ? (double)gdn_model_unit_offset(&t->cfg, 1) : 0;
     const double own = (double)t->owned, all = (double)t->nw, moments = 8.0 * (o->zero ? own : all);
-    t->mem[0] = 4.0 * (o->zero >= 3 ? own + 2 * unit + tied : all);
-    t->mem[1] = 4.0 * (o->zero >= 2 ? own + 2 * unit + tied : all);
+    t->mem[0] = 4.0 * (o->zero >= 3 ? own + u1 + u2 : all);
+    t->mem[1] = 4.0 * (o->zero >= 2 ? own + u1 + u2 + tied : all);
     t->mem[2] = moments;
     t->mem[3] = gdn_model_plan_estimate(&t->cfg, &run);
     double mine = t->mem[0] + t->mem[1] + t->mem[2] + t->mem[3], on_node = 0, most = 0;
