@@ -35,7 +35,7 @@ for grid in "2 --batch 1" "3 --batch 2 --cp 3" "4 --batch 1 --cp 2"; do
     weights_close "--zero $z on $n ranks, step 10" "$(last "$work/z${z}_$n" 10)" "$(last "$work/z0_$n" 10)"
   done
 done
-grep -q "AdamW moments .*(--zero 2: this rank's slice" "$work/z2_3.csv.out" &&
+grep -q "AdamW moments .*(--zero 2: the moments of this rank's slices" "$work/z2_3.csv.out" &&
   pass "the start-up line gives each rank's memory at its level" || { fail "no memory line"; cat "$work/z2_3.csv.out"; }
 train 3 "$work/again.csv" --batch 2 --cp 3 --zero 2 --out "$work/again" || fail "train --zero 2 again"
 if cmp -s "$(last "$work/again" 10)/model.safetensors" "$(last "$work/z2_3" 10)/model.safetensors" &&

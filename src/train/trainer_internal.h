@@ -46,6 +46,7 @@ typedef struct {
     char *gathered;         /* per unit: its weights are in the flat array */
     int dir;                /* the pass's direction (+1 forward, -1 backward) */
     int64_t last_need;      /* the pass's last unit needed (-1: none yet) */
+    int keep_embedding;     /* tied embeddings, a forward: unit 0 kept from the embedding to the head */
     int failed, kept_stale; /* a failure agreed at an event; (a test mutation's unit kept) */
 } gdn_shard_sched;
 
@@ -69,7 +70,7 @@ typedef struct {
     gdn_shard_run *runs;
     int nruns;
     size_t owned; /* floats in this rank's slices */
-    float *w_own, *dw_own; /* levels 3 / >= 2: this rank's slices of the weights / of the summed gradients */
+    float *w_own, *dw_own; /* level 3: this rank's slices of the weights and of the summed gradients */
     int *unit_first;       /* levels >= 2: unit u's runs are [unit_first[u], unit_first[u + 1]) */
     gdn_shard_sched sched;
     double zero_bytes; /* bytes the sums and gathers moved on this rank (count_bytes) */
