@@ -70,7 +70,9 @@ typedef struct {
     gdn_shard_run *runs;
     int nruns;
     size_t owned; /* floats in this rank's slices */
-    float *w_own, *dw_own; /* level 3: this rank's slices of the weights and of the summed gradients */
+    float *w_own, *dw_own; /* this rank's slices of the weights (level 3) and of the summed gradients (2, 3) */
+    float *rs_scratch;     /* levels 0, 1: one run's slice of the gradients' sum */
+    size_t rs_floats;
     int *unit_first;       /* levels >= 2: unit u's runs are [unit_first[u], unit_first[u + 1]) */
     gdn_shard_sched sched;
     double zero_bytes; /* bytes the sums and gathers moved on this rank (count_bytes) */

@@ -324,7 +324,7 @@ static void print_memory(const trainer *t) {
     const gdn_train_options *o = t->o;
     static const char *const level_note[4] = {
         "--zero 0: every rank holds everything", "--zero 1: the moments of this rank's slices",
-        "--zero 2: the moments of this rank's slices, the gradients reduce-scattered",
+        "--zero 2: the moments of this rank's slices, their gradients reduce-scattered apart",
         "--zero 3: the weights, moments and summed gradients of this rank's slices, two units gathered at a time"};
     char b[6][24];
     for (int i = 0; i < 6; i++) gdn_trainer_fmt_bytes(b[i], sizeof b[i], t->mem[i]);
@@ -373,7 +373,7 @@ static int plan_memory(trainer *t) {
     const double tied = t->cfg.tie_embeddings ? (double)gdn_model_unit_offset(&t->cfg, 1) : 0;
     const double own = (double)t->owned, all = (double)t->nw, moments = 8.0 * (o->zero ? own : all);
     t->mem[0] = 4.0 * (o->zero >= 3 ? own + u1 + u2 : all);
-    t->mem[1] = 4.0 * (o->zero >= 3 ? own + u1 + u2 + tied : all);
+    t->mem[1] = 4.0 * (o->zero >= 3 ? own + u1 + u2 + tied : o->zero == 2 ? all + own : all);
     t->mem[2] = moments;
     t->mem[3] = gdn_model_plan_estimate(&t->cfg, &run);
     double mine = t->mem[0] + t->mem[1] + t->mem[2] + t->mem[3], on_node = 0, most = 0;
@@ -464,7 +464,7 @@ int gdn_trainer_setup(trainer *t) {
     if (!rc && !(t->dw = gdn_alloc_large("trainer_setup: t->dw", bytes))) rc = gdn_fail(GDN_ERR_NOMEM, "gradients (%zu floats)", t->nw);
     if (!rc && !(t->m = gdn_alloc_large_zeroed("trainer_setup: t->m", mbytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", nmom);
     if (!rc && !(t->v = gdn_alloc_large_zeroed("trainer_setup: t->v", mbytes))) rc = gdn_fail(GDN_ERR_NOMEM, "AdamW moments (%zu floats)", nmom);
-    if (!rc && o->zero >= 3 && !(t->dw_own = gdn_alloc_large("trainer_setup: t->dw_own", mbytes)))
+    if (!rc && o->zero >= 2 && !(t->dw_own = gdn_alloc_large("trainer_setup: t->dw_own", mbytes)))
         rc = gdn_fail(GDN_ERR_NOMEM, "this rank's slices of the gradients (%zu floats)", nmom);
     if (!rc && o->zero >= 3 && !(t->w_own = gdn_alloc_large("trainer_setup: t->w_own", mbytes)))
         rc = gdn_fail(GDN_ERR_NOMEM, "this rank's slices of the weights (%zu floats)", nmom);

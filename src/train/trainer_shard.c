@@ -25,7 +25,7 @@ static MPI_Comm group_of(const trainer *t, const gdn_shard_run *r) {
 void gdn_trainer_shard_free(trainer *t) {
     for (int i = 0; i < t->nruns; i++) free(t->runs[i].counts);
     free(t->runs), free(t->unit_first), free(t->sched.gathered), free(t->sched.req), free(t->sched.pend);
-    free(t->w_own), free(t->dw_own);
+    free(t->w_own), free(t->dw_own), free(t->rs_scratch);
     t->runs = NULL, t->nruns = 0;
 }
 
@@ -63,7 +63,10 @@ int gdn_trainer_shard_setup(trainer *t) {
         r->own_lo = r->lo + (size_t)r->displs[r->me], r->own_hi = r->own_lo + (size_t)r->counts[r->me];
         r->at = t->owned;
         t->owned += r->own_hi - r->own_lo;
+        t->rs_floats = (size_t)r->counts[r->me] > t->rs_floats ? (size_t)r->counts[r->me] : t->rs_floats;
     }
+    if (t->o->zero < 2 && !(t->rs_scratch = gdn_malloc("trainer_shard: rs_scratch", sizeof(float) * (t->rs_floats + 1))))
+        return gdn_fail(GDN_ERR_NOMEM, "the gradients' sum scratch (%zu floats)", t->rs_floats);
     return GDN_OK;
 }
 
@@ -77,9 +80,9 @@ static float *own_weights(const trainer *t, const gdn_shard_run *r) {
     return t->o->zero >= 3 ? t->w_own + r->at : t->w + r->own_lo;
 }
 
-/* Run r's owned summed gradient: level 3 reduce-scatters it apart, the others in place. */
+/* Run r's owned summed gradient: levels 2 and 3 reduce-scatter it apart. */
 static float *own_grads(const trainer *t, const gdn_shard_run *r) {
-    return t->o->zero >= 3 ? t->dw_own + r->at : t->dw + r->own_lo;
+    return t->o->zero >= 2 ? t->dw_own + r->at : t->dw + r->own_lo;
 }
 
 /* What one collective of run r moves on this rank: a reduce-scatter or an all-gather over n ranks
@@ -108,9 +111,10 @@ void gdn_trainer_reduce_grads(trainer *t) {
         if (r->kind && !replicas_summed) continue;
         if (mutate) leave_out(r, g);
         if (r->size < 2) continue;
-        /* in place: the owned slice's sum lands at the front of the run */
-        MPI_Reduce_scatter(MPI_IN_PLACE, g, r->counts, MPI_FLOAT, MPI_SUM, group_of(t, r));
-        memmove(t->dw + r->own_lo, g, sizeof *g * (size_t)r->counts[r->me]);
+        /* into a scratch slice (never MPI_IN_PLACE: MPICH 4's reduce-scatter of uneven counts then
+         * copies between overlapping ranges and aborts), then all-gathered in place */
+        MPI_Reduce_scatter(g, t->rs_scratch, r->counts, MPI_FLOAT, MPI_SUM, group_of(t, r));
+        memcpy(t->dw + r->own_lo, t->rs_scratch, sizeof *g * (size_t)r->counts[r->me]);
         MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, g, r->counts, r->displs, MPI_FLOAT, group_of(t, r));
         count_bytes(t, r), count_bytes(t, r);
     }
@@ -164,11 +168,10 @@ void gdn_trainer_update(trainer *t, int64_t step, double lr, double scale) {
  * The model calls it around each unit (model_group.h). Level 3 gathers a unit's runs from their
  * owners into the flat array before the model reads them (prefetching the next unit of the pass
  * with non-blocking all-gathers) and gives the pages back once it is done; levels 2 and 3
- * reduce-scatter each unit's gradient as soon as its backward is complete, level 3 into its own
- * slices' array, giving the unit's pages back once the sums have left. Level 2 keeps the
+ * reduce-scatter each unit's gradient into the owned slices' array as soon as its backward is
+ * complete; level 3 gives the unit's pages back once the sums have left. Level 2 keeps the
  * gradient array (the model's backward writes all of it, so its peak holds it anyway; giving
- * the pages back and touching them again each step cost 1.2x the step on a 2-core VM, measured)
- * and sums in place. Every event that starts a collective first agrees the ranks'
+ * the pages back and touching them again each step cost 1.2x the step on a 2-core VM, measured). Every event that starts a collective first agrees the ranks'
  * statuses (one small all-reduce over the world), so a rank whose pass failed stops the others at
  * their next event instead of leaving them in a collective it never joins. */
 
@@ -192,15 +195,13 @@ static void start_unit(trainer *t, int64_t u, pend_kind kind) {
             MPI_Iallgatherv(t->w_own + r->at, r->counts[r->me], MPI_FLOAT, t->w + r->lo, r->counts, r->displs,
                             MPI_FLOAT, group_of(t, r), q);
         } else if (r->kind && !replicas_summed) { /* this replica's own gradient as if it were the sum */
-            if (t->o->zero >= 3) memcpy(t->dw_own + r->at, t->dw + r->own_lo, sizeof(float) * (size_t)r->counts[r->me]);
-            else memmove(t->dw + r->lo, t->dw + r->own_lo, sizeof(float) * (size_t)r->counts[r->me]);
+            memcpy(t->dw_own + r->at, t->dw + r->own_lo, sizeof(float) * (size_t)r->counts[r->me]);
             *q = MPI_REQUEST_NULL;
         } else {
             if (mutate) leave_out(r, t->dw + r->lo);
-            if (t->o->zero >= 3)
-                MPI_Ireduce_scatter(t->dw + r->lo, t->dw_own + r->at, r->counts, MPI_FLOAT, MPI_SUM, group_of(t, r), q);
-            else /* in place: the slice's sum lands at the front of the run (moved to its place once done) */
-                MPI_Ireduce_scatter(MPI_IN_PLACE, t->dw + r->lo, r->counts, MPI_FLOAT, MPI_SUM, group_of(t, r), q);
+            /* (never MPI_IN_PLACE: MPICH 4's reduce-scatter of uneven counts then copies between
+             * overlapping ranges and aborts) */
+            MPI_Ireduce_scatter(t->dw + r->lo, t->dw_own + r->at, r->counts, MPI_FLOAT, MPI_SUM, group_of(t, r), q);
         }
     }
     z->pend[z->npend++] = (gdn_shard_pending){.unit = u, .kind = kind, .last_req = z->nreq};
@@ -217,16 +218,9 @@ static void finish_pending(trainer *t, int64_t unit, int kind) {
     if (upto < 0) return;
     const int nreq = z->pend[upto].last_req;
     gdn_cp_wait_all(t->agree, nreq, z->req); /* sleeping between tests when the ranks outnumber the cores */
-    for (int k = 0; k <= upto; k++) {
-        if (z->pend[k].kind != PEND_SCATTER) continue;
-        const int64_t u = z->pend[k].unit;
-        if (t->o->zero >= 3) { /* the sums are in dw_own: the unit's gradient pages go back */
-            gdn_release_pages(t->dw + unit_lo(t, u), sizeof(float) * unit_len(t, u));
-            continue;
-        }
-        for (int i = t->unit_first[u]; i < t->unit_first[u + 1]; i++) /* level 2: each sum to its place */
-            memmove(t->dw + t->runs[i].own_lo, t->dw + t->runs[i].lo, sizeof(float) * (size_t)t->runs[i].counts[t->runs[i].me]);
-    }
+    for (int k = 0; k <= upto && t->o->zero >= 3; k++) /* the sums are in dw_own: the unit's gradient pages go back */
+        if (z->pend[k].kind == PEND_SCATTER)
+            gdn_release_pages(t->dw + unit_lo(t, z->pend[k].unit), sizeof(float) * unit_len(t, z->pend[k].unit));
     memmove(z->req, z->req + nreq, sizeof *z->req * (size_t)(z->nreq - nreq));
     z->nreq -= nreq;
     for (int k = upto + 1; k < z->npend; k++) z->pend[k - upto - 1] = z->pend[k], z->pend[k - upto - 1].last_req -= nreq;
