@@ -12,15 +12,16 @@
 # The test model of test_train.sh: 37,832 parameters (N = 3 does not divide the runs' lengths)
 small=(--hidden 32 --layers 2 --intermediate 64 --key-heads 1 --value-heads 2 --key-dim 16 --value-dim 16
        --seq 66 --warmup 2 --lr 3e-3 --eval-every 0 --threads 1 --steps 10)
-# Tolerance: the same sums in another order. Level 1 sums the gradients as level 0 does, so only
-# the norm's order differs; level 2's reduce-scatter may add in another order than the reduce to
-# one rank (measured: 0 at N = 2, 3 and 4 with MPICH; the weights after 10 steps within 1e-6 of the
-# largest). The controls move the losses by 1e-3 and more.
-TOL=1e-6
-weights_close() { # weights_close LABEL A B: every tensor of A's model.safetensors within TOL of B's
+# Tolerance: the same sums, in the same order at every level with MPICH (losses and weights equal
+# bit for bit); Open MPI's non-blocking reduce-scatter (levels 2, 3) associates differently from its
+# blocking one (levels 0, 1): the losses still agree to 1e-6, the weights after 10 steps to 5.8e-6
+# of each tensor's largest (measured at N = 4 and under --ep; AdamW's first steps divide tiny
+# gradients by their own size). The controls move the losses by 1e-3 and more.
+TOL=1e-6 WTOL=2e-5
+weights_close() { # weights_close LABEL A B: every tensor of A's model.safetensors within WTOL of B's
   if cmp -s "$2/model.safetensors" "$3/model.safetensors"; then pass "$1: every weight bit for bit"; return; fi
-  if $g diff "$2/model.safetensors" "$3/model.safetensors" --tol $TOL >"$work/diff.out" 2>&1; then
-    pass "$1: every weight within $TOL ($(grep -c ' ok ' "$work/diff.out") tensors)"
+  if $g diff "$2/model.safetensors" "$3/model.safetensors" --tol $WTOL >"$work/diff.out" 2>&1; then
+    pass "$1: every weight within $WTOL ($(grep -c ' ok ' "$work/diff.out") tensors)"
   else fail "$1: weights differ"; grep OVER "$work/diff.out" | head -5; fi
 }
 last() { echo "$1/checkpoint-$(printf %08d "$2")"; }
@@ -104,14 +105,14 @@ for z in 0 1 2 3; do
   for f in "forward fails at its last layer" "backward fails at its first layer"; do
     refuse "--zero $z, DP 3: rank 2's $f (MPMD): every rank stops" "rank 2 failed" \
       $MPIEXEC -n 2 $g train --data "$text" "${small[@]}" --batch 1 --zero $z \
-      : -n 1 -env GDNCP_MUTATE "model: this rank's $f (a fault)" $g train --data "$text" "${small[@]}" --batch 1 --zero $z
+      : -n 1 env GDNCP_MUTATE="model: this rank's $f (a fault)" $g train --data "$text" "${small[@]}" --batch 1 --zero $z
   done
 done
 mkdir -p "$work/disk" && cp -r "$(last "$work/full" 3)" "$work/disk/"
 before=$(cat "$(last "$work/disk" 3)"/*.safetensors | md5sum)
 refuse "one rank's checkpoint write fails (a full disk, MPMD: that rank only)" "no space" \
   $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --batch 1 --zero 2 --resume "$work/disk" --out "$work/disk" \
-  : -n 1 -env GDNCP_MUTATE "ckpt part: this process's write fails (as on a full disk)" \
+  : -n 1 env GDNCP_MUTATE="ckpt part: this process's write fails (as on a full disk)" \
   $g train --data "$text" "${small[@]}" --batch 1 --zero 2 --resume "$work/disk" --out "$work/disk"
 if [ "$(ls "$work/disk")" = "checkpoint-00000003" ] && [ "$(cat "$(last "$work/disk" 3)"/*.safetensors | md5sum)" = "$before" ] &&
    [ -z "$(ls -A "$work/disk" | grep '^\.')" ]; then
