@@ -36,23 +36,6 @@ differ() {
   if [ -s "$2" ] && [ "$(losses "$2")" != "$(losses "$3")" ]; then pass "negative control: $1 differs ($(losses "$2"))"
   else fail "negative control: $1 gives the same losses (the check cannot tell)"; fi
 }
-lossdiff() {
-  awk -F, 'NR == FNR { if (FNR > 1) a[$1] = $2; next }
-           FNR > 1 && ($1 in a) { d = ($2 - a[$1]) / a[$1]; if (d < 0) d = -d; if (d > m) m = d; n++ }
-           END { if (!n) print "inf"; else printf "%.3e\n", m }' "$1" "$2"
-}
-close() { # close LABEL A B TOL
-  local d; d=$(lossdiff "$2" "$3")
-  if awk -v d="$d" -v t="$4" 'BEGIN { exit !(d != "inf" && d <= t) }'; then pass "$1  loss rel diff $d <= $4"
-  else fail "$1  loss rel diff $d > $4"; cat "$2.out"; fi
-}
-refuse() { # refuse LABEL PATTERN CMD...: a non-zero exit (not a signal or a timeout) naming PATTERN
-  local label=$1 pat=$2; shift 2
-  local rc=0; timeout 120 "$@" >"$work/bad.out" 2>&1 || rc=$?
-  if [ "$rc" -ne 0 ] && [ "$rc" -lt 124 ] && grep -qiE -- "$pat" "$work/bad.out"; then
-    pass "$label: exit $rc, \"$(grep -m1 -iE -- "$pat" "$work/bad.out" | cut -c1-160)\""
-  else fail "$label (exit $rc; wanted a message matching '$pat')"; cat "$work/bad.out"; fi
-}
 
 echo "== a token file of the text's bytes trains exactly as the text"
 train 1 "$work/text1.csv" "$text" || fail "train on the text"
@@ -85,7 +68,7 @@ tokfile "$text" "$work/v300.tok" 2 300 '($_ * 7) % 300'
 # (--lr 1e-2: by step 4 the state crossing ranks matters well above the tolerance, in the control)
 train 1 "$work/v1.csv" "$work/v300.tok" --vocab 300 --lr 1e-2 --out "$work/v300ck" || fail "train vocab 300, 1 rank"
 train 2 "$work/v2.csv" "$work/v300.tok" --vocab 300 --lr 1e-2 --cp 2 || fail "train vocab 300, CP 2"
-close "vocab 300, CP 2 vs one rank" "$work/v2.csv" "$work/v1.csv" 2e-5
+expect_close "vocab 300, CP 2 vs one rank" "$work/v2.csv" "$work/v1.csv" 2e-5
 GDNCP_MUTATE="cp: incoming state dropped" train 2 "$work/v2drop.csv" "$work/v300.tok" --vocab 300 --lr 1e-2 --cp 2 || fail "train vocab 300 drop"
 d=$(lossdiff "$work/v2drop.csv" "$work/v1.csv")
 awk -v d="$d" 'BEGIN { exit !(d != "inf" && d > 2e-5) }' && pass "negative control: vocab 300, CP 2 with the incoming state dropped: $d" ||
