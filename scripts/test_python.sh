@@ -5,8 +5,9 @@
 # installed with `pip install ./python` (scikit-build-core runs the project's CMake for
 # libgdncp.so, in build-pywheel/); the gdncp command built into BUILD (default build-py; the test
 # script passes its own build/) for the trained-checkpoint test; then python/tests/test_cp.py, test_cp_train.py
-# and test_torch_cp.py (context parallelism over mpi4py) under `mpiexec.mpich -n 3`, one pytest per rank,
-# and test_torch_cp.py again under `torchrun --nproc-per-node 3` (torch.distributed, gloo). mpi4py is
+# and test_torch_cp.py (context parallelism over mpi4py) and test_sharded.py (sharded data-parallel
+# AdamW) under `mpiexec.mpich -n 3`, one pytest per rank, and test_torch_cp.py, test_torch_cp_train.py
+# and test_sharded.py again under `torchrun --nproc-per-node 3` (torch.distributed, gloo). mpi4py is
 # built from source against the MPI libgdncp.so links (MPICC=mpicc.mpich, or GDN_MPICC): a binary
 # wheel may load another MPI (the PyPI wheel picks Open MPI when both are installed), which gdncp
 # refuses. Ends with "N passed, N failed" (both pytest runs' summaries added; errors count as
@@ -75,11 +76,11 @@ fi
 # every rank reports the same outcome); rank r's output goes to $build/pytest-cp.log.r. Their negative
 # controls break the library through GDNCP_MUTATE, which the wheel (no test hooks) cannot: they load
 # BUILD's libgdncp.so (GDNCP_LIBRARY), built with the hooks.
-echo "== mpiexec.mpich -n 3 pytest python/tests/test_cp.py python/tests/test_cp_train.py"
+echo "== mpiexec.mpich -n 3 pytest python/tests/test_cp.py python/tests/test_cp_train.py python/tests/test_torch_cp.py python/tests/test_sharded.py"
 cplog="$build/pytest-cp.log"
 rm -f "$cplog".*
 GDNCP_LIBRARY="$PWD/$build/libgdncp.so" GDNCP_MPI_TESTS=1 OMP_NUM_THREADS=1 timeout 600 mpiexec.mpich -n 3 bash -c \
-  'exec "$0" -m pytest python/tests/test_cp.py python/tests/test_cp_train.py python/tests/test_torch_cp.py -q -rfE -p no:cacheprovider > "$1.$PMI_RANK" 2>&1' \
+  'exec "$0" -m pytest python/tests/test_cp.py python/tests/test_cp_train.py python/tests/test_torch_cp.py python/tests/test_sharded.py -q -rfE -p no:cacheprovider > "$1.$PMI_RANK" 2>&1' \
   "$venv/bin/python" "$cplog"
 crc=$?
 cline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$cplog.0" 2>/dev/null | tail -1)
@@ -103,11 +104,11 @@ p=$((p + cp)); f=$((f + cf))
 # own: --standalone), 3 processes, one pytest each: test_torch_cp.py (the ops) and
 # test_torch_cp_train.py (patch(group=...): whole models); conftest.py collects only these under
 # GDNCP_TORCHRUN_TESTS=1; rank r's output goes to $build/pytest-torchrun.log.r.
-echo "== torchrun --nproc-per-node 3 pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py"
+echo "== torchrun --nproc-per-node 3 pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py python/tests/test_sharded.py"
 trlog="$build/pytest-torchrun.log"
 rm -f "$trlog".*
 GDNCP_TORCHRUN_TESTS=1 OMP_NUM_THREADS=1 timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 3 \
-  --no-python bash -c 'exec "$0" -m pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py -q -rfE -p no:cacheprovider > "$1.$RANK" 2>&1' \
+  --no-python bash -c 'exec "$0" -m pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py python/tests/test_sharded.py -q -rfE -p no:cacheprovider > "$1.$RANK" 2>&1' \
   "$venv/bin/python" "$trlog" > "$trlog.launcher" 2>&1
 trc=$?
 tline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$trlog.0" 2>/dev/null | tail -1)

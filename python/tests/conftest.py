@@ -65,9 +65,9 @@ def read_safetensors(path):
 # `mpiexec.mpich -n 3` with GDNCP_MPI_TESTS=1; the plain (one-process) run leaves it out rather
 # than skipping it, so that it is never counted as passed there.
 collect_ignore = [] if os.environ.get("GDNCP_MPI_TESTS") == "1" else ["test_cp.py", "test_cp_train.py"]
-# test_torch_cp.py likewise, under torchrun (GDNCP_TORCHRUN_TESTS=1) or mpiexec (GDNCP_MPI_TESTS=1)
+# test_torch_cp.py and test_sharded.py likewise, under torchrun (GDNCP_TORCHRUN_TESTS=1) or mpiexec (GDNCP_MPI_TESTS=1)
 if os.environ.get("GDNCP_MPI_TESTS") != "1" and os.environ.get("GDNCP_TORCHRUN_TESTS") != "1":
-    collect_ignore.append("test_torch_cp.py")
+    collect_ignore += ["test_torch_cp.py", "test_sharded.py"]
 if os.environ.get("GDNCP_TORCHRUN_TESTS") != "1":   # patch(group=...): torchrun only
     collect_ignore.append("test_torch_cp_train.py")
 if os.environ.get("GDNCP_TORCHRUN_TESTS") == "1":   # torchrun runs only the torch.distributed tests

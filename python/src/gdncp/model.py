@@ -38,6 +38,18 @@ from ._plans import PlanCache, Plan
 __all__ = ["Model", "ModelConfig", "AdamW"]
 
 
+@dataclass
+class _TrainStep:
+    """One prepared training step (Model._train_prepare)."""
+    plan: object
+    train: object       # the Plan that owns plan (kept alive through the step)
+    ids: np.ndarray
+    B: int
+    T1: int
+    aux: bool
+    denom: float
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The model's configuration as the C library read it from config.json (Hugging Face names)."""
@@ -347,12 +359,26 @@ class Model:
         except (AttributeError, OSError):
             return os.cpu_count() or 1
 
-    def adamw(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip=0.0):
+    def adamw(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip=0.0,
+              group=None, zero=0):
         """An AdamW optimizer on this model's weights (the C library's, gdn_adamw_update, which
         `gdncp train` runs; torch.optim.AdamW's defaults): opt.step(input_ids) is one training
         step. It owns the gradient buffer and the two moments (3 x the weights' memory, allocated
-        here once); see AdamW."""
-        return AdamW(self, lr, betas, eps, weight_decay, clip)
+        here once); see AdamW.
+
+        group: data parallelism over the ranks of an mpi4py communicator or a torch.distributed
+        (gloo) process group, each rank stepping on its own batch (gdncp.sharded.ShardedAdamW:
+        the step of every rank's batches together), with the training state sharded by `zero`
+        (0 replicated, 1 the moments, 2 also the gradient's sums; DESIGN §15). Collective: every
+        rank of the group makes it, with the same settings and weights."""
+        if group is None:
+            if zero != 0:
+                raise ValueError(f"zero={zero!r} shards the training state over the ranks of a "
+                                 "group: give group= (an mpi4py communicator or a "
+                                 "torch.distributed process group)")
+            return AdamW(self, lr, betas, eps, weight_decay, clip)
+        from .sharded import ShardedAdamW
+        return ShardedAdamW(self, group, zero, lr, betas, eps, weight_decay, clip)
 
     def loss(self, input_ids, compute="fp32"):
         """transformers' `model(input_ids, labels=input_ids).loss`: the mean over the B (T - 1)
@@ -386,6 +412,23 @@ class Model:
     def _step(self, input_ids, compute, grads, recompute, dw=None):
         """(loss, the flat gradient in the C layout (written into dw when given, else into a new
         array), or None without grads)."""
+        st = self._train_prepare(input_ids, compute, recompute)
+        loss = self._train_forward(st, st.denom, grads) / st.denom + self._aux_loss(st)
+        if not grads:
+            return loss, None
+        if dw is None:
+            dw = L.huge_empty(self._w.size, np.float32)
+        self._train_backward(st, dw)
+        return loss, dw
+
+    # The three phases of a training step, apart, for a caller that sums over data-parallel ranks
+    # between them (gdncp.sharded: the token count before the forward, the loss and the routers'
+    # statistics after it, the gradient after the backward), as `gdncp train` does in C.
+
+    def _train_prepare(self, input_ids, compute, recompute):
+        """The checked batch and its plan: a namespace with plan, ids, B, T1, aux (an MoE model's
+        aux loss on: the routers' statistics matter) and denom (this batch's B (T1 - 1) predicted
+        tokens)."""
         self._live()
         if compute not in ("fp32", "bf16"):
             raise ValueError(f"compute must be 'fp32' or 'bf16', got {compute!r}")
@@ -410,21 +453,27 @@ class Model:
             L.check(L.gdn_model_set_docs(plan, cu.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
                                          n_docs.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), 0,
                                          ctypes.byref(targets)), "gdncp.Model.loss")
-        tok = ids.ctypes.data_as(L.P_token)
+        return _TrainStep(plan=plan, train=train, ids=ids, B=B, T1=T1, aux=aux,
+                          denom=float(B * (T1 - 1)))
+
+    def _train_forward(self, st, denom, for_backward):
+        """The forward of a prepared step: the sum of -log p over its targets (the loss is that
+        over denom, the token count of every rank's batch together, which scales the backward's
+        gradient)."""
         loss_sum = ctypes.c_double()
-        denom = float(B * (T1 - 1))
-        L.check(L.gdn_model_forward(plan, L.f32p(self._w), tok, denom,
-                                    ctypes.byref(loss_sum), int(grads)), "gdncp.Model.loss")
-        loss = loss_sum.value / denom
-        if aux:
-            loss += self._cfg.router_aux_coef * L.gdn_model_aux_loss(plan)
-        if not grads:
-            return loss, None
-        if dw is None:
-            dw = L.huge_empty(self._w.size, np.float32)
-        L.check(L.gdn_model_backward(plan, L.f32p(self._w), L.f32p(dw), tok),
+        L.check(L.gdn_model_forward(st.plan, L.f32p(self._w), st.ids.ctypes.data_as(L.P_token),
+                                    float(denom), ctypes.byref(loss_sum), int(for_backward)),
+                "gdncp.Model.loss")
+        return loss_sum.value
+
+    def _aux_loss(self, st):
+        """router_aux_coef x the aux loss of the routers' statistics the plan holds (0 off)."""
+        return self._cfg.router_aux_coef * L.gdn_model_aux_loss(st.plan) if st.aux else 0.0
+
+    def _train_backward(self, st, dw):
+        L.check(L.gdn_model_backward(st.plan, L.f32p(self._w), L.f32p(dw),
+                                     st.ids.ctypes.data_as(L.P_token)),
                 "gdncp.Model.loss_and_grads")
-        return loss, dw
 
     # ------------------------------------------------------------------------- generation
 
@@ -683,7 +732,10 @@ class AdamW:
     raises FloatingPointError and leaves the weights and moments unchanged (the trainer's
     "training diverged")."""
 
-    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip=0.0):
+    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip=0.0,
+                 _moments=None):
+        # _moments: the flat elements [lo, hi) the moments cover (gdncp.sharded: this rank's
+        # slice); None, all of them
         if not isinstance(model, Model):
             raise TypeError(f"AdamW needs a gdncp.Model, not {type(model).__name__}")
         model._live()
@@ -701,8 +753,9 @@ class AdamW:
         self._model = model
         n = model.grad_size
         self.grad = L.huge_empty(n, np.float32)
-        self.exp_avg = L.huge_empty(n, np.float32)
-        self.exp_avg_sq = L.huge_empty(n, np.float32)
+        lo, hi = (0, n) if _moments is None else _moments
+        self.exp_avg = L.huge_empty(hi - lo, np.float32)
+        self.exp_avg_sq = L.huge_empty(hi - lo, np.float32)
         self.exp_avg[:] = 0      # (a fresh mapping is zero already; a small array is not)
         self.exp_avg_sq[:] = 0
         self.steps = 0
