@@ -100,32 +100,43 @@ if [ "$crc" -ne 0 ] && [ "$cf" -eq 0 ]; then
 fi
 p=$((p + cp)); f=$((f + cf))
 
-# The same CP tests of gdncp.torch_cp over torch.distributed: torchrun (gloo, a free port of its
-# own: --standalone), 3 processes, one pytest each: test_torch_cp.py (the ops) and
-# test_torch_cp_train.py (patch(group=...): whole models); conftest.py collects only these under
-# GDNCP_TORCHRUN_TESTS=1; rank r's output goes to $build/pytest-torchrun.log.r.
-echo "== torchrun --nproc-per-node 3 pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py python/tests/test_sharded.py"
-trlog="$build/pytest-torchrun.log"
-rm -f "$trlog".*
-GDNCP_TORCHRUN_TESTS=1 OMP_NUM_THREADS=1 timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node 3 \
-  --no-python bash -c 'exec "$0" -m pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py python/tests/test_sharded.py -q -rfE -p no:cacheprovider > "$1.$RANK" 2>&1' \
-  "$venv/bin/python" "$trlog" > "$trlog.launcher" 2>&1
-trc=$?
-tline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$trlog.0" 2>/dev/null | tail -1)
-tr_num() { echo "$tline" | grep -oE "[0-9]+ $1" | head -1 | cut -d' ' -f1; }
-tp=$(tr_num passed); tf=$(tr_num failed); te=$(tr_num 'errors?')
-tp=${tp:-0}; tf=$((${tf:-0} + ${te:-0}))
-grep -hE '^(FAILED|ERROR)' "$trlog.0" 2>/dev/null
-echo "${tline:-no summary from rank 0} (each of 3 torchrun ranks)"
-for r in 1 2; do
-  other=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$trlog.$r" 2>/dev/null | tail -1)
-  if [ "${other% in *}" != "${tline% in *}" ]; then
-    echo "FAIL  torchrun rank $r's summary '$other' differs from rank 0's"; tail -30 "$trlog.$r"; tf=$((tf + 1))
+# torchrun_tests N LOG VAR TESTS...: pytest on TESTS in each of N torchrun processes (gloo, a free
+# port of their own: --standalone) with VAR=1 (conftest.py collects them only then); rank r's
+# output goes to LOG.r. Adds rank 0's summary to p and f; every rank must report the same.
+torchrun_tests() {
+  local n=$1 log=$2 var=$3; shift 3
+  rm -f "$log".*
+  env "$var=1" OMP_NUM_THREADS=1 timeout 600 "$venv/bin/torchrun" --standalone --nproc-per-node "$n" \
+    --no-python bash -c 'log=$1; shift; exec "$0" -m pytest "$@" -q -rfE -p no:cacheprovider > "$log.$RANK" 2>&1' \
+    "$venv/bin/python" "$log" "$@" > "$log.launcher" 2>&1
+  local trc=$? tline tp tf te other r
+  tline=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$log.0" 2>/dev/null | tail -1)
+  tp=$(echo "$tline" | grep -oE "[0-9]+ passed" | head -1 | cut -d' ' -f1)
+  tf=$(echo "$tline" | grep -oE "[0-9]+ failed" | head -1 | cut -d' ' -f1)
+  te=$(echo "$tline" | grep -oE "[0-9]+ errors?" | head -1 | cut -d' ' -f1)
+  tp=${tp:-0}; tf=$((${tf:-0} + ${te:-0}))
+  grep -hE '^(FAILED|ERROR)' "$log.0" 2>/dev/null
+  echo "${tline:-no summary from rank 0} (each of $n torchrun ranks)"
+  for ((r = 1; r < n; r++)); do
+    other=$(grep -hE '[0-9]+ (passed|failed|errors?)' "$log.$r" 2>/dev/null | tail -1)
+    if [ "${other% in *}" != "${tline% in *}" ]; then
+      echo "FAIL  torchrun rank $r's summary '$other' differs from rank 0's"; tail -30 "$log.$r"; tf=$((tf + 1))
+    fi
+  done
+  if [ "$trc" -ne 0 ] && [ "$tf" -eq 0 ]; then
+    tail -30 "$log.0" "$log.launcher"; tf=1; echo "FAIL  torchrun pytest exited $trc"
   fi
-done
-if [ "$trc" -ne 0 ] && [ "$tf" -eq 0 ]; then
-  tail -30 "$trlog.0" "$trlog.launcher"; tf=1; echo "FAIL  torchrun pytest exited $trc"
-fi
-p=$((p + tp)); f=$((f + tf))
+  p=$((p + tp)); f=$((f + tf))
+}
+
+# The same CP tests of gdncp.torch_cp over torch.distributed, 3 processes: test_torch_cp.py (the
+# ops), test_torch_cp_train.py (patch(group=...): whole models) and test_sharded.py.
+echo "== torchrun --nproc-per-node 3 pytest python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py python/tests/test_sharded.py"
+torchrun_tests 3 "$build/pytest-torchrun.log" GDNCP_TORCHRUN_TESTS \
+  python/tests/test_torch_cp.py python/tests/test_torch_cp_train.py python/tests/test_sharded.py
+
+# patch(group=) inside PyTorch's FSDP2 on a (dp, cp) = (2, 2) mesh: 4 processes.
+echo "== torchrun --nproc-per-node 4 pytest python/tests/test_fsdp_cp.py"
+torchrun_tests 4 "$build/pytest-fsdp.log" GDNCP_FSDP_TESTS python/tests/test_fsdp_cp.py
 echo "$p passed, $f failed"
 [ "$f" -eq 0 ]

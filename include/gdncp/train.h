@@ -25,8 +25,9 @@ extern "C" {
  * rank order); the DP index is g = rank / cp. With expert parallelism (ep > 1) ranks [e*ep,
  * (e+1)*ep) also form expert group e: rank r holds slice r % ep of every MoE layer's experts, the
  * experts' gradients are summed over the ranks holding the same slice and everything else's over
- * the whole grid; checkpoints gather the slices into transformers' layout. Every rank reads only its own rows' shard of the
- * text. Weight gradients are summed over the whole grid (reduced on rank 0 and broadcast, so
+ * the whole grid; checkpoints hold transformers' layout, each rank writing its own slices into
+ * them. Every rank reads only its own rows' shard of the text. Weight gradients are summed over
+ * the whole grid (reduce-scattered onto each slice's owner and, below zero = 2, all-gathered back:
  * every rank applies bit-identical updates). Deterministic for a given seed and grid: the text
  * windows are a function of (seed, step, row), so a resumed run repeats the uninterrupted one.
  *
@@ -63,7 +64,8 @@ typedef struct {
     int zero;               /* the training state sharded over the ranks replicating it (DESIGN
                                §15): 0 replicated; 1 the AdamW moments (each rank updates its
                                slice, then the weights are all-gathered); 2 also the gradients
-                               (reduce-scattered to their slices' owners) */
+                               (reduce-scattered to their slices' owners); 3 also the weights
+                               (each unit all-gathered just before the model reads it) */
     int dry_run;            /* plan only: check and agree the options, the model and the memory, print
                                each rank's memory, allocate nothing large, train nothing */
     int strategy;           /* gdn_cp_strategy */

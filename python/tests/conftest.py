@@ -70,6 +70,8 @@ if os.environ.get("GDNCP_MPI_TESTS") != "1" and os.environ.get("GDNCP_TORCHRUN_T
     collect_ignore += ["test_torch_cp.py", "test_sharded.py"]
 if os.environ.get("GDNCP_TORCHRUN_TESTS") != "1":   # patch(group=...): torchrun only
     collect_ignore.append("test_torch_cp_train.py")
+if os.environ.get("GDNCP_FSDP_TESTS") != "1":   # FSDP2 + patch(group=): torchrun, 4 ranks only
+    collect_ignore.append("test_fsdp_cp.py")
 if os.environ.get("GDNCP_TORCHRUN_TESTS") == "1":   # torchrun runs only the torch.distributed tests
     collect_ignore += ["test_cp.py", "test_cp_train.py"]
 
