@@ -68,6 +68,17 @@ text=$logs/mpmd_text.txt
 bash scripts/fortunes_text.sh "$text" >/dev/null 2>&1 || true
 head -c 3000 "$text" > "$logs/mpmd_other.txt"; echo "another file" >> "$logs/mpmd_other.txt"
 T=(train --data "$text" --steps 2 --seq 16 --batch 1 --eval-every 0 --threads 1)
+# equal in size and in all but the last byte (a digest of the first 64 KiB could not tell)
+cp "$text" "$logs/mpmd_tail.txt"; printf 'X' | dd of="$logs/mpmd_tail.txt" bs=1 seek=$(($(stat -c %s "$text") - 1)) conv=notrunc 2>/dev/null
+# qwen35_moe_tiny with two routed experts' down_proj swapped (the rest equal)
+mkdir -p "$logs/mpmd_moe_swapped"; cp "$tiny/../qwen35_moe_tiny/config.json" "$logs/mpmd_moe_swapped/"
+e0=model.layers.0.mlp.experts.0.down_proj.weight; e1=model.layers.0.mlp.experts.1.down_proj.weight
+$SL "$tiny/../qwen35_moe_tiny/model.safetensors" "$logs/mpmd_moe_swapped/model.safetensors" --rename "$e0=$e1,$e1=$e0"
+# a checkpoint and a copy of it whose optimizer.safetensors has two layers' moments swapped
+rm -rf "$logs/mpmd_ckpt"; OMP_NUM_THREADS=1 timeout 120 $MPIEXEC -n 2 $L "${T[@]}" --out "$logs/mpmd_ckpt" >/dev/null 2>&1
+ck=$(ls -d "$logs"/mpmd_ckpt/checkpoint-* | tail -1); rm -rf "$logs/mpmd_ckpt_b"; cp -r "$ck" "$logs/mpmd_ckpt_b"
+m0=exp_avg.model.layers.0.input_layernorm.weight; m1=exp_avg.model.layers.1.input_layernorm.weight
+$SL "$ck/optimizer.safetensors" "$logs/mpmd_ckpt_b/optimizer.safetensors" --rename "$m0=$m1,$m1=$m0"
 for spec in "--hidden 64||hidden_size (--hidden)" \
             "--layers 3||num_hidden_layers (--layers)" \
             "--intermediate 96||intermediate_size (--intermediate)" \
@@ -80,6 +91,9 @@ for spec in "--hidden 64||hidden_size (--hidden)" \
             "--model tiny-moe|--model tiny-moe --experts 4|num_experts (--experts)" \
             "--model tiny-moe --router-aux-coef 0.01|--model tiny-moe|--router-aux-coef" \
             "--data $logs/mpmd_other.txt||the --data file" \
+            "--data $logs/mpmd_tail.txt||the --data file" \
+            "--init tests/data/qwen35_moe_tiny|--init $logs/mpmd_moe_swapped|the starting weights" \
+            "--resume $ck --steps 3|--resume $logs/mpmd_ckpt_b --steps 3|the AdamW moments" \
             "--init tests/data/qwen35_tiny|--init tests/data/qwen35_moe_tiny|hidden_size (--hidden)"; do
   IFS='|' read -r a b want <<<"$spec"
   if OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 $MPIEXEC -n 1 $L "${T[@]}" $a : -n 1 $L "${T[@]}" $b \
@@ -94,4 +108,11 @@ if OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 $MPIEXEC -n 1 $L "$
      --model tiny-moe >"$logs/mpmd.log" 2>&1 && grep -q "step     2/2" "$logs/mpmd.log"; then
   echo "PASS  gdncp train MPMD control: the same arguments on both ranks train"; passed=$((passed + 1))
 else echo "FAIL  gdncp train MPMD control: the same arguments did not train"; cat "$logs/mpmd.log"; failed=$((failed + 1)); fi
+if OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 $MPIEXEC -n 1 $L "${T[@]}" --resume "$ck" --steps 3 : -n 1 $L \
+     "${T[@]}" --resume "$logs/mpmd_ckpt_b" --steps 3 >"$logs/mpmd.log" 2>&1; then got=0; else got=$?; fi
+cp "$ck/optimizer.safetensors" "$logs/mpmd_ckpt_b/"   # the copy made equal again: the control
+if [ "$got" = 1 ] && OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 $MPIEXEC -n 1 $L "${T[@]}" --resume "$ck" \
+     --steps 3 : -n 1 $L "${T[@]}" --resume "$logs/mpmd_ckpt_b" --steps 3 >"$logs/mpmd.log" 2>&1 && grep -q "step     3/3" "$logs/mpmd.log"; then
+  echo "PASS  gdncp train MPMD control: two equal copies of a checkpoint resume (refused while their moments differed)"; passed=$((passed + 1))
+else echo "FAIL  gdncp train MPMD control: equal copies of a checkpoint did not resume"; cat "$logs/mpmd.log"; failed=$((failed + 1)); fi
 finish

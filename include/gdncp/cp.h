@@ -145,9 +145,9 @@ GDN_API int gdn_cp_agree_status(gdn_cp *cp, int local_status);
 GDN_API int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const char *const *names,
                         int local_status);
 /* A digest of `bytes` bytes at data, for agreeing in gdn_cp_agree_values on something every rank
- * must hold alike (weights, a whole-sequence state): FNV-1a over the size and every byte, or, above
- * 4 MiB, over 2^20 four-byte words spread evenly (a different checkpoint differs; one edited value
- * may not). In [0, 2^63); 0 for NULL. Not collective: each rank digests its own copy. */
+ * must hold alike (weights, a whole-sequence state): over the size and every byte (four lanes of
+ * 8-byte words, at memory speed; a change to any one word always changes it). In [0, 2^63); 0 for
+ * NULL. Not collective: each rank digests its own copy. */
 GDN_API int64_t gdn_cp_digest(const void *data, size_t bytes);
 
 /* Accounting of the last forward or backward call on this rank. */

@@ -198,18 +198,24 @@ static int check_attn_cp(const gdn_model_config *c, int attn_cp, int D) {
     return GDN_OK;
 }
 
-/* The data file's identity: the digest of its size and first 64 KiB (every rank reads its own
- * windows of it, so ranks given different files would silently train on a mix). */
+/* The data file's identity: a digest of its size and every byte, read in 4 MiB pieces (every rank
+ * reads its own windows of it, so ranks given different files would silently train on a mix; files
+ * equal in their first bytes differ further on). -1 when it cannot be read. */
 static int64_t data_digest(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
-    unsigned char buf[8 + 65536];
-    const size_t n = fread(buf + 8, 1, sizeof buf - 8, f);
-    int64_t size = -1;
-    if (!fseeko(f, 0, SEEK_END)) size = (int64_t)ftello(f);
-    memcpy(buf, &size, 8);
+    enum { PIECE = 4 << 20 };
+    unsigned char *buf = gdn_malloc("data_digest: buf", PIECE);
+    uint64_t h = 1469598103934665603ull;
+    size_t n, total = 0;
+    while (buf && (n = fread(buf, 1, PIECE, f)) > 0) {
+        h = (h ^ (uint64_t)gdn_cp_digest(buf, n)) * 1099511628211ull;
+        total += n;
+    }
+    const int bad = !buf || ferror(f);
+    free(buf);
     fclose(f);
-    return gdn_cp_digest(buf, 8 + n);
+    return bad ? -1 : (int64_t)((h ^ (uint64_t)total) >> 1);
 }
 
 static int64_t f64_bits(double x) {
@@ -241,7 +247,7 @@ static int agree_run(trainer *t) {
         "shared_expert_intermediate_size (--shared-intermediate)", "norm_topk_prob", "the aux loss on (--router-aux-coef)",
         "router_aux_loss_coef (--router-aux-coef; its bits)", "--lr (its bits)", "--min-lr (its bits)", "--warmup",
         "--beta1 (its bits)", "--beta2 (its bits)", "AdamW's eps (its bits)", "--weight-decay (its bits)",
-        "--clip (its bits)", "--val-fraction (its bits)", "the --data file (its size and first 64 KiB; a digest)"};
+        "--clip (its bits)", "--val-fraction (its bits)", "the --data file (a digest of every byte)"};
     _Static_assert(sizeof vals / sizeof vals[0] == sizeof names / sizeof names[0], "one name per agreed value");
     int rc = gdn_cp_agree_values(t->agree, vals, (int)(sizeof vals / sizeof vals[0]), names, GDN_OK);
     if (rc) return rc;
@@ -285,15 +291,16 @@ static int probe_out(const char *out) {
     return GDN_OK;
 }
 
-/* Digests of the weights every rank must agree on: [0] every tensor but the routed experts' (the
- * whole grid holds them), [1] the experts' this rank holds (its replicas hold the same). */
-static void weights_digest(const trainer *t, int64_t wd[2]) {
-    wd[0] = wd[1] = 0;
+/* Digests of an array in the weights' layout (the weights, or level 0's whole moments) that
+ * replicas must hold alike, every tensor's own (never the padding), mixed into wd: [0] every
+ * tensor but the routed experts' (the whole grid holds them), [1] the experts' this rank holds
+ * (under --ep its replicas hold the same; without --ep every rank does, so they join [0]). */
+static void replicated_digest(const trainer *t, const float *a, int64_t wd[2]) {
     gdn_model_tensor_info ti;
     for (int i = 0; i < gdn_model_tensor_count(&t->cfg); i++) {
         gdn_model_tensor(&t->cfg, i, &ti);
-        const int64_t d = gdn_cp_digest(t->w + ti.offset, sizeof *t->w * ti.numel);
-        int64_t *h = &wd[ti.experts_whole > 0];
+        const int64_t d = gdn_cp_digest(a + ti.offset, sizeof *a * ti.numel);
+        int64_t *h = &wd[ti.experts_whole > 0 && t->ep_size > 1];
         *h = (int64_t)((uint64_t)*h * 1099511628211ull ^ (uint64_t)d);
     }
 }
@@ -505,11 +512,19 @@ int gdn_trainer_setup(trainer *t) {
     /* the same starting weights everywhere (an --init or --resume of another checkpoint with the
      * same configuration would otherwise train from different points and sum their gradients) */
     int64_t wd[2] = {0, 0}; /* (level 3 from a seed: no whole array to digest; the seed is agreed) */
-    if (from || o->zero < 3) weights_digest(t, wd);
-    static const char *const wname[] = {"the starting weights (a digest of --init / --resume's model.safetensors)"};
-    if ((rc = gdn_cp_agree_values(t->agree, wd, 1, wname, GDN_OK))) return rc;
-    static const char *const ename[] = {"the starting weights of this rank's experts (a digest)"};
-    if (t->replica_agree) rc = gdn_cp_agree_values(t->replica_agree, wd + 1, 1, ename, GDN_OK);
+    if (from || o->zero < 3) replicated_digest(t, t->w, wd);
+    /* and, resumed unsharded, the AdamW moments every replica holds whole (copies of a checkpoint
+     * whose optimizer.safetensors differ would otherwise drift apart; sharded, each slice has one
+     * owner) */
+    int64_t md[2] = {0, 0};
+    if (o->resume && !o->zero) replicated_digest(t, t->m, md), replicated_digest(t, t->v, md);
+    const int64_t dense[2] = {wd[0], md[0]}, experts[2] = {wd[1], md[1]};
+    static const char *const wname[] = {"the starting weights (a digest of --init / --resume's model.safetensors)",
+                                        "the AdamW moments (a digest of --resume's optimizer.safetensors)"};
+    if ((rc = gdn_cp_agree_values(t->agree, dense, 2, wname, GDN_OK))) return rc;
+    static const char *const ename[] = {"the starting weights of this rank's experts (a digest)",
+                                        "the AdamW moments of this rank's experts (a digest of optimizer.safetensors)"};
+    if (t->replica_agree) rc = gdn_cp_agree_values(t->replica_agree, experts, 2, ename, GDN_OK);
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     gdn_trainer_release_weights(t); /* level 3: the whole array held only while loading */
 
