@@ -398,4 +398,23 @@ if [ "$built" != "$cpu_isa" ] && { [ "$built" = avx2 ] || [ "$built" = avx512 ];
     echo "PASS  GDNCP_ISA=$built: BF16 compute on the FMA path"; passed=$((passed + 1))
   else echo "FAIL  GDNCP_ISA=$built: BF16 compute not on the FMA path: $h"; failed=$((failed + 1)); fi
 else echo "NOT RUN  BF16 under a cap below the CPU's BF16 instructions (CPU $cpu_isa, build $built)"; fi
+# GDNCP_MUTATE: a name that is no test site is refused naming the nearest (a misspelt control would
+# run the clean computation and pass); the control, a real site, runs; every site of the sources
+# (the generated table) is documented in docs/testing.md
+sites=$bd/generated/gdn_test_sites.h
+if [ -f "$sites" ]; then
+  out=$(GDNCP_MUTATE="zero: a slice updatd twice" $L run --in "$golden/gdn_small.safetensors" --out "$logs/m.st" 2>&1); rc=$?
+  if [ "$rc" = 2 ] && echo "$out" | grep -qF 'no test site of this library' && echo "$out" | grep -qF '"zero: a slice updated twice"'; then
+    echo "PASS  GDNCP_MUTATE with a misspelt site: exit 2, the nearest named"; passed=$((passed + 1))
+  else echo "FAIL  GDNCP_MUTATE with a misspelt site (exit $rc): $out"; failed=$((failed + 1)); fi
+  if GDNCP_MUTATE="zero: a slice updated twice,moe_ep.drop_rows=2" $L run --in "$golden/gdn_small.safetensors" --out "$logs/m.st" >/dev/null 2>&1; then
+    echo "PASS  GDNCP_MUTATE naming real sites (one with a value) runs (control)"; passed=$((passed + 1))
+  else echo "FAIL  GDNCP_MUTATE naming real sites was refused"; failed=$((failed + 1)); fi
+  n=0; missing=""
+  while IFS= read -r site; do
+    n=$((n + 1)); grep -qF -- "\`$site\`" docs/testing.md || missing="$missing '$site'"
+  done < <(grep -oE '^    ".*",' "$sites" | sed -E 's/^    "(.*)",$/\1/')
+  if [ "$n" -gt 20 ] && [ -z "$missing" ]; then echo "PASS  all $n test sites of the sources are in docs/testing.md"; passed=$((passed + 1))
+  else echo "FAIL  test sites ($n found) missing from docs/testing.md:$missing"; failed=$((failed + 1)); fi
+else echo "NOT RUN  GDNCP_MUTATE's site check (a build without test hooks has no site table)"; fi
 finish

@@ -151,12 +151,19 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
-#if !GDN_TEST_HOOKS
-    /* a control run by a build that cannot break the computation would pass vacuously */
+    /* a control run by a build that cannot break the computation, or naming a site that does not
+     * exist, would run the clean computation and pass vacuously */
     const char *mutate = getenv("GDNCP_MUTATE");
+#if !GDN_TEST_HOOKS
     if (mutate && *mutate) {
         fprintf(stderr, "gdncp: GDNCP_MUTATE is set, but this build has no test hooks (GDN_TEST_HOOKS=OFF): it cannot "
                         "make any step wrong on purpose; unset it, or use a build with the hooks\n");
+        return 2;
+    }
+#else
+    int gdn_test_sites_check(const char *list); /* the library's test hook (src/base/base.h) */
+    if (mutate && gdn_test_sites_check(mutate)) {
+        fprintf(stderr, "gdncp: %s\n", gdn_errmsg());
         return 2;
     }
 #endif

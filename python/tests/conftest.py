@@ -25,6 +25,8 @@ CP_SITES = {2: "cp: incoming state dropped", 3: "cp: incoming state gradient dro
 def mutate(code):
     """Make this process's library calls deliberately wrong at CP site `code` (0: none)."""
     if code:
+        from gdncp import _lib
+        _lib.check_test_sites(CP_SITES[code])
         os.environ["GDNCP_MUTATE"] = CP_SITES[code]
     else:
         os.environ.pop("GDNCP_MUTATE", None)

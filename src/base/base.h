@@ -53,6 +53,10 @@ void gdn_test_threads(const char *site, int threads);
 /* The value of `site` in a GDNCP_MUTATE-style list (0: not in it); the weak gdn_test_mutate's
  * parser, which a test program's own gdn_test_mutate may share. */
 int gdn_test_site_value(const char *list, const char *site);
+/* GDN_OK when every name in a GDNCP_MUTATE-style list is a gdn_test_mutate site of the library's
+ * sources (a table generated at build time), else GDN_ERR_ARG naming the first that is not and
+ * the nearest site. The command line and the Python package check GDNCP_MUTATE with it. */
+GDN_WING int gdn_test_sites_check(const char *list);
 #else
 #define gdn_test_fault(site) ((void)sizeof(site), 0)
 #define gdn_test_mutate(site) ((void)sizeof(site), 0)

@@ -59,6 +59,33 @@ __attribute__((weak)) int gdn_test_mutate(const char *site) {
 }
 __attribute__((weak)) void gdn_test_threads(const char *site, int threads) { (void)site, (void)threads; }
 
+#include "gdn_test_sites.h" /* GDN_TEST_SITES: every gdn_test_mutate site of the sources (generated) */
+
+int gdn_test_sites_check(const char *list) {
+    static const char *const sites[] = {GDN_TEST_SITES};
+    const size_t n_sites = sizeof sites / sizeof sites[0];
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ','), *eq;
+        if (!end) end = p + strlen(p);
+        eq = memchr(p, '=', (size_t)(end - p));
+        const size_t len = (size_t)((eq ? eq : end) - p);
+        size_t best = 0, best_len = 0;
+        int known = len == 0; /* (an empty item: nothing named) */
+        for (size_t i = 0; i < n_sites && !known; i++) {
+            known = strlen(sites[i]) == len && !strncmp(sites[i], p, len);
+            size_t c = 0;
+            while (c < len && sites[i][c] == p[c]) c++;
+            if (c > best_len) best = i, best_len = c;
+        }
+        if (!known)
+            return gdn_fail(GDN_ERR_ARG, "GDNCP_MUTATE names \"%.*s\", which is no test site of this library (a "
+                            "misspelt control would run the clean computation); the nearest is \"%s\" "
+                            "(docs/testing.md lists them all)", (int)len, p, sites[best]);
+        p = *end ? end + 1 : end;
+    }
+    return GDN_OK;
+}
+
 int gdn_test_site_value(const char *list, const char *site) {
     if (!list || !site) return 0;
     const size_t n = strlen(site);

@@ -140,6 +140,25 @@ class GdncpError(RuntimeError):
         self.status = status
 
 
+def check_test_sites(value):
+    """Refuse a GDNCP_MUTATE value (test sites, docs/testing.md) that this library cannot honour:
+    any site on a library built without test hooks (the wheel), or a name that is no site of its
+    sources. Either would run the clean computation and let a negative control pass vacuously."""
+    if not value:
+        return
+    sites_check = getattr(lib, "gdn_test_sites_check", None)
+    if sites_check is None:
+        raise RuntimeError(f"gdncp: GDNCP_MUTATE={value!r} is set, but {lib._name} has no test hooks "
+                           "(built with GDN_TEST_HOOKS=OFF, as the wheel is): it cannot make any step "
+                           "wrong on purpose; unset it, or load a build with the hooks (GDNCP_LIBRARY)")
+    sites_check.argtypes, sites_check.restype = [c_char_p], c_int
+    if sites_check(value.encode()) != GDN_OK:  # noqa: F821
+        raise ValueError((gdn_errmsg() or b"").decode(errors="replace"))
+
+
+check_test_sites(os.environ.get("GDNCP_MUTATE"))
+
+
 def check(status, what):
     """Raise for a non-zero gdn_status: shape and argument errors as ValueError (the user's
     inputs), everything else as GdncpError."""
