@@ -154,6 +154,7 @@ int cmd_sample(int argc, char **argv) {
     gdn_model_config cfg;
     int rc = gdn_ckpt_resolve(ckpt, dir, sizeof dir);
     if (!rc) rc = gdn_ckpt_load_config(dir, &cfg);
+    if (!rc && !quiet && *gdn_ckpt_config_note()) fprintf(stderr, "gdncp sample: %s\n", gdn_ckpt_config_note());
     if (!rc && e.ep > 1) {
         cfg.ep_size = e.ep, cfg.ep_rank = e.rank % e.ep;
         rc = gdn_model_config_check(&cfg); /* MoE layers whose experts N divides */

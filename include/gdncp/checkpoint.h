@@ -80,11 +80,17 @@ GDN_API int gdn_ckpt_resolve(const char *path, char *dir, size_t n);
  * is absent from full_attention_interval (transformers' default 4); the GatedDeltaNet fields are
  * read when some layer is one, the attention fields (num_attention_heads, num_key_value_heads,
  * head_dim, rope_parameters' rope_theta and partial_rotary_factor (or the older top-level ones),
- * max_position_embeddings) when some layer is full attention. Refused: an unknown layer type,
- * layer_types of another length than num_hidden_layers, mixture-of-experts (num_experts > 0),
- * attention biases, a RoPE scaling other than "default", a vocab_size outside [1, GDN_MODEL_MAX_VOCAB],
- * missing, non-integer or out-of-range fields, then whatever gdn_model_config_check refuses. */
+ * max_position_embeddings) when some layer is full attention; the experts' fields for the MoE
+ * model types ("qwen3_5_moe_text", "qwen3_next"), computed as transformers computes each type.
+ * Refused: an unknown layer type or model type, layer_types of another length than
+ * num_hidden_layers, experts under a dense model type, attention biases, a RoPE scaling other than
+ * "default", a vocab_size outside [1, GDN_MODEL_MAX_VOCAB], missing, non-integer or out-of-range
+ * fields, then whatever gdn_model_config_check refuses. */
 GDN_API int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg);
+/* What the last gdn_ckpt_load_config on this thread read and did not follow, for the caller to
+ * show ("" when nothing): a field transformers ignores for that model type (norm_topk_prob false
+ * under Qwen3.5-MoE, whose router always renormalises). */
+GDN_API const char *gdn_ckpt_config_note(void);
 
 /* Read dir/model.safetensors into w (gdn_model_param_floats(cfg) floats) after checking that
  * dir/config.json describes cfg: every tensor of the table with its exact shape, F32 or BF16 (or

@@ -132,3 +132,38 @@ def test_patched_block_reads_its_weights_in_place_and_sees_updates():
         theirs = m(ids, labels=ids).loss.item()
     assert abs(after - theirs) / theirs < 1e-5, (after, theirs)
     assert abs(after - before) / before > 1e-5, (after, before)
+
+
+def test_norm_topk_prob_false_is_computed_as_transformers_does(tmp_path, monkeypatch):
+    """A Qwen3.5-MoE config saying norm_topk_prob false: transformers' router never reads the field
+    and renormalises the top-k weights; gdncp computes the same (warning that the field is
+    ignored) and equals transformers' logits on that checkpoint. Control through the same check:
+    transformers' router made to honour the false (no renormalisation), what gdncp once did."""
+    import json
+    import shutil
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as mq
+    d = tmp_path / "moe_no_renorm"
+    shutil.copytree(MOE, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (cfg.get("text_config") or cfg)["norm_topk_prob"] = False
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = np.random.default_rng(3).integers(0, 200, size=(1, 24))
+    with pytest.warns(UserWarning, match="norm_topk_prob' false is ignored"):
+        m = gdncp.Model.from_pretrained(d, threads=1)
+    with m:
+        got = m.logits(ids)
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids)).logits.numpy()
+    assert rel_err(got, ref) < TOL_OUT
+
+    def no_renorm(self, hidden_states):
+        h = hidden_states.reshape(-1, self.hidden_dim)
+        logits = torch.nn.functional.linear(h, self.weight)
+        top, idx = torch.topk(torch.softmax(logits, dtype=torch.float, dim=-1), self.top_k, dim=-1)
+        return logits, top.to(logits.dtype), idx
+    monkeypatch.setattr(mq.Qwen3_5MoeTopKRouter, "forward", no_renorm)
+    with torch.no_grad():
+        bad = hf(torch.tensor(ids)).logits.numpy()
+    assert rel_err(got, bad) > 10 * TOL_OUT, rel_err(got, bad)

@@ -100,6 +100,11 @@ static json_t *config_json(const gdn_model_config *cfg) {
 
 int gdn_hf_config_text(const gdn_model_config *cfg, int weight_dtype, char **out) {
     *out = NULL;
+    /* gdncp writes its MoE models as Qwen3.5-MoE, whose router (transformers') always renormalises */
+    if (gdn_model_moe_layers(cfg) && !cfg->norm_topk)
+        return gdn_fail(GDN_ERR_ARG, "config.json: this model's router does not renormalise its top-k weights "
+                        "(norm_topk_prob false, a Qwen3-Next's), which a Qwen3.5-MoE checkpoint cannot say: "
+                        "transformers' Qwen3.5-MoE router always renormalises");
     json_t *root = config_json(cfg);
     if (root && weight_dtype == GDN_BF16) json_object_set_new(root, "dtype", json_string("bfloat16"));
     /* Nine significant digits hold any float exactly; the sorted, indented form is transformers'. */
@@ -280,6 +285,11 @@ static int config_int_or(json_t *obj, const char *path, const char *where, const
  * mlp_only_layers, num_experts is 0, or (l + 1) is not a multiple of decoder_sparse_step
  * (transformers' Qwen3NextDecoderLayer); its dense layers are intermediate_size wide. The dense
  * types have no experts: a num_experts > 0 there is another model, refused. */
+/* What the last gdn_ckpt_load_config on this thread read and did not follow ('' when nothing). */
+static _Thread_local char config_note[PATH_MAX + 512];
+
+const char *gdn_ckpt_config_note(void) { return config_note; }
+
 static int parse_mlps(json_t *obj, const char *path, const char *where, mlp_family family, gdn_model_config *cfg) {
     json_t *ne = json_object_get(obj, "num_experts");
     int rc = GDN_OK;
@@ -306,9 +316,16 @@ static int parse_mlps(json_t *obj, const char *path, const char *where, mlp_fami
         (rc = config_bool(obj, path, where, "output_router_logits", 0, &cfg->router_aux)) ||
         (rc = config_real(obj, path, where, "router_aux_loss_coef", 0.0, 1e30, 1, 0.001, &cfg->router_aux_coef)))
         return rc;
-    /* Qwen3-Next renormalises by norm_topk_prob; transformers' Qwen3.5-MoE router always does (its
-     * released configs say norm_topk_prob true; gdncp writes false for a model that does not) */
+    /* Qwen3-Next renormalises by norm_topk_prob; transformers' Qwen3.5-MoE router always does and
+     * never reads the field (transformers 5.25, Qwen3_5MoeTopKRouter): followed, and a false there
+     * said in the config note (gdn_ckpt_config_note) */
     if ((rc = config_bool(obj, path, where, "norm_topk_prob", 1, &cfg->norm_topk))) return rc;
+    if (!next && !cfg->norm_topk) {
+        cfg->norm_topk = 1;
+        snprintf(config_note, sizeof config_note, "%s: '%snorm_topk_prob' false is ignored: transformers' Qwen3.5-MoE "
+                 "router (model_type \"qwen3_5_moe_text\") always renormalises the top-k routing weights, and gdncp "
+                 "computes what transformers does (Qwen3-Next's router honours the field)", path, where);
+    }
     if ((rc = config_int_or(obj, path, where, "decoder_sparse_step", 1, INT32_MAX, 1, &step))) return rc;
     json_t *only = json_object_get(obj, "mlp_only_layers");
     if (only && !json_is_null(only) && !json_is_array(only))
@@ -417,6 +434,7 @@ static int parse_config(json_t *root, const char *path, gdn_model_config *cfg, i
 }
 
 int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg) {
+    config_note[0] = 0;
     if (!dir || !cfg) return gdn_fail(GDN_ERR_ARG, "checkpoint config: NULL argument");
     char path[PATH_MAX];
     int rc = gdn_path_join(path, sizeof path, dir, CONFIG_FILE);

@@ -172,6 +172,10 @@ class Model:
         missing(d)
         cfg = L.ModelConfig()
         L.check(L.gdn_ckpt_load_config(os.fsencode(d), ctypes.byref(cfg)), f"gdncp.Model: {d}/config.json")
+        note = (L.gdn_ckpt_config_note() or b"").decode(errors="replace")
+        if note:   # a field transformers ignores for this model type (gdncp follows transformers)
+            import warnings
+            warnings.warn(f"gdncp.Model: {note}", stacklevel=2)
         vmax = np.iinfo(L.TOKEN_DTYPE).max
         if cfg.vocab - 1 > vmax:   # cannot happen while the library refuses such configs
             raise ValueError(f"gdncp.Model: vocab {cfg.vocab} does not fit the token type "
