@@ -85,6 +85,26 @@ if [ -n "$s1" ] && [ "$s1" = "$s2" ]; then pass "sample from the newest checkpoi
 else fail "sample: '$s1' vs '$s2'"; fi
 if [ "$s1" != "$s3" ]; then pass "negative control: sample from step 3's weights differs"
 else fail "negative control: step 3 and 6 sample the same text"; fi
+# a run never replaces or prunes another run's checkpoints: a new run into $work/full (whose
+# steps 3 and 6 it would replace, and prune with --keep 1) is refused, the directory unchanged;
+# the same run resumed there goes on (its own checkpoints pruned)
+before=$(ls "$work/full" | tr '\n' ' '); sum6=$(md5sum < "$work/full/checkpoint-00000006/model.safetensors")
+refuse "a new run into a directory of another run's checkpoints" "another run's checkpoint" \
+  $MPIEXEC -n 2 $g train --data "$text" "${small[@]}" --steps 6 --batch 2 --cp 2 --save-every 3 --keep 1 --out "$work/full"
+if [ "$(ls "$work/full" | tr '\n' ' ')" = "$before" ] && [ "$(md5sum < "$work/full/checkpoint-00000006/model.safetensors")" = "$sum6" ]; then
+  pass "the refused run left $work/full as it was ($before)"
+else fail "the refused run changed $work/full: $(ls "$work/full")"; fi
+cp -r "$work/full" "$work/own"
+if train 2 "$work/own.csv" --steps 8 --batch 2 --cp 2 --resume "$work/own" --out "$work/own" --save-every 1 --keep 2 &&
+   [ "$(ls "$work/own" | tr '\n' ' ')" = "checkpoint-00000007 checkpoint-00000008 " ]; then
+  pass "the run resumed in its own directory saves and prunes its own checkpoints (kept: $(ls "$work/own" | tr '\n' ' '))"
+else fail "resume into its own directory: $(ls "$work/own" | tr '\n' ' ')"; cat "$work/own.csv.out"; fi
+# another run's checkpoint appearing beside this run's (a higher step) is never pruned or loaded as this run's
+mkdir -p "$work/mix"; train 1 "$work/mix1.csv" --steps 2 --save-every 1 --keep 0 --out "$work/mix/a" || fail "mix a"
+train 1 "$work/mix2.csv" --steps 2 --save-every 1 --keep 0 --seed 7 --out "$work/mix/b" || fail "mix b"
+cp -r "$work/mix/b/checkpoint-00000002" "$work/mix/a/checkpoint-00000099"
+refuse "a resume whose --out also holds another run's checkpoint" "another run's checkpoint" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --steps 4 --resume "$work/mix/a/checkpoint-00000002" --out "$work/mix/a" --keep 1
 
 echo "== bad input: a clear error, never a crash or a hang"
 : > "$work/empty.txt"; head -c 5000 /dev/urandom > "$work/binary.bin"; mkdir -p "$work/adir"

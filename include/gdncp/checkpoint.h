@@ -34,7 +34,9 @@ extern "C" {
 /* Write checkpoint `step` (>= 0) of the parameters w and, when adam_m is not NULL, the moments
  * adam_m and adam_v (all gdn_model_param_floats(cfg) floats) with the caller's state_json text
  * (NULL: "{}"). out_dir is created if missing (its parent must exist). Then only the keep_last
- * newest checkpoints are kept (keep_last <= 0: all). model.safetensors' weights are stored in
+ * newest checkpoints of this run are kept (keep_last <= 0: all): the run is state_json's "run_id"
+ * ("" when it has none), and a checkpoint of another run in out_dir is never removed (see
+ * gdn_ckpt_other_run). model.safetensors' weights are stored in
  * weight_dtype: 0 (GDN_F32) or 2 (GDN_BF16, compute.h: each weight rounded to nearest even,
  * config.json's dtype "bfloat16"; half the bytes, for inference and for transformers). A BF16
  * save with the moments also keeps the fp32 master weights (optimizer.safetensors, "master." +
@@ -69,6 +71,12 @@ GDN_API int gdn_ckpt_parts_write(const gdn_ckpt_parts *p, const gdn_model_config
                                  const float *w, const float *adam_m, const float *adam_v);
 GDN_API int gdn_ckpt_parts_finish(const gdn_ckpt_parts *p, const char *state_json, int keep_last);
 GDN_API void gdn_ckpt_parts_abort(const gdn_ckpt_parts *p);
+/* Whether out_dir holds a complete checkpoint of a run other than run_id (its trainer_state.json's
+ * "run_id"; "" for a checkpoint without one): found receives the first such checkpoint's name and
+ * run (capacity n), or "" when every checkpoint there is run_id's (or out_dir does not exist). A
+ * trainer refuses to write into a directory of another run's checkpoints, which its saves would
+ * replace or its pruning remove. */
+GDN_API int gdn_ckpt_other_run(const char *out_dir, const char *run_id, char *found, size_t n);
 
 /* path is a checkpoint directory (it holds config.json and model.safetensors), or a training
  * output directory: then its complete checkpoint-N with the largest N. The directory goes into

@@ -390,7 +390,8 @@ static void part_of(const gdn_model_tensor_info *t, size_t lo, size_t hi, size_t
 /* ------------------------------------------------------------------ save, in parts */
 
 static int install(const char *out_dir, const char *tmp_dir, const char *final, int64_t step);
-static int prune(const char *out_dir, int keep_last);
+static int prune(const char *out_dir, int keep_last, const char *run_id);
+static void run_in_state(const char *state_json, char *id, size_t n);
 
 int gdn_ckpt_parts_begin(gdn_ckpt_parts *p, const char *out_dir, int64_t step, const gdn_model_config *cfg,
                          int moments, int weight_dtype) {
@@ -544,7 +545,9 @@ int gdn_ckpt_parts_finish(const gdn_ckpt_parts *p, const char *state_json, int k
         gdn_ckpt_parts_abort(p); /* the previous checkpoints are untouched */
         return rc;
     }
-    return keep_last > 0 ? prune(p->out_dir, keep_last) : GDN_OK;
+    char run_id[128];
+    run_in_state(state_json, run_id, sizeof run_id);
+    return keep_last > 0 ? prune(p->out_dir, keep_last, run_id) : GDN_OK;
 }
 
 void gdn_ckpt_parts_abort(const gdn_ckpt_parts *p) {
@@ -633,21 +636,64 @@ static int install(const char *out_dir, const char *tmp_dir, const char *final, 
     return GDN_OK;
 }
 
+/* The run a checkpoint belongs to: trainer_state.json's "run_id" into id (capacity n); "" for a
+ * checkpoint from before run ids (or without a trainer state: transformers' own). */
+static void run_of(const char *ckpt_dir, char *id, size_t n) {
+    char path[PATH_MAX];
+    id[0] = 0;
+    if (gdn_path_join(path, sizeof path, ckpt_dir, STATE_FILE)) return;
+    json_t *j = json_load_file(path, 0, NULL);
+    const char *v = json_string_value(json_object_get(j, "run_id"));
+    if (v) snprintf(id, n, "%s", v);
+    json_decref(j);
+}
+
+/* The run id a trainer state (JSON text) names ("" none). */
+static void run_in_state(const char *state_json, char *id, size_t n) {
+    json_t *j = json_loads(state_json, JSON_DECODE_ANY, NULL);
+    const char *v = json_string_value(json_object_get(j, "run_id"));
+    snprintf(id, n, "%s", v ? v : "");
+    json_decref(j);
+}
+
+int gdn_ckpt_other_run(const char *out_dir, const char *run_id, char *found, size_t n) {
+    if (!out_dir || !run_id || !found || !n) return gdn_fail(GDN_ERR_ARG, "checkpoint other run: NULL argument");
+    found[0] = 0;
+    struct stat st;
+    if (stat(out_dir, &st) != 0) return GDN_OK; /* nothing there yet */
+    found_ckpt *list = NULL;
+    int count = 0;
+    int rc = list_checkpoints(out_dir, &list, &count);
+    char path[PATH_MAX], id[128];
+    for (int i = 0; !rc && i < count && !found[0]; i++) {
+        if ((rc = gdn_path_join(path, sizeof path, out_dir, list[i].name))) break;
+        run_of(path, id, sizeof id);
+        if (strcmp(id, run_id)) snprintf(found, n, "%s (run %s)", list[i].name, id[0] ? id : "without a run_id");
+    }
+    free(list);
+    return rc;
+}
+
 static int by_step_descending(const void *a, const void *b) {
     const found_ckpt *x = a, *y = b;
     return x->step < y->step ? 1 : x->step > y->step ? -1 : 0;
 }
 
-/* Remove all but the keep_last newest complete checkpoints: each is renamed out of the readers'
- * sight first, so an interrupted removal never leaves a half checkpoint under a real name. */
-static int prune(const char *out_dir, int keep_last) {
+/* Remove all but the keep_last newest complete checkpoints of run run_id (never another run's):
+ * each is renamed out of the readers' sight first, so an interrupted removal never leaves a half
+ * checkpoint under a real name. */
+static int prune(const char *out_dir, int keep_last, const char *run_id) {
     found_ckpt *list = NULL;
     int n = 0;
     int rc = list_checkpoints(out_dir, &list, &n);
     if (rc) return rc;
     qsort(list, (size_t)n, sizeof *list, by_step_descending);
-    char from[PATH_MAX], to[PATH_MAX], name[64];
-    for (int i = keep_last; i < n && !rc; i++) {
+    char from[PATH_MAX], to[PATH_MAX], name[64], id[128];
+    int mine = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if ((rc = gdn_path_join(from, sizeof from, out_dir, list[i].name))) break;
+        run_of(from, id, sizeof id);
+        if (strcmp(id, run_id) || ++mine <= keep_last) continue;
         if (list[i].aside) continue; /* only possible for a step we did not just write */
         hidden_name(name, sizeof name, list[i].step, "del", (long)getpid());
         rc = gdn_path_join(from, sizeof from, out_dir, list[i].name);

@@ -88,6 +88,8 @@ typedef struct {
     int64_t *doc_cu, *n_docs; /* packing: the rows' document offsets (gdn_model_set_docs) */
     int recompute, threads;
     int local, sleep_wait; /* ranks on this node; waits sleep (more threads than cores) */
+    char run_id[40];       /* this run's (trainer_state.json "run_id"): drawn by a new run, a resume's
+                              continued; its saves replace and prune only checkpoints of this run */
     double mem[6]; /* bytes: weights, gradients, moments (the most of any rank), activations; this node's
                       total, its MemAvailable (-1 unknown) */
     FILE *progress, *csv;

@@ -291,6 +291,26 @@ static int probe_out(const char *out) {
     return GDN_OK;
 }
 
+/* This run's id on rank 0 (every rank gets it from there): a resume continues its checkpoint's
+ * ("" for one from before run ids), a new run draws 64 random bits. */
+static void draw_run_id(trainer *t, const char *resumed_dir) {
+    t->run_id[0] = 0;
+    if (resumed_dir) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/trainer_state.json", resumed_dir);
+        json_t *j = json_load_file(path, 0, NULL);
+        const char *v = json_string_value(json_object_get(j, "run_id"));
+        if (v) snprintf(t->run_id, sizeof t->run_id, "%s", v);
+        json_decref(j);
+        return;
+    }
+    uint64_t r = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&r, sizeof r, 1, f) != 1) r = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
+    if (f) fclose(f);
+    snprintf(t->run_id, sizeof t->run_id, "%016llx", (unsigned long long)r);
+}
+
 /* Digests of an array in the weights' layout (the weights, or level 0's whole moments) that
  * replicas must hold alike, every tensor's own (never the padding), mixed into wd: [0] every
  * tensor but the routed experts' (the whole grid holds them), [1] the experts' this rank holds
@@ -449,6 +469,20 @@ int gdn_trainer_setup(trainer *t) {
         t->cfg.ep_size = t->ep_size, t->cfg.ep_rank = t->ep_rank;
     }
     if (!rc && o->out) rc = probe_out(o->out);
+    if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
+    /* the run's id, and no other run's checkpoints in --out: its saves would replace them (the same
+     * step) and its pruning remove them (a run deletes or replaces only what it wrote) */
+    if (t->rank == 0) draw_run_id(t, o->resume ? ckdir : NULL);
+    MPI_Bcast(t->run_id, (int)sizeof t->run_id, MPI_CHAR, 0, t->world);
+    if (t->rank == 0 && o->out && !o->dry_run) {
+        char other[200];
+        rc = gdn_ckpt_other_run(o->out, t->run_id, other, sizeof other);
+        if (!rc && other[0])
+            rc = gdn_fail(GDN_ERR_ARG, "--out %s holds %s, another run's checkpoint (this run is %s): a run never "
+                          "replaces or prunes checkpoints it did not write; give a new --out, or --resume %s to "
+                          "continue that run", o->out, other, t->run_id[0] ? t->run_id : "one without a run_id",
+                          o->out);
+    }
     if ((rc = gdn_cp_agree_status(t->agree, rc))) return rc;
     if ((rc = agree_run(t))) return rc;
     t->nw = gdn_model_param_floats(&t->cfg);

@@ -370,7 +370,7 @@ static char *state_json(const trainer *t, int64_t step, double loss) {
     const gdn_train_options *o = t->o;
     char hex[2 * GDN_DATA_MAX_SEP + 1];
     gdn_trainer_pack_hex(o, hex);
-    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:f, s:s, s:I, s:f, s:I, s:I, s:f, s:s, s:I, s:s, s:I, s:I}", "step",
+    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:f, s:s, s:I, s:f, s:I, s:I, s:f, s:s, s:I, s:s, s:I, s:I, s:s}", "step",
                           (json_int_t)step, "seed", (json_int_t)o->seed, "seq", (json_int_t)o->seq,
                           "global_batch", (json_int_t)(o->batch * t->dp), "val_fraction",
                           o->val_fraction, "data", o->data, "data_bytes",
@@ -379,7 +379,7 @@ static char *state_json(const trainer *t, int64_t step, double loss) {
                           "loss", loss, "dp", (json_int_t)t->dp, "cp", (json_int_t)t->cp_size,
                           "lr_peak", o->opt.lr, "pack_separator_hex", hex, "pack_separator_id",
                           (json_int_t)gdn_trainer_pack_id(o), "data_kind", t->data_info.tokens ? "tokens" : "text",
-                          "zero", (json_int_t)o->zero, "ep", (json_int_t)t->ep_size);
+                          "zero", (json_int_t)o->zero, "ep", (json_int_t)t->ep_size, "run_id", t->run_id);
     char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(j);
     return s;

@@ -666,6 +666,7 @@ PROTOTYPES = {
     'gdn_ckpt_parts_write': (c_int, [POINTER(CkptParts), POINTER(ModelConfig), c_size_t, c_size_t, POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_ckpt_parts_finish': (c_int, [POINTER(CkptParts), c_char_p, c_int]),
     'gdn_ckpt_parts_abort': (None, [POINTER(CkptParts)]),
+    'gdn_ckpt_other_run': (c_int, [c_char_p, c_char_p, c_char_p, c_size_t]),
     'gdn_ckpt_resolve': (c_int, [c_char_p, c_char_p, c_size_t]),
     'gdn_ckpt_load_config': (c_int, [c_char_p, POINTER(ModelConfig)]),
     'gdn_ckpt_config_note': (c_char_p, []),
