@@ -118,4 +118,32 @@ timeout 120 $MPIEXEC -n 1 $L sample --ckpt "$moe" --prompt-ids 1,2 --ep 2 : -n 1
 timeout 120 $MPIEXEC -n 3 $L sample --ckpt "$moe" --prompt-ids 1,2 --ep 2 >"$logs/epbad.out" 2>&1; rc=$?
 [ $rc = 2 ] && grep -q "does not divide the 3 ranks" "$logs/epbad.out" && ok "--ep 2 on 3 ranks refused (exit 2)" ||
   { bad "--ep 2 on 3 ranks: exit $rc"; cat "$logs/epbad.out"; }
+
+echo "== --ep under mpiexec: a failure or a difference on one rank stops every rank, naming it (no hang)"
+# the checkpoint with two routed experts' down_proj swapped: the same dense weights, other experts
+mkdir -p "$logs/moe_swapped"; cp "$moe/config.json" "$logs/moe_swapped/"
+e0=model.layers.0.mlp.experts.0.down_proj.weight; e1=model.layers.0.mlp.experts.1.down_proj.weight
+python3 scripts/st_slice.py "$moe/model.safetensors" "$logs/moe_swapped/model.safetensors" --rename "$e0=$e1,$e1=$e0"
+epm() { # epm LABEL PATTERN RANK0_OPTIONS RANK1_OPTIONS: both ranks stop, non-zero, one naming PATTERN
+  local label=$1 pat=$2 a=$3 b=$4 rc=0
+  timeout 60 $MPIEXEC -n 1 $L sample --threads 1 --print-ids --ep 2 $a : -n 1 $L sample --threads 1 --print-ids --ep 2 $b \
+    >"$logs/epm.out" 2>&1 || rc=$?
+  if [ $rc != 0 ] && [ $rc -lt 124 ] && grep -qE -- "$pat" "$logs/epm.out"; then
+    ok "$label: exit $rc, \"$(grep -m1 -E -- "$pat" "$logs/epm.out" | cut -c1-150)\""
+  else bad "$label (exit $rc; 124 = hang; wanted '$pat')"; cat "$logs/epm.out"; fi
+}
+C="--ckpt $moe --tokens 4 --prompt-ids $mprompt"
+epm "a missing --ckpt on rank 1" "no such checkpoint" "$C" "--ckpt $logs/nope --tokens 4 --prompt-ids $mprompt"
+epm "an id out of range on rank 1" "outside the checkpoint's vocabulary" "$C" "--ckpt $moe --tokens 4 --prompt-ids 1,99999"
+epm "--top-p 0 on rank 1" "rank 1 failed|--top-p 0" "$C" "$C --top-p 0"
+epm "a bad option on rank 1 (a parse error)" "rank 1 failed|--temperature" "$C" "$C --temperature x"
+epm "ranks differing in --tokens" "disagree on --tokens" "$C" "--ckpt $moe --tokens 5 --prompt-ids $mprompt"
+epm "--score on rank 1 only" "disagree on --score" "$C" "$C --score"
+epm "ranks given other prompts" "disagree on the prompt" "$C" "--ckpt $moe --tokens 4 --prompt-ids 1,$mprompt"
+epm "another checkpoint on rank 1 (two experts swapped, the same dense weights)" "disagree on the checkpoint" \
+  "$C" "--ckpt $logs/moe_swapped --tokens 4 --prompt-ids $mprompt"
+# control: both ranks the same (swapped) checkpoint run
+if timeout 60 $MPIEXEC -n 2 $L sample --ckpt "$logs/moe_swapped" --tokens 4 --threads 1 --print-ids --ep 2 \
+     --prompt-ids "$mprompt" >/dev/null 2>&1; then ok "control: the swapped checkpoint on both ranks samples"
+else bad "the swapped checkpoint on both ranks failed"; fi
 finish

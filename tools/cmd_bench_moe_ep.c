@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gdncp/cp.h"
 #include "gdncp/ep.h"
 
 enum { SIDE_EP, SIDE_ONE, MODE_FWD = 0, MODE_FWD_BWD = 1 };
@@ -182,6 +183,19 @@ int bench_moe_ep(const bench_moe_cli *c, int reps_set) {
     ep_bench b = {.json = c->json, .reps = c->quick && !reps_set ? 1 : c->reps};
     MPI_Comm_rank(MPI_COMM_WORLD, &b.rank);
     MPI_Comm_size(MPI_COMM_WORLD, &b.D);
+    /* the ranks agree on what decides the collectives before any (an MPMD launch may differ) */
+    gdn_cp *agree = NULL;
+    if (gdn_cp_create(&agree, MPI_COMM_WORLD)) return cli_error("bench moe", GDN_ERR_MPI);
+    const int64_t vals[] = {c->ep, c->shape, c->quick, b.reps, c->Ts ? c->nT : 0,
+                            gdn_cp_digest(c->Ts, sizeof *c->Ts * (size_t)(c->Ts ? c->nT : 0)), c->threads};
+    static const char *const names[] = {"--ep", "the shape", "--quick", "--reps", "the number of --T values",
+                                        "--T (a digest)", "--threads"};
+    const int arc = gdn_cp_agree_values(agree, vals, (int)(sizeof vals / sizeof vals[0]), names, GDN_OK);
+    gdn_cp_destroy(agree);
+    if (arc) {
+        if (b.rank == 0) cli_error("bench moe", arc);
+        return CLI_USAGE_ERROR;
+    }
     if (b.D != c->ep) {
         if (b.rank == 0)
             fprintf(stderr, "gdncp bench moe: --ep %lld runs on that many ranks (mpiexec -n %lld), not %d\n",

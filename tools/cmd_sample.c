@@ -5,6 +5,8 @@
 #include "commands.h"
 #include "cli/parse.h"
 
+#include <dirent.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,35 +107,48 @@ typedef struct {
     gdn_ep *group;
 } sample_ep;
 
-/* The worst status over the ranks: a failure on one rank (a file it could not read) stops all
- * (the others say which rank; the failing one says why). */
-static int ep_agree(const sample_ep *e, int rc) {
-    if (e->ep <= 1) return rc;
-    struct { int status, rank; } in = {rc, e->rank}, out = {0, 0};
-    MPI_Allreduce(&in, &out, 1, MPI_2INT, MPI_MAXLOC, MPI_COMM_WORLD);
-    if (rc || !out.status) return rc;
-    fprintf(stderr, "gdncp sample: rank %d failed (%s)\n", out.rank, gdn_strerror(out.status));
-    return -out.status; /* said here: the caller exits 1 without printing */
+/* A local failure before the ranks agree: said here (this rank's own message), then joined to the
+ * agreement; usage errors exit 2. */
+#define SAMPLE_FAIL(usage_error, ...) \
+    do { fprintf(stderr, "gdncp sample: " __VA_ARGS__); st = GDN_ERR_ARG, usage = (usage_error); } while (0)
+
+/* A checkpoint's weight files (model.safetensors, or the shards model-*-of-*.safetensors) */
+static int weight_file(const struct dirent *d) {
+    return !strcmp(d->d_name, "model.safetensors") || !fnmatch("model-*-of-*.safetensors", d->d_name, 0);
+}
+
+/* The digest of every byte of dir's weight files, in name order: under --ep a rank loads only its
+ * experts, so the files themselves say whether the ranks were given the same checkpoint. -1 when one
+ * cannot be read. */
+static int64_t weights_digest(const char *dir) {
+    struct dirent **names = NULL;
+    const int n = scandir(dir, &names, weight_file, alphasort);
+    uint64_t h = n > 0 ? 1469598103934665603ull : (uint64_t)-1;
+    char path[4400];
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+        const int64_t d = gdn_cp_digest_file(path);
+        h = d < 0 || h == (uint64_t)-1 ? (uint64_t)-1 : (h ^ (uint64_t)d) * 1099511628211ull;
+        free(names[i]);
+    }
+    free(names);
+    return h == (uint64_t)-1 ? -1 : (int64_t)(h >> 1);
 }
 
 int cmd_sample(int argc, char **argv) {
     sample_opts o;
-    if (cli_parse(&cmd_sample_cli, argc, argv, &o, NULL)) return CLI_USAGE_ERROR;
+    if (cli_parse(&cmd_sample_cli, argc, argv, &o, NULL)) {
+        cli_cp_fail_early(argc, argv); /* under mpiexec: the other ranks stop at their first agreement */
+        return CLI_USAGE_ERROR;
+    }
     sample_ep e = {0, 1, (int)o.ep, MPI_COMM_NULL, NULL};
-    if (e.ep > 1) { /* main started MPI for --ep */
+    int inited = 0;
+    MPI_Initialized(&inited); /* main starts MPI for --ep (any value): every rank of the launch */
+    gdn_cp *agree = NULL;     /* then every step where a rank can fail is agreed, as gdncp train does */
+    if (inited) {
         MPI_Comm_rank(MPI_COMM_WORLD, &e.rank);
         MPI_Comm_size(MPI_COMM_WORLD, &e.size);
-        int lo = e.ep, hi = e.ep; /* every rank the same --ep (an MPMD launch may differ) */
-        MPI_Allreduce(&e.ep, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        MPI_Allreduce(&e.ep, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (lo != hi) {
-            fprintf(stderr, "gdncp sample: the ranks disagree on --ep (from %d to %d)\n", lo, hi);
-            return CLI_USAGE_ERROR;
-        }
-        if (e.size % e.ep) {
-            fprintf(stderr, "gdncp sample: --ep %d does not divide the %d ranks of mpiexec\n", e.ep, e.size);
-            return CLI_USAGE_ERROR;
-        }
+        if (gdn_cp_create(&agree, MPI_COMM_WORLD)) return cli_error("sample", GDN_ERR_MPI);
     }
     const int quiet = e.rank != 0; /* one rank prints */
     const char *ckpt = o.ckpt, *prompt = o.prompt, *prompt_ids = o.prompt_ids;
@@ -141,83 +156,92 @@ int cmd_sample(int argc, char **argv) {
               compute = o.compute, stop_auto = o.stop_auto;
     const int64_t tokens = o.tokens, top_k = o.top_k, seed = o.seed, threads = o.threads;
     const double temperature = o.temperature, top_p = o.top_p;
-    if (!(top_p > 0)) {
-        fprintf(stderr, "gdncp sample: --top-p %g: expected a probability in (0, 1]\n", top_p);
-        return CLI_USAGE_ERROR;
-    }
-    if (!prompt == !prompt_ids) {
-        fprintf(stderr, "gdncp sample: --ckpt and one of --prompt, --prompt-ids are required\n");
-        fputs(cmd_sample_cli.usage, stderr);
-        return CLI_USAGE_ERROR;
-    }
-    char dir[4096];
+    int st = GDN_OK, usage = 0, known = 0; /* known: this rank got as far as its values */
+    char dir[4096] = "";
     gdn_model_config cfg;
-    int rc = gdn_ckpt_resolve(ckpt, dir, sizeof dir);
-    if (!rc) rc = gdn_ckpt_load_config(dir, &cfg);
-    if (!rc && !quiet && *gdn_ckpt_config_note()) fprintf(stderr, "gdncp sample: %s\n", gdn_ckpt_config_note());
-    if (!rc && e.ep > 1) {
-        cfg.ep_size = e.ep, cfg.ep_rank = e.rank % e.ep;
-        rc = gdn_model_config_check(&cfg); /* MoE layers whose experts N divides */
-    }
-    if (rc) return cli_error("sample", rc);
-    const int bytes_model = cfg.vocab == 256;
-    if (!bytes_model && (prompt || (!print_ids && !score))) {
-        fprintf(stderr, "gdncp sample: %s has a vocabulary of %lld ids, not bytes: give the prompt with --prompt-ids "
-                "and print the new tokens with --print-ids (text is for byte models, vocab_size 256)\n", dir,
-                (long long)cfg.vocab);
-        return CLI_USAGE_ERROR;
-    }
     size_t np = 0;
     gdn_token *ptok = NULL;
-    if (prompt) {
-        np = strlen(prompt);
-        if (!(ptok = malloc(sizeof *ptok * (np + 1)))) {
-            fprintf(stderr, "gdncp sample: out of memory for the prompt\n");
-            return 1;
-        }
-        for (size_t i = 0; i < np; i++) ptok[i] = (unsigned char)prompt[i];
-    } else if ((rc = parse_ids(prompt_ids, &ptok, &np, cfg.vocab))) {
-        return rc;
-    }
-    if (!np) {
-        fprintf(stderr, "gdncp sample: the prompt is empty: give the model at least one token to continue\n");
-        free(ptok);
-        return CLI_USAGE_ERROR;
-    }
-    if (score && np < 2) { /* as Python's Model.loss: no target to score */
-        fprintf(stderr, "gdncp sample: --score needs a prompt of at least 2 tokens (each token predicts the next), "
-                "got %zu\n", np);
-        free(ptok);
-        return CLI_USAGE_ERROR;
-    }
-    /* the attention layers' positions: the prompt, and the new tokens unless scoring (which generates none) */
-    const int64_t positions = (int64_t)np + (score ? 0 : tokens);
-    if (gdn_model_count_layers(&cfg, GDN_MODEL_ATTN_LAYERS) && cfg.max_position > 0 && positions > cfg.max_position) {
-        if (score)
-            fprintf(stderr, "gdncp sample: the prompt's %zu tokens are beyond the checkpoint's max_position_embeddings "
-                    "= %lld\n", np, (long long)cfg.max_position);
-        else
-            fprintf(stderr, "gdncp sample: the prompt's %zu tokens + --tokens %lld = %lld positions are beyond the "
-                    "checkpoint's max_position_embeddings = %lld (ask for fewer --tokens, or a shorter prompt)\n", np,
-                    (long long)tokens, (long long)positions, (long long)cfg.max_position);
-        free(ptok);
-        return 1;
-    }
-    float *w = aligned_alloc(64, sizeof(float) * ((gdn_model_param_floats(&cfg) + 15) & ~(size_t)15));
-    /* --score reads every prompt position's logits; generating, only the last one's */
-    float *logits = malloc(sizeof(float) * (score ? np : 1) * (size_t)cfg.vocab);
-    float *swork = malloc(sizeof(float) * (size_t)cfg.vocab); /* the sampler's (top-k, top-p) */
+    float *w = NULL, *logits = NULL, *swork = NULL;
     gdn_model_decoder *dec = NULL;
-    if (!w || !logits || !swork) {
-        fprintf(stderr, "gdncp sample: out of memory for the model's %zu parameters\n", gdn_model_param_floats(&cfg));
-        free(w), free(logits), free(ptok), free(swork);
-        return 1;
+    int64_t positions = 0, wd = -1;
+    if (!(top_p > 0))
+        SAMPLE_FAIL(1, "--top-p %g: expected a probability in (0, 1]\n", top_p);
+    else if (!prompt == !prompt_ids)
+        SAMPLE_FAIL(1, "--ckpt and exactly one of --prompt, --prompt-ids are required (%s)\n",
+                    prompt ? "both were given" : "neither was given");
+    /* Under mpiexec, the first agreement (which a rank that failed to parse its options joins too,
+     * cli_cp_fail_early): every rank's status and the options that decide the collectives and the
+     * tokens; a disagreement is an option error (exit 2) */
+    if (agree) {
+        const int64_t vals[] = {e.ep, tokens, score, print_ids, seed, top_k, cli_f64_bits(temperature),
+                                cli_f64_bits(top_p), cache_dtype, compute, stop_auto};
+        static const char *const names[] = {"--ep", "--tokens", "--score", "--print-ids", "--seed", "--top-k",
+                                            "--temperature (its bits)", "--top-p (its bits)", "--cache-dtype",
+                                            "--compute", "--stop"};
+        const int rc = gdn_cp_agree_values(agree, vals, (int)(sizeof vals / sizeof vals[0]), names, st);
+        if (rc && !st) cli_error("sample", rc), usage = 1;
+        st = rc;
+        if (rc) gdn_cp_destroy(agree), agree = NULL; /* every rank stops here: no further agreement */
     }
-    if (!rc) rc = gdn_ckpt_load(dir, &cfg, w, NULL, NULL, NULL);
-    if (e.ep > 1) {
+    if (!st && e.size % e.ep) /* (every rank alike: --ep agreed) */
+        SAMPLE_FAIL(1, "--ep %d does not divide the %d ranks of mpiexec\n", e.ep, e.size);
+    if (!st && (st = gdn_ckpt_resolve(ckpt, dir, sizeof dir)) == GDN_OK) st = gdn_ckpt_load_config(dir, &cfg);
+    if (!st && !quiet && *gdn_ckpt_config_note()) fprintf(stderr, "gdncp sample: %s\n", gdn_ckpt_config_note());
+    if (!st && e.ep > 1) {
+        cfg.ep_size = e.ep, cfg.ep_rank = e.rank % e.ep;
+        st = gdn_model_config_check(&cfg); /* MoE layers whose experts N divides */
+    }
+    if (st && !usage) cli_error("sample", st), usage = -1; /* (said) */
+    const int bytes_model = !st && cfg.vocab == 256;
+    if (!st && !bytes_model && (prompt || (!print_ids && !score)))
+        SAMPLE_FAIL(1, "%s has a vocabulary of %lld ids, not bytes: give the prompt with --prompt-ids and print the "
+                    "new tokens with --print-ids (text is for byte models, vocab_size 256)\n", dir, (long long)cfg.vocab);
+    if (!st && prompt) {
+        np = strlen(prompt);
+        if (!(ptok = malloc(sizeof *ptok * (np + 1)))) SAMPLE_FAIL(0, "out of memory for the prompt\n");
+        for (size_t i = 0; ptok && i < np; i++) ptok[i] = (unsigned char)prompt[i];
+    } else if (!st) {
+        const int prc = parse_ids(prompt_ids, &ptok, &np, cfg.vocab); /* (says what is wrong) */
+        if (prc) st = GDN_ERR_ARG, usage = prc == CLI_USAGE_ERROR;
+    }
+    if (!st && !np) SAMPLE_FAIL(1, "the prompt is empty: give the model at least one token to continue\n");
+    if (!st && score && np < 2) /* as Python's Model.loss: no target to score */
+        SAMPLE_FAIL(1, "--score needs a prompt of at least 2 tokens (each token predicts the next), got %zu\n", np);
+    /* the attention layers' positions: the prompt, and the new tokens unless scoring (which generates none) */
+    positions = (int64_t)np + (score ? 0 : tokens);
+    if (!st && gdn_model_count_layers(&cfg, GDN_MODEL_ATTN_LAYERS) && cfg.max_position > 0 && positions > cfg.max_position) {
+        if (score)
+            SAMPLE_FAIL(0, "the prompt's %zu tokens are beyond the checkpoint's max_position_embeddings = %lld\n", np,
+                        (long long)cfg.max_position);
+        else
+            SAMPLE_FAIL(0, "the prompt's %zu tokens + --tokens %lld = %lld positions are beyond the checkpoint's "
+                        "max_position_embeddings = %lld (ask for fewer --tokens, or a shorter prompt)\n", np,
+                        (long long)tokens, (long long)positions, (long long)cfg.max_position);
+    }
+    if (!st) {
+        w = aligned_alloc(64, sizeof(float) * ((gdn_model_param_floats(&cfg) + 15) & ~(size_t)15));
+        /* --score reads every prompt position's logits; generating, only the last one's */
+        logits = malloc(sizeof(float) * (score ? np : 1) * (size_t)cfg.vocab);
+        swork = malloc(sizeof(float) * (size_t)cfg.vocab); /* the sampler's (top-k, top-p) */
+        if (!w || !logits || !swork)
+            SAMPLE_FAIL(0, "out of memory for the model's %zu parameters\n", gdn_model_param_floats(&cfg));
+    }
+    if (!st && (st = gdn_ckpt_load(dir, &cfg, w, NULL, NULL, NULL))) cli_error("sample", st), usage = -1;
+    if (!st && agree) wd = weights_digest(dir);
+    known = !st;
+    /* the second: every rank's status, its prompt and its weights (the same checkpoint everywhere) */
+    if (agree) {
+        const int64_t vals[] = {(int64_t)np, gdn_cp_digest(ptok, sizeof *ptok * np), wd};
+        static const char *const names[] = {"the prompt's length", "the prompt (a digest of its tokens)",
+                                            "the checkpoint (a digest of every byte of --ckpt's weight files)"};
+        const int rc = gdn_cp_agree_values(agree, vals, known ? (int)(sizeof vals / sizeof vals[0]) : 0, names, st);
+        if (rc && !st) cli_error("sample", rc), usage = -1; /* (another rank's failure, or a disagreement) */
+        st = rc;
+    }
+    int rc = st;
+    if (!rc && e.ep > 1) { /* (every rank is here: the agreement passed) */
         MPI_Comm_split(MPI_COMM_WORLD, e.rank / e.ep, e.rank, &e.comm);
-        const int rc2 = gdn_ep_create(&e.group, e.comm);
-        if (!rc) rc = rc2;
+        rc = gdn_ep_create(&e.group, e.comm);
     }
     uint8_t sep_bytes[GDN_DATA_MAX_SEP];
     gdn_token sep[GDN_DATA_MAX_SEP], tail[GDN_DATA_MAX_SEP] = {0};
@@ -230,7 +254,7 @@ int cmd_sample(int argc, char **argv) {
     if (!rc) rc = gdn_model_decoder_create(&dec, &cfg, 1, positions, (int)threads, cache_dtype);
     if (!rc) rc = gdn_model_decoder_set_compute(dec, compute);
     if (!rc && e.group) rc = gdn_model_decoder_set_experts(dec, e.group);
-    rc = ep_agree(&e, rc);
+    if (agree && !st) rc = gdn_cp_agree_status(agree, rc); /* (a failure before: every rank knows it) */
     /* the prompt (scoring: in one piece, every position's logits; generating: in pieces of at most
      * PREFILL_PIECE tokens, so its activations stay bounded, and only the last position's logits,
      * which give the first new token) */
@@ -254,6 +278,7 @@ int cmd_sample(int argc, char **argv) {
         gdn_model_decoder_destroy(dec);
         gdn_ep_destroy(e.group);
         if (e.comm != MPI_COMM_NULL) MPI_Comm_free(&e.comm);
+        gdn_cp_destroy(agree);
         free(w), free(logits), free(ptok), free(swork);
         return 0;
     }
@@ -303,6 +328,8 @@ int cmd_sample(int argc, char **argv) {
     gdn_model_decoder_destroy(dec);
     gdn_ep_destroy(e.group);
     if (e.comm != MPI_COMM_NULL) MPI_Comm_free(&e.comm);
+    gdn_cp_destroy(agree);
     free(w), free(logits), free(ptok), free(swork);
+    if (st) return usage == 1 ? CLI_USAGE_ERROR : 1; /* (said before or at the agreement) */
     return rc < 0 ? 1 : rc ? cli_error("sample", rc) : 0;
 }

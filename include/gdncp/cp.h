@@ -149,6 +149,9 @@ GDN_API int gdn_cp_agree_values(gdn_cp *cp, const int64_t *vals, int n, const ch
  * 8-byte words, at memory speed; a change to any one word always changes it). In [0, 2^63); 0 for
  * NULL. Not collective: each rank digests its own copy. */
 GDN_API int64_t gdn_cp_digest(const void *data, size_t bytes);
+/* The same over a whole file's bytes, read in pieces (a data file, a checkpoint's weight files: what
+ * ranks given different paths must hold alike); -1 when it cannot be read. Not collective. */
+GDN_API int64_t gdn_cp_digest_file(const char *path);
 
 /* Accounting of the last forward or backward call on this rank. */
 GDN_API gdn_cp_stats gdn_cp_last_stats(const gdn_cp *cp);

@@ -418,6 +418,18 @@ def test_bad_inputs_fail_on_every_rank_and_a_good_call_follows():
         with gtr.patch(comm=COMM):
             llama(input_ids=ids[:, a:b], labels=ids[:, a:b]).loss.backward()
     _fails_everywhere(call_llama, "not one the patch splits")
+    # one rank's weights in another dtype (its MoE experts float64: transformers' own code would take
+    # another path there and the ranks meet in no collective): agreed before the first exchange
+    moe = _moe_tiny()
+    if R == 1:
+        for n, prm in moe.named_parameters():
+            if ".experts." in n:
+                prm.data = prm.data.double()
+
+    def call_moe():
+        with gtr.patch(comm=COMM):
+            moe(input_ids=ids[:, a:b] % 128, labels=ids[:, a:b] % 128).loss.backward()
+    _fails_everywhere(call_moe, "parameter dtypes")
     # a cache (generation) is refused
     from transformers import DynamicCache
     _fails_everywhere(lambda: call(ids[:, a:b], past_key_values=DynamicCache(config=model.config)),

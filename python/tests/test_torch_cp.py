@@ -356,6 +356,28 @@ def test_bad_shape_on_one_rank_raises_on_every_rank():
     assert o.shape == ctx.shard(xs[2]).shape
 
 
+def test_a_failure_in_the_piece_replayed_after_the_exchange_raises_on_every_rank():
+    """The last rank's shard continues a document of the earlier ranks, so it replays that piece
+    after the exchange: a NaN there is raised on every rank (that rank its own error, the others
+    one naming it), none left waiting in a collective; a good call follows."""
+    start = sum(_shards()[:-1])
+    cu = torch.tensor([0, start - 3, start + 5, T])
+    xs, _, _ = _problem(8, B=1, n_states=3)
+    ctx = tcp.build_cp_context(cu, group=GROUP, shard_lengths=_shards())
+    loc = [ctx.shard(x).clone() for x in xs[:5]]
+    bad = [x.clone() for x in loc]
+    if R == D - 1:
+        bad[0][0, 0, 0, 0] = float("nan")   # its first token: in the replayed piece
+    with pytest.raises(Exception) as e:
+        tcp.chunk_gated_delta_rule(*bad, cu_seqlens=ctx.cu_seqlens, output_final_state=True, cp_context=ctx)
+    assert R == D - 1 or f"rank {D - 1}" in str(e.value), e.value
+    got = _gather_obj(type(e.value).__name__)
+    assert all(g is not None for g in got), got
+    o, ht = tcp.chunk_gated_delta_rule(*loc, cu_seqlens=ctx.cu_seqlens, output_final_state=True,
+                                       cp_context=ctx)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+
+
 def test_cuda_or_meta_tensors_refused_on_every_rank():
     ctx = tcp.build_cp_context(T, group=GROUP, shard_lengths=_shards())
     xs, _, _ = _problem(8, B=1, n_states=1)

@@ -198,26 +198,6 @@ static int check_attn_cp(const gdn_model_config *c, int attn_cp, int D) {
     return GDN_OK;
 }
 
-/* The data file's identity: a digest of its size and every byte, read in 4 MiB pieces (every rank
- * reads its own windows of it, so ranks given different files would silently train on a mix; files
- * equal in their first bytes differ further on). -1 when it cannot be read. */
-static int64_t data_digest(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    enum { PIECE = 4 << 20 };
-    unsigned char *buf = gdn_malloc("data_digest: buf", PIECE);
-    uint64_t h = 1469598103934665603ull;
-    size_t n, total = 0;
-    while (buf && (n = fread(buf, 1, PIECE, f)) > 0) {
-        h = (h ^ (uint64_t)gdn_cp_digest(buf, n)) * 1099511628211ull;
-        total += n;
-    }
-    const int bad = !buf || ferror(f);
-    free(buf);
-    fclose(f);
-    return bad ? -1 : (int64_t)((h ^ (uint64_t)total) >> 1);
-}
-
 static int64_t f64_bits(double x) {
     int64_t b;
     memcpy(&b, &x, sizeof b);
@@ -237,7 +217,7 @@ static int agree_run(trainer *t) {
                             c->router_aux, f64_bits(c->router_aux_coef), f64_bits(a->lr), f64_bits(a->min_lr),
                             a->warmup, f64_bits(a->beta1), f64_bits(a->beta2), f64_bits(a->eps),
                             f64_bits(a->weight_decay), f64_bits(a->clip), f64_bits(t->o->val_fraction),
-                            data_digest(t->o->data)};
+                            gdn_cp_digest_file(t->o->data)};
     static const char *const names[] = {
         "vocab_size (--vocab)", "hidden_size (--hidden)", "num_hidden_layers (--layers)", "intermediate_size (--intermediate)",
         "linear_num_key_heads (--key-heads)", "linear_num_value_heads (--value-heads)", "linear_key_head_dim (--key-dim)",

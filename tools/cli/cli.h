@@ -25,10 +25,10 @@ typedef struct gdn_cp gdn_cp;
 int cli_cp_write_rows(gdn_cp *cp, const char *path, const char *producer, int64_t B, int64_t T_full,
                       int64_t t0, int64_t tn, const cli_out_tensor *t, int n,
                       int (*add_more)(gdn_st_writer *w, int rank, void *ctx), void *ctx);
-/* A split run (argv has --cp) that fails before its first agreement step (bad options): join the
- * other ranks' first collectives with a failure, so they stop too instead of waiting. Every --cp
- * command's first collectives are gdn_cp_create then gdn_cp_agree_values (one fixed-width row,
- * whatever the values). Returns 1. */
+/* A split run (argv has --cp or --ep: main started MPI) that fails before its first agreement
+ * step (bad options): join the other ranks' first collectives with a failure, so they stop too
+ * instead of waiting. Every --cp / --ep command's first collectives are gdn_cp_create then
+ * gdn_cp_agree_values (one fixed-width row, whatever the values). Returns 1. */
 int cli_cp_fail_early(int argc, char **argv);
 /* The start of a --cp run of `cmd` (gdncp run, layer, attention): this rank's place (*rank, *D)
  * and the context over MPI_COMM_WORLD (the strategy, parsed from `name` by the caller, goes in

@@ -96,7 +96,7 @@ done:
 
 int cli_cp_fail_early(int argc, char **argv) {
     int under_cp = 0, inited = 0;
-    for (int i = 1; i < argc; i++) under_cp |= !strcmp(argv[i], "--cp");
+    for (int i = 1; i < argc; i++) under_cp |= !strcmp(argv[i], "--cp") || !strcmp(argv[i], "--ep");
     MPI_Initialized(&inited);
     if (!under_cp || !inited) return 1;
     /* the other ranks' first collectives: the context's communicator, then their first agreement

@@ -698,6 +698,7 @@ PROTOTYPES = {
     'gdn_cp_agree_status': (c_int, [c_void_p, c_int]),
     'gdn_cp_agree_values': (c_int, [c_void_p, POINTER(c_int64), c_int, POINTER(c_char_p), c_int]),
     'gdn_cp_digest': (c_int64, [c_void_p, c_size_t]),
+    'gdn_cp_digest_file': (c_int64, [c_char_p]),
     'gdn_cp_last_stats': (CpStats, [c_void_p]),
     'gdn_cp_set_wait': (c_int, [c_void_p, c_int]),
     'gdn_cp_get_wait': (c_int, [c_void_p]),

@@ -486,6 +486,19 @@ class _Shard:
         return [(int(f), out[r, 1:1 + KK].numpy().reshape(shape_a),
                  out[r, 1 + KK:].numpy().reshape(shape_b)) for r, f in enumerate(flags)]
 
+    def _settle(self, kind, err):
+        """After the work that follows the exchange (a rank replaying the piece that continues an
+        earlier rank's document, or its backward from the folded state gradient): every rank's
+        status, so that a failure there (a NaN found in the replay) raises on every rank instead
+        of leaving the others to wait in their next collective."""
+        flags = self.tr.allgather(torch.tensor([0 if err is None else 1], dtype=torch.int64))
+        if err is not None:
+            raise err
+        bad = [r for r, f in enumerate(flags.view(-1).tolist()) if f]
+        if bad:
+            raise RuntimeError(f"gdncp.torch_cp: the {kind} failed on rank {bad[0]} (in its work after "
+                               "the exchange; that rank raised its own error)")
+
     def _fold(self, maps, order):
         """The state (or state gradient) after applying maps[j] for j in order, from zeros: the
         fold restarts at the last constant map."""
@@ -534,15 +547,19 @@ class _Shard:
         maps = self._exchange("forward", a, b, err)
         r = ctx.rank
         self.s_in = None
-        if self.head:
-            s = self._fold(maps, range(r))
-            if ctx.fault == "drop_state":
-                s = np.zeros_like(s)
-            self.s_in = s
-            p0 = pieces[0]
-            o_h, ht_h = self._forward([p0], s)
-            o[:, p0[0]:p0[1]] = o_h
-            ht_pieces[0] = ht_h
+        try:
+            if self.head:
+                s = self._fold(maps, range(r))
+                if ctx.fault == "drop_state":
+                    s = np.zeros_like(s)
+                self.s_in = s
+                p0 = pieces[0]
+                o_h, ht_h = self._forward([p0], s)
+                o[:, p0[0]:p0[1]] = o_h
+                ht_pieces[0] = ht_h
+        except Exception as e:  # noqa: BLE001 -- shared below, then raised
+            err = e
+        self._settle("forward", err)
         ht = None
         if self.want_ht:                      # each row's final state from where it ends
             ht_all = np.zeros((self.N, Hv, self.K, V), np.float32)
@@ -599,23 +616,27 @@ class _Shard:
         except Exception as e:  # noqa: BLE001
             err = e
         maps = self._exchange("backward", a, b, err)
-        ds_out = self._fold(maps, range(ctx.world_size - 1, ctx.rank, -1))
-        if ctx.fault == "drop_state_grad":
-            ds_out = np.zeros_like(ds_out)
-        if self.inside:
-            g = self._backward(pieces, do, self.s_in, ds_out)
-            put(0, g)
-        elif rest:
-            h0r = self._h0_rows(rest)
-            if h0r is None:                   # dh0 not wanted, but the C call needs none
-                g = self._backward(rest, do, None, dht_rows(rest, ds_out))
-            else:
-                g = self._backward(rest, do, h0r, dht_rows(rest, ds_out))
-                if ctx.packed:
-                    dh0[[p[2] for p in rest]] = g[5]
+        try:
+            ds_out = self._fold(maps, range(ctx.world_size - 1, ctx.rank, -1))
+            if ctx.fault == "drop_state_grad":
+                ds_out = np.zeros_like(ds_out)
+            if self.inside:
+                g = self._backward(pieces, do, self.s_in, ds_out)
+                put(0, g)
+            elif rest:
+                h0r = self._h0_rows(rest)
+                if h0r is None:                   # dh0 not wanted, but the C call needs none
+                    g = self._backward(rest, do, None, dht_rows(rest, ds_out))
                 else:
-                    dh0[:] = g[5]
-            put(rest[0][0], g)
+                    g = self._backward(rest, do, h0r, dht_rows(rest, ds_out))
+                    if ctx.packed:
+                        dh0[[p[2] for p in rest]] = g[5]
+                    else:
+                        dh0[:] = g[5]
+                put(rest[0][0], g)
+        except Exception as e:  # noqa: BLE001
+            err = e
+        self._settle("backward", err)
         return dq, dk, dv, dg, dbeta, dh0
 
 

@@ -113,17 +113,30 @@ def _summary(pos):
     return (False, int(row[0]), int(row[-1]), starts.astype(np.int64))
 
 
-def _shard_from(settings, B, T, pos, err, router_logits=False):
+def param_dtypes(model):
+    """The model's parameters' dtypes, as one value every rank must share ("float32 x 56", and a
+    checksum of which parameter has which): a rank whose weights are of another dtype runs other
+    code paths of transformers' own and meets the others in no collective."""
+    counts, names = {}, []
+    for n, p in model.named_parameters():
+        d = str(p.dtype).replace("torch.", "")
+        counts[d] = counts.get(d, 0) + 1
+        names.append(f"{n}:{d}")
+    return (", ".join(f"{d} x {k}" for d, k in sorted(counts.items())) +
+            f" (parameters by name: crc {zlib.crc32(chr(10).join(names).encode()):08x})")
+
+
+def _shard_from(settings, B, T, pos, err, router_logits=False, dtypes=None):
     """The agreement of one forward: the ranks' lengths and positions, then the Shard (both
     collective; a failure on any rank raised on every rank)."""
     comm, gdn, attention, compute = settings
     _, cu, pos_offset, err = _agree_positions(core._comm_state(comm), B, T, pos, err,
-                                              router_logits)
+                                              router_logits, dtypes)
     return CL.Shard(comm, B, T, cu_seqlens=cu, pos_offset=pos_offset, gdn=gdn, attention=attention,
                     compute=compute, error=err)
 
 
-def _agree_positions(st, B, T, pos, err, router_logits=False):
+def _agree_positions(st, B, T, pos, err, router_logits=False, dtypes=None):
     """One collective over st (core._agree's: a communicator state, or gdncp.torch_cp's
     Transport): every rank's batch size, length and positions. Returns (the ranks' lengths, the
     whole stream's document offsets cu or None, the position of the first token, err): err, a
@@ -135,8 +148,9 @@ def _agree_positions(st, B, T, pos, err, router_logits=False):
             summ = _summary(pos)
     except Exception as e:  # noqa: BLE001
         err = e
-    table = core._agree(st, err, sig=(router_logits,),
-                        names=("output_router_logits (the MoE aux loss: every rank's routers or none)",),
+    table = core._agree(st, err, sig=(router_logits, dtypes),
+                        names=("output_router_logits (the MoE aux loss: every rank's routers or none)",
+                               "the model's parameter dtypes"),
                         extra=(B, T, summ))
     cu, pos_offset = None, 0
     if err is None:
@@ -238,7 +252,8 @@ def _text_forward(orig):
                                         "patch(comm=...)")
         except Exception as e:  # noqa: BLE001 -- shared with the other ranks first
             err = e
-        shard = _shard_from(settings, B, T, pos, err, bool(kwargs.get("output_router_logits")))
+        shard = _shard_from(settings, B, T, pos, err, bool(kwargs.get("output_router_logits")),
+                            param_dtypes(self))
         if position_ids is None:
             position_ids = (torch.arange(T, device=x.device) + shard.offset)[None].expand(B, T)
         prev = getattr(_tls, "shard", None)

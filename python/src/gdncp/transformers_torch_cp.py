@@ -78,7 +78,7 @@ def _text_forward(orig):
         except Exception as e:  # noqa: BLE001 -- shared with the other ranks first
             err = e
         lengths, cu, pos_offset, err = TC._agree_positions(
-            tr, B, T, pos, err, bool(kwargs.get("output_router_logits")))
+            tr, B, T, pos, err, bool(kwargs.get("output_router_logits")), TC.param_dtypes(self))
         if err is not None:
             raise err
         ctx = tcp.build_cp_context(cu if cu is not None else int(sum(lengths)), group=tr,
