@@ -70,6 +70,27 @@ done
 [ "$(loadmean "$work/moeg.csv.out")" = "128.0 " ] && pass "tiny-moe on 4 ranks: the expert load summed over the grid, 128.0" ||
   { fail "tiny-moe on 4 ranks: expert load '$(loadmean "$work/moeg.csv.out")' (want 128.0)"; cat "$work/moeg.csv.out"; }
 
+echo "== tiny-moe resized, and MoE flags against an MoE checkpoint: what was given is what is checked"
+# a named MoE model keeps its kind on the layers it gains, loses the ones beyond --layers, and --experts 0 makes it
+# dense at its active width; with --init, a flag that agrees runs and one that differs is named (not another)
+for spec in "--layers 2|aux" "--layers 6|aux" "--experts 0|dense"; do
+  IFS='|' read -r a kind <<<"$spec"
+  if train 1 "$work/resize.csv" --model tiny-moe --steps 2 $a && grep -q "step     2/2" "$work/resize.csv.out" &&
+     { grep -q "^step .* aux " "$work/resize.csv.out" && has_aux=aux || has_aux=dense; [ "$has_aux" = "$kind" ]; }; then
+    pass "--model tiny-moe $a trains ($kind)"
+  else fail "--model tiny-moe $a"; cat "$work/resize.csv.out"; fi
+done
+mi=(train --data "$text" --seq 64 --eval-every 0 --threads 1 --steps 1 --init "$golden/qwen35_moe_tiny")
+for a in "--experts 8" "--experts-per-tok 2"; do
+  if timeout 120 $MPIEXEC -n 1 $g "${mi[@]}" $a > "$work/moeinit.out" 2>&1 && grep -q "step     1/1" "$work/moeinit.out"; then
+    pass "--init qwen35_moe_tiny $a (agreeing with its config): trains"
+  else fail "--init qwen35_moe_tiny $a"; cat "$work/moeinit.out"; fi
+done
+refuse "--init qwen35_moe_tiny --experts-per-tok 3: the flag given is named" "num_experts_per_tok is 2, but --experts-per-tok says 3" \
+  $MPIEXEC -n 1 $g "${mi[@]}" --experts-per-tok 3
+refuse "--experts-per-tok without experts or an MoE checkpoint" "give --experts N" \
+  $MPIEXEC -n 1 $g train --data "$text" "${small[@]}" --steps 1 --experts-per-tok 2
+
 echo "== tiny-moe with its experts split over ranks (--ep): = one rank; each rank holds 1/N of the experts"
 # expert groups of whole DP ranks, the CP groups themselves, spanning DP groups, inside a CP group
 for grid in "2 --batch 1 --ep 2" "4 --cp 2 --batch 1 --ep 2" "4 --cp 2 --batch 1 --ep 4" "4 --cp 4 --batch 2 --ep 2" \

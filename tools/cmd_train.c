@@ -227,8 +227,8 @@ static int parse(int argc, char **argv, gdn_train_options *out) {
         {"--attn-heads", GDN_GIVEN_ATTN_HEADS}, {"--kv-heads", GDN_GIVEN_KV_HEADS},
         {"--head-dim", GDN_GIVEN_HEAD_DIM}, {"--attn-interval", GDN_GIVEN_LAYER_TYPES},
         {"--layer-types", GDN_GIVEN_LAYER_TYPES},
-        {"--vocab", GDN_GIVEN_VOCAB}, {"--experts", GDN_GIVEN_EXPERTS}, {"--experts-per-tok", GDN_GIVEN_EXPERTS},
-        {"--moe-intermediate", GDN_GIVEN_EXPERTS}, {"--shared-intermediate", GDN_GIVEN_EXPERTS}};
+        {"--vocab", GDN_GIVEN_VOCAB}, {"--experts", GDN_GIVEN_EXPERTS}, {"--experts-per-tok", GDN_GIVEN_EXPERTS_PER_TOK},
+        {"--moe-intermediate", GDN_GIVEN_MOE_INTERMEDIATE}, {"--shared-intermediate", GDN_GIVEN_SHARED_INTERMEDIATE}};
     for (size_t k = 0; k < sizeof model_flags / sizeof model_flags[0]; k++)
         if (cli_given(&cmd_train_cli, seen, model_flags[k].flag)) o->model_explicit |= model_flags[k].bit;
     if (cli_given(&cmd_train_cli, seen, "--pack-id")) o->pack_by_id = 1, o->pack_id = (gdn_token)opts.pack_id;
@@ -249,16 +249,22 @@ static int parse(int argc, char **argv, gdn_train_options *out) {
     }
     /* the experts: --experts makes (0: unmakes) every layer's MLP a mixture; the other MoE flags
      * change a model that has them */
+    const int from_ckpt = o->init || o->resume; /* (the model is the checkpoint's: the flags are checked there) */
+    if (experts == 0 && o->model.n_experts > 0 && !o->model.I && !cli_given(&cmd_train_cli, seen, "--intermediate"))
+        o->model.I = o->model.top_k * o->model.moe_I + o->model.shared_I; /* a named MoE made dense: its active width */
     if (experts >= 0) {
         o->model.n_experts = experts;
-        for (int64_t l = 0; l < GDN_MODEL_MAX_LAYERS; l++) o->model.moe[l] = experts > 0 && l < o->model.L;
         if (experts && !o->model.top_k) o->model.top_k = 2;
         if (experts && !o->model.moe_I) o->model.moe_I = o->model.I;
         if (experts && !o->model.norm_topk) o->model.norm_topk = 1;
+        if (!experts) o->model.top_k = o->model.moe_I = o->model.shared_I = 0, o->model.router_aux = 0;
     }
-    if ((top_k >= 0 || moe_I >= 0 || shared_I >= 0) && !o->model.n_experts) {
-        fprintf(stderr, "gdncp train: --experts-per-tok, --moe-intermediate and --shared-intermediate set a mixture "
-                        "of experts: give --experts N (or a *-moe --model)\n");
+    /* every layer of the final --layers a mixture when the model has experts (a named MoE model resized
+     * keeps its kind on the layers it gains, none beyond the last) */
+    for (int64_t l = 0; l < GDN_MODEL_MAX_LAYERS; l++) o->model.moe[l] = o->model.n_experts > 0 && l < o->model.L;
+    if ((top_k >= 0 || moe_I >= 0 || shared_I >= 0) && !o->model.n_experts && !from_ckpt) {
+        fprintf(stderr, "gdncp train: --experts-per-tok, --moe-intermediate and --shared-intermediate shape a mixture "
+                        "of experts: give --experts N (or a *-moe --model, or --init / --resume an MoE checkpoint)\n");
         return CLI_USAGE_ERROR;
     }
     if (top_k >= 0) o->model.top_k = top_k;

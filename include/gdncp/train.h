@@ -100,7 +100,8 @@ enum {
     GDN_GIVEN_KEY_HEADS = 1 << 4, GDN_GIVEN_VALUE_HEADS = 1 << 5, GDN_GIVEN_KEY_DIM = 1 << 6,
     GDN_GIVEN_VALUE_DIM = 1 << 7, GDN_GIVEN_CONV = 1 << 8, GDN_GIVEN_ATTN_HEADS = 1 << 9, GDN_GIVEN_KV_HEADS = 1 << 10,
     GDN_GIVEN_HEAD_DIM = 1 << 11, GDN_GIVEN_LAYER_TYPES = 1 << 12, GDN_GIVEN_EXPERTS = 1 << 13,
-    GDN_GIVEN_ALL = (1 << 14) - 1
+    GDN_GIVEN_EXPERTS_PER_TOK = 1 << 14, GDN_GIVEN_MOE_INTERMEDIATE = 1 << 15, GDN_GIVEN_SHARED_INTERMEDIATE = 1 << 16,
+    GDN_GIVEN_ALL = (1 << 17) - 1
 };
 GDN_API gdn_train_options gdn_train_defaults(void);
 /* Train. Progress lines go to `progress` on world rank 0 (NULL: quiet). Collective over world:

@@ -167,9 +167,10 @@ static int check_model_flags(const gdn_model_config *ck, const gdn_model_config 
         {"num_key_value_heads", "--kv-heads", ck->Hkv, want->Hkv, 1, GDN_GIVEN_KV_HEADS},
         {"head_dim", "--head-dim", ck->d, want->d, 1, GDN_GIVEN_HEAD_DIM},
         {"num_experts", "--experts", ck->n_experts, want->n_experts, 0, GDN_GIVEN_EXPERTS},
-        {"num_experts_per_tok", "--experts-per-tok", ck->top_k, want->top_k, 0, GDN_GIVEN_EXPERTS},
-        {"moe_intermediate_size", "--moe-intermediate", ck->moe_I, want->moe_I, 0, GDN_GIVEN_EXPERTS},
-        {"shared_expert_intermediate_size", "--shared-intermediate", ck->shared_I, want->shared_I, 0, GDN_GIVEN_EXPERTS},
+        {"num_experts_per_tok", "--experts-per-tok", ck->top_k, want->top_k, 0, GDN_GIVEN_EXPERTS_PER_TOK},
+        {"moe_intermediate_size", "--moe-intermediate", ck->moe_I, want->moe_I, 0, GDN_GIVEN_MOE_INTERMEDIATE},
+        {"shared_expert_intermediate_size", "--shared-intermediate", ck->shared_I, want->shared_I, 0,
+         GDN_GIVEN_SHARED_INTERMEDIATE},
     };
     const char *named = given == GDN_GIVEN_ALL ? "--model or " : "";
     if (ck->L == want->L && (given & GDN_GIVEN_LAYER_TYPES))
