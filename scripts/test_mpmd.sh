@@ -51,6 +51,8 @@ while IFS='|' read -r want what a b; do
 done <<LIST
 the weights (a digest of the layer's tensors in --weights): rank 1 has|layer 0's weights / layer 1's|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.|$GL --weights $tiny/model.safetensors --prefix model.layers.1.linear_attn.
 hidden_size E (--weights / --config): rank 1 has 64, rank 0 has 96|qwen35_tiny's layer 0 / layer_small|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.|layer --weights $golden/layer_small.weights.safetensors --in $tiny/layer0.io.safetensors --out $logs/mpmd.safetensors --cp scan
+--out (rank 0 writes every rank's rows there|layer 0, another --out on rank 1|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.|layer --config $tiny/config.json --in $tiny/layer0.io.safetensors --out $logs/mpmd_b.safetensors --cp scan --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.
+--out (rank 0 writes every rank's rows there|run, another --out on rank 1|$GR --in $logs/mpmd_s1.st|run --out $logs/mpmd_b.safetensors --cp scan --in $logs/mpmd_s1.st
 0|layer 0's weights on both ranks|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.|$GL --weights $tiny/model.safetensors --prefix model.layers.0.linear_attn.
 the weights (a digest of the layer's tensors in --weights): rank 1 has|layer 3 / the same with q_norm and k_norm swapped|$GA --weights $tiny/model.safetensors|$GA --weights $logs/mpmd_swapped.st
 rope_theta: rank 1 has 1e+07, rank 0 has 10000|--config / none (RoPE theta 1e7 by default)|$GA --weights $tiny/model.safetensors|attention --weights $tiny/model.safetensors --prefix model.layers.3.self_attn. --in $tiny/attn.io.safetensors --out $logs/mpmd.safetensors --cp kv

@@ -99,6 +99,12 @@ if train 2 "$work/own.csv" --steps 8 --batch 2 --cp 2 --resume "$work/own" --out
    [ "$(ls "$work/own" | tr '\n' ' ')" = "checkpoint-00000007 checkpoint-00000008 " ]; then
   pass "the run resumed in its own directory saves and prunes its own checkpoints (kept: $(ls "$work/own" | tr '\n' ' '))"
 else fail "resume into its own directory: $(ls "$work/own" | tr '\n' ' ')"; cat "$work/own.csv.out"; fi
+# the newest checkpoint losing a file afterwards: the newest complete one is used, and that is said
+rm -f "$work/own/checkpoint-00000008/model.safetensors"
+if $g sample --ckpt "$work/own" --prompt "a" --tokens 2 >/dev/null 2>"$work/own.err" &&
+   grep -q "checkpoint-00000008: no complete checkpoint.*model.safetensors is missing.*using checkpoint-00000007" "$work/own.err"; then
+  pass "a newest checkpoint that lost its model.safetensors: passed over for checkpoint-00000007, and said"
+else fail "the incomplete newest checkpoint was not said"; cat "$work/own.err"; fi
 # another run's checkpoint appearing beside this run's (a higher step) is never pruned or loaded as this run's
 mkdir -p "$work/mix"; train 1 "$work/mix1.csv" --steps 2 --save-every 1 --keep 0 --out "$work/mix/a" || fail "mix a"
 train 1 "$work/mix2.csv" --steps 2 --save-every 1 --keep 0 --seed 7 --out "$work/mix/b" || fail "mix b"

@@ -320,9 +320,10 @@ static int attention_with(attn_opts *opts, int argc, char **argv) {
     if (cp) { /* the agreement steps on everything that decides the collectives that follow */
         static const char *const names[] = {"--cp (0 kv, 1 heads)", "--backward", "--recompute", "--stats",
                                             "--shards (the lists differ; values are hashes)", "T of the input file",
-                                            "--compute (0 fp32, 1 bf16)"};
-        const int64_t vals[7] = {strategy, o.backward, o.recompute, o.stats, cli_hash(o.shards), T, o.compute};
-        rc = cli_cp_agree_first(cp, "attention", vals, 7, names, rc, &reported);
+                                            "--compute (0 fp32, 1 bf16)",
+                                            "--out (rank 0 writes every rank's rows there; the paths differ, values are hashes)"};
+        const int64_t vals[8] = {strategy, o.backward, o.recompute, o.stats, cli_hash(o.shards), T, o.compute, cli_hash(o.out)};
+        rc = cli_cp_agree_first(cp, "attention", vals, 8, names, rc, &reported);
         if (!rc) {
             static const char *const more[] = {"B of the input file", "the position offset", "the packed documents",
                                                "their offsets (hashes)"};

@@ -232,9 +232,10 @@ static int layer_with(layer_opts *opts, int argc, char **argv) {
     if (cp) { /* one agreement step on everything that decides the collectives that follow */
         static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--keep",
                                             "--f32", "--shards (the lists differ; values are hashes)",
-                                            "T of the input file", "--compute (0 fp32, 1 bf16)"};
-        const int64_t vals[7] = {strategy, o.backward, o.keep, o.f32, cli_hash(o.shards), T, o.compute};
-        rc = cli_cp_agree_first(cp, "layer", vals, 7, names, rc, &reported);
+                                            "T of the input file", "--compute (0 fp32, 1 bf16)",
+                                            "--out (rank 0 writes every rank's rows there; the paths differ, values are hashes)"};
+        const int64_t vals[8] = {strategy, o.backward, o.keep, o.f32, cli_hash(o.shards), T, o.compute, cli_hash(o.out)};
+        rc = cli_cp_agree_first(cp, "layer", vals, 8, names, rc, &reported);
         if (!rc) { /* the weights and their configuration, before any exchange (every rank loaded its own) */
             static const char *const wnames[] = {"hidden_size E (--weights / --config)", "linear_num_key_heads Hk",
                                                  "linear_num_value_heads Hv", "linear_key_head_dim K",

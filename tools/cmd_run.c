@@ -305,10 +305,11 @@ static int run_cp(const cli_cp_opts *co, gdn_config opts) {
     if (!local) local = cli_run_header(in, backward, &T, &per_token);
     static const char *const names[] = {"--cp (0 scan, 1 allgather, 2 relay, 3 heads)", "--backward", "--stats",
                                         "--shards (the lists differ; values are hashes)",
-                                        "T of the input file"};
-    const int64_t vals[5] = {s, backward, stats, cli_hash(shards), T};
+                                        "T of the input file",
+                                        "--out (rank 0 writes every rank's rows there; the paths differ, values are hashes)"};
+    const int64_t vals[6] = {s, backward, stats, cli_hash(shards), T, cli_hash(out)};
     int reported = 0;
-    int rc = cli_cp_agree_first(cp, "run --cp", vals, 5, names, local, &reported);
+    int rc = cli_cp_agree_first(cp, "run --cp", vals, 6, names, local, &reported);
     if (rc) {
         gdn_cp_destroy(cp);
         return 1;

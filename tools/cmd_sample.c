@@ -186,7 +186,7 @@ int cmd_sample(int argc, char **argv) {
     if (!st && e.size % e.ep) /* (every rank alike: --ep agreed) */
         SAMPLE_FAIL(1, "--ep %d does not divide the %d ranks of mpiexec\n", e.ep, e.size);
     if (!st && (st = gdn_ckpt_resolve(ckpt, dir, sizeof dir)) == GDN_OK) st = gdn_ckpt_load_config(dir, &cfg);
-    if (!st && !quiet && *gdn_ckpt_config_note()) fprintf(stderr, "gdncp sample: %s\n", gdn_ckpt_config_note());
+    if (!st && !quiet && *gdn_ckpt_note()) fprintf(stderr, "gdncp sample: %s\n", gdn_ckpt_note());
     if (!st && e.ep > 1) {
         cfg.ep_size = e.ep, cfg.ep_rank = e.rank % e.ep;
         st = gdn_model_config_check(&cfg); /* MoE layers whose experts N divides */

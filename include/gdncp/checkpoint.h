@@ -95,10 +95,12 @@ GDN_API int gdn_ckpt_resolve(const char *path, char *dir, size_t n);
  * "default", a vocab_size outside [1, GDN_MODEL_MAX_VOCAB], missing, non-integer or out-of-range
  * fields, then whatever gdn_model_config_check refuses. */
 GDN_API int gdn_ckpt_load_config(const char *dir, gdn_model_config *cfg);
-/* What the last gdn_ckpt_load_config on this thread read and did not follow, for the caller to
- * show ("" when nothing): a field transformers ignores for that model type (norm_topk_prob false
- * under Qwen3.5-MoE, whose router always renormalises). */
-GDN_API const char *gdn_ckpt_config_note(void);
+/* What the last gdn_ckpt_resolve and gdn_ckpt_load_config on this thread noticed and did not
+ * follow, for the caller to show ("" when nothing; each call replaces its own part): a newer
+ * checkpoint-N of a training directory that is not complete, passed over for the newest complete
+ * one; a field transformers ignores for the model type (norm_topk_prob false under Qwen3.5-MoE,
+ * whose router always renormalises). */
+GDN_API const char *gdn_ckpt_note(void);
 
 /* Read dir/model.safetensors into w (gdn_model_param_floats(cfg) floats) after checking that
  * dir/config.json describes cfg: every tensor of the table with its exact shape, F32 or BF16 (or

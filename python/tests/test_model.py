@@ -542,6 +542,15 @@ def test_missing_files(tmp_path):
     shutil.copy(os.path.join(TINY, "config.json"), d / "config.json")
     with pytest.raises(FileNotFoundError, match="model.safetensors is missing"):
         gdncp.Model.from_pretrained(d)
+    # not a regular file: said as what it is, never "missing"
+    for name, make, what in (("fifo", os.mkfifo, "a FIFO"), ("dir", os.mkdir, "a directory"),
+                             ("zero", lambda p: os.symlink("/dev/zero", p), "a character device")):
+        k = tmp_path / name
+        k.mkdir()
+        shutil.copy(os.path.join(TINY, "config.json"), k / "config.json")
+        make(k / "model.safetensors")
+        with pytest.raises(FileNotFoundError, match=f"model.safetensors is {what}, not a regular file"):
+            gdncp.Model.from_pretrained(k)
     (d / "model.safetensors.index.json").write_text("{}")     # a sharded checkpoint's index, empty
     with pytest.raises(gdncp.GdncpError, match="no 'weight_map' object"):
         gdncp.Model.from_pretrained(d)

@@ -762,7 +762,32 @@ static int why_incomplete(const char *dir) {
                     gdn_file_kind(st[bad].st_mode));
 }
 
+/* A training directory whose newest checkpoint-N is incomplete (a file lost or damaged after it was
+ * written: an interrupted save never shows under that name): said in the note, beside the one used. */
+static void note_skipped(const char *path, int64_t used_step, const char *used) {
+    DIR *d = opendir(path);
+    if (!d) return;
+    int64_t newest = -1;
+    char name[256] = "", full[PATH_MAX];
+    for (struct dirent *e; (e = readdir(d));) {
+        int64_t step;
+        long pid;
+        if (classify(e->d_name, &step, &pid) != ENTRY_PRIMARY || step <= used_step || step <= newest) continue;
+        if (gdn_path_join(full, sizeof full, path, e->d_name) || is_complete(full)) continue;
+        newest = step;
+        snprintf(name, sizeof name, "%s", e->d_name);
+    }
+    closedir(d);
+    if (newest < 0) return;
+    char note[2 * PATH_MAX + 256];
+    if (gdn_path_join(full, sizeof full, path, name)) return;
+    why_incomplete(full); /* (its message, not a failure of this call) */
+    snprintf(note, sizeof note, "%s; using %s, the newest complete checkpoint in %s", gdn_errmsg(), used, path);
+    gdn_ckpt_resolve_note(note);
+}
+
 int gdn_ckpt_resolve(const char *path, char *dir, size_t n) {
+    gdn_ckpt_resolve_note(NULL);
     if (!path || !dir || !n) return gdn_fail(GDN_ERR_ARG, "checkpoint resolve: NULL argument");
     struct stat st;
     if (stat(path, &st) != 0)
@@ -789,6 +814,7 @@ int gdn_ckpt_resolve(const char *path, char *dir, size_t n) {
     if (best < 0) rc = why_incomplete(path);
     else if ((size_t)snprintf(dir, n, "%s/%s", path, list[best].name) >= n)
         rc = gdn_fail(GDN_ERR_ARG, "%s/%s: path too long", path, list[best].name);
+    if (!rc) note_skipped(path, list[best].step, list[best].name);
     free(list);
     return rc;
 }

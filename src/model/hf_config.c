@@ -285,10 +285,17 @@ static int config_int_or(json_t *obj, const char *path, const char *where, const
  * mlp_only_layers, num_experts is 0, or (l + 1) is not a multiple of decoder_sparse_step
  * (transformers' Qwen3NextDecoderLayer); its dense layers are intermediate_size wide. The dense
  * types have no experts: a num_experts > 0 there is another model, refused. */
-/* What the last gdn_ckpt_load_config on this thread read and did not follow ('' when nothing). */
-static _Thread_local char config_note[PATH_MAX + 512];
+/* What the last gdn_ckpt_resolve and gdn_ckpt_load_config on this thread noticed and did not
+ * follow, each its own (each call clears its own), joined by gdn_ckpt_note. */
+static _Thread_local char config_note[PATH_MAX + 512], resolve_note[2 * PATH_MAX + 512], both[4 + sizeof resolve_note +
+                                                                                               sizeof config_note];
 
-const char *gdn_ckpt_config_note(void) { return config_note; }
+void gdn_ckpt_resolve_note(const char *text) { snprintf(resolve_note, sizeof resolve_note, "%s", text ? text : ""); }
+
+const char *gdn_ckpt_note(void) {
+    snprintf(both, sizeof both, "%s%s%s", resolve_note, *resolve_note && *config_note ? "; " : "", config_note);
+    return both;
+}
 
 static int parse_mlps(json_t *obj, const char *path, const char *where, mlp_family family, gdn_model_config *cfg) {
     json_t *ne = json_object_get(obj, "num_experts");
@@ -318,7 +325,7 @@ static int parse_mlps(json_t *obj, const char *path, const char *where, mlp_fami
         return rc;
     /* Qwen3-Next renormalises by norm_topk_prob; transformers' Qwen3.5-MoE router always does and
      * never reads the field (transformers 5.25, Qwen3_5MoeTopKRouter): followed, and a false there
-     * said in the config note (gdn_ckpt_config_note) */
+     * said in the config note (gdn_ckpt_note) */
     if ((rc = config_bool(obj, path, where, "norm_topk_prob", 1, &cfg->norm_topk))) return rc;
     if (!next && !cfg->norm_topk) {
         cfg->norm_topk = 1;

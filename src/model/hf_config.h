@@ -13,5 +13,7 @@ int gdn_hf_config_text(const gdn_model_config *cfg, int weight_dtype, char **out
 /* dir's config.json describes cfg (every dimension, layer kind, expert field, eps and RoPE): else
  * GDN_ERR_SHAPE naming the first field that differs. */
 int gdn_hf_config_same(const char *dir, const gdn_model_config *cfg);
+/* gdn_ckpt_resolve's part of gdn_ckpt_note (text, or NULL: none). */
+void gdn_ckpt_resolve_note(const char *text);
 
 #endif

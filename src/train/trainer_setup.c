@@ -433,7 +433,7 @@ int gdn_trainer_setup(trainer *t) {
     if (from) {
         rc = gdn_ckpt_resolve(from, ckdir, sizeof ckdir);
         if (!rc) rc = gdn_ckpt_load_config(ckdir, &t->cfg);
-        if (!rc && *gdn_ckpt_config_note() && t->progress) fprintf(t->progress, "gdncp train: %s\n", gdn_ckpt_config_note());
+        if (!rc && *gdn_ckpt_note() && t->progress) fprintf(t->progress, "gdncp train: %s\n", gdn_ckpt_note());
         if (!rc && o->model_explicit) rc = check_model_flags(&t->cfg, &o->model, o->model_explicit, ckdir);
     } else {
         rc = gdn_model_config_check(&t->cfg);

@@ -672,7 +672,7 @@ PROTOTYPES = {
     'gdn_ckpt_other_run': (c_int, [c_char_p, c_char_p, c_char_p, c_size_t]),
     'gdn_ckpt_resolve': (c_int, [c_char_p, c_char_p, c_size_t]),
     'gdn_ckpt_load_config': (c_int, [c_char_p, POINTER(ModelConfig)]),
-    'gdn_ckpt_config_note': (c_char_p, []),
+    'gdn_ckpt_note': (c_char_p, []),
     'gdn_ckpt_load': (c_int, [c_char_p, POINTER(ModelConfig), POINTER(c_float), POINTER(c_float), POINTER(c_float), POINTER(c_char_p)]),
     'gdn_ckpt_load_part': (c_int, [c_char_p, POINTER(ModelConfig), c_size_t, c_size_t, POINTER(c_float), POINTER(c_float), POINTER(c_float)]),
     'gdn_ckpt_pack_separator': (c_int, [c_char_p, POINTER(c_uint8), c_int, POINTER(c_int), POINTER(c_int64)]),

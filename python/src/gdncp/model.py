@@ -154,13 +154,34 @@ class Model:
                                     "with config.json and model.safetensors, or a training output "
                                     "directory)")
 
+        def kind(p):
+            """None for a regular file (a link to one included), else what p is ("missing", "a
+            directory", "a FIFO", "a character device", ...)."""
+            import stat
+            try:
+                m = os.stat(p).st_mode
+            except FileNotFoundError:
+                return "missing" if not os.path.islink(p) else "a broken link"
+            except OSError as e:
+                return f"unreadable ({e.strerror})"
+            if stat.S_ISREG(m):
+                return None
+            return next((w for t, w in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                                        (stat.S_ISSOCK, "a socket")) if t(m)), "not a regular file")
+
         def missing(d):
-            if not os.path.isfile(os.path.join(d, "config.json")):
-                raise FileNotFoundError(f"gdncp.Model: {os.path.join(d, 'config.json')} is missing")
-            if not any(os.path.isfile(os.path.join(d, f))
-                       for f in ("model.safetensors", "model.safetensors.index.json")):
-                raise FileNotFoundError(f"gdncp.Model: {os.path.join(d, 'model.safetensors')} is missing "
-                                        "(nor is there a sharded checkpoint's model.safetensors.index.json)")
+            cfg = os.path.join(d, "config.json")
+            if kind(cfg):
+                raise FileNotFoundError(f"gdncp.Model: {cfg} is {kind(cfg)}" + ("" if kind(cfg) == "missing" else
+                                        ", not a regular file"))
+            files = [os.path.join(d, f) for f in ("model.safetensors", "model.safetensors.index.json")]
+            kinds = [kind(f) for f in files]
+            if all(kinds):
+                what = next((f"{f} is {k}, not a regular file" for f, k in zip(files, kinds) if k != "missing"),
+                            f"{files[0]} is missing (nor is there a sharded checkpoint's "
+                            "model.safetensors.index.json)")
+                raise FileNotFoundError(f"gdncp.Model: {what}")
         if os.path.isfile(os.path.join(path, "config.json")):
             missing(path)                               # a checkpoint directory missing its weights
         buf = ctypes.create_string_buffer(4096)
@@ -172,7 +193,7 @@ class Model:
         missing(d)
         cfg = L.ModelConfig()
         L.check(L.gdn_ckpt_load_config(os.fsencode(d), ctypes.byref(cfg)), f"gdncp.Model: {d}/config.json")
-        note = (L.gdn_ckpt_config_note() or b"").decode(errors="replace")
+        note = (L.gdn_ckpt_note() or b"").decode(errors="replace")
         if note:   # a field transformers ignores for this model type (gdncp follows transformers)
             import warnings
             warnings.warn(f"gdncp.Model: {note}", stacklevel=2)
