@@ -95,6 +95,7 @@ for spec in "--hidden 64||hidden_size (--hidden)" \
             "--data $logs/mpmd_other.txt||the --data file" \
             "--data $logs/mpmd_tail.txt||the --data file" \
             "--init tests/data/qwen35_moe_tiny|--init $logs/mpmd_moe_swapped|the starting weights" \
+            "--init tests/data/qwen35_moe_tiny --ep 2|--init $logs/mpmd_moe_swapped --ep 2|the checkpoint (a digest" \
             "--resume $ck --steps 3|--resume $logs/mpmd_ckpt_b --steps 3|the AdamW moments" \
             "--init tests/data/qwen35_tiny|--init tests/data/qwen35_moe_tiny|hidden_size (--hidden)"; do
   IFS='|' read -r a b want <<<"$spec"

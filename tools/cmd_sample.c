@@ -5,8 +5,6 @@
 #include "commands.h"
 #include "cli/parse.h"
 
-#include <dirent.h>
-#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,29 +110,6 @@ typedef struct {
 #define SAMPLE_FAIL(usage_error, ...) \
     do { fprintf(stderr, "gdncp sample: " __VA_ARGS__); st = GDN_ERR_ARG, usage = (usage_error); } while (0)
 
-/* A checkpoint's weight files (model.safetensors, or the shards model-*-of-*.safetensors) */
-static int weight_file(const struct dirent *d) {
-    return !strcmp(d->d_name, "model.safetensors") || !fnmatch("model-*-of-*.safetensors", d->d_name, 0);
-}
-
-/* The digest of every byte of dir's weight files, in name order: under --ep a rank loads only its
- * experts, so the files themselves say whether the ranks were given the same checkpoint. -1 when one
- * cannot be read. */
-static int64_t weights_digest(const char *dir) {
-    struct dirent **names = NULL;
-    const int n = scandir(dir, &names, weight_file, alphasort);
-    uint64_t h = n > 0 ? 1469598103934665603ull : (uint64_t)-1;
-    char path[4400];
-    for (int i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
-        const int64_t d = gdn_cp_digest_file(path);
-        h = d < 0 || h == (uint64_t)-1 ? (uint64_t)-1 : (h ^ (uint64_t)d) * 1099511628211ull;
-        free(names[i]);
-    }
-    free(names);
-    return h == (uint64_t)-1 ? -1 : (int64_t)(h >> 1);
-}
-
 int cmd_sample(int argc, char **argv) {
     sample_opts o;
     if (cli_parse(&cmd_sample_cli, argc, argv, &o, NULL)) {
@@ -227,7 +202,7 @@ int cmd_sample(int argc, char **argv) {
             SAMPLE_FAIL(0, "out of memory for the model's %zu parameters\n", gdn_model_param_floats(&cfg));
     }
     if (!st && (st = gdn_ckpt_load(dir, &cfg, w, NULL, NULL, NULL))) cli_error("sample", st), usage = -1;
-    if (!st && agree) wd = weights_digest(dir);
+    if (!st && agree) wd = gdn_train_checkpoint_digest(dir);
     known = !st;
     /* the second: every rank's status, its prompt and its weights (the same checkpoint everywhere) */
     if (agree) {

@@ -107,6 +107,11 @@ GDN_API gdn_train_options gdn_train_defaults(void);
 /* Train. Progress lines go to `progress` on world rank 0 (NULL: quiet). Collective over world:
  * every rank returns the same status. */
 GDN_API int gdn_train(MPI_Comm world, const gdn_train_options *o, FILE *progress);
+/* A digest of every byte of a checkpoint directory's weight files (model.safetensors, or the
+ * shards model-*-of-*.safetensors, in name order): what ranks each given a checkpoint agree on, since
+ * under expert parallelism a rank reads only its own experts. -1 when one cannot be read. Not
+ * collective. */
+GDN_API int64_t gdn_train_checkpoint_digest(const char *dir);
 /* A rank that cannot even build its options (a bad command line) joins the other ranks' first
  * agreement step with this failure, so that they stop with it instead of waiting. Collective. */
 GDN_API int gdn_train_fail(MPI_Comm world, int status);

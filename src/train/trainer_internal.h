@@ -7,6 +7,8 @@
 #include "gdncp/train.h"
 #include "gdncp/io.h"
 
+#include <dirent.h>
+#include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
 #include <omp.h>

@@ -272,6 +272,27 @@ static int probe_out(const char *out) {
     return GDN_OK;
 }
 
+static int weight_file(const struct dirent *d) {
+    return !strcmp(d->d_name, "model.safetensors") || !fnmatch("model-*-of-*.safetensors", d->d_name, 0);
+}
+
+int64_t gdn_train_checkpoint_digest(const char *dir) {
+    struct dirent **names = NULL;
+    const int n = dir ? scandir(dir, &names, weight_file, alphasort) : -1;
+    uint64_t h = 1469598103934665603ull;
+    int bad = n <= 0;
+    char path[4400];
+    for (int i = 0; i < (n > 0 ? n : 0); i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+        const int64_t d = bad ? -1 : gdn_cp_digest_file(path);
+        bad |= d < 0;
+        h = (h ^ (uint64_t)d) * 1099511628211ull;
+        free(names[i]);
+    }
+    free(names);
+    return bad ? -1 : (int64_t)(h >> 1);
+}
+
 /* This run's id on rank 0 (every rank gets it from there): a resume continues its checkpoint's
  * ("" for one from before run ids), a new run draws 64 random bits. */
 static void draw_run_id(trainer *t, const char *resumed_dir) {
@@ -534,10 +555,14 @@ int gdn_trainer_setup(trainer *t) {
      * owner) */
     int64_t md[2] = {0, 0};
     if (o->resume && !o->zero) replicated_digest(t, t->m, md), replicated_digest(t, t->v, md);
-    const int64_t dense[2] = {wd[0], md[0]}, experts[2] = {wd[1], md[1]};
+    /* and the checkpoint's files themselves: under --ep a rank reads only its own experts, so ranks
+     * given checkpoints that differ only there would train a mix (each is digested whole) */
+    const int64_t dense[3] = {wd[0], md[0], from && t->ep_size > 1 ? gdn_train_checkpoint_digest(ckdir) : 0},
+                  experts[2] = {wd[1], md[1]};
     static const char *const wname[] = {"the starting weights (a digest of --init / --resume's model.safetensors)",
-                                        "the AdamW moments (a digest of --resume's optimizer.safetensors)"};
-    if ((rc = gdn_cp_agree_values(t->agree, dense, 2, wname, GDN_OK))) return rc;
+                                        "the AdamW moments (a digest of --resume's optimizer.safetensors)",
+                                        "the checkpoint (a digest of every byte of its weight files)"};
+    if ((rc = gdn_cp_agree_values(t->agree, dense, 3, wname, GDN_OK))) return rc;
     static const char *const ename[] = {"the starting weights of this rank's experts (a digest)",
                                         "the AdamW moments of this rank's experts (a digest of optimizer.safetensors)"};
     if (t->replica_agree) rc = gdn_cp_agree_values(t->replica_agree, experts, 2, ename, GDN_OK);

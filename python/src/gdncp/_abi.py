@@ -873,6 +873,7 @@ PROTOTYPES = {
     # train.h
     'gdn_train_defaults': (TrainOptions, []),
     'gdn_train': (c_int, ["MPI_Comm", POINTER(TrainOptions), c_void_p]),
+    'gdn_train_checkpoint_digest': (c_int64, [c_char_p]),
     'gdn_train_fail': (c_int, ["MPI_Comm", c_int]),
     # version.h
     'gdn_version': (c_char_p, []),
