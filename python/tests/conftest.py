@@ -22,6 +22,29 @@ CP_SITES = {2: "cp: incoming state dropped", 3: "cp: incoming state gradient dro
             6: "attention cp: keys and values of earlier ranks dropped"}
 
 
+def world_group():
+    """The group a multi-rank test runs on, and its allgather of small objects: torch.distributed's
+    default group under torchrun (GDNCP_TORCHRUN_TESTS=1; gloo, initialised here with a timeout of
+    GDNCP_TEST_GLOO_TIMEOUT seconds, default 60), else mpi4py's COMM_WORLD (under mpiexec).
+    Returns (group, rank, size, gather)."""
+    if os.environ.get("GDNCP_TORCHRUN_TESTS") == "1":
+        import datetime
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", timeout=datetime.timedelta(
+                seconds=int(os.environ.get("GDNCP_TEST_GLOO_TIMEOUT", "60"))))
+        size = dist.get_world_size()
+
+        def gather(x):
+            out = [None] * size
+            dist.all_gather_object(out, x)
+            return out
+        return dist.group.WORLD, dist.get_rank(), size, gather
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    return comm, comm.Get_rank(), comm.Get_size(), comm.allgather
+
+
 def mutate(code):
     """Make this process's library calls deliberately wrong at CP site `code` (0: none)."""
     if code:

@@ -12,7 +12,6 @@ max|a - b| / max|b|. Levels 0, 1 and 2 must equal each other bit for bit. The ra
 errors before asserting, so every rank passes or fails alike. Each comparison runs deliberate
 mistakes (gdncp.sharded.FAULTS, inside the real step) through the same check, which must fail it.
 """
-import datetime
 import json
 import os
 import shutil
@@ -23,27 +22,9 @@ import pytest
 
 import gdncp
 import gdncp.sharded as sh
-from conftest import GOLDEN, TINY
+from conftest import GOLDEN, TINY, world_group
 
-TORCH = os.environ.get("GDNCP_TORCHRUN_TESTS") == "1"
-if TORCH:
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("GDNCP_TEST_GLOO_TIMEOUT", "60"))))
-    GROUP = dist.group.WORLD
-    R, D = dist.get_rank(), dist.get_world_size()
-
-    def _gather(x):
-        out = [None] * D
-        dist.all_gather_object(out, x)
-        return out
-else:
-    from mpi4py import MPI
-    GROUP = MPI.COMM_WORLD
-    R, D = GROUP.Get_rank(), GROUP.Get_size()
-
-    def _gather(x):
-        return GROUP.allgather(x)
+GROUP, R, D, _gather = world_group()
 assert D >= 2, "test_sharded.py runs with 2 or more ranks (scripts/test_python.sh: 3)"
 
 STEPS = 4

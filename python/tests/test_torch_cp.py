@@ -24,18 +24,12 @@ import torch
 
 import gdncp.torch as gt
 import gdncp.torch_cp as tcp
+from conftest import world_group
 
 TORCH = os.environ.get("GDNCP_TORCHRUN_TESTS") == "1"
+GROUP, R, D, _ = world_group()
 if TORCH:
     import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("GDNCP_TEST_GLOO_TIMEOUT", "60"))))
-    GROUP = dist.group.WORLD
-    R, D = dist.get_rank(), dist.get_world_size()
-else:
-    from mpi4py import MPI
-    GROUP = MPI.COMM_WORLD
-    R, D = GROUP.Get_rank(), GROUP.Get_size()
 assert D >= 2, "test_torch_cp.py runs with 2 or more ranks (scripts/test_python.sh: 3)"
 torch.set_num_threads(1)   # 3 ranks share 2 cores
 

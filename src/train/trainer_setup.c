@@ -212,13 +212,19 @@ static int64_t f64_bits(double x) {
 static int agree_run(trainer *t) {
     const gdn_model_config *c = &t->cfg;
     const gdn_adamw_config *a = &t->o->opt;
+    /* a rank that cannot read its --data says so (not a digest of -1 beside the others') */
+    errno = 0;
+    const int64_t data = gdn_cp_digest_file(t->o->data);
+    const int local = data >= 0 ? GDN_OK
+                                : gdn_fail(GDN_ERR_IO, "--data %s: cannot read it: %s", t->o->data,
+                                           errno ? strerror(errno) : "a read error");
     const int64_t vals[] = {c->vocab, c->E, c->L, c->I, c->Hk, c->Hv, c->K, c->V, c->Kc, c->H, c->Hkv, c->d, c->R,
                             f64_bits(c->rope_theta), c->max_position, f64_bits(c->eps), c->tie_embeddings,
                             c->n_experts, c->top_k, c->moe_I, c->shared_I, c->norm_topk,
                             c->router_aux, f64_bits(c->router_aux_coef), f64_bits(a->lr), f64_bits(a->min_lr),
                             a->warmup, f64_bits(a->beta1), f64_bits(a->beta2), f64_bits(a->eps),
                             f64_bits(a->weight_decay), f64_bits(a->clip), f64_bits(t->o->val_fraction),
-                            gdn_cp_digest_file(t->o->data)};
+                            data};
     static const char *const names[] = {
         "vocab_size (--vocab)", "hidden_size (--hidden)", "num_hidden_layers (--layers)", "intermediate_size (--intermediate)",
         "linear_num_key_heads (--key-heads)", "linear_num_value_heads (--value-heads)", "linear_key_head_dim (--key-dim)",
@@ -230,7 +236,7 @@ static int agree_run(trainer *t) {
         "--beta1 (its bits)", "--beta2 (its bits)", "AdamW's eps (its bits)", "--weight-decay (its bits)",
         "--clip (its bits)", "--val-fraction (its bits)", "the --data file (a digest of every byte)"};
     _Static_assert(sizeof vals / sizeof vals[0] == sizeof names / sizeof names[0], "one name per agreed value");
-    int rc = gdn_cp_agree_values(t->agree, vals, (int)(sizeof vals / sizeof vals[0]), names, GDN_OK);
+    int rc = gdn_cp_agree_values(t->agree, vals, local ? 0 : (int)(sizeof vals / sizeof vals[0]), names, local);
     if (rc) return rc;
     /* each layer's kind: its mixer (0 GatedDeltaNet, 1 full attention) + 2 for an MoE MLP (L, the
      * same on every rank now) */
