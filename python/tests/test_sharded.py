@@ -207,3 +207,21 @@ def test_bad_arguments():
             m.adamw(zero=1)
         with pytest.raises(TypeError, match="group must be"):
             m.adamw(group="world", zero=1)
+
+
+# the benchmark (python/benchmarks/bench_sharded.py) at a toy size, under mpiexec only (it runs over
+# mpi4py's COMM_WORLD): it runs, prints every side, and finds levels 1 and 2 equal to level 0
+if os.environ.get("GDNCP_TORCHRUN_TESTS") != "1":
+    def test_bench_sharded_runs(capsys, monkeypatch):
+        import importlib.util
+        import sys
+        path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_sharded.py")
+        spec = importlib.util.spec_from_file_location("bench_sharded", path)
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        monkeypatch.setattr(sys, "argv", ["bench_sharded.py", TINY, "--T", "16", "--rounds", "1"])
+        bench.main()
+        out = capsys.readouterr().out
+        if R == 0:
+            assert all(f"{k} " in out for k in ("plain", "zero=0", "zero=1", "zero=2")), out
+            assert out.count("= zero=0's: True") == 2, out
